@@ -1,0 +1,1 @@
+/* alloc.c - placeholder, being written */

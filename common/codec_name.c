@@ -1,0 +1,83 @@
+/* codec_name.c - codec descriptions to and from text ("maxmin4", "fp16", ...). */
+#include "error.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/*
+ * Accepts fp32 | fp16 | bf16 | maxmin<b> | maxmin:<b>, optionally followed by
+ * "/<bucket>" and "/sr" or "/nearest" (any order), e.g. "maxmin4/512/nearest".
+ * Fields not given keep the values already in *out's defaults (bucket 0 = default,
+ * stochastic rounding).
+ */
+psagg_status psagg_codec_parse(const char *text, psagg_codec *out)
+{
+    char buf[64], *save = NULL, *tok;
+    psagg_codec c = {.id = PSAGG_CODEC_FP32, .bits = 0, .bucket = 0,
+                     .rounding = PSAGG_ROUND_STOCHASTIC};
+
+    if (!text || strlen(text) >= sizeof buf)
+        return psagg_fail(PSAGG_EINVAL, "codec name missing or too long");
+    snprintf(buf, sizeof buf, "%s", text);
+    tok = strtok_r(buf, "/", &save);
+    if (!tok)
+        return psagg_fail(PSAGG_EINVAL, "empty codec name");
+    if (!strcasecmp(tok, "fp32") || !strcasecmp(tok, "none")) {
+        c.id = PSAGG_CODEC_FP32;
+    } else if (!strcasecmp(tok, "fp16")) {
+        c.id = PSAGG_CODEC_FP16;
+    } else if (!strcasecmp(tok, "bf16")) {
+        c.id = PSAGG_CODEC_BF16;
+    } else if (!strncasecmp(tok, "maxmin", 6)) {
+        const char *b = tok + 6;
+        char *end;
+        long bits;
+        if (*b == ':')
+            b++;
+        bits = strtol(b, &end, 10);
+        if (end == b || *end || bits < 1 || bits > 8)
+            return psagg_fail(PSAGG_EINVAL, "codec '%s': maxmin needs bits 1..8 (e.g. maxmin4)",
+                              text);
+        c.id = PSAGG_CODEC_MAXMIN;
+        c.bits = (uint32_t)bits;
+    } else {
+        return psagg_fail(PSAGG_EINVAL,
+                          "unknown codec '%s' (expected fp32, fp16, bf16 or maxmin<bits>)", text);
+    }
+    while ((tok = strtok_r(NULL, "/", &save))) {
+        char *end;
+        unsigned long v;
+        if (!strcasecmp(tok, "sr") || !strcasecmp(tok, "stochastic")) {
+            c.rounding = PSAGG_ROUND_STOCHASTIC;
+            continue;
+        }
+        if (!strcasecmp(tok, "nearest") || !strcasecmp(tok, "rn")) {
+            c.rounding = PSAGG_ROUND_NEAREST;
+            continue;
+        }
+        v = strtoul(tok, &end, 10);
+        if (end == tok || *end || v == 0 || v > (1ul << 20))
+            return psagg_fail(PSAGG_EINVAL, "codec '%s': bad field '%s' (bucket or sr|nearest)",
+                              text, tok);
+        c.bucket = (uint32_t)v;
+    }
+    *out = c;
+    return PSAGG_OK;
+}
+
+const char *psagg_codec_name(const psagg_codec *c, char *buf, size_t len)
+{
+    switch (c->id) {
+    case PSAGG_CODEC_FP32: snprintf(buf, len, "fp32"); break;
+    case PSAGG_CODEC_FP16: snprintf(buf, len, "fp16"); break;
+    case PSAGG_CODEC_BF16: snprintf(buf, len, "bf16"); break;
+    case PSAGG_CODEC_MAXMIN:
+        snprintf(buf, len, "maxmin%u/%u/%s", c->bits, c->bucket ? c->bucket : 1024u,
+                 c->rounding == PSAGG_ROUND_NEAREST ? "nearest" : "sr");
+        break;
+    default: snprintf(buf, len, "codec%d", (int)c->id); break;
+    }
+    return buf;
+}

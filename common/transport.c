@@ -1,0 +1,1 @@
+/* transport.c - placeholder, being written */

@@ -1,0 +1,1 @@
+/* codec.c - placeholder, being written */

@@ -1,0 +1,163 @@
+/*
+ * codec.h - psagg's gradient codecs: the interface and, below, every wire format byte by byte.
+ *
+ * This header is the single specification that the scalar reference (kernels/cpu/scalar.c),
+ * the AVX2 and AVX-512 paths (kernels/cpu/avx2.c, avx512.c) and the CUDA kernels
+ * (kernels/cuda/) implement. All of them produce bit-identical bytes for the same input, codec
+ * and RNG key: every floating-point step below is one IEEE-754 binary32 operation with
+ * round-to-nearest-even, in the order written (no fused multiply-add, no reassociation).
+ *
+ * ------------------------------------------------------------------------------------------
+ * WIRE FORMATS (version PSAGG_CODEC_FORMAT_VERSION)
+ *
+ * All multi-byte fields are little-endian. An encoded buffer has no header: the receiver
+ * knows the codec and the element count n from the tensor declaration. Sizes are exact
+ * (psagg_encoded_size); a buffer of any other length is rejected.
+ *
+ * fp32   n x binary32, 4n bytes. Encode copies; NaN/Inf are rejected (PSAGG_ENONFINITE).
+ * fp16   n x binary16, 2n bytes, converted with round-to-nearest-even (subnormals kept).
+ *        Finite values that round to +-Inf (|x| >= 65520) are PSAGG_ERANGE.
+ * bf16   n x bfloat16 (the upper 16 bits of binary32), 2n bytes, round-to-nearest-even
+ *        computed on the bit pattern: u + 0x7FFF + ((u >> 16) & 1), then >> 16 (subnormals
+ *        kept). Finite values that round to +-Inf are PSAGG_ERANGE.
+ *
+ * maxmin (CGX-style), bits b in 1..8, bucket B (a multiple of 64, 64..1<<20), L = 2^b - 1:
+ *   nb = ceil(n / B) buckets; bucket m covers elements [m*B, min(n, (m+1)*B)).
+ *   [ meta:    nb x { binary32 scale; binary32 min; }     8*nb bytes, scale first  ]
+ *   [ payload: levels as one LSB-first bitstream, 8*ceil(n*b/64) bytes            ]
+ *   Element k's level q_k (0..L) occupies bits [k*b, k*b + b) of the payload, where bit j
+ *   of the stream is bit (j % 8) of payload byte j / 8. The stream is continuous across
+ *   buckets (B*b is a multiple of 8, so every bucket starts on a byte). Bits after n*b up to
+ *   the end of the payload are zero.
+ *
+ *   Encode, per bucket, over its values v_k (v_k = x_k, or x_k + r_k with error feedback):
+ *     lo = min_k v_k, hi = max_k v_k, range = hi - lo
+ *     if range < PSAGG_MAXMIN_MIN_RANGE (2^-100, constant bucket):
+ *         scale = 0, every q_k = 0
+ *     else:
+ *         scale = range / (float)L;  inv = 1.0f / scale
+ *         t_k = (v_k - lo) * inv
+ *         q_k = (uint32)(min(t_k + u_k, (float)L))    (truncation; t_k + u_k >= 0)
+ *     meta = { scale, lo }
+ *   with u_k = 0.5f for nearest rounding and u_k = psagg_rng_uniform(key, k) for
+ *   stochastic rounding (k = the element's index in the whole buffer, not in the bucket).
+ *   Inputs must satisfy |v_k| < 2^126 (PSAGG_MAXMIN_MAX_ABS): NaN/Inf are PSAGG_ENONFINITE,
+ *   larger finite values PSAGG_ERANGE, so range and every decoded value stay finite.
+ *
+ *   Decode:  y_k = lo + scale * (float)q_k             (multiply, then add)
+ *   A buffer is valid iff every bucket has finite lo, finite scale >= 0 (not -0 or NaN), and
+ *   lo + scale * (float)L finite; anything else is PSAGG_EBADMETA.
+ *
+ * RNG (stochastic rounding): counter-based, keyed by (seed, stream), indexed by element:
+ *   splitmix64(z): z += 0x9E3779B97F4A7C15; z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9;
+ *                  z = (z ^ (z >> 27)) * 0x94D049BB133111EB; return z ^ (z >> 31)
+ *   key64 = splitmix64(seed ^ splitmix64(stream)); k0 = low 32 bits, k1 = high 32 bits
+ *   fmix32(h): h ^= h >> 16; h *= 0x85EBCA6B; h ^= h >> 13; h *= 0xC2B2AE35; h ^= h >> 16
+ *   u_k = (float)(fmix32(fmix32((uint32)k + k0) ^ k1) >> 8) * 2^-24      (in [0, 1))
+ *   Element indices are 32-bit: a buffer holds at most PSAGG_CODEC_MAX_ELEMS elements.
+ *
+ * Error feedback (worker side, and optionally on the server for the requantized sum):
+ *   v_k = x_k + r_k;  encode v;  r_k = v_k - decode(encoded)_k
+ *   so that sum_t decode(sent_t) = sum_t x_t + r_0 - r_T up to fp32 rounding.
+ *
+ * Fused server operation (aggregate), for N inputs of one codec and n elements:
+ *   s_k = ((((0.0f + y0_k) + y1_k) + ...) + y{N-1}_k)       (inputs in the order given)
+ *   then s is encoded as above (with the server residual when one is given).
+ * ------------------------------------------------------------------------------------------
+ */
+#ifndef PSAGG_KERNELS_CODEC_H
+#define PSAGG_KERNELS_CODEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "psagg.h"
+
+#define PSAGG_CODEC_FORMAT_VERSION 1
+#define PSAGG_MAXMIN_DEFAULT_BUCKET 1024u
+#define PSAGG_MAXMIN_MAX_BUCKET (1u << 20)
+#define PSAGG_MAXMIN_MIN_RANGE 0x1p-100f
+#define PSAGG_MAXMIN_MAX_ABS 0x1p126f
+#define PSAGG_CODEC_MAX_ELEMS 0xFFFFFFFFull
+
+_Static_assert(sizeof(float) == 4, "binary32 floats required");
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "psagg's wire formats are little-endian; this host is not"
+#endif
+
+/* The RNG key of one encode: derived once from (seed, stream). */
+typedef struct psagg_rng_key {
+    uint32_t k0, k1;
+} psagg_rng_key;
+
+psagg_rng_key psagg_rng_key_make(uint64_t seed, uint64_t stream);
+
+/* u_k of the spec above; the reference for every implementation. */
+static inline uint32_t psagg_fmix32(uint32_t h)
+{
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    return h;
+}
+
+static inline float psagg_rng_uniform(psagg_rng_key key, uint32_t k)
+{
+    uint32_t h = psagg_fmix32(psagg_fmix32(k + key.k0) ^ key.k1);
+    return (float)(h >> 8) * 0x1p-24f;
+}
+
+/* Check a codec description; fills bucket 0 with the default. PSAGG_EINVAL names the field. */
+psagg_status psagg_codec_check(psagg_codec *codec);
+
+/* Exact encoded size in bytes of n elements (codec must have passed psagg_codec_check). */
+size_t psagg_encoded_size(const psagg_codec *codec, size_t n);
+
+/*
+ * Encode n floats x into out (out_len must be psagg_encoded_size). With residual != NULL the
+ * error-feedback step runs: x + residual is encoded and residual is updated in place.
+ * On PSAGG_ENONFINITE / PSAGG_ERANGE, *bad_index (if given) receives the first bad element
+ * (of x + residual when residual is given); out and residual are then unspecified.
+ */
+psagg_status psagg_encode(const psagg_codec *codec, const float *x, float *residual, size_t n,
+                          psagg_rng_key key, void *out, size_t out_len, size_t *bad_index);
+
+/* Validate an encoded buffer (length, meta, no NaN/Inf in fp formats) without decoding. */
+psagg_status psagg_validate(const psagg_codec *codec, const void *in, size_t in_len, size_t n);
+
+/* Decode into out (overwrite) or add into acc (acc_k = acc_k + y_k). Validates first. */
+psagg_status psagg_decode(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
+                          float *out);
+psagg_status psagg_decode_add(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
+                              float *acc);
+
+/*
+ * The fused server operation: decode and sum n_in encoded inputs (each in_len bytes, in the
+ * order given), add the server residual if residual != NULL (and update it), and encode the
+ * sum into out. Inputs are validated first. Errors as psagg_encode / psagg_validate; on an
+ * invalid input *bad_index receives the input's position.
+ */
+psagg_status psagg_aggregate(const psagg_codec *codec, const void *const *in, size_t n_in,
+                             size_t in_len, size_t n, float *residual, psagg_rng_key key,
+                             void *out, size_t out_len, size_t *bad_index);
+
+/* ---- implementation selection (whole buffers; never a scalar tail that skips work) ---- */
+
+typedef enum psagg_isa {
+    PSAGG_ISA_SCALAR = 0,
+    PSAGG_ISA_AVX2 = 1,
+    PSAGG_ISA_AVX512 = 2,
+    PSAGG_ISA_COUNT
+} psagg_isa;
+
+/* The path in use: the best this CPU supports, or PSAGG_CODEC_ISA=scalar|avx2|avx512. */
+psagg_isa psagg_codec_isa(void);
+const char *psagg_isa_name(psagg_isa isa);
+/* 1 if this CPU (and build) can run `isa`. */
+int psagg_isa_supported(psagg_isa isa);
+/* Force a path for this process (tests, benchmarks); PSAGG_EUNSUPPORTED if unavailable. */
+psagg_status psagg_codec_set_isa(psagg_isa isa);
+
+#endif

@@ -1,0 +1,1 @@
+/* cpu/avx2.c - placeholder, being written */

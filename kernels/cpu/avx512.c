@@ -1,0 +1,1 @@
+/* cpu/avx512.c - placeholder, being written */

@@ -1,0 +1,1 @@
+/* cpu/scalar.c - placeholder, being written */

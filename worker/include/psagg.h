@@ -1,0 +1,156 @@
+/*
+ * psagg.h - the public API of libpsagg, the psagg worker library.
+ *
+ * A training process links libpsagg, creates one context from an INI file plus its rank and
+ * the number of workers, declares every gradient tensor once (one batch), and then calls
+ * psagg_push_pull() each step: the tensor is quantized, its chunks are pushed to the sharded
+ * psagg-server processes, and the aggregated update (bit-identical on every worker) is
+ * written back. All calls are thread-safe unless noted. Every function that can fail returns
+ * a psagg_status; psagg_last_error() gives the message of the calling thread's last failure
+ * (what went wrong and with whom).
+ */
+#ifndef PSAGG_H
+#define PSAGG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PSAGG_VERSION_MAJOR 0
+#define PSAGG_VERSION_MINOR 1
+
+/* Status codes: 0 is success, failures are negative. Grouped by what failed. */
+typedef enum psagg_status {
+    PSAGG_OK = 0,
+    /* the call or one buffer */
+    PSAGG_EINVAL = -1,      /* an argument is out of its documented range */
+    PSAGG_ENONFINITE = -2,  /* NaN or Inf in an input */
+    PSAGG_ERANGE = -3,      /* a finite value the codec cannot represent */
+    PSAGG_EBADLEN = -4,     /* a buffer's length does not match its codec and count */
+    PSAGG_EBADMETA = -5,    /* an encoded buffer's meta (scale, min) is not valid */
+    PSAGG_ENOMEM = -6,      /* out of memory */
+    PSAGG_EAGAIN = -7,      /* not done yet; try again */
+    PSAGG_ETIMEDOUT = -8,   /* a deadline passed */
+    PSAGG_EUNSUPPORTED = -9, /* not available in this build or on this machine */
+    /* configuration */
+    PSAGG_ECONFIG = -20,    /* bad configuration (file:line in the message) */
+    /* one peer */
+    PSAGG_EPROTO = -30,     /* a peer sent a bad frame (peer and field in the message) */
+    PSAGG_EPEER = -31,      /* a peer closed, died or could not be reached */
+    PSAGG_EMISMATCH = -32,  /* workers declared different tensors */
+    /* the whole job */
+    PSAGG_EFABRIC = -40,    /* libfabric failed */
+    PSAGG_EIO = -41,        /* an operating-system call failed */
+    PSAGG_ECLOSED = -42,    /* the context is closed or the job was aborted */
+    PSAGG_ECUDA = -43,      /* a CUDA call failed */
+} psagg_status;
+
+/* A short constant description of a status code. */
+const char *psagg_strerror(int status);
+
+/* The detailed message of the calling thread's most recent failure ("" if none). */
+const char *psagg_last_error(void);
+
+/* Codecs. Their wire formats are specified byte for byte in kernels/codec.h. */
+typedef enum psagg_codec_id {
+    PSAGG_CODEC_DEFAULT = -1, /* in a tensor declaration: take [codec] from the config */
+    PSAGG_CODEC_FP32 = 0,
+    PSAGG_CODEC_FP16 = 1,
+    PSAGG_CODEC_BF16 = 2,
+    PSAGG_CODEC_MAXMIN = 3,
+} psagg_codec_id;
+
+typedef enum psagg_rounding {
+    PSAGG_ROUND_STOCHASTIC = 0, /* unbiased; counter-based RNG, reproducible */
+    PSAGG_ROUND_NEAREST = 1,
+} psagg_rounding;
+
+typedef struct psagg_codec {
+    psagg_codec_id id;
+    uint32_t bits;           /* maxmin: 1..8 bits per element; ignored otherwise */
+    uint32_t bucket;         /* maxmin: elements per bucket, a multiple of 64; 0 = 1024 */
+    psagg_rounding rounding; /* maxmin */
+} psagg_codec;
+
+/* Parse "fp32", "fp16", "bf16", "maxmin4", "maxmin:4", "maxmin4-nearest"... */
+psagg_status psagg_codec_parse(const char *text, psagg_codec *out);
+/* Format a codec as text ("maxmin4/1024/sr"); returns buf. */
+const char *psagg_codec_name(const psagg_codec *codec, char *buf, size_t len);
+
+/* ---- worker API ---- */
+
+typedef struct psagg_ctx psagg_ctx;       /* one per worker process */
+typedef struct psagg_handle psagg_handle; /* one outstanding push_pull */
+
+typedef enum psagg_reduce {
+    PSAGG_SUM = 0,
+    PSAGG_AVERAGE = 1,
+} psagg_reduce;
+
+typedef struct psagg_tensor_desc {
+    const char *name;   /* unique within the job, at most 63 bytes */
+    uint64_t count;     /* number of fp32 elements, >= 1 */
+    psagg_codec codec;  /* codec.id = PSAGG_CODEC_DEFAULT takes the config's */
+    int error_feedback; /* -1: config default, 0: off, 1: keep a residual on this worker */
+} psagg_tensor_desc;
+
+/*
+ * Create a worker context. ini_path names the INI file (see conf/cluster.ini); rank and
+ * world_size may be -1 to read PSAGG_RANK and PSAGG_WORLD_SIZE from the environment (the
+ * launcher sets them). Connects to every server and waits until all workers have arrived or
+ * [cluster] connect_timeout_ms passes.
+ */
+psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ctx **out);
+
+/*
+ * Declare all tensors in one batch (once per context). Every worker must declare the same
+ * list in the same order; a mismatch fails on every worker with PSAGG_EMISMATCH naming the
+ * tensor and the workers. keys_out (optional, n entries) receives each tensor's key, which
+ * is its index in the list.
+ */
+psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, size_t n,
+                           uint32_t *keys_out);
+
+/*
+ * Start one aggregation of tensor `key`: `in` (count floats) is this worker's contribution,
+ * `out` (count floats, may equal `in`) receives the sum (or average) over all workers. Both
+ * buffers must stay valid and untouched until the handle completes. Higher priority is sent
+ * first. Each key may have one push_pull in flight at a time.
+ */
+psagg_status psagg_push_pull(psagg_ctx *ctx, uint32_t key, const float *in, float *out,
+                             psagg_reduce op, int priority, psagg_handle **handle);
+
+/* 1 when the handle has completed (successfully or not), 0 otherwise. Never blocks. */
+int psagg_test(psagg_handle *handle);
+
+/*
+ * Wait until the handle completes or timeout_ms passes (-1: no limit). Returns the
+ * operation's status, or PSAGG_ETIMEDOUT (the handle stays valid).
+ */
+psagg_status psagg_wait(psagg_handle *handle, int timeout_ms);
+
+/* Release a handle; waits for it first if it has not completed. */
+void psagg_release(psagg_handle *handle);
+
+/* Byte counters of this worker since psagg_init. */
+typedef struct psagg_stats {
+    uint64_t bytes_sent;     /* payload bytes pushed to servers */
+    uint64_t bytes_received; /* payload bytes of updates received */
+    uint64_t bytes_raw;      /* fp32 bytes the same push_pulls would have sent uncompressed */
+    uint64_t push_pulls;     /* completed operations */
+} psagg_stats;
+void psagg_get_stats(const psagg_ctx *ctx, psagg_stats *out);
+
+int psagg_rank(const psagg_ctx *ctx);
+int psagg_world_size(const psagg_ctx *ctx);
+
+/* Tell the servers this worker is done and free everything. Pending handles fail. */
+psagg_status psagg_close(psagg_ctx *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PSAGG_H */
