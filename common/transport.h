@@ -1,0 +1,78 @@
+/*
+ * transport.h - psagg's libfabric data path: one FI_EP_RDM endpoint, one completion queue and
+ * one address vector per process, messages into pre-posted registered receive buffers.
+ *
+ * Threading: psagg_fabric_send() and psagg_fabric_post_recv() may be called from any thread;
+ * exactly one thread at a time calls psagg_fabric_poll(), which drives progress and returns
+ * completions. Sends that meet -FI_EAGAIN drive progress and retry; they never spin without
+ * reading the completion queue (completions read while retrying are queued for the next
+ * poll, never lost).
+ */
+#ifndef PSAGG_COMMON_TRANSPORT_H
+#define PSAGG_COMMON_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "psagg.h"
+
+typedef struct psagg_fabric psagg_fabric;
+typedef uint64_t psagg_peer; /* an fi_addr_t in this process's address vector */
+
+#define PSAGG_FABRIC_NAME_MAX 256
+
+typedef struct psagg_fabric_opts {
+    const char *provider; /* "tcp", "shm", ...; tcp means the tcp provider under ofi_rxm */
+    const char *node;     /* local address to bind (tcp); NULL = provider's choice */
+    size_t max_msg;       /* largest message that will be sent, bytes */
+} psagg_fabric_opts;
+
+psagg_status psagg_fabric_open(const psagg_fabric_opts *opts, psagg_fabric **out);
+void psagg_fabric_close(psagg_fabric *f);
+
+/* The provider name actually opened, e.g. "tcp;ofi_rxm". */
+const char *psagg_fabric_provider(const psagg_fabric *f);
+
+/* Local endpoint name, to be given to peers through the control channel. */
+psagg_status psagg_fabric_name(psagg_fabric *f, void *buf, size_t *len);
+psagg_status psagg_fabric_add_peer(psagg_fabric *f, const void *name, size_t len,
+                                   psagg_peer *out);
+
+/*
+ * Register memory used as a send source or receive target. *desc is what send/post_recv
+ * need (NULL when the provider's mr_mode does not require local registration). Regions stay
+ * registered until psagg_fabric_close.
+ */
+psagg_status psagg_fabric_reg(psagg_fabric *f, void *buf, size_t len, void **desc);
+
+/* Post one receive buffer; its completion carries `ctx`. Repost after consuming it. */
+psagg_status psagg_fabric_post_recv(psagg_fabric *f, void *buf, size_t len, void *desc,
+                                    void *ctx);
+
+/* Send len bytes to peer; the buffer must stay untouched until the SEND completion (ctx). */
+psagg_status psagg_fabric_send(psagg_fabric *f, psagg_peer to, const void *buf, size_t len,
+                               void *desc, void *ctx);
+
+typedef enum psagg_fabric_event_kind {
+    PSAGG_FABRIC_SEND_DONE = 1,
+    PSAGG_FABRIC_RECV_DONE = 2,
+    PSAGG_FABRIC_SEND_ERROR = 3, /* status and message in the event */
+    PSAGG_FABRIC_RECV_ERROR = 4,
+} psagg_fabric_event_kind;
+
+typedef struct psagg_fabric_event {
+    psagg_fabric_event_kind kind;
+    void *ctx;     /* the ctx given to send / post_recv */
+    size_t len;    /* bytes received (RECV_DONE) */
+    int status;    /* PSAGG_OK or a negative psagg_status (errors) */
+    char msg[160]; /* provider's error text for errors */
+} psagg_fabric_event;
+
+/*
+ * Drive progress and return up to max completions (0 if none). timeout_ms > 0 waits up to
+ * that long for the first completion (fi_cq_sread / wait set where the provider supports
+ * it, else short sleeps between reads); 0 returns at once. Negative on a fatal CQ failure.
+ */
+int psagg_fabric_poll(psagg_fabric *f, psagg_fabric_event *ev, int max, int timeout_ms);
+
+#endif
