@@ -1,0 +1,159 @@
+/* layout.c - see layout.h. */
+#include "layout.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec.h"
+#include "error.h"
+
+uint64_t psagg_mix64(uint64_t a, uint64_t b)
+{
+    uint64_t z = a ^ (b + 0x9E3779B97F4A7C15ull + (a << 6) + (a >> 2));
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+psagg_status psagg_tensor_to_wire(const char *name, uint64_t count, const psagg_codec *codec,
+                                  psagg_ctl_tensor *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!name || !name[0] || strlen(name) >= PSAGG_NAME_MAX)
+        return psagg_fail(PSAGG_EINVAL, "tensor name '%s' empty or longer than %d bytes",
+                          name ? name : "(null)", PSAGG_NAME_MAX - 1);
+    strcpy(out->name, name);
+    out->count = count;
+    out->codec = (uint32_t)codec->id;
+    out->bits = codec->bits;
+    out->bucket = codec->bucket;
+    out->rounding = (uint32_t)codec->rounding;
+    return PSAGG_OK;
+}
+
+static const psagg_chunk_info *sort_base;
+
+static int by_size_desc(const void *a, const void *b)
+{
+    const psagg_chunk_info *x = &sort_base[*(const uint32_t *)a];
+    const psagg_chunk_info *y = &sort_base[*(const uint32_t *)b];
+    if (x->enc_bytes != y->enc_bytes)
+        return x->enc_bytes > y->enc_bytes ? -1 : 1;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64_t chunk_elems,
+                                uint32_t n_servers, psagg_layout *out)
+{
+    psagg_layout l = {.n_tensors = n, .n_servers = n_servers};
+    uint64_t total_chunks = 0;
+    uint32_t *order = NULL, c = 0;
+    int st;
+
+    memset(out, 0, sizeof *out);
+    if (!n || n > PSAGG_MAX_TENSORS || !n_servers || chunk_elems < 64 || chunk_elems % 64)
+        return psagg_fail(PSAGG_EINVAL, "layout: %u tensors, %u servers, chunk of %llu elements",
+                          n, n_servers, (unsigned long long)chunk_elems);
+    l.tensors = calloc(n, sizeof *l.tensors);
+    if (!l.tensors)
+        return psagg_fail(PSAGG_ENOMEM, "layout of %u tensors", n);
+    for (uint32_t t = 0; t < n; t++) {
+        psagg_tensor_info *ti = &l.tensors[t];
+        uint64_t ce;
+        if (memchr(decl[t].name, 0, PSAGG_NAME_MAX) == NULL || !decl[t].name[0]) {
+            st = psagg_fail(PSAGG_EINVAL, "tensor %u: name empty or not terminated", t);
+            goto err;
+        }
+        memcpy(ti->name, decl[t].name, PSAGG_NAME_MAX);
+        if (decl[t].count < 1 || decl[t].count > PSAGG_CODEC_MAX_ELEMS) {
+            st = psagg_fail(PSAGG_EINVAL, "tensor %u '%s': count %llu out of range", t, ti->name,
+                            (unsigned long long)decl[t].count);
+            goto err;
+        }
+        ti->count = decl[t].count;
+        ti->codec = (psagg_codec){(psagg_codec_id)decl[t].codec, decl[t].bits, decl[t].bucket,
+                                  (psagg_rounding)decl[t].rounding};
+        if (decl[t].codec > PSAGG_CODEC_MAXMIN || decl[t].rounding > PSAGG_ROUND_NEAREST ||
+            psagg_codec_check(&ti->codec)) {
+            st = psagg_fail_context(PSAGG_EINVAL, "tensor %u '%s': ", t, ti->name);
+            goto err;
+        }
+        ce = chunk_elems;
+        if (ti->codec.id == PSAGG_CODEC_MAXMIN)
+            ce = ce < ti->codec.bucket ? ti->codec.bucket : ce - ce % ti->codec.bucket;
+        ti->first_chunk = (uint32_t)total_chunks;
+        ti->n_chunks = (uint32_t)((ti->count + ce - 1) / ce);
+        total_chunks += ti->n_chunks;
+        if (total_chunks > UINT32_MAX / 2) {
+            st = psagg_fail(PSAGG_EINVAL, "layout: too many chunks");
+            goto err;
+        }
+    }
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t j = i + 1; j < n && n <= 4096; j++)
+            if (!strcmp(l.tensors[i].name, l.tensors[j].name)) {
+                st = psagg_fail(PSAGG_EINVAL, "tensors %u and %u are both named '%s'", i, j,
+                                l.tensors[i].name);
+                goto err;
+            }
+    l.n_chunks = (uint32_t)total_chunks;
+    l.chunks = calloc(total_chunks, sizeof *l.chunks);
+    order = malloc(total_chunks * sizeof *order);
+    l.owned_count = calloc(n_servers, sizeof *l.owned_count);
+    l.owned_bytes = calloc(n_servers, sizeof *l.owned_bytes);
+    if (!l.chunks || !order || !l.owned_count || !l.owned_bytes) {
+        st = psagg_fail(PSAGG_ENOMEM, "layout of %llu chunks", (unsigned long long)total_chunks);
+        goto err;
+    }
+    for (uint32_t t = 0; t < n; t++) {
+        psagg_tensor_info *ti = &l.tensors[t];
+        uint64_t ce = (ti->count + ti->n_chunks - 1) / ti->n_chunks;
+        /* recompute the exact chunk length used above */
+        ce = chunk_elems;
+        if (ti->codec.id == PSAGG_CODEC_MAXMIN)
+            ce = ce < ti->codec.bucket ? ti->codec.bucket : ce - ce % ti->codec.bucket;
+        for (uint32_t k = 0; k < ti->n_chunks; k++, c++) {
+            psagg_chunk_info *ci = &l.chunks[c];
+            ci->key = t;
+            ci->index = k;
+            ci->offset = k * ce;
+            ci->count = (ti->count - ci->offset) < ce ? ti->count - ci->offset : ce;
+            ci->enc_bytes = psagg_encoded_size(&ti->codec, ci->count);
+            if (ci->enc_bytes > l.max_enc_bytes)
+                l.max_enc_bytes = ci->enc_bytes;
+            order[c] = c;
+        }
+    }
+    sort_base = l.chunks;
+    qsort(order, total_chunks, sizeof *order, by_size_desc);
+    for (uint64_t i = 0; i < total_chunks; i++) {
+        psagg_chunk_info *ci = &l.chunks[order[i]];
+        uint32_t best = 0;
+        for (uint32_t s = 1; s < n_servers; s++)
+            if (l.owned_bytes[s] < l.owned_bytes[best])
+                best = s;
+        ci->owner = best;
+        l.owned_bytes[best] += ci->enc_bytes;
+    }
+    /* slots in chunk order, so each server's table is ordered by (key, chunk) */
+    for (uint32_t i = 0; i < l.n_chunks; i++)
+        l.chunks[i].slot = l.owned_count[l.chunks[i].owner]++;
+    free(order);
+    *out = l;
+    return PSAGG_OK;
+err:
+    free(order);
+    psagg_layout_free(&l);
+    return st;
+}
+
+void psagg_layout_free(psagg_layout *l)
+{
+    free(l->tensors);
+    free(l->chunks);
+    free(l->owned_count);
+    free(l->owned_bytes);
+    memset(l, 0, sizeof *l);
+}

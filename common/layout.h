@@ -1,0 +1,61 @@
+/*
+ * layout.h - how declared tensors become chunks and which server owns each chunk.
+ *
+ * Every worker and server computes the same layout from the same declaration list, so no
+ * placement is ever sent over the wire. Chunks: tensor t is cut into pieces of
+ * chunk_elems(t) = max(bucket, chunk_elems rounded down to a multiple of the codec's bucket)
+ * elements (the last piece is shorter). Placement: longest-processing-time greedy on encoded
+ * bytes: chunks sorted by encoded size (descending, ties by key then chunk index) each go to
+ * the server with the least bytes so far (ties: lowest rank). That keeps the busiest server
+ * link within one chunk of the mean.
+ */
+#ifndef PSAGG_COMMON_LAYOUT_H
+#define PSAGG_COMMON_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "psagg.h"
+#include "wire.h"
+
+typedef struct psagg_chunk_info {
+    uint32_t key, index; /* tensor and chunk within it */
+    uint32_t owner;      /* server rank */
+    uint32_t slot;       /* position among the owner's chunks */
+    uint64_t offset;     /* first element within the tensor */
+    uint64_t count;      /* elements */
+    size_t enc_bytes;    /* encoded payload bytes */
+} psagg_chunk_info;
+
+typedef struct psagg_tensor_info {
+    char name[PSAGG_NAME_MAX];
+    uint64_t count;
+    psagg_codec codec;
+    uint32_t first_chunk; /* index into layout.chunks */
+    uint32_t n_chunks;
+} psagg_tensor_info;
+
+typedef struct psagg_layout {
+    uint32_t n_tensors;
+    psagg_tensor_info *tensors;
+    uint32_t n_chunks;
+    psagg_chunk_info *chunks; /* tensor-major: tensor t's chunks are contiguous */
+    uint32_t n_servers;
+    uint32_t *owned_count;    /* per server: number of chunks it owns */
+    uint64_t *owned_bytes;    /* per server: encoded bytes of one round's inputs from one worker */
+    size_t max_enc_bytes;     /* largest chunk payload */
+} psagg_layout;
+
+/* Build from declarations (validated: counts >= 1, codecs valid, names unique). */
+psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64_t chunk_elems,
+                                uint32_t n_servers, psagg_layout *out);
+void psagg_layout_free(psagg_layout *l);
+
+/* The declaration record for one tensor description (name truncated check included). */
+psagg_status psagg_tensor_to_wire(const char *name, uint64_t count, const psagg_codec *codec,
+                                  psagg_ctl_tensor *out);
+
+/* 64-bit mixing used to derive RNG streams from (role, rank, key, chunk, round). */
+uint64_t psagg_mix64(uint64_t a, uint64_t b);
+
+#endif

@@ -1,0 +1,120 @@
+/*
+ * wire.h - psagg's wire protocol: the TCP control channel and the libfabric data messages.
+ *
+ * Every field is fixed-width little-endian (psagg only runs on little-endian hosts; codec.h
+ * refuses to build elsewhere), structs have no implicit padding (checked below), and every
+ * length, count and index read from a peer is checked before use by the reader.
+ *
+ * CONTROL CHANNEL (TCP, one connection from each worker to each server)
+ *   frame = psagg_ctl_hdr { u32 magic 'PSGC', u16 type, u16 version, u32 len } + len bytes.
+ *   1. worker -> server  HELLO    psagg_ctl_hello (protocol version and job id checked first)
+ *   2. server -> worker  WELCOME  psagg_ctl_welcome (server rank, its fabric name)
+ *      or                ERROR    psagg_ctl_error, then close
+ *   3. worker -> server  DECLARE  psagg_ctl_declare + count x psagg_ctl_tensor (all tensors)
+ *   4. server -> worker  READY    (no body) once all workers declared identical lists,
+ *      or                ERROR    naming the first differing tensor and the workers
+ *   5. data flows over libfabric (below) ...
+ *   6. worker -> server  BYE      (no body): clean shutdown; the server exits when all are gone
+ *      server -> worker  ABORT    psagg_ctl_error: another peer failed; pending work fails
+ *
+ * DATA MESSAGES (libfabric FI_EP_RDM send/recv)
+ *   psagg_msg_hdr + payload (the encoded chunk, codec.h format, exactly hdr.len bytes).
+ *   PUSH   worker -> owner server of (key, chunk): this worker's contribution for `round`
+ *   UPDATE server -> every worker: the requantized sum of `round`, identical bytes for all
+ *   Rounds count from 0 per tensor key; a push for an older round is stale (rejected), a
+ *   second push of the same (round, worker) is a duplicate (dropped), a push for a newer round
+ *   than the one being collected is a protocol error.
+ */
+#ifndef PSAGG_COMMON_WIRE_H
+#define PSAGG_COMMON_WIRE_H
+
+#include <stdint.h>
+
+#define PSAGG_PROTO_VERSION 1
+#define PSAGG_CTL_MAGIC 0x43475350u /* "PSGC" */
+#define PSAGG_MSG_MAGIC 0x4D475350u /* "PSGM" */
+#define PSAGG_JOB_ID_MAX 64
+#define PSAGG_NAME_MAX 64           /* tensor names, including the NUL */
+#define PSAGG_EPNAME_MAX 256        /* libfabric endpoint names */
+#define PSAGG_CTL_MAX_FRAME (64u << 20)
+#define PSAGG_MAX_TENSORS (1u << 20)
+
+enum psagg_ctl_type {
+    PSAGG_CTL_HELLO = 1,
+    PSAGG_CTL_WELCOME = 2,
+    PSAGG_CTL_DECLARE = 3,
+    PSAGG_CTL_READY = 4,
+    PSAGG_CTL_ERROR = 5,
+    PSAGG_CTL_BYE = 6,
+    PSAGG_CTL_ABORT = 7,
+};
+
+typedef struct psagg_ctl_hdr {
+    uint32_t magic;
+    uint16_t type;
+    uint16_t version;
+    uint32_t len; /* body bytes after this header, <= PSAGG_CTL_MAX_FRAME */
+} psagg_ctl_hdr;
+_Static_assert(sizeof(psagg_ctl_hdr) == 12, "psagg_ctl_hdr layout");
+
+typedef struct psagg_ctl_hello {
+    char job_id[PSAGG_JOB_ID_MAX]; /* NUL-terminated */
+    uint32_t rank;
+    uint32_t world_size;
+    uint8_t auth[32];      /* reserved for authentication; zero */
+    uint32_t epname_len;   /* <= PSAGG_EPNAME_MAX */
+    uint8_t epname[PSAGG_EPNAME_MAX];
+} psagg_ctl_hello;
+_Static_assert(sizeof(psagg_ctl_hello) == 64 + 4 + 4 + 32 + 4 + 256, "psagg_ctl_hello layout");
+
+typedef struct psagg_ctl_welcome {
+    uint32_t server_rank;
+    uint32_t n_servers;
+    uint32_t epname_len;
+    uint8_t epname[PSAGG_EPNAME_MAX];
+} psagg_ctl_welcome;
+_Static_assert(sizeof(psagg_ctl_welcome) == 12 + 256, "psagg_ctl_welcome layout");
+
+typedef struct psagg_ctl_declare {
+    uint32_t count;       /* tensors that follow, <= PSAGG_MAX_TENSORS */
+    uint32_t reserved;
+    uint64_t chunk_elems; /* elements per chunk (a multiple of 64): all workers must agree */
+} psagg_ctl_declare;
+_Static_assert(sizeof(psagg_ctl_declare) == 16, "psagg_ctl_declare layout");
+
+typedef struct psagg_ctl_tensor {
+    char name[PSAGG_NAME_MAX]; /* NUL-terminated */
+    uint64_t count;            /* fp32 elements, >= 1 */
+    uint32_t codec;            /* psagg_codec_id */
+    uint32_t bits;
+    uint32_t bucket;
+    uint32_t rounding;
+} psagg_ctl_tensor;
+_Static_assert(sizeof(psagg_ctl_tensor) == 64 + 8 + 16, "psagg_ctl_tensor layout");
+
+typedef struct psagg_ctl_error {
+    int32_t status; /* psagg_status */
+    char msg[252];  /* NUL-terminated */
+} psagg_ctl_error;
+_Static_assert(sizeof(psagg_ctl_error) == 256, "psagg_ctl_error layout");
+
+enum psagg_msg_type {
+    PSAGG_MSG_PUSH = 1,
+    PSAGG_MSG_UPDATE = 2,
+};
+
+typedef struct psagg_msg_hdr {
+    uint32_t magic;   /* PSAGG_MSG_MAGIC */
+    uint8_t type;     /* psagg_msg_type */
+    uint8_t version;  /* PSAGG_PROTO_VERSION */
+    uint16_t sender;  /* worker rank (PUSH) or server rank (UPDATE) */
+    uint32_t epoch;   /* membership generation; 0 for a static job */
+    uint32_t round;   /* per-key round */
+    uint32_t key;     /* tensor index in the declaration */
+    uint32_t chunk;   /* chunk index within the tensor */
+    uint32_t len;     /* payload bytes: exactly the encoded size of the chunk */
+    uint32_t reserved;
+} psagg_msg_hdr;
+_Static_assert(sizeof(psagg_msg_hdr) == 32, "psagg_msg_hdr layout");
+
+#endif
