@@ -1,0 +1,395 @@
+/*
+ * test_config.c - psagg_config_load(): the shipped conf/ INI files, defaults, every error
+ * class with its file:line and key, environment overrides, and psagg_parse_hostport().
+ */
+#include "config.h"
+#include "log.h"
+#include "../testutil.h"
+
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char tmpdir[256];
+static char conf_dir[PATH_MAX];
+static int n_files;
+
+/* Write `text` to a fresh file under tmpdir and return its path (static storage). */
+static const char *write_ini(const char *text)
+{
+    static char path[PATH_MAX];
+    FILE *f;
+    snprintf(path, sizeof path, "%s/t%d.ini", tmpdir, n_files++);
+    f = fopen(path, "w");
+    CHECK(f, "cannot create %s", path);
+    CHECK(fputs(text, f) >= 0, "write %s", path);
+    CHECK(fclose(f) == 0, "close %s", path);
+    return path;
+}
+
+static void remove_tmpdir(void)
+{
+    char path[PATH_MAX];
+    for (int i = 0; i < n_files; i++) {
+        snprintf(path, sizeof path, "%s/t%d.ini", tmpdir, i);
+        unlink(path);
+    }
+    if (tmpdir[0])
+        rmdir(tmpdir);
+}
+
+#define MINIMAL "[cluster]\njob_id = j\nservers = 127.0.0.1:1\nworkers = 2\n"
+
+/*
+ * Load `text` and expect ECONFIG with a message that contains "<path>:<line>: " (line > 0)
+ * and each of the (NULL-terminated) fragments.
+ */
+static void expect_error_at(int src_line, const char *text, int line, ...)
+{
+    psagg_config cfg;
+    const char *path = write_ini(text);
+    char where[PATH_MAX + 32];
+    const char *msg;
+    va_list ap;
+    int rc = psagg_config_load(path, &cfg);
+
+    msg = psagg_last_error();
+    CHECK(rc == PSAGG_ECONFIG, "(test line %d) rc %d, expected ECONFIG; msg '%s'", src_line, rc,
+          msg);
+    snprintf(where, sizeof where, "%s:%d: ", path, line);
+    CHECK(strstr(msg, where) == msg, "(test line %d) message '%s' does not start with '%s'",
+          src_line, msg, where);
+    va_start(ap, line);
+    for (const char *frag; (frag = va_arg(ap, const char *));)
+        CHECK(strstr(msg, frag), "(test line %d) message '%s' lacks '%s'", src_line, msg, frag);
+    va_end(ap);
+}
+#define EXPECT_ERROR(text, line, ...) expect_error_at(__LINE__, text, line, __VA_ARGS__, NULL)
+
+static void test_shipped_local(void)
+{
+    psagg_config cfg;
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/local.ini", conf_dir);
+    CHECK(psagg_config_load(path, &cfg) == PSAGG_OK, "%s: %s", path, psagg_last_error());
+    CHECK(!strcmp(cfg.job_id, "local-demo"), "job_id '%s'", cfg.job_id);
+    CHECK(cfg.n_servers == 2, "n_servers %d", cfg.n_servers);
+    CHECK(!strcmp(cfg.servers[0].host, "127.0.0.1") && cfg.servers[0].port == 19500, "server 0");
+    CHECK(!strcmp(cfg.servers[1].host, "127.0.0.1") && cfg.servers[1].port == 19501, "server 1");
+    CHECK(cfg.n_workers == 4, "n_workers %d", cfg.n_workers);
+    CHECK(!strcmp(cfg.provider, "tcp"), "provider '%s'", cfg.provider);
+    CHECK(cfg.codec.id == PSAGG_CODEC_MAXMIN && cfg.codec.bits == 4, "codec %d/%u", cfg.codec.id,
+          cfg.codec.bits);
+    CHECK(!strcmp(cfg.path, path), "path '%s'", cfg.path);
+}
+
+static void test_shipped_cluster(void)
+{
+    psagg_config cfg;
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/cluster.ini", conf_dir);
+    CHECK(psagg_config_load(path, &cfg) == PSAGG_OK, "%s: %s", path, psagg_last_error());
+    CHECK(!strcmp(cfg.job_id, "resnet50-run1"), "job_id '%s'", cfg.job_id);
+    CHECK(cfg.n_servers == 4, "n_servers %d (continuation line)", cfg.n_servers);
+    CHECK(!strcmp(cfg.servers[3].host, "10.0.0.14") && cfg.servers[3].port == 19500, "server 3");
+    CHECK(cfg.n_workers == 16, "n_workers %d", cfg.n_workers);
+    CHECK(cfg.codec.id == PSAGG_CODEC_MAXMIN && cfg.codec.bits == 4 && cfg.codec.bucket == 1024 &&
+              cfg.codec.rounding == PSAGG_ROUND_STOCHASTIC,
+          "codec");
+    CHECK(cfg.log_level == PSAGG_LOG_INFO, "level %d", cfg.log_level);
+    CHECK(cfg.worker_fabric_node[0] == '\0', "fabric_node auto -> ''");
+}
+
+static void test_defaults(void)
+{
+    psagg_config cfg;
+    CHECK(psagg_config_load(write_ini(MINIMAL), &cfg) == PSAGG_OK, "%s", psagg_last_error());
+    CHECK(!strcmp(cfg.job_id, "j") && cfg.n_servers == 1 && cfg.n_workers == 2, "required");
+    CHECK(!strcmp(cfg.provider, "tcp"), "provider");
+    CHECK(cfg.connect_timeout_ms == 30000 && cfg.op_timeout_ms == 60000, "timeouts");
+    CHECK(cfg.secret_file[0] == '\0', "secret_file");
+    CHECK(cfg.server_threads == 0 && cfg.server_error_feedback == 0, "server");
+    CHECK(cfg.gpu == PSAGG_GPU_AUTO && cfg.gpu_min_elems == 262144, "gpu");
+    CHECK(cfg.server_fabric_node[0] == '\0' && cfg.worker_fabric_node[0] == '\0', "fabric");
+    CHECK(cfg.chunk_bytes == 1048576 && cfg.seed == 1 && cfg.max_inflight == 64, "worker");
+    CHECK(cfg.codec.id == PSAGG_CODEC_MAXMIN && cfg.codec.bits == 4 && cfg.codec.bucket == 1024 &&
+              cfg.codec.rounding == PSAGG_ROUND_STOCHASTIC,
+          "codec");
+    CHECK(cfg.error_feedback == 1 && cfg.min_compress_elems == 1024, "codec ef/min");
+    CHECK(cfg.log_level == PSAGG_LOG_INFO, "log");
+}
+
+static void test_all_keys(void)
+{
+    psagg_config cfg;
+    const char *text = "; comment\n# comment\n[cluster]\njob_id = a.b_c-1\n"
+                       "servers = h1:1, [::1]:2 ; inline\n  h3:3 ; continued\n\n  h4:65535\n"
+                       "workers = 1024\nprovider = verbs;ofi_rxm\nconnect_timeout_ms = 5\n"
+                       "op_timeout_ms = 86400000\nsecret_file = /x/y\n"
+                       "[server]\nthreads = 3\nerror_feedback = TRUE\ngpu = off\n"
+                       "gpu_min_elems = 0\nfabric_node = node-7\n"
+                       "[worker]\nchunk_bytes = 4096\nseed = 0xffffffffffffffff\n"
+                       "max_inflight = 1\nfabric_node = 10.1.0.1\n"
+                       "[codec]\ndefault = bf16\nbucket = 64\nrounding = nearest\n"
+                       "error_feedback = 0\nmin_compress_elems = 0\n[log]\nlevel = debug\n";
+    CHECK(psagg_config_load(write_ini(text), &cfg) == PSAGG_OK, "%s", psagg_last_error());
+    CHECK(!strcmp(cfg.job_id, "a.b_c-1"), "job_id");
+    CHECK(cfg.n_servers == 4, "n_servers %d", cfg.n_servers);
+    CHECK(!strcmp(cfg.servers[1].host, "::1") && cfg.servers[1].port == 2, "v6");
+    CHECK(!strcmp(cfg.servers[2].host, "h3") && cfg.servers[3].port == 65535, "continuation");
+    CHECK(cfg.n_workers == 1024 && !strcmp(cfg.provider, "verbs;ofi_rxm"), "workers/provider");
+    CHECK(cfg.connect_timeout_ms == 5 && cfg.op_timeout_ms == 86400000, "timeouts");
+    CHECK(!strcmp(cfg.secret_file, "/x/y"), "secret");
+    CHECK(cfg.server_threads == 3 && cfg.server_error_feedback == 1 && cfg.gpu == PSAGG_GPU_OFF,
+          "server");
+    CHECK(cfg.gpu_min_elems == 0 && !strcmp(cfg.server_fabric_node, "node-7"), "server 2");
+    CHECK(cfg.chunk_bytes == 4096 && cfg.seed == UINT64_MAX && cfg.max_inflight == 1, "worker");
+    CHECK(!strcmp(cfg.worker_fabric_node, "10.1.0.1"), "worker fabric");
+    CHECK(cfg.codec.id == PSAGG_CODEC_BF16 && cfg.codec.bucket == 64 &&
+              cfg.codec.rounding == PSAGG_ROUND_NEAREST,
+          "codec");
+    CHECK(cfg.error_feedback == 0 && cfg.min_compress_elems == 0, "codec 2");
+    CHECK(cfg.log_level == PSAGG_LOG_DEBUG, "log");
+}
+
+static void test_errors(void)
+{
+    /* unknown key / section */
+    EXPECT_ERROR(MINIMAL "[worker]\nseed = 2\nbogus = 1\n", 7, "unknown key 'bogus' in [worker]");
+    EXPECT_ERROR(MINIMAL "\n[nosuch]\n", 6, "unknown section [nosuch]");
+    EXPECT_ERROR(MINIMAL "[nosuch]\nx = 1\n", 5, "unknown section [nosuch]");
+    EXPECT_ERROR("job_id = x\n" MINIMAL, 1, "'job_id' outside any section");
+    /* bad values, with the expectation */
+    EXPECT_ERROR(MINIMAL "[worker]\n; c\nseed = abc\n", 7, "seed", "'abc'", "expected");
+    EXPECT_ERROR("[cluster]\njob_id = j\nservers = 127.0.0.1:1\nworkers = 0\n", 4, "workers",
+                 "1..1024");
+    EXPECT_ERROR("[cluster]\njob_id = j\nservers = 127.0.0.1:1\nworkers = 1025\n", 4, "workers",
+                 "1..1024");
+    EXPECT_ERROR("[cluster]\njob_id = j\nservers = 127.0.0.1:1\nworkers = -1\n", 4, "workers");
+    EXPECT_ERROR("[cluster]\njob_id = j\nservers = 127.0.0.1:1\nworkers = 2x\n", 4, "workers");
+    EXPECT_ERROR("[cluster]\njob_id = j\nservers = 127.0.0.1\nworkers = 2\n", 3, "servers",
+                 "host:port");
+    EXPECT_ERROR("[cluster]\njob_id = j\nservers = a:1 b:0\nworkers = 2\n", 3, "servers",
+                 "1..65535");
+    EXPECT_ERROR("[cluster]\njob_id = j\nservers = a:1 b:65536\nworkers = 2\n", 3, "servers");
+    EXPECT_ERROR("[cluster]\njob_id = j\nservers = a:1 a:1\nworkers = 2\n", 3, "listed twice");
+    EXPECT_ERROR("[cluster]\njob_id = j\nservers = a:1\n  b:x\nworkers = 2\n", 4, "servers", "b:x");
+    EXPECT_ERROR("[cluster]\njob_id = j\nservers = 300.1.1.1:5\nworkers = 2\n", 3, "servers");
+    EXPECT_ERROR("[cluster]\njob_id = has space\nservers = a:1\nworkers = 2\n", 2, "job_id");
+    EXPECT_ERROR(MINIMAL "[codec]\ndefault = maxmin9\n", 6, "default", "maxmin9", "codec");
+    EXPECT_ERROR(MINIMAL "[codec]\ndefault = zstd\n", 6, "default", "zstd");
+    EXPECT_ERROR(MINIMAL "[codec]\ndefault = maxmin4/512\n", 6, "default", "separate keys");
+    EXPECT_ERROR(MINIMAL "[codec]\nbucket = 100\n", 6, "bucket", "multiple of 64");
+    EXPECT_ERROR(MINIMAL "[codec]\nbucket = 0\n", 6, "bucket");
+    EXPECT_ERROR(MINIMAL "[codec]\nbucket = 2097152\n", 6, "bucket", "64..1048576");
+    EXPECT_ERROR(MINIMAL "[codec]\nrounding = up\n", 6, "rounding", "stochastic|nearest");
+    EXPECT_ERROR(MINIMAL "[codec]\nerror_feedback = maybe\n", 6, "error_feedback", "on");
+    EXPECT_ERROR(MINIMAL "[server]\ngpu = yes\n", 6, "gpu", "auto");
+    EXPECT_ERROR(MINIMAL "[worker]\nchunk_bytes = 5000\n", 6, "chunk_bytes", "multiple of 256");
+    EXPECT_ERROR(MINIMAL "[worker]\nseed = 18446744073709551616\n", 6, "seed");
+    EXPECT_ERROR(MINIMAL "[log]\nlevel = loud\n", 6, "level", "error|warn|info|debug");
+    EXPECT_ERROR(MINIMAL "[worker]\nmax_inflight = 1\n  2\n", 7, "only servers may span");
+    /* duplicates, also across repeated sections */
+    EXPECT_ERROR(MINIMAL "provider = shm\n\nprovider = tcp\n", 7, "duplicate key 'provider'",
+                 "[cluster]", "line 5");
+    EXPECT_ERROR(MINIMAL "[codec]\nbucket = 64\n[cluster]\n[codec]\nbucket = 128\n", 9,
+                 "duplicate key 'bucket'", "line 6");
+    /* syntax, line length */
+    EXPECT_ERROR(MINIMAL "[worker]\nseed\n", 6, "syntax error");
+    {
+        char text[600];
+        snprintf(text, sizeof text, MINIMAL "[cluster]\n; %0250d\n", 0);
+        EXPECT_ERROR(text, 6, "line too long");
+    }
+    /* first error wins */
+    EXPECT_ERROR(MINIMAL "[worker]\nseed = x\nbogus = 1\n", 6, "seed");
+}
+
+static void test_missing(void)
+{
+    psagg_config cfg;
+    const char *path;
+    const char *cases[][2] = {
+        {"[cluster]\nservers = a:1\nworkers = 2\n", "job_id"},
+        {"[cluster]\njob_id = j\nworkers = 2\n", "servers"},
+        {"[cluster]\njob_id = j\nservers = a:1\n", "workers"},
+        {"", "job_id"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        path = write_ini(cases[i][0]);
+        CHECK(psagg_config_load(path, &cfg) == PSAGG_ECONFIG, "case %zu", i);
+        CHECK(strstr(psagg_last_error(), path) == psagg_last_error(), "'%s' lacks path",
+              psagg_last_error());
+        CHECK(strstr(psagg_last_error(), "missing required key") &&
+                  strstr(psagg_last_error(), cases[i][1]),
+              "'%s' lacks key %s", psagg_last_error(), cases[i][1]);
+    }
+
+    char nofile[PATH_MAX + 16];
+    snprintf(nofile, sizeof nofile, "%s/does-not-exist.ini", tmpdir);
+    CHECK(psagg_config_load(nofile, &cfg) == PSAGG_ECONFIG, "missing file");
+    CHECK(strstr(psagg_last_error(), nofile) && strstr(psagg_last_error(), "No such file"), "'%s'",
+          psagg_last_error());
+    /* a directory opens but cannot be read */
+    CHECK(psagg_config_load(tmpdir, &cfg) == PSAGG_ECONFIG, "directory");
+    CHECK(strstr(psagg_last_error(), tmpdir), "'%s'", psagg_last_error());
+}
+
+static void test_env(void)
+{
+    psagg_config cfg;
+    char path[PATH_MAX]; /* write_ini() reuses its buffer */
+    snprintf(path, sizeof path, "%s", write_ini(MINIMAL "provider = tcp\n[worker]\nseed = 5\n"));
+
+    /* overrides win over the file, and can supply required keys */
+    setenv("PSAGG_CLUSTER_PROVIDER", "shm", 1);
+    setenv("PSAGG_WORKER_SEED", "3", 1);
+    setenv("PSAGG_CODEC_DEFAULT", "fp32", 1);
+    setenv("PSAGG_CLUSTER_SERVERS", "h:1 h:2 h:3", 1);
+    setenv("PSAGG_CLUSTER_CONNECT_TIMEOUT_MS", "7", 1);
+    setenv("PSAGG_WORKER_FABRIC_NODE", "n1", 1);
+    /* launcher / logger / kernel variables are not config keys and not errors */
+    setenv("PSAGG_RANK", "1", 1);
+    setenv("PSAGG_WORLD_SIZE", "4", 1);
+    setenv("PSAGG_SERVER_RANK", "0", 1);
+    setenv("PSAGG_LOG_LEVEL", "whatever", 1);
+    setenv("PSAGG_CODEC_ISA", "avx2", 1);
+    setenv("PSAGG_SERVER_BIN", "/bin/true", 1);
+    setenv("PSAGG_SOMETHING_ELSE", "x", 1);
+    CHECK(psagg_config_load(path, &cfg) == PSAGG_OK, "%s", psagg_last_error());
+    CHECK(!strcmp(cfg.provider, "shm"), "provider '%s'", cfg.provider);
+    CHECK(cfg.seed == 3, "seed %llu", (unsigned long long)cfg.seed);
+    CHECK(cfg.codec.id == PSAGG_CODEC_FP32, "codec");
+    CHECK(cfg.n_servers == 3 && cfg.servers[2].port == 3, "servers replaced, n=%d", cfg.n_servers);
+    CHECK(cfg.connect_timeout_ms == 7, "timeout");
+    CHECK(!strcmp(cfg.worker_fabric_node, "n1"), "fabric");
+    CHECK(cfg.log_level == PSAGG_LOG_INFO, "PSAGG_LOG_LEVEL must not touch the config");
+
+    setenv("PSAGG_CLUSTER_JOB_ID", "from-env", 1);
+    setenv("PSAGG_CLUSTER_WORKERS", "8", 1);
+    CHECK(psagg_config_load(write_ini("[codec]\nbucket = 128\n"), &cfg) == PSAGG_OK, "%s",
+          psagg_last_error());
+    CHECK(!strcmp(cfg.job_id, "from-env") && cfg.n_workers == 8 && cfg.n_servers == 3,
+          "required from env");
+    CHECK(cfg.codec.bucket == 128, "bucket kept with env codec");
+    unsetenv("PSAGG_CLUSTER_JOB_ID");
+    unsetenv("PSAGG_CLUSTER_WORKERS");
+
+    /* bad values */
+    setenv("PSAGG_WORKER_SEED", "three", 1);
+    CHECK(psagg_config_load(path, &cfg) == PSAGG_ECONFIG, "bad env");
+    CHECK(strstr(psagg_last_error(), "env PSAGG_WORKER_SEED: ") == psagg_last_error() &&
+              strstr(psagg_last_error(), "three"),
+          "'%s'", psagg_last_error());
+    setenv("PSAGG_WORKER_SEED", "3", 1);
+    setenv("PSAGG_CODEC_BUCKET", "65", 1);
+    CHECK(psagg_config_load(path, &cfg) == PSAGG_ECONFIG, "bad env bucket");
+    CHECK(strstr(psagg_last_error(), "env PSAGG_CODEC_BUCKET: ") == psagg_last_error(), "'%s'",
+          psagg_last_error());
+    unsetenv("PSAGG_CODEC_BUCKET");
+
+    /* unknown key in a known section */
+    setenv("PSAGG_CLUSTER_BOGUS", "1", 1);
+    CHECK(psagg_config_load(path, &cfg) == PSAGG_ECONFIG, "unknown env");
+    CHECK(strstr(psagg_last_error(), "env PSAGG_CLUSTER_BOGUS"), "'%s'", psagg_last_error());
+    unsetenv("PSAGG_CLUSTER_BOGUS");
+
+    /* env-only codec parts: bucket and rounding from env, codec from the file */
+    setenv("PSAGG_CODEC_ROUNDING", "nearest", 1);
+    setenv("PSAGG_CODEC_DEFAULT", "maxmin2", 1);
+    CHECK(psagg_config_load(path, &cfg) == PSAGG_OK, "%s", psagg_last_error());
+    CHECK(cfg.codec.id == PSAGG_CODEC_MAXMIN && cfg.codec.bits == 2 &&
+              cfg.codec.rounding == PSAGG_ROUND_NEAREST && cfg.codec.bucket == 1024,
+          "codec from env");
+
+    const char *vars[] = {"PSAGG_CLUSTER_PROVIDER",
+                          "PSAGG_WORKER_SEED",
+                          "PSAGG_CODEC_DEFAULT",
+                          "PSAGG_CLUSTER_SERVERS",
+                          "PSAGG_CLUSTER_CONNECT_TIMEOUT_MS",
+                          "PSAGG_WORKER_FABRIC_NODE",
+                          "PSAGG_RANK",
+                          "PSAGG_WORLD_SIZE",
+                          "PSAGG_SERVER_RANK",
+                          "PSAGG_LOG_LEVEL",
+                          "PSAGG_CODEC_ISA",
+                          "PSAGG_SERVER_BIN",
+                          "PSAGG_SOMETHING_ELSE",
+                          "PSAGG_CODEC_ROUNDING"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        unsetenv(vars[i]);
+    CHECK(psagg_config_load(path, &cfg) == PSAGG_OK, "%s", psagg_last_error());
+    CHECK(cfg.seed == 5 && !strcmp(cfg.provider, "tcp"), "file values back");
+}
+
+static void test_hostport(void)
+{
+    psagg_hostport hp;
+    CHECK(psagg_parse_hostport("example.org:80", &hp) == PSAGG_OK, "%s", psagg_last_error());
+    CHECK(!strcmp(hp.host, "example.org") && hp.port == 80, "name");
+    CHECK(psagg_parse_hostport("[fe80::1]:65535", &hp) == PSAGG_OK, "%s", psagg_last_error());
+    CHECK(!strcmp(hp.host, "fe80::1") && hp.port == 65535, "v6");
+    CHECK(psagg_parse_hostport("10.0.0.1:1", &hp) == PSAGG_OK && hp.port == 1, "v4");
+    const char *bad[] = {"",           "host",        ":80",      "host:",   "host:0",   "host:-1",
+                         "host:65536", "host:8x",     "::1:80",   "[::1]80", "[zz]:80",  "[]:80",
+                         "a b:80",     "1.2.3.999:8", "host:080", "h:+80",   "host: 80", "[::1:80"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK(psagg_parse_hostport(bad[i], &hp) == PSAGG_EINVAL, "'%s' accepted", bad[i]);
+        CHECK(psagg_last_error()[0], "no message for '%s'", bad[i]);
+    }
+    char longhost[PSAGG_HOST_MAX + 8];
+    memset(longhost, 'a', PSAGG_HOST_MAX);
+    snprintf(longhost + PSAGG_HOST_MAX, 8, ":1");
+    CHECK(psagg_parse_hostport(longhost, &hp) == PSAGG_EINVAL, "long host");
+}
+
+/* The caller's PSAGG_* overrides would change every expectation here: drop them. */
+static void clear_psagg_env(void)
+{
+    extern char **environ;
+    char name[256];
+    for (int again = 1; again;) {
+        again = 0;
+        for (char **e = environ; e && *e; e++) {
+            const char *eq = strchr(*e, '=');
+            size_t len = eq ? (size_t)(eq - *e) : strlen(*e);
+            if (!strncmp(*e, "PSAGG_", 6) && strncmp(*e, "PSAGG_TEST_DATA=", 16) &&
+                len < sizeof name) {
+                memcpy(name, *e, len);
+                name[len] = '\0';
+                unsetenv(name);
+                again = 1;
+                break;
+            }
+        }
+    }
+}
+
+int main(void)
+{
+    const char *data = getenv("PSAGG_TEST_DATA");
+    const char *tmp = getenv("TMPDIR");
+
+    if (data)
+        snprintf(conf_dir, sizeof conf_dir, "%s/../../conf", data);
+    else
+        snprintf(conf_dir, sizeof conf_dir, "conf"); /* run from the source root */
+    snprintf(tmpdir, sizeof tmpdir, "%s/psagg-test-config-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    CHECK(mkdtemp(tmpdir), "mkdtemp %s", tmpdir);
+    atexit(remove_tmpdir);
+    clear_psagg_env();
+
+    test_shipped_local();
+    test_shipped_cluster();
+    test_defaults();
+    test_all_keys();
+    test_errors();
+    test_missing();
+    test_env();
+    test_hostport();
+    printf("test_config: ok\n");
+    return 0;
+}
