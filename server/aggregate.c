@@ -1,0 +1,349 @@
+/*
+ * aggregate.c - the server's aggregation: per-chunk round state and the thread pool.
+ *
+ * Each owned chunk is pinned to one aggregation thread (slot % threads), so its state needs
+ * no lock and a server uses every core it is given. A push is folded into the chunk's fp32
+ * accumulator as soon as the fixed order allows (worker 0, 1, ..., N-1): the contribution
+ * of the next worker in that order is decoded-and-added straight from the receive buffer;
+ * one that arrives early is kept compressed (small) in its slot until its turn. The sum is
+ * therefore the same bits whatever order messages arrive in. The last contribution triggers
+ * one requantize (with the server residual when enabled) and the identical update bytes go
+ * to every worker.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "alloc.h"
+#include "error.h"
+#include "log.h"
+#include "server.h"
+
+static psagg_rng_key round_key(const server *srv, const chunk_state *c)
+{
+    uint64_t stream = psagg_mix64(psagg_mix64(0x5E5Eull << 32 | (uint32_t)srv->rank,
+                                              (uint64_t)c->info->key << 32 | c->info->index),
+                                  c->round);
+    return psagg_rng_key_make(srv->cfg.seed, stream);
+}
+
+/* Requantize the completed round and send the update to every worker. */
+static void finish_round(server *srv, chunk_state *c)
+{
+    int p = c->round & 1;
+    size_t bad = 0, enc = c->info->enc_bytes;
+    psagg_msg_hdr *h = (psagg_msg_hdr *)c->out[p];
+    psagg_status st;
+
+    if (atomic_load(&c->sends_pending[p]) > 0) {
+        c->deferred = 1; /* the update of round-2 is still being sent */
+        return;
+    }
+    c->deferred = 0;
+    st = psagg_encode(&c->codec, c->acc, c->residual, c->info->count, round_key(srv, c),
+                      c->out[p] + sizeof *h, enc, &bad);
+    if (st) {
+        server_fail_job(srv, "tensor '%s' chunk %u round %u: the sum cannot be encoded: %s",
+                        srv->layout.tensors[c->info->key].name, c->info->index, c->round,
+                        psagg_last_error());
+        return;
+    }
+    *h = (psagg_msg_hdr){.magic = PSAGG_MSG_MAGIC,
+                         .type = PSAGG_MSG_UPDATE,
+                         .version = PSAGG_PROTO_VERSION,
+                         .sender = (uint16_t)srv->rank,
+                         .round = c->round,
+                         .key = c->info->key,
+                         .chunk = c->info->index,
+                         .len = (uint32_t)enc};
+    atomic_store(&c->sends_pending[p], srv->n_workers);
+    for (int w = 0; w < srv->n_workers; w++) {
+        st = psagg_fabric_send(srv->fab, srv->workers[w].addr, c->out[p], sizeof *h + enc,
+                               c->out_desc[p], &c->sctx[p]);
+        if (st) {
+            atomic_fetch_sub(&c->sends_pending[p], 1);
+            server_close_worker(srv, w, "sending the update of tensor %u chunk %u failed: %s",
+                                c->info->key, c->info->index, psagg_last_error());
+        }
+    }
+    c->round++;
+    c->n_arrived = 0;
+    c->next = 0;
+    memset(c->arrived, 0, (size_t)srv->n_workers);
+    memset(c->acc, 0, c->info->count * sizeof(float));
+}
+
+/* Fold worker w's payload into the accumulator (it is next in the fixed order). */
+static int fold(server *srv, chunk_state *c, int w, const void *payload)
+{
+    psagg_status st = psagg_decode_add(&c->codec, payload, c->info->enc_bytes, c->info->count,
+                                       c->acc);
+    if (st) {
+        server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s",
+                            c->info->key, c->info->index, c->round, psagg_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+/* One push for chunk c, already checked against the layout by the progress thread. */
+static void handle_push(server *srv, chunk_state *c, recv_buf *rb)
+{
+    const psagg_msg_hdr *h = (const psagg_msg_hdr *)rb->buf;
+    const uint8_t *payload = rb->buf + sizeof *h;
+    int w = h->sender;
+    size_t enc = c->info->enc_bytes;
+
+    if (h->round < c->round) {
+        LOG_WARN("stale push from worker %d: tensor %u chunk %u round %u (collecting %u), dropped",
+                 w, h->key, h->chunk, h->round, c->round);
+        return;
+    }
+    if (h->round > c->round) {
+        server_close_worker(srv, w, "push field round is %u but tensor %u chunk %u is at round %u",
+                            h->round, h->key, h->chunk, c->round);
+        return;
+    }
+    if (c->arrived[w]) {
+        LOG_WARN("duplicate push from worker %d: tensor %u chunk %u round %u, dropped", w, h->key,
+                 h->chunk, h->round);
+        return;
+    }
+    if (w != (int)c->next) {
+        if (psagg_validate(&c->codec, payload, enc, c->info->count)) {
+            server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s",
+                                h->key, h->chunk, h->round, psagg_last_error());
+            return;
+        }
+        memcpy(c->slots + (size_t)w * enc, payload, enc);
+        c->arrived[w] = 1;
+        c->n_arrived++;
+        return;
+    }
+    if (fold(srv, c, w, payload))
+        return;
+    c->arrived[w] = 1;
+    c->n_arrived++;
+    c->next++;
+    while ((int)c->next < srv->n_workers && c->arrived[c->next]) {
+        if (fold(srv, c, (int)c->next, c->slots + (size_t)c->next * enc))
+            return;
+        c->next++;
+    }
+    if ((int)c->next == srv->n_workers)
+        finish_round(srv, c);
+}
+
+static void *agg_main(void *arg)
+{
+    agg_thread *t = arg;
+    server *srv = t->srv;
+
+    psagg_alloc_thread_arena();
+    for (;;) {
+        agg_item *it;
+        pthread_mutex_lock(&t->mu);
+        while (!t->head && !t->stop)
+            pthread_cond_wait(&t->cv, &t->mu);
+        if (!t->head) {
+            pthread_mutex_unlock(&t->mu);
+            break;
+        }
+        it = t->head;
+        t->head = it->next;
+        if (!t->head)
+            t->tail = NULL;
+        pthread_mutex_unlock(&t->mu);
+
+        if (!atomic_load(&srv->job_failed)) {
+            if (it->rb)
+                handle_push(srv, it->chunk, it->rb);
+            else if (it->chunk->deferred)
+                finish_round(srv, it->chunk);
+        }
+        if (it->rb)
+            server_repost(srv, it->rb);
+        free(it);
+    }
+    return NULL;
+}
+
+void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb)
+{
+    agg_thread *t = &srv->threads[c->thread];
+    agg_item *it = malloc(sizeof *it);
+    if (!it) {
+        server_fail_job(srv, "out of memory queueing a push");
+        if (rb)
+            server_repost(srv, rb);
+        return;
+    }
+    *it = (agg_item){.rb = rb, .chunk = c};
+    pthread_mutex_lock(&t->mu);
+    if (t->tail)
+        t->tail->next = it;
+    else
+        t->head = it;
+    t->tail = it;
+    pthread_cond_signal(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* Allocate and register the buffers of one chunk, from the calling thread's arena. */
+static psagg_status chunk_alloc(server *srv, chunk_state *c)
+{
+    const psagg_chunk_info *ci = c->info;
+    size_t enc = ci->enc_bytes, n = (size_t)srv->n_workers;
+
+    c->arrived = psagg_alloc(n, 1);
+    c->slots = psagg_alloc(n * enc, 0);
+    c->acc = psagg_alloc(ci->count * sizeof(float), 1);
+    if (srv->cfg.server_error_feedback)
+        c->residual = psagg_alloc(ci->count * sizeof(float), 1);
+    for (int p = 0; p < 2; p++) {
+        c->sctx[p] = (send_ctx){c, p};
+        c->out[p] = psagg_alloc(sizeof(psagg_msg_hdr) + enc, 1);
+        if (!c->out[p])
+            break;
+        if (psagg_fabric_reg(srv->fab, c->out[p], sizeof(psagg_msg_hdr) + enc, &c->out_desc[p]))
+            return psagg_fail_context(PSAGG_EFABRIC, "registering update buffers: ");
+    }
+    if (!c->arrived || !c->slots || !c->acc || !c->out[0] || !c->out[1] ||
+        (srv->cfg.server_error_feedback && !c->residual))
+        return psagg_fail(PSAGG_ENOMEM, "buffers of tensor %u chunk %u", ci->key, ci->index);
+    return PSAGG_OK;
+}
+
+/* Build the table of owned chunks and pin each to a thread (slot % threads). */
+psagg_status agg_setup(server *srv)
+{
+    const psagg_layout *l = &srv->layout;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+
+    srv->n_threads = srv->cfg.server_threads > 0 ? srv->cfg.server_threads
+                                                 : (int)(cores > 0 ? cores : 1);
+    srv->n_owned = l->owned_count[srv->rank];
+    srv->chunks = calloc(srv->n_owned ? srv->n_owned : 1, sizeof *srv->chunks);
+    if (!srv->chunks)
+        return psagg_fail(PSAGG_ENOMEM, "chunk table of %u chunks", srv->n_owned);
+    for (uint32_t i = 0; i < l->n_chunks; i++) {
+        const psagg_chunk_info *ci = &l->chunks[i];
+        chunk_state *c;
+        if (ci->owner != (uint32_t)srv->rank)
+            continue;
+        c = &srv->chunks[ci->slot];
+        c->info = ci;
+        c->codec = l->tensors[ci->key].codec;
+        c->thread = ci->slot % (uint32_t)srv->n_threads;
+    }
+    return PSAGG_OK;
+}
+
+/*
+ * Start the pool. Each thread first allocates the buffers of the chunks pinned to it from
+ * an arena of its own; agg_start returns once all have, with the first failure if any.
+ */
+static pthread_mutex_t start_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t start_cv = PTHREAD_COND_INITIALIZER;
+static int start_left;
+static psagg_status start_status;
+static char start_error[256];
+
+static void *agg_thread_start(void *arg)
+{
+    agg_thread *t = arg;
+    server *srv = t->srv;
+    psagg_status st = PSAGG_OK;
+    int self = (int)(t - srv->threads);
+
+    psagg_alloc_thread_arena();
+    for (uint32_t i = 0; i < srv->n_owned && !st; i++)
+        if ((int)srv->chunks[i].thread == self)
+            st = chunk_alloc(srv, &srv->chunks[i]);
+    pthread_mutex_lock(&start_mu);
+    if (st && !start_status) {
+        start_status = st;
+        snprintf(start_error, sizeof start_error, "%s", psagg_last_error());
+    }
+    start_left--;
+    pthread_cond_broadcast(&start_cv);
+    pthread_mutex_unlock(&start_mu);
+    return agg_main(arg);
+}
+
+psagg_status agg_start(server *srv)
+{
+    srv->threads = calloc((size_t)srv->n_threads, sizeof *srv->threads);
+    if (!srv->threads)
+        return psagg_fail(PSAGG_ENOMEM, "aggregation threads");
+    start_left = srv->n_threads;
+    start_status = PSAGG_OK;
+    for (int i = 0; i < srv->n_threads; i++) {
+        agg_thread *t = &srv->threads[i];
+        t->srv = srv;
+        pthread_mutex_init(&t->mu, NULL);
+        pthread_cond_init(&t->cv, NULL);
+    }
+    for (int i = 0; i < srv->n_threads; i++) {
+        if (pthread_create(&srv->threads[i].tid, NULL, agg_thread_start, &srv->threads[i])) {
+            pthread_mutex_lock(&start_mu);
+            start_left -= srv->n_threads - i;
+            pthread_mutex_unlock(&start_mu);
+            srv->n_threads = i;
+            srv->threads_started = 1;
+            return psagg_fail(PSAGG_EIO, "cannot start aggregation thread %d", i);
+        }
+    }
+    srv->threads_started = 1;
+    pthread_mutex_lock(&start_mu);
+    while (start_left > 0)
+        pthread_cond_wait(&start_cv, &start_mu);
+    pthread_mutex_unlock(&start_mu);
+    if (start_status)
+        return psagg_fail(start_status, "%s", start_error);
+    return PSAGG_OK;
+}
+
+void agg_stop(server *srv)
+{
+    if (!srv->threads_started)
+        return;
+    for (int i = 0; i < srv->n_threads; i++) {
+        agg_thread *t = &srv->threads[i];
+        pthread_mutex_lock(&t->mu);
+        t->stop = 1;
+        pthread_cond_signal(&t->cv);
+        pthread_mutex_unlock(&t->mu);
+    }
+    for (int i = 0; i < srv->n_threads; i++)
+        pthread_join(srv->threads[i].tid, NULL);
+    srv->threads_started = 0;
+}
+
+void agg_teardown(server *srv)
+{
+    for (uint32_t i = 0; srv->chunks && i < srv->n_owned; i++) {
+        chunk_state *c = &srv->chunks[i];
+        psagg_free(c->arrived);
+        psagg_free(c->slots);
+        psagg_free(c->acc);
+        psagg_free(c->residual);
+        psagg_free(c->out[0]);
+        psagg_free(c->out[1]);
+    }
+    free(srv->chunks);
+    srv->chunks = NULL;
+    for (int i = 0; srv->threads && i < srv->n_threads; i++) {
+        agg_thread *t = &srv->threads[i];
+        while (t->head) {
+            agg_item *it = t->head;
+            t->head = it->next;
+            free(it);
+        }
+        pthread_mutex_destroy(&t->mu);
+        pthread_cond_destroy(&t->cv);
+    }
+    free(srv->threads);
+    srv->threads = NULL;
+}

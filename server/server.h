@@ -1,0 +1,122 @@
+/*
+ * server.h - psagg-server's state. One process serves one job: it accepts the job's workers
+ * on its control port, agrees on the tensor declarations, aggregates the chunks it owns
+ * (layout.h) round after round, and exits when every worker has said BYE.
+ *
+ * Threads: the main thread runs the control channel (server.c: serve_control), one progress
+ * thread drives libfabric and routes each arriving push to the aggregation thread its chunk
+ * is pinned to (server.c: progress_main), and the aggregation threads (aggregate.c) decode,
+ * sum, requantize and send the update.
+ */
+#ifndef PSAGG_SERVER_H
+#define PSAGG_SERVER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "codec.h"
+#include "config.h"
+#include "layout.h"
+#include "transport.h"
+#include "wire.h"
+
+enum worker_state { W_NONE = 0, W_HELLO, W_DECLARED, W_BYE, W_DEAD };
+
+typedef struct worker_conn {
+    int fd;
+    enum worker_state state;
+    psagg_peer addr;
+    psagg_ctl_declare decl_hdr;
+    psagg_ctl_tensor *decl;
+    char bad_reason[200]; /* set by data-path threads: close this peer (guarded by srv->mu) */
+} worker_conn;
+
+/* A posted receive buffer: header + largest chunk payload. */
+typedef struct recv_buf {
+    uint8_t *buf;
+    void *desc;
+    size_t size;
+    size_t len; /* bytes received */
+} recv_buf;
+
+struct chunk_state;
+typedef struct send_ctx {
+    struct chunk_state *chunk;
+    int parity;
+} send_ctx;
+
+/* One owned chunk. Only its aggregation thread touches it, except sends_pending. */
+typedef struct chunk_state {
+    const psagg_chunk_info *info;
+    psagg_codec codec;
+    uint32_t thread;
+    uint32_t round;     /* the round being collected */
+    uint32_t n_arrived; /* contributions received this round */
+    uint32_t next;      /* next worker to fold into acc (fixed order 0..N-1) */
+    uint8_t *arrived;   /* per worker */
+    uint8_t *slots;     /* per worker: payload kept until its turn in the fixed order */
+    float *acc;
+    float *residual;    /* server error feedback, or NULL */
+    uint8_t *out[2];    /* header + encoded update, alternating by round parity */
+    void *out_desc[2];
+    atomic_int sends_pending[2];
+    int deferred;       /* round complete, waiting for out[parity] to be free */
+    send_ctx sctx[2];
+} chunk_state;
+
+typedef struct agg_item {
+    struct agg_item *next;
+    recv_buf *rb;       /* a push to fold in, or NULL: retry deferred chunk */
+    chunk_state *chunk;
+} agg_item;
+
+typedef struct agg_thread {
+    struct server *srv;
+    pthread_t tid;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    agg_item *head, *tail;
+    int stop;
+} agg_thread;
+
+typedef struct server {
+    psagg_config cfg;
+    int rank;
+    int listen_fd;
+    psagg_fabric *fab;
+    size_t max_msg;
+
+    int n_workers;
+    worker_conn *workers;
+    pthread_mutex_t mu; /* guards workers[].bad_reason and job_error */
+    char job_error[256];
+    atomic_int job_failed;
+
+    psagg_layout layout;
+    uint32_t n_owned;
+    chunk_state *chunks; /* by slot */
+    recv_buf *rbufs;
+    int n_rbufs;
+
+    agg_thread *threads;
+    int n_threads;
+    pthread_t progress_tid;
+    atomic_int running;
+    int threads_started;
+} server;
+
+/* aggregate.c */
+psagg_status agg_setup(server *srv);
+psagg_status agg_start(server *srv);
+void agg_stop(server *srv);
+void agg_teardown(server *srv);
+void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb);
+
+/* server.c: data-path threads report a misbehaving worker or a failed job through these */
+void server_close_worker(server *srv, int w, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void server_fail_job(server *srv, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void server_repost(server *srv, recv_buf *rb);
+
+#endif
