@@ -1,0 +1,465 @@
+/*
+ * api.c - libpsagg's public functions (psagg.h): start-up, declaration, push_pull, handles.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "alloc.h"
+#include "control.h"
+#include "error.h"
+#include "log.h"
+#include "worker.h"
+
+static int env_int(const char *name, int fallback)
+{
+    const char *v = getenv(name);
+    char *end;
+    long x;
+    if (!v || !*v)
+        return fallback;
+    x = strtol(v, &end, 10);
+    return (*end || x < 0 || x > 1 << 30) ? -2 : (int)x;
+}
+
+/* HELLO one server and read its WELCOME. */
+static psagg_status hello_server(psagg_ctx *ctx, int s, int64_t deadline)
+{
+    psagg_ctl_hello hello = {.rank = (uint32_t)ctx->rank, .world_size = (uint32_t)ctx->world};
+    psagg_ctl_hdr h;
+    void *body = NULL;
+    char peer[96];
+    size_t len = sizeof hello.epname;
+    psagg_status st;
+
+    snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
+             ctx->cfg.servers[s].port);
+    snprintf(hello.job_id, sizeof hello.job_id, "%s", ctx->cfg.job_id);
+    if ((st = psagg_fabric_name(ctx->fab, hello.epname, &len)))
+        return st;
+    hello.epname_len = (uint32_t)len;
+    if ((st = psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_HELLO, &hello, sizeof hello)))
+        return psagg_fail_context(st, "%s: ", peer);
+    if ((st = psagg_ctl_recv(ctx->servers[s].fd, &h, &body, deadline, peer)))
+        return st;
+    if (h.type == PSAGG_CTL_ERROR && h.len == sizeof(psagg_ctl_error)) {
+        psagg_ctl_error *e = body;
+        e->msg[sizeof e->msg - 1] = '\0';
+        st = psagg_fail(e->status < 0 ? e->status : PSAGG_EPEER, "%s refused worker %d: %s",
+                        peer, ctx->rank, e->msg);
+    } else if (h.type != PSAGG_CTL_WELCOME || h.len != sizeof(psagg_ctl_welcome)) {
+        st = psagg_fail(PSAGG_EPROTO, "%s answered HELLO with frame type %u", peer, h.type);
+    } else {
+        psagg_ctl_welcome *w = body;
+        if (w->server_rank != (uint32_t)s || w->n_servers != (uint32_t)ctx->cfg.n_servers)
+            st = psagg_fail(PSAGG_ECONFIG,
+                            "%s says it is server %u of %u; this worker's config lists it as "
+                            "server %d of %d",
+                            peer, w->server_rank, w->n_servers, s, ctx->cfg.n_servers);
+        else if (w->epname_len == 0 || w->epname_len > PSAGG_EPNAME_MAX)
+            st = psagg_fail(PSAGG_EPROTO, "%s: WELCOME field epname_len is %u", peer,
+                            w->epname_len);
+        else if ((st = psagg_fabric_add_peer(ctx->fab, w->epname, w->epname_len,
+                                             &ctx->servers[s].addr)))
+            psagg_fail_context(st, "%s: ", peer);
+    }
+    free(body);
+    return st;
+}
+
+psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ctx **out)
+{
+    psagg_ctx *ctx;
+    psagg_fabric_opts fo = {0};
+    char local[PSAGG_HOST_MAX] = "", role[32];
+    int64_t deadline;
+    psagg_status st;
+
+    psagg_clear_error();
+    if (!out)
+        return psagg_fail(PSAGG_EINVAL, "psagg_init: out is NULL");
+    *out = NULL;
+    if (!ini_path)
+        ini_path = getenv("PSAGG_CONFIG");
+    if (!ini_path)
+        return psagg_fail(PSAGG_EINVAL, "psagg_init: no config file (argument or PSAGG_CONFIG)");
+    if (rank < 0)
+        rank = env_int("PSAGG_RANK", -1);
+    if (world_size < 0)
+        world_size = env_int("PSAGG_WORLD_SIZE", -1);
+    if (rank < 0 || world_size < 1 || rank >= world_size)
+        return psagg_fail(PSAGG_EINVAL,
+                          "psagg_init: rank %d of world size %d (set the arguments or PSAGG_RANK "
+                          "and PSAGG_WORLD_SIZE)",
+                          rank, world_size);
+    ctx = calloc(1, sizeof *ctx);
+    if (!ctx)
+        return psagg_fail(PSAGG_ENOMEM, "psagg_init");
+    pthread_mutex_init(&ctx->mu, NULL);
+    {
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&ctx->cv, &ca);
+        pthread_condattr_destroy(&ca);
+    }
+    if ((st = psagg_config_load(ini_path, &ctx->cfg)))
+        goto err_config;
+    if (world_size != ctx->cfg.n_workers) {
+        st = psagg_fail(PSAGG_ECONFIG, "%s: [cluster] workers = %d, but this worker was started "
+                                       "with world size %d",
+                        ini_path, ctx->cfg.n_workers, world_size);
+        goto err_config;
+    }
+    ctx->rank = rank;
+    ctx->world = world_size;
+    snprintf(role, sizeof role, "worker %d", rank);
+    psagg_log_init(role, ctx->cfg.log_level);
+    ctx->servers = calloc((size_t)ctx->cfg.n_servers, sizeof *ctx->servers);
+    if (!ctx->servers) {
+        st = psagg_fail(PSAGG_ENOMEM, "psagg_init");
+        goto err_config;
+    }
+    for (int s = 0; s < ctx->cfg.n_servers; s++)
+        ctx->servers[s].fd = -1;
+
+    /* Control connections first: the one to server 0 tells which local address to use. */
+    deadline = psagg_now_ms() + ctx->cfg.connect_timeout_ms;
+    for (int s = 0; s < ctx->cfg.n_servers; s++)
+        if ((st = psagg_tcp_connect(&ctx->cfg.servers[s], deadline, &ctx->servers[s].fd))) {
+            psagg_fail_context(st, "worker %d: server %d: ", rank, s);
+            goto err_connect;
+        }
+    if (ctx->cfg.worker_fabric_node[0])
+        snprintf(local, sizeof local, "%s", ctx->cfg.worker_fabric_node);
+    else if ((st = psagg_tcp_local_addr(ctx->servers[0].fd, local, sizeof local)))
+        goto err_connect;
+    ctx->max_msg = sizeof(psagg_msg_hdr) +
+                   (ctx->cfg.chunk_bytes > (8u << 20) ? ctx->cfg.chunk_bytes : (8u << 20)) + 4096;
+    fo.provider = ctx->cfg.provider;
+    fo.node = strcmp(ctx->cfg.provider, "shm") ? local : NULL;
+    fo.max_msg = ctx->max_msg;
+    if ((st = psagg_fabric_open(&fo, &ctx->fab)))
+        goto err_connect;
+    for (int s = 0; s < ctx->cfg.n_servers; s++)
+        if ((st = hello_server(ctx, s, deadline)))
+            goto err_hello;
+    *out = ctx;
+    return PSAGG_OK;
+
+err_hello:
+    psagg_fabric_close(ctx->fab);
+err_connect:
+    for (int s = 0; s < ctx->cfg.n_servers; s++)
+        if (ctx->servers[s].fd >= 0)
+            close(ctx->servers[s].fd);
+    free(ctx->servers);
+err_config:
+    pthread_cond_destroy(&ctx->cv);
+    pthread_mutex_destroy(&ctx->mu);
+    free(ctx);
+    return st;
+}
+
+/* Allocate and register push buffers, residuals and posted receive buffers. */
+static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tensors)
+{
+    const psagg_layout *l = &ctx->layout;
+    size_t rsize = sizeof(psagg_msg_hdr) + l->max_enc_bytes;
+    uint64_t budget = 256ull << 20;
+    psagg_status st;
+
+    if (rsize > ctx->max_msg)
+        return psagg_fail(PSAGG_EINVAL, "chunks of %zu bytes exceed the fabric limit of %zu",
+                          rsize, ctx->max_msg);
+    ctx->tensors = calloc(l->n_tensors, sizeof *ctx->tensors);
+    ctx->chunks = calloc(l->n_chunks, sizeof *ctx->chunks);
+    if (!ctx->tensors || !ctx->chunks)
+        return psagg_fail(PSAGG_ENOMEM, "tensor tables");
+    for (uint32_t t = 0; t < l->n_tensors; t++) {
+        const psagg_tensor_info *ti = &l->tensors[t];
+        int ef = tensors[t].error_feedback < 0 ? ctx->cfg.error_feedback
+                                               : tensors[t].error_feedback;
+        if (ef && ti->codec.id != PSAGG_CODEC_FP32) {
+            ctx->tensors[t].residual = psagg_alloc(ti->count * sizeof(float), 1);
+            if (!ctx->tensors[t].residual)
+                return psagg_fail(PSAGG_ENOMEM, "residual of tensor '%s'", ti->name);
+        }
+    }
+    for (uint32_t c = 0; c < l->n_chunks; c++) {
+        size_t sz = sizeof(psagg_msg_hdr) + l->chunks[c].enc_bytes;
+        ctx->chunks[c].buf = psagg_alloc(sz, 1);
+        if (!ctx->chunks[c].buf)
+            return psagg_fail(PSAGG_ENOMEM, "push buffers");
+        if ((st = psagg_fabric_reg(ctx->fab, ctx->chunks[c].buf, sz, &ctx->chunks[c].desc)))
+            return st;
+    }
+    ctx->n_rslots = ctx->cfg.n_servers * ctx->cfg.max_inflight + 8;
+    if ((uint64_t)ctx->n_rslots * rsize > budget)
+        ctx->n_rslots = (int)(budget / rsize);
+    if (ctx->n_rslots < 8)
+        ctx->n_rslots = 8;
+    ctx->rslots = calloc((size_t)ctx->n_rslots, sizeof *ctx->rslots);
+    if (!ctx->rslots)
+        return psagg_fail(PSAGG_ENOMEM, "receive buffers");
+    for (int i = 0; i < ctx->n_rslots; i++) {
+        recv_slot *rs = &ctx->rslots[i];
+        rs->size = rsize;
+        rs->buf = psagg_alloc(rsize, 0);
+        if (!rs->buf)
+            return psagg_fail(PSAGG_ENOMEM, "receive buffers");
+        if ((st = psagg_fabric_reg(ctx->fab, rs->buf, rsize, &rs->desc)) ||
+            (st = psagg_fabric_post_recv(ctx->fab, rs->buf, rsize, rs->desc, rs)))
+            return st;
+    }
+    return PSAGG_OK;
+}
+
+psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, size_t n,
+                           uint32_t *keys_out)
+{
+    psagg_ctl_declare *d;
+    psagg_ctl_tensor *wire;
+    size_t bytes;
+    int64_t deadline;
+    psagg_status st = PSAGG_OK;
+
+    psagg_clear_error();
+    if (!ctx || !tensors || n == 0 || n > PSAGG_MAX_TENSORS)
+        return psagg_fail(PSAGG_EINVAL, "psagg_declare: %zu tensors", n);
+    if (ctx->declared)
+        return psagg_fail(PSAGG_EINVAL, "psagg_declare: tensors were already declared");
+    bytes = sizeof *d + n * sizeof *wire;
+    d = calloc(1, bytes);
+    if (!d)
+        return psagg_fail(PSAGG_ENOMEM, "psagg_declare");
+    wire = (psagg_ctl_tensor *)(d + 1);
+    d->count = (uint32_t)n;
+    d->chunk_elems = ctx->cfg.chunk_bytes / sizeof(float);
+    d->chunk_elems -= d->chunk_elems % 64;
+    if (d->chunk_elems < 64)
+        d->chunk_elems = 64;
+    for (size_t t = 0; t < n; t++) {
+        psagg_codec c = tensors[t].codec;
+        if (c.id == PSAGG_CODEC_DEFAULT) {
+            c = ctx->cfg.codec;
+            if (tensors[t].count < ctx->cfg.min_compress_elems)
+                c = (psagg_codec){.id = PSAGG_CODEC_FP32};
+        }
+        if ((st = psagg_codec_check(&c)) ||
+            (st = psagg_tensor_to_wire(tensors[t].name, tensors[t].count, &c, &wire[t]))) {
+            psagg_fail_context(st, "psagg_declare: tensor %zu: ", t);
+            goto out;
+        }
+        if (keys_out)
+            keys_out[t] = (uint32_t)t;
+    }
+    if ((st = psagg_layout_build(wire, (uint32_t)n, d->chunk_elems, (uint32_t)ctx->cfg.n_servers,
+                                 &ctx->layout))) {
+        psagg_fail_context(st, "psagg_declare: ");
+        goto out;
+    }
+    for (int s = 0; s < ctx->cfg.n_servers; s++)
+        if ((st = psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_DECLARE, d, (uint32_t)bytes))) {
+            psagg_fail_context(st, "declaring to server %d: ", s);
+            goto out;
+        }
+    /* Buffers are ready (and receives posted) before any server can send an update. */
+    if ((st = setup_buffers(ctx, tensors)))
+        goto out;
+    deadline = psagg_now_ms() + ctx->cfg.connect_timeout_ms;
+    for (int s = 0; s < ctx->cfg.n_servers; s++) {
+        psagg_ctl_hdr h;
+        void *body = NULL;
+        char peer[96];
+        snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
+                 ctx->cfg.servers[s].port);
+        st = psagg_ctl_recv(ctx->servers[s].fd, &h, &body, deadline, peer);
+        if (st == PSAGG_ETIMEDOUT)
+            psagg_fail(st, "%s: not all workers declared within connect_timeout_ms=%d", peer,
+                       ctx->cfg.connect_timeout_ms);
+        else if (!st && (h.type == PSAGG_CTL_ERROR || h.type == PSAGG_CTL_ABORT) &&
+                 h.len == sizeof(psagg_ctl_error)) {
+            psagg_ctl_error *e = body;
+            e->msg[sizeof e->msg - 1] = '\0';
+            st = psagg_fail(e->status < 0 ? e->status : PSAGG_EPEER, "%s: %s", peer, e->msg);
+        } else if (!st && h.type != PSAGG_CTL_READY)
+            st = psagg_fail(PSAGG_EPROTO, "%s answered DECLARE with frame type %u", peer, h.type);
+        free(body);
+        if (st)
+            goto out;
+    }
+    if ((st = comm_start(ctx)))
+        goto out;
+    ctx->declared = 1;
+    LOG_INFO("declared %zu tensors in %u chunks over %d servers", n, ctx->layout.n_chunks,
+             ctx->cfg.n_servers);
+out:
+    free(d);
+    if (st) {
+        pthread_mutex_lock(&ctx->mu);
+        ctx->failed = 1;
+        ctx->failed_status = st;
+        snprintf(ctx->failed_msg, sizeof ctx->failed_msg, "%s", psagg_last_error());
+        pthread_mutex_unlock(&ctx->mu);
+    }
+    return st;
+}
+
+psagg_status psagg_push_pull(psagg_ctx *ctx, uint32_t key, const float *in, float *out,
+                             psagg_reduce op, int priority, psagg_handle **handle)
+{
+    struct psagg_handle *h;
+    const psagg_tensor_info *ti;
+
+    psagg_clear_error();
+    if (!ctx || !in || !out || !handle || (op != PSAGG_SUM && op != PSAGG_AVERAGE))
+        return psagg_fail(PSAGG_EINVAL, "psagg_push_pull: NULL argument or unknown reduce op");
+    *handle = NULL;
+    if (!ctx->declared)
+        return psagg_fail(PSAGG_EINVAL, "psagg_push_pull: call psagg_declare first");
+    if (key >= ctx->layout.n_tensors)
+        return psagg_fail(PSAGG_EINVAL, "psagg_push_pull: key %u, only %u tensors declared", key,
+                          ctx->layout.n_tensors);
+    ti = &ctx->layout.tensors[key];
+    h = calloc(1, sizeof *h + ti->n_chunks);
+    if (!h)
+        return psagg_fail(PSAGG_ENOMEM, "psagg_push_pull");
+    *h = (struct psagg_handle){.ctx = ctx, .key = key, .in = in, .out = out, .op = op,
+                               .priority = priority, .chunk_done = (uint8_t *)(h + 1)};
+    h->deadline_ms = psagg_now_ms() + ctx->cfg.op_timeout_ms;
+    pthread_mutex_lock(&ctx->mu);
+    if (ctx->failed) {
+        int st = ctx->failed_status;
+        psagg_fail(st, "%s", ctx->failed_msg);
+        pthread_mutex_unlock(&ctx->mu);
+        free(h);
+        return st;
+    }
+    if (ctx->tensors[key].op) {
+        pthread_mutex_unlock(&ctx->mu);
+        free(h);
+        return psagg_fail(PSAGG_EINVAL, "psagg_push_pull: tensor '%s' already has one in flight",
+                          ti->name);
+    }
+    h->round = ctx->tensors[key].round;
+    h->seq = ctx->next_seq++;
+    ctx->tensors[key].op = h;
+    h->next = ctx->queue;
+    ctx->queue = h;
+    pthread_mutex_unlock(&ctx->mu);
+    *handle = h;
+    return PSAGG_OK;
+}
+
+int psagg_test(psagg_handle *h)
+{
+    int done;
+    if (!h)
+        return 1;
+    pthread_mutex_lock(&h->ctx->mu);
+    done = h->done;
+    pthread_mutex_unlock(&h->ctx->mu);
+    return done;
+}
+
+psagg_status psagg_wait(psagg_handle *h, int timeout_ms)
+{
+    psagg_ctx *ctx;
+    struct timespec until;
+    int st;
+
+    if (!h)
+        return psagg_fail(PSAGG_EINVAL, "psagg_wait: NULL handle");
+    ctx = h->ctx;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    if (timeout_ms >= 0) {
+        until.tv_sec += timeout_ms / 1000;
+        until.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+        if (until.tv_nsec >= 1000000000) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000;
+        }
+    }
+    pthread_mutex_lock(&ctx->mu);
+    while (!h->done) {
+        if (timeout_ms < 0) {
+            pthread_cond_wait(&ctx->cv, &ctx->mu);
+        } else if (pthread_cond_timedwait(&ctx->cv, &ctx->mu, &until) == ETIMEDOUT && !h->done) {
+            pthread_mutex_unlock(&ctx->mu);
+            return psagg_fail(PSAGG_ETIMEDOUT, "psagg_wait: not complete after %d ms",
+                              timeout_ms);
+        }
+    }
+    st = h->status;
+    if (st)
+        psagg_fail(st, "%s", h->msg);
+    pthread_mutex_unlock(&ctx->mu);
+    return st;
+}
+
+void psagg_release(psagg_handle *h)
+{
+    if (!h)
+        return;
+    psagg_wait(h, -1);
+    free(h);
+}
+
+void psagg_get_stats(const psagg_ctx *ctx, psagg_stats *out)
+{
+    psagg_ctx *c = (psagg_ctx *)ctx;
+    out->bytes_sent = atomic_load(&c->bytes_sent);
+    out->bytes_received = atomic_load(&c->bytes_received);
+    out->bytes_raw = atomic_load(&c->bytes_raw);
+    out->push_pulls = atomic_load(&c->push_pulls);
+}
+
+int psagg_rank(const psagg_ctx *ctx)
+{
+    return ctx->rank;
+}
+
+int psagg_world_size(const psagg_ctx *ctx)
+{
+    return ctx->world;
+}
+
+psagg_status psagg_close(psagg_ctx *ctx)
+{
+    int failed;
+    if (!ctx)
+        return PSAGG_OK;
+    comm_stop(ctx);
+    pthread_mutex_lock(&ctx->mu);
+    failed = ctx->failed;
+    pthread_mutex_unlock(&ctx->mu);
+    /* pending operations fail; the comm thread is gone, so nothing references them */
+    comm_fail_all(ctx, PSAGG_ECLOSED, "psagg_close: the context was closed");
+    for (int s = 0; s < ctx->cfg.n_servers; s++) {
+        if (ctx->servers[s].fd < 0)
+            continue;
+        if (!failed)
+            psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_BYE, NULL, 0);
+        close(ctx->servers[s].fd);
+    }
+    psagg_fabric_close(ctx->fab);
+    for (uint32_t t = 0; ctx->tensors && t < ctx->layout.n_tensors; t++)
+        psagg_free(ctx->tensors[t].residual);
+    for (uint32_t c = 0; ctx->chunks && c < ctx->layout.n_chunks; c++)
+        psagg_free(ctx->chunks[c].buf);
+    for (int i = 0; ctx->rslots && i < ctx->n_rslots; i++)
+        psagg_free(ctx->rslots[i].buf);
+    free(ctx->rslots);
+    free(ctx->chunks);
+    free(ctx->tensors);
+    psagg_layout_free(&ctx->layout);
+    free(ctx->servers);
+    pthread_cond_destroy(&ctx->cv);
+    pthread_mutex_destroy(&ctx->mu);
+    free(ctx);
+    return PSAGG_OK;
+}
