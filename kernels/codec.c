@@ -1,1 +1,443 @@
-/* codec.c - placeholder, being written */
+/*
+ * codec.c - the codec library's front end: codec checks, sizes, the RNG key, argument and
+ * length checks, validation of encoded inputs, and the choice of CPU implementation
+ * (scalar, AVX2, AVX-512) made once from the CPU's features or PSAGG_CODEC_ISA.
+ */
+#include "codec.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/impl.h"
+#include "error.h"
+
+/* ---- RNG key ---- */
+
+static uint64_t splitmix64(uint64_t z)
+{
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+psagg_rng_key psagg_rng_key_make(uint64_t seed, uint64_t stream)
+{
+    uint64_t k = splitmix64(seed ^ splitmix64(stream));
+    psagg_rng_key key = {(uint32_t)k, (uint32_t)(k >> 32)};
+    return key;
+}
+
+/* ---- codec description ---- */
+
+psagg_status psagg_codec_check(psagg_codec *codec)
+{
+    if (!codec)
+        return psagg_fail(PSAGG_EINVAL, "codec: NULL description");
+    switch (codec->id) {
+    case PSAGG_CODEC_FP32:
+    case PSAGG_CODEC_FP16:
+    case PSAGG_CODEC_BF16:
+        break;
+    case PSAGG_CODEC_MAXMIN:
+        if (codec->bits < 1 || codec->bits > 8)
+            return psagg_fail(PSAGG_EINVAL, "codec maxmin: bits %u out of range 1..8", codec->bits);
+        if (codec->bucket == 0)
+            codec->bucket = PSAGG_MAXMIN_DEFAULT_BUCKET;
+        if (codec->bucket < 64 || codec->bucket > PSAGG_MAXMIN_MAX_BUCKET ||
+            codec->bucket % 64 != 0)
+            return psagg_fail(PSAGG_EINVAL,
+                              "codec maxmin: bucket %u must be a multiple of 64 in 64..%u",
+                              codec->bucket, PSAGG_MAXMIN_MAX_BUCKET);
+        if (codec->rounding != PSAGG_ROUND_STOCHASTIC && codec->rounding != PSAGG_ROUND_NEAREST)
+            return psagg_fail(PSAGG_EINVAL, "codec maxmin: rounding %d unknown",
+                              (int)codec->rounding);
+        break;
+    default:
+        return psagg_fail(PSAGG_EINVAL, "codec: id %d unknown", (int)codec->id);
+    }
+    return PSAGG_OK;
+}
+
+/* Copy and check a caller's codec (so that bucket 0 means the default here too). */
+static psagg_status prep(const psagg_codec *codec, psagg_codec *c, size_t n)
+{
+    psagg_status st;
+    if (!codec)
+        return psagg_fail(PSAGG_EINVAL, "codec: NULL description");
+    *c = *codec;
+    if ((st = psagg_codec_check(c)) != PSAGG_OK)
+        return st;
+    if ((unsigned long long)n > PSAGG_CODEC_MAX_ELEMS)
+        return psagg_fail(PSAGG_EINVAL, "%zu elements: a buffer holds at most %llu", n,
+                          PSAGG_CODEC_MAX_ELEMS);
+    return PSAGG_OK;
+}
+
+static size_t encoded_size(const psagg_codec *c, size_t n)
+{
+    switch (c->id) {
+    case PSAGG_CODEC_FP32:
+        return 4 * n;
+    case PSAGG_CODEC_FP16:
+    case PSAGG_CODEC_BF16:
+        return 2 * n;
+    case PSAGG_CODEC_MAXMIN:
+        return 8 * psagg_mm_nbuckets(n, c->bucket) + psagg_mm_payload_bytes(n, c->bits);
+    default:
+        return 0;
+    }
+}
+
+size_t psagg_encoded_size(const psagg_codec *codec, size_t n)
+{
+    psagg_codec c;
+    if (!codec)
+        return 0;
+    c = *codec;
+    if (psagg_codec_check(&c) != PSAGG_OK)
+        return 0;
+    return encoded_size(&c, n);
+}
+
+static const char *cname(const psagg_codec *c, char *buf, size_t len)
+{
+    return psagg_codec_name(c, buf, len);
+}
+
+/* ---- helpers for the implementations ---- */
+
+psagg_status psagg_codec_bad_value(const psagg_codec *c, size_t i, float v, size_t *bad)
+{
+    char nm[48];
+    *bad = i;
+    if (isnan(v))
+        return psagg_fail(PSAGG_ENONFINITE, "encode %s: element %zu is NaN", cname(c, nm, 48), i);
+    if (isinf(v))
+        return psagg_fail(PSAGG_ENONFINITE, "encode %s: element %zu is %cInf", cname(c, nm, 48), i,
+                          v < 0 ? '-' : '+');
+    switch (c->id) {
+    case PSAGG_CODEC_FP16:
+        return psagg_fail(PSAGG_ERANGE,
+                          "encode fp16: element %zu = %g overflows fp16 (|x| >= 65520)", i,
+                          (double)v);
+    case PSAGG_CODEC_BF16:
+        return psagg_fail(PSAGG_ERANGE, "encode bf16: element %zu = %g rounds to Inf in bf16", i,
+                          (double)v);
+    default:
+        return psagg_fail(PSAGG_ERANGE,
+                          "encode %s: element %zu = %g is out of range (|x| >= 2^126)",
+                          cname(c, nm, 48), i, (double)v);
+    }
+}
+
+float *psagg_scratch_get(float *stack_buf, size_t elems)
+{
+    size_t bytes;
+    if (elems <= PSAGG_SCRATCH_STACK)
+        return stack_buf;
+    bytes = (elems * sizeof(float) + 63) & ~(size_t)63;
+    return aligned_alloc(64, bytes);
+}
+
+void psagg_scratch_put(float *stack_buf, float *p)
+{
+    if (p != stack_buf)
+        free(p);
+}
+
+/* ---- implementation choice ---- */
+
+static const psagg_codec_impl *const impls[PSAGG_ISA_COUNT] = {&psagg_impl_scalar, &psagg_impl_avx2,
+                                                               &psagg_impl_avx512};
+
+static const char *const isa_names[PSAGG_ISA_COUNT] = {"scalar", "avx2", "avx512"};
+
+const char *psagg_isa_name(psagg_isa isa)
+{
+    if ((int)isa < 0 || isa >= PSAGG_ISA_COUNT)
+        return "unknown";
+    return isa_names[isa];
+}
+
+int psagg_isa_supported(psagg_isa isa)
+{
+    switch (isa) {
+    case PSAGG_ISA_SCALAR:
+        return 1;
+#if defined(__x86_64__) || defined(__i386__)
+    case PSAGG_ISA_AVX2:
+        __builtin_cpu_init();
+        return psagg_impl_avx2.encode && __builtin_cpu_supports("avx2") &&
+               __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+    case PSAGG_ISA_AVX512:
+        __builtin_cpu_init();
+        return psagg_impl_avx512.encode && __builtin_cpu_supports("avx2") &&
+               __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2") &&
+               __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#endif
+    default:
+        return 0;
+    }
+}
+
+static _Atomic int current_isa = -1;
+static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
+
+static void isa_init(void)
+{
+    psagg_isa best = PSAGG_ISA_SCALAR, want;
+    const char *env = getenv("PSAGG_CODEC_ISA");
+    int i;
+
+    if (psagg_isa_supported(PSAGG_ISA_AVX512))
+        best = PSAGG_ISA_AVX512;
+    else if (psagg_isa_supported(PSAGG_ISA_AVX2))
+        best = PSAGG_ISA_AVX2;
+    want = best;
+    if (env && *env) {
+        for (i = 0; i < PSAGG_ISA_COUNT; i++)
+            if (!strcmp(env, isa_names[i]))
+                break;
+        if (i == PSAGG_ISA_COUNT)
+            fprintf(stderr,
+                    "psagg: PSAGG_CODEC_ISA=%s is not one of scalar|avx2|avx512; using %s\n", env,
+                    isa_names[best]);
+        else if (!psagg_isa_supported((psagg_isa)i))
+            fprintf(stderr, "psagg: PSAGG_CODEC_ISA=%s is not supported on this CPU; using %s\n",
+                    env, isa_names[best]);
+        else
+            want = (psagg_isa)i;
+    }
+    /* psagg_codec_set_isa may have run first; it wins. */
+    int expected = -1;
+    atomic_compare_exchange_strong(&current_isa, &expected, (int)want);
+}
+
+psagg_isa psagg_codec_isa(void)
+{
+    pthread_once(&isa_once, isa_init);
+    return (psagg_isa)atomic_load(&current_isa);
+}
+
+psagg_status psagg_codec_set_isa(psagg_isa isa)
+{
+    if ((int)isa < 0 || isa >= PSAGG_ISA_COUNT)
+        return psagg_fail(PSAGG_EINVAL, "codec ISA %d unknown", (int)isa);
+    if (!psagg_isa_supported(isa))
+        return psagg_fail(PSAGG_EUNSUPPORTED, "codec ISA %s is not supported on this CPU",
+                          isa_names[isa]);
+    pthread_once(&isa_once, isa_init);
+    atomic_store(&current_isa, (int)isa);
+    return PSAGG_OK;
+}
+
+static const psagg_codec_impl *impl(void)
+{
+    return impls[psagg_codec_isa()];
+}
+
+/* ---- validation of encoded buffers ---- */
+
+/* First index whose exponent field (under emask) is all ones, or SIZE_MAX. Blocked so the
+ * compiler can vectorise the OR reduction; the exact index is found only on a hit. */
+static size_t find_nonfinite32(const uint8_t *p, size_t n)
+{
+    for (size_t b = 0; b < n; b += 1024) {
+        size_t e = n - b < 1024 ? n - b : 1024;
+        uint32_t hit = 0;
+        for (size_t i = 0; i < e; i++) {
+            uint32_t u;
+            memcpy(&u, p + 4 * (b + i), 4);
+            hit |= (uint32_t)((u & 0x7F800000u) == 0x7F800000u);
+        }
+        if (hit)
+            for (size_t i = 0; i < e; i++) {
+                uint32_t u;
+                memcpy(&u, p + 4 * (b + i), 4);
+                if ((u & 0x7F800000u) == 0x7F800000u)
+                    return b + i;
+            }
+    }
+    return SIZE_MAX;
+}
+
+static size_t find_nonfinite16(const uint8_t *p, size_t n, uint16_t emask)
+{
+    for (size_t b = 0; b < n; b += 2048) {
+        size_t e = n - b < 2048 ? n - b : 2048;
+        uint32_t hit = 0;
+        for (size_t i = 0; i < e; i++) {
+            uint16_t u;
+            memcpy(&u, p + 2 * (b + i), 2);
+            hit |= (uint32_t)((u & emask) == emask);
+        }
+        if (hit)
+            for (size_t i = 0; i < e; i++) {
+                uint16_t u;
+                memcpy(&u, p + 2 * (b + i), 2);
+                if ((u & emask) == emask)
+                    return b + i;
+            }
+    }
+    return SIZE_MAX;
+}
+
+static psagg_status validate(const psagg_codec *c, const void *in, size_t in_len, size_t n)
+{
+    char nm[48];
+    size_t need = encoded_size(c, n), i;
+    const uint8_t *p = in;
+
+    if (in_len != need)
+        return psagg_fail(PSAGG_EBADLEN, "%s buffer of %zu elements: %zu bytes, expected %zu",
+                          cname(c, nm, 48), n, in_len, need);
+    if (n == 0)
+        return PSAGG_OK;
+    if (!in)
+        return psagg_fail(PSAGG_EINVAL, "%s buffer: NULL", cname(c, nm, 48));
+    switch (c->id) {
+    case PSAGG_CODEC_FP32:
+        i = find_nonfinite32(p, n);
+        break;
+    case PSAGG_CODEC_FP16:
+        i = find_nonfinite16(p, n, 0x7C00);
+        break;
+    case PSAGG_CODEC_BF16:
+        i = find_nonfinite16(p, n, 0x7F80);
+        break;
+    default: {
+        size_t nb = psagg_mm_nbuckets(n, c->bucket);
+        float L = (float)((1u << c->bits) - 1);
+        for (size_t m = 0; m < nb; m++) {
+            float scale, lo;
+            uint32_t su;
+            memcpy(&scale, p + 8 * m, 4);
+            memcpy(&lo, p + 8 * m + 4, 4);
+            memcpy(&su, &scale, 4);
+            if (!isfinite(lo))
+                return psagg_fail(PSAGG_EBADMETA, "%s buffer: bucket %zu has min %g",
+                                  cname(c, nm, 48), m, (double)lo);
+            if (!isfinite(scale) || (su >> 31))
+                return psagg_fail(PSAGG_EBADMETA,
+                                  "%s buffer: bucket %zu has scale %g (must be finite, >= +0)",
+                                  cname(c, nm, 48), m, (double)scale);
+            if (!isfinite(lo + scale * L))
+                return psagg_fail(PSAGG_EBADMETA,
+                                  "%s buffer: bucket %zu: min %g + scale %g * %g overflows",
+                                  cname(c, nm, 48), m, (double)lo, (double)scale, (double)L);
+        }
+        return PSAGG_OK;
+    }
+    }
+    if (i != SIZE_MAX)
+        return psagg_fail(PSAGG_ENONFINITE, "%s buffer: element %zu is NaN or Inf",
+                          cname(c, nm, 48), i);
+    return PSAGG_OK;
+}
+
+psagg_status psagg_validate(const psagg_codec *codec, const void *in, size_t in_len, size_t n)
+{
+    psagg_codec c;
+    psagg_status st = prep(codec, &c, n);
+    if (st != PSAGG_OK)
+        return st;
+    return validate(&c, in, in_len, n);
+}
+
+/* ---- encode / decode / aggregate ---- */
+
+psagg_status psagg_encode(const psagg_codec *codec, const float *x, float *residual, size_t n,
+                          psagg_rng_key key, void *out, size_t out_len, size_t *bad_index)
+{
+    psagg_codec c;
+    char nm[48];
+    size_t need, bad = SIZE_MAX;
+    psagg_status st = prep(codec, &c, n);
+
+    if (st != PSAGG_OK)
+        return st;
+    need = encoded_size(&c, n);
+    if (out_len != need)
+        return psagg_fail(PSAGG_EBADLEN,
+                          "encode %s of %zu elements: output is %zu bytes, expected %zu",
+                          cname(&c, nm, 48), n, out_len, need);
+    if (n == 0)
+        return PSAGG_OK;
+    if (!x || !out)
+        return psagg_fail(PSAGG_EINVAL, "encode %s: NULL %s", cname(&c, nm, 48),
+                          x ? "output" : "input");
+    st = impl()->encode(&c, x, residual, n, key, out, &bad);
+    if (st != PSAGG_OK && bad_index)
+        *bad_index = bad;
+    return st;
+}
+
+static psagg_status decode_common(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
+                                  float *out, int accumulate)
+{
+    psagg_codec c;
+    psagg_status st = prep(codec, &c, n);
+    if (st != PSAGG_OK)
+        return st;
+    if ((st = validate(&c, in, in_len, n)) != PSAGG_OK)
+        return st;
+    if (n == 0)
+        return PSAGG_OK;
+    if (!out)
+        return psagg_fail(PSAGG_EINVAL, "decode: NULL output");
+    impl()->decode(&c, in, n, out, accumulate);
+    return PSAGG_OK;
+}
+
+psagg_status psagg_decode(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
+                          float *out)
+{
+    return decode_common(codec, in, in_len, n, out, 0);
+}
+
+psagg_status psagg_decode_add(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
+                              float *acc)
+{
+    return decode_common(codec, in, in_len, n, acc, 1);
+}
+
+psagg_status psagg_aggregate(const psagg_codec *codec, const void *const *in, size_t n_in,
+                             size_t in_len, size_t n, float *residual, psagg_rng_key key, void *out,
+                             size_t out_len, size_t *bad_index)
+{
+    psagg_codec c;
+    char nm[48];
+    size_t need, bad = SIZE_MAX;
+    psagg_status st = prep(codec, &c, n);
+
+    if (st != PSAGG_OK)
+        return st;
+    if (n_in > 0 && !in)
+        return psagg_fail(PSAGG_EINVAL, "aggregate: NULL input list");
+    need = encoded_size(&c, n);
+    if (out_len != need)
+        return psagg_fail(PSAGG_EBADLEN,
+                          "aggregate %s of %zu elements: output is %zu bytes, expected %zu",
+                          cname(&c, nm, 48), n, out_len, need);
+    for (size_t i = 0; i < n_in; i++) {
+        if ((st = validate(&c, in[i], in_len, n)) != PSAGG_OK) {
+            if (bad_index)
+                *bad_index = i;
+            return psagg_fail_context(st, "aggregate input %zu of %zu: ", i, n_in);
+        }
+    }
+    if (n == 0)
+        return PSAGG_OK;
+    if (!out)
+        return psagg_fail(PSAGG_EINVAL, "aggregate: NULL output");
+    st = impl()->aggregate(&c, (const uint8_t *const *)in, n_in, n, residual, key, out, &bad);
+    if (st != PSAGG_OK && bad_index)
+        *bad_index = bad;
+    return st;
+}

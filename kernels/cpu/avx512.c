@@ -1,1 +1,480 @@
-/* cpu/avx512.c - placeholder, being written */
+/*
+ * cpu/avx512.c - AVX-512 (F, BW, VL, DQ) codec paths, 16 elements per vector. Bit-identical
+ * to scalar.c: the same binary32 operations in the same order, no FMA. Tails are handled by
+ * masked loads and stores through the same vector code.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "impl.h"
+
+#if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) &&                        \
+    defined(__AVX512VL__) && defined(__AVX512DQ__)
+#include <immintrin.h>
+
+#define W 16
+
+static inline __mmask16 lane_mask(size_t rem)
+{
+    return rem >= W ? (__mmask16)0xFFFF : (__mmask16)((1u << rem) - 1);
+}
+
+static inline __m512 abs16(__m512 v)
+{
+    return _mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF)));
+}
+
+/* Report the first bad lane (bits set in bad) of v, element index k0 + lane. */
+static psagg_status report_bad(const psagg_codec *c, size_t k0, __m512 v, __mmask16 bad,
+                               size_t *badi)
+{
+    float tmp[W];
+    unsigned lane = (unsigned)__builtin_ctz((unsigned)bad);
+    _mm512_storeu_ps(tmp, v);
+    return psagg_codec_bad_value(c, k0 + lane, tmp[lane], badi);
+}
+
+/* ---------------- fp formats ---------------- */
+
+static inline __m512 load_fp(psagg_codec_id id, const uint8_t *in, size_t k, __mmask16 m)
+{
+    switch (id) {
+    case PSAGG_CODEC_FP32:
+        return _mm512_maskz_loadu_ps(m, in + 4 * k);
+    case PSAGG_CODEC_FP16:
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, in + 2 * k));
+    default:
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, in + 2 * k)), 16));
+    }
+}
+
+/* Encode v (lanes m) at element k; returns the mask of bad lanes (nothing stored then). */
+static inline __mmask16 store_fp(psagg_codec_id id, __m512 v, __mmask16 m, uint8_t *out, size_t k,
+                                 float *r)
+{
+    __mmask16 bad;
+    switch (id) {
+    case PSAGG_CODEC_FP32:
+        bad = _mm512_mask_cmp_ps_mask(m, abs16(v), _mm512_set1_ps(0x1.fffffep127f), _CMP_NLE_UQ);
+        if (bad)
+            return bad;
+        _mm512_mask_storeu_ps(out + 4 * k, m, v);
+        if (r)
+            _mm512_mask_storeu_ps(r, m, _mm512_sub_ps(v, v));
+        return 0;
+    case PSAGG_CODEC_FP16: {
+        __m256i h;
+        bad = _mm512_mask_cmp_ps_mask(m, abs16(v), _mm512_set1_ps(65520.0f), _CMP_NLT_UQ);
+        if (bad)
+            return bad;
+        h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_mask_storeu_epi16(out + 2 * k, m, h);
+        if (r)
+            _mm512_mask_storeu_ps(r, m, _mm512_sub_ps(v, _mm512_cvtph_ps(h)));
+        return 0;
+    }
+    default: {
+        __m512i u = _mm512_castps_si512(v);
+        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+        __m512i rnd = _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb);
+        __m512i a = _mm512_add_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), rnd);
+        __m512i w;
+        /* NaN, Inf and finite values that round to Inf: |u| + rounding >= 0x7F800000 */
+        bad = _mm512_mask_cmpge_epu32_mask(m, a, _mm512_set1_epi32(0x7F800000));
+        if (bad)
+            return bad;
+        w = _mm512_add_epi32(u, rnd);
+        _mm256_mask_storeu_epi16(out + 2 * k, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16)));
+        if (r) {
+            __m512 y =
+                _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xFFFF0000u)));
+            _mm512_mask_storeu_ps(r, m, _mm512_sub_ps(v, y));
+        }
+        return 0;
+    }
+    }
+}
+
+static psagg_status enc_fp(const psagg_codec *c, const float *x, float *r, size_t n, uint8_t *out,
+                           size_t *badi)
+{
+    for (size_t k = 0; k < n; k += W) {
+        __mmask16 m = lane_mask(n - k), bad;
+        __m512 v = _mm512_maskz_loadu_ps(m, x + k);
+        if (r)
+            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, r + k));
+        bad = store_fp(c->id, v, m, out, k, r ? r + k : NULL);
+        if (bad)
+            return report_bad(c, k, v, bad, badi);
+    }
+    return PSAGG_OK;
+}
+
+static void dec_fp(const psagg_codec *c, const uint8_t *in, size_t n, float *out, int acc)
+{
+    for (size_t k = 0; k < n; k += W) {
+        __mmask16 m = lane_mask(n - k);
+        __m512 y = load_fp(c->id, in, k, m);
+        if (acc)
+            y = _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + k), y);
+        _mm512_mask_storeu_ps(out + k, m, y);
+    }
+}
+
+static psagg_status agg_fp(const psagg_codec *c, const uint8_t *const *in, size_t n_in, size_t n,
+                           float *r, uint8_t *out, size_t *badi)
+{
+    for (size_t k = 0; k < n; k += W) {
+        __mmask16 m = lane_mask(n - k), bad;
+        __m512 s = _mm512_setzero_ps();
+        for (size_t i = 0; i < n_in; i++)
+            s = _mm512_add_ps(s, load_fp(c->id, in[i], k, m));
+        if (r)
+            s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(m, r + k));
+        bad = store_fp(c->id, s, m, out, k, r ? r + k : NULL);
+        if (bad)
+            return report_bad(c, k, s, bad, badi);
+    }
+    return PSAGG_OK;
+}
+
+/* ---------------- maxmin ---------------- */
+
+typedef struct mm_ctx {
+    uint32_t b, gbytes; /* bits; payload bytes per 16 elements (2b) */
+    size_t n, nb, plen;
+    __m512i ctrl, shifts, lmask; /* unpack */
+    __m128i cnt_a, cnt_b, cnt_c; /* pack shift counts: 32-b, 2b, 4b */
+    __m512i perm04;
+    __m128i packshuf;
+    __m512 Lf;
+} mm_ctx;
+
+static void mm_init(mm_ctx *t, const psagg_codec *c, size_t n)
+{
+    uint32_t b = c->bits;
+    uint8_t ctrl[64], ps[16];
+    uint32_t sh[16];
+    t->b = b;
+    t->gbytes = 2 * b;
+    t->n = n;
+    t->nb = psagg_mm_nbuckets(n, c->bucket);
+    t->plen = psagg_mm_payload_bytes(n, b);
+    for (unsigned j = 0; j < 16; j++) {
+        unsigned bit = j * b, off = bit >> 3, s = bit & 7;
+        ctrl[4 * j] = (uint8_t)off;
+        ctrl[4 * j + 1] = (uint8_t)(s + b > 8 ? off + 1 : 0x80);
+        ctrl[4 * j + 2] = 0x80;
+        ctrl[4 * j + 3] = 0x80;
+        sh[j] = s;
+    }
+    for (unsigned i = 0; i < 16; i++)
+        ps[i] = (uint8_t)(i < b ? i : i < 2 * b ? 8 + i - b : 0x80);
+    t->ctrl = _mm512_loadu_si512(ctrl);
+    t->shifts = _mm512_loadu_si512(sh);
+    t->lmask = _mm512_set1_epi32((int)((1u << b) - 1));
+    t->cnt_a = _mm_cvtsi32_si128((int)(32 - b));
+    t->cnt_b = _mm_cvtsi32_si128((int)(2 * b));
+    t->cnt_c = _mm_cvtsi32_si128((int)(4 * b));
+    t->perm04 = _mm512_set_epi64(0, 0, 0, 0, 0, 0, 4, 0);
+    t->packshuf = _mm_loadu_si128((const __m128i *)ps);
+    t->Lf = _mm512_set1_ps((float)((1u << b) - 1));
+}
+
+/* Levels of 16 elements whose 2b payload bytes start at p (16 bytes readable). */
+static inline __m512i mm_unpack_bytes(const mm_ctx *t, __m512i w)
+{
+    w = _mm512_shuffle_epi8(w, t->ctrl);
+    w = _mm512_srlv_epi32(w, t->shifts);
+    return _mm512_and_si512(w, t->lmask);
+}
+
+static inline __m512i mm_unpack_fast(const mm_ctx *t, const uint8_t *p)
+{
+    return mm_unpack_bytes(t, _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p)));
+}
+
+/* Same, reading only avail (< 16) bytes. */
+static inline __m512i mm_unpack_tail(const mm_ctx *t, const uint8_t *p, size_t avail)
+{
+    __m128i raw = _mm_maskz_loadu_epi8((__mmask16)((1u << avail) - 1), p);
+    return mm_unpack_bytes(t, _mm512_broadcast_i32x4(raw));
+}
+
+/* Pack 16 levels (lanes beyond n already 0) into 2b bytes at p; room = bytes writable. */
+static inline void mm_pack(const mm_ctx *t, __m512i q, uint8_t *p, size_t room)
+{
+    __m512i s1 = _mm512_or_si512(_mm512_srl_epi64(q, t->cnt_a),
+                                 _mm512_and_si512(q, _mm512_set1_epi64(0xFFFFFFFF)));
+    __m512i s2 = _mm512_or_si512(s1, _mm512_sll_epi64(_mm512_unpackhi_epi64(s1, s1), t->cnt_b));
+    __m512i s3 = _mm512_or_si512(
+        s2, _mm512_sll_epi64(_mm512_shuffle_i64x2(s2, s2, _MM_SHUFFLE(3, 3, 1, 1)), t->cnt_c));
+    __m128i g = _mm512_castsi512_si128(_mm512_permutexvar_epi64(t->perm04, s3));
+    g = _mm_shuffle_epi8(g, t->packshuf);
+    if (room >= 16) {
+        _mm_storeu_si128((__m128i *)p, g); /* bytes past 2b are zero; rewritten next */
+    } else {
+        size_t k = room < t->gbytes ? room : t->gbytes;
+        _mm_mask_storeu_epi8(p, (__mmask16)((1u << k) - 1), g);
+    }
+}
+
+static inline __m512i fmix16(__m512i h)
+{
+    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+    h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0x85EBCA6Bu));
+    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
+    h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0xC2B2AE35u));
+    return _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+}
+
+static inline __m512 rng16(__m512i idx, __m512i k0, __m512i k1)
+{
+    __m512i h = fmix16(_mm512_xor_si512(fmix16(_mm512_add_epi32(idx, k0)), k1));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(h, 8)), _mm512_set1_ps(0x1p-24f));
+}
+
+typedef struct mm_bucket_stats {
+    __m512 vmin, vmax;
+    __mmask16 bad_any;
+} mm_bucket_stats;
+
+/* Called after pass 1 filled acc[0..len): bad check, lo/hi, meta, then pass 2. */
+static psagg_status mm_finish_bucket(const mm_ctx *t, const psagg_codec *c, float *acc, size_t len,
+                                     size_t base, __m512 vmin, __m512 vmax, __mmask16 bad_any,
+                                     float *r, psagg_rng_key key, uint8_t *out, size_t *badi)
+{
+    float lo, hi, range, scale = 0.0f, inv = 0.0f;
+    uint8_t *meta = out + 8 * (base / c->bucket), *payload = out + 8 * t->nb;
+    __m512 vlo, vscale, vinv, vhalf = _mm512_set1_ps(0.5f);
+    __m512i k0 = _mm512_set1_epi32((int)key.k0), k1 = _mm512_set1_epi32((int)key.k1);
+    __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    int sr = c->rounding == PSAGG_ROUND_STOCHASTIC;
+
+    if (bad_any) {
+        for (size_t j = 0; j < len; j += W) {
+            __m512 v = _mm512_loadu_ps(acc + j);
+            __mmask16 bad = _mm512_mask_cmp_ps_mask(
+                lane_mask(len - j), abs16(v), _mm512_set1_ps(PSAGG_MAXMIN_MAX_ABS), _CMP_NLT_UQ);
+            if (bad)
+                return report_bad(c, base + j, v, bad, badi);
+        }
+    }
+    lo = _mm512_reduce_min_ps(vmin);
+    hi = _mm512_reduce_max_ps(vmax);
+    if (lo == 0.0f) { /* -0 < +0: lo is -0 iff some value is -0 */
+        __mmask16 neg = 0;
+        for (size_t j = 0; j < len; j += W)
+            neg |= _mm512_mask_cmpeq_epi32_mask(lane_mask(len - j), _mm512_loadu_si512(acc + j),
+                                                _mm512_set1_epi32((int)0x80000000u));
+        lo = neg ? -0.0f : 0.0f;
+    }
+    range = hi - lo;
+    if (!(range < PSAGG_MAXMIN_MIN_RANGE)) {
+        scale = range / (float)((1u << c->bits) - 1);
+        inv = 1.0f / scale;
+    }
+    memcpy(meta, &scale, 4);
+    memcpy(meta + 4, &lo, 4);
+    vlo = _mm512_set1_ps(lo);
+    vscale = _mm512_set1_ps(scale);
+    vinv = _mm512_set1_ps(inv);
+    for (size_t j = 0; j < len; j += W) {
+        size_t k = base + j, off = (k / W) * t->gbytes;
+        __mmask16 m = lane_mask(len - j);
+        __m512 v = _mm512_loadu_ps(acc + j);
+        __m512 tt = _mm512_mul_ps(_mm512_sub_ps(v, vlo), vinv);
+        __m512 u =
+            sr ? rng16(_mm512_add_epi32(_mm512_set1_epi32((int)(uint32_t)k), iota), k0, k1) : vhalf;
+        __m512i q = _mm512_maskz_cvttps_epi32(m, _mm512_min_ps(_mm512_add_ps(tt, u), t->Lf));
+        mm_pack(t, q, payload + off, t->plen - off);
+        if (r) {
+            __m512 y = _mm512_add_ps(vlo, _mm512_mul_ps(vscale, _mm512_cvtepi32_ps(q)));
+            _mm512_mask_storeu_ps(r + j, m, _mm512_sub_ps(v, y));
+        }
+    }
+    return PSAGG_OK;
+}
+
+static void mm_zero_padding(const mm_ctx *t, uint8_t *out)
+{
+    size_t covered = ((t->n + W - 1) / W) * t->gbytes;
+    if (covered < t->plen)
+        memset(out + 8 * t->nb + covered, 0, t->plen - covered);
+}
+
+static psagg_status enc_mm(const psagg_codec *c, const float *x, float *residual, size_t n,
+                           psagg_rng_key key, uint8_t *out, size_t *badi)
+{
+    float stack_buf[PSAGG_SCRATCH_STACK] __attribute__((aligned(64)));
+    size_t B = c->bucket;
+    float *acc = psagg_scratch_get(stack_buf, B);
+    psagg_status st = PSAGG_OK;
+    mm_ctx t;
+
+    if (!acc)
+        return psagg_fail(PSAGG_ENOMEM, "encode: no memory for a %zu-element bucket", B);
+    mm_init(&t, c, n);
+    for (size_t base = 0; base < n && st == PSAGG_OK; base += B) {
+        size_t len = n - base < B ? n - base : B;
+        const float *xb = x + base;
+        float *rb = residual ? residual + base : NULL;
+        __m512 vmin = _mm512_set1_ps(INFINITY), vmax = _mm512_set1_ps(-INFINITY);
+        __mmask16 bad_any = 0;
+        __m512 lim = _mm512_set1_ps(PSAGG_MAXMIN_MAX_ABS);
+        for (size_t j = 0; j < len; j += W) {
+            __mmask16 m = lane_mask(len - j);
+            __m512 v = _mm512_maskz_loadu_ps(m, xb + j);
+            if (rb)
+                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, rb + j));
+            _mm512_store_ps(acc + j, v);
+            bad_any |= _mm512_mask_cmp_ps_mask(m, abs16(v), lim, _CMP_NLT_UQ);
+            vmin = _mm512_mask_min_ps(vmin, m, vmin, v);
+            vmax = _mm512_mask_max_ps(vmax, m, vmax, v);
+        }
+        st = mm_finish_bucket(&t, c, acc, len, base, vmin, vmax, bad_any, rb, key, out, badi);
+    }
+    if (st == PSAGG_OK)
+        mm_zero_padding(&t, out);
+    psagg_scratch_put(stack_buf, acc);
+    return st;
+}
+
+static void dec_mm(const psagg_codec *c, const uint8_t *in, size_t n, float *out, int accum)
+{
+    mm_ctx t;
+    const uint8_t *payload;
+    mm_init(&t, c, n);
+    payload = in + 8 * t.nb;
+    for (size_t base = 0; base < n; base += c->bucket) {
+        size_t len = n - base < c->bucket ? n - base : c->bucket;
+        const uint8_t *meta = in + 8 * (base / c->bucket);
+        float scale, lo;
+        __m512 vs, vl;
+        memcpy(&scale, meta, 4);
+        memcpy(&lo, meta + 4, 4);
+        vs = _mm512_set1_ps(scale);
+        vl = _mm512_set1_ps(lo);
+        for (size_t j = 0; j < len; j += W) {
+            size_t k = base + j, off = (k / W) * t.gbytes, avail = t.plen - off;
+            __mmask16 m = lane_mask(len - j);
+            __m512i q = avail >= 16 ? mm_unpack_fast(&t, payload + off)
+                                    : mm_unpack_tail(&t, payload + off, avail);
+            __m512 y = _mm512_add_ps(vl, _mm512_mul_ps(vs, _mm512_cvtepi32_ps(q)));
+            if (accum)
+                y = _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + k), y);
+            _mm512_mask_storeu_ps(out + k, m, y);
+        }
+    }
+}
+
+#define AGG_MAX_STACK_INPUTS 64
+
+static psagg_status agg_mm(const psagg_codec *c, const uint8_t *const *in, size_t n_in, size_t n,
+                           float *residual, psagg_rng_key key, uint8_t *out, size_t *badi)
+{
+    float stack_buf[PSAGG_SCRATCH_STACK] __attribute__((aligned(64)));
+    const uint8_t *pay_stack[AGG_MAX_STACK_INPUTS];
+    float meta_stack[2 * AGG_MAX_STACK_INPUTS];
+    size_t B = c->bucket;
+    float *acc = psagg_scratch_get(stack_buf, B);
+    const uint8_t **pay = n_in <= AGG_MAX_STACK_INPUTS ? pay_stack : malloc(n_in * sizeof *pay);
+    float *mt = n_in <= AGG_MAX_STACK_INPUTS ? meta_stack : malloc(2 * n_in * sizeof *mt);
+    psagg_status st = PSAGG_OK;
+    mm_ctx t;
+
+    mm_init(&t, c, n);
+    if (!acc || !pay || !mt) {
+        st = psagg_fail(PSAGG_ENOMEM, "aggregate: out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n_in; i++)
+        pay[i] = in[i] + 8 * t.nb;
+    for (size_t base = 0; base < n && st == PSAGG_OK; base += B) {
+        size_t len = n - base < B ? n - base : B, mi = base / B;
+        float *rb = residual ? residual + base : NULL;
+        __m512 vmin = _mm512_set1_ps(INFINITY), vmax = _mm512_set1_ps(-INFINITY);
+        __m512 lim = _mm512_set1_ps(PSAGG_MAXMIN_MAX_ABS);
+        __mmask16 bad_any = 0;
+        for (size_t i = 0; i < n_in; i++)
+            memcpy(mt + 2 * i, in[i] + 8 * mi, 8); /* scale, lo */
+        for (size_t j = 0; j < len; j += W) {
+            size_t k = base + j, off = (k / W) * t.gbytes, avail = t.plen - off;
+            __mmask16 m = lane_mask(len - j);
+            __m512 s = _mm512_setzero_ps();
+            if (avail >= 16) {
+                for (size_t i = 0; i < n_in; i++) {
+                    __m512i q = mm_unpack_fast(&t, pay[i] + off);
+                    __m512 y = _mm512_add_ps(
+                        _mm512_set1_ps(mt[2 * i + 1]),
+                        _mm512_mul_ps(_mm512_set1_ps(mt[2 * i]), _mm512_cvtepi32_ps(q)));
+                    s = _mm512_add_ps(s, y);
+                }
+            } else {
+                for (size_t i = 0; i < n_in; i++) {
+                    __m512i q = mm_unpack_tail(&t, pay[i] + off, avail);
+                    __m512 y = _mm512_add_ps(
+                        _mm512_set1_ps(mt[2 * i + 1]),
+                        _mm512_mul_ps(_mm512_set1_ps(mt[2 * i]), _mm512_cvtepi32_ps(q)));
+                    s = _mm512_add_ps(s, y);
+                }
+            }
+            if (rb)
+                s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(m, rb + j));
+            _mm512_store_ps(acc + j, s);
+            bad_any |= _mm512_mask_cmp_ps_mask(m, abs16(s), lim, _CMP_NLT_UQ);
+            vmin = _mm512_mask_min_ps(vmin, m, vmin, s);
+            vmax = _mm512_mask_max_ps(vmax, m, vmax, s);
+        }
+        st = mm_finish_bucket(&t, c, acc, len, base, vmin, vmax, bad_any, rb, key, out, badi);
+    }
+    if (st == PSAGG_OK)
+        mm_zero_padding(&t, out);
+done:
+    if (acc)
+        psagg_scratch_put(stack_buf, acc);
+    if (pay && pay != pay_stack)
+        free(pay);
+    if (mt && mt != meta_stack)
+        free(mt);
+    return st;
+}
+
+/* ---------------- entry points ---------------- */
+
+static psagg_status avx512_encode(const psagg_codec *c, const float *x, float *residual, size_t n,
+                                  psagg_rng_key key, uint8_t *out, size_t *bad)
+{
+    if (c->id == PSAGG_CODEC_MAXMIN)
+        return enc_mm(c, x, residual, n, key, out, bad);
+    return enc_fp(c, x, residual, n, out, bad);
+}
+
+static void avx512_decode(const psagg_codec *c, const uint8_t *in, size_t n, float *out,
+                          int accumulate)
+{
+    if (c->id == PSAGG_CODEC_MAXMIN)
+        dec_mm(c, in, n, out, accumulate);
+    else
+        dec_fp(c, in, n, out, accumulate);
+}
+
+static psagg_status avx512_aggregate(const psagg_codec *c, const uint8_t *const *in, size_t n_in,
+                                     size_t n, float *residual, psagg_rng_key key, uint8_t *out,
+                                     size_t *bad)
+{
+    if (c->id == PSAGG_CODEC_MAXMIN)
+        return agg_mm(c, in, n_in, n, residual, key, out, bad);
+    return agg_fp(c, in, n_in, n, residual, out, bad);
+}
+
+const psagg_codec_impl psagg_impl_avx512 = {"avx512", avx512_encode, avx512_decode,
+                                            avx512_aggregate};
+
+#else /* not built for AVX-512 */
+const psagg_codec_impl psagg_impl_avx512 = {"avx512", NULL, NULL, NULL};
+#endif

@@ -1,1 +1,291 @@
-/* cpu/scalar.c - placeholder, being written */
+/*
+ * cpu/scalar.c - the reference implementation: codec.h followed literally, one element at a
+ * time. The SIMD paths are tested to produce exactly these bytes.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "impl.h"
+
+static inline uint32_t f2u(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float u2f(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* binary32 -> binary16, round to nearest even, subnormals kept; |f| < 65520 (checked). */
+static uint16_t f32_to_f16(float f)
+{
+    uint32_t u = f2u(f);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t a = u & 0x7FFFFFFFu;
+
+    if (a >= 0x38800000u) { /* >= 2^-14: normal half. Rebias 127 -> 15, round at bit 13. */
+        uint32_t r = a - (112u << 23);
+        r = r + 0xFFFu + ((r >> 13) & 1u);
+        return (uint16_t)(sign | (r >> 13));
+    }
+    if (a < 0x33000000u) /* < 2^-25: rounds to (signed) zero */
+        return (uint16_t)sign;
+    /* subnormal half: value = mant * 2^(e - 150) = (mant >> (126 - e)) units of 2^-24 */
+    {
+        uint32_t e = a >> 23, mant = (a & 0x7FFFFFu) | 0x800000u;
+        uint32_t sh = 126 - e; /* 14..24 */
+        uint32_t q = mant >> sh, rem = mant & ((1u << sh) - 1), half = 1u << (sh - 1);
+        if (rem > half || (rem == half && (q & 1u)))
+            q++;
+        return (uint16_t)(sign | q);
+    }
+}
+
+static float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t a = h & 0x7FFFu;
+    if (a >= 0x0400u) /* normal (Inf/NaN never reach here: validated) */
+        return u2f(sign | ((a << 13) + (112u << 23)));
+    /* subnormal or zero: a * 2^-24, exact */
+    {
+        float f = (float)a * 0x1p-24f;
+        return sign ? -f : f;
+    }
+}
+
+static inline void put16(uint8_t *p, uint16_t v)
+{
+    memcpy(p, &v, 2);
+}
+
+static inline uint16_t get16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+/* ---- fp formats: element base..base+len-1 of the buffer, values v_j = x_j (+ r_j) ---- */
+
+static psagg_status enc_fp(const psagg_codec *c, const float *x, float *r, size_t len, size_t base,
+                           uint8_t *out, size_t *bad)
+{
+    for (size_t j = 0; j < len; j++) {
+        float v = r ? x[j] + r[j] : x[j];
+        size_t k = base + j;
+        switch (c->id) {
+        case PSAGG_CODEC_FP32:
+            if (!isfinite(v))
+                return psagg_codec_bad_value(c, k, v, bad);
+            memcpy(out + 4 * k, &v, 4);
+            if (r)
+                r[j] = v - v;
+            break;
+        case PSAGG_CODEC_FP16: {
+            uint16_t h;
+            if (!(fabsf(v) < 65520.0f))
+                return psagg_codec_bad_value(c, k, v, bad);
+            h = f32_to_f16(v);
+            put16(out + 2 * k, h);
+            if (r)
+                r[j] = v - f16_to_f32(h);
+            break;
+        }
+        default: { /* bf16 */
+            uint32_t u = f2u(v), w;
+            if (!isfinite(v))
+                return psagg_codec_bad_value(c, k, v, bad);
+            w = u + 0x7FFFu + ((u >> 16) & 1u);
+            if ((w & 0x7F800000u) == 0x7F800000u)
+                return psagg_codec_bad_value(c, k, v, bad);
+            put16(out + 2 * k, (uint16_t)(w >> 16));
+            if (r)
+                r[j] = v - u2f(w & 0xFFFF0000u);
+            break;
+        }
+        }
+    }
+    return PSAGG_OK;
+}
+
+static float dec_fp_one(const psagg_codec *c, const uint8_t *in, size_t k)
+{
+    switch (c->id) {
+    case PSAGG_CODEC_FP32: {
+        float f;
+        memcpy(&f, in + 4 * k, 4);
+        return f;
+    }
+    case PSAGG_CODEC_FP16:
+        return f16_to_f32(get16(in + 2 * k));
+    default:
+        return u2f((uint32_t)get16(in + 2 * k) << 16);
+    }
+}
+
+/* ---- maxmin ---- */
+
+static inline void put_bits(uint8_t *payload, size_t k, uint32_t b, uint32_t q)
+{
+    size_t pos = k * b, byte = pos >> 3;
+    uint32_t sh = (uint32_t)(pos & 7);
+    payload[byte] |= (uint8_t)(q << sh);
+    if (sh + b > 8)
+        payload[byte + 1] |= (uint8_t)(q >> (8 - sh));
+}
+
+static inline uint32_t get_bits(const uint8_t *payload, size_t k, uint32_t b)
+{
+    size_t pos = k * b, byte = pos >> 3;
+    uint32_t sh = (uint32_t)(pos & 7);
+    uint32_t w = payload[byte];
+    if (sh + b > 8)
+        w |= (uint32_t)payload[byte + 1] << 8;
+    return (w >> sh) & ((1u << b) - 1);
+}
+
+/* One bucket: elements base..base+len-1, v_j = x_j (+ r_j). payload must be zeroed. */
+static psagg_status enc_mm_bucket(const psagg_codec *c, const float *x, float *r, size_t len,
+                                  size_t base, psagg_rng_key key, uint8_t *meta, uint8_t *payload,
+                                  size_t *bad)
+{
+    const uint32_t b = c->bits;
+    const float L = (float)((1u << b) - 1);
+    float lo = 0, hi = 0, range, scale = 0.0f, inv = 0.0f;
+    int constant;
+
+    for (size_t j = 0; j < len; j++) {
+        float v = r ? x[j] + r[j] : x[j];
+        if (!(fabsf(v) < PSAGG_MAXMIN_MAX_ABS))
+            return psagg_codec_bad_value(c, base + j, v, bad);
+        if (j == 0) {
+            lo = hi = v;
+        } else {
+            if (v < lo || (v == lo && signbit(v))) /* -0 < +0 (see impl.h) */
+                lo = v;
+            if (v > hi)
+                hi = v;
+        }
+    }
+    range = hi - lo;
+    constant = range < PSAGG_MAXMIN_MIN_RANGE;
+    if (!constant) {
+        scale = range / L;
+        inv = 1.0f / scale;
+    }
+    memcpy(meta, &scale, 4);
+    memcpy(meta + 4, &lo, 4);
+    for (size_t j = 0; j < len; j++) {
+        float v = r ? x[j] + r[j] : x[j];
+        uint32_t q = 0;
+        if (!constant) {
+            float t = (v - lo) * inv;
+            float u = c->rounding == PSAGG_ROUND_NEAREST
+                          ? 0.5f
+                          : psagg_rng_uniform(key, (uint32_t)(base + j));
+            float m = t + u;
+            if (m > L)
+                m = L;
+            q = (uint32_t)m;
+        }
+        put_bits(payload, base + j, b, q);
+        if (r)
+            r[j] = v - (lo + scale * (float)q);
+    }
+    return PSAGG_OK;
+}
+
+static psagg_status scalar_encode(const psagg_codec *c, const float *x, float *residual, size_t n,
+                                  psagg_rng_key key, uint8_t *out, size_t *bad)
+{
+    if (c->id != PSAGG_CODEC_MAXMIN)
+        return enc_fp(c, x, residual, n, 0, out, bad);
+    {
+        size_t B = c->bucket, nb = psagg_mm_nbuckets(n, c->bucket);
+        uint8_t *payload = out + 8 * nb;
+        memset(payload, 0, psagg_mm_payload_bytes(n, c->bits));
+        for (size_t m = 0; m < nb; m++) {
+            size_t base = m * B, len = n - base < B ? n - base : B;
+            psagg_status st = enc_mm_bucket(c, x + base, residual ? residual + base : NULL, len,
+                                            base, key, out + 8 * m, payload, bad);
+            if (st != PSAGG_OK)
+                return st;
+        }
+    }
+    return PSAGG_OK;
+}
+
+/* out[j] = (accumulate ? out[j] : 0 +) y_{base+j} for j < len */
+static void dec_range(const psagg_codec *c, const uint8_t *in, size_t n, size_t base, size_t len,
+                      float *out, int accumulate)
+{
+    if (c->id != PSAGG_CODEC_MAXMIN) {
+        for (size_t j = 0; j < len; j++) {
+            float y = dec_fp_one(c, in, base + j);
+            out[j] = accumulate ? out[j] + y : y;
+        }
+        return;
+    }
+    {
+        const uint32_t b = c->bits;
+        size_t nb = psagg_mm_nbuckets(n, c->bucket);
+        const uint8_t *payload = in + 8 * nb;
+        for (size_t j = 0; j < len; j++) {
+            size_t k = base + j, m = k / c->bucket;
+            float scale, lo, y;
+            memcpy(&scale, in + 8 * m, 4);
+            memcpy(&lo, in + 8 * m + 4, 4);
+            y = lo + scale * (float)get_bits(payload, k, b);
+            out[j] = accumulate ? out[j] + y : y;
+        }
+    }
+}
+
+static void scalar_decode(const psagg_codec *c, const uint8_t *in, size_t n, float *out,
+                          int accumulate)
+{
+    dec_range(c, in, n, 0, n, out, accumulate);
+}
+
+/* Chunk by chunk (a maxmin chunk is one bucket): sum the inputs, then encode the chunk. */
+static psagg_status scalar_aggregate(const psagg_codec *c, const uint8_t *const *in, size_t n_in,
+                                     size_t n, float *residual, psagg_rng_key key, uint8_t *out,
+                                     size_t *bad)
+{
+    float stack_buf[PSAGG_SCRATCH_STACK];
+    size_t chunk = c->id == PSAGG_CODEC_MAXMIN ? c->bucket : PSAGG_SCRATCH_STACK;
+    float *s = psagg_scratch_get(stack_buf, chunk);
+    size_t nb = c->id == PSAGG_CODEC_MAXMIN ? psagg_mm_nbuckets(n, c->bucket) : 0;
+    psagg_status st = PSAGG_OK;
+
+    if (!s)
+        return psagg_fail(PSAGG_ENOMEM, "aggregate: no memory for a %zu-element bucket", chunk);
+    if (c->id == PSAGG_CODEC_MAXMIN)
+        memset(out + 8 * nb, 0, psagg_mm_payload_bytes(n, c->bits));
+    for (size_t base = 0; base < n && st == PSAGG_OK; base += chunk) {
+        size_t len = n - base < chunk ? n - base : chunk;
+        float *r = residual ? residual + base : NULL;
+        for (size_t j = 0; j < len; j++)
+            s[j] = 0.0f;
+        for (size_t i = 0; i < n_in; i++)
+            dec_range(c, in[i], n, base, len, s, 1);
+        if (c->id == PSAGG_CODEC_MAXMIN)
+            st =
+                enc_mm_bucket(c, s, r, len, base, key, out + 8 * (base / chunk), out + 8 * nb, bad);
+        else
+            st = enc_fp(c, s, r, len, base, out, bad);
+    }
+    psagg_scratch_put(stack_buf, s);
+    return st;
+}
+
+const psagg_codec_impl psagg_impl_scalar = {"scalar", scalar_encode, scalar_decode,
+                                            scalar_aggregate};
