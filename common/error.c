@@ -59,6 +59,12 @@ int psagg_fail_context(int status, const char *fmt, ...)
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, last_error, sizeof old);
-    snprintf(last_error, sizeof last_error, "%s%s", prefix, old);
+    {
+        size_t pl = strnlen(prefix, sizeof last_error - 1);
+        size_t ol = strnlen(old, sizeof last_error - 1 - pl);
+        memcpy(last_error, prefix, pl);
+        memcpy(last_error + pl, old, ol);
+        last_error[pl + ol] = '\0';
+    }
     return status;
 }

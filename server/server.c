@@ -323,8 +323,9 @@ static int compare_declarations(server *srv, char *msg, size_t len)
             codec_text(a, ca, sizeof ca);
             codec_text(b, cb, sizeof cb);
             snprintf(msg, len,
-                     "tensor %u: worker 0 declared '%.40s' (%llu elements, %s), worker %d "
-                     "declared '%.40s' (%llu elements, %s); workers differing from worker 0: %s",
+                     "tensor %u: worker 0 declared '%.40s' (%llu elements, %.24s), worker %d "
+                     "declared '%.40s' (%llu elements, %.24s); workers differing from worker 0: "
+                     "%.40s",
                      t, a->name, (unsigned long long)a->count, ca, first, b->name,
                      (unsigned long long)b->count, cb, differ);
             return -1;
@@ -475,7 +476,7 @@ static int serve_control(server *srv)
         goto out;
     for (;;) {
         int n = 0, live = 0;
-        char missing[128], msg[240];
+        char missing[128], msg[512];
 
         if (stop_requested) {
             LOG_INFO("stopping on signal");

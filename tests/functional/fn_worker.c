@@ -1,0 +1,261 @@
+/*
+ * fn_worker.c - the worker program of the functional tests (run by run_case.sh).
+ *
+ * Every worker declares the same tensors, fills them each round with values that depend only
+ * on (rank, key, round, element), runs push_pull on all of them, and checks the result:
+ *   fp32    bit-exact against the sum it computes itself in the same fixed order;
+ *   lossy   within the codec's error bound (uplink + one requantize on the server);
+ * and prints "DIGEST <hex>" of every output of every round, so the harness can check that
+ * every worker got bit-identical updates and that two runs are bit-identical.
+ * With --expect STATUS it instead expects a call to fail with that status (and, with
+ * --expect-text, a message containing the text) within --max-seconds.
+ */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "psagg.h"
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001B3ull;
+    return h;
+}
+
+/* Input value of element i of tensor key in round r on worker w: varied signs and scales. */
+static float input_value(int w, uint32_t key, uint32_t r, uint64_t i)
+{
+    uint64_t z = ((uint64_t)w << 48) ^ ((uint64_t)key << 32) ^ ((uint64_t)r << 20) ^ i;
+    z = (z ^ (z >> 31)) * 0x7FB5D329728EA185ull;
+    z = (z ^ (z >> 27)) * 0x81DADEF4BC2DD44Dull;
+    z ^= z >> 33;
+    return ((float)(z >> 40) * 0x1p-24f - 0.5f) * (float)(1 + (key % 7)) * 0.01f;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int status_from_name(const char *s)
+{
+    static const struct {
+        const char *name;
+        int status;
+    } t[] = {{"EMISMATCH", PSAGG_EMISMATCH}, {"ETIMEDOUT", PSAGG_ETIMEDOUT},
+             {"EPEER", PSAGG_EPEER},         {"ECONFIG", PSAGG_ECONFIG},
+             {"EPROTO", PSAGG_EPROTO},       {"ENONFINITE", PSAGG_ENONFINITE}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (!strcmp(s, t[i].name))
+            return t[i].status;
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {{"sizes", required_argument, NULL, 's'},
+                                         {"random-tensors", required_argument, NULL, 'n'},
+                                         {"rounds", required_argument, NULL, 'r'},
+                                         {"codec", required_argument, NULL, 'c'},
+                                         {"expect", required_argument, NULL, 'e'},
+                                         {"expect-text", required_argument, NULL, 't'},
+                                         {"max-seconds", required_argument, NULL, 'm'},
+                                         {"mismatch-rank", required_argument, NULL, 'x'},
+                                         {"die-rank", required_argument, NULL, 'd'},
+                                         {"die-round", required_argument, NULL, 'D'},
+                                         {"average", no_argument, NULL, 'a'},
+                                         {NULL, 0, NULL, 0}};
+    char sizes_text[512] = "1,1023,4096";
+    const char *codec_text = "fp32", *expect_text = NULL;
+    int rounds = 10, n_random = 0, expect = 0, mismatch_rank = -1, die_rank = -1, die_round = -1;
+    int average = 0;
+    double max_seconds = 0, t0 = now_s();
+    psagg_ctx *ctx = NULL;
+    psagg_codec codec;
+    psagg_tensor_desc *desc;
+    uint64_t *count, digest = 0xCBF29CE484222325ull;
+    float **in, **out, **expect_buf;
+    int n = 0, c, rank, world, st;
+    uint64_t rng = 12345;
+
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 's': snprintf(sizes_text, sizeof sizes_text, "%s", optarg); break;
+        case 'n': n_random = atoi(optarg); break;
+        case 'r': rounds = atoi(optarg); break;
+        case 'c': codec_text = optarg; break;
+        case 'e': expect = status_from_name(optarg); break;
+        case 't': expect_text = optarg; break;
+        case 'm': max_seconds = atof(optarg); break;
+        case 'x': mismatch_rank = atoi(optarg); break;
+        case 'd': die_rank = atoi(optarg); break;
+        case 'D': die_round = atoi(optarg); break;
+        case 'a': average = 1; break;
+        default: return 2;
+        }
+    }
+    if (psagg_codec_parse(codec_text, &codec)) {
+        fprintf(stderr, "fn_worker: %s\n", psagg_last_error());
+        return 2;
+    }
+    desc = calloc(1024 + (size_t)n_random, sizeof *desc);
+    count = calloc(1024 + (size_t)n_random, sizeof *count);
+    for (char *save = NULL, *tok = strtok_r(sizes_text, ",", &save); tok && n < 1024;
+         tok = strtok_r(NULL, ",", &save))
+        count[n++] = strtoull(tok, NULL, 10);
+    for (int i = 0; i < n_random; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        count[n++] = 1 + (rng >> 33) % 5000;
+    }
+
+    st = psagg_init(NULL, -1, -1, &ctx);
+    if (st)
+        goto failed;
+    rank = psagg_rank(ctx);
+    world = psagg_world_size(ctx);
+    for (int t = 0; t < n; t++) {
+        char *name = malloc(32);
+        snprintf(name, 32, "t%03d", t);
+        desc[t] = (psagg_tensor_desc){.name = name, .count = count[t], .codec = codec,
+                                      .error_feedback = 0};
+        if (rank == mismatch_rank && t == n / 2)
+            desc[t].count = count[t] + 1;
+    }
+    st = psagg_declare(ctx, desc, (size_t)n, NULL);
+    if (st)
+        goto failed;
+
+    in = calloc((size_t)n, sizeof *in);
+    out = calloc((size_t)n, sizeof *out);
+    expect_buf = calloc((size_t)n, sizeof *expect_buf);
+    for (int t = 0; t < n; t++) {
+        in[t] = malloc(count[t] * sizeof(float));
+        out[t] = malloc(count[t] * sizeof(float));
+        expect_buf[t] = malloc(count[t] * sizeof(float));
+    }
+    for (int r = 0; r < rounds; r++) {
+        psagg_handle **h = calloc((size_t)n, sizeof *h);
+        double worst = 0;
+        if (rank == die_rank && r == die_round) {
+            printf("fn_worker %d: dying on purpose at round %d\nEXPECTED-ERROR-OK\n", rank, r);
+            fflush(stdout);
+            _exit(0);
+        }
+        for (int t = 0; t < n; t++) {
+            for (uint64_t i = 0; i < count[t]; i++)
+                in[t][i] = input_value(rank, (uint32_t)t, (uint32_t)r, i);
+            st = psagg_push_pull(ctx, (uint32_t)t, in[t], out[t], average ? PSAGG_AVERAGE : PSAGG_SUM,
+                                 t % 3, &h[t]);
+            if (st)
+                goto failed;
+        }
+        for (int t = 0; t < n; t++) {
+            st = psagg_wait(h[t], -1);
+            psagg_release(h[t]);
+            if (st)
+                goto failed;
+        }
+        free(h);
+        /* check every tensor against the independently computed sum */
+        for (int t = 0; t < n; t++) {
+            for (uint64_t i = 0; i < count[t]; i++) {
+                float s = 0.0f;
+                for (int w = 0; w < world; w++)
+                    s = s + input_value(w, (uint32_t)t, (uint32_t)r, i);
+                if (average)
+                    s = s * (1.0f / (float)world);
+                expect_buf[t][i] = s;
+            }
+            if (codec.id == PSAGG_CODEC_FP32) {
+                if (memcmp(out[t], expect_buf[t], count[t] * sizeof(float))) {
+                    for (uint64_t i = 0; i < count[t]; i++)
+                        if (memcmp(&out[t][i], &expect_buf[t][i], sizeof(float))) {
+                            fprintf(stderr,
+                                    "FAIL worker %d round %d tensor %d element %llu: got %.9g, "
+                                    "expected %.9g\n",
+                                    rank, r, t, (unsigned long long)i, out[t][i],
+                                    expect_buf[t][i]);
+                            return 1;
+                        }
+                }
+            } else {
+                /*
+                 * Bound per element: each worker's uplink error is below one level of its
+                 * bucket (SR) and the server's requantize adds below one level of the sum's
+                 * bucket. Input magnitudes are <= 0.5*0.07, so a level is <= range/L with
+                 * range <= 0.07 per worker; bound generously but meaningfully: (2W+2)
+                 * levels of the largest possible range.
+                 */
+                double L = codec.id == PSAGG_CODEC_MAXMIN ? (double)((1u << codec.bits) - 1) : 0;
+                double level = L > 0 ? 0.07 / L : 0.07 * 0x1p-8;
+                double bound = (2.0 * world + 2.0) * level * (average ? 1.0 / world : 1.0);
+                for (uint64_t i = 0; i < count[t]; i++) {
+                    double e = fabs((double)out[t][i] - (double)expect_buf[t][i]);
+                    if (e > worst)
+                        worst = e;
+                    if (!(e <= bound)) {
+                        fprintf(stderr,
+                                "FAIL worker %d round %d tensor %d element %llu: got %.9g, "
+                                "exact %.9g, error %.3g above bound %.3g\n",
+                                rank, r, t, (unsigned long long)i, out[t][i], expect_buf[t][i],
+                                e, bound);
+                        return 1;
+                    }
+                }
+            }
+            digest = fnv(digest, out[t], count[t] * sizeof(float));
+        }
+        if (r == rounds - 1 && codec.id != PSAGG_CODEC_FP32)
+            printf("worker %d: largest error in the last round %.3g\n", rank, worst);
+    }
+    if (expect) {
+        fprintf(stderr, "FAIL: expected status %d but every call succeeded\n", expect);
+        return 1;
+    }
+    {
+        psagg_stats s;
+        psagg_get_stats(ctx, &s);
+        printf("worker %d: %d rounds of %d tensors ok; sent %llu bytes (%.2fx smaller than fp32)\n",
+               rank, rounds, n, (unsigned long long)s.bytes_sent,
+               s.bytes_sent ? (double)s.bytes_raw / (double)s.bytes_sent : 0.0);
+    }
+    printf("DIGEST %016llx\n", (unsigned long long)digest);
+    fflush(stdout);
+    return psagg_close(ctx) ? 1 : 0;
+
+failed:
+    {
+        double took = now_s() - t0;
+        const char *msg = psagg_last_error();
+        if (!expect) {
+            fprintf(stderr, "FAIL: %s: %s\n", psagg_strerror(st), msg);
+            return 1;
+        }
+        printf("worker failed as expected? status %d (%s) after %.2f s: %s\n", st,
+               psagg_strerror(st), took, msg);
+        if (st != expect) {
+            fprintf(stderr, "FAIL: expected status %d (%s), got %d\n", expect,
+                    psagg_strerror(expect), st);
+            return 1;
+        }
+        if (expect_text && !strstr(msg, expect_text)) {
+            fprintf(stderr, "FAIL: the message does not mention '%s'\n", expect_text);
+            return 1;
+        }
+        if (max_seconds > 0 && took > max_seconds) {
+            fprintf(stderr, "FAIL: the error took %.2f s, limit %.2f s\n", took, max_seconds);
+            return 1;
+        }
+        psagg_close(ctx);
+        printf("EXPECTED-ERROR-OK\n");
+        return 0;
+    }
+}

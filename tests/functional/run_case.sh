@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# run_case.sh - one functional scenario: real psagg-server processes and fn_worker processes
+# talking over libfabric (tcp or shm) on this host.
+#
+# usage: run_case.sh BUILD_DIR --servers S --workers N --provider P --port BASE
+#                    [--runs R] [--set SECTION_KEY=VALUE]... [--expect-fail]
+#                    [--start-servers K] [--start-workers M] -- FN_WORKER_ARGS...
+#
+# Normal mode runs the job R times through deploy/psagg-local and checks that every worker
+# exited 0 and printed the same DIGEST, and that every run printed the same DIGEST.
+# --expect-fail starts K servers and M workers directly (defaults S and N), and checks that
+# each worker reported the expected error (fn_worker --expect ...) and that nothing hangs.
+set -u -o pipefail
+
+build=$1
+shift
+repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
+servers=1 workers=2 provider=tcp port=19600 runs=1 expect_fail=0 start_servers="" start_workers=""
+sets=()
+while (($#)); do
+    case $1 in
+    --servers) servers=$2; shift 2 ;;
+    --workers) workers=$2; shift 2 ;;
+    --provider) provider=$2; shift 2 ;;
+    --port) port=$2; shift 2 ;;
+    --runs) runs=$2; shift 2 ;;
+    --set) sets+=("$2"); shift 2 ;;
+    --expect-fail) expect_fail=1; shift ;;
+    --start-servers) start_servers=$2; shift 2 ;;
+    --start-workers) start_workers=$2; shift 2 ;;
+    --) shift; break ;;
+    *) echo "run_case: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null; done
+    sleep 0.2
+    for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+addrs=""
+for ((i = 0; i < servers; i++)); do addrs+="127.0.0.1:$((port + i)) "; done
+cat >"$tmp/job.ini" <<INI
+[cluster]
+job_id = fn-$port
+servers = $addrs
+workers = $workers
+provider = $provider
+connect_timeout_ms = 20000
+op_timeout_ms = 60000
+[server]
+threads = 2
+[worker]
+chunk_bytes = 262144
+[log]
+level = warn
+INI
+for kv in "${sets[@]}"; do export "PSAGG_${kv%%=*}=${kv#*=}"; done
+
+server_bin=$build/server/psagg-server
+worker_bin=$build/tests/functional/fn_worker
+
+if ((expect_fail == 0)); then
+    first=""
+    for ((run = 1; run <= runs; run++)); do
+        "$repo/deploy/psagg-local" --config "$tmp/job.ini" --server-bin "$server_bin" --timeout 240 \
+            -- "$worker_bin" "$@" >"$tmp/run$run.log" 2>&1
+        rc=$?
+        cat "$tmp/run$run.log"
+        if ((rc != 0)); then
+            echo "run_case: run $run: launcher exited $rc" >&2
+            exit 1
+        fi
+        n=$(grep -c '^\[worker [0-9]*\] DIGEST ' "$tmp/run$run.log")
+        distinct=$(grep '^\[worker [0-9]*\] DIGEST ' "$tmp/run$run.log" | awk '{print $4}' | sort -u)
+        if ((n != workers)) || [ "$(echo "$distinct" | wc -l)" -ne 1 ]; then
+            echo "run_case: run $run: expected one DIGEST shared by $workers workers, got $n lines: $distinct" >&2
+            exit 1
+        fi
+        echo "run_case: run $run: all $workers workers bit-identical (digest $distinct)"
+        if [ -z "$first" ]; then
+            first=$distinct
+        elif [ "$first" != "$distinct" ]; then
+            echo "run_case: run $run digest $distinct differs from run 1's $first" >&2
+            exit 1
+        fi
+    done
+    ((runs > 1)) && echo "run_case: $runs runs bit-identical"
+    exit 0
+fi
+
+# --expect-fail: start processes directly, each in its own process group
+export PSAGG_CONFIG=$tmp/job.ini PSAGG_WORLD_SIZE=$workers
+for ((i = 0; i < ${start_servers:-$servers}; i++)); do
+    setsid "$server_bin" --config "$tmp/job.ini" --rank "$i" >"$tmp/server$i.log" 2>&1 &
+    pids+=($!)
+done
+wpids=()
+for ((i = 0; i < ${start_workers:-$workers}; i++)); do
+    PSAGG_RANK=$i setsid "$worker_bin" "$@" >"$tmp/worker$i.log" 2>&1 &
+    pids+=($!)
+    wpids+=($!)
+done
+fail=0
+for i in "${!wpids[@]}"; do
+    # bounded: each worker carries its own --max-seconds check; this is the hang guard
+    for ((t = 0; t < 600; t++)); do kill -0 "${wpids[$i]}" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "${wpids[$i]}" 2>/dev/null; then
+        echo "run_case: worker $i still running after 60 s: a hang" >&2
+        fail=1
+        continue
+    fi
+    wait "${wpids[$i]}"
+    rc=$?
+    sed "s/^/[worker $i] /" "$tmp/worker$i.log"
+    if ((rc != 0)) || ! grep -q EXPECTED-ERROR-OK "$tmp/worker$i.log"; then
+        echo "run_case: worker $i exited $rc without the expected error" >&2
+        fail=1
+    fi
+done
+for ((i = 0; i < ${start_servers:-$servers}; i++)); do sed "s/^/[server $i] /" "$tmp/server$i.log"; done
+exit $fail
