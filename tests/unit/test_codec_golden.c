@@ -1,0 +1,357 @@
+/*
+ * test_codec_golden.c - golden vectors that pin the wire formats of kernels/codec.h:
+ * hand-derived small cases (derivations in the comments), the RNG's values for a fixed key,
+ * and FNV-1a hashes of a larger deterministic case for every codec (with and without error
+ * feedback). The hashes were computed by an independent Python implementation of codec.h
+ * (float32 operations as double + one rounding to binary32, which is exact for + - * /
+ * because 53 >= 2*24 + 2; fp16 via struct 'e' (round-to-nearest-even); bf16 and the RNG with
+ * Python integers), not by this library. Every available ISA must reproduce them.
+ */
+#include "test_codec_util.h"
+
+static void expect_bytes(const char *what, const uint8_t *got, const uint8_t *want, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        CHECK(got[i] == want[i], "%s (isa %s): byte %zu is %02x, expected %02x", what,
+              psagg_isa_name(psagg_codec_isa()), i, got[i], want[i]);
+}
+
+static void test_rng(void)
+{
+    /* key64 = splitmix64(1 ^ splitmix64(2)) = 0xe06dd043328bd285 */
+    psagg_rng_key k = psagg_rng_key_make(1, 2);
+    CHECK(k.k0 == 0x328bd285u && k.k1 == 0xe06dd043u, "key(1,2) = %08x %08x", k.k0, k.k1);
+    CHECK(psagg_rng_uniform(k, 0) == 0x1.f0d6cp-1f, "u0 %a", psagg_rng_uniform(k, 0));
+    CHECK(psagg_rng_uniform(k, 1) == 0x1.36d0f4p-2f, "u1 %a", psagg_rng_uniform(k, 1));
+    CHECK(psagg_rng_uniform(k, 2) == 0x1.b33318p-2f, "u2 %a", psagg_rng_uniform(k, 2));
+    CHECK(psagg_rng_uniform(k, 3) == 0x1.f9582p-1f, "u3 %a", psagg_rng_uniform(k, 3));
+    CHECK(psagg_rng_uniform(k, 1000) == 0x1.88fp-5f, "u1000 %a", psagg_rng_uniform(k, 1000));
+    CHECK(psagg_rng_uniform(k, 0xFFFFFFFFu) == 0x1.2bf1b8p-3f, "u(2^32-1) %a",
+          psagg_rng_uniform(k, 0xFFFFFFFFu));
+}
+
+/*
+ * maxmin, b = 3, B = 64, nearest, n = 10, x = {0,1,2,3,4,5,6,7,3.5,0.2}:
+ *   lo = 0, hi = 7, range = 7, L = 7, scale = 7/7 = 1, inv = 1, t_k = x_k
+ *   q = trunc(min(t + 0.5, 7)) = {0,1,2,3,4,5,6,7,4,0}
+ *   meta: scale 1.0f = 0x3F800000 -> 00 00 80 3f, min 0.0f -> 00 00 00 00
+ *   payload: sum q_k << 3k = 8 + 2<<6 + 3<<9 + 4<<12 + 5<<15 + 6<<18 + 7<<21 + 4<<24
+ *          = 0x04FAC688 -> 88 c6 fa 04, zero-padded to 8*ceil(30/64) = 8 bytes.
+ *   decode: lo + scale*q = q exactly.
+ */
+static void test_maxmin_hand(void)
+{
+    static const float x[10] = {0, 1, 2, 3, 4, 5, 6, 7, 3.5f, 0.2f};
+    static const uint8_t want[16] = {0x00, 0x00, 0x80, 0x3f, 0x00, 0x00, 0x00, 0x00,
+                                     0x88, 0xc6, 0xfa, 0x04, 0x00, 0x00, 0x00, 0x00};
+    static const float want_dec[10] = {0, 1, 2, 3, 4, 5, 6, 7, 4, 0};
+    psagg_codec c = tc_codec(PSAGG_CODEC_MAXMIN, 3, 64, PSAGG_ROUND_NEAREST);
+    uint8_t out[16];
+    float dec[10];
+    CHECK(psagg_encoded_size(&c, 10) == 16, "size %zu", psagg_encoded_size(&c, 10));
+    memset(out, 0xEE, sizeof out);
+    CHECK(psagg_encode(&c, x, NULL, 10, psagg_rng_key_make(0, 0), out, 16, NULL) == PSAGG_OK, "%s",
+          psagg_last_error());
+    expect_bytes("maxmin3 hand case", out, want, 16);
+    CHECK(psagg_decode(&c, out, 16, 10, dec) == PSAGG_OK, "%s", psagg_last_error());
+    CHECK(!memcmp(dec, want_dec, sizeof dec), "maxmin3 hand case decode");
+}
+
+/*
+ * maxmin, b = 2, B = 64, nearest, n = 3, x = {-1, -1, -1} (a constant bucket):
+ *   range = 0 < 2^-100 -> scale = 0, q = 0; meta = {0x00000000, -1.0f = 0xBF800000};
+ *   payload 8 zero bytes. Then x = {-0, +0, 0.5}: lo = -0 (-0 < +0), hi = 0.5, range = 0.5,
+ *   L = 3, scale = 0.5/3 = 0x3E2AAAAB, inv = 1/scale = 0x40C00000 (6.0f, rounded);
+ *   t = {0, 0, 0.5*6 = 3}, q = trunc(min(t + 0.5, 3)) = {0, 0, 3} -> payload byte 0x30.
+ */
+static void test_maxmin_hand2(void)
+{
+    static const float x1[3] = {-1, -1, -1}, x2[3] = {-0.0f, 0.0f, 0.5f};
+    static const uint8_t want1[16] = {0, 0, 0, 0, 0x00, 0x00, 0x80, 0xbf, 0, 0, 0, 0, 0, 0, 0, 0};
+    static const uint8_t want2[16] = {0xab, 0xaa, 0x2a, 0x3e, 0x00, 0x00, 0x00, 0x80,
+                                      0x30, 0,    0,    0,    0,    0,    0,    0};
+    psagg_codec c = tc_codec(PSAGG_CODEC_MAXMIN, 2, 64, PSAGG_ROUND_NEAREST);
+    uint8_t out[16];
+    float dec[3];
+    CHECK(psagg_encode(&c, x1, NULL, 3, psagg_rng_key_make(0, 0), out, 16, NULL) == PSAGG_OK, "%s",
+          psagg_last_error());
+    expect_bytes("maxmin2 constant bucket", out, want1, 16);
+    CHECK(psagg_decode(&c, out, 16, 3, dec) == PSAGG_OK && dec[0] == -1 && dec[2] == -1,
+          "constant decode");
+    CHECK(psagg_encode(&c, x2, NULL, 3, psagg_rng_key_make(0, 0), out, 16, NULL) == PSAGG_OK, "%s",
+          psagg_last_error());
+    expect_bytes("maxmin2 signed zeros", out, want2, 16);
+}
+
+/*
+ * fp16 (round to nearest even, subnormals kept):
+ *   1.0 -> 0x3C00; -2.5 -> 0xC100; 65504 (max) -> 0x7BFF; 65519 -> 0x7BFF (below the tie);
+ *   2^-24 -> 0x0001; 0.75*2^-24 -> 0x0001; 2^-25 (tie with 0) -> 0x0000 (even);
+ *   1 + 2^-11 (tie) -> 0x3C00 (even); 1 + 3*2^-11 (tie) -> 0x3C02 (even); -0 -> 0x8000;
+ *   2^-14 (smallest normal) -> 0x0400; 2^-14 - 2^-25 (tie between 0x03FF and 0x0400) ->
+ *   0x0400 (even); 1.5*2^-24 (tie between 1 and 2 units) -> 0x0002.
+ * bf16 (u + 0x7FFF + ((u >> 16) & 1)) >> 16:
+ *   1.0 -> 0x3F80; 1 + 2^-8 (tie) -> 0x3F80; 1 + 3*2^-8 (tie) -> 0x3F82;
+ *   bits 0x00018000 (subnormal, tie) -> 0x0002; bits 0x00008000 (tie) -> 0x0000;
+ *   -1.5 -> 0xBFC0; 0x7F7F7FFF (just below the rounding point) -> 0x7F7F.
+ */
+static void test_fp_hand(void)
+{
+    const float xh[13] = {
+        1.0f,      -2.5f,           65504.0f,        65519.0f, 0x1p-24f, 0.75f * 0x1p-24f,
+        0x1p-25f,  1.0f + 0x1p-11f, 1.0f + 0x3p-11f, -0.0f,    0x1p-14f, 0x1p-14f - 0x1p-25f,
+        0x1.8p-24f};
+    const uint16_t wh[13] = {0x3C00, 0xC100, 0x7BFF, 0x7BFF, 0x0001, 0x0001, 0x0000,
+                             0x3C00, 0x3C02, 0x8000, 0x0400, 0x0400, 0x0002};
+    const float xb[7] = {
+        1.0f,  1.0f + 0x1p-8f,     1.0f + 0x3p-8f, tc_u2f(0x00018000u), tc_u2f(0x00008000u),
+        -1.5f, tc_u2f(0x7F7F7FFFu)};
+    const uint16_t wb[7] = {0x3F80, 0x3F80, 0x3F82, 0x0002, 0x0000, 0xBFC0, 0x7F7F};
+    psagg_codec h = tc_codec(PSAGG_CODEC_FP16, 0, 0, PSAGG_ROUND_NEAREST);
+    psagg_codec b = tc_codec(PSAGG_CODEC_BF16, 0, 0, PSAGG_ROUND_NEAREST);
+    psagg_codec f = tc_codec(PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_NEAREST);
+    uint16_t out[13];
+    float dec[13], res[13];
+    for (int i = 0; i < 13; i++)
+        res[i] = 0.0f;
+    CHECK(psagg_encode(&h, xh, NULL, 13, psagg_rng_key_make(0, 0), out, 26, NULL) == PSAGG_OK, "%s",
+          psagg_last_error());
+    expect_bytes("fp16 hand cases", (const uint8_t *)out, (const uint8_t *)wh, 26);
+    CHECK(psagg_decode(&h, out, 26, 13, dec) == PSAGG_OK, "%s", psagg_last_error());
+    /* with a zero residual: v = x + 0 (so -0 becomes +0) and r = v - decode(v) */
+    CHECK(psagg_encode(&h, xh, res, 13, psagg_rng_key_make(0, 0), out, 26, NULL) == PSAGG_OK, "%s",
+          psagg_last_error());
+    for (int i = 0; i < 13; i++)
+        CHECK(res[i] == xh[i] - dec[i], "fp16 residual %d: %a vs %a", i, res[i], xh[i] - dec[i]);
+    CHECK(out[9] == 0x0000, "fp16 of -0 + 0 is +0");
+    CHECK(dec[4] == 0x1p-24f && dec[2] == 65504.0f && dec[12] == 0x1p-23f, "fp16 decode");
+    CHECK(psagg_encode(&b, xb, NULL, 7, psagg_rng_key_make(0, 0), out, 14, NULL) == PSAGG_OK, "%s",
+          psagg_last_error());
+    expect_bytes("bf16 hand cases", (const uint8_t *)out, (const uint8_t *)wb, 14);
+    CHECK(psagg_decode(&b, out, 14, 7, dec) == PSAGG_OK, "%s", psagg_last_error());
+    CHECK(dec[2] == 1.0f + 0x1p-6f && tc_f2u(dec[3]) == 0x00020000u, "bf16 decode");
+    {
+        /* fp32 copies, little-endian: 1.0f -> 00 00 80 3f; with a residual r = 0 after */
+        const float xf[2] = {1.0f, -0.0f};
+        const uint8_t wf[8] = {0, 0, 0x80, 0x3f, 0, 0, 0, 0x80};
+        uint8_t of[8];
+        CHECK(psagg_encode(&f, xf, NULL, 2, psagg_rng_key_make(0, 0), of, 8, NULL) == PSAGG_OK,
+              "%s", psagg_last_error());
+        expect_bytes("fp32 copy", of, wf, 8);
+    }
+}
+
+/* The larger deterministic case (same generator as the Python reference). */
+#define GN 5000
+static float gx(size_t i)
+{
+    uint32_t h = (uint32_t)(i * 2654435761u) >> 8;
+    int e = (int)((i / 1024) % 7) - 3;
+    return ldexpf((float)h * 0x1p-22f - 2.0f, e);
+}
+
+static float gr(size_t i)
+{
+    return (float)((int)((i * 7919) % 201) - 100) * 0x1p-12f;
+}
+
+static const struct golden {
+    psagg_codec c;
+    uint64_t h_plain, h_ef, h_res;
+} goldens[] = {
+    {{PSAGG_CODEC_FP32, 0, 0, 0},
+     0x4069e70482d254d1ull,
+     0x9f8d89e233efa479ull,
+     0x0ed9e7ee21f20da5ull},
+    {{PSAGG_CODEC_FP16, 0, 0, 0},
+     0x281e8a7d1ca7a4faull,
+     0x4e552274b662ac5full,
+     0x59b259183bd60270ull},
+    {{PSAGG_CODEC_BF16, 0, 0, 0},
+     0xa5e6e90c5443746eull,
+     0x2131b2776a6b84d4ull,
+     0x35986591bde63b13ull},
+    {{PSAGG_CODEC_MAXMIN, 1, 64, PSAGG_ROUND_STOCHASTIC},
+     0x0516dfda6d58b5f0ull,
+     0x67dc5a88af6d3b90ull,
+     0x37184b7b5a9bc2ddull},
+    {{PSAGG_CODEC_MAXMIN, 1, 64, PSAGG_ROUND_NEAREST},
+     0xa3166165f321b239ull,
+     0x9ffc0029eda5c7b0ull,
+     0x94ca8dd14cebefbeull},
+    {{PSAGG_CODEC_MAXMIN, 2, 64, PSAGG_ROUND_STOCHASTIC},
+     0x2dcd4d33d511f288ull,
+     0xe180fbb6ddb1ed8dull,
+     0xf90ac26444279d8full},
+    {{PSAGG_CODEC_MAXMIN, 2, 64, PSAGG_ROUND_NEAREST},
+     0x11bb1995450890c5ull,
+     0x8eb026b61d4877b4ull,
+     0x5787598b8a965db3ull},
+    {{PSAGG_CODEC_MAXMIN, 3, 64, PSAGG_ROUND_STOCHASTIC},
+     0x6fd0dc38820fdb0full,
+     0x5873a018ed2dc1c2ull,
+     0x14f06f56a27f6b6full},
+    {{PSAGG_CODEC_MAXMIN, 3, 64, PSAGG_ROUND_NEAREST},
+     0x37609bc3f45268baull,
+     0x1cb2a7e37369a283ull,
+     0x809bf390f7f92069ull},
+    {{PSAGG_CODEC_MAXMIN, 4, 64, PSAGG_ROUND_STOCHASTIC},
+     0xdd3259f9e50ca512ull,
+     0x300ea4f9611c074aull,
+     0xbaf549290d939a33ull},
+    {{PSAGG_CODEC_MAXMIN, 4, 64, PSAGG_ROUND_NEAREST},
+     0xbd16317e0f920702ull,
+     0xa437a97c3a9713e1ull,
+     0xe2cb47f50cfa0ff7ull},
+    {{PSAGG_CODEC_MAXMIN, 5, 64, PSAGG_ROUND_STOCHASTIC},
+     0x1d775608d4b130feull,
+     0x4ace0cb2bc505752ull,
+     0x9060fdcb18dc8275ull},
+    {{PSAGG_CODEC_MAXMIN, 5, 64, PSAGG_ROUND_NEAREST},
+     0xd2f995586f24184full,
+     0xa203bb29c31ea7fbull,
+     0xa6d38a5cdb5a24b9ull},
+    {{PSAGG_CODEC_MAXMIN, 6, 64, PSAGG_ROUND_STOCHASTIC},
+     0x8bb58ce93417fe4full,
+     0x2009d012d5d6479bull,
+     0x4744174741d2d0a6ull},
+    {{PSAGG_CODEC_MAXMIN, 6, 64, PSAGG_ROUND_NEAREST},
+     0xfdc0984cae68f422ull,
+     0xb90fd9c180db984full,
+     0x4d210c43b7e6db3cull},
+    {{PSAGG_CODEC_MAXMIN, 7, 64, PSAGG_ROUND_STOCHASTIC},
+     0x76413c1a8f7ddb5bull,
+     0x29164c5b049a9c96ull,
+     0xa877020fbb5d722dull},
+    {{PSAGG_CODEC_MAXMIN, 7, 64, PSAGG_ROUND_NEAREST},
+     0xd9d418d9add85195ull,
+     0x56e9a14f448c8db0ull,
+     0xa09fff090b0e9056ull},
+    {{PSAGG_CODEC_MAXMIN, 8, 64, PSAGG_ROUND_STOCHASTIC},
+     0x66a0f94f660f5633ull,
+     0x0698dde52ad02cf4ull,
+     0xff6fd874d231f691ull},
+    {{PSAGG_CODEC_MAXMIN, 8, 64, PSAGG_ROUND_NEAREST},
+     0x88525f17bc1d2c89ull,
+     0xea0da519b8fae7b9ull,
+     0x2fcb94837895d816ull},
+    {{PSAGG_CODEC_MAXMIN, 1, 1024, PSAGG_ROUND_STOCHASTIC},
+     0x758cc232ddf6e098ull,
+     0xc8e9dc49e8fef66aull,
+     0x615215e9ff9354c1ull},
+    {{PSAGG_CODEC_MAXMIN, 1, 1024, PSAGG_ROUND_NEAREST},
+     0x4637498abdfc9f3cull,
+     0x78ba21223e2c11ddull,
+     0xa903898a4fb23360ull},
+    {{PSAGG_CODEC_MAXMIN, 2, 1024, PSAGG_ROUND_STOCHASTIC},
+     0xaccbf18dfd52e5ccull,
+     0xd9ce1063c75d32efull,
+     0x55af6f087a1e1ca1ull},
+    {{PSAGG_CODEC_MAXMIN, 2, 1024, PSAGG_ROUND_NEAREST},
+     0xc47fcdf7eace4993ull,
+     0x3775f8a00f71c12cull,
+     0xdb8e085ed7573d80ull},
+    {{PSAGG_CODEC_MAXMIN, 3, 1024, PSAGG_ROUND_STOCHASTIC},
+     0x29c486ff7f50b06eull,
+     0x1ba08ee1d714d1b4ull,
+     0x6c71997c01c7d254ull},
+    {{PSAGG_CODEC_MAXMIN, 3, 1024, PSAGG_ROUND_NEAREST},
+     0x15278674dbf796a2ull,
+     0xa57ae6bf2ad29493ull,
+     0x4d272fe98cac4166ull},
+    {{PSAGG_CODEC_MAXMIN, 4, 1024, PSAGG_ROUND_STOCHASTIC},
+     0x204af5ca378df820ull,
+     0x290f5d5363c414ccull,
+     0x78b639e72d240a88ull},
+    {{PSAGG_CODEC_MAXMIN, 4, 1024, PSAGG_ROUND_NEAREST},
+     0x6e2f213f2bed846full,
+     0x0ce36cca9ab738efull,
+     0x2c843d4a0e34113aull},
+    {{PSAGG_CODEC_MAXMIN, 5, 1024, PSAGG_ROUND_STOCHASTIC},
+     0x63d825bf2f54c06eull,
+     0xe0fd244aeb9209b7ull,
+     0x09c700ccbebe6884ull},
+    {{PSAGG_CODEC_MAXMIN, 5, 1024, PSAGG_ROUND_NEAREST},
+     0x6a8237dc5954a285ull,
+     0x2a65c3e120d96602ull,
+     0xa3f5dd5512cceab3ull},
+    {{PSAGG_CODEC_MAXMIN, 6, 1024, PSAGG_ROUND_STOCHASTIC},
+     0x41dc1dca26c19e67ull,
+     0xa656d6bae36d7a84ull,
+     0x726af08125f61ccfull},
+    {{PSAGG_CODEC_MAXMIN, 6, 1024, PSAGG_ROUND_NEAREST},
+     0xa531b62d2323ae59ull,
+     0xca2f4e81fe4e4556ull,
+     0x307de92890964430ull},
+    {{PSAGG_CODEC_MAXMIN, 7, 1024, PSAGG_ROUND_STOCHASTIC},
+     0xb3d5c7a8c032dfe4ull,
+     0x3a36cad7c0bb3c1cull,
+     0x6e69ba5cb679275bull},
+    {{PSAGG_CODEC_MAXMIN, 7, 1024, PSAGG_ROUND_NEAREST},
+     0x8971cf099bc80115ull,
+     0x703c1392ae0cd8eeull,
+     0xf37bf228d32b3228ull},
+    {{PSAGG_CODEC_MAXMIN, 8, 1024, PSAGG_ROUND_STOCHASTIC},
+     0x912d52c79711fe7eull,
+     0x29ae7f64a67e7fdcull,
+     0xf61161e248412948ull},
+    {{PSAGG_CODEC_MAXMIN, 8, 1024, PSAGG_ROUND_NEAREST},
+     0xbb084f52d04e4eacull,
+     0x6c9d1efd1e24356aull,
+     0x0c8a646529f108d0ull},
+};
+
+static void test_large(void)
+{
+    float *x = tc_xmalloc(GN * 4), *r = tc_xmalloc(GN * 4);
+    uint8_t *out = tc_xmalloc(4 * GN);
+    psagg_rng_key key = psagg_rng_key_make(42, 7);
+    for (size_t i = 0; i < GN; i++)
+        x[i] = gx(i);
+    for (size_t g = 0; g < sizeof goldens / sizeof goldens[0]; g++) {
+        psagg_codec c = goldens[g].c;
+        size_t len;
+        uint64_t h;
+        CHECK(psagg_codec_check(&c) == PSAGG_OK, "%s", psagg_last_error());
+        len = psagg_encoded_size(&c, GN);
+        CHECK(psagg_encode(&c, x, NULL, GN, key, out, len, NULL) == PSAGG_OK, "%s",
+              psagg_last_error());
+        h = tc_hash(out, len);
+        CHECK(h == goldens[g].h_plain, "golden %s (isa %s): hash %016llx, expected %016llx",
+              tc_name(&c), psagg_isa_name(psagg_codec_isa()), (unsigned long long)h,
+              (unsigned long long)goldens[g].h_plain);
+        for (size_t i = 0; i < GN; i++)
+            r[i] = gr(i);
+        CHECK(psagg_encode(&c, x, r, GN, key, out, len, NULL) == PSAGG_OK, "%s",
+              psagg_last_error());
+        h = tc_hash(out, len);
+        CHECK(h == goldens[g].h_ef, "golden EF %s (isa %s): hash %016llx, expected %016llx",
+              tc_name(&c), psagg_isa_name(psagg_codec_isa()), (unsigned long long)h,
+              (unsigned long long)goldens[g].h_ef);
+        h = tc_hash(r, GN * 4);
+        CHECK(h == goldens[g].h_res, "golden residual %s (isa %s): hash %016llx, expected %016llx",
+              tc_name(&c), psagg_isa_name(psagg_codec_isa()), (unsigned long long)h,
+              (unsigned long long)goldens[g].h_res);
+    }
+    free(x);
+    free(r);
+    free(out);
+}
+
+int main(void)
+{
+    test_rng();
+    for (int isa = 0; isa < PSAGG_ISA_COUNT; isa++) {
+        if (!psagg_isa_supported((psagg_isa)isa)) {
+            printf("SKIP isa %s: not supported here\n", psagg_isa_name((psagg_isa)isa));
+            continue;
+        }
+        tc_set_isa((psagg_isa)isa);
+        test_maxmin_hand();
+        test_maxmin_hand2();
+        test_fp_hand();
+        test_large();
+        printf("isa %s: golden vectors match\n", psagg_isa_name((psagg_isa)isa));
+    }
+    return 0;
+}
