@@ -1,0 +1,244 @@
+/*
+ * test_codec_props.c - numerical properties of the codecs, on every available ISA:
+ *  - stochastic rounding is unbiased (z-test, 5 sigma, fixed seeds, one RNG stream per trial)
+ *    and always lands on one of the two levels around x; nearest is within half a level;
+ *  - error feedback telescopes: sum_t decode(sent_t) = sum_t x_t + r_0 - r_T;
+ *  - the fused aggregate gives the same bytes as decode_add of every input, then encode.
+ */
+#include <float.h>
+
+#include "test_codec_util.h"
+
+/*
+ * Tolerance for the level error checks. Exact arithmetic would give |Q - x| <= delta/2
+ * (nearest) and < delta (SR). In binary32, t = (v - lo) * inv carries at most ~3 roundings of
+ * relative 2^-24 each (the subtraction, inv = 1/scale, the product), so t is off by at most
+ * 3 * 2^-24 * (L + 1) levels, i.e. delta * (L + 1) * 2^-22; the decoded lo + scale*q has two
+ * roundings of at most ulp(max(|lo|, |hi|)) / 2 each. We allow 4x that.
+ */
+static double level_tol(double delta, double L, double maxabs)
+{
+    return 4.0 * (delta * (L + 1) * 0x1p-22 + maxabs * FLT_EPSILON);
+}
+
+static void test_sr_unbiased(void)
+{
+    enum { B = 64, T = 4000 };
+    const uint32_t bits_list[] = {1, 2, 4, 8};
+    float x[B], dec[B];
+    double sum[B];
+    uint8_t out[8 + 8 * 8];
+
+    for (size_t bi = 0; bi < 4; bi++) {
+        uint32_t b = bits_list[bi];
+        psagg_codec c = tc_codec(PSAGG_CODEC_MAXMIN, b, B, PSAGG_ROUND_STOCHASTIC);
+        size_t len = psagg_encoded_size(&c, B);
+        double L = (double)((1u << b) - 1), delta, lo = -1.0, hi = 1.0;
+        uint64_t s = 1234 + b;
+        CHECK(len <= sizeof out, "len");
+        x[0] = -1.0f; /* pins lo and hi so that every trial quantizes on the same grid */
+        x[1] = 1.0f;
+        for (int i = 2; i < B; i++)
+            x[i] = test_randf(&s) * 0.999f;
+        x[2] = 0.0f;
+        x[3] = 0.5f;
+        memset(sum, 0, sizeof sum);
+        delta = (hi - lo) / L;
+        for (int t = 0; t < T; t++) {
+            psagg_rng_key key = psagg_rng_key_make(99, (uint64_t)t);
+            CHECK(psagg_encode(&c, x, NULL, B, key, out, len, NULL) == PSAGG_OK, "%s",
+                  psagg_last_error());
+            CHECK(psagg_decode(&c, out, len, B, dec) == PSAGG_OK, "%s", psagg_last_error());
+            for (int i = 0; i < B; i++) {
+                double err = fabs((double)dec[i] - x[i]);
+                CHECK(err < delta + level_tol(delta, L, 1.0),
+                      "SR b=%u: element %d = %a decoded to %a, more than one level away", b, i,
+                      x[i], dec[i]);
+                sum[i] += dec[i];
+            }
+        }
+        for (int i = 0; i < B; i++) {
+            double l = lo + floor((x[i] - lo) / delta) * delta;
+            double var = (x[i] - l) * (l + delta - x[i]); /* Bernoulli between l and l+delta */
+            double mean = sum[i] / T;
+            double tol = 5.0 * sqrt(var / T) + level_tol(delta, L, 1.0);
+            CHECK(fabs(mean - x[i]) <= tol,
+                  "SR b=%u biased: element %d x=%.9g mean=%.9g (|diff| %.3g > %.3g)", b, i, x[i],
+                  mean, fabs(mean - x[i]), tol);
+        }
+    }
+}
+
+static void test_level_error(void)
+{
+    const uint32_t buckets[] = {64, 1024};
+    const size_t n = 3000;
+    float *x = tc_xmalloc(n * 4), *dec = tc_xmalloc(n * 4);
+    uint8_t *out = tc_xmalloc(4 * n);
+    for (size_t bi = 0; bi < 2; bi++)
+        for (uint32_t b = 1; b <= 8; b++)
+            for (int rnd = 0; rnd < 2; rnd++)
+                for (int kind = 0; kind < TC_KIND_COUNT; kind++) {
+                    psagg_codec c =
+                        tc_codec(PSAGG_CODEC_MAXMIN, b, buckets[bi], (psagg_rounding)rnd);
+                    size_t len = psagg_encoded_size(&c, n);
+                    double L = (double)((1u << b) - 1);
+                    tc_fill(x, n, kind, b * 10 + (uint64_t)kind, 120);
+                    CHECK(psagg_encode(&c, x, NULL, n, psagg_rng_key_make(5, b), out, len, NULL) ==
+                              PSAGG_OK,
+                          "%s", psagg_last_error());
+                    CHECK(psagg_decode(&c, out, len, n, dec) == PSAGG_OK, "%s", psagg_last_error());
+                    for (size_t m = 0; m * buckets[bi] < n; m++) {
+                        size_t e = (m + 1) * buckets[bi] < n ? (m + 1) * buckets[bi] : n;
+                        double lo = INFINITY, hi = -INFINITY, delta, tol;
+                        for (size_t i = m * buckets[bi]; i < e; i++) {
+                            lo = fmin(lo, x[i]);
+                            hi = fmax(hi, x[i]);
+                        }
+                        delta = (hi - lo) / L;
+                        tol = level_tol(delta, L, fmax(fabs(lo), fabs(hi)));
+                        for (size_t i = m * buckets[bi]; i < e; i++) {
+                            double err = fabs((double)dec[i] - (double)x[i]);
+                            double lim = rnd == PSAGG_ROUND_NEAREST ? delta / 2 : delta;
+                            if (hi - lo < (double)PSAGG_MAXMIN_MIN_RANGE)
+                                lim = hi - lo; /* constant bucket: decodes to lo */
+                            CHECK(err <= lim + tol && dec[i] >= lo - tol && dec[i] <= hi + tol,
+                                  "%s data %s: element %zu = %a decoded %a (err %.3g, level "
+                                  "%.3g)",
+                                  tc_name(&c), tc_kind_name(kind), i, x[i], dec[i], err, delta);
+                        }
+                    }
+                }
+    free(x);
+    free(dec);
+    free(out);
+}
+
+static void test_error_feedback(void)
+{
+    enum { T = 60 };
+    const size_t n = 2500;
+    psagg_codec codecs[8];
+    size_t nc = 0;
+    float *x = tc_xmalloc(n * 4), *r = tc_xmalloc(n * 4), *dec = tc_xmalloc(n * 4);
+    double *sum_x = tc_xmalloc(n * 8), *sum_d = tc_xmalloc(n * 8), *r0 = tc_xmalloc(n * 8),
+           *maxv = tc_xmalloc(n * 8);
+    uint8_t *out = tc_xmalloc(4 * n);
+    codecs[nc++] = tc_codec(PSAGG_CODEC_FP32, 0, 0, 0);
+    codecs[nc++] = tc_codec(PSAGG_CODEC_FP16, 0, 0, 0);
+    codecs[nc++] = tc_codec(PSAGG_CODEC_BF16, 0, 0, 0);
+    codecs[nc++] = tc_codec(PSAGG_CODEC_MAXMIN, 2, 1024, PSAGG_ROUND_STOCHASTIC);
+    codecs[nc++] = tc_codec(PSAGG_CODEC_MAXMIN, 4, 64, PSAGG_ROUND_NEAREST);
+    codecs[nc++] = tc_codec(PSAGG_CODEC_MAXMIN, 8, 1024, PSAGG_ROUND_STOCHASTIC);
+    codecs[nc++] = tc_codec(PSAGG_CODEC_MAXMIN, 1, 64, PSAGG_ROUND_STOCHASTIC);
+    for (size_t ci = 0; ci < nc; ci++) {
+        const psagg_codec *c = &codecs[ci];
+        size_t len = psagg_encoded_size(c, n);
+        uint64_t s = 77 + ci;
+        for (size_t i = 0; i < n; i++) {
+            r[i] = test_randf(&s) * 0.01f;
+            r0[i] = r[i];
+            sum_x[i] = sum_d[i] = 0;
+            maxv[i] = 1.0;
+        }
+        for (int t = 0; t < T; t++) {
+            for (size_t i = 0; i < n; i++) {
+                x[i] = test_randf(&s) * (1.0f + (float)(i % 7));
+                sum_x[i] += x[i];
+                maxv[i] = fmax(maxv[i], fabs((double)x[i] + r[i]));
+            }
+            CHECK(psagg_encode(c, x, r, n, psagg_rng_key_make(3, (uint64_t)t), out, len, NULL) ==
+                      PSAGG_OK,
+                  "%s", psagg_last_error());
+            CHECK(psagg_decode(c, out, len, n, dec) == PSAGG_OK, "%s", psagg_last_error());
+            for (size_t i = 0; i < n; i++)
+                sum_d[i] += dec[i];
+        }
+        for (size_t i = 0; i < n; i++) {
+            /* per step: v = x + r and r' = v - y round once each: <= ulp(|v|) in total */
+            double want = sum_x[i] + r0[i] - r[i];
+            double tol = 2.0 * T * maxv[i] * FLT_EPSILON;
+            CHECK(fabs(sum_d[i] - want) <= tol,
+                  "EF %s (isa %s): element %zu: sum decoded %.9g, sum x + r0 - rT %.9g (tol %.3g)",
+                  tc_name(c), psagg_isa_name(psagg_codec_isa()), i, sum_d[i], want, tol);
+        }
+    }
+    free(x);
+    free(r);
+    free(dec);
+    free(sum_x);
+    free(sum_d);
+    free(r0);
+    free(maxv);
+    free(out);
+}
+
+static void test_fused_equals_stepwise(void)
+{
+    psagg_codec codecs[64];
+    const uint32_t bl[] = {64, 1024};
+    size_t nc = tc_codecs(codecs, bl, 2);
+    static const size_t sizes[] = {1, 37, 64, 1000, 2100};
+    for (size_t ci = 0; ci < nc; ci++)
+        for (size_t si = 0; si < 5; si++)
+            for (size_t n_in = 1; n_in <= 8; n_in += (n_in < 4 ? 1 : 4))
+                for (int wr = 0; wr < 2; wr++) {
+                    const psagg_codec *c = &codecs[ci];
+                    size_t n = sizes[si], len = psagg_encoded_size(c, n), bad = 0;
+                    uint8_t *bufs[8], *o1 = tc_xmalloc(len), *o2 = tc_xmalloc(len);
+                    const void *in[8];
+                    float *x = tc_xmalloc(n * 4), *acc = tc_xmalloc(n * 4);
+                    float *r1 = tc_xmalloc(n * 4), *r2 = tc_xmalloc(n * 4);
+                    psagg_rng_key key = psagg_rng_key_make(11, ci * 100 + si);
+                    for (size_t i = 0; i < n_in; i++) {
+                        bufs[i] = tc_xmalloc(len);
+                        tc_fill(x, n, (int)((i + si) % TC_KIND_COUNT), i + 3 * si,
+                                tc_max_exp(c) - 4);
+                        CHECK(psagg_encode(c, x, NULL, n, psagg_rng_key_make(1, i), bufs[i], len,
+                                           NULL) == PSAGG_OK,
+                              "%s", psagg_last_error());
+                        in[i] = bufs[i];
+                    }
+                    tc_fill(r1, n, TC_KIND_RANDOM, si, 0);
+                    memcpy(r2, r1, n * 4);
+                    for (size_t i = 0; i < n; i++)
+                        acc[i] = 0.0f;
+                    for (size_t i = 0; i < n_in; i++)
+                        CHECK(psagg_decode_add(c, in[i], len, n, acc) == PSAGG_OK, "%s",
+                              psagg_last_error());
+                    CHECK(psagg_encode(c, acc, wr ? r1 : NULL, n, key, o1, len, NULL) == PSAGG_OK,
+                          "%s", psagg_last_error());
+                    CHECK(psagg_aggregate(c, in, n_in, len, n, wr ? r2 : NULL, key, o2, len,
+                                          &bad) == PSAGG_OK,
+                          "%s", psagg_last_error());
+                    CHECK(!memcmp(o1, o2, len), "fused %s n=%zu N=%zu res=%d (isa %s) differs",
+                          tc_name(c), n, n_in, wr, psagg_isa_name(psagg_codec_isa()));
+                    CHECK(!memcmp(r1, r2, n * 4), "fused residual %s n=%zu N=%zu differs",
+                          tc_name(c), n, n_in);
+                    for (size_t i = 0; i < n_in; i++)
+                        free(bufs[i]);
+                    free(o1);
+                    free(o2);
+                    free(x);
+                    free(acc);
+                    free(r1);
+                    free(r2);
+                }
+}
+
+int main(void)
+{
+    for (int isa = 0; isa < PSAGG_ISA_COUNT; isa++) {
+        if (!psagg_isa_supported((psagg_isa)isa)) {
+            printf("SKIP isa %s: not supported here\n", psagg_isa_name((psagg_isa)isa));
+            continue;
+        }
+        tc_set_isa((psagg_isa)isa);
+        test_sr_unbiased();
+        test_level_error();
+        test_error_feedback();
+        test_fused_equals_stepwise();
+        printf("isa %s: properties hold\n", psagg_isa_name((psagg_isa)isa));
+    }
+    return 0;
+}
