@@ -1,3 +1,527 @@
-/* cpu/avx2.c - placeholder */
+/*
+ * cpu/avx2.c - AVX2 + F16C codec paths, 8 elements per vector. Bit-identical to scalar.c:
+ * the same binary32 operations in the same order, no FMA. Tails go through the same vector
+ * code with masked loads/stores (fp32) or a zero-padded staging buffer (16-bit formats and
+ * maxmin payload bytes).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
 #include "impl.h"
+
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__F16C__)
+#include <immintrin.h>
+
+#define W 8
+
+static inline __m256i lane_mask(size_t rem)
+{
+    int r = rem >= W ? W : (int)rem;
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+static inline unsigned lane_bits(size_t rem)
+{
+    return rem >= W ? 0xFFu : (1u << rem) - 1;
+}
+
+static inline __m256 abs8(__m256 v)
+{
+    return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)));
+}
+
+static inline __m256 load_f32(const float *p, size_t rem)
+{
+    if (rem >= W)
+        return _mm256_loadu_ps(p);
+    return _mm256_maskload_ps(p, lane_mask(rem));
+}
+
+static inline void store_f32(float *p, __m256 v, size_t rem)
+{
+    if (rem >= W)
+        _mm256_storeu_ps(p, v);
+    else
+        _mm256_maskstore_ps(p, lane_mask(rem), v);
+}
+
+/* 8 x 16-bit from p (only rem lanes readable). */
+static inline __m128i load_16(const uint8_t *p, size_t rem)
+{
+    uint8_t stage[16] = {0};
+    if (rem >= W)
+        return _mm_loadu_si128((const __m128i *)p);
+    memcpy(stage, p, 2 * rem);
+    return _mm_loadu_si128((const __m128i *)stage);
+}
+
+static inline void store_16(uint8_t *p, __m128i h, size_t rem)
+{
+    uint8_t stage[16];
+    if (rem >= W) {
+        _mm_storeu_si128((__m128i *)p, h);
+        return;
+    }
+    _mm_storeu_si128((__m128i *)stage, h);
+    memcpy(p, stage, 2 * rem);
+}
+
+static psagg_status report_bad(const psagg_codec *c, size_t k0, __m256 v, unsigned bad,
+                               size_t *badi)
+{
+    float tmp[W];
+    unsigned lane = (unsigned)__builtin_ctz(bad);
+    _mm256_storeu_ps(tmp, v);
+    return psagg_codec_bad_value(c, k0 + lane, tmp[lane], badi);
+}
+
+/* ---------------- fp formats ---------------- */
+
+static inline __m256 load_fp(psagg_codec_id id, const uint8_t *in, size_t k, size_t rem)
+{
+    switch (id) {
+    case PSAGG_CODEC_FP32:
+        return load_f32((const float *)(const void *)(in + 4 * k), rem);
+    case PSAGG_CODEC_FP16:
+        return _mm256_cvtph_ps(load_16(in + 2 * k, rem));
+    default:
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(load_16(in + 2 * k, rem)), 16));
+    }
+}
+
+/* Encode v (rem lanes valid) at element k; returns the bad lanes (nothing stored then). */
+static inline unsigned store_fp(psagg_codec_id id, __m256 v, size_t rem, uint8_t *out, size_t k,
+                                float *r)
+{
+    unsigned bad, lb = lane_bits(rem);
+    switch (id) {
+    case PSAGG_CODEC_FP32:
+        bad = (unsigned)_mm256_movemask_ps(
+                  _mm256_cmp_ps(abs8(v), _mm256_set1_ps(0x1.fffffep127f), _CMP_NLE_UQ)) &
+              lb;
+        if (bad)
+            return bad;
+        store_f32((float *)(void *)(out + 4 * k), v, rem);
+        if (r)
+            store_f32(r, _mm256_sub_ps(v, v), rem);
+        return 0;
+    case PSAGG_CODEC_FP16: {
+        __m128i h;
+        bad = (unsigned)_mm256_movemask_ps(
+                  _mm256_cmp_ps(abs8(v), _mm256_set1_ps(65520.0f), _CMP_NLT_UQ)) &
+              lb;
+        if (bad)
+            return bad;
+        h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        store_16(out + 2 * k, h, rem);
+        if (r)
+            store_f32(r, _mm256_sub_ps(v, _mm256_cvtph_ps(h)), rem);
+        return 0;
+    }
+    default: {
+        __m256i u = _mm256_castps_si256(v);
+        __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+        __m256i rnd = _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb);
+        __m256i a = _mm256_add_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)), rnd);
+        __m256i lim = _mm256_set1_epi32(0x7F800000), w, hs;
+        /* unsigned a >= 0x7F800000: NaN, Inf and finite values that round to Inf */
+        bad = (unsigned)_mm256_movemask_ps(
+                  _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_max_epu32(a, lim), a))) &
+              lb;
+        if (bad)
+            return bad;
+        w = _mm256_add_epi32(u, rnd);
+        hs = _mm256_srli_epi32(w, 16);
+        store_16(out + 2 * k,
+                 _mm_packus_epi32(_mm256_castsi256_si128(hs), _mm256_extracti128_si256(hs, 1)),
+                 rem);
+        if (r) {
+            __m256 y =
+                _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32((int)0xFFFF0000u)));
+            store_f32(r, _mm256_sub_ps(v, y), rem);
+        }
+        return 0;
+    }
+    }
+}
+
+static psagg_status enc_fp(const psagg_codec *c, const float *x, float *r, size_t n, uint8_t *out,
+                           size_t *badi)
+{
+    for (size_t k = 0; k < n; k += W) {
+        size_t rem = n - k;
+        unsigned bad;
+        __m256 v = load_f32(x + k, rem);
+        if (r)
+            v = _mm256_add_ps(v, load_f32(r + k, rem));
+        bad = store_fp(c->id, v, rem, out, k, r ? r + k : NULL);
+        if (bad)
+            return report_bad(c, k, v, bad, badi);
+    }
+    return PSAGG_OK;
+}
+
+static void dec_fp(const psagg_codec *c, const uint8_t *in, size_t n, float *out, int acc)
+{
+    for (size_t k = 0; k < n; k += W) {
+        size_t rem = n - k;
+        __m256 y = load_fp(c->id, in, k, rem);
+        if (acc)
+            y = _mm256_add_ps(load_f32(out + k, rem), y);
+        store_f32(out + k, y, rem);
+    }
+}
+
+static psagg_status agg_fp(const psagg_codec *c, const uint8_t *const *in, size_t n_in, size_t n,
+                           float *r, uint8_t *out, size_t *badi)
+{
+    for (size_t k = 0; k < n; k += W) {
+        size_t rem = n - k;
+        unsigned bad;
+        __m256 s = _mm256_setzero_ps();
+        for (size_t i = 0; i < n_in; i++)
+            s = _mm256_add_ps(s, load_fp(c->id, in[i], k, rem));
+        if (r)
+            s = _mm256_add_ps(s, load_f32(r + k, rem));
+        bad = store_fp(c->id, s, rem, out, k, r ? r + k : NULL);
+        if (bad)
+            return report_bad(c, k, s, bad, badi);
+    }
+    return PSAGG_OK;
+}
+
+/* ---------------- maxmin ---------------- */
+
+typedef struct mm_ctx {
+    uint32_t b; /* bits = payload bytes per 8 elements */
+    size_t n, nb, plen;
+    __m256i ctrl, shifts, lmask;
+    __m128i cnt_a, cnt_b, cnt_c; /* 32-b, 2b, 4b */
+    __m256 Lf;
+} mm_ctx;
+
+static void mm_init(mm_ctx *t, const psagg_codec *c, size_t n)
+{
+    uint32_t b = c->bits;
+    uint8_t ctrl[32];
+    uint32_t sh[8];
+    t->b = b;
+    t->n = n;
+    t->nb = psagg_mm_nbuckets(n, c->bucket);
+    t->plen = psagg_mm_payload_bytes(n, b);
+    for (unsigned j = 0; j < 8; j++) {
+        unsigned bit = j * b, off = bit >> 3, s = bit & 7;
+        ctrl[4 * j] = (uint8_t)off;
+        ctrl[4 * j + 1] = (uint8_t)(s + b > 8 ? off + 1 : 0x80);
+        ctrl[4 * j + 2] = 0x80;
+        ctrl[4 * j + 3] = 0x80;
+        sh[j] = s;
+    }
+    t->ctrl = _mm256_loadu_si256((const __m256i *)ctrl);
+    t->shifts = _mm256_loadu_si256((const __m256i *)sh);
+    t->lmask = _mm256_set1_epi32((int)((1u << b) - 1));
+    t->cnt_a = _mm_cvtsi32_si128((int)(32 - b));
+    t->cnt_b = _mm_cvtsi32_si128((int)(2 * b));
+    t->cnt_c = _mm_cvtsi32_si128((int)(4 * b));
+    t->Lf = _mm256_set1_ps((float)((1u << b) - 1));
+}
+
+/* Levels of the 8 elements whose b payload bytes start at p (avail bytes readable). */
+static inline __m256i mm_unpack(const mm_ctx *t, const uint8_t *p, size_t avail)
+{
+    __m256i w;
+    if (avail >= 8) {
+        w = _mm256_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)p));
+    } else {
+        uint8_t stage[8] = {0};
+        memcpy(stage, p, avail);
+        w = _mm256_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)stage));
+    }
+    w = _mm256_shuffle_epi8(w, t->ctrl);
+    w = _mm256_srlv_epi32(w, t->shifts);
+    return _mm256_and_si256(w, t->lmask);
+}
+
+/* Pack 8 levels (lanes beyond n already 0) into b bytes at p; room = bytes writable. */
+static inline void mm_pack(const mm_ctx *t, __m256i q, uint8_t *p, size_t room)
+{
+    __m256i s1 = _mm256_or_si256(_mm256_srl_epi64(q, t->cnt_a),
+                                 _mm256_and_si256(q, _mm256_set1_epi64x(0xFFFFFFFF)));
+    __m256i s2 = _mm256_or_si256(s1, _mm256_sll_epi64(_mm256_unpackhi_epi64(s1, s1), t->cnt_b));
+    __m128i s3 = _mm_or_si128(_mm256_castsi256_si128(s2),
+                              _mm_sll_epi64(_mm256_extracti128_si256(s2, 1), t->cnt_c));
+    uint64_t g = (uint64_t)_mm_cvtsi128_si64(s3);
+    if (room >= 8)
+        memcpy(p, &g, 8); /* bytes past b are zero; rewritten by the next group */
+    else
+        memcpy(p, &g, room < t->b ? room : t->b);
+}
+
+static inline __m256i fmix8(__m256i h)
+{
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+    h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)0x85EBCA6Bu));
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
+    h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)0xC2B2AE35u));
+    return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+}
+
+static inline __m256 rng8(__m256i idx, __m256i k0, __m256i k1)
+{
+    __m256i h = fmix8(_mm256_xor_si256(fmix8(_mm256_add_epi32(idx, k0)), k1));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)), _mm256_set1_ps(0x1p-24f));
+}
+
+static inline float hmin8(__m256 v)
+{
+    __m128 m = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_min_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_min_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+}
+
+static inline float hmax8(__m256 v)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+}
+
+/* pass-1 bookkeeping for one vector v with rem valid lanes */
+static inline void mm_track(__m256 v, size_t rem, __m256 *vmin, __m256 *vmax, unsigned *bad)
+{
+    __m256 lim = _mm256_set1_ps(PSAGG_MAXMIN_MAX_ABS);
+    unsigned lb = lane_bits(rem);
+    *bad |= (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(abs8(v), lim, _CMP_NLT_UQ)) & lb;
+    if (rem < W) {
+        __m256 m = _mm256_castsi256_ps(lane_mask(rem));
+        *vmin = _mm256_min_ps(*vmin, _mm256_blendv_ps(_mm256_set1_ps(INFINITY), v, m));
+        *vmax = _mm256_max_ps(*vmax, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), v, m));
+    } else {
+        *vmin = _mm256_min_ps(*vmin, v);
+        *vmax = _mm256_max_ps(*vmax, v);
+    }
+}
+
+static psagg_status mm_finish_bucket(const mm_ctx *t, const psagg_codec *c, float *acc, size_t len,
+                                     size_t base, __m256 vmin, __m256 vmax, unsigned bad_any,
+                                     float *r, psagg_rng_key key, uint8_t *out, size_t *badi)
+{
+    float lo, hi, range, scale = 0.0f, inv = 0.0f;
+    uint8_t *meta = out + 8 * (base / c->bucket), *payload = out + 8 * t->nb;
+    __m256 vlo, vscale, vinv, vhalf = _mm256_set1_ps(0.5f);
+    __m256i k0 = _mm256_set1_epi32((int)key.k0), k1 = _mm256_set1_epi32((int)key.k1);
+    __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    int sr = c->rounding == PSAGG_ROUND_STOCHASTIC;
+
+    if (bad_any) {
+        __m256 lim = _mm256_set1_ps(PSAGG_MAXMIN_MAX_ABS);
+        for (size_t j = 0; j < len; j += W) {
+            __m256 v = _mm256_load_ps(acc + j);
+            unsigned bad = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(abs8(v), lim, _CMP_NLT_UQ)) &
+                           lane_bits(len - j);
+            if (bad)
+                return report_bad(c, base + j, v, bad, badi);
+        }
+    }
+    lo = hmin8(vmin);
+    hi = hmax8(vmax);
+    if (lo == 0.0f) { /* -0 < +0: lo is -0 iff some value is -0 */
+        unsigned neg = 0;
+        for (size_t j = 0; j < len; j += W)
+            neg |= (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(
+                       _mm256_cmpeq_epi32(_mm256_load_si256((const __m256i *)(acc + j)),
+                                          _mm256_set1_epi32((int)0x80000000u)))) &
+                   lane_bits(len - j);
+        lo = neg ? -0.0f : 0.0f;
+    }
+    range = hi - lo;
+    if (!(range < PSAGG_MAXMIN_MIN_RANGE)) {
+        scale = range / (float)((1u << c->bits) - 1);
+        inv = 1.0f / scale;
+    }
+    memcpy(meta, &scale, 4);
+    memcpy(meta + 4, &lo, 4);
+    vlo = _mm256_set1_ps(lo);
+    vscale = _mm256_set1_ps(scale);
+    vinv = _mm256_set1_ps(inv);
+    for (size_t j = 0; j < len; j += W) {
+        size_t k = base + j, off = (k / W) * t->b, rem = len - j;
+        __m256 v = _mm256_load_ps(acc + j);
+        __m256 tt = _mm256_mul_ps(_mm256_sub_ps(v, vlo), vinv);
+        __m256 u =
+            sr ? rng8(_mm256_add_epi32(_mm256_set1_epi32((int)(uint32_t)k), iota), k0, k1) : vhalf;
+        __m256i q = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_add_ps(tt, u), t->Lf));
+        if (rem < W)
+            q = _mm256_and_si256(q, lane_mask(rem));
+        mm_pack(t, q, payload + off, t->plen - off);
+        if (r) {
+            __m256 y = _mm256_add_ps(vlo, _mm256_mul_ps(vscale, _mm256_cvtepi32_ps(q)));
+            store_f32(r + j, _mm256_sub_ps(v, y), rem);
+        }
+    }
+    return PSAGG_OK;
+}
+
+static void mm_zero_padding(const mm_ctx *t, uint8_t *out)
+{
+    size_t covered = ((t->n + W - 1) / W) * t->b;
+    if (covered < t->plen)
+        memset(out + 8 * t->nb + covered, 0, t->plen - covered);
+}
+
+static psagg_status enc_mm(const psagg_codec *c, const float *x, float *residual, size_t n,
+                           psagg_rng_key key, uint8_t *out, size_t *badi)
+{
+    float stack_buf[PSAGG_SCRATCH_STACK] __attribute__((aligned(64)));
+    size_t B = c->bucket;
+    float *acc = psagg_scratch_get(stack_buf, B);
+    psagg_status st = PSAGG_OK;
+    mm_ctx t;
+
+    if (!acc)
+        return psagg_fail(PSAGG_ENOMEM, "encode: no memory for a %zu-element bucket", B);
+    mm_init(&t, c, n);
+    for (size_t base = 0; base < n && st == PSAGG_OK; base += B) {
+        size_t len = n - base < B ? n - base : B;
+        const float *xb = x + base;
+        float *rb = residual ? residual + base : NULL;
+        __m256 vmin = _mm256_set1_ps(INFINITY), vmax = _mm256_set1_ps(-INFINITY);
+        unsigned bad_any = 0;
+        for (size_t j = 0; j < len; j += W) {
+            size_t rem = len - j;
+            __m256 v = load_f32(xb + j, rem);
+            if (rb)
+                v = _mm256_add_ps(v, load_f32(rb + j, rem));
+            _mm256_store_ps(acc + j, v);
+            mm_track(v, rem, &vmin, &vmax, &bad_any);
+        }
+        st = mm_finish_bucket(&t, c, acc, len, base, vmin, vmax, bad_any, rb, key, out, badi);
+    }
+    if (st == PSAGG_OK)
+        mm_zero_padding(&t, out);
+    psagg_scratch_put(stack_buf, acc);
+    return st;
+}
+
+static void dec_mm(const psagg_codec *c, const uint8_t *in, size_t n, float *out, int accum)
+{
+    mm_ctx t;
+    const uint8_t *payload;
+    mm_init(&t, c, n);
+    payload = in + 8 * t.nb;
+    for (size_t base = 0; base < n; base += c->bucket) {
+        size_t len = n - base < c->bucket ? n - base : c->bucket;
+        const uint8_t *meta = in + 8 * (base / c->bucket);
+        float scale, lo;
+        __m256 vs, vl;
+        memcpy(&scale, meta, 4);
+        memcpy(&lo, meta + 4, 4);
+        vs = _mm256_set1_ps(scale);
+        vl = _mm256_set1_ps(lo);
+        for (size_t j = 0; j < len; j += W) {
+            size_t k = base + j, off = (k / W) * t.b, rem = len - j;
+            __m256i q = mm_unpack(&t, payload + off, t.plen - off);
+            __m256 y = _mm256_add_ps(vl, _mm256_mul_ps(vs, _mm256_cvtepi32_ps(q)));
+            if (accum)
+                y = _mm256_add_ps(load_f32(out + k, rem), y);
+            store_f32(out + k, y, rem);
+        }
+    }
+}
+
+#define AGG_MAX_STACK_INPUTS 64
+
+static psagg_status agg_mm(const psagg_codec *c, const uint8_t *const *in, size_t n_in, size_t n,
+                           float *residual, psagg_rng_key key, uint8_t *out, size_t *badi)
+{
+    float stack_buf[PSAGG_SCRATCH_STACK] __attribute__((aligned(64)));
+    const uint8_t *pay_stack[AGG_MAX_STACK_INPUTS];
+    float meta_stack[2 * AGG_MAX_STACK_INPUTS];
+    size_t B = c->bucket;
+    float *acc = psagg_scratch_get(stack_buf, B);
+    const uint8_t **pay = n_in <= AGG_MAX_STACK_INPUTS ? pay_stack : malloc(n_in * sizeof *pay);
+    float *mt = n_in <= AGG_MAX_STACK_INPUTS ? meta_stack : malloc(2 * n_in * sizeof *mt);
+    psagg_status st = PSAGG_OK;
+    mm_ctx t;
+
+    mm_init(&t, c, n);
+    if (!acc || !pay || !mt) {
+        st = psagg_fail(PSAGG_ENOMEM, "aggregate: out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n_in; i++)
+        pay[i] = in[i] + 8 * t.nb;
+    for (size_t base = 0; base < n && st == PSAGG_OK; base += B) {
+        size_t len = n - base < B ? n - base : B, mi = base / B;
+        float *rb = residual ? residual + base : NULL;
+        __m256 vmin = _mm256_set1_ps(INFINITY), vmax = _mm256_set1_ps(-INFINITY);
+        unsigned bad_any = 0;
+        for (size_t i = 0; i < n_in; i++)
+            memcpy(mt + 2 * i, in[i] + 8 * mi, 8); /* scale, lo */
+        for (size_t j = 0; j < len; j += W) {
+            size_t k = base + j, off = (k / W) * t.b, avail = t.plen - off, rem = len - j;
+            __m256 s = _mm256_setzero_ps();
+            for (size_t i = 0; i < n_in; i++) {
+                __m256i q = mm_unpack(&t, pay[i] + off, avail);
+                __m256 y =
+                    _mm256_add_ps(_mm256_set1_ps(mt[2 * i + 1]),
+                                  _mm256_mul_ps(_mm256_set1_ps(mt[2 * i]), _mm256_cvtepi32_ps(q)));
+                s = _mm256_add_ps(s, y);
+            }
+            if (rb)
+                s = _mm256_add_ps(s, load_f32(rb + j, rem));
+            _mm256_store_ps(acc + j, s);
+            mm_track(s, rem, &vmin, &vmax, &bad_any);
+        }
+        st = mm_finish_bucket(&t, c, acc, len, base, vmin, vmax, bad_any, rb, key, out, badi);
+    }
+    if (st == PSAGG_OK)
+        mm_zero_padding(&t, out);
+done:
+    if (acc)
+        psagg_scratch_put(stack_buf, acc);
+    if (pay && pay != pay_stack)
+        free(pay);
+    if (mt && mt != meta_stack)
+        free(mt);
+    return st;
+}
+
+/* ---------------- entry points ---------------- */
+
+static psagg_status avx2_encode(const psagg_codec *c, const float *x, float *residual, size_t n,
+                                psagg_rng_key key, uint8_t *out, size_t *bad)
+{
+    if (c->id == PSAGG_CODEC_MAXMIN)
+        return enc_mm(c, x, residual, n, key, out, bad);
+    return enc_fp(c, x, residual, n, out, bad);
+}
+
+static void avx2_decode(const psagg_codec *c, const uint8_t *in, size_t n, float *out,
+                        int accumulate)
+{
+    if (c->id == PSAGG_CODEC_MAXMIN)
+        dec_mm(c, in, n, out, accumulate);
+    else
+        dec_fp(c, in, n, out, accumulate);
+}
+
+static psagg_status avx2_aggregate(const psagg_codec *c, const uint8_t *const *in, size_t n_in,
+                                   size_t n, float *residual, psagg_rng_key key, uint8_t *out,
+                                   size_t *bad)
+{
+    if (c->id == PSAGG_CODEC_MAXMIN)
+        return agg_mm(c, in, n_in, n, residual, key, out, bad);
+    return agg_fp(c, in, n_in, n, residual, out, bad);
+}
+
+const psagg_codec_impl psagg_impl_avx2 = {"avx2", avx2_encode, avx2_decode, avx2_aggregate};
+
+#else /* not built for AVX2 */
 const psagg_codec_impl psagg_impl_avx2 = {"avx2", NULL, NULL, NULL};
+#endif
