@@ -811,10 +811,10 @@ extern "C" psagg_status psagg_cuda_aggregate(const psagg_codec *codec, const voi
     psagg_status st = layout_make(codec, n, &L);
     if (st)
         return st;
-    if (n_in < 1 || n_in > PSAGG_CUDA_MAX_INPUTS || !in)
-        return (psagg_status)psagg_fail(PSAGG_EINVAL, "cuda aggregate: n_in %zu not in 1..%d",
+    if (n_in > PSAGG_CUDA_MAX_INPUTS || (n_in && !in))
+        return (psagg_status)psagg_fail(PSAGG_EINVAL, "cuda aggregate: n_in %zu not in 0..%d",
                                         n_in, PSAGG_CUDA_MAX_INPUTS);
-    if (in_len != L.size || out_len != L.size)
+    if ((n_in && in_len != L.size) || out_len != L.size)
         return (psagg_status)psagg_fail(PSAGG_EBADLEN,
                                         "cuda aggregate: in_len %zu / out_len %zu, codec needs "
                                         "%llu",
@@ -1012,10 +1012,10 @@ extern "C" psagg_status psagg_cuda_aggregate_host(psagg_cuda_ctx *c, const psagg
         return (psagg_status)psagg_fail(PSAGG_EINVAL, "cuda aggregate_host: ctx is NULL");
     if ((st = layout_make(codec, n, &L)))
         return st;
-    if (n_in < 1 || n_in > PSAGG_CUDA_MAX_INPUTS || !in)
-        return (psagg_status)psagg_fail(PSAGG_EINVAL, "cuda aggregate: n_in %zu not in 1..%d",
+    if (n_in > PSAGG_CUDA_MAX_INPUTS || (n_in && !in))
+        return (psagg_status)psagg_fail(PSAGG_EINVAL, "cuda aggregate: n_in %zu not in 0..%d",
                                         n_in, PSAGG_CUDA_MAX_INPUTS);
-    if (in_len != L.size || out_len != L.size)
+    if ((n_in && in_len != L.size) || out_len != L.size)
         return (psagg_status)psagg_fail(PSAGG_EBADLEN,
                                         "cuda aggregate: in_len %zu / out_len %zu, codec needs "
                                         "%llu",

@@ -95,9 +95,9 @@ psagg_status psagg_cuda_decode_add(const psagg_codec *codec, const void *in, siz
                                    size_t n, float *acc, uint64_t *d_err, cudaStream_t stream);
 
 /*
- * The fused server operation: in is a HOST array of n_in (1..PSAGG_CUDA_MAX_INPUTS) DEVICE
+ * The fused server operation: in is a HOST array of n_in (0..PSAGG_CUDA_MAX_INPUTS) DEVICE
  * pointers, each in_len bytes of n encoded elements. s_k = (((0 + y0_k) + y1_k) + ...) in the
- * order given, then s (+ residual, updated, when residual != NULL) is encoded into out. The
+ * order given (n_in = 0 encodes zeros, as the CPU does), then s (+ residual, updated, when residual != NULL) is encoded into out. The
  * pointer array is copied into the launch, so it may be reused as soon as this returns.
  * Invalid inputs report stage-0 errors whose index is the input's position.
  */

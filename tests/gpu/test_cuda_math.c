@@ -1,0 +1,293 @@
+/*
+ * test_cuda_math.c - the CUDA kernels' per-element arithmetic (kernels/cuda/codec_cuda_math.h,
+ * compiled here as plain C) against the CPU scalar reference. Needs no GPU, so it runs
+ * everywhere: the GPU test (test_cuda_codec.c) then only has to catch indexing, packing and
+ * reduction mistakes of the kernels themselves.
+ *
+ *  - fp32 -> fp16: every 3rd float with |x| < 65520, both signs (--full: every one), plus
+ *    the error codes above it;
+ *  - fp32 -> bf16: every 13th bit pattern of the finite range (--full: every one);
+ *  - fp16 / bf16 -> fp32: every finite 16-bit pattern;
+ *  - maxmin: a host emulation of the kernels' bucket algorithm built only from the pcm_*
+ *    functions (range checks, -0 < +0 minimum, scale/inv, levels with the counter RNG,
+ *    LSB-first groups of 8, residual) against psagg_encode / psagg_decode on the adversarial
+ *    data of the CPU tests, B = 64/192/1024, b = 1..8, both roundings, +-residual.
+ */
+#include "../unit/test_codec_util.h"
+#include "codec_cuda_math.h"
+
+#define BATCH (1u << 20)
+
+/* the residual is -0 so that v = x + r = x exactly (+0 would turn -0 into +0) */
+static void check_fp16_encode(uint32_t step)
+{
+    float *x = tc_xmalloc(BATCH * 4), *r = tc_xmalloc(BATCH * 4);
+    uint16_t *h = tc_xmalloc(BATCH * 2);
+    psagg_codec c = tc_codec(PSAGG_CODEC_FP16, 0, 0, PSAGG_ROUND_NEAREST);
+    uint64_t count = 0;
+    const uint32_t limit = 0x477FF000u; /* 65520 */
+
+    for (uint32_t sign = 0; sign < 2; sign++) {
+        for (uint64_t a = 0; a < limit;) {
+            uint32_t m = 0;
+            for (; m < BATCH && a < limit; m++, a += step) {
+                x[m] = tc_u2f((sign << 31) | (uint32_t)a);
+                r[m] = -0.0f;
+            }
+            CHECK(psagg_encode(&c, x, r, m, psagg_rng_key_make(1, 1), h, 2 * (size_t)m, NULL) ==
+                      PSAGG_OK,
+                  "cpu fp16 encode: %s", psagg_last_error());
+            for (uint32_t i = 0; i < m; i++) {
+                uint32_t err, err2;
+                uint16_t g = pcm_f32_to_f16(x[i], &err);
+                float y = pcm_f16_to_f32(g, &err2);
+                float rr = PCM_SUB(x[i], y);
+                CHECK(err == 0 && err2 == 0 && g == h[i], "fp16(%a): cpu %04x vs cuda %04x err %u",
+                      x[i], h[i], g, err);
+                CHECK(tc_f2u(rr) == tc_f2u(r[i]), "fp16(%a) residual: cpu %a vs cuda %a", x[i],
+                      r[i], rr);
+            }
+            count += m;
+        }
+    }
+    /* above the limit: ERANGE up to Inf, then NaN/Inf */
+    for (uint64_t a = limit; a <= 0x7FFFFFFFu; a += 997) {
+        uint32_t err;
+        size_t bad = 99;
+        float v = tc_u2f((uint32_t)a);
+        psagg_status st = psagg_encode(&c, &v, NULL, 1, psagg_rng_key_make(1, 1), h, 2, &bad);
+        (void)pcm_f32_to_f16(v, &err);
+        CHECK((st == PSAGG_ERANGE && err == PCM_ERR_RANGE) ||
+                  (st == PSAGG_ENONFINITE && err == PCM_ERR_NONFINITE),
+              "fp16(%a): cpu status %d, cuda err %u", v, st, err);
+    }
+    printf("fp16 encode: %llu values bit-identical (+ error codes)\n", (unsigned long long)count);
+    free(x);
+    free(r);
+    free(h);
+}
+
+static void check_bf16_encode(uint32_t step)
+{
+    float *x = tc_xmalloc(BATCH * 4), *r = tc_xmalloc(BATCH * 4);
+    uint16_t *h = tc_xmalloc(BATCH * 2);
+    psagg_codec c = tc_codec(PSAGG_CODEC_BF16, 0, 0, PSAGG_ROUND_NEAREST);
+    uint64_t count = 0, a = 0;
+    const uint64_t limit = 0x7F7F8000u; /* from here on, rounds to Inf */
+
+    while (a < 2 * limit) {
+        uint32_t m = 0;
+        for (; m < BATCH && a < 2 * limit; m++, a += step) {
+            uint32_t bits = a < limit ? (uint32_t)a : (0x80000000u | (uint32_t)(a - limit));
+            x[m] = tc_u2f(bits);
+            r[m] = -0.0f;
+        }
+        CHECK(psagg_encode(&c, x, r, m, psagg_rng_key_make(1, 1), h, 2 * (size_t)m, NULL) ==
+                  PSAGG_OK,
+              "cpu bf16 encode: %s", psagg_last_error());
+        for (uint32_t i = 0; i < m; i++) {
+            uint32_t err, err2;
+            uint16_t g = pcm_f32_to_bf16(x[i], &err);
+            float rr = PCM_SUB(x[i], pcm_bf16_to_f32(g, &err2));
+            CHECK(err == 0 && err2 == 0 && g == h[i], "bf16(%a): cpu %04x vs cuda %04x", x[i], h[i],
+                  g);
+            CHECK(tc_f2u(rr) == tc_f2u(r[i]), "bf16(%a) residual: cpu %a vs cuda %a", x[i], r[i],
+                  rr);
+        }
+        count += m;
+    }
+    for (uint64_t b = limit; b <= 0x7FFFFFFFu; b += 101) {
+        uint32_t err;
+        float v = tc_u2f((uint32_t)b);
+        size_t bad;
+        psagg_status st = psagg_encode(&c, &v, NULL, 1, psagg_rng_key_make(1, 1), h, 2, &bad);
+        (void)pcm_f32_to_bf16(v, &err);
+        CHECK((st == PSAGG_ERANGE && err == PCM_ERR_RANGE) ||
+                  (st == PSAGG_ENONFINITE && err == PCM_ERR_NONFINITE),
+              "bf16(%a): cpu status %d, cuda err %u", v, st, err);
+    }
+    printf("bf16 encode: %llu values bit-identical (+ error codes)\n", (unsigned long long)count);
+    free(x);
+    free(r);
+    free(h);
+}
+
+static void check_16_decode(psagg_codec_id id)
+{
+    psagg_codec c = tc_codec(id, 0, 0, PSAGG_ROUND_NEAREST);
+    uint16_t one;
+    float y;
+    int n = 0;
+    for (uint32_t v = 0; v < 65536; v++) {
+        uint32_t err;
+        float g;
+        one = (uint16_t)v;
+        g = id == PSAGG_CODEC_FP16 ? pcm_f16_to_f32(one, &err) : pcm_bf16_to_f32(one, &err);
+        if (psagg_decode(&c, &one, 2, 1, &y) != PSAGG_OK) {
+            CHECK(err == PCM_ERR_NONFINITE, "%s %04x: cpu rejects, cuda accepts", tc_name(&c), v);
+            continue;
+        }
+        CHECK(err == 0 && tc_f2u(g) == tc_f2u(y), "%s decode %04x: cpu %a vs cuda %a",
+              tc_name(&c), v, y, g);
+        n++;
+    }
+    printf("%s decode: %d finite patterns bit-identical\n", tc_name(&c), n);
+}
+
+/* ---- maxmin: the kernels' algorithm, sequentially, from the pcm_* pieces ---- */
+
+static psagg_status emul_mm_encode(const psagg_codec *c, const float *x, float *res, size_t n,
+                                   psagg_rng_key key, uint8_t *out, size_t *bad)
+{
+    const uint32_t B = c->bucket, b = c->bits, L = (1u << b) - 1;
+    const size_t nb = (n + B - 1) / B, payload_len = 8 * ((n * b + 63) / 64);
+    uint8_t *payload = out + 8 * nb;
+    float *v = tc_xmalloc(B * 4);
+    size_t first_bad = (size_t)-1;
+    uint32_t bad_code = 0;
+
+    for (size_t m = 0; m < nb; m++) {
+        size_t b0 = m * B, bend = b0 + B < n ? b0 + B : n;
+        float lo = INFINITY, hi = -INFINITY, scale, inv;
+        for (size_t k = b0; k < bend; k++) {
+            v[k - b0] = res ? PCM_ADD(x[k], res[k]) : x[k];
+            uint32_t code = pcm_maxmin_check(v[k - b0]);
+            if (code && k < first_bad) {
+                first_bad = k;
+                bad_code = code;
+            }
+            lo = pcm_min(lo, v[k - b0]);
+            hi = pcm_max(hi, v[k - b0]);
+        }
+        pcm_mm_params(lo, hi, L, &scale, &inv);
+        memcpy(out + 8 * m, &scale, 4);
+        memcpy(out + 8 * m + 4, &lo, 4);
+        for (size_t e = b0; e < bend; e += 8) { /* groups of 8 -> b bytes */
+            uint64_t w = 0;
+            size_t cnt = bend - e < 8 ? bend - e : 8, nbytes = (cnt * b + 7) / 8;
+            for (size_t j = 0; j < cnt; j++) {
+                size_t k = e + j;
+                float u = c->rounding == PSAGG_ROUND_STOCHASTIC
+                              ? pcm_rng_uniform(key.k0, key.k1, (uint32_t)k)
+                              : 0.5f;
+                uint32_t q = pcm_mm_level(v[k - b0], lo, scale, inv, PCM_U2F(L), u) & L;
+                w |= (uint64_t)q << (j * b);
+                if (res)
+                    res[k] = PCM_SUB(v[k - b0], pcm_mm_value(lo, scale, q));
+            }
+            for (size_t i = 0; i < nbytes; i++)
+                payload[(e / 8) * b + i] = (uint8_t)(w >> (8 * i));
+        }
+    }
+    for (size_t i = (n * b + 7) / 8; i < payload_len; i++)
+        payload[i] = 0;
+    free(v);
+    if (first_bad != (size_t)-1) {
+        *bad = first_bad;
+        return bad_code == PCM_ERR_NONFINITE ? PSAGG_ENONFINITE : PSAGG_ERANGE;
+    }
+    return PSAGG_OK;
+}
+
+static void emul_mm_decode(const psagg_codec *c, const uint8_t *in, size_t n, float *y)
+{
+    const uint32_t B = c->bucket, b = c->bits, L = (1u << b) - 1;
+    const size_t nb = (n + B - 1) / B;
+    for (size_t k = 0; k < n; k++) {
+        float scale, lo;
+        size_t pos = k * b;
+        uint32_t w = in[8 * nb + pos / 8] | ((pos % 8 + b > 8) ? in[8 * nb + pos / 8 + 1] << 8 : 0);
+        memcpy(&scale, in + 8 * (k / B), 4);
+        memcpy(&lo, in + 8 * (k / B) + 4, 4);
+        CHECK(pcm_mm_meta_ok(scale, lo, L), "meta of bucket %zu rejected", k / B);
+        y[k] = pcm_mm_value(lo, scale, (w >> (pos % 8)) & L);
+    }
+}
+
+static long mm_cases;
+
+static void check_mm(const psagg_codec *c, size_t n, int kind, int with_res, uint64_t seed,
+                     int inject)
+{
+    size_t len = psagg_encoded_size(c, n), bad_ref = 1, bad_got = 2;
+    float *x = tc_xmalloc(n * 4), *r_ref = tc_xmalloc(n * 4), *r_got = tc_xmalloc(n * 4);
+    float *y_ref = tc_xmalloc(n * 4), *y_got = tc_xmalloc(n * 4);
+    uint8_t *e_ref = tc_xmalloc(len), *e_got = tc_xmalloc(len);
+    psagg_rng_key key = psagg_rng_key_make(seed, 7);
+    psagg_status st_ref, st_got;
+
+    tc_fill(x, n, kind, seed, tc_max_exp(c));
+    tc_fill(r_ref, n, (kind + 1) % TC_KIND_COUNT, seed + 99, tc_max_exp(c) - 2);
+    for (size_t i = 0; i < n; i++)
+        r_ref[i] *= 0.25f;
+    if (inject && n) {
+        x[seed % n] = inject == 1 ? NAN : inject == 2 ? -INFINITY : 0x1p126f;
+        r_ref[seed % n] = 0.0f;
+    }
+    memcpy(r_got, r_ref, n * 4);
+    memset(e_ref, 0xA5, len);
+    memset(e_got, 0x5A, len);
+    st_ref = psagg_encode(c, x, with_res ? r_ref : NULL, n, key, e_ref, len, &bad_ref);
+    st_got = emul_mm_encode(c, x, with_res ? r_got : NULL, n, key, e_got, &bad_got);
+    CHECK(st_ref == st_got, "%s n=%zu %s res %d: status cpu %d vs emul %d", tc_name(c), n,
+          tc_kind_name(kind), with_res, st_ref, st_got);
+    if (st_ref != PSAGG_OK) {
+        CHECK(bad_ref == bad_got, "%s n=%zu: bad index cpu %zu vs emul %zu", tc_name(c), n,
+              bad_ref, bad_got);
+    } else {
+        for (size_t i = 0; i < len; i++)
+            CHECK(e_ref[i] == e_got[i], "%s n=%zu %s res %d: byte %zu of %zu: cpu %02x vs %02x",
+                  tc_name(c), n, tc_kind_name(kind), with_res, i, len, e_ref[i], e_got[i]);
+        for (size_t i = 0; with_res && i < n; i++)
+            CHECK(tc_f2u(r_ref[i]) == tc_f2u(r_got[i]), "%s n=%zu: residual[%zu] %a vs %a",
+                  tc_name(c), n, i, r_ref[i], r_got[i]);
+        CHECK(psagg_decode(c, e_ref, len, n, y_ref) == PSAGG_OK, "decode: %s",
+              psagg_last_error());
+        emul_mm_decode(c, e_got, n, y_got);
+        for (size_t i = 0; i < n; i++)
+            CHECK(tc_f2u(y_ref[i]) == tc_f2u(y_got[i]), "%s n=%zu: decoded[%zu] %a vs %a",
+                  tc_name(c), n, i, y_ref[i], y_got[i]);
+    }
+    mm_cases++;
+    free(x);
+    free(r_ref);
+    free(r_got);
+    free(y_ref);
+    free(y_got);
+    free(e_ref);
+    free(e_got);
+}
+
+int main(int argc, char **argv)
+{
+    psagg_codec cs[64];
+    const uint32_t buckets[] = {64, 192, 1024};
+    static const size_t ns[] = {1, 7, 8, 9, 63, 64, 65, 191, 192, 193, 200, 1000, 1023, 1024,
+                                1025, 2049, 3079};
+    size_t nc = tc_codecs(cs, buckets, 3);
+    int quick = argc > 1 && !strcmp(argv[1], "--quick");
+    int full = argc > 1 && !strcmp(argv[1], "--full");
+
+    tc_set_isa(PSAGG_ISA_SCALAR);
+    check_16_decode(PSAGG_CODEC_FP16);
+    check_16_decode(PSAGG_CODEC_BF16);
+    for (size_t ci = 0; ci < nc; ci++) {
+        if (cs[ci].id != PSAGG_CODEC_MAXMIN)
+            continue;
+        for (size_t si = 0; si < sizeof ns / sizeof ns[0]; si++)
+            for (int kind = 0; kind < TC_KIND_COUNT; kind++)
+                for (int wr = 0; wr < 2; wr++)
+                    check_mm(&cs[ci], ns[si], kind, wr, ns[si] * 7 + (uint64_t)kind + ci, 0);
+        for (int inject = 1; inject <= 3; inject++)
+            check_mm(&cs[ci], 1000, TC_KIND_RANDOM, inject & 1, 5 + (uint64_t)inject + ci, inject);
+    }
+    printf("maxmin emulation: %ld cases bit-identical with the scalar reference\n", mm_cases);
+    if (quick) {
+        printf("--quick: exhaustive fp16/bf16 sweeps skipped\n");
+        return 0;
+    }
+    check_fp16_encode(full ? 1 : 3);
+    check_bf16_encode(full ? 1 : 13);
+    printf("OK\n");
+    return 0;
+}
