@@ -238,13 +238,19 @@ static void dec_range(const psagg_codec *c, const uint8_t *in, size_t n, size_t 
         const uint32_t b = c->bits;
         size_t nb = psagg_mm_nbuckets(n, c->bucket);
         const uint8_t *payload = in + 8 * nb;
-        for (size_t j = 0; j < len; j++) {
+        size_t j = 0;
+        while (j < len) { /* bucket by bucket: y = lo + scale * q */
             size_t k = base + j, m = k / c->bucket;
-            float scale, lo, y;
+            size_t end = (m + 1) * c->bucket - base; /* first j of the next bucket */
+            float scale, lo;
             memcpy(&scale, in + 8 * m, 4);
             memcpy(&lo, in + 8 * m + 4, 4);
-            y = lo + scale * (float)get_bits(payload, k, b);
-            out[j] = accumulate ? out[j] + y : y;
+            if (end > len)
+                end = len;
+            for (; j < end; j++) {
+                float y = lo + scale * (float)get_bits(payload, base + j, b);
+                out[j] = accumulate ? out[j] + y : y;
+            }
         }
     }
 }

@@ -1,0 +1,320 @@
+/*
+ * bench_codec.c - psagg-bench-codec: single-core throughput of the codec library.
+ *
+ * For each codec (fp32, fp16, bf16, maxmin 2/4/8 bits SR, B = 1024) and each ISA available:
+ * encode, decode-accumulate, and the fused aggregate with N = 2, 4, 8 inputs. The process is
+ * pinned to the CPU it starts on. Each figure is the best of several timed repetitions after
+ * a warm-up. It prints figures only; it never passes or fails on time.
+ *
+ *   psagg-bench-codec [-n ELEMS] [--quick] [--isa scalar|avx2|avx512] [--codec NAME] [--reps R]
+ *
+ * Bytes touched = bytes read (inputs) + bytes written (outputs), once each:
+ *   encode:      4n (fp32 in)            + E (encoded out)
+ *   decode-add:  E + 4n (encoded + acc)  + 4n (acc out)
+ *   aggregate:   N*E (encoded inputs)    + E (encoded out)        (no server residual)
+ * link Gb/s = compressed bytes per second * 8 / 1e9 (encode: E out; decode: E in;
+ * aggregate: N*E in), i.e. the line rate of compressed traffic one core keeps up with.
+ * Memory roofline: a copy kernel (dst[i] = src[i], SSE2 loads/stores, normal write-allocate
+ * stores like the codecs use) over buffers far larger than the LLC, counted STREAM-style as
+ * read + write bytes; best of several. Every bytes/s figure is also shown as a fraction of it.
+ */
+#include <emmintrin.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "codec.h"
+#include "error.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *xalloc(size_t bytes)
+{
+    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!p) {
+        fprintf(stderr, "out of memory (%zu bytes)\n", bytes);
+        exit(2);
+    }
+    memset(p, 0, bytes); /* fault the pages in before timing */
+    return p;
+}
+
+static void cpu_model(char *buf, size_t len)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    snprintf(buf, len, "unknown");
+    if (!f)
+        return;
+    while (fgets(line, sizeof line, f)) {
+        if (!strncmp(line, "model name", 10)) {
+            char *p = strchr(line, ':');
+            if (p) {
+                p++;
+                while (*p == ' ')
+                    p++;
+                p[strcspn(p, "\n")] = 0;
+                snprintf(buf, len, "%s", p);
+            }
+            break;
+        }
+    }
+    fclose(f);
+}
+
+static int pin_to_current_cpu(void)
+{
+    int cpu = sched_getcpu();
+    cpu_set_t set;
+    if (cpu < 0)
+        return -1;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0)
+        return -1;
+    return cpu;
+}
+
+/* read + write streaming bandwidth in bytes/s (best of reps) */
+static double stream_bw(size_t bytes, int reps)
+{
+    size_t n = bytes / 16;
+    __m128i *a = xalloc(n * 16), *b = xalloc(n * 16);
+    double best = 0;
+    for (size_t i = 0; i < n; i++)
+        a[i] = _mm_set1_epi32((int)i);
+    for (int r = 0; r < reps + 1; r++) {
+        double t0 = now(), t;
+        for (size_t i = 0; i < n; i += 4) {
+            __m128i x0 = _mm_load_si128(a + i), x1 = _mm_load_si128(a + i + 1);
+            __m128i x2 = _mm_load_si128(a + i + 2), x3 = _mm_load_si128(a + i + 3);
+            _mm_store_si128(b + i, x0);
+            _mm_store_si128(b + i + 1, x1);
+            _mm_store_si128(b + i + 2, x2);
+            _mm_store_si128(b + i + 3, x3);
+        }
+        t = now() - t0;
+        __asm__ volatile("" ::"r"(b) : "memory");
+        if (r > 0 && 2.0 * (double)(n * 16) / t > best)
+            best = 2.0 * (double)(n * 16) / t;
+    }
+    free(a);
+    free(b);
+    return best;
+}
+
+typedef struct result {
+    char codec[48];
+    psagg_isa isa;
+    const char *op;
+    int n_in;
+    double sec;
+} result;
+
+static result results[512];
+static int n_results;
+
+static void check(psagg_status st, const char *what)
+{
+    if (st != PSAGG_OK) {
+        fprintf(stderr, "%s failed: %s (%s)\n", what, psagg_strerror(st), psagg_last_error());
+        exit(2);
+    }
+}
+
+static double bw_mem;
+
+static void report(const char *cname, psagg_isa isa, const char *op, int n_in, size_t n, double sec,
+                   double bytes, double link_bytes)
+{
+    result *r = &results[n_results++];
+    snprintf(r->codec, sizeof r->codec, "%s", cname);
+    r->isa = isa;
+    r->op = op;
+    r->n_in = n_in;
+    r->sec = sec;
+    printf("%-18s %-7s %-10s %2s%-2d %9.1f %9.2f %9.2f %8.1f%%\n", cname, psagg_isa_name(isa), op,
+           n_in ? "N=" : "  ", n_in, (double)n / sec / 1e6, bytes / sec / 1e9,
+           link_bytes / sec * 8 / 1e9, 100.0 * bytes / sec / bw_mem);
+    fflush(stdout);
+}
+
+static const result *find(const char *cname, psagg_isa isa, const char *op, int n_in)
+{
+    for (int i = 0; i < n_results; i++)
+        if (!strcmp(results[i].codec, cname) && results[i].isa == isa &&
+            !strcmp(results[i].op, op) && results[i].n_in == n_in)
+            return &results[i];
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    size_t n = (size_t)16 << 20, stream_bytes = (size_t)512 << 20;
+    int reps = 5, quick = 0, isa_only = -1;
+    const char *codec_only = NULL;
+    static const char *codec_names[] = {
+        "fp32", "fp16", "bf16", "maxmin2/1024/sr", "maxmin4/1024/sr", "maxmin8/1024/sr"};
+    static const int n_ins[] = {2, 4, 8};
+    char model[256];
+    int cpu;
+
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) {
+            quick = 1;
+        } else if (!strcmp(argv[i], "-n") && i + 1 < argc) {
+            n = strtoull(argv[++i], NULL, 0);
+        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+            reps = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
+            const char *s = argv[++i];
+            for (int k = 0; k < PSAGG_ISA_COUNT; k++)
+                if (!strcmp(s, psagg_isa_name((psagg_isa)k)))
+                    isa_only = k;
+            if (isa_only < 0) {
+                fprintf(stderr, "--isa: scalar, avx2 or avx512\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--codec") && i + 1 < argc) {
+            codec_only = argv[++i];
+        } else {
+            fprintf(stderr,
+                    "usage: %s [-n ELEMS] [--quick] [--reps R] [--isa scalar|avx2|avx512] "
+                    "[--codec NAME (e.g. maxmin4/1024/sr)]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    if (quick) {
+        n = (size_t)1 << 20;
+        reps = 3;
+        stream_bytes = (size_t)128 << 20;
+    }
+    if (reps < 1)
+        reps = 1;
+    cpu = pin_to_current_cpu();
+    cpu_model(model, sizeof model);
+    printf("psagg-bench-codec: %s; pinned to cpu %d%s; n = %zu elements; best of %d after a "
+           "warm-up\n",
+           model, cpu, cpu < 0 ? " (pinning FAILED)" : "", n, reps);
+    printf("ISAs:");
+    for (int k = 0; k < PSAGG_ISA_COUNT; k++)
+        printf(" %s%s", psagg_isa_name((psagg_isa)k),
+               psagg_isa_supported((psagg_isa)k) ? "" : "(unavailable)");
+    printf("; default path %s\n", psagg_isa_name(psagg_codec_isa()));
+    bw_mem = stream_bw(stream_bytes, reps);
+    printf("memory roofline (copy kernel, 2 x %zu MiB, read+write bytes): %.2f GB/s\n\n",
+           stream_bytes >> 20, bw_mem / 1e9);
+    printf("%-18s %-7s %-10s %4s %9s %9s %9s %9s\n", "codec", "isa", "op", "", "Melem/s", "GB/s",
+           "link Gb/s", "of mem BW");
+
+    for (size_t ci = 0; ci < sizeof codec_names / sizeof codec_names[0] + (codec_only ? 1 : 0);
+         ci++) {
+        psagg_codec c;
+        char cname[48];
+        size_t E;
+        float *x, *acc;
+        uint8_t *in[8], *out;
+        const void *inp[8];
+        const char *name;
+        if (codec_only) {
+            if (ci > 0)
+                break;
+            name = codec_only;
+        } else {
+            name = codec_names[ci];
+        }
+        check(psagg_codec_parse(name, &c), "codec parse");
+        check(psagg_codec_check(&c), "codec check");
+        psagg_codec_name(&c, cname, sizeof cname);
+        E = psagg_encoded_size(&c, n);
+        x = xalloc(4 * n);
+        acc = xalloc(4 * n);
+        out = xalloc(E);
+        {
+            uint64_t s = 12345;
+            for (size_t i = 0; i < n; i++) {
+                s = s * 6364136223846793005ull + 1442695040888963407ull;
+                x[i] = (float)((int32_t)(s >> 32)) * 0x1p-31f;
+            }
+        }
+        for (int i = 0; i < 8; i++) {
+            in[i] = xalloc(E);
+            check(psagg_encode(&c, x, NULL, n, psagg_rng_key_make(1, (uint64_t)i), in[i], E, NULL),
+                  "encode input");
+            inp[i] = in[i];
+        }
+        for (int isa = 0; isa < PSAGG_ISA_COUNT; isa++) {
+            double best;
+            if (!psagg_isa_supported((psagg_isa)isa) || (isa_only >= 0 && isa != isa_only))
+                continue;
+            check(psagg_codec_set_isa((psagg_isa)isa), "set isa");
+            /* encode */
+            best = 1e30;
+            for (int r = 0; r <= reps; r++) {
+                double t0 = now(), t;
+                check(
+                    psagg_encode(&c, x, NULL, n, psagg_rng_key_make(2, (uint64_t)r), out, E, NULL),
+                    "encode");
+                t = now() - t0;
+                if (r > 0 && t < best)
+                    best = t;
+            }
+            report(cname, (psagg_isa)isa, "encode", 0, n, best, 4.0 * n + E, (double)E);
+            /* decode-accumulate */
+            best = 1e30;
+            for (int r = 0; r <= reps; r++) {
+                double t0 = now(), t;
+                check(psagg_decode_add(&c, in[0], E, n, acc), "decode_add");
+                t = now() - t0;
+                if (r > 0 && t < best)
+                    best = t;
+            }
+            report(cname, (psagg_isa)isa, "decode-add", 0, n, best, (double)E + 8.0 * n, (double)E);
+            /* fused aggregate */
+            for (size_t k = 0; k < 3; k++) {
+                int N = n_ins[k];
+                best = 1e30;
+                for (int r = 0; r <= reps; r++) {
+                    double t0 = now(), t;
+                    check(psagg_aggregate(&c, inp, (size_t)N, E, n, NULL,
+                                          psagg_rng_key_make(3, (uint64_t)r), out, E, NULL),
+                          "aggregate");
+                    t = now() - t0;
+                    if (r > 0 && t < best)
+                        best = t;
+                }
+                report(cname, (psagg_isa)isa, "aggregate", N, n, best, (double)E * (N + 1),
+                       (double)E * N);
+            }
+        }
+        for (int i = 0; i < 8; i++)
+            free(in[i]);
+        free(x);
+        free(acc);
+        free(out);
+    }
+
+    {
+        const result *s = find("maxmin4/1024/sr", PSAGG_ISA_SCALAR, "aggregate", 8);
+        const result *v = find("maxmin4/1024/sr", PSAGG_ISA_AVX512, "aggregate", 8);
+        printf("\nTARGET fused aggregate maxmin4/1024/sr N=8: ");
+        if (s && v) {
+            psagg_codec c = {.id = PSAGG_CODEC_MAXMIN, .bits = 4, .bucket = 1024, .rounding = 0};
+            double bytes = (double)psagg_encoded_size(&c, n) * 9;
+            printf("avx512 %.1f Melem/s, %.1fx scalar (target >= 15x), %.1f%% of the memory "
+                   "roofline (target >= 30%%)\n",
+                   (double)n / v->sec / 1e6, s->sec / v->sec, 100.0 * bytes / v->sec / bw_mem);
+        } else {
+            printf("not measured (needs both scalar and avx512 runs of that codec)\n");
+        }
+    }
+    return 0;
+}
