@@ -308,8 +308,8 @@ class Bench:
             return None, ("timed out" if to else "failed") + f" (log {p.logpath})"
         return res, ""
 
-    def write_config(self, path, job, server_hosts, codec):
-        servers = " ".join(f"10.77.0.{10 + h}:{SERVER_PORT}" for h in server_hosts)
+    def write_config(self, path, job, server_hosts, codec, port):
+        servers = " ".join(f"10.77.0.{10 + h}:{port}" for h in server_hosts)
         text = (f"[cluster]\njob_id = {job}\nservers = {servers}\nworkers = {self.a.workers}\n"
                 f"provider = tcp\nconnect_timeout_ms = 60000\nop_timeout_ms = 120000\n"
                 f"[codec]\ndefault = {codec}\n")
@@ -323,10 +323,13 @@ class Bench:
         path = self.model_path(model)
         cfg = os.path.join(self.logdir, f"{tag}-psagg-{codec}.ini")
         job = f"bench-{self.run_id}-{tag}-{codec}"
+        # a fresh port per run: a server's listening port may linger in TIME_WAIT
+        self.psagg_seq = getattr(self, "psagg_seq", -1) + 1
+        port = SERVER_PORT + self.psagg_seq % 100
         if c.dry:
-            print(f"    # {cfg}:\n" + "".join(f"    #   {l}\n" for l in self.write_config(None, job, server_hosts, codec).splitlines()))
+            print(f"    # {cfg}:\n" + "".join(f"    #   {l}\n" for l in self.write_config(None, job, server_hosts, codec, port).splitlines()))
         else:
-            self.write_config(cfg, job, server_hosts, codec)
+            self.write_config(cfg, job, server_hosts, codec, port)
         servers = []
         for i, h in enumerate(server_hosts):
             servers.append(c.start(h, [self.server_bin, "--config", cfg, "--rank", str(i)],
@@ -340,11 +343,11 @@ class Bench:
                     for s in servers:
                         if s.poll() is not None:
                             return None, f"server exited with {s.returncode} (log {s.logpath})"
-                    pending = [(i, h) for i, h in pending if not c.listening(h, SERVER_PORT)]
+                    pending = [(i, h) for i, h in pending if not c.listening(h, port)]
                     if pending:
                         time.sleep(0.1)
                 if pending:
-                    log(f"servers {[i for i, _ in pending]} not listening on :{SERVER_PORT} after 20 s; starting workers anyway")
+                    log(f"servers {[i for i, _ in pending]} not listening on :{port} after 20 s; starting workers anyway")
             for r in range(n):
                 env = {"PSAGG_CONFIG": cfg, "PSAGG_RANK": str(r), "PSAGG_WORLD_SIZE": str(n)}
                 argv = [self.exchange_bin, "--model", path, "--codec", codec, "--steps", str(self.a.steps),

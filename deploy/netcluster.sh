@@ -267,11 +267,16 @@ nc_main() {
             [ -n "$hosts" ] && [ -n "$rate" ] && [ $# -ge 1 ] || nc_die "usage: run --hosts H --rate R [--delay D] [--prefix P] -- cmd..."
             [ -n "$prefix" ] || prefix=$(nc_new_prefix)
             nc_check_prefix "$prefix"
+            local child=""
             trap 'nc_down "$prefix"' EXIT
-            trap 'exit 130' INT
-            trap 'exit 143' TERM
+            # the command runs in the background so that INT/TERM reach this shell at once
+            # (bash defers traps while a foreground child runs): stop it, then tear down.
+            trap '[ -n "$child" ] && kill -TERM "$child" 2>/dev/null; exit 130' INT
+            trap '[ -n "$child" ] && kill -TERM "$child" 2>/dev/null; exit 143' TERM
             nc_up "$prefix" "$hosts" "$rate" "$delay" "$$"
-            NETCLUSTER_PREFIX=$prefix NETCLUSTER_HOSTS=$hosts NETCLUSTER_RATE=$rate "$@"
+            NETCLUSTER_PREFIX=$prefix NETCLUSTER_HOSTS=$hosts NETCLUSTER_RATE=$rate "$@" <&0 &
+            child=$!
+            wait "$child"
             exit $? ;;
         info) [ -n "$prefix" ] || nc_die "info needs --prefix"; nc_info "$prefix" ;;
         addr) [ -n "$idx" ] || nc_die "usage: addr I"; nc_addr "$prefix" "$idx" ;;
