@@ -1,0 +1,287 @@
+#!/usr/bin/env bash
+# test_launcher.sh - functional test of deploy/psagg-local with fake servers and workers.
+#
+# Usage: tests/functional/test_launcher.sh [LAUNCHER]   (default: <repo>/deploy/psagg-local)
+#
+# Checks: the success path (exit 0, prefixed stdout and stderr lines from every rank, rank
+# environment, config path, arguments), --workers/--servers overrides, a failing worker
+# (non-zero exit naming it; every other process, grandchildren included, gone), a server
+# dying early, a server that ignores SIGTERM (SIGKILL after --grace), SIGINT and SIGTERM to
+# the launcher (130/143, nothing left), --timeout (124), and usage errors. Every launcher run
+# has its own time limit; the whole test takes a few seconds. Exit 0 = all passed.
+set -u
+
+here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd -- "$here/../.." && pwd)
+launcher=${1:-$repo/deploy/psagg-local}
+conf=$(realpath -- "$repo/conf/local.ini")
+T=$(mktemp -d "${TMPDIR:-/tmp}/psagg-test-launcher.XXXXXX") || exit 1
+export T
+failures=0
+started=$SECONDS
+
+# Fake processes record their pids (and their background children's) under $T/pids.
+kill_recorded() {
+    local f
+    for f in "$T"/pids/*; do
+        [[ -e $f ]] && kill -KILL "${f##*.}" 2>/dev/null
+    done
+}
+cleanup() {
+    kill_recorded
+    rm -rf -- "$T"
+}
+trap cleanup EXIT
+
+fail() {
+    echo "FAIL: $*" >&2
+    failures=$((failures + 1))
+}
+pass() { echo "ok: $*"; }
+
+[[ -x $launcher ]] || {
+    echo "FAIL: launcher $launcher is not executable" >&2
+    exit 1
+}
+command -v ps >/dev/null || {
+    echo "SKIP: ps (procps) is needed to look for leftover processes" >&2
+    exit 77
+}
+
+mkdir -p "$T/pids"
+cat >"$T/fakeserver" <<'EOF'
+#!/bin/sh
+# Fake psagg-server: records its pid, prints its environment, sleeps until SIGTERM.
+echo $$ >"$T/pids/server.$PSAGG_SERVER_RANK.$$"
+echo "server up rank=$PSAGG_SERVER_RANK cfg=$PSAGG_CONFIG wrank=${PSAGG_RANK-unset} args=$*"
+echo "server stderr rank=$PSAGG_SERVER_RANK" >&2
+if [ -n "${FAKE_SERVER_IGNORE_TERM:-}" ]; then
+    trap '' TERM
+else
+    trap 'echo "server $PSAGG_SERVER_RANK got TERM"; exit 0' TERM
+fi
+if [ "${FAKE_SERVER_DIE_RANK:-none}" = "$PSAGG_SERVER_RANK" ]; then
+    sleep 0.3
+    echo "server $PSAGG_SERVER_RANK dying"
+    exit 5
+fi
+while :; do
+    sleep 1 &
+    echo $! >"$T/pids/server-sleep.$PSAGG_SERVER_RANK.$!"
+    wait $!
+done
+EOF
+cat >"$T/fakeworker" <<'EOF'
+#!/bin/sh
+# Fake worker. FAKE_MODE: ok (print and exit 0), fail (rank 2 exits 3, the others hang),
+# hang (all hang). Hanging workers leave a background grandchild in their process group.
+echo $$ >"$T/pids/worker.$PSAGG_RANK.$$"
+echo "worker rank=$PSAGG_RANK size=$PSAGG_WORLD_SIZE cfg=$PSAGG_CONFIG srank=${PSAGG_SERVER_RANK-unset} cw=${PSAGG_CLUSTER_WORKERS-unset} cs=${PSAGG_CLUSTER_SERVERS-unset} args=$*"
+echo "worker stderr rank=$PSAGG_RANK" >&2
+case $FAKE_MODE in
+ok) exit 0 ;;
+fail | hang)
+    sleep 300 &
+    echo $! >"$T/pids/grandchild.$PSAGG_RANK.$!"
+    touch "$T/ready.$PSAGG_RANK"
+    if [ "$FAKE_MODE" = fail ] && [ "$PSAGG_RANK" = 2 ]; then
+        sleep 0.3
+        exit 3
+    fi
+    wait
+    ;;
+esac
+EOF
+chmod +x "$T/fakeserver" "$T/fakeworker"
+
+# Run the launcher with a hard limit; stdout -> $T/out, stderr -> $T/err, status -> $rc.
+run() {
+    timeout -k 5 30 "$launcher" "$@" >"$T/out" 2>"$T/err"
+    rc=$?
+}
+
+# No process from this test may survive a launcher run (zombies awaiting a slow init are
+# already dead and do not count).
+check_no_leftovers() { # case name
+    local f pid st left="" listing
+    for f in "$T"/pids/*; do
+        [[ -e $f ]] || continue
+        pid=${f##*.}
+        st=$(ps -o stat= -p "$pid" 2>/dev/null)
+        if [[ -n $st && $st != Z* ]]; then
+            left+=" $(basename -- "$f")"
+        fi
+    done
+    listing=$(ps -eo stat=,args=)
+    if grep -v '^Z' <<<"$listing" | grep -qF -- "$T/"; then
+        left+=" [$(grep -v '^Z' <<<"$listing" | grep -F -- "$T/" | tr '\n' ';')]"
+    fi
+    if [[ -n $left ]]; then
+        fail "$1: processes left behind:$left"
+        kill_recorded
+    else
+        pass "$1: no processes left"
+    fi
+    rm -f "$T"/pids/* "$T"/ready.*
+}
+
+expect_line() { # case file line
+    grep -qxF -- "$3" "$2" || fail "$1: no line '$3' in $(basename -- "$2"):$(sed 's/^/    /' "$2")"
+}
+
+count() { # glob: number of existing matches
+    local n=0 f
+    for f in "$@"; do [[ -e $f ]] && n=$((n + 1)); done
+    echo "$n"
+}
+
+# Wait until every worker has reported ready and the servers have started (at most 10 s).
+wait_ready() { # n_workers n_servers
+    local i
+    for ((i = 0; i < 200; i++)); do
+        if (($(count "$T"/ready.*) >= $1 && $(count "$T"/pids/server.*) >= $2)); then
+            return 0
+        fi
+        sleep 0.05
+    done
+    return 1
+}
+
+# ---- 1. success: every rank prints, ranks and config are right, servers are stopped ----
+FAKE_MODE=ok run --config "$repo/conf/local.ini" --server-bin "$T/fakeserver" -- "$T/fakeworker" a 'b c'
+if ((rc == 0)); then pass "success: exit 0"; else fail "success: exit $rc; stderr: $(cat "$T/err")"; fi
+for i in 0 1 2 3; do
+    expect_line success "$T/out" "[worker $i] worker rank=$i size=4 cfg=$conf srank=unset cw=unset cs=unset args=a b c"
+    expect_line success "$T/out" "[worker $i] worker stderr rank=$i"
+done
+for i in 0 1; do
+    expect_line success "$T/out" "[server $i] server up rank=$i cfg=$conf wrank=unset args=--config $conf --rank $i"
+    expect_line success "$T/out" "[server $i] server stderr rank=$i"
+    expect_line success "$T/out" "[server $i] server $i got TERM"
+done
+n=$(grep -c '^\[worker' "$T/out")
+((n == 8)) || fail "success: expected 8 worker lines, got $n"
+grep -v '^\[\(worker [0-3]\|server [01]\)\] ' "$T/out" | grep -q . &&
+    fail "success: unprefixed or unexpected lines: $(grep -v '^\[\(worker [0-3]\|server [01]\)\] ' "$T/out")"
+check_no_leftovers success
+
+# A plain `sh -c` program, and PSAGG_SERVER_BIN instead of --server-bin.
+# shellcheck disable=SC2016 # expanded by the worker's sh
+PSAGG_SERVER_BIN=$T/fakeserver timeout -k 5 30 "$launcher" --config "$repo/conf/local.ini" -- \
+    sh -c 'echo "sh rank $PSAGG_RANK of $PSAGG_WORLD_SIZE"' >"$T/out" 2>"$T/err"
+rc=$?
+((rc == 0)) || fail "sh -c: exit $rc; stderr: $(cat "$T/err")"
+for i in 0 1 2 3; do expect_line "sh -c" "$T/out" "[worker $i] sh rank $i of 4"; done
+expect_line "sh -c" "$T/out" "[server 1] server 1 got TERM"
+check_no_leftovers "sh -c"
+
+# ---- 2. --workers / --servers override the config and are passed on ----
+FAKE_MODE=ok run --config "$repo/conf/local.ini" --server-bin "$T/fakeserver" --workers 2 --servers 1 -- "$T/fakeworker"
+((rc == 0)) || fail "overrides: exit $rc; stderr: $(cat "$T/err")"
+for i in 0 1; do
+    expect_line overrides "$T/out" "[worker $i] worker rank=$i size=2 cfg=$conf srank=unset cw=2 cs=127.0.0.1:19500 args="
+done
+grep -q '^\[worker 2\]' "$T/out" && fail "overrides: a third worker ran"
+grep -q '^\[server 1\]' "$T/out" && fail "overrides: a second server ran"
+expect_line overrides "$T/out" "[server 0] server 0 got TERM"
+check_no_leftovers overrides
+
+# ---- 3. a failing worker stops everything ----
+t0=$SECONDS
+FAKE_MODE=fail run --config "$repo/conf/local.ini" --server-bin "$T/fakeserver" -- "$T/fakeworker"
+((rc != 0)) || fail "worker fails: launcher exited 0"
+((rc != 124 && rc != 137)) || fail "worker fails: launcher hit the test's time limit (rc $rc)"
+grep -q 'worker 2 failed with exit code 3' "$T/err" ||
+    fail "worker fails: stderr does not name worker 2 and code 3: $(cat "$T/err")"
+((SECONDS - t0 < 10)) || fail "worker fails: took $((SECONDS - t0)) s"
+(($(count "$T"/pids/grandchild.*) == 4)) || fail "worker fails: not every worker started"
+[[ $rc != 0 ]] && pass "worker fails: exit $rc"
+check_no_leftovers "worker fails"
+
+# A worker killed by a signal is named with the signal, without bash's job notices.
+# shellcheck disable=SC2016 # expanded by the worker's sh
+run --config "$repo/conf/local.ini" --server-bin "$T/fakeserver" -- \
+    sh -c 'echo $$ >"$T/pids/worker.$PSAGG_RANK.$$"; [ "$PSAGG_RANK" = 1 ] && kill -KILL $$; sleep 300'
+((rc == 1)) || fail "worker killed: exit $rc, expected 1"
+grep -q 'worker 1 failed with status 137 (killed by SIGKILL)' "$T/err" ||
+    fail "worker killed: stderr does not name worker 1 and SIGKILL: $(cat "$T/err")"
+grep -q 'setsid' "$T/err" && fail "worker killed: bash job notices leaked: $(cat "$T/err")"
+((rc == 1)) && pass "worker killed: exit 1"
+check_no_leftovers "worker killed"
+
+# ---- 4. a server that dies before the workers finish ----
+FAKE_MODE=hang FAKE_SERVER_DIE_RANK=1 run --config "$repo/conf/local.ini" --server-bin "$T/fakeserver" -- "$T/fakeworker"
+((rc == 1)) || fail "server dies: exit $rc, expected 1"
+grep -q 'server 1 exited with exit code 5 before the workers finished' "$T/err" ||
+    fail "server dies: stderr does not name server 1 and code 5: $(cat "$T/err")"
+((rc == 1)) && pass "server dies: exit 1"
+check_no_leftovers "server dies"
+
+# ---- 5. a server that ignores SIGTERM is killed after --grace ----
+t0=$SECONDS
+FAKE_MODE=ok FAKE_SERVER_IGNORE_TERM=1 run --config "$repo/conf/local.ini" --server-bin "$T/fakeserver" --grace 1 -- "$T/fakeworker"
+((rc == 0)) || fail "SIGKILL escalation: exit $rc; stderr: $(cat "$T/err")"
+grep -q 'did not stop after SIGTERM; sending SIGKILL' "$T/err" ||
+    fail "SIGKILL escalation: no SIGKILL message: $(cat "$T/err")"
+((SECONDS - t0 < 8)) || fail "SIGKILL escalation: took $((SECONDS - t0)) s"
+grep -q 'setsid' "$T/err" && fail "SIGKILL escalation: bash job notices leaked: $(cat "$T/err")"
+((rc == 0)) && pass "SIGKILL escalation: exit 0"
+check_no_leftovers "SIGKILL escalation"
+
+# ---- 6. SIGINT and SIGTERM to the launcher ----
+# Job control gives the background launcher default SIGINT handling (a script's background
+# jobs otherwise start with SIGINT ignored, which no trap can undo).
+for sig in INT TERM; do
+    [[ $sig == INT ]] && want=130 || want=143
+    set -m
+    FAKE_MODE=hang timeout -k 5 30 "$launcher" --config "$repo/conf/local.ini" \
+        --server-bin "$T/fakeserver" -- "$T/fakeworker" >"$T/out" 2>"$T/err" &
+    lpid=$!
+    set +m
+    if wait_ready 4 2; then
+        # signal the launcher itself (timeout(1) runs it as its child)
+        kill "-$sig" "$(pgrep -P "$lpid" -f psagg-local || echo "$lpid")"
+        wait "$lpid"
+        rc=$?
+        if ((rc == want)); then
+            pass "SIG$sig: exit $rc"
+        else
+            fail "SIG$sig: exit $rc, expected $want; stderr: $(cat "$T/err")"
+        fi
+        grep -q "got SIG$sig" "$T/err" || fail "SIG$sig: no message: $(cat "$T/err")"
+    else
+        fail "SIG$sig: workers never became ready: $(cat "$T/err")"
+        kill -TERM "$lpid" 2>/dev/null
+        wait "$lpid"
+    fi
+    check_no_leftovers "SIG$sig"
+done
+
+# ---- 7. --timeout ----
+t0=$SECONDS
+FAKE_MODE=hang run --config "$repo/conf/local.ini" --server-bin "$T/fakeserver" --timeout 1 -- "$T/fakeworker"
+if ((rc == 124)); then
+    pass "timeout: exit 124"
+else
+    fail "timeout: exit $rc, expected 124; stderr: $(cat "$T/err")"
+fi
+grep -q 'timed out after 1s' "$T/err" || fail "timeout: no message: $(cat "$T/err")"
+((SECONDS - t0 < 8)) || fail "timeout: took $((SECONDS - t0)) s"
+check_no_leftovers timeout
+
+# ---- 8. usage errors start nothing ----
+run --server-bin "$T/fakeserver" -- true
+((rc == 2)) || fail "usage: no --config gave $rc"
+run --config "$repo/conf/local.ini" --server-bin "$T/fakeserver"
+((rc == 2)) || fail "usage: no program gave $rc"
+run --config "$T/nonexistent.ini" --server-bin "$T/fakeserver" -- true
+((rc == 2)) || fail "usage: missing config gave $rc"
+run --config "$repo/conf/local.ini" --server-bin "$T/fakeserver" --servers 3 -- true
+((rc == 2)) || fail "usage: --servers 3 with 2 addresses gave $rc"
+run --config "$repo/conf/local.ini" --server-bin "$T/nonexistent" -- true
+((rc == 2)) || fail "usage: missing server binary gave $rc"
+[[ -z $(ls "$T/pids") ]] || fail "usage: processes were started"
+pass "usage errors"
+
+echo "test_launcher: $failures failure(s) in $((SECONDS - started)) s"
+((failures == 0))
