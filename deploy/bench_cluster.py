@@ -61,6 +61,7 @@ PYTHON_TORCH = "/usr/bin/python3"
 
 CSV_FIELDS = ["model", "rate_gbit", "placement", "servers", "workers", "system", "codec", "status",
               "median_ms", "p10_ms", "p90_ms", "wire_limit_ms", "wire_efficiency", "busiest_link_bytes",
+              "measured_link_bytes",
               "speedup_vs_gloo", "speedup_vs_mpi", "steps", "warmup", "note"]
 
 
@@ -176,6 +177,21 @@ class Cluster:
         for p in self.procs:
             self.stop(p, grace=2.0)
         self.procs = []
+
+    def counters(self):
+        """Bytes sent so far by each shaped qdisc: {("up"|"down", host): bytes}."""
+        out = {}
+        if self.dry or not self.up_done:
+            return out
+        for h in range(self.hosts):
+            for d, ns, dev in (("up", f"{self.prefix}-h{h}", f"{self.prefix}h{h}"),
+                               ("down", f"{self.prefix}-br", f"{self.prefix}b{h}")):
+                r = subprocess.run(["ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", dev],
+                                   capture_output=True, text=True)
+                m = re.search(r"qdisc tbf .*?Sent (\d+) bytes", r.stdout, re.S)
+                if m:
+                    out[(d, h)] = int(m.group(1))
+        return out
 
     def listening(self, host, port):
         ns = f"{self.prefix}-h{host}"
@@ -380,11 +396,21 @@ class Bench:
                 f"{row['codec']:8s} {row['status']}" + (f" median {med} ms (wire {row['wire_limit_ms']} ms)"
                                                          if med != "" else f" {row['note']}"))
 
-    def result_row(self, model, rate, placement, servers, system, codec, res, err, wire_ms=None):
+    def measured(self, before, after):
+        """Bytes per step on the busiest shaped link direction during a run, from the tbf
+        counters (start-up, warm-up and barrier traffic included, hence a slight excess):
+        evidence that the traffic crossed the emulated links."""
+        deltas = [after[k] - before.get(k, 0) for k in after]
+        if not deltas:
+            return ""
+        return f"{max(deltas) / (self.a.steps + self.a.warmup):.0f}"
+
+    def result_row(self, model, rate, placement, servers, system, codec, res, err, wire_ms=None, measured=""):
         if res is None:
             status = "dry-run" if self.a.dry_run else "failed"
             return self.add_row(model=model, rate_gbit=f"{rate_bps(rate) / 1e9:g}", placement=placement,
-                                servers=servers, system=system, codec=codec, status=status, note=err)
+                                servers=servers, system=system, codec=codec, status=status, note=err,
+                                measured_link_bytes=measured)
         med = float(res["median_ms"])
         busiest = res.get("busiest_link_bytes", "")
         if wire_ms is None and busiest:
@@ -394,7 +420,7 @@ class Bench:
                      p10_ms=f"{float(res['p10_ms']):.1f}", p90_ms=f"{float(res['p90_ms']):.1f}",
                      wire_limit_ms=f"{wire_ms:.1f}" if wire_ms is not None else "",
                      wire_efficiency=f"{wire_ms / med:.2f}" if wire_ms else "",
-                     busiest_link_bytes=busiest, note=err)
+                     busiest_link_bytes=busiest, measured_link_bytes=measured, note=err)
 
     def run(self):
         os.makedirs(self.logdir, exist_ok=True) if not self.a.dry_run else None
@@ -429,8 +455,11 @@ class Bench:
                                     continue
                                 if self.a.dry_run:
                                     print(f"  # {system} {model} fp32")
+                                c.up()
+                                before = c.counters()
                                 res, err = fn(c, model, rate, tag)
-                                self.result_row(model, rate, "", "", system, "fp32", res, err, wire_ms=ring_ms)
+                                self.result_row(model, rate, "", "", system, "fp32", res, err, wire_ms=ring_ms,
+                                                measured=self.measured(before, c.counters()))
                         if "psagg" in self.a.systems:
                             for codec in self.a.codecs:
                                 if self.have.get("psagg"):
@@ -440,8 +469,11 @@ class Bench:
                                     continue
                                 if self.a.dry_run:
                                     print(f"  # psagg {model} {codec} {placement}")
+                                c.up()
+                                before = c.counters()
                                 res, err = self.run_psagg(c, model, rate, placement, server_hosts, codec, tag)
-                                self.result_row(model, rate, placement, s, "psagg", codec, res, err)
+                                self.result_row(model, rate, placement, s, "psagg", codec, res, err,
+                                                measured=self.measured(before, c.counters()))
                     baselines_done = True
                 finally:
                     c.down()
@@ -462,9 +494,9 @@ class Bench:
 
     def table(self):
         cols = ["model", "rate_gbit", "placement", "system", "codec", "status", "median_ms", "p10_ms", "p90_ms",
-                "wire_limit_ms", "wire_efficiency", "speedup_vs_gloo", "speedup_vs_mpi"]
+                "wire_limit_ms", "wire_efficiency", "measured_link_bytes", "speedup_vs_gloo", "speedup_vs_mpi"]
         heads = ["model", "Gbit/s", "servers", "system", "codec", "status", "median ms", "p10", "p90",
-                 "wire ms", "wire/med", "x gloo", "x mpi"]
+                 "wire ms", "wire/med", "link B/step", "x gloo", "x mpi"]
         data = [[str(r[c]) if c != "placement" else (r[c] or "-") for c in cols] for r in self.rows]
         w = [max(len(h), *(len(d[i]) for d in data)) if data else len(h) for i, h in enumerate(heads)]
         lines = ["  ".join(h.ljust(w[i]) for i, h in enumerate(heads)), "  ".join("-" * x for x in w)]
@@ -586,6 +618,10 @@ def main():
     except Interrupted as e:
         log(f"interrupted ({e}): tearing down, writing what was measured")
         rc = 130
+    except subprocess.CalledProcessError as e:
+        log(f"emulated cluster set-up failed ({' '.join(e.cmd[:2])}, exit {e.returncode}): stopping; "
+            "writing what was measured")
+        rc = 1
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
