@@ -29,7 +29,8 @@ void psagg_log_init(const char *role, int level)
 {
     if (role)
         snprintf(log_role, sizeof log_role, "%s", role);
-    log_level = level >= 0 ? level : level_from_env();
+    /* PSAGG_LOG_LEVEL, when set, wins over the configured level */
+    log_level = level >= 0 && !getenv("PSAGG_LOG_LEVEL") ? level : level_from_env();
 }
 
 int psagg_log_enabled(int level)
