@@ -148,16 +148,14 @@ typedef struct mm_ctx {
     uint32_t b, gbytes; /* bits; payload bytes per 16 elements (2b) */
     size_t n, nb, plen;
     __m512i ctrl, shifts, lmask; /* unpack */
-    __m128i cnt_a, cnt_b, cnt_c; /* pack shift counts: 32-b, 2b, 4b */
-    __m512i perm04;
-    __m128i packshuf;
     __m512 Lf;
+    uint64_t pext_mask; /* b low bits of every byte */
 } mm_ctx;
 
 static void mm_init(mm_ctx *t, const psagg_codec *c, size_t n)
 {
     uint32_t b = c->bits;
-    uint8_t ctrl[64], ps[16];
+    uint8_t ctrl[64];
     uint32_t sh[16];
     t->b = b;
     t->gbytes = 2 * b;
@@ -172,55 +170,52 @@ static void mm_init(mm_ctx *t, const psagg_codec *c, size_t n)
         ctrl[4 * j + 3] = 0x80;
         sh[j] = s;
     }
-    for (unsigned i = 0; i < 16; i++)
-        ps[i] = (uint8_t)(i < b ? i : i < 2 * b ? 8 + i - b : 0x80);
     t->ctrl = _mm512_loadu_si512(ctrl);
     t->shifts = _mm512_loadu_si512(sh);
     t->lmask = _mm512_set1_epi32((int)((1u << b) - 1));
-    t->cnt_a = _mm_cvtsi32_si128((int)(32 - b));
-    t->cnt_b = _mm_cvtsi32_si128((int)(2 * b));
-    t->cnt_c = _mm_cvtsi32_si128((int)(4 * b));
-    t->perm04 = _mm512_set_epi64(0, 0, 0, 0, 0, 0, 4, 0);
-    t->packshuf = _mm_loadu_si128((const __m128i *)ps);
     t->Lf = _mm512_set1_ps((float)((1u << b) - 1));
+    t->pext_mask = 0x0101010101010101ull * ((1u << b) - 1);
 }
 
-/* Levels of 16 elements whose 2b payload bytes start at p (16 bytes readable). */
-static inline __m512i mm_unpack_bytes(const mm_ctx *t, __m512i w)
+/* Pack 16 levels (lanes beyond n already 0) into 2b bytes at p; room = bytes writable.
+ * One byte per level (vpmovdb), then BMI2 pext keeps the b low bits of each byte. */
+static inline void mm_pack(uint32_t b, uint64_t pext_mask, __m512i q, uint8_t *p, size_t room)
 {
-    w = _mm512_shuffle_epi8(w, t->ctrl);
-    w = _mm512_srlv_epi32(w, t->shifts);
-    return _mm512_and_si512(w, t->lmask);
-}
-
-static inline __m512i mm_unpack_fast(const mm_ctx *t, const uint8_t *p)
-{
-    return mm_unpack_bytes(t, _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p)));
-}
-
-/* Same, reading only avail (< 16) bytes. */
-static inline __m512i mm_unpack_tail(const mm_ctx *t, const uint8_t *p, size_t avail)
-{
-    __m128i raw = _mm_maskz_loadu_epi8((__mmask16)((1u << avail) - 1), p);
-    return mm_unpack_bytes(t, _mm512_broadcast_i32x4(raw));
-}
-
-/* Pack 16 levels (lanes beyond n already 0) into 2b bytes at p; room = bytes writable. */
-static inline void mm_pack(const mm_ctx *t, __m512i q, uint8_t *p, size_t room)
-{
-    __m512i s1 = _mm512_or_si512(_mm512_srl_epi64(q, t->cnt_a),
-                                 _mm512_and_si512(q, _mm512_set1_epi64(0xFFFFFFFF)));
-    __m512i s2 = _mm512_or_si512(s1, _mm512_sll_epi64(_mm512_unpackhi_epi64(s1, s1), t->cnt_b));
-    __m512i s3 = _mm512_or_si512(
-        s2, _mm512_sll_epi64(_mm512_shuffle_i64x2(s2, s2, _MM_SHUFFLE(3, 3, 1, 1)), t->cnt_c));
-    __m128i g = _mm512_castsi512_si128(_mm512_permutexvar_epi64(t->perm04, s3));
-    g = _mm_shuffle_epi8(g, t->packshuf);
-    if (room >= 16) {
-        _mm_storeu_si128((__m128i *)p, g); /* bytes past 2b are zero; rewritten next */
+    __m128i bytes = _mm512_cvtepi32_epi8(q);
+    uint64_t a = _pext_u64((uint64_t)_mm_cvtsi128_si64(bytes), pext_mask);
+    uint64_t c = _pext_u64((uint64_t)_mm_extract_epi64(bytes, 1), pext_mask);
+    uint8_t stage[16];
+    if (b <= 4) {
+        uint64_t g = a | (c << (8 * b));
+        if (room >= 8) {
+            memcpy(p, &g, 8); /* bytes past 2b are zero; rewritten by the next group */
+            return;
+        }
+        memcpy(stage, &g, 8);
     } else {
-        size_t k = room < t->gbytes ? room : t->gbytes;
-        _mm_mask_storeu_epi8(p, (__mmask16)((1u << k) - 1), g);
+        if (room >= b + 8) {
+            memcpy(p, &a, 8);
+            memcpy(p + b, &c, 8);
+            return;
+        }
+        memcpy(stage, &a, 8);
+        memcpy(stage + b, &c, 8);
     }
+    memcpy(p, stage, room < 2 * b ? room : 2 * b);
+}
+
+/* The 16 (or avail < 16) payload bytes at p, in every 128-bit lane. */
+static inline __m512i mm_bytes(const uint8_t *p, size_t avail)
+{
+    if (avail >= 16)
+        return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p));
+    return _mm512_broadcast_i32x4(_mm_maskz_loadu_epi8((__mmask16)((1u << avail) - 1), p));
+}
+
+/* Level of each lane in its low b bits, garbage above (no mask): an index for vpermps. */
+static inline __m512i mm_spread(const mm_ctx *t, __m512i w)
+{
+    return _mm512_srlv_epi32(_mm512_shuffle_epi8(w, t->ctrl), t->shifts);
 }
 
 static inline __m512i fmix16(__m512i h)
@@ -283,15 +278,19 @@ static psagg_status mm_finish_bucket(const mm_ctx *t, const psagg_codec *c, floa
     vlo = _mm512_set1_ps(lo);
     vscale = _mm512_set1_ps(scale);
     vinv = _mm512_set1_ps(inv);
+    const uint32_t b = t->b, gbytes = t->gbytes;
+    const uint64_t pext_mask = t->pext_mask;
+    const size_t plen = t->plen;
+    const __m512 Lf = t->Lf;
     for (size_t j = 0; j < len; j += W) {
-        size_t k = base + j, off = (k / W) * t->gbytes;
+        size_t k = base + j, off = (k / W) * gbytes;
         __mmask16 m = lane_mask(len - j);
         __m512 v = _mm512_loadu_ps(acc + j);
         __m512 tt = _mm512_mul_ps(_mm512_sub_ps(v, vlo), vinv);
         __m512 u =
             sr ? rng16(_mm512_add_epi32(_mm512_set1_epi32((int)(uint32_t)k), iota), k0, k1) : vhalf;
-        __m512i q = _mm512_maskz_cvttps_epi32(m, _mm512_min_ps(_mm512_add_ps(tt, u), t->Lf));
-        mm_pack(t, q, payload + off, t->plen - off);
+        __m512i q = _mm512_maskz_cvttps_epi32(m, _mm512_min_ps(_mm512_add_ps(tt, u), Lf));
+        mm_pack(b, pext_mask, q, payload + off, plen - off);
         if (r) {
             __m512 y = _mm512_add_ps(vlo, _mm512_mul_ps(vscale, _mm512_cvtepi32_ps(q)));
             _mm512_mask_storeu_ps(r + j, m, _mm512_sub_ps(v, y));
@@ -362,8 +361,7 @@ static void dec_mm(const psagg_codec *c, const uint8_t *in, size_t n, float *out
         for (size_t j = 0; j < len; j += W) {
             size_t k = base + j, off = (k / W) * t.gbytes, avail = t.plen - off;
             __mmask16 m = lane_mask(len - j);
-            __m512i q = avail >= 16 ? mm_unpack_fast(&t, payload + off)
-                                    : mm_unpack_tail(&t, payload + off, avail);
+            __m512i q = _mm512_and_si512(mm_spread(&t, mm_bytes(payload + off, avail)), t.lmask);
             __m512 y = _mm512_add_ps(vl, _mm512_mul_ps(vs, _mm512_cvtepi32_ps(q)));
             if (accum)
                 y = _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + k), y);
@@ -384,11 +382,15 @@ static psagg_status agg_mm(const psagg_codec *c, const uint8_t *const *in, size_
     float *acc = psagg_scratch_get(stack_buf, B);
     const uint8_t **pay = n_in <= AGG_MAX_STACK_INPUTS ? pay_stack : malloc(n_in * sizeof *pay);
     float *mt = n_in <= AGG_MAX_STACK_INPUTS ? meta_stack : malloc(2 * n_in * sizeof *mt);
+    __m512 tab_stack[2 * AGG_MAX_STACK_INPUTS];
+    __m512 *tab =
+        n_in <= AGG_MAX_STACK_INPUTS ? tab_stack : aligned_alloc(64, 2 * n_in * sizeof(__m512));
+    __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     psagg_status st = PSAGG_OK;
     mm_ctx t;
 
     mm_init(&t, c, n);
-    if (!acc || !pay || !mt) {
+    if (!acc || !pay || !mt || !tab) {
         st = psagg_fail(PSAGG_ENOMEM, "aggregate: out of memory");
         goto done;
     }
@@ -402,21 +404,36 @@ static psagg_status agg_mm(const psagg_codec *c, const uint8_t *const *in, size_
         __mmask16 bad_any = 0;
         for (size_t i = 0; i < n_in; i++)
             memcpy(mt + 2 * i, in[i] + 8 * mi, 8); /* scale, lo */
+        if (t.b <= 5) {
+            /* decode tables: entry e = lo + scale * (float)(e mod 2^b), e = 0..31 */
+            __m512i lm = _mm512_set1_epi32((int)((1u << t.b) - 1));
+            __m512 e0 = _mm512_cvtepi32_ps(_mm512_and_si512(iota, lm));
+            __m512 e1 = _mm512_cvtepi32_ps(
+                _mm512_and_si512(_mm512_add_epi32(iota, _mm512_set1_epi32(16)), lm));
+            for (size_t i = 0; i < n_in; i++) {
+                __m512 sc = _mm512_set1_ps(mt[2 * i]), lo = _mm512_set1_ps(mt[2 * i + 1]);
+                tab[2 * i] = _mm512_add_ps(lo, _mm512_mul_ps(sc, e0));
+                tab[2 * i + 1] = _mm512_add_ps(lo, _mm512_mul_ps(sc, e1));
+            }
+        }
         for (size_t j = 0; j < len; j += W) {
             size_t k = base + j, off = (k / W) * t.gbytes, avail = t.plen - off;
             __mmask16 m = lane_mask(len - j);
             __m512 s = _mm512_setzero_ps();
-            if (avail >= 16) {
+            if (t.b <= 4) { /* y = table[q]: the index's bits >= b are ignored (periodic) */
                 for (size_t i = 0; i < n_in; i++) {
-                    __m512i q = mm_unpack_fast(&t, pay[i] + off);
-                    __m512 y = _mm512_add_ps(
-                        _mm512_set1_ps(mt[2 * i + 1]),
-                        _mm512_mul_ps(_mm512_set1_ps(mt[2 * i]), _mm512_cvtepi32_ps(q)));
-                    s = _mm512_add_ps(s, y);
+                    __m512i q = mm_spread(&t, mm_bytes(pay[i] + off, avail));
+                    s = _mm512_add_ps(s, _mm512_permutexvar_ps(q, tab[2 * i]));
+                }
+            } else if (t.b == 5) {
+                for (size_t i = 0; i < n_in; i++) {
+                    __m512i q = mm_spread(&t, mm_bytes(pay[i] + off, avail));
+                    s = _mm512_add_ps(s, _mm512_permutex2var_ps(tab[2 * i], q, tab[2 * i + 1]));
                 }
             } else {
                 for (size_t i = 0; i < n_in; i++) {
-                    __m512i q = mm_unpack_tail(&t, pay[i] + off, avail);
+                    __m512i q =
+                        _mm512_and_si512(mm_spread(&t, mm_bytes(pay[i] + off, avail)), t.lmask);
                     __m512 y = _mm512_add_ps(
                         _mm512_set1_ps(mt[2 * i + 1]),
                         _mm512_mul_ps(_mm512_set1_ps(mt[2 * i]), _mm512_cvtepi32_ps(q)));
@@ -441,6 +458,8 @@ done:
         free(pay);
     if (mt && mt != meta_stack)
         free(mt);
+    if (tab && tab != tab_stack)
+        free(tab);
     return st;
 }
 
