@@ -29,7 +29,8 @@ extern "C" {
 }
 #include "codec_cuda_math.h"
 
-namespace {
+namespace
+{
 
 constexpr int kThreads = 256;
 constexpr unsigned kFull = 0xFFFFFFFFu;
@@ -38,13 +39,13 @@ constexpr uint64_t kNoErr = ~0ull;
 /* ---------------------------------------------------------------- host-side codec layout */
 
 struct Layout {
-    int id;             /* psagg_codec_id */
-    uint32_t bits;      /* maxmin */
-    uint32_t bucket;    /* maxmin, default filled in */
-    int sr;             /* maxmin: stochastic rounding */
-    uint64_t n, nb;     /* elements, buckets */
-    uint64_t payload;   /* maxmin payload bytes */
-    uint64_t size;      /* encoded bytes */
+    int id;           /* psagg_codec_id */
+    uint32_t bits;    /* maxmin */
+    uint32_t bucket;  /* maxmin, default filled in */
+    int sr;           /* maxmin: stochastic rounding */
+    uint64_t n, nb;   /* elements, buckets */
+    uint64_t payload; /* maxmin payload bytes */
+    uint64_t size;    /* encoded bytes */
 };
 
 psagg_status layout_make(const psagg_codec *c, size_t n, Layout *L)
@@ -98,8 +99,7 @@ psagg_status cuda_status(cudaError_t e, const char *what)
     (void)cudaGetLastError(); /* clear a non-sticky error so it is reported once */
     if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ||
         e == cudaErrorNoKernelImageForDevice)
-        return (psagg_status)psagg_fail(PSAGG_EUNSUPPORTED, "%s: %s", what,
-                                        cudaGetErrorString(e));
+        return (psagg_status)psagg_fail(PSAGG_EUNSUPPORTED, "%s: %s", what, cudaGetErrorString(e));
     return (psagg_status)psagg_fail(PSAGG_ECUDA, "%s: %s", what, cudaGetErrorString(e));
 }
 
@@ -138,14 +138,20 @@ __device__ __forceinline__ void err_flush(uint64_t *err, uint64_t w)
 }
 
 /* 8 floats of p starting at element e (< n); elements >= n read as 0. */
-__device__ __forceinline__ void load8(const float *__restrict__ p, uint64_t e, uint64_t n,
-                                      bool vec, float v[8])
+__device__ __forceinline__ void load8(const float *__restrict__ p, uint64_t e, uint64_t n, bool vec,
+                                      float v[8])
 {
     if (vec && e + 8 <= n) {
         const float4 *q = reinterpret_cast<const float4 *>(p + e);
         float4 a = q[0], b = q[1];
-        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-        v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+        v[0] = a.x;
+        v[1] = a.y;
+        v[2] = a.z;
+        v[3] = a.w;
+        v[4] = b.x;
+        v[5] = b.y;
+        v[6] = b.z;
+        v[7] = b.w;
     } else {
 #pragma unroll
         for (int j = 0; j < 8; j++)
@@ -175,10 +181,14 @@ __device__ __forceinline__ void load8_u16(const uint8_t *__restrict__ p, uint64_
     const uint16_t *s = reinterpret_cast<const uint16_t *>(p);
     if (vec && e + 8 <= n) {
         uint4 w = *reinterpret_cast<const uint4 *>(s + e);
-        h[0] = (uint16_t)w.x; h[1] = (uint16_t)(w.x >> 16);
-        h[2] = (uint16_t)w.y; h[3] = (uint16_t)(w.y >> 16);
-        h[4] = (uint16_t)w.z; h[5] = (uint16_t)(w.z >> 16);
-        h[6] = (uint16_t)w.w; h[7] = (uint16_t)(w.w >> 16);
+        h[0] = (uint16_t)w.x;
+        h[1] = (uint16_t)(w.x >> 16);
+        h[2] = (uint16_t)w.y;
+        h[3] = (uint16_t)(w.y >> 16);
+        h[4] = (uint16_t)w.z;
+        h[5] = (uint16_t)(w.z >> 16);
+        h[6] = (uint16_t)w.w;
+        h[7] = (uint16_t)(w.w >> 16);
     } else {
 #pragma unroll
         for (int j = 0; j < 8; j++)
@@ -220,11 +230,16 @@ __device__ __forceinline__ uint64_t get_group(const uint8_t *__restrict__ payloa
     uint32_t nbytes = group_bytes(e, n, bits);
     if (nbytes == bits) {
         switch (bits) {
-        case 8: return *reinterpret_cast<const uint64_t *>(p);
-        case 4: return *reinterpret_cast<const uint32_t *>(p);
-        case 2: return *reinterpret_cast<const uint16_t *>(p);
-        case 1: return *p;
-        default: break;
+        case 8:
+            return *reinterpret_cast<const uint64_t *>(p);
+        case 4:
+            return *reinterpret_cast<const uint32_t *>(p);
+        case 2:
+            return *reinterpret_cast<const uint16_t *>(p);
+        case 1:
+            return *p;
+        default:
+            break;
         }
     }
     uint64_t w = 0;
@@ -240,11 +255,20 @@ __device__ __forceinline__ void put_group(uint8_t *__restrict__ payload, uint64_
     uint32_t nbytes = group_bytes(e, n, bits);
     if (nbytes == bits) {
         switch (bits) {
-        case 8: *reinterpret_cast<uint64_t *>(p) = w; return;
-        case 4: *reinterpret_cast<uint32_t *>(p) = (uint32_t)w; return;
-        case 2: *reinterpret_cast<uint16_t *>(p) = (uint16_t)w; return;
-        case 1: *p = (uint8_t)w; return;
-        default: break;
+        case 8:
+            *reinterpret_cast<uint64_t *>(p) = w;
+            return;
+        case 4:
+            *reinterpret_cast<uint32_t *>(p) = (uint32_t)w;
+            return;
+        case 2:
+            *reinterpret_cast<uint16_t *>(p) = (uint16_t)w;
+            return;
+        case 1:
+            *p = (uint8_t)w;
+            return;
+        default:
+            break;
         }
     }
     for (uint32_t i = 0; i < nbytes; i++)
@@ -326,8 +350,7 @@ struct SrcAggMM { /* aggregate: s = ((0 + y0) + y1) + ... over maxmin inputs */
     }
 };
 
-template <int ID>
-struct SrcAggFP { /* aggregate over fp32/fp16/bf16 inputs */
+template <int ID> struct SrcAggFP { /* aggregate over fp32/fp16/bf16 inputs */
     InPtrs in;
     uint32_t n_in;
     __device__ __forceinline__ void load(uint64_t e, const KArgs &a, float v[8],
@@ -381,7 +404,8 @@ __device__ __forceinline__ void scan_group(const float v[8], uint64_t e, uint64_
 
 __device__ __forceinline__ void quantize_group(const float v[8], uint64_t e, uint64_t bend,
                                                float lo, float scale, float inv, const KArgs &a,
-                                               float *__restrict__ res, uint8_t *__restrict__ payload)
+                                               float *__restrict__ res,
+                                               uint8_t *__restrict__ payload)
 {
     uint64_t w = 0;
     float r[8];
@@ -408,8 +432,8 @@ __device__ __forceinline__ void quantize_group(const float v[8], uint64_t e, uin
  */
 template <class Src, int TS, int CACHE>
 __global__ void __launch_bounds__(kThreads)
-    mm_encode_kernel(const __grid_constant__ Src src, float *__restrict__ res, uint8_t *__restrict__ out, KArgs a,
-                     uint64_t *err)
+    mm_encode_kernel(const __grid_constant__ Src src, float *__restrict__ res,
+                     uint8_t *__restrict__ out, KArgs a, uint64_t *err)
 {
     const uint32_t tl = threadIdx.x & (TS - 1);
     const uint64_t bucket = ((uint64_t)blockIdx.x * kThreads + threadIdx.x) / TS;
@@ -486,8 +510,8 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int ID, class Src>
 __global__ void __launch_bounds__(kThreads)
-    fp_encode_kernel(const __grid_constant__ Src src, float *__restrict__ res, uint8_t *__restrict__ out, KArgs a,
-                     uint64_t *err)
+    fp_encode_kernel(const __grid_constant__ Src src, float *__restrict__ res,
+                     uint8_t *__restrict__ out, KArgs a, uint64_t *err)
 {
     const uint64_t groups = (a.n + 7) / 8;
     uint64_t bad = kNoErr;
@@ -612,8 +636,8 @@ void launch_mm(const Src &src, float *res, uint8_t *out, const KArgs &a, uint64_
 psagg_status check_ptr(const void *p, uintptr_t align, const char *what)
 {
     if (!aligned(p, align))
-        return (psagg_status)psagg_fail(PSAGG_EINVAL, "cuda codec: %s %p not %u-byte aligned",
-                                        what, p, (unsigned)align);
+        return (psagg_status)psagg_fail(PSAGG_EINVAL, "cuda codec: %s %p not %u-byte aligned", what,
+                                        p, (unsigned)align);
     return PSAGG_OK;
 }
 
@@ -628,7 +652,8 @@ struct SyncErr { /* temporary device error word for the *_sync wrappers */
     explicit SyncErr(cudaStream_t st) : s(st) {}
     psagg_status alloc()
     {
-        psagg_status st = cuda_status(cudaMallocAsync((void **)&d, sizeof *d, s), "cudaMallocAsync");
+        psagg_status st =
+            cuda_status(cudaMallocAsync((void **)&d, sizeof *d, s), "cudaMallocAsync");
         if (st)
             return st;
         return psagg_cuda_err_reset(d, s);
@@ -637,9 +662,9 @@ struct SyncErr { /* temporary device error word for the *_sync wrappers */
     psagg_status finish(size_t *bad_index)
     {
         uint64_t word = PSAGG_CUDA_ERR_NONE;
-        psagg_status st = cuda_status(cudaMemcpyAsync(&word, d, sizeof word,
-                                                      cudaMemcpyDeviceToHost, s),
-                                      "cudaMemcpyAsync(error word)");
+        psagg_status st =
+            cuda_status(cudaMemcpyAsync(&word, d, sizeof word, cudaMemcpyDeviceToHost, s),
+                        "cudaMemcpyAsync(error word)");
         if (!st)
             st = cuda_status(cudaStreamSynchronize(s), "cudaStreamSynchronize");
         if (!st)
@@ -706,19 +731,17 @@ extern "C" psagg_status psagg_cuda_err_status(uint64_t w, size_t *bad_index)
     }
 }
 
-extern "C" psagg_status psagg_cuda_encode(const psagg_codec *codec, const float *x,
-                                          float *residual, size_t n, psagg_rng_key key,
-                                          void *out, size_t out_len, uint64_t *d_err,
-                                          cudaStream_t stream)
+extern "C" psagg_status psagg_cuda_encode(const psagg_codec *codec, const float *x, float *residual,
+                                          size_t n, psagg_rng_key key, void *out, size_t out_len,
+                                          uint64_t *d_err, cudaStream_t stream)
 {
     Layout L;
     psagg_status st = layout_make(codec, n, &L);
     if (st)
         return st;
     if (out_len != L.size)
-        return (psagg_status)psagg_fail(PSAGG_EBADLEN,
-                                        "cuda encode: out_len %zu, codec needs %llu", out_len,
-                                        (unsigned long long)L.size);
+        return (psagg_status)psagg_fail(PSAGG_EBADLEN, "cuda encode: out_len %zu, codec needs %llu",
+                                        out_len, (unsigned long long)L.size);
     if (n == 0)
         return PSAGG_OK;
     if (!x || !out)
@@ -735,24 +758,24 @@ extern "C" psagg_status psagg_cuda_encode(const psagg_codec *codec, const float 
         launch_mm(src, residual, o, a, d_err, stream);
         break;
     case PSAGG_CODEC_FP32:
-        fp_encode_kernel<PSAGG_CODEC_FP32><<<elementwise_blocks(n), kThreads, 0, stream>>>(
-            src, residual, o, a, d_err);
+        fp_encode_kernel<PSAGG_CODEC_FP32>
+            <<<elementwise_blocks(n), kThreads, 0, stream>>>(src, residual, o, a, d_err);
         break;
     case PSAGG_CODEC_FP16:
-        fp_encode_kernel<PSAGG_CODEC_FP16><<<elementwise_blocks(n), kThreads, 0, stream>>>(
-            src, residual, o, a, d_err);
+        fp_encode_kernel<PSAGG_CODEC_FP16>
+            <<<elementwise_blocks(n), kThreads, 0, stream>>>(src, residual, o, a, d_err);
         break;
     default:
-        fp_encode_kernel<PSAGG_CODEC_BF16><<<elementwise_blocks(n), kThreads, 0, stream>>>(
-            src, residual, o, a, d_err);
+        fp_encode_kernel<PSAGG_CODEC_BF16>
+            <<<elementwise_blocks(n), kThreads, 0, stream>>>(src, residual, o, a, d_err);
         break;
     }
     return after_launch("cuda encode launch");
 }
 
 template <bool ADD>
-static psagg_status decode_common(const psagg_codec *codec, const void *in, size_t in_len,
-                                  size_t n, float *out, uint64_t *d_err, cudaStream_t stream)
+static psagg_status decode_common(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
+                                  float *out, uint64_t *d_err, cudaStream_t stream)
 {
     Layout L;
     psagg_status st = layout_make(codec, n, &L);
@@ -787,33 +810,32 @@ static psagg_status decode_common(const psagg_codec *codec, const void *in, size
     return after_launch(ADD ? "cuda decode_add launch" : "cuda decode launch");
 }
 
-extern "C" psagg_status psagg_cuda_decode(const psagg_codec *codec, const void *in,
-                                          size_t in_len, size_t n, float *out, uint64_t *d_err,
+extern "C" psagg_status psagg_cuda_decode(const psagg_codec *codec, const void *in, size_t in_len,
+                                          size_t n, float *out, uint64_t *d_err,
                                           cudaStream_t stream)
 {
     return decode_common<false>(codec, in, in_len, n, out, d_err, stream);
 }
 
 extern "C" psagg_status psagg_cuda_decode_add(const psagg_codec *codec, const void *in,
-                                              size_t in_len, size_t n, float *acc,
-                                              uint64_t *d_err, cudaStream_t stream)
+                                              size_t in_len, size_t n, float *acc, uint64_t *d_err,
+                                              cudaStream_t stream)
 {
     return decode_common<true>(codec, in, in_len, n, acc, d_err, stream);
 }
 
 extern "C" psagg_status psagg_cuda_aggregate(const psagg_codec *codec, const void *const *in,
-                                             size_t n_in, size_t in_len, size_t n,
-                                             float *residual, psagg_rng_key key, void *out,
-                                             size_t out_len, uint64_t *d_err,
-                                             cudaStream_t stream)
+                                             size_t n_in, size_t in_len, size_t n, float *residual,
+                                             psagg_rng_key key, void *out, size_t out_len,
+                                             uint64_t *d_err, cudaStream_t stream)
 {
     Layout L;
     psagg_status st = layout_make(codec, n, &L);
     if (st)
         return st;
     if (n_in > PSAGG_CUDA_MAX_INPUTS || (n_in && !in))
-        return (psagg_status)psagg_fail(PSAGG_EINVAL, "cuda aggregate: n_in %zu not in 0..%d",
-                                        n_in, PSAGG_CUDA_MAX_INPUTS);
+        return (psagg_status)psagg_fail(PSAGG_EINVAL, "cuda aggregate: n_in %zu not in 0..%d", n_in,
+                                        PSAGG_CUDA_MAX_INPUTS);
     if ((n_in && in_len != L.size) || out_len != L.size)
         return (psagg_status)psagg_fail(PSAGG_EBADLEN,
                                         "cuda aggregate: in_len %zu / out_len %zu, codec needs "
@@ -896,11 +918,11 @@ extern "C" psagg_status psagg_cuda_decode_add_sync(const psagg_codec *codec, con
     return st ? st : e.finish(bad_index);
 }
 
-extern "C" psagg_status psagg_cuda_aggregate_sync(const psagg_codec *codec,
-                                                  const void *const *in, size_t n_in,
-                                                  size_t in_len, size_t n, float *residual,
-                                                  psagg_rng_key key, void *out, size_t out_len,
-                                                  size_t *bad_index, cudaStream_t stream)
+extern "C" psagg_status psagg_cuda_aggregate_sync(const psagg_codec *codec, const void *const *in,
+                                                  size_t n_in, size_t in_len, size_t n,
+                                                  float *residual, psagg_rng_key key, void *out,
+                                                  size_t out_len, size_t *bad_index,
+                                                  cudaStream_t stream)
 {
     SyncErr e(stream);
     psagg_status st = e.alloc();
@@ -915,12 +937,12 @@ extern "C" psagg_status psagg_cuda_aggregate_sync(const psagg_codec *codec,
 struct psagg_cuda_ctx {
     int device;
     cudaStream_t stream;
-    uint8_t *d_ws;      /* device workspace */
+    uint8_t *d_ws; /* device workspace */
     size_t d_cap;
-    uint8_t *h_pin;     /* pinned staging, same layout as d_ws */
+    uint8_t *h_pin; /* pinned staging, same layout as d_ws */
     size_t h_cap;
     uint64_t *d_err;
-    uint64_t *h_err;    /* pinned */
+    uint64_t *h_err; /* pinned */
 };
 
 static size_t round256(size_t x)
@@ -948,8 +970,7 @@ extern "C" psagg_status psagg_cuda_ctx_create(int device, psagg_cuda_ctx **out)
         goto err_free;
     if ((st = cuda_status(cudaMalloc((void **)&c->d_err, sizeof *c->d_err), "cudaMalloc")))
         goto err_stream;
-    if ((st = cuda_status(cudaMallocHost((void **)&c->h_err, sizeof *c->h_err),
-                          "cudaMallocHost")))
+    if ((st = cuda_status(cudaMallocHost((void **)&c->h_err, sizeof *c->h_err), "cudaMallocHost")))
         goto err_derr;
     *out = c;
     return PSAGG_OK;
@@ -991,8 +1012,8 @@ static psagg_status ctx_reserve(psagg_cuda_ctx *c, size_t bytes)
         cudaFreeHost(c->h_pin);
         c->h_pin = NULL;
         c->h_cap = 0;
-        if ((st = cuda_status(cudaMallocHost((void **)&c->h_pin, bytes),
-                              "cudaMallocHost(staging)")))
+        if ((st =
+                 cuda_status(cudaMallocHost((void **)&c->h_pin, bytes), "cudaMallocHost(staging)")))
             return st;
         c->h_cap = bytes;
     }
@@ -1000,10 +1021,9 @@ static psagg_status ctx_reserve(psagg_cuda_ctx *c, size_t bytes)
 }
 
 extern "C" psagg_status psagg_cuda_aggregate_host(psagg_cuda_ctx *c, const psagg_codec *codec,
-                                                  const void *const *in, size_t n_in,
-                                                  size_t in_len, size_t n, float *residual,
-                                                  psagg_rng_key key, void *out, size_t out_len,
-                                                  size_t *bad_index)
+                                                  const void *const *in, size_t n_in, size_t in_len,
+                                                  size_t n, float *residual, psagg_rng_key key,
+                                                  void *out, size_t out_len, size_t *bad_index)
 {
     Layout L;
     psagg_status st;
@@ -1013,8 +1033,8 @@ extern "C" psagg_status psagg_cuda_aggregate_host(psagg_cuda_ctx *c, const psagg
     if ((st = layout_make(codec, n, &L)))
         return st;
     if (n_in > PSAGG_CUDA_MAX_INPUTS || (n_in && !in))
-        return (psagg_status)psagg_fail(PSAGG_EINVAL, "cuda aggregate: n_in %zu not in 0..%d",
-                                        n_in, PSAGG_CUDA_MAX_INPUTS);
+        return (psagg_status)psagg_fail(PSAGG_EINVAL, "cuda aggregate: n_in %zu not in 0..%d", n_in,
+                                        PSAGG_CUDA_MAX_INPUTS);
     if ((n_in && in_len != L.size) || out_len != L.size)
         return (psagg_status)psagg_fail(PSAGG_EBADLEN,
                                         "cuda aggregate: in_len %zu / out_len %zu, codec needs "
@@ -1046,9 +1066,9 @@ extern "C" psagg_status psagg_cuda_aggregate_host(psagg_cuda_ctx *c, const psagg
     if (residual)
         memcpy(c->h_pin + res_off, residual, 4 * n);
     float *d_res = residual ? reinterpret_cast<float *>(c->d_ws + res_off) : NULL;
-    if ((st = cuda_status(cudaMemcpyAsync(c->d_ws, c->h_pin, out_off, cudaMemcpyHostToDevice,
-                                          c->stream),
-                          "cudaMemcpyAsync(H2D)")))
+    if ((st = cuda_status(
+             cudaMemcpyAsync(c->d_ws, c->h_pin, out_off, cudaMemcpyHostToDevice, c->stream),
+             "cudaMemcpyAsync(H2D)")))
         return st;
     if ((st = psagg_cuda_err_reset(c->d_err, c->stream)))
         return st;

@@ -55,7 +55,7 @@ extern "C" {
 
 #include "codec.h"
 
-#define PSAGG_CUDA_ERR_NONE UINT64_MAX
+#define PSAGG_CUDA_ERR_NONE   UINT64_MAX
 #define PSAGG_CUDA_MAX_INPUTS 64 /* aggregate: n_in limit (pointers travel as kernel args) */
 
 /* Number of usable CUDA devices; 0 when there is none or no (suitable) driver. Never fails. */
@@ -78,17 +78,17 @@ psagg_status psagg_cuda_err_status(uint64_t err_word, size_t *bad_index);
  * error-feedback step is fused in: v = x + residual is encoded and residual = v - decode(out)
  * is written back in the same pass. Errors as psagg_encode (first bad element of v).
  */
-psagg_status psagg_cuda_encode(const psagg_codec *codec, const float *x, float *residual,
-                               size_t n, psagg_rng_key key, void *out, size_t out_len,
-                               uint64_t *d_err, cudaStream_t stream);
+psagg_status psagg_cuda_encode(const psagg_codec *codec, const float *x, float *residual, size_t n,
+                               psagg_rng_key key, void *out, size_t out_len, uint64_t *d_err,
+                               cudaStream_t stream);
 
 /*
  * Decode in (in_len bytes, n elements) into out (overwrite). Validation is fused: bad maxmin
  * meta reports PSAGG_EBADMETA with the bucket index, NaN/Inf in an fp format PSAGG_ENONFINITE
  * with the element index.
  */
-psagg_status psagg_cuda_decode(const psagg_codec *codec, const void *in, size_t in_len,
-                               size_t n, float *out, uint64_t *d_err, cudaStream_t stream);
+psagg_status psagg_cuda_decode(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
+                               float *out, uint64_t *d_err, cudaStream_t stream);
 
 /* As psagg_cuda_decode, but acc_k = acc_k + y_k (one fp32 add per element). */
 psagg_status psagg_cuda_decode_add(const psagg_codec *codec, const void *in, size_t in_len,
@@ -97,14 +97,13 @@ psagg_status psagg_cuda_decode_add(const psagg_codec *codec, const void *in, siz
 /*
  * The fused server operation: in is a HOST array of n_in (0..PSAGG_CUDA_MAX_INPUTS) DEVICE
  * pointers, each in_len bytes of n encoded elements. s_k = (((0 + y0_k) + y1_k) + ...) in the
- * order given (n_in = 0 encodes zeros, as the CPU does), then s (+ residual, updated, when residual != NULL) is encoded into out. The
- * pointer array is copied into the launch, so it may be reused as soon as this returns.
- * Invalid inputs report stage-0 errors whose index is the input's position.
+ * order given (n_in = 0 encodes zeros, as the CPU does), then s (+ residual, updated, when residual
+ * != NULL) is encoded into out. The pointer array is copied into the launch, so it may be reused as
+ * soon as this returns. Invalid inputs report stage-0 errors whose index is the input's position.
  */
 psagg_status psagg_cuda_aggregate(const psagg_codec *codec, const void *const *in, size_t n_in,
                                   size_t in_len, size_t n, float *residual, psagg_rng_key key,
-                                  void *out, size_t out_len, uint64_t *d_err,
-                                  cudaStream_t stream);
+                                  void *out, size_t out_len, uint64_t *d_err, cudaStream_t stream);
 
 /*
  * Blocking wrappers (tests, tools): run the function above with a temporary error word,
@@ -118,10 +117,10 @@ psagg_status psagg_cuda_decode_sync(const psagg_codec *codec, const void *in, si
 psagg_status psagg_cuda_decode_add_sync(const psagg_codec *codec, const void *in, size_t in_len,
                                         size_t n, float *acc, size_t *bad_index,
                                         cudaStream_t stream);
-psagg_status psagg_cuda_aggregate_sync(const psagg_codec *codec, const void *const *in,
-                                       size_t n_in, size_t in_len, size_t n, float *residual,
-                                       psagg_rng_key key, void *out, size_t out_len,
-                                       size_t *bad_index, cudaStream_t stream);
+psagg_status psagg_cuda_aggregate_sync(const psagg_codec *codec, const void *const *in, size_t n_in,
+                                       size_t in_len, size_t n, float *residual, psagg_rng_key key,
+                                       void *out, size_t out_len, size_t *bad_index,
+                                       cudaStream_t stream);
 
 /* ---- host-memory GPU assist for the server ---- */
 
@@ -143,8 +142,8 @@ void psagg_cuda_ctx_destroy(psagg_cuda_ctx *ctx);
  * returns when out (and residual) are written. On error *bad_index as psagg_aggregate.
  */
 psagg_status psagg_cuda_aggregate_host(psagg_cuda_ctx *ctx, const psagg_codec *codec,
-                                       const void *const *in, size_t n_in, size_t in_len,
-                                       size_t n, float *residual, psagg_rng_key key, void *out,
+                                       const void *const *in, size_t n_in, size_t in_len, size_t n,
+                                       float *residual, psagg_rng_key key, void *out,
                                        size_t out_len, size_t *bad_index);
 
 #ifdef __cplusplus

@@ -29,16 +29,16 @@
 #define PCM_SUB(a, b) __fsub_rn((a), (b))
 #define PCM_MUL(a, b) __fmul_rn((a), (b))
 #define PCM_DIV(a, b) __fdiv_rn((a), (b))
-#define PCM_U2F(u) __uint2float_rn(u)
+#define PCM_U2F(u)    __uint2float_rn(u)
 #define PCM_F2U_RZ(f) __float2uint_rz(f)
-#define PCM_BITS(f) __float_as_uint(f)
-#define PCM_FLOAT(u) __uint_as_float(u)
+#define PCM_BITS(f)   __float_as_uint(f)
+#define PCM_FLOAT(u)  __uint_as_float(u)
 #else
 #define PCM_ADD(a, b) ((float)(a) + (float)(b))
 #define PCM_SUB(a, b) ((float)(a) - (float)(b))
 #define PCM_MUL(a, b) ((float)(a) * (float)(b))
 #define PCM_DIV(a, b) ((float)(a) / (float)(b))
-#define PCM_U2F(u) ((float)(uint32_t)(u))
+#define PCM_U2F(u)    ((float)(uint32_t)(u))
 #define PCM_F2U_RZ(f) ((uint32_t)(f)) /* only ever called on values in [0, 255] */
 PCM_FN uint32_t pcm_bits_host(float f)
 {
@@ -52,17 +52,17 @@ PCM_FN float pcm_float_host(uint32_t u)
     memcpy(&f, &u, 4);
     return f;
 }
-#define PCM_BITS(f) pcm_bits_host(f)
-#define PCM_FLOAT(u) pcm_float_host(u)
+#define PCM_BITS(f)   pcm_bits_host(f)
+#define PCM_FLOAT(u)  pcm_float_host(u)
 #endif
 
 /* Error codes stored in the low byte of an error word (see codec_cuda.h). */
 #define PCM_ERR_NONFINITE 1u
-#define PCM_ERR_RANGE 2u
-#define PCM_ERR_BADMETA 3u
+#define PCM_ERR_RANGE     2u
+#define PCM_ERR_BADMETA   3u
 
-#define PCM_MIN_RANGE 0x1p-100f /* PSAGG_MAXMIN_MIN_RANGE */
-#define PCM_ABS_INF 0x7F800000u /* |x| bits >= this: NaN or Inf */
+#define PCM_MIN_RANGE 0x1p-100f   /* PSAGG_MAXMIN_MIN_RANGE */
+#define PCM_ABS_INF   0x7F800000u /* |x| bits >= this: NaN or Inf */
 #define PCM_ABS_2_126 0x7E800000u /* |x| bits >= this: |x| >= 2^126 (PSAGG_MAXMIN_MAX_ABS) */
 
 /* ---- RNG (codec.h "RNG"): u_k in [0, 1) ---- */

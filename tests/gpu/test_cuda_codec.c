@@ -105,8 +105,8 @@ static void run_gpu(const psagg_codec *c, const float *x, const float *r0, size_
     uint8_t *out_ = d_out + 8 * mis;
     psagg_status st;
 
-    CHECK(psagg_cuda_encoded_size(c, n) == len, "%s n=%zu: cuda size %zu vs cpu %zu", tc_name(c),
-          n, psagg_cuda_encoded_size(c, n), len);
+    CHECK(psagg_cuda_encoded_size(c, n) == len, "%s n=%zu: cuda size %zu vs cpu %zu", tc_name(c), n,
+          psagg_cuda_encoded_size(c, n), len);
     result_alloc(o, len, n);
     h2d(x_, x, n * 4);
     if (r0)
@@ -192,8 +192,8 @@ static void check_encode(const psagg_codec *c, size_t n, int kind, int with_res,
     }
     run_cpu(c, x, with_res ? r0 : NULL, n, key, acc0, &ref);
     run_gpu(c, x, with_res ? r0 : NULL, n, key, acc0, (int)(seed & 1), &got);
-    snprintf(ctx, sizeof ctx, "encode codec %s, n=%zu, data %s, residual %d, inject %d",
-             tc_name(c), n, tc_kind_name(kind), with_res, inject);
+    snprintf(ctx, sizeof ctx, "encode codec %s, n=%zu, data %s, residual %d, inject %d", tc_name(c),
+             n, tc_kind_name(kind), with_res, inject);
     if (inject && n > 0)
         CHECK(ref.st != PSAGG_OK, "%s: cpu accepted the injected value", ctx);
     compare(ctx, c, n, with_res, &ref, &got);
@@ -239,13 +239,27 @@ static void check_aggregate(const psagg_codec *c, size_t n, size_t n_in, int kin
             size_t nb = (n + c->bucket - 1) / c->bucket, m = (size_t)(seed / 7 % nb);
             float v;
             switch (seed % 5) {
-            case 0: v = -1.0f; memcpy(b + 8 * m, &v, 4); break;       /* negative scale */
-            case 1: v = -0.0f; memcpy(b + 8 * m, &v, 4); break;       /* -0 scale */
-            case 2: v = NAN; memcpy(b + 8 * m, &v, 4); break;         /* NaN scale */
-            case 3: v = INFINITY; memcpy(b + 8 * m + 4, &v, 4); break; /* Inf lo */
-            default: /* lo + scale * L overflows */
-                v = 0x1p127f; memcpy(b + 8 * m, &v, 4);
-                v = 0x1.fffffep127f; memcpy(b + 8 * m + 4, &v, 4);
+            case 0:
+                v = -1.0f;
+                memcpy(b + 8 * m, &v, 4);
+                break; /* negative scale */
+            case 1:
+                v = -0.0f;
+                memcpy(b + 8 * m, &v, 4);
+                break; /* -0 scale */
+            case 2:
+                v = NAN;
+                memcpy(b + 8 * m, &v, 4);
+                break; /* NaN scale */
+            case 3:
+                v = INFINITY;
+                memcpy(b + 8 * m + 4, &v, 4);
+                break; /* Inf lo */
+            default:   /* lo + scale * L overflows */
+                v = 0x1p127f;
+                memcpy(b + 8 * m, &v, 4);
+                v = 0x1.fffffep127f;
+                memcpy(b + 8 * m + 4, &v, 4);
                 break;
             }
         } else {
@@ -272,8 +286,8 @@ static void check_aggregate(const psagg_codec *c, size_t n, size_t n_in, int kin
     }
     h2d(dres, r_got, n * 4);
     CU(cudaMemset(dout, 0x5A, len ? len : 1));
-    st_got = psagg_cuda_aggregate_sync(c, din, n_in, len, n, with_res ? dres : NULL, key, dout,
-                                       len, &bad_got, stream);
+    st_got = psagg_cuda_aggregate_sync(c, din, n_in, len, n, with_res ? dres : NULL, key, dout, len,
+                                       &bad_got, stream);
     CHECK(st_got != PSAGG_ECUDA && st_got != PSAGG_EINVAL, "cuda aggregate: %s",
           psagg_last_error());
     d2h(out_got, dout, len);
@@ -287,8 +301,8 @@ static void check_aggregate(const psagg_codec *c, size_t n, size_t n_in, int kin
           psagg_last_error());
     if (st_ref == PSAGG_OK) {
         size_t d = first_diff(out_ref, out_got, len);
-        CHECK(d == (size_t)-1, "%s: byte %zu of %zu: cpu %02x vs gpu %02x", ctx, d, len,
-              out_ref[d], out_got[d]);
+        CHECK(d == (size_t)-1, "%s: byte %zu of %zu: cpu %02x vs gpu %02x", ctx, d, len, out_ref[d],
+              out_got[d]);
         d = first_diff(r_ref, r_got, n * 4) / 4;
         CHECK(!with_res || d == (size_t)-1 / 4, "%s: residual[%zu] cpu %a vs gpu %a", ctx, d,
               r_ref[d], r_got[d]);
@@ -297,20 +311,18 @@ static void check_aggregate(const psagg_codec *c, size_t n, size_t n_in, int kin
     }
     if (ctx_host) { /* the server's host-memory entry point */
         memset(out_host, 0x33, len);
-        st_host = psagg_cuda_aggregate_host(ctx_host, c, in, n_in, len, n,
-                                            with_res ? r_host : NULL, key, out_host, len,
-                                            &bad_host);
+        st_host = psagg_cuda_aggregate_host(ctx_host, c, in, n_in, len, n, with_res ? r_host : NULL,
+                                            key, out_host, len, &bad_host);
         CHECK(st_ref == st_host, "%s (host ctx): status cpu %d vs gpu %d (%s)", ctx, st_ref,
               st_host, psagg_last_error());
         if (st_ref == PSAGG_OK) {
             size_t d = first_diff(out_ref, out_host, len);
             CHECK(d == (size_t)-1, "%s (host ctx): byte %zu differs", ctx, d);
             d = first_diff(r_ref, r_host, n * 4);
-            CHECK(!with_res || d == (size_t)-1, "%s (host ctx): residual byte %zu differs", ctx,
-                  d);
+            CHECK(!with_res || d == (size_t)-1, "%s (host ctx): residual byte %zu differs", ctx, d);
         } else {
-            CHECK(bad_ref == bad_host, "%s (host ctx): bad index cpu %zu vs gpu %zu", ctx,
-                  bad_ref, bad_host);
+            CHECK(bad_ref == bad_host, "%s (host ctx): bad index cpu %zu vs gpu %zu", ctx, bad_ref,
+                  bad_host);
         }
     }
     n_compared++;
@@ -424,8 +436,7 @@ int main(void)
                                  ns[si] * 3 + (uint64_t)inject * 11 + (uint64_t)wr, inject);
     for (size_t ci = 0; ci < nmc; ci += 5)
         for (int inject = 1; inject <= 5; inject++)
-            check_encode(&mc[ci], 5000, TC_KIND_MIXED, inject & 1, 4242 + (uint64_t)inject,
-                         inject);
+            check_encode(&mc[ci], 5000, TC_KIND_MIXED, inject & 1, 4242 + (uint64_t)inject, inject);
     for (size_t ci = 0; ci < nc64; ci++)
         for (size_t si = 1; si < sizeof ns / sizeof ns[0]; si += 3)
             check_decode_invalid(&codecs[ci], ns[si], ns[si] + ci);

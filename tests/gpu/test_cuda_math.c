@@ -127,8 +127,8 @@ static void check_16_decode(psagg_codec_id id)
             CHECK(err == PCM_ERR_NONFINITE, "%s %04x: cpu rejects, cuda accepts", tc_name(&c), v);
             continue;
         }
-        CHECK(err == 0 && tc_f2u(g) == tc_f2u(y), "%s decode %04x: cpu %a vs cuda %a",
-              tc_name(&c), v, y, g);
+        CHECK(err == 0 && tc_f2u(g) == tc_f2u(y), "%s decode %04x: cpu %a vs cuda %a", tc_name(&c),
+              v, y, g);
         n++;
     }
     printf("%s decode: %d finite patterns bit-identical\n", tc_name(&c), n);
@@ -232,8 +232,8 @@ static void check_mm(const psagg_codec *c, size_t n, int kind, int with_res, uin
     CHECK(st_ref == st_got, "%s n=%zu %s res %d: status cpu %d vs emul %d", tc_name(c), n,
           tc_kind_name(kind), with_res, st_ref, st_got);
     if (st_ref != PSAGG_OK) {
-        CHECK(bad_ref == bad_got, "%s n=%zu: bad index cpu %zu vs emul %zu", tc_name(c), n,
-              bad_ref, bad_got);
+        CHECK(bad_ref == bad_got, "%s n=%zu: bad index cpu %zu vs emul %zu", tc_name(c), n, bad_ref,
+              bad_got);
     } else {
         for (size_t i = 0; i < len; i++)
             CHECK(e_ref[i] == e_got[i], "%s n=%zu %s res %d: byte %zu of %zu: cpu %02x vs %02x",
@@ -241,8 +241,7 @@ static void check_mm(const psagg_codec *c, size_t n, int kind, int with_res, uin
         for (size_t i = 0; with_res && i < n; i++)
             CHECK(tc_f2u(r_ref[i]) == tc_f2u(r_got[i]), "%s n=%zu: residual[%zu] %a vs %a",
                   tc_name(c), n, i, r_ref[i], r_got[i]);
-        CHECK(psagg_decode(c, e_ref, len, n, y_ref) == PSAGG_OK, "decode: %s",
-              psagg_last_error());
+        CHECK(psagg_decode(c, e_ref, len, n, y_ref) == PSAGG_OK, "decode: %s", psagg_last_error());
         emul_mm_decode(c, e_got, n, y_got);
         for (size_t i = 0; i < n; i++)
             CHECK(tc_f2u(y_ref[i]) == tc_f2u(y_got[i]), "%s n=%zu: decoded[%zu] %a vs %a",
@@ -262,8 +261,8 @@ int main(int argc, char **argv)
 {
     psagg_codec cs[64];
     const uint32_t buckets[] = {64, 192, 1024};
-    static const size_t ns[] = {1, 7, 8, 9, 63, 64, 65, 191, 192, 193, 200, 1000, 1023, 1024,
-                                1025, 2049, 3079};
+    static const size_t ns[] = {1,   7,   8,    9,    63,   64,   65,   191, 192,
+                                193, 200, 1000, 1023, 1024, 1025, 2049, 3079};
     size_t nc = tc_codecs(cs, buckets, 3);
     int quick = argc > 1 && !strcmp(argv[1], "--quick");
     int full = argc > 1 && !strcmp(argv[1], "--full");
