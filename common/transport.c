@@ -1,1 +1,819 @@
-/* transport.c - placeholder, being written */
+/*
+ * transport.c - the libfabric data path behind transport.h.
+ *
+ * One fabric, domain, completion queue, address vector and FI_EP_RDM endpoint per process;
+ * plain FI_MSG sends into receive buffers the caller pre-posts. Every operation carries an
+ * internal context (struct fabric_op) that records whether it was a send or a receive: some
+ * providers (ofi_rxm among them) write error entries without FI_SEND/FI_RECV flags, and the
+ * same context doubles as the fi_context2 that providers with FI_CONTEXT/FI_CONTEXT2 modes
+ * need. The contexts come from a free list and are reused, so the steady state allocates
+ * nothing.
+ *
+ * Completions read by a send or post_recv that meets -FI_EAGAIN (they must read the CQ to
+ * drive progress) go to a bounded backlog that the next psagg_fabric_poll returns first.
+ */
+#include "transport.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+
+#include "error.h"
+#include "log.h"
+
+#define FABRIC_API_VERSION FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION)
+
+/* Completions read from the CQ per fi_cq_read call. */
+#define CQ_BATCH 64
+/*
+ * Most completions a send/post_recv may park for the next poll (about 12 MB of events). Each
+ * one belongs to an operation the caller has in flight, so a caller that polls never gets
+ * near it; past it, send/post_recv return PSAGG_EAGAIN instead of reading (and losing) more.
+ */
+#define BACKLOG_MAX 65536
+/* How long one send/post_recv keeps meeting -FI_EAGAIN before it gives up (dead shm peer). */
+#define POST_RETRY_MS 30000
+/* Longest single fi_cq_sread inside a poll, so completions parked by senders are seen. */
+#define SREAD_SLICE_MS 20
+/* Operation contexts allocated at a time. */
+#define OP_SLAB 256
+
+enum op_kind { OP_SEND = 1, OP_RECV = 2 };
+
+/* Internal per-operation context; fictx first so &op->fictx == op is the op_context. */
+struct fabric_op {
+    struct fi_context2 fictx;
+    void *ctx; /* the caller's ctx */
+    int kind;  /* OP_SEND or OP_RECV */
+    struct fabric_op *next;
+};
+
+struct op_slab {
+    struct op_slab *next;
+    struct fabric_op ops[OP_SLAB];
+};
+
+struct fabric_mr {
+    struct fabric_mr *next;
+    struct fid_mr *mr;
+};
+
+struct psagg_fabric {
+    struct fi_info *info;
+    struct fid_fabric *fabric;
+    struct fid_domain *domain;
+    struct fid_cq *cq;
+    struct fid_av *av;
+    struct fid_ep *ep;
+
+    size_t max_msg;  /* opts->max_msg */
+    size_t name_len; /* length of this endpoint's name */
+    int addr_str;    /* addresses are strings (FI_ADDR_STR, shm) */
+    int local_mr;    /* mr_mode has FI_MR_LOCAL: psagg_fabric_reg registers */
+    int mr_endpoint; /* FI_MR_ENDPOINT: bind regions to the endpoint */
+    int mr_prov_key; /* FI_MR_PROV_KEY: provider picks keys */
+    int cq_wait;     /* the CQ has a wait object: poll may block in fi_cq_sread */
+    int serialize;   /* no FI_THREAD_SAFE granted: fab_lock around libfabric calls */
+    char prov[64];   /* provider name opened */
+
+    pthread_mutex_t fab_lock; /* only used when serialize */
+    pthread_mutex_t lock;     /* backlog, free ops, slabs, regions, next_key */
+
+    psagg_fabric_event *backlog; /* ring: completions read by send/post_recv */
+    size_t bl_head, bl_count, bl_cap;
+
+    struct fabric_op *free_ops;
+    struct op_slab *slabs;
+    struct fabric_mr *mrs;
+    uint64_t next_key;
+};
+
+static void fab_lock(psagg_fabric *f)
+{
+    if (f->serialize)
+        pthread_mutex_lock(&f->fab_lock);
+}
+
+static void fab_unlock(psagg_fabric *f)
+{
+    if (f->serialize)
+        pthread_mutex_unlock(&f->fab_lock);
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/*
+ * Map a libfabric error number (positive, as in fi_cq_err_entry.err or -ret) to a psagg
+ * status. Connection-level failures mean the peer died or cannot be reached (PSAGG_EPEER);
+ * a message longer than the receive buffer is the peer breaking the protocol (PSAGG_EPROTO);
+ * everything else is a libfabric failure.
+ */
+static int status_from_fi(int err)
+{
+    switch (err) {
+    case FI_ECONNREFUSED:
+    case FI_ECONNRESET:
+    case FI_ECONNABORTED:
+    case FI_ENOTCONN:
+    case FI_ESHUTDOWN:
+    case FI_EHOSTDOWN:
+    case FI_EHOSTUNREACH:
+    case FI_ENETDOWN:
+    case FI_ENETUNREACH:
+    case FI_ETIMEDOUT:
+    case FI_EREMOTEIO:
+    case FI_EIO:
+    case EPIPE:
+        return PSAGG_EPEER;
+    case FI_ETRUNC:
+        return PSAGG_EPROTO;
+    case FI_ECANCELED:
+        return PSAGG_ECLOSED;
+    case FI_ENOMEM:
+        return PSAGG_ENOMEM;
+    default:
+        return PSAGG_EFABRIC;
+    }
+}
+
+/* Take an operation context from the free list (growing it by a slab); NULL if out of memory. */
+static struct fabric_op *op_get(psagg_fabric *f, void *ctx, int kind)
+{
+    struct fabric_op *op;
+
+    pthread_mutex_lock(&f->lock);
+    if (f->free_ops == NULL) {
+        struct op_slab *s = calloc(1, sizeof(*s));
+        if (s == NULL) {
+            pthread_mutex_unlock(&f->lock);
+            return NULL;
+        }
+        s->next = f->slabs;
+        f->slabs = s;
+        for (int i = OP_SLAB - 1; i >= 0; i--) {
+            s->ops[i].next = f->free_ops;
+            f->free_ops = &s->ops[i];
+        }
+    }
+    op = f->free_ops;
+    f->free_ops = op->next;
+    pthread_mutex_unlock(&f->lock);
+
+    memset(&op->fictx, 0, sizeof(op->fictx));
+    op->ctx = ctx;
+    op->kind = kind;
+    op->next = NULL;
+    return op;
+}
+
+static void op_put_locked(psagg_fabric *f, struct fabric_op *op)
+{
+    op->next = f->free_ops;
+    f->free_ops = op;
+}
+
+static void op_put(psagg_fabric *f, struct fabric_op *op)
+{
+    pthread_mutex_lock(&f->lock);
+    op_put_locked(f, op);
+    pthread_mutex_unlock(&f->lock);
+}
+
+/*
+ * Read up to max completions (at most CQ_BATCH) and translate them into ev, returning their
+ * operation contexts to the free list. wait_ms > 0 blocks in fi_cq_sread up to that long (only
+ * when the CQ has a wait object). Returns the count, 0 if none, or a negative psagg_status if
+ * the CQ itself failed. An error entry is returned as one *_ERROR event; the provider's text
+ * is copied while its err_data is still valid (until the next fi_cq_readerr).
+ */
+static int cq_fetch(psagg_fabric *f, psagg_fabric_event *ev, int max, int wait_ms)
+{
+    struct fi_cq_msg_entry ent[CQ_BATCH];
+    struct fi_cq_err_entry err;
+    struct fabric_op *op = NULL;
+    ssize_t ret;
+    int n = max < CQ_BATCH ? max : CQ_BATCH;
+
+    fab_lock(f);
+    if (wait_ms > 0)
+        ret = fi_cq_sread(f->cq, ent, (size_t)n, NULL, wait_ms);
+    else
+        ret = fi_cq_read(f->cq, ent, (size_t)n);
+    if (ret == -FI_EAVAIL) {
+        char text[128];
+        memset(&err, 0, sizeof(err));
+        ret = fi_cq_readerr(f->cq, &err, 0);
+        if (ret == 1) {
+            const char *pt =
+                fi_cq_strerror(f->cq, err.prov_errno, err.err_data, text, sizeof(text));
+            op = err.op_context;
+            ev->ctx = op ? op->ctx : NULL;
+            if (op)
+                ev->kind = op->kind == OP_RECV ? PSAGG_FABRIC_RECV_ERROR : PSAGG_FABRIC_SEND_ERROR;
+            else
+                ev->kind =
+                    (err.flags & FI_RECV) ? PSAGG_FABRIC_RECV_ERROR : PSAGG_FABRIC_SEND_ERROR;
+            ev->len = err.len;
+            ev->status = status_from_fi(err.err);
+            snprintf(ev->msg, sizeof(ev->msg), "%s: %s (provider errno %d: %s)", f->prov,
+                     fi_strerror(err.err), err.prov_errno, pt ? pt : "?");
+        }
+        fab_unlock(f);
+        if (ret == 1) {
+            if (op)
+                op_put(f, op);
+            return 1;
+        }
+        if (ret == -FI_EAGAIN)
+            return 0; /* another thread took the error entry */
+        return psagg_fail(PSAGG_EFABRIC, "%s: fi_cq_readerr: %s", f->prov, fi_strerror((int)-ret));
+    }
+    fab_unlock(f);
+    /* sread: -FI_EAGAIN on timeout, -FI_ECANCELED after fi_cq_signal, -FI_EINTR on signals */
+    if (ret == -FI_EAGAIN || ret == -FI_ECANCELED || ret == -FI_EINTR)
+        return 0;
+    if (ret < 0)
+        return psagg_fail(PSAGG_EFABRIC, "%s: %s: %s", f->prov,
+                          wait_ms > 0 ? "fi_cq_sread" : "fi_cq_read", fi_strerror((int)-ret));
+
+    pthread_mutex_lock(&f->lock);
+    for (ssize_t i = 0; i < ret; i++) {
+        op = ent[i].op_context;
+        if (op) {
+            ev[i].kind = op->kind == OP_RECV ? PSAGG_FABRIC_RECV_DONE : PSAGG_FABRIC_SEND_DONE;
+            ev[i].ctx = op->ctx;
+            op_put_locked(f, op);
+        } else {
+            ev[i].kind = (ent[i].flags & FI_RECV) ? PSAGG_FABRIC_RECV_DONE : PSAGG_FABRIC_SEND_DONE;
+            ev[i].ctx = NULL;
+        }
+        ev[i].len = ev[i].kind == PSAGG_FABRIC_RECV_DONE ? ent[i].len : 0;
+        ev[i].status = PSAGG_OK;
+        ev[i].msg[0] = '\0';
+    }
+    pthread_mutex_unlock(&f->lock);
+    return (int)ret;
+}
+
+/* Move up to max parked completions into ev, oldest first. */
+static int backlog_pop(psagg_fabric *f, psagg_fabric_event *ev, int max)
+{
+    int n = 0;
+
+    pthread_mutex_lock(&f->lock);
+    while (n < max && f->bl_count > 0) {
+        ev[n++] = f->backlog[f->bl_head];
+        f->bl_head = (f->bl_head + 1) % f->bl_cap;
+        f->bl_count--;
+    }
+    pthread_mutex_unlock(&f->lock);
+    return n;
+}
+
+/* Park completions; the caller made sure they fit under BACKLOG_MAX. */
+static int backlog_push(psagg_fabric *f, const psagg_fabric_event *ev, int n)
+{
+    pthread_mutex_lock(&f->lock);
+    if (f->bl_count + (size_t)n > f->bl_cap) {
+        size_t cap = f->bl_cap ? f->bl_cap : 256;
+        while (cap < f->bl_count + (size_t)n)
+            cap *= 2;
+        psagg_fabric_event *nb = malloc(cap * sizeof(*nb));
+        if (nb == NULL) {
+            pthread_mutex_unlock(&f->lock);
+            return psagg_fail(PSAGG_ENOMEM, "%s: no memory to park %d completions", f->prov, n);
+        }
+        for (size_t i = 0; i < f->bl_count; i++)
+            nb[i] = f->backlog[(f->bl_head + i) % f->bl_cap];
+        free(f->backlog);
+        f->backlog = nb;
+        f->bl_cap = cap;
+        f->bl_head = 0;
+    }
+    for (int i = 0; i < n; i++)
+        f->backlog[(f->bl_head + f->bl_count + (size_t)i) % f->bl_cap] = ev[i];
+    f->bl_count += (size_t)n;
+    pthread_mutex_unlock(&f->lock);
+    return PSAGG_OK;
+}
+
+/*
+ * Drive progress from a send/post_recv that met -FI_EAGAIN: read the CQ and park what it
+ * returns for the next poll. Returns the number of completions read, PSAGG_EAGAIN when the
+ * backlog is full (the caller must poll first), or a fatal status.
+ */
+static int drive_progress(psagg_fabric *f)
+{
+    psagg_fabric_event ev[CQ_BATCH];
+    size_t room;
+    int n, st;
+
+    pthread_mutex_lock(&f->lock);
+    room = BACKLOG_MAX - f->bl_count;
+    pthread_mutex_unlock(&f->lock);
+    if (room == 0)
+        return psagg_fail(PSAGG_EAGAIN,
+                          "%s: %d completions are waiting for psagg_fabric_poll; poll first",
+                          f->prov, BACKLOG_MAX);
+    n = cq_fetch(f, ev, room < CQ_BATCH ? (int)room : CQ_BATCH, 0);
+    if (n <= 0)
+        return n;
+    st = backlog_push(f, ev, n);
+    if (st < 0)
+        return st;
+    if (f->cq_wait)
+        (void)fi_cq_signal(f->cq); /* wake a poll blocked in fi_cq_sread */
+    return n;
+}
+
+/*
+ * Post one send or receive, driving progress and retrying while the provider answers
+ * -FI_EAGAIN. Gives up with PSAGG_ETIMEDOUT after POST_RETRY_MS of nothing but -FI_EAGAIN
+ * (the peer's queue never drains, e.g. a dead shm peer), so no call blocks forever.
+ */
+static int post_op(psagg_fabric *f, struct fabric_op *op, fi_addr_t to, void *buf, size_t len,
+                   void *desc)
+{
+    const char *what = op->kind == OP_SEND ? "fi_send" : "fi_recv";
+    uint64_t deadline = 0;
+    unsigned idle = 0;
+    ssize_t ret;
+    int n;
+
+    for (;;) {
+        fab_lock(f);
+        if (op->kind == OP_SEND)
+            ret = fi_send(f->ep, buf, len, desc, to, &op->fictx);
+        else
+            ret = fi_recv(f->ep, buf, len, desc, FI_ADDR_UNSPEC, &op->fictx);
+        fab_unlock(f);
+        if (ret == 0)
+            return PSAGG_OK;
+        if (ret != -FI_EAGAIN) {
+            if (op->kind == OP_SEND)
+                return psagg_fail(status_from_fi((int)-ret),
+                                  "%s: fi_send to peer %" PRIu64 " (%zu bytes): %s", f->prov,
+                                  (uint64_t)to, len, fi_strerror((int)-ret));
+            return psagg_fail(status_from_fi((int)-ret), "%s: fi_recv (%zu bytes): %s", f->prov,
+                              len, fi_strerror((int)-ret));
+        }
+        n = drive_progress(f);
+        if (n < 0)
+            return n;
+        if (deadline == 0) {
+            deadline = now_ms() + POST_RETRY_MS;
+            LOG_DEBUG("%s: %s: queue full, driving progress", f->prov, what);
+        } else if (now_ms() > deadline) {
+            return psagg_fail(
+                PSAGG_ETIMEDOUT,
+                "%s: %s (%zu bytes) met -FI_EAGAIN for %d ms; peer %" PRIu64 " not draining",
+                f->prov, what, len, POST_RETRY_MS, op->kind == OP_SEND ? (uint64_t)to : UINT64_MAX);
+        }
+        if (n > 0) {
+            idle = 0;
+        } else if (++idle < 64) {
+            sched_yield();
+        } else {
+            struct timespec ts = {0, 50000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+/*
+ * Find the provider: FI_EP_RDM with FI_MSG, every mr_mode bit we can honour, FI_THREAD_SAFE
+ * if the provider grants it (else the best it offers, and we serialize). "tcp" means tcp
+ * under ofi_rxm; "shm" binds no node; any other name is passed through as prov_name.
+ */
+static int fabric_getinfo(const psagg_fabric_opts *opts, struct fi_info **out)
+{
+    const char *prov = strcmp(opts->provider, "tcp") == 0 ? "tcp;ofi_rxm" : opts->provider;
+    const char *node = strcmp(opts->provider, "shm") == 0 ? NULL : opts->node;
+    struct fi_info *hints, *info = NULL;
+    int ret, st = PSAGG_OK;
+
+    hints = fi_allocinfo();
+    if (hints == NULL)
+        return psagg_fail(PSAGG_ENOMEM, "fabric: fi_allocinfo failed");
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = FI_MSG;
+    hints->mode = FI_CONTEXT | FI_CONTEXT2; /* every op carries a struct fi_context2 */
+    hints->domain_attr->mr_mode =
+        FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+    hints->domain_attr->threading = FI_THREAD_SAFE;
+    hints->fabric_attr->prov_name = strdup(prov);
+    if (hints->fabric_attr->prov_name == NULL) {
+        st = psagg_fail(PSAGG_ENOMEM, "fabric: out of memory");
+        goto err_hints;
+    }
+
+    ret = fi_getinfo(FABRIC_API_VERSION, node, NULL, node ? FI_SOURCE : 0, hints, &info);
+    if (ret == -FI_ENODATA) {
+        /* Maybe only a lower threading level: take it and serialize ourselves. */
+        hints->domain_attr->threading = FI_THREAD_UNSPEC;
+        ret = fi_getinfo(FABRIC_API_VERSION, node, NULL, node ? FI_SOURCE : 0, hints, &info);
+    }
+    if (ret != 0) {
+        st = psagg_fail(PSAGG_EFABRIC,
+                        "fabric provider \"%s\" (prov_name \"%s\", node %s): fi_getinfo for "
+                        "FI_EP_RDM messaging failed: %s",
+                        opts->provider, prov, node ? node : "(any)", fi_strerror(-ret));
+        goto err_hints;
+    }
+    *out = info;
+err_hints:
+    fi_freeinfo(hints);
+    return st;
+}
+
+/*
+ * Open the completion queue, with an FD wait object where the provider has one (poll blocks in
+ * fi_cq_sread). Only FI_WAIT_FD: with FI_WAIT_UNSPEC libfabric 1.17 shm picks a yield wait
+ * whose fi_cq_sread did not return at its timeout (seen here), and shm has no FD wait, so shm
+ * polls with fi_cq_read and short sleeps instead.
+ */
+static int fabric_cq_open(psagg_fabric *f)
+{
+    struct fi_cq_attr attr;
+    size_t size = f->info->tx_attr->size + f->info->rx_attr->size;
+    int ret;
+
+    memset(&attr, 0, sizeof(attr));
+    attr.format = FI_CQ_FORMAT_MSG;
+    attr.size = size < 1024 ? 1024 : size;
+    attr.wait_obj = f->serialize ? FI_WAIT_NONE : FI_WAIT_FD;
+    ret = fi_cq_open(f->domain, &attr, &f->cq, NULL);
+    if (ret != 0 && attr.wait_obj != FI_WAIT_NONE) {
+        LOG_DEBUG("%s: CQ with a wait object: %s; polling without one", f->prov, fi_strerror(-ret));
+        attr.wait_obj = FI_WAIT_NONE;
+        ret = fi_cq_open(f->domain, &attr, &f->cq, NULL);
+    }
+    if (ret != 0)
+        return psagg_fail(PSAGG_EFABRIC, "%s: fi_cq_open: %s", f->prov, fi_strerror(-ret));
+    f->cq_wait = attr.wait_obj != FI_WAIT_NONE;
+    return PSAGG_OK;
+}
+
+/*
+ * Open the whole stack: fabric, domain, CQ, AV, endpoint (bound and enabled). On failure
+ * everything opened so far is closed again in reverse order and *out is untouched.
+ */
+psagg_status psagg_fabric_open(const psagg_fabric_opts *opts, psagg_fabric **out)
+{
+    psagg_fabric *f;
+    struct fi_av_attr av_attr;
+    uint64_t mr_mode;
+    char name[PSAGG_FABRIC_NAME_MAX];
+    int ret, st;
+
+    if (opts == NULL || out == NULL || opts->provider == NULL || opts->provider[0] == '\0')
+        return psagg_fail(PSAGG_EINVAL, "fabric: no provider given");
+    if (opts->max_msg == 0 || opts->max_msg > (size_t)SSIZE_MAX)
+        return psagg_fail(PSAGG_EINVAL, "fabric %s: max_msg %zu out of range (1..%zd)",
+                          opts->provider, opts->max_msg, (ssize_t)SSIZE_MAX);
+
+    f = calloc(1, sizeof(*f));
+    if (f == NULL)
+        return psagg_fail(PSAGG_ENOMEM, "fabric: out of memory");
+    f->max_msg = opts->max_msg;
+    pthread_mutex_init(&f->lock, NULL);
+    pthread_mutex_init(&f->fab_lock, NULL);
+
+    st = fabric_getinfo(opts, &f->info);
+    if (st < 0)
+        goto err_free;
+    snprintf(f->prov, sizeof(f->prov), "%s", f->info->fabric_attr->prov_name);
+
+    if (f->info->ep_attr->max_msg_size < opts->max_msg) {
+        st = psagg_fail(PSAGG_EUNSUPPORTED,
+                        "%s: max_msg %zu exceeds the provider's max_msg_size %zu", f->prov,
+                        opts->max_msg, f->info->ep_attr->max_msg_size);
+        goto err_info;
+    }
+    mr_mode = (uint64_t)f->info->domain_attr->mr_mode;
+    if (mr_mode == FI_MR_BASIC) /* pre-1.5 style: basic = virt_addr + allocated + prov_key */
+        mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+    f->local_mr = (mr_mode & FI_MR_LOCAL) || (f->info->mode & FI_LOCAL_MR);
+    f->mr_endpoint = (mr_mode & FI_MR_ENDPOINT) != 0;
+    f->mr_prov_key = (mr_mode & FI_MR_PROV_KEY) != 0;
+    f->serialize = f->info->domain_attr->threading != FI_THREAD_SAFE;
+    f->addr_str = f->info->addr_format == FI_ADDR_STR;
+
+    ret = fi_fabric(f->info->fabric_attr, &f->fabric, NULL);
+    if (ret != 0) {
+        st = psagg_fail(PSAGG_EFABRIC, "%s: fi_fabric: %s", f->prov, fi_strerror(-ret));
+        goto err_info;
+    }
+    ret = fi_domain(f->fabric, f->info, &f->domain, NULL);
+    if (ret != 0) {
+        st = psagg_fail(PSAGG_EFABRIC, "%s: fi_domain: %s", f->prov, fi_strerror(-ret));
+        goto err_fabric;
+    }
+    st = fabric_cq_open(f);
+    if (st < 0)
+        goto err_domain;
+
+    memset(&av_attr, 0, sizeof(av_attr));
+    av_attr.type = f->info->domain_attr->av_type;
+    ret = fi_av_open(f->domain, &av_attr, &f->av, NULL);
+    if (ret != 0) {
+        st = psagg_fail(PSAGG_EFABRIC, "%s: fi_av_open: %s", f->prov, fi_strerror(-ret));
+        goto err_cq;
+    }
+    ret = fi_endpoint(f->domain, f->info, &f->ep, NULL);
+    if (ret != 0) {
+        st = psagg_fail(PSAGG_EFABRIC, "%s: fi_endpoint: %s", f->prov, fi_strerror(-ret));
+        goto err_av;
+    }
+    ret = fi_ep_bind(f->ep, &f->av->fid, 0);
+    if (ret == 0)
+        ret = fi_ep_bind(f->ep, &f->cq->fid, FI_TRANSMIT | FI_RECV);
+    if (ret == 0)
+        ret = fi_enable(f->ep);
+    if (ret != 0) {
+        st = psagg_fail(PSAGG_EFABRIC, "%s: binding/enabling the endpoint: %s", f->prov,
+                        fi_strerror(-ret));
+        goto err_ep;
+    }
+    f->name_len = sizeof(name);
+    ret = fi_getname(&f->ep->fid, name, &f->name_len);
+    if (ret != 0) {
+        st = psagg_fail(PSAGG_EFABRIC, "%s: fi_getname: %s", f->prov, fi_strerror(-ret));
+        goto err_ep;
+    }
+
+    LOG_DEBUG("fabric: opened %s (fabric %s, domain %s), mr_mode 0x%" PRIx64
+              "%s, %s, cq wait %s, max_msg_size %zu",
+              f->prov, f->info->fabric_attr->name, f->info->domain_attr->name, mr_mode,
+              f->local_mr ? " (local registration)" : "",
+              f->serialize ? "serialized (no FI_THREAD_SAFE)" : "FI_THREAD_SAFE",
+              f->cq_wait ? "fd" : "none (fi_cq_read + sleeps)", f->info->ep_attr->max_msg_size);
+    *out = f;
+    return PSAGG_OK;
+
+err_ep:
+    fi_close(&f->ep->fid);
+err_av:
+    fi_close(&f->av->fid);
+err_cq:
+    fi_close(&f->cq->fid);
+err_domain:
+    fi_close(&f->domain->fid);
+err_fabric:
+    fi_close(&f->fabric->fid);
+err_info:
+    fi_freeinfo(f->info);
+err_free:
+    pthread_mutex_destroy(&f->fab_lock);
+    pthread_mutex_destroy(&f->lock);
+    free(f);
+    return st;
+}
+
+static void close_fid(psagg_fabric *f, struct fid *fid, const char *what)
+{
+    int ret = fi_close(fid);
+    if (ret != 0)
+        LOG_WARN("%s: closing the %s: %s", f->prov, what, fi_strerror(-ret));
+}
+
+/*
+ * Close everything. The endpoint goes first so that operations still in flight are cancelled
+ * before the regions they may use are deregistered (libfabric's fabtests order); then the
+ * regions, AV, CQ, domain and fabric. Completions not yet polled are dropped.
+ */
+void psagg_fabric_close(psagg_fabric *f)
+{
+    if (f == NULL)
+        return;
+    close_fid(f, &f->ep->fid, "endpoint");
+    while (f->mrs) {
+        struct fabric_mr *m = f->mrs;
+        f->mrs = m->next;
+        close_fid(f, &m->mr->fid, "memory region");
+        free(m);
+    }
+    close_fid(f, &f->av->fid, "address vector");
+    close_fid(f, &f->cq->fid, "completion queue");
+    close_fid(f, &f->domain->fid, "domain");
+    close_fid(f, &f->fabric->fid, "fabric");
+    fi_freeinfo(f->info);
+    while (f->slabs) {
+        struct op_slab *s = f->slabs;
+        f->slabs = s->next;
+        free(s);
+    }
+    free(f->backlog);
+    pthread_mutex_destroy(&f->fab_lock);
+    pthread_mutex_destroy(&f->lock);
+    free(f);
+}
+
+const char *psagg_fabric_provider(const psagg_fabric *f)
+{
+    return f ? f->prov : "";
+}
+
+/* Copy the endpoint name into buf; *len is the room in, the name's length out. */
+psagg_status psagg_fabric_name(psagg_fabric *f, void *buf, size_t *len)
+{
+    size_t room;
+    int ret;
+
+    if (f == NULL || buf == NULL || len == NULL)
+        return psagg_fail(PSAGG_EINVAL, "fabric name: NULL argument");
+    room = *len;
+    ret = fi_getname(&f->ep->fid, buf, len);
+    if (ret == -FI_ETOOSMALL)
+        return psagg_fail(PSAGG_EINVAL, "%s: endpoint name needs %zu bytes, buffer has %zu",
+                          f->prov, *len, room);
+    if (ret != 0)
+        return psagg_fail(PSAGG_EFABRIC, "%s: fi_getname: %s", f->prov, fi_strerror(-ret));
+    return PSAGG_OK;
+}
+
+/*
+ * Insert a peer's endpoint name into the AV. fi_av_insert reads as many bytes as the
+ * provider's address format has and takes no length, so the name (which came off the wire)
+ * is checked first: string addresses must be NUL-terminated within len, binary ones must be
+ * exactly as long as our own name.
+ */
+psagg_status psagg_fabric_add_peer(psagg_fabric *f, const void *name, size_t len, psagg_peer *out)
+{
+    fi_addr_t addr = FI_ADDR_NOTAVAIL;
+    int ret;
+
+    if (f == NULL || name == NULL || out == NULL)
+        return psagg_fail(PSAGG_EINVAL, "fabric add_peer: NULL argument");
+    if (len == 0 || len > PSAGG_FABRIC_NAME_MAX)
+        return psagg_fail(PSAGG_EINVAL, "%s: peer name of %zu bytes (1..%d)", f->prov, len,
+                          PSAGG_FABRIC_NAME_MAX);
+    if (f->addr_str ? memchr(name, '\0', len) == NULL : len != f->name_len)
+        return psagg_fail(PSAGG_EINVAL, "%s: peer name of %zu bytes is not a %s address", f->prov,
+                          len, f->addr_str ? "NUL-terminated string" : "same-format");
+    fab_lock(f);
+    ret = fi_av_insert(f->av, name, 1, &addr, 0, NULL);
+    fab_unlock(f);
+    if (ret != 1 || addr == FI_ADDR_NOTAVAIL)
+        return psagg_fail(PSAGG_EFABRIC, "%s: fi_av_insert: %s", f->prov,
+                          ret < 0 ? fi_strerror(-ret) : "address not accepted");
+    *out = (psagg_peer)addr;
+    return PSAGG_OK;
+}
+
+/*
+ * Register buf for sends and receives when the provider's mr_mode has FI_MR_LOCAL (binding it
+ * to the endpoint under FI_MR_ENDPOINT); otherwise nothing to do and *desc = NULL.
+ */
+psagg_status psagg_fabric_reg(psagg_fabric *f, void *buf, size_t len, void **desc)
+{
+    struct fabric_mr *m;
+    uint64_t key;
+    int ret, st;
+
+    if (f == NULL || buf == NULL || len == 0 || desc == NULL)
+        return psagg_fail(PSAGG_EINVAL, "fabric reg: NULL or empty region");
+    if (!f->local_mr) {
+        *desc = NULL;
+        return PSAGG_OK;
+    }
+    m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return psagg_fail(PSAGG_ENOMEM, "fabric reg: out of memory");
+    pthread_mutex_lock(&f->lock);
+    key = f->next_key++; /* ignored under FI_MR_PROV_KEY */
+    pthread_mutex_unlock(&f->lock);
+
+    fab_lock(f);
+    ret = fi_mr_reg(f->domain, buf, len, FI_SEND | FI_RECV, 0, key, 0, &m->mr, NULL);
+    fab_unlock(f);
+    if (ret != 0) {
+        st = psagg_fail(PSAGG_EFABRIC, "%s: fi_mr_reg(%zu bytes): %s", f->prov, len,
+                        fi_strerror(-ret));
+        goto err_free;
+    }
+    if (f->mr_endpoint) {
+        fab_lock(f);
+        ret = fi_mr_bind(m->mr, &f->ep->fid, 0);
+        if (ret == 0)
+            ret = fi_mr_enable(m->mr);
+        fab_unlock(f);
+        if (ret != 0) {
+            st = psagg_fail(PSAGG_EFABRIC, "%s: binding a memory region to the endpoint: %s",
+                            f->prov, fi_strerror(-ret));
+            goto err_close;
+        }
+    }
+    *desc = fi_mr_desc(m->mr);
+    pthread_mutex_lock(&f->lock);
+    m->next = f->mrs;
+    f->mrs = m;
+    pthread_mutex_unlock(&f->lock);
+    return PSAGG_OK;
+
+err_close:
+    fi_close(&m->mr->fid);
+err_free:
+    free(m);
+    return st;
+}
+
+psagg_status psagg_fabric_post_recv(psagg_fabric *f, void *buf, size_t len, void *desc, void *ctx)
+{
+    struct fabric_op *op;
+    int st;
+
+    if (f == NULL || (buf == NULL && len > 0))
+        return psagg_fail(PSAGG_EINVAL, "fabric post_recv: NULL buffer");
+    op = op_get(f, ctx, OP_RECV);
+    if (op == NULL)
+        return psagg_fail(PSAGG_ENOMEM, "%s: post_recv: out of memory", f->prov);
+    st = post_op(f, op, FI_ADDR_UNSPEC, buf, len, desc);
+    if (st < 0)
+        op_put(f, op);
+    return st;
+}
+
+psagg_status psagg_fabric_send(psagg_fabric *f, psagg_peer to, const void *buf, size_t len,
+                               void *desc, void *ctx)
+{
+    struct fabric_op *op;
+    int st;
+
+    if (f == NULL || (buf == NULL && len > 0))
+        return psagg_fail(PSAGG_EINVAL, "fabric send: NULL buffer");
+    if (len > f->max_msg)
+        return psagg_fail(PSAGG_EINVAL, "%s: send of %zu bytes exceeds max_msg %zu", f->prov, len,
+                          f->max_msg);
+    op = op_get(f, ctx, OP_SEND);
+    if (op == NULL)
+        return psagg_fail(PSAGG_ENOMEM, "%s: send: out of memory", f->prov);
+    st = post_op(f, op, (fi_addr_t)to, (void *)buf, len, desc);
+    if (st < 0)
+        op_put(f, op);
+    return st;
+}
+
+/*
+ * Return parked completions first, then what the CQ has. With nothing and timeout_ms > 0,
+ * wait: in fi_cq_sread slices of at most SREAD_SLICE_MS when the CQ has a wait object (a
+ * sender that parks completions also signals the CQ), else fi_cq_read with yields and 50 us
+ * sleeps, until the first completion or the deadline.
+ */
+int psagg_fabric_poll(psagg_fabric *f, psagg_fabric_event *ev, int max, int timeout_ms)
+{
+    uint64_t deadline = 0;
+    unsigned idle = 0;
+    int n, r;
+
+    if (f == NULL || ev == NULL || max <= 0)
+        return psagg_fail(PSAGG_EINVAL, "fabric poll: bad arguments");
+    for (;;) {
+        n = backlog_pop(f, ev, max);
+        if (n < max) {
+            r = cq_fetch(f, ev + n, max - n, 0);
+            if (r < 0)
+                return n > 0 ? n : r; /* a failed CQ fails again on the next call */
+            n += r;
+        }
+        if (n > 0 || timeout_ms <= 0)
+            return n;
+
+        uint64_t now = now_ms();
+        if (deadline == 0)
+            deadline = now + (uint64_t)timeout_ms;
+        if (now >= deadline)
+            return 0;
+        if (f->cq_wait) {
+            uint64_t left = deadline - now;
+            r = cq_fetch(f, ev, max, left < SREAD_SLICE_MS ? (int)left : SREAD_SLICE_MS);
+            if (r != 0)
+                return r;
+        } else if (++idle < 64) {
+            sched_yield();
+        } else {
+            struct timespec ts = {0, 50000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}

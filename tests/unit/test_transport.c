@@ -1,0 +1,778 @@
+/*
+ * test_transport.c - common/transport.c over real libfabric providers (tcp under ofi_rxm on
+ * 127.0.0.1, and shm), between two processes.
+ *
+ * For each provider the driver forks a "parent" process, which forks its "child"; they open a
+ * fabric each, swap endpoint names over a socketpair and then run:
+ *   1. ping-pong: 200 messages of 1, 7, 4096 and 1 MiB+7 bytes, contents checked;
+ *   2. burst: 500 messages child -> parent, more than the 64 receives posted (the parent
+ *      starts late and reposts after each one), all must arrive exactly once, intact;
+ *   3. flood: 3000 small sends posted back to back (meets -FI_EAGAIN under small queues);
+ *   4. peer death: the child exits without closing; the parent's sends to it must each
+ *      complete (with success or an error event) or fail at once, never hang.
+ * Each provider also runs with tiny transmit queues (FI_OFI_RXM_TX_SIZE / FI_SHM_TX_SIZE) so
+ * that sends meet -FI_EAGAIN and completions get parked. Then, in the driver, error paths and
+ * several threads sending to the process's own endpoint while one thread polls.
+ * alarm() is a watchdog on every process; it fails the test with the phase that hung.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "../testutil.h"
+#include "transport.h"
+
+#define NRECV      64
+#define NSEND      32
+#define MSG_MAX    ((size_t)(1u << 20) + 64)
+#define BIG        ((size_t)(1u << 20) + 7)
+#define PINGS      200
+#define BURST      500
+#define FLOOD      3000
+#define FLOOD_LEN  16
+#define DEAD_SENDS 8
+#define WAIT_MS    20000 /* longest wait for any one expected completion */
+
+static const char *volatile phase = "start";
+static char who[48] = "driver";
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+    const char *p = (const char *)phase;
+    char line[160];
+    int n = snprintf(line, sizeof(line), "[%s] WATCHDOG: phase \"%s\" hung\n", who, p);
+    if (n > 0)
+        (void)!write(2, line, (size_t)n);
+    _exit(3);
+}
+
+static void set_phase(const char *p, unsigned seconds)
+{
+    phase = p;
+    alarm(seconds);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Byte j of message m: depends on both, and on j's high bits (catches moved blocks). */
+static uint8_t pat(uint32_t m, size_t j)
+{
+    uint32_t x = (m + 1u) * 2654435761u ^ (uint32_t)j * 40503u ^ (uint32_t)(j >> 9) * 97u;
+    return (uint8_t)(x ^ (x >> 13) ^ (x >> 24));
+}
+
+static void fill(uint8_t *b, size_t len, uint32_t m)
+{
+    for (size_t j = 0; j < len; j++)
+        b[j] = pat(m, j);
+}
+
+static void check_content(const uint8_t *b, size_t len, uint32_t m, size_t from)
+{
+    for (size_t j = from; j < len; j++)
+        CHECK(b[j] == pat(m, j), "[%s] %s: message %u byte %zu of %zu is 0x%02x, want 0x%02x", who,
+              phase, m, j, len, b[j], pat(m, j));
+}
+
+static void xwrite(int fd, const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        CHECK(n > 0, "[%s] control write: %s", who, strerror(errno));
+        p += n;
+        len -= (size_t)n;
+    }
+}
+
+static void xread(int fd, void *buf, size_t len)
+{
+    char *p = buf;
+    while (len > 0) {
+        ssize_t n = read(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        CHECK(n > 0, "[%s] control read: %s", who, n == 0 ? "peer closed" : strerror(errno));
+        p += n;
+        len -= (size_t)n;
+    }
+}
+
+static void sync_byte(int fd, char send, char want)
+{
+    char c = 0;
+    xwrite(fd, &send, 1);
+    xread(fd, &c, 1);
+    CHECK(c == want, "[%s] control: got '%c', want '%c'", who, c, want);
+}
+
+/* One process's end: its fabric, receive buffers and a ring of send buffers. */
+struct side {
+    psagg_fabric *f;
+    psagg_peer peer;
+    uint8_t *rbuf[NRECV];
+    void *rdesc[NRECV];
+    int rid[NRECV];
+    uint8_t *sbuf[NSEND];
+    void *sdesc[NSEND];
+    int sid[NSEND];
+    int sbusy[NSEND];
+    int sends_out;
+    uint8_t *flood; /* FLOOD small send buffers */
+    void *flood_desc;
+    int flood_out;
+    int rq_idx[NRECV]; /* received, not yet consumed */
+    size_t rq_len[NRECV];
+    int rq_head, rq_n;
+    int allow_errors; /* peer-death phase: count errors instead of failing */
+    int send_ok, send_err, recv_err;
+    int first_err_status;
+    char first_err[160];
+    char peer_name[PSAGG_FABRIC_NAME_MAX + 1];
+};
+
+static int ctx_in(const void *ctx, const int *arr, int n)
+{
+    return (const int *)ctx >= arr && (const int *)ctx < arr + n;
+}
+
+static void handle(struct side *s, const psagg_fabric_event *e)
+{
+    int is_flood = s->flood && (const uint8_t *)e->ctx >= s->flood &&
+                   (const uint8_t *)e->ctx < s->flood + (size_t)FLOOD * FLOOD_LEN;
+
+    if (e->kind == PSAGG_FABRIC_SEND_DONE || e->kind == PSAGG_FABRIC_SEND_ERROR) {
+        if (e->kind == PSAGG_FABRIC_SEND_ERROR) {
+            CHECK(s->allow_errors, "[%s] %s: send error %d (%s): %s", who, phase, e->status,
+                  psagg_strerror(e->status), e->msg);
+            CHECK(e->status < 0, "[%s] send error event with status %d", who, e->status);
+            if (s->send_err++ == 0) {
+                s->first_err_status = e->status;
+                snprintf(s->first_err, sizeof(s->first_err), "%s", e->msg);
+            }
+        } else {
+            s->send_ok++;
+        }
+        if (is_flood) {
+            s->flood_out--;
+            return;
+        }
+        CHECK(ctx_in(e->ctx, s->sid, NSEND), "[%s] %s: send completion with unknown ctx %p", who,
+              phase, e->ctx);
+        int k = *(const int *)e->ctx;
+        CHECK(s->sbusy[k], "[%s] %s: second completion for send slot %d", who, phase, k);
+        s->sbusy[k] = 0;
+        s->sends_out--;
+        return;
+    }
+    CHECK(e->kind == PSAGG_FABRIC_RECV_DONE || e->kind == PSAGG_FABRIC_RECV_ERROR,
+          "[%s] %s: event kind %d", who, phase, (int)e->kind);
+    if (e->kind == PSAGG_FABRIC_RECV_ERROR) {
+        CHECK(s->allow_errors, "[%s] %s: receive error %d (%s): %s", who, phase, e->status,
+              psagg_strerror(e->status), e->msg);
+        s->recv_err++;
+        return;
+    }
+    CHECK(ctx_in(e->ctx, s->rid, NRECV), "[%s] %s: receive completion with unknown ctx %p", who,
+          phase, e->ctx);
+    CHECK(s->rq_n < NRECV, "[%s] more receive completions than buffers", who);
+    int slot = (s->rq_head + s->rq_n++) % NRECV;
+    s->rq_idx[slot] = *(const int *)e->ctx;
+    s->rq_len[slot] = e->len;
+}
+
+/* Poll once (waiting up to timeout_ms) and dispatch; returns the number of events. */
+static int pump(struct side *s, int timeout_ms)
+{
+    psagg_fabric_event ev[16];
+    int n = psagg_fabric_poll(s->f, ev, 16, timeout_ms);
+    CHECK(n >= 0, "[%s] %s: poll: %s: %s", who, phase, psagg_strerror(n), psagg_last_error());
+    for (int i = 0; i < n; i++)
+        handle(s, &ev[i]);
+    return n;
+}
+
+static void next_recv(struct side *s, int *idx, size_t *len)
+{
+    double deadline = now_s() + WAIT_MS / 1000.0;
+    while (s->rq_n == 0) {
+        CHECK(now_s() < deadline, "[%s] %s: no message within %d ms", who, phase, WAIT_MS);
+        pump(s, 100);
+    }
+    *idx = s->rq_idx[s->rq_head];
+    *len = s->rq_len[s->rq_head];
+    s->rq_head = (s->rq_head + 1) % NRECV;
+    s->rq_n--;
+}
+
+static void repost(struct side *s, int i)
+{
+    int st = psagg_fabric_post_recv(s->f, s->rbuf[i], MSG_MAX, s->rdesc[i], &s->rid[i]);
+    CHECK(st == PSAGG_OK, "[%s] %s: post_recv: %s", who, phase, psagg_last_error());
+}
+
+static int free_slot(struct side *s)
+{
+    double deadline = now_s() + WAIT_MS / 1000.0;
+    for (;;) {
+        for (int k = 0; k < NSEND; k++)
+            if (!s->sbusy[k])
+                return k;
+        CHECK(now_s() < deadline, "[%s] %s: no send completed within %d ms", who, phase, WAIT_MS);
+        pump(s, 100);
+    }
+}
+
+static void send_slot(struct side *s, int k, size_t len)
+{
+    s->sbusy[k] = 1;
+    s->sends_out++;
+    int st = psagg_fabric_send(s->f, s->peer, s->sbuf[k], len, s->sdesc[k], &s->sid[k]);
+    CHECK(st == PSAGG_OK, "[%s] %s: send %zu bytes: %s", who, phase, len, psagg_last_error());
+}
+
+static void drain_sends(struct side *s)
+{
+    double deadline = now_s() + WAIT_MS / 1000.0;
+    while (s->sends_out > 0 || s->flood_out > 0) {
+        CHECK(now_s() < deadline, "[%s] %s: %d sends still pending after %d ms", who, phase,
+              s->sends_out + s->flood_out, WAIT_MS);
+        pump(s, 100);
+    }
+}
+
+static void side_open(struct side *s, const char *prov, int ctl)
+{
+    psagg_fabric_opts o = {.provider = prov,
+                           .node = strcmp(prov, "tcp") == 0 ? "127.0.0.1" : NULL,
+                           .max_msg = MSG_MAX};
+    char name[PSAGG_FABRIC_NAME_MAX], pname[PSAGG_FABRIC_NAME_MAX];
+    size_t len = sizeof(name);
+    uint32_t plen;
+    int st;
+
+    memset(s, 0, sizeof(*s));
+    st = psagg_fabric_open(&o, &s->f);
+    CHECK(st == PSAGG_OK, "[%s] open %s: %s: %s", who, prov, psagg_strerror(st),
+          psagg_last_error());
+    st = psagg_fabric_name(s->f, name, &len);
+    CHECK(st == PSAGG_OK, "[%s] name: %s", who, psagg_last_error());
+    plen = (uint32_t)len;
+    xwrite(ctl, &plen, sizeof(plen));
+    xwrite(ctl, name, len);
+    xread(ctl, &plen, sizeof(plen));
+    CHECK(plen > 0 && plen <= sizeof(pname), "[%s] peer name length %u", who, plen);
+    xread(ctl, pname, plen);
+    memcpy(s->peer_name, pname, plen);
+    s->peer_name[plen < sizeof(s->peer_name) ? plen : sizeof(s->peer_name) - 1] = '\0';
+    st = psagg_fabric_add_peer(s->f, pname, plen, &s->peer);
+    CHECK(st == PSAGG_OK, "[%s] add_peer: %s", who, psagg_last_error());
+
+    for (int i = 0; i < NRECV; i++) {
+        s->rbuf[i] = malloc(MSG_MAX);
+        CHECK(s->rbuf[i] != NULL, "out of memory");
+        st = psagg_fabric_reg(s->f, s->rbuf[i], MSG_MAX, &s->rdesc[i]);
+        CHECK(st == PSAGG_OK, "[%s] reg: %s", who, psagg_last_error());
+        s->rid[i] = i;
+        repost(s, i);
+    }
+    for (int k = 0; k < NSEND; k++) {
+        s->sbuf[k] = malloc(MSG_MAX);
+        CHECK(s->sbuf[k] != NULL, "out of memory");
+        st = psagg_fabric_reg(s->f, s->sbuf[k], MSG_MAX, &s->sdesc[k]);
+        CHECK(st == PSAGG_OK, "[%s] reg: %s", who, psagg_last_error());
+        s->sid[k] = k;
+    }
+    s->flood = malloc((size_t)FLOOD * FLOOD_LEN);
+    CHECK(s->flood != NULL, "out of memory");
+    st = psagg_fabric_reg(s->f, s->flood, (size_t)FLOOD * FLOOD_LEN, &s->flood_desc);
+    CHECK(st == PSAGG_OK, "[%s] reg: %s", who, psagg_last_error());
+}
+
+static void side_free(struct side *s)
+{
+    for (int i = 0; i < NRECV; i++)
+        free(s->rbuf[i]);
+    for (int k = 0; k < NSEND; k++)
+        free(s->sbuf[k]);
+    free(s->flood);
+}
+
+static const size_t ping_sizes[4] = {1, 7, 4096, BIG};
+static const size_t burst_sizes[6] = {4, 100, 4096, 20000, 200000, BIG};
+
+static void run_child(const char *prov, int ctl)
+{
+    struct side s;
+    int idx;
+    size_t len;
+
+    set_phase("child: open", 60);
+    side_open(&s, prov, ctl);
+    sync_byte(ctl, 'c', 'p'); /* both have their receives posted */
+
+    set_phase("child: ping-pong", 120);
+    for (uint32_t i = 0; i < PINGS; i++) {
+        size_t want = ping_sizes[i % 4];
+        next_recv(&s, &idx, &len);
+        CHECK(len == want, "[%s] ping %u: %zu bytes, want %zu", who, i, len, want);
+        check_content(s.rbuf[idx], len, i, 0);
+        repost(&s, idx);
+        int k = free_slot(&s);
+        fill(s.sbuf[k], want, i + 50000);
+        send_slot(&s, k, want);
+    }
+    drain_sends(&s);
+    sync_byte(ctl, 'c', 'p');
+
+    set_phase("child: burst", 120);
+    for (uint32_t m = 0; m < BURST; m++) {
+        size_t sz = burst_sizes[m % 6];
+        int k = free_slot(&s);
+        memcpy(s.sbuf[k], &m, 4);
+        fill(s.sbuf[k] + 4, sz - 4, m + 100000);
+        send_slot(&s, k, sz);
+    }
+    drain_sends(&s);
+    sync_byte(ctl, 'c', 'p');
+
+    set_phase("child: flood", 120);
+    for (uint32_t m = 0; m < FLOOD; m++) {
+        uint8_t *b = s.flood + (size_t)m * FLOOD_LEN;
+        memcpy(b, &m, 4);
+        fill(b + 4, FLOOD_LEN - 4, m + 200000);
+        s.flood_out++;
+        int st = psagg_fabric_send(s.f, s.peer, b, FLOOD_LEN, s.flood_desc, b);
+        CHECK(st == PSAGG_OK, "[%s] flood send %u: %s", who, m, psagg_last_error());
+    }
+    drain_sends(&s);
+    sync_byte(ctl, 'c', 'p');
+
+    /* Peer death: leave without closing anything. */
+    set_phase("child: exit", 10);
+    xwrite(ctl, "D", 1);
+    _exit(0);
+}
+
+static void run_parent(const char *prov, int ctl, pid_t child)
+{
+    struct side s;
+    int idx, status;
+    size_t len;
+    double t0;
+
+    set_phase("parent: open", 60);
+    side_open(&s, prov, ctl);
+    fprintf(stderr, "[%s] opened provider \"%s\"\n", who, psagg_fabric_provider(s.f));
+    sync_byte(ctl, 'p', 'c');
+
+    set_phase("parent: ping-pong", 120);
+    t0 = now_s();
+    for (uint32_t i = 0; i < PINGS; i++) {
+        size_t want = ping_sizes[i % 4];
+        int k = free_slot(&s);
+        fill(s.sbuf[k], want, i);
+        send_slot(&s, k, want);
+        next_recv(&s, &idx, &len);
+        CHECK(len == want, "[%s] pong %u: %zu bytes, want %zu", who, i, len, want);
+        check_content(s.rbuf[idx], len, i + 50000, 0);
+        repost(&s, idx);
+    }
+    drain_sends(&s);
+    fprintf(stderr, "[%s] ping-pong: %d round trips ok (%.2f s)\n", who, PINGS, now_s() - t0);
+    sync_byte(ctl, 'p', 'c');
+
+    set_phase("parent: burst", 120);
+    t0 = now_s();
+    {
+        static unsigned char seen[BURST];
+        struct timespec late = {0, 300 * 1000 * 1000};
+        memset(seen, 0, sizeof(seen));
+        nanosleep(&late, NULL); /* let the child's burst overrun the 64 posted buffers */
+        for (int got = 0; got < BURST; got++) {
+            uint32_t m;
+            next_recv(&s, &idx, &len);
+            CHECK(len >= 4, "[%s] burst message of %zu bytes", who, len);
+            memcpy(&m, s.rbuf[idx], 4);
+            CHECK(m < BURST, "[%s] burst message number %u", who, m);
+            CHECK(!seen[m], "[%s] burst message %u arrived twice", who, m);
+            seen[m] = 1;
+            CHECK(len == burst_sizes[m % 6], "[%s] burst message %u: %zu bytes, want %zu", who, m,
+                  len, burst_sizes[m % 6]);
+            check_content(s.rbuf[idx] + 4, len - 4, m + 100000, 0);
+            repost(&s, idx);
+        }
+    }
+    fprintf(stderr, "[%s] burst: %d messages over %d buffers, all intact (%.2f s)\n", who, BURST,
+            NRECV, now_s() - t0);
+    sync_byte(ctl, 'p', 'c');
+
+    set_phase("parent: flood", 120);
+    t0 = now_s();
+    {
+        static unsigned char seen[FLOOD];
+        memset(seen, 0, sizeof(seen));
+        for (int got = 0; got < FLOOD; got++) {
+            uint32_t m;
+            next_recv(&s, &idx, &len);
+            CHECK(len == FLOOD_LEN, "[%s] flood message of %zu bytes", who, len);
+            memcpy(&m, s.rbuf[idx], 4);
+            CHECK(m < FLOOD && !seen[m], "[%s] flood message %u out of range or twice", who, m);
+            seen[m] = 1;
+            check_content(s.rbuf[idx] + 4, len - 4, m + 200000, 0);
+            repost(&s, idx);
+        }
+    }
+    fprintf(stderr, "[%s] flood: %d small messages, all intact (%.2f s)\n", who, FLOOD,
+            now_s() - t0);
+    sync_byte(ctl, 'p', 'c');
+
+    /* Peer death: the child leaves without closing; our sends must not hang. */
+    set_phase("parent: peer death", 150);
+    {
+        char c = 0;
+        xread(ctl, &c, 1);
+        CHECK(c == 'D', "[%s] control: got '%c', want 'D'", who, c);
+        CHECK(waitpid(child, &status, 0) == child, "[%s] waitpid: %s", who, strerror(errno));
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "[%s] child failed (status 0x%x)", who,
+              status);
+        t0 = now_s();
+        s.allow_errors = 1;
+        s.send_ok = s.send_err = 0;
+        int refused = 0, pending = 0, pending_small = 0;
+        size_t slot_len[NSEND] = {0};
+        char refused_msg[200] = "";
+        for (int i = 0; i < DEAD_SENDS; i++) {
+            size_t sz = i % 2 ? BIG : 16; /* eager and rendezvous/CMA-sized */
+            int k = free_slot(&s);
+            fill(s.sbuf[k], sz, 900000 + (uint32_t)i);
+            s.sbusy[k] = 1;
+            s.sends_out++;
+            slot_len[k] = sz;
+            int st = psagg_fabric_send(s.f, s.peer, s.sbuf[k], sz, s.sdesc[k], &s.sid[k]);
+            if (st != PSAGG_OK) { /* failed at once: no completion will come */
+                s.sbusy[k] = 0;
+                s.sends_out--;
+                if (refused++ == 0)
+                    snprintf(refused_msg, sizeof(refused_msg), "%s: %s", psagg_strerror(st),
+                             psagg_last_error());
+            }
+            pump(&s, 10);
+        }
+        double deadline = now_s() + 10.0;
+        while (s.sends_out > 0 && now_s() < deadline)
+            pump(&s, 100);
+        for (int k = 0; k < NSEND; k++)
+            if (s.sbusy[k]) {
+                pending++;
+                pending_small += slot_len[k] <= 4096;
+            }
+        fprintf(stderr,
+                "[%s] peer death: %d sends: %d completed ok, %d error events (first: %s: %s), "
+                "%d refused at once (%s), %d pending; %d receive errors (%.2f s)\n",
+                who, DEAD_SENDS, s.send_ok, s.send_err,
+                s.send_err ? psagg_strerror(s.first_err_status) : "-",
+                s.send_err ? s.first_err : "-", refused, refused ? refused_msg : "-", pending,
+                s.recv_err, now_s() - t0);
+        if (strcmp(prov, "shm") == 0) {
+            /*
+             * libfabric 1.17 shm cannot notice a dead peer: small messages are written into
+             * the peer's queue (complete), large ones wait for the receiver to pull them
+             * (CMA/SAR) and never complete. The calls return; the control channel has to
+             * detect the death. Anything else pending is a failure.
+             */
+            CHECK(pending_small == 0, "[%s] %d small sends to the dead peer still pending", who,
+                  pending_small);
+            if (pending > 0)
+                fprintf(stderr,
+                        "[%s] KNOWN LIMITATION (libfabric shm): %d sends of %zu bytes to the dead "
+                        "peer get no completion; only the control channel can tell\n",
+                        who, pending, BIG);
+        } else {
+            CHECK(pending == 0,
+                  "[%s] %d sends to the dead peer neither completed nor failed within 10 s", who,
+                  pending);
+        }
+        /* The dead child never closed its shm region; remove it (test hygiene). */
+        if (strcmp(prov, "shm") == 0 && strncmp(s.peer_name, "fi_shm://", 9) == 0 &&
+            strchr(s.peer_name + 9, '/') == NULL)
+            shm_unlink(s.peer_name + 9);
+    }
+
+    set_phase("parent: close", 30);
+    psagg_fabric_close(s.f);
+    side_free(&s);
+}
+
+/*
+ * Test hygiene: libfabric 1.17 shm keeps each endpoint's region in /dev/shm/<pid>:0:0 until
+ * fi_close; a role that fails (exit without closing) removes its own so runs leave no 16 MB
+ * files behind. (The dead-peer child uses _exit, and the parent removes its region.)
+ */
+static void shm_cleanup_self(void)
+{
+    char name[64];
+    snprintf(name, sizeof(name), "/%d:0:0", (int)getpid());
+    shm_unlink(name);
+}
+
+/* One provider: fork the parent role, which forks the child role. 0 on success. */
+static int run_pair(const char *prov, int small_queues)
+{
+    pid_t parent = fork();
+    CHECK(parent >= 0, "fork: %s", strerror(errno));
+    if (parent == 0) {
+        int sv[2];
+        signal(SIGALRM, on_alarm);
+        signal(SIGPIPE, SIG_IGN);
+        if (small_queues) {
+            /* Tiny transmit queues: sends meet -FI_EAGAIN and must drive progress. */
+            setenv("FI_OFI_RXM_TX_SIZE", "16", 1);
+            setenv("FI_SHM_TX_SIZE", "16", 1);
+        }
+        CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair: %s", strerror(errno));
+        pid_t child = fork();
+        CHECK(child >= 0, "fork: %s", strerror(errno));
+        if (strcmp(prov, "shm") == 0)
+            atexit(shm_cleanup_self); /* both roles inherit it */
+        if (child == 0) {
+            close(sv[0]);
+            snprintf(who, sizeof(who), "%s%s child", prov, small_queues ? "/smallq" : "");
+            run_child(prov, sv[1]);
+            _exit(0);
+        }
+        close(sv[1]);
+        snprintf(who, sizeof(who), "%s%s parent", prov, small_queues ? "/smallq" : "");
+        run_parent(prov, sv[0], child);
+        close(sv[0]);
+        exit(0);
+    }
+    int status;
+    CHECK(waitpid(parent, &status, 0) == parent, "waitpid: %s", strerror(errno));
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        return 0;
+    fprintf(stderr, "[driver] provider %s%s FAILED (status 0x%x)\n", prov,
+            small_queues ? " (small queues)" : "", status);
+    /* Leave no stray child behind. */
+    return 1;
+}
+
+static void check_error_paths(void)
+{
+    psagg_fabric_opts o = {.provider = "nosuchprov", .node = "127.0.0.1", .max_msg = 4096};
+    psagg_fabric *f = NULL;
+    int st;
+
+    set_phase("error paths", 60);
+    st = psagg_fabric_open(&o, &f);
+    CHECK(st == PSAGG_EFABRIC && f == NULL, "unknown provider: status %d", st);
+    CHECK(strstr(psagg_last_error(), "nosuchprov") != NULL, "message does not name it: %s",
+          psagg_last_error());
+    fprintf(stderr, "[driver] unknown provider -> %s\n", psagg_last_error());
+
+    o.provider = "tcp";
+    o.max_msg = SIZE_MAX;
+    st = psagg_fabric_open(&o, &f);
+    CHECK(st < 0 && f == NULL, "max_msg SIZE_MAX accepted");
+    CHECK(strstr(psagg_last_error(), "max_msg") != NULL, "message: %s", psagg_last_error());
+    fprintf(stderr, "[driver] max_msg too large -> %s: %s\n", psagg_strerror(st),
+            psagg_last_error());
+    o.max_msg = 0;
+    st = psagg_fabric_open(&o, &f);
+    CHECK(st == PSAGG_EINVAL && f == NULL, "max_msg 0: status %d", st);
+
+    o.max_msg = 4096;
+    st = psagg_fabric_open(&o, &f);
+    CHECK(st == PSAGG_OK, "open tcp: %s", psagg_last_error());
+    {
+        char name[PSAGG_FABRIC_NAME_MAX], small[2];
+        size_t len = sizeof(small);
+        uint8_t buf[8192];
+        psagg_peer p;
+        psagg_fabric_event ev[4];
+
+        st = psagg_fabric_name(f, small, &len);
+        CHECK(st == PSAGG_EINVAL && len > sizeof(small), "name into 2 bytes: %d, len %zu", st, len);
+        len = sizeof(name);
+        CHECK(psagg_fabric_name(f, name, &len) == PSAGG_OK, "name: %s", psagg_last_error());
+        CHECK(psagg_fabric_add_peer(f, name, len - 1, &p) == PSAGG_EINVAL,
+              "short peer name accepted");
+        CHECK(psagg_fabric_add_peer(f, name, len, &p) == PSAGG_OK, "add self: %s",
+              psagg_last_error());
+        st = psagg_fabric_send(f, p, buf, sizeof(buf), NULL, NULL);
+        CHECK(st == PSAGG_EINVAL, "send over max_msg: status %d", st);
+        CHECK(psagg_fabric_poll(f, ev, 0, 0) == PSAGG_EINVAL, "poll with max 0");
+        double t0 = now_s();
+        st = psagg_fabric_poll(f, ev, 4, 50);
+        double dt = now_s() - t0;
+        CHECK(st == 0 && dt >= 0.045 && dt < 5.0, "empty poll(50 ms): %d after %.3f s", st, dt);
+    }
+    psagg_fabric_close(f);
+}
+
+/*
+ * Several threads send to this process's own endpoint while the main thread polls and
+ * reposts: thread safety of send vs poll, and no completion lost.
+ */
+#define MT_THREADS 4
+#define MT_PER     400
+#define MT_LEN     256
+
+struct mt_arg {
+    psagg_fabric *f;
+    psagg_peer self;
+    uint8_t *buf; /* MT_PER * MT_LEN, this thread's */
+    void *desc;
+    int t;
+    int status;
+};
+
+static void *mt_sender(void *p)
+{
+    struct mt_arg *a = p;
+    for (uint32_t i = 0; i < MT_PER; i++) {
+        uint8_t *b = a->buf + (size_t)i * MT_LEN;
+        uint32_t m = (uint32_t)a->t * MT_PER + i;
+        memcpy(b, &m, 4);
+        fill(b + 4, MT_LEN - 4, m + 300000);
+        int st = psagg_fabric_send(a->f, a->self, b, MT_LEN, a->desc, b);
+        if (st != PSAGG_OK) {
+            fprintf(stderr, "[driver] thread %d send %u: %s\n", a->t, i, psagg_last_error());
+            a->status = st;
+            return NULL;
+        }
+    }
+    return NULL;
+}
+
+static void check_threads(const char *prov, int small_queues)
+{
+    psagg_fabric_opts o = {
+        .provider = prov, .node = strcmp(prov, "tcp") == 0 ? "127.0.0.1" : NULL, .max_msg = MT_LEN};
+    static uint8_t rbuf[NRECV][MT_LEN];
+    static unsigned char seen[MT_THREADS * MT_PER];
+    int rid[NRECV];
+    void *rdesc[NRECV];
+    struct mt_arg args[MT_THREADS];
+    pthread_t th[MT_THREADS];
+    psagg_fabric *f;
+    psagg_peer self;
+    char name[PSAGG_FABRIC_NAME_MAX];
+    size_t len = sizeof(name);
+    int st, got = 0, sent_done = 0;
+    double deadline;
+
+    snprintf(who, sizeof(who), "driver %s%s threads", prov, small_queues ? "/smallq" : "");
+    set_phase("threads", 120);
+    if (small_queues) {
+        setenv("FI_OFI_RXM_TX_SIZE", "16", 1);
+        setenv("FI_SHM_TX_SIZE", "16", 1);
+    }
+    st = psagg_fabric_open(&o, &f);
+    if (small_queues) {
+        unsetenv("FI_OFI_RXM_TX_SIZE");
+        unsetenv("FI_SHM_TX_SIZE");
+    }
+    CHECK(st == PSAGG_OK, "[%s] open: %s", who, psagg_last_error());
+    CHECK(psagg_fabric_name(f, name, &len) == PSAGG_OK, "name");
+    CHECK(psagg_fabric_add_peer(f, name, len, &self) == PSAGG_OK, "[%s] add self: %s", who,
+          psagg_last_error());
+    for (int i = 0; i < NRECV; i++) {
+        rid[i] = i;
+        CHECK(psagg_fabric_reg(f, rbuf[i], MT_LEN, &rdesc[i]) == PSAGG_OK, "reg");
+        CHECK(psagg_fabric_post_recv(f, rbuf[i], MT_LEN, rdesc[i], &rid[i]) == PSAGG_OK,
+              "[%s] post_recv: %s", who, psagg_last_error());
+    }
+    memset(seen, 0, sizeof(seen));
+    for (int t = 0; t < MT_THREADS; t++) {
+        args[t] = (struct mt_arg){.f = f, .self = self, .t = t};
+        args[t].buf = malloc((size_t)MT_PER * MT_LEN);
+        CHECK(args[t].buf != NULL, "out of memory");
+        CHECK(psagg_fabric_reg(f, args[t].buf, (size_t)MT_PER * MT_LEN, &args[t].desc) == PSAGG_OK,
+              "reg");
+        CHECK(pthread_create(&th[t], NULL, mt_sender, &args[t]) == 0, "pthread_create");
+    }
+    deadline = now_s() + 60;
+    while (got < MT_THREADS * MT_PER || sent_done < MT_THREADS * MT_PER) {
+        psagg_fabric_event ev[32];
+        CHECK(now_s() < deadline, "[%s] %d of %d received, %d sends completed after 60 s", who, got,
+              MT_THREADS * MT_PER, sent_done);
+        int n = psagg_fabric_poll(f, ev, 32, 100);
+        CHECK(n >= 0, "[%s] poll: %s", who, psagg_last_error());
+        for (int i = 0; i < n; i++) {
+            CHECK(ev[i].kind == PSAGG_FABRIC_SEND_DONE || ev[i].kind == PSAGG_FABRIC_RECV_DONE,
+                  "[%s] event %d status %d: %s", who, (int)ev[i].kind, ev[i].status, ev[i].msg);
+            if (ev[i].kind == PSAGG_FABRIC_SEND_DONE) {
+                sent_done++;
+                continue;
+            }
+            CHECK(ctx_in(ev[i].ctx, rid, NRECV), "[%s] unknown receive ctx", who);
+            int r = *(int *)ev[i].ctx;
+            uint32_t m;
+            CHECK(ev[i].len == MT_LEN, "[%s] %zu bytes", who, ev[i].len);
+            memcpy(&m, rbuf[r], 4);
+            CHECK(m < MT_THREADS * MT_PER && !seen[m], "[%s] message %u bad or twice", who, m);
+            seen[m] = 1;
+            check_content(rbuf[r] + 4, MT_LEN - 4, m + 300000, 0);
+            got++;
+            CHECK(psagg_fabric_post_recv(f, rbuf[r], MT_LEN, rdesc[r], &rid[r]) == PSAGG_OK,
+                  "[%s] repost: %s", who, psagg_last_error());
+        }
+    }
+    for (int t = 0; t < MT_THREADS; t++) {
+        pthread_join(th[t], NULL);
+        CHECK(args[t].status == PSAGG_OK, "[%s] sender thread %d failed", who, t);
+        free(args[t].buf);
+    }
+    psagg_fabric_close(f);
+    fprintf(stderr, "[%s] %d threads x %d sends to self, all received once, intact\n", who,
+            MT_THREADS, MT_PER);
+}
+
+/* Optional argv[1]: run only that provider's cases ("tcp" or "shm"), for debugging. */
+int main(int argc, char **argv)
+{
+    static const char *provs[] = {"tcp", "shm"};
+    const char *only = argc > 1 ? argv[1] : NULL;
+    int failed = 0;
+
+    signal(SIGALRM, on_alarm);
+    signal(SIGPIPE, SIG_IGN);
+    /* libfabric is touched in this process only after every fork. */
+    for (int q = 0; q < 2; q++)
+        for (int p = 0; p < 2; p++)
+            if (only == NULL || strcmp(only, provs[p]) == 0)
+                failed += run_pair(provs[p], q);
+
+    for (int q = 0; q < 2; q++)
+        for (int p = 0; p < 2; p++)
+            if (only == NULL || strcmp(only, provs[p]) == 0)
+                check_threads(provs[p], q);
+    snprintf(who, sizeof(who), "driver");
+    check_error_paths();
+    alarm(0);
+    if (failed) {
+        fprintf(stderr, "test_transport: %d provider run(s) FAILED\n", failed);
+        return 1;
+    }
+    fprintf(stderr, "test_transport: all passed\n");
+    return 0;
+}
