@@ -27,14 +27,21 @@ typedef struct psagg_fabric_opts {
     size_t max_msg;       /* largest message that will be sent, bytes */
 } psagg_fabric_opts;
 
+/*
+ * PSAGG_EFABRIC (provider named, libfabric's text) when the provider cannot be opened;
+ * PSAGG_EINVAL for max_msg 0 or above SSIZE_MAX; PSAGG_EUNSUPPORTED above the provider's
+ * max_msg_size.
+ */
 psagg_status psagg_fabric_open(const psagg_fabric_opts *opts, psagg_fabric **out);
 void psagg_fabric_close(psagg_fabric *f);
 
 /* The provider name actually opened, e.g. "tcp;ofi_rxm". */
 const char *psagg_fabric_provider(const psagg_fabric *f);
 
-/* Local endpoint name, to be given to peers through the control channel. */
+/* Local endpoint name, to be given to peers through the control channel. *len: room in, the
+ * name's length out (PSAGG_EINVAL, with the length needed, if it does not fit). */
 psagg_status psagg_fabric_name(psagg_fabric *f, void *buf, size_t *len);
+/* name/len as received: checked against this provider's address format (PSAGG_EINVAL). */
 psagg_status psagg_fabric_add_peer(psagg_fabric *f, const void *name, size_t len,
                                    psagg_peer *out);
 
@@ -49,7 +56,14 @@ psagg_status psagg_fabric_reg(psagg_fabric *f, void *buf, size_t len, void **des
 psagg_status psagg_fabric_post_recv(psagg_fabric *f, void *buf, size_t len, void *desc,
                                     void *ctx);
 
-/* Send len bytes to peer; the buffer must stay untouched until the SEND completion (ctx). */
+/*
+ * Send len bytes (<= max_msg, else PSAGG_EINVAL) to peer; the buffer must stay untouched until
+ * the SEND completion (ctx). send and post_recv give up with PSAGG_ETIMEDOUT after 30 s of
+ * nothing but -FI_EAGAIN, and return PSAGG_EAGAIN when 65536 completions are already queued
+ * for poll (poll first). A dead peer: tcp completes sends with SEND_ERROR (PSAGG_EPEER); shm
+ * (libfabric 1.17) never completes large sends (receiver-pulled), so the control channel has to
+ * notice the death.
+ */
 psagg_status psagg_fabric_send(psagg_fabric *f, psagg_peer to, const void *buf, size_t len,
                                void *desc, void *ctx);
 
@@ -62,7 +76,7 @@ typedef enum psagg_fabric_event_kind {
 
 typedef struct psagg_fabric_event {
     psagg_fabric_event_kind kind;
-    void *ctx;     /* the ctx given to send / post_recv */
+    void *ctx;     /* the ctx given to send / post_recv (NULL: error not tied to one op) */
     size_t len;    /* bytes received (RECV_DONE) */
     int status;    /* PSAGG_OK or a negative psagg_status (errors) */
     char msg[160]; /* provider's error text for errors */

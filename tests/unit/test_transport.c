@@ -742,6 +742,16 @@ static void check_threads(const char *prov, int small_queues)
         CHECK(args[t].status == PSAGG_OK, "[%s] sender thread %d failed", who, t);
         free(args[t].buf);
     }
+    {
+        /* Nothing outstanding: a 50 ms poll returns 0 after about 50 ms, with or without a
+         * CQ wait object. */
+        psagg_fabric_event ev[4];
+        double t0 = now_s();
+        st = psagg_fabric_poll(f, ev, 4, 50);
+        double dt = now_s() - t0;
+        CHECK(st == 0 && dt >= 0.045 && dt < 5.0, "[%s] empty poll(50 ms): %d after %.3f s", who,
+              st, dt);
+    }
     psagg_fabric_close(f);
     fprintf(stderr, "[%s] %d threads x %d sends to self, all received once, intact\n", who,
             MT_THREADS, MT_PER);
