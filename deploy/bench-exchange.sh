@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# bench-exchange.sh - psagg-bench-exchange for every codec on this host (loopback), one table.
+#
+# Usage: deploy/bench-exchange.sh [--build-dir DIR] [--config FILE] [--model PATH.sizes]
+#                                 [--codecs LIST] [--steps S] [--warmup W] [--link-gbit R]
+#   --build-dir DIR  where psagg-server and psagg-bench-exchange were built (default: build);
+#                    this script builds nothing
+#   --config FILE    job config (default conf/local.ini: 2 servers, 4 workers, tcp on loopback)
+#   --model PATH     .sizes table (default tests/data/models/resnet50.sizes)
+#   --codecs LIST    comma list (default fp32,fp16,maxmin8,maxmin4,maxmin2)
+#   --steps/--warmup timed and warm-up steps (default 5 and 1)
+#   --link-gbit R    link rate for the wire-limit column (default 1). Loopback itself has no
+#                    rate: the column says how long the busiest link's bytes would take at R.
+# Each codec runs once through deploy/psagg-local; the RESULT lines are printed as they come
+# and then as a markdown table. Exit status 1 if any run failed (its rows say "failed").
+set -u -o pipefail
+
+repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+build=$repo/build config=$repo/conf/local.ini model=$repo/tests/data/models/resnet50.sizes
+codecs=fp32,fp16,maxmin8,maxmin4,maxmin2 steps=5 warmup=1 gbit=1
+while (($#)); do
+    case $1 in
+    --build-dir) build=$2; shift 2 ;;
+    --config) config=$2; shift 2 ;;
+    --model) model=$2; shift 2 ;;
+    --codecs) codecs=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --warmup) warmup=$2; shift 2 ;;
+    --link-gbit) gbit=$2; shift 2 ;;
+    -h | --help) sed -n '2,/^set -u/{/^set -u/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; exit 0 ;;
+    *) echo "bench-exchange.sh: unknown argument '$1' (--help)" >&2; exit 2 ;;
+    esac
+done
+server=$build/server/psagg-server
+bench=$build/tests/bench/psagg-bench-exchange
+for b in "$server" "$bench"; do
+    [[ -x $b ]] || { echo "bench-exchange.sh: $b not built (this script builds nothing)" >&2; exit 2; }
+done
+
+# key=value field of a RESULT line
+field() { tr ' ' '\n' <<<"$1" | sed -n "s/^$2=//p"; }
+
+rows=() fail=0
+for codec in ${codecs//,/ }; do
+    out=$("$repo/deploy/psagg-local" --config "$config" --server-bin "$server" --timeout 600 -- \
+        "$bench" --model "$model" --codec "$codec" --steps "$steps" --warmup "$warmup" \
+        --link-gbit "$gbit" 2>&1)
+    rc=$?
+    line=$(grep -o 'RESULT system=psagg.*' <<<"$out" | tail -1)
+    if ((rc != 0)) || [[ -z $line ]]; then
+        echo "bench-exchange.sh: $codec failed (launcher exit $rc):" >&2
+        tail -n 15 <<<"$out" >&2
+        rows+=("| $codec | failed | | | | | | | | |")
+        fail=1
+        continue
+    fi
+    echo "$line"
+    med=$(field "$line" median_ms) busiest=$(field "$line" busiest_link_bytes)
+    rate=$(awk -v b="$busiest" -v m="$med" 'BEGIN { printf "%.3f", b * 8 / (m * 1e-3) / 1e9 }')
+    rows+=("| $codec | $(field "$line" workers) | $(field "$line" servers) | $med | $(field "$line" p10_ms) | $(field "$line" p90_ms) | $(awk -v b="$busiest" 'BEGIN { printf "%.2f", b / 1e6 }') | $rate | $(field "$line" wire_limit_ms) | $(field "$line" compression) |")
+done
+
+echo
+echo "psagg-bench-exchange on loopback: $(basename "$model" .sizes), $steps timed steps after $warmup warm-up, config $(basename "$config"), $(nproc) cores"
+echo
+echo "| codec | N | S | median ms | p10 ms | p90 ms | busiest link MB/step | achieved Gbit/s | wire limit ms @ ${gbit} Gbit/s | compression |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
+printf '%s\n' "${rows[@]}"
+exit $fail
