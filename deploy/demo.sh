@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# demo.sh - the README's first command: install the dependencies, build, and train a small
+# MLP on the digits data set with psagg on this host (2 servers x 4 workers, conf/local.ini),
+# once with the config's codec ([codec] default, e.g. maxmin4) and once with fp32, then print
+# both side by side.
+#
+# Usage: deploy/demo.sh [TRAINING OPTIONS...]
+#   Options are passed to psagg-train-digits (e.g. --epochs 10 --lr 0.1 --batch 32);
+#   see `build/worker/examples/psagg-train-digits --help`.
+#   PSAGG_DEMO_SKIP_DEPS=1 skips deploy/install-deps.sh; PSAGG_DEMO_SKIP_BUILD=1 skips the
+#   configure and build steps (build/ must already hold a build).
+#
+# Exit status: 0 when the build and both training runs succeeded and, in each run, every
+# worker ended with the same model (equal MODEL-HASH lines); non-zero otherwise.
+set -euo pipefail
+
+repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+config=conf/local.ini
+bin=build/worker/examples/psagg-train-digits
+say() { printf '\n== demo: %s\n' "$*"; }
+
+if [[ -z ${PSAGG_DEMO_SKIP_DEPS:-} ]]; then
+    say "installing dependencies (deploy/install-deps.sh)"
+    deploy/install-deps.sh
+fi
+if [[ -z ${PSAGG_DEMO_SKIP_BUILD:-} ]]; then
+    say "configuring and building (cmake --preset default)"
+    cmake --preset default
+    cmake --build --preset default -j"$(nproc)"
+fi
+[[ -x $bin ]] || { echo "demo: $bin was not built" >&2; exit 1; }
+
+# The codec the config gives ([codec] default; the environment override wins, as in psagg).
+config_codec=${PSAGG_CODEC_DEFAULT:-$(awk '
+    { sub(/\r$/, "") }
+    /^[ \t]*[;#]/ { next }
+    /^[ \t]*\[/ { sec = $0; gsub(/[][ \t]/, "", sec); next }
+    sec == "codec" && match($0, /^[ \t]*default[ \t]*[=:]/) {
+        v = substr($0, RLENGTH + 1); sub(/[ \t];.*$/, "", v); gsub(/^[ \t]+|[ \t]+$/, "", v); print v
+    }' "$config")}
+config_codec=${config_codec:-maxmin4}
+
+logs=$(mktemp -d "${TMPDIR:-/tmp}/psagg-demo.XXXXXX")
+trap 'rm -rf "$logs"' EXIT
+labels=() failed=0
+declare -A acc=() step=() bytes=() ratio=() hashes=() status=()
+
+# run NAME CODEC: one training job through the launcher, with [codec] default = CODEC.
+# Shows rank 0's progress and any warning or error; the full log is kept for the summary.
+run() {
+    local name=$1 codec=$2 log=$logs/$1.log rc result n distinct
+    labels+=("$name")
+    say "training with codec $codec: deploy/psagg-local --config $config -- $bin ${train_args[*]}"
+    set +e
+    PSAGG_CODEC_DEFAULT=$codec deploy/psagg-local --config "$config" --timeout 600 -- \
+        "$bin" "${train_args[@]}" 2>&1 | tee "$log" |
+        grep --line-buffered -E '^\[worker 0\] (train-digits|epoch|RESULT)|psagg-local|ERROR|WARN|FAIL|train-digits:'
+    rc=${PIPESTATUS[0]}
+    set -e
+    result=$(sed -n 's/^\[worker 0\] RESULT //p' "$log" | tail -n 1)
+    if ((rc != 0)) || [[ -z $result ]]; then
+        echo "demo: the $codec run failed (launcher exit $rc); the last lines of its log:" >&2
+        tail -n 30 "$log" >&2
+        status[$name]="FAILED (exit $rc)"
+        failed=1
+        return 0
+    fi
+    field() { sed -n "s/.*\\b$1=\\([^ ]*\\).*/\\1/p" <<<"$result"; }
+    acc[$name]=$(field test_acc)
+    step[$name]=$(field step_ms)
+    bytes[$name]=$(field bytes_per_step)
+    ratio[$name]=$(field compression)
+    n=$(grep -c '^\[worker [0-9]*\] MODEL-HASH ' "$log" || true)
+    distinct=$(sed -n 's/^\[worker [0-9]*\] MODEL-HASH //p' "$log" | sort -u)
+    if [[ $n -eq $(field workers) && $(wc -l <<<"$distinct") -eq 1 ]]; then
+        hashes[$name]="all $n equal ($distinct)"
+        status[$name]=ok
+    else
+        hashes[$name]="MISMATCH: $(tr '\n' ' ' <<<"$distinct")($n lines)"
+        status[$name]="FAILED (models differ)"
+        failed=1
+    fi
+}
+
+train_args=("$@")
+run "$config_codec" "$config_codec"
+if [[ $config_codec != fp32 ]]; then
+    run fp32 fp32
+fi
+
+say "results ($config, training options: ${train_args[*]:-defaults})"
+printf '%-10s %9s %9s %11s %12s  %-16s %s\n' codec test-acc "ms/step" "bytes/step" compression \
+    status "model hashes of the workers"
+for name in "${labels[@]}"; do
+    printf '%-10s %9s %9s %11s %12s  %-16s %s\n' "$name" "${acc[$name]:--}" "${step[$name]:--}" \
+        "${bytes[$name]:--}" "${ratio[$name]:+${ratio[$name]}x}" "${status[$name]}" \
+        "${hashes[$name]:--}"
+done
+cat <<'EOF'
+
+bytes/step: payload bytes one worker pushes per training step (message headers included);
+compression: the fp32 bytes of the same gradients divided by that. ms/step: wall time of
+one step (forward/backward, push_pull of W1 b1 W2 b2, SGD update), averaged over the run.
+EOF
+if ((failed)); then
+    echo "demo: FAILED" >&2
+    exit 1
+fi
+echo "demo: ok"
