@@ -15,8 +15,8 @@
 psagg_status psagg_codec_parse(const char *text, psagg_codec *out)
 {
     char buf[64], *save = NULL, *tok;
-    psagg_codec c = {.id = PSAGG_CODEC_FP32, .bits = 0, .bucket = 0,
-                     .rounding = PSAGG_ROUND_STOCHASTIC};
+    psagg_codec c = {
+        .id = PSAGG_CODEC_FP32, .bits = 0, .bucket = 0, .rounding = PSAGG_ROUND_STOCHASTIC};
 
     if (!text || strlen(text) >= sizeof buf)
         return psagg_fail(PSAGG_EINVAL, "codec name missing or too long");
@@ -70,14 +70,22 @@ psagg_status psagg_codec_parse(const char *text, psagg_codec *out)
 const char *psagg_codec_name(const psagg_codec *c, char *buf, size_t len)
 {
     switch (c->id) {
-    case PSAGG_CODEC_FP32: snprintf(buf, len, "fp32"); break;
-    case PSAGG_CODEC_FP16: snprintf(buf, len, "fp16"); break;
-    case PSAGG_CODEC_BF16: snprintf(buf, len, "bf16"); break;
+    case PSAGG_CODEC_FP32:
+        snprintf(buf, len, "fp32");
+        break;
+    case PSAGG_CODEC_FP16:
+        snprintf(buf, len, "fp16");
+        break;
+    case PSAGG_CODEC_BF16:
+        snprintf(buf, len, "bf16");
+        break;
     case PSAGG_CODEC_MAXMIN:
         snprintf(buf, len, "maxmin%u/%u/%s", c->bits, c->bucket ? c->bucket : 1024u,
                  c->rounding == PSAGG_ROUND_NEAREST ? "nearest" : "sr");
         break;
-    default: snprintf(buf, len, "codec%d", (int)c->id); break;
+    default:
+        snprintf(buf, len, "codec%d", (int)c->id);
+        break;
     }
     return buf;
 }

@@ -15,27 +15,31 @@
 
 #define PSAGG_MAX_SERVERS 256
 #define PSAGG_MAX_WORKERS 1024
-#define PSAGG_HOST_MAX 64
+#define PSAGG_HOST_MAX    64
 
 typedef struct psagg_hostport {
     char host[PSAGG_HOST_MAX]; /* IPv4/IPv6 literal or name */
     uint16_t port;
 } psagg_hostport;
 
-typedef enum psagg_gpu_mode { PSAGG_GPU_OFF = 0, PSAGG_GPU_ON = 1, PSAGG_GPU_AUTO = 2 } psagg_gpu_mode;
+typedef enum psagg_gpu_mode {
+    PSAGG_GPU_OFF = 0,
+    PSAGG_GPU_ON = 1,
+    PSAGG_GPU_AUTO = 2
+} psagg_gpu_mode;
 
 typedef struct psagg_config {
     char path[256];
 
     /* [cluster] */
-    char job_id[64];           /* required; every process of a job must agree */
-    int n_servers;             /* from `servers`, required: "host:port host:port ..." */
+    char job_id[64]; /* required; every process of a job must agree */
+    int n_servers;   /* from `servers`, required: "host:port host:port ..." */
     psagg_hostport servers[PSAGG_MAX_SERVERS];
-    int n_workers;             /* `workers`, required, 1..PSAGG_MAX_WORKERS */
-    char provider[32];         /* `provider`: tcp (default) | shm | any libfabric provider */
-    int connect_timeout_ms;    /* `connect_timeout_ms`, default 30000: start-up deadline */
-    int op_timeout_ms;         /* `op_timeout_ms`, default 60000: one push_pull's deadline */
-    char secret_file[256];     /* `secret_file`, optional: shared secret for the hello */
+    int n_workers;          /* `workers`, required, 1..PSAGG_MAX_WORKERS */
+    char provider[32];      /* `provider`: tcp (default) | shm | any libfabric provider */
+    int connect_timeout_ms; /* `connect_timeout_ms`, default 30000: start-up deadline */
+    int op_timeout_ms;      /* `op_timeout_ms`, default 60000: one push_pull's deadline */
+    char secret_file[256];  /* `secret_file`, optional: shared secret for the hello */
 
     /* [server] */
     int server_threads;        /* `threads`, default 0 = one per online core */
@@ -45,18 +49,18 @@ typedef struct psagg_config {
     char server_fabric_node[PSAGG_HOST_MAX]; /* `fabric_node`, default: the host in `servers` */
 
     /* [worker] */
-    uint64_t chunk_bytes;      /* `chunk_bytes`, default 1048576 (fp32 bytes per chunk) */
-    uint64_t seed;             /* `seed`, default 1: stochastic rounding seed */
-    int max_inflight;          /* `max_inflight`, default 64: chunks in flight per server */
+    uint64_t chunk_bytes; /* `chunk_bytes`, default 1048576 (fp32 bytes per chunk) */
+    uint64_t seed;        /* `seed`, default 1: stochastic rounding seed */
+    int max_inflight;     /* `max_inflight`, default 64: chunks in flight per server */
     char worker_fabric_node[PSAGG_HOST_MAX]; /* `fabric_node`, default: auto */
 
     /* [codec] */
-    psagg_codec codec;         /* `default` codec (default maxmin4), with `bucket`, `rounding` */
-    int error_feedback;        /* `error_feedback`, default on (worker residual) */
+    psagg_codec codec;           /* `default` codec (default maxmin4), with `bucket`, `rounding` */
+    int error_feedback;          /* `error_feedback`, default on (worker residual) */
     uint64_t min_compress_elems; /* `min_compress_elems`, default 1024: smaller tensors go fp32 */
 
     /* [log] */
-    int log_level;             /* `level` = error|warn|info|debug, default info */
+    int log_level; /* `level` = error|warn|info|debug, default info */
 } psagg_config;
 
 /* Fill defaults, read `path`, apply environment overrides, check required keys. */

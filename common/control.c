@@ -58,8 +58,7 @@ err_bind:
     errno = st;
 err_socket:
     freeaddrinfo(res);
-    return psagg_fail(PSAGG_EIO, "cannot listen on %s:%u: %s", hp->host, hp->port,
-                      strerror(errno));
+    return psagg_fail(PSAGG_EIO, "cannot listen on %s:%u: %s", hp->host, hp->port, strerror(errno));
 }
 
 psagg_status psagg_tcp_connect(const psagg_hostport *hp, int64_t deadline_ms, int *fd_out)
@@ -92,8 +91,7 @@ psagg_status psagg_tcp_connect(const psagg_hostport *hp, int64_t deadline_ms, in
         last_err == ETIMEDOUT)
         return psagg_fail(PSAGG_ETIMEDOUT, "server %s:%u unreachable until the deadline: %s",
                           hp->host, hp->port, strerror(last_err));
-    return psagg_fail(PSAGG_EIO, "connect to %s:%u: %s", hp->host, hp->port,
-                      strerror(last_err));
+    return psagg_fail(PSAGG_EIO, "connect to %s:%u: %s", hp->host, hp->port, strerror(last_err));
 }
 
 psagg_status psagg_tcp_local_addr(int fd, char *buf, size_t len)
@@ -138,8 +136,7 @@ psagg_status psagg_ctl_send_error(int fd, uint16_t type, int status, const char 
 }
 
 /* Read exactly len bytes before the deadline. */
-static psagg_status read_all(int fd, void *buf, size_t len, int64_t deadline_ms,
-                             const char *peer)
+static psagg_status read_all(int fd, void *buf, size_t len, int64_t deadline_ms, const char *peer)
 {
     char *p = buf;
     while (len) {
@@ -149,8 +146,7 @@ static psagg_status read_all(int fd, void *buf, size_t len, int64_t deadline_ms,
         if (deadline_ms >= 0) {
             int64_t left = deadline_ms - psagg_now_ms();
             if (left <= 0)
-                return psagg_fail(PSAGG_ETIMEDOUT, "%s: no complete control frame in time",
-                                  peer);
+                return psagg_fail(PSAGG_ETIMEDOUT, "%s: no complete control frame in time", peer);
             wait = left > 1000000 ? 1000000 : (int)left;
         }
         rc = poll(&pfd, 1, wait);
@@ -185,11 +181,10 @@ psagg_status psagg_ctl_recv(int fd, psagg_ctl_hdr *hdr, void **body, int64_t dea
         return psagg_fail(PSAGG_EPROTO, "%s: protocol version %u, this build speaks %u", peer,
                           hdr->version, PSAGG_PROTO_VERSION);
     if (hdr->type < PSAGG_CTL_HELLO || hdr->type > PSAGG_CTL_ABORT)
-        return psagg_fail(PSAGG_EPROTO, "%s: control frame field type %u unknown", peer,
-                          hdr->type);
+        return psagg_fail(PSAGG_EPROTO, "%s: control frame field type %u unknown", peer, hdr->type);
     if (hdr->len > PSAGG_CTL_MAX_FRAME)
-        return psagg_fail(PSAGG_EPROTO, "%s: control frame field len %u exceeds %u", peer,
-                          hdr->len, PSAGG_CTL_MAX_FRAME);
+        return psagg_fail(PSAGG_EPROTO, "%s: control frame field len %u exceeds %u", peer, hdr->len,
+                          PSAGG_CTL_MAX_FRAME);
     if (!hdr->len)
         return PSAGG_OK;
     *body = malloc(hdr->len);

@@ -10,25 +10,44 @@ static _Thread_local char last_error[512];
 const char *psagg_strerror(int status)
 {
     switch (status) {
-    case PSAGG_OK: return "success";
-    case PSAGG_EINVAL: return "invalid argument";
-    case PSAGG_ENONFINITE: return "non-finite value (NaN or Inf)";
-    case PSAGG_ERANGE: return "value out of the codec's range";
-    case PSAGG_EBADLEN: return "buffer length does not match codec and count";
-    case PSAGG_EBADMETA: return "invalid meta in encoded buffer";
-    case PSAGG_ENOMEM: return "out of memory";
-    case PSAGG_EAGAIN: return "not done yet";
-    case PSAGG_ETIMEDOUT: return "timed out";
-    case PSAGG_EUNSUPPORTED: return "not supported in this build or on this machine";
-    case PSAGG_ECONFIG: return "configuration error";
-    case PSAGG_EPROTO: return "protocol error from peer";
-    case PSAGG_EPEER: return "peer closed or unreachable";
-    case PSAGG_EMISMATCH: return "workers declared different tensors";
-    case PSAGG_EFABRIC: return "libfabric error";
-    case PSAGG_EIO: return "I/O error";
-    case PSAGG_ECLOSED: return "context closed or job aborted";
-    case PSAGG_ECUDA: return "CUDA error";
-    default: return "unknown status";
+    case PSAGG_OK:
+        return "success";
+    case PSAGG_EINVAL:
+        return "invalid argument";
+    case PSAGG_ENONFINITE:
+        return "non-finite value (NaN or Inf)";
+    case PSAGG_ERANGE:
+        return "value out of the codec's range";
+    case PSAGG_EBADLEN:
+        return "buffer length does not match codec and count";
+    case PSAGG_EBADMETA:
+        return "invalid meta in encoded buffer";
+    case PSAGG_ENOMEM:
+        return "out of memory";
+    case PSAGG_EAGAIN:
+        return "not done yet";
+    case PSAGG_ETIMEDOUT:
+        return "timed out";
+    case PSAGG_EUNSUPPORTED:
+        return "not supported in this build or on this machine";
+    case PSAGG_ECONFIG:
+        return "configuration error";
+    case PSAGG_EPROTO:
+        return "protocol error from peer";
+    case PSAGG_EPEER:
+        return "peer closed or unreachable";
+    case PSAGG_EMISMATCH:
+        return "workers declared different tensors";
+    case PSAGG_EFABRIC:
+        return "libfabric error";
+    case PSAGG_EIO:
+        return "I/O error";
+    case PSAGG_ECLOSED:
+        return "context closed or job aborted";
+    case PSAGG_ECUDA:
+        return "CUDA error";
+    default:
+        return "unknown status";
     }
 }
 

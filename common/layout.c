@@ -54,8 +54,8 @@ psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64
 
     memset(out, 0, sizeof *out);
     if (!n || n > PSAGG_MAX_TENSORS || !n_servers || chunk_elems < 64 || chunk_elems % 64)
-        return psagg_fail(PSAGG_EINVAL, "layout: %u tensors, %u servers, chunk of %llu elements",
-                          n, n_servers, (unsigned long long)chunk_elems);
+        return psagg_fail(PSAGG_EINVAL, "layout: %u tensors, %u servers, chunk of %llu elements", n,
+                          n_servers, (unsigned long long)chunk_elems);
     l.tensors = calloc(n, sizeof *l.tensors);
     if (!l.tensors)
         return psagg_fail(PSAGG_ENOMEM, "layout of %u tensors", n);

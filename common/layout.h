@@ -41,9 +41,9 @@ typedef struct psagg_layout {
     uint32_t n_chunks;
     psagg_chunk_info *chunks; /* tensor-major: tensor t's chunks are contiguous */
     uint32_t n_servers;
-    uint32_t *owned_count;    /* per server: number of chunks it owns */
-    uint64_t *owned_bytes;    /* per server: encoded bytes of one round's inputs from one worker */
-    size_t max_enc_bytes;     /* largest chunk payload */
+    uint32_t *owned_count; /* per server: number of chunks it owns */
+    uint64_t *owned_bytes; /* per server: encoded bytes of one round's inputs from one worker */
+    size_t max_enc_bytes;  /* largest chunk payload */
 } psagg_layout;
 
 /* Build from declarations (validated: counts >= 1, codecs valid, names unique). */

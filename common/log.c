@@ -55,5 +55,9 @@ void psagg_log(int level, const char *fmt, ...)
     clock_gettime(CLOCK_REALTIME, &ts);
     /* one fprintf per record keeps lines whole when threads log at once */
     fprintf(stderr, "%ld.%03ld %s %s %s\n", (long)ts.tv_sec % 100000, ts.tv_nsec / 1000000,
-            log_role, names[level < 0 ? 0 : level > 3 ? 3 : level], msg);
+            log_role,
+            names[level < 0   ? 0
+                  : level > 3 ? 3
+                              : level],
+            msg);
 }

@@ -42,8 +42,7 @@ const char *psagg_fabric_provider(const psagg_fabric *f);
  * name's length out (PSAGG_EINVAL, with the length needed, if it does not fit). */
 psagg_status psagg_fabric_name(psagg_fabric *f, void *buf, size_t *len);
 /* name/len as received: checked against this provider's address format (PSAGG_EINVAL). */
-psagg_status psagg_fabric_add_peer(psagg_fabric *f, const void *name, size_t len,
-                                   psagg_peer *out);
+psagg_status psagg_fabric_add_peer(psagg_fabric *f, const void *name, size_t len, psagg_peer *out);
 
 /*
  * Register memory used as a send source or receive target. *desc is what send/post_recv
@@ -53,8 +52,7 @@ psagg_status psagg_fabric_add_peer(psagg_fabric *f, const void *name, size_t len
 psagg_status psagg_fabric_reg(psagg_fabric *f, void *buf, size_t len, void **desc);
 
 /* Post one receive buffer; its completion carries `ctx`. Repost after consuming it. */
-psagg_status psagg_fabric_post_recv(psagg_fabric *f, void *buf, size_t len, void *desc,
-                                    void *ctx);
+psagg_status psagg_fabric_post_recv(psagg_fabric *f, void *buf, size_t len, void *desc, void *ctx);
 
 /*
  * Send len bytes (<= max_msg, else PSAGG_EINVAL) to peer; the buffer must stay untouched until

@@ -31,13 +31,13 @@
 #include <stdint.h>
 
 #define PSAGG_PROTO_VERSION 1
-#define PSAGG_CTL_MAGIC 0x43475350u /* "PSGC" */
-#define PSAGG_MSG_MAGIC 0x4D475350u /* "PSGM" */
-#define PSAGG_JOB_ID_MAX 64
-#define PSAGG_NAME_MAX 64           /* tensor names, including the NUL */
-#define PSAGG_EPNAME_MAX 256        /* libfabric endpoint names */
+#define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
+#define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
+#define PSAGG_JOB_ID_MAX    64
+#define PSAGG_NAME_MAX      64  /* tensor names, including the NUL */
+#define PSAGG_EPNAME_MAX    256 /* libfabric endpoint names */
 #define PSAGG_CTL_MAX_FRAME (64u << 20)
-#define PSAGG_MAX_TENSORS (1u << 20)
+#define PSAGG_MAX_TENSORS   (1u << 20)
 
 enum psagg_ctl_type {
     PSAGG_CTL_HELLO = 1,
@@ -61,8 +61,8 @@ typedef struct psagg_ctl_hello {
     char job_id[PSAGG_JOB_ID_MAX]; /* NUL-terminated */
     uint32_t rank;
     uint32_t world_size;
-    uint8_t auth[32];      /* reserved for authentication; zero */
-    uint32_t epname_len;   /* <= PSAGG_EPNAME_MAX */
+    uint8_t auth[32];    /* reserved for authentication; zero */
+    uint32_t epname_len; /* <= PSAGG_EPNAME_MAX */
     uint8_t epname[PSAGG_EPNAME_MAX];
 } psagg_ctl_hello;
 _Static_assert(sizeof(psagg_ctl_hello) == 64 + 4 + 4 + 32 + 4 + 256, "psagg_ctl_hello layout");
@@ -76,7 +76,7 @@ typedef struct psagg_ctl_welcome {
 _Static_assert(sizeof(psagg_ctl_welcome) == 12 + 256, "psagg_ctl_welcome layout");
 
 typedef struct psagg_ctl_declare {
-    uint32_t count;       /* tensors that follow, <= PSAGG_MAX_TENSORS */
+    uint32_t count; /* tensors that follow, <= PSAGG_MAX_TENSORS */
     uint32_t reserved;
     uint64_t chunk_elems; /* elements per chunk (a multiple of 64): all workers must agree */
 } psagg_ctl_declare;
@@ -104,15 +104,15 @@ enum psagg_msg_type {
 };
 
 typedef struct psagg_msg_hdr {
-    uint32_t magic;   /* PSAGG_MSG_MAGIC */
-    uint8_t type;     /* psagg_msg_type */
-    uint8_t version;  /* PSAGG_PROTO_VERSION */
-    uint16_t sender;  /* worker rank (PUSH) or server rank (UPDATE) */
-    uint32_t epoch;   /* membership generation; 0 for a static job */
-    uint32_t round;   /* per-key round */
-    uint32_t key;     /* tensor index in the declaration */
-    uint32_t chunk;   /* chunk index within the tensor */
-    uint32_t len;     /* payload bytes: exactly the encoded size of the chunk */
+    uint32_t magic;  /* PSAGG_MSG_MAGIC */
+    uint8_t type;    /* psagg_msg_type */
+    uint8_t version; /* PSAGG_PROTO_VERSION */
+    uint16_t sender; /* worker rank (PUSH) or server rank (UPDATE) */
+    uint32_t epoch;  /* membership generation; 0 for a static job */
+    uint32_t round;  /* per-key round */
+    uint32_t key;    /* tensor index in the declaration */
+    uint32_t chunk;  /* chunk index within the tensor */
+    uint32_t len;    /* payload bytes: exactly the encoded size of the chunk */
     uint32_t reserved;
 } psagg_msg_hdr;
 _Static_assert(sizeof(psagg_msg_hdr) == 32, "psagg_msg_hdr layout");

@@ -73,12 +73,12 @@
 
 #include "psagg.h"
 
-#define PSAGG_CODEC_FORMAT_VERSION 1
+#define PSAGG_CODEC_FORMAT_VERSION  1
 #define PSAGG_MAXMIN_DEFAULT_BUCKET 1024u
-#define PSAGG_MAXMIN_MAX_BUCKET (1u << 20)
-#define PSAGG_MAXMIN_MIN_RANGE 0x1p-100f
-#define PSAGG_MAXMIN_MAX_ABS 0x1p126f
-#define PSAGG_CODEC_MAX_ELEMS 0xFFFFFFFFull
+#define PSAGG_MAXMIN_MAX_BUCKET     (1u << 20)
+#define PSAGG_MAXMIN_MIN_RANGE      0x1p-100f
+#define PSAGG_MAXMIN_MAX_ABS        0x1p126f
+#define PSAGG_CODEC_MAX_ELEMS       0xFFFFFFFFull
 
 _Static_assert(sizeof(float) == 4, "binary32 floats required");
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -140,8 +140,8 @@ psagg_status psagg_decode_add(const psagg_codec *codec, const void *in, size_t i
  * invalid input *bad_index receives the input's position.
  */
 psagg_status psagg_aggregate(const psagg_codec *codec, const void *const *in, size_t n_in,
-                             size_t in_len, size_t n, float *residual, psagg_rng_key key,
-                             void *out, size_t out_len, size_t *bad_index);
+                             size_t in_len, size_t n, float *residual, psagg_rng_key key, void *out,
+                             size_t out_len, size_t *bad_index);
 
 /* ---- implementation selection (whole buffers; never a scalar tail that skips work) ---- */
 

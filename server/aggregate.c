@@ -41,8 +41,11 @@ static void finish_round(server *srv, chunk_state *c)
         return;
     }
     c->deferred = 0;
-    st = psagg_encode(&c->codec, c->acc, c->residual, c->info->count, round_key(srv, c),
-                      c->out[p] + sizeof *h, enc, &bad);
+    if (c->gpu)
+        st = gpu_aggregate(srv, c, round_key(srv, c), c->out[p] + sizeof *h, &bad);
+    else
+        st = psagg_encode(&c->codec, c->acc, c->residual, c->info->count, round_key(srv, c),
+                          c->out[p] + sizeof *h, enc, &bad);
     if (st) {
         server_fail_job(srv, "tensor '%s' chunk %u round %u: the sum cannot be encoded: %s",
                         srv->layout.tensors[c->info->key].name, c->info->index, c->round,
@@ -71,14 +74,15 @@ static void finish_round(server *srv, chunk_state *c)
     c->n_arrived = 0;
     c->next = 0;
     memset(c->arrived, 0, (size_t)srv->n_workers);
-    memset(c->acc, 0, c->info->count * sizeof(float));
+    if (!c->gpu)
+        memset(c->acc, 0, c->info->count * sizeof(float));
 }
 
 /* Fold worker w's payload into the accumulator (it is next in the fixed order). */
 static int fold(server *srv, chunk_state *c, int w, const void *payload)
 {
-    psagg_status st = psagg_decode_add(&c->codec, payload, c->info->enc_bytes, c->info->count,
-                                       c->acc);
+    psagg_status st =
+        psagg_decode_add(&c->codec, payload, c->info->enc_bytes, c->info->count, c->acc);
     if (st) {
         server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s",
                             c->info->key, c->info->index, c->round, psagg_last_error());
@@ -110,15 +114,16 @@ static void handle_push(server *srv, chunk_state *c, recv_buf *rb)
                  h->chunk, h->round);
         return;
     }
-    if (w != (int)c->next) {
+    if (c->gpu || w != (int)c->next) {
         if (psagg_validate(&c->codec, payload, enc, c->info->count)) {
-            server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s",
-                                h->key, h->chunk, h->round, psagg_last_error());
+            server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s", h->key,
+                                h->chunk, h->round, psagg_last_error());
             return;
         }
         memcpy(c->slots + (size_t)w * enc, payload, enc);
         c->arrived[w] = 1;
-        c->n_arrived++;
+        if (++c->n_arrived == (uint32_t)srv->n_workers && c->gpu)
+            finish_round(srv, c); /* the GPU sums all inputs in worker order at once */
         return;
     }
     if (fold(srv, c, w, payload))
@@ -198,7 +203,7 @@ static psagg_status chunk_alloc(server *srv, chunk_state *c)
 
     c->arrived = psagg_alloc(n, 1);
     c->slots = psagg_alloc(n * enc, 0);
-    c->acc = psagg_alloc(ci->count * sizeof(float), 1);
+    c->acc = c->gpu ? NULL : psagg_alloc(ci->count * sizeof(float), 1);
     if (srv->cfg.server_error_feedback)
         c->residual = psagg_alloc(ci->count * sizeof(float), 1);
     for (int p = 0; p < 2; p++) {
@@ -209,7 +214,7 @@ static psagg_status chunk_alloc(server *srv, chunk_state *c)
         if (psagg_fabric_reg(srv->fab, c->out[p], sizeof(psagg_msg_hdr) + enc, &c->out_desc[p]))
             return psagg_fail_context(PSAGG_EFABRIC, "registering update buffers: ");
     }
-    if (!c->arrived || !c->slots || !c->acc || !c->out[0] || !c->out[1] ||
+    if (!c->arrived || !c->slots || (!c->gpu && !c->acc) || !c->out[0] || !c->out[1] ||
         (srv->cfg.server_error_feedback && !c->residual))
         return psagg_fail(PSAGG_ENOMEM, "buffers of tensor %u chunk %u", ci->key, ci->index);
     return PSAGG_OK;
@@ -221,8 +226,8 @@ psagg_status agg_setup(server *srv)
     const psagg_layout *l = &srv->layout;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
 
-    srv->n_threads = srv->cfg.server_threads > 0 ? srv->cfg.server_threads
-                                                 : (int)(cores > 0 ? cores : 1);
+    srv->n_threads =
+        srv->cfg.server_threads > 0 ? srv->cfg.server_threads : (int)(cores > 0 ? cores : 1);
     srv->n_owned = l->owned_count[srv->rank];
     srv->chunks = calloc(srv->n_owned ? srv->n_owned : 1, sizeof *srv->chunks);
     if (!srv->chunks)
@@ -258,9 +263,15 @@ static void *agg_thread_start(void *arg)
     int self = (int)(t - srv->threads);
 
     psagg_alloc_thread_arena();
-    for (uint32_t i = 0; i < srv->n_owned && !st; i++)
-        if ((int)srv->chunks[i].thread == self)
-            st = chunk_alloc(srv, &srv->chunks[i]);
+    st = gpu_thread_init(srv, t);
+    for (uint32_t i = 0; i < srv->n_owned && !st; i++) {
+        chunk_state *c = &srv->chunks[i];
+        if ((int)c->thread != self)
+            continue;
+        c->gpu = t->cuda && c->info->count >= srv->cfg.gpu_min_elems &&
+                 srv->n_workers <= gpu_max_inputs();
+        st = chunk_alloc(srv, c);
+    }
     pthread_mutex_lock(&start_mu);
     if (st && !start_status) {
         start_status = st;
@@ -316,8 +327,10 @@ void agg_stop(server *srv)
         pthread_cond_signal(&t->cv);
         pthread_mutex_unlock(&t->mu);
     }
-    for (int i = 0; i < srv->n_threads; i++)
+    for (int i = 0; i < srv->n_threads; i++) {
         pthread_join(srv->threads[i].tid, NULL);
+        gpu_thread_fini(&srv->threads[i]);
+    }
     srv->threads_started = 0;
 }
 

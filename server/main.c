@@ -33,10 +33,18 @@ int main(int argc, char **argv)
 
     while ((c = getopt_long(argc, argv, "c:r:h", opts, NULL)) != -1) {
         switch (c) {
-        case 'c': config = optarg; break;
-        case 'r': rank_text = optarg; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        case 'c':
+            config = optarg;
+            break;
+        case 'r':
+            rank_text = optarg;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
         }
     }
     if (!config || !rank_text) {

@@ -112,8 +112,9 @@ static void route_push(server *srv, recv_buf *rb)
     }
     ci = &l->chunks[l->tensors[h->key].first_chunk + h->chunk];
     if (ci->owner != (uint32_t)srv->rank) {
-        server_close_worker(srv, h->sender, "push of tensor %u chunk %u sent to server %d, owner is %u",
-                            h->key, h->chunk, srv->rank, ci->owner);
+        server_close_worker(srv, h->sender,
+                            "push of tensor %u chunk %u sent to server %d, owner is %u", h->key,
+                            h->chunk, srv->rank, ci->owner);
         server_repost(srv, rb);
         return;
     }
@@ -233,8 +234,8 @@ static int accept_hello(server *srv, int fd, int64_t deadline)
     }
     hello->job_id[PSAGG_JOB_ID_MAX - 1] = '\0';
     if (strcmp(hello->job_id, srv->cfg.job_id)) {
-        snprintf(msg, sizeof msg, "server %d serves job '%s', not '%s'", srv->rank,
-                 srv->cfg.job_id, hello->job_id);
+        snprintf(msg, sizeof msg, "server %d serves job '%s', not '%s'", srv->rank, srv->cfg.job_id,
+                 hello->job_id);
         goto reject_msg;
     }
     if ((int)hello->world_size != srv->n_workers || hello->rank >= hello->world_size) {
@@ -254,8 +255,8 @@ static int accept_hello(server *srv, int fd, int64_t deadline)
     }
     if (psagg_fabric_add_peer(srv->fab, hello->epname, hello->epname_len,
                               &srv->workers[rank].addr)) {
-        snprintf(msg, sizeof msg, "server %d: worker %d's fabric address: %.150s", srv->rank,
-                 rank, psagg_last_error());
+        snprintf(msg, sizeof msg, "server %d: worker %d's fabric address: %.150s", srv->rank, rank,
+                 psagg_last_error());
         goto reject_msg;
     }
     srv->workers[rank].fd = fd;
@@ -546,8 +547,7 @@ static int serve_control(server *srv)
             LOG_ERROR("%s", msg);
             for (int w = 0; w < srv->n_workers; w++)
                 if (srv->workers[w].fd >= 0)
-                    psagg_ctl_send_error(srv->workers[w].fd, PSAGG_CTL_ERROR, PSAGG_ETIMEDOUT,
-                                         msg);
+                    psagg_ctl_send_error(srv->workers[w].fd, PSAGG_CTL_ERROR, PSAGG_ETIMEDOUT, msg);
             rc = 1;
             break;
         }

@@ -57,17 +57,18 @@ typedef struct chunk_state {
     uint8_t *arrived;   /* per worker */
     uint8_t *slots;     /* per worker: payload kept until its turn in the fixed order */
     float *acc;
-    float *residual;    /* server error feedback, or NULL */
-    uint8_t *out[2];    /* header + encoded update, alternating by round parity */
+    float *residual; /* server error feedback, or NULL */
+    uint8_t *out[2]; /* header + encoded update, alternating by round parity */
     void *out_desc[2];
     atomic_int sends_pending[2];
-    int deferred;       /* round complete, waiting for out[parity] to be free */
+    int deferred; /* round complete, waiting for out[parity] to be free */
+    int gpu;      /* aggregated by the GPU assist (inputs all kept in slots) */
     send_ctx sctx[2];
 } chunk_state;
 
 typedef struct agg_item {
     struct agg_item *next;
-    recv_buf *rb;       /* a push to fold in, or NULL: retry deferred chunk */
+    recv_buf *rb; /* a push to fold in, or NULL: retry deferred chunk */
     chunk_state *chunk;
 } agg_item;
 
@@ -78,6 +79,7 @@ typedef struct agg_thread {
     pthread_cond_t cv;
     agg_item *head, *tail;
     int stop;
+    void *cuda; /* psagg_cuda_ctx of the GPU assist, or NULL (gpu.c) */
 } agg_thread;
 
 typedef struct server {
@@ -112,6 +114,13 @@ psagg_status agg_start(server *srv);
 void agg_stop(server *srv);
 void agg_teardown(server *srv);
 void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb);
+
+/* gpu.c */
+psagg_status gpu_thread_init(server *srv, agg_thread *t);
+void gpu_thread_fini(agg_thread *t);
+psagg_status gpu_aggregate(server *srv, chunk_state *c, psagg_rng_key key, uint8_t *out,
+                           size_t *bad);
+int gpu_max_inputs(void);
 
 /* server.c: data-path threads report a misbehaving worker or a failed job through these */
 void server_close_worker(server *srv, int w, const char *fmt, ...)

@@ -48,8 +48,8 @@ static psagg_status hello_server(psagg_ctx *ctx, int s, int64_t deadline)
     if (h.type == PSAGG_CTL_ERROR && h.len == sizeof(psagg_ctl_error)) {
         psagg_ctl_error *e = body;
         e->msg[sizeof e->msg - 1] = '\0';
-        st = psagg_fail(e->status < 0 ? e->status : PSAGG_EPEER, "%s refused worker %d: %s",
-                        peer, ctx->rank, e->msg);
+        st = psagg_fail(e->status < 0 ? e->status : PSAGG_EPEER, "%s refused worker %d: %s", peer,
+                        ctx->rank, e->msg);
     } else if (h.type != PSAGG_CTL_WELCOME || h.len != sizeof(psagg_ctl_welcome)) {
         st = psagg_fail(PSAGG_EPROTO, "%s answered HELLO with frame type %u", peer, h.type);
     } else {
@@ -60,8 +60,8 @@ static psagg_status hello_server(psagg_ctx *ctx, int s, int64_t deadline)
                             "server %d of %d",
                             peer, w->server_rank, w->n_servers, s, ctx->cfg.n_servers);
         else if (w->epname_len == 0 || w->epname_len > PSAGG_EPNAME_MAX)
-            st = psagg_fail(PSAGG_EPROTO, "%s: WELCOME field epname_len is %u", peer,
-                            w->epname_len);
+            st =
+                psagg_fail(PSAGG_EPROTO, "%s: WELCOME field epname_len is %u", peer, w->epname_len);
         else if ((st = psagg_fabric_add_peer(ctx->fab, w->epname, w->epname_len,
                                              &ctx->servers[s].addr)))
             psagg_fail_context(st, "%s: ", peer);
@@ -109,8 +109,9 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
     if ((st = psagg_config_load(ini_path, &ctx->cfg)))
         goto err_config;
     if (world_size != ctx->cfg.n_workers) {
-        st = psagg_fail(PSAGG_ECONFIG, "%s: [cluster] workers = %d, but this worker was started "
-                                       "with world size %d",
+        st = psagg_fail(PSAGG_ECONFIG,
+                        "%s: [cluster] workers = %d, but this worker was started "
+                        "with world size %d",
                         ini_path, ctx->cfg.n_workers, world_size);
         goto err_config;
     }
@@ -173,16 +174,16 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
     psagg_status st;
 
     if (rsize > ctx->max_msg)
-        return psagg_fail(PSAGG_EINVAL, "chunks of %zu bytes exceed the fabric limit of %zu",
-                          rsize, ctx->max_msg);
+        return psagg_fail(PSAGG_EINVAL, "chunks of %zu bytes exceed the fabric limit of %zu", rsize,
+                          ctx->max_msg);
     ctx->tensors = calloc(l->n_tensors, sizeof *ctx->tensors);
     ctx->chunks = calloc(l->n_chunks, sizeof *ctx->chunks);
     if (!ctx->tensors || !ctx->chunks)
         return psagg_fail(PSAGG_ENOMEM, "tensor tables");
     for (uint32_t t = 0; t < l->n_tensors; t++) {
         const psagg_tensor_info *ti = &l->tensors[t];
-        int ef = tensors[t].error_feedback < 0 ? ctx->cfg.error_feedback
-                                               : tensors[t].error_feedback;
+        int ef =
+            tensors[t].error_feedback < 0 ? ctx->cfg.error_feedback : tensors[t].error_feedback;
         if (ef && ti->codec.id != PSAGG_CODEC_FP32) {
             ctx->tensors[t].residual = psagg_alloc(ti->count * sizeof(float), 1);
             if (!ctx->tensors[t].residual)
@@ -218,13 +219,74 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
     return PSAGG_OK;
 }
 
+/*
+ * Send the declaration to every server and wait for each answer. A server's own verdict (an
+ * ERROR frame: mismatch, timeout) explains a failure better than a connection that another
+ * server's verdict made the other workers drop, so the first ERROR frame wins; a send or
+ * receive failure is reported only when no server said why.
+ */
+static psagg_status declare_all(psagg_ctx *ctx, const psagg_ctl_declare *d, size_t bytes)
+{
+    int64_t deadline = psagg_now_ms() + ctx->cfg.connect_timeout_ms;
+    psagg_status verdict = PSAGG_OK, other = PSAGG_OK;
+    char verdict_msg[512] = "", other_msg[512] = "";
+    int *sent = calloc((size_t)ctx->cfg.n_servers, sizeof *sent);
+
+    if (!sent)
+        return psagg_fail(PSAGG_ENOMEM, "psagg_declare");
+    for (int s = 0; s < ctx->cfg.n_servers; s++) {
+        psagg_status st = psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_DECLARE, d, (uint32_t)bytes);
+        sent[s] = !st;
+        if (st && !other) {
+            other = st;
+            snprintf(other_msg, sizeof other_msg, "declaring to server %d: %s", s,
+                     psagg_last_error());
+        }
+    }
+    for (int s = 0; s < ctx->cfg.n_servers; s++) {
+        psagg_ctl_hdr h;
+        void *body = NULL;
+        char peer[96];
+        psagg_status st;
+        snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
+                 ctx->cfg.servers[s].port);
+        /* a server we could not send to may still have sent its verdict: read it briefly */
+        st = psagg_ctl_recv(ctx->servers[s].fd, &h, &body,
+                            sent[s] ? deadline : psagg_now_ms() + 500, peer);
+        if (!st && (h.type == PSAGG_CTL_ERROR || h.type == PSAGG_CTL_ABORT) &&
+            h.len == sizeof(psagg_ctl_error)) {
+            psagg_ctl_error *e = body;
+            e->msg[sizeof e->msg - 1] = '\0';
+            if (!verdict) {
+                verdict = e->status < 0 ? e->status : PSAGG_EPEER;
+                snprintf(verdict_msg, sizeof verdict_msg, "%s: %s", peer, e->msg);
+            }
+        } else if (!st && h.type != PSAGG_CTL_READY) {
+            st = psagg_fail(PSAGG_EPROTO, "%s answered DECLARE with frame type %u", peer, h.type);
+        } else if (st == PSAGG_ETIMEDOUT) {
+            psagg_fail(st, "%s: not all workers declared within connect_timeout_ms=%d", peer,
+                       ctx->cfg.connect_timeout_ms);
+        }
+        if (st && !other) {
+            other = st;
+            snprintf(other_msg, sizeof other_msg, "%s", psagg_last_error());
+        }
+        free(body);
+    }
+    free(sent);
+    if (verdict)
+        return psagg_fail(verdict, "%s", verdict_msg);
+    if (other)
+        return psagg_fail(other, "%s", other_msg);
+    return PSAGG_OK;
+}
+
 psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, size_t n,
                            uint32_t *keys_out)
 {
     psagg_ctl_declare *d;
     psagg_ctl_tensor *wire;
     size_t bytes;
-    int64_t deadline;
     psagg_status st = PSAGG_OK;
 
     psagg_clear_error();
@@ -262,36 +324,12 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, siz
         psagg_fail_context(st, "psagg_declare: ");
         goto out;
     }
-    for (int s = 0; s < ctx->cfg.n_servers; s++)
-        if ((st = psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_DECLARE, d, (uint32_t)bytes))) {
-            psagg_fail_context(st, "declaring to server %d: ", s);
-            goto out;
-        }
     /* Buffers are ready (and receives posted) before any server can send an update. */
     if ((st = setup_buffers(ctx, tensors)))
         goto out;
-    deadline = psagg_now_ms() + ctx->cfg.connect_timeout_ms;
-    for (int s = 0; s < ctx->cfg.n_servers; s++) {
-        psagg_ctl_hdr h;
-        void *body = NULL;
-        char peer[96];
-        snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
-                 ctx->cfg.servers[s].port);
-        st = psagg_ctl_recv(ctx->servers[s].fd, &h, &body, deadline, peer);
-        if (st == PSAGG_ETIMEDOUT)
-            psagg_fail(st, "%s: not all workers declared within connect_timeout_ms=%d", peer,
-                       ctx->cfg.connect_timeout_ms);
-        else if (!st && (h.type == PSAGG_CTL_ERROR || h.type == PSAGG_CTL_ABORT) &&
-                 h.len == sizeof(psagg_ctl_error)) {
-            psagg_ctl_error *e = body;
-            e->msg[sizeof e->msg - 1] = '\0';
-            st = psagg_fail(e->status < 0 ? e->status : PSAGG_EPEER, "%s: %s", peer, e->msg);
-        } else if (!st && h.type != PSAGG_CTL_READY)
-            st = psagg_fail(PSAGG_EPROTO, "%s answered DECLARE with frame type %u", peer, h.type);
-        free(body);
-        if (st)
-            goto out;
-    }
+    st = declare_all(ctx, d, bytes);
+    if (st)
+        goto out;
     if ((st = comm_start(ctx)))
         goto out;
     ctx->declared = 1;
@@ -309,48 +347,97 @@ out:
     return st;
 }
 
-psagg_status psagg_push_pull(psagg_ctx *ctx, uint32_t key, const float *in, float *out,
-                             psagg_reduce op, int priority, psagg_handle **handle)
+/*
+ * Check a push_pull's arguments and claim the tensor's in-flight slot. The handle is not
+ * queued yet: api_submit queues it, api_abandon gives the slot back.
+ */
+struct psagg_handle *api_new_handle(psagg_ctx *ctx, uint32_t key, const float *in, float *out,
+                                    psagg_reduce op, int priority, psagg_status *st)
 {
     struct psagg_handle *h;
     const psagg_tensor_info *ti;
 
     psagg_clear_error();
-    if (!ctx || !in || !out || !handle || (op != PSAGG_SUM && op != PSAGG_AVERAGE))
-        return psagg_fail(PSAGG_EINVAL, "psagg_push_pull: NULL argument or unknown reduce op");
-    *handle = NULL;
-    if (!ctx->declared)
-        return psagg_fail(PSAGG_EINVAL, "psagg_push_pull: call psagg_declare first");
-    if (key >= ctx->layout.n_tensors)
-        return psagg_fail(PSAGG_EINVAL, "psagg_push_pull: key %u, only %u tensors declared", key,
-                          ctx->layout.n_tensors);
+    *st = PSAGG_OK;
+    if (!ctx || !in || !out || (op != PSAGG_SUM && op != PSAGG_AVERAGE)) {
+        *st = psagg_fail(PSAGG_EINVAL, "push_pull: NULL argument or unknown reduce op");
+        return NULL;
+    }
+    if (!ctx->declared) {
+        *st = psagg_fail(PSAGG_EINVAL, "push_pull: call psagg_declare first");
+        return NULL;
+    }
+    if (key >= ctx->layout.n_tensors) {
+        *st = psagg_fail(PSAGG_EINVAL, "push_pull: key %u, only %u tensors declared", key,
+                         ctx->layout.n_tensors);
+        return NULL;
+    }
     ti = &ctx->layout.tensors[key];
     h = calloc(1, sizeof *h + ti->n_chunks);
-    if (!h)
-        return psagg_fail(PSAGG_ENOMEM, "psagg_push_pull");
-    *h = (struct psagg_handle){.ctx = ctx, .key = key, .in = in, .out = out, .op = op,
-                               .priority = priority, .chunk_done = (uint8_t *)(h + 1)};
+    if (!h) {
+        *st = psagg_fail(PSAGG_ENOMEM, "push_pull");
+        return NULL;
+    }
+    *h = (struct psagg_handle){.ctx = ctx,
+                               .key = key,
+                               .in = in,
+                               .out = out,
+                               .op = op,
+                               .priority = priority,
+                               .chunk_done = (uint8_t *)(h + 1)};
     h->deadline_ms = psagg_now_ms() + ctx->cfg.op_timeout_ms;
     pthread_mutex_lock(&ctx->mu);
     if (ctx->failed) {
-        int st = ctx->failed_status;
-        psagg_fail(st, "%s", ctx->failed_msg);
-        pthread_mutex_unlock(&ctx->mu);
-        free(h);
-        return st;
+        *st = psagg_fail(ctx->failed_status, "%s", ctx->failed_msg);
+    } else if (ctx->tensors[key].op) {
+        *st =
+            psagg_fail(PSAGG_EINVAL, "push_pull: tensor '%s' already has one in flight", ti->name);
+    } else {
+        h->round = ctx->tensors[key].round;
+        h->seq = ctx->next_seq++;
+        ctx->tensors[key].op = h;
     }
-    if (ctx->tensors[key].op) {
-        pthread_mutex_unlock(&ctx->mu);
-        free(h);
-        return psagg_fail(PSAGG_EINVAL, "psagg_push_pull: tensor '%s' already has one in flight",
-                          ti->name);
-    }
-    h->round = ctx->tensors[key].round;
-    h->seq = ctx->next_seq++;
-    ctx->tensors[key].op = h;
-    h->next = ctx->queue;
-    ctx->queue = h;
     pthread_mutex_unlock(&ctx->mu);
+    if (*st) {
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+void api_submit(psagg_ctx *ctx, struct psagg_handle *h)
+{
+    pthread_mutex_lock(&ctx->mu);
+    if (ctx->failed) {
+        comm_complete_locked(ctx, h, ctx->failed_status, ctx->failed_msg);
+    } else {
+        h->next = ctx->queue;
+        ctx->queue = h;
+    }
+    pthread_mutex_unlock(&ctx->mu);
+}
+
+void api_abandon(psagg_ctx *ctx, struct psagg_handle *h)
+{
+    pthread_mutex_lock(&ctx->mu);
+    if (ctx->tensors[h->key].op == h)
+        ctx->tensors[h->key].op = NULL;
+    pthread_mutex_unlock(&ctx->mu);
+    free(h);
+}
+
+psagg_status psagg_push_pull(psagg_ctx *ctx, uint32_t key, const float *in, float *out,
+                             psagg_reduce op, int priority, psagg_handle **handle)
+{
+    psagg_status st;
+    struct psagg_handle *h;
+    if (!handle)
+        return psagg_fail(PSAGG_EINVAL, "psagg_push_pull: handle is NULL");
+    *handle = NULL;
+    h = api_new_handle(ctx, key, in, out, op, priority, &st);
+    if (!h)
+        return st;
+    api_submit(ctx, h);
     *handle = h;
     return PSAGG_OK;
 }
@@ -390,8 +477,7 @@ psagg_status psagg_wait(psagg_handle *h, int timeout_ms)
             pthread_cond_wait(&ctx->cv, &ctx->mu);
         } else if (pthread_cond_timedwait(&ctx->cv, &ctx->mu, &until) == ETIMEDOUT && !h->done) {
             pthread_mutex_unlock(&ctx->mu);
-            return psagg_fail(PSAGG_ETIMEDOUT, "psagg_wait: not complete after %d ms",
-                              timeout_ms);
+            return psagg_fail(PSAGG_ETIMEDOUT, "psagg_wait: not complete after %d ms", timeout_ms);
         }
     }
     st = h->status;
@@ -447,6 +533,7 @@ psagg_status psagg_close(psagg_ctx *ctx)
         close(ctx->servers[s].fd);
     }
     psagg_fabric_close(ctx->fab);
+    gpu_destroy(ctx);
     for (uint32_t t = 0; ctx->tensors && t < ctx->layout.n_tensors; t++)
         psagg_free(ctx->tensors[t].residual);
     for (uint32_t c = 0; ctx->chunks && c < ctx->layout.n_chunks; c++)

@@ -71,9 +71,9 @@ static void take_queue(comm_state *cs)
         q = q->next;
         h->next = NULL;
         i = cs->n_active++;
-        while (i > 0 && (cs->active[i - 1]->priority < h->priority ||
-                         (cs->active[i - 1]->priority == h->priority &&
-                          cs->active[i - 1]->seq > h->seq))) {
+        while (i > 0 &&
+               (cs->active[i - 1]->priority < h->priority ||
+                (cs->active[i - 1]->priority == h->priority && cs->active[i - 1]->seq > h->seq))) {
             cs->active[i] = cs->active[i - 1];
             i--;
         }
@@ -108,6 +108,14 @@ static void finish_op(comm_state *cs, struct psagg_handle *h, int status, const 
         atomic_fetch_add(&ctx->push_pulls, 1);
 }
 
+psagg_rng_key comm_push_key(const psagg_ctx *ctx, const psagg_chunk_info *ci, uint32_t round)
+{
+    uint64_t stream = psagg_mix64(
+        psagg_mix64(0x3030ull << 32 | (uint32_t)ctx->rank, (uint64_t)ci->key << 32 | ci->index),
+        round);
+    return psagg_rng_key_make(ctx->cfg.seed, stream);
+}
+
 /*
  * Encode every chunk of h (so a bad gradient fails the call before anything is sent).
  * Returns 1 when encoded, 0 when a chunk buffer is still being sent (try later), -1 failed.
@@ -122,18 +130,24 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
     for (uint32_t c = 0; c < ti->n_chunks; c++)
         if (ctx->chunks[ti->first_chunk + c].send_pending)
             return 0;
+    if (h->gpu) {
+        int r = gpu_payloads_ready(ctx, h, msg, sizeof msg);
+        if (r < 0)
+            finish_op(cs, h, r, msg);
+        if (r <= 0)
+            return r < 0 ? -1 : 0;
+    }
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
         const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
         chunk_buf *cb = &ctx->chunks[ti->first_chunk + c];
         psagg_msg_hdr *mh = (psagg_msg_hdr *)cb->buf;
-        uint64_t stream = psagg_mix64(psagg_mix64(0x3030ull << 32 | (uint32_t)ctx->rank,
-                                                  (uint64_t)ci->key << 32 | ci->index),
-                                      h->round);
         size_t bad = 0;
-        psagg_status st = psagg_encode(&ti->codec, h->in + ci->offset,
-                                       ts->residual ? ts->residual + ci->offset : NULL, ci->count,
-                                       psagg_rng_key_make(ctx->cfg.seed, stream),
-                                       cb->buf + sizeof *mh, ci->enc_bytes, &bad);
+        psagg_status st = PSAGG_OK;
+        if (!h->gpu)
+            st = psagg_encode(&ti->codec, h->in + ci->offset,
+                              ts->residual ? ts->residual + ci->offset : NULL, ci->count,
+                              comm_push_key(ctx, ci, h->round), cb->buf + sizeof *mh, ci->enc_bytes,
+                              &bad);
         if (st) {
             snprintf(msg, sizeof msg, "tensor '%.63s': element %llu: %.150s", ti->name,
                      (unsigned long long)(ci->offset + bad), psagg_last_error());
@@ -244,13 +258,19 @@ static void on_update(comm_state *cs, recv_slot *rs, size_t len)
                       mh->sender, ti->name, mh->chunk, mh->round);
         return;
     }
-    st = psagg_decode(&ti->codec, rs->buf + sizeof *mh, mh->len, ci->count, h->out + ci->offset);
+    if (h->gpu) {
+        gpu_stage_update(ctx, h, ci, rs->buf + sizeof *mh);
+        st = PSAGG_OK;
+    } else {
+        st =
+            psagg_decode(&ti->codec, rs->buf + sizeof *mh, mh->len, ci->count, h->out + ci->offset);
+    }
     if (st) {
         comm_fail_all(ctx, PSAGG_EPROTO, "update of tensor '%s' chunk %u from server %u: %s",
                       ti->name, mh->chunk, mh->sender, psagg_last_error());
         return;
     }
-    if (h->op == PSAGG_AVERAGE) {
+    if (h->op == PSAGG_AVERAGE && !h->gpu) {
         const float scale = 1.0f / (float)ctx->world;
         float *o = h->out + ci->offset;
         for (uint64_t i = 0; i < ci->count; i++)
@@ -259,8 +279,35 @@ static void on_update(comm_state *cs, recv_slot *rs, size_t len)
     ctx->servers[ci->owner].inflight--;
     atomic_fetch_add(&ctx->bytes_received, len);
     h->chunk_done[mh->chunk] = 1;
-    if (++h->done_chunks == ti->n_chunks)
-        finish_op(cs, h, PSAGG_OK, NULL);
+    if (++h->done_chunks < ti->n_chunks)
+        return;
+    if (h->gpu) {
+        char msg[256];
+        int r = gpu_start_decode(ctx, h, msg, sizeof msg);
+        if (r < 0)
+            finish_op(cs, h, r, msg);
+        else
+            h->gpu_decoding = 1; /* completes in poll_gpu_decodes */
+        return;
+    }
+    finish_op(cs, h, PSAGG_OK, NULL);
+}
+
+/* Complete the device-buffer operations whose decode has finished on the GPU. */
+static void poll_gpu_decodes(comm_state *cs)
+{
+    for (int i = 0; i < cs->n_active; i++) {
+        struct psagg_handle *h = cs->active[i];
+        char msg[256];
+        int r;
+        if (!h->gpu_decoding)
+            continue;
+        r = gpu_decode_done(cs->ctx, h, msg, sizeof msg);
+        if (r == 0)
+            continue;
+        finish_op(cs, h, r < 0 ? r : PSAGG_OK, r < 0 ? msg : NULL);
+        i--;
+    }
 }
 
 /* Control connections: an ABORT/ERROR frame or a closed socket fails everything. */
@@ -306,9 +353,9 @@ static void check_deadlines(comm_state *cs)
             continue;
         for (uint32_t c = 0; c < ti->n_chunks && used + 8 < sizeof waiting; c++)
             if (!h->chunk_done[c])
-                used += (size_t)snprintf(waiting + used, sizeof waiting - used, "%s%u",
-                                         used ? "," : "",
-                                         ctx->layout.chunks[ti->first_chunk + c].owner);
+                used +=
+                    (size_t)snprintf(waiting + used, sizeof waiting - used, "%s%u", used ? "," : "",
+                                     ctx->layout.chunks[ti->first_chunk + c].owner);
         comm_fail_all(ctx, PSAGG_ETIMEDOUT,
                       "push_pull of tensor '%s' round %u: no update within op_timeout_ms=%d "
                       "(waiting on servers %s)",
@@ -339,18 +386,21 @@ static void *comm_main(void *arg)
         }
         pthread_mutex_unlock(&ctx->mu);
         waiting = schedule(&cs);
-        n = psagg_fabric_poll(ctx->fab, ev, 64, cs.n_active && !waiting ? 1 : (cs.n_active ? 0 : 2));
+        n = psagg_fabric_poll(ctx->fab, ev, 64,
+                              cs.n_active && !waiting ? 1 : (cs.n_active ? 0 : 2));
         if (n < 0) {
             comm_fail_all(ctx, PSAGG_EFABRIC, "completion queue: %s", psagg_last_error());
             break;
         }
         for (int i = 0; i < n; i++) {
             switch (ev[i].kind) {
-            case PSAGG_FABRIC_SEND_DONE: ((chunk_buf *)ev[i].ctx)->send_pending = 0; break;
+            case PSAGG_FABRIC_SEND_DONE:
+                ((chunk_buf *)ev[i].ctx)->send_pending = 0;
+                break;
             case PSAGG_FABRIC_SEND_ERROR:
                 ((chunk_buf *)ev[i].ctx)->send_pending = 0;
-                comm_fail_all(ctx, ev[i].status ? ev[i].status : PSAGG_EPEER,
-                              "a push failed: %s", ev[i].msg);
+                comm_fail_all(ctx, ev[i].status ? ev[i].status : PSAGG_EPEER, "a push failed: %s",
+                              ev[i].msg);
                 break;
             case PSAGG_FABRIC_RECV_DONE: {
                 recv_slot *rs = ev[i].ctx;
@@ -371,6 +421,7 @@ static void *comm_main(void *arg)
                 break;
             }
         }
+        poll_gpu_decodes(&cs);
         now = psagg_now_ms();
         if (now >= cs.next_ctl_check) {
             check_control(&cs);

@@ -56,7 +56,9 @@ struct psagg_handle {
     uint32_t done_chunks;
     uint8_t *chunk_done;
     int64_t deadline_ms;
-    int done;           /* guarded by ctx->mu */
+    int gpu;          /* in/out are device buffers (cuda.c) */
+    int gpu_decoding; /* all updates staged; the GPU is decoding them (comm thread) */
+    int done;         /* guarded by ctx->mu */
     int status;
     char msg[256];
 };
@@ -82,16 +84,23 @@ struct psagg_ctx {
 
     pthread_t comm_tid;
     atomic_int running;
-    pthread_mutex_t mu; /* queue, handle completion, failure state */
-    pthread_cond_t cv;  /* a handle completed or the queue changed */
+    pthread_mutex_t mu;         /* queue, handle completion, failure state */
+    pthread_cond_t cv;          /* a handle completed or the queue changed */
     struct psagg_handle *queue; /* submitted, not yet taken by the comm thread */
     uint64_t next_seq;
-    int failed;          /* the job failed: every later call returns failed_status */
+    int failed; /* the job failed: every later call returns failed_status */
     int failed_status;
     char failed_msg[256];
 
     atomic_uint_fast64_t bytes_sent, bytes_received, bytes_raw, push_pulls;
+    void *gpu; /* cuda.c state, created by the first psagg_push_pull_cuda */
 };
+
+/* api.c: queue a handle whose tensor slot (tensors[key].op) the caller has claimed. */
+struct psagg_handle *api_new_handle(psagg_ctx *ctx, uint32_t key, const float *in, float *out,
+                                    psagg_reduce op, int priority, psagg_status *st);
+void api_submit(psagg_ctx *ctx, struct psagg_handle *h);
+void api_abandon(psagg_ctx *ctx, struct psagg_handle *h);
 
 /* comm.c */
 psagg_status comm_start(psagg_ctx *ctx);
@@ -101,5 +110,22 @@ void comm_complete_locked(psagg_ctx *ctx, struct psagg_handle *h, int status, co
 /* Fail the whole context: every pending and later operation gets this status and message. */
 void comm_fail_all(psagg_ctx *ctx, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The RNG key of one chunk's push in one round (host and GPU paths alike). */
+psagg_rng_key comm_push_key(const psagg_ctx *ctx, const psagg_chunk_info *ci, uint32_t round);
+
+/*
+ * cuda.c: the device-buffer path. The comm thread calls these for handles with h->gpu set.
+ *   gpu_payloads_ready  0: the GPU is still encoding; 1: the encoded chunks are copied into
+ *                       the push buffers; negative: failed (status, message in msg)
+ *   gpu_stage_update    keep one chunk's update bytes for the device decode
+ *   gpu_start_decode    all updates staged: copy them to the device and decode into h->out
+ *   gpu_decode_done     0: still decoding; 1: done; negative: failed (message in msg)
+ */
+int gpu_payloads_ready(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len);
+void gpu_stage_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
+                      const void *payload);
+int gpu_start_decode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len);
+int gpu_decode_done(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len);
+void gpu_destroy(psagg_ctx *ctx);
 
 #endif

@@ -678,9 +678,28 @@ struct SyncErr { /* temporary device error word for the *_sync wrappers */
     }
 };
 
+/* x_k = x_k * s, one IEEE multiply per element (as the CPU worker's PSAGG_AVERAGE). */
+__global__ void scale_kernel(float *x, size_t n, float s)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] = __fmul_rn(x[i], s);
+}
+
 } /* namespace */
 
 /* ================================================================ public API */
+
+extern "C" psagg_status psagg_cuda_scale(float *x, size_t n, float s, cudaStream_t stream)
+{
+    if (!n)
+        return PSAGG_OK;
+    if (!x)
+        return (psagg_status)psagg_fail(PSAGG_EINVAL, "psagg_cuda_scale: x is NULL");
+    size_t blocks = (n + 255) / 256;
+    scale_kernel<<<(unsigned)(blocks > 4096 ? 4096 : blocks), 256, 0, stream>>>(x, n, s);
+    return after_launch("scale_kernel");
+}
 
 extern "C" int psagg_cuda_device_count(void)
 {

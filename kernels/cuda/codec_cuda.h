@@ -122,6 +122,9 @@ psagg_status psagg_cuda_aggregate_sync(const psagg_codec *codec, const void *con
                                        void *out, size_t out_len, size_t *bad_index,
                                        cudaStream_t stream);
 
+/* x_k = x_k * s on the device (one IEEE multiply per element, as the CPU path), stream-ordered. */
+psagg_status psagg_cuda_scale(float *x, size_t n, float s, cudaStream_t stream);
+
 /* ---- host-memory GPU assist for the server ---- */
 
 typedef struct psagg_cuda_ctx psagg_cuda_ctx;

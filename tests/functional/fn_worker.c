@@ -88,18 +88,41 @@ int main(int argc, char **argv)
 
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
-        case 's': snprintf(sizes_text, sizeof sizes_text, "%s", optarg); break;
-        case 'n': n_random = atoi(optarg); break;
-        case 'r': rounds = atoi(optarg); break;
-        case 'c': codec_text = optarg; break;
-        case 'e': expect = status_from_name(optarg); break;
-        case 't': expect_text = optarg; break;
-        case 'm': max_seconds = atof(optarg); break;
-        case 'x': mismatch_rank = atoi(optarg); break;
-        case 'd': die_rank = atoi(optarg); break;
-        case 'D': die_round = atoi(optarg); break;
-        case 'a': average = 1; break;
-        default: return 2;
+        case 's':
+            snprintf(sizes_text, sizeof sizes_text, "%s", optarg);
+            break;
+        case 'n':
+            n_random = atoi(optarg);
+            break;
+        case 'r':
+            rounds = atoi(optarg);
+            break;
+        case 'c':
+            codec_text = optarg;
+            break;
+        case 'e':
+            expect = status_from_name(optarg);
+            break;
+        case 't':
+            expect_text = optarg;
+            break;
+        case 'm':
+            max_seconds = atof(optarg);
+            break;
+        case 'x':
+            mismatch_rank = atoi(optarg);
+            break;
+        case 'd':
+            die_rank = atoi(optarg);
+            break;
+        case 'D':
+            die_round = atoi(optarg);
+            break;
+        case 'a':
+            average = 1;
+            break;
+        default:
+            return 2;
         }
     }
     if (psagg_codec_parse(codec_text, &codec)) {
@@ -124,8 +147,8 @@ int main(int argc, char **argv)
     for (int t = 0; t < n; t++) {
         char *name = malloc(32);
         snprintf(name, 32, "t%03d", t);
-        desc[t] = (psagg_tensor_desc){.name = name, .count = count[t], .codec = codec,
-                                      .error_feedback = 0};
+        desc[t] = (psagg_tensor_desc){
+            .name = name, .count = count[t], .codec = codec, .error_feedback = 0};
         if (rank == mismatch_rank && t == n / 2)
             desc[t].count = count[t] + 1;
     }
@@ -152,8 +175,8 @@ int main(int argc, char **argv)
         for (int t = 0; t < n; t++) {
             for (uint64_t i = 0; i < count[t]; i++)
                 in[t][i] = input_value(rank, (uint32_t)t, (uint32_t)r, i);
-            st = psagg_push_pull(ctx, (uint32_t)t, in[t], out[t], average ? PSAGG_AVERAGE : PSAGG_SUM,
-                                 t % 3, &h[t]);
+            st = psagg_push_pull(ctx, (uint32_t)t, in[t], out[t],
+                                 average ? PSAGG_AVERAGE : PSAGG_SUM, t % 3, &h[t]);
             if (st)
                 goto failed;
         }
@@ -181,8 +204,7 @@ int main(int argc, char **argv)
                             fprintf(stderr,
                                     "FAIL worker %d round %d tensor %d element %llu: got %.9g, "
                                     "expected %.9g\n",
-                                    rank, r, t, (unsigned long long)i, out[t][i],
-                                    expect_buf[t][i]);
+                                    rank, r, t, (unsigned long long)i, out[t][i], expect_buf[t][i]);
                             return 1;
                         }
                 }
@@ -205,8 +227,8 @@ int main(int argc, char **argv)
                         fprintf(stderr,
                                 "FAIL worker %d round %d tensor %d element %llu: got %.9g, "
                                 "exact %.9g, error %.3g above bound %.3g\n",
-                                rank, r, t, (unsigned long long)i, out[t][i], expect_buf[t][i],
-                                e, bound);
+                                rank, r, t, (unsigned long long)i, out[t][i], expect_buf[t][i], e,
+                                bound);
                         return 1;
                     }
                 }
@@ -231,31 +253,30 @@ int main(int argc, char **argv)
     fflush(stdout);
     return psagg_close(ctx) ? 1 : 0;
 
-failed:
-    {
-        double took = now_s() - t0;
-        const char *msg = psagg_last_error();
-        if (!expect) {
-            fprintf(stderr, "FAIL: %s: %s\n", psagg_strerror(st), msg);
-            return 1;
-        }
-        printf("worker failed as expected? status %d (%s) after %.2f s: %s\n", st,
-               psagg_strerror(st), took, msg);
-        if (st != expect) {
-            fprintf(stderr, "FAIL: expected status %d (%s), got %d\n", expect,
-                    psagg_strerror(expect), st);
-            return 1;
-        }
-        if (expect_text && !strstr(msg, expect_text)) {
-            fprintf(stderr, "FAIL: the message does not mention '%s'\n", expect_text);
-            return 1;
-        }
-        if (max_seconds > 0 && took > max_seconds) {
-            fprintf(stderr, "FAIL: the error took %.2f s, limit %.2f s\n", took, max_seconds);
-            return 1;
-        }
-        psagg_close(ctx);
-        printf("EXPECTED-ERROR-OK\n");
-        return 0;
+failed : {
+    double took = now_s() - t0;
+    const char *msg = psagg_last_error();
+    if (!expect) {
+        fprintf(stderr, "FAIL: %s: %s\n", psagg_strerror(st), msg);
+        return 1;
     }
+    printf("worker failed as expected? status %d (%s) after %.2f s: %s\n", st, psagg_strerror(st),
+           took, msg);
+    if (st != expect) {
+        fprintf(stderr, "FAIL: expected status %d (%s), got %d\n", expect, psagg_strerror(expect),
+                st);
+        return 1;
+    }
+    if (expect_text && !strstr(msg, expect_text)) {
+        fprintf(stderr, "FAIL: the message does not mention '%s'\n", expect_text);
+        return 1;
+    }
+    if (max_seconds > 0 && took > max_seconds) {
+        fprintf(stderr, "FAIL: the error took %.2f s, limit %.2f s\n", took, max_seconds);
+        return 1;
+    }
+    psagg_close(ctx);
+    printf("EXPECTED-ERROR-OK\n");
+    return 0;
+}
 }

@@ -26,26 +26,26 @@ extern "C" {
 typedef enum psagg_status {
     PSAGG_OK = 0,
     /* the call or one buffer */
-    PSAGG_EINVAL = -1,      /* an argument is out of its documented range */
-    PSAGG_ENONFINITE = -2,  /* NaN or Inf in an input */
-    PSAGG_ERANGE = -3,      /* a finite value the codec cannot represent */
-    PSAGG_EBADLEN = -4,     /* a buffer's length does not match its codec and count */
-    PSAGG_EBADMETA = -5,    /* an encoded buffer's meta (scale, min) is not valid */
-    PSAGG_ENOMEM = -6,      /* out of memory */
-    PSAGG_EAGAIN = -7,      /* not done yet; try again */
-    PSAGG_ETIMEDOUT = -8,   /* a deadline passed */
+    PSAGG_EINVAL = -1,       /* an argument is out of its documented range */
+    PSAGG_ENONFINITE = -2,   /* NaN or Inf in an input */
+    PSAGG_ERANGE = -3,       /* a finite value the codec cannot represent */
+    PSAGG_EBADLEN = -4,      /* a buffer's length does not match its codec and count */
+    PSAGG_EBADMETA = -5,     /* an encoded buffer's meta (scale, min) is not valid */
+    PSAGG_ENOMEM = -6,       /* out of memory */
+    PSAGG_EAGAIN = -7,       /* not done yet; try again */
+    PSAGG_ETIMEDOUT = -8,    /* a deadline passed */
     PSAGG_EUNSUPPORTED = -9, /* not available in this build or on this machine */
     /* configuration */
-    PSAGG_ECONFIG = -20,    /* bad configuration (file:line in the message) */
+    PSAGG_ECONFIG = -20, /* bad configuration (file:line in the message) */
     /* one peer */
-    PSAGG_EPROTO = -30,     /* a peer sent a bad frame (peer and field in the message) */
-    PSAGG_EPEER = -31,      /* a peer closed, died or could not be reached */
-    PSAGG_EMISMATCH = -32,  /* workers declared different tensors */
+    PSAGG_EPROTO = -30,    /* a peer sent a bad frame (peer and field in the message) */
+    PSAGG_EPEER = -31,     /* a peer closed, died or could not be reached */
+    PSAGG_EMISMATCH = -32, /* workers declared different tensors */
     /* the whole job */
-    PSAGG_EFABRIC = -40,    /* libfabric failed */
-    PSAGG_EIO = -41,        /* an operating-system call failed */
-    PSAGG_ECLOSED = -42,    /* the context is closed or the job was aborted */
-    PSAGG_ECUDA = -43,      /* a CUDA call failed */
+    PSAGG_EFABRIC = -40, /* libfabric failed */
+    PSAGG_EIO = -41,     /* an operating-system call failed */
+    PSAGG_ECLOSED = -42, /* the context is closed or the job was aborted */
+    PSAGG_ECUDA = -43,   /* a CUDA call failed */
 } psagg_status;
 
 /* A short constant description of a status code. */
@@ -122,6 +122,20 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, siz
  */
 psagg_status psagg_push_pull(psagg_ctx *ctx, uint32_t key, const float *in, float *out,
                              psagg_reduce op, int priority, psagg_handle **handle);
+
+/*
+ * push_pull on GPU buffers (libpsagg built with CUDA; PSAGG_EUNSUPPORTED otherwise). d_in and
+ * d_out are device pointers (count floats) on the calling thread's current device; stream is
+ * a cudaStream_t (NULL: the legacy default stream). The work is ordered after everything
+ * already queued on `stream` (an event is recorded on it; the device is never synchronized as
+ * a whole). Quantization, with the tensor's error-feedback residual kept on the device, runs
+ * on the GPU and only the compressed bytes are copied to pinned host memory and sent; the
+ * update's compressed bytes are copied back and dequantized on the GPU into d_out. The bytes
+ * are identical to the host path's. d_out is written when the handle completes.
+ */
+psagg_status psagg_push_pull_cuda(psagg_ctx *ctx, uint32_t key, const float *d_in, float *d_out,
+                                  psagg_reduce op, int priority, void *stream,
+                                  psagg_handle **handle);
 
 /* 1 when the handle has completed (successfully or not), 0 otherwise. Never blocks. */
 int psagg_test(psagg_handle *handle);
