@@ -151,7 +151,7 @@ psagg_status psagg_push_pull_cuda(psagg_ctx *ctx, uint32_t key, const float *d_i
                                   psagg_handle **handle)
 {
     struct psagg_handle *h;
-    gpu_state *g;
+    gpu_state *g = NULL;
     psagg_status st;
 
     if (!handle)

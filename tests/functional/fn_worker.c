@@ -20,6 +20,10 @@
 
 #include "psagg.h"
 
+#ifdef FN_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
 {
     const unsigned char *b = p;
@@ -72,11 +76,13 @@ int main(int argc, char **argv)
                                          {"die-rank", required_argument, NULL, 'd'},
                                          {"die-round", required_argument, NULL, 'D'},
                                          {"average", no_argument, NULL, 'a'},
+                                         {"cuda", no_argument, NULL, 'g'},
                                          {NULL, 0, NULL, 0}};
     char sizes_text[512] = "1,1023,4096";
     const char *codec_text = "fp32", *expect_text = NULL;
     int rounds = 10, n_random = 0, expect = 0, mismatch_rank = -1, die_rank = -1, die_round = -1;
-    int average = 0;
+    int average = 0, cuda = 0;
+    float **d_in = NULL, **d_out = NULL;
     double max_seconds = 0, t0 = now_s();
     psagg_ctx *ctx = NULL;
     psagg_codec codec;
@@ -121,9 +127,24 @@ int main(int argc, char **argv)
         case 'a':
             average = 1;
             break;
+        case 'g':
+            cuda = 1;
+            break;
         default:
             return 2;
         }
+    }
+    if (cuda) {
+#ifdef FN_WITH_CUDA
+        int devices = 0;
+        if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+            printf("SKIP: --cuda needs a CUDA device, none is usable\n");
+            return 77;
+        }
+#else
+        printf("SKIP: --cuda needs a build with CUDA\n");
+        return 77;
+#endif
     }
     if (psagg_codec_parse(codec_text, &codec)) {
         fprintf(stderr, "fn_worker: %s\n", psagg_last_error());
@@ -164,6 +185,18 @@ int main(int argc, char **argv)
         out[t] = malloc(count[t] * sizeof(float));
         expect_buf[t] = malloc(count[t] * sizeof(float));
     }
+#ifdef FN_WITH_CUDA
+    if (cuda) {
+        d_in = calloc((size_t)n, sizeof *d_in);
+        d_out = calloc((size_t)n, sizeof *d_out);
+        for (int t = 0; t < n; t++)
+            if (cudaMalloc((void **)&d_in[t], count[t] * sizeof(float)) != cudaSuccess ||
+                cudaMalloc((void **)&d_out[t], count[t] * sizeof(float)) != cudaSuccess) {
+                fprintf(stderr, "FAIL: cudaMalloc\n");
+                return 1;
+            }
+    }
+#endif
     for (int r = 0; r < rounds; r++) {
         psagg_handle **h = calloc((size_t)n, sizeof *h);
         double worst = 0;
@@ -175,8 +208,18 @@ int main(int argc, char **argv)
         for (int t = 0; t < n; t++) {
             for (uint64_t i = 0; i < count[t]; i++)
                 in[t][i] = input_value(rank, (uint32_t)t, (uint32_t)r, i);
-            st = psagg_push_pull(ctx, (uint32_t)t, in[t], out[t],
-                                 average ? PSAGG_AVERAGE : PSAGG_SUM, t % 3, &h[t]);
+            if (cuda) {
+#ifdef FN_WITH_CUDA
+                /* host data -> device; push_pull orders itself after this on the stream */
+                cudaMemcpyAsync(d_in[t], in[t], count[t] * sizeof(float), cudaMemcpyHostToDevice,
+                                0);
+                st = psagg_push_pull_cuda(ctx, (uint32_t)t, d_in[t], d_out[t],
+                                          average ? PSAGG_AVERAGE : PSAGG_SUM, t % 3, NULL, &h[t]);
+#endif
+            } else {
+                st = psagg_push_pull(ctx, (uint32_t)t, in[t], out[t],
+                                     average ? PSAGG_AVERAGE : PSAGG_SUM, t % 3, &h[t]);
+            }
             if (st)
                 goto failed;
         }
@@ -185,6 +228,13 @@ int main(int argc, char **argv)
             psagg_release(h[t]);
             if (st)
                 goto failed;
+#ifdef FN_WITH_CUDA
+            if (cuda && cudaMemcpy(out[t], d_out[t], count[t] * sizeof(float),
+                                   cudaMemcpyDeviceToHost) != cudaSuccess) {
+                fprintf(stderr, "FAIL: cudaMemcpy of the result\n");
+                return 1;
+            }
+#endif
         }
         free(h);
         /* check every tensor against the independently computed sum */
@@ -250,6 +300,7 @@ int main(int argc, char **argv)
                s.bytes_sent ? (double)s.bytes_raw / (double)s.bytes_sent : 0.0);
     }
     printf("DIGEST %016llx\n", (unsigned long long)digest);
+    (void)d_in, (void)d_out;
     fflush(stdout);
     return psagg_close(ctx) ? 1 : 0;
 
