@@ -196,19 +196,22 @@ static void abort_others(server *srv, int except, int status, const char *msg)
 }
 
 /* Close worker w's control connection and abort the job for the others. */
-static void drop_worker(server *srv, int w, int status, const char *reason)
+static void drop_worker(server *srv, int w, int status, const char *why)
 {
     worker_conn *wc = &srv->workers[w];
-    char msg[240];
+    char reason[200], msg[240];
     if (wc->fd < 0)
         return;
+    /* `why` may be psagg_last_error(), which the sends below overwrite: copy it first */
+    snprintf(reason, sizeof reason, "%s", why);
     LOG_ERROR("closing worker %d: %s", w, reason);
     psagg_ctl_send_error(wc->fd, PSAGG_CTL_ERROR, status, reason);
     close(wc->fd);
     wc->fd = -1;
     wc->state = W_DEAD;
-    snprintf(msg, sizeof msg, "server %d: worker %d failed: %.180s", srv->rank, w, reason);
+    snprintf(msg, sizeof msg, "worker %d failed: %.200s", w, reason);
     server_fail_job(srv, "%s", msg);
+    snprintf(msg, sizeof msg, "server %d: worker %d failed: %.200s", srv->rank, w, reason);
     abort_others(srv, w, PSAGG_EPEER, msg);
 }
 

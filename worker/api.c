@@ -227,7 +227,12 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
  */
 static psagg_status declare_all(psagg_ctx *ctx, const psagg_ctl_declare *d, size_t bytes)
 {
-    int64_t deadline = psagg_now_ms() + ctx->cfg.connect_timeout_ms;
+    /*
+     * The servers enforce connect_timeout_ms and then say which workers are missing; wait a
+     * little longer than they do so that their verdict, not our own timeout, is reported.
+     */
+    int grace = ctx->cfg.connect_timeout_ms / 4 > 1000 ? ctx->cfg.connect_timeout_ms / 4 : 1000;
+    int64_t deadline = psagg_now_ms() + ctx->cfg.connect_timeout_ms + grace;
     psagg_status verdict = PSAGG_OK, other = PSAGG_OK;
     char verdict_msg[512] = "", other_msg[512] = "";
     int *sent = calloc((size_t)ctx->cfg.n_servers, sizeof *sent);

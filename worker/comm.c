@@ -47,13 +47,30 @@ void comm_fail_all(psagg_ctx *ctx, int status, const char *fmt, ...)
         if (status != PSAGG_ECLOSED)
             LOG_ERROR("%s", ctx->failed_msg);
     }
+    /*
+     * Complete every pending handle and forget it: once complete, its owner may release it
+     * at any time, so nothing here may point at it afterwards (the comm thread drops its
+     * active list as soon as it sees ctx->failed).
+     */
     for (uint32_t t = 0; ctx->tensors && t < ctx->layout.n_tensors; t++)
-        if (ctx->tensors[t].op)
+        if (ctx->tensors[t].op) {
             comm_complete_locked(ctx, ctx->tensors[t].op, ctx->failed_status, ctx->failed_msg);
+            ctx->tensors[t].op = NULL;
+        }
     for (struct psagg_handle *h = ctx->queue; h; h = h->next)
         comm_complete_locked(ctx, h, ctx->failed_status, ctx->failed_msg);
+    ctx->queue = NULL;
     pthread_cond_broadcast(&ctx->cv);
     pthread_mutex_unlock(&ctx->mu);
+}
+
+static int ctx_failed(psagg_ctx *ctx)
+{
+    int failed;
+    pthread_mutex_lock(&ctx->mu);
+    failed = ctx->failed;
+    pthread_mutex_unlock(&ctx->mu);
+    return failed;
 }
 
 /* Move newly submitted operations into the active list, ordered by priority then age. */
@@ -296,6 +313,10 @@ static void on_update(comm_state *cs, recv_slot *rs, size_t len)
 /* Complete the device-buffer operations whose decode has finished on the GPU. */
 static void poll_gpu_decodes(comm_state *cs)
 {
+    if (ctx_failed(cs->ctx)) {
+        cs->n_active = 0;
+        return;
+    }
     for (int i = 0; i < cs->n_active; i++) {
         struct psagg_handle *h = cs->active[i];
         char msg[256];
@@ -344,6 +365,10 @@ static void check_deadlines(comm_state *cs)
 {
     psagg_ctx *ctx = cs->ctx;
     int64_t now = psagg_now_ms();
+    if (ctx_failed(ctx)) {
+        cs->n_active = 0; /* completed by comm_fail_all; their owners may free them */
+        return;
+    }
     for (int i = 0; i < cs->n_active; i++) {
         struct psagg_handle *h = cs->active[i];
         const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
@@ -379,12 +404,8 @@ static void *comm_main(void *arg)
         int waiting, n;
         int64_t now;
         take_queue(&cs);
-        pthread_mutex_lock(&ctx->mu);
-        if (ctx->failed) {
-            /* everything already completed with the failure; drop our references */
-            cs.n_active = 0;
-        }
-        pthread_mutex_unlock(&ctx->mu);
+        if (ctx_failed(ctx))
+            cs.n_active = 0; /* everything was completed with the failure */
         waiting = schedule(&cs);
         n = psagg_fabric_poll(ctx->fab, ev, 64,
                               cs.n_active && !waiting ? 1 : (cs.n_active ? 0 : 2));
@@ -404,10 +425,9 @@ static void *comm_main(void *arg)
                 break;
             case PSAGG_FABRIC_RECV_DONE: {
                 recv_slot *rs = ev[i].ctx;
-                pthread_mutex_lock(&ctx->mu);
-                int failed = ctx->failed;
-                pthread_mutex_unlock(&ctx->mu);
-                if (!failed)
+                if (ctx_failed(ctx))
+                    cs.n_active = 0;
+                else
                     on_update(&cs, rs, ev[i].len);
                 if (psagg_fabric_post_recv(ctx->fab, rs->buf, rs->size, rs->desc, rs))
                     comm_fail_all(ctx, PSAGG_EFABRIC, "reposting a receive: %s",

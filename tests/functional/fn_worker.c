@@ -42,6 +42,31 @@ static float input_value(int w, uint32_t key, uint32_t r, uint64_t i)
     return ((float)(z >> 40) * 0x1p-24f - 0.5f) * (float)(1 + (key % 7)) * 0.01f;
 }
 
+/* Everything main allocates, freed at exit on every path (clean under LeakSanitizer). */
+static struct {
+    psagg_tensor_desc *desc;
+    uint64_t *count;
+    float **in, **out, **expect;
+    psagg_handle **h;
+    int n;
+} mem;
+
+static void free_all(void)
+{
+    for (int t = 0; t < mem.n; t++) {
+        if (mem.desc)
+            free((void *)mem.desc[t].name);
+        if (mem.in)
+            free(mem.in[t]), free(mem.out[t]), free(mem.expect[t]);
+    }
+    free(mem.desc);
+    free(mem.count);
+    free(mem.in);
+    free(mem.out);
+    free(mem.expect);
+    free(mem.h);
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -150,8 +175,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "fn_worker: %s\n", psagg_last_error());
         return 2;
     }
-    desc = calloc(1024 + (size_t)n_random, sizeof *desc);
-    count = calloc(1024 + (size_t)n_random, sizeof *count);
+    desc = mem.desc = calloc(1024 + (size_t)n_random, sizeof *desc);
+    count = mem.count = calloc(1024 + (size_t)n_random, sizeof *count);
+    atexit(free_all);
     for (char *save = NULL, *tok = strtok_r(sizes_text, ",", &save); tok && n < 1024;
          tok = strtok_r(NULL, ",", &save))
         count[n++] = strtoull(tok, NULL, 10);
@@ -160,6 +186,7 @@ int main(int argc, char **argv)
         count[n++] = 1 + (rng >> 33) % 5000;
     }
 
+    mem.n = n;
     st = psagg_init(NULL, -1, -1, &ctx);
     if (st)
         goto failed;
@@ -177,9 +204,10 @@ int main(int argc, char **argv)
     if (st)
         goto failed;
 
-    in = calloc((size_t)n, sizeof *in);
-    out = calloc((size_t)n, sizeof *out);
-    expect_buf = calloc((size_t)n, sizeof *expect_buf);
+    in = mem.in = calloc((size_t)n, sizeof *in);
+    out = mem.out = calloc((size_t)n, sizeof *out);
+    expect_buf = mem.expect = calloc((size_t)n, sizeof *expect_buf);
+    mem.h = calloc((size_t)n, sizeof *mem.h);
     for (int t = 0; t < n; t++) {
         in[t] = malloc(count[t] * sizeof(float));
         out[t] = malloc(count[t] * sizeof(float));
@@ -198,7 +226,7 @@ int main(int argc, char **argv)
     }
 #endif
     for (int r = 0; r < rounds; r++) {
-        psagg_handle **h = calloc((size_t)n, sizeof *h);
+        psagg_handle **h = mem.h;
         double worst = 0;
         if (rank == die_rank && r == die_round) {
             printf("fn_worker %d: dying on purpose at round %d\nEXPECTED-ERROR-OK\n", rank, r);
@@ -224,10 +252,15 @@ int main(int argc, char **argv)
                 goto failed;
         }
         for (int t = 0; t < n; t++) {
-            st = psagg_wait(h[t], -1);
+            int wst = psagg_wait(h[t], -1);
             psagg_release(h[t]);
-            if (st)
+            h[t] = NULL;
+            if (wst) { /* release the others too, then report the first failure */
+                for (int u = t + 1; u < n; u++)
+                    psagg_release(h[u]);
+                st = wst; /* psagg_last_error() holds the job's failure message */
                 goto failed;
+            }
 #ifdef FN_WITH_CUDA
             if (cuda && cudaMemcpy(out[t], d_out[t], count[t] * sizeof(float),
                                    cudaMemcpyDeviceToHost) != cudaSuccess) {
@@ -236,7 +269,6 @@ int main(int argc, char **argv)
             }
 #endif
         }
-        free(h);
         /* check every tensor against the independently computed sum */
         for (int t = 0; t < n; t++) {
             for (uint64_t i = 0; i < count[t]; i++) {
