@@ -41,15 +41,6 @@ static void d2h(void *h, const void *d, size_t len)
         CU(cudaMemcpy(h, d, len, cudaMemcpyDeviceToHost));
 }
 
-static size_t first_diff(const void *a, const void *b, size_t len)
-{
-    const uint8_t *p = a, *q = b;
-    for (size_t i = 0; i < len; i++)
-        if (p[i] != q[i])
-            return i;
-    return (size_t)-1;
-}
-
 typedef struct result {
     psagg_status st;
     size_t bad;
@@ -139,18 +130,18 @@ static void compare(const char *ctx, const psagg_codec *c, size_t n, int with_re
         CHECK(ref->bad == got->bad, "%s: bad index cpu %zu vs gpu %zu", ctx, ref->bad, got->bad);
         return;
     }
-    d = first_diff(ref->enc, got->enc, len);
+    d = tc_first_diff(ref->enc, got->enc, len);
     CHECK(d == (size_t)-1, "%s: encoded byte %zu of %zu: cpu %02x vs gpu %02x", ctx, d, len,
           ref->enc[d], got->enc[d]);
     if (with_res) {
-        d = first_diff(ref->res, got->res, n * 4) / 4;
+        d = tc_first_diff(ref->res, got->res, n * 4) / 4;
         CHECK(d == (size_t)-1 / 4, "%s: residual[%zu] cpu %a vs gpu %a", ctx, d, ref->res[d],
               got->res[d]);
     }
-    d = first_diff(ref->dec, got->dec, n * 4) / 4;
+    d = tc_first_diff(ref->dec, got->dec, n * 4) / 4;
     CHECK(d == (size_t)-1 / 4, "%s: decoded[%zu] cpu %a vs gpu %a", ctx, d, ref->dec[d],
           got->dec[d]);
-    d = first_diff(ref->dadd, got->dadd, n * 4) / 4;
+    d = tc_first_diff(ref->dadd, got->dadd, n * 4) / 4;
     CHECK(d == (size_t)-1 / 4, "%s: decode_add[%zu] cpu %a vs gpu %a", ctx, d, ref->dadd[d],
           got->dadd[d]);
 }
@@ -300,10 +291,10 @@ static void check_aggregate(const psagg_codec *c, size_t n, size_t n_in, int kin
     CHECK(st_ref == st_got, "%s: status cpu %d vs gpu %d (%s)", ctx, st_ref, st_got,
           psagg_last_error());
     if (st_ref == PSAGG_OK) {
-        size_t d = first_diff(out_ref, out_got, len);
+        size_t d = tc_first_diff(out_ref, out_got, len);
         CHECK(d == (size_t)-1, "%s: byte %zu of %zu: cpu %02x vs gpu %02x", ctx, d, len, out_ref[d],
               out_got[d]);
-        d = first_diff(r_ref, r_got, n * 4) / 4;
+        d = tc_first_diff(r_ref, r_got, n * 4) / 4;
         CHECK(!with_res || d == (size_t)-1 / 4, "%s: residual[%zu] cpu %a vs gpu %a", ctx, d,
               r_ref[d], r_got[d]);
     } else {
@@ -316,9 +307,9 @@ static void check_aggregate(const psagg_codec *c, size_t n, size_t n_in, int kin
         CHECK(st_ref == st_host, "%s (host ctx): status cpu %d vs gpu %d (%s)", ctx, st_ref,
               st_host, psagg_last_error());
         if (st_ref == PSAGG_OK) {
-            size_t d = first_diff(out_ref, out_host, len);
+            size_t d = tc_first_diff(out_ref, out_host, len);
             CHECK(d == (size_t)-1, "%s (host ctx): byte %zu differs", ctx, d);
-            d = first_diff(r_ref, r_host, n * 4);
+            d = tc_first_diff(r_ref, r_host, n * 4);
             CHECK(!with_res || d == (size_t)-1, "%s (host ctx): residual byte %zu differs", ctx, d);
         } else {
             CHECK(bad_ref == bad_host, "%s (host ctx): bad index cpu %zu vs gpu %zu", ctx, bad_ref,

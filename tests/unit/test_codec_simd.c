@@ -47,15 +47,6 @@ static void run_one(psagg_isa isa, const psagg_codec *c, const float *x, const f
           psagg_last_error());
 }
 
-static size_t first_diff(const void *a, const void *b, size_t len)
-{
-    const uint8_t *p = a, *q = b;
-    for (size_t i = 0; i < len; i++)
-        if (p[i] != q[i])
-            return i;
-    return (size_t)-1;
-}
-
 static void compare(const char *what, psagg_isa isa, const psagg_codec *c, size_t n, int kind,
                     int with_res, const result *ref, const result *got)
 {
@@ -68,17 +59,17 @@ static void compare(const char *what, psagg_isa isa, const psagg_codec *c, size_
         CHECK(ref->bad == got->bad, "%s: bad index %zu vs %zu", ctx, ref->bad, got->bad);
         return;
     }
-    d = first_diff(ref->enc, got->enc, len);
+    d = tc_first_diff(ref->enc, got->enc, len);
     CHECK(d == (size_t)-1, "%s: encoded byte %zu of %zu: %02x vs %02x", ctx, d, len, ref->enc[d],
           got->enc[d]);
     if (with_res) {
-        d = first_diff(ref->res, got->res, n * 4) / 4;
+        d = tc_first_diff(ref->res, got->res, n * 4) / 4;
         CHECK(d == (size_t)-1 / 4, "%s: residual[%zu] %a vs %a", ctx, d, ref->res[d], got->res[d]);
     }
     if (ref->dec) {
-        d = first_diff(ref->dec, got->dec, n * 4) / 4;
+        d = tc_first_diff(ref->dec, got->dec, n * 4) / 4;
         CHECK(d == (size_t)-1 / 4, "%s: decoded[%zu] %a vs %a", ctx, d, ref->dec[d], got->dec[d]);
-        d = first_diff(ref->dadd, got->dadd, n * 4) / 4;
+        d = tc_first_diff(ref->dadd, got->dadd, n * 4) / 4;
         CHECK(d == (size_t)-1 / 4, "%s: decode_add[%zu] %a vs %a", ctx, d, ref->dadd[d],
               got->dadd[d]);
     }
@@ -148,10 +139,10 @@ static void check_aggregate(psagg_isa isa, const psagg_codec *c, size_t n, size_
              psagg_isa_name(isa), tc_name(c), n, n_in, tc_kind_name(kind), with_res);
     CHECK(st_ref == st_got, "%s: status %d vs %d (%s)", ctx, st_ref, st_got, psagg_last_error());
     if (st_ref == PSAGG_OK) {
-        size_t d = first_diff(out_ref, out_got, len);
+        size_t d = tc_first_diff(out_ref, out_got, len);
         CHECK(d == (size_t)-1, "%s: byte %zu of %zu: %02x vs %02x", ctx, d, len, out_ref[d],
               out_got[d]);
-        d = first_diff(r_ref, r_got, n * 4) / 4;
+        d = tc_first_diff(r_ref, r_got, n * 4) / 4;
         CHECK(d == (size_t)-1 / 4, "%s: residual[%zu] %a vs %a", ctx, d, r_ref[d], r_got[d]);
     } else {
         CHECK(bad_ref == bad_got, "%s: bad index %zu vs %zu", ctx, bad_ref, bad_got);

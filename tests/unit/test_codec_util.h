@@ -163,4 +163,14 @@ static inline void tc_set_isa(psagg_isa isa)
           psagg_last_error());
 }
 
+/* Index of the first byte where a and b differ, or (size_t)-1 if they are equal. */
+static inline size_t tc_first_diff(const void *a, const void *b, size_t len)
+{
+    const uint8_t *p = a, *q = b;
+    for (size_t i = 0; i < len; i++)
+        if (p[i] != q[i])
+            return i;
+    return (size_t)-1;
+}
+
 #endif
