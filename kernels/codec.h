@@ -32,6 +32,8 @@
  *
  *   Encode, per bucket, over its values v_k (v_k = x_k, or x_k + r_k with error feedback):
  *     lo = min_k v_k, hi = max_k v_k, range = hi - lo
+ *         (lo under the IEEE 754-2019 minimum order, where -0 < +0: a bucket holding both
+ *         zeros and nothing smaller has lo = -0; hi's sign never matters)
  *     if range < PSAGG_MAXMIN_MIN_RANGE (2^-100, constant bucket):
  *         scale = 0, every q_k = 0
  *     else:
@@ -62,7 +64,8 @@
  *
  * Fused server operation (aggregate), for N inputs of one codec and n elements:
  *   s_k = ((((0.0f + y0_k) + y1_k) + ...) + y{N-1}_k)       (inputs in the order given)
- *   then s is encoded as above (with the server residual when one is given).
+ *   then s is encoded as above (with the server residual when one is given). N = 0 encodes
+ *   zeros (plus the residual).
  * ------------------------------------------------------------------------------------------
  */
 #ifndef PSAGG_KERNELS_CODEC_H
