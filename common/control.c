@@ -14,6 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 #include "error.h"
 
 int64_t psagg_now_ms(void)
@@ -196,4 +198,43 @@ psagg_status psagg_ctl_recv(int fd, psagg_ctl_hdr *hdr, void **body, int64_t dea
         *body = NULL;
     }
     return st;
+}
+
+psagg_status psagg_hello_token(const psagg_config *cfg, uint32_t rank, uint8_t out[32])
+{
+    uint8_t key[crypto_generichash_KEYBYTES], secret[4096], le[4];
+    crypto_generichash_state st;
+    size_t len;
+    FILE *f;
+
+    memset(out, 0, 32);
+    if (!cfg->secret_file[0])
+        return PSAGG_OK;
+    if (sodium_init() < 0)
+        return psagg_fail(PSAGG_EIO, "libsodium failed to initialise");
+    f = fopen(cfg->secret_file, "rb");
+    if (!f)
+        return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s': %s", cfg->path,
+                          cfg->secret_file, strerror(errno));
+    len = fread(secret, 1, sizeof secret, f);
+    fclose(f);
+    if (len == 0)
+        return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' is empty", cfg->path,
+                          cfg->secret_file);
+    crypto_generichash(key, sizeof key, secret, len, NULL, 0);
+    sodium_memzero(secret, sizeof secret);
+    le[0] = (uint8_t)rank, le[1] = (uint8_t)(rank >> 8), le[2] = (uint8_t)(rank >> 16),
+    le[3] = (uint8_t)(rank >> 24);
+    crypto_generichash_init(&st, key, sizeof key, 32);
+    crypto_generichash_update(&st, (const uint8_t *)"psagg-hello-v1", 14);
+    crypto_generichash_update(&st, (const uint8_t *)cfg->job_id, strlen(cfg->job_id));
+    crypto_generichash_update(&st, le, sizeof le);
+    crypto_generichash_final(&st, out, 32);
+    sodium_memzero(key, sizeof key);
+    return PSAGG_OK;
+}
+
+int psagg_token_equal(const uint8_t a[32], const uint8_t b[32])
+{
+    return sodium_memcmp(a, b, 32) == 0;
 }

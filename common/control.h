@@ -31,4 +31,14 @@ psagg_status psagg_ctl_send_error(int fd, uint16_t type, int status, const char 
 psagg_status psagg_ctl_recv(int fd, psagg_ctl_hdr *hdr, void **body, int64_t deadline_ms,
                             const char *peer);
 
+/*
+ * The HELLO's authentication token: BLAKE2b-256 keyed with the BLAKE2b hash of the contents
+ * of [cluster] secret_file, over ("psagg-hello-v1", job_id, rank). All zero when no secret is
+ * configured. It keeps workers of other jobs and unconfigured clients out; it does not
+ * protect against an eavesdropper on the control network (use a private network for that).
+ */
+psagg_status psagg_hello_token(const psagg_config *cfg, uint32_t rank, uint8_t out[32]);
+/* Constant-time comparison of two tokens: 1 if equal. */
+int psagg_token_equal(const uint8_t a[32], const uint8_t b[32]);
+
 #endif

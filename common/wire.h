@@ -61,7 +61,7 @@ typedef struct psagg_ctl_hello {
     char job_id[PSAGG_JOB_ID_MAX]; /* NUL-terminated */
     uint32_t rank;
     uint32_t world_size;
-    uint8_t auth[32];    /* reserved for authentication; zero */
+    uint8_t auth[32];    /* psagg_hello_token (control.h); zero without a secret */
     uint32_t epname_len; /* <= PSAGG_EPNAME_MAX */
     uint8_t epname[PSAGG_EPNAME_MAX];
 } psagg_ctl_hello;

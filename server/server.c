@@ -247,6 +247,16 @@ static int accept_hello(server *srv, int fd, int64_t deadline)
         goto reject_msg;
     }
     rank = (int)hello->rank;
+    {
+        uint8_t expect[32];
+        if (psagg_hello_token(&srv->cfg, hello->rank, expect) ||
+            !psagg_token_equal(expect, hello->auth)) {
+            snprintf(msg, sizeof msg,
+                     "server %d: worker rank %d failed authentication (secret_file differs)",
+                     srv->rank, rank);
+            goto reject_msg;
+        }
+    }
     if (srv->workers[rank].state != W_NONE) {
         snprintf(msg, sizeof msg, "server %d: worker rank %d connected twice", srv->rank, rank);
         goto reject_msg;

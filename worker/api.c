@@ -38,6 +38,8 @@ static psagg_status hello_server(psagg_ctx *ctx, int s, int64_t deadline)
     snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
              ctx->cfg.servers[s].port);
     snprintf(hello.job_id, sizeof hello.job_id, "%s", ctx->cfg.job_id);
+    if ((st = psagg_hello_token(&ctx->cfg, (uint32_t)ctx->rank, hello.auth)))
+        return st;
     if ((st = psagg_fabric_name(ctx->fab, hello.epname, &len)))
         return st;
     hello.epname_len = (uint32_t)len;

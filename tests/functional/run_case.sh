@@ -4,7 +4,8 @@
 #
 # usage: run_case.sh BUILD_DIR --servers S --workers N --provider P --port BASE
 #                    [--runs R] [--set SECTION_KEY=VALUE]... [--expect-fail]
-#                    [--start-servers K] [--start-workers M] -- FN_WORKER_ARGS...
+#                    [--start-servers K] [--start-workers M] [--worker-set S_K=V]...
+#                    -- FN_WORKER_ARGS...
 #
 # Normal mode runs the job R times through deploy/psagg-local and checks that every worker
 # exited 0 and printed the same DIGEST, and that every run printed the same DIGEST.
@@ -17,6 +18,7 @@ shift
 repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
 servers=1 workers=2 provider=tcp port=19600 runs=1 expect_fail=0 start_servers="" start_workers=""
 sets=()
+worker_sets=()
 while (($#)); do
     case $1 in
     --servers) servers=$2; shift 2 ;;
@@ -25,6 +27,7 @@ while (($#)); do
     --port) port=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
     --set) sets+=("$2"); shift 2 ;;
+    --worker-set) worker_sets+=("PSAGG_$2"); shift 2 ;;
     --expect-fail) expect_fail=1; shift ;;
     --start-servers) start_servers=$2; shift 2 ;;
     --start-workers) start_workers=$2; shift 2 ;;
@@ -102,7 +105,7 @@ for ((i = 0; i < ${start_servers:-$servers}; i++)); do
 done
 wpids=()
 for ((i = 0; i < ${start_workers:-$workers}; i++)); do
-    PSAGG_RANK=$i setsid "$worker_bin" "$@" >"$tmp/worker$i.log" 2>&1 &
+    env "${worker_sets[@]}" PSAGG_RANK=$i setsid "$worker_bin" "$@" >"$tmp/worker$i.log" 2>&1 &
     pids+=($!)
     wpids+=($!)
 done
