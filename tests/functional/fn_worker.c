@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fn_input.h"
 #include "psagg.h"
 
 #ifdef FN_WITH_CUDA
@@ -30,16 +31,6 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
     for (size_t i = 0; i < n; i++)
         h = (h ^ b[i]) * 0x100000001B3ull;
     return h;
-}
-
-/* Input value of element i of tensor key in round r on worker w: varied signs and scales. */
-static float input_value(int w, uint32_t key, uint32_t r, uint64_t i)
-{
-    uint64_t z = ((uint64_t)w << 48) ^ ((uint64_t)key << 32) ^ ((uint64_t)r << 20) ^ i;
-    z = (z ^ (z >> 31)) * 0x7FB5D329728EA185ull;
-    z = (z ^ (z >> 27)) * 0x81DADEF4BC2DD44Dull;
-    z ^= z >> 33;
-    return ((float)(z >> 40) * 0x1p-24f - 0.5f) * (float)(1 + (key % 7)) * 0.01f;
 }
 
 /* Everything main allocates, freed at exit on every path (clean under LeakSanitizer). */

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# test_fault.sh BUILD_DIR PORT - bad frames and duplicates on the data path.
+#
+# For each bad push (magic, len, key, round) one server serves fn_worker (rank 0) and
+# rogue_worker (rank 1): the server must close the rogue with a reason naming the field, fail
+# fn_worker's pending push_pull with EPEER naming the rogue and the field (no hang), and exit
+# on its own with status 1 (job failed) instead of crashing. With a duplicate push the round
+# must complete with the exact sum and the server exit 0.
+set -u -o pipefail
+build=$1
+port=$2
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+cat >"$tmp/job.ini" <<INI
+[cluster]
+job_id = fault-$port
+servers = 127.0.0.1:$port
+workers = 2
+connect_timeout_ms = 20000
+op_timeout_ms = 30000
+[server]
+threads = 2
+[log]
+level = warn
+INI
+export PSAGG_CONFIG=$tmp/job.ini PSAGG_WORLD_SIZE=2
+
+# wait_for PID SECONDS: exit status of PID, or 124 if it is still running then
+wait_for() {
+    local t
+    for ((t = 0; t < $2 * 10; t++)); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$1" 2>/dev/null && return 124
+    wait "$1"
+}
+
+fail=0
+run() { # mode, fn_worker args...
+    local mode=$1
+    shift
+    setsid "$build/server/psagg-server" --config "$tmp/job.ini" --rank 0 >"$tmp/server.log" 2>&1 &
+    local s=$!
+    PSAGG_RANK=0 setsid "$build/tests/functional/fn_worker" "$@" >"$tmp/w0.log" 2>&1 &
+    local w0=$!
+    PSAGG_RANK=1 setsid "$build/tests/functional/rogue_worker" --mode "$mode" >"$tmp/w1.log" 2>&1 &
+    local w1=$!
+    pids+=("$s" "$w0" "$w1")
+    wait_for "$w0" 40
+    local rc0=$?
+    wait_for "$w1" 40
+    local rc1=$?
+    wait_for "$s" 20
+    local rcs=$?
+    sed "s/^/[$mode worker 0] /" "$tmp/w0.log"
+    sed "s/^/[$mode rogue] /" "$tmp/w1.log"
+    sed "s/^/[$mode server] /" "$tmp/server.log"
+    local want_server=1
+    [ "$mode" = dup ] && want_server=0
+    if ((rc0 != 0 || rc1 != 0 || rcs != want_server)); then
+        echo "test_fault: $mode: fn_worker exited $rc0, rogue $rc1, server $rcs (want 0, 0, $want_server)" >&2
+        fail=1
+    else
+        echo "test_fault: $mode: ok"
+    fi
+}
+for mode in magic len key round; do
+    field=$mode
+    run "$mode" --rounds 1 --expect EPEER --expect-text "$field" --max-seconds 30
+done
+run dup --rounds 1
+exit $fail
