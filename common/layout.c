@@ -15,6 +15,13 @@ uint64_t psagg_mix64(uint64_t a, uint64_t b)
     return z ^ (z >> 31);
 }
 
+size_t psagg_max_message(const psagg_config *cfg)
+{
+    size_t chunk =
+        cfg->chunk_bytes > PSAGG_MAXMIN_MAX_BUCKET ? cfg->chunk_bytes : PSAGG_MAXMIN_MAX_BUCKET;
+    return sizeof(psagg_msg_hdr) + chunk + 4096;
+}
+
 psagg_status psagg_tensor_to_wire(const char *name, uint64_t count, const psagg_codec *codec,
                                   psagg_ctl_tensor *out)
 {

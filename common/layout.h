@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "config.h"
 #include "psagg.h"
 #include "wire.h"
 
@@ -54,6 +55,12 @@ void psagg_layout_free(psagg_layout *l);
 /* The declaration record for one tensor description (name truncated check included). */
 psagg_status psagg_tensor_to_wire(const char *name, uint64_t count, const psagg_codec *codec,
                                   psagg_ctl_tensor *out);
+
+/*
+ * The largest data message a job with this config can send: one chunk (at most chunk_bytes
+ * of fp32, or one whole maxmin bucket of up to 2^20 elements at 8 bits) plus meta and header.
+ */
+size_t psagg_max_message(const psagg_config *cfg);
 
 /* 64-bit mixing used to derive RNG streams from (role, rank, key, chunk, round). */
 uint64_t psagg_mix64(uint64_t a, uint64_t b);

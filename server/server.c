@@ -619,8 +619,7 @@ int server_run(const psagg_config *cfg, int rank)
     for (int w = 0; w < srv.n_workers; w++)
         srv.workers[w].fd = -1;
 
-    srv.max_msg = sizeof(psagg_msg_hdr) +
-                  (cfg->chunk_bytes > (8u << 20) ? cfg->chunk_bytes : (8u << 20)) + 4096;
+    srv.max_msg = psagg_max_message(cfg);
     fo.provider = cfg->provider;
     fo.node = cfg->server_fabric_node[0] ? cfg->server_fabric_node : cfg->servers[rank].host;
     fo.max_msg = srv.max_msg;

@@ -140,8 +140,7 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
         snprintf(local, sizeof local, "%s", ctx->cfg.worker_fabric_node);
     else if ((st = psagg_tcp_local_addr(ctx->servers[0].fd, local, sizeof local)))
         goto err_connect;
-    ctx->max_msg = sizeof(psagg_msg_hdr) +
-                   (ctx->cfg.chunk_bytes > (8u << 20) ? ctx->cfg.chunk_bytes : (8u << 20)) + 4096;
+    ctx->max_msg = psagg_max_message(&ctx->cfg);
     fo.provider = ctx->cfg.provider;
     fo.node = strcmp(ctx->cfg.provider, "shm") ? local : NULL;
     fo.max_msg = ctx->max_msg;

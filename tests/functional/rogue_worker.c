@@ -60,7 +60,7 @@ int main(int argc, char **argv)
     } declare_msg;
     psagg_ctl_hello hello = {.rank = rank};
     psagg_ctl_welcome *wel;
-    psagg_fabric_opts fo = {.provider = "tcp", .max_msg = 1u << 22};
+    psagg_fabric_opts fo = {.provider = "tcp"};
     psagg_fabric *fab;
     psagg_peer server;
     psagg_layout layout;
@@ -76,6 +76,7 @@ int main(int argc, char **argv)
         psagg_tcp_local_addr(fd, local, sizeof local))
         DIE("connect");
     fo.node = local;
+    fo.max_msg = psagg_max_message(&cfg); /* as psagg itself: rxm peers must agree */
     if (psagg_fabric_open(&fo, &fab) || psagg_fabric_name(fab, hello.epname, &len))
         DIE("fabric");
     snprintf(hello.job_id, sizeof hello.job_id, "%s", cfg.job_id);
