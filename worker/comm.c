@@ -293,7 +293,6 @@ static void on_update(comm_state *cs, recv_slot *rs, size_t len)
         for (uint64_t i = 0; i < ci->count; i++)
             o[i] = o[i] * scale;
     }
-    ctx->servers[ci->owner].inflight--;
     atomic_fetch_add(&ctx->bytes_received, len);
     h->chunk_done[mh->chunk] = 1;
     if (++h->done_chunks < ti->n_chunks)
@@ -389,6 +388,15 @@ static void check_deadlines(comm_state *cs)
     }
 }
 
+/* A push's send completed (or failed): its buffer and its window slot are free again. */
+static void push_sent(psagg_ctx *ctx, chunk_buf *cb)
+{
+    if (!cb || !cb->send_pending)
+        return;
+    cb->send_pending = 0;
+    ctx->servers[cb->owner].inflight--;
+}
+
 static void *comm_main(void *arg)
 {
     comm_state cs = {.ctx = arg};
@@ -416,10 +424,10 @@ static void *comm_main(void *arg)
         for (int i = 0; i < n; i++) {
             switch (ev[i].kind) {
             case PSAGG_FABRIC_SEND_DONE:
-                ((chunk_buf *)ev[i].ctx)->send_pending = 0;
+                push_sent(ctx, ev[i].ctx);
                 break;
             case PSAGG_FABRIC_SEND_ERROR:
-                ((chunk_buf *)ev[i].ctx)->send_pending = 0;
+                push_sent(ctx, ev[i].ctx);
                 comm_fail_all(ctx, ev[i].status ? ev[i].status : PSAGG_EPEER, "a push failed: %s",
                               ev[i].msg);
                 break;

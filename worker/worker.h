@@ -25,13 +25,20 @@
 typedef struct server_conn {
     int fd;
     psagg_peer addr;
-    int inflight; /* pushes whose update has not arrived (comm thread only) */
+    /*
+     * Pushes handed to libfabric whose send has not completed (comm thread only). The window
+     * is released by the send completion, not by the update: an update needs every worker's
+     * push of its chunk, so a window released by updates lets workers that took operations in
+     * different orders fill a server's window with different chunks and wait on each other.
+     */
+    int inflight;
 } server_conn;
 
 /* Per chunk: the push buffer (header + encoded payload), registered once. */
 typedef struct chunk_buf {
     uint8_t *buf;
     void *desc;
+    uint32_t owner;   /* server rank */
     int send_pending; /* comm thread only */
 } chunk_buf;
 
