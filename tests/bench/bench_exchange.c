@@ -66,6 +66,7 @@
 #include "codec.h"
 #include "config.h"
 #include "layout.h"
+#include "bench_util.h"
 #include "psagg.h"
 
 #define MAX_MODEL_TENSORS 100000
@@ -77,88 +78,6 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Quantile of a sorted array, linear interpolation (numpy's default). */
-static double quantile(const double *s, int n, double q)
-{
-    double pos = q * (n - 1);
-    int lo = (int)pos;
-    int hi = lo + 1 < n ? lo + 1 : lo;
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo);
-}
-
-/* Element counts of a .sizes file; returns the number of tensors or -1 (message printed). */
-static long read_sizes(const char *path, uint64_t **out)
-{
-    FILE *f = fopen(path, "r");
-    char line[512];
-    long n = 0, cap = 256, lineno = 0;
-    uint64_t *v = malloc((size_t)cap * sizeof *v);
-
-    if (!f || !v) {
-        fprintf(stderr, "bench-exchange: cannot read %s\n", path);
-        if (f)
-            fclose(f);
-        free(v);
-        return -1;
-    }
-    while (fgets(line, sizeof line, f)) {
-        char *hash = strchr(line, '#'), *p = line, *end;
-        unsigned long long x;
-        lineno++;
-        if (hash)
-            *hash = '\0';
-        while (*p == ' ' || *p == '\t')
-            p++;
-        if (!*p || *p == '\n' || *p == '\r')
-            continue;
-        x = strtoull(p, &end, 10);
-        while (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')
-            end++;
-        if (end == p || *end || x == 0 || n >= MAX_MODEL_TENSORS) {
-            fprintf(stderr, "bench-exchange: %s:%ld: bad element count\n", path, lineno);
-            fclose(f);
-            free(v);
-            return -1;
-        }
-        if (n == cap) {
-            uint64_t *w = realloc(v, (size_t)(cap *= 2) * sizeof *v);
-            if (!w) {
-                fclose(f);
-                free(v);
-                return -1;
-            }
-            v = w;
-        }
-        v[n++] = x;
-    }
-    fclose(f);
-    if (n == 0) {
-        fprintf(stderr, "bench-exchange: %s: no tensors\n", path);
-        free(v);
-        return -1;
-    }
-    *out = v;
-    return n;
-}
-
-/* Basename of path without ".sizes". */
-static void model_name(const char *path, char *buf, size_t len)
-{
-    const char *b = strrchr(path, '/');
-    char *dot;
-    snprintf(buf, len, "%s", b ? b + 1 : path);
-    dot = strstr(buf, ".sizes");
-    if (dot)
-        *dot = '\0';
-}
-
-/* Deterministic gradient values in about [-0.05, 0.05), scaled per tensor. */
 static void fill(float *x, uint64_t n, uint64_t seed, int rank, uint32_t key)
 {
     uint64_t s = psagg_mix64(psagg_mix64(seed, (uint64_t)rank), key);
@@ -341,8 +260,8 @@ int main(int argc, char **argv)
                 cfg->n_servers, cfg->n_workers);
         return 2;
     }
-    model_name(model, name, sizeof name);
-    if ((nt = read_sizes(model, &sizes)) < 0)
+    bench_model_name(model, name, sizeof name);
+    if ((nt = bench_read_sizes("bench-exchange", model, &sizes)) < 0)
         return 2;
 
     if ((st = psagg_init(NULL, -1, -1, &ctx)))
@@ -462,10 +381,10 @@ int main(int argc, char **argv)
         uint64_t sent = sent_sum / (uint64_t)steps, raw = raw_sum / (uint64_t)steps;
         uint64_t total_elems = 0;
         double med, p10, p90, wire_ms, rate;
-        qsort(t_step, (size_t)steps, sizeof *t_step, cmp_double);
-        med = quantile(t_step, steps, 0.5);
-        p10 = quantile(t_step, steps, 0.1);
-        p90 = quantile(t_step, steps, 0.9);
+        qsort(t_step, (size_t)steps, sizeof *t_step, bench_cmp_double);
+        med = bench_quantile(t_step, steps, 0.5);
+        p10 = bench_quantile(t_step, steps, 0.1);
+        p90 = bench_quantile(t_step, steps, 0.9);
         wire_ms = link_gbit > 0 ? (double)lm.busiest * 8 / (link_gbit * 1e9) * 1e3 : 0;
         rate = med > 0 ? (double)lm.busiest * 8 / (med * 1e-3) / 1e9 : 0;
         for (long t = 0; t < nt; t++)

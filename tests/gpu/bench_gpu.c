@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../bench/bench_util.h"
 #include "codec_cuda.h"
 #include "error.h"
 
@@ -185,39 +186,12 @@ static void bench_codec(const psagg_codec *c, const char *name, size_t n, int re
 
 /* ---- ResNet-50 worker step ---- */
 
-static size_t read_sizes(const char *path, size_t **out)
-{
-    FILE *f = fopen(path, "r");
-    char line[256];
-    size_t cnt = 0, cap = 256;
-    size_t *v = malloc(cap * sizeof *v);
-    if (!f || !v) {
-        fprintf(stderr, "cannot read %s\n", path);
-        exit(1);
-    }
-    while (fgets(line, sizeof line, f)) {
-        char *end;
-        unsigned long long s;
-        if (line[0] == '#' || line[0] == '\n')
-            continue;
-        s = strtoull(line, &end, 10);
-        if (end == line)
-            continue;
-        if (cnt == cap && !(v = realloc(v, (cap *= 2) * sizeof *v)))
-            exit(1);
-        v[cnt++] = (size_t)s;
-    }
-    fclose(f);
-    *out = v;
-    return cnt;
-}
-
 static size_t round256(size_t x)
 {
     return (x + 255) & ~(size_t)255;
 }
 
-static void enqueue_step(const psagg_codec *c, size_t nt, const size_t *sizes, float **grad,
+static void enqueue_step(const psagg_codec *c, size_t nt, const uint64_t *sizes, float **grad,
                          float **res, const size_t *eoff, size_t ebytes, uint8_t *d_enc,
                          uint8_t *d_upd, uint8_t *h_enc, uint8_t *h_upd, uint64_t *err, int step)
 {
@@ -233,7 +207,11 @@ static void enqueue_step(const psagg_codec *c, size_t nt, const size_t *sizes, f
 
 static void bench_worker(const psagg_codec *c, const char *name, const char *sizes_path, int reps)
 {
-    size_t *sizes, nt = read_sizes(sizes_path, &sizes), total = 0, ebytes = 0;
+    uint64_t *sizes;
+    long n_read = bench_read_sizes("psagg-bench-gpu", sizes_path, &sizes);
+    size_t nt = n_read > 0 ? (size_t)n_read : 0, total = 0, ebytes = 0;
+    if (n_read <= 0)
+        exit(1);
     size_t *goff = malloc(nt * sizeof *goff), *eoff = malloc(nt * sizeof *eoff);
     float **grad = malloc(nt * sizeof *grad), **res = malloc(nt * sizeof *res), *d_grad, *d_res;
     uint8_t *d_enc, *d_upd, *h_enc, *h_upd;

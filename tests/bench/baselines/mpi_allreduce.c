@@ -22,6 +22,8 @@
  */
 #include <mpi.h>
 
+#include "../bench_util.h"
+
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -39,89 +41,6 @@ static void die(const char *msg)
     fprintf(stderr, "mpi_allreduce: %s\n", msg);
     MPI_Abort(MPI_COMM_WORLD, 2);
     exit(2);
-}
-
-/* read_sizes: parse a .sizes file into a malloc'd array of element counts; returns the
- * count of tensors, or -1 with a message on stderr. */
-static long read_sizes(const char *path, size_t **out)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        fprintf(stderr, "mpi_allreduce: %s: %s\n", path, strerror(errno));
-        return -1;
-    }
-    size_t cap = 256, n = 0;
-    size_t *v = malloc(cap * sizeof(*v));
-    char line[512];
-    long lineno = 0;
-    while (v && fgets(line, sizeof(line), f)) {
-        lineno++;
-        char *p = line;
-        while (*p == ' ' || *p == '\t')
-            p++;
-        if (*p == '#' || *p == '\n' || *p == '\r' || *p == '\0')
-            continue;
-        char *end;
-        errno = 0;
-        unsigned long long x = strtoull(p, &end, 10);
-        while (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n')
-            end++;
-        if (errno || end == p || (*end != '\0' && *end != '#') || x == 0) {
-            fprintf(stderr, "mpi_allreduce: %s:%ld: bad element count\n", path, lineno);
-            free(v);
-            fclose(f);
-            return -1;
-        }
-        if (n == cap) {
-            size_t *nv = realloc(v, 2 * cap * sizeof(*v));
-            if (!nv) {
-                free(v);
-                v = NULL;
-                break;
-            }
-            v = nv;
-            cap *= 2;
-        }
-        v[n++] = (size_t)x;
-    }
-    fclose(f);
-    if (!v) {
-        fprintf(stderr, "mpi_allreduce: out of memory\n");
-        return -1;
-    }
-    if (n == 0) {
-        fprintf(stderr, "mpi_allreduce: %s: no tensors\n", path);
-        free(v);
-        return -1;
-    }
-    *out = v;
-    return (long)n;
-}
-
-/* model_name: basename without the .sizes extension, into buf. */
-static void model_name(const char *path, char *buf, size_t len)
-{
-    const char *b = strrchr(path, '/');
-    b = b ? b + 1 : path;
-    snprintf(buf, len, "%s", b);
-    char *dot = strstr(buf, ".sizes");
-    if (dot)
-        *dot = '\0';
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* quantile of a sorted array, linear interpolation (numpy's default). */
-static double quantile(const double *s, int n, double q)
-{
-    double pos = q * (n - 1);
-    int lo = (int)pos;
-    int hi = lo + 1 < n ? lo + 1 : lo;
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo);
 }
 
 int main(int argc, char **argv)
@@ -147,8 +66,10 @@ int main(int argc, char **argv)
             first_mb = atof(argv[++i]);
         else {
             if (rank == 0)
-                fprintf(stderr, "usage: %s --model M.sizes [--steps N] [--warmup N] [--bucket-mb 25] "
-                                "[--first-bucket-mb 1]\n", argv[0]);
+                fprintf(stderr,
+                        "usage: %s --model M.sizes [--steps N] [--warmup N] [--bucket-mb 25] "
+                        "[--first-bucket-mb 1]\n",
+                        argv[0]);
             MPI_Finalize();
             return 2;
         }
@@ -156,8 +77,8 @@ int main(int argc, char **argv)
     if (!model || steps < 1 || warmup < 0 || bucket_mb <= 0 || first_mb <= 0)
         die("need --model, --steps >= 1, --warmup >= 0, positive bucket sizes");
 
-    size_t *sizes = NULL;
-    long nt = read_sizes(model, &sizes);
+    uint64_t *sizes = NULL;
+    long nt = bench_read_sizes("mpi_allreduce", model, &sizes);
     if (nt < 0)
         die("cannot read the model");
 
@@ -194,7 +115,8 @@ int main(int argc, char **argv)
         MPI_Barrier(MPI_COMM_WORLD);
         double t0 = MPI_Wtime();
         for (int b = 0; b < nb; b++)
-            MPI_Allreduce(MPI_IN_PLACE, bk[b].buf, (int)bk[b].elems, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            MPI_Allreduce(MPI_IN_PLACE, bk[b].buf, (int)bk[b].elems, MPI_FLOAT, MPI_SUM,
+                          MPI_COMM_WORLD);
         double dt = MPI_Wtime() - t0, mx = 0;
         MPI_Reduce(&dt, &mx, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
         if (s >= warmup)
@@ -203,14 +125,14 @@ int main(int argc, char **argv)
 
     if (rank == 0) {
         char name[256];
-        model_name(model, name, sizeof(name));
-        qsort(times, (size_t)steps, sizeof(double), cmp_double);
+        bench_model_name(model, name, sizeof(name));
+        qsort(times, (size_t)steps, sizeof(double), bench_cmp_double);
         /* ring all-reduce: each rank sends 2(N-1)/N of the data */
         double ring_bytes = 2.0 * (size - 1) / size * (double)total * sizeof(float);
         printf("RESULT system=mpi model=%s ranks=%d median_ms=%.3f p10_ms=%.3f p90_ms=%.3f "
                "min_ms=%.3f steps=%d warmup=%d buckets=%d elements=%zu ring_bytes_per_rank=%.0f\n",
-               name, size, quantile(times, steps, 0.5), quantile(times, steps, 0.1),
-               quantile(times, steps, 0.9), times[0], steps, warmup, nb, total, ring_bytes);
+               name, size, bench_quantile(times, steps, 0.5), bench_quantile(times, steps, 0.1),
+               bench_quantile(times, steps, 0.9), times[0], steps, warmup, nb, total, ring_bytes);
         fflush(stdout);
     }
     for (int b = 0; b < nb; b++)
