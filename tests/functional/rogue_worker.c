@@ -68,7 +68,7 @@ int main(int argc, char **argv)
     char local[64];
     size_t len = sizeof hello.epname;
     uint8_t *push[3], *rbuf[8];
-    int fd;
+    int fd, ok = 0;
 
     if (psagg_config_load(getenv("PSAGG_CONFIG"), &cfg))
         DIE("config");
@@ -150,12 +150,11 @@ int main(int argc, char **argv)
             ch.type != PSAGG_CTL_ERROR || !e)
             DIE("expected an ERROR frame closing this worker");
         printf("rogue: server closed this worker: %s\n", e->msg);
-        if (!strstr(e->msg, field)) {
+        ok = strstr(e->msg, field) != NULL;
+        if (!ok)
             fprintf(stderr, "rogue: the reason does not name the field '%s'\n", field);
-            return 1;
-        }
-        printf("ROGUE-OK\n");
-        return 0;
+        free(e);
+        goto out;
     }
 
     /* dup: every push, the first one twice; then wait for the three updates */
@@ -176,13 +175,17 @@ int main(int argc, char **argv)
                 DIE("fabric: %s", ev[i].msg);
     }
     psagg_ctl_send(fd, PSAGG_CTL_BYE, NULL, 0);
+    printf("rogue: 3 updates received after a duplicate push\n");
+    ok = 1;
+out:
     close(fd);
-    printf("rogue: 3 updates received after a duplicate push\nROGUE-OK\n");
     psagg_fabric_close(fab);
     psagg_layout_free(&layout);
     for (int i = 0; i < 8; i++)
         free(rbuf[i]);
     for (int c = 0; c < 3; c++)
         free(push[c]);
-    return 0;
+    if (ok)
+        printf("ROGUE-OK\n");
+    return ok ? 0 : 1;
 }
