@@ -8,17 +8,17 @@
 #                                      fp32 and maxmin4, Gloo, MPI (a few minutes)
 #   deploy/bench-cluster.sh --full     every model, 1 and 10 Gbit/s, S=2, S=4, colocated, all
 #                                      codecs (about 40 minutes on 2 cores)
-# Results: results/cluster-short.{csv,png} (short) or results/cluster.{csv,png} (full).
+# Results: tests/bench/results/cluster-short.{csv,png} (short) or tests/bench/results/cluster.{csv,png} (full).
 # Other arguments go to bench_cluster.py (e.g. --steps 10; a later --out wins).
 set -euo pipefail
 repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 [ "$(id -u)" -eq 0 ] || { echo "bench-cluster: needs root (network namespaces and tc)" >&2; exit 1; }
 [ -d /usr/local/cuda/bin ] && export PATH="$PATH:/usr/local/cuda/bin"
-mode=(--short --out results/cluster-short.csv)
+mode=(--short --out tests/bench/results/cluster-short.csv)
 args=()
 for a in "$@"; do
-    if [ "$a" = --full ]; then mode=(--out results/cluster.csv); else args+=("$a"); fi
+    if [ "$a" = --full ]; then mode=(--out tests/bench/results/cluster.csv); else args+=("$a"); fi
 done
 deploy/install-deps.sh
 cmake --preset default

@@ -8,7 +8,7 @@ Usage (as root; builds nothing, reads binaries from --build-dir):
                                                S=2, S=4 (own hosts) and colocated; fp32, fp16,
                                                maxmin8, maxmin4, maxmin2; gloo and mpi fp32
   deploy/bench_cluster.py --dry-run [...]      print the plan and the commands, run nothing
-  Options: --build-dir build/  --mpi-build-dir (default: --build-dir)  --out results/cluster.csv
+  Options: --build-dir build/  --mpi-build-dir (default: --build-dir)  --out tests/bench/results/cluster.csv
            --plot (default: --out with .png)  --steps/--warmup  --models/--rates/--placements/
            --codecs/--systems (comma lists)  --workers 4  --mpi-alg ring_segmented|ring|default
            --delay 0.1ms (needs sch_netem)  --log-dir (default: <out dir>/cluster-logs/<run id>)
@@ -70,7 +70,7 @@ PYTHON_TORCH = "/usr/bin/python3"
 # read round trip: 2.0-2.2 s on the same set-up, maxmin4 440-500 -> 300-320 ms.
 # Since commit 2c51fa1 psagg's transport asks rxm for this itself (limits derived from the
 # config's largest message; a value already in the environment wins), so the runner sets
-# nothing by default; results/cluster.csv run 25de was measured with RXM_EAGER_ENV given
+# nothing by default; tests/bench/results/cluster.csv run 25de was measured with RXM_EAGER_ENV given
 # through --psagg-env (the default then).
 RXM_EAGER_ENV = "FI_OFI_RXM_EAGER_LIMIT=4194304,FI_OFI_RXM_SAR_LIMIT=8388608"
 
@@ -599,7 +599,7 @@ def main():
     ap.add_argument("--dry-run", action="store_true", help="print the plan and commands; run nothing")
     ap.add_argument("--build-dir", default="build")
     ap.add_argument("--mpi-build-dir", default=None, help="where psagg-bench-mpi-allreduce was built (default: --build-dir)")
-    ap.add_argument("--out", default="results/cluster.csv")
+    ap.add_argument("--out", default="tests/bench/results/cluster.csv")
     ap.add_argument("--plot", default=None)
     ap.add_argument("--log-dir", default=None)
     ap.add_argument("--models", default=None)
@@ -614,7 +614,7 @@ def main():
     ap.add_argument("--mpi-alg", choices=sorted(MPI_ALGS), default="ring_segmented")
     ap.add_argument("--psagg-env", default="",
                     help="NAME=VALUE,... for every psagg process (default: none; the full run of "
-                         f"results/cluster.md used {RXM_EAGER_ENV})")
+                         f"tests/bench/results/cluster.md used {RXM_EAGER_ENV})")
     ap.add_argument("--psagg-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="extra key for the generated psagg INI, e.g. worker.max_inflight=8 (repeatable)")
     a = ap.parse_args()
