@@ -430,8 +430,8 @@ typedef struct fa_q {
  * into p (room bytes writable), residual (natural order, group start r) if r. ctr = k0 + the
  * RNG index of lane 0 of vector 0, plus P*j per lane.
  */
-FA void fa_quant(const int b, const int D, const int sr, const int tail, const fa_q *z, const float *a,
-                 size_t rem, __m512i ctr, uint8_t *p, size_t room, float *r)
+FA void fa_quant(const int b, const int D, const int sr, const int tail, const fa_q *z,
+                 const float *a, size_t rem, __m512i ctr, uint8_t *p, size_t room, float *r)
 {
     const int P = D / b;
     __m512i packed = _mm512_setzero_si512();
@@ -440,15 +440,15 @@ FA void fa_quant(const int b, const int D, const int sr, const int tail, const f
     for (int s = 0; s < P; s++) {
         __m512 v = _mm512_load_ps(a + 16 * s);
         __m512 t = _mm512_mul_ps(_mm512_sub_ps(v, z->vlo), z->vinv);
-        __m512 u = sr ? rng16c(_mm512_add_epi32(ctr, _mm512_set1_epi32(s)), z->k1)
-                      : _mm512_set1_ps(0.5f);
+        __m512 u =
+            sr ? rng16c(_mm512_add_epi32(ctr, _mm512_set1_epi32(s)), z->k1) : _mm512_set1_ps(0.5f);
         __m512i q = _mm512_cvttps_epi32(_mm512_min_ps(_mm512_add_ps(t, u), z->Lf));
         if (tail)
             q = _mm512_maskz_mov_epi32(fa_lmask(P, s, rem), q);
         packed = s ? _mm512_or_si512(packed, _mm512_slli_epi32(q, s * b)) : q;
         if (r)
-            rv[s] = _mm512_sub_ps(v, _mm512_add_ps(z->vlo, _mm512_mul_ps(z->vscale,
-                                                                       _mm512_cvtepi32_ps(q))));
+            rv[s] = _mm512_sub_ps(
+                v, _mm512_add_ps(z->vlo, _mm512_mul_ps(z->vscale, _mm512_cvtepi32_ps(q))));
     }
     if (D == 32) {
         if (tail && room < 64)
@@ -484,8 +484,8 @@ static inline size_t fa_pos(uint32_t b, uint32_t D, size_t e)
  * Finish a bucket whose sums (layout order) are in acc: range check (bad_any: some value may
  * be out of range; found and reported in element order), lo/hi, meta, then pass 2.
  */
-FA psagg_status fa_finish(const int b, const int D, const int sr, const psagg_codec *c, size_t n, size_t nb,
-                          size_t plen, float *acc, size_t len, size_t base, __m512 vmin,
+FA psagg_status fa_finish(const int b, const int D, const int sr, const psagg_codec *c, size_t n,
+                          size_t nb, size_t plen, float *acc, size_t len, size_t base, __m512 vmin,
                           __m512 vmax, int bad_any, float *r, psagg_rng_key key, uint8_t *out,
                           size_t *badi)
 {
@@ -567,9 +567,9 @@ FA void fa_enc_load(const int b, const int D, const int tail, const float *x, co
         _mm512_store_ps(a + 16 * s, v[s]);
 }
 
-FA psagg_status fa_encode(const int b, const int D, const int sr, const psagg_codec *c, const float *x,
-                          float *residual, size_t n, psagg_rng_key key, uint8_t *out, float *acc,
-                          size_t *badi)
+FA psagg_status fa_encode(const int b, const int D, const int sr, const psagg_codec *c,
+                          const float *x, float *residual, size_t n, psagg_rng_key key,
+                          uint8_t *out, float *acc, size_t *badi)
 {
     const size_t G = 16 * (D / b), B = c->bucket;
     size_t nb = psagg_mm_nbuckets(n, c->bucket), plen = psagg_mm_payload_bytes(n, (uint32_t)b);
@@ -597,9 +597,9 @@ FA psagg_status fa_encode(const int b, const int D, const int sr, const psagg_co
  * residual (natural order at r), into a in layout order; min/max; range flags when r (without
  * a residual the sum of finite values cannot be NaN, so fa_finish's lo/hi test suffices).
  */
-FA void fa_agg_sum(const int b, const int D, const int tail, const uint8_t *const *pay, size_t n_in, size_t off,
-                   size_t avail, const __m512 *tab, const float *mt, const float *r, size_t rem,
-                   float *a, __m512 *vmin, __m512 *vmax, __mmask16 *bad)
+FA void fa_agg_sum(const int b, const int D, const int tail, const uint8_t *const *pay, size_t n_in,
+                   size_t off, size_t avail, const __m512 *tab, const float *mt, const float *r,
+                   size_t rem, float *a, __m512 *vmin, __m512 *vmax, __mmask16 *bad)
 {
     const int P = D / b;
     __m512 S[16];
@@ -612,17 +612,17 @@ FA void fa_agg_sum(const int b, const int D, const int tail, const uint8_t *cons
             w = fa_load(D, pay[i] + off, tail, avail);
 #pragma GCC unroll 16
             for (int s = 0; s < P; s++)
-                S[s] = _mm512_add_ps(S[s],
-                                     _mm512_permutexvar_ps(_mm512_srli_epi32(w, s * b), tab[i]));
+                S[s] =
+                    _mm512_add_ps(S[s], _mm512_permutexvar_ps(_mm512_srli_epi32(w, s * b), tab[i]));
         }
     } else {
         S[0] = _mm512_add_ps(_mm512_set1_ps(mt[1]),
                              _mm512_mul_ps(_mm512_set1_ps(mt[0]), _mm512_cvtepi32_ps(w)));
         for (size_t i = 1; i < n_in; i++) {
             w = fa_load(D, pay[i] + off, tail, avail);
-            S[0] = _mm512_add_ps(
-                S[0], _mm512_add_ps(_mm512_set1_ps(mt[2 * i + 1]),
-                                    _mm512_mul_ps(_mm512_set1_ps(mt[2 * i]), _mm512_cvtepi32_ps(w))));
+            S[0] = _mm512_add_ps(S[0], _mm512_add_ps(_mm512_set1_ps(mt[2 * i + 1]),
+                                                     _mm512_mul_ps(_mm512_set1_ps(mt[2 * i]),
+                                                                   _mm512_cvtepi32_ps(w))));
         }
     }
     if (r) {
@@ -657,8 +657,8 @@ FA void fa_agg_sum(const int b, const int D, const int tail, const uint8_t *cons
 
 FA psagg_status fa_aggregate(const int b, const int D, const int sr, const psagg_codec *c,
                              const uint8_t *const *in, const uint8_t *const *pay, size_t n_in,
-                             size_t n, float *residual, psagg_rng_key key, uint8_t *out,
-                             float *acc, __m512 *tab, float *mt, size_t *badi)
+                             size_t n, float *residual, psagg_rng_key key, uint8_t *out, float *acc,
+                             __m512 *tab, float *mt, size_t *badi)
 {
     const size_t G = 16 * (D / b), GB = 2 * D, B = c->bucket;
     size_t nb = psagg_mm_nbuckets(n, c->bucket), plen = psagg_mm_payload_bytes(n, (uint32_t)b);
@@ -695,17 +695,47 @@ FA psagg_status fa_aggregate(const int b, const int D, const int sr, const psagg
 #define FA_DISPATCH(CALL)                                                                          \
     do {                                                                                           \
         int sr_ = c->rounding == PSAGG_ROUND_STOCHASTIC;                                           \
-        switch (c->bits * 2 + sr_ + (fa_ok(c) == 32 ? 100 : 0)) {                                 \
-        case 2: { const int b = 1, D = 8, sr = 0; return CALL; }                                   \
-        case 3: { const int b = 1, D = 8, sr = 1; return CALL; }                                   \
-        case 4: { const int b = 2, D = 8, sr = 0; return CALL; }                                   \
-        case 5: { const int b = 2, D = 8, sr = 1; return CALL; }                                   \
-        case 8: { const int b = 4, D = 8, sr = 0; return CALL; }                                   \
-        case 9: { const int b = 4, D = 8, sr = 1; return CALL; }                                   \
-        case 108: { const int b = 4, D = 32, sr = 0; return CALL; }                                \
-        case 109: { const int b = 4, D = 32, sr = 1; return CALL; }                                \
-        case 16: { const int b = 8, D = 8, sr = 0; return CALL; }                                  \
-        default: { const int b = 8, D = 8, sr = 1; return CALL; }                                  \
+        switch (c->bits * 2 + sr_ + (fa_ok(c) == 32 ? 100 : 0)) {                                  \
+        case 2: {                                                                                  \
+            const int b = 1, D = 8, sr = 0;                                                        \
+            return CALL;                                                                           \
+        }                                                                                          \
+        case 3: {                                                                                  \
+            const int b = 1, D = 8, sr = 1;                                                        \
+            return CALL;                                                                           \
+        }                                                                                          \
+        case 4: {                                                                                  \
+            const int b = 2, D = 8, sr = 0;                                                        \
+            return CALL;                                                                           \
+        }                                                                                          \
+        case 5: {                                                                                  \
+            const int b = 2, D = 8, sr = 1;                                                        \
+            return CALL;                                                                           \
+        }                                                                                          \
+        case 8: {                                                                                  \
+            const int b = 4, D = 8, sr = 0;                                                        \
+            return CALL;                                                                           \
+        }                                                                                          \
+        case 9: {                                                                                  \
+            const int b = 4, D = 8, sr = 1;                                                        \
+            return CALL;                                                                           \
+        }                                                                                          \
+        case 108: {                                                                                \
+            const int b = 4, D = 32, sr = 0;                                                       \
+            return CALL;                                                                           \
+        }                                                                                          \
+        case 109: {                                                                                \
+            const int b = 4, D = 32, sr = 1;                                                       \
+            return CALL;                                                                           \
+        }                                                                                          \
+        case 16: {                                                                                 \
+            const int b = 8, D = 8, sr = 0;                                                        \
+            return CALL;                                                                           \
+        }                                                                                          \
+        default: {                                                                                 \
+            const int b = 8, D = 8, sr = 1;                                                        \
+            return CALL;                                                                           \
+        }                                                                                          \
         }                                                                                          \
     } while (0)
 
@@ -720,7 +750,8 @@ static psagg_status fa_aggregate_any(const psagg_codec *c, const uint8_t *const 
                                      float *residual, psagg_rng_key key, uint8_t *out, float *acc,
                                      __m512 *tab, float *mt, size_t *badi)
 {
-    FA_DISPATCH(fa_aggregate(b, D, sr, c, in, pay, n_in, n, residual, key, out, acc, tab, mt, badi));
+    FA_DISPATCH(
+        fa_aggregate(b, D, sr, c, in, pay, n_in, n, residual, key, out, acc, tab, mt, badi));
 }
 
 static void mm_zero_padding(const mm_ctx *t, uint8_t *out)

@@ -27,8 +27,8 @@ typedef struct run {
     float *res;
 } run;
 
-static void enc_run(psagg_isa isa, const psagg_codec *c, const float *x, const float *r0,
-                    size_t n, psagg_rng_key key, run *o)
+static void enc_run(psagg_isa isa, const psagg_codec *c, const float *x, const float *r0, size_t n,
+                    psagg_rng_key key, run *o)
 {
     size_t len = psagg_encoded_size(c, n);
     tc_set_isa(isa);
@@ -127,13 +127,11 @@ static void check_aggregate(psagg_isa isa, const psagg_codec *c, size_t n, size_
             memcpy(o[k].res, r, n * 4);
         }
         o[k].bad = (size_t)-7;
-        o[k].st =
-            psagg_aggregate(c, in, n_in, len, n, o[k].res, key, o[k].enc, len, &o[k].bad);
+        o[k].st = psagg_aggregate(c, in, n_in, len, n, o[k].res, key, o[k].enc, len, &o[k].bad);
     }
-    snprintf(ctx, sizeof ctx,
-             "aggregate %s %s n=%zu N=%zu data %s residual %d big %d poison %ld=%g",
-             psagg_isa_name(isa), tc_name(c), n, n_in, tc_kind_name(kind), wr, big, poison,
-             (double)pv);
+    snprintf(
+        ctx, sizeof ctx, "aggregate %s %s n=%zu N=%zu data %s residual %d big %d poison %ld=%g",
+        psagg_isa_name(isa), tc_name(c), n, n_in, tc_kind_name(kind), wr, big, poison, (double)pv);
     compare_runs(ctx, c, n, &o[0], &o[1]);
     for (size_t i = 0; i < n_in; i++)
         free(bufs[i]);
@@ -154,8 +152,7 @@ static void check_fp(psagg_isa isa, const psagg_codec *c, size_t n, size_t n_in,
     for (size_t i = 0; i < n_in; i++) {
         bufs[i] = tc_xmalloc(len);
         tc_fill(x, n, (int)((seed + i) % TC_KIND_COUNT), seed + i, tc_max_exp(c) - 4);
-        CHECK(psagg_encode(c, x, NULL, n, psagg_rng_key_make(0, 0), bufs[i], len, NULL) ==
-                  PSAGG_OK,
+        CHECK(psagg_encode(c, x, NULL, n, psagg_rng_key_make(0, 0), bufs[i], len, NULL) == PSAGG_OK,
               "encode fp input: %s", psagg_last_error());
         in[i] = bufs[i];
     }
@@ -169,8 +166,8 @@ static void check_fp(psagg_isa isa, const psagg_codec *c, size_t n, size_t n_in,
             memcpy(o[k].res, x, n * 4);
         }
         o[k].bad = (size_t)-7;
-        o[k].st = psagg_aggregate(c, in, n_in, len, n, o[k].res, psagg_rng_key_make(0, 0),
-                                  o[k].enc, len, &o[k].bad);
+        o[k].st = psagg_aggregate(c, in, n_in, len, n, o[k].res, psagg_rng_key_make(0, 0), o[k].enc,
+                                  len, &o[k].bad);
         d[k] = tc_xmalloc(n * 4);
         memcpy(d[k], x, n * 4);
         CHECK(psagg_decode_add(c, in[0], len, n, d[k]) == PSAGG_OK, "decode_add: %s",
@@ -191,8 +188,8 @@ int main(void)
 {
     static const uint32_t buckets[] = {64, 128, 192, 256, 1024};
     static const uint32_t widths[] = {1, 2, 4, 8, 3, 5};
-    static const size_t sizes[] = {1,   15,  16,  17,  31,  33,  63,   64,   65,   100,
-                                   127, 128, 129, 191, 193, 255, 257,  300,  383,  385,
+    static const size_t sizes[] = {1,   15,  16,  17,   31,   33,   63,   64,   65,   100,
+                                   127, 128, 129, 191,  193,  255,  257,  300,  383,  385,
                                    511, 513, 700, 1023, 1024, 1025, 1040, 2047, 2100, 3333};
     static const float poisons[] = {NAN, INFINITY, -INFINITY, 0x1p126f, -0x1.8p126f};
     int tested = 0;
@@ -207,8 +204,8 @@ int main(void)
         for (size_t bi = 0; bi < sizeof buckets / sizeof buckets[0]; bi++)
             for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
                 for (int rnd = 0; rnd < 2; rnd++) {
-                    psagg_codec c = tc_codec(PSAGG_CODEC_MAXMIN, widths[wi], buckets[bi],
-                                             (psagg_rounding)rnd);
+                    psagg_codec c =
+                        tc_codec(PSAGG_CODEC_MAXMIN, widths[wi], buckets[bi], (psagg_rounding)rnd);
                     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
                         size_t n = sizes[si];
                         uint64_t seed = n * 131 + bi * 7 + wi * 3 + (uint64_t)rnd;
@@ -220,10 +217,10 @@ int main(void)
                         /* a bad value at a position that moves through groups and tails */
                         check_encode((psagg_isa)isa, &c, n, kind, (int)(si & 1),
                                      (long)((seed * 37) % (n + 1)), poisons[si % 5], seed);
-                        check_aggregate((psagg_isa)isa, &c, n, 1 + si % 8, kind, (int)(si & 1),
-                                        0, -1, 0, seed);
-                        check_aggregate((psagg_isa)isa, &c, n, 8, kind, (int)(~si & 1), 1, -1,
-                                        0, seed + 2);
+                        check_aggregate((psagg_isa)isa, &c, n, 1 + si % 8, kind, (int)(si & 1), 0,
+                                        -1, 0, seed);
+                        check_aggregate((psagg_isa)isa, &c, n, 8, kind, (int)(~si & 1), 1, -1, 0,
+                                        seed + 2);
                         check_aggregate((psagg_isa)isa, &c, n, 3, TC_KIND_ZEROS, 1, 0,
                                         (long)((seed * 53) % (n + 1)), poisons[(si + 2) % 5],
                                         seed + 3);
