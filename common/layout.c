@@ -38,17 +38,50 @@ psagg_status psagg_tensor_to_wire(const char *name, uint64_t count, const psagg_
     return PSAGG_OK;
 }
 
-static const psagg_chunk_info *sort_base;
-
-static int by_size_desc(const void *a, const void *b)
+/* qsort_r order: chunks by encoded size, descending, then (key, index). */
+static int by_size_desc(const void *a, const void *b, void *base)
 {
-    const psagg_chunk_info *x = &sort_base[*(const uint32_t *)a];
-    const psagg_chunk_info *y = &sort_base[*(const uint32_t *)b];
+    const psagg_chunk_info *x = &((const psagg_chunk_info *)base)[*(const uint32_t *)a];
+    const psagg_chunk_info *y = &((const psagg_chunk_info *)base)[*(const uint32_t *)b];
     if (x->enc_bytes != y->enc_bytes)
         return x->enc_bytes > y->enc_bytes ? -1 : 1;
     if (x->key != y->key)
         return x->key < y->key ? -1 : 1;
     return x->index < y->index ? -1 : x->index > y->index;
+}
+
+/* qsort_r order: tensor indices by name. */
+static int by_name(const void *a, const void *b, void *base)
+{
+    const psagg_tensor_info *t = base;
+    return strcmp(t[*(const uint32_t *)a].name, t[*(const uint32_t *)b].name);
+}
+
+/* Every name once: sort the indices by name and compare neighbours. */
+static psagg_status check_unique_names(const psagg_tensor_info *t, uint32_t n)
+{
+    uint32_t *idx = malloc((size_t)n * sizeof *idx);
+    psagg_status st = PSAGG_OK;
+    if (!idx)
+        return psagg_fail(PSAGG_ENOMEM, "layout of %u tensors", n);
+    for (uint32_t i = 0; i < n; i++)
+        idx[i] = i;
+    qsort_r(idx, n, sizeof *idx, by_name, (void *)t);
+    for (uint32_t i = 1; i < n && !st; i++)
+        if (!strcmp(t[idx[i - 1]].name, t[idx[i]].name)) {
+            uint32_t a = idx[i - 1] < idx[i] ? idx[i - 1] : idx[i];
+            uint32_t b = idx[i - 1] < idx[i] ? idx[i] : idx[i - 1];
+            st = psagg_fail(PSAGG_EINVAL, "tensors %u and %u are both named '%s'", a, b, t[a].name);
+        }
+    free(idx);
+    return st;
+}
+
+uint64_t psagg_chunk_elems(const psagg_config *cfg)
+{
+    uint64_t ce = cfg->chunk_bytes / sizeof(float);
+    ce -= ce % 64;
+    return ce < 64 ? 64 : ce;
 }
 
 psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64_t chunk_elems,
@@ -68,7 +101,6 @@ psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64
         return psagg_fail(PSAGG_ENOMEM, "layout of %u tensors", n);
     for (uint32_t t = 0; t < n; t++) {
         psagg_tensor_info *ti = &l.tensors[t];
-        uint64_t ce;
         if (memchr(decl[t].name, 0, PSAGG_NAME_MAX) == NULL || !decl[t].name[0]) {
             st = psagg_fail(PSAGG_EINVAL, "tensor %u: name empty or not terminated", t);
             goto err;
@@ -87,24 +119,22 @@ psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64
             st = psagg_fail_context(PSAGG_EINVAL, "tensor %u '%s': ", t, ti->name);
             goto err;
         }
-        ce = chunk_elems;
+        /* whole buckets per chunk, so every chunk encodes on its own */
+        ti->chunk_elems = chunk_elems;
         if (ti->codec.id == PSAGG_CODEC_MAXMIN)
-            ce = ce < ti->codec.bucket ? ti->codec.bucket : ce - ce % ti->codec.bucket;
+            ti->chunk_elems = chunk_elems < ti->codec.bucket
+                                  ? ti->codec.bucket
+                                  : chunk_elems - chunk_elems % ti->codec.bucket;
         ti->first_chunk = (uint32_t)total_chunks;
-        ti->n_chunks = (uint32_t)((ti->count + ce - 1) / ce);
+        ti->n_chunks = (uint32_t)((ti->count + ti->chunk_elems - 1) / ti->chunk_elems);
         total_chunks += ti->n_chunks;
         if (total_chunks > UINT32_MAX / 2) {
             st = psagg_fail(PSAGG_EINVAL, "layout: too many chunks");
             goto err;
         }
     }
-    for (uint32_t i = 0; i < n; i++)
-        for (uint32_t j = i + 1; j < n && n <= 4096; j++)
-            if (!strcmp(l.tensors[i].name, l.tensors[j].name)) {
-                st = psagg_fail(PSAGG_EINVAL, "tensors %u and %u are both named '%s'", i, j,
-                                l.tensors[i].name);
-                goto err;
-            }
+    if ((st = check_unique_names(l.tensors, n)))
+        goto err;
     l.n_chunks = (uint32_t)total_chunks;
     l.chunks = calloc(total_chunks, sizeof *l.chunks);
     order = malloc(total_chunks * sizeof *order);
@@ -116,11 +146,7 @@ psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64
     }
     for (uint32_t t = 0; t < n; t++) {
         psagg_tensor_info *ti = &l.tensors[t];
-        uint64_t ce = (ti->count + ti->n_chunks - 1) / ti->n_chunks;
-        /* recompute the exact chunk length used above */
-        ce = chunk_elems;
-        if (ti->codec.id == PSAGG_CODEC_MAXMIN)
-            ce = ce < ti->codec.bucket ? ti->codec.bucket : ce - ce % ti->codec.bucket;
+        uint64_t ce = ti->chunk_elems;
         for (uint32_t k = 0; k < ti->n_chunks; k++, c++) {
             psagg_chunk_info *ci = &l.chunks[c];
             ci->key = t;
@@ -133,8 +159,7 @@ psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64
             order[c] = c;
         }
     }
-    sort_base = l.chunks;
-    qsort(order, total_chunks, sizeof *order, by_size_desc);
+    qsort_r(order, total_chunks, sizeof *order, by_size_desc, l.chunks);
     for (uint64_t i = 0; i < total_chunks; i++) {
         psagg_chunk_info *ci = &l.chunks[order[i]];
         uint32_t best = 0;

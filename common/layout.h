@@ -32,6 +32,7 @@ typedef struct psagg_tensor_info {
     char name[PSAGG_NAME_MAX];
     uint64_t count;
     psagg_codec codec;
+    uint64_t chunk_elems; /* elements per chunk (the last one may be shorter) */
     uint32_t first_chunk; /* index into layout.chunks */
     uint32_t n_chunks;
 } psagg_tensor_info;
@@ -55,6 +56,10 @@ void psagg_layout_free(psagg_layout *l);
 /* The declaration record for one tensor description (name truncated check included). */
 psagg_status psagg_tensor_to_wire(const char *name, uint64_t count, const psagg_codec *codec,
                                   psagg_ctl_tensor *out);
+
+/* Elements per chunk that a worker with this config declares: chunk_bytes of fp32, rounded
+ * down to a multiple of 64, at least 64. Every worker of a job must agree. */
+uint64_t psagg_chunk_elems(const psagg_config *cfg);
 
 /*
  * The largest data message a job with this config can send: one chunk (at most chunk_bytes

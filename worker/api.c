@@ -307,10 +307,7 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, siz
         return psagg_fail(PSAGG_ENOMEM, "psagg_declare");
     wire = (psagg_ctl_tensor *)(d + 1);
     d->count = (uint32_t)n;
-    d->chunk_elems = ctx->cfg.chunk_bytes / sizeof(float);
-    d->chunk_elems -= d->chunk_elems % 64;
-    if (d->chunk_elems < 64)
-        d->chunk_elems = 64;
+    d->chunk_elems = psagg_chunk_elems(&ctx->cfg);
     for (size_t t = 0; t < n; t++) {
         psagg_codec c = tensors[t].codec;
         if (c.id == PSAGG_CODEC_DEFAULT) {

@@ -36,11 +36,10 @@
  *
  * busiest_link_bytes: bytes per step, per direction, on the most loaded host link, computed
  * from the same layout the workers use (psagg_layout_build over the same declarations with
- * chunk_elems = [worker] chunk_bytes / 4 rounded down to a multiple of 64, as psagg_declare
- * does). A chunk's message is 32 header bytes + its encoded payload, for a push and for the
- * update alike. With P = one worker's pushes per step (sum over all chunks) and P_s = the
- * part of them that server s owns:
- *   servers on their own hosts:  worker link  up = down = P
+ * chunk_elems = psagg_chunk_elems(cfg) ([worker] chunk_bytes / 4 rounded down to a multiple of 64),
+ * as psagg_declare does). A chunk's message is 32 header bytes + its encoded payload, for a push
+ * and for the update alike. With P = one worker's pushes per step (sum over all chunks) and P_s =
+ * the part of them that server s owns: servers on their own hosts:  worker link  up = down = P
  *                                server s link in = out = N x P_s
  *   --colocated (server i on worker i's host, S <= N): traffic between a worker and the
  *   server on its own host stays on that host, so host i (i < S) carries
@@ -108,14 +107,10 @@ static psagg_status model_links(const psagg_ctl_tensor *decl, uint32_t n_decl, u
                                 uint32_t *n_chunks_out)
 {
     psagg_layout l;
-    uint64_t chunk_elems = cfg->chunk_bytes / sizeof(float);
     int n = cfg->n_workers, S = cfg->n_servers;
     psagg_status st;
 
-    chunk_elems -= chunk_elems % 64;
-    if (chunk_elems < 64)
-        chunk_elems = 64;
-    if ((st = psagg_layout_build(decl, n_decl, chunk_elems, (uint32_t)S, &l)))
+    if ((st = psagg_layout_build(decl, n_decl, psagg_chunk_elems(cfg), (uint32_t)S, &l)))
         return st;
     lm->per_server = calloc((size_t)S, sizeof *lm->per_server);
     if (!lm->per_server) {

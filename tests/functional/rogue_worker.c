@@ -91,8 +91,7 @@ int main(int argc, char **argv)
     free(wel);
 
     declare_msg.d = (psagg_ctl_declare){.count = 3};
-    declare_msg.d.chunk_elems = cfg.chunk_bytes / sizeof(float);
-    declare_msg.d.chunk_elems -= declare_msg.d.chunk_elems % 64;
+    declare_msg.d.chunk_elems = psagg_chunk_elems(&cfg);
     for (int t = 0; t < 3; t++) {
         char name[16];
         snprintf(name, sizeof name, "t%03d", t);
