@@ -378,14 +378,20 @@ psagg_status psagg_encode(const psagg_codec *codec, const float *x, float *resid
     return st;
 }
 
+/* check_values = 0 when the caller has already passed `in` through psagg_validate. */
 static psagg_status decode_common(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
-                                  float *out, int accumulate)
+                                  float *out, int accumulate, int check_values)
 {
     psagg_codec c;
     psagg_status st = prep(codec, &c, n);
     if (st != PSAGG_OK)
         return st;
-    if ((st = validate(&c, in, in_len, n)) != PSAGG_OK)
+    if (check_values)
+        st = validate(&c, in, in_len, n);
+    else if (in_len != encoded_size(&c, n))
+        st = psagg_fail(PSAGG_EBADLEN, "decode: %zu bytes, expected %zu", in_len,
+                        encoded_size(&c, n));
+    if (st != PSAGG_OK)
         return st;
     if (n == 0)
         return PSAGG_OK;
@@ -398,13 +404,19 @@ static psagg_status decode_common(const psagg_codec *codec, const void *in, size
 psagg_status psagg_decode(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
                           float *out)
 {
-    return decode_common(codec, in, in_len, n, out, 0);
+    return decode_common(codec, in, in_len, n, out, 0, 1);
 }
 
 psagg_status psagg_decode_add(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
                               float *acc)
 {
-    return decode_common(codec, in, in_len, n, acc, 1);
+    return decode_common(codec, in, in_len, n, acc, 1, 1);
+}
+
+psagg_status psagg_decode_add_validated(const psagg_codec *codec, const void *in, size_t in_len,
+                                        size_t n, float *acc)
+{
+    return decode_common(codec, in, in_len, n, acc, 1, 0);
 }
 
 psagg_status psagg_aggregate(const psagg_codec *codec, const void *const *in, size_t n_in,

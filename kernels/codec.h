@@ -135,6 +135,12 @@ psagg_status psagg_decode(const psagg_codec *codec, const void *in, size_t in_le
                           float *out);
 psagg_status psagg_decode_add(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
                               float *acc);
+/*
+ * psagg_decode_add for a buffer that has already passed psagg_validate (same codec, length
+ * and n), e.g. a server's stored contribution: the meta and values are not checked again.
+ */
+psagg_status psagg_decode_add_validated(const psagg_codec *codec, const void *in, size_t in_len,
+                                        size_t n, float *acc);
 
 /*
  * The fused server operation: decode and sum n_in encoded inputs (each in_len bytes, in the

@@ -78,11 +78,17 @@ static void finish_round(server *srv, chunk_state *c)
         memset(c->acc, 0, c->info->count * sizeof(float));
 }
 
-/* Fold worker w's payload into the accumulator (it is next in the fixed order). */
-static int fold(server *srv, chunk_state *c, int w, const void *payload)
+/*
+ * Fold worker w's payload into the accumulator (it is next in the fixed order). A payload
+ * straight from the receive buffer is validated here; one from its slot was validated when
+ * it arrived (handle_push) and is not checked twice.
+ */
+static int fold(server *srv, chunk_state *c, int w, const void *payload, int validated)
 {
-    psagg_status st =
-        psagg_decode_add(&c->codec, payload, c->info->enc_bytes, c->info->count, c->acc);
+    psagg_status st = validated ? psagg_decode_add_validated(&c->codec, payload, c->info->enc_bytes,
+                                                             c->info->count, c->acc)
+                                : psagg_decode_add(&c->codec, payload, c->info->enc_bytes,
+                                                   c->info->count, c->acc);
     if (st) {
         server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s",
                             c->info->key, c->info->index, c->round, psagg_last_error());
@@ -126,13 +132,13 @@ static void handle_push(server *srv, chunk_state *c, recv_buf *rb)
             finish_round(srv, c); /* the GPU sums all inputs in worker order at once */
         return;
     }
-    if (fold(srv, c, w, payload))
+    if (fold(srv, c, w, payload, 0))
         return;
     c->arrived[w] = 1;
     c->n_arrived++;
     c->next++;
     while ((int)c->next < srv->n_workers && c->arrived[c->next]) {
-        if (fold(srv, c, (int)c->next, c->slots + (size_t)c->next * enc))
+        if (fold(srv, c, (int)c->next, c->slots + (size_t)c->next * enc, 1))
             return;
         c->next++;
     }
