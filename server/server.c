@@ -175,16 +175,6 @@ static void *progress_main(void *arg)
 
 /* ---- control channel ---- */
 
-static const char *peer_name(const server *srv, int w, char *buf, size_t len)
-{
-    (void)srv;
-    if (w < 0)
-        snprintf(buf, len, "a new connection");
-    else
-        snprintf(buf, len, "worker %d", w);
-    return buf;
-}
-
 static void abort_others(server *srv, int except, int status, const char *msg)
 {
     for (int w = 0; w < srv->n_workers; w++) {
@@ -413,7 +403,7 @@ static psagg_status start_job(server *srv)
     if (st)
         return st;
     /* enough receive buffers for every worker to have several chunks in flight */
-    srv->n_rbufs = 4 * srv->n_workers * (srv->cfg.max_inflight > 0 ? 4 : 1);
+    srv->n_rbufs = 16 * srv->n_workers;
     if (srv->n_rbufs > 1024)
         srv->n_rbufs = 1024;
     if ((uint64_t)srv->n_rbufs * rbuf_size > budget)
@@ -456,8 +446,9 @@ static void serve_worker(server *srv, int w)
     psagg_ctl_hdr h;
     void *body = NULL;
     char name[32];
-    int st = psagg_ctl_recv(wc->fd, &h, &body, psagg_now_ms() + 5000,
-                            peer_name(srv, w, name, sizeof name));
+    int st;
+    snprintf(name, sizeof name, "worker %d", w);
+    st = psagg_ctl_recv(wc->fd, &h, &body, psagg_now_ms() + 5000, name);
     if (st) {
         drop_worker(srv, w, st, psagg_last_error());
         return;
@@ -489,7 +480,7 @@ static int serve_control(server *srv)
     if (!pfd || !who)
         goto out;
     for (;;) {
-        int n = 0, live = 0;
+        int n = 0;
         char missing[128], msg[512];
 
         if (stop_requested) {
@@ -573,7 +564,6 @@ static int serve_control(server *srv)
             if (srv->workers[w].fd >= 0) {
                 pfd[n] = (struct pollfd){.fd = srv->workers[w].fd, .events = POLLIN};
                 who[n++] = w;
-                live++;
             }
         if (poll(pfd, (nfds_t)n, 50) < 0 && errno != EINTR) {
             LOG_ERROR("poll: %s", strerror(errno));
@@ -593,7 +583,6 @@ static int serve_control(server *srv)
                 serve_worker(srv, who[i]);
             }
         }
-        (void)live;
     }
 out:
     free(pfd);

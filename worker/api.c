@@ -193,7 +193,6 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
     }
     for (uint32_t c = 0; c < l->n_chunks; c++) {
         size_t sz = sizeof(psagg_msg_hdr) + l->chunks[c].enc_bytes;
-        ctx->chunks[c].owner = l->chunks[c].owner;
         ctx->chunks[c].buf = psagg_alloc(sz, 1);
         if (!ctx->chunks[c].buf)
             return psagg_fail(PSAGG_ENOMEM, "push buffers");

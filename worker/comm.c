@@ -394,7 +394,7 @@ static void push_sent(psagg_ctx *ctx, chunk_buf *cb)
     if (!cb || !cb->send_pending)
         return;
     cb->send_pending = 0;
-    ctx->servers[cb->owner].inflight--;
+    ctx->servers[ctx->layout.chunks[cb - ctx->chunks].owner].inflight--;
 }
 
 static void *comm_main(void *arg)

@@ -38,7 +38,6 @@ typedef struct server_conn {
 typedef struct chunk_buf {
     uint8_t *buf;
     void *desc;
-    uint32_t owner;   /* server rank */
     int send_pending; /* comm thread only */
 } chunk_buf;
 
