@@ -61,8 +61,7 @@ struct key {
         .size = sizeof(((psagg_config *)0)->field), .parse = parser, __VA_ARGS__                   \
     }
 
-static int parse_int(const struct key *, const char *, int, psagg_config *, char *, size_t);
-static int parse_u64(const struct key *, const char *, int, psagg_config *, char *, size_t);
+static int parse_number(const struct key *, const char *, int, psagg_config *, char *, size_t);
 static int parse_enum(const struct key *, const char *, int, psagg_config *, char *, size_t);
 static int parse_name(const struct key *, const char *, int, psagg_config *, char *, size_t);
 static int parse_path(const struct key *, const char *, int, psagg_config *, char *, size_t);
@@ -87,24 +86,24 @@ static const struct key keys[] = {
     /* [cluster] */
     KEY("cluster", "job_id", job_id, parse_name, .flags = KEY_REQUIRED),
     KEY("cluster", "servers", servers, parse_servers, .flags = KEY_REQUIRED),
-    KEY("cluster", "workers", n_workers, parse_int, .min = 1, .max = PSAGG_MAX_WORKERS,
+    KEY("cluster", "workers", n_workers, parse_number, .min = 1, .max = PSAGG_MAX_WORKERS,
         .flags = KEY_REQUIRED),
     KEY("cluster", "provider", provider, parse_name, .flags = 0),
-    KEY("cluster", "connect_timeout_ms", connect_timeout_ms, parse_int, .min = 1, .max = DAY_MS),
-    KEY("cluster", "op_timeout_ms", op_timeout_ms, parse_int, .min = 1, .max = DAY_MS),
+    KEY("cluster", "connect_timeout_ms", connect_timeout_ms, parse_number, .min = 1, .max = DAY_MS),
+    KEY("cluster", "op_timeout_ms", op_timeout_ms, parse_number, .min = 1, .max = DAY_MS),
     KEY("cluster", "secret_file", secret_file, parse_path, .flags = 0),
     /* [server] */
-    KEY("server", "threads", server_threads, parse_int, .min = 0, .max = 1024),
+    KEY("server", "threads", server_threads, parse_number, .min = 0, .max = 1024),
     KEY("server", "error_feedback", server_error_feedback, parse_enum, .choices = bool_names,
         .values = bool_values),
     KEY("server", "gpu", gpu, parse_enum, .choices = gpu_names, .values = gpu_values),
-    KEY("server", "gpu_min_elems", gpu_min_elems, parse_u64, .min = 0, .max = 1ull << 40),
+    KEY("server", "gpu_min_elems", gpu_min_elems, parse_number, .min = 0, .max = 1ull << 40),
     KEY("server", "fabric_node", server_fabric_node, parse_host, .flags = 0),
     /* [worker] */
-    KEY("worker", "chunk_bytes", chunk_bytes, parse_u64, .min = 4096, .max = 1ull << 30,
+    KEY("worker", "chunk_bytes", chunk_bytes, parse_number, .min = 4096, .max = 1ull << 30,
         .multiple = 256),
-    KEY("worker", "seed", seed, parse_u64, .min = 0, .max = UINT64_MAX),
-    KEY("worker", "max_inflight", max_inflight, parse_int, .min = 1, .max = 65536),
+    KEY("worker", "seed", seed, parse_number, .min = 0, .max = UINT64_MAX),
+    KEY("worker", "max_inflight", max_inflight, parse_number, .min = 1, .max = 65536),
     KEY("worker", "fabric_node", worker_fabric_node, parse_host, .flags = 0),
     /* [codec]: `default` sets id/bits, `bucket` and `rounding` the rest of cfg->codec */
     KEY("codec", "default", codec, parse_codec, .flags = 0),
@@ -113,7 +112,8 @@ static const struct key keys[] = {
         .values = rounding_values),
     KEY("codec", "error_feedback", error_feedback, parse_enum, .choices = bool_names,
         .values = bool_values),
-    KEY("codec", "min_compress_elems", min_compress_elems, parse_u64, .min = 0, .max = 1ull << 40),
+    KEY("codec", "min_compress_elems", min_compress_elems, parse_number, .min = 0,
+        .max = 1ull << 40),
     /* [log] */
     KEY("log", "level", log_level, parse_enum, .choices = level_names, .values = level_values),
 };
@@ -194,25 +194,19 @@ static int check_number(const struct key *k, const char *val, uint64_t *v, char 
     return 0;
 }
 
-static int parse_int(const struct key *k, const char *val, int append, psagg_config *cfg, char *why,
-                     size_t whylen)
+/* An int or uint64_t field (told apart by the field's size), range-checked. */
+static int parse_number(const struct key *k, const char *val, int append, psagg_config *cfg,
+                        char *why, size_t whylen)
 {
     uint64_t v;
+    void *field = (char *)cfg + k->offset;
     (void)append;
     if (check_number(k, val, &v, why, whylen))
         return -1;
-    *(int *)((char *)cfg + k->offset) = (int)v;
-    return 0;
-}
-
-static int parse_u64(const struct key *k, const char *val, int append, psagg_config *cfg, char *why,
-                     size_t whylen)
-{
-    uint64_t v;
-    (void)append;
-    if (check_number(k, val, &v, why, whylen))
-        return -1;
-    *(uint64_t *)((char *)cfg + k->offset) = v;
+    if (k->size == sizeof(uint64_t))
+        *(uint64_t *)field = v;
+    else
+        *(int *)field = (int)v;
     return 0;
 }
 
