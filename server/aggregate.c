@@ -36,11 +36,15 @@ static void finish_round(server *srv, chunk_state *c)
     psagg_msg_hdr *h = (psagg_msg_hdr *)c->out[p];
     psagg_status st;
 
-    if (atomic_load(&c->sends_pending[p]) > 0) {
-        c->deferred = 1; /* the update of round-2 is still being sent */
-        return;
-    }
-    c->deferred = 0;
+    /*
+     * The update of round-2 may still be in flight from out[p]. Announce the wait before
+     * looking: the progress thread decrements sends_pending and then reads deferred, so one
+     * of the two sees the other and the round is never left waiting (seq_cst atomics).
+     */
+    atomic_store(&c->deferred, 1);
+    if (atomic_load(&c->sends_pending[p]) > 0)
+        return; /* progress_main queues c->retry when the last send completes */
+    atomic_store(&c->deferred, 0);
     if (c->gpu)
         st = gpu_aggregate(srv, c, round_key(srv, c), c->out[p] + sizeof *h, &bad);
     else
@@ -167,15 +171,16 @@ static void *agg_main(void *arg)
             t->tail = NULL;
         pthread_mutex_unlock(&t->mu);
 
+        if (!it->rb)
+            atomic_store(&it->chunk->retry_queued, 0);
         if (!atomic_load(&srv->job_failed)) {
             if (it->rb)
                 handle_push(srv, it->chunk, it->rb);
-            else if (it->chunk->deferred)
+            else if (atomic_load(&it->chunk->deferred))
                 finish_round(srv, it->chunk);
         }
         if (it->rb)
             server_repost(srv, it->rb);
-        free(it);
     }
     return NULL;
 }
@@ -183,13 +188,9 @@ static void *agg_main(void *arg)
 void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb)
 {
     agg_thread *t = &srv->threads[c->thread];
-    agg_item *it = malloc(sizeof *it);
-    if (!it) {
-        server_fail_job(srv, "out of memory queueing a push");
-        if (rb)
-            server_repost(srv, rb);
-        return;
-    }
+    agg_item *it = rb ? &rb->item : &c->retry;
+    if (!rb && atomic_exchange(&c->retry_queued, 1))
+        return; /* already queued: one retry serves both parities */
     *it = (agg_item){.rb = rb, .chunk = c};
     pthread_mutex_lock(&t->mu);
     if (t->tail)
@@ -355,11 +356,6 @@ void agg_teardown(server *srv)
     srv->chunks = NULL;
     for (int i = 0; srv->threads && i < srv->n_threads; i++) {
         agg_thread *t = &srv->threads[i];
-        while (t->head) {
-            agg_item *it = t->head;
-            t->head = it->next;
-            free(it);
-        }
         pthread_mutex_destroy(&t->mu);
         pthread_cond_destroy(&t->cv);
     }

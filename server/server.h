@@ -32,15 +32,29 @@ typedef struct worker_conn {
     char bad_reason[200]; /* set by data-path threads: close this peer (guarded by srv->mu) */
 } worker_conn;
 
+struct chunk_state;
+struct recv_buf;
+
+/*
+ * An entry of an aggregation thread's queue. It is embedded where it belongs (a receive
+ * buffer is queued at most once at a time; a chunk has one retry entry), so queueing a
+ * message allocates nothing.
+ */
+typedef struct agg_item {
+    struct agg_item *next;
+    struct recv_buf *rb; /* a push to fold in, or NULL: retry a deferred chunk */
+    struct chunk_state *chunk;
+} agg_item;
+
 /* A posted receive buffer: header + largest chunk payload. */
 typedef struct recv_buf {
     uint8_t *buf;
     void *desc;
     size_t size;
     size_t len; /* bytes received */
+    agg_item item;
 } recv_buf;
 
-struct chunk_state;
 typedef struct send_ctx {
     struct chunk_state *chunk;
     int parity;
@@ -61,16 +75,12 @@ typedef struct chunk_state {
     uint8_t *out[2]; /* header + encoded update, alternating by round parity */
     void *out_desc[2];
     atomic_int sends_pending[2];
-    int deferred; /* round complete, waiting for out[parity] to be free */
-    int gpu;      /* aggregated by the GPU assist (inputs all kept in slots) */
+    atomic_int deferred;     /* round complete, waiting for out[parity] to be free */
+    atomic_int retry_queued; /* `retry` is in the thread's queue */
+    agg_item retry;
+    int gpu; /* aggregated by the GPU assist (inputs all kept in slots) */
     send_ctx sctx[2];
 } chunk_state;
-
-typedef struct agg_item {
-    struct agg_item *next;
-    recv_buf *rb; /* a push to fold in, or NULL: retry deferred chunk */
-    chunk_state *chunk;
-} agg_item;
 
 typedef struct agg_thread {
     struct server *srv;
