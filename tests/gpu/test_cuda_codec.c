@@ -158,13 +158,7 @@ static void check_encode(const psagg_codec *c, size_t n, int kind, int with_res,
     result ref, got;
     char ctx[256];
 
-    tc_fill(x, n, kind, seed, tc_max_exp(c));
-    tc_fill(r0, n, (kind + 1) % TC_KIND_COUNT, seed + 99, tc_max_exp(c) - 2);
-    for (size_t i = 0; i < n; i++)
-        r0[i] *= 0.25f;
-    tc_fill(acc0, n, TC_KIND_RANDOM, seed + 5, 0);
-    if (n > 3 && kind == TC_KIND_ZEROS)
-        acc0[n / 2] = -0.0f;
+    tc_fill_inputs(c, n, kind, seed, x, r0, acc0);
     if (inject && n > 0) {
         size_t at = (size_t)(seed % n), at2 = at + (n - at) / 2;
         float big = c->id == PSAGG_CODEC_MAXMIN ? 0x1p126f

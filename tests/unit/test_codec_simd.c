@@ -83,13 +83,7 @@ static void check_encode(psagg_isa isa, const psagg_codec *c, size_t n, int kind
     float *x = tc_xmalloc(n * 4), *r0 = tc_xmalloc(n * 4), *acc0 = tc_xmalloc(n * 4);
     psagg_rng_key key = psagg_rng_key_make(seed, 7);
     result ref, got;
-    tc_fill(x, n, kind, seed, tc_max_exp(c));
-    tc_fill(r0, n, (kind + 1) % TC_KIND_COUNT, seed + 99, tc_max_exp(c) - 2);
-    for (size_t i = 0; i < n; i++)
-        r0[i] *= 0.25f;
-    tc_fill(acc0, n, TC_KIND_RANDOM, seed + 5, 0);
-    if (n > 3 && kind == TC_KIND_ZEROS)
-        acc0[n / 2] = -0.0f;
+    tc_fill_inputs(c, n, kind, seed, x, r0, acc0);
     run_one(PSAGG_ISA_SCALAR, c, x, with_res ? r0 : NULL, n, key, acc0, &ref);
     run_one(isa, c, x, with_res ? r0 : NULL, n, key, acc0, &got);
     compare("encode", isa, c, n, kind, with_res, &ref, &got);
