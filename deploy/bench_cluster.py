@@ -12,8 +12,8 @@ Usage (as root; builds nothing, reads binaries from --build-dir):
            --plot (default: --out with .png)  --steps/--warmup  --models/--rates/--placements/
            --codecs/--systems (comma lists)  --workers 4  --mpi-alg ring_segmented|ring|default
            --delay 0.1ms (needs sch_netem)  --log-dir (default: <out dir>/cluster-logs/<run id>)
-           --psagg-env NAME=VALUE,...  environment of every psagg process (default: none; see
-           RXM_EAGER_ENV)  --psagg-set SECTION.KEY=VALUE  extra INI keys
+           --psagg-env NAME=VALUE,...  environment of every psagg process, over the one
+           `psagg-server --fabric-env` gives for the job  --psagg-set SECTION.KEY=VALUE  extra INI keys
 
 How it runs: one emulated cluster (deploy/netcluster.sh, prefix psg<run id>) per (link rate,
 placement). Workers are hosts 0..N-1 (10.77.0.10..); with S servers on their own hosts those
@@ -68,10 +68,12 @@ PYTHON_TORCH = "/usr/bin/python3"
 # step (1.8-1.9x the wire limit; the server link alternated in/out at full rate). Sending the
 # chunks eagerly (every message is <= chunk_bytes + 32 B + meta, 1 MiB by default) removes the
 # read round trip: 2.0-2.2 s on the same set-up, maxmin4 440-500 -> 300-320 ms.
-# Since commit 2c51fa1 psagg's transport asks rxm for this itself (limits derived from the
-# config's largest message; a value already in the environment wins), so the runner sets
-# nothing by default; tests/bench/results/cluster.csv run 25de was measured with RXM_EAGER_ENV given
-# through --psagg-env (the default then).
+# rxm reads these limits from the environment only, and refuses connections between processes
+# whose limits differ, so no psagg process sets them itself: like deploy/psagg-local, the
+# runner gives every psagg process of a run the lines `psagg-server --config CFG --fabric-env`
+# prints (limits derived from the config's largest message); --psagg-env entries win.
+# tests/bench/results/cluster.csv run 25de was measured with RXM_EAGER_ENV given through
+# --psagg-env (the default then).
 RXM_EAGER_ENV = "FI_OFI_RXM_EAGER_LIMIT=4194304,FI_OFI_RXM_SAR_LIMIT=8388608"
 
 CSV_FIELDS = ["model", "rate_gbit", "placement", "servers", "workers", "system", "codec", "status",
@@ -360,9 +362,16 @@ class Bench:
             out.setdefault(section, []).append(f"{k} = {value}")
         return out
 
-    def psagg_env(self):
-        """--psagg-env NAME=VALUE,... for every psagg process (libfabric tuning)."""
-        return dict(kv.split("=", 1) for kv in self.a.psagg_env.split(",") if kv)
+    def psagg_env(self, cfg=None):
+        """The environment of every psagg process of a run: the job's libfabric limits
+        (psagg-server --fabric-env, when a config is given and exists), then --psagg-env."""
+        env = {}
+        if cfg and os.path.exists(cfg):
+            out = subprocess.run([self.server_bin, "--config", cfg, "--fabric-env"], check=True,
+                                 capture_output=True, text=True, timeout=20).stdout
+            env.update(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        env.update(kv.split("=", 1) for kv in self.a.psagg_env.split(",") if kv)
+        return env
 
     def run_psagg(self, c, model, rate, placement, server_hosts, codec, tag):
         n = self.a.workers
@@ -377,10 +386,11 @@ class Bench:
         else:
             self.write_config(cfg, job, server_hosts, codec, port)
         servers = []
+        penv = self.psagg_env(None if c.dry else cfg)
         for i, h in enumerate(server_hosts):
             servers.append(c.start(h, [self.server_bin, "--config", cfg, "--rank", str(i)],
                                    os.path.join(self.logdir, f"{tag}-psagg-{codec}-server{i}.log"),
-                                   self.psagg_env()))
+                                   penv))
         workers = []
         try:
             if not c.dry:
@@ -396,7 +406,7 @@ class Bench:
                 if pending:
                     log(f"servers {[i for i, _ in pending]} not listening on :{port} after 20 s; starting workers anyway")
             for r in range(n):
-                env = {"PSAGG_CONFIG": cfg, "PSAGG_RANK": str(r), "PSAGG_WORLD_SIZE": str(n), **self.psagg_env()}
+                env = {"PSAGG_CONFIG": cfg, "PSAGG_RANK": str(r), "PSAGG_WORLD_SIZE": str(n), **penv}
                 argv = [self.exchange_bin, "--model", path, "--codec", codec, "--steps", str(self.a.steps),
                         "--warmup", str(self.a.warmup), "--link-gbit", f"{rate_bps(rate) / 1e9:g}"]
                 if placement == "colocated":
@@ -462,7 +472,7 @@ class Bench:
         log(f"run {self.run_id}: models {self.a.models}, rates {self.a.rates}, placements "
             f"{[p[0] for p in places]}, codecs {self.a.codecs}, systems {self.a.systems}, "
             f"N={n}, {self.a.warmup} warm-up + {self.a.steps} timed steps; logs in {self.logdir}")
-        log(f"psagg tuning: environment {self.psagg_env() or 'none'}, extra INI keys {self.ini_extra() or 'none'}")
+        log(f"psagg tuning: environment from psagg-server --fabric-env, plus {self.psagg_env() or 'nothing'}; extra INI keys {self.ini_extra() or 'none'}")
         for rate in self.a.rates:
             baselines_done = False
             for placement, s, server_hosts in places:

@@ -1,9 +1,12 @@
 /*
- * codec.c - the codec library's front end: codec checks, sizes, the RNG key, argument and
- * length checks, validation of encoded inputs, and the choice of CPU implementation
- * (scalar, AVX2, AVX-512) made once from the CPU's features or PSAGG_CODEC_ISA.
+ * codec.c - the codec library's front end: codec checks, sizes, chunking, RNG keys and
+ * streams, argument and length checks, validation of encoded inputs, scratch memory, and the
+ * one dispatch to a CPU implementation: the ISA (scalar, AVX2, AVX-512, chosen once from the
+ * CPU's features or PSAGG_CODEC_ISA) and, within it, the function for the codec's format.
+ *
+ * Layer: kernels.
  */
-#include "codec.h"
+#include "kernels/codec.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -12,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu/impl.h"
-#include "error.h"
+#include "base/error.h"
+#include "kernels/cpu/impl.h"
 
 /* ---- RNG key ---- */
 
@@ -30,6 +33,22 @@ psagg_rng_key psagg_rng_key_make(uint64_t seed, uint64_t stream)
     uint64_t k = splitmix64(seed ^ splitmix64(stream));
     psagg_rng_key key = {(uint32_t)k, (uint32_t)(k >> 32)};
     return key;
+}
+
+/* mix64 of codec.h's "RNG streams of the protocol". */
+static uint64_t mix64(uint64_t a, uint64_t b)
+{
+    uint64_t z = a ^ (b + 0x9E3779B97F4A7C15ull + (a << 6) + (a >> 2));
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+psagg_rng_key psagg_rng_chunk_key(uint64_t seed, psagg_rng_side side, uint32_t rank, uint32_t key,
+                                  uint32_t chunk, uint32_t round)
+{
+    uint64_t stream = mix64(mix64((uint64_t)side << 32 | rank, (uint64_t)key << 32 | chunk), round);
+    return psagg_rng_key_make(seed, stream);
 }
 
 /* ---- codec description ---- */
@@ -104,6 +123,27 @@ size_t psagg_encoded_size(const psagg_codec *codec, size_t n)
     return encoded_size(&c, n);
 }
 
+/* ---- chunking ---- */
+
+uint64_t psagg_codec_chunk_elems(const psagg_codec *codec, uint64_t chunk_elems)
+{
+    uint64_t b = codec->bucket ? codec->bucket : PSAGG_MAXMIN_DEFAULT_BUCKET;
+    if (codec->id != PSAGG_CODEC_MAXMIN)
+        return chunk_elems;
+    return chunk_elems < b ? b : chunk_elems - chunk_elems % b; /* whole buckets */
+}
+
+/*
+ * fp32 is 4 bytes an element, fp16/bf16 2. maxmin with bucket B <= chunk_elems has chunks of
+ * n <= chunk_elems elements in at most 8 * n / 64 + 8 * n * 8 / 64 = 1.125 n bytes (B >= 64,
+ * b <= 8); with B > chunk_elems a chunk is one bucket of B elements, 8 + B bytes at b = 8.
+ */
+size_t psagg_codec_max_chunk_bytes(uint64_t chunk_elems)
+{
+    size_t fp32 = 4 * (size_t)chunk_elems, bucket = 8 + (size_t)PSAGG_MAXMIN_MAX_BUCKET;
+    return fp32 > bucket ? fp32 : bucket;
+}
+
 static const char *cname(const psagg_codec *c, char *buf, size_t len)
 {
     return psagg_codec_name(c, buf, len);
@@ -135,19 +175,54 @@ psagg_status psagg_codec_bad_value(const psagg_codec *c, size_t i, float v, size
     }
 }
 
-float *psagg_scratch_get(float *stack_buf, size_t elems)
+/*
+ * Scratch for one call (see cpu/impl.h): small requests come from the caller's stack
+ * buffers, larger ones from the heap. psagg_scratch_release frees what came from the heap.
+ */
+#define SCRATCH_INPUTS 64
+
+typedef struct scratch_stack {
+    float acc[PSAGG_SCRATCH_BLOCK] __attribute__((aligned(64)));
+    uint8_t tab[SCRATCH_INPUTS * PSAGG_SCRATCH_TAB] __attribute__((aligned(64)));
+    const uint8_t *pay[SCRATCH_INPUTS];
+    float meta[2 * SCRATCH_INPUTS];
+} scratch_stack;
+
+static psagg_status scratch_get(scratch_stack *stk, size_t acc_elems, size_t n_in,
+                                psagg_scratch *ws)
 {
-    size_t bytes;
-    if (elems <= PSAGG_SCRATCH_STACK)
-        return stack_buf;
-    bytes = (elems * sizeof(float) + 63) & ~(size_t)63;
-    return aligned_alloc(64, bytes);
+    *ws = (psagg_scratch){.acc = stk->acc,
+                          .acc_elems = acc_elems,
+                          .pay = stk->pay,
+                          .meta = stk->meta,
+                          .tab = stk->tab};
+    if (acc_elems > PSAGG_SCRATCH_BLOCK)
+        ws->acc = aligned_alloc(64, (acc_elems * sizeof(float) + 63) & ~(size_t)63);
+    if (n_in > SCRATCH_INPUTS) {
+        ws->pay = malloc(n_in * sizeof *ws->pay);
+        ws->meta = malloc(2 * n_in * sizeof *ws->meta);
+        ws->tab = aligned_alloc(64, n_in * PSAGG_SCRATCH_TAB);
+    }
+    if (!ws->acc || !ws->pay || !ws->meta || !ws->tab) {
+        if (ws->acc != stk->acc)
+            free(ws->acc);
+        if (ws->pay != stk->pay)
+            free(ws->pay), free(ws->meta), free(ws->tab);
+        return psagg_fail(PSAGG_ENOMEM, "codec scratch of %zu elements and %zu inputs", acc_elems,
+                          n_in);
+    }
+    return PSAGG_OK;
 }
 
-void psagg_scratch_put(float *stack_buf, float *p)
+static void scratch_release(const scratch_stack *stk, psagg_scratch *ws)
 {
-    if (p != stack_buf)
-        free(p);
+    if (ws->acc != stk->acc)
+        free(ws->acc);
+    if (ws->pay != stk->pay) {
+        free(ws->pay);
+        free(ws->meta);
+        free(ws->tab);
+    }
 }
 
 /* ---- implementation choice ---- */
@@ -172,11 +247,11 @@ int psagg_isa_supported(psagg_isa isa)
 #if defined(__x86_64__) || defined(__i386__)
     case PSAGG_ISA_AVX2:
         __builtin_cpu_init();
-        return psagg_impl_avx2.encode && __builtin_cpu_supports("avx2") &&
+        return psagg_impl_avx2.fp_encode && __builtin_cpu_supports("avx2") &&
                __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
     case PSAGG_ISA_AVX512:
         __builtin_cpu_init();
-        return psagg_impl_avx512.encode && __builtin_cpu_supports("avx2") &&
+        return psagg_impl_avx512.fp_encode && __builtin_cpu_supports("avx2") &&
                __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2") &&
                __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
@@ -372,7 +447,16 @@ psagg_status psagg_encode(const psagg_codec *codec, const float *x, float *resid
     if (!x || !out)
         return psagg_fail(PSAGG_EINVAL, "encode %s: NULL %s", cname(&c, nm, 48),
                           x ? "output" : "input");
-    st = impl()->encode(&c, x, residual, n, key, out, &bad);
+    if (c.id == PSAGG_CODEC_MAXMIN) {
+        scratch_stack stk;
+        psagg_scratch ws;
+        if ((st = scratch_get(&stk, c.bucket, 0, &ws)) != PSAGG_OK)
+            return st;
+        st = impl()->mm_encode(&c, x, residual, n, key, out, &ws, &bad);
+        scratch_release(&stk, &ws);
+    } else {
+        st = impl()->fp_encode(&c, x, residual, n, out, &bad);
+    }
     if (st != PSAGG_OK && bad_index)
         *bad_index = bad;
     return st;
@@ -397,7 +481,10 @@ static psagg_status decode_common(const psagg_codec *codec, const void *in, size
         return PSAGG_OK;
     if (!out)
         return psagg_fail(PSAGG_EINVAL, "decode: NULL output");
-    impl()->decode(&c, in, n, out, accumulate);
+    if (c.id == PSAGG_CODEC_MAXMIN)
+        impl()->mm_decode(&c, in, n, out, accumulate);
+    else
+        impl()->fp_decode(&c, in, n, out, accumulate);
     return PSAGG_OK;
 }
 
@@ -448,7 +535,17 @@ psagg_status psagg_aggregate(const psagg_codec *codec, const void *const *in, si
         return PSAGG_OK;
     if (!out)
         return psagg_fail(PSAGG_EINVAL, "aggregate: NULL output");
-    st = impl()->aggregate(&c, (const uint8_t *const *)in, n_in, n, residual, key, out, &bad);
+    {
+        const uint8_t *const *inb = (const uint8_t *const *)in;
+        int mm = c.id == PSAGG_CODEC_MAXMIN;
+        scratch_stack stk;
+        psagg_scratch ws;
+        if ((st = scratch_get(&stk, mm ? c.bucket : PSAGG_SCRATCH_BLOCK, n_in, &ws)) != PSAGG_OK)
+            return st;
+        st = mm ? impl()->mm_aggregate(&c, inb, n_in, n, residual, key, out, &ws, &bad)
+                : impl()->fp_aggregate(&c, inb, n_in, n, residual, out, &ws, &bad);
+        scratch_release(&stk, &ws);
+    }
     if (st != PSAGG_OK && bad_index)
         *bad_index = bad;
     return st;

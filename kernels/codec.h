@@ -1,8 +1,11 @@
 /*
  * codec.h - psagg's gradient codecs: the interface and, below, every wire format byte by byte.
  *
+ * Layer: kernels (above base, below the runtime). Everything psagg knows about codecs lives in
+ * kernels/: formats, names, sizes, chunking, RNG streams; no other layer computes any of it.
+ *
  * This header is the single specification that the scalar reference (kernels/cpu/scalar.c),
- * the AVX2 and AVX-512 paths (kernels/cpu/avx2.c, avx512.c) and the CUDA kernels
+ * the AVX2 and AVX-512 paths (kernels/cpu/avx2.c, avx512*.c) and the CUDA kernels
  * (kernels/cuda/) implement. All of them produce bit-identical bytes for the same input, codec
  * and RNG key: every floating-point step below is one IEEE-754 binary32 operation with
  * round-to-nearest-even, in the order written (no fused multiply-add, no reassociation).
@@ -58,6 +61,22 @@
  *   u_k = (float)(fmix32(fmix32((uint32)k + k0) ^ k1) >> 8) * 2^-24      (in [0, 1))
  *   Element indices are 32-bit: a buffer holds at most PSAGG_CODEC_MAX_ELEMS elements.
  *
+ * RNG streams of the protocol (psagg_rng_chunk_key): the encode of chunk c of tensor key t in
+ * round r, by worker w (its push) or by server s (the update), uses the key of (seed, stream):
+ *   mix64(a, b): z = a ^ (b + 0x9E3779B97F4A7C15 + (a << 6) + (a >> 2));
+ *                z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9; z = (z ^ (z >> 27)) *
+ * 0x94D049BB133111EB; return z ^ (z >> 31) stream = mix64(mix64(side << 32 | rank, t << 32 | c), r)
+ *   side = PSAGG_RNG_WORKER (0x3030) with the worker's rank, PSAGG_RNG_SERVER (0x5E5E) with the
+ *   server's rank; seed = [worker] seed of the job's config. Every worker and server, CPU or
+ *   GPU, derives its keys here, so a job's bytes depend only on its inputs and config.
+ *
+ * Chunks (psagg_codec_chunk_elems): a tensor is cut into chunks of the job's chunk_elems
+ * elements (a multiple of 64), except maxmin, whose chunks hold whole buckets:
+ * max(B, chunk_elems - chunk_elems % B). So every chunk encodes on its own, and the largest
+ * encoded chunk of any codec is max(4 * chunk_elems, 8 + PSAGG_MAXMIN_MAX_BUCKET) bytes
+ * (psagg_codec_max_chunk_bytes): fp32 at chunk_elems, or one 8-bit maxmin bucket of the
+ * largest size when buckets are larger than chunk_elems.
+ *
  * Error feedback (worker side, and optionally on the server for the requantized sum):
  *   v_k = x_k + r_k;  encode v;  r_k = v_k - decode(encoded)_k
  *   so that sum_t decode(sent_t) = sum_t x_t + r_0 - r_T up to fp32 rounding.
@@ -74,7 +93,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "psagg.h"
+#include "psagg/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 #define PSAGG_CODEC_FORMAT_VERSION  1
 #define PSAGG_MAXMIN_DEFAULT_BUCKET 1024u
@@ -83,10 +106,48 @@
 #define PSAGG_MAXMIN_MAX_ABS        0x1p126f
 #define PSAGG_CODEC_MAX_ELEMS       0xFFFFFFFFull
 
+#ifdef __cplusplus
+static_assert(sizeof(float) == 4, "binary32 floats required");
+#else
 _Static_assert(sizeof(float) == 4, "binary32 floats required");
+#endif
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "psagg's wire formats are little-endian; this host is not"
 #endif
+
+/* ---- codec descriptions ---- */
+
+/* Parse "fp32" | "fp16" | "bf16" | "maxmin<b>" | "maxmin:<b>" [/<bucket>] [/sr | /nearest]. */
+psagg_status psagg_codec_parse(const char *text, psagg_codec *out);
+/* Format a codec as text ("maxmin4/1024/sr"); returns buf. */
+const char *psagg_codec_name(const psagg_codec *codec, char *buf, size_t len);
+
+/* Check a codec description; fills bucket 0 with the default. PSAGG_EINVAL names the field. */
+psagg_status psagg_codec_check(psagg_codec *codec);
+
+/* Exact encoded size in bytes of n elements; 0 for a codec psagg_codec_check refuses. */
+size_t psagg_encoded_size(const psagg_codec *codec, size_t n);
+
+/* Layout of a maxmin buffer of n elements: buckets (one {scale, min} each), payload bytes. */
+static inline size_t psagg_mm_nbuckets(size_t n, uint32_t bucket)
+{
+    return n / bucket + (n % bucket != 0);
+}
+
+static inline size_t psagg_mm_payload_bytes(size_t n, uint32_t bits)
+{
+    return 8 * ((n * bits + 63) / 64);
+}
+
+/* ---- chunking (see "Chunks" above) ---- */
+
+/* Elements per chunk of a tensor with this (checked) codec in a job of chunk_elems. */
+uint64_t psagg_codec_chunk_elems(const psagg_codec *codec, uint64_t chunk_elems);
+
+/* The largest encoded chunk of any codec in a job of chunk_elems (a multiple of 64). */
+size_t psagg_codec_max_chunk_bytes(uint64_t chunk_elems);
+
+/* ---- RNG ---- */
 
 /* The RNG key of one encode: derived once from (seed, stream). */
 typedef struct psagg_rng_key {
@@ -94,6 +155,16 @@ typedef struct psagg_rng_key {
 } psagg_rng_key;
 
 psagg_rng_key psagg_rng_key_make(uint64_t seed, uint64_t stream);
+
+/* Who encodes: the side of a chunk's RNG stream (see "RNG streams of the protocol"). */
+typedef enum psagg_rng_side {
+    PSAGG_RNG_WORKER = 0x3030, /* a worker's push */
+    PSAGG_RNG_SERVER = 0x5E5E, /* a server's update */
+} psagg_rng_side;
+
+/* The key of chunk `chunk` of tensor `key` in `round`, encoded by `side` number `rank`. */
+psagg_rng_key psagg_rng_chunk_key(uint64_t seed, psagg_rng_side side, uint32_t rank, uint32_t key,
+                                  uint32_t chunk, uint32_t round);
 
 /* u_k of the spec above; the reference for every implementation. */
 static inline uint32_t psagg_fmix32(uint32_t h)
@@ -111,12 +182,6 @@ static inline float psagg_rng_uniform(psagg_rng_key key, uint32_t k)
     uint32_t h = psagg_fmix32(psagg_fmix32(k + key.k0) ^ key.k1);
     return (float)(h >> 8) * 0x1p-24f;
 }
-
-/* Check a codec description; fills bucket 0 with the default. PSAGG_EINVAL names the field. */
-psagg_status psagg_codec_check(psagg_codec *codec);
-
-/* Exact encoded size in bytes of n elements (codec must have passed psagg_codec_check). */
-size_t psagg_encoded_size(const psagg_codec *codec, size_t n);
 
 /*
  * Encode n floats x into out (out_len must be psagg_encoded_size). With residual != NULL the
@@ -166,7 +231,14 @@ psagg_isa psagg_codec_isa(void);
 const char *psagg_isa_name(psagg_isa isa);
 /* 1 if this CPU (and build) can run `isa`. */
 int psagg_isa_supported(psagg_isa isa);
-/* Force a path for this process (tests, benchmarks); PSAGG_EUNSUPPORTED if unavailable. */
+/*
+ * Force a path for this process (tests, benchmarks); PSAGG_EUNSUPPORTED if unavailable. The
+ * choice is process-wide on purpose: it depends only on the CPU, and every path writes the
+ * same bytes, so no caller can observe which one runs except by its speed.
+ */
 psagg_status psagg_codec_set_isa(psagg_isa isa);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -15,17 +15,16 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "alloc.h"
-#include "error.h"
-#include "log.h"
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "runtime/message.h"
 #include "server.h"
 
 static psagg_rng_key round_key(const server *srv, const chunk_state *c)
 {
-    uint64_t stream = psagg_mix64(psagg_mix64(0x5E5Eull << 32 | (uint32_t)srv->rank,
-                                              (uint64_t)c->info->key << 32 | c->info->index),
-                                  c->round);
-    return psagg_rng_key_make(srv->cfg.seed, stream);
+    return psagg_rng_chunk_key(srv->cfg.seed, PSAGG_RNG_SERVER, (uint32_t)srv->rank, c->info->key,
+                               c->info->index, c->round);
 }
 
 /* Requantize the completed round and send the update to every worker. */
@@ -56,14 +55,7 @@ static void finish_round(server *srv, chunk_state *c)
                         psagg_last_error());
         return;
     }
-    *h = (psagg_msg_hdr){.magic = PSAGG_MSG_MAGIC,
-                         .type = PSAGG_MSG_UPDATE,
-                         .version = PSAGG_PROTO_VERSION,
-                         .sender = (uint16_t)srv->rank,
-                         .round = c->round,
-                         .key = c->info->key,
-                         .chunk = c->info->index,
-                         .len = (uint32_t)enc};
+    psagg_msg_init(h, PSAGG_MSG_UPDATE, (uint32_t)srv->rank, c->round, c->info);
     atomic_store(&c->sends_pending[p], srv->n_workers);
     for (int w = 0; w < srv->n_workers; w++) {
         st = psagg_fabric_send(srv->fab, srv->workers[w].addr, c->out[p], sizeof *h + enc,
@@ -104,13 +96,14 @@ static int fold(server *srv, chunk_state *c, int w, const void *payload, int val
 /* One push for chunk c, already checked against the layout by the progress thread. */
 static void handle_push(server *srv, chunk_state *c, recv_buf *rb)
 {
-    const psagg_msg_hdr *h = (const psagg_msg_hdr *)rb->buf;
-    const uint8_t *payload = rb->buf + sizeof *h;
+    const psagg_msg_hdr *h = (const psagg_msg_hdr *)rb->rx.buf;
+    const uint8_t *payload = rb->rx.buf + sizeof *h;
     int w = h->sender;
     size_t enc = c->info->enc_bytes;
 
     if (h->round < c->round) {
-        LOG_WARN("stale push from worker %d: tensor %u chunk %u round %u (collecting %u), dropped",
+        LOG_WARN(&srv->log,
+                 "stale push from worker %d: tensor %u chunk %u round %u (collecting %u), dropped",
                  w, h->key, h->chunk, h->round, c->round);
         return;
     }
@@ -120,8 +113,8 @@ static void handle_push(server *srv, chunk_state *c, recv_buf *rb)
         return;
     }
     if (c->arrived[w]) {
-        LOG_WARN("duplicate push from worker %d: tensor %u chunk %u round %u, dropped", w, h->key,
-                 h->chunk, h->round);
+        LOG_WARN(&srv->log, "duplicate push from worker %d: tensor %u chunk %u round %u, dropped",
+                 w, h->key, h->chunk, h->round);
         return;
     }
     if (c->gpu || w != (int)c->next) {
@@ -155,7 +148,6 @@ static void *agg_main(void *arg)
     agg_thread *t = arg;
     server *srv = t->srv;
 
-    psagg_alloc_thread_arena();
     for (;;) {
         agg_item *it;
         pthread_mutex_lock(&t->mu);
@@ -254,22 +246,19 @@ psagg_status agg_setup(server *srv)
 
 /*
  * Start the pool. Each thread first allocates the buffers of the chunks pinned to it from
- * an arena of its own; agg_start returns once all have, with the first failure if any.
+ * an arena of its own and reports to srv->startup; agg_start returns once all have, with the
+ * first failure if any.
  */
-static pthread_mutex_t start_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t start_cv = PTHREAD_COND_INITIALIZER;
-static int start_left;
-static psagg_status start_status;
-static char start_error[256];
-
 static void *agg_thread_start(void *arg)
 {
     agg_thread *t = arg;
     server *srv = t->srv;
+    agg_startup *su = &srv->startup;
     psagg_status st = PSAGG_OK;
     int self = (int)(t - srv->threads);
 
-    psagg_alloc_thread_arena();
+    if (psagg_alloc_thread_arena())
+        LOG_DEBUG(&srv->log, "aggregation thread %d: no arena of its own", self);
     st = gpu_thread_init(srv, t);
     for (uint32_t i = 0; i < srv->n_owned && !st; i++) {
         chunk_state *c = &srv->chunks[i];
@@ -279,48 +268,51 @@ static void *agg_thread_start(void *arg)
                  srv->n_workers <= gpu_max_inputs();
         st = chunk_alloc(srv, c);
     }
-    pthread_mutex_lock(&start_mu);
-    if (st && !start_status) {
-        start_status = st;
-        snprintf(start_error, sizeof start_error, "%s", psagg_last_error());
+    pthread_mutex_lock(&su->mu);
+    if (st && !su->status) {
+        su->status = st;
+        snprintf(su->error, sizeof su->error, "%s", psagg_last_error());
     }
-    start_left--;
-    pthread_cond_broadcast(&start_cv);
-    pthread_mutex_unlock(&start_mu);
+    su->left--;
+    pthread_cond_broadcast(&su->cv);
+    pthread_mutex_unlock(&su->mu);
     return agg_main(arg);
 }
 
 psagg_status agg_start(server *srv)
 {
+    agg_startup *su = &srv->startup;
+    psagg_status st = PSAGG_OK;
+
     srv->threads = calloc((size_t)srv->n_threads, sizeof *srv->threads);
     if (!srv->threads)
         return psagg_fail(PSAGG_ENOMEM, "aggregation threads");
-    start_left = srv->n_threads;
-    start_status = PSAGG_OK;
     for (int i = 0; i < srv->n_threads; i++) {
         agg_thread *t = &srv->threads[i];
         t->srv = srv;
         pthread_mutex_init(&t->mu, NULL);
         pthread_cond_init(&t->cv, NULL);
     }
+    su->left = srv->n_threads;
+    su->status = PSAGG_OK;
     for (int i = 0; i < srv->n_threads; i++) {
         if (pthread_create(&srv->threads[i].tid, NULL, agg_thread_start, &srv->threads[i])) {
-            pthread_mutex_lock(&start_mu);
-            start_left -= srv->n_threads - i;
-            pthread_mutex_unlock(&start_mu);
-            srv->n_threads = i;
-            srv->threads_started = 1;
-            return psagg_fail(PSAGG_EIO, "cannot start aggregation thread %d", i);
+            pthread_mutex_lock(&su->mu);
+            su->left -= srv->n_threads - i;
+            pthread_mutex_unlock(&su->mu);
+            st = psagg_fail(PSAGG_EIO, "cannot start aggregation thread %d", i);
+            srv->n_threads = i; /* agg_stop joins the ones that run */
+            break;
         }
     }
     srv->threads_started = 1;
-    pthread_mutex_lock(&start_mu);
-    while (start_left > 0)
-        pthread_cond_wait(&start_cv, &start_mu);
-    pthread_mutex_unlock(&start_mu);
-    if (start_status)
-        return psagg_fail(start_status, "%s", start_error);
-    return PSAGG_OK;
+    pthread_mutex_lock(&su->mu);
+    while (su->left > 0)
+        pthread_cond_wait(&su->cv, &su->mu);
+    pthread_mutex_unlock(&su->mu);
+    if (!st && su->status)
+        st = psagg_fail(su->status, "%s", su->error);
+    return st;
 }
 
 void agg_stop(server *srv)

@@ -8,12 +8,12 @@
  * worker order and requantized exactly as the CPU does, so the update bytes are the same.
  * Without CUDA in the build, gpu = on is a start-up error and auto means off.
  */
-#include "error.h"
-#include "log.h"
+#include "base/error.h"
+#include "base/log.h"
 #include "server.h"
 
 #ifdef PSAGG_WITH_CUDA
-#include "codec_cuda.h"
+#include "kernels/cuda/codec_cuda.h"
 
 psagg_status gpu_thread_init(server *srv, agg_thread *t)
 {
@@ -31,7 +31,7 @@ psagg_status gpu_thread_init(server *srv, agg_thread *t)
     if (st) {
         if (srv->cfg.gpu == PSAGG_GPU_ON)
             return psagg_fail_context(st, "[server] gpu = on: ");
-        LOG_WARN("GPU assist off: %s", psagg_last_error());
+        LOG_WARN(&srv->log, "GPU assist off: %s", psagg_last_error());
         return PSAGG_OK;
     }
     t->cuda = ctx;

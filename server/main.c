@@ -1,35 +1,65 @@
-/* main.c - psagg-server's command line. */
+/*
+ * main.c - psagg-server's command line: serve one job, or (--fabric-env) print the libfabric
+ * environment that every process of the job should start with (runtime/transport.h). The
+ * server does not set that environment itself: rxm refuses connections between processes
+ * whose limits differ, so a server that raised its own would shut out workers started
+ * without the launcher. The launchers give the same lines to every process.
+ */
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "error.h"
-#include "log.h"
+#include "base/error.h"
+#include "runtime/config.h"
+#include "runtime/layout.h"
+#include "runtime/transport.h"
+#include "server.h"
 
-int server_run(const psagg_config *cfg, int rank);
+static volatile sig_atomic_t stop_requested;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+
+/* The NAME=VALUE lines of psagg_fabric_env_hint for this job's largest message. */
+static void print_fabric_env(const psagg_config *cfg)
+{
+    psagg_fabric_env env[4];
+    int n = psagg_fabric_env_hint(cfg->provider, psagg_max_message(cfg), env, 4);
+    for (int i = 0; i < n; i++)
+        printf("%s=%s\n", env[i].name, env[i].value);
+}
 
 static void usage(FILE *to)
 {
     fprintf(to, "usage: psagg-server --config FILE.ini [--rank I]\n"
+                "       psagg-server --config FILE.ini --fabric-env\n"
                 "  Serves one job: aggregates the chunks that server I of [cluster] servers owns\n"
                 "  and exits when every worker has finished (non-zero if the job failed).\n"
                 "  --rank defaults to $PSAGG_SERVER_RANK. Keys can be overridden with\n"
-                "  PSAGG_<SECTION>_<KEY> environment variables (see conf/cluster.ini).\n");
+                "  PSAGG_<SECTION>_<KEY> environment variables (see conf/cluster.ini).\n"
+                "  --fabric-env prints the NAME=VALUE lines of libfabric environment that every\n"
+                "  process of the job (servers and workers alike) should start with for full\n"
+                "  speed; deploy/psagg-local passes them on.\n");
 }
 
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
                                          {"rank", required_argument, NULL, 'r'},
+                                         {"fabric-env", no_argument, NULL, 'e'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     const char *config = getenv("PSAGG_CONFIG"), *rank_text = getenv("PSAGG_SERVER_RANK");
     psagg_config *cfg;
-    char role[32], *end;
+    char *end;
     long rank;
-    int c, rc;
+    int c, rc, print_env = 0;
+    struct sigaction sa = {.sa_handler = on_signal};
 
     while ((c = getopt_long(argc, argv, "c:r:h", opts, NULL)) != -1) {
         switch (c) {
@@ -39,6 +69,9 @@ int main(int argc, char **argv)
         case 'r':
             rank_text = optarg;
             break;
+        case 'e':
+            print_env = 1;
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -47,9 +80,20 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (!config || !rank_text) {
+    if (!config || (!rank_text && !print_env)) {
         usage(stderr);
         return 2;
+    }
+    if (print_env) {
+        psagg_config *pc = malloc(sizeof *pc);
+        if (!pc || psagg_config_load(config, pc)) {
+            fprintf(stderr, "psagg-server: %s\n", pc ? psagg_last_error() : "out of memory");
+            free(pc);
+            return 2;
+        }
+        print_fabric_env(pc);
+        free(pc);
+        return 0;
     }
     rank = strtol(rank_text, &end, 10);
     if (end == rank_text || *end || rank < 0) {
@@ -70,9 +114,10 @@ int main(int argc, char **argv)
         free(cfg);
         return 2;
     }
-    snprintf(role, sizeof role, "server %ld", rank);
-    psagg_log_init(role, cfg->log_level);
-    rc = server_run(cfg, (int)rank);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    rc = server_run(cfg, (int)rank, &stop_requested);
     free(cfg);
     return rc;
 }

@@ -1,25 +1,34 @@
 /*
  * server.h - psagg-server's state. One process serves one job: it accepts the job's workers
  * on its control port, agrees on the tensor declarations, aggregates the chunks it owns
- * (layout.h) round after round, and exits when every worker has said BYE.
+ * (runtime/layout.h) round after round, and exits when every worker has said BYE.
  *
- * Threads: the main thread runs the control channel (server.c: serve_control), one progress
- * thread drives libfabric and routes each arriving push to the aggregation thread its chunk
- * is pinned to (server.c: progress_main), and the aggregation threads (aggregate.c) decode,
- * sum, requantize and send the update.
+ * Layer: server (the top, beside worker/). Files, from the top down:
+ *   main.c       the command line; sets libfabric's environment before anything starts
+ *   server.c     server_run: open the endpoint and the port, run the control loop, tear down
+ *   control.c    the control state machine (main thread): HELLO, DECLARE, start, BYE, aborts
+ *   progress.c   the data path's progress thread: receive pushes, check them against the
+ *                layout, route each to its chunk's aggregation thread; send completions
+ *   aggregate.c  per-chunk rounds and the aggregation thread pool
+ *   gpu.c        the optional GPU assist of the aggregation threads
+ *   state.c      what all of them share: failure reports, closing a peer, reposting a buffer
+ * No file calls one above it in this list, except through the queue of aggregate.c.
  */
 #ifndef PSAGG_SERVER_H
 #define PSAGG_SERVER_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "codec.h"
-#include "config.h"
-#include "layout.h"
-#include "transport.h"
-#include "wire.h"
+#include "base/log.h"
+#include "kernels/codec.h"
+#include "runtime/config.h"
+#include "runtime/layout.h"
+#include "runtime/rxpool.h"
+#include "runtime/transport.h"
+#include "runtime/wire.h"
 
 enum worker_state { W_NONE = 0, W_HELLO, W_DECLARED, W_BYE, W_DEAD };
 
@@ -46,12 +55,9 @@ typedef struct agg_item {
     struct chunk_state *chunk;
 } agg_item;
 
-/* A posted receive buffer: header + largest chunk payload. */
+/* A posted receive buffer (an element of srv->rxpool): header + largest chunk payload. */
 typedef struct recv_buf {
-    uint8_t *buf;
-    void *desc;
-    size_t size;
-    size_t len; /* bytes received */
+    psagg_rxbuf rx; /* first: the completion's context */
     agg_item item;
 } recv_buf;
 
@@ -92,9 +98,20 @@ typedef struct agg_thread {
     void *cuda; /* psagg_cuda_ctx of the GPU assist, or NULL (gpu.c) */
 } agg_thread;
 
+/* The pool's start-up: each thread reports once its chunks' buffers are allocated. */
+typedef struct agg_startup {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int left;            /* threads still allocating */
+    psagg_status status; /* the first failure */
+    char error[256];
+} agg_startup;
+
 typedef struct server {
     psagg_config cfg;
     int rank;
+    psagg_logger log;
+    const volatile sig_atomic_t *stop; /* set by main's signal handler */
     int listen_fd;
     psagg_fabric *fab;
     size_t max_msg;
@@ -108,15 +125,25 @@ typedef struct server {
     psagg_layout layout;
     uint32_t n_owned;
     chunk_state *chunks; /* by slot */
-    recv_buf *rbufs;
-    int n_rbufs;
+    psagg_rxpool rxpool; /* of recv_buf */
 
     agg_thread *threads;
     int n_threads;
+    int threads_started;
+    agg_startup startup;
     pthread_t progress_tid;
     atomic_int running;
-    int threads_started;
 } server;
+
+/* server.c: the whole life of a server; returns the process exit code. */
+int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *stop);
+
+/* control.c: the control loop (main thread); returns the process exit code. */
+int control_serve(server *srv);
+
+/* progress.c */
+psagg_status progress_start(server *srv);
+void progress_stop(server *srv);
 
 /* aggregate.c */
 psagg_status agg_setup(server *srv);
@@ -132,7 +159,7 @@ psagg_status gpu_aggregate(server *srv, chunk_state *c, psagg_rng_key key, uint8
                            size_t *bad);
 int gpu_max_inputs(void);
 
-/* server.c: data-path threads report a misbehaving worker or a failed job through these */
+/* state.c: data-path threads report a misbehaving worker or a failed job through these */
 void server_close_worker(server *srv, int w, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void server_fail_job(server *srv, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -1,5 +1,6 @@
 /*
  * api.c - libpsagg's public functions (psagg.h): start-up, declaration, push_pull, handles.
+ * psagg_push_pull_cuda lives with the rest of the device side, in cuda.c.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -8,10 +9,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "alloc.h"
-#include "control.h"
-#include "error.h"
-#include "log.h"
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "runtime/control.h"
 #include "worker.h"
 
 static int env_int(const char *name, int fallback)
@@ -31,6 +33,7 @@ static psagg_status hello_server(psagg_ctx *ctx, int s, int64_t deadline)
     psagg_ctl_hello hello = {.rank = (uint32_t)ctx->rank, .world_size = (uint32_t)ctx->world};
     psagg_ctl_hdr h;
     void *body = NULL;
+    const char *refusal;
     char peer[96];
     size_t len = sizeof hello.epname;
     psagg_status st;
@@ -47,11 +50,8 @@ static psagg_status hello_server(psagg_ctx *ctx, int s, int64_t deadline)
         return psagg_fail_context(st, "%s: ", peer);
     if ((st = psagg_ctl_recv(ctx->servers[s].fd, &h, &body, deadline, peer)))
         return st;
-    if (h.type == PSAGG_CTL_ERROR && h.len == sizeof(psagg_ctl_error)) {
-        psagg_ctl_error *e = body;
-        e->msg[sizeof e->msg - 1] = '\0';
-        st = psagg_fail(e->status < 0 ? e->status : PSAGG_EPEER, "%s refused worker %d: %s", peer,
-                        ctx->rank, e->msg);
+    if ((st = psagg_ctl_error_parse(&h, body, &refusal))) {
+        psagg_fail(st, "%s refused worker %d: %s", peer, ctx->rank, refusal);
     } else if (h.type != PSAGG_CTL_WELCOME || h.len != sizeof(psagg_ctl_welcome)) {
         st = psagg_fail(PSAGG_EPROTO, "%s answered HELLO with frame type %u", peer, h.type);
     } else {
@@ -120,7 +120,7 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
     ctx->rank = rank;
     ctx->world = world_size;
     snprintf(role, sizeof role, "worker %d", rank);
-    psagg_log_init(role, ctx->cfg.log_level);
+    psagg_logger_init(&ctx->log, role, ctx->cfg.log_level);
     ctx->servers = calloc((size_t)ctx->cfg.n_servers, sizeof *ctx->servers);
     if (!ctx->servers) {
         st = psagg_fail(PSAGG_ENOMEM, "psagg_init");
@@ -144,6 +144,7 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
     fo.provider = ctx->cfg.provider;
     fo.node = strcmp(ctx->cfg.provider, "shm") ? local : NULL;
     fo.max_msg = ctx->max_msg;
+    fo.log = &ctx->log;
     if ((st = psagg_fabric_open(&fo, &ctx->fab)))
         goto err_connect;
     for (int s = 0; s < ctx->cfg.n_servers; s++)
@@ -171,7 +172,6 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
 {
     const psagg_layout *l = &ctx->layout;
     size_t rsize = sizeof(psagg_msg_hdr) + l->max_enc_bytes;
-    uint64_t budget = 256ull << 20;
     psagg_status st;
 
     if (rsize > ctx->max_msg)
@@ -199,25 +199,11 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
         if ((st = psagg_fabric_reg(ctx->fab, ctx->chunks[c].buf, sz, &ctx->chunks[c].desc)))
             return st;
     }
-    ctx->n_rslots = ctx->cfg.n_servers * ctx->cfg.max_inflight + 8;
-    if ((uint64_t)ctx->n_rslots * rsize > budget)
-        ctx->n_rslots = (int)(budget / rsize);
-    if (ctx->n_rslots < 8)
-        ctx->n_rslots = 8;
-    ctx->rslots = calloc((size_t)ctx->n_rslots, sizeof *ctx->rslots);
-    if (!ctx->rslots)
-        return psagg_fail(PSAGG_ENOMEM, "receive buffers");
-    for (int i = 0; i < ctx->n_rslots; i++) {
-        recv_slot *rs = &ctx->rslots[i];
-        rs->size = rsize;
-        rs->buf = psagg_alloc(rsize, 0);
-        if (!rs->buf)
-            return psagg_fail(PSAGG_ENOMEM, "receive buffers");
-        if ((st = psagg_fabric_reg(ctx->fab, rs->buf, rsize, &rs->desc)) ||
-            (st = psagg_fabric_post_recv(ctx->fab, rs->buf, rsize, rs->desc, rs)))
-            return st;
-    }
-    return PSAGG_OK;
+    /* a window of updates per server, and a few more */
+    return psagg_rxpool_create(
+        &ctx->rx, ctx->fab,
+        psagg_rxpool_count(ctx->cfg.n_servers * ctx->cfg.max_inflight + 8, rsize, 256ull << 20),
+        rsize, sizeof(psagg_rxbuf));
 }
 
 /*
@@ -252,20 +238,18 @@ static psagg_status declare_all(psagg_ctx *ctx, const psagg_ctl_declare *d, size
     for (int s = 0; s < ctx->cfg.n_servers; s++) {
         psagg_ctl_hdr h;
         void *body = NULL;
+        const char *text;
         char peer[96];
-        psagg_status st;
+        psagg_status st, refused;
         snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
                  ctx->cfg.servers[s].port);
         /* a server we could not send to may still have sent its verdict: read it briefly */
         st = psagg_ctl_recv(ctx->servers[s].fd, &h, &body,
                             sent[s] ? deadline : psagg_now_ms() + 500, peer);
-        if (!st && (h.type == PSAGG_CTL_ERROR || h.type == PSAGG_CTL_ABORT) &&
-            h.len == sizeof(psagg_ctl_error)) {
-            psagg_ctl_error *e = body;
-            e->msg[sizeof e->msg - 1] = '\0';
+        if (!st && (refused = psagg_ctl_error_parse(&h, body, &text))) {
             if (!verdict) {
-                verdict = e->status < 0 ? e->status : PSAGG_EPEER;
-                snprintf(verdict_msg, sizeof verdict_msg, "%s: %s", peer, e->msg);
+                verdict = refused;
+                snprintf(verdict_msg, sizeof verdict_msg, "%s: %s", peer, text);
             }
         } else if (!st && h.type != PSAGG_CTL_READY) {
             st = psagg_fail(PSAGG_EPROTO, "%s answered DECLARE with frame type %u", peer, h.type);
@@ -336,8 +320,8 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, siz
     if ((st = comm_start(ctx)))
         goto out;
     ctx->declared = 1;
-    LOG_INFO("declared %zu tensors in %u chunks over %d servers", n, ctx->layout.n_chunks,
-             ctx->cfg.n_servers);
+    LOG_INFO(&ctx->log, "declared %zu tensors in %u chunks over %d servers", n,
+             ctx->layout.n_chunks, ctx->cfg.n_servers);
 out:
     free(d);
     if (st) {
@@ -350,85 +334,6 @@ out:
     return st;
 }
 
-/*
- * Check a push_pull's arguments and claim the tensor's in-flight slot. The handle is not
- * queued yet: api_submit queues it, api_abandon gives the slot back.
- */
-struct psagg_handle *api_new_handle(psagg_ctx *ctx, uint32_t key, const float *in, float *out,
-                                    psagg_reduce op, int priority, psagg_status *st)
-{
-    struct psagg_handle *h;
-    const psagg_tensor_info *ti;
-
-    psagg_clear_error();
-    *st = PSAGG_OK;
-    if (!ctx || !in || !out || (op != PSAGG_SUM && op != PSAGG_AVERAGE)) {
-        *st = psagg_fail(PSAGG_EINVAL, "push_pull: NULL argument or unknown reduce op");
-        return NULL;
-    }
-    if (!ctx->declared) {
-        *st = psagg_fail(PSAGG_EINVAL, "push_pull: call psagg_declare first");
-        return NULL;
-    }
-    if (key >= ctx->layout.n_tensors) {
-        *st = psagg_fail(PSAGG_EINVAL, "push_pull: key %u, only %u tensors declared", key,
-                         ctx->layout.n_tensors);
-        return NULL;
-    }
-    ti = &ctx->layout.tensors[key];
-    h = calloc(1, sizeof *h + ti->n_chunks);
-    if (!h) {
-        *st = psagg_fail(PSAGG_ENOMEM, "push_pull");
-        return NULL;
-    }
-    *h = (struct psagg_handle){.ctx = ctx,
-                               .key = key,
-                               .in = in,
-                               .out = out,
-                               .op = op,
-                               .priority = priority,
-                               .chunk_done = (uint8_t *)(h + 1)};
-    h->deadline_ms = psagg_now_ms() + ctx->cfg.op_timeout_ms;
-    pthread_mutex_lock(&ctx->mu);
-    if (ctx->failed) {
-        *st = psagg_fail(ctx->failed_status, "%s", ctx->failed_msg);
-    } else if (ctx->tensors[key].op) {
-        *st =
-            psagg_fail(PSAGG_EINVAL, "push_pull: tensor '%s' already has one in flight", ti->name);
-    } else {
-        h->round = ctx->tensors[key].round;
-        h->seq = ctx->next_seq++;
-        ctx->tensors[key].op = h;
-    }
-    pthread_mutex_unlock(&ctx->mu);
-    if (*st) {
-        free(h);
-        return NULL;
-    }
-    return h;
-}
-
-void api_submit(psagg_ctx *ctx, struct psagg_handle *h)
-{
-    pthread_mutex_lock(&ctx->mu);
-    if (ctx->failed) {
-        comm_complete_locked(ctx, h, ctx->failed_status, ctx->failed_msg);
-    } else {
-        h->next = ctx->queue;
-        ctx->queue = h;
-    }
-    pthread_mutex_unlock(&ctx->mu);
-}
-
-void api_abandon(psagg_ctx *ctx, struct psagg_handle *h)
-{
-    pthread_mutex_lock(&ctx->mu);
-    if (ctx->tensors[h->key].op == h)
-        ctx->tensors[h->key].op = NULL;
-    pthread_mutex_unlock(&ctx->mu);
-    free(h);
-}
-
 psagg_status psagg_push_pull(psagg_ctx *ctx, uint32_t key, const float *in, float *out,
                              psagg_reduce op, int priority, psagg_handle **handle)
 {
@@ -437,10 +342,10 @@ psagg_status psagg_push_pull(psagg_ctx *ctx, uint32_t key, const float *in, floa
     if (!handle)
         return psagg_fail(PSAGG_EINVAL, "psagg_push_pull: handle is NULL");
     *handle = NULL;
-    h = api_new_handle(ctx, key, in, out, op, priority, &st);
+    h = handle_new(ctx, key, in, out, op, priority, &psagg_host_ops, &st);
     if (!h)
         return st;
-    api_submit(ctx, h);
+    handle_submit(ctx, h);
     *handle = h;
     return PSAGG_OK;
 }
@@ -500,11 +405,10 @@ void psagg_release(psagg_handle *h)
 
 void psagg_get_stats(const psagg_ctx *ctx, psagg_stats *out)
 {
-    psagg_ctx *c = (psagg_ctx *)ctx;
-    out->bytes_sent = atomic_load(&c->bytes_sent);
-    out->bytes_received = atomic_load(&c->bytes_received);
-    out->bytes_raw = atomic_load(&c->bytes_raw);
-    out->push_pulls = atomic_load(&c->push_pulls);
+    out->bytes_sent = atomic_load(&ctx->bytes_sent);
+    out->bytes_received = atomic_load(&ctx->bytes_received);
+    out->bytes_raw = atomic_load(&ctx->bytes_raw);
+    out->push_pulls = atomic_load(&ctx->push_pulls);
 }
 
 int psagg_rank(const psagg_ctx *ctx)
@@ -527,23 +431,23 @@ psagg_status psagg_close(psagg_ctx *ctx)
     failed = ctx->failed;
     pthread_mutex_unlock(&ctx->mu);
     /* pending operations fail; the comm thread is gone, so nothing references them */
-    comm_fail_all(ctx, PSAGG_ECLOSED, "psagg_close: the context was closed");
+    worker_fail_all(ctx, PSAGG_ECLOSED, "psagg_close: the context was closed");
     for (int s = 0; s < ctx->cfg.n_servers; s++) {
         if (ctx->servers[s].fd < 0)
             continue;
-        if (!failed)
-            psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_BYE, NULL, 0);
+        /* a server that is already gone needs no BYE; it has failed the job by itself */
+        if (!failed && psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_BYE, NULL, 0))
+            LOG_WARN(&ctx->log, "server %d: BYE: %s", s, psagg_last_error());
         close(ctx->servers[s].fd);
     }
     psagg_fabric_close(ctx->fab);
-    gpu_destroy(ctx);
+    if (ctx->device_destroy)
+        ctx->device_destroy(ctx);
     for (uint32_t t = 0; ctx->tensors && t < ctx->layout.n_tensors; t++)
         psagg_free(ctx->tensors[t].residual);
     for (uint32_t c = 0; ctx->chunks && c < ctx->layout.n_chunks; c++)
         psagg_free(ctx->chunks[c].buf);
-    for (int i = 0; ctx->rslots && i < ctx->n_rslots; i++)
-        psagg_free(ctx->rslots[i].buf);
-    free(ctx->rslots);
+    psagg_rxpool_destroy(&ctx->rx);
     free(ctx->chunks);
     free(ctx->tensors);
     psagg_layout_free(&ctx->layout);

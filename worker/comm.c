@@ -1,77 +1,35 @@
 /*
  * comm.c - libpsagg's communication thread: scheduling, pushes, updates, failure detection.
+ *
+ * It takes submitted operations into its active list (by priority, then age), has each one's
+ * chunks encoded by the operation's buffer operations (worker.h: psagg_bufops) once their
+ * push buffers are free, pushes them within each server's in-flight window, checks every
+ * update (runtime/message.h, then: from the chunk's owner, for the round in flight, once) and
+ * hands it to the operation's buffer operations, and completes the operation when they say
+ * its output is written. Every 20 ms it reads the control connections (an ABORT or a closed
+ * connection fails everything) and checks the operations' deadlines.
  */
-#include <errno.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "control.h"
-#include "error.h"
-#include "log.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "runtime/control.h"
+#include "runtime/message.h"
 #include "worker.h"
-
-#define MAX_ACTIVE 4096
 
 typedef struct comm_state {
     psagg_ctx *ctx;
-    struct psagg_handle **active; /* taken from the queue, not complete; by priority */
-    int n_active;
+    /* taken from the queue, not complete; by priority. At most one operation per tensor is
+     * in flight (handle_new), so the declaration bounds it: cap = the number of tensors. */
+    struct psagg_handle **active;
+    uint32_t n_active, cap;
     int64_t next_ctl_check;
 } comm_state;
-
-void comm_complete_locked(psagg_ctx *ctx, struct psagg_handle *h, int status, const char *msg)
-{
-    if (h->done)
-        return;
-    h->status = status;
-    snprintf(h->msg, sizeof h->msg, "%s", msg ? msg : "");
-    h->done = 1;
-    pthread_cond_broadcast(&ctx->cv);
-}
-
-/* Fail everything queued or active; later calls see ctx->failed. */
-void comm_fail_all(psagg_ctx *ctx, int status, const char *fmt, ...)
-{
-    va_list ap;
-    pthread_mutex_lock(&ctx->mu);
-    if (!ctx->failed) {
-        ctx->failed = 1;
-        ctx->failed_status = status;
-        va_start(ap, fmt);
-        vsnprintf(ctx->failed_msg, sizeof ctx->failed_msg, fmt, ap);
-        va_end(ap);
-        if (status != PSAGG_ECLOSED)
-            LOG_ERROR("%s", ctx->failed_msg);
-    }
-    /*
-     * Complete every pending handle and forget it: once complete, its owner may release it
-     * at any time, so nothing here may point at it afterwards (the comm thread drops its
-     * active list as soon as it sees ctx->failed).
-     */
-    for (uint32_t t = 0; ctx->tensors && t < ctx->layout.n_tensors; t++)
-        if (ctx->tensors[t].op) {
-            comm_complete_locked(ctx, ctx->tensors[t].op, ctx->failed_status, ctx->failed_msg);
-            ctx->tensors[t].op = NULL;
-        }
-    for (struct psagg_handle *h = ctx->queue; h; h = h->next)
-        comm_complete_locked(ctx, h, ctx->failed_status, ctx->failed_msg);
-    ctx->queue = NULL;
-    pthread_cond_broadcast(&ctx->cv);
-    pthread_mutex_unlock(&ctx->mu);
-}
-
-static int ctx_failed(psagg_ctx *ctx)
-{
-    int failed;
-    pthread_mutex_lock(&ctx->mu);
-    failed = ctx->failed;
-    pthread_mutex_unlock(&ctx->mu);
-    return failed;
-}
 
 /* Move newly submitted operations into the active list, ordered by priority then age. */
 static void take_queue(comm_state *cs)
@@ -84,9 +42,14 @@ static void take_queue(comm_state *cs)
     pthread_mutex_unlock(&ctx->mu);
     while (q) {
         struct psagg_handle *h = q;
-        int i;
+        uint32_t i;
         q = q->next;
         h->next = NULL;
+        if (cs->n_active == cs->cap) { /* cannot happen: one operation per tensor */
+            worker_fail_all(ctx, PSAGG_EINVAL, "more operations in flight than tensors (%u)",
+                            cs->cap);
+            return;
+        }
         i = cs->n_active++;
         while (i > 0 &&
                (cs->active[i - 1]->priority < h->priority ||
@@ -100,7 +63,7 @@ static void take_queue(comm_state *cs)
 
 static void remove_active(comm_state *cs, struct psagg_handle *h)
 {
-    for (int i = 0; i < cs->n_active; i++)
+    for (uint32_t i = 0; i < cs->n_active; i++)
         if (cs->active[i] == h) {
             memmove(&cs->active[i], &cs->active[i + 1],
                     (size_t)(cs->n_active - i - 1) * sizeof *cs->active);
@@ -109,7 +72,7 @@ static void remove_active(comm_state *cs, struct psagg_handle *h)
         }
 }
 
-static void finish_op(comm_state *cs, struct psagg_handle *h, int status, const char *msg)
+static void finish_op(comm_state *cs, struct psagg_handle *h, psagg_status status, const char *msg)
 {
     psagg_ctx *ctx = cs->ctx;
     remove_active(cs, h);
@@ -119,69 +82,37 @@ static void finish_op(comm_state *cs, struct psagg_handle *h, int status, const 
         if (!status)
             ctx->tensors[h->key].round++;
     }
-    comm_complete_locked(ctx, h, status, msg);
+    handle_complete_locked(ctx, h, status, msg);
     pthread_mutex_unlock(&ctx->mu);
     if (!status)
         atomic_fetch_add(&ctx->push_pulls, 1);
 }
 
-psagg_rng_key comm_push_key(const psagg_ctx *ctx, const psagg_chunk_info *ci, uint32_t round)
-{
-    uint64_t stream = psagg_mix64(
-        psagg_mix64(0x3030ull << 32 | (uint32_t)ctx->rank, (uint64_t)ci->key << 32 | ci->index),
-        round);
-    return psagg_rng_key_make(ctx->cfg.seed, stream);
-}
-
 /*
- * Encode every chunk of h (so a bad gradient fails the call before anything is sent).
- * Returns 1 when encoded, 0 when a chunk buffer is still being sent (try later), -1 failed.
+ * Have every chunk of h encoded (so a bad gradient fails the call before anything is sent),
+ * then write the headers. Returns 1 when encoded, 0 when not yet (a chunk buffer is still
+ * being sent, or the encode is still running), -1 when h failed (and left the active list).
  */
 static int encode_op(comm_state *cs, struct psagg_handle *h)
 {
     psagg_ctx *ctx = cs->ctx;
     const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
-    tensor_state *ts = &ctx->tensors[h->key];
     char msg[256];
+    int r;
 
     for (uint32_t c = 0; c < ti->n_chunks; c++)
         if (ctx->chunks[ti->first_chunk + c].send_pending)
             return 0;
-    if (h->gpu) {
-        int r = gpu_payloads_ready(ctx, h, msg, sizeof msg);
-        if (r < 0)
-            finish_op(cs, h, r, msg);
-        if (r <= 0)
-            return r < 0 ? -1 : 0;
+    r = h->ops->encode(ctx, h, msg, sizeof msg);
+    if (r < 0) {
+        finish_op(cs, h, (psagg_status)r, msg);
+        return -1;
     }
-    for (uint32_t c = 0; c < ti->n_chunks; c++) {
-        const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
-        chunk_buf *cb = &ctx->chunks[ti->first_chunk + c];
-        psagg_msg_hdr *mh = (psagg_msg_hdr *)cb->buf;
-        size_t bad = 0;
-        psagg_status st = PSAGG_OK;
-        if (!h->gpu)
-            st = psagg_encode(&ti->codec, h->in + ci->offset,
-                              ts->residual ? ts->residual + ci->offset : NULL, ci->count,
-                              comm_push_key(ctx, ci, h->round), cb->buf + sizeof *mh, ci->enc_bytes,
-                              &bad);
-        if (st) {
-            snprintf(msg, sizeof msg, "tensor '%.63s': element %llu: %.150s", ti->name,
-                     (unsigned long long)(ci->offset + bad), psagg_last_error());
-            if (ts->residual) /* part of it was updated: start error feedback afresh */
-                memset(ts->residual, 0, ti->count * sizeof(float));
-            finish_op(cs, h, st, msg);
-            return -1;
-        }
-        *mh = (psagg_msg_hdr){.magic = PSAGG_MSG_MAGIC,
-                              .type = PSAGG_MSG_PUSH,
-                              .version = PSAGG_PROTO_VERSION,
-                              .sender = (uint16_t)ctx->rank,
-                              .round = h->round,
-                              .key = ci->key,
-                              .chunk = ci->index,
-                              .len = (uint32_t)ci->enc_bytes};
-    }
+    if (r == 0)
+        return 0;
+    for (uint32_t c = 0; c < ti->n_chunks; c++)
+        psagg_msg_init((psagg_msg_hdr *)ctx->chunks[ti->first_chunk + c].buf, PSAGG_MSG_PUSH,
+                       (uint32_t)ctx->rank, h->round, &ctx->layout.chunks[ti->first_chunk + c]);
     h->encoded = 1;
     return 1;
 }
@@ -192,7 +123,7 @@ static int schedule(comm_state *cs)
     psagg_ctx *ctx = cs->ctx;
     int waiting = 0;
 
-    for (int i = 0; i < cs->n_active; i++) {
+    for (uint32_t i = 0; i < cs->n_active; i++) {
         struct psagg_handle *h = cs->active[i];
         const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
         if (!h->encoded) {
@@ -221,8 +152,8 @@ static int schedule(comm_state *cs)
                                    &ctx->chunks[g]);
             if (st) {
                 ctx->chunks[g].send_pending = 0;
-                comm_fail_all(ctx, PSAGG_EPEER, "pushing tensor '%s' chunk %u to server %u: %s",
-                              ti->name, ci->index, ci->owner, psagg_last_error());
+                worker_fail_all(ctx, PSAGG_EPEER, "pushing tensor '%s' chunk %u to server %u: %s",
+                                ti->name, ci->index, ci->owner, psagg_last_error());
                 return 0;
             }
             sc->inflight++;
@@ -234,99 +165,71 @@ static int schedule(comm_state *cs)
     return waiting;
 }
 
-/* One update arrived: check it, decode it into the caller's buffer. */
-static void on_update(comm_state *cs, recv_slot *rs, size_t len)
+/* h's buffer operations are writing its output: complete it once they are done. */
+static void try_complete(comm_state *cs, struct psagg_handle *h)
+{
+    char msg[256];
+    int r = h->ops->complete(cs->ctx, h, msg, sizeof msg);
+    if (r != 0)
+        finish_op(cs, h, r < 0 ? (psagg_status)r : PSAGG_OK, r < 0 ? msg : NULL);
+}
+
+/* One update arrived: check it and hand it to its operation's buffer operations. */
+static void on_update(comm_state *cs, const psagg_rxbuf *rb)
 {
     psagg_ctx *ctx = cs->ctx;
-    const psagg_msg_hdr *mh = (const psagg_msg_hdr *)rs->buf;
-    const psagg_layout *l = &ctx->layout;
+    const psagg_msg_hdr *mh = (const psagg_msg_hdr *)rb->buf;
     const psagg_chunk_info *ci;
     const psagg_tensor_info *ti;
     struct psagg_handle *h;
-    const char *bad = NULL;
-    psagg_status st;
+    const char *bad = psagg_msg_check(rb->buf, rb->len, PSAGG_MSG_UPDATE, &ctx->layout, &ci);
+    char msg[256];
+    int r;
 
-    if (len < sizeof *mh || mh->magic != PSAGG_MSG_MAGIC)
-        bad = "magic";
-    else if (mh->version != PSAGG_PROTO_VERSION)
-        bad = "version";
-    else if (mh->type != PSAGG_MSG_UPDATE)
-        bad = "type";
-    else if (mh->key >= l->n_tensors)
-        bad = "key";
-    else if (mh->chunk >= l->tensors[mh->key].n_chunks)
-        bad = "chunk";
     if (bad) {
-        comm_fail_all(ctx, PSAGG_EPROTO, "an update's field %s is invalid (%zu bytes)", bad, len);
+        worker_fail_all(ctx, PSAGG_EPROTO, "an update's field %s is invalid (%zu bytes)", bad,
+                        rb->len);
         return;
     }
-    ti = &l->tensors[mh->key];
-    ci = &l->chunks[ti->first_chunk + mh->chunk];
+    ti = &ctx->layout.tensors[mh->key];
+    if (mh->sender != ci->owner) {
+        worker_fail_all(ctx, PSAGG_EPROTO,
+                        "update of tensor '%s' chunk %u from server %u: field sender is wrong "
+                        "(owner is server %u)",
+                        ti->name, mh->chunk, mh->sender, ci->owner);
+        return;
+    }
     h = ctx->tensors[mh->key].op;
-    if (mh->sender != ci->owner || mh->len != ci->enc_bytes || len != sizeof *mh + mh->len) {
-        comm_fail_all(ctx, PSAGG_EPROTO,
-                      "update of tensor '%s' chunk %u from server %u: field %s is wrong", ti->name,
-                      mh->chunk, mh->sender, mh->sender != ci->owner ? "sender" : "len");
-        return;
-    }
     if (!h || mh->round != h->round || h->chunk_done[mh->chunk]) {
-        comm_fail_all(ctx, PSAGG_EPROTO,
-                      "server %u sent an unexpected update of tensor '%s' chunk %u round %u",
-                      mh->sender, ti->name, mh->chunk, mh->round);
+        worker_fail_all(ctx, PSAGG_EPROTO,
+                        "server %u sent an unexpected update of tensor '%s' chunk %u round %u",
+                        mh->sender, ti->name, mh->chunk, mh->round);
         return;
     }
-    if (h->gpu) {
-        gpu_stage_update(ctx, h, ci, rs->buf + sizeof *mh);
-        st = PSAGG_OK;
-    } else {
-        st =
-            psagg_decode(&ti->codec, rs->buf + sizeof *mh, mh->len, ci->count, h->out + ci->offset);
-    }
-    if (st) {
-        comm_fail_all(ctx, PSAGG_EPROTO, "update of tensor '%s' chunk %u from server %u: %s",
-                      ti->name, mh->chunk, mh->sender, psagg_last_error());
+    r = h->ops->update(ctx, h, ci, rb->buf + sizeof *mh, msg, sizeof msg);
+    if (r < 0) {
+        worker_fail_all(ctx, PSAGG_EPROTO, "%s", msg);
         return;
     }
-    if (h->op == PSAGG_AVERAGE && !h->gpu) {
-        const float scale = 1.0f / (float)ctx->world;
-        float *o = h->out + ci->offset;
-        for (uint64_t i = 0; i < ci->count; i++)
-            o[i] = o[i] * scale;
-    }
-    atomic_fetch_add(&ctx->bytes_received, len);
+    atomic_fetch_add(&ctx->bytes_received, rb->len);
     h->chunk_done[mh->chunk] = 1;
     if (++h->done_chunks < ti->n_chunks)
         return;
-    if (h->gpu) {
-        char msg[256];
-        int r = gpu_start_decode(ctx, h, msg, sizeof msg);
-        if (r < 0)
-            finish_op(cs, h, r, msg);
-        else
-            h->gpu_decoding = 1; /* completes in poll_gpu_decodes */
-        return;
-    }
-    finish_op(cs, h, PSAGG_OK, NULL);
+    h->completing = 1;
+    try_complete(cs, h);
 }
 
-/* Complete the device-buffer operations whose decode has finished on the GPU. */
-static void poll_gpu_decodes(comm_state *cs)
+/* Complete the operations whose output their buffer operations have finished writing. */
+static void poll_completing(comm_state *cs)
 {
-    if (ctx_failed(cs->ctx)) {
-        cs->n_active = 0;
-        return;
-    }
-    for (int i = 0; i < cs->n_active; i++) {
+    for (uint32_t i = 0; i < cs->n_active; i++) {
         struct psagg_handle *h = cs->active[i];
-        char msg[256];
-        int r;
-        if (!h->gpu_decoding)
+        uint32_t before = cs->n_active;
+        if (!h->completing)
             continue;
-        r = gpu_decode_done(cs->ctx, h, msg, sizeof msg);
-        if (r == 0)
-            continue;
-        finish_op(cs, h, r < 0 ? r : PSAGG_OK, r < 0 ? msg : NULL);
-        i--;
+        try_complete(cs, h);
+        if (cs->n_active < before)
+            i--; /* h left the active list */
     }
 }
 
@@ -338,22 +241,21 @@ static void check_control(comm_state *cs)
         struct pollfd p = {.fd = ctx->servers[s].fd, .events = POLLIN};
         psagg_ctl_hdr h;
         void *body = NULL;
+        const char *text;
         char peer[96];
+        psagg_status st;
         if (p.fd < 0 || poll(&p, 1, 0) <= 0)
             continue;
         snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
                  ctx->cfg.servers[s].port);
-        if (psagg_ctl_recv(p.fd, &h, &body, psagg_now_ms() + 2000, peer)) {
-            comm_fail_all(ctx, PSAGG_EPEER, "%s", psagg_last_error());
-        } else if ((h.type == PSAGG_CTL_ABORT || h.type == PSAGG_CTL_ERROR) &&
-                   h.len == sizeof(psagg_ctl_error)) {
-            psagg_ctl_error *e = body;
-            e->msg[sizeof e->msg - 1] = '\0';
-            comm_fail_all(ctx, e->status < 0 ? e->status : PSAGG_EPEER, "%s: %s", peer, e->msg);
-        } else {
-            comm_fail_all(ctx, PSAGG_EPROTO, "%s sent control frame type %u during the job", peer,
-                          h.type);
-        }
+        st = psagg_ctl_recv(p.fd, &h, &body, psagg_now_ms() + 2000, peer);
+        if (st)
+            worker_fail_all(ctx, PSAGG_EPEER, "%s", psagg_last_error());
+        else if ((st = psagg_ctl_error_parse(&h, body, &text)))
+            worker_fail_all(ctx, st, "%s: %s", peer, text);
+        else
+            worker_fail_all(ctx, PSAGG_EPROTO, "%s sent control frame type %u during the job", peer,
+                            h.type);
         free(body);
         close(ctx->servers[s].fd);
         ctx->servers[s].fd = -1;
@@ -364,11 +266,7 @@ static void check_deadlines(comm_state *cs)
 {
     psagg_ctx *ctx = cs->ctx;
     int64_t now = psagg_now_ms();
-    if (ctx_failed(ctx)) {
-        cs->n_active = 0; /* completed by comm_fail_all; their owners may free them */
-        return;
-    }
-    for (int i = 0; i < cs->n_active; i++) {
+    for (uint32_t i = 0; i < cs->n_active; i++) {
         struct psagg_handle *h = cs->active[i];
         const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
         char waiting[96] = "";
@@ -380,10 +278,10 @@ static void check_deadlines(comm_state *cs)
                 used +=
                     (size_t)snprintf(waiting + used, sizeof waiting - used, "%s%u", used ? "," : "",
                                      ctx->layout.chunks[ti->first_chunk + c].owner);
-        comm_fail_all(ctx, PSAGG_ETIMEDOUT,
-                      "push_pull of tensor '%s' round %u: no update within op_timeout_ms=%d "
-                      "(waiting on servers %s)",
-                      ti->name, h->round, ctx->cfg.op_timeout_ms, waiting);
+        worker_fail_all(ctx, PSAGG_ETIMEDOUT,
+                        "push_pull of tensor '%s' round %u: no update within op_timeout_ms=%d "
+                        "(waiting on servers %s)",
+                        ti->name, h->round, ctx->cfg.op_timeout_ms, waiting);
         return;
     }
 }
@@ -397,28 +295,40 @@ static void push_sent(psagg_ctx *ctx, chunk_buf *cb)
     ctx->servers[ctx->layout.chunks[cb - ctx->chunks].owner].inflight--;
 }
 
+/*
+ * Once the context has failed, every operation was completed by worker_fail_all and its
+ * owner may release it at any time: forget them all.
+ */
+static int drop_if_failed(comm_state *cs)
+{
+    if (!worker_failed(cs->ctx))
+        return 0;
+    cs->n_active = 0;
+    return 1;
+}
+
 static void *comm_main(void *arg)
 {
     comm_state cs = {.ctx = arg};
     psagg_ctx *ctx = cs.ctx;
     psagg_fabric_event ev[64];
 
-    cs.active = calloc(MAX_ACTIVE + 1, sizeof *cs.active);
+    cs.cap = ctx->layout.n_tensors;
+    cs.active = calloc(cs.cap, sizeof *cs.active);
     if (!cs.active) {
-        comm_fail_all(ctx, PSAGG_ENOMEM, "communication thread state");
+        worker_fail_all(ctx, PSAGG_ENOMEM, "communication thread state for %u tensors", cs.cap);
         return NULL;
     }
     while (atomic_load(&ctx->running)) {
         int waiting, n;
         int64_t now;
         take_queue(&cs);
-        if (ctx_failed(ctx))
-            cs.n_active = 0; /* everything was completed with the failure */
+        drop_if_failed(&cs);
         waiting = schedule(&cs);
         n = psagg_fabric_poll(ctx->fab, ev, 64,
                               cs.n_active && !waiting ? 1 : (cs.n_active ? 0 : 2));
         if (n < 0) {
-            comm_fail_all(ctx, PSAGG_EFABRIC, "completion queue: %s", psagg_last_error());
+            worker_fail_all(ctx, PSAGG_EFABRIC, "completion queue: %s", psagg_last_error());
             break;
         }
         for (int i = 0; i < n; i++) {
@@ -428,32 +338,33 @@ static void *comm_main(void *arg)
                 break;
             case PSAGG_FABRIC_SEND_ERROR:
                 push_sent(ctx, ev[i].ctx);
-                comm_fail_all(ctx, ev[i].status ? ev[i].status : PSAGG_EPEER, "a push failed: %s",
-                              ev[i].msg);
+                worker_fail_all(ctx, ev[i].status ? (psagg_status)ev[i].status : PSAGG_EPEER,
+                                "a push failed: %s", ev[i].msg);
                 break;
             case PSAGG_FABRIC_RECV_DONE: {
-                recv_slot *rs = ev[i].ctx;
-                if (ctx_failed(ctx))
-                    cs.n_active = 0;
-                else
-                    on_update(&cs, rs, ev[i].len);
-                if (psagg_fabric_post_recv(ctx->fab, rs->buf, rs->size, rs->desc, rs))
-                    comm_fail_all(ctx, PSAGG_EFABRIC, "reposting a receive: %s",
-                                  psagg_last_error());
+                psagg_rxbuf *rb = ev[i].ctx;
+                rb->len = ev[i].len;
+                if (!drop_if_failed(&cs))
+                    on_update(&cs, rb);
+                if (psagg_rxpool_repost(&ctx->rx, rb))
+                    worker_fail_all(ctx, PSAGG_EFABRIC, "reposting a receive: %s",
+                                    psagg_last_error());
                 break;
             }
             case PSAGG_FABRIC_RECV_ERROR:
                 if (atomic_load(&ctx->running))
-                    comm_fail_all(ctx, ev[i].status ? ev[i].status : PSAGG_EFABRIC,
-                                  "a receive failed: %s", ev[i].msg);
+                    worker_fail_all(ctx, ev[i].status ? (psagg_status)ev[i].status : PSAGG_EFABRIC,
+                                    "a receive failed: %s", ev[i].msg);
                 break;
             }
         }
-        poll_gpu_decodes(&cs);
+        if (!drop_if_failed(&cs))
+            poll_completing(&cs);
         now = psagg_now_ms();
         if (now >= cs.next_ctl_check) {
             check_control(&cs);
-            check_deadlines(&cs);
+            if (!drop_if_failed(&cs))
+                check_deadlines(&cs);
             cs.next_ctl_check = now + 20;
         }
     }

@@ -1,30 +1,34 @@
 /*
- * cuda.c - libpsagg's device-buffer path (psagg_push_pull_cuda).
+ * cuda.c - libpsagg's device-buffer path: psagg_push_pull_cuda and its buffer operations
+ * (psagg_bufops, worker.h). This file owns everything on the device side; the rest of the
+ * worker sees only the operations and ctx->device / ctx->device_destroy.
  *
  * The calling thread enqueues, on the context's own CUDA stream and after an event recorded
  * on the caller's stream: the encode of every chunk (error feedback fused, residual kept on
  * the device), one device-to-host copy of the compressed bytes into pinned staging, and an
  * event. The communication thread sends once that event has fired. Updates are staged in
- * pinned memory as they arrive; when the last one is in, one host-to-device copy and the
- * decode kernels (plus the 1/N scale for PSAGG_AVERAGE) run on the stream, and the handle
- * completes when their event fires. Only compressed bytes cross PCIe, nothing synchronizes
- * the device, and the GPU kernels produce the same bytes as the CPU codecs, so a GPU worker
- * and a CPU worker of one job apply identical updates.
+ * pinned memory as they arrive (update); when the last one is in, one host-to-device copy
+ * and the decode kernels (plus the 1/N scale for PSAGG_AVERAGE) run on the stream
+ * (complete's first call), and the handle completes when their event fires. Only compressed bytes
+ * cross PCIe, nothing synchronizes the device, and the GPU kernels produce the same bytes as the
+ * CPU codecs, so a GPU worker and a CPU worker of one job apply identical updates.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "base/error.h"
+#include "kernels/codec.h"
 #include "worker.h"
 
 #ifdef PSAGG_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "codec_cuda.h"
+#include "kernels/cuda/codec_cuda.h"
 
 typedef struct gpu_tensor {
     int ready;
+    int decoding; /* complete() has enqueued the decode of the operation in flight */
     size_t enc_total;
     size_t *enc_off;         /* per chunk: offset in the tensor's encoded bytes */
     float *d_residual;       /* error feedback, or NULL */
@@ -53,11 +57,13 @@ static int cuda_fail(cudaError_t e, const char *what)
             return cuda_fail(e_, #call);                                                           \
     } while (0)
 
+static void gpu_destroy(psagg_ctx *ctx);
+
 static psagg_status gpu_state_get(psagg_ctx *ctx, gpu_state **out)
 {
     gpu_state *g;
     pthread_mutex_lock(&ctx->mu);
-    g = ctx->gpu;
+    g = ctx->device;
     if (!g) {
         g = calloc(1, sizeof *g);
         if (g)
@@ -76,7 +82,8 @@ static psagg_status gpu_state_get(psagg_ctx *ctx, gpu_state **out)
             pthread_mutex_unlock(&ctx->mu);
             return psagg_fail(PSAGG_EUNSUPPORTED, "psagg_push_pull_cuda: no usable CUDA device");
         }
-        ctx->gpu = g;
+        ctx->device = g;
+        ctx->device_destroy = gpu_destroy;
     }
     pthread_mutex_unlock(&ctx->mu);
     *out = g;
@@ -133,8 +140,10 @@ static psagg_status gpu_enqueue_encode(psagg_ctx *ctx, gpu_state *g, struct psag
         const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
         st = psagg_cuda_encode(&ti->codec, h->in + ci->offset,
                                gt->d_residual ? gt->d_residual + ci->offset : NULL, ci->count,
-                               comm_push_key(ctx, ci, h->round), gt->d_enc + gt->enc_off[c],
-                               ci->enc_bytes, &gt->d_err[0], g->stream);
+                               psagg_rng_chunk_key(ctx->cfg.seed, PSAGG_RNG_WORKER,
+                                                   (uint32_t)ctx->rank, ci->key, ci->index,
+                                                   h->round),
+                               gt->d_enc + gt->enc_off[c], ci->enc_bytes, &gt->d_err[0], g->stream);
         if (st)
             return st;
     }
@@ -145,6 +154,18 @@ static psagg_status gpu_enqueue_encode(psagg_ctx *ctx, gpu_state *g, struct psag
     CUDA_TRY(cudaEventRecord(gt->ev_enc, g->stream));
     return PSAGG_OK;
 }
+
+static int cuda_encode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len);
+static int cuda_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
+                       const uint8_t *payload, char *msg, size_t len);
+static int cuda_complete(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len);
+
+static const psagg_bufops cuda_ops = {
+    .kind = "cuda",
+    .encode = cuda_encode,
+    .update = cuda_update,
+    .complete = cuda_complete,
+};
 
 psagg_status psagg_push_pull_cuda(psagg_ctx *ctx, uint32_t key, const float *d_in, float *d_out,
                                   psagg_reduce op, int priority, void *stream,
@@ -157,10 +178,9 @@ psagg_status psagg_push_pull_cuda(psagg_ctx *ctx, uint32_t key, const float *d_i
     if (!handle)
         return psagg_fail(PSAGG_EINVAL, "psagg_push_pull_cuda: handle is NULL");
     *handle = NULL;
-    h = api_new_handle(ctx, key, d_in, d_out, op, priority, &st);
+    h = handle_new(ctx, key, d_in, d_out, op, priority, &cuda_ops, &st);
     if (!h)
         return st;
-    h->gpu = 1;
     if ((st = gpu_state_get(ctx, &g)))
         goto err;
     pthread_mutex_lock(&g->mu);
@@ -168,12 +188,13 @@ psagg_status psagg_push_pull_cuda(psagg_ctx *ctx, uint32_t key, const float *d_i
     pthread_mutex_unlock(&g->mu);
     if (st || (st = gpu_enqueue_encode(ctx, g, h, (cudaStream_t)stream)))
         goto err;
-    api_submit(ctx, h);
+    g->t[key].decoding = 0;
+    handle_submit(ctx, h);
     *handle = h;
     return PSAGG_OK;
 err:
     psagg_fail_context(st, "psagg_push_pull_cuda: tensor '%s': ", ctx->layout.tensors[key].name);
-    api_abandon(ctx, h);
+    handle_abandon(ctx, h);
     return st;
 }
 
@@ -190,9 +211,10 @@ static int event_state(cudaEvent_t ev, char *msg, size_t len)
     return 1;
 }
 
-int gpu_payloads_ready(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len)
+/* encode: the GPU encoded the input and copied it to pinned memory; fill the push buffers. */
+static int cuda_encode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len)
 {
-    gpu_state *g = ctx->gpu;
+    gpu_state *g = ctx->device;
     gpu_tensor *gt = &g->t[h->key];
     const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
     size_t bad = 0;
@@ -218,16 +240,20 @@ int gpu_payloads_ready(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t
     return 1;
 }
 
-void gpu_stage_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
-                      const void *payload)
+/* update: keep the chunk's bytes in pinned memory for the decode on the device. */
+static int cuda_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
+                       const uint8_t *payload, char *msg, size_t len)
 {
-    gpu_state *g = ctx->gpu;
+    gpu_state *g = ctx->device;
+    (void)msg, (void)len;
     memcpy(g->t[h->key].h_upd + g->t[h->key].enc_off[ci->index], payload, ci->enc_bytes);
+    return 1;
 }
 
-int gpu_start_decode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len)
+/* Every update is staged: copy them to the device and enqueue the decode into h->out. */
+static int start_decode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len)
 {
-    gpu_state *g = ctx->gpu;
+    gpu_state *g = ctx->device;
     gpu_tensor *gt = &g->t[h->key];
     const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
     psagg_status st;
@@ -257,12 +283,18 @@ int gpu_start_decode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t l
     return 0;
 }
 
-int gpu_decode_done(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len)
+/* complete: start the decode once, then 1 when its event has fired. */
+static int cuda_complete(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len)
 {
-    gpu_tensor *gt = &((gpu_state *)ctx->gpu)->t[h->key];
+    gpu_tensor *gt = &((gpu_state *)ctx->device)->t[h->key];
     size_t bad = 0;
-    int r = event_state(gt->ev_dec, msg, len);
+    int r;
     psagg_status st;
+    if (!gt->decoding) {
+        gt->decoding = 1;
+        return start_decode(ctx, h, msg, len);
+    }
+    r = event_state(gt->ev_dec, msg, len);
     if (r <= 0)
         return r;
     st = psagg_cuda_err_status(gt->h_err[1], &bad);
@@ -274,9 +306,9 @@ int gpu_decode_done(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t le
     return 1;
 }
 
-void gpu_destroy(psagg_ctx *ctx)
+static void gpu_destroy(psagg_ctx *ctx)
 {
-    gpu_state *g = ctx->gpu;
+    gpu_state *g = ctx->device;
     if (!g)
         return;
     cudaSetDevice(g->device);
@@ -303,7 +335,7 @@ void gpu_destroy(psagg_ctx *ctx)
     pthread_mutex_destroy(&g->mu);
     free(g->t);
     free(g);
-    ctx->gpu = NULL;
+    ctx->device = NULL;
 }
 
 #else /* built without CUDA: the device path is unavailable */
@@ -319,32 +351,4 @@ psagg_status psagg_push_pull_cuda(psagg_ctx *ctx, uint32_t key, const float *d_i
                       "psagg_push_pull_cuda: libpsagg was built without CUDA (PSAGG_CUDA=OFF)");
 }
 
-/* Never called: no handle has h->gpu set in this build. */
-int gpu_payloads_ready(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len)
-{
-    (void)ctx, (void)h;
-    snprintf(msg, len, "built without CUDA");
-    return PSAGG_EUNSUPPORTED;
-}
-
-void gpu_stage_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
-                      const void *payload)
-{
-    (void)ctx, (void)h, (void)ci, (void)payload;
-}
-
-int gpu_start_decode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len)
-{
-    return gpu_payloads_ready(ctx, h, msg, len);
-}
-
-int gpu_decode_done(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len)
-{
-    return gpu_payloads_ready(ctx, h, msg, len);
-}
-
-void gpu_destroy(psagg_ctx *ctx)
-{
-    (void)ctx;
-}
 #endif

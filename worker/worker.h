@@ -1,26 +1,62 @@
 /*
  * worker.h - libpsagg's private state.
  *
- * The calling threads (api.c) queue operations; one communication thread per context
- * (comm.c) takes them in priority order, encodes every chunk of a tensor (with its
- * error-feedback residual), pushes each chunk to its owning server within a per-server
- * in-flight window, decodes the updates as they arrive into the caller's output buffer, and
- * watches the control connections and deadlines so that a dead server or a lost message fails
- * the operation with a message instead of hanging.
+ * Layer: worker (the top, beside server/). The calling threads (api.c) queue operations; one
+ * communication thread per context (comm.c) takes them in priority order, has every chunk
+ * of a tensor encoded (with its error-feedback residual), pushes each chunk to its owning
+ * server within a per-server in-flight window, has the updates decoded as they arrive into
+ * the caller's output buffer, and watches the control connections and deadlines so that a
+ * dead server or a lost message fails the operation with a message instead of hanging.
+ *
+ * Files, from the top down (none calls one above it):
+ *   api.c     the public functions of psagg.h: start-up, declaration, push_pull, handles
+ *   cuda.c    psagg_push_pull_cuda and the device-buffer operations (owns the device side)
+ *   comm.c    the communication thread: scheduling, pushes, updates, failure detection
+ *   host.c    the host-buffer operations
+ *   handle.c  an operation's life: creation, queueing, completion, failing the context
+ * Where a push_pull's buffers live (host or device) is behind psagg_bufops, chosen when
+ * push_pull is called, so comm.c never asks.
  */
 #ifndef PSAGG_WORKER_H
 #define PSAGG_WORKER_H
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
-#include "codec.h"
-#include "config.h"
-#include "layout.h"
+#include "base/log.h"
+#include "kernels/codec.h"
 #include "psagg.h"
-#include "transport.h"
-#include "wire.h"
+#include "runtime/config.h"
+#include "runtime/layout.h"
+#include "runtime/rxpool.h"
+#include "runtime/transport.h"
+#include "runtime/wire.h"
+
+struct psagg_handle;
+
+/*
+ * The buffer operations of one push_pull: how its input is encoded into the push buffers and
+ * how the updates reach its output. The communication thread calls them in this order, for
+ * one handle at a time; each returns 1 (done), 0 (not yet: ask again later) or a negative
+ * psagg_status with the reason in msg.
+ *   encode    fill the payload (after the header) of every chunk's push buffer
+ *             (ctx->chunks[...].buf) with the encoded input, error feedback included; on a
+ *             failure, reset the tensor's residual (part of it was updated)
+ *   update    chunk ci's update arrived (header checked; ci->enc_bytes of payload): use it.
+ *             Never 0. A failure means the server sent an invalid update: the job fails
+ *   complete  every update is in: 1 when the output is written, 0 while it is being written
+ */
+typedef struct psagg_bufops {
+    const char *kind; /* "host", "cuda" */
+    int (*encode)(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len);
+    int (*update)(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
+                  const uint8_t *payload, char *msg, size_t len);
+    int (*complete)(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len);
+} psagg_bufops;
+
+extern const psagg_bufops psagg_host_ops; /* host.c */
 
 typedef struct server_conn {
     int fd;
@@ -42,7 +78,7 @@ typedef struct chunk_buf {
 } chunk_buf;
 
 typedef struct tensor_state {
-    float *residual;         /* worker error feedback, or NULL */
+    float *residual;         /* worker error feedback (host buffers), or NULL */
     uint32_t round;          /* round of the next push_pull */
     struct psagg_handle *op; /* the push_pull in flight, or NULL */
 } tensor_state;
@@ -50,6 +86,7 @@ typedef struct tensor_state {
 struct psagg_handle {
     psagg_ctx *ctx;
     struct psagg_handle *next; /* in the submit queue */
+    const psagg_bufops *ops;   /* where in and out live */
     uint32_t key;
     const float *in;
     float *out;
@@ -58,26 +95,20 @@ struct psagg_handle {
     uint64_t seq;
     uint32_t round;
     int encoded;        /* all chunks encoded (comm thread) */
+    int completing;     /* all updates in; ops->complete is writing out (comm thread) */
     uint32_t next_send; /* next chunk to push (comm thread) */
     uint32_t done_chunks;
     uint8_t *chunk_done;
     int64_t deadline_ms;
-    int gpu;          /* in/out are device buffers (cuda.c) */
-    int gpu_decoding; /* all updates staged; the GPU is decoding them (comm thread) */
-    int done;         /* guarded by ctx->mu */
+    int done; /* guarded by ctx->mu */
     int status;
     char msg[256];
 };
 
-typedef struct recv_slot {
-    uint8_t *buf;
-    void *desc;
-    size_t size;
-} recv_slot;
-
 struct psagg_ctx {
     psagg_config cfg;
     int rank, world;
+    psagg_logger log;
     psagg_fabric *fab;
     size_t max_msg;
     server_conn *servers;
@@ -85,8 +116,7 @@ struct psagg_ctx {
     psagg_layout layout;
     tensor_state *tensors;
     chunk_buf *chunks;
-    recv_slot *rslots;
-    int n_rslots;
+    psagg_rxpool rx; /* posted receive buffers for updates */
 
     pthread_t comm_tid;
     atomic_int running;
@@ -95,43 +125,36 @@ struct psagg_ctx {
     struct psagg_handle *queue; /* submitted, not yet taken by the comm thread */
     uint64_t next_seq;
     int failed; /* the job failed: every later call returns failed_status */
-    int failed_status;
+    psagg_status failed_status;
     char failed_msg[256];
 
     atomic_uint_fast64_t bytes_sent, bytes_received, bytes_raw, push_pulls;
-    void *gpu; /* cuda.c state, created by the first psagg_push_pull_cuda */
+
+    /* the device side (cuda.c), created by the first psagg_push_pull_cuda */
+    void *device;
+    void (*device_destroy)(psagg_ctx *ctx);
 };
 
-/* api.c: queue a handle whose tensor slot (tensors[key].op) the caller has claimed. */
-struct psagg_handle *api_new_handle(psagg_ctx *ctx, uint32_t key, const float *in, float *out,
-                                    psagg_reduce op, int priority, psagg_status *st);
-void api_submit(psagg_ctx *ctx, struct psagg_handle *h);
-void api_abandon(psagg_ctx *ctx, struct psagg_handle *h);
+/*
+ * handle.c. handle_new checks a push_pull's arguments and claims the tensor's in-flight slot;
+ * handle_submit queues it for the communication thread; handle_abandon gives the slot back
+ * (never queued).
+ */
+struct psagg_handle *handle_new(psagg_ctx *ctx, uint32_t key, const float *in, float *out,
+                                psagg_reduce op, int priority, const psagg_bufops *ops,
+                                psagg_status *st);
+void handle_submit(psagg_ctx *ctx, struct psagg_handle *h);
+void handle_abandon(psagg_ctx *ctx, struct psagg_handle *h);
+/* Complete a handle with a status (under ctx->mu) and wake waiters. */
+void handle_complete_locked(psagg_ctx *ctx, struct psagg_handle *h, psagg_status status,
+                            const char *msg);
+/* Fail the whole context: every pending and later operation gets this status and message. */
+void worker_fail_all(psagg_ctx *ctx, psagg_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int worker_failed(psagg_ctx *ctx);
 
 /* comm.c */
 psagg_status comm_start(psagg_ctx *ctx);
 void comm_stop(psagg_ctx *ctx);
-/* Complete a handle with a status (under ctx->mu) and wake waiters. */
-void comm_complete_locked(psagg_ctx *ctx, struct psagg_handle *h, int status, const char *msg);
-/* Fail the whole context: every pending and later operation gets this status and message. */
-void comm_fail_all(psagg_ctx *ctx, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-/* The RNG key of one chunk's push in one round (host and GPU paths alike). */
-psagg_rng_key comm_push_key(const psagg_ctx *ctx, const psagg_chunk_info *ci, uint32_t round);
-
-/*
- * cuda.c: the device-buffer path. The comm thread calls these for handles with h->gpu set.
- *   gpu_payloads_ready  0: the GPU is still encoding; 1: the encoded chunks are copied into
- *                       the push buffers; negative: failed (status, message in msg)
- *   gpu_stage_update    keep one chunk's update bytes for the device decode
- *   gpu_start_decode    all updates staged: copy them to the device and decode into h->out
- *   gpu_decode_done     0: still decoding; 1: done; negative: failed (message in msg)
- */
-int gpu_payloads_ready(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len);
-void gpu_stage_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
-                      const void *payload);
-int gpu_start_decode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len);
-int gpu_decode_done(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len);
-void gpu_destroy(psagg_ctx *ctx);
 
 #endif

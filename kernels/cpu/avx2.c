@@ -2,13 +2,13 @@
  * cpu/avx2.c - AVX2 + F16C codec paths, 8 elements per vector. Bit-identical to scalar.c:
  * the same binary32 operations in the same order, no FMA. Tails go through the same vector
  * code with masked loads/stores (fp32) or a zero-padded staging buffer (16-bit formats and
- * maxmin payload bytes).
+ * maxmin payload bytes). Layer: kernels.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "base/error.h"
 #include "impl.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__F16C__)
@@ -176,8 +176,9 @@ static void dec_fp(const psagg_codec *c, const uint8_t *in, size_t n, float *out
 }
 
 static psagg_status agg_fp(const psagg_codec *c, const uint8_t *const *in, size_t n_in, size_t n,
-                           float *r, uint8_t *out, size_t *badi)
+                           float *r, uint8_t *out, psagg_scratch *ws, size_t *badi)
 {
+    (void)ws;
     for (size_t k = 0; k < n; k += W) {
         size_t rem = n - k;
         unsigned bad;
@@ -375,16 +376,13 @@ static void mm_zero_padding(const mm_ctx *t, uint8_t *out)
 }
 
 static psagg_status enc_mm(const psagg_codec *c, const float *x, float *residual, size_t n,
-                           psagg_rng_key key, uint8_t *out, size_t *badi)
+                           psagg_rng_key key, uint8_t *out, psagg_scratch *ws, size_t *badi)
 {
-    float stack_buf[PSAGG_SCRATCH_STACK] __attribute__((aligned(64)));
     size_t B = c->bucket;
-    float *acc = psagg_scratch_get(stack_buf, B);
+    float *acc = ws->acc;
     psagg_status st = PSAGG_OK;
     mm_ctx t;
 
-    if (!acc)
-        return psagg_fail(PSAGG_ENOMEM, "encode: no memory for a %zu-element bucket", B);
     mm_init(&t, c, n);
     for (size_t base = 0; base < n && st == PSAGG_OK; base += B) {
         size_t len = n - base < B ? n - base : B;
@@ -404,7 +402,6 @@ static psagg_status enc_mm(const psagg_codec *c, const float *x, float *residual
     }
     if (st == PSAGG_OK)
         mm_zero_padding(&t, out);
-    psagg_scratch_put(stack_buf, acc);
     return st;
 }
 
@@ -434,26 +431,17 @@ static void dec_mm(const psagg_codec *c, const uint8_t *in, size_t n, float *out
     }
 }
 
-#define AGG_MAX_STACK_INPUTS 64
-
 static psagg_status agg_mm(const psagg_codec *c, const uint8_t *const *in, size_t n_in, size_t n,
-                           float *residual, psagg_rng_key key, uint8_t *out, size_t *badi)
+                           float *residual, psagg_rng_key key, uint8_t *out, psagg_scratch *ws,
+                           size_t *badi)
 {
-    float stack_buf[PSAGG_SCRATCH_STACK] __attribute__((aligned(64)));
-    const uint8_t *pay_stack[AGG_MAX_STACK_INPUTS];
-    float meta_stack[2 * AGG_MAX_STACK_INPUTS];
     size_t B = c->bucket;
-    float *acc = psagg_scratch_get(stack_buf, B);
-    const uint8_t **pay = n_in <= AGG_MAX_STACK_INPUTS ? pay_stack : malloc(n_in * sizeof *pay);
-    float *mt = n_in <= AGG_MAX_STACK_INPUTS ? meta_stack : malloc(2 * n_in * sizeof *mt);
+    float *acc = ws->acc, *mt = ws->meta;
+    const uint8_t **pay = ws->pay;
     psagg_status st = PSAGG_OK;
     mm_ctx t;
 
     mm_init(&t, c, n);
-    if (!acc || !pay || !mt) {
-        st = psagg_fail(PSAGG_ENOMEM, "aggregate: out of memory");
-        goto done;
-    }
     for (size_t i = 0; i < n_in; i++)
         pay[i] = in[i] + 8 * t.nb;
     for (size_t base = 0; base < n && st == PSAGG_OK; base += B) {
@@ -482,46 +470,19 @@ static psagg_status agg_mm(const psagg_codec *c, const uint8_t *const *in, size_
     }
     if (st == PSAGG_OK)
         mm_zero_padding(&t, out);
-done:
-    if (acc)
-        psagg_scratch_put(stack_buf, acc);
-    if (pay && pay != pay_stack)
-        free(pay);
-    if (mt && mt != meta_stack)
-        free(mt);
     return st;
 }
 
-/* ---------------- entry points ---------------- */
-
-static psagg_status avx2_encode(const psagg_codec *c, const float *x, float *residual, size_t n,
-                                psagg_rng_key key, uint8_t *out, size_t *bad)
-{
-    if (c->id == PSAGG_CODEC_MAXMIN)
-        return enc_mm(c, x, residual, n, key, out, bad);
-    return enc_fp(c, x, residual, n, out, bad);
-}
-
-static void avx2_decode(const psagg_codec *c, const uint8_t *in, size_t n, float *out,
-                        int accumulate)
-{
-    if (c->id == PSAGG_CODEC_MAXMIN)
-        dec_mm(c, in, n, out, accumulate);
-    else
-        dec_fp(c, in, n, out, accumulate);
-}
-
-static psagg_status avx2_aggregate(const psagg_codec *c, const uint8_t *const *in, size_t n_in,
-                                   size_t n, float *residual, psagg_rng_key key, uint8_t *out,
-                                   size_t *bad)
-{
-    if (c->id == PSAGG_CODEC_MAXMIN)
-        return agg_mm(c, in, n_in, n, residual, key, out, bad);
-    return agg_fp(c, in, n_in, n, residual, out, bad);
-}
-
-const psagg_codec_impl psagg_impl_avx2 = {"avx2", avx2_encode, avx2_decode, avx2_aggregate};
+const psagg_codec_impl psagg_impl_avx2 = {
+    .name = "avx2",
+    .fp_encode = enc_fp,
+    .fp_decode = dec_fp,
+    .fp_aggregate = agg_fp,
+    .mm_encode = enc_mm,
+    .mm_decode = dec_mm,
+    .mm_aggregate = agg_mm,
+};
 
 #else /* not built for AVX2 */
-const psagg_codec_impl psagg_impl_avx2 = {"avx2", NULL, NULL, NULL};
+const psagg_codec_impl psagg_impl_avx2 = {.name = "avx2"};
 #endif

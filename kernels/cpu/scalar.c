@@ -1,12 +1,12 @@
 /*
  * cpu/scalar.c - the reference implementation: codec.h followed literally, one element at a
- * time. The SIMD paths are tested to produce exactly these bytes.
+ * time. The SIMD paths are tested to produce exactly these bytes. Layer: kernels.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "base/error.h"
 #include "impl.h"
 
 static inline uint32_t f2u(float f)
@@ -203,22 +203,26 @@ static psagg_status enc_mm_bucket(const psagg_codec *c, const float *x, float *r
     return PSAGG_OK;
 }
 
-static psagg_status scalar_encode(const psagg_codec *c, const float *x, float *residual, size_t n,
-                                  psagg_rng_key key, uint8_t *out, size_t *bad)
+static psagg_status scalar_fp_encode(const psagg_codec *c, const float *x, float *residual,
+                                     size_t n, uint8_t *out, size_t *bad)
 {
-    if (c->id != PSAGG_CODEC_MAXMIN)
-        return enc_fp(c, x, residual, n, 0, out, bad);
-    {
-        size_t B = c->bucket, nb = psagg_mm_nbuckets(n, c->bucket);
-        uint8_t *payload = out + 8 * nb;
-        memset(payload, 0, psagg_mm_payload_bytes(n, c->bits));
-        for (size_t m = 0; m < nb; m++) {
-            size_t base = m * B, len = n - base < B ? n - base : B;
-            psagg_status st = enc_mm_bucket(c, x + base, residual ? residual + base : NULL, len,
-                                            base, key, out + 8 * m, payload, bad);
-            if (st != PSAGG_OK)
-                return st;
-        }
+    return enc_fp(c, x, residual, n, 0, out, bad);
+}
+
+static psagg_status scalar_mm_encode(const psagg_codec *c, const float *x, float *residual,
+                                     size_t n, psagg_rng_key key, uint8_t *out, psagg_scratch *ws,
+                                     size_t *bad)
+{
+    size_t B = c->bucket, nb = psagg_mm_nbuckets(n, c->bucket);
+    uint8_t *payload = out + 8 * nb;
+    (void)ws;
+    memset(payload, 0, psagg_mm_payload_bytes(n, c->bits));
+    for (size_t m = 0; m < nb; m++) {
+        size_t base = m * B, len = n - base < B ? n - base : B;
+        psagg_status st = enc_mm_bucket(c, x + base, residual ? residual + base : NULL, len, base,
+                                        key, out + 8 * m, payload, bad);
+        if (st != PSAGG_OK)
+            return st;
     }
     return PSAGG_OK;
 }
@@ -261,37 +265,51 @@ static void scalar_decode(const psagg_codec *c, const uint8_t *in, size_t n, flo
     dec_range(c, in, n, 0, n, out, accumulate);
 }
 
-/* Chunk by chunk (a maxmin chunk is one bucket): sum the inputs, then encode the chunk. */
-static psagg_status scalar_aggregate(const psagg_codec *c, const uint8_t *const *in, size_t n_in,
-                                     size_t n, float *residual, psagg_rng_key key, uint8_t *out,
-                                     size_t *bad)
+/*
+ * Block by block (a maxmin block is one bucket; an fp block any ws->acc_elems elements): sum
+ * the inputs into ws->acc, then encode the block.
+ */
+static psagg_status aggregate(const psagg_codec *c, const uint8_t *const *in, size_t n_in, size_t n,
+                              float *residual, psagg_rng_key key, uint8_t *out, psagg_scratch *ws,
+                              size_t *bad)
 {
-    float stack_buf[PSAGG_SCRATCH_STACK];
-    size_t chunk = c->id == PSAGG_CODEC_MAXMIN ? c->bucket : PSAGG_SCRATCH_STACK;
-    float *s = psagg_scratch_get(stack_buf, chunk);
-    size_t nb = c->id == PSAGG_CODEC_MAXMIN ? psagg_mm_nbuckets(n, c->bucket) : 0;
+    int mm = c->id == PSAGG_CODEC_MAXMIN;
+    size_t block = mm ? c->bucket : ws->acc_elems, nb = mm ? psagg_mm_nbuckets(n, c->bucket) : 0;
+    float *s = ws->acc;
     psagg_status st = PSAGG_OK;
 
-    if (!s)
-        return psagg_fail(PSAGG_ENOMEM, "aggregate: no memory for a %zu-element bucket", chunk);
-    if (c->id == PSAGG_CODEC_MAXMIN)
+    if (mm)
         memset(out + 8 * nb, 0, psagg_mm_payload_bytes(n, c->bits));
-    for (size_t base = 0; base < n && st == PSAGG_OK; base += chunk) {
-        size_t len = n - base < chunk ? n - base : chunk;
+    for (size_t base = 0; base < n && st == PSAGG_OK; base += block) {
+        size_t len = n - base < block ? n - base : block;
         float *r = residual ? residual + base : NULL;
         for (size_t j = 0; j < len; j++)
             s[j] = 0.0f;
         for (size_t i = 0; i < n_in; i++)
             dec_range(c, in[i], n, base, len, s, 1);
-        if (c->id == PSAGG_CODEC_MAXMIN)
+        if (mm)
             st =
-                enc_mm_bucket(c, s, r, len, base, key, out + 8 * (base / chunk), out + 8 * nb, bad);
+                enc_mm_bucket(c, s, r, len, base, key, out + 8 * (base / block), out + 8 * nb, bad);
         else
             st = enc_fp(c, s, r, len, base, out, bad);
     }
-    psagg_scratch_put(stack_buf, s);
     return st;
 }
 
-const psagg_codec_impl psagg_impl_scalar = {"scalar", scalar_encode, scalar_decode,
-                                            scalar_aggregate};
+static psagg_status scalar_fp_aggregate(const psagg_codec *c, const uint8_t *const *in, size_t n_in,
+                                        size_t n, float *residual, uint8_t *out, psagg_scratch *ws,
+                                        size_t *bad)
+{
+    psagg_rng_key unused = {0, 0};
+    return aggregate(c, in, n_in, n, residual, unused, out, ws, bad);
+}
+
+const psagg_codec_impl psagg_impl_scalar = {
+    .name = "scalar",
+    .fp_encode = scalar_fp_encode,
+    .fp_decode = scalar_decode,
+    .fp_aggregate = scalar_fp_aggregate,
+    .mm_encode = scalar_mm_encode,
+    .mm_decode = scalar_decode,
+    .mm_aggregate = aggregate,
+};

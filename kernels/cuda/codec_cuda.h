@@ -2,6 +2,9 @@
  * codec_cuda.h - psagg's codecs on an NVIDIA GPU, byte-identical to the CPU codecs of
  * kernels/codec.h (same wire formats, same RNG, same rounding, same error rules).
  *
+ * Layer: kernels. Host API in codec_cuda.cu (it checks codecs and sizes with the CPU
+ * library's psagg_codec_check and psagg_encoded_size), device code in kernels.cu.
+ *
  * Two layers:
  *
  *  1. Stream-ordered device functions (psagg_cuda_encode/decode/decode_add/aggregate). Every
@@ -36,24 +39,19 @@
  * Thread safety: the device functions are safe from any thread (they keep no state). A
  * psagg_cuda_ctx is used by one thread at a time: make one per thread.
  */
-#ifndef PSAGG_CODEC_CUDA_H
-#define PSAGG_CODEC_CUDA_H
+#ifndef PSAGG_KERNELS_CUDA_CODEC_CUDA_H
+#define PSAGG_KERNELS_CUDA_CODEC_CUDA_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include <cuda_runtime_api.h>
 
+#include "kernels/codec.h"
+
 #ifdef __cplusplus
-/* codec.h is C11 (it uses _Static_assert); make it readable from C++ translation units. */
-#ifndef _Static_assert
-#define _Static_assert static_assert
-#define PSAGG_CODEC_CUDA_UNDEF_SA
-#endif
 extern "C" {
 #endif
-
-#include "codec.h"
 
 #define PSAGG_CUDA_ERR_NONE   UINT64_MAX
 #define PSAGG_CUDA_MAX_INPUTS 64 /* aggregate: n_in limit (pointers travel as kernel args) */
@@ -151,10 +149,6 @@ psagg_status psagg_cuda_aggregate_host(psagg_cuda_ctx *ctx, const psagg_codec *c
 
 #ifdef __cplusplus
 }
-#ifdef PSAGG_CODEC_CUDA_UNDEF_SA
-#undef _Static_assert
-#undef PSAGG_CODEC_CUDA_UNDEF_SA
-#endif
 #endif
 
-#endif /* PSAGG_CODEC_CUDA_H */
+#endif /* PSAGG_KERNELS_CUDA_CODEC_CUDA_H */

@@ -25,8 +25,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "codec.h"
-#include "error.h"
+#include "base/error.h"
+#include "kernels/codec.h"
 
 /*
  * The timer is this thread's CPU time: the machine is shared, and a pinned thread that is

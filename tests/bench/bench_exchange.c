@@ -62,11 +62,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "codec.h"
-#include "config.h"
-#include "layout.h"
 #include "bench_util.h"
+#include "kernels/codec.h"
 #include "psagg.h"
+#include "runtime/config.h"
+#include "runtime/layout.h"
 
 #define MAX_MODEL_TENSORS 100000
 
@@ -77,9 +77,18 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
+/* 64-bit mixing of the test data's seeds */
+static uint64_t mix64(uint64_t a, uint64_t b)
+{
+    uint64_t z = a ^ (b + 0x9E3779B97F4A7C15ull + (a << 6) + (a >> 2));
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
 static void fill(float *x, uint64_t n, uint64_t seed, int rank, uint32_t key)
 {
-    uint64_t s = psagg_mix64(psagg_mix64(seed, (uint64_t)rank), key);
+    uint64_t s = mix64(mix64(seed, (uint64_t)rank), key);
     float scale = 0.1f / (float)(1 + key % 5);
     for (uint64_t i = 0; i < n; i++) {
         uint64_t z = s + i * 0x9E3779B97F4A7C15ull;

@@ -15,14 +15,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "codec.h"
-#include "config.h"
-#include "control.h"
-#include "error.h"
+#include "base/error.h"
 #include "fn_input.h"
-#include "layout.h"
-#include "transport.h"
-#include "wire.h"
+#include "kernels/codec.h"
+#include "runtime/config.h"
+#include "runtime/control.h"
+#include "runtime/layout.h"
+#include "runtime/message.h"
+#include "runtime/transport.h"
+#include "runtime/wire.h"
 
 #define DIE(...)                                                                                   \
     do {                                                                                           \
@@ -82,8 +83,8 @@ int main(int argc, char **argv)
     snprintf(hello.job_id, sizeof hello.job_id, "%s", cfg.job_id);
     hello.world_size = (uint32_t)cfg.n_workers;
     hello.epname_len = (uint32_t)len;
-    psagg_hello_token(&cfg, rank, hello.auth);
-    if (psagg_ctl_send(fd, PSAGG_CTL_HELLO, &hello, sizeof hello))
+    if (psagg_hello_token(&cfg, rank, hello.auth) ||
+        psagg_ctl_send(fd, PSAGG_CTL_HELLO, &hello, sizeof hello))
         DIE("hello");
     wel = recv_frame(fd, PSAGG_CTL_WELCOME, "WELCOME");
     if (psagg_fabric_add_peer(fab, wel->epname, wel->epname_len, &server))
@@ -95,7 +96,8 @@ int main(int argc, char **argv)
     for (int t = 0; t < 3; t++) {
         char name[16];
         snprintf(name, sizeof name, "t%03d", t);
-        psagg_tensor_to_wire(name, sizes[t], &fp32, &decl[t]);
+        if (psagg_tensor_to_wire(name, sizes[t], &fp32, &decl[t]))
+            DIE("tensor %d", t);
         declare_msg.t[t] = decl[t];
     }
     if (psagg_ctl_send(fd, PSAGG_CTL_DECLARE, &declare_msg, sizeof declare_msg))
@@ -105,7 +107,8 @@ int main(int argc, char **argv)
         DIE("layout (this test expects one chunk per tensor)");
     for (int i = 0; i < 8; i++) {
         rbuf[i] = malloc(1u << 16);
-        psagg_fabric_post_recv(fab, rbuf[i], 1u << 16, NULL, rbuf[i]);
+        if (!rbuf[i] || psagg_fabric_post_recv(fab, rbuf[i], 1u << 16, NULL, rbuf[i]))
+            DIE("post a receive");
     }
 
     /* this worker's round-0 contributions, exactly as fn_worker would send them */
@@ -116,16 +119,7 @@ int main(int argc, char **argv)
         push[c] = calloc(1, sizeof *h + ci->enc_bytes + 64);
         h = (psagg_msg_hdr *)push[c];
         x = (float *)(h + 1);
-        *h = (psagg_msg_hdr){PSAGG_MSG_MAGIC,
-                             PSAGG_MSG_PUSH,
-                             PSAGG_PROTO_VERSION,
-                             (uint16_t)rank,
-                             0,
-                             0,
-                             ci->key,
-                             ci->index,
-                             (uint32_t)ci->enc_bytes,
-                             0};
+        psagg_msg_init(h, PSAGG_MSG_PUSH, rank, 0, ci);
         for (uint64_t i = 0; i < ci->count; i++)
             x[i] = input_value((int)rank, ci->key, 0, i);
     }
@@ -143,7 +137,8 @@ int main(int argc, char **argv)
             h->key = 999;
         else if (!strcmp(mode, "round"))
             h->round = 7;
-        psagg_fabric_send(fab, server, push[1], bytes, NULL, NULL);
+        if (psagg_fabric_send(fab, server, push[1], bytes, NULL, NULL))
+            DIE("send the bad push");
         /* the server must close us with a reason that names the field */
         if (psagg_ctl_recv(fd, &ch, (void **)&e, psagg_now_ms() + 20000, "server 0") ||
             ch.type != PSAGG_CTL_ERROR || !e)
@@ -157,13 +152,12 @@ int main(int argc, char **argv)
     }
 
     /* dup: every push, the first one twice; then wait for the three updates */
-    psagg_fabric_send(fab, server, push[0], sizeof(psagg_msg_hdr) + layout.chunks[0].enc_bytes,
-                      NULL, NULL);
-    psagg_fabric_send(fab, server, push[0], sizeof(psagg_msg_hdr) + layout.chunks[0].enc_bytes,
-                      NULL, NULL);
-    for (uint32_t c = 1; c < 3; c++)
-        psagg_fabric_send(fab, server, push[c], sizeof(psagg_msg_hdr) + layout.chunks[c].enc_bytes,
-                          NULL, NULL);
+    for (uint32_t i = 0; i < 4; i++) {
+        uint32_t c = i ? i - 1 : 0;
+        if (psagg_fabric_send(fab, server, push[c],
+                              sizeof(psagg_msg_hdr) + layout.chunks[c].enc_bytes, NULL, NULL))
+            DIE("send push %u", c);
+    }
     for (int updates = 0; updates < 3;) {
         psagg_fabric_event ev[8];
         int n = psagg_fabric_poll(fab, ev, 8, 100);
@@ -173,7 +167,8 @@ int main(int argc, char **argv)
             else if (ev[i].kind == PSAGG_FABRIC_RECV_ERROR || ev[i].kind == PSAGG_FABRIC_SEND_ERROR)
                 DIE("fabric: %s", ev[i].msg);
     }
-    psagg_ctl_send(fd, PSAGG_CTL_BYE, NULL, 0);
+    if (psagg_ctl_send(fd, PSAGG_CTL_BYE, NULL, 0))
+        DIE("bye");
     printf("rogue: 3 updates received after a duplicate push\n");
     ok = 1;
 out:

@@ -51,9 +51,14 @@ command -v ps >/dev/null || {
 mkdir -p "$T/pids"
 cat >"$T/fakeserver" <<'EOF'
 #!/bin/sh
-# Fake psagg-server: records its pid, prints its environment, sleeps until SIGTERM.
+# Fake psagg-server: --fabric-env prints one variable for the launcher to pass on; otherwise
+# it records its pid, prints its environment, sleeps until SIGTERM.
+if [ "$3" = --fabric-env ]; then
+    echo FI_FAKE_LIMIT=4096
+    exit 0
+fi
 echo $$ >"$T/pids/server.$PSAGG_SERVER_RANK.$$"
-echo "server up rank=$PSAGG_SERVER_RANK cfg=$PSAGG_CONFIG wrank=${PSAGG_RANK-unset} args=$*"
+echo "server up rank=$PSAGG_SERVER_RANK cfg=$PSAGG_CONFIG wrank=${PSAGG_RANK-unset} fi=${FI_FAKE_LIMIT-unset} args=$*"
 echo "server stderr rank=$PSAGG_SERVER_RANK" >&2
 if [ -n "${FAKE_SERVER_IGNORE_TERM:-}" ]; then
     trap '' TERM
@@ -76,7 +81,7 @@ cat >"$T/fakeworker" <<'EOF'
 # Fake worker. FAKE_MODE: ok (print and exit 0), fail (rank 2 exits 3, the others hang),
 # hang (all hang). Hanging workers leave a background grandchild in their process group.
 echo $$ >"$T/pids/worker.$PSAGG_RANK.$$"
-echo "worker rank=$PSAGG_RANK size=$PSAGG_WORLD_SIZE cfg=$PSAGG_CONFIG srank=${PSAGG_SERVER_RANK-unset} cw=${PSAGG_CLUSTER_WORKERS-unset} cs=${PSAGG_CLUSTER_SERVERS-unset} args=$*"
+echo "worker rank=$PSAGG_RANK size=$PSAGG_WORLD_SIZE cfg=$PSAGG_CONFIG srank=${PSAGG_SERVER_RANK-unset} cw=${PSAGG_CLUSTER_WORKERS-unset} cs=${PSAGG_CLUSTER_SERVERS-unset} fi=${FI_FAKE_LIMIT-unset} args=$*"
 echo "worker stderr rank=$PSAGG_RANK" >&2
 case $FAKE_MODE in
 ok) exit 0 ;;
@@ -151,11 +156,11 @@ wait_ready() { # n_workers n_servers
 FAKE_MODE=ok run --config "$repo/conf/local.ini" --server-bin "$T/fakeserver" -- "$T/fakeworker" a 'b c'
 if ((rc == 0)); then pass "success: exit 0"; else fail "success: exit $rc; stderr: $(cat "$T/err")"; fi
 for i in 0 1 2 3; do
-    expect_line success "$T/out" "[worker $i] worker rank=$i size=4 cfg=$conf srank=unset cw=unset cs=unset args=a b c"
+    expect_line success "$T/out" "[worker $i] worker rank=$i size=4 cfg=$conf srank=unset cw=unset cs=unset fi=4096 args=a b c"
     expect_line success "$T/out" "[worker $i] worker stderr rank=$i"
 done
 for i in 0 1; do
-    expect_line success "$T/out" "[server $i] server up rank=$i cfg=$conf wrank=unset args=--config $conf --rank $i"
+    expect_line success "$T/out" "[server $i] server up rank=$i cfg=$conf wrank=unset fi=4096 args=--config $conf --rank $i"
     expect_line success "$T/out" "[server $i] server stderr rank=$i"
     expect_line success "$T/out" "[server $i] server $i got TERM"
 done
@@ -179,7 +184,7 @@ check_no_leftovers "sh -c"
 FAKE_MODE=ok run --config "$repo/conf/local.ini" --server-bin "$T/fakeserver" --workers 2 --servers 1 -- "$T/fakeworker"
 ((rc == 0)) || fail "overrides: exit $rc; stderr: $(cat "$T/err")"
 for i in 0 1; do
-    expect_line overrides "$T/out" "[worker $i] worker rank=$i size=2 cfg=$conf srank=unset cw=2 cs=127.0.0.1:19500 args="
+    expect_line overrides "$T/out" "[worker $i] worker rank=$i size=2 cfg=$conf srank=unset cw=2 cs=127.0.0.1:19500 fi=4096 args="
 done
 grep -q '^\[worker 2\]' "$T/out" && fail "overrides: a third worker ran"
 grep -q '^\[server 1\]' "$T/out" && fail "overrides: a second server ran"

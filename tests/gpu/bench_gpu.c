@@ -23,8 +23,8 @@
 #include <string.h>
 
 #include "../bench/bench_util.h"
-#include "codec_cuda.h"
-#include "error.h"
+#include "base/error.h"
+#include "kernels/cuda/codec_cuda.h"
 
 #ifndef PSAGG_TEST_DATA_DIR
 #define PSAGG_TEST_DATA_DIR "tests/data"

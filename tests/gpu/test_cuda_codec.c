@@ -8,7 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include "../unit/test_codec_util.h"
-#include "codec_cuda.h"
+#include "kernels/cuda/codec_cuda.h"
 
 #define MAXN 8192 /* largest n used below (plus slack for the misaligned views) */
 #define CU(call)                                                                                   \

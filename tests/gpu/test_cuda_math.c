@@ -14,7 +14,7 @@
  *    data of the CPU tests, B = 64/192/1024, b = 1..8, both roundings, +-residual.
  */
 #include "../unit/test_codec_util.h"
-#include "codec_cuda_math.h"
+#include "kernels/cuda/codec_cuda_math.h"
 
 #define BATCH (1u << 20)
 

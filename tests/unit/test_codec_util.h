@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codec.h"
-#include "error.h"
 #include "../testutil.h"
+#include "base/error.h"
+#include "kernels/codec.h"
 
 static inline float tc_u2f(uint32_t u)
 {

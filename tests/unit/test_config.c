@@ -2,9 +2,9 @@
  * test_config.c - psagg_config_load(): the shipped conf/ INI files, defaults, every error
  * class with its file:line and key, environment overrides, and psagg_parse_hostport().
  */
-#include "config.h"
-#include "log.h"
 #include "../testutil.h"
+#include "base/log.h"
+#include "runtime/config.h"
 
 #include <limits.h>
 #include <stdarg.h>

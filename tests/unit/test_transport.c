@@ -28,9 +28,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "error.h"
 #include "../testutil.h"
-#include "transport.h"
+#include "base/error.h"
+#include "runtime/transport.h"
 
 #define NRECV      64
 #define NSEND      32

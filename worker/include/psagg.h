@@ -8,12 +8,18 @@
  * written back. All calls are thread-safe unless noted. Every function that can fail returns
  * a psagg_status; psagg_last_error() gives the message of the calling thread's last failure
  * (what went wrong and with whom).
+ *
+ * Layer: worker (the top, beside server/). It includes only psagg/types.h (base).
  */
 #ifndef PSAGG_H
 #define PSAGG_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* Status codes, psagg_strerror, psagg_last_error and the codec description (psagg_codec):
+ * the types every layer shares (base layer, installed beside this header). */
+#include "psagg/types.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -22,60 +28,12 @@ extern "C" {
 #define PSAGG_VERSION_MAJOR 0
 #define PSAGG_VERSION_MINOR 1
 
-/* Status codes: 0 is success, failures are negative. Grouped by what failed. */
-typedef enum psagg_status {
-    PSAGG_OK = 0,
-    /* the call or one buffer */
-    PSAGG_EINVAL = -1,       /* an argument is out of its documented range */
-    PSAGG_ENONFINITE = -2,   /* NaN or Inf in an input */
-    PSAGG_ERANGE = -3,       /* a finite value the codec cannot represent */
-    PSAGG_EBADLEN = -4,      /* a buffer's length does not match its codec and count */
-    PSAGG_EBADMETA = -5,     /* an encoded buffer's meta (scale, min) is not valid */
-    PSAGG_ENOMEM = -6,       /* out of memory */
-    PSAGG_EAGAIN = -7,       /* not done yet; try again */
-    PSAGG_ETIMEDOUT = -8,    /* a deadline passed */
-    PSAGG_EUNSUPPORTED = -9, /* not available in this build or on this machine */
-    /* configuration */
-    PSAGG_ECONFIG = -20, /* bad configuration (file:line in the message) */
-    /* one peer */
-    PSAGG_EPROTO = -30,    /* a peer sent a bad frame (peer and field in the message) */
-    PSAGG_EPEER = -31,     /* a peer closed, died or could not be reached */
-    PSAGG_EMISMATCH = -32, /* workers declared different tensors */
-    /* the whole job */
-    PSAGG_EFABRIC = -40, /* libfabric failed */
-    PSAGG_EIO = -41,     /* an operating-system call failed */
-    PSAGG_ECLOSED = -42, /* the context is closed or the job was aborted */
-    PSAGG_ECUDA = -43,   /* a CUDA call failed */
-} psagg_status;
+/* ---- codec descriptions as text (wire formats: kernels/codec.h) ---- */
 
-/* A short constant description of a status code. */
-const char *psagg_strerror(int status);
-
-/* The detailed message of the calling thread's most recent failure ("" if none). */
-const char *psagg_last_error(void);
-
-/* Codecs. Their wire formats are specified byte for byte in kernels/codec.h. */
-typedef enum psagg_codec_id {
-    PSAGG_CODEC_DEFAULT = -1, /* in a tensor declaration: take [codec] from the config */
-    PSAGG_CODEC_FP32 = 0,
-    PSAGG_CODEC_FP16 = 1,
-    PSAGG_CODEC_BF16 = 2,
-    PSAGG_CODEC_MAXMIN = 3,
-} psagg_codec_id;
-
-typedef enum psagg_rounding {
-    PSAGG_ROUND_STOCHASTIC = 0, /* unbiased; counter-based RNG, reproducible */
-    PSAGG_ROUND_NEAREST = 1,
-} psagg_rounding;
-
-typedef struct psagg_codec {
-    psagg_codec_id id;
-    uint32_t bits;           /* maxmin: 1..8 bits per element; ignored otherwise */
-    uint32_t bucket;         /* maxmin: elements per bucket, a multiple of 64; 0 = 1024 */
-    psagg_rounding rounding; /* maxmin */
-} psagg_codec;
-
-/* Parse "fp32", "fp16", "bf16", "maxmin4", "maxmin:4", "maxmin4-nearest"... */
+/*
+ * Parse "fp32", "fp16", "bf16", "maxmin4" or "maxmin:4", optionally followed by "/<bucket>"
+ * and "/sr" or "/nearest" in any order ("maxmin4/512/nearest"). Implemented in kernels/.
+ */
 psagg_status psagg_codec_parse(const char *text, psagg_codec *out);
 /* Format a codec as text ("maxmin4/1024/sr"); returns buf. */
 const char *psagg_codec_name(const psagg_codec *codec, char *buf, size_t len);

@@ -1,5 +1,5 @@
-/* control.c - see control.h. */
-#include "control.h"
+/* runtime/control.c - see runtime/control.h. */
+#include "runtime/control.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -16,14 +16,7 @@
 
 #include <sodium.h>
 
-#include "error.h"
-
-int64_t psagg_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+#include "base/error.h"
 
 static psagg_status resolve(const psagg_hostport *hp, int passive, struct addrinfo **res)
 {
@@ -48,8 +41,8 @@ psagg_status psagg_tcp_listen(const psagg_hostport *hp, int *fd_out)
     fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         goto err_socket;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, res->ai_addr, res->ai_addrlen) || listen(fd, 1024))
+    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
+        bind(fd, res->ai_addr, res->ai_addrlen) || listen(fd, 1024))
         goto err_bind;
     freeaddrinfo(res);
     *fd_out = fd;
@@ -76,7 +69,12 @@ psagg_status psagg_tcp_connect(const psagg_hostport *hp, int64_t deadline_ms, in
             break;
         }
         if (connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
-            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            /* small frames, each answered: never wait for Nagle */
+            if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one)) {
+                last_err = errno;
+                close(fd);
+                break;
+            }
             freeaddrinfo(res);
             *fd_out = fd;
             return PSAGG_OK;
@@ -130,7 +128,7 @@ psagg_status psagg_ctl_send(int fd, uint16_t type, const void *body, uint32_t le
     return st;
 }
 
-psagg_status psagg_ctl_send_error(int fd, uint16_t type, int status, const char *msg)
+psagg_status psagg_ctl_send_error(int fd, uint16_t type, psagg_status status, const char *msg)
 {
     psagg_ctl_error e = {.status = status};
     snprintf(e.msg, sizeof e.msg, "%s", msg);
@@ -198,6 +196,21 @@ psagg_status psagg_ctl_recv(int fd, psagg_ctl_hdr *hdr, void **body, int64_t dea
         *body = NULL;
     }
     return st;
+}
+
+psagg_status psagg_ctl_error_parse(const psagg_ctl_hdr *hdr, void *body, const char **msg)
+{
+    psagg_ctl_error *e = body;
+    *msg = NULL;
+    if ((hdr->type != PSAGG_CTL_ERROR && hdr->type != PSAGG_CTL_ABORT) || hdr->len != sizeof *e ||
+        !e)
+        return PSAGG_OK;
+    e->msg[sizeof e->msg - 1] = '\0';
+    *msg = e->msg;
+    /* a peer's status is only trusted to be one of ours if it is a failure */
+    if (!psagg_status_is_failure(e->status))
+        return PSAGG_EPEER;
+    return (psagg_status)e->status;
 }
 
 psagg_status psagg_hello_token(const psagg_config *cfg, uint32_t rank, uint8_t out[32])

@@ -1,5 +1,5 @@
 /*
- * transport.c - the libfabric data path behind transport.h.
+ * runtime/transport.c - the libfabric data path behind runtime/transport.h.
  *
  * One fabric, domain, completion queue, address vector and FI_EP_RDM endpoint per process;
  * plain FI_MSG sends into receive buffers the caller pre-posts. Every operation carries an
@@ -12,7 +12,7 @@
  * Completions read by a send or post_recv that meets -FI_EAGAIN (they must read the CQ to
  * drive progress) go to a bounded backlog that the next psagg_fabric_poll returns first.
  */
-#include "transport.h"
+#include "runtime/transport.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -33,8 +33,9 @@
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 
-#include "error.h"
-#include "log.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
 
 #define FABRIC_API_VERSION FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION)
 
@@ -81,15 +82,16 @@ struct psagg_fabric {
     struct fid_av *av;
     struct fid_ep *ep;
 
-    size_t max_msg;  /* opts->max_msg */
-    size_t name_len; /* length of this endpoint's name */
-    int addr_str;    /* addresses are strings (FI_ADDR_STR, shm) */
-    int local_mr;    /* mr_mode has FI_MR_LOCAL: psagg_fabric_reg registers */
-    int mr_endpoint; /* FI_MR_ENDPOINT: bind regions to the endpoint */
-    int mr_prov_key; /* FI_MR_PROV_KEY: provider picks keys */
-    int cq_wait;     /* the CQ has a wait object: poll may block in fi_cq_sread */
-    int serialize;   /* no FI_THREAD_SAFE granted: fab_lock around libfabric calls */
-    char prov[64];   /* provider name opened */
+    size_t max_msg;   /* opts->max_msg */
+    size_t name_len;  /* length of this endpoint's name */
+    int addr_str;     /* addresses are strings (FI_ADDR_STR, shm) */
+    int local_mr;     /* mr_mode has FI_MR_LOCAL: psagg_fabric_reg registers */
+    int mr_endpoint;  /* FI_MR_ENDPOINT: bind regions to the endpoint */
+    int mr_prov_key;  /* FI_MR_PROV_KEY: provider picks keys */
+    int cq_wait;      /* the CQ has a wait object: poll may block in fi_cq_sread */
+    int serialize;    /* no FI_THREAD_SAFE granted: fab_lock around libfabric calls */
+    char prov[64];    /* provider name opened */
+    psagg_logger log; /* the owner's (opts->log) */
 
     pthread_mutex_t fab_lock; /* only used when serialize */
     pthread_mutex_t lock;     /* backlog, free ops, slabs, regions, next_key */
@@ -113,13 +115,6 @@ static void fab_unlock(psagg_fabric *f)
 {
     if (f->serialize)
         pthread_mutex_unlock(&f->fab_lock);
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
 /*
@@ -351,11 +346,11 @@ static int drive_progress(psagg_fabric *f)
  * -FI_EAGAIN. Gives up with PSAGG_ETIMEDOUT after POST_RETRY_MS of nothing but -FI_EAGAIN
  * (the peer's queue never drains, e.g. a dead shm peer), so no call blocks forever.
  */
-static int post_op(psagg_fabric *f, struct fabric_op *op, fi_addr_t to, void *buf, size_t len,
-                   void *desc)
+static int post_op(psagg_fabric *f, struct fabric_op *op, fi_addr_t to, const void *sbuf,
+                   void *rbuf, size_t len, void *desc)
 {
     const char *what = op->kind == OP_SEND ? "fi_send" : "fi_recv";
-    uint64_t deadline = 0;
+    int64_t deadline = 0;
     unsigned idle = 0;
     ssize_t ret;
     int n;
@@ -363,9 +358,9 @@ static int post_op(psagg_fabric *f, struct fabric_op *op, fi_addr_t to, void *bu
     for (;;) {
         fab_lock(f);
         if (op->kind == OP_SEND)
-            ret = fi_send(f->ep, buf, len, desc, to, &op->fictx);
+            ret = fi_send(f->ep, sbuf, len, desc, to, &op->fictx);
         else
-            ret = fi_recv(f->ep, buf, len, desc, FI_ADDR_UNSPEC, &op->fictx);
+            ret = fi_recv(f->ep, rbuf, len, desc, FI_ADDR_UNSPEC, &op->fictx);
         fab_unlock(f);
         if (ret == 0)
             return PSAGG_OK;
@@ -381,9 +376,9 @@ static int post_op(psagg_fabric *f, struct fabric_op *op, fi_addr_t to, void *bu
         if (n < 0)
             return n;
         if (deadline == 0) {
-            deadline = now_ms() + POST_RETRY_MS;
-            LOG_DEBUG("%s: %s: queue full, driving progress", f->prov, what);
-        } else if (now_ms() > deadline) {
+            deadline = psagg_now_ms() + POST_RETRY_MS;
+            LOG_DEBUG(&f->log, "%s: %s: queue full, driving progress", f->prov, what);
+        } else if (psagg_now_ms() > deadline) {
             return psagg_fail(
                 PSAGG_ETIMEDOUT,
                 "%s: %s (%zu bytes) met -FI_EAGAIN for %d ms; peer %" PRIu64 " not draining",
@@ -410,24 +405,52 @@ static int post_op(psagg_fabric *f, struct fabric_op *op, fi_addr_t to, void *bu
  * reads the data with an RMA read whose request travels on the same TCP connection as the
  * bulk data going the other way, so the two directions of a link take turns instead of
  * overlapping (measured: ResNet-50 maxmin4 at 1 Gbit/s, 440-500 ms a step against 300-320 ms
- * with eager sends). psagg's messages are bounded by max_msg (one chunk), so ask rxm to send
- * every one eagerly. libfabric reads these when its providers initialise (the first
- * fi_getinfo of the process); a value already in the environment wins.
+ * with eager sends). psagg's messages are bounded by max_msg (one chunk), so every one can go
+ * eagerly when rxm's limits are at least that. rxm reads them from the environment once,
+ * when libfabric initialises its providers (the first fi_getinfo of the process), and keeps
+ * them process-wide: there is no per-endpoint setting (libfabric 1.17 refuses an
+ * inject_size hint above them), and rxm refuses a connection from a peer whose eager limit
+ * differs ("eager_limit mismatch"), so every process of a job must start with the same
+ * values. A library must not change its host process's environment (setenv races with
+ * every getenv of other threads), and a process that raised its own limits would shut out
+ * peers started without them, so no psagg code sets them: psagg_fabric_env_hint says what to
+ * set, the launchers give it to every process (psagg-server --fabric-env prints it), and
+ * psagg_fabric_open warns when a tcp endpoint opens without it (still correct, but slower).
  */
-static void rxm_prefer_eager(size_t max_msg)
+int psagg_fabric_env_hint(const char *provider, size_t max_msg, psagg_fabric_env *out, int max)
 {
-    char v[32];
-    snprintf(v, sizeof v, "%zu", max_msg);
-    setenv("FI_OFI_RXM_EAGER_LIMIT", v, 0);
-    snprintf(v, sizeof v, "%zu", 2 * max_msg);
-    setenv("FI_OFI_RXM_SAR_LIMIT", v, 0);
+    if (!provider || strcmp(provider, "tcp") != 0 || max < 2)
+        return 0;
+    out[0] = (psagg_fabric_env){.name = "FI_OFI_RXM_EAGER_LIMIT"};
+    snprintf(out[0].value, sizeof out[0].value, "%zu", max_msg);
+    out[1] = (psagg_fabric_env){.name = "FI_OFI_RXM_SAR_LIMIT"};
+    snprintf(out[1].value, sizeof out[1].value, "%zu", 2 * max_msg);
+    return 2;
+}
+
+/* Warn when the environment does not give rxm the limits psagg_fabric_env_hint asks for. */
+static void check_env(const char *provider, size_t max_msg, const psagg_logger *log)
+{
+    psagg_fabric_env env[2];
+    int n = psagg_fabric_env_hint(provider, max_msg, env, 2);
+    for (int i = 0; i < n; i++) {
+        const char *have = getenv(env[i].name);
+        if (!have || strtoull(have, NULL, 10) < strtoull(env[i].value, NULL, 10)) {
+            LOG_WARN(log,
+                     "%s is %s%s, below this job's largest message: rxm sends large chunks by "
+                     "rendezvous, about 1.5x slower at 1 Gbit/s. For full speed start every "
+                     "process of the job (servers too: the values must agree) with %s=%s %s=%s, "
+                     "as deploy/psagg-local does (psagg-server --fabric-env prints them).",
+                     env[i].name, have ? "" : "unset", have ? have : "", env[0].name, env[0].value,
+                     env[1].name, env[1].value);
+            return;
+        }
+    }
 }
 
 static int fabric_getinfo(const psagg_fabric_opts *opts, struct fi_info **out)
 {
     const char *prov = strcmp(opts->provider, "tcp") == 0 ? "tcp;ofi_rxm" : opts->provider;
-    if (strcmp(opts->provider, "tcp") == 0)
-        rxm_prefer_eager(opts->max_msg);
     const char *node = strcmp(opts->provider, "shm") == 0 ? NULL : opts->node;
     struct fi_info *hints, *info = NULL;
     int ret, st = PSAGG_OK;
@@ -484,7 +507,8 @@ static int fabric_cq_open(psagg_fabric *f)
     attr.wait_obj = f->serialize ? FI_WAIT_NONE : FI_WAIT_FD;
     ret = fi_cq_open(f->domain, &attr, &f->cq, NULL);
     if (ret != 0 && attr.wait_obj != FI_WAIT_NONE) {
-        LOG_DEBUG("%s: CQ with a wait object: %s; polling without one", f->prov, fi_strerror(-ret));
+        LOG_DEBUG(&f->log, "%s: CQ with a wait object: %s; polling without one", f->prov,
+                  fi_strerror(-ret));
         attr.wait_obj = FI_WAIT_NONE;
         ret = fi_cq_open(f->domain, &attr, &f->cq, NULL);
     }
@@ -516,6 +540,11 @@ psagg_status psagg_fabric_open(const psagg_fabric_opts *opts, psagg_fabric **out
     if (f == NULL)
         return psagg_fail(PSAGG_ENOMEM, "fabric: out of memory");
     f->max_msg = opts->max_msg;
+    if (opts->log)
+        f->log = *opts->log;
+    else
+        psagg_logger_init(&f->log, "psagg", -1);
+    check_env(opts->provider, opts->max_msg, &f->log);
     pthread_mutex_init(&f->lock, NULL);
     pthread_mutex_init(&f->fab_lock, NULL);
 
@@ -582,7 +611,8 @@ psagg_status psagg_fabric_open(const psagg_fabric_opts *opts, psagg_fabric **out
         goto err_ep;
     }
 
-    LOG_DEBUG("fabric: opened %s (fabric %s, domain %s), mr_mode 0x%" PRIx64
+    LOG_DEBUG(&f->log,
+              "fabric: opened %s (fabric %s, domain %s), mr_mode 0x%" PRIx64
               "%s, %s, cq wait %s, max_msg_size %zu",
               f->prov, f->info->fabric_attr->name, f->info->domain_attr->name, mr_mode,
               f->local_mr ? " (local registration)" : "",
@@ -614,7 +644,7 @@ static void close_fid(psagg_fabric *f, struct fid *fid, const char *what)
 {
     int ret = fi_close(fid);
     if (ret != 0)
-        LOG_WARN("%s: closing the %s: %s", f->prov, what, fi_strerror(-ret));
+        LOG_WARN(&f->log, "%s: closing the %s: %s", f->prov, what, fi_strerror(-ret));
 }
 
 /*
@@ -768,7 +798,7 @@ psagg_status psagg_fabric_post_recv(psagg_fabric *f, void *buf, size_t len, void
     op = op_get(f, ctx, OP_RECV);
     if (op == NULL)
         return psagg_fail(PSAGG_ENOMEM, "%s: post_recv: out of memory", f->prov);
-    st = post_op(f, op, FI_ADDR_UNSPEC, buf, len, desc);
+    st = post_op(f, op, FI_ADDR_UNSPEC, NULL, buf, len, desc);
     if (st < 0)
         op_put(f, op);
     return st;
@@ -788,7 +818,7 @@ psagg_status psagg_fabric_send(psagg_fabric *f, psagg_peer to, const void *buf, 
     op = op_get(f, ctx, OP_SEND);
     if (op == NULL)
         return psagg_fail(PSAGG_ENOMEM, "%s: send: out of memory", f->prov);
-    st = post_op(f, op, (fi_addr_t)to, (void *)buf, len, desc);
+    st = post_op(f, op, (fi_addr_t)to, buf, NULL, len, desc);
     if (st < 0)
         op_put(f, op);
     return st;
@@ -802,7 +832,7 @@ psagg_status psagg_fabric_send(psagg_fabric *f, psagg_peer to, const void *buf, 
  */
 int psagg_fabric_poll(psagg_fabric *f, psagg_fabric_event *ev, int max, int timeout_ms)
 {
-    uint64_t deadline = 0;
+    int64_t deadline = 0;
     unsigned idle = 0;
     int n, r;
 
@@ -819,13 +849,13 @@ int psagg_fabric_poll(psagg_fabric *f, psagg_fabric_event *ev, int max, int time
         if (n > 0 || timeout_ms <= 0)
             return n;
 
-        uint64_t now = now_ms();
+        int64_t now = psagg_now_ms();
         if (deadline == 0)
-            deadline = now + (uint64_t)timeout_ms;
+            deadline = now + timeout_ms;
         if (now >= deadline)
             return 0;
         if (f->cq_wait) {
-            uint64_t left = deadline - now;
+            int64_t left = deadline - now;
             r = cq_fetch(f, ev, max, left < SREAD_SLICE_MS ? (int)left : SREAD_SLICE_MS);
             if (r != 0)
                 return r;

@@ -1,25 +1,15 @@
-/* layout.c - see layout.h. */
-#include "layout.h"
+/* runtime/layout.c - see runtime/layout.h. */
+#include "runtime/layout.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "codec.h"
-#include "error.h"
-
-uint64_t psagg_mix64(uint64_t a, uint64_t b)
-{
-    uint64_t z = a ^ (b + 0x9E3779B97F4A7C15ull + (a << 6) + (a >> 2));
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+#include "base/error.h"
+#include "kernels/codec.h"
 
 size_t psagg_max_message(const psagg_config *cfg)
 {
-    size_t chunk =
-        cfg->chunk_bytes > PSAGG_MAXMIN_MAX_BUCKET ? cfg->chunk_bytes : PSAGG_MAXMIN_MAX_BUCKET;
-    return sizeof(psagg_msg_hdr) + chunk + 4096;
+    return sizeof(psagg_msg_hdr) + psagg_codec_max_chunk_bytes(psagg_chunk_elems(cfg));
 }
 
 psagg_status psagg_tensor_to_wire(const char *name, uint64_t count, const psagg_codec *codec,
@@ -58,7 +48,7 @@ static int by_name(const void *a, const void *b, void *base)
 }
 
 /* Every name once: sort the indices by name and compare neighbours. */
-static psagg_status check_unique_names(const psagg_tensor_info *t, uint32_t n)
+static psagg_status check_unique_names(psagg_tensor_info *t, uint32_t n)
 {
     uint32_t *idx = malloc((size_t)n * sizeof *idx);
     psagg_status st = PSAGG_OK;
@@ -66,7 +56,7 @@ static psagg_status check_unique_names(const psagg_tensor_info *t, uint32_t n)
         return psagg_fail(PSAGG_ENOMEM, "layout of %u tensors", n);
     for (uint32_t i = 0; i < n; i++)
         idx[i] = i;
-    qsort_r(idx, n, sizeof *idx, by_name, (void *)t);
+    qsort_r(idx, n, sizeof *idx, by_name, t);
     for (uint32_t i = 1; i < n && !st; i++)
         if (!strcmp(t[idx[i - 1]].name, t[idx[i]].name)) {
             uint32_t a = idx[i - 1] < idx[i] ? idx[i - 1] : idx[i];
@@ -90,7 +80,7 @@ psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64
     psagg_layout l = {.n_tensors = n, .n_servers = n_servers};
     uint64_t total_chunks = 0;
     uint32_t *order = NULL, c = 0;
-    int st;
+    psagg_status st;
 
     memset(out, 0, sizeof *out);
     if (!n || n > PSAGG_MAX_TENSORS || !n_servers || chunk_elems < 64 || chunk_elems % 64)
@@ -114,19 +104,20 @@ psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64
         ti->count = decl[t].count;
         ti->codec = (psagg_codec){(psagg_codec_id)decl[t].codec, decl[t].bits, decl[t].bucket,
                                   (psagg_rounding)decl[t].rounding};
-        if (decl[t].codec > PSAGG_CODEC_MAXMIN || decl[t].rounding > PSAGG_ROUND_NEAREST ||
-            psagg_codec_check(&ti->codec)) {
-            st = psagg_fail_context(PSAGG_EINVAL, "tensor %u '%s': ", t, ti->name);
+        if (decl[t].codec > PSAGG_CODEC_MAXMIN)
+            st = psagg_fail(PSAGG_EINVAL, "codec id %u unknown", decl[t].codec);
+        else if (decl[t].rounding > PSAGG_ROUND_NEAREST)
+            st = psagg_fail(PSAGG_EINVAL, "rounding %u unknown", decl[t].rounding);
+        else
+            st = psagg_codec_check(&ti->codec);
+        if (st) {
+            psagg_fail_context(st, "tensor %u '%s': ", t, ti->name);
             goto err;
         }
-        /* whole buckets per chunk, so every chunk encodes on its own */
-        ti->chunk_elems = chunk_elems;
-        if (ti->codec.id == PSAGG_CODEC_MAXMIN)
-            ti->chunk_elems = chunk_elems < ti->codec.bucket
-                                  ? ti->codec.bucket
-                                  : chunk_elems - chunk_elems % ti->codec.bucket;
+        ti->chunk_elems = psagg_codec_chunk_elems(&ti->codec, chunk_elems);
         ti->first_chunk = (uint32_t)total_chunks;
-        ti->n_chunks = (uint32_t)((ti->count + ti->chunk_elems - 1) / ti->chunk_elems);
+        /* count <= 2^32 - 1 and chunk_elems >= 64: no overflow */
+        ti->n_chunks = (uint32_t)(ti->count / ti->chunk_elems + (ti->count % ti->chunk_elems != 0));
         total_chunks += ti->n_chunks;
         if (total_chunks > UINT32_MAX / 2) {
             st = psagg_fail(PSAGG_EINVAL, "layout: too many chunks");

@@ -1,9 +1,11 @@
 /*
- * alloc.h - psagg's buffers come from jemalloc: cache-line aligned, and each aggregation
+ * base/alloc.h - psagg's buffers come from jemalloc: cache-line aligned, and each aggregation
  * thread can take an arena of its own so threads never contend on one allocator lock.
+ *
+ * Layer: base.
  */
-#ifndef PSAGG_COMMON_ALLOC_H
-#define PSAGG_COMMON_ALLOC_H
+#ifndef PSAGG_BASE_ALLOC_H
+#define PSAGG_BASE_ALLOC_H
 
 #include <stddef.h>
 

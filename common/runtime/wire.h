@@ -1,5 +1,7 @@
 /*
- * wire.h - psagg's wire protocol: the TCP control channel and the libfabric data messages.
+ * runtime/wire.h - psagg's wire protocol: the TCP control channel and the libfabric data
+ * messages. Layer: runtime (runtime/control.c reads and writes the frames, runtime/message.c
+ * builds and checks the data headers).
  *
  * Every field is fixed-width little-endian (psagg only runs on little-endian hosts; codec.h
  * refuses to build elsewhere), structs have no implicit padding (checked below), and every
@@ -25,8 +27,8 @@
  *   second push of the same (round, worker) is a duplicate (dropped), a push for a newer round
  *   than the one being collected is a protocol error.
  */
-#ifndef PSAGG_COMMON_WIRE_H
-#define PSAGG_COMMON_WIRE_H
+#ifndef PSAGG_RUNTIME_WIRE_H
+#define PSAGG_RUNTIME_WIRE_H
 
 #include <stdint.h>
 

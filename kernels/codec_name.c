@@ -1,5 +1,7 @@
-/* codec_name.c - codec descriptions to and from text ("maxmin4", "fp16", ...). */
-#include "error.h"
+/* codec_name.c - codec descriptions to and from text ("maxmin4", "fp16", ...). Layer: kernels. */
+#include "kernels/codec.h"
+
+#include "base/error.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,7 +82,8 @@ const char *psagg_codec_name(const psagg_codec *c, char *buf, size_t len)
         snprintf(buf, len, "bf16");
         break;
     case PSAGG_CODEC_MAXMIN:
-        snprintf(buf, len, "maxmin%u/%u/%s", c->bits, c->bucket ? c->bucket : 1024u,
+        snprintf(buf, len, "maxmin%u/%u/%s", c->bits,
+                 c->bucket ? c->bucket : PSAGG_MAXMIN_DEFAULT_BUCKET,
                  c->rounding == PSAGG_ROUND_NEAREST ? "nearest" : "sr");
         break;
     default:

@@ -1,6 +1,7 @@
 /*
- * transport.h - psagg's libfabric data path: one FI_EP_RDM endpoint, one completion queue and
- * one address vector per process, messages into pre-posted registered receive buffers.
+ * runtime/transport.h - psagg's libfabric data path: one FI_EP_RDM endpoint, one completion
+ * queue and one address vector per process, messages into pre-posted registered receive
+ * buffers. Layer: runtime.
  *
  * Threading: psagg_fabric_send() and psagg_fabric_post_recv() may be called from any thread;
  * exactly one thread at a time calls psagg_fabric_poll(), which drives progress and returns
@@ -8,13 +9,15 @@
  * reading the completion queue (completions read while retrying are queued for the next
  * poll, never lost).
  */
-#ifndef PSAGG_COMMON_TRANSPORT_H
-#define PSAGG_COMMON_TRANSPORT_H
+#ifndef PSAGG_RUNTIME_TRANSPORT_H
+#define PSAGG_RUNTIME_TRANSPORT_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "psagg.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "psagg/types.h"
 
 typedef struct psagg_fabric psagg_fabric;
 typedef uint64_t psagg_peer; /* an fi_addr_t in this process's address vector */
@@ -22,17 +25,32 @@ typedef uint64_t psagg_peer; /* an fi_addr_t in this process's address vector */
 #define PSAGG_FABRIC_NAME_MAX 256
 
 typedef struct psagg_fabric_opts {
-    const char *provider; /* "tcp", "shm", ...; tcp means the tcp provider under ofi_rxm */
-    const char *node;     /* local address to bind (tcp); NULL = provider's choice */
-    size_t max_msg;       /* largest message that will be sent, bytes */
+    const char *provider;    /* "tcp", "shm", ...; tcp means the tcp provider under ofi_rxm */
+    const char *node;        /* local address to bind (tcp); NULL = provider's choice */
+    size_t max_msg;          /* largest message that will be sent, bytes */
+    const psagg_logger *log; /* the owner's logger (copied); NULL: role "psagg" */
 } psagg_fabric_opts;
+
+/*
+ * The environment a process using `provider` for messages up to max_msg bytes should start
+ * with (libfabric reads it once, process-wide, when it initialises; see transport.c): for tcp,
+ * rxm's eager and segmentation limits, so every message is sent eagerly. psagg never sets it
+ * itself; the executables and launchers do. Fills up to max NAME=VALUE pairs and returns how
+ * many (0: nothing needed). psagg_fabric_open logs a warning when a tcp endpoint opens
+ * without it.
+ */
+typedef struct psagg_fabric_env {
+    char name[40];
+    char value[24];
+} psagg_fabric_env;
+int psagg_fabric_env_hint(const char *provider, size_t max_msg, psagg_fabric_env *out, int max);
 
 /*
  * PSAGG_EFABRIC (provider named, libfabric's text) when the provider cannot be opened;
  * PSAGG_EINVAL for max_msg 0 or above SSIZE_MAX; PSAGG_EUNSUPPORTED above the provider's
  * max_msg_size.
  */
-psagg_status psagg_fabric_open(const psagg_fabric_opts *opts, psagg_fabric **out);
+PSAGG_NODISCARD psagg_status psagg_fabric_open(const psagg_fabric_opts *opts, psagg_fabric **out);
 void psagg_fabric_close(psagg_fabric *f);
 
 /* The provider name actually opened, e.g. "tcp;ofi_rxm". */
@@ -40,19 +58,21 @@ const char *psagg_fabric_provider(const psagg_fabric *f);
 
 /* Local endpoint name, to be given to peers through the control channel. *len: room in, the
  * name's length out (PSAGG_EINVAL, with the length needed, if it does not fit). */
-psagg_status psagg_fabric_name(psagg_fabric *f, void *buf, size_t *len);
+PSAGG_NODISCARD psagg_status psagg_fabric_name(psagg_fabric *f, void *buf, size_t *len);
 /* name/len as received: checked against this provider's address format (PSAGG_EINVAL). */
-psagg_status psagg_fabric_add_peer(psagg_fabric *f, const void *name, size_t len, psagg_peer *out);
+PSAGG_NODISCARD psagg_status psagg_fabric_add_peer(psagg_fabric *f, const void *name, size_t len,
+                                                   psagg_peer *out);
 
 /*
  * Register memory used as a send source or receive target. *desc is what send/post_recv
  * need (NULL when the provider's mr_mode does not require local registration). Regions stay
  * registered until psagg_fabric_close.
  */
-psagg_status psagg_fabric_reg(psagg_fabric *f, void *buf, size_t len, void **desc);
+PSAGG_NODISCARD psagg_status psagg_fabric_reg(psagg_fabric *f, void *buf, size_t len, void **desc);
 
 /* Post one receive buffer; its completion carries `ctx`. Repost after consuming it. */
-psagg_status psagg_fabric_post_recv(psagg_fabric *f, void *buf, size_t len, void *desc, void *ctx);
+PSAGG_NODISCARD psagg_status psagg_fabric_post_recv(psagg_fabric *f, void *buf, size_t len,
+                                                    void *desc, void *ctx);
 
 /*
  * Send len bytes (<= max_msg, else PSAGG_EINVAL) to peer; the buffer must stay untouched until
@@ -62,8 +82,8 @@ psagg_status psagg_fabric_post_recv(psagg_fabric *f, void *buf, size_t len, void
  * (libfabric 1.17) never completes large sends (receiver-pulled), so the control channel has to
  * notice the death.
  */
-psagg_status psagg_fabric_send(psagg_fabric *f, psagg_peer to, const void *buf, size_t len,
-                               void *desc, void *ctx);
+PSAGG_NODISCARD psagg_status psagg_fabric_send(psagg_fabric *f, psagg_peer to, const void *buf,
+                                               size_t len, void *desc, void *ctx);
 
 typedef enum psagg_fabric_event_kind {
     PSAGG_FABRIC_SEND_DONE = 1,

@@ -1,6 +1,7 @@
 /*
- * config.c - psagg_config_load(): defaults, then the INI file (inih), then PSAGG_<SECTION>_<KEY>
- * environment overrides, then the required-key check. See config.h for the contract.
+ * runtime/config.c - psagg_config_load(): defaults, then the INI file (inih), then
+ * PSAGG_<SECTION>_<KEY> environment overrides, then the required-key check. See config.h for the
+ * contract.
  *
  * Every key is one row of `keys[]` (section, name, field offset, parser, limits); the file
  * handler and the environment pass look a key up there and run its parser, so adding a key
@@ -12,10 +13,11 @@
  * (inih would silently split them) and validates section headers (inih reports only keys,
  * so an empty unknown section would otherwise go unnoticed).
  */
-#include "config.h"
+#include "runtime/config.h"
 
-#include "error.h"
-#include "log.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "kernels/codec.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>

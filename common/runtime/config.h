@@ -1,17 +1,19 @@
 /*
- * config.h - psagg's INI configuration (read with inih), shared by servers and workers.
+ * runtime/config.h - psagg's INI configuration (read with inih), shared by servers and workers.
+ * Layer: runtime.
  *
  * Sources, later ones win: built-in defaults, the INI file, then environment variables
  * PSAGG_<SECTION>_<KEY> (upper case, e.g. PSAGG_CLUSTER_PROVIDER=shm). Unknown sections or
  * keys, bad values and missing required keys are PSAGG_ECONFIG with "file:line: ..." (or
  * "env PSAGG_X: ...") in psagg_last_error(). Every key is documented in conf/cluster.ini.
  */
-#ifndef PSAGG_COMMON_CONFIG_H
-#define PSAGG_COMMON_CONFIG_H
+#ifndef PSAGG_RUNTIME_CONFIG_H
+#define PSAGG_RUNTIME_CONFIG_H
 
 #include <stdint.h>
 
-#include "psagg.h"
+#include "base/error.h"
+#include "psagg/types.h"
 
 #define PSAGG_MAX_SERVERS 256
 #define PSAGG_MAX_WORKERS 1024
@@ -64,7 +66,7 @@ typedef struct psagg_config {
 } psagg_config;
 
 /* Fill defaults, read `path`, apply environment overrides, check required keys. */
-psagg_status psagg_config_load(const char *path, psagg_config *cfg);
+PSAGG_NODISCARD psagg_status psagg_config_load(const char *path, psagg_config *cfg);
 
 /* Parse "host:port" ("[v6]:port" for IPv6). */
 psagg_status psagg_parse_hostport(const char *text, psagg_hostport *out);

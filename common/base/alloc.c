@@ -1,5 +1,5 @@
-/* alloc.c - see alloc.h. */
-#include "alloc.h"
+/* base/alloc.c - see base/alloc.h. */
+#include "base/alloc.h"
 
 #include <jemalloc/jemalloc.h>
 

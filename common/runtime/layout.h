@@ -1,23 +1,24 @@
 /*
- * layout.h - how declared tensors become chunks and which server owns each chunk.
+ * runtime/layout.h - how declared tensors become chunks and which server owns each chunk.
  *
- * Every worker and server computes the same layout from the same declaration list, so no
- * placement is ever sent over the wire. Chunks: tensor t is cut into pieces of
- * chunk_elems(t) = max(bucket, chunk_elems rounded down to a multiple of the codec's bucket)
- * elements (the last piece is shorter). Placement: longest-processing-time greedy on encoded
+ * Layer: runtime. Every worker and server computes the same layout from the same declaration
+ * list, so no placement is ever sent over the wire. Chunks: tensor t is cut into pieces of
+ * psagg_codec_chunk_elems(codec, chunk_elems) elements (kernels/codec.h: whole maxmin
+ * buckets; the last piece is shorter). Placement: longest-processing-time greedy on encoded
  * bytes: chunks sorted by encoded size (descending, ties by key then chunk index) each go to
  * the server with the least bytes so far (ties: lowest rank). That keeps the busiest server
  * link within one chunk of the mean.
  */
-#ifndef PSAGG_COMMON_LAYOUT_H
-#define PSAGG_COMMON_LAYOUT_H
+#ifndef PSAGG_RUNTIME_LAYOUT_H
+#define PSAGG_RUNTIME_LAYOUT_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
-#include "psagg.h"
-#include "wire.h"
+#include "base/error.h"
+#include "psagg/types.h"
+#include "runtime/config.h"
+#include "runtime/wire.h"
 
 typedef struct psagg_chunk_info {
     uint32_t key, index; /* tensor and chunk within it */
@@ -49,25 +50,23 @@ typedef struct psagg_layout {
 } psagg_layout;
 
 /* Build from declarations (validated: counts >= 1, codecs valid, names unique). */
-psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64_t chunk_elems,
-                                uint32_t n_servers, psagg_layout *out);
+PSAGG_NODISCARD psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n,
+                                                uint64_t chunk_elems, uint32_t n_servers,
+                                                psagg_layout *out);
 void psagg_layout_free(psagg_layout *l);
 
 /* The declaration record for one tensor description (name truncated check included). */
-psagg_status psagg_tensor_to_wire(const char *name, uint64_t count, const psagg_codec *codec,
-                                  psagg_ctl_tensor *out);
+PSAGG_NODISCARD psagg_status psagg_tensor_to_wire(const char *name, uint64_t count,
+                                                  const psagg_codec *codec, psagg_ctl_tensor *out);
 
 /* Elements per chunk that a worker with this config declares: chunk_bytes of fp32, rounded
  * down to a multiple of 64, at least 64. Every worker of a job must agree. */
 uint64_t psagg_chunk_elems(const psagg_config *cfg);
 
 /*
- * The largest data message a job with this config can send: one chunk (at most chunk_bytes
- * of fp32, or one whole maxmin bucket of up to 2^20 elements at 8 bits) plus meta and header.
+ * The largest data message a job with this config can send: the header and the largest
+ * encoded chunk of any codec (psagg_codec_max_chunk_bytes). Every peer derives the same.
  */
 size_t psagg_max_message(const psagg_config *cfg);
-
-/* 64-bit mixing used to derive RNG streams from (role, rank, key, chunk, round). */
-uint64_t psagg_mix64(uint64_t a, uint64_t b);
 
 #endif

@@ -1,0 +1,43 @@
+/* base/log.c - see base/log.h. */
+#include "base/log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+void psagg_logger_init(psagg_logger *lg, const char *role, int level)
+{
+    static const char *const names[] = {"error", "warn", "info", "debug"};
+    const char *env = getenv("PSAGG_LOG_LEVEL");
+
+    snprintf(lg->role, sizeof lg->role, "%s", role && *role ? role : "psagg");
+    lg->level = level >= PSAGG_LOG_ERROR && level <= PSAGG_LOG_DEBUG ? level : PSAGG_LOG_INFO;
+    for (int i = 0; env && i < 4; i++)
+        if (!strcasecmp(env, names[i]))
+            lg->level = i;
+}
+
+void psagg_log(const psagg_logger *lg, int level, const char *fmt, ...)
+{
+    static const char *const names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
+    char msg[1024];
+    struct timespec ts;
+    va_list ap;
+
+    if (level > lg->level)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    clock_gettime(CLOCK_REALTIME, &ts);
+    /* one fprintf per record keeps lines whole when threads log at once */
+    fprintf(stderr, "%ld.%03ld %s %s %s\n", (long)ts.tv_sec % 100000, ts.tv_nsec / 1000000,
+            lg->role,
+            names[level < 0   ? 0
+                  : level > 3 ? 3
+                              : level],
+            msg);
+}

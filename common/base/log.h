@@ -1,0 +1,37 @@
+/*
+ * base/log.h - one-line log records on stderr: "<time> <role> <LEVEL> message".
+ *
+ * Layer: base. There is no process-wide logger: each owner (a worker context, a server, a
+ * libfabric endpoint) keeps a psagg_logger with its own role and level and passes it to
+ * every record, so a library never changes how its host process logs, and two contexts in
+ * one process each say who they are.
+ */
+#ifndef PSAGG_BASE_LOG_H
+#define PSAGG_BASE_LOG_H
+
+enum psagg_log_level { PSAGG_LOG_ERROR = 0, PSAGG_LOG_WARN, PSAGG_LOG_INFO, PSAGG_LOG_DEBUG };
+
+typedef struct psagg_logger {
+    char role[32]; /* shown in every line: "server 1", "worker 3" */
+    int level;     /* records above this level are dropped */
+} psagg_logger;
+
+/*
+ * Set a logger's role and level. PSAGG_LOG_LEVEL (error|warn|info|debug) in the
+ * environment, when set, wins over `level`; a level < 0 means info.
+ */
+void psagg_logger_init(psagg_logger *lg, const char *role, int level);
+
+void psagg_log(const psagg_logger *lg, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#define LOG_ERROR(lg, ...) psagg_log((lg), PSAGG_LOG_ERROR, __VA_ARGS__)
+#define LOG_WARN(lg, ...)  psagg_log((lg), PSAGG_LOG_WARN, __VA_ARGS__)
+#define LOG_INFO(lg, ...)  psagg_log((lg), PSAGG_LOG_INFO, __VA_ARGS__)
+#define LOG_DEBUG(lg, ...)                                                                         \
+    do {                                                                                           \
+        if ((lg)->level >= PSAGG_LOG_DEBUG)                                                        \
+            psagg_log((lg), PSAGG_LOG_DEBUG, __VA_ARGS__);                                         \
+    } while (0)
+
+#endif

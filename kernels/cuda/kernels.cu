@@ -1,0 +1,620 @@
+/*
+ * kernels.cu - the device side of the CUDA codecs: the kernels of kernels/codec.h's formats,
+ * byte-identical to the CPU paths, and the launch functions of launch.h. Argument checks,
+ * error words and contexts are the host API's (codec_cuda.cu). Layer: kernels.
+ *
+ * Arithmetic: every float step goes through codec_cuda_math.h (one __f*_rn op at a time; the
+ * file is also built with -fmad=false -ftz=false -prec-div=true). Layout of the work:
+ *
+ *  - fp32/fp16/bf16 (and every decode): one thread per group of 8 consecutive elements,
+ *    vectorized 16-byte loads/stores when the buffers are 16-byte aligned and the group is
+ *    full; a partial last group goes element by element.
+ *  - maxmin encode / aggregate: one "team" of TS lanes (8, 16 or 32, inside one warp) per
+ *    bucket. Lane l of a team handles groups l, l+TS, l+2TS, ... of 8 elements (so a warp
+ *    reads contiguous memory), reduces lo/hi with shuffles, then quantizes each group of 8
+ *    into exactly b payload bytes (8 elements * b bits; B*b % 64 == 0 keeps groups
+ *    byte-aligned) and writes them with one aligned store for b = 1, 2, 4, 8. Buckets of up
+ *    to 4 chunks (B <= 1024 with TS = 32) keep their values in registers between the two
+ *    passes; larger buckets recompute them (deterministically) in the second pass.
+ *
+ * Errors go to the caller's device error word (codec_cuda.h) with atomicMin; each thread
+ * first reduces its own candidates so a clean run issues no atomics.
+ */
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "codec_cuda_math.h"
+#include "launch.h"
+
+namespace psagg_cuda
+{
+namespace
+{
+
+constexpr int kThreads = 256;
+constexpr unsigned kFull = 0xFFFFFFFFu;
+constexpr uint64_t kNoErr = ~0ull;
+
+__device__ __forceinline__ uint64_t err_word(uint32_t stage, uint64_t index, uint32_t code)
+{
+    return ((uint64_t)stage << 40) | (index << 8) | code;
+}
+
+__device__ __forceinline__ void err_flush(uint64_t *err, uint64_t w)
+{
+    if (err && w != kNoErr)
+        atomicMin((unsigned long long *)err, (unsigned long long)w);
+}
+
+/* 8 floats of p starting at element e (< n); elements >= n read as 0. */
+__device__ __forceinline__ void load8(const float *__restrict__ p, uint64_t e, uint64_t n, bool vec,
+                                      float v[8])
+{
+    if (vec && e + 8 <= n) {
+        const float4 *q = reinterpret_cast<const float4 *>(p + e);
+        float4 a = q[0], b = q[1];
+        v[0] = a.x;
+        v[1] = a.y;
+        v[2] = a.z;
+        v[3] = a.w;
+        v[4] = b.x;
+        v[5] = b.y;
+        v[6] = b.z;
+        v[7] = b.w;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            v[j] = e + j < n ? p[e + j] : 0.0f;
+    }
+}
+
+__device__ __forceinline__ void store8(float *__restrict__ p, uint64_t e, uint64_t n, bool vec,
+                                       const float v[8])
+{
+    if (vec && e + 8 <= n) {
+        float4 *q = reinterpret_cast<float4 *>(p + e);
+        q[0] = make_float4(v[0], v[1], v[2], v[3]);
+        q[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (e + j < n)
+                p[e + j] = v[j];
+    }
+}
+
+/* 8 x 16-bit words at element e (< n); missing ones read as 0. */
+__device__ __forceinline__ void load8_u16(const uint8_t *__restrict__ p, uint64_t e, uint64_t n,
+                                          bool vec, uint16_t h[8])
+{
+    const uint16_t *s = reinterpret_cast<const uint16_t *>(p);
+    if (vec && e + 8 <= n) {
+        uint4 w = *reinterpret_cast<const uint4 *>(s + e);
+        h[0] = (uint16_t)w.x;
+        h[1] = (uint16_t)(w.x >> 16);
+        h[2] = (uint16_t)w.y;
+        h[3] = (uint16_t)(w.y >> 16);
+        h[4] = (uint16_t)w.z;
+        h[5] = (uint16_t)(w.z >> 16);
+        h[6] = (uint16_t)w.w;
+        h[7] = (uint16_t)(w.w >> 16);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            h[j] = e + j < n ? s[e + j] : (uint16_t)0;
+    }
+}
+
+__device__ __forceinline__ void store8_u16(uint8_t *__restrict__ p, uint64_t e, uint64_t n,
+                                           bool vec, const uint16_t h[8])
+{
+    uint16_t *d = reinterpret_cast<uint16_t *>(p);
+    if (vec && e + 8 <= n) {
+        uint4 w;
+        w.x = h[0] | ((uint32_t)h[1] << 16);
+        w.y = h[2] | ((uint32_t)h[3] << 16);
+        w.z = h[4] | ((uint32_t)h[5] << 16);
+        w.w = h[6] | ((uint32_t)h[7] << 16);
+        *reinterpret_cast<uint4 *>(d + e) = w;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (e + j < n)
+                d[e + j] = h[j];
+    }
+}
+
+/* Payload bytes of the group of 8 elements starting at e: nbytes = b for a full group. */
+__device__ __forceinline__ uint32_t group_bytes(uint64_t e, uint64_t n, uint32_t bits)
+{
+    uint64_t cnt = n - e < 8 ? n - e : 8;
+    return (uint32_t)((cnt * bits + 7) / 8);
+}
+
+/* Read the b-bit levels of one group (LSB-first) as a 64-bit word. payload is 8-aligned. */
+__device__ __forceinline__ uint64_t get_group(const uint8_t *__restrict__ payload, uint64_t e,
+                                              uint64_t n, uint32_t bits)
+{
+    const uint8_t *p = payload + (e / 8) * bits;
+    uint32_t nbytes = group_bytes(e, n, bits);
+    if (nbytes == bits) {
+        switch (bits) {
+        case 8:
+            return *reinterpret_cast<const uint64_t *>(p);
+        case 4:
+            return *reinterpret_cast<const uint32_t *>(p);
+        case 2:
+            return *reinterpret_cast<const uint16_t *>(p);
+        case 1:
+            return *p;
+        default:
+            break;
+        }
+    }
+    uint64_t w = 0;
+    for (uint32_t i = 0; i < nbytes; i++)
+        w |= (uint64_t)p[i] << (8 * i);
+    return w;
+}
+
+__device__ __forceinline__ void put_group(uint8_t *__restrict__ payload, uint64_t e, uint64_t n,
+                                          uint32_t bits, uint64_t w)
+{
+    uint8_t *p = payload + (e / 8) * bits;
+    uint32_t nbytes = group_bytes(e, n, bits);
+    if (nbytes == bits) {
+        switch (bits) {
+        case 8:
+            *reinterpret_cast<uint64_t *>(p) = w;
+            return;
+        case 4:
+            *reinterpret_cast<uint32_t *>(p) = (uint32_t)w;
+            return;
+        case 2:
+            *reinterpret_cast<uint16_t *>(p) = (uint16_t)w;
+            return;
+        case 1:
+            *p = (uint8_t)w;
+            return;
+        default:
+            break;
+        }
+    }
+    for (uint32_t i = 0; i < nbytes; i++)
+        p[i] = (uint8_t)(w >> (8 * i));
+}
+
+__device__ __forceinline__ float2 get_meta(const uint8_t *__restrict__ enc, uint64_t bucket)
+{
+    return *reinterpret_cast<const float2 *>(enc + 8 * bucket); /* .x = scale, .y = lo */
+}
+
+/* Decode the 8 elements of maxmin buffer `enc` at e; stage-0 BADMETA into bad (as `index`). */
+__device__ __forceinline__ void mm_decode8(const uint8_t *__restrict__ enc, uint64_t e,
+                                           const KArgs &a, uint64_t index, float y[8],
+                                           uint64_t &bad)
+{
+    float2 m = get_meta(enc, e / a.bucket);
+    if (!pcm_mm_meta_ok(m.x, m.y, a.levels))
+        bad = min(bad, err_word(0, index, PCM_ERR_BADMETA));
+    uint64_t w = get_group(enc + 8 * a.nb, e, a.n, a.bits);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        y[j] = pcm_mm_value(m.y, m.x, (uint32_t)(w >> (j * a.bits)) & a.levels);
+}
+
+/* Decode 8 elements of an fp-format buffer; NaN/Inf inputs are stage-0 NONFINITE errors at
+ * `index` (or at the element itself when index == kNoErr). */
+template <int ID>
+__device__ __forceinline__ void fp_decode8(const uint8_t *__restrict__ enc, uint64_t e,
+                                           const KArgs &a, uint64_t index, float y[8],
+                                           uint64_t &bad)
+{
+    uint32_t er[8];
+    if (ID == PSAGG_CODEC_FP32) {
+        load8(reinterpret_cast<const float *>(enc), e, a.n, a.vec, y);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            er[j] = pcm_fp32_check(y[j]);
+    } else {
+        uint16_t h[8];
+        load8_u16(enc, e, a.n, a.vec, h);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            y[j] = ID == PSAGG_CODEC_FP16 ? pcm_f16_to_f32(h[j], &er[j])
+                                          : pcm_bf16_to_f32(h[j], &er[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (er[j] && e + j < a.n)
+            bad = min(bad, err_word(0, index == kNoErr ? e + j : index, er[j]));
+}
+
+/* ---- value sources: what gets encoded (before the residual is added) ---- */
+
+struct SrcX { /* encode: the caller's x */
+    const float *__restrict__ x;
+    __device__ __forceinline__ void load(uint64_t e, const KArgs &a, float v[8], uint64_t &) const
+    {
+        load8(x, e, a.n, a.vec, v);
+    }
+};
+
+struct SrcAggMM { /* aggregate: s = ((0 + y0) + y1) + ... over maxmin inputs */
+    InPtrs in;
+    uint32_t n_in;
+    __device__ __forceinline__ void load(uint64_t e, const KArgs &a, float v[8],
+                                         uint64_t &bad) const
+    {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            v[j] = 0.0f;
+        for (uint32_t i = 0; i < n_in; i++) {
+            float y[8];
+            mm_decode8(in.p[i], e, a, i, y, bad);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                v[j] = PCM_ADD(v[j], y[j]);
+        }
+    }
+};
+
+template <int ID> struct SrcAggFP { /* aggregate over fp32/fp16/bf16 inputs */
+    InPtrs in;
+    uint32_t n_in;
+    __device__ __forceinline__ void load(uint64_t e, const KArgs &a, float v[8],
+                                         uint64_t &bad) const
+    {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            v[j] = 0.0f;
+        for (uint32_t i = 0; i < n_in; i++) {
+            float y[8];
+            fp_decode8<ID>(in.p[i], e, a, i, y, bad);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                v[j] = PCM_ADD(v[j], y[j]);
+        }
+    }
+};
+
+/* v = src (+ residual) for the group at e. */
+template <class Src>
+__device__ __forceinline__ void load_v(const Src &src, const float *__restrict__ res, uint64_t e,
+                                       const KArgs &a, float v[8], uint64_t &bad)
+{
+    src.load(e, a, v, bad);
+    if (res) {
+        float r[8];
+        load8(res, e, a.n, a.vec, r);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            v[j] = PCM_ADD(v[j], r[j]);
+    }
+}
+
+/* ---------------------------------------------------------------- maxmin encode / aggregate */
+
+template <int TS>
+__device__ __forceinline__ void scan_group(const float v[8], uint64_t e, uint64_t bend, float &lo,
+                                           float &hi, uint64_t &bad)
+{
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        if (e + j < bend) {
+            uint32_t code = pcm_maxmin_check(v[j]);
+            if (code)
+                bad = min(bad, err_word(1, e + j, code));
+            lo = pcm_min(lo, v[j]);
+            hi = pcm_max(hi, v[j]);
+        }
+    }
+}
+
+__device__ __forceinline__ void quantize_group(const float v[8], uint64_t e, uint64_t bend,
+                                               float lo, float scale, float inv, const KArgs &a,
+                                               float *__restrict__ res,
+                                               uint8_t *__restrict__ payload)
+{
+    uint64_t w = 0;
+    float r[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        uint64_t k = e + j;
+        r[j] = 0.0f;
+        if (k < bend) {
+            float u = a.sr ? pcm_rng_uniform(a.k0, a.k1, (uint32_t)k) : 0.5f;
+            uint32_t q = pcm_mm_level(v[j], lo, scale, inv, a.levels_f, u) & a.levels;
+            w |= (uint64_t)q << (j * a.bits);
+            r[j] = PCM_SUB(v[j], pcm_mm_value(lo, scale, q));
+        }
+    }
+    put_group(payload, e, a.n, a.bits, w);
+    if (res)
+        store8(res, e, a.n, a.vec, r);
+}
+
+/*
+ * One team of TS lanes per bucket; CACHE > 0 keeps up to CACHE chunks (TS*8 elements each) of
+ * v in registers between the min/max pass and the quantize pass (the host picks a CACHE that
+ * covers the bucket); CACHE == 0 recomputes v in the second pass.
+ */
+template <class Src, int TS, int CACHE>
+__global__ void __launch_bounds__(kThreads)
+    mm_encode_kernel(const __grid_constant__ Src src, float *__restrict__ res,
+                     uint8_t *__restrict__ out, KArgs a, uint64_t *err)
+{
+    const uint32_t tl = threadIdx.x & (TS - 1);
+    const uint64_t bucket = ((uint64_t)blockIdx.x * kThreads + threadIdx.x) / TS;
+    const bool active = bucket < a.nb;
+    const uint64_t b0 = bucket * a.bucket;
+    const uint64_t bend = active ? min(a.n, b0 + a.bucket) : b0; /* inactive: no elements */
+    const uint32_t chunks = a.bucket / (8 * TS);
+    uint8_t *payload = out + 8 * a.nb;
+    uint64_t bad = kNoErr;
+    float lo = __int_as_float(0x7F800000), hi = __int_as_float(0xFF800000);
+    float cache[CACHE > 0 ? CACHE : 1][8];
+
+    /* pass 1: v, range checks, lo/hi */
+    if (CACHE > 0) {
+#pragma unroll
+        for (int c = 0; c < CACHE; c++) {
+            const uint64_t e = b0 + ((uint64_t)c * TS + tl) * 8;
+            if ((uint32_t)c < chunks && e < bend) {
+                load_v(src, res, e, a, cache[c], bad);
+                scan_group<TS>(cache[c], e, bend, lo, hi, bad);
+            }
+        }
+    } else {
+        for (uint32_t c = 0; c < chunks; c++) {
+            const uint64_t e = b0 + ((uint64_t)c * TS + tl) * 8;
+            if (e < bend) {
+                float v[8];
+                load_v(src, res, e, a, v, bad);
+                scan_group<TS>(v, e, bend, lo, hi, bad);
+            }
+        }
+    }
+#pragma unroll
+    for (int off = TS / 2; off > 0; off >>= 1) {
+        lo = pcm_min(lo, __shfl_xor_sync(kFull, lo, off));
+        hi = pcm_max(hi, __shfl_xor_sync(kFull, hi, off));
+    }
+    err_flush(err, bad);
+    if (!active)
+        return;
+
+    float scale, inv;
+    pcm_mm_params(lo, hi, a.levels, &scale, &inv);
+    if (tl == 0) {
+        *reinterpret_cast<float2 *>(out + 8 * bucket) = make_float2(scale, lo);
+        if (bucket == a.nb - 1) { /* zero the payload bytes after the last level */
+            for (uint64_t i = (a.n * a.bits + 7) / 8; i < a.payload; i++)
+                payload[i] = 0;
+        }
+    }
+
+    /* pass 2: quantize, pack, residual */
+    if (CACHE > 0) {
+#pragma unroll
+        for (int c = 0; c < CACHE; c++) {
+            const uint64_t e = b0 + ((uint64_t)c * TS + tl) * 8;
+            if ((uint32_t)c < chunks && e < bend)
+                quantize_group(cache[c], e, bend, lo, scale, inv, a, res, payload);
+        }
+    } else {
+        for (uint32_t c = 0; c < chunks; c++) {
+            const uint64_t e = b0 + ((uint64_t)c * TS + tl) * 8;
+            if (e < bend) {
+                float v[8];
+                uint64_t ignored = kNoErr;
+                load_v(src, res, e, a, v, ignored);
+                quantize_group(v, e, bend, lo, scale, inv, a, res, payload);
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- fp encode / aggregate */
+
+template <int ID, class Src>
+__global__ void __launch_bounds__(kThreads)
+    fp_encode_kernel(const __grid_constant__ Src src, float *__restrict__ res,
+                     uint8_t *__restrict__ out, KArgs a, uint64_t *err)
+{
+    const uint64_t groups = (a.n + 7) / 8;
+    uint64_t bad = kNoErr;
+    for (uint64_t g = (uint64_t)blockIdx.x * kThreads + threadIdx.x; g < groups;
+         g += (uint64_t)gridDim.x * kThreads) {
+        const uint64_t e = g * 8;
+        float v[8], r[8];
+        uint32_t er[8];
+        load_v(src, res, e, a, v, bad);
+        if (ID == PSAGG_CODEC_FP32) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                er[j] = pcm_fp32_check(v[j]);
+                r[j] = PCM_SUB(v[j], v[j]);
+            }
+            store8(reinterpret_cast<float *>(out), e, a.n, a.vec, v);
+        } else {
+            uint16_t h[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                uint32_t dummy;
+                h[j] = ID == PSAGG_CODEC_FP16 ? pcm_f32_to_f16(v[j], &er[j])
+                                              : pcm_f32_to_bf16(v[j], &er[j]);
+                float y = ID == PSAGG_CODEC_FP16 ? pcm_f16_to_f32(h[j], &dummy)
+                                                 : pcm_bf16_to_f32(h[j], &dummy);
+                r[j] = PCM_SUB(v[j], y);
+            }
+            store8_u16(out, e, a.n, a.vec, h);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (er[j] && e + j < a.n)
+                bad = min(bad, err_word(1, e + j, er[j]));
+        if (res)
+            store8(res, e, a.n, a.vec, r);
+    }
+    err_flush(err, bad);
+}
+
+/* ---------------------------------------------------------------- decode (+ accumulate) */
+
+template <int ID, bool ADD>
+__global__ void __launch_bounds__(kThreads)
+    decode_kernel(const uint8_t *__restrict__ in, float *__restrict__ out, KArgs a, uint64_t *err)
+{
+    const uint64_t groups = (a.n + 7) / 8;
+    uint64_t bad = kNoErr;
+    for (uint64_t g = (uint64_t)blockIdx.x * kThreads + threadIdx.x; g < groups;
+         g += (uint64_t)gridDim.x * kThreads) {
+        const uint64_t e = g * 8;
+        float y[8];
+        if (ID == PSAGG_CODEC_MAXMIN)
+            mm_decode8(in, e, a, e / a.bucket, y, bad);
+        else
+            fp_decode8<ID>(in, e, a, kNoErr, y, bad);
+        if (ADD) {
+            float acc[8];
+            load8(out, e, a.n, a.vec, acc);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                y[j] = PCM_ADD(acc[j], y[j]);
+        }
+        store8(out, e, a.n, a.vec, y);
+    }
+    err_flush(err, bad);
+}
+
+/* ---------------------------------------------------------------- launch helpers */
+
+unsigned elementwise_blocks(uint64_t n)
+{
+    uint64_t groups = (n + 7) / 8;
+    uint64_t blocks = (groups + kThreads - 1) / kThreads;
+    return (unsigned)(blocks < (1u << 30) ? blocks : (1u << 30));
+}
+
+template <class Src, int TS>
+void launch_mm_ts(const Src &src, float *res, uint8_t *out, const KArgs &a, uint64_t *err,
+                  cudaStream_t s)
+{
+    const uint32_t chunks = a.bucket / (8 * TS);
+    const unsigned blocks = (unsigned)((a.nb * TS + kThreads - 1) / kThreads);
+    if (chunks == 1)
+        mm_encode_kernel<Src, TS, 1><<<blocks, kThreads, 0, s>>>(src, res, out, a, err);
+    else if (chunks <= 4)
+        mm_encode_kernel<Src, TS, 4><<<blocks, kThreads, 0, s>>>(src, res, out, a, err);
+    else
+        mm_encode_kernel<Src, TS, 0><<<blocks, kThreads, 0, s>>>(src, res, out, a, err);
+}
+
+template <class Src>
+void launch_mm(const Src &src, float *res, uint8_t *out, const KArgs &a, uint64_t *err,
+               cudaStream_t s)
+{
+    const uint32_t groups = a.bucket / 8; /* a multiple of 8 */
+    if (groups % 32 == 0)
+        launch_mm_ts<Src, 32>(src, res, out, a, err, s);
+    else if (groups % 16 == 0)
+        launch_mm_ts<Src, 16>(src, res, out, a, err, s);
+    else
+        launch_mm_ts<Src, 8>(src, res, out, a, err, s);
+}
+
+/* x_k = x_k * s, one IEEE multiply per element (as the CPU worker's PSAGG_AVERAGE). */
+/* x_k = x_k * s, one IEEE multiply per element (as the CPU worker's PSAGG_AVERAGE). */
+__global__ void scale_kernel(float *x, size_t n, float s)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] = __fmul_rn(x[i], s);
+}
+
+} /* namespace */
+
+void launch_encode(int id, const KArgs &a, const float *x, float *residual, uint8_t *out,
+                   uint64_t *err, cudaStream_t s)
+{
+    SrcX src{x};
+    switch (id) {
+    case PSAGG_CODEC_MAXMIN:
+        launch_mm(src, residual, out, a, err, s);
+        break;
+    case PSAGG_CODEC_FP32:
+        fp_encode_kernel<PSAGG_CODEC_FP32>
+            <<<elementwise_blocks(a.n), kThreads, 0, s>>>(src, residual, out, a, err);
+        break;
+    case PSAGG_CODEC_FP16:
+        fp_encode_kernel<PSAGG_CODEC_FP16>
+            <<<elementwise_blocks(a.n), kThreads, 0, s>>>(src, residual, out, a, err);
+        break;
+    default:
+        fp_encode_kernel<PSAGG_CODEC_BF16>
+            <<<elementwise_blocks(a.n), kThreads, 0, s>>>(src, residual, out, a, err);
+        break;
+    }
+}
+
+template <bool ADD>
+static void launch_decode_t(int id, const KArgs &a, const uint8_t *in, float *out, uint64_t *err,
+                            cudaStream_t s)
+{
+    const unsigned blocks = elementwise_blocks(a.n);
+    switch (id) {
+    case PSAGG_CODEC_MAXMIN:
+        decode_kernel<PSAGG_CODEC_MAXMIN, ADD><<<blocks, kThreads, 0, s>>>(in, out, a, err);
+        break;
+    case PSAGG_CODEC_FP32:
+        decode_kernel<PSAGG_CODEC_FP32, ADD><<<blocks, kThreads, 0, s>>>(in, out, a, err);
+        break;
+    case PSAGG_CODEC_FP16:
+        decode_kernel<PSAGG_CODEC_FP16, ADD><<<blocks, kThreads, 0, s>>>(in, out, a, err);
+        break;
+    default:
+        decode_kernel<PSAGG_CODEC_BF16, ADD><<<blocks, kThreads, 0, s>>>(in, out, a, err);
+        break;
+    }
+}
+
+void launch_decode(int id, bool accumulate, const KArgs &a, const uint8_t *in, float *out,
+                   uint64_t *err, cudaStream_t s)
+{
+    if (accumulate)
+        launch_decode_t<true>(id, a, in, out, err, s);
+    else
+        launch_decode_t<false>(id, a, in, out, err, s);
+}
+
+void launch_aggregate(int id, const KArgs &a, const InPtrs &in, uint32_t n_in, float *residual,
+                      uint8_t *out, uint64_t *err, cudaStream_t s)
+{
+    const unsigned blocks = elementwise_blocks(a.n);
+    switch (id) {
+    case PSAGG_CODEC_MAXMIN:
+        launch_mm(SrcAggMM{in, n_in}, residual, out, a, err, s);
+        break;
+    case PSAGG_CODEC_FP32:
+        fp_encode_kernel<PSAGG_CODEC_FP32><<<blocks, kThreads, 0, s>>>(
+            SrcAggFP<PSAGG_CODEC_FP32>{in, n_in}, residual, out, a, err);
+        break;
+    case PSAGG_CODEC_FP16:
+        fp_encode_kernel<PSAGG_CODEC_FP16><<<blocks, kThreads, 0, s>>>(
+            SrcAggFP<PSAGG_CODEC_FP16>{in, n_in}, residual, out, a, err);
+        break;
+    default:
+        fp_encode_kernel<PSAGG_CODEC_BF16><<<blocks, kThreads, 0, s>>>(
+            SrcAggFP<PSAGG_CODEC_BF16>{in, n_in}, residual, out, a, err);
+        break;
+    }
+}
+
+void launch_scale(float *x, size_t n, float factor, cudaStream_t s)
+{
+    size_t blocks = (n + 255) / 256;
+    scale_kernel<<<(unsigned)(blocks > 4096 ? 4096 : blocks), 256, 0, s>>>(x, n, factor);
+}
+
+} // namespace psagg_cuda

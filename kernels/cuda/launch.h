@@ -1,0 +1,48 @@
+/*
+ * kernels/cuda/launch.h - the private seam between the CUDA host API (codec_cuda.cu: argument
+ * checks, error words, contexts) and the kernels (kernels.cu: device code and launches).
+ * C++ only (both are CUDA translation units). Layer: kernels.
+ */
+#ifndef PSAGG_KERNELS_CUDA_LAUNCH_H
+#define PSAGG_KERNELS_CUDA_LAUNCH_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#include "kernels/cuda/codec_cuda.h"
+
+namespace psagg_cuda
+{
+
+/* Everything a kernel needs to know about the codec and the buffer (codec_cuda.cu fills it). */
+struct KArgs {
+    uint64_t n;
+    uint64_t nb;
+    uint64_t payload; /* maxmin payload bytes; the payload starts at 8 * nb */
+    uint32_t bucket, bits, levels;
+    float levels_f;
+    uint32_t k0, k1;
+    int sr;
+    int vec; /* every float array and encoded buffer of the call is 16-byte aligned */
+};
+
+/* The aggregate's input pointers, passed by value in the launch. */
+struct InPtrs {
+    const uint8_t *p[PSAGG_CUDA_MAX_INPUTS];
+};
+
+/*
+ * Enqueue the kernels of one operation on `s` for a codec `id` (psagg_codec_id) whose
+ * arguments codec_cuda.cu has checked; a launch error is left for cudaGetLastError.
+ */
+void launch_encode(int id, const KArgs &a, const float *x, float *residual, uint8_t *out,
+                   uint64_t *err, cudaStream_t s);
+void launch_decode(int id, bool accumulate, const KArgs &a, const uint8_t *in, float *out,
+                   uint64_t *err, cudaStream_t s);
+void launch_aggregate(int id, const KArgs &a, const InPtrs &in, uint32_t n_in, float *residual,
+                      uint8_t *out, uint64_t *err, cudaStream_t s);
+void launch_scale(float *x, size_t n, float factor, cudaStream_t s);
+
+} // namespace psagg_cuda
+
+#endif

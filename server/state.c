@@ -1,0 +1,41 @@
+/*
+ * state.c - what every thread of the server shares: the job's failure state, the request to
+ * close a misbehaving worker, and reposting a receive buffer. The data-path threads only
+ * record here; the control loop (control.c) acts on it (closes the peer, aborts the job).
+ */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "base/error.h"
+#include "server.h"
+
+void server_repost(server *srv, recv_buf *rb)
+{
+    if (psagg_rxpool_repost(&srv->rxpool, &rb->rx) && atomic_load(&srv->running))
+        server_fail_job(srv, "cannot repost a receive buffer: %s", psagg_last_error());
+}
+
+void server_close_worker(server *srv, int w, const char *fmt, ...)
+{
+    va_list ap;
+    pthread_mutex_lock(&srv->mu);
+    if (!srv->workers[w].bad_reason[0]) {
+        va_start(ap, fmt);
+        vsnprintf(srv->workers[w].bad_reason, sizeof srv->workers[w].bad_reason, fmt, ap);
+        va_end(ap);
+    }
+    pthread_mutex_unlock(&srv->mu);
+}
+
+void server_fail_job(server *srv, const char *fmt, ...)
+{
+    va_list ap;
+    pthread_mutex_lock(&srv->mu);
+    if (!srv->job_error[0]) {
+        va_start(ap, fmt);
+        vsnprintf(srv->job_error, sizeof srv->job_error, fmt, ap);
+        va_end(ap);
+    }
+    pthread_mutex_unlock(&srv->mu);
+    atomic_store(&srv->job_failed, 1);
+}

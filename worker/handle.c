@@ -1,0 +1,142 @@
+/*
+ * handle.c - the life of one push_pull (a psagg_handle): created and queued by the calling
+ * thread, taken by the communication thread, completed once (success, its own failure, or
+ * the context's), then waited on and released by its owner. And failing the whole context.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "worker.h"
+
+struct psagg_handle *handle_new(psagg_ctx *ctx, uint32_t key, const float *in, float *out,
+                                psagg_reduce op, int priority, const psagg_bufops *ops,
+                                psagg_status *st)
+{
+    struct psagg_handle *h;
+    const psagg_tensor_info *ti;
+
+    psagg_clear_error();
+    *st = PSAGG_OK;
+    if (!ctx || !in || !out || (op != PSAGG_SUM && op != PSAGG_AVERAGE)) {
+        *st = psagg_fail(PSAGG_EINVAL, "push_pull: NULL argument or unknown reduce op");
+        return NULL;
+    }
+    if (!ctx->declared) {
+        *st = psagg_fail(PSAGG_EINVAL, "push_pull: call psagg_declare first");
+        return NULL;
+    }
+    if (key >= ctx->layout.n_tensors) {
+        *st = psagg_fail(PSAGG_EINVAL, "push_pull: key %u, only %u tensors declared", key,
+                         ctx->layout.n_tensors);
+        return NULL;
+    }
+    ti = &ctx->layout.tensors[key];
+    h = calloc(1, sizeof *h + ti->n_chunks);
+    if (!h) {
+        *st = psagg_fail(PSAGG_ENOMEM, "push_pull");
+        return NULL;
+    }
+    *h = (struct psagg_handle){.ctx = ctx,
+                               .ops = ops,
+                               .key = key,
+                               .in = in,
+                               .out = out,
+                               .op = op,
+                               .priority = priority,
+                               .chunk_done = (uint8_t *)(h + 1)};
+    h->deadline_ms = psagg_now_ms() + ctx->cfg.op_timeout_ms;
+    pthread_mutex_lock(&ctx->mu);
+    if (ctx->failed) {
+        *st = psagg_fail(ctx->failed_status, "%s", ctx->failed_msg);
+    } else if (ctx->tensors[key].op) {
+        *st =
+            psagg_fail(PSAGG_EINVAL, "push_pull: tensor '%s' already has one in flight", ti->name);
+    } else {
+        h->round = ctx->tensors[key].round;
+        h->seq = ctx->next_seq++;
+        ctx->tensors[key].op = h;
+    }
+    pthread_mutex_unlock(&ctx->mu);
+    if (*st) {
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+void handle_submit(psagg_ctx *ctx, struct psagg_handle *h)
+{
+    pthread_mutex_lock(&ctx->mu);
+    if (ctx->failed) {
+        handle_complete_locked(ctx, h, ctx->failed_status, ctx->failed_msg);
+    } else {
+        h->next = ctx->queue;
+        ctx->queue = h;
+    }
+    pthread_mutex_unlock(&ctx->mu);
+}
+
+void handle_abandon(psagg_ctx *ctx, struct psagg_handle *h)
+{
+    pthread_mutex_lock(&ctx->mu);
+    if (ctx->tensors[h->key].op == h)
+        ctx->tensors[h->key].op = NULL;
+    pthread_mutex_unlock(&ctx->mu);
+    free(h);
+}
+
+void handle_complete_locked(psagg_ctx *ctx, struct psagg_handle *h, psagg_status status,
+                            const char *msg)
+{
+    if (h->done)
+        return;
+    h->status = status;
+    snprintf(h->msg, sizeof h->msg, "%s", msg ? msg : "");
+    h->done = 1;
+    pthread_cond_broadcast(&ctx->cv);
+}
+
+/* Fail everything queued or active; later calls see ctx->failed. */
+void worker_fail_all(psagg_ctx *ctx, psagg_status status, const char *fmt, ...)
+{
+    va_list ap;
+    pthread_mutex_lock(&ctx->mu);
+    if (!ctx->failed) {
+        ctx->failed = 1;
+        ctx->failed_status = status;
+        va_start(ap, fmt);
+        vsnprintf(ctx->failed_msg, sizeof ctx->failed_msg, fmt, ap);
+        va_end(ap);
+        if (status != PSAGG_ECLOSED)
+            LOG_ERROR(&ctx->log, "%s", ctx->failed_msg);
+    }
+    /*
+     * Complete every pending handle and forget it: once complete, its owner may release it
+     * at any time, so nothing here may point at it afterwards (the comm thread drops its
+     * active list as soon as it sees ctx->failed).
+     */
+    for (uint32_t t = 0; ctx->tensors && t < ctx->layout.n_tensors; t++)
+        if (ctx->tensors[t].op) {
+            handle_complete_locked(ctx, ctx->tensors[t].op, ctx->failed_status, ctx->failed_msg);
+            ctx->tensors[t].op = NULL;
+        }
+    for (struct psagg_handle *h = ctx->queue; h; h = h->next)
+        handle_complete_locked(ctx, h, ctx->failed_status, ctx->failed_msg);
+    ctx->queue = NULL;
+    pthread_cond_broadcast(&ctx->cv);
+    pthread_mutex_unlock(&ctx->mu);
+}
+
+int worker_failed(psagg_ctx *ctx)
+{
+    int failed;
+    pthread_mutex_lock(&ctx->mu);
+    failed = ctx->failed;
+    pthread_mutex_unlock(&ctx->mu);
+    return failed;
+}

@@ -1,0 +1,71 @@
+/*
+ * host.c - the buffer operations of psagg_push_pull (psagg_bufops): the input and output are
+ * host memory. The communication thread encodes each chunk with the CPU codecs (error
+ * feedback with the tensor's host residual) straight into its push buffer, and decodes each
+ * update into the output as it arrives (scaled by 1/N for PSAGG_AVERAGE), so the output is
+ * complete when the last update is in.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "kernels/codec.h"
+#include "worker.h"
+
+static int host_encode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len)
+{
+    const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
+    tensor_state *ts = &ctx->tensors[h->key];
+
+    for (uint32_t c = 0; c < ti->n_chunks; c++) {
+        const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
+        uint8_t *payload = ctx->chunks[ti->first_chunk + c].buf + sizeof(psagg_msg_hdr);
+        psagg_rng_key key = psagg_rng_chunk_key(ctx->cfg.seed, PSAGG_RNG_WORKER,
+                                                (uint32_t)ctx->rank, ci->key, ci->index, h->round);
+        size_t bad = 0;
+        psagg_status st = psagg_encode(&ti->codec, h->in + ci->offset,
+                                       ts->residual ? ts->residual + ci->offset : NULL, ci->count,
+                                       key, payload, ci->enc_bytes, &bad);
+        if (st) {
+            snprintf(msg, len, "tensor '%.63s': element %llu: %.150s", ti->name,
+                     (unsigned long long)(ci->offset + bad), psagg_last_error());
+            if (ts->residual) /* part of it was updated: start error feedback afresh */
+                memset(ts->residual, 0, ti->count * sizeof(float));
+            return st;
+        }
+    }
+    return 1;
+}
+
+static int host_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
+                       const uint8_t *payload, char *msg, size_t len)
+{
+    const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
+    float *o = h->out + ci->offset;
+    psagg_status st = psagg_decode(&ti->codec, payload, ci->enc_bytes, ci->count, o);
+
+    if (st) {
+        snprintf(msg, len, "update of tensor '%.63s' chunk %u from server %u: %.150s", ti->name,
+                 ci->index, ci->owner, psagg_last_error());
+        return st;
+    }
+    if (h->op == PSAGG_AVERAGE) {
+        const float scale = 1.0f / (float)ctx->world;
+        for (uint64_t i = 0; i < ci->count; i++)
+            o[i] = o[i] * scale;
+    }
+    return 1;
+}
+
+static int host_complete(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len)
+{
+    (void)ctx, (void)h, (void)msg, (void)len;
+    return 1; /* every update was decoded into the output as it arrived */
+}
+
+const psagg_bufops psagg_host_ops = {
+    .kind = "host",
+    .encode = host_encode,
+    .update = host_update,
+    .complete = host_complete,
+};
