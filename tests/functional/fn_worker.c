@@ -1,8 +1,10 @@
 /*
  * fn_worker.c - the worker program of the functional tests (run by run_case.sh).
  *
- * Every worker declares the same tensors, fills them each round with values that depend only
- * on (rank, key, round, element), runs push_pull on all of them, and checks the result:
+ * Every worker declares the same tensors (--sizes, plus --random-tensors of 1..--random-max
+ * elements), fills them each round with values that depend only on (rank, key, round,
+ * element), starts push_pull on all of them before waiting on any (so every tensor's
+ * operation is in flight at once), and checks the result:
  *   fp32    bit-exact against the sum it computes itself in the same fixed order;
  *   lossy   within the codec's error bound (uplink + one requantize on the server);
  * and prints "DIGEST <hex>" of every output of every round, so the harness can check that
@@ -83,6 +85,7 @@ int main(int argc, char **argv)
 {
     static const struct option opts[] = {{"sizes", required_argument, NULL, 's'},
                                          {"random-tensors", required_argument, NULL, 'n'},
+                                         {"random-max", required_argument, NULL, 'M'},
                                          {"rounds", required_argument, NULL, 'r'},
                                          {"codec", required_argument, NULL, 'c'},
                                          {"expect", required_argument, NULL, 'e'},
@@ -97,6 +100,7 @@ int main(int argc, char **argv)
     char sizes_text[512] = "1,1023,4096";
     const char *codec_text = "fp32", *expect_text = NULL;
     int rounds = 10, n_random = 0, expect = 0, mismatch_rank = -1, die_rank = -1, die_round = -1;
+    uint64_t random_max = 5000;
     int average = 0, cuda = 0;
     float **d_in = NULL, **d_out = NULL;
     double max_seconds = 0, t0 = now_s();
@@ -115,6 +119,9 @@ int main(int argc, char **argv)
             break;
         case 'n':
             n_random = atoi(optarg);
+            break;
+        case 'M':
+            random_max = strtoull(optarg, NULL, 10);
             break;
         case 'r':
             rounds = atoi(optarg);
@@ -174,7 +181,7 @@ int main(int argc, char **argv)
         count[n++] = strtoull(tok, NULL, 10);
     for (int i = 0; i < n_random; i++) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-        count[n++] = 1 + (rng >> 33) % 5000;
+        count[n++] = 1 + (rng >> 33) % (random_max ? random_max : 1);
     }
 
     mem.n = n;
