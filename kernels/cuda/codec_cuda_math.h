@@ -9,6 +9,8 @@
  * through plain operators (the build uses -ffp-contract=off and SSE arithmetic).
  * Conversions fp32 <-> fp16/bf16 are done on the bit patterns, so they do not depend on the
  * hardware converters' subnormal handling.
+ *
+ * Layer: kernels.
  */
 #ifndef PSAGG_CODEC_CUDA_MATH_H
 #define PSAGG_CODEC_CUDA_MATH_H
