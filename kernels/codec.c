@@ -319,46 +319,55 @@ static const psagg_codec_impl *impl(void)
 
 /* ---- validation of encoded buffers ---- */
 
-/* First index whose exponent field (under emask) is all ones, or SIZE_MAX. Blocked so the
- * compiler can vectorise the OR reduction; the exact index is found only on a hit. */
+/*
+ * First element whose exponent field is all ones (NaN or Inf), or SIZE_MAX. Whole blocks are
+ * reduced with a constant trip count, which gcc vectorises at -O2 (its default cost model
+ * skips loops that would need a scalar epilogue); only the block with a hit and the tail are
+ * scanned one element at a time. Without that, this pass ran as a scalar loop whose speed
+ * moved by 10% with its code alignment alone.
+ */
+#define NF_BLOCK 1024
+
 static size_t find_nonfinite32(const uint8_t *p, size_t n)
 {
-    for (size_t b = 0; b < n; b += 1024) {
-        size_t e = n - b < 1024 ? n - b : 1024;
+    size_t b = 0;
+    for (; b + NF_BLOCK <= n; b += NF_BLOCK) {
         uint32_t hit = 0;
-        for (size_t i = 0; i < e; i++) {
+        for (size_t i = 0; i < NF_BLOCK; i++) {
             uint32_t u;
             memcpy(&u, p + 4 * (b + i), 4);
             hit |= (uint32_t)((u & 0x7F800000u) == 0x7F800000u);
         }
         if (hit)
-            for (size_t i = 0; i < e; i++) {
-                uint32_t u;
-                memcpy(&u, p + 4 * (b + i), 4);
-                if ((u & 0x7F800000u) == 0x7F800000u)
-                    return b + i;
-            }
+            break;
+    }
+    for (; b < n; b++) {
+        uint32_t u;
+        memcpy(&u, p + 4 * b, 4);
+        if ((u & 0x7F800000u) == 0x7F800000u)
+            return b;
     }
     return SIZE_MAX;
 }
 
 static size_t find_nonfinite16(const uint8_t *p, size_t n, uint16_t emask)
 {
-    for (size_t b = 0; b < n; b += 2048) {
-        size_t e = n - b < 2048 ? n - b : 2048;
+    size_t b = 0;
+    for (; b + 2 * NF_BLOCK <= n; b += 2 * NF_BLOCK) {
         uint32_t hit = 0;
-        for (size_t i = 0; i < e; i++) {
+        for (size_t i = 0; i < 2 * NF_BLOCK; i++) {
             uint16_t u;
             memcpy(&u, p + 2 * (b + i), 2);
             hit |= (uint32_t)((u & emask) == emask);
         }
         if (hit)
-            for (size_t i = 0; i < e; i++) {
-                uint16_t u;
-                memcpy(&u, p + 2 * (b + i), 2);
-                if ((u & emask) == emask)
-                    return b + i;
-            }
+            break;
+    }
+    for (; b < n; b++) {
+        uint16_t u;
+        memcpy(&u, p + 2 * b, 2);
+        if ((u & emask) == emask)
+            return b;
     }
     return SIZE_MAX;
 }
