@@ -78,40 +78,44 @@ static inline uint16_t get16(const uint8_t *p)
 static psagg_status enc_fp(const psagg_codec *c, const float *x, float *r, size_t len, size_t base,
                            uint8_t *out, size_t *bad)
 {
-    for (size_t j = 0; j < len; j++) {
-        float v = r ? x[j] + r[j] : x[j];
-        size_t k = base + j;
-        switch (c->id) {
-        case PSAGG_CODEC_FP32:
+    /* one loop per format (the format is the same for every element) */
+    switch (c->id) {
+    case PSAGG_CODEC_FP32:
+        for (size_t j = 0; j < len; j++) {
+            float v = r ? x[j] + r[j] : x[j];
             if (!isfinite(v))
-                return psagg_codec_bad_value(c, k, v, bad);
-            memcpy(out + 4 * k, &v, 4);
+                return psagg_codec_bad_value(c, base + j, v, bad);
+            memcpy(out + 4 * (base + j), &v, 4);
             if (r)
                 r[j] = v - v;
-            break;
-        case PSAGG_CODEC_FP16: {
+        }
+        break;
+    case PSAGG_CODEC_FP16:
+        for (size_t j = 0; j < len; j++) {
+            float v = r ? x[j] + r[j] : x[j];
             uint16_t h;
             if (!(fabsf(v) < 65520.0f))
-                return psagg_codec_bad_value(c, k, v, bad);
+                return psagg_codec_bad_value(c, base + j, v, bad);
             h = f32_to_f16(v);
-            put16(out + 2 * k, h);
+            put16(out + 2 * (base + j), h);
             if (r)
                 r[j] = v - f16_to_f32(h);
-            break;
         }
-        default: { /* bf16 */
+        break;
+    default: /* bf16 */
+        for (size_t j = 0; j < len; j++) {
+            float v = r ? x[j] + r[j] : x[j];
             uint32_t u = f2u(v), w;
             if (!isfinite(v))
-                return psagg_codec_bad_value(c, k, v, bad);
+                return psagg_codec_bad_value(c, base + j, v, bad);
             w = u + 0x7FFFu + ((u >> 16) & 1u);
             if ((w & 0x7F800000u) == 0x7F800000u)
-                return psagg_codec_bad_value(c, k, v, bad);
-            put16(out + 2 * k, (uint16_t)(w >> 16));
+                return psagg_codec_bad_value(c, base + j, v, bad);
+            put16(out + 2 * (base + j), (uint16_t)(w >> 16));
             if (r)
                 r[j] = v - u2f(w & 0xFFFF0000u);
-            break;
         }
-        }
+        break;
     }
     return PSAGG_OK;
 }
