@@ -240,7 +240,7 @@ struct SrcX { /* encode: the caller's x */
     }
 };
 
-struct SrcAggMM { /* aggregate: s = ((0 + y0) + y1) + ... over maxmin inputs */
+template <int ID> struct SrcAgg { /* aggregate: s = ((0 + y0) + y1) + ... over the inputs */
     InPtrs in;
     uint32_t n_in;
     __device__ __forceinline__ void load(uint64_t e, const KArgs &a, float v[8],
@@ -251,26 +251,10 @@ struct SrcAggMM { /* aggregate: s = ((0 + y0) + y1) + ... over maxmin inputs */
             v[j] = 0.0f;
         for (uint32_t i = 0; i < n_in; i++) {
             float y[8];
-            mm_decode8(in.p[i], e, a, i, y, bad);
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                v[j] = PCM_ADD(v[j], y[j]);
-        }
-    }
-};
-
-template <int ID> struct SrcAggFP { /* aggregate over fp32/fp16/bf16 inputs */
-    InPtrs in;
-    uint32_t n_in;
-    __device__ __forceinline__ void load(uint64_t e, const KArgs &a, float v[8],
-                                         uint64_t &bad) const
-    {
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            v[j] = 0.0f;
-        for (uint32_t i = 0; i < n_in; i++) {
-            float y[8];
-            fp_decode8<ID>(in.p[i], e, a, i, y, bad);
+            if constexpr (ID == PSAGG_CODEC_MAXMIN)
+                mm_decode8(in.p[i], e, a, i, y, bad);
+            else
+                fp_decode8<ID>(in.p[i], e, a, i, y, bad);
 #pragma unroll
             for (int j = 0; j < 8; j++)
                 v[j] = PCM_ADD(v[j], y[j]);
@@ -594,19 +578,19 @@ void launch_aggregate(int id, const KArgs &a, const InPtrs &in, uint32_t n_in, f
     const unsigned blocks = elementwise_blocks(a.n);
     switch (id) {
     case PSAGG_CODEC_MAXMIN:
-        launch_mm(SrcAggMM{in, n_in}, residual, out, a, err, s);
+        launch_mm(SrcAgg<PSAGG_CODEC_MAXMIN>{in, n_in}, residual, out, a, err, s);
         break;
     case PSAGG_CODEC_FP32:
-        fp_encode_kernel<PSAGG_CODEC_FP32><<<blocks, kThreads, 0, s>>>(
-            SrcAggFP<PSAGG_CODEC_FP32>{in, n_in}, residual, out, a, err);
+        fp_encode_kernel<PSAGG_CODEC_FP32>
+            <<<blocks, kThreads, 0, s>>>(SrcAgg<PSAGG_CODEC_FP32>{in, n_in}, residual, out, a, err);
         break;
     case PSAGG_CODEC_FP16:
-        fp_encode_kernel<PSAGG_CODEC_FP16><<<blocks, kThreads, 0, s>>>(
-            SrcAggFP<PSAGG_CODEC_FP16>{in, n_in}, residual, out, a, err);
+        fp_encode_kernel<PSAGG_CODEC_FP16>
+            <<<blocks, kThreads, 0, s>>>(SrcAgg<PSAGG_CODEC_FP16>{in, n_in}, residual, out, a, err);
         break;
     default:
-        fp_encode_kernel<PSAGG_CODEC_BF16><<<blocks, kThreads, 0, s>>>(
-            SrcAggFP<PSAGG_CODEC_BF16>{in, n_in}, residual, out, a, err);
+        fp_encode_kernel<PSAGG_CODEC_BF16>
+            <<<blocks, kThreads, 0, s>>>(SrcAgg<PSAGG_CODEC_BF16>{in, n_in}, residual, out, a, err);
         break;
     }
 }
