@@ -15,10 +15,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "base/alloc.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "runtime/message.h"
+#include "arena.h"
 #include "server.h"
 
 static psagg_rng_key round_key(const server *srv, const chunk_state *c)
@@ -200,14 +200,14 @@ static psagg_status chunk_alloc(server *srv, chunk_state *c)
     const psagg_chunk_info *ci = c->info;
     size_t enc = ci->enc_bytes, n = (size_t)srv->n_workers;
 
-    c->arrived = psagg_alloc(n, 1);
-    c->slots = psagg_alloc(n * enc, 0);
-    c->acc = c->gpu ? NULL : psagg_alloc(ci->count * sizeof(float), 1);
+    c->arrived = arena_alloc(n, 1);
+    c->slots = arena_alloc(n * enc, 0);
+    c->acc = c->gpu ? NULL : arena_alloc(ci->count * sizeof(float), 1);
     if (srv->cfg.server_error_feedback)
-        c->residual = psagg_alloc(ci->count * sizeof(float), 1);
+        c->residual = arena_alloc(ci->count * sizeof(float), 1);
     for (int p = 0; p < 2; p++) {
         c->sctx[p] = (send_ctx){c, p};
-        c->out[p] = psagg_alloc(sizeof(psagg_msg_hdr) + enc, 1);
+        c->out[p] = arena_alloc(sizeof(psagg_msg_hdr) + enc, 1);
         if (!c->out[p])
             break;
         if (psagg_fabric_reg(srv->fab, c->out[p], sizeof(psagg_msg_hdr) + enc, &c->out_desc[p]))
@@ -257,7 +257,7 @@ static void *agg_thread_start(void *arg)
     psagg_status st = PSAGG_OK;
     int self = (int)(t - srv->threads);
 
-    if (psagg_alloc_thread_arena())
+    if (arena_thread_init())
         LOG_DEBUG(&srv->log, "aggregation thread %d: no arena of its own", self);
     st = gpu_thread_init(srv, t);
     for (uint32_t i = 0; i < srv->n_owned && !st; i++) {
@@ -337,12 +337,12 @@ void agg_teardown(server *srv)
 {
     for (uint32_t i = 0; srv->chunks && i < srv->n_owned; i++) {
         chunk_state *c = &srv->chunks[i];
-        psagg_free(c->arrived);
-        psagg_free(c->slots);
-        psagg_free(c->acc);
-        psagg_free(c->residual);
-        psagg_free(c->out[0]);
-        psagg_free(c->out[1]);
+        arena_free(c->arrived);
+        arena_free(c->slots);
+        arena_free(c->acc);
+        arena_free(c->residual);
+        arena_free(c->out[0]);
+        arena_free(c->out[1]);
     }
     free(srv->chunks);
     srv->chunks = NULL;

@@ -12,6 +12,7 @@
  *   aggregate.c  per-chunk rounds and the aggregation thread pool
  *   gpu.c        the optional GPU assist of the aggregation threads
  *   state.c      what all of them share: failure reports, closing a peer, reposting a buffer
+ *   arena.c      the aggregation threads' jemalloc arenas
  * No file calls one above it in this list, except through the queue of aggregate.c.
  */
 #ifndef PSAGG_SERVER_H

@@ -1,30 +1,19 @@
 /* base/alloc.c - see base/alloc.h. */
 #include "base/alloc.h"
 
-#include <jemalloc/jemalloc.h>
-
-static _Thread_local unsigned thread_arena; /* 0: jemalloc's automatic choice */
-
-int psagg_alloc_thread_arena(void)
-{
-    unsigned arena;
-    size_t sz = sizeof arena;
-    if (mallctl("arenas.create", &arena, &sz, NULL, 0) != 0)
-        return -1;
-    thread_arena = arena + 1;
-    return 0;
-}
+#include <stdlib.h>
+#include <string.h>
 
 void *psagg_alloc(size_t size, int zero)
 {
-    int flags = MALLOCX_ALIGN(PSAGG_ALIGN) | (zero ? MALLOCX_ZERO : 0);
-    if (thread_arena)
-        flags |= MALLOCX_ARENA(thread_arena - 1);
-    return mallocx(size ? size : 1, flags);
+    size_t bytes = (size + PSAGG_ALIGN - 1) & ~(size_t)(PSAGG_ALIGN - 1);
+    void *p = aligned_alloc(PSAGG_ALIGN, bytes ? bytes : PSAGG_ALIGN);
+    if (p && zero)
+        memset(p, 0, bytes);
+    return p;
 }
 
 void psagg_free(void *p)
 {
-    if (p)
-        dallocx(p, 0);
+    free(p);
 }

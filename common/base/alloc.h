@@ -1,6 +1,8 @@
 /*
- * base/alloc.h - psagg's buffers come from jemalloc: cache-line aligned, and each aggregation
- * thread can take an arena of its own so threads never contend on one allocator lock.
+ * base/alloc.h - psagg's buffers: cache-line aligned, from the C library, so that a library
+ * built on the base layer (libpsagg above all) never brings its own allocator into its host
+ * process. psagg-server keeps per-thread jemalloc arenas for its aggregation buffers in its
+ * own executable (server/arena.c).
  *
  * Layer: base.
  */
@@ -11,10 +13,8 @@
 
 #define PSAGG_ALIGN 64
 
-/* size bytes aligned to PSAGG_ALIGN (zeroed if zero != 0), from the calling thread's arena. */
+/* size bytes aligned to PSAGG_ALIGN (zeroed if zero != 0); NULL when out of memory. */
 void *psagg_alloc(size_t size, int zero);
 void psagg_free(void *p);
-/* Give the calling thread a jemalloc arena of its own; 0 on success. */
-int psagg_alloc_thread_arena(void);
 
 #endif

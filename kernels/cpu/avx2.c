@@ -32,16 +32,20 @@ static inline __m256 abs8(__m256 v)
     return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)));
 }
 
+/* Whole vectors are the rule and a tail happens once per buffer: FULL(rem) keeps the whole-
+ * vector code on the fall-through path (gcc laid it out of line, at 5 taken branches a vector). */
+#define FULL(rem) __builtin_expect((rem) >= W, 1)
+
 static inline __m256 load_f32(const float *p, size_t rem)
 {
-    if (rem >= W)
+    if (FULL(rem))
         return _mm256_loadu_ps(p);
     return _mm256_maskload_ps(p, lane_mask(rem));
 }
 
 static inline void store_f32(float *p, __m256 v, size_t rem)
 {
-    if (rem >= W)
+    if (FULL(rem))
         _mm256_storeu_ps(p, v);
     else
         _mm256_maskstore_ps(p, lane_mask(rem), v);
@@ -51,7 +55,7 @@ static inline void store_f32(float *p, __m256 v, size_t rem)
 static inline __m128i load_16(const uint8_t *p, size_t rem)
 {
     uint8_t stage[16] = {0};
-    if (rem >= W)
+    if (FULL(rem))
         return _mm_loadu_si128((const __m128i *)p);
     memcpy(stage, p, 2 * rem);
     return _mm_loadu_si128((const __m128i *)stage);
@@ -60,7 +64,7 @@ static inline __m128i load_16(const uint8_t *p, size_t rem)
 static inline void store_16(uint8_t *p, __m128i h, size_t rem)
 {
     uint8_t stage[16];
-    if (rem >= W) {
+    if (FULL(rem)) {
         _mm_storeu_si128((__m128i *)p, h);
         return;
     }
@@ -79,7 +83,9 @@ static psagg_status report_bad(const psagg_codec *c, size_t k0, __m256 v, unsign
 
 /* ---------------- fp formats ---------------- */
 
-static inline __m256 load_fp(psagg_codec_id id, const uint8_t *in, size_t k, size_t rem)
+/* always inlined: the per-vector format switch must fold away in each loop */
+static inline __attribute__((always_inline)) __m256 load_fp(psagg_codec_id id, const uint8_t *in,
+                                                            size_t k, size_t rem)
 {
     switch (id) {
     case PSAGG_CODEC_FP32:
@@ -93,8 +99,8 @@ static inline __m256 load_fp(psagg_codec_id id, const uint8_t *in, size_t k, siz
 }
 
 /* Encode v (rem lanes valid) at element k; returns the bad lanes (nothing stored then). */
-static inline unsigned store_fp(psagg_codec_id id, __m256 v, size_t rem, uint8_t *out, size_t k,
-                                float *r)
+static inline __attribute__((always_inline)) unsigned
+store_fp(psagg_codec_id id, __m256 v, size_t rem, uint8_t *out, size_t k, float *r)
 {
     unsigned bad, lb = lane_bits(rem);
     switch (id) {
@@ -148,8 +154,10 @@ static inline unsigned store_fp(psagg_codec_id id, __m256 v, size_t rem, uint8_t
     }
 }
 
-static psagg_status enc_fp(const psagg_codec *c, const float *x, float *r, size_t n, uint8_t *out,
-                           size_t *badi)
+/* The fp paths take the format as a constant (see fp_as below): one loop per format. */
+static inline __attribute__((always_inline)) psagg_status
+enc_fp_as(const psagg_codec_id id, const psagg_codec *c, const float *x, float *r, size_t n,
+          uint8_t *out, size_t *badi)
 {
     for (size_t k = 0; k < n; k += W) {
         size_t rem = n - k;
@@ -157,41 +165,83 @@ static psagg_status enc_fp(const psagg_codec *c, const float *x, float *r, size_
         __m256 v = load_f32(x + k, rem);
         if (r)
             v = _mm256_add_ps(v, load_f32(r + k, rem));
-        bad = store_fp(c->id, v, rem, out, k, r ? r + k : NULL);
+        bad = store_fp(id, v, rem, out, k, r ? r + k : NULL);
         if (bad)
             return report_bad(c, k, v, bad, badi);
     }
     return PSAGG_OK;
 }
 
-static void dec_fp(const psagg_codec *c, const uint8_t *in, size_t n, float *out, int acc)
+static inline __attribute__((always_inline)) void
+dec_fp_as(const psagg_codec_id id, const uint8_t *in, size_t n, float *out, int acc)
 {
     for (size_t k = 0; k < n; k += W) {
         size_t rem = n - k;
-        __m256 y = load_fp(c->id, in, k, rem);
+        __m256 y = load_fp(id, in, k, rem);
         if (acc)
             y = _mm256_add_ps(load_f32(out + k, rem), y);
         store_f32(out + k, y, rem);
     }
 }
 
-static psagg_status agg_fp(const psagg_codec *c, const uint8_t *const *in, size_t n_in, size_t n,
-                           float *r, uint8_t *out, psagg_scratch *ws, size_t *badi)
+static inline __attribute__((always_inline)) psagg_status
+agg_fp_as(const psagg_codec_id id, const psagg_codec *c, const uint8_t *const *in, size_t n_in,
+          size_t n, float *r, uint8_t *out, size_t *badi)
 {
-    (void)ws;
     for (size_t k = 0; k < n; k += W) {
         size_t rem = n - k;
         unsigned bad;
         __m256 s = _mm256_setzero_ps();
         for (size_t i = 0; i < n_in; i++)
-            s = _mm256_add_ps(s, load_fp(c->id, in[i], k, rem));
+            s = _mm256_add_ps(s, load_fp(id, in[i], k, rem));
         if (r)
             s = _mm256_add_ps(s, load_f32(r + k, rem));
-        bad = store_fp(c->id, s, rem, out, k, r ? r + k : NULL);
+        bad = store_fp(id, s, rem, out, k, r ? r + k : NULL);
         if (bad)
             return report_bad(c, k, s, bad, badi);
     }
     return PSAGG_OK;
+}
+
+/*
+ * The entry points: the codec's format becomes a compile-time constant of each loop, so the
+ * per-vector format switches of load_fp and store_fp fold away (one loop per format).
+ */
+static psagg_status enc_fp(const psagg_codec *c, const float *x, float *r, size_t n, uint8_t *out,
+                           size_t *badi)
+{
+    switch (c->id) {
+    case PSAGG_CODEC_FP32:
+        return enc_fp_as(PSAGG_CODEC_FP32, c, x, r, n, out, badi);
+    case PSAGG_CODEC_FP16:
+        return enc_fp_as(PSAGG_CODEC_FP16, c, x, r, n, out, badi);
+    default:
+        return enc_fp_as(PSAGG_CODEC_BF16, c, x, r, n, out, badi);
+    }
+}
+
+static void dec_fp(const psagg_codec *c, const uint8_t *in, size_t n, float *out, int acc)
+{
+    if (c->id == PSAGG_CODEC_FP32)
+        dec_fp_as(PSAGG_CODEC_FP32, in, n, out, acc);
+    else if (c->id == PSAGG_CODEC_FP16)
+        dec_fp_as(PSAGG_CODEC_FP16, in, n, out, acc);
+    else
+        dec_fp_as(PSAGG_CODEC_BF16, in, n, out, acc);
+}
+
+static psagg_status agg_fp(const psagg_codec *c, const uint8_t *const *in, size_t n_in, size_t n,
+                           float *r, uint8_t *out, psagg_scratch *ws, size_t *badi)
+{
+    (void)ws;
+    switch (c->id) {
+    case PSAGG_CODEC_FP32:
+        return agg_fp_as(PSAGG_CODEC_FP32, c, in, n_in, n, r, out, badi);
+    case PSAGG_CODEC_FP16:
+        return agg_fp_as(PSAGG_CODEC_FP16, c, in, n_in, n, r, out, badi);
+    default:
+        return agg_fp_as(PSAGG_CODEC_BF16, c, in, n_in, n, r, out, badi);
+    }
 }
 
 /* ---------------- maxmin ---------------- */

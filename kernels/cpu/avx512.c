@@ -27,7 +27,9 @@ static psagg_status report_bad(const psagg_codec *c, size_t k0, __m512 v, __mmas
 
 /* ---------------- fp formats ---------------- */
 
-static inline __m512 load_fp(psagg_codec_id id, const uint8_t *in, size_t k, __mmask16 m)
+/* always inlined: the per-vector format switch must fold away in each loop */
+static inline __attribute__((always_inline)) __m512 load_fp(psagg_codec_id id, const uint8_t *in,
+                                                            size_t k, __mmask16 m)
 {
     switch (id) {
     case PSAGG_CODEC_FP32:
@@ -41,8 +43,8 @@ static inline __m512 load_fp(psagg_codec_id id, const uint8_t *in, size_t k, __m
 }
 
 /* Encode v (lanes m) at element k; returns the mask of bad lanes (nothing stored then). */
-static inline __mmask16 store_fp(psagg_codec_id id, __m512 v, __mmask16 m, uint8_t *out, size_t k,
-                                 float *r)
+static inline __attribute__((always_inline)) __mmask16
+store_fp(psagg_codec_id id, __m512 v, __mmask16 m, uint8_t *out, size_t k, float *r)
 {
     __mmask16 bad;
     switch (id) {
@@ -87,48 +89,92 @@ static inline __mmask16 store_fp(psagg_codec_id id, __m512 v, __mmask16 m, uint8
     }
 }
 
-static psagg_status enc_fp(const psagg_codec *c, const float *x, float *r, size_t n, uint8_t *out,
-                           size_t *badi)
+/* The fp paths take the format as a constant (see fp_as below): one loop per format. */
+static inline __attribute__((always_inline)) psagg_status
+enc_fp_as(const psagg_codec_id id, const psagg_codec *c, const float *x, float *r, size_t n,
+          uint8_t *out, size_t *badi)
 {
     for (size_t k = 0; k < n; k += W) {
         __mmask16 m = lane_mask(n - k), bad;
         __m512 v = _mm512_maskz_loadu_ps(m, x + k);
         if (r)
             v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, r + k));
-        bad = store_fp(c->id, v, m, out, k, r ? r + k : NULL);
+        bad = store_fp(id, v, m, out, k, r ? r + k : NULL);
         if (bad)
             return report_bad(c, k, v, bad, badi);
     }
     return PSAGG_OK;
 }
 
-static void dec_fp(const psagg_codec *c, const uint8_t *in, size_t n, float *out, int acc)
+static inline __attribute__((always_inline)) void
+dec_fp_as(const psagg_codec_id id, const uint8_t *in, size_t n, float *out, int acc)
 {
     for (size_t k = 0; k < n; k += W) {
         __mmask16 m = lane_mask(n - k);
-        __m512 y = load_fp(c->id, in, k, m);
+        __m512 y = load_fp(id, in, k, m);
         if (acc)
             y = _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + k), y);
         _mm512_mask_storeu_ps(out + k, m, y);
     }
 }
 
-static psagg_status agg_fp(const psagg_codec *c, const uint8_t *const *in, size_t n_in, size_t n,
-                           float *r, uint8_t *out, psagg_scratch *ws, size_t *badi)
+static inline __attribute__((always_inline)) psagg_status
+agg_fp_as(const psagg_codec_id id, const psagg_codec *c, const uint8_t *const *in, size_t n_in,
+          size_t n, float *r, uint8_t *out, size_t *badi)
 {
-    (void)ws;
     for (size_t k = 0; k < n; k += W) {
         __mmask16 m = lane_mask(n - k), bad;
         __m512 s = _mm512_setzero_ps();
         for (size_t i = 0; i < n_in; i++)
-            s = _mm512_add_ps(s, load_fp(c->id, in[i], k, m));
+            s = _mm512_add_ps(s, load_fp(id, in[i], k, m));
         if (r)
             s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(m, r + k));
-        bad = store_fp(c->id, s, m, out, k, r ? r + k : NULL);
+        bad = store_fp(id, s, m, out, k, r ? r + k : NULL);
         if (bad)
             return report_bad(c, k, s, bad, badi);
     }
     return PSAGG_OK;
+}
+
+/*
+ * The entry points: the codec's format becomes a compile-time constant of each loop, so the
+ * per-vector format switches of load_fp and store_fp fold away (one loop per format).
+ */
+static psagg_status enc_fp(const psagg_codec *c, const float *x, float *r, size_t n, uint8_t *out,
+                           size_t *badi)
+{
+    switch (c->id) {
+    case PSAGG_CODEC_FP32:
+        return enc_fp_as(PSAGG_CODEC_FP32, c, x, r, n, out, badi);
+    case PSAGG_CODEC_FP16:
+        return enc_fp_as(PSAGG_CODEC_FP16, c, x, r, n, out, badi);
+    default:
+        return enc_fp_as(PSAGG_CODEC_BF16, c, x, r, n, out, badi);
+    }
+}
+
+static void dec_fp(const psagg_codec *c, const uint8_t *in, size_t n, float *out, int acc)
+{
+    if (c->id == PSAGG_CODEC_FP32)
+        dec_fp_as(PSAGG_CODEC_FP32, in, n, out, acc);
+    else if (c->id == PSAGG_CODEC_FP16)
+        dec_fp_as(PSAGG_CODEC_FP16, in, n, out, acc);
+    else
+        dec_fp_as(PSAGG_CODEC_BF16, in, n, out, acc);
+}
+
+static psagg_status agg_fp(const psagg_codec *c, const uint8_t *const *in, size_t n_in, size_t n,
+                           float *r, uint8_t *out, psagg_scratch *ws, size_t *badi)
+{
+    (void)ws;
+    switch (c->id) {
+    case PSAGG_CODEC_FP32:
+        return agg_fp_as(PSAGG_CODEC_FP32, c, in, n_in, n, r, out, badi);
+    case PSAGG_CODEC_FP16:
+        return agg_fp_as(PSAGG_CODEC_FP16, c, in, n_in, n, r, out, badi);
+    default:
+        return agg_fp_as(PSAGG_CODEC_BF16, c, in, n_in, n, r, out, badi);
+    }
 }
 
 /* ---------------- maxmin ---------------- */

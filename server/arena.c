@@ -1,0 +1,32 @@
+/* arena.c - see arena.h. */
+#include "arena.h"
+
+#include <jemalloc/jemalloc.h>
+
+/* The calling aggregation thread's arena + 1 (0: jemalloc's automatic choice). A server is
+ * an executable, so this thread-local is its own state, not a library's. */
+static _Thread_local unsigned thread_arena;
+
+int arena_thread_init(void)
+{
+    unsigned arena;
+    size_t sz = sizeof arena;
+    if (mallctl("arenas.create", &arena, &sz, NULL, 0) != 0)
+        return -1;
+    thread_arena = arena + 1;
+    return 0;
+}
+
+void *arena_alloc(size_t size, int zero)
+{
+    int flags = MALLOCX_ALIGN(64) | (zero ? MALLOCX_ZERO : 0);
+    if (thread_arena)
+        flags |= MALLOCX_ARENA(thread_arena - 1);
+    return mallocx(size ? size : 1, flags);
+}
+
+void arena_free(void *p)
+{
+    if (p)
+        dallocx(p, 0);
+}
