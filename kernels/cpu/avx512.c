@@ -136,46 +136,7 @@ agg_fp_as(const psagg_codec_id id, const psagg_codec *c, const uint8_t *const *i
     return PSAGG_OK;
 }
 
-/*
- * The entry points: the codec's format becomes a compile-time constant of each loop, so the
- * per-vector format switches of load_fp and store_fp fold away (one loop per format).
- */
-static psagg_status enc_fp(const psagg_codec *c, const float *x, float *r, size_t n, uint8_t *out,
-                           size_t *badi)
-{
-    switch (c->id) {
-    case PSAGG_CODEC_FP32:
-        return enc_fp_as(PSAGG_CODEC_FP32, c, x, r, n, out, badi);
-    case PSAGG_CODEC_FP16:
-        return enc_fp_as(PSAGG_CODEC_FP16, c, x, r, n, out, badi);
-    default:
-        return enc_fp_as(PSAGG_CODEC_BF16, c, x, r, n, out, badi);
-    }
-}
-
-static void dec_fp(const psagg_codec *c, const uint8_t *in, size_t n, float *out, int acc)
-{
-    if (c->id == PSAGG_CODEC_FP32)
-        dec_fp_as(PSAGG_CODEC_FP32, in, n, out, acc);
-    else if (c->id == PSAGG_CODEC_FP16)
-        dec_fp_as(PSAGG_CODEC_FP16, in, n, out, acc);
-    else
-        dec_fp_as(PSAGG_CODEC_BF16, in, n, out, acc);
-}
-
-static psagg_status agg_fp(const psagg_codec *c, const uint8_t *const *in, size_t n_in, size_t n,
-                           float *r, uint8_t *out, psagg_scratch *ws, size_t *badi)
-{
-    (void)ws;
-    switch (c->id) {
-    case PSAGG_CODEC_FP32:
-        return agg_fp_as(PSAGG_CODEC_FP32, c, in, n_in, n, r, out, badi);
-    case PSAGG_CODEC_FP16:
-        return agg_fp_as(PSAGG_CODEC_FP16, c, in, n_in, n, r, out, badi);
-    default:
-        return agg_fp_as(PSAGG_CODEC_BF16, c, in, n_in, n, r, out, badi);
-    }
-}
+PSAGG_FP_ENTRY_POINTS
 
 /* ---------------- maxmin ---------------- */
 

@@ -66,6 +66,42 @@ extern const psagg_codec_impl psagg_impl_avx2;   /* all NULL when not built */
 extern const psagg_codec_impl psagg_impl_avx512; /* all NULL when not built */
 
 /*
+ * The fp entry points of a SIMD file (fp_encode, fp_decode, fp_aggregate of its
+ * psagg_codec_impl), defined from its always-inlined enc_fp_as / dec_fp_as / agg_fp_as, which
+ * take the format as their first argument: here it becomes a compile-time constant of each
+ * loop, so the files' per-vector format switches fold away (one loop per format).
+ */
+#define PSAGG_FP_ENTRY_POINTS                                                                      \
+    static psagg_status enc_fp(const psagg_codec *c, const float *x, float *r, size_t n,           \
+                               uint8_t *out, size_t *badi)                                         \
+    {                                                                                              \
+        if (c->id == PSAGG_CODEC_FP32)                                                             \
+            return enc_fp_as(PSAGG_CODEC_FP32, c, x, r, n, out, badi);                             \
+        if (c->id == PSAGG_CODEC_FP16)                                                             \
+            return enc_fp_as(PSAGG_CODEC_FP16, c, x, r, n, out, badi);                             \
+        return enc_fp_as(PSAGG_CODEC_BF16, c, x, r, n, out, badi);                                 \
+    }                                                                                              \
+    static void dec_fp(const psagg_codec *c, const uint8_t *in, size_t n, float *out, int acc)     \
+    {                                                                                              \
+        if (c->id == PSAGG_CODEC_FP32)                                                             \
+            dec_fp_as(PSAGG_CODEC_FP32, in, n, out, acc);                                          \
+        else if (c->id == PSAGG_CODEC_FP16)                                                        \
+            dec_fp_as(PSAGG_CODEC_FP16, in, n, out, acc);                                          \
+        else                                                                                       \
+            dec_fp_as(PSAGG_CODEC_BF16, in, n, out, acc);                                          \
+    }                                                                                              \
+    static psagg_status agg_fp(const psagg_codec *c, const uint8_t *const *in, size_t n_in,        \
+                               size_t n, float *r, uint8_t *out, psagg_scratch *ws, size_t *badi)  \
+    {                                                                                              \
+        (void)ws;                                                                                  \
+        if (c->id == PSAGG_CODEC_FP32)                                                             \
+            return agg_fp_as(PSAGG_CODEC_FP32, c, in, n_in, n, r, out, badi);                      \
+        if (c->id == PSAGG_CODEC_FP16)                                                             \
+            return agg_fp_as(PSAGG_CODEC_FP16, c, in, n_in, n, r, out, badi);                      \
+        return agg_fp_as(PSAGG_CODEC_BF16, c, in, n_in, n, r, out, badi);                          \
+    }
+
+/*
  * Report the bad element i whose value (x + residual) is v: NaN/Inf -> PSAGG_ENONFINITE,
  * finite -> PSAGG_ERANGE, with a message naming the element. Sets *bad = i. (codec.c)
  */
