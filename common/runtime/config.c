@@ -94,6 +94,8 @@ static const struct key keys[] = {
     KEY("cluster", "connect_timeout_ms", connect_timeout_ms, parse_number, .min = 1, .max = DAY_MS),
     KEY("cluster", "op_timeout_ms", op_timeout_ms, parse_number, .min = 1, .max = DAY_MS),
     KEY("cluster", "secret_file", secret_file, parse_path, .flags = 0),
+    KEY("cluster", "data_auth", data_auth, parse_enum, .choices = bool_names,
+        .values = bool_values),
     /* [server] */
     KEY("server", "threads", server_threads, parse_number, .min = 0, .max = 1024),
     KEY("server", "error_feedback", server_error_feedback, parse_enum, .choices = bool_names,
@@ -101,6 +103,8 @@ static const struct key keys[] = {
     KEY("server", "gpu", gpu, parse_enum, .choices = gpu_names, .values = gpu_values),
     KEY("server", "gpu_min_elems", gpu_min_elems, parse_number, .min = 0, .max = 1ull << 40),
     KEY("server", "fabric_node", server_fabric_node, parse_host, .flags = 0),
+    KEY("server", "memory_budget_mb", server_memory_budget_mb, parse_number, .min = 0,
+        .max = 1ull << 30),
     /* [worker] */
     KEY("worker", "chunk_bytes", chunk_bytes, parse_number, .min = 4096, .max = 1ull << 30,
         .multiple = 256),
@@ -672,6 +676,56 @@ static int apply_env(struct load_state *st)
     return PSAGG_OK;
 }
 
+/* Where key `name` of `section` got its value: "path:line", "env PSAGG_X", or the path. */
+static void key_origin(const struct load_state *st, const char *section, const char *name,
+                       char *buf, size_t len)
+{
+    const struct key *k = find_key(section, name);
+    size_t i = (size_t)(k - keys);
+    if (st->env_set[i]) {
+        char env[128];
+        env_name(k, env, sizeof env);
+        snprintf(buf, len, "env %s", env);
+    } else if (st->set_line[i]) {
+        snprintf(buf, len, "%s:%d", st->cfg->path, st->set_line[i]);
+    } else {
+        snprintf(buf, len, "%s", st->cfg->path);
+    }
+}
+
+/*
+ * A secret_file must be readable and not empty now, at start-up, rather than make every HELLO
+ * fail later ("secret differs"); data_auth needs a secret to derive its keys from.
+ */
+static psagg_status check_secret(const struct load_state *st)
+{
+    const psagg_config *cfg = st->cfg;
+    char where[300];
+    FILE *f;
+    int c;
+
+    if (cfg->data_auth && !cfg->secret_file[0]) {
+        key_origin(st, "cluster", "data_auth", where, sizeof where);
+        return psagg_fail(PSAGG_ECONFIG,
+                          "%s: [cluster] data_auth = on needs [cluster] secret_file (the data "
+                          "keys derive from the job's secret)",
+                          where);
+    }
+    if (!cfg->secret_file[0])
+        return PSAGG_OK;
+    key_origin(st, "cluster", "secret_file", where, sizeof where);
+    f = fopen(cfg->secret_file, "rb");
+    if (!f)
+        return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' cannot be read: %s", where,
+                          cfg->secret_file, strerror(errno));
+    c = fgetc(f);
+    fclose(f);
+    if (c == EOF)
+        return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' is empty", where,
+                          cfg->secret_file);
+    return PSAGG_OK;
+}
+
 /*
  * Defaults, file, environment, required keys. On failure *cfg holds partial values and
  * psagg_last_error() says where ("path:line: ..." or "env PSAGG_X: ...") and what.
@@ -708,6 +762,7 @@ psagg_status psagg_config_load(const char *path, psagg_config *cfg)
             goto out;
         }
     }
+    rc = check_secret(st);
 out:
     free(st);
     return rc;

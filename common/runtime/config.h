@@ -41,7 +41,10 @@ typedef struct psagg_config {
     char provider[32];      /* `provider`: tcp (default) | shm | any libfabric provider */
     int connect_timeout_ms; /* `connect_timeout_ms`, default 30000: start-up deadline */
     int op_timeout_ms;      /* `op_timeout_ms`, default 60000: one push_pull's deadline */
-    char secret_file[256];  /* `secret_file`, optional: shared secret for the hello */
+    char secret_file[256];  /* `secret_file`, optional: the job's shared secret (HELLO token,
+                               data keys); must be readable and not empty */
+    int data_auth;          /* `data_auth`, default off: a MAC on every data message (needs
+                               secret_file) */
 
     /* [server] */
     int server_threads;        /* `threads`, default 0 = one per online core */
@@ -49,6 +52,8 @@ typedef struct psagg_config {
     psagg_gpu_mode gpu;        /* `gpu` = auto|on|off, default auto */
     uint64_t gpu_min_elems;    /* `gpu_min_elems`, default 262144 */
     char server_fabric_node[PSAGG_HOST_MAX]; /* `fabric_node`, default: the host in `servers` */
+    uint64_t server_memory_budget_mb;        /* `memory_budget_mb`, default 0 = half the host's
+                                                memory: a declaration needing more is refused */
 
     /* [worker] */
     uint64_t chunk_bytes; /* `chunk_bytes`, default 1048576 (fp32 bytes per chunk) */

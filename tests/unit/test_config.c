@@ -125,16 +125,20 @@ static void test_defaults(void)
 static void test_all_keys(void)
 {
     psagg_config cfg;
-    const char *text = "; comment\n# comment\n[cluster]\njob_id = a.b_c-1\n"
-                       "servers = h1:1, [::1]:2 ; inline\n  h3:3 ; continued\n\n  h4:65535\n"
-                       "workers = 1024\nprovider = verbs;ofi_rxm\nconnect_timeout_ms = 5\n"
-                       "op_timeout_ms = 86400000\nsecret_file = /x/y\n"
-                       "[server]\nthreads = 3\nerror_feedback = TRUE\ngpu = off\n"
-                       "gpu_min_elems = 0\nfabric_node = node-7\n"
-                       "[worker]\nchunk_bytes = 4096\nseed = 0xffffffffffffffff\n"
-                       "max_inflight = 1\nfabric_node = 10.1.0.1\n"
-                       "[codec]\ndefault = bf16\nbucket = 64\nrounding = nearest\n"
-                       "error_feedback = 0\nmin_compress_elems = 0\n[log]\nlevel = debug\n";
+    char secret[PATH_MAX], text[PATH_MAX + 2048];
+    snprintf(secret, sizeof secret, "%s", write_ini("a job's secret\n"));
+    snprintf(text, sizeof text,
+             "; comment\n# comment\n[cluster]\njob_id = a.b_c-1\n"
+             "servers = h1:1, [::1]:2 ; inline\n  h3:3 ; continued\n\n  h4:65535\n"
+             "workers = 1024\nprovider = verbs;ofi_rxm\nconnect_timeout_ms = 5\n"
+             "op_timeout_ms = 86400000\nsecret_file = %s\ndata_auth = on\n"
+             "[server]\nthreads = 3\nerror_feedback = TRUE\ngpu = off\n"
+             "gpu_min_elems = 0\nfabric_node = node-7\nmemory_budget_mb = 123\n"
+             "[worker]\nchunk_bytes = 4096\nseed = 0xffffffffffffffff\n"
+             "max_inflight = 1\nfabric_node = 10.1.0.1\n"
+             "[codec]\ndefault = bf16\nbucket = 64\nrounding = nearest\n"
+             "error_feedback = 0\nmin_compress_elems = 0\n[log]\nlevel = debug\n",
+             secret);
     CHECK(psagg_config_load(write_ini(text), &cfg) == PSAGG_OK, "%s", psagg_last_error());
     CHECK(!strcmp(cfg.job_id, "a.b_c-1"), "job_id");
     CHECK(cfg.n_servers == 4, "n_servers %d", cfg.n_servers);
@@ -142,7 +146,8 @@ static void test_all_keys(void)
     CHECK(!strcmp(cfg.servers[2].host, "h3") && cfg.servers[3].port == 65535, "continuation");
     CHECK(cfg.n_workers == 1024 && !strcmp(cfg.provider, "verbs;ofi_rxm"), "workers/provider");
     CHECK(cfg.connect_timeout_ms == 5 && cfg.op_timeout_ms == 86400000, "timeouts");
-    CHECK(!strcmp(cfg.secret_file, "/x/y"), "secret");
+    CHECK(!strcmp(cfg.secret_file, secret) && cfg.data_auth == 1, "secret, data_auth");
+    CHECK(cfg.server_memory_budget_mb == 123, "memory_budget_mb");
     CHECK(cfg.server_threads == 3 && cfg.server_error_feedback == 1 && cfg.gpu == PSAGG_GPU_OFF,
           "server");
     CHECK(cfg.gpu_min_elems == 0 && !strcmp(cfg.server_fabric_node, "node-7"), "server 2");
@@ -153,6 +158,20 @@ static void test_all_keys(void)
           "codec");
     CHECK(cfg.error_feedback == 0 && cfg.min_compress_elems == 0, "codec 2");
     CHECK(cfg.log_level == PSAGG_LOG_DEBUG, "log");
+}
+
+/* A secret_file that cannot be used is a start-up error at its line, not a refused HELLO. */
+static void test_secret_errors(void)
+{
+    char text[PATH_MAX + 128], empty[PATH_MAX];
+    snprintf(empty, sizeof empty, "%s", write_ini(""));
+    EXPECT_ERROR(MINIMAL "op_timeout_ms = 5\nsecret_file = /nonexistent/psagg.secret\n", 6,
+                 "secret_file", "/nonexistent/psagg.secret", "cannot be read",
+                 "No such file or directory");
+    snprintf(text, sizeof text, MINIMAL "secret_file = %s\n", empty);
+    EXPECT_ERROR(text, 5, "secret_file", "is empty");
+    EXPECT_ERROR(MINIMAL "data_auth = on\n", 5, "data_auth", "needs [cluster] secret_file");
+    EXPECT_ERROR(MINIMAL "[server]\nmemory_budget_mb = 2000000000\n", 6, "memory_budget_mb");
 }
 
 static void test_errors(void)
@@ -387,6 +406,7 @@ int main(void)
     test_defaults();
     test_all_keys();
     test_errors();
+    test_secret_errors();
     test_missing();
     test_env();
     test_hostport();
