@@ -47,7 +47,8 @@
  * near it; past it, send/post_recv return PSAGG_EAGAIN instead of reading (and losing) more.
  */
 #define BACKLOG_MAX 65536
-/* How long one send/post_recv keeps meeting -FI_EAGAIN before it gives up (dead shm peer). */
+/* How long one send/post_recv keeps meeting -FI_EAGAIN before it gives up (dead shm peer),
+ * unless the owner gives its own bound (psagg_fabric_opts.post_timeout_ms). */
 #define POST_RETRY_MS 30000
 /* Longest single fi_cq_sread inside a poll, so completions parked by senders are seen. */
 #define SREAD_SLICE_MS 20
@@ -82,16 +83,17 @@ struct psagg_fabric {
     struct fid_av *av;
     struct fid_ep *ep;
 
-    size_t max_msg;   /* opts->max_msg */
-    size_t name_len;  /* length of this endpoint's name */
-    int addr_str;     /* addresses are strings (FI_ADDR_STR, shm) */
-    int local_mr;     /* mr_mode has FI_MR_LOCAL: psagg_fabric_reg registers */
-    int mr_endpoint;  /* FI_MR_ENDPOINT: bind regions to the endpoint */
-    int mr_prov_key;  /* FI_MR_PROV_KEY: provider picks keys */
-    int cq_wait;      /* the CQ has a wait object: poll may block in fi_cq_sread */
-    int serialize;    /* no FI_THREAD_SAFE granted: fab_lock around libfabric calls */
-    char prov[64];    /* provider name opened */
-    psagg_logger log; /* the owner's (opts->log) */
+    size_t max_msg;      /* opts->max_msg */
+    int post_timeout_ms; /* opts->post_timeout_ms, or POST_RETRY_MS */
+    size_t name_len;     /* length of this endpoint's name */
+    int addr_str;        /* addresses are strings (FI_ADDR_STR, shm) */
+    int local_mr;        /* mr_mode has FI_MR_LOCAL: psagg_fabric_reg registers */
+    int mr_endpoint;     /* FI_MR_ENDPOINT: bind regions to the endpoint */
+    int mr_prov_key;     /* FI_MR_PROV_KEY: provider picks keys */
+    int cq_wait;         /* the CQ has a wait object: poll may block in fi_cq_sread */
+    int serialize;       /* no FI_THREAD_SAFE granted: fab_lock around libfabric calls */
+    char prov[64];       /* provider name opened */
+    psagg_logger log;    /* the owner's (opts->log) */
 
     pthread_mutex_t fab_lock; /* only used when serialize */
     pthread_mutex_t lock;     /* backlog, free ops, slabs, regions, next_key */
@@ -204,6 +206,7 @@ static void op_put(psagg_fabric *f, struct fabric_op *op)
 static int cq_fetch(psagg_fabric *f, psagg_fabric_event *ev, int max, int wait_ms)
 {
     struct fi_cq_msg_entry ent[CQ_BATCH];
+    fi_addr_t src[CQ_BATCH];
     struct fi_cq_err_entry err;
     struct fabric_op *op = NULL;
     ssize_t ret;
@@ -211,9 +214,9 @@ static int cq_fetch(psagg_fabric *f, psagg_fabric_event *ev, int max, int wait_m
 
     fab_lock(f);
     if (wait_ms > 0)
-        ret = fi_cq_sread(f->cq, ent, (size_t)n, NULL, wait_ms);
+        ret = fi_cq_sreadfrom(f->cq, ent, (size_t)n, src, NULL, wait_ms);
     else
-        ret = fi_cq_read(f->cq, ent, (size_t)n);
+        ret = fi_cq_readfrom(f->cq, ent, (size_t)n, src);
     if (ret == -FI_EAVAIL) {
         char text[128];
         memset(&err, 0, sizeof(err));
@@ -229,6 +232,7 @@ static int cq_fetch(psagg_fabric *f, psagg_fabric_event *ev, int max, int wait_m
                 ev->kind =
                     (err.flags & FI_RECV) ? PSAGG_FABRIC_RECV_ERROR : PSAGG_FABRIC_SEND_ERROR;
             ev->len = err.len;
+            ev->src = PSAGG_PEER_UNKNOWN;
             ev->status = status_from_fi(err.err);
             snprintf(ev->msg, sizeof(ev->msg), "%s: %s (provider errno %d: %s)", f->prov,
                      fi_strerror(err.err), err.prov_errno, pt ? pt : "?");
@@ -263,6 +267,10 @@ static int cq_fetch(psagg_fabric *f, psagg_fabric_event *ev, int max, int wait_m
             ev[i].ctx = NULL;
         }
         ev[i].len = ev[i].kind == PSAGG_FABRIC_RECV_DONE ? ent[i].len : 0;
+        /* FI_SOURCE: the sender's AV entry; FI_ADDR_NOTAVAIL for one that is not in the AV */
+        ev[i].src = ev[i].kind == PSAGG_FABRIC_RECV_DONE && src[i] != FI_ADDR_NOTAVAIL
+                        ? (psagg_peer)src[i]
+                        : PSAGG_PEER_UNKNOWN;
         ev[i].status = PSAGG_OK;
         ev[i].msg[0] = '\0';
     }
@@ -347,7 +355,7 @@ static int drive_progress(psagg_fabric *f)
  * (the peer's queue never drains, e.g. a dead shm peer), so no call blocks forever.
  */
 static int post_op(psagg_fabric *f, struct fabric_op *op, fi_addr_t to, const void *sbuf,
-                   void *rbuf, size_t len, void *desc)
+                   void *rbuf, size_t len, void *desc, int once)
 {
     const char *what = op->kind == OP_SEND ? "fi_send" : "fi_recv";
     int64_t deadline = 0;
@@ -375,14 +383,17 @@ static int post_op(psagg_fabric *f, struct fabric_op *op, fi_addr_t to, const vo
         n = drive_progress(f);
         if (n < 0)
             return n;
+        if (once) /* the caller retries later, watching everything else meanwhile */
+            return psagg_fail(PSAGG_EAGAIN, "%s: %s: the provider's queue is full", f->prov, what);
         if (deadline == 0) {
-            deadline = psagg_now_ms() + POST_RETRY_MS;
+            deadline = psagg_now_ms() + f->post_timeout_ms;
             LOG_DEBUG(&f->log, "%s: %s: queue full, driving progress", f->prov, what);
         } else if (psagg_now_ms() > deadline) {
-            return psagg_fail(
-                PSAGG_ETIMEDOUT,
-                "%s: %s (%zu bytes) met -FI_EAGAIN for %d ms; peer %" PRIu64 " not draining",
-                f->prov, what, len, POST_RETRY_MS, op->kind == OP_SEND ? (uint64_t)to : UINT64_MAX);
+            return psagg_fail(PSAGG_ETIMEDOUT,
+                              "%s: %s (%zu bytes) met -FI_EAGAIN for %d ms; peer %" PRIu64
+                              " not draining",
+                              f->prov, what, len, f->post_timeout_ms,
+                              op->kind == OP_SEND ? (uint64_t)to : UINT64_MAX);
         }
         if (n > 0) {
             idle = 0;
@@ -437,10 +448,9 @@ static void check_env(const char *provider, size_t max_msg, const psagg_logger *
         const char *have = getenv(env[i].name);
         if (!have || strtoull(have, NULL, 10) < strtoull(env[i].value, NULL, 10)) {
             LOG_WARN(log,
-                     "%s is %s%s, below this job's largest message: rxm sends large chunks by "
-                     "rendezvous, about 1.5x slower at 1 Gbit/s. For full speed start every "
-                     "process of the job (servers too: the values must agree) with %s=%s %s=%s, "
-                     "as deploy/psagg-local does (psagg-server --fabric-env prints them).",
+                     "%s is %s%s: large chunks go by rendezvous (slower). For full speed give "
+                     "every process of the job %s=%s %s=%s (psagg-server --fabric-env; "
+                     "deploy/psagg-local does)",
                      env[i].name, have ? "" : "unset", have ? have : "", env[0].name, env[0].value,
                      env[1].name, env[1].value);
             return;
@@ -459,7 +469,7 @@ static int fabric_getinfo(const psagg_fabric_opts *opts, struct fi_info **out)
     if (hints == NULL)
         return psagg_fail(PSAGG_ENOMEM, "fabric: fi_allocinfo failed");
     hints->ep_attr->type = FI_EP_RDM;
-    hints->caps = FI_MSG;
+    hints->caps = FI_MSG | FI_SOURCE; /* every receive names its sender (psagg_fabric_event.src) */
     hints->mode = FI_CONTEXT | FI_CONTEXT2; /* every op carries a struct fi_context2 */
     hints->domain_attr->mr_mode =
         FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
@@ -540,6 +550,7 @@ psagg_status psagg_fabric_open(const psagg_fabric_opts *opts, psagg_fabric **out
     if (f == NULL)
         return psagg_fail(PSAGG_ENOMEM, "fabric: out of memory");
     f->max_msg = opts->max_msg;
+    f->post_timeout_ms = opts->post_timeout_ms > 0 ? opts->post_timeout_ms : POST_RETRY_MS;
     if (opts->log)
         f->log = *opts->log;
     else
@@ -679,6 +690,11 @@ void psagg_fabric_close(psagg_fabric *f)
     free(f);
 }
 
+int psagg_fabric_source_reliable(const psagg_fabric *f)
+{
+    return f && strstr(f->prov, "ofi_rxm") != NULL;
+}
+
 const char *psagg_fabric_provider(const psagg_fabric *f)
 {
     return f ? f->prov : "";
@@ -798,14 +814,14 @@ psagg_status psagg_fabric_post_recv(psagg_fabric *f, void *buf, size_t len, void
     op = op_get(f, ctx, OP_RECV);
     if (op == NULL)
         return psagg_fail(PSAGG_ENOMEM, "%s: post_recv: out of memory", f->prov);
-    st = post_op(f, op, FI_ADDR_UNSPEC, NULL, buf, len, desc);
+    st = post_op(f, op, FI_ADDR_UNSPEC, NULL, buf, len, desc, 0);
     if (st < 0)
         op_put(f, op);
     return st;
 }
 
-psagg_status psagg_fabric_send(psagg_fabric *f, psagg_peer to, const void *buf, size_t len,
-                               void *desc, void *ctx)
+static psagg_status fabric_send(psagg_fabric *f, psagg_peer to, const void *buf, size_t len,
+                                void *desc, void *ctx, int once)
 {
     struct fabric_op *op;
     int st;
@@ -818,10 +834,22 @@ psagg_status psagg_fabric_send(psagg_fabric *f, psagg_peer to, const void *buf, 
     op = op_get(f, ctx, OP_SEND);
     if (op == NULL)
         return psagg_fail(PSAGG_ENOMEM, "%s: send: out of memory", f->prov);
-    st = post_op(f, op, (fi_addr_t)to, buf, NULL, len, desc);
+    st = post_op(f, op, (fi_addr_t)to, buf, NULL, len, desc, once);
     if (st < 0)
         op_put(f, op);
     return st;
+}
+
+psagg_status psagg_fabric_send(psagg_fabric *f, psagg_peer to, const void *buf, size_t len,
+                               void *desc, void *ctx)
+{
+    return fabric_send(f, to, buf, len, desc, ctx, 0);
+}
+
+psagg_status psagg_fabric_try_send(psagg_fabric *f, psagg_peer to, const void *buf, size_t len,
+                                   void *desc, void *ctx)
+{
+    return fabric_send(f, to, buf, len, desc, ctx, 1);
 }
 
 /*

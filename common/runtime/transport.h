@@ -20,7 +20,8 @@
 #include "psagg/types.h"
 
 typedef struct psagg_fabric psagg_fabric;
-typedef uint64_t psagg_peer; /* an fi_addr_t in this process's address vector */
+typedef uint64_t psagg_peer;          /* an fi_addr_t in this process's address vector */
+#define PSAGG_PEER_UNKNOWN UINT64_MAX /* a sender that is not in the address vector */
 
 #define PSAGG_FABRIC_NAME_MAX 256
 
@@ -29,6 +30,7 @@ typedef struct psagg_fabric_opts {
     const char *node;        /* local address to bind (tcp); NULL = provider's choice */
     size_t max_msg;          /* largest message that will be sent, bytes */
     const psagg_logger *log; /* the owner's logger (copied); NULL: role "psagg" */
+    int post_timeout_ms;     /* how long send/post_recv may meet -FI_EAGAIN; 0: 30000 */
 } psagg_fabric_opts;
 
 /*
@@ -76,14 +78,30 @@ PSAGG_NODISCARD psagg_status psagg_fabric_post_recv(psagg_fabric *f, void *buf, 
 
 /*
  * Send len bytes (<= max_msg, else PSAGG_EINVAL) to peer; the buffer must stay untouched until
- * the SEND completion (ctx). send and post_recv give up with PSAGG_ETIMEDOUT after 30 s of
- * nothing but -FI_EAGAIN, and return PSAGG_EAGAIN when 65536 completions are already queued
- * for poll (poll first). A dead peer: tcp completes sends with SEND_ERROR (PSAGG_EPEER); shm
- * (libfabric 1.17) never completes large sends (receiver-pulled), so the control channel has to
- * notice the death.
+ * the SEND completion (ctx). send and post_recv give up with PSAGG_ETIMEDOUT after
+ * opts.post_timeout_ms of nothing but -FI_EAGAIN, and return PSAGG_EAGAIN when 65536
+ * completions are already queued for poll (poll first). A dead peer: tcp completes sends with
+ * SEND_ERROR (PSAGG_EPEER); shm (libfabric 1.17) never completes large sends (receiver-pulled), so
+ * the control channel has to notice the death.
  */
 PSAGG_NODISCARD psagg_status psagg_fabric_send(psagg_fabric *f, psagg_peer to, const void *buf,
                                                size_t len, void *desc, void *ctx);
+
+/*
+ * psagg_fabric_send that never waits: when the provider's queue is full it drives progress
+ * once and returns PSAGG_EAGAIN (nothing sent; try again later), so a thread that has other
+ * things to watch (control connections, deadlines) is never held in a send.
+ */
+PSAGG_NODISCARD psagg_status psagg_fabric_try_send(psagg_fabric *f, psagg_peer to, const void *buf,
+                                                   size_t len, void *desc, void *ctx);
+
+/*
+ * 1 when the provider names a message's sender reliably (psagg_fabric_event.src), so that a
+ * receiver can accept data only from the peers it registered: tcp (ofi_rxm) identifies the
+ * connection. libfabric 1.17's shm does not: for a sender missing from the address vector it
+ * reported another peer's address (seen here), so on shm only data_auth authenticates data.
+ */
+int psagg_fabric_source_reliable(const psagg_fabric *f);
 
 typedef enum psagg_fabric_event_kind {
     PSAGG_FABRIC_SEND_DONE = 1,
@@ -94,10 +112,11 @@ typedef enum psagg_fabric_event_kind {
 
 typedef struct psagg_fabric_event {
     psagg_fabric_event_kind kind;
-    void *ctx;     /* the ctx given to send / post_recv (NULL: error not tied to one op) */
-    size_t len;    /* bytes received (RECV_DONE) */
-    int status;    /* PSAGG_OK or a negative psagg_status (errors) */
-    char msg[160]; /* provider's error text for errors */
+    void *ctx;      /* the ctx given to send / post_recv (NULL: error not tied to one op) */
+    size_t len;     /* bytes received (RECV_DONE) */
+    psagg_peer src; /* RECV_DONE: the sender, or PSAGG_PEER_UNKNOWN (not in the address vector) */
+    int status;     /* PSAGG_OK or a negative psagg_status (errors) */
+    char msg[160];  /* provider's error text for errors */
 } psagg_fabric_event;
 
 /*
