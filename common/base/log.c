@@ -1,6 +1,8 @@
 /* base/log.c - see base/log.h. */
 #include "base/log.h"
 
+#include "base/clock.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,4 +42,36 @@ void psagg_log(const psagg_logger *lg, int level, const char *fmt, ...)
                   : level > 3 ? 3
                               : level],
             msg);
+}
+
+static void lograte_report(psagg_lograte *lr, const psagg_logger *lg, int64_t now)
+{
+    if (lr->count == 1 && lr->total == 1)
+        psagg_log(lg, PSAGG_LOG_WARN, "%s", lr->latest);
+    else
+        psagg_log(lg, PSAGG_LOG_WARN, "%s (%llu like it in the last %lld ms, %llu in all)",
+                  lr->latest, (unsigned long long)lr->count, (long long)(now - lr->logged_at),
+                  (unsigned long long)lr->total);
+    lr->logged_at = now;
+    lr->count = 0;
+}
+
+void psagg_lograte_note(psagg_lograte *lr, const psagg_logger *lg, int every_ms, const char *fmt,
+                        ...)
+{
+    int64_t now = psagg_now_ms();
+    va_list ap;
+    lr->count++;
+    lr->total++;
+    va_start(ap, fmt);
+    vsnprintf(lr->latest, sizeof lr->latest, fmt, ap);
+    va_end(ap);
+    if (now - lr->logged_at >= every_ms)
+        lograte_report(lr, lg, now);
+}
+
+void psagg_lograte_flush(psagg_lograte *lr, const psagg_logger *lg)
+{
+    if (lr->count)
+        lograte_report(lr, lg, psagg_now_ms());
 }

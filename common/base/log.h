@@ -9,6 +9,8 @@
 #ifndef PSAGG_BASE_LOG_H
 #define PSAGG_BASE_LOG_H
 
+#include <stdint.h>
+
 enum psagg_log_level { PSAGG_LOG_ERROR = 0, PSAGG_LOG_WARN, PSAGG_LOG_INFO, PSAGG_LOG_DEBUG };
 
 typedef struct psagg_logger {
@@ -24,6 +26,23 @@ void psagg_logger_init(psagg_logger *lg, const char *role, int level);
 
 void psagg_log(const psagg_logger *lg, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/*
+ * Warnings about something that may come in floods (messages dropped from strangers): each
+ * note counts; one record at most every `every_ms` says how many came since the last and
+ * what the latest was, and psagg_lograte_flush reports the rest (call it when the owner
+ * stops). One owner thread per psagg_lograte; zero-initialise it.
+ */
+typedef struct psagg_lograte {
+    int64_t logged_at; /* ms, psagg_now_ms's clock */
+    uint64_t count;    /* notes since the last record */
+    uint64_t total;
+    char latest[256];
+} psagg_lograte;
+
+void psagg_lograte_note(psagg_lograte *lr, const psagg_logger *lg, int every_ms, const char *fmt,
+                        ...) __attribute__((format(printf, 4, 5)));
+void psagg_lograte_flush(psagg_lograte *lr, const psagg_logger *lg);
 
 #define LOG_ERROR(lg, ...) psagg_log((lg), PSAGG_LOG_ERROR, __VA_ARGS__)
 #define LOG_WARN(lg, ...)  psagg_log((lg), PSAGG_LOG_WARN, __VA_ARGS__)
