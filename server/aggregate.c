@@ -10,11 +10,13 @@
  * one requantize (with the server residual when enabled) and the identical update bytes go
  * to every worker.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "runtime/message.h"
@@ -50,16 +52,18 @@ static void finish_round(server *srv, chunk_state *c)
         st = psagg_encode(&c->codec, c->acc, c->residual, c->info->count, round_key(srv, c),
                           c->out[p] + sizeof *h, enc, &bad);
     if (st) {
-        server_fail_job(srv, "tensor '%s' chunk %u round %u: the sum cannot be encoded: %s",
+        server_fail_job(srv, st, "tensor '%s' chunk %u round %u: the sum cannot be encoded: %s",
                         srv->layout.tensors[c->info->key].name, c->info->index, c->round,
                         psagg_last_error());
         return;
     }
     psagg_msg_init(h, PSAGG_MSG_UPDATE, (uint32_t)srv->rank, c->round, c->info);
+    if (srv->tag_bytes) /* one MAC: every worker gets the same bytes */
+        psagg_msg_mac(&srv->data_key, c->out[p], sizeof *h + enc, c->out[p] + sizeof *h + enc);
     atomic_store(&c->sends_pending[p], srv->n_workers);
     for (int w = 0; w < srv->n_workers; w++) {
-        st = psagg_fabric_send(srv->fab, srv->workers[w].addr, c->out[p], sizeof *h + enc,
-                               c->out_desc[p], &c->sctx[p]);
+        st = psagg_fabric_send(srv->fab, srv->workers[w].addr, c->out[p],
+                               sizeof *h + enc + srv->tag_bytes, c->out_desc[p], &c->sctx[p]);
         if (st) {
             atomic_fetch_sub(&c->sends_pending[p], 1);
             server_close_worker(srv, w, "sending the update of tensor %u chunk %u failed: %s",
@@ -67,6 +71,7 @@ static void finish_round(server *srv, chunk_state *c)
         }
     }
     c->round++;
+    c->round_deadline = 0;
     c->n_arrived = 0;
     c->next = 0;
     memset(c->arrived, 0, (size_t)srv->n_workers);
@@ -93,7 +98,11 @@ static int fold(server *srv, chunk_state *c, int w, const void *payload, int val
     return 0;
 }
 
-/* One push for chunk c, already checked against the layout by the progress thread. */
+/*
+ * One push for chunk c, already checked by the progress thread: its source (and MAC with
+ * data_auth), then its fields against the layout. So a forged push never reaches this point
+ * to count as its sender's (and make the real one a "duplicate").
+ */
 static void handle_push(server *srv, chunk_state *c, recv_buf *rb)
 {
     const psagg_msg_hdr *h = (const psagg_msg_hdr *)rb->rx.buf;
@@ -117,6 +126,8 @@ static void handle_push(server *srv, chunk_state *c, recv_buf *rb)
                  w, h->key, h->chunk, h->round);
         return;
     }
+    if (!c->round_deadline) /* the round's first push starts its clock */
+        c->round_deadline = psagg_now_ms() + srv->cfg.op_timeout_ms;
     if (c->gpu || w != (int)c->next) {
         if (psagg_validate(&c->codec, payload, enc, c->info->count)) {
             server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s", h->key,
@@ -143,19 +154,73 @@ static void handle_push(server *srv, chunk_state *c, recv_buf *rb)
         finish_round(srv, c);
 }
 
+/*
+ * The per-round deadline: a round whose first push arrived more than op_timeout_ms ago and
+ * still misses some fails the job, naming the workers whose pushes are missing (a stopped
+ * worker; the workers' own deadline is longer, so this verdict reaches them first). Each
+ * thread checks its own chunks, the only thread that touches them.
+ */
+static void check_rounds(server *srv, agg_thread *t, int64_t now)
+{
+    int self = (int)(t - srv->threads);
+    for (uint32_t i = 0; i < srv->n_owned; i++) {
+        chunk_state *c = &srv->chunks[i];
+        char missing[128] = "";
+        size_t used = 0;
+        if ((int)c->thread != self || !c->round_deadline || now < c->round_deadline)
+            continue;
+        for (int w = 0; w < srv->n_workers && used + 8 < sizeof missing; w++)
+            if (!c->arrived[w])
+                used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d",
+                                         used ? "," : "", w);
+        server_fail_job(srv, PSAGG_ETIMEDOUT,
+                        "tensor '%s' chunk %u round %u: no push from workers %s within "
+                        "op_timeout_ms=%d",
+                        srv->layout.tensors[c->info->key].name, c->info->index, c->round, missing,
+                        srv->cfg.op_timeout_ms);
+        return;
+    }
+}
+
+/* How often an idle aggregation thread looks at its rounds' deadlines. */
+#define DEADLINE_CHECK_MS 100
+
 static void *agg_main(void *arg)
 {
     agg_thread *t = arg;
     server *srv = t->srv;
+    int64_t next_check = psagg_now_ms() + DEADLINE_CHECK_MS;
 
     for (;;) {
         agg_item *it;
+        int64_t now;
         pthread_mutex_lock(&t->mu);
-        while (!t->head && !t->stop)
-            pthread_cond_wait(&t->cv, &t->mu);
-        if (!t->head) {
+        while (!t->head && !t->stop) {
+            struct timespec until;
+            clock_gettime(CLOCK_MONOTONIC, &until);
+            until.tv_nsec += DEADLINE_CHECK_MS * 1000000L;
+            if (until.tv_nsec >= 1000000000L) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000L;
+            }
+            if (pthread_cond_timedwait(&t->cv, &t->mu, &until) == ETIMEDOUT)
+                break;
+        }
+        if (t->stop && !t->head) {
             pthread_mutex_unlock(&t->mu);
             break;
+        }
+        now = psagg_now_ms();
+        if (now >= next_check) {
+            pthread_mutex_unlock(&t->mu);
+            if (!atomic_load(&srv->job_failed))
+                check_rounds(srv, t, now);
+            next_check = now + DEADLINE_CHECK_MS;
+            continue;
+        }
+        if (!t->head) {
+            pthread_mutex_unlock(&t->mu);
+            continue;
         }
         it = t->head;
         t->head = it->next;
@@ -207,16 +272,91 @@ static psagg_status chunk_alloc(server *srv, chunk_state *c)
         c->residual = arena_alloc(ci->count * sizeof(float), 1);
     for (int p = 0; p < 2; p++) {
         c->sctx[p] = (send_ctx){c, p};
-        c->out[p] = arena_alloc(sizeof(psagg_msg_hdr) + enc, 1);
+        c->out[p] = arena_alloc(sizeof(psagg_msg_hdr) + enc + srv->tag_bytes, 1);
         if (!c->out[p])
             break;
-        if (psagg_fabric_reg(srv->fab, c->out[p], sizeof(psagg_msg_hdr) + enc, &c->out_desc[p]))
+        if (psagg_fabric_reg(srv->fab, c->out[p], sizeof(psagg_msg_hdr) + enc + srv->tag_bytes,
+                             &c->out_desc[p]))
             return psagg_fail_context(PSAGG_EFABRIC, "registering update buffers: ");
     }
     if (!c->arrived || !c->slots || (!c->gpu && !c->acc) || !c->out[0] || !c->out[1] ||
         (srv->cfg.server_error_feedback && !c->residual))
         return psagg_fail(PSAGG_ENOMEM, "buffers of tensor %u chunk %u", ci->key, ci->index);
     return PSAGG_OK;
+}
+
+/* What one owned chunk of `count` elements, `enc` bytes encoded, costs (chunk_alloc). */
+static uint64_t chunk_bytes(const server *srv, uint64_t count, size_t enc)
+{
+    uint64_t n = (uint64_t)srv->n_workers;
+    return sizeof(chunk_state) + n + n * enc + 4 * count +
+           (srv->cfg.server_error_feedback ? 4 * count : 0) +
+           2 * (sizeof(psagg_msg_hdr) + enc + srv->tag_bytes);
+}
+
+static uint64_t sat_add(uint64_t a, uint64_t b)
+{
+    return a + b < a ? UINT64_MAX : a + b;
+}
+
+static uint64_t sat_mul(uint64_t a, uint64_t b)
+{
+    return b && a > UINT64_MAX / b ? UINT64_MAX : a * b;
+}
+
+/*
+ * The layout balances encoded bytes over the servers within one chunk, so a server's share
+ * of the job's chunk memory is at most total / servers + the largest chunk; the layout
+ * itself costs every server its tables. Both are counted, in saturating arithmetic, from the
+ * declaration alone.
+ */
+psagg_status agg_check_budget(const server *srv, const psagg_ctl_tensor *decl, uint32_t n,
+                              uint64_t chunk_elems)
+{
+    uint64_t total = 0, chunks = 0, worst = 0, biggest_chunk = 0, need;
+    uint32_t worst_t = 0;
+    char name[48];
+
+    for (uint32_t t = 0; t < n; t++) {
+        psagg_codec c = {(psagg_codec_id)decl[t].codec, decl[t].bits, decl[t].bucket,
+                         (psagg_rounding)decl[t].rounding};
+        uint64_t count = decl[t].count, ce, full, rem, bytes;
+        if (decl[t].codec > PSAGG_CODEC_MAXMIN || psagg_codec_check(&c) || !count)
+            continue; /* psagg_layout_build refuses it, with its own message */
+        ce = psagg_codec_chunk_elems(&c, chunk_elems);
+        full = count / ce;
+        rem = count % ce;
+        bytes = sat_add(sat_mul(full, chunk_bytes(srv, ce, psagg_encoded_size(&c, ce))),
+                        rem ? chunk_bytes(srv, rem, psagg_encoded_size(&c, rem)) : 0);
+        chunks = sat_add(chunks, full + (rem != 0));
+        total = sat_add(total, bytes);
+        if (chunk_bytes(srv, ce, psagg_encoded_size(&c, ce)) > biggest_chunk)
+            biggest_chunk = chunk_bytes(srv, ce, psagg_encoded_size(&c, ce));
+        if (bytes > worst) {
+            worst = bytes;
+            worst_t = t;
+        }
+    }
+    need = sat_add(sat_add(total / (uint64_t)srv->cfg.n_servers, biggest_chunk),
+                   sat_add(sat_mul(chunks, sizeof(psagg_chunk_info) + sizeof(uint32_t)),
+                           sat_mul(n, sizeof(psagg_tensor_info))));
+    if (chunks <= PSAGG_MAX_CHUNKS && need <= srv->budget)
+        return PSAGG_OK;
+    snprintf(name, sizeof name, "%.40s", decl[worst_t].name);
+    if (chunks > PSAGG_MAX_CHUNKS)
+        return psagg_fail(PSAGG_ENOMEM,
+                          "the declaration makes %llu chunks, more than %u; tensor %u '%s' (%llu "
+                          "elements) alone needs %llu MiB",
+                          (unsigned long long)chunks, PSAGG_MAX_CHUNKS, worst_t, name,
+                          (unsigned long long)decl[worst_t].count,
+                          (unsigned long long)(worst >> 20));
+    return psagg_fail(PSAGG_ENOMEM,
+                      "the declaration needs %llu MiB here, over the budget of %llu MiB ([server] "
+                      "memory_budget_mb); "
+                      "tensor %u '%s' (%llu elements) alone needs %llu MiB across %d server(s)",
+                      (unsigned long long)(need >> 20), (unsigned long long)(srv->budget >> 20),
+                      worst_t, name, (unsigned long long)decl[worst_t].count,
+                      (unsigned long long)(worst >> 20), srv->cfg.n_servers);
 }
 
 /* Build the table of owned chunks and pin each to a thread (slot % threads). */
@@ -291,7 +431,13 @@ psagg_status agg_start(server *srv)
         agg_thread *t = &srv->threads[i];
         t->srv = srv;
         pthread_mutex_init(&t->mu, NULL);
-        pthread_cond_init(&t->cv, NULL);
+        {
+            pthread_condattr_t ca; /* agg_main's timed waits are on CLOCK_MONOTONIC */
+            pthread_condattr_init(&ca);
+            pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+            pthread_cond_init(&t->cv, &ca);
+            pthread_condattr_destroy(&ca);
+        }
     }
     su->left = srv->n_threads;
     su->status = PSAGG_OK;

@@ -1,20 +1,25 @@
 /*
- * control.c - psagg-server's control state machine, on the main thread.
+ * control.c - psagg-server's control state machine, on the main thread. Every socket is
+ * non-blocking and every frame is read piece by piece (psagg_ctl_reader), so no peer, slow or
+ * silent or hostile, holds up the others.
  *
- *   start-up   accept connections, read each HELLO (version and job id first, then the
- *              secret's token), answer WELCOME; collect every worker's DECLARE, check that
- *              all are identical (else EMISMATCH naming the tensor and the workers), build the
- *              layout, start the data path and the aggregation pool, answer READY;
+ *   start-up   accept connections; each has HELLO_TIMEOUT_MS to send a whole HELLO and at most
+ *              PENDING_MAX wait at a time (the oldest is closed first). A HELLO must carry
+ *              this build's protocol version and a token that checks out (runtime/auth.h)
+ *              before anything about the job is said; then it becomes its worker, answered
+ *              with WELCOME. The start-up deadline (connect_timeout_ms) runs from the first
+ *              authenticated HELLO. Every worker's DECLARE is checked, all must be identical
+ *              (else EMISMATCH naming the tensor and the workers), the layout must fit the
+ *              server's memory budget, then the data path and the aggregation pool start and
+ *              every worker gets READY;
  *   running    serve BYE and closed connections; close the workers the data path names
- *              (state.c) and abort the job for the others;
+ *              (state.c) and abort the job for the others, with the status and message of
+ *              the first failure (a round past op_timeout_ms names the workers it waits for);
  *   end        when every worker is gone (0: every one said BYE and the job never failed).
- *
- * Failure handling: a bad frame or a lost connection closes that worker (logged with the
- * reason) and aborts the job for the others with an ABORT naming it, so pending operations
- * fail at once instead of hanging; the server itself keeps running until every worker is
- * gone, and exits non-zero if the job did not end cleanly.
  */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netdb.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +31,9 @@
 #include "base/log.h"
 #include "runtime/control.h"
 #include "server.h"
+
+#define PENDING_MAX      64   /* unauthenticated connections kept at a time */
+#define HELLO_TIMEOUT_MS 5000 /* for a connection to deliver its whole HELLO */
 
 /*
  * Tell a peer why it is being refused or the job is ending. The peer may already be gone, so
@@ -49,112 +57,230 @@ static void tell_workers(server *srv, int except, uint16_t type, psagg_status st
     }
 }
 
-/* Close worker w's control connection and abort the job for the others. */
+/*
+ * Close worker w's control connection and abort the job for the others: with PSAGG_EPEER, or
+ * PSAGG_ETIMEDOUT when the worker gave up on a deadline (its ABORT), so that every worker
+ * sees what kind of failure stopped the job.
+ */
 static void drop_worker(server *srv, int w, psagg_status status, const char *why)
 {
     worker_conn *wc = &srv->workers[w];
-    char reason[200], msg[240];
+    psagg_status job_status = status == PSAGG_ETIMEDOUT ? PSAGG_ETIMEDOUT : PSAGG_EPEER;
+    char reason[256], msg[320];
     if (wc->fd < 0)
         return;
     /* `why` may be psagg_last_error(), which the sends below overwrite: copy it first */
     snprintf(reason, sizeof reason, "%s", why);
-    LOG_ERROR(&srv->log, "closing worker %d: %s", w, reason);
+    if (atomic_load(&srv->job_failed)) /* the workers leave a failed job: expected */
+        LOG_INFO(&srv->log, "closing worker %d: %s", w, reason);
+    else
+        LOG_ERROR(&srv->log, "closing worker %d: %s", w, reason);
     send_verdict(srv, wc->fd, PSAGG_CTL_ERROR, status, reason);
     close(wc->fd);
     wc->fd = -1;
+    psagg_ctl_reader_reset(&wc->rd);
     wc->state = W_DEAD;
-    snprintf(msg, sizeof msg, "worker %d failed: %.200s", w, reason);
-    server_fail_job(srv, "%s", msg);
-    snprintf(msg, sizeof msg, "server %d: worker %d failed: %.200s", srv->rank, w, reason);
-    tell_workers(srv, w, PSAGG_CTL_ABORT, PSAGG_EPEER, msg);
+    snprintf(msg, sizeof msg, "worker %d failed: %s", w, reason);
+    server_fail_job(srv, job_status, "%s", msg);
+    snprintf(msg, sizeof msg, "server %d: worker %d failed: %s", srv->rank, w, reason);
+    tell_workers(srv, w, PSAGG_CTL_ABORT, job_status, msg);
 }
 
-/* Read the HELLO of a new connection; on success it becomes worker hello->rank. */
-static int accept_hello(server *srv, int fd, int64_t deadline)
+/* ---- connections that have not authenticated ---- */
+
+static void pending_close(pending_conn *p)
 {
-    psagg_ctl_hdr h;
-    psagg_ctl_hello *hello = NULL;
-    char msg[240];
-    psagg_status st = psagg_ctl_recv(fd, &h, (void **)&hello, deadline, "a new connection");
+    close(p->fd);
+    p->fd = -1;
+    psagg_ctl_reader_reset(&p->rd);
+}
+
+/* How long a connection may take to send its whole HELLO. */
+static int hello_timeout_ms(const server *srv)
+{
+    return srv->cfg.connect_timeout_ms < HELLO_TIMEOUT_MS ? srv->cfg.connect_timeout_ms
+                                                          : HELLO_TIMEOUT_MS;
+}
+
+/* Accept every connection the listening socket has, each into a pending slot. */
+static void accept_all(server *srv)
+{
+    for (;;) {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        pending_conn *slot = NULL, *oldest = NULL;
+        char host[48], port[8];
+        int fd = accept4(srv->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            return; /* EAGAIN: all taken; anything else: try again on the next poll */
+        for (int i = 0; i < PENDING_MAX && !slot; i++) {
+            pending_conn *p = &srv->pending[i];
+            if (p->fd < 0)
+                slot = p;
+            else if (!oldest || p->deadline < oldest->deadline)
+                oldest = p;
+        }
+        if (!slot) { /* full: the connection that has waited longest makes room */
+            pending_close(oldest);
+            srv->refused_idle++;
+            slot = oldest;
+        }
+        slot->fd = fd;
+        slot->deadline = psagg_now_ms() + hello_timeout_ms(srv);
+        psagg_ctl_reader_init(&slot->rd, sizeof(psagg_ctl_hello));
+        if (getnameinfo((struct sockaddr *)&ss, sl, host, sizeof host, port, sizeof port,
+                        NI_NUMERICHOST | NI_NUMERICSERV))
+            snprintf(host, sizeof host, "?"), snprintf(port, sizeof port, "?");
+        snprintf(slot->peer, sizeof slot->peer, "connection from %s:%s", host, port);
+    }
+}
+
+/* Say how many unauthenticated connections were closed: at most every 5 s, or now (final). */
+static void report_refused(server *srv, int64_t now, int final)
+{
+    static const int64_t every_ms = 5000;
+    if (!srv->refused_idle || (!final && now < srv->refused_logged_at + every_ms))
+        return;
+    LOG_WARN(&srv->log,
+             "closed %llu connection(s) that sent no whole HELLO within %d ms, found no room "
+             "(at most %d may wait for their HELLO at once) or came after the job started",
+             (unsigned long long)srv->refused_idle, hello_timeout_ms(srv), PENDING_MAX);
+    srv->refused_idle = 0;
+    srv->refused_logged_at = now;
+}
+
+/* Close the pending connections whose HELLO did not come in time; say so now and then. */
+static void expire_pending(server *srv, int64_t now)
+{
+    for (int i = 0; i < PENDING_MAX; i++)
+        if (srv->pending[i].fd >= 0 && now > srv->pending[i].deadline) {
+            pending_close(&srv->pending[i]);
+            srv->refused_idle++;
+        }
+    report_refused(srv, now, 0);
+}
+
+/*
+ * Authenticate a HELLO and register its worker: 0, or -1 with the refusal in msg. Until the
+ * token checks out the refusal says nothing about this job (not its id, not its size).
+ */
+static int accept_hello(server *srv, int fd, const psagg_ctl_hello *hello, const char *peer,
+                        char *msg, size_t len)
+{
+    uint8_t expect[PSAGG_TOKEN_BYTES];
+    uint32_t flags = srv->cfg.data_auth ? PSAGG_HELLO_DATA_AUTH : 0;
+    char job_id[PSAGG_JOB_ID_MAX];
+    worker_conn *wc;
     int rank;
 
-    if (st) {
-        snprintf(msg, sizeof msg, "%s", psagg_last_error());
-        LOG_WARN(&srv->log, "rejected a connection: %s", msg);
-        if (st == PSAGG_EPROTO)
-            send_verdict(srv, fd, PSAGG_CTL_ERROR, st, msg);
-        goto reject;
+    snprintf(job_id, sizeof job_id, "%.*s", PSAGG_JOB_ID_MAX - 1, hello->job_id);
+    if (srv->job_key.secret) {
+        psagg_hello_token(&srv->job_key, srv->cfg.job_id, hello->rank, hello->flags, hello->nonce,
+                          expect);
+        if (!psagg_token_equal(expect, hello->auth)) {
+            snprintf(msg, len,
+                     "server %d: authentication failed (the job id or the secret_file differs)",
+                     srv->rank);
+            return -1;
+        }
+    } else if (strcmp(job_id, srv->cfg.job_id)) {
+        snprintf(msg, len, "server %d serves another job (job id '%.63s' is not it)", srv->rank,
+                 job_id);
+        return -1;
     }
-    if (h.type != PSAGG_CTL_HELLO || h.len != sizeof *hello) {
-        snprintf(msg, sizeof msg, "server %d: expected HELLO of %zu bytes, got type %u len %u",
-                 srv->rank, sizeof *hello, h.type, h.len);
-        goto reject_msg;
-    }
-    hello->job_id[PSAGG_JOB_ID_MAX - 1] = '\0';
-    if (strcmp(hello->job_id, srv->cfg.job_id)) {
-        snprintf(msg, sizeof msg, "server %d serves job '%s', not '%s'", srv->rank, srv->cfg.job_id,
-                 hello->job_id);
-        goto reject_msg;
-    }
+    /* authenticated: from here on a refusal may say what this job is */
     if ((int)hello->world_size != srv->n_workers || hello->rank >= hello->world_size) {
-        snprintf(msg, sizeof msg, "server %d: worker rank %u of %u, but the job has %d workers",
-                 srv->rank, hello->rank, hello->world_size, srv->n_workers);
-        goto reject_msg;
+        snprintf(msg, len, "server %d: worker rank %u of %u, but the job has %d workers", srv->rank,
+                 hello->rank, hello->world_size, srv->n_workers);
+        return -1;
     }
     rank = (int)hello->rank;
-    {
-        uint8_t expect[32];
-        if (psagg_hello_token(&srv->cfg, hello->rank, expect) ||
-            !psagg_token_equal(expect, hello->auth)) {
-            snprintf(msg, sizeof msg,
-                     "server %d: worker rank %d failed authentication (secret_file differs)",
-                     srv->rank, rank);
-            goto reject_msg;
-        }
+    wc = &srv->workers[rank];
+    if (hello->flags != flags) {
+        snprintf(msg, len, "server %d: worker %d has data_auth %s, this server %s", srv->rank, rank,
+                 hello->flags & PSAGG_HELLO_DATA_AUTH ? "on" : "off", flags ? "on" : "off");
+        return -1;
     }
-    if (srv->workers[rank].state != W_NONE) {
-        snprintf(msg, sizeof msg, "server %d: worker rank %d connected twice", srv->rank, rank);
-        goto reject_msg;
+    if (wc->state != W_NONE) {
+        snprintf(msg, len, "server %d: worker rank %d connected twice", srv->rank, rank);
+        return -1;
     }
     if (hello->epname_len == 0 || hello->epname_len > PSAGG_EPNAME_MAX) {
-        snprintf(msg, sizeof msg, "server %d: HELLO field epname_len is %u", srv->rank,
-                 hello->epname_len);
-        goto reject_msg;
+        snprintf(msg, len, "server %d: HELLO field epname_len is %u", srv->rank, hello->epname_len);
+        return -1;
     }
-    if (psagg_fabric_add_peer(srv->fab, hello->epname, hello->epname_len,
-                              &srv->workers[rank].addr)) {
-        snprintf(msg, sizeof msg, "server %d: worker %d's fabric address: %.150s", srv->rank, rank,
+    if (psagg_fabric_add_peer(srv->fab, hello->epname, hello->epname_len, &wc->addr)) {
+        snprintf(msg, len, "server %d: worker %d's fabric address: %.150s", srv->rank, rank,
                  psagg_last_error());
-        goto reject_msg;
+        return -1;
     }
     {
         psagg_ctl_welcome wel = {.server_rank = (uint32_t)srv->rank,
-                                 .n_servers = (uint32_t)srv->cfg.n_servers};
-        size_t len = sizeof wel.epname;
-        if ((st = psagg_fabric_name(srv->fab, wel.epname, &len))) {
-            snprintf(msg, sizeof msg, "server %d: its own fabric name: %.180s", srv->rank,
+                                 .n_servers = (uint32_t)srv->cfg.n_servers,
+                                 .flags = flags};
+        size_t elen = sizeof wel.epname;
+        memcpy(wel.nonce, srv->nonce, sizeof wel.nonce);
+        if (psagg_fabric_name(srv->fab, wel.epname, &elen)) {
+            snprintf(msg, len, "server %d: its own fabric name: %.150s", srv->rank,
                      psagg_last_error());
-            goto reject_msg;
+            return -1;
         }
-        wel.epname_len = (uint32_t)len;
-        if ((st = psagg_ctl_send(fd, PSAGG_CTL_WELCOME, &wel, sizeof wel))) {
-            LOG_WARN(&srv->log, "worker %d left before its WELCOME: %s", rank, psagg_last_error());
-            goto reject;
+        wel.epname_len = (uint32_t)elen;
+        if (psagg_ctl_send(fd, PSAGG_CTL_WELCOME, &wel, sizeof wel)) {
+            snprintf(msg, len, "worker %d left before its WELCOME: %.150s", rank,
+                     psagg_last_error());
+            return -1;
         }
     }
-    srv->workers[rank].fd = fd;
-    srv->workers[rank].state = W_HELLO;
-    LOG_INFO(&srv->log, "worker %d connected", rank);
-    free(hello);
+    wc->fd = fd;
+    wc->state = W_HELLO;
+    psagg_ctl_reader_init(&wc->rd, PSAGG_CTL_MAX_FRAME);
+    psagg_data_key_make(&srv->job_key, srv->cfg.job_id, hello->nonce, &wc->key);
+    if (wc->addr < (psagg_peer)srv->n_workers)
+        srv->rank_at[wc->addr] = rank;
+    if (srv->startup_deadline < 0) /* the start-up deadline runs from the first worker */
+        srv->startup_deadline = psagg_now_ms() + srv->cfg.connect_timeout_ms;
+    LOG_INFO(&srv->log, "worker %d connected (%s)", rank, peer);
     return 0;
-reject_msg:
-    LOG_WARN(&srv->log, "rejected a connection: %s", msg);
-    send_verdict(srv, fd, PSAGG_CTL_ERROR, PSAGG_EPROTO, msg);
-reject:
-    free(hello);
-    close(fd);
-    return -1;
 }
+
+/* A pending connection is readable: read what it sent; a whole HELLO decides its fate. */
+static void serve_pending(server *srv, pending_conn *p)
+{
+    psagg_status st = psagg_ctl_reader_feed(&p->rd, p->fd, p->peer);
+    psagg_ctl_hdr h;
+    void *body;
+    char msg[240];
+
+    if (st == PSAGG_EAGAIN)
+        return;
+    if (st) {
+        snprintf(msg, sizeof msg, "%s", psagg_last_error());
+        LOG_DEBUG(&srv->log, "refused a connection: %s", msg);
+        if (st == PSAGG_EPROTO) /* a wrong version or a stranger: says nothing of the job */
+            send_verdict(srv, p->fd, PSAGG_CTL_ERROR, st, msg);
+        pending_close(p);
+        return;
+    }
+    body = psagg_ctl_reader_take(&p->rd, &h);
+    if (h.type != PSAGG_CTL_HELLO || h.len != sizeof(psagg_ctl_hello)) {
+        snprintf(msg, sizeof msg, "server %d: expected HELLO of %zu bytes, got type %u len %u",
+                 srv->rank, sizeof(psagg_ctl_hello), h.type, h.len);
+        st = PSAGG_EPROTO;
+    } else if (accept_hello(srv, p->fd, body, p->peer, msg, sizeof msg) == 0) {
+        p->fd = -1; /* it is a worker's connection now */
+        free(body);
+        return;
+    } else {
+        st = PSAGG_EPROTO;
+    }
+    LOG_WARN(&srv->log, "refused a %s: %s", p->peer, msg);
+    send_verdict(srv, p->fd, PSAGG_CTL_ERROR, st, msg);
+    pending_close(p);
+    free(body);
+}
+
+/* ---- declarations ---- */
 
 static void codec_text(const psagg_ctl_tensor *t, char *buf, size_t len)
 {
@@ -210,32 +336,25 @@ static int compare_declarations(server *srv, char *msg, size_t len)
     return 0;
 }
 
-/* Read one DECLARE from worker w (called when its socket is readable). */
-static int read_declare(server *srv, int w, psagg_ctl_hdr *h, void *body)
+/* Keep worker w's DECLARE (checked by psagg_ctl_declare_check). */
+static void read_declare(server *srv, int w, const psagg_ctl_hdr *h, const void *body)
 {
     worker_conn *wc = &srv->workers[w];
-    psagg_ctl_declare *d = body;
-    if (h->len < sizeof *d) {
-        drop_worker(srv, w, PSAGG_EPROTO, "DECLARE shorter than its header");
-        return -1;
+    char peer[32];
+    snprintf(peer, sizeof peer, "worker %d", w);
+    if (psagg_ctl_declare_check(h, body, peer)) {
+        drop_worker(srv, w, PSAGG_EPROTO, psagg_last_error());
+        return;
     }
-    if (d->count == 0 || d->count > PSAGG_MAX_TENSORS ||
-        h->len != sizeof *d + (uint64_t)d->count * sizeof(psagg_ctl_tensor)) {
-        char m[160];
-        snprintf(m, sizeof m, "DECLARE field count is %u but the frame has %u bytes", d->count,
-                 h->len);
-        drop_worker(srv, w, PSAGG_EPROTO, m);
-        return -1;
-    }
-    wc->decl_hdr = *d;
-    wc->decl = malloc((size_t)d->count * sizeof *wc->decl);
+    wc->decl_hdr = *(const psagg_ctl_declare *)body;
+    wc->decl = malloc((size_t)wc->decl_hdr.count * sizeof *wc->decl);
     if (!wc->decl) {
         drop_worker(srv, w, PSAGG_ENOMEM, "no memory for the declaration");
-        return -1;
+        return;
     }
-    memcpy(wc->decl, d + 1, (size_t)d->count * sizeof *wc->decl);
+    memcpy(wc->decl, (const psagg_ctl_declare *)body + 1,
+           (size_t)wc->decl_hdr.count * sizeof *wc->decl);
     wc->state = W_DECLARED;
-    return 0;
 }
 
 static int count_state(const server *srv, enum worker_state s)
@@ -246,16 +365,17 @@ static int count_state(const server *srv, enum worker_state s)
     return n;
 }
 
+/* The workers whose state is below `below` (still connected: below W_BYE, fd open). */
 static void missing_workers(const server *srv, enum worker_state below, char *buf, size_t len)
 {
     size_t used = 0;
     buf[0] = '\0';
     for (int w = 0; w < srv->n_workers && used + 8 < len; w++)
-        if (srv->workers[w].state < below)
+        if (srv->workers[w].state < below && (below != W_BYE || srv->workers[w].fd >= 0))
             used += (size_t)snprintf(buf + used, len - used, "%s%d", used ? "," : "", w);
 }
 
-/* All declarations are in and identical: build the layout and start the data path. */
+/* All declarations are in and identical: check the budget, build the layout, start. */
 static psagg_status start_job(server *srv)
 {
     const worker_conn *w0 = &srv->workers[0];
@@ -263,13 +383,18 @@ static psagg_status start_job(server *srv)
     size_t rbuf_size;
     int n_rbufs;
 
+    /* refuse what would not fit before building anything (the layout itself included) */
+    if ((st = agg_check_budget(srv, w0->decl, w0->decl_hdr.count, w0->decl_hdr.chunk_elems)))
+        return st;
     st = psagg_layout_build(w0->decl, w0->decl_hdr.count, w0->decl_hdr.chunk_elems,
                             (uint32_t)srv->cfg.n_servers, &srv->layout);
     if (st)
         return st;
-    rbuf_size = sizeof(psagg_msg_hdr) + srv->layout.max_enc_bytes;
+    rbuf_size = sizeof(psagg_msg_hdr) + srv->layout.max_enc_bytes + srv->tag_bytes;
     if (rbuf_size > srv->max_msg)
-        return psagg_fail(PSAGG_EINVAL, "chunks of %zu bytes exceed the fabric limit of %zu",
+        return psagg_fail(PSAGG_EINVAL,
+                          "chunks of %zu bytes exceed this server's largest message of %zu "
+                          "([worker] chunk_bytes must not be larger for workers than for servers)",
                           rbuf_size, srv->max_msg);
     st = agg_setup(srv);
     if (st)
@@ -288,27 +413,32 @@ static psagg_status start_job(server *srv)
         return st;
     LOG_INFO(&srv->log,
              "job '%s': %u tensors, %u chunks, %u owned here (%llu bytes per worker per round), "
-             "%d aggregation threads, provider %s",
+             "%d aggregation threads, provider %s%s",
              srv->cfg.job_id, srv->layout.n_tensors, srv->layout.n_chunks, srv->n_owned,
              (unsigned long long)srv->layout.owned_bytes[srv->rank], srv->n_threads,
-             psagg_fabric_provider(srv->fab));
+             psagg_fabric_provider(srv->fab), srv->cfg.data_auth ? ", data_auth" : "");
     return PSAGG_OK;
 }
 
-/* Handle one readable worker socket once the job runs (BYE, or a dead connection). */
+/* A worker's socket is readable: BYE, DECLARE, its ABORT (why it failed), or a dead connection. */
 static void serve_worker(server *srv, int w)
 {
     worker_conn *wc = &srv->workers[w];
     psagg_ctl_hdr h;
-    void *body = NULL;
+    void *body;
+    const char *text;
     char name[32];
     psagg_status st;
+
     snprintf(name, sizeof name, "worker %d", w);
-    st = psagg_ctl_recv(wc->fd, &h, &body, psagg_now_ms() + 5000, name);
+    st = psagg_ctl_reader_feed(&wc->rd, wc->fd, name);
+    if (st == PSAGG_EAGAIN)
+        return;
     if (st) {
         drop_worker(srv, w, st, psagg_last_error());
         return;
     }
+    body = psagg_ctl_reader_take(&wc->rd, &h);
     if (h.type == PSAGG_CTL_BYE) {
         LOG_INFO(&srv->log, "worker %d said BYE", w);
         wc->state = W_BYE;
@@ -316,6 +446,10 @@ static void serve_worker(server *srv, int w)
         wc->fd = -1;
     } else if (h.type == PSAGG_CTL_DECLARE && wc->state == W_HELLO) {
         read_declare(srv, w, &h, body);
+    } else if (h.type == PSAGG_CTL_ABORT && (st = psagg_ctl_error_parse(&h, body, &text))) {
+        char m[300];
+        snprintf(m, sizeof m, "it gave up: %s", text);
+        drop_worker(srv, w, st, m);
     } else {
         char m[120];
         snprintf(m, sizeof m, "unexpected control frame type %u in state %d", h.type, wc->state);
@@ -355,11 +489,14 @@ static int start_or_refuse(server *srv, int *rc)
         *rc = startup_failed(srv, PSAGG_EMISMATCH, msg);
         return -1;
     }
-    if (start_job(srv)) {
-        snprintf(msg, sizeof msg, "server %d cannot start the job: %.200s", srv->rank,
-                 psagg_last_error());
-        *rc = startup_failed(srv, PSAGG_EINVAL, msg);
-        return -1;
+    {
+        psagg_status st = start_job(srv);
+        if (st) {
+            snprintf(msg, sizeof msg, "server %d cannot start the job: %.220s", srv->rank,
+                     psagg_last_error());
+            *rc = startup_failed(srv, st, msg);
+            return -1;
+        }
     }
     for (int w = 0; w < srv->n_workers; w++)
         if (psagg_ctl_send(srv->workers[w].fd, PSAGG_CTL_READY, NULL, 0))
@@ -369,15 +506,16 @@ static int start_or_refuse(server *srv, int *rc)
 
 /*
  * The control loop: returns the process exit code. Phases: STARTING (accept, HELLO, DECLARE;
- * the start-up deadline runs from the first connection), RUNNING (BYE, deaths, data-path
- * reports), ABORTED (the job failed and every worker was told; wait for them to go).
+ * the start-up deadline runs from the first authenticated HELLO), RUNNING (BYE, deaths,
+ * data-path reports), ABORTED (the job failed and every worker was told; wait for them to go).
  */
 int control_serve(server *srv)
 {
     enum { STARTING, RUNNING, ABORTED } phase = STARTING;
-    int64_t deadline = -1;
-    struct pollfd *pfd = calloc((size_t)srv->n_workers + 1, sizeof *pfd);
-    int *who = calloc((size_t)srv->n_workers + 1, sizeof *who);
+    int64_t aborted_at = 0;
+    size_t cap = (size_t)srv->n_workers + PENDING_MAX + 1;
+    struct pollfd *pfd = calloc(cap, sizeof *pfd);
+    int *who = calloc(cap, sizeof *who); /* >= 0 worker, -1 listen, -2 - i pending slot i */
     int rc = 1;
 
     if (!pfd || !who) {
@@ -386,6 +524,7 @@ int control_serve(server *srv)
     }
     for (;;) {
         int n = 0;
+        int64_t now = psagg_now_ms();
         char missing[128], msg[512];
 
         if (*srv->stop) {
@@ -399,12 +538,25 @@ int control_serve(server *srv)
         }
         close_named_workers(srv);
         if (phase == RUNNING && atomic_load(&srv->job_failed)) {
+            psagg_status status;
             pthread_mutex_lock(&srv->mu);
             snprintf(msg, sizeof msg, "server %d: %.200s", srv->rank, srv->job_error);
+            status = srv->job_status ? srv->job_status : PSAGG_EPEER;
             pthread_mutex_unlock(&srv->mu);
             LOG_ERROR(&srv->log, "job failed: %s", msg);
-            tell_workers(srv, -1, PSAGG_CTL_ABORT, PSAGG_EPEER, msg);
+            tell_workers(srv, -1, PSAGG_CTL_ABORT, status, msg);
             phase = ABORTED;
+            aborted_at = now;
+        }
+        if (phase == ABORTED && now - aborted_at > srv->cfg.op_timeout_ms) {
+            /* every worker was told; one that is still connected is stuck or stopped */
+            missing_workers(srv, W_BYE, missing, sizeof missing);
+            LOG_ERROR(&srv->log,
+                      "the job failed and workers %s are still connected op_timeout_ms=%d "
+                      "later; leaving",
+                      missing, srv->cfg.op_timeout_ms);
+            rc = 1;
+            break;
         }
         if (phase != STARTING &&
             count_state(srv, W_BYE) + count_state(srv, W_DEAD) == srv->n_workers) {
@@ -420,20 +572,35 @@ int control_serve(server *srv)
             if (count_state(srv, W_DECLARED) == srv->n_workers) {
                 if (start_or_refuse(srv, &rc))
                     break;
+                /* nobody else may join now: later connections are refused by the kernel */
+                for (int i = 0; i < PENDING_MAX; i++)
+                    if (srv->pending[i].fd >= 0) {
+                        pending_close(&srv->pending[i]);
+                        srv->refused_idle++;
+                    }
+                close(srv->listen_fd);
+                srv->listen_fd = -1;
+                report_refused(srv, now, 1);
                 phase = RUNNING;
                 continue; /* a READY that could not be sent has failed the job */
             }
-            if (deadline >= 0 && psagg_now_ms() > deadline) {
+            if (srv->startup_deadline >= 0 && now > srv->startup_deadline) {
                 missing_workers(srv, W_DECLARED, missing, sizeof missing);
                 snprintf(msg, sizeof msg,
                          "server %d: workers %s did not arrive and declare within "
-                         "connect_timeout_ms=%d",
+                         "connect_timeout_ms=%d of the first worker",
                          srv->rank, missing, srv->cfg.connect_timeout_ms);
                 rc = startup_failed(srv, PSAGG_ETIMEDOUT, msg);
                 break;
             }
+            expire_pending(srv, now);
             pfd[n] = (struct pollfd){.fd = srv->listen_fd, .events = POLLIN};
             who[n++] = -1;
+            for (int i = 0; i < PENDING_MAX; i++)
+                if (srv->pending[i].fd >= 0) {
+                    pfd[n] = (struct pollfd){.fd = srv->pending[i].fd, .events = POLLIN};
+                    who[n++] = -2 - i;
+                }
         }
         for (int w = 0; w < srv->n_workers; w++)
             if (srv->workers[w].fd >= 0) {
@@ -447,20 +614,34 @@ int control_serve(server *srv)
         for (int i = 0; i < n; i++) {
             if (!(pfd[i].revents & (POLLIN | POLLHUP | POLLERR)))
                 continue;
-            if (who[i] < 0) {
-                int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-                if (fd < 0)
-                    continue;
-                if (deadline < 0)
-                    deadline = psagg_now_ms() + srv->cfg.connect_timeout_ms;
-                accept_hello(srv, fd, psagg_now_ms() + 5000);
-            } else if (srv->workers[who[i]].fd >= 0) {
+            if (who[i] == -1)
+                accept_all(srv);
+            else if (who[i] <= -2 && srv->pending[-2 - who[i]].fd == pfd[i].fd)
+                serve_pending(srv, &srv->pending[-2 - who[i]]);
+            else if (who[i] >= 0 && srv->workers[who[i]].fd >= 0)
                 serve_worker(srv, who[i]);
-            }
         }
     }
 out:
+    for (int i = 0; srv->pending && i < PENDING_MAX; i++)
+        if (srv->pending[i].fd >= 0) {
+            pending_close(&srv->pending[i]);
+            srv->refused_idle++;
+        }
+    report_refused(srv, psagg_now_ms(), 1);
     free(pfd);
     free(who);
     return rc;
+}
+
+/* The pending-connection table (control_serve's), all slots free. */
+psagg_status control_init(server *srv)
+{
+    srv->pending = calloc(PENDING_MAX, sizeof *srv->pending);
+    if (!srv->pending)
+        return psagg_fail(PSAGG_ENOMEM, "connection table");
+    for (int i = 0; i < PENDING_MAX; i++)
+        srv->pending[i].fd = -1;
+    srv->startup_deadline = -1;
+    return PSAGG_OK;
 }

@@ -1,39 +1,86 @@
 /*
  * progress.c - the server's data path: one progress thread drives libfabric. Every received
- * push is checked against the layout (psagg_msg_check, then who may send it) and handed to
- * the aggregation thread its chunk is pinned to; a bad one closes its sender (named, with
- * the field) and is dropped. Send completions free update buffers and wake deferred rounds.
+ * push is checked for its source (the fabric address of the worker that authenticated on the
+ * control channel), then against the layout (psagg_msg_check), and handed to the aggregation
+ * thread its chunk is pinned to. A message from an address that is not one of the job's
+ * workers is dropped and logged and blames nobody; a bad one from a worker closes that worker
+ * (named, with the field). Send completions free update buffers and wake deferred rounds.
  */
+#include <stdarg.h>
 #include <stdio.h>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "runtime/message.h"
 #include "server.h"
 
-/* Check a received push against the layout; route it or close its sender. */
-static void route_push(server *srv, recv_buf *rb)
+/* Drop a message and say so, at most once a second (a flood must not flood the log). */
+static void drop(server *srv, recv_buf *rb, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void drop(server *srv, recv_buf *rb, const char *fmt, ...)
+{
+    char why[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    psagg_lograte_note(&srv->dropped, &srv->log, 1000, "dropped a %zu-byte message %s", rb->rx.len,
+                       why);
+    server_repost(srv, rb);
+}
+
+/* Check a received push's source and fields; route it, or drop it and close its sender. */
+static void route_push(server *srv, recv_buf *rb, psagg_peer src)
 {
     const psagg_msg_hdr *h = (const psagg_msg_hdr *)rb->rx.buf;
     const psagg_chunk_info *ci;
     const char *bad;
+    int from;
 
     /* who sent it comes first: a bad message is that sender's fault, and nobody else's */
+    if (srv->source_reliable) {
+        from = server_worker_at(srv, src);
+        if (from < 0) {
+            drop(srv, rb, "from fabric address %s, which is none of this job's workers",
+                 src == PSAGG_PEER_UNKNOWN ? "unknown" : "of no worker");
+            return;
+        }
+    } else {
+        if (rb->rx.len < sizeof *h || h->sender >= srv->n_workers) {
+            drop(srv, rb, "whose field sender names no worker of this job");
+            return;
+        }
+        from = h->sender; /* shm cannot tell (transport.h); data_auth checks it */
+    }
+    /*
+     * With data_auth nothing is believed, and nobody blamed, before the MAC checks out with
+     * the data key of the worker it claims to come from (the whole message but the tag).
+     */
+    if (srv->tag_bytes &&
+        (rb->rx.len < sizeof *h + srv->tag_bytes ||
+         !psagg_msg_mac_ok(&srv->workers[from].key, rb->rx.buf, rb->rx.len - srv->tag_bytes,
+                           rb->rx.buf + rb->rx.len - srv->tag_bytes))) {
+        drop(srv, rb, "%s worker %d whose MAC does not check out (forged or altered)",
+             srv->source_reliable ? "from" : "claiming to come from", from);
+        return;
+    }
     if (rb->rx.len < sizeof *h) {
-        LOG_ERROR(&srv->log, "dropped a %zu-byte message: shorter than the %zu-byte header",
-                  rb->rx.len, sizeof *h);
+        server_close_worker(srv, from, "a %zu-byte push: shorter than the %zu-byte header",
+                            rb->rx.len, sizeof *h);
         server_repost(srv, rb);
         return;
     }
-    if (h->sender >= srv->n_workers) {
-        LOG_ERROR(&srv->log, "dropped a message whose field sender is %u (job has %d workers)",
-                  h->sender, srv->n_workers);
+    if (h->sender != (uint32_t)from) {
+        server_close_worker(srv, from, "push field sender is %u, but it came from worker %d",
+                            h->sender, from);
         server_repost(srv, rb);
         return;
     }
-    bad = psagg_msg_check(rb->rx.buf, rb->rx.len, PSAGG_MSG_PUSH, &srv->layout, &ci);
+    bad =
+        psagg_msg_check(rb->rx.buf, rb->rx.len, srv->tag_bytes, PSAGG_MSG_PUSH, &srv->layout, &ci);
     if (bad) {
-        server_close_worker(srv, h->sender,
+        server_close_worker(srv, from,
                             "push field %s is invalid (key %u chunk %u len %u, message of %zu "
                             "bytes)",
                             bad, h->key, h->chunk, h->len, rb->rx.len);
@@ -41,9 +88,8 @@ static void route_push(server *srv, recv_buf *rb)
         return;
     }
     if (ci->owner != (uint32_t)srv->rank) {
-        server_close_worker(srv, h->sender,
-                            "push of tensor %u chunk %u sent to server %d, owner is %u", h->key,
-                            h->chunk, srv->rank, ci->owner);
+        server_close_worker(srv, from, "push of tensor %u chunk %u sent to server %d, owner is %u",
+                            h->key, h->chunk, srv->rank, ci->owner);
         server_repost(srv, rb);
         return;
     }
@@ -58,7 +104,7 @@ static void *progress_main(void *arg)
     while (atomic_load(&srv->running)) {
         int n = psagg_fabric_poll(srv->fab, ev, 64, 10);
         if (n < 0) {
-            server_fail_job(srv, "completion queue failed: %s", psagg_last_error());
+            server_fail_job(srv, PSAGG_EFABRIC, "completion queue failed: %s", psagg_last_error());
             break;
         }
         for (int i = 0; i < n; i++) {
@@ -66,7 +112,7 @@ static void *progress_main(void *arg)
             case PSAGG_FABRIC_RECV_DONE: {
                 recv_buf *rb = ev[i].ctx; /* the psagg_rxbuf is its first member */
                 rb->rx.len = ev[i].len;
-                route_push(srv, rb);
+                route_push(srv, rb, ev[i].src);
                 break;
             }
             case PSAGG_FABRIC_SEND_ERROR:
@@ -91,6 +137,7 @@ static void *progress_main(void *arg)
             }
         }
     }
+    psagg_lograte_flush(&srv->dropped, &srv->log);
     return NULL;
 }
 

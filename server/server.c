@@ -12,8 +12,18 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "runtime/control.h"
+#include "runtime/auth.h"
 #include "runtime/layout.h"
 #include "server.h"
+
+/* [server] memory_budget_mb, or half of this host's memory. */
+static uint64_t memory_budget(const psagg_config *cfg)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (cfg->server_memory_budget_mb)
+        return cfg->server_memory_budget_mb << 20;
+    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : 4ull << 30;
+}
 
 int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *stop)
 {
@@ -37,31 +47,51 @@ int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *s
     pthread_cond_init(&srv->startup.cv, NULL);
     srv->n_workers = cfg->n_workers;
     srv->workers = calloc((size_t)srv->n_workers, sizeof *srv->workers);
-    if (!srv->workers) {
+    srv->rank_at = calloc((size_t)srv->n_workers, sizeof *srv->rank_at);
+    if (!srv->workers || !srv->rank_at || control_init(srv)) {
         LOG_ERROR(&srv->log, "out of memory");
         goto err_workers;
     }
-    for (int w = 0; w < srv->n_workers; w++)
+    for (int w = 0; w < srv->n_workers; w++) {
         srv->workers[w].fd = -1;
+        srv->rank_at[w] = -1;
+    }
+    if (psagg_job_key_load(cfg, &srv->job_key)) {
+        LOG_ERROR(&srv->log, "%s", psagg_last_error());
+        goto err_workers;
+    }
+    psagg_nonce_make(srv->nonce);
+    psagg_data_key_make(&srv->job_key, cfg->job_id, srv->nonce, &srv->data_key);
+    srv->tag_bytes = cfg->data_auth ? PSAGG_MSG_MAC_BYTES : 0;
+    srv->budget = memory_budget(cfg);
 
     srv->max_msg = psagg_max_message(cfg);
     fo.provider = cfg->provider;
     fo.node = cfg->server_fabric_node[0] ? cfg->server_fabric_node : cfg->servers[rank].host;
     fo.max_msg = srv->max_msg;
     fo.log = &srv->log;
+    fo.post_timeout_ms = cfg->op_timeout_ms;
     if (!strcmp(cfg->provider, "shm"))
         fo.node = NULL;
     if (psagg_fabric_open(&fo, &srv->fab)) {
         LOG_ERROR(&srv->log, "%s", psagg_last_error());
         goto err_fabric;
     }
+    srv->source_reliable = psagg_fabric_source_reliable(srv->fab);
+    if (cfg->secret_file[0] && !srv->source_reliable && !cfg->data_auth)
+        LOG_WARN(&srv->log,
+                 "provider %s cannot tell which process sent a message: with a secret_file, "
+                 "set [cluster] data_auth = on so that only the job's workers can push data",
+                 psagg_fabric_provider(srv->fab));
     if (psagg_tcp_listen(&cfg->servers[rank], &srv->listen_fd)) {
         LOG_ERROR(&srv->log, "%s", psagg_last_error());
         goto err_listen;
     }
-    LOG_INFO(&srv->log, "serving job '%s' for %d workers on %s:%u (fabric %s)", cfg->job_id,
-             srv->n_workers, cfg->servers[rank].host, cfg->servers[rank].port,
-             psagg_fabric_provider(srv->fab));
+    LOG_INFO(&srv->log,
+             "serving job '%s' for %d workers on %s:%u (fabric %s, memory budget %llu MiB%s%s)",
+             cfg->job_id, srv->n_workers, cfg->servers[rank].host, cfg->servers[rank].port,
+             psagg_fabric_provider(srv->fab), (unsigned long long)(srv->budget >> 20),
+             srv->job_key.secret ? ", secret" : "", cfg->data_auth ? ", data_auth" : "");
 
     rc = control_serve(srv);
 
@@ -70,17 +100,22 @@ int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *s
     for (int w = 0; w < srv->n_workers; w++)
         if (srv->workers[w].fd >= 0)
             close(srv->workers[w].fd);
-    close(srv->listen_fd);
+    if (srv->listen_fd >= 0) /* closed once the job started */
+        close(srv->listen_fd);
 err_listen:
     psagg_fabric_close(srv->fab);
     agg_teardown(srv);
     psagg_rxpool_destroy(&srv->rxpool);
     psagg_layout_free(&srv->layout);
 err_fabric:
-    for (int w = 0; w < srv->n_workers; w++)
+    for (int w = 0; srv->workers && w < srv->n_workers; w++) {
         free(srv->workers[w].decl);
-    free(srv->workers);
+        psagg_ctl_reader_reset(&srv->workers[w].rd);
+    }
 err_workers:
+    free(srv->workers);
+    free(srv->rank_at);
+    free(srv->pending);
     pthread_cond_destroy(&srv->startup.cv);
     pthread_mutex_destroy(&srv->startup.mu);
     pthread_mutex_destroy(&srv->mu);

@@ -25,7 +25,9 @@
 
 #include "base/log.h"
 #include "kernels/codec.h"
+#include "runtime/auth.h"
 #include "runtime/config.h"
+#include "runtime/control.h"
 #include "runtime/layout.h"
 #include "runtime/rxpool.h"
 #include "runtime/transport.h"
@@ -34,13 +36,27 @@
 enum worker_state { W_NONE = 0, W_HELLO, W_DECLARED, W_BYE, W_DEAD };
 
 typedef struct worker_conn {
-    int fd;
+    int fd; /* non-blocking, once authenticated */
     enum worker_state state;
-    psagg_peer addr;
+    psagg_ctl_reader rd; /* the frame being read */
+    psagg_peer addr;     /* its fabric address: pushes are accepted only from here */
+    psagg_data_key key;  /* its data key (data_auth) */
     psagg_ctl_declare decl_hdr;
     psagg_ctl_tensor *decl;
     char bad_reason[200]; /* set by data-path threads: close this peer (guarded by srv->mu) */
 } worker_conn;
+
+/*
+ * A connection that has not authenticated yet: it has until `deadline` to send a whole HELLO,
+ * and at most PENDING_MAX of them are kept (the oldest goes first), so idle or slow
+ * connections can neither stall the control loop nor crowd out the job's workers.
+ */
+typedef struct pending_conn {
+    int fd;
+    int64_t deadline;
+    psagg_ctl_reader rd;
+    char peer[80]; /* "connection from ADDR:PORT", for the log */
+} pending_conn;
 
 struct chunk_state;
 struct recv_buf;
@@ -72,11 +88,12 @@ typedef struct chunk_state {
     const psagg_chunk_info *info;
     psagg_codec codec;
     uint32_t thread;
-    uint32_t round;     /* the round being collected */
-    uint32_t n_arrived; /* contributions received this round */
-    uint32_t next;      /* next worker to fold into acc (fixed order 0..N-1) */
-    uint8_t *arrived;   /* per worker */
-    uint8_t *slots;     /* per worker: payload kept until its turn in the fixed order */
+    uint32_t round;         /* the round being collected */
+    int64_t round_deadline; /* 0, or when its first push arrived + op_timeout_ms */
+    uint32_t n_arrived;     /* contributions received this round */
+    uint32_t next;          /* next worker to fold into acc (fixed order 0..N-1) */
+    uint8_t *arrived;       /* per worker */
+    uint8_t *slots;         /* per worker: payload kept until its turn in the fixed order */
     float *acc;
     float *residual; /* server error feedback, or NULL */
     uint8_t *out[2]; /* header + encoded update, alternating by round parity */
@@ -116,11 +133,24 @@ typedef struct server {
     int listen_fd;
     psagg_fabric *fab;
     size_t max_msg;
+    int source_reliable;   /* psagg_fabric_source_reliable: check every push's source */
+    psagg_lograte dropped; /* messages dropped from strangers (progress thread) */
+    size_t tag_bytes;      /* PSAGG_MSG_MAC_BYTES with data_auth, else 0 */
+    psagg_job_key job_key; /* the secret's hash */
+    uint8_t nonce[PSAGG_NONCE_BYTES];
+    psagg_data_key data_key; /* this server's (updates) */
 
     int n_workers;
     worker_conn *workers;
-    pthread_mutex_t mu; /* guards workers[].bad_reason and job_error */
+    int *rank_at; /* n_workers entries: the worker whose fabric address is this index, or -1 */
+    pending_conn *pending;     /* PENDING_MAX slots (control.c); fd < 0 when free */
+    uint64_t refused_idle;     /* unauthenticated connections closed for time or room */
+    int64_t refused_logged_at; /* when they were last reported */
+    int64_t startup_deadline;  /* -1 until the first authenticated HELLO */
+    uint64_t budget;           /* bytes a job's chunks may take ([server] memory_budget_mb) */
+    pthread_mutex_t mu;        /* guards workers[].bad_reason, job_error and job_status */
     char job_error[256];
+    psagg_status job_status;
     atomic_int job_failed;
 
     psagg_layout layout;
@@ -140,6 +170,7 @@ typedef struct server {
 int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *stop);
 
 /* control.c: the control loop (main thread); returns the process exit code. */
+psagg_status control_init(server *srv);
 int control_serve(server *srv);
 
 /* progress.c */
@@ -147,6 +178,12 @@ psagg_status progress_start(server *srv);
 void progress_stop(server *srv);
 
 /* aggregate.c */
+/*
+ * Refuse (PSAGG_ENOMEM, naming the largest tensor and the bytes) a declaration whose layout
+ * and share of chunks would not fit srv->budget, before anything is allocated for it.
+ */
+psagg_status agg_check_budget(const server *srv, const psagg_ctl_tensor *decl, uint32_t n,
+                              uint64_t chunk_elems);
 psagg_status agg_setup(server *srv);
 psagg_status agg_start(server *srv);
 void agg_stop(server *srv);
@@ -163,7 +200,11 @@ int gpu_max_inputs(void);
 /* state.c: data-path threads report a misbehaving worker or a failed job through these */
 void server_close_worker(server *srv, int w, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-void server_fail_job(server *srv, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The first failure wins; status is what the workers get (EPEER, ETIMEDOUT, ...). */
+void server_fail_job(server *srv, psagg_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 void server_repost(server *srv, recv_buf *rb);
+/* The worker whose fabric address is addr, or -1. */
+int server_worker_at(const server *srv, psagg_peer addr);
 
 #endif

@@ -12,7 +12,8 @@
 void server_repost(server *srv, recv_buf *rb)
 {
     if (psagg_rxpool_repost(&srv->rxpool, &rb->rx) && atomic_load(&srv->running))
-        server_fail_job(srv, "cannot repost a receive buffer: %s", psagg_last_error());
+        server_fail_job(srv, PSAGG_EFABRIC, "cannot repost a receive buffer: %s",
+                        psagg_last_error());
 }
 
 void server_close_worker(server *srv, int w, const char *fmt, ...)
@@ -27,7 +28,7 @@ void server_close_worker(server *srv, int w, const char *fmt, ...)
     pthread_mutex_unlock(&srv->mu);
 }
 
-void server_fail_job(server *srv, const char *fmt, ...)
+void server_fail_job(server *srv, psagg_status status, const char *fmt, ...)
 {
     va_list ap;
     pthread_mutex_lock(&srv->mu);
@@ -35,7 +36,25 @@ void server_fail_job(server *srv, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(srv->job_error, sizeof srv->job_error, fmt, ap);
         va_end(ap);
+        srv->job_status = status;
     }
     pthread_mutex_unlock(&srv->mu);
     atomic_store(&srv->job_failed, 1);
+}
+
+/*
+ * Worker ranks by fabric address. An AV of type FI_AV_TABLE numbers addresses 0, 1, ... in
+ * the order they were inserted (one per accepted HELLO), so rank_at finds them at once; for
+ * other AV types this is a scan of at most [cluster] workers entries.
+ */
+int server_worker_at(const server *srv, psagg_peer addr)
+{
+    if (addr == PSAGG_PEER_UNKNOWN)
+        return -1;
+    if (addr < (psagg_peer)srv->n_workers && srv->rank_at[addr] >= 0)
+        return srv->rank_at[addr];
+    for (int w = 0; w < srv->n_workers; w++)
+        if (srv->workers[w].state != W_NONE && srv->workers[w].addr == addr)
+            return w;
+    return -1;
 }

@@ -13,6 +13,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "runtime/auth.h"
 #include "runtime/control.h"
 #include "worker.h"
 
@@ -27,22 +28,22 @@ static int env_int(const char *name, int fallback)
     return (*end || x < 0 || x > 1 << 30) ? -2 : (int)x;
 }
 
-/* HELLO one server and read its WELCOME. */
-static psagg_status hello_server(psagg_ctx *ctx, int s, int64_t deadline)
+/* One HELLO on server s's connection and its answer. */
+static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const char *peer)
 {
-    psagg_ctl_hello hello = {.rank = (uint32_t)ctx->rank, .world_size = (uint32_t)ctx->world};
+    psagg_ctl_hello hello = {.rank = (uint32_t)ctx->rank,
+                             .world_size = (uint32_t)ctx->world,
+                             .flags = ctx->cfg.data_auth ? PSAGG_HELLO_DATA_AUTH : 0};
     psagg_ctl_hdr h;
     void *body = NULL;
     const char *refusal;
-    char peer[96];
     size_t len = sizeof hello.epname;
     psagg_status st;
 
-    snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
-             ctx->cfg.servers[s].port);
     snprintf(hello.job_id, sizeof hello.job_id, "%s", ctx->cfg.job_id);
-    if ((st = psagg_hello_token(&ctx->cfg, (uint32_t)ctx->rank, hello.auth)))
-        return st;
+    memcpy(hello.nonce, ctx->nonce, sizeof hello.nonce);
+    psagg_hello_token(&ctx->job_key, ctx->cfg.job_id, (uint32_t)ctx->rank, hello.flags, hello.nonce,
+                      hello.auth);
     if ((st = psagg_fabric_name(ctx->fab, hello.epname, &len)))
         return st;
     hello.epname_len = (uint32_t)len;
@@ -61,15 +62,47 @@ static psagg_status hello_server(psagg_ctx *ctx, int s, int64_t deadline)
                             "%s says it is server %u of %u; this worker's config lists it as "
                             "server %d of %d",
                             peer, w->server_rank, w->n_servers, s, ctx->cfg.n_servers);
+        else if (w->flags != hello.flags)
+            st = psagg_fail(PSAGG_ECONFIG, "%s has data_auth %s, this worker %s", peer,
+                            w->flags & PSAGG_HELLO_DATA_AUTH ? "on" : "off",
+                            hello.flags ? "on" : "off");
         else if (w->epname_len == 0 || w->epname_len > PSAGG_EPNAME_MAX)
             st =
                 psagg_fail(PSAGG_EPROTO, "%s: WELCOME field epname_len is %u", peer, w->epname_len);
         else if ((st = psagg_fabric_add_peer(ctx->fab, w->epname, w->epname_len,
                                              &ctx->servers[s].addr)))
             psagg_fail_context(st, "%s: ", peer);
+        else
+            psagg_data_key_make(&ctx->job_key, ctx->cfg.job_id, w->nonce, &ctx->servers[s].key);
     }
     free(body);
     return st;
+}
+
+/*
+ * HELLO server s and read its WELCOME. A server closes a connection it has no room for
+ * (while it is flooded with others) without a word: then connect and say HELLO again, until
+ * the start-up deadline. A refusal (an ERROR frame) is final.
+ */
+static psagg_status hello_server(psagg_ctx *ctx, int s, int64_t deadline)
+{
+    char peer[96];
+    psagg_status st;
+    snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
+             ctx->cfg.servers[s].port);
+    for (;;) {
+        st = hello_once(ctx, s, deadline, peer);
+        if (st != PSAGG_EPEER || psagg_now_ms() + 100 >= deadline)
+            return st;
+        LOG_INFO(&ctx->log, "%s closed the connection before answering HELLO (%s); again", peer,
+                 psagg_last_error());
+        close(ctx->servers[s].fd);
+        ctx->servers[s].fd = -1;
+        usleep(100 * 1000);
+        if ((st = psagg_tcp_connect(&ctx->cfg.servers[s], deadline, peer, &ctx->log,
+                                    &ctx->servers[s].fd)))
+            return st;
+    }
 }
 
 psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ctx **out)
@@ -128,14 +161,23 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
     }
     for (int s = 0; s < ctx->cfg.n_servers; s++)
         ctx->servers[s].fd = -1;
+    if ((st = psagg_job_key_load(&ctx->cfg, &ctx->job_key)))
+        goto err_connect;
+    psagg_nonce_make(ctx->nonce);
+    psagg_data_key_make(&ctx->job_key, ctx->cfg.job_id, ctx->nonce, &ctx->data_key);
+    ctx->tag_bytes = ctx->cfg.data_auth ? PSAGG_MSG_MAC_BYTES : 0;
 
     /* Control connections first: the one to server 0 tells which local address to use. */
     deadline = psagg_now_ms() + ctx->cfg.connect_timeout_ms;
-    for (int s = 0; s < ctx->cfg.n_servers; s++)
-        if ((st = psagg_tcp_connect(&ctx->cfg.servers[s], deadline, &ctx->servers[s].fd))) {
-            psagg_fail_context(st, "worker %d: server %d: ", rank, s);
+    for (int s = 0; s < ctx->cfg.n_servers; s++) {
+        char what[32];
+        snprintf(what, sizeof what, "server %d", s);
+        if ((st = psagg_tcp_connect(&ctx->cfg.servers[s], deadline, what, &ctx->log,
+                                    &ctx->servers[s].fd))) {
+            psagg_fail_context(st, "worker %d: ", rank);
             goto err_connect;
         }
+    }
     if (ctx->cfg.worker_fabric_node[0])
         snprintf(local, sizeof local, "%s", ctx->cfg.worker_fabric_node);
     else if ((st = psagg_tcp_local_addr(ctx->servers[0].fd, local, sizeof local)))
@@ -145,8 +187,10 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
     fo.node = strcmp(ctx->cfg.provider, "shm") ? local : NULL;
     fo.max_msg = ctx->max_msg;
     fo.log = &ctx->log;
+    fo.post_timeout_ms = ctx->cfg.op_timeout_ms;
     if ((st = psagg_fabric_open(&fo, &ctx->fab)))
         goto err_connect;
+    ctx->source_reliable = psagg_fabric_source_reliable(ctx->fab);
     for (int s = 0; s < ctx->cfg.n_servers; s++)
         if ((st = hello_server(ctx, s, deadline)))
             goto err_hello;
@@ -171,7 +215,7 @@ err_config:
 static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tensors)
 {
     const psagg_layout *l = &ctx->layout;
-    size_t rsize = sizeof(psagg_msg_hdr) + l->max_enc_bytes;
+    size_t rsize = sizeof(psagg_msg_hdr) + l->max_enc_bytes + ctx->tag_bytes;
     psagg_status st;
 
     if (rsize > ctx->max_msg)
@@ -192,7 +236,7 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
         }
     }
     for (uint32_t c = 0; c < l->n_chunks; c++) {
-        size_t sz = sizeof(psagg_msg_hdr) + l->chunks[c].enc_bytes;
+        size_t sz = sizeof(psagg_msg_hdr) + l->chunks[c].enc_bytes + ctx->tag_bytes;
         ctx->chunks[c].buf = psagg_alloc(sz, 1);
         if (!ctx->chunks[c].buf)
             return psagg_fail(PSAGG_ENOMEM, "push buffers");

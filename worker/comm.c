@@ -29,6 +29,8 @@ typedef struct comm_state {
     struct psagg_handle **active;
     uint32_t n_active, cap;
     int64_t next_ctl_check;
+    psagg_lograte dropped; /* messages from strangers */
+    int told_servers;      /* the servers heard why this worker failed */
 } comm_state;
 
 /* Move newly submitted operations into the active list, ordered by priority then age. */
@@ -110,9 +112,14 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
     }
     if (r == 0)
         return 0;
-    for (uint32_t c = 0; c < ti->n_chunks; c++)
-        psagg_msg_init((psagg_msg_hdr *)ctx->chunks[ti->first_chunk + c].buf, PSAGG_MSG_PUSH,
-                       (uint32_t)ctx->rank, h->round, &ctx->layout.chunks[ti->first_chunk + c]);
+    for (uint32_t c = 0; c < ti->n_chunks; c++) {
+        const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
+        uint8_t *buf = ctx->chunks[ti->first_chunk + c].buf;
+        psagg_msg_init((psagg_msg_hdr *)buf, PSAGG_MSG_PUSH, (uint32_t)ctx->rank, h->round, ci);
+        if (ctx->tag_bytes)
+            psagg_msg_mac(&ctx->data_key, buf, sizeof(psagg_msg_hdr) + ci->enc_bytes,
+                          buf + sizeof(psagg_msg_hdr) + ci->enc_bytes);
+    }
     h->encoded = 1;
     return 1;
 }
@@ -147,9 +154,13 @@ static int schedule(comm_state *cs)
                 break;
             }
             ctx->chunks[g].send_pending = 1;
-            st = psagg_fabric_send(ctx->fab, sc->addr, ctx->chunks[g].buf,
-                                   sizeof(psagg_msg_hdr) + ci->enc_bytes, ctx->chunks[g].desc,
-                                   &ctx->chunks[g]);
+            st = psagg_fabric_try_send(ctx->fab, sc->addr, ctx->chunks[g].buf,
+                                       sizeof(psagg_msg_hdr) + ci->enc_bytes + ctx->tag_bytes,
+                                       ctx->chunks[g].desc, &ctx->chunks[g]);
+            if (st == PSAGG_EAGAIN) { /* the provider's queue is full: after the next poll */
+                ctx->chunks[g].send_pending = 0;
+                return 1;
+            }
             if (st) {
                 ctx->chunks[g].send_pending = 0;
                 worker_fail_all(ctx, PSAGG_EPEER, "pushing tensor '%s' chunk %u to server %u: %s",
@@ -174,29 +185,71 @@ static void try_complete(comm_state *cs, struct psagg_handle *h)
         finish_op(cs, h, r < 0 ? (psagg_status)r : PSAGG_OK, r < 0 ? msg : NULL);
 }
 
-/* One update arrived: check it and hand it to its operation's buffer operations. */
-static void on_update(comm_state *cs, const psagg_rxbuf *rb)
+/* The server whose fabric address is addr, or -1. */
+static int server_at(const psagg_ctx *ctx, psagg_peer addr)
+{
+    for (int s = 0; addr != PSAGG_PEER_UNKNOWN && s < ctx->cfg.n_servers; s++)
+        if (ctx->servers[s].addr == addr)
+            return s;
+    return -1;
+}
+
+/* Drop a message that is nobody's of this job, and say so at most once a second. */
+static void drop_stranger(comm_state *cs, const psagg_rxbuf *rb, const char *why)
+{
+    psagg_lograte_note(&cs->dropped, &cs->ctx->log, 1000, "dropped a %zu-byte message %s", rb->len,
+                       why);
+}
+
+/*
+ * One update arrived: check its source (a server of this job; on tcp libfabric names it) and,
+ * with data_auth, its MAC under that server's data key before believing anything in it; then
+ * its fields, and that it comes from the chunk's owner for the round in flight; then hand it
+ * to its operation's buffer operations.
+ */
+static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
 {
     psagg_ctx *ctx = cs->ctx;
     const psagg_msg_hdr *mh = (const psagg_msg_hdr *)rb->buf;
     const psagg_chunk_info *ci;
     const psagg_tensor_info *ti;
     struct psagg_handle *h;
-    const char *bad = psagg_msg_check(rb->buf, rb->len, PSAGG_MSG_UPDATE, &ctx->layout, &ci);
+    const char *bad;
     char msg[256];
-    int r;
+    int r, from;
 
+    if (ctx->source_reliable) {
+        if ((from = server_at(ctx, src)) < 0) {
+            drop_stranger(cs, rb, "from a fabric address that is none of this job's servers");
+            return;
+        }
+    } else {
+        from = rb->len >= sizeof *mh && mh->sender < (uint32_t)ctx->cfg.n_servers ? (int)mh->sender
+                                                                                  : -1;
+        if (from < 0) {
+            drop_stranger(cs, rb, "whose field sender names no server of this job");
+            return;
+        }
+    }
+    if (ctx->tag_bytes &&
+        (rb->len < sizeof *mh + ctx->tag_bytes ||
+         !psagg_msg_mac_ok(&ctx->servers[from].key, rb->buf, rb->len - ctx->tag_bytes,
+                           rb->buf + rb->len - ctx->tag_bytes))) {
+        drop_stranger(cs, rb, "whose MAC does not check out (forged or altered on the way)");
+        return;
+    }
+    bad = psagg_msg_check(rb->buf, rb->len, ctx->tag_bytes, PSAGG_MSG_UPDATE, &ctx->layout, &ci);
     if (bad) {
         worker_fail_all(ctx, PSAGG_EPROTO, "an update's field %s is invalid (%zu bytes)", bad,
                         rb->len);
         return;
     }
     ti = &ctx->layout.tensors[mh->key];
-    if (mh->sender != ci->owner) {
+    if (mh->sender != ci->owner || from != (int)ci->owner) {
         worker_fail_all(ctx, PSAGG_EPROTO,
-                        "update of tensor '%s' chunk %u from server %u: field sender is wrong "
-                        "(owner is server %u)",
-                        ti->name, mh->chunk, mh->sender, ci->owner);
+                        "server %d sent an update of tensor '%s' chunk %u (field sender %u), "
+                        "whose owner is server %u",
+                        from, ti->name, mh->chunk, mh->sender, ci->owner);
         return;
     }
     h = ctx->tensors[mh->key].op;
@@ -271,17 +324,25 @@ static void check_deadlines(comm_state *cs)
         const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
         char waiting[96] = "";
         size_t used = 0;
+        int n = 0;
         if (now < h->deadline_ms)
             continue;
-        for (uint32_t c = 0; c < ti->n_chunks && used + 8 < sizeof waiting; c++)
-            if (!h->chunk_done[c])
-                used +=
-                    (size_t)snprintf(waiting + used, sizeof waiting - used, "%s%u", used ? "," : "",
-                                     ctx->layout.chunks[ti->first_chunk + c].owner);
+        for (int s = 0; s < ctx->cfg.n_servers && used + 8 < sizeof waiting; s++) {
+            int owes = 0; /* s owns a chunk of h whose update has not come */
+            for (uint32_t c = 0; c < ti->n_chunks && !owes; c++)
+                owes = !h->chunk_done[c] &&
+                       ctx->layout.chunks[ti->first_chunk + c].owner == (uint32_t)s;
+            if (owes) {
+                used += (size_t)snprintf(waiting + used, sizeof waiting - used, "%s%d",
+                                         n ? "," : "", s);
+                n++;
+            }
+        }
         worker_fail_all(ctx, PSAGG_ETIMEDOUT,
-                        "push_pull of tensor '%s' round %u: no update within op_timeout_ms=%d "
-                        "(waiting on servers %s)",
-                        ti->name, h->round, ctx->cfg.op_timeout_ms, waiting);
+                        "push_pull of tensor '%s' round %u: no update from %s %s within 1.5 x "
+                        "op_timeout_ms=%d",
+                        ti->name, h->round, n == 1 ? "server" : "servers", waiting,
+                        ctx->cfg.op_timeout_ms);
         return;
     }
 }
@@ -299,11 +360,35 @@ static void push_sent(psagg_ctx *ctx, chunk_buf *cb)
  * Once the context has failed, every operation was completed by worker_fail_all and its
  * owner may release it at any time: forget them all.
  */
+/*
+ * This worker failed: tell the servers it is still connected to why, in an ABORT, so that
+ * they fail the job naming the cause (a dead server, say) instead of only this worker.
+ */
+static void tell_servers(psagg_ctx *ctx)
+{
+    char msg[sizeof ctx->failed_msg];
+    psagg_status status;
+    pthread_mutex_lock(&ctx->mu);
+    status = ctx->failed_status;
+    snprintf(msg, sizeof msg, "%s", ctx->failed_msg);
+    pthread_mutex_unlock(&ctx->mu);
+    if (status == PSAGG_ECLOSED)
+        return;
+    for (int s = 0; s < ctx->cfg.n_servers; s++)
+        if (ctx->servers[s].fd >= 0 &&
+            psagg_ctl_send_error(ctx->servers[s].fd, PSAGG_CTL_ABORT, status, msg))
+            LOG_DEBUG(&ctx->log, "server %d: could not send the ABORT: %s", s, psagg_last_error());
+}
+
 static int drop_if_failed(comm_state *cs)
 {
     if (!worker_failed(cs->ctx))
         return 0;
     cs->n_active = 0;
+    if (!cs->told_servers) {
+        tell_servers(cs->ctx);
+        cs->told_servers = 1;
+    }
     return 1;
 }
 
@@ -345,7 +430,7 @@ static void *comm_main(void *arg)
                 psagg_rxbuf *rb = ev[i].ctx;
                 rb->len = ev[i].len;
                 if (!drop_if_failed(&cs))
-                    on_update(&cs, rb);
+                    on_update(&cs, rb, ev[i].src);
                 if (psagg_rxpool_repost(&ctx->rx, rb))
                     worker_fail_all(ctx, PSAGG_EFABRIC, "reposting a receive: %s",
                                     psagg_last_error());
@@ -368,6 +453,8 @@ static void *comm_main(void *arg)
             cs.next_ctl_check = now + 20;
         }
     }
+    drop_if_failed(&cs); /* a failure psagg_close stopped us right after: tell the servers */
+    psagg_lograte_flush(&cs.dropped, &ctx->log);
     free(cs.active);
     return NULL;
 }

@@ -28,6 +28,7 @@
 #include "base/log.h"
 #include "kernels/codec.h"
 #include "psagg.h"
+#include "runtime/auth.h"
 #include "runtime/config.h"
 #include "runtime/layout.h"
 #include "runtime/rxpool.h"
@@ -60,7 +61,8 @@ extern const psagg_bufops psagg_host_ops; /* host.c */
 
 typedef struct server_conn {
     int fd;
-    psagg_peer addr;
+    psagg_peer addr;    /* its fabric address: updates are accepted only from here */
+    psagg_data_key key; /* its data key (data_auth) */
     /*
      * Pushes handed to libfabric whose send has not completed (comm thread only). The window
      * is released by the send completion, not by the update: an update needs every worker's
@@ -111,6 +113,11 @@ struct psagg_ctx {
     psagg_logger log;
     psagg_fabric *fab;
     size_t max_msg;
+    int source_reliable;   /* psagg_fabric_source_reliable: check every update's source */
+    size_t tag_bytes;      /* PSAGG_MSG_MAC_BYTES with data_auth, else 0 */
+    psagg_job_key job_key; /* the secret's hash */
+    uint8_t nonce[PSAGG_NONCE_BYTES];
+    psagg_data_key data_key; /* this worker's (pushes) */
     server_conn *servers;
     int declared;
     psagg_layout layout;

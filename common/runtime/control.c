@@ -14,9 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <sodium.h>
-
 #include "base/error.h"
+#include "base/log.h"
 
 static psagg_status resolve(const psagg_hostport *hp, int passive, struct addrinfo **res)
 {
@@ -38,7 +37,7 @@ psagg_status psagg_tcp_listen(const psagg_hostport *hp, int *fd_out)
     int fd, one = 1, st = resolve(hp, 1, &res);
     if (st)
         return st;
-    fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
         goto err_socket;
     if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
@@ -56,14 +55,17 @@ err_socket:
     return psagg_fail(PSAGG_EIO, "cannot listen on %s:%u: %s", hp->host, hp->port, strerror(errno));
 }
 
-psagg_status psagg_tcp_connect(const psagg_hostport *hp, int64_t deadline_ms, int *fd_out)
+psagg_status psagg_tcp_connect(const psagg_hostport *hp, int64_t deadline_ms, const char *what,
+                               const psagg_logger *log, int *fd_out)
 {
     struct addrinfo *res;
     int one = 1, last_err = 0, st = resolve(hp, 0, &res);
+    int64_t start = psagg_now_ms(), next_note = start + 3000;
     if (st)
         return st;
     for (;;) {
         int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int64_t now;
         if (fd < 0) {
             last_err = errno;
             break;
@@ -82,16 +84,27 @@ psagg_status psagg_tcp_connect(const psagg_hostport *hp, int64_t deadline_ms, in
         last_err = errno;
         close(fd);
         /* the server may not be up yet: retry refused/unreachable until the deadline */
-        if (psagg_now_ms() >= deadline_ms)
+        now = psagg_now_ms();
+        if (now >= deadline_ms)
             break;
+        if (log && now >= next_note) { /* say what we wait for, every few seconds */
+            LOG_INFO(log, "still waiting for %s (%s:%u): %s; %.1f s of %.1f s", what, hp->host,
+                     hp->port, strerror(last_err), (double)(now - start) / 1e3,
+                     (double)(deadline_ms - start) / 1e3);
+            next_note = now + 3000;
+        }
         usleep(50 * 1000);
     }
     freeaddrinfo(res);
     if (last_err == ECONNREFUSED || last_err == EHOSTUNREACH || last_err == ENETUNREACH ||
         last_err == ETIMEDOUT)
-        return psagg_fail(PSAGG_ETIMEDOUT, "server %s:%u unreachable until the deadline: %s",
-                          hp->host, hp->port, strerror(last_err));
-    return psagg_fail(PSAGG_EIO, "connect to %s:%u: %s", hp->host, hp->port, strerror(last_err));
+        return psagg_fail(PSAGG_ETIMEDOUT,
+                          "%s (%s:%u) did not accept a connection within connect_timeout_ms "
+                          "(waited %.1f s): %s",
+                          what, hp->host, hp->port, (double)(psagg_now_ms() - start) / 1e3,
+                          strerror(last_err));
+    return psagg_fail(PSAGG_EIO, "connect to %s (%s:%u): %s", what, hp->host, hp->port,
+                      strerror(last_err));
 }
 
 psagg_status psagg_tcp_local_addr(int fd, char *buf, size_t len)
@@ -104,6 +117,11 @@ psagg_status psagg_tcp_local_addr(int fd, char *buf, size_t len)
     return PSAGG_OK;
 }
 
+/*
+ * Send all of buf. On a non-blocking socket whose buffer is full, wait up to a second for
+ * room: control frames are small and rare, so a peer that does not read them for that long
+ * is not reading at all.
+ */
 static psagg_status write_all(int fd, const void *buf, size_t len)
 {
     const char *p = buf;
@@ -111,6 +129,12 @@ static psagg_status write_all(int fd, const void *buf, size_t len)
         ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
         if (n < 0 && errno == EINTR)
             continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+            if (poll(&pfd, 1, 1000) > 0)
+                continue;
+            return psagg_fail(PSAGG_EPEER, "control send: the peer does not read");
+        }
         if (n <= 0)
             return psagg_fail(PSAGG_EPEER, "control send: %s", strerror(errno));
         p += n;
@@ -167,13 +191,8 @@ static psagg_status read_all(int fd, void *buf, size_t len, int64_t deadline_ms,
     return PSAGG_OK;
 }
 
-psagg_status psagg_ctl_recv(int fd, psagg_ctl_hdr *hdr, void **body, int64_t deadline_ms,
-                            const char *peer)
+psagg_status psagg_ctl_hdr_check(const psagg_ctl_hdr *hdr, uint32_t max_len, const char *peer)
 {
-    psagg_status st = read_all(fd, hdr, sizeof *hdr, deadline_ms, peer);
-    *body = NULL;
-    if (st)
-        return st;
     if (hdr->magic != PSAGG_CTL_MAGIC)
         return psagg_fail(PSAGG_EPROTO, "%s: control frame field magic is 0x%08x, not a psagg peer",
                           peer, hdr->magic);
@@ -182,9 +201,21 @@ psagg_status psagg_ctl_recv(int fd, psagg_ctl_hdr *hdr, void **body, int64_t dea
                           hdr->version, PSAGG_PROTO_VERSION);
     if (hdr->type < PSAGG_CTL_HELLO || hdr->type > PSAGG_CTL_ABORT)
         return psagg_fail(PSAGG_EPROTO, "%s: control frame field type %u unknown", peer, hdr->type);
-    if (hdr->len > PSAGG_CTL_MAX_FRAME)
+    if (hdr->len > max_len)
         return psagg_fail(PSAGG_EPROTO, "%s: control frame field len %u exceeds %u", peer, hdr->len,
-                          PSAGG_CTL_MAX_FRAME);
+                          max_len);
+    return PSAGG_OK;
+}
+
+psagg_status psagg_ctl_recv(int fd, psagg_ctl_hdr *hdr, void **body, int64_t deadline_ms,
+                            const char *peer)
+{
+    psagg_status st = read_all(fd, hdr, sizeof *hdr, deadline_ms, peer);
+    *body = NULL;
+    if (st)
+        return st;
+    if ((st = psagg_ctl_hdr_check(hdr, PSAGG_CTL_MAX_FRAME, peer)))
+        return st;
     if (!hdr->len)
         return PSAGG_OK;
     *body = malloc(hdr->len);
@@ -196,6 +227,87 @@ psagg_status psagg_ctl_recv(int fd, psagg_ctl_hdr *hdr, void **body, int64_t dea
         *body = NULL;
     }
     return st;
+}
+
+void psagg_ctl_reader_init(psagg_ctl_reader *r, uint32_t max_len)
+{
+    memset(r, 0, sizeof *r);
+    r->max_len = max_len;
+}
+
+void psagg_ctl_reader_reset(psagg_ctl_reader *r)
+{
+    free(r->body);
+    psagg_ctl_reader_init(r, r->max_len);
+}
+
+psagg_status psagg_ctl_reader_feed(psagg_ctl_reader *r, int fd, const char *peer)
+{
+    for (;;) {
+        size_t need, got;
+        uint8_t *dst;
+        ssize_t n;
+        psagg_status st;
+        if (r->got < sizeof r->hdr) {
+            dst = (uint8_t *)&r->hdr + r->got;
+            need = sizeof r->hdr - r->got;
+        } else {
+            got = r->got - sizeof r->hdr;
+            if (got == r->hdr.len)
+                return PSAGG_OK; /* a whole frame */
+            dst = r->body + got;
+            need = r->hdr.len - got;
+        }
+        n = recv(fd, dst, need, MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return PSAGG_EAGAIN;
+        if (n == 0)
+            return psagg_fail(PSAGG_EPEER, "%s closed the control connection", peer);
+        if (n < 0)
+            return psagg_fail(PSAGG_EPEER, "%s: control receive: %s", peer, strerror(errno));
+        r->got += (size_t)n;
+        if (r->got == sizeof r->hdr) { /* the header is in: check it before taking the body */
+            if ((st = psagg_ctl_hdr_check(&r->hdr, r->max_len, peer)))
+                return st;
+            if (r->hdr.len && !(r->body = malloc(r->hdr.len)))
+                return psagg_fail(PSAGG_ENOMEM, "%s: control frame of %u bytes", peer, r->hdr.len);
+        }
+    }
+}
+
+void *psagg_ctl_reader_take(psagg_ctl_reader *r, psagg_ctl_hdr *hdr)
+{
+    void *body = r->body;
+    *hdr = r->hdr;
+    r->body = NULL;
+    psagg_ctl_reader_reset(r);
+    return body;
+}
+
+psagg_status psagg_ctl_declare_check(const psagg_ctl_hdr *hdr, const void *body, const char *peer)
+{
+    const psagg_ctl_declare *d = body;
+    if (hdr->type != PSAGG_CTL_DECLARE)
+        return psagg_fail(PSAGG_EPROTO, "%s: expected DECLARE, got frame type %u", peer, hdr->type);
+    if (hdr->len < sizeof *d || !d)
+        return psagg_fail(PSAGG_EPROTO, "%s: DECLARE of %u bytes is shorter than its header", peer,
+                          hdr->len);
+    if (d->count == 0 || d->count > PSAGG_MAX_TENSORS ||
+        hdr->len != sizeof *d + (uint64_t)d->count * sizeof(psagg_ctl_tensor))
+        return psagg_fail(PSAGG_EPROTO,
+                          "%s: DECLARE field count is %u but the frame has %u bytes (1..%u "
+                          "tensors of %zu bytes)",
+                          peer, d->count, hdr->len, PSAGG_MAX_TENSORS, sizeof(psagg_ctl_tensor));
+    if (d->chunk_elems < PSAGG_MIN_CHUNK_ELEMS || d->chunk_elems > PSAGG_MAX_CHUNK_ELEMS ||
+        d->chunk_elems % 64)
+        return psagg_fail(PSAGG_EPROTO,
+                          "%s: DECLARE field chunk_elems is %llu (a multiple of 64 in %u..%u, "
+                          "from [worker] chunk_bytes)",
+                          peer, (unsigned long long)d->chunk_elems, PSAGG_MIN_CHUNK_ELEMS,
+                          PSAGG_MAX_CHUNK_ELEMS);
+    return PSAGG_OK;
 }
 
 psagg_status psagg_ctl_error_parse(const psagg_ctl_hdr *hdr, void *body, const char **msg)
@@ -211,43 +323,4 @@ psagg_status psagg_ctl_error_parse(const psagg_ctl_hdr *hdr, void *body, const c
     if (!psagg_status_is_failure(e->status))
         return PSAGG_EPEER;
     return (psagg_status)e->status;
-}
-
-psagg_status psagg_hello_token(const psagg_config *cfg, uint32_t rank, uint8_t out[32])
-{
-    uint8_t key[crypto_generichash_KEYBYTES], secret[4096], le[4];
-    crypto_generichash_state st;
-    size_t len;
-    FILE *f;
-
-    memset(out, 0, 32);
-    if (!cfg->secret_file[0])
-        return PSAGG_OK;
-    if (sodium_init() < 0)
-        return psagg_fail(PSAGG_EIO, "libsodium failed to initialise");
-    f = fopen(cfg->secret_file, "rb");
-    if (!f)
-        return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s': %s", cfg->path,
-                          cfg->secret_file, strerror(errno));
-    len = fread(secret, 1, sizeof secret, f);
-    fclose(f);
-    if (len == 0)
-        return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' is empty", cfg->path,
-                          cfg->secret_file);
-    crypto_generichash(key, sizeof key, secret, len, NULL, 0);
-    sodium_memzero(secret, sizeof secret);
-    le[0] = (uint8_t)rank, le[1] = (uint8_t)(rank >> 8), le[2] = (uint8_t)(rank >> 16),
-    le[3] = (uint8_t)(rank >> 24);
-    crypto_generichash_init(&st, key, sizeof key, 32);
-    crypto_generichash_update(&st, (const uint8_t *)"psagg-hello-v1", 14);
-    crypto_generichash_update(&st, (const uint8_t *)cfg->job_id, strlen(cfg->job_id));
-    crypto_generichash_update(&st, le, sizeof le);
-    crypto_generichash_final(&st, out, 32);
-    sodium_memzero(key, sizeof key);
-    return PSAGG_OK;
-}
-
-int psagg_token_equal(const uint8_t a[32], const uint8_t b[32])
-{
-    return sodium_memcmp(a, b, 32) == 0;
 }

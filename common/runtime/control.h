@@ -1,7 +1,8 @@
 /*
  * runtime/control.h - the TCP control channel's plumbing: listen/connect with deadlines, whole
- * frames in and out (runtime/wire.h), and the HELLO token. Frames are validated (magic,
- * version, length) on receipt; an ERROR/ABORT frame's body is read by one parser here.
+ * frames in and out (runtime/wire.h). Frames are validated (magic, version, length) on
+ * receipt; an ERROR/ABORT frame's body is read by one parser here. The HELLO token and the
+ * data keys are runtime/auth.h's.
  *
  * Layer: runtime. Deadlines are on psagg_now_ms() (base/clock.h).
  */
@@ -12,13 +13,20 @@
 
 #include "base/clock.h"
 #include "base/error.h"
+#include "base/log.h"
 #include "psagg/types.h"
 #include "runtime/config.h"
 #include "runtime/wire.h"
 
+/* A non-blocking listening socket (accept until EAGAIN). */
 PSAGG_NODISCARD psagg_status psagg_tcp_listen(const psagg_hostport *hp, int *fd_out);
-/* Connect, retrying refused connections until deadline_ms (psagg_now_ms clock). */
+/*
+ * Connect to `what` ("server 0"), retrying refused connections until deadline_ms (psagg_now_ms
+ * clock) and, with a logger, saying every few seconds what it is waiting for. The failure
+ * names the address, the time waited and the last error.
+ */
 PSAGG_NODISCARD psagg_status psagg_tcp_connect(const psagg_hostport *hp, int64_t deadline_ms,
+                                               const char *what, const psagg_logger *log,
                                                int *fd_out);
 /* The local IP address of a connected socket, as text. */
 PSAGG_NODISCARD psagg_status psagg_tcp_local_addr(int fd, char *buf, size_t len);
@@ -37,21 +45,48 @@ PSAGG_NODISCARD psagg_status psagg_ctl_recv(int fd, psagg_ctl_hdr *hdr, void **b
                                             int64_t deadline_ms, const char *peer);
 
 /*
+ * Check a frame header: magic, version, a known type, len <= max_len. PSAGG_EPROTO naming the
+ * field and the peer.
+ */
+PSAGG_NODISCARD psagg_status psagg_ctl_hdr_check(const psagg_ctl_hdr *hdr, uint32_t max_len,
+                                                 const char *peer);
+
+/*
+ * A frame read piece by piece from a non-blocking socket, so one slow or silent peer never
+ * holds up a loop that serves others. max_len bounds the body (e.g. a HELLO's size for a
+ * connection that has not authenticated): the header is checked before any body is taken.
+ */
+typedef struct psagg_ctl_reader {
+    psagg_ctl_hdr hdr;
+    size_t got;    /* bytes of header and body so far */
+    uint8_t *body; /* hdr.len bytes, allocated once the header checked out */
+    uint32_t max_len;
+} psagg_ctl_reader;
+
+void psagg_ctl_reader_init(psagg_ctl_reader *r, uint32_t max_len);
+/* Free a partial frame and start over. */
+void psagg_ctl_reader_reset(psagg_ctl_reader *r);
+/*
+ * Read what the socket has: PSAGG_OK once a whole frame is in (take it), PSAGG_EAGAIN when
+ * more is needed, PSAGG_EPEER when the peer closed, PSAGG_EPROTO for a bad header.
+ */
+psagg_status psagg_ctl_reader_feed(psagg_ctl_reader *r, int fd, const char *peer);
+/* The complete frame: its header in *hdr, its body (caller frees; NULL when empty). */
+void *psagg_ctl_reader_take(psagg_ctl_reader *r, psagg_ctl_hdr *hdr);
+
+/*
+ * Check a DECLARE frame whose header passed psagg_ctl_hdr_check: its length against its
+ * count of tensors, and chunk_elems within what [worker] chunk_bytes allows. The tensors
+ * themselves are checked by psagg_layout_build. PSAGG_EPROTO naming the field.
+ */
+PSAGG_NODISCARD psagg_status psagg_ctl_declare_check(const psagg_ctl_hdr *hdr, const void *body,
+                                                     const char *peer);
+
+/*
  * If a received frame is an ERROR or ABORT of the right length, terminate its message in
  * place and return the status it carries (a non-negative or unknown status counts as
  * PSAGG_EPEER) with *msg pointing into body; otherwise return PSAGG_OK and leave *msg NULL.
  */
 psagg_status psagg_ctl_error_parse(const psagg_ctl_hdr *hdr, void *body, const char **msg);
-
-/*
- * The HELLO's authentication token: BLAKE2b-256 keyed with the BLAKE2b hash of the contents
- * of [cluster] secret_file, over ("psagg-hello-v1", job_id, rank). All zero when no secret is
- * configured. It keeps workers of other jobs and unconfigured clients out; it does not
- * protect against an eavesdropper on the control network (use a private network for that).
- */
-PSAGG_NODISCARD psagg_status psagg_hello_token(const psagg_config *cfg, uint32_t rank,
-                                               uint8_t out[32]);
-/* Constant-time comparison of two tokens: 1 if equal. */
-int psagg_token_equal(const uint8_t a[32], const uint8_t b[32]);
 
 #endif

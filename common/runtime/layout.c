@@ -9,7 +9,8 @@
 
 size_t psagg_max_message(const psagg_config *cfg)
 {
-    return sizeof(psagg_msg_hdr) + psagg_codec_max_chunk_bytes(psagg_chunk_elems(cfg));
+    return sizeof(psagg_msg_hdr) + psagg_codec_max_chunk_bytes(psagg_chunk_elems(cfg)) +
+           (cfg->data_auth ? PSAGG_MSG_MAC_BYTES : 0);
 }
 
 psagg_status psagg_tensor_to_wire(const char *name, uint64_t count, const psagg_codec *codec,
@@ -119,8 +120,10 @@ psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64
         /* count <= 2^32 - 1 and chunk_elems >= 64: no overflow */
         ti->n_chunks = (uint32_t)(ti->count / ti->chunk_elems + (ti->count % ti->chunk_elems != 0));
         total_chunks += ti->n_chunks;
-        if (total_chunks > UINT32_MAX / 2) {
-            st = psagg_fail(PSAGG_EINVAL, "layout: too many chunks");
+        if (total_chunks > PSAGG_MAX_CHUNKS) {
+            st = psagg_fail(PSAGG_EINVAL,
+                            "layout: tensor %u '%s' brings the job to %llu chunks, more than %u", t,
+                            ti->name, (unsigned long long)total_chunks, PSAGG_MAX_CHUNKS);
             goto err;
         }
     }

@@ -20,6 +20,9 @@
 #include "runtime/config.h"
 #include "runtime/wire.h"
 
+/* The most chunks a job may have (layout tables of about 200 MB on every process). */
+#define PSAGG_MAX_CHUNKS (1u << 22)
+
 typedef struct psagg_chunk_info {
     uint32_t key, index; /* tensor and chunk within it */
     uint32_t owner;      /* server rank */
@@ -64,8 +67,9 @@ PSAGG_NODISCARD psagg_status psagg_tensor_to_wire(const char *name, uint64_t cou
 uint64_t psagg_chunk_elems(const psagg_config *cfg);
 
 /*
- * The largest data message a job with this config can send: the header and the largest
- * encoded chunk of any codec (psagg_codec_max_chunk_bytes). Every peer derives the same.
+ * The largest data message a job with this config can send: the header, the largest
+ * encoded chunk of any codec (psagg_codec_max_chunk_bytes) and, with data_auth, the MAC.
+ * Every peer derives the same.
  */
 size_t psagg_max_message(const psagg_config *cfg);
 

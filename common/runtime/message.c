@@ -16,14 +16,15 @@ void psagg_msg_init(psagg_msg_hdr *h, enum psagg_msg_type type, uint32_t sender,
                          .len = (uint32_t)ci->enc_bytes};
 }
 
-const char *psagg_msg_check(const void *msg, size_t msg_len, enum psagg_msg_type type,
-                            const psagg_layout *l, const psagg_chunk_info **ci)
+const char *psagg_msg_check(const void *msg, size_t msg_len, size_t tag_bytes,
+                            enum psagg_msg_type type, const psagg_layout *l,
+                            const psagg_chunk_info **ci)
 {
     const psagg_msg_hdr *h = msg;
     const psagg_chunk_info *c;
 
     *ci = NULL;
-    if (msg_len < sizeof *h)
+    if (msg_len < sizeof *h + tag_bytes)
         return "len";
     if (h->magic != PSAGG_MSG_MAGIC)
         return "magic";
@@ -38,7 +39,7 @@ const char *psagg_msg_check(const void *msg, size_t msg_len, enum psagg_msg_type
     if (h->chunk >= l->tensors[h->key].n_chunks)
         return "chunk";
     c = &l->chunks[l->tensors[h->key].first_chunk + h->chunk];
-    if (h->len != c->enc_bytes || msg_len - sizeof *h != h->len)
+    if (h->len != c->enc_bytes || msg_len - sizeof *h - tag_bytes != h->len)
         return "len";
     *ci = c;
     return NULL;

@@ -21,12 +21,14 @@ void psagg_msg_init(psagg_msg_hdr *h, enum psagg_msg_type type, uint32_t sender,
 /*
  * Check a received message of msg_len bytes: it holds a header, and the header's magic,
  * version, type (must be `type`), epoch, key and chunk (against the layout) and len (the
- * chunk's encoded size, and exactly the bytes after the header) are valid. Returns NULL and
+ * chunk's encoded size, and exactly the bytes after the header, less tag_bytes: the MAC's
+ * PSAGG_MSG_MAC_BYTES with data_auth, else 0) are valid. Returns NULL and
  * sets *ci to the message's chunk, or returns the name of the first invalid field ("len" for
  * a message shorter than a header). The sender field is the caller's to check: who may send
  * what differs between pushes and updates.
  */
-const char *psagg_msg_check(const void *msg, size_t msg_len, enum psagg_msg_type type,
-                            const psagg_layout *l, const psagg_chunk_info **ci);
+const char *psagg_msg_check(const void *msg, size_t msg_len, size_t tag_bytes,
+                            enum psagg_msg_type type, const psagg_layout *l,
+                            const psagg_chunk_info **ci);
 
 #endif

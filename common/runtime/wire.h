@@ -9,8 +9,12 @@
  *
  * CONTROL CHANNEL (TCP, one connection from each worker to each server)
  *   frame = psagg_ctl_hdr { u32 magic 'PSGC', u16 type, u16 version, u32 len } + len bytes.
- *   1. worker -> server  HELLO    psagg_ctl_hello (protocol version and job id checked first)
- *   2. server -> worker  WELCOME  psagg_ctl_welcome (server rank, its fabric name)
+ *   1. worker -> server  HELLO    psagg_ctl_hello: the protocol version is checked first, then
+ *                                 the token (runtime/auth.h); before it checks out the server
+ *                                 reveals nothing about the job, and a connection that does
+ *                                 not send a whole HELLO within a few seconds is closed
+ *   2. server -> worker  WELCOME  psagg_ctl_welcome (server rank, its session nonce and
+ *                                 fabric name)
  *      or                ERROR    psagg_ctl_error, then close
  *   3. worker -> server  DECLARE  psagg_ctl_declare + count x psagg_ctl_tensor (all tensors)
  *   4. server -> worker  READY    (no body) once all workers declared identical lists,
@@ -20,7 +24,11 @@
  *      server -> worker  ABORT    psagg_ctl_error: another peer failed; pending work fails
  *
  * DATA MESSAGES (libfabric FI_EP_RDM send/recv)
- *   psagg_msg_hdr + payload (the encoded chunk, codec.h format, exactly hdr.len bytes).
+ *   psagg_msg_hdr + payload (the encoded chunk, codec.h format, exactly hdr.len bytes)
+ *   [+ 16-byte MAC of header and payload when the job runs with data_auth: runtime/auth.h].
+ *   A receiver accepts a message only from the fabric address of the peer that sent it on
+ *   the control channel: pushes from the worker that `sender` names, updates from the chunk's
+ *   owner; anything else is dropped and logged with its source.
  *   PUSH   worker -> owner server of (key, chunk): this worker's contribution for `round`
  *   UPDATE server -> every worker: the requantized sum of `round`, identical bytes for all
  *   Rounds count from 0 per tensor key; a push for an older round is stale (rejected), a
@@ -32,7 +40,7 @@
 
 #include <stdint.h>
 
-#define PSAGG_PROTO_VERSION 1
+#define PSAGG_PROTO_VERSION 2
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64
@@ -40,6 +48,7 @@
 #define PSAGG_EPNAME_MAX    256 /* libfabric endpoint names */
 #define PSAGG_CTL_MAX_FRAME (64u << 20)
 #define PSAGG_MAX_TENSORS   (1u << 20)
+#define PSAGG_MSG_MAC_BYTES 16 /* the MAC after a data message's payload, with data_auth */
 
 enum psagg_ctl_type {
     PSAGG_CTL_HELLO = 1,
@@ -59,28 +68,41 @@ typedef struct psagg_ctl_hdr {
 } psagg_ctl_hdr;
 _Static_assert(sizeof(psagg_ctl_hdr) == 12, "psagg_ctl_hdr layout");
 
+/* psagg_ctl_hello.flags / psagg_ctl_welcome.flags */
+#define PSAGG_HELLO_DATA_AUTH 1u /* data messages carry a MAC ([cluster] data_auth) */
+
 typedef struct psagg_ctl_hello {
     char job_id[PSAGG_JOB_ID_MAX]; /* NUL-terminated */
     uint32_t rank;
     uint32_t world_size;
-    uint8_t auth[32];    /* psagg_hello_token (control.h); zero without a secret */
+    uint8_t auth[32];    /* psagg_hello_token (runtime/auth.h); zero without a secret */
+    uint32_t flags;      /* PSAGG_HELLO_*: must match the server's */
+    uint8_t nonce[16];   /* the worker's session nonce (its data key) */
     uint32_t epname_len; /* <= PSAGG_EPNAME_MAX */
     uint8_t epname[PSAGG_EPNAME_MAX];
 } psagg_ctl_hello;
-_Static_assert(sizeof(psagg_ctl_hello) == 64 + 4 + 4 + 32 + 4 + 256, "psagg_ctl_hello layout");
+_Static_assert(sizeof(psagg_ctl_hello) == 64 + 4 + 4 + 32 + 4 + 16 + 4 + 256,
+               "psagg_ctl_hello layout");
 
 typedef struct psagg_ctl_welcome {
     uint32_t server_rank;
     uint32_t n_servers;
+    uint32_t flags;    /* the server's PSAGG_HELLO_* */
+    uint8_t nonce[16]; /* the server's session nonce (its data key) */
     uint32_t epname_len;
     uint8_t epname[PSAGG_EPNAME_MAX];
 } psagg_ctl_welcome;
-_Static_assert(sizeof(psagg_ctl_welcome) == 12 + 256, "psagg_ctl_welcome layout");
+_Static_assert(sizeof(psagg_ctl_welcome) == 12 + 16 + 4 + 256, "psagg_ctl_welcome layout");
+
+/* chunk_elems of a DECLARE: [worker] chunk_bytes is 4096..2^30 bytes of fp32 */
+#define PSAGG_MIN_CHUNK_ELEMS 1024u
+#define PSAGG_MAX_CHUNK_ELEMS (1u << 28)
 
 typedef struct psagg_ctl_declare {
-    uint32_t count; /* tensors that follow, <= PSAGG_MAX_TENSORS */
+    uint32_t count; /* tensors that follow, 1..PSAGG_MAX_TENSORS */
     uint32_t reserved;
-    uint64_t chunk_elems; /* elements per chunk (a multiple of 64): all workers must agree */
+    uint64_t chunk_elems; /* elements per chunk, a multiple of 64 in PSAGG_MIN/MAX_CHUNK_ELEMS:
+                             all workers must agree */
 } psagg_ctl_declare;
 _Static_assert(sizeof(psagg_ctl_declare) == 16, "psagg_ctl_declare layout");
 

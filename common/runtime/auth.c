@@ -1,0 +1,123 @@
+/* runtime/auth.c - see runtime/auth.h. */
+#include "runtime/auth.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <sodium.h>
+
+#include "runtime/wire.h"
+
+/* libsodium's own one-time initialisation (thread-safe, idempotent). */
+static int sodium_ready(void)
+{
+    return sodium_init() >= 0;
+}
+
+psagg_status psagg_job_key_load(const psagg_config *cfg, psagg_job_key *out)
+{
+    crypto_generichash_state st;
+    uint8_t buf[4096];
+    size_t n, total = 0;
+    FILE *f;
+
+    memset(out, 0, sizeof *out);
+    if (!cfg->secret_file[0])
+        return PSAGG_OK;
+    if (!sodium_ready())
+        return psagg_fail(PSAGG_EIO, "libsodium failed to initialise");
+    f = fopen(cfg->secret_file, "rb");
+    if (!f)
+        return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' cannot be read: %s",
+                          cfg->path, cfg->secret_file, strerror(errno));
+    crypto_generichash_init(&st, NULL, 0, sizeof out->key);
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
+        crypto_generichash_update(&st, buf, n);
+        total += n;
+    }
+    fclose(f);
+    sodium_memzero(buf, sizeof buf);
+    if (total == 0)
+        return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' is empty", cfg->path,
+                          cfg->secret_file);
+    crypto_generichash_final(&st, out->key, sizeof out->key);
+    out->secret = 1;
+    return PSAGG_OK;
+}
+
+void psagg_nonce_make(uint8_t nonce[PSAGG_NONCE_BYTES])
+{
+    (void)sodium_ready(); /* randombytes_buf works either way (its own lazy set-up) */
+    randombytes_buf(nonce, PSAGG_NONCE_BYTES);
+}
+
+static void le32(uint8_t out[4], uint32_t v)
+{
+    out[0] = (uint8_t)v, out[1] = (uint8_t)(v >> 8), out[2] = (uint8_t)(v >> 16),
+    out[3] = (uint8_t)(v >> 24);
+}
+
+void psagg_hello_token(const psagg_job_key *k, const char *job_id, uint32_t rank, uint32_t flags,
+                       const uint8_t nonce[PSAGG_NONCE_BYTES], uint8_t out[PSAGG_TOKEN_BYTES])
+{
+    crypto_generichash_state st;
+    uint8_t r[4], fl[4];
+
+    memset(out, 0, PSAGG_TOKEN_BYTES);
+    if (!k->secret)
+        return;
+    le32(r, rank);
+    le32(fl, flags);
+    crypto_generichash_init(&st, k->key, sizeof k->key, PSAGG_TOKEN_BYTES);
+    crypto_generichash_update(&st, (const uint8_t *)"psagg-hello-v2", 14);
+    crypto_generichash_update(&st, (const uint8_t *)job_id, strnlen(job_id, PSAGG_JOB_ID_MAX));
+    crypto_generichash_update(&st, r, sizeof r);
+    crypto_generichash_update(&st, fl, sizeof fl);
+    crypto_generichash_update(&st, nonce, PSAGG_NONCE_BYTES);
+    crypto_generichash_final(&st, out, PSAGG_TOKEN_BYTES);
+}
+
+int psagg_token_equal(const uint8_t a[PSAGG_TOKEN_BYTES], const uint8_t b[PSAGG_TOKEN_BYTES])
+{
+    return sodium_memcmp(a, b, PSAGG_TOKEN_BYTES) == 0;
+}
+
+void psagg_data_key_make(const psagg_job_key *k, const char *job_id,
+                         const uint8_t nonce[PSAGG_NONCE_BYTES], psagg_data_key *out)
+{
+    crypto_generichash_state st;
+    crypto_generichash_init(&st, k->key, sizeof k->key, sizeof out->key);
+    crypto_generichash_update(&st, (const uint8_t *)"psagg-data-v1", 13);
+    crypto_generichash_update(&st, (const uint8_t *)job_id, strnlen(job_id, PSAGG_JOB_ID_MAX));
+    crypto_generichash_update(&st, nonce, PSAGG_NONCE_BYTES);
+    crypto_generichash_final(&st, out->key, sizeof out->key);
+}
+
+/* The one-time Poly1305 key of a message: BLAKE2b-256(data key, its header). */
+static void onetime_key(const psagg_data_key *k, const void *msg,
+                        uint8_t otk[crypto_onetimeauth_KEYBYTES])
+{
+    crypto_generichash(otk, crypto_onetimeauth_KEYBYTES, msg, sizeof(psagg_msg_hdr), k->key,
+                       sizeof k->key);
+}
+
+void psagg_msg_mac(const psagg_data_key *k, const void *msg, size_t len,
+                   uint8_t tag[PSAGG_MSG_MAC_BYTES])
+{
+    uint8_t otk[crypto_onetimeauth_KEYBYTES];
+    onetime_key(k, msg, otk);
+    crypto_onetimeauth(tag, msg, len, otk);
+    sodium_memzero(otk, sizeof otk);
+}
+
+int psagg_msg_mac_ok(const psagg_data_key *k, const void *msg, size_t len,
+                     const uint8_t tag[PSAGG_MSG_MAC_BYTES])
+{
+    uint8_t otk[crypto_onetimeauth_KEYBYTES];
+    int ok;
+    onetime_key(k, msg, otk);
+    ok = crypto_onetimeauth_verify(tag, msg, len, otk) == 0;
+    sodium_memzero(otk, sizeof otk);
+    return ok;
+}
