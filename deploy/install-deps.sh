@@ -9,7 +9,7 @@ PKGS=(
     libfabric-dev libfabric-bin libjemalloc-dev libinih-dev zlib1g-dev libsodium-dev
     openmpi-bin libopenmpi-dev
     python3-torch python3-sklearn python3-matplotlib python3-numpy
-    iproute2 procps
+    iproute2 procps time
 )
 
 missing=()

@@ -1,23 +1,41 @@
 /*
- * rogue_worker.c - a worker that speaks psagg's protocol itself (control channel + libfabric)
- * and then misbehaves on the data path, for the fault tests (test_fault.sh).
+ * rogue_worker.c - a process that speaks psagg's protocol itself (control channel + libfabric)
+ * and misbehaves, for the fault tests (test_fault.sh, fault_matrix.sh).
  *
- *   --mode magic|len|key|round   send one bad push; the server must close this worker with
- *                                a reason naming the field (checked here) and stay up
- *   --mode dup                   send every push of round 0 and the first one twice; the
- *                                server must drop the duplicate and complete the round
+ *   --mode magic|len|key|round   authenticate as worker PSAGG_RANK, then send one bad push;
+ *                                the server must close this worker with a reason naming the
+ *                                field (checked here) and stay up
+ *   --mode dup                   authenticate, send every push of round 0 and the first one
+ *                                twice; the server must drop the duplicate, finish the round
+ *   --mode spoof --fabric-port P [--seconds S] [--claim W] [--rounds R]
+ *                                never authenticate: open a fabric endpoint of its own, aim
+ *                                at the server's fabric port P on 127.0.0.1 (an attacker
+ *                                finds it among the server's listening ports), and for S
+ *                                seconds push poisoned contributions (1e6 everywhere) of
+ *                                rounds 0..R-1 claiming to be worker W; the job's sums must
+ *                                stay exact
+ *   --mode bomb --count N [--chunk-elems C]
+ *                                authenticate, then declare one fp32 tensor of N elements in
+ *                                chunks of C (default: the config's); print the server's
+ *                                refusal (ROGUE-REFUSED: message) and exit 0 if it refused
  *
- * It declares what fn_worker declares by default (tensors of 1, 1023 and 4096 elements, fp32)
- * and contributes the same values (fn_input.h), so fn_worker's exact-sum check covers it.
+ * The authenticated modes declare what fn_worker declares by default (tensors of 1, 1023 and
+ * 4096 elements, fp32) and contribute the same values (fn_input.h), so fn_worker's exact-sum
+ * check covers them.
  */
+#include <arpa/inet.h>
+#include <getopt.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "fn_input.h"
 #include "kernels/codec.h"
+#include "runtime/auth.h"
 #include "runtime/config.h"
 #include "runtime/control.h"
 #include "runtime/layout.h"
@@ -33,6 +51,7 @@
     } while (0)
 
 static psagg_config cfg;
+static const uint64_t sizes[] = {1, 1023, 4096};
 
 static void *recv_frame(int fd, uint16_t want, const char *what)
 {
@@ -48,63 +67,221 @@ static void *recv_frame(int fd, uint16_t want, const char *what)
     return body;
 }
 
-int main(int argc, char **argv)
+static psagg_fabric *open_fabric(const char *node)
 {
-    const char *mode = argc > 2 && !strcmp(argv[1], "--mode") ? argv[2] : "dup";
-    const char *rank_env = getenv("PSAGG_RANK");
-    uint32_t rank = rank_env ? (uint32_t)atoi(rank_env) : 1;
-    static const uint64_t sizes[] = {1, 1023, 4096};
-    psagg_ctl_tensor decl[3];
-    struct {
-        psagg_ctl_declare d;
-        psagg_ctl_tensor t[3];
-    } declare_msg;
-    psagg_ctl_hello hello = {.rank = rank};
-    psagg_ctl_welcome *wel;
-    psagg_fabric_opts fo = {.provider = "tcp"};
+    psagg_fabric_opts fo = {.provider = "tcp", .node = node};
     psagg_fabric *fab;
-    psagg_peer server;
-    psagg_layout layout;
-    psagg_codec fp32 = {.id = PSAGG_CODEC_FP32};
-    char local[64];
-    size_t len = sizeof hello.epname;
-    uint8_t *push[3], *rbuf[8];
-    int fd, ok = 0;
-
-    if (psagg_config_load(getenv("PSAGG_CONFIG"), &cfg))
-        DIE("config");
-    if (psagg_tcp_connect(&cfg.servers[0], psagg_now_ms() + 20000, &fd) ||
-        psagg_tcp_local_addr(fd, local, sizeof local))
-        DIE("connect");
-    fo.node = local;
     fo.max_msg = psagg_max_message(&cfg); /* as psagg itself: rxm peers must agree */
-    if (psagg_fabric_open(&fo, &fab) || psagg_fabric_name(fab, hello.epname, &len))
+    if (psagg_fabric_open(&fo, &fab))
         DIE("fabric");
-    snprintf(hello.job_id, sizeof hello.job_id, "%s", cfg.job_id);
-    hello.world_size = (uint32_t)cfg.n_workers;
-    hello.epname_len = (uint32_t)len;
-    if (psagg_hello_token(&cfg, rank, hello.auth) ||
-        psagg_ctl_send(fd, PSAGG_CTL_HELLO, &hello, sizeof hello))
-        DIE("hello");
-    wel = recv_frame(fd, PSAGG_CTL_WELCOME, "WELCOME");
-    if (psagg_fabric_add_peer(fab, wel->epname, wel->epname_len, &server))
-        DIE("add server");
-    free(wel);
+    return fab;
+}
 
-    declare_msg.d = (psagg_ctl_declare){.count = 3};
-    declare_msg.d.chunk_elems = psagg_chunk_elems(&cfg);
+/* The three tensors fn_worker declares by default, and their layout on the job's servers. */
+static void fn_tensors(psagg_ctl_tensor decl[3], uint64_t chunk_elems, psagg_layout *layout)
+{
+    psagg_codec fp32 = {.id = PSAGG_CODEC_FP32};
     for (int t = 0; t < 3; t++) {
         char name[16];
         snprintf(name, sizeof name, "t%03d", t);
         if (psagg_tensor_to_wire(name, sizes[t], &fp32, &decl[t]))
             DIE("tensor %d", t);
-        declare_msg.t[t] = decl[t];
     }
+    if (psagg_layout_build(decl, 3, chunk_elems, (uint32_t)cfg.n_servers, layout))
+        DIE("layout");
+}
+
+/* Authenticate as worker `rank` with the job's secret (if any); the connection's fd. */
+static int hello(psagg_fabric *fab, uint32_t rank, psagg_peer *server)
+{
+    psagg_ctl_hello h = {.rank = rank, .world_size = (uint32_t)cfg.n_workers};
+    psagg_ctl_welcome *wel;
+    psagg_job_key key;
+    size_t len = sizeof h.epname;
+    int fd;
+
+    if (psagg_tcp_connect(&cfg.servers[0], psagg_now_ms() + 20000, "server 0", NULL, &fd))
+        DIE("connect");
+    if (psagg_fabric_name(fab, h.epname, &len))
+        DIE("fabric name");
+    snprintf(h.job_id, sizeof h.job_id, "%s", cfg.job_id);
+    h.epname_len = (uint32_t)len;
+    h.flags = cfg.data_auth ? PSAGG_HELLO_DATA_AUTH : 0;
+    if (psagg_job_key_load(&cfg, &key))
+        DIE("secret");
+    psagg_nonce_make(h.nonce);
+    psagg_hello_token(&key, cfg.job_id, rank, h.flags, h.nonce, h.auth);
+    if (psagg_ctl_send(fd, PSAGG_CTL_HELLO, &h, sizeof h))
+        DIE("hello");
+    wel = recv_frame(fd, PSAGG_CTL_WELCOME, "WELCOME");
+    if (psagg_fabric_add_peer(fab, wel->epname, wel->epname_len, server))
+        DIE("add server");
+    free(wel);
+    return fd;
+}
+
+/* spoof: push poisoned contributions of every chunk without ever saying HELLO. */
+static int spoof(int port, double seconds, uint32_t claim, uint32_t rounds)
+{
+    psagg_fabric *fab = open_fabric("127.0.0.1");
+    psagg_ctl_tensor decl[3];
+    psagg_layout layout;
+    uint8_t name[PSAGG_FABRIC_NAME_MAX];
+    size_t len = sizeof name;
+    struct sockaddr_in *sin = (struct sockaddr_in *)(void *)name;
+    psagg_peer server;
+    uint8_t *msg;
+    uint64_t sent = 0, refused = 0;
+    int64_t until = psagg_now_ms() + (int64_t)(seconds * 1000);
+
+    /* tcp's endpoint names are sockaddr_in: ours, with the server's port */
+    if (psagg_fabric_name(fab, name, &len) || len != sizeof *sin || sin->sin_family != AF_INET)
+        DIE("expected a sockaddr_in endpoint name (tcp provider), got %zu bytes", len);
+    sin->sin_port = htons((uint16_t)port);
+    sin->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (psagg_fabric_add_peer(fab, name, len, &server))
+        DIE("add the server's address");
+    fn_tensors(decl, psagg_chunk_elems(&cfg), &layout);
+    /* one buffer per message of a pass: a buffer is not touched again before the next pass */
+    size_t stride = sizeof(psagg_msg_hdr) + layout.max_enc_bytes + PSAGG_MSG_MAC_BYTES;
+    msg = calloc((size_t)rounds * layout.n_chunks, stride);
+    if (!msg)
+        DIE("memory");
+    while (psagg_now_ms() < until) {
+        for (uint32_t r = 0; r < rounds; r++)
+            for (uint32_t c = 0; c < layout.n_chunks; c++) {
+                const psagg_chunk_info *ci = &layout.chunks[c];
+                uint8_t *m = msg + ((size_t)r * layout.n_chunks + c) * stride;
+                float *x = (float *)(void *)(m + sizeof(psagg_msg_hdr));
+                psagg_msg_init((psagg_msg_hdr *)m, PSAGG_MSG_PUSH, claim, r, ci);
+                for (uint64_t i = 0; i < ci->count; i++)
+                    x[i] = 1e6f;
+                /* never wait: a server that does not drain us (not started, gone) is no hang */
+                if (psagg_fabric_try_send(fab, server, m, sizeof(psagg_msg_hdr) + ci->enc_bytes,
+                                          NULL, NULL))
+                    refused++;
+                else
+                    sent++;
+            }
+        for (int i = 0; i < 20; i++) { /* drive progress, drop what completes */
+            psagg_fabric_event ev[16];
+            if (psagg_fabric_poll(fab, ev, 16, 5) < 0)
+                break;
+        }
+    }
+    printf("rogue: sent %llu spoofed pushes claiming worker %u (%llu not accepted by libfabric)\n",
+           (unsigned long long)sent, claim, (unsigned long long)refused);
+    printf("ROGUE-OK\n");
+    free(msg);
+    psagg_layout_free(&layout);
+    psagg_fabric_close(fab);
+    return 0;
+}
+
+/* bomb: one huge tensor in one DECLARE; the server must refuse it, and say why. */
+static int bomb(uint32_t rank, uint64_t count, uint64_t chunk_elems)
+{
+    psagg_fabric *fab = open_fabric("127.0.0.1");
+    psagg_peer server;
+    struct {
+        psagg_ctl_declare d;
+        psagg_ctl_tensor t;
+    } m = {.d = {.count = 1, .chunk_elems = chunk_elems ? chunk_elems : psagg_chunk_elems(&cfg)}};
+    psagg_codec fp32 = {.id = PSAGG_CODEC_FP32};
+    psagg_ctl_hdr h;
+    void *body = NULL;
+    const char *why = NULL;
+    int fd = hello(fab, rank, &server), refused = 0;
+
+    if (psagg_tensor_to_wire("bomb", count, &fp32, &m.t))
+        DIE("tensor");
+    if (psagg_ctl_send(fd, PSAGG_CTL_DECLARE, &m, sizeof m))
+        DIE("declare");
+    if (psagg_ctl_recv(fd, &h, &body, psagg_now_ms() + 20000, "server 0") == PSAGG_OK &&
+        psagg_ctl_error_parse(&h, body, &why) != PSAGG_OK) {
+        printf("ROGUE-REFUSED: %s\n", why);
+        refused = 1;
+    } else {
+        fprintf(stderr, "rogue: the server did not refuse the declaration (frame type %u)\n",
+                h.type);
+    }
+    free(body);
+    close(fd);
+    psagg_fabric_close(fab);
+    return refused ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {{"mode", required_argument, NULL, 'm'},
+                                         {"fabric-port", required_argument, NULL, 'p'},
+                                         {"seconds", required_argument, NULL, 's'},
+                                         {"claim", required_argument, NULL, 'w'},
+                                         {"rounds", required_argument, NULL, 'r'},
+                                         {"count", required_argument, NULL, 'n'},
+                                         {"chunk-elems", required_argument, NULL, 'c'},
+                                         {NULL, 0, NULL, 0}};
+    const char *mode = "dup", *rank_env = getenv("PSAGG_RANK");
+    uint32_t rank = rank_env ? (uint32_t)atoi(rank_env) : 1, claim = 1, rounds = 3;
+    uint64_t count = 0, chunk_elems = 0;
+    double seconds = 3;
+    int port = 0, o;
+    psagg_ctl_tensor decl[3];
+    struct {
+        psagg_ctl_declare d;
+        psagg_ctl_tensor t[3];
+    } declare_msg;
+    psagg_fabric *fab;
+    psagg_peer server;
+    psagg_layout layout;
+    uint8_t *push[3] = {0}, *rbuf[8] = {0};
+    int fd, ok = 0;
+    setvbuf(stdout, NULL, _IOLBF, 0); /* what we did reaches the log even if killed */
+
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (o) {
+        case 'm':
+            mode = optarg;
+            break;
+        case 'p':
+            port = atoi(optarg);
+            break;
+        case 's':
+            seconds = atof(optarg);
+            break;
+        case 'w':
+            claim = (uint32_t)atoi(optarg);
+            break;
+        case 'r':
+            rounds = (uint32_t)atoi(optarg);
+            break;
+        case 'n':
+            count = strtoull(optarg, NULL, 10);
+            break;
+        case 'c':
+            chunk_elems = strtoull(optarg, NULL, 10);
+            break;
+        default:
+            return 2;
+        }
+    }
+    if (psagg_config_load(getenv("PSAGG_CONFIG"), &cfg))
+        DIE("config");
+    if (!strcmp(mode, "spoof"))
+        return spoof(port, seconds, claim, rounds);
+    if (!strcmp(mode, "bomb"))
+        return bomb(rank, count, chunk_elems);
+
+    fab = open_fabric("127.0.0.1"); /* the fault tests run on this host */
+    fd = hello(fab, rank, &server);
+    declare_msg.d = (psagg_ctl_declare){.count = 3, .chunk_elems = psagg_chunk_elems(&cfg)};
+    fn_tensors(decl, declare_msg.d.chunk_elems, &layout);
+    memcpy(declare_msg.t, decl, sizeof decl);
+    if (layout.n_chunks != 3)
+        DIE("layout (this test expects one chunk per tensor)");
     if (psagg_ctl_send(fd, PSAGG_CTL_DECLARE, &declare_msg, sizeof declare_msg))
         DIE("declare");
     free(recv_frame(fd, PSAGG_CTL_READY, "READY"));
-    if (psagg_layout_build(decl, 3, declare_msg.d.chunk_elems, 1, &layout) || layout.n_chunks != 3)
-        DIE("layout (this test expects one chunk per tensor)");
     for (int i = 0; i < 8; i++) {
         rbuf[i] = malloc(1u << 16);
         if (!rbuf[i] || psagg_fabric_post_recv(fab, rbuf[i], 1u << 16, NULL, rbuf[i]))
@@ -117,6 +294,8 @@ int main(int argc, char **argv)
         psagg_msg_hdr *h;
         float *x;
         push[c] = calloc(1, sizeof *h + ci->enc_bytes + 64);
+        if (!push[c])
+            DIE("memory");
         h = (psagg_msg_hdr *)push[c];
         x = (float *)(h + 1);
         psagg_msg_init(h, PSAGG_MSG_PUSH, rank, 0, ci);

@@ -46,7 +46,7 @@ run() { # mode, fn_worker args...
     local s=$!
     PSAGG_RANK=0 setsid "$build/tests/functional/fn_worker" "$@" >"$tmp/w0.log" 2>&1 &
     local w0=$!
-    PSAGG_RANK=1 setsid "$build/tests/functional/rogue_worker" --mode "$mode" >"$tmp/w1.log" 2>&1 &
+    PSAGG_RANK=1 setsid "$build/tests/fault/rogue_worker" --mode "$mode" >"$tmp/w1.log" 2>&1 &
     local w1=$!
     pids+=("$s" "$w0" "$w1")
     wait_for "$w0" 40
