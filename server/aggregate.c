@@ -127,7 +127,7 @@ static void handle_push(server *srv, chunk_state *c, recv_buf *rb)
         return;
     }
     if (!c->round_deadline) /* the round's first push starts its clock */
-        c->round_deadline = psagg_now_ms() + srv->cfg.op_timeout_ms;
+        c->round_deadline = psagg_now_ms() + PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms);
     if (c->gpu || w != (int)c->next) {
         if (psagg_validate(&c->codec, payload, enc, c->info->count)) {
             server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s", h->key,
@@ -155,10 +155,11 @@ static void handle_push(server *srv, chunk_state *c, recv_buf *rb)
 }
 
 /*
- * The per-round deadline: a round whose first push arrived more than op_timeout_ms ago and
- * still misses some fails the job, naming the workers whose pushes are missing (a stopped
- * worker; the workers' own deadline is longer, so this verdict reaches them first). Each
- * thread checks its own chunks, the only thread that touches them.
+ * The per-round deadline (runtime/control.h): a round whose first push arrived more than
+ * 1.5 x op_timeout_ms ago and still misses some fails the job, naming the workers whose
+ * pushes are missing (alive, as their PINGs say, but not pushing; the workers' own deadline
+ * is longer, so this verdict reaches them first). Each thread checks its own chunks, the only
+ * thread that touches them.
  */
 static void check_rounds(server *srv, agg_thread *t, int64_t now)
 {
@@ -174,7 +175,7 @@ static void check_rounds(server *srv, agg_thread *t, int64_t now)
                 used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d",
                                          used ? "," : "", w);
         server_fail_job(srv, PSAGG_ETIMEDOUT,
-                        "tensor '%s' chunk %u round %u: no push from workers %s within "
+                        "tensor '%s' chunk %u round %u: no push from workers %s within 1.5 x "
                         "op_timeout_ms=%d",
                         srv->layout.tensors[c->info->key].name, c->info->index, c->round, missing,
                         srv->cfg.op_timeout_ms);

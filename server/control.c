@@ -12,9 +12,11 @@
  *              (else EMISMATCH naming the tensor and the workers), the layout must fit the
  *              server's memory budget, then the data path and the aggregation pool start and
  *              every worker gets READY;
- *   running    serve BYE and closed connections; close the workers the data path names
- *              (state.c) and abort the job for the others, with the status and message of
- *              the first failure (a round past op_timeout_ms names the workers it waits for);
+ *   running    serve BYE, PING and closed connections; PING every worker and close one that
+ *              is silent for op_timeout_ms (runtime/control.h); close the workers the data
+ *              path names (state.c) and abort the job for the others, with the status and
+ *              message of the first failure (a round past 1.5 x op_timeout_ms names the
+ *              workers it waits for);
  *   end        when every worker is gone (0: every one said BYE and the job never failed).
  */
 #include <arpa/inet.h>
@@ -432,6 +434,7 @@ static void serve_worker(server *srv, int w)
 
     snprintf(name, sizeof name, "worker %d", w);
     st = psagg_ctl_reader_feed(&wc->rd, wc->fd, name);
+    wc->heard_at = psagg_now_ms(); /* readable: it is alive, whatever came */
     if (st == PSAGG_EAGAIN)
         return;
     if (st) {
@@ -439,7 +442,9 @@ static void serve_worker(server *srv, int w)
         return;
     }
     body = psagg_ctl_reader_take(&wc->rd, &h);
-    if (h.type == PSAGG_CTL_BYE) {
+    if (h.type == PSAGG_CTL_PING && h.len == 0) {
+        /* still there (heard_at is set) */
+    } else if (h.type == PSAGG_CTL_BYE) {
         LOG_INFO(&srv->log, "worker %d said BYE", w);
         wc->state = W_BYE;
         close(wc->fd);
@@ -505,6 +510,35 @@ static int start_or_refuse(server *srv, int *rc)
 }
 
 /*
+ * While the job runs: PING every worker now and then, and close a worker that has sent
+ * nothing for op_timeout_ms (stopped or hung), which fails the job naming it.
+ */
+static void check_liveness(server *srv, int64_t now)
+{
+    int op = srv->cfg.op_timeout_ms;
+    if (now >= srv->next_ping) {
+        for (int w = 0; w < srv->n_workers; w++) {
+            worker_conn *wc = &srv->workers[w];
+            if (wc->fd >= 0 && wc->state == W_DECLARED &&
+                psagg_ctl_send(wc->fd, PSAGG_CTL_PING, NULL, 0))
+                LOG_DEBUG(&srv->log, "worker %d: PING: %s", w, psagg_last_error());
+        }
+        srv->next_ping = now + psagg_ping_interval_ms(op);
+    }
+    for (int w = 0; w < srv->n_workers; w++) {
+        worker_conn *wc = &srv->workers[w];
+        char why[160];
+        if (wc->fd < 0 || wc->state != W_DECLARED || now - wc->heard_at <= op)
+            continue;
+        snprintf(why, sizeof why,
+                 "worker %d sent nothing for %.1f s, more than op_timeout_ms=%d (stopped, hung "
+                 "or cut off)",
+                 w, (double)(now - wc->heard_at) / 1e3, op);
+        drop_worker(srv, w, PSAGG_ETIMEDOUT, why);
+    }
+}
+
+/*
  * The control loop: returns the process exit code. Phases: STARTING (accept, HELLO, DECLARE;
  * the start-up deadline runs from the first authenticated HELLO), RUNNING (BYE, deaths,
  * data-path reports), ABORTED (the job failed and every worker was told; wait for them to go).
@@ -548,6 +582,8 @@ int control_serve(server *srv)
             phase = ABORTED;
             aborted_at = now;
         }
+        if (phase == RUNNING)
+            check_liveness(srv, now);
         if (phase == ABORTED && now - aborted_at > srv->cfg.op_timeout_ms) {
             /* every worker was told; one that is still connected is stuck or stopped */
             missing_workers(srv, W_BYE, missing, sizeof missing);
@@ -581,6 +617,8 @@ int control_serve(server *srv)
                 close(srv->listen_fd);
                 srv->listen_fd = -1;
                 report_refused(srv, now, 1);
+                for (int w = 0; w < srv->n_workers; w++) /* their silence counts from now */
+                    srv->workers[w].heard_at = now;
                 phase = RUNNING;
                 continue; /* a READY that could not be sent has failed the job */
             }

@@ -44,6 +44,7 @@ typedef struct worker_conn {
     psagg_ctl_declare decl_hdr;
     psagg_ctl_tensor *decl;
     char bad_reason[200]; /* set by data-path threads: close this peer (guarded by srv->mu) */
+    int64_t heard_at;     /* when its last bytes came (liveness, runtime/control.h) */
 } worker_conn;
 
 /*
@@ -146,6 +147,7 @@ typedef struct server {
     pending_conn *pending;     /* PENDING_MAX slots (control.c); fd < 0 when free */
     uint64_t refused_idle;     /* unauthenticated connections closed for time or room */
     int64_t refused_logged_at; /* when they were last reported */
+    int64_t next_ping;         /* when the workers get their next PING (control.c) */
     int64_t startup_deadline;  /* -1 until the first authenticated HELLO */
     uint64_t budget;           /* bytes a job's chunks may take ([server] memory_budget_mb) */
     pthread_mutex_t mu;        /* guards workers[].bad_reason, job_error and job_status */

@@ -31,6 +31,7 @@ typedef struct comm_state {
     int64_t next_ctl_check;
     psagg_lograte dropped; /* messages from strangers */
     int told_servers;      /* the servers heard why this worker failed */
+    int64_t next_ping;     /* when the servers get their next PING */
 } comm_state;
 
 /* Move newly submitted operations into the active list, ordered by priority then age. */
@@ -286,10 +287,17 @@ static void poll_completing(comm_state *cs)
     }
 }
 
-/* Control connections: an ABORT/ERROR frame or a closed socket fails everything. */
-static void check_control(comm_state *cs)
+/*
+ * Control connections: PINGs both ways (runtime/control.h); an ABORT/ERROR frame, a closed
+ * socket or a server silent for op_timeout_ms fails everything.
+ */
+static void check_control(comm_state *cs, int64_t now)
 {
     psagg_ctx *ctx = cs->ctx;
+    int op = ctx->cfg.op_timeout_ms;
+    int ping = now >= cs->next_ping;
+    if (ping)
+        cs->next_ping = now + psagg_ping_interval_ms(op);
     for (int s = 0; s < ctx->cfg.n_servers; s++) {
         struct pollfd p = {.fd = ctx->servers[s].fd, .events = POLLIN};
         psagg_ctl_hdr h;
@@ -297,11 +305,28 @@ static void check_control(comm_state *cs)
         const char *text;
         char peer[96];
         psagg_status st;
-        if (p.fd < 0 || poll(&p, 1, 0) <= 0)
+        if (p.fd < 0)
             continue;
         snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
                  ctx->cfg.servers[s].port);
+        if (ping && psagg_ctl_send(p.fd, PSAGG_CTL_PING, NULL, 0))
+            LOG_DEBUG(&ctx->log, "%s: PING: %s", peer, psagg_last_error());
+        if (poll(&p, 1, 0) <= 0) {
+            if (now - ctx->servers[s].heard_at > op) {
+                worker_fail_all(ctx, PSAGG_ETIMEDOUT,
+                                "%s sent nothing for %.1f s, more than op_timeout_ms=%d "
+                                "(stopped, hung or cut off)",
+                                peer, (double)(now - ctx->servers[s].heard_at) / 1e3, op);
+                return;
+            }
+            continue;
+        }
+        ctx->servers[s].heard_at = now;
         st = psagg_ctl_recv(p.fd, &h, &body, psagg_now_ms() + 2000, peer);
+        if (!st && h.type == PSAGG_CTL_PING && h.len == 0) {
+            free(body);
+            continue;
+        }
         if (st)
             worker_fail_all(ctx, PSAGG_EPEER, "%s", psagg_last_error());
         else if ((st = psagg_ctl_error_parse(&h, body, &text)))
@@ -339,7 +364,7 @@ static void check_deadlines(comm_state *cs)
             }
         }
         worker_fail_all(ctx, PSAGG_ETIMEDOUT,
-                        "push_pull of tensor '%s' round %u: no update from %s %s within 1.5 x "
+                        "push_pull of tensor '%s' round %u: no update from %s %s within 2 x "
                         "op_timeout_ms=%d",
                         ti->name, h->round, n == 1 ? "server" : "servers", waiting,
                         ctx->cfg.op_timeout_ms);
@@ -447,7 +472,7 @@ static void *comm_main(void *arg)
             poll_completing(&cs);
         now = psagg_now_ms();
         if (now >= cs.next_ctl_check) {
-            check_control(&cs);
+            check_control(&cs, now);
             if (!drop_if_failed(&cs))
                 check_deadlines(&cs);
             cs.next_ctl_check = now + 20;
@@ -461,6 +486,8 @@ static void *comm_main(void *arg)
 
 psagg_status comm_start(psagg_ctx *ctx)
 {
+    for (int s = 0; s < ctx->cfg.n_servers; s++) /* their silence counts from READY */
+        ctx->servers[s].heard_at = psagg_now_ms();
     atomic_store(&ctx->running, 1);
     if (pthread_create(&ctx->comm_tid, NULL, comm_main, ctx)) {
         atomic_store(&ctx->running, 0);

@@ -11,6 +11,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "runtime/control.h"
 #include "worker.h"
 
 struct psagg_handle *handle_new(psagg_ctx *ctx, uint32_t key, const float *in, float *out,
@@ -49,9 +50,9 @@ struct psagg_handle *handle_new(psagg_ctx *ctx, uint32_t key, const float *in, f
                                .op = op,
                                .priority = priority,
                                .chunk_done = (uint8_t *)(h + 1)};
-    /* 1.5 x op_timeout_ms: a server aborts a round it waits for past op_timeout_ms, naming
-     * the worker it waits for, and that verdict should reach us before our own timeout */
-    h->deadline_ms = psagg_now_ms() + ctx->cfg.op_timeout_ms + ctx->cfg.op_timeout_ms / 2;
+    /* 2 x op_timeout_ms: silent peers and late workers are named sooner, by whoever knows
+     * (runtime/control.h), and that verdict should reach us before our own timeout */
+    h->deadline_ms = psagg_now_ms() + PSAGG_OP_DEADLINE_MS(ctx->cfg.op_timeout_ms);
     pthread_mutex_lock(&ctx->mu);
     if (ctx->failed) {
         *st = psagg_fail(ctx->failed_status, "%s", ctx->failed_msg);

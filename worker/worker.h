@@ -70,6 +70,7 @@ typedef struct server_conn {
      * different orders fill a server's window with different chunks and wait on each other.
      */
     int inflight;
+    int64_t heard_at; /* when its control connection last had something (comm thread) */
 } server_conn;
 
 /* Per chunk: the push buffer (header + encoded payload), registered once. */

@@ -92,7 +92,7 @@ static const struct key keys[] = {
         .flags = KEY_REQUIRED),
     KEY("cluster", "provider", provider, parse_name, .flags = 0),
     KEY("cluster", "connect_timeout_ms", connect_timeout_ms, parse_number, .min = 1, .max = DAY_MS),
-    KEY("cluster", "op_timeout_ms", op_timeout_ms, parse_number, .min = 1, .max = DAY_MS),
+    KEY("cluster", "op_timeout_ms", op_timeout_ms, parse_number, .min = 100, .max = DAY_MS),
     KEY("cluster", "secret_file", secret_file, parse_path, .flags = 0),
     KEY("cluster", "data_auth", data_auth, parse_enum, .choices = bool_names,
         .values = bool_values),
@@ -766,4 +766,49 @@ psagg_status psagg_config_load(const char *path, psagg_config *cfg)
 out:
     free(st);
     return rc;
+}
+
+/* ---- printing the resolved config ---- */
+
+/* One key's value as the INI would spell it. */
+static void format_value(const psagg_config *cfg, const struct key *k, char *out, size_t len)
+{
+    const void *field = (const char *)cfg + k->offset;
+    size_t used = 0;
+    out[0] = '\0';
+    if (k->parse == parse_number || k->parse == parse_bucket) {
+        uint64_t v = k->parse == parse_bucket      ? cfg->codec.bucket
+                     : k->size == sizeof(uint64_t) ? *(const uint64_t *)field
+                                                   : (uint64_t) * (const int *)field;
+        snprintf(out, len, "%" PRIu64, v);
+    } else if (k->parse == parse_enum) {
+        int v = *(const int *)field;
+        for (int i = 0; k->choices[i]; i++)
+            if ((k->values ? k->values[i] : i) == v) {
+                snprintf(out, len, "%s", k->choices[i]);
+                break;
+            }
+    } else if (k->parse == parse_servers) {
+        for (int i = 0; i < cfg->n_servers && used < len; i++)
+            used += (size_t)snprintf(out + used, len - used,
+                                     strchr(cfg->servers[i].host, ':') ? "%s[%s]:%u" : "%s%s:%u",
+                                     i ? " " : "", cfg->servers[i].host, cfg->servers[i].port);
+    } else if (k->parse == parse_codec) {
+        psagg_codec c = cfg->codec;
+        char name[64];
+        psagg_codec_name(&c, name, sizeof name);
+        /* the name of the codec alone: bucket and rounding are keys of their own */
+        snprintf(out, len, "%.*s", (int)strcspn(name, "/"), name);
+    } else { /* names, paths, hosts */
+        snprintf(out, len, "%s", (const char *)field);
+    }
+}
+
+void psagg_config_print(const psagg_config *cfg, FILE *to)
+{
+    for (size_t i = 0; i < N_KEYS; i++) {
+        char value[PSAGG_MAX_SERVERS * (PSAGG_HOST_MAX + 9) + 1];
+        format_value(cfg, &keys[i], value, sizeof value);
+        fprintf(to, "%s.%s = %s\n", keys[i].section, keys[i].name, value);
+    }
 }

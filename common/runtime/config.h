@@ -10,6 +10,7 @@
 #ifndef PSAGG_RUNTIME_CONFIG_H
 #define PSAGG_RUNTIME_CONFIG_H
 
+#include <stdio.h>
 #include <stdint.h>
 
 #include "base/error.h"
@@ -40,7 +41,7 @@ typedef struct psagg_config {
     int n_workers;          /* `workers`, required, 1..PSAGG_MAX_WORKERS */
     char provider[32];      /* `provider`: tcp (default) | shm | any libfabric provider */
     int connect_timeout_ms; /* `connect_timeout_ms`, default 30000: start-up deadline */
-    int op_timeout_ms;      /* `op_timeout_ms`, default 60000: one push_pull's deadline */
+    int op_timeout_ms;      /* `op_timeout_ms`, default 60000: liveness and deadlines (control.h) */
     char secret_file[256];  /* `secret_file`, optional: the job's shared secret (HELLO token,
                                data keys); must be readable and not empty */
     int data_auth;          /* `data_auth`, default off: a MAC on every data message (needs
@@ -72,6 +73,13 @@ typedef struct psagg_config {
 
 /* Fill defaults, read `path`, apply environment overrides, check required keys. */
 PSAGG_NODISCARD psagg_status psagg_config_load(const char *path, psagg_config *cfg);
+
+/*
+ * Print every key as "section.key = value", resolved (defaults, file, environment), one per
+ * line in the order of conf/cluster.ini: what psagg-server --check-config shows, and what
+ * scripts read instead of parsing INI themselves.
+ */
+void psagg_config_print(const psagg_config *cfg, FILE *to);
 
 /* Parse "host:port" ("[v6]:port" for IPv6). */
 psagg_status psagg_parse_hostport(const char *text, psagg_hostport *out);

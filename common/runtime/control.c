@@ -88,7 +88,7 @@ psagg_status psagg_tcp_connect(const psagg_hostport *hp, int64_t deadline_ms, co
         if (now >= deadline_ms)
             break;
         if (log && now >= next_note) { /* say what we wait for, every few seconds */
-            LOG_INFO(log, "still waiting for %s (%s:%u): %s; %.1f s of %.1f s", what, hp->host,
+            LOG_WARN(log, "still waiting for %s (%s:%u): %s; %.1f s of %.1f s", what, hp->host,
                      hp->port, strerror(last_err), (double)(now - start) / 1e3,
                      (double)(deadline_ms - start) / 1e3);
             next_note = now + 3000;
@@ -199,7 +199,7 @@ psagg_status psagg_ctl_hdr_check(const psagg_ctl_hdr *hdr, uint32_t max_len, con
     if (hdr->version != PSAGG_PROTO_VERSION)
         return psagg_fail(PSAGG_EPROTO, "%s: protocol version %u, this build speaks %u", peer,
                           hdr->version, PSAGG_PROTO_VERSION);
-    if (hdr->type < PSAGG_CTL_HELLO || hdr->type > PSAGG_CTL_ABORT)
+    if (hdr->type < PSAGG_CTL_HELLO || hdr->type > PSAGG_CTL_PING)
         return psagg_fail(PSAGG_EPROTO, "%s: control frame field type %u unknown", peer, hdr->type);
     if (hdr->len > max_len)
         return psagg_fail(PSAGG_EPROTO, "%s: control frame field len %u exceeds %u", peer, hdr->len,

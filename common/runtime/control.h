@@ -31,6 +31,28 @@ PSAGG_NODISCARD psagg_status psagg_tcp_connect(const psagg_hostport *hp, int64_t
 /* The local IP address of a connected socket, as text. */
 PSAGG_NODISCARD psagg_status psagg_tcp_local_addr(int fd, char *buf, size_t len);
 
+/*
+ * Liveness and the job's deadlines, all from [cluster] op_timeout_ms (op), in this order:
+ *
+ *   silence   op      while the job runs, both ends of a control connection send a PING
+ *                     every psagg_ping_interval_ms(op) and give the other up after op
+ *                     with nothing from it: a stopped or hung process (SIGSTOP, a frozen
+ *                     host) is named by the peers that stop hearing it;
+ *   round     1.5 op  a server fails a round whose first push is older and that still
+ *                     misses some, naming those workers (alive, but not pushing);
+ *   push_pull 2 op    a worker fails an operation with no update by then, naming the
+ *                     servers that owe it one.
+ *
+ * Each comes after the one before, so the peer that knows the culprit speaks first.
+ */
+static inline int psagg_ping_interval_ms(int op_timeout_ms)
+{
+    int ms = op_timeout_ms / 4;
+    return ms < 20 ? 20 : ms > 1000 ? 1000 : ms;
+}
+#define PSAGG_ROUND_DEADLINE_MS(op) ((int64_t)(op)*3 / 2)
+#define PSAGG_OP_DEADLINE_MS(op)    ((int64_t)(op)*2)
+
 PSAGG_NODISCARD psagg_status psagg_ctl_send(int fd, uint16_t type, const void *body, uint32_t len);
 /* An ERROR or ABORT frame (psagg_ctl_error) with status and message. */
 PSAGG_NODISCARD psagg_status psagg_ctl_send_error(int fd, uint16_t type, psagg_status status,

@@ -58,6 +58,7 @@ enum psagg_ctl_type {
     PSAGG_CTL_ERROR = 5,
     PSAGG_CTL_BYE = 6,
     PSAGG_CTL_ABORT = 7,
+    PSAGG_CTL_PING = 8, /* no body: "still here", both ways while the job runs */
 };
 
 typedef struct psagg_ctl_hdr {

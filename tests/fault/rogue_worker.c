@@ -53,11 +53,23 @@
 static psagg_config cfg;
 static const uint64_t sizes[] = {1, 1023, 4096};
 
+/* The next control frame that is not a PING (the server's "still here" while the job runs). */
+static psagg_status recv_no_ping(int fd, psagg_ctl_hdr *h, void **body)
+{
+    psagg_status st;
+    while (!(st = psagg_ctl_recv(fd, h, body, psagg_now_ms() + 20000, "server 0")) &&
+           h->type == PSAGG_CTL_PING) {
+        free(*body);
+        *body = NULL;
+    }
+    return st;
+}
+
 static void *recv_frame(int fd, uint16_t want, const char *what)
 {
     psagg_ctl_hdr h;
     void *body = NULL;
-    if (psagg_ctl_recv(fd, &h, &body, psagg_now_ms() + 20000, "server 0"))
+    if (recv_no_ping(fd, &h, &body))
         DIE("waiting for %s", what);
     if (h.type != want) {
         fprintf(stderr, "rogue: expected %s, got frame type %u: %s\n", what, h.type,
@@ -319,8 +331,7 @@ int main(int argc, char **argv)
         if (psagg_fabric_send(fab, server, push[1], bytes, NULL, NULL))
             DIE("send the bad push");
         /* the server must close us with a reason that names the field */
-        if (psagg_ctl_recv(fd, &ch, (void **)&e, psagg_now_ms() + 20000, "server 0") ||
-            ch.type != PSAGG_CTL_ERROR || !e)
+        if (recv_no_ping(fd, &ch, (void **)&e) || ch.type != PSAGG_CTL_ERROR || !e)
             DIE("expected an ERROR frame closing this worker");
         printf("rogue: server closed this worker: %s\n", e->msg);
         ok = strstr(e->msg, field) != NULL;

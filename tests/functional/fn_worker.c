@@ -10,7 +10,9 @@
  * and prints "DIGEST <hex>" of every output of every round, so the harness can check that
  * every worker got bit-identical updates and that two runs are bit-identical.
  * With --expect STATUS it instead expects a call to fail with that status (and, with
- * --expect-text, a message containing the text) within --max-seconds.
+ * --expect-text, a message containing the text) within --max-seconds. Faults: rank
+ * --die-rank exits at round --die-round, or with --stall-seconds S sleeps S seconds there
+ * (alive, but not pushing) and goes on.
  */
 #include <getopt.h>
 #include <math.h>
@@ -94,6 +96,7 @@ int main(int argc, char **argv)
                                          {"mismatch-rank", required_argument, NULL, 'x'},
                                          {"die-rank", required_argument, NULL, 'd'},
                                          {"die-round", required_argument, NULL, 'D'},
+                                         {"stall-seconds", required_argument, NULL, 'S'},
                                          {"average", no_argument, NULL, 'a'},
                                          {"cuda", no_argument, NULL, 'g'},
                                          {NULL, 0, NULL, 0}};
@@ -103,7 +106,7 @@ int main(int argc, char **argv)
     uint64_t random_max = 5000;
     int average = 0, cuda = 0;
     float **d_in = NULL, **d_out = NULL;
-    double max_seconds = 0, t0 = now_s();
+    double max_seconds = 0, stall_seconds = 0, t0 = now_s();
     psagg_ctx *ctx = NULL;
     psagg_codec codec;
     psagg_tensor_desc *desc;
@@ -146,6 +149,9 @@ int main(int argc, char **argv)
             break;
         case 'D':
             die_round = atoi(optarg);
+            break;
+        case 'S':
+            stall_seconds = atof(optarg);
             break;
         case 'a':
             average = 1;
@@ -226,7 +232,13 @@ int main(int argc, char **argv)
     for (int r = 0; r < rounds; r++) {
         psagg_handle **h = mem.h;
         double worst = 0;
-        if (rank == die_rank && r == die_round) {
+        if (rank == die_rank && r == die_round && stall_seconds > 0) {
+            /* alive (the library's thread keeps answering) but not pushing */
+            printf("fn_worker %d: stalling %.1f s on purpose at round %d\n", rank, stall_seconds,
+                   r);
+            fflush(stdout);
+            usleep((useconds_t)(stall_seconds * 1e6));
+        } else if (rank == die_rank && r == die_round) {
             printf("fn_worker %d: dying on purpose at round %d\nEXPECTED-ERROR-OK\n", rank, r);
             fflush(stdout);
             _exit(0);

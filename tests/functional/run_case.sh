@@ -5,12 +5,13 @@
 # usage: run_case.sh BUILD_DIR --servers S --workers N --provider P --port BASE
 #                    [--runs R] [--set SECTION_KEY=VALUE]... [--expect-fail]
 #                    [--start-servers K] [--start-workers M] [--worker-set S_K=V]...
-#                    -- FN_WORKER_ARGS...
+#                    [--log-has TEXT]... -- FN_WORKER_ARGS...
 #
 # Normal mode runs the job R times through deploy/psagg-local and checks that every worker
 # exited 0 and printed the same DIGEST, and that every run printed the same DIGEST.
 # --expect-fail starts K servers and M workers directly (defaults S and N), and checks that
-# each worker reported the expected error (fn_worker --expect ...) and that nothing hangs.
+# each worker reported the expected error (fn_worker --expect ...), that each worker's log
+# has a line with every --log-has TEXT, and that nothing hangs.
 set -u -o pipefail
 
 build=$1
@@ -19,6 +20,7 @@ repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
 servers=1 workers=2 provider=tcp port=19600 runs=1 expect_fail=0 start_servers="" start_workers=""
 sets=()
 worker_sets=()
+log_has=()
 while (($#)); do
     case $1 in
     --servers) servers=$2; shift 2 ;;
@@ -29,6 +31,7 @@ while (($#)); do
     --set) sets+=("$2"); shift 2 ;;
     --worker-set) worker_sets+=("PSAGG_$2"); shift 2 ;;
     --expect-fail) expect_fail=1; shift ;;
+    --log-has) log_has+=("$2"); shift 2 ;;
     --start-servers) start_servers=$2; shift 2 ;;
     --start-workers) start_workers=$2; shift 2 ;;
     --) shift; break ;;
@@ -125,6 +128,12 @@ for i in "${!wpids[@]}"; do
         echo "run_case: worker $i exited $rc without the expected error" >&2
         fail=1
     fi
+    for text in ${log_has[@]+"${log_has[@]}"}; do
+        if ! grep -qF -- "$text" "$tmp/worker$i.log"; then
+            echo "run_case: worker $i's log has no line with '$text'" >&2
+            fail=1
+        fi
+    done
 done
 for ((i = 0; i < ${start_servers:-$servers}; i++)); do sed "s/^/[server $i] /" "$tmp/server$i.log"; done
 exit $fail

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_launcher.sh - functional test of deploy/psagg-local with fake servers and workers.
 #
-# Usage: tests/functional/test_launcher.sh [LAUNCHER]   (default: <repo>/deploy/psagg-local)
+# Usage: tests/functional/test_launcher.sh LAUNCHER PSAGG_SERVER
+#   PSAGG_SERVER: a real psagg-server; its --check-config reads the config for the launcher
 #
 # Checks: the success path (exit 0, prefixed stdout and stderr lines from every rank, rank
 # environment, config path, arguments), --workers/--servers overrides, a failing worker
@@ -14,6 +15,8 @@ set -u
 here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd -- "$here/../.." && pwd)
 launcher=${1:-$repo/deploy/psagg-local}
+REAL_SERVER=${2:-$repo/build/server/psagg-server}
+export REAL_SERVER
 conf=$(realpath -- "$repo/conf/local.ini")
 T=$(mktemp -d "${TMPDIR:-/tmp}/psagg-test-launcher.XXXXXX") || exit 1
 export T
@@ -51,9 +54,15 @@ command -v ps >/dev/null || {
 mkdir -p "$T/pids"
 cat >"$T/fakeserver" <<'EOF'
 #!/bin/sh
-# Fake psagg-server: --fabric-env prints one variable for the launcher to pass on; otherwise
-# it records its pid, prints its environment, sleeps until SIGTERM.
-if [ "$3" = --fabric-env ]; then
+# Fake psagg-server: --check-config is the real psagg-server's (the launcher reads the config
+# through it), plus one libfabric variable for the launcher to pass on; otherwise it records
+# its pid, prints its environment, sleeps until SIGTERM.
+if [ "$3" = --check-config ]; then
+    "$REAL_SERVER" --config "$2" --check-config || exit
+    echo FI_FAKE_LIMIT=4096
+    exit 0
+fi
+if [ "$3" = --fabric-env ]; then # launchers before --check-config asked for this alone
     echo FI_FAKE_LIMIT=4096
     exit 0
 fi
@@ -85,6 +94,16 @@ echo "worker rank=$PSAGG_RANK size=$PSAGG_WORLD_SIZE cfg=$PSAGG_CONFIG srank=${P
 echo "worker stderr rank=$PSAGG_RANK" >&2
 case $FAKE_MODE in
 ok) exit 0 ;;
+stream) # one line, then a pause: the line must be out before the worker ends
+    echo "stream first rank=$PSAGG_RANK"
+    touch "$T/ready.$PSAGG_RANK"
+    sleep 3
+    exit 0
+    ;;
+chatty) # a line every 0.1 s until stopped
+    touch "$T/ready.$PSAGG_RANK"
+    while :; do echo "chatty rank=$PSAGG_RANK"; sleep 0.1; done
+    ;;
 fail | hang)
     sleep 300 &
     echo $! >"$T/pids/grandchild.$PSAGG_RANK.$!"
@@ -287,6 +306,71 @@ run --config "$repo/conf/local.ini" --server-bin "$T/nonexistent" -- true
 ((rc == 2)) || fail "usage: missing server binary gave $rc"
 [[ -z $(ls "$T/pids") ]] || fail "usage: processes were started"
 pass "usage errors"
+
+# ---- 9. every line is out as soon as it is written (no buffering in the prefixers) ----
+FAKE_MODE=stream timeout -k 5 30 "$launcher" --config "$repo/conf/local.ini" \
+    --server-bin "$T/fakeserver" -- "$T/fakeworker" >"$T/out" 2>"$T/err" &
+lpid=$!
+if wait_ready 4 2; then
+    for ((i = 0; i < 20; i++)); do # 1 s, well before the workers end (3 s)
+        (($(grep -c '^\[worker [0-3]\] stream first' "$T/out") == 4)) &&
+            grep -q '^\[server 1\] server up' "$T/out" && break
+        sleep 0.05
+    done
+    if ((i < 20)) && kill -0 "$lpid" 2>/dev/null; then
+        pass "streaming: every process's first line out while it runs"
+    else
+        fail "streaming: lines held back; after 1 s the output was:$(sed 's/^/    /' "$T/out")"
+    fi
+else
+    fail "streaming: workers never became ready: $(cat "$T/err")"
+fi
+wait "$lpid"
+rc=$?
+((rc == 0)) || fail "streaming: exit $rc; stderr: $(cat "$T/err")"
+check_no_leftovers streaming
+
+# ---- 10. SIGPIPE: the reader goes away (| head), or SIGPIPE itself: nothing is left behind,
+# the launcher's own timer and filters included (they stay in its process group) ----
+group_left() { # pgid: its live members, if any
+    ps -eo pgid=,stat=,args= | awk -v g="$1" '$1 == g && $2 !~ /^Z/'
+}
+for how in head signal; do
+    rm -f "$T/fifo"
+    mkfifo "$T/fifo"
+    FAKE_MODE=chatty setsid "$launcher" --config "$repo/conf/local.ini" --timeout 60 \
+        --server-bin "$T/fakeserver" -- "$T/fakeworker" >"$T/fifo" 2>"$T/err" &
+    lpid=$!
+    if [[ $how == head ]]; then
+        head -n 1 <"$T/fifo" >"$T/out"
+    else
+        cat <"$T/fifo" >"$T/out" &
+        wait_ready 4 2 || fail "SIGPIPE ($how): workers never became ready"
+        kill -PIPE "$lpid"
+    fi
+    for ((i = 0; i < 200; i++)); do kill -0 "$lpid" 2>/dev/null || break; sleep 0.05; done
+    if kill -0 "$lpid" 2>/dev/null; then
+        fail "SIGPIPE ($how): the launcher still runs 10 s later"
+        kill -TERM "$lpid"
+    fi
+    wait "$lpid"
+    rc=$?
+    ((rc == 141)) && pass "SIGPIPE ($how): exit 141" || fail "SIGPIPE ($how): exit $rc, expected 141; stderr: $(cat "$T/err")"
+    sleep 0.2
+    left=$(group_left "$lpid")
+    [[ -z $left ]] || fail "SIGPIPE ($how): the launcher's own helpers were left: $left"
+    check_no_leftovers "SIGPIPE ($how)"
+    wait 2>/dev/null
+done
+
+# ---- 11. the config is read by psagg's parser: a misspelt key is named with its file:line ----
+printf '[cluster]\njob_id = x\nservers = 127.0.0.1:1\nworkerz = 4\n' >"$T/bad.ini"
+run --config "$T/bad.ini" --server-bin "$T/fakeserver" -- true
+((rc == 2)) || fail "misspelt key: exit $rc, expected 2"
+grep -qF "bad.ini:4: unknown key 'workerz' in [cluster]" "$T/err" &&
+    pass "misspelt key: file:line error" ||
+    fail "misspelt key: stderr does not name bad.ini:4 and the key: $(cat "$T/err")"
+[[ -z $(ls "$T/pids") ]] || fail "misspelt key: processes were started"
 
 echo "test_launcher: $failures failure(s) in $((SECONDS - started)) s"
 ((failures == 0))

@@ -165,7 +165,7 @@ static void test_secret_errors(void)
 {
     char text[PATH_MAX + 128], empty[PATH_MAX];
     snprintf(empty, sizeof empty, "%s", write_ini(""));
-    EXPECT_ERROR(MINIMAL "op_timeout_ms = 5\nsecret_file = /nonexistent/psagg.secret\n", 6,
+    EXPECT_ERROR(MINIMAL "op_timeout_ms = 500\nsecret_file = /nonexistent/psagg.secret\n", 6,
                  "secret_file", "/nonexistent/psagg.secret", "cannot be read",
                  "No such file or directory");
     snprintf(text, sizeof text, MINIMAL "secret_file = %s\n", empty);
