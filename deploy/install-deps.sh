@@ -5,7 +5,7 @@
 set -euo pipefail
 
 PKGS=(
-    build-essential cmake pkg-config git python3
+    build-essential cmake pkg-config git python3 clang libclang-rt-14-dev
     libfabric-dev libfabric-bin libjemalloc-dev libinih-dev zlib1g-dev libsodium-dev
     openmpi-bin libopenmpi-dev
     python3-torch python3-sklearn python3-matplotlib python3-numpy

@@ -8,8 +8,11 @@
 #      functional, gpu
 #   3. builds with the `asan` preset (AddressSanitizer + UndefinedBehaviorSanitizer) into
 #      build-asan/ and runs the unit and functional tests again
+#   4. builds the fuzz targets with the `fuzz` preset (clang, libFuzzer, ASan + UBSan) into
+#      build-fuzz/ and fuzzes each for 30 s from its seed corpus (deploy/fuzz.sh: longer)
 #
-# Set PSAGG_TEST_SKIP_ASAN=1 to skip step 3. Exit status: non-zero if any step fails.
+# Set PSAGG_TEST_SKIP_ASAN=1 to skip step 3, PSAGG_TEST_SKIP_FUZZ=1 to skip step 4.
+# Exit status: non-zero if any step fails.
 set -euo pipefail
 
 repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
@@ -33,5 +36,12 @@ if [ "${PSAGG_TEST_SKIP_ASAN:-0}" != 1 ]; then
     echo "== ctest (asan preset) =="
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
         ctest --preset asan -j "$jobs" -L "unit|functional"
+fi
+if [ "${PSAGG_TEST_SKIP_FUZZ:-0}" != 1 ]; then
+    echo "== build (fuzz preset: clang, libFuzzer, ASan + UBSan) =="
+    cmake --preset fuzz
+    cmake --build --preset fuzz -j "$jobs"
+    echo "== ctest (fuzz preset: each target 30 s) =="
+    ctest --preset fuzz
 fi
 echo "run-tests: all tests passed"

@@ -8,6 +8,10 @@
  */
 #include "kernels/codec.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -239,6 +243,36 @@ const char *psagg_isa_name(psagg_isa isa)
     return isa_names[isa];
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+/*
+ * What this CPU and OS can run, from CPUID and XCR0 (the OS must save the AVX and AVX-512
+ * registers). By hand rather than __builtin_cpu_supports, which clang does not know f16c for.
+ */
+enum { CPU_AVX2 = 1, CPU_AVX512 = 2 };
+
+static int cpu_features(void)
+{
+    unsigned a, b, c, d, xcr0_lo, xcr0_hi;
+    int avx2, avx512;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return 0;
+    /* F16C (ecx 29), OSXSAVE (27), AVX (28) */
+    if ((c & (1u << 29 | 1u << 27 | 1u << 28)) != (1u << 29 | 1u << 27 | 1u << 28))
+        return 0;
+    __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    (void)xcr0_hi;
+    if ((xcr0_lo & 0x6) != 0x6 || !__get_cpuid_count(7, 0, &a, &b, &c, &d))
+        return 0;
+    /* AVX2 (ebx 5), BMI2 (8); AVX-512 F (16), DQ (17), BW (30), VL (31) and its state */
+    avx2 = (b & (1u << 5 | 1u << 8)) == (1u << 5 | 1u << 8);
+    avx512 = avx2 &&
+             (b & (1u << 16 | 1u << 17 | 1u << 30 | 1u << 31)) ==
+                 (1u << 16 | 1u << 17 | 1u << 30 | 1u << 31) &&
+             (xcr0_lo & 0xE0) == 0xE0;
+    return (avx2 ? CPU_AVX2 : 0) | (avx512 ? CPU_AVX512 : 0);
+}
+#endif
+
 int psagg_isa_supported(psagg_isa isa)
 {
     switch (isa) {
@@ -246,15 +280,9 @@ int psagg_isa_supported(psagg_isa isa)
         return 1;
 #if defined(__x86_64__) || defined(__i386__)
     case PSAGG_ISA_AVX2:
-        __builtin_cpu_init();
-        return psagg_impl_avx2.fp_encode && __builtin_cpu_supports("avx2") &&
-               __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+        return psagg_impl_avx2.fp_encode && (cpu_features() & CPU_AVX2);
     case PSAGG_ISA_AVX512:
-        __builtin_cpu_init();
-        return psagg_impl_avx512.fp_encode && __builtin_cpu_supports("avx2") &&
-               __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2") &&
-               __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+        return psagg_impl_avx512.fp_encode && (cpu_features() & CPU_AVX512);
 #endif
     default:
         return 0;

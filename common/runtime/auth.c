@@ -32,12 +32,15 @@ psagg_status psagg_job_key_load(const psagg_config *cfg, psagg_job_key *out)
         return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' cannot be read: %s",
                           cfg->path, cfg->secret_file, strerror(errno));
     crypto_generichash_init(&st, NULL, 0, sizeof out->key);
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
+    while (total <= PSAGG_SECRET_MAX && (n = fread(buf, 1, sizeof buf, f)) > 0) {
         crypto_generichash_update(&st, buf, n);
         total += n;
     }
     fclose(f);
     sodium_memzero(buf, sizeof buf);
+    if (total > PSAGG_SECRET_MAX) /* config checked it; the file changed since */
+        return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' has more than %d bytes",
+                          cfg->path, cfg->secret_file, PSAGG_SECRET_MAX);
     if (total == 0)
         return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' is empty", cfg->path,
                           cfg->secret_file);

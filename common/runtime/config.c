@@ -22,6 +22,7 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ini.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -30,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -701,8 +703,9 @@ static psagg_status check_secret(const struct load_state *st)
 {
     const psagg_config *cfg = st->cfg;
     char where[300];
-    FILE *f;
-    int c;
+    struct stat sb;
+    unsigned char byte;
+    int fd, rc, c, err;
 
     if (cfg->data_auth && !cfg->secret_file[0]) {
         key_origin(st, "cluster", "data_auth", where, sizeof where);
@@ -714,15 +717,28 @@ static psagg_status check_secret(const struct load_state *st)
     if (!cfg->secret_file[0])
         return PSAGG_OK;
     key_origin(st, "cluster", "secret_file", where, sizeof where);
-    f = fopen(cfg->secret_file, "rb");
-    if (!f)
+    /* O_NONBLOCK: a FIFO or a device must not hold start-up; only regular files are secrets */
+    fd = open(cfg->secret_file, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
         return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' cannot be read: %s", where,
                           cfg->secret_file, strerror(errno));
-    c = fgetc(f);
-    fclose(f);
-    if (c == EOF)
+    rc = fstat(fd, &sb);
+    c = rc == 0 && S_ISREG(sb.st_mode) ? (int)read(fd, &byte, 1) : -1;
+    err = errno;
+    close(fd);
+    if (rc || !S_ISREG(sb.st_mode))
+        return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' is not a regular file",
+                          where, cfg->secret_file);
+    if (c < 0)
+        return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' cannot be read: %s", where,
+                          cfg->secret_file, strerror(err));
+    if (c == 0)
         return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' is empty", where,
                           cfg->secret_file);
+    if (sb.st_size > PSAGG_SECRET_MAX)
+        return psagg_fail(PSAGG_ECONFIG,
+                          "%s: [cluster] secret_file '%s' has %lld bytes, more than %d", where,
+                          cfg->secret_file, (long long)sb.st_size, PSAGG_SECRET_MAX);
     return PSAGG_OK;
 }
 

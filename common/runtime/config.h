@@ -31,6 +31,9 @@ typedef enum psagg_gpu_mode {
     PSAGG_GPU_AUTO = 2
 } psagg_gpu_mode;
 
+/* The most bytes a [cluster] secret_file may hold (it must be a regular file). */
+#define PSAGG_SECRET_MAX (1 << 20)
+
 typedef struct psagg_config {
     char path[256];
 

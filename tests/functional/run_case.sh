@@ -5,13 +5,14 @@
 # usage: run_case.sh BUILD_DIR --servers S --workers N --provider P --port BASE
 #                    [--runs R] [--set SECTION_KEY=VALUE]... [--expect-fail]
 #                    [--start-servers K] [--start-workers M] [--worker-set S_K=V]...
-#                    [--log-has TEXT]... -- FN_WORKER_ARGS...
+#                    [--log-has TEXT]... [--log-lacks TEXT]... -- FN_WORKER_ARGS...
 #
 # Normal mode runs the job R times through deploy/psagg-local and checks that every worker
 # exited 0 and printed the same DIGEST, and that every run printed the same DIGEST.
 # --expect-fail starts K servers and M workers directly (defaults S and N), and checks that
 # each worker reported the expected error (fn_worker --expect ...), that each worker's log
-# has a line with every --log-has TEXT, and that nothing hangs.
+# has a line with every --log-has TEXT and none with a --log-lacks TEXT, and that nothing
+# hangs.
 set -u -o pipefail
 
 build=$1
@@ -21,6 +22,7 @@ servers=1 workers=2 provider=tcp port=19600 runs=1 expect_fail=0 start_servers="
 sets=()
 worker_sets=()
 log_has=()
+log_lacks=()
 while (($#)); do
     case $1 in
     --servers) servers=$2; shift 2 ;;
@@ -32,6 +34,7 @@ while (($#)); do
     --worker-set) worker_sets+=("PSAGG_$2"); shift 2 ;;
     --expect-fail) expect_fail=1; shift ;;
     --log-has) log_has+=("$2"); shift 2 ;;
+    --log-lacks) log_lacks+=("$2"); shift 2 ;;
     --start-servers) start_servers=$2; shift 2 ;;
     --start-workers) start_workers=$2; shift 2 ;;
     --) shift; break ;;
@@ -131,6 +134,12 @@ for i in "${!wpids[@]}"; do
     for text in ${log_has[@]+"${log_has[@]}"}; do
         if ! grep -qF -- "$text" "$tmp/worker$i.log"; then
             echo "run_case: worker $i's log has no line with '$text'" >&2
+            fail=1
+        fi
+    done
+    for text in ${log_lacks[@]+"${log_lacks[@]}"}; do
+        if grep -qF -- "$text" "$tmp/worker$i.log"; then
+            echo "run_case: worker $i's log mentions '$text'" >&2
             fail=1
         fi
     done

@@ -171,6 +171,9 @@ static void test_secret_errors(void)
     snprintf(text, sizeof text, MINIMAL "secret_file = %s\n", empty);
     EXPECT_ERROR(text, 5, "secret_file", "is empty");
     EXPECT_ERROR(MINIMAL "data_auth = on\n", 5, "data_auth", "needs [cluster] secret_file");
+    /* a FIFO or a device would hold start-up (or never end): only regular files */
+    EXPECT_ERROR(MINIMAL "secret_file = /dev/zero\n", 5, "secret_file", "not a regular file");
+    EXPECT_ERROR(MINIMAL "secret_file = /tmp\n", 5, "secret_file", "/tmp", "not a regular file");
     EXPECT_ERROR(MINIMAL "[server]\nmemory_budget_mb = 2000000000\n", 6, "memory_budget_mb");
 }
 

@@ -1,0 +1,168 @@
+/*
+ * fuzz_config.c - the INI parser and its environment overrides (runtime/config.c).
+ *
+ * Input: an INI file, then optionally a NUL and lines NAME=VALUE, each set as the environment
+ * variable PSAGG_NAME for the load (PSAGG_CLUSTER_WORKERS=3 and so on).
+ * Properties: a load never crashes, leaks or reads out of bounds; a refusal has a message
+ * naming the file or the variable; an accepted config is within its documented limits, and
+ * printing it (psagg_config_print, what --check-config shows) and loading the printout again
+ * gives the same config.
+ */
+#include <string.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "fuzz.h"
+#include "runtime/config.h"
+
+#define MAX_ENV 8
+
+static char ini_path[64], again_path[64];
+static char env_names[MAX_ENV][64];
+static int n_env;
+
+static void remove_files(void)
+{
+    unlink(ini_path);
+    unlink(again_path);
+}
+
+static void write_file(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    FUZZ_CHECK(f && fwrite(data, 1, len, f) == len && fclose(f) == 0, "cannot write %s", path);
+}
+
+/* psagg_config_print into a malloc'd string */
+static char *print_config(const psagg_config *cfg)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    FUZZ_CHECK(f, "open_memstream");
+    psagg_config_print(cfg, f);
+    fclose(f);
+    return text;
+}
+
+/* The printout as an INI file: "sec.key = value" lines under [sec] headers. 0 if it cannot
+ * be one (a value that INI would read differently: comment characters, edge spaces). */
+static int printout_to_ini(const char *text, const char *path)
+{
+    FILE *f = fopen(path, "w");
+    char section[32] = "";
+    const char *line = text;
+    FUZZ_CHECK(f, "cannot write %s", path);
+    while (*line) {
+        const char *end = strchr(line, '\n'), *dot = strchr(line, '.'), *eq = strstr(line, " = ");
+        const char *value;
+        size_t vlen;
+        FUZZ_CHECK(end && dot && eq && dot < eq && eq < end, "printout line: %.*s",
+                   (int)(end ? end - line : 20), line);
+        value = eq + 3;
+        vlen = (size_t)(end - value);
+        if (vlen && (memchr(value, ';', vlen) || memchr(value, '#', vlen) || value[0] == ' ' ||
+                     value[vlen - 1] == ' ' || memchr(value, '\r', vlen))) {
+            fclose(f);
+            return 0;
+        }
+        if ((size_t)(dot - line) >= sizeof section ||
+            strncmp(section, line, (size_t)(dot - line)) || section[dot - line]) {
+            snprintf(section, sizeof section, "%.*s", (int)(dot - line), line);
+            fprintf(f, "[%s]\n", section);
+        }
+        if (vlen) /* an empty value is the default: leave the key out */
+            fprintf(f, "%.*s = %.*s\n", (int)(eq - dot - 1), dot + 1, (int)vlen, value);
+        line = end + 1;
+    }
+    fclose(f);
+    return 1;
+}
+
+static void clear_env(void)
+{
+    for (int i = 0; i < n_env; i++)
+        unsetenv(env_names[i]);
+    n_env = 0;
+}
+
+/* NAME=VALUE lines -> PSAGG_NAME=VALUE (at most MAX_ENV; names of [A-Z0-9_]) */
+static void set_env(const uint8_t *p, size_t len)
+{
+    const uint8_t *end = p + len;
+    while (p < end && n_env < MAX_ENV) {
+        const uint8_t *nl = memchr(p, '\n', (size_t)(end - p)), *eq;
+        size_t n;
+        char name[64], value[512];
+        if (!nl)
+            nl = end;
+        eq = memchr(p, '=', (size_t)(nl - p));
+        n = eq ? (size_t)(eq - p) : 0;
+        if (eq && n > 0 && n < 40 && (size_t)(nl - eq - 1) < sizeof value) {
+            int ok = 1;
+            for (size_t i = 0; i < n; i++)
+                ok &= (p[i] >= 'A' && p[i] <= 'Z') || (p[i] >= '0' && p[i] <= '9') || p[i] == '_';
+            memcpy(value, eq + 1, (size_t)(nl - eq - 1));
+            value[nl - eq - 1] = '\0';
+            if (ok && !memchr(value, '\0', (size_t)(nl - eq - 1))) {
+                snprintf(name, sizeof name, "PSAGG_%.*s", (int)n, (const char *)p);
+                setenv(name, value, 1);
+                snprintf(env_names[n_env++], sizeof env_names[0], "%s", name);
+            }
+        }
+        p = nl + 1;
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    const uint8_t *nul = memchr(data, 0, size);
+    size_t ini_len = nul ? (size_t)(nul - data) : size;
+    psagg_config *cfg = malloc(sizeof *cfg), *again = malloc(sizeof *again);
+    psagg_status st;
+
+    if (!ini_path[0]) {
+        snprintf(ini_path, sizeof ini_path, "/tmp/psagg-fuzz-config-%d.ini", (int)getpid());
+        snprintf(again_path, sizeof again_path, "/tmp/psagg-fuzz-config-%d-again.ini",
+                 (int)getpid());
+        atexit(remove_files);
+    }
+    FUZZ_CHECK(cfg && again, "memory");
+    write_file(ini_path, data, ini_len);
+    if (nul)
+        set_env(nul + 1, size - ini_len - 1);
+    st = psagg_config_load(ini_path, cfg);
+    clear_env();
+    if (st) {
+        const char *msg = psagg_last_error();
+        FUZZ_CHECK(st == PSAGG_ECONFIG || st == PSAGG_ENOMEM, "status %d: %s", st, msg);
+        FUZZ_CHECK(!strncmp(msg, ini_path, strlen(ini_path)) || !strncmp(msg, "env PSAGG_", 10),
+                   "a refusal that names neither the file nor the variable: %s", msg);
+    } else {
+        char *text = print_config(cfg);
+        FUZZ_CHECK(cfg->n_servers >= 1 && cfg->n_servers <= PSAGG_MAX_SERVERS, "n_servers %d",
+                   cfg->n_servers);
+        FUZZ_CHECK(cfg->n_workers >= 1 && cfg->n_workers <= PSAGG_MAX_WORKERS, "n_workers %d",
+                   cfg->n_workers);
+        FUZZ_CHECK(cfg->op_timeout_ms >= 100 && cfg->connect_timeout_ms >= 1, "timeouts");
+        FUZZ_CHECK(cfg->chunk_bytes >= 4096 && cfg->chunk_bytes % 256 == 0, "chunk_bytes");
+        FUZZ_CHECK(!cfg->data_auth || cfg->secret_file[0], "data_auth without a secret");
+        for (int i = 0; i < cfg->n_servers; i++)
+            FUZZ_CHECK(cfg->servers[i].host[0] && cfg->servers[i].port, "server %d", i);
+        /* what --check-config prints loads back to the same config */
+        if (printout_to_ini(text, again_path)) {
+            char *text2;
+            st = psagg_config_load(again_path, again);
+            FUZZ_CHECK(st == PSAGG_OK, "the printout does not load: %s\n%s", psagg_last_error(),
+                       text);
+            text2 = print_config(again);
+            FUZZ_CHECK(!strcmp(text, text2), "the printout loads differently:\n%s\n---\n%s", text,
+                       text2);
+            free(text2);
+        }
+        free(text);
+    }
+    free(cfg);
+    free(again);
+    return 0;
+}

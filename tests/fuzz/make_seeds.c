@@ -1,0 +1,219 @@
+/*
+ * make_seeds.c - writes the seed corpora of the fuzz targets: make_seeds DIR (normally
+ * tests/fuzz/corpus) fills DIR/<target>/ with valid inputs built by psagg's own code, so the
+ * fuzzers start from what real peers send. The files are kept in the tree; run this again
+ * (and commit the result) when a wire format or the config keys change.
+ */
+#include <errno.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "base/error.h"
+#include "fuzz.h"
+#include "kernels/codec.h"
+#include "runtime/layout.h"
+#include "runtime/message.h"
+#include "runtime/wire.h"
+
+static const char *root;
+
+static void put(const char *target, const char *name, const void *a, size_t alen, const void *b,
+                size_t blen)
+{
+    char path[1024];
+    FILE *f;
+    snprintf(path, sizeof path, "%s/%s", root, target);
+    if (mkdir(path, 0755) && errno != EEXIST)
+        FUZZ_CHECK(0, "mkdir %s", path);
+    snprintf(path, sizeof path, "%s/%s/%s", root, target, name);
+    f = fopen(path, "wb");
+    FUZZ_CHECK(f && fwrite(a, 1, alen, f) == alen && (!blen || fwrite(b, 1, blen, f) == blen) &&
+                   fclose(f) == 0,
+               "write %s", path);
+}
+
+static void seed_config(void)
+{
+    static const struct {
+        const char *name, *text;
+    } s[] = {
+        {"minimal", "[cluster]\njob_id = j\nservers = 127.0.0.1:19500\nworkers = 2\n"},
+        {"full", "; a job\n[cluster]\njob_id = resnet-1\nservers = 10.0.0.1:19500, "
+                 "10.0.0.2:19500\n  10.0.0.3:19500\nworkers = 16\nprovider = tcp\n"
+                 "connect_timeout_ms = 30000\nop_timeout_ms = 60000\n[server]\nthreads = 4\n"
+                 "error_feedback = on\ngpu = off\ngpu_min_elems = 262144\n"
+                 "memory_budget_mb = 4096\n[worker]\nchunk_bytes = 1048576\nseed = 7\n"
+                 "max_inflight = 32\n[codec]\ndefault = maxmin4\nbucket = 512\n"
+                 "rounding = nearest\nerror_feedback = off\nmin_compress_elems = 1024\n"
+                 "[log]\nlevel = warn\n"},
+        {"ipv6", "[cluster]\njob_id = v6\nservers = [::1]:19500 [fe80::1]:1\nworkers: 3\n"
+                 "provider = shm\n[codec]\ndefault = bf16\n"},
+        {"secret", "[cluster]\njob_id = s\nservers = a:1\nworkers = 1\n"
+                   "secret_file = /etc/hostname\ndata_auth = on\n"},
+        {"bad_key", "[cluster]\njob_id = j\nservers = 127.0.0.1:1\nworkerz = 2\n"},
+        {"bad_value", "[cluster]\njob_id = j\nservers = 127.0.0.1:1\nworkers = 2x\n"},
+        {"bad_section", "[clusterr]\n[cluster]\njob_id = j\n"},
+    };
+    static const char env[] = "\0CLUSTER_WORKERS=3\nWORKER_CHUNK_BYTES=8192\nCODEC_DEFAULT=fp16";
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++)
+        put("config", s[i].name, s[i].text, strlen(s[i].text), NULL, 0);
+    put("config", "with_env", s[0].text, strlen(s[0].text), env, sizeof env - 1);
+}
+
+static void seed_declare(void)
+{
+    static const char *codecs[] = {"fp32",   "fp16", "bf16", "maxmin1/64", "maxmin4/512/nearest",
+                                   "maxmin8"};
+    static const uint64_t counts[] = {1, 1023, 70000, 5, 1u << 20, 4096};
+    uint8_t f[1 + sizeof(psagg_ctl_hdr) + sizeof(psagg_ctl_declare) + 6 * sizeof(psagg_ctl_tensor)];
+    uint8_t *body = f + 1 + sizeof(psagg_ctl_hdr);
+    psagg_ctl_hdr h = {.magic = PSAGG_CTL_MAGIC, .version = PSAGG_PROTO_VERSION};
+    psagg_ctl_error e = {.status = PSAGG_EPEER, .msg = "server 0: worker 1 failed"};
+
+    for (uint32_t n = 1; n <= 6; n += 5) {
+        psagg_ctl_declare d = {.count = n, .chunk_elems = 16384};
+        memset(f, 0, sizeof f);
+        f[0] = (uint8_t)(n + 1); /* servers */
+        memcpy(body, &d, sizeof d);
+        for (uint32_t t = 0; t < n; t++) {
+            psagg_codec c;
+            psagg_ctl_tensor wire;
+            char name[16];
+            snprintf(name, sizeof name, "t%u", t);
+            FUZZ_CHECK(!psagg_codec_parse(codecs[t], &c), "codec");
+            FUZZ_CHECK(!psagg_tensor_to_wire(name, counts[t], &c, &wire), "tensor");
+            memcpy(body + sizeof d + t * sizeof wire, &wire, sizeof wire);
+        }
+        h.type = PSAGG_CTL_DECLARE;
+        h.len = (uint32_t)(sizeof d + n * sizeof(psagg_ctl_tensor));
+        memcpy(f + 1, &h, sizeof h);
+        put("declare", n == 1 ? "declare_1" : "declare_6", f, 1 + sizeof h + h.len, NULL, 0);
+    }
+    /* regressions: an unknown codec id (refused with an empty message once), and a
+     * chunk_elems near 2^64 (once wrapped a 100-element tensor into 0 chunks) */
+    for (int k = 0; k < 2; k++) {
+        psagg_ctl_declare d = {.count = 1, .chunk_elems = k ? UINT64_MAX - 63 : 16384};
+        psagg_ctl_tensor wire;
+        psagg_codec c = {.id = PSAGG_CODEC_FP32};
+        FUZZ_CHECK(!psagg_tensor_to_wire("a", 100, &c, &wire), "tensor");
+        if (!k)
+            wire.codec = 9;
+        memcpy(body, &d, sizeof d);
+        memcpy(body + sizeof d, &wire, sizeof wire);
+        h.type = PSAGG_CTL_DECLARE;
+        h.len = (uint32_t)(sizeof d + sizeof wire);
+        f[0] = 0;
+        memcpy(f + 1, &h, sizeof h);
+        put("declare", k ? "chunk_elems_wrap" : "codec_unknown", f, 1 + sizeof h + h.len, NULL, 0);
+    }
+    h.type = PSAGG_CTL_ABORT;
+    h.len = sizeof e;
+    memcpy(f + 1, &h, sizeof h);
+    memcpy(body, &e, sizeof e);
+    put("declare", "abort", f, 1 + sizeof h + sizeof e, NULL, 0);
+    h.type = PSAGG_CTL_PING;
+    h.len = 0;
+    memcpy(f + 1, &h, sizeof h);
+    put("declare", "ping", f, 1 + sizeof h, NULL, 0);
+}
+
+/* fuzz_msg's layout (keep in step with fuzz_msg.c) */
+static void seed_msg(void)
+{
+    static const struct {
+        const char *name, *codec;
+        uint64_t count;
+    } t[] = {{"one", "fp32", 1},
+             {"mm4", "maxmin4/512", 5000},
+             {"half", "fp16", 3000},
+             {"brain", "bf16", 70000},
+             {"mm1", "maxmin1/64/nearest", 100000}};
+    psagg_ctl_tensor decl[5];
+    psagg_layout l;
+    for (int i = 0; i < 5; i++) {
+        psagg_codec c;
+        FUZZ_CHECK(!psagg_codec_parse(t[i].codec, &c), "codec");
+        FUZZ_CHECK(!psagg_tensor_to_wire(t[i].name, t[i].count, &c, &decl[i]), "decl");
+    }
+    FUZZ_CHECK(!psagg_layout_build(decl, 5, 16384, 2, &l), "layout");
+    for (uint32_t k = 0; k < l.n_tensors; k++) {
+        const psagg_chunk_info *ci = &l.chunks[l.tensors[k].first_chunk];
+        size_t len = 1 + sizeof(psagg_msg_hdr) + ci->enc_bytes + PSAGG_MSG_MAC_BYTES;
+        uint8_t *m = calloc(1, len);
+        float *x = malloc(ci->count * sizeof *x);
+        char name[32];
+        FUZZ_CHECK(m && x, "memory");
+        for (uint64_t i = 0; i < ci->count; i++)
+            x[i] = (float)((int)(i % 17) - 8) * 0.1f;
+        psagg_msg_init((psagg_msg_hdr *)(m + 1), k % 2 ? PSAGG_MSG_UPDATE : PSAGG_MSG_PUSH, 1, 3,
+                       ci);
+        FUZZ_CHECK(!psagg_encode(&l.tensors[k].codec, x, NULL, ci->count, psagg_rng_key_make(1, k),
+                                 m + 1 + sizeof(psagg_msg_hdr), ci->enc_bytes, NULL),
+                   "encode");
+        m[0] = (uint8_t)((k % 2) << 1 | (k == 4)); /* type bit; tensor 4 with a MAC */
+        snprintf(name, sizeof name, "%s", t[k].name);
+        put("msg", name, m, len - (k == 4 ? 0 : PSAGG_MSG_MAC_BYTES), NULL, 0);
+        free(m);
+        free(x);
+    }
+    psagg_layout_free(&l);
+}
+
+static void seed_codec(void)
+{
+    /* decode seeds: a valid encoding of n elements for a few codecs; encode seeds: numbers */
+    static const uint8_t picks[] = {0, 1, 2, 3, 6, 10, 6 + 11 * 2, 0x80 | 5};
+    for (size_t p = 0; p < sizeof picks; p++) {
+        psagg_codec c;
+        static const uint32_t buckets[] = {64, 128, 512, 1024};
+        int kind = picks[p] % 11;
+        uint16_t n = (uint16_t)(100 + 700 * p);
+        size_t enc;
+        uint8_t head[4] = {picks[p], (uint8_t)(n - 1), (uint8_t)((n - 1) >> 8), 0};
+        float *x = malloc(n * sizeof *x);
+        uint8_t *buf;
+        char name[32];
+        memset(&c, 0, sizeof c);
+        c.id = kind == 0   ? PSAGG_CODEC_FP32
+               : kind == 1 ? PSAGG_CODEC_FP16
+               : kind == 2 ? PSAGG_CODEC_BF16
+                           : PSAGG_CODEC_MAXMIN;
+        c.bits = kind >= 3 ? (uint32_t)kind - 2 : 0;
+        c.bucket = buckets[(picks[p] / 11) % 4];
+        c.rounding = picks[p] & 0x80 ? PSAGG_ROUND_NEAREST : PSAGG_ROUND_STOCHASTIC;
+        FUZZ_CHECK(!psagg_codec_check(&c), "codec");
+        enc = psagg_encoded_size(&c, n);
+        buf = malloc(enc);
+        FUZZ_CHECK(x && buf, "memory");
+        for (uint16_t i = 0; i < n; i++)
+            x[i] = (float)((int)(i * 37 % 101) - 50) * 0.01f;
+        FUZZ_CHECK(!psagg_encode(&c, x, NULL, n, psagg_rng_key_make(5, p), buf, enc, NULL),
+                   "encode");
+        snprintf(name, sizeof name, "decode_%zu", p);
+        put("codec", name, head, 4, buf, enc);
+        head[3] = 1;
+        snprintf(name, sizeof name, "encode_%zu", p);
+        put("codec", name, head, 4, x, n * sizeof *x);
+        free(x);
+        free(buf);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: make_seeds DIR\n");
+        return 2;
+    }
+    root = argv[1];
+    if (mkdir(root, 0755) && errno != EEXIST) {
+        fprintf(stderr, "make_seeds: cannot create %s: %s\n", root, strerror(errno));
+        return 1;
+    }
+    seed_config();
+    seed_declare();
+    seed_msg();
+    seed_codec();
+    printf("make_seeds: corpora written under %s\n", root);
+    return 0;
+}
