@@ -36,7 +36,7 @@ static void pick_codec(uint8_t b, psagg_codec *c)
     c->bits = kind >= 3 ? (uint32_t)kind - 2 : 0;
     c->bucket = buckets[(b / 11) % 4];
     c->rounding = b & 0x80 ? PSAGG_ROUND_NEAREST : PSAGG_ROUND_STOCHASTIC;
-    FUZZ_CHECK(psagg_codec_check(c) == PSAGG_OK, "codec: %s", psagg_last_error());
+    CHECK(psagg_codec_check(c) == PSAGG_OK, "codec: %s", psagg_last_error());
 }
 
 /* decode side: validate, decode, decode_add onto a pattern, aggregate three copies */
@@ -47,17 +47,17 @@ static void run_decode(const psagg_codec *c, const uint8_t *in, size_t in_len, s
     float *out = malloc(n * sizeof *out), *acc = malloc(n * sizeof *acc);
     uint8_t *agg = malloc(enc);
     const void *ins[3] = {in, in, in};
-    FUZZ_CHECK(out && acc && agg, "memory");
+    CHECK(out && acc && agg, "memory");
     r->st = psagg_validate(c, in, in_len, n);
     r->bad = 0;
     r->len = 0;
     r->bytes = malloc(2 * n * sizeof(float) + enc);
-    FUZZ_CHECK(r->bytes, "memory");
+    CHECK(r->bytes, "memory");
     if (r->st == PSAGG_OK) {
         for (size_t i = 0; i < n; i++)
             acc[i] = (float)((int)(i % 7) - 3) * 0.25f;
-        FUZZ_CHECK(psagg_decode(c, in, in_len, n, out) == PSAGG_OK, "decode after validate");
-        FUZZ_CHECK(psagg_decode_add(c, in, in_len, n, acc) == PSAGG_OK, "decode_add");
+        CHECK(psagg_decode(c, in, in_len, n, out) == PSAGG_OK, "decode after validate");
+        CHECK(psagg_decode_add(c, in, in_len, n, acc) == PSAGG_OK, "decode_add");
         r->st = psagg_aggregate(c, ins, 3, in_len, n, NULL, psagg_rng_key_make(7, 9), agg, enc,
                                 &r->bad);
         memcpy(r->bytes, out, n * sizeof *out);
@@ -78,11 +78,11 @@ static void run_encode(const psagg_codec *c, const float *x, size_t n, struct re
 {
     size_t enc = psagg_encoded_size(c, n);
     float *res = malloc(n * sizeof *res);
-    FUZZ_CHECK(res, "memory");
+    CHECK(res, "memory");
     for (size_t i = 0; i < n; i++)
         res[i] = (float)((int)(i % 5) - 2) * 0.125f;
     r->bytes = calloc(1, enc + n * sizeof *res);
-    FUZZ_CHECK(r->bytes, "memory");
+    CHECK(r->bytes, "memory");
     r->bad = (size_t)-1;
     r->st = psagg_encode(c, x, res, n, psagg_rng_key_make(3, 4), r->bytes, enc, &r->bad);
     r->len = 0;
@@ -109,18 +109,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     len = size - 4;
     if (encode) { /* n floats, zero-padded: their own buffer */
         buf = calloc(n, sizeof(float));
-        FUZZ_CHECK(buf, "memory");
+        CHECK(buf, "memory");
         memcpy(buf, data + 4, len < n * sizeof(float) ? len : n * sizeof(float));
     } else {
         buf = malloc(len ? len : 1); /* exactly the buffer: ASan sees any read past it */
-        FUZZ_CHECK(buf, "memory");
+        CHECK(buf, "memory");
         memcpy(buf, data + 4, len);
     }
     for (int isa = PSAGG_ISA_SCALAR; isa < PSAGG_ISA_COUNT; isa++) {
         struct result r = {0};
         if (!psagg_isa_supported((psagg_isa)isa))
             continue;
-        FUZZ_CHECK(psagg_codec_set_isa((psagg_isa)isa) == PSAGG_OK, "set isa");
+        CHECK(psagg_codec_set_isa((psagg_isa)isa) == PSAGG_OK, "set isa");
         if (encode)
             run_encode(&c, (const float *)buf, n, &r);
         else
@@ -129,12 +129,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             ref = r;
             continue;
         }
-        FUZZ_CHECK(r.st == ref.st, "%s: status %d, scalar %d", psagg_isa_name((psagg_isa)isa), r.st,
-                   ref.st);
-        FUZZ_CHECK(r.st == PSAGG_OK || r.bad == ref.bad, "%s: bad index %zu, scalar %zu",
-                   psagg_isa_name((psagg_isa)isa), r.bad, ref.bad);
-        FUZZ_CHECK(r.len == ref.len && !memcmp(r.bytes, ref.bytes, r.len),
-                   "%s: output differs from scalar", psagg_isa_name((psagg_isa)isa));
+        CHECK(r.st == ref.st, "%s: status %d, scalar %d", psagg_isa_name((psagg_isa)isa), r.st,
+              ref.st);
+        CHECK(r.st == PSAGG_OK || r.bad == ref.bad, "%s: bad index %zu, scalar %zu",
+              psagg_isa_name((psagg_isa)isa), r.bad, ref.bad);
+        CHECK(r.len == ref.len && !memcmp(r.bytes, ref.bytes, r.len),
+              "%s: output differs from scalar", psagg_isa_name((psagg_isa)isa));
         free(r.bytes);
     }
     free(ref.bytes);

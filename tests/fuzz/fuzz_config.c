@@ -30,7 +30,7 @@ static void remove_files(void)
 static void write_file(const char *path, const void *data, size_t len)
 {
     FILE *f = fopen(path, "wb");
-    FUZZ_CHECK(f && fwrite(data, 1, len, f) == len && fclose(f) == 0, "cannot write %s", path);
+    CHECK(f && fwrite(data, 1, len, f) == len && fclose(f) == 0, "cannot write %s", path);
 }
 
 /* psagg_config_print into a malloc'd string */
@@ -39,7 +39,7 @@ static char *print_config(const psagg_config *cfg)
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
-    FUZZ_CHECK(f, "open_memstream");
+    CHECK(f, "open_memstream");
     psagg_config_print(cfg, f);
     fclose(f);
     return text;
@@ -52,13 +52,13 @@ static int printout_to_ini(const char *text, const char *path)
     FILE *f = fopen(path, "w");
     char section[32] = "";
     const char *line = text;
-    FUZZ_CHECK(f, "cannot write %s", path);
+    CHECK(f, "cannot write %s", path);
     while (*line) {
         const char *end = strchr(line, '\n'), *dot = strchr(line, '.'), *eq = strstr(line, " = ");
         const char *value;
         size_t vlen;
-        FUZZ_CHECK(end && dot && eq && dot < eq && eq < end, "printout line: %.*s",
-                   (int)(end ? end - line : 20), line);
+        CHECK(end && dot && eq && dot < eq && eq < end, "printout line: %.*s",
+              (int)(end ? end - line : 20), line);
         value = eq + 3;
         vlen = (size_t)(end - value);
         if (vlen && (memchr(value, ';', vlen) || memchr(value, '#', vlen) || value[0] == ' ' ||
@@ -127,7 +127,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                  (int)getpid());
         atexit(remove_files);
     }
-    FUZZ_CHECK(cfg && again, "memory");
+    CHECK(cfg && again, "memory");
     write_file(ini_path, data, ini_len);
     if (nul)
         set_env(nul + 1, size - ini_len - 1);
@@ -135,29 +135,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     clear_env();
     if (st) {
         const char *msg = psagg_last_error();
-        FUZZ_CHECK(st == PSAGG_ECONFIG || st == PSAGG_ENOMEM, "status %d: %s", st, msg);
-        FUZZ_CHECK(!strncmp(msg, ini_path, strlen(ini_path)) || !strncmp(msg, "env PSAGG_", 10),
-                   "a refusal that names neither the file nor the variable: %s", msg);
+        CHECK(st == PSAGG_ECONFIG || st == PSAGG_ENOMEM, "status %d: %s", st, msg);
+        CHECK(!strncmp(msg, ini_path, strlen(ini_path)) || !strncmp(msg, "env PSAGG_", 10),
+              "a refusal that names neither the file nor the variable: %s", msg);
     } else {
         char *text = print_config(cfg);
-        FUZZ_CHECK(cfg->n_servers >= 1 && cfg->n_servers <= PSAGG_MAX_SERVERS, "n_servers %d",
-                   cfg->n_servers);
-        FUZZ_CHECK(cfg->n_workers >= 1 && cfg->n_workers <= PSAGG_MAX_WORKERS, "n_workers %d",
-                   cfg->n_workers);
-        FUZZ_CHECK(cfg->op_timeout_ms >= 100 && cfg->connect_timeout_ms >= 1, "timeouts");
-        FUZZ_CHECK(cfg->chunk_bytes >= 4096 && cfg->chunk_bytes % 256 == 0, "chunk_bytes");
-        FUZZ_CHECK(!cfg->data_auth || cfg->secret_file[0], "data_auth without a secret");
+        CHECK(cfg->n_servers >= 1 && cfg->n_servers <= PSAGG_MAX_SERVERS, "n_servers %d",
+              cfg->n_servers);
+        CHECK(cfg->n_workers >= 1 && cfg->n_workers <= PSAGG_MAX_WORKERS, "n_workers %d",
+              cfg->n_workers);
+        CHECK(cfg->op_timeout_ms >= 100 && cfg->connect_timeout_ms >= 1, "timeouts");
+        CHECK(cfg->chunk_bytes >= 4096 && cfg->chunk_bytes % 256 == 0, "chunk_bytes");
+        CHECK(!cfg->data_auth || cfg->secret_file[0], "data_auth without a secret");
         for (int i = 0; i < cfg->n_servers; i++)
-            FUZZ_CHECK(cfg->servers[i].host[0] && cfg->servers[i].port, "server %d", i);
+            CHECK(cfg->servers[i].host[0] && cfg->servers[i].port, "server %d", i);
         /* what --check-config prints loads back to the same config */
         if (printout_to_ini(text, again_path)) {
             char *text2;
             st = psagg_config_load(again_path, again);
-            FUZZ_CHECK(st == PSAGG_OK, "the printout does not load: %s\n%s", psagg_last_error(),
-                       text);
+            CHECK(st == PSAGG_OK, "the printout does not load: %s\n%s", psagg_last_error(), text);
             text2 = print_config(again);
-            FUZZ_CHECK(!strcmp(text, text2), "the printout loads differently:\n%s\n---\n%s", text,
-                       text2);
+            CHECK(!strcmp(text, text2), "the printout loads differently:\n%s\n---\n%s", text,
+                  text2);
             free(text2);
         }
         free(text);

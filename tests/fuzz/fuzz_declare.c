@@ -24,35 +24,35 @@ static void check_layout(const psagg_layout *l, uint32_t n_servers)
     uint64_t *owned = calloc(n_servers, sizeof *owned);
     uint8_t *seen;
     size_t max_enc = 0;
-    FUZZ_CHECK(owned && l->n_servers == n_servers, "servers");
+    CHECK(owned && l->n_servers == n_servers, "servers");
     for (uint32_t t = 0; t < l->n_tensors; t++) {
         const psagg_tensor_info *ti = &l->tensors[t];
         uint64_t offset = 0;
-        FUZZ_CHECK(ti->n_chunks >= 1 && ti->first_chunk + ti->n_chunks <= l->n_chunks,
-                   "tensor %u chunks", t);
+        CHECK(ti->n_chunks >= 1 && ti->first_chunk + ti->n_chunks <= l->n_chunks,
+              "tensor %u chunks", t);
         for (uint32_t c = 0; c < ti->n_chunks; c++) {
             const psagg_chunk_info *ci = &l->chunks[ti->first_chunk + c];
-            FUZZ_CHECK(ci->key == t && ci->index == c && ci->offset == offset, "chunk order");
-            FUZZ_CHECK(ci->count >= 1 && ci->count <= ti->chunk_elems, "chunk size");
-            FUZZ_CHECK(ci->enc_bytes == psagg_encoded_size(&ti->codec, ci->count), "enc_bytes");
-            FUZZ_CHECK(ci->owner < n_servers, "owner");
+            CHECK(ci->key == t && ci->index == c && ci->offset == offset, "chunk order");
+            CHECK(ci->count >= 1 && ci->count <= ti->chunk_elems, "chunk size");
+            CHECK(ci->enc_bytes == psagg_encoded_size(&ti->codec, ci->count), "enc_bytes");
+            CHECK(ci->owner < n_servers, "owner");
             owned[ci->owner]++;
             offset += ci->count;
             if (ci->enc_bytes > max_enc)
                 max_enc = ci->enc_bytes;
         }
-        FUZZ_CHECK(offset == ti->count, "tensor %u: chunks cover %llu of %llu elements", t,
-                   (unsigned long long)offset, (unsigned long long)ti->count);
+        CHECK(offset == ti->count, "tensor %u: chunks cover %llu of %llu elements", t,
+              (unsigned long long)offset, (unsigned long long)ti->count);
     }
-    FUZZ_CHECK(max_enc == l->max_enc_bytes, "max_enc_bytes");
+    CHECK(max_enc == l->max_enc_bytes, "max_enc_bytes");
     /* slots: 0..owned_count-1 on each server, each once */
     for (uint32_t s = 0; s < n_servers; s++) {
-        FUZZ_CHECK(owned[s] == l->owned_count[s], "owned_count of server %u", s);
+        CHECK(owned[s] == l->owned_count[s], "owned_count of server %u", s);
         seen = calloc(owned[s] + 1, 1);
-        FUZZ_CHECK(seen, "memory");
+        CHECK(seen, "memory");
         for (uint32_t c = 0; c < l->n_chunks; c++)
             if (l->chunks[c].owner == s) {
-                FUZZ_CHECK(l->chunks[c].slot < owned[s] && !seen[l->chunks[c].slot], "slot");
+                CHECK(l->chunks[c].slot < owned[s] && !seen[l->chunks[c].slot], "slot");
                 seen[l->chunks[c].slot] = 1;
             }
         free(seen);
@@ -63,10 +63,10 @@ static void check_layout(const psagg_layout *l, uint32_t n_servers)
         size_t len = sizeof(psagg_msg_hdr) + ci->enc_bytes;
         uint8_t *msg = calloc(1, len);
         const char *bad;
-        FUZZ_CHECK(msg, "memory");
+        CHECK(msg, "memory");
         psagg_msg_init((psagg_msg_hdr *)msg, PSAGG_MSG_PUSH, 0, 0, ci);
         bad = psagg_msg_check(msg, len, 0, PSAGG_MSG_PUSH, l, &got);
-        FUZZ_CHECK(!bad && got == ci, "chunk %u: field %s", c, bad ? bad : "(ci)");
+        CHECK(!bad && got == ci, "chunk %u: field %s", c, bad ? bad : "(ci)");
         free(msg);
     }
     free(owned);
@@ -88,26 +88,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (h.len != size - 1 - sizeof h) /* the reader hands over exactly len bytes */
         return 0;
     body = malloc(h.len ? h.len : 1);
-    FUZZ_CHECK(body, "memory");
+    CHECK(body, "memory");
     memcpy(body, data + 1 + sizeof h, h.len);
     if (h.type == PSAGG_CTL_ERROR || h.type == PSAGG_CTL_ABORT) {
         const char *msg = NULL;
         if (psagg_ctl_error_parse(&h, body, &msg) != PSAGG_OK)
-            FUZZ_CHECK(msg && strlen(msg) < sizeof(((psagg_ctl_error *)0)->msg), "error text");
+            CHECK(msg && strlen(msg) < sizeof(((psagg_ctl_error *)0)->msg), "error text");
     } else if (h.type == PSAGG_CTL_DECLARE &&
                psagg_ctl_declare_check(&h, body, "fuzz") == PSAGG_OK) {
         const psagg_ctl_declare *d = (const psagg_ctl_declare *)body;
         if (psagg_layout_build((const psagg_ctl_tensor *)(d + 1), d->count, d->chunk_elems,
                                n_servers, &l) == PSAGG_OK) {
-            FUZZ_CHECK(l.n_tensors == d->count && l.n_chunks <= PSAGG_MAX_CHUNKS, "counts");
+            CHECK(l.n_tensors == d->count && l.n_chunks <= PSAGG_MAX_CHUNKS, "counts");
             check_layout(&l, n_servers);
             psagg_layout_free(&l);
         } else {
             const char *msg = psagg_last_error();
             size_t n = strlen(msg);
             /* "tensor 0 'a': " with nothing after it was once all an unknown codec got */
-            FUZZ_CHECK(n && !(n >= 2 && !strcmp(msg + n - 2, ": ")),
-                       "a refusal that says nothing: '%s'", msg);
+            CHECK(n && !(n >= 2 && !strcmp(msg + n - 2, ": ")), "a refusal that says nothing: '%s'",
+                  msg);
         }
     }
     free(body);

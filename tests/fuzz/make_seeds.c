@@ -10,6 +10,7 @@
 
 #include "base/error.h"
 #include "fuzz.h"
+#include "msg_layout.h"
 #include "kernels/codec.h"
 #include "runtime/layout.h"
 #include "runtime/message.h"
@@ -24,12 +25,12 @@ static void put(const char *target, const char *name, const void *a, size_t alen
     FILE *f;
     snprintf(path, sizeof path, "%s/%s", root, target);
     if (mkdir(path, 0755) && errno != EEXIST)
-        FUZZ_CHECK(0, "mkdir %s", path);
+        CHECK(0, "mkdir %s", path);
     snprintf(path, sizeof path, "%s/%s/%s", root, target, name);
     f = fopen(path, "wb");
-    FUZZ_CHECK(f && fwrite(a, 1, alen, f) == alen && (!blen || fwrite(b, 1, blen, f) == blen) &&
-                   fclose(f) == 0,
-               "write %s", path);
+    CHECK(f && fwrite(a, 1, alen, f) == alen && (!blen || fwrite(b, 1, blen, f) == blen) &&
+              fclose(f) == 0,
+          "write %s", path);
 }
 
 static void seed_config(void)
@@ -80,8 +81,8 @@ static void seed_declare(void)
             psagg_ctl_tensor wire;
             char name[16];
             snprintf(name, sizeof name, "t%u", t);
-            FUZZ_CHECK(!psagg_codec_parse(codecs[t], &c), "codec");
-            FUZZ_CHECK(!psagg_tensor_to_wire(name, counts[t], &c, &wire), "tensor");
+            CHECK(!psagg_codec_parse(codecs[t], &c), "codec");
+            CHECK(!psagg_tensor_to_wire(name, counts[t], &c, &wire), "tensor");
             memcpy(body + sizeof d + t * sizeof wire, &wire, sizeof wire);
         }
         h.type = PSAGG_CTL_DECLARE;
@@ -95,7 +96,7 @@ static void seed_declare(void)
         psagg_ctl_declare d = {.count = 1, .chunk_elems = k ? UINT64_MAX - 63 : 16384};
         psagg_ctl_tensor wire;
         psagg_codec c = {.id = PSAGG_CODEC_FP32};
-        FUZZ_CHECK(!psagg_tensor_to_wire("a", 100, &c, &wire), "tensor");
+        CHECK(!psagg_tensor_to_wire("a", 100, &c, &wire), "tensor");
         if (!k)
             wire.codec = 9;
         memcpy(body, &d, sizeof d);
@@ -117,42 +118,26 @@ static void seed_declare(void)
     put("declare", "ping", f, 1 + sizeof h, NULL, 0);
 }
 
-/* fuzz_msg's layout (keep in step with fuzz_msg.c) */
+/* one message of each tensor of fuzz_msg's layout */
 static void seed_msg(void)
 {
-    static const struct {
-        const char *name, *codec;
-        uint64_t count;
-    } t[] = {{"one", "fp32", 1},
-             {"mm4", "maxmin4/512", 5000},
-             {"half", "fp16", 3000},
-             {"brain", "bf16", 70000},
-             {"mm1", "maxmin1/64/nearest", 100000}};
-    psagg_ctl_tensor decl[5];
     psagg_layout l;
-    for (int i = 0; i < 5; i++) {
-        psagg_codec c;
-        FUZZ_CHECK(!psagg_codec_parse(t[i].codec, &c), "codec");
-        FUZZ_CHECK(!psagg_tensor_to_wire(t[i].name, t[i].count, &c, &decl[i]), "decl");
-    }
-    FUZZ_CHECK(!psagg_layout_build(decl, 5, 16384, 2, &l), "layout");
+    fuzz_msg_layout(&l);
     for (uint32_t k = 0; k < l.n_tensors; k++) {
         const psagg_chunk_info *ci = &l.chunks[l.tensors[k].first_chunk];
         size_t len = 1 + sizeof(psagg_msg_hdr) + ci->enc_bytes + PSAGG_MSG_MAC_BYTES;
         uint8_t *m = calloc(1, len);
         float *x = malloc(ci->count * sizeof *x);
-        char name[32];
-        FUZZ_CHECK(m && x, "memory");
+        CHECK(m && x, "memory");
         for (uint64_t i = 0; i < ci->count; i++)
             x[i] = (float)((int)(i % 17) - 8) * 0.1f;
         psagg_msg_init((psagg_msg_hdr *)(m + 1), k % 2 ? PSAGG_MSG_UPDATE : PSAGG_MSG_PUSH, 1, 3,
                        ci);
-        FUZZ_CHECK(!psagg_encode(&l.tensors[k].codec, x, NULL, ci->count, psagg_rng_key_make(1, k),
-                                 m + 1 + sizeof(psagg_msg_hdr), ci->enc_bytes, NULL),
-                   "encode");
+        CHECK(!psagg_encode(&l.tensors[k].codec, x, NULL, ci->count, psagg_rng_key_make(1, k),
+                            m + 1 + sizeof(psagg_msg_hdr), ci->enc_bytes, NULL),
+              "encode");
         m[0] = (uint8_t)((k % 2) << 1 | (k == 4)); /* type bit; tensor 4 with a MAC */
-        snprintf(name, sizeof name, "%s", t[k].name);
-        put("msg", name, m, len - (k == 4 ? 0 : PSAGG_MSG_MAC_BYTES), NULL, 0);
+        put("msg", l.tensors[k].name, m, len - (k == 4 ? 0 : PSAGG_MSG_MAC_BYTES), NULL, 0);
         free(m);
         free(x);
     }
@@ -181,14 +166,13 @@ static void seed_codec(void)
         c.bits = kind >= 3 ? (uint32_t)kind - 2 : 0;
         c.bucket = buckets[(picks[p] / 11) % 4];
         c.rounding = picks[p] & 0x80 ? PSAGG_ROUND_NEAREST : PSAGG_ROUND_STOCHASTIC;
-        FUZZ_CHECK(!psagg_codec_check(&c), "codec");
+        CHECK(!psagg_codec_check(&c), "codec");
         enc = psagg_encoded_size(&c, n);
         buf = malloc(enc);
-        FUZZ_CHECK(x && buf, "memory");
+        CHECK(x && buf, "memory");
         for (uint16_t i = 0; i < n; i++)
             x[i] = (float)((int)(i * 37 % 101) - 50) * 0.01f;
-        FUZZ_CHECK(!psagg_encode(&c, x, NULL, n, psagg_rng_key_make(5, p), buf, enc, NULL),
-                   "encode");
+        CHECK(!psagg_encode(&c, x, NULL, n, psagg_rng_key_make(5, p), buf, enc, NULL), "encode");
         snprintf(name, sizeof name, "decode_%zu", p);
         put("codec", name, head, 4, buf, enc);
         head[3] = 1;
