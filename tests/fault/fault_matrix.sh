@@ -113,6 +113,15 @@ expect_worker() {
     fi
 }
 
+# expect_success RANK WHY: the worker finished its job (exit 0); else WHY went wrong
+expect_success() {
+    local rc
+    wait_exit "${wpid[$1]}" 30
+    rc=$?
+    sed "s/^/[worker $1] /" "$tmp/worker$1.log"
+    ((rc == 0)) || bad "worker $1 exited $rc: $2"
+}
+
 # expect_server RANK STATUS SECONDS
 expect_server() {
     local rc
@@ -217,12 +226,7 @@ spoofed_push)
     pids+=($!)
     sleep 1.5
     start_worker 1 --codec fp32 --rounds 300
-    for r in 0 1; do
-        wait_exit "${wpid[$r]}" 30
-        rc=$?
-        sed "s/^/[worker $r] /" "$tmp/worker$r.log"
-        ((rc == 0)) || bad "worker $r exited $rc: a spoofed push got into the sums"
-    done
+    for r in 0 1; do expect_success "$r" "a spoofed push got into the sums"; done
     wait_exit "$rpid" 30
     sed "s/^/[spoofer] /" "$tmp/spoof.log"
     grep -q "sent [1-9]" "$tmp/spoof.log" || bad "the spoofer sent nothing"
@@ -251,12 +255,7 @@ idle_500)
     done &
     start_worker 0 --codec maxmin4 --rounds 5
     start_worker 1 --codec maxmin4 --rounds 5
-    for r in 0 1; do
-        wait_exit "${wpid[$r]}" 30
-        rc=$?
-        sed "s/^/[worker $r] /" "$tmp/worker$r.log"
-        ((rc == 0)) || bad "worker $r exited $rc: the idle connections kept the job from starting"
-    done
+    for r in 0 1; do expect_success "$r" "the idle connections kept the job from starting"; done
     for fd in "${fds[@]}"; do exec {fd}>&-; done
     expect_server 0 0 10
     grep -q "closed [0-9]* connection" "$tmp/server0.log" ||
