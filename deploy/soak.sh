@@ -8,13 +8,13 @@
 # build-release/). Runs S psagg-server processes and W fn_worker processes (defaults 2 and
 # 2) for N rounds (default 20000) of 40 tensors (1 .. 300007 elements, codec C, default
 # maxmin4; every round's result checked), sampling VmRSS of every process each second into
-# a CSV. Prints, per process, the RSS after warm-up (the first F of the run, default 0.1),
+# a CSV. Prints, per process, the RSS after warm-up (the first F of the run, default 0.25: rxm and the allocator fill their pools over the first minutes),
 # at the end, the growth between the two and the peak; the server's growth is the figure
 # README reports (target: under 1 MB). Exit status: non-zero if the job failed.
 set -u -o pipefail
 
 repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
-build=$repo/build-release rounds=20000 servers=2 workers=2 codec=maxmin4 warm=0.1 csv=""
+build=$repo/build-release rounds=20000 servers=2 workers=2 codec=maxmin4 warm=0.25 csv=""
 while (($#)); do
     case $1 in
     --rounds) rounds=$2; shift 2 ;;
