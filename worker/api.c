@@ -465,6 +465,11 @@ int psagg_world_size(const psagg_ctx *ctx)
     return ctx->world;
 }
 
+uint64_t psagg_min_compress_elems(const psagg_ctx *ctx)
+{
+    return ctx->cfg.min_compress_elems;
+}
+
 psagg_status psagg_close(psagg_ctx *ctx)
 {
     int failed;

@@ -118,6 +118,9 @@ void psagg_get_stats(const psagg_ctx *ctx, psagg_stats *out);
 
 int psagg_rank(const psagg_ctx *ctx);
 int psagg_world_size(const psagg_ctx *ctx);
+/* [codec] min_compress_elems: tensors declared with PSAGG_CODEC_DEFAULT and fewer elements go
+ * fp32. Bindings that pick codecs per tensor apply the same rule. */
+uint64_t psagg_min_compress_elems(const psagg_ctx *ctx);
 
 /* Tell the servers this worker is done and free everything. Pending handles fail. */
 psagg_status psagg_close(psagg_ctx *ctx);

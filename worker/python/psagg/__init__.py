@@ -1,0 +1,277 @@
+"""psagg: Python bindings of libpsagg, the psagg worker library (ctypes; see worker/include/psagg.h).
+
+    import psagg
+    ctx = psagg.Context(config=None, rank=None, world_size=None)   # PSAGG_CONFIG, PSAGG_RANK, ...
+    keys = ctx.declare([("w", 1000, None), ("b", 10, "fp32")])      # (name, count, codec text)
+    h = ctx.push_pull(keys[0], in_ptr, out_ptr)                     # raw float* addresses
+    h.wait()                                                        # raises psagg.Error
+
+Every failure raises psagg.Error carrying the status name (e.g. "PSAGG_ETIMEDOUT") and
+psagg_last_error()'s message: what went wrong and with whom. PyTorch users want psagg.torch.
+
+The library is found from, in order: $PSAGG_LIBRARY, the path CMake wrote into _paths.py (the
+build tree or the install prefix), then the system's library path. libpsagg does not use
+jemalloc (only psagg-server does), so it loads into a process that has already imported torch.
+"""
+
+import ctypes
+import ctypes.util
+import os
+import threading
+
+__all__ = ["Error", "Context", "Handle", "library", "STATUS_NAMES", "SUM", "AVERAGE"]
+
+SUM = 0
+AVERAGE = 1
+CODEC_DEFAULT = -1
+
+# psagg_status (common/include/psagg/types.h)
+STATUS_NAMES = {
+    0: "PSAGG_OK",
+    -1: "PSAGG_EINVAL",
+    -2: "PSAGG_ENONFINITE",
+    -3: "PSAGG_ERANGE",
+    -4: "PSAGG_EBADLEN",
+    -5: "PSAGG_EBADMETA",
+    -6: "PSAGG_ENOMEM",
+    -7: "PSAGG_EAGAIN",
+    -8: "PSAGG_ETIMEDOUT",
+    -9: "PSAGG_EUNSUPPORTED",
+    -20: "PSAGG_ECONFIG",
+    -30: "PSAGG_EPROTO",
+    -31: "PSAGG_EPEER",
+    -32: "PSAGG_EMISMATCH",
+    -40: "PSAGG_EFABRIC",
+    -41: "PSAGG_EIO",
+    -42: "PSAGG_ECLOSED",
+    -43: "PSAGG_ECUDA",
+}
+
+
+class Error(RuntimeError):
+    """A psagg call failed. .status is the psagg_status code, .name its name ("PSAGG_EPEER"),
+    .detail psagg_last_error()'s message."""
+
+    def __init__(self, status, detail, call=""):
+        self.status = status
+        self.name = STATUS_NAMES.get(status, "PSAGG_E%d" % -status)
+        self.detail = detail
+        where = call + ": " if call else ""
+        super().__init__("%s%s: %s" % (where, self.name, detail or "(no detail)"))
+
+
+class _Codec(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("bits", ctypes.c_uint32), ("bucket", ctypes.c_uint32),
+                ("rounding", ctypes.c_int)]
+
+
+class _TensorDesc(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("count", ctypes.c_uint64), ("codec", _Codec),
+                ("error_feedback", ctypes.c_int)]
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [("bytes_sent", ctypes.c_uint64), ("bytes_received", ctypes.c_uint64),
+                ("bytes_raw", ctypes.c_uint64), ("push_pulls", ctypes.c_uint64)]
+
+
+def _candidates():
+    env = os.environ.get("PSAGG_LIBRARY")
+    if env:
+        return [env]  # explicit: nothing else is tried
+    out = []
+    try:
+        from . import _paths  # written by CMake (build tree or install)
+        out.append(_paths.LIBPSAGG)
+    except ImportError:
+        pass
+    found = ctypes.util.find_library("psagg")
+    if found:
+        out.append(found)
+    out.append("libpsagg.so.0")
+    return out
+
+
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def library():
+    """The loaded libpsagg (ctypes.CDLL: every call releases the GIL)."""
+    global _lib
+    with _lib_lock:
+        if _lib is not None:
+            return _lib
+        tried = []
+        for path in _candidates():
+            try:
+                lib = ctypes.CDLL(path)
+                break
+            except OSError as e:
+                tried.append("%s (%s)" % (path, e))
+        else:
+            raise ImportError("psagg: cannot load libpsagg: tried " + "; ".join(tried) +
+                              " (build it, or set PSAGG_LIBRARY to libpsagg.so)")
+        P, I, U32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32
+        sigs = {
+            "psagg_strerror": (ctypes.c_char_p, [I]),
+            "psagg_last_error": (ctypes.c_char_p, []),
+            "psagg_codec_parse": (I, [ctypes.c_char_p, ctypes.POINTER(_Codec)]),
+            "psagg_codec_name": (ctypes.c_char_p, [ctypes.POINTER(_Codec), ctypes.c_char_p,
+                                                   ctypes.c_size_t]),
+            "psagg_init": (I, [ctypes.c_char_p, I, I, ctypes.POINTER(P)]),
+            "psagg_declare": (I, [P, ctypes.POINTER(_TensorDesc), ctypes.c_size_t,
+                                  ctypes.POINTER(U32)]),
+            "psagg_push_pull": (I, [P, U32, P, P, I, I, ctypes.POINTER(P)]),
+            "psagg_push_pull_cuda": (I, [P, U32, P, P, I, I, P, ctypes.POINTER(P)]),
+            "psagg_test": (I, [P]),
+            "psagg_wait": (I, [P, I]),
+            "psagg_release": (None, [P]),
+            "psagg_get_stats": (None, [P, ctypes.POINTER(_Stats)]),
+            "psagg_rank": (I, [P]),
+            "psagg_world_size": (I, [P]),
+            "psagg_min_compress_elems": (ctypes.c_uint64, [P]),
+            "psagg_close": (I, [P]),
+        }
+        for name, (res, args) in sigs.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        _lib = lib
+        return lib
+
+
+def _last_error():
+    return library().psagg_last_error().decode("utf-8", "replace")
+
+
+def _check(status, call):
+    if status != 0:
+        raise Error(status, _last_error(), call)
+
+
+def parse_codec(text):
+    """Parse codec text ("fp32", "maxmin4", "maxmin4/512/nearest") into the C struct;
+    None means the config's default ([codec] default and min_compress_elems)."""
+    c = _Codec()
+    if text is None:
+        c.id = CODEC_DEFAULT
+        return c
+    _check(library().psagg_codec_parse(str(text).encode(), ctypes.byref(c)),
+           "codec '%s'" % text)
+    return c
+
+
+def codec_name(text):
+    """The canonical name of a codec text ("maxmin:4" -> "maxmin4/1024/sr")."""
+    c = parse_codec(text)
+    buf = ctypes.create_string_buffer(64)
+    return library().psagg_codec_name(ctypes.byref(c), buf, 64).decode()
+
+
+class Handle:
+    """One outstanding push_pull. wait() raises psagg.Error; the handle is released once done."""
+
+    __slots__ = ("_h", "_keep", "key")
+
+    def __init__(self, raw, keep, key):
+        self._h = raw
+        self._keep = keep  # whatever must outlive the operation (buffers)
+        self.key = key
+
+    def test(self):
+        return self._h is None or library().psagg_test(self._h) == 1
+
+    def wait(self, timeout_ms=-1):
+        """Wait (GIL released) until done; raise psagg.Error if it failed. -1: no limit."""
+        if self._h is None:
+            return
+        lib = library()
+        st = lib.psagg_wait(self._h, int(timeout_ms))
+        if st == -8 and timeout_ms >= 0 and lib.psagg_test(self._h) != 1:
+            raise Error(st, _last_error(), "psagg_wait")  # still pending: keep the handle
+        detail = _last_error() if st else ""
+        lib.psagg_release(self._h)
+        self._h = None
+        self._keep = None
+        if st:
+            raise Error(st, detail, "push_pull of key %d" % self.key)
+
+    def __del__(self):
+        if getattr(self, "_h", None) is not None:
+            try:
+                library().psagg_release(self._h)
+            except Exception:
+                pass
+
+
+class Context:
+    """A psagg worker context (psagg_init). config: the INI path (None: $PSAGG_CONFIG);
+    rank/world_size: None reads PSAGG_RANK/PSAGG_WORLD_SIZE."""
+
+    def __init__(self, config=None, rank=None, world_size=None):
+        lib = library()
+        if config is None:
+            config = os.environ.get("PSAGG_CONFIG")
+        if not config:
+            raise Error(-20, "no config: pass config= or set PSAGG_CONFIG", "psagg_init")
+        raw = ctypes.c_void_p()
+        st = lib.psagg_init(os.fsencode(config), -1 if rank is None else int(rank),
+                            -1 if world_size is None else int(world_size), ctypes.byref(raw))
+        _check(st, "psagg_init")
+        self._ctx = raw
+        self._lock = threading.Lock()
+        self.rank = lib.psagg_rank(raw)
+        self.world_size = lib.psagg_world_size(raw)
+        self.min_compress_elems = lib.psagg_min_compress_elems(raw)
+        self.declared = None
+
+    def _raw(self):
+        if self._ctx is None:
+            raise Error(-42, "the context is closed", "psagg")
+        return self._ctx
+
+    def declare(self, tensors, error_feedback=None):
+        """Declare every tensor once, in the same order on every worker. tensors: a list of
+        (name, count, codec) with codec text or None (the config's default). error_feedback:
+        None (config), True or False. Returns the keys (indices)."""
+        n = len(tensors)
+        descs = (_TensorDesc * n)()
+        names = []
+        for i, (name, count, codec) in enumerate(tensors):
+            b = str(name).encode()
+            names.append(b)
+            descs[i].name = b
+            descs[i].count = int(count)
+            descs[i].codec = parse_codec(codec)
+            descs[i].error_feedback = -1 if error_feedback is None else int(bool(error_feedback))
+        keys = (ctypes.c_uint32 * n)()
+        _check(library().psagg_declare(self._raw(), descs, n, keys), "psagg_declare")
+        self.declared = [(t[0], int(t[1])) for t in tensors]
+        return list(keys)
+
+    def push_pull(self, key, in_ptr, out_ptr, op=AVERAGE, priority=0, keep=None, stream=None):
+        """Start a push_pull of `key` from in_ptr to out_ptr (float* addresses, host memory; or
+        device memory when stream is given, an int cudaStream_t, 0 for the legacy default).
+        keep: objects that must stay alive until it completes."""
+        h = ctypes.c_void_p()
+        lib = library()
+        if stream is None:
+            st = lib.psagg_push_pull(self._raw(), key, in_ptr, out_ptr, op, priority,
+                                     ctypes.byref(h))
+        else:
+            st = lib.psagg_push_pull_cuda(self._raw(), key, in_ptr, out_ptr, op, priority,
+                                          ctypes.c_void_p(stream or None), ctypes.byref(h))
+        _check(st, "push_pull of key %d" % key)
+        return Handle(h, keep, key)
+
+    def stats(self):
+        s = _Stats()
+        library().psagg_get_stats(self._raw(), ctypes.byref(s))
+        return {f: getattr(s, f) for f, _ in _Stats._fields_}
+
+    def close(self):
+        """Tell the servers this worker is done (psagg_close). Idempotent."""
+        if self._ctx is None:
+            return
+        raw, self._ctx = self._ctx, None
+        _check(library().psagg_close(raw), "psagg_close")

@@ -1,0 +1,432 @@
+"""psagg.torch: psagg for PyTorch training loops.
+
+With DDP (two lines; DDP still needs a process group for its start-up broadcast):
+
+    model = DDP(model)
+    psagg.torch.register_ddp_hook(model, codec="maxmin4")
+
+Without DDP, Horovod style:
+
+    psagg.torch.init()
+    opt = psagg.torch.DistributedOptimizer(opt, model.named_parameters(), codec="maxmin4")
+    psagg.torch.broadcast_parameters(model, root=0)
+
+One psagg context per process (init(); the helpers call it). Every parameter that requires a
+gradient is declared once, keyed by its name and shape, in named_parameters() order (every
+worker must build the same model), plus one fp32 key that broadcast_parameters() uses. A
+psagg context declares once: the first of register_ddp_hook() / DistributedOptimizer() /
+broadcast_parameters() declares.
+
+Codecs: codec=None takes the config's [codec] default (tensors under min_compress_elems go
+fp32); a text ("maxmin4") does the same with that codec; a dict maps parameter names to codec
+text (missing names: the default); a callable (name, parameter) -> codec text or None.
+
+Gradients: fp32 tensors are aggregated in place; fp16 and bf16 through an fp32 copy; others
+are refused. CUDA tensors use psagg_push_pull_cuda on the current stream (libpsagg built with
+CUDA), CPU tensors psagg_push_pull. A failure (dead server, timeout) raises psagg.Error (a
+RuntimeError) with psagg's message: from backward() through DDP, from step() here.
+"""
+
+import atexit
+import hashlib
+import os
+import queue
+import threading
+
+import torch
+
+import psagg as _p
+
+__all__ = ["init", "shutdown", "session", "register_ddp_hook", "ddp_comm_hook",
+           "DistributedOptimizer", "broadcast_parameters", "rank", "world_size", "local_rank"]
+
+_BROADCAST_KEY = "psagg.broadcast"
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _env_int(*names):
+    for n in names:
+        v = os.environ.get(n)
+        if v not in (None, ""):
+            try:
+                return int(v)
+            except ValueError:
+                raise ValueError("psagg.torch: %s='%s' is not a number" % (n, v)) from None
+    return None
+
+
+def _wire_name(name, shape):
+    """The declared name: '<name>[d0,d1]' (at most 63 bytes; longer ones keep a hash)."""
+    text = "%s[%s]" % (name, ",".join(str(d) for d in shape))
+    if len(text.encode()) <= 63:
+        return text
+    digest = hashlib.sha1(text.encode()).hexdigest()[:16]
+    return text.encode()[:46].decode("utf-8", "ignore") + "~" + digest
+
+
+class _Op:
+    """One tensor's push_pull: the buffer psagg reads and writes, and where the result goes."""
+
+    __slots__ = ("handle", "work", "dest")
+
+    def __init__(self, sess, key, tensor, op, priority):
+        if tensor.dtype not in _FLOATS:
+            raise TypeError("psagg.torch: gradient of dtype %s: psagg aggregates float32 (float16 "
+                            "and bfloat16 go through an fp32 copy); convert the model or leave "
+                            "this parameter out" % tensor.dtype)
+        if tensor.dtype == torch.float32 and tensor.is_contiguous():
+            self.work, self.dest = tensor, None
+        else:
+            self.work, self.dest = tensor.detach().float().contiguous(), tensor
+        stream = None
+        if self.work.is_cuda:
+            stream = torch.cuda.current_stream(self.work.device).cuda_stream
+        ptr = self.work.data_ptr()
+        self.handle = sess.ctx.push_pull(key, ptr, ptr, op, priority, keep=self.work,
+                                         stream=stream)
+
+    def finish(self):
+        """Wait (GIL released); copy back when we worked on a copy. Raises psagg.Error."""
+        self.handle.wait()
+        if self.dest is not None:
+            self.dest.copy_(self.work)
+
+
+class _Session:
+    """The process's psagg context, its declaration and the completion thread."""
+
+    def __init__(self, config, rank, world_size):
+        self.ctx = _p.Context(config, rank, world_size)
+        self.keys = {}  # id(parameter) -> key
+        self.names = {}  # id(parameter) -> name
+        self.bcast_key = None
+        self.bcast_elems = 0
+        self._done = queue.Queue()
+        self._thread = None
+        self._lock = threading.Lock()
+
+    # ---- declaration ----
+    def declare(self, named_parameters, codec=None, error_feedback=None):
+        named = [(n, p) for n, p in named_parameters if p.requires_grad]
+        if not named:
+            raise ValueError("psagg.torch: no parameter requires a gradient")
+        with self._lock:
+            if self.bcast_key is not None:
+                if all(id(p) in self.keys for _, p in named):
+                    return  # the same parameters again (e.g. broadcast, then the optimizer)
+                raise _p.Error(-1, "psagg declares once per process and these parameters were "
+                               "not in the first declaration (declare the whole model once)",
+                               "psagg.torch")
+            small = self.ctx.min_compress_elems
+            tensors, seen = [], set()
+            for name, p in named:
+                if id(p) in seen:
+                    continue  # shared (tied) parameters: one key
+                seen.add(id(p))
+                c = codec(name, p) if callable(codec) else (
+                    codec.get(name) if isinstance(codec, dict) else codec)
+                if c is not None and not callable(codec) and not isinstance(codec, dict) \
+                        and p.numel() < small:
+                    c = "fp32"  # a global codec text follows min_compress_elems
+                tensors.append((_wire_name(name, p.shape), p.numel(), c))
+            total = sum(t[1] for t in tensors)
+            self.bcast_elems = max(1024, min(total, 1 << 20))
+            tensors.append((_BROADCAST_KEY, self.bcast_elems, "fp32"))
+            keys = self.ctx.declare(tensors, error_feedback)
+            it = iter(keys)
+            seen = {}
+            for name, p in named:
+                if id(p) not in seen:
+                    seen[id(p)] = next(it)
+                self.keys[id(p)] = seen[id(p)]
+                self.names[id(p)] = name
+            self.bcast_key = keys[-1]
+
+    def key_of(self, p):
+        k = self.keys.get(id(p))
+        if k is None:
+            raise KeyError("psagg.torch: a parameter of shape %s was not declared (declare "
+                           "every parameter that requires a gradient)" % (tuple(p.shape),))
+        return k
+
+    # ---- completion thread: completes futures when all their push_pulls are done ----
+    def complete_later(self, ops, fut, value):
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._complete, name="psagg-completion",
+                                                daemon=True)
+                self._thread.start()
+        self._done.put((ops, fut, value))
+
+    def _complete(self):
+        while True:
+            item = self._done.get()
+            if item is None:
+                return
+            ops, fut, value = item
+            err = None
+            for op in ops:  # wait for all, even after a failure: their buffers must stay valid
+                try:
+                    op.finish()
+                except Exception as e:  # psagg.Error, or a copy-back failure
+                    err = err or e
+            if err is not None:
+                fut.set_exception(err)
+            else:
+                fut.set_result(value)
+
+    def close(self):
+        if self._thread is not None:
+            self._done.put(None)
+            self._thread.join(timeout=60)
+            self._thread = None
+        self.ctx.close()
+
+
+_session = None
+_session_lock = threading.Lock()
+
+
+def init(config=None, rank=None, world_size=None):
+    """Create this process's psagg context (once; later calls return it). config: INI path
+    (None: $PSAGG_CONFIG). rank / world_size: None reads PSAGG_RANK / PSAGG_WORLD_SIZE, else
+    torchrun's RANK / WORLD_SIZE. Connects to every server and waits for all workers."""
+    global _session
+    with _session_lock:
+        if _session is not None:
+            return _session
+        if rank is None:
+            rank = _env_int("PSAGG_RANK", "RANK")
+        if world_size is None:
+            world_size = _env_int("PSAGG_WORLD_SIZE", "WORLD_SIZE")
+        if rank is None or world_size is None:
+            raise ValueError("psagg.torch.init: no rank/world size: pass them, or set "
+                             "PSAGG_RANK and PSAGG_WORLD_SIZE (deploy/psagg-local does) or "
+                             "torchrun's RANK and WORLD_SIZE")
+        _session = _Session(config, rank, world_size)
+        atexit.register(shutdown)
+        return _session
+
+
+def session():
+    """The process's session (init() with the defaults if there is none yet)."""
+    return _session if _session is not None else init()
+
+
+def shutdown():
+    """Close the context: tell the servers this worker is done. Called at exit."""
+    global _session
+    with _session_lock:
+        s, _session = _session, None
+    if s is not None:
+        s.close()
+
+
+def rank():
+    return session().ctx.rank
+
+
+def world_size():
+    return session().ctx.world_size
+
+
+def local_rank():
+    """torchrun's LOCAL_RANK (psagg-local sets it), else 0: pick the GPU with it."""
+    return _env_int("LOCAL_RANK") or 0
+
+
+# ---- DDP ----
+def ddp_comm_hook(state, bucket):
+    """The DDP communication hook: state is a psagg.torch session that declared the model.
+    Starts one push_pull (average) per gradient of the bucket at once and returns a Future
+    that the completion thread completes with the bucket's buffer."""
+    buf = bucket.buffer()
+    params = bucket.parameters()
+    fut = torch.futures.Future()
+    ops = []
+    try:
+        if buf.dtype == torch.float32:
+            work = buf
+        elif buf.dtype in _FLOATS:
+            work = buf.float()
+        else:
+            raise TypeError("psagg.torch: DDP bucket of dtype %s: psagg aggregates float32, "
+                            "float16 and bfloat16" % buf.dtype)
+        off = 0
+        for p in params:
+            n = p.numel()
+            ops.append(_Op(state, state.key_of(p), work[off:off + n], _p.AVERAGE, 0))
+            off += n
+        if off != buf.numel():
+            raise RuntimeError("psagg.torch: DDP bucket holds %d elements, its parameters %d"
+                               % (buf.numel(), off))
+        if work is not buf:
+            ops.append(_CopyBack(buf, work))
+        state.complete_later(ops, fut, buf)
+    except Exception as e:
+        if ops:  # the ones started must finish before the buffer is reused
+            state.complete_later(ops, torch.futures.Future(), None)
+        fut.set_exception(e)
+    # DDP reads the future's value in C++, where set_exception's error is only a value: a
+    # callback that re-raises it marks the returned future failed with psagg's message
+    return fut.then(_value)
+
+
+def _value(fut):
+    return fut.value()
+
+
+class _CopyBack:
+    """The last step of a converted bucket: the fp32 result back into the bucket's buffer."""
+
+    __slots__ = ("dst", "src")
+
+    def __init__(self, dst, src):
+        self.dst, self.src = dst, src
+
+    def finish(self):
+        self.dst.copy_(self.src)
+
+
+def register_ddp_hook(ddp_model, codec=None, error_feedback=None, config=None):
+    """Declare every parameter of ddp_model.module that requires a gradient and register the
+    psagg hook: DDP's all-reduce goes through psagg. Returns the session."""
+    sess = init(config) if _session is None else _session
+    sess.declare(ddp_model.module.named_parameters(), codec, error_feedback)
+    ddp_model.register_comm_hook(sess, ddp_comm_hook)
+    return sess
+
+
+# ---- without DDP: Horovod-style optimizer ----
+class _DistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, named_parameters, codec, error_feedback,
+                 backward_passes_per_step, op):
+        super(self.__class__, self).__init__(params)
+        self._psagg = session()
+        if named_parameters is None:
+            named_parameters = [("param.%d.%d" % (g, i), p)
+                                for g, group in enumerate(self.param_groups)
+                                for i, p in enumerate(group["params"])]
+        named = list(named_parameters)
+        ours = {id(p) for group in self.param_groups for p in group["params"]}
+        if not {id(p) for _, p in named} >= {i for i in ours}:
+            raise ValueError("psagg.torch.DistributedOptimizer: named_parameters does not "
+                             "cover every parameter of the optimizer")
+        self._psagg.declare(named, codec, error_feedback)
+        self._psagg_params = [p for group in self.param_groups for p in group["params"]
+                              if p.requires_grad]
+        self._psagg_ops = {}
+        self._psagg_passes = {}
+        self._psagg_every = int(backward_passes_per_step)
+        self._psagg_op = op
+        self._psagg_hooks = []
+        for p in self._psagg_params:
+            acc = p.expand_as(p).grad_fn.next_functions[0][0]  # p's gradient accumulator
+            acc.register_hook(self._psagg_make_hook(p))
+            self._psagg_hooks.append(acc)  # keep the accumulator alive
+
+    def _psagg_make_hook(self, p):
+        def hook(*_):
+            if id(p) in self._psagg_ops:
+                raise RuntimeError("psagg.torch: the gradient of '%s' was computed again "
+                                   "before step(); call step() or synchronize() between "
+                                   "backward passes, or set backward_passes_per_step"
+                                   % self._psagg.names.get(id(p)))
+            n = self._psagg_passes.get(id(p), 0) + 1
+            self._psagg_passes[id(p)] = n
+            if n >= self._psagg_every:
+                self._psagg_start(p)
+        return hook
+
+    def _psagg_start(self, p):
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        self._psagg_passes[id(p)] = 0
+        self._psagg_ops[id(p)] = _Op(self._psagg, self._psagg.key_of(p), p.grad,
+                                     self._psagg_op, 0)
+
+    def synchronize(self):
+        """Start what the hooks did not (unused parameters push zeros), then wait for all."""
+        for p in self._psagg_params:
+            if id(p) not in self._psagg_ops:
+                self._psagg_start(p)
+        ops, self._psagg_ops = self._psagg_ops, {}
+        err = None
+        for op in ops.values():  # every one, so no buffer is left in use
+            try:
+                op.finish()
+            except Exception as e:
+                err = err or e
+        if err is not None:
+            raise err
+
+    def step(self, closure=None):
+        self.synchronize()
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, set_to_none=False):
+        if self._psagg_ops:
+            raise RuntimeError("psagg.torch: zero_grad() with push_pulls in flight; call "
+                               "step() or synchronize() first")
+        return super(self.__class__, self).zero_grad(set_to_none)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, codec=None, error_feedback=None,
+                         backward_passes_per_step=1, op=_p.AVERAGE):
+    """Wrap a torch optimizer, Horovod style: each parameter's push_pull starts from its
+    gradient hook as soon as the gradient is ready; step() waits for all, then steps. The
+    result is an instance of the optimizer's own class (LR schedulers accept it)."""
+    base = optimizer.__class__
+    cls = type(base.__name__, (base,), dict(_DistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, codec, error_feedback,
+               backward_passes_per_step, op)
+
+
+def broadcast_parameters(params, root=0):
+    """Make every worker's tensors equal root's: a module (its parameters and floating-point
+    buffers), a state_dict or a list of (name, tensor) / tensors. Exact for fp32, fp16 and
+    bf16 (root's values summed with zeros in fp32); integer tensors are left alone."""
+    sess = session()
+    if isinstance(params, torch.nn.Module):
+        if sess.bcast_key is None:
+            sess.declare(params.named_parameters())
+        tensors = list(params.parameters()) + list(params.buffers())
+    elif isinstance(params, dict):
+        tensors = list(params.values())
+    else:
+        tensors = [t[1] if isinstance(t, tuple) else t for t in params]
+    if sess.bcast_key is None:
+        raise _p.Error(-1, "nothing declared yet: call register_ddp_hook or "
+                       "DistributedOptimizer first, or pass the module", "broadcast_parameters")
+    tensors = [t for t in tensors if t.is_floating_point()]
+    for t in tensors:
+        if t.dtype not in _FLOATS:
+            raise TypeError("psagg.torch.broadcast_parameters: dtype %s is not exact through "
+                            "fp32; convert it first" % t.dtype)
+    mine = sess.ctx.rank == root
+    cap = sess.bcast_elems
+    # pack the tensors into cap-element rounds of the broadcast key
+    pieces, fill = [], 0  # (tensor, start, n, offset in the round)
+    rounds = []
+    for t in tensors:
+        flat_n, start = t.numel(), 0
+        while start < flat_n:
+            n = min(flat_n - start, cap - fill)
+            pieces.append((t, start, n, fill))
+            start += n
+            fill += n
+            if fill == cap:
+                rounds.append(pieces)
+                pieces, fill = [], 0
+    if pieces:
+        rounds.append(pieces)
+    with torch.no_grad():
+        for pieces in rounds:
+            buf = torch.zeros(cap, dtype=torch.float32)
+            if mine:
+                for t, start, n, at in pieces:
+                    buf[at:at + n] = t.detach().reshape(-1)[start:start + n].float().cpu()
+            op = _Op(sess, sess.bcast_key, buf, _p.SUM, 0)
+            op.finish()
+            for t, start, n, at in pieces:
+                t.view(-1)[start:start + n].copy_(buf[at:at + n])
