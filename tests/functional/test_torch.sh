@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# test_torch.sh - PyTorch through psagg: worker/examples/train_digits.py (a small CNN on
+# sklearn's digits) under deploy/psagg-local, 4 workers x 2 servers over tcp loopback.
+#
+# Usage: tests/functional/test_torch.sh BUILD_DIR PORT CASE
+#   ddp        DDP + psagg's hook (maxmin4) with an unused layer (find_unused_parameters=True,
+#              several buckets, rebuilt after the first step) and the same run with Gloo fp32:
+#              every rank ends with bit-identical weights; psagg's final loss is within 0.1 of
+#              Gloo's and its test accuracy within 0.03
+#   optimizer  psagg.torch.DistributedOptimizer, no DDP and no process group: identical
+#              weights on every rank, loss and accuracy against the same Gloo DDP run
+#   server_down  server 0 SIGKILLed mid-training under the DDP hook, then server 1 SIGSTOPped
+#              under the optimizer wrapper: every rank raises (exit 3 with psagg's message
+#              naming the server) within op_timeout_ms (2000) of the fault
+# Exit 0 passed, 1 failed, 77 skipped (Debian's /usr/bin/python3 lacks torch or sklearn).
+set -u -o pipefail
+
+build=${1:?usage: test_torch.sh BUILD_DIR PORT CASE} port=${2:?port} case=${3:?case}
+repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
+py=/usr/bin/python3
+script=$repo/worker/examples/train_digits.py
+if ! "$py" -c "import torch, sklearn" 2>/dev/null; then
+    echo "test_torch: SKIP: $py cannot import torch and sklearn (python3-torch, python3-sklearn)"
+    exit 77
+fi
+fail() { echo "test_torch: FAIL: $*" >&2; exit 1; }
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/psagg-test-torch.XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT
+cat >"$tmp/job.ini" <<INI
+[cluster]
+job_id = test-torch-$port
+servers = 127.0.0.1:$port 127.0.0.1:$((port + 1))
+workers = 4
+provider = tcp
+connect_timeout_ms = 30000
+op_timeout_ms = 2000
+[codec]
+default = maxmin4
+min_compress_elems = 256
+[log]
+level = warn
+INI
+unset PSAGG_CODEC_DEFAULT PSAGG_CODEC_MIN_COMPRESS_ELEMS PSAGG_CLUSTER_OP_TIMEOUT_MS MASTER_PORT
+export PSAGG_SERVER_BIN=$build/server/psagg-server
+
+# run NAME ARGS...: train; output in $tmp/NAME.out, exit status in $tmp/NAME.rc
+run() {
+    local name=$1
+    shift
+    "$repo/deploy/psagg-local" --config "$tmp/job.ini" --timeout 240 -- \
+        "$py" "$script" "$@" >"$tmp/$name.out" 2>&1
+    echo $? >"$tmp/$name.rc"
+}
+# check_ok NAME: exit 0, four equal PARAMS lines; prints "loss acc"
+check_ok() {
+    local name=$1 rc hashes
+    rc=$(cat "$tmp/$name.rc")
+    [[ $rc == 0 ]] || { tail -n 30 "$tmp/$name.out" >&2; fail "$name: psagg-local exited $rc"; }
+    hashes=$(grep -o 'PARAMS rank=[0-9] sha256=[0-9a-f]*' "$tmp/$name.out" | awk '{print $3}' | sort | uniq -c)
+    [[ $(wc -l <<<"$hashes") == 1 && $(awk '{print $1}' <<<"$hashes") == 4 ]] ||
+        fail "$name: the ranks' weights differ: $hashes"
+    grep -o 'final_loss=[0-9.]* test_acc=[0-9.]*' "$tmp/$name.out" | sed 's/[a-z_]*=//g'
+}
+# compare NAME LOSS ACC REF_LOSS REF_ACC
+compare() {
+    awk -v n="$1" -v l="$2" -v a="$3" -v rl="$4" -v ra="$5" 'BEGIN {
+        d = l - rl; if (d < 0) d = -d
+        printf "test_torch: %s final loss %.4f acc %.4f; gloo %.4f acc %.4f\n", n, l, a, rl, ra
+        exit !(d <= 0.1 && a >= ra - 0.03)
+    }' || fail "$1: loss or accuracy outside the tolerance of Gloo's"
+}
+
+steps=200
+case $case in
+ddp | optimizer)
+    run gloo --comm gloo --unused --steps $steps
+    read -r gl ga < <(check_ok gloo) || exit 1
+    if [[ $case == ddp ]]; then
+        run psagg --comm psagg --unused --steps $steps
+    else
+        run psagg --comm psagg-opt --unused --steps $steps
+    fi
+    read -r pl pa < <(check_ok psagg) || exit 1
+    compare "$case" "$pl" "$pa" "$gl" "$ga"
+    # psagg really carried the gradients: bytes went through it, and 4-bit updates give other
+    # weights than Gloo's fp32 all-reduce
+    sent=$(grep -o 'psagg_bytes_sent=[0-9]*' "$tmp/psagg.out" | cut -d= -f2)
+    ((${sent:-0} > 0)) || fail "$case: psagg sent no bytes"
+    h() { grep -o 'PARAMS rank=0 sha256=[0-9a-f]*' "$tmp/$1.out" | cut -d= -f3; }
+    [[ $(h psagg) != $(h gloo) ]] || fail "$case: psagg's weights equal Gloo's: the gradients did not go through psagg"
+    ;;
+server_down)
+    for mode in "psagg KILL 0" "psagg-opt STOP 1"; do
+        read -r comm sig srv <<<"$mode"
+        out=$tmp/down-$comm.out
+        "$repo/deploy/psagg-local" --config "$tmp/job.ini" --timeout 120 -- \
+            "$py" "$script" --comm "$comm" --steps 1000000 >"$out" 2>&1 &
+        launcher=$!
+        for ((i = 0; i < 600; i++)); do # until training runs (rank 0 prints step 50)
+            grep -q "step 50 loss" "$out" && break
+            sleep 0.1
+        done
+        grep -q "step 50 loss" "$out" || { kill $launcher; cat "$out" >&2; fail "$comm: training never started"; }
+        pid=$(pgrep -f -- "psagg-server --config $tmp/job.ini --rank $srv\$" | head -n 1)
+        [[ -n $pid ]] || { kill $launcher; fail "$comm: server $srv not found"; }
+        t_fault=$(date +%s.%N)
+        kill -"$sig" "$pid"
+        wait $launcher
+        rc=$?
+        [[ $rc == 1 ]] || { tail -n 20 "$out" >&2; fail "$comm: psagg-local exited $rc, expected 1"; }
+        n=0
+        while read -r r t msg; do
+            awk -v t="$t" -v f="$t_fault" 'BEGIN { exit !(t - f <= 2.0 + 0.5) }' ||
+                fail "$comm: rank $r raised $(awk -v t="$t" -v f="$t_fault" 'BEGIN{print t-f}') s after the fault"
+            [[ $msg == *"server $srv"* ]] || fail "$comm: rank $r's error does not name server $srv: $msg"
+            printf 'test_torch: %s, SIG%s server %s: rank %s raised after %.3f s: %s\n' "$comm" "$sig" \
+                "$srv" "$r" "$(awk -v t="$t" -v f="$t_fault" 'BEGIN{print t-f}')" "${msg:0:160}"
+            n=$((n + 1))
+        done < <(sed -n 's/^\[worker [0-9]*\] train_digits: rank \([0-9]*\) failed at \([0-9.]*\): \(.*\)$/\1 \2 \3/p' "$out")
+        ((n == 4)) || { tail -n 30 "$out" >&2; fail "$comm: $n of 4 ranks raised"; }
+    done
+    ;;
+*) fail "unknown case '$case'" ;;
+esac
+echo "test_torch: $case passed"

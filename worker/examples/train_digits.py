@@ -1,0 +1,147 @@
+#!/usr/bin/python3
+"""train_digits.py - data-parallel PyTorch training of a small CNN on sklearn's digits.
+
+Run it under deploy/psagg-local (which sets RANK, WORLD_SIZE, MASTER_ADDR/PORT and the psagg
+variables), with Debian's /usr/bin/python3 (the one that has torch):
+
+    deploy/psagg-local --config conf/local.ini -- /usr/bin/python3 \\
+        worker/examples/train_digits.py --comm psagg --codec maxmin4
+    deploy/psagg-local --config conf/local.ini --servers 0 -- /usr/bin/python3 \\
+        worker/examples/train_digits.py --comm gloo
+
+--comm gloo       DDP with Gloo's all-reduce (fp32): the baseline
+--comm psagg      DDP with psagg's communication hook (the two-line change)
+--comm psagg-opt  no DDP and no process group: psagg.torch.DistributedOptimizer
+
+Each worker trains on its own shard (1/N of the 1437 training images) with the same seed and
+a global batch of N x --batch. Rank 0 prints a RESULT line (ms per step, final loss = mean of
+rank 0's last 20 training losses, test accuracy on the 360 held-out images); every rank
+prints "PARAMS rank=R sha256=..." of its final weights (they must be equal).
+"""
+
+import argparse
+import hashlib
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Net(nn.Module):
+    def __init__(self, unused=False):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc1 = nn.Linear(32 * 4 * 4, 128)
+        self.fc2 = nn.Linear(128, 10)
+        # a layer forward() never uses: DDP then needs find_unused_parameters=True
+        self.unused = nn.Linear(10, 10) if unused else None
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.relu(self.fc1(x.flatten(1)))
+        return self.fc2(x)
+
+
+def load_digits():
+    from sklearn.datasets import load_digits as sk_digits
+    d = sk_digits()
+    x = torch.tensor(d.data, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
+    y = torch.tensor(d.target, dtype=torch.long)
+    g = torch.Generator().manual_seed(1234)
+    perm = torch.randperm(len(y), generator=g)
+    x, y = x[perm], y[perm]
+    n_test = 360
+    return x[n_test:], y[n_test:], x[:n_test], y[:n_test]
+
+
+def params_sha256(model):
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--comm", choices=["psagg", "gloo", "psagg-opt"], default="psagg")
+    ap.add_argument("--codec", default=None, help="psagg codec text (default: the config's)")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--batch", type=int, default=32, help="per worker")
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--unused", action="store_true",
+                    help="add a parameter forward() never uses (find_unused_parameters=True)")
+    ap.add_argument("--bucket-cap-mb", type=float, default=0.05,
+                    help="DDP bucket size (small: several buckets, as in a large model)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(1)
+    xtr, ytr, xte, yte = load_digits()
+    xs, ys = xtr[rank::world], ytr[rank::world]
+    model = Net(args.unused)
+
+    if args.comm == "psagg-opt":
+        import psagg.torch as pt
+        pt.init()
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        opt = pt.DistributedOptimizer(opt, model.named_parameters(), codec=args.codec)
+        pt.broadcast_parameters(model, root=0)
+        net = model
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        net = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb,
+                                                  find_unused_parameters=args.unused)
+        if args.comm == "psagg":
+            import psagg.torch as pt
+            pt.register_ddp_hook(net, codec=args.codec)
+        opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
+
+    g = torch.Generator().manual_seed(args.seed * 1000 + rank)
+    losses = []
+    t0 = None
+    for step in range(args.steps):
+        if step == 5:
+            t0 = time.perf_counter()  # after warm-up (DDP rebuilds its buckets after step 1)
+        idx = torch.randint(0, len(ys), (args.batch,), generator=g)
+        opt.zero_grad()
+        loss = F.cross_entropy(net(xs[idx]), ys[idx])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if step % 50 == 0 and rank == 0:
+            print("step %d loss %.4f" % (step, loss.item()), flush=True)
+    ms = (time.perf_counter() - t0) * 1000.0 / max(1, args.steps - 5)
+
+    with torch.no_grad():
+        acc = (model(xte).argmax(1) == yte).float().mean().item()
+    tail = sum(losses[-20:]) / len(losses[-20:])  # rank 0's: its shard, the shared weights
+    print("PARAMS rank=%d sha256=%s" % (rank, params_sha256(model)), flush=True)
+    extra = ""
+    if args.comm != "gloo":
+        st = pt.session().ctx.stats()
+        extra = " psagg_bytes_sent=%d compression=%.2f" % (
+            st["bytes_sent"], st["bytes_raw"] / max(1, st["bytes_sent"]))
+    if rank == 0:
+        print("RESULT comm=%s codec=%s workers=%d steps=%d ms_per_step=%.2f final_loss=%.4f "
+              "test_acc=%.4f%s" % (args.comm, args.codec or "config", world, args.steps, ms,
+                                   tail, acc, extra), flush=True)
+    if args.comm != "psagg-opt":
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except Exception as e:  # psagg.Error (a RuntimeError) or one raised through DDP
+        print("train_digits: rank %s failed at %.3f: %s" % (os.environ.get("RANK"), time.time(),
+                                                             e), file=sys.stderr, flush=True)
+        sys.exit(3)
