@@ -2,7 +2,8 @@
 # demo.sh - the README's first command: install the dependencies, build, and train a small
 # MLP on the digits data set with psagg on this host (2 servers x 4 workers, conf/local.ini),
 # once with the config's codec ([codec] default, e.g. maxmin4) and once with fp32, then print
-# both side by side.
+# both side by side. Then the same for PyTorch (worker/examples/train_digits.py, a small CNN):
+# DDP with psagg's hook next to DDP with Gloo's fp32 all-reduce (skipped without torch).
 #
 # Usage: deploy/demo.sh [TRAINING OPTIONS...]
 #   Options are passed to psagg-train-digits (e.g. --epochs 10 --lr 0.1 --batch 32);
@@ -103,6 +104,40 @@ bytes/step: payload bytes one worker pushes per training step (message headers i
 compression: the fp32 bytes of the same gradients divided by that. ms/step: wall time of
 one step (forward/backward, push_pull of W1 b1 W2 b2, SGD update), averaged over the run.
 EOF
+
+# ---- PyTorch: the same host, a small CNN (worker/examples/train_digits.py), psagg's DDP hook
+# with the config's codec next to Gloo's fp32 all-reduce ----
+py=/usr/bin/python3
+if "$py" -c "import torch, sklearn" 2>/dev/null; then
+    declare -A tres=()
+    for comm in psagg gloo; do
+        say "PyTorch DDP with --comm $comm: deploy/psagg-local --config $config -- $py worker/examples/train_digits.py --comm $comm"
+        set +e
+        out=$(deploy/psagg-local --config "$config" --timeout 600 -- "$py" worker/examples/train_digits.py \
+            --comm "$comm" 2>&1 | tee "$logs/torch-$comm.log" | grep --line-buffered -E '^\[worker 0\] (step|RESULT)|ERROR|rror')
+        rc=$?
+        set -e
+        echo "$out"
+        tres[$comm]=$(sed -n 's/^\[worker 0\] RESULT //p' "$logs/torch-$comm.log" | tail -n 1)
+        if [[ -z ${tres[$comm]} ]] || (($(grep -o 'sha256=[0-9a-f]*' "$logs/torch-$comm.log" | sort -u | wc -l) != 1)); then
+            echo "demo: the PyTorch $comm run failed (or its ranks' weights differ):" >&2
+            tail -n 20 "$logs/torch-$comm.log" >&2
+            failed=1
+        fi
+    done
+    printf '\n%-26s %9s %10s %9s %12s\n' "PyTorch DDP, 4 workers" "test acc" "final loss" "ms/step" "compression"
+    for comm in psagg gloo; do
+        r=${tres[$comm]:-}
+        f() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$r"; }
+        label="gloo fp32"
+        [[ $comm == psagg ]] && label="psagg $config_codec (hook)"
+        printf '%-26s %9s %10s %9s %12s\n' "$label" "$(f test_acc)" "$(f final_loss)" "$(f ms_per_step)" \
+            "$(c=$(f compression); echo "${c:+${c}x}")"
+    done
+else
+    say "PyTorch part skipped: $py cannot import torch and sklearn (apt-get install python3-torch python3-sklearn)"
+fi
+
 if ((failed)); then
     echo "demo: FAILED" >&2
     exit 1
