@@ -12,6 +12,8 @@
 #   server_down  server 0 SIGKILLed mid-training under the DDP hook, then server 1 SIGSTOPped
 #              under the optimizer wrapper: every rank raises (exit 3 with psagg's message
 #              naming the server) within op_timeout_ms (2000) of the fault
+#   dtypes     tests/functional/torch_dtypes.py: a per-parameter codec dict, fp16 and bf16
+#              gradients, float64 and wrong sizes refused, broadcast_parameters exact
 # Exit 0 passed, 1 failed, 77 skipped (Debian's /usr/bin/python3 lacks torch or sklearn).
 set -u -o pipefail
 
@@ -120,6 +122,12 @@ server_down)
         done < <(sed -n 's/^\[worker [0-9]*\] train_digits: rank \([0-9]*\) failed at \([0-9.]*\): \(.*\)$/\1 \2 \3/p' "$out")
         ((n == 4)) || { tail -n 30 "$out" >&2; fail "$comm: $n of 4 ranks raised"; }
     done
+    ;;
+dtypes)
+    "$repo/deploy/psagg-local" --config "$tmp/job.ini" --timeout 120 -- \
+        "$py" "$repo/tests/functional/torch_dtypes.py" >"$tmp/dtypes.out" 2>&1 ||
+        { tail -n 30 "$tmp/dtypes.out" >&2; fail "dtypes: psagg-local exited $?"; }
+    (($(grep -c 'DTYPES ok' "$tmp/dtypes.out") == 4)) || { cat "$tmp/dtypes.out" >&2; fail "dtypes: not every rank passed"; }
     ;;
 *) fail "unknown case '$case'" ;;
 esac

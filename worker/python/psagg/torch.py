@@ -74,6 +74,9 @@ class _Op:
             raise TypeError("psagg.torch: gradient of dtype %s: psagg aggregates float32 (float16 "
                             "and bfloat16 go through an fp32 copy); convert the model or leave "
                             "this parameter out" % tensor.dtype)
+        if tensor.numel() != sess.counts[key]:
+            raise ValueError("psagg.torch: a tensor of %d elements for key %d, declared with %d"
+                             % (tensor.numel(), key, sess.counts[key]))
         if tensor.dtype == torch.float32 and tensor.is_contiguous():
             self.work, self.dest = tensor, None
         else:
@@ -101,6 +104,7 @@ class _Session:
         self.names = {}  # id(parameter) -> name
         self.bcast_key = None
         self.bcast_elems = 0
+        self.counts = {}  # key -> declared elements
         self._done = queue.Queue()
         self._thread = None
         self._lock = threading.Lock()
@@ -133,6 +137,7 @@ class _Session:
             self.bcast_elems = max(1024, min(total, 1 << 20))
             tensors.append((_BROADCAST_KEY, self.bcast_elems, "fp32"))
             keys = self.ctx.declare(tensors, error_feedback)
+            self.counts = {k: t[1] for k, t in zip(keys, tensors)}
             it = iter(keys)
             seen = {}
             for name, p in named:

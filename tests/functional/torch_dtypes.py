@@ -1,0 +1,76 @@
+#!/usr/bin/python3
+"""torch_dtypes.py - psagg.torch's per-parameter codecs and gradient dtypes, 2+ workers.
+
+Run under deploy/psagg-local (config: [codec] default = maxmin4, min_compress_elems = 256):
+- codec choice: a dict gives 'exact.weight' fp32 (its average must be exact) and leaves
+  'lossy.weight' to the default maxmin4 (close to the average, but not exact);
+- fp16 and bf16 gradients go through an fp32 copy: values exact in both formats come back
+  exact, in their own dtype; float64 is refused with a message that says what to do;
+- broadcast_parameters copies rank 0's fp32, fp16 and bf16 tensors exactly and leaves
+  integer tensors alone.
+Every rank prints "DTYPES ok"; any failure raises (exit 1).
+"""
+import os
+
+import torch
+
+import psagg
+import psagg.torch as pt
+
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+
+class Two(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.exact = torch.nn.Linear(64, 64, bias=False)
+        self.lossy = torch.nn.Linear(64, 64, bias=False)
+
+
+model = Two()
+sess = pt.init()
+sess.declare(model.named_parameters(), codec={"exact.weight": "fp32"})
+# every rank's gradient: rank-dependent, the same shape
+g = torch.linspace(-1, 1, 4096).reshape(64, 64)
+mine = g * (rank + 1)
+want = g * (world + 1) / 2  # the average of g * 1 .. g * world
+for name, p in model.named_parameters():
+    t = mine.clone()
+    pt._Op(sess, sess.key_of(p), t, psagg.AVERAGE, 0).finish()
+    err = (t - want).abs().max().item()
+    if name == "exact.weight":
+        assert torch.equal(t, want) or err <= 1e-6 * want.abs().max().item(), (name, err)
+    else:
+        assert 0 < err < 0.2, (name, "maxmin4 error %g out of its expected range" % err)
+
+# dtypes: values exact in fp16 and bf16 (small integers / 8) average to exact values
+for dt in (torch.float16, torch.bfloat16):
+    t = (torch.arange(4096, dtype=torch.float32).reshape(64, 64) % 16 / 8 * (rank + 1)).to(dt)
+    ref = (torch.arange(4096, dtype=torch.float32).reshape(64, 64) % 16 / 8 * (world + 1) / 2)
+    pt._Op(sess, sess.key_of(model.exact.weight), t, psagg.AVERAGE, 0).finish()
+    assert t.dtype == dt, t.dtype
+    assert torch.equal(t.float(), ref.to(dt).float()), (dt, (t.float() - ref).abs().max())
+try:  # a tensor of another size than the key's is refused before anything is sent
+    pt._Op(sess, sess.key_of(model.exact.weight), torch.zeros(65, 64), psagg.AVERAGE, 0)
+    raise AssertionError("a tensor of the wrong size was accepted")
+except ValueError as e:
+    assert "4160" in str(e) and "4096" in str(e), str(e)
+try:
+    pt._Op(sess, sess.key_of(model.exact.weight), torch.zeros(64, 64, dtype=torch.float64),
+           psagg.AVERAGE, 0)
+    raise AssertionError("float64 was accepted")
+except TypeError as e:
+    assert "float64" in str(e) and "convert" in str(e), str(e)
+
+# broadcast: rank 0's values everywhere, exactly; integers untouched
+torch.manual_seed(100 + rank)
+a = torch.randn(3000)
+b = torch.randn(70).half()
+c = torch.randn(5, 7).bfloat16()
+n = torch.tensor([rank])
+torch.manual_seed(100)
+a0, b0, c0 = torch.randn(3000), torch.randn(70).half(), torch.randn(5, 7).bfloat16()
+pt.broadcast_parameters([a, b, ("c", c), n], root=0)
+assert torch.equal(a, a0) and torch.equal(b, b0) and torch.equal(c, c0), "broadcast differs"
+assert n.item() == rank, "an integer tensor was changed"
+print("DTYPES ok rank=%d" % rank, flush=True)
