@@ -199,6 +199,20 @@ for i in 0 1 2 3; do expect_line "sh -c" "$T/out" "[worker $i] sh rank $i of 4";
 expect_line "sh -c" "$T/out" "[server 1] server 1 got TERM"
 check_no_leftovers "sh -c"
 
+# torchrun's variables; --keep-going lets the other workers finish after one fails (exit 1)
+# shellcheck disable=SC2016 # expanded by the worker's sh
+PSAGG_SERVER_BIN=$T/fakeserver timeout -k 5 30 "$launcher" --config "$repo/conf/local.ini" --keep-going -- \
+    sh -c '[ "$RANK" = 0 ] && exit 3; sleep 0.5; echo "rank $RANK/$WORLD_SIZE local $LOCAL_RANK at $MASTER_ADDR:$MASTER_PORT done"' \
+    >"$T/out" 2>"$T/err"
+rc=$?
+((rc == 1)) || fail "keep-going: exit $rc, expected 1; stderr: $(cat "$T/err")"
+port=$(sed -n 's/.*at 127\.0\.0\.1:\([0-9]*\) done$/\1/p' "$T/out" | sort -u)
+[[ $port =~ ^[0-9]+$ ]] && ((port >= 20000 && port < 32768)) || fail "keep-going: MASTER_PORT '$port'"
+for i in 1 2 3; do expect_line keep-going "$T/out" "[worker $i] rank $i/4 local $i at 127.0.0.1:$port done"; done
+grep -q "worker 0 failed with exit code 3; the other workers go on" "$T/err" ||
+    fail "keep-going: no message for worker 0: $(cat "$T/err")"
+check_no_leftovers keep-going
+
 # ---- 2. --workers / --servers override the config and are passed on ----
 FAKE_MODE=ok run --config "$repo/conf/local.ini" --server-bin "$T/fakeserver" --workers 2 --servers 1 -- "$T/fakeworker"
 ((rc == 0)) || fail "overrides: exit $rc; stderr: $(cat "$T/err")"

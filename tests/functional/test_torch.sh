@@ -96,7 +96,8 @@ server_down)
     for mode in "psagg KILL 0" "psagg-opt STOP 1"; do
         read -r comm sig srv <<<"$mode"
         out=$tmp/down-$comm.out
-        "$repo/deploy/psagg-local" --config "$tmp/job.ini" --timeout 120 -- \
+        # --keep-going: every rank must raise by itself, not be stopped by the launcher
+        "$repo/deploy/psagg-local" --config "$tmp/job.ini" --timeout 120 --keep-going -- \
             "$py" "$script" --comm "$comm" --steps 1000000 >"$out" 2>&1 &
         launcher=$!
         for ((i = 0; i < 600; i++)); do # until training runs (rank 0 prints step 50)
