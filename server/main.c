@@ -46,7 +46,8 @@ static void usage(FILE *to)
                 "  PSAGG_<SECTION>_<KEY> environment variables (see conf/cluster.ini).\n"
                 "  --check-config checks the file and the environment overrides and prints\n"
                 "  every key resolved, as 'section.key = value' lines (exit 0), or the first\n"
-                "  error with its file:line (exit 2). Scripts read this instead of the INI.\n"
+                "  error with its file:line (exit 2), including a server address that does not\n"
+                "  resolve here. Scripts read this instead of the INI.\n"
                 "  --fabric-env prints the NAME=VALUE lines of libfabric environment that every\n"
                 "  process of the job (servers and workers alike) should start with for full\n"
                 "  speed; deploy/psagg-local passes them on.\n");
@@ -93,7 +94,8 @@ int main(int argc, char **argv)
     }
     if (print_env || check_only) {
         psagg_config *pc = malloc(sizeof *pc);
-        if (!pc || psagg_config_load(config, pc)) {
+        if (!pc || psagg_config_load(config, pc) ||
+            (check_only && psagg_config_check_addresses(pc))) {
             fprintf(stderr, "psagg-server: %s\n", pc ? psagg_last_error() : "out of memory");
             free(pc);
             return 2;

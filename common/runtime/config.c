@@ -25,12 +25,14 @@
 #include <fcntl.h>
 #include <ini.h>
 #include <inttypes.h>
+#include <netdb.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -71,6 +73,8 @@ static int parse_name(const struct key *, const char *, int, psagg_config *, cha
 static int parse_path(const struct key *, const char *, int, psagg_config *, char *, size_t);
 static int parse_host(const struct key *, const char *, int, psagg_config *, char *, size_t);
 static int parse_servers(const struct key *, const char *, int, psagg_config *, char *, size_t);
+static int parse_worker_hosts(const struct key *, const char *, int, psagg_config *, char *,
+                              size_t);
 static int parse_codec(const struct key *, const char *, int, psagg_config *, char *, size_t);
 static int parse_bucket(const struct key *, const char *, int, psagg_config *, char *, size_t);
 
@@ -98,6 +102,7 @@ static const struct key keys[] = {
     KEY("cluster", "secret_file", secret_file, parse_path, .flags = 0),
     KEY("cluster", "data_auth", data_auth, parse_enum, .choices = bool_names,
         .values = bool_values),
+    KEY("cluster", "worker_hosts", worker_hosts, parse_worker_hosts, .flags = 0),
     /* [server] */
     KEY("server", "threads", server_threads, parse_number, .min = 0, .max = 1024),
     KEY("server", "error_feedback", server_error_feedback, parse_enum, .choices = bool_names,
@@ -338,6 +343,64 @@ static int parse_servers(const struct key *k, const char *val, int append, psagg
         }
         cfg->servers[cfg->n_servers++] = hp;
     }
+    rc = 0;
+out:
+    free(buf);
+    return rc;
+}
+
+/* "host[:slots] ...": stored normalized ("a:2 b:1"); the sum is checked against `workers`. */
+static int parse_worker_hosts(const struct key *k, const char *val, int append, psagg_config *cfg,
+                              char *why, size_t whylen)
+{
+    char *buf, *save = NULL, *tok, out[sizeof cfg->worker_hosts] = "";
+    size_t used = 0;
+    int rc = -1;
+    (void)k;
+    (void)append;
+
+    buf = strdup(val);
+    if (!buf) {
+        snprintf(why, whylen, "a value that fits in memory");
+        return -1;
+    }
+    for (tok = strtok_r(buf, " \t,", &save); tok; tok = strtok_r(NULL, " \t,", &save)) {
+        char *colon = strrchr(tok, ':');
+        uint64_t slots = 1;
+        int n;
+        if (colon) {
+            char *end;
+            errno = 0;
+            slots = strtoull(colon + 1, &end, 10);
+            if (end == colon + 1 || *end || errno || slots < 1 || slots > PSAGG_MAX_WORKERS) {
+                snprintf(why, whylen, "host or host:slots entries, slots 1..%d ('%s')",
+                         PSAGG_MAX_WORKERS, tok);
+                goto out;
+            }
+            *colon = '\0';
+        }
+        if (!*tok || strlen(tok) >= PSAGG_HOST_MAX) {
+            snprintf(why, whylen, "host names of 1..%d characters ('%s')", PSAGG_HOST_MAX - 1, tok);
+            goto out;
+        }
+        for (const char *p = tok; *p; p++) {
+            if (!isalnum((unsigned char)*p) && !strchr(".-_@", *p)) {
+                snprintf(why, whylen, "host or host:slots entries ('%s' has '%c')", tok, *p);
+                goto out;
+            }
+        }
+        n = snprintf(out + used, sizeof out - used, "%s%s:%" PRIu64, used ? " " : "", tok, slots);
+        if (n < 0 || (size_t)n >= sizeof out - used) {
+            snprintf(why, whylen, "a list of at most %zu characters", sizeof out - 1);
+            goto out;
+        }
+        used += (size_t)n;
+    }
+    if (!used) {
+        snprintf(why, whylen, "a list of host or host:slots entries");
+        goto out;
+    }
+    memcpy(cfg->worker_hosts, out, used + 1);
     rc = 0;
 out:
     free(buf);
@@ -742,6 +805,28 @@ static psagg_status check_secret(const struct load_state *st)
     return PSAGG_OK;
 }
 
+/* worker_hosts, when given, must place exactly `workers` workers. */
+static psagg_status check_worker_hosts(const struct load_state *st)
+{
+    const psagg_config *cfg = st->cfg;
+    const char *p = cfg->worker_hosts;
+    uint64_t total = 0;
+    char where[300];
+
+    if (!*p)
+        return PSAGG_OK;
+    while ((p = strchr(p, ':'))) {
+        total += strtoull(p + 1, (char **)&p, 10);
+    }
+    if (total == (uint64_t)cfg->n_workers)
+        return PSAGG_OK;
+    key_origin(st, "cluster", "worker_hosts", where, sizeof where);
+    return psagg_fail(PSAGG_ECONFIG,
+                      "%s: [cluster] worker_hosts gives %" PRIu64 " worker slots ('%s') but "
+                      "workers = %d; they must agree",
+                      where, total, cfg->worker_hosts, cfg->n_workers);
+}
+
 /*
  * Defaults, file, environment, required keys. On failure *cfg holds partial values and
  * psagg_last_error() says where ("path:line: ..." or "env PSAGG_X: ...") and what.
@@ -779,9 +864,30 @@ psagg_status psagg_config_load(const char *path, psagg_config *cfg)
         }
     }
     rc = check_secret(st);
+    if (!rc)
+        rc = check_worker_hosts(st);
+    key_origin(st, "cluster", "servers", cfg->servers_where, sizeof cfg->servers_where);
 out:
     free(st);
     return rc;
+}
+
+psagg_status psagg_config_check_addresses(const psagg_config *cfg)
+{
+    for (int i = 0; i < cfg->n_servers; i++) {
+        struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+        char port[16];
+        int rc;
+        snprintf(port, sizeof port, "%u", cfg->servers[i].port);
+        rc = getaddrinfo(cfg->servers[i].host, port, &hints, &res);
+        if (rc)
+            return psagg_fail(PSAGG_ECONFIG,
+                              "%s: [cluster] servers: server %d '%s' does not resolve here: %s",
+                              cfg->servers_where, i, cfg->servers[i].host,
+                              rc == EAI_SYSTEM ? strerror(errno) : gai_strerror(rc));
+        freeaddrinfo(res);
+    }
+    return PSAGG_OK;
 }
 
 /* ---- printing the resolved config ---- */

@@ -49,6 +49,11 @@ typedef struct psagg_config {
                                data keys); must be readable and not empty */
     int data_auth;          /* `data_auth`, default off: a MAC on every data message (needs
                                secret_file) */
+    char worker_hosts[1024]; /* `worker_hosts`, optional: "host:slots host ..." where cluster
+                                launchers start the workers (slots default 1; they sum to
+                                `workers`); the processes themselves do not use it */
+    char servers_where[300]; /* where `servers` was set ("path:line" or "env PSAGG_..."), for
+                                messages about the addresses */
 
     /* [server] */
     int server_threads;        /* `threads`, default 0 = one per online core */
@@ -83,6 +88,12 @@ PSAGG_NODISCARD psagg_status psagg_config_load(const char *path, psagg_config *c
  * scripts read instead of parsing INI themselves.
  */
 void psagg_config_print(const psagg_config *cfg, FILE *to);
+
+/*
+ * Check that every server address resolves here (getaddrinfo); the error names the server,
+ * its address and where `servers` was set. psagg-server --check-config runs it.
+ */
+PSAGG_NODISCARD psagg_status psagg_config_check_addresses(const psagg_config *cfg);
 
 /* Parse "host:port" ("[v6]:port" for IPv6). */
 psagg_status psagg_parse_hostport(const char *text, psagg_hostport *out);

@@ -69,6 +69,30 @@ static void expect_error_at(int src_line, const char *text, int line, ...)
 }
 #define EXPECT_ERROR(text, line, ...) expect_error_at(__LINE__, text, line, __VA_ARGS__, NULL)
 
+/* worker_hosts: normalized, checked against workers; server addresses must resolve */
+static void test_worker_hosts(void)
+{
+    psagg_config cfg;
+    CHECK(psagg_config_load(write_ini(MINIMAL "worker_hosts = n1:1, n-2.example\n"), &cfg) == 0,
+          "worker_hosts: %s", psagg_last_error());
+    CHECK(!strcmp(cfg.worker_hosts, "n1:1 n-2.example:1"), "normalized '%s'", cfg.worker_hosts);
+    EXPECT_ERROR(MINIMAL "worker_hosts = a:2 b\n", 5, "3 worker slots", "workers = 2");
+    EXPECT_ERROR(MINIMAL "worker_hosts = a:0 b\n", 5, "worker_hosts", "'a:0'");
+    EXPECT_ERROR(MINIMAL "worker_hosts = a:x\n", 5, "worker_hosts", "'a:x'");
+    EXPECT_ERROR(MINIMAL "worker_hosts = a/b:2\n", 5, "worker_hosts", "'/'");
+    CHECK(psagg_config_load(write_ini(MINIMAL), &cfg) == 0 && !cfg.worker_hosts[0] &&
+              psagg_config_check_addresses(&cfg) == 0,
+          "no worker_hosts, 127.0.0.1 resolves: %s", psagg_last_error());
+    CHECK(psagg_config_load(write_ini("[cluster]\njob_id = j\nworkers = 2\nservers = 127.0.0.1:1 "
+                                      "no-such-host.invalid:2\n"),
+                            &cfg) == 0,
+          "load: %s", psagg_last_error());
+    CHECK(psagg_config_check_addresses(&cfg) == PSAGG_ECONFIG &&
+              strstr(psagg_last_error(), ":4: [cluster] servers: server 1 'no-such-host.invalid' "
+                                         "does not resolve"),
+          "unresolvable server: '%s'", psagg_last_error());
+}
+
 static void test_shipped_local(void)
 {
     psagg_config cfg;
@@ -413,6 +437,7 @@ int main(void)
     test_missing();
     test_env();
     test_hostport();
+    test_worker_hosts();
     printf("test_config: ok\n");
     return 0;
 }

@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# test_ssh.sh - deploy/psagg-ssh against real OpenSSH servers: 3 hosts in network namespaces
+# on a bridge (10.214.0.1-3), each running its own sshd with keys made here (nothing of the
+# system's ssh configuration is read or written).
+#
+# Usage: tests/functional/test_ssh.sh BUILD_DIR
+# From host 0, psagg-ssh runs 2 servers (hosts 1 and 2) and 4 workers (fn_worker: sums checked
+# exactly; hosts 0:2 1:1 2:1) from one INI file:
+#   1. the job succeeds (exit 0), every line carries its "[host role rank]" prefix
+#   2. a remote worker SIGKILLed mid-job: psagg-ssh stops everything, exits non-zero, and
+#      its summary names that worker
+#   3. SIGINT to psagg-ssh mid-job: exit 130
+# After each, no process of the job may be left in any namespace (only the sshd listeners).
+# Exit 0 passed, 1 failed, 77 skipped (not root, or no sshd / ip / setsid).
+set -u -o pipefail
+
+build=${1:?usage: test_ssh.sh BUILD_DIR}
+repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
+skip() { echo "test_ssh: SKIP: $*"; exit 77; }
+((EUID == 0)) || skip "needs root (network namespaces)"
+[[ -x /usr/sbin/sshd ]] || skip "no /usr/sbin/sshd (apt-get install openssh-server)"
+for t in ip ssh ssh-keygen setsid ss; do command -v $t >/dev/null || skip "no '$t'"; done
+fail() { echo "test_ssh: FAIL: $*" >&2; exit 1; }
+
+N=3 NET=10.214.0
+id=$(printf '%04x' $((RANDOM)))
+br=psb$id
+D=$(mktemp -d "${TMPDIR:-/tmp}/psagg-test-ssh.XXXXXX") || exit 1
+chmod 700 "$D"
+ns() { echo "pss$id-$1"; }
+
+alive() { local s; s=$(ps -o stat= -p "$1" 2>/dev/null); [[ -n $s && $s != Z* ]]; }
+teardown() {
+    local pids="" p i
+    for f in "$D"/sshd*.pid; do [[ -s $f ]] && pids+=" $(cat "$f")"; done
+    for ((i = 0; i < N; i++)); do pids+=" $(ip netns pids "$(ns $i)" 2>/dev/null | tr '\n' ' ')"; done
+    # shellcheck disable=SC2086
+    [[ -n ${pids// /} ]] && kill -KILL $pids 2>/dev/null
+    for ((i = 0; i < N; i++)); do ip netns del "$(ns $i)" 2>/dev/null; done
+    ip link del "$br" 2>/dev/null
+    rm -rf "$D"
+}
+trap teardown EXIT
+trap 'exit 130' INT TERM
+
+# ---- hosts: keys, known_hosts, ssh config, namespaces, one sshd each ----
+ssh-keygen -q -t ed25519 -N '' -C psagg-test -f "$D/id_ed25519"
+cp "$D/id_ed25519.pub" "$D/authorized_keys"
+chmod 600 "$D/authorized_keys"
+: >"$D/known_hosts"
+for ((i = 0; i < N; i++)); do
+    ssh-keygen -q -t ed25519 -N '' -C "host$i" -f "$D/host$i"
+    echo "$NET.$((i + 1)) $(cut -d' ' -f1,2 "$D/host$i.pub")" >>"$D/known_hosts"
+done
+cat >"$D/ssh_config" <<CONF
+Host $NET.*
+  User root
+  IdentityFile $D/id_ed25519
+  IdentitiesOnly yes
+  BatchMode yes
+  StrictHostKeyChecking yes
+  UserKnownHostsFile $D/known_hosts
+  GlobalKnownHostsFile /dev/null
+  ConnectTimeout 5
+  LogLevel ERROR
+CONF
+ip link add "$br" type bridge || fail "cannot create bridge $br"
+ip link set "$br" up
+for ((i = 0; i < N; i++)); do
+    ip netns add "$(ns $i)"
+    ip link add "psv$id$i" type veth peer name eth0 netns "$(ns $i)"
+    ip link set "psv$id$i" master "$br" up
+    ip -n "$(ns $i)" addr add "$NET.$((i + 1))/24" dev eth0
+    ip -n "$(ns $i)" link set eth0 up
+    ip -n "$(ns $i)" link set lo up
+done
+install -d -m 0755 /run/sshd
+for ((i = 0; i < N; i++)); do
+    cat >"$D/sshd$i.conf" <<CONF
+ListenAddress $NET.$((i + 1)):22
+HostKey $D/host$i
+PidFile $D/sshd$i.pid
+AuthorizedKeysFile $D/authorized_keys
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+LogLevel ERROR
+CONF
+    ip netns exec "$(ns $i)" /usr/sbin/sshd -f "$D/sshd$i.conf" -E "$D/sshd$i.log" ||
+        fail "sshd $i did not start: $(cat "$D/sshd$i.log")"
+done
+for ((i = 0; i < N; i++)); do
+    for ((k = 0; k < 50; k++)); do
+        ip netns exec "$(ns $i)" ss -Hltn "sport = :22" | grep -q . && break
+        sleep 0.1
+    done
+done
+ip netns exec "$(ns 0)" ssh -n -F "$D/ssh_config" "$NET.3" true ||
+    fail "ssh from host 0 to host 2 does not work"
+
+# ---- the job ----
+cat >"$D/job.ini" <<INI
+[cluster]
+job_id = test-ssh-$id
+servers = $NET.2:19870 $NET.3:19870
+workers = 4
+worker_hosts = $NET.1:2 $NET.2 $NET.3
+connect_timeout_ms = 20000
+op_timeout_ms = 5000
+[log]
+level = warn
+INI
+launch() { # args for fn_worker; call it in a subshell: it becomes psagg-ssh (signals reach it)
+    exec ip netns exec "$(ns 0)" "$repo/deploy/psagg-ssh" --config "$D/job.ini" --ssh "ssh -F $D/ssh_config" \
+        --server-bin "$build/server/psagg-server" --grace 2 -- \
+        "$build/tests/functional/fn_worker" --codec fp32 --random-tensors 20 "$@"
+}
+# Only the sshd listeners may be left in the namespaces (their pids are in sshd*.pid).
+check_clean() { # case
+    local i k left listeners
+    listeners=" $(cat "$D"/sshd*.pid | tr '\n' ' ') "
+    for ((k = 0; k < 50; k++)); do
+        left=""
+        for ((i = 0; i < N; i++)); do
+            for p in $(ip netns pids "$(ns $i)"); do
+                [[ $listeners == *" $p "* ]] && continue
+                alive "$p" && left+=" host$i:$p($(tr '\0' ' ' </proc/$p/cmdline 2>/dev/null | cut -c1-60))"
+            done
+        done
+        [[ -z $left ]] && break
+        sleep 0.1
+    done
+    [[ -z $left ]] || fail "$1: processes left behind:$left"
+    echo "test_ssh: $1: nothing left in any namespace"
+}
+pid_in_ns() { # ns-index program: the process whose argv[0] is that program
+    local p a0
+    for p in $(ip netns pids "$(ns $1)"); do
+        a0=$(tr '\0' '\n' 2>/dev/null </proc/"$p"/cmdline | head -n 1)
+        [[ ${a0##*/} == "$2" ]] && { echo "$p"; return; }
+    done
+}
+
+# 1. success
+t0=$(date +%s.%N)
+(launch --rounds 20) >"$D/ok.out" 2>&1
+rc=$?
+((rc == 0)) || { cat "$D/ok.out" >&2; fail "success: psagg-ssh exited $rc"; }
+grep -q "all 4 worker(s) exited 0" "$D/ok.out" || fail "success: no final message"
+grep -v '^\[10\.214\.0\.[1-3] \(server [01]\|worker [0-3]\)\] \|^psagg-ssh: ' "$D/ok.out" | grep -q . &&
+    fail "success: lines without a host/role/rank prefix: $(grep -v '^\[10\.214\|^psagg-ssh: ' "$D/ok.out" | head -3)"
+echo "test_ssh: success: 2 servers + 4 workers over ssh, sums exact, in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b-a}') s"
+check_clean success
+
+# 2. a remote worker killed
+(launch --rounds 1000000) >"$D/kill.out" 2>&1 &
+lp=$!
+for ((k = 0; k < 100; k++)); do
+    victim=$(pid_in_ns 2 fn_worker)
+    [[ -n $victim ]] && grep -q "worker" "$D/kill.out" && break
+    sleep 0.1
+done
+[[ -n $victim ]] || { kill -INT $lp; wait $lp; cat "$D/kill.out" >&2; fail "kill: no worker on host 2"; }
+sleep 1
+kill -KILL "$victim"
+wait $lp
+rc=$?
+((rc != 0)) || fail "kill: psagg-ssh exited 0"
+grep -q "summary: FAILED: $NET.3 worker 3 failed: status 137 (killed by SIGKILL)" "$D/kill.out" ||
+    { cat "$D/kill.out" >&2; fail "kill: the summary does not name $NET.3 worker 3"; }
+echo "test_ssh: kill: psagg-ssh exited $rc: $(grep 'summary:' "$D/kill.out")"
+check_clean kill
+
+# 3. SIGINT to the launcher
+(launch --rounds 1000000) >"$D/int.out" 2>&1 &
+lp=$!
+for ((k = 0; k < 100; k++)); do
+    [[ -n $(pid_in_ns 1 fn_worker) && -n $(pid_in_ns 2 psagg-server) ]] && break
+    sleep 0.1
+done
+sleep 1
+kill -INT $lp
+wait $lp
+rc=$?
+((rc == 130)) || { cat "$D/int.out" >&2; fail "sigint: psagg-ssh exited $rc, expected 130"; }
+grep -q "got SIGINT; stopping everything" "$D/int.out" || fail "sigint: no message"
+check_clean sigint
+echo "test_ssh: passed"
