@@ -10,7 +10,7 @@ PKGS=(
     openmpi-bin libopenmpi-dev
     python3-torch python3-sklearn python3-matplotlib python3-numpy
     iproute2 procps time
-    openssh-server openssh-client
+    openssh-server openssh-client slurmctld slurmd slurm-client munge
 )
 
 missing=()

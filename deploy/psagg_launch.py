@@ -28,6 +28,7 @@ c=$!
 ( trap - TERM; while read -r _; do :; done; exit 0 ) <&0 &
 w=$!
 wait -n "$c" "$w"
+disown "$w" # its end is ours: no "Killed" notice from bash
 if kill -0 "$c" 2>/dev/null; then
     kill -TERM -- -$$ 2>/dev/null
     for ((i = 0; i < g * 10; i++)); do kill -0 "$c" 2>/dev/null || break; sleep 0.1; done
@@ -108,7 +109,7 @@ def plan(cfg, fabric, a, program, server_host=None):
     if os.path.isfile(os.path.join(py, "psagg", "__init__.py")):
         pypath = py + (":" + pypath if pypath else "")
     procs = []
-    for i, sp in enumerate(servers):
+    for i, sp in enumerate([] if getattr(a, "no_servers", False) else servers):
         env = dict(common, PSAGG_SERVER_RANK=str(i))
         host = server_host(i, sp) if server_host else host_of(sp)
         procs.append(Proc(host, "server", i,

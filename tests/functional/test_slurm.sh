@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# test_slurm.sh - deploy/psagg-slurm against a real Slurm: munged, slurmctld and four slurmd's
+# (nodes n1..n4 on 127.0.0.1) started here with a private slurm.conf (SLURM_CONF; nothing in
+# /etc/slurm is read or written), jobs submitted with sbatch.
+#
+# Usage: tests/functional/test_slurm.sh BUILD_DIR
+#   1. deploy/psagg.sbatch on 4 nodes x 2 tasks, --placement own --servers 2: 2 servers (n1,
+#      n2) and 4 workers (fn_worker, sums exact; n3, n4): the job COMPLETED, its output has
+#      the prefixed lines and "all 4 worker(s) exited 0"
+#   2. a failing job (worker 1 declares other tensors) colocated on 2 nodes: the job ends
+#      FAILED, and its output names the failure in psagg-slurm's summary
+# Every daemon started here is stopped, and no job, slurmstepd, psagg-server or fn_worker is
+# left. Exit 0 passed, 1 failed, 77 skipped (not root, or Slurm/munge not installed).
+set -u -o pipefail
+
+build=$(cd -- "${1:?usage: test_slurm.sh BUILD_DIR}" && pwd) || exit 1
+repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
+skip() { echo "test_slurm: SKIP: $*"; exit 77; }
+((EUID == 0)) || skip "needs root (slurmd, munged)"
+for t in slurmctld slurmd munged; do [[ -x /usr/sbin/$t ]] || skip "no /usr/sbin/$t (apt-get install slurmctld slurmd slurm-client munge)"; done
+for t in sbatch squeue scancel scontrol srun munge; do command -v $t >/dev/null || skip "no '$t'"; done
+fail() { echo "test_slurm: FAIL: $*" >&2; exit 1; }
+alive() { local s; s=$(ps -o stat= -p "$1" 2>/dev/null); [[ -n $s && $s != Z* ]]; }
+
+D=$(mktemp -d "${TMPDIR:-/tmp}/psagg-test-slurm.XXXXXX") || exit 1
+chmod 755 "$D"
+export SLURM_CONF=$D/slurm.conf
+started_munge=""
+teardown() {
+    local pids="" p
+    # jobs first: their slurmstepd's and tasks outlive the daemons
+    if [[ -s $D/slurmctld.pid ]] && alive "$(cat "$D/slurmctld.pid")"; then
+        scancel --full $(squeue -h -o %i 2>/dev/null) 2>/dev/null
+        for _ in $(seq 100); do [[ -z $(squeue -h 2>/dev/null) ]] && break; sleep 0.1; done
+    fi
+    for f in "$D"/slurmd-*.pid "$D"/slurmctld.pid ${started_munge:+/run/munge/munged.pid}; do
+        [[ -s $f ]] && pids+=" $(cat "$f")"
+    done
+    # shellcheck disable=SC2086
+    [[ -n ${pids// /} ]] && kill -TERM $pids 2>/dev/null
+    for p in $pids; do
+        for _ in $(seq 50); do alive "$p" || break; sleep 0.1; done
+        alive "$p" && kill -KILL "$p" 2>/dev/null
+    done
+    [[ -n ${KEEP:-} ]] || rm -rf "$D"
+}
+trap teardown EXIT
+trap 'exit 130' INT TERM
+
+# ---- munge (the system's key; started here unless one runs) ----
+if ! munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
+    install -d -o munge -g munge -m 0755 /run/munge
+    runuser -u munge -- /usr/sbin/munged || fail "munged did not start"
+    started_munge=1
+    for _ in $(seq 50); do munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
+fi
+munge -n </dev/null | unmunge >/dev/null || fail "munge does not work"
+
+# ---- slurm: controller + 4 nodes on 127.0.0.1, everything under $D ----
+mkdir -p "$D/state" "$D/out"
+cat >"$SLURM_CONF" <<CONF
+ClusterName=psaggtest
+SlurmctldHost=localhost
+SlurmctldPort=16817
+SlurmUser=root
+AuthType=auth/munge
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SlurmdParameters=config_overrides
+ReturnToService=2
+MailProg=/bin/true
+SlurmctldPidFile=$D/slurmctld.pid
+SlurmdPidFile=$D/slurmd-%n.pid
+SlurmdSpoolDir=$D/spool-%n
+StateSaveLocation=$D/state
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+JobAcctGatherType=jobacct_gather/none
+SlurmctldLogFile=$D/slurmctld.log
+SlurmdLogFile=$D/slurmd-%n.log
+NodeName=n[1-4] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[17101-17104] CPUs=4 RealMemory=2000 State=UNKNOWN
+PartitionName=psagg Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+CONF
+t0=$(date +%s.%N)
+/usr/sbin/slurmctld -c -f "$SLURM_CONF" || fail "slurmctld did not start: $(tail -5 "$D/slurmctld.log")"
+for i in 1 2 3 4; do /usr/sbin/slurmd -f "$SLURM_CONF" -N n$i || fail "slurmd n$i did not start"; done
+for _ in $(seq 150); do [[ $(sinfo -h -o %t 2>/dev/null | sort -u) == idle ]] && break; sleep 0.2; done
+[[ $(sinfo -h -o %t | sort -u) == idle ]] || fail "nodes not idle: $(sinfo -N 2>&1)"
+echo "test_slurm: slurm up (4 nodes) in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}') s"
+
+cat >"$D/template.ini" <<INI
+[cluster]
+job_id = test-slurm
+servers = 127.0.0.1:1
+workers = 1
+connect_timeout_ms = 20000
+op_timeout_ms = 5000
+[log]
+level = warn
+INI
+# submit NAME SBATCH-ARGS... -- PSAGG-SLURM-ARGS...: wait for the job; prints its id
+submit() {
+    local name=$1 jid
+    shift
+    local sb=() ; while [[ $1 != -- ]]; do sb+=("$1"); shift; done; shift
+    jid=$(cd "$D" && PSAGG_HOME=$repo sbatch --parsable -o "$D/out/$name.out" "${sb[@]}" \
+        "$repo/deploy/psagg.sbatch" "$D/template.ini" --job-config "$D/$name.ini" \
+        --server-bin "$build/server/psagg-server" "$@") || fail "$name: sbatch failed"
+    for _ in $(seq 600); do [[ -z $(squeue -h -j "$jid" 2>/dev/null) ]] && break; sleep 0.2; done
+    [[ -z $(squeue -h -j "$jid" 2>/dev/null) ]] || fail "$name: job $jid still queued/running after 120 s"
+    echo "$jid"
+}
+state() { scontrol show job "$1" | grep -o 'JobState=[A-Z]*' | cut -d= -f2; }
+check_clean() { # case: no job and nothing of ours left
+    local left
+    [[ -z $(squeue -h 2>/dev/null) ]] || fail "$1: jobs left: $(squeue -h)"
+    for _ in $(seq 50); do
+        left=$(ps -eo pid=,stat=,args= | awk '$2 !~ /^Z/' | grep -E 'slurmstepd|fn_worker|psagg-server --config '"$D" | grep -v grep)
+        [[ -z $left ]] && break
+        sleep 0.1
+    done
+    [[ -z $left ]] || fail "$1: processes left: $left"
+    echo "test_slurm: $1: no job and no process left"
+}
+
+# 1. the job
+t0=$(date +%s.%N)
+jid=$(submit ok -N 4 --ntasks-per-node 2 -- --placement own --servers 2 -- \
+    "$build/tests/functional/fn_worker" --codec fp32 --rounds 20 --random-tensors 20) || exit 1
+out=$D/out/ok.out
+[[ $(state "$jid") == COMPLETED ]] || { cat "$out" >&2; fail "ok: job $jid ended $(state "$jid")"; }
+grep -q "all 4 worker(s) exited 0" "$out" || { cat "$out" >&2; fail "ok: no success message"; }
+grep -q "2 server(s) on n1,n2, 4 worker(s) on n3:2 n4:2" "$out" || { cat "$out" >&2; fail "ok: placement"; }
+echo "test_slurm: ok: job $jid COMPLETED in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}') s: $(grep -o 'allocation .*' "$out" | head -n 1)"
+check_clean ok
+
+# 2. a failing job
+jid=$(submit bad -N 2 --ntasks-per-node 2 -- --placement colocated -- \
+    "$build/tests/functional/fn_worker" --codec fp32 --rounds 5 --mismatch-rank 1) || exit 1
+out=$D/out/bad.out
+st=$(state "$jid")
+[[ $st == FAILED ]] || { cat "$out" >&2; fail "bad: job $jid ended $st, expected FAILED"; }
+grep -q "summary: FAILED: n[12] worker [0-3] failed" "$out" || { cat "$out" >&2; fail "bad: no failure summary in the job's output"; }
+echo "test_slurm: bad: job $jid FAILED: $(grep 'summary:' "$out")"
+check_clean bad
+echo "test_slurm: passed"
