@@ -35,6 +35,9 @@ psagg_status psagg_rxpool_create(psagg_rxpool *p, psagg_fabric *f, int count, si
         b->buf = psagg_alloc(size, 0);
         if (!b->buf)
             return psagg_fail(PSAGG_ENOMEM, "receive buffers of %zu bytes", size);
+        /* fault every page in now: the receive path must not take first-touch page faults
+           (a kernel TCP copy into a fresh page clears it first) in the middle of a job */
+        memset(b->buf, 0, size);
         p->count = i + 1;
         if ((st = psagg_fabric_reg(f, b->buf, size, &b->desc)) ||
             (st = psagg_fabric_post_recv(f, b->buf, size, b->desc, b)))
