@@ -71,6 +71,13 @@ static void finish_round(server *srv, chunk_state *c)
         }
     }
     c->round++;
+    if (c == srv->chunks) { /* slot 0 counts the job's rounds for the usage report */
+        if (c->round == 1) {
+            getrusage(RUSAGE_SELF, &srv->usage_first);
+            atomic_store(&srv->usage_marked, 1);
+        }
+        atomic_store(&srv->rounds_done, c->round);
+    }
     c->round_deadline = 0;
     c->n_arrived = 0;
     c->next = 0;

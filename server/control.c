@@ -538,6 +538,32 @@ static void check_liveness(server *srv, int64_t now)
     }
 }
 
+static double tv_ms(struct timeval a, struct timeval b)
+{
+    return (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_usec - a.tv_usec) / 1e3;
+}
+
+/* CPU and minor page faults per round after the first (the benchmarks read this line). */
+static void log_usage(server *srv)
+{
+    struct rusage now;
+    unsigned rounds = atomic_load(&srv->rounds_done);
+    double n;
+    if (!atomic_load(&srv->usage_marked) || rounds < 2 || getrusage(RUSAGE_SELF, &now))
+        return;
+    n = (double)(rounds - 1);
+    LOG_INFO(&srv->log,
+             "usage after the first round: rounds=%u cpu_ms_per_round=%.1f user_ms=%.1f "
+             "sys_ms=%.1f minflt_per_round=%.1f",
+             rounds - 1,
+             (tv_ms(srv->usage_first.ru_utime, now.ru_utime) +
+              tv_ms(srv->usage_first.ru_stime, now.ru_stime)) /
+                 n,
+             tv_ms(srv->usage_first.ru_utime, now.ru_utime) / n,
+             tv_ms(srv->usage_first.ru_stime, now.ru_stime) / n,
+             (double)(now.ru_minflt - srv->usage_first.ru_minflt) / n);
+}
+
 /*
  * The control loop: returns the process exit code. Phases: STARTING (accept, HELLO, DECLARE;
  * the start-up deadline runs from the first authenticated HELLO), RUNNING (BYE, deaths,
@@ -598,6 +624,7 @@ int control_serve(server *srv)
             count_state(srv, W_BYE) + count_state(srv, W_DEAD) == srv->n_workers) {
             rc = atomic_load(&srv->job_failed) || count_state(srv, W_DEAD) ? 1 : 0;
             LOG_INFO(&srv->log, "all workers gone, job %s", rc ? "failed" : "done");
+            log_usage(srv);
             break;
         }
         if (phase == STARTING) {

@@ -22,6 +22,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/resource.h>
 
 #include "base/log.h"
 #include "kernels/codec.h"
@@ -158,6 +159,12 @@ typedef struct server {
     psagg_layout layout;
     uint32_t n_owned;
     chunk_state *chunks; /* by slot */
+    /* resource usage: a snapshot when chunk slot 0 finishes its first round, and the rounds
+       that chunk has finished; the job's end reports CPU and page faults per round after the
+       first (aggregate.c, control.c) */
+    struct rusage usage_first;
+    atomic_int usage_marked;
+    atomic_uint rounds_done;
     psagg_rxpool rxpool; /* of recv_buf */
 
     agg_thread *threads;

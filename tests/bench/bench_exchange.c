@@ -32,6 +32,10 @@
  *       RESULT system=psagg model=<name> codec=<codec> workers=<N> servers=<S>
  *              median_ms=<x> p10_ms=<y> p90_ms=<z> busiest_link_bytes=<b>
  *              wire_limit_ms=<w> bytes_sent_per_worker=<s> compression=<raw/sent>
+ *              worker_cpu_ms=<c> worker_minflt=<f>
+ *     (worker_*: rank 0's own CPU milliseconds and minor page faults per timed step, from
+ *     getrusage; each server logs its own per round at the end of the job, at INFO:
+ *     "usage after the first round: ... cpu_ms_per_round=... minflt_per_round=...");
  *     (quantiles interpolate linearly, numpy's default, like the baselines).
  *
  * busiest_link_bytes: bytes per step, per direction, on the most loaded host link, computed
@@ -60,6 +64,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "bench_util.h"
@@ -201,6 +206,8 @@ int main(int argc, char **argv)
     uint32_t n_chunks = 0, key_bar, key_time, n_fp32 = 0;
     psagg_stats s0, s1;
     uint64_t sent_sum = 0, raw_sum = 0, recv_sum = 0; /* model push_pulls of timed steps */
+    struct rusage ru0 = {0}, ru1 = {0};               /* this process over the timed steps */
+    double cpu_ms;
     psagg_status st;
 
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -332,6 +339,8 @@ int main(int argc, char **argv)
     for (int step = 0; step < warmup + steps; step++) {
         psagg_handle *bh;
         double t0, t1;
+        if (step == warmup)
+            getrusage(RUSAGE_SELF, &ru0);
         if ((st = psagg_push_pull(ctx, key_bar, &bar_in, &bar_out, PSAGG_SUM, 0, &bh)) ||
             (st = psagg_wait(bh, -1))) {
             psagg_release(bh);
@@ -360,6 +369,7 @@ int main(int argc, char **argv)
         }
     }
 
+    getrusage(RUSAGE_SELF, &ru1);
     /* step time = max over ranks: gather every rank's times through one fp32 SUM */
     for (int i = 0; i < steps; i++)
         timing[(size_t)rank * (size_t)steps + (size_t)i] = (float)t_rank[i];
@@ -417,12 +427,21 @@ int main(int argc, char **argv)
             printf("  wire limit at %g Gbit/s: %.2f ms -> median is %.2fx the wire limit\n",
                    link_gbit, wire_ms, med / wire_ms);
         printf("  achieved rate on the busiest link: %.3f Gbit/s\n", rate);
+        cpu_ms = ((double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec) * 1e3 +
+                  (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec) / 1e3 +
+                  (double)(ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) * 1e3 +
+                  (double)(ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec) / 1e3) /
+                 steps;
+        printf("  worker 0: %.1f CPU ms and %.1f minor page faults per timed step\n", cpu_ms,
+               (double)(ru1.ru_minflt - ru0.ru_minflt) / steps);
         printf("RESULT system=psagg model=%s codec=%s workers=%d servers=%d median_ms=%.3f "
                "p10_ms=%.3f p90_ms=%.3f busiest_link_bytes=%llu wire_limit_ms=%.3f "
-               "bytes_sent_per_worker=%llu compression=%.3f\n",
+               "bytes_sent_per_worker=%llu compression=%.3f worker_cpu_ms=%.1f "
+               "worker_minflt=%.1f\n",
                name, codec_text, world, cfg->n_servers, med, p10, p90,
                (unsigned long long)lm.busiest, wire_ms, (unsigned long long)sent,
-               sent ? (double)raw / (double)sent : 0.0);
+               sent ? (double)raw / (double)sent : 0.0, cpu_ms,
+               (double)(ru1.ru_minflt - ru0.ru_minflt) / steps);
         fflush(stdout);
     }
     rc = 0;
