@@ -250,23 +250,14 @@ def ddp_comm_hook(state, bucket):
     fut = torch.futures.Future()
     ops = []
     try:
-        if buf.dtype == torch.float32:
-            work = buf
-        elif buf.dtype in _FLOATS:
-            work = buf.float()
-        else:
-            raise TypeError("psagg.torch: DDP bucket of dtype %s: psagg aggregates float32, "
-                            "float16 and bfloat16" % buf.dtype)
-        off = 0
-        for p in params:
-            n = p.numel()
-            ops.append(_Op(state, state.key_of(p), work[off:off + n], _p.AVERAGE, 0))
-            off += n
-        if off != buf.numel():
+        sizes = [p.numel() for p in params]
+        if sum(sizes) != buf.numel():
             raise RuntimeError("psagg.torch: DDP bucket holds %d elements, its parameters %d"
-                               % (buf.numel(), off))
-        if work is not buf:
-            ops.append(_CopyBack(buf, work))
+                               % (buf.numel(), sum(sizes)))
+        off = 0
+        for p, n in zip(params, sizes):  # views of the bucket; _Op converts fp16/bf16 views
+            ops.append(_Op(state, state.key_of(p), buf[off:off + n], _p.AVERAGE, 0))
+            off += n
         state.complete_later(ops, fut, buf)
     except Exception as e:
         if ops:  # the ones started must finish before the buffer is reused
@@ -281,22 +272,10 @@ def _value(fut):
     return fut.value()
 
 
-class _CopyBack:
-    """The last step of a converted bucket: the fp32 result back into the bucket's buffer."""
-
-    __slots__ = ("dst", "src")
-
-    def __init__(self, dst, src):
-        self.dst, self.src = dst, src
-
-    def finish(self):
-        self.dst.copy_(self.src)
-
-
 def register_ddp_hook(ddp_model, codec=None, error_feedback=None, config=None):
     """Declare every parameter of ddp_model.module that requires a gradient and register the
     psagg hook: DDP's all-reduce goes through psagg. Returns the session."""
-    sess = init(config) if _session is None else _session
+    sess = init(config)
     sess.declare(ddp_model.module.named_parameters(), codec, error_feedback)
     ddp_model.register_comm_hook(sess, ddp_comm_hook)
     return sess
@@ -314,7 +293,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                 for i, p in enumerate(group["params"])]
         named = list(named_parameters)
         ours = {id(p) for group in self.param_groups for p in group["params"]}
-        if not {id(p) for _, p in named} >= {i for i in ours}:
+        if not {id(p) for _, p in named} >= ours:
             raise ValueError("psagg.torch.DistributedOptimizer: named_parameters does not "
                              "cover every parameter of the optimizer")
         self._psagg.declare(named, codec, error_feedback)
