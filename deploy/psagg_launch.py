@@ -100,10 +100,8 @@ def plan(cfg, fabric, a, program, server_host=None):
         die("%s: [cluster] worker_hosts is not set: say where the %d workers run "
             "(\"host:slots ...\", see conf/cluster.ini)" % (a.config, n_workers))
     common = {"PSAGG_CONFIG": a.config}
-    common.update(fabric)
-    for k, v in fabric.items():  # the caller's own choice wins, as in psagg-local
-        if k in os.environ:
-            common[k] = os.environ[k]
+    # the job's libfabric limits; the caller's own values win, as in psagg-local
+    common.update({k: os.environ.get(k, v) for k, v in fabric.items()})
     py = os.path.join(os.path.dirname(os.path.dirname(a.server_bin)), "python")
     pypath = os.environ.get("PYTHONPATH", "")
     if os.path.isfile(os.path.join(py, "psagg", "__init__.py")):
@@ -137,7 +135,6 @@ class Job:
         self.a, self.procs, self.rsh, self.how = a, procs, rsh, how
         self.events = queue.Queue()  # ("exit", proc) | ("signal", name, code) | ("timeout",)
         self.out_lock = threading.Lock()
-        self.stopping = False
 
     def start(self, proc):
         argv = self.rsh(proc, proc.remote_command(self.a.grace, self.a.chdir))
@@ -160,7 +157,6 @@ class Job:
 
     def stop(self):
         """Close every ssh's stdin (the remote watchdogs stop their groups), wait for all."""
-        self.stopping = True
         for pr in self.procs:
             if pr.p and pr.p.poll() is None:
                 try:

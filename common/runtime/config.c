@@ -815,9 +815,8 @@ static psagg_status check_worker_hosts(const struct load_state *st)
 
     if (!*p)
         return PSAGG_OK;
-    while ((p = strchr(p, ':'))) {
-        total += strtoull(p + 1, (char **)&p, 10);
-    }
+    for (; (p = strchr(p, ':')); p++) /* parse_worker_hosts wrote "host:slots ..." */
+        total += strtoull(p + 1, NULL, 10);
     if (total == (uint64_t)cfg->n_workers)
         return PSAGG_OK;
     key_origin(st, "cluster", "worker_hosts", where, sizeof where);
