@@ -499,48 +499,48 @@ psagg_status psagg_encode(const psagg_codec *codec, const float *x, float *resid
     return st;
 }
 
-/* check_values = 0 when the caller has already passed `in` through psagg_validate. */
-static psagg_status decode_common(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
-                                  float *out, int accumulate, int check_values)
+/*
+ * Validation in the decode's own pass: for maxmin the meta of every bucket is checked first
+ * (8 bytes a bucket), then the values decoded; the fp formats flag a NaN/Inf input as they
+ * convert it, and only then is the first one looked for, for the message.
+ */
+psagg_status psagg_decode_into(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
+                               float *out, psagg_decode_op op, float factor)
 {
     psagg_codec c;
+    char nm[48];
     psagg_status st = prep(codec, &c, n);
     if (st != PSAGG_OK)
         return st;
-    if (check_values)
-        st = validate(&c, in, in_len, n);
-    else if (in_len != encoded_size(&c, n))
-        st = psagg_fail(PSAGG_EBADLEN, "decode: %zu bytes, expected %zu", in_len,
-                        encoded_size(&c, n));
-    if (st != PSAGG_OK)
-        return st;
+    if ((unsigned)op > PSAGG_DECODE_SCALE)
+        return psagg_fail(PSAGG_EINVAL, "decode: op %d unknown", (int)op);
+    if (in_len != encoded_size(&c, n))
+        return psagg_fail(PSAGG_EBADLEN, "%s buffer of %zu elements: %zu bytes, expected %zu",
+                          cname(&c, nm, 48), n, in_len, encoded_size(&c, n));
     if (n == 0)
         return PSAGG_OK;
-    if (!out)
-        return psagg_fail(PSAGG_EINVAL, "decode: NULL output");
-    if (c.id == PSAGG_CODEC_MAXMIN)
-        impl()->mm_decode(&c, in, n, out, accumulate);
-    else
-        impl()->fp_decode(&c, in, n, out, accumulate);
+    if (!in || !out)
+        return psagg_fail(PSAGG_EINVAL, "decode: NULL %s", in ? "output" : "input");
+    if (c.id == PSAGG_CODEC_MAXMIN) {
+        if ((st = validate(&c, in, in_len, n)) != PSAGG_OK) /* the meta only */
+            return st;
+        impl()->mm_decode(&c, in, n, out, op, factor);
+    } else if (impl()->fp_decode(&c, in, n, out, op, factor)) {
+        return validate(&c, in, in_len, n); /* names the first NaN/Inf */
+    }
     return PSAGG_OK;
 }
 
 psagg_status psagg_decode(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
                           float *out)
 {
-    return decode_common(codec, in, in_len, n, out, 0, 1);
+    return psagg_decode_into(codec, in, in_len, n, out, PSAGG_DECODE_SET, 1.0f);
 }
 
 psagg_status psagg_decode_add(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
                               float *acc)
 {
-    return decode_common(codec, in, in_len, n, acc, 1, 1);
-}
-
-psagg_status psagg_decode_add_validated(const psagg_codec *codec, const void *in, size_t in_len,
-                                        size_t n, float *acc)
-{
-    return decode_common(codec, in, in_len, n, acc, 1, 0);
+    return psagg_decode_into(codec, in, in_len, n, acc, PSAGG_DECODE_ADD, 1.0f);
 }
 
 psagg_status psagg_aggregate(const psagg_codec *codec, const void *const *in, size_t n_in,

@@ -13,6 +13,10 @@
  * ------------------------------------------------------------------------------------------
  * WIRE FORMATS (version PSAGG_CODEC_FORMAT_VERSION)
  *
+ * Version 2 changed only the RNG of stochastic rounding (below); version 1 drew 24 bits per
+ * element from fmix32(fmix32(k + k0) ^ k1). Processes of different versions never share a
+ * job: the protocol version of runtime/wire.h changed with it.
+ *
  * All multi-byte fields are little-endian. An encoded buffer has no header: the receiver
  * knows the codec and the element count n from the tensor declaration. Sizes are exact
  * (psagg_encoded_size); a buffer of any other length is rejected.
@@ -53,13 +57,20 @@
  *   A buffer is valid iff every bucket has finite lo, finite scale >= 0 (not -0 or NaN), and
  *   lo + scale * (float)L finite; anything else is PSAGG_EBADMETA.
  *
- * RNG (stochastic rounding): counter-based, keyed by (seed, stream), indexed by element:
+ * RNG (stochastic rounding): counter-based, keyed by (seed, stream), indexed by element.
+ * One 32-bit hash serves a pair of elements (2m, 2m + 1), 16 bits each:
  *   splitmix64(z): z += 0x9E3779B97F4A7C15; z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9;
  *                  z = (z ^ (z >> 27)) * 0x94D049BB133111EB; return z ^ (z >> 31)
  *   key64 = splitmix64(seed ^ splitmix64(stream)); k0 = low 32 bits, k1 = high 32 bits
- *   fmix32(h): h ^= h >> 16; h *= 0x85EBCA6B; h ^= h >> 13; h *= 0xC2B2AE35; h ^= h >> 16
- *   u_k = (float)(fmix32(fmix32((uint32)k + k0) ^ k1) >> 8) * 2^-24      (in [0, 1))
+ *   hash32(x): x ^= x >> 16; x *= 0x7FEB352D; x ^= x >> 15; x *= 0x846CA68B; x ^= x >> 16
+ *   h_m = hash32((m ^ k1) + k0)                 (m = k >> 1, uint32 arithmetic)
+ *   d_k = (h_m >> (16 * (k & 1))) & 0xFFFF       (low half for even k, high half for odd)
+ *   u_k = (float)(2 * d_k + 1) * 2^-17           (exact; in (0, 1), mean exactly 1/2)
  *   Element indices are 32-bit: a buffer holds at most PSAGG_CODEC_MAX_ELEMS elements.
+ *   Why 16 bits: t_k + u_k is itself rounded to binary32, whose spacing at t_k >= 128 (8-bit
+ *   levels) is 2^-16, so more bits of u_k reach no level; each u_k is unbiased to the 2^-17
+ *   grid it lies on. hash32 is Wellons' "lowbias32" (two multiplies); sharing it between two
+ *   elements makes one multiply per element of format version 1's four.
  *
  * RNG streams of the protocol (psagg_rng_chunk_key): the encode of chunk c of tensor key t in
  * round r, by worker w (its push) or by server s (the update), uses the key of (seed, stream):
@@ -99,7 +110,7 @@
 extern "C" {
 #endif
 
-#define PSAGG_CODEC_FORMAT_VERSION  1
+#define PSAGG_CODEC_FORMAT_VERSION  2
 #define PSAGG_MAXMIN_DEFAULT_BUCKET 1024u
 #define PSAGG_MAXMIN_MAX_BUCKET     (1u << 20)
 #define PSAGG_MAXMIN_MIN_RANGE      0x1p-100f
@@ -166,21 +177,22 @@ typedef enum psagg_rng_side {
 psagg_rng_key psagg_rng_chunk_key(uint64_t seed, psagg_rng_side side, uint32_t rank, uint32_t key,
                                   uint32_t chunk, uint32_t round);
 
-/* u_k of the spec above; the reference for every implementation. */
-static inline uint32_t psagg_fmix32(uint32_t h)
+/* hash32 and u_k of the spec above; the reference for every implementation. */
+static inline uint32_t psagg_rng_hash(psagg_rng_key key, uint32_t m)
 {
-    h ^= h >> 16;
-    h *= 0x85EBCA6Bu;
-    h ^= h >> 13;
-    h *= 0xC2B2AE35u;
-    h ^= h >> 16;
-    return h;
+    uint32_t x = (m ^ key.k1) + key.k0;
+    x ^= x >> 16;
+    x *= 0x7FEB352Du;
+    x ^= x >> 15;
+    x *= 0x846CA68Bu;
+    x ^= x >> 16;
+    return x;
 }
 
 static inline float psagg_rng_uniform(psagg_rng_key key, uint32_t k)
 {
-    uint32_t h = psagg_fmix32(psagg_fmix32(k + key.k0) ^ key.k1);
-    return (float)(h >> 8) * 0x1p-24f;
+    uint32_t d = (psagg_rng_hash(key, k >> 1) >> (16 * (k & 1))) & 0xFFFFu;
+    return (float)(2 * d + 1) * 0x1p-17f;
 }
 
 /*
@@ -195,17 +207,28 @@ psagg_status psagg_encode(const psagg_codec *codec, const float *x, float *resid
 /* Validate an encoded buffer (length, meta, no NaN/Inf in fp formats) without decoding. */
 psagg_status psagg_validate(const psagg_codec *codec, const void *in, size_t in_len, size_t n);
 
-/* Decode into out (overwrite) or add into acc (acc_k = acc_k + y_k). Validates first. */
+/* How a decode writes each decoded value y_k into out. */
+typedef enum psagg_decode_op {
+    PSAGG_DECODE_SET = 0,   /* out_k = y_k */
+    PSAGG_DECODE_ADD = 1,   /* out_k = out_k + y_k */
+    PSAGG_DECODE_FIRST = 2, /* out_k = 0.0f + y_k: the first term of a sum (see "Fused server
+                               operation"), written without reading out (a -0 becomes +0) */
+    PSAGG_DECODE_SCALE = 3, /* out_k = y_k * factor (one binary32 product) */
+} psagg_decode_op;
+
+/*
+ * Decode n elements into out as `op` says, validating the input in the same pass (what
+ * psagg_validate checks; for maxmin the meta of each bucket before its values). On an
+ * invalid input the status says what was wrong, as psagg_validate would, and out is
+ * unspecified: a caller that must keep out intact on bad input validates first.
+ */
+psagg_status psagg_decode_into(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
+                               float *out, psagg_decode_op op, float factor);
+/* psagg_decode_into with PSAGG_DECODE_SET and PSAGG_DECODE_ADD. */
 psagg_status psagg_decode(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
                           float *out);
 psagg_status psagg_decode_add(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
                               float *acc);
-/*
- * psagg_decode_add for a buffer that has already passed psagg_validate (same codec, length
- * and n), e.g. a server's stored contribution: the meta and values are not checked again.
- */
-psagg_status psagg_decode_add_validated(const psagg_codec *codec, const void *in, size_t in_len,
-                                        size_t n, float *acc);
 
 /*
  * The fused server operation: decode and sum n_in encoded inputs (each in_len bytes, in the

@@ -40,7 +40,8 @@
 
 #include <stdint.h>
 
-#define PSAGG_PROTO_VERSION 2
+/* 3: codec format version 2 (kernels/codec.h), whose stochastic rounding draws other bits */
+#define PSAGG_PROTO_VERSION 3
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64

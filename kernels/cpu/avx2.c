@@ -172,16 +172,38 @@ enc_fp_as(const psagg_codec_id id, const psagg_codec *c, const float *x, float *
     return PSAGG_OK;
 }
 
-static inline __attribute__((always_inline)) void
-dec_fp_as(const psagg_codec_id id, const uint8_t *in, size_t n, float *out, int acc)
+/* y applied to out + k (rem lanes in range) as op says (codec.h psagg_decode_op) */
+static inline __m256 dec_apply(psagg_decode_op op, const float *o, size_t rem, __m256 y, __m256 f)
 {
+    switch (op) {
+    case PSAGG_DECODE_ADD:
+        return _mm256_add_ps(load_f32(o, rem), y);
+    case PSAGG_DECODE_FIRST:
+        return _mm256_add_ps(_mm256_setzero_ps(), y);
+    case PSAGG_DECODE_SCALE:
+        return _mm256_mul_ps(y, f);
+    default:
+        return y;
+    }
+}
+
+/*
+ * Decode and apply; the NaN/Inf check of the inputs rides along (lanes past n load as 0, so
+ * they never flag).
+ */
+static inline __attribute__((always_inline)) int dec_fp_as(const psagg_codec_id id,
+                                                           const uint8_t *in, size_t n, float *out,
+                                                           psagg_decode_op op, float factor)
+{
+    const __m256 f = _mm256_set1_ps(factor), inf = _mm256_set1_ps(INFINITY);
+    __m256 bad = _mm256_setzero_ps();
     for (size_t k = 0; k < n; k += W) {
         size_t rem = n - k;
         __m256 y = load_fp(id, in, k, rem);
-        if (acc)
-            y = _mm256_add_ps(load_f32(out + k, rem), y);
-        store_f32(out + k, y, rem);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(abs8(y), inf, _CMP_NLT_UQ));
+        store_f32(out + k, dec_apply(op, out + k, rem, y, f), rem);
     }
+    return _mm256_movemask_ps(bad) != 0;
 }
 
 static inline __attribute__((always_inline)) psagg_status
@@ -272,19 +294,23 @@ static inline void mm_pack(const mm_ctx *t, __m256i q, uint8_t *p, size_t room)
         memcpy(p, &g, room < t->b ? room : t->b);
 }
 
-static inline __m256i fmix8(__m256i h)
-{
-    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-    h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)0x85EBCA6Bu));
-    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
-    h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)0xC2B2AE35u));
-    return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-}
-
+/*
+ * u_k of codec.h for the 8 elements idx (consecutive, idx even): each lane hashes its pair
+ * m = k >> 1 (lanes 2i and 2i + 1 hash the same m) and takes its half of the hash.
+ */
 static inline __m256 rng8(__m256i idx, __m256i k0, __m256i k1)
 {
-    __m256i h = fmix8(_mm256_xor_si256(fmix8(_mm256_add_epi32(idx, k0)), k1));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)), _mm256_set1_ps(0x1p-24f));
+    __m256i h = _mm256_add_epi32(_mm256_xor_si256(_mm256_srli_epi32(idx, 1), k1), k0);
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+    h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)0x7FEB352Du));
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 15));
+    h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)0x846CA68Bu));
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+    /* 2 * d + 1: the lane's half moved to bits 1..16 (even lanes << 1, odd >> 15), | 1 */
+    h = _mm256_srlv_epi32(_mm256_sllv_epi32(h, _mm256_setr_epi32(1, 0, 1, 0, 1, 0, 1, 0)),
+                          _mm256_setr_epi32(0, 15, 0, 15, 0, 15, 0, 15));
+    h = _mm256_or_si256(_mm256_and_si256(h, _mm256_set1_epi32(0x1FFFE)), _mm256_set1_epi32(1));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(h), _mm256_set1_ps(0x1p-17f));
 }
 
 static inline float hmin8(__m256 v)
@@ -416,8 +442,10 @@ static psagg_status enc_mm(const psagg_codec *c, const float *x, float *residual
     return st;
 }
 
-static void dec_mm(const psagg_codec *c, const uint8_t *in, size_t n, float *out, int accum)
+static void dec_mm(const psagg_codec *c, const uint8_t *in, size_t n, float *out,
+                   psagg_decode_op op, float factor)
 {
+    const __m256 f = _mm256_set1_ps(factor);
     mm_ctx t;
     const uint8_t *payload;
     mm_init(&t, c, n);
@@ -435,9 +463,7 @@ static void dec_mm(const psagg_codec *c, const uint8_t *in, size_t n, float *out
             size_t k = base + j, off = (k / W) * t.b, rem = len - j;
             __m256i q = mm_unpack(&t, payload + off, t.plen - off);
             __m256 y = _mm256_add_ps(vl, _mm256_mul_ps(vs, _mm256_cvtepi32_ps(q)));
-            if (accum)
-                y = _mm256_add_ps(load_f32(out + k, rem), y);
-            store_f32(out + k, y, rem);
+            store_f32(out + k, dec_apply(op, out + k, rem, y, f), rem);
         }
     }
 }

@@ -106,16 +106,35 @@ enc_fp_as(const psagg_codec_id id, const psagg_codec *c, const float *x, float *
     return PSAGG_OK;
 }
 
-static inline __attribute__((always_inline)) void
-dec_fp_as(const psagg_codec_id id, const uint8_t *in, size_t n, float *out, int acc)
+/* y applied to out + k (m: the lanes in range) as op says (codec.h psagg_decode_op) */
+static inline __m512 dec_apply(psagg_decode_op op, const float *o, __mmask16 m, __m512 y, __m512 f)
 {
+    switch (op) {
+    case PSAGG_DECODE_ADD:
+        return _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), y);
+    case PSAGG_DECODE_FIRST:
+        return _mm512_add_ps(_mm512_setzero_ps(), y);
+    case PSAGG_DECODE_SCALE:
+        return _mm512_mul_ps(y, f);
+    default:
+        return y;
+    }
+}
+
+/* Decode and apply; the NaN/Inf check of the inputs rides along (a mask per vector). */
+static inline __attribute__((always_inline)) int dec_fp_as(const psagg_codec_id id,
+                                                           const uint8_t *in, size_t n, float *out,
+                                                           psagg_decode_op op, float factor)
+{
+    const __m512 f = _mm512_set1_ps(factor), inf = _mm512_set1_ps(INFINITY);
+    __mmask16 bad = 0;
     for (size_t k = 0; k < n; k += W) {
         __mmask16 m = lane_mask(n - k);
         __m512 y = load_fp(id, in, k, m);
-        if (acc)
-            y = _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + k), y);
-        _mm512_mask_storeu_ps(out + k, m, y);
+        bad |= _mm512_mask_cmp_ps_mask(m, abs16(y), inf, _CMP_NLT_UQ);
+        _mm512_mask_storeu_ps(out + k, m, dec_apply(op, out + k, m, y, f));
     }
+    return bad != 0;
 }
 
 static inline __attribute__((always_inline)) psagg_status
@@ -214,19 +233,15 @@ static inline __m512i mm_spread(const mm_ctx *t, __m512i w)
     return _mm512_srlv_epi32(_mm512_shuffle_epi8(w, t->ctrl), t->shifts);
 }
 
-static inline __m512i fmix16(__m512i h)
-{
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-    h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0x85EBCA6Bu));
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
-    h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0xC2B2AE35u));
-    return _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-}
-
+/*
+ * u_k of codec.h for the 16 elements idx (consecutive, idx even): each lane hashes its pair
+ * m = k >> 1 (lanes 2i and 2i + 1 hash the same m) and takes its half of the hash.
+ */
 static inline __m512 rng16(__m512i idx, __m512i k0, __m512i k1)
 {
-    __m512i h = fmix16(_mm512_xor_si512(fmix16(_mm512_add_epi32(idx, k0)), k1));
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(h, 8)), _mm512_set1_ps(0x1p-24f));
+    __m512i h = psagg_avx512_rng_hash(_mm512_srli_epi32(idx, 1), k0, k1);
+    return psagg_avx512_rng_u(
+        _mm512_mask_srli_epi32(_mm512_slli_epi32(h, 1), (__mmask16)0xAAAA, h, 15));
 }
 
 /* Called after pass 1 filled acc[0..len): bad check, lo/hi, meta, then pass 2. */
@@ -332,8 +347,10 @@ static psagg_status enc_mm(const psagg_codec *c, const float *x, float *residual
     return st;
 }
 
-static void dec_mm(const psagg_codec *c, const uint8_t *in, size_t n, float *out, int accum)
+static void dec_mm(const psagg_codec *c, const uint8_t *in, size_t n, float *out,
+                   psagg_decode_op op, float factor)
 {
+    const __m512 f = _mm512_set1_ps(factor);
     mm_ctx t;
     const uint8_t *payload;
     mm_init(&t, c, n);
@@ -352,9 +369,7 @@ static void dec_mm(const psagg_codec *c, const uint8_t *in, size_t n, float *out
             __mmask16 m = lane_mask(len - j);
             __m512i q = _mm512_and_si512(mm_spread(&t, mm_bytes(payload + off, avail)), t.lmask);
             __m512 y = _mm512_add_ps(vl, _mm512_mul_ps(vs, _mm512_cvtepi32_ps(q)));
-            if (accum)
-                y = _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + k), y);
-            _mm512_mask_storeu_ps(out + k, m, y);
+            _mm512_mask_storeu_ps(out + k, m, dec_apply(op, out + k, m, y, f));
         }
     }
 }

@@ -118,45 +118,41 @@ FA __m512i fa_load(const int D, const uint8_t *p, int tail, size_t avail)
     return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
 }
 
-/* One RNG vector: ctr = k + k0 per lane. */
-static inline __m512 rng16c(__m512i ctr, __m512i k1)
-{
-    __m512i h = ctr;
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-    h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0x85EBCA6Bu));
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
-    h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0xC2B2AE35u));
-    h = _mm512_ternarylogic_epi32(h, _mm512_srli_epi32(h, 16), k1, 0x96); /* h ^ h>>16 ^ k1 */
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-    h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0x85EBCA6Bu));
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
-    h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0xC2B2AE35u));
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(h, 8)), _mm512_set1_ps(0x1p-24f));
-}
-
 typedef struct fa_q {
     __m512 vlo, vinv, vscale, Lf;
-    __m512i k1;
+    __m512i k0, k1;
 } fa_q;
 
 /*
  * Pass 2 for one group: quantize the layout vectors at a (first rem elements valid), pack
- * into p (room bytes writable), residual (natural order, group start r) if r. ctr = k0 + the
- * RNG index of lane 0 of vector 0, plus P*j per lane.
+ * into p (room bytes writable), residual (natural order, group start r) if r. idx: the element
+ * index of each lane of vector 0 (the group's first, plus P*j in lane j). With P even, lane j
+ * of vectors s and s + 1 (s even) holds the RNG pair (2m, 2m + 1) of codec.h, m = idx/2 + s/2:
+ * one hash serves both; with P = 1 the pairs are neighbouring lanes.
  */
 FA void fa_quant(const int b, const int D, const int sr, const int tail, const fa_q *z,
-                 const float *a, size_t rem, __m512i ctr, uint8_t *p, size_t room, float *r)
+                 const float *a, size_t rem, __m512i idx, uint8_t *p, size_t room, float *r)
 {
     const int P = D / b;
-    __m512i packed = _mm512_setzero_si512();
+    __m512i packed = _mm512_setzero_si512(), h = _mm512_setzero_si512();
     __m512 rv[16];
 #pragma GCC unroll 16
     for (int s = 0; s < P; s++) {
         __m512 v = _mm512_load_ps(a + 16 * s);
         __m512 t = _mm512_mul_ps(_mm512_sub_ps(v, z->vlo), z->vinv);
-        __m512 u =
-            sr ? rng16c(_mm512_add_epi32(ctr, _mm512_set1_epi32(s)), z->k1) : _mm512_set1_ps(0.5f);
+        __m512 u = _mm512_set1_ps(0.5f);
+        if (sr && P == 1) {
+            h = psagg_avx512_rng_hash(_mm512_srli_epi32(idx, 1), z->k0, z->k1);
+            u = psagg_avx512_rng_u(
+                _mm512_mask_srli_epi32(_mm512_slli_epi32(h, 1), (__mmask16)0xAAAA, h, 15));
+        } else if (sr && s % 2 == 0) {
+            h = psagg_avx512_rng_hash(
+                _mm512_add_epi32(_mm512_srli_epi32(idx, 1), _mm512_set1_epi32(s / 2)), z->k0,
+                z->k1);
+            u = psagg_avx512_rng_u(_mm512_slli_epi32(h, 1));
+        } else if (sr) {
+            u = psagg_avx512_rng_u(_mm512_srli_epi32(h, 15));
+        }
         __m512i q = _mm512_cvttps_epi32(_mm512_min_ps(_mm512_add_ps(t, u), z->Lf));
         if (tail)
             q = _mm512_maskz_mov_epi32(fa_lmask(P, s, rem), q);
@@ -208,7 +204,7 @@ FA psagg_status fa_finish(const int b, const int D, const int sr, const psagg_co
     float lo, hi, range, scale = 0.0f, inv = 0.0f;
     uint8_t *meta = out + 8 * (base / c->bucket), *payload = out + 8 * nb;
     fa_q z;
-    __m512i ctr;
+    __m512i idx;
     size_t j;
 
     (void)n;
@@ -240,19 +236,20 @@ FA psagg_status fa_finish(const int b, const int D, const int sr, const psagg_co
     z.vscale = _mm512_set1_ps(scale);
     z.vinv = _mm512_set1_ps(inv);
     z.Lf = _mm512_set1_ps((float)((1u << b) - 1));
+    z.k0 = _mm512_set1_epi32((int)key.k0);
     z.k1 = _mm512_set1_epi32((int)key.k1);
-    ctr = _mm512_add_epi32(
-        _mm512_set1_epi32((int)(key.k0 + (uint32_t)base)),
+    idx = _mm512_add_epi32(
+        _mm512_set1_epi32((int)(uint32_t)base),
         _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                            _mm512_set1_epi32(P)));
     {
         size_t full = len / G * G, off = base / G * GB;
         for (j = 0; j < full; j += G, off += GB) {
-            fa_quant(b, D, sr, 0, &z, acc + j, G, ctr, payload + off, GB, r ? r + j : NULL);
-            ctr = _mm512_add_epi32(ctr, _mm512_set1_epi32(G));
+            fa_quant(b, D, sr, 0, &z, acc + j, G, idx, payload + off, GB, r ? r + j : NULL);
+            idx = _mm512_add_epi32(idx, _mm512_set1_epi32(G));
         }
         if (j < len)
-            fa_quant(b, D, sr, 1, &z, acc + j, len - j, ctr, payload + off, plen - off,
+            fa_quant(b, D, sr, 1, &z, acc + j, len - j, idx, payload + off, plen - off,
                      r ? r + j : NULL);
     }
     return PSAGG_OK;

@@ -44,9 +44,12 @@ typedef struct psagg_codec_impl {
     /* fp32, fp16, bf16. Encode x (+ residual); on a bad element return its status, set *bad. */
     psagg_status (*fp_encode)(const psagg_codec *c, const float *x, float *residual, size_t n,
                               uint8_t *out, size_t *bad);
-    /* Decode into out (accumulate == 0) or out_k = out_k + y_k (accumulate != 0). */
-    void (*fp_decode)(const psagg_codec *c, const uint8_t *in, size_t n, float *out,
-                      int accumulate);
+    /*
+     * Decode into out as op says (factor for PSAGG_DECODE_SCALE); returns nonzero if some
+     * input is NaN or Inf (out is then unspecified).
+     */
+    int (*fp_decode)(const psagg_codec *c, const uint8_t *in, size_t n, float *out,
+                     psagg_decode_op op, float factor);
     /* s_k = (((0 + y0_k) + y1_k) + ...), then encode s (+ residual) into out. */
     psagg_status (*fp_aggregate)(const psagg_codec *c, const uint8_t *const *in, size_t n_in,
                                  size_t n, float *residual, uint8_t *out, psagg_scratch *ws,
@@ -55,7 +58,7 @@ typedef struct psagg_codec_impl {
     psagg_status (*mm_encode)(const psagg_codec *c, const float *x, float *residual, size_t n,
                               psagg_rng_key key, uint8_t *out, psagg_scratch *ws, size_t *bad);
     void (*mm_decode)(const psagg_codec *c, const uint8_t *in, size_t n, float *out,
-                      int accumulate);
+                      psagg_decode_op op, float factor);
     psagg_status (*mm_aggregate)(const psagg_codec *c, const uint8_t *const *in, size_t n_in,
                                  size_t n, float *residual, psagg_rng_key key, uint8_t *out,
                                  psagg_scratch *ws, size_t *bad);
@@ -81,14 +84,14 @@ extern const psagg_codec_impl psagg_impl_avx512; /* all NULL when not built */
             return enc_fp_as(PSAGG_CODEC_FP16, c, x, r, n, out, badi);                             \
         return enc_fp_as(PSAGG_CODEC_BF16, c, x, r, n, out, badi);                                 \
     }                                                                                              \
-    static void dec_fp(const psagg_codec *c, const uint8_t *in, size_t n, float *out, int acc)     \
+    static int dec_fp(const psagg_codec *c, const uint8_t *in, size_t n, float *out,               \
+                      psagg_decode_op op, float f)                                                 \
     {                                                                                              \
         if (c->id == PSAGG_CODEC_FP32)                                                             \
-            dec_fp_as(PSAGG_CODEC_FP32, in, n, out, acc);                                          \
-        else if (c->id == PSAGG_CODEC_FP16)                                                        \
-            dec_fp_as(PSAGG_CODEC_FP16, in, n, out, acc);                                          \
-        else                                                                                       \
-            dec_fp_as(PSAGG_CODEC_BF16, in, n, out, acc);                                          \
+            return dec_fp_as(PSAGG_CODEC_FP32, in, n, out, op, f);                                 \
+        if (c->id == PSAGG_CODEC_FP16)                                                             \
+            return dec_fp_as(PSAGG_CODEC_FP16, in, n, out, op, f);                                 \
+        return dec_fp_as(PSAGG_CODEC_BF16, in, n, out, op, f);                                     \
     }                                                                                              \
     static psagg_status agg_fp(const psagg_codec *c, const uint8_t *const *in, size_t n_in,        \
                                size_t n, float *r, uint8_t *out, psagg_scratch *ws, size_t *badi)  \

@@ -120,6 +120,18 @@ static psagg_status enc_fp(const psagg_codec *c, const float *x, float *r, size_
     return PSAGG_OK;
 }
 
+/* Whether element k of an fp buffer is NaN or Inf (its exponent field all ones). */
+static int fp_nonfinite(const psagg_codec *c, const uint8_t *in, size_t k)
+{
+    uint32_t u;
+    if (c->id == PSAGG_CODEC_FP32) {
+        memcpy(&u, in + 4 * k, 4);
+        return (u & 0x7F800000u) == 0x7F800000u;
+    }
+    u = get16(in + 2 * k);
+    return c->id == PSAGG_CODEC_FP16 ? (u & 0x7C00u) == 0x7C00u : (u & 0x7F80u) == 0x7F80u;
+}
+
 static float dec_fp_one(const psagg_codec *c, const uint8_t *in, size_t k)
 {
     switch (c->id) {
@@ -231,16 +243,33 @@ static psagg_status scalar_mm_encode(const psagg_codec *c, const float *x, float
     return PSAGG_OK;
 }
 
-/* out[j] = (accumulate ? out[j] : 0 +) y_{base+j} for j < len */
-static void dec_range(const psagg_codec *c, const uint8_t *in, size_t n, size_t base, size_t len,
-                      float *out, int accumulate)
+/* out[j] = y_{base+j} applied as op says (codec.h psagg_decode_op) */
+static inline float dec_apply(psagg_decode_op op, float o, float y, float f)
 {
+    switch (op) {
+    case PSAGG_DECODE_ADD:
+        return o + y;
+    case PSAGG_DECODE_FIRST:
+        return 0.0f + y;
+    case PSAGG_DECODE_SCALE:
+        return y * f;
+    default:
+        return y;
+    }
+}
+
+/* Decode elements base..base+len-1 into out[0..len); nonzero if an fp input is NaN/Inf. */
+static int dec_range(const psagg_codec *c, const uint8_t *in, size_t n, size_t base, size_t len,
+                     float *out, psagg_decode_op op, float f)
+{
+    int bad = 0;
     if (c->id != PSAGG_CODEC_MAXMIN) {
         for (size_t j = 0; j < len; j++) {
-            float y = dec_fp_one(c, in, base + j);
-            out[j] = accumulate ? out[j] + y : y;
+            float y = dec_fp_one(c, in, base + j); /* f16_to_f32 is for finite halves */
+            bad |= fp_nonfinite(c, in, base + j);
+            out[j] = dec_apply(op, out[j], y, f);
         }
-        return;
+        return bad;
     }
     {
         const uint32_t b = c->bits;
@@ -255,18 +284,24 @@ static void dec_range(const psagg_codec *c, const uint8_t *in, size_t n, size_t 
             memcpy(&lo, in + 8 * m + 4, 4);
             if (end > len)
                 end = len;
-            for (; j < end; j++) {
-                float y = lo + scale * (float)get_bits(payload, base + j, b);
-                out[j] = accumulate ? out[j] + y : y;
-            }
+            for (; j < end; j++)
+                out[j] =
+                    dec_apply(op, out[j], lo + scale * (float)get_bits(payload, base + j, b), f);
         }
     }
+    return 0;
 }
 
-static void scalar_decode(const psagg_codec *c, const uint8_t *in, size_t n, float *out,
-                          int accumulate)
+static int scalar_fp_decode(const psagg_codec *c, const uint8_t *in, size_t n, float *out,
+                            psagg_decode_op op, float f)
 {
-    dec_range(c, in, n, 0, n, out, accumulate);
+    return dec_range(c, in, n, 0, n, out, op, f);
+}
+
+static void scalar_mm_decode(const psagg_codec *c, const uint8_t *in, size_t n, float *out,
+                             psagg_decode_op op, float f)
+{
+    dec_range(c, in, n, 0, n, out, op, f);
 }
 
 /*
@@ -290,7 +325,7 @@ static psagg_status aggregate(const psagg_codec *c, const uint8_t *const *in, si
         for (size_t j = 0; j < len; j++)
             s[j] = 0.0f;
         for (size_t i = 0; i < n_in; i++)
-            dec_range(c, in[i], n, base, len, s, 1);
+            dec_range(c, in[i], n, base, len, s, PSAGG_DECODE_ADD, 1.0f);
         if (mm)
             st =
                 enc_mm_bucket(c, s, r, len, base, key, out + 8 * (base / block), out + 8 * nb, bad);
@@ -311,9 +346,9 @@ static psagg_status scalar_fp_aggregate(const psagg_codec *c, const uint8_t *con
 const psagg_codec_impl psagg_impl_scalar = {
     .name = "scalar",
     .fp_encode = scalar_fp_encode,
-    .fp_decode = scalar_decode,
+    .fp_decode = scalar_fp_decode,
     .fp_aggregate = scalar_fp_aggregate,
     .mm_encode = scalar_mm_encode,
-    .mm_decode = scalar_decode,
+    .mm_decode = scalar_mm_decode,
     .mm_aggregate = aggregate,
 };

@@ -301,13 +301,16 @@ __device__ __forceinline__ void quantize_group(const float v[8], uint64_t e, uin
                                                uint8_t *__restrict__ payload)
 {
     uint64_t w = 0;
+    uint32_t h = 0;
     float r[8];
 #pragma unroll
     for (int j = 0; j < 8; j++) {
-        uint64_t k = e + j;
+        uint64_t k = e + j; /* e is even: elements j and j + 1 (j even) share one RNG hash */
         r[j] = 0.0f;
+        if (a.sr && (j & 1) == 0)
+            h = pcm_rng_hash(a.k0, a.k1, (uint32_t)k >> 1);
         if (k < bend) {
-            float u = a.sr ? pcm_rng_uniform(a.k0, a.k1, (uint32_t)k) : 0.5f;
+            float u = a.sr ? pcm_rng_half(h, (uint32_t)k) : 0.5f;
             uint32_t q = pcm_mm_level(v[j], lo, scale, inv, a.levels_f, u) & a.levels;
             w |= (uint64_t)q << (j * a.bits);
             r[j] = PCM_SUB(v[j], pcm_mm_value(lo, scale, q));

@@ -3,7 +3,8 @@
  *  - stochastic rounding is unbiased (z-test, 5 sigma, fixed seeds, one RNG stream per trial)
  *    and always lands on one of the two levels around x; nearest is within half a level;
  *  - error feedback telescopes: sum_t decode(sent_t) = sum_t x_t + r_0 - r_T;
- *  - the fused aggregate gives the same bytes as decode_add of every input, then encode.
+ *  - the fused aggregate gives the same bytes as decode_add of every input, then encode;
+ *  - the RNG of stochastic rounding passes statistical tests (test_rng_statistics), once.
  */
 #include <float.h>
 
@@ -67,6 +68,82 @@ static void test_sr_unbiased(void)
                   mean, fabs(mean - x[i]), tol);
         }
     }
+}
+
+/* The 16 bits d_k of u_k = (2 d_k + 1) 2^-17 (codec.h), recovered exactly. */
+static uint32_t rng_d(psagg_rng_key key, uint32_t k)
+{
+    return (uint32_t)(psagg_rng_uniform(key, k) * 0x1p17f - 1.0f) / 2;
+}
+
+/*
+ * Chi-square of `bins` cells against the uniform expectation, as a z-score (chi2 with
+ * bins - 1 degrees of freedom has mean bins - 1 and variance 2 (bins - 1)).
+ */
+static double chi2_z(const uint32_t *count, size_t bins, double total)
+{
+    double e = total / (double)bins, chi = 0.0;
+    for (size_t i = 0; i < bins; i++)
+        chi += ((double)count[i] - e) * ((double)count[i] - e) / e;
+    return (chi - (double)(bins - 1)) / sqrt(2.0 * (double)(bins - 1));
+}
+
+/*
+ * Statistical tests of the generator itself (codec.h "RNG"), on fixed keys so they cannot
+ * flake; each bound is 6 sigma. Uniformity of the high and low bytes of d_k; independence of
+ * the two halves of one hash (k, k+1), of neighbouring hashes (k, k+2), at the SIMD strides
+ * (k, k+16), (k, k+32) and of the same element in the streams of neighbouring rounds and
+ * workers (psagg_rng_chunk_key), as 2-D chi-square tables of their top 4 bits; and the
+ * serial correlation of u at those lags.
+ */
+static void test_rng_statistics(void)
+{
+    enum { N = 1 << 20, LAGS = 4 };
+    static uint32_t hi[256], lo[256], pair[LAGS + 2][256];
+    const uint32_t lag[LAGS] = {1, 2, 16, 32};
+    double sxy[LAGS] = {0}, sx = 0, sxx = 0, z;
+    psagg_rng_key key = psagg_rng_chunk_key(7, PSAGG_RNG_WORKER, 3, 11, 5, 100);
+    psagg_rng_key next_round = psagg_rng_chunk_key(7, PSAGG_RNG_WORKER, 3, 11, 5, 101);
+    psagg_rng_key next_worker = psagg_rng_chunk_key(7, PSAGG_RNG_WORKER, 4, 11, 5, 100);
+
+    memset(hi, 0, sizeof hi);
+    memset(lo, 0, sizeof lo);
+    memset(pair, 0, sizeof pair);
+    for (uint32_t k = 0; k < N; k++) {
+        uint32_t d = rng_d(key, k);
+        double u = psagg_rng_uniform(key, k) - 0.5;
+        CHECK(psagg_rng_uniform(key, k) == (float)(2 * d + 1) * 0x1p-17f, "u_k off its grid");
+        hi[d >> 8]++;
+        lo[d & 0xFF]++;
+        sx += u;
+        sxx += u * u;
+        for (int l = 0; l < LAGS; l++) {
+            pair[l][(d >> 12) << 4 | rng_d(key, k + lag[l]) >> 12]++;
+            sxy[l] += u * (psagg_rng_uniform(key, k + lag[l]) - 0.5);
+        }
+        pair[LAGS][(d >> 12) << 4 | rng_d(next_round, k) >> 12]++;
+        pair[LAGS + 1][(d >> 12) << 4 | rng_d(next_worker, k) >> 12]++;
+    }
+    z = chi2_z(hi, 256, N);
+    CHECK(fabs(z) < 6.0, "RNG: high byte of d not uniform (chi2 z = %.2f)", z);
+    z = chi2_z(lo, 256, N);
+    CHECK(fabs(z) < 6.0, "RNG: low byte of d not uniform (chi2 z = %.2f)", z);
+    for (int l = 0; l < LAGS + 2; l++) {
+        z = chi2_z(pair[l], 256, N);
+        CHECK(fabs(z) < 6.0, "RNG: pairs %s not independent (chi2 z = %.2f)",
+              l == LAGS       ? "of neighbouring rounds"
+              : l == LAGS + 1 ? "of neighbouring workers"
+                              : "at a lag",
+              z);
+    }
+    CHECK(fabs(sx / N) < 6.0 * sqrt(1.0 / 12.0 / N), "RNG: mean of u off 1/2 by %g", sx / N);
+    CHECK(fabs(sxx / N - 1.0 / 12.0) < 0.002, "RNG: variance of u %g, not 1/12", sxx / N);
+    for (int l = 0; l < LAGS; l++) {
+        double r = sxy[l] / N / (1.0 / 12.0);
+        CHECK(fabs(r) < 6.0 / sqrt((double)N), "RNG: serial correlation at lag %u is %g", lag[l],
+              r);
+    }
+    printf("RNG: %d draws: uniform bytes, independent at lags 1 2 16 32 and across streams\n", N);
 }
 
 static void test_level_error(void)
@@ -228,6 +305,7 @@ static void test_fused_equals_stepwise(void)
 
 int main(void)
 {
+    test_rng_statistics();
     for (int isa = 0; isa < PSAGG_ISA_COUNT; isa++) {
         if (!psagg_isa_supported((psagg_isa)isa)) {
             printf("SKIP isa %s: not supported here\n", psagg_isa_name((psagg_isa)isa));

@@ -1,6 +1,7 @@
 /*
  * test_codec_simd.c - every SIMD path (AVX2, AVX-512) against the scalar reference: encoded
- * bytes, residuals, decoded floats, decode_add and the fused aggregate must be bit-identical
+ * bytes, residuals, decoded floats, decode_add, the other decode ops (0 + y, y * factor,
+ * each also checked against decode's y) and the fused aggregate must be bit-identical
  * for every codec, on random and adversarial inputs, at every size 0..3B+7 (B = 64) and a
  * sample of sizes for B = 1024. An ISA the CPU lacks is skipped (and said so).
  */
@@ -10,8 +11,10 @@ typedef struct result {
     psagg_status st;
     size_t bad;
     uint8_t *enc;
-    float *res, *dec, *dadd;
+    float *res, *dec, *dadd, *dfirst, *dscale;
 } result;
+
+#define SCALE_FACTOR (1.0f / 3.0f)
 
 static void result_free(result *r)
 {
@@ -19,6 +22,8 @@ static void result_free(result *r)
     free(r->res);
     free(r->dec);
     free(r->dadd);
+    free(r->dfirst);
+    free(r->dscale);
 }
 
 static void run_one(psagg_isa isa, const psagg_codec *c, const float *x, const float *r0, size_t n,
@@ -35,7 +40,11 @@ static void run_one(psagg_isa isa, const psagg_codec *c, const float *x, const f
     }
     o->dec = tc_xmalloc(n * sizeof(float));
     o->dadd = tc_xmalloc(n * sizeof(float));
+    o->dfirst = tc_xmalloc(n * sizeof(float));
+    o->dscale = tc_xmalloc(n * sizeof(float));
     memset(o->dec, 0x7F, n * sizeof(float));
+    memset(o->dfirst, 0xFF, n * sizeof(float)); /* NaN: FIRST must not read it */
+    memset(o->dscale, 0x7F, n * sizeof(float));
     memcpy(o->dadd, acc0, n * sizeof(float));
     o->bad = (size_t)-1;
     o->st = psagg_encode(c, x, o->res, n, key, o->enc, len, &o->bad);
@@ -45,6 +54,17 @@ static void run_one(psagg_isa isa, const psagg_codec *c, const float *x, const f
           psagg_last_error());
     CHECK(psagg_decode_add(c, o->enc, len, n, o->dadd) == PSAGG_OK, "%s decode_add: %s", tc_name(c),
           psagg_last_error());
+    CHECK(psagg_decode_into(c, o->enc, len, n, o->dfirst, PSAGG_DECODE_FIRST, 0.0f) == PSAGG_OK,
+          "%s decode first: %s", tc_name(c), psagg_last_error());
+    CHECK(psagg_decode_into(c, o->enc, len, n, o->dscale, PSAGG_DECODE_SCALE, SCALE_FACTOR) ==
+              PSAGG_OK,
+          "%s decode scale: %s", tc_name(c), psagg_last_error());
+    for (size_t k = 0; k < n; k++) {
+        CHECK(tc_f2u(o->dfirst[k]) == tc_f2u(0.0f + o->dec[k]), "%s first[%zu] %a, y %a",
+              tc_name(c), k, o->dfirst[k], o->dec[k]);
+        CHECK(tc_f2u(o->dscale[k]) == tc_f2u(o->dec[k] * SCALE_FACTOR), "%s scale[%zu] %a, y %a",
+              tc_name(c), k, o->dscale[k], o->dec[k]);
+    }
 }
 
 static void compare(const char *what, psagg_isa isa, const psagg_codec *c, size_t n, int kind,
@@ -72,6 +92,12 @@ static void compare(const char *what, psagg_isa isa, const psagg_codec *c, size_
         d = tc_first_diff(ref->dadd, got->dadd, n * 4) / 4;
         CHECK(d == (size_t)-1 / 4, "%s: decode_add[%zu] %a vs %a", ctx, d, ref->dadd[d],
               got->dadd[d]);
+        d = tc_first_diff(ref->dfirst, got->dfirst, n * 4) / 4;
+        CHECK(d == (size_t)-1 / 4, "%s: decode first[%zu] %a vs %a", ctx, d, ref->dfirst[d],
+              got->dfirst[d]);
+        d = tc_first_diff(ref->dscale, got->dscale, n * 4) / 4;
+        CHECK(d == (size_t)-1 / 4, "%s: decode scale[%zu] %a vs %a", ctx, d, ref->dscale[d],
+              got->dscale[d]);
     }
 }
 
