@@ -82,22 +82,22 @@ static void finish_round(server *srv, chunk_state *c)
     c->n_arrived = 0;
     c->next = 0;
     memset(c->arrived, 0, (size_t)srv->n_workers);
-    if (!c->gpu)
-        memset(c->acc, 0, c->info->count * sizeof(float));
 }
 
 /*
- * Fold worker w's payload into the accumulator (it is next in the fixed order). A payload
- * straight from the receive buffer is validated here; one from its slot was validated when
- * it arrived (handle_push) and is not checked twice.
+ * Fold worker w's payload into the accumulator (it is next in the fixed order). The decode
+ * validates the payload in the same pass; the first worker's writes the accumulator
+ * (0 + y, codec.h's first term), so there is no memset before it. A bad payload leaves the
+ * accumulator half-written: the chunk is then broken for the rest of the job, which the
+ * closing of that worker fails (no later push may complete a round from it).
  */
-static int fold(server *srv, chunk_state *c, int w, const void *payload, int validated)
+static int fold(server *srv, chunk_state *c, int w, const void *payload)
 {
-    psagg_status st = validated ? psagg_decode_add_validated(&c->codec, payload, c->info->enc_bytes,
-                                                             c->info->count, c->acc)
-                                : psagg_decode_add(&c->codec, payload, c->info->enc_bytes,
-                                                   c->info->count, c->acc);
+    psagg_status st =
+        psagg_decode_into(&c->codec, payload, c->info->enc_bytes, c->info->count, c->acc,
+                          w == 0 ? PSAGG_DECODE_FIRST : PSAGG_DECODE_ADD, 1.0f);
     if (st) {
+        c->broken = 1;
         server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s",
                             c->info->key, c->info->index, c->round, psagg_last_error());
         return -1;
@@ -105,60 +105,92 @@ static int fold(server *srv, chunk_state *c, int w, const void *payload, int val
     return 0;
 }
 
+/* Let go of worker w's held receive buffer (it was folded, or the chunk broke). */
+static void release_held(server *srv, chunk_state *c, int w)
+{
+    server_repost(srv, c->held[w]);
+    c->held[w] = NULL;
+    atomic_fetch_sub(&srv->rx_held, 1);
+}
+
 /*
  * One push for chunk c, already checked by the progress thread: its source (and MAC with
  * data_auth), then its fields against the layout. So a forged push never reaches this point
- * to count as its sender's (and make the real one a "duplicate").
+ * to count as its sender's (and make the real one a "duplicate"). Returns 1 when the receive
+ * buffer is kept (an early arrival, folded from there at its turn), 0 when the caller may
+ * repost it.
+ *
+ * A push that comes before its turn in the fixed order waits in its receive buffer while
+ * fewer than half of the pool's buffers are held so (rx_hold_max), so that the receive
+ * window never closes; beyond that, and for the GPU assist, it is validated and copied into
+ * its slot.
  */
-static void handle_push(server *srv, chunk_state *c, recv_buf *rb)
+static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
 {
     const psagg_msg_hdr *h = (const psagg_msg_hdr *)rb->rx.buf;
     const uint8_t *payload = rb->rx.buf + sizeof *h;
-    int w = h->sender;
+    int w = h->sender, kept = 0;
     size_t enc = c->info->enc_bytes;
 
+    if (c->broken)
+        return 0;
     if (h->round < c->round) {
         LOG_WARN(&srv->log,
                  "stale push from worker %d: tensor %u chunk %u round %u (collecting %u), dropped",
                  w, h->key, h->chunk, h->round, c->round);
-        return;
+        return 0;
     }
     if (h->round > c->round) {
         server_close_worker(srv, w, "push field round is %u but tensor %u chunk %u is at round %u",
                             h->round, h->key, h->chunk, c->round);
-        return;
+        return 0;
     }
     if (c->arrived[w]) {
         LOG_WARN(&srv->log, "duplicate push from worker %d: tensor %u chunk %u round %u, dropped",
                  w, h->key, h->chunk, h->round);
-        return;
+        return 0;
     }
     if (!c->round_deadline) /* the round's first push starts its clock */
         c->round_deadline = psagg_now_ms() + PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms);
     if (c->gpu || w != (int)c->next) {
-        if (psagg_validate(&c->codec, payload, enc, c->info->count)) {
-            server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s", h->key,
-                                h->chunk, h->round, psagg_last_error());
-            return;
+        if (!c->gpu && atomic_fetch_add(&srv->rx_held, 1) < srv->rx_hold_max) {
+            c->held[w] = rb;
+            kept = 1;
+        } else {
+            if (!c->gpu)
+                atomic_fetch_sub(&srv->rx_held, 1);
+            if (psagg_validate(&c->codec, payload, enc, c->info->count)) {
+                server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s",
+                                    h->key, h->chunk, h->round, psagg_last_error());
+                return 0;
+            }
+            memcpy(c->slots + (size_t)w * enc, payload, enc);
         }
-        memcpy(c->slots + (size_t)w * enc, payload, enc);
         c->arrived[w] = 1;
         if (++c->n_arrived == (uint32_t)srv->n_workers && c->gpu)
             finish_round(srv, c); /* the GPU sums all inputs in worker order at once */
-        return;
+        return kept;
     }
-    if (fold(srv, c, w, payload, 0))
-        return;
+    if (fold(srv, c, w, payload))
+        return 0;
     c->arrived[w] = 1;
     c->n_arrived++;
     c->next++;
     while ((int)c->next < srv->n_workers && c->arrived[c->next]) {
-        if (fold(srv, c, (int)c->next, c->slots + (size_t)c->next * enc, 1))
-            return;
+        int nx = (int)c->next, bad;
+        if (c->held[nx]) {
+            bad = fold(srv, c, nx, c->held[nx]->rx.buf + sizeof *h);
+            release_held(srv, c, nx);
+        } else {
+            bad = fold(srv, c, nx, c->slots + (size_t)nx * enc);
+        }
+        if (bad)
+            return 0;
         c->next++;
     }
     if ((int)c->next == srv->n_workers)
         finish_round(srv, c);
+    return 0;
 }
 
 /*
@@ -238,14 +270,12 @@ static void *agg_main(void *arg)
 
         if (!it->rb)
             atomic_store(&it->chunk->retry_queued, 0);
-        if (!atomic_load(&srv->job_failed)) {
-            if (it->rb)
-                handle_push(srv, it->chunk, it->rb);
-            else if (atomic_load(&it->chunk->deferred))
-                finish_round(srv, it->chunk);
+        if (it->rb) {
+            if (atomic_load(&srv->job_failed) || !handle_push(srv, it->chunk, it->rb))
+                server_repost(srv, it->rb);
+        } else if (!atomic_load(&srv->job_failed) && atomic_load(&it->chunk->deferred)) {
+            finish_round(srv, it->chunk);
         }
-        if (it->rb)
-            server_repost(srv, it->rb);
     }
     return NULL;
 }
@@ -273,21 +303,22 @@ static psagg_status chunk_alloc(server *srv, chunk_state *c)
     const psagg_chunk_info *ci = c->info;
     size_t enc = ci->enc_bytes, n = (size_t)srv->n_workers;
 
-    c->arrived = arena_alloc(n, 1);
-    c->slots = arena_alloc(n * enc, 0);
-    c->acc = c->gpu ? NULL : arena_alloc(ci->count * sizeof(float), 1);
+    c->arrived = arena_alloc(n);
+    c->held = arena_alloc(n * sizeof *c->held);
+    c->slots = arena_alloc(n * enc);
+    c->acc = c->gpu ? NULL : arena_alloc(ci->count * sizeof(float));
     if (srv->cfg.server_error_feedback)
-        c->residual = arena_alloc(ci->count * sizeof(float), 1);
+        c->residual = arena_alloc(ci->count * sizeof(float));
     for (int p = 0; p < 2; p++) {
         c->sctx[p] = (send_ctx){c, p};
-        c->out[p] = arena_alloc(sizeof(psagg_msg_hdr) + enc + srv->tag_bytes, 1);
+        c->out[p] = arena_alloc(sizeof(psagg_msg_hdr) + enc + srv->tag_bytes);
         if (!c->out[p])
             break;
         if (psagg_fabric_reg(srv->fab, c->out[p], sizeof(psagg_msg_hdr) + enc + srv->tag_bytes,
                              &c->out_desc[p]))
             return psagg_fail_context(PSAGG_EFABRIC, "registering update buffers: ");
     }
-    if (!c->arrived || !c->slots || (!c->gpu && !c->acc) || !c->out[0] || !c->out[1] ||
+    if (!c->arrived || !c->held || !c->slots || (!c->gpu && !c->acc) || !c->out[0] || !c->out[1] ||
         (srv->cfg.server_error_feedback && !c->residual))
         return psagg_fail(PSAGG_ENOMEM, "buffers of tensor %u chunk %u", ci->key, ci->index);
     return PSAGG_OK;
@@ -297,7 +328,7 @@ static psagg_status chunk_alloc(server *srv, chunk_state *c)
 static uint64_t chunk_bytes(const server *srv, uint64_t count, size_t enc)
 {
     uint64_t n = (uint64_t)srv->n_workers;
-    return sizeof(chunk_state) + n + n * enc + 4 * count +
+    return sizeof(chunk_state) + n + n * sizeof(void *) + n * enc + 4 * count +
            (srv->cfg.server_error_feedback ? 4 * count : 0) +
            2 * (sizeof(psagg_msg_hdr) + enc + srv->tag_bytes);
 }
@@ -492,6 +523,7 @@ void agg_teardown(server *srv)
     for (uint32_t i = 0; srv->chunks && i < srv->n_owned; i++) {
         chunk_state *c = &srv->chunks[i];
         arena_free(c->arrived);
+        arena_free(c->held);
         arena_free(c->slots);
         arena_free(c->acc);
         arena_free(c->residual);

@@ -2,6 +2,7 @@
 #include "arena.h"
 
 #include <jemalloc/jemalloc.h>
+#include <string.h>
 
 /*
  * jemalloc's options for the whole server process (read by jemalloc at start-up; MALLOC_CONF
@@ -27,12 +28,21 @@ int arena_thread_init(void)
     return 0;
 }
 
-void *arena_alloc(size_t size, int zero)
+void *arena_alloc(size_t size)
 {
-    int flags = MALLOCX_ALIGN(64) | (zero ? MALLOCX_ZERO : 0);
+    int flags = MALLOCX_ALIGN(64);
+    void *p;
     if (thread_arena)
         flags |= MALLOCX_ARENA(thread_arena - 1);
-    return mallocx(size ? size : 1, flags);
+    p = mallocx(size ? size : 1, flags);
+    /*
+     * Zeroed by writing every page: fresh pages that jemalloc knows are zero (MALLOCX_ZERO
+     * skips them) would otherwise fault in one by one during the job's first rounds, and on
+     * whichever thread touched them first. Here they fault once, at start-up.
+     */
+    if (p)
+        memset(p, 0, size);
+    return p;
 }
 
 void arena_free(void *p)

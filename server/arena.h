@@ -13,8 +13,11 @@
 
 /* Give the calling thread a jemalloc arena of its own; 0 on success. */
 int arena_thread_init(void);
-/* size bytes, 64-byte aligned (zeroed if zero != 0), from the calling thread's arena. */
-void *arena_alloc(size_t size, int zero);
+/*
+ * size bytes, 64-byte aligned, from the calling thread's arena: zeroed by writing them, so
+ * their pages fault in now (start-up) rather than in the job's first rounds.
+ */
+void *arena_alloc(size_t size);
 /* Free what arena_alloc returned (from any thread). */
 void arena_free(void *p);
 

@@ -407,6 +407,7 @@ static psagg_status start_job(server *srv)
     st = psagg_rxpool_create(&srv->rxpool, srv->fab, n_rbufs, rbuf_size, sizeof(recv_buf));
     if (st)
         return st;
+    srv->rx_hold_max = n_rbufs / 2;
     st = agg_start(srv);
     if (st)
         return st;

@@ -95,7 +95,9 @@ typedef struct chunk_state {
     uint32_t n_arrived;     /* contributions received this round */
     uint32_t next;          /* next worker to fold into acc (fixed order 0..N-1) */
     uint8_t *arrived;       /* per worker */
-    uint8_t *slots;         /* per worker: payload kept until its turn in the fixed order */
+    uint8_t *slots;         /* per worker: payload copied here to wait for its turn ... */
+    struct recv_buf **held; /* ... or its receive buffer held until then (handle_push) */
+    int broken;             /* a bad payload was half folded in: the job is failing */
     float *acc;
     float *residual; /* server error feedback, or NULL */
     uint8_t *out[2]; /* header + encoded update, alternating by round parity */
@@ -166,6 +168,8 @@ typedef struct server {
     atomic_int usage_marked;
     atomic_uint rounds_done;
     psagg_rxpool rxpool; /* of recv_buf */
+    atomic_int rx_held;  /* receive buffers held by chunks (early pushes), at most: */
+    int rx_hold_max;     /* half the pool */
 
     agg_thread *threads;
     int n_threads;

@@ -41,18 +41,15 @@ static int host_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk
                        const uint8_t *payload, char *msg, size_t len)
 {
     const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
-    float *o = h->out + ci->offset;
-    psagg_status st = psagg_decode(&ti->codec, payload, ci->enc_bytes, ci->count, o);
+    /* one pass: decode, validate and (AVERAGE) scale by 1/N */
+    psagg_status st = psagg_decode_into(
+        &ti->codec, payload, ci->enc_bytes, ci->count, h->out + ci->offset,
+        h->op == PSAGG_AVERAGE ? PSAGG_DECODE_SCALE : PSAGG_DECODE_SET, 1.0f / (float)ctx->world);
 
     if (st) {
         snprintf(msg, len, "update of tensor '%.63s' chunk %u from server %u: %.150s", ti->name,
                  ci->index, ci->owner, psagg_last_error());
         return st;
-    }
-    if (h->op == PSAGG_AVERAGE) {
-        const float scale = 1.0f / (float)ctx->world;
-        for (uint64_t i = 0; i < ci->count; i++)
-            o[i] = o[i] * scale;
     }
     return 1;
 }

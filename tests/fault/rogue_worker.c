@@ -2,9 +2,12 @@
  * rogue_worker.c - a process that speaks psagg's protocol itself (control channel + libfabric)
  * and misbehaves, for the fault tests (test_fault.sh, fault_matrix.sh).
  *
- *   --mode magic|len|key|round   authenticate as worker PSAGG_RANK, then send one bad push;
- *                                the server must close this worker with a reason naming the
- *                                field (checked here) and stay up
+ *   --mode magic|len|key|round|nan
+ *                                authenticate as worker PSAGG_RANK, then send one bad push
+ *                                (nan: a NaN in the payload, found as the server folds it,
+ *                                from its receive buffer or its slot); the server must close
+ *                                this worker with a reason naming the field (checked here)
+ *                                and stay up
  *   --mode dup                   authenticate, send every push of round 0 and the first one
  *                                twice; the server must drop the duplicate, finish the round
  *   --mode spoof --fabric-port P [--seconds S] [--claim W] [--rounds R]
@@ -25,6 +28,7 @@
  */
 #include <arpa/inet.h>
 #include <getopt.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -328,6 +332,8 @@ int main(int argc, char **argv)
             h->key = 999;
         else if (!strcmp(mode, "round"))
             h->round = 7;
+        else if (!strcmp(mode, "nan"))
+            ((float *)(h + 1))[100] = NAN, field = "payload";
         if (psagg_fabric_send(fab, server, push[1], bytes, NULL, NULL))
             DIE("send the bad push");
         /* the server must close us with a reason that names the field */

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_fault.sh BUILD_DIR PORT - bad frames and duplicates on the data path.
 #
-# For each bad push (magic, len, key, round) one server serves fn_worker (rank 0) and
+# For each bad push (magic, len, key, round, nan: a NaN in the payload) one server serves fn_worker (rank 0) and
 # rogue_worker (rank 1): the server must close the rogue with a reason naming the field, fail
 # fn_worker's pending push_pull with EPEER naming the rogue and the field (no hang), and exit
 # on its own with status 1 (job failed) instead of crashing. With a duplicate push the round
@@ -67,8 +67,9 @@ run() { # mode, fn_worker args...
         echo "test_fault: $mode: ok"
     fi
 }
-for mode in magic len key round; do
+for mode in magic len key round nan; do
     field=$mode
+    [ "$mode" = nan ] && field=payload
     run "$mode" --rounds 1 --expect EPEER --expect-text "$field" --max-seconds 30
 done
 run dup --rounds 1
