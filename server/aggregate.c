@@ -61,15 +61,7 @@ static void finish_round(server *srv, chunk_state *c)
     if (srv->tag_bytes) /* one MAC: every worker gets the same bytes */
         psagg_msg_mac(&srv->data_key, c->out[p], sizeof *h + enc, c->out[p] + sizeof *h + enc);
     atomic_store(&c->sends_pending[p], srv->n_workers);
-    for (int w = 0; w < srv->n_workers; w++) {
-        st = psagg_fabric_send(srv->fab, srv->workers[w].addr, c->out[p],
-                               sizeof *h + enc + srv->tag_bytes, c->out_desc[p], &c->sctx[p]);
-        if (st) {
-            atomic_fetch_sub(&c->sends_pending[p], 1);
-            server_close_worker(srv, w, "sending the update of tensor %u chunk %u failed: %s",
-                                c->info->key, c->info->index, psagg_last_error());
-        }
-    }
+    progress_send(srv, &c->sctx[p]);
     c->round++;
     if (c == srv->chunks) { /* slot 0 counts the job's rounds for the usage report */
         if (c->round == 1) {
@@ -108,7 +100,7 @@ static int fold(server *srv, chunk_state *c, int w, const void *payload)
 /* Let go of worker w's held receive buffer (it was folded, or the chunk broke). */
 static void release_held(server *srv, chunk_state *c, int w)
 {
-    server_repost(srv, c->held[w]);
+    progress_repost(srv, c->held[w]);
     c->held[w] = NULL;
     atomic_fetch_sub(&srv->rx_held, 1);
 }
@@ -272,7 +264,7 @@ static void *agg_main(void *arg)
             atomic_store(&it->chunk->retry_queued, 0);
         if (it->rb) {
             if (atomic_load(&srv->job_failed) || !handle_push(srv, it->chunk, it->rb))
-                server_repost(srv, it->rb);
+                progress_repost(srv, it->rb);
         } else if (!atomic_load(&srv->job_failed) && atomic_load(&it->chunk->deferred)) {
             finish_round(srv, it->chunk);
         }
@@ -310,7 +302,7 @@ static psagg_status chunk_alloc(server *srv, chunk_state *c)
     if (srv->cfg.server_error_feedback)
         c->residual = arena_alloc(ci->count * sizeof(float));
     for (int p = 0; p < 2; p++) {
-        c->sctx[p] = (send_ctx){c, p};
+        c->sctx[p] = (send_ctx){.chunk = c, .parity = p};
         c->out[p] = arena_alloc(sizeof(psagg_msg_hdr) + enc + srv->tag_bytes);
         if (!c->out[p])
             break;

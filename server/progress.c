@@ -7,6 +7,7 @@
  * (named, with the field). Send completions free update buffers and wake deferred rounds.
  */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 
 #include "base/clock.h"
@@ -96,13 +97,111 @@ static void route_push(server *srv, recv_buf *rb, psagg_peer src)
     agg_enqueue(srv, &srv->chunks[ci->slot], rb);
 }
 
+/*
+ * The aggregation threads' updates: queued here, sent by the progress thread, the only
+ * thread that calls into the endpoint (no lock contention in libfabric, no thread woken per
+ * message). The wake-up handshake: the progress thread sets progress_idle before it looks at
+ * the queue one last time and sleeps; a producer queues and then reads progress_idle (seq_cst
+ * atomics), so either the progress thread sees the item or the producer sees it idle and
+ * wakes it, once per update at most, and only when it may be asleep.
+ */
+void progress_send(server *srv, send_ctx *sc)
+{
+    sc->next_worker = 0;
+    sc->next = NULL;
+    pthread_mutex_lock(&srv->sendq_mu);
+    if (srv->sendq_tail)
+        srv->sendq_tail->next = sc;
+    else
+        srv->sendq_head = sc;
+    srv->sendq_tail = sc;
+    pthread_mutex_unlock(&srv->sendq_mu);
+    atomic_fetch_add(&srv->sendq_len, 1);
+    if (atomic_load(&srv->progress_idle))
+        psagg_fabric_wake(srv->fab);
+}
+
+/*
+ * A lock-free stack: producers push, the progress thread takes the whole stack at once. Only
+ * the push onto an empty stack wakes an idle progress thread: one wake per batch.
+ */
+void progress_repost(server *srv, recv_buf *rb)
+{
+    recv_buf *old = atomic_load(&srv->repostq);
+    do
+        rb->item.next = old ? &old->item : NULL;
+    while (!atomic_compare_exchange_weak(&srv->repostq, &old, rb));
+    if (!old && atomic_load(&srv->progress_idle))
+        psagg_fabric_wake(srv->fab);
+}
+
+static void repost_queued(server *srv)
+{
+    recv_buf *rb = atomic_exchange(&srv->repostq, NULL);
+    while (rb) {
+        agg_item *next = rb->item.next;
+        server_repost(srv, rb);
+        rb = next ? (recv_buf *)((char *)next - offsetof(recv_buf, item)) : NULL;
+    }
+}
+
+/*
+ * Send what is queued, in order. A provider queue that is full (PSAGG_EAGAIN) leaves the
+ * update at the head, to go on from the same worker after the next poll has drained some
+ * completions. A send that fails closes that worker, as a failed send always has. Returns 1
+ * when the provider's queue is full (its send completions will wake the poll), else 0.
+ */
+static int send_queued(server *srv)
+{
+    while (atomic_load(&srv->sendq_len) > 0) {
+        send_ctx *sc;
+        chunk_state *c;
+        size_t bytes;
+        pthread_mutex_lock(&srv->sendq_mu);
+        sc = srv->sendq_head;
+        pthread_mutex_unlock(&srv->sendq_mu);
+        c = sc->chunk;
+        bytes = sizeof(psagg_msg_hdr) + c->info->enc_bytes + srv->tag_bytes;
+        for (; sc->next_worker < srv->n_workers; sc->next_worker++) {
+            int w = sc->next_worker;
+            psagg_status st =
+                psagg_fabric_try_send(srv->fab, srv->workers[w].addr, c->out[sc->parity], bytes,
+                                      c->out_desc[sc->parity], sc);
+            if (st == PSAGG_EAGAIN)
+                return 1;
+            if (st) {
+                atomic_fetch_sub(&c->sends_pending[sc->parity], 1);
+                server_close_worker(srv, w, "sending the update of tensor %u chunk %u failed: %s",
+                                    c->info->key, c->info->index, psagg_last_error());
+            }
+        }
+        pthread_mutex_lock(&srv->sendq_mu);
+        srv->sendq_head = sc->next;
+        if (!srv->sendq_head)
+            srv->sendq_tail = NULL;
+        pthread_mutex_unlock(&srv->sendq_mu);
+        atomic_fetch_sub(&srv->sendq_len, 1);
+    }
+    return 0;
+}
+
 static void *progress_main(void *arg)
 {
     server *srv = arg;
     psagg_fabric_event ev[64];
 
     while (atomic_load(&srv->running)) {
-        int n = psagg_fabric_poll(srv->fab, ev, 64, 10);
+        int n, wait, full;
+        repost_queued(srv);
+        full = send_queued(srv);
+        /*
+         * Sleep in the completion wait unless an update came meanwhile (see progress_send);
+         * a full provider queue sleeps too: the completions of its sends end the wait.
+         */
+        atomic_store(&srv->progress_idle, 1);
+        wait = (!full && atomic_load(&srv->sendq_len) > 0) || atomic_load(&srv->repostq) ? 0 : 10;
+        n = psagg_fabric_poll(srv->fab, ev, 64, wait);
+        atomic_store(&srv->progress_idle, 0);
         if (n < 0) {
             server_fail_job(srv, PSAGG_EFABRIC, "completion queue failed: %s", psagg_last_error());
             break;
@@ -143,6 +242,7 @@ static void *progress_main(void *arg)
 
 psagg_status progress_start(server *srv)
 {
+    pthread_mutex_init(&srv->sendq_mu, NULL);
     atomic_store(&srv->running, 1);
     if (pthread_create(&srv->progress_tid, NULL, progress_main, srv)) {
         atomic_store(&srv->running, 0);

@@ -80,9 +80,16 @@ typedef struct recv_buf {
     agg_item item;
 } recv_buf;
 
+/*
+ * An update to send: the context of its sends' completions, and its place in the progress
+ * thread's send queue (progress.c), where the aggregation thread that finished the round
+ * puts it: only the progress thread calls into the endpoint.
+ */
 typedef struct send_ctx {
     struct chunk_state *chunk;
     int parity;
+    int next_worker; /* the next worker to send it to (a full provider queue stops midway) */
+    struct send_ctx *next;
 } send_ctx;
 
 /* One owned chunk. Only its aggregation thread touches it, except sends_pending. */
@@ -177,6 +184,11 @@ typedef struct server {
     agg_startup startup;
     pthread_t progress_tid;
     atomic_int running;
+    pthread_mutex_t sendq_mu; /* the progress thread's queue of updates to send: */
+    send_ctx *sendq_head, *sendq_tail;
+    atomic_int sendq_len;
+    atomic_int progress_idle;           /* it may be asleep in psagg_fabric_poll: wake it */
+    _Atomic(struct recv_buf *) repostq; /* receive buffers for it to post again (a stack) */
 } server;
 
 /* server.c: the whole life of a server; returns the process exit code. */
@@ -189,6 +201,10 @@ int control_serve(server *srv);
 /* progress.c */
 psagg_status progress_start(server *srv);
 void progress_stop(server *srv);
+/* Hand a finished round's update (out[parity] of its chunk) to the progress thread. */
+void progress_send(server *srv, send_ctx *sc);
+/* Hand a receive buffer that an aggregation thread is done with back to be posted again. */
+void progress_repost(server *srv, recv_buf *rb);
 
 /* aggregate.c */
 /*
@@ -216,6 +232,7 @@ void server_close_worker(server *srv, int w, const char *fmt, ...)
 /* The first failure wins; status is what the workers get (EPEER, ETIMEDOUT, ...). */
 void server_fail_job(server *srv, psagg_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Post a receive buffer again: the progress thread (others use progress_repost). */
 void server_repost(server *srv, recv_buf *rb);
 /* The worker whose fabric address is addr, or -1. */
 int server_worker_at(const server *srv, psagg_peer addr);

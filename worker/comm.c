@@ -125,7 +125,11 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
     return 1;
 }
 
-/* Push what the windows allow, highest priority first. Returns 1 if anything is waiting. */
+/*
+ * Push what the windows allow, highest priority first. Returns 2 if an encode is still running
+ * on a device (nothing in the fabric will say when it is done), 1 if pushes wait for room in
+ * a window or in the provider's queue (a completion will end the wait), else 0.
+ */
 static int schedule(comm_state *cs)
 {
     psagg_ctx *ctx = cs->ctx;
@@ -141,7 +145,7 @@ static int schedule(comm_state *cs)
                 continue;
             }
             if (r == 0) {
-                waiting = 1;
+                waiting = 2;
                 continue;
             }
         }
@@ -151,7 +155,7 @@ static int schedule(comm_state *cs)
             server_conn *sc = &ctx->servers[ci->owner];
             psagg_status st;
             if (sc->inflight >= ctx->cfg.max_inflight) {
-                waiting = 1;
+                waiting = waiting ? waiting : 1;
                 break;
             }
             ctx->chunks[g].send_pending = 1;
@@ -160,7 +164,7 @@ static int schedule(comm_state *cs)
                                        ctx->chunks[g].desc, &ctx->chunks[g]);
             if (st == PSAGG_EAGAIN) { /* the provider's queue is full: after the next poll */
                 ctx->chunks[g].send_pending = 0;
-                return 1;
+                return waiting ? waiting : 1;
             }
             if (st) {
                 ctx->chunks[g].send_pending = 0;
@@ -271,6 +275,15 @@ static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
         return;
     h->completing = 1;
     try_complete(cs, h);
+}
+
+/* Whether an operation waits for its buffer operations (a device's decodes) to finish. */
+static int any_completing(const comm_state *cs)
+{
+    for (uint32_t i = 0; i < cs->n_active; i++)
+        if (cs->active[i]->completing)
+            return 1;
+    return 0;
 }
 
 /* Complete the operations whose output their buffer operations have finished writing. */
@@ -435,8 +448,21 @@ static void *comm_main(void *arg)
         take_queue(&cs);
         drop_if_failed(&cs);
         waiting = schedule(&cs);
+        /*
+         * Sleep in the completion wait: completions and updates end it, and so does a new
+         * operation (handle_submit wakes this thread while comm_idle says it may sleep). Only
+         * work on a device (an encode or the decodes of a completing operation) is polled,
+         * every millisecond; the control checks need a turn every 20 ms.
+         */
+        atomic_store(&ctx->comm_idle, 1);
+        pthread_mutex_lock(&ctx->mu);
+        n = ctx->queue != NULL;
+        pthread_mutex_unlock(&ctx->mu);
         n = psagg_fabric_poll(ctx->fab, ev, 64,
-                              cs.n_active && !waiting ? 1 : (cs.n_active ? 0 : 2));
+                              n                                     ? 0
+                              : waiting == 2 || any_completing(&cs) ? 1
+                                                                    : 10);
+        atomic_store(&ctx->comm_idle, 0);
         if (n < 0) {
             worker_fail_all(ctx, PSAGG_EFABRIC, "completion queue: %s", psagg_last_error());
             break;

@@ -82,6 +82,9 @@ void handle_submit(psagg_ctx *ctx, struct psagg_handle *h)
         ctx->queue = h;
     }
     pthread_mutex_unlock(&ctx->mu);
+    /* the comm thread reads the queue under mu after setting comm_idle: one of us sees it */
+    if (atomic_load(&ctx->comm_idle))
+        psagg_fabric_wake(ctx->fab);
 }
 
 void handle_abandon(psagg_ctx *ctx, struct psagg_handle *h)

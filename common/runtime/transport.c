@@ -20,6 +20,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,6 +93,7 @@ struct psagg_fabric {
     int mr_prov_key;     /* FI_MR_PROV_KEY: provider picks keys */
     int cq_wait;         /* the CQ has a wait object: poll may block in fi_cq_sread */
     int serialize;       /* no FI_THREAD_SAFE granted: fab_lock around libfabric calls */
+    atomic_int woken;    /* psagg_fabric_wake was called: the next poll returns */
     char prov[64];       /* provider name opened */
     psagg_logger log;    /* the owner's (opts->log) */
 
@@ -858,6 +860,13 @@ psagg_status psagg_fabric_try_send(psagg_fabric *f, psagg_peer to, const void *b
  * sender that parks completions also signals the CQ), else fi_cq_read with yields and 50 us
  * sleeps, until the first completion or the deadline.
  */
+void psagg_fabric_wake(psagg_fabric *f)
+{
+    atomic_store(&f->woken, 1);
+    if (f->cq_wait)
+        (void)fi_cq_signal(f->cq);
+}
+
 int psagg_fabric_poll(psagg_fabric *f, psagg_fabric_event *ev, int max, int timeout_ms)
 {
     int64_t deadline = 0;
@@ -867,6 +876,8 @@ int psagg_fabric_poll(psagg_fabric *f, psagg_fabric_event *ev, int max, int time
     if (f == NULL || ev == NULL || max <= 0)
         return psagg_fail(PSAGG_EINVAL, "fabric poll: bad arguments");
     for (;;) {
+        if (atomic_exchange(&f->woken, 0))
+            timeout_ms = 0; /* psagg_fabric_wake: return what there is, even nothing */
         n = backlog_pop(f, ev, max);
         if (n < max) {
             r = cq_fetch(f, ev + n, max - n, 0);

@@ -126,4 +126,11 @@ typedef struct psagg_fabric_event {
  */
 int psagg_fabric_poll(psagg_fabric *f, psagg_fabric_event *ev, int max, int timeout_ms);
 
+/*
+ * Make the thread in psagg_fabric_poll (or the next one to call it) return at once, with
+ * what completions there are or none: how another thread hands work to the endpoint's owner
+ * (one fi_cq_signal, a write to the CQ's wait fd; call it only when the owner may sleep).
+ */
+void psagg_fabric_wake(psagg_fabric *f);
+
 #endif
