@@ -12,9 +12,11 @@
 #   --link-gbit R    link rate for the wire-limit column (default 1). Loopback itself has no
 #                    rate: the column says how long the busiest link's bytes would take at R.
 # Each codec runs once through deploy/psagg-local; the RESULT lines are printed as they come
-# and then as a markdown table, with CPU: worker 0's CPU ms per timed step, and the servers'
-# CPU ms and minor page faults per round (summed over servers; from each server's usage line,
-# so the config must log at info, the default; warm-up rounds included). Exit status 1 if any run failed (its rows say "failed").
+# and then as a markdown table, with CPU: the workers' CPU ms per timed step (summed over the
+# workers' "CPU rank=" lines), the servers' CPU ms and minor page faults per round after the
+# first (summed over servers; from each server's usage line, so the config must log at info,
+# the default) and their total: every process of the job. Exit status 1 if any run failed
+# (its rows say "failed").
 set -u -o pipefail
 
 repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
@@ -52,27 +54,30 @@ for codec in ${codecs//,/ }; do
     if ((rc != 0)) || [[ -z $line ]]; then
         echo "bench-exchange.sh: $codec failed (launcher exit $rc):" >&2
         tail -n 15 <<<"$out" >&2
-        rows+=("| $codec | failed | | | | | | | | | | | |")
+        rows+=("| $codec | failed | | | | | | | | | | | | |")
         fail=1
         continue
     fi
     echo "$line"
-    # CPU per step: worker 0's own (RESULT), every server's (its "usage after the first round"
-    # line, logged at INFO: per round, warm-up rounds included), summed over the servers
+    # CPU per step: every worker's ("CPU rank=..." lines, timed steps), every server's (its
+    # "usage after the first round" line, logged at INFO: per round), each summed
+    wrk_cpu=$(grep -o 'CPU rank=[0-9]* cpu_ms=[0-9.]*' <<<"$out" | awk -F'cpu_ms=' '
+        { c += $2; n++ } END { if (n) printf "%.1f", c; else printf "-" }')
     srv=$(grep -o 'usage after the first round: .*' <<<"$out" | awk '
         { for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "cpu_ms_per_round") c += kv[2];
                                        if (kv[1] == "minflt_per_round") f += kv[2] }; n++ }
         END { if (n) printf "%.1f %.0f", c, f; else printf "- -" }')
     read -r srv_cpu srv_flt <<<"$srv"
+    all_cpu=$(awk -v w="$wrk_cpu" -v s="$srv_cpu" 'BEGIN { if (w == "-" || s == "-") print "-"; else printf "%.1f", w + s }')
     med=$(field "$line" median_ms) busiest=$(field "$line" busiest_link_bytes)
     rate=$(awk -v b="$busiest" -v m="$med" 'BEGIN { printf "%.3f", b * 8 / (m * 1e-3) / 1e9 }')
-    rows+=("| $codec | $(field "$line" workers) | $(field "$line" servers) | $med | $(field "$line" p10_ms) | $(field "$line" p90_ms) | $(awk -v b="$busiest" 'BEGIN { printf "%.2f", b / 1e6 }') | $rate | $(field "$line" wire_limit_ms) | $(field "$line" compression) | $(field "$line" worker_cpu_ms) | $srv_cpu | $srv_flt |")
+    rows+=("| $codec | $(field "$line" workers) | $(field "$line" servers) | $med | $(field "$line" p10_ms) | $(field "$line" p90_ms) | $(awk -v b="$busiest" 'BEGIN { printf "%.2f", b / 1e6 }') | $rate | $(field "$line" wire_limit_ms) | $(field "$line" compression) | $wrk_cpu | $srv_cpu | $all_cpu | $srv_flt |")
 done
 
 echo
 echo "psagg-bench-exchange on loopback: $(basename "$model" .sizes), $steps timed steps after $warmup warm-up, config $(basename "$config"), $(nproc) cores"
 echo
-echo "| codec | N | S | median ms | p10 ms | p90 ms | busiest link MB/step | achieved Gbit/s | wire limit ms @ ${gbit} Gbit/s | compression | worker 0 CPU ms/step | servers CPU ms/step | servers faults/step |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| codec | N | S | median ms | p10 ms | p90 ms | busiest link MB/step | achieved Gbit/s | wire limit ms @ ${gbit} Gbit/s | compression | workers CPU ms/step | servers CPU ms/step | all CPU ms/step | servers faults/step |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 exit $fail

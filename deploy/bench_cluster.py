@@ -35,7 +35,10 @@ are hosts N..N+S-1; "colocated" puts server i on worker host i. In each cluster,
 Results: the RESULT line of rank 0 (key=value pairs). Each row: median/p10/p90 time per step,
 the wire-limit time (psagg: busiest_link_bytes x 8 / rate; gloo/mpi: ring all-reduce bytes
 per rank 2(N-1)/N x 4 x elements x 8 / rate), and psagg's speedup over gloo and mpi
-(their median / psagg's median, same model and rate). A terminal table, a CSV and a PNG
+(their median / psagg's median, same model and rate), and CPU milliseconds per step of each
+role, summed over its processes: workers (psagg-bench-exchange's "CPU rank=" lines; gloo's
+workers_cpu_ms) and servers (each psagg-server's cpu_ms_per_round, logged as it exits after
+the job; rounds after the first). A terminal table, a CSV and a PNG
 (time per step vs link rate, one panel per model). Failures are recorded and the run goes
 on; namespaces are always torn down (also on Ctrl-C / SIGTERM).
 """
@@ -79,7 +82,8 @@ RXM_EAGER_ENV = "FI_OFI_RXM_EAGER_LIMIT=4194304,FI_OFI_RXM_SAR_LIMIT=8388608"
 CSV_FIELDS = ["model", "rate_gbit", "placement", "servers", "workers", "system", "codec", "status",
               "median_ms", "p10_ms", "p90_ms", "wire_limit_ms", "wire_efficiency", "busiest_link_bytes",
               "measured_link_bytes",
-              "speedup_vs_gloo", "speedup_vs_mpi", "steps", "warmup", "note"]
+              "speedup_vs_gloo", "speedup_vs_mpi", "workers_cpu_ms", "servers_cpu_ms",
+              "steps", "warmup", "note"]
 
 
 class Interrupted(Exception):
@@ -115,6 +119,20 @@ def parse_result(text, system):
         if line.startswith("RESULT ") and f"system={system}" in line:
             found = dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
     return found
+
+
+def cpu_sum(paths, pattern):
+    """Sum of the first number matching `pattern` in each log, or "" if any log lacks it."""
+    total = 0.0
+    for path in paths:
+        try:
+            m = re.search(pattern, open(path, errors="replace").read())
+        except OSError:
+            m = None
+        if not m:
+            return ""
+        total += float(m.group(1))
+    return f"{total:.1f}"
 
 
 def tail(path, n=6):
@@ -419,6 +437,11 @@ class Bench:
             if not ok or not res:
                 bad = [w.logpath for w in workers if w.returncode != 0] or [workers[0].logpath]
                 return None, ("timed out" if to else "failed") + f" (log {bad[0]}: {tail(bad[0], 2).strip()[-160:]})"
+            # CPU per step of each role: the workers' own lines, and the servers' usage lines,
+            # which they log as they exit after the last BYE (give them a moment to)
+            wait_all(servers, 10)
+            res["workers_cpu_ms"] = cpu_sum([w.logpath for w in workers], r"CPU rank=\d+ cpu_ms=([0-9.]+)")
+            res["servers_cpu_ms"] = cpu_sum([p.logpath for p in servers], r"cpu_ms_per_round=([0-9.]+)")
             return res, ""
         finally:
             for s in servers:
@@ -463,7 +486,9 @@ class Bench:
                      p10_ms=f"{float(res['p10_ms']):.1f}", p90_ms=f"{float(res['p90_ms']):.1f}",
                      wire_limit_ms=f"{wire_ms:.1f}" if wire_ms is not None else "",
                      wire_efficiency=f"{wire_ms / med:.2f}" if wire_ms else "",
-                     busiest_link_bytes=busiest, measured_link_bytes=measured, note=err)
+                     busiest_link_bytes=busiest, measured_link_bytes=measured,
+                     workers_cpu_ms=res.get("workers_cpu_ms", ""), servers_cpu_ms=res.get("servers_cpu_ms", ""),
+                     note=err)
 
     def run(self):
         os.makedirs(self.logdir, exist_ok=True) if not self.a.dry_run else None
@@ -538,9 +563,10 @@ class Bench:
 
     def table(self):
         cols = ["model", "rate_gbit", "placement", "system", "codec", "status", "median_ms", "p10_ms", "p90_ms",
-                "wire_limit_ms", "wire_efficiency", "measured_link_bytes", "speedup_vs_gloo", "speedup_vs_mpi"]
+                "wire_limit_ms", "wire_efficiency", "measured_link_bytes", "speedup_vs_gloo", "speedup_vs_mpi",
+                "workers_cpu_ms", "servers_cpu_ms"]
         heads = ["model", "Gbit/s", "servers", "system", "codec", "status", "median ms", "p10", "p90",
-                 "wire ms", "wire/med", "link B/step", "x gloo", "x mpi"]
+                 "wire ms", "wire/med", "link B/step", "x gloo", "x mpi", "workers CPU ms", "servers CPU ms"]
         data = [[str(r[c]) if c != "placement" else (r[c] or "-") for c in cols] for r in self.rows]
         w = [max(len(h), *(len(d[i]) for d in data)) if data else len(h) for i, h in enumerate(heads)]
         lines = ["  ".join(h.ljust(w[i]) for i, h in enumerate(heads)), "  ".join("-" * x for x in w)]

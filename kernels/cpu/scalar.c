@@ -244,7 +244,8 @@ static psagg_status scalar_mm_encode(const psagg_codec *c, const float *x, float
 }
 
 /* out[j] = y_{base+j} applied as op says (codec.h psagg_decode_op) */
-static inline float dec_apply(psagg_decode_op op, float o, float y, float f)
+static inline __attribute__((always_inline)) float dec_apply(psagg_decode_op op, float o, float y,
+                                                             float f)
 {
     switch (op) {
     case PSAGG_DECODE_ADD:
@@ -259,8 +260,10 @@ static inline float dec_apply(psagg_decode_op op, float o, float y, float f)
 }
 
 /* Decode elements base..base+len-1 into out[0..len); nonzero if an fp input is NaN/Inf. */
-static int dec_range(const psagg_codec *c, const uint8_t *in, size_t n, size_t base, size_t len,
-                     float *out, psagg_decode_op op, float f)
+static inline __attribute__((always_inline)) int dec_range_as(const psagg_codec *c,
+                                                              const uint8_t *in, size_t n,
+                                                              size_t base, size_t len, float *out,
+                                                              psagg_decode_op op, float f)
 {
     int bad = 0;
     if (c->id != PSAGG_CODEC_MAXMIN) {
@@ -290,6 +293,22 @@ static int dec_range(const psagg_codec *c, const uint8_t *in, size_t n, size_t b
         }
     }
     return 0;
+}
+
+/* dec_range_as with op a constant in each loop (no switch per element) */
+static int dec_range(const psagg_codec *c, const uint8_t *in, size_t n, size_t base, size_t len,
+                     float *out, psagg_decode_op op, float f)
+{
+    switch (op) {
+    case PSAGG_DECODE_ADD:
+        return dec_range_as(c, in, n, base, len, out, PSAGG_DECODE_ADD, f);
+    case PSAGG_DECODE_FIRST:
+        return dec_range_as(c, in, n, base, len, out, PSAGG_DECODE_FIRST, f);
+    case PSAGG_DECODE_SCALE:
+        return dec_range_as(c, in, n, base, len, out, PSAGG_DECODE_SCALE, f);
+    default:
+        return dec_range_as(c, in, n, base, len, out, PSAGG_DECODE_SET, f);
+    }
 }
 
 static int scalar_fp_decode(const psagg_codec *c, const uint8_t *in, size_t n, float *out,

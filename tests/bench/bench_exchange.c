@@ -34,7 +34,9 @@
  *              wire_limit_ms=<w> bytes_sent_per_worker=<s> compression=<raw/sent>
  *              worker_cpu_ms=<c> worker_minflt=<f>
  *     (worker_*: rank 0's own CPU milliseconds and minor page faults per timed step, from
- *     getrusage; each server logs its own per round at the end of the job, at INFO:
+ *     getrusage; every rank also prints "CPU rank=<r> cpu_ms=<c> minflt=<f>", its own per
+ *     timed step, for sums over workers; each server logs its own per round at the end of the
+ *     job, at INFO:
  *     "usage after the first round: ... cpu_ms_per_round=... minflt_per_round=...");
  *     (quantiles interpolate linearly, numpy's default, like the baselines).
  *
@@ -370,6 +372,15 @@ int main(int argc, char **argv)
     }
 
     getrusage(RUSAGE_SELF, &ru1);
+    /* every rank's own CPU, for the sums over workers (bench-exchange.sh, bench_cluster.py) */
+    printf("CPU rank=%d cpu_ms=%.1f minflt=%.1f\n", rank,
+           ((double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec) * 1e3 +
+            (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec) / 1e3 +
+            (double)(ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) * 1e3 +
+            (double)(ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec) / 1e3) /
+               steps,
+           (double)(ru1.ru_minflt - ru0.ru_minflt) / steps);
+    fflush(stdout);
     /* step time = max over ranks: gather every rank's times through one fp32 SUM */
     for (int i = 0; i < steps; i++)
         timing[(size_t)rank * (size_t)steps + (size_t)i] = (float)t_rank[i];

@@ -13,6 +13,7 @@ all of them, as DDP's reducer does. A step's time is the maximum over ranks of t
 from a barrier to the last completion. After --warmup untimed steps, --steps timed steps;
 rank 0 prints
   RESULT system=gloo model=<name> ranks=<n> median_ms=<x> p10_ms=<y> p90_ms=<z> ...
+         worker_cpu_ms=<rank 0's CPU ms per timed step> workers_cpu_ms=<summed over ranks>
 GLOO_SOCKET_IFNAME is taken from the environment, or from NETCLUSTER_IFACE (set by
 deploy/netcluster.sh exec) when unset. Needs PyTorch (run with /usr/bin/python3).
 """
@@ -90,6 +91,8 @@ def main():
     times = []
     mx = torch.zeros(1, dtype=torch.float64)
     for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            cpu0 = time.process_time()  # this process, all its threads (gloo's included)
         dist.barrier()
         t0 = time.perf_counter()
         works = [dist.all_reduce(b, op=dist.ReduceOp.SUM, async_op=True) for b in buckets]
@@ -99,6 +102,10 @@ def main():
         dist.all_reduce(mx, op=dist.ReduceOp.MAX)
         if step >= args.warmup:
             times.append(mx.item() * 1e3)
+    # CPU per timed step: this rank's, and summed over the ranks (a SUM of one value each)
+    cpu = torch.tensor([(time.process_time() - cpu0) * 1e3 / args.steps], dtype=torch.float64)
+    own_cpu = cpu.item()
+    dist.all_reduce(cpu, op=dist.ReduceOp.SUM)
     dist.destroy_process_group()
 
     if args.rank == 0:
@@ -111,7 +118,8 @@ def main():
         print(f"RESULT system=gloo model={name} ranks={n} median_ms={quantile(t, 0.5):.3f} "
               f"p10_ms={quantile(t, 0.1):.3f} p90_ms={quantile(t, 0.9):.3f} min_ms={t[0]:.3f} "
               f"steps={args.steps} warmup={args.warmup} buckets={len(buckets)} elements={total} "
-              f"ring_bytes_per_rank={2.0 * (n - 1) / n * total * 4:.0f}", flush=True)
+              f"ring_bytes_per_rank={2.0 * (n - 1) / n * total * 4:.0f} "
+              f"worker_cpu_ms={own_cpu:.1f} workers_cpu_ms={cpu.item():.1f}", flush=True)
     return 0
 
 
