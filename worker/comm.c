@@ -472,11 +472,20 @@ static void *comm_main(void *arg)
             case PSAGG_FABRIC_SEND_DONE:
                 push_sent(ctx, ev[i].ctx);
                 break;
-            case PSAGG_FABRIC_SEND_ERROR:
-                push_sent(ctx, ev[i].ctx);
-                worker_fail_all(ctx, ev[i].status ? (psagg_status)ev[i].status : PSAGG_EPEER,
-                                "a push failed: %s", ev[i].msg);
+            case PSAGG_FABRIC_SEND_ERROR: {
+                /* name the server: a dead one fails our sends before its socket's EOF is read */
+                chunk_buf *cb = ev[i].ctx;
+                int s = cb ? (int)ctx->layout.chunks[cb - ctx->chunks].owner : -1;
+                push_sent(ctx, cb);
+                if (s >= 0)
+                    worker_fail_all(ctx, ev[i].status ? (psagg_status)ev[i].status : PSAGG_EPEER,
+                                    "a push to server %d (%s:%u) failed: %s", s,
+                                    ctx->cfg.servers[s].host, ctx->cfg.servers[s].port, ev[i].msg);
+                else
+                    worker_fail_all(ctx, ev[i].status ? (psagg_status)ev[i].status : PSAGG_EPEER,
+                                    "a push failed: %s", ev[i].msg);
                 break;
+            }
             case PSAGG_FABRIC_RECV_DONE: {
                 psagg_rxbuf *rb = ev[i].ctx;
                 rb->len = ev[i].len;
