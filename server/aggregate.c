@@ -61,7 +61,7 @@ static void finish_round(server *srv, chunk_state *c)
     if (srv->tag_bytes) /* one MAC: every worker gets the same bytes */
         psagg_msg_mac(&srv->data_key, c->out[p], sizeof *h + enc, c->out[p] + sizeof *h + enc);
     atomic_store(&c->sends_pending[p], srv->n_workers);
-    progress_send(srv, &c->sctx[p]);
+    server_queue_update(srv, &c->sctx[p]);
     c->round++;
     if (c == srv->chunks) { /* slot 0 counts the job's rounds for the usage report */
         if (c->round == 1) {
@@ -100,7 +100,7 @@ static int fold(server *srv, chunk_state *c, int w, const void *payload)
 /* Let go of worker w's held receive buffer (it was folded, or the chunk broke). */
 static void release_held(server *srv, chunk_state *c, int w)
 {
-    progress_repost(srv, c->held[w]);
+    server_queue_repost(srv, c->held[w]);
     c->held[w] = NULL;
     atomic_fetch_sub(&srv->rx_held, 1);
 }
@@ -264,7 +264,7 @@ static void *agg_main(void *arg)
             atomic_store(&it->chunk->retry_queued, 0);
         if (it->rb) {
             if (atomic_load(&srv->job_failed) || !handle_push(srv, it->chunk, it->rb))
-                progress_repost(srv, it->rb);
+                server_queue_repost(srv, it->rb);
         } else if (!atomic_load(&srv->job_failed) && atomic_load(&it->chunk->deferred)) {
             finish_round(srv, it->chunk);
         }

@@ -97,44 +97,7 @@ static void route_push(server *srv, recv_buf *rb, psagg_peer src)
     agg_enqueue(srv, &srv->chunks[ci->slot], rb);
 }
 
-/*
- * The aggregation threads' updates: queued here, sent by the progress thread, the only
- * thread that calls into the endpoint (no lock contention in libfabric, no thread woken per
- * message). The wake-up handshake: the progress thread sets progress_idle before it looks at
- * the queue one last time and sleeps; a producer queues and then reads progress_idle (seq_cst
- * atomics), so either the progress thread sees the item or the producer sees it idle and
- * wakes it, once per update at most, and only when it may be asleep.
- */
-void progress_send(server *srv, send_ctx *sc)
-{
-    sc->next_worker = 0;
-    sc->next = NULL;
-    pthread_mutex_lock(&srv->sendq_mu);
-    if (srv->sendq_tail)
-        srv->sendq_tail->next = sc;
-    else
-        srv->sendq_head = sc;
-    srv->sendq_tail = sc;
-    pthread_mutex_unlock(&srv->sendq_mu);
-    atomic_fetch_add(&srv->sendq_len, 1);
-    if (atomic_load(&srv->progress_idle))
-        psagg_fabric_wake(srv->fab);
-}
-
-/*
- * A lock-free stack: producers push, the progress thread takes the whole stack at once. Only
- * the push onto an empty stack wakes an idle progress thread: one wake per batch.
- */
-void progress_repost(server *srv, recv_buf *rb)
-{
-    recv_buf *old = atomic_load(&srv->repostq);
-    do
-        rb->item.next = old ? &old->item : NULL;
-    while (!atomic_compare_exchange_weak(&srv->repostq, &old, rb));
-    if (!old && atomic_load(&srv->progress_idle))
-        psagg_fabric_wake(srv->fab);
-}
-
+/* The updates and receive buffers the aggregation threads handed over (state.c). */
 static void repost_queued(server *srv)
 {
     recv_buf *rb = atomic_exchange(&srv->repostq, NULL);
@@ -195,7 +158,7 @@ static void *progress_main(void *arg)
         repost_queued(srv);
         full = send_queued(srv);
         /*
-         * Sleep in the completion wait unless an update came meanwhile (see progress_send);
+         * Sleep in the completion wait unless an update came meanwhile (see server_queue_update);
          * a full provider queue sleeps too: the completions of its sends end the wait.
          */
         atomic_store(&srv->progress_idle, 1);

@@ -7,11 +7,13 @@
  *   main.c       the command line; sets libfabric's environment before anything starts
  *   server.c     server_run: open the endpoint and the port, run the control loop, tear down
  *   control.c    the control state machine (main thread): HELLO, DECLARE, start, BYE, aborts
- *   progress.c   the data path's progress thread: receive pushes, check them against the
- *                layout, route each to its chunk's aggregation thread; send completions
+ *   progress.c   the data path's progress thread, the endpoint's one user: receive pushes,
+ *                check them, route each to its chunk's aggregation thread; send the updates
+ *                and repost the buffers the aggregation threads queue (state.c); completions
  *   aggregate.c  per-chunk rounds and the aggregation thread pool
  *   gpu.c        the optional GPU assist of the aggregation threads
- *   state.c      what all of them share: failure reports, closing a peer, reposting a buffer
+ *   state.c      what all of them share: failure reports, closing a peer, reposting a buffer,
+ *                the queues of updates and buffers to the progress thread
  *   arena.c      the aggregation threads' jemalloc arenas
  * No file calls one above it in this list, except through the queue of aggregate.c.
  */
@@ -201,10 +203,6 @@ int control_serve(server *srv);
 /* progress.c */
 psagg_status progress_start(server *srv);
 void progress_stop(server *srv);
-/* Hand a finished round's update (out[parity] of its chunk) to the progress thread. */
-void progress_send(server *srv, send_ctx *sc);
-/* Hand a receive buffer that an aggregation thread is done with back to be posted again. */
-void progress_repost(server *srv, recv_buf *rb);
 
 /* aggregate.c */
 /*
@@ -232,8 +230,15 @@ void server_close_worker(server *srv, int w, const char *fmt, ...)
 /* The first failure wins; status is what the workers get (EPEER, ETIMEDOUT, ...). */
 void server_fail_job(server *srv, psagg_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* Post a receive buffer again: the progress thread (others use progress_repost). */
+/* Post a receive buffer again: the progress thread (others use server_queue_repost). */
 void server_repost(server *srv, recv_buf *rb);
+/*
+ * The aggregation threads' way to the endpoint, which only the progress thread calls: hand
+ * it a finished round's update (out[parity] of its chunk) to send, or a receive buffer to
+ * post again; it is woken only when it may be asleep.
+ */
+void server_queue_update(server *srv, send_ctx *sc);
+void server_queue_repost(server *srv, recv_buf *rb);
 /* The worker whose fabric address is addr, or -1. */
 int server_worker_at(const server *srv, psagg_peer addr);
 

@@ -209,7 +209,7 @@ int main(int argc, char **argv)
     psagg_stats s0, s1;
     uint64_t sent_sum = 0, raw_sum = 0, recv_sum = 0; /* model push_pulls of timed steps */
     struct rusage ru0 = {0}, ru1 = {0};               /* this process over the timed steps */
-    double cpu_ms;
+    double cpu_ms, minflt;
     psagg_status st;
 
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -373,13 +373,13 @@ int main(int argc, char **argv)
 
     getrusage(RUSAGE_SELF, &ru1);
     /* every rank's own CPU, for the sums over workers (bench-exchange.sh, bench_cluster.py) */
-    printf("CPU rank=%d cpu_ms=%.1f minflt=%.1f\n", rank,
-           ((double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec) * 1e3 +
-            (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec) / 1e3 +
-            (double)(ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) * 1e3 +
-            (double)(ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec) / 1e3) /
-               steps,
-           (double)(ru1.ru_minflt - ru0.ru_minflt) / steps);
+    cpu_ms = ((double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec) * 1e3 +
+              (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec) / 1e3 +
+              (double)(ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) * 1e3 +
+              (double)(ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec) / 1e3) /
+             steps;
+    minflt = (double)(ru1.ru_minflt - ru0.ru_minflt) / steps;
+    printf("CPU rank=%d cpu_ms=%.1f minflt=%.1f\n", rank, cpu_ms, minflt);
     fflush(stdout);
     /* step time = max over ranks: gather every rank's times through one fp32 SUM */
     for (int i = 0; i < steps; i++)
@@ -438,21 +438,15 @@ int main(int argc, char **argv)
             printf("  wire limit at %g Gbit/s: %.2f ms -> median is %.2fx the wire limit\n",
                    link_gbit, wire_ms, med / wire_ms);
         printf("  achieved rate on the busiest link: %.3f Gbit/s\n", rate);
-        cpu_ms = ((double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec) * 1e3 +
-                  (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec) / 1e3 +
-                  (double)(ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) * 1e3 +
-                  (double)(ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec) / 1e3) /
-                 steps;
         printf("  worker 0: %.1f CPU ms and %.1f minor page faults per timed step\n", cpu_ms,
-               (double)(ru1.ru_minflt - ru0.ru_minflt) / steps);
+               minflt);
         printf("RESULT system=psagg model=%s codec=%s workers=%d servers=%d median_ms=%.3f "
                "p10_ms=%.3f p90_ms=%.3f busiest_link_bytes=%llu wire_limit_ms=%.3f "
                "bytes_sent_per_worker=%llu compression=%.3f worker_cpu_ms=%.1f "
                "worker_minflt=%.1f\n",
                name, codec_text, world, cfg->n_servers, med, p10, p90,
                (unsigned long long)lm.busiest, wire_ms, (unsigned long long)sent,
-               sent ? (double)raw / (double)sent : 0.0, cpu_ms,
-               (double)(ru1.ru_minflt - ru0.ru_minflt) / steps);
+               sent ? (double)raw / (double)sent : 0.0, cpu_ms, minflt);
         fflush(stdout);
     }
     rc = 0;

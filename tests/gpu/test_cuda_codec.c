@@ -133,17 +133,10 @@ static void compare(const char *ctx, const psagg_codec *c, size_t n, int with_re
     d = tc_first_diff(ref->enc, got->enc, len);
     CHECK(d == (size_t)-1, "%s: encoded byte %zu of %zu: cpu %02x vs gpu %02x", ctx, d, len,
           ref->enc[d], got->enc[d]);
-    if (with_res) {
-        d = tc_first_diff(ref->res, got->res, n * 4) / 4;
-        CHECK(d == (size_t)-1 / 4, "%s: residual[%zu] cpu %a vs gpu %a", ctx, d, ref->res[d],
-              got->res[d]);
-    }
-    d = tc_first_diff(ref->dec, got->dec, n * 4) / 4;
-    CHECK(d == (size_t)-1 / 4, "%s: decoded[%zu] cpu %a vs gpu %a", ctx, d, ref->dec[d],
-          got->dec[d]);
-    d = tc_first_diff(ref->dadd, got->dadd, n * 4) / 4;
-    CHECK(d == (size_t)-1 / 4, "%s: decode_add[%zu] cpu %a vs gpu %a", ctx, d, ref->dadd[d],
-          got->dadd[d]);
+    if (with_res)
+        tc_same_floats(ctx, "residual", ref->res, got->res, n, "cpu ", "gpu ");
+    tc_same_floats(ctx, "decoded", ref->dec, got->dec, n, "cpu ", "gpu ");
+    tc_same_floats(ctx, "decode_add", ref->dadd, got->dadd, n, "cpu ", "gpu ");
 }
 
 /*

@@ -82,22 +82,13 @@ static void compare(const char *what, psagg_isa isa, const psagg_codec *c, size_
     d = tc_first_diff(ref->enc, got->enc, len);
     CHECK(d == (size_t)-1, "%s: encoded byte %zu of %zu: %02x vs %02x", ctx, d, len, ref->enc[d],
           got->enc[d]);
-    if (with_res) {
-        d = tc_first_diff(ref->res, got->res, n * 4) / 4;
-        CHECK(d == (size_t)-1 / 4, "%s: residual[%zu] %a vs %a", ctx, d, ref->res[d], got->res[d]);
-    }
+    if (with_res)
+        tc_same_floats(ctx, "residual", ref->res, got->res, n, "", "");
     if (ref->dec) {
-        d = tc_first_diff(ref->dec, got->dec, n * 4) / 4;
-        CHECK(d == (size_t)-1 / 4, "%s: decoded[%zu] %a vs %a", ctx, d, ref->dec[d], got->dec[d]);
-        d = tc_first_diff(ref->dadd, got->dadd, n * 4) / 4;
-        CHECK(d == (size_t)-1 / 4, "%s: decode_add[%zu] %a vs %a", ctx, d, ref->dadd[d],
-              got->dadd[d]);
-        d = tc_first_diff(ref->dfirst, got->dfirst, n * 4) / 4;
-        CHECK(d == (size_t)-1 / 4, "%s: decode first[%zu] %a vs %a", ctx, d, ref->dfirst[d],
-              got->dfirst[d]);
-        d = tc_first_diff(ref->dscale, got->dscale, n * 4) / 4;
-        CHECK(d == (size_t)-1 / 4, "%s: decode scale[%zu] %a vs %a", ctx, d, ref->dscale[d],
-              got->dscale[d]);
+        tc_same_floats(ctx, "decoded", ref->dec, got->dec, n, "", "");
+        tc_same_floats(ctx, "decode_add", ref->dadd, got->dadd, n, "", "");
+        tc_same_floats(ctx, "decode first", ref->dfirst, got->dfirst, n, "", "");
+        tc_same_floats(ctx, "decode scale", ref->dscale, got->dscale, n, "", "");
     }
 }
 
@@ -162,8 +153,7 @@ static void check_aggregate(psagg_isa isa, const psagg_codec *c, size_t n, size_
         size_t d = tc_first_diff(out_ref, out_got, len);
         CHECK(d == (size_t)-1, "%s: byte %zu of %zu: %02x vs %02x", ctx, d, len, out_ref[d],
               out_got[d]);
-        d = tc_first_diff(r_ref, r_got, n * 4) / 4;
-        CHECK(d == (size_t)-1 / 4, "%s: residual[%zu] %a vs %a", ctx, d, r_ref[d], r_got[d]);
+        tc_same_floats(ctx, "residual", r_ref, r_got, n, "", "");
     } else {
         CHECK(bad_ref == bad_got, "%s: bad index %zu vs %zu", ctx, bad_ref, bad_got);
     }

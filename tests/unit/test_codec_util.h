@@ -174,6 +174,19 @@ static inline size_t tc_first_diff(const void *a, const void *b, size_t len)
 }
 
 /*
+ * CHECK that n floats are the same bits, naming the first that is not:
+ * "<ctx>: <what>[i] <ref_name><ref> vs <got_name><got>" (names: "" or "cpu ", "gpu ").
+ */
+static inline void tc_same_floats(const char *ctx, const char *what, const float *ref,
+                                  const float *got, size_t n, const char *ref_name,
+                                  const char *got_name)
+{
+    size_t d = tc_first_diff(ref, got, n * 4) / 4;
+    CHECK(d == (size_t)-1 / 4, "%s: %s[%zu] %s%a vs %s%a", ctx, what, d, ref_name, ref[d], got_name,
+          got[d]);
+}
+
+/*
  * The inputs every implementation is compared on: x of the given kind, a residual of the next
  * kind scaled down (so x + r stays in range), and an accumulator for decode_add (with a -0 in
  * the zeros case).
