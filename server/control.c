@@ -203,6 +203,13 @@ static int accept_hello(server *srv, int fd, const psagg_ctl_hello *hello, const
                  hello->flags & PSAGG_HELLO_DATA_AUTH ? "on" : "off", flags ? "on" : "off");
         return -1;
     }
+    if (strncmp(hello->provider, psagg_fabric_provider(srv->fab), PSAGG_PROVIDER_MAX - 1)) {
+        snprintf(msg, len,
+                 "server %d: worker %d opened fabric provider '%.31s', this server '%.31s': every "
+                 "process of a job must open the same one (name it in [cluster] provider)",
+                 srv->rank, rank, hello->provider, psagg_fabric_provider(srv->fab));
+        return -1;
+    }
     if (wc->state != W_NONE) {
         snprintf(msg, len, "server %d: worker rank %d connected twice", srv->rank, rank);
         return -1;
@@ -222,6 +229,7 @@ static int accept_hello(server *srv, int fd, const psagg_ctl_hello *hello, const
                                  .flags = flags};
         size_t elen = sizeof wel.epname;
         memcpy(wel.nonce, srv->nonce, sizeof wel.nonce);
+        snprintf(wel.provider, sizeof wel.provider, "%s", psagg_fabric_provider(srv->fab));
         if (psagg_fabric_name(srv->fab, wel.epname, &elen)) {
             snprintf(msg, len, "server %d: its own fabric name: %.150s", srv->rank,
                      psagg_last_error());

@@ -42,6 +42,7 @@ static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const ch
 
     snprintf(hello.job_id, sizeof hello.job_id, "%s", ctx->cfg.job_id);
     memcpy(hello.nonce, ctx->nonce, sizeof hello.nonce);
+    snprintf(hello.provider, sizeof hello.provider, "%s", psagg_fabric_provider(ctx->fab));
     psagg_hello_token(&ctx->job_key, ctx->cfg.job_id, (uint32_t)ctx->rank, hello.flags, hello.nonce,
                       hello.auth);
     if ((st = psagg_fabric_name(ctx->fab, hello.epname, &len)))
@@ -66,6 +67,12 @@ static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const ch
             st = psagg_fail(PSAGG_ECONFIG, "%s has data_auth %s, this worker %s", peer,
                             w->flags & PSAGG_HELLO_DATA_AUTH ? "on" : "off",
                             hello.flags ? "on" : "off");
+        else if (strncmp(w->provider, hello.provider, PSAGG_PROVIDER_MAX - 1))
+            st = psagg_fail(PSAGG_ECONFIG,
+                            "%s opened fabric provider '%.31s', this worker '%.31s': every "
+                            "process of a job must open the same one (name it in [cluster] "
+                            "provider)",
+                            peer, w->provider, hello.provider);
         else if (w->epname_len == 0 || w->epname_len > PSAGG_EPNAME_MAX)
             st =
                 psagg_fail(PSAGG_EPROTO, "%s: WELCOME field epname_len is %u", peer, w->epname_len);

@@ -409,30 +409,26 @@ static int post_op(psagg_fabric *f, struct fabric_op *op, fi_addr_t to, const vo
 }
 
 /*
- * Find the provider: FI_EP_RDM with FI_MSG, every mr_mode bit we can honour, FI_THREAD_SAFE
- * if the provider grants it (else the best it offers, and we serialize). "tcp" means tcp
- * under ofi_rxm; "shm" binds no node; any other name is passed through as prov_name.
- */
-/*
- * tcp;ofi_rxm sends messages above FI_OFI_RXM_SAR_LIMIT (128 KiB) by rendezvous: the receiver
- * reads the data with an RMA read whose request travels on the same TCP connection as the
- * bulk data going the other way, so the two directions of a link take turns instead of
- * overlapping (measured: ResNet-50 maxmin4 at 1 Gbit/s, 440-500 ms a step against 300-320 ms
- * with eager sends). psagg's messages are bounded by max_msg (one chunk), so every one can go
- * eagerly when rxm's limits are at least that. rxm reads them from the environment once,
- * when libfabric initialises its providers (the first fi_getinfo of the process), and keeps
- * them process-wide: there is no per-endpoint setting (libfabric 1.17 refuses an
- * inject_size hint above them), and rxm refuses a connection from a peer whose eager limit
- * differs ("eager_limit mismatch"), so every process of a job must start with the same
+ * tcp;ofi_rxm (what "tcp" falls back to where libfabric has no native TCP RDM provider) sends
+ * messages above FI_OFI_RXM_SAR_LIMIT (128 KiB) by rendezvous: the receiver reads the data with an
+ * RMA read whose request travels on the same TCP connection as the bulk data going the other way,
+ * so the two directions of a link take turns instead of overlapping (measured: ResNet-50 maxmin4 at
+ * 1 Gbit/s, 440-500 ms a step against 300-320 ms with eager sends). psagg's messages are bounded by
+ * max_msg (one chunk), so every one can go eagerly when rxm's limits are at least that. rxm reads
+ * them from the environment once, when libfabric initialises its providers (the first fi_getinfo of
+ * the process), and keeps them process-wide: there is no per-endpoint setting (libfabric 1.17
+ * refuses an inject_size hint above them), and rxm refuses a connection from a peer whose eager
+ * limit differs ("eager_limit mismatch"), so every process of a job must start with the same
  * values. A library must not change its host process's environment (setenv races with
  * every getenv of other threads), and a process that raised its own limits would shut out
  * peers started without them, so no psagg code sets them: psagg_fabric_env_hint says what to
  * set, the launchers give it to every process (psagg-server --fabric-env prints it), and
- * psagg_fabric_open warns when a tcp endpoint opens without it (still correct, but slower).
+ * psagg_fabric_open warns when an rxm endpoint opens without it (still correct, but slower).
  */
 int psagg_fabric_env_hint(const char *provider, size_t max_msg, psagg_fabric_env *out, int max)
 {
-    if (!provider || strcmp(provider, "tcp") != 0 || max < 2)
+    /* "tcp" may fall back to rxm (fabric_getinfo): its limits then, harmless otherwise */
+    if (!provider || (strcmp(provider, "tcp") != 0 && !strstr(provider, "ofi_rxm")) || max < 2)
         return 0;
     out[0] = (psagg_fabric_env){.name = "FI_OFI_RXM_EAGER_LIMIT"};
     snprintf(out[0].value, sizeof out[0].value, "%zu", max_msg);
@@ -442,10 +438,10 @@ int psagg_fabric_env_hint(const char *provider, size_t max_msg, psagg_fabric_env
 }
 
 /* Warn when the environment does not give rxm the limits psagg_fabric_env_hint asks for. */
-static void check_env(const char *provider, size_t max_msg, const psagg_logger *log)
+static void check_env(size_t max_msg, const psagg_logger *log)
 {
     psagg_fabric_env env[2];
-    int n = psagg_fabric_env_hint(provider, max_msg, env, 2);
+    int n = psagg_fabric_env_hint("tcp;ofi_rxm", max_msg, env, 2);
     for (int i = 0; i < n; i++) {
         const char *have = getenv(env[i].name);
         if (!have || strtoull(have, NULL, 10) < strtoull(env[i].value, NULL, 10)) {
@@ -460,16 +456,17 @@ static void check_env(const char *provider, size_t max_msg, const psagg_logger *
     }
 }
 
-static int fabric_getinfo(const psagg_fabric_opts *opts, struct fi_info **out)
+/*
+ * fi_getinfo for provider prov_name: FI_EP_RDM with FI_MSG, every mr_mode bit we can honour,
+ * FI_THREAD_SAFE if the provider grants it (else the best it offers, and we serialize).
+ */
+static int getinfo_prov(const char *prov, const char *node, struct fi_info **out)
 {
-    const char *prov = strcmp(opts->provider, "tcp") == 0 ? "tcp;ofi_rxm" : opts->provider;
-    const char *node = strcmp(opts->provider, "shm") == 0 ? NULL : opts->node;
-    struct fi_info *hints, *info = NULL;
-    int ret, st = PSAGG_OK;
+    struct fi_info *hints = fi_allocinfo();
+    int ret;
 
-    hints = fi_allocinfo();
     if (hints == NULL)
-        return psagg_fail(PSAGG_ENOMEM, "fabric: fi_allocinfo failed");
+        return -FI_ENOMEM;
     hints->ep_attr->type = FI_EP_RDM;
     hints->caps = FI_MSG | FI_SOURCE; /* every receive names its sender (psagg_fabric_event.src) */
     hints->mode = FI_CONTEXT | FI_CONTEXT2; /* every op carries a struct fi_context2 */
@@ -478,27 +475,57 @@ static int fabric_getinfo(const psagg_fabric_opts *opts, struct fi_info **out)
     hints->domain_attr->threading = FI_THREAD_SAFE;
     hints->fabric_attr->prov_name = strdup(prov);
     if (hints->fabric_attr->prov_name == NULL) {
-        st = psagg_fail(PSAGG_ENOMEM, "fabric: out of memory");
-        goto err_hints;
+        fi_freeinfo(hints);
+        return -FI_ENOMEM;
     }
-
-    ret = fi_getinfo(FABRIC_API_VERSION, node, NULL, node ? FI_SOURCE : 0, hints, &info);
+    ret = fi_getinfo(FABRIC_API_VERSION, node, NULL, node ? FI_SOURCE : 0, hints, out);
     if (ret == -FI_ENODATA) {
         /* Maybe only a lower threading level: take it and serialize ourselves. */
         hints->domain_attr->threading = FI_THREAD_UNSPEC;
-        ret = fi_getinfo(FABRIC_API_VERSION, node, NULL, node ? FI_SOURCE : 0, hints, &info);
+        ret = fi_getinfo(FABRIC_API_VERSION, node, NULL, node ? FI_SOURCE : 0, hints, out);
     }
-    if (ret != 0) {
-        st = psagg_fail(PSAGG_EFABRIC,
-                        "fabric provider \"%s\" (prov_name \"%s\", node %s): fi_getinfo for "
-                        "FI_EP_RDM messaging failed: %s",
-                        opts->provider, prov, node ? node : "(any)", fi_strerror(-ret));
-        goto err_hints;
-    }
-    *out = info;
-err_hints:
     fi_freeinfo(hints);
-    return st;
+    return ret;
+}
+
+/*
+ * Which libfabric provider a configured name means. "tcp" is TCP with whatever libfabric
+ * offers best for FI_EP_RDM: its native RDM TCP provider first ("net" in libfabric 1.17,
+ * renamed "tcp" in 1.18), then tcp under the ofi_rxm utility provider. The native one reads
+ * every message straight from the socket into the posted receive buffer; rxm lands eager
+ * messages in its own bounce buffers (one more copy, and memory that pages in and out:
+ * ResNet-50 on loopback, 4 workers, 2 servers: 300-900 server page faults a step under rxm,
+ * none under net; README "libfabric provider"). Its costs, in 1.17: a send to a dead peer
+ * meets -FI_EAGAIN while it keeps reconnecting (transport.h), and it leaks an fi_info per
+ * endpoint and connection (tests/sanitizer_defaults.c). "tcp;ofi_rxm" (or any other
+ * libfabric name) asks for exactly that provider; "shm" binds no node.
+ */
+static int fabric_getinfo(const psagg_fabric_opts *opts, struct fi_info **out)
+{
+    static const char *const tcp_order[] = {"net", "tcp"};
+    const char *node = strcmp(opts->provider, "shm") == 0 ? NULL : opts->node;
+    int ret;
+
+    if (strcmp(opts->provider, "tcp") == 0) {
+        for (size_t i = 0; i < sizeof tcp_order / sizeof tcp_order[0]; i++) {
+            ret = getinfo_prov(tcp_order[i], node, out);
+            if (ret != -FI_ENODATA)
+                break;
+        }
+    } else {
+        ret = getinfo_prov(opts->provider, node, out);
+    }
+    if (ret == -FI_ENOMEM)
+        return psagg_fail(PSAGG_ENOMEM, "fabric: out of memory");
+    if (ret != 0)
+        return psagg_fail(PSAGG_EFABRIC,
+                          "fabric provider \"%s\" (node %s): fi_getinfo for FI_EP_RDM messaging "
+                          "failed: %s%s",
+                          opts->provider, node ? node : "(any)", fi_strerror(-ret),
+                          strcmp(opts->provider, "tcp") == 0
+                              ? " (tried libfabric's \"net\", \"tcp\" and \"tcp;ofi_rxm\")"
+                              : "");
+    return PSAGG_OK;
 }
 
 /*
@@ -557,7 +584,6 @@ psagg_status psagg_fabric_open(const psagg_fabric_opts *opts, psagg_fabric **out
         f->log = *opts->log;
     else
         psagg_logger_init(&f->log, "psagg", -1);
-    check_env(opts->provider, opts->max_msg, &f->log);
     pthread_mutex_init(&f->lock, NULL);
     pthread_mutex_init(&f->fab_lock, NULL);
 
@@ -565,6 +591,8 @@ psagg_status psagg_fabric_open(const psagg_fabric_opts *opts, psagg_fabric **out
     if (st < 0)
         goto err_free;
     snprintf(f->prov, sizeof(f->prov), "%s", f->info->fabric_attr->prov_name);
+    if (strstr(f->prov, "ofi_rxm") != NULL)
+        check_env(opts->max_msg, &f->log);
 
     if (f->info->ep_attr->max_msg_size < opts->max_msg) {
         st = psagg_fail(PSAGG_EUNSUPPORTED,
@@ -694,7 +722,7 @@ void psagg_fabric_close(psagg_fabric *f)
 
 int psagg_fabric_source_reliable(const psagg_fabric *f)
 {
-    return f && strstr(f->prov, "ofi_rxm") != NULL;
+    return f && (strstr(f->prov, "ofi_rxm") != NULL || strcmp(f->prov, "net") == 0);
 }
 
 const char *psagg_fabric_provider(const psagg_fabric *f)

@@ -26,7 +26,7 @@ typedef uint64_t psagg_peer;          /* an fi_addr_t in this process's address 
 #define PSAGG_FABRIC_NAME_MAX 256
 
 typedef struct psagg_fabric_opts {
-    const char *provider;    /* "tcp", "shm", ...; tcp means the tcp provider under ofi_rxm */
+    const char *provider;    /* "tcp" (native TCP RDM, else tcp;ofi_rxm), "shm", any name */
     const char *node;        /* local address to bind (tcp); NULL = provider's choice */
     size_t max_msg;          /* largest message that will be sent, bytes */
     const psagg_logger *log; /* the owner's logger (copied); NULL: role "psagg" */
@@ -80,9 +80,10 @@ PSAGG_NODISCARD psagg_status psagg_fabric_post_recv(psagg_fabric *f, void *buf, 
  * Send len bytes (<= max_msg, else PSAGG_EINVAL) to peer; the buffer must stay untouched until
  * the SEND completion (ctx). send and post_recv give up with PSAGG_ETIMEDOUT after
  * opts.post_timeout_ms of nothing but -FI_EAGAIN, and return PSAGG_EAGAIN when 65536
- * completions are already queued for poll (poll first). A dead peer: tcp completes sends with
- * SEND_ERROR (PSAGG_EPEER); shm (libfabric 1.17) never completes large sends (receiver-pulled), so
- * the control channel has to notice the death.
+ * completions are already queued for poll (poll first). A dead peer: tcp;ofi_rxm completes sends
+ * with SEND_ERROR (PSAGG_EPEER); libfabric 1.17's native tcp ("net") keeps reconnecting and answers
+ * -FI_EAGAIN (send: PSAGG_ETIMEDOUT after post_timeout_ms; try_send: PSAGG_EAGAIN); shm never
+ * completes large sends (receiver-pulled). The control channel is what notices a death.
  */
 PSAGG_NODISCARD psagg_status psagg_fabric_send(psagg_fabric *f, psagg_peer to, const void *buf,
                                                size_t len, void *desc, void *ctx);

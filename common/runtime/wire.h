@@ -13,8 +13,8 @@
  *                                 the token (runtime/auth.h); before it checks out the server
  *                                 reveals nothing about the job, and a connection that does
  *                                 not send a whole HELLO within a few seconds is closed
- *   2. server -> worker  WELCOME  psagg_ctl_welcome (server rank, its session nonce and
- *                                 fabric name)
+ *   2. server -> worker  WELCOME  psagg_ctl_welcome (server rank, its session nonce, its
+ *                                 libfabric provider and fabric name)
  *      or                ERROR    psagg_ctl_error, then close
  *   3. worker -> server  DECLARE  psagg_ctl_declare + count x psagg_ctl_tensor (all tensors)
  *   4. server -> worker  READY    (no body) once all workers declared identical lists,
@@ -40,8 +40,11 @@
 
 #include <stdint.h>
 
-/* 3: codec format version 2 (kernels/codec.h), whose stochastic rounding draws other bits */
-#define PSAGG_PROTO_VERSION 3
+/*
+ * 3: codec format version 2 (kernels/codec.h), whose stochastic rounding draws other bits;
+ * 4: HELLO and WELCOME name the libfabric provider each side opened
+ */
+#define PSAGG_PROTO_VERSION 4
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64
@@ -70,6 +73,13 @@ typedef struct psagg_ctl_hdr {
 } psagg_ctl_hdr;
 _Static_assert(sizeof(psagg_ctl_hdr) == 12, "psagg_ctl_hdr layout");
 
+/*
+ * A provider name as HELLO and WELCOME carry it: each side compares the other's with its own,
+ * since "tcp" opens the best TCP provider each host's libfabric has (runtime/transport.c) and
+ * two different ones cannot talk.
+ */
+#define PSAGG_PROVIDER_MAX 32
+
 /* psagg_ctl_hello.flags / psagg_ctl_welcome.flags */
 #define PSAGG_HELLO_DATA_AUTH 1u /* data messages carry a MAC ([cluster] data_auth) */
 
@@ -77,24 +87,26 @@ typedef struct psagg_ctl_hello {
     char job_id[PSAGG_JOB_ID_MAX]; /* NUL-terminated */
     uint32_t rank;
     uint32_t world_size;
-    uint8_t auth[32];    /* psagg_hello_token (runtime/auth.h); zero without a secret */
-    uint32_t flags;      /* PSAGG_HELLO_*: must match the server's */
-    uint8_t nonce[16];   /* the worker's session nonce (its data key) */
-    uint32_t epname_len; /* <= PSAGG_EPNAME_MAX */
+    uint8_t auth[32];  /* psagg_hello_token (runtime/auth.h); zero without a secret */
+    uint32_t flags;    /* PSAGG_HELLO_*: must match the server's */
+    uint8_t nonce[16]; /* the worker's session nonce (its data key) */
+    char provider[PSAGG_PROVIDER_MAX]; /* the libfabric provider opened; NUL-terminated */
+    uint32_t epname_len;               /* <= PSAGG_EPNAME_MAX */
     uint8_t epname[PSAGG_EPNAME_MAX];
 } psagg_ctl_hello;
-_Static_assert(sizeof(psagg_ctl_hello) == 64 + 4 + 4 + 32 + 4 + 16 + 4 + 256,
+_Static_assert(sizeof(psagg_ctl_hello) == 64 + 4 + 4 + 32 + 4 + 16 + 32 + 4 + 256,
                "psagg_ctl_hello layout");
 
 typedef struct psagg_ctl_welcome {
     uint32_t server_rank;
     uint32_t n_servers;
-    uint32_t flags;    /* the server's PSAGG_HELLO_* */
-    uint8_t nonce[16]; /* the server's session nonce (its data key) */
+    uint32_t flags;                    /* the server's PSAGG_HELLO_* */
+    uint8_t nonce[16];                 /* the server's session nonce (its data key) */
+    char provider[PSAGG_PROVIDER_MAX]; /* the libfabric provider opened; NUL-terminated */
     uint32_t epname_len;
     uint8_t epname[PSAGG_EPNAME_MAX];
 } psagg_ctl_welcome;
-_Static_assert(sizeof(psagg_ctl_welcome) == 12 + 16 + 4 + 256, "psagg_ctl_welcome layout");
+_Static_assert(sizeof(psagg_ctl_welcome) == 12 + 16 + 32 + 4 + 256, "psagg_ctl_welcome layout");
 
 /* chunk_elems of a DECLARE: [worker] chunk_bytes is 4096..2^30 bytes of fp32 */
 #define PSAGG_MIN_CHUNK_ELEMS 1024u

@@ -85,7 +85,7 @@ static void *recv_frame(int fd, uint16_t want, const char *what)
 
 static psagg_fabric *open_fabric(const char *node)
 {
-    psagg_fabric_opts fo = {.provider = "tcp", .node = node};
+    psagg_fabric_opts fo = {.provider = cfg.provider, .node = node};
     psagg_fabric *fab;
     fo.max_msg = psagg_max_message(&cfg); /* as psagg itself: rxm peers must agree */
     if (psagg_fabric_open(&fo, &fab))
@@ -121,6 +121,7 @@ static int hello(psagg_fabric *fab, uint32_t rank, psagg_peer *server)
     if (psagg_fabric_name(fab, h.epname, &len))
         DIE("fabric name");
     snprintf(h.job_id, sizeof h.job_id, "%s", cfg.job_id);
+    snprintf(h.provider, sizeof h.provider, "%s", psagg_fabric_provider(fab));
     h.epname_len = (uint32_t)len;
     h.flags = cfg.data_auth ? PSAGG_HELLO_DATA_AUTH : 0;
     if (psagg_job_key_load(&cfg, &key))

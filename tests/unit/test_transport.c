@@ -1,6 +1,7 @@
 /*
- * test_transport.c - common/transport.c over real libfabric providers (tcp under ofi_rxm on
- * 127.0.0.1, and shm), between two processes.
+ * test_transport.c - common/transport.c over real libfabric providers between two processes:
+ * "tcp" (the native TCP RDM provider where libfabric has one, 1.17's "net") and "tcp;ofi_rxm"
+ * on 127.0.0.1, and shm.
  *
  * For each provider the driver forks a "parent" process, which forks its "child"; they open a
  * fabric each, swap endpoint names over a socketpair and then run:
@@ -10,7 +11,8 @@
  *   3. flood: 3000 small sends posted back to back (meets -FI_EAGAIN under small queues);
  *   4. peer death: the child exits without closing; the parent's sends to it must each
  *      complete (with success or an error event) or fail at once, never hang.
- * Each provider also runs with tiny transmit queues (FI_OFI_RXM_TX_SIZE / FI_SHM_TX_SIZE) so
+ * Each provider also runs with tiny transmit queues (FI_NET_TX_SIZE, FI_TCP_TX_SIZE,
+ * FI_OFI_RXM_TX_SIZE, FI_SHM_TX_SIZE) so
  * that sends meet -FI_EAGAIN and completions get parked. Then, in the driver, error paths and
  * several threads sending to the process's own endpoint while one thread polls.
  * alarm() is a watchdog on every process; it fails the test with the phase that hung.
@@ -32,16 +34,17 @@
 #include "base/error.h"
 #include "runtime/transport.h"
 
-#define NRECV      64
-#define NSEND      32
-#define MSG_MAX    ((size_t)(1u << 20) + 64)
-#define BIG        ((size_t)(1u << 20) + 7)
-#define PINGS      200
-#define BURST      500
-#define FLOOD      3000
-#define FLOOD_LEN  16
-#define DEAD_SENDS 8
-#define WAIT_MS    20000 /* longest wait for any one expected completion */
+#define NRECV           64
+#define NSEND           32
+#define MSG_MAX         ((size_t)(1u << 20) + 64)
+#define BIG             ((size_t)(1u << 20) + 7)
+#define PINGS           200
+#define BURST           500
+#define FLOOD           3000
+#define FLOOD_LEN       16
+#define DEAD_SENDS      8
+#define WAIT_MS         20000 /* longest wait for any one expected completion */
+#define POST_TIMEOUT_MS 1500  /* psagg_fabric_opts.post_timeout_ms of the two sides */
 
 static const char *volatile phase = "start";
 static char who[48] = "driver";
@@ -261,9 +264,12 @@ static void drain_sends(struct side *s)
 
 static void side_open(struct side *s, const char *prov, int ctl)
 {
+    /* a send that meets -FI_EAGAIN for 1.5 s gives up (the native tcp provider keeps
+     * reconnecting to a dead peer: peer death below) */
     psagg_fabric_opts o = {.provider = prov,
-                           .node = strcmp(prov, "tcp") == 0 ? "127.0.0.1" : NULL,
-                           .max_msg = MSG_MAX};
+                           .node = strcmp(prov, "shm") != 0 ? "127.0.0.1" : NULL,
+                           .max_msg = MSG_MAX,
+                           .post_timeout_ms = POST_TIMEOUT_MS};
     char name[PSAGG_FABRIC_NAME_MAX], pname[PSAGG_FABRIC_NAME_MAX];
     size_t len = sizeof(name);
     uint32_t plen;
@@ -457,7 +463,7 @@ static void run_parent(const char *prov, int ctl, pid_t child)
         t0 = now_s();
         s.allow_errors = 1;
         s.send_ok = s.send_err = 0;
-        int refused = 0, pending = 0, pending_small = 0;
+        int refused = 0, refused_timeout = 0, pending = 0, pending_small = 0;
         size_t slot_len[NSEND] = {0};
         char refused_msg[200] = "";
         for (int i = 0; i < DEAD_SENDS; i++) {
@@ -471,6 +477,7 @@ static void run_parent(const char *prov, int ctl, pid_t child)
             if (st != PSAGG_OK) { /* failed at once: no completion will come */
                 s.sbusy[k] = 0;
                 s.sends_out--;
+                refused_timeout += st == PSAGG_ETIMEDOUT;
                 if (refused++ == 0)
                     snprintf(refused_msg, sizeof(refused_msg), "%s: %s", psagg_strerror(st),
                              psagg_last_error());
@@ -510,6 +517,15 @@ static void run_parent(const char *prov, int ctl, pid_t child)
             CHECK(pending == 0,
                   "[%s] %d sends to the dead peer neither completed nor failed within 10 s", who,
                   pending);
+            /*
+             * rxm fails them (error events); libfabric 1.17's native tcp ("net") keeps trying
+             * to connect and answers -FI_EAGAIN, so each send gives up after post_timeout_ms
+             * with PSAGG_ETIMEDOUT. Either way, an error and no hang.
+             */
+            CHECK(s.send_err + refused > 0,
+                  "[%s] sends to the dead peer: %d ok, %d error events, %d refused (%d timed "
+                  "out)",
+                  who, s.send_ok, s.send_err, refused, refused_timeout);
         }
         /* The dead child never closed its shm region; remove it (test hygiene). */
         if (strcmp(prov, "shm") == 0 && strncmp(s.peer_name, "fi_shm://", 9) == 0 &&
@@ -534,6 +550,18 @@ static void shm_cleanup_self(void)
     shm_unlink(name);
 }
 
+/* Tiny transmit queues for every provider (on) or their defaults again (off). */
+static void small_queues_env(int on)
+{
+    static const char *const vars[] = {"FI_NET_TX_SIZE", "FI_TCP_TX_SIZE", "FI_OFI_RXM_TX_SIZE",
+                                       "FI_SHM_TX_SIZE"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (on)
+            setenv(vars[i], "16", 1);
+        else
+            unsetenv(vars[i]);
+}
+
 /* One provider: fork the parent role, which forks the child role. 0 on success. */
 static int run_pair(const char *prov, int small_queues)
 {
@@ -545,8 +573,7 @@ static int run_pair(const char *prov, int small_queues)
         signal(SIGPIPE, SIG_IGN);
         if (small_queues) {
             /* Tiny transmit queues: sends meet -FI_EAGAIN and must drive progress. */
-            setenv("FI_OFI_RXM_TX_SIZE", "16", 1);
-            setenv("FI_SHM_TX_SIZE", "16", 1);
+            small_queues_env(1);
         }
         CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair: %s", strerror(errno));
         pid_t child = fork();
@@ -573,6 +600,40 @@ static int run_pair(const char *prov, int small_queues)
             small_queues ? " (small queues)" : "", status);
     /* Leave no stray child behind. */
     return 1;
+}
+
+/*
+ * "tcp" opens libfabric's native TCP RDM provider where there is one: where "net" (1.17) opens,
+ * "tcp" must open it too, and rxm only when asked by name.
+ */
+static void check_tcp_choice(void)
+{
+    psagg_fabric_opts o = {.provider = "net", .node = "127.0.0.1", .max_msg = 4096};
+    psagg_fabric *f = NULL;
+    int have_net;
+
+    set_phase("tcp choice", 30);
+    have_net = psagg_fabric_open(&o, &f) == PSAGG_OK;
+    psagg_fabric_close(f);
+    f = NULL;
+    o.provider = "tcp";
+    CHECK(psagg_fabric_open(&o, &f) == PSAGG_OK, "open tcp: %s", psagg_last_error());
+    fprintf(stderr, "[driver] \"tcp\" opened \"%s\" (libfabric %s \"net\")\n",
+            psagg_fabric_provider(f), have_net ? "has" : "has no");
+    if (have_net)
+        CHECK(strcmp(psagg_fabric_provider(f), "net") == 0, "\"tcp\" opened %s, not net",
+              psagg_fabric_provider(f));
+    else
+        CHECK(strcmp(psagg_fabric_provider(f), "tcp") == 0 ||
+                  strcmp(psagg_fabric_provider(f), "tcp;ofi_rxm") == 0,
+              "\"tcp\" opened %s", psagg_fabric_provider(f));
+    CHECK(psagg_fabric_source_reliable(f), "%s: sources not reliable", psagg_fabric_provider(f));
+    psagg_fabric_close(f);
+    o.provider = "tcp;ofi_rxm";
+    CHECK(psagg_fabric_open(&o, &f) == PSAGG_OK, "open tcp;ofi_rxm: %s", psagg_last_error());
+    CHECK(strcmp(psagg_fabric_provider(f), "tcp;ofi_rxm") == 0, "\"tcp;ofi_rxm\" opened %s",
+          psagg_fabric_provider(f));
+    psagg_fabric_close(f);
 }
 
 static void check_error_paths(void)
@@ -666,7 +727,7 @@ static void *mt_sender(void *p)
 static void check_threads(const char *prov, int small_queues)
 {
     psagg_fabric_opts o = {
-        .provider = prov, .node = strcmp(prov, "tcp") == 0 ? "127.0.0.1" : NULL, .max_msg = MT_LEN};
+        .provider = prov, .node = strcmp(prov, "shm") != 0 ? "127.0.0.1" : NULL, .max_msg = MT_LEN};
     static uint8_t rbuf[NRECV][MT_LEN];
     static unsigned char seen[MT_THREADS * MT_PER];
     int rid[NRECV];
@@ -682,15 +743,11 @@ static void check_threads(const char *prov, int small_queues)
 
     snprintf(who, sizeof(who), "driver %s%s threads", prov, small_queues ? "/smallq" : "");
     set_phase("threads", 120);
-    if (small_queues) {
-        setenv("FI_OFI_RXM_TX_SIZE", "16", 1);
-        setenv("FI_SHM_TX_SIZE", "16", 1);
-    }
+    if (small_queues)
+        small_queues_env(1);
     st = psagg_fabric_open(&o, &f);
-    if (small_queues) {
-        unsetenv("FI_OFI_RXM_TX_SIZE");
-        unsetenv("FI_SHM_TX_SIZE");
-    }
+    if (small_queues)
+        small_queues_env(0);
     CHECK(st == PSAGG_OK, "[%s] open: %s", who, psagg_last_error());
     CHECK(psagg_fabric_name(f, name, &len) == PSAGG_OK, "name");
     CHECK(psagg_fabric_add_peer(f, name, len, &self) == PSAGG_OK, "[%s] add self: %s", who,
@@ -757,10 +814,10 @@ static void check_threads(const char *prov, int small_queues)
             MT_THREADS, MT_PER);
 }
 
-/* Optional argv[1]: run only that provider's cases ("tcp" or "shm"), for debugging. */
+/* Optional argv[1]: run only that provider's cases ("tcp", "tcp;ofi_rxm" or "shm"). */
 int main(int argc, char **argv)
 {
-    static const char *provs[] = {"tcp", "shm"};
+    static const char *provs[] = {"tcp", "tcp;ofi_rxm", "shm"};
     const char *only = argc > 1 ? argv[1] : NULL;
     int failed = 0;
 
@@ -768,15 +825,16 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     /* libfabric is touched in this process only after every fork. */
     for (int q = 0; q < 2; q++)
-        for (int p = 0; p < 2; p++)
+        for (int p = 0; p < 3; p++)
             if (only == NULL || strcmp(only, provs[p]) == 0)
                 failed += run_pair(provs[p], q);
 
     for (int q = 0; q < 2; q++)
-        for (int p = 0; p < 2; p++)
+        for (int p = 0; p < 3; p++)
             if (only == NULL || strcmp(only, provs[p]) == 0)
                 check_threads(provs[p], q);
     snprintf(who, sizeof(who), "driver");
+    check_tcp_choice();
     check_error_paths();
     alarm(0);
     if (failed) {
