@@ -3,12 +3,15 @@
 #
 # Usage: deploy/bench-exchange.sh [--build-dir DIR] [--config FILE] [--model PATH.sizes]
 #                                 [--codecs LIST] [--steps S] [--warmup W] [--link-gbit R]
+#                                 [--model-gpu GELEM_S]
 #   --build-dir DIR  where psagg-server and psagg-bench-exchange were built (default: build);
 #                    this script builds nothing
 #   --config FILE    job config (default conf/local.ini: 2 servers, 4 workers, tcp on loopback)
 #   --model PATH     .sizes table (default tests/data/models/resnet50.sizes)
 #   --codecs LIST    comma list (default fp32,fp16,maxmin8,maxmin4,maxmin2)
 #   --steps/--warmup timed and warm-up steps (default 5 and 1)
+#   --model-gpu G    workers modelled as GPU workers (psagg-bench-exchange --model-gpu: codecs not
+#                    run on the CPU, waited for at G 1e9 elements/s, 0 = free; the title says so)
 #   --link-gbit R    link rate for the wire-limit column (default 1). Loopback itself has no
 #                    rate: the column says how long the busiest link's bytes would take at R.
 # Each codec runs once through deploy/psagg-local; the RESULT lines are printed as they come
@@ -21,7 +24,7 @@ set -u -o pipefail
 
 repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
 build=$repo/build config=$repo/conf/local.ini model=$repo/tests/data/models/resnet50.sizes
-codecs=fp32,fp16,maxmin8,maxmin4,maxmin2 steps=5 warmup=1 gbit=1
+codecs=fp32,fp16,maxmin8,maxmin4,maxmin2 steps=5 warmup=1 gbit=1 gpu=()
 while (($#)); do
     case $1 in
     --build-dir) build=$2; shift 2 ;;
@@ -31,6 +34,7 @@ while (($#)); do
     --steps) steps=$2; shift 2 ;;
     --warmup) warmup=$2; shift 2 ;;
     --link-gbit) gbit=$2; shift 2 ;;
+    --model-gpu) gpu=(--model-gpu "$2"); shift 2 ;;
     -h | --help) sed -n '2,/^set -u/{/^set -u/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "bench-exchange.sh: unknown argument '$1' (--help)" >&2; exit 2 ;;
     esac
@@ -48,7 +52,7 @@ rows=() fail=0
 for codec in ${codecs//,/ }; do
     out=$("$repo/deploy/psagg-local" --config "$config" --server-bin "$server" --timeout 600 -- \
         "$bench" --model "$model" --codec "$codec" --steps "$steps" --warmup "$warmup" \
-        --link-gbit "$gbit" 2>&1)
+        --link-gbit "$gbit" ${gpu[@]+"${gpu[@]}"} 2>&1)
     rc=$?
     line=$(grep -o 'RESULT system=psagg.*' <<<"$out" | tail -1)
     if ((rc != 0)) || [[ -z $line ]]; then
@@ -75,7 +79,7 @@ for codec in ${codecs//,/ }; do
 done
 
 echo
-echo "psagg-bench-exchange on loopback: $(basename "$model" .sizes), $steps timed steps after $warmup warm-up, config $(basename "$config"), $(nproc) cores"
+echo "psagg-bench-exchange on loopback: $(basename "$model" .sizes), $steps timed steps after $warmup warm-up, config $(basename "$config"), $(nproc) cores${gpu[1]:+; workers MODELLED AS GPU WORKERS (codecs not run, waited for at ${gpu[1]} Gelem/s; 0: no GPU time)}"
 echo
 echo "| codec | N | S | median ms | p10 ms | p90 ms | busiest link MB/step | achieved Gbit/s | wire limit ms @ ${gbit} Gbit/s | compression | workers CPU ms/step | servers CPU ms/step | all CPU ms/step | servers faults/step |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"

@@ -82,7 +82,7 @@ RXM_EAGER_ENV = "FI_OFI_RXM_EAGER_LIMIT=4194304,FI_OFI_RXM_SAR_LIMIT=8388608"
 CSV_FIELDS = ["model", "rate_gbit", "placement", "servers", "workers", "system", "codec", "status",
               "median_ms", "p10_ms", "p90_ms", "wire_limit_ms", "wire_efficiency", "busiest_link_bytes",
               "measured_link_bytes",
-              "speedup_vs_gloo", "speedup_vs_mpi", "workers_cpu_ms", "servers_cpu_ms",
+              "speedup_vs_gloo", "speedup_vs_mpi", "workers_cpu_ms", "servers_cpu_ms", "worker_model",
               "steps", "warmup", "note"]
 
 
@@ -429,6 +429,8 @@ class Bench:
                         "--warmup", str(self.a.warmup), "--link-gbit", f"{rate_bps(rate) / 1e9:g}"]
                 if placement == "colocated":
                     argv.append("--colocated")  # busiest-link bytes: local traffic stays on the host
+                if self.a.model_gpu is not None:  # workers modelled as GPU workers (gpu_model.h)
+                    argv += ["--model-gpu", f"{self.a.model_gpu:g}"]
                 workers.append(c.start(r, argv, os.path.join(self.logdir, f"{tag}-psagg-{codec}-worker{r}.log"), env))
             if c.dry:
                 return None, "dry run"
@@ -488,6 +490,8 @@ class Bench:
                      wire_efficiency=f"{wire_ms / med:.2f}" if wire_ms else "",
                      busiest_link_bytes=busiest, measured_link_bytes=measured,
                      workers_cpu_ms=res.get("workers_cpu_ms", ""), servers_cpu_ms=res.get("servers_cpu_ms", ""),
+                     worker_model=(f"gpu {res['gpu_gelem_s']} Gelem/s" if res.get("worker_model") == "gpu"
+                                   else "cpu") if system == "psagg" else "",
                      note=err)
 
     def run(self):
@@ -564,9 +568,10 @@ class Bench:
     def table(self):
         cols = ["model", "rate_gbit", "placement", "system", "codec", "status", "median_ms", "p10_ms", "p90_ms",
                 "wire_limit_ms", "wire_efficiency", "measured_link_bytes", "speedup_vs_gloo", "speedup_vs_mpi",
-                "workers_cpu_ms", "servers_cpu_ms"]
+                "workers_cpu_ms", "servers_cpu_ms", "worker_model"]
         heads = ["model", "Gbit/s", "servers", "system", "codec", "status", "median ms", "p10", "p90",
-                 "wire ms", "wire/med", "link B/step", "x gloo", "x mpi", "workers CPU ms", "servers CPU ms"]
+                 "wire ms", "wire/med", "link B/step", "x gloo", "x mpi", "workers CPU ms", "servers CPU ms",
+                 "workers"]
         data = [[str(r[c]) if c != "placement" else (r[c] or "-") for c in cols] for r in self.rows]
         w = [max(len(h), *(len(d[i]) for d in data)) if data else len(h) for i, h in enumerate(heads)]
         lines = ["  ".join(h.ljust(w[i]) for i, h in enumerate(heads)), "  ".join("-" * x for x in w)]
@@ -651,6 +656,10 @@ def main():
     ap.add_argument("--psagg-env", default="",
                     help="NAME=VALUE,... for every psagg process (default: none; the full run of "
                          f"tests/bench/results/cluster.md used {RXM_EAGER_ENV})")
+    ap.add_argument("--model-gpu", type=float, default=None, metavar="GELEM_S",
+                    help="psagg workers modelled as GPU workers: codecs not run on the CPU but waited for "
+                         "at GELEM_S 1e9 elements/s (0: free), PCIe 25 GB/s (psagg-bench-exchange "
+                         "--model-gpu; rows say so in worker_model)")
     ap.add_argument("--psagg-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="extra key for the generated psagg INI, e.g. worker.max_inflight=8 (repeatable)")
     a = ap.parse_args()

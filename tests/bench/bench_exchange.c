@@ -3,6 +3,7 @@
  *
  *   psagg-bench-exchange --model PATH.sizes --codec CODEC --steps S --warmup W
  *                        [--link-gbit R] [--colocated] [--seed X]
+ *                        [--model-gpu GELEM_S [--model-pcie GBYTE_S]]
  *
  * A worker program (one process per worker, started by deploy/psagg-local or
  * deploy/bench_cluster.py): rank, world size and config come from PSAGG_RANK,
@@ -59,6 +60,14 @@
  * bytes_sent_per_worker and compression come from rank 0's psagg_get_stats counters around
  * the model's push_pulls of the timed steps (payload + headers sent per step, barrier
  * excluded; fp32 bytes / bytes sent).
+ *
+ * --model-gpu GELEM_S: the workers are modelled as GPU workers (gpu_model.h): the model's
+ * push_pulls go through the library as psagg_push_pull_cuda's do, with the CPU doing only the
+ * CUDA path's host copies, and the GPU's encode and decode waited for at GELEM_S 1e9
+ * elements/s plus the encoded bytes over PCIe at --model-pcie GBYTE_S (default 25). 0 models
+ * a GPU that takes no time: what remains is the servers, the network and the workers' host
+ * side. The workers' CPU figures then exclude the codecs; the RESULT line says
+ * worker_model=gpu with both rates (worker_model=cpu otherwise).
  * Benchmarks print figures; they never pass or fail on a time.
  */
 #include <getopt.h>
@@ -70,6 +79,7 @@
 #include <time.h>
 
 #include "bench_util.h"
+#include "gpu_model.h"
 #include "kernels/codec.h"
 #include "psagg.h"
 #include "runtime/config.h"
@@ -174,7 +184,7 @@ static void usage(const char *me)
 {
     fprintf(stderr,
             "usage: %s --model PATH.sizes --codec CODEC --steps S --warmup W [--link-gbit R]\n"
-            "          [--colocated] [--seed X]\n"
+            "          [--colocated] [--seed X] [--model-gpu GELEM_S [--model-pcie GBYTE_S]]\n"
             "  (a psagg worker: PSAGG_RANK, PSAGG_WORLD_SIZE, PSAGG_CONFIG from the launcher)\n",
             me);
 }
@@ -188,11 +198,13 @@ int main(int argc, char **argv)
                                          {"link-gbit", required_argument, NULL, 'r'},
                                          {"colocated", no_argument, NULL, 'C'},
                                          {"seed", required_argument, NULL, 'S'},
+                                         {"model-gpu", required_argument, NULL, 'g'},
+                                         {"model-pcie", required_argument, NULL, 'p'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     const char *model = NULL, *codec_text = NULL, *cfg_path = getenv("PSAGG_CONFIG");
     int steps = -1, warmup = -1, colocated = 0, rank, world, o, rc = 1;
-    double link_gbit = 0;
+    double link_gbit = 0, gpu_gelem_s = -1, pcie_gbyte_s = 25;
     uint64_t seed = 42, *sizes = NULL;
     long nt;
     psagg_codec codec;
@@ -235,6 +247,16 @@ int main(int argc, char **argv)
         case 'S':
             seed = strtoull(optarg, NULL, 0);
             break;
+        case 'g':
+            gpu_gelem_s = atof(optarg);
+            if (gpu_gelem_s < 0) {
+                usage(argv[0]);
+                return 2;
+            }
+            break;
+        case 'p':
+            pcie_gbyte_s = atof(optarg);
+            break;
         case 'h':
             usage(argv[0]);
             return 0;
@@ -243,8 +265,8 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (!model || !codec_text || steps < 1 || warmup < 0 || link_gbit < 0 || optind != argc ||
-        !cfg) {
+    if (!model || !codec_text || steps < 1 || warmup < 0 || link_gbit < 0 || pcie_gbyte_s < 0 ||
+        optind != argc || !cfg) {
         usage(argv[0]);
         return 2;
     }
@@ -327,6 +349,8 @@ int main(int argc, char **argv)
         goto fail;
     if ((st = psagg_declare(ctx, desc, (size_t)nt + 2, NULL)))
         goto fail;
+    if (gpu_gelem_s >= 0 && (st = gpu_model_init(ctx, gpu_gelem_s, pcie_gbyte_s)))
+        goto fail;
     for (long t = 0; t < nt; t++) {
         in[t] = malloc(sizes[t] * sizeof(float));
         out[t] = malloc(sizes[t] * sizeof(float));
@@ -352,7 +376,10 @@ int main(int argc, char **argv)
         psagg_get_stats(ctx, &s0);
         t0 = now_ms();
         for (long t = nt - 1; t >= 0; t--)
-            if ((st = psagg_push_pull(ctx, (uint32_t)t, in[t], out[t], PSAGG_SUM, 0, &h[t])))
+            if ((st =
+                     gpu_gelem_s >= 0
+                         ? gpu_model_push_pull(ctx, (uint32_t)t, in[t], out[t], PSAGG_SUM, 0, &h[t])
+                         : psagg_push_pull(ctx, (uint32_t)t, in[t], out[t], PSAGG_SUM, 0, &h[t])))
                 goto fail;
         for (long t = nt - 1; t >= 0; t--) {
             st = psagg_wait(h[t], -1);
@@ -438,15 +465,21 @@ int main(int argc, char **argv)
             printf("  wire limit at %g Gbit/s: %.2f ms -> median is %.2fx the wire limit\n",
                    link_gbit, wire_ms, med / wire_ms);
         printf("  achieved rate on the busiest link: %.3f Gbit/s\n", rate);
+        if (gpu_gelem_s >= 0)
+            printf("  workers MODELLED AS GPU WORKERS: codecs at %g Gelem/s, PCIe %g GB/s, not "
+                   "run (gpu_model.h); worker CPU excludes them\n",
+                   gpu_gelem_s, pcie_gbyte_s);
         printf("  worker 0: %.1f CPU ms and %.1f minor page faults per timed step\n", cpu_ms,
                minflt);
         printf("RESULT system=psagg model=%s codec=%s workers=%d servers=%d median_ms=%.3f "
                "p10_ms=%.3f p90_ms=%.3f busiest_link_bytes=%llu wire_limit_ms=%.3f "
                "bytes_sent_per_worker=%llu compression=%.3f worker_cpu_ms=%.1f "
-               "worker_minflt=%.1f\n",
+               "worker_minflt=%.1f worker_model=%s gpu_gelem_s=%g pcie_gbyte_s=%g\n",
                name, codec_text, world, cfg->n_servers, med, p10, p90,
                (unsigned long long)lm.busiest, wire_ms, (unsigned long long)sent,
-               sent ? (double)raw / (double)sent : 0.0, cpu_ms, minflt);
+               sent ? (double)raw / (double)sent : 0.0, cpu_ms, minflt,
+               gpu_gelem_s >= 0 ? "gpu" : "cpu", gpu_gelem_s >= 0 ? gpu_gelem_s : 0,
+               gpu_gelem_s >= 0 ? pcie_gbyte_s : 0);
         fflush(stdout);
     }
     rc = 0;
@@ -462,6 +495,7 @@ out:
                 psagg_release(h[t]);
     if (ctx && psagg_close(ctx) && !rc)
         rc = 1;
+    gpu_model_free();
     for (long t = 0; desc && t < nt + 2; t++)
         free((char *)desc[t].name);
     for (long t = 0; in && t < nt; t++) {
