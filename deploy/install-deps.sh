@@ -11,6 +11,7 @@ PKGS=(
     python3-torch python3-sklearn python3-matplotlib python3-numpy
     iproute2 procps time
     openssh-server openssh-client slurmctld slurmd slurm-client munge
+    libmicrohttpd-dev prometheus curl
 )
 
 missing=()

@@ -61,6 +61,7 @@ static void finish_round(server *srv, chunk_state *c)
     if (srv->tag_bytes) /* one MAC: every worker gets the same bytes */
         psagg_msg_mac(&srv->data_key, c->out[p], sizeof *h + enc, c->out[p] + sizeof *h + enc);
     atomic_store(&c->sends_pending[p], srv->n_workers);
+    metrics_round(srv, sizeof *h + enc + srv->tag_bytes);
     server_queue_update(srv, &c->sctx[p]);
     c->round++;
     if (c == srv->chunks) { /* slot 0 counts the job's rounds for the usage report */
@@ -142,8 +143,14 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
                  w, h->key, h->chunk, h->round);
         return 0;
     }
-    if (!c->round_deadline) /* the round's first push starts its clock */
-        c->round_deadline = psagg_now_ms() + PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms);
+    {
+        int64_t now = psagg_now_ns();
+        if (!c->round_deadline) { /* the round's first push starts its clock */
+            c->round_deadline = now / 1000000 + PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms);
+            c->first_push_ns = now;
+        }
+        metrics_lateness(srv, w, now - c->first_push_ns);
+    }
     if (c->gpu || w != (int)c->next) {
         if (!c->gpu && atomic_fetch_add(&srv->rx_held, 1) < srv->rx_hold_max) {
             c->held[w] = rb;

@@ -28,6 +28,7 @@ static void drop(server *srv, recv_buf *rb, const char *fmt, ...)
     va_end(ap);
     psagg_lograte_note(&srv->dropped, &srv->log, 1000, "dropped a %zu-byte message %s", rb->rx.len,
                        why);
+    metrics_drop(srv);
     server_repost(srv, rb);
 }
 
@@ -94,6 +95,7 @@ static void route_push(server *srv, recv_buf *rb, psagg_peer src)
         server_repost(srv, rb);
         return;
     }
+    metrics_push(srv, from, rb->rx.len);
     agg_enqueue(srv, &srv->chunks[ci->slot], rb);
 }
 

@@ -48,7 +48,7 @@ int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *s
     srv->n_workers = cfg->n_workers;
     srv->workers = calloc((size_t)srv->n_workers, sizeof *srv->workers);
     srv->rank_at = calloc((size_t)srv->n_workers, sizeof *srv->rank_at);
-    if (!srv->workers || !srv->rank_at || control_init(srv)) {
+    if (!srv->workers || !srv->rank_at || control_init(srv) || metrics_init(srv)) {
         LOG_ERROR(&srv->log, "out of memory");
         goto err_workers;
     }
@@ -87,6 +87,10 @@ int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *s
         LOG_ERROR(&srv->log, "%s", psagg_last_error());
         goto err_listen;
     }
+    if (metrics_start(srv)) {
+        LOG_ERROR(&srv->log, "%s", psagg_last_error());
+        goto err_metrics;
+    }
     LOG_INFO(&srv->log,
              "serving job '%s' for %d workers on %s:%u (fabric %s, memory budget %llu MiB%s%s)",
              cfg->job_id, srv->n_workers, cfg->servers[rank].host, cfg->servers[rank].port,
@@ -97,6 +101,9 @@ int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *s
 
     progress_stop(srv);
     agg_stop(srv);
+    metrics_report(srv);
+err_metrics:
+    metrics_stop(srv); /* before the fabric: a scrape names its provider */
     for (int w = 0; w < srv->n_workers; w++)
         if (srv->workers[w].fd >= 0)
             close(srv->workers[w].fd);
@@ -113,6 +120,7 @@ err_fabric:
         psagg_ctl_reader_reset(&srv->workers[w].rd);
     }
 err_workers:
+    metrics_stop(srv);
     free(srv->workers);
     free(srv->rank_at);
     free(srv->pending);

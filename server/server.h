@@ -15,6 +15,7 @@
  *   state.c      what all of them share: failure reports, closing a peer, reposting a buffer,
  *                the queues of updates and buffers to the progress thread
  *   arena.c      the aggregation threads' jemalloc arenas
+ *   metrics.c    counters of all of them, the straggler report, the Prometheus endpoint
  * No file calls one above it in this list, except through the queue of aggregate.c.
  */
 #ifndef PSAGG_SERVER_H
@@ -117,6 +118,7 @@ typedef struct chunk_state {
     agg_item retry;
     int gpu; /* aggregated by the GPU assist (inputs all kept in slots) */
     send_ctx sctx[2];
+    int64_t first_push_ns; /* when this round's first push came (lateness, metrics.c) */
 } chunk_state;
 
 typedef struct agg_thread {
@@ -191,7 +193,22 @@ typedef struct server {
     atomic_int sendq_len;
     atomic_int progress_idle;           /* it may be asleep in psagg_fabric_poll: wake it */
     _Atomic(struct recv_buf *) repostq; /* receive buffers for it to post again (a stack) */
+    struct server_metrics *metrics;     /* metrics.c */
 } server;
+
+/*
+ * metrics.c: counters (any thread; relaxed atomics), the straggler report (at the job's end)
+ * and the Prometheus endpoint ([server] metrics_port, off when 0). init before the job,
+ * start after the control port is open, stop last (it frees the counters).
+ */
+psagg_status metrics_init(server *srv);
+psagg_status metrics_start(server *srv);
+void metrics_stop(server *srv);
+void metrics_push(server *srv, int worker, size_t bytes);
+void metrics_drop(server *srv);
+void metrics_lateness(server *srv, int worker, int64_t ns);
+void metrics_round(server *srv, size_t update_bytes);
+void metrics_report(server *srv);
 
 /* server.c: the whole life of a server; returns the process exit code. */
 int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *stop);

@@ -13,4 +13,12 @@ static inline int64_t psagg_now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Monotonic nanoseconds, the same clock: psagg_now_ns() / 1000000 == psagg_now_ms(). */
+static inline int64_t psagg_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 #endif

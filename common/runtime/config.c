@@ -112,6 +112,7 @@ static const struct key keys[] = {
     KEY("server", "fabric_node", server_fabric_node, parse_host, .flags = 0),
     KEY("server", "memory_budget_mb", server_memory_budget_mb, parse_number, .min = 0,
         .max = 1ull << 30),
+    KEY("server", "metrics_port", server_metrics_port, parse_number, .min = 0, .max = 65535),
     /* [worker] */
     KEY("worker", "chunk_bytes", chunk_bytes, parse_number, .min = 4096, .max = 1ull << 30,
         .multiple = 256),

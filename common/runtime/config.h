@@ -63,6 +63,8 @@ typedef struct psagg_config {
     char server_fabric_node[PSAGG_HOST_MAX]; /* `fabric_node`, default: the host in `servers` */
     uint64_t server_memory_budget_mb;        /* `memory_budget_mb`, default 0 = half the host's
                                                 memory: a declaration needing more is refused */
+    int server_metrics_port; /* `metrics_port`, default 0 = off: server rank r serves Prometheus
+                                text on metrics_port + r (server/metrics.c) */
 
     /* [worker] */
     uint64_t chunk_bytes; /* `chunk_bytes`, default 1048576 (fp32 bytes per chunk) */

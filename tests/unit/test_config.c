@@ -158,6 +158,7 @@ static void test_all_keys(void)
              "op_timeout_ms = 86400000\nsecret_file = %s\ndata_auth = on\n"
              "[server]\nthreads = 3\nerror_feedback = TRUE\ngpu = off\n"
              "gpu_min_elems = 0\nfabric_node = node-7\nmemory_budget_mb = 123\n"
+             "metrics_port = 9100\n"
              "[worker]\nchunk_bytes = 4096\nseed = 0xffffffffffffffff\n"
              "max_inflight = 1\nfabric_node = 10.1.0.1\n"
              "[codec]\ndefault = bf16\nbucket = 64\nrounding = nearest\n"
@@ -172,6 +173,7 @@ static void test_all_keys(void)
     CHECK(cfg.connect_timeout_ms == 5 && cfg.op_timeout_ms == 86400000, "timeouts");
     CHECK(!strcmp(cfg.secret_file, secret) && cfg.data_auth == 1, "secret, data_auth");
     CHECK(cfg.server_memory_budget_mb == 123, "memory_budget_mb");
+    CHECK(cfg.server_metrics_port == 9100, "metrics_port");
     CHECK(cfg.server_threads == 3 && cfg.server_error_feedback == 1 && cfg.gpu == PSAGG_GPU_OFF,
           "server");
     CHECK(cfg.gpu_min_elems == 0 && !strcmp(cfg.server_fabric_node, "node-7"), "server 2");
@@ -199,6 +201,7 @@ static void test_secret_errors(void)
     EXPECT_ERROR(MINIMAL "secret_file = /dev/zero\n", 5, "secret_file", "not a regular file");
     EXPECT_ERROR(MINIMAL "secret_file = /tmp\n", 5, "secret_file", "/tmp", "not a regular file");
     EXPECT_ERROR(MINIMAL "[server]\nmemory_budget_mb = 2000000000\n", 6, "memory_budget_mb");
+    EXPECT_ERROR(MINIMAL "[server]\nmetrics_port = 65536\n", 6, "metrics_port");
 }
 
 static void test_errors(void)

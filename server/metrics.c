@@ -1,0 +1,307 @@
+/*
+ * metrics.c - the server's live counters, its straggler report, and its Prometheus text
+ * endpoint ([server] metrics_port; libmicrohttpd serves GET /metrics from a thread of its own).
+ *
+ * The counters are relaxed atomics written where things happen: pushes, drops and bytes in by
+ * the progress thread, each push's lateness and each finished round by the aggregation
+ * threads. Lateness: how long after the first push of its chunk's round a push arrived (the
+ * first is 0); the worker that is always late is the straggler. Each worker's lateness goes
+ * into a fine log-scale histogram (ratio 2^(1/4), from 1 us), for the p99 of the report, and a
+ * coarse one with Prometheus's buckets.
+ */
+#include <math.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include <microhttpd.h>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "server.h"
+
+#define FINE_BUCKETS 112 /* 2^(k/4) us, k = 0..111: up to 2^28 us, about 268 s */
+static const double coarse_le[] = {0.0001, 0.001, 0.01, 0.1, 1, 10}; /* seconds; then +Inf */
+#define COARSE_BUCKETS (sizeof coarse_le / sizeof coarse_le[0] + 1)
+
+typedef struct worker_metrics {
+    atomic_uint_fast64_t pushes, push_bytes;
+    atomic_uint_fast64_t late_count, late_ns_sum, late_ns_max;
+    atomic_uint_fast64_t fine[FINE_BUCKETS], coarse[COARSE_BUCKETS];
+} worker_metrics;
+
+struct server_metrics {
+    atomic_uint_fast64_t dropped, chunk_rounds, updates, update_bytes;
+    worker_metrics *w;
+    struct MHD_Daemon *mhd;
+};
+
+psagg_status metrics_init(server *srv)
+{
+    srv->metrics = calloc(1, sizeof *srv->metrics);
+    if (srv->metrics)
+        srv->metrics->w = calloc((size_t)srv->n_workers, sizeof *srv->metrics->w);
+    if (!srv->metrics || !srv->metrics->w)
+        return psagg_fail(PSAGG_ENOMEM, "metrics: out of memory");
+    return PSAGG_OK;
+}
+
+void metrics_push(server *srv, int w, size_t bytes)
+{
+    atomic_fetch_add_explicit(&srv->metrics->w[w].pushes, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&srv->metrics->w[w].push_bytes, bytes, memory_order_relaxed);
+}
+
+void metrics_drop(server *srv)
+{
+    atomic_fetch_add_explicit(&srv->metrics->dropped, 1, memory_order_relaxed);
+}
+
+void metrics_lateness(server *srv, int w, int64_t ns)
+{
+    worker_metrics *m = &srv->metrics->w[w];
+    uint64_t v = ns > 0 ? (uint64_t)ns : 0, max;
+    int k = v >= 1000 ? (int)floor(4 * log2((double)v / 1000.0)) : 0;
+    size_t c = 0;
+
+    k = k < 0 ? 0 : (k >= FINE_BUCKETS ? FINE_BUCKETS - 1 : k);
+    while (c < COARSE_BUCKETS - 1 && (double)v > coarse_le[c] * 1e9)
+        c++;
+    atomic_fetch_add_explicit(&m->late_count, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->late_ns_sum, v, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->fine[k], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->coarse[c], 1, memory_order_relaxed);
+    max = atomic_load_explicit(&m->late_ns_max, memory_order_relaxed);
+    while (v > max && !atomic_compare_exchange_weak_explicit(
+                          &m->late_ns_max, &max, v, memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
+void metrics_round(server *srv, size_t update_bytes)
+{
+    struct server_metrics *m = srv->metrics;
+    atomic_fetch_add_explicit(&m->chunk_rounds, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->updates, (uint64_t)srv->n_workers, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->update_bytes, (uint64_t)srv->n_workers * update_bytes,
+                              memory_order_relaxed);
+}
+
+/* Worker w's lateness quantile q (0..1) in seconds, from the fine histogram (upper bound of
+ * the bucket that holds it, at most the largest seen); 0 without pushes. */
+static double lateness_quantile(const worker_metrics *m, double q)
+{
+    uint64_t n = atomic_load(&m->late_count), seen = 0, rank;
+    double max_s = (double)atomic_load(&m->late_ns_max) / 1e9;
+    if (n == 0)
+        return 0;
+    rank = (uint64_t)ceil(q * (double)n);
+    for (int k = 0; k < FINE_BUCKETS; k++) {
+        seen += atomic_load(&m->fine[k]);
+        if (seen >= rank && seen > 0) {
+            double upper = 1e-6 * exp2((k + 1) / 4.0);
+            return upper < max_s ? upper : max_s;
+        }
+    }
+    return max_s;
+}
+
+void metrics_report(server *srv)
+{
+    int slowest = -1;
+    double slowest_mean = 0;
+    if (!srv->metrics)
+        return;
+    for (int w = 0; w < srv->n_workers; w++) {
+        const worker_metrics *m = &srv->metrics->w[w];
+        uint64_t n = atomic_load(&m->late_count);
+        double mean = n ? (double)atomic_load(&m->late_ns_sum) / (double)n / 1e6 : 0;
+        if (n == 0)
+            continue;
+        LOG_INFO(&srv->log,
+                 "straggler report: worker %d: %llu pushes, lateness mean %.3f ms, p99 %.3f ms, "
+                 "max %.3f ms (after the first push of the same chunk and round)",
+                 w, (unsigned long long)n, mean, lateness_quantile(m, 0.99) * 1e3,
+                 (double)atomic_load(&m->late_ns_max) / 1e6);
+        if (slowest < 0 || mean > slowest_mean) {
+            slowest = w;
+            slowest_mean = mean;
+        }
+    }
+    if (slowest >= 0 && srv->n_workers > 1)
+        LOG_INFO(&srv->log,
+                 "straggler report: the latest worker on average was worker %d (%.3f ms)", slowest,
+                 slowest_mean);
+}
+
+/* --- the Prometheus text endpoint ---------------------------------------------------- */
+
+static void help(FILE *f, const char *name, const char *type, const char *text)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, type);
+}
+
+/* The exposition (text format 0.0.4), malloc'd; *len its length. NULL when out of memory. */
+static char *render(server *srv, size_t *len)
+{
+    struct server_metrics *m = srv->metrics;
+    char *buf = NULL;
+    FILE *f = open_memstream(&buf, len);
+    struct rusage ru;
+
+    if (!f)
+        return NULL;
+    getrusage(RUSAGE_SELF, &ru);
+    help(f, "psagg_server_info", "gauge", "This server: job, rank and libfabric provider.");
+    fprintf(f, "psagg_server_info{job=\"%s\",rank=\"%d\",provider=\"%s\"} 1\n", srv->cfg.job_id,
+            srv->rank, psagg_fabric_provider(srv->fab));
+    help(f, "psagg_server_workers", "gauge", "Workers of the job.");
+    fprintf(f, "psagg_server_workers %d\n", srv->n_workers);
+    help(f, "psagg_server_chunks_owned", "gauge", "Chunks this server aggregates.");
+    fprintf(f, "psagg_server_chunks_owned %u\n", srv->n_owned);
+    help(f, "psagg_server_rounds", "gauge", "Rounds finished by this server's first chunk.");
+    fprintf(f, "psagg_server_rounds %u\n", atomic_load(&srv->rounds_done));
+    help(f, "psagg_server_chunk_rounds_total", "counter", "Chunk rounds aggregated and sent.");
+    fprintf(f, "psagg_server_chunk_rounds_total %llu\n",
+            (unsigned long long)atomic_load(&m->chunk_rounds));
+    help(f, "psagg_server_updates_total", "counter", "Update messages queued to workers.");
+    fprintf(f, "psagg_server_updates_total %llu\n", (unsigned long long)atomic_load(&m->updates));
+    help(f, "psagg_server_update_bytes_total", "counter",
+         "Bytes of update messages queued to workers (header, payload, MAC).");
+    fprintf(f, "psagg_server_update_bytes_total %llu\n",
+            (unsigned long long)atomic_load(&m->update_bytes));
+    help(f, "psagg_server_dropped_messages_total", "counter",
+         "Messages dropped before they counted: unknown sender, bad MAC.");
+    fprintf(f, "psagg_server_dropped_messages_total %llu\n",
+            (unsigned long long)atomic_load(&m->dropped));
+    help(f, "psagg_server_rx_held", "gauge",
+         "Receive buffers held by pushes that wait for their turn.");
+    fprintf(f, "psagg_server_rx_held %d\n", atomic_load(&srv->rx_held));
+    help(f, "psagg_server_send_queue", "gauge", "Updates waiting for the progress thread.");
+    fprintf(f, "psagg_server_send_queue %d\n", atomic_load(&srv->sendq_len));
+    help(f, "psagg_server_cpu_seconds_total", "counter", "CPU time of the server process.");
+    fprintf(f, "psagg_server_cpu_seconds_total %.6f\n",
+            (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+                (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6);
+    help(f, "psagg_server_pushes_total", "counter", "Pushes accepted, by worker.");
+    for (int w = 0; w < srv->n_workers; w++)
+        fprintf(f, "psagg_server_pushes_total{worker=\"%d\"} %llu\n", w,
+                (unsigned long long)atomic_load(&m->w[w].pushes));
+    help(f, "psagg_server_push_bytes_total", "counter",
+         "Bytes of pushes accepted, by worker (header, payload, MAC).");
+    for (int w = 0; w < srv->n_workers; w++)
+        fprintf(f, "psagg_server_push_bytes_total{worker=\"%d\"} %llu\n", w,
+                (unsigned long long)atomic_load(&m->w[w].push_bytes));
+    help(f, "psagg_server_push_lateness_seconds", "histogram",
+         "How long after the first push of its chunk and round a worker's push arrived.");
+    for (int w = 0; w < srv->n_workers; w++) {
+        const worker_metrics *wm = &m->w[w];
+        uint64_t cum = 0;
+        for (size_t c = 0; c < COARSE_BUCKETS; c++) {
+            cum += atomic_load(&wm->coarse[c]);
+            if (c < COARSE_BUCKETS - 1)
+                fprintf(f,
+                        "psagg_server_push_lateness_seconds_bucket{worker=\"%d\",le=\"%g\"} %llu\n",
+                        w, coarse_le[c], (unsigned long long)cum);
+            else
+                fprintf(
+                    f,
+                    "psagg_server_push_lateness_seconds_bucket{worker=\"%d\",le=\"+Inf\"} %llu\n",
+                    w, (unsigned long long)cum);
+        }
+        fprintf(f, "psagg_server_push_lateness_seconds_sum{worker=\"%d\"} %.9f\n", w,
+                (double)atomic_load(&wm->late_ns_sum) / 1e9);
+        fprintf(f, "psagg_server_push_lateness_seconds_count{worker=\"%d\"} %llu\n", w,
+                (unsigned long long)atomic_load(&wm->late_count));
+    }
+    help(f, "psagg_server_push_lateness_p99_seconds", "gauge",
+         "99th percentile of each worker's lateness so far (log-scale estimate, within 19%).");
+    for (int w = 0; w < srv->n_workers; w++)
+        fprintf(f, "psagg_server_push_lateness_p99_seconds{worker=\"%d\"} %.9f\n", w,
+                lateness_quantile(&m->w[w], 0.99));
+    if (fclose(f) != 0) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char *url,
+                              const char *method, const char *version, const char *upload,
+                              size_t *upload_size, void **state)
+{
+    server *srv = cls;
+    struct MHD_Response *resp;
+    enum MHD_Result ret;
+    unsigned code = MHD_HTTP_OK;
+    char *body = NULL;
+    size_t len = 0;
+    static const char not_found[] = "psagg-server: only GET /metrics here\n";
+
+    (void)version, (void)upload, (void)upload_size, (void)state;
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
+        code = MHD_HTTP_METHOD_NOT_ALLOWED;
+    else if (strcmp(url, "/metrics") != 0)
+        code = MHD_HTTP_NOT_FOUND;
+    else if (!(body = render(srv, &len)))
+        code = MHD_HTTP_INTERNAL_SERVER_ERROR;
+    if (body)
+        resp = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    else
+        resp = MHD_create_response_from_buffer(sizeof not_found - 1, (void *)not_found,
+                                               MHD_RESPMEM_PERSISTENT);
+    if (!resp) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
+                            body ? "text/plain; version=0.0.4; charset=utf-8" : "text/plain");
+    ret = MHD_queue_response(conn, code, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+psagg_status metrics_start(server *srv)
+{
+    const psagg_hostport *h = &srv->cfg.servers[srv->rank];
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV}, *ai = NULL;
+    char port[16];
+    int port_n = srv->cfg.server_metrics_port + srv->rank, rc;
+
+    if (srv->cfg.server_metrics_port == 0)
+        return PSAGG_OK;
+    if (port_n > 65535)
+        return psagg_fail(PSAGG_ECONFIG,
+                          "[server] metrics_port %d + rank %d is past 65535 (server rank r serves "
+                          "on metrics_port + r)",
+                          srv->cfg.server_metrics_port, srv->rank);
+    snprintf(port, sizeof port, "%d", port_n);
+    if ((rc = getaddrinfo(h->host, port, &hints, &ai)) != 0)
+        return psagg_fail(PSAGG_ECONFIG, "metrics endpoint: address %s:%s: %s", h->host, port,
+                          gai_strerror(rc));
+    srv->metrics->mhd = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0),
+        (uint16_t)port_n, NULL, NULL, answer, srv, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)16, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+        MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!srv->metrics->mhd)
+        return psagg_fail(PSAGG_EIO,
+                          "metrics endpoint: cannot serve on %s:%d (port in use?) ([server] "
+                          "metrics_port)",
+                          h->host, port_n);
+    LOG_INFO(&srv->log, "metrics: http://%s:%d/metrics", h->host, port_n);
+    return PSAGG_OK;
+}
+
+void metrics_stop(server *srv)
+{
+    if (!srv->metrics)
+        return;
+    if (srv->metrics->mhd)
+        MHD_stop_daemon(srv->metrics->mhd);
+    free(srv->metrics->w);
+    free(srv->metrics);
+    srv->metrics = NULL;
+}
