@@ -3,7 +3,7 @@
 #
 # Usage: deploy/bench-exchange.sh [--build-dir DIR] [--config FILE] [--model PATH.sizes]
 #                                 [--codecs LIST] [--steps S] [--warmup W] [--link-gbit R]
-#                                 [--model-gpu GELEM_S]
+#                                 [--model-gpu GELEM_S] [--log-dir DIR]
 #   --build-dir DIR  where psagg-server and psagg-bench-exchange were built (default: build);
 #                    this script builds nothing
 #   --config FILE    job config (default conf/local.ini: 2 servers, 4 workers, tcp on loopback)
@@ -12,6 +12,7 @@
 #   --steps/--warmup timed and warm-up steps (default 5 and 1)
 #   --model-gpu G    workers modelled as GPU workers (psagg-bench-exchange --model-gpu: codecs not
 #                    run on the CPU, waited for at G 1e9 elements/s, 0 = free; the title says so)
+#   --log-dir DIR    keep each codec's whole output (every process's log) in DIR/<codec>.log
 #   --link-gbit R    link rate for the wire-limit column (default 1). Loopback itself has no
 #                    rate: the column says how long the busiest link's bytes would take at R.
 # Each codec runs once through deploy/psagg-local; the RESULT lines are printed as they come
@@ -24,7 +25,7 @@ set -u -o pipefail
 
 repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
 build=$repo/build config=$repo/conf/local.ini model=$repo/tests/data/models/resnet50.sizes
-codecs=fp32,fp16,maxmin8,maxmin4,maxmin2 steps=5 warmup=1 gbit=1 gpu=()
+codecs=fp32,fp16,maxmin8,maxmin4,maxmin2 steps=5 warmup=1 gbit=1 gpu=() logdir=""
 while (($#)); do
     case $1 in
     --build-dir) build=$2; shift 2 ;;
@@ -35,6 +36,7 @@ while (($#)); do
     --warmup) warmup=$2; shift 2 ;;
     --link-gbit) gbit=$2; shift 2 ;;
     --model-gpu) gpu=(--model-gpu "$2"); shift 2 ;;
+    --log-dir) logdir=$2; shift 2 ;;
     -h | --help) sed -n '2,/^set -u/{/^set -u/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "bench-exchange.sh: unknown argument '$1' (--help)" >&2; exit 2 ;;
     esac
@@ -54,6 +56,7 @@ for codec in ${codecs//,/ }; do
         "$bench" --model "$model" --codec "$codec" --steps "$steps" --warmup "$warmup" \
         --link-gbit "$gbit" ${gpu[@]+"${gpu[@]}"} 2>&1)
     rc=$?
+    if [[ -n $logdir ]]; then mkdir -p "$logdir" && printf '%s\n' "$out" >"$logdir/$codec.log"; fi
     line=$(grep -o 'RESULT system=psagg.*' <<<"$out" | tail -1)
     if ((rc != 0)) || [[ -z $line ]]; then
         echo "bench-exchange.sh: $codec failed (launcher exit $rc):" >&2

@@ -29,6 +29,26 @@ static psagg_rng_key round_key(const server *srv, const chunk_state *c)
                                c->info->index, c->round);
 }
 
+/*
+ * [log] timeline: the round as a span from its first push to its update's hand-over, split
+ * into collecting the pushes and the sum's encode after the last one. The workers named
+ * first and last (and the times) let deploy/psagg-timeline align the hosts' clocks.
+ */
+static void trace_round(server *srv, const chunk_state *c, int64_t done)
+{
+    static const char *const keys[] = {"round", "key", "chunk", "first", "last", "thread", "gpu"};
+    psagg_span sp = {.name = srv->layout.tensors[c->info->key].name,
+                     .cat = "round",
+                     .start_ns = c->first_push_ns,
+                     .ends = {c->last_push_ns, done}, /* collect, sum+encode */
+                     .n_phases = 2,
+                     .keys = keys,
+                     .n_args = 7,
+                     .args = {c->round, c->info->key, c->info->index, c->first_worker,
+                              c->last_worker, c->thread, c->gpu}};
+    psagg_timeline_span(srv->timeline, &sp);
+}
+
 /* Requantize the completed round and send the update to every worker. */
 static void finish_round(server *srv, chunk_state *c)
 {
@@ -36,6 +56,7 @@ static void finish_round(server *srv, chunk_state *c)
     size_t bad = 0, enc = c->info->enc_bytes;
     psagg_msg_hdr *h = (psagg_msg_hdr *)c->out[p];
     psagg_status st;
+    int64_t now;
 
     /*
      * The update of round-2 may still be in flight from out[p]. Announce the wait before
@@ -61,7 +82,11 @@ static void finish_round(server *srv, chunk_state *c)
     if (srv->tag_bytes) /* one MAC: every worker gets the same bytes */
         psagg_msg_mac(&srv->data_key, c->out[p], sizeof *h + enc, c->out[p] + sizeof *h + enc);
     atomic_store(&c->sends_pending[p], srv->n_workers);
-    metrics_round(srv, sizeof *h + enc + srv->tag_bytes);
+    now = psagg_now_ns();
+    metrics_round(srv, sizeof *h + enc + srv->tag_bytes, c->last_push_ns - c->first_push_ns,
+                  now - c->last_push_ns);
+    if (srv->timeline)
+        trace_round(srv, c, now);
     server_queue_update(srv, &c->sctx[p]);
     c->round++;
     if (c == srv->chunks) { /* slot 0 counts the job's rounds for the usage report */
@@ -148,7 +173,10 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
         if (!c->round_deadline) { /* the round's first push starts its clock */
             c->round_deadline = now / 1000000 + PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms);
             c->first_push_ns = now;
+            c->first_worker = (uint32_t)w;
         }
+        c->last_push_ns = now;
+        c->last_worker = (uint32_t)w;
         metrics_lateness(srv, w, now - c->first_push_ns);
     }
     if (c->gpu || w != (int)c->next) {
@@ -232,7 +260,7 @@ static void *agg_main(void *arg)
 
     for (;;) {
         agg_item *it;
-        int64_t now;
+        int64_t now, busy_from;
         pthread_mutex_lock(&t->mu);
         while (!t->head && !t->stop) {
             struct timespec until;
@@ -267,6 +295,7 @@ static void *agg_main(void *arg)
             t->tail = NULL;
         pthread_mutex_unlock(&t->mu);
 
+        busy_from = psagg_now_ns();
         if (!it->rb)
             atomic_store(&it->chunk->retry_queued, 0);
         if (it->rb) {
@@ -275,6 +304,7 @@ static void *agg_main(void *arg)
         } else if (!atomic_load(&srv->job_failed) && atomic_load(&it->chunk->deferred)) {
             finish_round(srv, it->chunk);
         }
+        metrics_busy(srv, (uint32_t)(t - srv->threads), psagg_now_ns() - busy_from);
     }
     return NULL;
 }

@@ -3,11 +3,13 @@
  * endpoint ([server] metrics_port; libmicrohttpd serves GET /metrics from a thread of its own).
  *
  * The counters are relaxed atomics written where things happen: pushes, drops and bytes in by
- * the progress thread, each push's lateness and each finished round by the aggregation
- * threads. Lateness: how long after the first push of its chunk's round a push arrived (the
- * first is 0); the worker that is always late is the straggler. Each worker's lateness goes
- * into a fine log-scale histogram (ratio 2^(1/4), from 1 us), for the p99 of the report, and a
- * coarse one with Prometheus's buckets.
+ * the progress thread, each push's lateness, each finished round and the aggregation threads'
+ * busy time by the aggregation threads; the codec mix once, when the job starts. Lateness: how
+ * long after the first push of its chunk's round a push arrived (the first is 0); the worker
+ * that is always late is the straggler. A round's time is split in two: collect (first push
+ * to last push) and finish (last push to the update's hand-over: the last fold and the
+ * encode). Durations go into histograms of two resolutions: a fine log-scale one (ratio
+ * 2^(1/4), from 1 us) for quantiles, and a coarse one with Prometheus's buckets.
  */
 #include <math.h>
 #include <netdb.h>
@@ -26,14 +28,31 @@
 static const double coarse_le[] = {0.0001, 0.001, 0.01, 0.1, 1, 10}; /* seconds; then +Inf */
 #define COARSE_BUCKETS (sizeof coarse_le / sizeof coarse_le[0] + 1)
 
+/* A histogram of durations (any thread adds; relaxed atomics). */
+typedef struct histo {
+    atomic_uint_fast64_t count, ns_sum, ns_max;
+    atomic_uint_fast64_t fine[FINE_BUCKETS], coarse[COARSE_BUCKETS];
+} histo;
+
 typedef struct worker_metrics {
     atomic_uint_fast64_t pushes, push_bytes;
-    atomic_uint_fast64_t late_count, late_ns_sum, late_ns_max;
-    atomic_uint_fast64_t fine[FINE_BUCKETS], coarse[COARSE_BUCKETS];
+    histo late;
 } worker_metrics;
+
+#define MAX_CODECS 16 /* entries of the codec mix; the last one may be "other" */
+
+typedef struct codec_mix {
+    char name[48];
+    uint64_t chunks, elements;
+} codec_mix;
 
 struct server_metrics {
     atomic_uint_fast64_t dropped, chunk_rounds, updates, update_bytes;
+    histo collect, finish;         /* a round: first -> last push -> update handed over */
+    atomic_uint_fast64_t *busy_ns; /* per aggregation thread: time spent on items */
+    int n_busy;
+    codec_mix mix[MAX_CODECS]; /* of the chunks owned here; filled at the job's start */
+    atomic_int n_mix;          /* entries of mix published (release) */
     worker_metrics *w;
     struct MHD_Daemon *mhd;
 };
@@ -48,6 +67,36 @@ psagg_status metrics_init(server *srv)
     return PSAGG_OK;
 }
 
+void metrics_job_started(server *srv)
+{
+    struct server_metrics *m = srv->metrics;
+    int n = 0;
+    m->busy_ns = calloc((size_t)srv->n_threads, sizeof *m->busy_ns);
+    m->n_busy = m->busy_ns ? srv->n_threads : 0;
+    for (uint32_t i = 0; i < srv->n_owned; i++) {
+        const chunk_state *c = &srv->chunks[i];
+        char name[48];
+        int k = 0;
+        psagg_codec_name(&c->codec, name, sizeof name);
+        if (n == MAX_CODECS - 1)
+            snprintf(name, sizeof name, "other"); /* the last entry takes every other codec */
+        while (k < n && strcmp(m->mix[k].name, name))
+            k++;
+        if (k == n)
+            snprintf(m->mix[n++].name, sizeof m->mix[k].name, "%s", name);
+        m->mix[k].chunks++;
+        m->mix[k].elements += c->info->count;
+    }
+    atomic_store_explicit(&m->n_mix, n, memory_order_release);
+}
+
+void metrics_busy(server *srv, uint32_t thread, int64_t ns)
+{
+    struct server_metrics *m = srv->metrics;
+    if ((int)thread < m->n_busy && ns > 0)
+        atomic_fetch_add_explicit(&m->busy_ns[thread], (uint64_t)ns, memory_order_relaxed);
+}
+
 void metrics_push(server *srv, int w, size_t bytes)
 {
     atomic_fetch_add_explicit(&srv->metrics->w[w].pushes, 1, memory_order_relaxed);
@@ -59,9 +108,8 @@ void metrics_drop(server *srv)
     atomic_fetch_add_explicit(&srv->metrics->dropped, 1, memory_order_relaxed);
 }
 
-void metrics_lateness(server *srv, int w, int64_t ns)
+static void histo_add(histo *m, int64_t ns)
 {
-    worker_metrics *m = &srv->metrics->w[w];
     uint64_t v = ns > 0 ? (uint64_t)ns : 0, max;
     int k = v >= 1000 ? (int)floor(4 * log2((double)v / 1000.0)) : 0;
     size_t c = 0;
@@ -69,31 +117,38 @@ void metrics_lateness(server *srv, int w, int64_t ns)
     k = k < 0 ? 0 : (k >= FINE_BUCKETS ? FINE_BUCKETS - 1 : k);
     while (c < COARSE_BUCKETS - 1 && (double)v > coarse_le[c] * 1e9)
         c++;
-    atomic_fetch_add_explicit(&m->late_count, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&m->late_ns_sum, v, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->count, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->ns_sum, v, memory_order_relaxed);
     atomic_fetch_add_explicit(&m->fine[k], 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&m->coarse[c], 1, memory_order_relaxed);
-    max = atomic_load_explicit(&m->late_ns_max, memory_order_relaxed);
+    max = atomic_load_explicit(&m->ns_max, memory_order_relaxed);
     while (v > max && !atomic_compare_exchange_weak_explicit(
-                          &m->late_ns_max, &max, v, memory_order_relaxed, memory_order_relaxed))
+                          &m->ns_max, &max, v, memory_order_relaxed, memory_order_relaxed))
         ;
 }
 
-void metrics_round(server *srv, size_t update_bytes)
+void metrics_lateness(server *srv, int w, int64_t ns)
+{
+    histo_add(&srv->metrics->w[w].late, ns);
+}
+
+void metrics_round(server *srv, size_t update_bytes, int64_t collect_ns, int64_t finish_ns)
 {
     struct server_metrics *m = srv->metrics;
+    histo_add(&m->collect, collect_ns);
+    histo_add(&m->finish, finish_ns);
     atomic_fetch_add_explicit(&m->chunk_rounds, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&m->updates, (uint64_t)srv->n_workers, memory_order_relaxed);
     atomic_fetch_add_explicit(&m->update_bytes, (uint64_t)srv->n_workers * update_bytes,
                               memory_order_relaxed);
 }
 
-/* Worker w's lateness quantile q (0..1) in seconds, from the fine histogram (upper bound of
- * the bucket that holds it, at most the largest seen); 0 without pushes. */
-static double lateness_quantile(const worker_metrics *m, double q)
+/* Quantile q (0..1) in seconds, from the fine histogram (upper bound of the bucket that holds
+ * it, at most the largest seen); 0 when empty. */
+static double histo_quantile(const histo *m, double q)
 {
-    uint64_t n = atomic_load(&m->late_count), seen = 0, rank;
-    double max_s = (double)atomic_load(&m->late_ns_max) / 1e9;
+    uint64_t n = atomic_load(&m->count), seen = 0, rank;
+    double max_s = (double)atomic_load(&m->ns_max) / 1e9;
     if (n == 0)
         return 0;
     rank = (uint64_t)ceil(q * (double)n);
@@ -114,16 +169,16 @@ void metrics_report(server *srv)
     if (!srv->metrics)
         return;
     for (int w = 0; w < srv->n_workers; w++) {
-        const worker_metrics *m = &srv->metrics->w[w];
-        uint64_t n = atomic_load(&m->late_count);
-        double mean = n ? (double)atomic_load(&m->late_ns_sum) / (double)n / 1e6 : 0;
+        const histo *m = &srv->metrics->w[w].late;
+        uint64_t n = atomic_load(&m->count);
+        double mean = n ? (double)atomic_load(&m->ns_sum) / (double)n / 1e6 : 0;
         if (n == 0)
             continue;
         LOG_INFO(&srv->log,
                  "straggler report: worker %d: %llu pushes, lateness mean %.3f ms, p99 %.3f ms, "
                  "max %.3f ms (after the first push of the same chunk and round)",
-                 w, (unsigned long long)n, mean, lateness_quantile(m, 0.99) * 1e3,
-                 (double)atomic_load(&m->late_ns_max) / 1e6);
+                 w, (unsigned long long)n, mean, histo_quantile(m, 0.99) * 1e3,
+                 (double)atomic_load(&m->ns_max) / 1e6);
         if (slowest < 0 || mean > slowest_mean) {
             slowest = w;
             slowest_mean = mean;
@@ -142,6 +197,26 @@ static void help(FILE *f, const char *name, const char *type, const char *text)
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, type);
 }
 
+/* The samples of histogram `name` with labels (e.g. worker="1", or "" for none). */
+static void write_histo(FILE *f, const char *name, const char *labels, const histo *h)
+{
+    uint64_t cum = 0;
+    const char *sep = *labels ? "," : "";
+    for (size_t c = 0; c < COARSE_BUCKETS; c++) {
+        cum += atomic_load(&h->coarse[c]);
+        if (c < COARSE_BUCKETS - 1)
+            fprintf(f, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, sep, coarse_le[c],
+                    (unsigned long long)cum);
+        else
+            fprintf(f, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, sep,
+                    (unsigned long long)cum);
+    }
+    fprintf(f, *labels ? "%s_sum{%s} %.9f\n" : "%s_sum%s %.9f\n", name, labels,
+            (double)atomic_load(&h->ns_sum) / 1e9);
+    fprintf(f, *labels ? "%s_count{%s} %llu\n" : "%s_count%s %llu\n", name, labels,
+            (unsigned long long)atomic_load(&h->count));
+}
+
 /* The exposition (text format 0.0.4), malloc'd; *len its length. NULL when out of memory. */
 static char *render(server *srv, size_t *len)
 {
@@ -149,6 +224,7 @@ static char *render(server *srv, size_t *len)
     char *buf = NULL;
     FILE *f = open_memstream(&buf, len);
     struct rusage ru;
+    int n_mix;
 
     if (!f)
         return NULL;
@@ -196,30 +272,35 @@ static char *render(server *srv, size_t *len)
     help(f, "psagg_server_push_lateness_seconds", "histogram",
          "How long after the first push of its chunk and round a worker's push arrived.");
     for (int w = 0; w < srv->n_workers; w++) {
-        const worker_metrics *wm = &m->w[w];
-        uint64_t cum = 0;
-        for (size_t c = 0; c < COARSE_BUCKETS; c++) {
-            cum += atomic_load(&wm->coarse[c]);
-            if (c < COARSE_BUCKETS - 1)
-                fprintf(f,
-                        "psagg_server_push_lateness_seconds_bucket{worker=\"%d\",le=\"%g\"} %llu\n",
-                        w, coarse_le[c], (unsigned long long)cum);
-            else
-                fprintf(
-                    f,
-                    "psagg_server_push_lateness_seconds_bucket{worker=\"%d\",le=\"+Inf\"} %llu\n",
-                    w, (unsigned long long)cum);
-        }
-        fprintf(f, "psagg_server_push_lateness_seconds_sum{worker=\"%d\"} %.9f\n", w,
-                (double)atomic_load(&wm->late_ns_sum) / 1e9);
-        fprintf(f, "psagg_server_push_lateness_seconds_count{worker=\"%d\"} %llu\n", w,
-                (unsigned long long)atomic_load(&wm->late_count));
+        char labels[32];
+        snprintf(labels, sizeof labels, "worker=\"%d\"", w);
+        write_histo(f, "psagg_server_push_lateness_seconds", labels, &m->w[w].late);
     }
     help(f, "psagg_server_push_lateness_p99_seconds", "gauge",
          "99th percentile of each worker's lateness so far (log-scale estimate, within 19%).");
     for (int w = 0; w < srv->n_workers; w++)
         fprintf(f, "psagg_server_push_lateness_p99_seconds{worker=\"%d\"} %.9f\n", w,
-                lateness_quantile(&m->w[w], 0.99));
+                histo_quantile(&m->w[w].late, 0.99));
+    help(f, "psagg_server_round_collect_seconds", "histogram",
+         "A chunk round's time from its first push to its last.");
+    write_histo(f, "psagg_server_round_collect_seconds", "", &m->collect);
+    help(f, "psagg_server_round_finish_seconds", "histogram",
+         "A chunk round's time from its last push to its update's hand-over (fold, encode).");
+    write_histo(f, "psagg_server_round_finish_seconds", "", &m->finish);
+    help(f, "psagg_server_aggregation_busy_seconds_total", "counter",
+         "Time each aggregation thread spent on pushes and rounds (not waiting).");
+    for (int t = 0; t < m->n_busy; t++)
+        fprintf(f, "psagg_server_aggregation_busy_seconds_total{thread=\"%d\"} %.6f\n", t,
+                (double)atomic_load(&m->busy_ns[t]) / 1e9);
+    n_mix = atomic_load_explicit(&m->n_mix, memory_order_acquire);
+    help(f, "psagg_server_codec_chunks", "gauge", "Chunks owned here, by codec.");
+    for (int k = 0; k < n_mix; k++)
+        fprintf(f, "psagg_server_codec_chunks{codec=\"%s\"} %llu\n", m->mix[k].name,
+                (unsigned long long)m->mix[k].chunks);
+    help(f, "psagg_server_codec_elements", "gauge", "Elements of the chunks owned here, by codec.");
+    for (int k = 0; k < n_mix; k++)
+        fprintf(f, "psagg_server_codec_elements{codec=\"%s\"} %llu\n", m->mix[k].name,
+                (unsigned long long)m->mix[k].elements);
     if (fclose(f) != 0) {
         free(buf);
         return NULL;
@@ -302,6 +383,7 @@ void metrics_stop(server *srv)
     if (srv->metrics->mhd)
         MHD_stop_daemon(srv->metrics->mhd);
     free(srv->metrics->w);
+    free(srv->metrics->busy_ns);
     free(srv->metrics);
     srv->metrics = NULL;
 }

@@ -56,7 +56,8 @@ int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *s
         srv->workers[w].fd = -1;
         srv->rank_at[w] = -1;
     }
-    if (psagg_job_key_load(cfg, &srv->job_key)) {
+    if (psagg_job_key_load(cfg, &srv->job_key) ||
+        psagg_timeline_open(cfg->timeline, "server", rank, &srv->timeline)) {
         LOG_ERROR(&srv->log, "%s", psagg_last_error());
         goto err_workers;
     }
@@ -102,6 +103,8 @@ int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *s
     progress_stop(srv);
     agg_stop(srv);
     metrics_report(srv);
+    psagg_timeline_close(srv->timeline, &srv->log); /* its spans name tensors of the layout */
+    srv->timeline = NULL;
 err_metrics:
     metrics_stop(srv); /* before the fabric: a scrape names its provider */
     for (int w = 0; w < srv->n_workers; w++)
@@ -121,6 +124,7 @@ err_fabric:
     }
 err_workers:
     metrics_stop(srv);
+    psagg_timeline_close(srv->timeline, &srv->log);
     free(srv->workers);
     free(srv->rank_at);
     free(srv->pending);

@@ -28,6 +28,7 @@
 #include <sys/resource.h>
 
 #include "base/log.h"
+#include "base/timeline.h"
 #include "kernels/codec.h"
 #include "runtime/auth.h"
 #include "runtime/config.h"
@@ -119,6 +120,8 @@ typedef struct chunk_state {
     int gpu; /* aggregated by the GPU assist (inputs all kept in slots) */
     send_ctx sctx[2];
     int64_t first_push_ns; /* when this round's first push came (lateness, metrics.c) */
+    int64_t last_push_ns;  /* and its last (the timeline) */
+    uint32_t first_worker, last_worker;
 } chunk_state;
 
 typedef struct agg_thread {
@@ -194,6 +197,7 @@ typedef struct server {
     atomic_int progress_idle;           /* it may be asleep in psagg_fabric_poll: wake it */
     _Atomic(struct recv_buf *) repostq; /* receive buffers for it to post again (a stack) */
     struct server_metrics *metrics;     /* metrics.c */
+    psagg_timeline *timeline;           /* [log] timeline, or NULL (aggregate.c writes it) */
 } server;
 
 /*
@@ -207,7 +211,11 @@ void metrics_stop(server *srv);
 void metrics_push(server *srv, int worker, size_t bytes);
 void metrics_drop(server *srv);
 void metrics_lateness(server *srv, int worker, int64_t ns);
-void metrics_round(server *srv, size_t update_bytes);
+void metrics_round(server *srv, size_t update_bytes, int64_t collect_ns, int64_t finish_ns);
+/* The job started (chunks set up, threads running): the codec mix, the busy counters. */
+void metrics_job_started(server *srv);
+/* Aggregation thread `thread` spent ns on an item. */
+void metrics_busy(server *srv, uint32_t thread, int64_t ns);
 void metrics_report(server *srv);
 
 /* server.c: the whole life of a server; returns the process exit code. */

@@ -161,6 +161,8 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
     ctx->world = world_size;
     snprintf(role, sizeof role, "worker %d", rank);
     psagg_logger_init(&ctx->log, role, ctx->cfg.log_level);
+    if ((st = psagg_timeline_open(ctx->cfg.timeline, "worker", rank, &ctx->timeline)))
+        goto err_config;
     ctx->servers = calloc((size_t)ctx->cfg.n_servers, sizeof *ctx->servers);
     if (!ctx->servers) {
         st = psagg_fail(PSAGG_ENOMEM, "psagg_init");
@@ -212,6 +214,7 @@ err_connect:
             close(ctx->servers[s].fd);
     free(ctx->servers);
 err_config:
+    psagg_timeline_close(ctx->timeline, &ctx->log);
     pthread_cond_destroy(&ctx->cv);
     pthread_mutex_destroy(&ctx->mu);
     free(ctx);
@@ -454,12 +457,37 @@ void psagg_release(psagg_handle *h)
     free(h);
 }
 
+psagg_status psagg_handle_timing(psagg_handle *h, psagg_timing *out)
+{
+    psagg_status st;
+    if (!h || !out)
+        return psagg_fail(PSAGG_EINVAL, "psagg_handle_timing: NULL argument");
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&h->ctx->mu);
+    st = h->done ? (psagg_status)h->status : PSAGG_EAGAIN;
+    pthread_mutex_unlock(&h->ctx->mu);
+    if (st == PSAGG_EAGAIN)
+        return psagg_fail(st, "psagg_handle_timing: the push_pull has not completed");
+    if (st)
+        return psagg_fail(st, "psagg_handle_timing: the push_pull failed: %s", h->msg);
+    handle_timing(h, out);
+    return PSAGG_OK;
+}
+
 void psagg_get_stats(const psagg_ctx *ctx, psagg_stats *out)
 {
+    /* push_pulls first: the sums read after it hold every operation it counts (comm.c adds
+       an operation's times before counting it) */
+    out->push_pulls = atomic_load(&ctx->push_pulls);
     out->bytes_sent = atomic_load(&ctx->bytes_sent);
     out->bytes_received = atomic_load(&ctx->bytes_received);
     out->bytes_raw = atomic_load(&ctx->bytes_raw);
-    out->push_pulls = atomic_load(&ctx->push_pulls);
+    out->time.queued_ns = atomic_load(&ctx->time_ns[0]);
+    out->time.encode_ns = atomic_load(&ctx->time_ns[1]);
+    out->time.send_ns = atomic_load(&ctx->time_ns[2]);
+    out->time.wait_ns = atomic_load(&ctx->time_ns[3]);
+    out->time.decode_ns = atomic_load(&ctx->time_ns[4]);
+    out->time.total_ns = atomic_load(&ctx->time_ns[5]);
 }
 
 int psagg_rank(const psagg_ctx *ctx)
@@ -497,6 +525,7 @@ psagg_status psagg_close(psagg_ctx *ctx)
         close(ctx->servers[s].fd);
     }
     psagg_fabric_close(ctx->fab);
+    psagg_timeline_close(ctx->timeline, &ctx->log);
     if (ctx->device_destroy)
         ctx->device_destroy(ctx);
     for (uint32_t t = 0; ctx->tensors && t < ctx->layout.n_tensors; t++)

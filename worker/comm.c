@@ -32,6 +32,8 @@ typedef struct comm_state {
     psagg_lograte dropped; /* messages from strangers */
     int told_servers;      /* the servers heard why this worker failed */
     int64_t next_ping;     /* when the servers get their next PING */
+    int64_t next_stats;    /* when the next stats line is due ([log] stats_interval_ms) */
+    psagg_stats last;      /* the counters at the last stats line */
 } comm_state;
 
 /* Move newly submitted operations into the active list, ordered by priority then age. */
@@ -48,6 +50,7 @@ static void take_queue(comm_state *cs)
         uint32_t i;
         q = q->next;
         h->next = NULL;
+        h->t_taken = psagg_now_ns();
         if (cs->n_active == cs->cap) { /* cannot happen: one operation per tensor */
             worker_fail_all(ctx, PSAGG_EINVAL, "more operations in flight than tensors (%u)",
                             cs->cap);
@@ -75,10 +78,51 @@ static void remove_active(comm_state *cs, struct psagg_handle *h)
         }
 }
 
+/*
+ * h succeeded: its phases go into the context's sums and, with [log] timeline, into the
+ * trace (a span with its phases' durations, on a lane no other span overlaps there).
+ */
+static void account_op(psagg_ctx *ctx, struct psagg_handle *h)
+{
+    const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
+    psagg_timing t;
+
+    handle_timing(h, &t);
+    atomic_fetch_add(&ctx->time_ns[0], t.queued_ns);
+    atomic_fetch_add(&ctx->time_ns[1], t.encode_ns);
+    atomic_fetch_add(&ctx->time_ns[2], t.send_ns);
+    atomic_fetch_add(&ctx->time_ns[3], t.wait_ns);
+    atomic_fetch_add(&ctx->time_ns[4], t.decode_ns);
+    atomic_fetch_add(&ctx->time_ns[5], t.total_ns);
+    if (!ctx->timeline)
+        return;
+    {
+        /* the phases of psagg_timing: queued, encode, send, wait, decode */
+        static const char *const keys[] = {"round", "key", "chunks", "bytes", "decode_ns"};
+        psagg_span sp = {.name = ti->name,
+                         .cat = "push_pull",
+                         .start_ns = h->t_submit,
+                         .ends = {h->t_taken, h->t_encoded, h->t_sent, h->t_updates, h->t_done},
+                         .n_phases = 5,
+                         .keys = keys,
+                         .n_args = 5,
+                         .args = {h->round, h->key, ti->n_chunks,
+                                  (int64_t)(ti->count * sizeof(float)), (int64_t)t.decode_ns},
+                         .str_key = "buffers",
+                         .str_val = h->ops->kind};
+        psagg_timeline_span(ctx->timeline, &sp);
+    }
+}
+
 static void finish_op(comm_state *cs, struct psagg_handle *h, psagg_status status, const char *msg)
 {
     psagg_ctx *ctx = cs->ctx;
     remove_active(cs, h);
+    if (!status) { /* counted before it completes: a waiter's psagg_get_stats includes it */
+        h->t_done = psagg_now_ns();
+        account_op(ctx, h);
+        atomic_fetch_add(&ctx->push_pulls, 1);
+    }
     pthread_mutex_lock(&ctx->mu);
     if (ctx->tensors[h->key].op == h) {
         ctx->tensors[h->key].op = NULL;
@@ -87,8 +131,6 @@ static void finish_op(comm_state *cs, struct psagg_handle *h, psagg_status statu
     }
     handle_complete_locked(ctx, h, status, msg);
     pthread_mutex_unlock(&ctx->mu);
-    if (!status)
-        atomic_fetch_add(&ctx->push_pulls, 1);
 }
 
 /*
@@ -122,6 +164,7 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
                           buf + sizeof(psagg_msg_hdr) + ci->enc_bytes);
     }
     h->encoded = 1;
+    h->t_encoded = psagg_now_ns();
     return 1;
 }
 
@@ -173,7 +216,8 @@ static int schedule(comm_state *cs)
                 return 0;
             }
             sc->inflight++;
-            h->next_send++;
+            if (++h->next_send == ti->n_chunks)
+                h->t_sent = psagg_now_ns();
             atomic_fetch_add(&ctx->bytes_sent, sizeof(psagg_msg_hdr) + ci->enc_bytes);
             atomic_fetch_add(&ctx->bytes_raw, ci->count * sizeof(float));
         }
@@ -222,6 +266,7 @@ static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
     const char *bad;
     char msg[256];
     int r, from;
+    int64_t t0;
 
     if (ctx->source_reliable) {
         if ((from = server_at(ctx, src)) < 0) {
@@ -264,7 +309,12 @@ static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
                         mh->sender, ti->name, mh->chunk, mh->round);
         return;
     }
+    t0 = psagg_now_ns();
     r = h->ops->update(ctx, h, ci, rb->buf + sizeof *mh, msg, sizeof msg);
+    if (h->done_chunks + 1 < ti->n_chunks) /* the last one's decode is in t_done - t_updates */
+        h->update_ns += (uint64_t)(psagg_now_ns() - t0);
+    else
+        h->t_updates = t0;
     if (r < 0) {
         worker_fail_all(ctx, PSAGG_EPROTO, "%s", msg);
         return;
@@ -430,6 +480,32 @@ static int drop_if_failed(comm_state *cs)
     return 1;
 }
 
+/* [log] stats_interval_ms: what the push_pulls did since the last line, at info. */
+static void stats_line(comm_state *cs)
+{
+    psagg_ctx *ctx = cs->ctx;
+    psagg_stats now;
+    uint64_t n;
+    double ms;
+
+    psagg_get_stats(ctx, &now);
+    n = now.push_pulls - cs->last.push_pulls;
+    ms = n ? 1e-6 / (double)n : 0;
+    LOG_INFO(&ctx->log,
+             "stats: %llu push_pulls, %.1f MB raw, %.1f MB sent, %.1f MB received; mean ms "
+             "queued %.3f encode %.3f send %.3f wait %.3f decode %.3f total %.3f",
+             (unsigned long long)n, (double)(now.bytes_raw - cs->last.bytes_raw) / 1e6,
+             (double)(now.bytes_sent - cs->last.bytes_sent) / 1e6,
+             (double)(now.bytes_received - cs->last.bytes_received) / 1e6,
+             (double)(now.time.queued_ns - cs->last.time.queued_ns) * ms,
+             (double)(now.time.encode_ns - cs->last.time.encode_ns) * ms,
+             (double)(now.time.send_ns - cs->last.time.send_ns) * ms,
+             (double)(now.time.wait_ns - cs->last.time.wait_ns) * ms,
+             (double)(now.time.decode_ns - cs->last.time.decode_ns) * ms,
+             (double)(now.time.total_ns - cs->last.time.total_ns) * ms);
+    cs->last = now;
+}
+
 static void *comm_main(void *arg)
 {
     comm_state cs = {.ctx = arg};
@@ -511,6 +587,11 @@ static void *comm_main(void *arg)
             if (!drop_if_failed(&cs))
                 check_deadlines(&cs);
             cs.next_ctl_check = now + 20;
+        }
+        if (ctx->cfg.stats_interval_ms && now >= cs.next_stats) {
+            if (cs.next_stats)
+                stats_line(&cs);
+            cs.next_stats = now + ctx->cfg.stats_interval_ms;
         }
     }
     drop_if_failed(&cs); /* a failure psagg_close stopped us right after: tell the servers */

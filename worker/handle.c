@@ -52,7 +52,8 @@ struct psagg_handle *handle_new(psagg_ctx *ctx, uint32_t key, const float *in, f
                                .chunk_done = (uint8_t *)(h + 1)};
     /* 2 x op_timeout_ms: silent peers and late workers are named sooner, by whoever knows
      * (runtime/control.h), and that verdict should reach us before our own timeout */
-    h->deadline_ms = psagg_now_ms() + PSAGG_OP_DEADLINE_MS(ctx->cfg.op_timeout_ms);
+    h->t_submit = psagg_now_ns();
+    h->deadline_ms = h->t_submit / 1000000 + PSAGG_OP_DEADLINE_MS(ctx->cfg.op_timeout_ms);
     pthread_mutex_lock(&ctx->mu);
     if (ctx->failed) {
         *st = psagg_fail(ctx->failed_status, "%s", ctx->failed_msg);
@@ -145,4 +146,14 @@ int worker_failed(psagg_ctx *ctx)
     failed = ctx->failed;
     pthread_mutex_unlock(&ctx->mu);
     return failed;
+}
+
+void handle_timing(const struct psagg_handle *h, psagg_timing *out)
+{
+    out->queued_ns = (uint64_t)(h->t_taken - h->t_submit);
+    out->encode_ns = (uint64_t)(h->t_encoded - h->t_taken);
+    out->send_ns = (uint64_t)(h->t_sent - h->t_encoded);
+    out->wait_ns = (uint64_t)(h->t_updates - h->t_sent);
+    out->decode_ns = h->update_ns + (uint64_t)(h->t_done - h->t_updates);
+    out->total_ns = (uint64_t)(h->t_done - h->t_submit);
 }

@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "base/log.h"
+#include "base/timeline.h"
 #include "kernels/codec.h"
 #include "psagg.h"
 #include "runtime/auth.h"
@@ -103,7 +104,11 @@ struct psagg_handle {
     uint32_t done_chunks;
     uint8_t *chunk_done;
     int64_t deadline_ms;
-    int done; /* guarded by ctx->mu */
+    /* psagg_now_ns() at each phase's end (psagg_timing): the call, taken by the comm thread,
+       encoded, last push handed over, last update in, completed (comm thread, then read-only) */
+    int64_t t_submit, t_taken, t_encoded, t_sent, t_updates, t_done;
+    uint64_t update_ns; /* in the buffer operations' update for all but the last update */
+    int done;           /* guarded by ctx->mu */
     int status;
     char msg[256];
 };
@@ -138,6 +143,9 @@ struct psagg_ctx {
     char failed_msg[256];
 
     atomic_uint_fast64_t bytes_sent, bytes_received, bytes_raw, push_pulls;
+    /* sums of the completed operations' psagg_timing, in its order (queued_ns ... total_ns) */
+    atomic_uint_fast64_t time_ns[6];
+    psagg_timeline *timeline; /* [log] timeline, or NULL */
 
     /* the device side (cuda.c), created by the first psagg_push_pull_cuda */
     void *device;
@@ -161,6 +169,8 @@ void handle_complete_locked(psagg_ctx *ctx, struct psagg_handle *h, psagg_status
 void worker_fail_all(psagg_ctx *ctx, psagg_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int worker_failed(psagg_ctx *ctx);
+/* The phases of a completed operation (its t_* times). */
+void handle_timing(const struct psagg_handle *h, psagg_timing *out);
 
 /* comm.c */
 psagg_status comm_start(psagg_ctx *ctx);

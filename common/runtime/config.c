@@ -130,6 +130,8 @@ static const struct key keys[] = {
         .max = 1ull << 40),
     /* [log] */
     KEY("log", "level", log_level, parse_enum, .choices = level_names, .values = level_values),
+    KEY("log", "stats_interval_ms", stats_interval_ms, parse_number, .min = 0, .max = DAY_MS),
+    KEY("log", "timeline", timeline, parse_path, .flags = 0),
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
@@ -738,6 +740,17 @@ static int apply_env(struct load_state *st)
             return psagg_fail(PSAGG_ECONFIG, "env %s: '%s' for [%s] %s: expected %s", name, val,
                               k->section, k->name, why);
         st->env_set[i] = 1;
+    }
+    /* PSAGG_TIMELINE: the short name of PSAGG_LOG_TIMELINE (like HOROVOD_TIMELINE) */
+    {
+        const struct key *k = find_key("log", "timeline");
+        const char *val = getenv("PSAGG_TIMELINE");
+        char why[300];
+        if (val && !getenv("PSAGG_LOG_TIMELINE")) {
+            if (k->parse(k, val, 0, st->cfg, why, sizeof why))
+                return psagg_fail(PSAGG_ECONFIG, "env PSAGG_TIMELINE: '%s': expected %s", val, why);
+            st->env_set[k - keys] = 1;
+        }
     }
     return PSAGG_OK;
 }

@@ -78,7 +78,10 @@ typedef struct psagg_config {
     uint64_t min_compress_elems; /* `min_compress_elems`, default 1024: smaller tensors go fp32 */
 
     /* [log] */
-    int log_level; /* `level` = error|warn|info|debug, default info */
+    int log_level;         /* `level` = error|warn|info|debug, default info */
+    int stats_interval_ms; /* `stats_interval_ms`, default 0 = off: a worker's stats line */
+    char timeline[256];    /* `timeline`, optional (also PSAGG_TIMELINE): the path prefix of
+                              the Chrome traces, PREFIX.<role><rank>.json (base/timeline.h) */
 } psagg_config;
 
 /* Fill defaults, read `path`, apply environment overrides, check required keys. */

@@ -69,6 +69,31 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/*
+ * A completed push_pull's psagg_timing must hold together: the phases in order add up to no
+ * more than total, decode covers what is left after wait (the last update's decode), and total
+ * lies within what this thread saw from before the call to after the wait. Sums go to sum[].
+ */
+static int check_timing(int rank, int t, const psagg_timing *tm, double called, double waited,
+                        uint64_t sum[6])
+{
+    uint64_t phases = tm->queued_ns + tm->encode_ns + tm->send_ns + tm->wait_ns;
+    double seen_ns = (waited - called) * 1e9;
+    if (phases > tm->total_ns || tm->decode_ns < tm->total_ns - phases || tm->total_ns == 0 ||
+        (double)tm->total_ns > seen_ns + 1e3) {
+        fprintf(stderr,
+                "FAIL worker %d tensor %d: timing queued %llu encode %llu send %llu wait %llu "
+                "decode %llu total %llu ns does not hold together (seen %.0f ns)\n",
+                rank, t, (unsigned long long)tm->queued_ns, (unsigned long long)tm->encode_ns,
+                (unsigned long long)tm->send_ns, (unsigned long long)tm->wait_ns,
+                (unsigned long long)tm->decode_ns, (unsigned long long)tm->total_ns, seen_ns);
+        return 1;
+    }
+    sum[0] += tm->queued_ns, sum[1] += tm->encode_ns, sum[2] += tm->send_ns;
+    sum[3] += tm->wait_ns, sum[4] += tm->decode_ns, sum[5] += tm->total_ns;
+    return 0;
+}
+
 static int status_from_name(const char *s)
 {
     static const struct {
@@ -113,7 +138,8 @@ int main(int argc, char **argv)
     uint64_t *count, digest = 0xCBF29CE484222325ull;
     float **in, **out, **expect_buf;
     int n = 0, c, rank, world, st;
-    uint64_t rng = 12345;
+    uint64_t rng = 12345, time_sum[6] = {0};
+    double called = 0;
 
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -243,9 +269,11 @@ int main(int argc, char **argv)
             fflush(stdout);
             _exit(0);
         }
-        for (int t = 0; t < n; t++) {
+        for (int t = 0; t < n; t++)
             for (uint64_t i = 0; i < count[t]; i++)
                 in[t][i] = input_value(rank, (uint32_t)t, (uint32_t)r, i);
+        called = now_s();
+        for (int t = 0; t < n; t++) {
             if (cuda) {
 #ifdef FN_WITH_CUDA
                 /* host data -> device; push_pull orders itself after this on the stream */
@@ -263,6 +291,14 @@ int main(int argc, char **argv)
         }
         for (int t = 0; t < n; t++) {
             int wst = psagg_wait(h[t], -1);
+            psagg_timing tm;
+            int tst = psagg_handle_timing(h[t], &tm);
+            if (tst != wst) {
+                fprintf(stderr, "FAIL: psagg_handle_timing says %d, psagg_wait %d\n", tst, wst);
+                return 1;
+            }
+            if (!wst && check_timing(rank, t, &tm, called, now_s(), time_sum))
+                return 1;
             psagg_release(h[t]);
             h[t] = NULL;
             if (wst) { /* release the others too, then report the first failure */
@@ -337,6 +373,27 @@ int main(int argc, char **argv)
     {
         psagg_stats s;
         psagg_get_stats(ctx, &s);
+        /* the context's sums are the sums of the handles' timings, to the nanosecond */
+        if (s.time.queued_ns != time_sum[0] || s.time.encode_ns != time_sum[1] ||
+            s.time.send_ns != time_sum[2] || s.time.wait_ns != time_sum[3] ||
+            s.time.decode_ns != time_sum[4] || s.time.total_ns != time_sum[5] ||
+            s.push_pulls != (uint64_t)rounds * (uint64_t)n) {
+            fprintf(stderr,
+                    "FAIL worker %d: psagg_get_stats: %llu push_pulls, total %llu ns; the "
+                    "handles: %llu, %llu ns\n",
+                    rank, (unsigned long long)s.push_pulls, (unsigned long long)s.time.total_ns,
+                    (unsigned long long)rounds * (unsigned long long)n,
+                    (unsigned long long)time_sum[5]);
+            return 1;
+        }
+        printf("worker %d: mean ms per push_pull: queued %.3f encode %.3f send %.3f wait %.3f "
+               "decode %.3f total %.3f\n",
+               rank, (double)s.time.queued_ns / 1e6 / (double)s.push_pulls,
+               (double)s.time.encode_ns / 1e6 / (double)s.push_pulls,
+               (double)s.time.send_ns / 1e6 / (double)s.push_pulls,
+               (double)s.time.wait_ns / 1e6 / (double)s.push_pulls,
+               (double)s.time.decode_ns / 1e6 / (double)s.push_pulls,
+               (double)s.time.total_ns / 1e6 / (double)s.push_pulls);
         printf("worker %d: %d rounds of %d tensors ok; sent %llu bytes (%.2fx smaller than fp32)\n",
                rank, rounds, n, (unsigned long long)s.bytes_sent,
                s.bytes_sent ? (double)s.bytes_raw / (double)s.bytes_sent : 0.0);

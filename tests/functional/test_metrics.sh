@@ -3,7 +3,9 @@
 # straggler report, on a real job: 2 servers (control ports PORT, PORT+1; metrics PORT+2,
 # PORT+3) and 2 workers of fn_worker, started by deploy/psagg-local.
 #   - while the job runs, each server's /metrics is scraped twice: every push, byte and round
-#     counter is there, and the second scrape's pushes and chunk rounds are higher;
+#     counter, the rounds' collect and finish histograms and the aggregation threads' busy
+#     time are there, and the second scrape's pushes, chunk rounds, round count and busy time
+#     are higher; the codec mix counts every owned chunk and has the job's codec;
 #   - promtool (Debian's prometheus package) accepts the exposition (`promtool check metrics`);
 #   - another path answers 404, another method 405;
 #   - a port already taken stops the server with a message naming it;
@@ -67,11 +69,26 @@ for name in psagg_server_chunk_rounds_total psagg_server_updates_total \
     psagg_server_rx_held psagg_server_send_queue 'psagg_server_push_bytes_total{worker="0"}' \
     'psagg_server_push_lateness_seconds_count{worker="1"}' \
     'psagg_server_push_lateness_seconds_bucket{worker="0",le="+Inf"}' \
-    'psagg_server_push_lateness_p99_seconds{worker="0"}'; do
+    'psagg_server_push_lateness_p99_seconds{worker="0"}' 'psagg_server_round_collect_seconds_count' \
+    'psagg_server_round_finish_seconds_bucket{le="+Inf"}' 'psagg_server_round_finish_seconds_sum' \
+    'psagg_server_aggregation_busy_seconds_total{thread="1"}'; do
     [[ -n $(value "$tmp/s0a" "$name") ]] || fail "server 0's scrape has no sample $name"
 done
 grep -q '^psagg_server_info{job="metrics-'"$port"'",rank="1",' "$tmp/s1a" || fail "server 1's info names another job or rank"
-for name in 'psagg_server_pushes_total{worker="0"}' psagg_server_chunk_rounds_total; do
+# the busy time moves; the codec mix has the job's codec (the tensors under min_compress_elems go fp32)
+a=$(value "$tmp/s0a" 'psagg_server_aggregation_busy_seconds_total{thread="0"}')
+b=$(value "$tmp/s0b" 'psagg_server_aggregation_busy_seconds_total{thread="0"}')
+awk -v a="$a" -v b="$b" 'BEGIN { exit !(b > a) }' || fail "aggregation busy time did not move ($a, then $b)"
+for f in s0a s1a; do
+    [[ $(value "$tmp/$f" 'psagg_server_codec_chunks{codec="maxmin4/1024/sr"}') -gt 0 ]] ||
+        { grep codec "$tmp/$f"; fail "$f: no maxmin4 chunks in the codec mix"; }
+done
+owned=$(value "$tmp/s0a" psagg_server_chunks_owned)
+mix=$(awk '$1 ~ /^psagg_server_codec_chunks\{/ { n += $2 } END { print n + 0 }' "$tmp/s0a")
+((mix == owned)) || fail "the codec mix counts $mix chunks, the server owns $owned"
+echo "test_metrics: codec mix of server 0: $(grep '^psagg_server_codec_chunks' "$tmp/s0a" | tr '\n' ' ')"
+for name in 'psagg_server_pushes_total{worker="0"}' psagg_server_chunk_rounds_total \
+    psagg_server_round_collect_seconds_count; do
     a=$(value "$tmp/s0a" "$name") b=$(value "$tmp/s0b" "$name")
     ((b > a)) || fail "$name did not move while the job ran ($a, then $b)"
     echo "test_metrics: $name $a -> $b"

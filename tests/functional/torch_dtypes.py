@@ -7,7 +7,9 @@ Run under deploy/psagg-local (config: [codec] default = maxmin4, min_compress_el
 - fp16 and bf16 gradients go through an fp32 copy: values exact in both formats come back
   exact, in their own dtype; float64 is refused with a message that says what to do;
 - broadcast_parameters copies rank 0's fp32, fp16 and bf16 tensors exactly and leaves
-  integer tensors alone.
+  integer tensors alone;
+- worker metrics: Handle.timing after the wait, and psagg.torch.stats() moving by exactly the
+  handles' timings and bytes.
 Every rank prints "DTYPES ok"; any failure raises (exit 1).
 """
 import os
@@ -34,14 +36,31 @@ sess.declare(model.named_parameters(), codec={"exact.weight": "fp32"})
 g = torch.linspace(-1, 1, 4096).reshape(64, 64)
 mine = g * (rank + 1)
 want = g * (world + 1) / 2  # the average of g * 1 .. g * world
+before = pt.stats()
+timings = []
 for name, p in model.named_parameters():
     t = mine.clone()
-    pt._Op(sess, sess.key_of(p), t, psagg.AVERAGE, 0).finish()
+    op = pt._Op(sess, sess.key_of(p), t, psagg.AVERAGE, 0)
+    assert op.handle.timing is None, "a timing before the wait"
+    op.finish()
+    timings.append(op.handle.timing)
     err = (t - want).abs().max().item()
     if name == "exact.weight":
         assert torch.equal(t, want) or err <= 1e-6 * want.abs().max().item(), (name, err)
     else:
         assert 0 < err < 0.2, (name, "maxmin4 error %g out of its expected range" % err)
+
+# worker metrics: each handle's timing, and the context's sums moved by exactly those
+after = pt.stats()
+assert after["push_pulls"] - before["push_pulls"] == 2, (before, after)
+assert after["bytes_raw"] - before["bytes_raw"] == 2 * 4096 * 4, (before, after)
+assert 0 < after["bytes_sent"] - before["bytes_sent"] < 2 * 4096 * 4 + 1024, (before, after)
+for f in ("queued_ns", "encode_ns", "send_ns", "wait_ns", "decode_ns", "total_ns"):
+    moved = after["time"][f] - before["time"][f]
+    assert moved == sum(tm[f] for tm in timings), (f, moved, timings)
+for tm in timings:
+    phases = tm["queued_ns"] + tm["encode_ns"] + tm["send_ns"] + tm["wait_ns"]
+    assert 0 < phases <= tm["total_ns"] <= phases + tm["decode_ns"], tm
 
 # dtypes: values exact in fp16 and bf16 (small integers / 8) average to exact values
 for dt in (torch.float16, torch.bfloat16):

@@ -162,7 +162,8 @@ static void test_all_keys(void)
              "[worker]\nchunk_bytes = 4096\nseed = 0xffffffffffffffff\n"
              "max_inflight = 1\nfabric_node = 10.1.0.1\n"
              "[codec]\ndefault = bf16\nbucket = 64\nrounding = nearest\n"
-             "error_feedback = 0\nmin_compress_elems = 0\n[log]\nlevel = debug\n",
+             "error_feedback = 0\nmin_compress_elems = 0\n[log]\nlevel = debug\n"
+             "stats_interval_ms = 250\ntimeline = /tmp/psagg trace\n",
              secret);
     CHECK(psagg_config_load(write_ini(text), &cfg) == PSAGG_OK, "%s", psagg_last_error());
     CHECK(!strcmp(cfg.job_id, "a.b_c-1"), "job_id");
@@ -184,6 +185,7 @@ static void test_all_keys(void)
           "codec");
     CHECK(cfg.error_feedback == 0 && cfg.min_compress_elems == 0, "codec 2");
     CHECK(cfg.log_level == PSAGG_LOG_DEBUG, "log");
+    CHECK(cfg.stats_interval_ms == 250 && !strcmp(cfg.timeline, "/tmp/psagg trace"), "log 2");
 }
 
 /* A secret_file that cannot be used is a start-up error at its line, not a refused HELLO. */
@@ -240,6 +242,7 @@ static void test_errors(void)
     EXPECT_ERROR(MINIMAL "[worker]\nchunk_bytes = 5000\n", 6, "chunk_bytes", "multiple of 256");
     EXPECT_ERROR(MINIMAL "[worker]\nseed = 18446744073709551616\n", 6, "seed");
     EXPECT_ERROR(MINIMAL "[log]\nlevel = loud\n", 6, "level", "error|warn|info|debug");
+    EXPECT_ERROR(MINIMAL "[log]\nstats_interval_ms = -1\n", 6, "stats_interval_ms");
     EXPECT_ERROR(MINIMAL "[worker]\nmax_inflight = 1\n  2\n", 7, "only servers may span");
     /* duplicates, also across repeated sections */
     EXPECT_ERROR(MINIMAL "provider = shm\n\nprovider = tcp\n", 7, "duplicate key 'provider'",
@@ -316,6 +319,16 @@ static void test_env(void)
     CHECK(cfg.connect_timeout_ms == 7, "timeout");
     CHECK(!strcmp(cfg.worker_fabric_node, "n1"), "fabric");
     CHECK(cfg.log_level == PSAGG_LOG_INFO, "PSAGG_LOG_LEVEL must not touch the config");
+
+    /* PSAGG_TIMELINE is the short name of PSAGG_LOG_TIMELINE, which wins */
+    setenv("PSAGG_TIMELINE", "/tmp/short", 1);
+    CHECK(psagg_config_load(path, &cfg) == PSAGG_OK && !strcmp(cfg.timeline, "/tmp/short"),
+          "PSAGG_TIMELINE: '%s'", cfg.timeline);
+    setenv("PSAGG_LOG_TIMELINE", "/tmp/long", 1);
+    CHECK(psagg_config_load(path, &cfg) == PSAGG_OK && !strcmp(cfg.timeline, "/tmp/long"),
+          "PSAGG_LOG_TIMELINE: '%s'", cfg.timeline);
+    unsetenv("PSAGG_TIMELINE");
+    unsetenv("PSAGG_LOG_TIMELINE");
 
     setenv("PSAGG_CLUSTER_JOB_ID", "from-env", 1);
     setenv("PSAGG_CLUSTER_WORKERS", "8", 1);

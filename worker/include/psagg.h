@@ -107,12 +107,33 @@ psagg_status psagg_wait(psagg_handle *handle, int timeout_ms);
 /* Release a handle; waits for it first if it has not completed. */
 void psagg_release(psagg_handle *handle);
 
-/* Byte counters of this worker since psagg_init. */
+/*
+ * Where one push_pull's time went, in nanoseconds. queued, encode, send, wait and the last
+ * update's decode follow each other and add up to total; decode_ns also counts the decodes of
+ * the earlier updates, done as each arrives (so inside wait: that part overlaps).
+ */
+typedef struct psagg_timing {
+    uint64_t queued_ns; /* the call -> the communication thread took it */
+    uint64_t encode_ns; /* -> every chunk encoded (waiting for its buffers or a device included) */
+    uint64_t send_ns;   /* -> the last push handed to libfabric (waiting for window room too) */
+    uint64_t wait_ns;   /* -> the last update arrived */
+    uint64_t decode_ns; /* decoding every update into the output (a device's: until done) */
+    uint64_t total_ns;  /* the call -> completed */
+} psagg_timing;
+
+/*
+ * The timing of a push_pull that completed successfully (call before psagg_release).
+ * PSAGG_EAGAIN while it runs; its own status (and *out zeroed) if it failed.
+ */
+psagg_status psagg_handle_timing(psagg_handle *handle, psagg_timing *out);
+
+/* Counters of this worker since psagg_init; differences between two calls give a step's. */
 typedef struct psagg_stats {
     uint64_t bytes_sent;     /* payload bytes pushed to servers */
     uint64_t bytes_received; /* payload bytes of updates received */
     uint64_t bytes_raw;      /* fp32 bytes the same push_pulls would have sent uncompressed */
     uint64_t push_pulls;     /* completed operations */
+    psagg_timing time;       /* sums over the completed operations */
 } psagg_stats;
 void psagg_get_stats(const psagg_ctx *ctx, psagg_stats *out);
 

@@ -70,9 +70,18 @@ class _TensorDesc(ctypes.Structure):
                 ("error_feedback", ctypes.c_int)]
 
 
+class _Timing(ctypes.Structure):
+    _fields_ = [(f, ctypes.c_uint64) for f in ("queued_ns", "encode_ns", "send_ns", "wait_ns",
+                                                "decode_ns", "total_ns")]
+
+    def as_dict(self):
+        return {f: getattr(self, f) for f, _ in self._fields_}
+
+
 class _Stats(ctypes.Structure):
     _fields_ = [("bytes_sent", ctypes.c_uint64), ("bytes_received", ctypes.c_uint64),
-                ("bytes_raw", ctypes.c_uint64), ("push_pulls", ctypes.c_uint64)]
+                ("bytes_raw", ctypes.c_uint64), ("push_pulls", ctypes.c_uint64),
+                ("time", _Timing)]
 
 
 def _candidates():
@@ -128,6 +137,7 @@ def library():
             "psagg_wait": (I, [P, I]),
             "psagg_release": (None, [P]),
             "psagg_get_stats": (None, [P, ctypes.POINTER(_Stats)]),
+            "psagg_handle_timing": (I, [P, ctypes.POINTER(_Timing)]),
             "psagg_rank": (I, [P]),
             "psagg_world_size": (I, [P]),
             "psagg_min_compress_elems": (ctypes.c_uint64, [P]),
@@ -169,14 +179,17 @@ def codec_name(text):
 
 
 class Handle:
-    """One outstanding push_pull. wait() raises psagg.Error; the handle is released once done."""
+    """One outstanding push_pull. wait() raises psagg.Error; the handle is released once done.
+    After a successful wait(), .timing is its psagg_timing as a dict of nanoseconds (queued_ns,
+    encode_ns, send_ns, wait_ns, decode_ns, total_ns); None before."""
 
-    __slots__ = ("_h", "_keep", "key")
+    __slots__ = ("_h", "_keep", "key", "timing")
 
     def __init__(self, raw, keep, key):
         self._h = raw
         self._keep = keep  # whatever must outlive the operation (buffers)
         self.key = key
+        self.timing = None
 
     def test(self):
         return self._h is None or library().psagg_test(self._h) == 1
@@ -190,6 +203,10 @@ class Handle:
         if st == -8 and timeout_ms >= 0 and lib.psagg_test(self._h) != 1:
             raise Error(st, _last_error(), "psagg_wait")  # still pending: keep the handle
         detail = _last_error() if st else ""
+        if not st:
+            t = _Timing()
+            if lib.psagg_handle_timing(self._h, ctypes.byref(t)) == 0:
+                self.timing = t.as_dict()
         lib.psagg_release(self._h)
         self._h = None
         self._keep = None
@@ -265,9 +282,14 @@ class Context:
         return Handle(h, keep, key)
 
     def stats(self):
+        """psagg_get_stats as a dict: bytes_sent, bytes_received, bytes_raw, push_pulls since
+        psagg_init, and "time": the sums of the completed push_pulls' timings (ns, as
+        Handle.timing). Two calls' difference is what happened between them (a step)."""
         s = _Stats()
         library().psagg_get_stats(self._raw(), ctypes.byref(s))
-        return {f: getattr(s, f) for f, _ in _Stats._fields_}
+        out = {f: getattr(s, f) for f, _ in _Stats._fields_ if f != "time"}
+        out["time"] = s.time.as_dict()
+        return out
 
     def close(self):
         """Tell the servers this worker is done (psagg_close). Idempotent."""

@@ -37,7 +37,7 @@ import torch
 
 import psagg as _p
 
-__all__ = ["init", "shutdown", "session", "register_ddp_hook", "ddp_comm_hook",
+__all__ = ["init", "shutdown", "session", "stats", "register_ddp_hook", "ddp_comm_hook",
            "DistributedOptimizer", "broadcast_parameters", "rank", "world_size", "local_rank"]
 
 _BROADCAST_KEY = "psagg.broadcast"
@@ -233,6 +233,15 @@ def rank():
 
 def world_size():
     return session().ctx.world_size
+
+
+def stats():
+    """This worker's counters (psagg.Context.stats): bytes raw/sent/received, push_pulls, and
+    "time", the summed phases of the completed push_pulls in ns. Take it before and after a
+    step; the difference is the step's:
+        a = psagg.torch.stats(); ...step...; b = psagg.torch.stats()
+        wait_ms = (b["time"]["wait_ns"] - a["time"]["wait_ns"]) / 1e6"""
+    return session().ctx.stats()
 
 
 def local_rank():
