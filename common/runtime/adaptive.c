@@ -1,0 +1,145 @@
+/* runtime/adaptive.c - per-tensor codec choice under a byte budget (adaptive.h). */
+#include <math.h>
+#include <stdlib.h>
+
+#include "runtime/adaptive.h"
+
+/* The table is n_tensors x (units + 1) choices: keep it under 2^26 entries (128 MiB). */
+#define MAX_CELLS (1ull << 26)
+
+static uint64_t units_for(size_t n_tensors)
+{
+    uint64_t u = PSAGG_ADAPT_UNITS;
+    if (n_tensors && (u + 1) * n_tensors > MAX_CELLS)
+        u = MAX_CELLS / n_tensors - 1;
+    return u < 64 ? 64 : u;
+}
+
+uint64_t psagg_adapt_unit(uint64_t slack, size_t n_tensors)
+{
+    uint64_t u = units_for(n_tensors), unit = slack / u + (slack % u != 0);
+    return unit ? unit : 1;
+}
+
+/* The least bytes of tensor t's options (UINT64_MAX: none available). */
+static uint64_t least_of(const psagg_adapt_option *o, size_t n_options)
+{
+    uint64_t m = UINT64_MAX;
+    for (size_t i = 0; i < n_options; i++)
+        if (o[i].bytes < m)
+            m = o[i].bytes;
+    return m;
+}
+
+psagg_status psagg_adapt_solve(const psagg_adapt_option *opts, size_t n_tensors, size_t n_options,
+                               uint64_t budget, uint32_t *choice, uint64_t *bytes_out,
+                               double *error_out)
+{
+    uint64_t unit, cap, least = 0;
+    size_t w;
+    double *dp, *next;
+    uint16_t *ch;
+
+    if (n_options == 0 || n_options > UINT16_MAX)
+        return psagg_fail(PSAGG_EINVAL, "adaptive: %zu options per tensor (1..65535)", n_options);
+    /* the smallest total there is: the budget must hold it; the DP shares out the rest */
+    for (size_t t = 0; t < n_tensors; t++) {
+        uint64_t m = least_of(&opts[t * n_options], n_options);
+        if (m == UINT64_MAX)
+            return psagg_fail(PSAGG_EINVAL, "adaptive: tensor %zu has no available option", t);
+        least += m;
+    }
+    if (least > budget)
+        return psagg_fail(PSAGG_EINVAL,
+                          "adaptive: a budget of %llu bytes is below the smallest choice, %llu "
+                          "bytes",
+                          (unsigned long long)budget, (unsigned long long)least);
+    unit = psagg_adapt_unit(budget - least, n_tensors);
+    cap = (budget - least) / unit;
+    w = (size_t)cap + 1;
+    dp = malloc(w * sizeof *dp);
+    next = malloc(w * sizeof *next);
+    ch = malloc(w * (n_tensors ? n_tensors : 1) * sizeof *ch);
+    if (!dp || !next || !ch) {
+        free(dp), free(next), free(ch);
+        return psagg_fail(PSAGG_ENOMEM, "adaptive: a %zu x %zu table", n_tensors, w);
+    }
+    /* dp[j]: the least error of the tensors so far within j units */
+    for (size_t j = 0; j < w; j++)
+        dp[j] = 0.0;
+    for (size_t t = 0; t < n_tensors; t++) {
+        const psagg_adapt_option *o = &opts[t * n_options];
+        uint64_t m = least_of(o, n_options);
+        uint16_t *row = &ch[t * w];
+        for (size_t j = 0; j < w; j++) {
+            double best = INFINITY;
+            uint16_t at = 0;
+            for (size_t i = 0; i < n_options; i++) {
+                uint64_t c;
+                double e;
+                if (o[i].bytes == UINT64_MAX)
+                    continue;
+                c = (o[i].bytes - m) / unit + ((o[i].bytes - m) % unit != 0);
+                if (c > j)
+                    continue;
+                e = dp[j - c] + o[i].error;
+                if (e < best) { /* strict: the lowest index wins a tie */
+                    best = e;
+                    at = (uint16_t)i;
+                }
+            }
+            next[j] = best;
+            row[j] = at;
+        }
+        double *tmp = dp;
+        dp = next;
+        next = tmp;
+    }
+    {
+        uint64_t j = cap, bytes = 0;
+        double err = 0.0;
+        for (size_t t = n_tensors; t-- > 0;) {
+            const psagg_adapt_option *o = &opts[t * n_options + ch[t * w + j]];
+            uint64_t m = least_of(&opts[t * n_options], n_options);
+            choice[t] = ch[t * w + j];
+            j -= (o->bytes - m) / unit + ((o->bytes - m) % unit != 0);
+            bytes += o->bytes;
+        }
+        for (size_t t = 0; t < n_tensors; t++) /* in tensor order, as the solver added them */
+            err += opts[t * n_options + choice[t]].error;
+        if (bytes_out)
+            *bytes_out = bytes;
+        if (error_out)
+            *error_out = err;
+    }
+    free(dp), free(next), free(ch);
+    return PSAGG_OK;
+}
+
+double psagg_adapt_range_sum(const float *x, uint64_t n, uint64_t chunk_elems, uint32_t bucket)
+{
+    double s = 0.0;
+    if (!chunk_elems)
+        chunk_elems = n;
+    for (uint64_t c0 = 0; c0 < n; c0 += chunk_elems) {
+        uint64_t c1 = c0 + chunk_elems < n ? c0 + chunk_elems : n;
+        for (uint64_t b0 = c0; b0 < c1; b0 += bucket) {
+            uint64_t b1 = b0 + bucket < c1 ? b0 + bucket : c1;
+            float lo = x[b0], hi = x[b0];
+            for (uint64_t i = b0; i < b1; i++) {
+                if (!isfinite(x[i]))
+                    return INFINITY;
+                lo = x[i] < lo ? x[i] : lo;
+                hi = x[i] > hi ? x[i] : hi;
+            }
+            s += (double)(b1 - b0) * ((double)hi - (double)lo) * ((double)hi - (double)lo);
+        }
+    }
+    return s;
+}
+
+double psagg_adapt_maxmin_error(double range_sum, uint32_t bits, psagg_rounding rounding)
+{
+    double levels = (double)((1u << bits) - 1);
+    return range_sum / ((rounding == PSAGG_ROUND_NEAREST ? 12.0 : 4.0) * levels * levels);
+}

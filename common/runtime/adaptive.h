@@ -1,0 +1,68 @@
+/*
+ * runtime/adaptive.h - per-tensor codec choice under a byte budget (issue 15: CGX's layer-wise
+ * adaptive compression, as L-GreCo formalizes it). Layer: runtime.
+ *
+ * Given, for every tensor, its candidate codecs' encoded bytes and estimated quantization
+ * error, choose one candidate per tensor so that the total error is smallest with the total
+ * bytes within a budget: a multiple-choice knapsack, solved exactly by dynamic programming. Every
+ * tensor's smallest option is taken as the base; the slack (budget minus the sum of those) is
+ * cut into PSAGG_ADAPT_UNITS units and an option's bytes above its tensor's smallest are
+ * rounded up to whole units: the choice never exceeds the budget, any budget that holds the
+ * smallest choice has one, and it is optimal for the rounded sizes.
+ *
+ * Every worker must reach the same choice: the solver uses no floating-point reassociation
+ * and breaks ties by the lowest candidate index, so equal inputs (summed through psagg itself,
+ * identical bytes on every worker) give the same assignment in every process.
+ *
+ * The error model of maxmin (psagg_adapt_maxmin_error): a bucket of n elements and range r
+ * quantized with b bits has unit u = r / (2^b - 1); stochastic rounding's error variance per
+ * element is at most u^2/4, nearest rounding's about u^2/12. Summed over buckets:
+ * S(B) / (k (2^b - 1)^2) with S(B) = sum over buckets of size B of n * r^2 and k = 4 or 12.
+ */
+#ifndef PSAGG_RUNTIME_ADAPTIVE_H
+#define PSAGG_RUNTIME_ADAPTIVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/error.h"
+#include "psagg/types.h"
+
+#define PSAGG_ADAPT_UNITS 8192
+
+/* One candidate of one tensor: what it costs and what it loses. */
+typedef struct psagg_adapt_option {
+    uint64_t bytes; /* encoded bytes of the whole tensor (every chunk) */
+    double error;   /* estimated squared error of the whole tensor */
+} psagg_adapt_option;
+
+/*
+ * Choose, for each of n_tensors tensors, one of its n_options options (option i of tensor t
+ * is opts[t * n_options + i]; an option with bytes == UINT64_MAX is not available) so that
+ * the summed error is smallest with the summed bytes at most budget. choice[t] gets the index.
+ * *bytes_out (if not NULL) the chosen total bytes, *error_out the chosen total error.
+ * PSAGG_EINVAL (message with the smallest possible bytes) when the budget is below the
+ * smallest choice; PSAGG_ENOMEM.
+ */
+PSAGG_NODISCARD psagg_status psagg_adapt_solve(const psagg_adapt_option *opts, size_t n_tensors,
+                                               size_t n_options, uint64_t budget, uint32_t *choice,
+                                               uint64_t *bytes_out, double *error_out);
+
+/*
+ * The unit psagg_adapt_solve rounds bytes up to, for a slack (budget minus the smallest total)
+ * and a number of tensors: at least 1; fewer units than PSAGG_ADAPT_UNITS when the table would
+ * pass 2^26 cells.
+ */
+uint64_t psagg_adapt_unit(uint64_t slack, size_t n_tensors);
+
+/*
+ * S(B) for bucket size B of x[0, n) restarted at every chunk of chunk_elems elements (as the
+ * codec sees the data): the sum over buckets of (elements) * (max - min)^2, in double.
+ * Non-finite values make it infinite.
+ */
+double psagg_adapt_range_sum(const float *x, uint64_t n, uint64_t chunk_elems, uint32_t bucket);
+
+/* The estimated squared error of maxmin with `bits` and `rounding`, from S(B). */
+double psagg_adapt_maxmin_error(double range_sum, uint32_t bits, psagg_rounding rounding);
+
+#endif
