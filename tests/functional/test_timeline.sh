@@ -104,7 +104,7 @@ PY
     2>"$tmp/tool.log" || { cat "$tmp/tool.log"; fail "psagg-timeline failed"; }
 cat "$tmp/tool.log"
 [[ $(head -c 8 "$tmp/t.png" | od -An -tx1 | tr -d ' \n') == 89504e470d0a1a0a ]] || fail "no PNG written"
-"$py" - "$tmp/summary.json" "$tmp/merged.json" <<'PY' || fail "the summary or the merged trace is wrong"
+"$py" - "$tmp/summary.json" "$tmp/merged.json" "$tmp/t" <<'PY' || fail "the summary or the merged trace is wrong"
 import json, sys
 s = json.load(open(sys.argv[1]))
 assert all(v == 0.0 for v in s["shift_us"].values()), ("one host's clocks were moved", s["shift_us"])
@@ -114,6 +114,11 @@ for w in ("worker 0", "worker 1"):  # the step's time, split by phase, adds up t
     assert abs(sum(m["phase_ms"].values()) - m["step_ms"]) < 0.01, m
 for v in s["servers"].values():
     assert abs(sum(v["phase_ms"].values()) - v["step_ms"]) < 0.01 and v["phase_ms"]["collect"] > 0, v
+# whose push came last: every chunk round after round 0 counted once, only the job's workers
+steady = sum(1 for k in (0, 1) for e in json.load(open(sys.argv[3] + ".server%d.json" % k))
+             if e.get("cat") == "round" and e["args"]["round"] >= 1)
+assert set(s["last_push"]) <= {"worker 0", "worker 1"}, s["last_push"]
+assert sum(s["last_push"].values()) == steady, (s["last_push"], steady)
 m = json.load(open(sys.argv[2]))
 assert {e["args"]["name"] for e in m if e.get("name") == "process_name"} == \
     {"worker 0", "worker 1", "server 0", "server 1"}, "the merged trace lacks a process"
