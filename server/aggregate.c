@@ -19,6 +19,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "runtime/adaptive.h"
 #include "runtime/message.h"
 #include "arena.h"
 #include "server.h"
@@ -49,11 +50,59 @@ static void trace_round(server *srv, const chunk_state *c, int64_t done)
     psagg_timeline_span(srv->timeline, &sp);
 }
 
+/* The codec assignment's generation of c's round (runtime/adaptive.h; 0 if fixed). */
+static uint32_t round_generation(const server *srv, const chunk_state *c)
+{
+    return srv->layout.tensors[c->info->key].adaptive
+               ? psagg_adapt_generation(c->round, srv->layout.adapt_interval)
+               : 0;
+}
+
+/*
+ * The codec of worker w's push for c's round: of the round's generation (else w runs on a
+ * stale assignment: closed), and the same as the round's other pushes (else the workers'
+ * assignments differ, which no worker alone is to blame for: the job fails). Returns 0 if
+ * the push may count.
+ */
+static int check_codec(server *srv, chunk_state *c, int w, const psagg_msg_codec *mc)
+{
+    const char *name = srv->layout.tensors[c->info->key].name;
+    uint32_t gen = round_generation(srv, c);
+    char a[40], b[40];
+
+    if (mc->generation != (gen & 1023u)) {
+        server_close_worker(srv, w,
+                            "push of tensor '%s' chunk %u round %u carries codec assignment "
+                            "generation %u, but that round is of generation %u ([codec] "
+                            "adaptive_interval=%u): a stale assignment",
+                            name, c->info->index, c->round, mc->generation, gen & 1023u,
+                            srv->layout.adapt_interval);
+        return -1;
+    }
+    if (!c->codec_set) {
+        c->codec = mc->codec;
+        c->enc = mc->len;
+        c->codec_set = 1;
+        c->codec_by = (uint32_t)w;
+        return 0;
+    }
+    if (c->codec.bits == mc->codec.bits && c->codec.bucket == mc->codec.bucket &&
+        c->codec.rounding == mc->codec.rounding && c->codec.id == mc->codec.id)
+        return 0;
+    server_fail_job(srv, PSAGG_EPROTO,
+                    "tensor '%s' chunk %u round %u (generation %u): worker %u pushed it in %s, "
+                    "worker %d in %s: the workers' codec assignments differ",
+                    name, c->info->index, c->round, gen, c->codec_by,
+                    psagg_codec_name(&c->codec, a, sizeof a), w,
+                    psagg_codec_name(&mc->codec, b, sizeof b));
+    return -1;
+}
+
 /* Requantize the completed round and send the update to every worker. */
 static void finish_round(server *srv, chunk_state *c)
 {
     int p = c->round & 1;
-    size_t bad = 0, enc = c->info->enc_bytes;
+    size_t bad = 0, enc = c->enc;
     psagg_msg_hdr *h = (psagg_msg_hdr *)c->out[p];
     psagg_status st;
     int64_t now;
@@ -78,9 +127,11 @@ static void finish_round(server *srv, chunk_state *c)
                         psagg_last_error());
         return;
     }
-    psagg_msg_init(h, PSAGG_MSG_UPDATE, (uint32_t)srv->rank, c->round, c->info);
+    psagg_msg_init(h, PSAGG_MSG_UPDATE, (uint32_t)srv->rank, c->round, c->info, &c->codec,
+                   round_generation(srv, c));
     if (srv->tag_bytes) /* one MAC: every worker gets the same bytes */
         psagg_msg_mac(&srv->data_key, c->out[p], sizeof *h + enc, c->out[p] + sizeof *h + enc);
+    c->out_bytes[p] = sizeof *h + enc + srv->tag_bytes;
     atomic_store(&c->sends_pending[p], srv->n_workers);
     now = psagg_now_ns();
     metrics_round(srv, sizeof *h + enc + srv->tag_bytes, c->last_push_ns - c->first_push_ns,
@@ -97,6 +148,7 @@ static void finish_round(server *srv, chunk_state *c)
         atomic_store(&srv->rounds_done, c->round);
     }
     c->round_deadline = 0;
+    c->codec_set = 0;
     c->n_arrived = 0;
     c->next = 0;
     memset(c->arrived, 0, (size_t)srv->n_workers);
@@ -111,9 +163,8 @@ static void finish_round(server *srv, chunk_state *c)
  */
 static int fold(server *srv, chunk_state *c, int w, const void *payload)
 {
-    psagg_status st =
-        psagg_decode_into(&c->codec, payload, c->info->enc_bytes, c->info->count, c->acc,
-                          w == 0 ? PSAGG_DECODE_FIRST : PSAGG_DECODE_ADD, 1.0f);
+    psagg_status st = psagg_decode_into(&c->codec, payload, c->enc, c->info->count, c->acc,
+                                        w == 0 ? PSAGG_DECODE_FIRST : PSAGG_DECODE_ADD, 1.0f);
     if (st) {
         c->broken = 1;
         server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s",
@@ -148,7 +199,7 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
     const psagg_msg_hdr *h = (const psagg_msg_hdr *)rb->rx.buf;
     const uint8_t *payload = rb->rx.buf + sizeof *h;
     int w = h->sender, kept = 0;
-    size_t enc = c->info->enc_bytes;
+    size_t cap = c->info->cap_bytes;
 
     if (c->broken)
         return 0;
@@ -168,6 +219,8 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
                  w, h->key, h->chunk, h->round);
         return 0;
     }
+    if (check_codec(srv, c, w, &rb->mc))
+        return 0;
     {
         int64_t now = psagg_now_ns();
         if (!c->round_deadline) { /* the round's first push starts its clock */
@@ -186,12 +239,12 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
         } else {
             if (!c->gpu)
                 atomic_fetch_sub(&srv->rx_held, 1);
-            if (psagg_validate(&c->codec, payload, enc, c->info->count)) {
+            if (psagg_validate(&c->codec, payload, c->enc, c->info->count)) {
                 server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s",
                                     h->key, h->chunk, h->round, psagg_last_error());
                 return 0;
             }
-            memcpy(c->slots + (size_t)w * enc, payload, enc);
+            memcpy(c->slots + (size_t)w * cap, payload, c->enc);
         }
         c->arrived[w] = 1;
         if (++c->n_arrived == (uint32_t)srv->n_workers && c->gpu)
@@ -209,7 +262,7 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
             bad = fold(srv, c, nx, c->held[nx]->rx.buf + sizeof *h);
             release_held(srv, c, nx);
         } else {
-            bad = fold(srv, c, nx, c->slots + (size_t)nx * enc);
+            bad = fold(srv, c, nx, c->slots + (size_t)nx * cap);
         }
         if (bad)
             return 0;
@@ -330,7 +383,7 @@ void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb)
 static psagg_status chunk_alloc(server *srv, chunk_state *c)
 {
     const psagg_chunk_info *ci = c->info;
-    size_t enc = ci->enc_bytes, n = (size_t)srv->n_workers;
+    size_t enc = ci->cap_bytes, n = (size_t)srv->n_workers;
 
     c->arrived = arena_alloc(n);
     c->held = arena_alloc(n * sizeof *c->held);
@@ -379,7 +432,7 @@ static uint64_t sat_mul(uint64_t a, uint64_t b)
  * declaration alone.
  */
 psagg_status agg_check_budget(const server *srv, const psagg_ctl_tensor *decl, uint32_t n,
-                              uint64_t chunk_elems)
+                              uint64_t chunk_elems, uint32_t adapt_interval)
 {
     uint64_t total = 0, chunks = 0, worst = 0, biggest_chunk = 0, need;
     uint32_t worst_t = 0;
@@ -392,6 +445,12 @@ psagg_status agg_check_budget(const server *srv, const psagg_ctl_tensor *decl, u
         if (decl[t].codec > PSAGG_CODEC_MAXMIN || psagg_codec_check(&c) || !count)
             continue; /* psagg_layout_build refuses it, with its own message */
         ce = psagg_codec_chunk_elems(&c, chunk_elems);
+        if (adapt_interval && c.id == PSAGG_CODEC_MAXMIN) {
+            /* buffers hold the largest candidate: 8 bits at the finest bucket (layout.c) */
+            uint32_t b[PSAGG_ADAPT_MAX_BUCKETS];
+            psagg_adapt_buckets(&c, ce, b);
+            c = (psagg_codec){PSAGG_CODEC_MAXMIN, PSAGG_ADAPT_MAX_BITS, b[0], c.rounding};
+        }
         full = count / ce;
         rem = count % ce;
         bytes = sat_add(sat_mul(full, chunk_bytes(srv, ce, psagg_encoded_size(&c, ce))),
@@ -447,6 +506,7 @@ psagg_status agg_setup(server *srv)
         c = &srv->chunks[ci->slot];
         c->info = ci;
         c->codec = l->tensors[ci->key].codec;
+        c->enc = ci->enc_bytes;
         c->thread = ci->slot % (uint32_t)srv->n_threads;
     }
     return PSAGG_OK;

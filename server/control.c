@@ -315,6 +315,19 @@ static int compare_declarations(server *srv, char *msg, size_t len)
                      (unsigned long long)wc->decl_hdr.chunk_elems);
             return -1;
         }
+        if (wc->decl_hdr.adapt_interval != w0->decl_hdr.adapt_interval ||
+            wc->decl_hdr.adapt_budget != w0->decl_hdr.adapt_budget ||
+            wc->decl_hdr.adapt_flags != w0->decl_hdr.adapt_flags) {
+            snprintf(msg, len,
+                     "worker 0 and worker %d differ in [codec] adaptive settings (interval %u / "
+                     "%u, budget %.6f / %.6f%s, error feedback %s / %s)",
+                     w, w0->decl_hdr.adapt_interval, wc->decl_hdr.adapt_interval,
+                     w0->decl_hdr.adapt_budget / 1e6, wc->decl_hdr.adapt_budget / 1e6,
+                     (w0->decl_hdr.adapt_flags & PSAGG_ADAPT_BUDGET_BITS) ? " bits" : "",
+                     (w0->decl_hdr.adapt_flags & PSAGG_ADAPT_WORKER_EF) ? "on" : "off",
+                     (wc->decl_hdr.adapt_flags & PSAGG_ADAPT_WORKER_EF) ? "on" : "off");
+            return -1;
+        }
     }
     for (uint32_t t = 0; t < w0->decl_hdr.count; t++) {
         const psagg_ctl_tensor *a = &w0->decl[t];
@@ -394,10 +407,12 @@ static psagg_status start_job(server *srv)
     int n_rbufs;
 
     /* refuse what would not fit before building anything (the layout itself included) */
-    if ((st = agg_check_budget(srv, w0->decl, w0->decl_hdr.count, w0->decl_hdr.chunk_elems)))
+    if ((st = agg_check_budget(srv, w0->decl, w0->decl_hdr.count, w0->decl_hdr.chunk_elems,
+                               w0->decl_hdr.adapt_interval)))
         return st;
-    st = psagg_layout_build(w0->decl, w0->decl_hdr.count, w0->decl_hdr.chunk_elems,
-                            (uint32_t)srv->cfg.n_servers, &srv->layout);
+    st =
+        psagg_layout_build(w0->decl, w0->decl_hdr.count, w0->decl_hdr.chunk_elems,
+                           (uint32_t)srv->cfg.n_servers, w0->decl_hdr.adapt_interval, &srv->layout);
     if (st)
         return st;
     rbuf_size = sizeof(psagg_msg_hdr) + srv->layout.max_enc_bytes + srv->tag_bytes;

@@ -48,9 +48,9 @@ psagg_status gpu_aggregate(server *srv, chunk_state *c, psagg_rng_key key, uint8
                            size_t *bad)
 {
     const void *in[PSAGG_CUDA_MAX_INPUTS];
-    size_t enc = c->info->enc_bytes;
+    size_t enc = c->enc;
     for (int w = 0; w < srv->n_workers; w++)
-        in[w] = c->slots + (size_t)w * enc;
+        in[w] = c->slots + (size_t)w * c->info->cap_bytes;
     return psagg_cuda_aggregate_host(srv->threads[c->thread].cuda, &c->codec, in,
                                      (size_t)srv->n_workers, enc, c->info->count, c->residual, key,
                                      out, enc, bad);

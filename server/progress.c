@@ -79,8 +79,8 @@ static void route_push(server *srv, recv_buf *rb, psagg_peer src)
         server_repost(srv, rb);
         return;
     }
-    bad =
-        psagg_msg_check(rb->rx.buf, rb->rx.len, srv->tag_bytes, PSAGG_MSG_PUSH, &srv->layout, &ci);
+    bad = psagg_msg_check(rb->rx.buf, rb->rx.len, srv->tag_bytes, PSAGG_MSG_PUSH, &srv->layout, &ci,
+                          &rb->mc);
     if (bad) {
         server_close_worker(srv, from,
                             "push field %s is invalid (key %u chunk %u len %u, message of %zu "
@@ -126,7 +126,7 @@ static int send_queued(server *srv)
         sc = srv->sendq_head;
         pthread_mutex_unlock(&srv->sendq_mu);
         c = sc->chunk;
-        bytes = sizeof(psagg_msg_hdr) + c->info->enc_bytes + srv->tag_bytes;
+        bytes = c->out_bytes[sc->parity];
         for (; sc->next_worker < srv->n_workers; sc->next_worker++) {
             int w = sc->next_worker;
             psagg_status st =

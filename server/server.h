@@ -34,6 +34,7 @@
 #include "runtime/config.h"
 #include "runtime/control.h"
 #include "runtime/layout.h"
+#include "runtime/message.h"
 #include "runtime/rxpool.h"
 #include "runtime/transport.h"
 #include "runtime/wire.h"
@@ -82,6 +83,7 @@ typedef struct agg_item {
 typedef struct recv_buf {
     psagg_rxbuf rx; /* first: the completion's context */
     agg_item item;
+    psagg_msg_codec mc; /* the push's codec, as the progress thread checked it */
 } recv_buf;
 
 /*
@@ -99,14 +101,18 @@ typedef struct send_ctx {
 /* One owned chunk. Only its aggregation thread touches it, except sends_pending. */
 typedef struct chunk_state {
     const psagg_chunk_info *info;
-    psagg_codec codec;
+    psagg_codec codec;   /* this round's: the declared one, or (adaptive) its first push's */
+    size_t enc;          /* this round's payload bytes in it */
+    int codec_set;       /* a push of this round set codec */
+    uint32_t codec_by;   /* the worker whose push did */
+    size_t out_bytes[2]; /* the update message's bytes in out[parity] */
     uint32_t thread;
     uint32_t round;         /* the round being collected */
     int64_t round_deadline; /* 0, or when its first push arrived + op_timeout_ms */
     uint32_t n_arrived;     /* contributions received this round */
     uint32_t next;          /* next worker to fold into acc (fixed order 0..N-1) */
     uint8_t *arrived;       /* per worker */
-    uint8_t *slots;         /* per worker: payload copied here to wait for its turn ... */
+    uint8_t *slots;         /* per worker (cap_bytes each): payload copied here to wait ... */
     struct recv_buf **held; /* ... or its receive buffer held until then (handle_push) */
     int broken;             /* a bad payload was half folded in: the job is failing */
     float *acc;
@@ -235,7 +241,7 @@ void progress_stop(server *srv);
  * and share of chunks would not fit srv->budget, before anything is allocated for it.
  */
 psagg_status agg_check_budget(const server *srv, const psagg_ctl_tensor *decl, uint32_t n,
-                              uint64_t chunk_elems);
+                              uint64_t chunk_elems, uint32_t adapt_interval);
 psagg_status agg_setup(server *srv);
 psagg_status agg_start(server *srv);
 void agg_stop(server *srv);

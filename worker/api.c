@@ -14,6 +14,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "runtime/auth.h"
+#include "runtime/adaptive.h"
 #include "runtime/control.h"
 #include "worker.h"
 
@@ -235,7 +236,7 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
     ctx->chunks = calloc(l->n_chunks, sizeof *ctx->chunks);
     if (!ctx->tensors || !ctx->chunks)
         return psagg_fail(PSAGG_ENOMEM, "tensor tables");
-    for (uint32_t t = 0; t < l->n_tensors; t++) {
+    for (uint32_t t = 0; t < ctx->n_user; t++) { /* internal tensors keep no residual */
         const psagg_tensor_info *ti = &l->tensors[t];
         int ef =
             tensors[t].error_feedback < 0 ? ctx->cfg.error_feedback : tensors[t].error_feedback;
@@ -246,7 +247,7 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
         }
     }
     for (uint32_t c = 0; c < l->n_chunks; c++) {
-        size_t sz = sizeof(psagg_msg_hdr) + l->chunks[c].enc_bytes + ctx->tag_bytes;
+        size_t sz = sizeof(psagg_msg_hdr) + l->chunks[c].cap_bytes + ctx->tag_bytes;
         ctx->chunks[c].buf = psagg_alloc(sz, 1);
         if (!ctx->chunks[c].buf)
             return psagg_fail(PSAGG_ENOMEM, "push buffers");
@@ -332,18 +333,19 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, siz
     psagg_ctl_tensor *wire;
     size_t bytes;
     psagg_status st = PSAGG_OK;
+    uint32_t n_adaptive = 0, n_wire = (uint32_t)n;
 
     psagg_clear_error();
     if (!ctx || !tensors || n == 0 || n > PSAGG_MAX_TENSORS)
         return psagg_fail(PSAGG_EINVAL, "psagg_declare: %zu tensors", n);
     if (ctx->declared)
         return psagg_fail(PSAGG_EINVAL, "psagg_declare: tensors were already declared");
-    bytes = sizeof *d + n * sizeof *wire;
+    /* room for the adaptive statistics tensor, last (runtime/adaptive.h) */
+    bytes = sizeof *d + (n + 1) * sizeof *wire;
     d = calloc(1, bytes);
     if (!d)
         return psagg_fail(PSAGG_ENOMEM, "psagg_declare");
     wire = (psagg_ctl_tensor *)(d + 1);
-    d->count = (uint32_t)n;
     d->chunk_elems = psagg_chunk_elems(&ctx->cfg);
     for (size_t t = 0; t < n; t++) {
         psagg_codec c = tensors[t].codec;
@@ -359,15 +361,41 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, siz
         }
         if (keys_out)
             keys_out[t] = (uint32_t)t;
+        n_adaptive += c.id == PSAGG_CODEC_MAXMIN;
     }
-    if ((st = psagg_layout_build(wire, (uint32_t)n, d->chunk_elems, (uint32_t)ctx->cfg.n_servers,
-                                 &ctx->layout))) {
+    if (ctx->cfg.adaptive && !n_adaptive)
+        LOG_WARN(&ctx->log, "[codec] adaptive is on, but no tensor is compressed with maxmin: "
+                            "every codec stays as declared");
+    if (ctx->cfg.adaptive && n_adaptive) {
+        psagg_codec f = {.id = PSAGG_CODEC_FP32};
+        d->adapt_interval = (uint32_t)ctx->cfg.adaptive_interval;
+        d->adapt_budget = ctx->cfg.adaptive_budget;
+        d->adapt_flags = (ctx->cfg.adaptive_budget_bits ? PSAGG_ADAPT_BUDGET_BITS : 0) |
+                         (ctx->cfg.error_feedback ? PSAGG_ADAPT_WORKER_EF : 0);
+        if ((st = psagg_tensor_to_wire(PSAGG_ADAPT_STATS_NAME,
+                                       (uint64_t)n_adaptive * PSAGG_ADAPT_MAX_BUCKETS, &f,
+                                       &wire[n]))) {
+            psagg_fail_context(st, "psagg_declare: ");
+            goto out;
+        }
+        n_wire++;
+    }
+    d->count = n_wire;
+    bytes = sizeof *d + n_wire * sizeof *wire;
+    ctx->n_user = (uint32_t)n;
+    if ((st = psagg_layout_build(wire, n_wire, d->chunk_elems, (uint32_t)ctx->cfg.n_servers,
+                                 d->adapt_interval, &ctx->layout))) {
         psagg_fail_context(st, "psagg_declare: ");
         goto out;
     }
+
     /* Buffers are ready (and receives posted) before any server can send an update. */
     if ((st = setup_buffers(ctx, tensors)))
         goto out;
+    if ((st = adapt_setup(ctx))) { /* after the residuals: they decide nearest rounding */
+        psagg_fail_context(st, "psagg_declare: ");
+        goto out;
+    }
     st = declare_all(ctx, d, bytes);
     if (st)
         goto out;
@@ -457,20 +485,42 @@ void psagg_release(psagg_handle *h)
     free(h);
 }
 
+/* What a question about a completed handle answers when it did not complete successfully. */
+static psagg_status handle_succeeded(psagg_handle *h, const char *fn)
+{
+    psagg_status st;
+    pthread_mutex_lock(&h->ctx->mu);
+    st = h->done ? (psagg_status)h->status : PSAGG_EAGAIN;
+    pthread_mutex_unlock(&h->ctx->mu);
+    if (st == PSAGG_EAGAIN)
+        return psagg_fail(st, "%s: the push_pull has not completed", fn);
+    if (st)
+        return psagg_fail(st, "%s: the push_pull failed: %s", fn, h->msg);
+    return PSAGG_OK;
+}
+
 psagg_status psagg_handle_timing(psagg_handle *h, psagg_timing *out)
 {
     psagg_status st;
     if (!h || !out)
         return psagg_fail(PSAGG_EINVAL, "psagg_handle_timing: NULL argument");
     memset(out, 0, sizeof *out);
-    pthread_mutex_lock(&h->ctx->mu);
-    st = h->done ? (psagg_status)h->status : PSAGG_EAGAIN;
-    pthread_mutex_unlock(&h->ctx->mu);
-    if (st == PSAGG_EAGAIN)
-        return psagg_fail(st, "psagg_handle_timing: the push_pull has not completed");
-    if (st)
-        return psagg_fail(st, "psagg_handle_timing: the push_pull failed: %s", h->msg);
+    if ((st = handle_succeeded(h, "psagg_handle_timing")))
+        return st;
     handle_timing(h, out);
+    return PSAGG_OK;
+}
+
+psagg_status psagg_handle_codec(psagg_handle *h, psagg_codec *codec, uint32_t *generation)
+{
+    psagg_status st;
+    if (!h || !codec)
+        return psagg_fail(PSAGG_EINVAL, "psagg_handle_codec: NULL argument");
+    if ((st = handle_succeeded(h, "psagg_handle_codec")))
+        return st;
+    *codec = h->codec;
+    if (generation)
+        *generation = h->gen;
     return PSAGG_OK;
 }
 
@@ -533,6 +583,7 @@ psagg_status psagg_close(psagg_ctx *ctx)
     for (uint32_t c = 0; ctx->chunks && c < ctx->layout.n_chunks; c++)
         psagg_free(ctx->chunks[c].buf);
     psagg_rxpool_destroy(&ctx->rx);
+    adapt_free(ctx);
     free(ctx->chunks);
     free(ctx->tensors);
     psagg_layout_free(&ctx->layout);

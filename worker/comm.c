@@ -34,6 +34,7 @@ typedef struct comm_state {
     int64_t next_ping;     /* when the servers get their next PING */
     int64_t next_stats;    /* when the next stats line is due ([log] stats_interval_ms) */
     psagg_stats last;      /* the counters at the last stats line */
+    char why[512];         /* a deadline's message */
 } comm_state;
 
 /* Move newly submitted operations into the active list, ordered by priority then age. */
@@ -118,6 +119,17 @@ static void finish_op(comm_state *cs, struct psagg_handle *h, psagg_status statu
 {
     psagg_ctx *ctx = cs->ctx;
     remove_active(cs, h);
+    if (adapt_is_stats(ctx, h)) { /* the adaptive statistics: nobody waits, adapt.c frees it */
+        pthread_mutex_lock(&ctx->mu);
+        if (ctx->tensors[h->key].op == h) {
+            ctx->tensors[h->key].op = NULL;
+            if (!status)
+                ctx->tensors[h->key].round++;
+        }
+        pthread_mutex_unlock(&ctx->mu);
+        adapt_stats_done(ctx, h, status, msg);
+        return;
+    }
     if (!status) { /* counted before it completes: a waiter's psagg_get_stats includes it */
         h->t_done = psagg_now_ns();
         account_op(ctx, h);
@@ -148,6 +160,14 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
     for (uint32_t c = 0; c < ti->n_chunks; c++)
         if (ctx->chunks[ti->first_chunk + c].send_pending)
             return 0;
+    r = adapt_codec(ctx, h, msg, sizeof msg); /* this round's codec (adaptive: may wait) */
+    if (r < 0) {
+        finish_op(cs, h, (psagg_status)r, msg);
+        return -1;
+    }
+    if (r == 0)
+        return 0;
+    adapt_measure(ctx, h); /* a statistics round: before the encode moves the residual */
     r = h->ops->encode(ctx, h, msg, sizeof msg);
     if (r < 0) {
         finish_op(cs, h, (psagg_status)r, msg);
@@ -158,10 +178,12 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
         const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
         uint8_t *buf = ctx->chunks[ti->first_chunk + c].buf;
-        psagg_msg_init((psagg_msg_hdr *)buf, PSAGG_MSG_PUSH, (uint32_t)ctx->rank, h->round, ci);
+        size_t len = psagg_encoded_size(&h->codec, ci->count);
+        psagg_msg_init((psagg_msg_hdr *)buf, PSAGG_MSG_PUSH, (uint32_t)ctx->rank, h->round, ci,
+                       &h->codec, h->gen);
         if (ctx->tag_bytes)
-            psagg_msg_mac(&ctx->data_key, buf, sizeof(psagg_msg_hdr) + ci->enc_bytes,
-                          buf + sizeof(psagg_msg_hdr) + ci->enc_bytes);
+            psagg_msg_mac(&ctx->data_key, buf, sizeof(psagg_msg_hdr) + len,
+                          buf + sizeof(psagg_msg_hdr) + len);
     }
     h->encoded = 1;
     h->t_encoded = psagg_now_ns();
@@ -196,14 +218,14 @@ static int schedule(comm_state *cs)
             uint32_t g = ti->first_chunk + h->next_send;
             const psagg_chunk_info *ci = &ctx->layout.chunks[g];
             server_conn *sc = &ctx->servers[ci->owner];
+            size_t len = sizeof(psagg_msg_hdr) + psagg_encoded_size(&h->codec, ci->count);
             psagg_status st;
             if (sc->inflight >= ctx->cfg.max_inflight) {
                 waiting = waiting ? waiting : 1;
                 break;
             }
             ctx->chunks[g].send_pending = 1;
-            st = psagg_fabric_try_send(ctx->fab, sc->addr, ctx->chunks[g].buf,
-                                       sizeof(psagg_msg_hdr) + ci->enc_bytes + ctx->tag_bytes,
+            st = psagg_fabric_try_send(ctx->fab, sc->addr, ctx->chunks[g].buf, len + ctx->tag_bytes,
                                        ctx->chunks[g].desc, &ctx->chunks[g]);
             if (st == PSAGG_EAGAIN) { /* the provider's queue is full: after the next poll */
                 ctx->chunks[g].send_pending = 0;
@@ -218,7 +240,7 @@ static int schedule(comm_state *cs)
             sc->inflight++;
             if (++h->next_send == ti->n_chunks)
                 h->t_sent = psagg_now_ns();
-            atomic_fetch_add(&ctx->bytes_sent, sizeof(psagg_msg_hdr) + ci->enc_bytes);
+            atomic_fetch_add(&ctx->bytes_sent, len);
             atomic_fetch_add(&ctx->bytes_raw, ci->count * sizeof(float));
         }
     }
@@ -263,6 +285,7 @@ static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
     const psagg_chunk_info *ci;
     const psagg_tensor_info *ti;
     struct psagg_handle *h;
+    psagg_msg_codec mc;
     const char *bad;
     char msg[256];
     int r, from;
@@ -288,7 +311,8 @@ static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
         drop_stranger(cs, rb, "whose MAC does not check out (forged or altered on the way)");
         return;
     }
-    bad = psagg_msg_check(rb->buf, rb->len, ctx->tag_bytes, PSAGG_MSG_UPDATE, &ctx->layout, &ci);
+    bad =
+        psagg_msg_check(rb->buf, rb->len, ctx->tag_bytes, PSAGG_MSG_UPDATE, &ctx->layout, &ci, &mc);
     if (bad) {
         worker_fail_all(ctx, PSAGG_EPROTO, "an update's field %s is invalid (%zu bytes)", bad,
                         rb->len);
@@ -307,6 +331,18 @@ static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
         worker_fail_all(ctx, PSAGG_EPROTO,
                         "server %u sent an unexpected update of tensor '%s' chunk %u round %u",
                         mh->sender, ti->name, mh->chunk, mh->round);
+        return;
+    }
+    if (mc.generation != (h->gen & 1023u) || mc.codec.bits != h->codec.bits ||
+        mc.codec.bucket != h->codec.bucket || mc.codec.rounding != h->codec.rounding ||
+        mc.codec.id != h->codec.id) {
+        char a[40], b[40];
+        worker_fail_all(ctx, PSAGG_EPROTO,
+                        "server %u sent the update of tensor '%s' chunk %u round %u in %s "
+                        "(assignment generation %u); this worker pushed it in %s (generation %u)",
+                        mh->sender, ti->name, mh->chunk, mh->round,
+                        psagg_codec_name(&mc.codec, a, sizeof a), mc.generation,
+                        psagg_codec_name(&h->codec, b, sizeof b), h->gen);
         return;
     }
     t0 = psagg_now_ns();
@@ -415,6 +451,10 @@ static void check_deadlines(comm_state *cs)
         int n = 0;
         if (now < h->deadline_ms)
             continue;
+        if (adapt_waiting(ctx, h, cs->why, sizeof cs->why)) {
+            worker_fail_all(ctx, PSAGG_ETIMEDOUT, "%s", cs->why);
+            return;
+        }
         for (int s = 0; s < ctx->cfg.n_servers && used + 8 < sizeof waiting; s++) {
             int owes = 0; /* s owns a chunk of h whose update has not come */
             for (uint32_t c = 0; c < ti->n_chunks && !owes; c++)

@@ -181,6 +181,12 @@ psagg_status psagg_push_pull_cuda(psagg_ctx *ctx, uint32_t key, const float *d_i
     h = handle_new(ctx, key, d_in, d_out, op, priority, &cuda_ops, &st);
     if (!h)
         return st;
+    if (ctx->layout.tensors[key].adaptive) {
+        st = psagg_fail(PSAGG_EUNSUPPORTED,
+                        "its codec is adaptive ([codec] adaptive = on), which the CUDA path "
+                        "does not support yet: push it from host memory (psagg_push_pull)");
+        goto err;
+    }
     if ((st = gpu_state_get(ctx, &g)))
         goto err;
     pthread_mutex_lock(&g->mu);

@@ -31,9 +31,11 @@ struct psagg_handle *handle_new(psagg_ctx *ctx, uint32_t key, const float *in, f
         *st = psagg_fail(PSAGG_EINVAL, "push_pull: call psagg_declare first");
         return NULL;
     }
-    if (key >= ctx->layout.n_tensors) {
+    /* keys past the user's are internal: only the communication thread pushes them */
+    if (key >= ctx->layout.n_tensors ||
+        (key >= ctx->n_user && !pthread_equal(pthread_self(), ctx->comm_tid))) {
         *st = psagg_fail(PSAGG_EINVAL, "push_pull: key %u, only %u tensors declared", key,
-                         ctx->layout.n_tensors);
+                         ctx->n_user);
         return NULL;
     }
     ti = &ctx->layout.tensors[key];
@@ -49,6 +51,7 @@ struct psagg_handle *handle_new(psagg_ctx *ctx, uint32_t key, const float *in, f
                                .out = out,
                                .op = op,
                                .priority = priority,
+                               .codec = ti->codec,
                                .chunk_done = (uint8_t *)(h + 1)};
     /* 2 x op_timeout_ms: silent peers and late workers are named sooner, by whoever knows
      * (runtime/control.h), and that verdict should reach us before our own timeout */

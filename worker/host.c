@@ -23,9 +23,9 @@ static int host_encode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t
         psagg_rng_key key = psagg_rng_chunk_key(ctx->cfg.seed, PSAGG_RNG_WORKER,
                                                 (uint32_t)ctx->rank, ci->key, ci->index, h->round);
         size_t bad = 0;
-        psagg_status st = psagg_encode(&ti->codec, h->in + ci->offset,
-                                       ts->residual ? ts->residual + ci->offset : NULL, ci->count,
-                                       key, payload, ci->enc_bytes, &bad);
+        psagg_status st = psagg_encode(
+            &h->codec, h->in + ci->offset, ts->residual ? ts->residual + ci->offset : NULL,
+            ci->count, key, payload, psagg_encoded_size(&h->codec, ci->count), &bad);
         if (st) {
             snprintf(msg, len, "tensor '%.63s': element %llu: %.150s", ti->name,
                      (unsigned long long)(ci->offset + bad), psagg_last_error());
@@ -43,8 +43,9 @@ static int host_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk
     const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
     /* one pass: decode, validate and (AVERAGE) scale by 1/N */
     psagg_status st = psagg_decode_into(
-        &ti->codec, payload, ci->enc_bytes, ci->count, h->out + ci->offset,
-        h->op == PSAGG_AVERAGE ? PSAGG_DECODE_SCALE : PSAGG_DECODE_SET, 1.0f / (float)ctx->world);
+        &h->codec, payload, psagg_encoded_size(&h->codec, ci->count), ci->count,
+        h->out + ci->offset, h->op == PSAGG_AVERAGE ? PSAGG_DECODE_SCALE : PSAGG_DECODE_SET,
+        1.0f / (float)ctx->world);
 
     if (st) {
         snprintf(msg, len, "update of tensor '%.63s' chunk %u from server %u: %.150s", ti->name,

@@ -98,6 +98,8 @@ struct psagg_handle {
     int priority;
     uint64_t seq;
     uint32_t round;
+    psagg_codec codec;  /* this round's codec: the declared one, or its assignment's */
+    uint32_t gen;       /* that assignment's generation (0: declared) */
     int encoded;        /* all chunks encoded (comm thread) */
     int completing;     /* all updates in; ops->complete is writing out (comm thread) */
     uint32_t next_send; /* next chunk to push (comm thread) */
@@ -147,6 +149,9 @@ struct psagg_ctx {
     atomic_uint_fast64_t time_ns[6];
     psagg_timeline *timeline; /* [log] timeline, or NULL */
 
+    uint32_t n_user;           /* tensors the user declared (keys below; then internal ones) */
+    struct psagg_adapt *adapt; /* [codec] adaptive (adapt.c), or NULL */
+
     /* the device side (cuda.c), created by the first psagg_push_pull_cuda */
     void *device;
     void (*device_destroy)(psagg_ctx *ctx);
@@ -175,5 +180,22 @@ void handle_timing(const struct psagg_handle *h, psagg_timing *out);
 /* comm.c */
 psagg_status comm_start(psagg_ctx *ctx);
 void comm_stop(psagg_ctx *ctx);
+
+/*
+ * adapt.c: adaptive codecs (runtime/adaptive.h has the schedule and the model). adapt_setup
+ * at declaration (after the layout: tensors' candidates and bytes; the budget checked);
+ * the communication thread calls adapt_codec before encoding a round (1: h->codec and h->gen
+ * are set; 0: its assignment is not there yet; < 0 failed, msg says why), adapt_measure
+ * after (a statistics round: take its ranges; once every tensor's are in, queue their push)
+ * and adapt_stats_done when that push completes (solve: the next generation).
+ * adapt_waiting explains an operation that waits for its assignment (for the deadline).
+ */
+psagg_status adapt_setup(psagg_ctx *ctx);
+void adapt_free(psagg_ctx *ctx);
+int adapt_codec(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len);
+void adapt_measure(psagg_ctx *ctx, const struct psagg_handle *h);
+int adapt_is_stats(const psagg_ctx *ctx, const struct psagg_handle *h);
+void adapt_stats_done(psagg_ctx *ctx, struct psagg_handle *h, psagg_status status, const char *msg);
+int adapt_waiting(psagg_ctx *ctx, const struct psagg_handle *h, char *msg, size_t len);
 
 #endif

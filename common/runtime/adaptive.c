@@ -4,6 +4,8 @@
 
 #include "runtime/adaptive.h"
 
+#include "kernels/codec.h"
+
 /* The table is n_tensors x (units + 1) choices: keep it under 2^26 entries (128 MiB). */
 #define MAX_CELLS (1ull << 26)
 
@@ -142,4 +144,61 @@ double psagg_adapt_maxmin_error(double range_sum, uint32_t bits, psagg_rounding 
 {
     double levels = (double)((1u << bits) - 1);
     return range_sum / ((rounding == PSAGG_ROUND_NEAREST ? 12.0 : 4.0) * levels * levels);
+}
+
+uint32_t psagg_adapt_generation(uint32_t round, uint32_t interval)
+{
+    if (!interval || round < PSAGG_ADAPT_LAG)
+        return 0;
+    return (round - PSAGG_ADAPT_LAG) / interval + 1;
+}
+
+uint32_t psagg_adapt_buckets(const psagg_codec *declared, uint64_t chunk_elems,
+                             uint32_t out[PSAGG_ADAPT_MAX_BUCKETS])
+{
+    uint32_t n = 0, b0 = declared->bucket ? declared->bucket : PSAGG_MAXMIN_DEFAULT_BUCKET;
+    for (int s = -2; s <= 2; s++) {
+        uint64_t b = s < 0 ? b0 >> -s : (uint64_t)b0 << s;
+        if (s < 0 && (b << -s) != b0)
+            continue; /* not a whole fraction of the declared bucket */
+        if (b == b0 || (b >= 64 && b % 64 == 0 && b <= PSAGG_MAXMIN_MAX_BUCKET && chunk_elems &&
+                        chunk_elems % b == 0))
+            out[n++] = (uint32_t)b;
+    }
+    return n;
+}
+
+uint32_t psagg_adapt_candidates(const psagg_codec *declared, uint64_t chunk_elems, int nearest,
+                                psagg_codec out[PSAGG_ADAPT_MAX_CANDIDATES],
+                                uint8_t bucket_of[PSAGG_ADAPT_MAX_CANDIDATES])
+{
+    uint32_t buckets[PSAGG_ADAPT_MAX_BUCKETS],
+        nb = psagg_adapt_buckets(declared, chunk_elems, buckets), n = 0;
+    for (uint32_t i = 0; i < nb; i++)
+        for (uint32_t bits = PSAGG_ADAPT_MIN_BITS; bits <= PSAGG_ADAPT_MAX_BITS; bits++)
+            for (int r = 0; r <= (nearest ? 1 : 0); r++) {
+                out[n] = (psagg_codec){PSAGG_CODEC_MAXMIN, bits, buckets[i],
+                                       r ? PSAGG_ROUND_NEAREST : PSAGG_ROUND_STOCHASTIC};
+                if (bucket_of)
+                    bucket_of[n] = (uint8_t)i;
+                n++;
+            }
+    return n;
+}
+
+int psagg_adapt_allowed(const psagg_codec *declared, uint64_t chunk_elems, const psagg_codec *c)
+{
+    uint32_t buckets[PSAGG_ADAPT_MAX_BUCKETS],
+        nb = psagg_adapt_buckets(declared, chunk_elems, buckets);
+    if (c->id == declared->id && c->bits == declared->bits && c->bucket == declared->bucket &&
+        c->rounding == declared->rounding)
+        return 1; /* generation 0 */
+    if (c->id != PSAGG_CODEC_MAXMIN || c->bits < PSAGG_ADAPT_MIN_BITS ||
+        c->bits > PSAGG_ADAPT_MAX_BITS ||
+        (c->rounding != PSAGG_ROUND_STOCHASTIC && c->rounding != PSAGG_ROUND_NEAREST))
+        return 0;
+    for (uint32_t i = 0; i < nb; i++)
+        if (buckets[i] == c->bucket)
+            return 1;
+    return 0;
 }

@@ -30,6 +30,60 @@
 
 #define PSAGG_ADAPT_UNITS 8192
 
+/*
+ * THE SCHEDULE of a job with [codec] adaptive (every worker and server derives the same):
+ * every `interval` rounds (rounds 0, K, 2K, ...: a tensor's own round counter) each worker
+ * measures each compressed tensor's range sums S(B) (psagg_adapt_range_sum) for each candidate
+ * bucket B and, once it has them all, pushes them as the job's last tensor (fp32,
+ * PSAGG_ADAPT_STATS_NAME, PSAGG_ADAPT_MAX_BUCKETS values per compressed tensor) through the
+ * servers like any other: the sum comes back identical to every worker, and every worker
+ * solves the same assignment from it. The assignment measured at round gK is generation
+ * g + 1 and holds from round gK + PSAGG_ADAPT_LAG (psagg_adapt_generation); before the first,
+ * generation 0 is the declared codec. interval >= PSAGG_ADAPT_LAG, so a tensor never needs an
+ * assignment whose statistics wait for its own later rounds.
+ *
+ * THE CANDIDATES of a compressed tensor declared with maxmin, bucket B0
+ * (psagg_adapt_candidates): maxmin with 2..8 bits, each bucket of B0/4, B0/2, B0, 2 B0, 4 B0
+ * that is a multiple of 64 and divides the tensor's chunk (so chunks, their placement and
+ * their owners never change), and stochastic rounding, plus nearest rounding when the
+ * workers' error feedback is on (which corrects its bias; without it nearest's error piles
+ * up). Bytes are exact (meta included); errors as below.
+ */
+#define PSAGG_ADAPT_LAG          2u
+#define PSAGG_ADAPT_MAX_INTERVAL 1000000u
+#define PSAGG_ADAPT_MAX_BUCKETS  5u
+#define PSAGG_ADAPT_MIN_BITS     2u
+#define PSAGG_ADAPT_MAX_BITS     8u
+#define PSAGG_ADAPT_MAX_CANDIDATES                                                                 \
+    (PSAGG_ADAPT_MAX_BUCKETS * (PSAGG_ADAPT_MAX_BITS - PSAGG_ADAPT_MIN_BITS + 1) * 2)
+#define PSAGG_ADAPT_STATS_NAME "psagg.adaptive_stats"
+
+/* The generation of the assignment that round `round` uses (0 when interval is 0). */
+uint32_t psagg_adapt_generation(uint32_t round, uint32_t interval);
+
+/*
+ * The candidate buckets of a tensor declared with maxmin codec `declared` whose chunks hold
+ * chunk_elems elements (psagg_tensor_info.chunk_elems), ascending; returns how many (1..5:
+ * the declared bucket always is one).
+ */
+uint32_t psagg_adapt_buckets(const psagg_codec *declared, uint64_t chunk_elems,
+                             uint32_t out[PSAGG_ADAPT_MAX_BUCKETS]);
+
+/*
+ * The candidate codecs (above), by bucket (ascending), then bits, then rounding (stochastic
+ * first); nearest only with `nearest`. Returns how many. *bucket_of (if not NULL) gets, per
+ * candidate, the index of its bucket in psagg_adapt_buckets.
+ */
+uint32_t psagg_adapt_candidates(const psagg_codec *declared, uint64_t chunk_elems, int nearest,
+                                psagg_codec out[PSAGG_ADAPT_MAX_CANDIDATES],
+                                uint8_t bucket_of[PSAGG_ADAPT_MAX_CANDIDATES]);
+
+/*
+ * Whether c may be the codec of a round of a tensor declared with `declared`: the declared
+ * codec itself (generation 0) or a candidate (nearest rounding allowed).
+ */
+int psagg_adapt_allowed(const psagg_codec *declared, uint64_t chunk_elems, const psagg_codec *c);
+
 /* One candidate of one tensor: what it costs and what it loses. */
 typedef struct psagg_adapt_option {
     uint64_t bytes; /* encoded bytes of the whole tensor (every chunk) */

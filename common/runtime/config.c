@@ -18,6 +18,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "kernels/codec.h"
+#include "runtime/adaptive.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -77,6 +78,7 @@ static int parse_worker_hosts(const struct key *, const char *, int, psagg_confi
                               size_t);
 static int parse_codec(const struct key *, const char *, int, psagg_config *, char *, size_t);
 static int parse_bucket(const struct key *, const char *, int, psagg_config *, char *, size_t);
+static int parse_budget(const struct key *, const char *, int, psagg_config *, char *, size_t);
 
 static const char *const bool_names[] = {"off", "on", "false", "true", "0", "1", "no", "yes", NULL};
 static const int bool_values[] = {0, 1, 0, 1, 0, 1, 0, 1};
@@ -128,6 +130,10 @@ static const struct key keys[] = {
         .values = bool_values),
     KEY("codec", "min_compress_elems", min_compress_elems, parse_number, .min = 0,
         .max = 1ull << 40),
+    KEY("codec", "adaptive", adaptive, parse_enum, .choices = bool_names, .values = bool_values),
+    KEY("codec", "adaptive_budget", adaptive_budget, parse_budget, .flags = 0),
+    KEY("codec", "adaptive_interval", adaptive_interval, parse_number, .min = PSAGG_ADAPT_LAG,
+        .max = PSAGG_ADAPT_MAX_INTERVAL),
     /* [log] */
     KEY("log", "level", log_level, parse_enum, .choices = level_names, .values = level_values),
     KEY("log", "stats_interval_ms", stats_interval_ms, parse_number, .min = 0, .max = DAY_MS),
@@ -170,6 +176,10 @@ static void set_defaults(psagg_config *cfg)
         .id = PSAGG_CODEC_MAXMIN, .bits = 4, .bucket = 1024, .rounding = PSAGG_ROUND_STOCHASTIC};
     cfg->error_feedback = 1;
     cfg->min_compress_elems = 1024;
+    cfg->adaptive = 0;
+    cfg->adaptive_budget = 1000000; /* 1.0: the uniform codec's bytes */
+    cfg->adaptive_budget_bits = 0;
+    cfg->adaptive_interval = 100;
     cfg->log_level = PSAGG_LOG_INFO;
 }
 
@@ -234,6 +244,35 @@ static int parse_bucket(const struct key *k, const char *val, int append, psagg_
     if (check_number(k, val, &v, why, whylen))
         return -1;
     cfg->codec.bucket = (uint32_t)v;
+    return 0;
+}
+
+/*
+ * adaptive_budget: a fraction of the uniform codec's bytes ("0.8", 0.05..4), or average bits
+ * per element ("3bits", "2.5 bits": 1.5..32), kept in millionths.
+ */
+static int parse_budget(const struct key *k, const char *val, int append, psagg_config *cfg,
+                        char *why, size_t whylen)
+{
+    char *end;
+    double v;
+    int bits;
+    (void)k, (void)append;
+    errno = 0;
+    v = strtod(val, &end);
+    while (*end == ' ')
+        end++;
+    bits = !strcmp(end, "bits") || !strcmp(end, "bit") || !strcmp(end, "b");
+    if (end == val || errno || (*end && !bits) ||
+        !(bits ? v >= 1.5 && v <= 32 : v >= 0.05 && v <= 4)) {
+        snprintf(why, whylen,
+                 "'%s' is not a budget: a fraction of the uniform codec's bytes (0.05..4, e.g. "
+                 "0.8) or average bits per element (1.5..32, e.g. 3bits)",
+                 val);
+        return -1;
+    }
+    cfg->adaptive_budget = (uint32_t)(v * 1e6 + 0.5);
+    cfg->adaptive_budget_bits = bits;
     return 0;
 }
 
@@ -928,6 +967,9 @@ static void format_value(const psagg_config *cfg, const struct key *k, char *out
             used += (size_t)snprintf(out + used, len - used,
                                      strchr(cfg->servers[i].host, ':') ? "%s[%s]:%u" : "%s%s:%u",
                                      i ? " " : "", cfg->servers[i].host, cfg->servers[i].port);
+    } else if (k->parse == parse_budget) {
+        snprintf(out, len, "%.6g%s", cfg->adaptive_budget / 1e6,
+                 cfg->adaptive_budget_bits ? "bits" : "");
     } else if (k->parse == parse_codec) {
         psagg_codec c = cfg->codec;
         char name[64];

@@ -76,6 +76,13 @@ typedef struct psagg_config {
     psagg_codec codec;           /* `default` codec (default maxmin4), with `bucket`, `rounding` */
     int error_feedback;          /* `error_feedback`, default on (worker residual) */
     uint64_t min_compress_elems; /* `min_compress_elems`, default 1024: smaller tensors go fp32 */
+    int adaptive;                /* `adaptive`, default off: per-tensor codecs chosen every
+                                    adaptive_interval rounds under adaptive_budget
+                                    (runtime/adaptive.h) */
+    uint32_t adaptive_budget;    /* `adaptive_budget` x 10^6, default 1.0: a fraction of the
+                                    uniform `default` codec's bytes, or ... */
+    int adaptive_budget_bits;    /* ... average bits per element when written "<x>bits" */
+    int adaptive_interval;       /* `adaptive_interval`, default 100 rounds (>= 2) */
 
     /* [log] */
     int log_level;         /* `level` = error|warn|info|debug, default info */

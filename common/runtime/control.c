@@ -16,6 +16,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "runtime/adaptive.h"
 
 static psagg_status resolve(const psagg_hostport *hp, int passive, struct addrinfo **res)
 {
@@ -307,6 +308,12 @@ psagg_status psagg_ctl_declare_check(const psagg_ctl_hdr *hdr, const void *body,
                           "from [worker] chunk_bytes)",
                           peer, (unsigned long long)d->chunk_elems, PSAGG_MIN_CHUNK_ELEMS,
                           PSAGG_MAX_CHUNK_ELEMS);
+    if (d->adapt_interval &&
+        (d->adapt_interval < PSAGG_ADAPT_LAG || d->adapt_interval > PSAGG_ADAPT_MAX_INTERVAL))
+        return psagg_fail(PSAGG_EPROTO,
+                          "%s: DECLARE field adapt_interval is %u (0, or %u..%u rounds, from "
+                          "[codec] adaptive_interval)",
+                          peer, d->adapt_interval, PSAGG_ADAPT_LAG, PSAGG_ADAPT_MAX_INTERVAL);
     return PSAGG_OK;
 }
 

@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "kernels/codec.h"
+#include "runtime/adaptive.h"
 
 size_t psagg_max_message(const psagg_config *cfg)
 {
@@ -75,10 +76,20 @@ uint64_t psagg_chunk_elems(const psagg_config *cfg)
     return ce < 64 ? 64 : ce;
 }
 
-psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64_t chunk_elems,
-                                uint32_t n_servers, psagg_layout *out)
+/* The largest payload of an adaptive tensor's chunk of n elements: 8 bits, smallest bucket. */
+static size_t adaptive_cap(const psagg_tensor_info *ti, uint64_t n)
 {
-    psagg_layout l = {.n_tensors = n, .n_servers = n_servers};
+    uint32_t b[PSAGG_ADAPT_MAX_BUCKETS];
+    psagg_codec c = {PSAGG_CODEC_MAXMIN, PSAGG_ADAPT_MAX_BITS, 0, PSAGG_ROUND_STOCHASTIC};
+    psagg_adapt_buckets(&ti->codec, ti->chunk_elems, b);
+    c.bucket = b[0];
+    return psagg_encoded_size(&c, n);
+}
+
+psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64_t chunk_elems,
+                                uint32_t n_servers, uint32_t adapt_interval, psagg_layout *out)
+{
+    psagg_layout l = {.n_tensors = n, .n_servers = n_servers, .adapt_interval = adapt_interval};
     uint64_t total_chunks = 0;
     uint32_t *order = NULL, c = 0;
     psagg_status st;
@@ -116,6 +127,7 @@ psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64
             goto err;
         }
         ti->chunk_elems = psagg_codec_chunk_elems(&ti->codec, chunk_elems);
+        ti->adaptive = adapt_interval && ti->codec.id == PSAGG_CODEC_MAXMIN;
         ti->first_chunk = (uint32_t)total_chunks;
         /* count <= 2^32 - 1 and chunk_elems >= 64: no overflow */
         ti->n_chunks = (uint32_t)(ti->count / ti->chunk_elems + (ti->count % ti->chunk_elems != 0));
@@ -148,8 +160,11 @@ psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64
             ci->offset = k * ce;
             ci->count = (ti->count - ci->offset) < ce ? ti->count - ci->offset : ce;
             ci->enc_bytes = psagg_encoded_size(&ti->codec, ci->count);
-            if (ci->enc_bytes > l.max_enc_bytes)
-                l.max_enc_bytes = ci->enc_bytes;
+            ci->cap_bytes = ti->adaptive ? adaptive_cap(ti, ci->count) : ci->enc_bytes;
+            if (ci->cap_bytes < ci->enc_bytes) /* cannot be: 8 bits at the finest bucket */
+                ci->cap_bytes = ci->enc_bytes;
+            if (ci->cap_bytes > l.max_enc_bytes)
+                l.max_enc_bytes = ci->cap_bytes;
             order[c] = c;
         }
     }

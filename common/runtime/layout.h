@@ -29,7 +29,9 @@ typedef struct psagg_chunk_info {
     uint32_t slot;       /* position among the owner's chunks */
     uint64_t offset;     /* first element within the tensor */
     uint64_t count;      /* elements */
-    size_t enc_bytes;    /* encoded payload bytes */
+    size_t enc_bytes;    /* encoded payload bytes in the declared codec (placement) */
+    size_t cap_bytes;    /* the most payload bytes any round may carry: enc_bytes, or for an
+                            adaptive tensor its largest candidate's (buffers are this big) */
 } psagg_chunk_info;
 
 typedef struct psagg_tensor_info {
@@ -39,6 +41,7 @@ typedef struct psagg_tensor_info {
     uint64_t chunk_elems; /* elements per chunk (the last one may be shorter) */
     uint32_t first_chunk; /* index into layout.chunks */
     uint32_t n_chunks;
+    int adaptive; /* its codec may change between rounds (runtime/adaptive.h) */
 } psagg_tensor_info;
 
 typedef struct psagg_layout {
@@ -47,15 +50,20 @@ typedef struct psagg_layout {
     uint32_t n_chunks;
     psagg_chunk_info *chunks; /* tensor-major: tensor t's chunks are contiguous */
     uint32_t n_servers;
-    uint32_t *owned_count; /* per server: number of chunks it owns */
-    uint64_t *owned_bytes; /* per server: encoded bytes of one round's inputs from one worker */
-    size_t max_enc_bytes;  /* largest chunk payload */
+    uint32_t *owned_count;   /* per server: number of chunks it owns */
+    uint64_t *owned_bytes;   /* per server: encoded bytes of one round's inputs from one worker */
+    size_t max_enc_bytes;    /* largest chunk payload (cap_bytes) */
+    uint32_t adapt_interval; /* [codec] adaptive_interval; 0: every codec is fixed */
 } psagg_layout;
 
-/* Build from declarations (validated: counts >= 1, codecs valid, names unique). */
+/*
+ * Build from declarations (validated: counts >= 1, codecs valid, names unique). With
+ * adapt_interval > 0 (an adaptive job) every maxmin tensor is adaptive: its chunks and their
+ * owners are those of its declared codec, its buffers hold its largest candidate.
+ */
 PSAGG_NODISCARD psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n,
                                                 uint64_t chunk_elems, uint32_t n_servers,
-                                                psagg_layout *out);
+                                                uint32_t adapt_interval, psagg_layout *out);
 void psagg_layout_free(psagg_layout *l);
 
 /* The declaration record for one tensor description (name truncated check included). */

@@ -1,10 +1,34 @@
 /* runtime/message.c - see runtime/message.h. */
 #include "runtime/message.h"
 
+#include "kernels/codec.h"
+#include "runtime/adaptive.h"
+
 #include <string.h>
 
+uint32_t psagg_msg_codec_word(const psagg_codec *codec, uint32_t generation)
+{
+    uint32_t w = (uint32_t)codec->id & 3u;
+    if (codec->id == PSAGG_CODEC_MAXMIN)
+        w |= (codec->bits & 15u) << 2 | ((uint32_t)codec->rounding & 1u) << 6 |
+             ((codec->bucket / 64) & 0x7FFFu) << 7;
+    return w | (generation & 1023u) << 22;
+}
+
+/* The codec a word names (its fields, unchecked). */
+static psagg_codec word_codec(uint32_t w)
+{
+    psagg_codec c = {(psagg_codec_id)(w & 3u), 0, 0, PSAGG_ROUND_STOCHASTIC};
+    if (c.id == PSAGG_CODEC_MAXMIN) {
+        c.bits = (w >> 2) & 15u;
+        c.rounding = (psagg_rounding)((w >> 6) & 1u);
+        c.bucket = ((w >> 7) & 0x7FFFu) * 64;
+    }
+    return c;
+}
+
 void psagg_msg_init(psagg_msg_hdr *h, enum psagg_msg_type type, uint32_t sender, uint32_t round,
-                    const psagg_chunk_info *ci)
+                    const psagg_chunk_info *ci, const psagg_codec *codec, uint32_t generation)
 {
     *h = (psagg_msg_hdr){.magic = PSAGG_MSG_MAGIC,
                          .type = (uint8_t)type,
@@ -13,15 +37,19 @@ void psagg_msg_init(psagg_msg_hdr *h, enum psagg_msg_type type, uint32_t sender,
                          .round = round,
                          .key = ci->key,
                          .chunk = ci->index,
-                         .len = (uint32_t)ci->enc_bytes};
+                         .len = (uint32_t)psagg_encoded_size(codec, ci->count),
+                         .codec = psagg_msg_codec_word(codec, generation)};
 }
 
 const char *psagg_msg_check(const void *msg, size_t msg_len, size_t tag_bytes,
                             enum psagg_msg_type type, const psagg_layout *l,
-                            const psagg_chunk_info **ci)
+                            const psagg_chunk_info **ci, psagg_msg_codec *mc)
 {
     const psagg_msg_hdr *h = msg;
+    const psagg_tensor_info *ti;
     const psagg_chunk_info *c;
+    psagg_codec codec;
+    size_t len;
 
     *ci = NULL;
     if (msg_len < sizeof *h + tag_bytes)
@@ -38,9 +66,20 @@ const char *psagg_msg_check(const void *msg, size_t msg_len, size_t tag_bytes,
         return "key";
     if (h->chunk >= l->tensors[h->key].n_chunks)
         return "chunk";
-    c = &l->chunks[l->tensors[h->key].first_chunk + h->chunk];
-    if (h->len != c->enc_bytes || msg_len - sizeof *h - tag_bytes != h->len)
+    ti = &l->tensors[h->key];
+    c = &l->chunks[ti->first_chunk + h->chunk];
+    codec = word_codec(h->codec);
+    if (ti->adaptive
+            ? !psagg_adapt_allowed(&ti->codec, ti->chunk_elems, &codec)
+            : (h->codec & 0x3FFFFFu) != psagg_msg_codec_word(&ti->codec, 0) || h->codec >> 22)
+        return "codec";
+    if (!ti->adaptive)
+        codec = ti->codec;
+    len = psagg_encoded_size(&codec, c->count);
+    if (!len || len > c->cap_bytes || h->len != len || msg_len - sizeof *h - tag_bytes != h->len)
         return "len";
     *ci = c;
+    if (mc)
+        *mc = (psagg_msg_codec){codec, h->codec >> 22, len};
     return NULL;
 }

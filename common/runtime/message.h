@@ -14,21 +14,40 @@
 #include "runtime/layout.h"
 #include "runtime/wire.h"
 
-/* A header for chunk ci of `round`, sent by `sender` (worker rank or server rank). */
+/*
+ * Field codec of a data header (runtime/wire.h): bits 0-1 the codec id, 2-5 maxmin's bits,
+ * 6 its rounding, 7-21 its bucket / 64 (0 for the other codecs), 22-31 the assignment's
+ * generation modulo 1024.
+ */
+uint32_t psagg_msg_codec_word(const psagg_codec *codec, uint32_t generation);
+
+/*
+ * A header for chunk ci of `round`, sent by `sender` (worker rank or server rank), whose
+ * payload is in `codec` (len: its encoded size) of assignment `generation`.
+ */
 void psagg_msg_init(psagg_msg_hdr *h, enum psagg_msg_type type, uint32_t sender, uint32_t round,
-                    const psagg_chunk_info *ci);
+                    const psagg_chunk_info *ci, const psagg_codec *codec, uint32_t generation);
+
+/* What a checked header says of its payload. */
+typedef struct psagg_msg_codec {
+    psagg_codec codec;
+    uint32_t generation; /* modulo 1024 */
+    size_t len;          /* payload bytes */
+} psagg_msg_codec;
 
 /*
  * Check a received message of msg_len bytes: it holds a header, and the header's magic,
- * version, type (must be `type`), epoch, key and chunk (against the layout) and len (the
- * chunk's encoded size, and exactly the bytes after the header, less tag_bytes: the MAC's
- * PSAGG_MSG_MAC_BYTES with data_auth, else 0) are valid. Returns NULL and
- * sets *ci to the message's chunk, or returns the name of the first invalid field ("len" for
- * a message shorter than a header). The sender field is the caller's to check: who may send
- * what differs between pushes and updates.
+ * version, type (must be `type`), epoch, key and chunk (against the layout), codec (the
+ * tensor's declared codec, or for an adaptive tensor one of its candidates) and len (the
+ * chunk's encoded size in that codec, and exactly the bytes after the header, less
+ * tag_bytes: the MAC's PSAGG_MSG_MAC_BYTES with data_auth, else 0) are valid. Returns NULL
+ * and sets *ci to the message's chunk and *mc (if not NULL) to its codec, or returns the name
+ * of the first invalid field ("len" for a message shorter than a header). The sender field
+ * and the generation are the caller's to check: who may send what differs between pushes
+ * and updates, and the generation depends on the round.
  */
 const char *psagg_msg_check(const void *msg, size_t msg_len, size_t tag_bytes,
                             enum psagg_msg_type type, const psagg_layout *l,
-                            const psagg_chunk_info **ci);
+                            const psagg_chunk_info **ci, psagg_msg_codec *mc);
 
 #endif

@@ -16,7 +16,8 @@
  *   2. server -> worker  WELCOME  psagg_ctl_welcome (server rank, its session nonce, its
  *                                 libfabric provider and fabric name)
  *      or                ERROR    psagg_ctl_error, then close
- *   3. worker -> server  DECLARE  psagg_ctl_declare + count x psagg_ctl_tensor (all tensors)
+ *   3. worker -> server  DECLARE  psagg_ctl_declare + count x psagg_ctl_tensor (all tensors,
+ *                                 with an adaptive job's statistics tensor last)
  *   4. server -> worker  READY    (no body) once all workers declared identical lists,
  *      or                ERROR    naming the first differing tensor and the workers
  *   5. data flows over libfabric (below) ...
@@ -34,6 +35,13 @@
  *   Rounds count from 0 per tensor key; a push for an older round is stale (rejected), a
  *   second push of the same (round, worker) is a duplicate (dropped), a push for a newer round
  *   than the one being collected is a protocol error.
+ *   Field codec names the payload's codec and the codec assignment's generation
+ *   (psagg_msg_codec_word, runtime/message.h). A tensor with a fixed codec carries its
+ *   declared codec and generation 0. In a job with [codec] adaptive, a compressed tensor's
+ *   codec may change between rounds (runtime/adaptive.h): round r is of generation
+ *   psagg_adapt_generation(r, interval) on every worker and server, so a push of another
+ *   generation (a worker with a stale assignment) closes that worker, and pushes of one round
+ *   that name different codecs fail the job; an update carries the round's codec too.
  */
 #ifndef PSAGG_RUNTIME_WIRE_H
 #define PSAGG_RUNTIME_WIRE_H
@@ -42,9 +50,10 @@
 
 /*
  * 3: codec format version 2 (kernels/codec.h), whose stochastic rounding draws other bits;
- * 4: HELLO and WELCOME name the libfabric provider each side opened
+ * 4: HELLO and WELCOME name the libfabric provider each side opened;
+ * 5: DECLARE carries the adaptive settings, data headers the codec and its generation
  */
-#define PSAGG_PROTO_VERSION 4
+#define PSAGG_PROTO_VERSION 5
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64
@@ -112,13 +121,21 @@ _Static_assert(sizeof(psagg_ctl_welcome) == 12 + 16 + 32 + 4 + 256, "psagg_ctl_w
 #define PSAGG_MIN_CHUNK_ELEMS 1024u
 #define PSAGG_MAX_CHUNK_ELEMS (1u << 28)
 
+/* psagg_ctl_declare.adapt_flags */
+#define PSAGG_ADAPT_BUDGET_BITS 1u /* adapt_budget is average bits per element, not a fraction */
+#define PSAGG_ADAPT_WORKER_EF                                                                      \
+    2u /* the workers' error feedback is on: nearest rounding is a                                 \
+          candidate */
+
 typedef struct psagg_ctl_declare {
-    uint32_t count; /* tensors that follow, 1..PSAGG_MAX_TENSORS */
-    uint32_t reserved;
-    uint64_t chunk_elems; /* elements per chunk, a multiple of 64 in PSAGG_MIN/MAX_CHUNK_ELEMS:
-                             all workers must agree */
+    uint32_t count;          /* tensors that follow, 1..PSAGG_MAX_TENSORS */
+    uint32_t adapt_interval; /* [codec] adaptive_interval, 0 when adaptive is off */
+    uint64_t chunk_elems;    /* elements per chunk, a multiple of 64 in PSAGG_MIN/MAX_CHUNK_ELEMS:
+                                all workers must agree */
+    uint32_t adapt_budget;   /* [codec] adaptive_budget x 10^6 */
+    uint32_t adapt_flags;    /* PSAGG_ADAPT_* */
 } psagg_ctl_declare;
-_Static_assert(sizeof(psagg_ctl_declare) == 16, "psagg_ctl_declare layout");
+_Static_assert(sizeof(psagg_ctl_declare) == 24, "psagg_ctl_declare layout");
 
 typedef struct psagg_ctl_tensor {
     char name[PSAGG_NAME_MAX]; /* NUL-terminated */
@@ -150,8 +167,8 @@ typedef struct psagg_msg_hdr {
     uint32_t round;  /* per-key round */
     uint32_t key;    /* tensor index in the declaration */
     uint32_t chunk;  /* chunk index within the tensor */
-    uint32_t len;    /* payload bytes: exactly the encoded size of the chunk */
-    uint32_t reserved;
+    uint32_t len;    /* payload bytes: exactly the encoded size of the chunk in that codec */
+    uint32_t codec;  /* the payload's codec and the assignment's generation (above) */
 } psagg_msg_hdr;
 _Static_assert(sizeof(psagg_msg_hdr) == 32, "psagg_msg_hdr layout");
 

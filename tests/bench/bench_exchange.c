@@ -136,7 +136,7 @@ static psagg_status model_links(const psagg_ctl_tensor *decl, uint32_t n_decl, u
     int n = cfg->n_workers, S = cfg->n_servers;
     psagg_status st;
 
-    if ((st = psagg_layout_build(decl, n_decl, psagg_chunk_elems(cfg), (uint32_t)S, &l)))
+    if ((st = psagg_layout_build(decl, n_decl, psagg_chunk_elems(cfg), (uint32_t)S, 0, &l)))
         return st;
     lm->per_server = calloc((size_t)S, sizeof *lm->per_server);
     if (!lm->per_server) {

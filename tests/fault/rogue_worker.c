@@ -17,6 +17,13 @@
  *                                seconds push poisoned contributions (1e6 everywhere) of
  *                                rounds 0..R-1 claiming to be worker W; the job's sums must
  *                                stay exact
+ *   --mode stale [--rounds R]    in a job with [codec] adaptive = on: authenticate, declare
+ *                                what `fn_worker --codec maxmin4` declares there (its three
+ *                                tensors and the statistics tensor), push rounds 0..R-1 of
+ *                                them and round 0's statistics (zeros), always in the declared
+ *                                codec and generation 0, as a worker that never applies an
+ *                                assignment would; the server must close this worker at round
+ *                                2 (generation 1) with a reason that says "stale assignment"
  *   --mode bomb --count N [--chunk-elems C]
  *                                authenticate, then declare one fp32 tensor of N elements in
  *                                chunks of C (default: the config's); print the server's
@@ -30,6 +37,7 @@
 #include <getopt.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +47,7 @@
 #include "base/error.h"
 #include "fn_input.h"
 #include "kernels/codec.h"
+#include "runtime/adaptive.h"
 #include "runtime/auth.h"
 #include "runtime/config.h"
 #include "runtime/control.h"
@@ -103,7 +112,7 @@ static void fn_tensors(psagg_ctl_tensor decl[3], uint64_t chunk_elems, psagg_lay
         if (psagg_tensor_to_wire(name, sizes[t], &fp32, &decl[t]))
             DIE("tensor %d", t);
     }
-    if (psagg_layout_build(decl, 3, chunk_elems, (uint32_t)cfg.n_servers, layout))
+    if (psagg_layout_build(decl, 3, chunk_elems, (uint32_t)cfg.n_servers, 0, layout))
         DIE("layout");
 }
 
@@ -170,7 +179,8 @@ static int spoof(int port, double seconds, uint32_t claim, uint32_t rounds)
                 const psagg_chunk_info *ci = &layout.chunks[c];
                 uint8_t *m = msg + ((size_t)r * layout.n_chunks + c) * stride;
                 float *x = (float *)(void *)(m + sizeof(psagg_msg_hdr));
-                psagg_msg_init((psagg_msg_hdr *)m, PSAGG_MSG_PUSH, claim, r, ci);
+                psagg_msg_init((psagg_msg_hdr *)m, PSAGG_MSG_PUSH, claim, r, ci,
+                               &layout.tensors[ci->key].codec, 0);
                 for (uint64_t i = 0; i < ci->count; i++)
                     x[i] = 1e6f;
                 /* never wait: a server that does not drain us (not started, gone) is no hang */
@@ -193,6 +203,120 @@ static int spoof(int port, double seconds, uint32_t claim, uint32_t rounds)
     psagg_layout_free(&layout);
     psagg_fabric_close(fab);
     return 0;
+}
+
+/* Wait for n updates (or fail on an ERROR frame from the server: *closed gets its text). */
+static int await_updates(psagg_fabric *fab, int fd, int n, char *closed, size_t len)
+{
+    while (n > 0) {
+        psagg_fabric_event ev[8];
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int k = psagg_fabric_poll(fab, ev, 8, 20);
+        for (int i = 0; i < k; i++)
+            if (ev[i].kind == PSAGG_FABRIC_RECV_DONE) {
+                n--;
+                if (psagg_fabric_post_recv(fab, ev[i].ctx, 1u << 16, NULL, ev[i].ctx))
+                    DIE("post a receive");
+            } else if (ev[i].kind != PSAGG_FABRIC_SEND_DONE) {
+                DIE("fabric: %s", ev[i].msg);
+            }
+        if (poll(&p, 1, 0) > 0) {
+            psagg_ctl_hdr ch;
+            psagg_ctl_error *e = NULL;
+            if (recv_no_ping(fd, &ch, (void **)&e) || !e ||
+                (ch.type != PSAGG_CTL_ERROR && ch.type != PSAGG_CTL_ABORT))
+                DIE("expected an ERROR frame");
+            snprintf(closed, len, "%s", e->msg);
+            free(e);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* stale: an adaptive job's worker that never applies an assignment (see the top). */
+static int stale(uint32_t rank, uint32_t rounds)
+{
+    psagg_fabric *fab = open_fabric("127.0.0.1");
+    psagg_peer server;
+    psagg_codec m4 = {PSAGG_CODEC_MAXMIN, 4, 0, PSAGG_ROUND_STOCHASTIC},
+                fp32 = {.id = PSAGG_CODEC_FP32};
+    struct {
+        psagg_ctl_declare d;
+        psagg_ctl_tensor t[4];
+    } m = {.d = {.count = 4,
+                 .chunk_elems = psagg_chunk_elems(&cfg),
+                 .adapt_interval = (uint32_t)cfg.adaptive_interval,
+                 .adapt_budget = cfg.adaptive_budget,
+                 .adapt_flags = (cfg.adaptive_budget_bits ? PSAGG_ADAPT_BUDGET_BITS : 0) |
+                                (cfg.error_feedback ? PSAGG_ADAPT_WORKER_EF : 0)}};
+    psagg_layout layout;
+    uint8_t *msg, *rbuf[8];
+    float *x;
+    char closed[300] = "";
+    int fd = hello(fab, rank, &server), ok = 0;
+
+    if (psagg_codec_check(&m4))
+        DIE("codec");
+    for (int t = 0; t < 3; t++) {
+        char name[16];
+        snprintf(name, sizeof name, "t%03d", t);
+        if (psagg_tensor_to_wire(name, sizes[t], &m4, &m.t[t]))
+            DIE("tensor %d", t);
+    }
+    if (psagg_tensor_to_wire(PSAGG_ADAPT_STATS_NAME, 3 * PSAGG_ADAPT_MAX_BUCKETS, &fp32, &m.t[3]) ||
+        psagg_layout_build(m.t, 4, m.d.chunk_elems, (uint32_t)cfg.n_servers, m.d.adapt_interval,
+                           &layout))
+        DIE("layout");
+    if (psagg_ctl_send(fd, PSAGG_CTL_DECLARE, &m, sizeof m))
+        DIE("declare");
+    free(recv_frame(fd, PSAGG_CTL_READY, "READY"));
+    for (int i = 0; i < 8; i++) {
+        rbuf[i] = malloc(1u << 16);
+        if (!rbuf[i] || psagg_fabric_post_recv(fab, rbuf[i], 1u << 16, NULL, rbuf[i]))
+            DIE("post a receive");
+    }
+    msg = malloc(sizeof(psagg_msg_hdr) + layout.max_enc_bytes);
+    x = calloc(4096, sizeof *x);
+    if (!msg || !x)
+        DIE("memory");
+    for (uint32_t r = 0; r < rounds && !closed[0]; r++) {
+        int sent = 0;
+        for (uint32_t c = 0; c < layout.n_chunks; c++) {
+            const psagg_chunk_info *ci = &layout.chunks[c];
+            const psagg_codec *codec = &layout.tensors[ci->key].codec;
+            psagg_msg_hdr *h = (psagg_msg_hdr *)msg;
+            if (ci->key == 3 && r > 0)
+                continue; /* the statistics go once, zeros, in round 0 */
+            for (uint64_t i = 0; i < ci->count; i++)
+                x[i] = ci->key == 3 ? 0.0f : input_value((int)rank, ci->key, r, ci->offset + i);
+            psagg_msg_init(h, PSAGG_MSG_PUSH, rank, r, ci, codec, 0);
+            if (psagg_encode(
+                    codec, x, NULL, ci->count,
+                    psagg_rng_chunk_key(cfg.seed, PSAGG_RNG_WORKER, rank, ci->key, ci->index, r),
+                    h + 1, h->len, NULL) ||
+                psagg_fabric_send(fab, server, msg, sizeof *h + h->len, NULL, NULL))
+                DIE("push");
+            sent++;
+        }
+        printf("rogue: pushed round %u in the declared codec, generation 0\n", r);
+        await_updates(fab, fd, sent, closed, sizeof closed);
+    }
+    if (closed[0]) {
+        printf("rogue: server closed this worker: %s\n", closed);
+        ok = strstr(closed, "stale assignment") != NULL;
+    } else {
+        fprintf(stderr, "rogue: %u rounds on a stale assignment went through\n", rounds);
+    }
+    close(fd);
+    psagg_fabric_close(fab);
+    psagg_layout_free(&layout);
+    for (int i = 0; i < 8; i++)
+        free(rbuf[i]);
+    free(msg), free(x);
+    if (ok)
+        printf("ROGUE-OK\n");
+    return ok ? 0 : 1;
 }
 
 /* bomb: one huge tensor in one DECLARE; the server must refuse it, and say why. */
@@ -288,6 +412,8 @@ int main(int argc, char **argv)
         return spoof(port, seconds, claim, rounds);
     if (!strcmp(mode, "bomb"))
         return bomb(rank, count, chunk_elems);
+    if (!strcmp(mode, "stale"))
+        return stale(rank, rounds);
 
     fab = open_fabric("127.0.0.1"); /* the fault tests run on this host */
     fd = hello(fab, rank, &server);
@@ -315,7 +441,7 @@ int main(int argc, char **argv)
             DIE("memory");
         h = (psagg_msg_hdr *)push[c];
         x = (float *)(h + 1);
-        psagg_msg_init(h, PSAGG_MSG_PUSH, rank, 0, ci);
+        psagg_msg_init(h, PSAGG_MSG_PUSH, rank, 0, ci, &layout.tensors[ci->key].codec, 0);
         for (uint64_t i = 0; i < ci->count; i++)
             x[i] = input_value((int)rank, ci->key, 0, i);
     }

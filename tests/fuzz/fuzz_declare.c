@@ -64,8 +64,9 @@ static void check_layout(const psagg_layout *l, uint32_t n_servers)
         uint8_t *msg = calloc(1, len);
         const char *bad;
         CHECK(msg, "memory");
-        psagg_msg_init((psagg_msg_hdr *)msg, PSAGG_MSG_PUSH, 0, 0, ci);
-        bad = psagg_msg_check(msg, len, 0, PSAGG_MSG_PUSH, l, &got);
+        psagg_msg_init((psagg_msg_hdr *)msg, PSAGG_MSG_PUSH, 0, 0, ci, &l->tensors[ci->key].codec,
+                       0);
+        bad = psagg_msg_check(msg, len, 0, PSAGG_MSG_PUSH, l, &got, NULL);
         CHECK(!bad && got == ci, "chunk %u: field %s", c, bad ? bad : "(ci)");
         free(msg);
     }
@@ -98,7 +99,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                psagg_ctl_declare_check(&h, body, "fuzz") == PSAGG_OK) {
         const psagg_ctl_declare *d = (const psagg_ctl_declare *)body;
         if (psagg_layout_build((const psagg_ctl_tensor *)(d + 1), d->count, d->chunk_elems,
-                               n_servers, &l) == PSAGG_OK) {
+                               n_servers, d->adapt_interval, &l) == PSAGG_OK) {
             CHECK(l.n_tensors == d->count && l.n_chunks <= PSAGG_MAX_CHUNKS, "counts");
             check_layout(&l, n_servers);
             psagg_layout_free(&l);

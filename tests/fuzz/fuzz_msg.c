@@ -26,6 +26,7 @@ static psagg_layout layout;
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const psagg_chunk_info *ci = NULL;
+    psagg_msg_codec mc;
     size_t tag, len;
     enum psagg_msg_type type;
     uint8_t *msg;
@@ -41,21 +42,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     msg = malloc(len ? len : 1); /* exactly the message: ASan sees any read past it */
     CHECK(msg, "memory");
     memcpy(msg, data + 1, len);
-    bad = psagg_msg_check(msg, len, tag, type, &layout, &ci);
+    bad = psagg_msg_check(msg, len, tag, type, &layout, &ci, &mc);
     if (!bad) {
         const psagg_msg_hdr *h = (const psagg_msg_hdr *)msg;
-        const psagg_codec *codec;
+        const psagg_codec *codec = &mc.codec;
         const uint8_t *payload = msg + sizeof *h;
         CHECK(ci >= layout.chunks && ci < layout.chunks + layout.n_chunks, "chunk");
         CHECK(ci->key == h->key && ci->index == h->chunk && h->type == type, "fields");
-        CHECK(len == sizeof *h + ci->enc_bytes + tag && h->len == ci->enc_bytes, "len");
-        codec = &layout.tensors[ci->key].codec;
-        if (psagg_validate(codec, payload, ci->enc_bytes, ci->count) == PSAGG_OK) {
+        CHECK(len == sizeof *h + mc.len + tag && h->len == mc.len && mc.len <= ci->cap_bytes &&
+                  mc.len == psagg_encoded_size(codec, ci->count),
+              "len");
+        if (!layout.tensors[ci->key].adaptive)
+            CHECK(!memcmp(codec, &layout.tensors[ci->key].codec, sizeof *codec), "codec");
+        if (psagg_validate(codec, payload, mc.len, ci->count) == PSAGG_OK) {
             float *out = malloc(ci->count * sizeof *out), *acc = calloc(ci->count, sizeof *acc);
             CHECK(out && acc, "memory");
-            CHECK(psagg_decode(codec, payload, ci->enc_bytes, ci->count, out) == PSAGG_OK,
+            CHECK(psagg_decode(codec, payload, mc.len, ci->count, out) == PSAGG_OK,
                   "decode after validate: %s", psagg_last_error());
-            CHECK(psagg_decode_add(codec, payload, ci->enc_bytes, ci->count, acc) == PSAGG_OK,
+            CHECK(psagg_decode_add(codec, payload, mc.len, ci->count, acc) == PSAGG_OK,
                   "decode_add after validate");
             for (uint64_t i = 0; i < ci->count; i++) {
                 CHECK(isfinite(out[i]), "element %llu decodes to %g", (unsigned long long)i,

@@ -132,7 +132,7 @@ static void seed_msg(void)
         for (uint64_t i = 0; i < ci->count; i++)
             x[i] = (float)((int)(i % 17) - 8) * 0.1f;
         psagg_msg_init((psagg_msg_hdr *)(m + 1), k % 2 ? PSAGG_MSG_UPDATE : PSAGG_MSG_PUSH, 1, 3,
-                       ci);
+                       ci, &l.tensors[k].codec, 0);
         CHECK(!psagg_encode(&l.tensors[k].codec, x, NULL, ci->count, psagg_rng_key_make(1, k),
                             m + 1 + sizeof(psagg_msg_hdr), ci->enc_bytes, NULL),
               "encode");

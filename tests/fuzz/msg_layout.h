@@ -27,7 +27,8 @@ static inline void fuzz_msg_layout(psagg_layout *l)
         CHECK(psagg_codec_parse(t[i].codec, &c) == PSAGG_OK, "codec %s", t[i].codec);
         CHECK(psagg_tensor_to_wire(t[i].name, t[i].count, &c, &decl[i]) == PSAGG_OK, "decl");
     }
-    CHECK(psagg_layout_build(decl, 5, 16384, 2, l) == PSAGG_OK, "layout: %s", psagg_last_error());
+    CHECK(psagg_layout_build(decl, 5, 16384, 2, 10, l) == PSAGG_OK, "layout: %s",
+          psagg_last_error());
 }
 
 #endif

@@ -2,7 +2,9 @@
  * test_adaptive.c - runtime/adaptive.c: the budgeted codec choice is optimal (checked against
  * brute force on small random cases, with the same rounding of sizes to units), never over
  * the budget, the same in another process, refused with the smallest size when the budget is
- * too small; and the maxmin error model's inputs (range sums restarted at chunks).
+ * too small; the maxmin error model's inputs (range sums restarted at chunks); the schedule,
+ * the candidates and the data header's codec word: a message's codec is checked against the
+ * tensor (declared, or a candidate of an adaptive one) and its length against that codec.
  */
 #include <math.h>
 #include <stdio.h>
@@ -11,7 +13,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "kernels/codec.h"
 #include "runtime/adaptive.h"
+#include "runtime/layout.h"
+#include "runtime/message.h"
 #include "testutil.h"
 
 #define MAX_T 6
@@ -176,8 +181,130 @@ static void test_error_model(void)
           "SR 8 bits");
 }
 
+static void test_schedule_and_candidates(void)
+{
+    psagg_codec d = {PSAGG_CODEC_MAXMIN, 4, 512, PSAGG_ROUND_STOCHASTIC},
+                c[PSAGG_ADAPT_MAX_CANDIDATES];
+    uint32_t b[PSAGG_ADAPT_MAX_BUCKETS], n;
+    uint8_t of[PSAGG_ADAPT_MAX_CANDIDATES];
+
+    /* generation g + 1 from round g K + 2; 0 before, and always without adaptive */
+    CHECK(psagg_adapt_generation(0, 5) == 0 && psagg_adapt_generation(1, 5) == 0 &&
+              psagg_adapt_generation(2, 5) == 1 && psagg_adapt_generation(6, 5) == 1 &&
+              psagg_adapt_generation(7, 5) == 2 && psagg_adapt_generation(12, 5) == 3 &&
+              psagg_adapt_generation(1000, 0) == 0 && psagg_adapt_generation(3, 2) == 1 &&
+              psagg_adapt_generation(4, 2) == 2,
+          "schedule");
+    /* buckets /4..x4 that divide the chunk (multiples of 64) */
+    n = psagg_adapt_buckets(&d, 65536, b);
+    CHECK(n == 5 && b[0] == 128 && b[1] == 256 && b[2] == 512 && b[3] == 1024 && b[4] == 2048,
+          "buckets of 512 in chunks of 65536: %u", n);
+    d.bucket = 128;
+    n = psagg_adapt_buckets(&d, 1408, b); /* 32: no multiple of 64; 256, 512 do not divide 1408 */
+    CHECK(n == 2 && b[0] == 64 && b[1] == 128, "buckets of 128 in 1408: %u", n);
+    d.bucket = 512;
+    n = psagg_adapt_candidates(&d, 65536, 1, c, of);
+    CHECK(n == PSAGG_ADAPT_MAX_CANDIDATES, "with nearest: %u candidates", n);
+    CHECK(c[0].bits == 2 && c[0].bucket == 128 && c[0].rounding == PSAGG_ROUND_STOCHASTIC &&
+              c[1].rounding == PSAGG_ROUND_NEAREST && c[n - 1].bits == 8 &&
+              c[n - 1].bucket == 2048 && of[n - 1] == 4,
+          "candidate order");
+    n = psagg_adapt_candidates(&d, 65536, 0, c, NULL);
+    CHECK(n == PSAGG_ADAPT_MAX_CANDIDATES / 2, "stochastic only: %u candidates", n);
+    for (uint32_t i = 0; i < n; i++)
+        CHECK(psagg_adapt_allowed(&d, 65536, &c[i]) && !psagg_codec_check(&c[i]), "candidate %u",
+              i);
+    {
+        psagg_codec one = {PSAGG_CODEC_MAXMIN, 1, 512, PSAGG_ROUND_STOCHASTIC},
+                    odd = {PSAGG_CODEC_MAXMIN, 4, 192, PSAGG_ROUND_STOCHASTIC},
+                    half = {.id = PSAGG_CODEC_FP16};
+        CHECK(!psagg_adapt_allowed(&d, 65536, &one) && !psagg_adapt_allowed(&d, 65536, &odd) &&
+                  !psagg_adapt_allowed(&d, 65536, &half),
+              "non-candidates allowed");
+        CHECK(psagg_adapt_allowed(&one, 65536, &one), "the declared codec is always allowed");
+    }
+}
+
+/* A push of chunk 0 of tensor `key` in `codec`: NULL if psagg_msg_check takes it. */
+static const char *check_push(const psagg_layout *l, uint32_t key, const psagg_codec *codec,
+                              uint32_t gen, psagg_msg_codec *mc)
+{
+    const psagg_chunk_info *ci = &l->chunks[l->tensors[key].first_chunk];
+    size_t len = sizeof(psagg_msg_hdr) + psagg_encoded_size(codec, ci->count);
+    static uint8_t msg[1 << 20];
+    const psagg_chunk_info *got;
+    psagg_msg_init((psagg_msg_hdr *)msg, PSAGG_MSG_PUSH, 0, 5, ci, codec, gen);
+    return psagg_msg_check(msg, len, 0, PSAGG_MSG_PUSH, l, &got, mc);
+}
+
+static void test_codec_word(void)
+{
+    psagg_codec m4 = {PSAGG_CODEC_MAXMIN, 4, 1024, PSAGG_ROUND_STOCHASTIC},
+                fp = {.id = PSAGG_CODEC_FP32},
+                m2 = {PSAGG_CODEC_MAXMIN, 2, 256, PSAGG_ROUND_NEAREST},
+                m8 = {PSAGG_CODEC_MAXMIN, 8, 4096, PSAGG_ROUND_STOCHASTIC};
+    psagg_ctl_tensor decl[2];
+    psagg_layout fixed, adaptive;
+    psagg_msg_codec mc;
+    const char *bad;
+
+    CHECK(!psagg_tensor_to_wire("w", 100000, &m4, &decl[0]) &&
+              !psagg_tensor_to_wire("s", 10, &fp, &decl[1]),
+          "declaration");
+    CHECK(!psagg_layout_build(decl, 2, 65536, 2, 0, &fixed) &&
+              !psagg_layout_build(decl, 2, 65536, 2, 4, &adaptive),
+          "layouts: %s", psagg_last_error());
+    /* adaptive: same chunks and owners, buffers for the largest candidate */
+    CHECK(adaptive.n_chunks == fixed.n_chunks && adaptive.tensors[0].adaptive &&
+              !adaptive.tensors[1].adaptive && !fixed.tensors[0].adaptive,
+          "adaptive flags");
+    for (uint32_t c = 0; c < fixed.n_chunks; c++)
+        CHECK(adaptive.chunks[c].owner == fixed.chunks[c].owner &&
+                  adaptive.chunks[c].enc_bytes == fixed.chunks[c].enc_bytes &&
+                  adaptive.chunks[c].cap_bytes ==
+                      (adaptive.chunks[c].key
+                           ? adaptive.chunks[c].enc_bytes
+                           : psagg_encoded_size(&(psagg_codec){PSAGG_CODEC_MAXMIN, 8, 256, 0},
+                                                adaptive.chunks[c].count)),
+              "chunk %u", c);
+    /* the word carries the codec and the generation modulo 1024 */
+    CHECK(!check_push(&adaptive, 0, &m2, 1027, &mc) && mc.codec.bits == 2 &&
+              mc.codec.bucket == 256 && mc.codec.rounding == PSAGG_ROUND_NEAREST &&
+              mc.generation == 3 && mc.len == psagg_encoded_size(&m2, 65536),
+          "a candidate of an adaptive tensor");
+    CHECK(!check_push(&adaptive, 0, &m4, 0, &mc) && mc.generation == 0, "its declared codec");
+    bad = check_push(&adaptive, 0, &m8, 2, &mc); /* bucket 4096 = x4: a candidate */
+    CHECK(!bad, "x4 bucket: %s", bad ? bad : "");
+    m8.bucket = 8192; /* x8: not */
+    bad = check_push(&adaptive, 0, &m8, 2, &mc);
+    CHECK(bad && !strcmp(bad, "codec"), "x8 bucket taken");
+    /* a fixed tensor takes only its codec, at generation 0 */
+    bad = check_push(&fixed, 0, &m2, 0, &mc);
+    CHECK(bad && !strcmp(bad, "codec"), "another codec for a fixed tensor");
+    bad = check_push(&fixed, 0, &m4, 1, &mc);
+    CHECK(bad && !strcmp(bad, "codec"), "generation 1 for a fixed tensor");
+    bad = check_push(&adaptive, 1, &m2, 0, &mc);
+    CHECK(bad && !strcmp(bad, "codec"), "maxmin for the fp32 tensor of an adaptive job");
+    CHECK(!check_push(&fixed, 0, &m4, 0, &mc) && !check_push(&adaptive, 1, &fp, 0, &mc),
+          "the declared codecs");
+    {
+        /* a length that fits the declared codec but not the one the header names */
+        const psagg_chunk_info *ci = &adaptive.chunks[0], *got;
+        static uint8_t msg[1 << 20];
+        size_t len = sizeof(psagg_msg_hdr) + ci->enc_bytes;
+        psagg_msg_init((psagg_msg_hdr *)msg, PSAGG_MSG_PUSH, 0, 5, ci, &m2, 1);
+        ((psagg_msg_hdr *)msg)->len = (uint32_t)ci->enc_bytes;
+        bad = psagg_msg_check(msg, len, 0, PSAGG_MSG_PUSH, &adaptive, &got, &mc);
+        CHECK(bad && !strcmp(bad, "len"), "a length of another codec");
+    }
+    psagg_layout_free(&fixed);
+    psagg_layout_free(&adaptive);
+}
+
 int main(void)
 {
+    test_schedule_and_candidates();
+    test_codec_word();
     test_error_model();
     test_generous_and_tight();
     test_optimal();

@@ -162,7 +162,8 @@ static void test_all_keys(void)
              "[worker]\nchunk_bytes = 4096\nseed = 0xffffffffffffffff\n"
              "max_inflight = 1\nfabric_node = 10.1.0.1\n"
              "[codec]\ndefault = bf16\nbucket = 64\nrounding = nearest\n"
-             "error_feedback = 0\nmin_compress_elems = 0\n[log]\nlevel = debug\n"
+             "error_feedback = 0\nmin_compress_elems = 0\nadaptive = on\n"
+             "adaptive_budget = 2.5 bits\nadaptive_interval = 2\n[log]\nlevel = debug\n"
              "stats_interval_ms = 250\ntimeline = /tmp/psagg trace\n",
              secret);
     CHECK(psagg_config_load(write_ini(text), &cfg) == PSAGG_OK, "%s", psagg_last_error());
@@ -184,6 +185,9 @@ static void test_all_keys(void)
               cfg.codec.rounding == PSAGG_ROUND_NEAREST,
           "codec");
     CHECK(cfg.error_feedback == 0 && cfg.min_compress_elems == 0, "codec 2");
+    CHECK(cfg.adaptive == 1 && cfg.adaptive_budget == 2500000 && cfg.adaptive_budget_bits == 1 &&
+              cfg.adaptive_interval == 2,
+          "adaptive");
     CHECK(cfg.log_level == PSAGG_LOG_DEBUG, "log");
     CHECK(cfg.stats_interval_ms == 250 && !strcmp(cfg.timeline, "/tmp/psagg trace"), "log 2");
 }
@@ -235,6 +239,10 @@ static void test_errors(void)
     EXPECT_ERROR(MINIMAL "[codec]\ndefault = maxmin4/512\n", 6, "default", "separate keys");
     EXPECT_ERROR(MINIMAL "[codec]\nbucket = 100\n", 6, "bucket", "multiple of 64");
     EXPECT_ERROR(MINIMAL "[codec]\nbucket = 0\n", 6, "bucket");
+    EXPECT_ERROR(MINIMAL "[codec]\nadaptive_budget = 0.01\n", 6, "adaptive_budget", "0.05..4");
+    EXPECT_ERROR(MINIMAL "[codec]\nadaptive_budget = 1 byte\n", 6, "adaptive_budget", "3bits");
+    EXPECT_ERROR(MINIMAL "[codec]\nadaptive_budget = 64bits\n", 6, "adaptive_budget", "1.5..32");
+    EXPECT_ERROR(MINIMAL "[codec]\nadaptive_interval = 1\n", 6, "adaptive_interval");
     EXPECT_ERROR(MINIMAL "[codec]\nbucket = 2097152\n", 6, "bucket", "64..1048576");
     EXPECT_ERROR(MINIMAL "[codec]\nrounding = up\n", 6, "rounding", "stochastic|nearest");
     EXPECT_ERROR(MINIMAL "[codec]\nerror_feedback = maybe\n", 6, "error_feedback", "on");

@@ -137,6 +137,29 @@ typedef struct psagg_stats {
 } psagg_stats;
 void psagg_get_stats(const psagg_ctx *ctx, psagg_stats *out);
 
+/*
+ * Adaptive codecs ([codec] adaptive = on, conf/cluster.ini): every adaptive_interval rounds
+ * the workers measure each maxmin tensor's bucket ranges, sum them through the servers and
+ * all choose the same codec per tensor (bits 2..8, bucket, rounding) with the least
+ * estimated error whose bytes fit adaptive_budget; it holds from 2 rounds later, on every
+ * worker and server at once. Each new assignment is logged at info.
+ *
+ * psagg_get_assignment: tensor key's codec in the newest assignment (generation 0 is the
+ * declared codec, before the first; tensors with a fixed codec always say generation 0).
+ */
+typedef struct psagg_assignment {
+    psagg_codec codec;
+    uint64_t bytes;      /* encoded payload bytes of one push of the whole tensor */
+    uint32_t generation; /* 0: the declared codec */
+    uint32_t from_round; /* the tensor's first round in this codec */
+} psagg_assignment;
+psagg_status psagg_get_assignment(psagg_ctx *ctx, uint32_t key, psagg_assignment *out);
+/*
+ * The codec a push_pull that completed successfully went in (both ways) and its assignment's
+ * generation (may be NULL); call before psagg_release. Errors as psagg_handle_timing.
+ */
+psagg_status psagg_handle_codec(psagg_handle *handle, psagg_codec *codec, uint32_t *generation);
+
 int psagg_rank(const psagg_ctx *ctx);
 int psagg_world_size(const psagg_ctx *ctx);
 /* [codec] min_compress_elems: tensors declared with PSAGG_CODEC_DEFAULT and fewer elements go

@@ -84,6 +84,11 @@ class _Stats(ctypes.Structure):
                 ("time", _Timing)]
 
 
+class _Assignment(ctypes.Structure):
+    _fields_ = [("codec", _Codec), ("bytes", ctypes.c_uint64), ("generation", ctypes.c_uint32),
+                ("from_round", ctypes.c_uint32)]
+
+
 def _candidates():
     env = os.environ.get("PSAGG_LIBRARY")
     if env:
@@ -138,6 +143,8 @@ def library():
             "psagg_release": (None, [P]),
             "psagg_get_stats": (None, [P, ctypes.POINTER(_Stats)]),
             "psagg_handle_timing": (I, [P, ctypes.POINTER(_Timing)]),
+            "psagg_handle_codec": (I, [P, ctypes.POINTER(_Codec), ctypes.POINTER(U32)]),
+            "psagg_get_assignment": (I, [P, U32, ctypes.POINTER(_Assignment)]),
             "psagg_rank": (I, [P]),
             "psagg_world_size": (I, [P]),
             "psagg_min_compress_elems": (ctypes.c_uint64, [P]),
@@ -178,18 +185,27 @@ def codec_name(text):
     return library().psagg_codec_name(ctypes.byref(c), buf, 64).decode()
 
 
+def _codec_text(c):
+    buf = ctypes.create_string_buffer(64)
+    return library().psagg_codec_name(ctypes.byref(c), buf, 64).decode()
+
+
 class Handle:
     """One outstanding push_pull. wait() raises psagg.Error; the handle is released once done.
     After a successful wait(), .timing is its psagg_timing as a dict of nanoseconds (queued_ns,
-    encode_ns, send_ns, wait_ns, decode_ns, total_ns); None before."""
+    encode_ns, send_ns, wait_ns, decode_ns, total_ns), and .codec the codec it went in
+    ("maxmin3/256/nearest"; with [codec] adaptive it may change between rounds) and
+    .generation its assignment's generation (0: the declared codec); None before."""
 
-    __slots__ = ("_h", "_keep", "key", "timing")
+    __slots__ = ("_h", "_keep", "key", "timing", "codec", "generation")
 
     def __init__(self, raw, keep, key):
         self._h = raw
         self._keep = keep  # whatever must outlive the operation (buffers)
         self.key = key
         self.timing = None
+        self.codec = None
+        self.generation = None
 
     def test(self):
         return self._h is None or library().psagg_test(self._h) == 1
@@ -207,6 +223,9 @@ class Handle:
             t = _Timing()
             if lib.psagg_handle_timing(self._h, ctypes.byref(t)) == 0:
                 self.timing = t.as_dict()
+            c, g = _Codec(), ctypes.c_uint32()
+            if lib.psagg_handle_codec(self._h, ctypes.byref(c), ctypes.byref(g)) == 0:
+                self.codec, self.generation = _codec_text(c), g.value
         lib.psagg_release(self._h)
         self._h = None
         self._keep = None
@@ -289,6 +308,22 @@ class Context:
         library().psagg_get_stats(self._raw(), ctypes.byref(s))
         out = {f: getattr(s, f) for f, _ in _Stats._fields_ if f != "time"}
         out["time"] = s.time.as_dict()
+        return out
+
+    def assignment(self):
+        """The newest codec assignment (psagg_get_assignment), per declared tensor: a list of
+        dicts with name, codec ("maxmin3/256/nearest"), bytes (one push of the whole tensor),
+        generation (0: the declared codec) and from_round (its first round in this codec).
+        Without [codec] adaptive every tensor says its declared codec, generation 0."""
+        if self.declared is None:
+            raise Error(-20, "declare the tensors first", "assignment")
+        out = []
+        for key, (name, _) in enumerate(self.declared):
+            a = _Assignment()
+            _check(library().psagg_get_assignment(self._raw(), key, ctypes.byref(a)),
+                   "psagg_get_assignment")
+            out.append({"name": name, "codec": _codec_text(a.codec), "bytes": a.bytes,
+                        "generation": a.generation, "from_round": a.from_round})
         return out
 
     def close(self):

@@ -37,8 +37,9 @@ import torch
 
 import psagg as _p
 
-__all__ = ["init", "shutdown", "session", "stats", "register_ddp_hook", "ddp_comm_hook",
-           "DistributedOptimizer", "broadcast_parameters", "rank", "world_size", "local_rank"]
+__all__ = ["init", "shutdown", "session", "stats", "assignment", "register_ddp_hook",
+           "ddp_comm_hook", "DistributedOptimizer", "broadcast_parameters", "rank", "world_size",
+           "local_rank"]
 
 _BROADCAST_KEY = "psagg.broadcast"
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -242,6 +243,13 @@ def stats():
         a = psagg.torch.stats(); ...step...; b = psagg.torch.stats()
         wait_ms = (b["time"]["wait_ns"] - a["time"]["wait_ns"]) / 1e6"""
     return session().ctx.stats()
+
+
+def assignment():
+    """The codec of every declared tensor in the newest assignment (psagg.Context.assignment):
+    with [codec] adaptive = on the workers choose them from the gradients every
+    adaptive_interval steps; each change is logged at info."""
+    return session().ctx.assignment()
 
 
 def local_rank():

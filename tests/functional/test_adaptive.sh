@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# test_adaptive.sh BUILD_DIR PORT - adaptive codecs ([codec] adaptive = on) end to end.
+#
+# 1. Two servers, three fn_adaptive workers, a new assignment every 2 rounds: the codecs must
+#    change mid-job (fn_adaptive counts the switches), every output must equal fn_adaptive's
+#    own reference bit for bit, every worker must print the same DIGEST, and the workers must
+#    log each new generation at info.
+# 2. One server, fn_worker (rank 0) and rogue_worker --mode stale (rank 1), which pushes in
+#    the declared codec forever: the server must close the rogue at round 2 saying "stale
+#    assignment", fn_worker's push_pull must fail naming it, and the server must exit 1.
+set -u -o pipefail
+build=$1
+port=$2
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; for f in "$tmp"/*.log; do echo "== $f"; tail -20 "$f"; done >&2; exit 1; }
+
+# wait_for PID SECONDS: exit status of PID, or 124 if it is still running then
+wait_for() {
+    local t
+    for ((t = 0; t < $2 * 10; t++)); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$1" 2>/dev/null && return 124
+    wait "$1"
+}
+
+job() { # job NAME SERVERS WORKERS
+    local addrs="" i
+    for ((i = 0; i < $2; i++)); do addrs+="127.0.0.1:$((port + i)) "; done
+    cat >"$tmp/$1.ini" <<INI
+[cluster]
+job_id = adaptive-$1-$port
+servers = $addrs
+workers = $3
+connect_timeout_ms = 20000
+op_timeout_ms = 20000
+[server]
+threads = 2
+[worker]
+chunk_bytes = 262144
+[codec]
+adaptive = on
+adaptive_interval = 2
+adaptive_budget = 1.0
+[log]
+level = info
+INI
+    for ((i = 0; i < $2; i++)); do
+        setsid "$build/server/psagg-server" --config "$tmp/$1.ini" --rank $i >"$tmp/$1-server$i.log" 2>&1 &
+        pids+=($!)
+    done
+}
+
+# 1. exact sums across switches
+job exact 2 3
+wpids=()
+for w in 0 1 2; do
+    PSAGG_CONFIG=$tmp/exact.ini PSAGG_RANK=$w PSAGG_WORLD_SIZE=3 setsid "$build/tests/functional/fn_adaptive" 16 \
+        >"$tmp/exact-worker$w.log" 2>&1 &
+    wpids+=($!)
+    pids+=($!)
+done
+for w in 0 1 2; do
+    wait_for "${wpids[$w]}" 120 || fail "exact: worker $w exited $?"
+done
+for w in 0 1 2; do grep -q '^ADAPTIVE-EXACT' "$tmp/exact-worker$w.log" || fail "exact: worker $w printed no result"; done
+line=$(grep '^ADAPTIVE-EXACT' "$tmp/exact-worker0.log")
+echo "$line"
+switches=$(sed -n 's/.*switches=\([0-9]*\).*/\1/p' <<<"$line")
+gens=$(sed -n 's/.*generations=\([0-9]*\).*/\1/p' <<<"$line")
+((gens >= 5)) || fail "exact: only $gens generations in 16 rounds with adaptive_interval = 2"
+((switches >= 2)) || fail "exact: the codecs changed only $switches times"
+grep '^round' "$tmp/exact-worker0.log" | head -20
+digests=$(cat "$tmp"/exact-worker*.log | grep '^DIGEST' | sort -u | wc -l)
+[ "$digests" = 1 ] || fail "exact: the workers' DIGESTs differ"
+grep -q 'adaptive codecs: generation 2 ' "$tmp/exact-worker1.log" || fail "exact: no info line for generation 2"
+grep -q "tensor 'a[0-9]' maxmin" "$tmp/exact-worker1.log" || fail "exact: no info line naming a changed tensor"
+grep 'adaptive codecs: generation' "$tmp/exact-worker0.log" | head -3
+for s in 0 1; do wait_for "${pids[$s]}" 30 || fail "exact: server $s exited $?"; done
+pids=()
+
+# 2. a stale assignment is refused
+job stale 1 2
+PSAGG_CONFIG=$tmp/stale.ini PSAGG_RANK=0 PSAGG_WORLD_SIZE=2 setsid "$build/tests/functional/fn_worker" \
+    --codec maxmin4 --rounds 6 --expect EPEER --expect-text "stale assignment" --max-seconds 30 \
+    >"$tmp/stale-worker0.log" 2>&1 &
+w0=$!
+pids+=($w0)
+PSAGG_CONFIG=$tmp/stale.ini PSAGG_RANK=1 setsid "$build/tests/fault/rogue_worker" --mode stale --rounds 6 \
+    >"$tmp/stale-rogue.log" 2>&1 &
+rogue=$!
+pids+=($rogue)
+wait_for $rogue 60 || fail "stale: the rogue exited $?"
+grep -q ROGUE-OK "$tmp/stale-rogue.log" || fail "stale: the rogue was not closed for its stale assignment"
+grep 'server closed' "$tmp/stale-rogue.log"
+wait_for $w0 60 || fail "stale: fn_worker exited $? (expected EPEER naming the stale assignment)"
+cat "$tmp/stale-worker0.log" | grep -i "failed as expected"
+wait_for "${pids[0]}" 30
+rc=$?
+[ $rc = 1 ] || fail "stale: the server exited $rc, expected 1 (job failed)"
+echo "test_adaptive: ok"

@@ -1,0 +1,455 @@
+/*
+ * adapt.c - adaptive codecs on the worker ([codec] adaptive): statistics, the statistics
+ * push, the solve, and which codec each round of each tensor uses.
+ *
+ * runtime/adaptive.h has the schedule (statistics at rounds 0, K, 2K, ...; generation g + 1
+ * from round gK + 2), the candidates and the error model; this file applies them. All of it
+ * runs on the communication thread except psagg_get_assignment, which reads the assignments
+ * under ctx->mu.
+ *
+ * The statistics are S(B) for each candidate bucket B of each adaptive tensor, measured on
+ * what the codec quantizes (the gradient plus the tensor's error-feedback residual), as fp32
+ * (saturated at FLT_MAX). They travel as the job's last tensor (PSAGG_ADAPT_STATS_NAME, fp32),
+ * so the servers sum them like any gradient and every worker gets identical bytes back;
+ * every worker then runs the same deterministic solver on them.
+ */
+#include <float.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "runtime/adaptive.h"
+#include "worker.h"
+
+#define RING 4 /* assignments kept: the rounds in flight span at most 3 generations */
+
+typedef struct assignment {
+    uint32_t gen;    /* UINT32_MAX: empty */
+    uint8_t *choice; /* per adaptive tensor: its candidate */
+    uint64_t bytes;
+    double error;
+} assignment;
+
+typedef struct psagg_adapt {
+    uint32_t interval;
+    uint32_t n_ad;      /* adaptive tensors */
+    uint32_t stats_key; /* the statistics tensor's key */
+    uint32_t *ad_of;    /* per key: its adaptive index, or UINT32_MAX */
+    uint32_t *key_of;   /* per adaptive index: its key */
+    /* candidates: MAX_CANDIDATES per adaptive tensor */
+    uint32_t *n_cand;
+    psagg_codec *cand;
+    uint8_t *cand_bucket;  /* its bucket's index among the tensor's statistics */
+    uint64_t *cand_bytes;  /* encoded bytes of the whole tensor */
+    uint32_t *bucket_size; /* PSAGG_ADAPT_MAX_BUCKETS per tensor */
+    uint64_t budget, uniform_bytes;
+    /* assignments (comm thread writes under ctx->mu; readers take ctx->mu or are the thread) */
+    assignment ring[RING];
+    uint32_t newest; /* the newest generation solved (0: none yet) */
+    /* statistics being gathered: of rounds stats_gen * interval */
+    uint32_t stats_gen, n_measured;
+    uint8_t *measured;
+    float *stats_in, *stats_out;
+    struct psagg_handle *stats_op; /* their push, in flight */
+    float *scratch;                /* one chunk: gradient + residual */
+    psagg_adapt_option *opts;      /* the solver's table, n_ad x MAX_CANDIDATES */
+    uint32_t *solver_choice;
+} psagg_adapt;
+
+static size_t stats_count(uint32_t n_ad)
+{
+    return (size_t)n_ad * PSAGG_ADAPT_MAX_BUCKETS;
+}
+
+psagg_status adapt_setup(psagg_ctx *ctx)
+{
+    const psagg_layout *l = &ctx->layout;
+    psagg_adapt *a;
+    uint64_t least = 0, elems = 0, max_chunk = 0;
+
+    if (!l->adapt_interval)
+        return PSAGG_OK;
+    a = calloc(1, sizeof *a);
+    if (!a)
+        return psagg_fail(PSAGG_ENOMEM, "adaptive codecs");
+    ctx->adapt = a;
+    a->interval = l->adapt_interval;
+    a->stats_key = l->n_tensors - 1;
+    a->ad_of = malloc(l->n_tensors * sizeof *a->ad_of);
+    a->key_of = malloc(l->n_tensors * sizeof *a->key_of);
+    if (!a->ad_of || !a->key_of)
+        return psagg_fail(PSAGG_ENOMEM, "adaptive codecs");
+    for (uint32_t t = 0; t < l->n_tensors; t++) {
+        a->ad_of[t] = UINT32_MAX;
+        if (l->tensors[t].adaptive) {
+            a->ad_of[t] = a->n_ad;
+            a->key_of[a->n_ad++] = t;
+        }
+    }
+    a->n_cand = calloc(a->n_ad, sizeof *a->n_cand);
+    a->cand = calloc((size_t)a->n_ad * PSAGG_ADAPT_MAX_CANDIDATES, sizeof *a->cand);
+    a->cand_bucket = calloc((size_t)a->n_ad * PSAGG_ADAPT_MAX_CANDIDATES, 1);
+    a->cand_bytes = calloc((size_t)a->n_ad * PSAGG_ADAPT_MAX_CANDIDATES, sizeof *a->cand_bytes);
+    a->bucket_size = calloc(stats_count(a->n_ad), sizeof *a->bucket_size);
+    a->measured = calloc(a->n_ad, 1);
+    a->stats_in = calloc(stats_count(a->n_ad), sizeof(float));
+    a->stats_out = calloc(stats_count(a->n_ad), sizeof(float));
+    a->opts = calloc((size_t)a->n_ad * PSAGG_ADAPT_MAX_CANDIDATES, sizeof *a->opts);
+    a->solver_choice = calloc(a->n_ad, sizeof *a->solver_choice);
+    if (!a->n_cand || !a->cand || !a->cand_bucket || !a->cand_bytes || !a->bucket_size ||
+        !a->measured || !a->stats_in || !a->stats_out || !a->opts || !a->solver_choice)
+        return psagg_fail(PSAGG_ENOMEM, "adaptive codecs of %u tensors", a->n_ad);
+    for (int r = 0; r < RING; r++) {
+        a->ring[r].gen = UINT32_MAX;
+        if (!(a->ring[r].choice = calloc(a->n_ad, 1)))
+            return psagg_fail(PSAGG_ENOMEM, "adaptive codecs of %u tensors", a->n_ad);
+    }
+    for (uint32_t i = 0; i < a->n_ad; i++) {
+        const psagg_tensor_info *ti = &l->tensors[a->key_of[i]];
+        psagg_codec *cand = &a->cand[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES];
+        uint64_t *bytes = &a->cand_bytes[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES], min = UINT64_MAX;
+        psagg_adapt_buckets(&ti->codec, ti->chunk_elems,
+                            &a->bucket_size[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS]);
+        /* nearest rounding only where error feedback corrects its bias */
+        int nearest = ctx->tensors[a->key_of[i]].residual != NULL;
+        a->n_cand[i] =
+            psagg_adapt_candidates(&ti->codec, ti->chunk_elems, nearest, cand,
+                                   &a->cand_bucket[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES]);
+        for (uint32_t k = 0; k < a->n_cand[i]; k++) {
+            bytes[k] = 0;
+            for (uint32_t c = 0; c < ti->n_chunks; c++)
+                bytes[k] += psagg_encoded_size(&cand[k], l->chunks[ti->first_chunk + c].count);
+            if (bytes[k] < min)
+                min = bytes[k];
+        }
+        for (uint32_t c = 0; c < ti->n_chunks; c++) {
+            a->uniform_bytes += l->chunks[ti->first_chunk + c].enc_bytes;
+            if (l->chunks[ti->first_chunk + c].count > max_chunk)
+                max_chunk = l->chunks[ti->first_chunk + c].count;
+        }
+        least += min;
+        elems += ti->count;
+    }
+    a->budget = ctx->cfg.adaptive_budget_bits
+                    ? (uint64_t)((double)elems * ctx->cfg.adaptive_budget / 8e6)
+                    : (uint64_t)((double)a->uniform_bytes * ctx->cfg.adaptive_budget / 1e6);
+    if (a->budget < least)
+        return psagg_fail(PSAGG_ECONFIG,
+                          "[codec] adaptive_budget = %g%s allows %.3f MB per push of the %u "
+                          "compressed tensors, less than their smallest choice (2 bits, largest "
+                          "buckets) of %.3f MB",
+                          ctx->cfg.adaptive_budget / 1e6,
+                          ctx->cfg.adaptive_budget_bits ? "bits" : "", (double)a->budget / 1e6,
+                          a->n_ad, (double)least / 1e6);
+    a->scratch = malloc((max_chunk ? max_chunk : 1) * sizeof(float));
+    if (!a->scratch)
+        return psagg_fail(PSAGG_ENOMEM, "adaptive codecs");
+    LOG_INFO(&ctx->log,
+             "adaptive codecs: %u tensors, a new choice every %u rounds within %.3f MB per push "
+             "(the declared codecs take %.3f MB); candidates: maxmin 2..8 bits, buckets /4..x4, "
+             "stochastic rounding (and nearest with error feedback)",
+             a->n_ad, a->interval, (double)a->budget / 1e6, (double)a->uniform_bytes / 1e6);
+    return PSAGG_OK;
+}
+
+void adapt_free(psagg_ctx *ctx)
+{
+    psagg_adapt *a = ctx->adapt;
+    if (!a)
+        return;
+    free(a->stats_op);
+    for (int r = 0; r < RING; r++)
+        free(a->ring[r].choice);
+    free(a->ad_of), free(a->key_of), free(a->n_cand), free(a->cand), free(a->cand_bucket);
+    free(a->cand_bytes), free(a->bucket_size), free(a->measured), free(a->stats_in);
+    free(a->stats_out), free(a->scratch), free(a->opts), free(a->solver_choice);
+    free(a);
+    ctx->adapt = NULL;
+}
+
+/* The assignment of generation gen (> 0) if solved and still kept, else NULL. */
+static const assignment *find(const psagg_adapt *a, uint32_t gen)
+{
+    const assignment *s = &a->ring[gen % RING];
+    return s->gen == gen ? s : NULL;
+}
+
+int adapt_codec(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len)
+{
+    psagg_adapt *a = ctx->adapt;
+    uint32_t i, gen;
+    const assignment *s;
+
+    h->codec = ctx->layout.tensors[h->key].codec;
+    h->gen = 0;
+    if (!a || (i = a->ad_of[h->key]) == UINT32_MAX ||
+        !(gen = psagg_adapt_generation(h->round, a->interval)))
+        return 1;
+    if (gen > a->newest)
+        return 0;
+    if (!(s = find(a, gen))) {
+        snprintf(msg, len,
+                 "tensor '%.63s' round %u: its codec assignment (generation %u) is no "
+                 "longer kept (the newest is %u)",
+                 ctx->layout.tensors[h->key].name, h->round, gen, a->newest);
+        return PSAGG_EINVAL;
+    }
+    h->codec = a->cand[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES + s->choice[i]];
+    h->gen = gen;
+    return 1;
+}
+
+int adapt_is_stats(const psagg_ctx *ctx, const struct psagg_handle *h)
+{
+    return ctx->adapt && ctx->adapt->stats_op == h;
+}
+
+/* Every tensor's statistics are in: queue their push (the comm thread takes it next). */
+static void push_stats(psagg_ctx *ctx)
+{
+    psagg_adapt *a = ctx->adapt;
+    psagg_status st;
+    struct psagg_handle *h = handle_new(ctx, a->stats_key, a->stats_in, a->stats_out, PSAGG_SUM,
+                                        INT_MAX, &psagg_host_ops, &st);
+    if (!h) {
+        worker_fail_all(ctx, st, "adaptive codecs: pushing the statistics of rounds %u: %s",
+                        a->stats_gen * a->interval, psagg_last_error());
+        return;
+    }
+    a->stats_op = h;
+    handle_submit(ctx, h);
+}
+
+void adapt_measure(psagg_ctx *ctx, const struct psagg_handle *h)
+{
+    psagg_adapt *a = ctx->adapt;
+    const psagg_tensor_info *ti;
+    const float *res;
+    uint32_t i, nb;
+    double s[PSAGG_ADAPT_MAX_BUCKETS] = {0};
+
+    if (!a || (i = a->ad_of[h->key]) == UINT32_MAX || h->round % a->interval ||
+        h->round / a->interval != a->stats_gen)
+        return;
+    ti = &ctx->layout.tensors[h->key];
+    res = ctx->tensors[h->key].residual;
+    nb = psagg_adapt_buckets(&ti->codec, ti->chunk_elems, &a->bucket_size[(size_t)i * 5]);
+    for (uint32_t c = 0; c < ti->n_chunks; c++) {
+        const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
+        const float *v = h->in + ci->offset;
+        if (res) { /* what the codec quantizes: the gradient plus the residual before this round */
+            for (uint64_t k = 0; k < ci->count; k++)
+                a->scratch[k] = v[k] + res[ci->offset + k];
+            v = a->scratch;
+        }
+        for (uint32_t b = 0; b < nb; b++)
+            s[b] += psagg_adapt_range_sum(v, ci->count, ci->count,
+                                          a->bucket_size[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS + b]);
+    }
+    for (uint32_t b = 0; b < PSAGG_ADAPT_MAX_BUCKETS; b++)
+        a->stats_in[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS + b] =
+            b < nb ? (float)(s[b] < FLT_MAX ? s[b] : FLT_MAX) : 0.0f;
+    if (!a->measured[i]) {
+        a->measured[i] = 1;
+        a->n_measured++;
+    }
+    if (a->n_measured < a->n_ad)
+        return;
+    push_stats(ctx);
+    memset(a->measured, 0, a->n_ad);
+    a->n_measured = 0;
+    a->stats_gen++;
+}
+
+/*
+ * The options of adaptive tensor i for the solver, from the summed statistics: its
+ * candidates' bytes and errors, those another candidate beats on both (dominated) left out,
+ * since the solver's time grows with the options. Returns how many, into o; map[k] is the
+ * candidate of option k.
+ */
+static uint32_t options_of(const psagg_adapt *a, uint32_t i, psagg_adapt_option *o, uint8_t *map)
+{
+    size_t base = (size_t)i * PSAGG_ADAPT_MAX_CANDIDATES;
+    psagg_adapt_option all[PSAGG_ADAPT_MAX_CANDIDATES];
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < a->n_cand[i]; k++) {
+        const psagg_codec *c = &a->cand[base + k];
+        double s = a->stats_out[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS + a->cand_bucket[base + k]];
+        all[k] = (psagg_adapt_option){a->cand_bytes[base + k],
+                                      psagg_adapt_maxmin_error(s, c->bits, c->rounding)};
+    }
+    for (uint32_t k = 0; k < a->n_cand[i]; k++) {
+        int dominated = 0;
+        for (uint32_t j = 0; j < a->n_cand[i] && !dominated; j++)
+            dominated = j != k && all[j].bytes <= all[k].bytes && all[j].error <= all[k].error &&
+                        (all[j].bytes < all[k].bytes || all[j].error < all[k].error || j < k);
+        if (!dominated) {
+            o[n] = all[k];
+            map[n++] = (uint8_t)k;
+        }
+    }
+    return n;
+}
+
+/* The estimated error of adaptive tensor i in its declared codec (for the log). */
+static double declared_error(const psagg_ctx *ctx, const psagg_adapt *a, uint32_t i)
+{
+    const psagg_codec *d = &ctx->layout.tensors[a->key_of[i]].codec;
+    for (uint32_t b = 0; b < PSAGG_ADAPT_MAX_BUCKETS; b++)
+        if (a->bucket_size[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS + b] == d->bucket)
+            return psagg_adapt_maxmin_error(a->stats_out[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS + b],
+                                            d->bits, d->rounding);
+    return 0.0;
+}
+
+void adapt_stats_done(psagg_ctx *ctx, struct psagg_handle *h, psagg_status status, const char *msg)
+{
+    psagg_adapt *a = ctx->adapt;
+    uint32_t gen = a->newest + 1, width = 0, changed = 0;
+    uint8_t *map = NULL;
+    assignment *s;
+    psagg_status st;
+    double uniform_error = 0.0;
+    int64_t t0 = psagg_now_ns();
+
+    a->stats_op = NULL;
+    free(h);
+    if (status) {
+        worker_fail_all(ctx, status, "adaptive codecs: the statistics of rounds %u: %s",
+                        (gen - 1) * a->interval, msg ? msg : "");
+        return;
+    }
+    /* compact every tensor's undominated options into a table of one width */
+    map = malloc((size_t)a->n_ad * PSAGG_ADAPT_MAX_CANDIDATES);
+    if (!map) {
+        worker_fail_all(ctx, PSAGG_ENOMEM, "adaptive codecs: solving generation %u", gen);
+        return;
+    }
+    for (uint32_t i = 0; i < a->n_ad; i++) {
+        psagg_adapt_option o[PSAGG_ADAPT_MAX_CANDIDATES];
+        uint32_t n = options_of(a, i, o, &map[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES]);
+        memcpy(&a->opts[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES], o, n * sizeof *o);
+        for (uint32_t k = n; k < PSAGG_ADAPT_MAX_CANDIDATES; k++)
+            a->opts[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES + k] =
+                (psagg_adapt_option){UINT64_MAX, 0.0};
+        width = n > width ? n : width;
+        uniform_error += declared_error(ctx, a, i);
+    }
+    for (uint32_t i = 0; i < a->n_ad && width < PSAGG_ADAPT_MAX_CANDIDATES; i++)
+        memmove(&a->opts[(size_t)i * width], &a->opts[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES],
+                width * sizeof *a->opts);
+    s = &a->ring[gen % RING];
+    {
+        uint64_t bytes;
+        double err;
+        st = psagg_adapt_solve(a->opts, a->n_ad, width, a->budget, a->solver_choice, &bytes, &err);
+        if (st) {
+            free(map);
+            worker_fail_all(ctx, st, "adaptive codecs: solving generation %u: %s", gen,
+                            psagg_last_error());
+            return;
+        }
+        pthread_mutex_lock(&ctx->mu);
+        for (uint32_t i = 0; i < a->n_ad; i++) {
+            uint8_t c = map[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES + a->solver_choice[i]];
+            const assignment *prev = gen > 1 ? find(a, gen - 1) : NULL;
+            changed += !prev || prev->choice[i] != c;
+            s->choice[i] = c;
+        }
+        s->gen = gen;
+        s->bytes = bytes;
+        s->error = err;
+        a->newest = gen;
+        pthread_mutex_unlock(&ctx->mu);
+    }
+    LOG_INFO(&ctx->log,
+             "adaptive codecs: generation %u (from the statistics of round %u) holds from round "
+             "%u: %.3f MB per push (budget %.3f, declared codecs %.3f), estimated error %.3g "
+             "(declared codecs %.3g), %u tensors changed; solved in %.1f ms",
+             gen, (gen - 1) * a->interval, (gen - 1) * a->interval + PSAGG_ADAPT_LAG,
+             (double)s->bytes / 1e6, (double)a->budget / 1e6, (double)a->uniform_bytes / 1e6,
+             s->error, uniform_error, changed, (double)(psagg_now_ns() - t0) / 1e6);
+    for (uint32_t i = 0; i < a->n_ad; i++) {
+        const assignment *prev = gen > 1 ? find(a, gen - 1) : NULL;
+        const psagg_codec *now = &a->cand[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES + s->choice[i]];
+        const psagg_codec *was =
+            prev ? &a->cand[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES + prev->choice[i]]
+                 : &ctx->layout.tensors[a->key_of[i]].codec;
+        char n1[40], n2[40];
+        if (prev && prev->choice[i] == s->choice[i])
+            continue;
+        LOG_INFO(&ctx->log, "adaptive codecs: generation %u: tensor '%s' %s -> %s (%.3f MB)", gen,
+                 ctx->layout.tensors[a->key_of[i]].name, psagg_codec_name(was, n1, sizeof n1),
+                 psagg_codec_name(now, n2, sizeof n2),
+                 (double)a->cand_bytes[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES + s->choice[i]] /
+                     1e6);
+    }
+    free(map);
+}
+
+int adapt_waiting(psagg_ctx *ctx, const struct psagg_handle *h, char *msg, size_t len)
+{
+    psagg_adapt *a = ctx->adapt;
+    uint32_t gen, missing = 0;
+    size_t used;
+
+    if (!a || h->encoded || a->ad_of[h->key] == UINT32_MAX ||
+        (gen = psagg_adapt_generation(h->round, a->interval)) <= a->newest)
+        return 0;
+    used = (size_t)snprintf(msg, len,
+                            "push_pull of tensor '%.63s' round %u waits for codec assignment "
+                            "generation %u, ",
+                            ctx->layout.tensors[h->key].name, h->round, gen);
+    if (a->stats_op || gen - 1 < a->stats_gen) {
+        snprintf(msg + used, len - used,
+                 "whose statistics the servers have not summed within 2 x op_timeout_ms=%d",
+                 ctx->cfg.op_timeout_ms);
+        return 1;
+    }
+    used += (size_t)snprintf(msg + used, len - used,
+                             "whose statistics (round %u of every compressed tensor) miss ",
+                             (gen - 1) * a->interval);
+    for (uint32_t i = 0; i < a->n_ad && used + 70 < len; i++)
+        if (!a->measured[i])
+            used += (size_t)snprintf(msg + used, len - used, "%s'%.40s'", missing++ ? ", " : "",
+                                     ctx->layout.tensors[a->key_of[i]].name);
+    snprintf(msg + used, len - used,
+             ": [codec] adaptive needs every compressed tensor pushed once per step");
+    return 1;
+}
+
+psagg_status psagg_get_assignment(psagg_ctx *ctx, uint32_t key, psagg_assignment *out)
+{
+    const psagg_tensor_info *ti;
+    psagg_adapt *a;
+    uint32_t i;
+
+    psagg_clear_error();
+    if (!ctx || !out)
+        return psagg_fail(PSAGG_EINVAL, "psagg_get_assignment: NULL argument");
+    if (!ctx->declared || key >= ctx->n_user)
+        return psagg_fail(PSAGG_EINVAL, "psagg_get_assignment: key %u, %u tensors declared", key,
+                          ctx->declared ? ctx->n_user : 0);
+    ti = &ctx->layout.tensors[key];
+    a = ctx->adapt;
+    *out = (psagg_assignment){.codec = ti->codec};
+    for (uint32_t c = 0; c < ti->n_chunks; c++)
+        out->bytes += ctx->layout.chunks[ti->first_chunk + c].enc_bytes;
+    if (!a || (i = a->ad_of[key]) == UINT32_MAX)
+        return PSAGG_OK;
+    pthread_mutex_lock(&ctx->mu);
+    if (a->newest) {
+        const assignment *s = find(a, a->newest);
+        size_t k = (size_t)i * PSAGG_ADAPT_MAX_CANDIDATES + s->choice[i];
+        out->codec = a->cand[k];
+        out->bytes = a->cand_bytes[k];
+        out->generation = a->newest;
+        out->from_round = (a->newest - 1) * a->interval + PSAGG_ADAPT_LAG;
+    }
+    pthread_mutex_unlock(&ctx->mu);
+    return PSAGG_OK;
+}
