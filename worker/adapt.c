@@ -60,6 +60,18 @@ typedef struct psagg_adapt {
     uint32_t *solver_choice;
 } psagg_adapt;
 
+/* Bytes for the log: "812 B", "14.2 kB", "96.1 MB". */
+static const char *human(uint64_t b, char *buf, size_t len)
+{
+    if (b < 10000)
+        snprintf(buf, len, "%llu B", (unsigned long long)b);
+    else if (b < 10000000)
+        snprintf(buf, len, "%.1f kB", (double)b / 1e3);
+    else
+        snprintf(buf, len, "%.1f MB", (double)b / 1e6);
+    return buf;
+}
+
 static size_t stats_count(uint32_t n_ad)
 {
     return (size_t)n_ad * PSAGG_ADAPT_MAX_BUCKETS;
@@ -139,20 +151,24 @@ psagg_status adapt_setup(psagg_ctx *ctx)
                     : (uint64_t)((double)a->uniform_bytes * ctx->cfg.adaptive_budget / 1e6);
     if (a->budget < least)
         return psagg_fail(PSAGG_ECONFIG,
-                          "[codec] adaptive_budget = %g%s allows %.3f MB per push of the %u "
+                          "[codec] adaptive_budget = %g%s allows %.6f MB per push of the %u "
                           "compressed tensors, less than their smallest choice (2 bits, largest "
-                          "buckets) of %.3f MB",
+                          "buckets) of %.6f MB",
                           ctx->cfg.adaptive_budget / 1e6,
                           ctx->cfg.adaptive_budget_bits ? "bits" : "", (double)a->budget / 1e6,
                           a->n_ad, (double)least / 1e6);
     a->scratch = malloc((max_chunk ? max_chunk : 1) * sizeof(float));
     if (!a->scratch)
         return psagg_fail(PSAGG_ENOMEM, "adaptive codecs");
-    LOG_INFO(&ctx->log,
-             "adaptive codecs: %u tensors, a new choice every %u rounds within %.3f MB per push "
-             "(the declared codecs take %.3f MB); candidates: maxmin 2..8 bits, buckets /4..x4, "
-             "stochastic rounding (and nearest with error feedback)",
-             a->n_ad, a->interval, (double)a->budget / 1e6, (double)a->uniform_bytes / 1e6);
+    {
+        char h1[24], h2[24];
+        LOG_INFO(&ctx->log,
+                 "adaptive codecs: %u tensors, a new choice every %u rounds within %s per push "
+                 "(the declared codecs take %s); candidates: maxmin 2..8 bits, buckets /4..x4, "
+                 "stochastic rounding (and nearest with error feedback)",
+                 a->n_ad, a->interval, human(a->budget, h1, sizeof h1),
+                 human(a->uniform_bytes, h2, sizeof h2));
+    }
     return PSAGG_OK;
 }
 
@@ -366,13 +382,17 @@ void adapt_stats_done(psagg_ctx *ctx, struct psagg_handle *h, psagg_status statu
         a->newest = gen;
         pthread_mutex_unlock(&ctx->mu);
     }
-    LOG_INFO(&ctx->log,
-             "adaptive codecs: generation %u (from the statistics of round %u) holds from round "
-             "%u: %.3f MB per push (budget %.3f, declared codecs %.3f), estimated error %.3g "
-             "(declared codecs %.3g), %u tensors changed; solved in %.1f ms",
-             gen, (gen - 1) * a->interval, (gen - 1) * a->interval + PSAGG_ADAPT_LAG,
-             (double)s->bytes / 1e6, (double)a->budget / 1e6, (double)a->uniform_bytes / 1e6,
-             s->error, uniform_error, changed, (double)(psagg_now_ns() - t0) / 1e6);
+    {
+        char h1[24], h2[24], h3[24];
+        LOG_INFO(&ctx->log,
+                 "adaptive codecs: generation %u (from the statistics of round %u) holds from "
+                 "round %u: %s per push (budget %s, declared codecs %s), estimated error %.3g "
+                 "(declared codecs %.3g), %u tensors changed; solved in %.1f ms",
+                 gen, (gen - 1) * a->interval, (gen - 1) * a->interval + PSAGG_ADAPT_LAG,
+                 human(s->bytes, h1, sizeof h1), human(a->budget, h2, sizeof h2),
+                 human(a->uniform_bytes, h3, sizeof h3), s->error, uniform_error, changed,
+                 (double)(psagg_now_ns() - t0) / 1e6);
+    }
     for (uint32_t i = 0; i < a->n_ad; i++) {
         const assignment *prev = gen > 1 ? find(a, gen - 1) : NULL;
         const psagg_codec *now = &a->cand[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES + s->choice[i]];
@@ -382,11 +402,12 @@ void adapt_stats_done(psagg_ctx *ctx, struct psagg_handle *h, psagg_status statu
         char n1[40], n2[40];
         if (prev && prev->choice[i] == s->choice[i])
             continue;
-        LOG_INFO(&ctx->log, "adaptive codecs: generation %u: tensor '%s' %s -> %s (%.3f MB)", gen,
+        char h1[24];
+        LOG_INFO(&ctx->log, "adaptive codecs: generation %u: tensor '%s' %s -> %s (%s)", gen,
                  ctx->layout.tensors[a->key_of[i]].name, psagg_codec_name(was, n1, sizeof n1),
                  psagg_codec_name(now, n2, sizeof n2),
-                 (double)a->cand_bytes[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES + s->choice[i]] /
-                     1e6);
+                 human(a->cand_bytes[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES + s->choice[i]], h1,
+                       sizeof h1));
     }
     free(map);
 }

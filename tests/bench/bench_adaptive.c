@@ -11,8 +11,9 @@
  * real networks); one tensor in five is
  * heavy-tailed (a Gaussian divided by sqrt of a uniform in (0, 1]: rare large values widen
  * some buckets' ranges). Tensors under --min-compress elements stay fp32 (as psagg sends
- * them). Candidates for the others: maxmin 2..8 bits x buckets 128, 256, 512, 1024 x rounding
- * stochastic or nearest (56; --sr-only: stochastic only, 28), sizes summed over the tensor's
+ * them). Candidates for the others: those psagg's adaptive mode chooses from for a tensor
+ * declared maxmin/1024 (psagg_adapt_candidates: 2..8 bits x buckets 256..4096 x rounding
+ * stochastic or nearest, 70; --sr-only: stochastic only, 35), sizes summed over the tensor's
  * chunks as the codec lays them out.
  * The error of a candidate is the model of adaptive.h (its bucket ranges give it).
  *
@@ -32,12 +33,7 @@
 #include "kernels/codec.h"
 #include "runtime/adaptive.h"
 
-#define N_BITS    7 /* 2..8 */
-#define N_BUCKETS 4
-#define N_ROUND   2
-#define N_OPT     (N_BITS * N_BUCKETS * N_ROUND)
-
-static const uint32_t buckets[N_BUCKETS] = {128, 256, 512, 1024};
+#define N_OPT PSAGG_ADAPT_MAX_CANDIDATES
 
 static uint64_t rng_state;
 static double uniform01(void) /* (0, 1] */
@@ -51,15 +47,6 @@ static double uniform01(void) /* (0, 1] */
 static double gauss(void)
 {
     return sqrt(-2.0 * log(uniform01())) * cos(2 * M_PI * uniform01());
-}
-
-static psagg_codec option_codec(int k)
-{
-    psagg_codec c = {.id = PSAGG_CODEC_MAXMIN,
-                     .bits = 2 + (uint32_t)(k / (N_BUCKETS * N_ROUND)),
-                     .bucket = buckets[(k / N_ROUND) % N_BUCKETS],
-                     .rounding = k % N_ROUND ? PSAGG_ROUND_NEAREST : PSAGG_ROUND_STOCHASTIC};
-    return c;
 }
 
 /* Encoded bytes of n elements in chunks of chunk_elems. */
@@ -94,7 +81,10 @@ int main(int argc, char **argv)
     long T;
     int ch;
     psagg_adapt_option *o;
-    uint32_t *choice;
+    uint32_t *choice, buckets[PSAGG_ADAPT_MAX_BUCKETS], n_buckets, n_cand;
+    psagg_codec declared = {PSAGG_CODEC_MAXMIN, 4, 1024, PSAGG_ROUND_STOCHASTIC},
+                cand[PSAGG_ADAPT_MAX_CANDIDATES];
+    uint8_t bucket_of[PSAGG_ADAPT_MAX_CANDIDATES];
     static const uint32_t uniform_bits[] = {2, 3, 4, 8};
 
     while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -130,6 +120,11 @@ int main(int argc, char **argv)
     if (!o || !choice)
         return 1;
     rng_state = seed * 0x9E3779B97F4A7C15ull + 1;
+    {
+        uint64_t ce = psagg_codec_chunk_elems(&declared, chunk_elems);
+        n_buckets = psagg_adapt_buckets(&declared, ce, buckets);
+        n_cand = psagg_adapt_candidates(&declared, ce, !sr_only, cand, bucket_of);
+    }
 
     /* each tensor's options: sizes, and errors from its synthetic gradient's bucket ranges */
     for (long t = 0; t < T; t++) {
@@ -137,7 +132,7 @@ int main(int argc, char **argv)
         psagg_adapt_option *row = &o[(size_t)t * N_OPT];
         if (n < min_compress) { /* fp32, no error; every option the same */
             psagg_codec fp32 = {.id = PSAGG_CODEC_FP32};
-            for (int k = 0; k < N_OPT; k++)
+            for (uint32_t k = 0; k < N_OPT; k++)
                 row[k] =
                     (psagg_adapt_option){k ? UINT64_MAX : tensor_bytes(&fp32, n, chunk_elems), 0.0};
             continue;
@@ -145,34 +140,36 @@ int main(int argc, char **argv)
         float *g = malloc(n * sizeof *g);
         double scale = pow(10.0, -1.0 - spread + spread * uniform01());
         int heavy = uniform01() <= 0.2;
-        double s[N_BUCKETS];
+        double s[PSAGG_ADAPT_MAX_BUCKETS];
         if (!g)
             return 1;
         for (uint64_t i = 0; i < n; i++)
             g[i] = (float)(scale * gauss() / (heavy ? sqrt(uniform01()) : 1.0));
-        for (int b = 0; b < N_BUCKETS; b++)
+        for (uint32_t b = 0; b < n_buckets; b++)
             s[b] = psagg_adapt_range_sum(g, n, chunk_elems, buckets[b]);
         free(g);
-        for (int k = 0; k < N_OPT; k++) {
-            psagg_codec c = option_codec(k);
-            row[k].bytes = sr_only && c.rounding == PSAGG_ROUND_NEAREST
-                               ? UINT64_MAX
-                               : tensor_bytes(&c, n, chunk_elems);
-            row[k].error =
-                psagg_adapt_maxmin_error(s[(k / N_ROUND) % N_BUCKETS], c.bits, c.rounding);
-        }
+        for (uint32_t k = 0; k < N_OPT; k++)
+            row[k] =
+                k < n_cand
+                    ? (psagg_adapt_option){tensor_bytes(&cand[k], n, chunk_elems),
+                                           psagg_adapt_maxmin_error(s[bucket_of[k]], cand[k].bits,
+                                                                    cand[k].rounding)}
+                    : (psagg_adapt_option){UINT64_MAX, 0.0};
     }
 
-    printf("%s: %ld tensors, chunk %llu elements, tensors under %llu elements fp32; %d candidates "
-           "(maxmin 2..8 bits x buckets 128..1024 x %s), seed %llu, scales over %g decades\n",
-           model, T, (unsigned long long)chunk_elems, (unsigned long long)min_compress,
-           sr_only ? N_OPT / 2 : N_OPT, sr_only ? "stochastic" : "stochastic/nearest",
+    printf("%s: %ld tensors, chunk %llu elements, tensors under %llu elements fp32; %u candidates "
+           "(maxmin 2..8 bits x buckets %u..%u x %s), seed %llu, scales over %g decades\n",
+           model, T, (unsigned long long)chunk_elems, (unsigned long long)min_compress, n_cand,
+           buckets[0], buckets[n_buckets - 1], sr_only ? "stochastic" : "stochastic/nearest",
            (unsigned long long)seed, spread);
     printf(
         "| uniform codec | bytes | est. error | adaptive error, same bytes | ratio | adaptive "
         "bytes for the uniform error | ratio | solver ms |\n|---|---|---|---|---|---|---|---|\n");
     for (size_t u = 0; u < sizeof uniform_bits / sizeof uniform_bits[0]; u++) {
-        int k_uni = (int)(uniform_bits[u] - 2) * N_BUCKETS * N_ROUND + (N_BUCKETS - 1) * N_ROUND;
+        int k_uni = 0; /* the candidate maxmin<bits>/1024/sr */
+        while (cand[k_uni].bits != uniform_bits[u] || cand[k_uni].bucket != 1024 ||
+               cand[k_uni].rounding != PSAGG_ROUND_STOCHASTIC)
+            k_uni++;
         uint64_t ub = 0, ab = 0, lo, hi;
         double ue = 0, ae = 0, t0, ms;
         for (long t = 0; t < T; t++) {
