@@ -56,6 +56,7 @@ typedef struct psagg_adapt {
     float *stats_in, *stats_out;
     struct psagg_handle *stats_op; /* their push, in flight */
     float *scratch;                /* one chunk: gradient + residual */
+    float *lo, *hi;                /* its finest buckets' ranges */
     psagg_adapt_option *opts;      /* the solver's table, n_ad x MAX_CANDIDATES */
     uint32_t *solver_choice;
 } psagg_adapt;
@@ -158,7 +159,9 @@ psagg_status adapt_setup(psagg_ctx *ctx)
                           ctx->cfg.adaptive_budget_bits ? "bits" : "", (double)a->budget / 1e6,
                           a->n_ad, (double)least / 1e6);
     a->scratch = malloc((max_chunk ? max_chunk : 1) * sizeof(float));
-    if (!a->scratch)
+    a->lo = malloc((max_chunk / 64 + 1) * sizeof(float)); /* buckets of 64 and more */
+    a->hi = malloc((max_chunk / 64 + 1) * sizeof(float));
+    if (!a->scratch || !a->lo || !a->hi)
         return psagg_fail(PSAGG_ENOMEM, "adaptive codecs");
     {
         char h1[24], h2[24];
@@ -182,7 +185,8 @@ void adapt_free(psagg_ctx *ctx)
         free(a->ring[r].choice);
     free(a->ad_of), free(a->key_of), free(a->n_cand), free(a->cand), free(a->cand_bucket);
     free(a->cand_bytes), free(a->bucket_size), free(a->measured), free(a->stats_in);
-    free(a->stats_out), free(a->scratch), free(a->opts), free(a->solver_choice);
+    free(a->stats_out), free(a->scratch), free(a->lo), free(a->hi), free(a->opts),
+        free(a->solver_choice);
     free(a);
     ctx->adapt = NULL;
 }
@@ -253,7 +257,8 @@ void adapt_measure(psagg_ctx *ctx, const struct psagg_handle *h)
         return;
     ti = &ctx->layout.tensors[h->key];
     res = ctx->tensors[h->key].residual;
-    nb = psagg_adapt_buckets(&ti->codec, ti->chunk_elems, &a->bucket_size[(size_t)i * 5]);
+    nb = psagg_adapt_buckets(&ti->codec, ti->chunk_elems,
+                             &a->bucket_size[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS]);
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
         const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
         const float *v = h->in + ci->offset;
@@ -262,9 +267,8 @@ void adapt_measure(psagg_ctx *ctx, const struct psagg_handle *h)
                 a->scratch[k] = v[k] + res[ci->offset + k];
             v = a->scratch;
         }
-        for (uint32_t b = 0; b < nb; b++)
-            s[b] += psagg_adapt_range_sum(v, ci->count, ci->count,
-                                          a->bucket_size[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS + b]);
+        psagg_adapt_range_sums(v, ci->count, &a->bucket_size[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS],
+                               nb, s, a->lo, a->hi);
     }
     for (uint32_t b = 0; b < PSAGG_ADAPT_MAX_BUCKETS; b++)
         a->stats_in[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS + b] =

@@ -140,6 +140,39 @@ double psagg_adapt_range_sum(const float *x, uint64_t n, uint64_t chunk_elems, u
     return s;
 }
 
+void psagg_adapt_range_sums(const float *x, uint64_t n, const uint32_t *buckets, uint32_t nb,
+                            double *out, float *lo, float *hi)
+{
+    uint64_t b0 = buckets[0], m = (n + b0 - 1) / b0;
+    for (uint64_t k = 0; k < m; k++) {
+        uint64_t i0 = k * b0, i1 = i0 + b0 < n ? i0 + b0 : n;
+        float l = x[i0], h = x[i0];
+        for (uint64_t i = i0; i < i1; i++) {
+            if (!isfinite(x[i])) {
+                for (uint32_t b = 0; b < nb; b++)
+                    out[b] = INFINITY;
+                return;
+            }
+            l = x[i] < l ? x[i] : l;
+            h = x[i] > h ? x[i] : h;
+        }
+        lo[k] = l;
+        hi[k] = h;
+    }
+    for (uint32_t b = 0; b < nb; b++) {
+        uint64_t f = buckets[b] / b0;
+        for (uint64_t k = 0; k < m; k += f) {
+            uint64_t k1 = k + f < m ? k + f : m, elems = (k1 * b0 < n ? k1 * b0 : n) - k * b0;
+            float l = lo[k], h = hi[k];
+            for (uint64_t j = k; j < k1; j++) {
+                l = lo[j] < l ? lo[j] : l;
+                h = hi[j] > h ? hi[j] : h;
+            }
+            out[b] += (double)elems * ((double)h - (double)l) * ((double)h - (double)l);
+        }
+    }
+}
+
 double psagg_adapt_maxmin_error(double range_sum, uint32_t bits, psagg_rounding rounding)
 {
     double levels = (double)((1u << bits) - 1);

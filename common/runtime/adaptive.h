@@ -116,6 +116,15 @@ uint64_t psagg_adapt_unit(uint64_t slack, size_t n_tensors);
  */
 double psagg_adapt_range_sum(const float *x, uint64_t n, uint64_t chunk_elems, uint32_t bucket);
 
+/*
+ * S(B) of one chunk x[0, n) for each of nb bucket sizes at once (out[i] += S(buckets[i])),
+ * each size a multiple of buckets[0]: one pass finds the finest buckets' ranges (lo, hi:
+ * scratch of ceil(n / buckets[0]) floats each), the coarser ones merge them. The same sums
+ * as psagg_adapt_range_sum with chunk_elems = n, bit for bit.
+ */
+void psagg_adapt_range_sums(const float *x, uint64_t n, const uint32_t *buckets, uint32_t nb,
+                            double *out, float *lo, float *hi);
+
 /* The estimated squared error of maxmin with `bits` and `rounding`, from S(B). */
 double psagg_adapt_maxmin_error(double range_sum, uint32_t bits, psagg_rounding rounding);
 

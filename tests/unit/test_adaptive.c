@@ -175,6 +175,29 @@ static void test_error_model(void)
           psagg_adapt_range_sum(x, 10, 0, 64));
     x[5] = NAN;
     CHECK(isinf(psagg_adapt_range_sum(x, 10, 3, 2)), "a NaN must make it infinite");
+    {
+        /* all bucket sizes at once: the same sums as one at a time, bit for bit */
+        static const uint32_t b[] = {64, 128, 256, 512, 1024};
+        static float v[5000], lo[100], hi[100];
+        uint64_t rng = 7;
+        for (int i = 0; i < 5000; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            v[i] = (float)((double)(rng >> 11) * 0x1p-53 - 0.5) * (i % 700 == 3 ? 100.0f : 1.0f);
+        }
+        for (uint64_t n = 1; n <= 5000; n += n < 200 ? 37 : 611) {
+            double got[5] = {0};
+            psagg_adapt_range_sums(v, n, b, 5, got, lo, hi);
+            for (int k = 0; k < 5; k++)
+                CHECK(got[k] == psagg_adapt_range_sum(v, n, n, b[k]), "n %llu bucket %u: %.17g",
+                      (unsigned long long)n, b[k], got[k]);
+        }
+        v[4000] = NAN;
+        {
+            double got[5] = {0};
+            psagg_adapt_range_sums(v, 5000, b, 5, got, lo, hi);
+            CHECK(isinf(got[0]) && isinf(got[4]), "a NaN must make them infinite");
+        }
+    }
     CHECK(psagg_adapt_maxmin_error(900.0, 2, PSAGG_ROUND_STOCHASTIC) == 25.0, "SR 2 bits");
     CHECK(psagg_adapt_maxmin_error(900.0, 2, PSAGG_ROUND_NEAREST) == 900.0 / 108.0, "RN 2 bits");
     CHECK(psagg_adapt_maxmin_error(255.0 * 255.0 * 4, 8, PSAGG_ROUND_STOCHASTIC) == 1.0,
