@@ -9,7 +9,9 @@ Run under deploy/psagg-local (config: [codec] default = maxmin4, min_compress_el
 - broadcast_parameters copies rank 0's fp32, fp16 and bf16 tensors exactly and leaves
   integer tensors alone;
 - worker metrics: Handle.timing after the wait, and psagg.torch.stats() moving by exactly the
-  handles' timings and bytes.
+  handles' timings and bytes;
+- codecs: Handle.codec says what each push_pull went in, psagg.torch.assignment() the same
+  (no [codec] adaptive: the declared codecs, generation 0).
 Every rank prints "DTYPES ok"; any failure raises (exit 1).
 """
 import os
@@ -44,6 +46,9 @@ for name, p in model.named_parameters():
     assert op.handle.timing is None, "a timing before the wait"
     op.finish()
     timings.append(op.handle.timing)
+    assert op.handle.codec == ("fp32" if name == "exact.weight" else "maxmin4/1024/sr"), \
+        (name, op.handle.codec)
+    assert op.handle.generation == 0, op.handle.generation
     err = (t - want).abs().max().item()
     if name == "exact.weight":
         assert torch.equal(t, want) or err <= 1e-6 * want.abs().max().item(), (name, err)
@@ -61,6 +66,14 @@ for f in ("queued_ns", "encode_ns", "send_ns", "wait_ns", "decode_ns", "total_ns
 for tm in timings:
     phases = tm["queued_ns"] + tm["encode_ns"] + tm["send_ns"] + tm["wait_ns"]
     assert 0 < phases <= tm["total_ns"] <= phases + tm["decode_ns"], tm
+
+# the assignment: the declared codecs (no [codec] adaptive), and their bytes per push
+got = {a["name"]: a for a in pt.assignment()}
+assert got["exact.weight[64,64]"]["codec"] == "fp32" and \
+    got["exact.weight[64,64]"]["bytes"] == 4096 * 4, got
+assert got["lossy.weight[64,64]"]["codec"] == "maxmin4/1024/sr" and \
+    got["lossy.weight[64,64]"]["bytes"] == 4 * 8 + 4096 // 2, got
+assert all(a["generation"] == 0 for a in got.values()), got
 
 # dtypes: values exact in fp16 and bf16 (small integers / 8) average to exact values
 for dt in (torch.float16, torch.bfloat16):
