@@ -326,6 +326,8 @@ static double declared_error(const psagg_ctx *ctx, const psagg_adapt *a, uint32_
     return 0.0;
 }
 
+static double busiest(const psagg_ctx *ctx, const assignment *s);
+
 void adapt_stats_done(psagg_ctx *ctx, struct psagg_handle *h, psagg_status status, const char *msg)
 {
     psagg_adapt *a = ctx->adapt;
@@ -388,14 +390,16 @@ void adapt_stats_done(psagg_ctx *ctx, struct psagg_handle *h, psagg_status statu
     }
     {
         char h1[24], h2[24], h3[24];
+        double ms = (double)(psagg_now_ns() - t0) / 1e6;
         LOG_INFO(&ctx->log,
                  "adaptive codecs: generation %u (from the statistics of round %u) holds from "
                  "round %u: %s per push (budget %s, declared codecs %s), estimated error %.3g "
-                 "(declared codecs %.3g), %u tensors changed; solved in %.1f ms",
+                 "(declared codecs %.3g), %u tensors changed, busiest server %+.0f%% against "
+                 "the mean (declared codecs %+.0f%%); solved in %.1f ms",
                  gen, (gen - 1) * a->interval, (gen - 1) * a->interval + PSAGG_ADAPT_LAG,
                  human(s->bytes, h1, sizeof h1), human(a->budget, h2, sizeof h2),
                  human(a->uniform_bytes, h3, sizeof h3), s->error, uniform_error, changed,
-                 (double)(psagg_now_ns() - t0) / 1e6);
+                 busiest(ctx, s), busiest(ctx, NULL), ms);
     }
     for (uint32_t i = 0; i < a->n_ad; i++) {
         const assignment *prev = gen > 1 ? find(a, gen - 1) : NULL;
@@ -414,6 +418,32 @@ void adapt_stats_done(psagg_ctx *ctx, struct psagg_handle *h, psagg_status statu
                        sizeof h1));
     }
     free(map);
+}
+
+/*
+ * How far the busiest server's bytes per push (every tensor, with assignment s, or the
+ * declared codecs when NULL) lie above the mean, in percent: the placement balances the
+ * declared codecs' bytes, which an assignment may shift between servers.
+ */
+static double busiest(const psagg_ctx *ctx, const assignment *s)
+{
+    const psagg_layout *l = &ctx->layout;
+    const psagg_adapt *a = ctx->adapt;
+    uint64_t per[PSAGG_MAX_SERVERS] = {0}, total = 0, most = 0;
+    for (uint32_t c = 0; c < l->n_chunks; c++) {
+        const psagg_chunk_info *ci = &l->chunks[c];
+        uint32_t i = a->ad_of[ci->key];
+        uint64_t b =
+            s && i != UINT32_MAX
+                ? psagg_encoded_size(
+                      &a->cand[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES + s->choice[i]], ci->count)
+                : ci->enc_bytes;
+        per[ci->owner] += b;
+        total += b;
+    }
+    for (uint32_t k = 0; k < l->n_servers; k++)
+        most = per[k] > most ? per[k] : most;
+    return total ? 100.0 * ((double)most * l->n_servers / (double)total - 1.0) : 0.0;
 }
 
 int adapt_waiting(psagg_ctx *ctx, const struct psagg_handle *h, char *msg, size_t len)
