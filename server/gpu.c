@@ -44,14 +44,14 @@ void gpu_thread_fini(agg_thread *t)
     t->cuda = NULL;
 }
 
-psagg_status gpu_aggregate(server *srv, chunk_state *c, psagg_rng_key key, uint8_t *out,
-                           size_t *bad)
+psagg_status gpu_aggregate(server *srv, chunk_state *c, const psagg_codec *codec, psagg_rng_key key,
+                           uint8_t *out, size_t *bad)
 {
     const void *in[PSAGG_CUDA_MAX_INPUTS];
     size_t enc = c->enc;
     for (int w = 0; w < srv->n_workers; w++)
         in[w] = c->slots + (size_t)w * c->info->cap_bytes;
-    return psagg_cuda_aggregate_host(srv->threads[c->thread].cuda, &c->codec, in,
+    return psagg_cuda_aggregate_host(srv->threads[c->thread].cuda, codec, in,
                                      (size_t)srv->n_workers, enc, c->info->count, c->residual, key,
                                      out, enc, bad);
 }
@@ -77,10 +77,10 @@ void gpu_thread_fini(agg_thread *t)
     (void)t;
 }
 
-psagg_status gpu_aggregate(server *srv, chunk_state *c, psagg_rng_key key, uint8_t *out,
-                           size_t *bad)
+psagg_status gpu_aggregate(server *srv, chunk_state *c, const psagg_codec *codec, psagg_rng_key key,
+                           uint8_t *out, size_t *bad)
 {
-    (void)srv, (void)c, (void)key, (void)out, (void)bad;
+    (void)srv, (void)c, (void)codec, (void)key, (void)out, (void)bad;
     return psagg_fail(PSAGG_EUNSUPPORTED, "GPU assist not built");
 }
 

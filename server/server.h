@@ -251,8 +251,9 @@ void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb);
 /* gpu.c */
 psagg_status gpu_thread_init(server *srv, agg_thread *t);
 void gpu_thread_fini(agg_thread *t);
-psagg_status gpu_aggregate(server *srv, chunk_state *c, psagg_rng_key key, uint8_t *out,
-                           size_t *bad);
+/* Sum c's inputs (all in its slots, in worker order) and encode the sum in `codec`. */
+psagg_status gpu_aggregate(server *srv, chunk_state *c, const psagg_codec *codec, psagg_rng_key key,
+                           uint8_t *out, size_t *bad);
 int gpu_max_inputs(void);
 
 /* state.c: data-path threads report a misbehaving worker or a failed job through these */
