@@ -10,10 +10,11 @@
 #   lm    worker/examples/train_tinylm.py (a tiny causal transformer, Adam: where 2-bit
 #         gradients hurt) under DDP with psagg's hook, LM_STEPS steps (default 500), seeds
 #         0..SEEDS-1; its "final loss" column is the held-out loss (skipped without torch)
-# EXAMPLES (default "c torch lm") picks which run.
+# EXAMPLES (default "c torch lm") picks which run; ONLY=TEXT only the configs labelled with it.
 # Rows: fp32; uniform maxminB for B in BITS (default "2 3"); adaptive with the budget of
 # uniform maxminB (adaptive_budget = 1.0 with default maxminB), adaptive_interval = INTERVAL
-# (default 10). Every compressed tensor has error feedback (the default).
+# (default 10); uniform maxminB with nearest rounding for B in NEAREST_BITS (default none).
+# Every compressed tensor has error feedback (the default).
 #
 # Output: one CSV row per run (example, config, seed, test accuracy, final loss, bytes sent
 # per step) to tests/bench/results/adaptive-train.csv (or $OUT), then mean and spread per
@@ -29,7 +30,7 @@ trap 'rm -rf "$tmp"' EXIT
 export PSAGG_SERVER_BIN=$build/server/psagg-server
 unset PSAGG_CODEC_DEFAULT PSAGG_CODEC_ADAPTIVE PSAGG_CODEC_ADAPTIVE_BUDGET
 
-ini() { # ini CODEC ADAPTIVE
+ini() { # ini CODEC ADAPTIVE [ROUNDING]
     cat <<INI
 [cluster]
 job_id = bench-adaptive-$port
@@ -39,6 +40,7 @@ provider = tcp
 connect_timeout_ms = 30000
 [codec]
 default = $1
+rounding = ${3:-stochastic}
 min_compress_elems = 256
 adaptive = $2
 adaptive_budget = 1.0
@@ -50,17 +52,23 @@ INI
 
 configs=("fp32 off fp32")
 for b in $bits; do configs+=("maxmin$b off maxmin$b" "maxmin$b on adaptive@maxmin$b"); done
+for b in ${NEAREST_BITS:-}; do configs+=("maxmin$b off maxmin$b/nearest nearest"); done
+if [[ -n ${ONLY:-} ]]; then # ONLY=adaptive: just the rows whose label contains it
+    kept=()
+    for c in "${configs[@]}"; do [[ $c == *"$ONLY"* ]] && kept+=("$c"); done
+    configs=("${kept[@]}")
+fi
 
 # field KEY: KEY=value from the RESULT line in $r
 field() { sed -n "s/.* $1=\([0-9.]*\).*/\1/p" <<<"$r"; }
 
 # run_all EXAMPLE FIRST_SEED COMMAND...: every config x SEEDS seeds (@SEED@ in COMMAND), a row each
 run_all() {
-    local ex=$1 seed0=$2 c codec adaptive label i s acc loss bps
+    local ex=$1 seed0=$2 c codec adaptive label rounding i s acc loss bps
     shift 2
     for c in "${configs[@]}"; do
-        read -r codec adaptive label <<<"$c"
-        ini "$codec" "$adaptive" >"$tmp/job.ini"
+        read -r codec adaptive label rounding <<<"$c"
+        ini "$codec" "$adaptive" "$rounding" >"$tmp/job.ini"
         for ((i = 0; i < seeds; i++)); do
             s=$((seed0 + i))
             PSAGG_WORKER_SEED=$((i + 1)) "$repo/deploy/psagg-local" --config "$tmp/job.ini" --timeout 1800 -- \

@@ -98,28 +98,12 @@ static int check_codec(server *srv, chunk_state *c, int w, const psagg_msg_codec
     return -1;
 }
 
-/*
- * The codec the sum is requantized with: the round's. But nearest rounding is an adaptive
- * choice only where error feedback corrects its bias (runtime/adaptive.h), and here that is
- * [server] error_feedback: without it an adaptive tensor's update rounds stochastically.
- * The payload's format is the same either way (rounding only changes which level is chosen),
- * so the update's header names the round's codec.
- */
-static psagg_codec update_codec(const server *srv, const chunk_state *c)
-{
-    psagg_codec u = c->codec;
-    if (srv->layout.tensors[c->info->key].adaptive && !srv->cfg.server_error_feedback)
-        u.rounding = PSAGG_ROUND_STOCHASTIC;
-    return u;
-}
-
 /* Requantize the completed round and send the update to every worker. */
 static void finish_round(server *srv, chunk_state *c)
 {
     int p = c->round & 1;
     size_t bad = 0, enc = c->enc;
     psagg_msg_hdr *h = (psagg_msg_hdr *)c->out[p];
-    psagg_codec uc;
     psagg_status st;
     int64_t now;
 
@@ -132,11 +116,10 @@ static void finish_round(server *srv, chunk_state *c)
     if (atomic_load(&c->sends_pending[p]) > 0)
         return; /* progress_main queues c->retry when the last send completes */
     atomic_store(&c->deferred, 0);
-    uc = update_codec(srv, c);
     if (c->gpu)
-        st = gpu_aggregate(srv, c, &uc, round_key(srv, c), c->out[p] + sizeof *h, &bad);
+        st = gpu_aggregate(srv, c, &c->codec, round_key(srv, c), c->out[p] + sizeof *h, &bad);
     else
-        st = psagg_encode(&uc, c->acc, c->residual, c->info->count, round_key(srv, c),
+        st = psagg_encode(&c->codec, c->acc, c->residual, c->info->count, round_key(srv, c),
                           c->out[p] + sizeof *h, enc, &bad);
     if (st) {
         server_fail_job(srv, st, "tensor '%s' chunk %u round %u: the sum cannot be encoded: %s",

@@ -47,9 +47,9 @@
  * that is a multiple of 64 and divides the tensor's chunk (so chunks, their placement and
  * their owners never change), and stochastic rounding, plus nearest rounding when the
  * workers' error feedback is on (which corrects its bias; without it nearest's error piles
- * up). The servers requantize a round's sum in its codec, but with stochastic rounding unless
- * [server] error_feedback is on, for the same reason. Bytes are exact (meta included); errors
- * as below.
+ * up). The servers requantize a round's sum in the round's codec, rounding included: with
+ * stochastic updates where the pushes rounded to nearest, a tiny transformer trained worse
+ * (README, Results). Bytes are exact (meta included); errors as below.
  */
 #define PSAGG_ADAPT_LAG          2u
 #define PSAGG_ADAPT_MAX_INTERVAL 1000000u

@@ -41,9 +41,7 @@
  *   codec may change between rounds (runtime/adaptive.h): round r is of generation
  *   psagg_adapt_generation(r, interval) on every worker and server, so a push of another
  *   generation (a worker with a stale assignment) closes that worker, and pushes of one round
- *   that name different codecs fail the job; an update carries the round's codec too (its
- *   payload is in that format; an adaptive tensor's sum may have been rounded stochastically
- *   where the pushes rounded to nearest, which changes no byte of the format).
+ *   that name different codecs fail the job; an update carries the round's codec too.
  */
 #ifndef PSAGG_RUNTIME_WIRE_H
 #define PSAGG_RUNTIME_WIRE_H

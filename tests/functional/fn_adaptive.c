@@ -9,8 +9,8 @@
  * reference it computes itself: every worker's push in the codec the round used
  * (psagg_handle_codec), with that worker's own error-feedback residual carried over from the
  * rounds before (in whatever codecs they used), the pushes summed in worker order as the
- * server does, and the sum requantized with the chunk owner's RNG stream (stochastic rounding
- * for an adaptive tensor when the servers keep no residual). It also checks that
+ * server does, and the sum requantized in the same codec with the chunk owner's RNG stream.
+ * It also checks that
  * the round's generation is the schedule's (psagg_adapt_generation) and that
  * psagg_get_assignment agrees with the handles. It prints "ADAPTIVE-EXACT ..." with the
  * number of codec switches seen, and "DIGEST <hex>" of every output.
@@ -173,11 +173,8 @@ int main(int argc, char **argv)
                                           w ? PSAGG_DECODE_ADD : PSAGG_DECODE_FIRST, 1.0f))
                         FAIL("reference: %s", psagg_last_error());
                 }
-                psagg_codec uc = codec; /* server/aggregate.c, update_codec */
-                if (ti->adaptive && !cfg.server_error_feedback)
-                    uc.rounding = PSAGG_ROUND_STOCHASTIC;
                 if (psagg_encode(
-                        &uc, acc, NULL, ci->count,
+                        &codec, acc, NULL, ci->count,
                         psagg_rng_chunk_key(cfg.seed, PSAGG_RNG_SERVER, ci->owner, t, ci->index, r),
                         enc, len, NULL) ||
                     psagg_decode(&codec, enc, len, ci->count, ref[t] + ci->offset))
