@@ -3,9 +3,11 @@
  * push, the solve, and which codec each round of each tensor uses.
  *
  * runtime/adaptive.h has the schedule (statistics at rounds 0, K, 2K, ...; generation g + 1
- * from round gK + 2), the candidates and the error model; this file applies them. All of it
- * runs on the communication thread except psagg_get_assignment, which reads the assignments
- * under ctx->mu.
+ * from round gK + 2), the candidates and the error model; this file applies them. It runs on
+ * the communication thread, except the solve, which has a thread of its own (it takes up to a
+ * few hundred ms on large models, during which the communication thread goes on pushing), and
+ * psagg_get_assignment. The solver writes an assignment under ctx->mu and then publishes its
+ * generation (newest); the communication thread only reads assignments up to newest.
  *
  * The statistics are S(B) for each candidate bucket B of each adaptive tensor, measured on
  * what the codec quantizes (the gradient plus the tensor's error-feedback residual), as fp32
@@ -49,7 +51,7 @@ typedef struct psagg_adapt {
     uint64_t budget, uniform_bytes;
     /* assignments (comm thread writes under ctx->mu; readers take ctx->mu or are the thread) */
     assignment ring[RING];
-    uint32_t newest; /* the newest generation solved (0: none yet) */
+    atomic_uint newest; /* the newest generation solved (0: none yet); the solver publishes */
     /* statistics being gathered: of rounds stats_gen * interval */
     uint32_t stats_gen, n_measured;
     uint8_t *measured;
@@ -59,6 +61,11 @@ typedef struct psagg_adapt {
     float *lo, *hi;                /* its finest buckets' ranges */
     psagg_adapt_option *opts;      /* the solver's table, n_ad x MAX_CANDIDATES */
     uint32_t *solver_choice;
+    /* the solver thread: the communication thread hands it the summed statistics */
+    pthread_t solver;
+    int solver_started, solve_pending, solver_stop; /* guarded by smu */
+    pthread_mutex_t smu;
+    pthread_cond_t scv;
 } psagg_adapt;
 
 /* Bytes for the log: "812 B", "14.2 kB", "96.1 MB". */
@@ -76,6 +83,27 @@ static const char *human(uint64_t b, char *buf, size_t len)
 static size_t stats_count(uint32_t n_ad)
 {
     return (size_t)n_ad * PSAGG_ADAPT_MAX_BUCKETS;
+}
+
+static void solve(psagg_ctx *ctx);
+
+/* The solver thread: one solve per statistics push, until adapt_free. */
+static void *solver_main(void *arg)
+{
+    psagg_ctx *ctx = arg;
+    psagg_adapt *a = ctx->adapt;
+    for (;;) {
+        pthread_mutex_lock(&a->smu);
+        while (!a->solve_pending && !a->solver_stop)
+            pthread_cond_wait(&a->scv, &a->smu);
+        if (a->solver_stop) {
+            pthread_mutex_unlock(&a->smu);
+            return NULL;
+        }
+        a->solve_pending = 0;
+        pthread_mutex_unlock(&a->smu);
+        solve(ctx);
+    }
 }
 
 psagg_status adapt_setup(psagg_ctx *ctx)
@@ -163,6 +191,11 @@ psagg_status adapt_setup(psagg_ctx *ctx)
     a->hi = malloc((max_chunk / 64 + 1) * sizeof(float));
     if (!a->scratch || !a->lo || !a->hi)
         return psagg_fail(PSAGG_ENOMEM, "adaptive codecs");
+    pthread_mutex_init(&a->smu, NULL);
+    pthread_cond_init(&a->scv, NULL);
+    if (pthread_create(&a->solver, NULL, solver_main, ctx))
+        return psagg_fail(PSAGG_EIO, "adaptive codecs: cannot start the solver thread");
+    a->solver_started = 1;
     {
         char h1[24], h2[24];
         LOG_INFO(&ctx->log,
@@ -180,6 +213,15 @@ void adapt_free(psagg_ctx *ctx)
     psagg_adapt *a = ctx->adapt;
     if (!a)
         return;
+    if (a->solver_started) { /* a solve under way finishes first */
+        pthread_mutex_lock(&a->smu);
+        a->solver_stop = 1;
+        pthread_cond_signal(&a->scv);
+        pthread_mutex_unlock(&a->smu);
+        pthread_join(a->solver, NULL);
+        pthread_mutex_destroy(&a->smu);
+        pthread_cond_destroy(&a->scv);
+    }
     free(a->stats_op);
     for (int r = 0; r < RING; r++)
         free(a->ring[r].choice);
@@ -209,13 +251,13 @@ int adapt_codec(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len)
     if (!a || (i = a->ad_of[h->key]) == UINT32_MAX ||
         !(gen = psagg_adapt_generation(h->round, a->interval)))
         return 1;
-    if (gen > a->newest)
+    if (gen > atomic_load(&a->newest))
         return 0;
     if (!(s = find(a, gen))) {
         snprintf(msg, len,
                  "tensor '%.63s' round %u: its codec assignment (generation %u) is no "
                  "longer kept (the newest is %u)",
-                 ctx->layout.tensors[h->key].name, h->round, gen, a->newest);
+                 ctx->layout.tensors[h->key].name, h->round, gen, atomic_load(&a->newest));
         return PSAGG_EINVAL;
     }
     h->codec = a->cand[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES + s->choice[i]];
@@ -249,7 +291,7 @@ void adapt_measure(psagg_ctx *ctx, const struct psagg_handle *h)
     psagg_adapt *a = ctx->adapt;
     const psagg_tensor_info *ti;
     const float *res;
-    uint32_t i, nb;
+    uint32_t i, nb, sizes[PSAGG_ADAPT_MAX_BUCKETS];
     double s[PSAGG_ADAPT_MAX_BUCKETS] = {0};
 
     if (!a || (i = a->ad_of[h->key]) == UINT32_MAX || h->round % a->interval ||
@@ -257,8 +299,7 @@ void adapt_measure(psagg_ctx *ctx, const struct psagg_handle *h)
         return;
     ti = &ctx->layout.tensors[h->key];
     res = ctx->tensors[h->key].residual;
-    nb = psagg_adapt_buckets(&ti->codec, ti->chunk_elems,
-                             &a->bucket_size[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS]);
+    nb = psagg_adapt_buckets(&ti->codec, ti->chunk_elems, sizes); /* adapt_setup's too */
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
         const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
         const float *v = h->in + ci->offset;
@@ -267,8 +308,7 @@ void adapt_measure(psagg_ctx *ctx, const struct psagg_handle *h)
                 a->scratch[k] = v[k] + res[ci->offset + k];
             v = a->scratch;
         }
-        psagg_adapt_range_sums(v, ci->count, &a->bucket_size[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS],
-                               nb, s, a->lo, a->hi);
+        psagg_adapt_range_sums(v, ci->count, sizes, nb, s, a->lo, a->hi);
     }
     for (uint32_t b = 0; b < PSAGG_ADAPT_MAX_BUCKETS; b++)
         a->stats_in[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS + b] =
@@ -331,20 +371,33 @@ static double busiest(const psagg_ctx *ctx, const assignment *s);
 void adapt_stats_done(psagg_ctx *ctx, struct psagg_handle *h, psagg_status status, const char *msg)
 {
     psagg_adapt *a = ctx->adapt;
-    uint32_t gen = a->newest + 1, width = 0, changed = 0;
+
+    a->stats_op = NULL;
+    free(h);
+    if (status) {
+        worker_fail_all(ctx, status, "adaptive codecs: the statistics of rounds %u: %s",
+                        atomic_load(&a->newest) * a->interval, msg ? msg : "");
+        return;
+    }
+    /* the solve takes up to a few hundred ms on large models: not on this thread, whose
+       pushes would wait; operations that need its generation wait for it (adapt_codec) */
+    pthread_mutex_lock(&a->smu);
+    a->solve_pending = 1;
+    pthread_cond_signal(&a->scv);
+    pthread_mutex_unlock(&a->smu);
+}
+
+/* The next generation from the summed statistics in stats_out (the solver thread). */
+static void solve(psagg_ctx *ctx)
+{
+    psagg_adapt *a = ctx->adapt;
+    uint32_t gen = atomic_load(&a->newest) + 1, width = 0, changed = 0;
     uint8_t *map = NULL;
     assignment *s;
     psagg_status st;
     double uniform_error = 0.0;
     int64_t t0 = psagg_now_ns();
 
-    a->stats_op = NULL;
-    free(h);
-    if (status) {
-        worker_fail_all(ctx, status, "adaptive codecs: the statistics of rounds %u: %s",
-                        (gen - 1) * a->interval, msg ? msg : "");
-        return;
-    }
     /* compact every tensor's undominated options into a table of one width */
     map = malloc((size_t)a->n_ad * PSAGG_ADAPT_MAX_CANDIDATES);
     if (!map) {
@@ -385,8 +438,10 @@ void adapt_stats_done(psagg_ctx *ctx, struct psagg_handle *h, psagg_status statu
         s->gen = gen;
         s->bytes = bytes;
         s->error = err;
-        a->newest = gen;
+        atomic_store(&a->newest, gen); /* after the slot: readers find it complete */
         pthread_mutex_unlock(&ctx->mu);
+        if (atomic_load(&ctx->comm_idle)) /* operations may wait for it */
+            psagg_fabric_wake(ctx->fab);
     }
     {
         char h1[24], h2[24], h3[24];
@@ -453,7 +508,7 @@ int adapt_waiting(psagg_ctx *ctx, const struct psagg_handle *h, char *msg, size_
     size_t used;
 
     if (!a || h->encoded || a->ad_of[h->key] == UINT32_MAX ||
-        (gen = psagg_adapt_generation(h->round, a->interval)) <= a->newest)
+        (gen = psagg_adapt_generation(h->round, a->interval)) <= atomic_load(&a->newest))
         return 0;
     used = (size_t)snprintf(msg, len,
                             "push_pull of tensor '%.63s' round %u waits for codec assignment "
@@ -461,7 +516,8 @@ int adapt_waiting(psagg_ctx *ctx, const struct psagg_handle *h, char *msg, size_
                             ctx->layout.tensors[h->key].name, h->round, gen);
     if (a->stats_op || gen - 1 < a->stats_gen) {
         snprintf(msg + used, len - used,
-                 "whose statistics the servers have not summed within 2 x op_timeout_ms=%d",
+                 "whose statistics the servers have not summed (or the solver not solved) "
+                 "within 2 x op_timeout_ms=%d",
                  ctx->cfg.op_timeout_ms);
         return 1;
     }
@@ -497,13 +553,14 @@ psagg_status psagg_get_assignment(psagg_ctx *ctx, uint32_t key, psagg_assignment
     if (!a || (i = a->ad_of[key]) == UINT32_MAX)
         return PSAGG_OK;
     pthread_mutex_lock(&ctx->mu);
-    if (a->newest) {
-        const assignment *s = find(a, a->newest);
+    if (atomic_load(&a->newest)) {
+        uint32_t g = atomic_load(&a->newest);
+        const assignment *s = find(a, g);
         size_t k = (size_t)i * PSAGG_ADAPT_MAX_CANDIDATES + s->choice[i];
         out->codec = a->cand[k];
         out->bytes = a->cand_bytes[k];
-        out->generation = a->newest;
-        out->from_round = (a->newest - 1) * a->interval + PSAGG_ADAPT_LAG;
+        out->generation = g;
+        out->from_round = (g - 1) * a->interval + PSAGG_ADAPT_LAG;
     }
     pthread_mutex_unlock(&ctx->mu);
     return PSAGG_OK;

@@ -188,7 +188,8 @@ void comm_stop(psagg_ctx *ctx);
  * the communication thread calls adapt_codec before encoding a round (1: h->codec and h->gen
  * are set; 0: its assignment is not there yet; < 0 failed, msg says why), adapt_measure
  * after (a statistics round: take its ranges; once every tensor's are in, queue their push)
- * and adapt_stats_done when that push completes (solve: the next generation).
+ * and adapt_stats_done when that push completes (it hands the sum to adapt.c's solver
+ * thread, which publishes the next generation).
  * adapt_waiting explains an operation that waits for its assignment (for the deadline).
  */
 psagg_status adapt_setup(psagg_ctx *ctx);
