@@ -86,6 +86,13 @@ psagg_status psagg_codec_check(psagg_codec *codec)
     return PSAGG_OK;
 }
 
+int psagg_codec_equal(const psagg_codec *a, const psagg_codec *b)
+{
+    return a->id == b->id &&
+           (a->id != PSAGG_CODEC_MAXMIN ||
+            (a->bits == b->bits && a->bucket == b->bucket && a->rounding == b->rounding));
+}
+
 /* Copy and check a caller's codec (so that bucket 0 means the default here too). */
 static psagg_status prep(const psagg_codec *codec, psagg_codec *c, size_t n)
 {

@@ -136,6 +136,9 @@ const char *psagg_codec_name(const psagg_codec *codec, char *buf, size_t len);
 /* Check a codec description; fills bucket 0 with the default. PSAGG_EINVAL names the field. */
 psagg_status psagg_codec_check(psagg_codec *codec);
 
+/* Whether two checked codecs are the same format (maxmin: bits, bucket and rounding too). */
+int psagg_codec_equal(const psagg_codec *a, const psagg_codec *b);
+
 /* Exact encoded size in bytes of n elements; 0 for a codec psagg_codec_check refuses. */
 size_t psagg_encoded_size(const psagg_codec *codec, size_t n);
 

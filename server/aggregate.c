@@ -70,13 +70,13 @@ static int check_codec(server *srv, chunk_state *c, int w, const psagg_msg_codec
     uint32_t gen = round_generation(srv, c);
     char a[40], b[40];
 
-    if (mc->generation != (gen & 1023u)) {
+    if (mc->generation != (gen & PSAGG_MSG_GEN_MASK)) {
         server_close_worker(srv, w,
                             "push of tensor '%s' chunk %u round %u carries codec assignment "
                             "generation %u, but that round is of generation %u ([codec] "
                             "adaptive_interval=%u): a stale assignment",
-                            name, c->info->index, c->round, mc->generation, gen & 1023u,
-                            srv->layout.adapt_interval);
+                            name, c->info->index, c->round, mc->generation,
+                            gen & PSAGG_MSG_GEN_MASK, srv->layout.adapt_interval);
         return -1;
     }
     if (!c->codec_set) {
@@ -86,8 +86,7 @@ static int check_codec(server *srv, chunk_state *c, int w, const psagg_msg_codec
         c->codec_by = (uint32_t)w;
         return 0;
     }
-    if (c->codec.bits == mc->codec.bits && c->codec.bucket == mc->codec.bucket &&
-        c->codec.rounding == mc->codec.rounding && c->codec.id == mc->codec.id)
+    if (psagg_codec_equal(&c->codec, &mc->codec))
         return 0;
     server_fail_job(srv, PSAGG_EPROTO,
                     "tensor '%s' chunk %u round %u (generation %u): worker %u pushed it in %s, "
@@ -131,7 +130,6 @@ static void finish_round(server *srv, chunk_state *c)
                    round_generation(srv, c));
     if (srv->tag_bytes) /* one MAC: every worker gets the same bytes */
         psagg_msg_mac(&srv->data_key, c->out[p], sizeof *h + enc, c->out[p] + sizeof *h + enc);
-    c->out_bytes[p] = sizeof *h + enc + srv->tag_bytes;
     atomic_store(&c->sends_pending[p], srv->n_workers);
     now = psagg_now_ns();
     metrics_round(srv, sizeof *h + enc + srv->tag_bytes, c->last_push_ns - c->first_push_ns,
@@ -445,12 +443,8 @@ psagg_status agg_check_budget(const server *srv, const psagg_ctl_tensor *decl, u
         if (decl[t].codec > PSAGG_CODEC_MAXMIN || psagg_codec_check(&c) || !count)
             continue; /* psagg_layout_build refuses it, with its own message */
         ce = psagg_codec_chunk_elems(&c, chunk_elems);
-        if (adapt_interval && c.id == PSAGG_CODEC_MAXMIN) {
-            /* buffers hold the largest candidate: 8 bits at the finest bucket (layout.c) */
-            uint32_t b[PSAGG_ADAPT_MAX_BUCKETS];
-            psagg_adapt_buckets(&c, ce, b);
-            c = (psagg_codec){PSAGG_CODEC_MAXMIN, PSAGG_ADAPT_MAX_BITS, b[0], c.rounding};
-        }
+        if (adapt_interval && c.id == PSAGG_CODEC_MAXMIN) /* buffers hold the largest */
+            c = psagg_adapt_largest(&c, ce);
         full = count / ce;
         rem = count % ce;
         bytes = sat_add(sat_mul(full, chunk_bytes(srv, ce, psagg_encoded_size(&c, ce))),

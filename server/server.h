@@ -101,11 +101,10 @@ typedef struct send_ctx {
 /* One owned chunk. Only its aggregation thread touches it, except sends_pending. */
 typedef struct chunk_state {
     const psagg_chunk_info *info;
-    psagg_codec codec;   /* this round's: the declared one, or (adaptive) its first push's */
-    size_t enc;          /* this round's payload bytes in it */
-    int codec_set;       /* a push of this round set codec */
-    uint32_t codec_by;   /* the worker whose push did */
-    size_t out_bytes[2]; /* the update message's bytes in out[parity] */
+    psagg_codec codec; /* this round's: the declared one, or (adaptive) its first push's */
+    size_t enc;        /* this round's payload bytes in it */
+    int codec_set;     /* a push of this round set codec */
+    uint32_t codec_by; /* the worker whose push did */
     uint32_t thread;
     uint32_t round;         /* the round being collected */
     int64_t round_deadline; /* 0, or when its first push arrived + op_timeout_ms */

@@ -45,9 +45,8 @@ typedef struct psagg_adapt {
     /* candidates: MAX_CANDIDATES per adaptive tensor */
     uint32_t *n_cand;
     psagg_codec *cand;
-    uint8_t *cand_bucket;  /* its bucket's index among the tensor's statistics */
-    uint64_t *cand_bytes;  /* encoded bytes of the whole tensor */
-    uint32_t *bucket_size; /* PSAGG_ADAPT_MAX_BUCKETS per tensor */
+    uint8_t *cand_bucket; /* its bucket's index among the tensor's statistics */
+    uint64_t *cand_bytes; /* encoded bytes of the whole tensor */
     uint64_t budget, uniform_bytes;
     /* assignments (comm thread writes under ctx->mu; readers take ctx->mu or are the thread) */
     assignment ring[RING];
@@ -59,7 +58,8 @@ typedef struct psagg_adapt {
     struct psagg_handle *stats_op; /* their push, in flight */
     float *scratch;                /* one chunk: gradient + residual */
     float *lo, *hi;                /* its finest buckets' ranges */
-    psagg_adapt_option *opts;      /* the solver's table, n_ad x MAX_CANDIDATES */
+    psagg_adapt_option *opts;      /* the solver's table, n_ad x MAX_CANDIDATES ... */
+    uint8_t *opt_cand;             /* ... and each option's candidate */
     uint32_t *solver_choice;
     /* the solver thread: the communication thread hands it the summed statistics */
     pthread_t solver;
@@ -135,14 +135,14 @@ psagg_status adapt_setup(psagg_ctx *ctx)
     a->cand = calloc((size_t)a->n_ad * PSAGG_ADAPT_MAX_CANDIDATES, sizeof *a->cand);
     a->cand_bucket = calloc((size_t)a->n_ad * PSAGG_ADAPT_MAX_CANDIDATES, 1);
     a->cand_bytes = calloc((size_t)a->n_ad * PSAGG_ADAPT_MAX_CANDIDATES, sizeof *a->cand_bytes);
-    a->bucket_size = calloc(stats_count(a->n_ad), sizeof *a->bucket_size);
     a->measured = calloc(a->n_ad, 1);
     a->stats_in = calloc(stats_count(a->n_ad), sizeof(float));
     a->stats_out = calloc(stats_count(a->n_ad), sizeof(float));
     a->opts = calloc((size_t)a->n_ad * PSAGG_ADAPT_MAX_CANDIDATES, sizeof *a->opts);
+    a->opt_cand = calloc((size_t)a->n_ad * PSAGG_ADAPT_MAX_CANDIDATES, 1);
     a->solver_choice = calloc(a->n_ad, sizeof *a->solver_choice);
-    if (!a->n_cand || !a->cand || !a->cand_bucket || !a->cand_bytes || !a->bucket_size ||
-        !a->measured || !a->stats_in || !a->stats_out || !a->opts || !a->solver_choice)
+    if (!a->n_cand || !a->cand || !a->cand_bucket || !a->cand_bytes || !a->measured ||
+        !a->stats_in || !a->stats_out || !a->opts || !a->opt_cand || !a->solver_choice)
         return psagg_fail(PSAGG_ENOMEM, "adaptive codecs of %u tensors", a->n_ad);
     for (int r = 0; r < RING; r++) {
         a->ring[r].gen = UINT32_MAX;
@@ -153,8 +153,6 @@ psagg_status adapt_setup(psagg_ctx *ctx)
         const psagg_tensor_info *ti = &l->tensors[a->key_of[i]];
         psagg_codec *cand = &a->cand[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES];
         uint64_t *bytes = &a->cand_bytes[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES], min = UINT64_MAX;
-        psagg_adapt_buckets(&ti->codec, ti->chunk_elems,
-                            &a->bucket_size[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS]);
         /* nearest rounding only where error feedback corrects its bias */
         int nearest = ctx->tensors[a->key_of[i]].residual != NULL;
         a->n_cand[i] =
@@ -226,9 +224,9 @@ void adapt_free(psagg_ctx *ctx)
     for (int r = 0; r < RING; r++)
         free(a->ring[r].choice);
     free(a->ad_of), free(a->key_of), free(a->n_cand), free(a->cand), free(a->cand_bucket);
-    free(a->cand_bytes), free(a->bucket_size), free(a->measured), free(a->stats_in);
+    free(a->cand_bytes), free(a->measured), free(a->stats_in);
     free(a->stats_out), free(a->scratch), free(a->lo), free(a->hi), free(a->opts),
-        free(a->solver_choice);
+        free(a->opt_cand), free(a->solver_choice);
     free(a);
     ctx->adapt = NULL;
 }
@@ -299,7 +297,7 @@ void adapt_measure(psagg_ctx *ctx, const struct psagg_handle *h)
         return;
     ti = &ctx->layout.tensors[h->key];
     res = ctx->tensors[h->key].residual;
-    nb = psagg_adapt_buckets(&ti->codec, ti->chunk_elems, sizes); /* adapt_setup's too */
+    nb = psagg_adapt_buckets(&ti->codec, ti->chunk_elems, sizes);
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
         const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
         const float *v = h->in + ci->offset;
@@ -358,9 +356,11 @@ static uint32_t options_of(const psagg_adapt *a, uint32_t i, psagg_adapt_option 
 /* The estimated error of adaptive tensor i in its declared codec (for the log). */
 static double declared_error(const psagg_ctx *ctx, const psagg_adapt *a, uint32_t i)
 {
-    const psagg_codec *d = &ctx->layout.tensors[a->key_of[i]].codec;
-    for (uint32_t b = 0; b < PSAGG_ADAPT_MAX_BUCKETS; b++)
-        if (a->bucket_size[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS + b] == d->bucket)
+    const psagg_tensor_info *ti = &ctx->layout.tensors[a->key_of[i]];
+    const psagg_codec *d = &ti->codec;
+    uint32_t sizes[PSAGG_ADAPT_MAX_BUCKETS], nb = psagg_adapt_buckets(d, ti->chunk_elems, sizes);
+    for (uint32_t b = 0; b < nb; b++)
+        if (sizes[b] == d->bucket)
             return psagg_adapt_maxmin_error(a->stats_out[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS + b],
                                             d->bits, d->rounding);
     return 0.0;
@@ -392,18 +392,16 @@ static void solve(psagg_ctx *ctx)
 {
     psagg_adapt *a = ctx->adapt;
     uint32_t gen = atomic_load(&a->newest) + 1, width = 0, changed = 0;
-    uint8_t *map = NULL;
-    assignment *s;
+    const assignment *prev = gen > 1 ? find(a, gen - 1) : NULL;
+    assignment *s = &a->ring[gen % RING];
+    uint8_t *map = a->opt_cand;
     psagg_status st;
-    double uniform_error = 0.0;
+    uint64_t bytes;
+    double err, uniform_error = 0.0;
     int64_t t0 = psagg_now_ns();
+    char h1[24], h2[24], h3[24];
 
     /* compact every tensor's undominated options into a table of one width */
-    map = malloc((size_t)a->n_ad * PSAGG_ADAPT_MAX_CANDIDATES);
-    if (!map) {
-        worker_fail_all(ctx, PSAGG_ENOMEM, "adaptive codecs: solving generation %u", gen);
-        return;
-    }
     for (uint32_t i = 0; i < a->n_ad; i++) {
         psagg_adapt_option o[PSAGG_ADAPT_MAX_CANDIDATES];
         uint32_t n = options_of(a, i, o, &map[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES]);
@@ -417,62 +415,47 @@ static void solve(psagg_ctx *ctx)
     for (uint32_t i = 0; i < a->n_ad && width < PSAGG_ADAPT_MAX_CANDIDATES; i++)
         memmove(&a->opts[(size_t)i * width], &a->opts[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES],
                 width * sizeof *a->opts);
-    s = &a->ring[gen % RING];
-    {
-        uint64_t bytes;
-        double err;
-        st = psagg_adapt_solve(a->opts, a->n_ad, width, a->budget, a->solver_choice, &bytes, &err);
-        if (st) {
-            free(map);
-            worker_fail_all(ctx, st, "adaptive codecs: solving generation %u: %s", gen,
-                            psagg_last_error());
-            return;
-        }
-        pthread_mutex_lock(&ctx->mu);
-        for (uint32_t i = 0; i < a->n_ad; i++) {
-            uint8_t c = map[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES + a->solver_choice[i]];
-            const assignment *prev = gen > 1 ? find(a, gen - 1) : NULL;
-            changed += !prev || prev->choice[i] != c;
-            s->choice[i] = c;
-        }
-        s->gen = gen;
-        s->bytes = bytes;
-        s->error = err;
-        atomic_store(&a->newest, gen); /* after the slot: readers find it complete */
-        pthread_mutex_unlock(&ctx->mu);
-        if (atomic_load(&ctx->comm_idle)) /* operations may wait for it */
-            psagg_fabric_wake(ctx->fab);
+    st = psagg_adapt_solve(a->opts, a->n_ad, width, a->budget, a->solver_choice, &bytes, &err);
+    if (st) {
+        worker_fail_all(ctx, st, "adaptive codecs: solving generation %u: %s", gen,
+                        psagg_last_error());
+        return;
     }
-    {
-        char h1[24], h2[24], h3[24];
-        double ms = (double)(psagg_now_ns() - t0) / 1e6;
-        LOG_INFO(&ctx->log,
-                 "adaptive codecs: generation %u (from the statistics of round %u) holds from "
-                 "round %u: %s per push (budget %s, declared codecs %s), estimated error %.3g "
-                 "(declared codecs %.3g), %u tensors changed, busiest server %+.0f%% against "
-                 "the mean (declared codecs %+.0f%%); solved in %.1f ms",
-                 gen, (gen - 1) * a->interval, (gen - 1) * a->interval + PSAGG_ADAPT_LAG,
-                 human(s->bytes, h1, sizeof h1), human(a->budget, h2, sizeof h2),
-                 human(a->uniform_bytes, h3, sizeof h3), s->error, uniform_error, changed,
-                 busiest(ctx, s), busiest(ctx, NULL), ms);
-    }
+    pthread_mutex_lock(&ctx->mu);
     for (uint32_t i = 0; i < a->n_ad; i++) {
-        const assignment *prev = gen > 1 ? find(a, gen - 1) : NULL;
-        const psagg_codec *now = &a->cand[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES + s->choice[i]];
+        uint8_t c = map[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES + a->solver_choice[i]];
+        changed += !prev || prev->choice[i] != c;
+        s->choice[i] = c;
+    }
+    s->gen = gen;
+    s->bytes = bytes;
+    s->error = err;
+    atomic_store(&a->newest, gen); /* after the slot: readers find it complete */
+    pthread_mutex_unlock(&ctx->mu);
+    if (atomic_load(&ctx->comm_idle)) /* operations may wait for it */
+        psagg_fabric_wake(ctx->fab);
+
+    LOG_INFO(&ctx->log,
+             "adaptive codecs: generation %u (from the statistics of round %u) holds from "
+             "round %u: %s per push (budget %s, declared codecs %s), estimated error %.3g "
+             "(declared codecs %.3g), %u tensors changed, busiest server %+.0f%% against "
+             "the mean (declared codecs %+.0f%%); solved in %.1f ms",
+             gen, (gen - 1) * a->interval, (gen - 1) * a->interval + PSAGG_ADAPT_LAG,
+             human(s->bytes, h1, sizeof h1), human(a->budget, h2, sizeof h2),
+             human(a->uniform_bytes, h3, sizeof h3), s->error, uniform_error, changed,
+             busiest(ctx, s), busiest(ctx, NULL), (double)(psagg_now_ns() - t0) / 1e6);
+    for (uint32_t i = 0; i < a->n_ad; i++) {
+        size_t base = (size_t)i * PSAGG_ADAPT_MAX_CANDIDATES;
         const psagg_codec *was =
-            prev ? &a->cand[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES + prev->choice[i]]
-                 : &ctx->layout.tensors[a->key_of[i]].codec;
+            prev ? &a->cand[base + prev->choice[i]] : &ctx->layout.tensors[a->key_of[i]].codec;
         char n1[40], n2[40];
         if (prev && prev->choice[i] == s->choice[i])
             continue;
-        char h1[24];
         LOG_INFO(&ctx->log, "adaptive codecs: generation %u: tensor '%s' %s -> %s (%s)", gen,
                  ctx->layout.tensors[a->key_of[i]].name, psagg_codec_name(was, n1, sizeof n1),
-                 psagg_codec_name(now, n2, sizeof n2),
-                 human(a->cand_bytes[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES + s->choice[i]], h1,
-                       sizeof h1));
+                 psagg_codec_name(&a->cand[base + s->choice[i]], n2, sizeof n2),
+                 human(a->cand_bytes[base + s->choice[i]], h1, sizeof h1));
     }
-    free(map);
 }
 
 /*

@@ -118,19 +118,9 @@ static void account_op(psagg_ctx *ctx, struct psagg_handle *h)
 static void finish_op(comm_state *cs, struct psagg_handle *h, psagg_status status, const char *msg)
 {
     psagg_ctx *ctx = cs->ctx;
+    int internal = adapt_is_stats(ctx, h); /* the adaptive statistics: nobody waits on it */
     remove_active(cs, h);
-    if (adapt_is_stats(ctx, h)) { /* the adaptive statistics: nobody waits, adapt.c frees it */
-        pthread_mutex_lock(&ctx->mu);
-        if (ctx->tensors[h->key].op == h) {
-            ctx->tensors[h->key].op = NULL;
-            if (!status)
-                ctx->tensors[h->key].round++;
-        }
-        pthread_mutex_unlock(&ctx->mu);
-        adapt_stats_done(ctx, h, status, msg);
-        return;
-    }
-    if (!status) { /* counted before it completes: a waiter's psagg_get_stats includes it */
+    if (!status && !internal) { /* counted before it completes: a waiter's stats include it */
         h->t_done = psagg_now_ns();
         account_op(ctx, h);
         atomic_fetch_add(&ctx->push_pulls, 1);
@@ -141,8 +131,11 @@ static void finish_op(comm_state *cs, struct psagg_handle *h, psagg_status statu
         if (!status)
             ctx->tensors[h->key].round++;
     }
-    handle_complete_locked(ctx, h, status, msg);
+    if (!internal)
+        handle_complete_locked(ctx, h, status, msg);
     pthread_mutex_unlock(&ctx->mu);
+    if (internal)
+        adapt_stats_done(ctx, h, status, msg); /* frees it */
 }
 
 /*
@@ -178,12 +171,10 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
         const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
         uint8_t *buf = ctx->chunks[ti->first_chunk + c].buf;
-        size_t len = psagg_encoded_size(&h->codec, ci->count);
-        psagg_msg_init((psagg_msg_hdr *)buf, PSAGG_MSG_PUSH, (uint32_t)ctx->rank, h->round, ci,
-                       &h->codec, h->gen);
+        psagg_msg_hdr *mh = (psagg_msg_hdr *)buf;
+        psagg_msg_init(mh, PSAGG_MSG_PUSH, (uint32_t)ctx->rank, h->round, ci, &h->codec, h->gen);
         if (ctx->tag_bytes)
-            psagg_msg_mac(&ctx->data_key, buf, sizeof(psagg_msg_hdr) + len,
-                          buf + sizeof(psagg_msg_hdr) + len);
+            psagg_msg_mac(&ctx->data_key, buf, sizeof *mh + mh->len, buf + sizeof *mh + mh->len);
     }
     h->encoded = 1;
     h->t_encoded = psagg_now_ns();
@@ -218,7 +209,8 @@ static int schedule(comm_state *cs)
             uint32_t g = ti->first_chunk + h->next_send;
             const psagg_chunk_info *ci = &ctx->layout.chunks[g];
             server_conn *sc = &ctx->servers[ci->owner];
-            size_t len = sizeof(psagg_msg_hdr) + psagg_encoded_size(&h->codec, ci->count);
+            /* the header encode_op wrote has the payload's length */
+            size_t len = sizeof(psagg_msg_hdr) + ((const psagg_msg_hdr *)ctx->chunks[g].buf)->len;
             psagg_status st;
             if (sc->inflight >= ctx->cfg.max_inflight) {
                 waiting = waiting ? waiting : 1;
@@ -333,9 +325,8 @@ static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
                         mh->sender, ti->name, mh->chunk, mh->round);
         return;
     }
-    if (mc.generation != (h->gen & 1023u) || mc.codec.bits != h->codec.bits ||
-        mc.codec.bucket != h->codec.bucket || mc.codec.rounding != h->codec.rounding ||
-        mc.codec.id != h->codec.id) {
+    if (mc.generation != (h->gen & PSAGG_MSG_GEN_MASK) ||
+        !psagg_codec_equal(&mc.codec, &h->codec)) {
         char a[40], b[40];
         worker_fail_all(ctx, PSAGG_EPROTO,
                         "server %u sent the update of tensor '%s' chunk %u round %u in %s "
@@ -346,7 +337,7 @@ static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
         return;
     }
     t0 = psagg_now_ns();
-    r = h->ops->update(ctx, h, ci, rb->buf + sizeof *mh, msg, sizeof msg);
+    r = h->ops->update(ctx, h, ci, rb->buf + sizeof *mh, mc.len, msg, sizeof msg);
     if (h->done_chunks + 1 < ti->n_chunks) /* the last one's decode is in t_done - t_updates */
         h->update_ns += (uint64_t)(psagg_now_ns() - t0);
     else

@@ -157,7 +157,7 @@ static psagg_status gpu_enqueue_encode(psagg_ctx *ctx, gpu_state *g, struct psag
 
 static int cuda_encode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len);
 static int cuda_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
-                       const uint8_t *payload, char *msg, size_t len);
+                       const uint8_t *payload, size_t payload_len, char *msg, size_t len);
 static int cuda_complete(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len);
 
 static const psagg_bufops cuda_ops = {
@@ -248,11 +248,11 @@ static int cuda_encode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t
 
 /* update: keep the chunk's bytes in pinned memory for the decode on the device. */
 static int cuda_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
-                       const uint8_t *payload, char *msg, size_t len)
+                       const uint8_t *payload, size_t payload_len, char *msg, size_t len)
 {
     gpu_state *g = ctx->device;
     (void)msg, (void)len;
-    memcpy(g->t[h->key].h_upd + g->t[h->key].enc_off[ci->index], payload, ci->enc_bytes);
+    memcpy(g->t[h->key].h_upd + g->t[h->key].enc_off[ci->index], payload, payload_len);
     return 1;
 }
 

@@ -47,7 +47,8 @@ struct psagg_handle;
  *   encode    fill the payload (after the header) of every chunk's push buffer
  *             (ctx->chunks[...].buf) with the encoded input, error feedback included; on a
  *             failure, reset the tensor's residual (part of it was updated)
- *   update    chunk ci's update arrived (header checked; ci->enc_bytes of payload): use it.
+ *   update    chunk ci's update arrived (header checked; payload_len bytes of payload, in
+ *             h->codec): use it.
  *             Never 0. A failure means the server sent an invalid update: the job fails
  *   complete  every update is in: 1 when the output is written, 0 while it is being written
  */
@@ -55,7 +56,7 @@ typedef struct psagg_bufops {
     const char *kind; /* "host", "cuda" */
     int (*encode)(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len);
     int (*update)(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
-                  const uint8_t *payload, char *msg, size_t len);
+                  const uint8_t *payload, size_t payload_len, char *msg, size_t len);
     int (*complete)(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len);
 } psagg_bufops;
 

@@ -219,12 +219,19 @@ uint32_t psagg_adapt_candidates(const psagg_codec *declared, uint64_t chunk_elem
     return n;
 }
 
+psagg_codec psagg_adapt_largest(const psagg_codec *declared, uint64_t chunk_elems)
+{
+    uint32_t buckets[PSAGG_ADAPT_MAX_BUCKETS];
+    psagg_adapt_buckets(declared, chunk_elems, buckets);
+    return (psagg_codec){PSAGG_CODEC_MAXMIN, PSAGG_ADAPT_MAX_BITS, buckets[0],
+                         PSAGG_ROUND_STOCHASTIC};
+}
+
 int psagg_adapt_allowed(const psagg_codec *declared, uint64_t chunk_elems, const psagg_codec *c)
 {
     uint32_t buckets[PSAGG_ADAPT_MAX_BUCKETS],
         nb = psagg_adapt_buckets(declared, chunk_elems, buckets);
-    if (c->id == declared->id && c->bits == declared->bits && c->bucket == declared->bucket &&
-        c->rounding == declared->rounding)
+    if (psagg_codec_equal(c, declared))
         return 1; /* generation 0 */
     if (c->id != PSAGG_CODEC_MAXMIN || c->bits < PSAGG_ADAPT_MIN_BITS ||
         c->bits > PSAGG_ADAPT_MAX_BITS ||

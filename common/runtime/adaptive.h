@@ -81,6 +81,12 @@ uint32_t psagg_adapt_candidates(const psagg_codec *declared, uint64_t chunk_elem
                                 uint8_t bucket_of[PSAGG_ADAPT_MAX_CANDIDATES]);
 
 /*
+ * The candidate with the largest encoding (8 bits at the finest bucket): what a buffer of an
+ * adaptive tensor's chunk must hold.
+ */
+psagg_codec psagg_adapt_largest(const psagg_codec *declared, uint64_t chunk_elems);
+
+/*
  * Whether c may be the codec of a round of a tensor declared with `declared`: the declared
  * codec itself (generation 0) or a candidate (nearest rounding allowed).
  */

@@ -76,16 +76,6 @@ uint64_t psagg_chunk_elems(const psagg_config *cfg)
     return ce < 64 ? 64 : ce;
 }
 
-/* The largest payload of an adaptive tensor's chunk of n elements: 8 bits, smallest bucket. */
-static size_t adaptive_cap(const psagg_tensor_info *ti, uint64_t n)
-{
-    uint32_t b[PSAGG_ADAPT_MAX_BUCKETS];
-    psagg_codec c = {PSAGG_CODEC_MAXMIN, PSAGG_ADAPT_MAX_BITS, 0, PSAGG_ROUND_STOCHASTIC};
-    psagg_adapt_buckets(&ti->codec, ti->chunk_elems, b);
-    c.bucket = b[0];
-    return psagg_encoded_size(&c, n);
-}
-
 psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64_t chunk_elems,
                                 uint32_t n_servers, uint32_t adapt_interval, psagg_layout *out)
 {
@@ -160,7 +150,12 @@ psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64
             ci->offset = k * ce;
             ci->count = (ti->count - ci->offset) < ce ? ti->count - ci->offset : ce;
             ci->enc_bytes = psagg_encoded_size(&ti->codec, ci->count);
-            ci->cap_bytes = ti->adaptive ? adaptive_cap(ti, ci->count) : ci->enc_bytes;
+            if (ti->adaptive) {
+                psagg_codec big = psagg_adapt_largest(&ti->codec, ti->chunk_elems);
+                ci->cap_bytes = psagg_encoded_size(&big, ci->count);
+            } else {
+                ci->cap_bytes = ci->enc_bytes;
+            }
             if (ci->cap_bytes < ci->enc_bytes) /* cannot be: 8 bits at the finest bucket */
                 ci->cap_bytes = ci->enc_bytes;
             if (ci->cap_bytes > l.max_enc_bytes)

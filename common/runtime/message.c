@@ -12,7 +12,7 @@ uint32_t psagg_msg_codec_word(const psagg_codec *codec, uint32_t generation)
     if (codec->id == PSAGG_CODEC_MAXMIN)
         w |= (codec->bits & 15u) << 2 | ((uint32_t)codec->rounding & 1u) << 6 |
              ((codec->bucket / 64) & 0x7FFFu) << 7;
-    return w | (generation & 1023u) << 22;
+    return w | (generation & PSAGG_MSG_GEN_MASK) << 22;
 }
 
 /* The codec a word names (its fields, unchecked). */
@@ -69,9 +69,8 @@ const char *psagg_msg_check(const void *msg, size_t msg_len, size_t tag_bytes,
     ti = &l->tensors[h->key];
     c = &l->chunks[ti->first_chunk + h->chunk];
     codec = word_codec(h->codec);
-    if (ti->adaptive
-            ? !psagg_adapt_allowed(&ti->codec, ti->chunk_elems, &codec)
-            : (h->codec & 0x3FFFFFu) != psagg_msg_codec_word(&ti->codec, 0) || h->codec >> 22)
+    if (ti->adaptive ? !psagg_adapt_allowed(&ti->codec, ti->chunk_elems, &codec)
+                     : h->codec != psagg_msg_codec_word(&ti->codec, 0)) /* generation 0 too */
         return "codec";
     if (!ti->adaptive)
         codec = ti->codec;

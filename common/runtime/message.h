@@ -20,6 +20,7 @@
  * generation modulo 1024.
  */
 uint32_t psagg_msg_codec_word(const psagg_codec *codec, uint32_t generation);
+#define PSAGG_MSG_GEN_MASK 1023u /* the generation a header carries: modulo 1024 */
 
 /*
  * A header for chunk ci of `round`, sent by `sender` (worker rank or server rank), whose
@@ -31,7 +32,7 @@ void psagg_msg_init(psagg_msg_hdr *h, enum psagg_msg_type type, uint32_t sender,
 /* What a checked header says of its payload. */
 typedef struct psagg_msg_codec {
     psagg_codec codec;
-    uint32_t generation; /* modulo 1024 */
+    uint32_t generation; /* & PSAGG_MSG_GEN_MASK */
     size_t len;          /* payload bytes */
 } psagg_msg_codec;
 

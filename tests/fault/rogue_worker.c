@@ -102,17 +102,41 @@ static psagg_fabric *open_fabric(const char *node)
     return fab;
 }
 
-/* The three tensors fn_worker declares by default, and their layout on the job's servers. */
-static void fn_tensors(psagg_ctl_tensor decl[3], uint64_t chunk_elems, psagg_layout *layout)
+/* A DECLARE frame's body: the header and up to four tensors. */
+typedef struct fn_declare {
+    psagg_ctl_declare d;
+    psagg_ctl_tensor t[4];
+} fn_declare;
+
+/*
+ * What fn_worker declares with `codec` (its default three tensors t000..t002) and, in a job
+ * with [codec] adaptive (`adaptive`), the statistics tensor libpsagg adds last; and the layout
+ * every process derives from it.
+ */
+static void fn_tensors(const psagg_codec *codec, int adaptive, fn_declare *m, psagg_layout *layout)
 {
-    psagg_codec fp32 = {.id = PSAGG_CODEC_FP32};
+    psagg_codec c = *codec, fp32 = {.id = PSAGG_CODEC_FP32};
+    *m = (fn_declare){.d = {.count = 3, .chunk_elems = psagg_chunk_elems(&cfg)}};
+    if (psagg_codec_check(&c))
+        DIE("codec");
     for (int t = 0; t < 3; t++) {
         char name[16];
         snprintf(name, sizeof name, "t%03d", t);
-        if (psagg_tensor_to_wire(name, sizes[t], &fp32, &decl[t]))
+        if (psagg_tensor_to_wire(name, sizes[t], &c, &m->t[t]))
             DIE("tensor %d", t);
     }
-    if (psagg_layout_build(decl, 3, chunk_elems, (uint32_t)cfg.n_servers, 0, layout))
+    if (adaptive) { /* as psagg_declare does it */
+        m->d.count = 4;
+        m->d.adapt_interval = (uint32_t)cfg.adaptive_interval;
+        m->d.adapt_budget = cfg.adaptive_budget;
+        m->d.adapt_flags = (cfg.adaptive_budget_bits ? PSAGG_ADAPT_BUDGET_BITS : 0) |
+                           (cfg.error_feedback ? PSAGG_ADAPT_WORKER_EF : 0);
+        if (psagg_tensor_to_wire(PSAGG_ADAPT_STATS_NAME, 3 * PSAGG_ADAPT_MAX_BUCKETS, &fp32,
+                                 &m->t[3]))
+            DIE("tensor 3");
+    }
+    if (psagg_layout_build(m->t, m->d.count, m->d.chunk_elems, (uint32_t)cfg.n_servers,
+                           m->d.adapt_interval, layout))
         DIE("layout");
 }
 
@@ -146,11 +170,28 @@ static int hello(psagg_fabric *fab, uint32_t rank, psagg_peer *server)
     return fd;
 }
 
+#define N_RBUF     8
+#define RBUF_BYTES (1u << 16)
+
+/* Send the DECLARE, wait for READY, and post N_RBUF receive buffers for the updates. */
+static void declare(psagg_fabric *fab, int fd, const fn_declare *m, uint8_t *rbuf[N_RBUF])
+{
+    if (psagg_ctl_send(fd, PSAGG_CTL_DECLARE, m, sizeof m->d + m->d.count * sizeof m->t[0]))
+        DIE("declare");
+    free(recv_frame(fd, PSAGG_CTL_READY, "READY"));
+    for (int i = 0; i < N_RBUF; i++) {
+        rbuf[i] = malloc(RBUF_BYTES);
+        if (!rbuf[i] || psagg_fabric_post_recv(fab, rbuf[i], RBUF_BYTES, NULL, rbuf[i]))
+            DIE("post a receive");
+    }
+}
+
 /* spoof: push poisoned contributions of every chunk without ever saying HELLO. */
 static int spoof(int port, double seconds, uint32_t claim, uint32_t rounds)
 {
     psagg_fabric *fab = open_fabric("127.0.0.1");
-    psagg_ctl_tensor decl[3];
+    psagg_codec fp32 = {.id = PSAGG_CODEC_FP32};
+    fn_declare decl;
     psagg_layout layout;
     uint8_t name[PSAGG_FABRIC_NAME_MAX];
     size_t len = sizeof name;
@@ -167,7 +208,7 @@ static int spoof(int port, double seconds, uint32_t claim, uint32_t rounds)
     sin->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (psagg_fabric_add_peer(fab, name, len, &server))
         DIE("add the server's address");
-    fn_tensors(decl, psagg_chunk_elems(&cfg), &layout);
+    fn_tensors(&fp32, 0, &decl, &layout);
     /* one buffer per message of a pass: a buffer is not touched again before the next pass */
     size_t stride = sizeof(psagg_msg_hdr) + layout.max_enc_bytes + PSAGG_MSG_MAC_BYTES;
     msg = calloc((size_t)rounds * layout.n_chunks, stride);
@@ -215,7 +256,7 @@ static int await_updates(psagg_fabric *fab, int fd, int n, char *closed, size_t 
         for (int i = 0; i < k; i++)
             if (ev[i].kind == PSAGG_FABRIC_RECV_DONE) {
                 n--;
-                if (psagg_fabric_post_recv(fab, ev[i].ctx, 1u << 16, NULL, ev[i].ctx))
+                if (psagg_fabric_post_recv(fab, ev[i].ctx, RBUF_BYTES, NULL, ev[i].ctx))
                     DIE("post a receive");
             } else if (ev[i].kind != PSAGG_FABRIC_SEND_DONE) {
                 DIE("fabric: %s", ev[i].msg);
@@ -239,43 +280,16 @@ static int stale(uint32_t rank, uint32_t rounds)
 {
     psagg_fabric *fab = open_fabric("127.0.0.1");
     psagg_peer server;
-    psagg_codec m4 = {PSAGG_CODEC_MAXMIN, 4, 0, PSAGG_ROUND_STOCHASTIC},
-                fp32 = {.id = PSAGG_CODEC_FP32};
-    struct {
-        psagg_ctl_declare d;
-        psagg_ctl_tensor t[4];
-    } m = {.d = {.count = 4,
-                 .chunk_elems = psagg_chunk_elems(&cfg),
-                 .adapt_interval = (uint32_t)cfg.adaptive_interval,
-                 .adapt_budget = cfg.adaptive_budget,
-                 .adapt_flags = (cfg.adaptive_budget_bits ? PSAGG_ADAPT_BUDGET_BITS : 0) |
-                                (cfg.error_feedback ? PSAGG_ADAPT_WORKER_EF : 0)}};
+    psagg_codec m4 = {PSAGG_CODEC_MAXMIN, 4, 0, PSAGG_ROUND_STOCHASTIC};
+    fn_declare m;
     psagg_layout layout;
-    uint8_t *msg, *rbuf[8];
+    uint8_t *msg, *rbuf[N_RBUF];
     float *x;
     char closed[300] = "";
     int fd = hello(fab, rank, &server), ok = 0;
 
-    if (psagg_codec_check(&m4))
-        DIE("codec");
-    for (int t = 0; t < 3; t++) {
-        char name[16];
-        snprintf(name, sizeof name, "t%03d", t);
-        if (psagg_tensor_to_wire(name, sizes[t], &m4, &m.t[t]))
-            DIE("tensor %d", t);
-    }
-    if (psagg_tensor_to_wire(PSAGG_ADAPT_STATS_NAME, 3 * PSAGG_ADAPT_MAX_BUCKETS, &fp32, &m.t[3]) ||
-        psagg_layout_build(m.t, 4, m.d.chunk_elems, (uint32_t)cfg.n_servers, m.d.adapt_interval,
-                           &layout))
-        DIE("layout");
-    if (psagg_ctl_send(fd, PSAGG_CTL_DECLARE, &m, sizeof m))
-        DIE("declare");
-    free(recv_frame(fd, PSAGG_CTL_READY, "READY"));
-    for (int i = 0; i < 8; i++) {
-        rbuf[i] = malloc(1u << 16);
-        if (!rbuf[i] || psagg_fabric_post_recv(fab, rbuf[i], 1u << 16, NULL, rbuf[i]))
-            DIE("post a receive");
-    }
+    fn_tensors(&m4, 1, &m, &layout);
+    declare(fab, fd, &m, rbuf);
     msg = malloc(sizeof(psagg_msg_hdr) + layout.max_enc_bytes);
     x = calloc(4096, sizeof *x);
     if (!msg || !x)
@@ -311,7 +325,7 @@ static int stale(uint32_t rank, uint32_t rounds)
     close(fd);
     psagg_fabric_close(fab);
     psagg_layout_free(&layout);
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < N_RBUF; i++)
         free(rbuf[i]);
     free(msg), free(x);
     if (ok)
@@ -367,15 +381,12 @@ int main(int argc, char **argv)
     uint64_t count = 0, chunk_elems = 0;
     double seconds = 3;
     int port = 0, o;
-    psagg_ctl_tensor decl[3];
-    struct {
-        psagg_ctl_declare d;
-        psagg_ctl_tensor t[3];
-    } declare_msg;
+    psagg_codec fp32 = {.id = PSAGG_CODEC_FP32};
+    fn_declare declare_msg;
     psagg_fabric *fab;
     psagg_peer server;
     psagg_layout layout;
-    uint8_t *push[3] = {0}, *rbuf[8] = {0};
+    uint8_t *push[3] = {0}, *rbuf[N_RBUF] = {0};
     int fd, ok = 0;
     setvbuf(stdout, NULL, _IOLBF, 0); /* what we did reaches the log even if killed */
 
@@ -417,19 +428,10 @@ int main(int argc, char **argv)
 
     fab = open_fabric("127.0.0.1"); /* the fault tests run on this host */
     fd = hello(fab, rank, &server);
-    declare_msg.d = (psagg_ctl_declare){.count = 3, .chunk_elems = psagg_chunk_elems(&cfg)};
-    fn_tensors(decl, declare_msg.d.chunk_elems, &layout);
-    memcpy(declare_msg.t, decl, sizeof decl);
+    fn_tensors(&fp32, 0, &declare_msg, &layout);
     if (layout.n_chunks != 3)
         DIE("layout (this test expects one chunk per tensor)");
-    if (psagg_ctl_send(fd, PSAGG_CTL_DECLARE, &declare_msg, sizeof declare_msg))
-        DIE("declare");
-    free(recv_frame(fd, PSAGG_CTL_READY, "READY"));
-    for (int i = 0; i < 8; i++) {
-        rbuf[i] = malloc(1u << 16);
-        if (!rbuf[i] || psagg_fabric_post_recv(fab, rbuf[i], 1u << 16, NULL, rbuf[i]))
-            DIE("post a receive");
-    }
+    declare(fab, fd, &declare_msg, rbuf);
 
     /* this worker's round-0 contributions, exactly as fn_worker would send them */
     for (uint32_t c = 0; c < 3; c++) {
@@ -498,7 +500,7 @@ out:
     close(fd);
     psagg_fabric_close(fab);
     psagg_layout_free(&layout);
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < N_RBUF; i++)
         free(rbuf[i]);
     for (int c = 0; c < 3; c++)
         free(push[c]);

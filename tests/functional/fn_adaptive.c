@@ -54,12 +54,6 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
     return h;
 }
 
-static int same_codec(const psagg_codec *a, const psagg_codec *b)
-{
-    return a->id == b->id && a->bits == b->bits && a->bucket == b->bucket &&
-           a->rounding == b->rounding;
-}
-
 int main(int argc, char **argv)
 {
     uint32_t rounds = argc > 1 ? (uint32_t)atoi(argv[1]) : 16, switches = 0, max_gen = 0;
@@ -143,11 +137,11 @@ int main(int argc, char **argv)
             if (gen != (ti->adaptive ? psagg_adapt_generation(r, l.adapt_interval) : 0))
                 FAIL("round %u tensor %u: generation %u, the schedule says %u", r, t, gen,
                      psagg_adapt_generation(r, l.adapt_interval));
-            if (!ti->adaptive && !same_codec(&codec, &ti->codec))
+            if (!ti->adaptive && !psagg_codec_equal(&codec, &ti->codec))
                 FAIL("tensor %u has a fixed codec, but round %u went in another", t, r);
             if (!psagg_adapt_allowed(&ti->codec, ti->chunk_elems, &codec))
                 FAIL("round %u tensor %u: codec is not one of the candidates", r, t);
-            if (!same_codec(&codec, &last[t])) {
+            if (!psagg_codec_equal(&codec, &last[t])) {
                 char a[40], b[40];
                 switches++;
                 if (rank == 0)
@@ -194,7 +188,7 @@ int main(int argc, char **argv)
         psagg_assignment as;
         if (psagg_get_assignment(ctx, t, &as))
             FAIL("psagg_get_assignment: %s", psagg_last_error());
-        if (as.generation == max_gen && !same_codec(&as.codec, &last[t]))
+        if (as.generation == max_gen && !psagg_codec_equal(&as.codec, &last[t]))
             FAIL("tensor %u: psagg_get_assignment disagrees with the last round's codec", t);
     }
     printf("ADAPTIVE-EXACT rounds=%u tensors=%u generations=%u switches=%u\n", rounds, N_T, max_gen,
