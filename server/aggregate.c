@@ -24,7 +24,7 @@
 #include "arena.h"
 #include "server.h"
 
-static psagg_rng_key round_key(const server *srv, const chunk_state *c)
+psagg_rng_key agg_round_key(const server *srv, const chunk_state *c)
 {
     return psagg_rng_chunk_key(srv->cfg.seed, PSAGG_RNG_SERVER, (uint32_t)srv->rank, c->info->key,
                                c->info->index, c->round);
@@ -98,7 +98,7 @@ static int check_codec(server *srv, chunk_state *c, int w, const psagg_msg_codec
 }
 
 /* Requantize the completed round and send the update to every worker. */
-static void finish_round(server *srv, chunk_state *c)
+void agg_finish_round(server *srv, chunk_state *c)
 {
     int p = c->round & 1;
     size_t bad = 0, enc = c->enc;
@@ -115,19 +115,27 @@ static void finish_round(server *srv, chunk_state *c)
     if (atomic_load(&c->sends_pending[p]) > 0)
         return; /* progress_main queues c->retry when the last send completes */
     atomic_store(&c->deferred, 0);
-    if (c->gpu)
-        st = gpu_aggregate(srv, c, &c->codec, round_key(srv, c), c->out[p] + sizeof *h, &bad);
-    else
-        st = psagg_encode(&c->codec, c->acc, c->residual, c->info->count, round_key(srv, c),
-                          c->out[p] + sizeof *h, enc, &bad);
-    if (st) {
-        server_fail_job(srv, st, "tensor '%s' chunk %u round %u: the sum cannot be encoded: %s",
-                        srv->layout.tensors[c->info->key].name, c->info->index, c->round,
-                        psagg_last_error());
-        return;
+    if (c->param) { /* the optimizer's round (optim.c): it writes the header too */
+        long r = optim_finish(srv, c, c->out[p]);
+        if (r < 0)
+            return;
+        enc = (size_t)r;
+    } else {
+        if (c->gpu)
+            st = gpu_aggregate(srv, c, &c->codec, agg_round_key(srv, c), c->out[p] + sizeof *h,
+                               &bad);
+        else
+            st = psagg_encode(&c->codec, c->acc, c->residual, c->info->count, agg_round_key(srv, c),
+                              c->out[p] + sizeof *h, enc, &bad);
+        if (st) {
+            server_fail_job(srv, st, "tensor '%s' chunk %u round %u: the sum cannot be encoded: %s",
+                            srv->layout.tensors[c->info->key].name, c->info->index, c->round,
+                            psagg_last_error());
+            return;
+        }
+        psagg_msg_init(h, PSAGG_MSG_UPDATE, (uint32_t)srv->rank, c->round, c->info, &c->codec,
+                       round_generation(srv, c));
     }
-    psagg_msg_init(h, PSAGG_MSG_UPDATE, (uint32_t)srv->rank, c->round, c->info, &c->codec,
-                   round_generation(srv, c));
     if (srv->tag_bytes) /* one MAC: every worker gets the same bytes */
         psagg_msg_mac(&srv->data_key, c->out[p], sizeof *h + enc, c->out[p] + sizeof *h + enc);
     atomic_store(&c->sends_pending[p], srv->n_workers);
@@ -137,6 +145,16 @@ static void finish_round(server *srv, chunk_state *c)
     if (srv->timeline)
         trace_round(srv, c, now);
     server_queue_update(srv, &c->sctx[p]);
+    c->round_deadline = 0;
+    c->codec_set = 0;
+    c->n_arrived = 0;
+    c->next = 0;
+    memset(c->arrived, 0, (size_t)srv->n_workers);
+    if (c->param) {
+        c->param->prm_set = 0;
+        if ((c->param->prm.flags & PSAGG_PARAM_KIND_MASK) != PSAGG_PARAM_GRAD)
+            return; /* INIT and PULL do not count a round */
+    }
     c->round++;
     if (c == srv->chunks) { /* slot 0 counts the job's rounds for the usage report */
         if (c->round == 1) {
@@ -145,11 +163,6 @@ static void finish_round(server *srv, chunk_state *c)
         }
         atomic_store(&srv->rounds_done, c->round);
     }
-    c->round_deadline = 0;
-    c->codec_set = 0;
-    c->n_arrived = 0;
-    c->next = 0;
-    memset(c->arrived, 0, (size_t)srv->n_workers);
 }
 
 /*
@@ -198,16 +211,24 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
     const uint8_t *payload = rb->rx.buf + sizeof *h;
     int w = h->sender, kept = 0;
     size_t cap = c->info->cap_bytes;
+    uint32_t round = h->round, kind = PSAGG_PARAM_GRAD;
 
     if (c->broken)
         return 0;
-    if (h->round < c->round) {
+    if (c->param) {
+        kind = rb->mc.prm.flags & PSAGG_PARAM_KIND_MASK;
+        if (optim_admit(srv, c, rb))
+            return 0;
+        if (kind == PSAGG_PARAM_INIT) /* it carries round 0: the worker learns the chunk's */
+            round = c->round;
+    }
+    if (round < c->round) {
         LOG_WARN(&srv->log,
                  "stale push from worker %d: tensor %u chunk %u round %u (collecting %u), dropped",
                  w, h->key, h->chunk, h->round, c->round);
         return 0;
     }
-    if (h->round > c->round) {
+    if (round > c->round) {
         server_close_worker(srv, w, "push field round is %u but tensor %u chunk %u is at round %u",
                             h->round, h->key, h->chunk, c->round);
         return 0;
@@ -219,6 +240,8 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
     }
     if (check_codec(srv, c, w, &rb->mc))
         return 0;
+    if (c->param && optim_agree(srv, c, w, &rb->mc.prm))
+        return 0;
     {
         int64_t now = psagg_now_ns();
         if (!c->round_deadline) { /* the round's first push starts its clock */
@@ -229,6 +252,13 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
         c->last_push_ns = now;
         c->last_worker = (uint32_t)w;
         metrics_lateness(srv, w, now - c->first_push_ns);
+    }
+    if (c->param && kind != PSAGG_PARAM_GRAD) { /* no sum: all in, in any order, then reply */
+        optim_collect(srv, c, w, payload);
+        c->arrived[w] = 1;
+        if (++c->n_arrived == (uint32_t)srv->n_workers)
+            agg_finish_round(srv, c);
+        return 0;
     }
     if (c->gpu || w != (int)c->next) {
         if (!c->gpu && atomic_fetch_add(&srv->rx_held, 1) < srv->rx_hold_max) {
@@ -246,7 +276,7 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
         }
         c->arrived[w] = 1;
         if (++c->n_arrived == (uint32_t)srv->n_workers && c->gpu)
-            finish_round(srv, c); /* the GPU sums all inputs in worker order at once */
+            agg_finish_round(srv, c); /* the GPU sums all inputs in worker order at once */
         return kept;
     }
     if (fold(srv, c, w, payload))
@@ -267,7 +297,7 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
         c->next++;
     }
     if ((int)c->next == srv->n_workers)
-        finish_round(srv, c);
+        agg_finish_round(srv, c);
     return 0;
 }
 
@@ -346,6 +376,13 @@ static void *agg_main(void *arg)
             t->tail = NULL;
         pthread_mutex_unlock(&t->mu);
 
+        if (it == &t->barrier) { /* agg_barrier: everything before it is done */
+            pthread_mutex_lock(&srv->barrier_mu);
+            if (--srv->barrier_left == 0)
+                pthread_cond_broadcast(&srv->barrier_cv);
+            pthread_mutex_unlock(&srv->barrier_mu);
+            continue;
+        }
         busy_from = psagg_now_ns();
         if (!it->rb)
             atomic_store(&it->chunk->retry_queued, 0);
@@ -353,7 +390,7 @@ static void *agg_main(void *arg)
             if (atomic_load(&srv->job_failed) || !handle_push(srv, it->chunk, it->rb))
                 server_queue_repost(srv, it->rb);
         } else if (!atomic_load(&srv->job_failed) && atomic_load(&it->chunk->deferred)) {
-            finish_round(srv, it->chunk);
+            agg_finish_round(srv, it->chunk);
         }
         metrics_busy(srv, (uint32_t)(t - srv->threads), psagg_now_ns() - busy_from);
     }
@@ -377,40 +414,65 @@ void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb)
     pthread_mutex_unlock(&t->mu);
 }
 
+void agg_barrier(server *srv)
+{
+    pthread_mutex_lock(&srv->barrier_mu);
+    srv->barrier_left = srv->n_threads;
+    pthread_mutex_unlock(&srv->barrier_mu);
+    for (int i = 0; i < srv->n_threads; i++) {
+        agg_thread *t = &srv->threads[i];
+        pthread_mutex_lock(&t->mu);
+        t->barrier = (agg_item){0};
+        if (t->tail)
+            t->tail->next = &t->barrier;
+        else
+            t->head = &t->barrier;
+        t->tail = &t->barrier;
+        pthread_cond_signal(&t->cv);
+        pthread_mutex_unlock(&t->mu);
+    }
+    pthread_mutex_lock(&srv->barrier_mu);
+    while (srv->barrier_left > 0)
+        pthread_cond_wait(&srv->barrier_cv, &srv->barrier_mu);
+    pthread_mutex_unlock(&srv->barrier_mu);
+}
+
 /* Allocate and register the buffers of one chunk, from the calling thread's arena. */
 static psagg_status chunk_alloc(server *srv, chunk_state *c)
 {
     const psagg_chunk_info *ci = c->info;
     size_t enc = ci->cap_bytes, n = (size_t)srv->n_workers;
+    size_t out = c->out_cap = c->param ? (enc > 4 * ci->count ? enc : 4 * ci->count) : enc;
 
     c->arrived = arena_alloc(n);
     c->held = arena_alloc(n * sizeof *c->held);
     c->slots = arena_alloc(n * enc);
     c->acc = c->gpu ? NULL : arena_alloc(ci->count * sizeof(float));
-    if (srv->cfg.server_error_feedback)
+    if (srv->cfg.server_error_feedback && !c->param) /* a parameter's view is its feedback */
         c->residual = arena_alloc(ci->count * sizeof(float));
     for (int p = 0; p < 2; p++) {
         c->sctx[p] = (send_ctx){.chunk = c, .parity = p};
-        c->out[p] = arena_alloc(sizeof(psagg_msg_hdr) + enc + srv->tag_bytes);
+        c->out[p] = arena_alloc(sizeof(psagg_msg_hdr) + out + srv->tag_bytes);
         if (!c->out[p])
             break;
-        if (psagg_fabric_reg(srv->fab, c->out[p], sizeof(psagg_msg_hdr) + enc + srv->tag_bytes,
+        if (psagg_fabric_reg(srv->fab, c->out[p], sizeof(psagg_msg_hdr) + out + srv->tag_bytes,
                              &c->out_desc[p]))
             return psagg_fail_context(PSAGG_EFABRIC, "registering update buffers: ");
     }
     if (!c->arrived || !c->held || !c->slots || (!c->gpu && !c->acc) || !c->out[0] || !c->out[1] ||
-        (srv->cfg.server_error_feedback && !c->residual))
+        (srv->cfg.server_error_feedback && !c->param && !c->residual))
         return psagg_fail(PSAGG_ENOMEM, "buffers of tensor %u chunk %u", ci->key, ci->index);
-    return PSAGG_OK;
+    return c->param ? optim_chunk_alloc(srv, c) : PSAGG_OK;
 }
 
 /* What one owned chunk of `count` elements, `enc` bytes encoded, costs (chunk_alloc). */
-static uint64_t chunk_bytes(const server *srv, uint64_t count, size_t enc)
+static uint64_t chunk_bytes(const server *srv, uint64_t count, size_t enc, int param)
 {
-    uint64_t n = (uint64_t)srv->n_workers;
+    uint64_t n = (uint64_t)srv->n_workers, out = param && 4 * count > enc ? 4 * count : enc;
     return sizeof(chunk_state) + n + n * sizeof(void *) + n * enc + 4 * count +
-           (srv->cfg.server_error_feedback ? 4 * count : 0) +
-           2 * (sizeof(psagg_msg_hdr) + enc + srv->tag_bytes);
+           (srv->cfg.server_error_feedback && !param ? 4 * count : 0) +
+           2 * (sizeof(psagg_msg_hdr) + out + srv->tag_bytes) +
+           (param ? optim_chunk_bytes(srv, count) : 0);
 }
 
 static uint64_t sat_add(uint64_t a, uint64_t b)
@@ -440,6 +502,7 @@ psagg_status agg_check_budget(const server *srv, const psagg_ctl_tensor *decl, u
         psagg_codec c = {(psagg_codec_id)decl[t].codec, decl[t].bits, decl[t].bucket,
                          (psagg_rounding)decl[t].rounding};
         uint64_t count = decl[t].count, ce, full, rem, bytes;
+        int param = (decl[t].flags & PSAGG_DECL_PARAM) != 0;
         if (decl[t].codec > PSAGG_CODEC_MAXMIN || psagg_codec_check(&c) || !count)
             continue; /* psagg_layout_build refuses it, with its own message */
         ce = psagg_codec_chunk_elems(&c, chunk_elems);
@@ -447,12 +510,12 @@ psagg_status agg_check_budget(const server *srv, const psagg_ctl_tensor *decl, u
             c = psagg_adapt_largest(&c, ce);
         full = count / ce;
         rem = count % ce;
-        bytes = sat_add(sat_mul(full, chunk_bytes(srv, ce, psagg_encoded_size(&c, ce))),
-                        rem ? chunk_bytes(srv, rem, psagg_encoded_size(&c, rem)) : 0);
+        bytes = sat_add(sat_mul(full, chunk_bytes(srv, ce, psagg_encoded_size(&c, ce), param)),
+                        rem ? chunk_bytes(srv, rem, psagg_encoded_size(&c, rem), param) : 0);
         chunks = sat_add(chunks, full + (rem != 0));
         total = sat_add(total, bytes);
-        if (chunk_bytes(srv, ce, psagg_encoded_size(&c, ce)) > biggest_chunk)
-            biggest_chunk = chunk_bytes(srv, ce, psagg_encoded_size(&c, ce));
+        if (chunk_bytes(srv, ce, psagg_encoded_size(&c, ce), param) > biggest_chunk)
+            biggest_chunk = chunk_bytes(srv, ce, psagg_encoded_size(&c, ce), param);
         if (bytes > worst) {
             worst = bytes;
             worst_t = t;
@@ -502,6 +565,8 @@ psagg_status agg_setup(server *srv)
         c->codec = l->tensors[ci->key].codec;
         c->enc = ci->enc_bytes;
         c->thread = ci->slot % (uint32_t)srv->n_threads;
+        if (l->tensors[ci->key].param && !(c->param = calloc(1, sizeof *c->param)))
+            return psagg_fail(PSAGG_ENOMEM, "state of tensor %u chunk %u", ci->key, ci->index);
     }
     return PSAGG_OK;
 }
@@ -526,7 +591,7 @@ static void *agg_thread_start(void *arg)
         chunk_state *c = &srv->chunks[i];
         if ((int)c->thread != self)
             continue;
-        c->gpu = t->cuda && c->info->count >= srv->cfg.gpu_min_elems &&
+        c->gpu = t->cuda && !c->param && c->info->count >= srv->cfg.gpu_min_elems &&
                  srv->n_workers <= gpu_max_inputs();
         st = chunk_alloc(srv, c);
     }
@@ -612,6 +677,10 @@ void agg_teardown(server *srv)
         arena_free(c->residual);
         arena_free(c->out[0]);
         arena_free(c->out[1]);
+        if (c->param) {
+            optim_chunk_free(c);
+            free(c->param);
+        }
     }
     free(srv->chunks);
     srv->chunks = NULL;

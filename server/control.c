@@ -21,6 +21,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <netdb.h>
 #include <poll.h>
 #include <stdio.h>
@@ -229,6 +230,7 @@ static int accept_hello(server *srv, int fd, const psagg_ctl_hello *hello, const
                                  .flags = flags};
         size_t elen = sizeof wel.epname;
         memcpy(wel.nonce, srv->nonce, sizeof wel.nonce);
+        optim_welcome(srv, &wel.optim);
         snprintf(wel.provider, sizeof wel.provider, "%s", psagg_fabric_provider(srv->fab));
         if (psagg_fabric_name(srv->fab, wel.epname, &elen)) {
             snprintf(msg, len, "server %d: its own fabric name: %.150s", srv->rank,
@@ -415,13 +417,20 @@ static psagg_status start_job(server *srv)
                            (uint32_t)srv->cfg.n_servers, w0->decl_hdr.adapt_interval, &srv->layout);
     if (st)
         return st;
-    rbuf_size = sizeof(psagg_msg_hdr) + srv->layout.max_enc_bytes + srv->tag_bytes;
+    /* a parameter's push: its body (INIT: fp32 weights) and its trailer */
+    rbuf_size =
+        sizeof(psagg_msg_hdr) +
+        (srv->layout.max_param_bytes > srv->layout.max_enc_bytes ? srv->layout.max_param_bytes
+                                                                 : srv->layout.max_enc_bytes) +
+        (srv->layout.max_param_bytes ? sizeof(psagg_msg_param) : 0) + srv->tag_bytes;
     if (rbuf_size > srv->max_msg)
         return psagg_fail(PSAGG_EINVAL,
                           "chunks of %zu bytes exceed this server's largest message of %zu "
                           "([worker] chunk_bytes must not be larger for workers than for servers)",
                           rbuf_size, srv->max_msg);
     st = agg_setup(srv);
+    if (!st)
+        st = optim_check_job(srv); /* before agg_start loads a checkpoint into the chunks */
     if (st)
         return st;
     /* enough receive buffers for every worker to have several chunks in flight */
@@ -476,6 +485,14 @@ static void serve_worker(server *srv, int w)
         wc->fd = -1;
     } else if (h.type == PSAGG_CTL_DECLARE && wc->state == W_HELLO) {
         read_declare(srv, w, &h, body);
+    } else if (h.type == PSAGG_CTL_CHECKPOINT && h.len == 0 && srv->threads_started) {
+        char path[PATH_MAX + 16], m[300];
+        st = optim_checkpoint(srv, path, sizeof path);
+        snprintf(m, sizeof m, "%.290s", st ? psagg_last_error() : path);
+        if (st)
+            LOG_ERROR(&srv->log, "worker %d asked for a checkpoint: %s", w, m);
+        if (psagg_ctl_send_error(wc->fd, PSAGG_CTL_CHECKPOINT_DONE, st, m))
+            drop_worker(srv, w, PSAGG_EPEER, psagg_last_error());
     } else if (h.type == PSAGG_CTL_ABORT && (st = psagg_ctl_error_parse(&h, body, &text))) {
         char m[300];
         snprintf(m, sizeof m, "it gave up: %s", text);

@@ -45,6 +45,8 @@ int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *s
     pthread_mutex_init(&srv->mu, NULL);
     pthread_mutex_init(&srv->startup.mu, NULL);
     pthread_cond_init(&srv->startup.cv, NULL);
+    pthread_mutex_init(&srv->barrier_mu, NULL);
+    pthread_cond_init(&srv->barrier_cv, NULL);
     srv->n_workers = cfg->n_workers;
     srv->workers = calloc((size_t)srv->n_workers, sizeof *srv->workers);
     srv->rank_at = calloc((size_t)srv->n_workers, sizeof *srv->rank_at);
@@ -57,7 +59,7 @@ int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *s
         srv->rank_at[w] = -1;
     }
     if (psagg_job_key_load(cfg, &srv->job_key) ||
-        psagg_timeline_open(cfg->timeline, "server", rank, &srv->timeline)) {
+        psagg_timeline_open(cfg->timeline, "server", rank, &srv->timeline) || optim_init(srv)) {
         LOG_ERROR(&srv->log, "%s", psagg_last_error());
         goto err_workers;
     }
@@ -128,6 +130,9 @@ err_workers:
     free(srv->workers);
     free(srv->rank_at);
     free(srv->pending);
+    optim_fini(srv);
+    pthread_cond_destroy(&srv->barrier_cv);
+    pthread_mutex_destroy(&srv->barrier_mu);
     pthread_cond_destroy(&srv->startup.cv);
     pthread_mutex_destroy(&srv->startup.mu);
     pthread_mutex_destroy(&srv->mu);

@@ -11,6 +11,7 @@
  *                check them, route each to its chunk's aggregation thread; send the updates
  *                and repost the buffers the aggregation threads queue (state.c); completions
  *   aggregate.c  per-chunk rounds and the aggregation thread pool
+ *   optim.c      parameter chunks ([server] optimizer): the optimizer's rounds, checkpoints
  *   gpu.c        the optional GPU assist of the aggregation threads
  *   state.c      what all of them share: failure reports, closing a peer, reposting a buffer,
  *                the queues of updates and buffers to the progress thread
@@ -30,6 +31,7 @@
 #include "base/log.h"
 #include "base/timeline.h"
 #include "kernels/codec.h"
+#include "kernels/optim.h"
 #include "runtime/auth.h"
 #include "runtime/config.h"
 #include "runtime/control.h"
@@ -98,6 +100,21 @@ typedef struct send_ctx {
     struct send_ctx *next;
 } send_ctx;
 
+/*
+ * A parameter chunk's optimizer state (optim.c). The arrays come from the aggregation
+ * thread's arena; w is the master weights, view the weights every worker holds (they apply
+ * the same updates), m1 and m2 the optimizer's state (psagg_optim_state_arrays of them).
+ */
+typedef struct param_state {
+    float *w, *view, *m1, *m2;
+    uint64_t step;     /* optimizer steps taken (Adam's t of the last one) */
+    int awaiting_init; /* no INIT round yet: GRAD and PULL pushes are refused */
+    int restored;      /* w, view, m1, m2 and step came from a checkpoint */
+    int prm_set;       /* a push of this round set prm */
+    uint32_t prm_by;   /* the worker whose push did */
+    psagg_msg_param prm;
+} param_state;
+
 /* One owned chunk. Only its aggregation thread touches it, except sends_pending. */
 typedef struct chunk_state {
     const psagg_chunk_info *info;
@@ -124,6 +141,8 @@ typedef struct chunk_state {
     agg_item retry;
     int gpu; /* aggregated by the GPU assist (inputs all kept in slots) */
     send_ctx sctx[2];
+    param_state *param;    /* a parameter tensor's chunk (optim.c), else NULL */
+    size_t out_cap;        /* payload bytes out[] holds: cap_bytes, or a parameter's fp32 */
     int64_t first_push_ns; /* when this round's first push came (lateness, metrics.c) */
     int64_t last_push_ns;  /* and its last (the timeline) */
     uint32_t first_worker, last_worker;
@@ -135,6 +154,7 @@ typedef struct agg_thread {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     agg_item *head, *tail;
+    agg_item barrier; /* agg_barrier's marker in the queue */
     int stop;
     void *cuda; /* psagg_cuda_ctx of the GPU assist, or NULL (gpu.c) */
 } agg_thread;
@@ -202,7 +222,12 @@ typedef struct server {
     atomic_int progress_idle;           /* it may be asleep in psagg_fabric_poll: wake it */
     _Atomic(struct recv_buf *) repostq; /* receive buffers for it to post again (a stack) */
     struct server_metrics *metrics;     /* metrics.c */
-    psagg_timeline *timeline;           /* [log] timeline, or NULL (aggregate.c writes it) */
+    psagg_optim optim;                  /* [server] optimizer (optim.c) */
+    struct ckpt_file *restore;          /* [server] resume: the checkpoint read at start-up */
+    pthread_mutex_t barrier_mu;         /* agg_barrier: threads that passed the marker */
+    pthread_cond_t barrier_cv;
+    int barrier_left;
+    psagg_timeline *timeline; /* [log] timeline, or NULL (aggregate.c writes it) */
 } server;
 
 /*
@@ -246,6 +271,45 @@ psagg_status agg_start(server *srv);
 void agg_stop(server *srv);
 void agg_teardown(server *srv);
 void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb);
+/*
+ * Wait until every aggregation thread has handled everything queued before this call (the
+ * control thread, for a checkpoint): what they wrote before is then visible to the caller.
+ */
+void agg_barrier(server *srv);
+/* Requantize c's completed round and send the update (or defer until out[] is free). */
+void agg_finish_round(server *srv, chunk_state *c);
+/* The RNG key of the server's requantization of c's round. */
+psagg_rng_key agg_round_key(const server *srv, const chunk_state *c);
+
+/* optim.c: parameter chunks and checkpoints ([server] optimizer, checkpoint_dir, resume) */
+/* Start-up: the optimizer's settings; with resume, read and check the checkpoint file. */
+psagg_status optim_init(server *srv);
+void optim_fini(server *srv);
+/* The declaration is known (layout built): refuse parameters without an optimizer, and a
+ * checkpoint written for another declaration (naming the difference); nothing is loaded yet. */
+psagg_status optim_check_job(server *srv);
+/* Extra bytes a parameter chunk of `count` elements costs (agg_check_budget). */
+uint64_t optim_chunk_bytes(const server *srv, uint64_t count);
+/* In c's aggregation thread: allocate its state (and load it from the checkpoint). */
+psagg_status optim_chunk_alloc(server *srv, chunk_state *c);
+void optim_chunk_free(chunk_state *c);
+/* The optimizer's settings as WELCOME carries them. */
+void optim_welcome(const server *srv, psagg_ctl_optim *out);
+/*
+ * A checked push of parameter chunk c (its trailer in rb->mc.prm), in handle_push's order:
+ * optim_admit refuses a kind the chunk's state does not allow (closing the worker: 1);
+ * optim_agree, for a push that counts, checks its trailer against the round's others (the job
+ * fails if they differ: -1); optim_collect takes an INIT's or a PULL's body (GRAD pushes are
+ * folded as any tensor's).
+ */
+int optim_admit(server *srv, chunk_state *c, const recv_buf *rb);
+int optim_agree(server *srv, chunk_state *c, int w, const psagg_msg_param *prm);
+void optim_collect(server *srv, chunk_state *c, int w, const uint8_t *body);
+/* All pushes of c's round are in (GRAD: folded into acc): the step and its update into
+ * out (header included); returns the payload bytes, or -1 (the job failed). */
+long optim_finish(server *srv, chunk_state *c, uint8_t *out);
+/* The control thread, for a worker's CHECKPOINT: write every parameter chunk's state. */
+psagg_status optim_checkpoint(server *srv, char *path, size_t len);
 
 /* gpu.c */
 psagg_status gpu_thread_init(server *srv, agg_thread *t);

@@ -3,6 +3,7 @@
  * psagg_push_pull_cuda lives with the rest of the device side, in cuda.c.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "kernels/optim.h"
 #include "runtime/auth.h"
 #include "runtime/adaptive.h"
 #include "runtime/control.h"
@@ -77,11 +79,26 @@ static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const ch
         else if (w->epname_len == 0 || w->epname_len > PSAGG_EPNAME_MAX)
             st =
                 psagg_fail(PSAGG_EPROTO, "%s: WELCOME field epname_len is %u", peer, w->epname_len);
+        else if (s > 0 && memcmp(&w->optim, &ctx->optim, sizeof w->optim))
+            st = psagg_fail(
+                PSAGG_ECONFIG,
+                "%s runs [server] optimizer = %s (momentum %g, dampening %g, nesterov "
+                "%u, beta1 %g, beta2 %g, eps %g, sync_interval %u), server 0 runs %s "
+                "(%g, %g, %u, %g, %g, %g, %u): start every server with the same "
+                "[server] optimizer keys",
+                peer, psagg_optim_name((psagg_optim_kind)w->optim.kind), (double)w->optim.momentum,
+                (double)w->optim.dampening, w->optim.nesterov, (double)w->optim.beta1,
+                (double)w->optim.beta2, (double)w->optim.eps, w->optim.sync_interval,
+                psagg_optim_name((psagg_optim_kind)ctx->optim.kind), (double)ctx->optim.momentum,
+                (double)ctx->optim.dampening, ctx->optim.nesterov, (double)ctx->optim.beta1,
+                (double)ctx->optim.beta2, (double)ctx->optim.eps, ctx->optim.sync_interval);
         else if ((st = psagg_fabric_add_peer(ctx->fab, w->epname, w->epname_len,
                                              &ctx->servers[s].addr)))
             psagg_fail_context(st, "%s: ", peer);
         else
             psagg_data_key_make(&ctx->job_key, ctx->cfg.job_id, w->nonce, &ctx->servers[s].key);
+        if (!st && s == 0)
+            ctx->optim = w->optim;
     }
     free(body);
     return st;
@@ -226,7 +243,9 @@ err_config:
 static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tensors)
 {
     const psagg_layout *l = &ctx->layout;
-    size_t rsize = sizeof(psagg_msg_hdr) + l->max_enc_bytes + ctx->tag_bytes;
+    size_t rsize = sizeof(psagg_msg_hdr) +
+                   (l->max_param_bytes > l->max_enc_bytes ? l->max_param_bytes : l->max_enc_bytes) +
+                   ctx->tag_bytes;
     psagg_status st;
 
     if (rsize > ctx->max_msg)
@@ -238,6 +257,9 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
         return psagg_fail(PSAGG_ENOMEM, "tensor tables");
     for (uint32_t t = 0; t < ctx->n_user; t++) { /* internal tensors keep no residual */
         const psagg_tensor_info *ti = &l->tensors[t];
+        ctx->tensors[t].param = ti->param;
+        ctx->tensors[t].lr = ctx->cfg.lr;
+        ctx->tensors[t].weight_decay = ctx->cfg.weight_decay;
         int ef =
             tensors[t].error_feedback < 0 ? ctx->cfg.error_feedback : tensors[t].error_feedback;
         if (ef && ti->codec.id != PSAGG_CODEC_FP32) {
@@ -247,7 +269,11 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
         }
     }
     for (uint32_t c = 0; c < l->n_chunks; c++) {
-        size_t sz = sizeof(psagg_msg_hdr) + l->chunks[c].cap_bytes + ctx->tag_bytes;
+        const psagg_chunk_info *ci = &l->chunks[c];
+        size_t body = l->tensors[ci->key].param && 4 * ci->count > ci->cap_bytes
+                          ? 4 * ci->count /* worker 0's INIT */
+                          : ci->cap_bytes;
+        size_t sz = sizeof(psagg_msg_hdr) + body + sizeof(psagg_msg_param) + ctx->tag_bytes;
         ctx->chunks[c].buf = psagg_alloc(sz, 1);
         if (!ctx->chunks[c].buf)
             return psagg_fail(PSAGG_ENOMEM, "push buffers");
@@ -359,6 +385,21 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, siz
             psagg_fail_context(st, "psagg_declare: tensor %zu: ", t);
             goto out;
         }
+        if (tensors[t].flags & ~PSAGG_TENSOR_PARAMETER) {
+            st = psagg_fail(PSAGG_EINVAL, "psagg_declare: tensor %zu '%s': unknown flags 0x%x", t,
+                            tensors[t].name, tensors[t].flags);
+            goto out;
+        }
+        if (tensors[t].flags & PSAGG_TENSOR_PARAMETER) {
+            if (ctx->optim.kind == PSAGG_OPTIM_NONE) {
+                st = psagg_fail(PSAGG_EINVAL,
+                                "psagg_declare: tensor %zu '%s' is a parameter, but the servers "
+                                "run no optimizer ([server] optimizer = none)",
+                                t, tensors[t].name);
+                goto out;
+            }
+            wire[t].flags = PSAGG_DECL_PARAM;
+        }
         if (keys_out)
             keys_out[t] = (uint32_t)t;
         n_adaptive += c.id == PSAGG_CODEC_MAXMIN;
@@ -413,6 +454,118 @@ out:
         snprintf(ctx->failed_msg, sizeof ctx->failed_msg, "%s", psagg_last_error());
         pthread_mutex_unlock(&ctx->mu);
     }
+    return st;
+}
+
+/* Queue a parameter's INIT or PULL. */
+static psagg_status param_op(psagg_ctx *ctx, uint32_t key, float *out, uint32_t kind,
+                             uint32_t flags, psagg_handle **handle)
+{
+    struct psagg_handle *h;
+    psagg_status st;
+    if (!handle)
+        return psagg_fail(PSAGG_EINVAL, "handle is NULL");
+    *handle = NULL;
+    h = handle_new_param(ctx, key, out, kind, flags, &st);
+    if (!h)
+        return st;
+    handle_submit(ctx, h);
+    *handle = h;
+    return PSAGG_OK;
+}
+
+psagg_status psagg_param_init(psagg_ctx *ctx, uint32_t key, float *weights, psagg_handle **handle)
+{
+    return param_op(ctx, key, weights, PSAGG_PARAM_INIT, 0, handle);
+}
+
+psagg_status psagg_pull_weights(psagg_ctx *ctx, uint32_t key, float *out, int sync,
+                                psagg_handle **handle)
+{
+    return param_op(ctx, key, out, PSAGG_PARAM_PULL, sync ? PSAGG_PARAM_SYNC : 0, handle);
+}
+
+psagg_status psagg_set_lr(psagg_ctx *ctx, uint32_t key, float lr, float weight_decay)
+{
+    psagg_clear_error();
+    if (!ctx || !ctx->declared)
+        return psagg_fail(PSAGG_EINVAL, "psagg_set_lr: call psagg_declare first");
+    if (!isfinite(lr) || lr < 0 || !isfinite(weight_decay) || weight_decay < 0)
+        return psagg_fail(PSAGG_EINVAL,
+                          "psagg_set_lr: learning rate %g and weight decay %g must be finite and "
+                          ">= 0",
+                          (double)lr, (double)weight_decay);
+    if (key != PSAGG_ALL_KEYS && (key >= ctx->n_user || !ctx->tensors[key].param))
+        return psagg_fail(PSAGG_EINVAL, "psagg_set_lr: key %u is no declared parameter tensor",
+                          key);
+    pthread_mutex_lock(&ctx->mu);
+    for (uint32_t t = 0; t < ctx->n_user; t++)
+        if ((key == PSAGG_ALL_KEYS || t == key) && ctx->tensors[t].param) {
+            ctx->tensors[t].lr = lr;
+            ctx->tensors[t].weight_decay = weight_decay;
+        }
+    pthread_mutex_unlock(&ctx->mu);
+    return PSAGG_OK;
+}
+
+psagg_status psagg_tensor_round(psagg_ctx *ctx, uint32_t key, uint32_t *round)
+{
+    psagg_clear_error();
+    if (!ctx || !ctx->declared || key >= ctx->n_user || !round)
+        return psagg_fail(PSAGG_EINVAL, "psagg_tensor_round: key %u is not declared", key);
+    pthread_mutex_lock(&ctx->mu);
+    *round = ctx->tensors[key].round;
+    pthread_mutex_unlock(&ctx->mu);
+    return PSAGG_OK;
+}
+
+psagg_status psagg_checkpoint(psagg_ctx *ctx)
+{
+    struct timespec until;
+    psagg_status st = PSAGG_OK;
+
+    psagg_clear_error();
+    if (!ctx || !ctx->declared)
+        return psagg_fail(PSAGG_EINVAL, "psagg_checkpoint: call psagg_declare first");
+    /* the servers write on their control thread: give them the operations' deadline */
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += PSAGG_OP_DEADLINE_MS(ctx->cfg.op_timeout_ms) / 1000;
+    pthread_mutex_lock(&ctx->mu);
+    if (ctx->failed) {
+        st = psagg_fail(ctx->failed_status, "%s", ctx->failed_msg);
+        goto out;
+    }
+    if (ctx->ckpt_state) {
+        st = psagg_fail(PSAGG_EINVAL, "psagg_checkpoint: one is being written already");
+        goto out;
+    }
+    for (uint32_t t = 0; t < ctx->layout.n_tensors; t++)
+        if (ctx->tensors[t].op || ctx->queue) {
+            st = psagg_fail(PSAGG_EINVAL,
+                            "psagg_checkpoint: tensor '%s' has an operation in flight; call it "
+                            "between steps",
+                            ctx->tensors[t].op ? ctx->layout.tensors[t].name : "(queued)");
+            goto out;
+        }
+    ctx->ckpt_state = 1;
+    ctx->ckpt_left = ctx->cfg.n_servers;
+    ctx->ckpt_status = PSAGG_OK;
+    ctx->ckpt_msg[0] = '\0';
+    if (atomic_load(&ctx->comm_idle))
+        psagg_fabric_wake(ctx->fab);
+    while (ctx->ckpt_state && !ctx->failed)
+        if (pthread_cond_timedwait(&ctx->cv, &ctx->mu, &until) == ETIMEDOUT)
+            break;
+    if (ctx->failed)
+        st = psagg_fail(ctx->failed_status, "%s", ctx->failed_msg);
+    else if (ctx->ckpt_state)
+        st = psagg_fail(PSAGG_ETIMEDOUT, "psagg_checkpoint: %d server(s) did not answer in time",
+                        ctx->ckpt_left);
+    else if (ctx->ckpt_status)
+        st = psagg_fail(ctx->ckpt_status, "psagg_checkpoint: %s", ctx->ckpt_msg);
+    ctx->ckpt_state = 0; /* after a timeout, answers that come later are dropped */
+out:
+    pthread_mutex_unlock(&ctx->mu);
     return st;
 }
 

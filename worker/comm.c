@@ -127,15 +127,47 @@ static void finish_op(comm_state *cs, struct psagg_handle *h, psagg_status statu
     }
     pthread_mutex_lock(&ctx->mu);
     if (ctx->tensors[h->key].op == h) {
-        ctx->tensors[h->key].op = NULL;
-        if (!status)
-            ctx->tensors[h->key].round++;
+        tensor_state *ts = &ctx->tensors[h->key];
+        uint32_t kind = h->prm.flags & PSAGG_PARAM_KIND_MASK;
+        ts->op = NULL;
+        if (!status && ts->param && kind == PSAGG_PARAM_INIT) { /* the chunks' round */
+            ts->inited = 1;
+            ts->round = h->reply_round;
+        } else if (!status && (!ts->param || kind == PSAGG_PARAM_GRAD)) {
+            ts->round++; /* INIT and PULL do not count a round */
+        }
     }
     if (!internal)
         handle_complete_locked(ctx, h, status, msg);
     pthread_mutex_unlock(&ctx->mu);
     if (internal)
         adapt_stats_done(ctx, h, status, msg); /* frees it */
+}
+
+/*
+ * The body of a parameter's INIT (worker 0: the fp32 weights, which must be finite) or PULL
+ * (none): written into the push buffers; 1, or a negative status with msg.
+ */
+static int param_body(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len)
+{
+    static const psagg_codec fp32 = {PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC};
+    const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
+
+    if ((h->prm.flags & PSAGG_PARAM_KIND_MASK) != PSAGG_PARAM_INIT || ctx->rank != 0)
+        return 1;
+    for (uint32_t c = 0; c < ti->n_chunks; c++) {
+        const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
+        size_t bad = 0;
+        psagg_status st = psagg_encode(
+            &fp32, h->out + ci->offset, NULL, ci->count, (psagg_rng_key){0, 0},
+            ctx->chunks[ti->first_chunk + c].buf + sizeof(psagg_msg_hdr), 4 * ci->count, &bad);
+        if (st) {
+            snprintf(msg, len, "psagg_param_init: tensor '%.63s': weight %llu: %.150s", ti->name,
+                     (unsigned long long)(ci->offset + bad), psagg_last_error());
+            return st;
+        }
+    }
+    return 1;
 }
 
 /*
@@ -161,7 +193,10 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
     if (r == 0)
         return 0;
     adapt_measure(ctx, h); /* a statistics round: before the encode moves the residual */
-    r = h->ops->encode(ctx, h, msg, sizeof msg);
+    if (ti->param && (h->prm.flags & PSAGG_PARAM_KIND_MASK) != PSAGG_PARAM_GRAD)
+        r = param_body(ctx, h, msg, sizeof msg);
+    else
+        r = h->ops->encode(ctx, h, msg, sizeof msg);
     if (r < 0) {
         finish_op(cs, h, (psagg_status)r, msg);
         return -1;
@@ -173,6 +208,15 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
         uint8_t *buf = ctx->chunks[ti->first_chunk + c].buf;
         psagg_msg_hdr *mh = (psagg_msg_hdr *)buf;
         psagg_msg_init(mh, PSAGG_MSG_PUSH, (uint32_t)ctx->rank, h->round, ci, &h->codec, h->gen);
+        if (ti->param) { /* the body's length for its kind, then the trailer */
+            uint32_t kind = h->prm.flags & PSAGG_PARAM_KIND_MASK;
+            if (kind == PSAGG_PARAM_PULL || (kind == PSAGG_PARAM_INIT && ctx->rank != 0))
+                mh->len = 0;
+            else if (kind == PSAGG_PARAM_INIT)
+                mh->len = (uint32_t)(4 * ci->count);
+            memcpy(buf + sizeof *mh + mh->len, &h->prm, sizeof h->prm);
+            mh->len += (uint32_t)sizeof h->prm;
+        }
         if (ctx->tag_bytes)
             psagg_msg_mac(&ctx->data_key, buf, sizeof *mh + mh->len, buf + sizeof *mh + mh->len);
     }
@@ -278,9 +322,11 @@ static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
     const psagg_tensor_info *ti;
     struct psagg_handle *h;
     psagg_msg_codec mc;
+    enum psagg_msg_type type;
     const char *bad;
     char msg[256];
-    int r, from;
+    int r, from, mode;
+    uint32_t kind;
     int64_t t0;
 
     if (ctx->source_reliable) {
@@ -303,8 +349,9 @@ static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
         drop_stranger(cs, rb, "whose MAC does not check out (forged or altered on the way)");
         return;
     }
-    bad =
-        psagg_msg_check(rb->buf, rb->len, ctx->tag_bytes, PSAGG_MSG_UPDATE, &ctx->layout, &ci, &mc);
+    type = rb->len >= sizeof *mh && mh->type == PSAGG_MSG_WEIGHTS ? PSAGG_MSG_WEIGHTS
+                                                                  : PSAGG_MSG_UPDATE;
+    bad = psagg_msg_check(rb->buf, rb->len, ctx->tag_bytes, type, &ctx->layout, &ci, &mc);
     if (bad) {
         worker_fail_all(ctx, PSAGG_EPROTO, "an update's field %s is invalid (%zu bytes)", bad,
                         rb->len);
@@ -319,14 +366,24 @@ static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
         return;
     }
     h = ctx->tensors[mh->key].op;
-    if (!h || mh->round != h->round || h->chunk_done[mh->chunk]) {
+    kind = h ? h->prm.flags & PSAGG_PARAM_KIND_MASK : PSAGG_PARAM_GRAD;
+    /* an INIT's answers name the chunks' round (a restored checkpoint's): one for all */
+    if (h && ti->param && kind == PSAGG_PARAM_INIT && !h->reply_set) {
+        h->reply_round = mh->round;
+        h->reply_set = 1;
+    }
+    if (!h || mh->round != (kind == PSAGG_PARAM_INIT ? h->reply_round : h->round) ||
+        h->chunk_done[mh->chunk] || (kind != PSAGG_PARAM_GRAD && type != PSAGG_MSG_WEIGHTS)) {
         worker_fail_all(ctx, PSAGG_EPROTO,
-                        "server %u sent an unexpected update of tensor '%s' chunk %u round %u",
-                        mh->sender, ti->name, mh->chunk, mh->round);
+                        "server %u sent an unexpected %s of tensor '%s' chunk %u round %u",
+                        mh->sender, type == PSAGG_MSG_WEIGHTS ? "WEIGHTS" : "update", ti->name,
+                        mh->chunk, mh->round);
         return;
     }
-    if (mc.generation != (h->gen & PSAGG_MSG_GEN_MASK) ||
-        !psagg_codec_equal(&mc.codec, &h->codec)) {
+    if (type == PSAGG_MSG_WEIGHTS) {
+        mode = PSAGG_DECODE_SET; /* the exact weights (msg_check: fp32, a parameter's) */
+    } else if (mc.generation != (h->gen & PSAGG_MSG_GEN_MASK) ||
+               !psagg_codec_equal(&mc.codec, &h->codec)) {
         char a[40], b[40];
         worker_fail_all(ctx, PSAGG_EPROTO,
                         "server %u sent the update of tensor '%s' chunk %u round %u in %s "
@@ -335,9 +392,13 @@ static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
                         psagg_codec_name(&mc.codec, a, sizeof a), mc.generation,
                         psagg_codec_name(&h->codec, b, sizeof b), h->gen);
         return;
+    } else {
+        mode = ti->param                ? PSAGG_DECODE_ADD /* the weights += the delta */
+               : h->op == PSAGG_AVERAGE ? PSAGG_DECODE_SCALE
+                                        : PSAGG_DECODE_SET;
     }
     t0 = psagg_now_ns();
-    r = h->ops->update(ctx, h, ci, rb->buf + sizeof *mh, mc.len, msg, sizeof msg);
+    r = h->ops->update(ctx, h, ci, &mc.codec, mode, rb->buf + sizeof *mh, mc.len, msg, sizeof msg);
     if (h->done_chunks + 1 < ti->n_chunks) /* the last one's decode is in t_done - t_updates */
         h->update_ns += (uint64_t)(psagg_now_ns() - t0);
     else
@@ -377,6 +438,46 @@ static void poll_completing(comm_state *cs)
     }
 }
 
+/* psagg_checkpoint asked: send every server a CHECKPOINT (under ctx->mu's protection). */
+static void checkpoint_send(psagg_ctx *ctx)
+{
+    pthread_mutex_lock(&ctx->mu);
+    if (ctx->ckpt_state != 1) {
+        pthread_mutex_unlock(&ctx->mu);
+        return;
+    }
+    ctx->ckpt_state = 2;
+    pthread_mutex_unlock(&ctx->mu);
+    for (int s = 0; s < ctx->cfg.n_servers; s++)
+        if (ctx->servers[s].fd < 0 ||
+            psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_CHECKPOINT, NULL, 0)) {
+            worker_fail_all(ctx, PSAGG_EPEER, "asking server %d for a checkpoint: %s", s,
+                            ctx->servers[s].fd < 0 ? "not connected" : psagg_last_error());
+            return;
+        }
+}
+
+/* Server s answered a CHECKPOINT (a psagg_ctl_error: status 0 and its file, or why not). */
+static void checkpoint_done(psagg_ctx *ctx, int s, psagg_ctl_error *e)
+{
+    e->msg[sizeof e->msg - 1] = '\0';
+    pthread_mutex_lock(&ctx->mu);
+    if (ctx->ckpt_state == 2) {
+        if (e->status && !ctx->ckpt_status) {
+            ctx->ckpt_status =
+                psagg_status_is_failure(e->status) ? (psagg_status)e->status : PSAGG_EPEER;
+            snprintf(ctx->ckpt_msg, sizeof ctx->ckpt_msg, "server %d: %.250s", s, e->msg);
+        }
+        if (!e->status)
+            LOG_INFO(&ctx->log, "checkpoint: server %d wrote %s", s, e->msg);
+        if (--ctx->ckpt_left == 0) {
+            ctx->ckpt_state = 0;
+            pthread_cond_broadcast(&ctx->cv);
+        }
+    }
+    pthread_mutex_unlock(&ctx->mu);
+}
+
 /*
  * Control connections: PINGs both ways (runtime/control.h); an ABORT/ERROR frame, a closed
  * socket or a server silent for op_timeout_ms fails everything.
@@ -414,6 +515,11 @@ static void check_control(comm_state *cs, int64_t now)
         ctx->servers[s].heard_at = now;
         st = psagg_ctl_recv(p.fd, &h, &body, psagg_now_ms() + 2000, peer);
         if (!st && h.type == PSAGG_CTL_PING && h.len == 0) {
+            free(body);
+            continue;
+        }
+        if (!st && h.type == PSAGG_CTL_CHECKPOINT_DONE && h.len == sizeof(psagg_ctl_error)) {
+            checkpoint_done(ctx, s, body);
             free(body);
             continue;
         }
@@ -554,6 +660,7 @@ static void *comm_main(void *arg)
         int64_t now;
         take_queue(&cs);
         drop_if_failed(&cs);
+        checkpoint_send(ctx);
         waiting = schedule(&cs);
         /*
          * Sleep in the completion wait: completions and updates end it, and so does a new

@@ -157,7 +157,8 @@ static psagg_status gpu_enqueue_encode(psagg_ctx *ctx, gpu_state *g, struct psag
 
 static int cuda_encode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len);
 static int cuda_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
-                       const uint8_t *payload, size_t payload_len, char *msg, size_t len);
+                       const psagg_codec *codec, int mode, const uint8_t *payload,
+                       size_t payload_len, char *msg, size_t len);
 static int cuda_complete(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len);
 
 static const psagg_bufops cuda_ops = {
@@ -185,6 +186,12 @@ psagg_status psagg_push_pull_cuda(psagg_ctx *ctx, uint32_t key, const float *d_i
         st = psagg_fail(PSAGG_EUNSUPPORTED,
                         "its codec is adaptive ([codec] adaptive = on), which the CUDA path "
                         "does not support yet: push it from host memory (psagg_push_pull)");
+        goto err;
+    }
+    if (ctx->layout.tensors[key].param) {
+        st = psagg_fail(PSAGG_EUNSUPPORTED,
+                        "it is a parameter ([server] optimizer), which the CUDA path does not "
+                        "support yet: push it from host memory (psagg_push_pull)");
         goto err;
     }
     if ((st = gpu_state_get(ctx, &g)))
@@ -248,10 +255,13 @@ static int cuda_encode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t
 
 /* update: keep the chunk's bytes in pinned memory for the decode on the device. */
 static int cuda_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
-                       const uint8_t *payload, size_t payload_len, char *msg, size_t len)
+                       const psagg_codec *codec, int mode, const uint8_t *payload,
+                       size_t payload_len, char *msg, size_t len)
 {
     gpu_state *g = ctx->device;
-    (void)msg, (void)len;
+    /* the round's codec is h->codec (no parameters here: psagg_push_pull_cuda refuses them),
+       and the decode on the device scales for AVERAGE itself */
+    (void)msg, (void)len, (void)codec, (void)mode;
     memcpy(g->t[h->key].h_upd + g->t[h->key].enc_off[ci->index], payload, payload_len);
     return 1;
 }

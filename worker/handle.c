@@ -57,14 +57,95 @@ struct psagg_handle *handle_new(psagg_ctx *ctx, uint32_t key, const float *in, f
      * (runtime/control.h), and that verdict should reach us before our own timeout */
     h->t_submit = psagg_now_ns();
     h->deadline_ms = h->t_submit / 1000000 + PSAGG_OP_DEADLINE_MS(ctx->cfg.op_timeout_ms);
+    if (ti->param) {
+        if (in == out) {
+            free(h);
+            *st = psagg_fail(PSAGG_EINVAL,
+                             "push_pull: tensor '%s' is a parameter: in (its gradient) and out "
+                             "(its weights) must be different buffers",
+                             ti->name);
+            return NULL;
+        }
+        h->prm.flags = PSAGG_PARAM_GRAD | (op == PSAGG_AVERAGE ? PSAGG_PARAM_AVERAGE : 0);
+    }
     pthread_mutex_lock(&ctx->mu);
+    if (ti->param) {
+        h->prm.lr = ctx->tensors[key].lr;
+        h->prm.weight_decay = ctx->tensors[key].weight_decay;
+    }
     if (ctx->failed) {
         *st = psagg_fail(ctx->failed_status, "%s", ctx->failed_msg);
     } else if (ctx->tensors[key].op) {
         *st =
             psagg_fail(PSAGG_EINVAL, "push_pull: tensor '%s' already has one in flight", ti->name);
+    } else if (ctx->ckpt_state) {
+        *st = psagg_fail(PSAGG_EINVAL, "push_pull: tensor '%s': a checkpoint is being written",
+                         ti->name);
+    } else if (ti->param && !ctx->tensors[key].inited) {
+        *st = psagg_fail(PSAGG_EINVAL,
+                         "push_pull: tensor '%s' is a parameter: call psagg_param_init first",
+                         ti->name);
     } else {
         h->round = ctx->tensors[key].round;
+        h->seq = ctx->next_seq++;
+        ctx->tensors[key].op = h;
+    }
+    pthread_mutex_unlock(&ctx->mu);
+    if (*st) {
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+struct psagg_handle *handle_new_param(psagg_ctx *ctx, uint32_t key, float *out, uint32_t kind,
+                                      uint32_t flags, psagg_status *st)
+{
+    struct psagg_handle *h;
+    const psagg_tensor_info *ti;
+
+    psagg_clear_error();
+    *st = PSAGG_OK;
+    if (!ctx || !ctx->declared || key >= ctx->n_user || !ctx->layout.tensors[key].param) {
+        *st = psagg_fail(PSAGG_EINVAL, "%s: key %u is no declared parameter tensor",
+                         kind == PSAGG_PARAM_INIT ? "psagg_param_init" : "psagg_pull_weights", key);
+        return NULL;
+    }
+    ti = &ctx->layout.tensors[key];
+    if (!out) {
+        *st = psagg_fail(PSAGG_EINVAL, "tensor '%s': NULL weights buffer", ti->name);
+        return NULL;
+    }
+    h = calloc(1, sizeof *h + ti->n_chunks);
+    if (!h) {
+        *st = psagg_fail(PSAGG_ENOMEM, "tensor '%s'", ti->name);
+        return NULL;
+    }
+    *h = (struct psagg_handle){.ctx = ctx,
+                               .ops = &psagg_host_ops,
+                               .key = key,
+                               .in = out,
+                               .out = out,
+                               .codec = ti->codec,
+                               .prm = {.flags = kind | flags},
+                               .chunk_done = (uint8_t *)(h + 1)};
+    h->t_submit = psagg_now_ns();
+    h->deadline_ms = h->t_submit / 1000000 + PSAGG_OP_DEADLINE_MS(ctx->cfg.op_timeout_ms);
+    pthread_mutex_lock(&ctx->mu);
+    if (ctx->failed)
+        *st = psagg_fail(ctx->failed_status, "%s", ctx->failed_msg);
+    else if (ctx->tensors[key].op)
+        *st = psagg_fail(PSAGG_EINVAL, "tensor '%s' already has an operation in flight", ti->name);
+    else if (ctx->ckpt_state)
+        *st = psagg_fail(PSAGG_EINVAL, "tensor '%s': a checkpoint is being written", ti->name);
+    else if (kind == PSAGG_PARAM_INIT && ctx->tensors[key].inited)
+        *st = psagg_fail(PSAGG_EINVAL, "psagg_param_init: tensor '%s' was initialized already",
+                         ti->name);
+    else if (kind != PSAGG_PARAM_INIT && !ctx->tensors[key].inited)
+        *st = psagg_fail(PSAGG_EINVAL,
+                         "psagg_pull_weights: tensor '%s': call psagg_param_init first", ti->name);
+    if (!*st) {
+        h->round = kind == PSAGG_PARAM_INIT ? 0 : ctx->tensors[key].round;
         h->seq = ctx->next_seq++;
         ctx->tensors[key].op = h;
     }

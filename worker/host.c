@@ -38,13 +38,13 @@ static int host_encode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t
 }
 
 static int host_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
-                       const uint8_t *payload, size_t payload_len, char *msg, size_t len)
+                       const psagg_codec *codec, int mode, const uint8_t *payload,
+                       size_t payload_len, char *msg, size_t len)
 {
     const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
-    /* one pass: decode, validate and (AVERAGE) scale by 1/N */
-    psagg_status st = psagg_decode_into(
-        &h->codec, payload, payload_len, ci->count, h->out + ci->offset,
-        h->op == PSAGG_AVERAGE ? PSAGG_DECODE_SCALE : PSAGG_DECODE_SET, 1.0f / (float)ctx->world);
+    /* one pass: decode, validate and (SCALE: AVERAGE) scale by 1/N, or (ADD) apply a delta */
+    psagg_status st = psagg_decode_into(codec, payload, payload_len, ci->count, h->out + ci->offset,
+                                        (psagg_decode_op)mode, 1.0f / (float)ctx->world);
 
     if (st) {
         snprintf(msg, len, "update of tensor '%.63s' chunk %u from server %u: %.150s", ti->name,

@@ -48,7 +48,8 @@ struct psagg_handle;
  *             (ctx->chunks[...].buf) with the encoded input, error feedback included; on a
  *             failure, reset the tensor's residual (part of it was updated)
  *   update    chunk ci's update arrived (header checked; payload_len bytes of payload, in
- *             h->codec): use it.
+ *             codec): decode it into the output with `mode` (psagg_decode_op: SET, SCALE
+ *             for AVERAGE, ADD for a parameter's weight delta).
  *             Never 0. A failure means the server sent an invalid update: the job fails
  *   complete  every update is in: 1 when the output is written, 0 while it is being written
  */
@@ -56,7 +57,8 @@ typedef struct psagg_bufops {
     const char *kind; /* "host", "cuda" */
     int (*encode)(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len);
     int (*update)(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
-                  const uint8_t *payload, size_t payload_len, char *msg, size_t len);
+                  const psagg_codec *codec, int mode, const uint8_t *payload, size_t payload_len,
+                  char *msg, size_t len);
     int (*complete)(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len);
 } psagg_bufops;
 
@@ -87,6 +89,9 @@ typedef struct tensor_state {
     float *residual;         /* worker error feedback (host buffers), or NULL */
     uint32_t round;          /* round of the next push_pull */
     struct psagg_handle *op; /* the push_pull in flight, or NULL */
+    int param;               /* a parameter (the servers run the optimizer on it) ... */
+    int inited;              /* ... whose psagg_param_init completed */
+    float lr, weight_decay;  /* psagg_set_lr (guarded by ctx->mu) */
 } tensor_state;
 
 struct psagg_handle {
@@ -100,7 +105,10 @@ struct psagg_handle {
     int priority;
     uint64_t seq;
     uint32_t round;
-    psagg_codec codec;  /* this round's codec: the declared one, or its assignment's */
+    psagg_codec codec;    /* this round's codec: the declared one, or its assignment's */
+    psagg_msg_param prm;  /* a parameter's push trailer: kind, lr, weight decay, flags */
+    uint32_t reply_round; /* INIT: the chunks' round the WEIGHTS said (reply_set: one came) */
+    int reply_set;
     uint32_t gen;       /* that assignment's generation (0: declared) */
     int encoded;        /* all chunks encoded (comm thread) */
     int completing;     /* all updates in; ops->complete is writing out (comm thread) */
@@ -151,7 +159,13 @@ struct psagg_ctx {
     atomic_uint_fast64_t time_ns[6];
     psagg_timeline *timeline; /* [log] timeline, or NULL */
 
-    uint32_t n_user;           /* tensors the user declared (keys below; then internal ones) */
+    uint32_t n_user;       /* tensors the user declared (keys below; then internal ones) */
+    psagg_ctl_optim optim; /* the servers' [server] optimizer settings (WELCOME) */
+    /* psagg_checkpoint (guarded by mu): 1 asked (the comm thread sends), 2 sent; 0 idle */
+    int ckpt_state;
+    int ckpt_left;            /* servers yet to answer */
+    psagg_status ckpt_status; /* the first failure */
+    char ckpt_msg[300];
     struct psagg_adapt *adapt; /* [codec] adaptive (adapt.c), or NULL */
 
     /* the device side (cuda.c), created by the first psagg_push_pull_cuda */
@@ -167,6 +181,9 @@ struct psagg_ctx {
 struct psagg_handle *handle_new(psagg_ctx *ctx, uint32_t key, const float *in, float *out,
                                 psagg_reduce op, int priority, const psagg_bufops *ops,
                                 psagg_status *st);
+/* handle_new for a parameter's INIT or PULL (kind, flags of the trailer). */
+struct psagg_handle *handle_new_param(psagg_ctx *ctx, uint32_t key, float *out, uint32_t kind,
+                                      uint32_t flags, psagg_status *st);
 void handle_submit(psagg_ctx *ctx, struct psagg_handle *h);
 void handle_abandon(psagg_ctx *ctx, struct psagg_handle *h);
 /* Complete a handle with a status (under ctx->mu) and wake waiters. */

@@ -18,6 +18,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "kernels/codec.h"
+#include "kernels/optim.h"
 #include "runtime/adaptive.h"
 
 #include <arpa/inet.h>
@@ -56,6 +57,7 @@ struct key {
     key_parser parse;
     uint64_t min, max;          /* numbers: inclusive range */
     uint64_t multiple;          /* numbers: must be a multiple of this (0: any) */
+    double fmin, fmax;          /* reals (float fields): inclusive range */
     const char *const *choices; /* enums: names, index = stored value; NULL-terminated */
     const int *values;          /* enums: value stored for each choice (NULL: the index) */
     int flags;
@@ -79,6 +81,7 @@ static int parse_worker_hosts(const struct key *, const char *, int, psagg_confi
 static int parse_codec(const struct key *, const char *, int, psagg_config *, char *, size_t);
 static int parse_bucket(const struct key *, const char *, int, psagg_config *, char *, size_t);
 static int parse_budget(const struct key *, const char *, int, psagg_config *, char *, size_t);
+static int parse_real(const struct key *, const char *, int, psagg_config *, char *, size_t);
 
 static const char *const bool_names[] = {"off", "on", "false", "true", "0", "1", "no", "yes", NULL};
 static const int bool_values[] = {0, 1, 0, 1, 0, 1, 0, 1};
@@ -86,6 +89,9 @@ static const char *const gpu_names[] = {"off", "on", "auto", NULL};
 static const int gpu_values[] = {PSAGG_GPU_OFF, PSAGG_GPU_ON, PSAGG_GPU_AUTO};
 static const char *const rounding_names[] = {"stochastic", "nearest", NULL};
 static const int rounding_values[] = {PSAGG_ROUND_STOCHASTIC, PSAGG_ROUND_NEAREST};
+static const char *const optimizer_names[] = {"none", "sgd", "adam", "adamw", NULL};
+static const int optimizer_values[] = {PSAGG_OPTIM_NONE, PSAGG_OPTIM_SGD, PSAGG_OPTIM_ADAM,
+                                       PSAGG_OPTIM_ADAMW};
 static const char *const level_names[] = {"error", "warn", "info", "debug", NULL};
 static const int level_values[] = {PSAGG_LOG_ERROR, PSAGG_LOG_WARN, PSAGG_LOG_INFO,
                                    PSAGG_LOG_DEBUG};
@@ -115,6 +121,19 @@ static const struct key keys[] = {
     KEY("server", "memory_budget_mb", server_memory_budget_mb, parse_number, .min = 0,
         .max = 1ull << 30),
     KEY("server", "metrics_port", server_metrics_port, parse_number, .min = 0, .max = 65535),
+    KEY("server", "optimizer", optimizer, parse_enum, .choices = optimizer_names,
+        .values = optimizer_values),
+    KEY("server", "lr", lr, parse_real, .fmin = 0, .fmax = 1e6),
+    KEY("server", "weight_decay", weight_decay, parse_real, .fmin = 0, .fmax = 1e6),
+    KEY("server", "momentum", momentum, parse_real, .fmin = 0, .fmax = 1),
+    KEY("server", "dampening", dampening, parse_real, .fmin = 0, .fmax = 1),
+    KEY("server", "nesterov", nesterov, parse_enum, .choices = bool_names, .values = bool_values),
+    KEY("server", "beta1", beta1, parse_real, .fmin = 0, .fmax = 0.999999),
+    KEY("server", "beta2", beta2, parse_real, .fmin = 0, .fmax = 0.999999),
+    KEY("server", "eps", eps, parse_real, .fmin = 1e-30, .fmax = 1),
+    KEY("server", "sync_interval", sync_interval, parse_number, .min = 0, .max = UINT32_MAX),
+    KEY("server", "checkpoint_dir", checkpoint_dir, parse_path, .flags = 0),
+    KEY("server", "resume", resume, parse_enum, .choices = bool_names, .values = bool_values),
     /* [worker] */
     KEY("worker", "chunk_bytes", chunk_bytes, parse_number, .min = 4096, .max = 1ull << 30,
         .multiple = 256),
@@ -181,6 +200,11 @@ static void set_defaults(psagg_config *cfg)
     cfg->adaptive_budget_bits = 0;
     cfg->adaptive_interval = 100;
     cfg->log_level = PSAGG_LOG_INFO;
+    cfg->optimizer = PSAGG_OPTIM_NONE;
+    cfg->lr = 0.001f;
+    cfg->beta1 = 0.9f;
+    cfg->beta2 = 0.999f;
+    cfg->eps = 1e-8f;
 }
 
 /* ---- value parsers ---- */
@@ -273,6 +297,24 @@ static int parse_budget(const struct key *k, const char *val, int append, psagg_
     }
     cfg->adaptive_budget = (uint32_t)(v * 1e6 + 0.5);
     cfg->adaptive_budget_bits = bits;
+    return 0;
+}
+
+/* A float field: a decimal or exponent number in [fmin, fmax], stored as binary32. */
+static int parse_real(const struct key *k, const char *val, int append, psagg_config *cfg,
+                      char *why, size_t whylen)
+{
+    char *end;
+    double v;
+    (void)append;
+    errno = 0;
+    v = strtod(val, &end);
+    if (end == val || *end || errno || !(v >= k->fmin && v <= k->fmax) ||
+        isspace((unsigned char)*val)) {
+        snprintf(why, whylen, "a number in %g..%g", k->fmin, k->fmax);
+        return -1;
+    }
+    *(float *)((char *)cfg + k->offset) = (float)v;
     return 0;
 }
 
@@ -879,6 +921,35 @@ static psagg_status check_worker_hosts(const struct load_state *st)
                       where, total, cfg->worker_hosts, cfg->n_workers);
 }
 
+/* The optimizer's keys that only make sense together. */
+static psagg_status check_optimizer(const struct load_state *st)
+{
+    const psagg_config *cfg = st->cfg;
+    char where[300];
+
+    if (cfg->nesterov && cfg->optimizer == PSAGG_OPTIM_SGD &&
+        (cfg->momentum == 0.0f || cfg->dampening != 0.0f)) {
+        key_origin(st, "server", "nesterov", where, sizeof where);
+        return psagg_fail(PSAGG_ECONFIG,
+                          "%s: [server] nesterov = on needs momentum > 0 and dampening = 0 (as "
+                          "torch.optim.SGD)",
+                          where);
+    }
+    if (cfg->optimizer != PSAGG_OPTIM_NONE && cfg->adaptive) {
+        key_origin(st, "codec", "adaptive", where, sizeof where);
+        return psagg_fail(PSAGG_ECONFIG,
+                          "%s: [codec] adaptive = on cannot be combined with [server] optimizer = "
+                          "%s yet",
+                          where, psagg_optim_name((psagg_optim_kind)cfg->optimizer));
+    }
+    if (cfg->resume && !cfg->checkpoint_dir[0]) {
+        key_origin(st, "server", "resume", where, sizeof where);
+        return psagg_fail(PSAGG_ECONFIG, "%s: [server] resume = on needs [server] checkpoint_dir",
+                          where);
+    }
+    return PSAGG_OK;
+}
+
 /*
  * Defaults, file, environment, required keys. On failure *cfg holds partial values and
  * psagg_last_error() says where ("path:line: ..." or "env PSAGG_X: ...") and what.
@@ -918,6 +989,8 @@ psagg_status psagg_config_load(const char *path, psagg_config *cfg)
     rc = check_secret(st);
     if (!rc)
         rc = check_worker_hosts(st);
+    if (!rc)
+        rc = check_optimizer(st);
     key_origin(st, "cluster", "servers", cfg->servers_where, sizeof cfg->servers_where);
 out:
     free(st);
@@ -967,6 +1040,13 @@ static void format_value(const psagg_config *cfg, const struct key *k, char *out
             used += (size_t)snprintf(out + used, len - used,
                                      strchr(cfg->servers[i].host, ':') ? "%s[%s]:%u" : "%s%s:%u",
                                      i ? " " : "", cfg->servers[i].host, cfg->servers[i].port);
+    } else if (k->parse == parse_real) { /* the shortest that reads back as the same float */
+        float v = *(const float *)field;
+        for (int digits = 6; digits <= 9; digits++) {
+            snprintf(out, len, "%.*g", digits, (double)v);
+            if (strtof(out, NULL) == v)
+                break;
+        }
     } else if (k->parse == parse_budget) {
         snprintf(out, len, "%.6g%s", cfg->adaptive_budget / 1e6,
                  cfg->adaptive_budget_bits ? "bits" : "");

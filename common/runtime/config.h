@@ -65,6 +65,19 @@ typedef struct psagg_config {
                                                 memory: a declaration needing more is refused */
     int server_metrics_port; /* `metrics_port`, default 0 = off: server rank r serves Prometheus
                                 text on metrics_port + r (server/metrics.c) */
+    /* the server-side optimizer (kernels/optim.h), for tensors declared as parameters */
+    int optimizer;          /* `optimizer` = none|sgd|adam|adamw (psagg_optim_kind), default none */
+    float lr;               /* `lr`, default 0.001: the workers' learning rate until they set one */
+    float weight_decay;     /* `weight_decay`, default 0: likewise */
+    float momentum;         /* `momentum`, default 0 (sgd) */
+    float dampening;        /* `dampening`, default 0 (sgd) */
+    int nesterov;           /* `nesterov`, default off (sgd; needs momentum) */
+    float beta1, beta2;     /* `beta1`, `beta2`, default 0.9, 0.999 (adam, adamw) */
+    float eps;              /* `eps`, default 1e-8 (adam, adamw) */
+    uint64_t sync_interval; /* `sync_interval`, default 0 = never: every sync_interval steps a
+                               parameter's update is its exact fp32 weights */
+    char checkpoint_dir[256]; /* `checkpoint_dir`, optional: where checkpoints are written */
+    int resume;               /* `resume`, default off: start from checkpoint_dir's checkpoint */
 
     /* [worker] */
     uint64_t chunk_bytes; /* `chunk_bytes`, default 1048576 (fp32 bytes per chunk) */

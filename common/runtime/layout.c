@@ -11,7 +11,7 @@
 size_t psagg_max_message(const psagg_config *cfg)
 {
     return sizeof(psagg_msg_hdr) + psagg_codec_max_chunk_bytes(psagg_chunk_elems(cfg)) +
-           (cfg->data_auth ? PSAGG_MSG_MAC_BYTES : 0);
+           sizeof(psagg_msg_param) + (cfg->data_auth ? PSAGG_MSG_MAC_BYTES : 0);
 }
 
 psagg_status psagg_tensor_to_wire(const char *name, uint64_t count, const psagg_codec *codec,
@@ -118,6 +118,24 @@ psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64
         }
         ti->chunk_elems = psagg_codec_chunk_elems(&ti->codec, chunk_elems);
         ti->adaptive = adapt_interval && ti->codec.id == PSAGG_CODEC_MAXMIN;
+        ti->param = (decl[t].flags & PSAGG_DECL_PARAM) != 0;
+        if ((decl[t].flags & ~PSAGG_DECL_PARAM) || decl[t].reserved) {
+            st = psagg_fail(PSAGG_EINVAL, "tensor %u '%s': unknown flags 0x%x", t, ti->name,
+                            decl[t].flags & ~PSAGG_DECL_PARAM);
+            goto err;
+        }
+        if (ti->param && ti->chunk_elems > chunk_elems) { /* its fp32 weights fit no message */
+            st = psagg_fail(PSAGG_EINVAL,
+                            "tensor %u '%s': a parameter whose bucket (%u) is larger than a chunk "
+                            "(%llu elements, [worker] chunk_bytes)",
+                            t, ti->name, ti->codec.bucket, (unsigned long long)chunk_elems);
+            goto err;
+        }
+        if (ti->param && ti->adaptive) {
+            st = psagg_fail(PSAGG_EINVAL, "tensor %u '%s': a parameter cannot be adaptive", t,
+                            ti->name);
+            goto err;
+        }
         ti->first_chunk = (uint32_t)total_chunks;
         /* count <= 2^32 - 1 and chunk_elems >= 64: no overflow */
         ti->n_chunks = (uint32_t)(ti->count / ti->chunk_elems + (ti->count % ti->chunk_elems != 0));
@@ -160,6 +178,8 @@ psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64
                 ci->cap_bytes = ci->enc_bytes;
             if (ci->cap_bytes > l.max_enc_bytes)
                 l.max_enc_bytes = ci->cap_bytes;
+            if (ti->param && 4 * ci->count > l.max_param_bytes)
+                l.max_param_bytes = 4 * ci->count;
             order[c] = c;
         }
     }

@@ -42,6 +42,7 @@ typedef struct psagg_tensor_info {
     uint32_t first_chunk; /* index into layout.chunks */
     uint32_t n_chunks;
     int adaptive; /* its codec may change between rounds (runtime/adaptive.h) */
+    int param;    /* a parameter: the servers run the optimizer on it (runtime/wire.h) */
 } psagg_tensor_info;
 
 typedef struct psagg_layout {
@@ -53,6 +54,7 @@ typedef struct psagg_layout {
     uint32_t *owned_count;   /* per server: number of chunks it owns */
     uint64_t *owned_bytes;   /* per server: encoded bytes of one round's inputs from one worker */
     size_t max_enc_bytes;    /* largest chunk payload (cap_bytes) */
+    size_t max_param_bytes;  /* largest fp32 chunk of a parameter tensor (INIT, WEIGHTS), or 0 */
     uint32_t adapt_interval; /* [codec] adaptive_interval; 0: every codec is fixed */
 } psagg_layout;
 
@@ -76,7 +78,8 @@ uint64_t psagg_chunk_elems(const psagg_config *cfg);
 
 /*
  * The largest data message a job with this config can send: the header, the largest
- * encoded chunk of any codec (psagg_codec_max_chunk_bytes) and, with data_auth, the MAC.
+ * encoded chunk of any codec (psagg_codec_max_chunk_bytes), a parameter's trailer and, with
+ * data_auth, the MAC.
  * Every peer derives the same.
  */
 size_t psagg_max_message(const psagg_config *cfg);

@@ -4,6 +4,7 @@
 #include "kernels/codec.h"
 #include "runtime/adaptive.h"
 
+#include <math.h>
 #include <string.h>
 
 uint32_t psagg_msg_codec_word(const psagg_codec *codec, uint32_t generation)
@@ -68,6 +69,19 @@ const char *psagg_msg_check(const void *msg, size_t msg_len, size_t tag_bytes,
         return "chunk";
     ti = &l->tensors[h->key];
     c = &l->chunks[ti->first_chunk + h->chunk];
+    if (type == PSAGG_MSG_WEIGHTS) {
+        static const psagg_codec fp32 = {PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC};
+        if (!ti->param)
+            return "type";
+        if (h->codec != psagg_msg_codec_word(&fp32, 0))
+            return "codec";
+        if (h->len != 4 * c->count || msg_len - sizeof *h - tag_bytes != h->len)
+            return "len";
+        *ci = c;
+        if (mc)
+            *mc = (psagg_msg_codec){.codec = fp32, .len = h->len};
+        return NULL;
+    }
     codec = word_codec(h->codec);
     if (ti->adaptive ? !psagg_adapt_allowed(&ti->codec, ti->chunk_elems, &codec)
                      : h->codec != psagg_msg_codec_word(&ti->codec, 0)) /* generation 0 too */
@@ -75,10 +89,47 @@ const char *psagg_msg_check(const void *msg, size_t msg_len, size_t tag_bytes,
     if (!ti->adaptive)
         codec = ti->codec;
     len = psagg_encoded_size(&codec, c->count);
-    if (!len || len > c->cap_bytes || h->len != len || msg_len - sizeof *h - tag_bytes != h->len)
+    if (!len || len > c->cap_bytes)
+        return "len";
+    if (ti->param && type == PSAGG_MSG_PUSH) {
+        psagg_msg_param prm;
+        size_t body = msg_len - sizeof *h - tag_bytes;
+        if (body != h->len || body < sizeof prm)
+            return "len";
+        body -= sizeof prm;
+        memcpy(&prm, (const uint8_t *)msg + sizeof *h + body, sizeof prm);
+        if (prm.reserved ||
+            (prm.flags & ~(PSAGG_PARAM_KIND_MASK | PSAGG_PARAM_AVERAGE | PSAGG_PARAM_SYNC)))
+            return "trailer";
+        switch (prm.flags & PSAGG_PARAM_KIND_MASK) {
+        case PSAGG_PARAM_GRAD:
+            break;
+        case PSAGG_PARAM_INIT:
+            len = h->sender == 0 ? 4 * c->count : 0;
+            if (h->round != 0)
+                return "round";
+            break;
+        case PSAGG_PARAM_PULL:
+            len = 0;
+            break;
+        default:
+            return "kind";
+        }
+        if (!isfinite(prm.lr) || prm.lr < 0)
+            return "lr";
+        if (!isfinite(prm.weight_decay) || prm.weight_decay < 0)
+            return "weight_decay";
+        if (body != len)
+            return "len";
+        *ci = c;
+        if (mc)
+            *mc = (psagg_msg_codec){codec, h->codec >> 22, len, 1, prm};
+        return NULL;
+    }
+    if (h->len != len || msg_len - sizeof *h - tag_bytes != h->len)
         return "len";
     *ci = c;
     if (mc)
-        *mc = (psagg_msg_codec){codec, h->codec >> 22, len};
+        *mc = (psagg_msg_codec){.codec = codec, .generation = h->codec >> 22, .len = len};
     return NULL;
 }

@@ -33,7 +33,9 @@ void psagg_msg_init(psagg_msg_hdr *h, enum psagg_msg_type type, uint32_t sender,
 typedef struct psagg_msg_codec {
     psagg_codec codec;
     uint32_t generation; /* & PSAGG_MSG_GEN_MASK */
-    size_t len;          /* payload bytes */
+    size_t len;          /* payload bytes; of a parameter's push: its body's (the trailer's not) */
+    int param;           /* a push of a parameter tensor: prm is its trailer (runtime/wire.h) */
+    psagg_msg_param prm;
 } psagg_msg_codec;
 
 /*
@@ -46,6 +48,10 @@ typedef struct psagg_msg_codec {
  * of the first invalid field ("len" for a message shorter than a header). The sender field
  * and the generation are the caller's to check: who may send what differs between pushes
  * and updates, and the generation depends on the round.
+ * A parameter tensor's push ends with its psagg_msg_param trailer, whose fields are checked
+ * ("trailer", "kind", "lr", "weight_decay") and whose kind sets the body's length (GRAD: the
+ * codec's; INIT: fp32 from worker 0 (field sender), none from the others; PULL: none). A
+ * WEIGHTS message is a parameter tensor's, in fp32.
  */
 const char *psagg_msg_check(const void *msg, size_t msg_len, size_t tag_bytes,
                             enum psagg_msg_type type, const psagg_layout *l,

@@ -23,6 +23,11 @@
  *   5. data flows over libfabric (below) ...
  *   6. worker -> server  BYE      (no body): clean shutdown; the server exits when all are gone
  *      server -> worker  ABORT    psagg_ctl_error: another peer failed; pending work fails
+ *   any time after READY, a job with [server] optimizer:
+ *      worker -> server  CHECKPOINT (no body): write this server's optimizer state now
+ *      server -> worker  CHECKPOINT_DONE psagg_ctl_error: status 0 and the file written, or
+ *                                 why not; the requester has no operation in flight, so every
+ *                                 parameter chunk is between two rounds (server/checkpoint.c)
  *
  * DATA MESSAGES (libfabric FI_EP_RDM send/recv)
  *   psagg_msg_hdr + payload (the encoded chunk, codec.h format, exactly hdr.len bytes)
@@ -32,6 +37,8 @@
  *   owner; anything else is dropped and logged with its source.
  *   PUSH   worker -> owner server of (key, chunk): this worker's contribution for `round`
  *   UPDATE server -> every worker: the requantized sum of `round`, identical bytes for all
+ *          (a parameter tensor's: the weight delta of that round's optimizer step)
+ *   WEIGHTS server -> every worker: a parameter tensor's exact fp32 weights (below)
  *   Rounds count from 0 per tensor key; a push for an older round is stale (rejected), a
  *   second push of the same (round, worker) is a duplicate (dropped), a push for a newer round
  *   than the one being collected is a protocol error.
@@ -42,6 +49,23 @@
  *   psagg_adapt_generation(r, interval) on every worker and server, so a push of another
  *   generation (a worker with a stale assignment) closes that worker, and pushes of one round
  *   that name different codecs fail the job; an update carries the round's codec too.
+ *
+ * PARAMETER TENSORS (declared with PSAGG_DECL_PARAM; the servers run [server] optimizer)
+ *   Every push of a parameter tensor ends with a psagg_msg_param trailer (inside len, before
+ *   any MAC). Its kind says what the push is; all workers' pushes of one round must carry the
+ *   same trailer (else the job fails: the workers disagree):
+ *   GRAD  body: the gradient in the tensor's codec. The server sums the round's pushes, steps
+ *         the optimizer on its fp32 master weights and sends an UPDATE: the delta between them
+ *         and the weights every worker holds, in the tensor's codec (the server keeps those
+ *         weights too, so what the codec drops is sent in later rounds); or, every
+ *         sync_interval steps, WEIGHTS. The round then counts up.
+ *   INIT  body: the chunk's fp32 weights from worker 0, nothing from the others; `round` 0.
+ *         The first push of a parameter tensor. When all are in, WEIGHTS of the weights
+ *         every worker now holds (worker 0's, or a restored checkpoint's), whose `round`
+ *         field is the chunk's round (0, or the checkpoint's): the workers go on from there.
+ *   PULL  no body; `round` is the chunk's round. When all are in, WEIGHTS of the exact master
+ *         weights; with PSAGG_PARAM_SYNC the workers hold them from then on.
+ *   INIT and PULL do not count a round.
  */
 #ifndef PSAGG_RUNTIME_WIRE_H
 #define PSAGG_RUNTIME_WIRE_H
@@ -51,9 +75,10 @@
 /*
  * 3: codec format version 2 (kernels/codec.h), whose stochastic rounding draws other bits;
  * 4: HELLO and WELCOME name the libfabric provider each side opened;
- * 5: DECLARE carries the adaptive settings, data headers the codec and its generation
+ * 5: DECLARE carries the adaptive settings, data headers the codec and its generation;
+ * 6: tensors carry flags (parameters), WELCOME the optimizer, pushes of parameters a trailer
  */
-#define PSAGG_PROTO_VERSION 5
+#define PSAGG_PROTO_VERSION 6
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64
@@ -72,6 +97,8 @@ enum psagg_ctl_type {
     PSAGG_CTL_BYE = 6,
     PSAGG_CTL_ABORT = 7,
     PSAGG_CTL_PING = 8, /* no body: "still here", both ways while the job runs */
+    PSAGG_CTL_CHECKPOINT = 9,
+    PSAGG_CTL_CHECKPOINT_DONE = 10,
 };
 
 typedef struct psagg_ctl_hdr {
@@ -106,16 +133,31 @@ typedef struct psagg_ctl_hello {
 _Static_assert(sizeof(psagg_ctl_hello) == 64 + 4 + 4 + 32 + 4 + 16 + 32 + 4 + 256,
                "psagg_ctl_hello layout");
 
+/*
+ * A server's [server] optimizer settings, as WELCOME carries them: every server of a job must
+ * run the same (the worker compares them field by field); lr and weight decay come with each
+ * push instead.
+ */
+typedef struct psagg_ctl_optim {
+    uint32_t kind; /* psagg_optim_kind (kernels/optim.h) */
+    uint32_t nesterov;
+    float momentum, dampening, beta1, beta2, eps;
+    uint32_t sync_interval;
+} psagg_ctl_optim;
+_Static_assert(sizeof(psagg_ctl_optim) == 32, "psagg_ctl_optim layout");
+
 typedef struct psagg_ctl_welcome {
     uint32_t server_rank;
     uint32_t n_servers;
     uint32_t flags;                    /* the server's PSAGG_HELLO_* */
     uint8_t nonce[16];                 /* the server's session nonce (its data key) */
     char provider[PSAGG_PROVIDER_MAX]; /* the libfabric provider opened; NUL-terminated */
+    psagg_ctl_optim optim;
     uint32_t epname_len;
     uint8_t epname[PSAGG_EPNAME_MAX];
 } psagg_ctl_welcome;
-_Static_assert(sizeof(psagg_ctl_welcome) == 12 + 16 + 32 + 4 + 256, "psagg_ctl_welcome layout");
+_Static_assert(sizeof(psagg_ctl_welcome) == 12 + 16 + 32 + 32 + 4 + 256,
+               "psagg_ctl_welcome layout");
 
 /* chunk_elems of a DECLARE: [worker] chunk_bytes is 4096..2^30 bytes of fp32 */
 #define PSAGG_MIN_CHUNK_ELEMS 1024u
@@ -137,6 +179,9 @@ typedef struct psagg_ctl_declare {
 } psagg_ctl_declare;
 _Static_assert(sizeof(psagg_ctl_declare) == 24, "psagg_ctl_declare layout");
 
+/* psagg_ctl_tensor.flags */
+#define PSAGG_DECL_PARAM 1u /* a parameter: the servers run the optimizer on it (above) */
+
 typedef struct psagg_ctl_tensor {
     char name[PSAGG_NAME_MAX]; /* NUL-terminated */
     uint64_t count;            /* fp32 elements, >= 1 */
@@ -144,8 +189,10 @@ typedef struct psagg_ctl_tensor {
     uint32_t bits;
     uint32_t bucket;
     uint32_t rounding;
+    uint32_t flags; /* PSAGG_DECL_* */
+    uint32_t reserved;
 } psagg_ctl_tensor;
-_Static_assert(sizeof(psagg_ctl_tensor) == 64 + 8 + 16, "psagg_ctl_tensor layout");
+_Static_assert(sizeof(psagg_ctl_tensor) == 64 + 8 + 24, "psagg_ctl_tensor layout");
 
 typedef struct psagg_ctl_error {
     int32_t status; /* psagg_status */
@@ -156,6 +203,7 @@ _Static_assert(sizeof(psagg_ctl_error) == 256, "psagg_ctl_error layout");
 enum psagg_msg_type {
     PSAGG_MSG_PUSH = 1,
     PSAGG_MSG_UPDATE = 2,
+    PSAGG_MSG_WEIGHTS = 3,
 };
 
 typedef struct psagg_msg_hdr {
@@ -171,5 +219,20 @@ typedef struct psagg_msg_hdr {
     uint32_t codec;  /* the payload's codec and the assignment's generation (above) */
 } psagg_msg_hdr;
 _Static_assert(sizeof(psagg_msg_hdr) == 32, "psagg_msg_hdr layout");
+
+/* psagg_msg_param.flags: the kind in bits 0-1, then flags */
+enum psagg_param_kind { PSAGG_PARAM_GRAD = 0, PSAGG_PARAM_INIT = 1, PSAGG_PARAM_PULL = 2 };
+#define PSAGG_PARAM_KIND_MASK 3u
+#define PSAGG_PARAM_AVERAGE   4u /* GRAD: the step uses the sum / workers */
+#define PSAGG_PARAM_SYNC      8u /* PULL: the workers hold the pulled weights from now on */
+
+/* The trailer of a parameter tensor's push (the last bytes of its payload). */
+typedef struct psagg_msg_param {
+    float lr;           /* GRAD: the learning rate of this step */
+    float weight_decay; /* GRAD: and its weight decay */
+    uint32_t flags;     /* psagg_param_kind | PSAGG_PARAM_* */
+    uint32_t reserved;  /* 0 */
+} psagg_msg_param;
+_Static_assert(sizeof(psagg_msg_param) == 16, "psagg_msg_param layout");
 
 #endif

@@ -73,10 +73,11 @@ static int model_encode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_
 
 /* update: keep the chunk's bytes in (modelled pinned) memory for the decode on the device. */
 static int model_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
-                        const uint8_t *payload, size_t payload_len, char *msg, size_t len)
+                        const psagg_codec *codec, int mode, const uint8_t *payload,
+                        size_t payload_len, char *msg, size_t len)
 {
     model_tensor *t = &model.t[h->key];
-    (void)ctx, (void)msg, (void)len;
+    (void)ctx, (void)msg, (void)len, (void)codec, (void)mode;
     memcpy(t->h_upd + t->off[ci->index], payload, payload_len);
     return 1;
 }

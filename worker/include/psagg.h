@@ -48,11 +48,15 @@ typedef enum psagg_reduce {
     PSAGG_AVERAGE = 1,
 } psagg_reduce;
 
+/* psagg_tensor_desc.flags */
+#define PSAGG_TENSOR_PARAMETER 1u /* a parameter the servers optimize (below) */
+
 typedef struct psagg_tensor_desc {
     const char *name;   /* unique within the job, at most 63 bytes */
     uint64_t count;     /* number of fp32 elements, >= 1 */
     psagg_codec codec;  /* codec.id = PSAGG_CODEC_DEFAULT takes the config's */
     int error_feedback; /* -1: config default, 0: off, 1: keep a residual on this worker */
+    uint32_t flags;     /* PSAGG_TENSOR_*; 0: a gradient the servers sum */
 } psagg_tensor_desc;
 
 /*
@@ -159,6 +163,49 @@ psagg_status psagg_get_assignment(psagg_ctx *ctx, uint32_t key, psagg_assignment
  * generation (may be NULL); call before psagg_release. Errors as psagg_handle_timing.
  */
 psagg_status psagg_handle_codec(psagg_handle *handle, psagg_codec *codec, uint32_t *generation);
+
+/*
+ * Server-side optimizer ([server] optimizer = sgd | adam | adamw, conf/cluster.ini). A tensor
+ * declared with PSAGG_TENSOR_PARAMETER is a model parameter whose fp32 master weights and
+ * optimizer state live on the servers (each server its chunks); this worker keeps only the
+ * weights it trains with. Every call below is collective: every worker makes it, for the same
+ * tensor, in the same order (the servers fail the job, naming the workers, when they differ).
+ *
+ * psagg_param_init: the tensor's first operation. Worker 0's `weights` (count floats) become
+ * the servers' master weights, unless the servers resumed from a checkpoint ([server] resume),
+ * whose weights win; on completion `weights` holds them on every worker (a broadcast, as DDP
+ * does at construction), and psagg_tensor_round says which step the tensor is at.
+ *
+ * psagg_push_pull on a parameter: `in` is this worker's gradient and `out` the weights, which
+ * must stay the buffer psagg_param_init filled and must not be written by anything else: the
+ * servers sum the gradients (op AVERAGE divides by the workers), take one optimizer step with
+ * the tensor's learning rate and weight decay, and `out` gets the weight delta in the
+ * tensor's codec (out += delta), bit-identical on every worker; every [server] sync_interval
+ * steps the exact weights instead. What a lossy codec drops from a delta is sent in later ones.
+ *
+ * psagg_set_lr: the learning rate and weight decay of the following push_pulls of tensor key
+ * (PSAGG_ALL_KEYS: every parameter); they start at [server] lr and weight_decay. Every worker
+ * must set the same values (learning-rate schedules live in the training script).
+ *
+ * psagg_pull_weights: `out` receives the servers' exact fp32 master weights. With sync = 1,
+ * `out` must be the tensor's weights buffer: the workers hold the master weights from then on
+ * (the deltas the codec dropped are no longer owed); with sync = 0 it is any buffer, e.g. to
+ * measure how far the weights trained with are from the master weights.
+ *
+ * psagg_checkpoint: every server writes its parameters' master weights, the workers' weights
+ * and the optimizer state to [server] checkpoint_dir (psagg-server-<rank>.ckpt, checksummed);
+ * returns once all have, or with the first server's reason. Call it between steps, with no
+ * operation of this worker in flight (PSAGG_EINVAL otherwise); any one worker may call it.
+ * Servers started with [server] resume = on load it; psagg_param_init then returns its weights.
+ */
+#define PSAGG_ALL_KEYS UINT32_MAX
+psagg_status psagg_param_init(psagg_ctx *ctx, uint32_t key, float *weights, psagg_handle **handle);
+psagg_status psagg_set_lr(psagg_ctx *ctx, uint32_t key, float lr, float weight_decay);
+psagg_status psagg_pull_weights(psagg_ctx *ctx, uint32_t key, float *out, int sync,
+                                psagg_handle **handle);
+psagg_status psagg_checkpoint(psagg_ctx *ctx);
+/* The round (for a parameter: the optimizer step) the tensor's next push_pull is. */
+psagg_status psagg_tensor_round(psagg_ctx *ctx, uint32_t key, uint32_t *round);
 
 int psagg_rank(const psagg_ctx *ctx);
 int psagg_world_size(const psagg_ctx *ctx);
