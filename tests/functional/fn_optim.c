@@ -1,0 +1,343 @@
+/*
+ * fn_optim.c - a functional-test worker of a job with a server-side optimizer ([server]
+ * optimizer), run by test_optim.sh. Usage:
+ *   fn_optim STEPS [--checkpoint-at C] [--stop-after S] [--resume] [--lr-scale X]
+ * with PSAGG_CONFIG, PSAGG_RANK, PSAGG_WORLD_SIZE set, and FN_OPTIM_CODEC (default fp32).
+ *
+ * Every worker declares four parameter tensors and one plain (summed) fp32 tensor, starts
+ * its parameters from weights of its own rank (psagg_param_init must hand every worker
+ * worker 0's), and trains them on a quadratic loss: worker w's gradient is
+ * (weights - target) x (0.5 + 0.25 w) + noise(w, tensor, step), pushed with AVERAGE, with a
+ * learning rate that decays per step and a weight decay on tensor 0 only (psagg_set_lr).
+ * After every step it checks its weights bit for bit against a reference it computes
+ * itself from the same arithmetic: every worker's push in the tensor's codec (the worker's
+ * RNG stream), summed in worker order, the optimizer's step written out here in scalar C from
+ * kernels/optim.h's specification (not the library's loop), the delta to the weights every
+ * worker holds requantized with the chunk owner's RNG stream (or, every [server]
+ * sync_interval steps, the master weights themselves). At the end it pulls the master
+ * weights (psagg_pull_weights), checks them against the reference's, prints the drift
+ * between them and the weights trained with, and pulls again with sync.
+ *
+ * --checkpoint-at C: worker 0 asks for a checkpoint after step C. --stop-after S: after step
+ * S print STOPPED and wait to be killed. --resume: the servers resumed from a checkpoint;
+ * the reference replays the steps before the round psagg_param_init reports. --lr-scale: this
+ * worker's learning rate times X (a worker that disagrees: the job must fail).
+ * Prints "OPTIM-EXACT ...", "DRIFT ..." and "DIGEST <hex>" of the final weights.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fn_input.h"
+#include "kernels/codec.h"
+#include "kernels/optim.h"
+#include "psagg.h"
+#include "runtime/config.h"
+#include "runtime/layout.h"
+
+#define N_P 4 /* parameters; then one plain tensor */
+static const uint64_t sizes[N_P + 1] = {5000, 70000, 300, 12345, 2000};
+
+#define FAIL(...)                                                                                  \
+    do {                                                                                           \
+        fprintf(stderr, "FAIL: " __VA_ARGS__);                                                     \
+        fputc('\n', stderr);                                                                       \
+        exit(1);                                                                                   \
+    } while (0)
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001B3ull;
+    return h;
+}
+
+static float init_value(int w, uint32_t t, uint64_t i)
+{
+    return input_value(w, 100 + t, 0, i) * 10.0f;
+}
+
+static float target(uint32_t t, uint64_t i)
+{
+    return input_value(99, 200 + t, 0, i) * 10.0f;
+}
+
+/* Worker w's gradient of element i at step s, given the weights everyone holds. */
+static float grad_value(int w, uint32_t t, uint32_t s, uint64_t i, float weight)
+{
+    return (weight - target(t, i)) * (0.5f + 0.25f * (float)w) + input_value(w, t, s, i);
+}
+
+static float step_lr(uint32_t s)
+{
+    return 0.05f / (1.0f + 0.1f * (float)s);
+}
+
+static float step_wd(uint32_t t)
+{
+    return t == 0 ? 0.01f : 0.0f;
+}
+
+/* kernels/optim.h's arithmetic, element by element, as the specification writes it. */
+static void ref_step(const psagg_config *cfg, float lr, float wd, uint64_t t, float s,
+                     const float *grad, float *w, float *m1, float *m2, size_t n)
+{
+    double step_size = (double)lr / (1.0 - pow((double)cfg->beta1, (double)t));
+    float ss = (float)step_size, bc2 = (float)sqrt(1.0 - pow((double)cfg->beta2, (double)t));
+    for (size_t k = 0; k < n; k++) {
+        float g = grad[k] * s;
+        if (cfg->optimizer == PSAGG_OPTIM_SGD) {
+            if (wd != 0.0f)
+                g = g + wd * w[k];
+            if (cfg->momentum != 0.0f) {
+                m1[k] = t == 1 ? g : cfg->momentum * m1[k] + (1.0f - cfg->dampening) * g;
+                g = cfg->nesterov ? g + cfg->momentum * m1[k] : m1[k];
+            }
+            w[k] = w[k] - lr * g;
+        } else {
+            if (cfg->optimizer == PSAGG_OPTIM_ADAMW)
+                w[k] = w[k] * (1.0f - lr * wd);
+            else if (wd != 0.0f)
+                g = g + wd * w[k];
+            m1[k] = cfg->beta1 * m1[k] + (1.0f - cfg->beta1) * g;
+            m2[k] = cfg->beta2 * m2[k] + ((1.0f - cfg->beta2) * g) * g;
+            w[k] = w[k] - ss * (m1[k] / (sqrtf(m2[k]) / bc2 + cfg->eps));
+        }
+    }
+}
+
+typedef struct ref_tensor {
+    float *w, *view, *m1, *m2;
+} ref_tensor;
+
+/* One step of the servers, for every parameter tensor, on the reference. */
+static void ref_round(const psagg_config *cfg, const psagg_layout *l, const psagg_codec *codec,
+                      ref_tensor *ref, uint32_t s, int world, float *x, float *acc, uint8_t *enc)
+{
+    for (uint32_t t = 0; t < N_P; t++) {
+        const psagg_tensor_info *ti = &l->tensors[t];
+        for (uint32_t c = 0; c < ti->n_chunks; c++) {
+            const psagg_chunk_info *ci = &l->chunks[ti->first_chunk + c];
+            size_t len = psagg_encoded_size(codec, ci->count);
+            float *vw = ref[t].view + ci->offset, *mw = ref[t].w + ci->offset;
+            for (int w = 0; w < world; w++) {
+                for (uint64_t i = 0; i < ci->count; i++)
+                    x[i] = grad_value(w, t, s, ci->offset + i, vw[i]);
+                if (psagg_encode(codec, x, NULL, ci->count,
+                                 psagg_rng_chunk_key(cfg->seed, PSAGG_RNG_WORKER, (uint32_t)w, t,
+                                                     ci->index, s),
+                                 enc, len, NULL) ||
+                    psagg_decode_into(codec, enc, len, ci->count, acc,
+                                      w ? PSAGG_DECODE_ADD : PSAGG_DECODE_FIRST, 1.0f))
+                    FAIL("reference: %s", psagg_last_error());
+            }
+            ref_step(cfg, step_lr(s), step_wd(t), (uint64_t)s + 1, 1.0f / (float)world, acc, mw,
+                     ref[t].m1 + ci->offset, ref[t].m2 + ci->offset, ci->count);
+            if (cfg->sync_interval && (s + 1) % cfg->sync_interval == 0) {
+                memcpy(vw, mw, ci->count * sizeof(float));
+                continue;
+            }
+            for (uint64_t i = 0; i < ci->count; i++)
+                x[i] = mw[i] - vw[i];
+            if (psagg_encode(codec, x, NULL, ci->count,
+                             psagg_rng_chunk_key(cfg->seed, PSAGG_RNG_SERVER, ci->owner, t,
+                                                 ci->index, s),
+                             enc, len, NULL) ||
+                psagg_decode_into(codec, enc, len, ci->count, vw, PSAGG_DECODE_ADD, 1.0f))
+                FAIL("reference delta: %s", psagg_last_error());
+        }
+    }
+}
+
+static void same(const float *got, const float *want, uint64_t n, const char *what, uint32_t t,
+                 uint32_t s)
+{
+    if (memcmp(got, want, n * sizeof(float))) {
+        uint64_t i = 0;
+        while (!memcmp(&got[i], &want[i], sizeof(float)))
+            i++;
+        FAIL("%s of tensor %u after step %u: element %llu is %.9g, the reference %.9g", what, t, s,
+             (unsigned long long)i, (double)got[i], (double)want[i]);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    uint32_t steps = argc > 1 ? (uint32_t)atoi(argv[1]) : 10, ckpt_at = 0, stop_after = 0, start;
+    int resume = 0, rank, world;
+    float lr_scale = 1.0f;
+    const char *codec_text = getenv("FN_OPTIM_CODEC") ? getenv("FN_OPTIM_CODEC") : "fp32";
+    psagg_config cfg;
+    psagg_ctx *ctx = NULL;
+    psagg_tensor_desc desc[N_P + 1];
+    psagg_ctl_tensor wire[N_P + 1];
+    psagg_layout l;
+    psagg_codec codec, fp32 = {.id = PSAGG_CODEC_FP32};
+    ref_tensor ref[N_P];
+    float *wt[N_P + 1], *g[N_P + 1], *x, *acc, *pulled;
+    uint8_t *enc;
+    double drift = 0;
+
+    for (int a = 2; a < argc; a++) {
+        if (!strcmp(argv[a], "--checkpoint-at") && a + 1 < argc)
+            ckpt_at = (uint32_t)atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--stop-after") && a + 1 < argc)
+            stop_after = (uint32_t)atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--resume"))
+            resume = 1;
+        else if (!strcmp(argv[a], "--lr-scale") && a + 1 < argc)
+            lr_scale = strtof(argv[++a], NULL);
+        else
+            FAIL("usage: fn_optim STEPS [--checkpoint-at C] [--stop-after S] [--resume] "
+                 "[--lr-scale X]");
+    }
+    if (psagg_codec_parse(codec_text, &codec) || psagg_codec_check(&codec))
+        FAIL("FN_OPTIM_CODEC '%s'", codec_text);
+    if (psagg_config_load(getenv("PSAGG_CONFIG"), &cfg))
+        FAIL("config: %s", psagg_last_error());
+    if (psagg_init(NULL, -1, -1, &ctx))
+        FAIL("psagg_init: %s", psagg_last_error());
+    rank = psagg_rank(ctx);
+    world = psagg_world_size(ctx);
+    for (uint32_t t = 0; t <= N_P; t++) {
+        char *name = malloc(16);
+        snprintf(name, 16, t < N_P ? "p%u" : "plain", t);
+        desc[t] = (psagg_tensor_desc){.name = name,
+                                      .count = sizes[t],
+                                      .codec = t < N_P ? codec : fp32,
+                                      .error_feedback = 0,
+                                      .flags = t < N_P ? PSAGG_TENSOR_PARAMETER : 0};
+        if (psagg_tensor_to_wire(name, sizes[t], &desc[t].codec, &wire[t]))
+            FAIL("wire");
+        wire[t].flags = t < N_P ? PSAGG_DECL_PARAM : 0;
+        wt[t] = malloc(sizes[t] * sizeof(float));
+        g[t] = malloc(sizes[t] * sizeof(float));
+        if (!wt[t] || !g[t])
+            FAIL("memory");
+    }
+    if (psagg_declare(ctx, desc, N_P + 1, NULL))
+        FAIL("psagg_declare: %s", psagg_last_error());
+    if (psagg_layout_build(wire, N_P + 1, psagg_chunk_elems(&cfg), (uint32_t)cfg.n_servers, 0, &l))
+        FAIL("layout: %s", psagg_last_error());
+    x = malloc(sizes[1] * sizeof *x);
+    acc = malloc(sizes[1] * sizeof *acc);
+    pulled = malloc(sizes[1] * sizeof *pulled);
+    enc = malloc(l.max_enc_bytes > 4 * sizes[1] ? l.max_enc_bytes : 4 * sizes[1]);
+    if (!x || !acc || !enc || !pulled)
+        FAIL("memory");
+
+    /* every worker starts from its own weights; the servers keep worker 0's */
+    for (uint32_t t = 0; t < N_P; t++) {
+        psagg_handle *h;
+        ref[t].w = malloc(sizes[t] * sizeof(float));
+        ref[t].view = malloc(sizes[t] * sizeof(float));
+        ref[t].m1 = calloc(sizes[t], sizeof(float));
+        ref[t].m2 = calloc(sizes[t], sizeof(float));
+        if (!ref[t].w || !ref[t].view || !ref[t].m1 || !ref[t].m2)
+            FAIL("memory");
+        for (uint64_t i = 0; i < sizes[t]; i++) {
+            wt[t][i] = init_value(rank, t, i);
+            ref[t].w[i] = ref[t].view[i] = init_value(0, t, i);
+        }
+        if (psagg_param_init(ctx, t, wt[t], &h) || psagg_wait(h, -1))
+            FAIL("psagg_param_init of tensor %u: %s", t, psagg_last_error());
+        psagg_release(h);
+    }
+    if (psagg_tensor_round(ctx, 0, &start))
+        FAIL("psagg_tensor_round: %s", psagg_last_error());
+    for (uint32_t t = 1; t < N_P; t++) {
+        uint32_t r;
+        if (psagg_tensor_round(ctx, t, &r) || r != start)
+            FAIL("tensor %u is at round %u, tensor 0 at %u", t, r, start);
+    }
+    if (start && !resume)
+        FAIL("the parameters start at step %u without a checkpoint", start);
+    for (uint32_t s = 0; s < start; s++) /* what the job did before its checkpoint */
+        ref_round(&cfg, &l, &codec, ref, s, world, x, acc, enc);
+    for (uint32_t t = 0; t < N_P; t++)
+        same(wt[t], ref[t].view, sizes[t], "the initial weights", t, start);
+    if (rank == 0)
+        printf("INIT from step %u: every worker holds %s weights\n", start,
+               start ? "the checkpoint's" : "worker 0's");
+
+    for (uint32_t s = start; s < steps; s++) {
+        psagg_handle *h[N_P + 1];
+        for (uint32_t t = 0; t < N_P; t++) {
+            if (psagg_set_lr(ctx, t, step_lr(s) * lr_scale, step_wd(t)))
+                FAIL("psagg_set_lr: %s", psagg_last_error());
+            for (uint64_t i = 0; i < sizes[t]; i++)
+                g[t][i] = grad_value(rank, t, s, i, wt[t][i]);
+            if (psagg_push_pull(ctx, t, g[t], wt[t], PSAGG_AVERAGE, 0, &h[t]))
+                FAIL("push_pull: %s", psagg_last_error());
+        }
+        for (uint64_t i = 0; i < sizes[N_P]; i++) /* a plain sum beside the parameters */
+            g[N_P][i] = input_value(rank, N_P, s - start, i);
+        if (psagg_push_pull(ctx, N_P, g[N_P], wt[N_P], PSAGG_SUM, 0, &h[N_P]))
+            FAIL("push_pull: %s", psagg_last_error());
+        for (uint32_t t = 0; t <= N_P; t++) {
+            if (psagg_wait(h[t], -1))
+                FAIL("step %u tensor %u: %s", s, t, psagg_last_error());
+            psagg_release(h[t]);
+        }
+        ref_round(&cfg, &l, &codec, ref, s, world, x, acc, enc);
+        for (uint32_t t = 0; t < N_P; t++)
+            same(wt[t], ref[t].view, sizes[t], "the weights", t, s);
+        for (uint64_t i = 0; i < sizes[N_P]; i++) {
+            float sum = 0.0f;
+            for (int w = 0; w < world; w++)
+                sum = sum + input_value(w, N_P, s - start, i);
+            if (memcmp(&sum, &wt[N_P][i], sizeof sum))
+                FAIL("step %u: the plain tensor's element %llu is %.9g, not %.9g", s,
+                     (unsigned long long)i, (double)wt[N_P][i], (double)sum);
+        }
+        if (rank == 0 && ckpt_at == s + 1) {
+            if (psagg_checkpoint(ctx))
+                FAIL("psagg_checkpoint: %s", psagg_last_error());
+            printf("CHECKPOINT after step %u\n", s);
+            fflush(stdout);
+        }
+        if (stop_after == s + 1) {
+            printf("STOPPED after step %u\n", s);
+            fflush(stdout);
+            for (;;)
+                pause();
+        }
+    }
+    /* the master weights, exactly; then the drift of the weights trained with */
+    for (uint32_t t = 0; t < N_P; t++) {
+        psagg_handle *h;
+        if (psagg_pull_weights(ctx, t, pulled, 0, &h) || psagg_wait(h, -1))
+            FAIL("psagg_pull_weights: %s", psagg_last_error());
+        psagg_release(h);
+        same(pulled, ref[t].w, sizes[t], "the master weights", t, steps);
+        for (uint64_t i = 0; i < sizes[t]; i++)
+            drift = fmax(drift, fabs((double)pulled[i] - (double)wt[t][i]));
+        if (psagg_pull_weights(ctx, t, wt[t], 1, &h) || psagg_wait(h, -1))
+            FAIL("psagg_pull_weights (sync): %s", psagg_last_error());
+        psagg_release(h);
+        same(wt[t], ref[t].w, sizes[t], "the synced weights", t, steps);
+    }
+    printf("OPTIM-EXACT optimizer=%s codec=%s workers=%d steps=%u..%u tensors=%u\n",
+           psagg_optim_name((psagg_optim_kind)cfg.optimizer), codec_text, world, start, steps,
+           N_P);
+    printf("DRIFT max |master - trained| = %.3g\n", drift);
+    {
+        uint64_t final = 0xCBF29CE484222325ull;
+        for (uint32_t t = 0; t < N_P; t++)
+            final = fnv(final, wt[t], sizes[t] * sizeof(float));
+        printf("DIGEST %016llx\n", (unsigned long long)final);
+    }
+    if (psagg_close(ctx))
+        FAIL("psagg_close");
+    for (uint32_t t = 0; t <= N_P; t++) {
+        free(wt[t]), free(g[t]), free((void *)desc[t].name);
+        if (t < N_P)
+            free(ref[t].w), free(ref[t].view), free(ref[t].m1), free(ref[t].m2);
+    }
+    free(x), free(acc), free(enc), free(pulled);
+    psagg_layout_free(&l);
+    return 0;
+}

@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# test_optim.sh BUILD_DIR PORT - the server-side optimizer ([server] optimizer) end to end.
+#
+# 1. Exact: two servers, three fn_optim workers, for sgd (momentum, nesterov, sync_interval 3)
+#    with maxmin4 deltas, adam with fp32 and adamw with maxmin2: every worker's weights equal
+#    fn_optim's own reference of the servers' arithmetic bit for bit after every step, the
+#    pulled master weights too, and all workers print the same DIGEST.
+# 2. Checkpoint: an uninterrupted run's DIGEST; then a run whose worker 0 asks for a
+#    checkpoint after step 4, killed (SIGKILL, every process) after step 6, restarted with
+#    [server] resume = on: it goes on from step 4 and ends with the same DIGEST.
+# 3. Refusals: a truncated and a corrupted checkpoint stop the server at start-up, naming the
+#    file; a checkpoint of another declaration fails the job ("nothing loaded"); workers that
+#    send different learning rates fail the job ("the workers disagree"); a parameter declared
+#    to servers without an optimizer is refused at psagg_declare.
+set -u -o pipefail
+build=$1
+port=$2
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; for f in "$tmp"/*.log; do echo "== $f"; tail -20 "$f"; done >&2; exit 1; }
+fn=$build/tests/functional/fn_optim
+
+# wait_for PID SECONDS: exit status of PID, or 124 if it is still running then
+wait_for() {
+    local t
+    for ((t = 0; t < $2 * 10; t++)); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$1" 2>/dev/null && return 124
+    wait "$1"
+}
+
+ini() { # ini NAME OPTIMIZER-KEYS...: a job file of 2 servers and 3 workers
+    local name=$1
+    shift
+    {
+        printf '[cluster]\njob_id = optim-%s-%s\nservers = 127.0.0.1:%d 127.0.0.1:%d\n' "$name" "$port" "$port" $((port + 1))
+        printf 'workers = 3\nconnect_timeout_ms = 20000\nop_timeout_ms = 20000\n[server]\nthreads = 2\n'
+        printf '%s\n' "$@"
+        printf 'checkpoint_dir = %s/ck-%s\n[worker]\nchunk_bytes = 16384\n[log]\nlevel = info\n' "$tmp" "$name"
+    } >"$tmp/$name.ini"
+    mkdir -p "$tmp/ck-$name"
+}
+
+servers() { # servers NAME [ENV...]: start both servers of job NAME (the last job's are gone)
+    local name=$1 i p
+    shift
+    for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
+    for p in "${pids[@]}"; do while kill -0 "$p" 2>/dev/null; do sleep 0.05; done; done
+    pids=()
+    for i in 0 1; do
+        env "$@" setsid "$build/server/psagg-server" --config "$tmp/$name.ini" --rank $i >"$tmp/$name-server$i.log" 2>&1 &
+        pids+=($!)
+    done
+}
+
+wpids=()
+workers() { # workers NAME CODEC STEPS [ARGS...]: start three fn_optim workers
+    local name=$1 codec=$2 steps=$3 w
+    shift 3
+    wpids=()
+    for w in 0 1 2; do
+        PSAGG_CONFIG=$tmp/$name.ini PSAGG_RANK=$w PSAGG_WORLD_SIZE=3 FN_OPTIM_CODEC=$codec setsid "$fn" "$steps" "$@" \
+            >"$tmp/$name-worker$w.log" 2>&1 &
+        wpids+=($!)
+        pids+=($!)
+    done
+}
+
+digest=
+finish() { # finish NAME: all workers succeed and agree; sets digest (not in a subshell: it waits)
+    local name=$1 w
+    for w in 0 1 2; do wait_for "${wpids[$w]}" 120 || fail "$name: worker $w exited $?"; done
+    for w in 0 1 2; do grep -q '^OPTIM-EXACT' "$tmp/$name-worker$w.log" || fail "$name: worker $w printed no result"; done
+    [ "$(grep -h '^DIGEST' "$tmp/$name"-worker*.log | sort -u | wc -l)" = 1 ] || fail "$name: the workers' weights differ"
+    grep -h '^OPTIM-EXACT\|^DRIFT' "$tmp/$name-worker0.log"
+    digest=$(grep -h '^DIGEST' "$tmp/$name-worker0.log")
+}
+
+# 1. exact, three optimizers
+ini sgd "optimizer = sgd" "momentum = 0.9" "nesterov = on" "sync_interval = 3"
+servers sgd
+workers sgd maxmin4/512 10
+finish sgd
+ini adam "optimizer = adam"
+servers adam
+workers adam fp32 8
+finish adam
+grep -q 'DRIFT max |master - trained| = 0$' "$tmp/adam-worker0.log" || fail "adam: fp32 deltas left the weights off the master weights"
+ini adamw "optimizer = adamw" "weight_decay = 0.05" "beta2 = 0.99"
+servers adamw
+workers adamw maxmin2/256 8
+finish adamw
+
+# 2. kill after a checkpoint, resume, and end where the uninterrupted run ends
+ini ref "optimizer = adam"
+servers ref
+workers ref maxmin4/512 10
+finish ref
+want=$digest
+ini ck "optimizer = adam"
+servers ck
+workers ck maxmin4/512 10 --checkpoint-at 4 --stop-after 6
+for ((t = 0; t < 600; t++)); do
+    [ "$(grep -l '^STOPPED' "$tmp"/ck-worker*.log 2>/dev/null | wc -l)" = 3 ] && break
+    for w in 0 1 2; do kill -0 "${wpids[$w]}" 2>/dev/null || fail "ck: worker $w exited before step 6"; done
+    sleep 0.1
+done
+grep -q '^CHECKPOINT after step 3' "$tmp/ck-worker0.log" || fail "ck: no checkpoint"
+for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
+sleep 0.5
+ls "$tmp/ck-ck"/psagg-server-{0,1}.ckpt >/dev/null || fail "ck: no checkpoint files"
+cp -r "$tmp/ck-ck" "$tmp/ck-saved"
+servers ck PSAGG_SERVER_RESUME=on
+workers ck maxmin4/512 10 --resume
+finish ck
+got=$digest
+grep -q 'INIT from step 4' "$tmp/ck-worker0.log" || fail "resume: the parameters did not start at step 4"
+[ "$got" = "$want" ] || fail "resume: $got, the uninterrupted run $want"
+echo "checkpoint after step 4, killed after step 6, resumed: $got = uninterrupted $want"
+
+# 3a. a torn and a corrupted checkpoint: the server refuses to start
+refuse_start() { # refuse_start WHAT PATTERN
+    local p
+    setsid "$build/server/psagg-server" --config "$tmp/ck.ini" --rank 0 >"$tmp/refuse.log" 2>&1 &
+    p=$!
+    pids+=($p)
+    wait_for $p 20
+    [ $? = 1 ] || fail "$1: the server did not exit 1"
+    grep -q "$2" "$tmp/refuse.log" || fail "$1: the server's log does not say '$2'"
+    grep -h 'ERROR' "$tmp/refuse.log" >&2
+}
+f0=$tmp/ck-ck/psagg-server-0.ckpt
+cp "$tmp/ck-saved/psagg-server-0.ckpt" "$f0"
+truncate -s -100 "$f0"
+PSAGG_SERVER_RESUME=on refuse_start torn "checksum does not match.*nothing loaded"
+cp "$tmp/ck-saved/psagg-server-0.ckpt" "$f0"
+printf '\x55' | dd of="$f0" bs=1 seek=5000 conv=notrunc status=none
+PSAGG_SERVER_RESUME=on refuse_start corrupted "checksum does not match"
+truncate -s 50 "$f0"
+PSAGG_SERVER_RESUME=on refuse_start short "less than a header"
+rm -f "$f0"
+PSAGG_SERVER_RESUME=on refuse_start missing "cannot be opened"
+
+# 3b. a checkpoint of another declaration (maxmin4 then, maxmin2 now): the job fails
+cp "$tmp/ck-saved"/* "$tmp/ck-ck/"
+servers ck PSAGG_SERVER_RESUME=on
+workers ck maxmin2/512 10 --resume
+for w in 0 1 2; do wait_for "${wpids[$w]}" 60 && fail "mismatch: worker $w succeeded"; done
+grep -q "nothing loaded" "$tmp/ck-worker0.log" || fail "mismatch: worker 0 was not told why"
+grep -h 'FAIL' "$tmp/ck-worker0.log" >&2
+
+# 3c. workers that disagree on the learning rate
+ini lr "optimizer = sgd"
+servers lr
+wpids=()
+for w in 0 1 2; do
+    scale=1
+    [ $w = 2 ] && scale=2
+    PSAGG_CONFIG=$tmp/lr.ini PSAGG_RANK=$w PSAGG_WORLD_SIZE=3 setsid "$fn" 4 --lr-scale $scale >"$tmp/lr-worker$w.log" 2>&1 &
+    wpids+=($!)
+    pids+=($!)
+done
+for w in 0 1 2; do wait_for "${wpids[$w]}" 60 && fail "lr: worker $w succeeded"; done
+grep -q "the workers disagree" "$tmp/lr-worker0.log" || fail "lr: worker 0 was not told why"
+grep -h 'FAIL' "$tmp/lr-worker0.log" >&2
+
+# 3d. parameters, but the servers run no optimizer
+ini none "optimizer = none"
+servers none
+workers none fp32 2
+for w in 0 1 2; do wait_for "${wpids[$w]}" 60 && fail "none: worker $w succeeded"; done
+# the first worker to declare says why; the others may find the servers gone already
+grep -h "no optimizer" "$tmp"/none-worker*.log | head -1 | grep . >&2 || fail "none: no worker was told why"
+echo "PASS"
