@@ -11,8 +11,8 @@
  * learning rate that decays per step and a weight decay on tensor 0 only (psagg_set_lr).
  * After every step it checks its weights bit for bit against a reference it computes
  * itself from the same arithmetic: every worker's push in the tensor's codec (the worker's
- * RNG stream), summed in worker order, the optimizer's step written out here in scalar C from
- * kernels/optim.h's specification (not the library's loop), the delta to the weights every
+ * RNG stream), summed in worker order, the optimizer's step written out in scalar C from
+ * kernels/optim.h's specification (tests/optim_reference.h, not the library's loop), the delta to the weights every
  * worker holds requantized with the chunk owner's RNG stream (or, every [server]
  * sync_interval steps, the master weights themselves). At the end it pulls the master
  * weights (psagg_pull_weights), checks them against the reference's, prints the drift
@@ -32,6 +32,7 @@
 
 #include "fn_input.h"
 #include "kernels/codec.h"
+#include "optim_reference.h"
 #include "kernels/optim.h"
 #include "psagg.h"
 #include "runtime/config.h"
@@ -81,34 +82,6 @@ static float step_wd(uint32_t t)
     return t == 0 ? 0.01f : 0.0f;
 }
 
-/* kernels/optim.h's arithmetic, element by element, as the specification writes it. */
-static void ref_step(const psagg_config *cfg, float lr, float wd, uint64_t t, float s,
-                     const float *grad, float *w, float *m1, float *m2, size_t n)
-{
-    double step_size = (double)lr / (1.0 - pow((double)cfg->beta1, (double)t));
-    float ss = (float)step_size, bc2 = (float)sqrt(1.0 - pow((double)cfg->beta2, (double)t));
-    for (size_t k = 0; k < n; k++) {
-        float g = grad[k] * s;
-        if (cfg->optimizer == PSAGG_OPTIM_SGD) {
-            if (wd != 0.0f)
-                g = g + wd * w[k];
-            if (cfg->momentum != 0.0f) {
-                m1[k] = t == 1 ? g : cfg->momentum * m1[k] + (1.0f - cfg->dampening) * g;
-                g = cfg->nesterov ? g + cfg->momentum * m1[k] : m1[k];
-            }
-            w[k] = w[k] - lr * g;
-        } else {
-            if (cfg->optimizer == PSAGG_OPTIM_ADAMW)
-                w[k] = w[k] * (1.0f - lr * wd);
-            else if (wd != 0.0f)
-                g = g + wd * w[k];
-            m1[k] = cfg->beta1 * m1[k] + (1.0f - cfg->beta1) * g;
-            m2[k] = cfg->beta2 * m2[k] + ((1.0f - cfg->beta2) * g) * g;
-            w[k] = w[k] - ss * (m1[k] / (sqrtf(m2[k]) / bc2 + cfg->eps));
-        }
-    }
-}
-
 typedef struct ref_tensor {
     float *w, *view, *m1, *m2;
 } ref_tensor;
@@ -117,6 +90,14 @@ typedef struct ref_tensor {
 static void ref_round(const psagg_config *cfg, const psagg_layout *l, const psagg_codec *codec,
                       ref_tensor *ref, uint32_t s, int world, float *x, float *acc, uint8_t *enc)
 {
+    const psagg_optim o = {.kind = (psagg_optim_kind)cfg->optimizer,
+                           .momentum = cfg->momentum,
+                           .dampening = cfg->dampening,
+                           .nesterov = cfg->nesterov,
+                           .beta1 = cfg->beta1,
+                           .beta2 = cfg->beta2,
+                           .eps = cfg->eps},
+                      *opt = &o;
     for (uint32_t t = 0; t < N_P; t++) {
         const psagg_tensor_info *ti = &l->tensors[t];
         for (uint32_t c = 0; c < ti->n_chunks; c++) {
@@ -134,8 +115,8 @@ static void ref_round(const psagg_config *cfg, const psagg_layout *l, const psag
                                       w ? PSAGG_DECODE_ADD : PSAGG_DECODE_FIRST, 1.0f))
                     FAIL("reference: %s", psagg_last_error());
             }
-            ref_step(cfg, step_lr(s), step_wd(t), (uint64_t)s + 1, 1.0f / (float)world, acc, mw,
-                     ref[t].m1 + ci->offset, ref[t].m2 + ci->offset, ci->count);
+            ref_optim_step(opt, step_lr(s), step_wd(t), (uint64_t)s + 1, 1.0f / (float)world, acc,
+                           mw, ref[t].m1 + ci->offset, ref[t].m2 + ci->offset, ci->count);
             if (cfg->sync_interval && (s + 1) % cfg->sync_interval == 0) {
                 memcpy(vw, mw, ci->count * sizeof(float));
                 continue;
