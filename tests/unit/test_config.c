@@ -4,6 +4,7 @@
  */
 #include "../testutil.h"
 #include "base/log.h"
+#include "kernels/optim.h"
 #include "runtime/config.h"
 
 #include <limits.h>
@@ -125,6 +126,9 @@ static void test_shipped_cluster(void)
           "codec");
     CHECK(cfg.log_level == PSAGG_LOG_INFO, "level %d", cfg.log_level);
     CHECK(cfg.worker_fabric_node[0] == '\0', "fabric_node auto -> ''");
+    CHECK(cfg.optimizer == PSAGG_OPTIM_NONE && cfg.lr == 0.001f && cfg.beta2 == 0.999f &&
+              cfg.eps == 1e-8f && !cfg.resume && !cfg.checkpoint_dir[0],
+          "optimizer keys as shipped");
 }
 
 static void test_defaults(void)
@@ -190,6 +194,36 @@ static void test_all_keys(void)
           "adaptive");
     CHECK(cfg.log_level == PSAGG_LOG_DEBUG, "log");
     CHECK(cfg.stats_interval_ms == 250 && !strcmp(cfg.timeline, "/tmp/psagg trace"), "log 2");
+}
+
+/* The server-side optimizer's keys, and the combinations that are refused at their line. */
+static void test_optimizer(void)
+{
+    psagg_config cfg;
+    CHECK(psagg_config_load(write_ini(MINIMAL "[server]\noptimizer = SGD\nlr = 0.5\n"
+                                              "weight_decay = 1e-4\nmomentum = 0.9\n"
+                                              "dampening = 0\nnesterov = on\nbeta1 = 0.8\n"
+                                              "beta2 = 0.99\neps = 1e-6\nsync_interval = 7\n"
+                                              "checkpoint_dir = /tmp/ck\nresume = on\n"),
+                            &cfg) == PSAGG_OK,
+          "%s", psagg_last_error());
+    CHECK(cfg.optimizer == PSAGG_OPTIM_SGD && cfg.lr == 0.5f && cfg.weight_decay == 1e-4f &&
+              cfg.momentum == 0.9f && cfg.nesterov == 1 && cfg.beta1 == 0.8f &&
+              cfg.beta2 == 0.99f && cfg.eps == 1e-6f && cfg.sync_interval == 7 &&
+              !strcmp(cfg.checkpoint_dir, "/tmp/ck") && cfg.resume == 1,
+          "optimizer keys");
+    EXPECT_ERROR(MINIMAL "[server]\noptimizer = rmsprop\n", 6, "optimizer", "none|sgd|adam|adamw");
+    EXPECT_ERROR(MINIMAL "[server]\nlr = -1\n", 6, "lr", "a number in 0..1e+06");
+    EXPECT_ERROR(MINIMAL "[server]\nlr = 1e-3x\n", 6, "lr");
+    EXPECT_ERROR(MINIMAL "[server]\nlr = nan\n", 6, "lr");
+    EXPECT_ERROR(MINIMAL "[server]\nbeta1 = 1\n", 6, "beta1");
+    EXPECT_ERROR(MINIMAL "[server]\neps = 0\n", 6, "eps");
+    EXPECT_ERROR(MINIMAL "[server]\nmomentum = 1.5\n", 6, "momentum");
+    EXPECT_ERROR(MINIMAL "[server]\noptimizer = sgd\nnesterov = on\n", 7, "nesterov",
+                 "needs momentum > 0");
+    EXPECT_ERROR(MINIMAL "[server]\nresume = on\n", 6, "resume", "needs [server] checkpoint_dir");
+    EXPECT_ERROR(MINIMAL "[server]\noptimizer = adam\n[codec]\nadaptive = on\n", 8, "adaptive",
+                 "cannot be combined", "adam");
 }
 
 /* A secret_file that cannot be used is a start-up error at its line, not a refused HELLO. */
@@ -462,6 +496,7 @@ int main(void)
     test_env();
     test_hostport();
     test_worker_hosts();
+    test_optimizer();
     printf("test_config: ok\n");
     return 0;
 }
