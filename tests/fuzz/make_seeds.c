@@ -137,7 +137,20 @@ static void seed_msg(void)
                             m + 1 + sizeof(psagg_msg_hdr), ci->enc_bytes, NULL),
               "encode");
         m[0] = (uint8_t)((k % 2) << 1 | (k == 4)); /* type bit; tensor 4 with a MAC */
-        put("msg", l.tensors[k].name, m, len - (k == 4 ? 0 : PSAGG_MSG_MAC_BYTES), NULL, 0);
+        if (l.tensors[k].param) { /* a GRAD push with its trailer, no MAC */
+            psagg_msg_param prm = {.lr = 0.01f, .flags = PSAGG_PARAM_GRAD | PSAGG_PARAM_AVERAGE};
+            psagg_msg_hdr *h = (psagg_msg_hdr *)(m + 1);
+            psagg_msg_init(h, PSAGG_MSG_PUSH, 1, 3, ci, &l.tensors[k].codec, 0);
+            m = realloc(m, len + sizeof prm);
+            CHECK(m, "memory");
+            h = (psagg_msg_hdr *)(m + 1);
+            memcpy(m + 1 + sizeof *h + ci->enc_bytes, &prm, sizeof prm);
+            h->len += (uint32_t)sizeof prm;
+            m[0] = 0;
+            put("msg", l.tensors[k].name, m, 1 + sizeof *h + h->len, NULL, 0);
+        } else {
+            put("msg", l.tensors[k].name, m, len - (k == 4 ? 0 : PSAGG_MSG_MAC_BYTES), NULL, 0);
+        }
         free(m);
         free(x);
     }
