@@ -14,6 +14,10 @@
 #              naming the server) within op_timeout_ms (2000) of the fault
 #   dtypes     tests/functional/torch_dtypes.py: a per-parameter codec dict, fp16 and bf16
 #              gradients, float64 and wrong sizes refused, broadcast_parameters exact
+#   server_optim  tests/functional/torch_server_optim.py: psagg.torch.ServerOptimizer with
+#              [server] optimizer = sgd (momentum, nesterov), adam and adamw over fp32, with
+#              its gradient hooks and through DDP's hook, 3 workers: every step's weights
+#              within fp32 rounding of torch.optim's on the same gradients
 # Exit 0 passed, 1 failed, 77 skipped (Debian's /usr/bin/python3 lacks torch or sklearn).
 set -u -o pipefail
 
@@ -129,6 +133,22 @@ dtypes)
         "$py" "$repo/tests/functional/torch_dtypes.py" >"$tmp/dtypes.out" 2>&1 ||
         { tail -n 30 "$tmp/dtypes.out" >&2; fail "dtypes: psagg-local exited $?"; }
     (($(grep -c 'DTYPES ok' "$tmp/dtypes.out") == 4)) || { cat "$tmp/dtypes.out" >&2; fail "dtypes: not every rank passed"; }
+    ;;
+server_optim)
+    for opt in "sgd:momentum = 0.9:nesterov = on" "adam" "adamw"; do
+        IFS=: read -r name k1 k2 <<<"$opt"
+        for ddp in 0 1; do
+            {
+                sed -e 's/^default = maxmin4/default = fp32/' -e "s/^job_id = .*/job_id = test-so-$name-$ddp-$port/" "$tmp/job.ini"
+                printf '[server]\noptimizer = %s\n%s\n%s\n' "$name" "$k1" "$k2"
+            } >"$tmp/so.ini"
+            TORCH_OPT=$name DDP=$ddp "$repo/deploy/psagg-local" --config "$tmp/so.ini" --workers 3 --timeout 120 -- \
+                "$py" "$repo/tests/functional/torch_server_optim.py" >"$tmp/so.out" 2>&1 ||
+                { tail -n 30 "$tmp/so.out" >&2; fail "server_optim $name ddp=$ddp: psagg-local exited $?"; }
+            (($(grep -c 'SERVER-OPTIM ok' "$tmp/so.out") == 3)) || { cat "$tmp/so.out" >&2; fail "server_optim $name ddp=$ddp: not every rank passed"; }
+            grep -m1 -o 'SERVER-OPTIM ok rank=0.*' "$tmp/so.out"
+        done
+    done
     ;;
 *) fail "unknown case '$case'" ;;
 esac

@@ -19,7 +19,8 @@ import ctypes.util
 import os
 import threading
 
-__all__ = ["Error", "Context", "Handle", "library", "STATUS_NAMES", "SUM", "AVERAGE"]
+__all__ = ["Error", "Context", "Handle", "library", "STATUS_NAMES", "SUM", "AVERAGE",
+           "TENSOR_PARAMETER", "ALL_KEYS"]
 
 SUM = 0
 AVERAGE = 1
@@ -67,7 +68,11 @@ class _Codec(ctypes.Structure):
 
 class _TensorDesc(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("count", ctypes.c_uint64), ("codec", _Codec),
-                ("error_feedback", ctypes.c_int)]
+                ("error_feedback", ctypes.c_int), ("flags", ctypes.c_uint32)]
+
+
+TENSOR_PARAMETER = 1  # psagg_tensor_desc.flags: the servers optimize it ([server] optimizer)
+ALL_KEYS = 0xFFFFFFFF
 
 
 class _Timing(ctypes.Structure):
@@ -145,6 +150,11 @@ def library():
             "psagg_handle_timing": (I, [P, ctypes.POINTER(_Timing)]),
             "psagg_handle_codec": (I, [P, ctypes.POINTER(_Codec), ctypes.POINTER(U32)]),
             "psagg_get_assignment": (I, [P, U32, ctypes.POINTER(_Assignment)]),
+            "psagg_param_init": (I, [P, U32, P, ctypes.POINTER(P)]),
+            "psagg_pull_weights": (I, [P, U32, P, I, ctypes.POINTER(P)]),
+            "psagg_set_lr": (I, [P, U32, ctypes.c_float, ctypes.c_float]),
+            "psagg_checkpoint": (I, [P]),
+            "psagg_tensor_round": (I, [P, U32, ctypes.POINTER(U32)]),
             "psagg_rank": (I, [P]),
             "psagg_world_size": (I, [P]),
             "psagg_min_compress_elems": (ctypes.c_uint64, [P]),
@@ -268,18 +278,21 @@ class Context:
 
     def declare(self, tensors, error_feedback=None):
         """Declare every tensor once, in the same order on every worker. tensors: a list of
-        (name, count, codec) with codec text or None (the config's default). error_feedback:
-        None (config), True or False. Returns the keys (indices)."""
+        (name, count, codec) or (name, count, codec, flags) with codec text or None (the
+        config's default) and flags TENSOR_PARAMETER for a parameter the servers optimize.
+        error_feedback: None (config), True or False. Returns the keys (indices)."""
         n = len(tensors)
         descs = (_TensorDesc * n)()
         names = []
-        for i, (name, count, codec) in enumerate(tensors):
+        for i, t in enumerate(tensors):
+            name, count, codec = t[:3]
             b = str(name).encode()
             names.append(b)
             descs[i].name = b
             descs[i].count = int(count)
             descs[i].codec = parse_codec(codec)
             descs[i].error_feedback = -1 if error_feedback is None else int(bool(error_feedback))
+            descs[i].flags = int(t[3]) if len(t) > 3 else 0
         keys = (ctypes.c_uint32 * n)()
         _check(library().psagg_declare(self._raw(), descs, n, keys), "psagg_declare")
         self.declared = [(t[0], int(t[1])) for t in tensors]
@@ -299,6 +312,42 @@ class Context:
                                           ctypes.c_void_p(stream or None), ctypes.byref(h))
         _check(st, "push_pull of key %d" % key)
         return Handle(h, keep, key)
+
+    # ---- server-side optimizer ([server] optimizer; psagg.h) ----
+    def param_init(self, key, ptr, keep=None):
+        """Start psagg_param_init: ptr (float*, count floats) holds this worker's initial
+        weights (worker 0's are used) and receives the weights every worker starts from."""
+        h = ctypes.c_void_p()
+        _check(library().psagg_param_init(self._raw(), key, ptr, ctypes.byref(h)),
+               "psagg_param_init of key %d" % key)
+        return Handle(h, keep, key)
+
+    def pull_weights(self, key, ptr, sync=False, keep=None):
+        """Start psagg_pull_weights: ptr receives the servers' exact master weights; with sync
+        ptr must be the tensor's weights (the workers hold the master weights from then on)."""
+        h = ctypes.c_void_p()
+        _check(library().psagg_pull_weights(self._raw(), key, ptr, int(bool(sync)),
+                                            ctypes.byref(h)),
+               "psagg_pull_weights of key %d" % key)
+        return Handle(h, keep, key)
+
+    def set_lr(self, key, lr, weight_decay=0.0):
+        """psagg_set_lr: the learning rate and weight decay of key's next steps (ALL_KEYS:
+        every parameter)."""
+        _check(library().psagg_set_lr(self._raw(), key, float(lr), float(weight_decay)),
+               "psagg_set_lr")
+
+    def checkpoint(self):
+        """psagg_checkpoint: every server writes its optimizer state ([server] checkpoint_dir);
+        call between steps."""
+        _check(library().psagg_checkpoint(self._raw()), "psagg_checkpoint")
+
+    def tensor_round(self, key):
+        """The round (a parameter's optimizer step) of key's next push_pull."""
+        r = ctypes.c_uint32()
+        _check(library().psagg_tensor_round(self._raw(), key, ctypes.byref(r)),
+               "psagg_tensor_round")
+        return r.value
 
     def stats(self):
         """psagg_get_stats as a dict: bytes_sent, bytes_received, bytes_raw, push_pulls since

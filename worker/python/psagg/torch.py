@@ -38,8 +38,8 @@ import torch
 import psagg as _p
 
 __all__ = ["init", "shutdown", "session", "stats", "assignment", "register_ddp_hook",
-           "ddp_comm_hook", "DistributedOptimizer", "broadcast_parameters", "rank", "world_size",
-           "local_rank"]
+           "ddp_comm_hook", "DistributedOptimizer", "ServerOptimizer", "broadcast_parameters",
+           "rank", "world_size", "local_rank", "checkpoint"]
 
 _BROADCAST_KEY = "psagg.broadcast"
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -105,18 +105,27 @@ class _Session:
         self.names = {}  # id(parameter) -> name
         self.bcast_key = None
         self.bcast_elems = 0
+        self.params = False  # declared for the server-side optimizer
+        self.server_opt = None  # the ServerOptimizer the DDP hook pushes for
         self.counts = {}  # key -> declared elements
         self._done = queue.Queue()
         self._thread = None
         self._lock = threading.Lock()
 
     # ---- declaration ----
-    def declare(self, named_parameters, codec=None, error_feedback=None):
+    def declare(self, named_parameters, codec=None, error_feedback=None, params=False):
+        """params: declare them as parameters the servers optimize (ServerOptimizer)."""
         named = [(n, p) for n, p in named_parameters if p.requires_grad]
         if not named:
             raise ValueError("psagg.torch: no parameter requires a gradient")
         with self._lock:
             if self.bcast_key is not None:
+                if params != self.params:
+                    raise _p.Error(-1, "the parameters were declared %s; psagg declares once "
+                                   "per process: create the ServerOptimizer before anything "
+                                   "else declares (DDP hook, broadcast_parameters)" %
+                                   ("for the server-side optimizer" if self.params else
+                                    "as gradients the servers sum"), "psagg.torch")
                 if all(id(p) in self.keys for _, p in named):
                     return  # the same parameters again (e.g. broadcast, then the optimizer)
                 raise _p.Error(-1, "psagg declares once per process and these parameters were "
@@ -133,7 +142,8 @@ class _Session:
                 if c is not None and not callable(codec) and not isinstance(codec, dict) \
                         and p.numel() < small:
                     c = "fp32"  # a global codec text follows min_compress_elems
-                tensors.append((_wire_name(name, p.shape), p.numel(), c))
+                tensors.append((_wire_name(name, p.shape), p.numel(), c,
+                                _p.TENSOR_PARAMETER if params else 0))
             total = sum(t[1] for t in tensors)
             self.bcast_elems = max(1024, min(total, 1 << 20))
             tensors.append((_BROADCAST_KEY, self.bcast_elems, "fp32"))
@@ -147,6 +157,7 @@ class _Session:
                 self.keys[id(p)] = seen[id(p)]
                 self.names[id(p)] = name
             self.bcast_key = keys[-1]
+            self.params = params
 
     def key_of(self, p):
         k = self.keys.get(id(p))
@@ -273,7 +284,10 @@ def ddp_comm_hook(state, bucket):
                                % (buf.numel(), sum(sizes)))
         off = 0
         for p, n in zip(params, sizes):  # views of the bucket; _Op converts fp16/bf16 views
-            ops.append(_Op(state, state.key_of(p), buf[off:off + n], _p.AVERAGE, 0))
+            if state.server_opt is not None:  # the gradient in, the weights updated in place
+                ops.append(state.server_opt._psagg_push(p, buf[off:off + n]))
+            else:
+                ops.append(_Op(state, state.key_of(p), buf[off:off + n], _p.AVERAGE, 0))
             off += n
         state.complete_later(ops, fut, buf)
     except Exception as e:
@@ -289,11 +303,22 @@ def _value(fut):
     return fut.value()
 
 
-def register_ddp_hook(ddp_model, codec=None, error_feedback=None, config=None):
+def register_ddp_hook(ddp_model, codec=None, error_feedback=None, config=None, optimizer=None):
     """Declare every parameter of ddp_model.module that requires a gradient and register the
-    psagg hook: DDP's all-reduce goes through psagg. Returns the session."""
+    psagg hook: DDP's all-reduce goes through psagg. Returns the session.
+
+    optimizer: a ServerOptimizer of ddp_model.module's parameters: the hook pushes each
+    bucket's gradients and the servers' weight updates land in the parameters before
+    backward() returns; optimizer.step() then only finishes the step (its own gradient hooks
+    stand down). codec and error_feedback are the ServerOptimizer's then."""
     sess = init(config)
-    sess.declare(ddp_model.module.named_parameters(), codec, error_feedback)
+    if optimizer is not None:
+        if not isinstance(optimizer, ServerOptimizer):
+            raise TypeError("psagg.torch.register_ddp_hook: optimizer must be a ServerOptimizer")
+        optimizer._psagg_ddp = True
+        sess.server_opt = optimizer
+    else:
+        sess.declare(ddp_model.module.named_parameters(), codec, error_feedback)
     ddp_model.register_comm_hook(sess, ddp_comm_hook)
     return sess
 
@@ -381,6 +406,168 @@ def DistributedOptimizer(optimizer, named_parameters=None, codec=None, error_fee
     cls = type(base.__name__, (base,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, codec, error_feedback,
                backward_passes_per_step, op)
+
+
+# ---- the server-side optimizer ([server] optimizer) ----
+class _ParamOp:
+    """A parameter's push_pull: its gradient in, its weights (p.data) updated in place."""
+
+    __slots__ = ("handle", "grad")
+
+    def __init__(self, sess, key, p, grad, lr, weight_decay, op):
+        if grad.dtype != torch.float32 or grad.is_cuda:
+            grad = grad.detach().float().cpu()
+        grad = grad.contiguous()
+        self.grad = grad
+        sess.ctx.set_lr(key, lr, weight_decay)
+        self.handle = sess.ctx.push_pull(key, grad.data_ptr(), p.data.data_ptr(), op, 0,
+                                         keep=(grad, p))
+
+    def finish(self):
+        self.handle.wait()
+
+
+class ServerOptimizer(torch.optim.Optimizer):
+    """The optimizer runs on the psagg servers ([server] optimizer = sgd | adam | adamw, with
+    its momentum / betas / eps from the config): the fp32 master weights and the optimizer's
+    state live there, this process holds none. Every parameter is declared a psagg parameter;
+    at construction all workers start from worker 0's weights (or, when the servers resumed
+    from a checkpoint, the checkpoint's: start_step says which step that is). Each parameter's
+    gradient is pushed from its gradient hook as soon as backward produces it; step() waits
+    for all, and the weight updates (bit-identical on every worker) are in the parameters.
+
+    params and param groups as torch.optim's; each group's lr and weight_decay go to the
+    servers with every step, so LR schedulers work (every worker must use the same).
+    named_parameters (optional, e.g. model.named_parameters()) names the declared tensors and
+    sets their order, which must be the same on every worker. Parameters must be float32 CPU
+    tensors. A parameter without a gradient is stepped with a zero gradient (as Horovod's
+    wrapper pushes zeros), unlike torch.optim, which skips it.
+
+        opt = psagg.torch.ServerOptimizer(model.parameters(), lr=1e-3,
+                                          named_parameters=model.named_parameters())
+        loss.backward(); opt.step(); opt.zero_grad()
+    """
+
+    def __init__(self, params, lr, weight_decay=0.0, named_parameters=None, codec=None,
+                 error_feedback=None, op=_p.AVERAGE):
+        super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
+        if named_parameters is None:
+            named = [("param.%d.%d" % (g, i), p) for g, group in enumerate(self.param_groups)
+                     for i, p in enumerate(group["params"])]
+        else:
+            named = list(named_parameters)
+            ours = {id(p) for group in self.param_groups for p in group["params"]}
+            if not {id(p) for _, p in named} >= ours:
+                raise ValueError("psagg.torch.ServerOptimizer: named_parameters does not cover "
+                                 "every parameter of its param groups")
+            named = [(n, p) for n, p in named if id(p) in ours]
+        for n, p in named:
+            if p.requires_grad and (p.dtype != torch.float32 or p.is_cuda or
+                                    not p.is_contiguous()):
+                raise TypeError("psagg.torch.ServerOptimizer: parameter '%s' is %s%s; the servers "
+                                "optimize contiguous float32 CPU parameters" %
+                                (n, p.dtype, " on " + str(p.device) if p.is_cuda else ""))
+        self._psagg = session()
+        self._psagg.declare(named, codec, error_feedback, params=True)
+        self._psagg_op = op
+        self._psagg_ops = {}
+        self._psagg_ddp = False
+        self._psagg_params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+        self._psagg_group = {id(p): g for g in self.param_groups for p in g["params"]}
+        ctx = self._psagg.ctx
+        with torch.no_grad():
+            done = set()
+            handles = []
+            for p in self._psagg_params:
+                k = self._psagg.key_of(p)
+                if k in done:
+                    continue
+                done.add(k)
+                handles.append(ctx.param_init(k, p.data.data_ptr(), keep=p))
+            for h in handles:
+                h.wait()
+        self.start_step = ctx.tensor_round(self._psagg.key_of(self._psagg_params[0]))
+        self._psagg_hooks = []
+        for p in self._psagg_params:
+            acc = p.expand_as(p).grad_fn.next_functions[0][0]  # p's gradient accumulator
+            acc.register_hook(self._psagg_make_hook(p))
+            self._psagg_hooks.append(acc)
+
+    def _psagg_push(self, p, grad):
+        g = self._psagg_group[id(p)]
+        return _ParamOp(self._psagg, self._psagg.key_of(p), p, grad, g["lr"], g["weight_decay"],
+                        self._psagg_op)
+
+    def _psagg_make_hook(self, p):
+        def hook(*_):
+            if self._psagg_ddp:
+                return  # the DDP hook pushes
+            if id(p) in self._psagg_ops:
+                raise RuntimeError("psagg.torch.ServerOptimizer: the gradient of '%s' was "
+                                   "computed again before step()" % self._psagg.names.get(id(p)))
+            self._psagg_ops[id(p)] = self._psagg_push(p, p.grad)
+        return hook
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Wait for every parameter's update (pushing zeros for those without a gradient)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._psagg_ddp:
+            return loss  # DDP's hook pushed, and backward() waited for the updates
+        for p in self._psagg_params:
+            if id(p) not in self._psagg_ops:
+                self._psagg_ops[id(p)] = self._psagg_push(
+                    p, p.grad if p.grad is not None else torch.zeros_like(p))
+        ops, self._psagg_ops = self._psagg_ops, {}
+        err = None
+        for op in ops.values():
+            try:
+                op.finish()
+            except Exception as e:
+                err = err or e
+        if err is not None:
+            raise err
+        return loss
+
+    def zero_grad(self, set_to_none=False):
+        if self._psagg_ops:
+            raise RuntimeError("psagg.torch: zero_grad() with push_pulls in flight; call step() "
+                               "first")
+        return super().zero_grad(set_to_none)
+
+    def state_dict(self):
+        """Only the param groups: the state lives on the servers (checkpoint() saves it)."""
+        return super().state_dict()
+
+    def pull_weights(self, sync=False):
+        """The servers' exact fp32 master weights, {name: tensor}. With sync the parameters
+        take them (every worker must call it at the same step). Call between steps."""
+        ctx, got, handles, done = self._psagg.ctx, [], [], set()
+        with torch.no_grad():
+            for p in self._psagg_params:
+                k = self._psagg.key_of(p)
+                if k in done:
+                    continue
+                done.add(k)
+                t = p.data if sync else torch.empty_like(p)
+                handles.append(ctx.pull_weights(k, t.data_ptr(), sync, keep=t))
+                got.append((self._psagg.names[id(p)], t))
+            for h in handles:
+                h.wait()
+        return {name: t.clone() if sync else t for name, t in got}
+
+    def checkpoint(self):
+        """Every server writes the weights and the optimizer's state ([server] checkpoint_dir).
+        Call between steps (after step()); one worker is enough."""
+        self._psagg.ctx.checkpoint()
+
+
+def checkpoint():
+    """psagg_checkpoint on this process's context (see ServerOptimizer.checkpoint)."""
+    session().ctx.checkpoint()
 
 
 def broadcast_parameters(params, root=0):
