@@ -4,6 +4,7 @@
 # Usage: deploy/bench-exchange.sh [--build-dir DIR] [--config FILE] [--model PATH.sizes]
 #                                 [--codecs LIST] [--steps S] [--warmup W] [--link-gbit R]
 #                                 [--model-gpu GELEM_S] [--log-dir DIR]
+#                                 [--server-optimizer KIND]
 #   --build-dir DIR  where psagg-server and psagg-bench-exchange were built (default: build);
 #                    this script builds nothing
 #   --config FILE    job config (default conf/local.ini: 2 servers, 4 workers, tcp on loopback)
@@ -13,6 +14,9 @@
 #   --model-gpu G    workers modelled as GPU workers (psagg-bench-exchange --model-gpu: codecs not
 #                    run on the CPU, waited for at G 1e9 elements/s, 0 = free; the title says so)
 #   --log-dir DIR    keep each codec's whole output (every process's log) in DIR/<codec>.log
+#   --server-optimizer KIND  the servers run [server] optimizer = KIND (sgd, adam, adamw) and
+#                    the tensors are parameters (psagg-bench-exchange --server-optimizer): the
+#                    servers' CPU includes the optimizer's step and the weight deltas' encode
 #   --link-gbit R    link rate for the wire-limit column (default 1). Loopback itself has no
 #                    rate: the column says how long the busiest link's bytes would take at R.
 # Each codec runs once through deploy/psagg-local; the RESULT lines are printed as they come
@@ -25,7 +29,7 @@ set -u -o pipefail
 
 repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
 build=$repo/build config=$repo/conf/local.ini model=$repo/tests/data/models/resnet50.sizes
-codecs=fp32,fp16,maxmin8,maxmin4,maxmin2 steps=5 warmup=1 gbit=1 gpu=() logdir=""
+codecs=fp32,fp16,maxmin8,maxmin4,maxmin2 steps=5 warmup=1 gbit=1 gpu=() logdir="" sopt=()
 while (($#)); do
     case $1 in
     --build-dir) build=$2; shift 2 ;;
@@ -37,6 +41,7 @@ while (($#)); do
     --link-gbit) gbit=$2; shift 2 ;;
     --model-gpu) gpu=(--model-gpu "$2"); shift 2 ;;
     --log-dir) logdir=$2; shift 2 ;;
+    --server-optimizer) sopt=(--server-optimizer); export PSAGG_SERVER_OPTIMIZER=$2; shift 2 ;;
     -h | --help) sed -n '2,/^set -u/{/^set -u/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "bench-exchange.sh: unknown argument '$1' (--help)" >&2; exit 2 ;;
     esac
@@ -54,7 +59,7 @@ rows=() fail=0
 for codec in ${codecs//,/ }; do
     out=$("$repo/deploy/psagg-local" --config "$config" --server-bin "$server" --timeout 600 -- \
         "$bench" --model "$model" --codec "$codec" --steps "$steps" --warmup "$warmup" \
-        --link-gbit "$gbit" ${gpu[@]+"${gpu[@]}"} 2>&1)
+        --link-gbit "$gbit" ${gpu[@]+"${gpu[@]}"} ${sopt[@]+"${sopt[@]}"} 2>&1)
     rc=$?
     if [[ -n $logdir ]]; then mkdir -p "$logdir" && printf '%s\n' "$out" >"$logdir/$codec.log"; fi
     line=$(grep -o 'RESULT system=psagg.*' <<<"$out" | tail -1)
@@ -82,7 +87,7 @@ for codec in ${codecs//,/ }; do
 done
 
 echo
-echo "psagg-bench-exchange on loopback: $(basename "$model" .sizes), $steps timed steps after $warmup warm-up, config $(basename "$config"), $(nproc) cores${gpu[1]:+; workers MODELLED AS GPU WORKERS (codecs not run, waited for at ${gpu[1]} Gelem/s; 0: no GPU time)}"
+echo "psagg-bench-exchange on loopback: $(basename "$model" .sizes), $steps timed steps after $warmup warm-up, config $(basename "$config"), $(nproc) cores${gpu[1]:+; workers MODELLED AS GPU WORKERS (codecs not run, waited for at ${gpu[1]} Gelem/s; 0: no GPU time)}${sopt[0]:+; the servers run [server] optimizer = $PSAGG_SERVER_OPTIMIZER on every tensor (parameters)}"
 echo
 echo "| codec | N | S | median ms | p10 ms | p90 ms | busiest link MB/step | achieved Gbit/s | wire limit ms @ ${gbit} Gbit/s | compression | workers CPU ms/step | servers CPU ms/step | all CPU ms/step | servers faults/step |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"

@@ -443,6 +443,7 @@ static psagg_status start_job(server *srv)
     st = agg_start(srv);
     if (st)
         return st;
+    optim_loaded(srv);        /* a restored checkpoint is in the chunks now */
     metrics_job_started(srv); /* before any push can reach an aggregation thread */
     st = progress_start(srv);
     if (st)

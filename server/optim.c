@@ -245,6 +245,32 @@ void optim_fini(server *srv)
     srv->restore = NULL;
 }
 
+static int chunk_arrays(const server *srv);
+
+void optim_loaded(server *srv)
+{
+    uint32_t n = 0;
+    uint64_t elems = 0, step = 0;
+    for (uint32_t i = 0; i < srv->n_owned; i++)
+        if (srv->chunks[i].param) {
+            n++;
+            elems += srv->chunks[i].info->count;
+            step = srv->chunks[i].param->step;
+        }
+    if (n)
+        LOG_INFO(
+            &srv->log,
+            "optimizer %s on %u parameter chunks here (%llu elements, %d bytes of state each)%s"
+            "%s",
+            psagg_optim_name(srv->optim.kind), n, (unsigned long long)elems, 4 * chunk_arrays(srv),
+            srv->restore ? ", restored from " : "", srv->restore ? srv->restore->path : "");
+    if (srv->restore && n)
+        LOG_INFO(&srv->log, "resume: the parameters go on from optimizer step %llu",
+                 (unsigned long long)step);
+    ckpt_close(srv->restore);
+    srv->restore = NULL;
+}
+
 void optim_welcome(const server *srv, psagg_ctl_optim *out)
 {
     *out = (psagg_ctl_optim){.kind = (uint32_t)srv->optim.kind,

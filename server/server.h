@@ -288,6 +288,9 @@ void optim_fini(server *srv);
 /* The declaration is known (layout built): refuse parameters without an optimizer, and a
  * checkpoint written for another declaration (naming the difference); nothing is loaded yet. */
 psagg_status optim_check_job(server *srv);
+/* The aggregation threads have their chunks (and a checkpoint's state): let the file go, and
+ * say what the optimizer runs on. */
+void optim_loaded(server *srv);
 /* Extra bytes a parameter chunk of `count` elements costs (agg_check_budget). */
 uint64_t optim_chunk_bytes(const server *srv, uint64_t count);
 /* In c's aggregation thread: allocate its state (and load it from the checkpoint). */

@@ -3,7 +3,7 @@
  *
  *   psagg-bench-exchange --model PATH.sizes --codec CODEC --steps S --warmup W
  *                        [--link-gbit R] [--colocated] [--seed X]
- *                        [--model-gpu GELEM_S [--model-pcie GBYTE_S]]
+ *                        [--model-gpu GELEM_S [--model-pcie GBYTE_S]] [--server-optimizer]
  *
  * A worker program (one process per worker, started by deploy/psagg-local or
  * deploy/bench_cluster.py): rank, world size and config come from PSAGG_RANK,
@@ -33,7 +33,7 @@
  *       RESULT system=psagg model=<name> codec=<codec> workers=<N> servers=<S>
  *              median_ms=<x> p10_ms=<y> p90_ms=<z> busiest_link_bytes=<b>
  *              wire_limit_ms=<w> bytes_sent_per_worker=<s> compression=<raw/sent>
- *              worker_cpu_ms=<c> worker_minflt=<f>
+ *              worker_cpu_ms=<c> worker_minflt=<f> worker_model=<cpu|gpu> ... params=<0|1>
  *     (worker_*: rank 0's own CPU milliseconds and minor page faults per timed step, from
  *     getrusage; every rank also prints "CPU rank=<r> cpu_ms=<c> minflt=<f>", its own per
  *     timed step, for sums over workers; each server logs its own per round at the end of the
@@ -68,6 +68,10 @@
  * a GPU that takes no time: what remains is the servers, the network and the workers' host
  * side. The workers' CPU figures then exclude the codecs; the RESULT line says
  * worker_model=gpu with both rates (worker_model=cpu otherwise).
+ * --server-optimizer: the model's tensors are declared as parameters (PSAGG_TENSOR_PARAMETER;
+ * the servers must run [server] optimizer): psagg_param_init once with pseudo-random weights,
+ * then every push_pull pushes the gradient and applies the servers' weight delta to them, so
+ * the servers' CPU figures include the optimizer's step. The RESULT line says params=1.
  * Benchmarks print figures; they never pass or fail on a time.
  */
 #include <getopt.h>
@@ -200,10 +204,11 @@ int main(int argc, char **argv)
                                          {"seed", required_argument, NULL, 'S'},
                                          {"model-gpu", required_argument, NULL, 'g'},
                                          {"model-pcie", required_argument, NULL, 'p'},
+                                         {"server-optimizer", no_argument, NULL, 'O'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     const char *model = NULL, *codec_text = NULL, *cfg_path = getenv("PSAGG_CONFIG");
-    int steps = -1, warmup = -1, colocated = 0, rank, world, o, rc = 1;
+    int steps = -1, warmup = -1, colocated = 0, params = 0, rank, world, o, rc = 1;
     double link_gbit = 0, gpu_gelem_s = -1, pcie_gbyte_s = 25;
     uint64_t seed = 42, *sizes = NULL;
     long nt;
@@ -257,6 +262,9 @@ int main(int argc, char **argv)
         case 'p':
             pcie_gbyte_s = atof(optarg);
             break;
+        case 'O':
+            params = 1;
+            break;
         case 'h':
             usage(argv[0]);
             return 0;
@@ -266,7 +274,7 @@ int main(int argc, char **argv)
         }
     }
     if (!model || !codec_text || steps < 1 || warmup < 0 || link_gbit < 0 || pcie_gbyte_s < 0 ||
-        optind != argc || !cfg) {
+        optind != argc || !cfg || (params && gpu_gelem_s >= 0)) {
         usage(argv[0]);
         return 2;
     }
@@ -341,9 +349,11 @@ int main(int argc, char **argv)
             .name = nm,
             .count = t < nt ? sizes[t] : (t == nt ? 1 : (uint64_t)world * (uint64_t)steps),
             .codec = c,
-            .error_feedback = t < nt ? 1 : 0};
+            .error_feedback = t < nt ? 1 : 0,
+            .flags = t < nt && params ? PSAGG_TENSOR_PARAMETER : 0};
         if ((st = psagg_tensor_to_wire(nm, desc[t].count, &c, &decl[t])))
             goto fail;
+        decl[t].flags = desc[t].flags ? PSAGG_DECL_PARAM : 0;
     }
     if ((st = model_links(decl, (uint32_t)nt + 2, (uint32_t)nt, cfg, colocated, &lm, &n_chunks)))
         goto fail;
@@ -360,6 +370,16 @@ int main(int argc, char **argv)
         }
         fill(in[t], sizes[t], seed, rank, (uint32_t)t);
         memset(out[t], 0, sizes[t] * sizeof(float));
+        if (params) { /* the weights: worker 0's, as every worker gets them */
+            psagg_handle *ih;
+            fill(out[t], sizes[t], seed + 1, rank, (uint32_t)t);
+            if ((st = psagg_param_init(ctx, (uint32_t)t, out[t], &ih)) ||
+                (st = psagg_wait(ih, -1))) {
+                psagg_release(ih);
+                goto fail;
+            }
+            psagg_release(ih);
+        }
     }
 
     for (int step = 0; step < warmup + steps; step++) {
@@ -474,12 +494,12 @@ int main(int argc, char **argv)
         printf("RESULT system=psagg model=%s codec=%s workers=%d servers=%d median_ms=%.3f "
                "p10_ms=%.3f p90_ms=%.3f busiest_link_bytes=%llu wire_limit_ms=%.3f "
                "bytes_sent_per_worker=%llu compression=%.3f worker_cpu_ms=%.1f "
-               "worker_minflt=%.1f worker_model=%s gpu_gelem_s=%g pcie_gbyte_s=%g\n",
+               "worker_minflt=%.1f worker_model=%s gpu_gelem_s=%g pcie_gbyte_s=%g params=%d\n",
                name, codec_text, world, cfg->n_servers, med, p10, p90,
                (unsigned long long)lm.busiest, wire_ms, (unsigned long long)sent,
                sent ? (double)raw / (double)sent : 0.0, cpu_ms, minflt,
                gpu_gelem_s >= 0 ? "gpu" : "cpu", gpu_gelem_s >= 0 ? gpu_gelem_s : 0,
-               gpu_gelem_s >= 0 ? pcie_gbyte_s : 0);
+               gpu_gelem_s >= 0 ? pcie_gbyte_s : 0, params);
         fflush(stdout);
     }
     rc = 0;

@@ -16,6 +16,12 @@
  * bit-identical updates and the models stay identical: each worker prints "MODEL-HASH <hex>"
  * of its final weights, and they must all be equal.
  *
+ * --server-optimizer: the four weight tensors are declared as parameters and the servers run
+ * the optimizer (start them with [server] optimizer = sgd and momentum = --momentum, e.g.
+ * PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9): psagg_param_init hands every worker
+ * worker 0's initial weights, each step sends the step's learning rate (psagg_set_lr) with
+ * the gradients, and the weights come back updated; this process keeps no velocity.
+ *
  * The codec comes from the config ([codec] default, min_compress_elems); every gradient
  * tensor is declared with PSAGG_CODEC_DEFAULT. Run it with PSAGG_CODEC_DEFAULT=fp32 for the
  * uncompressed baseline (deploy/demo.sh runs both).
@@ -284,22 +290,27 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: psagg-train-digits [--data PATH] [--config INI] [--epochs N] [--lr X]\n"
                "                          [--momentum X] [--batch B] [--seed S]\n"
-               "                          [--schedule cosine|constant]\n"
+               "                          [--schedule cosine|constant] [--server-optimizer]\n"
                "Run one process per worker through deploy/psagg-local (it sets PSAGG_RANK,\n"
                "PSAGG_WORLD_SIZE and PSAGG_CONFIG).\n");
 }
 
 int main(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"data", required_argument, NULL, 'd'},     {"config", required_argument, NULL, 'c'},
-        {"epochs", required_argument, NULL, 'e'},   {"lr", required_argument, NULL, 'l'},
-        {"momentum", required_argument, NULL, 'm'}, {"batch", required_argument, NULL, 'b'},
-        {"seed", required_argument, NULL, 's'},     {"schedule", required_argument, NULL, 'S'},
-        {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"data", required_argument, NULL, 'd'},
+                                         {"config", required_argument, NULL, 'c'},
+                                         {"epochs", required_argument, NULL, 'e'},
+                                         {"lr", required_argument, NULL, 'l'},
+                                         {"momentum", required_argument, NULL, 'm'},
+                                         {"batch", required_argument, NULL, 'b'},
+                                         {"seed", required_argument, NULL, 's'},
+                                         {"schedule", required_argument, NULL, 'S'},
+                                         {"server-optimizer", no_argument, NULL, 'O'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     const char *config = NULL;
     char *data_path = NULL;
-    int epochs = 20, batch = 32, c, st, rank, world, cosine = 1;
+    int epochs = 20, batch = 32, c, st, rank, world, cosine = 1, server_opt = 0;
     float lr = 0.2f, momentum = 0.9f;
     uint64_t seed = 42;
     dataset d;
@@ -348,6 +359,9 @@ int main(int argc, char **argv)
                 return 2;
             }
             cosine = !strcmp(optarg, "cosine");
+            break;
+        case 'O':
+            server_opt = 1;
             break;
         case 'h':
             usage(stdout);
@@ -416,10 +430,12 @@ int main(int argc, char **argv)
 
     /* W1, b1, W2, b2 with the config's codec; metrics (loss sum, samples) exact in fp32. */
     for (int t = 0; t < N_TENSORS; t++)
-        desc[t] = (psagg_tensor_desc){.name = names[t],
-                                      .count = counts[t],
-                                      .codec = {.id = PSAGG_CODEC_DEFAULT},
-                                      .error_feedback = -1};
+        desc[t] = (psagg_tensor_desc){
+            .name = names[t],
+            .count = counts[t],
+            .codec = {.id = PSAGG_CODEC_DEFAULT},
+            .error_feedback = -1,
+            .flags = server_opt && t < N_PARAM_TENSORS ? PSAGG_TENSOR_PARAMETER : 0};
     desc[T_METRICS].codec = (psagg_codec){.id = PSAGG_CODEC_FP32};
     desc[T_METRICS].error_feedback = 0;
     if ((st = psagg_declare(ctx, desc, N_TENSORS, NULL)))
@@ -433,6 +449,13 @@ int main(int argc, char **argv)
             model.w1[i] = rng_uniform(&s, a1);
         for (int i = 0; i < N_OUT * N_HID; i++)
             model.w2[i] = rng_uniform(&s, a2);
+    }
+    for (int t = 0; server_opt && t < N_PARAM_TENSORS; t++) { /* the servers take worker 0's */
+        psagg_handle *ih;
+        if ((st = psagg_param_init(ctx, (uint32_t)t, param_ptr[t], &ih)) ||
+            (st = psagg_wait(ih, -1)))
+            return psagg_failed("psagg_param_init", st);
+        psagg_release(ih);
     }
 
     if (rank == 0) {
@@ -466,6 +489,8 @@ int main(int argc, char **argv)
                                                      ((double)epochs * steps_per_epoch))))
                                 : lr;
 
+            if (server_opt && (st = psagg_set_lr(ctx, PSAGG_ALL_KEYS, lr_t, 0.0f)))
+                return psagg_failed("psagg_set_lr", st);
             memset(&grad, 0, sizeof grad);
             for (int s = 0; s < bsz; s++) {
                 int i = shard[first + s];
@@ -475,14 +500,23 @@ int main(int argc, char **argv)
             /* The output layer's gradients are complete: start their aggregation now and
              * compute the hidden layer's while they travel. W1 gets the higher priority:
              * the next forward pass needs it first. */
-            if ((st = psagg_push_pull(ctx, T_W2, grad.w2, grad.w2, PSAGG_AVERAGE, 0, &hd[T_W2])) ||
-                (st = psagg_push_pull(ctx, T_B2, grad.b2, grad.b2, PSAGG_AVERAGE, 0, &hd[T_B2])))
+            /* (with --server-optimizer the updates write the weights, and backward_hidden
+             * still reads W2: then every push starts after it) */
+            if (!server_opt &&
+                ((st = psagg_push_pull(ctx, T_W2, grad.w2, grad.w2, PSAGG_AVERAGE, 0, &hd[T_W2])) ||
+                 (st = psagg_push_pull(ctx, T_B2, grad.b2, grad.b2, PSAGG_AVERAGE, 0, &hd[T_B2]))))
                 return psagg_failed("psagg_push_pull", st);
             for (int s = 0; s < bsz; s++)
                 backward_hidden(&model, d.x[shard[first + s]], h[s], dz[s], &grad);
-            if ((st = psagg_push_pull(ctx, T_W1, grad.w1, grad.w1, PSAGG_AVERAGE, 1, &hd[T_W1])) ||
-                (st = psagg_push_pull(ctx, T_B1, grad.b1, grad.b1, PSAGG_AVERAGE, 1, &hd[T_B1])))
-                return psagg_failed("psagg_push_pull", st);
+            for (int t = 0; t < N_PARAM_TENSORS; t++) {
+                int out_layer = t == T_W2 || t == T_B2;
+                if (!server_opt && out_layer)
+                    continue; /* started above */
+                if ((st = psagg_push_pull(ctx, (uint32_t)t, grad_ptr[t],
+                                          server_opt ? param_ptr[t] : grad_ptr[t], PSAGG_AVERAGE,
+                                          out_layer ? 0 : 1, &hd[t])))
+                    return psagg_failed("psagg_push_pull", st);
+            }
             tw = now_s();
             for (int t = 0; t < N_PARAM_TENSORS; t++) {
                 st = psagg_wait(hd[t], -1);
@@ -492,7 +526,7 @@ int main(int argc, char **argv)
             }
             w_epoch += now_s() - tw;
             /* SGD with momentum on the averaged gradient: bit-identical on every worker. */
-            for (int t = 0; t < N_PARAM_TENSORS; t++)
+            for (int t = 0; t < N_PARAM_TENSORS && !server_opt; t++)
                 for (uint64_t i = 0; i < counts[t]; i++) {
                     vel_ptr[t][i] = momentum * vel_ptr[t][i] + grad_ptr[t][i];
                     param_ptr[t][i] -= lr_t * vel_ptr[t][i];

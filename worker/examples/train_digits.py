@@ -12,6 +12,9 @@ variables), with Debian's /usr/bin/python3 (the one that has torch):
 --comm gloo       DDP with Gloo's all-reduce (fp32): the baseline
 --comm psagg      DDP with psagg's communication hook (the two-line change)
 --comm psagg-opt  no DDP and no process group: psagg.torch.DistributedOptimizer
+--comm psagg-server  the optimizer runs on the servers: psagg.torch.ServerOptimizer (no DDP;
+                  start the servers with [server] optimizer = sgd, momentum = 0.9, e.g.
+                  PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9 in the environment)
 
 Each worker trains on its own shard (1/N of the 1437 training images) with the same seed and
 a global batch of N x --batch. Rank 0 prints a RESULT line (ms per step, final loss = mean of
@@ -69,7 +72,8 @@ def params_sha256(model):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--comm", choices=["psagg", "gloo", "psagg-opt"], default="psagg")
+    ap.add_argument("--comm", choices=["psagg", "gloo", "psagg-opt", "psagg-server"],
+                    default="psagg")
     ap.add_argument("--codec", default=None, help="psagg codec text (default: the config's)")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch", type=int, default=32, help="per worker")
@@ -94,6 +98,12 @@ def main():
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
         opt = pt.DistributedOptimizer(opt, model.named_parameters(), codec=args.codec)
         pt.broadcast_parameters(model, root=0)
+        net = model
+    elif args.comm == "psagg-server":
+        import psagg.torch as pt
+        pt.init()  # momentum etc. are the servers' config; the learning rate is ours
+        opt = pt.ServerOptimizer(model.parameters(), lr=args.lr,
+                                 named_parameters=model.named_parameters(), codec=args.codec)
         net = model
     else:
         dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -133,7 +143,7 @@ def main():
         print("RESULT comm=%s codec=%s workers=%d steps=%d ms_per_step=%.2f final_loss=%.4f "
               "test_acc=%.4f%s" % (args.comm, args.codec or "config", world, args.steps, ms,
                                    tail, acc, extra), flush=True)
-    if args.comm != "psagg-opt":
+    if args.comm in ("gloo", "psagg"):
         dist.destroy_process_group()
     return 0
 

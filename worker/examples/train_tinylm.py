@@ -75,7 +75,9 @@ def batch(text, n, g):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--comm", choices=["psagg", "gloo"], default="psagg")
+    ap.add_argument("--comm", choices=["psagg", "gloo", "psagg-server"], default="psagg",
+                    help="psagg-server: Adam runs on the servers (psagg.torch.ServerOptimizer "
+                         "through DDP's hook; start them with [server] optimizer = adam)")
     ap.add_argument("--codec", default=None, help="psagg codec text (default: the config's)")
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--batch", type=int, default=16, help="per worker")
@@ -89,11 +91,19 @@ def main():
     train, val = load_text()
     model = TinyLM()
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    if args.comm == "psagg-server":  # before DDP: it declares and hands out rank 0's weights
+        import psagg.torch as pt
+        opt = pt.ServerOptimizer(model.parameters(), lr=args.lr,
+                                 named_parameters=model.named_parameters(), codec=args.codec)
     net = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.1)
     if args.comm == "psagg":
         import psagg.torch as pt
         pt.register_ddp_hook(net, codec=args.codec)
-    opt = torch.optim.Adam(net.parameters(), lr=args.lr)
+        opt = torch.optim.Adam(net.parameters(), lr=args.lr)
+    elif args.comm == "psagg-server":
+        pt.register_ddp_hook(net, optimizer=opt)
+    else:
+        opt = torch.optim.Adam(net.parameters(), lr=args.lr)
     g = torch.Generator().manual_seed(args.seed * 1000 + rank)
     t0 = time.perf_counter()
     for step in range(args.steps):
@@ -114,7 +124,7 @@ def main():
         h.update(p.detach().contiguous().numpy().tobytes())
     print("PARAMS rank=%d sha256=%s" % (rank, h.hexdigest()), flush=True)
     extra = ""
-    if args.comm == "psagg":
+    if args.comm != "gloo":
         st = pt.session().ctx.stats()
         extra = " psagg_bytes_sent=%d compression=%.2f" % (
             st["bytes_sent"], st["bytes_raw"] / max(1, st["bytes_sent"]))

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# bench-server-optim.sh - issue 16's accuracy evidence: the optimizer on the servers
+# (psagg.torch.ServerOptimizer, [server] optimizer) against the same optimizer on the workers,
+# on the two PyTorch examples, 4 workers x 2 servers on loopback, seeds 0..SEEDS-1 (default 3).
+#
+#   torch  worker/examples/train_digits.py (a small CNN on sklearn's digits; SGD, momentum
+#          0.9, lr 0.05), STEPS steps (default 300); test accuracy and final training loss
+#   lm     worker/examples/train_tinylm.py (a tiny causal transformer; Adam, lr 3e-3, through
+#          DDP's hook), LM_STEPS steps (default 300); held-out loss
+# Rows: workers' optimizer with Gloo's fp32 all-reduce (gloo), with psagg's 4-bit gradients
+# (grad-maxmin4: DDP hook, worker error feedback); the servers' optimizer with fp32 transport
+# (server-fp32) and with 4-bit gradients and 4-bit weight deltas (server-maxmin4).
+# EXAMPLES (default "torch lm") picks which run.
+#
+# Output: one CSV row per run to tests/bench/results/server-optim-train.csv (or $OUT), then mean
+# and spread per (example, config). Usage: deploy/bench-server-optim.sh [BUILD_DIR]
+set -u -o pipefail
+repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+build=${1:-$repo/build}
+steps=${STEPS:-300} lm_steps=${LM_STEPS:-300} seeds=${SEEDS:-3} port=${PORT:-19964}
+examples=${EXAMPLES:-"torch lm"}
+out=${OUT:-$repo/tests/bench/results/server-optim-train.csv}
+py=/usr/bin/python3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export PSAGG_SERVER_BIN=$build/server/psagg-server
+unset PSAGG_CODEC_DEFAULT PSAGG_SERVER_OPTIMIZER PSAGG_SERVER_MOMENTUM
+if ! "$py" -c "import torch, sklearn" 2>/dev/null; then
+    echo "bench-server-optim: $py cannot import torch and sklearn" >&2
+    exit 77
+fi
+
+cat >"$tmp/job.ini" <<INI
+[cluster]
+job_id = bench-server-optim-$port
+servers = 127.0.0.1:$port 127.0.0.1:$((port + 1))
+workers = 4
+provider = tcp
+connect_timeout_ms = 30000
+[codec]
+default = maxmin4
+min_compress_elems = 256
+[log]
+level = warn
+INI
+
+field() { sed -n "s/.* $1=\([0-9.]*\).*/\1/p" <<<"$r"; }
+
+# run EXAMPLE LABEL SERVER_ENV SCRIPT ARGS... (@SEED@ in ARGS): SEEDS rows
+run() {
+    local ex=$1 label=$2 senv=$3 i acc loss bps n
+    shift 3
+    for ((i = 0; i < seeds; i++)); do
+        env $senv PSAGG_WORKER_SEED=$((i + 1)) "$repo/deploy/psagg-local" --config "$tmp/job.ini" --timeout 1800 -- \
+            "$py" "${@//@SEED@/$i}" >"$tmp/run.out" 2>&1 || { echo "$ex $label seed $i failed:"; tail -5 "$tmp/run.out"; exit 1; }
+        r=$(grep 'RESULT' "$tmp/run.out" | head -1)
+        [[ $ex == torch-* ]] && n=$steps || n=$lm_steps
+        if [[ $ex == torch-* ]]; then acc=$(field test_acc) loss=$(field final_loss); else acc="" loss=$(field val_loss); fi
+        bps=$(field psagg_bytes_sent)
+        bps=$((${bps:-0} / n))
+        echo "$ex,$label,$i,$acc,$loss,$bps" | tee -a "$out"
+    done
+}
+
+echo "example,config,seed,test_acc,final_loss,bytes_per_step" >"$out"
+digits=$repo/worker/examples/train_digits.py
+lm=$repo/worker/examples/train_tinylm.py
+sgd="PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9"
+if [[ " $examples " == *" torch "* ]]; then
+    run torch-digits-cnn-sgd gloo "" "$digits" --comm gloo --steps "$steps" --seed @SEED@
+    run torch-digits-cnn-sgd grad-maxmin4 "" "$digits" --comm psagg --codec maxmin4 --steps "$steps" --seed @SEED@
+    run torch-digits-cnn-sgd server-fp32 "$sgd" "$digits" --comm psagg-server --codec fp32 --steps "$steps" --seed @SEED@
+    run torch-digits-cnn-sgd server-maxmin4 "$sgd" "$digits" --comm psagg-server --codec maxmin4 --steps "$steps" --seed @SEED@
+fi
+if [[ " $examples " == *" lm "* ]]; then
+    run tinylm-adam gloo "" "$lm" --comm gloo --steps "$lm_steps" --seed @SEED@
+    run tinylm-adam grad-maxmin4 "" "$lm" --comm psagg --codec maxmin4 --steps "$lm_steps" --seed @SEED@
+    run tinylm-adam server-fp32 PSAGG_SERVER_OPTIMIZER=adam "$lm" --comm psagg-server --codec fp32 --steps "$lm_steps" --seed @SEED@
+    run tinylm-adam server-maxmin4 PSAGG_SERVER_OPTIMIZER=adam "$lm" --comm psagg-server --codec maxmin4 --steps "$lm_steps" --seed @SEED@
+fi
+echo
+echo "mean (min..max) over seeds; bytes: what rank 0 sent per step (gloo: none through psagg)"
+awk -F, 'NR > 1 {
+    k = $1 " " $2; n[k]++; a[k] += $4; l[k] += $5; b[k] += $6
+    if (!(k in amin) || $4 < amin[k]) amin[k] = $4; if (!(k in amax) || $4 > amax[k]) amax[k] = $4
+    if (!(k in lmin) || $5 < lmin[k]) lmin[k] = $5; if (!(k in lmax) || $5 > lmax[k]) lmax[k] = $5
+    if (!(k in order)) { order[k] = ++m; keys[m] = k }
+} END {
+    printf "%-36s %-24s %-24s %s\n", "example config", "test accuracy", "loss", "bytes/step"
+    for (i = 1; i <= m; i++) { k = keys[i]
+        acc = amax[k] == "" ? "-" : sprintf("%.4f (%.4f..%.4f)", a[k] / n[k], amin[k], amax[k])
+        printf "%-36s %-24s %-24s %.0f\n", k, acc, sprintf("%.4f (%.4f..%.4f)", l[k] / n[k], lmin[k], lmax[k]), b[k] / n[k] }
+}' "$out"
