@@ -24,6 +24,12 @@
  *                                codec and generation 0, as a worker that never applies an
  *                                assignment would; the server must close this worker at round
  *                                2 (generation 1) with a reason that says "stale assignment"
+ *   --mode param-lr|param-kind|param-early
+ *                                in a job with [server] optimizer: authenticate, declare the
+ *                                three tensors as parameters, then send one push of a
+ *                                parameter whose trailer is bad (lr NaN; kind 3) or a gradient
+ *                                before its INIT; the server must close this worker naming the
+ *                                field ("lr", "kind") or the cause ("before its INIT")
  *   --mode bomb --count N [--chunk-elems C]
  *                                authenticate, then declare one fp32 tensor of N elements in
  *                                chunks of C (default: the config's); print the server's
@@ -113,6 +119,8 @@ typedef struct fn_declare {
  * with [codec] adaptive (`adaptive`), the statistics tensor libpsagg adds last; and the layout
  * every process derives from it.
  */
+static uint32_t decl_flags; /* the param-* modes: PSAGG_DECL_PARAM on every tensor */
+
 static void fn_tensors(const psagg_codec *codec, int adaptive, fn_declare *m, psagg_layout *layout)
 {
     psagg_codec c = *codec, fp32 = {.id = PSAGG_CODEC_FP32};
@@ -124,6 +132,7 @@ static void fn_tensors(const psagg_codec *codec, int adaptive, fn_declare *m, ps
         snprintf(name, sizeof name, "t%03d", t);
         if (psagg_tensor_to_wire(name, sizes[t], &c, &m->t[t]))
             DIE("tensor %d", t);
+        m->t[t].flags = decl_flags;
     }
     if (adaptive) { /* as psagg_declare does it */
         m->d.count = 4;
@@ -426,6 +435,8 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "stale"))
         return stale(rank, rounds);
 
+    if (!strncmp(mode, "param-", 6))
+        decl_flags = PSAGG_DECL_PARAM;
     fab = open_fabric("127.0.0.1"); /* the fault tests run on this host */
     fd = hello(fab, rank, &server);
     fn_tensors(&fp32, 0, &declare_msg, &layout);
@@ -438,7 +449,7 @@ int main(int argc, char **argv)
         const psagg_chunk_info *ci = &layout.chunks[c];
         psagg_msg_hdr *h;
         float *x;
-        push[c] = calloc(1, sizeof *h + ci->enc_bytes + 64);
+        push[c] = calloc(1, sizeof *h + 4 * ci->count + sizeof(psagg_msg_param) + 64);
         if (!push[c])
             DIE("memory");
         h = (psagg_msg_hdr *)push[c];
@@ -463,6 +474,18 @@ int main(int argc, char **argv)
             h->round = 7;
         else if (!strcmp(mode, "nan"))
             ((float *)(h + 1))[100] = NAN, field = "payload";
+        else if (!strncmp(mode, "param-", 6)) { /* a GRAD push with its trailer */
+            psagg_msg_param prm = {.lr = 0.01f, .flags = PSAGG_PARAM_GRAD};
+            if (!strcmp(mode, "param-lr"))
+                prm.lr = NAN, field = "lr";
+            else if (!strcmp(mode, "param-kind"))
+                prm.flags = 3, field = "kind";
+            else
+                field = "before its INIT";
+            memcpy((uint8_t *)(h + 1) + h->len, &prm, sizeof prm);
+            h->len += (uint32_t)sizeof prm;
+            bytes += sizeof prm;
+        }
         if (psagg_fabric_send(fab, server, push[1], bytes, NULL, NULL))
             DIE("send the bad push");
         /* the server must close us with a reason that names the field */

@@ -11,7 +11,8 @@
 # 3. Refusals: a truncated and a corrupted checkpoint stop the server at start-up, naming the
 #    file; a checkpoint of another declaration fails the job ("nothing loaded"); workers that
 #    send different learning rates fail the job ("the workers disagree"); a parameter declared
-#    to servers without an optimizer is refused at psagg_declare.
+#    to servers without an optimizer is refused at psagg_declare; rogue_worker's malformed
+#    parameter pushes (lr NaN, kind 3, a gradient before INIT) close it, naming the field.
 set -u -o pipefail
 build=$1
 port=$2
@@ -45,12 +46,17 @@ ini() { # ini NAME OPTIMIZER-KEYS...: a job file of 2 servers and 3 workers
     mkdir -p "$tmp/ck-$name"
 }
 
-servers() { # servers NAME [ENV...]: start both servers of job NAME (the last job's are gone)
-    local name=$1 i p
-    shift
+stop_all() { # the last job's processes, gone
+    local p
     for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
     for p in "${pids[@]}"; do while kill -0 "$p" 2>/dev/null; do sleep 0.05; done; done
     pids=()
+}
+
+servers() { # servers NAME [ENV...]: start both servers of job NAME (the last job's are gone)
+    local name=$1 i
+    shift
+    stop_all
     for i in 0 1; do
         env "$@" setsid "$build/server/psagg-server" --config "$tmp/$name.ini" --rank $i >"$tmp/$name-server$i.log" 2>&1 &
         pids+=($!)
@@ -175,4 +181,18 @@ workers none fp32 2
 for w in 0 1 2; do wait_for "${wpids[$w]}" 60 && fail "none: worker $w succeeded"; done
 # the first worker to declare says why; the others may find the servers gone already
 grep -h "no optimizer" "$tmp"/none-worker*.log | head -1 | grep . >&2 || fail "none: no worker was told why"
+# 3e. a worker whose parameter pushes are malformed: closed, naming the field
+{
+    printf '[cluster]\njob_id = optim-rogue-%s\nservers = 127.0.0.1:%d\nworkers = 1\n' "$port" "$port"
+    printf 'connect_timeout_ms = 20000\nop_timeout_ms = 20000\n[server]\noptimizer = sgd\n'
+    printf '[worker]\nchunk_bytes = 16384\n'
+} >"$tmp/rogue.ini"
+for mode in param-lr param-kind param-early; do
+    stop_all
+    setsid "$build/server/psagg-server" --config "$tmp/rogue.ini" --rank 0 >"$tmp/rogue-server.log" 2>&1 &
+    pids+=($!)
+    PSAGG_CONFIG=$tmp/rogue.ini PSAGG_RANK=0 PSAGG_WORLD_SIZE=1 timeout 60 "$build/tests/fault/rogue_worker" --mode $mode \
+        >"$tmp/rogue-$mode.log" 2>&1 || fail "$mode: the server did not close the rogue naming the field"
+    grep -h 'server closed this worker' "$tmp/rogue-$mode.log" >&2
+done
 echo "PASS"
