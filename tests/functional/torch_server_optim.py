@@ -104,13 +104,22 @@ def main():
             if not torch.allclose(p, q, rtol=1e-5, atol=1e-6):
                 raise SystemExit("FAIL: step %d: %s differs from torch.optim.%s by %.3g (rel)"
                                  % (step, n, type(ref_opt).__name__, d))
+    # what the optimizer keeps on this worker: torch's state against ServerOptimizer's (none)
+    def state_bytes(o):
+        return sum(t.numel() * t.element_size() for st in o.state.values() for t in st.values()
+                   if torch.is_tensor(t) and t.dim() > 0)
+    n_params = sum(p.numel() for p in model.parameters())
+    if state_bytes(opt) != 0:
+        raise SystemExit("FAIL: ServerOptimizer keeps %d bytes of state" % state_bytes(opt))
     master = opt.pull_weights()
     drift = max((master[n] - p).abs().max().item() for n, p in model.named_parameters())
     if DDP:
         import torch.distributed as dist
         dist.destroy_process_group()
     print("SERVER-OPTIM ok rank=%d opt=%s ddp=%d steps=%d max_rel_diff=%.3g drift=%.3g "
-          "weights_with_decay=%s" % (rank, OPT, DDP, STEPS, worst, drift, ",".join(w_names)))
+          "worker_state_bytes_per_param torch=%.1f psagg=0 weights_with_decay=%s"
+          % (rank, OPT, DDP, STEPS, worst, drift, state_bytes(ref_opt) / n_params,
+             ",".join(w_names)))
     sys.stdout.flush()
     pt.shutdown()
 
