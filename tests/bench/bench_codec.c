@@ -14,6 +14,9 @@
  *   aggregate:   N*E (encoded inputs)    + E (encoded out)        (no server residual)
  * link Gb/s = compressed bytes per second * 8 / 1e9 (encode: E out; decode: E in;
  * aggregate: N*E in), i.e. the line rate of compressed traffic one core keeps up with.
+ * Then the server-side optimizers' step (kernels/optim.h, vectorized by the compiler for the
+ * CPU it runs on): sgd with momentum touches 20n bytes (gradient in, weights and momentum
+ * read and written), adam and adamw 28n.
  * Memory roofline: the better of a read-only kernel and an in-place read+write kernel over a
  * buffer far larger than the LLC (best of several each). Every bytes/s figure is also shown
  * as a fraction of it.
@@ -27,6 +30,7 @@
 
 #include "base/error.h"
 #include "kernels/codec.h"
+#include "kernels/optim.h"
 
 /*
  * The timer is this thread's CPU time: the machine is shared, and a pinned thread that is
@@ -332,6 +336,33 @@ int main(int argc, char **argv)
         free(out);
     }
 
+    if (!codec_only) { /* the server-side optimizers' step, on n elements */
+        static const psagg_optim kinds[] = {
+            {.kind = PSAGG_OPTIM_SGD, .momentum = 0.9f},
+            {.kind = PSAGG_OPTIM_ADAM, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f},
+            {.kind = PSAGG_OPTIM_ADAMW, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f}};
+        float *g = xalloc(4 * n), *w = xalloc(4 * n), *m1 = xalloc(4 * n), *m2 = xalloc(4 * n);
+        for (size_t i = 0; i < n; i++)
+            g[i] = (float)(i % 1000) * 1e-3f - 0.5f, w[i] = 0.1f, m1[i] = m2[i] = 0.0f;
+        printf("\n%-18s %-7s %-10s %4s %9s %9s %9s %9s\n", "optimizer", "code", "op", "",
+               "Melem/s", "GB/s", "", "of mem BW");
+        for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+            double best = 1e30, bytes = (double)n * (kinds[k].kind == PSAGG_OPTIM_SGD ? 20 : 28);
+            for (int r = 0; r <= reps; r++) {
+                double t0 = now(), t;
+                check(psagg_optim_step(&kinds[k], 1e-3f, 0.01f, (uint64_t)r + 1, 0.25f, g, w, m1,
+                                       m2, n),
+                      "optimizer step");
+                t = now() - t0;
+                if (r > 0 && t < best)
+                    best = t;
+            }
+            printf("%-18s %-7s %-10s %4s %9.1f %9.2f %9s %8.1f%%\n",
+                   psagg_optim_name(kinds[k].kind), "clones", "step", "", (double)n / best / 1e6,
+                   bytes / best / 1e9, "", 100.0 * bytes / best / bw_mem);
+        }
+        free(g), free(w), free(m1), free(m2);
+    }
     {
         const result *s = find("maxmin4/1024/sr", PSAGG_ISA_SCALAR, "aggregate", 8);
         const result *v = find("maxmin4/1024/sr", PSAGG_ISA_AVX512, "aggregate", 8);
