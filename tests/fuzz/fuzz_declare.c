@@ -23,7 +23,7 @@ static void check_layout(const psagg_layout *l, uint32_t n_servers)
 {
     uint64_t *owned = calloc(n_servers, sizeof *owned);
     uint8_t *seen;
-    size_t max_enc = 0;
+    size_t max_enc = 0, max_param = 0;
     CHECK(owned && l->n_servers == n_servers, "servers");
     for (uint32_t t = 0; t < l->n_tensors; t++) {
         const psagg_tensor_info *ti = &l->tensors[t];
@@ -35,16 +35,20 @@ static void check_layout(const psagg_layout *l, uint32_t n_servers)
             CHECK(ci->key == t && ci->index == c && ci->offset == offset, "chunk order");
             CHECK(ci->count >= 1 && ci->count <= ti->chunk_elems, "chunk size");
             CHECK(ci->enc_bytes == psagg_encoded_size(&ti->codec, ci->count), "enc_bytes");
+            CHECK(ci->cap_bytes >= ci->enc_bytes, "cap_bytes");
             CHECK(ci->owner < n_servers, "owner");
             owned[ci->owner]++;
             offset += ci->count;
-            if (ci->enc_bytes > max_enc)
-                max_enc = ci->enc_bytes;
+            if (ci->cap_bytes > max_enc) /* an adaptive tensor's buffers hold its largest */
+                max_enc = ci->cap_bytes;
+            if (ti->param && 4 * ci->count > max_param)
+                max_param = 4 * ci->count;
         }
         CHECK(offset == ti->count, "tensor %u: chunks cover %llu of %llu elements", t,
               (unsigned long long)offset, (unsigned long long)ti->count);
     }
     CHECK(max_enc == l->max_enc_bytes, "max_enc_bytes");
+    CHECK(max_param == l->max_param_bytes, "max_param_bytes");
     /* slots: 0..owned_count-1 on each server, each once */
     for (uint32_t s = 0; s < n_servers; s++) {
         CHECK(owned[s] == l->owned_count[s], "owned_count of server %u", s);
@@ -60,12 +64,15 @@ static void check_layout(const psagg_layout *l, uint32_t n_servers)
     /* a header for a few chunks passes the message check */
     for (uint32_t c = 0; c < l->n_chunks; c += 1 + l->n_chunks / 8) {
         const psagg_chunk_info *ci = &l->chunks[c], *got = NULL;
-        size_t len = sizeof(psagg_msg_hdr) + ci->enc_bytes;
+        int param = l->tensors[ci->key].param;
+        size_t len = sizeof(psagg_msg_hdr) + ci->enc_bytes + (param ? sizeof(psagg_msg_param) : 0);
         uint8_t *msg = calloc(1, len);
         const char *bad;
         CHECK(msg, "memory");
         psagg_msg_init((psagg_msg_hdr *)msg, PSAGG_MSG_PUSH, 0, 0, ci, &l->tensors[ci->key].codec,
                        0);
+        if (param) /* a gradient's push carries its trailer (zeros: GRAD, lr 0) */
+            ((psagg_msg_hdr *)msg)->len += (uint32_t)sizeof(psagg_msg_param);
         bad = psagg_msg_check(msg, len, 0, PSAGG_MSG_PUSH, l, &got, NULL);
         CHECK(!bad && got == ci, "chunk %u: field %s", c, bad ? bad : "(ci)");
         free(msg);
