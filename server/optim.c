@@ -319,30 +319,33 @@ psagg_status optim_check_job(server *srv)
     if (!f)
         return PSAGG_OK;
     if (f->head->n_tensors != l->n_tensors)
-        return psagg_fail(PSAGG_EMISMATCH,
-                          "checkpoint %s holds a job of %u tensors; the workers declared %u: "
-                          "nothing loaded",
-                          f->path, f->head->n_tensors, l->n_tensors);
+        return psagg_fail(
+            PSAGG_EMISMATCH,
+            "checkpoint %s, nothing loaded: it holds a job of %u tensors; the workers "
+            "declared %u",
+            f->path, f->head->n_tensors, l->n_tensors);
     for (uint32_t t = 0; t < l->n_tensors; t++)
         if (memcmp(&f->decl[t], &decl[t], sizeof decl[t])) {
             char a[120], b[120];
             decl_text(&f->decl[t], a, sizeof a);
             decl_text(&decl[t], b, sizeof b);
-            return psagg_fail(PSAGG_EMISMATCH,
-                              "checkpoint %s: tensor %u was %s, the workers declared %s: "
-                              "nothing loaded",
-                              f->path, t, a, b);
+            return psagg_fail(
+                PSAGG_EMISMATCH,
+                "checkpoint %s, nothing loaded: tensor %u was %s, the workers declared "
+                "%s",
+                f->path, t, a, b);
         }
     if (f->head->chunk_elems != srv->workers[0].decl_hdr.chunk_elems)
-        return psagg_fail(PSAGG_EMISMATCH,
-                          "checkpoint %s has chunks of %llu elements, the workers %llu ([worker] "
-                          "chunk_bytes): nothing loaded",
-                          f->path, (unsigned long long)f->head->chunk_elems,
-                          (unsigned long long)srv->workers[0].decl_hdr.chunk_elems);
+        return psagg_fail(
+            PSAGG_EMISMATCH,
+            "checkpoint %s, nothing loaded: its chunks have %llu elements, the workers' "
+            "%llu ([worker] chunk_bytes)",
+            f->path, (unsigned long long)f->head->chunk_elems,
+            (unsigned long long)srv->workers[0].decl_hdr.chunk_elems);
     if (f->head->optimizer != (uint32_t)srv->optim.kind)
         return psagg_fail(PSAGG_EMISMATCH,
-                          "checkpoint %s holds the state of optimizer %s; this server runs %s: "
-                          "nothing loaded",
+                          "checkpoint %s, nothing loaded: it holds the state of optimizer %s; this "
+                          "server runs %s",
                           f->path, psagg_optim_name((psagg_optim_kind)f->head->optimizer),
                           psagg_optim_name(srv->optim.kind));
     f->by_slot = calloc(srv->n_owned ? srv->n_owned : 1, sizeof *f->by_slot);
@@ -356,19 +359,21 @@ psagg_status optim_check_job(server *srv)
         r = k < f->head->n_chunks ? f->chunks[k] : NULL;
         if (!r || r->key != c->info->key || r->index != c->info->index ||
             r->count != c->info->count || r->arrays != (uint32_t)chunk_arrays(srv))
-            return psagg_fail(PSAGG_EMISMATCH,
-                              "checkpoint %s: record %u is not tensor %u chunk %u of %llu "
-                              "elements with %d arrays: nothing loaded",
-                              f->path, k, c->info->key, c->info->index,
-                              (unsigned long long)c->info->count, chunk_arrays(srv));
+            return psagg_fail(
+                PSAGG_EMISMATCH,
+                "checkpoint %s, nothing loaded: record %u is not tensor %u chunk %u of "
+                "%llu elements with %d arrays",
+                f->path, k, c->info->key, c->info->index, (unsigned long long)c->info->count,
+                chunk_arrays(srv));
         f->by_slot[i] = r;
         k++;
     }
     if (k != f->head->n_chunks)
-        return psagg_fail(PSAGG_EMISMATCH,
-                          "checkpoint %s holds %u parameter chunks, this server owns %u: nothing "
-                          "loaded",
-                          f->path, f->head->n_chunks, k);
+        return psagg_fail(
+            PSAGG_EMISMATCH,
+            "checkpoint %s, nothing loaded: it holds %u parameter chunks, this server "
+            "owns %u",
+            f->path, f->head->n_chunks, k);
     return PSAGG_OK;
 }
 
@@ -448,9 +453,9 @@ int optim_agree(server *srv, chunk_state *c, int w, const psagg_msg_param *prm)
     if (!memcmp(&ps->prm, prm, sizeof *prm))
         return 0;
     server_fail_job(srv, PSAGG_EPROTO,
-                    "parameter tensor '%s' chunk %u round %u: worker %u sent %s (lr %g, weight "
-                    "decay %g, flags 0x%x), worker %d sent %s (lr %g, weight decay %g, flags "
-                    "0x%x): the workers disagree",
+                    "the workers disagree on parameter tensor '%s' chunk %u round %u: worker %u "
+                    "sent %s (lr %g, weight decay %g, flags 0x%x), worker %d %s (lr %g, weight "
+                    "decay %g, flags 0x%x)",
                     srv->layout.tensors[c->info->key].name, c->info->index, c->round, ps->prm_by,
                     kind_name(ps->prm.flags), (double)ps->prm.lr, (double)ps->prm.weight_decay,
                     ps->prm.flags, w, kind_name(prm->flags), (double)prm->lr,
