@@ -17,7 +17,10 @@
 #   server_optim  tests/functional/torch_server_optim.py: psagg.torch.ServerOptimizer with
 #              [server] optimizer = sgd (momentum, nesterov), adam and adamw over fp32, with
 #              its gradient hooks and through DDP's hook, 3 workers: every step's weights
-#              within fp32 rounding of torch.optim's on the same gradients
+#              within fp32 rounding of torch.optim's on the same gradients; then
+#              tests/functional/torch_resume.py: a checkpoint after step 4 (ServerOptimizer.
+#              checkpoint), the job stopped after step 6, the servers restarted with resume:
+#              start_step 4 and the same final weights as an uninterrupted run
 # Exit 0 passed, 1 failed, 77 skipped (Debian's /usr/bin/python3 lacks torch or sklearn).
 set -u -o pipefail
 
@@ -149,6 +152,26 @@ server_optim)
             grep -m1 -o 'SERVER-OPTIM ok rank=0.*' "$tmp/so.out"
         done
     done
+    # checkpoint, stop, resume: the same weights as without the interruption
+    mkdir -p "$tmp/ck"
+    {
+        sed -e "s/^job_id = .*/job_id = test-resume-$port/" "$tmp/job.ini"
+        printf '[server]\noptimizer = adam\ncheckpoint_dir = %s\n' "$tmp/ck"
+    } >"$tmp/resume.ini"
+    for phase in full first resume; do
+        env_resume=()
+        [[ $phase == resume ]] && env_resume=(PSAGG_SERVER_RESUME=on)
+        env ${env_resume[@]+"${env_resume[@]}"} PHASE=$phase "$repo/deploy/psagg-local" --config "$tmp/resume.ini" \
+            --workers 3 --timeout 120 -- "$py" "$repo/tests/functional/torch_resume.py" >"$tmp/$phase.out" 2>&1 ||
+            { tail -n 30 "$tmp/$phase.out" >&2; fail "resume: phase $phase: psagg-local exited $?"; }
+    done
+    grep -q 'CHECKPOINT after 4 steps' "$tmp/first.out" || fail "resume: no checkpoint"
+    full=$(grep -o 'RESUME-HASH phase=full rank=[0-9] start=0 sha256=[0-9a-f]*' "$tmp/full.out" | awk '{print $5}' | sort | uniq -c)
+    resumed=$(grep -o 'RESUME-HASH phase=resume rank=[0-9] start=4 sha256=[0-9a-f]*' "$tmp/resume.out" | awk '{print $5}' | sort | uniq -c)
+    [[ $(wc -l <<<"$full") == 1 && $(awk '{print $1}' <<<"$full") == 3 ]] || { cat "$tmp/full.out" >&2; fail "resume: the full run's ranks differ: $full"; }
+    [[ $(awk '{print $2}' <<<"$resumed") == $(awk '{print $2}' <<<"$full") && $(awk '{print $1}' <<<"$resumed") == 3 ]] ||
+        { cat "$tmp/resume.out" >&2; fail "resume: $resumed, the uninterrupted run $full"; }
+    echo "test_torch: resumed at step 4: $(awk '{print $2}' <<<"$resumed") = uninterrupted"
     ;;
 *) fail "unknown case '$case'" ;;
 esac
