@@ -488,7 +488,9 @@ static void serve_worker(server *srv, int w)
         read_declare(srv, w, &h, body);
     } else if (h.type == PSAGG_CTL_CHECKPOINT && h.len == 0 && srv->threads_started) {
         char path[PATH_MAX + 16], m[300];
+        int64_t t0 = psagg_now_ns();
         st = optim_checkpoint(srv, path, sizeof path);
+        metrics_checkpoint(srv, psagg_now_ns() - t0, !st);
         snprintf(m, sizeof m, "%.290s", st ? psagg_last_error() : path);
         if (st)
             LOG_ERROR(&srv->log, "worker %d asked for a checkpoint: %s", w, m);

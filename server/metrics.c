@@ -54,6 +54,9 @@ struct server_metrics {
     codec_mix mix[MAX_CODECS]; /* of the chunks owned here; filled at the job's start */
     atomic_int n_mix;          /* entries of mix published (release) */
     worker_metrics *w;
+    /* the server-side optimizer (optim.c) */
+    atomic_uint_fast64_t optim_steps, optim_ns, weight_syncs, checkpoints, checkpoint_failures;
+    atomic_uint_fast64_t checkpoint_ns; /* the last one's */
     struct MHD_Daemon *mhd;
 };
 
@@ -162,12 +165,42 @@ static double histo_quantile(const histo *m, double q)
     return max_s;
 }
 
+void metrics_optim_step(server *srv, int64_t ns, int sync)
+{
+    atomic_fetch_add_explicit(&srv->metrics->optim_steps, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&srv->metrics->optim_ns, (uint64_t)ns, memory_order_relaxed);
+    if (sync)
+        atomic_fetch_add_explicit(&srv->metrics->weight_syncs, 1, memory_order_relaxed);
+}
+
+void metrics_checkpoint(server *srv, int64_t ns, int ok)
+{
+    atomic_fetch_add(ok ? &srv->metrics->checkpoints : &srv->metrics->checkpoint_failures, 1);
+    if (ok)
+        atomic_store(&srv->metrics->checkpoint_ns, (uint64_t)ns);
+}
+
 void metrics_report(server *srv)
 {
     int slowest = -1;
     double slowest_mean = 0;
     if (!srv->metrics)
         return;
+    if (srv->optim.kind != PSAGG_OPTIM_NONE)
+        LOG_INFO(&srv->log,
+                 "optimizer %s: %llu chunk steps in %.3f s (%.3f ms each), %llu weight syncs, %llu "
+                 "checkpoints written (the last in %.3f s), %llu refused",
+                 psagg_optim_name(srv->optim.kind),
+                 (unsigned long long)atomic_load(&srv->metrics->optim_steps),
+                 (double)atomic_load(&srv->metrics->optim_ns) / 1e9,
+                 atomic_load(&srv->metrics->optim_steps)
+                     ? (double)atomic_load(&srv->metrics->optim_ns) / 1e6 /
+                           (double)atomic_load(&srv->metrics->optim_steps)
+                     : 0.0,
+                 (unsigned long long)atomic_load(&srv->metrics->weight_syncs),
+                 (unsigned long long)atomic_load(&srv->metrics->checkpoints),
+                 (double)atomic_load(&srv->metrics->checkpoint_ns) / 1e9,
+                 (unsigned long long)atomic_load(&srv->metrics->checkpoint_failures));
     for (int w = 0; w < srv->n_workers; w++) {
         const histo *m = &srv->metrics->w[w].late;
         uint64_t n = atomic_load(&m->count);
@@ -292,6 +325,31 @@ static char *render(server *srv, size_t *len)
     for (int t = 0; t < m->n_busy; t++)
         fprintf(f, "psagg_server_aggregation_busy_seconds_total{thread=\"%d\"} %.6f\n", t,
                 (double)atomic_load(&m->busy_ns[t]) / 1e9);
+    help(f, "psagg_server_optimizer_info", "gauge",
+         "The server-side optimizer ([server] optimizer).");
+    fprintf(f, "psagg_server_optimizer_info{optimizer=\"%s\"} 1\n",
+            psagg_optim_name(srv->optim.kind));
+    help(f, "psagg_server_optimizer_steps_total", "counter",
+         "Optimizer steps taken, one per parameter chunk and round.");
+    fprintf(f, "psagg_server_optimizer_steps_total %llu\n",
+            (unsigned long long)atomic_load(&m->optim_steps));
+    help(f, "psagg_server_optimizer_seconds_total", "counter",
+         "Time in optimizer steps and their weight deltas (step, delta, encode, the workers' "
+         "view).");
+    fprintf(f, "psagg_server_optimizer_seconds_total %.6f\n",
+            (double)atomic_load(&m->optim_ns) / 1e9);
+    help(f, "psagg_server_weight_syncs_total", "counter",
+         "Updates that sent the exact weights ([server] sync_interval).");
+    fprintf(f, "psagg_server_weight_syncs_total %llu\n",
+            (unsigned long long)atomic_load(&m->weight_syncs));
+    help(f, "psagg_server_checkpoints_total", "counter", "Checkpoints written, or refused.");
+    fprintf(f, "psagg_server_checkpoints_total{result=\"written\"} %llu\n",
+            (unsigned long long)atomic_load(&m->checkpoints));
+    fprintf(f, "psagg_server_checkpoints_total{result=\"failed\"} %llu\n",
+            (unsigned long long)atomic_load(&m->checkpoint_failures));
+    help(f, "psagg_server_checkpoint_last_seconds", "gauge", "How long the last checkpoint took.");
+    fprintf(f, "psagg_server_checkpoint_last_seconds %.6f\n",
+            (double)atomic_load(&m->checkpoint_ns) / 1e9);
     n_mix = atomic_load_explicit(&m->n_mix, memory_order_acquire);
     help(f, "psagg_server_codec_chunks", "gauge", "Chunks owned here, by codec.");
     for (int k = 0; k < n_mix; k++)

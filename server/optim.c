@@ -38,6 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "arena.h"
@@ -488,6 +489,7 @@ long optim_finish(server *srv, chunk_state *c, uint8_t *out)
     size_t n = c->info->count, bad = 0;
     const char *name = srv->layout.tensors[c->info->key].name;
     psagg_status st;
+    int64_t t0;
 
     switch (prm->flags & PSAGG_PARAM_KIND_MASK) {
     case PSAGG_PARAM_INIT:
@@ -502,6 +504,7 @@ long optim_finish(server *srv, chunk_state *c, uint8_t *out)
     default:
         break;
     }
+    t0 = psagg_now_ns();
     st = psagg_optim_step(&srv->optim, prm->lr, prm->weight_decay, ps->step + 1,
                           (prm->flags & PSAGG_PARAM_AVERAGE) ? 1.0f / (float)srv->n_workers : 1.0f,
                           c->acc, ps->w, ps->m1, ps->m2, n);
@@ -510,6 +513,7 @@ long optim_finish(server *srv, chunk_state *c, uint8_t *out)
     ps->step++;
     if (srv->cfg.sync_interval && ps->step % srv->cfg.sync_interval == 0) {
         memcpy(ps->view, ps->w, n * sizeof(float));
+        metrics_optim_step(srv, psagg_now_ns() - t0, 1);
         return weights(srv, c, out, ps->w);
     }
     for (size_t k = 0; k < n; k++) /* the delta, in the accumulator (free after the step) */
@@ -523,6 +527,7 @@ long optim_finish(server *srv, chunk_state *c, uint8_t *out)
         goto fail;
     psagg_msg_init((psagg_msg_hdr *)out, PSAGG_MSG_UPDATE, (uint32_t)srv->rank, c->round, c->info,
                    &c->codec, 0);
+    metrics_optim_step(srv, psagg_now_ns() - t0, 0);
     return (long)c->enc;
 fail:
     server_fail_job(srv, st,

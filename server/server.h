@@ -247,6 +247,10 @@ void metrics_job_started(server *srv);
 /* Aggregation thread `thread` spent ns on an item. */
 void metrics_busy(server *srv, uint32_t thread, int64_t ns);
 void metrics_report(server *srv);
+/* optim.c: one optimizer step of a chunk took ns (sync: its update was the exact weights); a
+ * checkpoint was written (ok) or refused. */
+void metrics_optim_step(server *srv, int64_t ns, int sync);
+void metrics_checkpoint(server *srv, int64_t ns, int ok);
 
 /* server.c: the whole life of a server; returns the process exit code. */
 int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *stop);

@@ -91,6 +91,10 @@ ini sgd "optimizer = sgd" "momentum = 0.9" "nesterov = on" "sync_interval = 3"
 servers sgd
 workers sgd maxmin4/512 10
 finish sgd
+for i in 0 1; do wait_for "${pids[$i]}" 20 || fail "sgd: server $i exited $?"; done
+grep -h 'optimizer sgd: ' "$tmp"/sgd-server*.log
+grep -q 'optimizer sgd: [1-9][0-9]* chunk steps .* [1-9][0-9]* weight syncs' "$tmp/sgd-server0.log" ||
+    fail "sgd: server 0's report counts no steps or no weight syncs"
 ini adam "optimizer = adam"
 servers adam
 workers adam fp32 8
