@@ -100,14 +100,4 @@ if /usr/bin/python3 -c "import torch, sklearn" 2>/dev/null; then
 fi
 echo
 echo "mean (min..max) over seeds; bytes: what rank 0 sent per step"
-awk -F, 'NR > 1 {
-    k = $1 " " $2; n[k]++; a[k] += $4; l[k] += $5; b[k] += $6
-    if (!(k in amin) || $4 < amin[k]) amin[k] = $4; if (!(k in amax) || $4 > amax[k]) amax[k] = $4
-    if (!(k in lmin) || $5 < lmin[k]) lmin[k] = $5; if (!(k in lmax) || $5 > lmax[k]) lmax[k] = $5
-    if (!(k in order)) { order[k] = ++m; keys[m] = k }
-} END {
-    printf "%-42s %-24s %-24s %s\n", "example config", "test accuracy", "loss", "bytes/step"
-    for (i = 1; i <= m; i++) { k = keys[i]
-        acc = amax[k] == "" ? "-" : sprintf("%.4f (%.4f..%.4f)", a[k] / n[k], amin[k], amax[k])
-        printf "%-42s %-24s %-24s %.0f\n", k, acc, sprintf("%.4f (%.4f..%.4f)", l[k] / n[k], lmin[k], lmax[k]), b[k] / n[k] }
-}' "$out"
+awk -F, -v width=42 -f "$repo/deploy/bench_summary.awk" "$out"

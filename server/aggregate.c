@@ -24,7 +24,7 @@
 #include "arena.h"
 #include "server.h"
 
-psagg_rng_key agg_round_key(const server *srv, const chunk_state *c)
+static psagg_rng_key round_key(const server *srv, const chunk_state *c)
 {
     return psagg_rng_chunk_key(srv->cfg.seed, PSAGG_RNG_SERVER, (uint32_t)srv->rank, c->info->key,
                                c->info->index, c->round);
@@ -61,8 +61,9 @@ static uint32_t round_generation(const server *srv, const chunk_state *c)
 /*
  * The codec of worker w's push for c's round: of the round's generation (else w runs on a
  * stale assignment: closed), and the same as the round's other pushes (else the workers'
- * assignments differ, which no worker alone is to blame for: the job fails). Returns 0 if
- * the push may count.
+ * assignments differ, which no worker alone is to blame for: the job fails); for a parameter,
+ * its trailer too (kind, lr, weight decay, flags: the same on every push of the round, or the
+ * job fails). Returns 0 if the push may count.
  */
 static int check_codec(server *srv, chunk_state *c, int w, const psagg_msg_codec *mc)
 {
@@ -84,10 +85,16 @@ static int check_codec(server *srv, chunk_state *c, int w, const psagg_msg_codec
         c->enc = mc->len;
         c->codec_set = 1;
         c->codec_by = (uint32_t)w;
+        if (c->param)
+            c->param->prm = mc->prm;
         return 0;
     }
-    if (psagg_codec_equal(&c->codec, &mc->codec))
-        return 0;
+    if (psagg_codec_equal(&c->codec, &mc->codec)) {
+        if (!c->param || !memcmp(&c->param->prm, &mc->prm, sizeof mc->prm))
+            return 0;
+        optim_disagree(srv, c, w, &mc->prm);
+        return -1;
+    }
     server_fail_job(srv, PSAGG_EPROTO,
                     "tensor '%s' chunk %u round %u (generation %u): worker %u pushed it in %s, "
                     "worker %d in %s: the workers' codec assignments differ",
@@ -116,16 +123,15 @@ void agg_finish_round(server *srv, chunk_state *c)
         return; /* progress_main queues c->retry when the last send completes */
     atomic_store(&c->deferred, 0);
     if (c->param) { /* the optimizer's round (optim.c): it writes the header too */
-        long r = optim_finish(srv, c, c->out[p]);
+        long r = optim_finish(srv, c, c->out[p], round_key(srv, c));
         if (r < 0)
             return;
         enc = (size_t)r;
     } else {
         if (c->gpu)
-            st = gpu_aggregate(srv, c, &c->codec, agg_round_key(srv, c), c->out[p] + sizeof *h,
-                               &bad);
+            st = gpu_aggregate(srv, c, &c->codec, round_key(srv, c), c->out[p] + sizeof *h, &bad);
         else
-            st = psagg_encode(&c->codec, c->acc, c->residual, c->info->count, agg_round_key(srv, c),
+            st = psagg_encode(&c->codec, c->acc, c->residual, c->info->count, round_key(srv, c),
                               c->out[p] + sizeof *h, enc, &bad);
         if (st) {
             server_fail_job(srv, st, "tensor '%s' chunk %u round %u: the sum cannot be encoded: %s",
@@ -150,11 +156,8 @@ void agg_finish_round(server *srv, chunk_state *c)
     c->n_arrived = 0;
     c->next = 0;
     memset(c->arrived, 0, (size_t)srv->n_workers);
-    if (c->param) {
-        c->param->prm_set = 0;
-        if ((c->param->prm.flags & PSAGG_PARAM_KIND_MASK) != PSAGG_PARAM_GRAD)
-            return; /* INIT and PULL do not count a round */
-    }
+    if (c->param && (c->param->prm.flags & PSAGG_PARAM_KIND_MASK) != PSAGG_PARAM_GRAD)
+        return; /* INIT and PULL do not count a round */
     c->round++;
     if (c == srv->chunks) { /* slot 0 counts the job's rounds for the usage report */
         if (c->round == 1) {
@@ -239,8 +242,6 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
         return 0;
     }
     if (check_codec(srv, c, w, &rb->mc))
-        return 0;
-    if (c->param && optim_agree(srv, c, w, &rb->mc.prm))
         return 0;
     {
         int64_t now = psagg_now_ns();

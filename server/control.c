@@ -489,6 +489,7 @@ static void serve_worker(server *srv, int w)
     } else if (h.type == PSAGG_CTL_CHECKPOINT && h.len == 0 && srv->threads_started) {
         char path[PATH_MAX + 16], m[300];
         int64_t t0 = psagg_now_ns();
+        agg_barrier(srv); /* the aggregation threads' writes of finished rounds, visible */
         st = optim_checkpoint(srv, path, sizeof path);
         metrics_checkpoint(srv, psagg_now_ns() - t0, !st);
         snprintf(m, sizeof m, "%.290s", st ? psagg_last_error() : path);

@@ -442,26 +442,17 @@ int optim_admit(server *srv, chunk_state *c, const recv_buf *rb)
     return 0;
 }
 
-int optim_agree(server *srv, chunk_state *c, int w, const psagg_msg_param *prm)
+void optim_disagree(server *srv, chunk_state *c, int w, const psagg_msg_param *prm)
 {
-    param_state *ps = c->param;
-    if (!ps->prm_set) {
-        ps->prm = *prm;
-        ps->prm_set = 1;
-        ps->prm_by = (uint32_t)w;
-        return 0;
-    }
-    if (!memcmp(&ps->prm, prm, sizeof *prm))
-        return 0;
+    const param_state *ps = c->param;
     server_fail_job(srv, PSAGG_EPROTO,
                     "the workers disagree on parameter tensor '%s' chunk %u round %u: worker %u "
                     "sent %s (lr %g, weight decay %g, flags 0x%x), worker %d %s (lr %g, weight "
                     "decay %g, flags 0x%x)",
-                    srv->layout.tensors[c->info->key].name, c->info->index, c->round, ps->prm_by,
+                    srv->layout.tensors[c->info->key].name, c->info->index, c->round, c->codec_by,
                     kind_name(ps->prm.flags), (double)ps->prm.lr, (double)ps->prm.weight_decay,
                     ps->prm.flags, w, kind_name(prm->flags), (double)prm->lr,
                     (double)prm->weight_decay, prm->flags);
-    return -1;
 }
 
 void optim_collect(server *srv, chunk_state *c, int w, const uint8_t *body)
@@ -482,7 +473,7 @@ static long weights(server *srv, chunk_state *c, uint8_t *out, const float *src)
     return (long)(c->info->count * sizeof(float));
 }
 
-long optim_finish(server *srv, chunk_state *c, uint8_t *out)
+long optim_finish(server *srv, chunk_state *c, uint8_t *out, psagg_rng_key key)
 {
     param_state *ps = c->param;
     const psagg_msg_param *prm = &ps->prm;
@@ -518,8 +509,7 @@ long optim_finish(server *srv, chunk_state *c, uint8_t *out)
     }
     for (size_t k = 0; k < n; k++) /* the delta, in the accumulator (free after the step) */
         c->acc[k] = ps->w[k] - ps->view[k];
-    st = psagg_encode(&c->codec, c->acc, NULL, n, agg_round_key(srv, c),
-                      out + sizeof(psagg_msg_hdr), c->enc, &bad);
+    st = psagg_encode(&c->codec, c->acc, NULL, n, key, out + sizeof(psagg_msg_hdr), c->enc, &bad);
     if (!st)
         st = psagg_decode_into(&c->codec, out + sizeof(psagg_msg_hdr), c->enc, n, ps->view,
                                PSAGG_DECODE_ADD, 1.0f);
@@ -577,8 +567,8 @@ psagg_status optim_checkpoint(server *srv, char *path, size_t len)
                           srv->rank);
     if (sodium_init() < 0)
         return psagg_fail(PSAGG_EIO, "libsodium cannot start");
-    /* every chunk's last round is finished, and what its thread wrote is visible (above) */
-    agg_barrier(srv);
+    /* every chunk's last round is finished, and the caller's agg_barrier made what its
+       thread wrote visible here */
     memcpy(head.magic, CKPT_MAGIC, 8);
     snprintf(head.job_id, sizeof head.job_id, "%s", srv->cfg.job_id);
     clock_gettime(CLOCK_REALTIME, &now);

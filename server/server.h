@@ -107,12 +107,10 @@ typedef struct send_ctx {
  */
 typedef struct param_state {
     float *w, *view, *m1, *m2;
-    uint64_t step;     /* optimizer steps taken (Adam's t of the last one) */
-    int awaiting_init; /* no INIT round yet: GRAD and PULL pushes are refused */
-    int restored;      /* w, view, m1, m2 and step came from a checkpoint */
-    int prm_set;       /* a push of this round set prm */
-    uint32_t prm_by;   /* the worker whose push did */
-    psagg_msg_param prm;
+    uint64_t step;       /* optimizer steps taken (Adam's t of the last one) */
+    int awaiting_init;   /* no INIT round yet: GRAD and PULL pushes are refused */
+    int restored;        /* w, view, m1, m2 and step came from a checkpoint */
+    psagg_msg_param prm; /* the trailer of this round's pushes (the first's: check_codec) */
 } param_state;
 
 /* One owned chunk. Only its aggregation thread touches it, except sends_pending. */
@@ -282,8 +280,6 @@ void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb);
 void agg_barrier(server *srv);
 /* Requantize c's completed round and send the update (or defer until out[] is free). */
 void agg_finish_round(server *srv, chunk_state *c);
-/* The RNG key of the server's requantization of c's round. */
-psagg_rng_key agg_round_key(const server *srv, const chunk_state *c);
 
 /* optim.c: parameter chunks and checkpoints ([server] optimizer, checkpoint_dir, resume) */
 /* Start-up: the optimizer's settings; with resume, read and check the checkpoint file. */
@@ -305,17 +301,19 @@ void optim_welcome(const server *srv, psagg_ctl_optim *out);
 /*
  * A checked push of parameter chunk c (its trailer in rb->mc.prm), in handle_push's order:
  * optim_admit refuses a kind the chunk's state does not allow (closing the worker: 1);
- * optim_agree, for a push that counts, checks its trailer against the round's others (the job
- * fails if they differ: -1); optim_collect takes an INIT's or a PULL's body (GRAD pushes are
- * folded as any tensor's).
+ * optim_disagree fails the job for a push whose trailer differs from the round's first push's
+ * (worker c->codec_by's, in prm); optim_collect takes an INIT's or a PULL's body (GRAD pushes
+ * are folded as any tensor's).
  */
 int optim_admit(server *srv, chunk_state *c, const recv_buf *rb);
-int optim_agree(server *srv, chunk_state *c, int w, const psagg_msg_param *prm);
+void optim_disagree(server *srv, chunk_state *c, int w, const psagg_msg_param *prm);
 void optim_collect(server *srv, chunk_state *c, int w, const uint8_t *body);
 /* All pushes of c's round are in (GRAD: folded into acc): the step and its update into
- * out (header included); returns the payload bytes, or -1 (the job failed). */
-long optim_finish(server *srv, chunk_state *c, uint8_t *out);
-/* The control thread, for a worker's CHECKPOINT: write every parameter chunk's state. */
+ * out (header included), a delta requantized with `key` (the round's server RNG stream);
+ * returns the payload bytes, or -1 (the job failed). */
+long optim_finish(server *srv, chunk_state *c, uint8_t *out, psagg_rng_key key);
+/* The control thread, for a worker's CHECKPOINT, after agg_barrier: write every parameter
+ * chunk's state. */
 psagg_status optim_checkpoint(server *srv, char *path, size_t len);
 
 /* gpu.c */

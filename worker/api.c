@@ -257,7 +257,6 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
         return psagg_fail(PSAGG_ENOMEM, "tensor tables");
     for (uint32_t t = 0; t < ctx->n_user; t++) { /* internal tensors keep no residual */
         const psagg_tensor_info *ti = &l->tensors[t];
-        ctx->tensors[t].param = ti->param;
         ctx->tensors[t].lr = ctx->cfg.lr;
         ctx->tensors[t].weight_decay = ctx->cfg.weight_decay;
         int ef =
@@ -495,12 +494,12 @@ psagg_status psagg_set_lr(psagg_ctx *ctx, uint32_t key, float lr, float weight_d
                           "psagg_set_lr: learning rate %g and weight decay %g must be finite and "
                           ">= 0",
                           (double)lr, (double)weight_decay);
-    if (key != PSAGG_ALL_KEYS && (key >= ctx->n_user || !ctx->tensors[key].param))
+    if (key != PSAGG_ALL_KEYS && (key >= ctx->n_user || !ctx->layout.tensors[key].param))
         return psagg_fail(PSAGG_EINVAL, "psagg_set_lr: key %u is no declared parameter tensor",
                           key);
     pthread_mutex_lock(&ctx->mu);
     for (uint32_t t = 0; t < ctx->n_user; t++)
-        if ((key == PSAGG_ALL_KEYS || t == key) && ctx->tensors[t].param) {
+        if ((key == PSAGG_ALL_KEYS || t == key) && ctx->layout.tensors[t].param) {
             ctx->tensors[t].lr = lr;
             ctx->tensors[t].weight_decay = weight_decay;
         }

@@ -128,12 +128,13 @@ static void finish_op(comm_state *cs, struct psagg_handle *h, psagg_status statu
     pthread_mutex_lock(&ctx->mu);
     if (ctx->tensors[h->key].op == h) {
         tensor_state *ts = &ctx->tensors[h->key];
+        int param = ctx->layout.tensors[h->key].param;
         uint32_t kind = h->prm.flags & PSAGG_PARAM_KIND_MASK;
         ts->op = NULL;
-        if (!status && ts->param && kind == PSAGG_PARAM_INIT) { /* the chunks' round */
+        if (!status && param && kind == PSAGG_PARAM_INIT) { /* the chunks' round */
             ts->inited = 1;
             ts->round = h->reply_round;
-        } else if (!status && (!ts->param || kind == PSAGG_PARAM_GRAD)) {
+        } else if (!status && (!param || kind == PSAGG_PARAM_GRAD)) {
             ts->round++; /* INIT and PULL do not count a round */
         }
     }

@@ -14,6 +14,74 @@
 #include "runtime/control.h"
 #include "worker.h"
 
+/* A handle of tensor key, not yet claimed; the deadline runs from now. */
+static struct psagg_handle *handle_alloc(psagg_ctx *ctx, uint32_t key, const psagg_bufops *ops,
+                                         const float *in, float *out, const char *what,
+                                         psagg_status *st)
+{
+    const psagg_tensor_info *ti = &ctx->layout.tensors[key];
+    struct psagg_handle *h = calloc(1, sizeof *h + ti->n_chunks);
+    if (!h) {
+        *st = psagg_fail(PSAGG_ENOMEM, "%s", what);
+        return NULL;
+    }
+    *h = (struct psagg_handle){.ctx = ctx,
+                               .ops = ops,
+                               .key = key,
+                               .in = in,
+                               .out = out,
+                               .codec = ti->codec,
+                               .chunk_done = (uint8_t *)(h + 1)};
+    /* 2 x op_timeout_ms: silent peers and late workers are named sooner, by whoever knows
+     * (runtime/control.h), and that verdict should reach us before our own timeout */
+    h->t_submit = psagg_now_ns();
+    h->deadline_ms = h->t_submit / 1000000 + PSAGG_OP_DEADLINE_MS(ctx->cfg.op_timeout_ms);
+    return h;
+}
+
+/*
+ * Claim tensor h->key's in-flight slot for h (under ctx->mu), unless the context failed, the
+ * tensor is busy, a checkpoint is being written, or a parameter's kind (h->prm) does not fit
+ * its state: INIT once, first. A gradient of a parameter takes the tensor's learning rate and
+ * weight decay now; an INIT's round is 0 (the servers answer with the chunks' round). On a
+ * refusal h is freed.
+ */
+static psagg_status handle_claim(psagg_ctx *ctx, struct psagg_handle *h, const char *what)
+{
+    const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
+    tensor_state *ts = &ctx->tensors[h->key];
+    uint32_t kind = h->prm.flags & PSAGG_PARAM_KIND_MASK;
+    psagg_status st = PSAGG_OK;
+
+    pthread_mutex_lock(&ctx->mu);
+    if (ctx->failed)
+        st = psagg_fail(ctx->failed_status, "%s", ctx->failed_msg);
+    else if (ts->op)
+        st = psagg_fail(PSAGG_EINVAL, "%s: tensor '%s' already has an operation in flight", what,
+                        ti->name);
+    else if (ctx->ckpt_state)
+        st = psagg_fail(PSAGG_EINVAL, "%s: tensor '%s': a checkpoint is being written", what,
+                        ti->name);
+    else if (ti->param && kind == PSAGG_PARAM_INIT && ts->inited)
+        st = psagg_fail(PSAGG_EINVAL, "%s: tensor '%s' was initialized already", what, ti->name);
+    else if (ti->param && kind != PSAGG_PARAM_INIT && !ts->inited)
+        st = psagg_fail(PSAGG_EINVAL, "%s: tensor '%s' is a parameter: call psagg_param_init first",
+                        what, ti->name);
+    if (!st) {
+        if (ti->param && kind == PSAGG_PARAM_GRAD) {
+            h->prm.lr = ts->lr;
+            h->prm.weight_decay = ts->weight_decay;
+        }
+        h->round = ti->param && kind == PSAGG_PARAM_INIT ? 0 : ts->round;
+        h->seq = ctx->next_seq++;
+        ts->op = h;
+    }
+    pthread_mutex_unlock(&ctx->mu);
+    if (st)
+        free(h);
+    return st;
+}
+
 struct psagg_handle *handle_new(psagg_ctx *ctx, uint32_t key, const float *in, float *out,
                                 psagg_reduce op, int priority, const psagg_bufops *ops,
                                 psagg_status *st)
@@ -39,122 +107,43 @@ struct psagg_handle *handle_new(psagg_ctx *ctx, uint32_t key, const float *in, f
         return NULL;
     }
     ti = &ctx->layout.tensors[key];
-    h = calloc(1, sizeof *h + ti->n_chunks);
-    if (!h) {
-        *st = psagg_fail(PSAGG_ENOMEM, "push_pull");
-        return NULL;
-    }
-    *h = (struct psagg_handle){.ctx = ctx,
-                               .ops = ops,
-                               .key = key,
-                               .in = in,
-                               .out = out,
-                               .op = op,
-                               .priority = priority,
-                               .codec = ti->codec,
-                               .chunk_done = (uint8_t *)(h + 1)};
-    /* 2 x op_timeout_ms: silent peers and late workers are named sooner, by whoever knows
-     * (runtime/control.h), and that verdict should reach us before our own timeout */
-    h->t_submit = psagg_now_ns();
-    h->deadline_ms = h->t_submit / 1000000 + PSAGG_OP_DEADLINE_MS(ctx->cfg.op_timeout_ms);
-    if (ti->param) {
-        if (in == out) {
-            free(h);
-            *st = psagg_fail(PSAGG_EINVAL,
-                             "push_pull: tensor '%s' is a parameter: in (its gradient) and out "
-                             "(its weights) must be different buffers",
-                             ti->name);
-            return NULL;
-        }
-        h->prm.flags = PSAGG_PARAM_GRAD | (op == PSAGG_AVERAGE ? PSAGG_PARAM_AVERAGE : 0);
-    }
-    pthread_mutex_lock(&ctx->mu);
-    if (ti->param) {
-        h->prm.lr = ctx->tensors[key].lr;
-        h->prm.weight_decay = ctx->tensors[key].weight_decay;
-    }
-    if (ctx->failed) {
-        *st = psagg_fail(ctx->failed_status, "%s", ctx->failed_msg);
-    } else if (ctx->tensors[key].op) {
-        *st =
-            psagg_fail(PSAGG_EINVAL, "push_pull: tensor '%s' already has one in flight", ti->name);
-    } else if (ctx->ckpt_state) {
-        *st = psagg_fail(PSAGG_EINVAL, "push_pull: tensor '%s': a checkpoint is being written",
-                         ti->name);
-    } else if (ti->param && !ctx->tensors[key].inited) {
+    if (ti->param && in == out) {
         *st = psagg_fail(PSAGG_EINVAL,
-                         "push_pull: tensor '%s' is a parameter: call psagg_param_init first",
+                         "push_pull: tensor '%s' is a parameter: in (its gradient) and out (its "
+                         "weights) must be different buffers",
                          ti->name);
-    } else {
-        h->round = ctx->tensors[key].round;
-        h->seq = ctx->next_seq++;
-        ctx->tensors[key].op = h;
-    }
-    pthread_mutex_unlock(&ctx->mu);
-    if (*st) {
-        free(h);
         return NULL;
     }
-    return h;
+    if (!(h = handle_alloc(ctx, key, ops, in, out, "push_pull", st)))
+        return NULL;
+    h->op = op;
+    h->priority = priority;
+    if (ti->param)
+        h->prm.flags = PSAGG_PARAM_GRAD | (op == PSAGG_AVERAGE ? PSAGG_PARAM_AVERAGE : 0);
+    return (*st = handle_claim(ctx, h, "push_pull")) ? NULL : h;
 }
 
 struct psagg_handle *handle_new_param(psagg_ctx *ctx, uint32_t key, float *out, uint32_t kind,
                                       uint32_t flags, psagg_status *st)
 {
+    const char *what = kind == PSAGG_PARAM_INIT ? "psagg_param_init" : "psagg_pull_weights";
     struct psagg_handle *h;
-    const psagg_tensor_info *ti;
 
     psagg_clear_error();
     *st = PSAGG_OK;
     if (!ctx || !ctx->declared || key >= ctx->n_user || !ctx->layout.tensors[key].param) {
-        *st = psagg_fail(PSAGG_EINVAL, "%s: key %u is no declared parameter tensor",
-                         kind == PSAGG_PARAM_INIT ? "psagg_param_init" : "psagg_pull_weights", key);
+        *st = psagg_fail(PSAGG_EINVAL, "%s: key %u is no declared parameter tensor", what, key);
         return NULL;
     }
-    ti = &ctx->layout.tensors[key];
     if (!out) {
-        *st = psagg_fail(PSAGG_EINVAL, "tensor '%s': NULL weights buffer", ti->name);
+        *st = psagg_fail(PSAGG_EINVAL, "%s: tensor '%s': NULL weights buffer", what,
+                         ctx->layout.tensors[key].name);
         return NULL;
     }
-    h = calloc(1, sizeof *h + ti->n_chunks);
-    if (!h) {
-        *st = psagg_fail(PSAGG_ENOMEM, "tensor '%s'", ti->name);
+    if (!(h = handle_alloc(ctx, key, &psagg_host_ops, out, out, what, st)))
         return NULL;
-    }
-    *h = (struct psagg_handle){.ctx = ctx,
-                               .ops = &psagg_host_ops,
-                               .key = key,
-                               .in = out,
-                               .out = out,
-                               .codec = ti->codec,
-                               .prm = {.flags = kind | flags},
-                               .chunk_done = (uint8_t *)(h + 1)};
-    h->t_submit = psagg_now_ns();
-    h->deadline_ms = h->t_submit / 1000000 + PSAGG_OP_DEADLINE_MS(ctx->cfg.op_timeout_ms);
-    pthread_mutex_lock(&ctx->mu);
-    if (ctx->failed)
-        *st = psagg_fail(ctx->failed_status, "%s", ctx->failed_msg);
-    else if (ctx->tensors[key].op)
-        *st = psagg_fail(PSAGG_EINVAL, "tensor '%s' already has an operation in flight", ti->name);
-    else if (ctx->ckpt_state)
-        *st = psagg_fail(PSAGG_EINVAL, "tensor '%s': a checkpoint is being written", ti->name);
-    else if (kind == PSAGG_PARAM_INIT && ctx->tensors[key].inited)
-        *st = psagg_fail(PSAGG_EINVAL, "psagg_param_init: tensor '%s' was initialized already",
-                         ti->name);
-    else if (kind != PSAGG_PARAM_INIT && !ctx->tensors[key].inited)
-        *st = psagg_fail(PSAGG_EINVAL,
-                         "psagg_pull_weights: tensor '%s': call psagg_param_init first", ti->name);
-    if (!*st) {
-        h->round = kind == PSAGG_PARAM_INIT ? 0 : ctx->tensors[key].round;
-        h->seq = ctx->next_seq++;
-        ctx->tensors[key].op = h;
-    }
-    pthread_mutex_unlock(&ctx->mu);
-    if (*st) {
-        free(h);
-        return NULL;
-    }
-    return h;
+    h->prm.flags = kind | flags;
+    return (*st = handle_claim(ctx, h, what)) ? NULL : h;
 }
 
 void handle_submit(psagg_ctx *ctx, struct psagg_handle *h)

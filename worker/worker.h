@@ -89,8 +89,7 @@ typedef struct tensor_state {
     float *residual;         /* worker error feedback (host buffers), or NULL */
     uint32_t round;          /* round of the next push_pull */
     struct psagg_handle *op; /* the push_pull in flight, or NULL */
-    int param;               /* a parameter (the servers run the optimizer on it) ... */
-    int inited;              /* ... whose psagg_param_init completed */
+    int inited;              /* a parameter's psagg_param_init completed */
     float lr, weight_decay;  /* psagg_set_lr (guarded by ctx->mu) */
 } tensor_state;
 

@@ -344,8 +344,8 @@ int main(int argc, char **argv)
         float *g = xalloc(4 * n), *w = xalloc(4 * n), *m1 = xalloc(4 * n), *m2 = xalloc(4 * n);
         for (size_t i = 0; i < n; i++)
             g[i] = (float)(i % 1000) * 1e-3f - 0.5f, w[i] = 0.1f, m1[i] = m2[i] = 0.0f;
-        printf("\n%-18s %-7s %-10s %4s %9s %9s %9s %9s\n", "optimizer", "code", "op", "",
-               "Melem/s", "GB/s", "", "of mem BW");
+        printf("\n%-18s %-7s %-10s %4s %9s %9s %9s %9s\n", "optimizer", "code", "op", "", "Melem/s",
+               "GB/s", "", "of mem BW");
         for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
             double best = 1e30, bytes = (double)n * (kinds[k].kind == PSAGG_OPTIM_SGD ? 20 : 28);
             for (int r = 0; r <= reps; r++) {

@@ -9,13 +9,7 @@
 set -u -o pipefail
 build=$1
 port=$2
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
+. "$(dirname -- "${BASH_SOURCE[0]}")/../functional/jobs.sh"
 cat >"$tmp/job.ini" <<INI
 [cluster]
 job_id = fault-$port
@@ -29,14 +23,6 @@ threads = 2
 level = warn
 INI
 export PSAGG_CONFIG=$tmp/job.ini PSAGG_WORLD_SIZE=2
-
-# wait_for PID SECONDS: exit status of PID, or 124 if it is still running then
-wait_for() {
-    local t
-    for ((t = 0; t < $2 * 10; t++)); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$1" 2>/dev/null && return 124
-    wait "$1"
-}
 
 fail=0
 run() { # mode, fn_worker args...

@@ -25,6 +25,7 @@
 #include "fn_input.h"
 #include "kernels/codec.h"
 #include "psagg.h"
+#include "testutil.h"
 #include "runtime/adaptive.h"
 #include "runtime/config.h"
 #include "runtime/layout.h"
@@ -32,26 +33,11 @@
 #define N_T 6
 static const uint64_t sizes[N_T] = {5000, 70000, 150000, 2048, 100000, 300};
 
-#define FAIL(...)                                                                                  \
-    do {                                                                                           \
-        fprintf(stderr, "FAIL: " __VA_ARGS__);                                                     \
-        fputc('\n', stderr);                                                                       \
-        exit(1);                                                                                   \
-    } while (0)
-
 /* Per-tensor gradient scales, 1e-3..1e1, swapped halfway through the job. */
 static float scale(uint32_t t, uint32_t r, uint32_t rounds)
 {
     static const float s[N_T] = {1e-3f, 1e-2f, 1e-1f, 1.0f, 10.0f, 1.0f};
     return r < rounds / 2 ? s[t] : s[N_T - 2 - (t < N_T - 1 ? t : 0)];
-}
-
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 0x100000001B3ull;
-    return h;
 }
 
 int main(int argc, char **argv)
@@ -65,7 +51,7 @@ int main(int argc, char **argv)
     psagg_codec m4, fp32 = {.id = PSAGG_CODEC_FP32}, last[N_T];
     float *in[N_T], *out[N_T], *ref[N_T], *x, *acc, **res[N_T];
     uint8_t *enc;
-    uint64_t digest = 0xCBF29CE484222325ull, max_count = 0;
+    uint64_t digest = TEST_FNV_START, max_count = 0;
     uint32_t n_ad = 0;
     int rank, world;
 
@@ -181,7 +167,7 @@ int main(int argc, char **argv)
                 FAIL("round %u tensor %u: element %llu is %.9g, the reference %.9g", r, t,
                      (unsigned long long)i, (double)out[t][i], (double)ref[t][i]);
             }
-            digest = fnv(digest, out[t], sizes[t] * sizeof(float));
+            digest = test_fnv(digest, out[t], sizes[t] * sizeof(float));
         }
     }
     for (uint32_t t = 0; t < N_T; t++) {

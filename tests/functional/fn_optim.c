@@ -12,8 +12,8 @@
  * After every step it checks its weights bit for bit against a reference it computes
  * itself from the same arithmetic: every worker's push in the tensor's codec (the worker's
  * RNG stream), summed in worker order, the optimizer's step written out in scalar C from
- * kernels/optim.h's specification (tests/optim_reference.h, not the library's loop), the delta to the weights every
- * worker holds requantized with the chunk owner's RNG stream (or, every [server]
+ * kernels/optim.h's specification (tests/optim_reference.h, not the library's loop), the delta to
+ * the weights every worker holds requantized with the chunk owner's RNG stream (or, every [server]
  * sync_interval steps, the master weights themselves). At the end it pulls the master
  * weights (psagg_pull_weights), checks them against the reference's, prints the drift
  * between them and the weights trained with, and pulls again with sync.
@@ -35,26 +35,12 @@
 #include "optim_reference.h"
 #include "kernels/optim.h"
 #include "psagg.h"
+#include "testutil.h"
 #include "runtime/config.h"
 #include "runtime/layout.h"
 
 #define N_P 4 /* parameters; then one plain tensor */
 static const uint64_t sizes[N_P + 1] = {5000, 70000, 300, 12345, 2000};
-
-#define FAIL(...)                                                                                  \
-    do {                                                                                           \
-        fprintf(stderr, "FAIL: " __VA_ARGS__);                                                     \
-        fputc('\n', stderr);                                                                       \
-        exit(1);                                                                                   \
-    } while (0)
-
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 0x100000001B3ull;
-    return h;
-}
 
 static float init_value(int w, uint32_t t, uint64_t i)
 {
@@ -123,10 +109,10 @@ static void ref_round(const psagg_config *cfg, const psagg_layout *l, const psag
             }
             for (uint64_t i = 0; i < ci->count; i++)
                 x[i] = mw[i] - vw[i];
-            if (psagg_encode(codec, x, NULL, ci->count,
-                             psagg_rng_chunk_key(cfg->seed, PSAGG_RNG_SERVER, ci->owner, t,
-                                                 ci->index, s),
-                             enc, len, NULL) ||
+            if (psagg_encode(
+                    codec, x, NULL, ci->count,
+                    psagg_rng_chunk_key(cfg->seed, PSAGG_RNG_SERVER, ci->owner, t, ci->index, s),
+                    enc, len, NULL) ||
                 psagg_decode_into(codec, enc, len, ci->count, vw, PSAGG_DECODE_ADD, 1.0f))
                 FAIL("reference delta: %s", psagg_last_error());
         }
@@ -302,14 +288,13 @@ int main(int argc, char **argv)
         same(wt[t], ref[t].w, sizes[t], "the synced weights", t, steps);
     }
     printf("OPTIM-EXACT optimizer=%s codec=%s workers=%d steps=%u..%u tensors=%u\n",
-           psagg_optim_name((psagg_optim_kind)cfg.optimizer), codec_text, world, start, steps,
-           N_P);
+           psagg_optim_name((psagg_optim_kind)cfg.optimizer), codec_text, world, start, steps, N_P);
     printf("DRIFT max |master - trained| = %.3g\n", drift);
     {
-        uint64_t final = 0xCBF29CE484222325ull;
+        uint64_t final = TEST_FNV_START;
         for (uint32_t t = 0; t < N_P; t++)
-            final = fnv(final, wt[t], sizes[t] * sizeof(float));
-        printf("DIGEST %016llx\n", (unsigned long long)final);
+            final = test_fnv(final, wt[t], sizes[t] * sizeof(float));
+        printf("DIGEST %016llx\n", (unsigned long long) final);
     }
     if (psagg_close(ctx))
         FAIL("psagg_close");

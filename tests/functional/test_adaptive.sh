@@ -11,22 +11,7 @@
 set -u -o pipefail
 build=$1
 port=$2
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; for f in "$tmp"/*.log; do echo "== $f"; tail -20 "$f"; done >&2; exit 1; }
-
-# wait_for PID SECONDS: exit status of PID, or 124 if it is still running then
-wait_for() {
-    local t
-    for ((t = 0; t < $2 * 10; t++)); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$1" 2>/dev/null && return 124
-    wait "$1"
-}
+. "$(dirname -- "${BASH_SOURCE[0]}")/jobs.sh"
 
 job() { # job NAME SERVERS WORKERS
     local addrs="" i

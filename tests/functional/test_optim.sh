@@ -16,23 +16,8 @@
 set -u -o pipefail
 build=$1
 port=$2
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; for f in "$tmp"/*.log; do echo "== $f"; tail -20 "$f"; done >&2; exit 1; }
+. "$(dirname -- "${BASH_SOURCE[0]}")/jobs.sh"
 fn=$build/tests/functional/fn_optim
-
-# wait_for PID SECONDS: exit status of PID, or 124 if it is still running then
-wait_for() {
-    local t
-    for ((t = 0; t < $2 * 10; t++)); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$1" 2>/dev/null && return 124
-    wait "$1"
-}
 
 ini() { # ini NAME OPTIMIZER-KEYS...: a job file of 2 servers and 3 workers
     local name=$1
@@ -44,13 +29,6 @@ ini() { # ini NAME OPTIMIZER-KEYS...: a job file of 2 servers and 3 workers
         printf 'checkpoint_dir = %s/ck-%s\n[worker]\nchunk_bytes = 16384\n[log]\nlevel = info\n' "$tmp" "$name"
     } >"$tmp/$name.ini"
     mkdir -p "$tmp/ck-$name"
-}
-
-stop_all() { # the last job's processes, gone
-    local p
-    for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
-    for p in "${pids[@]}"; do while kill -0 "$p" 2>/dev/null; do sleep 0.05; done; done
-    pids=()
 }
 
 servers() { # servers NAME [ENV...]: start both servers of job NAME (the last job's are gone)

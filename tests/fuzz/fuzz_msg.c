@@ -67,8 +67,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                       : mc.len == (kind == PSAGG_PARAM_INIT && h->sender == 0 ? 4 * ci->count : 0),
                   "body of kind %u", kind);
         } else if (type != PSAGG_MSG_WEIGHTS) {
-            CHECK(mc.len <= ci->cap_bytes && mc.len == psagg_encoded_size(codec, ci->count),
-                  "len");
+            CHECK(mc.len <= ci->cap_bytes && mc.len == psagg_encoded_size(codec, ci->count), "len");
             if (!layout.tensors[ci->key].adaptive)
                 CHECK(!memcmp(codec, &layout.tensors[ci->key].codec, sizeof *codec), "codec");
         }

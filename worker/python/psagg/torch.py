@@ -96,6 +96,18 @@ class _Op:
             self.dest.copy_(self.work)
 
 
+def _finish_all(ops):
+    """Finish every operation, even after a failure (their buffers must stay valid until all
+    are done); return the first error (psagg.Error, or a copy-back failure), or None."""
+    err = None
+    for op in ops:
+        try:
+            op.finish()
+        except Exception as e:
+            err = err or e
+    return err
+
+
 class _Session:
     """The process's psagg context, its declaration and the completion thread."""
 
@@ -181,12 +193,7 @@ class _Session:
             if item is None:
                 return
             ops, fut, value = item
-            err = None
-            for op in ops:  # wait for all, even after a failure: their buffers must stay valid
-                try:
-                    op.finish()
-                except Exception as e:  # psagg.Error, or a copy-back failure
-                    err = err or e
+            err = _finish_all(ops)
             if err is not None:
                 fut.set_exception(err)
             else:
@@ -323,21 +330,38 @@ def register_ddp_hook(ddp_model, codec=None, error_feedback=None, config=None, o
     return sess
 
 
-# ---- without DDP: Horovod-style optimizer ----
+# ---- without DDP: optimizers that push from each parameter's gradient hook ----
+def _named_params(opt, named_parameters, who):
+    """named_parameters as a list, checked to cover every parameter of opt's param groups; or,
+    without it, opt's parameters named "param.<group>.<index>"."""
+    if named_parameters is None:
+        return [("param.%d.%d" % (g, i), p) for g, group in enumerate(opt.param_groups)
+                for i, p in enumerate(group["params"])]
+    named = list(named_parameters)
+    if not {id(p) for _, p in named} >= {id(p) for g in opt.param_groups for p in g["params"]}:
+        raise ValueError("psagg.torch.%s: named_parameters does not cover every parameter of the "
+                         "optimizer" % who)
+    return named
+
+
+def _hook_gradients(params, make_hook):
+    """Register make_hook(p) on each parameter's gradient accumulator (it runs once the gradient
+    is accumulated); returns the accumulators, which must be kept alive."""
+    accs = []
+    for p in params:
+        acc = p.expand_as(p).grad_fn.next_functions[0][0]  # p's gradient accumulator
+        acc.register_hook(make_hook(p))
+        accs.append(acc)
+    return accs
+
+
+# ---- Horovod-style optimizer ----
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, codec, error_feedback,
                  backward_passes_per_step, op):
         super(self.__class__, self).__init__(params)
         self._psagg = session()
-        if named_parameters is None:
-            named_parameters = [("param.%d.%d" % (g, i), p)
-                                for g, group in enumerate(self.param_groups)
-                                for i, p in enumerate(group["params"])]
-        named = list(named_parameters)
-        ours = {id(p) for group in self.param_groups for p in group["params"]}
-        if not {id(p) for _, p in named} >= ours:
-            raise ValueError("psagg.torch.DistributedOptimizer: named_parameters does not "
-                             "cover every parameter of the optimizer")
+        named = _named_params(self, named_parameters, "DistributedOptimizer")
         self._psagg.declare(named, codec, error_feedback)
         self._psagg_params = [p for group in self.param_groups for p in group["params"]
                               if p.requires_grad]
@@ -345,11 +369,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._psagg_passes = {}
         self._psagg_every = int(backward_passes_per_step)
         self._psagg_op = op
-        self._psagg_hooks = []
-        for p in self._psagg_params:
-            acc = p.expand_as(p).grad_fn.next_functions[0][0]  # p's gradient accumulator
-            acc.register_hook(self._psagg_make_hook(p))
-            self._psagg_hooks.append(acc)  # keep the accumulator alive
+        self._psagg_hooks = _hook_gradients(self._psagg_params, self._psagg_make_hook)
 
     def _psagg_make_hook(self, p):
         def hook(*_):
@@ -377,12 +397,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if id(p) not in self._psagg_ops:
                 self._psagg_start(p)
         ops, self._psagg_ops = self._psagg_ops, {}
-        err = None
-        for op in ops.values():  # every one, so no buffer is left in use
-            try:
-                op.finish()
-            except Exception as e:
-                err = err or e
+        err = _finish_all(ops.values())
         if err is not None:
             raise err
 
@@ -441,7 +456,8 @@ class ServerOptimizer(torch.optim.Optimizer):
     named_parameters (optional, e.g. model.named_parameters()) names the declared tensors and
     sets their order, which must be the same on every worker. Parameters must be float32 CPU
     tensors. A parameter without a gradient is stepped with a zero gradient (as Horovod's
-    wrapper pushes zeros), unlike torch.optim, which skips it.
+    wrapper pushes zeros), unlike torch.optim, which skips it. state_dict() holds only the param
+    groups: the state lives on the servers, and checkpoint() has them save it.
 
         opt = psagg.torch.ServerOptimizer(model.parameters(), lr=1e-3,
                                           named_parameters=model.named_parameters())
@@ -451,16 +467,9 @@ class ServerOptimizer(torch.optim.Optimizer):
     def __init__(self, params, lr, weight_decay=0.0, named_parameters=None, codec=None,
                  error_feedback=None, op=_p.AVERAGE):
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
-        if named_parameters is None:
-            named = [("param.%d.%d" % (g, i), p) for g, group in enumerate(self.param_groups)
-                     for i, p in enumerate(group["params"])]
-        else:
-            named = list(named_parameters)
-            ours = {id(p) for group in self.param_groups for p in group["params"]}
-            if not {id(p) for _, p in named} >= ours:
-                raise ValueError("psagg.torch.ServerOptimizer: named_parameters does not cover "
-                                 "every parameter of its param groups")
-            named = [(n, p) for n, p in named if id(p) in ours]
+        self._psagg_group = {id(p): g for g in self.param_groups for p in g["params"]}
+        named = [(n, p) for n, p in _named_params(self, named_parameters, "ServerOptimizer")
+                 if id(p) in self._psagg_group]
         for n, p in named:
             if p.requires_grad and (p.dtype != torch.float32 or p.is_cuda or
                                     not p.is_contiguous()):
@@ -473,25 +482,21 @@ class ServerOptimizer(torch.optim.Optimizer):
         self._psagg_ops = {}
         self._psagg_ddp = False
         self._psagg_params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
-        self._psagg_group = {id(p): g for g in self.param_groups for p in g["params"]}
         ctx = self._psagg.ctx
         with torch.no_grad():
-            done = set()
-            handles = []
-            for p in self._psagg_params:
-                k = self._psagg.key_of(p)
-                if k in done:
-                    continue
-                done.add(k)
-                handles.append(ctx.param_init(k, p.data.data_ptr(), keep=p))
-            for h in handles:
+            for h in [ctx.param_init(k, p.data.data_ptr(), keep=p) for k, p in self._psagg_keys()]:
                 h.wait()
         self.start_step = ctx.tensor_round(self._psagg.key_of(self._psagg_params[0]))
-        self._psagg_hooks = []
+        self._psagg_hooks = _hook_gradients(self._psagg_params, self._psagg_make_hook)
+
+    def _psagg_keys(self):
+        """(key, parameter) once per declared key (tied parameters share one)."""
+        done = set()
         for p in self._psagg_params:
-            acc = p.expand_as(p).grad_fn.next_functions[0][0]  # p's gradient accumulator
-            acc.register_hook(self._psagg_make_hook(p))
-            self._psagg_hooks.append(acc)
+            k = self._psagg.key_of(p)
+            if k not in done:
+                done.add(k)
+                yield k, p
 
     def _psagg_push(self, p, grad):
         g = self._psagg_group[id(p)]
@@ -522,12 +527,7 @@ class ServerOptimizer(torch.optim.Optimizer):
                 self._psagg_ops[id(p)] = self._psagg_push(
                     p, p.grad if p.grad is not None else torch.zeros_like(p))
         ops, self._psagg_ops = self._psagg_ops, {}
-        err = None
-        for op in ops.values():
-            try:
-                op.finish()
-            except Exception as e:
-                err = err or e
+        err = _finish_all(ops.values())
         if err is not None:
             raise err
         return loss
@@ -538,20 +538,12 @@ class ServerOptimizer(torch.optim.Optimizer):
                                "first")
         return super().zero_grad(set_to_none)
 
-    def state_dict(self):
-        """Only the param groups: the state lives on the servers (checkpoint() saves it)."""
-        return super().state_dict()
-
     def pull_weights(self, sync=False):
         """The servers' exact fp32 master weights, {name: tensor}. With sync the parameters
         take them (every worker must call it at the same step). Call between steps."""
-        ctx, got, handles, done = self._psagg.ctx, [], [], set()
+        ctx, got, handles = self._psagg.ctx, [], []
         with torch.no_grad():
-            for p in self._psagg_params:
-                k = self._psagg.key_of(p)
-                if k in done:
-                    continue
-                done.add(k)
+            for k, p in self._psagg_keys():
                 t = p.data if sync else torch.empty_like(p)
                 handles.append(ctx.pull_weights(k, t.data_ptr(), sync, keep=t))
                 got.append((self._psagg.names[id(p)], t))

@@ -1,0 +1,29 @@
+# jobs.sh - sourced by the tests that start psagg processes themselves (test_adaptive.sh,
+# test_optim.sh, tests/fault/test_fault.sh): a scratch folder $tmp and the array pids of
+# process groups started with setsid, all killed (and $tmp removed) when the test exits.
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+# fail MESSAGE: say it, show the tail of every log in $tmp, exit 1
+fail() { echo "FAIL: $*" >&2; for f in "$tmp"/*.log; do echo "== $f"; tail -20 "$f"; done >&2; exit 1; }
+
+# wait_for PID SECONDS: exit status of PID, or 124 if it is still running then
+wait_for() {
+    local t
+    for ((t = 0; t < $2 * 10; t++)); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$1" 2>/dev/null && return 124
+    wait "$1"
+}
+
+# stop_all: every process group in pids killed, and gone
+stop_all() {
+    local p
+    for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
+    for p in "${pids[@]}"; do while kill -0 "$p" 2>/dev/null; do sleep 0.05; done; done
+    pids=()
+}
