@@ -255,7 +255,7 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
         metrics_lateness(srv, w, now - c->first_push_ns);
     }
     if (c->param && kind != PSAGG_PARAM_GRAD) { /* no sum: all in, in any order, then reply */
-        optim_collect(srv, c, w, payload);
+        optim_collect(c, w, payload);
         c->arrived[w] = 1;
         if (++c->n_arrived == (uint32_t)srv->n_workers)
             agg_finish_round(srv, c);

@@ -455,9 +455,8 @@ void optim_disagree(server *srv, chunk_state *c, int w, const psagg_msg_param *p
                     (double)prm->weight_decay, prm->flags);
 }
 
-void optim_collect(server *srv, chunk_state *c, int w, const uint8_t *body)
+void optim_collect(chunk_state *c, int w, const uint8_t *body)
 {
-    (void)srv;
     if ((c->param->prm.flags & PSAGG_PARAM_KIND_MASK) == PSAGG_PARAM_INIT && w == 0 &&
         !c->param->restored)
         memcpy(c->param->w, body, c->info->count * sizeof(float));

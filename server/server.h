@@ -307,7 +307,7 @@ void optim_welcome(const server *srv, psagg_ctl_optim *out);
  */
 int optim_admit(server *srv, chunk_state *c, const recv_buf *rb);
 void optim_disagree(server *srv, chunk_state *c, int w, const psagg_msg_param *prm);
-void optim_collect(server *srv, chunk_state *c, int w, const uint8_t *body);
+void optim_collect(chunk_state *c, int w, const uint8_t *body);
 /* All pushes of c's round are in (GRAD: folded into acc): the step and its update into
  * out (header included), a delta requantized with `key` (the round's server RNG stream);
  * returns the payload bytes, or -1 (the job failed). */

@@ -538,12 +538,12 @@ psagg_status psagg_checkpoint(psagg_ctx *ctx)
         st = psagg_fail(PSAGG_EINVAL, "psagg_checkpoint: one is being written already");
         goto out;
     }
-    for (uint32_t t = 0; t < ctx->layout.n_tensors; t++)
-        if (ctx->tensors[t].op || ctx->queue) {
+    for (uint32_t t = 0; t < ctx->layout.n_tensors; t++) /* queued ones hold their slot too */
+        if (ctx->tensors[t].op) {
             st = psagg_fail(PSAGG_EINVAL,
                             "psagg_checkpoint: tensor '%s' has an operation in flight; call it "
                             "between steps",
-                            ctx->tensors[t].op ? ctx->layout.tensors[t].name : "(queued)");
+                            ctx->layout.tensors[t].name);
             goto out;
         }
     ctx->ckpt_state = 1;
@@ -678,18 +678,7 @@ psagg_status psagg_handle_codec(psagg_handle *h, psagg_codec *codec, uint32_t *g
 
 void psagg_get_stats(const psagg_ctx *ctx, psagg_stats *out)
 {
-    /* push_pulls first: the sums read after it hold every operation it counts (comm.c adds
-       an operation's times before counting it) */
-    out->push_pulls = atomic_load(&ctx->push_pulls);
-    out->bytes_sent = atomic_load(&ctx->bytes_sent);
-    out->bytes_received = atomic_load(&ctx->bytes_received);
-    out->bytes_raw = atomic_load(&ctx->bytes_raw);
-    out->time.queued_ns = atomic_load(&ctx->time_ns[0]);
-    out->time.encode_ns = atomic_load(&ctx->time_ns[1]);
-    out->time.send_ns = atomic_load(&ctx->time_ns[2]);
-    out->time.wait_ns = atomic_load(&ctx->time_ns[3]);
-    out->time.decode_ns = atomic_load(&ctx->time_ns[4]);
-    out->time.total_ns = atomic_load(&ctx->time_ns[5]);
+    worker_stats(ctx, out);
 }
 
 int psagg_rank(const psagg_ctx *ctx)

@@ -626,7 +626,7 @@ static void stats_line(comm_state *cs)
     uint64_t n;
     double ms;
 
-    psagg_get_stats(ctx, &now);
+    worker_stats(ctx, &now);
     n = now.push_pulls - cs->last.push_pulls;
     ms = n ? 1e-6 / (double)n : 0;
     LOG_INFO(&ctx->log,

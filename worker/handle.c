@@ -230,3 +230,19 @@ void handle_timing(const struct psagg_handle *h, psagg_timing *out)
     out->decode_ns = h->update_ns + (uint64_t)(h->t_done - h->t_updates);
     out->total_ns = (uint64_t)(h->t_done - h->t_submit);
 }
+
+void worker_stats(const psagg_ctx *ctx, psagg_stats *out)
+{
+    /* push_pulls first: the sums read after it hold every operation it counts (comm.c adds
+       an operation's times before counting it) */
+    out->push_pulls = atomic_load(&ctx->push_pulls);
+    out->bytes_sent = atomic_load(&ctx->bytes_sent);
+    out->bytes_received = atomic_load(&ctx->bytes_received);
+    out->bytes_raw = atomic_load(&ctx->bytes_raw);
+    out->time.queued_ns = atomic_load(&ctx->time_ns[0]);
+    out->time.encode_ns = atomic_load(&ctx->time_ns[1]);
+    out->time.send_ns = atomic_load(&ctx->time_ns[2]);
+    out->time.wait_ns = atomic_load(&ctx->time_ns[3]);
+    out->time.decode_ns = atomic_load(&ctx->time_ns[4]);
+    out->time.total_ns = atomic_load(&ctx->time_ns[5]);
+}

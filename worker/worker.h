@@ -194,6 +194,8 @@ void worker_fail_all(psagg_ctx *ctx, psagg_status status, const char *fmt, ...)
 int worker_failed(psagg_ctx *ctx);
 /* The phases of a completed operation (its t_* times). */
 void handle_timing(const struct psagg_handle *h, psagg_timing *out);
+/* The context's counters of completed operations (psagg_get_stats; comm.c's stats line). */
+void worker_stats(const psagg_ctx *ctx, psagg_stats *out);
 
 /* comm.c */
 psagg_status comm_start(psagg_ctx *ctx);
