@@ -167,6 +167,30 @@ static void expire_pending(server *srv, int64_t now)
  * Authenticate a HELLO and register its worker: 0, or -1 with the refusal in msg. Until the
  * token checks out the refusal says nothing about this job (not its id, not its size).
  */
+/*
+ * Same-host copies with a worker (wire.h): offer ours in its WELCOME, and take its offer when
+ * it checks out (its pushes are then copied out of its memory; the WELCOME says so).
+ */
+static void local_copy_offer(server *srv, int rank, const psagg_ctl_hello *hello,
+                             psagg_ctl_welcome *wel)
+{
+    psagg_peer addr = srv->workers[rank].addr;
+    uint32_t pid;
+
+    psagg_fabric_local_self(srv->fab, &pid, &wel->local_probe);
+    wel->local_pid = pid;
+    if (!hello->local_pid)
+        return;
+    if (psagg_fabric_local_accept(srv->fab, addr, hello->local_pid, hello->local_probe,
+                                  hello->epname, hello->epname_len)) {
+        LOG_DEBUG(&srv->log, "worker %d offers same-host copies; not taken: %s", rank,
+                  psagg_last_error());
+        return;
+    }
+    wel->local_flags = PSAGG_LOCAL_READS;
+    LOG_INFO(&srv->log, "worker %d is on this host: pushes by same-host copy", rank);
+}
+
 static int accept_hello(server *srv, int fd, const psagg_ctl_hello *hello, const char *peer,
                         char *msg, size_t len)
 {
@@ -238,6 +262,8 @@ static int accept_hello(server *srv, int fd, const psagg_ctl_hello *hello, const
             return -1;
         }
         wel.epname_len = (uint32_t)elen;
+        if (srv->cfg.local_copy)
+            local_copy_offer(srv, rank, hello, &wel);
         if (psagg_ctl_send(fd, PSAGG_CTL_WELCOME, &wel, sizeof wel)) {
             snprintf(msg, len, "worker %d left before its WELCOME: %.150s", rank,
                      psagg_last_error());
@@ -372,6 +398,14 @@ static void read_declare(server *srv, int w, const psagg_ctl_hdr *h, const void 
         return;
     }
     wc->decl_hdr = *(const psagg_ctl_declare *)body;
+    /* the worker copies our updates out of our memory (wire.h): send them by descriptor */
+    if ((wc->decl_hdr.local_flags & PSAGG_LOCAL_READS) && srv->cfg.local_copy) {
+        if (psagg_fabric_local_send(srv->fab, wc->addr))
+            LOG_WARN(&srv->log, "worker %d: same-host copies of updates: %s", w,
+                     psagg_last_error());
+        else
+            LOG_INFO(&srv->log, "worker %d is on this host: updates by same-host copy", w);
+    }
     wc->decl = malloc((size_t)wc->decl_hdr.count * sizeof *wc->decl);
     if (!wc->decl) {
         drop_worker(srv, w, PSAGG_ENOMEM, "no memory for the declaration");

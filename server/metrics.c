@@ -284,6 +284,10 @@ static char *render(server *srv, size_t *len)
          "Messages dropped before they counted: unknown sender, bad MAC.");
     fprintf(f, "psagg_server_dropped_messages_total %llu\n",
             (unsigned long long)atomic_load(&m->dropped));
+    help(f, "psagg_server_local_copies_total", "counter",
+         "Pushes copied out of a worker on this host (same-host copies), not received.");
+    fprintf(f, "psagg_server_local_copies_total %llu\n",
+            (unsigned long long)(srv->fab ? psagg_fabric_local_copied(srv->fab) : 0));
     help(f, "psagg_server_rx_held", "gauge",
          "Receive buffers held by pushes that wait for their turn.");
     fprintf(f, "psagg_server_rx_held %d\n", atomic_load(&srv->rx_held));

@@ -193,9 +193,13 @@ static void *progress_main(void *arg)
             }
             case PSAGG_FABRIC_RECV_ERROR: {
                 recv_buf *rb = ev[i].ctx;
+                int from = ev[i].src == PSAGG_PEER_UNKNOWN ? -1 : server_worker_at(srv, ev[i].src);
                 if (!atomic_load(&srv->running))
                     break;
-                LOG_WARN(&srv->log, "a receive failed: %s", ev[i].msg);
+                if (from >= 0) /* a same-host copy that worker's message made fail */
+                    server_close_worker(srv, from, "%s", ev[i].msg);
+                else
+                    LOG_WARN(&srv->log, "a receive failed: %s", ev[i].msg);
                 server_repost(srv, rb);
                 break;
             }

@@ -31,6 +31,29 @@ static int env_int(const char *name, int fallback)
     return (*end || x < 0 || x > 1 << 30) ? -2 : (int)x;
 }
 
+/*
+ * Same-host copies with server s (wire.h): send it our large pushes by descriptor when it
+ * copies them (its WELCOME says so), and copy its updates when its offer checks out (our
+ * DECLARE tells it). Anything that does not work leaves that direction on the provider.
+ */
+static void local_copy_setup(psagg_ctx *ctx, int s, const psagg_ctl_welcome *w, const char *peer)
+{
+    server_conn *sc = &ctx->servers[s];
+    int reads, sends;
+
+    sends = (w->local_flags & PSAGG_LOCAL_READS) && !psagg_fabric_local_send(ctx->fab, sc->addr);
+    reads = w->local_pid && !psagg_fabric_local_accept(ctx->fab, sc->addr, w->local_pid,
+                                                       w->local_probe, w->epname, w->epname_len);
+    if (w->local_pid && !reads)
+        LOG_DEBUG(&ctx->log, "%s offers same-host copies; not taken: %s", peer, psagg_last_error());
+    sc->local_reads = reads;
+    if (sends || reads)
+        LOG_INFO(&ctx->log, "%s is on this host: %s by same-host copy", peer,
+                 sends && reads ? "pushes and updates"
+                 : sends        ? "pushes"
+                                : "updates");
+}
+
 /* One HELLO on server s's connection and its answer. */
 static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const char *peer)
 {
@@ -51,6 +74,11 @@ static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const ch
     if ((st = psagg_fabric_name(ctx->fab, hello.epname, &len)))
         return st;
     hello.epname_len = (uint32_t)len;
+    if (ctx->cfg.local_copy) {
+        uint32_t pid;
+        psagg_fabric_local_self(ctx->fab, &pid, &hello.local_probe);
+        hello.local_pid = pid;
+    }
     if ((st = psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_HELLO, &hello, sizeof hello)))
         return psagg_fail_context(st, "%s: ", peer);
     if ((st = psagg_ctl_recv(ctx->servers[s].fd, &h, &body, deadline, peer)))
@@ -99,6 +127,8 @@ static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const ch
             psagg_data_key_make(&ctx->job_key, ctx->cfg.job_id, w->nonce, &ctx->servers[s].key);
         if (!st && s == 0)
             ctx->optim = w->optim;
+        if (!st && ctx->cfg.local_copy)
+            local_copy_setup(ctx, s, w, peer);
     }
     free(body);
     return st;
@@ -292,7 +322,7 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
  * server's verdict made the other workers drop, so the first ERROR frame wins; a send or
  * receive failure is reported only when no server said why.
  */
-static psagg_status declare_all(psagg_ctx *ctx, const psagg_ctl_declare *d, size_t bytes)
+static psagg_status declare_all(psagg_ctx *ctx, psagg_ctl_declare *d, size_t bytes)
 {
     /*
      * The servers enforce connect_timeout_ms and then say which workers are missing; wait a
@@ -307,7 +337,9 @@ static psagg_status declare_all(psagg_ctx *ctx, const psagg_ctl_declare *d, size
     if (!sent)
         return psagg_fail(PSAGG_ENOMEM, "psagg_declare");
     for (int s = 0; s < ctx->cfg.n_servers; s++) {
-        psagg_status st = psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_DECLARE, d, (uint32_t)bytes);
+        psagg_status st;
+        d->local_flags = ctx->servers[s].local_reads ? PSAGG_LOCAL_READS : 0;
+        st = psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_DECLARE, d, (uint32_t)bytes);
         sent[s] = !st;
         if (st && !other) {
             other = st;

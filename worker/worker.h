@@ -68,6 +68,7 @@ typedef struct server_conn {
     int fd;
     psagg_peer addr;    /* its fabric address: updates are accepted only from here */
     psagg_data_key key; /* its data key (data_auth) */
+    int local_reads;    /* this worker copies its updates out of its memory (wire.h) */
     /*
      * Pushes handed to libfabric whose send has not completed (comm thread only). The window
      * is released by the send completion, not by the update: an update needs every worker's

@@ -105,6 +105,8 @@ static const struct key keys[] = {
     KEY("cluster", "workers", n_workers, parse_number, .min = 1, .max = PSAGG_MAX_WORKERS,
         .flags = KEY_REQUIRED),
     KEY("cluster", "provider", provider, parse_name, .flags = 0),
+    KEY("cluster", "local_copy", local_copy, parse_enum, .choices = bool_names,
+        .values = bool_values),
     KEY("cluster", "connect_timeout_ms", connect_timeout_ms, parse_number, .min = 1, .max = DAY_MS),
     KEY("cluster", "op_timeout_ms", op_timeout_ms, parse_number, .min = 100, .max = DAY_MS),
     KEY("cluster", "secret_file", secret_file, parse_path, .flags = 0),
@@ -182,6 +184,7 @@ static void set_defaults(psagg_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     snprintf(cfg->provider, sizeof cfg->provider, "tcp");
+    cfg->local_copy = 1;
     cfg->connect_timeout_ms = 30000;
     cfg->op_timeout_ms = 60000;
     cfg->server_threads = 0;

@@ -43,6 +43,8 @@ typedef struct psagg_config {
     psagg_hostport servers[PSAGG_MAX_SERVERS];
     int n_workers;          /* `workers`, required, 1..PSAGG_MAX_WORKERS */
     char provider[32];      /* `provider`: tcp (default) | shm | any libfabric provider */
+    int local_copy;         /* `local_copy`, default on: large messages between processes on one
+                               host are copied out of the sender (transport.h), not sent */
     int connect_timeout_ms; /* `connect_timeout_ms`, default 30000: start-up deadline */
     int op_timeout_ms;      /* `op_timeout_ms`, default 60000: liveness and deadlines (control.h) */
     char secret_file[256];  /* `secret_file`, optional: the job's shared secret (HELLO token,

@@ -104,6 +104,36 @@ PSAGG_NODISCARD psagg_status psagg_fabric_try_send(psagg_fabric *f, psagg_peer t
  */
 int psagg_fabric_source_reliable(const psagg_fabric *f);
 
+/*
+ * Same-host copies (wire.h "SAME-HOST COPIES"). A large message between two processes on one
+ * host need not cross the kernel's TCP stack (a copy in, a copy out, and the stack between):
+ * the sender sends a 40-byte descriptor of where the message lies, the receiver copies it
+ * straight out of the sender's memory into its receive buffer with process_vm_readv (one
+ * copy) and acknowledges, and only then does the send complete. Callers see the usual
+ * completions: a RECV_DONE of the whole message, a SEND_DONE when the peer has copied it.
+ *
+ * psagg_fabric_local_self: what to offer a peer on the control channel: this process's pid
+ * and the address of this endpoint's name in its memory (both 0 when this provider cannot
+ * take part: shm, or no inject).
+ * psagg_fabric_local_accept: take a peer's offer (its pid and probe, and the endpoint name it
+ * gave): PSAGG_OK when that pid lives in this network namespace and holds exactly that name
+ * at probe, as read through process_vm_readv (so the same user, and ptrace allowed): from
+ * then on this process copies that peer's descriptors. PSAGG_EUNSUPPORTED says why not.
+ * psagg_fabric_local_send: the peer took this process's offer: sends to it of at least
+ * PSAGG_LOCAL_MIN bytes go by descriptor.
+ * A descriptor this process cannot copy (too long, unreadable) is a RECV_ERROR with the
+ * peer in src and a SEND_ERROR at the sender; a DESC or ACK from a peer that was not accepted
+ * is delivered as an ordinary message (bad for the caller's protocol). A send whose reader's
+ * process is gone fails (SEND_ERROR, PSAGG_EPEER) within a fraction of a second.
+ */
+void psagg_fabric_local_self(psagg_fabric *f, uint32_t *pid, uint64_t *probe);
+PSAGG_NODISCARD psagg_status psagg_fabric_local_accept(psagg_fabric *f, psagg_peer peer,
+                                                       uint32_t pid, uint64_t probe,
+                                                       const void *name, size_t len);
+PSAGG_NODISCARD psagg_status psagg_fabric_local_send(psagg_fabric *f, psagg_peer peer);
+/* Messages this process has received by same-host copy so far. */
+uint64_t psagg_fabric_local_copied(psagg_fabric *f);
+
 typedef enum psagg_fabric_event_kind {
     PSAGG_FABRIC_SEND_DONE = 1,
     PSAGG_FABRIC_RECV_DONE = 2,
@@ -115,7 +145,8 @@ typedef struct psagg_fabric_event {
     psagg_fabric_event_kind kind;
     void *ctx;      /* the ctx given to send / post_recv (NULL: error not tied to one op) */
     size_t len;     /* bytes received (RECV_DONE) */
-    psagg_peer src; /* RECV_DONE: the sender, or PSAGG_PEER_UNKNOWN (not in the address vector) */
+    psagg_peer src; /* RECV_DONE: the sender, or PSAGG_PEER_UNKNOWN (not in the address vector);
+                       RECV_ERROR of a same-host copy: the peer, else PSAGG_PEER_UNKNOWN */
     int status;     /* PSAGG_OK or a negative psagg_status (errors) */
     char msg[160];  /* provider's error text for errors */
 } psagg_fabric_event;

@@ -14,10 +14,12 @@
  *                                 reveals nothing about the job, and a connection that does
  *                                 not send a whole HELLO within a few seconds is closed
  *   2. server -> worker  WELCOME  psagg_ctl_welcome (server rank, its session nonce, its
- *                                 libfabric provider and fabric name)
+ *                                 libfabric provider and fabric name; whether it copies this
+ *                                 worker's pushes on the host, below)
  *      or                ERROR    psagg_ctl_error, then close
  *   3. worker -> server  DECLARE  psagg_ctl_declare + count x psagg_ctl_tensor (all tensors,
- *                                 with an adaptive job's statistics tensor last)
+ *                                 with an adaptive job's statistics tensor last; whether the
+ *                                 worker copies this server's updates on the host)
  *   4. server -> worker  READY    (no body) once all workers declared identical lists,
  *      or                ERROR    naming the first differing tensor and the workers
  *   5. data flows over libfabric (below) ...
@@ -66,6 +68,18 @@
  *   PULL  no body; `round` is the chunk's round. When all are in, WEIGHTS of the exact master
  *         weights; with PSAGG_PARAM_SYNC the workers hold them from then on.
  *   INIT and PULL do not count a round.
+ *
+ * SAME-HOST COPIES (runtime/transport.h; [cluster] local_copy)
+ *   HELLO and WELCOME offer the sender's pid and the address of its fabric name in its memory
+ *   (local_pid, local_probe; 0 without). The receiver of an offer takes it when that pid lives
+ *   in its own network namespace and holds, at that address, exactly the fabric name the peer
+ *   gave: it can then read the peer's memory, and says so (WELCOME: the server copies this
+ *   worker's pushes; DECLARE: the worker copies this server's updates; PSAGG_LOCAL_READS).
+ *   To such a reader a data message of at least PSAGG_LOCAL_MIN bytes travels as a
+ *   psagg_msg_local DESC naming where it lies in the sender's memory; the reader copies it into
+ *   its receive buffer (process_vm_readv), where it is an ordinary data message from then on,
+ *   and answers ACK with the DESC's cookie, only then is the send complete. A DESC or ACK from
+ *   a peer whose offer was not taken is an ordinary (bad) data message.
  */
 #ifndef PSAGG_RUNTIME_WIRE_H
 #define PSAGG_RUNTIME_WIRE_H
@@ -76,9 +90,10 @@
  * 3: codec format version 2 (kernels/codec.h), whose stochastic rounding draws other bits;
  * 4: HELLO and WELCOME name the libfabric provider each side opened;
  * 5: DECLARE carries the adaptive settings, data headers the codec and its generation;
- * 6: tensors carry flags (parameters), WELCOME the optimizer, pushes of parameters a trailer
+ * 6: tensors carry flags (parameters), WELCOME the optimizer, pushes of parameters a trailer;
+ * 7: same-host copies (HELLO, WELCOME and DECLARE offer and take them; psagg_msg_local)
  */
-#define PSAGG_PROTO_VERSION 6
+#define PSAGG_PROTO_VERSION 7
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64
@@ -129,9 +144,15 @@ typedef struct psagg_ctl_hello {
     char provider[PSAGG_PROVIDER_MAX]; /* the libfabric provider opened; NUL-terminated */
     uint32_t epname_len;               /* <= PSAGG_EPNAME_MAX */
     uint8_t epname[PSAGG_EPNAME_MAX];
+    uint64_t local_probe; /* same-host copies (above): where epname lies in the worker, or 0 */
+    uint32_t local_pid;   /* the worker's pid, or 0 */
+    uint32_t reserved;    /* 0 */
 } psagg_ctl_hello;
-_Static_assert(sizeof(psagg_ctl_hello) == 64 + 4 + 4 + 32 + 4 + 16 + 32 + 4 + 256,
+_Static_assert(sizeof(psagg_ctl_hello) == 64 + 4 + 4 + 32 + 4 + 16 + 32 + 4 + 256 + 16,
                "psagg_ctl_hello layout");
+
+/* psagg_ctl_welcome.local_flags / psagg_ctl_declare.local_flags */
+#define PSAGG_LOCAL_READS 1u /* I copy your data messages out of your memory (above) */
 
 /*
  * A server's [server] optimizer settings, as WELCOME carries them: every server of a job must
@@ -155,8 +176,11 @@ typedef struct psagg_ctl_welcome {
     psagg_ctl_optim optim;
     uint32_t epname_len;
     uint8_t epname[PSAGG_EPNAME_MAX];
+    uint64_t local_probe; /* same-host copies: where epname lies in the server, or 0 */
+    uint32_t local_pid;   /* the server's pid, or 0 */
+    uint32_t local_flags; /* PSAGG_LOCAL_READS: it copies this worker's pushes */
 } psagg_ctl_welcome;
-_Static_assert(sizeof(psagg_ctl_welcome) == 12 + 16 + 32 + 32 + 4 + 256,
+_Static_assert(sizeof(psagg_ctl_welcome) == 12 + 16 + 32 + 32 + 4 + 256 + 16,
                "psagg_ctl_welcome layout");
 
 /* chunk_elems of a DECLARE: [worker] chunk_bytes is 4096..2^30 bytes of fp32 */
@@ -176,8 +200,10 @@ typedef struct psagg_ctl_declare {
                                 all workers must agree */
     uint32_t adapt_budget;   /* [codec] adaptive_budget x 10^6 */
     uint32_t adapt_flags;    /* PSAGG_ADAPT_* */
+    uint32_t local_flags;    /* PSAGG_LOCAL_READS: this worker copies the server's updates */
+    uint32_t reserved;       /* 0 */
 } psagg_ctl_declare;
-_Static_assert(sizeof(psagg_ctl_declare) == 24, "psagg_ctl_declare layout");
+_Static_assert(sizeof(psagg_ctl_declare) == 32, "psagg_ctl_declare layout");
 
 /* psagg_ctl_tensor.flags */
 #define PSAGG_DECL_PARAM 1u /* a parameter: the servers run the optimizer on it (above) */
@@ -234,5 +260,21 @@ typedef struct psagg_msg_param {
     uint32_t reserved;  /* 0 */
 } psagg_msg_param;
 _Static_assert(sizeof(psagg_msg_param) == 16, "psagg_msg_param layout");
+
+/* Same-host copies (above): the transport's own messages, never seen by its callers. */
+#define PSAGG_LOCAL_MAGIC 0x4C475350u /* "PSGL" */
+#define PSAGG_LOCAL_MIN   (32u << 10) /* smaller messages go as they are */
+enum psagg_local_type { PSAGG_LOCAL_DESC = 1, PSAGG_LOCAL_ACK = 2 };
+
+typedef struct psagg_msg_local {
+    uint32_t magic;  /* PSAGG_LOCAL_MAGIC */
+    uint32_t type;   /* psagg_local_type */
+    uint64_t cookie; /* the sender's name for the send; the ACK echoes it */
+    uint64_t addr;   /* DESC: where the message lies in the sender's memory */
+    uint64_t len;    /* DESC: its bytes, 1..the reader's receive buffer */
+    int32_t status;  /* ACK: 0 copied, else the reader's psagg_status (the send fails) */
+    uint32_t reserved;
+} psagg_msg_local;
+_Static_assert(sizeof(psagg_msg_local) == 40, "psagg_msg_local layout");
 
 #endif

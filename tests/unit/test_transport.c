@@ -15,6 +15,9 @@
  * FI_OFI_RXM_TX_SIZE, FI_SHM_TX_SIZE) so
  * that sends meet -FI_EAGAIN and completions get parked. Then, in the driver, error paths and
  * several threads sending to the process's own endpoint while one thread polls.
+ * "tcp+local" runs the pair over tcp with same-host copies taken both ways (the large messages
+ * travel by descriptor and process_vm_readv; peer death must fail the sends waiting for the
+ * dead reader's ACK), and check_local_copy covers the offers and the forged messages.
  * alarm() is a watchdog on every process; it fails the test with the phase that hung.
  */
 #include <errno.h>
@@ -24,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -33,6 +37,7 @@
 #include "../testutil.h"
 #include "base/error.h"
 #include "runtime/transport.h"
+#include "runtime/wire.h"
 
 #define NRECV           64
 #define NSEND           32
@@ -262,11 +267,36 @@ static void drain_sends(struct side *s)
     }
 }
 
+/* "tcp+local": tcp with same-host copies both ways (offers swapped over ctl). */
+static int is_local(const char *prov)
+{
+    return strcmp(prov, "tcp+local") == 0;
+}
+
+static void local_swap(struct side *s, int ctl, const char *pname, uint32_t plen)
+{
+    uint32_t pid, ppid;
+    uint64_t probe, pprobe;
+    int st;
+
+    psagg_fabric_local_self(s->f, &pid, &probe);
+    CHECK(pid == (uint32_t)getpid() && probe != 0, "[%s] local_self: pid %u probe %llx", who, pid,
+          (unsigned long long)probe);
+    xwrite(ctl, &pid, sizeof(pid));
+    xwrite(ctl, &probe, sizeof(probe));
+    xread(ctl, &ppid, sizeof(ppid));
+    xread(ctl, &pprobe, sizeof(pprobe));
+    st = psagg_fabric_local_accept(s->f, s->peer, ppid, pprobe, pname, plen);
+    CHECK(st == PSAGG_OK, "[%s] local_accept of pid %u: %s", who, ppid, psagg_last_error());
+    st = psagg_fabric_local_send(s->f, s->peer);
+    CHECK(st == PSAGG_OK, "[%s] local_send: %s", who, psagg_last_error());
+}
+
 static void side_open(struct side *s, const char *prov, int ctl)
 {
     /* a send that meets -FI_EAGAIN for 1.5 s gives up (the native tcp provider keeps
      * reconnecting to a dead peer: peer death below) */
-    psagg_fabric_opts o = {.provider = prov,
+    psagg_fabric_opts o = {.provider = is_local(prov) ? "tcp" : prov,
                            .node = strcmp(prov, "shm") != 0 ? "127.0.0.1" : NULL,
                            .max_msg = MSG_MAX,
                            .post_timeout_ms = POST_TIMEOUT_MS};
@@ -291,6 +321,8 @@ static void side_open(struct side *s, const char *prov, int ctl)
     s->peer_name[plen < sizeof(s->peer_name) ? plen : sizeof(s->peer_name) - 1] = '\0';
     st = psagg_fabric_add_peer(s->f, pname, plen, &s->peer);
     CHECK(st == PSAGG_OK, "[%s] add_peer: %s", who, psagg_last_error());
+    if (is_local(prov))
+        local_swap(s, ctl, pname, plen);
 
     for (int i = 0; i < NRECV; i++) {
         s->rbuf[i] = malloc(MSG_MAX);
@@ -403,7 +435,12 @@ static void run_parent(const char *prov, int ctl, pid_t child)
         repost(&s, idx);
     }
     drain_sends(&s);
-    fprintf(stderr, "[%s] ping-pong: %d round trips ok (%.2f s)\n", who, PINGS, now_s() - t0);
+    fprintf(stderr, "[%s] ping-pong: %d round trips ok (%.2f s), %llu by same-host copy\n", who,
+            PINGS, now_s() - t0, (unsigned long long)psagg_fabric_local_copied(s.f));
+    /* the BIG pongs (one in 4) come by same-host copy exactly when it is on */
+    CHECK(psagg_fabric_local_copied(s.f) == (is_local(prov) ? PINGS / 4 : 0),
+          "[%s] %llu messages by same-host copy", who,
+          (unsigned long long)psagg_fabric_local_copied(s.f));
     sync_byte(ctl, 'p', 'c');
 
     set_phase("parent: burst", 120);
@@ -636,6 +673,304 @@ static void check_tcp_choice(void)
     psagg_fabric_close(f);
 }
 
+/* ---- same-host copies between two endpoints of this process ---- */
+
+struct evq {
+    psagg_fabric *f;
+    psagg_fabric_event q[32];
+    int n;
+};
+
+/* Poll both queues once (their events queue up). */
+static void poll_both(struct evq *x, struct evq *y)
+{
+    for (int k = 0; k < 2; k++) {
+        struct evq *q = k ? y : x;
+        int n = psagg_fabric_poll(q->f, q->q + q->n, 32 - q->n, 5);
+        CHECK(n >= 0, "[driver] poll: %s", psagg_last_error());
+        q->n += n;
+    }
+}
+
+/* The next event of x, polling y meanwhile (its events queue up); fails after 5 s. */
+static psagg_fabric_event next_event(struct evq *x, struct evq *y)
+{
+    double deadline = now_s() + 5.0;
+    psagg_fabric_event e;
+    while (x->n == 0) {
+        CHECK(now_s() < deadline, "[driver] %s: no event within 5 s", phase);
+        poll_both(x, y);
+    }
+    e = x->q[0];
+    memmove(x->q, x->q + 1, (size_t)--x->n * sizeof(e));
+    return e;
+}
+
+/*
+ * Send from tx while polling rx: one thread drives both endpoints, and a first send must wait
+ * for the receiver to take its connection.
+ */
+static void send_both(struct evq *tx, struct evq *rx, psagg_peer to, const void *buf, size_t len,
+                      void *ctx)
+{
+    double deadline = now_s() + 5.0;
+    int st;
+    while ((st = psagg_fabric_try_send(tx->f, to, buf, len, NULL, ctx)) == PSAGG_EAGAIN) {
+        CHECK(now_s() < deadline, "[driver] %s: send not taken within 5 s", phase);
+        poll_both(tx, rx);
+    }
+    CHECK(st == PSAGG_OK, "[driver] %s: send: %s", phase, psagg_last_error());
+}
+
+static void local_send_forged(struct evq *tx, struct evq *rx, psagg_peer to, uint32_t type,
+                              uint64_t cookie, uint64_t addr, uint64_t len)
+{
+    static psagg_msg_local m[8];
+    static int k;
+    psagg_msg_local *p = &m[k++ % 8];
+    memset(p, 0, sizeof(*p));
+    p->magic = PSAGG_LOCAL_MAGIC;
+    p->type = type;
+    p->cookie = cookie;
+    p->addr = addr;
+    p->len = len;
+    send_both(tx, rx, to, p, sizeof(*p), p);
+}
+
+/*
+ * A same-host reader that dies holding a DESC never ACKs it: the send must fail (SEND_ERROR,
+ * "is gone"), not hang. The reader is a child that takes a's offer, receives one small
+ * message, then stops polling and is killed.
+ */
+static void check_local_death(struct evq *qa, const char *an, size_t al, uint8_t *big)
+{
+    int sv[2];
+    char cn[PSAGG_FABRIC_NAME_MAX];
+    uint32_t cl, apid, cpid;
+    uint64_t aprobe, cprobe;
+    psagg_peer c_in_a;
+    struct evq none = {0};
+    psagg_fabric_event e;
+    char c;
+
+    set_phase("local copy: reader dies", 60);
+    psagg_fabric_local_self(qa->f, &apid, &aprobe);
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair: %s", strerror(errno));
+    pid_t child = fork();
+    CHECK(child >= 0, "fork: %s", strerror(errno));
+    if (child == 0) {
+        psagg_fabric_opts o = {.provider = "tcp", .node = "127.0.0.1", .max_msg = MSG_MAX};
+        psagg_fabric *f;
+        psagg_peer a;
+        size_t len = sizeof(cn);
+        uint8_t *rbuf = malloc(MSG_MAX);
+        psagg_fabric_event ev[4];
+        snprintf(who, sizeof(who), "local reader");
+        close(sv[0]);
+        CHECK(rbuf && psagg_fabric_open(&o, &f) == PSAGG_OK, "open: %s", psagg_last_error());
+        CHECK(psagg_fabric_name(f, cn, &len) == PSAGG_OK, "name");
+        psagg_fabric_local_self(f, &cpid, &cprobe);
+        cl = (uint32_t)len;
+        xwrite(sv[1], &cl, 4);
+        xwrite(sv[1], cn, len);
+        xwrite(sv[1], &cpid, 4);
+        xwrite(sv[1], &cprobe, 8);
+        CHECK(psagg_fabric_add_peer(f, an, al, &a) == PSAGG_OK &&
+                  psagg_fabric_local_accept(f, a, apid, aprobe, an, al) == PSAGG_OK &&
+                  psagg_fabric_post_recv(f, rbuf, MSG_MAX, NULL, rbuf) == PSAGG_OK,
+              "[local reader] set-up: %s", psagg_last_error());
+        xwrite(sv[1], "r", 1);
+        for (int n = 0; n == 0;)
+            n = psagg_fabric_poll(f, ev, 4, 100);
+        xwrite(sv[1], "g", 1);
+        pause(); /* no more polling: a DESC that comes now is never copied */
+        _exit(0);
+    }
+    close(sv[1]);
+    xread(sv[0], &cl, 4);
+    CHECK(cl > 0 && cl <= sizeof(cn), "reader's name length %u", cl);
+    xread(sv[0], cn, cl);
+    xread(sv[0], &cpid, 4);
+    xread(sv[0], &cprobe, 8);
+    CHECK(psagg_fabric_add_peer(qa->f, cn, cl, &c_in_a) == PSAGG_OK &&
+              psagg_fabric_local_accept(qa->f, c_in_a, cpid, cprobe, cn, cl) == PSAGG_OK &&
+              psagg_fabric_local_send(qa->f, c_in_a) == PSAGG_OK,
+          "local copies with the reader: %s", psagg_last_error());
+    xread(sv[0], &c, 1);
+    none.f = qa->f;
+    fill(big, 1000, 1);
+    send_both(qa, &none, c_in_a, big, 1000, NULL); /* connects; an ordinary message */
+    xread(sv[0], &c, 1);
+    CHECK(c == 'g', "reader: '%c'", c);
+    e = next_event(qa, &none);
+    CHECK(e.kind == PSAGG_FABRIC_SEND_DONE, "small send to the reader: kind %d", e.kind);
+    send_both(qa, &none, c_in_a, big, BIG, big); /* a DESC the reader never copies */
+    kill(child, SIGKILL);
+    CHECK(waitpid(child, NULL, 0) == child, "waitpid: %s", strerror(errno));
+    double t0 = now_s();
+    e = next_event(qa, &none);
+    CHECK(e.kind == PSAGG_FABRIC_SEND_ERROR && e.ctx == big && e.status == PSAGG_EPEER &&
+              strstr(e.msg, "is gone"),
+          "send to a dead same-host reader: kind %d status %d: %s", e.kind, e.status, e.msg);
+    fprintf(stderr, "[driver] local copy, reader killed -> after %.2f s: %s\n", now_s() - t0,
+            e.msg);
+    close(sv[0]);
+}
+
+static void check_local_copy(void)
+{
+    psagg_fabric_opts o = {.provider = "tcp", .node = "127.0.0.1", .max_msg = MSG_MAX};
+    struct evq qa = {0}, qb = {0};
+    char an[PSAGG_FABRIC_NAME_MAX], bn[PSAGG_FABRIC_NAME_MAX];
+    size_t al = sizeof(an), bl = sizeof(bn);
+    psagg_peer a_in_b, b_in_a;
+    uint32_t apid, bpid;
+    uint64_t aprobe, bprobe;
+    uint8_t *ra[4], *rb[4], *big = malloc(BIG);
+    int ids[4] = {0, 1, 2, 3}, st;
+    psagg_fabric_event e;
+
+    set_phase("local copy: offers", 60);
+    CHECK(big != NULL, "out of memory");
+    CHECK(psagg_fabric_open(&o, &qa.f) == PSAGG_OK && psagg_fabric_open(&o, &qb.f) == PSAGG_OK,
+          "open: %s", psagg_last_error());
+    CHECK(psagg_fabric_name(qa.f, an, &al) == PSAGG_OK && psagg_fabric_name(qb.f, bn, &bl) == 0,
+          "name: %s", psagg_last_error());
+    CHECK(psagg_fabric_add_peer(qa.f, bn, bl, &b_in_a) == PSAGG_OK &&
+              psagg_fabric_add_peer(qb.f, an, al, &a_in_b) == PSAGG_OK,
+          "add_peer: %s", psagg_last_error());
+    psagg_fabric_local_self(qa.f, &apid, &aprobe);
+    psagg_fabric_local_self(qb.f, &bpid, &bprobe);
+    CHECK(apid == (uint32_t)getpid() && aprobe && bprobe && aprobe != bprobe, "local_self");
+
+    /* offers that do not check out */
+    st = psagg_fabric_local_accept(qb.f, a_in_b, apid, aprobe, bn, bl);
+    CHECK(st == PSAGG_EUNSUPPORTED && strstr(psagg_last_error(), "not that peer"),
+          "another endpoint's name accepted: %d %s", st, psagg_last_error());
+    fprintf(stderr, "[driver] local copy, wrong name -> %s\n", psagg_last_error());
+    st = psagg_fabric_local_accept(qb.f, a_in_b, 0, aprobe, an, al);
+    CHECK(st == PSAGG_EUNSUPPORTED, "pid 0 accepted: %d", st);
+    st = psagg_fabric_local_accept(qb.f, a_in_b, apid, 16, an, al);
+    CHECK(st == PSAGG_EUNSUPPORTED && strstr(psagg_last_error(), "cannot read"),
+          "unmapped probe accepted: %d %s", st, psagg_last_error());
+    {
+        int pfd[2];
+        char c = 0;
+        CHECK(pipe(pfd) == 0, "pipe: %s", strerror(errno));
+        pid_t other = fork();
+        CHECK(other >= 0, "fork: %s", strerror(errno));
+        if (other == 0) { /* a process on "another host": its own network namespace */
+            c = unshare(CLONE_NEWNET) == 0 ? 'y' : 'n';
+            (void)!write(pfd[1], &c, 1);
+            pause();
+            _exit(0);
+        }
+        xread(pfd[0], &c, 1);
+        if (c == 'y') {
+            st = psagg_fabric_local_accept(qb.f, a_in_b, (uint32_t)other, aprobe, an, al);
+            CHECK(st == PSAGG_EUNSUPPORTED && strstr(psagg_last_error(), "network namespace"),
+                  "a process in another network namespace accepted: %d %s", st, psagg_last_error());
+            fprintf(stderr, "[driver] local copy, other netns -> %s\n", psagg_last_error());
+        } else {
+            fprintf(stderr, "[driver] local copy: no network namespace here (not root?); "
+                            "that check skipped\n");
+        }
+        kill(other, SIGKILL);
+        waitpid(other, NULL, 0);
+        close(pfd[0]);
+        close(pfd[1]);
+    }
+
+    for (int i = 0; i < 4; i++) {
+        ra[i] = malloc(MSG_MAX);
+        rb[i] = malloc(MSG_MAX);
+        CHECK(ra[i] && rb[i], "out of memory");
+        CHECK(psagg_fabric_post_recv(qa.f, ra[i], MSG_MAX, NULL, &ids[i]) == PSAGG_OK &&
+                  psagg_fabric_post_recv(qb.f, rb[i], MSG_MAX, NULL, &ids[i]) == PSAGG_OK,
+              "post_recv: %s", psagg_last_error());
+    }
+
+    /* before b takes a's offer, a DESC from a is an ordinary 40-byte message */
+    set_phase("local copy: not taken", 30);
+    local_send_forged(&qa, &qb, b_in_a, PSAGG_LOCAL_DESC, 1, (uintptr_t)big, 100);
+    e = next_event(&qb, &qa);
+    CHECK(e.kind == PSAGG_FABRIC_RECV_DONE && e.len == sizeof(psagg_msg_local) &&
+              ((psagg_msg_local *)rb[*(int *)e.ctx])->magic == PSAGG_LOCAL_MAGIC,
+          "DESC of a peer not taken: kind %d len %zu", e.kind, e.len);
+    CHECK(psagg_fabric_post_recv(qb.f, rb[*(int *)e.ctx], MSG_MAX, NULL, e.ctx) == 0, "repost");
+    e = next_event(&qa, &qb);
+    CHECK(e.kind == PSAGG_FABRIC_SEND_DONE, "forged send: kind %d", e.kind);
+
+    CHECK(psagg_fabric_local_accept(qb.f, a_in_b, apid, aprobe, an, al) == PSAGG_OK &&
+              psagg_fabric_local_accept(qa.f, b_in_a, bpid, bprobe, bn, bl) == PSAGG_OK &&
+              psagg_fabric_local_send(qa.f, b_in_a) == PSAGG_OK &&
+              psagg_fabric_local_send(qb.f, a_in_b) == PSAGG_OK,
+          "local copies both ways: %s", psagg_last_error());
+
+    /* large messages both ways by copy, a small one as it is; more than the posted buffers, so
+     * the receives that held ACKs must have been posted again */
+    set_phase("local copy: messages", 60);
+    for (uint32_t m = 0; m < 12; m++) {
+        struct evq *tx = m % 2 ? &qb : &qa, *rx = m % 2 ? &qa : &qb;
+        uint8_t **rbufs = m % 2 ? ra : rb;
+        size_t len = m % 3 == 2 ? 1000 : BIG - m;
+        uint64_t before = psagg_fabric_local_copied(rx->f);
+        fill(big, len, m + 700000);
+        send_both(tx, rx, m % 2 ? a_in_b : b_in_a, big, len, big);
+        e = next_event(rx, tx);
+        CHECK(e.kind == PSAGG_FABRIC_RECV_DONE && e.len == len, "message %u: kind %d len %zu (%s)",
+              m, e.kind, e.len, e.msg);
+        check_content(rbufs[*(int *)e.ctx], len, m + 700000, 0);
+        CHECK(psagg_fabric_post_recv(rx->f, rbufs[*(int *)e.ctx], MSG_MAX, NULL, e.ctx) == 0,
+              "repost");
+        e = next_event(tx, rx);
+        CHECK(e.kind == PSAGG_FABRIC_SEND_DONE && e.ctx == big, "message %u: send kind %d", m,
+              e.kind);
+        CHECK(psagg_fabric_local_copied(rx->f) == before + (len >= PSAGG_LOCAL_MIN),
+              "message %u of %zu bytes: copied %llu -> %llu", m, len, (unsigned long long)before,
+              (unsigned long long)psagg_fabric_local_copied(rx->f));
+    }
+
+    /* forged: a DESC longer than the receive buffer, one at an unmapped address, an ACK of no
+     * send: each a RECV_ERROR naming the peer; the DESC's ACK is an ACK of no send at a */
+    set_phase("local copy: forged", 60);
+    for (int k = 0; k < 3; k++) {
+        struct evq *rx = k < 2 ? &qb : &qa, *tx = k < 2 ? &qa : &qb;
+        uint8_t **rbufs = k < 2 ? rb : ra;
+        const char *want = k == 0 ? "field len" : k == 1 ? "Bad address" : "no send of ours";
+        if (k < 2)
+            local_send_forged(&qa, &qb, b_in_a, PSAGG_LOCAL_DESC, 7, k ? 16 : (uintptr_t)big,
+                              k ? 4096 : MSG_MAX + 1);
+        else
+            local_send_forged(&qb, &qa, a_in_b, PSAGG_LOCAL_ACK, 0x12345, 0, 0);
+        e = next_event(rx, tx);
+        CHECK(e.kind == PSAGG_FABRIC_RECV_ERROR && e.status < 0 &&
+                  e.src == (k < 2 ? a_in_b : b_in_a) && strstr(e.msg, want),
+              "forged %d: kind %d status %d src %llu: %s", k, e.kind, e.status,
+              (unsigned long long)e.src, e.msg);
+        fprintf(stderr, "[driver] local copy, forged %d -> %s\n", k, e.msg);
+        CHECK(psagg_fabric_post_recv(rx->f, rbufs[*(int *)e.ctx], MSG_MAX, NULL, e.ctx) == 0,
+              "repost");
+        e = next_event(tx, rx); /* the forged message's own send */
+        CHECK(e.kind == PSAGG_FABRIC_SEND_DONE, "forged %d: send kind %d", k, e.kind);
+        if (k < 2) { /* b's ACK of the forged DESC names no send of a's */
+            e = next_event(&qa, &qb);
+            CHECK(e.kind == PSAGG_FABRIC_RECV_ERROR && strstr(e.msg, "no send of ours"),
+                  "forged %d: the ACK at a: kind %d: %s", k, e.kind, e.msg);
+            CHECK(psagg_fabric_post_recv(qa.f, ra[*(int *)e.ctx], MSG_MAX, NULL, e.ctx) == 0,
+                  "repost");
+        }
+    }
+    psagg_fabric_close(qb.f);
+    check_local_death(&qa, an, al, big);
+    psagg_fabric_close(qa.f);
+    for (int i = 0; i < 4; i++) {
+        free(ra[i]);
+        free(rb[i]);
+    }
+    free(big);
+}
+
 static void check_error_paths(void)
 {
     psagg_fabric_opts o = {.provider = "nosuchprov", .node = "127.0.0.1", .max_msg = 4096};
@@ -817,7 +1152,7 @@ static void check_threads(const char *prov, int small_queues)
 /* Optional argv[1]: run only that provider's cases ("tcp", "tcp;ofi_rxm" or "shm"). */
 int main(int argc, char **argv)
 {
-    static const char *provs[] = {"tcp", "tcp;ofi_rxm", "shm"};
+    static const char *provs[] = {"tcp", "tcp;ofi_rxm", "shm", "tcp+local"};
     const char *only = argc > 1 ? argv[1] : NULL;
     int failed = 0;
 
@@ -825,7 +1160,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     /* libfabric is touched in this process only after every fork. */
     for (int q = 0; q < 2; q++)
-        for (int p = 0; p < 3; p++)
+        for (int p = 0; p < 4; p++)
             if (only == NULL || strcmp(only, provs[p]) == 0)
                 failed += run_pair(provs[p], q);
 
@@ -836,6 +1171,7 @@ int main(int argc, char **argv)
     snprintf(who, sizeof(who), "driver");
     check_tcp_choice();
     check_error_paths();
+    check_local_copy();
     alarm(0);
     if (failed) {
         fprintf(stderr, "test_transport: %d provider run(s) FAILED\n", failed);
