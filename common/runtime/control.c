@@ -314,6 +314,12 @@ psagg_status psagg_ctl_declare_check(const psagg_ctl_hdr *hdr, const void *body,
                           "%s: DECLARE field adapt_interval is %u (0, or %u..%u rounds, from "
                           "[codec] adaptive_interval)",
                           peer, d->adapt_interval, PSAGG_ADAPT_LAG, PSAGG_ADAPT_MAX_INTERVAL);
+    if ((d->local_flags & ~PSAGG_LOCAL_READS) || d->reserved)
+        return psagg_fail(PSAGG_EPROTO,
+                          "%s: DECLARE field %s is 0x%x (local_flags: only PSAGG_LOCAL_READS; "
+                          "reserved: 0)",
+                          peer, d->reserved ? "reserved" : "local_flags",
+                          d->reserved ? d->reserved : d->local_flags);
     return PSAGG_OK;
 }
 

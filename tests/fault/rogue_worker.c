@@ -30,6 +30,13 @@
  *                                parameter whose trailer is bad (lr NaN; kind 3) or a gradient
  *                                before its INIT; the server must close this worker naming the
  *                                field ("lr", "kind") or the cause ("before its INIT")
+ *   --mode local-desc            offer same-host copies truly (its pid, its fabric name's
+ *                                address); the server must take the offer (WELCOME says it
+ *                                reads this worker), then gets a descriptor of 4096 bytes at
+ *                                an address this process has not mapped: it must close this
+ *                                worker with a reason that says "same-host copy"
+ *   --mode local-pid             offer same-host copies as pid 1 (not this process): the
+ *                                server must not take it, and the job goes on as with dup
  *   --mode bomb --count N [--chunk-elems C]
  *                                authenticate, then declare one fp32 tensor of N elements in
  *                                chunks of C (default: the config's); print the server's
@@ -149,6 +156,9 @@ static void fn_tensors(const psagg_codec *codec, int adaptive, fn_declare *m, ps
         DIE("layout");
 }
 
+static int local_offer;        /* 1: offer same-host copies truly, 2: as pid 1 */
+static uint32_t welcome_local; /* the WELCOME's local_flags */
+
 /* Authenticate as worker `rank` with the job's secret (if any); the connection's fd. */
 static int hello(psagg_fabric *fab, uint32_t rank, psagg_peer *server)
 {
@@ -166,6 +176,11 @@ static int hello(psagg_fabric *fab, uint32_t rank, psagg_peer *server)
     snprintf(h.provider, sizeof h.provider, "%s", psagg_fabric_provider(fab));
     h.epname_len = (uint32_t)len;
     h.flags = cfg.data_auth ? PSAGG_HELLO_DATA_AUTH : 0;
+    if (local_offer) {
+        uint32_t pid;
+        psagg_fabric_local_self(fab, &pid, &h.local_probe);
+        h.local_pid = local_offer == 1 ? pid : 1;
+    }
     if (psagg_job_key_load(&cfg, &key))
         DIE("secret");
     psagg_nonce_make(h.nonce);
@@ -175,6 +190,7 @@ static int hello(psagg_fabric *fab, uint32_t rank, psagg_peer *server)
     wel = recv_frame(fd, PSAGG_CTL_WELCOME, "WELCOME");
     if (psagg_fabric_add_peer(fab, wel->epname, wel->epname_len, server))
         DIE("add server");
+    welcome_local = wel->local_flags;
     free(wel);
     return fd;
 }
@@ -437,8 +453,13 @@ int main(int argc, char **argv)
 
     if (!strncmp(mode, "param-", 6))
         decl_flags = PSAGG_DECL_PARAM;
+    local_offer = !strcmp(mode, "local-desc") ? 1 : !strcmp(mode, "local-pid") ? 2 : 0;
     fab = open_fabric("127.0.0.1"); /* the fault tests run on this host */
     fd = hello(fab, rank, &server);
+    if (local_offer == 1 && !(welcome_local & PSAGG_LOCAL_READS))
+        DIE("the server did not take a true same-host offer");
+    if (local_offer == 2 && welcome_local)
+        DIE("the server took a same-host offer of pid 1");
     fn_tensors(&fp32, 0, &declare_msg, &layout);
     if (layout.n_chunks != 3)
         DIE("layout (this test expects one chunk per tensor)");
@@ -458,7 +479,7 @@ int main(int argc, char **argv)
         for (uint64_t i = 0; i < ci->count; i++)
             x[i] = input_value((int)rank, ci->key, 0, i);
     }
-    if (strcmp(mode, "dup")) {
+    if (strcmp(mode, "dup") && strcmp(mode, "local-pid")) {
         psagg_msg_hdr *h = (psagg_msg_hdr *)push[1];
         size_t bytes = sizeof *h + layout.chunks[1].enc_bytes;
         const char *field = mode;
@@ -485,6 +506,16 @@ int main(int argc, char **argv)
             memcpy((uint8_t *)(h + 1) + h->len, &prm, sizeof prm);
             h->len += (uint32_t)sizeof prm;
             bytes += sizeof prm;
+        }
+        if (!strcmp(mode, "local-desc")) { /* a descriptor of memory this process lacks */
+            static psagg_msg_local d = {.magic = PSAGG_LOCAL_MAGIC,
+                                        .type = PSAGG_LOCAL_DESC,
+                                        .cookie = 1,
+                                        .addr = 16,
+                                        .len = 4096};
+            memcpy(push[1], &d, sizeof d);
+            bytes = sizeof d;
+            field = "same-host copy";
         }
         if (psagg_fabric_send(fab, server, push[1], bytes, NULL, NULL))
             DIE("send the bad push");
