@@ -101,6 +101,7 @@ struct local_slot {
 
 /* An ACK the provider's queue had no room for. */
 struct local_ack {
+    struct local_ack *next;
     psagg_peer to;
     psagg_msg_local m;
 };
@@ -153,14 +154,13 @@ struct psagg_fabric {
     struct local_peer *lpeers;
     size_t n_lpeers, lpeers_cap;
     struct local_slot *slots;
-    uint32_t slots_cap, slot_free; /* free list head, UINT32_MAX: none */
-    struct local_ack *acks;        /* ring of ACKs waiting for room */
-    size_t ack_head, n_acks, acks_cap;
-    struct fabric_op *reposts; /* receive buffers that held an ACK, to post again */
-    atomic_int local_pending;  /* acks or reposts are waiting: poll must not sleep long */
-    uint32_t slots_used;       /* same-host sends waiting for their ACK */
-    int64_t next_reap_ms;      /* when poll next looks for dead same-host peers */
-    uint64_t local_copied;     /* messages received by same-host copy */
+    uint32_t slots_cap, slot_free;      /* free list head, UINT32_MAX: none */
+    struct local_ack *acks, *acks_tail; /* ACKs waiting for room in the provider's queue */
+    struct fabric_op *reposts;          /* receive buffers that held an ACK, to post again */
+    atomic_int local_pending;           /* acks or reposts are waiting: poll must not sleep long */
+    uint32_t slots_used;                /* same-host sends waiting for their ACK */
+    int64_t next_reap_ms;               /* when poll next looks for dead same-host peers */
+    atomic_uint_fast64_t local_copied;  /* messages received by same-host copy */
 };
 
 static void fab_lock(psagg_fabric *f)
@@ -312,33 +312,23 @@ static uint32_t slot_alloc_locked(psagg_fabric *f)
     return idx;
 }
 
-/* Park an ACK for the next flush (the provider's queue was full). */
-static void ack_park(psagg_fabric *f, const struct local_ack *a, int front)
+/* Park an ACK (a node of its own) for the next flush: the provider's queue was full. */
+static void ack_park(psagg_fabric *f, struct local_ack *a, int front)
 {
     pthread_mutex_lock(&f->lock);
-    if (f->n_acks == f->acks_cap) {
-        size_t cap = f->acks_cap ? 2 * f->acks_cap : 64;
-        struct local_ack *n = malloc(cap * sizeof(*n));
-        if (n == NULL) {
-            pthread_mutex_unlock(&f->lock);
-            LOG_WARN(&f->log, "%s: no memory to park an ACK to peer %" PRIu64 "; its send hangs",
-                     f->prov, (uint64_t)a->to);
-            return;
-        }
-        for (size_t i = 0; i < f->n_acks; i++)
-            n[i] = f->acks[(f->ack_head + i) % f->acks_cap];
-        free(f->acks);
-        f->acks = n;
-        f->acks_cap = cap;
-        f->ack_head = 0;
-    }
     if (front) {
-        f->ack_head = (f->ack_head + f->acks_cap - 1) % f->acks_cap;
-        f->acks[f->ack_head] = *a;
+        a->next = f->acks;
+        f->acks = a;
+        if (f->acks_tail == NULL)
+            f->acks_tail = a;
     } else {
-        f->acks[(f->ack_head + f->n_acks) % f->acks_cap] = *a;
+        a->next = NULL;
+        if (f->acks_tail)
+            f->acks_tail->next = a;
+        else
+            f->acks = a;
+        f->acks_tail = a;
     }
-    f->n_acks++;
     atomic_store(&f->local_pending, 1);
     pthread_mutex_unlock(&f->lock);
 }
@@ -360,7 +350,7 @@ static int ack_inject(psagg_fabric *f, const struct local_ack *a)
 
 static void local_ack(psagg_fabric *f, psagg_peer to, uint64_t cookie, int status)
 {
-    struct local_ack a = {.to = to};
+    struct local_ack a = {.to = to}, *node;
     int parked;
 
     a.m.magic = PSAGG_LOCAL_MAGIC;
@@ -368,17 +358,25 @@ static void local_ack(psagg_fabric *f, psagg_peer to, uint64_t cookie, int statu
     a.m.cookie = cookie;
     a.m.status = status;
     pthread_mutex_lock(&f->lock);
-    parked = f->n_acks > 0;
+    parked = f->acks != NULL;
     pthread_mutex_unlock(&f->lock);
-    if (parked || !ack_inject(f, &a))
-        ack_park(f, &a, 0);
+    if (!parked && ack_inject(f, &a))
+        return;
+    node = malloc(sizeof(*node));
+    if (node == NULL) {
+        LOG_WARN(&f->log, "%s: no memory to park an ACK to peer %" PRIu64 "; its send hangs",
+                 f->prov, (uint64_t)to);
+        return;
+    }
+    *node = a;
+    ack_park(f, node, 0);
 }
 
 /* Post again the receive buffers that held ACKs, and send the parked ACKs, as room allows. */
 static void local_flush(psagg_fabric *f)
 {
     struct fabric_op *op;
-    struct local_ack a;
+    struct local_ack *a;
 
     if (!atomic_load(&f->local_pending))
         return;
@@ -412,21 +410,23 @@ static void local_flush(psagg_fabric *f)
     }
     for (;;) {
         pthread_mutex_lock(&f->lock);
-        if (f->n_acks == 0) {
-            pthread_mutex_unlock(&f->lock);
-            break;
+        a = f->acks;
+        if (a) {
+            f->acks = a->next;
+            if (f->acks == NULL)
+                f->acks_tail = NULL;
         }
-        a = f->acks[f->ack_head];
-        f->ack_head = (f->ack_head + 1) % f->acks_cap;
-        f->n_acks--;
         pthread_mutex_unlock(&f->lock);
-        if (!ack_inject(f, &a)) {
-            ack_park(f, &a, 1);
+        if (a == NULL)
+            break;
+        if (!ack_inject(f, a)) {
+            ack_park(f, a, 1);
             break;
         }
+        free(a);
     }
     pthread_mutex_lock(&f->lock);
-    atomic_store(&f->local_pending, f->reposts != NULL || f->n_acks > 0);
+    atomic_store(&f->local_pending, f->reposts != NULL || f->acks != NULL);
     pthread_mutex_unlock(&f->lock);
 }
 
@@ -480,11 +480,8 @@ static int local_recv(psagg_fabric *f, struct fabric_op *op, fi_addr_t from, psa
             }
         }
         local_ack(f, (psagg_peer)from, m.cookie, st);
-        if (st == PSAGG_OK) {
-            pthread_mutex_lock(&f->lock);
-            f->local_copied++;
-            pthread_mutex_unlock(&f->lock);
-        }
+        if (st == PSAGG_OK)
+            atomic_fetch_add(&f->local_copied, 1);
         e->kind = st ? PSAGG_FABRIC_RECV_ERROR : PSAGG_FABRIC_RECV_DONE;
         e->ctx = op->ctx;
         e->len = st ? 0 : (size_t)m.len;
@@ -1065,7 +1062,11 @@ void psagg_fabric_close(psagg_fabric *f)
     free(f->backlog);
     free(f->lpeers);
     free(f->slots);
-    free(f->acks);
+    while (f->acks) {
+        struct local_ack *a = f->acks;
+        f->acks = a->next;
+        free(a);
+    }
     pthread_mutex_destroy(&f->fab_lock);
     pthread_mutex_destroy(&f->lock);
     free(f);
@@ -1122,11 +1123,7 @@ psagg_status psagg_fabric_local_accept(psagg_fabric *f, psagg_peer peer, uint32_
 
 uint64_t psagg_fabric_local_copied(psagg_fabric *f)
 {
-    uint64_t n;
-    pthread_mutex_lock(&f->lock);
-    n = f->local_copied;
-    pthread_mutex_unlock(&f->lock);
-    return n;
+    return atomic_load(&f->local_copied);
 }
 
 psagg_status psagg_fabric_local_send(psagg_fabric *f, psagg_peer peer)
