@@ -87,9 +87,8 @@ struct fabric_op {
 /* A same-host peer (psagg_fabric_local_accept / local_send). */
 struct local_peer {
     psagg_peer peer;
-    pid_t pid;      /* reads_from: the peer's process */
-    int reads_from; /* we copy its descriptors */
-    int sends_to;   /* it copies ours */
+    pid_t pid;    /* we copy its descriptors out of this process (0: we do not) */
+    int sends_to; /* it copies ours */
 };
 
 /* A slot of a same-host send waiting for its ACK; cookie = gen << 32 | index. */
@@ -443,7 +442,7 @@ static int local_recv(psagg_fabric *f, struct fabric_op *op, fi_addr_t from, psa
     struct local_peer *lp;
     struct fabric_op *sop = NULL;
     pid_t pid = 0;
-    int reads = 0, sends = 0, st = PSAGG_OK;
+    int sends = 0, st = PSAGG_OK;
 
     memcpy(&m, op->rbuf, sizeof(m));
     if (m.magic != PSAGG_LOCAL_MAGIC || from == FI_ADDR_NOTAVAIL)
@@ -452,7 +451,6 @@ static int local_recv(psagg_fabric *f, struct fabric_op *op, fi_addr_t from, psa
     lp = local_find_locked(f, (psagg_peer)from);
     if (lp) {
         pid = lp->pid;
-        reads = lp->reads_from;
         sends = lp->sends_to;
     }
     pthread_mutex_unlock(&f->lock);
@@ -460,7 +458,7 @@ static int local_recv(psagg_fabric *f, struct fabric_op *op, fi_addr_t from, psa
     e->len = 0;
     e->msg[0] = '\0';
 
-    if (m.type == PSAGG_LOCAL_DESC && reads) {
+    if (m.type == PSAGG_LOCAL_DESC && pid != 0) {
         if (m.len == 0 || m.len > op->rlen) {
             st = PSAGG_EPROTO;
             snprintf(e->msg, sizeof(e->msg),
@@ -586,6 +584,7 @@ static int cq_fetch(psagg_fabric *f, psagg_fabric_event *ev, int max, int wait_m
         return psagg_fail(PSAGG_EFABRIC, "%s: %s: %s", f->prov,
                           wait_ms > 0 ? "fi_cq_sread" : "fi_cq_read", fi_strerror((int)-ret));
 
+    struct fabric_op *done = NULL, *done_last = NULL; /* to the free list, under one lock */
     int out = 0;
     for (ssize_t i = 0; i < ret; i++) {
         psagg_fabric_event *e = &ev[out];
@@ -600,7 +599,10 @@ static int cq_fetch(psagg_fabric *f, psagg_fabric_event *ev, int max, int wait_m
         if (op) {
             e->kind = op->kind == OP_RECV ? PSAGG_FABRIC_RECV_DONE : PSAGG_FABRIC_SEND_DONE;
             e->ctx = op->ctx;
-            op_put(f, op);
+            op->next = done;
+            done = op;
+            if (done_last == NULL)
+                done_last = op;
         } else {
             e->kind = (ent[i].flags & FI_RECV) ? PSAGG_FABRIC_RECV_DONE : PSAGG_FABRIC_SEND_DONE;
             e->ctx = NULL;
@@ -613,6 +615,12 @@ static int cq_fetch(psagg_fabric *f, psagg_fabric_event *ev, int max, int wait_m
         e->status = PSAGG_OK;
         e->msg[0] = '\0';
         out++;
+    }
+    if (done) {
+        pthread_mutex_lock(&f->lock);
+        done_last->next = f->free_ops;
+        f->free_ops = done;
+        pthread_mutex_unlock(&f->lock);
     }
     return out;
 }
@@ -1113,10 +1121,8 @@ psagg_status psagg_fabric_local_accept(psagg_fabric *f, psagg_peer peer, uint32_
                           pid, probe);
     pthread_mutex_lock(&f->lock);
     lp = local_add_locked(f, peer);
-    if (lp) {
+    if (lp)
         lp->pid = (pid_t)pid;
-        lp->reads_from = 1;
-    }
     pthread_mutex_unlock(&f->lock);
     return lp ? PSAGG_OK : psagg_fail(PSAGG_ENOMEM, "fabric local_accept: out of memory");
 }
