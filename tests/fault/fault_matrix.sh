@@ -35,19 +35,13 @@ OP=2000
 server_bin=$build/server/psagg-server
 worker_bin=$build/tests/functional/fn_worker
 rogue_bin=$build/tests/fault/rogue_worker
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -CONT -- "-$p" 2>/dev/null; kill -KILL -- "-$p" 2>/dev/null; done
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
+. "$(dirname -- "${BASH_SOURCE[0]}")/../functional/jobs.sh" # $tmp, pids, wait_for
 
-fail=0
+failed=0
 say() { echo "fault_matrix $row: $*"; }
 bad() {
     echo "fault_matrix $row: FAIL: $*" >&2
-    fail=1
+    failed=1
 }
 now_ms() { date +%s%3N; }
 
@@ -87,18 +81,10 @@ start_worker() { # rank, fn_worker args...
     pids+=($!)
 }
 
-# wait_exit PID SECONDS: its exit status, or 124 if it still runs then (a hang)
-wait_exit() {
-    local t
-    for ((t = 0; t < $2 * 20; t++)); do kill -0 "$1" 2>/dev/null || break; sleep 0.05; done
-    kill -0 "$1" 2>/dev/null && return 124
-    wait "$1"
-}
-
 # expect_worker RANK FAULT_MS: it exited 0 after reporting the expected error within 2 x OP
 expect_worker() {
     local r=$1 t0=$2 rc took
-    wait_exit "${wpid[$r]}" 30
+    wait_for "${wpid[$r]}" 30
     rc=$?
     took=$(($(now_ms) - t0))
     sed "s/^/[worker $r] /" "$tmp/worker$r.log"
@@ -116,7 +102,7 @@ expect_worker() {
 # expect_success RANK WHY: the worker finished its job (exit 0); else WHY went wrong
 expect_success() {
     local rc
-    wait_exit "${wpid[$1]}" 30
+    wait_for "${wpid[$1]}" 30
     rc=$?
     sed "s/^/[worker $1] /" "$tmp/worker$1.log"
     ((rc == 0)) || bad "worker $1 exited $rc: $2"
@@ -125,7 +111,7 @@ expect_success() {
 # expect_server RANK STATUS SECONDS
 expect_server() {
     local rc
-    wait_exit "${spid[$1]}" "$3"
+    wait_for "${spid[$1]}" "$3"
     rc=$?
     sed "s/^/[server $1] /" "$tmp/server$1.log"
     if ((rc == 124)); then
@@ -227,7 +213,7 @@ spoofed_push)
     sleep 1.5
     start_worker 1 --codec fp32 --rounds 300
     for r in 0 1; do expect_success "$r" "a spoofed push got into the sums"; done
-    wait_exit "$rpid" 30
+    wait_for "$rpid" 30
     sed "s/^/[spoofer] /" "$tmp/spoof.log"
     grep -q "sent [1-9]" "$tmp/spoof.log" || bad "the spoofer sent nothing"
     d0=$(grep -o 'DIGEST [0-9a-f]*' "$tmp/worker0.log")
@@ -302,5 +288,5 @@ declaration_bomb)
     exit 2
     ;;
 esac
-if ((fail == 0)); then say "passed"; fi
-exit $fail
+if ((failed == 0)); then say "passed"; fi
+exit $failed

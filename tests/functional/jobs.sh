@@ -1,10 +1,11 @@
 # jobs.sh - sourced by the tests that start psagg processes themselves (test_adaptive.sh,
-# test_optim.sh, tests/fault/test_fault.sh): a scratch folder $tmp and the array pids of
-# process groups started with setsid, all killed (and $tmp removed) when the test exits.
+# test_optim.sh, tests/fault/test_fault.sh, fault_matrix.sh): a scratch folder $tmp and the
+# array pids of process groups started with setsid, all killed (stopped ones continued first)
+# and $tmp removed when the test exits.
 tmp=$(mktemp -d)
 pids=()
 cleanup() {
-    for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
+    for p in "${pids[@]}"; do kill -CONT -- "-$p" 2>/dev/null; kill -KILL -- "-$p" 2>/dev/null; done
     rm -rf "$tmp"
 }
 trap cleanup EXIT
