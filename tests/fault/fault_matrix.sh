@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# fault_matrix.sh ROW BUILD_DIR PORT - one row of psagg's fault matrix (README "Failures").
+# fault_matrix.sh ROW BUILD_DIR PORT - one row of psagg's fault matrix
+# (docs/failures-and-security.md, "The fault matrix").
 #
 # Every row runs real psagg-server and worker processes on this host with op_timeout_ms = OP
 # (2000), injects one fault, and checks: each surviving process reports a clear error that

@@ -4,7 +4,7 @@
 Usage: check_layers.py [REPO]          check the tree (default: this script's repository)
        check_layers.py --self-test     plant bad includes in a copy and expect each reported
 
-The layers, bottom to top (README "Where things are"):
+The layers, bottom to top (README "Where things are"; docs/design.md "Layers"):
 
     base      common/include/ (installed psagg/types.h), common/base/
     kernels   kernels/
