@@ -266,7 +266,7 @@ def check_command(words, repo, build_dir, where):
         i += 1
     programs = set()
     scripts = set()
-    while i < len(words) and words[i] in WRAPPERS:
+    while i < len(words) and os.path.basename(words[i]) in WRAPPERS:
         i += 1
         while i < len(words) and (ASSIGN_RE.match(words[i]) or words[i].startswith("-")):
             i += 1
