@@ -28,6 +28,10 @@ tree (its first component is `build` or a top-level entry of the repository) mus
 `build/...` names the build directory: --build-dir (ctest passes ${CMAKE_BINARY_DIR}),
 default REPO/build. Words holding `$`, `*`, `?` or `~` are not checked.
 
+Size and wording. README.md has at most README_MAX_LINES lines (a newcomer reads it in ten
+minutes; the detail lives in docs/), and no document cites an issue by number ("issue 13",
+"issue #13"): say what changed, in words.
+
 Problems are printed as "file:line: what is wrong" and make the exit status 1; exit 0 when
 everything checks out.
 """
@@ -40,6 +44,8 @@ import sys
 import tempfile
 import unicodedata
 
+README_MAX_LINES = 250
+ISSUE_RE = re.compile(r"\bissues? #?[0-9]+\b", re.IGNORECASE)
 SHELL_BLOCKS = ("sh", "bash", "shell", "console")
 BUILTINS = {"cd", "export", "echo", "set", "source", ".", "true", "false", "test", "[",
             "read", "unset", "exit", "wait", "trap", "printf", "pwd"}
@@ -327,11 +333,30 @@ def check_quick_start(repo, build_dir):
     return problems
 
 
+def check_wording(repo, rel):
+    """README's length, and issue numbers anywhere."""
+    problems = []
+    with open(os.path.join(repo, rel), encoding="utf-8") as fh:
+        lines = fh.read().split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if rel == "README.md" and len(lines) > README_MAX_LINES:
+        problems.append(f"{rel}:{README_MAX_LINES + 1}: README.md has {len(lines)} lines, more "
+                        f"than {README_MAX_LINES}: move detail into docs/")
+    for lineno, line in enumerate(lines, 1):
+        m = ISSUE_RE.search(line)
+        if m:
+            problems.append(f"{rel}:{lineno}: '{m.group(0)}': say what changed in words, not "
+                            "which issue it was")
+    return problems
+
+
 def check(repo, build_dir):
     """Return the list of problems ("file:line: message") in repo's documentation."""
     problems = []
     for rel in documents(repo):
         problems.extend(check_links(repo, rel))
+        problems.extend(check_wording(repo, rel))
     problems.extend(check_quick_start(repo, build_dir))
     return problems
 
@@ -346,7 +371,9 @@ def self_test(repo, build_dir):
         return 1
     qs_line = blocks[0][0]  # the first line inside the first shell block of the quick start
     first_doc = next((d for d in documents(repo) if d.startswith("docs/")), None)
-    plants = [  # (file, line to insert before (1-based), text, what the report must contain)
+    # (file, line to insert before (1-based), text, what the report must contain); the report
+    # is expected at that line, or for the README that grew too long, at its first line too many
+    plants = [
         ("README.md", qs_line, "deploy/psagg-nosuch --config conf/local.ini",
          "program 'deploy/psagg-nosuch' does not exist"),
         ("README.md", qs_line, "deploy/psagg-local --config conf/local.ini -- build/nosuch/prog",
@@ -355,12 +382,14 @@ def self_test(repo, build_dir):
         ("README.md", qs_line, "/usr/bin/env python3 worker/examples/nosuch.py",
          "script 'worker/examples/nosuch.py' does not exist"),
         ("README.md", 2, "See [the page](docs/no-such-page.md).", "'docs/no-such-page.md': no such file"),
+        ("README.md", 2, "\n" * README_MAX_LINES, f"more than {README_MAX_LINES}"),
     ]
     if first_doc:
         plants += [
             (first_doc, 2, "See [nothing](../no/such/file.c) here.", "'../no/such/file.c': no such file"),
             (first_doc, 2, "See [x](../README.md#no-such-heading).", "no heading with the anchor '#no-such-heading'"),
             (first_doc, 2, "See [x](#no-such-heading-here).", "anchor '#no-such-heading-here'"),
+            (first_doc, 2, "As issue 13 asked.", "'issue 13': say what changed in words"),
         ]
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -377,6 +406,8 @@ def self_test(repo, build_dir):
             print("self-test: the unmodified copy already has problems:", *clean, sep="\n  ")
             return 1
         for rel, lineno, plant, want in plants:
+            at = README_MAX_LINES + 1 if plant.count("\n") >= README_MAX_LINES else lineno
+            shown = f"{plant.count(chr(10))} blank lines" if not plant.strip() else repr(plant[:60])
             path = os.path.join(tmp, rel)
             with open(path, encoding="utf-8") as fh:
                 text = fh.read()
@@ -386,15 +417,15 @@ def self_test(repo, build_dir):
                 fh.write("\n".join(lines))
             proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--build-dir",
                                    build_dir, tmp], capture_output=True, text=True)
-            expect = f"{rel}:{lineno}: "
+            expect = f"{rel}:{at}: "
             hit = [l for l in proc.stdout.splitlines() if l.startswith(expect) and want in l]
             if proc.returncode != 1 or not hit:
-                print(f"self-test FAILED: planting '{plant}' at {rel}:{lineno}: exit "
+                print(f"self-test FAILED: planting {shown} at {rel}:{lineno}: exit "
                       f"{proc.returncode}, wanted a line starting '{expect}' containing "
                       f"'{want}'; got:\n{proc.stdout}{proc.stderr}")
                 failures += 1
             else:
-                print(f"self-test: planted '{plant}' at {rel}:{lineno}: reported as: {hit[0]}")
+                print(f"self-test: planted {shown} at {rel}:{lineno}: reported as: {hit[0]}")
             with open(path, "w", encoding="utf-8") as fh:
                 fh.write(text)
     print("self-test:", "FAILED" if failures else f"all {len(plants)} planted faults reported")
