@@ -10,7 +10,7 @@
 # maxmin4; every round's result checked), sampling VmRSS of every process each second into
 # a CSV. Prints, per process, the RSS after warm-up (the first F of the run, default 0.25: rxm and the allocator fill their pools over the first minutes),
 # at the end, the growth between the two and the peak; the server's growth is the figure
-# README reports (target: under 1 MB). Exit status: non-zero if the job failed.
+# docs/results.md ("Soak") reports (target: under 1 MB). Exit status: non-zero if the job failed.
 set -u -o pipefail
 
 repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)

@@ -49,7 +49,7 @@
  * workers' error feedback is on (which corrects its bias; without it nearest's error piles
  * up). The servers requantize a round's sum in the round's codec, rounding included: with
  * stochastic updates where the pushes rounded to nearest, a tiny transformer trained worse
- * (README, Results). Bytes are exact (meta included); errors as below.
+ * (docs/results.md, "Adaptive codecs"). Bytes are exact (meta included); errors as below.
  */
 #define PSAGG_ADAPT_LAG          2u
 #define PSAGG_ADAPT_MAX_INTERVAL 1000000u
