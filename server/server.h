@@ -39,6 +39,7 @@
 #include "runtime/auth.h"
 #include "runtime/config.h"
 #include "runtime/control.h"
+#include "runtime/gate.h"
 #include "runtime/layout.h"
 #include "runtime/message.h"
 #include "runtime/rxpool.h"
@@ -180,7 +181,7 @@ typedef struct server {
     psagg_fabric *fab;
     size_t max_msg;
     int source_reliable;   /* psagg_fabric_source_reliable: check every push's source */
-    psagg_lograte dropped; /* messages dropped from strangers (progress thread) */
+    psagg_gate gate;       /* who sent a push (runtime/gate.h; the progress thread's) */
     size_t tag_bytes;      /* PSAGG_MSG_MAC_BYTES with data_auth, else 0 */
     psagg_job_key job_key; /* the secret's hash */
     uint8_t nonce[PSAGG_NONCE_BYTES];
