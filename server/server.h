@@ -5,7 +5,8 @@
  *
  * Layer: server (the top, beside worker/). Files, from the top down:
  *   main.c       the command line; sets libfabric's environment before anything starts
- *   server.c     server_run: open the endpoint and the port, run the control loop, tear down
+ *   server.c     server_run: start the node (runtime/node.h: keys, endpoint), open the port,
+ *                run the control loop, tear down
  *   control.c    the control state machine (main thread): DECLARE, start, BYE, aborts
  *   admission.c  connections that have not authenticated: HELLO checks, WELCOME, idle and
  *                slow-connection limits (the control thread, during start-up)
@@ -42,6 +43,7 @@
 #include "runtime/gate.h"
 #include "runtime/layout.h"
 #include "runtime/message.h"
+#include "runtime/node.h"
 #include "runtime/rxpool.h"
 #include "runtime/transport.h"
 #include "runtime/wire.h"
@@ -175,17 +177,12 @@ typedef struct agg_startup {
 typedef struct server {
     psagg_config cfg;
     int rank;
-    psagg_logger log;
+    /* log, job_key, nonce, data_key (of the updates), tag_bytes, max_msg, fab, source_reliable
+       (runtime/node.h: server.c opens it) */
+    PSAGG_NODE_EMBED;
     const volatile sig_atomic_t *stop; /* set by main's signal handler */
     int listen_fd;
-    psagg_fabric *fab;
-    size_t max_msg;
-    int source_reliable;   /* psagg_fabric_source_reliable: check every push's source */
-    psagg_gate gate;       /* who sent a push (runtime/gate.h; the progress thread's) */
-    size_t tag_bytes;      /* PSAGG_MSG_MAC_BYTES with data_auth, else 0 */
-    psagg_job_key job_key; /* the secret's hash */
-    uint8_t nonce[PSAGG_NONCE_BYTES];
-    psagg_data_key data_key; /* this server's (updates) */
+    psagg_gate gate; /* who sent a push (runtime/gate.h; the progress thread's) */
 
     int n_workers;
     worker_conn *workers;

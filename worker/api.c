@@ -35,8 +35,7 @@ static int env_int(const char *name, int fallback)
 psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ctx **out)
 {
     psagg_ctx *ctx;
-    psagg_fabric_opts fo = {0};
-    char local[PSAGG_HOST_MAX] = "", role[32];
+    char local[PSAGG_HOST_MAX] = "";
     int64_t deadline;
     psagg_status st;
 
@@ -79,8 +78,9 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
     }
     ctx->rank = rank;
     ctx->world = world_size;
-    snprintf(role, sizeof role, "worker %d", rank);
-    psagg_logger_init(&ctx->log, role, ctx->cfg.log_level);
+    /* the logger, the job key, this worker's nonce and data key */
+    if ((st = psagg_node_open(&ctx->cfg, "worker", rank, &ctx->node)))
+        goto err_config;
     if ((st = psagg_timeline_open(ctx->cfg.timeline, "worker", rank, &ctx->timeline)))
         goto err_config;
     ctx->servers = calloc((size_t)ctx->cfg.n_servers, sizeof *ctx->servers);
@@ -90,11 +90,6 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
     }
     for (int s = 0; s < ctx->cfg.n_servers; s++)
         ctx->servers[s].fd = -1;
-    if ((st = psagg_job_key_load(&ctx->cfg, &ctx->job_key)))
-        goto err_connect;
-    psagg_nonce_make(ctx->nonce);
-    psagg_data_key_make(&ctx->job_key, ctx->cfg.job_id, ctx->nonce, &ctx->data_key);
-    ctx->tag_bytes = ctx->cfg.data_auth ? PSAGG_MSG_MAC_BYTES : 0;
 
     /* Control connections first: the one to server 0 tells which local address to use. */
     deadline = psagg_now_ms() + ctx->cfg.connect_timeout_ms;
@@ -104,22 +99,15 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
         snprintf(local, sizeof local, "%s", ctx->cfg.worker_fabric_node);
     else if ((st = psagg_tcp_local_addr(ctx->servers[0].fd, local, sizeof local)))
         goto err_connect;
-    ctx->max_msg = psagg_max_message(&ctx->cfg);
-    fo.provider = ctx->cfg.provider;
-    fo.node = strcmp(ctx->cfg.provider, "shm") ? local : NULL;
-    fo.max_msg = ctx->max_msg;
-    fo.log = &ctx->log;
-    fo.post_timeout_ms = ctx->cfg.op_timeout_ms;
-    if ((st = psagg_fabric_open(&fo, &ctx->fab)))
+    if ((st = psagg_node_open_fabric(&ctx->node, &ctx->cfg, local)))
         goto err_connect;
-    ctx->source_reliable = psagg_fabric_source_reliable(ctx->fab);
     if ((st = handshake_hello(ctx, deadline)))
         goto err_hello;
     *out = ctx;
     return PSAGG_OK;
 
 err_hello:
-    psagg_fabric_close(ctx->fab);
+    psagg_node_close(&ctx->node);
 err_connect:
     for (int s = 0; s < ctx->cfg.n_servers; s++)
         if (ctx->servers[s].fd >= 0)
@@ -544,7 +532,7 @@ psagg_status psagg_close(psagg_ctx *ctx)
             LOG_WARN(&ctx->log, "server %d: BYE: %s", s, psagg_last_error());
         close(ctx->servers[s].fd);
     }
-    psagg_fabric_close(ctx->fab);
+    psagg_node_close(&ctx->node);
     psagg_timeline_close(ctx->timeline, &ctx->log);
     if (ctx->device_destroy)
         ctx->device_destroy(ctx);

@@ -34,6 +34,7 @@
 #include "runtime/auth.h"
 #include "runtime/config.h"
 #include "runtime/layout.h"
+#include "runtime/node.h"
 #include "runtime/rxpool.h"
 #include "runtime/transport.h"
 #include "runtime/wire.h"
@@ -129,14 +130,9 @@ struct psagg_handle {
 struct psagg_ctx {
     psagg_config cfg;
     int rank, world;
-    psagg_logger log;
-    psagg_fabric *fab;
-    size_t max_msg;
-    int source_reliable;   /* psagg_fabric_source_reliable: check every update's source */
-    size_t tag_bytes;      /* PSAGG_MSG_MAC_BYTES with data_auth, else 0 */
-    psagg_job_key job_key; /* the secret's hash */
-    uint8_t nonce[PSAGG_NONCE_BYTES];
-    psagg_data_key data_key; /* this worker's (pushes) */
+    /* log, job_key, nonce, data_key (of the pushes), tag_bytes, max_msg, fab, source_reliable
+       (runtime/node.h: psagg_init opens it) */
+    PSAGG_NODE_EMBED;
     server_conn *servers;
     int declared;
     psagg_layout layout;
