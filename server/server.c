@@ -13,7 +13,6 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "runtime/control.h"
-#include "runtime/auth.h"
 #include "runtime/layout.h"
 #include "server.h"
 

@@ -16,7 +16,6 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "kernels/optim.h"
-#include "runtime/auth.h"
 #include "runtime/adaptive.h"
 #include "runtime/control.h"
 #include "worker.h"
