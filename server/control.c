@@ -3,12 +3,10 @@
  * non-blocking and every frame is read piece by piece (psagg_ctl_reader), so no peer, slow or
  * silent or hostile, holds up the others.
  *
- *   start-up   accept connections; each has HELLO_TIMEOUT_MS to send a whole HELLO and at most
- *              PENDING_MAX wait at a time (the oldest is closed first). A HELLO must carry
- *              this build's protocol version and a token that checks out (runtime/auth.h)
- *              before anything about the job is said; then it becomes its worker, answered
- *              with WELCOME. The start-up deadline (connect_timeout_ms) runs from the first
- *              authenticated HELLO. Every worker's DECLARE is checked, all must be identical
+ *   start-up   accept connections and authenticate their HELLO (admission.c); each that
+ *              checks out becomes its worker, answered with WELCOME. The start-up deadline
+ *              (connect_timeout_ms) runs from the first authenticated HELLO. Every worker's
+ *              DECLARE is checked, all must be identical
  *              (else EMISMATCH naming the tensor and the workers), the layout must fit the
  *              server's memory budget, then the data path and the aggregation pool start and
  *              every worker gets READY;
@@ -19,34 +17,18 @@
  *              workers it waits for);
  *   end        when every worker is gone (0: every one said BYE and the job never failed).
  */
-#include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
-#include <netdb.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "base/error.h"
 #include "base/log.h"
 #include "runtime/control.h"
 #include "server.h"
-
-#define PENDING_MAX      64   /* unauthenticated connections kept at a time */
-#define HELLO_TIMEOUT_MS 5000 /* for a connection to deliver its whole HELLO */
-
-/*
- * Tell a peer why it is being refused or the job is ending. The peer may already be gone, so
- * a failed send is only logged: there is nobody else to tell.
- */
-static void send_verdict(server *srv, int fd, uint16_t type, psagg_status status, const char *msg)
-{
-    if (psagg_ctl_send_error(fd, type, status, msg))
-        LOG_DEBUG(&srv->log, "could not deliver \"%s\": %s", msg, psagg_last_error());
-}
 
 /* Send an ERROR (start-up) or ABORT (running job) to every connected worker but `except`. */
 static void tell_workers(server *srv, int except, uint16_t type, psagg_status status,
@@ -56,7 +38,7 @@ static void tell_workers(server *srv, int except, uint16_t type, psagg_status st
         worker_conn *wc = &srv->workers[w];
         if (w == except || wc->fd < 0 || wc->state == W_BYE)
             continue;
-        send_verdict(srv, wc->fd, type, status, msg);
+        admission_verdict(srv, wc->fd, type, status, msg);
     }
 }
 
@@ -78,7 +60,7 @@ static void drop_worker(server *srv, int w, psagg_status status, const char *why
         LOG_INFO(&srv->log, "closing worker %d: %s", w, reason);
     else
         LOG_ERROR(&srv->log, "closing worker %d: %s", w, reason);
-    send_verdict(srv, wc->fd, PSAGG_CTL_ERROR, status, reason);
+    admission_verdict(srv, wc->fd, PSAGG_CTL_ERROR, status, reason);
     close(wc->fd);
     wc->fd = -1;
     psagg_ctl_reader_reset(&wc->rd);
@@ -87,235 +69,6 @@ static void drop_worker(server *srv, int w, psagg_status status, const char *why
     server_fail_job(srv, job_status, "%s", msg);
     snprintf(msg, sizeof msg, "server %d: worker %d failed: %s", srv->rank, w, reason);
     tell_workers(srv, w, PSAGG_CTL_ABORT, job_status, msg);
-}
-
-/* ---- connections that have not authenticated ---- */
-
-static void pending_close(pending_conn *p)
-{
-    close(p->fd);
-    p->fd = -1;
-    psagg_ctl_reader_reset(&p->rd);
-}
-
-/* How long a connection may take to send its whole HELLO. */
-static int hello_timeout_ms(const server *srv)
-{
-    return srv->cfg.connect_timeout_ms < HELLO_TIMEOUT_MS ? srv->cfg.connect_timeout_ms
-                                                          : HELLO_TIMEOUT_MS;
-}
-
-/* Accept every connection the listening socket has, each into a pending slot. */
-static void accept_all(server *srv)
-{
-    for (;;) {
-        struct sockaddr_storage ss;
-        socklen_t sl = sizeof ss;
-        pending_conn *slot = NULL, *oldest = NULL;
-        char host[48], port[8];
-        int fd = accept4(srv->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0)
-            return; /* EAGAIN: all taken; anything else: try again on the next poll */
-        for (int i = 0; i < PENDING_MAX && !slot; i++) {
-            pending_conn *p = &srv->pending[i];
-            if (p->fd < 0)
-                slot = p;
-            else if (!oldest || p->deadline < oldest->deadline)
-                oldest = p;
-        }
-        if (!slot) { /* full: the connection that has waited longest makes room */
-            pending_close(oldest);
-            srv->refused_idle++;
-            slot = oldest;
-        }
-        slot->fd = fd;
-        slot->deadline = psagg_now_ms() + hello_timeout_ms(srv);
-        psagg_ctl_reader_init(&slot->rd, sizeof(psagg_ctl_hello));
-        if (getnameinfo((struct sockaddr *)&ss, sl, host, sizeof host, port, sizeof port,
-                        NI_NUMERICHOST | NI_NUMERICSERV))
-            snprintf(host, sizeof host, "?"), snprintf(port, sizeof port, "?");
-        snprintf(slot->peer, sizeof slot->peer, "connection from %s:%s", host, port);
-    }
-}
-
-/* Say how many unauthenticated connections were closed: at most every 5 s, or now (final). */
-static void report_refused(server *srv, int64_t now, int final)
-{
-    static const int64_t every_ms = 5000;
-    if (!srv->refused_idle || (!final && now < srv->refused_logged_at + every_ms))
-        return;
-    LOG_WARN(&srv->log,
-             "closed %llu connection(s) that sent no whole HELLO within %d ms, found no room "
-             "(at most %d may wait for their HELLO at once) or came after the job started",
-             (unsigned long long)srv->refused_idle, hello_timeout_ms(srv), PENDING_MAX);
-    srv->refused_idle = 0;
-    srv->refused_logged_at = now;
-}
-
-/* Close the pending connections whose HELLO did not come in time; say so now and then. */
-static void expire_pending(server *srv, int64_t now)
-{
-    for (int i = 0; i < PENDING_MAX; i++)
-        if (srv->pending[i].fd >= 0 && now > srv->pending[i].deadline) {
-            pending_close(&srv->pending[i]);
-            srv->refused_idle++;
-        }
-    report_refused(srv, now, 0);
-}
-
-/*
- * Authenticate a HELLO and register its worker: 0, or -1 with the refusal in msg. Until the
- * token checks out the refusal says nothing about this job (not its id, not its size).
- */
-/*
- * Same-host copies with a worker (wire.h): offer ours in its WELCOME, and take its offer when
- * it checks out (its pushes are then copied out of its memory; the WELCOME says so).
- */
-static void local_copy_offer(server *srv, int rank, const psagg_ctl_hello *hello,
-                             psagg_ctl_welcome *wel)
-{
-    psagg_peer addr = srv->workers[rank].addr;
-    uint32_t pid;
-
-    psagg_fabric_local_self(srv->fab, &pid, &wel->local_probe);
-    wel->local_pid = pid;
-    if (!hello->local_pid)
-        return;
-    if (psagg_fabric_local_accept(srv->fab, addr, hello->local_pid, hello->local_probe,
-                                  hello->epname, hello->epname_len)) {
-        LOG_DEBUG(&srv->log, "worker %d offers same-host copies; not taken: %s", rank,
-                  psagg_last_error());
-        return;
-    }
-    wel->local_flags = PSAGG_LOCAL_READS;
-    LOG_INFO(&srv->log, "worker %d is on this host: pushes by same-host copy", rank);
-}
-
-static int accept_hello(server *srv, int fd, const psagg_ctl_hello *hello, const char *peer,
-                        char *msg, size_t len)
-{
-    uint8_t expect[PSAGG_TOKEN_BYTES];
-    uint32_t flags = srv->cfg.data_auth ? PSAGG_HELLO_DATA_AUTH : 0;
-    char job_id[PSAGG_JOB_ID_MAX];
-    worker_conn *wc;
-    int rank;
-
-    snprintf(job_id, sizeof job_id, "%.*s", PSAGG_JOB_ID_MAX - 1, hello->job_id);
-    if (srv->job_key.secret) {
-        psagg_hello_token(&srv->job_key, srv->cfg.job_id, hello->rank, hello->flags, hello->nonce,
-                          expect);
-        if (!psagg_token_equal(expect, hello->auth)) {
-            snprintf(msg, len,
-                     "server %d: authentication failed (the job id or the secret_file differs)",
-                     srv->rank);
-            return -1;
-        }
-    } else if (strcmp(job_id, srv->cfg.job_id)) {
-        snprintf(msg, len, "server %d serves another job (job id '%.63s' is not it)", srv->rank,
-                 job_id);
-        return -1;
-    }
-    /* authenticated: from here on a refusal may say what this job is */
-    if ((int)hello->world_size != srv->n_workers || hello->rank >= hello->world_size) {
-        snprintf(msg, len, "server %d: worker rank %u of %u, but the job has %d workers", srv->rank,
-                 hello->rank, hello->world_size, srv->n_workers);
-        return -1;
-    }
-    rank = (int)hello->rank;
-    wc = &srv->workers[rank];
-    if (hello->flags != flags) {
-        snprintf(msg, len, "server %d: worker %d has data_auth %s, this server %s", srv->rank, rank,
-                 hello->flags & PSAGG_HELLO_DATA_AUTH ? "on" : "off", flags ? "on" : "off");
-        return -1;
-    }
-    if (strncmp(hello->provider, psagg_fabric_provider(srv->fab), PSAGG_PROVIDER_MAX - 1)) {
-        snprintf(msg, len,
-                 "server %d: worker %d opened fabric provider '%.31s', this server '%.31s': every "
-                 "process of a job must open the same one (name it in [cluster] provider)",
-                 srv->rank, rank, hello->provider, psagg_fabric_provider(srv->fab));
-        return -1;
-    }
-    if (wc->state != W_NONE) {
-        snprintf(msg, len, "server %d: worker rank %d connected twice", srv->rank, rank);
-        return -1;
-    }
-    if (hello->epname_len == 0 || hello->epname_len > PSAGG_EPNAME_MAX) {
-        snprintf(msg, len, "server %d: HELLO field epname_len is %u", srv->rank, hello->epname_len);
-        return -1;
-    }
-    if (psagg_fabric_add_peer(srv->fab, hello->epname, hello->epname_len, &wc->addr)) {
-        snprintf(msg, len, "server %d: worker %d's fabric address: %.150s", srv->rank, rank,
-                 psagg_last_error());
-        return -1;
-    }
-    {
-        psagg_ctl_welcome wel = {.server_rank = (uint32_t)srv->rank,
-                                 .n_servers = (uint32_t)srv->cfg.n_servers,
-                                 .flags = flags};
-        size_t elen = sizeof wel.epname;
-        memcpy(wel.nonce, srv->nonce, sizeof wel.nonce);
-        optim_welcome(srv, &wel.optim);
-        snprintf(wel.provider, sizeof wel.provider, "%s", psagg_fabric_provider(srv->fab));
-        if (psagg_fabric_name(srv->fab, wel.epname, &elen)) {
-            snprintf(msg, len, "server %d: its own fabric name: %.150s", srv->rank,
-                     psagg_last_error());
-            return -1;
-        }
-        wel.epname_len = (uint32_t)elen;
-        if (srv->cfg.local_copy)
-            local_copy_offer(srv, rank, hello, &wel);
-        if (psagg_ctl_send(fd, PSAGG_CTL_WELCOME, &wel, sizeof wel)) {
-            snprintf(msg, len, "worker %d left before its WELCOME: %.150s", rank,
-                     psagg_last_error());
-            return -1;
-        }
-    }
-    wc->fd = fd;
-    wc->state = W_HELLO;
-    psagg_ctl_reader_init(&wc->rd, PSAGG_CTL_MAX_FRAME);
-    psagg_data_key_make(&srv->job_key, srv->cfg.job_id, hello->nonce, &wc->key);
-    if (wc->addr < (psagg_peer)srv->n_workers)
-        srv->rank_at[wc->addr] = rank;
-    if (srv->startup_deadline < 0) /* the start-up deadline runs from the first worker */
-        srv->startup_deadline = psagg_now_ms() + srv->cfg.connect_timeout_ms;
-    LOG_INFO(&srv->log, "worker %d connected (%s)", rank, peer);
-    return 0;
-}
-
-/* A pending connection is readable: read what it sent; a whole HELLO decides its fate. */
-static void serve_pending(server *srv, pending_conn *p)
-{
-    psagg_status st = psagg_ctl_reader_feed(&p->rd, p->fd, p->peer);
-    psagg_ctl_hdr h;
-    void *body;
-    char msg[240];
-
-    if (st == PSAGG_EAGAIN)
-        return;
-    if (st) {
-        snprintf(msg, sizeof msg, "%s", psagg_last_error());
-        LOG_DEBUG(&srv->log, "refused a connection: %s", msg);
-        if (st == PSAGG_EPROTO) /* a wrong version or a stranger: says nothing of the job */
-            send_verdict(srv, p->fd, PSAGG_CTL_ERROR, st, msg);
-        pending_close(p);
-        return;
-    }
-    body = psagg_ctl_reader_take(&p->rd, &h);
-    if (h.type != PSAGG_CTL_HELLO || h.len != sizeof(psagg_ctl_hello)) {
-        snprintf(msg, sizeof msg, "server %d: expected HELLO of %zu bytes, got type %u len %u",
-                 srv->rank, sizeof(psagg_ctl_hello), h.type, h.len);
-        st = PSAGG_EPROTO;
-    } else if (accept_hello(srv, p->fd, body, p->peer, msg, sizeof msg) == 0) {
-        p->fd = -1; /* it is a worker's connection now */
-        free(body);
-        return;
-    } else {
-        st = PSAGG_EPROTO;
-    }
-    LOG_WARN(&srv->log, "refused a %s: %s", p->peer, msg);
-    send_verdict(srv, p->fd, PSAGG_CTL_ERROR, st, msg);
-    pending_close(p);
-    free(body);
 }
 
 /* ---- declarations ---- */
@@ -618,32 +371,6 @@ static void check_liveness(server *srv, int64_t now)
     }
 }
 
-static double tv_ms(struct timeval a, struct timeval b)
-{
-    return (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_usec - a.tv_usec) / 1e3;
-}
-
-/* CPU and minor page faults per round after the first (the benchmarks read this line). */
-static void log_usage(server *srv)
-{
-    struct rusage now;
-    unsigned rounds = atomic_load(&srv->rounds_done);
-    double n;
-    if (!atomic_load(&srv->usage_marked) || rounds < 2 || getrusage(RUSAGE_SELF, &now))
-        return;
-    n = (double)(rounds - 1);
-    LOG_INFO(&srv->log,
-             "usage after the first round: rounds=%u cpu_ms_per_round=%.1f user_ms=%.1f "
-             "sys_ms=%.1f minflt_per_round=%.1f",
-             rounds - 1,
-             (tv_ms(srv->usage_first.ru_utime, now.ru_utime) +
-              tv_ms(srv->usage_first.ru_stime, now.ru_stime)) /
-                 n,
-             tv_ms(srv->usage_first.ru_utime, now.ru_utime) / n,
-             tv_ms(srv->usage_first.ru_stime, now.ru_stime) / n,
-             (double)(now.ru_minflt - srv->usage_first.ru_minflt) / n);
-}
-
 /*
  * The control loop: returns the process exit code. Phases: STARTING (accept, HELLO, DECLARE;
  * the start-up deadline runs from the first authenticated HELLO), RUNNING (BYE, deaths,
@@ -704,7 +431,7 @@ int control_serve(server *srv)
             count_state(srv, W_BYE) + count_state(srv, W_DEAD) == srv->n_workers) {
             rc = atomic_load(&srv->job_failed) || count_state(srv, W_DEAD) ? 1 : 0;
             LOG_INFO(&srv->log, "all workers gone, job %s", rc ? "failed" : "done");
-            log_usage(srv);
+            metrics_usage(srv);
             break;
         }
         if (phase == STARTING) {
@@ -716,14 +443,9 @@ int control_serve(server *srv)
                 if (start_or_refuse(srv, &rc))
                     break;
                 /* nobody else may join now: later connections are refused by the kernel */
-                for (int i = 0; i < PENDING_MAX; i++)
-                    if (srv->pending[i].fd >= 0) {
-                        pending_close(&srv->pending[i]);
-                        srv->refused_idle++;
-                    }
                 close(srv->listen_fd);
                 srv->listen_fd = -1;
-                report_refused(srv, now, 1);
+                admission_close_all(srv);
                 for (int w = 0; w < srv->n_workers; w++) /* their silence counts from now */
                     srv->workers[w].heard_at = now;
                 phase = RUNNING;
@@ -738,14 +460,8 @@ int control_serve(server *srv)
                 rc = startup_failed(srv, PSAGG_ETIMEDOUT, msg);
                 break;
             }
-            expire_pending(srv, now);
-            pfd[n] = (struct pollfd){.fd = srv->listen_fd, .events = POLLIN};
-            who[n++] = -1;
-            for (int i = 0; i < PENDING_MAX; i++)
-                if (srv->pending[i].fd >= 0) {
-                    pfd[n] = (struct pollfd){.fd = srv->pending[i].fd, .events = POLLIN};
-                    who[n++] = -2 - i;
-                }
+            admission_expire(srv, now);
+            n = admission_poll_add(srv, pfd, who, n);
         }
         for (int w = 0; w < srv->n_workers; w++)
             if (srv->workers[w].fd >= 0) {
@@ -759,34 +475,15 @@ int control_serve(server *srv)
         for (int i = 0; i < n; i++) {
             if (!(pfd[i].revents & (POLLIN | POLLHUP | POLLERR)))
                 continue;
-            if (who[i] == -1)
-                accept_all(srv);
-            else if (who[i] <= -2 && srv->pending[-2 - who[i]].fd == pfd[i].fd)
-                serve_pending(srv, &srv->pending[-2 - who[i]]);
+            if (who[i] < 0)
+                admission_serve(srv, who[i], pfd[i].fd);
             else if (who[i] >= 0 && srv->workers[who[i]].fd >= 0)
                 serve_worker(srv, who[i]);
         }
     }
 out:
-    for (int i = 0; srv->pending && i < PENDING_MAX; i++)
-        if (srv->pending[i].fd >= 0) {
-            pending_close(&srv->pending[i]);
-            srv->refused_idle++;
-        }
-    report_refused(srv, psagg_now_ms(), 1);
+    admission_close_all(srv);
     free(pfd);
     free(who);
     return rc;
-}
-
-/* The pending-connection table (control_serve's), all slots free. */
-psagg_status control_init(server *srv)
-{
-    srv->pending = calloc(PENDING_MAX, sizeof *srv->pending);
-    if (!srv->pending)
-        return psagg_fail(PSAGG_ENOMEM, "connection table");
-    for (int i = 0; i < PENDING_MAX; i++)
-        srv->pending[i].fd = -1;
-    srv->startup_deadline = -1;
-    return PSAGG_OK;
 }

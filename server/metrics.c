@@ -10,6 +10,7 @@
  * to last push) and finish (last push to the update's hand-over: the last fold and the
  * encode). Durations go into histograms of two resolutions: a fine log-scale one (ratio
  * 2^(1/4), from 1 us) for quantiles, and a coarse one with Prometheus's buckets.
+ * At the job's end, the process's resource usage (CPU, page faults) per round after the first.
  */
 #include <math.h>
 #include <netdb.h>
@@ -448,4 +449,30 @@ void metrics_stop(server *srv)
     free(srv->metrics->busy_ns);
     free(srv->metrics);
     srv->metrics = NULL;
+}
+
+static double tv_ms(struct timeval a, struct timeval b)
+{
+    return (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_usec - a.tv_usec) / 1e3;
+}
+
+/* CPU and minor page faults per round after the first (the benchmarks read this line). */
+void metrics_usage(server *srv)
+{
+    struct rusage now;
+    unsigned rounds = atomic_load(&srv->rounds_done);
+    double n;
+    if (!atomic_load(&srv->usage_marked) || rounds < 2 || getrusage(RUSAGE_SELF, &now))
+        return;
+    n = (double)(rounds - 1);
+    LOG_INFO(&srv->log,
+             "usage after the first round: rounds=%u cpu_ms_per_round=%.1f user_ms=%.1f "
+             "sys_ms=%.1f minflt_per_round=%.1f",
+             rounds - 1,
+             (tv_ms(srv->usage_first.ru_utime, now.ru_utime) +
+              tv_ms(srv->usage_first.ru_stime, now.ru_stime)) /
+                 n,
+             tv_ms(srv->usage_first.ru_utime, now.ru_utime) / n,
+             tv_ms(srv->usage_first.ru_stime, now.ru_stime) / n,
+             (double)(now.ru_minflt - srv->usage_first.ru_minflt) / n);
 }

@@ -1,35 +1,31 @@
 /*
  * progress.c - the server's data path: one progress thread drives libfabric. Every received
- * push is checked for its source (the fabric address of the worker that authenticated on the
- * control channel), then against the layout (psagg_msg_check), and handed to the aggregation
+ * push is checked for its source (runtime/gate.h: the fabric address of the worker that
+ * authenticated on the control channel, and with data_auth its MAC), then against the layout
+ * (psagg_msg_check), and handed to the aggregation
  * thread its chunk is pinned to. A message from an address that is not one of the job's
  * workers is dropped and logged and blames nobody; a bad one from a worker closes that worker
  * (named, with the field). Send completions free update buffers and wake deferred rounds.
  */
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "runtime/gate.h"
 #include "runtime/message.h"
 #include "server.h"
 
-/* Drop a message and say so, at most once a second (a flood must not flood the log). */
-static void drop(server *srv, recv_buf *rb, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void drop(server *srv, recv_buf *rb, const char *fmt, ...)
+/* The gate's view of the workers (runtime/gate.h). */
+static int worker_at(const void *srv, psagg_peer addr)
 {
-    char why[200];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
-    psagg_lograte_note(&srv->dropped, &srv->log, 1000, "dropped a %zu-byte message %s", rb->rx.len,
-                       why);
-    metrics_drop(srv);
-    server_repost(srv, rb);
+    return server_worker_at(srv, addr);
+}
+
+static const psagg_data_key *worker_key(const void *srv, int w)
+{
+    return &((const server *)srv)->workers[w].key;
 }
 
 /* Check a received push's source and fields; route it, or drop it and close its sender. */
@@ -41,30 +37,10 @@ static void route_push(server *srv, recv_buf *rb, psagg_peer src)
     int from;
 
     /* who sent it comes first: a bad message is that sender's fault, and nobody else's */
-    if (srv->source_reliable) {
-        from = server_worker_at(srv, src);
-        if (from < 0) {
-            drop(srv, rb, "from fabric address %s, which is none of this job's workers",
-                 src == PSAGG_PEER_UNKNOWN ? "unknown" : "of no worker");
-            return;
-        }
-    } else {
-        if (rb->rx.len < sizeof *h || h->sender >= srv->n_workers) {
-            drop(srv, rb, "whose field sender names no worker of this job");
-            return;
-        }
-        from = h->sender; /* shm cannot tell (transport.h); data_auth checks it */
-    }
-    /*
-     * With data_auth nothing is believed, and nobody blamed, before the MAC checks out with
-     * the data key of the worker it claims to come from (the whole message but the tag).
-     */
-    if (srv->tag_bytes &&
-        (rb->rx.len < sizeof *h + srv->tag_bytes ||
-         !psagg_msg_mac_ok(&srv->workers[from].key, rb->rx.buf, rb->rx.len - srv->tag_bytes,
-                           rb->rx.buf + rb->rx.len - srv->tag_bytes))) {
-        drop(srv, rb, "%s worker %d whose MAC does not check out (forged or altered)",
-             srv->source_reliable ? "from" : "claiming to come from", from);
+    from = psagg_gate_sender(&srv->gate, rb->rx.buf, rb->rx.len, src);
+    if (from < 0) {
+        metrics_drop(srv);
+        server_repost(srv, rb);
         return;
     }
     if (rb->rx.len < sizeof *h) {
@@ -206,12 +182,20 @@ static void *progress_main(void *arg)
             }
         }
     }
-    psagg_lograte_flush(&srv->dropped, &srv->log);
+    psagg_gate_flush(&srv->gate);
     return NULL;
 }
 
 psagg_status progress_start(server *srv)
 {
+    srv->gate = (psagg_gate){.peer_kind = "worker",
+                             .n_peers = srv->n_workers,
+                             .source_reliable = srv->source_reliable,
+                             .tag_bytes = srv->tag_bytes,
+                             .log = &srv->log,
+                             .peer_at = worker_at,
+                             .key_of = worker_key,
+                             .owner = srv};
     pthread_mutex_init(&srv->sendq_mu, NULL);
     atomic_store(&srv->running, 1);
     if (pthread_create(&srv->progress_tid, NULL, progress_main, srv)) {

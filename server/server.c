@@ -1,7 +1,8 @@
 /*
- * server.c - the life of one psagg-server: open the libfabric endpoint and the control port,
- * run the control loop (control.c) until every worker is gone, then stop the data path and
- * the aggregation pool and free everything.
+ * server.c - the life of one psagg-server: start its node (runtime/node.h: the logger, the
+ * keys, the libfabric endpoint), open the control port, run the control loop (control.c)
+ * until every worker is gone, then stop the data path and the aggregation pool and free
+ * everything.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -12,7 +13,6 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "runtime/control.h"
-#include "runtime/auth.h"
 #include "runtime/layout.h"
 #include "server.h"
 
@@ -28,8 +28,6 @@ static uint64_t memory_budget(const psagg_config *cfg)
 int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *stop)
 {
     server *srv = calloc(1, sizeof *srv);
-    psagg_fabric_opts fo = {0};
-    char role[32];
     int rc = 1;
 
     if (!srv) {
@@ -40,8 +38,11 @@ int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *s
     srv->rank = rank;
     srv->stop = stop;
     srv->listen_fd = -1;
-    snprintf(role, sizeof role, "server %d", rank);
-    psagg_logger_init(&srv->log, role, cfg->log_level);
+    /* the logger, the job key, this server's nonce and data key (the logger even on failure) */
+    if (psagg_node_open(cfg, "server", rank, &srv->node)) {
+        LOG_ERROR(&srv->log, "%s", psagg_last_error());
+        goto err_node;
+    }
     pthread_mutex_init(&srv->mu, NULL);
     pthread_mutex_init(&srv->startup.mu, NULL);
     pthread_cond_init(&srv->startup.cv, NULL);
@@ -50,7 +51,7 @@ int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *s
     srv->n_workers = cfg->n_workers;
     srv->workers = calloc((size_t)srv->n_workers, sizeof *srv->workers);
     srv->rank_at = calloc((size_t)srv->n_workers, sizeof *srv->rank_at);
-    if (!srv->workers || !srv->rank_at || control_init(srv) || metrics_init(srv)) {
+    if (!srv->workers || !srv->rank_at || admission_init(srv) || metrics_init(srv)) {
         LOG_ERROR(&srv->log, "out of memory");
         goto err_workers;
     }
@@ -58,29 +59,18 @@ int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *s
         srv->workers[w].fd = -1;
         srv->rank_at[w] = -1;
     }
-    if (psagg_job_key_load(cfg, &srv->job_key) ||
-        psagg_timeline_open(cfg->timeline, "server", rank, &srv->timeline) || optim_init(srv)) {
+    if (psagg_timeline_open(cfg->timeline, "server", rank, &srv->timeline) || optim_init(srv)) {
         LOG_ERROR(&srv->log, "%s", psagg_last_error());
         goto err_workers;
     }
-    psagg_nonce_make(srv->nonce);
-    psagg_data_key_make(&srv->job_key, cfg->job_id, srv->nonce, &srv->data_key);
-    srv->tag_bytes = cfg->data_auth ? PSAGG_MSG_MAC_BYTES : 0;
     srv->budget = memory_budget(cfg);
 
-    srv->max_msg = psagg_max_message(cfg);
-    fo.provider = cfg->provider;
-    fo.node = cfg->server_fabric_node[0] ? cfg->server_fabric_node : cfg->servers[rank].host;
-    fo.max_msg = srv->max_msg;
-    fo.log = &srv->log;
-    fo.post_timeout_ms = cfg->op_timeout_ms;
-    if (!strcmp(cfg->provider, "shm"))
-        fo.node = NULL;
-    if (psagg_fabric_open(&fo, &srv->fab)) {
+    if (psagg_node_open_fabric(&srv->node, cfg,
+                               cfg->server_fabric_node[0] ? cfg->server_fabric_node
+                                                          : cfg->servers[rank].host)) {
         LOG_ERROR(&srv->log, "%s", psagg_last_error());
         goto err_fabric;
     }
-    srv->source_reliable = psagg_fabric_source_reliable(srv->fab);
     if (cfg->secret_file[0] && !srv->source_reliable && !cfg->data_auth)
         LOG_WARN(&srv->log,
                  "provider %s cannot tell which process sent a message: with a secret_file, "
@@ -115,7 +105,7 @@ err_metrics:
     if (srv->listen_fd >= 0) /* closed once the job started */
         close(srv->listen_fd);
 err_listen:
-    psagg_fabric_close(srv->fab);
+    psagg_node_close(&srv->node);
     agg_teardown(srv);
     psagg_rxpool_destroy(&srv->rxpool);
     psagg_layout_free(&srv->layout);
@@ -136,6 +126,7 @@ err_workers:
     pthread_cond_destroy(&srv->startup.cv);
     pthread_mutex_destroy(&srv->startup.mu);
     pthread_mutex_destroy(&srv->mu);
+err_node:
     free(srv);
     return rc;
 }

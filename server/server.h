@@ -5,8 +5,11 @@
  *
  * Layer: server (the top, beside worker/). Files, from the top down:
  *   main.c       the command line; sets libfabric's environment before anything starts
- *   server.c     server_run: open the endpoint and the port, run the control loop, tear down
- *   control.c    the control state machine (main thread): HELLO, DECLARE, start, BYE, aborts
+ *   server.c     server_run: start the node (runtime/node.h: keys, endpoint), open the port,
+ *                run the control loop, tear down
+ *   control.c    the control state machine (main thread): DECLARE, start, BYE, aborts
+ *   admission.c  connections that have not authenticated: HELLO checks, WELCOME, idle and
+ *                slow-connection limits (the control thread, during start-up)
  *   progress.c   the data path's progress thread, the endpoint's one user: receive pushes,
  *                check them, route each to its chunk's aggregation thread; send the updates
  *                and repost the buffers the aggregation threads queue (state.c); completions
@@ -16,12 +19,14 @@
  *   state.c      what all of them share: failure reports, closing a peer, reposting a buffer,
  *                the queues of updates and buffers to the progress thread
  *   arena.c      the aggregation threads' jemalloc arenas
- *   metrics.c    counters of all of them, the straggler report, the Prometheus endpoint
+ *   metrics.c    counters of all of them, the straggler report, the Prometheus endpoint, the
+ *                resource usage per round
  * No file calls one above it in this list, except through the queue of aggregate.c.
  */
 #ifndef PSAGG_SERVER_H
 #define PSAGG_SERVER_H
 
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -35,8 +40,10 @@
 #include "runtime/auth.h"
 #include "runtime/config.h"
 #include "runtime/control.h"
+#include "runtime/gate.h"
 #include "runtime/layout.h"
 #include "runtime/message.h"
+#include "runtime/node.h"
 #include "runtime/rxpool.h"
 #include "runtime/transport.h"
 #include "runtime/wire.h"
@@ -56,10 +63,11 @@ typedef struct worker_conn {
 } worker_conn;
 
 /*
- * A connection that has not authenticated yet: it has until `deadline` to send a whole HELLO,
- * and at most PENDING_MAX of them are kept (the oldest goes first), so idle or slow
- * connections can neither stall the control loop nor crowd out the job's workers.
+ * A connection that has not authenticated yet (admission.c): it has until `deadline` to send a
+ * whole HELLO, and at most PENDING_MAX of them are kept (the oldest goes first), so idle or
+ * slow connections can neither stall the control loop nor crowd out the job's workers.
  */
+#define PENDING_MAX 64 /* unauthenticated connections kept at a time */
 typedef struct pending_conn {
     int fd;
     int64_t deadline;
@@ -169,22 +177,17 @@ typedef struct agg_startup {
 typedef struct server {
     psagg_config cfg;
     int rank;
-    psagg_logger log;
+    /* log, job_key, nonce, data_key (of the updates), tag_bytes, max_msg, fab, source_reliable
+       (runtime/node.h: server.c opens it) */
+    PSAGG_NODE_EMBED;
     const volatile sig_atomic_t *stop; /* set by main's signal handler */
     int listen_fd;
-    psagg_fabric *fab;
-    size_t max_msg;
-    int source_reliable;   /* psagg_fabric_source_reliable: check every push's source */
-    psagg_lograte dropped; /* messages dropped from strangers (progress thread) */
-    size_t tag_bytes;      /* PSAGG_MSG_MAC_BYTES with data_auth, else 0 */
-    psagg_job_key job_key; /* the secret's hash */
-    uint8_t nonce[PSAGG_NONCE_BYTES];
-    psagg_data_key data_key; /* this server's (updates) */
+    psagg_gate gate; /* who sent a push (runtime/gate.h; the progress thread's) */
 
     int n_workers;
     worker_conn *workers;
     int *rank_at; /* n_workers entries: the worker whose fabric address is this index, or -1 */
-    pending_conn *pending;     /* PENDING_MAX slots (control.c); fd < 0 when free */
+    pending_conn *pending;     /* PENDING_MAX slots (admission.c); fd < 0 when free */
     uint64_t refused_idle;     /* unauthenticated connections closed for time or room */
     int64_t refused_logged_at; /* when they were last reported */
     int64_t next_ping;         /* when the workers get their next PING (control.c) */
@@ -200,7 +203,7 @@ typedef struct server {
     chunk_state *chunks; /* by slot */
     /* resource usage: a snapshot when chunk slot 0 finishes its first round, and the rounds
        that chunk has finished; the job's end reports CPU and page faults per round after the
-       first (aggregate.c, control.c) */
+       first (aggregate.c, metrics.c) */
     struct rusage usage_first;
     atomic_int usage_marked;
     atomic_uint rounds_done;
@@ -245,6 +248,9 @@ void metrics_job_started(server *srv);
 /* Aggregation thread `thread` spent ns on an item. */
 void metrics_busy(server *srv, uint32_t thread, int64_t ns);
 void metrics_report(server *srv);
+/* The job's end (control thread): log CPU and minor page faults per round after the first
+ * (the benchmarks read this line), when chunk slot 0 finished two rounds or more. */
+void metrics_usage(server *srv);
 /* optim.c: one optimizer step of a chunk took ns (sync: its update was the exact weights); a
  * checkpoint was written (ok) or refused. */
 void metrics_optim_step(server *srv, int64_t ns, int sync);
@@ -254,8 +260,24 @@ void metrics_checkpoint(server *srv, int64_t ns, int ok);
 int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *stop);
 
 /* control.c: the control loop (main thread); returns the process exit code. */
-psagg_status control_init(server *srv);
 int control_serve(server *srv);
+
+/*
+ * admission.c: connections that have not authenticated (the control thread). init makes the
+ * pending table (and no start-up deadline yet); while the job starts, the control loop polls
+ * what poll_add adds (who: -1 the listening socket, -2 - i pending slot i) and hands each
+ * ready entry to serve (accept, read, check a HELLO: a worker's connection and its WELCOME,
+ * or a refusal), and calls expire now and then (HELLOs that did not come in time);
+ * close_all closes every pending connection and reports the refusals (the job started or
+ * the loop ended).
+ */
+psagg_status admission_init(server *srv);
+void admission_expire(server *srv, int64_t now);
+int admission_poll_add(server *srv, struct pollfd *pfd, int *who, int n);
+void admission_serve(server *srv, int who, int fd);
+void admission_close_all(server *srv);
+/* Tell a peer why it is refused or why the job ends (ERROR, ABORT); a failed send is logged. */
+void admission_verdict(server *srv, int fd, uint16_t type, psagg_status status, const char *msg);
 
 /* progress.c */
 psagg_status progress_start(server *srv);

@@ -19,6 +19,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "runtime/control.h"
+#include "runtime/gate.h"
 #include "runtime/message.h"
 #include "worker.h"
 
@@ -29,12 +30,12 @@ typedef struct comm_state {
     struct psagg_handle **active;
     uint32_t n_active, cap;
     int64_t next_ctl_check;
-    psagg_lograte dropped; /* messages from strangers */
-    int told_servers;      /* the servers heard why this worker failed */
-    int64_t next_ping;     /* when the servers get their next PING */
-    int64_t next_stats;    /* when the next stats line is due ([log] stats_interval_ms) */
-    psagg_stats last;      /* the counters at the last stats line */
-    char why[512];         /* a deadline's message */
+    psagg_gate gate;    /* who sent an update (runtime/gate.h) */
+    int told_servers;   /* the servers heard why this worker failed */
+    int64_t next_ping;  /* when the servers get their next PING */
+    int64_t next_stats; /* when the next stats line is due ([log] stats_interval_ms) */
+    psagg_stats last;   /* the counters at the last stats line */
+    char why[512];      /* a deadline's message */
 } comm_state;
 
 /* Move newly submitted operations into the active list, ordered by priority then age. */
@@ -293,20 +294,20 @@ static void try_complete(comm_state *cs, struct psagg_handle *h)
         finish_op(cs, h, r < 0 ? (psagg_status)r : PSAGG_OK, r < 0 ? msg : NULL);
 }
 
-/* The server whose fabric address is addr, or -1. */
-static int server_at(const psagg_ctx *ctx, psagg_peer addr)
+/* The gate's view of the servers (runtime/gate.h): the server whose fabric address is addr
+ * (or -1), and server s's data key. */
+static int server_at(const void *owner, psagg_peer addr)
 {
+    const psagg_ctx *ctx = owner;
     for (int s = 0; addr != PSAGG_PEER_UNKNOWN && s < ctx->cfg.n_servers; s++)
         if (ctx->servers[s].addr == addr)
             return s;
     return -1;
 }
 
-/* Drop a message that is nobody's of this job, and say so at most once a second. */
-static void drop_stranger(comm_state *cs, const psagg_rxbuf *rb, const char *why)
+static const psagg_data_key *server_key(const void *owner, int s)
 {
-    psagg_lograte_note(&cs->dropped, &cs->ctx->log, 1000, "dropped a %zu-byte message %s", rb->len,
-                       why);
+    return &((const psagg_ctx *)owner)->servers[s].key;
 }
 
 /*
@@ -330,26 +331,8 @@ static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
     uint32_t kind;
     int64_t t0;
 
-    if (ctx->source_reliable) {
-        if ((from = server_at(ctx, src)) < 0) {
-            drop_stranger(cs, rb, "from a fabric address that is none of this job's servers");
-            return;
-        }
-    } else {
-        from = rb->len >= sizeof *mh && mh->sender < (uint32_t)ctx->cfg.n_servers ? (int)mh->sender
-                                                                                  : -1;
-        if (from < 0) {
-            drop_stranger(cs, rb, "whose field sender names no server of this job");
-            return;
-        }
-    }
-    if (ctx->tag_bytes &&
-        (rb->len < sizeof *mh + ctx->tag_bytes ||
-         !psagg_msg_mac_ok(&ctx->servers[from].key, rb->buf, rb->len - ctx->tag_bytes,
-                           rb->buf + rb->len - ctx->tag_bytes))) {
-        drop_stranger(cs, rb, "whose MAC does not check out (forged or altered on the way)");
+    if ((from = psagg_gate_sender(&cs->gate, rb->buf, rb->len, src)) < 0)
         return;
-    }
     type = rb->len >= sizeof *mh && mh->type == PSAGG_MSG_WEIGHTS ? PSAGG_MSG_WEIGHTS
                                                                   : PSAGG_MSG_UPDATE;
     bad = psagg_msg_check(rb->buf, rb->len, ctx->tag_bytes, type, &ctx->layout, &ci, &mc);
@@ -646,8 +629,16 @@ static void stats_line(comm_state *cs)
 
 static void *comm_main(void *arg)
 {
-    comm_state cs = {.ctx = arg};
-    psagg_ctx *ctx = cs.ctx;
+    psagg_ctx *ctx = arg;
+    comm_state cs = {.ctx = ctx,
+                     .gate = {.peer_kind = "server",
+                              .n_peers = ctx->cfg.n_servers,
+                              .source_reliable = ctx->source_reliable,
+                              .tag_bytes = ctx->tag_bytes,
+                              .log = &ctx->log,
+                              .peer_at = server_at,
+                              .key_of = server_key,
+                              .owner = ctx}};
     psagg_fabric_event ev[64];
 
     cs.cap = ctx->layout.n_tensors;
@@ -734,7 +725,7 @@ static void *comm_main(void *arg)
         }
     }
     drop_if_failed(&cs); /* a failure psagg_close stopped us right after: tell the servers */
-    psagg_lograte_flush(&cs.dropped, &ctx->log);
+    psagg_gate_flush(&cs.gate);
     free(cs.active);
     return NULL;
 }

@@ -9,12 +9,13 @@
  * dead server or a lost message fails the operation with a message instead of hanging.
  *
  * Files, from the top down (none calls one above it):
- *   api.c     the public functions of psagg.h: start-up, declaration, push_pull, handles
- *   cuda.c    psagg_push_pull_cuda and the device-buffer operations (owns the device side)
- *   comm.c    the communication thread: scheduling, pushes, updates, failure detection
- *   adapt.c   [codec] adaptive: statistics, their push, the choice of codecs (comm thread)
- *   host.c    the host-buffer operations
- *   handle.c  an operation's life: creation, queueing, completion, failing the context
+ *   api.c        the public functions of psagg.h: start-up, declaration, push_pull, handles
+ *   handshake.c  the control channel's start-up: connect, HELLO/WELCOME, DECLARE/READY
+ *   cuda.c       psagg_push_pull_cuda and the device-buffer operations (owns the device side)
+ *   comm.c       the communication thread: scheduling, pushes, updates, failure detection
+ *   adapt.c      [codec] adaptive: statistics, their push, the choice of codecs (comm thread)
+ *   host.c       the host-buffer operations
+ *   handle.c     an operation's life: creation, queueing, completion, failing the context
  * Where a push_pull's buffers live (host or device) is behind psagg_bufops, chosen when
  * push_pull is called, so comm.c never asks.
  */
@@ -33,6 +34,7 @@
 #include "runtime/auth.h"
 #include "runtime/config.h"
 #include "runtime/layout.h"
+#include "runtime/node.h"
 #include "runtime/rxpool.h"
 #include "runtime/transport.h"
 #include "runtime/wire.h"
@@ -128,14 +130,9 @@ struct psagg_handle {
 struct psagg_ctx {
     psagg_config cfg;
     int rank, world;
-    psagg_logger log;
-    psagg_fabric *fab;
-    size_t max_msg;
-    int source_reliable;   /* psagg_fabric_source_reliable: check every update's source */
-    size_t tag_bytes;      /* PSAGG_MSG_MAC_BYTES with data_auth, else 0 */
-    psagg_job_key job_key; /* the secret's hash */
-    uint8_t nonce[PSAGG_NONCE_BYTES];
-    psagg_data_key data_key; /* this worker's (pushes) */
+    /* log, job_key, nonce, data_key (of the pushes), tag_bytes, max_msg, fab, source_reliable
+       (runtime/node.h: psagg_init opens it) */
+    PSAGG_NODE_EMBED;
     server_conn *servers;
     int declared;
     psagg_layout layout;
@@ -197,6 +194,19 @@ int worker_failed(psagg_ctx *ctx);
 void handle_timing(const struct psagg_handle *h, psagg_timing *out);
 /* The context's counters of completed operations (psagg_get_stats; comm.c's stats line). */
 void worker_stats(const psagg_ctx *ctx, psagg_stats *out);
+
+/*
+ * handshake.c, on the caller's thread before the communication thread starts (api.c):
+ * handshake_connect opens the control connection to every server by `deadline`;
+ * handshake_hello says HELLO to each in turn and checks its WELCOME (its rank, data_auth,
+ * provider and optimizer; its fabric address, data key and same-host copies go into
+ * ctx->servers), connecting again to a server that closed the connection unanswered;
+ * handshake_declare sends the declaration `d` (`bytes` long) to every server and waits for
+ * each READY (a server's ERROR frame wins over a lost connection as the reason).
+ */
+psagg_status handshake_connect(psagg_ctx *ctx, int64_t deadline);
+psagg_status handshake_hello(psagg_ctx *ctx, int64_t deadline);
+psagg_status handshake_declare(psagg_ctx *ctx, psagg_ctl_declare *d, size_t bytes);
 
 /* comm.c */
 psagg_status comm_start(psagg_ctx *ctx);

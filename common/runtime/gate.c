@@ -1,0 +1,59 @@
+/* runtime/gate.c - see runtime/gate.h. */
+#include "runtime/gate.h"
+
+#include <stdio.h>
+
+#include "runtime/wire.h"
+
+/* Drop a message and say so, at most once a second; -1 (psagg_gate_sender's "nobody"). */
+static int drop(psagg_gate *g, size_t len, const char *why)
+{
+    psagg_lograte_note(&g->dropped, g->log, 1000, "dropped a %zu-byte message %s", len, why);
+    return -1;
+}
+
+int psagg_gate_sender(psagg_gate *g, const uint8_t *msg, size_t len, psagg_peer src)
+{
+    const psagg_msg_hdr *h = (const psagg_msg_hdr *)msg;
+    char why[160];
+    int from;
+
+    /* who sent it comes first: a bad message is that sender's fault, and nobody else's */
+    if (g->source_reliable) {
+        from = g->peer_at(g->owner, src);
+        if (from < 0) {
+            if (src == PSAGG_PEER_UNKNOWN)
+                snprintf(why, sizeof why,
+                         "from fabric address unknown, which is none of this job's %ss",
+                         g->peer_kind);
+            else
+                snprintf(why, sizeof why,
+                         "from fabric address of no %s, which is none of this job's %ss",
+                         g->peer_kind, g->peer_kind);
+            return drop(g, len, why);
+        }
+    } else {
+        if (len < sizeof *h || h->sender >= (uint32_t)g->n_peers) {
+            snprintf(why, sizeof why, "whose field sender names no %s of this job", g->peer_kind);
+            return drop(g, len, why);
+        }
+        from = h->sender; /* shm cannot tell (runtime/transport.h); data_auth checks it */
+    }
+    /*
+     * With data_auth nothing is believed, and nobody blamed, before the MAC checks out with
+     * the data key of the peer it claims to come from (the whole message but the tag).
+     */
+    if (g->tag_bytes && (len < sizeof *h + g->tag_bytes ||
+                         !psagg_msg_mac_ok(g->key_of(g->owner, from), msg, len - g->tag_bytes,
+                                           msg + len - g->tag_bytes))) {
+        snprintf(why, sizeof why, "%s %s %d whose MAC does not check out (forged or altered)",
+                 g->source_reliable ? "from" : "claiming to come from", g->peer_kind, from);
+        return drop(g, len, why);
+    }
+    return from;
+}
+
+void psagg_gate_flush(psagg_gate *g)
+{
+    psagg_lograte_flush(&g->dropped, g->log);
+}

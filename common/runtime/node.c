@@ -1,0 +1,45 @@
+/* runtime/node.c - see runtime/node.h. */
+#include "runtime/node.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime/layout.h"
+#include "runtime/wire.h"
+
+psagg_status psagg_node_open(const psagg_config *cfg, const char *role, int rank, psagg_node *out)
+{
+    char name[32];
+    psagg_status st;
+
+    memset(out, 0, sizeof *out);
+    snprintf(name, sizeof name, "%s %d", role, rank);
+    psagg_logger_init(&out->log, name, cfg->log_level);
+    if ((st = psagg_job_key_load(cfg, &out->job_key)))
+        return st;
+    psagg_nonce_make(out->nonce);
+    psagg_data_key_make(&out->job_key, cfg->job_id, out->nonce, &out->data_key);
+    out->tag_bytes = cfg->data_auth ? PSAGG_MSG_MAC_BYTES : 0;
+    out->max_msg = psagg_max_message(cfg);
+    return PSAGG_OK;
+}
+
+psagg_status psagg_node_open_fabric(psagg_node *n, const psagg_config *cfg, const char *fabric_node)
+{
+    psagg_fabric_opts fo = {.provider = cfg->provider,
+                            .node = strcmp(cfg->provider, "shm") ? fabric_node : NULL,
+                            .max_msg = n->max_msg,
+                            .log = &n->log,
+                            .post_timeout_ms = cfg->op_timeout_ms};
+    psagg_status st = psagg_fabric_open(&fo, &n->fab);
+    if (st)
+        return st;
+    n->source_reliable = psagg_fabric_source_reliable(n->fab);
+    return PSAGG_OK;
+}
+
+void psagg_node_close(psagg_node *n)
+{
+    psagg_fabric_close(n->fab);
+    n->fab = NULL;
+}

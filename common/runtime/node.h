@@ -1,0 +1,67 @@
+/*
+ * runtime/node.h - what every psagg process (a server, a worker) sets up first, the same way:
+ * its logger, the job key and this process's session nonce and data key (runtime/auth.h),
+ * the MAC bytes a data message carries, the largest message, and the libfabric endpoint.
+ *
+ * psagg_node_open does all but the endpoint; psagg_node_open_fabric opens the endpoint on a
+ * given fabric node (a server knows its own at once, a worker learns it from its control
+ * connection to server 0); psagg_node_close closes it.
+ *
+ * A server and a worker's context embed a node with PSAGG_NODE_EMBED, which makes its members
+ * theirs (srv->fab, ctx->log) and &x->node the psagg_node (as Linux's struct_group_tagged).
+ *
+ * Layer: runtime.
+ */
+#ifndef PSAGG_RUNTIME_NODE_H
+#define PSAGG_RUNTIME_NODE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/log.h"
+#include "runtime/auth.h"
+#include "runtime/config.h"
+#include "runtime/transport.h"
+
+/* The members of a psagg_node, in order (PSAGG_NODE_EMBED repeats them). */
+#define PSAGG_NODE_MEMBERS                                                                         \
+    psagg_logger log;                                                                              \
+    psagg_job_key job_key; /* the secret's hash */                                                 \
+    uint8_t nonce[PSAGG_NONCE_BYTES];                                                              \
+    psagg_data_key data_key; /* this process's: its data messages' MAC */                          \
+    size_t tag_bytes;        /* PSAGG_MSG_MAC_BYTES with data_auth, else 0 */                      \
+    size_t max_msg;          /* the largest data message (psagg_max_message) */                    \
+    psagg_fabric *fab;       /* NULL until psagg_node_open_fabric */                               \
+    int source_reliable;     /* psagg_fabric_source_reliable: check every message's source */
+
+typedef struct psagg_node {
+    PSAGG_NODE_MEMBERS
+} psagg_node;
+
+/* A psagg_node as a struct's member `node` whose members are also the struct's own. */
+#define PSAGG_NODE_EMBED                                                                           \
+    union {                                                                                        \
+        psagg_node node;                                                                           \
+        struct {                                                                                   \
+            PSAGG_NODE_MEMBERS                                                                     \
+        };                                                                                         \
+    }
+
+/*
+ * Start a node of `role` ("server", "worker") `rank`: the logger (its role "server 1"; set
+ * even when this fails, to log why), the job key ([cluster] secret_file), a fresh nonce and
+ * the data key from it, tag_bytes and max_msg. Nothing needs closing when it fails.
+ */
+psagg_status psagg_node_open(const psagg_config *cfg, const char *role, int rank, psagg_node *out);
+
+/*
+ * Open the node's endpoint ([cluster] provider; bound to fabric_node, the address of this
+ * host's interface to use, except with shm), and learn whether it names a message's source.
+ */
+psagg_status psagg_node_open_fabric(psagg_node *n, const psagg_config *cfg,
+                                    const char *fabric_node);
+
+/* Close the endpoint, if it is open. */
+void psagg_node_close(psagg_node *n);
+
+#endif

@@ -1,0 +1,239 @@
+/*
+ * handshake.c - the worker's side of the control channel's start-up (runtime/wire.h): connect
+ * to every server, say HELLO and check its WELCOME (that server's rank, data_auth, provider,
+ * optimizer; its fabric address and data key; same-host copies), then send the declaration
+ * and wait for every server's READY. psagg_init and psagg_declare (api.c) call it, on the
+ * caller's thread, before the communication thread exists.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "kernels/optim.h"
+#include "runtime/auth.h"
+#include "runtime/control.h"
+#include "worker.h"
+
+/*
+ * Same-host copies with server s (wire.h): send it our large pushes by descriptor when it
+ * copies them (its WELCOME says so), and copy its updates when its offer checks out (our
+ * DECLARE tells it). Anything that does not work leaves that direction on the provider.
+ */
+static void local_copy_setup(psagg_ctx *ctx, int s, const psagg_ctl_welcome *w, const char *peer)
+{
+    server_conn *sc = &ctx->servers[s];
+    int reads, sends;
+
+    sends = (w->local_flags & PSAGG_LOCAL_READS) && !psagg_fabric_local_send(ctx->fab, sc->addr);
+    reads = w->local_pid && !psagg_fabric_local_accept(ctx->fab, sc->addr, w->local_pid,
+                                                       w->local_probe, w->epname, w->epname_len);
+    if (w->local_pid && !reads)
+        LOG_DEBUG(&ctx->log, "%s offers same-host copies; not taken: %s", peer, psagg_last_error());
+    sc->local_reads = reads;
+    if (sends || reads)
+        LOG_INFO(&ctx->log, "%s is on this host: %s by same-host copy", peer,
+                 sends && reads ? "pushes and updates"
+                 : sends        ? "pushes"
+                                : "updates");
+}
+
+/* One HELLO on server s's connection and its answer. */
+static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const char *peer)
+{
+    psagg_ctl_hello hello = {.rank = (uint32_t)ctx->rank,
+                             .world_size = (uint32_t)ctx->world,
+                             .flags = ctx->cfg.data_auth ? PSAGG_HELLO_DATA_AUTH : 0};
+    psagg_ctl_hdr h;
+    void *body = NULL;
+    const char *refusal;
+    size_t len = sizeof hello.epname;
+    psagg_status st;
+
+    snprintf(hello.job_id, sizeof hello.job_id, "%s", ctx->cfg.job_id);
+    memcpy(hello.nonce, ctx->nonce, sizeof hello.nonce);
+    snprintf(hello.provider, sizeof hello.provider, "%s", psagg_fabric_provider(ctx->fab));
+    psagg_hello_token(&ctx->job_key, ctx->cfg.job_id, (uint32_t)ctx->rank, hello.flags, hello.nonce,
+                      hello.auth);
+    if ((st = psagg_fabric_name(ctx->fab, hello.epname, &len)))
+        return st;
+    hello.epname_len = (uint32_t)len;
+    if (ctx->cfg.local_copy) {
+        uint32_t pid;
+        psagg_fabric_local_self(ctx->fab, &pid, &hello.local_probe);
+        hello.local_pid = pid;
+    }
+    if ((st = psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_HELLO, &hello, sizeof hello)))
+        return psagg_fail_context(st, "%s: ", peer);
+    if ((st = psagg_ctl_recv(ctx->servers[s].fd, &h, &body, deadline, peer)))
+        return st;
+    if ((st = psagg_ctl_error_parse(&h, body, &refusal))) {
+        psagg_fail(st, "%s refused worker %d: %s", peer, ctx->rank, refusal);
+    } else if (h.type != PSAGG_CTL_WELCOME || h.len != sizeof(psagg_ctl_welcome)) {
+        st = psagg_fail(PSAGG_EPROTO, "%s answered HELLO with frame type %u", peer, h.type);
+    } else {
+        psagg_ctl_welcome *w = body;
+        if (w->server_rank != (uint32_t)s || w->n_servers != (uint32_t)ctx->cfg.n_servers)
+            st = psagg_fail(PSAGG_ECONFIG,
+                            "%s says it is server %u of %u; this worker's config lists it as "
+                            "server %d of %d",
+                            peer, w->server_rank, w->n_servers, s, ctx->cfg.n_servers);
+        else if (w->flags != hello.flags)
+            st = psagg_fail(PSAGG_ECONFIG, "%s has data_auth %s, this worker %s", peer,
+                            w->flags & PSAGG_HELLO_DATA_AUTH ? "on" : "off",
+                            hello.flags ? "on" : "off");
+        else if (strncmp(w->provider, hello.provider, PSAGG_PROVIDER_MAX - 1))
+            st = psagg_fail(PSAGG_ECONFIG,
+                            "%s opened fabric provider '%.31s', this worker '%.31s': every "
+                            "process of a job must open the same one (name it in [cluster] "
+                            "provider)",
+                            peer, w->provider, hello.provider);
+        else if (w->epname_len == 0 || w->epname_len > PSAGG_EPNAME_MAX)
+            st =
+                psagg_fail(PSAGG_EPROTO, "%s: WELCOME field epname_len is %u", peer, w->epname_len);
+        else if (s > 0 && memcmp(&w->optim, &ctx->optim, sizeof w->optim))
+            st = psagg_fail(
+                PSAGG_ECONFIG,
+                "%s runs [server] optimizer = %s (momentum %g, dampening %g, nesterov "
+                "%u, beta1 %g, beta2 %g, eps %g, sync_interval %u), server 0 runs %s "
+                "(%g, %g, %u, %g, %g, %g, %u): start every server with the same "
+                "[server] optimizer keys",
+                peer, psagg_optim_name((psagg_optim_kind)w->optim.kind), (double)w->optim.momentum,
+                (double)w->optim.dampening, w->optim.nesterov, (double)w->optim.beta1,
+                (double)w->optim.beta2, (double)w->optim.eps, w->optim.sync_interval,
+                psagg_optim_name((psagg_optim_kind)ctx->optim.kind), (double)ctx->optim.momentum,
+                (double)ctx->optim.dampening, ctx->optim.nesterov, (double)ctx->optim.beta1,
+                (double)ctx->optim.beta2, (double)ctx->optim.eps, ctx->optim.sync_interval);
+        else if ((st = psagg_fabric_add_peer(ctx->fab, w->epname, w->epname_len,
+                                             &ctx->servers[s].addr)))
+            psagg_fail_context(st, "%s: ", peer);
+        else
+            psagg_data_key_make(&ctx->job_key, ctx->cfg.job_id, w->nonce, &ctx->servers[s].key);
+        if (!st && s == 0)
+            ctx->optim = w->optim;
+        if (!st && ctx->cfg.local_copy)
+            local_copy_setup(ctx, s, w, peer);
+    }
+    free(body);
+    return st;
+}
+
+/*
+ * HELLO server s and read its WELCOME. A server closes a connection it has no room for
+ * (while it is flooded with others) without a word: then connect and say HELLO again, until
+ * the start-up deadline. A refusal (an ERROR frame) is final.
+ */
+static psagg_status hello_server(psagg_ctx *ctx, int s, int64_t deadline)
+{
+    char peer[96];
+    psagg_status st;
+    snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
+             ctx->cfg.servers[s].port);
+    for (;;) {
+        st = hello_once(ctx, s, deadline, peer);
+        if (st != PSAGG_EPEER || psagg_now_ms() + 100 >= deadline)
+            return st;
+        LOG_INFO(&ctx->log, "%s closed the connection before answering HELLO (%s); again", peer,
+                 psagg_last_error());
+        close(ctx->servers[s].fd);
+        ctx->servers[s].fd = -1;
+        usleep(100 * 1000);
+        if ((st = psagg_tcp_connect(&ctx->cfg.servers[s], deadline, peer, &ctx->log,
+                                    &ctx->servers[s].fd)))
+            return st;
+    }
+}
+
+/* Connect to every server by `deadline` (the first connection tells which local address to use). */
+psagg_status handshake_connect(psagg_ctx *ctx, int64_t deadline)
+{
+    for (int s = 0; s < ctx->cfg.n_servers; s++) {
+        char what[32];
+        psagg_status st;
+        snprintf(what, sizeof what, "server %d", s);
+        if ((st = psagg_tcp_connect(&ctx->cfg.servers[s], deadline, what, &ctx->log,
+                                    &ctx->servers[s].fd)))
+            return psagg_fail_context(st, "worker %d: ", ctx->rank);
+    }
+    return PSAGG_OK;
+}
+
+/* HELLO every server in turn, by `deadline`. */
+psagg_status handshake_hello(psagg_ctx *ctx, int64_t deadline)
+{
+    psagg_status st;
+    for (int s = 0; s < ctx->cfg.n_servers; s++)
+        if ((st = hello_server(ctx, s, deadline)))
+            return st;
+    return PSAGG_OK;
+}
+
+/*
+ * Send the declaration to every server and wait for each answer. A server's own verdict (an
+ * ERROR frame: mismatch, timeout) explains a failure better than a connection that another
+ * server's verdict made the other workers drop, so the first ERROR frame wins; a send or
+ * receive failure is reported only when no server said why.
+ */
+psagg_status handshake_declare(psagg_ctx *ctx, psagg_ctl_declare *d, size_t bytes)
+{
+    /*
+     * The servers enforce connect_timeout_ms and then say which workers are missing; wait a
+     * little longer than they do so that their verdict, not our own timeout, is reported.
+     */
+    int grace = ctx->cfg.connect_timeout_ms / 4 > 1000 ? ctx->cfg.connect_timeout_ms / 4 : 1000;
+    int64_t deadline = psagg_now_ms() + ctx->cfg.connect_timeout_ms + grace;
+    psagg_status verdict = PSAGG_OK, other = PSAGG_OK;
+    char verdict_msg[512] = "", other_msg[512] = "";
+    int *sent = calloc((size_t)ctx->cfg.n_servers, sizeof *sent);
+
+    if (!sent)
+        return psagg_fail(PSAGG_ENOMEM, "psagg_declare");
+    for (int s = 0; s < ctx->cfg.n_servers; s++) {
+        psagg_status st;
+        d->local_flags = ctx->servers[s].local_reads ? PSAGG_LOCAL_READS : 0;
+        st = psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_DECLARE, d, (uint32_t)bytes);
+        sent[s] = !st;
+        if (st && !other) {
+            other = st;
+            snprintf(other_msg, sizeof other_msg, "declaring to server %d: %s", s,
+                     psagg_last_error());
+        }
+    }
+    for (int s = 0; s < ctx->cfg.n_servers; s++) {
+        psagg_ctl_hdr h;
+        void *body = NULL;
+        const char *text;
+        char peer[96];
+        psagg_status st, refused;
+        snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
+                 ctx->cfg.servers[s].port);
+        /* a server we could not send to may still have sent its verdict: read it briefly */
+        st = psagg_ctl_recv(ctx->servers[s].fd, &h, &body,
+                            sent[s] ? deadline : psagg_now_ms() + 500, peer);
+        if (!st && (refused = psagg_ctl_error_parse(&h, body, &text))) {
+            if (!verdict) {
+                verdict = refused;
+                snprintf(verdict_msg, sizeof verdict_msg, "%s: %s", peer, text);
+            }
+        } else if (!st && h.type != PSAGG_CTL_READY) {
+            st = psagg_fail(PSAGG_EPROTO, "%s answered DECLARE with frame type %u", peer, h.type);
+        } else if (st == PSAGG_ETIMEDOUT) {
+            psagg_fail(st, "%s: not all workers declared within connect_timeout_ms=%d", peer,
+                       ctx->cfg.connect_timeout_ms);
+        }
+        if (st && !other) {
+            other = st;
+            snprintf(other_msg, sizeof other_msg, "%s", psagg_last_error());
+        }
+        free(body);
+    }
+    free(sent);
+    if (verdict)
+        return psagg_fail(verdict, "%s", verdict_msg);
+    if (other)
+        return psagg_fail(other, "%s", other_msg);
+    return PSAGG_OK;
+}
