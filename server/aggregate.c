@@ -9,6 +9,11 @@
  * therefore the same bits whatever order messages arrive in. The last contribution triggers
  * one requantize (with the server residual when enabled) and the identical update bytes go
  * to every worker.
+ *
+ * That is the sum kind on the CPU (sum_chunk_ops, cpu_sum_ops). What differs by chunk kind
+ * (a parameter's optimizer step in optim.c, the GPU assist's sum in gpu.c) is behind each
+ * chunk's operations tables (server.h: chunk_ops, chunk_sum_ops), chosen once per chunk by
+ * chunk_kind and chunk_sum; the rest of this file is the same for every kind.
  */
 #include <errno.h>
 #include <stdio.h>

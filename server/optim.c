@@ -1,5 +1,6 @@
 /*
- * optim.c - parameter chunks ([server] optimizer): the optimizer's rounds and checkpoints.
+ * optim.c - parameter chunks ([server] optimizer): the optimizer's rounds (param_chunk_ops,
+ * server.h's chunk_ops) and checkpoints.
  *
  * A tensor declared as a parameter (runtime/wire.h, PSAGG_DECL_PARAM) keeps, per chunk, fp32
  * master weights w, the weights every worker holds (view) and the optimizer's state, in the

@@ -200,7 +200,9 @@ typedef struct chunk_sum_ops {
  *   open        the round's first push (its codec taken): keep what the kind checks later
  *   agree       a later push of the round in the same codec: 0 if it agrees with the first,
  *               else -1 with the job failed
- *   collect     one admitted push of the round (as chunk_sum_ops' collect, whose it may call)
+ *   collect     one admitted push of the round, as chunk_sum_ops' collect; what is summed
+ *               goes to c->sum->collect (so optim.c reaches aggregate.c's cpu_sum_ops through
+ *               the table: the file map's one call upward besides the queue)
  *   finish      every push is in: write the update into out (header included); returns its
  *               payload bytes, or -1 with the job failed
  *   advances    after finish: 1 if the round counts (the chunk moves to its next round)
