@@ -537,8 +537,8 @@ void agg_barrier(server *srv)
 }
 
 /*
- * The kind of a chunk of a tensor declared a parameter or not. The one place that chooses
- * by kind: everything else asks the table.
+ * The kind of a chunk of a tensor declared a parameter or not. With chunk_sum, the only places
+ * that choose by kind: everything else asks the chunk's tables.
  */
 static const chunk_ops *chunk_kind(int param)
 {
