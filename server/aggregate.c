@@ -9,6 +9,11 @@
  * therefore the same bits whatever order messages arrive in. The last contribution triggers
  * one requantize (with the server residual when enabled) and the identical update bytes go
  * to every worker.
+ *
+ * That is the sum kind on the CPU (sum_chunk_ops, cpu_sum_ops). What differs by chunk kind
+ * (a parameter's optimizer step in optim.c, the GPU assist's sum in gpu.c) is behind each
+ * chunk's operations tables (server.h: chunk_ops, chunk_sum_ops), chosen once per chunk by
+ * chunk_kind and chunk_sum; the rest of this file is the same for every kind.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -46,7 +51,7 @@ static void trace_round(server *srv, const chunk_state *c, int64_t done)
                      .keys = keys,
                      .n_args = 7,
                      .args = {c->round, c->info->key, c->info->index, c->first_worker,
-                              c->last_worker, c->thread, c->gpu}};
+                              c->last_worker, c->thread, c->sum->device}};
     psagg_timeline_span(srv->timeline, &sp);
 }
 
@@ -61,9 +66,9 @@ static uint32_t round_generation(const server *srv, const chunk_state *c)
 /*
  * The codec of worker w's push for c's round: of the round's generation (else w runs on a
  * stale assignment: closed), and the same as the round's other pushes (else the workers'
- * assignments differ, which no worker alone is to blame for: the job fails); for a parameter,
- * its trailer too (kind, lr, weight decay, flags: the same on every push of the round, or the
- * job fails). Returns 0 if the push may count.
+ * assignments differ, which no worker alone is to blame for: the job fails); and what the
+ * chunk's kind checks (a parameter's trailer: the same on every push of the round, or the job
+ * fails). Returns 0 if the push may count.
  */
 static int check_codec(server *srv, chunk_state *c, int w, const psagg_msg_codec *mc)
 {
@@ -85,16 +90,11 @@ static int check_codec(server *srv, chunk_state *c, int w, const psagg_msg_codec
         c->enc = mc->len;
         c->codec_set = 1;
         c->codec_by = (uint32_t)w;
-        if (c->param)
-            c->param->prm = mc->prm;
+        c->ops->open(c, mc);
         return 0;
     }
-    if (psagg_codec_equal(&c->codec, &mc->codec)) {
-        if (!c->param || !memcmp(&c->param->prm, &mc->prm, sizeof mc->prm))
-            return 0;
-        optim_disagree(srv, c, w, &mc->prm);
-        return -1;
-    }
+    if (psagg_codec_equal(&c->codec, &mc->codec))
+        return c->ops->agree(srv, c, w, mc);
     server_fail_job(srv, PSAGG_EPROTO,
                     "tensor '%s' chunk %u round %u (generation %u): worker %u pushed it in %s, "
                     "worker %d in %s: the workers' codec assignments differ",
@@ -108,9 +108,9 @@ static int check_codec(server *srv, chunk_state *c, int w, const psagg_msg_codec
 void agg_finish_round(server *srv, chunk_state *c)
 {
     int p = c->round & 1;
-    size_t bad = 0, enc = c->enc;
+    size_t enc;
     psagg_msg_hdr *h = (psagg_msg_hdr *)c->out[p];
-    psagg_status st;
+    long r;
     int64_t now;
 
     /*
@@ -122,26 +122,9 @@ void agg_finish_round(server *srv, chunk_state *c)
     if (atomic_load(&c->sends_pending[p]) > 0)
         return; /* progress_main queues c->retry when the last send completes */
     atomic_store(&c->deferred, 0);
-    if (c->param) { /* the optimizer's round (optim.c): it writes the header too */
-        long r = optim_finish(srv, c, c->out[p], round_key(srv, c));
-        if (r < 0)
-            return;
-        enc = (size_t)r;
-    } else {
-        if (c->gpu)
-            st = gpu_aggregate(srv, c, &c->codec, round_key(srv, c), c->out[p] + sizeof *h, &bad);
-        else
-            st = psagg_encode(&c->codec, c->acc, c->residual, c->info->count, round_key(srv, c),
-                              c->out[p] + sizeof *h, enc, &bad);
-        if (st) {
-            server_fail_job(srv, st, "tensor '%s' chunk %u round %u: the sum cannot be encoded: %s",
-                            srv->layout.tensors[c->info->key].name, c->info->index, c->round,
-                            psagg_last_error());
-            return;
-        }
-        psagg_msg_init(h, PSAGG_MSG_UPDATE, (uint32_t)srv->rank, c->round, c->info, &c->codec,
-                       round_generation(srv, c));
-    }
+    if ((r = c->ops->finish(srv, c, c->out[p], round_key(srv, c))) < 0)
+        return; /* the job failed */
+    enc = (size_t)r;
     if (srv->tag_bytes) /* one MAC: every worker gets the same bytes */
         psagg_msg_mac(&srv->data_key, c->out[p], sizeof *h + enc, c->out[p] + sizeof *h + enc);
     atomic_store(&c->sends_pending[p], srv->n_workers);
@@ -156,8 +139,8 @@ void agg_finish_round(server *srv, chunk_state *c)
     c->n_arrived = 0;
     c->next = 0;
     memset(c->arrived, 0, (size_t)srv->n_workers);
-    if (c->param && (c->param->prm.flags & PSAGG_PARAM_KIND_MASK) != PSAGG_PARAM_GRAD)
-        return; /* INIT and PULL do not count a round */
+    if (!c->ops->advances(c))
+        return; /* (a parameter's INIT and PULL do not count a round) */
     c->round++;
     if (c == srv->chunks) { /* slot 0 counts the job's rounds for the usage report */
         if (c->round == 1) {
@@ -197,34 +180,106 @@ static void release_held(server *srv, chunk_state *c, int w)
 }
 
 /*
+ * cpu_sum_ops' collect: a push that is next in the fixed order is folded into acc straight
+ * from its receive buffer, and so are the early ones it unblocks. A push that comes before its
+ * turn waits in its receive buffer while fewer than half of the pool's buffers are held so
+ * (rx_hold_max), so that the receive window never closes; beyond that it is validated and
+ * copied into its slot.
+ */
+static int cpu_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
+{
+    const psagg_msg_hdr *h = (const psagg_msg_hdr *)rb->rx.buf;
+    const uint8_t *payload = rb->rx.buf + sizeof *h;
+    size_t cap = c->info->cap_bytes;
+
+    if (w != (int)c->next) {
+        int kept = 0;
+        if (atomic_fetch_add(&srv->rx_held, 1) < srv->rx_hold_max) {
+            c->held[w] = rb;
+            kept = CHUNK_KEPT;
+        } else {
+            atomic_fetch_sub(&srv->rx_held, 1);
+            if (psagg_validate(&c->codec, payload, c->enc, c->info->count)) {
+                server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s",
+                                    h->key, h->chunk, h->round, psagg_last_error());
+                return 0;
+            }
+            memcpy(c->slots + (size_t)w * cap, payload, c->enc);
+        }
+        c->arrived[w] = 1;
+        c->n_arrived++;
+        return kept;
+    }
+    if (fold(srv, c, w, payload))
+        return 0;
+    c->arrived[w] = 1;
+    c->n_arrived++;
+    c->next++;
+    while ((int)c->next < srv->n_workers && c->arrived[c->next]) {
+        int nx = (int)c->next, bad;
+        if (c->held[nx]) {
+            bad = fold(srv, c, nx, c->held[nx]->rx.buf + sizeof *h);
+            release_held(srv, c, nx);
+        } else {
+            bad = fold(srv, c, nx, c->slots + (size_t)nx * cap);
+        }
+        if (bad)
+            return 0;
+        c->next++;
+    }
+    return (int)c->next == srv->n_workers ? CHUNK_COMPLETE : 0;
+}
+
+/* cpu_sum_ops' encode: requantize acc (with the server residual). */
+static psagg_status cpu_encode(server *srv, chunk_state *c, psagg_rng_key key, uint8_t *payload,
+                               size_t *bad)
+{
+    (void)srv;
+    return psagg_encode(&c->codec, c->acc, c->residual, c->info->count, key, payload, c->enc, bad);
+}
+
+static psagg_status cpu_alloc(server *srv, chunk_state *c)
+{
+    (void)srv;
+    if (!(c->acc = arena_alloc(c->info->count * sizeof(float))))
+        return psagg_fail(PSAGG_ENOMEM, "buffers of tensor %u chunk %u", c->info->key,
+                          c->info->index);
+    return PSAGG_OK;
+}
+
+static void cpu_free(chunk_state *c)
+{
+    arena_free(c->acc);
+    c->acc = NULL;
+}
+
+const chunk_sum_ops cpu_sum_ops = {
+    .name = "cpu",
+    .device = 0,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .collect = cpu_collect,
+    .encode = cpu_encode,
+};
+
+/*
  * One push for chunk c, already checked by the progress thread: its source (and MAC with
  * data_auth), then its fields against the layout. So a forged push never reaches this point
- * to count as its sender's (and make the real one a "duplicate"). Returns 1 when the receive
- * buffer is kept (an early arrival, folded from there at its turn), 0 when the caller may
- * repost it.
- *
- * A push that comes before its turn in the fixed order waits in its receive buffer while
- * fewer than half of the pool's buffers are held so (rx_hold_max), so that the receive
- * window never closes; beyond that, and for the GPU assist, it is validated and copied into
- * its slot.
+ * to count as its sender's (and make the real one a "duplicate"). What every kind of chunk
+ * checks is here; the kind admits the push, checks its own fields and collects it
+ * (chunk_ops). Returns 1 when the receive buffer is kept (an early arrival, folded from there
+ * at its turn), 0 when the caller may repost it.
  */
 static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
 {
     const psagg_msg_hdr *h = (const psagg_msg_hdr *)rb->rx.buf;
-    const uint8_t *payload = rb->rx.buf + sizeof *h;
-    int w = h->sender, kept = 0;
-    size_t cap = c->info->cap_bytes;
-    uint32_t round = h->round, kind = PSAGG_PARAM_GRAD;
+    int w = h->sender, r;
+    uint32_t round = h->round;
 
     if (c->broken)
         return 0;
-    if (c->param) {
-        kind = rb->mc.prm.flags & PSAGG_PARAM_KIND_MASK;
-        if (optim_admit(srv, c, rb))
-            return 0;
-        if (kind == PSAGG_PARAM_INIT) /* it carries round 0: the worker learns the chunk's */
-            round = c->round;
-    }
+    if (c->ops->admit(srv, c, rb, &round))
+        return 0;
     if (round < c->round) {
         LOG_WARN(&srv->log,
                  "stale push from worker %d: tensor %u chunk %u round %u (collecting %u), dropped",
@@ -254,53 +309,96 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
         c->last_worker = (uint32_t)w;
         metrics_lateness(srv, w, now - c->first_push_ns);
     }
-    if (c->param && kind != PSAGG_PARAM_GRAD) { /* no sum: all in, in any order, then reply */
-        optim_collect(c, w, payload);
-        c->arrived[w] = 1;
-        if (++c->n_arrived == (uint32_t)srv->n_workers)
-            agg_finish_round(srv, c);
-        return 0;
-    }
-    if (c->gpu || w != (int)c->next) {
-        if (!c->gpu && atomic_fetch_add(&srv->rx_held, 1) < srv->rx_hold_max) {
-            c->held[w] = rb;
-            kept = 1;
-        } else {
-            if (!c->gpu)
-                atomic_fetch_sub(&srv->rx_held, 1);
-            if (psagg_validate(&c->codec, payload, c->enc, c->info->count)) {
-                server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s",
-                                    h->key, h->chunk, h->round, psagg_last_error());
-                return 0;
-            }
-            memcpy(c->slots + (size_t)w * cap, payload, c->enc);
-        }
-        c->arrived[w] = 1;
-        if (++c->n_arrived == (uint32_t)srv->n_workers && c->gpu)
-            agg_finish_round(srv, c); /* the GPU sums all inputs in worker order at once */
-        return kept;
-    }
-    if (fold(srv, c, w, payload))
-        return 0;
-    c->arrived[w] = 1;
-    c->n_arrived++;
-    c->next++;
-    while ((int)c->next < srv->n_workers && c->arrived[c->next]) {
-        int nx = (int)c->next, bad;
-        if (c->held[nx]) {
-            bad = fold(srv, c, nx, c->held[nx]->rx.buf + sizeof *h);
-            release_held(srv, c, nx);
-        } else {
-            bad = fold(srv, c, nx, c->slots + (size_t)nx * cap);
-        }
-        if (bad)
-            return 0;
-        c->next++;
-    }
-    if ((int)c->next == srv->n_workers)
+    r = c->ops->collect(srv, c, w, rb);
+    if (r & CHUNK_COMPLETE)
         agg_finish_round(srv, c);
+    return r & CHUNK_KEPT;
+}
+
+/* sum_chunk_ops: the round's update is its sum, requantized (error feedback: c->residual). */
+static uint64_t sum_out_bytes(uint64_t count, uint64_t enc)
+{
+    (void)count;
+    return enc;
+}
+
+static uint64_t sum_state_bytes(const server *srv, uint64_t count)
+{
+    return srv->cfg.server_error_feedback ? 4 * count : 0;
+}
+
+static psagg_status sum_alloc(server *srv, chunk_state *c)
+{
+    if (srv->cfg.server_error_feedback &&
+        !(c->residual = arena_alloc(c->info->count * sizeof(float))))
+        return psagg_fail(PSAGG_ENOMEM, "buffers of tensor %u chunk %u", c->info->key,
+                          c->info->index);
+    return PSAGG_OK;
+}
+
+static void sum_free(chunk_state *c)
+{
+    arena_free(c->residual);
+    c->residual = NULL;
+}
+
+static int sum_admit(server *srv, chunk_state *c, const recv_buf *rb, uint32_t *round)
+{
+    (void)srv, (void)c, (void)rb, (void)round;
     return 0;
 }
+
+static void sum_open(chunk_state *c, const psagg_msg_codec *mc)
+{
+    (void)c, (void)mc;
+}
+
+static int sum_agree(server *srv, chunk_state *c, int w, const psagg_msg_codec *mc)
+{
+    (void)srv, (void)c, (void)w, (void)mc;
+    return 0;
+}
+
+static int sum_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
+{
+    return c->sum->collect(srv, c, w, rb);
+}
+
+static long sum_finish(server *srv, chunk_state *c, uint8_t *out, psagg_rng_key key)
+{
+    size_t bad = 0;
+    psagg_status st = c->sum->encode(srv, c, key, out + sizeof(psagg_msg_hdr), &bad);
+    if (st) {
+        server_fail_job(srv, st, "tensor '%s' chunk %u round %u: the sum cannot be encoded: %s",
+                        srv->layout.tensors[c->info->key].name, c->info->index, c->round,
+                        psagg_last_error());
+        return -1;
+    }
+    psagg_msg_init((psagg_msg_hdr *)out, PSAGG_MSG_UPDATE, (uint32_t)srv->rank, c->round, c->info,
+                   &c->codec, round_generation(srv, c));
+    return (long)c->enc;
+}
+
+static int sum_advances(const chunk_state *c)
+{
+    (void)c;
+    return 1;
+}
+
+const chunk_ops sum_chunk_ops = {
+    .name = "sum",
+    .host_sum = 0,
+    .out_bytes = sum_out_bytes,
+    .state_bytes = sum_state_bytes,
+    .alloc = sum_alloc,
+    .free = sum_free,
+    .admit = sum_admit,
+    .open = sum_open,
+    .agree = sum_agree,
+    .collect = sum_collect,
+    .finish = sum_finish,
+    .advances = sum_advances,
+};
 
 /*
  * The per-round deadline (runtime/control.h): a round whose first push arrived more than
@@ -438,19 +536,42 @@ void agg_barrier(server *srv)
     pthread_mutex_unlock(&srv->barrier_mu);
 }
 
-/* Allocate and register the buffers of one chunk, from the calling thread's arena. */
+/*
+ * The kind of a chunk of a tensor declared a parameter or not. With chunk_sum, the only places
+ * that choose by kind: everything else asks the chunk's tables.
+ */
+static const chunk_ops *chunk_kind(int param)
+{
+    return param ? &param_chunk_ops : &sum_chunk_ops;
+}
+
+/*
+ * How chunk c is summed, chosen once in its thread: on the thread's GPU assist when it has
+ * one, the chunk is large enough and the GPU takes that many inputs, unless its kind reads
+ * the sum on the host; else on the CPU.
+ */
+static const chunk_sum_ops *chunk_sum(const server *srv, const agg_thread *t, const chunk_state *c)
+{
+    return t->cuda && !c->ops->host_sum && c->info->count >= srv->cfg.gpu_min_elems &&
+                   srv->n_workers <= gpu_max_inputs()
+               ? &gpu_sum_ops
+               : &cpu_sum_ops;
+}
+
+/*
+ * Allocate and register the buffers of one chunk, from the calling thread's arena: those
+ * every kind has, then its sum's and its kind's.
+ */
 static psagg_status chunk_alloc(server *srv, chunk_state *c)
 {
     const psagg_chunk_info *ci = c->info;
     size_t enc = ci->cap_bytes, n = (size_t)srv->n_workers;
-    size_t out = c->out_cap = c->param ? (enc > 4 * ci->count ? enc : 4 * ci->count) : enc;
+    size_t out = c->out_cap = (size_t)c->ops->out_bytes(ci->count, enc);
+    psagg_status st;
 
     c->arrived = arena_alloc(n);
     c->held = arena_alloc(n * sizeof *c->held);
     c->slots = arena_alloc(n * enc);
-    c->acc = c->gpu ? NULL : arena_alloc(ci->count * sizeof(float));
-    if (srv->cfg.server_error_feedback && !c->param) /* a parameter's view is its feedback */
-        c->residual = arena_alloc(ci->count * sizeof(float));
     for (int p = 0; p < 2; p++) {
         c->sctx[p] = (send_ctx){.chunk = c, .parity = p};
         c->out[p] = arena_alloc(sizeof(psagg_msg_hdr) + out + srv->tag_bytes);
@@ -460,20 +581,22 @@ static psagg_status chunk_alloc(server *srv, chunk_state *c)
                              &c->out_desc[p]))
             return psagg_fail_context(PSAGG_EFABRIC, "registering update buffers: ");
     }
-    if (!c->arrived || !c->held || !c->slots || (!c->gpu && !c->acc) || !c->out[0] || !c->out[1] ||
-        (srv->cfg.server_error_feedback && !c->param && !c->residual))
+    if (!c->arrived || !c->held || !c->slots || !c->out[0] || !c->out[1])
         return psagg_fail(PSAGG_ENOMEM, "buffers of tensor %u chunk %u", ci->key, ci->index);
-    return c->param ? optim_chunk_alloc(srv, c) : PSAGG_OK;
+    if ((st = c->sum->alloc(srv, c)))
+        return st;
+    return c->ops->alloc(srv, c);
 }
 
-/* What one owned chunk of `count` elements, `enc` bytes encoded, costs (chunk_alloc). */
-static uint64_t chunk_bytes(const server *srv, uint64_t count, size_t enc, int param)
+/*
+ * What one owned chunk of kind `ops`, `count` elements, `enc` bytes encoded, costs
+ * (chunk_alloc; the accumulator counted whichever way it is summed).
+ */
+static uint64_t chunk_bytes(const server *srv, uint64_t count, size_t enc, const chunk_ops *ops)
 {
-    uint64_t n = (uint64_t)srv->n_workers, out = param && 4 * count > enc ? 4 * count : enc;
+    uint64_t n = (uint64_t)srv->n_workers, out = ops->out_bytes(count, enc);
     return sizeof(chunk_state) + n + n * sizeof(void *) + n * enc + 4 * count +
-           (srv->cfg.server_error_feedback && !param ? 4 * count : 0) +
-           2 * (sizeof(psagg_msg_hdr) + out + srv->tag_bytes) +
-           (param ? optim_chunk_bytes(srv, count) : 0);
+           ops->state_bytes(srv, count) + 2 * (sizeof(psagg_msg_hdr) + out + srv->tag_bytes);
 }
 
 static uint64_t sat_add(uint64_t a, uint64_t b)
@@ -503,7 +626,7 @@ psagg_status agg_check_budget(const server *srv, const psagg_ctl_tensor *decl, u
         psagg_codec c = {(psagg_codec_id)decl[t].codec, decl[t].bits, decl[t].bucket,
                          (psagg_rounding)decl[t].rounding};
         uint64_t count = decl[t].count, ce, full, rem, bytes;
-        int param = (decl[t].flags & PSAGG_DECL_PARAM) != 0;
+        const chunk_ops *ops = chunk_kind((decl[t].flags & PSAGG_DECL_PARAM) != 0);
         if (decl[t].codec > PSAGG_CODEC_MAXMIN || psagg_codec_check(&c) || !count)
             continue; /* psagg_layout_build refuses it, with its own message */
         ce = psagg_codec_chunk_elems(&c, chunk_elems);
@@ -511,12 +634,12 @@ psagg_status agg_check_budget(const server *srv, const psagg_ctl_tensor *decl, u
             c = psagg_adapt_largest(&c, ce);
         full = count / ce;
         rem = count % ce;
-        bytes = sat_add(sat_mul(full, chunk_bytes(srv, ce, psagg_encoded_size(&c, ce), param)),
-                        rem ? chunk_bytes(srv, rem, psagg_encoded_size(&c, rem), param) : 0);
+        bytes = sat_add(sat_mul(full, chunk_bytes(srv, ce, psagg_encoded_size(&c, ce), ops)),
+                        rem ? chunk_bytes(srv, rem, psagg_encoded_size(&c, rem), ops) : 0);
         chunks = sat_add(chunks, full + (rem != 0));
         total = sat_add(total, bytes);
-        if (chunk_bytes(srv, ce, psagg_encoded_size(&c, ce), param) > biggest_chunk)
-            biggest_chunk = chunk_bytes(srv, ce, psagg_encoded_size(&c, ce), param);
+        if (chunk_bytes(srv, ce, psagg_encoded_size(&c, ce), ops) > biggest_chunk)
+            biggest_chunk = chunk_bytes(srv, ce, psagg_encoded_size(&c, ce), ops);
         if (bytes > worst) {
             worst = bytes;
             worst_t = t;
@@ -566,8 +689,7 @@ psagg_status agg_setup(server *srv)
         c->codec = l->tensors[ci->key].codec;
         c->enc = ci->enc_bytes;
         c->thread = ci->slot % (uint32_t)srv->n_threads;
-        if (l->tensors[ci->key].param && !(c->param = calloc(1, sizeof *c->param)))
-            return psagg_fail(PSAGG_ENOMEM, "state of tensor %u chunk %u", ci->key, ci->index);
+        c->ops = chunk_kind(l->tensors[ci->key].param);
     }
     return PSAGG_OK;
 }
@@ -592,8 +714,7 @@ static void *agg_thread_start(void *arg)
         chunk_state *c = &srv->chunks[i];
         if ((int)c->thread != self)
             continue;
-        c->gpu = t->cuda && !c->param && c->info->count >= srv->cfg.gpu_min_elems &&
-                 srv->n_workers <= gpu_max_inputs();
+        c->sum = chunk_sum(srv, t, c);
         st = chunk_alloc(srv, c);
     }
     pthread_mutex_lock(&su->mu);
@@ -671,17 +792,15 @@ void agg_teardown(server *srv)
 {
     for (uint32_t i = 0; srv->chunks && i < srv->n_owned; i++) {
         chunk_state *c = &srv->chunks[i];
+        if (c->ops) /* chunk_alloc's order, reversed; each frees what it allocated, if any */
+            c->ops->free(c);
+        if (c->sum)
+            c->sum->free(c);
         arena_free(c->arrived);
         arena_free(c->held);
         arena_free(c->slots);
-        arena_free(c->acc);
-        arena_free(c->residual);
         arena_free(c->out[0]);
         arena_free(c->out[1]);
-        if (c->param) {
-            optim_chunk_free(c);
-            free(c->param);
-        }
     }
     free(srv->chunks);
     srv->chunks = NULL;

@@ -3,14 +3,49 @@
  *
  * When enabled, each aggregation thread owns a CUDA context (kernels/cuda: its own stream,
  * device workspace and pinned staging). Chunks of at least gpu_min_elems elements pinned to
- * such a thread keep every contribution of a round compressed in its slot, and the last one
- * runs the fused operation on the GPU (psagg_cuda_aggregate_host): the inputs are summed in
- * worker order and requantized exactly as the CPU does, so the update bytes are the same.
+ * such a thread are summed by gpu_sum_ops: they keep every contribution of a round compressed
+ * in its slot, and the round's end runs the fused operation on the GPU
+ * (psagg_cuda_aggregate_host): the inputs are summed in worker order and requantized exactly
+ * as the CPU does, so the update bytes are the same.
  * Without CUDA in the build, gpu = on is a start-up error and auto means off.
  */
+#include <string.h>
+
 #include "base/error.h"
 #include "base/log.h"
 #include "server.h"
+
+/*
+ * gpu_sum_ops' collect: validate the payload now (the GPU's decode would only find a bad
+ * one at the round's end, with no worker to blame) and keep it in its slot.
+ */
+static int gpu_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
+{
+    const psagg_msg_hdr *h = (const psagg_msg_hdr *)rb->rx.buf;
+    const uint8_t *payload = rb->rx.buf + sizeof *h;
+
+    if (psagg_validate(&c->codec, payload, c->enc, c->info->count)) {
+        server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s", h->key,
+                            h->chunk, h->round, psagg_last_error());
+        return 0;
+    }
+    memcpy(c->slots + (size_t)w * c->info->cap_bytes, payload, c->enc);
+    c->arrived[w] = 1;
+    /* the GPU sums all inputs in worker order at once */
+    return ++c->n_arrived == (uint32_t)srv->n_workers ? CHUNK_COMPLETE : 0;
+}
+
+/* The sum is made on the device: no accumulator on the host. */
+static psagg_status gpu_alloc(server *srv, chunk_state *c)
+{
+    (void)srv, (void)c;
+    return PSAGG_OK;
+}
+
+static void gpu_free(chunk_state *c)
+{
+    (void)c;
+}
 
 #ifdef PSAGG_WITH_CUDA
 #include "kernels/cuda/codec_cuda.h"
@@ -44,14 +79,15 @@ void gpu_thread_fini(agg_thread *t)
     t->cuda = NULL;
 }
 
-psagg_status gpu_aggregate(server *srv, chunk_state *c, const psagg_codec *codec, psagg_rng_key key,
-                           uint8_t *out, size_t *bad)
+/* gpu_sum_ops' encode: sum c's inputs (all in its slots, in worker order) and requantize. */
+static psagg_status gpu_encode(server *srv, chunk_state *c, psagg_rng_key key, uint8_t *out,
+                               size_t *bad)
 {
     const void *in[PSAGG_CUDA_MAX_INPUTS];
     size_t enc = c->enc;
     for (int w = 0; w < srv->n_workers; w++)
         in[w] = c->slots + (size_t)w * c->info->cap_bytes;
-    return psagg_cuda_aggregate_host(srv->threads[c->thread].cuda, codec, in,
+    return psagg_cuda_aggregate_host(srv->threads[c->thread].cuda, &c->codec, in,
                                      (size_t)srv->n_workers, enc, c->info->count, c->residual, key,
                                      out, enc, bad);
 }
@@ -77,10 +113,10 @@ void gpu_thread_fini(agg_thread *t)
     (void)t;
 }
 
-psagg_status gpu_aggregate(server *srv, chunk_state *c, const psagg_codec *codec, psagg_rng_key key,
-                           uint8_t *out, size_t *bad)
+static psagg_status gpu_encode(server *srv, chunk_state *c, psagg_rng_key key, uint8_t *out,
+                               size_t *bad)
 {
-    (void)srv, (void)c, (void)codec, (void)key, (void)out, (void)bad;
+    (void)srv, (void)c, (void)key, (void)out, (void)bad;
     return psagg_fail(PSAGG_EUNSUPPORTED, "GPU assist not built");
 }
 
@@ -89,3 +125,12 @@ int gpu_max_inputs(void)
     return 0;
 }
 #endif
+
+const chunk_sum_ops gpu_sum_ops = {
+    .name = "gpu",
+    .device = 1,
+    .alloc = gpu_alloc,
+    .free = gpu_free,
+    .collect = gpu_collect,
+    .encode = gpu_encode,
+};

@@ -1,5 +1,6 @@
 /*
- * optim.c - parameter chunks ([server] optimizer): the optimizer's rounds and checkpoints.
+ * optim.c - parameter chunks ([server] optimizer): the optimizer's rounds (param_chunk_ops,
+ * server.h's chunk_ops) and checkpoints.
  *
  * A tensor declared as a parameter (runtime/wire.h, PSAGG_DECL_PARAM) keeps, per chunk, fp32
  * master weights w, the weights every worker holds (view) and the optimizer's state, in the
@@ -290,9 +291,16 @@ static int chunk_arrays(const server *srv)
     return 2 + psagg_optim_state_arrays(&srv->optim);
 }
 
-uint64_t optim_chunk_bytes(const server *srv, uint64_t count)
+/* param_chunk_ops' state: the param_state and its arrays. */
+static uint64_t param_state_bytes(const server *srv, uint64_t count)
 {
     return sizeof(param_state) + (uint64_t)chunk_arrays(srv) * 4 * count;
+}
+
+/* An update is the delta in the tensor's codec or the fp32 weights, whichever is larger. */
+static uint64_t param_out_bytes(uint64_t count, uint64_t enc)
+{
+    return enc > 4 * count ? enc : 4 * count;
 }
 
 static void decl_text(const psagg_ctl_tensor *t, char *buf, size_t len)
@@ -355,7 +363,7 @@ psagg_status optim_check_job(server *srv)
     for (uint32_t i = 0; i < srv->n_owned; i++) {
         const chunk_state *c = &srv->chunks[i];
         const ckpt_chunk *r;
-        if (!c->param)
+        if (c->ops != &param_chunk_ops)
             continue;
         r = k < f->head->n_chunks ? f->chunks[k] : NULL;
         if (!r || r->key != c->info->key || r->index != c->info->index ||
@@ -378,12 +386,20 @@ psagg_status optim_check_job(server *srv)
     return PSAGG_OK;
 }
 
-psagg_status optim_chunk_alloc(server *srv, chunk_state *c)
+/*
+ * param_chunk_ops' alloc, in c's aggregation thread: its state (and, with resume, what the
+ * checkpoint holds of it). acc is its sum's (cpu_sum_ops: host_sum); a parameter has no server
+ * residual, its view is its error feedback.
+ */
+static psagg_status param_alloc(server *srv, chunk_state *c)
 {
-    param_state *ps = c->param;
+    param_state *ps;
     size_t bytes = c->info->count * sizeof(float);
     int state = psagg_optim_state_arrays(&srv->optim);
 
+    if (!(ps = c->param = calloc(1, sizeof *c->param)))
+        return psagg_fail(PSAGG_ENOMEM, "state of tensor %u chunk %u", c->info->key,
+                          c->info->index);
     ps->w = arena_alloc(bytes);
     ps->view = arena_alloc(bytes);
     ps->m1 = state >= 1 ? arena_alloc(bytes) : NULL;
@@ -405,12 +421,16 @@ psagg_status optim_chunk_alloc(server *srv, chunk_state *c)
     return PSAGG_OK;
 }
 
-void optim_chunk_free(chunk_state *c)
+static void param_free(chunk_state *c)
 {
+    if (!c->param)
+        return;
     arena_free(c->param->w);
     arena_free(c->param->view);
     arena_free(c->param->m1);
     arena_free(c->param->m2);
+    free(c->param);
+    c->param = NULL;
 }
 
 static const char *kind_name(uint32_t flags)
@@ -419,7 +439,12 @@ static const char *kind_name(uint32_t flags)
     return names[flags & PSAGG_PARAM_KIND_MASK];
 }
 
-int optim_admit(server *srv, chunk_state *c, const recv_buf *rb)
+/*
+ * param_chunk_ops' admit: a push's kind (its trailer) that the chunk's state allows (INIT once,
+ * first), else its worker is closed (1). An INIT carries round 0: it counts for the chunk's
+ * round (which the worker learns from the answer).
+ */
+static int param_admit(server *srv, chunk_state *c, const recv_buf *rb, uint32_t *round)
 {
     const psagg_msg_hdr *h = (const psagg_msg_hdr *)rb->rx.buf;
     uint32_t kind = rb->mc.prm.flags & PSAGG_PARAM_KIND_MASK;
@@ -439,12 +464,27 @@ int optim_admit(server *srv, chunk_state *c, const recv_buf *rb)
                             kind_name(kind), name, c->info->index);
         return 1;
     }
+    if (kind == PSAGG_PARAM_INIT)
+        *round = c->round;
     return 0;
 }
 
-void optim_disagree(server *srv, chunk_state *c, int w, const psagg_msg_param *prm)
+/* param_chunk_ops' open: the round's trailer is its first push's. */
+static void param_open(chunk_state *c, const psagg_msg_codec *mc)
+{
+    c->param->prm = mc->prm;
+}
+
+/*
+ * param_chunk_ops' agree: a push whose trailer (kind, lr, weight decay, flags) differs from
+ * the round's first push's (worker c->codec_by's) fails the job.
+ */
+static int param_agree(server *srv, chunk_state *c, int w, const psagg_msg_codec *mc)
 {
     const param_state *ps = c->param;
+    const psagg_msg_param *prm = &mc->prm;
+    if (!memcmp(&ps->prm, prm, sizeof *prm))
+        return 0;
     server_fail_job(srv, PSAGG_EPROTO,
                     "the workers disagree on parameter tensor '%s' chunk %u round %u: worker %u "
                     "sent %s (lr %g, weight decay %g, flags 0x%x), worker %d %s (lr %g, weight "
@@ -453,13 +493,23 @@ void optim_disagree(server *srv, chunk_state *c, int w, const psagg_msg_param *p
                     kind_name(ps->prm.flags), (double)ps->prm.lr, (double)ps->prm.weight_decay,
                     ps->prm.flags, w, kind_name(prm->flags), (double)prm->lr,
                     (double)prm->weight_decay, prm->flags);
+    return -1;
 }
 
-void optim_collect(chunk_state *c, int w, const uint8_t *body)
+/*
+ * param_chunk_ops' collect: a GRAD push is summed by the chunk's sum (into acc); INIT and PULL
+ * have no sum: all in, in any order, then the reply. Of an INIT, worker 0's body is the weights
+ * (unless a checkpoint's were restored).
+ */
+static int param_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
 {
-    if ((c->param->prm.flags & PSAGG_PARAM_KIND_MASK) == PSAGG_PARAM_INIT && w == 0 &&
-        !c->param->restored)
-        memcpy(c->param->w, body, c->info->count * sizeof(float));
+    uint32_t kind = rb->mc.prm.flags & PSAGG_PARAM_KIND_MASK;
+    if (kind == PSAGG_PARAM_GRAD)
+        return c->sum->collect(srv, c, w, rb);
+    if (kind == PSAGG_PARAM_INIT && w == 0 && !c->param->restored)
+        memcpy(c->param->w, rb->rx.buf + sizeof(psagg_msg_hdr), c->info->count * sizeof(float));
+    c->arrived[w] = 1;
+    return ++c->n_arrived == (uint32_t)srv->n_workers ? CHUNK_COMPLETE : 0;
 }
 
 /* The payload of a WEIGHTS message: src, exactly. */
@@ -472,7 +522,12 @@ static long weights(server *srv, chunk_state *c, uint8_t *out, const float *src)
     return (long)(c->info->count * sizeof(float));
 }
 
-long optim_finish(server *srv, chunk_state *c, uint8_t *out, psagg_rng_key key)
+/*
+ * param_chunk_ops' finish: all pushes of c's round are in (GRAD: summed into acc): the step
+ * and its update into out (header included), a delta requantized with `key` (the round's
+ * server RNG stream); returns the payload bytes, or -1 (the job failed).
+ */
+static long param_finish(server *srv, chunk_state *c, uint8_t *out, psagg_rng_key key)
 {
     param_state *ps = c->param;
     const psagg_msg_param *prm = &ps->prm;
@@ -526,6 +581,27 @@ fail:
                     psagg_last_error());
     return -1;
 }
+
+/* param_chunk_ops' advances: INIT and PULL do not count a round. */
+static int param_advances(const chunk_state *c)
+{
+    return (c->param->prm.flags & PSAGG_PARAM_KIND_MASK) == PSAGG_PARAM_GRAD;
+}
+
+const chunk_ops param_chunk_ops = {
+    .name = "parameter",
+    .host_sum = 1, /* the step reads the fp32 sum in acc */
+    .out_bytes = param_out_bytes,
+    .state_bytes = param_state_bytes,
+    .alloc = param_alloc,
+    .free = param_free,
+    .admit = param_admit,
+    .open = param_open,
+    .agree = param_agree,
+    .collect = param_collect,
+    .finish = param_finish,
+    .advances = param_advances,
+};
 
 /* fwrite + the running checksum. */
 typedef struct ckpt_writer {

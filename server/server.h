@@ -77,6 +77,9 @@ typedef struct pending_conn {
 
 struct chunk_state;
 struct recv_buf;
+struct server;
+struct chunk_ops;
+struct chunk_sum_ops;
 
 /*
  * An entry of an aggregation thread's queue. It is embedded where it belongs (a receive
@@ -121,7 +124,11 @@ typedef struct param_state {
     psagg_msg_param prm; /* the trailer of this round's pushes (the first's: check_codec) */
 } param_state;
 
-/* One owned chunk. Only its aggregation thread touches it, except sends_pending. */
+/*
+ * One owned chunk. Only its aggregation thread touches it, except sends_pending. What kind of
+ * chunk it is lives in its two operations tables (below), chosen once: `ops` what a round does,
+ * `sum` how the round's pushes are summed.
+ */
 typedef struct chunk_state {
     const psagg_chunk_info *info;
     psagg_codec codec; /* this round's: the declared one, or (adaptive) its first push's */
@@ -145,14 +152,83 @@ typedef struct chunk_state {
     atomic_int deferred;     /* round complete, waiting for out[parity] to be free */
     atomic_int retry_queued; /* `retry` is in the thread's queue */
     agg_item retry;
-    int gpu; /* aggregated by the GPU assist (inputs all kept in slots) */
+    const struct chunk_ops *ops;     /* its round's kind: sum_chunk_ops, param_chunk_ops */
+    const struct chunk_sum_ops *sum; /* how it sums: cpu_sum_ops, gpu_sum_ops */
     send_ctx sctx[2];
-    param_state *param;    /* a parameter tensor's chunk (optim.c), else NULL */
+    param_state *param;    /* param_chunk_ops' state (optim.c), else NULL */
     size_t out_cap;        /* payload bytes out[] holds: cap_bytes, or a parameter's fp32 */
     int64_t first_push_ns; /* when this round's first push came (lateness, metrics.c) */
     int64_t last_push_ns;  /* and its last (the timeline) */
     uint32_t first_worker, last_worker;
 } chunk_state;
+
+/* What a chunk's collect did with a push (flags; 0: nothing more to do, repost its buffer). */
+enum {
+    CHUNK_KEPT = 1,     /* the receive buffer is held by the chunk (an early push) */
+    CHUNK_COMPLETE = 2, /* the round has all its pushes: aggregate.c finishes it now */
+};
+
+/*
+ * How a chunk's pushes are summed into one fp32 sum, in the fixed worker order (aggregate.c's
+ * comment): cpu_sum_ops (aggregate.c) folds each push into acc as soon as the order allows;
+ * gpu_sum_ops (gpu.c) keeps every push in its slot and sums them all on the GPU assist at the
+ * round's end. Called by the chunk's round kind (chunk_ops) in its aggregation thread.
+ *   alloc    the sum's buffers (from the thread's arena), after the common ones; free them
+ *   collect  one push of the round, checked up to its payload (handle_push): take it, mark
+ *            worker w arrived and count it; a bad payload closes w (server_close_worker) and
+ *            is not counted. Returns CHUNK_* flags (CHUNK_COMPLETE: the sum is whole)
+ *   encode   the whole sum requantized in c->codec into payload (c->enc bytes), with the
+ *            server residual when there is one; bad: the element a failure is about
+ */
+typedef struct chunk_sum_ops {
+    const char *name; /* "cpu", "gpu" */
+    int device;       /* 1: summed on the GPU assist (the timeline's "gpu" argument) */
+    psagg_status (*alloc)(struct server *srv, chunk_state *c);
+    void (*free)(chunk_state *c);
+    int (*collect)(struct server *srv, chunk_state *c, int w, recv_buf *rb);
+    psagg_status (*encode)(struct server *srv, chunk_state *c, psagg_rng_key key, uint8_t *payload,
+                           size_t *bad);
+} chunk_sum_ops;
+
+/*
+ * A chunk's kind: what its rounds do. aggregate.c's handle_push and agg_finish_round do what
+ * every kind shares (round, duplicate and codec checks, deadlines, the update's MAC, send and
+ * accounting) and call these for the rest, so a new kind (an outer optimizer step, a quorum
+ * round) is a new table, not a branch there. sum_chunk_ops (aggregate.c): the sum is the
+ * update. param_chunk_ops (optim.c): an optimizer step on the sum, the weights' delta is the
+ * update ([server] optimizer).
+ *   host_sum    1: finish reads the fp32 sum in acc, so the chunk is summed by cpu_sum_ops
+ *   out_bytes   payload bytes an update of a chunk of `count` elements (`enc` encoded) takes
+ *   state_bytes what the kind's own state costs a chunk of `count` elements (with out_bytes:
+ *               agg_check_budget's count, before anything is allocated)
+ *   alloc       the kind's state, after the common buffers and the sum's (c->param...); free
+ *               it (also after a failed or partial alloc)
+ *   admit       refuse a push the chunk's state does not allow (closing its sender: nonzero);
+ *               *round is the round it counts for (h->round, unless the kind says otherwise)
+ *   open        the round's first push (its codec taken): keep what the kind checks later
+ *   agree       a later push of the round in the same codec: 0 if it agrees with the first,
+ *               else -1 with the job failed
+ *   collect     one admitted push of the round, as chunk_sum_ops' collect; what is summed
+ *               goes to c->sum->collect (so optim.c reaches aggregate.c's cpu_sum_ops through
+ *               the table: the file map's one call upward besides the queue)
+ *   finish      every push is in: write the update into out (header included); returns its
+ *               payload bytes, or -1 with the job failed
+ *   advances    after finish: 1 if the round counts (the chunk moves to its next round)
+ */
+typedef struct chunk_ops {
+    const char *name; /* "sum", "parameter" */
+    int host_sum;
+    uint64_t (*out_bytes)(uint64_t count, uint64_t enc);
+    uint64_t (*state_bytes)(const struct server *srv, uint64_t count);
+    psagg_status (*alloc)(struct server *srv, chunk_state *c);
+    void (*free)(chunk_state *c);
+    int (*admit)(struct server *srv, chunk_state *c, const recv_buf *rb, uint32_t *round);
+    void (*open)(chunk_state *c, const psagg_msg_codec *mc);
+    int (*agree)(struct server *srv, chunk_state *c, int w, const psagg_msg_codec *mc);
+    int (*collect)(struct server *srv, chunk_state *c, int w, recv_buf *rb);
+    long (*finish)(struct server *srv, chunk_state *c, uint8_t *out, psagg_rng_key key);
+    int (*advances)(const chunk_state *c);
+} chunk_ops;
 
 typedef struct agg_thread {
     struct server *srv;
@@ -302,6 +378,9 @@ void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb);
 void agg_barrier(server *srv);
 /* Requantize c's completed round and send the update (or defer until out[] is free). */
 void agg_finish_round(server *srv, chunk_state *c);
+/* The sum kind (its update is the sum) and the sum on the CPU. */
+extern const chunk_ops sum_chunk_ops;
+extern const chunk_sum_ops cpu_sum_ops;
 
 /* optim.c: parameter chunks and checkpoints ([server] optimizer, checkpoint_dir, resume) */
 /* Start-up: the optimizer's settings; with resume, read and check the checkpoint file. */
@@ -313,27 +392,14 @@ psagg_status optim_check_job(server *srv);
 /* The aggregation threads have their chunks (and a checkpoint's state): let the file go, and
  * say what the optimizer runs on. */
 void optim_loaded(server *srv);
-/* Extra bytes a parameter chunk of `count` elements costs (agg_check_budget). */
-uint64_t optim_chunk_bytes(const server *srv, uint64_t count);
-/* In c's aggregation thread: allocate its state (and load it from the checkpoint). */
-psagg_status optim_chunk_alloc(server *srv, chunk_state *c);
-void optim_chunk_free(chunk_state *c);
 /* The optimizer's settings as WELCOME carries them. */
 void optim_welcome(const server *srv, psagg_ctl_optim *out);
 /*
- * A checked push of parameter chunk c (its trailer in rb->mc.prm), in handle_push's order:
- * optim_admit refuses a kind the chunk's state does not allow (closing the worker: 1);
- * optim_disagree fails the job for a push whose trailer differs from the round's first push's
- * (worker c->codec_by's, in prm); optim_collect takes an INIT's or a PULL's body (GRAD pushes
- * are folded as any tensor's).
+ * The parameter kind: its state allocated in c's aggregation thread (and loaded from the
+ * checkpoint), its pushes' trailers checked, INIT and PULL collected, GRAD summed by c->sum,
+ * and the optimizer's step and update at the round's end.
  */
-int optim_admit(server *srv, chunk_state *c, const recv_buf *rb);
-void optim_disagree(server *srv, chunk_state *c, int w, const psagg_msg_param *prm);
-void optim_collect(chunk_state *c, int w, const uint8_t *body);
-/* All pushes of c's round are in (GRAD: folded into acc): the step and its update into
- * out (header included), a delta requantized with `key` (the round's server RNG stream);
- * returns the payload bytes, or -1 (the job failed). */
-long optim_finish(server *srv, chunk_state *c, uint8_t *out, psagg_rng_key key);
+extern const chunk_ops param_chunk_ops;
 /* The control thread, for a worker's CHECKPOINT, after agg_barrier: write every parameter
  * chunk's state. */
 psagg_status optim_checkpoint(server *srv, char *path, size_t len);
@@ -341,9 +407,8 @@ psagg_status optim_checkpoint(server *srv, char *path, size_t len);
 /* gpu.c */
 psagg_status gpu_thread_init(server *srv, agg_thread *t);
 void gpu_thread_fini(agg_thread *t);
-/* Sum c's inputs (all in its slots, in worker order) and encode the sum in `codec`. */
-psagg_status gpu_aggregate(server *srv, chunk_state *c, const psagg_codec *codec, psagg_rng_key key,
-                           uint8_t *out, size_t *bad);
+/* The sum on the GPU assist: the inputs kept in their slots, summed in worker order. */
+extern const chunk_sum_ops gpu_sum_ops;
 int gpu_max_inputs(void);
 
 /* state.c: data-path threads report a misbehaving worker or a failed job through these */

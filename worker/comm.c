@@ -148,28 +148,27 @@ static void finish_op(comm_state *cs, struct psagg_handle *h, psagg_status statu
 
 /*
  * The body of a parameter's INIT (worker 0: the fp32 weights, which must be finite) or PULL
- * (none): written into the push buffers; 1, or a negative status with msg.
+ * (none): written into the push buffers; PSAGG_OK, or a negative status (psagg_fail).
  */
-static int param_body(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len)
+static psagg_status param_body(psagg_ctx *ctx, struct psagg_handle *h)
 {
     static const psagg_codec fp32 = {PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC};
     const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
 
     if ((h->prm.flags & PSAGG_PARAM_KIND_MASK) != PSAGG_PARAM_INIT || ctx->rank != 0)
-        return 1;
+        return PSAGG_OK;
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
         const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
         size_t bad = 0;
         psagg_status st = psagg_encode(
             &fp32, h->out + ci->offset, NULL, ci->count, (psagg_rng_key){0, 0},
             ctx->chunks[ti->first_chunk + c].buf + sizeof(psagg_msg_hdr), 4 * ci->count, &bad);
-        if (st) {
-            snprintf(msg, len, "psagg_param_init: tensor '%.63s': weight %llu: %.150s", ti->name,
-                     (unsigned long long)(ci->offset + bad), psagg_last_error());
-            return st;
-        }
+        if (st)
+            return psagg_fail_context(st,
+                                      "psagg_param_init: tensor '%.63s': weight %llu: ", ti->name,
+                                      (unsigned long long)(ci->offset + bad));
     }
-    return 1;
+    return PSAGG_OK;
 }
 
 /*
@@ -182,6 +181,7 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
     psagg_ctx *ctx = cs->ctx;
     const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
     char msg[256];
+    psagg_status st;
     int r;
 
     for (uint32_t c = 0; c < ti->n_chunks; c++)
@@ -196,15 +196,15 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
         return 0;
     adapt_measure(ctx, h); /* a statistics round: before the encode moves the residual */
     if (ti->param && (h->prm.flags & PSAGG_PARAM_KIND_MASK) != PSAGG_PARAM_GRAD)
-        r = param_body(ctx, h, msg, sizeof msg);
+        st = param_body(ctx, h);
     else
-        r = h->ops->encode(ctx, h, msg, sizeof msg);
-    if (r < 0) {
-        finish_op(cs, h, (psagg_status)r, msg);
+        st = h->ops->encode(ctx, h);
+    if (st == PSAGG_BUF_PENDING)
+        return 0;
+    if (st) {
+        finish_op(cs, h, st, psagg_last_error());
         return -1;
     }
-    if (r == 0)
-        return 0;
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
         const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
         uint8_t *buf = ctx->chunks[ti->first_chunk + c].buf;
@@ -288,10 +288,9 @@ static int schedule(comm_state *cs)
 /* h's buffer operations are writing its output: complete it once they are done. */
 static void try_complete(comm_state *cs, struct psagg_handle *h)
 {
-    char msg[256];
-    int r = h->ops->complete(cs->ctx, h, msg, sizeof msg);
-    if (r != 0)
-        finish_op(cs, h, r < 0 ? (psagg_status)r : PSAGG_OK, r < 0 ? msg : NULL);
+    psagg_status st = h->ops->complete(cs->ctx, h);
+    if (st != PSAGG_BUF_PENDING)
+        finish_op(cs, h, st, st ? psagg_last_error() : NULL);
 }
 
 /* The gate's view of the servers (runtime/gate.h): the server whose fabric address is addr
@@ -326,8 +325,8 @@ static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
     psagg_msg_codec mc;
     enum psagg_msg_type type;
     const char *bad;
-    char msg[256];
-    int r, from, mode;
+    psagg_status st;
+    int from, mode;
     uint32_t kind;
     int64_t t0;
 
@@ -382,13 +381,13 @@ static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
                                         : PSAGG_DECODE_SET;
     }
     t0 = psagg_now_ns();
-    r = h->ops->update(ctx, h, ci, &mc.codec, mode, rb->buf + sizeof *mh, mc.len, msg, sizeof msg);
+    st = h->ops->update(ctx, h, ci, &mc.codec, mode, rb->buf + sizeof *mh, mc.len);
     if (h->done_chunks + 1 < ti->n_chunks) /* the last one's decode is in t_done - t_updates */
         h->update_ns += (uint64_t)(psagg_now_ns() - t0);
     else
         h->t_updates = t0;
-    if (r < 0) {
-        worker_fail_all(ctx, PSAGG_EPROTO, "%s", msg);
+    if (st) { /* its message says which tensor, chunk and server */
+        worker_fail_all(ctx, PSAGG_EPROTO, "%s", psagg_last_error());
         return;
     }
     atomic_fetch_add(&ctx->bytes_received, rb->len);

@@ -155,11 +155,11 @@ static psagg_status gpu_enqueue_encode(psagg_ctx *ctx, gpu_state *g, struct psag
     return PSAGG_OK;
 }
 
-static int cuda_encode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len);
-static int cuda_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
-                       const psagg_codec *codec, int mode, const uint8_t *payload,
-                       size_t payload_len, char *msg, size_t len);
-static int cuda_complete(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len);
+static psagg_status cuda_encode(psagg_ctx *ctx, struct psagg_handle *h);
+static psagg_status cuda_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
+                                const psagg_codec *codec, int mode, const uint8_t *payload,
+                                size_t payload_len);
+static psagg_status cuda_complete(psagg_ctx *ctx, struct psagg_handle *h);
 
 static const psagg_bufops cuda_ops = {
     .kind = "cuda",
@@ -211,36 +211,32 @@ err:
     return st;
 }
 
-/* Event state: 0 pending, 1 fired, negative status (message in msg) on failure. */
-static int event_state(cudaEvent_t ev, char *msg, size_t len)
+/* Event state: PSAGG_OK fired, PSAGG_BUF_PENDING not yet, PSAGG_ECUDA (psagg_fail) failed. */
+static psagg_status event_state(cudaEvent_t ev)
 {
     cudaError_t e = cudaEventQuery(ev);
     if (e == cudaErrorNotReady)
-        return 0;
-    if (e != cudaSuccess) {
-        snprintf(msg, len, "CUDA: %s", cudaGetErrorString(e));
-        return PSAGG_ECUDA;
-    }
-    return 1;
+        return PSAGG_BUF_PENDING;
+    if (e != cudaSuccess)
+        return psagg_fail(PSAGG_ECUDA, "CUDA: %s", cudaGetErrorString(e));
+    return PSAGG_OK;
 }
 
 /* encode: the GPU encoded the input and copied it to pinned memory; fill the push buffers. */
-static int cuda_encode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len)
+static psagg_status cuda_encode(psagg_ctx *ctx, struct psagg_handle *h)
 {
     gpu_state *g = ctx->device;
     gpu_tensor *gt = &g->t[h->key];
     const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
     size_t bad = 0;
-    int r = event_state(gt->ev_enc, msg, len);
-    psagg_status st;
+    psagg_status st = event_state(gt->ev_enc);
 
-    if (r <= 0)
-        return r;
+    if (st)
+        return st;
     cudaSetDevice(g->device);
     st = psagg_cuda_err_status(gt->h_err[0], &bad);
     if (st) {
-        snprintf(msg, len, "tensor '%.63s': element %zu: %.150s", ti->name, bad,
-                 psagg_last_error());
+        psagg_fail_context(st, "tensor '%.63s': element %zu: ", ti->name, bad);
         if (gt->d_residual) /* part of it was updated: start error feedback afresh */
             cudaMemsetAsync(gt->d_residual, 0, ti->count * sizeof(float), g->stream);
         return st;
@@ -250,24 +246,27 @@ static int cuda_encode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t
         memcpy(ctx->chunks[ti->first_chunk + c].buf + sizeof(psagg_msg_hdr),
                gt->h_enc + gt->enc_off[c], ci->enc_bytes);
     }
-    return 1;
+    return PSAGG_OK;
 }
 
 /* update: keep the chunk's bytes in pinned memory for the decode on the device. */
-static int cuda_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
-                       const psagg_codec *codec, int mode, const uint8_t *payload,
-                       size_t payload_len, char *msg, size_t len)
+static psagg_status cuda_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
+                                const psagg_codec *codec, int mode, const uint8_t *payload,
+                                size_t payload_len)
 {
     gpu_state *g = ctx->device;
     /* the round's codec is h->codec (no parameters here: psagg_push_pull_cuda refuses them),
        and the decode on the device scales for AVERAGE itself */
-    (void)msg, (void)len, (void)codec, (void)mode;
+    (void)codec, (void)mode;
     memcpy(g->t[h->key].h_upd + g->t[h->key].enc_off[ci->index], payload, payload_len);
-    return 1;
+    return PSAGG_OK;
 }
 
-/* Every update is staged: copy them to the device and enqueue the decode into h->out. */
-static int start_decode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len)
+/*
+ * Every update is staged: copy them to the device and enqueue the decode into h->out.
+ * PSAGG_BUF_PENDING once enqueued (the decode's event says when it is done).
+ */
+static psagg_status start_decode(psagg_ctx *ctx, struct psagg_handle *h)
 {
     gpu_state *g = ctx->device;
     gpu_tensor *gt = &g->t[h->key];
@@ -291,35 +290,27 @@ static int start_decode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_
                                      cudaMemcpyDeviceToHost, g->stream)) != cudaSuccess ||
                 (e = cudaEventRecord(gt->ev_dec, g->stream)) != cudaSuccess))
         st = cuda_fail(e, "enqueueing the update decode");
-    if (st) {
-        snprintf(msg, len, "tensor '%.63s': decoding the update on the GPU: %.150s", ti->name,
-                 psagg_last_error());
-        return st;
-    }
-    return 0;
+    if (st)
+        return psagg_fail_context(st, "tensor '%.63s': decoding the update on the GPU: ", ti->name);
+    return PSAGG_BUF_PENDING;
 }
 
-/* complete: start the decode once, then 1 when its event has fired. */
-static int cuda_complete(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len)
+/* complete: start the decode once, then PSAGG_OK when its event has fired. */
+static psagg_status cuda_complete(psagg_ctx *ctx, struct psagg_handle *h)
 {
     gpu_tensor *gt = &((gpu_state *)ctx->device)->t[h->key];
     size_t bad = 0;
-    int r;
     psagg_status st;
     if (!gt->decoding) {
         gt->decoding = 1;
-        return start_decode(ctx, h, msg, len);
+        return start_decode(ctx, h);
     }
-    r = event_state(gt->ev_dec, msg, len);
-    if (r <= 0)
-        return r;
-    st = psagg_cuda_err_status(gt->h_err[1], &bad);
-    if (st) {
-        snprintf(msg, len, "update of tensor '%.63s' is invalid at %zu: %.150s",
-                 ctx->layout.tensors[h->key].name, bad, psagg_last_error());
-        return PSAGG_EPROTO;
-    }
-    return 1;
+    if ((st = event_state(gt->ev_dec)))
+        return st;
+    if (psagg_cuda_err_status(gt->h_err[1], &bad))
+        return psagg_fail_context(PSAGG_EPROTO, "update of tensor '%.63s' is invalid at %zu: ",
+                                  ctx->layout.tensors[h->key].name, bad);
+    return PSAGG_OK;
 }
 
 static void gpu_destroy(psagg_ctx *ctx)

@@ -5,14 +5,13 @@
  * update into the output as it arrives (scaled by 1/N for PSAGG_AVERAGE), so the output is
  * complete when the last update is in.
  */
-#include <stdio.h>
 #include <string.h>
 
 #include "base/error.h"
 #include "kernels/codec.h"
 #include "worker.h"
 
-static int host_encode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len)
+static psagg_status host_encode(psagg_ctx *ctx, struct psagg_handle *h)
 {
     const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
     tensor_state *ts = &ctx->tensors[h->key];
@@ -27,37 +26,35 @@ static int host_encode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t
             &h->codec, h->in + ci->offset, ts->residual ? ts->residual + ci->offset : NULL,
             ci->count, key, payload, psagg_encoded_size(&h->codec, ci->count), &bad);
         if (st) {
-            snprintf(msg, len, "tensor '%.63s': element %llu: %.150s", ti->name,
-                     (unsigned long long)(ci->offset + bad), psagg_last_error());
             if (ts->residual) /* part of it was updated: start error feedback afresh */
                 memset(ts->residual, 0, ti->count * sizeof(float));
-            return st;
+            return psagg_fail_context(st, "tensor '%.63s': element %llu: ", ti->name,
+                                      (unsigned long long)(ci->offset + bad));
         }
     }
-    return 1;
+    return PSAGG_OK;
 }
 
-static int host_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
-                       const psagg_codec *codec, int mode, const uint8_t *payload,
-                       size_t payload_len, char *msg, size_t len)
+static psagg_status host_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
+                                const psagg_codec *codec, int mode, const uint8_t *payload,
+                                size_t payload_len)
 {
     const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
     /* one pass: decode, validate and (SCALE: AVERAGE) scale by 1/N, or (ADD) apply a delta */
     psagg_status st = psagg_decode_into(codec, payload, payload_len, ci->count, h->out + ci->offset,
                                         (psagg_decode_op)mode, 1.0f / (float)ctx->world);
 
-    if (st) {
-        snprintf(msg, len, "update of tensor '%.63s' chunk %u from server %u: %.150s", ti->name,
-                 ci->index, ci->owner, psagg_last_error());
-        return st;
-    }
-    return 1;
+    if (st)
+        return psagg_fail_context(st,
+                                  "update of tensor '%.63s' chunk %u from server %u: ", ti->name,
+                                  ci->index, ci->owner);
+    return PSAGG_OK;
 }
 
-static int host_complete(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len)
+static psagg_status host_complete(psagg_ctx *ctx, struct psagg_handle *h)
 {
-    (void)ctx, (void)h, (void)msg, (void)len;
-    return 1; /* every update was decoded into the output as it arrived */
+    (void)ctx, (void)h;
+    return PSAGG_OK; /* every update was decoded into the output as it arrived */
 }
 
 const psagg_bufops psagg_host_ops = {

@@ -41,27 +41,32 @@
 
 struct psagg_handle;
 
+/* What a buffer operation returns for "not yet: ask again later" (neither done nor failed). */
+#define PSAGG_BUF_PENDING ((psagg_status)1)
+
 /*
  * The buffer operations of one push_pull: how its input is encoded into the push buffers and
  * how the updates reach its output. The communication thread calls them in this order, for
- * one handle at a time; each returns 1 (done), 0 (not yet: ask again later) or a negative
- * psagg_status with the reason in msg.
+ * one handle at a time; each returns PSAGG_OK (done), PSAGG_BUF_PENDING (not yet: ask again
+ * later) or a negative psagg_status with its message set (psagg_fail: psagg_last_error()),
+ * which the caller gives the operation or the job.
  *   encode    fill the payload (after the header) of every chunk's push buffer
  *             (ctx->chunks[...].buf) with the encoded input, error feedback included; on a
  *             failure, reset the tensor's residual (part of it was updated)
  *   update    chunk ci's update arrived (header checked; payload_len bytes of payload, in
  *             codec): decode it into the output with `mode` (psagg_decode_op: SET, SCALE
  *             for AVERAGE, ADD for a parameter's weight delta).
- *             Never 0. A failure means the server sent an invalid update: the job fails
- *   complete  every update is in: 1 when the output is written, 0 while it is being written
+ *             Never pending. A failure means the server sent an invalid update: the job fails
+ *   complete  every update is in: PSAGG_OK when the output is written, PSAGG_BUF_PENDING
+ *             while it is being written
  */
 typedef struct psagg_bufops {
     const char *kind; /* "host", "cuda" */
-    int (*encode)(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len);
-    int (*update)(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
-                  const psagg_codec *codec, int mode, const uint8_t *payload, size_t payload_len,
-                  char *msg, size_t len);
-    int (*complete)(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len);
+    psagg_status (*encode)(psagg_ctx *ctx, struct psagg_handle *h);
+    psagg_status (*update)(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
+                           const psagg_codec *codec, int mode, const uint8_t *payload,
+                           size_t payload_len);
+    psagg_status (*complete)(psagg_ctx *ctx, struct psagg_handle *h);
 } psagg_bufops;
 
 extern const psagg_bufops psagg_host_ops; /* host.c */

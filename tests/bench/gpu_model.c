@@ -47,54 +47,54 @@ static int64_t gpu_enqueue(int64_t cost_ns)
 }
 
 /* encode: once the modelled encode is done, copy the encoded bytes into the push buffers. */
-static int model_encode(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len)
+static psagg_status model_encode(psagg_ctx *ctx, struct psagg_handle *h)
 {
     const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
     model_tensor *t = &model.t[h->key];
 
     if (now_ns() < t->enc_ready_ns)
-        return 0;
+        return PSAGG_BUF_PENDING;
     if (!t->encoded_once) { /* the codec's bytes, once: the CPU encodes them */
-        int r = psagg_host_ops.encode(ctx, h, msg, len);
-        if (r <= 0)
-            return r;
+        psagg_status st = psagg_host_ops.encode(ctx, h);
+        if (st)
+            return st;
         for (uint32_t c = 0; c < ti->n_chunks; c++)
             memcpy(t->h_enc + t->off[c],
                    ctx->chunks[ti->first_chunk + c].buf + sizeof(psagg_msg_hdr),
                    ctx->layout.chunks[ti->first_chunk + c].enc_bytes);
         t->encoded_once = 1;
-        return 1;
+        return PSAGG_OK;
     }
     for (uint32_t c = 0; c < ti->n_chunks; c++)
         memcpy(ctx->chunks[ti->first_chunk + c].buf + sizeof(psagg_msg_hdr), t->h_enc + t->off[c],
                ctx->layout.chunks[ti->first_chunk + c].enc_bytes);
-    return 1;
+    return PSAGG_OK;
 }
 
 /* update: keep the chunk's bytes in (modelled pinned) memory for the decode on the device. */
-static int model_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
-                        const psagg_codec *codec, int mode, const uint8_t *payload,
-                        size_t payload_len, char *msg, size_t len)
+static psagg_status model_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
+                                 const psagg_codec *codec, int mode, const uint8_t *payload,
+                                 size_t payload_len)
 {
     model_tensor *t = &model.t[h->key];
-    (void)ctx, (void)msg, (void)len, (void)codec, (void)mode;
+    (void)ctx, (void)codec, (void)mode;
     memcpy(t->h_upd + t->off[ci->index], payload, payload_len);
-    return 1;
+    return PSAGG_OK;
 }
 
-/* complete: queue the modelled decode once, then 1 when it is done. */
-static int model_complete(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len)
+/* complete: queue the modelled decode once, then PSAGG_OK when it is done. */
+static psagg_status model_complete(psagg_ctx *ctx, struct psagg_handle *h)
 {
     model_tensor *t = &model.t[h->key];
-    (void)ctx, (void)msg, (void)len;
+    (void)ctx;
     if (!t->decoding) {
         t->dec_ready_ns = gpu_enqueue(t->cost_ns);
         t->decoding = 1;
     }
     if (now_ns() < t->dec_ready_ns)
-        return 0;
+        return PSAGG_BUF_PENDING;
     t->decoding = 0;
-    return 1;
+    return PSAGG_OK;
 }
 
 static const psagg_bufops model_ops = {
