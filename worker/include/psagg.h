@@ -45,6 +45,24 @@ PSAGG_API psagg_status psagg_codec_parse(const char *text, psagg_codec *out);
 /* Format a codec as text ("maxmin4/1024/sr"); returns buf. */
 PSAGG_API const char *psagg_codec_name(const psagg_codec *codec, char *buf, size_t len);
 
+/*
+ * Structs that grow. Every public struct a caller fills, or gives the library to fill
+ * (psagg_tensor_desc, psagg_timing, psagg_stats, psagg_assignment), starts with
+ * `size_t struct_size`, which the caller sets to the struct's size as its psagg.h declares it:
+ *
+ *     psagg_stats s = {.struct_size = sizeof s};
+ *     psagg_get_stats(ctx, &s);
+ *
+ * New fields are only ever appended, so a library reads or fills exactly the struct_size bytes
+ * its caller has, and accepts every size an earlier psagg.h had (this version knows one: each
+ * struct's sizeof). A size it does not know (0, too small, or one of a newer psagg.h) fails
+ * with PSAGG_EINVAL naming the struct. In an array of psagg_tensor_desc every element says
+ * the same size, the array's stride. A struct inside another belongs to the container's
+ * layout, which its struct_size covers: the library sets psagg_stats.time.struct_size itself.
+ * psagg_codec, the small codec value every layer shares, keeps its layout: a new codec
+ * parameter goes into the struct that carries the codec.
+ */
+
 /* ---- worker API ---- */
 
 typedef struct psagg_ctx psagg_ctx;       /* one per worker process */
@@ -59,6 +77,7 @@ typedef enum psagg_reduce {
 #define PSAGG_TENSOR_PARAMETER 1u /* a parameter the servers optimize (below) */
 
 typedef struct psagg_tensor_desc {
+    size_t struct_size; /* sizeof(psagg_tensor_desc) (above) */
     const char *name;   /* unique within the job, at most 63 bytes */
     uint64_t count;     /* number of fp32 elements, >= 1 */
     psagg_codec codec;  /* codec.id = PSAGG_CODEC_DEFAULT takes the config's */
@@ -124,6 +143,7 @@ PSAGG_API void psagg_release(psagg_handle *handle);
  * the earlier updates, done as each arrives (so inside wait: that part overlaps).
  */
 typedef struct psagg_timing {
+    size_t struct_size; /* sizeof(psagg_timing) (above) */
     uint64_t queued_ns; /* the call -> the communication thread took it */
     uint64_t encode_ns; /* -> every chunk encoded (waiting for its buffers or a device included) */
     uint64_t send_ns;   /* -> the last push handed to libfabric (waiting for window room too) */
@@ -138,15 +158,17 @@ typedef struct psagg_timing {
  */
 PSAGG_API psagg_status psagg_handle_timing(psagg_handle *handle, psagg_timing *out);
 
-/* Counters of this worker since psagg_init; differences between two calls give a step's. */
+/* Counters of this worker since psagg_init; differences between two calls give a step's.
+ * PSAGG_EINVAL only for a NULL argument or a struct_size it does not know. */
 typedef struct psagg_stats {
+    size_t struct_size;      /* sizeof(psagg_stats) (above) */
     uint64_t bytes_sent;     /* payload bytes pushed to servers */
     uint64_t bytes_received; /* payload bytes of updates received */
     uint64_t bytes_raw;      /* fp32 bytes the same push_pulls would have sent uncompressed */
     uint64_t push_pulls;     /* completed operations */
     psagg_timing time;       /* sums over the completed operations */
 } psagg_stats;
-PSAGG_API void psagg_get_stats(const psagg_ctx *ctx, psagg_stats *out);
+PSAGG_API psagg_status psagg_get_stats(const psagg_ctx *ctx, psagg_stats *out);
 
 /*
  * Adaptive codecs ([codec] adaptive = on, conf/cluster.ini): every adaptive_interval rounds
@@ -159,6 +181,7 @@ PSAGG_API void psagg_get_stats(const psagg_ctx *ctx, psagg_stats *out);
  * declared codec, before the first; tensors with a fixed codec always say generation 0).
  */
 typedef struct psagg_assignment {
+    size_t struct_size; /* sizeof(psagg_assignment) (above) */
     psagg_codec codec;
     uint64_t bytes;      /* encoded payload bytes of one push of the whole tensor */
     uint32_t generation; /* 0: the declared codec */
