@@ -525,12 +525,14 @@ psagg_status psagg_get_assignment(psagg_ctx *ctx, uint32_t key, psagg_assignment
     psagg_clear_error();
     if (!ctx || !out)
         return psagg_fail(PSAGG_EINVAL, "psagg_get_assignment: NULL argument");
+    if (worker_struct_size("psagg_assignment", out->struct_size, sizeof *out))
+        return psagg_fail_context(PSAGG_EINVAL, "psagg_get_assignment: ");
     if (!ctx->declared || key >= ctx->n_user)
         return psagg_fail(PSAGG_EINVAL, "psagg_get_assignment: key %u, %u tensors declared", key,
                           ctx->declared ? ctx->n_user : 0);
     ti = &ctx->layout.tensors[key];
     a = ctx->adapt;
-    *out = (psagg_assignment){.codec = ti->codec};
+    *out = (psagg_assignment){.struct_size = sizeof *out, .codec = ti->codec};
     for (uint32_t c = 0; c < ti->n_chunks; c++)
         out->bytes += ctx->layout.chunks[ti->first_chunk + c].enc_bytes;
     if (!a || (i = a->ad_of[key]) == UINT32_MAX)

@@ -181,6 +181,9 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, siz
         return psagg_fail(PSAGG_EINVAL, "psagg_declare: %zu tensors", n);
     if (ctx->declared)
         return psagg_fail(PSAGG_EINVAL, "psagg_declare: tensors were already declared");
+    for (size_t t = 0; t < n; t++) /* tensors[0] first: its size is the array's stride */
+        if ((st = worker_struct_size("psagg_tensor_desc", tensors[t].struct_size, sizeof *tensors)))
+            return psagg_fail_context(st, "psagg_declare: tensor %zu: ", t);
     /* room for the adaptive statistics tensor, last (runtime/adaptive.h) */
     bytes = sizeof *d + (n + 1) * sizeof *wire;
     d = calloc(1, bytes);
@@ -467,12 +470,29 @@ static psagg_status handle_succeeded(psagg_handle *h, const char *fn)
     return PSAGG_OK;
 }
 
+/*
+ * psagg.h's rule for structs that grow: a caller's struct_size must be a size of the struct
+ * this library knows. This version knows one, its own sizeof; one that appends fields accepts
+ * the earlier sizes too and reads or fills only what they hold.
+ */
+psagg_status worker_struct_size(const char *type, size_t got, size_t known)
+{
+    if (got == known)
+        return PSAGG_OK;
+    return psagg_fail(PSAGG_EINVAL,
+                      "%s.struct_size is %zu, not a size of %s this library knows (%zu): set it "
+                      "to sizeof(%s)",
+                      type, got, type, known, type);
+}
+
 psagg_status psagg_handle_timing(psagg_handle *h, psagg_timing *out)
 {
     psagg_status st;
     if (!h || !out)
         return psagg_fail(PSAGG_EINVAL, "psagg_handle_timing: NULL argument");
-    memset(out, 0, sizeof *out);
+    if ((st = worker_struct_size("psagg_timing", out->struct_size, sizeof *out)))
+        return psagg_fail_context(st, "psagg_handle_timing: ");
+    *out = (psagg_timing){.struct_size = sizeof *out};
     if ((st = handle_succeeded(h, "psagg_handle_timing")))
         return st;
     handle_timing(h, out);
@@ -492,9 +512,16 @@ psagg_status psagg_handle_codec(psagg_handle *h, psagg_codec *codec, uint32_t *g
     return PSAGG_OK;
 }
 
-void psagg_get_stats(const psagg_ctx *ctx, psagg_stats *out)
+psagg_status psagg_get_stats(const psagg_ctx *ctx, psagg_stats *out)
 {
+    psagg_status st;
+    if (!ctx || !out)
+        return psagg_fail(PSAGG_EINVAL, "psagg_get_stats: NULL argument");
+    if ((st = worker_struct_size("psagg_stats", out->struct_size, sizeof *out)))
+        return psagg_fail_context(st, "psagg_get_stats: ");
     worker_stats(ctx, out);
+    out->time.struct_size = sizeof out->time;
+    return PSAGG_OK;
 }
 
 int psagg_rank(const psagg_ctx *ctx)

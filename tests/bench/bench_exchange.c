@@ -223,7 +223,7 @@ int main(int argc, char **argv)
     char name[128], cname[48];
     link_model lm = {0};
     uint32_t n_chunks = 0, key_bar, key_time, n_fp32 = 0;
-    psagg_stats s0, s1;
+    psagg_stats s0 = {.struct_size = sizeof s0}, s1 = {.struct_size = sizeof s1};
     uint64_t sent_sum = 0, raw_sum = 0, recv_sum = 0; /* model push_pulls of timed steps */
     struct rusage ru0 = {0}, ru1 = {0};               /* this process over the timed steps */
     double cpu_ms, minflt;
@@ -346,6 +346,7 @@ int main(int argc, char **argv)
             c = (psagg_codec){.id = PSAGG_CODEC_FP32};
         }
         desc[t] = (psagg_tensor_desc){
+            .struct_size = sizeof(psagg_tensor_desc),
             .name = nm,
             .count = t < nt ? sizes[t] : (t == nt ? 1 : (uint64_t)world * (uint64_t)steps),
             .codec = c,

@@ -68,7 +68,8 @@ int main(int argc, char **argv)
     for (uint32_t t = 0; t < N_T; t++) {
         char *name = malloc(16);
         snprintf(name, 16, "a%u", t);
-        desc[t] = (psagg_tensor_desc){.name = name,
+        desc[t] = (psagg_tensor_desc){.struct_size = sizeof(psagg_tensor_desc),
+                                      .name = name,
                                       .count = sizes[t],
                                       .codec = t == N_T - 1 ? fp32 : m4,
                                       .error_feedback = t == N_T - 1 ? 0 : 1};
@@ -171,7 +172,7 @@ int main(int argc, char **argv)
         }
     }
     for (uint32_t t = 0; t < N_T; t++) {
-        psagg_assignment as;
+        psagg_assignment as = {.struct_size = sizeof as};
         if (psagg_get_assignment(ctx, t, &as))
             FAIL("psagg_get_assignment: %s", psagg_last_error());
         if (as.generation == max_gen && !psagg_codec_equal(&as.codec, &last[t]))

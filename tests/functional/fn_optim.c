@@ -172,7 +172,8 @@ int main(int argc, char **argv)
     for (uint32_t t = 0; t <= N_P; t++) {
         char *name = malloc(16);
         snprintf(name, 16, t < N_P ? "p%u" : "plain", t);
-        desc[t] = (psagg_tensor_desc){.name = name,
+        desc[t] = (psagg_tensor_desc){.struct_size = sizeof(psagg_tensor_desc),
+                                      .name = name,
                                       .count = sizes[t],
                                       .codec = t < N_P ? codec : fp32,
                                       .error_feedback = 0,

@@ -225,10 +225,27 @@ int main(int argc, char **argv)
     for (int t = 0; t < n; t++) {
         char *name = malloc(32);
         snprintf(name, 32, "t%03d", t);
-        desc[t] = (psagg_tensor_desc){
-            .name = name, .count = count[t], .codec = codec, .error_feedback = 0};
+        desc[t] = (psagg_tensor_desc){.struct_size = sizeof(psagg_tensor_desc),
+                                      .name = name,
+                                      .count = count[t],
+                                      .codec = codec,
+                                      .error_feedback = 0};
         if (rank == mismatch_rank && t == n / 2)
             desc[t].count = count[t] + 1;
+    }
+    /* psagg.h's struct_size rule: a size the library does not know fails naming the struct */
+    if (n > 0) {
+        psagg_stats bad = {.struct_size = sizeof bad - 8};
+        desc[n - 1].struct_size = 0;
+        if (psagg_declare(ctx, desc, (size_t)n, NULL) != PSAGG_EINVAL ||
+            !strstr(psagg_last_error(), "psagg_tensor_desc") ||
+            psagg_get_stats(ctx, &bad) != PSAGG_EINVAL ||
+            !strstr(psagg_last_error(), "psagg_stats")) {
+            fprintf(stderr, "FAIL: a struct_size the library does not know: %s\n",
+                    psagg_last_error());
+            return 1;
+        }
+        desc[n - 1].struct_size = sizeof(psagg_tensor_desc);
     }
     st = psagg_declare(ctx, desc, (size_t)n, NULL);
     if (st)
@@ -291,7 +308,7 @@ int main(int argc, char **argv)
         }
         for (int t = 0; t < n; t++) {
             int wst = psagg_wait(h[t], -1);
-            psagg_timing tm;
+            psagg_timing tm = {.struct_size = sizeof tm};
             int tst = psagg_handle_timing(h[t], &tm);
             if (tst != wst) {
                 fprintf(stderr, "FAIL: psagg_handle_timing says %d, psagg_wait %d\n", tst, wst);
@@ -371,8 +388,9 @@ int main(int argc, char **argv)
         return 1;
     }
     {
-        psagg_stats s;
-        psagg_get_stats(ctx, &s);
+        psagg_stats s = {.struct_size = sizeof s};
+        if ((st = psagg_get_stats(ctx, &s)))
+            goto failed;
         /* the context's sums are the sums of the handles' timings, to the nanosecond */
         if (s.time.queued_ns != time_sum[0] || s.time.encode_ns != time_sum[1] ||
             s.time.send_ns != time_sum[2] || s.time.wait_ns != time_sum[3] ||

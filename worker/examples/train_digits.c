@@ -326,7 +326,7 @@ int main(int argc, char **argv)
     double t_train = 0, t_wait = 0, final_acc = 0, final_loss = 0;
     uint64_t metric_bytes = 0, metric_raw = 0;
     long total_steps = 0;
-    psagg_stats s0, s_prev;
+    psagg_stats s0 = {.struct_size = sizeof s0}, s_prev;
     uint64_t hash;
 
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -431,6 +431,7 @@ int main(int argc, char **argv)
     /* W1, b1, W2, b2 with the config's codec; metrics (loss sum, samples) exact in fp32. */
     for (int t = 0; t < N_TENSORS; t++)
         desc[t] = (psagg_tensor_desc){
+            .struct_size = sizeof(psagg_tensor_desc),
             .name = names[t],
             .count = counts[t],
             .codec = {.id = PSAGG_CODEC_DEFAULT},
@@ -465,14 +466,16 @@ int main(int argc, char **argv)
                (double)lr, cosine ? "cosine decay" : "constant", (double)momentum, epochs);
         fflush(stdout);
     }
-    psagg_get_stats(ctx, &s0);
+    if ((st = psagg_get_stats(ctx, &s0)))
+        return psagg_failed("psagg_get_stats", st);
     s_prev = s0;
 
     for (int epoch = 1; epoch <= epochs; epoch++) {
         double t_epoch = 0, w_epoch = 0, loss_sum = 0;
         float metrics[2];
         psagg_handle *mh;
-        psagg_stats s_now, s_before_metrics;
+        psagg_stats s_now = {.struct_size = sizeof s_now},
+                    s_before_metrics = {.struct_size = sizeof s_before_metrics};
 
         shuffle(shard, shard_n, seed ^ ((uint64_t)epoch << 32) ^ (uint64_t)(rank + 1) << 16);
         for (int step = 0; step < steps_per_epoch; step++) {
@@ -570,7 +573,7 @@ int main(int argc, char **argv)
     for (int t = 0; t < N_PARAM_TENSORS; t++)
         hash = fnv1a(hash, param_ptr[t], counts[t] * sizeof(float));
     if (rank == 0) {
-        psagg_stats s_end;
+        psagg_stats s_end = {.struct_size = sizeof s_end};
         uint64_t sent, raw;
         psagg_get_stats(ctx, &s_end);
         sent = s_end.bytes_sent - s0.bytes_sent - metric_bytes;

@@ -21,6 +21,13 @@
  * the types every layer shares (base layer, installed beside this header). */
 #include "psagg/types.h"
 
+/*
+ * PSAGG_API (defined in psagg/types.h, the first public header every file includes) marks the
+ * functions libpsagg exports: these, and nothing else. The library is built with hidden
+ * visibility and a version script (worker/libpsagg.map); lint.exports checks that the exported
+ * set equals the PSAGG_API declarations of this header and psagg/types.h.
+ */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -34,9 +41,27 @@ extern "C" {
  * Parse "fp32", "fp16", "bf16", "maxmin4" or "maxmin:4", optionally followed by "/<bucket>"
  * and "/sr" or "/nearest" in any order ("maxmin4/512/nearest"). Implemented in kernels/.
  */
-psagg_status psagg_codec_parse(const char *text, psagg_codec *out);
+PSAGG_API psagg_status psagg_codec_parse(const char *text, psagg_codec *out);
 /* Format a codec as text ("maxmin4/1024/sr"); returns buf. */
-const char *psagg_codec_name(const psagg_codec *codec, char *buf, size_t len);
+PSAGG_API const char *psagg_codec_name(const psagg_codec *codec, char *buf, size_t len);
+
+/*
+ * Structs that grow. Every public struct a caller fills, or gives the library to fill
+ * (psagg_tensor_desc, psagg_timing, psagg_stats, psagg_assignment), starts with
+ * `size_t struct_size`, which the caller sets to the struct's size as its psagg.h declares it:
+ *
+ *     psagg_stats s = {.struct_size = sizeof s};
+ *     psagg_get_stats(ctx, &s);
+ *
+ * New fields are only ever appended, so a library reads or fills exactly the struct_size bytes
+ * its caller has, and accepts every size an earlier psagg.h had (this version knows one: each
+ * struct's sizeof). A size it does not know (0, too small, or one of a newer psagg.h) fails
+ * with PSAGG_EINVAL naming the struct. In an array of psagg_tensor_desc every element says
+ * the same size, the array's stride. A struct inside another belongs to the container's
+ * layout, which its struct_size covers: the library sets psagg_stats.time.struct_size itself.
+ * psagg_codec, the small codec value every layer shares, keeps its layout: a new codec
+ * parameter goes into the struct that carries the codec.
+ */
 
 /* ---- worker API ---- */
 
@@ -52,6 +77,7 @@ typedef enum psagg_reduce {
 #define PSAGG_TENSOR_PARAMETER 1u /* a parameter the servers optimize (below) */
 
 typedef struct psagg_tensor_desc {
+    size_t struct_size; /* sizeof(psagg_tensor_desc) (above) */
     const char *name;   /* unique within the job, at most 63 bytes */
     uint64_t count;     /* number of fp32 elements, >= 1 */
     psagg_codec codec;  /* codec.id = PSAGG_CODEC_DEFAULT takes the config's */
@@ -65,7 +91,7 @@ typedef struct psagg_tensor_desc {
  * launcher sets them). Connects to every server and waits until all workers have arrived or
  * [cluster] connect_timeout_ms passes.
  */
-psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ctx **out);
+PSAGG_API psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ctx **out);
 
 /*
  * Declare all tensors in one batch (once per context). Every worker must declare the same
@@ -73,8 +99,8 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
  * tensor and the workers. keys_out (optional, n entries) receives each tensor's key, which
  * is its index in the list.
  */
-psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, size_t n,
-                           uint32_t *keys_out);
+PSAGG_API psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, size_t n,
+                                     uint32_t *keys_out);
 
 /*
  * Start one aggregation of tensor `key`: `in` (count floats) is this worker's contribution,
@@ -82,8 +108,8 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, siz
  * buffers must stay valid and untouched until the handle completes. Higher priority is sent
  * first. Each key may have one push_pull in flight at a time.
  */
-psagg_status psagg_push_pull(psagg_ctx *ctx, uint32_t key, const float *in, float *out,
-                             psagg_reduce op, int priority, psagg_handle **handle);
+PSAGG_API psagg_status psagg_push_pull(psagg_ctx *ctx, uint32_t key, const float *in, float *out,
+                                       psagg_reduce op, int priority, psagg_handle **handle);
 
 /*
  * push_pull on GPU buffers (libpsagg built with CUDA; PSAGG_EUNSUPPORTED otherwise). d_in and
@@ -95,21 +121,21 @@ psagg_status psagg_push_pull(psagg_ctx *ctx, uint32_t key, const float *in, floa
  * update's compressed bytes are copied back and dequantized on the GPU into d_out. The bytes
  * are identical to the host path's. d_out is written when the handle completes.
  */
-psagg_status psagg_push_pull_cuda(psagg_ctx *ctx, uint32_t key, const float *d_in, float *d_out,
-                                  psagg_reduce op, int priority, void *stream,
-                                  psagg_handle **handle);
+PSAGG_API psagg_status psagg_push_pull_cuda(psagg_ctx *ctx, uint32_t key, const float *d_in,
+                                            float *d_out, psagg_reduce op, int priority,
+                                            void *stream, psagg_handle **handle);
 
 /* 1 when the handle has completed (successfully or not), 0 otherwise. Never blocks. */
-int psagg_test(psagg_handle *handle);
+PSAGG_API int psagg_test(psagg_handle *handle);
 
 /*
  * Wait until the handle completes or timeout_ms passes (-1: no limit). Returns the
  * operation's status, or PSAGG_ETIMEDOUT (the handle stays valid).
  */
-psagg_status psagg_wait(psagg_handle *handle, int timeout_ms);
+PSAGG_API psagg_status psagg_wait(psagg_handle *handle, int timeout_ms);
 
 /* Release a handle; waits for it first if it has not completed. */
-void psagg_release(psagg_handle *handle);
+PSAGG_API void psagg_release(psagg_handle *handle);
 
 /*
  * Where one push_pull's time went, in nanoseconds. queued, encode, send, wait and the last
@@ -117,6 +143,7 @@ void psagg_release(psagg_handle *handle);
  * the earlier updates, done as each arrives (so inside wait: that part overlaps).
  */
 typedef struct psagg_timing {
+    size_t struct_size; /* sizeof(psagg_timing) (above) */
     uint64_t queued_ns; /* the call -> the communication thread took it */
     uint64_t encode_ns; /* -> every chunk encoded (waiting for its buffers or a device included) */
     uint64_t send_ns;   /* -> the last push handed to libfabric (waiting for window room too) */
@@ -129,17 +156,19 @@ typedef struct psagg_timing {
  * The timing of a push_pull that completed successfully (call before psagg_release).
  * PSAGG_EAGAIN while it runs; its own status (and *out zeroed) if it failed.
  */
-psagg_status psagg_handle_timing(psagg_handle *handle, psagg_timing *out);
+PSAGG_API psagg_status psagg_handle_timing(psagg_handle *handle, psagg_timing *out);
 
-/* Counters of this worker since psagg_init; differences between two calls give a step's. */
+/* Counters of this worker since psagg_init; differences between two calls give a step's.
+ * PSAGG_EINVAL only for a NULL argument or a struct_size it does not know. */
 typedef struct psagg_stats {
+    size_t struct_size;      /* sizeof(psagg_stats) (above) */
     uint64_t bytes_sent;     /* payload bytes pushed to servers */
     uint64_t bytes_received; /* payload bytes of updates received */
     uint64_t bytes_raw;      /* fp32 bytes the same push_pulls would have sent uncompressed */
     uint64_t push_pulls;     /* completed operations */
     psagg_timing time;       /* sums over the completed operations */
 } psagg_stats;
-void psagg_get_stats(const psagg_ctx *ctx, psagg_stats *out);
+PSAGG_API psagg_status psagg_get_stats(const psagg_ctx *ctx, psagg_stats *out);
 
 /*
  * Adaptive codecs ([codec] adaptive = on, conf/cluster.ini): every adaptive_interval rounds
@@ -152,17 +181,19 @@ void psagg_get_stats(const psagg_ctx *ctx, psagg_stats *out);
  * declared codec, before the first; tensors with a fixed codec always say generation 0).
  */
 typedef struct psagg_assignment {
+    size_t struct_size; /* sizeof(psagg_assignment) (above) */
     psagg_codec codec;
     uint64_t bytes;      /* encoded payload bytes of one push of the whole tensor */
     uint32_t generation; /* 0: the declared codec */
     uint32_t from_round; /* the tensor's first round in this codec */
 } psagg_assignment;
-psagg_status psagg_get_assignment(psagg_ctx *ctx, uint32_t key, psagg_assignment *out);
+PSAGG_API psagg_status psagg_get_assignment(psagg_ctx *ctx, uint32_t key, psagg_assignment *out);
 /*
  * The codec a push_pull that completed successfully went in (both ways) and its assignment's
  * generation (may be NULL); call before psagg_release. Errors as psagg_handle_timing.
  */
-psagg_status psagg_handle_codec(psagg_handle *handle, psagg_codec *codec, uint32_t *generation);
+PSAGG_API psagg_status psagg_handle_codec(psagg_handle *handle, psagg_codec *codec,
+                                          uint32_t *generation);
 
 /*
  * Server-side optimizer ([server] optimizer = sgd | adam | adamw, conf/cluster.ini). A tensor
@@ -199,22 +230,23 @@ psagg_status psagg_handle_codec(psagg_handle *handle, psagg_codec *codec, uint32
  * Servers started with [server] resume = on load it; psagg_param_init then returns its weights.
  */
 #define PSAGG_ALL_KEYS UINT32_MAX
-psagg_status psagg_param_init(psagg_ctx *ctx, uint32_t key, float *weights, psagg_handle **handle);
-psagg_status psagg_set_lr(psagg_ctx *ctx, uint32_t key, float lr, float weight_decay);
-psagg_status psagg_pull_weights(psagg_ctx *ctx, uint32_t key, float *out, int sync,
-                                psagg_handle **handle);
-psagg_status psagg_checkpoint(psagg_ctx *ctx);
+PSAGG_API psagg_status psagg_param_init(psagg_ctx *ctx, uint32_t key, float *weights,
+                                        psagg_handle **handle);
+PSAGG_API psagg_status psagg_set_lr(psagg_ctx *ctx, uint32_t key, float lr, float weight_decay);
+PSAGG_API psagg_status psagg_pull_weights(psagg_ctx *ctx, uint32_t key, float *out, int sync,
+                                          psagg_handle **handle);
+PSAGG_API psagg_status psagg_checkpoint(psagg_ctx *ctx);
 /* The round (for a parameter: the optimizer step) the tensor's next push_pull is. */
-psagg_status psagg_tensor_round(psagg_ctx *ctx, uint32_t key, uint32_t *round);
+PSAGG_API psagg_status psagg_tensor_round(psagg_ctx *ctx, uint32_t key, uint32_t *round);
 
-int psagg_rank(const psagg_ctx *ctx);
-int psagg_world_size(const psagg_ctx *ctx);
+PSAGG_API int psagg_rank(const psagg_ctx *ctx);
+PSAGG_API int psagg_world_size(const psagg_ctx *ctx);
 /* [codec] min_compress_elems: tensors declared with PSAGG_CODEC_DEFAULT and fewer elements go
  * fp32. Bindings that pick codecs per tensor apply the same rule. */
-uint64_t psagg_min_compress_elems(const psagg_ctx *ctx);
+PSAGG_API uint64_t psagg_min_compress_elems(const psagg_ctx *ctx);
 
 /* Tell the servers this worker is done and free everything. Pending handles fail. */
-psagg_status psagg_close(psagg_ctx *ctx);
+PSAGG_API psagg_status psagg_close(psagg_ctx *ctx);
 
 #ifdef __cplusplus
 }

@@ -11,6 +11,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* PSAGG_API: the mark of a function libpsagg exports (psagg.h says more) */
+#ifndef PSAGG_API
+#if defined(__GNUC__) || defined(__clang__)
+#define PSAGG_API __attribute__((visibility("default")))
+#else
+#define PSAGG_API
+#endif
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -42,10 +51,10 @@ typedef enum psagg_status {
 } psagg_status;
 
 /* A short constant description of a status code. */
-const char *psagg_strerror(int status);
+PSAGG_API const char *psagg_strerror(int status);
 
 /* The detailed message of the calling thread's most recent failure ("" if none). */
-const char *psagg_last_error(void);
+PSAGG_API const char *psagg_last_error(void);
 
 /* Codecs. Their wire formats are specified byte for byte in kernels/codec.h. */
 typedef enum psagg_codec_id {

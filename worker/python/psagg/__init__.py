@@ -22,9 +22,17 @@ import threading
 __all__ = ["Error", "Context", "Handle", "library", "STATUS_NAMES", "SUM", "AVERAGE",
            "TENSOR_PARAMETER", "ALL_KEYS"]
 
-SUM = 0
+# The constants and structures below mirror psagg.h and psagg/types.h (unit.python_abi compares
+# them with C: names, values, sizes and offsets). A public constant PSAGG_<NAME> is <NAME> here.
+SUM = 0  # psagg_reduce
 AVERAGE = 1
-CODEC_DEFAULT = -1
+CODEC_DEFAULT = -1  # psagg_codec_id
+CODEC_FP32 = 0
+CODEC_FP16 = 1
+CODEC_BF16 = 2
+CODEC_MAXMIN = 3
+ROUND_STOCHASTIC = 0  # psagg_rounding
+ROUND_NEAREST = 1
 
 # psagg_status (common/include/psagg/types.h)
 STATUS_NAMES = {
@@ -66,9 +74,16 @@ class _Codec(ctypes.Structure):
                 ("rounding", ctypes.c_int)]
 
 
+# psagg.h's structs that grow start with struct_size, the size of the struct as the caller has
+# it: _sized(cls) makes one with it set (arrays set it on each element).
+def _sized(cls):
+    return cls(struct_size=ctypes.sizeof(cls))
+
+
 class _TensorDesc(ctypes.Structure):
-    _fields_ = [("name", ctypes.c_char_p), ("count", ctypes.c_uint64), ("codec", _Codec),
-                ("error_feedback", ctypes.c_int), ("flags", ctypes.c_uint32)]
+    _fields_ = [("struct_size", ctypes.c_size_t), ("name", ctypes.c_char_p),
+                ("count", ctypes.c_uint64), ("codec", _Codec), ("error_feedback", ctypes.c_int),
+                ("flags", ctypes.c_uint32)]
 
 
 TENSOR_PARAMETER = 1  # psagg_tensor_desc.flags: the servers optimize it ([server] optimizer)
@@ -76,22 +91,55 @@ ALL_KEYS = 0xFFFFFFFF
 
 
 class _Timing(ctypes.Structure):
-    _fields_ = [(f, ctypes.c_uint64) for f in ("queued_ns", "encode_ns", "send_ns", "wait_ns",
-                                                "decode_ns", "total_ns")]
+    _fields_ = [("struct_size", ctypes.c_size_t)] + [
+        (f, ctypes.c_uint64) for f in ("queued_ns", "encode_ns", "send_ns", "wait_ns",
+                                       "decode_ns", "total_ns")]
 
     def as_dict(self):
-        return {f: getattr(self, f) for f, _ in self._fields_}
+        return {f: getattr(self, f) for f, _ in self._fields_ if f != "struct_size"}
 
 
 class _Stats(ctypes.Structure):
-    _fields_ = [("bytes_sent", ctypes.c_uint64), ("bytes_received", ctypes.c_uint64),
-                ("bytes_raw", ctypes.c_uint64), ("push_pulls", ctypes.c_uint64),
-                ("time", _Timing)]
+    _fields_ = [("struct_size", ctypes.c_size_t), ("bytes_sent", ctypes.c_uint64),
+                ("bytes_received", ctypes.c_uint64), ("bytes_raw", ctypes.c_uint64),
+                ("push_pulls", ctypes.c_uint64), ("time", _Timing)]
 
 
 class _Assignment(ctypes.Structure):
-    _fields_ = [("codec", _Codec), ("bytes", ctypes.c_uint64), ("generation", ctypes.c_uint32),
-                ("from_round", ctypes.c_uint32)]
+    _fields_ = [("struct_size", ctypes.c_size_t), ("codec", _Codec), ("bytes", ctypes.c_uint64),
+                ("generation", ctypes.c_uint32), ("from_round", ctypes.c_uint32)]
+
+
+_P, _I, _U32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32
+# The C signatures bound on loading: name -> (restype, argtypes), every PSAGG_API function.
+_SIGNATURES = {
+    "psagg_strerror": (ctypes.c_char_p, [_I]),
+    "psagg_last_error": (ctypes.c_char_p, []),
+    "psagg_codec_parse": (_I, [ctypes.c_char_p, ctypes.POINTER(_Codec)]),
+    "psagg_codec_name": (ctypes.c_char_p, [ctypes.POINTER(_Codec), ctypes.c_char_p,
+                                           ctypes.c_size_t]),
+    "psagg_init": (_I, [ctypes.c_char_p, _I, _I, ctypes.POINTER(_P)]),
+    "psagg_declare": (_I, [_P, ctypes.POINTER(_TensorDesc), ctypes.c_size_t,
+                           ctypes.POINTER(_U32)]),
+    "psagg_push_pull": (_I, [_P, _U32, _P, _P, _I, _I, ctypes.POINTER(_P)]),
+    "psagg_push_pull_cuda": (_I, [_P, _U32, _P, _P, _I, _I, _P, ctypes.POINTER(_P)]),
+    "psagg_test": (_I, [_P]),
+    "psagg_wait": (_I, [_P, _I]),
+    "psagg_release": (None, [_P]),
+    "psagg_get_stats": (_I, [_P, ctypes.POINTER(_Stats)]),
+    "psagg_handle_timing": (_I, [_P, ctypes.POINTER(_Timing)]),
+    "psagg_handle_codec": (_I, [_P, ctypes.POINTER(_Codec), ctypes.POINTER(_U32)]),
+    "psagg_get_assignment": (_I, [_P, _U32, ctypes.POINTER(_Assignment)]),
+    "psagg_param_init": (_I, [_P, _U32, _P, ctypes.POINTER(_P)]),
+    "psagg_pull_weights": (_I, [_P, _U32, _P, _I, ctypes.POINTER(_P)]),
+    "psagg_set_lr": (_I, [_P, _U32, ctypes.c_float, ctypes.c_float]),
+    "psagg_checkpoint": (_I, [_P]),
+    "psagg_tensor_round": (_I, [_P, _U32, ctypes.POINTER(_U32)]),
+    "psagg_rank": (_I, [_P]),
+    "psagg_world_size": (_I, [_P]),
+    "psagg_min_compress_elems": (ctypes.c_uint64, [_P]),
+    "psagg_close": (_I, [_P]),
+}
 
 
 def _candidates():
@@ -131,36 +179,7 @@ def library():
         else:
             raise ImportError("psagg: cannot load libpsagg: tried " + "; ".join(tried) +
                               " (build it, or set PSAGG_LIBRARY to libpsagg.so)")
-        P, I, U32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32
-        sigs = {
-            "psagg_strerror": (ctypes.c_char_p, [I]),
-            "psagg_last_error": (ctypes.c_char_p, []),
-            "psagg_codec_parse": (I, [ctypes.c_char_p, ctypes.POINTER(_Codec)]),
-            "psagg_codec_name": (ctypes.c_char_p, [ctypes.POINTER(_Codec), ctypes.c_char_p,
-                                                   ctypes.c_size_t]),
-            "psagg_init": (I, [ctypes.c_char_p, I, I, ctypes.POINTER(P)]),
-            "psagg_declare": (I, [P, ctypes.POINTER(_TensorDesc), ctypes.c_size_t,
-                                  ctypes.POINTER(U32)]),
-            "psagg_push_pull": (I, [P, U32, P, P, I, I, ctypes.POINTER(P)]),
-            "psagg_push_pull_cuda": (I, [P, U32, P, P, I, I, P, ctypes.POINTER(P)]),
-            "psagg_test": (I, [P]),
-            "psagg_wait": (I, [P, I]),
-            "psagg_release": (None, [P]),
-            "psagg_get_stats": (None, [P, ctypes.POINTER(_Stats)]),
-            "psagg_handle_timing": (I, [P, ctypes.POINTER(_Timing)]),
-            "psagg_handle_codec": (I, [P, ctypes.POINTER(_Codec), ctypes.POINTER(U32)]),
-            "psagg_get_assignment": (I, [P, U32, ctypes.POINTER(_Assignment)]),
-            "psagg_param_init": (I, [P, U32, P, ctypes.POINTER(P)]),
-            "psagg_pull_weights": (I, [P, U32, P, I, ctypes.POINTER(P)]),
-            "psagg_set_lr": (I, [P, U32, ctypes.c_float, ctypes.c_float]),
-            "psagg_checkpoint": (I, [P]),
-            "psagg_tensor_round": (I, [P, U32, ctypes.POINTER(U32)]),
-            "psagg_rank": (I, [P]),
-            "psagg_world_size": (I, [P]),
-            "psagg_min_compress_elems": (ctypes.c_uint64, [P]),
-            "psagg_close": (I, [P]),
-        }
-        for name, (res, args) in sigs.items():
+        for name, (res, args) in _SIGNATURES.items():
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
         _lib = lib
@@ -230,7 +249,7 @@ class Handle:
             raise Error(st, _last_error(), "psagg_wait")  # still pending: keep the handle
         detail = _last_error() if st else ""
         if not st:
-            t = _Timing()
+            t = _sized(_Timing)
             if lib.psagg_handle_timing(self._h, ctypes.byref(t)) == 0:
                 self.timing = t.as_dict()
             c, g = _Codec(), ctypes.c_uint32()
@@ -288,6 +307,7 @@ class Context:
             name, count, codec = t[:3]
             b = str(name).encode()
             names.append(b)
+            descs[i].struct_size = ctypes.sizeof(_TensorDesc)
             descs[i].name = b
             descs[i].count = int(count)
             descs[i].codec = parse_codec(codec)
@@ -353,9 +373,9 @@ class Context:
         """psagg_get_stats as a dict: bytes_sent, bytes_received, bytes_raw, push_pulls since
         psagg_init, and "time": the sums of the completed push_pulls' timings (ns, as
         Handle.timing). Two calls' difference is what happened between them (a step)."""
-        s = _Stats()
-        library().psagg_get_stats(self._raw(), ctypes.byref(s))
-        out = {f: getattr(s, f) for f, _ in _Stats._fields_ if f != "time"}
+        s = _sized(_Stats)
+        _check(library().psagg_get_stats(self._raw(), ctypes.byref(s)), "psagg_get_stats")
+        out = {f: getattr(s, f) for f, _ in _Stats._fields_ if f not in ("struct_size", "time")}
         out["time"] = s.time.as_dict()
         return out
 
@@ -368,7 +388,7 @@ class Context:
             raise Error(-20, "declare the tensors first", "assignment")
         out = []
         for key, (name, _) in enumerate(self.declared):
-            a = _Assignment()
+            a = _sized(_Assignment)
             _check(library().psagg_get_assignment(self._raw(), key, ctypes.byref(a)),
                    "psagg_get_assignment")
             out.append({"name": name, "codec": _codec_text(a.codec), "bytes": a.bytes,
