@@ -14,7 +14,10 @@ The layers, bottom to top (README "Where things are"):
 A file may include its own layer and the layers below it. Installed headers
 (common/include/, worker/include/) may include only installed headers. Every quoted include
 must resolve the way the build resolves it: next to the including file, then in the include
-folders common/include, common, the repository root and worker/include. Violations are printed
+folders common/include, common, the repository root and worker/include (the build's
+per-layer folders, build/layers/<layer>/<layer> -> common/base, common/runtime, kernels, name
+the same files; they also make a bad include fail to compile, which this check reports with
+its reason, and for every layer at once). Violations are printed
 as "file:line: ..." and make the exit status 1; exit 0 when the tree is clean.
 
 Inside the two tops, the order of files that server/server.h and worker/worker.h declare in
