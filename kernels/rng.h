@@ -1,10 +1,10 @@
 /*
  * rng.h - the stochastic-rounding hash of kernels/codec.h ("RNG"), written once for every
- * implementation: the CPU reference (codec.h's psagg_rng_uniform), the
- * CUDA kernels (cuda/codec_cuda_math.h, compiled as device code by nvcc and as plain C by
- * tests/gpu/test_cuda_math.c), and the SIMD loops (cpu/avx2.c, cpu/avx512_lanes.h), which
- * keep their vector forms but take every constant from here. So a change to the hash is one
- * change, and the golden tests (tests/unit/test_codec_golden.c) keep it bit-exact.
+ * implementation: the CPU reference (codec.h's psagg_rng_uniform), the CUDA kernels
+ * (cuda/kernels.cu, device code; tests/gpu/test_cuda_math.c runs the same math on the host),
+ * and the SIMD loops (cpu/avx2.c, cpu/avx512_lanes.h), which keep their vector forms but take
+ * every constant from here. So a change to the hash is one change, and the golden tests
+ * (tests/unit/test_codec_golden.c) keep it bit-exact.
  *
  * Plain C11 and CUDA C++: nothing here depends on psagg's other headers.
  * Layer: kernels.
