@@ -105,6 +105,7 @@
 #include <stdint.h>
 
 #include "psagg/types.h"
+#include "kernels/rng.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -180,22 +181,10 @@ typedef enum psagg_rng_side {
 psagg_rng_key psagg_rng_chunk_key(uint64_t seed, psagg_rng_side side, uint32_t rank, uint32_t key,
                                   uint32_t chunk, uint32_t round);
 
-/* hash32 and u_k of the spec above; the reference for every implementation. */
-static inline uint32_t psagg_rng_hash(psagg_rng_key key, uint32_t m)
-{
-    uint32_t x = (m ^ key.k1) + key.k0;
-    x ^= x >> 16;
-    x *= 0x7FEB352Du;
-    x ^= x >> 15;
-    x *= 0x846CA68Bu;
-    x ^= x >> 16;
-    return x;
-}
-
+/* u_k of the spec above; its hash32 is kernels/rng.h's, which every implementation includes. */
 static inline float psagg_rng_uniform(psagg_rng_key key, uint32_t k)
 {
-    uint32_t d = (psagg_rng_hash(key, k >> 1) >> (16 * (k & 1))) & 0xFFFFu;
-    return (float)(2 * d + 1) * 0x1p-17f;
+    return psagg_rng_u(psagg_rng_hash32(key.k0, key.k1, k >> 1), k);
 }
 
 /*

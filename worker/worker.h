@@ -14,8 +14,8 @@
  *   cuda.c       psagg_push_pull_cuda and the device-buffer operations (owns the device side)
  *   comm.c       the communication thread: scheduling, pushes, updates, failure detection
  *   adapt.c      [codec] adaptive: statistics, their push, the choice of codecs (comm thread)
- *   host.c       the host-buffer operations
  *   handle.c     an operation's life: creation, queueing, completion, failing the context
+ *   host.c       the host-buffer operations
  * Where a push_pull's buffers live (host or device) is behind psagg_bufops, chosen when
  * push_pull is called, so comm.c never asks.
  */

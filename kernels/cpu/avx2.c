@@ -10,6 +10,7 @@
 
 #include "base/error.h"
 #include "impl.h"
+#include "kernels/rng.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__F16C__)
 #include <immintrin.h>
@@ -300,17 +301,20 @@ static inline void mm_pack(const mm_ctx *t, __m256i q, uint8_t *p, size_t room)
  */
 static inline __m256 rng8(__m256i idx, __m256i k0, __m256i k1)
 {
+    /* psagg_rng_hash32 of kernels/rng.h, 8 lanes at once */
     __m256i h = _mm256_add_epi32(_mm256_xor_si256(_mm256_srli_epi32(idx, 1), k1), k0);
-    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-    h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)0x7FEB352Du));
-    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 15));
-    h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)0x846CA68Bu));
-    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, PSAGG_RNG_S1));
+    h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)PSAGG_RNG_M1));
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, PSAGG_RNG_S2));
+    h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)PSAGG_RNG_M2));
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, PSAGG_RNG_S3));
     /* 2 * d + 1: the lane's half moved to bits 1..16 (even lanes << 1, odd >> 15), | 1 */
+    const int hi = PSAGG_RNG_D_BITS - 1;
     h = _mm256_srlv_epi32(_mm256_sllv_epi32(h, _mm256_setr_epi32(1, 0, 1, 0, 1, 0, 1, 0)),
-                          _mm256_setr_epi32(0, 15, 0, 15, 0, 15, 0, 15));
-    h = _mm256_or_si256(_mm256_and_si256(h, _mm256_set1_epi32(0x1FFFE)), _mm256_set1_epi32(1));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(h), _mm256_set1_ps(0x1p-17f));
+                          _mm256_setr_epi32(0, hi, 0, hi, 0, hi, 0, hi));
+    h = _mm256_or_si256(_mm256_and_si256(h, _mm256_set1_epi32((int)PSAGG_RNG_D2_MASK)),
+                        _mm256_set1_epi32(1));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(h), _mm256_set1_ps(PSAGG_RNG_U_SCALE));
 }
 
 static inline float hmin8(__m256 v)

@@ -13,7 +13,8 @@
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) &&                        \
     defined(__AVX512VL__) && defined(__AVX512DQ__)
-#include "avx512.h"
+#include "avx512_bytes.h"
+#include "avx512_lanes.h"
 
 /* Report the first bad lane (bits set in bad) of v, element index k0 + lane. */
 static psagg_status report_bad(const psagg_codec *c, size_t k0, __m512 v, __mmask16 bad,
@@ -233,17 +234,6 @@ static inline __m512i mm_spread(const mm_ctx *t, __m512i w)
     return _mm512_srlv_epi32(_mm512_shuffle_epi8(w, t->ctrl), t->shifts);
 }
 
-/*
- * u_k of codec.h for the 16 elements idx (consecutive, idx even): each lane hashes its pair
- * m = k >> 1 (lanes 2i and 2i + 1 hash the same m) and takes its half of the hash.
- */
-static inline __m512 rng16(__m512i idx, __m512i k0, __m512i k1)
-{
-    __m512i h = psagg_avx512_rng_hash(_mm512_srli_epi32(idx, 1), k0, k1);
-    return psagg_avx512_rng_u(
-        _mm512_mask_srli_epi32(_mm512_slli_epi32(h, 1), (__mmask16)0xAAAA, h, 15));
-}
-
 /* Called after pass 1 filled acc[0..len): bad check, lo/hi, meta, then pass 2. */
 static psagg_status mm_finish_bucket(const mm_ctx *t, const psagg_codec *c, float *acc, size_t len,
                                      size_t base, __m512 vmin, __m512 vmax, __mmask16 bad_any,
@@ -293,8 +283,9 @@ static psagg_status mm_finish_bucket(const mm_ctx *t, const psagg_codec *c, floa
         __mmask16 m = lane_mask(len - j);
         __m512 v = _mm512_loadu_ps(acc + j);
         __m512 tt = _mm512_mul_ps(_mm512_sub_ps(v, vlo), vinv);
-        __m512 u =
-            sr ? rng16(_mm512_add_epi32(_mm512_set1_epi32((int)(uint32_t)k), iota), k0, k1) : vhalf;
+        __m512 u = sr ? psagg_avx512_rng16(
+                            _mm512_add_epi32(_mm512_set1_epi32((int)(uint32_t)k), iota), k0, k1)
+                      : vhalf;
         __m512i q = _mm512_maskz_cvttps_epi32(m, _mm512_min_ps(_mm512_add_ps(tt, u), Lf));
         mm_pack(b, pext_mask, q, payload + off, plen - off);
         if (r) {

@@ -12,7 +12,8 @@
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) &&                        \
     defined(__AVX512VL__) && defined(__AVX512DQ__)
-#include "avx512.h"
+#include "avx512_bytes.h"
+#include "avx512_lanes.h"
 
 /* ---------------- maxmin, b in {1, 2, 4, 8}: whole bytes per group ----------------
  *
@@ -142,16 +143,14 @@ FA void fa_quant(const int b, const int D, const int sr, const int tail, const f
         __m512 t = _mm512_mul_ps(_mm512_sub_ps(v, z->vlo), z->vinv);
         __m512 u = _mm512_set1_ps(0.5f);
         if (sr && P == 1) {
-            h = psagg_avx512_rng_hash(_mm512_srli_epi32(idx, 1), z->k0, z->k1);
-            u = psagg_avx512_rng_u(
-                _mm512_mask_srli_epi32(_mm512_slli_epi32(h, 1), (__mmask16)0xAAAA, h, 15));
+            u = psagg_avx512_rng16(idx, z->k0, z->k1);
         } else if (sr && s % 2 == 0) {
             h = psagg_avx512_rng_hash(
                 _mm512_add_epi32(_mm512_srli_epi32(idx, 1), _mm512_set1_epi32(s / 2)), z->k0,
                 z->k1);
-            u = psagg_avx512_rng_u(_mm512_slli_epi32(h, 1));
+            u = psagg_avx512_rng_u_lo(h);
         } else if (sr) {
-            u = psagg_avx512_rng_u(_mm512_srli_epi32(h, 15));
+            u = psagg_avx512_rng_u_hi(h);
         }
         __m512i q = _mm512_cvttps_epi32(_mm512_min_ps(_mm512_add_ps(t, u), z->Lf));
         if (tail)

@@ -20,6 +20,8 @@
 #include <string.h>
 #endif
 
+#include "kernels/rng.h"
+
 #if defined(__CUDACC__)
 #define PCM_FN static __host__ __device__ __forceinline__
 #else
@@ -67,29 +69,7 @@ PCM_FN float pcm_float_host(uint32_t u)
 #define PCM_ABS_INF   0x7F800000u /* |x| bits >= this: NaN or Inf */
 #define PCM_ABS_2_126 0x7E800000u /* |x| bits >= this: |x| >= 2^126 (PSAGG_MAXMIN_MAX_ABS) */
 
-/* ---- RNG (codec.h "RNG"): u_k in (0, 1), one hash per pair of elements ---- */
-PCM_FN uint32_t pcm_rng_hash(uint32_t k0, uint32_t k1, uint32_t m)
-{
-    uint32_t x = (m ^ k1) + k0;
-    x ^= x >> 16;
-    x *= 0x7FEB352Du;
-    x ^= x >> 15;
-    x *= 0x846CA68Bu;
-    x ^= x >> 16;
-    return x;
-}
-
-/* u_k from h = pcm_rng_hash(k0, k1, k >> 1) */
-PCM_FN float pcm_rng_half(uint32_t h, uint32_t k)
-{
-    uint32_t d = (h >> (16 * (k & 1))) & 0xFFFFu;
-    return PCM_MUL(PCM_U2F(2 * d + 1), 0x1p-17f); /* both steps exact */
-}
-
-PCM_FN float pcm_rng_uniform(uint32_t k0, uint32_t k1, uint32_t k)
-{
-    return pcm_rng_half(pcm_rng_hash(k0, k1, k >> 1), k);
-}
+/* ---- RNG (codec.h "RNG"): psagg_rng_hash32 and psagg_rng_u of kernels/rng.h ---- */
 
 /*
  * min/max for the bucket range. For finite values the result is order-independent (the

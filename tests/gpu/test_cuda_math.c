@@ -168,7 +168,8 @@ static psagg_status emul_mm_encode(const psagg_codec *c, const float *x, float *
             for (size_t j = 0; j < cnt; j++) {
                 size_t k = e + j;
                 float u = c->rounding == PSAGG_ROUND_STOCHASTIC
-                              ? pcm_rng_uniform(key.k0, key.k1, (uint32_t)k)
+                              ? psagg_rng_u(psagg_rng_hash32(key.k0, key.k1, (uint32_t)k >> 1),
+                                            (uint32_t)k)
                               : 0.5f;
                 uint32_t q = pcm_mm_level(v[k - b0], lo, scale, inv, PCM_U2F(L), u) & L;
                 w |= (uint64_t)q << (j * b);
