@@ -470,21 +470,6 @@ static psagg_status handle_succeeded(psagg_handle *h, const char *fn)
     return PSAGG_OK;
 }
 
-/*
- * psagg.h's rule for structs that grow: a caller's struct_size must be a size of the struct
- * this library knows. This version knows one, its own sizeof; one that appends fields accepts
- * the earlier sizes too and reads or fills only what they hold.
- */
-psagg_status worker_struct_size(const char *type, size_t got, size_t known)
-{
-    if (got == known)
-        return PSAGG_OK;
-    return psagg_fail(PSAGG_EINVAL,
-                      "%s.struct_size is %zu, not a size of %s this library knows (%zu): set it "
-                      "to sizeof(%s)",
-                      type, got, type, known, type);
-}
-
 psagg_status psagg_handle_timing(psagg_handle *h, psagg_timing *out)
 {
     psagg_status st;

@@ -246,3 +246,18 @@ void worker_stats(const psagg_ctx *ctx, psagg_stats *out)
     out->time.decode_ns = atomic_load(&ctx->time_ns[4]);
     out->time.total_ns = atomic_load(&ctx->time_ns[5]);
 }
+
+/*
+ * psagg.h's rule for structs that grow: a caller's struct_size must be a size of the struct
+ * this library knows. This version knows one, its own sizeof; one that appends fields accepts
+ * the earlier sizes too and reads or fills only what they hold.
+ */
+psagg_status worker_struct_size(const char *type, size_t got, size_t known)
+{
+    if (got == known)
+        return PSAGG_OK;
+    return psagg_fail(PSAGG_EINVAL,
+                      "%s.struct_size is %zu, not a size of %s this library knows (%zu): set it "
+                      "to sizeof(%s)",
+                      type, got, type, known, type);
+}

@@ -199,7 +199,7 @@ int worker_failed(psagg_ctx *ctx);
 void handle_timing(const struct psagg_handle *h, psagg_timing *out);
 /* The context's counters of completed operations (psagg_get_stats; comm.c's stats line). */
 void worker_stats(const psagg_ctx *ctx, psagg_stats *out);
-/* api.c: psagg.h's struct_size rule: `got` must be the size of struct `type` this library
+/* handle.c: psagg.h's struct_size rule: `got` must be the size of struct `type` this library
  * knows (`known`); PSAGG_EINVAL naming the struct otherwise (the caller adds its name). */
 psagg_status worker_struct_size(const char *type, size_t got, size_t known);
 
