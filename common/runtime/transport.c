@@ -871,8 +871,10 @@ int psagg_fabric_poll(psagg_fabric *f, psagg_fabric_event *ev, int max, int time
 
     if (f == NULL || ev == NULL || max <= 0)
         return psagg_fail(PSAGG_EINVAL, "fabric poll: bad arguments");
-    fab_local_reap(f);
     for (;;) {
+        /* each turn, not only on entry: a reader that dies while this poll waits fails its
+         * sends within LOCAL_REAP_MS, however long the caller's timeout */
+        fab_local_reap(f);
         if (atomic_exchange(&f->woken, 0))
             timeout_ms = 0; /* psagg_fabric_wake: return what there is, even nothing */
         n = backlog_pop(f, ev, max);

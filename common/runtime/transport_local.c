@@ -455,7 +455,10 @@ psagg_status fab_local_send(psagg_fabric *f, psagg_peer to, const void *buf, siz
 /*
  * A same-host send waits for its reader's ACK, which a dead reader never sends: every
  * LOCAL_REAP_MS while sends wait, fail those whose reader's process is gone (SEND_ERROR,
- * parked for this poll), as a dead TCP peer's sends fail.
+ * parked for this poll), as a dead TCP peer's sends fail. psagg_fabric_poll calls it on every
+ * turn of its loop, waits included; it returns at once on a provider without same-host copies
+ * (local_ok never changes after open) and, under the lock, when no send waits or the last look
+ * was less than LOCAL_REAP_MS ago.
  */
 #define LOCAL_REAP_MS 200
 void fab_local_reap(psagg_fabric *f)
@@ -463,6 +466,8 @@ void fab_local_reap(psagg_fabric *f)
     int64_t now = psagg_now_ms();
     psagg_fabric_event e;
 
+    if (!f->local_ok)
+        return;
     pthread_mutex_lock(&f->lock);
     if (f->slots_used == 0 || now < f->next_reap_ms) {
         pthread_mutex_unlock(&f->lock);
