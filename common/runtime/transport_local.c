@@ -4,13 +4,13 @@
  * through the provider. Part of the data path of transport.c, whose state it shares through
  * transport_impl.h.
  *
- * A send to a peer that copies ours is a fi_inject of a
- * psagg_msg_local DESC, its operation waiting in a slot table (the cookie names the slot and
- * its generation, so an ACK for anything else is recognised) until the ACK comes. A received
- * DESC from a peer we accepted is copied into the receive buffer it arrived in, which then
- * completes as the message; the ACK goes back by fi_inject (parked when the provider's queue is
- * full, and sent by the next read of the CQ). A received ACK completes its send and its receive
- * buffer is posted again here, unseen by the caller.
+ * A send to a peer that copies ours is a fi_inject of a psagg_msg_local DESC, its operation
+ * waiting in a slot table (the cookie names the slot and its generation, so an ACK for anything
+ * else is recognised) until the ACK comes. A received DESC from a peer we accepted is copied
+ * into the receive buffer it arrived in, which then completes as the message; the ACK goes back
+ * by fi_inject (parked when the provider's queue is full, and sent by the next read of the CQ).
+ * A received ACK completes its send and its receive buffer is posted again here, unseen by the
+ * caller.
  *
  * Whoever polls also reaps: a send whose reader's process is gone fails (fab_local_reap).
  */
