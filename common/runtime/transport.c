@@ -12,13 +12,9 @@
  * Completions read by a send or post_recv that meets -FI_EAGAIN (they must read the CQ to
  * drive progress) go to a bounded backlog that the next psagg_fabric_poll returns first.
  *
- * Same-host copies (transport.h): a send to a peer that copies ours is a fi_inject of a
- * psagg_msg_local DESC, its operation waiting in a slot table (the cookie names the slot and
- * its generation, so an ACK for anything else is recognised) until the ACK comes. A received
- * DESC from a peer we accepted is copied into the receive buffer it arrived in, which then
- * completes as the message; the ACK goes back by fi_inject (parked when the provider's queue is
- * full, and sent by the next read of the CQ). A received ACK completes its send and its receive
- * buffer is posted again here, unseen by the caller.
+ * Same-host copies (transport.h) are transport_local.c, behind transport_impl.h: cq_fetch
+ * hands it the receives that may hold a descriptor or an ACK, fabric_send the sends to a
+ * peer that copies ours, and poll its look for dead readers.
  */
 #include "runtime/transport.h"
 
@@ -27,17 +23,13 @@
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/types.h>
-#include <sys/uio.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
@@ -49,6 +41,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "runtime/transport_impl.h"
 #include "runtime/wire.h"
 
 #define FABRIC_API_VERSION FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION)
@@ -66,113 +59,6 @@
 #define POST_RETRY_MS 30000
 /* Longest single fi_cq_sread inside a poll, so completions parked by senders are seen. */
 #define SREAD_SLICE_MS 20
-/* Operation contexts allocated at a time. */
-#define OP_SLAB 256
-
-/* OP_LSEND: a same-host send, a DESC injected and waiting for its ACK in a slot */
-enum op_kind { OP_SEND = 1, OP_RECV = 2, OP_LSEND = 3 };
-
-/* Internal per-operation context; fictx first so &op->fictx == op is the op_context. */
-struct fabric_op {
-    struct fi_context2 fictx;
-    void *ctx; /* the caller's ctx */
-    int kind;  /* enum op_kind */
-    struct fabric_op *next;
-    void *rbuf;  /* OP_RECV: the buffer, its room and descriptor (a same-host copy goes there, */
-    size_t rlen; /* and a buffer that held an ACK is posted again with them) */
-    void *rdesc;
-    psagg_peer peer; /* OP_LSEND: the peer whose ACK completes it */
-};
-
-/* A same-host peer (psagg_fabric_local_accept / local_send). */
-struct local_peer {
-    psagg_peer peer;
-    pid_t pid;    /* we copy its descriptors out of this process (0: we do not) */
-    int sends_to; /* it copies ours */
-};
-
-/* A slot of a same-host send waiting for its ACK; cookie = gen << 32 | index. */
-struct local_slot {
-    struct fabric_op *op; /* NULL: free */
-    uint32_t gen;
-    uint32_t next_free;
-};
-
-/* An ACK the provider's queue had no room for. */
-struct local_ack {
-    struct local_ack *next;
-    psagg_peer to;
-    psagg_msg_local m;
-};
-
-struct op_slab {
-    struct op_slab *next;
-    struct fabric_op ops[OP_SLAB];
-};
-
-struct fabric_mr {
-    struct fabric_mr *next;
-    struct fid_mr *mr;
-};
-
-struct psagg_fabric {
-    struct fi_info *info;
-    struct fid_fabric *fabric;
-    struct fid_domain *domain;
-    struct fid_cq *cq;
-    struct fid_av *av;
-    struct fid_ep *ep;
-
-    size_t max_msg;      /* opts->max_msg */
-    int post_timeout_ms; /* opts->post_timeout_ms, or POST_RETRY_MS */
-    size_t name_len;     /* length of this endpoint's name */
-    int addr_str;        /* addresses are strings (FI_ADDR_STR, shm) */
-    int local_mr;        /* mr_mode has FI_MR_LOCAL: psagg_fabric_reg registers */
-    int mr_endpoint;     /* FI_MR_ENDPOINT: bind regions to the endpoint */
-    int mr_prov_key;     /* FI_MR_PROV_KEY: provider picks keys */
-    int cq_wait;         /* the CQ has a wait object: poll may block in fi_cq_sread */
-    int serialize;       /* no FI_THREAD_SAFE granted: fab_lock around libfabric calls */
-    atomic_int woken;    /* psagg_fabric_wake was called: the next poll returns */
-    char prov[64];       /* provider name opened */
-    psagg_logger log;    /* the owner's (opts->log) */
-
-    pthread_mutex_t fab_lock; /* only used when serialize */
-    pthread_mutex_t lock;     /* backlog, free ops, slabs, regions, next_key */
-
-    psagg_fabric_event *backlog; /* ring: completions read by send/post_recv */
-    size_t bl_head, bl_count, bl_cap;
-
-    struct fabric_op *free_ops;
-    struct op_slab *slabs;
-    struct fabric_mr *mrs;
-    uint64_t next_key;
-
-    /* same-host copies, all under lock */
-    int local_ok; /* the provider can inject a psagg_msg_local; not shm */
-    uint8_t self_name[PSAGG_FABRIC_NAME_MAX]; /* what local_self's probe points at */
-    struct local_peer *lpeers;
-    size_t n_lpeers, lpeers_cap;
-    struct local_slot *slots;
-    uint32_t slots_cap, slot_free;      /* free list head, UINT32_MAX: none */
-    struct local_ack *acks, *acks_tail; /* ACKs waiting for room in the provider's queue */
-    struct fabric_op *reposts;          /* receive buffers that held an ACK, to post again */
-    atomic_int local_pending;           /* acks or reposts are waiting: poll must not sleep long */
-    uint32_t slots_used;                /* same-host sends waiting for their ACK */
-    int64_t next_reap_ms;               /* when poll next looks for dead same-host peers */
-    atomic_uint_fast64_t local_copied;  /* messages received by same-host copy */
-};
-
-static void fab_lock(psagg_fabric *f)
-{
-    if (f->serialize)
-        pthread_mutex_lock(&f->fab_lock);
-}
-
-static void fab_unlock(psagg_fabric *f)
-{
-    if (f->serialize)
-        pthread_mutex_unlock(&f->fab_lock);
-}
 
 /*
  * Map a libfabric error number (positive, as in fi_cq_err_entry.err or -ret) to a psagg
@@ -209,7 +95,7 @@ static int status_from_fi(int err)
 }
 
 /* Take an operation context from the free list (growing it by a slab); NULL if out of memory. */
-static struct fabric_op *op_get(psagg_fabric *f, void *ctx, int kind)
+struct fabric_op *fab_op_get(psagg_fabric *f, void *ctx, int kind)
 {
     struct fabric_op *op;
 
@@ -237,291 +123,17 @@ static struct fabric_op *op_get(psagg_fabric *f, void *ctx, int kind)
     return op;
 }
 
-static void op_put_locked(psagg_fabric *f, struct fabric_op *op)
+void fab_op_put_locked(psagg_fabric *f, struct fabric_op *op)
 {
     op->next = f->free_ops;
     f->free_ops = op;
 }
 
-static void op_put(psagg_fabric *f, struct fabric_op *op)
+void fab_op_put(psagg_fabric *f, struct fabric_op *op)
 {
     pthread_mutex_lock(&f->lock);
-    op_put_locked(f, op);
+    fab_op_put_locked(f, op);
     pthread_mutex_unlock(&f->lock);
-}
-
-/* ---- same-host copies ---- */
-
-static struct local_peer *local_find_locked(psagg_fabric *f, psagg_peer peer)
-{
-    for (size_t i = 0; i < f->n_lpeers; i++)
-        if (f->lpeers[i].peer == peer)
-            return &f->lpeers[i];
-    return NULL;
-}
-
-static struct local_peer *local_add_locked(psagg_fabric *f, psagg_peer peer)
-{
-    struct local_peer *lp = local_find_locked(f, peer);
-    if (lp)
-        return lp;
-    if (f->n_lpeers == f->lpeers_cap) {
-        size_t cap = f->lpeers_cap ? 2 * f->lpeers_cap : 8;
-        struct local_peer *n = realloc(f->lpeers, cap * sizeof(*n));
-        if (n == NULL)
-            return NULL;
-        f->lpeers = n;
-        f->lpeers_cap = cap;
-    }
-    lp = &f->lpeers[f->n_lpeers++];
-    memset(lp, 0, sizeof(*lp));
-    lp->peer = peer;
-    return lp;
-}
-
-static void slot_free_locked(psagg_fabric *f, uint32_t idx)
-{
-    f->slots_used--;
-    f->slots[idx].op = NULL;
-    f->slots[idx].next_free = f->slot_free;
-    f->slot_free = idx;
-}
-
-/* A free slot for a same-host send (growing the table); UINT32_MAX without memory. */
-static uint32_t slot_alloc_locked(psagg_fabric *f)
-{
-    uint32_t idx;
-    if (f->slot_free == UINT32_MAX) {
-        uint32_t cap = f->slots_cap ? 2 * f->slots_cap : 64;
-        struct local_slot *n = realloc(f->slots, cap * sizeof(*n));
-        if (n == NULL)
-            return UINT32_MAX;
-        f->slots = n;
-        for (uint32_t i = cap; i-- > f->slots_cap;) {
-            n[i].op = NULL;
-            n[i].gen = 0;
-            n[i].next_free = f->slot_free;
-            f->slot_free = i;
-        }
-        f->slots_cap = cap;
-    }
-    idx = f->slot_free;
-    f->slot_free = f->slots[idx].next_free;
-    f->slots_used++;
-    return idx;
-}
-
-/* Park an ACK (a node of its own) for the next flush: the provider's queue was full. */
-static void ack_park(psagg_fabric *f, struct local_ack *a, int front)
-{
-    pthread_mutex_lock(&f->lock);
-    if (front) {
-        a->next = f->acks;
-        f->acks = a;
-        if (f->acks_tail == NULL)
-            f->acks_tail = a;
-    } else {
-        a->next = NULL;
-        if (f->acks_tail)
-            f->acks_tail->next = a;
-        else
-            f->acks = a;
-        f->acks_tail = a;
-    }
-    atomic_store(&f->local_pending, 1);
-    pthread_mutex_unlock(&f->lock);
-}
-
-/* Inject one ACK; 1 if sent (or failed for good, logged), 0 if the provider's queue is full. */
-static int ack_inject(psagg_fabric *f, const struct local_ack *a)
-{
-    ssize_t r;
-    fab_lock(f);
-    r = fi_inject(f->ep, &a->m, sizeof(a->m), (fi_addr_t)a->to);
-    fab_unlock(f);
-    if (r == -FI_EAGAIN)
-        return 0;
-    if (r != 0)
-        LOG_WARN(&f->log, "%s: acknowledging a same-host copy to peer %" PRIu64 ": %s", f->prov,
-                 (uint64_t)a->to, fi_strerror((int)-r));
-    return 1;
-}
-
-static void local_ack(psagg_fabric *f, psagg_peer to, uint64_t cookie, int status)
-{
-    struct local_ack a = {.to = to}, *node;
-    int parked;
-
-    a.m.magic = PSAGG_LOCAL_MAGIC;
-    a.m.type = PSAGG_LOCAL_ACK;
-    a.m.cookie = cookie;
-    a.m.status = status;
-    pthread_mutex_lock(&f->lock);
-    parked = f->acks != NULL;
-    pthread_mutex_unlock(&f->lock);
-    if (!parked && ack_inject(f, &a))
-        return;
-    node = malloc(sizeof(*node));
-    if (node == NULL) {
-        LOG_WARN(&f->log, "%s: no memory to park an ACK to peer %" PRIu64 "; its send hangs",
-                 f->prov, (uint64_t)to);
-        return;
-    }
-    *node = a;
-    ack_park(f, node, 0);
-}
-
-/* Post again the receive buffers that held ACKs, and send the parked ACKs, as room allows. */
-static void local_flush(psagg_fabric *f)
-{
-    struct fabric_op *op;
-    struct local_ack *a;
-
-    if (!atomic_load(&f->local_pending))
-        return;
-    pthread_mutex_lock(&f->lock);
-    op = f->reposts;
-    f->reposts = NULL;
-    pthread_mutex_unlock(&f->lock);
-    while (op) {
-        struct fabric_op *next = op->next;
-        ssize_t r;
-        memset(&op->fictx, 0, sizeof(op->fictx));
-        fab_lock(f);
-        r = fi_recv(f->ep, op->rbuf, op->rlen, op->rdesc, FI_ADDR_UNSPEC, &op->fictx);
-        fab_unlock(f);
-        if (r == -FI_EAGAIN) {
-            pthread_mutex_lock(&f->lock);
-            struct fabric_op *last = op;
-            while (last->next)
-                last = last->next;
-            last->next = f->reposts;
-            f->reposts = op;
-            pthread_mutex_unlock(&f->lock);
-            break;
-        }
-        if (r != 0) {
-            LOG_WARN(&f->log, "%s: posting a receive buffer again: %s; one buffer fewer", f->prov,
-                     fi_strerror((int)-r));
-            op_put(f, op);
-        }
-        op = next;
-    }
-    for (;;) {
-        pthread_mutex_lock(&f->lock);
-        a = f->acks;
-        if (a) {
-            f->acks = a->next;
-            if (f->acks == NULL)
-                f->acks_tail = NULL;
-        }
-        pthread_mutex_unlock(&f->lock);
-        if (a == NULL)
-            break;
-        if (!ack_inject(f, a)) {
-            ack_park(f, a, 1);
-            break;
-        }
-        free(a);
-    }
-    pthread_mutex_lock(&f->lock);
-    atomic_store(&f->local_pending, f->reposts != NULL || f->acks != NULL);
-    pthread_mutex_unlock(&f->lock);
-}
-
-/*
- * A receive of sizeof(psagg_msg_local) bytes completed into op's buffer. A DESC from a peer we
- * copy from: copy the message into that buffer (event: RECV_DONE of it, or RECV_ERROR) and
- * ACK. An ACK from a peer that copies ours: complete its send (SEND_DONE or SEND_ERROR) and
- * post the buffer again; an ACK for no send of ours is a RECV_ERROR. Returns 1 with *e
- * filled, or -1 when it is not a same-host message of such a peer (deliver it as it is).
- */
-static int local_recv(psagg_fabric *f, struct fabric_op *op, fi_addr_t from, psagg_fabric_event *e)
-{
-    psagg_msg_local m;
-    struct local_peer *lp;
-    struct fabric_op *sop = NULL;
-    pid_t pid = 0;
-    int sends = 0, st = PSAGG_OK;
-
-    memcpy(&m, op->rbuf, sizeof(m));
-    if (m.magic != PSAGG_LOCAL_MAGIC || from == FI_ADDR_NOTAVAIL)
-        return -1;
-    pthread_mutex_lock(&f->lock);
-    lp = local_find_locked(f, (psagg_peer)from);
-    if (lp) {
-        pid = lp->pid;
-        sends = lp->sends_to;
-    }
-    pthread_mutex_unlock(&f->lock);
-    e->src = (psagg_peer)from;
-    e->len = 0;
-    e->msg[0] = '\0';
-
-    if (m.type == PSAGG_LOCAL_DESC && pid != 0) {
-        if (m.len == 0 || m.len > op->rlen) {
-            st = PSAGG_EPROTO;
-            snprintf(e->msg, sizeof(e->msg),
-                     "same-host message field len is %" PRIu64 ", the receive buffer holds %zu",
-                     m.len, op->rlen);
-        } else {
-            struct iovec li = {op->rbuf, (size_t)m.len};
-            struct iovec ri = {(void *)(uintptr_t)m.addr, (size_t)m.len};
-            ssize_t n = process_vm_readv(pid, &li, 1, &ri, 1, 0);
-            if (n != (ssize_t)m.len) {
-                int err = n < 0 ? errno : EIO;
-                st = err == ESRCH ? PSAGG_EPEER : PSAGG_EPROTO;
-                snprintf(e->msg, sizeof(e->msg),
-                         "same-host copy of %" PRIu64 " bytes at 0x%" PRIx64
-                         " out of pid %d: %.60s",
-                         m.len, m.addr, (int)pid, n < 0 ? strerror(err) : "short copy");
-            }
-        }
-        local_ack(f, (psagg_peer)from, m.cookie, st);
-        if (st == PSAGG_OK)
-            atomic_fetch_add(&f->local_copied, 1);
-        e->kind = st ? PSAGG_FABRIC_RECV_ERROR : PSAGG_FABRIC_RECV_DONE;
-        e->ctx = op->ctx;
-        e->len = st ? 0 : (size_t)m.len;
-        e->status = st;
-        op_put(f, op);
-        return 1;
-    }
-    if (m.type != PSAGG_LOCAL_ACK || !sends)
-        return -1;
-
-    uint32_t idx = (uint32_t)m.cookie, gen = (uint32_t)(m.cookie >> 32);
-    pthread_mutex_lock(&f->lock);
-    if (idx < f->slots_cap && f->slots[idx].op != NULL && f->slots[idx].gen == gen &&
-        f->slots[idx].op->peer == (psagg_peer)from) {
-        sop = f->slots[idx].op;
-        slot_free_locked(f, idx);
-        op->next = f->reposts;
-        f->reposts = op;
-        atomic_store(&f->local_pending, 1);
-    }
-    pthread_mutex_unlock(&f->lock);
-    if (sop == NULL) {
-        e->kind = PSAGG_FABRIC_RECV_ERROR;
-        e->ctx = op->ctx;
-        e->status = PSAGG_EPROTO;
-        snprintf(e->msg, sizeof(e->msg),
-                 "a same-host ACK for no send of ours (field cookie 0x%" PRIx64 ")", m.cookie);
-        op_put(f, op);
-        return 1;
-    }
-    e->ctx = sop->ctx;
-    if (m.status == 0) {
-        e->kind = PSAGG_FABRIC_SEND_DONE;
-        e->status = PSAGG_OK;
-    } else {
-        e->kind = PSAGG_FABRIC_SEND_ERROR;
-        e->status = PSAGG_EPEER;
-        snprintf(e->msg, sizeof(e->msg),
-                 "the peer could not copy a same-host message (its status %d)", (int)m.status);
-    }
-    op_put(f, sop);
-    return 1;
 }
 
 /*
@@ -540,7 +152,7 @@ static int cq_fetch(psagg_fabric *f, psagg_fabric_event *ev, int max, int wait_m
     ssize_t ret;
     int n = max < CQ_BATCH ? max : CQ_BATCH;
 
-    local_flush(f);
+    fab_local_flush(f);
     fab_lock(f);
     if (wait_ms > 0)
         ret = fi_cq_sreadfrom(f->cq, ent, (size_t)n, src, NULL, wait_ms);
@@ -569,7 +181,7 @@ static int cq_fetch(psagg_fabric *f, psagg_fabric_event *ev, int max, int wait_m
         fab_unlock(f);
         if (ret == 1) {
             if (op)
-                op_put(f, op);
+                fab_op_put(f, op);
             return 1;
         }
         if (ret == -FI_EAGAIN)
@@ -590,7 +202,7 @@ static int cq_fetch(psagg_fabric *f, psagg_fabric_event *ev, int max, int wait_m
         psagg_fabric_event *e = &ev[out];
         op = ent[i].op_context;
         if (op && op->kind == OP_RECV && ent[i].len == sizeof(psagg_msg_local) && f->local_ok) {
-            int r = local_recv(f, op, src[i], e);
+            int r = fab_local_recv(f, op, src[i], e);
             if (r >= 0) {
                 out += r;
                 continue;
@@ -641,7 +253,7 @@ static int backlog_pop(psagg_fabric *f, psagg_fabric_event *ev, int max)
 }
 
 /* Park completions; the caller made sure they fit under BACKLOG_MAX. */
-static int backlog_push(psagg_fabric *f, const psagg_fabric_event *ev, int n)
+int fab_backlog_push(psagg_fabric *f, const psagg_fabric_event *ev, int n)
 {
     pthread_mutex_lock(&f->lock);
     if (f->bl_count + (size_t)n > f->bl_cap) {
@@ -688,7 +300,7 @@ static int drive_progress(psagg_fabric *f)
     n = cq_fetch(f, ev, room < CQ_BATCH ? (int)room : CQ_BATCH, 0);
     if (n <= 0)
         return n;
-    st = backlog_push(f, ev, n);
+    st = fab_backlog_push(f, ev, n);
     if (st < 0)
         return st;
     if (f->cq_wait)
@@ -701,8 +313,8 @@ static int drive_progress(psagg_fabric *f)
  * -FI_EAGAIN. Gives up with PSAGG_ETIMEDOUT after POST_RETRY_MS of nothing but -FI_EAGAIN
  * (the peer's queue never drains, e.g. a dead shm peer), so no call blocks forever.
  */
-static int post_op(psagg_fabric *f, struct fabric_op *op, fi_addr_t to, const void *sbuf,
-                   void *rbuf, size_t len, void *desc, int once)
+int fab_post_op(psagg_fabric *f, struct fabric_op *op, fi_addr_t to, const void *sbuf, void *rbuf,
+                size_t len, void *desc, int once)
 {
     const char *what = op->kind == OP_SEND    ? "fi_send"
                        : op->kind == OP_LSEND ? "fi_inject"
@@ -935,7 +547,6 @@ psagg_status psagg_fabric_open(const psagg_fabric_opts *opts, psagg_fabric **out
         psagg_logger_init(&f->log, "psagg", -1);
     pthread_mutex_init(&f->lock, NULL);
     pthread_mutex_init(&f->fab_lock, NULL);
-    f->slot_free = UINT32_MAX;
 
     st = fabric_getinfo(opts, &f->info);
     if (st < 0)
@@ -1001,9 +612,7 @@ psagg_status psagg_fabric_open(const psagg_fabric_opts *opts, psagg_fabric **out
         st = psagg_fail(PSAGG_EFABRIC, "%s: fi_getname: %s", f->prov, fi_strerror(-ret));
         goto err_ep;
     }
-    memcpy(f->self_name, name, f->name_len);
-    f->local_ok = !f->addr_str && strcmp(f->prov, "shm") != 0 &&
-                  f->info->tx_attr->inject_size >= sizeof(psagg_msg_local);
+    fab_local_init(f, name, f->name_len);
 
     LOG_DEBUG(&f->log,
               "fabric: opened %s (fabric %s, domain %s), mr_mode 0x%" PRIx64
@@ -1068,85 +677,10 @@ void psagg_fabric_close(psagg_fabric *f)
         free(s);
     }
     free(f->backlog);
-    free(f->lpeers);
-    free(f->slots);
-    while (f->acks) {
-        struct local_ack *a = f->acks;
-        f->acks = a->next;
-        free(a);
-    }
+    fab_local_close(f);
     pthread_mutex_destroy(&f->fab_lock);
     pthread_mutex_destroy(&f->lock);
     free(f);
-}
-
-void psagg_fabric_local_self(psagg_fabric *f, uint32_t *pid, uint64_t *probe)
-{
-    int ok = f != NULL && f->local_ok;
-    *pid = ok ? (uint32_t)getpid() : 0;
-    *probe = ok ? (uint64_t)(uintptr_t)f->self_name : 0;
-}
-
-psagg_status psagg_fabric_local_accept(psagg_fabric *f, psagg_peer peer, uint32_t pid,
-                                       uint64_t probe, const void *name, size_t len)
-{
-    uint8_t got[PSAGG_FABRIC_NAME_MAX];
-    char path[64];
-    struct stat self_ns, peer_ns;
-    struct local_peer *lp;
-    ssize_t n;
-
-    if (f == NULL || name == NULL)
-        return psagg_fail(PSAGG_EINVAL, "fabric local_accept: NULL argument");
-    if (!f->local_ok)
-        return psagg_fail(PSAGG_EUNSUPPORTED, "%s: no same-host copies over this provider",
-                          f->prov);
-    if (pid == 0 || probe == 0 || len == 0 || len > sizeof(got))
-        return psagg_fail(PSAGG_EUNSUPPORTED, "the peer offers no same-host copies");
-    snprintf(path, sizeof(path), "/proc/%u/ns/net", pid);
-    if (stat("/proc/self/ns/net", &self_ns) != 0 || stat(path, &peer_ns) != 0)
-        return psagg_fail(PSAGG_EUNSUPPORTED, "process %u: %s: %s", pid, path, strerror(errno));
-    if (self_ns.st_ino != peer_ns.st_ino || self_ns.st_dev != peer_ns.st_dev)
-        return psagg_fail(PSAGG_EUNSUPPORTED,
-                          "process %u is in another network namespace (another host)", pid);
-    struct iovec li = {got, len}, ri = {(void *)(uintptr_t)probe, len};
-    n = process_vm_readv((pid_t)pid, &li, 1, &ri, 1, 0);
-    if (n != (ssize_t)len)
-        return psagg_fail(PSAGG_EUNSUPPORTED, "cannot read process %u: %s", pid,
-                          n < 0 ? strerror(errno) : "short copy");
-    if (memcmp(got, name, len) != 0)
-        return psagg_fail(PSAGG_EUNSUPPORTED,
-                          "process %u does not hold the peer's endpoint name at 0x%" PRIx64
-                          ": it is not that peer",
-                          pid, probe);
-    pthread_mutex_lock(&f->lock);
-    lp = local_add_locked(f, peer);
-    if (lp)
-        lp->pid = (pid_t)pid;
-    pthread_mutex_unlock(&f->lock);
-    return lp ? PSAGG_OK : psagg_fail(PSAGG_ENOMEM, "fabric local_accept: out of memory");
-}
-
-uint64_t psagg_fabric_local_copied(psagg_fabric *f)
-{
-    return atomic_load(&f->local_copied);
-}
-
-psagg_status psagg_fabric_local_send(psagg_fabric *f, psagg_peer peer)
-{
-    struct local_peer *lp;
-
-    if (f == NULL)
-        return psagg_fail(PSAGG_EINVAL, "fabric local_send: NULL argument");
-    if (!f->local_ok)
-        return psagg_fail(PSAGG_EUNSUPPORTED, "%s: no same-host copies over this provider",
-                          f->prov);
-    pthread_mutex_lock(&f->lock);
-    lp = local_add_locked(f, peer);
-    if (lp)
-        lp->sends_to = 1;
-    pthread_mutex_unlock(&f->lock);
-    return lp ? PSAGG_OK : psagg_fail(PSAGG_ENOMEM, "fabric local_send: out of memory");
 }
 
 int psagg_fabric_source_reliable(const psagg_fabric *f)
@@ -1270,64 +804,15 @@ psagg_status psagg_fabric_post_recv(psagg_fabric *f, void *buf, size_t len, void
 
     if (f == NULL || (buf == NULL && len > 0))
         return psagg_fail(PSAGG_EINVAL, "fabric post_recv: NULL buffer");
-    op = op_get(f, ctx, OP_RECV);
+    op = fab_op_get(f, ctx, OP_RECV);
     if (op == NULL)
         return psagg_fail(PSAGG_ENOMEM, "%s: post_recv: out of memory", f->prov);
     op->rbuf = buf;
     op->rlen = len;
     op->rdesc = desc;
-    st = post_op(f, op, FI_ADDR_UNSPEC, NULL, buf, len, desc, 0);
+    st = fab_post_op(f, op, FI_ADDR_UNSPEC, NULL, buf, len, desc, 0);
     if (st < 0)
-        op_put(f, op);
-    return st;
-}
-
-/* 1 when sends of len bytes to peer go by same-host copy. */
-static int local_sends_to(psagg_fabric *f, psagg_peer to, size_t len)
-{
-    struct local_peer *lp;
-    int yes = 0;
-    if (len < PSAGG_LOCAL_MIN || !f->local_ok)
-        return 0;
-    pthread_mutex_lock(&f->lock);
-    lp = local_find_locked(f, to);
-    yes = lp && lp->sends_to;
-    pthread_mutex_unlock(&f->lock);
-    return yes;
-}
-
-/* Send a DESC of buf to a peer that copies ours; the op waits in a slot for the ACK. */
-static psagg_status local_send(psagg_fabric *f, psagg_peer to, const void *buf, size_t len,
-                               void *ctx, int once)
-{
-    psagg_msg_local m = {.magic = PSAGG_LOCAL_MAGIC, .type = PSAGG_LOCAL_DESC};
-    struct fabric_op *op = op_get(f, ctx, OP_LSEND);
-    uint32_t idx;
-    int st;
-
-    if (op == NULL)
-        return psagg_fail(PSAGG_ENOMEM, "%s: send: out of memory", f->prov);
-    op->peer = to;
-    pthread_mutex_lock(&f->lock);
-    idx = slot_alloc_locked(f);
-    if (idx != UINT32_MAX) {
-        f->slots[idx].op = op;
-        m.cookie = (uint64_t)++f->slots[idx].gen << 32 | idx;
-    }
-    pthread_mutex_unlock(&f->lock);
-    if (idx == UINT32_MAX) {
-        op_put(f, op);
-        return psagg_fail(PSAGG_ENOMEM, "%s: send: out of memory", f->prov);
-    }
-    m.addr = (uint64_t)(uintptr_t)buf;
-    m.len = len;
-    st = post_op(f, op, (fi_addr_t)to, &m, NULL, sizeof(m), NULL, once);
-    if (st < 0) { /* nothing went out: no ACK will come */
-        pthread_mutex_lock(&f->lock);
-        slot_free_locked(f, idx);
-        pthread_mutex_unlock(&f->lock);
-        op_put(f, op);
-    }
+        fab_op_put(f, op);
     return st;
 }
 
@@ -1342,14 +827,14 @@ static psagg_status fabric_send(psagg_fabric *f, psagg_peer to, const void *buf,
     if (len > f->max_msg)
         return psagg_fail(PSAGG_EINVAL, "%s: send of %zu bytes exceeds max_msg %zu", f->prov, len,
                           f->max_msg);
-    if (local_sends_to(f, to, len))
-        return local_send(f, to, buf, len, ctx, once);
-    op = op_get(f, ctx, OP_SEND);
+    if (fab_local_sends_to(f, to, len))
+        return fab_local_send(f, to, buf, len, ctx, once);
+    op = fab_op_get(f, ctx, OP_SEND);
     if (op == NULL)
         return psagg_fail(PSAGG_ENOMEM, "%s: send: out of memory", f->prov);
-    st = post_op(f, op, (fi_addr_t)to, buf, NULL, len, desc, once);
+    st = fab_post_op(f, op, (fi_addr_t)to, buf, NULL, len, desc, once);
     if (st < 0)
-        op_put(f, op);
+        fab_op_put(f, op);
     return st;
 }
 
@@ -1363,45 +848,6 @@ psagg_status psagg_fabric_try_send(psagg_fabric *f, psagg_peer to, const void *b
                                    void *desc, void *ctx)
 {
     return fabric_send(f, to, buf, len, desc, ctx, 1);
-}
-
-/*
- * A same-host send waits for its reader's ACK, which a dead reader never sends: every
- * LOCAL_REAP_MS while sends wait, fail those whose reader's process is gone (SEND_ERROR,
- * parked for this poll), as a dead TCP peer's sends fail.
- */
-#define LOCAL_REAP_MS 200
-static void local_reap(psagg_fabric *f)
-{
-    int64_t now = psagg_now_ms();
-    psagg_fabric_event e;
-
-    pthread_mutex_lock(&f->lock);
-    if (f->slots_used == 0 || now < f->next_reap_ms) {
-        pthread_mutex_unlock(&f->lock);
-        return;
-    }
-    f->next_reap_ms = now + LOCAL_REAP_MS;
-    for (uint32_t i = 0; i < f->slots_cap; i++) {
-        struct fabric_op *op = f->slots[i].op;
-        struct local_peer *lp = op ? local_find_locked(f, op->peer) : NULL;
-        if (lp == NULL || lp->pid == 0 || kill(lp->pid, 0) == 0 || errno != ESRCH)
-            continue;
-        slot_free_locked(f, i);
-        memset(&e, 0, sizeof(e));
-        e.kind = PSAGG_FABRIC_SEND_ERROR;
-        e.ctx = op->ctx;
-        e.src = op->peer;
-        e.status = PSAGG_EPEER;
-        snprintf(e.msg, sizeof(e.msg), "%s: same-host peer %" PRIu64 " (pid %d) is gone", f->prov,
-                 (uint64_t)op->peer, (int)lp->pid);
-        op_put_locked(f, op);
-        pthread_mutex_unlock(&f->lock);
-        if (backlog_push(f, &e, 1) < 0) /* no memory: report it the next time round */
-            LOG_WARN(&f->log, "%s", psagg_last_error());
-        pthread_mutex_lock(&f->lock);
-    }
-    pthread_mutex_unlock(&f->lock);
 }
 
 /*
@@ -1425,8 +871,10 @@ int psagg_fabric_poll(psagg_fabric *f, psagg_fabric_event *ev, int max, int time
 
     if (f == NULL || ev == NULL || max <= 0)
         return psagg_fail(PSAGG_EINVAL, "fabric poll: bad arguments");
-    local_reap(f);
     for (;;) {
+        /* each turn, not only on entry: a reader that dies while this poll waits fails its
+         * sends within LOCAL_REAP_MS, however long the caller's timeout */
+        fab_local_reap(f);
         if (atomic_exchange(&f->woken, 0))
             timeout_ms = 0; /* psagg_fabric_wake: return what there is, even nothing */
         n = backlog_pop(f, ev, max);

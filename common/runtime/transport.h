@@ -124,7 +124,9 @@ int psagg_fabric_source_reliable(const psagg_fabric *f);
  * A descriptor this process cannot copy (too long, unreadable) is a RECV_ERROR with the
  * peer in src and a SEND_ERROR at the sender; a DESC or ACK from a peer that was not accepted
  * is delivered as an ordinary message (bad for the caller's protocol). A send whose reader's
- * process is gone fails (SEND_ERROR, PSAGG_EPEER) within a fraction of a second.
+ * process is gone fails (SEND_ERROR, PSAGG_EPEER) within a fraction of a second of polling
+ * (psagg_fabric_poll looks every 0.2 s, while it waits too); a reader that exited but was not
+ * yet waited for (a zombie) counts as alive until its parent reaps it.
  */
 void psagg_fabric_local_self(psagg_fabric *f, uint32_t *pid, uint64_t *probe);
 PSAGG_NODISCARD psagg_status psagg_fabric_local_accept(psagg_fabric *f, psagg_peer peer,

@@ -1,7 +1,7 @@
 /*
- * test_transport.c - common/transport.c over real libfabric providers between two processes:
- * "tcp" (the native TCP RDM provider where libfabric has one, 1.17's "net") and "tcp;ofi_rxm"
- * on 127.0.0.1, and shm.
+ * test_transport.c - common/runtime/transport.c (with transport_local.c) over real libfabric
+ * providers between two processes: "tcp" (the native TCP RDM provider where libfabric has
+ * one, 1.17's "net") and "tcp;ofi_rxm" on 127.0.0.1, and shm.
  *
  * For each provider the driver forks a "parent" process, which forks its "child"; they open a
  * fabric each, swap endpoint names over a socketpair and then run:
@@ -681,10 +681,11 @@ struct evq {
     int n;
 };
 
-/* Poll both queues once (their events queue up). */
+/* Poll both queues once (their events queue up); y NULL: x alone. Never two evqs of one fabric:
+ * the second one's events would be lost to the first. */
 static void poll_both(struct evq *x, struct evq *y)
 {
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < (y ? 2 : 1); k++) {
         struct evq *q = k ? y : x;
         int n = psagg_fabric_poll(q->f, q->q + q->n, 32 - q->n, 5);
         CHECK(n >= 0, "[driver] poll: %s", psagg_last_error());
@@ -692,7 +693,7 @@ static void poll_both(struct evq *x, struct evq *y)
     }
 }
 
-/* The next event of x, polling y meanwhile (its events queue up); fails after 5 s. */
+/* The next event of x, polling y (NULL: none) meanwhile (its events queue up); fails after 5 s. */
 static psagg_fabric_event next_event(struct evq *x, struct evq *y)
 {
     double deadline = now_s() + 5.0;
@@ -707,8 +708,8 @@ static psagg_fabric_event next_event(struct evq *x, struct evq *y)
 }
 
 /*
- * Send from tx while polling rx: one thread drives both endpoints, and a first send must wait
- * for the receiver to take its connection.
+ * Send from tx while polling rx (NULL: none): one thread drives both endpoints, and a first send
+ * must wait for the receiver to take its connection.
  */
 static void send_both(struct evq *tx, struct evq *rx, psagg_peer to, const void *buf, size_t len,
                       void *ctx)
@@ -737,10 +738,23 @@ static void local_send_forged(struct evq *tx, struct evq *rx, psagg_peer to, uin
     send_both(tx, rx, to, p, sizeof(*p), p);
 }
 
+/* Kill the reader (and wait for it: a zombie still counts as alive) once a's poll waits. */
+static void *kill_later(void *p)
+{
+    pid_t child = *(pid_t *)p;
+    struct timespec ts = {0, 300 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    kill(child, SIGKILL);
+    CHECK(waitpid(child, NULL, 0) == child, "waitpid: %s", strerror(errno));
+    return NULL;
+}
+
 /*
  * A same-host reader that dies holding a DESC never ACKs it: the send must fail (SEND_ERROR,
- * "is gone"), not hang. The reader is a child that takes a's offer, receives one small
- * message, then stops polling and is killed.
+ * EPEER, naming the peer: "is gone"), not hang. The reader is a child that takes a's offer,
+ * receives one small message, then stops polling and is killed while a's one poll, with a 5 s
+ * timeout, waits: that very poll must return the error (the transport looks for dead readers
+ * while it waits, not only when a poll starts).
  */
 static void check_local_death(struct evq *qa, const char *an, size_t al, uint8_t *big)
 {
@@ -749,8 +763,8 @@ static void check_local_death(struct evq *qa, const char *an, size_t al, uint8_t
     uint32_t cl, apid, cpid;
     uint64_t aprobe, cprobe;
     psagg_peer c_in_a;
-    struct evq none = {0};
     psagg_fabric_event e;
+    pthread_t killer;
     char c;
 
     set_phase("local copy: reader dies", 60);
@@ -797,21 +811,23 @@ static void check_local_death(struct evq *qa, const char *an, size_t al, uint8_t
               psagg_fabric_local_send(qa->f, c_in_a) == PSAGG_OK,
           "local copies with the reader: %s", psagg_last_error());
     xread(sv[0], &c, 1);
-    none.f = qa->f;
     fill(big, 1000, 1);
-    send_both(qa, &none, c_in_a, big, 1000, NULL); /* connects; an ordinary message */
+    send_both(qa, NULL, c_in_a, big, 1000, NULL); /* connects; an ordinary message */
     xread(sv[0], &c, 1);
     CHECK(c == 'g', "reader: '%c'", c);
-    e = next_event(qa, &none);
+    e = next_event(qa, NULL);
     CHECK(e.kind == PSAGG_FABRIC_SEND_DONE, "small send to the reader: kind %d", e.kind);
-    send_both(qa, &none, c_in_a, big, BIG, big); /* a DESC the reader never copies */
-    kill(child, SIGKILL);
-    CHECK(waitpid(child, NULL, 0) == child, "waitpid: %s", strerror(errno));
+    send_both(qa, NULL, c_in_a, big, BIG, big); /* a DESC the reader never copies */
+    CHECK(pthread_create(&killer, NULL, kill_later, &child) == 0, "pthread_create");
     double t0 = now_s();
-    e = next_event(qa, &none);
+    int n = psagg_fabric_poll(qa->f, &e, 1, 5000);
+    CHECK(n == 1, "send to a dead same-host reader: one poll of 5 s returned %d after %.2f s (%s)",
+          n, now_s() - t0, n < 0 ? psagg_last_error() : "no event");
     CHECK(e.kind == PSAGG_FABRIC_SEND_ERROR && e.ctx == big && e.status == PSAGG_EPEER &&
-              strstr(e.msg, "is gone"),
-          "send to a dead same-host reader: kind %d status %d: %s", e.kind, e.status, e.msg);
+              e.src == c_in_a && strstr(e.msg, "is gone"),
+          "send to a dead same-host reader: kind %d status %d src %llu: %s", e.kind, e.status,
+          (unsigned long long)e.src, e.msg);
+    CHECK(pthread_join(killer, NULL) == 0, "pthread_join");
     fprintf(stderr, "[driver] local copy, reader killed -> after %.2f s: %s\n", now_s() - t0,
             e.msg);
     close(sv[0]);
