@@ -5,7 +5,7 @@ Usage: deploy/bench_overlap.py [--where loopback,cluster] [--build-dir build] [-
                                [--warmup 3] [--width 1024] [--depth 8] [--batch 0]
                                [--codec maxmin4] [--rate 1gbit] [--out FILE.csv]
 
-Runs tests/bench/bench_overlap.py (one per worker, 4 workers) for psagg-ddp and psagg-opt
+Runs tests/bench/overlap_worker.py (one per worker, 4 workers) for psagg-ddp and psagg-opt
 (codec --codec) and gloo-ddp (fp32):
   loopback  through deploy/psagg-local with 2 servers, all on this host over tcp loopback
   cluster   on an emulated cluster (deploy/netcluster.sh, --rate links; as root): 4 worker
@@ -31,7 +31,7 @@ sys.path.insert(0, HERE)
 import bench_cluster as bc  # noqa: E402  (the emulated cluster and its process handling)
 
 PY = "/usr/bin/python3"
-WORKER = os.path.join(REPO, "tests", "bench", "bench_overlap.py")
+WORKER = os.path.join(REPO, "tests", "bench", "overlap_worker.py")
 FIELDS = ["where", "placement", "comm", "codec", "workers", "params", "batch", "compute_ms",
           "exchange_ms", "step_ms", "overlap", "status"]
 

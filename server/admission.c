@@ -20,7 +20,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "runtime/auth.h"
-#include "runtime/control.h"
+#include "runtime/channel.h"
 #include "server.h"
 
 #define HELLO_TIMEOUT_MS 5000 /* for a connection to deliver its whole HELLO */

@@ -11,7 +11,7 @@
  * to every worker.
  *
  * That is the sum kind on the CPU (sum_chunk_ops, cpu_sum_ops). What differs by chunk kind
- * (a parameter's optimizer step in optim.c, the GPU assist's sum in gpu.c) is behind each
+ * (a parameter's optimizer step in param.c, the GPU assist's sum in gpu.c) is behind each
  * chunk's operations tables (server.h: chunk_ops, chunk_sum_ops), chosen once per chunk by
  * chunk_kind and chunk_sum; the rest of this file is the same for every kind.
  */
@@ -401,7 +401,7 @@ const chunk_ops sum_chunk_ops = {
 };
 
 /*
- * The per-round deadline (runtime/control.h): a round whose first push arrived more than
+ * The per-round deadline (runtime/channel.h): a round whose first push arrived more than
  * 1.5 x op_timeout_ms ago and still misses some fails the job, naming the workers whose
  * pushes are missing (alive, as their PINGs say, but not pushing; the workers' own deadline
  * is longer, so this verdict reaches them first). Each thread checks its own chunks, the only

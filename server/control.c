@@ -11,7 +11,7 @@
  *              server's memory budget, then the data path and the aggregation pool start and
  *              every worker gets READY;
  *   running    serve BYE, PING and closed connections; PING every worker and close one that
- *              is silent for op_timeout_ms (runtime/control.h); close the workers the data
+ *              is silent for op_timeout_ms (runtime/channel.h); close the workers the data
  *              path names (state.c) and abort the job for the others, with the status and
  *              message of the first failure (a round past 1.5 x op_timeout_ms names the
  *              workers it waits for);
@@ -27,7 +27,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
-#include "runtime/control.h"
+#include "runtime/channel.h"
 #include "server.h"
 
 /* Send an ERROR (start-up) or ABORT (running job) to every connected worker but `except`. */

@@ -55,7 +55,7 @@ struct server_metrics {
     codec_mix mix[MAX_CODECS]; /* of the chunks owned here; filled at the job's start */
     atomic_int n_mix;          /* entries of mix published (release) */
     worker_metrics *w;
-    /* the server-side optimizer (optim.c) */
+    /* the server-side optimizer (param.c) */
     atomic_uint_fast64_t optim_steps, optim_ns, weight_syncs, checkpoints, checkpoint_failures;
     atomic_uint_fast64_t checkpoint_ns; /* the last one's */
     struct MHD_Daemon *mhd;

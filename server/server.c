@@ -12,7 +12,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
-#include "runtime/control.h"
+#include "runtime/channel.h"
 #include "runtime/layout.h"
 #include "server.h"
 

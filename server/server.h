@@ -14,14 +14,15 @@
  *                check them, route each to its chunk's aggregation thread; send the updates
  *                and repost the buffers the aggregation threads queue (state.c); completions
  *   aggregate.c  per-chunk rounds and the aggregation thread pool
- *   optim.c      parameter chunks ([server] optimizer): the optimizer's rounds, checkpoints
+ *   param.c      parameter chunks ([server] optimizer): the optimizer's rounds, checkpoints
  *   gpu.c        the optional GPU assist of the aggregation threads
  *   state.c      what all of them share: failure reports, closing a peer, reposting a buffer,
  *                the queues of updates and buffers to the progress thread
  *   arena.c      the aggregation threads' jemalloc arenas
  *   metrics.c    counters of all of them, the straggler report, the Prometheus endpoint, the
  *                resource usage per round
- * No file calls one above it in this list, except through the queue of aggregate.c.
+ * No file calls one above it in this list, except through the queue of aggregate.c and a
+ * chunk's operations tables (param.c sums through aggregate.c's cpu_sum_ops).
  */
 #ifndef PSAGG_SERVER_H
 #define PSAGG_SERVER_H
@@ -39,7 +40,7 @@
 #include "kernels/optim.h"
 #include "runtime/auth.h"
 #include "runtime/config.h"
-#include "runtime/control.h"
+#include "runtime/channel.h"
 #include "runtime/gate.h"
 #include "runtime/layout.h"
 #include "runtime/message.h"
@@ -59,7 +60,7 @@ typedef struct worker_conn {
     psagg_ctl_declare decl_hdr;
     psagg_ctl_tensor *decl;
     char bad_reason[200]; /* set by data-path threads: close this peer (guarded by srv->mu) */
-    int64_t heard_at;     /* when its last bytes came (liveness, runtime/control.h) */
+    int64_t heard_at;     /* when its last bytes came (liveness, runtime/channel.h) */
 } worker_conn;
 
 /*
@@ -112,7 +113,7 @@ typedef struct send_ctx {
 } send_ctx;
 
 /*
- * A parameter chunk's optimizer state (optim.c). The arrays come from the aggregation
+ * A parameter chunk's optimizer state (param.c). The arrays come from the aggregation
  * thread's arena; w is the master weights, view the weights every worker holds (they apply
  * the same updates), m1 and m2 the optimizer's state (psagg_optim_state_arrays of them).
  */
@@ -155,7 +156,7 @@ typedef struct chunk_state {
     const struct chunk_ops *ops;     /* its round's kind: sum_chunk_ops, param_chunk_ops */
     const struct chunk_sum_ops *sum; /* how it sums: cpu_sum_ops, gpu_sum_ops */
     send_ctx sctx[2];
-    param_state *param;    /* param_chunk_ops' state (optim.c), else NULL */
+    param_state *param;    /* param_chunk_ops' state (param.c), else NULL */
     size_t out_cap;        /* payload bytes out[] holds: cap_bytes, or a parameter's fp32 */
     int64_t first_push_ns; /* when this round's first push came (lateness, metrics.c) */
     int64_t last_push_ns;  /* and its last (the timeline) */
@@ -195,7 +196,7 @@ typedef struct chunk_sum_ops {
  * every kind shares (round, duplicate and codec checks, deadlines, the update's MAC, send and
  * accounting) and call these for the rest, so a new kind (an outer optimizer step, a quorum
  * round) is a new table, not a branch there. sum_chunk_ops (aggregate.c): the sum is the
- * update. param_chunk_ops (optim.c): an optimizer step on the sum, the weights' delta is the
+ * update. param_chunk_ops (param.c): an optimizer step on the sum, the weights' delta is the
  * update ([server] optimizer).
  *   host_sum    1: finish reads the fp32 sum in acc, so the chunk is summed by cpu_sum_ops
  *   out_bytes   payload bytes an update of a chunk of `count` elements (`enc` encoded) takes
@@ -209,7 +210,7 @@ typedef struct chunk_sum_ops {
  *   agree       a later push of the round in the same codec: 0 if it agrees with the first,
  *               else -1 with the job failed
  *   collect     one admitted push of the round, as chunk_sum_ops' collect; what is summed
- *               goes to c->sum->collect (so optim.c reaches aggregate.c's cpu_sum_ops through
+ *               goes to c->sum->collect (so param.c reaches aggregate.c's cpu_sum_ops through
  *               the table: the file map's one call upward besides the queue)
  *   finish      every push is in: write the update into out (header included); returns its
  *               payload bytes, or -1 with the job failed
@@ -299,7 +300,7 @@ typedef struct server {
     atomic_int progress_idle;           /* it may be asleep in psagg_fabric_poll: wake it */
     _Atomic(struct recv_buf *) repostq; /* receive buffers for it to post again (a stack) */
     struct server_metrics *metrics;     /* metrics.c */
-    psagg_optim optim;                  /* [server] optimizer (optim.c) */
+    psagg_optim optim;                  /* [server] optimizer (param.c) */
     struct ckpt_file *restore;          /* [server] resume: the checkpoint read at start-up */
     pthread_mutex_t barrier_mu;         /* agg_barrier: threads that passed the marker */
     pthread_cond_t barrier_cv;
@@ -327,7 +328,7 @@ void metrics_report(server *srv);
 /* The job's end (control thread): log CPU and minor page faults per round after the first
  * (the benchmarks read this line), when chunk slot 0 finished two rounds or more. */
 void metrics_usage(server *srv);
-/* optim.c: one optimizer step of a chunk took ns (sync: its update was the exact weights); a
+/* param.c: one optimizer step of a chunk took ns (sync: its update was the exact weights); a
  * checkpoint was written (ok) or refused. */
 void metrics_optim_step(server *srv, int64_t ns, int sync);
 void metrics_checkpoint(server *srv, int64_t ns, int ok);
@@ -382,7 +383,7 @@ void agg_finish_round(server *srv, chunk_state *c);
 extern const chunk_ops sum_chunk_ops;
 extern const chunk_sum_ops cpu_sum_ops;
 
-/* optim.c: parameter chunks and checkpoints ([server] optimizer, checkpoint_dir, resume) */
+/* param.c: parameter chunks and checkpoints ([server] optimizer, checkpoint_dir, resume) */
 /* Start-up: the optimizer's settings; with resume, read and check the checkpoint file. */
 psagg_status optim_init(server *srv);
 void optim_fini(server *srv);

@@ -17,7 +17,7 @@
 #include "base/log.h"
 #include "kernels/optim.h"
 #include "runtime/adaptive.h"
-#include "runtime/control.h"
+#include "runtime/channel.h"
 #include "worker.h"
 
 static int env_int(const char *name, int fallback)

@@ -18,7 +18,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
-#include "runtime/control.h"
+#include "runtime/channel.h"
 #include "runtime/gate.h"
 #include "runtime/message.h"
 #include "worker.h"
@@ -462,7 +462,7 @@ static void checkpoint_done(psagg_ctx *ctx, int s, psagg_ctl_error *e)
 }
 
 /*
- * Control connections: PINGs both ways (runtime/control.h); an ABORT/ERROR frame, a closed
+ * Control connections: PINGs both ways (runtime/channel.h); an ABORT/ERROR frame, a closed
  * socket or a server silent for op_timeout_ms fails everything.
  */
 static void check_control(comm_state *cs, int64_t now)

@@ -11,7 +11,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
-#include "runtime/control.h"
+#include "runtime/channel.h"
 #include "worker.h"
 
 /* A handle of tensor key, not yet claimed; the deadline runs from now. */
@@ -33,7 +33,7 @@ static struct psagg_handle *handle_alloc(psagg_ctx *ctx, uint32_t key, const psa
                                .codec = ti->codec,
                                .chunk_done = (uint8_t *)(h + 1)};
     /* 2 x op_timeout_ms: silent peers and late workers are named sooner, by whoever knows
-     * (runtime/control.h), and that verdict should reach us before our own timeout */
+     * (runtime/channel.h), and that verdict should reach us before our own timeout */
     h->t_submit = psagg_now_ns();
     h->deadline_ms = h->t_submit / 1000000 + PSAGG_OP_DEADLINE_MS(ctx->cfg.op_timeout_ms);
     return h;

@@ -15,7 +15,7 @@
 #include "base/log.h"
 #include "kernels/optim.h"
 #include "runtime/auth.h"
-#include "runtime/control.h"
+#include "runtime/channel.h"
 #include "worker.h"
 
 /*

@@ -46,11 +46,12 @@ typedef struct psagg_config {
     int local_copy;         /* `local_copy`, default on: large messages between processes on one
                                host are copied out of the sender (transport.h), not sent */
     int connect_timeout_ms; /* `connect_timeout_ms`, default 30000: start-up deadline */
-    int op_timeout_ms;      /* `op_timeout_ms`, default 60000: liveness and deadlines (control.h) */
-    char secret_file[256];  /* `secret_file`, optional: the job's shared secret (HELLO token,
-                               data keys); must be readable and not empty */
-    int data_auth;          /* `data_auth`, default off: a MAC on every data message (needs
-                               secret_file) */
+    int op_timeout_ms; /* `op_timeout_ms`, default 60000: liveness and deadlines (runtime/channel.h)
+                        */
+    char secret_file[256];   /* `secret_file`, optional: the job's shared secret (HELLO token,
+                                data keys); must be readable and not empty */
+    int data_auth;           /* `data_auth`, default off: a MAC on every data message (needs
+                                secret_file) */
     char worker_hosts[1024]; /* `worker_hosts`, optional: "host:slots host ..." where cluster
                                 launchers start the workers (slots default 1; they sum to
                                 `workers`); the processes themselves do not use it */

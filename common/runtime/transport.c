@@ -456,9 +456,9 @@ static int getinfo_prov(const char *prov, const char *node, struct fi_info **out
  * every message straight from the socket into the posted receive buffer; rxm lands eager
  * messages in its own bounce buffers (one more copy, and memory that pages in and out:
  * ResNet-50 on loopback, 4 workers, 2 servers: 300-900 server page faults a step under rxm,
- * none under net; README "libfabric provider"). Its costs, in 1.17: a send to a dead peer
- * meets -FI_EAGAIN while it keeps reconnecting (transport.h), and it leaks an fi_info per
- * endpoint and connection (tests/sanitizer_defaults.c). "tcp;ofi_rxm" (or any other
+ * none under net; docs/cluster.md, "libfabric provider and environment"). Its costs, in 1.17: a
+ * send to a dead peer meets -FI_EAGAIN while it keeps reconnecting (transport.h), and it leaks an
+ * fi_info per endpoint and connection (tests/sanitizer_defaults.c). "tcp;ofi_rxm" (or any other
  * libfabric name) asks for exactly that provider; "shm" binds no node.
  */
 static int fabric_getinfo(const psagg_fabric_opts *opts, struct fi_info **out)

@@ -1,6 +1,6 @@
 /*
  * runtime/wire.h - psagg's wire protocol: the TCP control channel and the libfabric data
- * messages. Layer: runtime (runtime/control.c reads and writes the frames, runtime/message.c
+ * messages. Layer: runtime (runtime/channel.c reads and writes the frames, runtime/message.c
  * builds and checks the data headers).
  *
  * Every field is fixed-width little-endian (psagg only runs on little-endian hosts; codec.h
@@ -29,7 +29,7 @@
  *      worker -> server  CHECKPOINT (no body): write this server's optimizer state now
  *      server -> worker  CHECKPOINT_DONE psagg_ctl_error: status 0 and the file written, or
  *                                 why not; the requester has no operation in flight, so every
- *                                 parameter chunk is between two rounds (server/checkpoint.c)
+ *                                 parameter chunk is between two rounds (server/param.c)
  *
  * DATA MESSAGES (libfabric FI_EP_RDM send/recv)
  *   psagg_msg_hdr + payload (the encoded chunk, codec.h format, exactly hdr.len bytes)

@@ -63,7 +63,7 @@
 #include "runtime/adaptive.h"
 #include "runtime/auth.h"
 #include "runtime/config.h"
-#include "runtime/control.h"
+#include "runtime/channel.h"
 #include "runtime/layout.h"
 #include "runtime/message.h"
 #include "runtime/transport.h"

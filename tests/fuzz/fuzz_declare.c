@@ -14,7 +14,7 @@
 #include "base/error.h"
 #include "fuzz.h"
 #include "kernels/codec.h"
-#include "runtime/control.h"
+#include "runtime/channel.h"
 #include "runtime/layout.h"
 #include "runtime/message.h"
 #include "runtime/wire.h"

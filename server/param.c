@@ -1,5 +1,5 @@
 /*
- * optim.c - parameter chunks ([server] optimizer): the optimizer's rounds (param_chunk_ops,
+ * param.c - parameter chunks ([server] optimizer): the optimizer's rounds (param_chunk_ops,
  * server.h's chunk_ops) and checkpoints.
  *
  * A tensor declared as a parameter (runtime/wire.h, PSAGG_DECL_PARAM) keeps, per chunk, fp32

@@ -1,5 +1,5 @@
-/* runtime/control.c - see runtime/control.h. */
-#include "runtime/control.h"
+/* runtime/channel.c - see runtime/channel.h. */
+#include "runtime/channel.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -1,13 +1,13 @@
 /*
- * runtime/control.h - the TCP control channel's plumbing: listen/connect with deadlines, whole
+ * runtime/channel.h - the TCP control channel's plumbing: listen/connect with deadlines, whole
  * frames in and out (runtime/wire.h). Frames are validated (magic, version, length) on
  * receipt; an ERROR/ABORT frame's body is read by one parser here. The HELLO token and the
  * data keys are runtime/auth.h's.
  *
  * Layer: runtime. Deadlines are on psagg_now_ms() (base/clock.h).
  */
-#ifndef PSAGG_RUNTIME_CONTROL_H
-#define PSAGG_RUNTIME_CONTROL_H
+#ifndef PSAGG_RUNTIME_CHANNEL_H
+#define PSAGG_RUNTIME_CHANNEL_H
 
 #include <stdint.h>
 
