@@ -303,8 +303,11 @@ int main(int argc, char **argv)
                 st = psagg_push_pull(ctx, (uint32_t)t, in[t], out[t],
                                      average ? PSAGG_AVERAGE : PSAGG_SUM, t % 3, &h[t]);
             }
-            if (st)
+            if (st) { /* the job failed while we submitted: release what was started */
+                for (int u = 0; u < t; u++)
+                    psagg_release(h[u]);
                 goto failed;
+            }
         }
         for (int t = 0; t < n; t++) {
             int wst = psagg_wait(h[t], -1);
