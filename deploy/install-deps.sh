@@ -7,8 +7,10 @@
 #                                    is missing). Needs root (or sudo). run-tests.sh and CI use it.
 #   install-deps.sh --bundle DIR     on a Debian host with apt: download into DIR every package
 #                                    psagg needs to BUILD and RUN that a base image with a C
-#                                    toolchain may lack (below), with DIR/manifest.tsv and a copy
-#                                    of this script (DIR/install-deps.sh).
+#                                    toolchain may lack (below), with DIR/manifest.tsv, a copy
+#                                    of this script (DIR/install-deps.sh) and, when python3-sklearn
+#                                    is installed, its digits data (DIR/data/digits.csv.gz) for
+#                                    worker/examples/train_digits.py.
 #   install-deps.sh --from DIR [--prefix P | --dpkg]
 #                                    install a bundle without network:
 #                                    - dpkg mode (default on Debian of the bundle's release, as
@@ -195,6 +197,13 @@ do_bundle() {
     } > "$dir/manifest.tsv"
     cp "$0" "$dir/install-deps.sh"
     chmod +x "$dir/install-deps.sh"
+    # sklearn's digits for worker/examples/train_digits.py where PyTorch has no sklearn
+    # (PSAGG_DIGITS=DIR/data/digits.csv.gz; tests/gpu/check-gpu.sh sets it)
+    local digits=/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz
+    if [ -f "$digits" ]; then
+        mkdir -p "$dir/data"
+        cp "$digits" "$dir/data/digits.csv.gz"
+    fi
     say "bundle $dir: $(ls "$dir"/debs/*.deb | wc -l) .debs, $(du -sh "$dir" | cut -f1), runs on glibc >= ${glibc:-any} (build-only parts: ${glibc_all:-any}), $((SECONDS - t0)) s"
     say "install it offline with: $dir/install-deps.sh --from $dir [--prefix P]"
 }
