@@ -62,6 +62,11 @@ cap() {
 timed() {
     local logf=$1 limit=$2 t0=$SECONDS
     shift 2
+    if [ "$limit" -le 0 ]; then # the budget is spent: never run without a limit
+        echo "check-gpu: not run: the time budget is spent" >"$logf"
+        rc=124 dt=0
+        return
+    fi
     timeout -k 10 "$limit" "$@" >"$logf" 2>&1
     rc=$?
     dt=$((SECONDS - t0))
@@ -173,7 +178,8 @@ gpu_cmds() {
     ctest --test-dir "$build" -L gpu --show-only=json-v1 2>/dev/null | "${py:-python3}" -c '
 import json, sys
 for t in json.load(sys.stdin).get("tests", []):
-    print(t["name"] + "\t" + "\t".join(t["command"]))'
+    if t.get("command"):
+        print(t["name"] + "\t" + "\t".join(t["command"]))'
 }
 for tool in memcheck racecheck; do
     if [ -z "$have_cuda" ]; then
@@ -228,8 +234,16 @@ else
     elif [ $rc -ne 0 ]; then
         record bench "failed (exit $rc)" $dt "see bench.log"
     else
-        figs=$(grep -E 'device-to-device copy|encode\+EF|^ *decode |aggregate N=8|step total' "$out/bench.log" |
-            sed 's/^ *//; s/  */ /g' | head -12 | paste -sd ';')
+        figs=$(awk '
+            /device-to-device copy/ { match($0, /[0-9.]+ GB\/s/); copy = substr($0, RSTART, RLENGTH) }
+            /% of copy$/ && / maxmin4 / {
+                n = split($0, w, " "); what = ($1 == "aggregate") ? $1 " " $2 : $1
+                if (what ~ /^(encode\+EF|decode|aggregate N=8)$/) k = k " " what " " w[n - 2] ";"
+            }
+            /^  [^ ]+ +[0-9]+ tensors/ { codec = $1 }
+            /step total:/ { s = s " " codec " " $3 "/" $8 " ms;" }
+            END { printf "copy %s; maxmin4 of copy:%s ResNet-50 worker step, plain/graph:%s", copy, k, s }
+        ' "$out/bench.log")
         record bench passed $dt "$figs"
     fi
 fi
@@ -293,7 +307,7 @@ INI
     if [ $rc_all -eq 0 ]; then
         record torch "${why:-passed}" $dt "${figs%; }"
     else
-        record torch "failed${why:+ ($why)}" $dt "${figs%; }"
+        record torch "failed${why:+ (the CPU runs, no GPU)}" $dt "${figs%; }"
     fi
 }
 if [ -z "$built" ]; then
@@ -313,7 +327,7 @@ elif [ -n "$gpu" ]; then
 elif ! "$py" -c "import sklearn" 2>/dev/null && [ -z "${PSAGG_DIGITS:-}" ]; then
     record torch "skipped (no GPU; and no sklearn or PSAGG_DIGITS for the CPU run)" 0 ""
 else
-    torch_step cpu "skipped (no GPU): the same runs on the CPU passed"
+    torch_step cpu "skipped (no GPU; the same runs on the CPU passed)"
 fi
 
 # ---- summary ----
