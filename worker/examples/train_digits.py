@@ -82,7 +82,11 @@ def load_digits():
 def params_sha256(model):
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+        t = p.detach().cpu().contiguous()
+        try:
+            h.update(t.numpy().tobytes())
+        except RuntimeError:  # a PyTorch 2.x without numpy: the values' exact text instead
+            h.update(repr(t.reshape(-1).tolist()).encode())
     return h.hexdigest()
 
 
