@@ -135,7 +135,7 @@ if [ $rc -eq 0 ]; then
         cmake --build "$build" -j"$(nproc)"
 fi
 dt=$((SECONDS - t0))
-fabric=$(sed -n 's/^FABRIC_LINK_LIBRARIES:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null)
+fabric=$(sed -n 's/^pkgcfg_lib_FABRIC_fabric:FILEPATH=//p' "$build/CMakeCache.txt" 2>/dev/null)
 if [ $rc -eq 0 ]; then
     note=""
     [ -n "$gpu" ] && ((dt > 180)) && note=" (over the 3-minute target)"
