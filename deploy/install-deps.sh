@@ -276,6 +276,7 @@ do_from_prefix() {
     local l t f so
     while IFS= read -r l; do
         t=$(readlink "$l")
+        case $t in "$prefix"/*) continue ;; esac # ours, from an earlier --from into this prefix
         ln -sfn "$prefix$t" "$l"
     done < <(find "$prefix" -type l -lname '/*')
     local lib=$prefix/usr/lib/$ma libs=$prefix/usr/lib/$ma:$prefix/lib/$ma
@@ -284,7 +285,7 @@ do_from_prefix() {
             so=$(readelf -d "$f" 2>/dev/null | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
             [ -n "$so" ] || continue
             [ -e "$(dirname "$f")/$so" ] || [ -e "$lib/$so" ] || [ -e "$prefix/lib/$ma/$so" ] ||
-                ln -s "$f" "$lib/$so"
+                ln -sfn "$f" "$lib/$so"
         done < <(find "$prefix" -type f -name 'lib*.so*')
     fi
     cat > "$prefix/env.sh" <<EOF

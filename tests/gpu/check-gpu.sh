@@ -12,7 +12,7 @@
 #              BUNDLE: $PSAGG_BUNDLE, else <checkout>/shared/psagg-bundle; without one the
 #              system's libraries are used (skipped)
 #   build      cmake -DCMAKE_BUILD_TYPE=Release -DPSAGG_CUDA=ON, for this GPU only
-#              (CMAKE_CUDA_ARCHITECTURES=native; without a GPU $PSAGG_CUDA_ARCH, default 90),
+#              (CMAKE_CUDA_ARCHITECTURES=$PSAGG_CUDA_ARCH, default native; 90 without a GPU),
 #              cmake --build -j$(nproc), in WORK/build
 #   ctest-gpu  ctest -L gpu: with a GPU every test must pass (a skip is a failure)
 #   memcheck   compute-sanitizer --tool memcheck over every gpu-labelled test's command
@@ -124,7 +124,7 @@ fi
 cuda=OFF arch=""
 if [ -n "$nvcc_v" ]; then
     cuda=ON
-    if [ -n "$gpu" ]; then arch=native; else arch=${PSAGG_CUDA_ARCH:-90}; fi
+    if [ -n "$gpu" ]; then arch=${PSAGG_CUDA_ARCH:-native}; else arch=${PSAGG_CUDA_ARCH:-90}; fi
 fi
 t0=$SECONDS
 cfg=(-S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPSAGG_CUDA=$cuda)
@@ -229,7 +229,9 @@ elif [ "$(cap 90)" = 0 ]; then
     record bench "skipped (budget spent)" 0 ""
 else
     timed "$out/bench.log" "$(cap 90)" "$bench"
-    if [ $rc -eq 77 ]; then
+    if [ $rc -eq 77 ] && [ -n "$gpu" ]; then
+        record bench "failed (exit 77 on a GPU machine: $(head -1 "$out/bench.log"))" $dt ""
+    elif [ $rc -eq 77 ]; then
         record bench "skipped (no GPU: $(head -1 "$out/bench.log"))" $dt ""
     elif [ $rc -ne 0 ]; then
         record bench "failed (exit $rc)" $dt "see bench.log"
