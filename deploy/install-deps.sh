@@ -145,9 +145,10 @@ do_bundle() {
     local t0=$SECONDS
     mapfile -t want < <(closure "${BUNDLE_ROOTS[@]}")
     local -A base=() inb=() role=()
-    while read -r p; do base[$p]=1; done < <(
-        closure $(apt-cache dumpavail | awk '/^Package:/ { p = $2 }
-            /^Essential: yes/ || /^Priority: required/ { print p }' | sort -u) build-essential)
+    local roots
+    mapfile -t roots < <(apt-cache dumpavail | awk '/^Package:/ { p = $2 }
+        /^Essential: yes/ || /^Priority: required/ { print p }' | sort -u)
+    while read -r p; do base[$p]=1; done < <(closure "${roots[@]}" build-essential)
     local -A run=()
     while read -r p; do run[$p]=1; done < <(closure "${RUNTIME_ROOTS[@]}")
     for p in "${want[@]}"; do
@@ -211,11 +212,11 @@ do_bundle() {
 # manifest field of the header line "# codename=... multiarch=... glibc_min=..."
 manifest_var() { sed -n "s/^# .*\b$2=\([^ ]*\).*/\1/p" "$1/manifest.tsv" | head -1; }
 
-# Every .deb of the manifest present with its sha256; prints the files, in manifest order.
+# Every .deb of the manifest present with its sha256 (dies naming each one that is not).
 verify_bundle() {
-    local dir=$1 p v a r sum file bad=0
+    local dir=$1 p sum file bad=0
     [ -f "$dir/manifest.tsv" ] || die "$dir/manifest.tsv missing: not a bundle (make one with --bundle)"
-    while IFS=$'\t' read -r p v a r sum file; do
+    while IFS=$'\t' read -r p _ _ _ sum file; do
         case $p in '#'* | '') continue ;; esac
         if [ ! -f "$dir/$file" ]; then echo "install-deps: $file missing" >&2; bad=1; continue; fi
         [ "$(sha256sum "$dir/$file" | cut -d' ' -f1)" = "$sum" ] ||
@@ -225,9 +226,9 @@ verify_bundle() {
 }
 
 do_from_dpkg() {
-    local dir=$1 p v a r sum file cur todo=()
+    local dir=$1 p v file cur todo=()
     [ "$(id -u)" -eq 0 ] || die "dpkg mode needs root (or use --prefix P)"
-    while IFS=$'\t' read -r p v a r sum file; do
+    while IFS=$'\t' read -r p v _ _ _ file; do
         case $p in '#'* | '') continue ;; esac
         cur=$(dpkg-query -W -f='${Status} ${Version}' "$p" 2>/dev/null |
             awk '/install ok installed/ { print $NF }') || true
@@ -245,7 +246,7 @@ do_from_dpkg() {
 }
 
 do_from_prefix() {
-    local dir=$1 prefix=$2 p v a r sum file need have ma
+    local dir=$1 prefix=$2 p file need have ma
     need=$(manifest_var "$dir" glibc_min)
     have=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{ print $2 }')
     if [ -n "$need" ] && [ "$need" != none ] && [ -n "$have" ] &&
@@ -260,7 +261,7 @@ do_from_prefix() {
     ma=$(manifest_var "$dir" multiarch)
     mkdir -p "$prefix"
     prefix=$(cd "$prefix" && pwd)
-    while IFS=$'\t' read -r p v a r sum file; do
+    while IFS=$'\t' read -r p _ _ _ _ file; do
         case $p in '#'* | '') continue ;; esac
         unpack_deb "$dir/$file" "$prefix"
     done < "$dir/manifest.tsv"

@@ -127,11 +127,11 @@ if [ -n "$nvcc_v" ]; then
     if [ -n "$gpu" ]; then arch=${PSAGG_CUDA_ARCH:-native}; else arch=${PSAGG_CUDA_ARCH:-90}; fi
 fi
 t0=$SECONDS
-cfg=(-S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPSAGG_CUDA=$cuda)
-[ -n "$arch" ] && cfg+=(-DCMAKE_CUDA_ARCHITECTURES=$arch)
+cfg=(-S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release "-DPSAGG_CUDA=$cuda")
+[ -n "$arch" ] && cfg+=("-DCMAKE_CUDA_ARCHITECTURES=$arch")
 timed "$out/configure.log" "$(cap 120)" cmake "${cfg[@]}"
 if [ $rc -eq 0 ]; then
-    timed "$out/build.log" "$(cap $([ -n "$gpu" ] && echo 420 || echo 3000))" \
+    timed "$out/build.log" "$(cap "$([ -n "$gpu" ] && echo 420 || echo 3000)")" \
         cmake --build "$build" -j"$(nproc)"
 fi
 dt=$((SECONDS - t0))
