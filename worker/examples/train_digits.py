@@ -16,6 +16,13 @@ variables), with Debian's /usr/bin/python3 (the one that has torch):
                   start the servers with [server] optimizer = sgd, momentum = 0.9, e.g.
                   PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9 in the environment)
 
+--device cuda     the model, the data and the gradients on the GPU (cuda:LOCAL_RANK modulo the
+                  devices: psagg-local's 4 workers share one GPU); psagg's hook then pushes
+                  CUDA tensors (libpsagg built with CUDA). Gloo all-reduces CUDA tensors too.
+
+Without sklearn (e.g. a GPU image's PyTorch), $PSAGG_DIGITS names sklearn's digits.csv.gz
+(deploy/install-deps.sh --bundle puts a copy in the bundle).
+
 Each worker trains on its own shard (1/N of the 1437 training images) with the same seed and
 a global batch of N x --batch. Rank 0 prints a RESULT line (ms per step, final loss = mean of
 rank 0's last 20 training losses, test accuracy on the 360 held-out images); every rank
@@ -52,10 +59,19 @@ class Net(nn.Module):
 
 
 def load_digits():
-    from sklearn.datasets import load_digits as sk_digits
-    d = sk_digits()
-    x = torch.tensor(d.data, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
-    y = torch.tensor(d.target, dtype=torch.long)
+    path = os.environ.get("PSAGG_DIGITS")
+    if path:  # sklearn's digits.csv.gz: 64 pixel values and the label per line
+        import gzip
+        with gzip.open(path, "rt") as f:
+            rows = [[float(v) for v in line.split(",")] for line in f if line.strip()]
+        data = torch.tensor(rows, dtype=torch.float32)
+        x = data[:, :64].reshape(-1, 1, 8, 8) / 16.0
+        y = data[:, 64].long()
+    else:
+        from sklearn.datasets import load_digits as sk_digits
+        d = sk_digits()
+        x = torch.tensor(d.data, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
+        y = torch.tensor(d.target, dtype=torch.long)
     g = torch.Generator().manual_seed(1234)
     perm = torch.randperm(len(y), generator=g)
     x, y = x[perm], y[perm]
@@ -66,7 +82,11 @@ def load_digits():
 def params_sha256(model):
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+        t = p.detach().cpu().contiguous()
+        try:
+            h.update(t.numpy().tobytes())
+        except RuntimeError:  # a PyTorch 2.x without numpy: the values' exact text instead
+            h.update(repr(t.reshape(-1).tolist()).encode())
     return h.hexdigest()
 
 
@@ -83,6 +103,9 @@ def main():
     ap.add_argument("--bucket-cap-mb", type=float, default=0.05,
                     help="DDP bucket size (small: several buckets, as in a large model)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where the model and the gradients live (cuda: cuda:LOCAL_RANK modulo "
+                    "the number of GPUs)")
     args = ap.parse_args()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -90,7 +113,13 @@ def main():
     torch.set_num_threads(1)
     xtr, ytr, xte, yte = load_digits()
     xs, ys = xtr[rank::world], ytr[rank::world]
-    model = Net(args.unused)
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        device = torch.device("cuda", local % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        xs, ys, xte, yte = xs.to(device), ys.to(device), xte.to(device), yte.to(device)
+    model = Net(args.unused).to(device)
 
     if args.comm == "psagg-opt":
         import psagg.torch as pt
@@ -107,8 +136,9 @@ def main():
         net = model
     else:
         dist.init_process_group("gloo", rank=rank, world_size=world)
-        net = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb,
-                                                  find_unused_parameters=args.unused)
+        net = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device] if device.type == "cuda" else None,
+            bucket_cap_mb=args.bucket_cap_mb, find_unused_parameters=args.unused)
         if args.comm == "psagg":
             import psagg.torch as pt
             pt.register_ddp_hook(net, codec=args.codec)
@@ -120,7 +150,7 @@ def main():
     for step in range(args.steps):
         if step == 5:
             t0 = time.perf_counter()  # after warm-up (DDP rebuilds its buckets after step 1)
-        idx = torch.randint(0, len(ys), (args.batch,), generator=g)
+        idx = torch.randint(0, len(ys), (args.batch,), generator=g).to(device)
         opt.zero_grad()
         loss = F.cross_entropy(net(xs[idx]), ys[idx])
         loss.backward()
@@ -141,8 +171,8 @@ def main():
             st["bytes_sent"], st["bytes_raw"] / max(1, st["bytes_sent"]))
     if rank == 0:
         print("RESULT comm=%s codec=%s workers=%d steps=%d ms_per_step=%.2f final_loss=%.4f "
-              "test_acc=%.4f%s" % (args.comm, args.codec or "config", world, args.steps, ms,
-                                   tail, acc, extra), flush=True)
+              "test_acc=%.4f%s device=%s" % (args.comm, args.codec or "config", world, args.steps,
+                                             ms, tail, acc, extra, device), flush=True)
     if args.comm in ("gloo", "psagg"):
         dist.destroy_process_group()
     return 0

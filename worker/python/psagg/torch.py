@@ -355,6 +355,12 @@ def _hook_gradients(params, make_hook):
     return accs
 
 
+def _zero_grad(base, set_to_none):
+    """base.zero_grad with torch's own default when set_to_none is None: PyTorch 1.13 zeroes
+    the gradients, 2.x sets them to None (both work here: a missing gradient pushes zeros)."""
+    return base.zero_grad() if set_to_none is None else base.zero_grad(set_to_none)
+
+
 # ---- Horovod-style optimizer ----
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, codec, error_feedback,
@@ -405,11 +411,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.synchronize()
         return super(self.__class__, self).step(closure)
 
-    def zero_grad(self, set_to_none=False):
+    def zero_grad(self, set_to_none=None):
         if self._psagg_ops:
             raise RuntimeError("psagg.torch: zero_grad() with push_pulls in flight; call "
                                "step() or synchronize() first")
-        return super(self.__class__, self).zero_grad(set_to_none)
+        return _zero_grad(super(self.__class__, self), set_to_none)
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, codec=None, error_feedback=None,
@@ -532,11 +538,11 @@ class ServerOptimizer(torch.optim.Optimizer):
             raise err
         return loss
 
-    def zero_grad(self, set_to_none=False):
+    def zero_grad(self, set_to_none=None):
         if self._psagg_ops:
             raise RuntimeError("psagg.torch: zero_grad() with push_pulls in flight; call step() "
                                "first")
-        return super().zero_grad(set_to_none)
+        return _zero_grad(super(), set_to_none)
 
     def pull_weights(self, sync=False):
         """The servers' exact fp32 master weights, {name: tensor}. With sync the parameters

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# test_bundle_offline.sh - deploy.bundle_offline: a dependency bundle (deploy/install-deps.sh
+# --bundle, made beforehand with network) installs without network into a fresh prefix, and
+# psagg's libraries resolve there, not in the system's /usr:
+#   1. install-deps.sh --from BUNDLE --prefix TMP (prefix mode: no root, no network, the
+#      system untouched);
+#   2. pkg-config (the prefix's own, from env.sh) gives include and library dirs inside the
+#      prefix for libfabric, jemalloc, inih, libsodium, libmicrohttpd and zlib;
+#   3. a C program calling each of them compiles with those flags (as CMake's pkg_check_modules
+#      would), runs with env.sh's LD_LIBRARY_PATH, and ldd maps each library into the prefix;
+#   4. a manifest whose sha256 does not match a .deb is refused.
+# BUNDLE: $PSAGG_TEST_BUNDLE. Exit 0 passed, 1 failed, 77 skipped (no bundle given: making one
+# needs the network, which CI may lack; `deploy/install-deps.sh --bundle /tmp/psagg-bundle`
+# then PSAGG_TEST_BUNDLE=/tmp/psagg-bundle ctest -R deploy.bundle_offline). About 20 s.
+set -u -o pipefail
+repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
+bundle=${PSAGG_TEST_BUNDLE:-}
+if [ -z "$bundle" ] || [ ! -f "$bundle/manifest.tsv" ]; then
+    echo "bundle_offline: SKIP: no bundle (set PSAGG_TEST_BUNDLE to a deploy/install-deps.sh --bundle DIR)"
+    exit 77
+fi
+fail() { echo "bundle_offline: FAIL: $*" >&2; exit 1; }
+cc=${CC:-cc}
+command -v "$cc" >/dev/null || { echo "bundle_offline: SKIP: no C compiler"; exit 77; }
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/psagg-bundle-test.XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT
+prefix=$tmp/prefix
+
+# 1. offline install into a fresh prefix
+"$repo/deploy/install-deps.sh" --from "$bundle" --prefix "$prefix" || fail "--from exited $?"
+[ -f "$prefix/env.sh" ] || fail "no $prefix/env.sh"
+(
+    . "$prefix/env.sh"
+    # 2. pkg-config: the prefix's binary, every directory under the prefix
+    [ "$(command -v pkg-config)" = "$prefix/usr/bin/pkg-config" ] ||
+        fail "pkg-config is $(command -v pkg-config), not the prefix's"
+    mods="libfabric jemalloc inih libsodium libmicrohttpd zlib"
+    for m in $mods; do
+        libdir=$(pkg-config --variable=libdir "$m") || fail "pkg-config does not know $m"
+        case $libdir in "$prefix"/*) ;; *) fail "$m: libdir $libdir is outside the prefix" ;; esac
+        echo "bundle_offline: $m $(pkg-config --modversion "$m") in $libdir"
+    done
+    flags=$(pkg-config --cflags --libs $mods) || fail "pkg-config --cflags --libs failed"
+    for f in $flags; do
+        case $f in -I/* | -L/*) case $f in -[IL]"$prefix"/*) ;; *) fail "flag $f outside the prefix" ;; esac ;; esac
+    done
+    # 3. compile, link, run, and see where each library came from
+    cat >"$tmp/t.c" <<'C'
+#include <ini.h>
+#include <jemalloc/jemalloc.h>
+#include <microhttpd.h>
+#include <rdma/fabric.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <zlib.h>
+static int on_key(void *user, const char *section, const char *name, const char *value)
+{
+    (void)section, (void)name, (void)value;
+    ++*(int *)user;
+    return 1;
+}
+int main(void)
+{
+    int keys = 0;
+    void *p = malloc(64); /* jemalloc's */
+    printf("fabric %u.%u sodium %s mhd %s zlib %s\n", FI_MAJOR(fi_version()), FI_MINOR(fi_version()),
+           sodium_version_string(), MHD_get_version(), zlibVersion());
+    free(p);
+    return sodium_init() < 0 || ini_parse_string("[a]\nb=1\n", on_key, &keys) != 0 || keys != 1;
+}
+C
+    # shellcheck disable=SC2086
+    "$cc" -o "$tmp/t" "$tmp/t.c" $flags || fail "the test program does not build with the prefix's flags"
+    "$tmp/t" || fail "the test program does not run with env.sh's LD_LIBRARY_PATH"
+    ldd "$tmp/t" >"$tmp/ldd.txt"
+    cat "$tmp/ldd.txt"
+    ! grep -q 'not found' "$tmp/ldd.txt" || fail "unresolved libraries"
+    for so in libfabric.so.1 libjemalloc.so.2 libinih.so.1 libsodium.so.23 libmicrohttpd.so.12 \
+        libibverbs.so.1 librdmacm.so.1 libpsm2.so.2; do
+        grep -q "$so => $prefix/" "$tmp/ldd.txt" || fail "$so does not resolve into the prefix"
+    done
+) || exit 1
+
+# 4. a damaged bundle is refused: the same .debs, one checksum changed
+mkdir "$tmp/bad"
+ln -s "$(cd "$bundle" && pwd)/debs" "$tmp/bad/debs"
+awk -F'\t' 'BEGIN { OFS = "\t" } !/^#/ && !done { $5 = (substr($5, 1, 1) == "0" ? "1" : "0") substr($5, 2); done = 1 } { print }' \
+    "$bundle/manifest.tsv" >"$tmp/bad/manifest.tsv"
+if "$repo/deploy/install-deps.sh" --from "$tmp/bad" --prefix "$tmp/bad-prefix" 2>"$tmp/bad.err"; then
+    fail "a manifest with a wrong sha256 was accepted"
+fi
+grep -q "sha256 differs" "$tmp/bad.err" || fail "wrong message for a bad checksum: $(cat "$tmp/bad.err")"
+[ ! -e "$tmp/bad-prefix" ] || fail "a damaged bundle was unpacked"
+echo "bundle_offline: passed"
