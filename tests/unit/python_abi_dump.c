@@ -34,10 +34,10 @@ static void value(const char *name, long long v, int *n)
     printf("%s\n  \"%s\": %lld", (*n)++ ? "," : "", name, v);
 }
 
-#define STRUCT(T) struct_begin(#T, sizeof(T), ns), nf = 0
-#define FIELD(T, f) field(#f, offsetof(T, f), sizeof(((T *)0)->f), &nf)
+#define STRUCT(T)    struct_begin(#T, sizeof(T), ns), nf = 0
+#define FIELD(T, f)  field(#f, offsetof(T, f), sizeof(((T *)0)->f), &nf)
 #define STRUCT_END() printf("]}"), ns = 1
-#define VALUE(c) value(#c, (long long)(c), &nv)
+#define VALUE(c)     value(#c, (long long)(c), &nv)
 
 int main(void)
 {
