@@ -79,17 +79,37 @@ void gpu_thread_fini(agg_thread *t)
     t->cuda = NULL;
 }
 
-/* gpu_sum_ops' encode: sum c's inputs (all in its slots, in worker order) and requantize. */
+/*
+ * gpu_sum_ops' encode: sum c's inputs (all in its slots, in worker order) and requantize on
+ * the GPU. When the GPU fails (out of memory, a lost or faulted device: not the data's fault)
+ * the chunk is folded on the CPU instead, which gives the same bytes (the residual is only
+ * written back by a GPU sum that succeeded), and the job goes on: the first failure of each
+ * thread is logged as a warning, later ones at debug.
+ */
 static psagg_status gpu_encode(server *srv, chunk_state *c, psagg_rng_key key, uint8_t *out,
                                size_t *bad)
 {
     const void *in[PSAGG_CUDA_MAX_INPUTS];
+    agg_thread *t = &srv->threads[c->thread];
     size_t enc = c->enc;
+    psagg_status st;
     for (int w = 0; w < srv->n_workers; w++)
         in[w] = c->slots + (size_t)w * c->info->cap_bytes;
-    return psagg_cuda_aggregate_host(srv->threads[c->thread].cuda, &c->codec, in,
-                                     (size_t)srv->n_workers, enc, c->info->count, c->residual, key,
-                                     out, enc, bad);
+    st = psagg_cuda_aggregate_host(t->cuda, &c->codec, in, (size_t)srv->n_workers, enc,
+                                   c->info->count, c->residual, key, out, enc, bad);
+    if (st != PSAGG_ECUDA && st != PSAGG_ENOMEM && st != PSAGG_EUNSUPPORTED)
+        return st; /* done, or the sum's own error (the CPU would say the same) */
+    if (t->gpu_failed++ == 0)
+        LOG_WARN(&srv->log,
+                 "GPU assist: tensor '%s' chunk %u round %u: %s; summed on the CPU instead "
+                 "(and so is every chunk the GPU fails later; see debug logs)",
+                 srv->layout.tensors[c->info->key].name, c->info->index, c->round,
+                 psagg_last_error());
+    else
+        LOG_DEBUG(&srv->log, "GPU assist failed %llu times; the latest: %s",
+                  (unsigned long long)t->gpu_failed, psagg_last_error());
+    return psagg_aggregate(&c->codec, in, (size_t)srv->n_workers, enc, c->info->count, c->residual,
+                           key, out, enc, bad);
 }
 
 int gpu_max_inputs(void)

@@ -240,6 +240,7 @@ typedef struct agg_thread {
     agg_item barrier; /* agg_barrier's marker in the queue */
     int stop;
     void *cuda; /* psagg_cuda_ctx of the GPU assist, or NULL (gpu.c) */
+    uint64_t gpu_failed; /* sums the GPU could not make, made on the CPU instead (gpu.c) */
 } agg_thread;
 
 /* The pool's start-up: each thread reports once its chunks' buffers are allocated. */

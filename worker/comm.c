@@ -285,12 +285,18 @@ static int schedule(comm_state *cs)
     return waiting;
 }
 
-/* h's buffer operations are writing its output: complete it once they are done. */
+/*
+ * h's buffer operations are writing its output: complete it once they are done. Their
+ * failure (an invalid update found on a device, or the device failed) fails the job, as an
+ * invalid update does on the host (on_update).
+ */
 static void try_complete(comm_state *cs, struct psagg_handle *h)
 {
     psagg_status st = h->ops->complete(cs->ctx, h);
-    if (st != PSAGG_BUF_PENDING)
-        finish_op(cs, h, st, st ? psagg_last_error() : NULL);
+    if (st == PSAGG_OK)
+        finish_op(cs, h, st, NULL);
+    else if (st != PSAGG_BUF_PENDING)
+        worker_fail_all(cs->ctx, st, "%s", psagg_last_error());
 }
 
 /* The gate's view of the servers (runtime/gate.h): the server whose fabric address is addr

@@ -149,8 +149,11 @@ struct psagg_handle *handle_new_param(psagg_ctx *ctx, uint32_t key, float *out, 
 void handle_submit(psagg_ctx *ctx, struct psagg_handle *h)
 {
     pthread_mutex_lock(&ctx->mu);
-    if (ctx->failed) {
+    h->submitted = 1;
+    if (ctx->failed) { /* after handle_new: worker_fail_all left it to us */
         handle_complete_locked(ctx, h, ctx->failed_status, ctx->failed_msg);
+        if (ctx->tensors[h->key].op == h)
+            ctx->tensors[h->key].op = NULL;
     } else {
         h->next = ctx->queue;
         ctx->queue = h;
@@ -175,6 +178,8 @@ void handle_complete_locked(psagg_ctx *ctx, struct psagg_handle *h, psagg_status
 {
     if (h->done)
         return;
+    if (status && h->ops && h->ops->drain) /* its owner may free its buffers on waking */
+        h->ops->drain(ctx, h);
     h->status = status;
     snprintf(h->msg, sizeof h->msg, "%s", msg ? msg : "");
     h->done = 1;
@@ -198,10 +203,11 @@ void worker_fail_all(psagg_ctx *ctx, psagg_status status, const char *fmt, ...)
     /*
      * Complete every pending handle and forget it: once complete, its owner may release it
      * at any time, so nothing here may point at it afterwards (the comm thread drops its
-     * active list as soon as it sees ctx->failed).
+     * active list as soon as it sees ctx->failed). One not yet submitted is its creator's,
+     * who may still be enqueueing work for it: handle_submit completes it.
      */
     for (uint32_t t = 0; ctx->tensors && t < ctx->layout.n_tensors; t++)
-        if (ctx->tensors[t].op) {
+        if (ctx->tensors[t].op && ctx->tensors[t].op->submitted) {
             handle_complete_locked(ctx, ctx->tensors[t].op, ctx->failed_status, ctx->failed_msg);
             ctx->tensors[t].op = NULL;
         }

@@ -11,7 +11,9 @@
  * Files, from the top down (none calls one above it):
  *   api.c        the public functions of psagg.h: start-up, declaration, push_pull, handles
  *   handshake.c  the control channel's start-up: connect, HELLO/WELCOME, DECLARE/READY
- *   cuda.c       psagg_push_pull_cuda and the device-buffer operations (owns the device side)
+ *   device.c     psagg_push_pull_cuda and the device-buffer operations (owns the device side),
+ *                as ordering logic over an executor (device.h)
+ *   cuda.c       the CUDA runtime as that executor
  *   comm.c       the communication thread: scheduling, pushes, updates, failure detection
  *   adapt.c      [codec] adaptive: statistics, their push, the choice of codecs (comm thread)
  *   handle.c     an operation's life: creation, queueing, completion, failing the context
@@ -58,7 +60,13 @@ struct psagg_handle;
  *             for AVERAGE, ADD for a parameter's weight delta).
  *             Never pending. A failure means the server sent an invalid update: the job fails
  *   complete  every update is in: PSAGG_OK when the output is written, PSAGG_BUF_PENDING
- *             while it is being written
+ *             while it is being written. A failure (an invalid update, a failed device) fails
+ *             the job, as update's does
+ *   drain     (NULL when nothing runs asynchronously) h is about to complete with a failure:
+ *             return once none of its work is queued, so that its owner may free the buffers
+ *             as soon as it sees the failure. The worker calls it on every path that fails a
+ *             submitted handle (handle.c, comm.c); an operation's own enqueue functions drain
+ *             before they return a failure
  */
 typedef struct psagg_bufops {
     const char *kind; /* "host", "cuda" */
@@ -67,6 +75,7 @@ typedef struct psagg_bufops {
                            const psagg_codec *codec, int mode, const uint8_t *payload,
                            size_t payload_len);
     psagg_status (*complete)(psagg_ctx *ctx, struct psagg_handle *h);
+    void (*drain)(psagg_ctx *ctx, struct psagg_handle *h);
 } psagg_bufops;
 
 extern const psagg_bufops psagg_host_ops; /* host.c */
@@ -127,7 +136,8 @@ struct psagg_handle {
        encoded, last push handed over, last update in, completed (comm thread, then read-only) */
     int64_t t_submit, t_taken, t_encoded, t_sent, t_updates, t_done;
     uint64_t update_ns; /* in the buffer operations' update for all but the last update */
-    int done;           /* guarded by ctx->mu */
+    int submitted; /* handle_submit queued it (guarded by ctx->mu): before, its creator owns it */
+    int done;      /* guarded by ctx->mu */
     int status;
     char msg[256];
 };
@@ -170,15 +180,19 @@ struct psagg_ctx {
     char ckpt_msg[300];
     struct psagg_adapt *adapt; /* [codec] adaptive (adapt.c), or NULL */
 
-    /* the device side (cuda.c), created by the first psagg_push_pull_cuda */
+    /* the device side (device.c), created by the first psagg_push_pull_cuda, on devexec
+       (device.h; NULL: CUDA's) */
+    const struct psagg_devexec *devexec;
     void *device;
     void (*device_destroy)(psagg_ctx *ctx);
 };
 
 /*
  * handle.c. handle_new checks a push_pull's arguments and claims the tensor's in-flight slot;
- * handle_submit queues it for the communication thread; handle_abandon gives the slot back
- * (never queued).
+ * handle_submit queues it for the communication thread (or, when the job has failed
+ * meanwhile, drains and completes it); handle_abandon gives the slot back (never queued, none
+ * of its work queued). Until handle_submit the creating thread owns the handle: a failure of
+ * the job leaves it alone.
  */
 struct psagg_handle *handle_new(psagg_ctx *ctx, uint32_t key, const float *in, float *out,
                                 psagg_reduce op, int priority, const psagg_bufops *ops,
@@ -188,7 +202,8 @@ struct psagg_handle *handle_new_param(psagg_ctx *ctx, uint32_t key, float *out, 
                                       uint32_t flags, psagg_status *st);
 void handle_submit(psagg_ctx *ctx, struct psagg_handle *h);
 void handle_abandon(psagg_ctx *ctx, struct psagg_handle *h);
-/* Complete a handle with a status (under ctx->mu) and wake waiters. */
+/* Complete a handle with a status (under ctx->mu) and wake waiters; a failure drains it
+ * first (psagg_bufops.drain). */
 void handle_complete_locked(psagg_ctx *ctx, struct psagg_handle *h, psagg_status status,
                             const char *msg);
 /* Fail the whole context: every pending and later operation gets this status and message. */

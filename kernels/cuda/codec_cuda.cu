@@ -53,7 +53,10 @@ psagg_status cuda_status(cudaError_t e, const char *what)
 {
     if (e == cudaSuccess)
         return PSAGG_OK;
-    (void)cudaGetLastError(); /* clear a non-sticky error so it is reported once */
+    /* clear our own non-sticky error so it is reported once; one the caller left pending
+       (a different error) stays for the caller's cudaGetLastError */
+    if (cudaPeekAtLastError() == e)
+        (void)cudaGetLastError();
     if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ||
         e == cudaErrorNoKernelImageForDevice)
         return psagg_fail(PSAGG_EUNSUPPORTED, "%s: %s", what, cudaGetErrorString(e));
@@ -89,11 +92,6 @@ psagg_status check_ptr(const void *p, uintptr_t align, const char *what)
         return psagg_fail(PSAGG_EINVAL, "cuda codec: %s %p not %u-byte aligned", what, p,
                           (unsigned)align);
     return PSAGG_OK;
-}
-
-psagg_status after_launch(const char *what)
-{
-    return cuda_status(cudaGetLastError(), what);
 }
 
 struct SyncErr { /* temporary device error word for the *_sync wrappers */
@@ -138,15 +136,16 @@ extern "C" psagg_status psagg_cuda_scale(float *x, size_t n, float s, cudaStream
         return PSAGG_OK;
     if (!x)
         return psagg_fail(PSAGG_EINVAL, "psagg_cuda_scale: x is NULL");
-    launch_scale(x, n, s, stream);
-    return after_launch("scale_kernel");
+    return cuda_status(launch_scale(x, n, s, stream), "scale_kernel");
 }
 
 extern "C" int psagg_cuda_device_count(void)
 {
     int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) {
-        (void)cudaGetLastError();
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        if (cudaPeekAtLastError() == e) /* ours, not a pending error of the caller's */
+            (void)cudaGetLastError();
         return 0;
     }
     return count;
@@ -208,9 +207,9 @@ extern "C" psagg_status psagg_cuda_encode(const psagg_codec *codec, const float 
         (st = check_ptr(out, 8, "out")))
         return st;
     const bool vec = aligned(x, 16) && aligned(residual, 16) && aligned(out, 16);
-    launch_encode(L.c.id, kargs_make(L, key, vec), x, residual, static_cast<uint8_t *>(out), d_err,
-                  stream);
-    return after_launch("cuda encode launch");
+    return cuda_status(launch_encode(L.c.id, kargs_make(L, key, vec), x, residual,
+                                     static_cast<uint8_t *>(out), d_err, stream),
+                       "cuda encode launch");
 }
 
 template <bool ADD>
@@ -230,10 +229,11 @@ static psagg_status decode_common(const psagg_codec *codec, const void *in, size
         return psagg_fail(PSAGG_EINVAL, "cuda decode: NULL buffer");
     if ((st = check_ptr(in, 8, "in")) || (st = check_ptr(out, 4, "out")))
         return st;
-    launch_decode(L.c.id, ADD,
-                  kargs_make(L, psagg_rng_key{0, 0}, aligned(in, 16) && aligned(out, 16)),
-                  static_cast<const uint8_t *>(in), out, d_err, stream);
-    return after_launch(ADD ? "cuda decode_add launch" : "cuda decode launch");
+    return cuda_status(
+        launch_decode(L.c.id, ADD,
+                      kargs_make(L, psagg_rng_key{0, 0}, aligned(in, 16) && aligned(out, 16)),
+                      static_cast<const uint8_t *>(in), out, d_err, stream),
+        ADD ? "cuda decode_add launch" : "cuda decode launch");
 }
 
 extern "C" psagg_status psagg_cuda_decode(const psagg_codec *codec, const void *in, size_t in_len,
@@ -284,9 +284,9 @@ extern "C" psagg_status psagg_cuda_aggregate(const psagg_codec *codec, const voi
         vec = vec && aligned(in[i], 16);
         ptrs.p[i] = static_cast<const uint8_t *>(in[i]);
     }
-    launch_aggregate(L.c.id, kargs_make(L, key, vec), ptrs, (uint32_t)n_in, residual,
-                     static_cast<uint8_t *>(out), d_err, stream);
-    return after_launch("cuda aggregate launch");
+    return cuda_status(launch_aggregate(L.c.id, kargs_make(L, key, vec), ptrs, (uint32_t)n_in,
+                                        residual, static_cast<uint8_t *>(out), d_err, stream),
+                       "cuda aggregate launch");
 }
 
 /* ---- blocking wrappers ---- */
@@ -473,24 +473,24 @@ extern "C" psagg_status psagg_cuda_aggregate_host(psagg_cuda_ctx *c, const psagg
     if (residual)
         memcpy(c->h_pin + res_off, residual, 4 * n);
     float *d_res = residual ? reinterpret_cast<float *>(c->d_ws + res_off) : NULL;
+    /* once something is enqueued, every return waits for the stream: the staging and the
+       workspace are reused by the next call (and freed by ctx_destroy) */
     if ((st = cuda_status(
              cudaMemcpyAsync(c->d_ws, c->h_pin, out_off, cudaMemcpyHostToDevice, c->stream),
-             "cudaMemcpyAsync(H2D)")))
-        return st;
-    if ((st = psagg_cuda_err_reset(c->d_err, c->stream)))
-        return st;
-    if ((st = psagg_cuda_aggregate(codec, d_in, n_in, in_len, n, d_res, key, c->d_ws + out_off,
-                                   out_len, c->d_err, c->stream)))
-        return st;
-    if ((st = cuda_status(cudaMemcpyAsync(c->h_pin + res_off, c->d_ws + res_off,
+             "cudaMemcpyAsync(H2D)")) ||
+        (st = psagg_cuda_err_reset(c->d_err, c->stream)) ||
+        (st = psagg_cuda_aggregate(codec, d_in, n_in, in_len, n, d_res, key, c->d_ws + out_off,
+                                   out_len, c->d_err, c->stream)) ||
+        (st = cuda_status(cudaMemcpyAsync(c->h_pin + res_off, c->d_ws + res_off,
                                           out_off + out_len - res_off, cudaMemcpyDeviceToHost,
                                           c->stream),
-                          "cudaMemcpyAsync(D2H)")))
-        return st;
-    if ((st = cuda_status(cudaMemcpyAsync(c->h_err, c->d_err, sizeof *c->h_err,
+                          "cudaMemcpyAsync(D2H)")) ||
+        (st = cuda_status(cudaMemcpyAsync(c->h_err, c->d_err, sizeof *c->h_err,
                                           cudaMemcpyDeviceToHost, c->stream),
-                          "cudaMemcpyAsync(error word)")))
+                          "cudaMemcpyAsync(error word)"))) {
+        (void)cudaStreamSynchronize(c->stream);
         return st;
+    }
     if ((st = cuda_status(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize")))
         return st;
     if ((st = psagg_cuda_err_status(*c->h_err, bad_index)))

@@ -28,6 +28,26 @@
 
 namespace psagg_cuda
 {
+
+namespace
+{
+template <class T> struct Same {
+    using type = T;
+};
+
+/*
+ * Enqueue kernel k on s with cudaLaunchKernel, which returns this launch's own error: the
+ * runtime's last error (the caller's, perhaps) is neither read nor cleared.
+ */
+template <class... P>
+cudaError_t launch(void (*k)(P...), unsigned blocks, unsigned threads, cudaStream_t s,
+                   typename Same<P>::type... args)
+{
+    void *argv[] = {const_cast<void *>(static_cast<const void *>(&args))..., nullptr};
+    return cudaLaunchKernel(reinterpret_cast<const void *>(k), dim3(blocks), dim3(threads), argv, 0,
+                            s);
+}
+} // namespace
 namespace
 {
 
@@ -485,33 +505,32 @@ unsigned elementwise_blocks(uint64_t n)
 }
 
 template <class Src, int TS>
-void launch_mm_ts(const Src &src, float *res, uint8_t *out, const KArgs &a, uint64_t *err,
-                  cudaStream_t s)
+cudaError_t launch_mm_ts(const Src &src, float *res, uint8_t *out, const KArgs &a, uint64_t *err,
+                         cudaStream_t s)
 {
     const uint32_t chunks = a.bucket / (8 * TS);
     const unsigned blocks = (unsigned)((a.nb * TS + kThreads - 1) / kThreads);
     if (chunks == 1)
-        mm_encode_kernel<Src, TS, 1><<<blocks, kThreads, 0, s>>>(src, res, out, a, err);
+        return launch(mm_encode_kernel<Src, TS, 1>, blocks, kThreads, s, src, res, out, a, err);
     else if (chunks <= 4)
-        mm_encode_kernel<Src, TS, 4><<<blocks, kThreads, 0, s>>>(src, res, out, a, err);
+        return launch(mm_encode_kernel<Src, TS, 4>, blocks, kThreads, s, src, res, out, a, err);
     else
-        mm_encode_kernel<Src, TS, 0><<<blocks, kThreads, 0, s>>>(src, res, out, a, err);
+        return launch(mm_encode_kernel<Src, TS, 0>, blocks, kThreads, s, src, res, out, a, err);
 }
 
 template <class Src>
-void launch_mm(const Src &src, float *res, uint8_t *out, const KArgs &a, uint64_t *err,
-               cudaStream_t s)
+cudaError_t launch_mm(const Src &src, float *res, uint8_t *out, const KArgs &a, uint64_t *err,
+                      cudaStream_t s)
 {
     const uint32_t groups = a.bucket / 8; /* a multiple of 8 */
     if (groups % 32 == 0)
-        launch_mm_ts<Src, 32>(src, res, out, a, err, s);
+        return launch_mm_ts<Src, 32>(src, res, out, a, err, s);
     else if (groups % 16 == 0)
-        launch_mm_ts<Src, 16>(src, res, out, a, err, s);
+        return launch_mm_ts<Src, 16>(src, res, out, a, err, s);
     else
-        launch_mm_ts<Src, 8>(src, res, out, a, err, s);
+        return launch_mm_ts<Src, 8>(src, res, out, a, err, s);
 }
 
-/* x_k = x_k * s, one IEEE multiply per element (as the CPU worker's PSAGG_AVERAGE). */
 /* x_k = x_k * s, one IEEE multiply per element (as the CPU worker's PSAGG_AVERAGE). */
 __global__ void scale_kernel(float *x, size_t n, float s)
 {
@@ -522,86 +541,74 @@ __global__ void scale_kernel(float *x, size_t n, float s)
 
 } /* namespace */
 
-void launch_encode(int id, const KArgs &a, const float *x, float *residual, uint8_t *out,
-                   uint64_t *err, cudaStream_t s)
+cudaError_t launch_encode(int id, const KArgs &a, const float *x, float *residual, uint8_t *out,
+                          uint64_t *err, cudaStream_t s)
 {
     SrcX src{x};
     switch (id) {
     case PSAGG_CODEC_MAXMIN:
-        launch_mm(src, residual, out, a, err, s);
-        break;
+        return launch_mm(src, residual, out, a, err, s);
     case PSAGG_CODEC_FP32:
-        fp_encode_kernel<PSAGG_CODEC_FP32>
-            <<<elementwise_blocks(a.n), kThreads, 0, s>>>(src, residual, out, a, err);
-        break;
+        return launch(fp_encode_kernel<PSAGG_CODEC_FP32, SrcX>, elementwise_blocks(a.n), kThreads,
+                      s, src, residual, out, a, err);
     case PSAGG_CODEC_FP16:
-        fp_encode_kernel<PSAGG_CODEC_FP16>
-            <<<elementwise_blocks(a.n), kThreads, 0, s>>>(src, residual, out, a, err);
-        break;
+        return launch(fp_encode_kernel<PSAGG_CODEC_FP16, SrcX>, elementwise_blocks(a.n), kThreads,
+                      s, src, residual, out, a, err);
     default:
-        fp_encode_kernel<PSAGG_CODEC_BF16>
-            <<<elementwise_blocks(a.n), kThreads, 0, s>>>(src, residual, out, a, err);
-        break;
+        return launch(fp_encode_kernel<PSAGG_CODEC_BF16, SrcX>, elementwise_blocks(a.n), kThreads,
+                      s, src, residual, out, a, err);
     }
 }
 
 template <bool ADD>
-static void launch_decode_t(int id, const KArgs &a, const uint8_t *in, float *out, uint64_t *err,
-                            cudaStream_t s)
+static cudaError_t launch_decode_t(int id, const KArgs &a, const uint8_t *in, float *out,
+                                   uint64_t *err, cudaStream_t s)
 {
     const unsigned blocks = elementwise_blocks(a.n);
     switch (id) {
     case PSAGG_CODEC_MAXMIN:
-        decode_kernel<PSAGG_CODEC_MAXMIN, ADD><<<blocks, kThreads, 0, s>>>(in, out, a, err);
-        break;
+        return launch(decode_kernel<PSAGG_CODEC_MAXMIN, ADD>, blocks, kThreads, s, in, out, a, err);
     case PSAGG_CODEC_FP32:
-        decode_kernel<PSAGG_CODEC_FP32, ADD><<<blocks, kThreads, 0, s>>>(in, out, a, err);
-        break;
+        return launch(decode_kernel<PSAGG_CODEC_FP32, ADD>, blocks, kThreads, s, in, out, a, err);
     case PSAGG_CODEC_FP16:
-        decode_kernel<PSAGG_CODEC_FP16, ADD><<<blocks, kThreads, 0, s>>>(in, out, a, err);
-        break;
+        return launch(decode_kernel<PSAGG_CODEC_FP16, ADD>, blocks, kThreads, s, in, out, a, err);
     default:
-        decode_kernel<PSAGG_CODEC_BF16, ADD><<<blocks, kThreads, 0, s>>>(in, out, a, err);
-        break;
+        return launch(decode_kernel<PSAGG_CODEC_BF16, ADD>, blocks, kThreads, s, in, out, a, err);
     }
 }
 
-void launch_decode(int id, bool accumulate, const KArgs &a, const uint8_t *in, float *out,
-                   uint64_t *err, cudaStream_t s)
+cudaError_t launch_decode(int id, bool accumulate, const KArgs &a, const uint8_t *in, float *out,
+                          uint64_t *err, cudaStream_t s)
 {
     if (accumulate)
-        launch_decode_t<true>(id, a, in, out, err, s);
+        return launch_decode_t<true>(id, a, in, out, err, s);
     else
-        launch_decode_t<false>(id, a, in, out, err, s);
+        return launch_decode_t<false>(id, a, in, out, err, s);
 }
 
-void launch_aggregate(int id, const KArgs &a, const InPtrs &in, uint32_t n_in, float *residual,
-                      uint8_t *out, uint64_t *err, cudaStream_t s)
+cudaError_t launch_aggregate(int id, const KArgs &a, const InPtrs &in, uint32_t n_in,
+                             float *residual, uint8_t *out, uint64_t *err, cudaStream_t s)
 {
     const unsigned blocks = elementwise_blocks(a.n);
     switch (id) {
     case PSAGG_CODEC_MAXMIN:
-        launch_mm(SrcAgg<PSAGG_CODEC_MAXMIN>{in, n_in}, residual, out, a, err, s);
-        break;
+        return launch_mm(SrcAgg<PSAGG_CODEC_MAXMIN>{in, n_in}, residual, out, a, err, s);
     case PSAGG_CODEC_FP32:
-        fp_encode_kernel<PSAGG_CODEC_FP32>
-            <<<blocks, kThreads, 0, s>>>(SrcAgg<PSAGG_CODEC_FP32>{in, n_in}, residual, out, a, err);
-        break;
+        return launch(fp_encode_kernel<PSAGG_CODEC_FP32, SrcAgg<PSAGG_CODEC_FP32>>, blocks,
+                      kThreads, s, SrcAgg<PSAGG_CODEC_FP32>{in, n_in}, residual, out, a, err);
     case PSAGG_CODEC_FP16:
-        fp_encode_kernel<PSAGG_CODEC_FP16>
-            <<<blocks, kThreads, 0, s>>>(SrcAgg<PSAGG_CODEC_FP16>{in, n_in}, residual, out, a, err);
-        break;
+        return launch(fp_encode_kernel<PSAGG_CODEC_FP16, SrcAgg<PSAGG_CODEC_FP16>>, blocks,
+                      kThreads, s, SrcAgg<PSAGG_CODEC_FP16>{in, n_in}, residual, out, a, err);
     default:
-        fp_encode_kernel<PSAGG_CODEC_BF16>
-            <<<blocks, kThreads, 0, s>>>(SrcAgg<PSAGG_CODEC_BF16>{in, n_in}, residual, out, a, err);
-        break;
+        return launch(fp_encode_kernel<PSAGG_CODEC_BF16, SrcAgg<PSAGG_CODEC_BF16>>, blocks,
+                      kThreads, s, SrcAgg<PSAGG_CODEC_BF16>{in, n_in}, residual, out, a, err);
     }
 }
 
-void launch_scale(float *x, size_t n, float factor, cudaStream_t s)
+cudaError_t launch_scale(float *x, size_t n, float factor, cudaStream_t s)
 {
     size_t blocks = (n + 255) / 256;
-    scale_kernel<<<(unsigned)(blocks > 4096 ? 4096 : blocks), 256, 0, s>>>(x, n, factor);
+    return launch(scale_kernel, (unsigned)(blocks > 4096 ? 4096 : blocks), 256, s, x, n, factor);
 }
 
 } // namespace psagg_cuda

@@ -33,15 +33,16 @@ struct InPtrs {
 
 /*
  * Enqueue the kernels of one operation on `s` for a codec `id` (psagg_codec_id) whose
- * arguments codec_cuda.cu has checked; a launch error is left for cudaGetLastError.
+ * arguments codec_cuda.cu has checked; the launch's own error is returned (cudaLaunchKernel),
+ * the runtime's last error is left alone.
  */
-void launch_encode(int id, const KArgs &a, const float *x, float *residual, uint8_t *out,
-                   uint64_t *err, cudaStream_t s);
-void launch_decode(int id, bool accumulate, const KArgs &a, const uint8_t *in, float *out,
-                   uint64_t *err, cudaStream_t s);
-void launch_aggregate(int id, const KArgs &a, const InPtrs &in, uint32_t n_in, float *residual,
-                      uint8_t *out, uint64_t *err, cudaStream_t s);
-void launch_scale(float *x, size_t n, float factor, cudaStream_t s);
+cudaError_t launch_encode(int id, const KArgs &a, const float *x, float *residual, uint8_t *out,
+                          uint64_t *err, cudaStream_t s);
+cudaError_t launch_decode(int id, bool accumulate, const KArgs &a, const uint8_t *in, float *out,
+                          uint64_t *err, cudaStream_t s);
+cudaError_t launch_aggregate(int id, const KArgs &a, const InPtrs &in, uint32_t n_in,
+                             float *residual, uint8_t *out, uint64_t *err, cudaStream_t s);
+cudaError_t launch_scale(float *x, size_t n, float factor, cudaStream_t s);
 
 } // namespace psagg_cuda
 
