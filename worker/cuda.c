@@ -1,5 +1,5 @@
 /*
- * cuda.c - the CUDA runtime as the device path's executor (device.h): device.c's ordering
+ * cuda.c - the CUDA runtime as the device path's executor (devexec.h): device.c's ordering
  * logic runs on it in every build with CUDA. Each function is one CUDA call (or one of the
  * GPU codecs of kernels/cuda); errors are reported with cudaGetErrorString, and only an error
  * of our own call is cleared from the runtime's last error, never one the caller left pending.
@@ -7,7 +7,7 @@
 #include <stddef.h>
 
 #include "base/error.h"
-#include "device.h"
+#include "devexec.h"
 #include "worker.h"
 
 #ifdef PSAGG_WITH_CUDA

@@ -1,6 +1,6 @@
 /*
  * device.c - libpsagg's device-buffer path: psagg_push_pull_cuda and its buffer operations
- * (psagg_bufops, worker.h), written once against an executor (device.h): CUDA's (cuda.c) in
+ * (psagg_bufops, worker.h), written once against an executor (devexec.h): CUDA's (cuda.c) in
  * production, the simulator's in the tests. Everything on the device side is owned here;
  * the rest of the worker sees only the operations and ctx->device / ctx->device_destroy.
  *
@@ -35,7 +35,7 @@
 #include <string.h>
 
 #include "base/error.h"
-#include "device.h"
+#include "devexec.h"
 #include "kernels/codec.h"
 #include "worker.h"
 

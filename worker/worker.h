@@ -12,7 +12,7 @@
  *   api.c        the public functions of psagg.h: start-up, declaration, push_pull, handles
  *   handshake.c  the control channel's start-up: connect, HELLO/WELCOME, DECLARE/READY
  *   device.c     psagg_push_pull_cuda and the device-buffer operations (owns the device side),
- *                as ordering logic over an executor (device.h)
+ *                as ordering logic over an executor (devexec.h)
  *   cuda.c       the CUDA runtime as that executor
  *   comm.c       the communication thread: scheduling, pushes, updates, failure detection
  *   adapt.c      [codec] adaptive: statistics, their push, the choice of codecs (comm thread)
@@ -230,6 +230,12 @@ psagg_status worker_struct_size(const char *type, size_t got, size_t known);
 psagg_status handshake_connect(psagg_ctx *ctx, int64_t deadline);
 psagg_status handshake_hello(psagg_ctx *ctx, int64_t deadline);
 psagg_status handshake_declare(psagg_ctx *ctx, psagg_ctl_declare *d, size_t bytes);
+
+/*
+ * device.c: use executor ex (devexec.h) for ctx's device path instead of CUDA's; before the
+ * first psagg_push_pull_cuda. For the tests (psagg_static: the simulated device); not in psagg.h.
+ */
+psagg_status psagg_device_use(psagg_ctx *ctx, const struct psagg_devexec *ex);
 
 /* comm.c */
 psagg_status comm_start(psagg_ctx *ctx);

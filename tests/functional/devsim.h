@@ -1,5 +1,5 @@
 /*
- * devsim.h - a simulated device for the tests: an executor (worker/device.h) with CUDA's
+ * devsim.h - a simulated device for the tests: an executor (worker/devexec.h) with CUDA's
  * asynchronous contract on the CPU, so the device path's ordering logic (worker/device.c) is
  * tested here exactly as it runs on a GPU.
  *
@@ -18,7 +18,7 @@
 
 #include <stddef.h>
 
-#include "device.h"
+#include "devexec.h"
 
 void devsim_init(int n_devices, int delay_ms);
 const psagg_devexec *devsim_exec(void);

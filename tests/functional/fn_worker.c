@@ -27,6 +27,8 @@
 
 #ifdef FN_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "../gpu/gpu_skip.h"
 #endif
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
@@ -192,10 +194,9 @@ int main(int argc, char **argv)
     if (cuda) {
 #ifdef FN_WITH_CUDA
         int devices = 0;
-        if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-            printf("SKIP: --cuda needs a CUDA device, none is usable\n");
-            return 77;
-        }
+        cudaError_t e = cudaGetDeviceCount(&devices);
+        if (e != cudaSuccess || devices == 0)
+            return gpu_absent_exit("fn_worker --cuda", cudaGetErrorString(e));
 #else
         printf("SKIP: --cuda needs a build with CUDA\n");
         return 77;

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include "../unit/test_codec_util.h"
+#include "gpu_skip.h"
 #include "kernels/cuda/codec_cuda.h"
 
 #define MAXN 8192 /* largest n used below (plus slack for the misaligned views) */
@@ -360,10 +361,8 @@ int main(void)
     psagg_cuda_ctx *hctx = NULL;
     struct cudaDeviceProp prop;
 
-    if (ndev == 0) {
-        printf("SKIP: no CUDA device or driver (psagg_cuda_device_count() == 0)\n");
-        return TEST_SKIP;
-    }
+    if (ndev == 0)
+        return gpu_absent_exit("gpu.codec", "psagg_cuda_device_count() == 0");
     CU(cudaGetDeviceProperties(&prop, 0));
     printf("device 0: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
     tc_set_isa(PSAGG_ISA_SCALAR); /* the reference */

@@ -9,9 +9,10 @@ run_case=$here/../functional/run_case.sh
 args=(--codec maxmin4 --rounds 5 --sizes 1,1023,300007 --random-tensors 10)
 
 probe=$(PSAGG_RANK=0 PSAGG_WORLD_SIZE=1 "$build/tests/functional/fn_worker" --cuda 2>&1)
-if [ $? -eq 77 ]; then
+rc=$?
+if [ $rc -eq 77 ] || { [ $rc -eq 1 ] && grep -q "CUDA finds no" <<<"$probe"; }; then
     echo "$probe"
-    exit 77
+    exit $rc # 77: no GPU here; 1: a device node, but CUDA is broken
 fi
 
 digest() { # run_case arguments...
@@ -20,5 +21,18 @@ digest() { # run_case arguments...
 host=$(digest --servers 2 --workers 2 --port 19720 -- "${args[@]}")
 device=$(digest --servers 2 --workers 2 --port 19724 -- "${args[@]}" --cuda)
 assist=$(digest --servers 2 --workers 2 --port 19728 --set SERVER_GPU=on --set SERVER_GPU_MIN_ELEMS=1 -- "${args[@]}")
-echo "host path $host, device buffers $device, server GPU assist $assist"
-[ -n "$host" ] && [ "$host" = "$device" ] && [ "$host" = "$assist" ]
+echo "maxmin4: host path $host, device buffers $device, server GPU assist $assist"
+ok=0
+[ -n "$host" ] && [ "$host" = "$device" ] && [ "$host" = "$assist" ] || ok=1
+# the other formats and PSAGG_AVERAGE (the 1/N scale on the device): device = host bytes
+port=19940
+for extra in "--codec fp16" "--codec bf16" "--codec maxmin4 --average"; do
+    # shellcheck disable=SC2086 # extra holds several arguments
+    h=$(digest --servers 1 --workers 2 --port $port -- --rounds 4 --sizes 1,1023,300007 $extra)
+    # shellcheck disable=SC2086
+    d=$(digest --servers 1 --workers 2 --port $((port + 2)) -- --rounds 4 --sizes 1,1023,300007 $extra --cuda)
+    echo "$extra: host path $h, device buffers $d"
+    [ -n "$h" ] && [ "$h" = "$d" ] || ok=1
+    port=$((port + 4))
+done
+exit $ok

@@ -82,12 +82,16 @@ class _Op:
             self.work, self.dest = tensor, None
         else:
             self.work, self.dest = tensor.detach().float().contiguous(), tensor
-        stream = None
-        if self.work.is_cuda:
-            stream = torch.cuda.current_stream(self.work.device).cuda_stream
         ptr = self.work.data_ptr()
-        self.handle = sess.ctx.push_pull(key, ptr, ptr, op, priority, keep=self.work,
-                                         stream=stream)
+        if not self.work.is_cuda:
+            self.handle = sess.ctx.push_pull(key, ptr, ptr, op, priority, keep=self.work)
+            return
+        # the tensor's device is current for the call (libpsagg restores the caller's), and
+        # the work is ordered after that device's current stream
+        with torch.cuda.device(self.work.device):
+            stream = torch.cuda.current_stream(self.work.device).cuda_stream
+            self.handle = sess.ctx.push_pull(key, ptr, ptr, op, priority, keep=self.work,
+                                             stream=stream)
 
     def finish(self):
         """Wait (GIL released); copy back when we worked on a copy. Raises psagg.Error."""

@@ -1,5 +1,5 @@
 /*
- * device.h - what libpsagg's device path (device.c: psagg_push_pull_cuda and its buffer
+ * devexec.h - what libpsagg's device path (device.c: psagg_push_pull_cuda and its buffer
  * operations) needs from a device: an executor.
  *
  * device.c holds the ordering logic, once: which work goes on which stream in which order,
@@ -18,16 +18,14 @@
  * and enqueues nothing; work enqueued before it stays queued. Every call acts on the calling
  * thread's current device (get_device/set_device), as CUDA's do.
  */
-#ifndef PSAGG_WORKER_DEVICE_H
-#define PSAGG_WORKER_DEVICE_H
+#ifndef PSAGG_WORKER_DEVEXEC_H
+#define PSAGG_WORKER_DEVEXEC_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include "kernels/codec.h"
 #include "psagg.h"
-
-struct psagg_ctx;
 
 typedef struct psagg_devexec {
     const char *name; /* "cuda", "devsim" */
@@ -66,11 +64,5 @@ typedef struct psagg_devexec {
 
 /* cuda.c: the CUDA runtime's executor, or NULL in a build without CUDA. */
 extern const psagg_devexec *const psagg_cuda_exec;
-
-/*
- * Use executor ex for ctx's device path instead of the default (CUDA's); before the first
- * psagg_push_pull_cuda. For the tests (psagg_static); not part of psagg.h.
- */
-psagg_status psagg_device_use(struct psagg_ctx *ctx, const psagg_devexec *ex);
 
 #endif

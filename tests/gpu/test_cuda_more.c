@@ -1,0 +1,274 @@
+/*
+ * test_cuda_more.c - the CUDA codecs where gpu.codec does not reach, each against the CPU
+ * library byte for byte (test gpu.more, label gpu; 77 without a device, a failure when the
+ * host has a device node but CUDA finds none: gpu_skip.h):
+ *   - maxmin buckets 64, 128, 192, 256, 320, 384, 1024, 2048 and 2^20 (teams of 8, 16 and 32
+ *     lanes; buckets whose values stay in registers and those recomputed), 1-8 bits, +-residual;
+ *   - the fused aggregate with 9 to 64 inputs (PSAGG_CUDA_MAX_INPUTS);
+ *   - psagg_cuda_scale against one IEEE multiply per element;
+ *   - n of 300 million elements (encode with residual, decode), when the device has the memory;
+ *   - four threads, each with its own stream, encoding at once;
+ *   - an error the caller left pending in the CUDA runtime is still there after psagg's calls.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "../testutil.h"
+#include "../unit/test_codec_util.h"
+#include "gpu_skip.h"
+#include "kernels/cuda/codec_cuda.h"
+
+#define CU(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call,                   \
+                    cudaGetErrorString(e_));                                                       \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static void *dmalloc(size_t n)
+{
+    void *p = NULL;
+    CU(cudaMalloc(&p, n ? n : 1));
+    return p;
+}
+
+/* Encode x (+ residual r0) on the CPU and on the GPU (stream s), then decode both ways:
+ * bytes, residuals and decodes must be identical. */
+static void encode_case(const psagg_codec *c, size_t n, const float *x, const float *r0,
+                        uint64_t seed, cudaStream_t s, const char *what)
+{
+    size_t len = psagg_encoded_size(c, n), bad = 0;
+    psagg_rng_key key = {(uint32_t)seed, (uint32_t)(seed >> 32) ^ 0x5a5a};
+    uint8_t *cpu = tc_xmalloc(len + 1), *gpu = tc_xmalloc(len + 1);
+    float *rc = r0 ? tc_xmalloc(n * 4 + 4) : NULL, *rg = r0 ? tc_xmalloc(n * 4 + 4) : NULL;
+    float *dc = tc_xmalloc(n * 4 + 4), *dg = tc_xmalloc(n * 4 + 4);
+    float *d_x = dmalloc(n * 4), *d_r = r0 ? dmalloc(n * 4) : NULL, *d_dec = dmalloc(n * 4);
+    uint8_t *d_out = dmalloc(len);
+    psagg_status a, b;
+
+    if (r0)
+        memcpy(rc, r0, n * 4);
+    a = psagg_encode(c, x, rc, n, key, cpu, len, &bad);
+    CU(cudaMemcpy(d_x, x, n * 4, cudaMemcpyHostToDevice));
+    if (r0)
+        CU(cudaMemcpy(d_r, r0, n * 4, cudaMemcpyHostToDevice));
+    b = psagg_cuda_encode_sync(c, d_x, d_r, n, key, d_out, len, &bad, s);
+    CHECK(a == b, "%s: %s n=%zu: CPU status %d, GPU %d (%s)", what, tc_name(c), n, a, b,
+          psagg_last_error());
+    if (a == PSAGG_OK && b == PSAGG_OK) {
+        CU(cudaMemcpy(gpu, d_out, len, cudaMemcpyDeviceToHost));
+        CHECK(!memcmp(cpu, gpu, len), "%s: %s n=%zu: encoded bytes differ at %zu", what,
+              tc_name(c), n, tc_first_diff(cpu, gpu, len));
+        if (r0) {
+            CU(cudaMemcpy(rg, d_r, n * 4, cudaMemcpyDeviceToHost));
+            CHECK(!memcmp(rc, rg, n * 4), "%s: %s n=%zu: residuals differ at byte %zu", what,
+                  tc_name(c), n, tc_first_diff(rc, rg, n * 4));
+        }
+        a = psagg_decode(c, cpu, len, n, dc);
+        b = psagg_cuda_decode_sync(c, d_out, len, n, d_dec, &bad, s);
+        CHECK(a == PSAGG_OK && b == PSAGG_OK, "%s: %s n=%zu: decode %d / %d", what, tc_name(c),
+              n, a, b);
+        CU(cudaMemcpy(dg, d_dec, n * 4, cudaMemcpyDeviceToHost));
+        CHECK(!memcmp(dc, dg, n * 4), "%s: %s n=%zu: decodes differ at byte %zu", what,
+              tc_name(c), n, tc_first_diff(dc, dg, n * 4));
+    }
+    cudaFree(d_x);
+    cudaFree(d_r);
+    cudaFree(d_dec);
+    cudaFree(d_out);
+    free(cpu), free(gpu), free(rc), free(rg), free(dc), free(dg);
+}
+
+static void buckets(void)
+{
+    static const uint32_t bs[] = {64, 128, 192, 256, 320, 384, 1024, 2048, 1u << 20};
+    int cases = 0;
+    for (size_t bi = 0; bi < sizeof bs / sizeof bs[0]; bi++)
+        for (uint32_t bits = 1; bits <= 8; bits++) {
+            psagg_codec c = {.id = PSAGG_CODEC_MAXMIN,
+                             .bits = bits,
+                             .bucket = bs[bi],
+                             .rounding = PSAGG_ROUND_STOCHASTIC};
+            size_t n = bs[bi] < 4096 ? 3 * (size_t)bs[bi] + 37 : (size_t)bs[bi] + 4099;
+            float *x = tc_xmalloc(n * 4), *r = tc_xmalloc(n * 4);
+            if (psagg_codec_check(&c)) /* bits that do not fit the bucket's groups */
+                continue;
+            tc_fill_inputs(&c, n, (int)(bits % TC_KIND_COUNT), bs[bi] * 31 + bits, x, r, NULL);
+            encode_case(&c, n, x, NULL, bits, 0, "bucket");
+            encode_case(&c, n, x, r, bits + 100, 0, "bucket+residual");
+            c.rounding = PSAGG_ROUND_NEAREST;
+            encode_case(&c, n, x, r, bits + 200, 0, "bucket nearest");
+            cases += 3;
+            free(x), free(r);
+        }
+    printf("buckets 64..2^20, 1-8 bits: %d cases\n", cases);
+}
+
+static void aggregate_inputs(void)
+{
+    psagg_codec codecs[] = {tc_codec(PSAGG_CODEC_MAXMIN, 4, 512, PSAGG_ROUND_STOCHASTIC),
+                            tc_codec(PSAGG_CODEC_FP16, 0, 0, PSAGG_ROUND_STOCHASTIC),
+                            tc_codec(PSAGG_CODEC_MAXMIN, 2, 2048, PSAGG_ROUND_STOCHASTIC)};
+    const size_t n = 5000;
+    int cases = 0;
+    for (size_t ci = 0; ci < sizeof codecs / sizeof codecs[0]; ci++) {
+        psagg_codec *c = &codecs[ci];
+        size_t len = psagg_encoded_size(c, n), bad = 0;
+        for (size_t n_in = 9; n_in <= PSAGG_CUDA_MAX_INPUTS; n_in += n_in < 16 ? 1 : 8) {
+            const void *hin[PSAGG_CUDA_MAX_INPUTS], *din[PSAGG_CUDA_MAX_INPUTS];
+            uint8_t *cpu = tc_xmalloc(len), *gpu = tc_xmalloc(len), *d_out = dmalloc(len);
+            float *x = tc_xmalloc(n * 4), *r = tc_xmalloc(n * 4), *rg = tc_xmalloc(n * 4);
+            float *d_r = dmalloc(n * 4);
+            psagg_rng_key key = {(uint32_t)n_in, 7};
+            psagg_status a, b;
+            for (size_t i = 0; i < n_in; i++) {
+                uint8_t *e = tc_xmalloc(len);
+                tc_fill(x, n, TC_KIND_RANDOM, 1000 * ci + i, 0);
+                psagg_encode(c, x, NULL, n, key, e, len, &bad);
+                hin[i] = e;
+                din[i] = dmalloc(len);
+                CU(cudaMemcpy((void *)din[i], e, len, cudaMemcpyHostToDevice));
+            }
+            tc_fill(r, n, TC_KIND_RANDOM, 77 + n_in, -2);
+            CU(cudaMemcpy(d_r, r, n * 4, cudaMemcpyHostToDevice));
+            a = psagg_aggregate(c, hin, n_in, len, n, r, key, cpu, len, &bad);
+            b = psagg_cuda_aggregate_sync(c, din, n_in, len, n, d_r, key, d_out, len, &bad, 0);
+            CHECK(a == PSAGG_OK && b == PSAGG_OK, "aggregate %s N=%zu: %d / %d (%s)", tc_name(c),
+                  n_in, a, b, psagg_last_error());
+            CU(cudaMemcpy(gpu, d_out, len, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(rg, d_r, n * 4, cudaMemcpyDeviceToHost));
+            CHECK(!memcmp(cpu, gpu, len) && !memcmp(r, rg, n * 4),
+                  "aggregate %s N=%zu: bytes or residual differ", tc_name(c), n_in);
+            for (size_t i = 0; i < n_in; i++) {
+                free((void *)hin[i]);
+                cudaFree((void *)din[i]);
+            }
+            free(cpu), free(gpu), free(x), free(r), free(rg);
+            cudaFree(d_out);
+            cudaFree(d_r);
+            cases++;
+        }
+    }
+    printf("aggregate with 9..64 inputs: %d cases\n", cases);
+}
+
+static void scale(void)
+{
+    const size_t n = 1000003;
+    float *x = tc_xmalloc(n * 4), *want = tc_xmalloc(n * 4), *got = tc_xmalloc(n * 4);
+    float *d = dmalloc(n * 4);
+    const float f = 1.0f / 3.0f;
+    tc_fill(x, n, TC_KIND_MIXED, 5, 0);
+    for (size_t i = 0; i < n; i++)
+        want[i] = x[i] * f;
+    CU(cudaMemcpy(d, x, n * 4, cudaMemcpyHostToDevice));
+    CHECK(psagg_cuda_scale(d, n, f, 0) == PSAGG_OK, "scale: %s", psagg_last_error());
+    CU(cudaMemcpy(got, d, n * 4, cudaMemcpyDeviceToHost));
+    CHECK(!memcmp(want, got, n * 4), "scale: differs at byte %zu", tc_first_diff(want, got, n * 4));
+    printf("psagg_cuda_scale: %zu elements bit-identical\n", n);
+    cudaFree(d);
+    free(x), free(want), free(got);
+}
+
+static void huge(void)
+{
+    const size_t n = 300000000;
+    size_t free_b = 0, total = 0;
+    psagg_codec c = tc_codec(PSAGG_CODEC_MAXMIN, 4, 512, PSAGG_ROUND_STOCHASTIC);
+    float *x, *r;
+    CU(cudaMemGetInfo(&free_b, &total));
+    if (free_b < 4 * n * 4) {
+        printf("n = %zu: skipped, the device has %zu MB free (needs %zu)\n", n, free_b >> 20,
+               (4 * n * 4) >> 20);
+        return;
+    }
+    x = tc_xmalloc(n * 4);
+    r = tc_xmalloc(n * 4);
+    tc_fill(x, n, TC_KIND_RANDOM, 9, 0);
+    tc_fill(r, n, TC_KIND_RANDOM, 10, -3);
+    encode_case(&c, n, x, r, 12345, 0, "huge");
+    printf("n = %zu: encode with residual and decode bit-identical\n", n);
+    free(x), free(r);
+}
+
+typedef struct worker_arg {
+    int id;
+} worker_arg;
+
+static void *thread_main(void *arg)
+{
+    worker_arg *w = arg;
+    cudaStream_t s;
+    psagg_codec c = tc_codec(PSAGG_CODEC_MAXMIN, 2 + w->id % 3, 256, PSAGG_ROUND_STOCHASTIC);
+    const size_t n = 2000000;
+    float *x = tc_xmalloc(n * 4), *r = tc_xmalloc(n * 4);
+    CU(cudaSetDevice(0));
+    CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    tc_fill(x, n, TC_KIND_RANDOM, 40 + (uint64_t)w->id, 0);
+    tc_fill(r, n, TC_KIND_RANDOM, 80 + (uint64_t)w->id, -3);
+    for (int rep = 0; rep < 3; rep++)
+        encode_case(&c, n, x, r, 500 + (uint64_t)(w->id * 10 + rep), s, "threads");
+    CU(cudaStreamDestroy(s));
+    free(x), free(r);
+    return NULL;
+}
+
+static void threads(void)
+{
+    pthread_t t[4];
+    worker_arg a[4];
+    for (int i = 0; i < 4; i++) {
+        a[i].id = i;
+        pthread_create(&t[i], NULL, thread_main, &a[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    printf("4 threads on 4 streams: bit-identical\n");
+}
+
+/* A failed allocation leaves cudaErrorMemoryAllocation as the runtime's last error; psagg's
+ * calls (launches included) must neither report it as theirs nor clear it. */
+static void pending_error(void)
+{
+    psagg_codec c = tc_codec(PSAGG_CODEC_MAXMIN, 4, 512, PSAGG_ROUND_STOCHASTIC);
+    const size_t n = 4096;
+    size_t len = psagg_encoded_size(&c, n), bad = 0;
+    float *d_x = dmalloc(n * 4);
+    uint8_t *d_out = dmalloc(len);
+    void *huge_p = NULL;
+    psagg_status st;
+    CU(cudaMemset(d_x, 0, n * 4));
+    CHECK(cudaMalloc(&huge_p, (size_t)1 << 62) != cudaSuccess, "a 4 EiB allocation succeeded");
+    st = psagg_cuda_encode_sync(&c, d_x, NULL, n, (psagg_rng_key){1, 2}, d_out, len, &bad, 0);
+    CHECK(st == PSAGG_OK, "encode with the caller's error pending: %s", psagg_last_error());
+    st = psagg_cuda_scale(d_x, n, 2.0f, 0);
+    CHECK(st == PSAGG_OK, "scale with the caller's error pending: %s", psagg_last_error());
+    CHECK(cudaGetLastError() == cudaErrorMemoryAllocation,
+          "the caller's pending error was taken by psagg's calls");
+    cudaFree(d_x);
+    cudaFree(d_out);
+    printf("an error the caller left pending stays the caller's\n");
+}
+
+int main(void)
+{
+    int ndev = psagg_cuda_device_count();
+    if (ndev == 0)
+        return gpu_absent_exit("gpu.more", "psagg_cuda_device_count() == 0");
+    tc_set_isa(PSAGG_ISA_SCALAR);
+    pending_error();
+    buckets();
+    aggregate_inputs();
+    scale();
+    threads();
+    huge();
+    printf("OK\n");
+    return 0;
+}
