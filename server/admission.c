@@ -3,10 +3,11 @@
  * start-up). Every accepted connection waits in a pending slot until it has sent a whole HELLO:
  * it has HELLO_TIMEOUT_MS (at most connect_timeout_ms) to do so and at most PENDING_MAX wait at
  * a time (the oldest is closed first), so idle or slow connections can neither stall the
- * control loop nor crowd out the job's workers. A HELLO must carry this build's protocol
- * version and a token that checks out (runtime/auth.h) before anything about the job is said;
- * then its connection becomes its worker's (control.c), answered with WELCOME. Closed
- * connections are counted and reported at most every 5 s.
+ * control loop nor crowd out the job's workers. Each is sent a CHALLENGE of its own at once;
+ * its HELLO must carry this build's protocol version and a token that binds it to this server
+ * and that challenge (runtime/auth.h) before anything about the job is said; then its
+ * connection becomes its worker's (control.c), answered with a WELCOME whose token binds it
+ * to that HELLO. Closed connections are counted and reported at most every 5 s.
  */
 #include <netdb.h>
 #include <poll.h>
@@ -75,6 +76,16 @@ static void accept_all(server *srv)
         slot->fd = fd;
         slot->deadline = psagg_now_ms() + hello_timeout_ms(srv);
         psagg_ctl_reader_init(&slot->rd, sizeof(psagg_ctl_hello));
+        psagg_challenge_make(slot->challenge);
+        { /* 28 bytes into a fresh socket's empty buffer: a failure means it is gone */
+            psagg_ctl_challenge c;
+            memcpy(c.challenge, slot->challenge, sizeof c.challenge);
+            if (psagg_ctl_send(fd, PSAGG_CTL_CHALLENGE, &c, sizeof c)) {
+                pending_close(slot);
+                srv->refused_idle++;
+                continue;
+            }
+        }
         if (getnameinfo((struct sockaddr *)&ss, sl, host, sizeof host, port, sizeof port,
                         NI_NUMERICHOST | NI_NUMERICSERV))
             snprintf(host, sizeof host, "?"), snprintf(port, sizeof port, "?");
@@ -117,12 +128,12 @@ static void local_copy_offer(server *srv, int rank, const psagg_ctl_hello *hello
     psagg_peer addr = srv->workers[rank].addr;
     uint32_t pid;
 
-    psagg_fabric_local_self(srv->fab, &pid, &wel->local_probe);
+    psagg_fabric_local_self(srv->fab, &pid, &wel->local_probe, wel->local_commit);
     wel->local_pid = pid;
     if (!hello->local_pid)
         return;
     if (psagg_fabric_local_accept(srv->fab, addr, hello->local_pid, hello->local_probe,
-                                  hello->epname, hello->epname_len)) {
+                                  hello->local_commit, hello->epname, hello->epname_len)) {
         LOG_DEBUG(&srv->log, "worker %d offers same-host copies; not taken: %s", rank,
                   psagg_last_error());
         return;
@@ -135,9 +146,11 @@ static void local_copy_offer(server *srv, int rank, const psagg_ctl_hello *hello
  * Authenticate a HELLO and register its worker: 0, or -1 with the refusal in msg. Until the
  * token checks out the refusal says nothing about this job (not its id, not its size).
  */
-static int accept_hello(server *srv, int fd, const psagg_ctl_hello *hello, const char *peer,
-                        char *msg, size_t len)
+static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hello *hello, char *msg,
+                        size_t len)
 {
+    int fd = p->fd;
+    const char *peer = p->peer;
     uint8_t expect[PSAGG_TOKEN_BYTES];
     uint32_t flags = srv->cfg.data_auth ? PSAGG_HELLO_DATA_AUTH : 0;
     char job_id[PSAGG_JOB_ID_MAX];
@@ -146,11 +159,11 @@ static int accept_hello(server *srv, int fd, const psagg_ctl_hello *hello, const
 
     snprintf(job_id, sizeof job_id, "%.*s", PSAGG_JOB_ID_MAX - 1, hello->job_id);
     if (srv->job_key.secret) {
-        psagg_hello_token(&srv->job_key, srv->cfg.job_id, hello->rank, hello->flags, hello->nonce,
-                          expect);
+        psagg_hello_token(&srv->job_key, hello, (uint32_t)srv->rank, p->challenge, expect);
         if (!psagg_token_equal(expect, hello->auth)) {
             snprintf(msg, len,
-                     "server %d: authentication failed (the job id or the secret_file differs)",
+                     "server %d: authentication failed (the job id or the secret_file differs, "
+                     "or the HELLO was not made for this connection's challenge: a replay)",
                      srv->rank);
             return -1;
         }
@@ -208,6 +221,7 @@ static int accept_hello(server *srv, int fd, const psagg_ctl_hello *hello, const
         wel.epname_len = (uint32_t)elen;
         if (srv->cfg.local_copy)
             local_copy_offer(srv, rank, hello, &wel);
+        psagg_welcome_token(&srv->job_key, &wel, hello->auth, wel.auth);
         if (psagg_ctl_send(fd, PSAGG_CTL_WELCOME, &wel, sizeof wel)) {
             snprintf(msg, len, "worker %d left before its WELCOME: %.150s", rank,
                      psagg_last_error());
@@ -249,7 +263,7 @@ static void serve_pending(server *srv, pending_conn *p)
         snprintf(msg, sizeof msg, "server %d: expected HELLO of %zu bytes, got type %u len %u",
                  srv->rank, sizeof(psagg_ctl_hello), h.type, h.len);
         st = PSAGG_EPROTO;
-    } else if (accept_hello(srv, p->fd, body, p->peer, msg, sizeof msg) == 0) {
+    } else if (accept_hello(srv, p, body, msg, sizeof msg) == 0) {
         p->fd = -1; /* it is a worker's connection now */
         free(body);
         return;

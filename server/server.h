@@ -73,6 +73,7 @@ typedef struct pending_conn {
     int fd;
     int64_t deadline;
     psagg_ctl_reader rd;
+    uint8_t challenge[PSAGG_CHALLENGE_BYTES]; /* sent in its CHALLENGE; its HELLO must bind it */
     char peer[80]; /* "connection from ADDR:PORT", for the log */
 } pending_conn;
 

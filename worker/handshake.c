@@ -1,7 +1,9 @@
 /*
  * handshake.c - the worker's side of the control channel's start-up (runtime/wire.h): connect
- * to every server, say HELLO and check its WELCOME (that server's rank, data_auth, provider,
- * optimizer; its fabric address and data key; same-host copies), then send the declaration
+ * to every server, read its CHALLENGE, say HELLO (its token bound to that server and that
+ * challenge) and check its WELCOME (its token: the server has the secret; that server's rank,
+ * data_auth, provider, optimizer; its fabric address and data key; same-host copies), then
+ * send the declaration
  * and wait for every server's READY. psagg_init and psagg_declare (api.c) call it, on the
  * caller's thread, before the communication thread exists.
  */
@@ -29,8 +31,9 @@ static void local_copy_setup(psagg_ctx *ctx, int s, const psagg_ctl_welcome *w, 
     int reads, sends;
 
     sends = (w->local_flags & PSAGG_LOCAL_READS) && !psagg_fabric_local_send(ctx->fab, sc->addr);
-    reads = w->local_pid && !psagg_fabric_local_accept(ctx->fab, sc->addr, w->local_pid,
-                                                       w->local_probe, w->epname, w->epname_len);
+    reads =
+        w->local_pid && !psagg_fabric_local_accept(ctx->fab, sc->addr, w->local_pid, w->local_probe,
+                                                   w->local_commit, w->epname, w->epname_len);
     if (w->local_pid && !reads)
         LOG_DEBUG(&ctx->log, "%s offers same-host copies; not taken: %s", peer, psagg_last_error());
     sc->local_reads = reads;
@@ -51,21 +54,40 @@ static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const ch
     void *body = NULL;
     const char *refusal;
     size_t len = sizeof hello.epname;
+    uint8_t expect[PSAGG_TOKEN_BYTES];
     psagg_status st;
 
+    /* the server speaks first: this connection's challenge */
+    if ((st = psagg_ctl_recv(ctx->servers[s].fd, &h, &body, deadline, peer)))
+        return st;
+    if (h.type != PSAGG_CTL_CHALLENGE || h.len != sizeof(psagg_ctl_challenge)) {
+        const char *why = NULL;
+        psagg_status es = psagg_ctl_error_parse(&h, body, &why); /* why: an ERROR frame's */
+        st = why ? psagg_fail(es, "%s refused worker %d: %s", peer, ctx->rank, why)
+                 : psagg_fail(PSAGG_EPROTO,
+                              "%s opened with control frame type %u, not a CHALLENGE (a psagg "
+                              "server of protocol version %d?)",
+                              peer, h.type, PSAGG_PROTO_VERSION);
+        free(body);
+        return st;
+    }
     snprintf(hello.job_id, sizeof hello.job_id, "%s", ctx->cfg.job_id);
     memcpy(hello.nonce, ctx->nonce, sizeof hello.nonce);
     snprintf(hello.provider, sizeof hello.provider, "%s", psagg_fabric_provider(ctx->fab));
-    psagg_hello_token(&ctx->job_key, ctx->cfg.job_id, (uint32_t)ctx->rank, hello.flags, hello.nonce,
-                      hello.auth);
-    if ((st = psagg_fabric_name(ctx->fab, hello.epname, &len)))
+    if ((st = psagg_fabric_name(ctx->fab, hello.epname, &len))) {
+        free(body);
         return st;
+    }
     hello.epname_len = (uint32_t)len;
     if (ctx->cfg.local_copy) {
         uint32_t pid;
-        psagg_fabric_local_self(ctx->fab, &pid, &hello.local_probe);
+        psagg_fabric_local_self(ctx->fab, &pid, &hello.local_probe, hello.local_commit);
         hello.local_pid = pid;
     }
+    psagg_hello_token(&ctx->job_key, &hello, (uint32_t)s,
+                      ((const psagg_ctl_challenge *)body)->challenge, hello.auth);
+    free(body);
+    body = NULL;
     if ((st = psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_HELLO, &hello, sizeof hello)))
         return psagg_fail_context(st, "%s: ", peer);
     if ((st = psagg_ctl_recv(ctx->servers[s].fd, &h, &body, deadline, peer)))
@@ -76,7 +98,13 @@ static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const ch
         st = psagg_fail(PSAGG_EPROTO, "%s answered HELLO with frame type %u", peer, h.type);
     } else {
         psagg_ctl_welcome *w = body;
-        if (w->server_rank != (uint32_t)s || w->n_servers != (uint32_t)ctx->cfg.n_servers)
+        psagg_welcome_token(&ctx->job_key, w, hello.auth, expect);
+        if (!psagg_token_equal(expect, w->auth))
+            st = psagg_fail(PSAGG_EPROTO,
+                            "%s: its WELCOME's token does not check out: it does not have this "
+                            "job's secret, or something between us changed the frame",
+                            peer);
+        else if (w->server_rank != (uint32_t)s || w->n_servers != (uint32_t)ctx->cfg.n_servers)
             st = psagg_fail(PSAGG_ECONFIG,
                             "%s says it is server %u of %u; this worker's config lists it as "
                             "server %d of %d",

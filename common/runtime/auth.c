@@ -61,23 +61,47 @@ static void le32(uint8_t out[4], uint32_t v)
     out[3] = (uint8_t)(v >> 24);
 }
 
-void psagg_hello_token(const psagg_job_key *k, const char *job_id, uint32_t rank, uint32_t flags,
-                       const uint8_t nonce[PSAGG_NONCE_BYTES], uint8_t out[PSAGG_TOKEN_BYTES])
+void psagg_challenge_make(uint8_t challenge[PSAGG_CHALLENGE_BYTES])
+{
+    randombytes_buf(challenge, PSAGG_CHALLENGE_BYTES);
+}
+
+void psagg_hello_token(const psagg_job_key *k, const psagg_ctl_hello *h, uint32_t server_rank,
+                       const uint8_t challenge[PSAGG_CHALLENGE_BYTES],
+                       uint8_t out[PSAGG_TOKEN_BYTES])
 {
     crypto_generichash_state st;
-    uint8_t r[4], fl[4];
+    psagg_ctl_hello body = *h;
+    uint8_t r[4];
 
     memset(out, 0, PSAGG_TOKEN_BYTES);
     if (!k->secret)
         return;
-    le32(r, rank);
-    le32(fl, flags);
+    memset(body.auth, 0, sizeof body.auth);
+    le32(r, server_rank);
     crypto_generichash_init(&st, k->key, sizeof k->key, PSAGG_TOKEN_BYTES);
-    crypto_generichash_update(&st, (const uint8_t *)"psagg-hello-v2", 14);
-    crypto_generichash_update(&st, (const uint8_t *)job_id, strnlen(job_id, PSAGG_JOB_ID_MAX));
+    crypto_generichash_update(&st, (const uint8_t *)"psagg-hello-v3", 14);
     crypto_generichash_update(&st, r, sizeof r);
-    crypto_generichash_update(&st, fl, sizeof fl);
-    crypto_generichash_update(&st, nonce, PSAGG_NONCE_BYTES);
+    crypto_generichash_update(&st, challenge, PSAGG_CHALLENGE_BYTES);
+    crypto_generichash_update(&st, (const uint8_t *)&body, sizeof body); /* no padding: wire.h */
+    crypto_generichash_final(&st, out, PSAGG_TOKEN_BYTES);
+}
+
+void psagg_welcome_token(const psagg_job_key *k, const psagg_ctl_welcome *w,
+                         const uint8_t hello_auth[PSAGG_TOKEN_BYTES],
+                         uint8_t out[PSAGG_TOKEN_BYTES])
+{
+    crypto_generichash_state st;
+    psagg_ctl_welcome body = *w;
+
+    memset(out, 0, PSAGG_TOKEN_BYTES);
+    if (!k->secret)
+        return;
+    memset(body.auth, 0, sizeof body.auth);
+    crypto_generichash_init(&st, k->key, sizeof k->key, PSAGG_TOKEN_BYTES);
+    crypto_generichash_update(&st, (const uint8_t *)"psagg-welcome-v1", 16);
+    crypto_generichash_update(&st, hello_auth, PSAGG_TOKEN_BYTES);
+    crypto_generichash_update(&st, (const uint8_t *)&body, sizeof body);
     crypto_generichash_final(&st, out, PSAGG_TOKEN_BYTES);
 }
 

@@ -2,10 +2,17 @@
  * runtime/auth.h - the job's secret and what derives from it (libsodium):
  *
  *   job key     BLAKE2b-256 of the contents of [cluster] secret_file, read once at start-up.
- *   HELLO token BLAKE2b-256 keyed with the job key over ("psagg-hello-v2", job_id, rank,
- *               flags, the worker's session nonce): the server learns nothing of the job, and
- *               says nothing about it, before a HELLO's token checks out. All zero without a
- *               secret (then only the job id is compared).
+ *   HELLO token BLAKE2b-256 keyed with the job key over ("psagg-hello-v3", the rank of the
+ *               server it is for, that connection's CHALLENGE, and the whole HELLO with its
+ *               token zeroed: job id, rank, flags, session nonce, provider, fabric name,
+ *               same-host offer): the server learns nothing of the job, and says nothing
+ *               about it, before a HELLO's token checks out; a HELLO recorded on one
+ *               connection fails on any other (a restarted server, another server, a relay).
+ *               All zero without a secret (then only the job id is compared, and anyone who
+ *               can reach the servers can join).
+ *   WELCOME     BLAKE2b-256 keyed with the job key over ("psagg-welcome-v1", the HELLO's
+ *   token       token, the whole WELCOME with its token zeroed): the worker knows the server
+ *               has the secret, and that its fabric name and nonce are its own.
  *   session     every process draws a random 16-byte nonce when it starts; a worker sends its
  *   nonce       own in the HELLO (under the token), a server its own in the WELCOME.
  *   data key    of a sender: BLAKE2b-256 keyed with the job key over ("psagg-data-v1",
@@ -49,9 +56,20 @@ PSAGG_NODISCARD psagg_status psagg_job_key_load(const psagg_config *cfg, psagg_j
 /* A fresh random session nonce. */
 void psagg_nonce_make(uint8_t nonce[PSAGG_NONCE_BYTES]);
 
-/* The HELLO token (all zero without a secret). */
-void psagg_hello_token(const psagg_job_key *k, const char *job_id, uint32_t rank, uint32_t flags,
-                       const uint8_t nonce[PSAGG_NONCE_BYTES], uint8_t out[PSAGG_TOKEN_BYTES]);
+/* A connection's random challenge. */
+void psagg_challenge_make(uint8_t challenge[PSAGG_CHALLENGE_BYTES]);
+
+/* The HELLO token of h (its auth field is not read) for server `server_rank` on the
+ * connection whose challenge is `challenge` (all zero without a secret). */
+void psagg_hello_token(const psagg_job_key *k, const psagg_ctl_hello *h, uint32_t server_rank,
+                       const uint8_t challenge[PSAGG_CHALLENGE_BYTES],
+                       uint8_t out[PSAGG_TOKEN_BYTES]);
+
+/* The WELCOME token of w (its auth field is not read) answering a HELLO whose token was
+ * hello_auth (all zero without a secret). */
+void psagg_welcome_token(const psagg_job_key *k, const psagg_ctl_welcome *w,
+                         const uint8_t hello_auth[PSAGG_TOKEN_BYTES],
+                         uint8_t out[PSAGG_TOKEN_BYTES]);
 
 /* Constant-time comparison of two tokens: 1 if equal. */
 int psagg_token_equal(const uint8_t a[PSAGG_TOKEN_BYTES], const uint8_t b[PSAGG_TOKEN_BYTES]);

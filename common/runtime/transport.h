@@ -112,13 +112,16 @@ int psagg_fabric_source_reliable(const psagg_fabric *f);
  * copy) and acknowledges, and only then does the send complete. Callers see the usual
  * completions: a RECV_DONE of the whole message, a SEND_DONE when the peer has copied it.
  *
- * psagg_fabric_local_self: what to offer a peer on the control channel: this process's pid
- * and the address of this endpoint's name in its memory (both 0 when this provider cannot
- * take part: shm, or no inject).
- * psagg_fabric_local_accept: take a peer's offer (its pid and probe, and the endpoint name it
- * gave): PSAGG_OK when that pid lives in this network namespace and holds exactly that name
- * at probe, as read through process_vm_readv (so the same user, and ptrace allowed): from
- * then on this process copies that peer's descriptors. PSAGG_EUNSUPPORTED says why not.
+ * psagg_fabric_local_self: what to offer a peer on the control channel: this process's pid,
+ * the address in its memory of this endpoint's random secret (32 bytes, never sent anywhere)
+ * followed by its name, and the secret's BLAKE2b-256, the commitment (all 0 when this provider
+ * cannot take part: shm, or no inject).
+ * psagg_fabric_local_accept: take a peer's offer (its pid, probe and commitment, and the
+ * endpoint name it gave): PSAGG_OK when that pid lives in this network namespace and holds,
+ * at probe, a secret whose hash is the commitment and exactly that name, as read through
+ * process_vm_readv (so the same user, and ptrace allowed): from then on this process copies
+ * that peer's descriptors. The secret binds the offer to the process that made it: no third
+ * process can be named. PSAGG_EUNSUPPORTED says why not.
  * psagg_fabric_local_send: the peer took this process's offer: sends to it of at least
  * PSAGG_LOCAL_MIN bytes go by descriptor.
  * A descriptor this process cannot copy (too long, unreadable) is a RECV_ERROR with the
@@ -128,10 +131,12 @@ int psagg_fabric_source_reliable(const psagg_fabric *f);
  * (psagg_fabric_poll looks every 0.2 s, while it waits too); a reader that exited but was not
  * yet waited for (a zombie) counts as alive until its parent reaps it.
  */
-void psagg_fabric_local_self(psagg_fabric *f, uint32_t *pid, uint64_t *probe);
-PSAGG_NODISCARD psagg_status psagg_fabric_local_accept(psagg_fabric *f, psagg_peer peer,
-                                                       uint32_t pid, uint64_t probe,
-                                                       const void *name, size_t len);
+#define PSAGG_LOCAL_COMMIT_BYTES 32
+void psagg_fabric_local_self(psagg_fabric *f, uint32_t *pid, uint64_t *probe,
+                             uint8_t commit[PSAGG_LOCAL_COMMIT_BYTES]);
+PSAGG_NODISCARD psagg_status psagg_fabric_local_accept(
+    psagg_fabric *f, psagg_peer peer, uint32_t pid, uint64_t probe,
+    const uint8_t commit[PSAGG_LOCAL_COMMIT_BYTES], const void *name, size_t len);
 PSAGG_NODISCARD psagg_status psagg_fabric_local_send(psagg_fabric *f, psagg_peer peer);
 /* Messages this process has received by same-host copy so far. */
 uint64_t psagg_fabric_local_copied(psagg_fabric *f);

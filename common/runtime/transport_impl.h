@@ -107,7 +107,10 @@ struct psagg_fabric {
 
     /* same-host copies, all under lock */
     int local_ok; /* the provider can inject a psagg_msg_local; not shm */
-    uint8_t self_name[PSAGG_FABRIC_NAME_MAX]; /* what local_self's probe points at */
+    struct {
+        uint8_t secret[32]; /* random; its hash is the offer's commitment */
+        uint8_t name[PSAGG_FABRIC_NAME_MAX];
+    } self; /* what local_self's probe points at */
     struct local_peer *lpeers;
     size_t n_lpeers, lpeers_cap;
     struct local_slot *slots;

@@ -24,6 +24,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+
+#include <sodium.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -45,7 +47,8 @@
 void fab_local_init(psagg_fabric *f, const void *name, size_t len)
 {
     f->slot_free = UINT32_MAX;
-    memcpy(f->self_name, name, len);
+    randombytes_buf(f->self.secret, sizeof f->self.secret);
+    memcpy(f->self.name, name, len);
     f->local_ok = !f->addr_str && strcmp(f->prov, "shm") != 0 &&
                   f->info->tx_attr->inject_size >= sizeof(psagg_msg_local);
 }
@@ -334,17 +337,24 @@ int fab_local_recv(psagg_fabric *f, struct fabric_op *op, fi_addr_t from, psagg_
     return 1;
 }
 
-void psagg_fabric_local_self(psagg_fabric *f, uint32_t *pid, uint64_t *probe)
+void psagg_fabric_local_self(psagg_fabric *f, uint32_t *pid, uint64_t *probe,
+                             uint8_t commit[PSAGG_LOCAL_COMMIT_BYTES])
 {
     int ok = f != NULL && f->local_ok;
     *pid = ok ? (uint32_t)getpid() : 0;
-    *probe = ok ? (uint64_t)(uintptr_t)f->self_name : 0;
+    *probe = ok ? (uint64_t)(uintptr_t)&f->self : 0;
+    memset(commit, 0, PSAGG_LOCAL_COMMIT_BYTES);
+    if (ok)
+        crypto_generichash(commit, PSAGG_LOCAL_COMMIT_BYTES, f->self.secret, sizeof f->self.secret,
+                           NULL, 0);
 }
 
 psagg_status psagg_fabric_local_accept(psagg_fabric *f, psagg_peer peer, uint32_t pid,
-                                       uint64_t probe, const void *name, size_t len)
+                                       uint64_t probe,
+                                       const uint8_t commit[PSAGG_LOCAL_COMMIT_BYTES],
+                                       const void *name, size_t len)
 {
-    uint8_t got[PSAGG_FABRIC_NAME_MAX];
+    uint8_t got[32 + PSAGG_FABRIC_NAME_MAX], hash[PSAGG_LOCAL_COMMIT_BYTES];
     char path[64];
     struct stat self_ns, peer_ns;
     struct local_peer *lp;
@@ -355,7 +365,7 @@ psagg_status psagg_fabric_local_accept(psagg_fabric *f, psagg_peer peer, uint32_
     if (!f->local_ok)
         return psagg_fail(PSAGG_EUNSUPPORTED, "%s: no same-host copies over this provider",
                           f->prov);
-    if (pid == 0 || probe == 0 || len == 0 || len > sizeof(got))
+    if (pid == 0 || probe == 0 || len == 0 || len > PSAGG_FABRIC_NAME_MAX || commit == NULL)
         return psagg_fail(PSAGG_EUNSUPPORTED, "the peer offers no same-host copies");
     snprintf(path, sizeof(path), "/proc/%u/ns/net", pid);
     if (stat("/proc/self/ns/net", &self_ns) != 0 || stat(path, &peer_ns) != 0)
@@ -363,16 +373,21 @@ psagg_status psagg_fabric_local_accept(psagg_fabric *f, psagg_peer peer, uint32_
     if (self_ns.st_ino != peer_ns.st_ino || self_ns.st_dev != peer_ns.st_dev)
         return psagg_fail(PSAGG_EUNSUPPORTED,
                           "process %u is in another network namespace (another host)", pid);
-    struct iovec li = {got, len}, ri = {(void *)(uintptr_t)probe, len};
+    /* the secret, then the name: only the process that made the secret holds both */
+    struct iovec li = {got, 32 + len}, ri = {(void *)(uintptr_t)probe, 32 + len};
     n = process_vm_readv((pid_t)pid, &li, 1, &ri, 1, 0);
-    if (n != (ssize_t)len)
+    if (n != (ssize_t)(32 + len))
         return psagg_fail(PSAGG_EUNSUPPORTED, "cannot read process %u: %s", pid,
                           n < 0 ? strerror(errno) : "short copy");
-    if (memcmp(got, name, len) != 0)
+    crypto_generichash(hash, sizeof hash, got, 32, NULL, 0);
+    if (sodium_memcmp(hash, commit, sizeof hash) != 0 || memcmp(got + 32, name, len) != 0) {
+        sodium_memzero(got, sizeof got);
         return psagg_fail(PSAGG_EUNSUPPORTED,
-                          "process %u does not hold the peer's endpoint name at 0x%" PRIx64
-                          ": it is not that peer",
+                          "process %u does not hold the peer's secret and endpoint name at "
+                          "0x%" PRIx64 ": it is not that peer",
                           pid, probe);
+    }
+    sodium_memzero(got, sizeof got);
     pthread_mutex_lock(&f->lock);
     lp = local_add_locked(f, peer);
     if (lp)

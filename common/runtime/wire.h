@@ -9,13 +9,19 @@
  *
  * CONTROL CHANNEL (TCP, one connection from each worker to each server)
  *   frame = psagg_ctl_hdr { u32 magic 'PSGC', u16 type, u16 version, u32 len } + len bytes.
+ *   0. server -> worker  CHALLENGE psagg_ctl_challenge, as soon as it accepts the connection:
+ *                                 16 random bytes for this connection only
  *   1. worker -> server  HELLO    psagg_ctl_hello: the protocol version is checked first, then
- *                                 the token (runtime/auth.h); before it checks out the server
- *                                 reveals nothing about the job, and a connection that does
- *                                 not send a whole HELLO within a few seconds is closed
+ *                                 the token (runtime/auth.h), which binds the whole HELLO to
+ *                                 this server's rank and this connection's challenge, so a
+ *                                 recorded HELLO is worth nothing on another connection or at
+ *                                 another server; before it checks out the server reveals
+ *                                 nothing about the job, and a connection that does not send
+ *                                 a whole HELLO within a few seconds is closed
  *   2. server -> worker  WELCOME  psagg_ctl_welcome (server rank, its session nonce, its
  *                                 libfabric provider and fabric name; whether it copies this
- *                                 worker's pushes on the host, below)
+ *                                 worker's pushes on the host, below), with a token binding it
+ *                                 to that HELLO: the worker knows the server has the secret
  *      or                ERROR    psagg_ctl_error, then close
  *   3. worker -> server  DECLARE  psagg_ctl_declare + count x psagg_ctl_tensor (all tensors,
  *                                 with an adaptive job's statistics tensor last; whether the
@@ -70,10 +76,13 @@
  *   INIT and PULL do not count a round.
  *
  * SAME-HOST COPIES (runtime/transport.h; [cluster] local_copy)
- *   HELLO and WELCOME offer the sender's pid and the address of its fabric name in its memory
- *   (local_pid, local_probe; 0 without). The receiver of an offer takes it when that pid lives
- *   in its own network namespace and holds, at that address, exactly the fabric name the peer
- *   gave: it can then read the peer's memory, and says so (WELCOME: the server copies this
+ *   HELLO and WELCOME offer the sender's pid, the address in its memory of a random secret
+ *   followed by its fabric name, and the secret's hash (local_pid, local_probe, local_commit;
+ *   0 without). The receiver of an offer takes it when that pid lives in its own network
+ *   namespace and holds, at that address, a secret with that hash and exactly the fabric name
+ *   the peer gave (the secret never leaves the offering process, so no other process holds it,
+ *   and the token authenticates the offer with the rest of the frame): it can then read the
+ *   peer's memory, and says so (WELCOME: the server copies this
  *   worker's pushes; DECLARE: the worker copies this server's updates; PSAGG_LOCAL_READS).
  *   To such a reader a data message of at least PSAGG_LOCAL_MIN bytes travels as a
  *   psagg_msg_local DESC naming where it lies in the sender's memory; the reader copies it into
@@ -92,8 +101,10 @@
  * 5: DECLARE carries the adaptive settings, data headers the codec and its generation;
  * 6: tensors carry flags (parameters), WELCOME the optimizer, pushes of parameters a trailer;
  * 7: same-host copies (HELLO, WELCOME and DECLARE offer and take them; psagg_msg_local)
+ * 8: the CHALLENGE; HELLO and WELCOME tokens over the whole frame; same-host offers commit
+ *    to a secret
  */
-#define PSAGG_PROTO_VERSION 7
+#define PSAGG_PROTO_VERSION 8
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64
@@ -114,6 +125,7 @@ enum psagg_ctl_type {
     PSAGG_CTL_PING = 8, /* no body: "still here", both ways while the job runs */
     PSAGG_CTL_CHECKPOINT = 9,
     PSAGG_CTL_CHECKPOINT_DONE = 10,
+    PSAGG_CTL_CHALLENGE = 11,
 };
 
 typedef struct psagg_ctl_hdr {
@@ -131,6 +143,12 @@ _Static_assert(sizeof(psagg_ctl_hdr) == 12, "psagg_ctl_hdr layout");
  */
 #define PSAGG_PROVIDER_MAX 32
 
+#define PSAGG_CHALLENGE_BYTES 16
+typedef struct psagg_ctl_challenge {
+    uint8_t challenge[PSAGG_CHALLENGE_BYTES]; /* random, for one connection */
+} psagg_ctl_challenge;
+_Static_assert(sizeof(psagg_ctl_challenge) == 16, "psagg_ctl_challenge layout");
+
 /* psagg_ctl_hello.flags / psagg_ctl_welcome.flags */
 #define PSAGG_HELLO_DATA_AUTH 1u /* data messages carry a MAC ([cluster] data_auth) */
 
@@ -138,17 +156,18 @@ typedef struct psagg_ctl_hello {
     char job_id[PSAGG_JOB_ID_MAX]; /* NUL-terminated */
     uint32_t rank;
     uint32_t world_size;
-    uint8_t auth[32];  /* psagg_hello_token (runtime/auth.h); zero without a secret */
+    uint8_t auth[32];  /* psagg_hello_token (runtime/auth.h) of the rest; zero without a secret */
     uint32_t flags;    /* PSAGG_HELLO_*: must match the server's */
     uint8_t nonce[16]; /* the worker's session nonce (its data key) */
     char provider[PSAGG_PROVIDER_MAX]; /* the libfabric provider opened; NUL-terminated */
     uint32_t epname_len;               /* <= PSAGG_EPNAME_MAX */
     uint8_t epname[PSAGG_EPNAME_MAX];
-    uint64_t local_probe; /* same-host copies (above): where epname lies in the worker, or 0 */
-    uint32_t local_pid;   /* the worker's pid, or 0 */
-    uint32_t reserved;    /* 0 */
+    uint64_t local_probe;     /* same-host copies (above): where the secret and epname lie */
+    uint32_t local_pid;       /* the worker's pid, or 0 */
+    uint32_t reserved;        /* 0 */
+    uint8_t local_commit[32]; /* the hash of that secret */
 } psagg_ctl_hello;
-_Static_assert(sizeof(psagg_ctl_hello) == 64 + 4 + 4 + 32 + 4 + 16 + 32 + 4 + 256 + 16,
+_Static_assert(sizeof(psagg_ctl_hello) == 64 + 4 + 4 + 32 + 4 + 16 + 32 + 4 + 256 + 16 + 32,
                "psagg_ctl_hello layout");
 
 /* psagg_ctl_welcome.local_flags / psagg_ctl_declare.local_flags */
@@ -176,11 +195,13 @@ typedef struct psagg_ctl_welcome {
     psagg_ctl_optim optim;
     uint32_t epname_len;
     uint8_t epname[PSAGG_EPNAME_MAX];
-    uint64_t local_probe; /* same-host copies: where epname lies in the server, or 0 */
-    uint32_t local_pid;   /* the server's pid, or 0 */
-    uint32_t local_flags; /* PSAGG_LOCAL_READS: it copies this worker's pushes */
+    uint64_t local_probe;     /* same-host copies: where the secret and epname lie, or 0 */
+    uint32_t local_pid;       /* the server's pid, or 0 */
+    uint32_t local_flags;     /* PSAGG_LOCAL_READS: it copies this worker's pushes */
+    uint8_t local_commit[32]; /* the hash of that secret */
+    uint8_t auth[32];         /* psagg_welcome_token (runtime/auth.h); zero without a secret */
 } psagg_ctl_welcome;
-_Static_assert(sizeof(psagg_ctl_welcome) == 12 + 16 + 32 + 32 + 4 + 256 + 16,
+_Static_assert(sizeof(psagg_ctl_welcome) == 12 + 16 + 32 + 32 + 4 + 256 + 16 + 32 + 32,
                "psagg_ctl_welcome layout");
 
 /* chunk_elems of a DECLARE: [worker] chunk_bytes is 4096..2^30 bytes of fp32 */

@@ -37,6 +37,20 @@
  *                                worker with a reason that says "same-host copy"
  *   --mode local-pid             offer same-host copies as pid 1 (not this process): the
  *                                server must not take it, and the job goes on as with dup
+ *   --mode local-third           offer same-host copies naming a third process (a helper
+ *                                this one starts, which holds this process's fabric name at
+ *                                the offered address, but not its secret): the server must
+ *                                not take it, and the job goes on as with dup
+ *   --mode relay --listen P --to-port Q --record FILE
+ *                                a man in the middle of one worker's control connection:
+ *                                accept one connection on 127.0.0.1:P, connect to
+ *                                127.0.0.1:Q, forward both ways until either side closes,
+ *                                and write the worker's HELLO frame (header and body) to FILE
+ *   --mode replay --record FILE --server K
+ *                                send the HELLO in FILE to server K on a connection of its own
+ *                                (after reading its CHALLENGE); print the answer
+ *                                (ROGUE-REFUSED: message) and exit 0 when it was refused, 1
+ *                                when it was welcomed
  *   --mode bomb --count N [--chunk-elems C]
  *                                authenticate, then declare one fp32 tensor of N elements in
  *                                chunks of C (default: the config's); print the server's
@@ -53,7 +67,10 @@
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "base/clock.h"
@@ -156,7 +173,54 @@ static void fn_tensors(const psagg_codec *codec, int adaptive, fn_declare *m, ps
         DIE("layout");
 }
 
-static int local_offer;        /* 1: offer same-host copies truly, 2: as pid 1 */
+static int local_offer; /* 1: offer same-host copies truly, 2: as pid 1, 3: as a third process */
+static pid_t helper_pid;
+static uint64_t helper_probe;
+
+/* local-third's helper: hold [32 bytes that are not the secret][name] and wait to be killed. */
+static int hold(const char *hex)
+{
+    static uint8_t buf[32 + PSAGG_EPNAME_MAX];
+    size_t n = strlen(hex) / 2;
+    for (size_t i = 0; i < n && i < PSAGG_EPNAME_MAX; i++)
+        sscanf(hex + 2 * i, "%2hhx", &buf[32 + i]);
+    printf("%llu\n", (unsigned long long)(uintptr_t)buf);
+    fflush(stdout);
+    pause();
+    return 0;
+}
+
+/* Start the helper holding this process's fabric name; its pid and probe. */
+static void start_helper(psagg_fabric *fab)
+{
+    uint8_t name[PSAGG_EPNAME_MAX];
+    char hex[2 * PSAGG_EPNAME_MAX + 1], line[64];
+    size_t len = sizeof name;
+    int pfd[2];
+    FILE *in;
+    if (psagg_fabric_name(fab, name, &len) || pipe(pfd))
+        DIE("helper set-up");
+    for (size_t i = 0; i < len; i++)
+        snprintf(hex + 2 * i, 3, "%02x", name[i]);
+    helper_pid = fork();
+    if (helper_pid < 0)
+        DIE("fork");
+    if (helper_pid == 0) {
+        char self[4096];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        dup2(pfd[1], 1);
+        if (n > 0) {
+            self[n] = '\0';
+            execl(self, self, "--mode", "hold", "--hex", hex, (char *)NULL);
+        }
+        _exit(127);
+    }
+    close(pfd[1]);
+    in = fdopen(pfd[0], "r");
+    if (!in || !fgets(line, sizeof line, in))
+        DIE("the helper said nothing");
+    helper_probe = strtoull(line, NULL, 10);
+}
 static uint32_t welcome_local; /* the WELCOME's local_flags */
 
 /* Authenticate as worker `rank` with the job's secret (if any); the connection's fd. */
@@ -168,8 +232,10 @@ static int hello(psagg_fabric *fab, uint32_t rank, psagg_peer *server)
     size_t len = sizeof h.epname;
     int fd;
 
+    psagg_ctl_challenge *ch;
     if (psagg_tcp_connect(&cfg.servers[0], psagg_now_ms() + 20000, "server 0", NULL, &fd))
         DIE("connect");
+    ch = recv_frame(fd, PSAGG_CTL_CHALLENGE, "CHALLENGE");
     if (psagg_fabric_name(fab, h.epname, &len))
         DIE("fabric name");
     snprintf(h.job_id, sizeof h.job_id, "%s", cfg.job_id);
@@ -178,13 +244,18 @@ static int hello(psagg_fabric *fab, uint32_t rank, psagg_peer *server)
     h.flags = cfg.data_auth ? PSAGG_HELLO_DATA_AUTH : 0;
     if (local_offer) {
         uint32_t pid;
-        psagg_fabric_local_self(fab, &pid, &h.local_probe);
+        psagg_fabric_local_self(fab, &pid, &h.local_probe, h.local_commit);
         h.local_pid = local_offer == 1 ? pid : 1;
+        if (local_offer == 3) { /* the helper has the name where the offer says, not the secret */
+            h.local_pid = (uint32_t)helper_pid;
+            h.local_probe = helper_probe;
+        }
     }
     if (psagg_job_key_load(&cfg, &key))
         DIE("secret");
     psagg_nonce_make(h.nonce);
-    psagg_hello_token(&key, cfg.job_id, rank, h.flags, h.nonce, h.auth);
+    psagg_hello_token(&key, &h, 0, ch->challenge, h.auth);
+    free(ch);
     if (psagg_ctl_send(fd, PSAGG_CTL_HELLO, &h, sizeof h))
         DIE("hello");
     wel = recv_frame(fd, PSAGG_CTL_WELCOME, "WELCOME");
@@ -391,6 +462,110 @@ static int bomb(uint32_t rank, uint64_t count, uint64_t chunk_elems)
     return refused ? 0 : 1;
 }
 
+static int tcp_listen_port(int port)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    int one = 1, fd = socket(AF_INET, SOCK_STREAM, 0);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 4))
+        DIE("listen on %d", port);
+    return fd;
+}
+
+static int tcp_connect_port(int port)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a))
+        DIE("connect to %d", port);
+    return fd;
+}
+
+/* relay: forward one worker's control connection, recording its HELLO. */
+static int relay(int listen_port, int to_port, const char *record)
+{
+    int lfd = tcp_listen_port(listen_port), w, s;
+    uint8_t hello[sizeof(psagg_ctl_hdr) + sizeof(psagg_ctl_hello)];
+    size_t have = 0;
+    printf("ROGUE-RELAY: listening on %d\n", listen_port);
+    w = accept(lfd, NULL, NULL);
+    if (w < 0)
+        DIE("accept");
+    s = tcp_connect_port(to_port);
+    for (;;) {
+        struct pollfd p[2] = {{.fd = w, .events = POLLIN}, {.fd = s, .events = POLLIN}};
+        uint8_t buf[65536];
+        if (poll(p, 2, -1) < 0)
+            break;
+        for (int i = 0; i < 2; i++) {
+            ssize_t n;
+            if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR)))
+                continue;
+            n = read(p[i].fd, buf, sizeof buf);
+            if (n <= 0)
+                return 0;                        /* either side closed: done */
+            if (i == 0 && have < sizeof hello) { /* the worker's first bytes: its HELLO */
+                size_t take = (size_t)n < sizeof hello - have ? (size_t)n : sizeof hello - have;
+                memcpy(hello + have, buf, take);
+                have += take;
+                if (have == sizeof hello) {
+                    FILE *f = fopen(record, "wb");
+                    if (!f || fwrite(hello, 1, have, f) != have || fclose(f))
+                        DIE("writing %s", record);
+                    printf("ROGUE-RECORDED: a HELLO of %zu bytes\n", have);
+                }
+            }
+            for (ssize_t off = 0; off < n;) {
+                ssize_t m = write(p[1 - i].fd, buf + off, (size_t)(n - off));
+                if (m <= 0)
+                    return 0;
+                off += m;
+            }
+        }
+    }
+    return 0;
+}
+
+/* replay: a recorded HELLO on a connection of our own to server k. */
+static int replay(const char *record, int k)
+{
+    uint8_t hello[sizeof(psagg_ctl_hdr) + sizeof(psagg_ctl_hello)];
+    FILE *f = fopen(record, "rb");
+    psagg_ctl_hdr h;
+    void *body = NULL;
+    int fd;
+    if (!f || fread(hello, 1, sizeof hello, f) != sizeof hello)
+        DIE("reading the recorded HELLO %s", record);
+    fclose(f);
+    if (k < 0 || k >= cfg.n_servers)
+        DIE("no server %d", k);
+    if (psagg_tcp_connect(&cfg.servers[k], psagg_now_ms() + 20000, "server", NULL, &fd))
+        DIE("connect to server %d", k);
+    free(recv_frame(fd, PSAGG_CTL_CHALLENGE, "CHALLENGE"));
+    for (size_t off = 0; off < sizeof hello;) {
+        ssize_t m = write(fd, hello + off, sizeof hello - off);
+        if (m <= 0)
+            DIE("sending the HELLO");
+        off += (size_t)m;
+    }
+    if (psagg_ctl_recv(fd, &h, &body, psagg_now_ms() + 20000, "server")) {
+        printf("ROGUE-REFUSED: (the connection closed: %s)\n", psagg_last_error());
+        return 0;
+    }
+    if (h.type == PSAGG_CTL_ERROR && h.len == sizeof(psagg_ctl_error)) {
+        psagg_ctl_error *e = body;
+        e->msg[sizeof e->msg - 1] = '\0';
+        printf("ROGUE-REFUSED: %s\n", e->msg);
+        free(body);
+        return 0;
+    }
+    printf("ROGUE-WELCOMED: server %d answered the replayed HELLO with frame type %u\n", k, h.type);
+    free(body);
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {{"mode", required_argument, NULL, 'm'},
@@ -400,7 +575,14 @@ int main(int argc, char **argv)
                                          {"rounds", required_argument, NULL, 'r'},
                                          {"count", required_argument, NULL, 'n'},
                                          {"chunk-elems", required_argument, NULL, 'c'},
+                                         {"listen", required_argument, NULL, 'L'},
+                                         {"to-port", required_argument, NULL, 'T'},
+                                         {"record", required_argument, NULL, 'R'},
+                                         {"server", required_argument, NULL, 'K'},
+                                         {"hex", required_argument, NULL, 'H'},
                                          {NULL, 0, NULL, 0}};
+    const char *record = NULL, *hex = "";
+    int listen_port = 0, to_port = 0, server_k = 0;
     const char *mode = "dup", *rank_env = getenv("PSAGG_RANK");
     uint32_t rank = rank_env ? (uint32_t)atoi(rank_env) : 1, claim = 1, rounds = 3;
     uint64_t count = 0, chunk_elems = 0;
@@ -438,12 +620,33 @@ int main(int argc, char **argv)
         case 'c':
             chunk_elems = strtoull(optarg, NULL, 10);
             break;
+        case 'L':
+            listen_port = atoi(optarg);
+            break;
+        case 'T':
+            to_port = atoi(optarg);
+            break;
+        case 'R':
+            record = optarg;
+            break;
+        case 'K':
+            server_k = atoi(optarg);
+            break;
+        case 'H':
+            hex = optarg;
+            break;
         default:
             return 2;
         }
     }
+    if (!strcmp(mode, "hold"))
+        return hold(hex);
+    if (!strcmp(mode, "relay"))
+        return relay(listen_port, to_port, record ? record : "hello.bin");
     if (psagg_config_load(getenv("PSAGG_CONFIG"), &cfg))
         DIE("config");
+    if (!strcmp(mode, "replay"))
+        return replay(record ? record : "hello.bin", server_k);
     if (!strcmp(mode, "spoof"))
         return spoof(port, seconds, claim, rounds);
     if (!strcmp(mode, "bomb"))
@@ -453,9 +656,21 @@ int main(int argc, char **argv)
 
     if (!strncmp(mode, "param-", 6))
         decl_flags = PSAGG_DECL_PARAM;
-    local_offer = !strcmp(mode, "local-desc") ? 1 : !strcmp(mode, "local-pid") ? 2 : 0;
+    local_offer = !strcmp(mode, "local-desc")    ? 1
+                  : !strcmp(mode, "local-pid")   ? 2
+                  : !strcmp(mode, "local-third") ? 3
+                                                 : 0;
     fab = open_fabric("127.0.0.1"); /* the fault tests run on this host */
+    if (local_offer == 3)
+        start_helper(fab);
     fd = hello(fab, rank, &server);
+    if (local_offer == 3) {
+        kill(helper_pid, SIGKILL);
+        waitpid(helper_pid, NULL, 0);
+        if (welcome_local)
+            DIE("the server took a same-host offer naming a third process");
+        printf("ROGUE: the server did not take the offer naming a third process\n");
+    }
     if (local_offer == 1 && !(welcome_local & PSAGG_LOCAL_READS))
         DIE("the server did not take a true same-host offer");
     if (local_offer == 2 && welcome_local)
@@ -479,7 +694,7 @@ int main(int argc, char **argv)
         for (uint64_t i = 0; i < ci->count; i++)
             x[i] = input_value((int)rank, ci->key, 0, i);
     }
-    if (strcmp(mode, "dup") && strcmp(mode, "local-pid")) {
+    if (strcmp(mode, "dup") && strcmp(mode, "local-pid") && strcmp(mode, "local-third")) {
         psagg_msg_hdr *h = (psagg_msg_hdr *)push[1];
         size_t bytes = sizeof *h + layout.chunks[1].enc_bytes;
         const char *field = mode;

@@ -6,7 +6,8 @@
 # fn_worker's pending push_pull with EPEER naming the rogue and the field (no hang), and exit
 # on its own with status 1 (job failed) instead of crashing. With a duplicate push the round
 # must complete with the exact sum and the server exit 0. The same for a forged same-host
-# descriptor (closes the rogue) and a same-host offer of another pid (not taken, job goes on).
+# descriptor (closes the rogue) and a same-host offer of another pid or of a third process (not
+# taken, job goes on).
 set -u -o pipefail
 build=$1
 port=$2
@@ -46,7 +47,7 @@ run() { # mode, fn_worker args...
     sed "s/^/[$mode rogue] /" "$tmp/w1.log"
     sed "s/^/[$mode server] /" "$tmp/server.log"
     local want_server=1
-    [ "$mode" = dup ] || [ "$mode" = local-pid ] && want_server=0
+    case $mode in dup | local-pid | local-third) want_server=0 ;; esac
     if ((rc0 != 0 || rc1 != 0 || rcs != want_server)); then
         echo "test_fault: $mode: fn_worker exited $rc0, rogue $rc1, server $rcs (want 0, 0, $want_server)" >&2
         fail=1
@@ -61,7 +62,9 @@ for mode in magic len key round nan; do
 done
 run dup --rounds 1
 # same-host copies: a descriptor of memory the worker does not have closes it by name; an offer
-# of another process's pid is not taken, and the job goes on
+# of another process's pid is not taken, nor one naming a third process that holds the worker's
+# fabric name at the offered address but not its secret; the job goes on
 run local-desc --rounds 1 --expect EPEER --expect-text "same-host copy" --max-seconds 30
 run local-pid --rounds 1
+run local-third --rounds 1
 exit $fail

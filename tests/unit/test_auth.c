@@ -7,6 +7,7 @@
 #include "runtime/auth.h"
 #include "runtime/message.h"
 
+#include <stddef.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -70,20 +71,57 @@ static void check_tokens(void)
     psagg_nonce_make(n2);
     CHECK(memcmp(n1, n2, sizeof n1), "two nonces are equal");
 
-    psagg_hello_token(&k, "job", 3, 0, n1, t);
-    psagg_hello_token(&k, "job", 3, 0, n1, u);
-    CHECK(psagg_token_equal(t, u), "the same inputs give another token");
-    psagg_hello_token(&other, "job", 3, 0, n1, u);
-    CHECK(!psagg_token_equal(t, u), "the key is not covered");
-    psagg_hello_token(&k, "jo", 3, 0, n1, u);
-    CHECK(!psagg_token_equal(t, u), "the job id is not covered");
-    psagg_hello_token(&k, "job", 4, 0, n1, u);
-    CHECK(!psagg_token_equal(t, u), "the rank is not covered");
-    psagg_hello_token(&k, "job", 3, PSAGG_HELLO_DATA_AUTH, n1, u);
-    CHECK(!psagg_token_equal(t, u), "the flags are not covered");
-    psagg_hello_token(&k, "job", 3, 0, n2, u);
-    CHECK(!psagg_token_equal(t, u), "the nonce is not covered");
-    psagg_hello_token(&none, "job", 3, 0, n1, u);
+    {
+        psagg_ctl_hello h = {.rank = 3, .world_size = 8}, h2;
+        psagg_ctl_welcome w = {.server_rank = 1, .n_servers = 2}, w2;
+        uint8_t c1[PSAGG_CHALLENGE_BYTES], c2[PSAGG_CHALLENGE_BYTES], wt[PSAGG_TOKEN_BYTES];
+        snprintf(h.job_id, sizeof h.job_id, "job");
+        memcpy(h.nonce, n1, sizeof h.nonce);
+        h.epname_len = 16;
+        psagg_challenge_make(c1);
+        psagg_challenge_make(c2);
+        CHECK(memcmp(c1, c2, sizeof c1), "two challenges are equal");
+        psagg_hello_token(&k, &h, 1, c1, t);
+        h2 = h;
+        memset(h2.auth, 0xAB, sizeof h2.auth); /* the token field itself is not covered */
+        psagg_hello_token(&k, &h2, 1, c1, u);
+        CHECK(psagg_token_equal(t, u), "the same inputs give another token");
+        psagg_hello_token(&other, &h, 1, c1, u);
+        CHECK(!psagg_token_equal(t, u), "the key is not covered");
+        psagg_hello_token(&k, &h, 0, c1, u);
+        CHECK(!psagg_token_equal(t, u), "the server's rank is not covered (a relay to another)");
+        psagg_hello_token(&k, &h, 1, c2, u);
+        CHECK(!psagg_token_equal(t, u), "the challenge is not covered (a replay)");
+        /* every field of the HELLO is covered: flip each byte in turn */
+        for (size_t i = 0; i < sizeof h; i++) {
+            if (i >= offsetof(psagg_ctl_hello, auth) &&
+                i < offsetof(psagg_ctl_hello, auth) + sizeof h.auth)
+                continue;
+            h2 = h;
+            ((uint8_t *)&h2)[i] ^= 1;
+            psagg_hello_token(&k, &h2, 1, c1, u);
+            CHECK(!psagg_token_equal(t, u), "byte %zu of the HELLO is not covered", i);
+        }
+        psagg_welcome_token(&k, &w, t, wt);
+        for (size_t i = 0; i < sizeof w; i++) {
+            if (i >= offsetof(psagg_ctl_welcome, auth))
+                continue;
+            w2 = w;
+            ((uint8_t *)&w2)[i] ^= 1;
+            psagg_welcome_token(&k, &w2, t, u);
+            CHECK(!psagg_token_equal(wt, u), "byte %zu of the WELCOME is not covered", i);
+        }
+        {
+            uint8_t t2[PSAGG_TOKEN_BYTES];
+            memcpy(t2, t, sizeof t2);
+            t2[5] ^= 1;
+            psagg_welcome_token(&k, &w, t2, u);
+            CHECK(!psagg_token_equal(wt, u), "the HELLO's token is not covered by the WELCOME's");
+        }
+        psagg_hello_token(&none, &h, 1, c1, u);
+        CHECK(psagg_token_equal(u, zero), "without a secret the HELLO token is zero");
+        psagg_welcome_token(&none, &w, t, u);
+    }
     CHECK(psagg_token_equal(u, zero), "without a secret the token is zero");
 }
 

@@ -277,16 +277,19 @@ static void local_swap(struct side *s, int ctl, const char *pname, uint32_t plen
 {
     uint32_t pid, ppid;
     uint64_t probe, pprobe;
+    uint8_t commit[PSAGG_LOCAL_COMMIT_BYTES], pcommit[PSAGG_LOCAL_COMMIT_BYTES];
     int st;
 
-    psagg_fabric_local_self(s->f, &pid, &probe);
+    psagg_fabric_local_self(s->f, &pid, &probe, commit);
     CHECK(pid == (uint32_t)getpid() && probe != 0, "[%s] local_self: pid %u probe %llx", who, pid,
           (unsigned long long)probe);
     xwrite(ctl, &pid, sizeof(pid));
     xwrite(ctl, &probe, sizeof(probe));
+    xwrite(ctl, commit, sizeof(commit));
     xread(ctl, &ppid, sizeof(ppid));
     xread(ctl, &pprobe, sizeof(pprobe));
-    st = psagg_fabric_local_accept(s->f, s->peer, ppid, pprobe, pname, plen);
+    xread(ctl, pcommit, sizeof(pcommit));
+    st = psagg_fabric_local_accept(s->f, s->peer, ppid, pprobe, pcommit, pname, plen);
     CHECK(st == PSAGG_OK, "[%s] local_accept of pid %u: %s", who, ppid, psagg_last_error());
     st = psagg_fabric_local_send(s->f, s->peer);
     CHECK(st == PSAGG_OK, "[%s] local_send: %s", who, psagg_last_error());
@@ -762,13 +765,14 @@ static void check_local_death(struct evq *qa, const char *an, size_t al, uint8_t
     char cn[PSAGG_FABRIC_NAME_MAX];
     uint32_t cl, apid, cpid;
     uint64_t aprobe, cprobe;
+    uint8_t acommit[PSAGG_LOCAL_COMMIT_BYTES], ccommit[PSAGG_LOCAL_COMMIT_BYTES];
     psagg_peer c_in_a;
     psagg_fabric_event e;
     pthread_t killer;
     char c;
 
     set_phase("local copy: reader dies", 60);
-    psagg_fabric_local_self(qa->f, &apid, &aprobe);
+    psagg_fabric_local_self(qa->f, &apid, &aprobe, acommit);
     CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair: %s", strerror(errno));
     pid_t child = fork();
     CHECK(child >= 0, "fork: %s", strerror(errno));
@@ -783,14 +787,15 @@ static void check_local_death(struct evq *qa, const char *an, size_t al, uint8_t
         close(sv[0]);
         CHECK(rbuf && psagg_fabric_open(&o, &f) == PSAGG_OK, "open: %s", psagg_last_error());
         CHECK(psagg_fabric_name(f, cn, &len) == PSAGG_OK, "name");
-        psagg_fabric_local_self(f, &cpid, &cprobe);
+        psagg_fabric_local_self(f, &cpid, &cprobe, ccommit);
         cl = (uint32_t)len;
         xwrite(sv[1], &cl, 4);
         xwrite(sv[1], cn, len);
         xwrite(sv[1], &cpid, 4);
         xwrite(sv[1], &cprobe, 8);
+        xwrite(sv[1], ccommit, sizeof(ccommit));
         CHECK(psagg_fabric_add_peer(f, an, al, &a) == PSAGG_OK &&
-                  psagg_fabric_local_accept(f, a, apid, aprobe, an, al) == PSAGG_OK &&
+                  psagg_fabric_local_accept(f, a, apid, aprobe, acommit, an, al) == PSAGG_OK &&
                   psagg_fabric_post_recv(f, rbuf, MSG_MAX, NULL, rbuf) == PSAGG_OK,
               "[local reader] set-up: %s", psagg_last_error());
         xwrite(sv[1], "r", 1);
@@ -806,8 +811,9 @@ static void check_local_death(struct evq *qa, const char *an, size_t al, uint8_t
     xread(sv[0], cn, cl);
     xread(sv[0], &cpid, 4);
     xread(sv[0], &cprobe, 8);
+    xread(sv[0], ccommit, sizeof(ccommit));
     CHECK(psagg_fabric_add_peer(qa->f, cn, cl, &c_in_a) == PSAGG_OK &&
-              psagg_fabric_local_accept(qa->f, c_in_a, cpid, cprobe, cn, cl) == PSAGG_OK &&
+              psagg_fabric_local_accept(qa->f, c_in_a, cpid, cprobe, ccommit, cn, cl) == PSAGG_OK &&
               psagg_fabric_local_send(qa->f, c_in_a) == PSAGG_OK,
           "local copies with the reader: %s", psagg_last_error());
     xread(sv[0], &c, 1);
@@ -842,6 +848,7 @@ static void check_local_copy(void)
     psagg_peer a_in_b, b_in_a;
     uint32_t apid, bpid;
     uint64_t aprobe, bprobe;
+    uint8_t acommit[PSAGG_LOCAL_COMMIT_BYTES], bcommit[PSAGG_LOCAL_COMMIT_BYTES];
     uint8_t *ra[4], *rb[4], *big = malloc(BIG);
     int ids[4] = {0, 1, 2, 3}, st;
     psagg_fabric_event e;
@@ -855,18 +862,24 @@ static void check_local_copy(void)
     CHECK(psagg_fabric_add_peer(qa.f, bn, bl, &b_in_a) == PSAGG_OK &&
               psagg_fabric_add_peer(qb.f, an, al, &a_in_b) == PSAGG_OK,
           "add_peer: %s", psagg_last_error());
-    psagg_fabric_local_self(qa.f, &apid, &aprobe);
-    psagg_fabric_local_self(qb.f, &bpid, &bprobe);
+    psagg_fabric_local_self(qa.f, &apid, &aprobe, acommit);
+    psagg_fabric_local_self(qb.f, &bpid, &bprobe, bcommit);
     CHECK(apid == (uint32_t)getpid() && aprobe && bprobe && aprobe != bprobe, "local_self");
 
     /* offers that do not check out */
-    st = psagg_fabric_local_accept(qb.f, a_in_b, apid, aprobe, bn, bl);
+    st = psagg_fabric_local_accept(qb.f, a_in_b, apid, aprobe, acommit, bn, bl);
     CHECK(st == PSAGG_EUNSUPPORTED && strstr(psagg_last_error(), "not that peer"),
           "another endpoint's name accepted: %d %s", st, psagg_last_error());
+    /* the right name where a's is, but another secret's commitment: the offer of a process
+       that does not hold the secret (a third process holding a copy of the name) */
+    st = psagg_fabric_local_accept(qb.f, a_in_b, apid, aprobe, bcommit, an, al);
+    CHECK(st == PSAGG_EUNSUPPORTED && strstr(psagg_last_error(), "not that peer"),
+          "an offer whose commitment is not the secret's accepted: %d %s", st, psagg_last_error());
+    fprintf(stderr, "[driver] local copy, wrong commitment -> %s\n", psagg_last_error());
     fprintf(stderr, "[driver] local copy, wrong name -> %s\n", psagg_last_error());
-    st = psagg_fabric_local_accept(qb.f, a_in_b, 0, aprobe, an, al);
+    st = psagg_fabric_local_accept(qb.f, a_in_b, 0, aprobe, acommit, an, al);
     CHECK(st == PSAGG_EUNSUPPORTED, "pid 0 accepted: %d", st);
-    st = psagg_fabric_local_accept(qb.f, a_in_b, apid, 16, an, al);
+    st = psagg_fabric_local_accept(qb.f, a_in_b, apid, 16, acommit, an, al);
     CHECK(st == PSAGG_EUNSUPPORTED && strstr(psagg_last_error(), "cannot read"),
           "unmapped probe accepted: %d %s", st, psagg_last_error());
     {
@@ -883,7 +896,7 @@ static void check_local_copy(void)
         }
         xread(pfd[0], &c, 1);
         if (c == 'y') {
-            st = psagg_fabric_local_accept(qb.f, a_in_b, (uint32_t)other, aprobe, an, al);
+            st = psagg_fabric_local_accept(qb.f, a_in_b, (uint32_t)other, aprobe, acommit, an, al);
             CHECK(st == PSAGG_EUNSUPPORTED && strstr(psagg_last_error(), "network namespace"),
                   "a process in another network namespace accepted: %d %s", st, psagg_last_error());
             fprintf(stderr, "[driver] local copy, other netns -> %s\n", psagg_last_error());
@@ -917,8 +930,8 @@ static void check_local_copy(void)
     e = next_event(&qa, &qb);
     CHECK(e.kind == PSAGG_FABRIC_SEND_DONE, "forged send: kind %d", e.kind);
 
-    CHECK(psagg_fabric_local_accept(qb.f, a_in_b, apid, aprobe, an, al) == PSAGG_OK &&
-              psagg_fabric_local_accept(qa.f, b_in_a, bpid, bprobe, bn, bl) == PSAGG_OK &&
+    CHECK(psagg_fabric_local_accept(qb.f, a_in_b, apid, aprobe, acommit, an, al) == PSAGG_OK &&
+              psagg_fabric_local_accept(qa.f, b_in_a, bpid, bprobe, bcommit, bn, bl) == PSAGG_OK &&
               psagg_fabric_local_send(qa.f, b_in_a) == PSAGG_OK &&
               psagg_fabric_local_send(qb.f, a_in_b) == PSAGG_OK,
           "local copies both ways: %s", psagg_last_error());
