@@ -128,8 +128,10 @@ int psagg_fabric_source_reliable(const psagg_fabric *f);
  * peer in src and a SEND_ERROR at the sender; a DESC or ACK from a peer that was not accepted
  * is delivered as an ordinary message (bad for the caller's protocol). A send whose reader's
  * process is gone fails (SEND_ERROR, PSAGG_EPEER) within a fraction of a second of polling
- * (psagg_fabric_poll looks every 0.2 s, while it waits too); a reader that exited but was not
- * yet waited for (a zombie) counts as alive until its parent reaps it.
+ * (psagg_fabric_poll looks every 0.2 s, while it waits too); the reader is watched through a
+ * pidfd, so a reader that exited but was not yet waited for (a zombie) counts as gone, and
+ * another process given the same pid later is not taken for it (kernels without pidfds,
+ * before 5.3: kill(pid, 0), which sees neither).
  */
 #define PSAGG_LOCAL_COMMIT_BYTES 32
 void psagg_fabric_local_self(psagg_fabric *f, uint32_t *pid, uint64_t *probe,

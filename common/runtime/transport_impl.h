@@ -46,6 +46,7 @@ struct fabric_op {
 struct local_peer {
     psagg_peer peer;
     pid_t pid;    /* we copy its descriptors out of this process (0: we do not) */
+    int pidfd;    /* that process (a pidfd: it cannot be another with the same pid), or -1 */
     int sends_to; /* it copies ours */
 };
 

@@ -21,17 +21,18 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
-
-#include <sodium.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <rdma/fabric.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
+#include <sodium.h>
 
 #include "base/clock.h"
 #include "base/error.h"
@@ -56,6 +57,9 @@ void fab_local_init(psagg_fabric *f, const void *name, size_t len)
 /* Free the peers, the slots and the ACKs still parked (the endpoint is closed already). */
 void fab_local_close(psagg_fabric *f)
 {
+    for (size_t i = 0; i < f->n_lpeers; i++)
+        if (f->lpeers[i].pidfd >= 0)
+            close(f->lpeers[i].pidfd);
     free(f->lpeers);
     free(f->slots);
     while (f->acks) {
@@ -89,6 +93,7 @@ static struct local_peer *local_add_locked(psagg_fabric *f, psagg_peer peer)
     lp = &f->lpeers[f->n_lpeers++];
     memset(lp, 0, sizeof(*lp));
     lp->peer = peer;
+    lp->pidfd = -1;
     return lp;
 }
 
@@ -355,6 +360,7 @@ psagg_status psagg_fabric_local_accept(psagg_fabric *f, psagg_peer peer, uint32_
                                        const void *name, size_t len)
 {
     uint8_t got[32 + PSAGG_FABRIC_NAME_MAX], hash[PSAGG_LOCAL_COMMIT_BYTES];
+    int pidfd;
     char path[64];
     struct stat self_ns, peer_ns;
     struct local_peer *lp;
@@ -373,15 +379,23 @@ psagg_status psagg_fabric_local_accept(psagg_fabric *f, psagg_peer peer, uint32_
     if (self_ns.st_ino != peer_ns.st_ino || self_ns.st_dev != peer_ns.st_dev)
         return psagg_fail(PSAGG_EUNSUPPORTED,
                           "process %u is in another network namespace (another host)", pid);
+    /* the process, held from now on: a pidfd names this one even if its pid is reused (a
+       kernel before 5.3 has none: then the pid alone, as kill(2) sees it) */
+    pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
     /* the secret, then the name: only the process that made the secret holds both */
     struct iovec li = {got, 32 + len}, ri = {(void *)(uintptr_t)probe, 32 + len};
     n = process_vm_readv((pid_t)pid, &li, 1, &ri, 1, 0);
-    if (n != (ssize_t)(32 + len))
+    if (n != (ssize_t)(32 + len)) {
+        if (pidfd >= 0)
+            close(pidfd);
         return psagg_fail(PSAGG_EUNSUPPORTED, "cannot read process %u: %s", pid,
                           n < 0 ? strerror(errno) : "short copy");
+    }
     crypto_generichash(hash, sizeof hash, got, 32, NULL, 0);
     if (sodium_memcmp(hash, commit, sizeof hash) != 0 || memcmp(got + 32, name, len) != 0) {
         sodium_memzero(got, sizeof got);
+        if (pidfd >= 0)
+            close(pidfd);
         return psagg_fail(PSAGG_EUNSUPPORTED,
                           "process %u does not hold the peer's secret and endpoint name at "
                           "0x%" PRIx64 ": it is not that peer",
@@ -390,8 +404,14 @@ psagg_status psagg_fabric_local_accept(psagg_fabric *f, psagg_peer peer, uint32_
     sodium_memzero(got, sizeof got);
     pthread_mutex_lock(&f->lock);
     lp = local_add_locked(f, peer);
-    if (lp)
+    if (lp) {
+        if (lp->pidfd >= 0)
+            close(lp->pidfd);
         lp->pid = (pid_t)pid;
+        lp->pidfd = pidfd;
+    } else if (pidfd >= 0) {
+        close(pidfd);
+    }
     pthread_mutex_unlock(&f->lock);
     return lp ? PSAGG_OK : psagg_fail(PSAGG_ENOMEM, "fabric local_accept: out of memory");
 }
@@ -476,6 +496,17 @@ psagg_status fab_local_send(psagg_fabric *f, psagg_peer to, const void *buf, siz
  * was less than LOCAL_REAP_MS ago.
  */
 #define LOCAL_REAP_MS 200
+
+/* Whether a reader's process has exited: its pidfd is readable then (a zombie included). */
+static int local_peer_gone(const struct local_peer *lp)
+{
+    if (lp->pidfd >= 0) {
+        struct pollfd p = {.fd = lp->pidfd, .events = POLLIN};
+        return poll(&p, 1, 0) > 0;
+    }
+    return kill(lp->pid, 0) != 0 && errno == ESRCH;
+}
+
 void fab_local_reap(psagg_fabric *f)
 {
     int64_t now = psagg_now_ms();
@@ -492,7 +523,7 @@ void fab_local_reap(psagg_fabric *f)
     for (uint32_t i = 0; i < f->slots_cap; i++) {
         struct fabric_op *op = f->slots[i].op;
         struct local_peer *lp = op ? local_find_locked(f, op->peer) : NULL;
-        if (lp == NULL || lp->pid == 0 || kill(lp->pid, 0) == 0 || errno != ESRCH)
+        if (lp == NULL || lp->pid == 0 || !local_peer_gone(lp))
             continue;
         slot_free_locked(f, i);
         memset(&e, 0, sizeof(e));
