@@ -308,11 +308,12 @@ psagg_status psagg_set_lr(psagg_ctx *ctx, uint32_t key, float lr, float weight_d
     psagg_clear_error();
     if (!ctx || !ctx->declared)
         return psagg_fail(PSAGG_EINVAL, "psagg_set_lr: call psagg_declare first");
-    if (!isfinite(lr) || lr < 0 || !isfinite(weight_decay) || weight_decay < 0)
+    if (!isfinite(lr) || lr < 0 || lr > PSAGG_LR_MAX || !isfinite(weight_decay) ||
+        weight_decay < 0 || weight_decay > PSAGG_LR_MAX)
         return psagg_fail(PSAGG_EINVAL,
-                          "psagg_set_lr: learning rate %g and weight decay %g must be finite and "
-                          ">= 0",
-                          (double)lr, (double)weight_decay);
+                          "psagg_set_lr: learning rate %g and weight decay %g must be in 0..%g "
+                          "(as [server] lr and weight_decay)",
+                          (double)lr, (double)weight_decay, (double)PSAGG_LR_MAX);
     if (key != PSAGG_ALL_KEYS && (key >= ctx->n_user || !ctx->layout.tensors[key].param))
         return psagg_fail(PSAGG_EINVAL, "psagg_set_lr: key %u is no declared parameter tensor",
                           key);

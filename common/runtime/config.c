@@ -88,6 +88,19 @@ static int known_section(const char *s, size_t len)
 static int file_error(struct load_state *st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/*
+ * The position of the first control character (below 0x20, or 0x7f) in val, or -1. No value
+ * may hold one: a path with a newline would print as two lines in --check-config, which the
+ * launchers parse.
+ */
+static long control_at(const char *val)
+{
+    for (const char *p = val; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            return p - val;
+    return -1;
+}
+
 /* Record the first error as "path:line: message"; later ones are dropped. */
 static int file_error(struct load_state *st, const char *fmt, ...)
 {
@@ -177,6 +190,7 @@ static int on_key(void *user, const char *section, const char *name, const char 
     const struct key *k;
     char why[300], val[INI_MAX_LINE + 1];
     int cont;
+    long at;
     size_t idx;
 
     if (st->err_line)
@@ -205,6 +219,11 @@ static int on_key(void *user, const char *section, const char *name, const char 
     st->prev = k;
     if (!cont)
         st->set_line[idx] = st->lineno;
+    if ((at = control_at(val)) >= 0)
+        return file_error(st,
+                          "[%s] %s: the value has a control character (0x%02x) at position %ld: "
+                          "no value may contain one",
+                          section, name, (unsigned)(unsigned char)val[at], at);
     if (k->parse(k, val, cont, st->cfg, why, sizeof why))
         return file_error(st, "[%s] %s = '%s': expected %s", section, name, val, why);
     return 1;
@@ -286,11 +305,17 @@ static int apply_env(struct load_state *st)
         const struct key *k = &config_keys[i];
         char name[128], why[300];
         const char *val;
+        long at;
 
         env_name(k, name, sizeof name);
         val = getenv(name);
         if (!val || env_is_reserved(name, strlen(name)))
             continue;
+        if ((at = control_at(val)) >= 0)
+            return psagg_fail(PSAGG_ECONFIG,
+                              "env %s: the value has a control character (0x%02x) at position "
+                              "%ld: no value may contain one ([%s] %s)",
+                              name, (unsigned)(unsigned char)val[at], at, k->section, k->name);
         if (k->parse(k, val, 0, st->cfg, why, sizeof why))
             return psagg_fail(PSAGG_ECONFIG, "env %s: '%s' for [%s] %s: expected %s", name, val,
                               k->section, k->name, why);
@@ -302,6 +327,12 @@ static int apply_env(struct load_state *st)
         const char *val = getenv("PSAGG_TIMELINE");
         char why[300];
         if (val && !getenv("PSAGG_LOG_TIMELINE")) {
+            long at = control_at(val);
+            if (at >= 0)
+                return psagg_fail(PSAGG_ECONFIG,
+                                  "env PSAGG_TIMELINE: the value has a control character (0x%02x) "
+                                  "at position %ld: no value may contain one",
+                                  (unsigned)(unsigned char)val[at], at);
             if (k->parse(k, val, 0, st->cfg, why, sizeof why))
                 return psagg_fail(PSAGG_ECONFIG, "env PSAGG_TIMELINE: '%s': expected %s", val, why);
             st->env_set[k - config_keys] = 1;

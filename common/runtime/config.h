@@ -34,6 +34,9 @@ typedef enum psagg_gpu_mode {
 /* The most bytes a [cluster] secret_file may hold (it must be a regular file). */
 #define PSAGG_SECRET_MAX (1 << 20)
 
+/* [server] lr and weight_decay, psagg_set_lr's and every parameter push's: 0..this */
+#define PSAGG_LR_MAX 1e6f
+
 typedef struct psagg_config {
     char path[256];
 

@@ -3,6 +3,7 @@
 
 #include "kernels/codec.h"
 #include "runtime/adaptive.h"
+#include "runtime/config.h"
 
 #include <math.h>
 #include <string.h>
@@ -115,9 +116,9 @@ const char *psagg_msg_check(const void *msg, size_t msg_len, size_t tag_bytes,
         default:
             return "kind";
         }
-        if (!isfinite(prm.lr) || prm.lr < 0)
+        if (!isfinite(prm.lr) || prm.lr < 0 || prm.lr > PSAGG_LR_MAX)
             return "lr";
-        if (!isfinite(prm.weight_decay) || prm.weight_decay < 0)
+        if (!isfinite(prm.weight_decay) || prm.weight_decay < 0 || prm.weight_decay > PSAGG_LR_MAX)
             return "weight_decay";
         if (body != len)
             return "len";

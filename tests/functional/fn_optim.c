@@ -231,6 +231,16 @@ int main(int argc, char **argv)
         printf("INIT from step %u: every worker holds %s weights\n", start,
                start ? "the checkpoint's" : "worker 0's");
 
+    /* the config's range applies to the API too: 0..1e6, finite */
+    {
+        static const float bad[][2] = {{1e30f, 0}, {2e6f, 0}, {0.1f, 1e7f}, {-1, 0}};
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+            if (psagg_set_lr(ctx, PSAGG_ALL_KEYS, bad[i][0], bad[i][1]) != PSAGG_EINVAL ||
+                !strstr(psagg_last_error(), "0..1e+06"))
+                FAIL("psagg_set_lr(%g, %g) was not refused: %s", (double)bad[i][0],
+                     (double)bad[i][1], psagg_last_error());
+    }
+
     for (uint32_t s = start; s < steps; s++) {
         psagg_handle *h[N_P + 1];
         for (uint32_t t = 0; t < N_P; t++) {

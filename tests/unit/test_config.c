@@ -251,6 +251,12 @@ static void test_errors(void)
     EXPECT_ERROR(MINIMAL "\n[nosuch]\n", 6, "unknown section [nosuch]");
     EXPECT_ERROR(MINIMAL "[nosuch]\nx = 1\n", 5, "unknown section [nosuch]");
     EXPECT_ERROR("job_id = x\n" MINIMAL, 1, "'job_id' outside any section");
+    /* control characters in a value (a tab, an escape, DEL), at file:line */
+    EXPECT_ERROR(MINIMAL "[server]\ncheckpoint_dir = /tmp/a\tb\n", 6, "[server] checkpoint_dir",
+                 "control character (0x09) at position 6");
+    EXPECT_ERROR("[cluster]\njob_id = j\x1b\nservers = 127.0.0.1:1\nworkers = 2\n", 2,
+                 "[cluster] job_id", "control character (0x1b)");
+    EXPECT_ERROR(MINIMAL "[log]\ntimeline = /tmp/t\x7f\n", 6, "control character (0x7f)");
     /* bad values, with the expectation */
     EXPECT_ERROR(MINIMAL "[worker]\n; c\nseed = abc\n", 7, "seed", "'abc'", "expected");
     EXPECT_ERROR("[cluster]\njob_id = j\nservers = 127.0.0.1:1\nworkers = 0\n", 4, "workers",
@@ -394,6 +400,22 @@ static void test_env(void)
     CHECK(strstr(psagg_last_error(), "env PSAGG_CODEC_BUCKET: ") == psagg_last_error(), "'%s'",
           psagg_last_error());
     unsetenv("PSAGG_CODEC_BUCKET");
+
+    /* control characters: never in a value (a newline in a path would print an extra line in
+       --check-config, which the launchers parse) */
+    setenv("PSAGG_SERVER_CHECKPOINT_DIR", "/tmp/x\ncluster.workers = 99", 1);
+    CHECK(psagg_config_load(path, &cfg) == PSAGG_ECONFIG &&
+              strstr(psagg_last_error(), "env PSAGG_SERVER_CHECKPOINT_DIR: ") ==
+                  psagg_last_error() &&
+              strstr(psagg_last_error(), "control character (0x0a) at position 6"),
+          "a newline in an env value: '%s'", psagg_last_error());
+    unsetenv("PSAGG_SERVER_CHECKPOINT_DIR");
+    setenv("PSAGG_TIMELINE", "/tmp/t\x1b[2J", 1);
+    CHECK(psagg_config_load(path, &cfg) == PSAGG_ECONFIG &&
+              strstr(psagg_last_error(), "env PSAGG_TIMELINE: ") &&
+              strstr(psagg_last_error(), "control character (0x1b)"),
+          "an escape in PSAGG_TIMELINE: '%s'", psagg_last_error());
+    unsetenv("PSAGG_TIMELINE");
 
     /* unknown key in a known section */
     setenv("PSAGG_CLUSTER_BOGUS", "1", 1);
