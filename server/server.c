@@ -73,8 +73,8 @@ int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *s
     }
     if (cfg->secret_file[0] && !srv->source_reliable && !cfg->data_auth)
         LOG_WARN(&srv->log,
-                 "provider %s cannot tell which process sent a message: with a secret_file, "
-                 "set [cluster] data_auth = on so that only the job's workers can push data",
+                 "provider %s cannot tell which process sent a message: with data_auth off, "
+                 "any process on this host can push data as a worker",
                  psagg_fabric_provider(srv->fab));
     if (psagg_tcp_listen(&cfg->servers[rank], &srv->listen_fd)) {
         LOG_ERROR(&srv->log, "%s", psagg_last_error());

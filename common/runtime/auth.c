@@ -2,9 +2,11 @@
 #include "runtime/auth.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
+#include <openssl/evp.h>
 #include <sodium.h>
 
 #include "runtime/wire.h"
@@ -129,22 +131,69 @@ static void onetime_key(const psagg_data_key *k, const void *msg,
                        sizeof k->key);
 }
 
+/*
+ * Poly1305 of a message under its one-time key: libsodium's for short messages (no set-up
+ * cost), OpenSSL's above POLY_OPENSSL_MIN bytes (its AVX2/AVX-512 code runs about 3x faster
+ * on long buffers, close to the memory's bandwidth; the same algorithm, so the same tags).
+ * OpenSSL's context is kept per thread.
+ */
+#define POLY_OPENSSL_MIN 4096
+
+static pthread_key_t poly_key;
+static pthread_once_t poly_once = PTHREAD_ONCE_INIT;
+static EVP_MAC *poly_mac;
+
+static void poly_ctx_free(void *ctx)
+{
+    EVP_MAC_CTX_free(ctx);
+}
+
+static void poly_init(void)
+{
+    poly_mac = EVP_MAC_fetch(NULL, "POLY1305", NULL);
+    if (pthread_key_create(&poly_key, poly_ctx_free)) {
+        EVP_MAC_free(poly_mac);
+        poly_mac = NULL;
+    }
+}
+
+static void poly1305(uint8_t tag[PSAGG_MSG_MAC_BYTES], const void *msg, size_t len,
+                     const uint8_t otk[crypto_onetimeauth_KEYBYTES])
+{
+    EVP_MAC_CTX *c = NULL;
+    size_t out = 0;
+    if (len >= POLY_OPENSSL_MIN) {
+        pthread_once(&poly_once, poly_init);
+        if (poly_mac && !(c = pthread_getspecific(poly_key)) && (c = EVP_MAC_CTX_new(poly_mac)) &&
+            pthread_setspecific(poly_key, c)) {
+            EVP_MAC_CTX_free(c);
+            c = NULL;
+        }
+    }
+    if (c && EVP_MAC_init(c, otk, crypto_onetimeauth_KEYBYTES, NULL) &&
+        EVP_MAC_update(c, msg, len) && EVP_MAC_final(c, tag, &out, PSAGG_MSG_MAC_BYTES) &&
+        out == PSAGG_MSG_MAC_BYTES)
+        return;
+    crypto_onetimeauth(tag, msg, len, otk); /* short, or OpenSSL could not: the same tag */
+}
+
 void psagg_msg_mac(const psagg_data_key *k, const void *msg, size_t len,
                    uint8_t tag[PSAGG_MSG_MAC_BYTES])
 {
     uint8_t otk[crypto_onetimeauth_KEYBYTES];
     onetime_key(k, msg, otk);
-    crypto_onetimeauth(tag, msg, len, otk);
+    poly1305(tag, msg, len, otk);
     sodium_memzero(otk, sizeof otk);
 }
 
 int psagg_msg_mac_ok(const psagg_data_key *k, const void *msg, size_t len,
                      const uint8_t tag[PSAGG_MSG_MAC_BYTES])
 {
-    uint8_t otk[crypto_onetimeauth_KEYBYTES];
+    uint8_t otk[crypto_onetimeauth_KEYBYTES], want[PSAGG_MSG_MAC_BYTES];
     int ok;
     onetime_key(k, msg, otk);
-    ok = crypto_onetimeauth_verify(tag, msg, len, otk) == 0;
+    poly1305(want, msg, len, otk);
+    ok = sodium_memcmp(want, tag, PSAGG_MSG_MAC_BYTES) == 0;
     sodium_memzero(otk, sizeof otk);
     return ok;
 }

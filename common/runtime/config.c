@@ -364,12 +364,14 @@ static void key_origin(const struct load_state *st, const char *section, const c
  */
 static psagg_status check_secret(const struct load_state *st)
 {
-    const psagg_config *cfg = st->cfg;
+    psagg_config *cfg = st->cfg;
     char where[300];
     struct stat sb;
     unsigned char byte;
     int fd, rc, c, err;
 
+    if (cfg->data_auth == PSAGG_DATA_AUTH_AUTO) /* a secret means the data is authenticated */
+        cfg->data_auth = cfg->secret_file[0] != 0;
     if (cfg->data_auth && !cfg->secret_file[0]) {
         key_origin(st, "cluster", "data_auth", where, sizeof where);
         return psagg_fail(PSAGG_ECONFIG,

@@ -34,6 +34,8 @@ typedef enum psagg_gpu_mode {
 /* The most bytes a [cluster] secret_file may hold (it must be a regular file). */
 #define PSAGG_SECRET_MAX (1 << 20)
 
+#define PSAGG_DATA_AUTH_AUTO 2 /* [cluster] data_auth = auto (only while the config loads) */
+
 /* [server] lr and weight_decay, psagg_set_lr's and every parameter push's: 0..this */
 #define PSAGG_LR_MAX 1e6f
 
@@ -53,8 +55,9 @@ typedef struct psagg_config {
                         */
     char secret_file[256];   /* `secret_file`, optional: the job's shared secret (HELLO token,
                                 data keys); must be readable and not empty */
-    int data_auth;           /* `data_auth`, default off: a MAC on every data message (needs
-                                secret_file) */
+    int data_auth;           /* `data_auth`, default auto: a MAC on every data message (needs
+                                secret_file); auto is on with a secret_file, off without, and
+                                is resolved by psagg_config_load (0 or 1 afterwards) */
     char worker_hosts[1024]; /* `worker_hosts`, optional: "host:slots host ..." where cluster
                                 launchers start the workers (slots default 1; they sum to
                                 `workers`); the processes themselves do not use it */

@@ -54,6 +54,9 @@ static int parse_real(const struct key *, const char *, int, psagg_config *, cha
 
 static const char *const bool_names[] = {"off", "on", "false", "true", "0", "1", "no", "yes", NULL};
 static const int bool_values[] = {0, 1, 0, 1, 0, 1, 0, 1};
+static const char *const data_auth_names[] = {"off", "on",  "auto", "false", "true",
+                                              "0",   "1",   "no",   "yes",   NULL};
+static const int data_auth_values[] = {0, 1, PSAGG_DATA_AUTH_AUTO, 0, 1, 0, 1, 0, 1};
 static const char *const gpu_names[] = {"off", "on", "auto", NULL};
 static const int gpu_values[] = {PSAGG_GPU_OFF, PSAGG_GPU_ON, PSAGG_GPU_AUTO};
 static const char *const rounding_names[] = {"stochastic", "nearest", NULL};
@@ -79,8 +82,8 @@ const struct key config_keys[] = {
     KEY("cluster", "connect_timeout_ms", connect_timeout_ms, parse_number, .min = 1, .max = DAY_MS),
     KEY("cluster", "op_timeout_ms", op_timeout_ms, parse_number, .min = 100, .max = DAY_MS),
     KEY("cluster", "secret_file", secret_file, parse_path, .flags = 0),
-    KEY("cluster", "data_auth", data_auth, parse_enum, .choices = bool_names,
-        .values = bool_values),
+    KEY("cluster", "data_auth", data_auth, parse_enum, .choices = data_auth_names,
+        .values = data_auth_values),
     KEY("cluster", "worker_hosts", worker_hosts, parse_worker_hosts, .flags = 0),
     /* [server] */
     KEY("server", "threads", server_threads, parse_number, .min = 0, .max = 1024),
@@ -143,6 +146,7 @@ void config_set_defaults(psagg_config *cfg)
     memset(cfg, 0, sizeof *cfg);
     snprintf(cfg->provider, sizeof cfg->provider, "tcp");
     cfg->local_copy = 1;
+    cfg->data_auth = PSAGG_DATA_AUTH_AUTO;
     cfg->connect_timeout_ms = 30000;
     cfg->op_timeout_ms = 60000;
     cfg->server_threads = 0;

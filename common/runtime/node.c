@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/log.h"
 #include "runtime/layout.h"
 #include "runtime/wire.h"
 
@@ -21,6 +22,15 @@ psagg_status psagg_node_open(const psagg_config *cfg, const char *role, int rank
     psagg_data_key_make(&out->job_key, cfg->job_id, out->nonce, &out->data_key);
     out->tag_bytes = cfg->data_auth ? PSAGG_MSG_MAC_BYTES : 0;
     out->max_msg = psagg_max_message(cfg);
+    if (out->job_key.secret && !cfg->data_auth)
+        LOG_WARN(&out->log,
+                 "[cluster] data_auth = off: the job has a secret_file, but its data messages "
+                 "carry no MAC; they are checked only by the fabric address they come from, so "
+                 "a process that can forge one can alter gradients (data_auth = auto, the "
+                 "default, authenticates them whenever there is a secret)");
+    else if (!out->job_key.secret)
+        LOG_INFO(&out->log, "no [cluster] secret_file: any process that can reach this job's "
+                            "ports can join it; set one to authenticate peers and data");
     return PSAGG_OK;
 }
 

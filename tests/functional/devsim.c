@@ -657,7 +657,7 @@ void *devsim_user_stream(int device)
 {
     if (!user_streams[device]) {
         int saved = cur_dev;
-        void *s;
+        void *s = NULL;
         cur_dev = device;
         if (x_stream_create(&s) == PSAGG_OK)
             user_streams[device] = s;

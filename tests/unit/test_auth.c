@@ -8,8 +8,11 @@
 #include "runtime/message.h"
 
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <sodium.h>
 
 static char dir[] = "/tmp/psagg-test-auth-XXXXXX";
 
@@ -170,12 +173,49 @@ static void check_mac(void)
     CHECK(memcmp(saved, tag, sizeof saved), "two headers, one tag");
 }
 
+/*
+ * Long messages take OpenSSL's Poly1305, short ones libsodium's: every length gives the tag of
+ * the one definition (Poly1305 under BLAKE2b-256(data key, header)), so both ends agree
+ * whichever each used; a flipped byte anywhere in a long message is caught.
+ */
+static void check_mac_lengths(void)
+{
+    static const size_t lens[] = {32, 33, 4095, 4096, 4097, 65536, 262144 + 17, 1u << 20};
+    psagg_job_key k;
+    psagg_data_key dk;
+    uint8_t n[PSAGG_NONCE_BYTES], otk[crypto_onetimeauth_KEYBYTES];
+    uint8_t tag[PSAGG_MSG_MAC_BYTES], want[PSAGG_MSG_MAC_BYTES];
+    uint8_t *msg = malloc(1u << 20);
+    CHECK(msg, "memory");
+    load_key("secret A\n", &k);
+    psagg_nonce_make(n);
+    psagg_data_key_make(&k, "job", n, &dk);
+    for (size_t i = 0; i < (1u << 20); i++)
+        msg[i] = (uint8_t)(i * 131 + 7);
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+        size_t len = lens[li];
+        crypto_generichash(otk, sizeof otk, msg, sizeof(psagg_msg_hdr), dk.key, sizeof dk.key);
+        crypto_onetimeauth(want, msg, len, otk);
+        psagg_msg_mac(&dk, msg, len, tag);
+        CHECK(!memcmp(tag, want, sizeof tag), "length %zu: not Poly1305's tag", len);
+        CHECK(psagg_msg_mac_ok(&dk, msg, len, tag), "length %zu: fails its own MAC", len);
+        msg[len - 1] ^= 0x40;
+        CHECK(!psagg_msg_mac_ok(&dk, msg, len, tag), "length %zu: the last byte not covered", len);
+        msg[len - 1] ^= 0x40;
+        msg[len / 2] ^= 1;
+        CHECK(!psagg_msg_mac_ok(&dk, msg, len, tag), "length %zu: the middle not covered", len);
+        msg[len / 2] ^= 1;
+    }
+    free(msg);
+}
+
 int main(void)
 {
     CHECK(mkdtemp(dir), "mkdtemp");
     check_job_keys();
     check_tokens();
     check_mac();
+    check_mac_lengths();
     {
         char path[64];
         snprintf(path, sizeof path, "%s/secret", dir);

@@ -226,6 +226,28 @@ static void test_optimizer(void)
                  "cannot be combined", "adam");
 }
 
+/* data_auth = auto (the default): on with a secret_file, off without; on and off as said. */
+static void test_data_auth_default(void)
+{
+    char text[PATH_MAX + 128], secret[PATH_MAX];
+    psagg_config cfg;
+    snprintf(secret, sizeof secret, "%s", write_ini("a secret\n"));
+    CHECK(psagg_config_load(write_ini(MINIMAL), &cfg) == PSAGG_OK && cfg.data_auth == 0,
+          "no secret: data_auth %d", cfg.data_auth);
+    snprintf(text, sizeof text, MINIMAL "secret_file = %s\n", secret);
+    CHECK(psagg_config_load(write_ini(text), &cfg) == PSAGG_OK && cfg.data_auth == 1,
+          "a secret and data_auth by default: %d", cfg.data_auth);
+    snprintf(text, sizeof text, MINIMAL "secret_file = %s\ndata_auth = auto\n", secret);
+    CHECK(psagg_config_load(write_ini(text), &cfg) == PSAGG_OK && cfg.data_auth == 1,
+          "a secret and data_auth = auto: %d", cfg.data_auth);
+    snprintf(text, sizeof text, MINIMAL "secret_file = %s\ndata_auth = off\n", secret);
+    CHECK(psagg_config_load(write_ini(text), &cfg) == PSAGG_OK && cfg.data_auth == 0,
+          "a secret and data_auth = off: %d", cfg.data_auth);
+    CHECK(psagg_config_load(write_ini(MINIMAL "data_auth = auto\n"), &cfg) == PSAGG_OK &&
+              cfg.data_auth == 0,
+          "no secret and data_auth = auto: %d", cfg.data_auth);
+}
+
 /* A secret_file that cannot be used is a start-up error at its line, not a refused HELLO. */
 static void test_secret_errors(void)
 {
@@ -514,6 +536,7 @@ int main(void)
     test_all_keys();
     test_errors();
     test_secret_errors();
+    test_data_auth_default();
     test_missing();
     test_env();
     test_hostport();
