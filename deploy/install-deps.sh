@@ -48,7 +48,7 @@ set -euo pipefail
 
 PKGS=(
     build-essential cmake pkg-config git python3 clang libclang-rt-14-dev
-    libfabric-dev libfabric-bin libjemalloc-dev libinih-dev zlib1g-dev libsodium-dev
+    libfabric-dev libfabric-bin libjemalloc-dev libinih-dev zlib1g-dev libsodium-dev libssl-dev
     openmpi-bin libopenmpi-dev
     python3-torch python3-sklearn python3-matplotlib python3-numpy
     iproute2 procps time
@@ -58,11 +58,12 @@ PKGS=(
 
 # What a bundle must provide to build and run psagg (tests/examples included, not benchmarks).
 BUNDLE_ROOTS=(
-    libfabric-dev libfabric-bin libjemalloc-dev libinih-dev libsodium-dev libmicrohttpd-dev
-    zlib1g-dev pkg-config
+    libfabric-dev libfabric-bin libjemalloc-dev libinih-dev libsodium-dev libssl-dev
+    libmicrohttpd-dev zlib1g-dev pkg-config
 )
 # What psagg's programs and libpsagg load (and pkg-config runs): the "run" part of a bundle.
-RUNTIME_ROOTS=(libfabric1 libfabric-bin libjemalloc2 libinih1 libsodium23 libmicrohttpd12 zlib1g pkgconf-bin)
+RUNTIME_ROOTS=(libfabric1 libfabric-bin libjemalloc2 libinih1 libsodium23 libssl3 libmicrohttpd12 zlib1g
+    pkgconf-bin)
 
 say() { echo "install-deps: $*"; }
 die() { echo "install-deps: $*" >&2; exit 1; }
@@ -298,7 +299,7 @@ export PSAGG_DEPS_PREFIX="$prefix"
 EOF
     # every library psagg loads must resolve (inside the prefix or on this system)
     local missing
-    missing=$(for so in libfabric.so.1 libjemalloc.so.2 libinih.so.1 libsodium.so.23 libmicrohttpd.so.12; do
+    missing=$(for so in libfabric.so.1 libjemalloc.so.2 libinih.so.1 libsodium.so.23 libcrypto.so.3 libmicrohttpd.so.12; do
         LD_LIBRARY_PATH=$libs ldd "$lib/$so" 2>&1 | sed -n "s|^\t*\(.*\) => not found|$so needs \1|p"
     done)
     [ -z "$missing" ] || die "prefix $prefix is incomplete: $missing"

@@ -5,7 +5,7 @@
 #   1. install-deps.sh --from BUNDLE --prefix TMP (prefix mode: no root, no network, the
 #      system untouched);
 #   2. pkg-config (the prefix's own, from env.sh) gives include and library dirs inside the
-#      prefix for libfabric, jemalloc, inih, libsodium, libmicrohttpd and zlib;
+#      prefix for libfabric, jemalloc, inih, libsodium, libcrypto, libmicrohttpd and zlib;
 #   3. a C program calling each of them compiles with those flags (as CMake's pkg_check_modules
 #      would), runs with env.sh's LD_LIBRARY_PATH, and ldd maps each library into the prefix;
 #   4. a manifest whose sha256 does not match a .deb is refused.
@@ -34,7 +34,7 @@ prefix=$tmp/prefix
     # 2. pkg-config: the prefix's binary, every directory under the prefix
     [ "$(command -v pkg-config)" = "$prefix/usr/bin/pkg-config" ] ||
         fail "pkg-config is $(command -v pkg-config), not the prefix's"
-    mods="libfabric jemalloc inih libsodium libmicrohttpd zlib"
+    mods="libfabric jemalloc inih libsodium libcrypto libmicrohttpd zlib"
     for m in $mods; do
         libdir=$(pkg-config --variable=libdir "$m") || fail "pkg-config does not know $m"
         case $libdir in "$prefix"/*) ;; *) fail "$m: libdir $libdir is outside the prefix" ;; esac
@@ -49,6 +49,7 @@ prefix=$tmp/prefix
 #include <ini.h>
 #include <jemalloc/jemalloc.h>
 #include <microhttpd.h>
+#include <openssl/crypto.h>
 #include <rdma/fabric.h>
 #include <sodium.h>
 #include <stdio.h>
@@ -63,8 +64,9 @@ int main(void)
 {
     int keys = 0;
     void *p = malloc(64); /* jemalloc's */
-    printf("fabric %u.%u sodium %s mhd %s zlib %s\n", FI_MAJOR(fi_version()), FI_MINOR(fi_version()),
-           sodium_version_string(), MHD_get_version(), zlibVersion());
+    printf("fabric %u.%u sodium %s %s mhd %s zlib %s\n", FI_MAJOR(fi_version()),
+           FI_MINOR(fi_version()), sodium_version_string(), OpenSSL_version(OPENSSL_VERSION),
+           MHD_get_version(), zlibVersion());
     free(p);
     return sodium_init() < 0 || ini_parse_string("[a]\nb=1\n", on_key, &keys) != 0 || keys != 1;
 }
@@ -75,7 +77,7 @@ C
     ldd "$tmp/t" >"$tmp/ldd.txt"
     cat "$tmp/ldd.txt"
     ! grep -q 'not found' "$tmp/ldd.txt" || fail "unresolved libraries"
-    for so in libfabric.so.1 libjemalloc.so.2 libinih.so.1 libsodium.so.23 libmicrohttpd.so.12 \
+    for so in libfabric.so.1 libjemalloc.so.2 libinih.so.1 libsodium.so.23 libcrypto.so.3 libmicrohttpd.so.12 \
         libibverbs.so.1 librdmacm.so.1 libpsm2.so.2; do
         grep -q "$so => $prefix/" "$tmp/ldd.txt" || fail "$so does not resolve into the prefix"
     done
