@@ -159,7 +159,12 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
 
     snprintf(job_id, sizeof job_id, "%.*s", PSAGG_JOB_ID_MAX - 1, hello->job_id);
     if (srv->job_key.secret) {
-        psagg_hello_token(&srv->job_key, hello, (uint32_t)srv->rank, p->challenge, expect);
+        /* the token of this HELLO as a worker of *this* job would have made it: a worker of
+           another job id with the same secret fails here, learning nothing */
+        psagg_ctl_hello mine = *hello;
+        memset(mine.job_id, 0, sizeof mine.job_id);
+        snprintf(mine.job_id, sizeof mine.job_id, "%s", srv->cfg.job_id);
+        psagg_hello_token(&srv->job_key, &mine, (uint32_t)srv->rank, p->challenge, expect);
         if (!psagg_token_equal(expect, hello->auth)) {
             snprintf(msg, len,
                      "server %d: authentication failed (the job id or the secret_file differs, "
