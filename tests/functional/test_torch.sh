@@ -21,6 +21,10 @@
 #              tests/functional/torch_resume.py: a checkpoint after step 4 (ServerOptimizer.
 #              checkpoint), the job stopped after step 6, the servers restarted with resume:
 #              start_step 4 and the same final weights as an uninterrupted run
+#   diloco     tests/functional/torch_diloco.py: psagg.torch.DiLoCo (outer SGD with Nesterov
+#              momentum on the servers), fp32 outer gradients within fp32 rounding of a
+#              single-process reference (plain, and streaming with 2 fragments, delay 1,
+#              alpha 0.5), maxmin4 ones; anchors bit-identical on every rank after every sync
 # Exit 0 passed, 1 failed, 77 skipped (Debian's /usr/bin/python3 lacks torch or sklearn).
 set -u -o pipefail
 
@@ -172,6 +176,27 @@ server_optim)
     [[ $(awk '{print $2}' <<<"$resumed") == $(awk '{print $2}' <<<"$full") && $(awk '{print $1}' <<<"$resumed") == 3 ]] ||
         { cat "$tmp/resume.out" >&2; fail "resume: $resumed, the uninterrupted run $full"; }
     echo "test_torch: resumed at step 4: $(awk '{print $2}' <<<"$resumed") = uninterrupted"
+    ;;
+diloco)
+    # psagg.torch.DiLoCo, 4 workers: fp32 outer gradients against the reference (plain, then
+    # streaming: 2 fragments, a delay of 1 step, alpha 0.5), maxmin4 ones (with error feedback);
+    # every rank's anchors bit-identical after every applied sync
+    for v in "fp32:1:0:0.0" "fp32:2:1:0.5" "maxmin4:1:0:0.0" "maxmin4:4:1:0.0"; do
+        IFS=: read -r codec frags delay alpha <<<"$v"
+        {
+            sed -e "s/^default = maxmin4/default = $codec/" -e "s/^job_id = .*/job_id = test-diloco-$frags-$delay-$port/" "$tmp/job.ini"
+            printf '[server]\noptimizer = sgd\nmomentum = 0.9\nnesterov = on\n'
+        } >"$tmp/dl.ini"
+        CODEC=$codec FRAGMENTS=$frags DELAY=$delay ALPHA=$alpha H=8 STEPS=40 \
+            "$repo/deploy/psagg-local" --config "$tmp/dl.ini" --timeout 180 -- \
+            "$py" "$repo/tests/functional/torch_diloco.py" >"$tmp/dl.out" 2>&1 ||
+            { tail -n 30 "$tmp/dl.out" >&2; fail "diloco $v: psagg-local exited $?"; }
+        (($(grep -c 'DILOCO ok' "$tmp/dl.out") == 4)) || { cat "$tmp/dl.out" >&2; fail "diloco $v: not every rank passed"; }
+        n=$(grep -c 'DILOCO-DIGEST' "$tmp/dl.out")
+        distinct=$(sed -n 's/.*DILOCO-DIGEST \(step=[0-9]* [0-9a-f]*\).*/\1/p' "$tmp/dl.out" | sort -u | wc -l)
+        ((n > 0 && n == 4 * distinct)) || { grep DILOCO-DIGEST "$tmp/dl.out" >&2; fail "diloco $v: the ranks' anchors differ"; }
+        echo "diloco $v: $distinct syncs, anchors bit-identical on 4 ranks; $(grep -m1 -o 'DILOCO ok rank=0.*' "$tmp/dl.out")"
+    done
     ;;
 *) fail "unknown case '$case'" ;;
 esac

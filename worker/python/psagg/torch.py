@@ -38,8 +38,9 @@ import torch
 import psagg as _p
 
 __all__ = ["init", "shutdown", "session", "stats", "assignment", "register_ddp_hook",
-           "ddp_comm_hook", "DistributedOptimizer", "ServerOptimizer", "broadcast_parameters",
-           "rank", "world_size", "local_rank", "checkpoint"]
+           "ddp_comm_hook", "DistributedOptimizer", "ServerOptimizer", "DiLoCo",
+           "diloco_ddp_hook", "broadcast_parameters", "rank", "world_size", "local_rank",
+           "checkpoint"]
 
 _BROADCAST_KEY = "psagg.broadcast"
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -129,9 +130,12 @@ class _Session:
         self._lock = threading.Lock()
 
     # ---- declaration ----
-    def declare(self, named_parameters, codec=None, error_feedback=None, params=False):
-        """params: declare them as parameters the servers optimize (ServerOptimizer)."""
-        named = [(n, p) for n, p in named_parameters if p.requires_grad]
+    def declare(self, named_parameters, codec=None, error_feedback=None, params=False,
+                all_tensors=False):
+        """params: declare them as parameters the servers optimize (ServerOptimizer, DiLoCo).
+        all_tensors: every tensor given, not only those that require a gradient (DiLoCo's
+        anchors)."""
+        named = [(n, p) for n, p in named_parameters if all_tensors or p.requires_grad]
         if not named:
             raise ValueError("psagg.torch: no parameter requires a gradient")
         with self._lock:
@@ -565,6 +569,179 @@ class ServerOptimizer(torch.optim.Optimizer):
         """Every server writes the weights and the optimizer's state ([server] checkpoint_dir).
         Call between steps (after step()); one worker is enough."""
         self._psagg.ctx.checkpoint()
+
+
+def diloco_ddp_hook(state, bucket):
+    """A DDP communication hook that communicates nothing: each worker keeps its own gradient
+    (DiLoCo's inner steps are local). register it with ddp.register_comm_hook(None,
+    psagg.torch.diloco_ddp_hook) when DDP wraps a model that DiLoCo trains."""
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def diloco_fragments(sizes, fragments):
+    """DiLoCo's split of tensors of these sizes (in order) into `fragments` contiguous groups:
+    a group closes once it holds its share (total / fragments) of the elements, or when the
+    tensors left are just enough to give every later group one. The fragment of each tensor;
+    every fragment gets at least one (fragments <= len(sizes))."""
+    total, acc, f, in_f, out = sum(sizes), 0, 0, 0, []
+    for i, n in enumerate(sizes):
+        if in_f and f < fragments - 1 and (acc * fragments >= (f + 1) * total or
+                                           len(sizes) - i <= fragments - 1 - f):
+            f, in_f = f + 1, 0
+        out.append(f)
+        in_f += 1
+        acc += n
+    return out
+
+
+class DiLoCo:
+    """DiLoCo (arXiv 2311.08105) and Streaming DiLoCo (arXiv 2501.18512) with the outer
+    optimizer on the psagg servers: each worker takes sync_every (H) steps of its own inner
+    optimizer with no communication; then every worker pushes its pseudo-gradient (anchor -
+    local weights, in `codec`, with error feedback) and the servers average it over the workers
+    and apply the outer optimizer, SGD with momentum (Nesterov) at outer_lr, to the global
+    weights they hold; every worker gets the same delta, moves its anchor (its copy of the
+    global weights) by it and takes the anchor as its weights. The global weights and the
+    outer momentum live once, on the servers (and in their checkpoints).
+
+    The servers must run `[server] optimizer = sgd` with `momentum` = outer_momentum and
+    `nesterov` = on|off as nesterov (the papers' 0.9 and on); outer_lr goes with every push.
+
+    Streaming: fragments=P splits the parameters, in named_parameters() order, into P
+    contiguous groups of about equal size (diloco_fragments); fragment p syncs at the inner steps t > 0 with
+    (t - p*H/P) mod H == 0. With fragment_sync_delay=tau its push starts at that step and
+    its result is applied tau inner steps later (the exchange overlaps the inner steps); the
+    local weights then become alpha * local + (1 - alpha) * global (fragment_update_alpha).
+    The fragments and steps are the same on every worker, and the servers take the pushes of
+    each tensor in round order, so every worker applies the same updates in the same order.
+
+        diloco = psagg.torch.DiLoCo(model, inner_opt, sync_every=50, codec="maxmin4")
+        for x, y in data:
+            loss_fn(model(x), y).backward()
+            inner_opt.step(); inner_opt.zero_grad()
+            diloco.step()          # after every inner step; syncs every sync_every steps
+        diloco.finish()            # applies a sync still in flight
+
+    With DDP wrapping the model, register diloco_ddp_hook so that backward() all-reduces
+    nothing. start_step: the inner step the job starts from (nonzero after the servers resumed
+    from a checkpoint: their round times sync_every).
+    """
+
+    def __init__(self, model, inner_optimizer, sync_every, outer_lr=0.7, outer_momentum=0.9,
+                 nesterov=True, codec="maxmin4", error_feedback=None, fragments=1,
+                 fragment_sync_delay=0, fragment_update_alpha=0.0, named_parameters=None):
+        import math
+        H, P, tau = sync_every, fragments, fragment_sync_delay
+        if not isinstance(H, int) or H < 1:
+            raise ValueError("psagg.torch.DiLoCo: sync_every must be an int >= 1, not %r" % (H,))
+        if not isinstance(outer_lr, (int, float)) or not math.isfinite(outer_lr) or \
+                not 0 <= outer_lr <= 1e6:
+            raise ValueError("psagg.torch.DiLoCo: outer_lr must be finite and in 0..1e6, not %r"
+                             % (outer_lr,))
+        if not isinstance(outer_momentum, (int, float)) or not 0 <= outer_momentum < 1:
+            raise ValueError("psagg.torch.DiLoCo: outer_momentum must be in [0, 1), not %r"
+                             % (outer_momentum,))
+        if not isinstance(fragment_update_alpha, (int, float)) or \
+                not 0 <= fragment_update_alpha <= 1:
+            raise ValueError("psagg.torch.DiLoCo: fragment_update_alpha must be in [0, 1], not "
+                             "%r" % (fragment_update_alpha,))
+        named = list(named_parameters if named_parameters is not None
+                     else model.named_parameters())
+        named = [(n, p) for n, p in named if p.requires_grad]
+        if not isinstance(P, int) or not 1 <= P <= len(named):
+            raise ValueError("psagg.torch.DiLoCo: fragments must be an int in 1..%d (the "
+                             "parameters that require a gradient), not %r" % (len(named), P))
+        if not isinstance(tau, int) or not 0 <= tau < max(1, H // P):
+            raise ValueError("psagg.torch.DiLoCo: fragment_sync_delay must be an int in "
+                             "0..%d (less than sync_every / fragments), not %r"
+                             % (max(1, H // P) - 1, tau))
+        for n, p in named:
+            if p.dtype not in _FLOATS:
+                raise TypeError("psagg.torch.DiLoCo: parameter '%s' is %s" % (n, p.dtype))
+        self.model, self.inner_optimizer = model, inner_optimizer
+        self.sync_every, self.fragments, self.delay = H, P, tau
+        self.alpha, self.outer_lr = float(fragment_update_alpha), float(outer_lr)
+        self.outer_momentum, self.nesterov = float(outer_momentum), bool(nesterov)
+        self._named = named
+        # the anchors: fp32 CPU copies of the global weights, declared as psagg parameters
+        self._anchors = [p.detach().float().cpu().contiguous().clone() for _, p in named]
+        self._psagg = session()
+        self._psagg.declare([(n, a) for (n, _), a in zip(named, self._anchors)], codec,
+                            error_feedback, params=True, all_tensors=True)
+        ctx = self._psagg.ctx
+        with torch.no_grad():
+            for h in [ctx.param_init(self._psagg.key_of(a), a.data_ptr(), keep=a)
+                      for a in self._anchors]:
+                h.wait()
+            for (_, p), a in zip(named, self._anchors):
+                p.copy_(a)
+        self._frag = diloco_fragments([a.numel() for a in self._anchors], P)
+        self.start_step = ctx.tensor_round(self._psagg.key_of(self._anchors[0])) * H
+        self.step_count = self.start_step
+        self._pending = []  # (apply at step, fragment, ops, pseudo-gradients)
+
+    def _offset(self, f):
+        return f * self.sync_every // self.fragments
+
+    def _start(self, f):
+        """Push fragment f's pseudo-gradients; the anchors take the servers' delta."""
+        ctx, ops = self._psagg.ctx, []
+        with torch.no_grad():
+            for i, ((_, p), a) in enumerate(zip(self._named, self._anchors)):
+                if self._frag[i] != f:
+                    continue
+                pg = (a - p.detach().float().cpu()).contiguous()
+                key = self._psagg.key_of(a)
+                ctx.set_lr(key, self.outer_lr, 0.0)
+                ops.append(ctx.push_pull(key, pg.data_ptr(), a.data_ptr(), _p.AVERAGE, 0,
+                                         keep=(pg, a)))
+        self._pending.append((self.step_count + self.delay, f, ops))
+
+    def _apply(self, f, ops):
+        err = None
+        for h in ops:
+            try:
+                h.wait()
+            except Exception as e:  # every handle must finish before the buffers may go
+                err = err or e
+        if err is not None:
+            raise err
+        a_ = 1.0 - self.alpha
+        with torch.no_grad():
+            for i, ((_, p), a) in enumerate(zip(self._named, self._anchors)):
+                if self._frag[i] != f:
+                    continue
+                g = a.to(device=p.device, dtype=p.dtype)
+                if self.alpha == 0.0:
+                    p.copy_(g)
+                else:
+                    p.mul_(self.alpha).add_(g, alpha=a_)
+
+    def step(self):
+        """Call once after every inner optimizer step: starts the fragments whose sync step
+        this is and applies those whose delay has passed."""
+        self.step_count += 1
+        t = self.step_count
+        for f in range(self.fragments):
+            if t > self._offset(f) and (t - self._offset(f)) % self.sync_every == 0:
+                self._start(f)
+        due = [x for x in self._pending if x[0] <= t]
+        self._pending = [x for x in self._pending if x[0] > t]
+        for _, f, ops in due:
+            self._apply(f, ops)
+
+    def finish(self):
+        """Apply every sync still in flight (at the end of training)."""
+        due, self._pending = self._pending, []
+        for _, f, ops in due:
+            self._apply(f, ops)
+
+    def global_weights(self):
+        """{name: the anchor}: this worker's copy of the global weights (the same bytes on
+        every worker after each sync)."""
+        return {n: a for (n, _), a in zip(self._named, self._anchors)}
 
 
 def checkpoint():
