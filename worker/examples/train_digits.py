@@ -16,6 +16,13 @@ variables), with Debian's /usr/bin/python3 (the one that has torch):
                   start the servers with [server] optimizer = sgd, momentum = 0.9, e.g.
                   PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9 in the environment)
 
+--diloco H        DiLoCo: H local SGD steps per worker, then the outer step on the servers
+                  (psagg.torch.DiLoCo; no DDP, no process group); --fragments P, --delay T and
+                  --alpha A make it Streaming DiLoCo, --outer-lr the outer learning rate. Start
+                  the servers with PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9
+                  PSAGG_SERVER_NESTEROV=on (the outer optimizer); --codec is the outer
+                  gradients' codec
+
 --device cuda     the model, the data and the gradients on the GPU (cuda:LOCAL_RANK modulo the
                   devices: psagg-local's 4 workers share one GPU); psagg's hook then pushes
                   CUDA tensors (libpsagg built with CUDA). Gloo all-reduces CUDA tensors too.
@@ -103,6 +110,12 @@ def main():
     ap.add_argument("--bucket-cap-mb", type=float, default=0.05,
                     help="DDP bucket size (small: several buckets, as in a large model)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--diloco", type=int, default=0, metavar="H",
+                    help="DiLoCo with H inner steps per outer step (0: off)")
+    ap.add_argument("--fragments", type=int, default=1, help="Streaming DiLoCo's fragments")
+    ap.add_argument("--delay", type=int, default=0, help="Streaming DiLoCo's sync delay")
+    ap.add_argument("--alpha", type=float, default=0.0, help="Streaming DiLoCo's merge alpha")
+    ap.add_argument("--outer-lr", type=float, default=0.7, help="DiLoCo's outer learning rate")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where the model and the gradients live (cuda: cuda:LOCAL_RANK modulo "
                     "the number of GPUs)")
@@ -121,7 +134,17 @@ def main():
         xs, ys, xte, yte = xs.to(device), ys.to(device), xte.to(device), yte.to(device)
     model = Net(args.unused).to(device)
 
-    if args.comm == "psagg-opt":
+    diloco = None
+    if args.diloco:
+        import psagg.torch as pt
+        pt.init()
+        args.comm = "psagg-diloco"
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        diloco = pt.DiLoCo(model, opt, sync_every=args.diloco, outer_lr=args.outer_lr,
+                           codec=args.codec, fragments=args.fragments,
+                           fragment_sync_delay=args.delay, fragment_update_alpha=args.alpha)
+        net = model
+    elif args.comm == "psagg-opt":
         import psagg.torch as pt
         pt.init()
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -155,9 +178,13 @@ def main():
         loss = F.cross_entropy(net(xs[idx]), ys[idx])
         loss.backward()
         opt.step()
+        if diloco is not None:
+            diloco.step()
         losses.append(loss.item())
         if step % 50 == 0 and rank == 0:
             print("step %d loss %.4f" % (step, loss.item()), flush=True)
+    if diloco is not None:
+        diloco.finish()
     ms = (time.perf_counter() - t0) * 1000.0 / max(1, args.steps - 5)
 
     with torch.no_grad():
@@ -167,8 +194,12 @@ def main():
     extra = ""
     if args.comm != "gloo":
         st = pt.session().ctx.stats()
-        extra = " psagg_bytes_sent=%d compression=%.2f" % (
-            st["bytes_sent"], st["bytes_raw"] / max(1, st["bytes_sent"]))
+        extra = " psagg_bytes_sent=%d bytes_per_step=%.0f compression=%.2f" % (
+            st["bytes_sent"], st["bytes_sent"] / max(1, args.steps),
+            st["bytes_raw"] / max(1, st["bytes_sent"]))
+        if diloco is not None:
+            extra += " diloco=%d fragments=%d delay=%d" % (args.diloco, args.fragments,
+                                                          args.delay)
     if rank == 0:
         print("RESULT comm=%s codec=%s workers=%d steps=%d ms_per_step=%.2f final_loss=%.4f "
               "test_acc=%.4f%s device=%s" % (args.comm, args.codec or "config", world, args.steps,
