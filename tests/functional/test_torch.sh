@@ -24,7 +24,9 @@
 #   diloco     tests/functional/torch_diloco.py: psagg.torch.DiLoCo (outer SGD with Nesterov
 #              momentum on the servers), fp32 outer gradients within fp32 rounding of a
 #              single-process reference (plain, and streaming with 2 fragments, delay 1,
-#              alpha 0.5), maxmin4 ones; anchors bit-identical on every rank after every sync
+#              alpha 0.5), maxmin4 ones; anchors bit-identical on every rank after every sync;
+#              then tests/functional/torch_diloco_resume.py: a checkpoint after an outer step,
+#              the job stopped, the servers resumed: the uninterrupted run's weights bit for bit
 # Exit 0 passed, 1 failed, 77 skipped (Debian's /usr/bin/python3 lacks torch or sklearn).
 set -u -o pipefail
 
@@ -197,6 +199,26 @@ diloco)
         ((n > 0 && n == 4 * distinct)) || { grep DILOCO-DIGEST "$tmp/dl.out" >&2; fail "diloco $v: the ranks' anchors differ"; }
         echo "diloco $v: $distinct syncs, anchors bit-identical on 4 ranks; $(grep -m1 -o 'DILOCO ok rank=0.*' "$tmp/dl.out")"
     done
+    # checkpoint after an outer step, stop, resume: the weights of the uninterrupted run
+    mkdir -p "$tmp/dck"
+    {
+        sed -e "s/^job_id = .*/job_id = test-diloco-resume-$port/" "$tmp/job.ini"
+        printf '[server]\noptimizer = sgd\nmomentum = 0.9\nnesterov = on\ncheckpoint_dir = %s\n' "$tmp/dck"
+    } >"$tmp/dresume.ini"
+    for phase in full first resume; do
+        env_resume=()
+        [[ $phase == resume ]] && env_resume=(PSAGG_SERVER_RESUME=on)
+        env ${env_resume[@]+"${env_resume[@]}"} PHASE=$phase "$repo/deploy/psagg-local" --config "$tmp/dresume.ini" \
+            --workers 3 --timeout 120 -- "$py" "$repo/tests/functional/torch_diloco_resume.py" >"$tmp/d$phase.out" 2>&1 ||
+            { tail -n 30 "$tmp/d$phase.out" >&2; fail "diloco resume: phase $phase: psagg-local exited $?"; }
+    done
+    grep -q 'CHECKPOINT after 8 steps' "$tmp/dfirst.out" || fail "diloco resume: no checkpoint"
+    full=$(grep -o 'DILOCO-RESUME-HASH phase=full rank=[0-9] start=0 sha256=[0-9a-f]*' "$tmp/dfull.out" | awk '{print $5}' | sort | uniq -c)
+    resumed=$(grep -o 'DILOCO-RESUME-HASH phase=resume rank=[0-9] start=8 sha256=[0-9a-f]*' "$tmp/dresume.out" | awk '{print $5}' | sort | uniq -c)
+    [[ $(wc -l <<<"$full") == 1 && $(awk '{print $1}' <<<"$full") == 3 ]] || { cat "$tmp/dfull.out" >&2; fail "diloco resume: the full run's ranks differ: $full"; }
+    [[ $(awk '{print $2}' <<<"$resumed") == $(awk '{print $2}' <<<"$full") && $(awk '{print $1}' <<<"$resumed") == 3 ]] ||
+        { cat "$tmp/dresume.out" >&2; fail "diloco resume: the resumed run ends elsewhere: $resumed vs $full"; }
+    echo "diloco resume: start_step 8, the uninterrupted run's weights on all 3 ranks"
     ;;
 *) fail "unknown case '$case'" ;;
 esac

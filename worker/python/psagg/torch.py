@@ -738,6 +738,18 @@ class DiLoCo:
         for _, f, ops in due:
             self._apply(f, ops)
 
+    def checkpoint(self):
+        """Every server writes the global weights and the outer momentum ([server]
+        checkpoint_dir); one worker is enough. Call it right after a sync step with no sync in
+        flight (fragment_sync_delay 0, or after finish()). A job resumed from it ([server]
+        resume = on) starts at start_step with every worker's weights the checkpoint's global
+        weights: exact for fragments=1; the inner optimizer's state, and with fragments > 1
+        each worker's own weights, are the training script's to save (torch.save)."""
+        if self._pending:
+            raise RuntimeError("psagg.torch.DiLoCo.checkpoint: a sync is in flight; call it "
+                               "after the sync is applied (or after finish())")
+        self._psagg.ctx.checkpoint()
+
     def global_weights(self):
         """{name: the anchor}: this worker's copy of the global weights (the same bytes on
         every worker after each sync)."""
