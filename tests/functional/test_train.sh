@@ -79,5 +79,20 @@ for run in 1 2; do
         fail "run $run ended with model $hashes, run 1 with $first: not reproducible"
     fi
 done
-echo "test_train: ok (2 runs, same model)"
+# DiLoCo (--diloco 6: local steps, the outer step on the servers every 6): both workers end
+# with the same global weights, above the same floor
+log=$tmp/diloco.log
+PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9 PSAGG_SERVER_NESTEROV=on \
+    "$repo/deploy/psagg-local" --config "$tmp/job.ini" --server-bin "$server_bin" --timeout 120 \
+    -- "$bin" --data "$data" --epochs 5 --diloco 6 >"$log" 2>&1
+rc=$?
+cat "$log"
+((rc == 0)) || fail "diloco: the launcher exited $rc"
+acc=$(sed -n 's/^\[worker 0\] RESULT .*\btest_acc=\([0-9.]*\).*/\1/p' "$log")
+awk -v a="${acc:-0}" -v f="$floor" 'BEGIN { exit !(a > f) }' || fail "diloco: test accuracy '$acc' is not above $floor"
+hashes=$(sed -n 's/^\[worker [01]\] MODEL-HASH //p' "$log" | sort -u)
+(($(grep -c 'MODEL-HASH' "$log") == 2)) && [[ $(wc -l <<<"$hashes") -eq 1 ]] ||
+    fail "diloco: the workers' global weights differ: $hashes"
+echo "test_train: diloco: test accuracy $acc > $floor; both workers' global weights identical"
+echo "test_train: ok (2 runs, same model; DiLoCo)"
 exit 0

@@ -22,13 +22,22 @@
  * worker 0's initial weights, each step sends the step's learning rate (psagg_set_lr) with
  * the gradients, and the weights come back updated; this process keeps no velocity.
  *
+ * --diloco H: DiLoCo, the outer optimizer on the servers (start them with [server] optimizer
+ * = sgd, momentum = 0.9, nesterov = on). The weight tensors are declared as parameters, and
+ * psagg_param_init fills this process's anchors (its copy of the global weights) with worker
+ * 0's. Each step is a local SGD + momentum step on the local gradient, no communication;
+ * every H steps the pseudo-gradient anchor - weights goes to the servers as the parameter's
+ * gradient (psagg_set_lr: --outer-lr; PSAGG_AVERAGE), the anchors take the servers' delta
+ * and the weights become the anchors. All a C loop needs for DiLoCo is in psagg.h already.
+ *
  * The codec comes from the config ([codec] default, min_compress_elems); every gradient
  * tensor is declared with PSAGG_CODEC_DEFAULT. Run it with PSAGG_CODEC_DEFAULT=fp32 for the
  * uncompressed baseline (deploy/demo.sh runs both).
  *
  * Output: rank 0 prints one line per epoch (mean training loss over all workers, test
  * accuracy, time per step, bytes sent per step, compression ratio) and a final
- * "RESULT key=value ..." line; every worker prints "MODEL-HASH <hex>".
+ * "RESULT key=value ..." line; every worker prints "MODEL-HASH <hex>" (of the anchors with
+ * --diloco).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -291,6 +300,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: psagg-train-digits [--data PATH] [--config INI] [--epochs N] [--lr X]\n"
                "                          [--momentum X] [--batch B] [--seed S]\n"
                "                          [--schedule cosine|constant] [--server-optimizer]\n"
+               "                          [--diloco H [--outer-lr X]]\n"
                "Run one process per worker through deploy/psagg-local (it sets PSAGG_RANK,\n"
                "PSAGG_WORLD_SIZE and PSAGG_CONFIG).\n");
 }
@@ -306,19 +316,23 @@ int main(int argc, char **argv)
                                          {"seed", required_argument, NULL, 's'},
                                          {"schedule", required_argument, NULL, 'S'},
                                          {"server-optimizer", no_argument, NULL, 'O'},
+                                         {"diloco", required_argument, NULL, 'D'},
+                                         {"outer-lr", required_argument, NULL, 'L'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     const char *config = NULL;
     char *data_path = NULL;
-    int epochs = 20, batch = 32, c, st, rank, world, cosine = 1, server_opt = 0;
+    int epochs = 20, batch = 32, c, st, rank, world, cosine = 1, server_opt = 0, diloco = 0;
+    float outer_lr = 0.7f;
     float lr = 0.2f, momentum = 0.9f;
     uint64_t seed = 42;
     dataset d;
     psagg_ctx *ctx = NULL;
-    static params model, grad, velocity;
+    static params model, grad, velocity, anchor;
     float *const param_ptr[N_PARAM_TENSORS] = {model.w1, model.b1, model.w2, model.b2};
     float *const grad_ptr[N_PARAM_TENSORS] = {grad.w1, grad.b1, grad.w2, grad.b2};
     float *const vel_ptr[N_PARAM_TENSORS] = {velocity.w1, velocity.b1, velocity.w2, velocity.b2};
+    float *const anchor_ptr[N_PARAM_TENSORS] = {anchor.w1, anchor.b1, anchor.w2, anchor.b2};
     static const uint64_t counts[N_TENSORS] = {N_HID * N_IN, N_HID, N_OUT * N_HID, N_OUT, 2};
     static const char *const names[N_TENSORS] = {"W1", "b1", "W2", "b2", "metrics"};
     psagg_tensor_desc desc[N_TENSORS];
@@ -359,6 +373,21 @@ int main(int argc, char **argv)
                 return 2;
             }
             cosine = !strcmp(optarg, "cosine");
+            break;
+        case 'D':
+            diloco = atoi(optarg);
+            server_opt = diloco > 0; /* the weights are parameters; the servers step them */
+            if (diloco < 1) {
+                fprintf(stderr, "train-digits: --diloco needs H >= 1\n");
+                return 2;
+            }
+            break;
+        case 'L':
+            outer_lr = strtof(optarg, NULL);
+            if (!(outer_lr >= 0.0f && outer_lr <= 1e6f)) {
+                fprintf(stderr, "train-digits: --outer-lr must be in 0..1e6\n");
+                return 2;
+            }
             break;
         case 'O':
             server_opt = 1;
@@ -453,10 +482,14 @@ int main(int argc, char **argv)
     }
     for (int t = 0; server_opt && t < N_PARAM_TENSORS; t++) { /* the servers take worker 0's */
         psagg_handle *ih;
-        if ((st = psagg_param_init(ctx, (uint32_t)t, param_ptr[t], &ih)) ||
-            (st = psagg_wait(ih, -1)))
+        float *w = diloco ? anchor_ptr[t] : param_ptr[t];
+        if (diloco)
+            memcpy(w, param_ptr[t], counts[t] * sizeof(float));
+        if ((st = psagg_param_init(ctx, (uint32_t)t, w, &ih)) || (st = psagg_wait(ih, -1)))
             return psagg_failed("psagg_param_init", st);
         psagg_release(ih);
+        if (diloco) /* start from the global weights */
+            memcpy(param_ptr[t], w, counts[t] * sizeof(float));
     }
 
     if (rank == 0) {
@@ -492,7 +525,7 @@ int main(int argc, char **argv)
                                                      ((double)epochs * steps_per_epoch))))
                                 : lr;
 
-            if (server_opt && (st = psagg_set_lr(ctx, PSAGG_ALL_KEYS, lr_t, 0.0f)))
+            if (server_opt && !diloco && (st = psagg_set_lr(ctx, PSAGG_ALL_KEYS, lr_t, 0.0f)))
                 return psagg_failed("psagg_set_lr", st);
             memset(&grad, 0, sizeof grad);
             for (int s = 0; s < bsz; s++) {
@@ -505,6 +538,37 @@ int main(int argc, char **argv)
              * the next forward pass needs it first. */
             /* (with --server-optimizer the updates write the weights, and backward_hidden
              * still reads W2: then every push starts after it) */
+            if (diloco) { /* an inner step: local SGD + momentum, no communication */
+                for (int s = 0; s < bsz; s++)
+                    backward_hidden(&model, d.x[shard[first + s]], h[s], dz[s], &grad);
+                for (int t = 0; t < N_PARAM_TENSORS; t++)
+                    for (uint64_t i = 0; i < counts[t]; i++) {
+                        vel_ptr[t][i] = momentum * vel_ptr[t][i] + grad_ptr[t][i];
+                        param_ptr[t][i] -= lr_t * vel_ptr[t][i];
+                    }
+                if ((total_steps + step + 1) % diloco == 0) { /* the outer step */
+                    tw = now_s();
+                    if ((st = psagg_set_lr(ctx, PSAGG_ALL_KEYS, outer_lr, 0.0f)))
+                        return psagg_failed("psagg_set_lr", st);
+                    for (int t = 0; t < N_PARAM_TENSORS; t++) {
+                        for (uint64_t i = 0; i < counts[t]; i++) /* the pseudo-gradient */
+                            grad_ptr[t][i] = anchor_ptr[t][i] - param_ptr[t][i];
+                        if ((st = psagg_push_pull(ctx, (uint32_t)t, grad_ptr[t], anchor_ptr[t],
+                                                  PSAGG_AVERAGE, 0, &hd[t])))
+                            return psagg_failed("psagg_push_pull", st);
+                    }
+                    for (int t = 0; t < N_PARAM_TENSORS; t++) {
+                        st = psagg_wait(hd[t], -1);
+                        psagg_release(hd[t]);
+                        if (st)
+                            return psagg_failed("psagg_wait", st);
+                        memcpy(param_ptr[t], anchor_ptr[t], counts[t] * sizeof(float));
+                    }
+                    w_epoch += now_s() - tw;
+                }
+                t_epoch += now_s() - t0;
+                continue;
+            }
             if (!server_opt &&
                 ((st = psagg_push_pull(ctx, T_W2, grad.w2, grad.w2, PSAGG_AVERAGE, 0, &hd[T_W2])) ||
                  (st = psagg_push_pull(ctx, T_B2, grad.b2, grad.b2, PSAGG_AVERAGE, 0, &hd[T_B2]))))
@@ -569,9 +633,9 @@ int main(int argc, char **argv)
         s_prev = s_now;
     }
 
-    hash = 0xCBF29CE484222325ull;
+    hash = 0xCBF29CE484222325ull; /* DiLoCo: the global weights (the anchors) */
     for (int t = 0; t < N_PARAM_TENSORS; t++)
-        hash = fnv1a(hash, param_ptr[t], counts[t] * sizeof(float));
+        hash = fnv1a(hash, diloco ? anchor_ptr[t] : param_ptr[t], counts[t] * sizeof(float));
     if (rank == 0) {
         psagg_stats s_end = {.struct_size = sizeof s_end};
         uint64_t sent, raw;

@@ -214,6 +214,13 @@ PSAGG_API psagg_status psagg_handle_codec(psagg_handle *handle, psagg_codec *cod
  * tensor's codec (out += delta), bit-identical on every worker; every [server] sync_interval
  * steps the exact weights instead. What a lossy codec drops from a delta is sent in later ones.
  *
+ * DiLoCo (the outer step on the servers) is this path too: run the servers with [server]
+ * optimizer = sgd, momentum = 0.9 and nesterov = on; psagg_param_init an `anchor` buffer (the
+ * global weights; copy it into the model's weights), take H local optimizer steps without
+ * psagg, then psagg_set_lr(outer lr) and psagg_push_pull(anchor - weights, anchor,
+ * PSAGG_AVERAGE) for every tensor, wait, and copy the anchor into the weights
+ * (worker/examples/train_digits.c --diloco H; psagg.torch.DiLoCo in Python).
+ *
  * psagg_set_lr: the learning rate and weight decay of the following push_pulls of tensor key
  * (PSAGG_ALL_KEYS: every parameter); they start at [server] lr and weight_decay. Every worker
  * must set the same values (learning-rate schedules live in the training script).
