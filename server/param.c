@@ -407,6 +407,9 @@ static psagg_status param_alloc(server *srv, chunk_state *c)
     if (!ps->w || !ps->view || (state >= 1 && !ps->m1) || (state >= 2 && !ps->m2))
         return psagg_fail(PSAGG_ENOMEM, "optimizer state of tensor %u chunk %u", c->info->key,
                           c->info->index);
+    if (!(ps->weight = calloc((size_t)srv->n_workers, sizeof *ps->weight)))
+        return psagg_fail(PSAGG_ENOMEM, "state of tensor %u chunk %u", c->info->key,
+                          c->info->index);
     ps->awaiting_init = 1;
     if (srv->restore && srv->restore->by_slot) {
         const ckpt_chunk *r = srv->restore->by_slot[c->info->slot];
@@ -429,6 +432,7 @@ static void param_free(chunk_state *c)
     arena_free(c->param->view);
     arena_free(c->param->m1);
     arena_free(c->param->m2);
+    free(c->param->weight);
     free(c->param);
     c->param = NULL;
 }
@@ -483,16 +487,20 @@ static int param_agree(server *srv, chunk_state *c, int w, const psagg_msg_codec
 {
     const param_state *ps = c->param;
     const psagg_msg_param *prm = &mc->prm;
-    if (!memcmp(&ps->prm, prm, sizeof *prm))
+    /* everything but the weight (each worker's own) */
+    if (ps->prm.lr == prm->lr && ps->prm.weight_decay == prm->weight_decay &&
+        ps->prm.flags == prm->flags && ps->prm.tag == prm->tag)
         return 0;
     server_fail_job(srv, PSAGG_EPROTO,
                     "the workers disagree on parameter tensor '%s' chunk %u round %u: worker %u "
-                    "sent %s (lr %g, weight decay %g, flags 0x%x), worker %d %s (lr %g, weight "
-                    "decay %g, flags 0x%x)",
+                    "sent %s (lr %g, weight decay %g, flags 0x%x, tag %u = fragment %u step %u), "
+                    "worker %d %s (lr %g, weight decay %g, flags 0x%x, tag %u = fragment %u "
+                    "step %u)",
                     srv->layout.tensors[c->info->key].name, c->info->index, c->round, c->codec_by,
                     kind_name(ps->prm.flags), (double)ps->prm.lr, (double)ps->prm.weight_decay,
-                    ps->prm.flags, w, kind_name(prm->flags), (double)prm->lr,
-                    (double)prm->weight_decay, prm->flags);
+                    ps->prm.flags, ps->prm.tag, ps->prm.tag >> 24, ps->prm.tag & 0xFFFFFFu, w,
+                    kind_name(prm->flags), (double)prm->lr, (double)prm->weight_decay, prm->flags,
+                    prm->tag, prm->tag >> 24, prm->tag & 0xFFFFFFu);
     return -1;
 }
 
@@ -504,8 +512,10 @@ static int param_agree(server *srv, chunk_state *c, int w, const psagg_msg_codec
 static int param_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
 {
     uint32_t kind = rb->mc.prm.flags & PSAGG_PARAM_KIND_MASK;
-    if (kind == PSAGG_PARAM_GRAD)
+    if (kind == PSAGG_PARAM_GRAD) {
+        c->param->weight[w] = rb->mc.prm.weight;
         return c->sum->collect(srv, c, w, rb);
+    }
     if (kind == PSAGG_PARAM_INIT && w == 0 && !c->param->restored)
         memcpy(c->param->w, rb->rx.buf + sizeof(psagg_msg_hdr), c->info->count * sizeof(float));
     c->arrived[w] = 1;
@@ -533,6 +543,7 @@ static long param_finish(server *srv, chunk_state *c, uint8_t *out, psagg_rng_ke
     const psagg_msg_param *prm = &ps->prm;
     size_t n = c->info->count, bad = 0;
     const char *name = srv->layout.tensors[c->info->key].name;
+    float scale = 1.0f;
     psagg_status st;
     int64_t t0;
 
@@ -550,9 +561,14 @@ static long param_finish(server *srv, chunk_state *c, uint8_t *out, psagg_rng_ke
         break;
     }
     t0 = psagg_now_ns();
-    st = psagg_optim_step(&srv->optim, prm->lr, prm->weight_decay, ps->step + 1,
-                          (prm->flags & PSAGG_PARAM_AVERAGE) ? 1.0f / (float)srv->n_workers : 1.0f,
-                          c->acc, ps->w, ps->m1, ps->m2, n);
+    if (prm->flags & PSAGG_PARAM_AVERAGE) { /* the sum over the sum of the weights, in order */
+        float weights = 0.0f;
+        for (int k = 0; k < srv->n_workers; k++)
+            weights += ps->weight[k];
+        scale = 1.0f / weights; /* 1 each: 1 / workers, as before */
+    }
+    st = psagg_optim_step(&srv->optim, prm->lr, prm->weight_decay, ps->step + 1, scale, c->acc,
+                          ps->w, ps->m1, ps->m2, n);
     if (st)
         goto fail;
     ps->step++;

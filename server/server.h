@@ -124,6 +124,7 @@ typedef struct param_state {
     int awaiting_init;   /* no INIT round yet: GRAD and PULL pushes are refused */
     int restored;        /* w, view, m1, m2 and step came from a checkpoint */
     psagg_msg_param prm; /* the trailer of this round's pushes (the first's: check_codec) */
+    float *weight;       /* per worker: the weight of its GRAD push this round */
 } param_state;
 
 /*

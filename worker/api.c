@@ -140,6 +140,7 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
         const psagg_tensor_info *ti = &l->tensors[t];
         ctx->tensors[t].lr = ctx->cfg.lr;
         ctx->tensors[t].weight_decay = ctx->cfg.weight_decay;
+        ctx->tensors[t].weight = 1.0f;
         int ef =
             tensors[t].error_feedback < 0 ? ctx->cfg.error_feedback : tensors[t].error_feedback;
         if (ef && ti->codec.id != PSAGG_CODEC_FP32) {
@@ -322,6 +323,27 @@ psagg_status psagg_set_lr(psagg_ctx *ctx, uint32_t key, float lr, float weight_d
         if ((key == PSAGG_ALL_KEYS || t == key) && ctx->layout.tensors[t].param) {
             ctx->tensors[t].lr = lr;
             ctx->tensors[t].weight_decay = weight_decay;
+        }
+    pthread_mutex_unlock(&ctx->mu);
+    return PSAGG_OK;
+}
+
+psagg_status psagg_set_param_sync(psagg_ctx *ctx, uint32_t key, uint32_t tag, float weight)
+{
+    psagg_clear_error();
+    if (!ctx || !ctx->declared)
+        return psagg_fail(PSAGG_EINVAL, "psagg_set_param_sync: call psagg_declare first");
+    if (!isfinite(weight) || !(weight > 0) || weight > PSAGG_PARAM_WEIGHT_MAX)
+        return psagg_fail(PSAGG_EINVAL, "psagg_set_param_sync: weight %g must be in (0, %g]",
+                          (double)weight, (double)PSAGG_PARAM_WEIGHT_MAX);
+    if (key != PSAGG_ALL_KEYS && (key >= ctx->n_user || !ctx->layout.tensors[key].param))
+        return psagg_fail(PSAGG_EINVAL,
+                          "psagg_set_param_sync: key %u is no declared parameter tensor", key);
+    pthread_mutex_lock(&ctx->mu);
+    for (uint32_t t = 0; t < ctx->n_user; t++)
+        if ((key == PSAGG_ALL_KEYS || t == key) && ctx->layout.tensors[t].param) {
+            ctx->tensors[t].tag = tag;
+            ctx->tensors[t].weight = weight;
         }
     pthread_mutex_unlock(&ctx->mu);
     return PSAGG_OK;

@@ -68,9 +68,12 @@ static psagg_status handle_claim(psagg_ctx *ctx, struct psagg_handle *h, const c
         st = psagg_fail(PSAGG_EINVAL, "%s: tensor '%s' is a parameter: call psagg_param_init first",
                         what, ti->name);
     if (!st) {
+        h->prm.weight = 1.0f;
         if (ti->param && kind == PSAGG_PARAM_GRAD) {
             h->prm.lr = ts->lr;
             h->prm.weight_decay = ts->weight_decay;
+            h->prm.tag = ts->tag;
+            h->prm.weight = ts->weight;
         }
         h->round = ti->param && kind == PSAGG_PARAM_INIT ? 0 : ts->round;
         h->seq = ctx->next_seq++;

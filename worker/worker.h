@@ -108,6 +108,8 @@ typedef struct tensor_state {
     struct psagg_handle *op; /* the push_pull in flight, or NULL */
     int inited;              /* a parameter's psagg_param_init completed */
     float lr, weight_decay;  /* psagg_set_lr (guarded by ctx->mu) */
+    uint32_t tag;            /* psagg_set_param_sync (guarded by ctx->mu) */
+    float weight;
 } tensor_state;
 
 struct psagg_handle {

@@ -38,6 +38,8 @@ typedef enum psagg_gpu_mode {
 
 /* [server] lr and weight_decay, psagg_set_lr's and every parameter push's: 0..this */
 #define PSAGG_LR_MAX 1e6f
+/* psagg_set_param_sync's weight: (0, this] */
+#define PSAGG_PARAM_WEIGHT_MAX 1e9f
 
 typedef struct psagg_config {
     char path[256];

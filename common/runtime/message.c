@@ -120,6 +120,8 @@ const char *psagg_msg_check(const void *msg, size_t msg_len, size_t tag_bytes,
             return "lr";
         if (!isfinite(prm.weight_decay) || prm.weight_decay < 0 || prm.weight_decay > PSAGG_LR_MAX)
             return "weight_decay";
+        if (!isfinite(prm.weight) || !(prm.weight > 0) || prm.weight > PSAGG_PARAM_WEIGHT_MAX)
+            return "weight";
         if (body != len)
             return "len";
         *ci = c;

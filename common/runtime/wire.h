@@ -103,8 +103,9 @@
  * 7: same-host copies (HELLO, WELCOME and DECLARE offer and take them; psagg_msg_local)
  * 8: the CHALLENGE; HELLO and WELCOME tokens over the whole frame; same-host offers commit
  *    to a secret
+ * 9: parameter push trailers carry a tag (equal on all workers) and a weight (the AVERAGE's)
  */
-#define PSAGG_PROTO_VERSION 8
+#define PSAGG_PROTO_VERSION 9
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64
@@ -273,14 +274,19 @@ enum psagg_param_kind { PSAGG_PARAM_GRAD = 0, PSAGG_PARAM_INIT = 1, PSAGG_PARAM_
 #define PSAGG_PARAM_AVERAGE   4u /* GRAD: the step uses the sum / workers */
 #define PSAGG_PARAM_SYNC      8u /* PULL: the workers hold the pulled weights from now on */
 
-/* The trailer of a parameter tensor's push (the last bytes of its payload). */
+/* The trailer of a parameter tensor's push (the last bytes of its payload). Every field but
+ * weight must be the same in every worker's push of a round. */
 typedef struct psagg_msg_param {
     float lr;           /* GRAD: the learning rate of this step */
     float weight_decay; /* GRAD: and its weight decay */
     uint32_t flags;     /* psagg_param_kind | PSAGG_PARAM_* */
+    uint32_t tag;       /* GRAD: the caller's label of the step (psagg_set_param_sync; DiLoCo:
+                           fragment << 24 | inner step mod 2^24), else 0 */
+    float weight;       /* this worker's weight in an AVERAGE: the step divides the sum by the
+                           sum of the weights (1 each: the number of workers); > 0 */
     uint32_t reserved;  /* 0 */
 } psagg_msg_param;
-_Static_assert(sizeof(psagg_msg_param) == 16, "psagg_msg_param layout");
+_Static_assert(sizeof(psagg_msg_param) == 24, "psagg_msg_param layout");
 
 /* Same-host copies (above): the transport's own messages, never seen by its callers. */
 #define PSAGG_LOCAL_MAGIC 0x4C475350u /* "PSGL" */

@@ -711,7 +711,7 @@ int main(int argc, char **argv)
         else if (!strcmp(mode, "nan"))
             ((float *)(h + 1))[100] = NAN, field = "payload";
         else if (!strncmp(mode, "param-", 6)) { /* a GRAD push with its trailer */
-            psagg_msg_param prm = {.lr = 0.01f, .flags = PSAGG_PARAM_GRAD};
+            psagg_msg_param prm = {.lr = 0.01f, .flags = PSAGG_PARAM_GRAD, .weight = 1.0f};
             if (!strcmp(mode, "param-lr"))
                 prm.lr = NAN, field = "lr";
             else if (!strcmp(mode, "param-kind"))

@@ -24,7 +24,8 @@
 #   diloco     tests/functional/torch_diloco.py: psagg.torch.DiLoCo (outer SGD with Nesterov
 #              momentum on the servers), fp32 outer gradients within fp32 rounding of a
 #              single-process reference (plain, and streaming with 2 fragments, delay 1,
-#              alpha 0.5), maxmin4 ones; anchors bit-identical on every rank after every sync;
+#              alpha 0.5; and weighted by samples), maxmin4 ones; anchors bit-identical on
+#              every rank after every sync; a worker with other fragments refused on every rank;
 #              then tests/functional/torch_diloco_resume.py: a checkpoint after an outer step,
 #              the job stopped, the servers resumed: the uninterrupted run's weights bit for bit
 # Exit 0 passed, 1 failed, 77 skipped (Debian's /usr/bin/python3 lacks torch or sklearn).
@@ -183,13 +184,13 @@ diloco)
     # psagg.torch.DiLoCo, 4 workers: fp32 outer gradients against the reference (plain, then
     # streaming: 2 fragments, a delay of 1 step, alpha 0.5), maxmin4 ones (with error feedback);
     # every rank's anchors bit-identical after every applied sync
-    for v in "fp32:1:0:0.0" "fp32:2:1:0.5" "maxmin4:1:0:0.0" "maxmin4:4:1:0.0"; do
-        IFS=: read -r codec frags delay alpha <<<"$v"
+    for v in "fp32:1:0:0.0:0" "fp32:2:1:0.5:0" "fp32:1:0:0.0:1" "maxmin4:1:0:0.0:0" "maxmin4:4:1:0.0:0"; do
+        IFS=: read -r codec frags delay alpha weighted <<<"$v"
         {
             sed -e "s/^default = maxmin4/default = $codec/" -e "s/^job_id = .*/job_id = test-diloco-$frags-$delay-$port/" "$tmp/job.ini"
             printf '[server]\noptimizer = sgd\nmomentum = 0.9\nnesterov = on\n'
         } >"$tmp/dl.ini"
-        CODEC=$codec FRAGMENTS=$frags DELAY=$delay ALPHA=$alpha H=8 STEPS=40 \
+        CODEC=$codec FRAGMENTS=$frags DELAY=$delay ALPHA=$alpha WEIGHTED=$weighted H=8 STEPS=40 \
             "$repo/deploy/psagg-local" --config "$tmp/dl.ini" --timeout 180 -- \
             "$py" "$repo/tests/functional/torch_diloco.py" >"$tmp/dl.out" 2>&1 ||
             { tail -n 30 "$tmp/dl.out" >&2; fail "diloco $v: psagg-local exited $?"; }
@@ -199,6 +200,15 @@ diloco)
         ((n > 0 && n == 4 * distinct)) || { grep DILOCO-DIGEST "$tmp/dl.out" >&2; fail "diloco $v: the ranks' anchors differ"; }
         echo "diloco $v: $distinct syncs, anchors bit-identical on 4 ranks; $(grep -m1 -o 'DILOCO ok rank=0.*' "$tmp/dl.out")"
     done
+    # a worker whose fragments differ from the others': every rank fails, naming them
+    {
+        sed -e "s/^default = maxmin4/default = fp32/" -e "s/^job_id = .*/job_id = test-diloco-disagree-$port/" "$tmp/job.ini"
+        printf '[server]\noptimizer = sgd\nmomentum = 0.9\nnesterov = on\n'
+    } >"$tmp/dl.ini"
+    DISAGREE=1 H=8 STEPS=24 "$repo/deploy/psagg-local" --config "$tmp/dl.ini" --timeout 120 -- \
+        "$py" "$repo/tests/functional/torch_diloco.py" >"$tmp/dd.out" 2>&1
+    (($(grep -c 'DILOCO disagreement caught' "$tmp/dd.out") == 4)) || { cat "$tmp/dd.out" >&2; fail "diloco: a disagreeing worker was not refused on every rank"; }
+    echo "diloco disagreement: $(grep -m1 -o 'DILOCO disagreement caught rank=0.*' "$tmp/dd.out" | cut -c1-300)"
     # checkpoint after an outer step, stop, resume: the weights of the uninterrupted run
     mkdir -p "$tmp/dck"
     {

@@ -14,6 +14,10 @@ summed in rank order and scaled by 1/N in fp32 (what the servers compute), torch
   any codec:  the loss fell, and "DILOCO-DIGEST step=T <hex>" of the anchors after every
               applied sync (the harness checks that every rank printed the same lines);
 and that bad arguments are refused at construction with a message naming them.
+With WEIGHTED=1 every rank says it took 32 * (rank + 1) samples per step (step(samples)), and
+the reference weights each pseudo-gradient so. With DISAGREE=1 rank 1 runs 2 fragments where
+the others run 1: every rank must fail with the servers' message naming the fragments and
+steps ("DILOCO disagreement caught").
 Env: CODEC (fp32), H (sync_every, 4), FRAGMENTS (1), DELAY (0), ALPHA (0.0), STEPS (24).
 Prints "DILOCO ok rank=R ..." on success.
 """
@@ -33,6 +37,8 @@ P = int(os.environ.get("FRAGMENTS", "1"))
 TAU = int(os.environ.get("DELAY", "0"))
 ALPHA = float(os.environ.get("ALPHA", "0.0"))
 STEPS = int(os.environ.get("STEPS", "24"))
+WEIGHTED = os.environ.get("WEIGHTED") == "1"
+DISAGREE = os.environ.get("DISAGREE") == "1"
 OUTER_LR, MOM, INNER_LR = 0.7, 0.9, 0.05
 torch.set_num_threads(1)
 
@@ -101,9 +107,24 @@ def main():
     model = make_model(rank)
     opt = torch.optim.SGD(model.parameters(), lr=INNER_LR)
     bad_arguments(model, opt)
+    if DISAGREE:
+        diloco = pt.DiLoCo(model, opt, sync_every=H, codec=CODEC,
+                           fragments=2 if rank == 1 else 1)
+        try:
+            for t in range(1, STEPS + 1):
+                inner_step(model, opt, shard(rank), t)
+                diloco.step()
+            diloco.finish()
+        except Exception as e:  # psagg.Error
+            if "disagree" in str(e) and "fragment" in str(e) and "step" in str(e):
+                print("DILOCO disagreement caught rank=%d: %s" % (rank, e), flush=True)
+                return
+            sys.exit("rank %d: an error, but not the disagreement: %s" % (rank, e))
+        sys.exit("rank %d: workers that disagree on the fragments were not refused" % rank)
     diloco = pt.DiLoCo(model, opt, sync_every=H, outer_lr=OUTER_LR, outer_momentum=MOM,
                        nesterov=True, codec=CODEC, fragments=P, fragment_sync_delay=TAU,
                        fragment_update_alpha=ALPHA, named_parameters=model.named_parameters())
+    weights = [32.0 * (r + 1) * H for r in range(n)] if WEIGHTED else [1.0] * n
 
     # the reference job: N workers from rank 0's weights, the global weights, the outer SGD
     ref_global = make_model(0)
@@ -117,7 +138,7 @@ def main():
     first = last = None
     for t in range(1, STEPS + 1):
         loss = inner_step(model, opt, data[rank], t)
-        diloco.step()
+        diloco.step(samples=32.0 * (rank + 1) if WEIGHTED else None)
         first = loss if first is None else first
         last = loss
         for r in range(n):
@@ -131,9 +152,12 @@ def main():
                             g.grad = None
                             continue
                         acc = torch.zeros_like(g)
+                        wsum = torch.zeros((), dtype=torch.float32)
                         for r in range(n):
-                            acc += g - list(workers[r].parameters())[i]
-                        g.grad = acc * (1.0 / n)
+                            d = g - list(workers[r].parameters())[i]
+                            acc += d * weights[r] if WEIGHTED else d
+                            wsum += weights[r]
+                        g.grad = acc * (1.0 / wsum)
                 outer.step()
                 pending.append((t + TAU, f))
         due = [x for x in pending if x[0] <= t]

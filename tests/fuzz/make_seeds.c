@@ -138,7 +138,8 @@ static void seed_msg(void)
               "encode");
         m[0] = (uint8_t)((k % 2) << 1 | (k == 4)); /* type bit; tensor 4 with a MAC */
         if (l.tensors[k].param) {                  /* a GRAD push with its trailer, no MAC */
-            psagg_msg_param prm = {.lr = 0.01f, .flags = PSAGG_PARAM_GRAD | PSAGG_PARAM_AVERAGE};
+            psagg_msg_param prm = {
+                .lr = 0.01f, .flags = PSAGG_PARAM_GRAD | PSAGG_PARAM_AVERAGE, .weight = 1.0f};
             psagg_msg_hdr *h = (psagg_msg_hdr *)(m + 1);
             psagg_msg_init(h, PSAGG_MSG_PUSH, 1, 3, ci, &l.tensors[k].codec, 0);
             m = realloc(m, len + sizeof prm);

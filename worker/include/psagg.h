@@ -225,6 +225,14 @@ PSAGG_API psagg_status psagg_handle_codec(psagg_handle *handle, psagg_codec *cod
  * (PSAGG_ALL_KEYS: every parameter); they start at [server] lr and weight_decay. Every worker
  * must set the same values (learning-rate schedules live in the training script).
  *
+ * psagg_set_param_sync: the following push_pulls of parameter key (PSAGG_ALL_KEYS: every
+ * parameter) carry `tag`, which must be the same on every worker (the job fails naming both
+ * workers' tags otherwise; DiLoCo passes fragment << 24 | the inner step, so workers that
+ * disagree on the schedule are caught), and count with `weight` (in (0, 1e9]; 1 at first) in
+ * a PSAGG_AVERAGE: the servers divide the sum by the sum of the workers' weights instead of
+ * their number. A worker that scales its gradient by its weight (e.g. the samples it took)
+ * gets the weighted mean.
+ *
  * psagg_pull_weights: `out` receives the servers' exact fp32 master weights. With sync = 1,
  * `out` must be the tensor's weights buffer: the workers hold the master weights from then on
  * (the deltas the codec dropped are no longer owed); with sync = 0 it is any buffer, e.g. to
@@ -240,6 +248,8 @@ PSAGG_API psagg_status psagg_handle_codec(psagg_handle *handle, psagg_codec *cod
 PSAGG_API psagg_status psagg_param_init(psagg_ctx *ctx, uint32_t key, float *weights,
                                         psagg_handle **handle);
 PSAGG_API psagg_status psagg_set_lr(psagg_ctx *ctx, uint32_t key, float lr, float weight_decay);
+PSAGG_API psagg_status psagg_set_param_sync(psagg_ctx *ctx, uint32_t key, uint32_t tag,
+                                            float weight);
 PSAGG_API psagg_status psagg_pull_weights(psagg_ctx *ctx, uint32_t key, float *out, int sync,
                                           psagg_handle **handle);
 PSAGG_API psagg_status psagg_checkpoint(psagg_ctx *ctx);

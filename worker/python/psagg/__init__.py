@@ -133,6 +133,7 @@ _SIGNATURES = {
     "psagg_param_init": (_I, [_P, _U32, _P, ctypes.POINTER(_P)]),
     "psagg_pull_weights": (_I, [_P, _U32, _P, _I, ctypes.POINTER(_P)]),
     "psagg_set_lr": (_I, [_P, _U32, ctypes.c_float, ctypes.c_float]),
+    "psagg_set_param_sync": (_I, [_P, _U32, _U32, ctypes.c_float]),
     "psagg_checkpoint": (_I, [_P]),
     "psagg_tensor_round": (_I, [_P, _U32, ctypes.POINTER(_U32)]),
     "psagg_rank": (_I, [_P]),
@@ -356,6 +357,13 @@ class Context:
         every parameter)."""
         _check(library().psagg_set_lr(self._raw(), key, float(lr), float(weight_decay)),
                "psagg_set_lr")
+
+    def set_param_sync(self, key, tag, weight=1.0):
+        """psagg_set_param_sync: key's next pushes carry `tag` (the same on every worker, else
+        the job fails naming both) and count with `weight` in an AVERAGE (ALL_KEYS: every
+        parameter)."""
+        _check(library().psagg_set_param_sync(self._raw(), key, int(tag) & 0xFFFFFFFF,
+                                              float(weight)), "psagg_set_param_sync")
 
     def checkpoint(self):
         """psagg_checkpoint: every server writes its optimizer state ([server] checkpoint_dir);

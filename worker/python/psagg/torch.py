@@ -609,6 +609,10 @@ class DiLoCo:
     The servers must run `[server] optimizer = sgd` with `momentum` = outer_momentum and
     `nesterov` = on|off as nesterov (the papers' 0.9 and on); outer_lr goes with every push.
 
+    Heterogeneous workers: step(samples=n) makes each worker's pseudo-gradient count with the
+    samples it trained on since the fragment's last sync (the weight travels in the push; the
+    servers divide by the sum of the weights).
+
     Streaming: fragments=P splits the parameters, in named_parameters() order, into P
     contiguous groups of about equal size (diloco_fragments); fragment p syncs at the inner steps t > 0 with
     (t - p*H/P) mod H == 0. With fragment_sync_delay=tau its push starts at that step and
@@ -680,7 +684,9 @@ class DiLoCo:
         self._frag = diloco_fragments([a.numel() for a in self._anchors], P)
         self.start_step = ctx.tensor_round(self._psagg.key_of(self._anchors[0])) * H
         self.step_count = self.start_step
-        self._pending = []  # (apply at step, fragment, ops, pseudo-gradients)
+        self._pending = []  # (apply at step, fragment, ops)
+        self._samples = [0.0] * P  # per fragment: samples since its last sync (step(samples))
+        self._weighted = False
 
     def _offset(self, f):
         return f * self.sync_every // self.fragments
@@ -695,9 +701,16 @@ class DiLoCo:
                 pg = (a - p.detach().float().cpu()).contiguous()
                 key = self._psagg.key_of(a)
                 ctx.set_lr(key, self.outer_lr, 0.0)
+                # the schedule in the push (the servers refuse workers that disagree, naming
+                # the fragment and the step) and this worker's weight in the average
+                weight = self._samples[f] if self._weighted else 1.0
+                if weight != 1.0:
+                    pg.mul_(weight)
+                ctx.set_param_sync(key, (f << 24) | (self.step_count & 0xFFFFFF), weight)
                 ops.append(ctx.push_pull(key, pg.data_ptr(), a.data_ptr(), _p.AVERAGE, 0,
                                          keep=(pg, a)))
         self._pending.append((self.step_count + self.delay, f, ops))
+        self._samples[f] = 0.0
 
     def _apply(self, f, ops):
         err = None
@@ -719,9 +732,19 @@ class DiLoCo:
                 else:
                     p.mul_(self.alpha).add_(g, alpha=a_)
 
-    def step(self):
+    def step(self, samples=None):
         """Call once after every inner optimizer step: starts the fragments whose sync step
-        this is and applies those whose delay has passed."""
+        this is and applies those whose delay has passed. samples: what this inner step
+        trained on (e.g. the batch size); when given (on every worker), each worker's
+        pseudo-gradient counts in the servers' average with the samples it took since the
+        fragment's last sync (workers of different speeds, a token-weighted merge)."""
+        if samples is not None:
+            if not samples > 0:
+                raise ValueError("psagg.torch.DiLoCo.step: samples must be > 0, not %r"
+                                 % (samples,))
+            self._weighted = True
+            for f in range(self.fragments):
+                self._samples[f] += float(samples)
         self.step_count += 1
         t = self.step_count
         for f in range(self.fragments):
