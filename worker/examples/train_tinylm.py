@@ -17,6 +17,12 @@ width 64, 4 heads, context 64 bytes, token and position embeddings, a linear hea
 draws its own batches (seeded by rank); DDP averages the gradients (psagg's hook with the
 config's codecs, or Gloo fp32). Rank 0 prints "RESULT ... val_loss=..." (mean cross-entropy
 in nats per byte on 32 fixed held-out batches) and every rank "PARAMS rank=R sha256=...".
+
+--diloco H: DiLoCo instead (psagg.torch.DiLoCo; no DDP): H local Adam steps, then the outer
+step (SGD, Nesterov momentum 0.9, --outer-lr) on the servers; start them with
+PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9 PSAGG_SERVER_NESTEROV=on. --fragments,
+--delay and --alpha: Streaming DiLoCo; --codec: the outer gradients' codec. The held-out loss
+is the global weights' (every worker's after its last sync).
 """
 
 import argparse
@@ -83,6 +89,11 @@ def main():
     ap.add_argument("--batch", type=int, default=16, help="per worker")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--diloco", type=int, default=0, metavar="H")
+    ap.add_argument("--fragments", type=int, default=1)
+    ap.add_argument("--delay", type=int, default=0)
+    ap.add_argument("--alpha", type=float, default=0.0)
+    ap.add_argument("--outer-lr", type=float, default=0.7)
     args = ap.parse_args()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -90,13 +101,28 @@ def main():
     torch.set_num_threads(1)
     train, val = load_text()
     model = TinyLM()
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    if args.comm == "psagg-server":  # before DDP: it declares and hands out rank 0's weights
+    diloco = None
+    if args.diloco:
+        import psagg.torch as pt
+        args.comm = "psagg-diloco"
+        opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+        diloco = pt.DiLoCo(model, opt, sync_every=args.diloco, outer_lr=args.outer_lr,
+                           codec=args.codec, fragments=args.fragments,
+                           fragment_sync_delay=args.delay, fragment_update_alpha=args.alpha)
+        net = model
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    if diloco is not None:
+        pass
+    elif args.comm == "psagg-server":  # before DDP: it declares and hands out rank 0's weights
         import psagg.torch as pt
         opt = pt.ServerOptimizer(model.parameters(), lr=args.lr,
                                  named_parameters=model.named_parameters(), codec=args.codec)
-    net = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.1)
-    if args.comm == "psagg":
+    if diloco is None:
+        net = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.1)
+    if diloco is not None:
+        pass
+    elif args.comm == "psagg":
         import psagg.torch as pt
         pt.register_ddp_hook(net, codec=args.codec)
         opt = torch.optim.Adam(net.parameters(), lr=args.lr)
@@ -112,8 +138,12 @@ def main():
         loss = F.cross_entropy(net(x).flatten(0, 1), y.flatten())
         loss.backward()
         opt.step()
+        if diloco is not None:
+            diloco.step()
         if step % 100 == 0 and rank == 0:
             print("step %d loss %.4f" % (step, loss.item()), flush=True)
+    if diloco is not None:
+        diloco.finish()
     ms = (time.perf_counter() - t0) * 1000.0 / args.steps
     gv = torch.Generator().manual_seed(99)
     with torch.no_grad():
@@ -126,16 +156,21 @@ def main():
     extra = ""
     if args.comm != "gloo":
         st = pt.session().ctx.stats()
-        extra = " psagg_bytes_sent=%d compression=%.2f" % (
-            st["bytes_sent"], st["bytes_raw"] / max(1, st["bytes_sent"]))
-        if rank == 0:
+        extra = " psagg_bytes_sent=%d bytes_per_step=%.0f compression=%.2f" % (
+            st["bytes_sent"], st["bytes_sent"] / max(1, args.steps),
+            st["bytes_raw"] / max(1, st["bytes_sent"]))
+        if diloco is not None:
+            extra += " diloco=%d fragments=%d delay=%d outer_lr=%g" % (
+                args.diloco, args.fragments, args.delay, args.outer_lr)
+        if rank == 0 and diloco is None:
             for a in pt.assignment():
                 print("ASSIGNMENT %s %s %d generation=%d" % (a["name"], a["codec"], a["bytes"],
                                                              a["generation"]), flush=True)
     if rank == 0:
         print("RESULT comm=%s workers=%d steps=%d ms_per_step=%.2f val_loss=%.4f%s"
               % (args.comm, world, args.steps, ms, vl, extra), flush=True)
-    dist.destroy_process_group()
+    if diloco is None:
+        dist.destroy_process_group()
     return 0
 
 
