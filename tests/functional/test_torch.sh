@@ -88,6 +88,33 @@ compare() {
 }
 
 steps=200
+# resume_check NAME SCRIPT SERVER_KEYS HASH_TAG AT: run SCRIPT (tests/functional) in PHASE full,
+# first (a checkpoint after AT steps, then stopped) and resume ([server] resume = on), 3 workers
+# with [server] SERVER_KEYS (printf text) and a checkpoint_dir; every rank of the resumed run
+# must print the uninterrupted run's "HASH_TAG phase=... sha256=..."
+resume_check() {
+    local name=$1 script=$2 keys=$3 tag=$4 at=$5 phase full resumed
+    mkdir -p "$tmp/ck-$name"
+    {
+        sed -e "s/^job_id = .*/job_id = test-$name-$port/" "$tmp/job.ini"
+        printf "[server]\n$keys\ncheckpoint_dir = %s\n" "$tmp/ck-$name"
+    } >"$tmp/$name.ini"
+    for phase in full first resume; do
+        env_resume=()
+        [[ $phase == resume ]] && env_resume=(PSAGG_SERVER_RESUME=on)
+        env ${env_resume[@]+"${env_resume[@]}"} PHASE=$phase "$repo/deploy/psagg-local" --config "$tmp/$name.ini" \
+            --workers 3 --timeout 120 -- "$py" "$repo/tests/functional/$script" >"$tmp/$name-$phase.out" 2>&1 ||
+            { tail -n 30 "$tmp/$name-$phase.out" >&2; fail "$name: phase $phase: psagg-local exited $?"; }
+    done
+    grep -q "CHECKPOINT after $at steps" "$tmp/$name-first.out" || fail "$name: no checkpoint"
+    full=$(grep -o "$tag phase=full rank=[0-9] start=0 sha256=[0-9a-f]*" "$tmp/$name-full.out" | awk '{print $5}' | sort | uniq -c)
+    resumed=$(grep -o "$tag phase=resume rank=[0-9] start=$at sha256=[0-9a-f]*" "$tmp/$name-resume.out" | awk '{print $5}' | sort | uniq -c)
+    [[ $(wc -l <<<"$full") == 1 && $(awk '{print $1}' <<<"$full") == 3 ]] || { cat "$tmp/$name-full.out" >&2; fail "$name: the full run's ranks differ: $full"; }
+    [[ $(awk '{print $2}' <<<"$resumed") == $(awk '{print $2}' <<<"$full") && $(awk '{print $1}' <<<"$resumed") == 3 ]] ||
+        { cat "$tmp/$name-resume.out" >&2; fail "$name: $resumed, the uninterrupted run $full"; }
+    echo "test_torch: $name: resumed at step $at: $(awk '{print $2}' <<<"$resumed") = uninterrupted, on 3 ranks"
+}
+
 case $case in
 ddp | optimizer)
     run gloo --comm gloo --unused --steps $steps
@@ -160,25 +187,7 @@ server_optim)
         done
     done
     # checkpoint, stop, resume: the same weights as without the interruption
-    mkdir -p "$tmp/ck"
-    {
-        sed -e "s/^job_id = .*/job_id = test-resume-$port/" "$tmp/job.ini"
-        printf '[server]\noptimizer = adam\ncheckpoint_dir = %s\n' "$tmp/ck"
-    } >"$tmp/resume.ini"
-    for phase in full first resume; do
-        env_resume=()
-        [[ $phase == resume ]] && env_resume=(PSAGG_SERVER_RESUME=on)
-        env ${env_resume[@]+"${env_resume[@]}"} PHASE=$phase "$repo/deploy/psagg-local" --config "$tmp/resume.ini" \
-            --workers 3 --timeout 120 -- "$py" "$repo/tests/functional/torch_resume.py" >"$tmp/$phase.out" 2>&1 ||
-            { tail -n 30 "$tmp/$phase.out" >&2; fail "resume: phase $phase: psagg-local exited $?"; }
-    done
-    grep -q 'CHECKPOINT after 4 steps' "$tmp/first.out" || fail "resume: no checkpoint"
-    full=$(grep -o 'RESUME-HASH phase=full rank=[0-9] start=0 sha256=[0-9a-f]*' "$tmp/full.out" | awk '{print $5}' | sort | uniq -c)
-    resumed=$(grep -o 'RESUME-HASH phase=resume rank=[0-9] start=4 sha256=[0-9a-f]*' "$tmp/resume.out" | awk '{print $5}' | sort | uniq -c)
-    [[ $(wc -l <<<"$full") == 1 && $(awk '{print $1}' <<<"$full") == 3 ]] || { cat "$tmp/full.out" >&2; fail "resume: the full run's ranks differ: $full"; }
-    [[ $(awk '{print $2}' <<<"$resumed") == $(awk '{print $2}' <<<"$full") && $(awk '{print $1}' <<<"$resumed") == 3 ]] ||
-        { cat "$tmp/resume.out" >&2; fail "resume: $resumed, the uninterrupted run $full"; }
-    echo "test_torch: resumed at step 4: $(awk '{print $2}' <<<"$resumed") = uninterrupted"
+    resume_check resume torch_resume.py "optimizer = adam" RESUME-HASH 4
     ;;
 diloco)
     # psagg.torch.DiLoCo, 4 workers: fp32 outer gradients against the reference (plain, then
@@ -210,25 +219,8 @@ diloco)
     (($(grep -c 'DILOCO disagreement caught' "$tmp/dd.out") == 4)) || { cat "$tmp/dd.out" >&2; fail "diloco: a disagreeing worker was not refused on every rank"; }
     echo "diloco disagreement: $(grep -m1 -o 'DILOCO disagreement caught rank=0.*' "$tmp/dd.out" | cut -c1-300)"
     # checkpoint after an outer step, stop, resume: the weights of the uninterrupted run
-    mkdir -p "$tmp/dck"
-    {
-        sed -e "s/^job_id = .*/job_id = test-diloco-resume-$port/" "$tmp/job.ini"
-        printf '[server]\noptimizer = sgd\nmomentum = 0.9\nnesterov = on\ncheckpoint_dir = %s\n' "$tmp/dck"
-    } >"$tmp/dresume.ini"
-    for phase in full first resume; do
-        env_resume=()
-        [[ $phase == resume ]] && env_resume=(PSAGG_SERVER_RESUME=on)
-        env ${env_resume[@]+"${env_resume[@]}"} PHASE=$phase "$repo/deploy/psagg-local" --config "$tmp/dresume.ini" \
-            --workers 3 --timeout 120 -- "$py" "$repo/tests/functional/torch_diloco_resume.py" >"$tmp/d$phase.out" 2>&1 ||
-            { tail -n 30 "$tmp/d$phase.out" >&2; fail "diloco resume: phase $phase: psagg-local exited $?"; }
-    done
-    grep -q 'CHECKPOINT after 8 steps' "$tmp/dfirst.out" || fail "diloco resume: no checkpoint"
-    full=$(grep -o 'DILOCO-RESUME-HASH phase=full rank=[0-9] start=0 sha256=[0-9a-f]*' "$tmp/dfull.out" | awk '{print $5}' | sort | uniq -c)
-    resumed=$(grep -o 'DILOCO-RESUME-HASH phase=resume rank=[0-9] start=8 sha256=[0-9a-f]*' "$tmp/dresume.out" | awk '{print $5}' | sort | uniq -c)
-    [[ $(wc -l <<<"$full") == 1 && $(awk '{print $1}' <<<"$full") == 3 ]] || { cat "$tmp/dfull.out" >&2; fail "diloco resume: the full run's ranks differ: $full"; }
-    [[ $(awk '{print $2}' <<<"$resumed") == $(awk '{print $2}' <<<"$full") && $(awk '{print $1}' <<<"$resumed") == 3 ]] ||
-        { cat "$tmp/dresume.out" >&2; fail "diloco resume: the resumed run ends elsewhere: $resumed vs $full"; }
-    echo "diloco resume: start_step 8, the uninterrupted run's weights on all 3 ranks"
+    resume_check diloco-resume torch_diloco_resume.py \
+        "optimizer = sgd\nmomentum = 0.9\nnesterov = on" DILOCO-RESUME-HASH 8
     ;;
 *) fail "unknown case '$case'" ;;
 esac
