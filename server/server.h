@@ -74,7 +74,7 @@ typedef struct pending_conn {
     int64_t deadline;
     psagg_ctl_reader rd;
     uint8_t challenge[PSAGG_CHALLENGE_BYTES]; /* sent in its CHALLENGE; its HELLO must bind it */
-    char peer[80]; /* "connection from ADDR:PORT", for the log */
+    char peer[80];                            /* "connection from ADDR:PORT", for the log */
 } pending_conn;
 
 struct chunk_state;
@@ -241,7 +241,7 @@ typedef struct agg_thread {
     agg_item *head, *tail;
     agg_item barrier; /* agg_barrier's marker in the queue */
     int stop;
-    void *cuda; /* psagg_cuda_ctx of the GPU assist, or NULL (gpu.c) */
+    void *cuda;          /* psagg_cuda_ctx of the GPU assist, or NULL (gpu.c) */
     uint64_t gpu_failed; /* sums the GPU could not make, made on the CPU instead (gpu.c) */
 } agg_thread;
 

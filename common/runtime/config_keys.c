@@ -54,8 +54,8 @@ static int parse_real(const struct key *, const char *, int, psagg_config *, cha
 
 static const char *const bool_names[] = {"off", "on", "false", "true", "0", "1", "no", "yes", NULL};
 static const int bool_values[] = {0, 1, 0, 1, 0, 1, 0, 1};
-static const char *const data_auth_names[] = {"off", "on",  "auto", "false", "true",
-                                              "0",   "1",   "no",   "yes",   NULL};
+static const char *const data_auth_names[] = {"off", "on", "auto", "false", "true",
+                                              "0",   "1",  "no",   "yes",   NULL};
 static const int data_auth_values[] = {0, 1, PSAGG_DATA_AUTH_AUTO, 0, 1, 0, 1, 0, 1};
 static const char *const gpu_names[] = {"off", "on", "auto", NULL};
 static const int gpu_values[] = {PSAGG_GPU_OFF, PSAGG_GPU_ON, PSAGG_GPU_AUTO};

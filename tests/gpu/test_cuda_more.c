@@ -26,7 +26,7 @@
     do {                                                                                           \
         cudaError_t e_ = (call);                                                                   \
         if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call,                   \
+            fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call,                     \
                     cudaGetErrorString(e_));                                                       \
             exit(1);                                                                               \
         }                                                                                          \
@@ -64,8 +64,8 @@ static void encode_case(const psagg_codec *c, size_t n, const float *x, const fl
           psagg_last_error());
     if (a == PSAGG_OK && b == PSAGG_OK) {
         CU(cudaMemcpy(gpu, d_out, len, cudaMemcpyDeviceToHost));
-        CHECK(!memcmp(cpu, gpu, len), "%s: %s n=%zu: encoded bytes differ at %zu", what,
-              tc_name(c), n, tc_first_diff(cpu, gpu, len));
+        CHECK(!memcmp(cpu, gpu, len), "%s: %s n=%zu: encoded bytes differ at %zu", what, tc_name(c),
+              n, tc_first_diff(cpu, gpu, len));
         if (r0) {
             CU(cudaMemcpy(rg, d_r, n * 4, cudaMemcpyDeviceToHost));
             CHECK(!memcmp(rc, rg, n * 4), "%s: %s n=%zu: residuals differ at byte %zu", what,
@@ -73,11 +73,11 @@ static void encode_case(const psagg_codec *c, size_t n, const float *x, const fl
         }
         a = psagg_decode(c, cpu, len, n, dc);
         b = psagg_cuda_decode_sync(c, d_out, len, n, d_dec, &bad, s);
-        CHECK(a == PSAGG_OK && b == PSAGG_OK, "%s: %s n=%zu: decode %d / %d", what, tc_name(c),
-              n, a, b);
+        CHECK(a == PSAGG_OK && b == PSAGG_OK, "%s: %s n=%zu: decode %d / %d", what, tc_name(c), n,
+              a, b);
         CU(cudaMemcpy(dg, d_dec, n * 4, cudaMemcpyDeviceToHost));
-        CHECK(!memcmp(dc, dg, n * 4), "%s: %s n=%zu: decodes differ at byte %zu", what,
-              tc_name(c), n, tc_first_diff(dc, dg, n * 4));
+        CHECK(!memcmp(dc, dg, n * 4), "%s: %s n=%zu: decodes differ at byte %zu", what, tc_name(c),
+              n, tc_first_diff(dc, dg, n * 4));
     }
     cudaFree(d_x);
     cudaFree(d_r);
