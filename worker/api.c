@@ -349,6 +349,25 @@ psagg_status psagg_set_param_sync(psagg_ctx *ctx, uint32_t key, uint32_t tag, fl
     return PSAGG_OK;
 }
 
+psagg_status psagg_get_server_optim(const psagg_ctx *ctx, psagg_server_optim *out)
+{
+    psagg_status st;
+    if (!ctx || !out)
+        return psagg_fail(PSAGG_EINVAL, "psagg_get_server_optim: NULL argument");
+    if ((st = worker_struct_size("psagg_server_optim", out->struct_size, sizeof *out)))
+        return psagg_fail_context(st, "psagg_get_server_optim: ");
+    *out = (psagg_server_optim){.struct_size = sizeof *out,
+                                .kind = psagg_optim_name((psagg_optim_kind)ctx->optim.kind),
+                                .momentum = ctx->optim.momentum,
+                                .dampening = ctx->optim.dampening,
+                                .beta1 = ctx->optim.beta1,
+                                .beta2 = ctx->optim.beta2,
+                                .eps = ctx->optim.eps,
+                                .nesterov = (int)ctx->optim.nesterov,
+                                .sync_interval = ctx->optim.sync_interval};
+    return PSAGG_OK;
+}
+
 psagg_status psagg_tensor_round(psagg_ctx *ctx, uint32_t key, uint32_t *round)
 {
     psagg_clear_error();

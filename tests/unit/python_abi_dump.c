@@ -77,6 +77,17 @@ int main(void)
     FIELD(psagg_stats, push_pulls);
     FIELD(psagg_stats, time);
     STRUCT_END();
+    STRUCT(psagg_server_optim);
+    FIELD(psagg_server_optim, struct_size);
+    FIELD(psagg_server_optim, kind);
+    FIELD(psagg_server_optim, momentum);
+    FIELD(psagg_server_optim, dampening);
+    FIELD(psagg_server_optim, beta1);
+    FIELD(psagg_server_optim, beta2);
+    FIELD(psagg_server_optim, eps);
+    FIELD(psagg_server_optim, nesterov);
+    FIELD(psagg_server_optim, sync_interval);
+    STRUCT_END();
     STRUCT(psagg_assignment);
     FIELD(psagg_assignment, struct_size);
     FIELD(psagg_assignment, codec);

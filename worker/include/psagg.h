@@ -250,6 +250,20 @@ PSAGG_API psagg_status psagg_param_init(psagg_ctx *ctx, uint32_t key, float *wei
 PSAGG_API psagg_status psagg_set_lr(psagg_ctx *ctx, uint32_t key, float lr, float weight_decay);
 PSAGG_API psagg_status psagg_set_param_sync(psagg_ctx *ctx, uint32_t key, uint32_t tag,
                                             float weight);
+
+/* The servers' [server] optimizer settings (every server runs the same; their WELCOME says). */
+typedef struct psagg_server_optim {
+    size_t struct_size; /* sizeof(psagg_server_optim) */
+    const char *kind;   /* "none", "sgd", "adam" or "adamw" (static) */
+    float momentum;     /* sgd */
+    float dampening;    /* sgd */
+    float beta1;        /* adam, adamw */
+    float beta2;        /* adam, adamw */
+    float eps;          /* adam, adamw */
+    int nesterov;       /* sgd: 1 on */
+    uint32_t sync_interval;
+} psagg_server_optim;
+PSAGG_API psagg_status psagg_get_server_optim(const psagg_ctx *ctx, psagg_server_optim *out);
 PSAGG_API psagg_status psagg_pull_weights(psagg_ctx *ctx, uint32_t key, float *out, int sync,
                                           psagg_handle **handle);
 PSAGG_API psagg_status psagg_checkpoint(psagg_ctx *ctx);

@@ -105,6 +105,13 @@ class _Stats(ctypes.Structure):
                 ("push_pulls", ctypes.c_uint64), ("time", _Timing)]
 
 
+class _ServerOptim(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("kind", ctypes.c_char_p),
+                ("momentum", ctypes.c_float), ("dampening", ctypes.c_float),
+                ("beta1", ctypes.c_float), ("beta2", ctypes.c_float), ("eps", ctypes.c_float),
+                ("nesterov", ctypes.c_int), ("sync_interval", ctypes.c_uint32)]
+
+
 class _Assignment(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("codec", _Codec), ("bytes", ctypes.c_uint64),
                 ("generation", ctypes.c_uint32), ("from_round", ctypes.c_uint32)]
@@ -127,6 +134,7 @@ _SIGNATURES = {
     "psagg_wait": (_I, [_P, _I]),
     "psagg_release": (None, [_P]),
     "psagg_get_stats": (_I, [_P, ctypes.POINTER(_Stats)]),
+    "psagg_get_server_optim": (_I, [_P, ctypes.POINTER(_ServerOptim)]),
     "psagg_handle_timing": (_I, [_P, ctypes.POINTER(_Timing)]),
     "psagg_handle_codec": (_I, [_P, ctypes.POINTER(_Codec), ctypes.POINTER(_U32)]),
     "psagg_get_assignment": (_I, [_P, _U32, ctypes.POINTER(_Assignment)]),
@@ -357,6 +365,17 @@ class Context:
         every parameter)."""
         _check(library().psagg_set_lr(self._raw(), key, float(lr), float(weight_decay)),
                "psagg_set_lr")
+
+    def server_optimizer(self):
+        """psagg_get_server_optim as a dict: kind ("none", "sgd", "adam", "adamw"), momentum,
+        dampening, nesterov, beta1, beta2, eps, sync_interval."""
+        o = _ServerOptim(struct_size=ctypes.sizeof(_ServerOptim))
+        _check(library().psagg_get_server_optim(self._raw(), ctypes.byref(o)),
+               "psagg_get_server_optim")
+        out = {f: getattr(o, f) for f, _ in _ServerOptim._fields_ if f != "struct_size"}
+        out["kind"] = out["kind"].decode()
+        out["nesterov"] = bool(out["nesterov"])
+        return out
 
     def set_param_sync(self, key, tag, weight=1.0):
         """psagg_set_param_sync: key's next pushes carry `tag` (the same on every worker, else

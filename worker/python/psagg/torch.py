@@ -607,7 +607,8 @@ class DiLoCo:
     outer momentum live once, on the servers (and in their checkpoints).
 
     The servers must run `[server] optimizer = sgd` with `momentum` = outer_momentum and
-    `nesterov` = on|off as nesterov (the papers' 0.9 and on); outer_lr goes with every push.
+    `nesterov` = on|off as nesterov (the papers' 0.9 and on), which the constructor checks
+    (ValueError naming both); outer_lr goes with every push.
 
     Heterogeneous workers: step(samples=n) makes each worker's pseudo-gradient count with the
     samples it trained on since the fragment's last sync (the weight travels in the push; the
@@ -669,6 +670,17 @@ class DiLoCo:
         self.alpha, self.outer_lr = float(fragment_update_alpha), float(outer_lr)
         self.outer_momentum, self.nesterov = float(outer_momentum), bool(nesterov)
         self._named = named
+        so = session().ctx.server_optimizer()  # the outer optimizer is the servers'
+        if so["kind"] != "sgd" or abs(so["momentum"] - outer_momentum) > 1e-6 or \
+                so["nesterov"] != bool(nesterov) or so["dampening"] != 0.0:
+            raise ValueError(
+                "psagg.torch.DiLoCo: the servers run [server] optimizer = %s (momentum %g, "
+                "dampening %g, nesterov %s); DiLoCo's outer step needs optimizer = sgd, "
+                "momentum = %g, dampening = 0, nesterov = %s (e.g. PSAGG_SERVER_OPTIMIZER=sgd "
+                "PSAGG_SERVER_MOMENTUM=%g PSAGG_SERVER_NESTEROV=%s on the servers)"
+                % (so["kind"], so["momentum"], so["dampening"], "on" if so["nesterov"] else "off",
+                   outer_momentum, "on" if nesterov else "off", outer_momentum,
+                   "on" if nesterov else "off"))
         # the anchors: fp32 CPU copies of the global weights, declared as psagg parameters
         self._anchors = [p.detach().float().cpu().contiguous().clone() for _, p in named]
         self._psagg = session()
