@@ -71,8 +71,11 @@ static void check_layout(const psagg_layout *l, uint32_t n_servers)
         CHECK(msg, "memory");
         psagg_msg_init((psagg_msg_hdr *)msg, PSAGG_MSG_PUSH, 0, 0, ci, &l->tensors[ci->key].codec,
                        0);
-        if (param) /* a gradient's push carries its trailer (zeros: GRAD, lr 0) */
+        if (param) { /* a gradient's push carries its trailer (GRAD, lr 0, weight 1) */
+            psagg_msg_param prm = {.flags = PSAGG_PARAM_GRAD, .weight = 1.0f};
+            memcpy(msg + sizeof(psagg_msg_hdr) + ci->enc_bytes, &prm, sizeof prm);
             ((psagg_msg_hdr *)msg)->len += (uint32_t)sizeof(psagg_msg_param);
+        }
         bad = psagg_msg_check(msg, len, 0, PSAGG_MSG_PUSH, l, &got, NULL);
         CHECK(!bad && got == ci, "chunk %u: field %s", c, bad ? bad : "(ci)");
         free(msg);
