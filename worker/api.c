@@ -304,8 +304,26 @@ psagg_status psagg_pull_weights(psagg_ctx *ctx, uint32_t key, float *out, int sy
     return param_op(ctx, key, out, PSAGG_PARAM_PULL, sync ? PSAGG_PARAM_SYNC : 0, handle);
 }
 
+/*
+ * The parameter settings' calls (psagg_set_lr, psagg_set_param_sync): key must name a declared
+ * parameter tensor, or be PSAGG_ALL_KEYS (PSAGG_EINVAL naming `fn` otherwise); param_key_has
+ * says whether tensor t is one the call sets.
+ */
+static psagg_status param_key_check(const psagg_ctx *ctx, uint32_t key, const char *fn)
+{
+    if (key != PSAGG_ALL_KEYS && (key >= ctx->n_user || !ctx->layout.tensors[key].param))
+        return psagg_fail(PSAGG_EINVAL, "%s: key %u is no declared parameter tensor", fn, key);
+    return PSAGG_OK;
+}
+
+static int param_key_has(const psagg_ctx *ctx, uint32_t key, uint32_t t)
+{
+    return (key == PSAGG_ALL_KEYS || t == key) && ctx->layout.tensors[t].param;
+}
+
 psagg_status psagg_set_lr(psagg_ctx *ctx, uint32_t key, float lr, float weight_decay)
 {
+    psagg_status st;
     psagg_clear_error();
     if (!ctx || !ctx->declared)
         return psagg_fail(PSAGG_EINVAL, "psagg_set_lr: call psagg_declare first");
@@ -315,12 +333,11 @@ psagg_status psagg_set_lr(psagg_ctx *ctx, uint32_t key, float lr, float weight_d
                           "psagg_set_lr: learning rate %g and weight decay %g must be in 0..%g "
                           "(as [server] lr and weight_decay)",
                           (double)lr, (double)weight_decay, (double)PSAGG_LR_MAX);
-    if (key != PSAGG_ALL_KEYS && (key >= ctx->n_user || !ctx->layout.tensors[key].param))
-        return psagg_fail(PSAGG_EINVAL, "psagg_set_lr: key %u is no declared parameter tensor",
-                          key);
+    if ((st = param_key_check(ctx, key, "psagg_set_lr")))
+        return st;
     pthread_mutex_lock(&ctx->mu);
     for (uint32_t t = 0; t < ctx->n_user; t++)
-        if ((key == PSAGG_ALL_KEYS || t == key) && ctx->layout.tensors[t].param) {
+        if (param_key_has(ctx, key, t)) {
             ctx->tensors[t].lr = lr;
             ctx->tensors[t].weight_decay = weight_decay;
         }
@@ -330,18 +347,18 @@ psagg_status psagg_set_lr(psagg_ctx *ctx, uint32_t key, float lr, float weight_d
 
 psagg_status psagg_set_param_sync(psagg_ctx *ctx, uint32_t key, uint32_t tag, float weight)
 {
+    psagg_status st;
     psagg_clear_error();
     if (!ctx || !ctx->declared)
         return psagg_fail(PSAGG_EINVAL, "psagg_set_param_sync: call psagg_declare first");
     if (!isfinite(weight) || !(weight > 0) || weight > PSAGG_PARAM_WEIGHT_MAX)
         return psagg_fail(PSAGG_EINVAL, "psagg_set_param_sync: weight %g must be in (0, %g]",
                           (double)weight, (double)PSAGG_PARAM_WEIGHT_MAX);
-    if (key != PSAGG_ALL_KEYS && (key >= ctx->n_user || !ctx->layout.tensors[key].param))
-        return psagg_fail(PSAGG_EINVAL,
-                          "psagg_set_param_sync: key %u is no declared parameter tensor", key);
+    if ((st = param_key_check(ctx, key, "psagg_set_param_sync")))
+        return st;
     pthread_mutex_lock(&ctx->mu);
     for (uint32_t t = 0; t < ctx->n_user; t++)
-        if ((key == PSAGG_ALL_KEYS || t == key) && ctx->layout.tensors[t].param) {
+        if (param_key_has(ctx, key, t)) {
             ctx->tensors[t].tag = tag;
             ctx->tensors[t].weight = weight;
         }
