@@ -491,16 +491,32 @@ static int param_agree(server *srv, chunk_state *c, int w, const psagg_msg_codec
     if (ps->prm.lr == prm->lr && ps->prm.weight_decay == prm->weight_decay &&
         ps->prm.flags == prm->flags && ps->prm.tag == prm->tag)
         return 0;
+    /* only what differs, so that the reason survives being relayed (and clipped) by peers */
+    char d[240];
+    size_t n = 0;
+    d[0] = '\0';
+    if (ps->prm.flags != prm->flags)
+        n += (size_t)snprintf(d + n, sizeof d - n, " kind %s/%s (flags 0x%x/0x%x);",
+                              kind_name(ps->prm.flags), kind_name(prm->flags), ps->prm.flags,
+                              prm->flags);
+    if (n < sizeof d && ps->prm.tag != prm->tag)
+        n += (size_t)snprintf(d + n, sizeof d - n, " fragment %u step %u / fragment %u step %u;",
+                              ps->prm.tag >> 24, ps->prm.tag & 0xFFFFFFu, prm->tag >> 24,
+                              prm->tag & 0xFFFFFFu);
+    if (n < sizeof d && ps->prm.lr != prm->lr)
+        n += (size_t)snprintf(d + n, sizeof d - n, " lr %g/%g;", (double)ps->prm.lr,
+                              (double)prm->lr);
+    if (n < sizeof d && ps->prm.weight_decay != prm->weight_decay)
+        snprintf(d + n, sizeof d - n, " weight decay %g/%g;", (double)ps->prm.weight_decay,
+                 (double)prm->weight_decay);
+    n = strlen(d);
+    if (n && d[n - 1] == ';')
+        d[n - 1] = '\0';
     server_fail_job(srv, PSAGG_EPROTO,
-                    "the workers disagree on parameter tensor '%s' chunk %u round %u: worker %u "
-                    "sent %s (lr %g, weight decay %g, flags 0x%x, tag %u = fragment %u step %u), "
-                    "worker %d %s (lr %g, weight decay %g, flags 0x%x, tag %u = fragment %u "
-                    "step %u)",
+                    "the workers disagree on parameter tensor '%s' chunk %u round %u, worker "
+                    "%u/worker %d:%s",
                     srv->layout.tensors[c->info->key].name, c->info->index, c->round, c->codec_by,
-                    kind_name(ps->prm.flags), (double)ps->prm.lr, (double)ps->prm.weight_decay,
-                    ps->prm.flags, ps->prm.tag, ps->prm.tag >> 24, ps->prm.tag & 0xFFFFFFu, w,
-                    kind_name(prm->flags), (double)prm->lr, (double)prm->weight_decay, prm->flags,
-                    prm->tag, prm->tag >> 24, prm->tag & 0xFFFFFFu);
+                    w, d);
     return -1;
 }
 
