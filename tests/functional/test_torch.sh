@@ -214,10 +214,24 @@ diloco)
         sed -e "s/^default = maxmin4/default = fp32/" -e "s/^job_id = .*/job_id = test-diloco-disagree-$port/" "$tmp/job.ini"
         printf '[server]\noptimizer = sgd\nmomentum = 0.9\nnesterov = on\n'
     } >"$tmp/dl.ini"
-    DISAGREE=1 H=8 STEPS=24 "$repo/deploy/psagg-local" --config "$tmp/dl.ini" --timeout 120 -- \
+    DISAGREE=1 H=8 STEPS=24 "$repo/deploy/psagg-local" --config "$tmp/dl.ini" --keep-going --timeout 120 -- \
         "$py" "$repo/tests/functional/torch_diloco.py" >"$tmp/dd.out" 2>&1
     (($(grep -c 'DILOCO disagreement caught' "$tmp/dd.out") == 4)) || { cat "$tmp/dd.out" >&2; fail "diloco: a disagreeing worker was not refused on every rank"; }
     echo "diloco disagreement: $(grep -m1 -o 'DILOCO disagreement caught rank=0.*' "$tmp/dd.out" | cut -c1-300)"
+    # a worker killed while its fragment 0 push is in flight (2 fragments, delay 1: pushed at
+    # step 8, applied at step 9): every other rank fails naming it, within 10 s (--keep-going:
+    # psagg, not the launcher, must stop them)
+    {
+        sed -e "s/^job_id = .*/job_id = test-diloco-die-$port/" "$tmp/job.ini"
+        printf '[server]\noptimizer = sgd\nmomentum = 0.9\nnesterov = on\n'
+    } >"$tmp/dl.ini"
+    if DIE=9 FRAGMENTS=2 DELAY=1 H=8 STEPS=24 "$repo/deploy/psagg-local" --config "$tmp/dl.ini" --keep-going --timeout 120 -- \
+        "$py" "$repo/tests/functional/torch_diloco.py" >"$tmp/ddie.out" 2>&1; then
+        cat "$tmp/ddie.out" >&2
+        fail "diloco: psagg-local exited 0 although a worker was killed"
+    fi
+    (($(grep -c 'DILOCO peer death caught' "$tmp/ddie.out") == 3)) || { cat "$tmp/ddie.out" >&2; fail "diloco: the survivors of a killed worker did not all fail naming it"; }
+    echo "diloco worker killed: $(grep -m1 -o 'DILOCO peer death caught rank=0.*' "$tmp/ddie.out" | cut -c1-300)"
     # checkpoint after an outer step, stop, resume: the weights of the uninterrupted run
     resume_check diloco-resume torch_diloco_resume.py \
         "optimizer = sgd\nmomentum = 0.9\nnesterov = on" DILOCO-RESUME-HASH 8

@@ -17,7 +17,9 @@ and that bad arguments are refused at construction with a message naming them.
 With WEIGHTED=1 every rank says it took 32 * (rank + 1) samples per step (step(samples)), and
 the reference weights each pseudo-gradient so. With DISAGREE=1 rank 1 runs 2 fragments where
 the others run 1: every rank must fail with the servers' message naming the fragments and
-steps ("DILOCO disagreement caught").
+steps ("DILOCO disagreement caught"). With DIE=T rank 2 kills itself (SIGKILL) at inner step T,
+before its DiLoCo.step(): every other rank must get an error naming worker 2 within 10 s
+("DILOCO peer death caught"), never a hang (the job is not elastic).
 Env: CODEC (fp32), H (sync_every, 4), FRAGMENTS (1), DELAY (0), ALPHA (0.0), STEPS (24).
 Prints "DILOCO ok rank=R ..." on success.
 """
@@ -25,7 +27,9 @@ Prints "DILOCO ok rank=R ..." on success.
 import hashlib
 import math
 import os
+import signal
 import sys
+import time
 
 import torch
 
@@ -39,6 +43,7 @@ ALPHA = float(os.environ.get("ALPHA", "0.0"))
 STEPS = int(os.environ.get("STEPS", "24"))
 WEIGHTED = os.environ.get("WEIGHTED") == "1"
 DISAGREE = os.environ.get("DISAGREE") == "1"
+DIE = int(os.environ.get("DIE", "0"))
 OUTER_LR, MOM, INNER_LR = 0.7, 0.9, 0.05
 torch.set_num_threads(1)
 
@@ -128,6 +133,25 @@ def main():
     diloco = pt.DiLoCo(model, opt, sync_every=H, outer_lr=OUTER_LR, outer_momentum=MOM,
                        nesterov=True, codec=CODEC, fragments=P, fragment_sync_delay=TAU,
                        fragment_update_alpha=ALPHA, named_parameters=model.named_parameters())
+    if DIE:
+        t0 = time.monotonic()
+        try:
+            for t in range(1, STEPS + 1):
+                inner_step(model, opt, shard(rank), t)
+                if t == DIE and rank == 2:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                t0 = time.monotonic()
+                diloco.step()
+            diloco.finish()
+        except Exception as e:  # psagg.Error
+            took = time.monotonic() - t0
+            if "worker 2" in str(e) and took < 10.0:
+                print("DILOCO peer death caught rank=%d after %.2f s: %s" % (rank, took, e),
+                      flush=True)
+                return
+            sys.exit("rank %d: after %.2f s, an error that does not name worker 2: %s"
+                     % (rank, took, e))
+        sys.exit("rank %d: worker 2 died and the job went on" % rank)
     weights = [32.0 * (r + 1) * H for r in range(n)] if WEIGHTED else [1.0] * n
 
     # the reference job: N workers from rank 0's weights, the global weights, the outer SGD
