@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# bench-diloco.sh - issue 29's accuracy evidence: DiLoCo and Streaming DiLoCo (psagg.torch.DiLoCo,
+# the outer step on the servers) against DDP at equal inner steps, on the two PyTorch examples,
+# 4 workers x 2 servers on loopback, seeds 0..SEEDS-1 (default 3).
+#
+#   torch  worker/examples/train_digits.py (a small CNN on sklearn's digits; inner SGD, momentum
+#          0.9, lr 0.05), STEPS inner steps (default 300); test accuracy and final training loss
+#   lm     worker/examples/train_tinylm.py (a tiny causal transformer on 2 MB of Python sources;
+#          inner Adam, lr 3e-3), LM_STEPS inner steps (default 500); held-out loss
+# Rows: Gloo's fp32 all-reduce every step (gloo); psagg's DDP hook with 4-bit gradients every
+# step (grad-maxmin4); DiLoCo with H inner steps per outer step (outer SGD, Nesterov momentum
+# 0.9, outer lr 0.7 unless the label says olr) and fp32 or maxmin4 outer gradients (dH-CODEC);
+# Streaming DiLoCo with 4 fragments and a sync delay of 1 or 2 steps (sH-p4-dTAU).
+# EXAMPLES (default "torch lm") picks which run.
+#
+# Output: one CSV row per run to tests/bench/results/diloco-train.csv (or $OUT), then mean and
+# spread per (example, config). Usage: deploy/bench-diloco.sh [BUILD_DIR]
+set -u -o pipefail
+repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+build=${1:-$repo/build}
+steps=${STEPS:-300} lm_steps=${LM_STEPS:-500} seeds=${SEEDS:-3} port=${PORT:-19974}
+examples=${EXAMPLES:-"torch lm"}
+out=${OUT:-$repo/tests/bench/results/diloco-train.csv}
+py=/usr/bin/python3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export PSAGG_SERVER_BIN=$build/server/psagg-server
+unset PSAGG_CODEC_DEFAULT PSAGG_SERVER_OPTIMIZER PSAGG_SERVER_MOMENTUM PSAGG_SERVER_NESTEROV
+if ! "$py" -c "import torch, sklearn" 2>/dev/null; then
+    echo "bench-diloco: $py cannot import torch and sklearn" >&2
+    exit 77
+fi
+
+cat >"$tmp/job.ini" <<INI
+[cluster]
+job_id = bench-diloco-$port
+servers = 127.0.0.1:$port 127.0.0.1:$((port + 1))
+workers = 4
+provider = tcp
+connect_timeout_ms = 30000
+[codec]
+default = maxmin4
+min_compress_elems = 256
+[log]
+level = warn
+INI
+
+field() { sed -n "s/.* $1=\([0-9.]*\).*/\1/p" <<<"$r"; }
+
+# run EXAMPLE LABEL SERVER_ENV SCRIPT ARGS... (@SEED@ in ARGS): SEEDS rows
+run() {
+    local ex=$1 label=$2 senv=$3 i acc loss bps n
+    shift 3
+    for ((i = 0; i < seeds; i++)); do
+        env $senv PSAGG_WORKER_SEED=$((i + 1)) "$repo/deploy/psagg-local" --config "$tmp/job.ini" --timeout 1800 -- \
+            "$py" "${@//@SEED@/$i}" >"$tmp/run.out" 2>&1 || { echo "$ex $label seed $i failed:"; tail -5 "$tmp/run.out"; exit 1; }
+        r=$(grep 'RESULT' "$tmp/run.out" | head -1)
+        [[ $ex == torch-* ]] && n=$steps || n=$lm_steps
+        if [[ $ex == torch-* ]]; then acc=$(field test_acc) loss=$(field final_loss); else acc="" loss=$(field val_loss); fi
+        bps=$(field psagg_bytes_sent)
+        bps=$((${bps:-0} / n))
+        echo "$ex,$label,$i,$acc,$loss,$bps" | tee -a "$out"
+    done
+}
+
+echo "example,config,seed,test_acc,final_loss,bytes_per_step" >"$out"
+outer="PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9 PSAGG_SERVER_NESTEROV=on"
+# matrix EXAMPLE SCRIPT STEPS: the rows above
+matrix() {
+    local ex=$1 script=$2 n=$3
+    run "$ex" gloo "" "$script" --comm gloo --steps "$n" --seed @SEED@
+    run "$ex" grad-maxmin4 "" "$script" --comm psagg --codec maxmin4 --steps "$n" --seed @SEED@
+    run "$ex" d10-maxmin4 "$outer" "$script" --diloco 10 --codec maxmin4 --steps "$n" --seed @SEED@
+    run "$ex" d10-maxmin4-olr0.3 "$outer" "$script" --diloco 10 --outer-lr 0.3 --codec maxmin4 --steps "$n" --seed @SEED@
+    run "$ex" d50-fp32 "$outer" "$script" --diloco 50 --codec fp32 --steps "$n" --seed @SEED@
+    run "$ex" d50-maxmin4 "$outer" "$script" --diloco 50 --codec maxmin4 --steps "$n" --seed @SEED@
+    run "$ex" s50-p4-d1 "$outer" "$script" --diloco 50 --fragments 4 --delay 1 --codec maxmin4 --steps "$n" --seed @SEED@
+    run "$ex" s50-p4-d2 "$outer" "$script" --diloco 50 --fragments 4 --delay 2 --codec maxmin4 --steps "$n" --seed @SEED@
+}
+[[ " $examples " == *" torch "* ]] && matrix torch-digits-cnn-sgd "$repo/worker/examples/train_digits.py" "$steps"
+[[ " $examples " == *" lm "* ]] && matrix tinylm-adam "$repo/worker/examples/train_tinylm.py" "$lm_steps"
+echo
+echo "mean (min..max) over seeds; bytes: what rank 0 sent per inner step (gloo: none through psagg)"
+awk -F, -v width=36 -f "$repo/deploy/bench_summary.awk" "$out"
