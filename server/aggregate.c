@@ -125,9 +125,16 @@ void agg_finish_round(server *srv, chunk_state *c)
     if ((r = c->ops->finish(srv, c, c->out[p], round_key(srv, c))) < 0)
         return; /* the job failed */
     enc = (size_t)r;
+    h->epoch = (uint16_t)atomic_load(&srv->epoch);
+    h->summed = (uint16_t)c->n_arrived;
     if (srv->tag_bytes) /* one MAC: every worker gets the same bytes */
         psagg_msg_mac(&srv->data_key, c->out[p], sizeof *h + enc, c->out[p] + sizeof *h + enc);
-    atomic_store(&c->sends_pending[p], srv->n_workers);
+    {
+        int to = 0; /* the members now get it (a leaver's push may be in it all the same) */
+        for (int w = 0; w < srv->n_workers; w++)
+            to += c->sctx[p].to[w] = (uint8_t)server_member(srv, w);
+        atomic_store(&c->sends_pending[p], to);
+    }
     now = psagg_now_ns();
     metrics_round(srv, sizeof *h + enc + srv->tag_bytes, c->last_push_ns - c->first_push_ns,
                   now - c->last_push_ns);
@@ -138,6 +145,7 @@ void agg_finish_round(server *srv, chunk_state *c)
     c->codec_set = 0;
     c->n_arrived = 0;
     c->next = 0;
+    c->folded = 0;
     memset(c->arrived, 0, (size_t)srv->n_workers);
     if (!c->ops->advances(c))
         return; /* (a parameter's INIT and PULL do not count a round) */
@@ -153,15 +161,16 @@ void agg_finish_round(server *srv, chunk_state *c)
 
 /*
  * Fold worker w's payload into the accumulator (it is next in the fixed order). The decode
- * validates the payload in the same pass; the first worker's writes the accumulator
+ * validates the payload in the same pass; the round's first fold writes the accumulator
  * (0 + y, codec.h's first term), so there is no memset before it. A bad payload leaves the
  * accumulator half-written: the chunk is then broken for the rest of the job, which the
  * closing of that worker fails (no later push may complete a round from it).
  */
 static int fold(server *srv, chunk_state *c, int w, const void *payload)
 {
-    psagg_status st = psagg_decode_into(&c->codec, payload, c->enc, c->info->count, c->acc,
-                                        w == 0 ? PSAGG_DECODE_FIRST : PSAGG_DECODE_ADD, 1.0f);
+    psagg_status st =
+        psagg_decode_into(&c->codec, payload, c->enc, c->info->count, c->acc,
+                          c->folded++ == 0 ? PSAGG_DECODE_FIRST : PSAGG_DECODE_ADD, 1.0f);
     if (st) {
         c->broken = 1;
         server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s",
@@ -177,6 +186,29 @@ static void release_held(server *srv, chunk_state *c, int w)
     server_queue_repost(srv, c->held[w]);
     c->held[w] = NULL;
     atomic_fetch_sub(&srv->rx_held, 1);
+}
+
+/*
+ * cpu_sum_ops' settle: fold the early pushes the fixed order now reaches, passing over the
+ * workers that are no members (elastic: they left; a push of theirs that came is folded).
+ */
+static int cpu_settle(server *srv, chunk_state *c)
+{
+    size_t cap = c->info->cap_bytes;
+    while ((int)c->next < srv->n_workers &&
+           (c->arrived[c->next] || !server_member(srv, (int)c->next))) {
+        int nx = (int)c->next, bad = 0;
+        if (c->held[nx]) {
+            bad = fold(srv, c, nx, c->held[nx]->rx.buf + sizeof(psagg_msg_hdr));
+            release_held(srv, c, nx);
+        } else if (c->arrived[nx]) {
+            bad = fold(srv, c, nx, c->slots + (size_t)nx * cap);
+        }
+        if (bad)
+            return 0;
+        c->next++;
+    }
+    return (int)c->next == srv->n_workers && c->n_arrived ? CHUNK_COMPLETE : 0;
 }
 
 /*
@@ -208,26 +240,14 @@ static int cpu_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
         }
         c->arrived[w] = 1;
         c->n_arrived++;
-        return kept;
+        return kept | cpu_settle(srv, c); /* the workers before it may be no members */
     }
     if (fold(srv, c, w, payload))
         return 0;
     c->arrived[w] = 1;
     c->n_arrived++;
     c->next++;
-    while ((int)c->next < srv->n_workers && c->arrived[c->next]) {
-        int nx = (int)c->next, bad;
-        if (c->held[nx]) {
-            bad = fold(srv, c, nx, c->held[nx]->rx.buf + sizeof *h);
-            release_held(srv, c, nx);
-        } else {
-            bad = fold(srv, c, nx, c->slots + (size_t)nx * cap);
-        }
-        if (bad)
-            return 0;
-        c->next++;
-    }
-    return (int)c->next == srv->n_workers ? CHUNK_COMPLETE : 0;
+    return cpu_settle(srv, c);
 }
 
 /* cpu_sum_ops' encode: requantize acc (with the server residual). */
@@ -259,6 +279,7 @@ const chunk_sum_ops cpu_sum_ops = {
     .alloc = cpu_alloc,
     .free = cpu_free,
     .collect = cpu_collect,
+    .settle = cpu_settle,
     .encode = cpu_encode,
 };
 
@@ -364,6 +385,11 @@ static int sum_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
     return c->sum->collect(srv, c, w, rb);
 }
 
+static int sum_settle(server *srv, chunk_state *c)
+{
+    return c->sum->settle(srv, c);
+}
+
 static long sum_finish(server *srv, chunk_state *c, uint8_t *out, psagg_rng_key key)
 {
     size_t bad = 0;
@@ -396,6 +422,7 @@ const chunk_ops sum_chunk_ops = {
     .open = sum_open,
     .agree = sum_agree,
     .collect = sum_collect,
+    .settle = sum_settle,
     .finish = sum_finish,
     .advances = sum_advances,
 };
@@ -417,7 +444,7 @@ static void check_rounds(server *srv, agg_thread *t, int64_t now)
         if ((int)c->thread != self || !c->round_deadline || now < c->round_deadline)
             continue;
         for (int w = 0; w < srv->n_workers && used + 8 < sizeof missing; w++)
-            if (!c->arrived[w])
+            if (!c->arrived[w] && server_member(srv, w))
                 used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d",
                                          used ? "," : "", w);
         server_fail_job(srv, PSAGG_ETIMEDOUT,
@@ -490,10 +517,18 @@ static void *agg_main(void *arg)
                 server_queue_repost(srv, it->rb);
         } else if (!atomic_load(&srv->job_failed) && atomic_load(&it->chunk->deferred)) {
             agg_finish_round(srv, it->chunk);
+        } else if (!atomic_load(&srv->job_failed)) {
+            agg_settle(srv, it->chunk); /* the membership changed (membership.c) */
         }
         metrics_busy(srv, (uint32_t)(t - srv->threads), psagg_now_ns() - busy_from);
     }
     return NULL;
+}
+
+void agg_settle(server *srv, chunk_state *c)
+{
+    if (!c->broken && c->n_arrived && (c->ops->settle(srv, c) & CHUNK_COMPLETE))
+        agg_finish_round(srv, c);
 }
 
 void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb)
@@ -572,8 +607,10 @@ static psagg_status chunk_alloc(server *srv, chunk_state *c)
     c->arrived = arena_alloc(n);
     c->held = arena_alloc(n * sizeof *c->held);
     c->slots = arena_alloc(n * enc);
+    c->sctx[0].to = arena_alloc(2 * n);
     for (int p = 0; p < 2; p++) {
-        c->sctx[p] = (send_ctx){.chunk = c, .parity = p};
+        uint8_t *to = c->sctx[0].to ? c->sctx[0].to + (size_t)p * n : NULL;
+        c->sctx[p] = (send_ctx){.chunk = c, .parity = p, .to = to};
         c->out[p] = arena_alloc(sizeof(psagg_msg_hdr) + out + srv->tag_bytes);
         if (!c->out[p])
             break;
@@ -581,7 +618,7 @@ static psagg_status chunk_alloc(server *srv, chunk_state *c)
                              &c->out_desc[p]))
             return psagg_fail_context(PSAGG_EFABRIC, "registering update buffers: ");
     }
-    if (!c->arrived || !c->held || !c->slots || !c->out[0] || !c->out[1])
+    if (!c->arrived || !c->held || !c->slots || !c->sctx[0].to || !c->out[0] || !c->out[1])
         return psagg_fail(PSAGG_ENOMEM, "buffers of tensor %u chunk %u", ci->key, ci->index);
     if ((st = c->sum->alloc(srv, c)))
         return st;
@@ -595,7 +632,7 @@ static psagg_status chunk_alloc(server *srv, chunk_state *c)
 static uint64_t chunk_bytes(const server *srv, uint64_t count, size_t enc, const chunk_ops *ops)
 {
     uint64_t n = (uint64_t)srv->n_workers, out = ops->out_bytes(count, enc);
-    return sizeof(chunk_state) + n + n * sizeof(void *) + n * enc + 4 * count +
+    return sizeof(chunk_state) + 3 * n + n * sizeof(void *) + n * enc + 4 * count +
            ops->state_bytes(srv, count) + 2 * (sizeof(psagg_msg_hdr) + out + srv->tag_bytes);
 }
 

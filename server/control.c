@@ -65,6 +65,10 @@ static void drop_worker(server *srv, int w, psagg_status status, const char *why
     wc->fd = -1;
     psagg_ctl_reader_reset(&wc->rd);
     wc->state = W_DEAD;
+    if (srv->elastic && srv->job_running && !atomic_load(&srv->job_failed)) {
+        membership_lost(srv, w, reason); /* the job goes on without it */
+        return;
+    }
     snprintf(msg, sizeof msg, "worker %d failed: %s", w, reason);
     server_fail_job(srv, job_status, "%s", msg);
     snprintf(msg, sizeof msg, "server %d: worker %d failed: %s", srv->rank, w, reason);
@@ -177,6 +181,15 @@ static int count_state(const server *srv, enum worker_state s)
     return n;
 }
 
+/* Workers lost without leaving the job: any dead one, unless it left an elastic job's epoch. */
+static int dead_members(const server *srv)
+{
+    int n = 0;
+    for (int w = 0; w < srv->n_workers; w++)
+        n += srv->workers[w].state == W_DEAD && (!srv->elastic || server_member(srv, w));
+    return n;
+}
+
 /* The workers whose state is below `below` (still connected: below W_BYE, fd open). */
 static void missing_workers(const server *srv, enum worker_state below, char *buf, size_t len)
 {
@@ -284,6 +297,8 @@ static void serve_worker(server *srv, int w)
             LOG_ERROR(&srv->log, "worker %d asked for a checkpoint: %s", w, m);
         if (psagg_ctl_send_error(wc->fd, PSAGG_CTL_CHECKPOINT_DONE, st, m))
             drop_worker(srv, w, PSAGG_EPEER, psagg_last_error());
+    } else if (h.type == PSAGG_CTL_MEMBERSHIP && wc->state == W_DECLARED && srv->job_running) {
+        membership_relayed(srv, w, &h, body);
     } else if (h.type == PSAGG_CTL_ABORT && (st = psagg_ctl_error_parse(&h, body, &text))) {
         char m[300];
         snprintf(m, sizeof m, "it gave up: %s", text);
@@ -349,6 +364,8 @@ static int start_or_refuse(server *srv, int *rc)
 static void check_liveness(server *srv, int64_t now)
 {
     int op = srv->cfg.op_timeout_ms;
+    /* an elastic job gives a worker up sooner: the others wait for it meanwhile */
+    int64_t limit = srv->elastic ? psagg_member_timeout_ms(op) : op;
     if (now >= srv->next_ping) {
         for (int w = 0; w < srv->n_workers; w++) {
             worker_conn *wc = &srv->workers[w];
@@ -361,12 +378,18 @@ static void check_liveness(server *srv, int64_t now)
     for (int w = 0; w < srv->n_workers; w++) {
         worker_conn *wc = &srv->workers[w];
         char why[160];
-        if (wc->fd < 0 || wc->state != W_DECLARED || now - wc->heard_at <= op)
+        if (wc->fd < 0 || wc->state != W_DECLARED || now - wc->heard_at <= limit)
             continue;
-        snprintf(why, sizeof why,
-                 "worker %d sent nothing for %.1f s, more than op_timeout_ms=%d (stopped, hung "
-                 "or cut off)",
-                 w, (double)(now - wc->heard_at) / 1e3, op);
+        if (srv->elastic)
+            snprintf(why, sizeof why,
+                     "worker %d sent nothing for %.1f s, more than 3 PING intervals of %d ms "
+                     "(stopped, hung or cut off)",
+                     w, (double)(now - wc->heard_at) / 1e3, psagg_ping_interval_ms(op));
+        else
+            snprintf(why, sizeof why,
+                     "worker %d sent nothing for %.1f s, more than op_timeout_ms=%d (stopped, "
+                     "hung or cut off)",
+                     w, (double)(now - wc->heard_at) / 1e3, op);
         drop_worker(srv, w, PSAGG_ETIMEDOUT, why);
     }
 }
@@ -429,7 +452,9 @@ int control_serve(server *srv)
         }
         if (phase != STARTING &&
             count_state(srv, W_BYE) + count_state(srv, W_DEAD) == srv->n_workers) {
-            rc = atomic_load(&srv->job_failed) || count_state(srv, W_DEAD) ? 1 : 0;
+            /* (the workers that left an elastic job are no failure of it; one lost here that
+               server 0 never removed is) */
+            rc = atomic_load(&srv->job_failed) || dead_members(srv) ? 1 : 0;
             LOG_INFO(&srv->log, "all workers gone, job %s", rc ? "failed" : "done");
             metrics_usage(srv);
             break;
@@ -449,6 +474,7 @@ int control_serve(server *srv)
                 for (int w = 0; w < srv->n_workers; w++) /* their silence counts from now */
                     srv->workers[w].heard_at = now;
                 phase = RUNNING;
+                srv->job_running = 1;
                 continue; /* a READY that could not be sent has failed the job */
             }
             if (srv->startup_deadline >= 0 && now > srv->startup_deadline) {

@@ -31,8 +31,15 @@ static int gpu_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
     }
     memcpy(c->slots + (size_t)w * c->info->cap_bytes, payload, c->enc);
     c->arrived[w] = 1;
+    c->n_arrived++;
     /* the GPU sums all inputs in worker order at once */
-    return ++c->n_arrived == (uint32_t)srv->n_workers ? CHUNK_COMPLETE : 0;
+    return server_members_in(srv, c) ? CHUNK_COMPLETE : 0;
+}
+
+/* gpu_sum_ops' settle: complete once every member's push is in (the leavers' that came too). */
+static int gpu_settle(server *srv, chunk_state *c)
+{
+    return server_members_in(srv, c) ? CHUNK_COMPLETE : 0;
 }
 
 /* The sum is made on the device: no accumulator on the host. */
@@ -91,12 +98,13 @@ static psagg_status gpu_encode(server *srv, chunk_state *c, psagg_rng_key key, u
 {
     const void *in[PSAGG_CUDA_MAX_INPUTS];
     agg_thread *t = &srv->threads[c->thread];
-    size_t enc = c->enc;
+    size_t enc = c->enc, n_in = 0; /* the pushes that came, in worker order */
     psagg_status st;
     for (int w = 0; w < srv->n_workers; w++)
-        in[w] = c->slots + (size_t)w * c->info->cap_bytes;
-    st = psagg_cuda_aggregate_host(t->cuda, &c->codec, in, (size_t)srv->n_workers, enc,
-                                   c->info->count, c->residual, key, out, enc, bad);
+        if (c->arrived[w])
+            in[n_in++] = c->slots + (size_t)w * c->info->cap_bytes;
+    st = psagg_cuda_aggregate_host(t->cuda, &c->codec, in, n_in, enc, c->info->count, c->residual,
+                                   key, out, enc, bad);
     if (st != PSAGG_ECUDA && st != PSAGG_ENOMEM && st != PSAGG_EUNSUPPORTED)
         return st; /* done, or the sum's own error (the CPU would say the same) */
     if (t->gpu_failed++ == 0)
@@ -108,8 +116,8 @@ static psagg_status gpu_encode(server *srv, chunk_state *c, psagg_rng_key key, u
     else
         LOG_DEBUG(&srv->log, "GPU assist failed %llu times; the latest: %s",
                   (unsigned long long)t->gpu_failed, psagg_last_error());
-    return psagg_aggregate(&c->codec, in, (size_t)srv->n_workers, enc, c->info->count, c->residual,
-                           key, out, enc, bad);
+    return psagg_aggregate(&c->codec, in, n_in, enc, c->info->count, c->residual, key, out, enc,
+                           bad);
 }
 
 int gpu_max_inputs(void)
@@ -152,5 +160,6 @@ const chunk_sum_ops gpu_sum_ops = {
     .alloc = gpu_alloc,
     .free = gpu_free,
     .collect = gpu_collect,
+    .settle = gpu_settle,
     .encode = gpu_encode,
 };

@@ -58,6 +58,8 @@ struct server_metrics {
     /* the server-side optimizer (param.c) */
     atomic_uint_fast64_t optim_steps, optim_ns, weight_syncs, checkpoints, checkpoint_failures;
     atomic_uint_fast64_t checkpoint_ns; /* the last one's */
+    atomic_int members;                 /* the membership applied here (membership.c) */
+    atomic_uint epoch;
     struct MHD_Daemon *mhd;
 };
 
@@ -68,6 +70,7 @@ psagg_status metrics_init(server *srv)
         srv->metrics->w = calloc((size_t)srv->n_workers, sizeof *srv->metrics->w);
     if (!srv->metrics || !srv->metrics->w)
         return psagg_fail(PSAGG_ENOMEM, "metrics: out of memory");
+    atomic_init(&srv->metrics->members, srv->n_workers);
     return PSAGG_OK;
 }
 
@@ -181,6 +184,12 @@ void metrics_checkpoint(server *srv, int64_t ns, int ok)
         atomic_store(&srv->metrics->checkpoint_ns, (uint64_t)ns);
 }
 
+void metrics_membership(server *srv, uint32_t epoch, int n)
+{
+    atomic_store(&srv->metrics->members, n);
+    atomic_store(&srv->metrics->epoch, epoch);
+}
+
 void metrics_report(server *srv)
 {
     int slowest = -1;
@@ -268,6 +277,12 @@ static char *render(server *srv, size_t *len)
             srv->rank, psagg_fabric_provider(srv->fab));
     help(f, "psagg_server_workers", "gauge", "Workers of the job.");
     fprintf(f, "psagg_server_workers %d\n", srv->n_workers);
+    help(f, "psagg_server_members", "gauge",
+         "Workers in the job's current membership epoch (all of them unless elastic).");
+    fprintf(f, "psagg_server_members %d\n", atomic_load(&srv->metrics->members));
+    help(f, "psagg_server_membership_epoch", "gauge",
+         "The membership epoch this server applied (0: the workers that started the job).");
+    fprintf(f, "psagg_server_membership_epoch %u\n", atomic_load(&srv->metrics->epoch));
     help(f, "psagg_server_chunks_owned", "gauge", "Chunks this server aggregates.");
     fprintf(f, "psagg_server_chunks_owned %u\n", srv->n_owned);
     help(f, "psagg_server_rounds", "gauge", "Rounds finished by this server's first chunk.");

@@ -521,6 +521,29 @@ static int param_agree(server *srv, chunk_state *c, int w, const psagg_msg_codec
 }
 
 /*
+ * param_chunk_ops' settle: a GRAD round as its sum says; INIT and PULL once every member is in.
+ * An INIT without worker 0's weights (it left before pushing them, and no checkpoint gave
+ * them) cannot give the workers any: the job fails.
+ */
+static int param_settle(server *srv, chunk_state *c)
+{
+    if ((c->param->prm.flags & PSAGG_PARAM_KIND_MASK) == PSAGG_PARAM_GRAD)
+        return c->sum->settle(srv, c);
+    if (!server_members_in(srv, c))
+        return 0;
+    if ((c->param->prm.flags & PSAGG_PARAM_KIND_MASK) == PSAGG_PARAM_INIT && !c->arrived[0] &&
+        !c->param->restored) {
+        server_fail_job(srv, PSAGG_EPEER,
+                        "parameter tensor '%s' chunk %u: worker 0 left before pushing its "
+                        "initial weights, which only it sends",
+                        srv->layout.tensors[c->info->key].name, c->info->index);
+        c->broken = 1;
+        return 0;
+    }
+    return CHUNK_COMPLETE;
+}
+
+/*
  * param_chunk_ops' collect: a GRAD push is summed by the chunk's sum (into acc); INIT and PULL
  * have no sum: all in, in any order, then the reply. Of an INIT, worker 0's body is the weights
  * (unless a checkpoint's were restored).
@@ -535,7 +558,8 @@ static int param_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
     if (kind == PSAGG_PARAM_INIT && w == 0 && !c->param->restored)
         memcpy(c->param->w, rb->rx.buf + sizeof(psagg_msg_hdr), c->info->count * sizeof(float));
     c->arrived[w] = 1;
-    return ++c->n_arrived == (uint32_t)srv->n_workers ? CHUNK_COMPLETE : 0;
+    c->n_arrived++;
+    return param_settle(srv, c);
 }
 
 /* The payload of a WEIGHTS message: src, exactly. */
@@ -580,7 +604,8 @@ static long param_finish(server *srv, chunk_state *c, uint8_t *out, psagg_rng_ke
     if (prm->flags & PSAGG_PARAM_AVERAGE) { /* the sum over the sum of the weights, in order */
         float weights = 0.0f;
         for (int k = 0; k < srv->n_workers; k++)
-            weights += ps->weight[k];
+            if (c->arrived[k]) /* (an elastic job's round may lack a leaver's push) */
+                weights += ps->weight[k];
         scale = 1.0f / weights; /* 1 each: 1 / workers, as before */
     }
     st = psagg_optim_step(&srv->optim, prm->lr, prm->weight_decay, ps->step + 1, scale, c->acc,
@@ -631,6 +656,7 @@ const chunk_ops param_chunk_ops = {
     .open = param_open,
     .agree = param_agree,
     .collect = param_collect,
+    .settle = param_settle,
     .finish = param_finish,
     .advances = param_advances,
 };

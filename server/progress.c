@@ -43,6 +43,12 @@ static void route_push(server *srv, recv_buf *rb, psagg_peer src)
         server_repost(srv, rb);
         return;
     }
+    if (!server_member(srv, from)) { /* it left the job (elastic): nothing of it counts now */
+        LOG_DEBUG(&srv->log, "a push from worker %d, which left the job, dropped", from);
+        metrics_drop(srv);
+        server_repost(srv, rb);
+        return;
+    }
     if (rb->rx.len < sizeof *h) {
         server_close_worker(srv, from, "a %zu-byte push: shorter than the %zu-byte header",
                             rb->rx.len, sizeof *h);
@@ -106,13 +112,16 @@ static int send_queued(server *srv)
                 srv->tag_bytes;
         for (; sc->next_worker < srv->n_workers; sc->next_worker++) {
             int w = sc->next_worker;
-            psagg_status st =
-                psagg_fabric_try_send(srv->fab, srv->workers[w].addr, c->out[sc->parity], bytes,
-                                      c->out_desc[sc->parity], sc);
+            psagg_status st;
+            if (!sc->to[w]) /* no member when the round finished (not counted in pending) */
+                continue;
+            st = psagg_fabric_try_send(srv->fab, srv->workers[w].addr, c->out[sc->parity], bytes,
+                                       c->out_desc[sc->parity], sc);
             if (st == PSAGG_EAGAIN)
                 return 1;
-            if (st) {
-                atomic_fetch_sub(&c->sends_pending[sc->parity], 1);
+            if (st) { /* the last one pending: a deferred round may go on */
+                if (atomic_fetch_sub(&c->sends_pending[sc->parity], 1) == 1 && c->deferred)
+                    agg_enqueue(srv, c, NULL);
                 server_close_worker(srv, w, "sending the update of tensor %u chunk %u failed: %s",
                                     c->info->key, c->info->index, psagg_last_error());
             }

@@ -51,7 +51,8 @@ int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *s
     srv->n_workers = cfg->n_workers;
     srv->workers = calloc((size_t)srv->n_workers, sizeof *srv->workers);
     srv->rank_at = calloc((size_t)srv->n_workers, sizeof *srv->rank_at);
-    if (!srv->workers || !srv->rank_at || admission_init(srv) || metrics_init(srv)) {
+    if (!srv->workers || !srv->rank_at || admission_init(srv) || metrics_init(srv) ||
+        membership_init(srv)) {
         LOG_ERROR(&srv->log, "out of memory");
         goto err_workers;
     }
@@ -120,6 +121,7 @@ err_workers:
     free(srv->workers);
     free(srv->rank_at);
     free(srv->pending);
+    membership_fini(srv);
     optim_fini(srv);
     pthread_cond_destroy(&srv->barrier_cv);
     pthread_mutex_destroy(&srv->barrier_mu);

@@ -8,6 +8,7 @@
  *   server.c     server_run: start the node (runtime/node.h: keys, endpoint), open the port,
  *                run the control loop, tear down
  *   control.c    the control state machine (main thread): DECLARE, start, BYE, aborts
+ *   membership.c elastic jobs: who is a member, epochs decided by server 0 (control thread)
  *   admission.c  connections that have not authenticated: HELLO checks, WELCOME, idle and
  *                slow-connection limits (the control thread, during start-up)
  *   progress.c   the data path's progress thread, the endpoint's one user: receive pushes,
@@ -110,6 +111,7 @@ typedef struct send_ctx {
     struct chunk_state *chunk;
     int parity;
     int next_worker; /* the next worker to send it to (a full provider queue stops midway) */
+    uint8_t *to;     /* per worker: 1 if it gets this update (the members when it was made) */
     struct send_ctx *next;
 } send_ctx;
 
@@ -143,6 +145,7 @@ typedef struct chunk_state {
     int64_t round_deadline; /* 0, or when its first push arrived + op_timeout_ms */
     uint32_t n_arrived;     /* contributions received this round */
     uint32_t next;          /* next worker to fold into acc (fixed order 0..N-1) */
+    uint32_t folded;        /* pushes folded into acc this round (the first writes it) */
     uint8_t *arrived;       /* per worker */
     uint8_t *slots;         /* per worker (cap_bytes each): payload copied here to wait ... */
     struct recv_buf **held; /* ... or its receive buffer held until then (handle_push) */
@@ -180,6 +183,8 @@ enum {
  *   collect  one push of the round, checked up to its payload (handle_push): take it, mark
  *            worker w arrived and count it; a bad payload closes w (server_close_worker) and
  *            is not counted. Returns CHUNK_* flags (CHUNK_COMPLETE: the sum is whole)
+ *   settle   the membership changed (elastic): CHUNK_COMPLETE if the sum is now whole, the
+ *            workers that left no longer awaited
  *   encode   the whole sum requantized in c->codec into payload (c->enc bytes), with the
  *            server residual when there is one; bad: the element a failure is about
  */
@@ -189,6 +194,7 @@ typedef struct chunk_sum_ops {
     psagg_status (*alloc)(struct server *srv, chunk_state *c);
     void (*free)(chunk_state *c);
     int (*collect)(struct server *srv, chunk_state *c, int w, recv_buf *rb);
+    int (*settle)(struct server *srv, chunk_state *c);
     psagg_status (*encode)(struct server *srv, chunk_state *c, psagg_rng_key key, uint8_t *payload,
                            size_t *bad);
 } chunk_sum_ops;
@@ -214,6 +220,7 @@ typedef struct chunk_sum_ops {
  *   collect     one admitted push of the round, as chunk_sum_ops' collect; what is summed
  *               goes to c->sum->collect (so param.c reaches aggregate.c's cpu_sum_ops through
  *               the table: the file map's one call upward besides the queue)
+ *   settle      the membership changed and the round has pushes: as chunk_sum_ops' settle
  *   finish      every push is in: write the update into out (header included); returns its
  *               payload bytes, or -1 with the job failed
  *   advances    after finish: 1 if the round counts (the chunk moves to its next round)
@@ -229,6 +236,7 @@ typedef struct chunk_ops {
     void (*open)(chunk_state *c, const psagg_msg_codec *mc);
     int (*agree)(struct server *srv, chunk_state *c, int w, const psagg_msg_codec *mc);
     int (*collect)(struct server *srv, chunk_state *c, int w, recv_buf *rb);
+    int (*settle)(struct server *srv, chunk_state *c);
     long (*finish)(struct server *srv, chunk_state *c, uint8_t *out, psagg_rng_key key);
     int (*advances)(const chunk_state *c);
 } chunk_ops;
@@ -309,7 +317,23 @@ typedef struct server {
     pthread_cond_t barrier_cv;
     int barrier_left;
     psagg_timeline *timeline; /* [log] timeline, or NULL (aggregate.c writes it) */
+
+    /* membership (membership.c): all workers, always, unless [cluster] elastic */
+    int elastic;
+    int job_running;      /* READY was sent: a lost worker leaves an elastic job */
+    atomic_uchar *member; /* per worker rank: 1 while it belongs to the job */
+    atomic_uint epoch;    /* the membership epoch applied here */
+    int n_members;        /* (the control thread's, as the rest below) */
+    void *epoch_frame;    /* the MEMBERSHIP frame of that epoch (later copies must equal it) */
+    uint32_t epoch_frame_len;
+    int epoch_frame_from; /* the worker that relayed it (servers > 0) */
 } server;
+
+/* Whether worker w belongs to the job now (any thread). */
+static inline int server_member(const server *srv, int w)
+{
+    return atomic_load_explicit(&srv->member[w], memory_order_acquire);
+}
 
 /*
  * metrics.c: counters (any thread; relaxed atomics), the straggler report (at the job's end)
@@ -335,6 +359,8 @@ void metrics_usage(server *srv);
  * checkpoint was written (ok) or refused. */
 void metrics_optim_step(server *srv, int64_t ns, int sync);
 void metrics_checkpoint(server *srv, int64_t ns, int ok);
+/* membership.c: epoch applied, with n workers in it. */
+void metrics_membership(server *srv, uint32_t epoch, int n);
 
 /* server.c: the whole life of a server; returns the process exit code. */
 int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *stop);
@@ -359,6 +385,18 @@ void admission_close_all(server *srv);
 /* Tell a peer why it is refused or why the job ends (ERROR, ABORT); a failed send is logged. */
 void admission_verdict(server *srv, int fd, uint16_t type, psagg_status status, const char *msg);
 
+/*
+ * membership.c ([cluster] elastic): init before the job (every worker a member), fini at the
+ * end. lost: the control thread closed worker w of a running elastic job (why): server 0
+ * starts the next epoch without it and tells the live workers; other servers wait for that.
+ * relayed: a worker relayed server 0's MEMBERSHIP frame to this server (checked, applied in
+ * order, duplicates compared).
+ */
+psagg_status membership_init(server *srv);
+void membership_fini(server *srv);
+void membership_lost(server *srv, int w, const char *why);
+void membership_relayed(server *srv, int from, const psagg_ctl_hdr *h, const void *body);
+
 /* progress.c */
 psagg_status progress_start(server *srv);
 void progress_stop(server *srv);
@@ -382,6 +420,9 @@ void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb);
 void agg_barrier(server *srv);
 /* Requantize c's completed round and send the update (or defer until out[] is free). */
 void agg_finish_round(server *srv, chunk_state *c);
+/* c's aggregation thread, after a membership change: finish its round if it is now complete. */
+void agg_settle(server *srv, chunk_state *c);
+
 /* The sum kind (its update is the sum) and the sum on the CPU. */
 extern const chunk_ops sum_chunk_ops;
 extern const chunk_sum_ops cpu_sum_ops;
@@ -430,6 +471,8 @@ void server_repost(server *srv, recv_buf *rb);
  */
 void server_queue_update(server *srv, send_ctx *sc);
 void server_queue_repost(server *srv, recv_buf *rb);
+/* Whether c's round has a push from every member (and at least one): aggregation threads. */
+int server_members_in(const server *srv, const chunk_state *c);
 /* The worker whose fabric address is addr, or -1. */
 int server_worker_at(const server *srv, psagg_peer addr);
 

@@ -96,3 +96,13 @@ void server_queue_repost(server *srv, recv_buf *rb)
     if (!old && atomic_load(&srv->progress_idle))
         psagg_fabric_wake(srv->fab);
 }
+
+int server_members_in(const server *srv, const chunk_state *c)
+{
+    if (!c->n_arrived)
+        return 0;
+    for (int w = 0; w < srv->n_workers; w++)
+        if (!c->arrived[w] && server_member(srv, w))
+            return 0;
+    return 1;
+}

@@ -83,7 +83,11 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
     if ((st = psagg_timeline_open(ctx->cfg.timeline, "worker", rank, &ctx->timeline)))
         goto err_config;
     ctx->servers = calloc((size_t)ctx->cfg.n_servers, sizeof *ctx->servers);
-    if (!ctx->servers) {
+    ctx->live = malloc((size_t)world_size);
+    ctx->n_live = world_size;
+    if (ctx->live)
+        memset(ctx->live, 1, (size_t)world_size);
+    if (!ctx->servers || !ctx->live) {
         st = psagg_fail(PSAGG_ENOMEM, "psagg_init");
         goto err_config;
     }
@@ -112,6 +116,7 @@ err_connect:
         if (ctx->servers[s].fd >= 0)
             close(ctx->servers[s].fd);
     free(ctx->servers);
+    free(ctx->live);
 err_config:
     psagg_timeline_close(ctx->timeline, &ctx->log);
     pthread_cond_destroy(&ctx->cv);
@@ -568,6 +573,27 @@ psagg_status psagg_get_stats(const psagg_ctx *ctx, psagg_stats *out)
     return PSAGG_OK;
 }
 
+psagg_status psagg_get_membership(const psagg_ctx *ctx, psagg_membership *out)
+{
+    psagg_status st;
+    psagg_ctx *c = (psagg_ctx *)ctx; /* its mutex only */
+    int rank = 0;
+    if (!ctx || !out)
+        return psagg_fail(PSAGG_EINVAL, "psagg_get_membership: NULL argument");
+    if ((st = worker_struct_size("psagg_membership", out->struct_size, sizeof *out)))
+        return psagg_fail_context(st, "psagg_get_membership: ");
+    pthread_mutex_lock(&c->mu);
+    for (int k = 0; k < ctx->rank; k++)
+        rank += ctx->live[k];
+    *out = (psagg_membership){.struct_size = sizeof *out,
+                              .epoch = ctx->epoch,
+                              .rank = rank,
+                              .size = ctx->n_live,
+                              .elastic = ctx->cfg.elastic};
+    pthread_mutex_unlock(&c->mu);
+    return PSAGG_OK;
+}
+
 int psagg_rank(const psagg_ctx *ctx)
 {
     return ctx->rank;
@@ -616,6 +642,7 @@ psagg_status psagg_close(psagg_ctx *ctx)
     free(ctx->tensors);
     psagg_layout_free(&ctx->layout);
     free(ctx->servers);
+    free(ctx->live);
     pthread_cond_destroy(&ctx->cv);
     pthread_mutex_destroy(&ctx->mu);
     free(ctx);

@@ -210,7 +210,8 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
         uint8_t *buf = ctx->chunks[ti->first_chunk + c].buf;
         psagg_msg_hdr *mh = (psagg_msg_hdr *)buf;
         psagg_msg_init(mh, PSAGG_MSG_PUSH, (uint32_t)ctx->rank, h->round, ci, &h->codec, h->gen);
-        if (ti->param) { /* the body's length for its kind, then the trailer */
+        mh->epoch = (uint16_t)ctx->epoch; /* (read without the lock: informational) */
+        if (ti->param) {                  /* the body's length for its kind, then the trailer */
             uint32_t kind = h->prm.flags & PSAGG_PARAM_KIND_MASK;
             if (kind == PSAGG_PARAM_PULL || (kind == PSAGG_PARAM_INIT && ctx->rank != 0))
                 mh->len = 0;
@@ -386,6 +387,15 @@ static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
                : h->op == PSAGG_AVERAGE ? PSAGG_DECODE_SCALE
                                         : PSAGG_DECODE_SET;
     }
+    if (ctx->cfg.elastic ? mh->summed > ctx->world : mh->summed != ctx->world) {
+        worker_fail_all(ctx, PSAGG_EPROTO,
+                        "server %u sent the update of tensor '%s' chunk %u round %u summing %u "
+                        "workers; the job has %d%s",
+                        mh->sender, ti->name, mh->chunk, mh->round, mh->summed, ctx->world,
+                        ctx->cfg.elastic ? "" : " and is not elastic");
+        return;
+    }
+    h->chunk_scale[mh->chunk] = 1.0f / (float)mh->summed;
     t0 = psagg_now_ns();
     st = h->ops->update(ctx, h, ci, &mc.codec, mode, rb->buf + sizeof *mh, mc.len);
     if (h->done_chunks + 1 < ti->n_chunks) /* the last one's decode is in t_done - t_updates */
@@ -468,6 +478,59 @@ static void checkpoint_done(psagg_ctx *ctx, int s, psagg_ctl_error *e)
 }
 
 /*
+ * Server 0 started a membership epoch (elastic jobs; runtime/wire.h): check it, take it, and
+ * relay the frame unchanged to every other server, which applies it (server/membership.c).
+ * A frame that does not check out, or one that leaves this worker out, fails it.
+ */
+static void membership_from_server0(psagg_ctx *ctx, const psagg_ctl_hdr *h, const void *body)
+{
+    const psagg_ctl_membership *m = body;
+    const uint8_t *live = (const uint8_t *)(m + 1);
+    int n_live = 0, rank = 0;
+
+    if (h->len != sizeof *m + (size_t)ctx->world || m->n_workers != (uint32_t)ctx->world) {
+        worker_fail_all(ctx, PSAGG_EPROTO,
+                        "server 0 sent a MEMBERSHIP frame of %u bytes (field n_workers): this "
+                        "job has %d workers",
+                        h->len, ctx->world);
+        return;
+    }
+    for (int k = 0; k < ctx->world; k++) {
+        n_live += live[k] == 1;
+        rank += k < ctx->rank && live[k] == 1;
+    }
+    if (m->epoch != ctx->epoch + 1 || (uint32_t)n_live != m->n_live ||
+        memchr(m->why, 0, sizeof m->why) == NULL) {
+        worker_fail_all(ctx, PSAGG_EPROTO,
+                        "server 0 sent membership epoch %u (fields epoch, n_live) after epoch %u",
+                        m->epoch, ctx->epoch);
+        return;
+    }
+    if (live[ctx->rank] != 1) {
+        worker_fail_all(ctx, PSAGG_EPEER,
+                        "server 0 removed this worker from the job in membership epoch %u: %s",
+                        m->epoch, m->why);
+        return;
+    }
+    pthread_mutex_lock(&ctx->mu);
+    ctx->epoch = m->epoch;
+    ctx->n_live = n_live;
+    memcpy(ctx->live, live, (size_t)ctx->world);
+    pthread_mutex_unlock(&ctx->mu);
+    LOG_WARN(&ctx->log,
+             "membership epoch %u: worker %d left (%s); %d workers go on, this one is rank %d of "
+             "them",
+             m->epoch, m->left, m->why, n_live, rank);
+    for (int s = 1; s < ctx->cfg.n_servers; s++)
+        if (ctx->servers[s].fd >= 0 &&
+            psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_MEMBERSHIP, body, h->len)) {
+            worker_fail_all(ctx, PSAGG_EPEER, "relaying membership epoch %u to server %d: %s",
+                            m->epoch, s, psagg_last_error());
+            return;
+        }
+}
+
+/*
  * Control connections: PINGs both ways (runtime/channel.h); an ABORT/ERROR frame, a closed
  * socket or a server silent for op_timeout_ms fails everything.
  */
@@ -509,6 +572,11 @@ static void check_control(comm_state *cs, int64_t now)
         }
         if (!st && h.type == PSAGG_CTL_CHECKPOINT_DONE && h.len == sizeof(psagg_ctl_error)) {
             checkpoint_done(ctx, s, body);
+            free(body);
+            continue;
+        }
+        if (!st && h.type == PSAGG_CTL_MEMBERSHIP && s == 0 && ctx->cfg.elastic) {
+            membership_from_server0(ctx, &h, body);
             free(body);
             continue;
         }

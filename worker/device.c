@@ -452,9 +452,17 @@ static psagg_status enqueue_decode(psagg_ctx *ctx, dev_state *g, struct psagg_ha
                              h->out + ci->offset, &d_words[c], g->stream)))
             return st;
     }
-    if (h->op == PSAGG_AVERAGE &&
-        (st = ex->scale(h->out, ti->count, 1.0f / (float)ctx->world, g->stream)))
-        return st;
+    if (h->op == PSAGG_AVERAGE) { /* one scale, unless the chunks summed different workers */
+        uint32_t same = 1;
+        for (uint32_t c = 1; c < ti->n_chunks && same; c++)
+            same = h->chunk_scale[c] == h->chunk_scale[0];
+        for (uint32_t c = 0; c < (same ? 1 : ti->n_chunks); c++) {
+            const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
+            if ((st = ex->scale(h->out + (same ? 0 : ci->offset), same ? ti->count : ci->count,
+                                h->chunk_scale[c], g->stream)))
+                return st;
+        }
+    }
     if ((st = ex->copy(gt->h_err + ti->n_chunks, d_words, words, g->stream)) ||
         (st = ex->event_record(gt->ev_dec, g->stream)))
         return st;

@@ -20,7 +20,7 @@ static struct psagg_handle *handle_alloc(psagg_ctx *ctx, uint32_t key, const psa
                                          psagg_status *st)
 {
     const psagg_tensor_info *ti = &ctx->layout.tensors[key];
-    struct psagg_handle *h = calloc(1, sizeof *h + ti->n_chunks);
+    struct psagg_handle *h = calloc(1, sizeof *h + ti->n_chunks * (sizeof(float) + 1));
     if (!h) {
         *st = psagg_fail(PSAGG_ENOMEM, "%s", what);
         return NULL;
@@ -31,7 +31,8 @@ static struct psagg_handle *handle_alloc(psagg_ctx *ctx, uint32_t key, const psa
                                .in = in,
                                .out = out,
                                .codec = ti->codec,
-                               .chunk_done = (uint8_t *)(h + 1)};
+                               .chunk_scale = (float *)(h + 1),
+                               .chunk_done = (uint8_t *)((float *)(h + 1) + ti->n_chunks)};
     /* 2 x op_timeout_ms: silent peers and late workers are named sooner, by whoever knows
      * (runtime/channel.h), and that verdict should reach us before our own timeout */
     h->t_submit = psagg_now_ns();

@@ -40,9 +40,10 @@ static psagg_status host_update(psagg_ctx *ctx, struct psagg_handle *h, const ps
                                 size_t payload_len)
 {
     const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
-    /* one pass: decode, validate and (SCALE: AVERAGE) scale by 1/N, or (ADD) apply a delta */
+    /* one pass: decode, validate and (SCALE: AVERAGE) scale by 1 / the workers summed, or
+       (ADD) apply a delta */
     psagg_status st = psagg_decode_into(codec, payload, payload_len, ci->count, h->out + ci->offset,
-                                        (psagg_decode_op)mode, 1.0f / (float)ctx->world);
+                                        (psagg_decode_op)mode, h->chunk_scale[ci->index]);
 
     if (st)
         return psagg_fail_context(st,

@@ -133,6 +133,7 @@ struct psagg_handle {
     uint32_t next_send; /* next chunk to push (comm thread) */
     uint32_t done_chunks;
     uint8_t *chunk_done;
+    float *chunk_scale; /* AVERAGE: per chunk, 1 / the workers its update summed */
     int64_t deadline_ms;
     /* psagg_now_ns() at each phase's end (psagg_timing): the call, taken by the comm thread,
        encoded, last push handed over, last update in, completed (comm thread, then read-only) */
@@ -181,6 +182,11 @@ struct psagg_ctx {
     psagg_status ckpt_status; /* the first failure */
     char ckpt_msg[300];
     struct psagg_adapt *adapt; /* [codec] adaptive (adapt.c), or NULL */
+    /* the membership (guarded by mu; changed by the comm thread on server 0's MEMBERSHIP):
+       every worker rank lives unless [cluster] elastic */
+    uint32_t epoch;
+    int n_live;
+    uint8_t *live; /* world entries */
 
     /* the device side (device.c), created by the first psagg_push_pull_cuda, on devexec
        (device.h; NULL: CUDA's) */

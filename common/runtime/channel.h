@@ -50,6 +50,11 @@ static inline int psagg_ping_interval_ms(int op_timeout_ms)
     int ms = op_timeout_ms / 4;
     return ms < 20 ? 20 : ms > 1000 ? 1000 : ms;
 }
+/* [cluster] elastic: a worker silent this long (3 PING intervals) leaves the job. */
+static inline int64_t psagg_member_timeout_ms(int op_timeout_ms)
+{
+    return 3 * (int64_t)psagg_ping_interval_ms(op_timeout_ms);
+}
 #define PSAGG_ROUND_DEADLINE_MS(op) ((int64_t)(op)*3 / 2)
 #define PSAGG_OP_DEADLINE_MS(op)    ((int64_t)(op)*2)
 

@@ -428,6 +428,38 @@ static psagg_status check_worker_hosts(const struct load_state *st)
                       where, total, cfg->worker_hosts, cfg->n_workers);
 }
 
+/* Elastic membership: min_workers <= workers <= max_workers (0: `workers`). */
+static psagg_status check_elastic(const struct load_state *st)
+{
+    psagg_config *cfg = st->cfg;
+    char where[300];
+
+    if (!cfg->max_workers)
+        cfg->max_workers = cfg->n_workers;
+    if (!cfg->elastic)
+        return PSAGG_OK; /* (the keys are kept, and mean nothing) */
+    if (cfg->min_workers > cfg->n_workers) {
+        key_origin(st, "cluster", "min_workers", where, sizeof where);
+        return psagg_fail(PSAGG_ECONFIG,
+                          "%s: [cluster] min_workers = %d is more than workers = %d (the job "
+                          "starts with `workers`)",
+                          where, cfg->min_workers, cfg->n_workers);
+    }
+    if (cfg->max_workers < cfg->n_workers) {
+        key_origin(st, "cluster", "max_workers", where, sizeof where);
+        return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] max_workers = %d is less than workers = %d",
+                          where, cfg->max_workers, cfg->n_workers);
+    }
+    if (cfg->max_workers > cfg->n_workers) {
+        key_origin(st, "cluster", "max_workers", where, sizeof where);
+        return psagg_fail(PSAGG_ECONFIG,
+                          "%s: [cluster] max_workers = %d is more than workers = %d: workers "
+                          "cannot join a running job yet, so an elastic job only shrinks",
+                          where, cfg->max_workers, cfg->n_workers);
+    }
+    return PSAGG_OK;
+}
+
 /* The optimizer's keys that only make sense together. */
 static psagg_status check_optimizer(const struct load_state *st)
 {
@@ -498,6 +530,8 @@ psagg_status psagg_config_load(const char *path, psagg_config *cfg)
         rc = check_worker_hosts(st);
     if (!rc)
         rc = check_optimizer(st);
+    if (!rc)
+        rc = check_elastic(st);
     key_origin(st, "cluster", "servers", cfg->servers_where, sizeof cfg->servers_where);
 out:
     free(st);

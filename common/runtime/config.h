@@ -63,6 +63,11 @@ typedef struct psagg_config {
     char worker_hosts[1024]; /* `worker_hosts`, optional: "host:slots host ..." where cluster
                                 launchers start the workers (slots default 1; they sum to
                                 `workers`); the processes themselves do not use it */
+    int elastic;     /* `elastic`, default off: a worker that dies leaves the job, which goes on
+                        with the others (server/membership.c); off: any death ends the job */
+    int min_workers; /* `min_workers`, default 1 (elastic): fewer live workers end the job */
+    int max_workers; /* `max_workers`, default 0 = `workers` (elastic): the most at a time; the
+                        loaded config holds the number */
     char servers_where[300]; /* where `servers` was set ("path:line" or "env PSAGG_..."), for
                                 messages about the addresses */
 

@@ -85,6 +85,9 @@ const struct key config_keys[] = {
     KEY("cluster", "data_auth", data_auth, parse_enum, .choices = data_auth_names,
         .values = data_auth_values),
     KEY("cluster", "worker_hosts", worker_hosts, parse_worker_hosts, .flags = 0),
+    KEY("cluster", "elastic", elastic, parse_enum, .choices = bool_names, .values = bool_values),
+    KEY("cluster", "min_workers", min_workers, parse_number, .min = 1, .max = PSAGG_MAX_WORKERS),
+    KEY("cluster", "max_workers", max_workers, parse_number, .min = 0, .max = PSAGG_MAX_WORKERS),
     /* [server] */
     KEY("server", "threads", server_threads, parse_number, .min = 0, .max = 1024),
     KEY("server", "error_feedback", server_error_feedback, parse_enum, .choices = bool_names,
@@ -149,6 +152,7 @@ void config_set_defaults(psagg_config *cfg)
     cfg->data_auth = PSAGG_DATA_AUTH_AUTO;
     cfg->connect_timeout_ms = 30000;
     cfg->op_timeout_ms = 60000;
+    cfg->min_workers = 1;
     cfg->server_threads = 0;
     cfg->server_error_feedback = 0;
     cfg->gpu = PSAGG_GPU_AUTO;

@@ -62,8 +62,8 @@ const char *psagg_msg_check(const void *msg, size_t msg_len, size_t tag_bytes,
         return "version";
     if (h->type != type)
         return "type";
-    if (h->epoch != 0)
-        return "epoch";
+    if (type == PSAGG_MSG_PUSH ? h->summed != 0 : h->summed == 0)
+        return "summed";
     if (h->key >= l->n_tensors)
         return "key";
     if (h->chunk >= l->tensors[h->key].n_chunks)

@@ -31,6 +31,9 @@
  *   5. data flows over libfabric (below) ...
  *   6. worker -> server  BYE      (no body): clean shutdown; the server exits when all are gone
  *      server -> worker  ABORT    psagg_ctl_error: another peer failed; pending work fails
+ *   any time after READY, an elastic job ([cluster] elastic):
+ *      server 0 -> worker MEMBERSHIP psagg_ctl_membership + live[]: a worker left (below);
+ *      worker -> server s > 0     the same frame, relayed unchanged
  *   any time after READY, a job with [server] optimizer:
  *      worker -> server  CHECKPOINT (no body): write this server's optimizer state now
  *      server -> worker  CHECKPOINT_DONE psagg_ctl_error: status 0 and the file written, or
@@ -57,6 +60,20 @@
  *   psagg_adapt_generation(r, interval) on every worker and server, so a push of another
  *   generation (a worker with a stale assignment) closes that worker, and pushes of one round
  *   that name different codecs fail the job; an update carries the round's codec too.
+ *   Field summed of an update is the number of workers whose pushes the round summed (an
+ *   AVERAGE divides by it); in a static job it is always the number of workers.
+ *
+ * ELASTIC MEMBERSHIP ([cluster] elastic; server/membership.c)
+ *   Server 0 alone decides who is a member: when it loses a worker (closed connection, its
+ *   ABORT, silence for 3 PING intervals, a bad message) it starts the next epoch without it and
+ *   sends MEMBERSHIP to the live workers, which relay it to the other servers. A server that
+ *   loses a worker itself closes it and waits for server 0's epoch (the worker, having lost a
+ *   server, gives up and so leaves server 0 too). When a server applies an epoch, each of its
+ *   rounds stops waiting for the workers that left: a push of theirs already received still
+ *   counts, and the update's `summed` says how many did. Pushes from non-members are dropped.
+ *   Every server applies the same epochs in the same order; only when each applies them
+ *   differs, which is why a round in flight at a death may sum the dead worker on one chunk
+ *   and not on another (each update says which it did).
  *
  * PARAMETER TENSORS (declared with PSAGG_DECL_PARAM; the servers run [server] optimizer)
  *   Every push of a parameter tensor ends with a psagg_msg_param trailer (inside len, before
@@ -104,8 +121,10 @@
  * 8: the CHALLENGE; HELLO and WELCOME tokens over the whole frame; same-host offers commit
  *    to a secret
  * 9: parameter push trailers carry a tag (equal on all workers) and a weight (the AVERAGE's)
+ * 10: elastic membership: MEMBERSHIP frames; data headers carry the epoch and, in updates, the
+ *     workers summed
  */
-#define PSAGG_PROTO_VERSION 9
+#define PSAGG_PROTO_VERSION 10
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64
@@ -127,6 +146,7 @@ enum psagg_ctl_type {
     PSAGG_CTL_CHECKPOINT = 9,
     PSAGG_CTL_CHECKPOINT_DONE = 10,
     PSAGG_CTL_CHALLENGE = 11,
+    PSAGG_CTL_MEMBERSHIP = 12,
 };
 
 typedef struct psagg_ctl_hdr {
@@ -248,6 +268,22 @@ typedef struct psagg_ctl_error {
 } psagg_ctl_error;
 _Static_assert(sizeof(psagg_ctl_error) == 256, "psagg_ctl_error layout");
 
+/*
+ * MEMBERSHIP (elastic jobs, server/membership.c): server 0 -> every live worker, which relays
+ * the frame unchanged to every other server. Epochs count from 0 (the workers that started
+ * the job) and rise by one per change; `live` has one byte per worker rank (n_workers), 1 for
+ * the members of this epoch. A frame of an epoch already applied must equal the applied one
+ * byte for byte (else two relays disagree: the job fails naming them).
+ */
+typedef struct psagg_ctl_membership {
+    uint32_t epoch;
+    uint32_t n_workers; /* entries of live[] after this struct: the job's worker ranks */
+    uint32_t n_live;    /* members of this epoch */
+    int32_t left;       /* the worker this epoch removed */
+    char why[240];      /* why it left (NUL-terminated) */
+} psagg_ctl_membership;
+_Static_assert(sizeof(psagg_ctl_membership) == 256, "psagg_ctl_membership layout");
+
 enum psagg_msg_type {
     PSAGG_MSG_PUSH = 1,
     PSAGG_MSG_UPDATE = 2,
@@ -259,7 +295,8 @@ typedef struct psagg_msg_hdr {
     uint8_t type;    /* psagg_msg_type */
     uint8_t version; /* PSAGG_PROTO_VERSION */
     uint16_t sender; /* worker rank (PUSH) or server rank (UPDATE) */
-    uint32_t epoch;  /* membership generation; 0 for a static job */
+    uint16_t epoch;  /* the membership epoch (mod 2^16) the sender was in; 0 in a static job */
+    uint16_t summed; /* UPDATE, WEIGHTS: the workers whose pushes the round summed; PUSH: 0 */
     uint32_t round;  /* per-key round */
     uint32_t key;    /* tensor index in the declaration */
     uint32_t chunk;  /* chunk index within the tensor */

@@ -12,10 +12,19 @@
  * With --expect STATUS it instead expects a call to fail with that status (and, with
  * --expect-text, a message containing the text) within --max-seconds. Faults: rank
  * --die-rank exits at round --die-round, or with --stall-seconds S sleeps S seconds there
- * (alive, but not pushing) and goes on.
+ * (alive, but not pushing) and goes on; --die-mode says how it dies: exit (_exit, the
+ * default), kill (SIGKILL before the round's pushes), midpush (SIGKILL once half the round's
+ * tensors are pushed), afterpush (SIGKILL once all are pushed, before any update), stop
+ * (SIGSTOP: hung; the harness kills it later).
+ * Elastic jobs: with --elastic-dead R the others expect worker R to leave the job at some
+ * point and go on: until they learn of the new epoch every element is the sum with R or,
+ * already, without it (each chunk summed one or the other; an AVERAGE divides by the number
+ * it summed); a round started after the epoch changed must be the sum without R. They print
+ * "ELASTIC ..." with the epoch seen, the first round started after it and the longest round.
  */
 #include <getopt.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,6 +133,8 @@ int main(int argc, char **argv)
                                          {"die-rank", required_argument, NULL, 'd'},
                                          {"die-round", required_argument, NULL, 'D'},
                                          {"stall-seconds", required_argument, NULL, 'S'},
+                                         {"die-mode", required_argument, NULL, 'K'},
+                                         {"elastic-dead", required_argument, NULL, 'E'},
                                          {"average", no_argument, NULL, 'a'},
                                          {"cuda", no_argument, NULL, 'g'},
                                          {NULL, 0, NULL, 0}};
@@ -131,7 +142,9 @@ int main(int argc, char **argv)
     const char *codec_text = "fp32", *expect_text = NULL;
     int rounds = 10, n_random = 0, expect = 0, mismatch_rank = -1, die_rank = -1, die_round = -1;
     uint64_t random_max = 5000;
-    int average = 0, cuda = 0;
+    int average = 0, cuda = 0, elastic_dead = -1, after_round = -1;
+    const char *die_mode = "exit";
+    double longest_round = 0;
     float **d_in = NULL, **d_out = NULL;
     double max_seconds = 0, stall_seconds = 0, t0 = now_s();
     psagg_ctx *ctx = NULL;
@@ -180,6 +193,12 @@ int main(int argc, char **argv)
             break;
         case 'S':
             stall_seconds = atof(optarg);
+            break;
+        case 'K':
+            die_mode = optarg;
+            break;
+        case 'E':
+            elastic_dead = atoi(optarg);
             break;
         case 'a':
             average = 1;
@@ -282,10 +301,23 @@ int main(int argc, char **argv)
                    r);
             fflush(stdout);
             usleep((useconds_t)(stall_seconds * 1e6));
-        } else if (rank == die_rank && r == die_round) {
+        } else if (rank == die_rank && r == die_round && !strcmp(die_mode, "exit")) {
             printf("fn_worker %d: dying on purpose at round %d\nEXPECTED-ERROR-OK\n", rank, r);
             fflush(stdout);
             _exit(0);
+        } else if (rank == die_rank && r == die_round &&
+                   (!strcmp(die_mode, "kill") || !strcmp(die_mode, "stop"))) {
+            printf("fn_worker %d: SIG%s to itself at round %d\n", rank,
+                   die_mode[0] == 'k' ? "KILL" : "STOP", r);
+            fflush(stdout);
+            raise(die_mode[0] == 'k' ? SIGKILL : SIGSTOP);
+        }
+        if (elastic_dead >= 0 && after_round < 0) {
+            psagg_membership m = {.struct_size = sizeof m};
+            if ((st = psagg_get_membership(ctx, &m)))
+                goto failed;
+            if (m.epoch > 0)
+                after_round = r; /* this round starts after the worker left */
         }
         for (int t = 0; t < n; t++)
             for (uint64_t i = 0; i < count[t]; i++)
@@ -308,6 +340,15 @@ int main(int argc, char **argv)
                 for (int u = 0; u < t; u++)
                     psagg_release(h[u]);
                 goto failed;
+            }
+            if (rank == die_rank && r == die_round &&
+                ((!strcmp(die_mode, "midpush") && t == n / 2) ||
+                 (!strcmp(die_mode, "afterpush") && t == n - 1))) {
+                usleep(100000); /* the comm thread sends them meanwhile */
+                printf("fn_worker %d: SIGKILL to itself at round %d after pushing %d tensors\n",
+                       rank, r, t + 1);
+                fflush(stdout);
+                raise(SIGKILL);
             }
         }
         for (int t = 0; t < n; t++) {
@@ -335,6 +376,46 @@ int main(int argc, char **argv)
                 return 1;
             }
 #endif
+        }
+        if (now_s() - called > longest_round)
+            longest_round = now_s() - called;
+        /* an elastic job's round: every element the sum with or without the worker that
+           leaves (only without it once this round started after it left); fp32 exactly, a
+           lossy codec within the bound below */
+        if (elastic_dead >= 0) {
+            for (int t = 0; t < n; t++) {
+                for (uint64_t i = 0; i < count[t]; i++) {
+                    float with = 0.0f, without = 0.0f;
+                    for (int w = 0; w < world; w++) {
+                        float v = input_value(w, (uint32_t)t, (uint32_t)r, i);
+                        with = with + v;
+                        if (w != elastic_dead)
+                            without = without + v;
+                    }
+                    if (average) {
+                        with = with * (1.0f / (float)world);
+                        without = without * (1.0f / (float)(world - 1));
+                    }
+                    double L =
+                        codec.id == PSAGG_CODEC_MAXMIN ? (double)((1u << codec.bits) - 1) : 0;
+                    double level = L > 0 ? 0.07 / L : 0.07 * 0x1p-8;
+                    double bound = codec.id == PSAGG_CODEC_FP32 ? 0
+                                                                : (2.0 * world + 2.0) * level *
+                                                                      (average ? 1.0 / world : 1.0);
+                    double e_without = fabs((double)out[t][i] - without);
+                    double e_with = fabs((double)out[t][i] - with);
+                    if (!(e_without <= bound) && (after_round >= 0 || !(e_with <= bound))) {
+                        fprintf(stderr,
+                                "FAIL worker %d round %d tensor %d element %llu: got %.9g, "
+                                "expected %.9g without worker %d%s%.9g with it\n",
+                                rank, r, t, (unsigned long long)i, out[t][i], without, elastic_dead,
+                                after_round >= 0 ? " (it had left) and not " : " or ", with);
+                        return 1;
+                    }
+                }
+                digest = fnv(digest, out[t], count[t] * sizeof(float));
+            }
+            continue;
         }
         /* check every tensor against the independently computed sum */
         for (int t = 0; t < n; t++) {
@@ -419,6 +500,19 @@ int main(int argc, char **argv)
         printf("worker %d: %d rounds of %d tensors ok; sent %llu bytes (%.2fx smaller than fp32)\n",
                rank, rounds, n, (unsigned long long)s.bytes_sent,
                s.bytes_sent ? (double)s.bytes_raw / (double)s.bytes_sent : 0.0);
+    }
+    if (elastic_dead >= 0) {
+        psagg_membership m = {.struct_size = sizeof m};
+        if ((st = psagg_get_membership(ctx, &m)))
+            goto failed;
+        printf("ELASTIC worker %d epoch %u rank %d size %d first-round-after %d longest-round-ms "
+               "%.0f\n",
+               rank, m.epoch, m.rank, m.size, after_round, longest_round * 1e3);
+        if (m.epoch != 1 || m.size != world - 1 || after_round < 0) {
+            fprintf(stderr, "FAIL worker %d: worker %d did not leave the job as expected\n", rank,
+                    elastic_dead);
+            return 1;
+        }
     }
     printf("DIGEST %016llx\n", (unsigned long long)digest);
     (void)d_in, (void)d_out;

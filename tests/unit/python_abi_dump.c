@@ -88,6 +88,13 @@ int main(void)
     FIELD(psagg_server_optim, nesterov);
     FIELD(psagg_server_optim, sync_interval);
     STRUCT_END();
+    STRUCT(psagg_membership);
+    FIELD(psagg_membership, struct_size);
+    FIELD(psagg_membership, epoch);
+    FIELD(psagg_membership, rank);
+    FIELD(psagg_membership, size);
+    FIELD(psagg_membership, elastic);
+    STRUCT_END();
     STRUCT(psagg_assignment);
     FIELD(psagg_assignment, struct_size);
     FIELD(psagg_assignment, codec);

@@ -271,7 +271,26 @@ PSAGG_API psagg_status psagg_checkpoint(psagg_ctx *ctx);
 PSAGG_API psagg_status psagg_tensor_round(psagg_ctx *ctx, uint32_t key, uint32_t *round);
 
 PSAGG_API int psagg_rank(const psagg_ctx *ctx);
+/* The job's worker ranks ([cluster] workers), whether they are all alive or not. */
 PSAGG_API int psagg_world_size(const psagg_ctx *ctx);
+
+/*
+ * Elastic membership ([cluster] elastic = on, conf/cluster.ini): a worker that dies leaves the
+ * job and the others go on. The membership as this worker knows it: it changes between two
+ * calls when server 0 announces a new epoch (the comm thread takes it as it comes). A training
+ * loop re-shards its data when `epoch` changes: this worker is `rank` of `size` live workers.
+ * Updates of an AVERAGE are divided by the workers each one summed (the live ones). In a job
+ * that is not elastic, epoch is 0, rank psagg_rank and size psagg_world_size, always.
+ * PSAGG_EINVAL only for a NULL argument or a struct_size it does not know.
+ */
+typedef struct psagg_membership {
+    size_t struct_size; /* sizeof(psagg_membership) (above) */
+    uint32_t epoch;     /* 0 for the workers that started the job, +1 per change */
+    int rank;           /* this worker's rank among the live workers, 0..size-1 */
+    int size;           /* the live workers */
+    int elastic;        /* 1 if the job is elastic */
+} psagg_membership;
+PSAGG_API psagg_status psagg_get_membership(const psagg_ctx *ctx, psagg_membership *out);
 /* [codec] min_compress_elems: tensors declared with PSAGG_CODEC_DEFAULT and fewer elements go
  * fp32. Bindings that pick codecs per tensor apply the same rule. */
 PSAGG_API uint64_t psagg_min_compress_elems(const psagg_ctx *ctx);

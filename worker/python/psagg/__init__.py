@@ -112,6 +112,11 @@ class _ServerOptim(ctypes.Structure):
                 ("nesterov", ctypes.c_int), ("sync_interval", ctypes.c_uint32)]
 
 
+class _Membership(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("epoch", ctypes.c_uint32),
+                ("rank", ctypes.c_int), ("size", ctypes.c_int), ("elastic", ctypes.c_int)]
+
+
 class _Assignment(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("codec", _Codec), ("bytes", ctypes.c_uint64),
                 ("generation", ctypes.c_uint32), ("from_round", ctypes.c_uint32)]
@@ -135,6 +140,7 @@ _SIGNATURES = {
     "psagg_release": (None, [_P]),
     "psagg_get_stats": (_I, [_P, ctypes.POINTER(_Stats)]),
     "psagg_get_server_optim": (_I, [_P, ctypes.POINTER(_ServerOptim)]),
+    "psagg_get_membership": (_I, [_P, ctypes.POINTER(_Membership)]),
     "psagg_handle_timing": (_I, [_P, ctypes.POINTER(_Timing)]),
     "psagg_handle_codec": (_I, [_P, ctypes.POINTER(_Codec), ctypes.POINTER(_U32)]),
     "psagg_get_assignment": (_I, [_P, _U32, ctypes.POINTER(_Assignment)]),
@@ -365,6 +371,15 @@ class Context:
         every parameter)."""
         _check(library().psagg_set_lr(self._raw(), key, float(lr), float(weight_decay)),
                "psagg_set_lr")
+
+    def membership(self):
+        """psagg_get_membership as a dict: epoch (0 at the start, +1 each time a worker leaves
+        an elastic job), rank (this worker's among the live ones), size (live workers),
+        elastic."""
+        m = _Membership(struct_size=ctypes.sizeof(_Membership))
+        _check(library().psagg_get_membership(self._raw(), ctypes.byref(m)),
+               "psagg_get_membership")
+        return {"epoch": m.epoch, "rank": m.rank, "size": m.size, "elastic": bool(m.elastic)}
 
     def server_optimizer(self):
         """psagg_get_server_optim as a dict: kind ("none", "sgd", "adam", "adamw"), momentum,

@@ -40,6 +40,7 @@ import psagg as _p
 __all__ = ["init", "shutdown", "session", "stats", "assignment", "register_ddp_hook",
            "ddp_comm_hook", "DistributedOptimizer", "ServerOptimizer", "DiLoCo",
            "diloco_ddp_hook", "broadcast_parameters", "rank", "world_size", "local_rank",
+           "membership", "membership_changes",
            "checkpoint"]
 
 _BROADCAST_KEY = "psagg.broadcast"
@@ -262,6 +263,32 @@ def world_size():
     return session().ctx.world_size
 
 
+def membership():
+    """The job's membership as this worker knows it (psagg.Context.membership): a dict of
+    epoch, rank, size and elastic. In an elastic job ([cluster] elastic = on) a worker that
+    dies leaves it and the others go on; rank and size are then this worker's rank among the
+    live workers and their number, which is what a data sampler shards by. Poll it once a step
+    (it is cheap) or use membership_changes()."""
+    return session().ctx.membership()
+
+
+def membership_changes():
+    """A generator for the training loop: each next() returns the membership (as membership())
+    when it changed since the last next() (the first always), else None:
+        changes = psagg.torch.membership_changes()
+        for step in ...:
+            m = next(changes)
+            if m: sampler = DistributedSampler(data, num_replicas=m["size"], rank=m["rank"])"""
+    last = None
+    while True:
+        m = membership()
+        if last is None or m["epoch"] != last:
+            last = m["epoch"]
+            yield m
+        else:
+            yield None
+
+
 def stats():
     """This worker's counters (psagg.Context.stats): bytes raw/sent/received, push_pulls, and
     "time", the summed phases of the completed push_pulls in ns. Take it before and after a
@@ -325,8 +352,15 @@ def register_ddp_hook(ddp_model, codec=None, error_feedback=None, config=None, o
     optimizer: a ServerOptimizer of ddp_model.module's parameters: the hook pushes each
     bucket's gradients and the servers' weight updates land in the parameters before
     backward() returns; optimizer.step() then only finishes the step (its own gradient hooks
-    stand down). codec and error_feedback are the ServerOptimizer's then."""
+    stand down). codec and error_feedback are the ServerOptimizer's then.
+
+    Not in an elastic job: DDP's process group cannot lose a member (ValueError)."""
     sess = init(config)
+    if sess.ctx.membership()["elastic"]:
+        raise ValueError("psagg.torch.register_ddp_hook: the job is elastic ([cluster] elastic = "
+                         "on), and DDP's process group cannot go on without a worker that died: "
+                         "train without DDP, with psagg.torch.DistributedOptimizer, "
+                         "ServerOptimizer or DiLoCo")
     if optimizer is not None:
         if not isinstance(optimizer, ServerOptimizer):
             raise TypeError("psagg.torch.register_ddp_hook: optimizer must be a ServerOptimizer")

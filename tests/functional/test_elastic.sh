@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# test_elastic.sh CASE BUILD_DIR PORT - elastic membership ([cluster] elastic = on), ctest
+# label `elastic`: "no bad time to kill a worker".
+#
+# 2 servers, 4 fn_worker processes (tensors of 1 to 50,000 elements, so that tensors span
+# both servers and several chunks), op_timeout_ms = OP (4000: a PING every second). Worker 2
+# dies at round 15 of 60 as CASE says; the three others must finish all 60 rounds (exit 0),
+# each element the exact sum (fp32) with or without worker 2 until they learn of the new
+# epoch and without it from then on (fn_worker --elastic-dead), bit-identical digests on the
+# three, membership epoch 1 of 3 workers, no round longer than the bound below; both servers
+# exit 0 and log the epoch.
+#
+#   kill        SIGKILL before its round-15 pushes
+#   midpush     SIGKILL with half of its round-15 tensors pushed
+#   afterpush   SIGKILL with all of them pushed, before any update (servers folding it)
+#   exit        _exit(0) at round 15 (no BYE: a crash of the process)
+#   stop        SIGSTOP (hung): the servers stop hearing it and give it up after 3 PING
+#               intervals (3 s here), long before op_timeout_ms' round deadline (6 s)
+#   average     kill, PSAGG_AVERAGE: the rounds without it divide by 3
+#   maxmin4     kill, 4-bit codec with server error feedback: within the codec's bound
+#   below_min   min_workers = 4: the death ends the job; the three others fail naming
+#               min_workers, the servers exit 1
+
+# Bounds: kill/exit/midpush/afterpush rounds complete within 2 s of the death (detection is
+# the closed connection); stop within 3 PING intervals + 2 s.
+set -u -o pipefail
+
+case=$1
+build=$2
+port=$3
+OP=4000
+server_bin=$build/server/psagg-server
+worker_bin=$build/tests/functional/fn_worker
+. "$(dirname -- "${BASH_SOURCE[0]}")/jobs.sh" # $tmp, pids, wait_for, fail
+
+say() { echo "test_elastic $case: $*"; }
+
+min=2 mode=kill codec=fp32 extra=() server_extra=""
+case $case in
+kill | midpush | afterpush | exit | stop) mode=$case ;;
+average) extra=(--average) ;;
+maxmin4) codec=maxmin4 server_extra="error_feedback = on" ;;
+below_min) min=4 ;;
+*) fail "unknown case '$case'" ;;
+esac
+bound_ms=2000
+[ "$mode" = stop ] && bound_ms=5000
+
+cat >"$tmp/job.ini" <<INI
+[cluster]
+job_id = elastic-$case-$port
+servers = 127.0.0.1:$port 127.0.0.1:$((port + 1))
+workers = 4
+elastic = on
+min_workers = $min
+connect_timeout_ms = 20000
+op_timeout_ms = $OP
+[server]
+threads = 2
+$server_extra
+[worker]
+chunk_bytes = 16384
+[log]
+level = warn
+INI
+export PSAGG_CONFIG=$tmp/job.ini PSAGG_WORLD_SIZE=4
+
+for s in 0 1; do
+    setsid "$server_bin" --config "$tmp/job.ini" --rank "$s" >"$tmp/server$s.log" 2>&1 &
+    spid[$s]=$!
+    pids+=($!)
+done
+args=(--codec "$codec" --sizes 1,1023,4096,50000,7000 --rounds 60 "${extra[@]}")
+for r in 0 1 2 3; do
+    if ((r == 2)); then
+        PSAGG_RANK=$r setsid "$worker_bin" "${args[@]}" --die-rank 2 --die-round 15 --die-mode "$mode" \
+            >"$tmp/worker$r.log" 2>&1 &
+    elif [ "$case" = below_min ]; then
+        PSAGG_RANK=$r setsid "$worker_bin" "${args[@]}" --expect EPEER --expect-text "min_workers=4" \
+            >"$tmp/worker$r.log" 2>&1 &
+    else
+        PSAGG_RANK=$r setsid "$worker_bin" "${args[@]}" --elastic-dead 2 >"$tmp/worker$r.log" 2>&1 &
+    fi
+    wpid[$r]=$!
+    pids+=($!)
+done
+
+for r in 0 1 3; do
+    wait_for "${wpid[$r]}" 60
+    rc=$?
+    sed "s/^/[worker $r] /" "$tmp/worker$r.log"
+    ((rc == 0)) || fail "worker $r exited $rc"
+done
+if [ "$case" = below_min ]; then
+    for r in 0 1 3; do grep -q EXPECTED-ERROR-OK "$tmp/worker$r.log" || fail "worker $r did not fail naming min_workers"; done
+    for s in 0 1; do
+        wait_for "${spid[$s]}" 20
+        rc=$?
+        sed "s/^/[server $s] /" "$tmp/server$s.log"
+        ((rc == 1)) || fail "server $s exited $rc, expected 1 (the job failed)"
+    done
+    say "passed: a death below min_workers ends the job, named"
+    exit 0
+fi
+# worker 2 is gone (a stopped one is still there: it was given up, so kill it now)
+[ "$mode" = stop ] && kill -KILL "${wpid[2]}" 2>/dev/null
+for s in 0 1; do
+    wait_for "${spid[$s]}" 20
+    rc=$?
+    sed "s/^/[server $s] /" "$tmp/server$s.log"
+    ((rc == 0)) || fail "server $s exited $rc, expected 0 (the job went on without worker 2)"
+    grep -q "membership epoch 1" "$tmp/server$s.log" || fail "server $s did not log membership epoch 1"
+done
+digests=$(grep -h '^DIGEST' "$tmp/worker0.log" "$tmp/worker1.log" "$tmp/worker3.log" | sort -u | wc -l)
+((digests == 1)) || fail "the survivors' digests differ: their updates were not identical"
+for r in 0 1 3; do
+    line=$(grep '^ELASTIC' "$tmp/worker$r.log") || fail "worker $r printed no ELASTIC line"
+    longest=$(sed -n 's/.*longest-round-ms \([0-9]*\).*/\1/p' <<<"$line")
+    ((longest <= bound_ms)) || fail "worker $r: a round took $longest ms, more than $bound_ms ms"
+    say "worker $r: $line"
+done
+say "passed: the job went on without worker 2; survivors bit-identical"
