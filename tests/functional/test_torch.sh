@@ -28,6 +28,10 @@
 #              every rank after every sync; a worker with other fragments refused on every rank;
 #              then tests/functional/torch_diloco_resume.py: a checkpoint after an outer step,
 #              the job stopped, the servers resumed: the uninterrupted run's weights bit for bit
+#   elastic    [cluster] elastic = on: worker 2 SIGKILLs itself at step 60 of 120 of
+#              train_digits.py under ServerOptimizer, DistributedOptimizer and DiLoCo; the
+#              three others finish (psagg-local exits 0), re-shard to 3, and end with
+#              bit-identical weights; the DDP hook refuses an elastic job on every rank
 # Exit 0 passed, 1 failed, 77 skipped (Debian's /usr/bin/python3 lacks torch or sklearn).
 set -u -o pipefail
 
@@ -235,6 +239,31 @@ diloco)
     # checkpoint after an outer step, stop, resume: the weights of the uninterrupted run
     resume_check diloco-resume torch_diloco_resume.py \
         "optimizer = sgd\nmomentum = 0.9\nnesterov = on" DILOCO-RESUME-HASH 8
+    ;;
+elastic)
+    {
+        sed -e "s/^job_id = .*/job_id = test-elastic-$port/" "$tmp/job.ini"
+        printf '[cluster]\nelastic = on\nmin_workers = 2\n'
+    } >"$tmp/el.ini"
+    # (a second [cluster] section adds to the first: inih calls back per key)
+    for comm in "psagg-server" "psagg-opt" "diloco"; do
+        args=(--comm "$comm")
+        [ "$comm" = diloco ] && args=(--diloco 20 --outer-lr 0.5)
+        PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9 PSAGG_SERVER_NESTEROV=on \
+            "$repo/deploy/psagg-local" --config "$tmp/el.ini" --timeout 300 -- \
+            "$py" "$script" "${args[@]}" --steps 120 --die-at 60 --die-rank 2 >"$tmp/el.out" 2>&1 ||
+            { tail -n 30 "$tmp/el.out" >&2; fail "elastic $comm: psagg-local exited $?"; }
+        (($(grep -c 'membership epoch 1 at step' "$tmp/el.out") == 3)) || { cat "$tmp/el.out" >&2; fail "elastic $comm: not every survivor re-sharded"; }
+        n=$(grep -c '^\[worker [013]\] PARAMS' "$tmp/el.out")
+        distinct=$(grep '^\[worker [013]\] PARAMS' "$tmp/el.out" | sed 's/.*sha256=//' | sort -u | wc -l)
+        ((n == 3 && distinct == 1)) || { grep PARAMS "$tmp/el.out" >&2; fail "elastic $comm: the survivors' weights differ"; }
+        echo "elastic $comm: 3 survivors, identical weights; $(grep -o 'RESULT.*test_acc=[0-9.]*' "$tmp/el.out")"
+    done
+    # the DDP hook: refused, on every rank, naming the reason
+    "$repo/deploy/psagg-local" --config "$tmp/el.ini" --timeout 120 -- \
+        "$py" "$script" --comm psagg --steps 5 >"$tmp/el.out" 2>&1 && fail "elastic: the DDP hook was accepted"
+    (($(grep -c "the job is elastic" "$tmp/el.out") == 4)) || { cat "$tmp/el.out" >&2; fail "elastic: the DDP hook was not refused on every rank"; }
+    echo "elastic: the DDP hook refused: $(grep -m1 -o 'register_ddp_hook: the job is elastic.\{0,80\}' "$tmp/el.out")"
     ;;
 *) fail "unknown case '$case'" ;;
 esac

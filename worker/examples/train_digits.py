@@ -27,6 +27,13 @@ variables), with Debian's /usr/bin/python3 (the one that has torch):
                   devices: psagg-local's 4 workers share one GPU); psagg's hook then pushes
                   CUDA tensors (libpsagg built with CUDA). Gloo all-reduces CUDA tensors too.
 
+Elastic jobs ([cluster] elastic = on; not with DDP, whose process group cannot shrink): with
+--comm psagg-opt, psagg-server or --diloco, a worker that dies leaves the job and the others go
+on; each re-shards the training images by its rank among the live workers when the membership
+changes (psagg.torch.membership_changes). --die-at T --die-rank R: chaos, rank R SIGKILLs
+itself before step T. Every rank prints "STEPTIME median_ms=... max_ms=..." (the longest step
+is the one a death interrupted).
+
 Without sklearn (e.g. a GPU image's PyTorch), $PSAGG_DIGITS names sklearn's digits.csv.gz
 (deploy/install-deps.sh --bundle puts a copy in the bundle).
 
@@ -39,6 +46,7 @@ prints "PARAMS rank=R sha256=..." of its final weights (they must be equal).
 import argparse
 import hashlib
 import os
+import signal
 import sys
 import time
 
@@ -116,6 +124,9 @@ def main():
     ap.add_argument("--delay", type=int, default=0, help="Streaming DiLoCo's sync delay")
     ap.add_argument("--alpha", type=float, default=0.0, help="Streaming DiLoCo's merge alpha")
     ap.add_argument("--outer-lr", type=float, default=0.7, help="DiLoCo's outer learning rate")
+    ap.add_argument("--die-at", type=int, default=-1, metavar="STEP",
+                    help="chaos: rank --die-rank SIGKILLs itself before this step")
+    ap.add_argument("--die-rank", type=int, default=-1)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where the model and the gradients live (cuda: cuda:LOCAL_RANK modulo "
                     "the number of GPUs)")
@@ -168,11 +179,21 @@ def main():
         opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
 
     g = torch.Generator().manual_seed(args.seed * 1000 + rank)
-    losses = []
+    losses, step_ms = [], []
     t0 = None
+    changes = pt.membership_changes() if args.comm not in ("gloo", "psagg") else None
     for step in range(args.steps):
         if step == 5:
             t0 = time.perf_counter()  # after warm-up (DDP rebuilds its buckets after step 1)
+        if step == args.die_at and rank == args.die_rank:
+            print("rank %d: SIGKILL to itself before step %d" % (rank, step), flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        m = next(changes) if changes is not None else None
+        if m and m["epoch"] > 0:  # a worker left: shard the images over the live ones
+            xs, ys = xtr[m["rank"]::m["size"]].to(device), ytr[m["rank"]::m["size"]].to(device)
+            print("rank %d: membership epoch %d at step %d: live rank %d of %d" %
+                  (rank, m["epoch"], step, m["rank"], m["size"]), flush=True)
+        ts = time.perf_counter()
         idx = torch.randint(0, len(ys), (args.batch,), generator=g).to(device)
         opt.zero_grad()
         loss = F.cross_entropy(net(xs[idx]), ys[idx])
@@ -181,6 +202,7 @@ def main():
         if diloco is not None:
             diloco.step()
         losses.append(loss.item())
+        step_ms.append((time.perf_counter() - ts) * 1000.0)
         if step % 50 == 0 and rank == 0:
             print("step %d loss %.4f" % (step, loss.item()), flush=True)
     if diloco is not None:
@@ -191,6 +213,9 @@ def main():
         acc = (model(xte).argmax(1) == yte).float().mean().item()
     tail = sum(losses[-20:]) / len(losses[-20:])  # rank 0's: its shard, the shared weights
     print("PARAMS rank=%d sha256=%s" % (rank, params_sha256(model)), flush=True)
+    print("STEPTIME rank=%d median_ms=%.2f max_ms=%.2f max_at=%d" %
+          (rank, sorted(step_ms)[len(step_ms) // 2], max(step_ms),
+           step_ms.index(max(step_ms))), flush=True)
     extra = ""
     if args.comm != "gloo":
         st = pt.session().ctx.stats()
