@@ -11,7 +11,8 @@
 # step (grad-maxmin4); DiLoCo with H inner steps per outer step (outer SGD, Nesterov momentum
 # 0.9, outer lr 0.7 unless the label says olr) and fp32 or maxmin4 outer gradients (dH-CODEC);
 # Streaming DiLoCo with 4 fragments and a sync delay of 1 or 2 steps (sH-p4-dTAU).
-# EXAMPLES (default "torch lm") picks which run.
+# EXAMPLES (default "torch lm") picks which run; CONFIGS (default: all) which rows, e.g.
+# CONFIGS="gloo d50-maxmin4"; APPEND=1 adds to the CSV instead of starting it anew.
 #
 # Output: one CSV row per run to tests/bench/results/diloco-train.csv (or $OUT), then mean and
 # spread per (example, config). Usage: deploy/bench-diloco.sh [BUILD_DIR]
@@ -19,7 +20,7 @@ set -u -o pipefail
 repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
 build=${1:-$repo/build}
 steps=${STEPS:-300} lm_steps=${LM_STEPS:-500} seeds=${SEEDS:-3} port=${PORT:-19974}
-examples=${EXAMPLES:-"torch lm"}
+examples=${EXAMPLES:-"torch lm"} configs=${CONFIGS:-}
 out=${OUT:-$repo/tests/bench/results/diloco-train.csv}
 py=/usr/bin/python3
 tmp=$(mktemp -d)
@@ -51,6 +52,7 @@ field() { sed -n "s/.* $1=\([0-9.]*\).*/\1/p" <<<"$r"; }
 run() {
     local ex=$1 label=$2 senv=$3 i acc loss bps n
     shift 3
+    [[ -z $configs || " $configs " == *" $label "* ]] || return 0
     for ((i = 0; i < seeds; i++)); do
         env $senv PSAGG_WORKER_SEED=$((i + 1)) "$repo/deploy/psagg-local" --config "$tmp/job.ini" --timeout 1800 -- \
             "$py" "${@//@SEED@/$i}" >"$tmp/run.out" 2>&1 || { echo "$ex $label seed $i failed:"; tail -5 "$tmp/run.out"; exit 1; }
@@ -63,7 +65,7 @@ run() {
     done
 }
 
-echo "example,config,seed,test_acc,final_loss,bytes_per_step" >"$out"
+[[ ${APPEND:-0} == 1 && -s $out ]] || echo "example,config,seed,test_acc,final_loss,bytes_per_step" >"$out"
 outer="PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9 PSAGG_SERVER_NESTEROV=on"
 # matrix EXAMPLE SCRIPT STEPS: the rows above
 matrix() {
