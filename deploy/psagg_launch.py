@@ -131,8 +131,11 @@ class Job:
     """rsh(proc, command) -> the local argv that runs the shell command `command` on proc.host
     (ssh HOST COMMAND, or srun ... -w NODE bash -c COMMAND)."""
 
-    def __init__(self, a, procs, rsh, how):
+    def __init__(self, a, procs, rsh, how, elastic=False):
+        """elastic: [cluster] elastic = on: a worker that fails leaves the job, which goes
+        on (the servers drop it); only a server's failure stops everything."""
         self.a, self.procs, self.rsh, self.how = a, procs, rsh, how
+        self.elastic, self.left = elastic, 0
         self.events = queue.Queue()  # ("exit", proc) | ("signal", name, code) | ("timeout",)
         self.out_lock = threading.Lock()
 
@@ -179,7 +182,11 @@ class Job:
         """A process ended: (workers left, failure or None); failure = (code, why, proc)."""
         if pr.role == "worker":
             workers_left -= 1
-            if pr.rc != 0:
+            if pr.rc != 0 and self.elastic:
+                log("%s failed: %s; the elastic job goes on without it" % (pr.label,
+                                                                           describe(pr.rc)))
+                self.left += 1
+            elif pr.rc != 0:
                 return workers_left, (pr.rc, "%s failed: %s" % (pr.label, describe(pr.rc)), pr)
         elif pr.rc != 0:  # a server exits 0 by itself once every worker has said BYE
             return workers_left, (pr.rc, "%s exited with %s before the workers finished"
@@ -226,6 +233,9 @@ class Job:
                             break
         if failure:
             log(failure[1] + "; stopping everything")
+        elif self.left:
+            log("the elastic job ended without the %d worker(s) that failed; stopping the "
+                "servers" % self.left)
         else:
             log("all %d worker(s) exited 0; stopping the servers" % (len(self.procs) - n_servers))
         self.stop()
