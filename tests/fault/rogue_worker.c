@@ -51,6 +51,12 @@
  *                                (after reading its CHALLENGE); print the answer
  *                                (ROGUE-REFUSED: message) and exit 0 when it was refused, 1
  *                                when it was welcomed
+ *   --mode membership-skip|membership-server0
+ *                                in an elastic job with 2 servers: authenticate and declare at
+ *                                both, then send a forged MEMBERSHIP frame (removing worker 0):
+ *                                of epoch 5 to server 1, which must fail the job ("an epoch was
+ *                                skipped"), or to server 0, which must close this worker ("decides
+ *                                the membership itself") and go on without it
  *   --mode bomb --count N [--chunk-elems C]
  *                                authenticate, then declare one fp32 tensor of N elements in
  *                                chunks of C (default: the config's); print the server's
@@ -224,7 +230,15 @@ static void start_helper(psagg_fabric *fab)
 static uint32_t welcome_local; /* the WELCOME's local_flags */
 
 /* Authenticate as worker `rank` with the job's secret (if any); the connection's fd. */
+static int hello_to(psagg_fabric *fab, uint32_t rank, int k, psagg_peer *server);
+
 static int hello(psagg_fabric *fab, uint32_t rank, psagg_peer *server)
+{
+    return hello_to(fab, rank, 0, server);
+}
+
+/* Authenticate as worker `rank` at server k (its WELCOME's endpoint in *server). */
+static int hello_to(psagg_fabric *fab, uint32_t rank, int k, psagg_peer *server)
 {
     psagg_ctl_hello h = {.rank = rank, .world_size = (uint32_t)cfg.n_workers};
     psagg_ctl_welcome *wel;
@@ -233,7 +247,7 @@ static int hello(psagg_fabric *fab, uint32_t rank, psagg_peer *server)
     int fd;
 
     psagg_ctl_challenge *ch;
-    if (psagg_tcp_connect(&cfg.servers[0], psagg_now_ms() + 20000, "server 0", NULL, &fd))
+    if (psagg_tcp_connect(&cfg.servers[k], psagg_now_ms() + 20000, "server", NULL, &fd))
         DIE("connect");
     ch = recv_frame(fd, PSAGG_CTL_CHALLENGE, "CHALLENGE");
     if (psagg_fabric_name(fab, h.epname, &len))
@@ -254,7 +268,7 @@ static int hello(psagg_fabric *fab, uint32_t rank, psagg_peer *server)
     if (psagg_job_key_load(&cfg, &key))
         DIE("secret");
     psagg_nonce_make(h.nonce);
-    psagg_hello_token(&key, &h, 0, ch->challenge, h.auth);
+    psagg_hello_token(&key, &h, (uint32_t)k, ch->challenge, h.auth);
     free(ch);
     if (psagg_ctl_send(fd, PSAGG_CTL_HELLO, &h, sizeof h))
         DIE("hello");
@@ -279,6 +293,66 @@ static void declare(psagg_fabric *fab, int fd, const fn_declare *m, uint8_t *rbu
         rbuf[i] = malloc(RBUF_BYTES);
         if (!rbuf[i] || psagg_fabric_post_recv(fab, rbuf[i], RBUF_BYTES, NULL, rbuf[i]))
             DIE("post a receive");
+    }
+}
+
+/*
+ * membership-skip / membership-server0: authenticate as worker `rank` at every server of an
+ * elastic job and declare, then send a MEMBERSHIP frame of every worker alive: of epoch 5 to
+ * server 1 (skip: it is at epoch 0, so the job must fail saying an epoch was skipped), or of
+ * epoch 1 to server 0 (server0: which decides the membership itself, so it must close this
+ * worker). Prints the answer (ROGUE-REFUSED: message) and exits 0 when it names the cause.
+ */
+static int membership(uint32_t rank, int skip)
+{
+    psagg_fabric *fab = open_fabric("127.0.0.1");
+    psagg_codec fp32 = {.id = PSAGG_CODEC_FP32};
+    fn_declare decl;
+    psagg_layout layout;
+    psagg_peer server;
+    int fd[PSAGG_MAX_SERVERS], to = skip ? 1 : 0;
+    size_t len = sizeof(psagg_ctl_membership) + (size_t)cfg.n_workers;
+    psagg_ctl_membership *m = calloc(1, len);
+    const char *want = skip ? "an epoch was skipped" : "decides the membership itself";
+
+    if (!m || cfg.n_servers < 2)
+        DIE("membership modes need memory and 2 servers");
+    fn_tensors(&fp32, 0, &decl, &layout);
+    for (int k = 0; k < cfg.n_servers; k++) {
+        fd[k] = hello_to(fab, rank, k, &server);
+        if (psagg_ctl_send(fd[k], PSAGG_CTL_DECLARE, &decl,
+                           sizeof decl.d + decl.d.count * sizeof decl.t[0]))
+            DIE("declare");
+    }
+    for (int k = 0; k < cfg.n_servers; k++)
+        free(recv_frame(fd[k], PSAGG_CTL_READY, "READY"));
+    m->epoch = skip ? 5 : 1;
+    m->n_workers = (uint32_t)cfg.n_workers;
+    m->n_live = (uint32_t)cfg.n_workers - 1;
+    m->left = 0; /* a forged removal of worker 0 */
+    snprintf(m->why, sizeof m->why, "rogue says so");
+    memset(m + 1, 1, (size_t)cfg.n_workers);
+    ((uint8_t *)(m + 1))[0] = 0;
+    if (psagg_ctl_send(fd[to], PSAGG_CTL_MEMBERSHIP, m, (uint32_t)len))
+        DIE("send MEMBERSHIP");
+    printf("ROGUE: sent membership epoch %u to server %d\n", m->epoch, to);
+    free(m);
+    for (;;) { /* the verdict: server `to`'s ERROR (closed) or ABORT (the job failed) */
+        psagg_ctl_hdr h;
+        void *body = NULL;
+        const char *text = "";
+        if (recv_no_ping(fd[to], &h, &body))
+            DIE("waiting for the verdict on the MEMBERSHIP frame");
+        if (h.type == PSAGG_CTL_ERROR || h.type == PSAGG_CTL_ABORT) {
+            psagg_ctl_error *e = body;
+            e->msg[sizeof e->msg - 1] = '\0';
+            text = e->msg;
+            printf("ROGUE-REFUSED: %s\n", text);
+            int ok = strstr(text, want) != NULL;
+            free(body);
+            return ok ? 0 : 1;
+        }
+        free(body);
     }
 }
 
@@ -653,6 +727,8 @@ int main(int argc, char **argv)
         return bomb(rank, count, chunk_elems);
     if (!strcmp(mode, "stale"))
         return stale(rank, rounds);
+    if (!strcmp(mode, "membership-skip") || !strcmp(mode, "membership-server0"))
+        return membership(rank, !strcmp(mode, "membership-skip"));
 
     if (!strncmp(mode, "param-", 6))
         decl_flags = PSAGG_DECL_PARAM;

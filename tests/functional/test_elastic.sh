@@ -20,6 +20,11 @@
 #   maxmin4     kill, 4-bit codec with server error feedback: within the codec's bound
 #   below_min   min_workers = 4: the death ends the job; the three others fail naming
 #               min_workers, the servers exit 1
+#   rogue_server0  3 workers, worker 2 a rogue (tests/fault/rogue_worker) that sends server 0
+#               a forged MEMBERSHIP frame: server 0 closes it ("decides the membership
+#               itself") and the two others finish without it
+#   rogue_skip  the rogue relays a MEMBERSHIP frame of epoch 5 to server 1 (at epoch 0): the
+#               job fails naming the skipped epoch, on every worker
 
 # Bounds: kill/exit/midpush/afterpush rounds complete within 2 s of the death (detection is
 # the closed connection); stop within 3 PING intervals + 2 s.
@@ -41,6 +46,7 @@ kill | midpush | afterpush | exit | stop) mode=$case ;;
 average) extra=(--average) ;;
 maxmin4) codec=maxmin4 server_extra="error_feedback = on" ;;
 below_min) min=4 ;;
+rogue_server0 | rogue_skip) ;;
 *) fail "unknown case '$case'" ;;
 esac
 bound_ms=2000
@@ -64,6 +70,46 @@ chunk_bytes = 16384
 level = warn
 INI
 export PSAGG_CONFIG=$tmp/job.ini PSAGG_WORLD_SIZE=4
+if [[ $case == rogue_* ]]; then
+    sed -i 's/^workers = 4/workers = 3/' "$tmp/job.ini"
+    export PSAGG_WORLD_SIZE=3
+    for s in 0 1; do
+        setsid "$server_bin" --config "$tmp/job.ini" --rank "$s" >"$tmp/server$s.log" 2>&1 &
+        spid[$s]=$!
+        pids+=($!)
+    done
+    if [ "$case" = rogue_server0 ]; then
+        expect=(--elastic-dead 2) server_rc=0 mode=membership-server0
+    else
+        expect=(--expect EPROTO --expect-text "an epoch was skipped") server_rc=1 mode=membership-skip
+    fi
+    for r in 0 1; do
+        PSAGG_RANK=$r setsid "$worker_bin" --codec fp32 --rounds 200 "${expect[@]}" >"$tmp/worker$r.log" 2>&1 &
+        wpid[$r]=$!
+        pids+=($!)
+    done
+    PSAGG_RANK=2 setsid "$build/tests/fault/rogue_worker" --mode "$mode" >"$tmp/rogue.log" 2>&1 &
+    rpid=$!
+    pids+=($!)
+    wait_for "$rpid" 30
+    rc=$?
+    sed "s/^/[rogue] /" "$tmp/rogue.log"
+    ((rc == 0)) || fail "the rogue exited $rc: its frame was not refused as expected"
+    for r in 0 1; do
+        wait_for "${wpid[$r]}" 60
+        rc=$?
+        sed "s/^/[worker $r] /" "$tmp/worker$r.log"
+        ((rc == 0)) || fail "worker $r exited $rc"
+    done
+    for s in 0 1; do
+        wait_for "${spid[$s]}" 20
+        rc=$?
+        sed "s/^/[server $s] /" "$tmp/server$s.log"
+        ((rc == server_rc)) || fail "server $s exited $rc, expected $server_rc"
+    done
+    say "passed: $(grep -m1 ROGUE-REFUSED "$tmp/rogue.log")"
+    exit 0
+fi
 
 for s in 0 1; do
     setsid "$server_bin" --config "$tmp/job.ini" --rank "$s" >"$tmp/server$s.log" 2>&1 &
