@@ -10,6 +10,9 @@
 #   2. a remote worker SIGKILLed mid-job: psagg-ssh stops everything, exits non-zero, and
 #      its summary names that worker
 #   3. SIGINT to psagg-ssh mid-job: exit 130
+#   4. the same job elastic ([cluster] elastic = on): the remote worker SIGKILLed mid-job, the
+#      three others finish every round with exact sums without it (fn_worker --elastic-dead)
+#      and identical digests, and psagg-ssh exits 0 saying the job ended without it
 # After each, no process of the job may be left in any namespace (only the sshd listeners).
 # Exit 0 passed, 1 failed, 77 skipped (not root, or no sshd / ip / setsid).
 set -u -o pipefail
@@ -112,8 +115,12 @@ op_timeout_ms = 5000
 [log]
 level = warn
 INI
+{
+    cat "$D/job.ini"
+    printf '[cluster]\nelastic = on\nmin_workers = 2\n'
+} >"$D/elastic.ini"
 launch() { # args for fn_worker; call it in a subshell: it becomes psagg-ssh (signals reach it)
-    exec ip netns exec "$(ns 0)" "$repo/deploy/psagg-ssh" --config "$D/job.ini" --ssh "ssh -F $D/ssh_config" \
+    exec ip netns exec "$(ns 0)" "$repo/deploy/psagg-ssh" --config "$D/${INI:-job.ini}" --ssh "ssh -F $D/ssh_config" \
         --server-bin "$build/server/psagg-server" --grace 2 -- \
         "$build/tests/functional/fn_worker" --codec fp32 --random-tensors 20 "$@"
 }
@@ -187,4 +194,27 @@ rc=$?
 ((rc == 130)) || { cat "$D/int.out" >&2; fail "sigint: psagg-ssh exited $rc, expected 130"; }
 grep -q "got SIGINT; stopping everything" "$D/int.out" || fail "sigint: no message"
 check_clean sigint
+
+# 4. elastic: a remote worker killed, the job goes on
+(INI=elastic.ini launch --rounds 400 --elastic-dead 3) >"$D/el.out" 2>&1 &
+lp=$!
+for ((k = 0; k < 300; k++)); do
+    victim=$(pid_in_ns 2 fn_worker)
+    [[ -n $victim ]] && grep -q "worker 3\] fn_worker 3: the job runs" "$D/el.out" && break
+    sleep 0.1
+done
+[[ -n $victim ]] || { kill -INT $lp; wait $lp; cat "$D/el.out" >&2; fail "elastic: no worker on host 2"; }
+sleep 0.5 # (start-up is not elastic: it must be over)
+kill -KILL "$victim"
+wait $lp
+rc=$?
+((rc == 0)) || { cat "$D/el.out" >&2; fail "elastic: psagg-ssh exited $rc"; }
+grep -q "the elastic job ended without the 1 worker(s) that failed" "$D/el.out" ||
+    { cat "$D/el.out" >&2; fail "elastic: no final message"; }
+(($(grep -c '\] ELASTIC worker [0-2] epoch 1 rank [0-2] size 3' "$D/el.out") == 3)) ||
+    { cat "$D/el.out" >&2; fail "elastic: not every survivor ended in epoch 1 of 3 workers"; }
+(($(grep '\] DIGEST' "$D/el.out" | sed 's/.*DIGEST //' | sort -u | wc -l) == 1)) ||
+    { grep DIGEST "$D/el.out" >&2; fail "elastic: the survivors' digests differ"; }
+echo "test_ssh: elastic: worker 3 killed over ssh, the 3 others finished: $(grep -m1 '\] ELASTIC' "$D/el.out")"
+check_clean elastic
 echo "test_ssh: passed"
