@@ -14,6 +14,7 @@ Usage (as root; builds nothing, reads binaries from --build-dir):
            --delay 0.1ms (needs sch_netem)  --log-dir (default: <out dir>/cluster-logs/<run id>)
            --psagg-env NAME=VALUE,...  environment of every psagg process, over the one
            `psagg-server --fabric-env` gives for the job  --psagg-set SECTION.KEY=VALUE  extra INI keys
+           --server-optimizer  declare parameters (the servers' optimizer steps: DiLoCo's outer step)
 
 How it runs: one emulated cluster (deploy/netcluster.sh, prefix psg<run id>) per (link rate,
 placement). Workers are hosts 0..N-1 (10.77.0.10..); with S servers on their own hosts those
@@ -431,6 +432,8 @@ class Bench:
                     argv.append("--colocated")  # busiest-link bytes: local traffic stays on the host
                 if self.a.model_gpu is not None:  # workers modelled as GPU workers (gpu_model.h)
                     argv += ["--model-gpu", f"{self.a.model_gpu:g}"]
+                if self.a.server_optimizer:  # parameters: the optimizer step on the servers
+                    argv.append("--server-optimizer")
                 workers.append(c.start(r, argv, os.path.join(self.logdir, f"{tag}-psagg-{codec}-worker{r}.log"), env))
             if c.dry:
                 return None, "dry run"
@@ -660,6 +663,11 @@ def main():
                     help="psagg workers modelled as GPU workers: codecs not run on the CPU but waited for "
                          "at GELEM_S 1e9 elements/s (0: free), PCIe 25 GB/s (psagg-bench-exchange "
                          "--model-gpu; rows say so in worker_model)")
+    ap.add_argument("--server-optimizer", action="store_true",
+                    help="psagg declares the tensors as parameters (psagg-bench-exchange "
+                         "--server-optimizer): the servers step their optimizer, as for "
+                         "ServerOptimizer or DiLoCo's outer step; set it with --psagg-set "
+                         "server.optimizer=sgd")
     ap.add_argument("--psagg-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="extra key for the generated psagg INI, e.g. worker.max_inflight=8 (repeatable)")
     a = ap.parse_args()
