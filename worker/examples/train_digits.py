@@ -31,8 +31,8 @@ Elastic jobs ([cluster] elastic = on; not with DDP, whose process group cannot s
 --comm psagg-opt, psagg-server or --diloco, a worker that dies leaves the job and the others go
 on; each re-shards the training images by its rank among the live workers when the membership
 changes (psagg.torch.membership_changes). --die-at T --die-rank R: chaos, rank R SIGKILLs
-itself before step T. Every rank prints "STEPTIME median_ms=... max_ms=..." (the longest step
-is the one a death interrupted).
+itself before step T. Every rank prints "STEPTIME median_ms=... max_ms=... max_at=..." of the
+steps after the first 5 (the longest is the one a death interrupted).
 
 Without sklearn (e.g. a GPU image's PyTorch), $PSAGG_DIGITS names sklearn's digits.csv.gz
 (deploy/install-deps.sh --bundle puts a copy in the bundle).
@@ -213,9 +213,10 @@ def main():
         acc = (model(xte).argmax(1) == yte).float().mean().item()
     tail = sum(losses[-20:]) / len(losses[-20:])  # rank 0's: its shard, the shared weights
     print("PARAMS rank=%d sha256=%s" % (rank, params_sha256(model)), flush=True)
+    after = step_ms[5:] or step_ms  # after warm-up
     print("STEPTIME rank=%d median_ms=%.2f max_ms=%.2f max_at=%d" %
-          (rank, sorted(step_ms)[len(step_ms) // 2], max(step_ms),
-           step_ms.index(max(step_ms))), flush=True)
+          (rank, sorted(after)[len(after) // 2], max(after),
+           len(step_ms) - len(after) + after.index(max(after))), flush=True)
     extra = ""
     if args.comm != "gloo":
         st = pt.session().ctx.stats()
