@@ -350,6 +350,10 @@ static int membership(uint32_t rank, int skip)
             printf("ROGUE-REFUSED: %s\n", text);
             int ok = strstr(text, want) != NULL;
             free(body);
+            for (int k = 0; k < cfg.n_servers; k++)
+                close(fd[k]);
+            psagg_layout_free(&layout);
+            psagg_fabric_close(fab);
             return ok ? 0 : 1;
         }
         free(body);
