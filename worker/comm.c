@@ -410,6 +410,18 @@ static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
     h->chunk_done[mh->chunk] = 1;
     if (++h->done_chunks < ti->n_chunks)
         return;
+    if (ctx->cfg.elastic) { /* a worker left during the round: say which chunks summed it */
+        float lo = h->chunk_scale[0], hi = lo;
+        for (uint32_t c = 1; c < ti->n_chunks; c++) {
+            lo = h->chunk_scale[c] < lo ? h->chunk_scale[c] : lo;
+            hi = h->chunk_scale[c] > hi ? h->chunk_scale[c] : hi;
+        }
+        if (lo != hi)
+            LOG_INFO(&ctx->log,
+                     "tensor '%s' round %u: its chunks summed %.0f to %.0f workers (one left "
+                     "during the round); each chunk's update says its own",
+                     ti->name, h->round, 1.0f / hi, 1.0f / lo);
+    }
     h->completing = 1;
     try_complete(cs, h);
 }
