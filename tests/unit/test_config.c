@@ -226,6 +226,29 @@ static void test_optimizer(void)
                  "cannot be combined", "adam");
 }
 
+/* Elastic membership: min_workers <= workers <= max_workers, at file:line; defaults. */
+static void test_elastic(void)
+{
+    psagg_config cfg;
+    CHECK(psagg_config_load(write_ini(MINIMAL "elastic = on\n"), &cfg) == PSAGG_OK &&
+              cfg.elastic == 1 && cfg.min_workers == 1 && cfg.max_workers == 2,
+          "elastic defaults: %s", psagg_last_error());
+    CHECK(psagg_config_load(write_ini(MINIMAL), &cfg) == PSAGG_OK && cfg.elastic == 0,
+          "elastic is off by default: %s", psagg_last_error());
+    CHECK(psagg_config_load(write_ini(MINIMAL "elastic = on\nmin_workers = 2\nmax_workers = 2\n"),
+                            &cfg) == PSAGG_OK &&
+              cfg.min_workers == 2,
+          "elastic, min = max = workers: %s", psagg_last_error());
+    EXPECT_ERROR(MINIMAL "elastic = on\nmin_workers = 0\n", 6, "min_workers", "1..1024");
+    EXPECT_ERROR(MINIMAL "elastic = on\nmin_workers = 3\n", 6, "min_workers = 3",
+                 "more than workers = 2");
+    EXPECT_ERROR(MINIMAL "elastic = on\nmax_workers = 1\n", 6, "max_workers = 1",
+                 "less than workers = 2");
+    EXPECT_ERROR(MINIMAL "elastic = on\nmax_workers = 3\n", 6, "max_workers = 3",
+                 "cannot join a running job yet");
+    EXPECT_ERROR(MINIMAL "elastic = maybe\n", 5, "elastic");
+}
+
 /* data_auth = auto (the default): on with a secret_file, off without; on and off as said. */
 static void test_data_auth_default(void)
 {
@@ -537,6 +560,7 @@ int main(void)
     test_errors();
     test_secret_errors();
     test_data_auth_default();
+    test_elastic();
     test_missing();
     test_env();
     test_hostport();
