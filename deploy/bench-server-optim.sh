@@ -44,23 +44,7 @@ min_compress_elems = 256
 level = warn
 INI
 
-field() { sed -n "s/.* $1=\([0-9.]*\).*/\1/p" <<<"$r"; }
-
-# run EXAMPLE LABEL SERVER_ENV SCRIPT ARGS... (@SEED@ in ARGS): SEEDS rows
-run() {
-    local ex=$1 label=$2 senv=$3 i acc loss bps n
-    shift 3
-    for ((i = 0; i < seeds; i++)); do
-        env $senv PSAGG_WORKER_SEED=$((i + 1)) "$repo/deploy/psagg-local" --config "$tmp/job.ini" --timeout 1800 -- \
-            "$py" "${@//@SEED@/$i}" >"$tmp/run.out" 2>&1 || { echo "$ex $label seed $i failed:"; tail -5 "$tmp/run.out"; exit 1; }
-        r=$(grep 'RESULT' "$tmp/run.out" | head -1)
-        [[ $ex == torch-* ]] && n=$steps || n=$lm_steps
-        if [[ $ex == torch-* ]]; then acc=$(field test_acc) loss=$(field final_loss); else acc="" loss=$(field val_loss); fi
-        bps=$(field psagg_bytes_sent)
-        bps=$((${bps:-0} / n))
-        echo "$ex,$label,$i,$acc,$loss,$bps" | tee -a "$out"
-    done
-}
+. "$repo/deploy/bench_train.sh" # field, run
 
 echo "example,config,seed,test_acc,final_loss,bytes_per_step" >"$out"
 digits=$repo/worker/examples/train_digits.py
