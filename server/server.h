@@ -329,12 +329,6 @@ typedef struct server {
     int epoch_frame_from; /* the worker that relayed it (servers > 0) */
 } server;
 
-/* Whether worker w belongs to the job now (any thread). */
-static inline int server_member(const server *srv, int w)
-{
-    return atomic_load_explicit(&srv->member[w], memory_order_acquire);
-}
-
 /*
  * metrics.c: counters (any thread; relaxed atomics), the straggler report (at the job's end)
  * and the Prometheus endpoint ([server] metrics_port, off when 0). init before the job,
@@ -471,6 +465,8 @@ void server_repost(server *srv, recv_buf *rb);
  */
 void server_queue_update(server *srv, send_ctx *sc);
 void server_queue_repost(server *srv, recv_buf *rb);
+/* Whether worker w belongs to the job now (any thread; membership.c changes it). */
+int server_member(const server *srv, int w);
 /* Whether c's round has a push from every member (and at least one): aggregation threads. */
 int server_members_in(const server *srv, const chunk_state *c);
 /* The worker whose fabric address is addr, or -1. */

@@ -97,6 +97,11 @@ void server_queue_repost(server *srv, recv_buf *rb)
         psagg_fabric_wake(srv->fab);
 }
 
+int server_member(const server *srv, int w)
+{
+    return atomic_load_explicit(&srv->member[w], memory_order_acquire);
+}
+
 int server_members_in(const server *srv, const chunk_state *c)
 {
     if (!c->n_arrived)
