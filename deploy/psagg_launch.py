@@ -233,6 +233,9 @@ class Job:
                             break
         if failure:
             log(failure[1] + "; stopping everything")
+        elif self.left == len(self.procs) - n_servers:
+            failure = (1, "every worker of the elastic job failed", None)
+            log(failure[1] + "; stopping everything")
         elif self.left:
             log("the elastic job ended without the %d worker(s) that failed; stopping the "
                 "servers" % self.left)
