@@ -67,6 +67,7 @@
  * check covers them.
  */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -551,14 +552,23 @@ static int tcp_listen_port(int port)
     return fd;
 }
 
+/* Connect to 127.0.0.1:port, retrying a refused connection for 20 s (a server still starting). */
 static int tcp_connect_port(int port)
 {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int64_t until = psagg_now_ms() + 20000;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a))
-        DIE("connect to %d", port);
-    return fd;
+    for (;;) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0)
+            DIE("socket: %s", strerror(errno));
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0)
+            return fd;
+        close(fd);
+        if (errno != ECONNREFUSED || psagg_now_ms() > until)
+            DIE("connect to %d: %s", port, strerror(errno));
+        usleep(50000);
+    }
 }
 
 /* relay: forward one worker's control connection, recording its HELLO. */
