@@ -197,7 +197,28 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
                  srv->rank, rank, hello->provider, psagg_fabric_provider(srv->fab));
         return -1;
     }
-    if (wc->state != W_NONE) {
+    if (srv->job_running) { /* an elastic job (else nobody listens): a join (membership.c) */
+        if (server_member(srv, rank)) {
+            snprintf(msg, len,
+                     "server %d: worker rank %d is a live member of the running job: a joiner "
+                     "takes the rank of a worker that left",
+                     srv->rank, rank);
+            return -1;
+        }
+        if (wc->state != W_DEAD) {
+            snprintf(msg, len, "server %d: worker rank %d %s", srv->rank, rank,
+                     wc->state == W_BYE ? "finished the job (it said BYE)"
+                                        : "is joining already on another connection");
+            return -1;
+        }
+        if (srv->job_decl_hdr.adapt_interval) {
+            snprintf(msg, len,
+                     "server %d: the job runs [codec] adaptive, and a worker cannot join such a "
+                     "job yet",
+                     srv->rank);
+            return -1;
+        }
+    } else if (wc->state != W_NONE) {
         snprintf(msg, len, "server %d: worker rank %d connected twice", srv->rank, rank);
         return -1;
     }
@@ -205,15 +226,21 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
         snprintf(msg, len, "server %d: HELLO field epname_len is %u", srv->rank, hello->epname_len);
         return -1;
     }
-    if (psagg_fabric_add_peer(srv->fab, hello->epname, hello->epname_len, &wc->addr)) {
-        snprintf(msg, len, "server %d: worker %d's fabric address: %.150s", srv->rank, rank,
-                 psagg_last_error());
-        return -1;
+    {
+        psagg_peer old = wc->addr;
+        if (psagg_fabric_add_peer(srv->fab, hello->epname, hello->epname_len, &wc->addr)) {
+            snprintf(msg, len, "server %d: worker %d's fabric address: %.150s", srv->rank, rank,
+                     psagg_last_error());
+            return -1;
+        }
+        /* a joiner's rank: the address of the worker that left names nobody from now on */
+        if (srv->job_running && old < (psagg_peer)srv->n_workers && old != wc->addr)
+            srv->rank_at[old] = -1;
     }
     {
         psagg_ctl_welcome wel = {.server_rank = (uint32_t)srv->rank,
                                  .n_servers = (uint32_t)srv->cfg.n_servers,
-                                 .flags = flags};
+                                 .flags = flags | (srv->job_running ? PSAGG_WELCOME_JOINING : 0)};
         size_t elen = sizeof wel.epname;
         memcpy(wel.nonce, srv->nonce, sizeof wel.nonce);
         optim_welcome(srv, &wel.optim);
@@ -224,7 +251,7 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
             return -1;
         }
         wel.epname_len = (uint32_t)elen;
-        if (srv->cfg.local_copy)
+        if (srv->cfg.local_copy && !srv->job_running) /* (not for a joiner: by the provider) */
             local_copy_offer(srv, rank, hello, &wel);
         psagg_welcome_token(&srv->job_key, &wel, hello->auth, wel.auth);
         if (psagg_ctl_send(fd, PSAGG_CTL_WELCOME, &wel, sizeof wel)) {
@@ -235,13 +262,20 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
     }
     wc->fd = fd;
     wc->state = W_HELLO;
+    wc->joining = srv->job_running;
+    wc->join_asked = 0;
+    wc->in_barrier = 0;
+    wc->heard_at = psagg_now_ms();
+    free(wc->decl);
+    wc->decl = NULL;
     psagg_ctl_reader_init(&wc->rd, PSAGG_CTL_MAX_FRAME);
     psagg_data_key_make(&srv->job_key, srv->cfg.job_id, hello->nonce, &wc->key);
     if (wc->addr < (psagg_peer)srv->n_workers)
         srv->rank_at[wc->addr] = rank;
     if (srv->startup_deadline < 0) /* the start-up deadline runs from the first worker */
         srv->startup_deadline = psagg_now_ms() + srv->cfg.connect_timeout_ms;
-    LOG_INFO(&srv->log, "worker %d connected (%s)", rank, peer);
+    LOG_INFO(&srv->log, "worker %d %s (%s)", rank,
+             wc->joining ? "connected to join the running job" : "connected", peer);
     return 0;
 }
 

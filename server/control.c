@@ -144,6 +144,56 @@ static int compare_declarations(server *srv, char *msg, size_t len)
     return 0;
 }
 
+/*
+ * A joiner's declaration (membership.c): the job's, exactly (the tensors, their order, codecs
+ * and chunking), else it is refused by name and the job goes on; then READY. It is no member
+ * until server 0 admits it.
+ */
+static void join_declared(server *srv, int w)
+{
+    worker_conn *wc = &srv->workers[w];
+    const psagg_ctl_declare *a = &srv->job_decl_hdr, *b = &wc->decl_hdr;
+    char msg[400];
+
+    msg[0] = '\0';
+    if (b->count != a->count || b->chunk_elems != a->chunk_elems ||
+        b->adapt_interval != a->adapt_interval || b->adapt_budget != a->adapt_budget ||
+        b->adapt_flags != a->adapt_flags)
+        snprintf(msg, sizeof msg,
+                 "its declaration differs from the job's: %u tensors in chunks of %llu elements "
+                 "(the job: %u in chunks of %llu), or other [codec] adaptive settings",
+                 b->count, (unsigned long long)b->chunk_elems, a->count,
+                 (unsigned long long)a->chunk_elems);
+    for (uint32_t t = 0; !msg[0] && t < a->count; t++)
+        if (memcmp(&wc->decl[t], &srv->job_decl[t], sizeof *wc->decl)) {
+            char ca[40], cb[40];
+            codec_text(&srv->job_decl[t], ca, sizeof ca);
+            codec_text(&wc->decl[t], cb, sizeof cb);
+            snprintf(msg, sizeof msg,
+                     "its tensor %u is '%.40s' (%llu elements, %.24s), the job's is '%.40s' "
+                     "(%llu elements, %.24s)",
+                     t, wc->decl[t].name, (unsigned long long)wc->decl[t].count, cb,
+                     srv->job_decl[t].name, (unsigned long long)srv->job_decl[t].count, ca);
+        }
+    if (msg[0]) {
+        char m[480];
+        snprintf(m, sizeof m, "server %d refuses worker %d's join: %s", srv->rank, w, msg);
+        LOG_WARN(&srv->log, "%s", m);
+        admission_verdict(srv, wc->fd, PSAGG_CTL_ERROR, PSAGG_EMISMATCH, m);
+        close(wc->fd);
+        wc->fd = -1;
+        psagg_ctl_reader_reset(&wc->rd);
+        wc->state = W_DEAD;
+        wc->joining = 0;
+        return;
+    }
+    if (psagg_ctl_send(wc->fd, PSAGG_CTL_READY, NULL, 0)) {
+        drop_worker(srv, w, PSAGG_EPEER, psagg_last_error());
+        return;
+    }
+    LOG_INFO(&srv->log, "worker %d declared the job's tensors: it waits to be admitted", w);
+}
+
 /* Keep worker w's DECLARE (checked by psagg_ctl_declare_check). */
 static void read_declare(server *srv, int w, const psagg_ctl_hdr *h, const void *body)
 {
@@ -171,6 +221,8 @@ static void read_declare(server *srv, int w, const psagg_ctl_hdr *h, const void 
     memcpy(wc->decl, (const psagg_ctl_declare *)body + 1,
            (size_t)wc->decl_hdr.count * sizeof *wc->decl);
     wc->state = W_DECLARED;
+    if (wc->joining)
+        join_declared(srv, w);
 }
 
 static int count_state(const server *srv, enum worker_state s)
@@ -178,6 +230,16 @@ static int count_state(const server *srv, enum worker_state s)
     int n = 0;
     for (int w = 0; w < srv->n_workers; w++)
         n += srv->workers[w].state == s;
+    return n;
+}
+
+/* Workers connected to join the running job, not admitted yet. */
+static int count_joiners(const server *srv)
+{
+    int n = 0;
+    for (int w = 0; w < srv->n_workers; w++)
+        n += srv->workers[w].joining && srv->workers[w].fd >= 0 && srv->workers[w].state != W_BYE &&
+             srv->workers[w].state != W_DEAD;
     return n;
 }
 
@@ -297,8 +359,15 @@ static void serve_worker(server *srv, int w)
             LOG_ERROR(&srv->log, "worker %d asked for a checkpoint: %s", w, m);
         if (psagg_ctl_send_error(wc->fd, PSAGG_CTL_CHECKPOINT_DONE, st, m))
             drop_worker(srv, w, PSAGG_EPEER, psagg_last_error());
-    } else if (h.type == PSAGG_CTL_MEMBERSHIP && wc->state == W_DECLARED && srv->job_running) {
+    } else if (h.type == PSAGG_CTL_MEMBERSHIP && wc->state == W_DECLARED && srv->job_running &&
+               server_member(srv, w)) {
         membership_relayed(srv, w, &h, body);
+    } else if (h.type == PSAGG_CTL_SYNC && wc->state == W_DECLARED && srv->job_running &&
+               srv->elastic && srv->rank == 0 && server_member(srv, w)) {
+        membership_sync(srv, w, &h, body);
+    } else if (h.type == PSAGG_CTL_JOIN && h.len == 0 && wc->state == W_DECLARED && wc->joining &&
+               !wc->join_asked && srv->rank == 0) {
+        membership_join(srv, w);
     } else if (h.type == PSAGG_CTL_ABORT && (st = psagg_ctl_error_parse(&h, body, &text))) {
         char m[300];
         snprintf(m, sizeof m, "it gave up: %s", text);
@@ -351,6 +420,14 @@ static int start_or_refuse(server *srv, int *rc)
             return -1;
         }
     }
+    srv->job_decl_hdr = srv->workers[0].decl_hdr; /* a joiner's must equal it */
+    srv->job_decl = malloc((size_t)srv->job_decl_hdr.count * sizeof *srv->job_decl);
+    if (!srv->job_decl) {
+        *rc = startup_failed(srv, PSAGG_ENOMEM, "no memory for the job's declaration");
+        return -1;
+    }
+    memcpy(srv->job_decl, srv->workers[0].decl,
+           (size_t)srv->job_decl_hdr.count * sizeof *srv->job_decl);
     for (int w = 0; w < srv->n_workers; w++)
         if (psagg_ctl_send(srv->workers[w].fd, PSAGG_CTL_READY, NULL, 0))
             drop_worker(srv, w, PSAGG_EPEER, psagg_last_error()); /* fails the job */
@@ -378,6 +455,12 @@ static void check_liveness(server *srv, int64_t now)
     for (int w = 0; w < srv->n_workers; w++) {
         worker_conn *wc = &srv->workers[w];
         char why[160];
+        if (wc->fd >= 0 && wc->joining && wc->state == W_HELLO &&
+            now - wc->heard_at > srv->cfg.connect_timeout_ms) {
+            drop_worker(srv, w, PSAGG_ETIMEDOUT,
+                        "it connected to join but did not declare within connect_timeout_ms");
+            continue;
+        }
         if (wc->fd < 0 || wc->state != W_DECLARED || now - wc->heard_at <= limit)
             continue;
         if (srv->elastic)
@@ -438,8 +521,14 @@ int control_serve(server *srv)
             phase = ABORTED;
             aborted_at = now;
         }
-        if (phase == RUNNING)
+        if (phase == RUNNING) {
             check_liveness(srv, now);
+            if (srv->elastic) { /* joins: admission stays open (admission.c, membership.c) */
+                membership_check_barrier(srv, now);
+                admission_expire(srv, now);
+                n = admission_poll_add(srv, pfd, who, n);
+            }
+        }
         if (phase == ABORTED && now - aborted_at > srv->cfg.op_timeout_ms) {
             /* every worker was told; one that is still connected is stuck or stopped */
             missing_workers(srv, W_BYE, missing, sizeof missing);
@@ -451,7 +540,12 @@ int control_serve(server *srv)
             break;
         }
         if (phase != STARTING &&
-            count_state(srv, W_BYE) + count_state(srv, W_DEAD) == srv->n_workers) {
+            count_state(srv, W_BYE) + count_state(srv, W_DEAD) + count_joiners(srv) ==
+                srv->n_workers) {
+            if (count_joiners(srv))
+                tell_workers(srv, -1, PSAGG_CTL_ERROR, PSAGG_EPEER,
+                             "the job ended before this worker could join it: every member is "
+                             "gone");
             /* (the workers that left an elastic job are no failure of it; one lost here that
                server 0 never removed is) */
             rc = atomic_load(&srv->job_failed) || dead_members(srv) ? 1 : 0;
@@ -467,10 +561,12 @@ int control_serve(server *srv)
             if (count_state(srv, W_DECLARED) == srv->n_workers) {
                 if (start_or_refuse(srv, &rc))
                     break;
-                /* nobody else may join now: later connections are refused by the kernel */
-                close(srv->listen_fd);
-                srv->listen_fd = -1;
-                admission_close_all(srv);
+                if (!srv->elastic) {
+                    /* nobody else may join now: later connections are refused by the kernel */
+                    close(srv->listen_fd);
+                    srv->listen_fd = -1;
+                    admission_close_all(srv);
+                }
                 for (int w = 0; w < srv->n_workers; w++) /* their silence counts from now */
                     srv->workers[w].heard_at = now;
                 phase = RUNNING;

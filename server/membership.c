@@ -14,12 +14,28 @@
  * cleared for them, and every owned chunk gets a retry in its aggregation thread, which
  * completes a round that now has every member's push (aggregate.c's agg_settle). A push of
  * a leaver that came before stays in its round.
+ *
+ * Joins. A worker may take the rank of one that left: it connects to every server of the
+ * running job (admission.c: authenticated as any worker; the rank must have left, a live
+ * member's is refused), declares (the job's declaration exactly, control.c), and sends server
+ * 0 a JOIN. Server 0 admits it at the members' next SYNC barrier (psagg_sync_membership, at a
+ * point where no member has an operation in flight, so every chunk on every server is between
+ * two rounds): the first member's SYNC of a barrier number decides whether it admits (a JOIN
+ * is waiting) or lets everyone pass at once; an admitting barrier waits for every member,
+ * then starts the epoch with the joiners live (MEMBERSHIP to every live worker, joiners
+ * included, relayed to the other servers as any epoch) and answers SYNC_DONE with the
+ * members' tensor rounds, where the joiners start. A push of the new epoch that reaches a
+ * server before the epoch's relay waits for it (progress.c). An admitting barrier that some
+ * member does not reach within 1.5 x op_timeout_ms lets the waiting members go and refuses
+ * the joiners (naming the members it waited for); admissions are one epoch per barrier, so
+ * a worker that joins and dies again and again costs the others one barrier each time.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "runtime/channel.h"
@@ -29,6 +45,7 @@ psagg_status membership_init(server *srv)
 {
     srv->elastic = srv->cfg.elastic;
     srv->n_members = srv->n_workers;
+    srv->sync_state_from = -1;
     atomic_store(&srv->epoch, 0);
     srv->member = malloc((size_t)srv->n_workers * sizeof *srv->member);
     if (!srv->member)
@@ -40,17 +57,23 @@ psagg_status membership_init(server *srv)
 
 void membership_fini(server *srv)
 {
+    free(srv->sync_state);
+    srv->sync_state = NULL;
+    free(srv->job_decl);
+    srv->job_decl = NULL;
     free(srv->member);
     srv->member = NULL;
     free(srv->epoch_frame);
     srv->epoch_frame = NULL;
 }
 
-/* Let every owned chunk look at its round again (the aggregation threads). */
+/* Let every owned chunk look at its round again (the aggregation threads), and the progress
+ * thread route the pushes that waited for this epoch. */
 static void settle_all(server *srv)
 {
     if (!srv->threads_started)
         return;
+    psagg_fabric_wake(srv->fab);
     for (uint32_t i = 0; i < srv->n_owned; i++)
         agg_enqueue(srv, &srv->chunks[i], NULL);
 }
@@ -87,6 +110,8 @@ static void keep_frame(server *srv, const void *frame, uint32_t len)
     srv->epoch_frame = copy;
     srv->epoch_frame_len = len;
 }
+
+static void admit_try(server *srv);
 
 void membership_lost(server *srv, int w, const char *why)
 {
@@ -138,6 +163,8 @@ void membership_lost(server *srv, int w, const char *why)
     }
     free(m);
     settle_all(srv);
+    if (srv->admit_seq)
+        admit_try(srv); /* the barrier may have waited only for the leaver */
 }
 
 void membership_relayed(server *srv, int from, const psagg_ctl_hdr *h, const void *body)
@@ -170,8 +197,8 @@ void membership_relayed(server *srv, int from, const psagg_ctl_hdr *h, const voi
         }
         n_live += live[k];
     }
-    if ((uint32_t)n_live != m->n_live || m->left < 0 || m->left >= srv->n_workers ||
-        live[m->left] || memchr(m->why, 0, sizeof m->why) == NULL) {
+    if ((uint32_t)n_live != m->n_live || m->left < -1 || m->left >= srv->n_workers ||
+        (m->left >= 0 && live[m->left]) || memchr(m->why, 0, sizeof m->why) == NULL) {
         server_close_worker(srv, from, "MEMBERSHIP fields n_live, left or why are inconsistent");
         return;
     }
@@ -193,24 +220,275 @@ void membership_relayed(server *srv, int from, const psagg_ctl_hdr *h, const voi
                         from, m->epoch, cur);
         return;
     }
-    for (int k = 0; k < srv->n_workers; k++) /* epochs only remove (no joins yet) */
-        if (live[k] && !atomic_load(&srv->member[k])) {
+    /* an epoch either removes one worker (left) or admits joiners (left = -1), never both */
+    for (int k = 0; k < srv->n_workers; k++) {
+        int was = atomic_load(&srv->member[k]);
+        if ((m->left >= 0 && live[k] && !was) || (m->left < 0 && !live[k] && was)) {
             server_fail_job(srv, PSAGG_EPROTO,
-                            "membership epoch %u (relayed by worker %d) has worker %d, which left "
-                            "in an earlier epoch",
-                            m->epoch, from, k);
+                            "membership epoch %u (relayed by worker %d) %s worker %d, which %s",
+                            m->epoch, from, live[k] ? "has" : "lacks", k,
+                            live[k] ? "left in an earlier epoch" : "no epoch removed");
             return;
         }
-    for (int k = 0; k < srv->n_workers; k++)
+    }
+    for (int k = 0; k < srv->n_workers; k++) {
         if (!live[k] && atomic_load(&srv->member[k]))
             leave(srv, k, m->epoch, m->why);
+        if (live[k] && !atomic_load(&srv->member[k])) {
+            worker_conn *wc = &srv->workers[k];
+            if (!wc->joining || wc->state != W_DECLARED)
+                LOG_WARN(&srv->log,
+                         "membership epoch %u admits worker %d, which has not joined this server "
+                         "(its rounds here wait for it until server 0 removes it)",
+                         m->epoch, k);
+            wc->joining = 0;
+            wc->heard_at = psagg_now_ms();
+            atomic_store(&srv->member[k], 1);
+            srv->n_members++;
+        }
+    }
     atomic_store(&srv->epoch, m->epoch);
     keep_frame(srv, body, h->len);
     srv->epoch_frame_from = from;
-    LOG_WARN(&srv->log,
-             "membership epoch %u (server 0's, relayed by worker %d): worker %d left "
-             "(%s); %d workers go on",
-             m->epoch, from, m->left, m->why, srv->n_members);
+    if (m->left >= 0)
+        LOG_WARN(&srv->log,
+                 "membership epoch %u (server 0's, relayed by worker %d): worker %d left "
+                 "(%s); %d workers go on",
+                 m->epoch, from, m->left, m->why, srv->n_members);
+    else
+        LOG_WARN(&srv->log,
+                 "membership epoch %u (server 0's, relayed by worker %d): %s; %d workers now",
+                 m->epoch, from, m->why, srv->n_members);
     metrics_membership(srv, m->epoch, srv->n_members);
     settle_all(srv);
+}
+
+/* ---- joins (server 0) ---- */
+
+/* Answer worker w's SYNC of barrier seq: joined workers (the states follow when > 0). */
+static void sync_done(server *srv, int w, uint32_t seq, uint32_t joined)
+{
+    worker_conn *wc = &srv->workers[w];
+    uint32_t n = joined ? srv->layout.n_tensors : 0;
+    size_t len = sizeof(psagg_ctl_sync_done) + (size_t)n * sizeof(psagg_ctl_tensor_state);
+    psagg_ctl_sync_done *d = calloc(1, len);
+    if (!d) {
+        server_fail_job(srv, PSAGG_ENOMEM, "no memory for SYNC_DONE");
+        return;
+    }
+    *d = (psagg_ctl_sync_done){
+        .seq = seq, .epoch = atomic_load(&srv->epoch), .joined = joined, .n_tensors = n};
+    if (n)
+        memcpy(d + 1, srv->sync_state, (size_t)n * sizeof *srv->sync_state);
+    if (wc->fd >= 0 && psagg_ctl_send(wc->fd, PSAGG_CTL_SYNC_DONE, d, (uint32_t)len))
+        server_close_worker(srv, w, "sending SYNC_DONE of barrier %u: %s", seq, psagg_last_error());
+    free(d);
+}
+
+/* Close the admitting barrier: every member in it passes (with `joined` admitted). */
+static void barrier_release(server *srv, uint32_t joined)
+{
+    uint32_t seq = srv->admit_seq;
+    for (int w = 0; w < srv->n_workers; w++) {
+        worker_conn *wc = &srv->workers[w];
+        if (wc->in_barrier || (joined && wc->sync_seq == seq && server_member(srv, w)))
+            sync_done(srv, w, seq, joined);
+        wc->in_barrier = 0;
+    }
+    srv->free_seq = seq;
+    srv->admit_seq = 0;
+    srv->sync_state_from = -1;
+}
+
+/* Refuse the joiners that were waiting (the barrier could not admit them). */
+static void refuse_joiners(server *srv, const char *why)
+{
+    for (int w = 0; w < srv->n_workers; w++) {
+        worker_conn *wc = &srv->workers[w];
+        if (!wc->joining || wc->fd < 0 || !wc->join_asked)
+            continue;
+        admission_verdict(srv, wc->fd, PSAGG_CTL_ERROR, PSAGG_EPEER, why);
+        close(wc->fd);
+        wc->fd = -1;
+        psagg_ctl_reader_reset(&wc->rd);
+        wc->state = W_DEAD;
+        wc->joining = 0;
+    }
+}
+
+/* The admitting barrier: once every member is in it, admit the joiners in one epoch. */
+static void admit_try(server *srv)
+{
+    psagg_ctl_membership *m;
+    uint32_t len = (uint32_t)(sizeof *m + (size_t)srv->n_workers), epoch;
+    uint8_t *live;
+    char who[200] = "";
+    size_t used = 0;
+    int n_join = 0;
+
+    for (int w = 0; w < srv->n_workers; w++)
+        if (server_member(srv, w) && !srv->workers[w].in_barrier)
+            return; /* not all members are in it yet */
+    if (atomic_load(&srv->job_failed))
+        return;
+    for (int w = 0; w < srv->n_workers; w++) {
+        worker_conn *wc = &srv->workers[w];
+        if (wc->joining && wc->join_asked && wc->fd >= 0 && wc->state == W_DECLARED) {
+            n_join++;
+            used += (size_t)snprintf(who + used, sizeof who - used, "%s%d", used ? "," : "", w);
+            if (used >= sizeof who)
+                used = sizeof who - 1;
+        }
+    }
+    if (!n_join) { /* the joiners left meanwhile: everyone passes */
+        barrier_release(srv, 0);
+        return;
+    }
+    if (!(m = calloc(1, len))) {
+        server_fail_job(srv, PSAGG_ENOMEM, "no memory for a membership epoch");
+        return;
+    }
+    epoch = atomic_load(&srv->epoch) + 1;
+    live = (uint8_t *)(m + 1);
+    for (int w = 0; w < srv->n_workers; w++) {
+        worker_conn *wc = &srv->workers[w];
+        if (wc->joining && wc->join_asked && wc->fd >= 0 && wc->state == W_DECLARED) {
+            wc->joining = 0;
+            wc->join_asked = 0;
+            wc->sync_seq = srv->admit_seq;
+            wc->heard_at = psagg_now_ms();
+            atomic_store(&srv->member[w], 1);
+            srv->n_members++;
+        }
+        live[w] = atomic_load(&srv->member[w]);
+    }
+    m->epoch = epoch;
+    m->n_workers = (uint32_t)srv->n_workers;
+    m->n_live = (uint32_t)srv->n_members;
+    m->left = -1;
+    snprintf(m->why, sizeof m->why, "worker%s %s joined", n_join > 1 ? "s" : "", who);
+    atomic_store(&srv->epoch, epoch);
+    keep_frame(srv, m, len);
+    LOG_WARN(&srv->log, "membership epoch %u: %s at barrier %u; %d workers now", epoch, m->why,
+             srv->admit_seq, srv->n_members);
+    metrics_membership(srv, epoch, srv->n_members);
+    for (int k = 0; k < srv->n_workers; k++) {
+        worker_conn *wc = &srv->workers[k];
+        if (!live[k] || wc->fd < 0)
+            continue;
+        if (psagg_ctl_send(wc->fd, PSAGG_CTL_MEMBERSHIP, m, len))
+            server_close_worker(srv, k, "sending membership epoch %u: %s", epoch,
+                                psagg_last_error());
+    }
+    free(m);
+    barrier_release(srv, (uint32_t)n_join);
+}
+
+void membership_join(server *srv, int w)
+{
+    worker_conn *wc = &srv->workers[w];
+    wc->join_asked = 1;
+    LOG_INFO(&srv->log,
+             "worker %d asks to join (declared on every server); admitted at the members' next "
+             "SYNC barrier",
+             w);
+    if (srv->admit_seq)
+        admit_try(srv); /* (a barrier open with other joiners admits it too) */
+}
+
+/* Whether a joiner waits for admission. */
+static int joiner_waiting(const server *srv)
+{
+    for (int w = 0; w < srv->n_workers; w++)
+        if (srv->workers[w].joining && srv->workers[w].join_asked && srv->workers[w].fd >= 0)
+            return 1;
+    return 0;
+}
+
+void membership_sync(server *srv, int w, const psagg_ctl_hdr *h, const void *body)
+{
+    worker_conn *wc = &srv->workers[w];
+    const psagg_ctl_sync *sy = body;
+    const psagg_ctl_tensor_state *ts = (const psagg_ctl_tensor_state *)(sy + 1);
+    uint32_t n = srv->layout.n_tensors;
+
+    if (h->len != sizeof *sy + (size_t)n * sizeof *ts || sy->n_tensors != n) {
+        server_close_worker(srv, w,
+                            "SYNC field n_tensors: a frame of %u bytes (the job has %u "
+                            "tensors)",
+                            h->len, n);
+        return;
+    }
+    if (sy->seq != wc->sync_seq + 1) {
+        server_close_worker(srv, w, "SYNC field seq is %u, after barrier %u", sy->seq,
+                            wc->sync_seq);
+        return;
+    }
+    for (uint32_t t = 0; t < n; t++)
+        if (ts[t].flags & ~PSAGG_TSTATE_INITED) {
+            server_close_worker(srv, w, "SYNC field flags of tensor %u is 0x%x", t, ts[t].flags);
+            return;
+        }
+    wc->sync_seq = sy->seq;
+    if (!srv->admit_seq) {
+        if ((int32_t)(sy->seq - srv->free_seq) <= 0 || !joiner_waiting(srv)) {
+            if ((int32_t)(sy->seq - srv->free_seq) > 0)
+                srv->free_seq = sy->seq;
+            sync_done(srv, w, sy->seq, 0); /* nobody to admit: pass at once */
+            return;
+        }
+        srv->admit_seq = sy->seq; /* a joiner waits: this barrier admits it */
+        srv->admit_since = psagg_now_ms();
+        srv->sync_state_from = -1;
+    } else if ((int32_t)(sy->seq - srv->admit_seq) < 0) {
+        sync_done(srv, w, sy->seq, 0); /* an earlier barrier, which let everyone pass */
+        return;
+    } else if (sy->seq != srv->admit_seq) {
+        server_close_worker(srv, w, "SYNC of barrier %u while barrier %u waits for it", sy->seq,
+                            srv->admit_seq);
+        return;
+    }
+    if (srv->sync_state_from < 0) {
+        psagg_ctl_tensor_state *copy = realloc(srv->sync_state, (size_t)n * sizeof *ts);
+        if (!copy && n) {
+            server_fail_job(srv, PSAGG_ENOMEM, "no memory for the SYNC barrier");
+            return;
+        }
+        srv->sync_state = copy;
+        memcpy(srv->sync_state, ts, (size_t)n * sizeof *ts);
+        srv->sync_state_from = w;
+    } else {
+        for (uint32_t t = 0; t < n; t++)
+            if (memcmp(&ts[t], &srv->sync_state[t], sizeof *ts)) {
+                server_fail_job(srv, PSAGG_EPROTO,
+                                "at barrier %u the workers disagree on tensor '%s': worker %d "
+                                "is at round %u (flags %u), worker %d at round %u (flags %u)",
+                                sy->seq, srv->layout.tensors[t].name, srv->sync_state_from,
+                                srv->sync_state[t].round, srv->sync_state[t].flags, w, ts[t].round,
+                                ts[t].flags);
+                return;
+            }
+    }
+    wc->in_barrier = 1;
+    admit_try(srv);
+}
+
+void membership_check_barrier(server *srv, int64_t now)
+{
+    char missing[128] = "", why[300];
+    size_t used = 0;
+    if (!srv->admit_seq ||
+        now - srv->admit_since <= PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms))
+        return;
+    for (int w = 0; w < srv->n_workers && used + 8 < sizeof missing; w++)
+        if (server_member(srv, w) && !srv->workers[w].in_barrier)
+            used +=
+                (size_t)snprintf(missing + used, sizeof missing - used, "%s%d", used ? "," : "", w);
+    snprintf(why, sizeof why,
+             "not admitted: members %s did not reach barrier %u (psagg_sync_membership) within "
+             "1.5 x op_timeout_ms=%d",
+             missing, srv->admit_seq, srv->cfg.op_timeout_ms);
+    LOG_WARN(&srv->log, "%s; the members that waited go on, the joiners are refused", why);
+    refuse_joiners(srv, why);
+    barrier_release(srv, 0);
 }

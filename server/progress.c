@@ -28,12 +28,58 @@ static const psagg_data_key *worker_key(const void *srv, int w)
     return &((const server *)srv)->workers[w].key;
 }
 
+/*
+ * A push whose sender is in a membership epoch this server has not applied yet (elastic: the
+ * MEMBERSHIP frame comes by another channel, relayed by a worker) waits here until it has:
+ * a joiner's push must count in its round, and a member's must not be summed with the old
+ * membership. Returns 1 when rb was parked. The progress thread's own list.
+ */
+static int park_early(server *srv, recv_buf *rb, int from)
+{
+    const psagg_msg_hdr *h = (const psagg_msg_hdr *)rb->rx.buf;
+    uint16_t ahead = (uint16_t)(h->epoch - (uint16_t)atomic_load(&srv->epoch));
+    if (!srv->elastic || ahead == 0 || ahead >= 0x8000)
+        return 0;
+    if (ahead > 16) { /* epochs are relayed at once: nobody is that far ahead of a server */
+        server_close_worker(srv, from, "push field epoch is %u, %u epochs ahead of this server's",
+                            h->epoch, ahead);
+        server_repost(srv, rb);
+        return 1;
+    }
+    rb->from = from;
+    rb->item.next = srv->parked ? &srv->parked->item : NULL;
+    srv->parked = rb;
+    return 1;
+}
+
+static void route_checked(server *srv, recv_buf *rb, int from);
+
+/* The epoch moved on: route the parked pushes again (in the order they came). */
+static void route_parked(server *srv)
+{
+    recv_buf *rb = srv->parked, *rev = NULL;
+    uint32_t epoch = atomic_load(&srv->epoch);
+    if (!rb || epoch == srv->parked_epoch)
+        return;
+    srv->parked_epoch = epoch;
+    srv->parked = NULL;
+    while (rb) { /* the list is newest first */
+        agg_item *next = rb->item.next;
+        rb->item.next = rev ? &rev->item : NULL;
+        rev = rb;
+        rb = next ? (recv_buf *)((char *)next - offsetof(recv_buf, item)) : NULL;
+    }
+    while (rev) {
+        agg_item *next = rev->item.next;
+        route_checked(srv, rev, rev->from);
+        rev = next ? (recv_buf *)((char *)next - offsetof(recv_buf, item)) : NULL;
+    }
+}
+
 /* Check a received push's source and fields; route it, or drop it and close its sender. */
 static void route_push(server *srv, recv_buf *rb, psagg_peer src)
 {
     const psagg_msg_hdr *h = (const psagg_msg_hdr *)rb->rx.buf;
-    const psagg_chunk_info *ci;
-    const char *bad;
     int from;
 
     /* who sent it comes first: a bad message is that sender's fault, and nobody else's */
@@ -43,15 +89,27 @@ static void route_push(server *srv, recv_buf *rb, psagg_peer src)
         server_repost(srv, rb);
         return;
     }
-    if (!server_member(srv, from)) { /* it left the job (elastic): nothing of it counts now */
-        LOG_DEBUG(&srv->log, "a push from worker %d, which left the job, dropped", from);
-        metrics_drop(srv);
-        server_repost(srv, rb);
-        return;
-    }
     if (rb->rx.len < sizeof *h) {
         server_close_worker(srv, from, "a %zu-byte push: shorter than the %zu-byte header",
                             rb->rx.len, sizeof *h);
+        server_repost(srv, rb);
+        return;
+    }
+    if (park_early(srv, rb, from))
+        return;
+    route_checked(srv, rb, from);
+}
+
+/* route_push's part after the source and the epoch. */
+static void route_checked(server *srv, recv_buf *rb, int from)
+{
+    const psagg_msg_hdr *h = (const psagg_msg_hdr *)rb->rx.buf;
+    const psagg_chunk_info *ci;
+    const char *bad;
+
+    if (!server_member(srv, from)) { /* it left the job (elastic): nothing of it counts now */
+        LOG_DEBUG(&srv->log, "a push from worker %d, which is no member, dropped", from);
+        metrics_drop(srv);
         server_repost(srv, rb);
         return;
     }
@@ -143,6 +201,7 @@ static void *progress_main(void *arg)
 
     while (atomic_load(&srv->running)) {
         int n, wait, full;
+        route_parked(srv);
         repost_queued(srv);
         full = send_queued(srv);
         /*

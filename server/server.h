@@ -62,6 +62,11 @@ typedef struct worker_conn {
     psagg_ctl_tensor *decl;
     char bad_reason[200]; /* set by data-path threads: close this peer (guarded by srv->mu) */
     int64_t heard_at;     /* when its last bytes came (liveness, runtime/channel.h) */
+    /* elastic joins (membership.c; the control thread's): */
+    int joining;       /* connected to a running job, not yet a member (its JOIN admits it) */
+    int join_asked;    /* server 0: its JOIN came (it is declared on every server) */
+    uint32_t sync_seq; /* server 0: the last barrier it sent SYNC for */
+    int in_barrier;    /* server 0: waiting in the admitting barrier */
 } worker_conn;
 
 /*
@@ -100,6 +105,7 @@ typedef struct recv_buf {
     psagg_rxbuf rx; /* first: the completion's context */
     agg_item item;
     psagg_msg_codec mc; /* the push's codec, as the progress thread checked it */
+    int from;           /* its sender, while it waits for its epoch (progress.c) */
 } recv_buf;
 
 /*
@@ -310,6 +316,8 @@ typedef struct server {
     atomic_int sendq_len;
     atomic_int progress_idle;           /* it may be asleep in psagg_fabric_poll: wake it */
     _Atomic(struct recv_buf *) repostq; /* receive buffers for it to post again (a stack) */
+    struct recv_buf *parked;            /* pushes of an epoch not applied yet (progress.c) */
+    uint32_t parked_epoch;              /* the epoch when they were last looked at */
     struct server_metrics *metrics;     /* metrics.c */
     psagg_optim optim;                  /* [server] optimizer (param.c) */
     struct ckpt_file *restore;          /* [server] resume: the checkpoint read at start-up */
@@ -327,6 +335,16 @@ typedef struct server {
     void *epoch_frame;    /* the MEMBERSHIP frame of that epoch (later copies must equal it) */
     uint32_t epoch_frame_len;
     int epoch_frame_from; /* the worker that relayed it (servers > 0) */
+    /* joins (server 0): the admitting barrier (seq, since when; 0: none open), the highest
+       barrier let pass at once, and the members' tensor states at it */
+    uint32_t admit_seq;
+    int64_t admit_since;
+    uint32_t free_seq;
+    psagg_ctl_tensor_state *sync_state;
+    int sync_state_from; /* the worker whose states were kept, or -1 */
+    /* the job's declaration (worker 0's at the start): a joiner's must equal it */
+    psagg_ctl_declare job_decl_hdr;
+    psagg_ctl_tensor *job_decl;
 } server;
 
 /*
@@ -390,6 +408,10 @@ psagg_status membership_init(server *srv);
 void membership_fini(server *srv);
 void membership_lost(server *srv, int w, const char *why);
 void membership_relayed(server *srv, int from, const psagg_ctl_hdr *h, const void *body);
+/* Joins (server 0): a member's SYNC, a joiner's JOIN; the barrier's deadline (control loop). */
+void membership_sync(server *srv, int w, const psagg_ctl_hdr *h, const void *body);
+void membership_join(server *srv, int w);
+void membership_check_barrier(server *srv, int64_t now);
 
 /* progress.c */
 psagg_status progress_start(server *srv);

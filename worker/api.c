@@ -290,6 +290,18 @@ static psagg_status param_op(psagg_ctx *ctx, uint32_t key, float *out, uint32_t 
     if (!handle)
         return psagg_fail(PSAGG_EINVAL, "handle is NULL");
     *handle = NULL;
+    if (kind == PSAGG_PARAM_INIT && ctx && ctx->declared && ctx->joiner && key < ctx->n_user) {
+        /* a joiner's parameter is the job's already: its INIT is the pull that the members
+           make after the barrier that admitted it (psagg_sync_membership) */
+        int inited;
+        pthread_mutex_lock(&ctx->mu);
+        inited = ctx->tensors[key].inited;
+        pthread_mutex_unlock(&ctx->mu);
+        if (inited) {
+            kind = PSAGG_PARAM_PULL;
+            flags = PSAGG_PARAM_SYNC;
+        }
+    }
     h = handle_new_param(ctx, key, out, kind, flags, &st);
     if (!h)
         return st;
@@ -589,9 +601,69 @@ psagg_status psagg_get_membership(const psagg_ctx *ctx, psagg_membership *out)
                               .epoch = ctx->epoch,
                               .rank = rank,
                               .size = ctx->n_live,
-                              .elastic = ctx->cfg.elastic};
+                              .elastic = ctx->cfg.elastic,
+                              .joined = (int)ctx->sync_joined,
+                              .joiner = ctx->joiner};
     pthread_mutex_unlock(&c->mu);
     return PSAGG_OK;
+}
+
+psagg_status psagg_sync_membership(psagg_ctx *ctx, psagg_membership *out)
+{
+    struct timespec until;
+    psagg_status st = PSAGG_OK;
+
+    psagg_clear_error();
+    if (!ctx || !ctx->declared)
+        return psagg_fail(PSAGG_EINVAL, "psagg_sync_membership: call psagg_declare first");
+    if (out && (st = worker_struct_size("psagg_membership", out->struct_size, sizeof *out)))
+        return psagg_fail_context(st, "psagg_sync_membership: ");
+    if (!ctx->cfg.elastic)
+        return out ? psagg_get_membership(ctx, out) : PSAGG_OK;
+    /* the members' barrier waits for the slowest member's step: give it the op deadline */
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += PSAGG_OP_DEADLINE_MS(ctx->cfg.op_timeout_ms) / 1000;
+    pthread_mutex_lock(&ctx->mu);
+    if (ctx->failed) {
+        st = psagg_fail(ctx->failed_status, "%s", ctx->failed_msg);
+        goto out;
+    }
+    if (ctx->sync_state) {
+        st = psagg_fail(PSAGG_EINVAL, "psagg_sync_membership: another thread is in it");
+        goto out;
+    }
+    for (uint32_t t = 0; t < ctx->layout.n_tensors; t++)
+        if (ctx->tensors[t].op) {
+            st = psagg_fail(PSAGG_EINVAL,
+                            "psagg_sync_membership: tensor '%s' has an operation in flight; call "
+                            "it between steps",
+                            ctx->layout.tensors[t].name);
+            goto out;
+        }
+    ctx->sync_state = 1;
+    if (atomic_load(&ctx->comm_idle))
+        psagg_fabric_wake(ctx->fab);
+    while (ctx->sync_state && !ctx->failed)
+        if (pthread_cond_timedwait(&ctx->cv, &ctx->mu, &until) == ETIMEDOUT)
+            break;
+    if (ctx->failed) {
+        st = psagg_fail(ctx->failed_status, "%s", ctx->failed_msg);
+    } else if (ctx->sync_state) { /* the barrier is lost for this worker: so is the job */
+        char msg[200];
+        snprintf(msg, sizeof msg,
+                 "psagg_sync_membership: server 0 did not let this worker pass barrier %u "
+                 "within 2 x op_timeout_ms=%d",
+                 ctx->sync_seq + 1, ctx->cfg.op_timeout_ms);
+        ctx->sync_state = 0;
+        pthread_mutex_unlock(&ctx->mu);
+        worker_fail_all(ctx, PSAGG_ETIMEDOUT, "%s", msg);
+        return psagg_fail(PSAGG_ETIMEDOUT, "%s", msg);
+    }
+out:
+    pthread_mutex_unlock(&ctx->mu);
+    if (!st && out)
+        st = psagg_get_membership(ctx, out);
+    return st;
 }
 
 int psagg_rank(const psagg_ctx *ctx)

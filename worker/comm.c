@@ -489,6 +489,63 @@ static void checkpoint_done(psagg_ctx *ctx, int s, psagg_ctl_error *e)
     pthread_mutex_unlock(&ctx->mu);
 }
 
+/* psagg_sync_membership asked: send server 0 a SYNC with every tensor's state. */
+static void sync_send(psagg_ctx *ctx)
+{
+    uint32_t n = ctx->layout.n_tensors, seq;
+    size_t len = sizeof(psagg_ctl_sync) + (size_t)n * sizeof(psagg_ctl_tensor_state);
+    psagg_ctl_sync *sy;
+    psagg_ctl_tensor_state *ts;
+    psagg_status st;
+
+    pthread_mutex_lock(&ctx->mu);
+    if (ctx->sync_state != 1) {
+        pthread_mutex_unlock(&ctx->mu);
+        return;
+    }
+    ctx->sync_state = 2;
+    seq = ctx->sync_seq + 1;
+    if (!(sy = calloc(1, len))) {
+        pthread_mutex_unlock(&ctx->mu);
+        worker_fail_all(ctx, PSAGG_ENOMEM, "no memory for a SYNC");
+        return;
+    }
+    ts = (psagg_ctl_tensor_state *)(sy + 1);
+    sy->seq = seq;
+    sy->n_tensors = n;
+    for (uint32_t t = 0; t < n; t++)
+        ts[t] = (psagg_ctl_tensor_state){.round = ctx->tensors[t].round,
+                                         .flags = ctx->tensors[t].inited ? PSAGG_TSTATE_INITED : 0};
+    pthread_mutex_unlock(&ctx->mu);
+    st = ctx->servers[0].fd < 0
+             ? psagg_fail(PSAGG_EPEER, "not connected")
+             : psagg_ctl_send(ctx->servers[0].fd, PSAGG_CTL_SYNC, sy, (uint32_t)len);
+    free(sy);
+    if (st)
+        worker_fail_all(ctx, PSAGG_EPEER, "sending server 0 the SYNC of barrier %u: %s", seq,
+                        psagg_last_error());
+}
+
+/* Server 0 let this worker pass barrier seq (having admitted `joined` workers). */
+static void sync_done(psagg_ctx *ctx, const psagg_ctl_hdr *h, const psagg_ctl_sync_done *d)
+{
+    pthread_mutex_lock(&ctx->mu);
+    if (ctx->sync_state != 2 || d->seq != ctx->sync_seq + 1 ||
+        h->len != sizeof *d + (size_t)d->n_tensors * sizeof(psagg_ctl_tensor_state)) {
+        int state = ctx->sync_state;
+        pthread_mutex_unlock(&ctx->mu);
+        worker_fail_all(ctx, PSAGG_EPROTO,
+                        "server 0 sent SYNC_DONE of barrier %u (%u bytes) while this worker %s",
+                        d->seq, h->len, state == 2 ? "waited in another barrier" : "was in none");
+        return;
+    }
+    ctx->sync_seq = d->seq;
+    ctx->sync_joined = d->joined;
+    ctx->sync_state = 0;
+    pthread_cond_broadcast(&ctx->cv);
+    pthread_mutex_unlock(&ctx->mu);
+}
+
 /*
  * Server 0 started a membership epoch (elastic jobs; runtime/wire.h): check it, take it, and
  * relay the frame unchanged to every other server, which applies it (server/membership.c).
@@ -511,8 +568,8 @@ static void membership_from_server0(psagg_ctx *ctx, const psagg_ctl_hdr *h, cons
         n_live += live[k] == 1;
         rank += k < ctx->rank && live[k] == 1;
     }
-    if (m->epoch != ctx->epoch + 1 || (uint32_t)n_live != m->n_live ||
-        memchr(m->why, 0, sizeof m->why) == NULL) {
+    if (m->epoch != ctx->epoch + 1 || (uint32_t)n_live != m->n_live || m->left < -1 ||
+        m->left >= ctx->world || memchr(m->why, 0, sizeof m->why) == NULL) {
         worker_fail_all(ctx, PSAGG_EPROTO,
                         "server 0 sent membership epoch %u (fields epoch, n_live) after epoch %u",
                         m->epoch, ctx->epoch);
@@ -529,10 +586,14 @@ static void membership_from_server0(psagg_ctx *ctx, const psagg_ctl_hdr *h, cons
     ctx->n_live = n_live;
     memcpy(ctx->live, live, (size_t)ctx->world);
     pthread_mutex_unlock(&ctx->mu);
-    LOG_WARN(&ctx->log,
-             "membership epoch %u: worker %d left (%s); %d workers go on, this one is rank %d of "
-             "them",
-             m->epoch, m->left, m->why, n_live, rank);
+    if (m->left >= 0)
+        LOG_WARN(&ctx->log,
+                 "membership epoch %u: worker %d left (%s); %d workers go on, this one is rank "
+                 "%d of them",
+                 m->epoch, m->left, m->why, n_live, rank);
+    else
+        LOG_WARN(&ctx->log, "membership epoch %u: %s; %d workers now, this one is rank %d",
+                 m->epoch, m->why, n_live, rank);
     for (int s = 1; s < ctx->cfg.n_servers; s++)
         if (ctx->servers[s].fd >= 0 &&
             psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_MEMBERSHIP, body, h->len)) {
@@ -589,6 +650,12 @@ static void check_control(comm_state *cs, int64_t now)
         }
         if (!st && h.type == PSAGG_CTL_MEMBERSHIP && s == 0 && ctx->cfg.elastic) {
             membership_from_server0(ctx, &h, body);
+            free(body);
+            continue;
+        }
+        if (!st && h.type == PSAGG_CTL_SYNC_DONE && s == 0 && ctx->cfg.elastic &&
+            h.len >= sizeof(psagg_ctl_sync_done)) {
+            sync_done(ctx, &h, body);
             free(body);
             continue;
         }
@@ -738,6 +805,7 @@ static void *comm_main(void *arg)
         take_queue(&cs);
         drop_if_failed(&cs);
         checkpoint_send(ctx);
+        sync_send(ctx);
         waiting = schedule(&cs);
         /*
          * Sleep in the completion wait: completions and updates end it, and so does a new

@@ -7,6 +7,7 @@
  * and wait for every server's READY. psagg_init and psagg_declare (api.c) call it, on the
  * caller's thread, before the communication thread exists.
  */
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,10 +110,15 @@ static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const ch
                             "%s says it is server %u of %u; this worker's config lists it as "
                             "server %d of %d",
                             peer, w->server_rank, w->n_servers, s, ctx->cfg.n_servers);
-        else if (w->flags != hello.flags)
+        else if ((w->flags & ~PSAGG_WELCOME_JOINING) != hello.flags)
             st = psagg_fail(PSAGG_ECONFIG, "%s has data_auth %s, this worker %s", peer,
                             w->flags & PSAGG_HELLO_DATA_AUTH ? "on" : "off",
                             hello.flags ? "on" : "off");
+        else if (s > 0 && !!(w->flags & PSAGG_WELCOME_JOINING) != ctx->joiner)
+            st = psagg_fail(PSAGG_EPROTO,
+                            "%s says the job %s, server 0 that it %s: try again in a moment", peer,
+                            w->flags & PSAGG_WELCOME_JOINING ? "runs" : "is starting",
+                            ctx->joiner ? "runs" : "is starting");
         else if (strncmp(w->provider, hello.provider, PSAGG_PROVIDER_MAX - 1))
             st = psagg_fail(PSAGG_ECONFIG,
                             "%s opened fabric provider '%.31s', this worker '%.31s': every "
@@ -140,8 +146,15 @@ static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const ch
             psagg_fail_context(st, "%s: ", peer);
         else
             psagg_data_key_make(&ctx->job_key, ctx->cfg.job_id, w->nonce, &ctx->servers[s].key);
-        if (!st && s == 0)
+        if (!st && s == 0) {
             ctx->optim = w->optim;
+            ctx->joiner = !!(w->flags & PSAGG_WELCOME_JOINING);
+            if (ctx->joiner)
+                LOG_WARN(&ctx->log,
+                         "the job is running: worker %d joins it (admitted at the members' next "
+                         "barrier)",
+                         ctx->rank);
+        }
         if (!st && ctx->cfg.local_copy)
             local_copy_setup(ctx, s, w, peer);
     }
@@ -196,6 +209,133 @@ psagg_status handshake_hello(psagg_ctx *ctx, int64_t deadline)
     for (int s = 0; s < ctx->cfg.n_servers; s++)
         if ((st = hello_server(ctx, s, deadline)))
             return st;
+    return PSAGG_OK;
+}
+
+/*
+ * A joiner's MEMBERSHIP from server 0 (its admission): the epoch it starts in, which must have
+ * it live; relayed unchanged to the other servers, as every worker relays every epoch.
+ */
+static psagg_status join_membership(psagg_ctx *ctx, const psagg_ctl_hdr *h, const void *body)
+{
+    const psagg_ctl_membership *m = body;
+    const uint8_t *live = (const uint8_t *)(m + 1);
+    int n_live = 0;
+
+    if (h->len != sizeof *m + (size_t)ctx->world || m->n_workers != (uint32_t)ctx->world)
+        return psagg_fail(PSAGG_EPROTO,
+                          "server 0 sent a MEMBERSHIP frame of %u bytes (field n_workers): this "
+                          "job has %d workers",
+                          h->len, ctx->world);
+    for (int k = 0; k < ctx->world; k++)
+        n_live += live[k] == 1;
+    if ((uint32_t)n_live != m->n_live || live[ctx->rank] != 1 || m->left != -1 ||
+        memchr(m->why, 0, sizeof m->why) == NULL)
+        return psagg_fail(PSAGG_EPROTO,
+                          "server 0 sent membership epoch %u (fields n_live, left, live[%d]) to "
+                          "a worker waiting to join",
+                          m->epoch, ctx->rank);
+    pthread_mutex_lock(&ctx->mu);
+    ctx->epoch = m->epoch;
+    ctx->n_live = n_live;
+    memcpy(ctx->live, live, (size_t)ctx->world);
+    pthread_mutex_unlock(&ctx->mu);
+    for (int s = 1; s < ctx->cfg.n_servers; s++) {
+        psagg_status st = psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_MEMBERSHIP, body, h->len);
+        if (st)
+            return psagg_fail_context(st, "relaying membership epoch %u to server %d: ", m->epoch,
+                                      s);
+    }
+    return PSAGG_OK;
+}
+
+/* A joiner's SYNC_DONE (after its MEMBERSHIP): the members' tensor states, where it starts. */
+static psagg_status join_states(psagg_ctx *ctx, const psagg_ctl_hdr *h, const void *body)
+{
+    const psagg_ctl_sync_done *d = body;
+    const psagg_ctl_tensor_state *ts = (const psagg_ctl_tensor_state *)(d + 1);
+    uint32_t n = ctx->layout.n_tensors;
+
+    if (h->len < sizeof *d || d->n_tensors != n || h->len != sizeof *d + (size_t)n * sizeof *ts ||
+        d->joined == 0 || d->epoch != ctx->epoch)
+        return psagg_fail(PSAGG_EPROTO,
+                          "server 0 admitted this worker with a SYNC_DONE of %u bytes (fields "
+                          "n_tensors, joined, epoch; %u tensors, membership epoch %u here)",
+                          h->len, n, ctx->epoch);
+    pthread_mutex_lock(&ctx->mu);
+    for (uint32_t t = 0; t < n; t++) {
+        ctx->tensors[t].round = ts[t].round;
+        ctx->tensors[t].inited = !!(ts[t].flags & PSAGG_TSTATE_INITED);
+    }
+    ctx->sync_seq = d->seq;
+    ctx->sync_joined = d->joined;
+    pthread_mutex_unlock(&ctx->mu);
+    return PSAGG_OK;
+}
+
+/*
+ * A joiner, declared on every server: ask server 0 to admit it and wait for the members' next
+ * barrier, PINGing the servers meanwhile (they give up a silent worker); then its MEMBERSHIP
+ * (relayed) and SYNC_DONE (the rounds where it starts). Up to 2 x op_timeout_ms: the members
+ * call psagg_sync_membership between steps (psagg.torch's elastic wrappers do every step).
+ */
+static psagg_status join_wait(psagg_ctx *ctx)
+{
+    int op = ctx->cfg.op_timeout_ms, admitted = 0;
+    int64_t t0 = psagg_now_ms(), deadline = t0 + PSAGG_OP_DEADLINE_MS(op), next_ping = 0;
+    psagg_status st;
+
+    if ((st = psagg_ctl_send(ctx->servers[0].fd, PSAGG_CTL_JOIN, NULL, 0)))
+        return psagg_fail_context(st, "asking server 0 to join: ");
+    while (!admitted) {
+        int64_t now = psagg_now_ms();
+        if (now > deadline)
+            return psagg_fail(PSAGG_ETIMEDOUT,
+                              "worker %d was not admitted to the running job within 2 x "
+                              "op_timeout_ms=%d: its members did not reach a barrier "
+                              "(psagg_sync_membership; psagg.torch's elastic wrappers call it "
+                              "every step)",
+                              ctx->rank, op);
+        if (now >= next_ping) {
+            for (int s = 0; s < ctx->cfg.n_servers; s++)
+                if (psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_PING, NULL, 0))
+                    return psagg_fail_context(PSAGG_EPEER, "server %d: ", s);
+            next_ping = now + psagg_ping_interval_ms(op);
+        }
+        for (int s = 0; s < ctx->cfg.n_servers && !admitted; s++) {
+            struct pollfd p = {.fd = ctx->servers[s].fd, .events = POLLIN};
+            psagg_ctl_hdr h;
+            void *body = NULL;
+            const char *text;
+            char peer[96];
+            if (poll(&p, 1, s == 0 ? 50 : 0) <= 0)
+                continue;
+            snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
+                     ctx->cfg.servers[s].port);
+            if ((st = psagg_ctl_recv(p.fd, &h, &body, psagg_now_ms() + 2000, peer)))
+                return st;
+            if (h.type == PSAGG_CTL_PING && h.len == 0)
+                st = PSAGG_OK;
+            else if (s == 0 && h.type == PSAGG_CTL_MEMBERSHIP)
+                st = join_membership(ctx, &h, body);
+            else if (s == 0 && h.type == PSAGG_CTL_SYNC_DONE && ctx->epoch > 0) {
+                st = join_states(ctx, &h, body);
+                admitted = !st;
+            } else if ((st = psagg_ctl_error_parse(&h, body, &text)))
+                psagg_fail(st, "%s refused worker %d's join: %s", peer, ctx->rank, text);
+            else
+                st = psagg_fail(PSAGG_EPROTO, "%s sent control frame type %u to a joining worker",
+                                peer, h.type);
+            free(body);
+            if (st)
+                return st;
+        }
+    }
+    for (int s = 0; s < ctx->cfg.n_servers; s++)
+        ctx->servers[s].heard_at = psagg_now_ms();
+    LOG_WARN(&ctx->log,
+             "worker %d joined the running job in membership epoch %u (%d workers) after %.2f s",
+             ctx->rank, ctx->epoch, ctx->n_live, (double)(psagg_now_ms() - t0) / 1e3);
     return PSAGG_OK;
 }
 
@@ -263,5 +403,5 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg_ctl_declare *d, size_t byte
         return psagg_fail(verdict, "%s", verdict_msg);
     if (other)
         return psagg_fail(other, "%s", other_msg);
-    return PSAGG_OK;
+    return ctx->joiner ? join_wait(ctx) : PSAGG_OK;
 }

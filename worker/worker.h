@@ -187,6 +187,14 @@ struct psagg_ctx {
     uint32_t epoch;
     int n_live;
     uint8_t *live; /* world entries */
+    /* joins (elastic): this worker joined the running job (its WELCOMEs said so; its
+       psagg_param_init pulls the servers' weights); psagg_sync_membership's barrier (guarded
+       by mu): 1 asked (the comm thread sends SYNC), 2 sent; 0 idle; the barriers passed, and
+       the workers the last one admitted */
+    int joiner;
+    int sync_state;
+    uint32_t sync_seq;
+    uint32_t sync_joined;
 
     /* the device side (device.c), created by the first psagg_push_pull_cuda, on devexec
        (device.h; NULL: CUDA's) */

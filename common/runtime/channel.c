@@ -200,7 +200,7 @@ psagg_status psagg_ctl_hdr_check(const psagg_ctl_hdr *hdr, uint32_t max_len, con
     if (hdr->version != PSAGG_PROTO_VERSION)
         return psagg_fail(PSAGG_EPROTO, "%s: protocol version %u, this build speaks %u", peer,
                           hdr->version, PSAGG_PROTO_VERSION);
-    if (hdr->type < PSAGG_CTL_HELLO || hdr->type > PSAGG_CTL_MEMBERSHIP)
+    if (hdr->type < PSAGG_CTL_HELLO || hdr->type > PSAGG_CTL_JOIN)
         return psagg_fail(PSAGG_EPROTO, "%s: control frame field type %u unknown", peer, hdr->type);
     if (hdr->len > max_len)
         return psagg_fail(PSAGG_EPROTO, "%s: control frame field len %u exceeds %u", peer, hdr->len,

@@ -32,8 +32,22 @@
  *   6. worker -> server  BYE      (no body): clean shutdown; the server exits when all are gone
  *      server -> worker  ABORT    psagg_ctl_error: another peer failed; pending work fails
  *   any time after READY, an elastic job ([cluster] elastic):
- *      server 0 -> worker MEMBERSHIP psagg_ctl_membership + live[]: a worker left (below);
+ *      server 0 -> worker MEMBERSHIP psagg_ctl_membership + live[]: a worker left or workers
+ *                                 joined (below);
  *      worker -> server s > 0     the same frame, relayed unchanged
+ *      worker -> server 0 SYNC    psagg_ctl_sync + n_tensors x psagg_ctl_tensor_state: this
+ *                                 worker is between steps (no operation in flight); barrier
+ *                                 `seq` (psagg_sync_membership, psagg.h)
+ *      server 0 -> worker SYNC_DONE psagg_ctl_sync_done + n_tensors x psagg_ctl_tensor_state:
+ *                                 barrier `seq` passed; when it admitted joiners (joined > 0)
+ *                                 every member waited in it and got the new epoch's
+ *                                 MEMBERSHIP first; the states are the members' (a joiner
+ *                                 starts each tensor at that round)
+ *   joining a running elastic job (its WELCOMEs say PSAGG_WELCOME_JOINING; the rank must be
+ *   one that left the job): HELLO, WELCOME and DECLARE to every server as above (READY once
+ *   the declaration equals the job's), then
+ *      worker -> server 0 JOIN    (no body); server 0 admits it at the members' next SYNC
+ *                                 barrier: MEMBERSHIP (an epoch with it live), then SYNC_DONE
  *   any time after READY, a job with [server] optimizer:
  *      worker -> server  CHECKPOINT (no body): write this server's optimizer state now
  *      server -> worker  CHECKPOINT_DONE psagg_ctl_error: status 0 and the file written, or
@@ -124,7 +138,7 @@
  * 10: elastic membership: MEMBERSHIP frames; data headers carry the epoch and, in updates, the
  *     workers summed
  */
-#define PSAGG_PROTO_VERSION 10
+#define PSAGG_PROTO_VERSION 11
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64
@@ -147,6 +161,9 @@ enum psagg_ctl_type {
     PSAGG_CTL_CHECKPOINT_DONE = 10,
     PSAGG_CTL_CHALLENGE = 11,
     PSAGG_CTL_MEMBERSHIP = 12,
+    PSAGG_CTL_SYNC = 13,      /* worker -> server 0: psagg_ctl_sync (elastic: the join barrier) */
+    PSAGG_CTL_SYNC_DONE = 14, /* server 0 -> worker: psagg_ctl_sync_done + tensor states */
+    PSAGG_CTL_JOIN = 15,      /* joiner -> server 0 (no body): declared everywhere, admit me */
 };
 
 typedef struct psagg_ctl_hdr {
@@ -172,6 +189,8 @@ _Static_assert(sizeof(psagg_ctl_challenge) == 16, "psagg_ctl_challenge layout");
 
 /* psagg_ctl_hello.flags / psagg_ctl_welcome.flags */
 #define PSAGG_HELLO_DATA_AUTH 1u /* data messages carry a MAC ([cluster] data_auth) */
+/* WELCOME only: the job is running (elastic): this worker joins it (DECLARE, JOIN, SYNC_DONE) */
+#define PSAGG_WELCOME_JOINING 0x100u
 
 typedef struct psagg_ctl_hello {
     char job_id[PSAGG_JOB_ID_MAX]; /* NUL-terminated */
@@ -279,10 +298,32 @@ typedef struct psagg_ctl_membership {
     uint32_t epoch;
     uint32_t n_workers; /* entries of live[] after this struct: the job's worker ranks */
     uint32_t n_live;    /* members of this epoch */
-    int32_t left;       /* the worker this epoch removed */
-    char why[240];      /* why it left (NUL-terminated) */
+    int32_t left;       /* the worker this epoch removed, or -1: the new live ones joined */
+    char why[240];      /* why it left, or who joined (NUL-terminated) */
 } psagg_ctl_membership;
 _Static_assert(sizeof(psagg_ctl_membership) == 256, "psagg_ctl_membership layout");
+
+/* One tensor's state at a SYNC barrier: the round of its next operation, and flags. */
+#define PSAGG_TSTATE_INITED 1u /* a parameter whose psagg_param_init completed */
+typedef struct psagg_ctl_tensor_state {
+    uint32_t round;
+    uint32_t flags; /* PSAGG_TSTATE_* */
+} psagg_ctl_tensor_state;
+_Static_assert(sizeof(psagg_ctl_tensor_state) == 8, "psagg_ctl_tensor_state layout");
+
+typedef struct psagg_ctl_sync {
+    uint32_t seq;       /* the worker's barrier count: 1 for its first psagg_sync_membership */
+    uint32_t n_tensors; /* states that follow: every declared tensor */
+} psagg_ctl_sync;
+_Static_assert(sizeof(psagg_ctl_sync) == 8, "psagg_ctl_sync layout");
+
+typedef struct psagg_ctl_sync_done {
+    uint32_t seq;       /* the barrier passed */
+    uint32_t epoch;     /* the membership epoch after it */
+    uint32_t joined;    /* workers it admitted */
+    uint32_t n_tensors; /* states that follow (the members'), 0 when joined is 0 */
+} psagg_ctl_sync_done;
+_Static_assert(sizeof(psagg_ctl_sync_done) == 16, "psagg_ctl_sync_done layout");
 
 enum psagg_msg_type {
     PSAGG_MSG_PUSH = 1,

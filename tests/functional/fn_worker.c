@@ -21,6 +21,13 @@
  * already, without it (each chunk summed one or the other; an AVERAGE divides by the number
  * it summed); a round started after the epoch changed must be the sum without R. They print
  * "ELASTIC ..." with the epoch seen, the first round started after it and the longest round.
+ * Joins: with --sync every worker calls psagg_sync_membership after each round (and sleeps
+ * --round-sleep-ms), and with --rejoin the dead rank comes back: a worker started with that
+ * rank while the job runs joins it (psagg_declare returns once it is admitted) and starts at
+ * the tensors' round; from the round after a barrier that readmitted it (and on the joiner
+ * from its first round) every element must be the exact sum of all the workers. The end
+ * expects membership epoch 2 of all the workers, and every worker prints "TAIL <hex>", the
+ * digest of the last 10 rounds, which the harness compares across all of them.
  */
 #include <getopt.h>
 #include <math.h>
@@ -137,12 +144,17 @@ int main(int argc, char **argv)
                                          {"elastic-dead", required_argument, NULL, 'E'},
                                          {"average", no_argument, NULL, 'a'},
                                          {"cuda", no_argument, NULL, 'g'},
+                                         {"sync", no_argument, NULL, 'y'},
+                                         {"round-sleep-ms", required_argument, NULL, 'Z'},
+                                         {"rejoin", no_argument, NULL, 'J'},
                                          {NULL, 0, NULL, 0}};
     char sizes_text[512] = "1,1023,4096";
     const char *codec_text = "fp32", *expect_text = NULL;
     int rounds = 10, n_random = 0, expect = 0, mismatch_rank = -1, die_rank = -1, die_round = -1;
     uint64_t random_max = 5000;
     int average = 0, cuda = 0, elastic_dead = -1, after_round = -1;
+    int sync = 0, round_sleep_ms = 0, rejoin = 0, full_from = -1, first_round = 0;
+    uint64_t tail = 0xCBF29CE484222325ull;
     const char *die_mode = "exit";
     double longest_round = 0;
     float **d_in = NULL, **d_out = NULL;
@@ -205,6 +217,15 @@ int main(int argc, char **argv)
             break;
         case 'g':
             cuda = 1;
+            break;
+        case 'y':
+            sync = 1;
+            break;
+        case 'Z':
+            round_sleep_ms = atoi(optarg);
+            break;
+        case 'J':
+            rejoin = 1;
             break;
         default:
             return 2;
@@ -271,6 +292,20 @@ int main(int argc, char **argv)
     if (st)
         goto failed;
     if (elastic_dead >= 0) { /* every worker is in (READY): the harness may kill one now */
+        psagg_membership m = {.struct_size = sizeof m};
+        if ((st = psagg_get_membership(ctx, &m)))
+            goto failed;
+        if (m.joiner) { /* it joined the running job: at the tensors' round, every worker in */
+            uint32_t r0;
+            if ((st = psagg_tensor_round(ctx, 0, &r0)))
+                goto failed;
+            first_round = (int)r0;
+            full_from = first_round;
+            after_round = first_round;
+            die_rank = -1;
+            printf("fn_worker %d: joined at round %d, membership epoch %u, %d workers\n", rank,
+                   first_round, m.epoch, m.size);
+        }
         printf("fn_worker %d: the job runs\n", rank);
         fflush(stdout);
     }
@@ -296,7 +331,7 @@ int main(int argc, char **argv)
             }
     }
 #endif
-    for (int r = 0; r < rounds; r++) {
+    for (int r = first_round; r < rounds; r++) {
         psagg_handle **h = mem.h;
         double worst = 0;
         if (rank == die_rank && r == die_round && stall_seconds > 0) {
@@ -408,7 +443,17 @@ int main(int argc, char **argv)
                                                                       (average ? 1.0 / world : 1.0);
                     double e_without = fabs((double)out[t][i] - without);
                     double e_with = fabs((double)out[t][i] - with);
-                    if (!(e_without <= bound) && (after_round >= 0 || !(e_with <= bound))) {
+                    if (full_from >= 0 && r >= full_from) { /* readmitted: all of them */
+                        if (!(e_with <= bound)) {
+                            fprintf(stderr,
+                                    "FAIL worker %d round %d tensor %d element %llu: got %.9g, "
+                                    "expected %.9g, the sum of every worker (worker %d had "
+                                    "rejoined)\n",
+                                    rank, r, t, (unsigned long long)i, out[t][i], with,
+                                    elastic_dead);
+                            return 1;
+                        }
+                    } else if (!(e_without <= bound) && (after_round >= 0 || !(e_with <= bound))) {
                         fprintf(stderr,
                                 "FAIL worker %d round %d tensor %d element %llu: got %.9g, "
                                 "expected %.9g without worker %d%s%.9g with it\n",
@@ -418,6 +463,17 @@ int main(int argc, char **argv)
                     }
                 }
                 digest = fnv(digest, out[t], count[t] * sizeof(float));
+                if (r >= rounds - 10)
+                    tail = fnv(tail, out[t], count[t] * sizeof(float));
+            }
+            if (sync) {
+                psagg_membership m = {.struct_size = sizeof m};
+                if (round_sleep_ms)
+                    usleep((useconds_t)round_sleep_ms * 1000);
+                if ((st = psagg_sync_membership(ctx, &m)))
+                    goto failed;
+                if (m.joined && full_from < 0 && m.size == world)
+                    full_from = r + 1;
             }
             continue;
         }
@@ -484,12 +540,12 @@ int main(int argc, char **argv)
         if (s.time.queued_ns != time_sum[0] || s.time.encode_ns != time_sum[1] ||
             s.time.send_ns != time_sum[2] || s.time.wait_ns != time_sum[3] ||
             s.time.decode_ns != time_sum[4] || s.time.total_ns != time_sum[5] ||
-            s.push_pulls != (uint64_t)rounds * (uint64_t)n) {
+            s.push_pulls != (uint64_t)(rounds - first_round) * (uint64_t)n) {
             fprintf(stderr,
                     "FAIL worker %d: psagg_get_stats: %llu push_pulls, total %llu ns; the "
                     "handles: %llu, %llu ns\n",
                     rank, (unsigned long long)s.push_pulls, (unsigned long long)s.time.total_ns,
-                    (unsigned long long)rounds * (unsigned long long)n,
+                    (unsigned long long)(rounds - first_round) * (unsigned long long)n,
                     (unsigned long long)time_sum[5]);
             return 1;
         }
@@ -512,11 +568,20 @@ int main(int argc, char **argv)
         printf("ELASTIC worker %d epoch %u rank %d size %d first-round-after %d longest-round-ms "
                "%.0f\n",
                rank, m.epoch, m.rank, m.size, after_round, longest_round * 1e3);
-        if (m.epoch != 1 || m.size != world - 1 || after_round < 0) {
+        if (!rejoin && (m.epoch != 1 || m.size != world - 1 || after_round < 0)) {
             fprintf(stderr, "FAIL worker %d: worker %d did not leave the job as expected\n", rank,
                     elastic_dead);
             return 1;
         }
+        if (rejoin && (m.epoch != 2 || m.size != world || full_from < 0)) {
+            fprintf(stderr,
+                    "FAIL worker %d: worker %d did not leave and rejoin the job as expected "
+                    "(epoch %u, %d workers, all summed from round %d)\n",
+                    rank, elastic_dead, m.epoch, m.size, full_from);
+            return 1;
+        }
+        if (rejoin)
+            printf("TAIL %016llx rejoined-from-round %d\n", (unsigned long long)tail, full_from);
     }
     printf("DIGEST %016llx\n", (unsigned long long)digest);
     (void)d_in, (void)d_out;

@@ -25,6 +25,12 @@
 #               itself") and the two others finish without it
 #   rogue_skip  the rogue relays a MEMBERSHIP frame of epoch 5 to server 1 (at epoch 0): the
 #               job fails naming the skipped epoch, on every worker
+#   rejoin      every worker calls psagg_sync_membership after each of 100 rounds (30 ms
+#               apart); worker 2 is killed at round 15 and started again: it joins at the
+#               members' next barrier (epoch 2), and from then on every element is the exact
+#               sum of all four; the last 10 rounds' digests are identical on all four. A
+#               second joiner with the rank of a live worker, and one with another
+#               declaration, are refused by name while the job goes on.
 
 # Bounds: kill/exit/midpush/afterpush rounds complete within 2 s of the death (detection is
 # the closed connection); stop within 3 PING intervals + 2 s.
@@ -46,7 +52,7 @@ kill | midpush | afterpush | exit | stop) mode=$case ;;
 average) extra=(--average) ;;
 maxmin4) codec=maxmin4 server_extra="error_feedback = on" ;;
 below_min) min=4 ;;
-rogue_server0 | rogue_skip) ;;
+rogue_server0 | rogue_skip | rejoin) ;;
 *) fail "unknown case '$case'" ;;
 esac
 bound_ms=2000
@@ -116,6 +122,49 @@ for s in 0 1; do
     spid[$s]=$!
     pids+=($!)
 done
+if [ "$case" = rejoin ]; then
+    args=(--codec fp32 --sizes 1,1023,4096,50000,7000 --rounds 100 --sync --round-sleep-ms 30)
+    for r in 0 1 2 3; do
+        if ((r == 2)); then
+            PSAGG_RANK=$r setsid "$worker_bin" "${args[@]}" --die-rank 2 --die-round 15 --die-mode kill \
+                >"$tmp/worker$r.log" 2>&1 &
+        else
+            PSAGG_RANK=$r setsid "$worker_bin" "${args[@]}" --elastic-dead 2 --rejoin >"$tmp/worker$r.log" 2>&1 &
+        fi
+        wpid[$r]=$!
+        pids+=($!)
+    done
+    wait_for "${wpid[2]}" 30
+    sed "s/^/[worker 2, first] /" "$tmp/worker2.log"
+    # a joiner may not take a live worker's rank
+    PSAGG_RANK=1 "$worker_bin" "${args[@]}" --expect EPROTO --expect-text "is a live member" \
+        >"$tmp/thief.log" 2>&1 || { cat "$tmp/thief.log"; fail "a joiner with live rank 1 was not refused"; }
+    # nor join with another declaration (the same rank that left: refused by name, no harm)
+    PSAGG_RANK=2 "$worker_bin" --codec fp32 --sizes 1,1023,4096,50001,7000 --rounds 100 --sync \
+        --expect EMISMATCH --expect-text "tensor 3 is 't003' (50001 elements" >"$tmp/mismatch.log" 2>&1 ||
+        { cat "$tmp/mismatch.log"; fail "a joiner with another declaration was not refused"; }
+    PSAGG_RANK=2 setsid "$worker_bin" "${args[@]}" --elastic-dead 2 --rejoin >"$tmp/worker2.log" 2>&1 &
+    wpid[2]=$!
+    pids+=($!)
+    for r in 0 1 2 3; do
+        wait_for "${wpid[$r]}" 60
+        rc=$?
+        sed "s/^/[worker $r] /" "$tmp/worker$r.log"
+        ((rc == 0)) || fail "worker $r exited $rc"
+    done
+    for s in 0 1; do
+        wait_for "${spid[$s]}" 20
+        rc=$?
+        sed "s/^/[server $s] /" "$tmp/server$s.log"
+        ((rc == 0)) || fail "server $s exited $rc, expected 0"
+        grep -q "membership epoch 2" "$tmp/server$s.log" || fail "server $s did not log membership epoch 2"
+    done
+    tails=$(grep -h '^TAIL' "$tmp"/worker[0-3].log | awk '{print $2}' | sort -u | wc -l)
+    n=$(grep -h '^TAIL' "$tmp"/worker[0-3].log | wc -l)
+    ((n == 4 && tails == 1)) || fail "the last rounds' digests of the 4 workers differ ($n lines, $tails distinct)"
+    say "passed: worker 2 rejoined at round $(sed -n 's/.*joined at round \([0-9]*\).*/\1/p' "$tmp/worker2.log"); all four bit-identical after"
+    exit 0
+fi
 args=(--codec "$codec" --sizes 1,1023,4096,50000,7000 --rounds 60 "${extra[@]}")
 for r in 0 1 2 3; do
     if ((r == 2)); then

@@ -94,6 +94,8 @@ int main(void)
     FIELD(psagg_membership, rank);
     FIELD(psagg_membership, size);
     FIELD(psagg_membership, elastic);
+    FIELD(psagg_membership, joined);
+    FIELD(psagg_membership, joiner);
     STRUCT_END();
     STRUCT(psagg_assignment);
     FIELD(psagg_assignment, struct_size);

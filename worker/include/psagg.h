@@ -202,7 +202,9 @@ PSAGG_API psagg_status psagg_handle_codec(psagg_handle *handle, psagg_codec *cod
  * weights it trains with. Every call below is collective: every worker makes it, for the same
  * tensor, in the same order (the servers fail the job, naming the workers, when they differ).
  *
- * psagg_param_init: the tensor's first operation. Worker 0's `weights` (count floats) become
+ * psagg_param_init: the tensor's first operation (on a worker that joined a running job: a
+ * PULL with sync of the servers' weights, matched by the members' psagg_pull_weights; see
+ * psagg_sync_membership). Worker 0's `weights` (count floats) become
  * the servers' master weights, unless the servers resumed from a checkpoint ([server] resume),
  * whose weights win; on completion `weights` holds them on every worker (a broadcast, as DDP
  * does at construction), and psagg_tensor_round says which step the tensor is at.
@@ -289,8 +291,29 @@ typedef struct psagg_membership {
     int rank;           /* this worker's rank among the live workers, 0..size-1 */
     int size;           /* the live workers */
     int elastic;        /* 1 if the job is elastic */
+    int joined;         /* workers the last barrier admitted (this one's admission included) */
+    int joiner;         /* 1 if this worker joined the running job */
 } psagg_membership;
 PSAGG_API psagg_status psagg_get_membership(const psagg_ctx *ctx, psagg_membership *out);
+
+/*
+ * Joins ([cluster] elastic): a worker started with the rank of one that left (the launchers'
+ * --restarts) joins the running job. Its psagg_init and psagg_declare are as at the start (the
+ * same tensors, checked); psagg_declare returns once server 0 has admitted it, at the
+ * members' next barrier, with every tensor at the members' round; its error-feedback
+ * residuals start at zero.
+ *
+ * psagg_sync_membership: the barrier where joiners are admitted (torchft's per-step quorum).
+ * Every member calls it at the same points, between steps, with no operation in flight
+ * (PSAGG_EINVAL otherwise); when nobody waits to join it returns at once (one round trip to
+ * server 0), else once every member is in it. `out` (may be NULL) is the membership after it:
+ * out->joined > 0 says that workers were admitted, and then every worker, the joiners
+ * included, takes the model state from where it lives: with the optimizer on the servers,
+ * every member calls psagg_pull_weights(sync = 1) on every parameter and each joiner
+ * psagg_param_init (which pulls them too: the weights are bit-identical everywhere after).
+ * In a job that is not elastic it returns at once.
+ */
+PSAGG_API psagg_status psagg_sync_membership(psagg_ctx *ctx, psagg_membership *out);
 /* [codec] min_compress_elems: tensors declared with PSAGG_CODEC_DEFAULT and fewer elements go
  * fp32. Bindings that pick codecs per tensor apply the same rule. */
 PSAGG_API uint64_t psagg_min_compress_elems(const psagg_ctx *ctx);

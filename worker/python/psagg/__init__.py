@@ -114,7 +114,13 @@ class _ServerOptim(ctypes.Structure):
 
 class _Membership(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("epoch", ctypes.c_uint32),
-                ("rank", ctypes.c_int), ("size", ctypes.c_int), ("elastic", ctypes.c_int)]
+                ("rank", ctypes.c_int), ("size", ctypes.c_int), ("elastic", ctypes.c_int),
+                ("joined", ctypes.c_int), ("joiner", ctypes.c_int)]
+
+
+def _membership_dict(m):
+    return {"epoch": m.epoch, "rank": m.rank, "size": m.size, "elastic": bool(m.elastic),
+            "joined": m.joined, "joiner": bool(m.joiner)}
 
 
 class _Assignment(ctypes.Structure):
@@ -141,6 +147,7 @@ _SIGNATURES = {
     "psagg_get_stats": (_I, [_P, ctypes.POINTER(_Stats)]),
     "psagg_get_server_optim": (_I, [_P, ctypes.POINTER(_ServerOptim)]),
     "psagg_get_membership": (_I, [_P, ctypes.POINTER(_Membership)]),
+    "psagg_sync_membership": (_I, [_P, ctypes.POINTER(_Membership)]),
     "psagg_handle_timing": (_I, [_P, ctypes.POINTER(_Timing)]),
     "psagg_handle_codec": (_I, [_P, ctypes.POINTER(_Codec), ctypes.POINTER(_U32)]),
     "psagg_get_assignment": (_I, [_P, _U32, ctypes.POINTER(_Assignment)]),
@@ -379,7 +386,17 @@ class Context:
         m = _Membership(struct_size=ctypes.sizeof(_Membership))
         _check(library().psagg_get_membership(self._raw(), ctypes.byref(m)),
                "psagg_get_membership")
-        return {"epoch": m.epoch, "rank": m.rank, "size": m.size, "elastic": bool(m.elastic)}
+        return _membership_dict(m)
+
+    def sync_membership(self):
+        """psagg_sync_membership: the members' barrier where workers that wait to join an
+        elastic job are admitted; call it between steps, with nothing in flight, at the same
+        point on every worker. Returns membership() after it; "joined" > 0 says workers were
+        admitted (then every worker pulls the model state: psagg.torch does)."""
+        m = _Membership(struct_size=ctypes.sizeof(_Membership))
+        _check(library().psagg_sync_membership(self._raw(), ctypes.byref(m)),
+               "psagg_sync_membership")
+        return _membership_dict(m)
 
     def server_optimizer(self):
         """psagg_get_server_optim as a dict: kind ("none", "sgd", "adam", "adamw"), momentum,
