@@ -360,7 +360,7 @@ static void serve_worker(server *srv, int w)
         if (psagg_ctl_send_error(wc->fd, PSAGG_CTL_CHECKPOINT_DONE, st, m))
             drop_worker(srv, w, PSAGG_EPEER, psagg_last_error());
     } else if (h.type == PSAGG_CTL_MEMBERSHIP && wc->state == W_DECLARED && srv->job_running &&
-               server_member(srv, w)) {
+               (server_member(srv, w) || wc->joining)) { /* (a joiner relays its admission) */
         membership_relayed(srv, w, &h, body);
     } else if (h.type == PSAGG_CTL_SYNC && wc->state == W_DECLARED && srv->job_running &&
                srv->elastic && srv->rank == 0 && server_member(srv, w)) {

@@ -800,7 +800,7 @@ static void *comm_main(void *arg)
         return NULL;
     }
     while (atomic_load(&ctx->running)) {
-        int waiting, n;
+        int waiting, n, syncing;
         int64_t now;
         take_queue(&cs);
         drop_if_failed(&cs);
@@ -816,11 +816,12 @@ static void *comm_main(void *arg)
         atomic_store(&ctx->comm_idle, 1);
         pthread_mutex_lock(&ctx->mu);
         n = ctx->queue != NULL;
+        syncing = ctx->sync_state != 0; /* its answer comes on server 0's control channel */
         pthread_mutex_unlock(&ctx->mu);
         n = psagg_fabric_poll(ctx->fab, ev, 64,
-                              n                                     ? 0
-                              : waiting == 2 || any_completing(&cs) ? 1
-                                                                    : 10);
+                              n                                                ? 0
+                              : waiting == 2 || syncing || any_completing(&cs) ? 1
+                                                                               : 10);
         atomic_store(&ctx->comm_idle, 0);
         if (n < 0) {
             worker_fail_all(ctx, PSAGG_EFABRIC, "completion queue: %s", psagg_last_error());
@@ -865,7 +866,7 @@ static void *comm_main(void *arg)
         if (!drop_if_failed(&cs))
             poll_completing(&cs);
         now = psagg_now_ms();
-        if (now >= cs.next_ctl_check) {
+        if (now >= cs.next_ctl_check || syncing) {
             check_control(&cs, now);
             if (!drop_if_failed(&cs))
                 check_deadlines(&cs);

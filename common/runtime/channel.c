@@ -123,11 +123,11 @@ psagg_status psagg_tcp_local_addr(int fd, char *buf, size_t len)
  * room: control frames are small and rare, so a peer that does not read them for that long
  * is not reading at all.
  */
-static psagg_status write_all(int fd, const void *buf, size_t len)
+static psagg_status write_all(int fd, const void *buf, size_t len, int more)
 {
     const char *p = buf;
     while (len) {
-        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL | (more ? MSG_MORE : 0));
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
@@ -147,9 +147,11 @@ static psagg_status write_all(int fd, const void *buf, size_t len)
 psagg_status psagg_ctl_send(int fd, uint16_t type, const void *body, uint32_t len)
 {
     psagg_ctl_hdr h = {PSAGG_CTL_MAGIC, type, PSAGG_PROTO_VERSION, len};
-    psagg_status st = write_all(fd, &h, sizeof h);
+    /* one segment: the header waits for its body (MSG_MORE), so that Nagle's algorithm and
+       the peer's delayed ACK never hold a frame's second half back (40 ms) */
+    psagg_status st = write_all(fd, &h, sizeof h, len > 0);
     if (!st && len)
-        st = write_all(fd, body, len);
+        st = write_all(fd, body, len, 0);
     return st;
 }
 

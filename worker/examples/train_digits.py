@@ -31,8 +31,13 @@ Elastic jobs ([cluster] elastic = on; not with DDP, whose process group cannot s
 --comm psagg-opt, psagg-server or --diloco, a worker that dies leaves the job and the others go
 on; each re-shards the training images by its rank among the live workers when the membership
 changes (psagg.torch.membership_changes). --die-at T --die-rank R: chaos, rank R SIGKILLs
-itself before step T. Every rank prints "STEPTIME median_ms=... max_ms=... max_at=..." of the
-steps after the first 5 (the longest is the one a death interrupted).
+itself before step T; --chaos K kills K times, at steps and ranks drawn from --seed. Under
+`psagg-local --restarts N` a killed worker is started again and joins the running job: the
+optimizer wrappers admit it at the end of a step (psagg_sync_membership), it starts from the
+state the job has (ServerOptimizer, DiLoCo: the servers' weights; DistributedOptimizer: the
+lowest old member's weights and optimizer state, through psagg) at the members' step, and
+every worker re-shards. Every rank prints "STEPTIME median_ms=... max_ms=... max_at=..." of
+its steps after its first 5 (the longest is the one a death interrupted) and "JOINED" lines.
 
 Without sklearn (e.g. a GPU image's PyTorch), $PSAGG_DIGITS names sklearn's digits.csv.gz
 (deploy/install-deps.sh --bundle puts a copy in the bundle).
@@ -127,12 +132,16 @@ def main():
     ap.add_argument("--die-at", type=int, default=-1, metavar="STEP",
                     help="chaos: rank --die-rank SIGKILLs itself before this step")
     ap.add_argument("--die-rank", type=int, default=-1)
+    ap.add_argument("--chaos", type=int, default=0, metavar="K",
+                    help="chaos: K SIGKILLs at steps and ranks drawn from --seed (between 10%% "
+                    "and 90%% of --steps; run under psagg-local --restarts K)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where the model and the gradients live (cuda: cuda:LOCAL_RANK modulo "
                     "the number of GPUs)")
     args = ap.parse_args()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    started = time.time()
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
     xtr, ytr, xte, yte = load_digits()
@@ -159,8 +168,10 @@ def main():
         import psagg.torch as pt
         pt.init()
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-        opt = pt.DistributedOptimizer(opt, model.named_parameters(), codec=args.codec)
-        pt.broadcast_parameters(model, root=0)
+        opt = pt.DistributedOptimizer(opt, model.named_parameters(), codec=args.codec,
+                                      model=model)
+        if not pt.membership()["joiner"]:  # (a joiner took the members' state already)
+            pt.broadcast_parameters(model, root=0)
         net = model
     elif args.comm == "psagg-server":
         import psagg.torch as pt
@@ -182,10 +193,25 @@ def main():
     losses, step_ms = [], []
     t0 = None
     changes = pt.membership_changes() if args.comm not in ("gloo", "psagg") else None
-    for step in range(args.steps):
-        if step == 5:
+    start = 0  # a worker that joined the running job starts at the members' step
+    if changes is not None and pt.membership()["joiner"]:
+        start = diloco.start_step if diloco is not None else opt.start_step
+        g.manual_seed(args.seed * 1000 + rank + 7919 * int(os.environ.get("PSAGG_RESTART", 0)))
+        print("JOINED rank %d at step %d (restart %s) after %.2f s" %
+              (rank, start, os.environ.get("PSAGG_RESTART", "?"), time.time() - started),
+              flush=True)
+    kills = set()
+    if args.chaos:  # (step, rank) pairs, the same on every worker
+        cg = torch.Generator().manual_seed(args.seed + 4242)
+        lo, hi = args.steps // 10, args.steps * 9 // 10
+        for _ in range(args.chaos):
+            kills.add((int(torch.randint(lo, hi, (1,), generator=cg)),
+                       int(torch.randint(0, world, (1,), generator=cg))))
+    for step in range(start, args.steps):
+        if len(step_ms) == 5:
             t0 = time.perf_counter()  # after warm-up (DDP rebuilds its buckets after step 1)
-        if step == args.die_at and rank == args.die_rank:
+        if (step == args.die_at and rank == args.die_rank) or \
+                (step > start and (step, rank) in kills):
             print("rank %d: SIGKILL to itself before step %d" % (rank, step), flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         m = next(changes) if changes is not None else None
@@ -207,7 +233,7 @@ def main():
             print("step %d loss %.4f" % (step, loss.item()), flush=True)
     if diloco is not None:
         diloco.finish()
-    ms = (time.perf_counter() - t0) * 1000.0 / max(1, args.steps - 5)
+    ms = (time.perf_counter() - t0) * 1000.0 / max(1, len(step_ms) - 5) if t0 else 0.0
 
     with torch.no_grad():
         acc = (model(xte).argmax(1) == yte).float().mean().item()

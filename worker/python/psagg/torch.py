@@ -180,6 +180,56 @@ class _Session:
             self.bcast_key = keys[-1]
             self.params = params
 
+    # ---- elastic joins ----
+    def elastic(self):
+        return self.ctx.membership()["elastic"]
+
+    def sync_membership(self):
+        """The members' barrier between steps (psagg_sync_membership): the membership after
+        it; "joined" > 0 when workers were admitted (then the caller hands them the state)."""
+        return self.ctx.sync_membership()
+
+    def old_member_root(self, joiner):
+        """The lowest rank that was a member before the last admission, agreed by every
+        worker through one SUM of the broadcast key (a joiner pushes 0, a member 1)."""
+        n = self.ctx.world_size
+        if n > self.bcast_elems:
+            raise _p.Error(-1, "%d workers: more than the broadcast key holds" % n, "psagg.torch")
+        buf = torch.zeros(self.bcast_elems, dtype=torch.float32)
+        if not joiner:
+            buf[self.ctx.rank] = 1.0
+        _Op(self, self.bcast_key, buf, _p.SUM, 0).finish()
+        live = (buf[:n] > 0).nonzero()
+        if live.numel() == 0:
+            raise _p.Error(-1, "no member is left to give a joiner the state", "psagg.torch")
+        return int(live[0])
+
+    def broadcast_bytes(self, data, root):
+        """root's bytes on every worker (3 bytes per fp32 element of the broadcast key: exact,
+        as integers below 2^24); the others pass None."""
+        mine = self.ctx.rank == root
+        n = torch.zeros(self.bcast_elems, dtype=torch.float32)
+        if mine:
+            size = len(data)
+            n[0], n[1] = float(size & 0xFFFFFF), float(size >> 24)
+        _Op(self, self.bcast_key, n, _p.SUM, 0).finish()
+        size = int(n[0]) | (int(n[1]) << 24)
+        words = (size + 2) // 3
+        out = bytearray()
+        for at in range(0, words, self.bcast_elems):
+            k = min(self.bcast_elems, words - at)
+            buf = torch.zeros(self.bcast_elems, dtype=torch.float32)
+            if mine:
+                chunk = data[at * 3:(at + k) * 3]
+                chunk = chunk + bytes(3 * k - len(chunk))
+                b = torch.frombuffer(bytearray(chunk), dtype=torch.uint8).view(k, 3).int()
+                buf[:k] = (b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)).float()
+            _Op(self, self.bcast_key, buf, _p.SUM, 0).finish()
+            v = buf[:k].int()
+            out += torch.stack([v & 0xFF, (v >> 8) & 0xFF, (v >> 16) & 0xFF], 1) \
+                .to(torch.uint8).numpy().tobytes()
+        return bytes(out[:size])
+
     def key_of(self, p):
         k = self.keys.get(id(p))
         if k is None:
@@ -406,9 +456,10 @@ def _zero_grad(base, set_to_none):
 # ---- Horovod-style optimizer ----
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, codec, error_feedback,
-                 backward_passes_per_step, op):
+                 backward_passes_per_step, op, model):
         super(self.__class__, self).__init__(params)
         self._psagg = session()
+        self._psagg_elastic = self._psagg.elastic()
         named = _named_params(self, named_parameters, "DistributedOptimizer")
         self._psagg.declare(named, codec, error_feedback)
         self._psagg_params = [p for group in self.param_groups for p in group["params"]
@@ -418,6 +469,30 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._psagg_every = int(backward_passes_per_step)
         self._psagg_op = op
         self._psagg_hooks = _hook_gradients(self._psagg_params, self._psagg_make_hook)
+        self._psagg_model = model
+        self.start_step = self._psagg.ctx.tensor_round(self._psagg.key_of(self._psagg_params[0]))
+        m = self._psagg.ctx.membership()
+        if m["joiner"]:  # a joiner: the members hand it their state at the barrier that let it in
+            self._psagg_take_state(joiner=True)
+
+    def _psagg_take_state(self, joiner):
+        """After a barrier that admitted workers: every worker takes the lowest old member's
+        parameters (and the model's buffers, with model=) and optimizer state, through psagg."""
+        sess = self._psagg
+        root = sess.old_member_root(joiner)
+        broadcast_parameters(list(self._psagg_model.parameters()) +
+                             list(self._psagg_model.buffers())
+                             if self._psagg_model is not None else self._psagg_params, root)
+        data = None
+        if sess.ctx.rank == root:
+            import io
+            f = io.BytesIO()
+            torch.save(super(self.__class__, self).state_dict(), f)
+            data = f.getvalue()
+        data = sess.broadcast_bytes(data, root)
+        if sess.ctx.rank != root:
+            import io
+            super(self.__class__, self).load_state_dict(torch.load(io.BytesIO(data)))
 
     def _psagg_make_hook(self, p):
         def hook(*_):
@@ -451,7 +526,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure=None):
         self.synchronize()
-        return super(self.__class__, self).step(closure)
+        loss = super(self.__class__, self).step(closure)
+        if self._psagg_elastic and self._psagg.sync_membership()["joined"]:
+            self._psagg_take_state(joiner=False)
+        return loss
 
     def zero_grad(self, set_to_none=None):
         if self._psagg_ops:
@@ -461,14 +539,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, codec=None, error_feedback=None,
-                         backward_passes_per_step=1, op=_p.AVERAGE):
+                         backward_passes_per_step=1, op=_p.AVERAGE, model=None):
     """Wrap a torch optimizer, Horovod style: each parameter's push_pull starts from its
     gradient hook as soon as the gradient is ready; step() waits for all, then steps. The
-    result is an instance of the optimizer's own class (LR schedulers accept it)."""
+    result is an instance of the optimizer's own class (LR schedulers accept it).
+
+    Elastic jobs: step() ends with the members' barrier (psagg_sync_membership); when it
+    admitted workers, every worker takes the lowest old member's parameters, optimizer state
+    (its state_dict) and, with model=, the model's buffers (BatchNorm statistics), through
+    psagg's broadcast key; a joiner does the same in this constructor. start_step: the step
+    the job is at (a joiner's is the members')."""
     base = optimizer.__class__
     cls = type(base.__name__, (base,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, codec, error_feedback,
-               backward_passes_per_step, op)
+               backward_passes_per_step, op, model)
 
 
 # ---- the server-side optimizer ([server] optimizer) ----
@@ -529,6 +613,7 @@ class ServerOptimizer(torch.optim.Optimizer):
         self._psagg_op = op
         self._psagg_ops = {}
         self._psagg_ddp = False
+        self._psagg_elastic = self._psagg.elastic()
         self._psagg_params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
         ctx = self._psagg.ctx
         with torch.no_grad():
@@ -578,6 +663,8 @@ class ServerOptimizer(torch.optim.Optimizer):
         err = _finish_all(ops.values())
         if err is not None:
             raise err
+        if self._psagg_elastic and self._psagg.sync_membership()["joined"]:
+            self.pull_weights(sync=True)  # the joiners' psagg_param_init pulls with us
         return loss
 
     def zero_grad(self, set_to_none=None):
@@ -728,7 +815,18 @@ class DiLoCo:
             for (_, p), a in zip(named, self._anchors):
                 p.copy_(a)
         self._frag = diloco_fragments([a.numel() for a in self._anchors], P)
+        self._elastic = self._psagg.elastic()
         self.start_step = ctx.tensor_round(self._psagg.key_of(self._anchors[0])) * H
+        if ctx.membership()["joiner"]:
+            # a joiner starts at the inner step of the members' barrier: the last fragment
+            # sync (fragment f's j-th at offset(f) + j*H) plus its delay
+            last = 0
+            for f in range(P):
+                i = self._frag.index(f)
+                r = ctx.tensor_round(self._psagg.key_of(self._anchors[i]))
+                if r:
+                    last = max(last, self._offset(f) + r * H + tau)
+            self.start_step = last
         self.step_count = self.start_step
         self._pending = []  # (apply at step, fragment, ops)
         self._samples = [0.0] * P  # per fragment: samples since its last sync (step(samples))
@@ -800,6 +898,22 @@ class DiLoCo:
         self._pending = [x for x in self._pending if x[0] > t]
         for _, f, ops in due:
             self._apply(f, ops)
+        if due and not self._pending and self._elastic:
+            self._barrier()
+
+    def _barrier(self):
+        """Elastic jobs, after an outer sync with nothing in flight: the members' barrier; when
+        it admitted workers, every worker takes the servers' global weights (a joiner did in
+        its constructor) and its model starts from them."""
+        if not self._psagg.sync_membership()["joined"]:
+            return
+        ctx = self._psagg.ctx
+        with torch.no_grad():
+            for h in [ctx.pull_weights(self._psagg.key_of(a), a.data_ptr(), True, keep=a)
+                      for a in self._anchors]:
+                h.wait()
+            for (_, p), a in zip(self._named, self._anchors):
+                p.copy_(a)
 
     def finish(self):
         """Apply every sync still in flight (at the end of training)."""
