@@ -136,6 +136,10 @@ class Job:
         on (the servers drop it); only a server's failure stops everything."""
         self.a, self.procs, self.rsh, self.how = a, procs, rsh, how
         self.elastic, self.left = elastic, 0
+        self.restarted = 0  # workers started again (--restarts)
+        if getattr(a, "restarts", 0) and not elastic:
+            die("--restarts %d: a restarted worker joins the running job, which needs "
+                "[cluster] elastic = on (without it the first failure stops the job)" % a.restarts)
         self.events = queue.Queue()  # ("exit", proc) | ("signal", name, code) | ("timeout",)
         self.out_lock = threading.Lock()
 
@@ -182,6 +186,17 @@ class Job:
         """A process ended: (workers left, failure or None); failure = (code, why, proc)."""
         if pr.role == "worker":
             workers_left -= 1
+            servers_up = all(p.p and p.p.poll() is None for p in self.procs if p.role == "server")
+            if pr.rc != 0 and self.elastic and self.restarted < getattr(self.a, "restarts", 0) \
+                    and workers_left > 0 and servers_up:
+                # started again on its host with its rank: it joins the running job
+                self.restarted += 1
+                log("%s failed: %s; starting it again (restart %d of %d): it joins the running "
+                    "job" % (pr.label, describe(pr.rc), self.restarted, self.a.restarts))
+                pr.env = dict(pr.env, PSAGG_RESTART=str(self.restarted))
+                pr.rc = None
+                self.start(pr)
+                return workers_left + 1, None
             if pr.rc != 0 and self.elastic:
                 log("%s failed: %s; the elastic job goes on without it" % (pr.label,
                                                                            describe(pr.rc)))
@@ -217,20 +232,25 @@ class Job:
                 failure = (ev[2], "got SIG%s" % ev[1], None)
             elif ev[0] == "exit":
                 workers_left, failure = self.on_exit(ev[1], workers_left)
-            if failure and failure[2] is not None and failure[2].role == "server":
-                # a server's exit is mostly the echo of a worker's death a moment earlier:
-                # let the ssh sessions that end at the same time report, and name the worker
+            if failure and failure[2] is not None:
+                # the first exit to reach us is often the echo of a death a moment earlier (a
+                # server's, or another worker's that the servers' ABORT stopped, over a faster
+                # ssh session): let the sessions that end at the same time report, and name
+                # the worker a signal killed, else a worker rather than a server
+                def rank(f):
+                    pr = f[2]
+                    killed = pr.rc is not None and (pr.rc < 0 or pr.rc >= 128)
+                    return 0 if pr.role == "worker" and killed else 1 if pr.role == "worker" else 2
                 settle = time.monotonic() + 0.5
-                while time.monotonic() < settle:
+                while time.monotonic() < settle and rank(failure) > 0:
                     try:
                         ev = self.events.get(timeout=max(0.01, settle - time.monotonic()))
                     except queue.Empty:
                         break
                     if ev[0] == "exit":
                         workers_left, other = self.on_exit(ev[1], workers_left)
-                        if other and other[2].role == "worker":
+                        if other and other[2] is not None and rank(other) < rank(failure):
                             failure = other
-                            break
         if failure:
             log(failure[1] + "; stopping everything")
         elif self.left == len(self.procs) - n_servers:
@@ -274,6 +294,9 @@ def add_common_args(ap):
     ap.add_argument("--grace", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=0)
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--restarts", type=int, default=0,
+                    help="elastic jobs: start a failed worker again on its host (it joins the "
+                    "running job), up to N restarts in all (torchrun's --max-restarts)")
 
 
 def parse_args(ap, doc):

@@ -149,8 +149,9 @@ static void local_copy_offer(server *srv, int rank, const psagg_ctl_hello *hello
 }
 
 /*
- * Authenticate a HELLO and register its worker: 0, or -1 with the refusal in msg. Until the
- * token checks out the refusal says nothing about this job (not its id, not its size).
+ * Authenticate a HELLO and register its worker: 0, or -1 with the refusal in msg (-2: a
+ * joiner that may try again in a moment). Until the token checks out the refusal says
+ * nothing about this job (not its id, not its size).
  */
 static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hello *hello, char *msg,
                         size_t len)
@@ -204,6 +205,13 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
         return -1;
     }
     if (srv->job_running) { /* an elastic job (else nobody listens): a join (membership.c) */
+        if (server_member(srv, rank) && wc->state == W_DEAD && wc->fd < 0) {
+            snprintf(msg, len,
+                     "server %d: worker rank %d is leaving the job (server 0's membership epoch "
+                     "without it has not reached this server yet): try again",
+                     srv->rank, rank);
+            return -2; /* (PSAGG_EAGAIN: the worker says HELLO again in a moment) */
+        }
         if (server_member(srv, rank)) {
             snprintf(msg, len,
                      "server %d: worker rank %d is a live member of the running job: a joiner "
@@ -288,6 +296,7 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
 /* A pending connection is readable: read what it sent; a whole HELLO decides its fate. */
 static void serve_pending(server *srv, pending_conn *p)
 {
+    int r;
     psagg_status st = psagg_ctl_reader_feed(&p->rd, p->fd, p->peer);
     psagg_ctl_hdr h;
     void *body;
@@ -308,14 +317,15 @@ static void serve_pending(server *srv, pending_conn *p)
         snprintf(msg, sizeof msg, "server %d: expected HELLO of %zu bytes, got type %u len %u",
                  srv->rank, sizeof(psagg_ctl_hello), h.type, h.len);
         st = PSAGG_EPROTO;
-    } else if (accept_hello(srv, p, body, msg, sizeof msg) == 0) {
+    } else if ((r = accept_hello(srv, p, body, msg, sizeof msg)) == 0) {
         p->fd = -1; /* it is a worker's connection now */
         free(body);
         return;
     } else {
-        st = PSAGG_EPROTO;
+        st = r == -2 ? PSAGG_EAGAIN : PSAGG_EPROTO;
     }
-    LOG_WARN(&srv->log, "refused a %s: %s", p->peer, msg);
+    /* (a flood of refused HELLOs, e.g. joins with a wrong secret, is one record a second) */
+    psagg_lograte_note(&srv->refused_hello, &srv->log, 1000, "refused a %s: %s", p->peer, msg);
     admission_verdict(srv, p->fd, PSAGG_CTL_ERROR, st, msg);
     pending_close(p);
     free(body);
@@ -352,6 +362,7 @@ void admission_close_all(server *srv)
             srv->refused_idle++;
         }
     report_refused(srv, psagg_now_ms(), 1);
+    psagg_lograte_flush(&srv->refused_hello, &srv->log);
 }
 
 /* The pending-connection table, all slots free; no start-up deadline yet. */

@@ -281,13 +281,14 @@ typedef struct server {
     int n_workers;
     worker_conn *workers;
     int *rank_at; /* n_workers entries: the worker whose fabric address is this index, or -1 */
-    pending_conn *pending;     /* PENDING_MAX slots (admission.c); fd < 0 when free */
-    uint64_t refused_idle;     /* unauthenticated connections closed for time or room */
-    int64_t refused_logged_at; /* when they were last reported */
-    int64_t next_ping;         /* when the workers get their next PING (control.c) */
-    int64_t startup_deadline;  /* -1 until the first authenticated HELLO */
-    uint64_t budget;           /* bytes a job's chunks may take ([server] memory_budget_mb) */
-    pthread_mutex_t mu;        /* guards workers[].bad_reason, job_error and job_status */
+    pending_conn *pending;       /* PENDING_MAX slots (admission.c); fd < 0 when free */
+    uint64_t refused_idle;       /* unauthenticated connections closed for time or room */
+    int64_t refused_logged_at;   /* when they were last reported */
+    psagg_lograte refused_hello; /* refused HELLOs (a flood of them: one record a second) */
+    int64_t next_ping;           /* when the workers get their next PING (control.c) */
+    int64_t startup_deadline;    /* -1 until the first authenticated HELLO */
+    uint64_t budget;             /* bytes a job's chunks may take ([server] memory_budget_mb) */
+    pthread_mutex_t mu;          /* guards workers[].bad_reason, job_error and job_status */
     char job_error[256];
     psagg_status job_status;
     atomic_int job_failed;

@@ -165,7 +165,8 @@ static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const ch
 /*
  * HELLO server s and read its WELCOME. A server closes a connection it has no room for
  * (while it is flooded with others) without a word: then connect and say HELLO again, until
- * the start-up deadline. A refusal (an ERROR frame) is final.
+ * the start-up deadline; so does a joiner told EAGAIN (its rank is still leaving there).
+ * Any other refusal (an ERROR frame) is final.
  */
 static psagg_status hello_server(psagg_ctx *ctx, int s, int64_t deadline)
 {
@@ -175,10 +176,11 @@ static psagg_status hello_server(psagg_ctx *ctx, int s, int64_t deadline)
              ctx->cfg.servers[s].port);
     for (;;) {
         st = hello_once(ctx, s, deadline, peer);
-        if (st != PSAGG_EPEER || psagg_now_ms() + 100 >= deadline)
+        if ((st != PSAGG_EPEER && st != PSAGG_EAGAIN) || psagg_now_ms() + 100 >= deadline)
             return st;
-        LOG_INFO(&ctx->log, "%s closed the connection before answering HELLO (%s); again", peer,
-                 psagg_last_error());
+        /* EAGAIN: a joiner whose rank is still leaving at that server (its next epoch) */
+        LOG_INFO(&ctx->log, "%s: %s; again", peer,
+                 st == PSAGG_EAGAIN ? psagg_last_error() : "closed before answering HELLO");
         close(ctx->servers[s].fd);
         ctx->servers[s].fd = -1;
         usleep(100 * 1000);

@@ -57,6 +57,15 @@
  *                                of epoch 5 to server 1, which must fail the job ("an epoch was
  *                                skipped"), or to server 0, which must close this worker ("decides
  *                                the membership itself") and go on without it
+ *   --mode join-flood --count N [--seconds S]
+ *                                in a running elastic job with a secret, as worker `rank` (a
+ *                                rank that left): first a HELLO made with the job's secret for
+ *                                one connection's CHALLENGE, sent on a second connection (a
+ *                                replay of that joiner's HELLO), then N HELLOs whose token was
+ *                                made with a wrong secret, each on a connection of its own, at
+ *                                most S seconds in all; every one must be refused: prints
+ *                                ROGUE-FLOOD: refused/sent and the first refusals, exits 0 when
+ *                                all were refused, 1 when any was welcomed
  *   --mode bomb --count N [--chunk-elems C]
  *                                authenticate, then declare one fp32 tensor of N elements in
  *                                chunks of C (default: the config's); print the server's
@@ -616,6 +625,98 @@ static int relay(int listen_port, int to_port, const char *record)
     return 0;
 }
 
+/*
+ * One HELLO as worker `rank` at server 0, its token from `key` for the CHALLENGE of connection
+ * `made_for` (or of its own connection when made_for < 0). Returns 1 when refused (msg: why),
+ * 0 when welcomed.
+ */
+static int join_try(psagg_fabric *fab, uint32_t rank, const psagg_job_key *key, int made_for,
+                    char *msg, size_t len)
+{
+    psagg_ctl_hello h = {.rank = rank, .world_size = (uint32_t)cfg.n_workers};
+    size_t elen = sizeof h.epname;
+    psagg_ctl_challenge *ch;
+    psagg_ctl_hdr hdr;
+    void *body = NULL;
+    int fd, refused = 1;
+
+    if (psagg_tcp_connect(&cfg.servers[0], psagg_now_ms() + 20000, "server", NULL, &fd))
+        DIE("connect");
+    ch = recv_frame(fd, PSAGG_CTL_CHALLENGE, "CHALLENGE");
+    if (psagg_fabric_name(fab, h.epname, &elen))
+        DIE("fabric name");
+    snprintf(h.job_id, sizeof h.job_id, "%s", cfg.job_id);
+    snprintf(h.provider, sizeof h.provider, "%s", psagg_fabric_provider(fab));
+    h.epname_len = (uint32_t)elen;
+    h.flags = cfg.data_auth ? PSAGG_HELLO_DATA_AUTH : 0;
+    psagg_nonce_make(h.nonce);
+    if (made_for >= 0) { /* made for that connection's challenge: a replay here */
+        psagg_ctl_challenge *other = recv_frame(made_for, PSAGG_CTL_CHALLENGE, "CHALLENGE");
+        psagg_hello_token(key, &h, 0, other->challenge, h.auth);
+        free(other);
+    } else {
+        psagg_hello_token(key, &h, 0, ch->challenge, h.auth);
+    }
+    free(ch);
+    if (psagg_ctl_send(fd, PSAGG_CTL_HELLO, &h, sizeof h))
+        DIE("hello");
+    if (psagg_ctl_recv(fd, &hdr, &body, psagg_now_ms() + 20000, "server")) {
+        snprintf(msg, len, "(the connection closed: %s)", psagg_last_error());
+    } else if (hdr.type == PSAGG_CTL_ERROR && hdr.len == sizeof(psagg_ctl_error)) {
+        psagg_ctl_error *e = body;
+        e->msg[sizeof e->msg - 1] = '\0';
+        snprintf(msg, len, "%s", e->msg);
+    } else {
+        snprintf(msg, len, "welcomed (frame type %u)", hdr.type);
+        refused = 0;
+    }
+    free(body);
+    close(fd);
+    return refused;
+}
+
+/* join-flood: a replayed joiner's HELLO, then `count` HELLOs with a wrong secret. */
+static int join_flood(uint32_t rank, uint64_t count, double seconds)
+{
+    psagg_fabric *fab = open_fabric("127.0.0.1");
+    psagg_job_key key, wrong;
+    char msg[300];
+    uint64_t refused = 0, sent = 0;
+    int64_t until = psagg_now_ms() + (int64_t)(seconds * 1000);
+    int first;
+
+    if (psagg_job_key_load(&cfg, &key) || !key.secret)
+        DIE("join-flood needs the job's secret_file");
+    wrong = key;
+    for (size_t i = 0; i < sizeof wrong.key; i++)
+        wrong.key[i] ^= 0x5a;
+    /* the replay: made for connection `first`'s challenge, sent on another connection */
+    if (psagg_tcp_connect(&cfg.servers[0], psagg_now_ms() + 20000, "server", NULL, &first))
+        DIE("connect");
+    if (join_try(fab, rank, &key, first, msg, sizeof msg) == 0) {
+        printf("ROGUE-WELCOMED: a replayed HELLO of worker %u: %s\n", rank, msg);
+        psagg_fabric_close(fab);
+        return 1;
+    }
+    close(first);
+    printf("ROGUE-REPLAY-REFUSED: %s\n", msg);
+    for (; sent < count && psagg_now_ms() < until; sent++) {
+        int r = join_try(fab, rank, &wrong, -1, msg, sizeof msg);
+        if (!r) {
+            printf("ROGUE-WELCOMED: a HELLO with a wrong secret: %s\n", msg);
+            psagg_fabric_close(fab);
+            return 1;
+        }
+        refused += (uint64_t)r;
+        if (sent == 0)
+            printf("ROGUE-FLOOD-FIRST: %s\n", msg);
+    }
+    printf("ROGUE-FLOOD: %llu/%llu refused\n", (unsigned long long)refused,
+           (unsigned long long)sent);
+    psagg_fabric_close(fab);
+    return sent == count ? 0 : 1;
+}
+
 /* replay: a recorded HELLO on a connection of our own to server k. */
 static int replay(const char *record, int k)
 {
@@ -737,6 +838,8 @@ int main(int argc, char **argv)
         return replay(record ? record : "hello.bin", server_k);
     if (!strcmp(mode, "spoof"))
         return spoof(port, seconds, claim, rounds);
+    if (!strcmp(mode, "join-flood"))
+        return join_flood(rank, count, seconds);
     if (!strcmp(mode, "bomb"))
         return bomb(rank, count, chunk_elems);
     if (!strcmp(mode, "stale"))

@@ -31,6 +31,10 @@
 #               sum of all four; the last 10 rounds' digests are identical on all four. A
 #               second joiner with the rank of a live worker, and one with another
 #               declaration, are refused by name while the job goes on.
+#   join_attacks  rejoin, in a job with a secret: after worker 2's death a rogue sends server
+#               0 a replay of a joiner's HELLO (made for another connection's challenge) and
+#               1000 HELLOs made with a wrong secret, each refused, while the members go on
+#               (no round of theirs longer than 2 s); then worker 2 rejoins as in rejoin
 
 # Bounds: kill/exit/midpush/afterpush rounds complete within 2 s of the death (detection is
 # the closed connection); stop within 3 PING intervals + 2 s.
@@ -52,7 +56,7 @@ kill | midpush | afterpush | exit | stop) mode=$case ;;
 average) extra=(--average) ;;
 maxmin4) codec=maxmin4 server_extra="error_feedback = on" ;;
 below_min) min=4 ;;
-rogue_server0 | rogue_skip | rejoin) ;;
+rogue_server0 | rogue_skip | rejoin | join_attacks) ;;
 *) fail "unknown case '$case'" ;;
 esac
 bound_ms=2000
@@ -118,11 +122,22 @@ if [[ $case == rogue_* ]]; then
 fi
 
 for s in 0 1; do
+    [[ $case == rejoin || $case == join_attacks ]] && break
     setsid "$server_bin" --config "$tmp/job.ini" --rank "$s" >"$tmp/server$s.log" 2>&1 &
     spid[$s]=$!
     pids+=($!)
 done
-if [ "$case" = rejoin ]; then
+if [ "$case" = join_attacks ]; then
+    head -c 32 /dev/urandom >"$tmp/secret" && chmod 600 "$tmp/secret"
+    printf '[cluster]\nsecret_file = %s\n' "$tmp/secret" >>"$tmp/job.ini"
+fi
+for s in 0 1; do
+    [[ $case == rejoin || $case == join_attacks ]] || break
+    setsid "$server_bin" --config "$tmp/job.ini" --rank "$s" >"$tmp/server$s.log" 2>&1 &
+    spid[$s]=$!
+    pids+=($!)
+done
+if [[ $case == rejoin || $case == join_attacks ]]; then
     args=(--codec fp32 --sizes 1,1023,4096,50000,7000 --rounds 100 --sync --round-sleep-ms 30)
     for r in 0 1 2 3; do
         if ((r == 2)); then
@@ -136,6 +151,17 @@ if [ "$case" = rejoin ]; then
     done
     wait_for "${wpid[2]}" 30
     sed "s/^/[worker 2, first] /" "$tmp/worker2.log"
+    if [ "$case" = join_attacks ]; then
+        PSAGG_RANK=2 "$build/tests/fault/rogue_worker" --mode join-flood --count 1000 --seconds 60 \
+            >"$tmp/rogue.log" 2>&1
+        rc=$?
+        sed "s/^/[rogue] /" "$tmp/rogue.log"
+        ((rc == 0)) || fail "the rogue's joins were not all refused (exit $rc)"
+        grep -q 'ROGUE-REPLAY-REFUSED: .*a replay' "$tmp/rogue.log" || fail "the replayed HELLO was not refused as a replay"
+        grep -q 'ROGUE-FLOOD: 1000/1000 refused' "$tmp/rogue.log" || fail "not all 1000 wrong-secret joins were refused"
+        n=$(grep -c 'refused a connection' "$tmp/server0.log")
+        ((n <= 20)) || fail "server 0 logged $n refusals for the flood: more than one record a second"
+    fi
     # a joiner may not take a live worker's rank
     PSAGG_RANK=1 "$worker_bin" "${args[@]}" --expect EPROTO --expect-text "is a live member" \
         >"$tmp/thief.log" 2>&1 || { cat "$tmp/thief.log"; fail "a joiner with live rank 1 was not refused"; }
@@ -158,6 +184,10 @@ if [ "$case" = rejoin ]; then
         sed "s/^/[server $s] /" "$tmp/server$s.log"
         ((rc == 0)) || fail "server $s exited $rc, expected 0"
         grep -q "membership epoch 2" "$tmp/server$s.log" || fail "server $s did not log membership epoch 2"
+    done
+    for r in 0 1 3; do
+        longest=$(sed -n 's/^ELASTIC.*longest-round-ms \([0-9]*\).*/\1/p' "$tmp/worker$r.log")
+        ((longest <= 2000)) || fail "worker $r: a round took $longest ms, more than 2000 ms"
     done
     tails=$(grep -h '^TAIL' "$tmp"/worker[0-3].log | awk '{print $2}' | sort -u | wc -l)
     n=$(grep -h '^TAIL' "$tmp"/worker[0-3].log | wc -l)

@@ -13,6 +13,10 @@
 #   4. the same job elastic ([cluster] elastic = on): the remote worker SIGKILLed mid-job, the
 #      three others finish every round with exact sums without it (fn_worker --elastic-dead)
 #      and identical digests, and psagg-ssh exits 0 saying the job ended without it
+#   5. elastic with --restarts 1: the remote worker SIGKILLed mid-job is started again on its
+#      host by psagg-ssh and joins the running job (fn_worker --sync --rejoin): from the
+#      barrier that admitted it every element is the exact sum of all four, the last rounds
+#      are bit-identical on all four, and psagg-ssh exits 0
 # After each, no process of the job may be left in any namespace (only the sshd listeners).
 # Exit 0 passed, 1 failed, 77 skipped (not root, or no sshd / ip / setsid).
 set -u -o pipefail
@@ -121,7 +125,7 @@ INI
 } >"$D/elastic.ini"
 launch() { # args for fn_worker; call it in a subshell: it becomes psagg-ssh (signals reach it)
     exec ip netns exec "$(ns 0)" "$repo/deploy/psagg-ssh" --config "$D/${INI:-job.ini}" --ssh "ssh -F $D/ssh_config" \
-        --server-bin "$build/server/psagg-server" --grace 2 -- \
+        --server-bin "$build/server/psagg-server" --grace 2 --restarts "${RESTARTS:-0}" -- \
         "$build/tests/functional/fn_worker" --codec fp32 --random-tensors 20 "$@"
 }
 # Only the sshd listeners may be left in the namespaces (their pids are in sshd*.pid).
@@ -217,4 +221,26 @@ grep -q "the elastic job ended without the 1 worker(s) that failed" "$D/el.out" 
     { grep DIGEST "$D/el.out" >&2; fail "elastic: the survivors' digests differ"; }
 echo "test_ssh: elastic: worker 3 killed over ssh, the 3 others finished: $(grep -m1 '\] ELASTIC' "$D/el.out")"
 check_clean elastic
+
+# 5. elastic with --restarts: the killed remote worker comes back and joins
+(INI=elastic.ini RESTARTS=1 launch --rounds 300 --sync --round-sleep-ms 30 --elastic-dead 3 --rejoin) >"$D/rj.out" 2>&1 &
+lp=$!
+for ((k = 0; k < 300; k++)); do
+    victim=$(pid_in_ns 2 fn_worker)
+    [[ -n $victim ]] && grep -q "worker 3\] fn_worker 3: the job runs" "$D/rj.out" && break
+    sleep 0.1
+done
+[[ -n $victim ]] || { kill -INT $lp; wait $lp; cat "$D/rj.out" >&2; fail "restarts: no worker on host 2"; }
+sleep 1
+kill -KILL "$victim"
+wait $lp
+rc=$?
+((rc == 0)) || { cat "$D/rj.out" >&2; fail "restarts: psagg-ssh exited $rc"; }
+grep -q "worker 3 failed: status 137 (killed by SIGKILL); starting it again (restart 1 of 1)" "$D/rj.out" ||
+    { cat "$D/rj.out" >&2; fail "restarts: psagg-ssh did not start worker 3 again"; }
+grep -q "fn_worker 3: joined at round" "$D/rj.out" || { cat "$D/rj.out" >&2; fail "restarts: worker 3 did not join"; }
+(($(grep '\] TAIL' "$D/rj.out" | wc -l) == 4 && $(grep '\] TAIL' "$D/rj.out" | sed 's/.*TAIL //' | awk '{print $1}' | sort -u | wc -l) == 1)) ||
+    { grep 'TAIL\|ELASTIC' "$D/rj.out" >&2; fail "restarts: the four workers' last rounds differ"; }
+echo "test_ssh: restarts: worker 3 killed over ssh, started again, $(grep -o 'joined at round [0-9]*' "$D/rj.out"); 4 workers bit-identical"
+check_clean restarts
 echo "test_ssh: passed"

@@ -28,10 +28,12 @@
 #              every rank after every sync; a worker with other fragments refused on every rank;
 #              then tests/functional/torch_diloco_resume.py: a checkpoint after an outer step,
 #              the job stopped, the servers resumed: the uninterrupted run's weights bit for bit
-#   elastic    [cluster] elastic = on: worker 2 SIGKILLs itself at step 60 of 120 of
-#              train_digits.py under ServerOptimizer, DistributedOptimizer and DiLoCo; the
-#              three others finish (psagg-local exits 0), re-shard to 3, and end with
-#              bit-identical weights; the DDP hook refuses an elastic job on every rank
+#   elastic    [cluster] elastic = on: worker 2 SIGKILLs itself at step 20 of 500 of
+#              train_digits.py under ServerOptimizer, DistributedOptimizer and DiLoCo, and
+#              psagg-local --restarts 1 starts it again: the three others re-shard to 3, the
+#              restarted worker joins at a later step (JOINED), all four re-shard to 4 and end
+#              with bit-identical weights (psagg-local exits 0); the DDP hook refuses an
+#              elastic job on every rank
 # Exit 0 passed, 1 failed, 77 skipped (Debian's /usr/bin/python3 lacks torch or sklearn).
 set -u -o pipefail
 
@@ -250,14 +252,16 @@ elastic)
         args=(--comm "$comm")
         [ "$comm" = diloco ] && args=(--diloco 20 --outer-lr 0.5)
         PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9 PSAGG_SERVER_NESTEROV=on \
-            "$repo/deploy/psagg-local" --config "$tmp/el.ini" --timeout 300 -- \
-            "$py" "$script" "${args[@]}" --steps 120 --die-at 60 --die-rank 2 >"$tmp/el.out" 2>&1 ||
+            "$repo/deploy/psagg-local" --config "$tmp/el.ini" --timeout 300 --restarts 1 -- \
+            "$py" "$script" "${args[@]}" --steps 500 --die-at 20 --die-rank 2 >"$tmp/el.out" 2>&1 ||
             { tail -n 30 "$tmp/el.out" >&2; fail "elastic $comm: psagg-local exited $?"; }
         (($(grep -c 'membership epoch 1 at step' "$tmp/el.out") == 3)) || { cat "$tmp/el.out" >&2; fail "elastic $comm: not every survivor re-sharded"; }
-        n=$(grep -c '^\[worker [013]\] PARAMS' "$tmp/el.out")
-        distinct=$(grep '^\[worker [013]\] PARAMS' "$tmp/el.out" | sed 's/.*sha256=//' | sort -u | wc -l)
-        ((n == 3 && distinct == 1)) || { grep PARAMS "$tmp/el.out" >&2; fail "elastic $comm: the survivors' weights differ"; }
-        echo "elastic $comm: 3 survivors, identical weights; $(grep -o 'RESULT.*test_acc=[0-9.]*' "$tmp/el.out")"
+        joined=$(grep -o 'JOINED rank 2 at step [0-9]*' "$tmp/el.out") || { cat "$tmp/el.out" >&2; fail "elastic $comm: the restarted worker 2 did not join"; }
+        (($(grep -c 'membership epoch 2 at step' "$tmp/el.out") == 4)) || { cat "$tmp/el.out" >&2; fail "elastic $comm: not every worker re-sharded after the join"; }
+        n=$(grep -c '^\[worker [0-3]\] PARAMS' "$tmp/el.out")
+        distinct=$(grep '^\[worker [0-3]\] PARAMS' "$tmp/el.out" | sed 's/.*sha256=//' | sort -u | wc -l)
+        ((n == 4 && distinct == 1)) || { grep PARAMS "$tmp/el.out" >&2; fail "elastic $comm: the four workers' weights differ"; }
+        echo "elastic $comm: worker 2 killed at step 20, $joined; 4 identical weights; $(grep -o 'RESULT.*test_acc=[0-9.]*' "$tmp/el.out")"
     done
     # the DDP hook: refused, on every rank, naming the reason
     "$repo/deploy/psagg-local" --config "$tmp/el.ini" --timeout 120 -- \

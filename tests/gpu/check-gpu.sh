@@ -282,7 +282,7 @@ INI
         hashes=$(grep -o 'PARAMS rank=[0-9] sha256=[0-9a-f]*' "$out/torch-$name.log" | awk '{ print $3 }' | sort | uniq -c)
         res=$(grep -o 'final_loss=[0-9.]* test_acc=[0-9.]*' "$out/torch-$name.log" | tail -1)
         loss[$name]=$(sed -n 's/final_loss=\([0-9.]*\).*/\1/p' <<<"$res")
-        acc[$name]=$(sed -n 's/.*test_acc=\([0-9.]*\)/\1/p' <<<"$res")
+        acc[$name]=$(sed -n 's/.*test_acc=\([0-9.]*\).*/\1/p' <<<"$res")
         if [ $rc -ne 0 ] || [ -z "$res" ]; then
             figs+="$name: exit $rc; "
             rc_all=1

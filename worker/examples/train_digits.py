@@ -197,22 +197,29 @@ def main():
     if changes is not None and pt.membership()["joiner"]:
         start = diloco.start_step if diloco is not None else opt.start_step
         g.manual_seed(args.seed * 1000 + rank + 7919 * int(os.environ.get("PSAGG_RESTART", 0)))
-        print("JOINED rank %d at step %d (restart %s) after %.2f s" %
-              (rank, start, os.environ.get("PSAGG_RESTART", "?"), time.time() - started),
-              flush=True)
+        sess = pt.session()
+        print("JOINED rank %d at step %d (restart %s): started %.2f s ago, admitted in %.3f s, "
+              "state in %.3f s, t=%.3f" %
+              (rank, start, os.environ.get("PSAGG_RESTART", "?"), time.time() - started,
+               sess.declare_seconds, sess.state_seconds, time.time() % 100000), flush=True)
     kills = set()
-    if args.chaos:  # (step, rank) pairs, the same on every worker
+    if args.chaos:  # (step, rank) pairs, the same on every worker: one per slice of
+        # 10%..90% of the steps at a random point of it, never the rank of the kill before
         cg = torch.Generator().manual_seed(args.seed + 4242)
-        lo, hi = args.steps // 10, args.steps * 9 // 10
-        for _ in range(args.chaos):
-            kills.add((int(torch.randint(lo, hi, (1,), generator=cg)),
-                       int(torch.randint(0, world, (1,), generator=cg))))
+        lo, hi, victim = args.steps // 10, args.steps * 9 // 10, -1
+        width = (hi - lo) // args.chaos
+        for i in range(args.chaos):
+            at = lo + i * width + int(torch.randint(0, max(1, width // 2), (1,), generator=cg))
+            victim = (victim + 1 + int(torch.randint(0, world - 1, (1,), generator=cg))) % world
+            kills.add((at, victim))
     for step in range(start, args.steps):
         if len(step_ms) == 5:
             t0 = time.perf_counter()  # after warm-up (DDP rebuilds its buckets after step 1)
         if (step == args.die_at and rank == args.die_rank) or \
                 (step > start and (step, rank) in kills):
-            print("rank %d: SIGKILL to itself before step %d" % (rank, step), flush=True)
+            # t: the wall clock mod 10^5 s, as psagg's log lines stamp theirs
+            print("rank %d: SIGKILL to itself before step %d, t=%.3f" %
+                  (rank, step, time.time() % 100000), flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         m = next(changes) if changes is not None else None
         if m and m["epoch"] > 0:  # a worker left: shard the images over the live ones
@@ -237,12 +244,14 @@ def main():
 
     with torch.no_grad():
         acc = (model(xte).argmax(1) == yte).float().mean().item()
+        test_loss = F.cross_entropy(model(xte), yte).item()
     tail = sum(losses[-20:]) / len(losses[-20:])  # rank 0's: its shard, the shared weights
     print("PARAMS rank=%d sha256=%s" % (rank, params_sha256(model)), flush=True)
     after = step_ms[5:] or step_ms  # after warm-up
-    print("STEPTIME rank=%d median_ms=%.2f max_ms=%.2f max_at=%d" %
-          (rank, sorted(after)[len(after) // 2], max(after),
-           len(step_ms) - len(after) + after.index(max(after))), flush=True)
+    med = sorted(after)[len(after) // 2]
+    print("STEPTIME rank=%d median_ms=%.2f max_ms=%.2f max_at=%d excess_ms=%.0f wall_s=%.2f" %
+          (rank, med, max(after), len(step_ms) - len(after) + after.index(max(after)),
+           sum(t - med for t in after if t > med), time.time() - started), flush=True)
     extra = ""
     if args.comm != "gloo":
         st = pt.session().ctx.stats()
@@ -254,8 +263,9 @@ def main():
                                                           args.delay)
     if rank == 0:
         print("RESULT comm=%s codec=%s workers=%d steps=%d ms_per_step=%.2f final_loss=%.4f "
-              "test_acc=%.4f%s device=%s" % (args.comm, args.codec or "config", world, args.steps,
-                                             ms, tail, acc, extra, device), flush=True)
+              "test_acc=%.4f test_loss=%.4f%s device=%s" % (args.comm, args.codec or "config",
+                                                             world, args.steps,
+                                             ms, tail, acc, test_loss, extra, device), flush=True)
     if args.comm in ("gloo", "psagg"):
         dist.destroy_process_group()
     return 0

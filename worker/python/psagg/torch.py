@@ -32,6 +32,7 @@ import hashlib
 import os
 import queue
 import threading
+import time
 
 import torch
 
@@ -123,6 +124,8 @@ class _Session:
         self.names = {}  # id(parameter) -> name
         self.bcast_key = None
         self.bcast_elems = 0
+        self.declare_seconds = 0.0  # psagg_declare took (a joiner: connect to admitted)
+        self.state_seconds = 0.0  # a joiner took the job's state (weights, optimizer state)
         self.params = False  # declared for the server-side optimizer
         self.server_opt = None  # the ServerOptimizer the DDP hook pushes for
         self.counts = {}  # key -> declared elements
@@ -168,7 +171,9 @@ class _Session:
             total = sum(t[1] for t in tensors)
             self.bcast_elems = max(1024, min(total, 1 << 20))
             tensors.append((_BROADCAST_KEY, self.bcast_elems, "fp32"))
+            t0 = time.monotonic()
             keys = self.ctx.declare(tensors, error_feedback)
+            self.declare_seconds = time.monotonic() - t0  # a joiner's: until it was admitted
             self.counts = {k: t[1] for k, t in zip(keys, tensors)}
             it = iter(keys)
             seen = {}
@@ -473,7 +478,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.start_step = self._psagg.ctx.tensor_round(self._psagg.key_of(self._psagg_params[0]))
         m = self._psagg.ctx.membership()
         if m["joiner"]:  # a joiner: the members hand it their state at the barrier that let it in
+            t0 = time.monotonic()
             self._psagg_take_state(joiner=True)
+            self._psagg.state_seconds = time.monotonic() - t0
 
     def _psagg_take_state(self, joiner):
         """After a barrier that admitted workers: every worker takes the lowest old member's
@@ -616,9 +623,11 @@ class ServerOptimizer(torch.optim.Optimizer):
         self._psagg_elastic = self._psagg.elastic()
         self._psagg_params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
         ctx = self._psagg.ctx
+        t0 = time.monotonic()
         with torch.no_grad():
             for h in [ctx.param_init(k, p.data.data_ptr(), keep=p) for k, p in self._psagg_keys()]:
                 h.wait()
+        self._psagg.state_seconds = time.monotonic() - t0
         self.start_step = ctx.tensor_round(self._psagg.key_of(self._psagg_params[0]))
         self._psagg_hooks = _hook_gradients(self._psagg_params, self._psagg_make_hook)
 
@@ -808,12 +817,14 @@ class DiLoCo:
         self._psagg.declare([(n, a) for (n, _), a in zip(named, self._anchors)], codec,
                             error_feedback, params=True, all_tensors=True)
         ctx = self._psagg.ctx
+        t0 = time.monotonic()
         with torch.no_grad():
             for h in [ctx.param_init(self._psagg.key_of(a), a.data_ptr(), keep=a)
                       for a in self._anchors]:
                 h.wait()
             for (_, p), a in zip(named, self._anchors):
                 p.copy_(a)
+        self._psagg.state_seconds = time.monotonic() - t0
         self._frag = diloco_fragments([a.numel() for a in self._anchors], P)
         self._elastic = self._psagg.elastic()
         self.start_step = ctx.tensor_round(self._psagg.key_of(self._anchors[0])) * H
