@@ -31,6 +31,11 @@
 #               sum of all four; the last 10 rounds' digests are identical on all four. A
 #               second joiner with the rank of a live worker, and one with another
 #               declaration, are refused by name while the job goes on.
+#   join_dies   "no bad time to kill", during joins: after worker 2's death a joiner with its
+#               rank is admitted and SIGKILLs itself 3 rounds later, a second one is SIGKILLed
+#               by the harness as soon as it says it joins (waiting for its admission, or just
+#               admitted), and a third joins for good: the members go on through every epoch,
+#               and the last 10 of 150 rounds are the exact sum of all four, bit-identical
 #   join_attacks  rejoin, in a job with a secret: after worker 2's death a rogue sends server
 #               0 a replay of a joiner's HELLO (made for another connection's challenge) and
 #               1000 HELLOs made with a wrong secret, each refused, while the members go on
@@ -56,7 +61,7 @@ kill | midpush | afterpush | exit | stop) mode=$case ;;
 average) extra=(--average) ;;
 maxmin4) codec=maxmin4 server_extra="error_feedback = on" ;;
 below_min) min=4 ;;
-rogue_server0 | rogue_skip | rejoin | join_attacks) ;;
+rogue_server0 | rogue_skip | rejoin | join_attacks | join_dies) ;;
 *) fail "unknown case '$case'" ;;
 esac
 bound_ms=2000
@@ -122,7 +127,7 @@ if [[ $case == rogue_* ]]; then
 fi
 
 for s in 0 1; do
-    [[ $case == rejoin || $case == join_attacks ]] && break
+    [[ $case == rejoin || $case == join_attacks || $case == join_dies ]] && break
     setsid "$server_bin" --config "$tmp/job.ini" --rank "$s" >"$tmp/server$s.log" 2>&1 &
     spid[$s]=$!
     pids+=($!)
@@ -132,11 +137,62 @@ if [ "$case" = join_attacks ]; then
     printf '[cluster]\nsecret_file = %s\n' "$tmp/secret" >>"$tmp/job.ini"
 fi
 for s in 0 1; do
-    [[ $case == rejoin || $case == join_attacks ]] || break
+    [[ $case == rejoin || $case == join_attacks || $case == join_dies ]] || break
     setsid "$server_bin" --config "$tmp/job.ini" --rank "$s" >"$tmp/server$s.log" 2>&1 &
     spid[$s]=$!
     pids+=($!)
 done
+if [ "$case" = join_dies ]; then
+    args=(--codec fp32 --sizes 1,1023,4096,50000,7000 --rounds 150 --sync --round-sleep-ms 30
+        --elastic-dead 2 --rejoin --loose)
+    for r in 0 1 2 3; do
+        if ((r == 2)); then
+            PSAGG_RANK=$r setsid "$worker_bin" "${args[@]}" --die-rank 2 --die-round 15 --die-mode kill \
+                >"$tmp/worker$r.log" 2>&1 &
+        else
+            PSAGG_RANK=$r setsid "$worker_bin" "${args[@]}" >"$tmp/worker$r.log" 2>&1 &
+        fi
+        wpid[$r]=$!
+        pids+=($!)
+    done
+    wait_for "${wpid[2]}" 30
+    # a joiner that dies 3 rounds after its admission
+    PSAGG_RANK=2 setsid "$worker_bin" "${args[@]}" --joiner-die-after 3 --die-mode kill >"$tmp/joinerA.log" 2>&1 &
+    a=$!
+    pids+=($a)
+    wait_for "$a" 30
+    grep -q "joined at round" "$tmp/joinerA.log" || { cat "$tmp/joinerA.log"; fail "the first joiner did not join"; }
+    # a joiner killed as soon as it says it joins (waiting for the members' barrier, or admitted)
+    PSAGG_RANK=2 setsid "$worker_bin" "${args[@]}" >"$tmp/joinerB.log" 2>&1 &
+    b=$!
+    pids+=($b)
+    for ((k = 0; k < 200; k++)); do
+        grep -q "joins it" "$tmp/joinerB.log" && break
+        sleep 0.01
+    done
+    kill -KILL "$b" 2>/dev/null
+    wait_for "$b" 10
+    PSAGG_RANK=2 setsid "$worker_bin" "${args[@]}" >"$tmp/worker2.log" 2>&1 &
+    wpid[2]=$!
+    pids+=($!)
+    for r in 0 1 2 3; do
+        wait_for "${wpid[$r]}" 60
+        rc=$?
+        sed "s/^/[worker $r] /" "$tmp/worker$r.log"
+        ((rc == 0)) || fail "worker $r exited $rc"
+    done
+    for s in 0 1; do
+        wait_for "${spid[$s]}" 20
+        rc=$?
+        sed "s/^/[server $s] /" "$tmp/server$s.log"
+        ((rc == 0)) || fail "server $s exited $rc, expected 0"
+    done
+    tails=$(grep -h '^TAIL' "$tmp"/worker[0-3].log | awk '{print $2}' | sort -u | wc -l)
+    n=$(grep -h '^TAIL' "$tmp"/worker[0-3].log | wc -l)
+    ((n == 4 && tails == 1)) || fail "the last rounds' digests of the 4 workers differ ($n lines, $tails distinct)"
+    say "passed: epochs $(grep -c 'membership epoch' "$tmp/server0.log") on server 0 ($(grep -o 'membership epoch [0-9]*: [^;]*' "$tmp/server0.log" | tr '\n' ' ')); all four bit-identical at the end"
+    exit 0
+fi
 if [[ $case == rejoin || $case == join_attacks ]]; then
     args=(--codec fp32 --sizes 1,1023,4096,50000,7000 --rounds 100 --sync --round-sleep-ms 30)
     for r in 0 1 2 3; do
