@@ -10,8 +10,6 @@
  * to that HELLO. Closed connections are counted and reported at most every 5 s.
  */
 #include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,10 +72,6 @@ static void accept_all(server *srv)
             pending_close(oldest);
             srv->refused_idle++;
             slot = oldest;
-        }
-        { /* control frames are small and answered: never held back by Nagle */
-            int one = 1;
-            (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         }
         slot->fd = fd;
         slot->deadline = psagg_now_ms() + hello_timeout_ms(srv);

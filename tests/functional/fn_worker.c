@@ -64,6 +64,8 @@ static struct {
     uint64_t *count;
     float **in, **out, **expect;
     psagg_handle **h;
+    uint64_t *round_digest;
+    unsigned char *round_full;
     int n;
 } mem;
 
@@ -81,6 +83,8 @@ static void free_all(void)
     free(mem.out);
     free(mem.expect);
     free(mem.h);
+    free(mem.round_digest);
+    free(mem.round_full);
 }
 
 static double now_s(void)
@@ -160,7 +164,9 @@ int main(int argc, char **argv)
     int average = 0, cuda = 0, elastic_dead = -1, after_round = -1;
     int sync = 0, round_sleep_ms = 0, rejoin = 0, full_from = -1, first_round = 0, loose = 0;
     int joiner_die_after = -1;
-    uint64_t tail = 0xCBF29CE484222325ull;
+    uint64_t tail = 0xCBF29CE484222325ull, *round_digest = NULL;
+    unsigned char *round_full = NULL;
+    int end = 0;
     const char *die_mode = "exit";
     double longest_round = 0;
     float **d_in = NULL, **d_out = NULL;
@@ -344,7 +350,27 @@ int main(int argc, char **argv)
             }
     }
 #endif
-    for (int r = first_round; r < rounds; r++) {
+    /*
+     * Joins: the job runs --rounds rounds, and at least 20 after the latest admission (the
+     * members and the joiner know its round alike), at most 10 x --rounds while the rank has
+     * not come back; every round's digest and whether it was the exact sum of all workers
+     * are kept for the last 10.
+     */
+    end = rounds;
+    if (rejoin) {
+        end = full_from >= 0 && full_from + 20 > rounds ? full_from + 20 : rounds;
+        if (full_from < 0)
+            end = 10 * rounds;
+        round_digest = mem.round_digest = calloc((size_t)(10 * rounds + 20), sizeof *round_digest);
+        round_full = mem.round_full = calloc((size_t)(10 * rounds + 20), 1);
+        if (!round_digest || !round_full) {
+            fprintf(stderr, "FAIL: no memory\n");
+            return 1;
+        }
+    }
+    for (int r = first_round; r < end; r++) {
+        uint64_t rd = 0xCBF29CE484222325ull;
+        int all_full = 1;
         psagg_handle **h = mem.h;
         double worst = 0;
         if (rank == die_rank && r == die_round && stall_seconds > 0) {
@@ -456,9 +482,11 @@ int main(int argc, char **argv)
                                                                       (average ? 1.0 / world : 1.0);
                     double e_without = fabs((double)out[t][i] - without);
                     double e_with = fabs((double)out[t][i] - with);
-                    if (loose && r < rounds - 10) {
-                        /* joins that died again: only the last rounds are checked */
-                    } else if (loose || (full_from >= 0 && r >= full_from)) { /* all of them */
+                    if (!(e_with <= bound))
+                        all_full = 0;
+                    if (loose) {
+                        /* joins that died again: the last rounds are checked at the end */
+                    } else if (full_from >= 0 && r >= full_from) { /* all of them */
                         if (!(e_with <= bound)) {
                             fprintf(stderr,
                                     "FAIL worker %d round %d tensor %d element %llu: got %.9g, "
@@ -478,8 +506,11 @@ int main(int argc, char **argv)
                     }
                 }
                 digest = fnv(digest, out[t], count[t] * sizeof(float));
-                if (r >= rounds - 10)
-                    tail = fnv(tail, out[t], count[t] * sizeof(float));
+                rd = fnv(rd, out[t], count[t] * sizeof(float));
+            }
+            if (rejoin) {
+                round_digest[r] = rd;
+                round_full[r] = (unsigned char)all_full;
             }
             if (sync) {
                 psagg_membership m = {.struct_size = sizeof m};
@@ -487,8 +518,10 @@ int main(int argc, char **argv)
                     usleep((useconds_t)round_sleep_ms * 1000);
                 if ((st = psagg_sync_membership(ctx, &m)))
                     goto failed;
-                if (m.joined && full_from < 0 && m.size == world)
-                    full_from = r + 1;
+                if (m.joined && m.size == world && (full_from < 0 || loose))
+                    full_from = r + 1; /* (loose: the latest admission) */
+                if (rejoin && full_from >= 0)
+                    end = full_from + 20 > rounds ? full_from + 20 : rounds;
             }
             continue;
         }
@@ -555,12 +588,12 @@ int main(int argc, char **argv)
         if (s.time.queued_ns != time_sum[0] || s.time.encode_ns != time_sum[1] ||
             s.time.send_ns != time_sum[2] || s.time.wait_ns != time_sum[3] ||
             s.time.decode_ns != time_sum[4] || s.time.total_ns != time_sum[5] ||
-            s.push_pulls != (uint64_t)(rounds - first_round) * (uint64_t)n) {
+            s.push_pulls != (uint64_t)(end - first_round) * (uint64_t)n) {
             fprintf(stderr,
                     "FAIL worker %d: psagg_get_stats: %llu push_pulls, total %llu ns; the "
                     "handles: %llu, %llu ns\n",
                     rank, (unsigned long long)s.push_pulls, (unsigned long long)s.time.total_ns,
-                    (unsigned long long)(rounds - first_round) * (unsigned long long)n,
+                    (unsigned long long)(end - first_round) * (unsigned long long)n,
                     (unsigned long long)time_sum[5]);
             return 1;
         }
@@ -596,8 +629,20 @@ int main(int argc, char **argv)
                     rank, elastic_dead, m.epoch, m.size, full_from);
             return 1;
         }
-        if (rejoin)
-            printf("TAIL %016llx rejoined-from-round %d\n", (unsigned long long)tail, full_from);
+        if (rejoin) {
+            for (int r = end - 10; r < end; r++) {
+                if (r < first_round || !round_full[r]) {
+                    fprintf(stderr,
+                            "FAIL worker %d: round %d of the last 10 (of %d) was not the exact sum "
+                            "of all %d workers\n",
+                            rank, r, end, world);
+                    return 1;
+                }
+                tail = fnv(tail, &round_digest[r], sizeof round_digest[r]);
+            }
+            printf("TAIL %016llx rejoined-from-round %d rounds %d\n", (unsigned long long)tail,
+                   full_from, end);
+        }
     }
     printf("DIGEST %016llx\n", (unsigned long long)digest);
     (void)d_in, (void)d_out;

@@ -28,8 +28,9 @@
 #              every rank after every sync; a worker with other fragments refused on every rank;
 #              then tests/functional/torch_diloco_resume.py: a checkpoint after an outer step,
 #              the job stopped, the servers resumed: the uninterrupted run's weights bit for bit
-#   elastic    [cluster] elastic = on: worker 2 SIGKILLs itself at step 20 of 500 of
-#              train_digits.py under ServerOptimizer, DistributedOptimizer and DiLoCo, and
+#   elastic    [cluster] elastic = on: worker 2 SIGKILLs itself at step 20 of 500 (DiLoCo 1000) of
+#              train_digits.py under ServerOptimizer (checkpoints every 5 steps: the death
+#              comes as one is asked for), DistributedOptimizer and DiLoCo, and
 #              psagg-local --restarts 1 starts it again: the three others re-shard to 3, the
 #              restarted worker joins at a later step (JOINED), all four re-shard to 4 and end
 #              with bit-identical weights (psagg-local exits 0); the DDP hook refuses an
@@ -249,11 +250,16 @@ elastic)
     } >"$tmp/el.ini"
     # (a second [cluster] section adds to the first: inih calls back per key)
     for comm in "psagg-server" "psagg-opt" "diloco"; do
-        args=(--comm "$comm")
-        [ "$comm" = diloco ] && args=(--diloco 20 --outer-lr 0.5)
-        PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9 PSAGG_SERVER_NESTEROV=on \
+        args=(--comm "$comm" --steps 500)
+        # (DiLoCo admits joiners at its outer steps only: give the restart more inner steps)
+        [ "$comm" = diloco ] && args=(--diloco 20 --outer-lr 0.5 --steps 1000)
+        # (the servers checkpoint every 5 steps: the death comes while one is asked for)
+        [ "$comm" = psagg-server ] && args+=(--checkpoint-every 5)
+        mkdir -p "$tmp/ckpt"
+        PSAGG_SERVER_CHECKPOINT_DIR=$tmp/ckpt \
+            PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9 PSAGG_SERVER_NESTEROV=on \
             "$repo/deploy/psagg-local" --config "$tmp/el.ini" --timeout 300 --restarts 1 -- \
-            "$py" "$script" "${args[@]}" --steps 500 --die-at 20 --die-rank 2 >"$tmp/el.out" 2>&1 ||
+            "$py" "$script" "${args[@]}" --die-at 20 --die-rank 2 >"$tmp/el.out" 2>&1 ||
             { tail -n 30 "$tmp/el.out" >&2; fail "elastic $comm: psagg-local exited $?"; }
         (($(grep -c 'membership epoch 1 at step' "$tmp/el.out") == 3)) || { cat "$tmp/el.out" >&2; fail "elastic $comm: not every survivor re-sharded"; }
         joined=$(grep -o 'JOINED rank 2 at step [0-9]*' "$tmp/el.out") || { cat "$tmp/el.out" >&2; fail "elastic $comm: the restarted worker 2 did not join"; }
@@ -261,6 +267,9 @@ elastic)
         n=$(grep -c '^\[worker [0-3]\] PARAMS' "$tmp/el.out")
         distinct=$(grep '^\[worker [0-3]\] PARAMS' "$tmp/el.out" | sed 's/.*sha256=//' | sort -u | wc -l)
         ((n == 4 && distinct == 1)) || { grep PARAMS "$tmp/el.out" >&2; fail "elastic $comm: the four workers' weights differ"; }
+        if [ "$comm" = psagg-server ]; then
+            ls "$tmp"/ckpt/psagg-server-[01].ckpt >/dev/null 2>&1 || fail "elastic $comm: no checkpoint was written"
+        fi
         echo "elastic $comm: worker 2 killed at step 20, $joined; 4 identical weights; $(grep -o 'RESULT.*test_acc=[0-9.]*' "$tmp/el.out")"
     done
     # the DDP hook: refused, on every rank, naming the reason

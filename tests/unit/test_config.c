@@ -245,7 +245,7 @@ static void test_elastic(void)
     EXPECT_ERROR(MINIMAL "elastic = on\nmax_workers = 1\n", 6, "max_workers = 1",
                  "less than workers = 2");
     EXPECT_ERROR(MINIMAL "elastic = on\nmax_workers = 3\n", 6, "max_workers = 3",
-                 "cannot join a running job yet");
+                 "only in a rank that left it");
     EXPECT_ERROR(MINIMAL "elastic = maybe\n", 5, "elastic");
 }
 

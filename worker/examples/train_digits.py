@@ -132,6 +132,9 @@ def main():
     ap.add_argument("--die-at", type=int, default=-1, metavar="STEP",
                     help="chaos: rank --die-rank SIGKILLs itself before this step")
     ap.add_argument("--die-rank", type=int, default=-1)
+    ap.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                    help="--comm psagg-server: the live rank 0 has the servers checkpoint after "
+                    "every N-th step ([server] checkpoint_dir)")
     ap.add_argument("--chaos", type=int, default=0, metavar="K",
                     help="chaos: K SIGKILLs at steps and ranks drawn from --seed (between 10%% "
                     "and 90%% of --steps; run under psagg-local --restarts K)")
@@ -234,6 +237,9 @@ def main():
         opt.step()
         if diloco is not None:
             diloco.step()
+        if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and \
+                pt.membership()["rank"] == 0:
+            opt.checkpoint()
         losses.append(loss.item())
         step_ms.append((time.perf_counter() - ts) * 1000.0)
         if step % 50 == 0 and rank == 0:
@@ -245,9 +251,10 @@ def main():
     with torch.no_grad():
         acc = (model(xte).argmax(1) == yte).float().mean().item()
         test_loss = F.cross_entropy(model(xte), yte).item()
-    tail = sum(losses[-20:]) / len(losses[-20:])  # rank 0's: its shard, the shared weights
+    # rank 0's: its shard, the shared weights (none: a joiner admitted after the last step)
+    tail = sum(losses[-20:]) / len(losses[-20:]) if losses else float("nan")
     print("PARAMS rank=%d sha256=%s" % (rank, params_sha256(model)), flush=True)
-    after = step_ms[5:] or step_ms  # after warm-up
+    after = step_ms[5:] or step_ms or [0.0]  # after warm-up
     med = sorted(after)[len(after) // 2]
     print("STEPTIME rank=%d median_ms=%.2f max_ms=%.2f max_at=%d excess_ms=%.0f wall_s=%.2f" %
           (rank, med, max(after), len(step_ms) - len(after) + after.index(max(after)),
