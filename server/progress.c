@@ -173,6 +173,13 @@ static int send_queued(server *srv)
             psagg_status st;
             if (!sc->to[w]) /* no member when the round finished (not counted in pending) */
                 continue;
+            if (!server_member(srv, w)) {
+                /* it left since (elastic): nobody waits for this update, and a send to a dead
+                   peer may never be taken (EAGAIN for good), which would hold up the queue */
+                if (atomic_fetch_sub(&c->sends_pending[sc->parity], 1) == 1 && c->deferred)
+                    agg_enqueue(srv, c, NULL);
+                continue;
+            }
             st = psagg_fabric_try_send(srv->fab, srv->workers[w].addr, c->out[sc->parity], bytes,
                                        c->out_desc[sc->parity], sc);
             if (st == PSAGG_EAGAIN)
