@@ -179,12 +179,7 @@ static void join_declared(server *srv, int w)
         char m[480];
         snprintf(m, sizeof m, "server %d refuses worker %d's join: %s", srv->rank, w, msg);
         LOG_WARN(&srv->log, "%s", m);
-        admission_verdict(srv, wc->fd, PSAGG_CTL_ERROR, PSAGG_EMISMATCH, m);
-        close(wc->fd);
-        wc->fd = -1;
-        psagg_ctl_reader_reset(&wc->rd);
-        wc->state = W_DEAD;
-        wc->joining = 0;
+        membership_refuse(srv, w, PSAGG_EMISMATCH, m);
         return;
     }
     if (psagg_ctl_send(wc->fd, PSAGG_CTL_READY, NULL, 0)) {

@@ -78,6 +78,31 @@ static void settle_all(server *srv)
         agg_enqueue(srv, &srv->chunks[i], NULL);
 }
 
+/* Server 0: send epoch frame m (len bytes) to every live worker, which relays it. */
+static void announce(server *srv, const psagg_ctl_membership *m, uint32_t len)
+{
+    const uint8_t *live = (const uint8_t *)(m + 1);
+    for (int k = 0; k < srv->n_workers; k++) {
+        worker_conn *wc = &srv->workers[k];
+        if (!live[k] || wc->fd < 0)
+            continue;
+        if (psagg_ctl_send(wc->fd, PSAGG_CTL_MEMBERSHIP, m, len))
+            server_close_worker(srv, k, "sending membership epoch %u: %s", m->epoch,
+                                psagg_last_error());
+    }
+}
+
+void membership_refuse(server *srv, int w, psagg_status status, const char *why)
+{
+    worker_conn *wc = &srv->workers[w];
+    admission_verdict(srv, wc->fd, PSAGG_CTL_ERROR, status, why);
+    close(wc->fd);
+    wc->fd = -1;
+    psagg_ctl_reader_reset(&wc->rd);
+    wc->state = W_DEAD;
+    wc->joining = 0;
+}
+
 /* Close worker w (a leaver) here: it is no member from now on. */
 static void leave(server *srv, int w, uint32_t epoch, const char *why)
 {
@@ -153,14 +178,7 @@ void membership_lost(server *srv, int w, const char *why)
     LOG_WARN(&srv->log, "membership epoch %u: worker %d left (%s); %d workers go on", epoch, w, why,
              srv->n_members);
     metrics_membership(srv, epoch, srv->n_members);
-    for (int k = 0; k < srv->n_workers; k++) {
-        worker_conn *wc = &srv->workers[k];
-        if (!live[k] || wc->fd < 0)
-            continue;
-        if (psagg_ctl_send(wc->fd, PSAGG_CTL_MEMBERSHIP, m, len))
-            server_close_worker(srv, k, "sending membership epoch %u: %s", epoch,
-                                psagg_last_error());
-    }
+    announce(srv, m, len);
     free(m);
     settle_all(srv);
     if (srv->admit_seq)
@@ -305,14 +323,8 @@ static void refuse_joiners(server *srv, const char *why)
 {
     for (int w = 0; w < srv->n_workers; w++) {
         worker_conn *wc = &srv->workers[w];
-        if (!wc->joining || wc->fd < 0 || !wc->join_asked)
-            continue;
-        admission_verdict(srv, wc->fd, PSAGG_CTL_ERROR, PSAGG_EPEER, why);
-        close(wc->fd);
-        wc->fd = -1;
-        psagg_ctl_reader_reset(&wc->rd);
-        wc->state = W_DEAD;
-        wc->joining = 0;
+        if (wc->joining && wc->fd >= 0 && wc->join_asked)
+            membership_refuse(srv, w, PSAGG_EPEER, why);
     }
 }
 
@@ -372,14 +384,7 @@ static void admit_try(server *srv)
     LOG_WARN(&srv->log, "membership epoch %u: %s at barrier %u; %d workers now", epoch, m->why,
              srv->admit_seq, srv->n_members);
     metrics_membership(srv, epoch, srv->n_members);
-    for (int k = 0; k < srv->n_workers; k++) {
-        worker_conn *wc = &srv->workers[k];
-        if (!live[k] || wc->fd < 0)
-            continue;
-        if (psagg_ctl_send(wc->fd, PSAGG_CTL_MEMBERSHIP, m, len))
-            server_close_worker(srv, k, "sending membership epoch %u: %s", epoch,
-                                psagg_last_error());
-    }
+    announce(srv, m, len);
     free(m);
     barrier_release(srv, (uint32_t)n_join);
 }

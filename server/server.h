@@ -413,6 +413,8 @@ void membership_relayed(server *srv, int from, const psagg_ctl_hdr *h, const voi
 void membership_sync(server *srv, int w, const psagg_ctl_hdr *h, const void *body);
 void membership_join(server *srv, int w);
 void membership_check_barrier(server *srv, int64_t now);
+/* Refuse worker w's join (a joiner, not a member): tell it why, close it. */
+void membership_refuse(server *srv, int w, psagg_status status, const char *why);
 
 /* progress.c */
 psagg_status progress_start(server *srv);

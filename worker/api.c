@@ -413,6 +413,18 @@ psagg_status psagg_tensor_round(psagg_ctx *ctx, uint32_t key, uint32_t *round)
     return PSAGG_OK;
 }
 
+/* Under ctx->mu: PSAGG_EINVAL naming `fn` when a tensor has an operation in flight (a queued
+ * one holds its slot too), for the calls made between steps. */
+static psagg_status between_steps(psagg_ctx *ctx, const char *fn)
+{
+    for (uint32_t t = 0; t < ctx->layout.n_tensors; t++)
+        if (ctx->tensors[t].op)
+            return psagg_fail(PSAGG_EINVAL,
+                              "%s: tensor '%s' has an operation in flight; call it between steps",
+                              fn, ctx->layout.tensors[t].name);
+    return PSAGG_OK;
+}
+
 psagg_status psagg_checkpoint(psagg_ctx *ctx)
 {
     struct timespec until;
@@ -433,14 +445,8 @@ psagg_status psagg_checkpoint(psagg_ctx *ctx)
         st = psagg_fail(PSAGG_EINVAL, "psagg_checkpoint: one is being written already");
         goto out;
     }
-    for (uint32_t t = 0; t < ctx->layout.n_tensors; t++) /* queued ones hold their slot too */
-        if (ctx->tensors[t].op) {
-            st = psagg_fail(PSAGG_EINVAL,
-                            "psagg_checkpoint: tensor '%s' has an operation in flight; call it "
-                            "between steps",
-                            ctx->layout.tensors[t].name);
-            goto out;
-        }
+    if ((st = between_steps(ctx, "psagg_checkpoint")))
+        goto out;
     ctx->ckpt_state = 1;
     ctx->ckpt_left = ctx->cfg.n_servers;
     ctx->ckpt_status = PSAGG_OK;
@@ -632,14 +638,8 @@ psagg_status psagg_sync_membership(psagg_ctx *ctx, psagg_membership *out)
         st = psagg_fail(PSAGG_EINVAL, "psagg_sync_membership: another thread is in it");
         goto out;
     }
-    for (uint32_t t = 0; t < ctx->layout.n_tensors; t++)
-        if (ctx->tensors[t].op) {
-            st = psagg_fail(PSAGG_EINVAL,
-                            "psagg_sync_membership: tensor '%s' has an operation in flight; call "
-                            "it between steps",
-                            ctx->layout.tensors[t].name);
-            goto out;
-        }
+    if ((st = between_steps(ctx, "psagg_sync_membership")))
+        goto out;
     ctx->sync_state = 1;
     if (atomic_load(&ctx->comm_idle))
         psagg_fabric_wake(ctx->fab);
