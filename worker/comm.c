@@ -551,56 +551,52 @@ static void sync_done(psagg_ctx *ctx, const psagg_ctl_hdr *h, const psagg_ctl_sy
  * relay the frame unchanged to every other server, which applies it (server/membership.c).
  * A frame that does not check out, or one that leaves this worker out, fails it.
  */
-static void membership_from_server0(psagg_ctx *ctx, const psagg_ctl_hdr *h, const void *body)
+psagg_status membership_take(psagg_ctx *ctx, const psagg_ctl_hdr *h, const void *body, int joining)
 {
     const psagg_ctl_membership *m = body;
     const uint8_t *live = (const uint8_t *)(m + 1);
     int n_live = 0, rank = 0;
+    psagg_status st;
 
-    if (h->len != sizeof *m + (size_t)ctx->world || m->n_workers != (uint32_t)ctx->world) {
-        worker_fail_all(ctx, PSAGG_EPROTO,
-                        "server 0 sent a MEMBERSHIP frame of %u bytes (field n_workers): this "
-                        "job has %d workers",
-                        h->len, ctx->world);
-        return;
-    }
+    if (h->len != sizeof *m + (size_t)ctx->world || m->n_workers != (uint32_t)ctx->world)
+        return psagg_fail(PSAGG_EPROTO,
+                          "server 0 sent a MEMBERSHIP frame of %u bytes (field n_workers): this "
+                          "job has %d workers",
+                          h->len, ctx->world);
     for (int k = 0; k < ctx->world; k++) {
         n_live += live[k] == 1;
         rank += k < ctx->rank && live[k] == 1;
     }
-    if (m->epoch != ctx->epoch + 1 || (uint32_t)n_live != m->n_live || m->left < -1 ||
-        m->left >= ctx->world || memchr(m->why, 0, sizeof m->why) == NULL) {
-        worker_fail_all(ctx, PSAGG_EPROTO,
-                        "server 0 sent membership epoch %u (fields epoch, n_live) after epoch %u",
-                        m->epoch, ctx->epoch);
-        return;
-    }
-    if (live[ctx->rank] != 1) {
-        worker_fail_all(ctx, PSAGG_EPEER,
-                        "server 0 removed this worker from the job in membership epoch %u: %s",
-                        m->epoch, m->why);
-        return;
-    }
+    /* a joiner takes the epoch that admits it, whatever its number */
+    if ((joining ? m->left != -1 : m->epoch != ctx->epoch + 1) || (uint32_t)n_live != m->n_live ||
+        m->left < -1 || m->left >= ctx->world || memchr(m->why, 0, sizeof m->why) == NULL)
+        return psagg_fail(PSAGG_EPROTO,
+                          "server 0 sent membership epoch %u (fields epoch, n_live, left) after "
+                          "epoch %u%s",
+                          m->epoch, ctx->epoch, joining ? ", to a worker waiting to join" : "");
+    if (live[ctx->rank] != 1)
+        return psagg_fail(joining ? PSAGG_EPROTO : PSAGG_EPEER,
+                          "server 0 %s this worker in membership epoch %u: %s",
+                          joining ? "did not admit" : "removed", m->epoch, m->why);
     pthread_mutex_lock(&ctx->mu);
     ctx->epoch = m->epoch;
     ctx->n_live = n_live;
     memcpy(ctx->live, live, (size_t)ctx->world);
     pthread_mutex_unlock(&ctx->mu);
-    if (m->left >= 0)
+    if (!joining && m->left >= 0) /* (a joiner's admission: handshake.c says so) */
         LOG_WARN(&ctx->log,
                  "membership epoch %u: worker %d left (%s); %d workers go on, this one is rank "
                  "%d of them",
                  m->epoch, m->left, m->why, n_live, rank);
-    else
+    else if (!joining)
         LOG_WARN(&ctx->log, "membership epoch %u: %s; %d workers now, this one is rank %d",
                  m->epoch, m->why, n_live, rank);
     for (int s = 1; s < ctx->cfg.n_servers; s++)
         if (ctx->servers[s].fd >= 0 &&
-            psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_MEMBERSHIP, body, h->len)) {
-            worker_fail_all(ctx, PSAGG_EPEER, "relaying membership epoch %u to server %d: %s",
-                            m->epoch, s, psagg_last_error());
-            return;
-        }
+            (st = psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_MEMBERSHIP, body, h->len)))
+            return psagg_fail(PSAGG_EPEER, "relaying membership epoch %u to server %d: %s",
+                              m->epoch, s, psagg_last_error());
+    return PSAGG_OK;
 }
 
 /*
@@ -649,7 +645,8 @@ static void check_control(comm_state *cs, int64_t now)
             continue;
         }
         if (!st && h.type == PSAGG_CTL_MEMBERSHIP && s == 0 && ctx->cfg.elastic) {
-            membership_from_server0(ctx, &h, body);
+            if ((st = membership_take(ctx, &h, body, 0)))
+                worker_fail_all(ctx, st, "%s", psagg_last_error());
             free(body);
             continue;
         }

@@ -214,43 +214,6 @@ psagg_status handshake_hello(psagg_ctx *ctx, int64_t deadline)
     return PSAGG_OK;
 }
 
-/*
- * A joiner's MEMBERSHIP from server 0 (its admission): the epoch it starts in, which must have
- * it live; relayed unchanged to the other servers, as every worker relays every epoch.
- */
-static psagg_status join_membership(psagg_ctx *ctx, const psagg_ctl_hdr *h, const void *body)
-{
-    const psagg_ctl_membership *m = body;
-    const uint8_t *live = (const uint8_t *)(m + 1);
-    int n_live = 0;
-
-    if (h->len != sizeof *m + (size_t)ctx->world || m->n_workers != (uint32_t)ctx->world)
-        return psagg_fail(PSAGG_EPROTO,
-                          "server 0 sent a MEMBERSHIP frame of %u bytes (field n_workers): this "
-                          "job has %d workers",
-                          h->len, ctx->world);
-    for (int k = 0; k < ctx->world; k++)
-        n_live += live[k] == 1;
-    if ((uint32_t)n_live != m->n_live || live[ctx->rank] != 1 || m->left != -1 ||
-        memchr(m->why, 0, sizeof m->why) == NULL)
-        return psagg_fail(PSAGG_EPROTO,
-                          "server 0 sent membership epoch %u (fields n_live, left, live[%d]) to "
-                          "a worker waiting to join",
-                          m->epoch, ctx->rank);
-    pthread_mutex_lock(&ctx->mu);
-    ctx->epoch = m->epoch;
-    ctx->n_live = n_live;
-    memcpy(ctx->live, live, (size_t)ctx->world);
-    pthread_mutex_unlock(&ctx->mu);
-    for (int s = 1; s < ctx->cfg.n_servers; s++) {
-        psagg_status st = psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_MEMBERSHIP, body, h->len);
-        if (st)
-            return psagg_fail_context(st, "relaying membership epoch %u to server %d: ", m->epoch,
-                                      s);
-    }
-    return PSAGG_OK;
-}
-
 /* A joiner's SYNC_DONE (after its MEMBERSHIP): the members' tensor states, where it starts. */
 static psagg_status join_states(psagg_ctx *ctx, const psagg_ctl_hdr *h, const void *body)
 {
@@ -319,7 +282,7 @@ static psagg_status join_wait(psagg_ctx *ctx)
             if (h.type == PSAGG_CTL_PING && h.len == 0)
                 st = PSAGG_OK;
             else if (s == 0 && h.type == PSAGG_CTL_MEMBERSHIP)
-                st = join_membership(ctx, &h, body);
+                st = membership_take(ctx, &h, body, 1);
             else if (s == 0 && h.type == PSAGG_CTL_SYNC_DONE && ctx->epoch > 0) {
                 st = join_states(ctx, &h, body);
                 admitted = !st;

@@ -255,6 +255,9 @@ psagg_status psagg_device_use(psagg_ctx *ctx, const struct psagg_devexec *ex);
 
 /* comm.c */
 psagg_status comm_start(psagg_ctx *ctx);
+/* Server 0's MEMBERSHIP frame: check it, take its epoch and relay it unchanged to the other
+ * servers (a joiner: the epoch that admits it, whatever its number). */
+psagg_status membership_take(psagg_ctx *ctx, const psagg_ctl_hdr *h, const void *body, int joining);
 void comm_stop(psagg_ctx *ctx);
 
 /*
