@@ -425,6 +425,18 @@ static psagg_status between_steps(psagg_ctx *ctx, const char *fn)
     return PSAGG_OK;
 }
 
+/* Under ctx->mu: ask the comm thread for a control exchange (*state = 1: it sends and sets
+ * *state to 0 on the answer) and wait for it until `until`, or the job's failure. */
+static void ask_comm(psagg_ctx *ctx, int *state, const struct timespec *until)
+{
+    *state = 1;
+    if (atomic_load(&ctx->comm_idle))
+        psagg_fabric_wake(ctx->fab);
+    while (*state && !ctx->failed)
+        if (pthread_cond_timedwait(&ctx->cv, &ctx->mu, until) == ETIMEDOUT)
+            break;
+}
+
 psagg_status psagg_checkpoint(psagg_ctx *ctx)
 {
     struct timespec until;
@@ -447,15 +459,10 @@ psagg_status psagg_checkpoint(psagg_ctx *ctx)
     }
     if ((st = between_steps(ctx, "psagg_checkpoint")))
         goto out;
-    ctx->ckpt_state = 1;
     ctx->ckpt_left = ctx->cfg.n_servers;
     ctx->ckpt_status = PSAGG_OK;
     ctx->ckpt_msg[0] = '\0';
-    if (atomic_load(&ctx->comm_idle))
-        psagg_fabric_wake(ctx->fab);
-    while (ctx->ckpt_state && !ctx->failed)
-        if (pthread_cond_timedwait(&ctx->cv, &ctx->mu, &until) == ETIMEDOUT)
-            break;
+    ask_comm(ctx, &ctx->ckpt_state, &until);
     if (ctx->failed)
         st = psagg_fail(ctx->failed_status, "%s", ctx->failed_msg);
     else if (ctx->ckpt_state)
@@ -640,12 +647,7 @@ psagg_status psagg_sync_membership(psagg_ctx *ctx, psagg_membership *out)
     }
     if ((st = between_steps(ctx, "psagg_sync_membership")))
         goto out;
-    ctx->sync_state = 1;
-    if (atomic_load(&ctx->comm_idle))
-        psagg_fabric_wake(ctx->fab);
-    while (ctx->sync_state && !ctx->failed)
-        if (pthread_cond_timedwait(&ctx->cv, &ctx->mu, &until) == ETIMEDOUT)
-            break;
+    ask_comm(ctx, &ctx->sync_state, &until);
     if (ctx->failed) {
         st = psagg_fail(ctx->failed_status, "%s", ctx->failed_msg);
     } else if (ctx->sync_state) { /* the barrier is lost for this worker: so is the job */
