@@ -17,26 +17,27 @@ ME = os.path.basename(sys.argv[0]) or "psagg-launch"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Runs on each host as: bash -c WRAPPER psagg-job GRACE CMD ARGS... (inside `setsid -w`, so
-# the group is the wrapper's). The program gets /dev/null as stdin; the watchdog reads the
-# ssh channel (explicitly: bash gives background jobs /dev/null otherwise), and EOF on it (we
-# closed it, died, or the connection dropped) stops the group.
+# the group is the wrapper's). The program gets /dev/null as stdin; the wrapper reads the ssh
+# channel, and EOF on it (we closed it, died, or the connection dropped) stops the group: TERM
+# to every member but the wrapper, KILL after GRACE seconds. The wrapper polls (read -t) rather
+# than `wait -n` on the program and a reader job: bash 5.2's `wait -n` never returns for a job
+# that ended before the call (a connection closed before the program started), and the
+# program would outlive the job.
 WRAPPER = r'''
 g=$1; shift
-trap '' TERM
 "$@" </dev/null &
 c=$!
-( trap - TERM; while read -r _; do :; done; exit 0 ) <&0 &
-w=$!
-wait -n "$c" "$w"
-disown "$w" # its end is ours: no "Killed" notice from bash
+while kill -0 "$c" 2>/dev/null; do
+    read -r -t 0.1 _ && continue
+    (($? > 128)) || break # EOF (a timeout is > 128)
+done
+group() { for p in $(pgrep -g $$); do [[ $p == $$ ]] || kill -"$1" "$p" 2>/dev/null; done; }
 if kill -0 "$c" 2>/dev/null; then
-    kill -TERM -- -$$ 2>/dev/null
+    group TERM
     for ((i = 0; i < g * 10; i++)); do kill -0 "$c" 2>/dev/null || break; sleep 0.1; done
-    for p in $(pgrep -g $$); do [[ $p == $$ ]] || kill -KILL "$p" 2>/dev/null; done
+    group KILL
 fi
-wait "$c"; rc=$?
-kill -KILL "$w" 2>/dev/null
-exit $rc
+wait "$c"
 '''
 
 

@@ -17,6 +17,8 @@
 #      host by psagg-ssh and joins the running job (fn_worker --sync --rejoin): from the
 #      barrier that admitted it every element is the exact sum of all four, the last rounds
 #      are bit-identical on all four, and psagg-ssh exits 0
+#   6. a remote command whose ssh stdin is at EOF before the program starts (psagg-ssh closed
+#      it early): the program is stopped (SIGTERM) and ssh returns
 # After each, no process of the job may be left in any namespace (only the sshd listeners)
 # 15 s after the launcher returned.
 # Exit 0 passed, 1 failed, 77 skipped (not root, or no sshd / ip / setsid).
@@ -244,4 +246,16 @@ grep -q "fn_worker 3: joined at round" "$D/rj.out" || { cat "$D/rj.out" >&2; fai
     { grep 'TAIL\|ELASTIC' "$D/rj.out" >&2; fail "restarts: the four workers' last rounds differ"; }
 echo "test_ssh: restarts: worker 3 killed over ssh, started again, $(grep -o 'joined at round [0-9]*' "$D/rj.out"); 4 workers bit-identical"
 check_clean restarts
+# 6. a connection that closes before its program starts: the watchdog stops the program all
+# the same (the EOF comes before the program exists; a wrapper on `wait -n` waited forever)
+cmd=$(python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import psagg_launch as l
+print(l.Proc("h", "worker", 0, ["sleep", "300"], {}).remote_command(1, "/"))' "$repo/deploy") ||
+    fail "early eof: cannot make the remote command"
+t0=$(date +%s%N)
+timeout 30 ip netns exec "$(ns 0)" ssh -F "$D/ssh_config" "$NET.2" "$cmd" </dev/null
+rc=$?
+t=$((($(date +%s%N) - t0) / 1000000))
+((rc == 143)) || fail "early eof: ssh returned $rc after ${t} ms (124: the remote program outlived its connection), expected 143 (the program stopped by SIGTERM)"
+echo "test_ssh: early eof: the remote program was stopped with its connection, ssh returned in ${t} ms"
+check_clean early_eof
 echo "test_ssh: passed"
