@@ -248,7 +248,8 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
     {
         psagg_ctl_welcome wel = {.server_rank = (uint32_t)srv->rank,
                                  .n_servers = (uint32_t)srv->cfg.n_servers,
-                                 .flags = flags | (srv->job_running ? PSAGG_WELCOME_JOINING : 0)};
+                                 .flags = flags | (srv->job_running ? PSAGG_WELCOME_JOINING : 0) |
+                                          (srv->cfg.quorum ? PSAGG_WELCOME_QUORUM : 0)};
         size_t elen = sizeof wel.epname;
         memcpy(wel.nonce, srv->nonce, sizeof wel.nonce);
         optim_welcome(srv, &wel.optim);

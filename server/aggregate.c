@@ -127,6 +127,17 @@ void agg_finish_round(server *srv, chunk_state *c)
     enc = (size_t)r;
     h->epoch = (uint16_t)atomic_load(&srv->epoch);
     h->summed = (uint16_t)c->n_arrived;
+    if (srv->bitmap_bytes) { /* [server] quorum: whose pushes are in it (wire.h) */
+        uint8_t *bits = c->out[p] + sizeof *h + enc;
+        memset(bits, 0, srv->bitmap_bytes);
+        for (int w = 0; w < srv->n_workers; w++) {
+            if (c->arrived[w])
+                bits[w / 8] |= (uint8_t)(1u << (w % 8));
+            else if (c->closing && server_member(srv, w))
+                metrics_left_out(srv, w);
+        }
+        enc += srv->bitmap_bytes;
+    }
     if (srv->tag_bytes) /* one MAC: every worker gets the same bytes */
         psagg_msg_mac(&srv->data_key, c->out[p], sizeof *h + enc, c->out[p] + sizeof *h + enc);
     {
@@ -142,6 +153,8 @@ void agg_finish_round(server *srv, chunk_state *c)
         trace_round(srv, c, now);
     server_queue_update(srv, &c->sctx[p]);
     c->round_deadline = 0;
+    c->close_at_ms = 0;
+    c->closing = 0;
     c->codec_set = 0;
     c->n_arrived = 0;
     c->next = 0;
@@ -190,13 +203,14 @@ static void release_held(server *srv, chunk_state *c, int w)
 
 /*
  * cpu_sum_ops' settle: fold the early pushes the fixed order now reaches, passing over the
- * workers that are no members (elastic: they left; a push of theirs that came is folded).
+ * workers that are no members (elastic: they left; a push of theirs that came is folded), and
+ * over every missing one when the round closes without them ([server] quorum).
  */
 static int cpu_settle(server *srv, chunk_state *c)
 {
     size_t cap = c->info->cap_bytes;
     while ((int)c->next < srv->n_workers &&
-           (c->arrived[c->next] || !server_member(srv, (int)c->next))) {
+           (c->arrived[c->next] || c->closing || !server_member(srv, (int)c->next))) {
         int nx = (int)c->next, bad = 0;
         if (c->held[nx]) {
             bad = fold(srv, c, nx, c->held[nx]->rx.buf + sizeof(psagg_msg_hdr));
@@ -283,6 +297,71 @@ const chunk_sum_ops cpu_sum_ops = {
     .encode = cpu_encode,
 };
 
+static void quorum_close(server *srv, chunk_state *c, int64_t now);
+
+/*
+ * [server] quorum: c's round has `quorum` pushes (of the live workers: all of them when fewer
+ * are alive): it closes grace_ms from now without the workers still missing (quorum_close).
+ * Only a round of gradients may (chunk_ops.partial). The aggregation thread's timer wakes at
+ * the earliest such time of its chunks (agg_main).
+ */
+static void quorum_arm(server *srv, chunk_state *c)
+{
+    int live = 0;
+    agg_thread *t = &srv->threads[c->thread];
+    if (c->close_at_ms || !c->n_arrived || !c->ops->partial(c))
+        return;
+    for (int w = 0; w < srv->n_workers; w++)
+        live += server_member(srv, w);
+    if ((int)c->n_arrived < (srv->cfg.quorum < live ? srv->cfg.quorum : live))
+        return;
+    c->close_at_ms = psagg_now_ms() + srv->cfg.grace_ms;
+    if (!t->close_next_ms || c->close_at_ms < t->close_next_ms)
+        t->close_next_ms = c->close_at_ms;
+    if (!srv->cfg.grace_ms)
+        quorum_close(srv, c, c->close_at_ms);
+}
+
+/*
+ * Close c's round without its missing workers if its grace has passed (close_at_ms -1: it
+ * passed, and the round waits for a worker too far behind). A worker is left out only if its
+ * push of the previous round came (wire.h): so none is ever more than one round behind, and
+ * a worker holds at most one early update per chunk. Otherwise the round waits for it (its
+ * late push, or its push of this round) and the op deadline still applies.
+ */
+static void quorum_close(server *srv, chunk_state *c, int64_t now)
+{
+    if (!c->close_at_ms || (c->close_at_ms > 0 && now < c->close_at_ms) || c->closing ||
+        c->broken || atomic_load(&c->deferred))
+        return;
+    for (int w = 0; w < srv->n_workers; w++)
+        if (!c->arrived[w] && server_member(srv, w) && c->seen[w] < c->round) {
+            c->close_at_ms = -1;
+            return;
+        }
+    c->closing = 1;
+    if (c->ops->settle(srv, c) & CHUNK_COMPLETE)
+        agg_finish_round(srv, c);
+}
+
+/* The aggregation thread's chunks whose grace has passed close; the next one's time. */
+static void quorum_timer(server *srv, agg_thread *t, int64_t now)
+{
+    int self = (int)(t - srv->threads);
+    int64_t next = 0;
+    if (!t->close_next_ms || now < t->close_next_ms)
+        return;
+    for (uint32_t i = 0; i < srv->n_owned; i++) {
+        chunk_state *c = &srv->chunks[i];
+        if ((int)c->thread != self || c->close_at_ms <= 0)
+            continue;
+        quorum_close(srv, c, now);
+        if (c->close_at_ms > 0 && !c->closing && (!next || c->close_at_ms < next))
+            next = c->close_at_ms;
+    }
+    t->close_next_ms = next;
+}
+
 /*
  * One push for chunk c, already checked by the progress thread: its source (and MAC with
  * data_auth), then its fields against the layout. So a forged push never reaches this point
@@ -301,7 +380,19 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
         return 0;
     if (c->ops->admit(srv, c, rb, &round))
         return 0;
-    if (round < c->round) {
+    if (round < c->round || (round == c->round && c->closing)) {
+        if (srv->cfg.quorum && round + 1 >= c->round) {
+            /* its round closed without it (a straggler): it carries the push itself */
+            if (c->seen[w] < round + 1)
+                c->seen[w] = round + 1;
+            metrics_late(srv, w);
+            LOG_DEBUG(&srv->log,
+                      "late push from worker %d: tensor %u chunk %u round %u (collecting %u), "
+                      "dropped: the round closed without it",
+                      w, h->key, h->chunk, h->round, c->round);
+            quorum_close(srv, c, psagg_now_ms()); /* it may have been waiting for this one */
+            return 0;
+        }
         LOG_WARN(&srv->log,
                  "stale push from worker %d: tensor %u chunk %u round %u (collecting %u), dropped",
                  w, h->key, h->chunk, h->round, c->round);
@@ -330,9 +421,12 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
         c->last_worker = (uint32_t)w;
         metrics_lateness(srv, w, now - c->first_push_ns);
     }
+    c->seen[w] = round + 1;
     r = c->ops->collect(srv, c, w, rb);
     if (r & CHUNK_COMPLETE)
         agg_finish_round(srv, c);
+    else if (srv->cfg.quorum && !c->broken)
+        quorum_arm(srv, c);
     return r & CHUNK_KEPT;
 }
 
@@ -425,6 +519,7 @@ const chunk_ops sum_chunk_ops = {
     .settle = sum_settle,
     .finish = sum_finish,
     .advances = sum_advances,
+    .partial = sum_advances, /* (always 1 too) */
 };
 
 /*
@@ -471,8 +566,13 @@ static void *agg_main(void *arg)
         pthread_mutex_lock(&t->mu);
         while (!t->head && !t->stop) {
             struct timespec until;
+            int64_t ms = DEADLINE_CHECK_MS;
+            if (t->close_next_ms) { /* a round's grace ([server] quorum) may end sooner */
+                int64_t left = t->close_next_ms - psagg_now_ms();
+                ms = left < 1 ? 1 : left < ms ? left : ms;
+            }
             clock_gettime(CLOCK_MONOTONIC, &until);
-            until.tv_nsec += DEADLINE_CHECK_MS * 1000000L;
+            until.tv_nsec += ms * 1000000L;
             if (until.tv_nsec >= 1000000000L) {
                 until.tv_sec++;
                 until.tv_nsec -= 1000000000L;
@@ -485,6 +585,11 @@ static void *agg_main(void *arg)
             break;
         }
         now = psagg_now_ms();
+        if (t->close_next_ms && now >= t->close_next_ms && !atomic_load(&srv->job_failed)) {
+            pthread_mutex_unlock(&t->mu);
+            quorum_timer(srv, t, now);
+            continue;
+        }
         if (now >= next_check) {
             pthread_mutex_unlock(&t->mu);
             if (!atomic_load(&srv->job_failed))
@@ -529,6 +634,10 @@ void agg_settle(server *srv, chunk_state *c)
 {
     if (!c->broken && c->n_arrived && (c->ops->settle(srv, c) & CHUNK_COMPLETE))
         agg_finish_round(srv, c);
+    else if (srv->cfg.quorum && !c->broken && c->n_arrived) { /* fewer live: maybe a quorum */
+        quorum_arm(srv, c);
+        quorum_close(srv, c, psagg_now_ms());
+    }
 }
 
 void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb)
@@ -605,20 +714,22 @@ static psagg_status chunk_alloc(server *srv, chunk_state *c)
     psagg_status st;
 
     c->arrived = arena_alloc(n);
+    c->seen = arena_alloc(n * sizeof *c->seen);
     c->held = arena_alloc(n * sizeof *c->held);
     c->slots = arena_alloc(n * enc);
     c->sctx[0].to = arena_alloc(2 * n);
     for (int p = 0; p < 2; p++) {
         uint8_t *to = c->sctx[0].to ? c->sctx[0].to + (size_t)p * n : NULL;
         c->sctx[p] = (send_ctx){.chunk = c, .parity = p, .to = to};
-        c->out[p] = arena_alloc(sizeof(psagg_msg_hdr) + out + srv->tag_bytes);
+        size_t bytes = sizeof(psagg_msg_hdr) + out + srv->bitmap_bytes + srv->tag_bytes;
+        c->out[p] = arena_alloc(bytes);
         if (!c->out[p])
             break;
-        if (psagg_fabric_reg(srv->fab, c->out[p], sizeof(psagg_msg_hdr) + out + srv->tag_bytes,
-                             &c->out_desc[p]))
+        if (psagg_fabric_reg(srv->fab, c->out[p], bytes, &c->out_desc[p]))
             return psagg_fail_context(PSAGG_EFABRIC, "registering update buffers: ");
     }
-    if (!c->arrived || !c->held || !c->slots || !c->sctx[0].to || !c->out[0] || !c->out[1])
+    if (!c->arrived || !c->seen || !c->held || !c->slots || !c->sctx[0].to || !c->out[0] ||
+        !c->out[1])
         return psagg_fail(PSAGG_ENOMEM, "buffers of tensor %u chunk %u", ci->key, ci->index);
     if ((st = c->sum->alloc(srv, c)))
         return st;
@@ -632,8 +743,9 @@ static psagg_status chunk_alloc(server *srv, chunk_state *c)
 static uint64_t chunk_bytes(const server *srv, uint64_t count, size_t enc, const chunk_ops *ops)
 {
     uint64_t n = (uint64_t)srv->n_workers, out = ops->out_bytes(count, enc);
-    return sizeof(chunk_state) + 3 * n + n * sizeof(void *) + n * enc + 4 * count +
-           ops->state_bytes(srv, count) + 2 * (sizeof(psagg_msg_hdr) + out + srv->tag_bytes);
+    return sizeof(chunk_state) + 3 * n + 4 * n + n * sizeof(void *) + n * enc + 4 * count +
+           ops->state_bytes(srv, count) +
+           2 * (sizeof(psagg_msg_hdr) + out + srv->bitmap_bytes + srv->tag_bytes);
 }
 
 static uint64_t sat_add(uint64_t a, uint64_t b)
@@ -834,6 +946,7 @@ void agg_teardown(server *srv)
         if (c->sum)
             c->sum->free(c);
         arena_free(c->arrived);
+        arena_free(c->seen);
         arena_free(c->held);
         arena_free(c->slots);
         arena_free(c->out[0]);

@@ -37,6 +37,8 @@ typedef struct histo {
 
 typedef struct worker_metrics {
     atomic_uint_fast64_t pushes, push_bytes;
+    atomic_uint_fast64_t left_out, late_pushes; /* [server] quorum: rounds closed without its push;
+                                            its pushes that came after their round closed */
     histo late;
 } worker_metrics;
 
@@ -108,6 +110,16 @@ void metrics_push(server *srv, int w, size_t bytes)
 {
     atomic_fetch_add_explicit(&srv->metrics->w[w].pushes, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&srv->metrics->w[w].push_bytes, bytes, memory_order_relaxed);
+}
+
+void metrics_left_out(server *srv, int w)
+{
+    atomic_fetch_add_explicit(&srv->metrics->w[w].left_out, 1, memory_order_relaxed);
+}
+
+void metrics_late(server *srv, int w)
+{
+    atomic_fetch_add_explicit(&srv->metrics->w[w].late_pushes, 1, memory_order_relaxed);
 }
 
 void metrics_drop(server *srv)
@@ -222,6 +234,14 @@ void metrics_report(server *srv)
                  "max %.3f ms (after the first push of the same chunk and round)",
                  w, (unsigned long long)n, mean, histo_quantile(m, 0.99) * 1e3,
                  (double)atomic_load(&m->ns_max) / 1e6);
+        if (srv->cfg.quorum)
+            LOG_INFO(&srv->log,
+                     "straggler report: worker %d: left out of %llu chunk rounds ([server] "
+                     "quorum = %d, grace_ms = %d); %llu of its pushes came after their round "
+                     "closed (carried by it into its next push)",
+                     w, (unsigned long long)atomic_load(&srv->metrics->w[w].left_out),
+                     srv->cfg.quorum, srv->cfg.grace_ms,
+                     (unsigned long long)atomic_load(&srv->metrics->w[w].late_pushes));
         if (slowest < 0 || mean > slowest_mean) {
             slowest = w;
             slowest_mean = mean;
@@ -322,6 +342,17 @@ static char *render(server *srv, size_t *len)
     for (int w = 0; w < srv->n_workers; w++)
         fprintf(f, "psagg_server_push_bytes_total{worker=\"%d\"} %llu\n", w,
                 (unsigned long long)atomic_load(&m->w[w].push_bytes));
+    help(f, "psagg_server_left_out_total", "counter",
+         "Chunk rounds closed without this worker's push ([server] quorum), by worker.");
+    for (int w = 0; w < srv->n_workers; w++)
+        fprintf(f, "psagg_server_left_out_total{worker=\"%d\"} %llu\n", w,
+                (unsigned long long)atomic_load(&m->w[w].left_out));
+    help(f, "psagg_server_late_pushes_total", "counter",
+         "Pushes that came after their round closed ([server] quorum; dropped, carried by the "
+         "worker), by worker.");
+    for (int w = 0; w < srv->n_workers; w++)
+        fprintf(f, "psagg_server_late_pushes_total{worker=\"%d\"} %llu\n", w,
+                (unsigned long long)atomic_load(&m->w[w].late_pushes));
     help(f, "psagg_server_push_lateness_seconds", "histogram",
          "How long after the first push of its chunk and round a worker's push arrived.");
     for (int w = 0; w < srv->n_workers; w++) {

@@ -167,7 +167,7 @@ static int send_queued(server *srv)
         pthread_mutex_unlock(&srv->sendq_mu);
         c = sc->chunk;
         bytes = sizeof(psagg_msg_hdr) + ((const psagg_msg_hdr *)c->out[sc->parity])->len +
-                srv->tag_bytes;
+                srv->bitmap_bytes + srv->tag_bytes;
         for (; sc->next_worker < srv->n_workers; sc->next_worker++) {
             int w = sc->next_worker;
             psagg_status st;

@@ -49,6 +49,7 @@ int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *s
     pthread_mutex_init(&srv->barrier_mu, NULL);
     pthread_cond_init(&srv->barrier_cv, NULL);
     srv->n_workers = cfg->n_workers;
+    srv->bitmap_bytes = cfg->quorum ? ((size_t)cfg->n_workers + 7) / 8 : 0;
     srv->workers = calloc((size_t)srv->n_workers, sizeof *srv->workers);
     srv->rank_at = calloc((size_t)srv->n_workers, sizeof *srv->rank_at);
     if (!srv->workers || !srv->rank_at || admission_init(srv) || metrics_init(srv) ||

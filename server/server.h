@@ -167,8 +167,12 @@ typedef struct chunk_state {
     const struct chunk_ops *ops;     /* its round's kind: sum_chunk_ops, param_chunk_ops */
     const struct chunk_sum_ops *sum; /* how it sums: cpu_sum_ops, gpu_sum_ops */
     send_ctx sctx[2];
-    param_state *param;    /* param_chunk_ops' state (param.c), else NULL */
-    size_t out_cap;        /* payload bytes out[] holds: cap_bytes, or a parameter's fp32 */
+    param_state *param; /* param_chunk_ops' state (param.c), else NULL */
+    size_t out_cap;     /* payload bytes out[] holds: cap_bytes, or a parameter's fp32 */
+    /* [server] quorum (straggler tolerance): */
+    int64_t close_at_ms;   /* 0, or when the round closes without the workers still missing */
+    int closing;           /* it closes now: the missing members are passed over */
+    uint32_t *seen;        /* per worker: 1 + the newest round of its that came (on time or late) */
     int64_t first_push_ns; /* when this round's first push came (lateness, metrics.c) */
     int64_t last_push_ns;  /* and its last (the timeline) */
     uint32_t first_worker, last_worker;
@@ -230,6 +234,8 @@ typedef struct chunk_sum_ops {
  *   finish      every push is in: write the update into out (header included); returns its
  *               payload bytes, or -1 with the job failed
  *   advances    after finish: 1 if the round counts (the chunk moves to its next round)
+ *   partial     whether the round being collected may close without every member ([server]
+ *               quorum): a sum of gradients may, a parameter's INIT or PULL may not
  */
 typedef struct chunk_ops {
     const char *name; /* "sum", "parameter" */
@@ -245,6 +251,7 @@ typedef struct chunk_ops {
     int (*settle)(struct server *srv, chunk_state *c);
     long (*finish)(struct server *srv, chunk_state *c, uint8_t *out, psagg_rng_key key);
     int (*advances)(const chunk_state *c);
+    int (*partial)(const chunk_state *c);
 } chunk_ops;
 
 typedef struct agg_thread {
@@ -255,8 +262,9 @@ typedef struct agg_thread {
     agg_item *head, *tail;
     agg_item barrier; /* agg_barrier's marker in the queue */
     int stop;
-    void *cuda;          /* psagg_cuda_ctx of the GPU assist, or NULL (gpu.c) */
-    uint64_t gpu_failed; /* sums the GPU could not make, made on the CPU instead (gpu.c) */
+    void *cuda;            /* psagg_cuda_ctx of the GPU assist, or NULL (gpu.c) */
+    int64_t close_next_ms; /* the earliest close_at_ms of its chunks, or 0 (quorum) */
+    uint64_t gpu_failed;   /* sums the GPU could not make, made on the CPU instead (gpu.c) */
 } agg_thread;
 
 /* The pool's start-up: each thread reports once its chunks' buffers are allocated. */
@@ -279,6 +287,7 @@ typedef struct server {
     psagg_gate gate; /* who sent a push (runtime/gate.h; the progress thread's) */
 
     int n_workers;
+    size_t bitmap_bytes; /* [server] quorum: an update's contributor bitmap (wire.h), else 0 */
     worker_conn *workers;
     int *rank_at; /* n_workers entries: the worker whose fabric address is this index, or -1 */
     pending_conn *pending;       /* PENDING_MAX slots (admission.c); fd < 0 when free */
@@ -358,6 +367,8 @@ psagg_status metrics_start(server *srv);
 void metrics_stop(server *srv);
 void metrics_push(server *srv, int worker, size_t bytes);
 void metrics_drop(server *srv);
+void metrics_left_out(server *srv, int worker); /* [server] quorum */
+void metrics_late(server *srv, int worker);
 void metrics_lateness(server *srv, int worker, int64_t ns);
 void metrics_round(server *srv, size_t update_bytes, int64_t collect_ns, int64_t finish_ns);
 /* The job started (chunks set up, threads running): the codec mix, the busy counters. */
@@ -492,7 +503,8 @@ void server_queue_update(server *srv, send_ctx *sc);
 void server_queue_repost(server *srv, recv_buf *rb);
 /* Whether worker w belongs to the job now (any thread; membership.c changes it). */
 int server_member(const server *srv, int w);
-/* Whether c's round has a push from every member (and at least one): aggregation threads. */
+/* Whether c's round has a push from every member (and at least one), or, closing ([server]
+   quorum), from any worker: aggregation threads. */
 int server_members_in(const server *srv, const chunk_state *c);
 /* The worker whose fabric address is addr, or -1. */
 int server_worker_at(const server *srv, psagg_peer addr);

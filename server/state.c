@@ -106,6 +106,8 @@ int server_members_in(const server *srv, const chunk_state *c)
 {
     if (!c->n_arrived)
         return 0;
+    if (c->closing)
+        return 1;
     for (int w = 0; w < srv->n_workers; w++)
         if (!c->arrived[w] && server_member(srv, w))
             return 0;

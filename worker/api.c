@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -131,7 +132,7 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
     const psagg_layout *l = &ctx->layout;
     size_t rsize = sizeof(psagg_msg_hdr) +
                    (l->max_param_bytes > l->max_enc_bytes ? l->max_param_bytes : l->max_enc_bytes) +
-                   ctx->tag_bytes;
+                   ctx->bitmap_bytes + ctx->tag_bytes;
     psagg_status st;
 
     if (rsize > ctx->max_msg)
@@ -139,7 +140,9 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
                           ctx->max_msg);
     ctx->tensors = calloc(l->n_tensors, sizeof *ctx->tensors);
     ctx->chunks = calloc(l->n_chunks, sizeof *ctx->chunks);
-    if (!ctx->tensors || !ctx->chunks)
+    if (ctx->bitmap_bytes) /* [server] quorum */
+        ctx->early = calloc(l->n_chunks, sizeof *ctx->early);
+    if (!ctx->tensors || !ctx->chunks || (ctx->bitmap_bytes && !ctx->early))
         return psagg_fail(PSAGG_ENOMEM, "tensor tables");
     for (uint32_t t = 0; t < ctx->n_user; t++) { /* internal tensors keep no residual */
         const psagg_tensor_info *ti = &l->tensors[t];
@@ -591,10 +594,17 @@ psagg_status psagg_get_stats(const psagg_ctx *ctx, psagg_stats *out)
     psagg_status st;
     if (!ctx || !out)
         return psagg_fail(PSAGG_EINVAL, "psagg_get_stats: NULL argument");
-    if ((st = worker_struct_size("psagg_stats", out->struct_size, sizeof *out)))
+    size_t size = out->struct_size;
+    if (size != offsetof(psagg_stats, left_out) && /* (before left_out was appended) */
+        (st = worker_struct_size("psagg_stats", size, sizeof *out)))
         return psagg_fail_context(st, "psagg_get_stats: ");
-    worker_stats(ctx, out);
-    out->time.struct_size = sizeof out->time;
+    {
+        psagg_stats all = {.struct_size = size};
+        worker_stats(ctx, &all);
+        all.time.struct_size = sizeof all.time;
+        all.left_out = atomic_load(&ctx->left_out);
+        memcpy(out, &all, size);
+    }
     return PSAGG_OK;
 }
 
@@ -702,14 +712,25 @@ psagg_status psagg_close(psagg_ctx *ctx)
             LOG_WARN(&ctx->log, "server %d: BYE: %s", s, psagg_last_error());
         close(ctx->servers[s].fd);
     }
+    if (ctx->bitmap_bytes && atomic_load(&ctx->left_out))
+        LOG_INFO(&ctx->log,
+                 "[server] quorum: %llu chunk rounds closed without this worker's push (each "
+                 "carried into its next push)",
+                 (unsigned long long)atomic_load(&ctx->left_out));
     psagg_node_close(&ctx->node);
     psagg_timeline_close(ctx->timeline, &ctx->log);
     if (ctx->device_destroy)
         ctx->device_destroy(ctx);
-    for (uint32_t t = 0; ctx->tensors && t < ctx->layout.n_tensors; t++)
+    for (uint32_t t = 0; ctx->tensors && t < ctx->layout.n_tensors; t++) {
         psagg_free(ctx->tensors[t].residual);
-    for (uint32_t c = 0; ctx->chunks && c < ctx->layout.n_chunks; c++)
+        psagg_free(ctx->tensors[t].carry);
+    }
+    for (uint32_t c = 0; ctx->chunks && c < ctx->layout.n_chunks; c++) {
         psagg_free(ctx->chunks[c].buf);
+        if (ctx->early)
+            free(ctx->early[c]);
+    }
+    free(ctx->early);
     psagg_rxpool_destroy(&ctx->rx);
     adapt_free(ctx);
     free(ctx->chunks);

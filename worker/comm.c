@@ -171,6 +171,15 @@ static psagg_status param_body(psagg_ctx *ctx, struct psagg_handle *h)
     return PSAGG_OK;
 }
 
+static void apply_update(comm_state *cs, struct psagg_handle *h, const uint8_t *msg,
+                         const psagg_msg_codec *mc, int complete);
+
+/* [server] quorum: an update that came before this worker's push of its round (wire.h). */
+struct early_update {
+    psagg_msg_codec mc; /* as psagg_msg_check read it */
+    uint8_t msg[];      /* the checked message: header, payload, bitmap (and MAC) */
+};
+
 /*
  * Have every chunk of h encoded (so a bad gradient fails the call before anything is sent),
  * then write the headers. Returns 1 when encoded, 0 when not yet (a chunk buffer is still
@@ -225,7 +234,16 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
     }
     h->encoded = 1;
     h->t_encoded = psagg_now_ns();
-    return 1;
+    if (ctx->early) /* [server] quorum: updates that came first (their chunks are not sent) */
+        for (uint32_t c = 0; c < ti->n_chunks && !worker_failed(ctx); c++) {
+            struct early_update *e = ctx->early[ti->first_chunk + c];
+            if (!e || ((const psagg_msg_hdr *)e->msg)->round != h->round)
+                continue; /* (or of the next round: the next operation's) */
+            ctx->early[ti->first_chunk + c] = NULL;
+            apply_update(cs, h, e->msg, &e->mc, 0); /* (poll_completing completes h) */
+            free(e);
+        }
+    return worker_failed(ctx) ? 0 : 1;
 }
 
 /*
@@ -256,6 +274,11 @@ static int schedule(comm_state *cs)
             uint32_t g = ti->first_chunk + h->next_send;
             const psagg_chunk_info *ci = &ctx->layout.chunks[g];
             server_conn *sc = &ctx->servers[ci->owner];
+            if (h->chunk_done[h->next_send]) { /* its round closed without it ([server] quorum) */
+                if (++h->next_send == ti->n_chunks)
+                    h->t_sent = psagg_now_ns();
+                continue;
+            }
             /* the header encode_op wrote has the payload's length */
             size_t len = sizeof(psagg_msg_hdr) + ((const psagg_msg_hdr *)ctx->chunks[g].buf)->len;
             psagg_status st;
@@ -317,10 +340,78 @@ static const psagg_data_key *server_key(const void *owner, int s)
 }
 
 /*
+ * [server] quorum: check an update's contributor bitmap (after its payload) against `summed`
+ * and say whether this worker's push is in it: 1 in, 0 left out, -1 the job failed.
+ */
+static int bitmap_has_me(psagg_ctx *ctx, const psagg_msg_hdr *mh, const char *name)
+{
+    const uint8_t *bits = (const uint8_t *)mh + sizeof *mh + mh->len;
+    unsigned n = 0;
+    for (size_t i = 0; i < ctx->bitmap_bytes; i++)
+        for (int b = 0; b < 8; b++)
+            if (bits[i] >> b & 1) {
+                if ((int)(8 * i) + b >= ctx->world) {
+                    worker_fail_all(ctx, PSAGG_EPROTO,
+                                    "server %u sent the update of tensor '%s' chunk %u round %u "
+                                    "naming worker %zu in its bitmap; the job has %d",
+                                    mh->sender, name, mh->chunk, mh->round, 8 * i + (size_t)b,
+                                    ctx->world);
+                    return -1;
+                }
+                n++;
+            }
+    if (n != mh->summed) {
+        worker_fail_all(ctx, PSAGG_EPROTO,
+                        "server %u sent the update of tensor '%s' chunk %u round %u summing %u "
+                        "workers, but its bitmap names %u",
+                        mh->sender, name, mh->chunk, mh->round, mh->summed, n);
+        return -1;
+    }
+    return bits[ctx->rank / 8] >> (ctx->rank % 8) & 1;
+}
+
+/*
+ * [server] quorum: an update of a round this worker has not encoded yet (the next operation's,
+ * or the one in flight's before its encode) waits in early[] until that operation is encoded
+ * (encode_op). Returns 1 when it was kept (or the job failed), 0 when it is not an early one.
+ */
+static int keep_early(psagg_ctx *ctx, const struct psagg_handle *h, const psagg_rxbuf *rb,
+                      const psagg_msg_codec *mc)
+{
+    const psagg_msg_hdr *mh = (const psagg_msg_hdr *)rb->buf;
+    const psagg_tensor_info *ti = &ctx->layout.tensors[mh->key];
+    uint32_t g = ti->first_chunk + mh->chunk;
+    struct early_update *e;
+
+    /* the round of the operation in flight before it is encoded; the next round while one is
+       in flight (its other chunks' updates still to come); with none, the next operation's */
+    if (h ? !(mh->round == h->round + 1 || (mh->round == h->round && !h->encoded))
+          : mh->round != ctx->tensors[mh->key].round)
+        return 0;
+    if (ctx->early[g]) {
+        worker_fail_all(ctx, PSAGG_EPROTO,
+                        "server %u sent two updates of tensor '%s' chunk %u (rounds %u and %u) "
+                        "before this worker pushed it: a worker is never left more than one "
+                        "round behind",
+                        mh->sender, ti->name, mh->chunk,
+                        ((const psagg_msg_hdr *)ctx->early[g]->msg)->round, mh->round);
+        return 1;
+    }
+    if (!(e = malloc(sizeof *e + rb->len))) {
+        worker_fail_all(ctx, PSAGG_ENOMEM, "keeping an early update of tensor '%s'", ti->name);
+        return 1;
+    }
+    e->mc = *mc;
+    memcpy(e->msg, rb->buf, rb->len);
+    ctx->early[g] = e;
+    return 1;
+}
+
+/*
  * One update arrived: check its source (a server of this job; on tcp libfabric names it) and,
  * with data_auth, its MAC under that server's data key before believing anything in it; then
- * its fields, and that it comes from the chunk's owner for the round in flight; then hand it
- * to its operation's buffer operations.
+ * its fields, and that it comes from the chunk's owner; then apply it (apply_update), or keep
+ * it until this worker's own push of its round is encoded ([server] quorum).
  */
 static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
 {
@@ -328,20 +419,17 @@ static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
     const psagg_msg_hdr *mh = (const psagg_msg_hdr *)rb->buf;
     const psagg_chunk_info *ci;
     const psagg_tensor_info *ti;
-    struct psagg_handle *h;
     psagg_msg_codec mc;
     enum psagg_msg_type type;
     const char *bad;
-    psagg_status st;
-    int from, mode;
-    uint32_t kind;
-    int64_t t0;
+    int from;
 
     if ((from = psagg_gate_sender(&cs->gate, rb->buf, rb->len, src)) < 0)
         return;
     type = rb->len >= sizeof *mh && mh->type == PSAGG_MSG_WEIGHTS ? PSAGG_MSG_WEIGHTS
                                                                   : PSAGG_MSG_UPDATE;
-    bad = psagg_msg_check(rb->buf, rb->len, ctx->tag_bytes, type, &ctx->layout, &ci, &mc);
+    bad = psagg_msg_check(rb->buf, rb->len, ctx->tag_bytes + ctx->bitmap_bytes, type, &ctx->layout,
+                          &ci, &mc);
     if (bad) {
         worker_fail_all(ctx, PSAGG_EPROTO, "an update's field %s is invalid (%zu bytes)", bad,
                         rb->len);
@@ -355,7 +443,32 @@ static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
                         from, ti->name, mh->chunk, mh->sender, ci->owner);
         return;
     }
-    h = ctx->tensors[mh->key].op;
+    atomic_fetch_add(&ctx->bytes_received, rb->len);
+    if (ctx->bitmap_bytes && keep_early(ctx, ctx->tensors[mh->key].op, rb, &mc))
+        return;
+    apply_update(cs, ctx->tensors[mh->key].op, rb->buf, &mc, 1);
+}
+
+/*
+ * A checked update for operation h (or NULL): that it is of h's round and kind, then hand it
+ * to h's buffer operations (with [server] quorum, first carry this worker's push if the round
+ * left it out). complete: complete h now when it was its last update (else poll_completing
+ * does).
+ */
+static void apply_update(comm_state *cs, struct psagg_handle *h, const uint8_t *msg,
+                         const psagg_msg_codec *mcp, int complete)
+{
+    psagg_ctx *ctx = cs->ctx;
+    const psagg_msg_hdr *mh = (const psagg_msg_hdr *)msg;
+    const psagg_tensor_info *ti = &ctx->layout.tensors[mh->key];
+    const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + mh->chunk];
+    enum psagg_msg_type type = mh->type == PSAGG_MSG_WEIGHTS ? PSAGG_MSG_WEIGHTS : PSAGG_MSG_UPDATE;
+    psagg_msg_codec mc = *mcp;
+    psagg_status st;
+    int mode, in = 1;
+    uint32_t kind;
+    int64_t t0;
+
     kind = h ? h->prm.flags & PSAGG_PARAM_KIND_MASK : PSAGG_PARAM_GRAD;
     /* an INIT's answers name the chunks' round (a restored checkpoint's): one for all */
     if (h && ti->param && kind == PSAGG_PARAM_INIT && !h->reply_set) {
@@ -387,17 +500,36 @@ static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
                : h->op == PSAGG_AVERAGE ? PSAGG_DECODE_SCALE
                                         : PSAGG_DECODE_SET;
     }
-    if (ctx->cfg.elastic ? mh->summed > ctx->world : mh->summed != ctx->world) {
+    if (ctx->cfg.elastic || ctx->bitmap_bytes ? mh->summed > ctx->world || !mh->summed
+                                              : mh->summed != ctx->world) {
         worker_fail_all(ctx, PSAGG_EPROTO,
                         "server %u sent the update of tensor '%s' chunk %u round %u summing %u "
                         "workers; the job has %d%s",
                         mh->sender, ti->name, mh->chunk, mh->round, mh->summed, ctx->world,
-                        ctx->cfg.elastic ? "" : " and is not elastic");
+                        ctx->cfg.elastic || ctx->bitmap_bytes ? "" : " and is not elastic");
         return;
+    }
+    if (ctx->bitmap_bytes && (in = bitmap_has_me(ctx, mh, ti->name)) < 0)
+        return;
+    if (!in) { /* the round closed without this worker's push: its next push carries it */
+        if (kind != PSAGG_PARAM_GRAD || !h->ops->carry) {
+            worker_fail_all(ctx, PSAGG_EPROTO,
+                            "server %u left this worker's push out of tensor '%s' chunk %u "
+                            "round %u, which %s",
+                            mh->sender, ti->name, mh->chunk, mh->round,
+                            kind != PSAGG_PARAM_GRAD ? "every worker's push must be in"
+                                                     : "its buffers cannot carry");
+            return;
+        }
+        if ((st = h->ops->carry(ctx, h, ci))) {
+            worker_fail_all(ctx, st, "%s", psagg_last_error());
+            return;
+        }
+        atomic_fetch_add(&ctx->left_out, 1);
     }
     h->chunk_scale[mh->chunk] = 1.0f / (float)mh->summed;
     t0 = psagg_now_ns();
-    st = h->ops->update(ctx, h, ci, &mc.codec, mode, rb->buf + sizeof *mh, mc.len);
+    st = h->ops->update(ctx, h, ci, &mc.codec, mode, msg + sizeof *mh, mc.len);
     if (h->done_chunks + 1 < ti->n_chunks) /* the last one's decode is in t_done - t_updates */
         h->update_ns += (uint64_t)(psagg_now_ns() - t0);
     else
@@ -406,24 +538,25 @@ static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
         worker_fail_all(ctx, PSAGG_EPROTO, "%s", psagg_last_error());
         return;
     }
-    atomic_fetch_add(&ctx->bytes_received, rb->len);
     h->chunk_done[mh->chunk] = 1;
     if (++h->done_chunks < ti->n_chunks)
         return;
-    if (ctx->cfg.elastic) { /* a worker left during the round: say which chunks summed it */
+    if (ctx->cfg.elastic || ctx->bitmap_bytes) { /* say when chunks summed different workers */
         float lo = h->chunk_scale[0], hi = lo;
         for (uint32_t c = 1; c < ti->n_chunks; c++) {
             lo = h->chunk_scale[c] < lo ? h->chunk_scale[c] : lo;
             hi = h->chunk_scale[c] > hi ? h->chunk_scale[c] : hi;
         }
         if (lo != hi)
-            LOG_INFO(&ctx->log,
-                     "tensor '%s' round %u: its chunks summed %.0f to %.0f workers (one left "
-                     "during the round); each chunk's update says its own",
-                     ti->name, h->round, 1.0f / hi, 1.0f / lo);
+            LOG_DEBUG(&ctx->log,
+                      "tensor '%s' round %u: its chunks summed %.0f to %.0f workers (one left "
+                      "during the round, or [server] quorum closed some without a straggler); "
+                      "each chunk's update says its own",
+                      ti->name, h->round, 1.0f / hi, 1.0f / lo);
     }
     h->completing = 1;
-    try_complete(cs, h);
+    if (complete)
+        try_complete(cs, h);
 }
 
 /* Whether an operation waits for its buffer operations (a device's decodes) to finish. */

@@ -351,6 +351,12 @@ psagg_status psagg_push_pull_cuda(psagg_ctx *ctx, uint32_t key, const float *d_i
                         "does not support yet: push it from host memory (psagg_push_pull)");
         goto err;
     }
+    if (ctx->bitmap_bytes) {
+        st = psagg_fail(PSAGG_EUNSUPPORTED,
+                        "the servers run [server] quorum, whose left-out pushes the CUDA path "
+                        "cannot carry yet: push it from host memory (psagg_push_pull)");
+        goto err;
+    }
     if (ctx->layout.tensors[key].param) {
         st = psagg_fail(PSAGG_EUNSUPPORTED,
                         "it is a parameter ([server] optimizer), which the CUDA path does not "

@@ -110,7 +110,7 @@ static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const ch
                             "%s says it is server %u of %u; this worker's config lists it as "
                             "server %d of %d",
                             peer, w->server_rank, w->n_servers, s, ctx->cfg.n_servers);
-        else if ((w->flags & ~PSAGG_WELCOME_JOINING) != hello.flags)
+        else if ((w->flags & ~(PSAGG_WELCOME_JOINING | PSAGG_WELCOME_QUORUM)) != hello.flags)
             st = psagg_fail(PSAGG_ECONFIG, "%s has data_auth %s, this worker %s", peer,
                             w->flags & PSAGG_HELLO_DATA_AUTH ? "on" : "off",
                             hello.flags ? "on" : "off");
@@ -119,6 +119,12 @@ static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const ch
                             "%s says the job %s, server 0 that it %s: try again in a moment", peer,
                             w->flags & PSAGG_WELCOME_JOINING ? "runs" : "is starting",
                             ctx->joiner ? "runs" : "is starting");
+        else if (s > 0 && !!(w->flags & PSAGG_WELCOME_QUORUM) != !!ctx->bitmap_bytes)
+            st = psagg_fail(PSAGG_ECONFIG,
+                            "%s runs [server] quorum %s, server 0 %s: start every server with "
+                            "the same [server] quorum",
+                            peer, w->flags & PSAGG_WELCOME_QUORUM ? "on" : "off",
+                            ctx->bitmap_bytes ? "on" : "off");
         else if (strncmp(w->provider, hello.provider, PSAGG_PROVIDER_MAX - 1))
             st = psagg_fail(PSAGG_ECONFIG,
                             "%s opened fabric provider '%.31s', this worker '%.31s': every "
@@ -149,6 +155,8 @@ static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const ch
         if (!st && s == 0) {
             ctx->optim = w->optim;
             ctx->joiner = !!(w->flags & PSAGG_WELCOME_JOINING);
+            ctx->bitmap_bytes =
+                w->flags & PSAGG_WELCOME_QUORUM ? ((size_t)ctx->cfg.n_workers + 7) / 8 : 0;
             if (ctx->joiner)
                 LOG_WARN(&ctx->log,
                          "the job is running: worker %d joins it (admitted at the members' next "

@@ -7,6 +7,7 @@
  */
 #include <string.h>
 
+#include "base/alloc.h"
 #include "base/error.h"
 #include "kernels/codec.h"
 #include "worker.h"
@@ -16,22 +17,60 @@ static psagg_status host_encode(psagg_ctx *ctx, struct psagg_handle *h)
     const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
     tensor_state *ts = &ctx->tensors[h->key];
 
+    /* a carry (pushes left out of their rounds, without error feedback) is added as a
+       residual would be, and then cleared: what it leaves is the codec's error, not kept */
+    float *res = ts->residual ? ts->residual : ts->carry_live ? ts->carry : NULL;
+
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
         const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
         uint8_t *payload = ctx->chunks[ti->first_chunk + c].buf + sizeof(psagg_msg_hdr);
         psagg_rng_key key = psagg_rng_chunk_key(ctx->cfg.seed, PSAGG_RNG_WORKER,
                                                 (uint32_t)ctx->rank, ci->key, ci->index, h->round);
         size_t bad = 0;
-        psagg_status st = psagg_encode(
-            &h->codec, h->in + ci->offset, ts->residual ? ts->residual + ci->offset : NULL,
-            ci->count, key, payload, psagg_encoded_size(&h->codec, ci->count), &bad);
+        psagg_status st =
+            psagg_encode(&h->codec, h->in + ci->offset, res ? res + ci->offset : NULL, ci->count,
+                         key, payload, psagg_encoded_size(&h->codec, ci->count), &bad);
         if (st) {
-            if (ts->residual) /* part of it was updated: start error feedback afresh */
-                memset(ts->residual, 0, ti->count * sizeof(float));
+            if (res) /* part of it was updated: start error feedback afresh */
+                memset(res, 0, ti->count * sizeof(float));
+            ts->carry_live = 0;
             return psagg_fail_context(st, "tensor '%.63s': element %llu: ", ti->name,
                                       (unsigned long long)(ci->offset + bad));
         }
     }
+    if (res && res == ts->carry) {
+        memset(ts->carry, 0, ti->count * sizeof(float));
+        ts->carry_live = 0;
+    }
+    return PSAGG_OK;
+}
+
+/*
+ * carry ([server] quorum): chunk ci's round closed without this worker's push. Its encoded
+ * bytes are still in the push buffer (the next encode writes them): add them back into the
+ * residual, which then holds the whole input again (x + r - Q(x + r) + Q(x + r)), or into
+ * the carry without error feedback. Either way the next push sends them.
+ */
+static psagg_status host_carry(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci)
+{
+    const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
+    tensor_state *ts = &ctx->tensors[h->key];
+    const uint8_t *payload = ctx->chunks[ti->first_chunk + ci->index].buf + sizeof(psagg_msg_hdr);
+    float *to = ts->residual;
+    psagg_status st;
+
+    if (!to) {
+        if (!ts->carry && !(ts->carry = psagg_alloc(ti->count * sizeof(float), 1)))
+            return psagg_fail(PSAGG_ENOMEM, "tensor '%.63s': its carry of left-out pushes",
+                              ti->name);
+        to = ts->carry;
+        ts->carry_live = 1;
+    }
+    st = psagg_decode_into(&h->codec, payload, psagg_encoded_size(&h->codec, ci->count), ci->count,
+                           to + ci->offset, PSAGG_DECODE_ADD, 1.0f);
+    if (st)
+        return psagg_fail_context(st, "tensor '%.63s' chunk %u: its own push, left out: ", ti->name,
+                                  ci->index);
     return PSAGG_OK;
 }
 
@@ -63,4 +102,5 @@ const psagg_bufops psagg_host_ops = {
     .encode = host_encode,
     .update = host_update,
     .complete = host_complete,
+    .carry = host_carry,
 };

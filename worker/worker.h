@@ -76,6 +76,9 @@ typedef struct psagg_bufops {
                            size_t payload_len);
     psagg_status (*complete)(psagg_ctx *ctx, struct psagg_handle *h);
     void (*drain)(psagg_ctx *ctx, struct psagg_handle *h);
+    /* [server] quorum: chunk ci's round closed without this worker's push: add the push back
+       into what the next encode adds (the residual, else a carry); NULL: not supported */
+    psagg_status (*carry)(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci);
 } psagg_bufops;
 
 extern const psagg_bufops psagg_host_ops; /* host.c */
@@ -103,8 +106,10 @@ typedef struct chunk_buf {
 } chunk_buf;
 
 typedef struct tensor_state {
-    float *residual;         /* worker error feedback (host buffers), or NULL */
-    uint32_t round;          /* round of the next push_pull */
+    float *residual; /* worker error feedback (host buffers), or NULL */
+    float *carry;    /* [server] quorum, no residual: pushes left out of their round, or NULL */
+    int carry_live;  /* carry holds some: the next encode adds it, then clears it */
+    uint32_t round;  /* round of the next push_pull */
     struct psagg_handle *op; /* the push_pull in flight, or NULL */
     int inited;              /* a parameter's psagg_param_init completed */
     float lr, weight_decay;  /* psagg_set_lr (guarded by ctx->mu) */
@@ -195,6 +200,13 @@ struct psagg_ctx {
     int sync_state;
     uint32_t sync_seq;
     uint32_t sync_joined;
+
+    /* [server] quorum (the servers' WELCOMEs say so): each update ends with its contributor
+       bitmap of bitmap_bytes; an update that comes before this worker's push of its round
+       waits in early[chunk] (comm thread; wire.h) */
+    size_t bitmap_bytes;
+    struct early_update **early;
+    atomic_uint_fast64_t left_out; /* chunk rounds that closed without this worker's push */
 
     /* the device side (device.c), created by the first psagg_push_pull_cuda, on devexec
        (device.h; NULL: CUDA's) */

@@ -461,6 +461,40 @@ static psagg_status check_elastic(const struct load_state *st)
     return PSAGG_OK;
 }
 
+/* Straggler tolerance: 1 <= quorum <= workers, and not with what it cannot carry yet. */
+static psagg_status check_quorum(const struct load_state *st)
+{
+    const psagg_config *cfg = st->cfg;
+    char where[300];
+
+    if (!cfg->quorum)
+        return PSAGG_OK;
+    key_origin(st, "server", "quorum", where, sizeof where);
+    if (cfg->quorum > cfg->n_workers)
+        return psagg_fail(PSAGG_ECONFIG,
+                          "%s: [server] quorum = %d is more than workers = %d (a round never "
+                          "has more pushes than workers)",
+                          where, cfg->quorum, cfg->n_workers);
+    if (cfg->adaptive)
+        return psagg_fail(PSAGG_ECONFIG,
+                          "%s: [server] quorum does not work with [codec] adaptive = on yet (a "
+                          "left-out push's statistics would be missing from the codec choice)",
+                          where);
+    if (cfg->checkpoint_dir[0])
+        return psagg_fail(PSAGG_ECONFIG,
+                          "%s: [server] quorum does not work with [server] checkpoint_dir yet "
+                          "(a checkpoint needs every parameter chunk between two rounds, and "
+                          "rounds that close without the worker asking for it would go on)",
+                          where);
+    if (cfg->elastic)
+        return psagg_fail(PSAGG_ECONFIG,
+                          "%s: [server] quorum does not work with [cluster] elastic = on yet (a "
+                          "straggler a round behind the others would hold up the barrier that "
+                          "admits joiners)",
+                          where);
+    return PSAGG_OK;
+}
+
 /* The optimizer's keys that only make sense together. */
 static psagg_status check_optimizer(const struct load_state *st)
 {
@@ -533,6 +567,8 @@ psagg_status psagg_config_load(const char *path, psagg_config *cfg)
         rc = check_optimizer(st);
     if (!rc)
         rc = check_elastic(st);
+    if (!rc)
+        rc = check_quorum(st);
     key_origin(st, "cluster", "servers", cfg->servers_where, sizeof cfg->servers_where);
 out:
     free(st);

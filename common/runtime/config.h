@@ -81,6 +81,10 @@ typedef struct psagg_config {
                                                 memory: a declaration needing more is refused */
     int server_metrics_port; /* `metrics_port`, default 0 = off: server rank r serves Prometheus
                                 text on metrics_port + r (server/metrics.c) */
+    /* straggler tolerance (server/aggregate.c): a round closes once `quorum` live workers
+       pushed and grace_ms passed, without the rest; a left-out push is carried by its worker */
+    int quorum;   /* `quorum`, default 0 = off: every live worker's push, every round */
+    int grace_ms; /* `grace_ms`, default 10: how long a round waits after its quorum */
     /* the server-side optimizer (kernels/optim.h), for tensors declared as parameters */
     int optimizer;          /* `optimizer` = none|sgd|adam|adamw (psagg_optim_kind), default none */
     float lr;               /* `lr`, default 0.001: the workers' learning rate until they set one */

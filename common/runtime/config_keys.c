@@ -97,6 +97,8 @@ const struct key config_keys[] = {
     KEY("server", "fabric_node", server_fabric_node, parse_host, .flags = 0),
     KEY("server", "memory_budget_mb", server_memory_budget_mb, parse_number, .min = 0,
         .max = 1ull << 30),
+    KEY("server", "quorum", quorum, parse_number, .min = 0, .max = PSAGG_MAX_WORKERS),
+    KEY("server", "grace_ms", grace_ms, parse_number, .min = 0, .max = DAY_MS),
     KEY("server", "metrics_port", server_metrics_port, parse_number, .min = 0, .max = 65535),
     KEY("server", "optimizer", optimizer, parse_enum, .choices = optimizer_names,
         .values = optimizer_values),
@@ -155,6 +157,8 @@ void config_set_defaults(psagg_config *cfg)
     cfg->min_workers = 1;
     cfg->server_threads = 0;
     cfg->server_error_feedback = 0;
+    cfg->quorum = 0;
+    cfg->grace_ms = 10;
     cfg->gpu = PSAGG_GPU_AUTO;
     cfg->gpu_min_elems = 262144;
     cfg->chunk_bytes = 1048576;

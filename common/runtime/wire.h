@@ -77,6 +77,19 @@
  *   Field summed of an update is the number of workers whose pushes the round summed (an
  *   AVERAGE divides by it); in a static job it is always the number of workers.
  *
+ * STRAGGLER TOLERANCE ([server] quorum, grace_ms; server/aggregate.c)
+ *   A round of a gradient (a sum chunk, or a parameter's GRAD) closes when every live worker
+ *   pushed, or grace_ms after `quorum` of them had, without the rest. It leaves out only a
+ *   worker whose push of the chunk's previous round reached the server (on time or late), so
+ *   no worker is ever more than one round behind: a worker holds at most one early update
+ *   per chunk. Every UPDATE and WEIGHTS then carries, after its payload (inside the MAC, not
+ *   in len), a bitmap of ceil(workers / 8) bytes: bit w (byte w / 8, bit w % 8) set when
+ *   worker w's push is in the sum; as many bits as `summed`. A worker left out adds its push
+ *   back into its error-feedback residual (a carry buffer without one), so its next push holds
+ *   it; its push, when it comes, is stale and dropped. An update that comes before the
+ *   worker's own push of that round (or before it even started it) waits at the worker; the
+ *   push is then encoded as always (so the residual moves), added back, and not sent.
+ *
  * ELASTIC MEMBERSHIP ([cluster] elastic; server/membership.c)
  *   Server 0 alone decides who is a member: when it loses a worker (closed connection, its
  *   ABORT, silence for 3 PING intervals, a bad message) it starts the next epoch without it and
@@ -138,7 +151,7 @@
  * 10: elastic membership: MEMBERSHIP frames; data headers carry the epoch and, in updates, the
  *     workers summed
  */
-#define PSAGG_PROTO_VERSION 11
+#define PSAGG_PROTO_VERSION 12
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64
@@ -191,6 +204,9 @@ _Static_assert(sizeof(psagg_ctl_challenge) == 16, "psagg_ctl_challenge layout");
 #define PSAGG_HELLO_DATA_AUTH 1u /* data messages carry a MAC ([cluster] data_auth) */
 /* WELCOME only: the job is running (elastic): this worker joins it (DECLARE, JOIN, SYNC_DONE) */
 #define PSAGG_WELCOME_JOINING 0x100u
+/* WELCOME only: the servers run [server] quorum: every UPDATE and WEIGHTS ends with the
+   contributor bitmap (DATA MESSAGES, below) */
+#define PSAGG_WELCOME_QUORUM 0x200u
 
 typedef struct psagg_ctl_hello {
     char job_id[PSAGG_JOB_ID_MAX]; /* NUL-terminated */

@@ -31,6 +31,14 @@
  * (joins that die again) only the last 10 rounds are checked, each element the exact sum of
  * all the workers, and the end expects them all members in some epoch >= 2;
  * --joiner-die-after N makes a joiner die (--die-mode) N rounds after it joined.
+ * Stragglers ([server] quorum): with --straggler R worker R sleeps --straggler-ms before
+ * each round's pushes, but for the last --calm-rounds; rounds then close without it, so a
+ * round is the sum of some of the workers, and what is checked is that nothing is lost:
+ * summed over all rounds, the updates equal the sum of every worker's every input (fp32,
+ * SUM; within float rounding; a lossy codec with --error-feedback within the residuals'
+ * bound). Each worker prints "QUORUM worker W left_out N" (its chunk
+ * rounds that closed without it, psagg_stats.left_out). --lenient (benchmarks, where the
+ * straggler stays slow to the end) only reports the difference: what it still carries.
  */
 #include <getopt.h>
 #include <math.h>
@@ -133,6 +141,23 @@ static int status_from_name(const char *s)
     return 1;
 }
 
+/*
+ * --straggler: whether d (the updates summed over the rounds minus every input) is, within
+ * bound, minus the inputs of the last 0..TAIL_ROUNDS rounds of some of the workers w.. (what
+ * a worker left out of its last rounds still carries).
+ */
+#define TAIL_ROUNDS 3
+static int carried_tails(double d, double tails[][TAIL_ROUNDS + 1], int w, int world, int end,
+                         double bound)
+{
+    if (w == world)
+        return fabs(d) <= bound;
+    for (int k = 0; k <= TAIL_ROUNDS && k <= end; k++)
+        if (carried_tails(d + tails[w][k], tails, w + 1, world, end, bound))
+            return 1;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {{"sizes", required_argument, NULL, 's'},
@@ -156,6 +181,11 @@ int main(int argc, char **argv)
                                          {"rejoin", no_argument, NULL, 'J'},
                                          {"loose", no_argument, NULL, 'l'},
                                          {"joiner-die-after", required_argument, NULL, 'j'},
+                                         {"straggler", required_argument, NULL, 'q'},
+                                         {"straggler-ms", required_argument, NULL, 'Q'},
+                                         {"calm-rounds", required_argument, NULL, 'C'},
+                                         {"error-feedback", no_argument, NULL, 'F'},
+                                         {"lenient", no_argument, NULL, 'L'},
                                          {NULL, 0, NULL, 0}};
     char sizes_text[512] = "1,1023,4096";
     const char *codec_text = "fp32", *expect_text = NULL;
@@ -164,6 +194,9 @@ int main(int argc, char **argv)
     int average = 0, cuda = 0, elastic_dead = -1, after_round = -1;
     int sync = 0, round_sleep_ms = 0, rejoin = 0, full_from = -1, first_round = 0, loose = 0;
     int joiner_die_after = -1;
+    int straggler = -1, straggler_ms = 50, calm_rounds = 5, error_feedback = 0, lenient = 0;
+    double **cum = NULL; /* --straggler: per tensor, the updates summed over the rounds, minus
+                            every worker's inputs */
     uint64_t tail = 0xCBF29CE484222325ull, *round_digest = NULL;
     unsigned char *round_full = NULL;
     int end = 0;
@@ -245,6 +278,21 @@ int main(int argc, char **argv)
         case 'j':
             joiner_die_after = atoi(optarg);
             break;
+        case 'q':
+            straggler = atoi(optarg);
+            break;
+        case 'Q':
+            straggler_ms = atoi(optarg);
+            break;
+        case 'C':
+            calm_rounds = atoi(optarg);
+            break;
+        case 'F':
+            error_feedback = 1;
+            break;
+        case 'L':
+            lenient = 1;
+            break;
         default:
             return 2;
         }
@@ -288,13 +336,13 @@ int main(int argc, char **argv)
                                       .name = name,
                                       .count = count[t],
                                       .codec = codec,
-                                      .error_feedback = 0};
+                                      .error_feedback = error_feedback};
         if (rank == mismatch_rank && t == n / 2)
             desc[t].count = count[t] + 1;
     }
     /* psagg.h's struct_size rule: a size the library does not know fails naming the struct */
     if (n > 0) {
-        psagg_stats bad = {.struct_size = sizeof bad - 8};
+        psagg_stats bad = {.struct_size = sizeof bad - 4};
         desc[n - 1].struct_size = 0;
         if (psagg_declare(ctx, desc, (size_t)n, NULL) != PSAGG_EINVAL ||
             !strstr(psagg_last_error(), "psagg_tensor_desc") ||
@@ -368,6 +416,20 @@ int main(int argc, char **argv)
             return 1;
         }
     }
+    if (straggler >= 0) {
+        if (average || (codec.id != PSAGG_CODEC_FP32 && !error_feedback)) {
+            fprintf(stderr, "FAIL: --straggler checks SUM, fp32 or with --error-feedback\n");
+            return 2;
+        }
+        cum = calloc((size_t)n, sizeof *cum);
+        for (int t = 0; cum && t < n; t++)
+            if (!(cum[t] = calloc(count[t], sizeof **cum)))
+                cum = NULL;
+        if (!cum) {
+            fprintf(stderr, "FAIL: no memory\n");
+            return 1;
+        }
+    }
     for (int r = first_round; r < end; r++) {
         uint64_t rd = 0xCBF29CE484222325ull;
         int all_full = 1;
@@ -390,6 +452,8 @@ int main(int argc, char **argv)
             fflush(stdout);
             raise(die_mode[0] == 'k' ? SIGKILL : SIGSTOP);
         }
+        if (rank == straggler && r < end - calm_rounds)
+            usleep((useconds_t)straggler_ms * 1000); /* a slow worker: rounds go on without it */
         if (elastic_dead >= 0 && after_round < 0) {
             psagg_membership m = {.struct_size = sizeof m};
             if ((st = psagg_get_membership(ctx, &m)))
@@ -525,6 +589,17 @@ int main(int argc, char **argv)
             }
             continue;
         }
+        if (straggler >= 0) { /* some workers' sum: what is left out comes in later rounds */
+            for (int t = 0; t < n; t++) {
+                for (uint64_t i = 0; i < count[t]; i++) {
+                    cum[t][i] += out[t][i];
+                    for (int w = 0; w < world; w++)
+                        cum[t][i] -= input_value(w, (uint32_t)t, (uint32_t)r, i);
+                }
+                digest = fnv(digest, out[t], count[t] * sizeof(float));
+            }
+            continue;
+        }
         /* check every tensor against the independently computed sum */
         for (int t = 0; t < n; t++) {
             for (uint64_t i = 0; i < count[t]; i++) {
@@ -643,6 +718,60 @@ int main(int argc, char **argv)
             printf("TAIL %016llx rejoined-from-round %d rounds %d\n", (unsigned long long)tail,
                    full_from, end);
         }
+    }
+    if (straggler >= 0) {
+        /* every input summed once: float sums in other orders differ in the last bits; a
+           lossy codec's error feedback leaves each worker's last residual (below a level of
+           its bucket) and the server's requantize error (below the bound fn_worker's rounds
+           use) out */
+        psagg_stats s = {.struct_size = sizeof s};
+        double L = codec.id == PSAGG_CODEC_MAXMIN ? (double)((1u << codec.bits) - 1) : 0;
+        double level = L > 0 ? 0.07 / L : 0.07 * 0x1p-8;
+        double bound = codec.id == PSAGG_CODEC_FP32 ? 1e-6 * (double)world * (double)end
+                                                    : (2.0 * world + 2.0) * level;
+        double worst = 0;
+        uint64_t carried = 0;
+        for (int t = 0; t < n; t++)
+            for (uint64_t i = 0; i < count[t]; i++) {
+                /* a worker left out of the last rounds still carries them (as no later push
+                   took them): a difference of such tails is no loss */
+                double tails[64][TAIL_ROUNDS + 1];
+                int explained = fabs(cum[t][i]) <= bound;
+                if (!explained && world <= 64) {
+                    for (int w = 0; w < world; w++) {
+                        tails[w][0] = 0;
+                        for (int k = 1; k <= TAIL_ROUNDS && end - k >= 0; k++)
+                            tails[w][k] = tails[w][k - 1] +
+                                          input_value(w, (uint32_t)t, (uint32_t)(end - k), i);
+                    }
+                    explained = carried_tails(cum[t][i], tails, 0, world, end, bound);
+                    carried += (uint64_t)explained;
+                }
+                if (!explained && fabs(cum[t][i]) > worst)
+                    worst = fabs(cum[t][i]);
+                if (!explained && !lenient) {
+                    fprintf(stderr,
+                            "FAIL worker %d tensor %d element %llu: the updates over %d rounds "
+                            "differ from every worker's inputs by %.9g (bound %.3g), which no "
+                            "worker's last rounds left out explain: a left-out push was lost or "
+                            "counted twice\n",
+                            rank, t, (unsigned long long)i, end, cum[t][i], bound);
+                    return 1;
+                }
+            }
+        if (carried)
+            printf("QUORUM worker %d: %llu elements still carried by workers left out of the "
+                   "last rounds\n",
+                   rank, (unsigned long long)carried);
+        if ((st = psagg_get_stats(ctx, &s)))
+            goto failed;
+        printf("QUORUM worker %d left_out %llu; the updates over %d rounds %s every input "
+               "(largest difference %.3g)\n",
+               rank, (unsigned long long)s.left_out, end, worst <= bound ? "are" : "are not",
+               worst);
+        for (int t = 0; t < n; t++)
+            free(cum[t]);
+        free(cum);
     }
     printf("DIGEST %016llx\n", (unsigned long long)digest);
     (void)d_in, (void)d_out;

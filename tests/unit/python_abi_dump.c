@@ -76,6 +76,7 @@ int main(void)
     FIELD(psagg_stats, bytes_raw);
     FIELD(psagg_stats, push_pulls);
     FIELD(psagg_stats, time);
+    FIELD(psagg_stats, left_out);
     STRUCT_END();
     STRUCT(psagg_server_optim);
     FIELD(psagg_server_optim, struct_size);

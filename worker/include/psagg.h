@@ -167,6 +167,10 @@ typedef struct psagg_stats {
     uint64_t bytes_raw;      /* fp32 bytes the same push_pulls would have sent uncompressed */
     uint64_t push_pulls;     /* completed operations */
     psagg_timing time;       /* sums over the completed operations */
+    /* [server] quorum: chunk rounds that closed without this worker's push (a straggler's;
+       each carried into its next push). Appended: a struct_size that ends before it is
+       accepted, and it is then not filled. */
+    uint64_t left_out;
 } psagg_stats;
 PSAGG_API psagg_status psagg_get_stats(const psagg_ctx *ctx, psagg_stats *out);
 

@@ -102,7 +102,7 @@ class _Timing(ctypes.Structure):
 class _Stats(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("bytes_sent", ctypes.c_uint64),
                 ("bytes_received", ctypes.c_uint64), ("bytes_raw", ctypes.c_uint64),
-                ("push_pulls", ctypes.c_uint64), ("time", _Timing)]
+                ("push_pulls", ctypes.c_uint64), ("time", _Timing), ("left_out", ctypes.c_uint64)]
 
 
 class _ServerOptim(ctypes.Structure):
@@ -430,7 +430,8 @@ class Context:
 
     def stats(self):
         """psagg_get_stats as a dict: bytes_sent, bytes_received, bytes_raw, push_pulls since
-        psagg_init, and "time": the sums of the completed push_pulls' timings (ns, as
+        psagg_init, left_out (chunk rounds closed without this worker's push: [server]
+        quorum), and "time": the sums of the completed push_pulls' timings (ns, as
         Handle.timing). Two calls' difference is what happened between them (a step)."""
         s = _sized(_Stats)
         _check(library().psagg_get_stats(self._raw(), ctypes.byref(s)), "psagg_get_stats")

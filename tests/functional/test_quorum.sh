@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# test_quorum.sh CASE BUILD_DIR PORT - straggler tolerance ([server] quorum, grace_ms), ctest
+# label `elastic`.
+#
+# 2 servers, 4 fn_worker processes (tensors of 1 to 50,000 elements over several chunks on
+# both servers), 80 rounds; worker 3 is a straggler: it sleeps 40 ms before each round's pushes
+# but for the last 10 (fn_worker --straggler). Every worker must finish (exit 0) with
+# bit-identical digests, and nothing may be lost: summed over the rounds, the updates equal
+# every worker's every input (fn_worker checks it; a left-out push is carried into a later
+# one). Both servers exit 0.
+#
+#   straggler  quorum = 3, grace_ms = 5, fp32: rounds close without worker 3 (its
+#              psagg_stats.left_out > 0, and the servers' straggler reports add up to it)
+#   ef         the same with maxmin4 and error feedback on the workers and the servers: the
+#              left-out pushes go back into the residuals (sum within the codec's bound)
+#   all        quorum = 4 = workers: no round closes without anyone (every left_out 0)
+#   bad        quorum = 5 with workers = 4, and quorum with [codec] adaptive: refused at
+#              file:line by the server and by a worker, nothing starts
+set -u -o pipefail
+
+case=$1
+build=$2
+port=$3
+server_bin=$build/server/psagg-server
+worker_bin=$build/tests/functional/fn_worker
+. "$(dirname -- "${BASH_SOURCE[0]}")/jobs.sh" # $tmp, pids, wait_for, fail
+
+say() { echo "test_quorum $case: $*"; }
+
+quorum=3 codec=fp32 extra=() server_extra=""
+case $case in
+straggler) ;;
+ef) codec=maxmin4 extra=(--error-feedback) server_extra="error_feedback = on" ;;
+all) quorum=4 ;;
+bad) ;;
+*) fail "unknown case '$case'" ;;
+esac
+
+write_ini() { # quorum [extra lines]
+    cat >"$tmp/job.ini" <<INI
+[cluster]
+job_id = quorum-$case-$port
+servers = 127.0.0.1:$port 127.0.0.1:$((port + 1))
+workers = 4
+connect_timeout_ms = 20000
+op_timeout_ms = 4000
+[server]
+threads = 2
+quorum = $1
+grace_ms = 5
+$server_extra
+[worker]
+chunk_bytes = 16384
+[log]
+level = info
+${2:-}
+INI
+}
+
+if [ "$case" = bad ]; then
+    write_ini 5
+    out=$("$server_bin" --config "$tmp/job.ini" --rank 0 2>&1) && fail "quorum 5 of 4 workers: the server started"
+    grep -q "job.ini:9: \[server\] quorum = 5 is more than workers = 4" <<<"$out" ||
+        fail "quorum 5 of 4 workers: the server said: $out"
+    out=$(PSAGG_CONFIG=$tmp/job.ini PSAGG_RANK=0 PSAGG_WORLD_SIZE=4 "$worker_bin" --rounds 1 2>&1) &&
+        fail "quorum 5 of 4 workers: a worker started"
+    grep -q "job.ini:9: \[server\] quorum = 5 is more than workers = 4" <<<"$out" ||
+        fail "quorum 5 of 4 workers: the worker said: $out"
+    write_ini 3 "[codec]
+adaptive = on"
+    out=$("$server_bin" --config "$tmp/job.ini" --rank 0 2>&1) && fail "quorum with adaptive: the server started"
+    grep -q "job.ini:9: \[server\] quorum does not work with \[codec\] adaptive" <<<"$out" ||
+        fail "quorum with adaptive: the server said: $out"
+    say "passed: $(head -n 1 <<<"$out")"
+    exit 0
+fi
+
+write_ini "$quorum"
+export PSAGG_CONFIG=$tmp/job.ini PSAGG_WORLD_SIZE=4
+for s in 0 1; do
+    setsid "$server_bin" --config "$tmp/job.ini" --rank "$s" >"$tmp/server$s.log" 2>&1 &
+    spid[$s]=$!
+    pids+=($!)
+done
+t0=$(date +%s%N)
+for r in 0 1 2 3; do
+    PSAGG_RANK=$r setsid "$worker_bin" --codec "$codec" "${extra[@]}" --sizes 1,1023,4096,50000 \
+        --rounds 80 --straggler 3 --straggler-ms 40 --calm-rounds 10 >"$tmp/worker$r.log" 2>&1 &
+    wpid[$r]=$!
+    pids+=($!)
+done
+for r in 0 1 2 3; do
+    wait_for "${wpid[$r]}" 90
+    rc=$?
+    ((rc == 0)) || fail "worker $r exited $rc"
+done
+ms=$((($(date +%s%N) - t0) / 1000000))
+for s in 0 1; do
+    wait_for "${spid[$s]}" 20
+    rc=$?
+    ((rc == 0)) || fail "server $s exited $rc"
+done
+(($(grep -h '^DIGEST' "$tmp"/worker*.log | sort -u | wc -l) == 1)) ||
+    fail "the workers' digests differ: $(grep -h '^DIGEST' "$tmp"/worker*.log | tr '\n' ' ')"
+left=$(sed -n 's/^QUORUM worker 3 left_out \([0-9]*\);.*/\1/p' "$tmp/worker3.log")
+[[ -n $left ]] || fail "worker 3 printed no QUORUM line"
+report=$(grep -h "straggler report: worker 3: left out of" "$tmp"/server*.log |
+    sed 's/.*left out of \([0-9]*\) .*/\1/' | awk '{s += $1} END {print s + 0}')
+if [ "$case" = all ]; then
+    for r in 0 1 2 3; do
+        grep -q "^QUORUM worker $r left_out 0;" "$tmp/worker$r.log" ||
+            fail "quorum = workers, yet worker $r was left out: $(grep '^QUORUM' "$tmp/worker$r.log")"
+    done
+    # 70 slow rounds of at least 40 ms each: the others waited for worker 3
+    ((ms >= 2800)) || fail "quorum = workers took only $ms ms: the rounds did not wait for worker 3"
+    say "passed: nobody left out, $ms ms (the rounds waited for worker 3)"
+    exit 0
+fi
+((left > 0)) || fail "worker 3 was never left out (quorum $quorum, grace_ms 5)"
+((report == left)) || fail "worker 3 says it was left out of $left chunk rounds, the servers $report"
+grep -q "the updates over 80 rounds are every input" "$tmp/worker0.log" || fail "no conservation line"
+carried=$(sed -n 's/^QUORUM worker 0: \([0-9]*\) elements still carried.*/\1/p' "$tmp/worker0.log")
+say "passed: worker 3 left out of $left chunk rounds (the servers agree), $ms ms for 80 rounds; every input summed once (${carried:-0} elements still carried by a worker left out of the last rounds)"
