@@ -15,6 +15,7 @@
 # Per run: wall time of workers 0 and 3, ms per round (worker 0), worker 3's left-out chunk
 # rounds (psagg_stats.left_out), and the largest |sum of updates - sum of inputs|.
 # Output: tests/bench/results/quorum.csv (or $OUT), then the table. Needs root.
+# Then a training part (below; PART=cluster skips it, PART=train runs only it).
 # Usage: deploy/bench-quorum.sh [BUILD_DIR]
 set -u -o pipefail
 repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
@@ -26,8 +27,8 @@ nc=$repo/deploy/netcluster.sh
 [ "$(id -u)" -eq 0 ] || { echo "bench-quorum: needs root (network namespaces, tc)" >&2; exit 77; }
 . "$nc" # nc_* functions
 tmp=$(mktemp -d)
-prefix=$("$nc" up --hosts 6 --rate "$rate" --owner-pid $$) || exit 1
-trap '"$nc" down --prefix "$prefix" >/dev/null 2>&1; rm -rf "$tmp"' EXIT
+prefix=""
+trap '[ -n "$prefix" ] && "$nc" down --prefix "$prefix" >/dev/null 2>&1; rm -rf "$tmp"' EXIT
 trap 'exit 130' INT TERM
 slow_bps=$(($(nc_rate_bps "$rate") / 10))
 
@@ -85,12 +86,59 @@ INI
     echo "$name,$q,$rate,$w3,$rounds,$ms0,$ms3,$(awk -v m="$ms0" -v n="$rounds" 'BEGIN{printf "%.1f", m/n}'),$left,$diff" >>"$out"
 }
 
-echo "run,quorum,rate,worker3_rate,rounds,worker0_ms,worker3_ms,ms_per_round,worker3_left_out,largest_difference" >"$out"
-for ((rep = 0; rep < reps; rep++)); do
-    shape_host5 "$(nc_rate_bps "$rate")"
-    run even 0
-    shape_host5 "$slow_bps"
-    run slow 0
-    run quorum 3
+if [ "${PART:-all}" != train ]; then
+    prefix=$("$nc" up --hosts 6 --rate "$rate" --owner-pid $$) || exit 1
+    echo "run,quorum,rate,worker3_rate,rounds,worker0_ms,worker3_ms,ms_per_round,worker3_left_out,largest_difference" >"$out"
+    for ((rep = 0; rep < reps; rep++)); do
+        shape_host5 "$(nc_rate_bps "$rate")"
+        run even 0
+        shape_host5 "$slow_bps"
+        run slow 0
+        run quorum 3
+    done
+    column -s, -t "$out"
+fi
+[ "${PART:-all}" = cluster ] && exit 0
+
+# What it does to training: worker/examples/train_digits.py (the digits CNN, ServerOptimizer:
+# SGD with momentum 0.9 on the servers, maxmin4) on loopback, 4 workers x 2 servers, STEPS
+# steps (default 600), seeds 0..SEEDS-1 (default 2); worker 3 sleeps SLOW_MS (default 30) in
+# every step. quorum 0 and 3 (grace_ms GRACE). A straggler slow in its own compute still sets
+# the pace (the others are at most one round ahead): this part measures what leaving its
+# gradients out a round costs the model. Output: tests/bench/results/quorum-train.csv.
+steps=${STEPS:-600} seeds=${SEEDS:-2} slow_ms=${SLOW_MS:-30}
+tout=${TRAIN_OUT:-$repo/tests/bench/results/quorum-train.csv}
+py=/usr/bin/python3
+"$py" -c "import torch, sklearn" 2>/dev/null || { echo "bench-quorum: $py cannot import torch and sklearn" >&2; exit 77; }
+export PSAGG_SERVER_BIN=$build/server/psagg-server
+tport=$((19900 + RANDOM % 50))
+cat >"$tmp/train.ini" <<INI
+[cluster]
+job_id = bench-quorum-train-$tport
+servers = 127.0.0.1:$tport 127.0.0.1:$((tport + 1))
+workers = 4
+provider = tcp
+[codec]
+default = maxmin4
+min_compress_elems = 256
+[server]
+optimizer = sgd
+momentum = 0.9
+grace_ms = $grace
+[log]
+level = warn
+INI
+echo "quorum,seed,steps,slow_ms,test_acc,test_loss,final_loss,wall_s,worker3_left_out" >"$tout"
+for ((seed = 0; seed < seeds; seed++)); do
+    for q in 0 3; do
+        PSAGG_SERVER_QUORUM=$q "$repo/deploy/psagg-local" --config "$tmp/train.ini" --timeout 900 -- \
+            "$py" "$repo/worker/examples/train_digits.py" --comm psagg-server --steps "$steps" \
+            --seed "$seed" --slow-rank 3 --slow-ms "$slow_ms" >"$tmp/train.out" 2>&1 ||
+            { echo "bench-quorum: quorum $q seed $seed failed:" >&2; tail -5 "$tmp/train.out" >&2; exit 1; }
+        r=$(grep -m1 'RESULT' "$tmp/train.out")
+        wall=$(grep -E '^\[worker 0\] STEPTIME' "$tmp/train.out" | sed 's/.*wall_s=\([0-9.]*\).*/\1/')
+        left=$(grep -o 'LEFTOUT rank=3 left_out=[0-9]*' "$tmp/train.out" | sed 's/.*=//')
+        echo "$q,$seed,$steps,$slow_ms,$(sed -n 's/.* test_acc=\([0-9.]*\).*/\1/p' <<<"$r"),$(sed -n 's/.* test_loss=\([0-9.]*\).*/\1/p' <<<"$r"),$(sed -n 's/.* final_loss=\([0-9.]*\).*/\1/p' <<<"$r"),$wall,${left:-0}" >>"$tout"
+    done
 done
-column -s, -t "$out"
+column -s, -t "$tout"

@@ -421,7 +421,8 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
         c->last_worker = (uint32_t)w;
         metrics_lateness(srv, w, now - c->first_push_ns);
     }
-    c->seen[w] = round + 1;
+    if (c->ops->partial(c)) /* (a parameter's INIT or PULL is no round of gradients) */
+        c->seen[w] = round + 1;
     r = c->ops->collect(srv, c, w, rb);
     if (r & CHUNK_COMPLETE)
         agg_finish_round(srv, c);

@@ -278,6 +278,28 @@ elastic)
     (($(grep -c "the job is elastic" "$tmp/el.out") == 4)) || { cat "$tmp/el.out" >&2; fail "elastic: the DDP hook was not refused on every rank"; }
     echo "elastic: the DDP hook refused: $(grep -m1 -o 'register_ddp_hook: the job is elastic.\{0,80\}' "$tmp/el.out")"
     ;;
+quorum)
+    # [server] quorum: worker 3 sleeps 30 ms in every step; rounds close without it (grace
+    # 5 ms) and it sends what was left out with its next push. The optimizer on the servers
+    # (a parameter's GRAD rounds) and on the workers (sums): the four end with identical
+    # weights, worker 3 was left out, and the model still learns.
+    sed -e "s/^job_id = .*/job_id = test-quorum-$port/" "$tmp/job.ini" >"$tmp/q.ini"
+    for comm in "psagg-server" "psagg-opt"; do
+        PSAGG_SERVER_QUORUM=3 PSAGG_SERVER_GRACE_MS=5 \
+            PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9 \
+            "$repo/deploy/psagg-local" --config "$tmp/q.ini" --timeout 300 -- \
+            "$py" "$script" --comm "$comm" --steps 300 --slow-rank 3 --slow-ms 30 >"$tmp/q.out" 2>&1 ||
+            { tail -n 30 "$tmp/q.out" >&2; fail "quorum $comm: psagg-local exited $?"; }
+        n=$(grep -c '^\[worker [0-3]\] PARAMS' "$tmp/q.out")
+        distinct=$(grep '^\[worker [0-3]\] PARAMS' "$tmp/q.out" | sed 's/.*sha256=//' | sort -u | wc -l)
+        ((n == 4 && distinct == 1)) || { grep PARAMS "$tmp/q.out" >&2; fail "quorum $comm: the four workers' weights differ"; }
+        left=$(grep -o 'LEFTOUT rank=3 left_out=[0-9]*' "$tmp/q.out" | sed 's/.*=//')
+        ((${left:-0} > 0)) || { grep -a 'LEFTOUT\|RESULT' "$tmp/q.out" >&2; fail "quorum $comm: worker 3 was never left out"; }
+        acc=$(grep -o 'RESULT.*test_acc=[0-9.]*' "$tmp/q.out" | sed 's/.*test_acc=//')
+        awk -v a="$acc" 'BEGIN{exit !(a >= 0.9)}' || fail "quorum $comm: test accuracy $acc"
+        echo "quorum $comm: worker 3 left out of $left chunk rounds; 4 identical weights; test_acc=$acc"
+    done
+    ;;
 *) fail "unknown case '$case'" ;;
 esac
 echo "test_torch: $case passed"

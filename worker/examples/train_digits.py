@@ -138,6 +138,9 @@ def main():
     ap.add_argument("--chaos", type=int, default=0, metavar="K",
                     help="chaos: K SIGKILLs at steps and ranks drawn from --seed (between 10%% "
                     "and 90%% of --steps; run under psagg-local --restarts K)")
+    ap.add_argument("--slow-rank", type=int, default=-1,
+                    help="a straggler: this rank sleeps --slow-ms before each step's backward")
+    ap.add_argument("--slow-ms", type=float, default=0.0)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where the model and the gradients live (cuda: cuda:LOCAL_RANK modulo "
                     "the number of GPUs)")
@@ -233,6 +236,8 @@ def main():
         idx = torch.randint(0, len(ys), (args.batch,), generator=g).to(device)
         opt.zero_grad()
         loss = F.cross_entropy(net(xs[idx]), ys[idx])
+        if rank == args.slow_rank:
+            time.sleep(args.slow_ms / 1000.0)
         loss.backward()
         opt.step()
         if diloco is not None:
@@ -265,6 +270,8 @@ def main():
         extra = " psagg_bytes_sent=%d bytes_per_step=%.0f compression=%.2f" % (
             st["bytes_sent"], st["bytes_sent"] / max(1, args.steps),
             st["bytes_raw"] / max(1, st["bytes_sent"]))
+        if st["left_out"]:  # [server] quorum closed rounds without this worker's push
+            print("LEFTOUT rank=%d left_out=%d" % (rank, st["left_out"]), flush=True)
         if diloco is not None:
             extra += " diloco=%d fragments=%d delay=%d" % (args.diloco, args.fragments,
                                                           args.delay)
