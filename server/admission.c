@@ -180,8 +180,10 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
     }
     /* authenticated: from here on a refusal may say what this job is */
     if ((int)hello->world_size != srv->n_workers || hello->rank >= hello->world_size) {
-        snprintf(msg, len, "server %d: worker rank %u of %u, but the job has %d workers", srv->rank,
-                 hello->rank, hello->world_size, srv->n_workers);
+        snprintf(msg, len,
+                 "server %d: worker rank %u of %u, but the job has %d worker ranks (workers, or "
+                 "an elastic job's max_workers)",
+                 srv->rank, hello->rank, hello->world_size, srv->n_workers);
         return -1;
     }
     rank = (int)hello->rank;
@@ -198,6 +200,13 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
                  srv->rank, rank, hello->provider, psagg_fabric_provider(srv->fab));
         return -1;
     }
+    if (!srv->job_running && rank >= srv->start_workers) {
+        snprintf(msg, len,
+                 "server %d: worker rank %d is beyond workers = %d: it joins the job once it "
+                 "runs: try again",
+                 srv->rank, rank, srv->start_workers);
+        return -2; /* (PSAGG_EAGAIN: the worker says HELLO again in a moment) */
+    }
     if (srv->job_running) { /* an elastic job (else nobody listens): a join (membership.c) */
         if (server_member(srv, rank) && wc->state == W_DEAD && wc->fd < 0) {
             snprintf(msg, len,
@@ -213,7 +222,7 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
                      srv->rank, rank);
             return -1;
         }
-        if (wc->state != W_DEAD) {
+        if (wc->state != W_DEAD && !(wc->state == W_NONE && rank >= srv->start_workers)) {
             snprintf(msg, len, "server %d: worker rank %d %s", srv->rank, rank,
                      wc->state == W_BYE ? "finished the job (it said BYE)"
                                         : "is joining already on another connection");

@@ -83,11 +83,11 @@ static void codec_text(const psagg_ctl_tensor *t, char *buf, size_t len)
     psagg_codec_name(&c, buf, len);
 }
 
-/* All workers declared: compare every list with worker 0's. Returns 0 if identical. */
+/* The starting workers declared: compare every list with worker 0's. 0 if identical. */
 static int compare_declarations(server *srv, char *msg, size_t len)
 {
     const worker_conn *w0 = &srv->workers[0];
-    for (int w = 1; w < srv->n_workers; w++) {
+    for (int w = 1; w < srv->start_workers; w++) {
         const worker_conn *wc = &srv->workers[w];
         if (wc->decl_hdr.count != w0->decl_hdr.count) {
             snprintf(msg, len, "worker 0 declared %u tensors, worker %d declared %u",
@@ -118,7 +118,7 @@ static int compare_declarations(server *srv, char *msg, size_t len)
         const psagg_ctl_tensor *a = &w0->decl[t];
         char differ[128] = "";
         int first = -1;
-        for (int w = 1; w < srv->n_workers; w++) {
+        for (int w = 1; w < srv->start_workers; w++) {
             const psagg_ctl_tensor *b = &srv->workers[w].decl[t];
             if (memcmp(a, b, sizeof *a)) {
                 size_t used = strlen(differ);
@@ -253,7 +253,8 @@ static void missing_workers(const server *srv, enum worker_state below, char *bu
     size_t used = 0;
     buf[0] = '\0';
     for (int w = 0; w < srv->n_workers && used + 8 < len; w++)
-        if (srv->workers[w].state < below && (below != W_BYE || srv->workers[w].fd >= 0))
+        if (srv->workers[w].state < below && (below != W_BYE || srv->workers[w].fd >= 0) &&
+            (below != W_DECLARED || w < srv->start_workers)) /* (the rest join later) */
             used += (size_t)snprintf(buf + used, len - used, "%s%d", used ? "," : "", w);
 }
 
@@ -423,7 +424,7 @@ static int start_or_refuse(server *srv, int *rc)
     }
     memcpy(srv->job_decl, srv->workers[0].decl,
            (size_t)srv->job_decl_hdr.count * sizeof *srv->job_decl);
-    for (int w = 0; w < srv->n_workers; w++)
+    for (int w = 0; w < srv->start_workers; w++) /* (the ranks beyond join later) */
         if (psagg_ctl_send(srv->workers[w].fd, PSAGG_CTL_READY, NULL, 0))
             drop_worker(srv, w, PSAGG_EPEER, psagg_last_error()); /* fails the job */
     return 0;
@@ -499,7 +500,7 @@ int control_serve(server *srv)
             LOG_INFO(&srv->log, "stopping on signal");
             tell_workers(srv, -1, PSAGG_CTL_ABORT, PSAGG_ECLOSED, "server stopped by a signal");
             rc = phase != STARTING && !atomic_load(&srv->job_failed) &&
-                         count_state(srv, W_BYE) == srv->n_workers
+                         count_state(srv, W_BYE) + count_state(srv, W_NONE) == srv->n_workers
                      ? 0
                      : 143;
             break;
@@ -534,8 +535,9 @@ int control_serve(server *srv)
             rc = 1;
             break;
         }
-        if (phase != STARTING &&
-            count_state(srv, W_BYE) + count_state(srv, W_DEAD) + count_joiners(srv) ==
+        if (phase != STARTING && /* (W_NONE: a rank beyond `workers` that never joined) */
+            count_state(srv, W_BYE) + count_state(srv, W_DEAD) + count_state(srv, W_NONE) +
+                    count_joiners(srv) ==
                 srv->n_workers) {
             if (count_joiners(srv))
                 tell_workers(srv, -1, PSAGG_CTL_ERROR, PSAGG_EPEER,
@@ -553,7 +555,7 @@ int control_serve(server *srv)
                 rc = startup_failed(srv, PSAGG_EPEER, "another worker failed during start-up");
                 break;
             }
-            if (count_state(srv, W_DECLARED) == srv->n_workers) {
+            if (count_state(srv, W_DECLARED) == srv->start_workers) {
                 if (start_or_refuse(srv, &rc))
                     break;
                 if (!srv->elastic) {

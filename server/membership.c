@@ -44,14 +44,14 @@
 psagg_status membership_init(server *srv)
 {
     srv->elastic = srv->cfg.elastic;
-    srv->n_members = srv->n_workers;
+    srv->n_members = srv->start_workers;
     srv->sync_state_from = -1;
     atomic_store(&srv->epoch, 0);
     srv->member = malloc((size_t)srv->n_workers * sizeof *srv->member);
     if (!srv->member)
         return psagg_fail(PSAGG_ENOMEM, "no memory for the membership");
-    for (int w = 0; w < srv->n_workers; w++)
-        atomic_init(&srv->member[w], 1);
+    for (int w = 0; w < srv->n_workers; w++) /* ranks from `workers` on join later */
+        atomic_init(&srv->member[w], w < srv->start_workers);
     return PSAGG_OK;
 }
 

@@ -72,7 +72,7 @@ psagg_status metrics_init(server *srv)
         srv->metrics->w = calloc((size_t)srv->n_workers, sizeof *srv->metrics->w);
     if (!srv->metrics || !srv->metrics->w)
         return psagg_fail(PSAGG_ENOMEM, "metrics: out of memory");
-    atomic_init(&srv->metrics->members, srv->n_workers);
+    atomic_init(&srv->metrics->members, srv->start_workers);
     return PSAGG_OK;
 }
 

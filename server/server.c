@@ -48,7 +48,9 @@ int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *s
     pthread_cond_init(&srv->startup.cv, NULL);
     pthread_mutex_init(&srv->barrier_mu, NULL);
     pthread_cond_init(&srv->barrier_cv, NULL);
-    srv->n_workers = cfg->n_workers;
+    /* an elastic job's ranks: up to max_workers, of which `workers` start it (membership.c) */
+    srv->n_workers = cfg->elastic ? cfg->max_workers : cfg->n_workers;
+    srv->start_workers = cfg->n_workers;
     srv->bitmap_bytes = cfg->quorum ? ((size_t)cfg->n_workers + 7) / 8 : 0;
     srv->workers = calloc((size_t)srv->n_workers, sizeof *srv->workers);
     srv->rank_at = calloc((size_t)srv->n_workers, sizeof *srv->rank_at);

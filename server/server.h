@@ -286,7 +286,8 @@ typedef struct server {
     int listen_fd;
     psagg_gate gate; /* who sent a push (runtime/gate.h; the progress thread's) */
 
-    int n_workers;
+    int n_workers;       /* the job's ranks: `workers`, or an elastic job's max_workers */
+    int start_workers;   /* the ranks that start it (`workers`); the others may join it later */
     size_t bitmap_bytes; /* [server] quorum: an update's contributor bitmap (wire.h), else 0 */
     worker_conn *workers;
     int *rank_at; /* n_workers entries: the worker whose fabric address is this index, or -1 */

@@ -51,7 +51,7 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
         rank = env_int("PSAGG_RANK", -1);
     if (world_size < 0)
         world_size = env_int("PSAGG_WORLD_SIZE", -1);
-    if (rank < 0 || world_size < 1 || rank >= world_size)
+    if (rank < 0 || world_size < 1)
         return psagg_fail(PSAGG_EINVAL,
                           "psagg_init: rank %d of world size %d (set the arguments or PSAGG_RANK "
                           "and PSAGG_WORLD_SIZE)",
@@ -76,16 +76,31 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
                         ini_path, ctx->cfg.n_workers, world_size);
         goto err_config;
     }
-    ctx->rank = rank;
-    ctx->world = world_size;
+    {
+        /* an elastic job's ranks go up to max_workers: those from `workers` on join it later */
+        int ranks = ctx->cfg.elastic ? ctx->cfg.max_workers : world_size;
+        if (rank >= ranks) {
+            st = ctx->cfg.elastic ? psagg_fail(PSAGG_EINVAL,
+                                               "psagg_init: rank %d, but %s: [cluster] "
+                                               "max_workers = %d: a job's ranks are 0..%d",
+                                               rank, ini_path, ranks, ranks - 1)
+                                  : psagg_fail(PSAGG_EINVAL,
+                                               "psagg_init: rank %d of world size %d (set the "
+                                               "arguments or PSAGG_RANK and PSAGG_WORLD_SIZE)",
+                                               rank, world_size);
+            goto err_config;
+        }
+        ctx->rank = rank;
+        ctx->world = ranks;
+    }
     /* the logger, the job key, this worker's nonce and data key */
     if ((st = psagg_node_open(&ctx->cfg, "worker", rank, &ctx->node)))
         goto err_config;
     if ((st = psagg_timeline_open(ctx->cfg.timeline, "worker", rank, &ctx->timeline)))
         goto err_config;
     ctx->servers = calloc((size_t)ctx->cfg.n_servers, sizeof *ctx->servers);
-    ctx->live = malloc((size_t)world_size);
-    ctx->n_live = world_size;
+    ctx->live = calloc((size_t)ctx->world, 1);
+    ctx->n_live = world_size; /* the ranks that start the job (elastic: others join later) */
     if (ctx->live)
         memset(ctx->live, 1, (size_t)world_size);
     if (!ctx->servers || !ctx->live) {

@@ -155,8 +155,7 @@ static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const ch
         if (!st && s == 0) {
             ctx->optim = w->optim;
             ctx->joiner = !!(w->flags & PSAGG_WELCOME_JOINING);
-            ctx->bitmap_bytes =
-                w->flags & PSAGG_WELCOME_QUORUM ? ((size_t)ctx->cfg.n_workers + 7) / 8 : 0;
+            ctx->bitmap_bytes = w->flags & PSAGG_WELCOME_QUORUM ? ((size_t)ctx->world + 7) / 8 : 0;
             if (ctx->joiner)
                 LOG_WARN(&ctx->log,
                          "the job is running: worker %d joins it (admitted at the members' next "

@@ -450,14 +450,6 @@ static psagg_status check_elastic(const struct load_state *st)
         return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] max_workers = %d is less than workers = %d",
                           where, cfg->max_workers, cfg->n_workers);
     }
-    if (cfg->max_workers > cfg->n_workers) {
-        key_origin(st, "cluster", "max_workers", where, sizeof where);
-        return psagg_fail(PSAGG_ECONFIG,
-                          "%s: [cluster] max_workers = %d is more than workers = %d: a worker "
-                          "joins a running job only in a rank that left it, so the job never "
-                          "grows beyond `workers`",
-                          where, cfg->max_workers, cfg->n_workers);
-    }
     return PSAGG_OK;
 }
 

@@ -66,8 +66,9 @@ typedef struct psagg_config {
     int elastic;     /* `elastic`, default off: a worker that dies leaves the job, which goes on
                         with the others (server/membership.c); off: any death ends the job */
     int min_workers; /* `min_workers`, default 1 (elastic): fewer live workers end the job */
-    int max_workers; /* `max_workers`, default 0 = `workers` (elastic): the most at a time; the
-                        loaded config holds the number */
+    int max_workers; /* `max_workers`, default 0 = `workers` (elastic): the job's ranks are
+                        0..max_workers-1, of which 0..workers-1 start it and the others may
+                        join it while it runs; the loaded config holds the number */
     char servers_where[300]; /* where `servers` was set ("path:line" or "env PSAGG_..."), for
                                 messages about the addresses */
 

@@ -30,7 +30,9 @@
  * digest of the last 10 rounds, which the harness compares across all of them. With --loose
  * (joins that die again) only the last 10 rounds are checked, each element the exact sum of
  * all the workers, and the end expects them all members in some epoch >= 2;
- * --joiner-die-after N makes a joiner die (--die-mode) N rounds after it joined.
+ * --joiner-die-after N makes a joiner die (--die-mode) N rounds after it joined. --grow: the
+ * --elastic-dead rank is one beyond [cluster] workers (up to max_workers), absent at the start:
+ * it joins the running job, in epoch 1.
  * Stragglers ([server] quorum): with --straggler R worker R sleeps --straggler-ms before
  * each round's pushes, but for the last --calm-rounds; rounds then close without it, so a
  * round is the sum of some of the workers, and what is checked is that nothing is lost:
@@ -134,7 +136,8 @@ static int status_from_name(const char *s)
         int status;
     } t[] = {{"EMISMATCH", PSAGG_EMISMATCH}, {"ETIMEDOUT", PSAGG_ETIMEDOUT},
              {"EPEER", PSAGG_EPEER},         {"ECONFIG", PSAGG_ECONFIG},
-             {"EPROTO", PSAGG_EPROTO},       {"ENONFINITE", PSAGG_ENONFINITE}};
+             {"EPROTO", PSAGG_EPROTO},       {"ENONFINITE", PSAGG_ENONFINITE},
+             {"EINVAL", PSAGG_EINVAL}};
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         if (!strcmp(s, t[i].name))
             return t[i].status;
@@ -186,6 +189,7 @@ int main(int argc, char **argv)
                                          {"calm-rounds", required_argument, NULL, 'C'},
                                          {"error-feedback", no_argument, NULL, 'F'},
                                          {"lenient", no_argument, NULL, 'L'},
+                                         {"grow", no_argument, NULL, 'G'},
                                          {NULL, 0, NULL, 0}};
     char sizes_text[512] = "1,1023,4096";
     const char *codec_text = "fp32", *expect_text = NULL;
@@ -195,6 +199,7 @@ int main(int argc, char **argv)
     int sync = 0, round_sleep_ms = 0, rejoin = 0, full_from = -1, first_round = 0, loose = 0;
     int joiner_die_after = -1;
     int straggler = -1, straggler_ms = 50, calm_rounds = 5, error_feedback = 0, lenient = 0;
+    int grow = 0;        /* --grow: the --elastic-dead rank is beyond `workers`: it only joins */
     double **cum = NULL; /* --straggler: per tensor, the updates summed over the rounds, minus
                             every worker's inputs */
     uint64_t tail = 0xCBF29CE484222325ull, *round_digest = NULL;
@@ -292,6 +297,9 @@ int main(int argc, char **argv)
             break;
         case 'L':
             lenient = 1;
+            break;
+        case 'G':
+            grow = 1;
             break;
         default:
             return 2;
@@ -697,7 +705,7 @@ int main(int argc, char **argv)
             return 1;
         }
         if (rejoin && (loose ? m.epoch < 2 || m.size != world
-                             : m.epoch != 2 || m.size != world || full_from < 0)) {
+                             : m.epoch != (grow ? 1u : 2u) || m.size != world || full_from < 0)) {
             fprintf(stderr,
                     "FAIL worker %d: worker %d did not leave and rejoin the job as expected "
                     "(epoch %u, %d workers, all summed from round %d)\n",

@@ -36,6 +36,11 @@
 #               by the harness as soon as it says it joins (waiting for its admission, or just
 #               admitted), and a third joins for good: the members go on through every epoch,
 #               and the last 10 of 150 rounds are the exact sum of all four, bit-identical
+#   grow        workers = 3, max_workers = 4: ranks 0..2 start the job (--sync, 100 rounds), and
+#               rank 3, which never was in it, joins while it runs: from the barrier that
+#               admitted it every element is the exact sum of all four (epoch 1), the last 10
+#               rounds bit-identical on all four. A rank 3 that comes before the job runs
+#               waits for it; rank 4 (beyond max_workers) is refused by name
 #   join_attacks  rejoin, in a job with a secret: after worker 2's death a rogue sends server
 #               0 a replay of a joiner's HELLO (made for another connection's challenge) and
 #               1000 HELLOs made with a wrong secret, each refused, while the members go on
@@ -61,7 +66,7 @@ kill | midpush | afterpush | exit | stop) mode=$case ;;
 average) extra=(--average) ;;
 maxmin4) codec=maxmin4 server_extra="error_feedback = on" ;;
 below_min) min=4 ;;
-rogue_server0 | rogue_skip | rejoin | join_attacks | join_dies) ;;
+rogue_server0 | rogue_skip | rejoin | join_attacks | join_dies | grow) ;;
 *) fail "unknown case '$case'" ;;
 esac
 bound_ms=2000
@@ -126,8 +131,15 @@ if [[ $case == rogue_* ]]; then
     exit 0
 fi
 
+if [ "$case" = grow ]; then
+    sed -i 's/^workers = 4/workers = 3\nmax_workers = 4/' "$tmp/job.ini"
+    export PSAGG_WORLD_SIZE=3
+    # beyond max_workers: refused by name, before any connection
+    PSAGG_RANK=4 "$worker_bin" --rounds 1 --expect EINVAL --expect-text "max_workers = 4" \
+        >"$tmp/beyond.log" 2>&1 || { cat "$tmp/beyond.log"; fail "rank 4 of max_workers 4 was not refused"; }
+fi
 for s in 0 1; do
-    [[ $case == rejoin || $case == join_attacks || $case == join_dies ]] && break
+    [[ $case == rejoin || $case == join_attacks || $case == join_dies || $case == grow ]] && break
     setsid "$server_bin" --config "$tmp/job.ini" --rank "$s" >"$tmp/server$s.log" 2>&1 &
     spid[$s]=$!
     pids+=($!)
@@ -137,7 +149,7 @@ if [ "$case" = join_attacks ]; then
     printf '[cluster]\nsecret_file = %s\n' "$tmp/secret" >>"$tmp/job.ini"
 fi
 for s in 0 1; do
-    [[ $case == rejoin || $case == join_attacks || $case == join_dies ]] || break
+    [[ $case == rejoin || $case == join_attacks || $case == join_dies || $case == grow ]] || break
     setsid "$server_bin" --config "$tmp/job.ini" --rank "$s" >"$tmp/server$s.log" 2>&1 &
     spid[$s]=$!
     pids+=($!)
@@ -191,6 +203,39 @@ if [ "$case" = join_dies ]; then
     n=$(grep -h '^TAIL' "$tmp"/worker[0-3].log | wc -l)
     ((n == 4 && tails == 1)) || fail "the last rounds' digests of the 4 workers differ ($n lines, $tails distinct)"
     say "passed: epochs $(grep -c 'membership epoch' "$tmp/server0.log") on server 0 ($(grep -o 'membership epoch [0-9]*: [^;]*' "$tmp/server0.log" | tr '\n' ' ')); all four bit-identical at the end"
+    exit 0
+fi
+if [ "$case" = grow ]; then
+    args=(--codec fp32 --sizes 1,1023,4096,50000,7000 --rounds 100 --sync --round-sleep-ms 30
+        --elastic-dead 3 --rejoin --grow)
+    # rank 3 first: the job is not running yet, so it waits (HELLO again) until it does
+    PSAGG_RANK=3 setsid "$worker_bin" "${args[@]}" >"$tmp/worker3.log" 2>&1 &
+    wpid[3]=$!
+    pids+=($!)
+    sleep 1
+    for r in 0 1 2; do
+        PSAGG_RANK=$r setsid "$worker_bin" "${args[@]}" >"$tmp/worker$r.log" 2>&1 &
+        wpid[$r]=$!
+        pids+=($!)
+    done
+    for r in 0 1 2 3; do
+        wait_for "${wpid[$r]}" 60
+        rc=$?
+        sed "s/^/[worker $r] /" "$tmp/worker$r.log"
+        ((rc == 0)) || fail "worker $r exited $rc"
+    done
+    for s in 0 1; do
+        wait_for "${spid[$s]}" 20
+        rc=$?
+        sed "s/^/[server $s] /" "$tmp/server$s.log"
+        ((rc == 0)) || fail "server $s exited $rc, expected 0"
+        grep -q "membership epoch 1" "$tmp/server$s.log" || fail "server $s did not log membership epoch 1"
+    done
+    grep -q "joined at round" "$tmp/worker3.log" || fail "rank 3 did not join"
+    tails=$(grep -h '^TAIL' "$tmp"/worker[0-3].log | awk '{print $2}' | sort -u | wc -l)
+    n=$(grep -h '^TAIL' "$tmp"/worker[0-3].log | wc -l)
+    ((n == 4 && tails == 1)) || fail "the last rounds' digests of the 4 workers differ ($n lines, $tails distinct)"
+    say "passed: rank 3 (beyond workers = 3) joined at round $(sed -n 's/.*joined at round \([0-9]*\).*/\1/p' "$tmp/worker3.log"); all four bit-identical after; rank 4 refused"
     exit 0
 fi
 if [[ $case == rejoin || $case == join_attacks ]]; then

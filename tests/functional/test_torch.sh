@@ -300,6 +300,35 @@ quorum)
         echo "quorum $comm: worker 3 left out of $left chunk rounds; 4 identical weights; test_acc=$acc"
     done
     ;;
+grow)
+    # workers = 3, max_workers = 4: psagg-local runs ranks 0..2 (ServerOptimizer), and a rank 3
+    # the job never had, started by hand, joins it while it runs: the four re-shard to 4 and
+    # finish with identical weights
+    {
+        sed -e "s/^job_id = .*/job_id = test-grow-$port/" -e "s/^workers = .*/workers = 3/" "$tmp/job.ini"
+        printf '[cluster]\nelastic = on\nmin_workers = 2\nmax_workers = 4\n'
+    } >"$tmp/grow.ini"
+    export PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9
+    # rank 3 first: until the job runs, the servers answer it "try again" (it says HELLO again,
+    # for up to its connect_timeout_ms: the others' start-up may take long on busy cores)
+    PSAGG_CLUSTER_CONNECT_TIMEOUT_MS=120000 \
+        PSAGG_CONFIG=$tmp/grow.ini PSAGG_RANK=3 PSAGG_WORLD_SIZE=3 RANK=3 WORLD_SIZE=3 \
+        PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH} \
+        "$py" "$script" --comm psagg-server --steps 400 >"$tmp/grow3.out" 2>&1 &
+    p3=$!
+    "$repo/deploy/psagg-local" --config "$tmp/grow.ini" --timeout 300 -- \
+        "$py" "$script" --comm psagg-server --steps 400 >"$tmp/grow.out" 2>&1
+    rc=$?
+    wait $p3
+    rc3=$?
+    unset PSAGG_SERVER_OPTIMIZER PSAGG_SERVER_MOMENTUM
+    ((rc == 0 && rc3 == 0)) || { tail -n 20 "$tmp/grow.out" "$tmp/grow3.out" >&2; fail "grow: psagg-local exited $rc, rank 3 $rc3"; }
+    joined=$(grep -o 'JOINED rank 3 at step [0-9]*' "$tmp/grow3.out") || { cat "$tmp/grow3.out" >&2; fail "grow: rank 3 did not join"; }
+    (($(grep -c 'membership epoch 1 at step' "$tmp/grow.out") == 3)) || { cat "$tmp/grow.out" >&2; fail "grow: not every member re-sharded to 4"; }
+    n=$( (grep '^\[worker [0-2]\] PARAMS' "$tmp/grow.out" | sed 's/.*sha256=//'; grep '^PARAMS' "$tmp/grow3.out" | sed 's/.*sha256=//') | sort | uniq -c)
+    [[ $(wc -l <<<"$n") == 1 && $(awk '{print $1}' <<<"$n") == 4 ]] || { echo "$n" >&2; fail "grow: the four workers' weights differ"; }
+    echo "grow: $joined (a rank beyond workers = 3); 4 identical weights; $(grep -o 'RESULT.*test_acc=[0-9.]*' "$tmp/grow.out")"
+    ;;
 *) fail "unknown case '$case'" ;;
 esac
 echo "test_torch: $case passed"

@@ -244,8 +244,13 @@ static void test_elastic(void)
                  "more than workers = 2");
     EXPECT_ERROR(MINIMAL "elastic = on\nmax_workers = 1\n", 6, "max_workers = 1",
                  "less than workers = 2");
-    EXPECT_ERROR(MINIMAL "elastic = on\nmax_workers = 3\n", 6, "max_workers = 3",
-                 "only in a rank that left it");
+    CHECK(psagg_config_load(write_ini(MINIMAL "elastic = on\nmax_workers = 3\n"), &cfg) ==
+                  PSAGG_OK &&
+              cfg.max_workers == 3 && cfg.n_workers == 2,
+          "elastic, max_workers above workers (a rank that joins later): %s", psagg_last_error());
+    /* [server] quorum: within workers, and not with elastic (yet) */
+    EXPECT_ERROR(MINIMAL "[server]\nquorum = 3\n", 6, "quorum = 3", "more than workers = 2");
+    EXPECT_ERROR(MINIMAL "elastic = on\n[server]\nquorum = 2\n", 7, "quorum", "elastic = on yet");
     EXPECT_ERROR(MINIMAL "elastic = maybe\n", 5, "elastic");
 }
 

@@ -277,7 +277,8 @@ PSAGG_API psagg_status psagg_checkpoint(psagg_ctx *ctx);
 PSAGG_API psagg_status psagg_tensor_round(psagg_ctx *ctx, uint32_t key, uint32_t *round);
 
 PSAGG_API int psagg_rank(const psagg_ctx *ctx);
-/* The job's worker ranks ([cluster] workers), whether they are all alive or not. */
+/* The job's worker ranks, whether they are all alive or not: [cluster] workers, or in an
+   elastic job max_workers (ranks from `workers` on join it while it runs). */
 PSAGG_API int psagg_world_size(const psagg_ctx *ctx);
 
 /*
