@@ -69,6 +69,11 @@ static void drop_worker(server *srv, int w, psagg_status status, const char *why
         membership_lost(srv, w, reason); /* the job goes on without it */
         return;
     }
+    if (srv->elastic && !srv->job_running && !atomic_load(&srv->job_failed)) {
+        /* start-up: the job starts without it (min_workers permitting), and leaves it then */
+        snprintf(wc->bad_reason_startup, sizeof wc->bad_reason_startup, "%s", reason);
+        return;
+    }
     snprintf(msg, sizeof msg, "worker %d failed: %s", w, reason);
     server_fail_job(srv, job_status, "%s", msg);
     snprintf(msg, sizeof msg, "server %d: worker %d failed: %s", srv->rank, w, reason);
@@ -83,19 +88,25 @@ static void codec_text(const psagg_ctl_tensor *t, char *buf, size_t len)
     psagg_codec_name(&c, buf, len);
 }
 
-/* The starting workers declared: compare every list with worker 0's. 0 if identical. */
+/*
+ * The starting workers declared (an elastic job's: those that did not die meanwhile): compare
+ * every list with the first one's (srv->decl_ref). 0 if identical.
+ */
 static int compare_declarations(server *srv, char *msg, size_t len)
 {
-    const worker_conn *w0 = &srv->workers[0];
-    for (int w = 1; w < srv->start_workers; w++) {
+    const int r0 = srv->decl_ref;
+    const worker_conn *w0 = &srv->workers[r0];
+    for (int w = r0 + 1; w < srv->start_workers; w++) {
         const worker_conn *wc = &srv->workers[w];
+        if (wc->state != W_DECLARED)
+            continue;
         if (wc->decl_hdr.count != w0->decl_hdr.count) {
-            snprintf(msg, len, "worker 0 declared %u tensors, worker %d declared %u",
+            snprintf(msg, len, "worker %d declared %u tensors, worker %d declared %u", r0,
                      w0->decl_hdr.count, w, wc->decl_hdr.count);
             return -1;
         }
         if (wc->decl_hdr.chunk_elems != w0->decl_hdr.chunk_elems) {
-            snprintf(msg, len, "worker 0 uses chunks of %llu elements, worker %d of %llu",
+            snprintf(msg, len, "worker %d uses chunks of %llu elements, worker %d of %llu", r0,
                      (unsigned long long)w0->decl_hdr.chunk_elems, w,
                      (unsigned long long)wc->decl_hdr.chunk_elems);
             return -1;
@@ -104,9 +115,9 @@ static int compare_declarations(server *srv, char *msg, size_t len)
             wc->decl_hdr.adapt_budget != w0->decl_hdr.adapt_budget ||
             wc->decl_hdr.adapt_flags != w0->decl_hdr.adapt_flags) {
             snprintf(msg, len,
-                     "worker 0 and worker %d differ in [codec] adaptive settings (interval %u / "
+                     "worker %d and worker %d differ in [codec] adaptive settings (interval %u / "
                      "%u, budget %.6f / %.6f%s, error feedback %s / %s)",
-                     w, w0->decl_hdr.adapt_interval, wc->decl_hdr.adapt_interval,
+                     r0, w, w0->decl_hdr.adapt_interval, wc->decl_hdr.adapt_interval,
                      w0->decl_hdr.adapt_budget / 1e6, wc->decl_hdr.adapt_budget / 1e6,
                      (w0->decl_hdr.adapt_flags & PSAGG_ADAPT_BUDGET_BITS) ? " bits" : "",
                      (w0->decl_hdr.adapt_flags & PSAGG_ADAPT_WORKER_EF) ? "on" : "off",
@@ -118,8 +129,10 @@ static int compare_declarations(server *srv, char *msg, size_t len)
         const psagg_ctl_tensor *a = &w0->decl[t];
         char differ[128] = "";
         int first = -1;
-        for (int w = 1; w < srv->start_workers; w++) {
+        for (int w = r0 + 1; w < srv->start_workers; w++) {
             const psagg_ctl_tensor *b = &srv->workers[w].decl[t];
+            if (srv->workers[w].state != W_DECLARED)
+                continue;
             if (memcmp(a, b, sizeof *a)) {
                 size_t used = strlen(differ);
                 if (first < 0)
@@ -261,7 +274,7 @@ static void missing_workers(const server *srv, enum worker_state below, char *bu
 /* All declarations are in and identical: check the budget, build the layout, start. */
 static psagg_status start_job(server *srv)
 {
-    const worker_conn *w0 = &srv->workers[0];
+    const worker_conn *w0 = &srv->workers[srv->decl_ref];
     psagg_status st;
     size_t rbuf_size;
     int n_rbufs;
@@ -416,16 +429,17 @@ static int start_or_refuse(server *srv, int *rc)
             return -1;
         }
     }
-    srv->job_decl_hdr = srv->workers[0].decl_hdr; /* a joiner's must equal it */
+    srv->job_decl_hdr = srv->workers[srv->decl_ref].decl_hdr; /* a joiner's must equal it */
     srv->job_decl = malloc((size_t)srv->job_decl_hdr.count * sizeof *srv->job_decl);
     if (!srv->job_decl) {
         *rc = startup_failed(srv, PSAGG_ENOMEM, "no memory for the job's declaration");
         return -1;
     }
-    memcpy(srv->job_decl, srv->workers[0].decl,
+    memcpy(srv->job_decl, srv->workers[srv->decl_ref].decl,
            (size_t)srv->job_decl_hdr.count * sizeof *srv->job_decl);
     for (int w = 0; w < srv->start_workers; w++) /* (the ranks beyond join later) */
-        if (psagg_ctl_send(srv->workers[w].fd, PSAGG_CTL_READY, NULL, 0))
+        if (srv->workers[w].state == W_DECLARED &&
+            psagg_ctl_send(srv->workers[w].fd, PSAGG_CTL_READY, NULL, 0))
             drop_worker(srv, w, PSAGG_EPEER, psagg_last_error()); /* fails the job */
     return 0;
 }
@@ -551,13 +565,31 @@ int control_serve(server *srv)
             break;
         }
         if (phase == STARTING) {
-            if (count_state(srv, W_DEAD) > 0) {
+            int dead = count_state(srv, W_DEAD), declared = count_state(srv, W_DECLARED);
+            if (dead > 0 && !srv->elastic) {
                 rc = startup_failed(srv, PSAGG_EPEER, "another worker failed during start-up");
                 break;
             }
-            if (count_state(srv, W_DECLARED) == srv->start_workers) {
+            if (dead > 0 && srv->start_workers - dead < srv->cfg.min_workers) {
+                snprintf(msg, sizeof msg,
+                         "server %d: %d workers died during start-up: %d left, fewer than "
+                         "min_workers=%d",
+                         srv->rank, dead, srv->start_workers - dead, srv->cfg.min_workers);
+                rc = startup_failed(srv, PSAGG_EPEER, msg);
+                break;
+            }
+            /* (elastic: the workers that died start out of it, as joinable ranks) */
+            if (declared > 0 && declared + dead == srv->start_workers) {
+                for (srv->decl_ref = 0; srv->workers[srv->decl_ref].state != W_DECLARED;)
+                    srv->decl_ref++;
                 if (start_or_refuse(srv, &rc))
                     break;
+                for (int w = 0; w < srv->start_workers; w++)
+                    if (srv->workers[w].state == W_DEAD)
+                        membership_lost(srv, w,
+                                        srv->workers[w].bad_reason_startup[0]
+                                            ? srv->workers[w].bad_reason_startup
+                                            : "it died during start-up");
                 if (!srv->elastic) {
                     /* nobody else may join now: later connections are refused by the kernel */
                     close(srv->listen_fd);

@@ -61,7 +61,8 @@ typedef struct worker_conn {
     psagg_ctl_declare decl_hdr;
     psagg_ctl_tensor *decl;
     char bad_reason[200]; /* set by data-path threads: close this peer (guarded by srv->mu) */
-    int64_t heard_at;     /* when its last bytes came (liveness, runtime/channel.h) */
+    char bad_reason_startup[256]; /* why it died during an elastic job's start-up */
+    int64_t heard_at;             /* when its last bytes came (liveness, runtime/channel.h) */
     /* elastic joins (membership.c; the control thread's): */
     int joining;       /* connected to a running job, not yet a member (its JOIN admits it) */
     int join_asked;    /* server 0: its JOIN came (it is declared on every server) */
@@ -288,6 +289,7 @@ typedef struct server {
 
     int n_workers;       /* the job's ranks: `workers`, or an elastic job's max_workers */
     int start_workers;   /* the ranks that start it (`workers`); the others may join it later */
+    int decl_ref;        /* the first starting worker that declared: the job's declaration */
     size_t bitmap_bytes; /* [server] quorum: an update's contributor bitmap (wire.h), else 0 */
     worker_conn *workers;
     int *rank_at; /* n_workers entries: the worker whose fabric address is this index, or -1 */

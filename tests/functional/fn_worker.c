@@ -15,7 +15,8 @@
  * (alive, but not pushing) and goes on; --die-mode says how it dies: exit (_exit, the
  * default), kill (SIGKILL before the round's pushes), midpush (SIGKILL once half the round's
  * tensors are pushed), afterpush (SIGKILL once all are pushed, before any update), stop
- * (SIGSTOP: hung; the harness kills it later).
+ * (SIGSTOP: hung; the harness kills it later), declare (SIGKILL after psagg_init, before its
+ * declaration: during the job's start-up).
  * Elastic jobs: with --elastic-dead R the others expect worker R to leave the job at some
  * point and go on: until they learn of the new epoch every element is the sum with R or,
  * already, without it (each chunk summed one or the other; an AVERAGE divides by the number
@@ -361,6 +362,11 @@ int main(int argc, char **argv)
             return 1;
         }
         desc[n - 1].struct_size = sizeof(psagg_tensor_desc);
+    }
+    if (rank == die_rank && !strcmp(die_mode, "declare")) { /* before its DECLARE is sent */
+        printf("fn_worker %d: SIGKILL to itself before declaring\n", rank);
+        fflush(stdout);
+        raise(SIGKILL);
     }
     st = psagg_declare(ctx, desc, (size_t)n, NULL);
     if (st)

@@ -16,6 +16,8 @@
 #   exit        _exit(0) at round 15 (no BYE: a crash of the process)
 #   stop        SIGSTOP (hung): the servers stop hearing it and give it up after 3 PING
 #               intervals (3 s here), long before op_timeout_ms' round deadline (6 s)
+#   declare     SIGKILL during the job's start-up (connected, before its declaration): the
+#               three others start the job without it (epoch 1 leaves it out)
 #   average     kill, PSAGG_AVERAGE: the rounds without it divide by 3
 #   maxmin4     kill, 4-bit codec with server error feedback: within the codec's bound
 #   below_min   min_workers = 4: the death ends the job; the three others fail naming
@@ -62,7 +64,7 @@ say() { echo "test_elastic $case: $*"; }
 
 min=2 mode=kill codec=fp32 extra=() server_extra=""
 case $case in
-kill | midpush | afterpush | exit | stop) mode=$case ;;
+kill | midpush | afterpush | exit | stop | declare) mode=$case ;;
 average) extra=(--average) ;;
 maxmin4) codec=maxmin4 server_extra="error_feedback = on" ;;
 below_min) min=4 ;;
