@@ -156,6 +156,29 @@ for s in 0 1; do
     spid[$s]=$!
     pids+=($!)
 done
+# joined_job [EPOCH]: the 4 workers and both servers exit 0, the servers logged membership
+# epoch EPOCH (when given), and the workers' digests of the last rounds (TAIL) are identical
+joined_job() {
+    local r s rc tails n
+    for r in 0 1 2 3; do
+        wait_for "${wpid[$r]}" 60
+        rc=$?
+        sed "s/^/[worker $r] /" "$tmp/worker$r.log"
+        ((rc == 0)) || fail "worker $r exited $rc"
+    done
+    for s in 0 1; do
+        wait_for "${spid[$s]}" 20
+        rc=$?
+        sed "s/^/[server $s] /" "$tmp/server$s.log"
+        ((rc == 0)) || fail "server $s exited $rc, expected 0"
+        [[ -z ${1:-} ]] || grep -q "membership epoch $1" "$tmp/server$s.log" ||
+            fail "server $s did not log membership epoch $1"
+    done
+    tails=$(grep -h '^TAIL' "$tmp"/worker[0-3].log | awk '{print $2}' | sort -u | wc -l)
+    n=$(grep -h '^TAIL' "$tmp"/worker[0-3].log | wc -l)
+    ((n == 4 && tails == 1)) || fail "the last rounds' digests of the 4 workers differ ($n lines, $tails distinct)"
+}
+
 if [ "$case" = join_dies ]; then
     args=(--codec fp32 --sizes 1,1023,4096,50000,7000 --rounds 150 --sync --round-sleep-ms 30
         --elastic-dead 2 --rejoin --loose)
@@ -189,45 +212,10 @@ if [ "$case" = join_dies ]; then
     PSAGG_RANK=2 setsid "$worker_bin" "${args[@]}" >"$tmp/worker2.log" 2>&1 &
     wpid[2]=$!
     pids+=($!)
-    for r in 0 1 2 3; do
-        wait_for "${wpid[$r]}" 60
-        rc=$?
-        sed "s/^/[worker $r] /" "$tmp/worker$r.log"
-        ((rc == 0)) || fail "worker $r exited $rc"
-    done
-    for s in 0 1; do
-        wait_for "${spid[$s]}" 20
-        rc=$?
-        sed "s/^/[server $s] /" "$tmp/server$s.log"
-        ((rc == 0)) || fail "server $s exited $rc, expected 0"
-    done
-    tails=$(grep -h '^TAIL' "$tmp"/worker[0-3].log | awk '{print $2}' | sort -u | wc -l)
-    n=$(grep -h '^TAIL' "$tmp"/worker[0-3].log | wc -l)
-    ((n == 4 && tails == 1)) || fail "the last rounds' digests of the 4 workers differ ($n lines, $tails distinct)"
+    joined_job
     say "passed: epochs $(grep -c 'membership epoch' "$tmp/server0.log") on server 0 ($(grep -o 'membership epoch [0-9]*: [^;]*' "$tmp/server0.log" | tr '\n' ' ')); all four bit-identical at the end"
     exit 0
 fi
-# joined_job EPOCH: the 4 workers and both servers exit 0, the servers logged membership epoch
-# EPOCH, and the workers' digests of the last rounds (TAIL) are identical
-joined_job() {
-    local r s rc tails n
-    for r in 0 1 2 3; do
-        wait_for "${wpid[$r]}" 60
-        rc=$?
-        sed "s/^/[worker $r] /" "$tmp/worker$r.log"
-        ((rc == 0)) || fail "worker $r exited $rc"
-    done
-    for s in 0 1; do
-        wait_for "${spid[$s]}" 20
-        rc=$?
-        sed "s/^/[server $s] /" "$tmp/server$s.log"
-        ((rc == 0)) || fail "server $s exited $rc, expected 0"
-        grep -q "membership epoch $1" "$tmp/server$s.log" || fail "server $s did not log membership epoch $1"
-    done
-    tails=$(grep -h '^TAIL' "$tmp"/worker[0-3].log | awk '{print $2}' | sort -u | wc -l)
-    n=$(grep -h '^TAIL' "$tmp"/worker[0-3].log | wc -l)
-    ((n == 4 && tails == 1)) || fail "the last rounds' digests of the 4 workers differ ($n lines, $tails distinct)"
-}
 
 if [ "$case" = grow ]; then
     args=(--codec fp32 --sizes 1,1023,4096,50000,7000 --rounds 100 --sync --round-sleep-ms 30
