@@ -311,9 +311,10 @@ static void quorum_arm(server *srv, chunk_state *c)
     agg_thread *t = &srv->threads[c->thread];
     if (c->close_at_ms || !c->n_arrived || !c->ops->partial(c))
         return;
-    for (int w = 0; w < srv->n_workers; w++)
+    /* the live workers, counted up to the quorum (beyond it the quorum is the bar) */
+    for (int w = 0; w < srv->n_workers && live < srv->cfg.quorum; w++)
         live += server_member(srv, w);
-    if ((int)c->n_arrived < (srv->cfg.quorum < live ? srv->cfg.quorum : live))
+    if ((int)c->n_arrived < live)
         return;
     c->close_at_ms = psagg_now_ms() + srv->cfg.grace_ms;
     if (!t->close_next_ms || c->close_at_ms < t->close_next_ms)
