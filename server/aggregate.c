@@ -119,8 +119,13 @@ void agg_finish_round(server *srv, chunk_state *c)
      * of the two sees the other and the round is never left waiting (seq_cst atomics).
      */
     atomic_store(&c->deferred, 1);
-    if (atomic_load(&c->sends_pending[p]) > 0)
-        return; /* progress_main queues c->retry when the last send completes */
+    if (atomic_load(&c->sends_pending[p]) > 0) {
+        /* the round is whole: no grace timer or deadline of its own may fire while it waits
+           (agg_send_done queues c->retry when the last send is done) */
+        c->close_at_ms = 0;
+        c->round_deadline = 0;
+        return;
+    }
     atomic_store(&c->deferred, 0);
     if ((r = c->ops->finish(srv, c, c->out[p], round_key(srv, c))) < 0)
         return; /* the job failed */
@@ -309,6 +314,10 @@ static void quorum_arm(server *srv, chunk_state *c)
 {
     int live = 0;
     agg_thread *t = &srv->threads[c->thread];
+    if (c->close_at_ms < 0) { /* its grace passed: this push may be the one it waited for */
+        quorum_close(srv, c, psagg_now_ms());
+        return;
+    }
     if (c->close_at_ms || !c->n_arrived || !c->ops->partial(c))
         return;
     /* the live workers, counted up to the quorum (beyond it the quorum is the bar) */
@@ -345,7 +354,13 @@ static void quorum_close(server *srv, chunk_state *c, int64_t now)
         agg_finish_round(srv, c);
 }
 
-/* The aggregation thread's chunks whose grace has passed close; the next one's time. */
+/*
+ * The aggregation thread's chunks whose grace has passed close; the next one's time. Only a
+ * time still ahead is kept: a round that could not close when its time came (it waits for a
+ * worker too far behind, or for its update's buffer) is looked at again by what it waits for
+ * (that push, the retry, a membership change), never by a timer already due, which would
+ * wake this thread again at once, for ever, ahead of its queue.
+ */
 static void quorum_timer(server *srv, agg_thread *t, int64_t now)
 {
     int self = (int)(t - srv->threads);
@@ -357,7 +372,7 @@ static void quorum_timer(server *srv, agg_thread *t, int64_t now)
         if ((int)c->thread != self || c->close_at_ms <= 0)
             continue;
         quorum_close(srv, c, now);
-        if (c->close_at_ms > 0 && !c->closing && (!next || c->close_at_ms < next))
+        if (c->close_at_ms > now && !c->closing && (!next || c->close_at_ms < next))
             next = c->close_at_ms;
     }
     t->close_next_ms = next;
@@ -640,6 +655,13 @@ void agg_settle(server *srv, chunk_state *c)
         quorum_arm(srv, c);
         quorum_close(srv, c, psagg_now_ms());
     }
+}
+
+void agg_send_done(server *srv, send_ctx *sc)
+{
+    chunk_state *c = sc->chunk;
+    if (atomic_fetch_sub(&c->sends_pending[sc->parity], 1) == 1 && atomic_load(&c->deferred))
+        agg_enqueue(srv, c, NULL);
 }
 
 void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb)

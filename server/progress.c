@@ -176,17 +176,15 @@ static int send_queued(server *srv)
             if (!server_member(srv, w)) {
                 /* it left since (elastic): nobody waits for this update, and a send to a dead
                    peer may never be taken (EAGAIN for good), which would hold up the queue */
-                if (atomic_fetch_sub(&c->sends_pending[sc->parity], 1) == 1 && c->deferred)
-                    agg_enqueue(srv, c, NULL);
+                agg_send_done(srv, sc);
                 continue;
             }
             st = psagg_fabric_try_send(srv->fab, srv->workers[w].addr, c->out[sc->parity], bytes,
                                        c->out_desc[sc->parity], sc);
             if (st == PSAGG_EAGAIN)
                 return 1;
-            if (st) { /* the last one pending: a deferred round may go on */
-                if (atomic_fetch_sub(&c->sends_pending[sc->parity], 1) == 1 && c->deferred)
-                    agg_enqueue(srv, c, NULL);
+            if (st) {
+                agg_send_done(srv, sc);
                 server_close_worker(srv, w, "sending the update of tensor %u chunk %u failed: %s",
                                     c->info->key, c->info->index, psagg_last_error());
             }
@@ -236,10 +234,7 @@ static void *progress_main(void *arg)
                 /* the buffer is free again either way */
                 __attribute__((fallthrough));
             case PSAGG_FABRIC_SEND_DONE: {
-                send_ctx *sc = ev[i].ctx;
-                if (atomic_fetch_sub(&sc->chunk->sends_pending[sc->parity], 1) == 1 &&
-                    sc->chunk->deferred)
-                    agg_enqueue(srv, sc->chunk, NULL);
+                agg_send_done(srv, ev[i].ctx);
                 break;
             }
             case PSAGG_FABRIC_RECV_ERROR: {

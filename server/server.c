@@ -25,29 +25,34 @@ static uint64_t memory_budget(const psagg_config *cfg)
     return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : 4ull << 30;
 }
 
-int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *stop)
+/*
+ * Everything of a server but its control port and the job: its node (the logger even on
+ * failure, the keys, the libfabric endpoint), the per-worker tables, admission, metrics and
+ * membership, the optimizer's settings (and a checkpoint to resume). NULL when it cannot (why
+ * is logged); server_close frees what was made.
+ */
+server *server_open(const psagg_config *cfg, int rank, const volatile sig_atomic_t *stop)
 {
     server *srv = calloc(1, sizeof *srv);
-    int rc = 1;
 
     if (!srv) {
         fprintf(stderr, "psagg-server: out of memory\n");
-        return 1;
+        return NULL;
     }
     srv->cfg = *cfg;
     srv->rank = rank;
     srv->stop = stop;
     srv->listen_fd = -1;
-    /* the logger, the job key, this server's nonce and data key (the logger even on failure) */
-    if (psagg_node_open(cfg, "server", rank, &srv->node)) {
-        LOG_ERROR(&srv->log, "%s", psagg_last_error());
-        goto err_node;
-    }
     pthread_mutex_init(&srv->mu, NULL);
     pthread_mutex_init(&srv->startup.mu, NULL);
     pthread_cond_init(&srv->startup.cv, NULL);
     pthread_mutex_init(&srv->barrier_mu, NULL);
     pthread_cond_init(&srv->barrier_cv, NULL);
+    /* the logger, the job key, this server's nonce and data key (the logger even on failure) */
+    if (psagg_node_open(cfg, "server", rank, &srv->node)) {
+        LOG_ERROR(&srv->log, "%s", psagg_last_error());
+        goto err;
+    }
     /* an elastic job's ranks: up to max_workers, of which `workers` start it (membership.c) */
     srv->n_workers = cfg->elastic ? cfg->max_workers : cfg->n_workers;
     srv->start_workers = cfg->n_workers;
@@ -57,7 +62,7 @@ int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *s
     if (!srv->workers || !srv->rank_at || admission_init(srv) || metrics_init(srv) ||
         membership_init(srv)) {
         LOG_ERROR(&srv->log, "out of memory");
-        goto err_workers;
+        goto err;
     }
     for (int w = 0; w < srv->n_workers; w++) {
         srv->workers[w].fd = -1;
@@ -65,62 +70,48 @@ int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *s
     }
     if (psagg_timeline_open(cfg->timeline, "server", rank, &srv->timeline) || optim_init(srv)) {
         LOG_ERROR(&srv->log, "%s", psagg_last_error());
-        goto err_workers;
+        goto err;
     }
     srv->budget = memory_budget(cfg);
-
     if (psagg_node_open_fabric(&srv->node, cfg,
                                cfg->server_fabric_node[0] ? cfg->server_fabric_node
                                                           : cfg->servers[rank].host)) {
         LOG_ERROR(&srv->log, "%s", psagg_last_error());
-        goto err_fabric;
+        goto err;
     }
     if (cfg->secret_file[0] && !srv->source_reliable && !cfg->data_auth)
         LOG_WARN(&srv->log,
                  "provider %s cannot tell which process sent a message: with data_auth off, "
                  "any process on this host can push data as a worker",
                  psagg_fabric_provider(srv->fab));
-    if (psagg_tcp_listen(&cfg->servers[rank], &srv->listen_fd)) {
-        LOG_ERROR(&srv->log, "%s", psagg_last_error());
-        goto err_listen;
-    }
-    if (metrics_start(srv)) {
-        LOG_ERROR(&srv->log, "%s", psagg_last_error());
-        goto err_metrics;
-    }
-    LOG_INFO(&srv->log,
-             "serving job '%s' for %d workers on %s:%u (fabric %s, memory budget %llu MiB%s%s)",
-             cfg->job_id, srv->n_workers, cfg->servers[rank].host, cfg->servers[rank].port,
-             psagg_fabric_provider(srv->fab), (unsigned long long)(srv->budget >> 20),
-             srv->job_key.secret ? ", secret" : "", cfg->data_auth ? ", data_auth" : "");
+    return srv;
+err:
+    server_close(srv);
+    return NULL;
+}
 
-    rc = control_serve(srv);
-
+void server_close(server *srv)
+{
+    if (!srv)
+        return;
     progress_stop(srv);
     agg_stop(srv);
-    metrics_report(srv);
     psagg_timeline_close(srv->timeline, &srv->log); /* its spans name tensors of the layout */
     srv->timeline = NULL;
-err_metrics:
     metrics_stop(srv); /* before the fabric: a scrape names its provider */
-    for (int w = 0; w < srv->n_workers; w++)
+    for (int w = 0; srv->workers && w < srv->n_workers; w++)
         if (srv->workers[w].fd >= 0)
             close(srv->workers[w].fd);
     if (srv->listen_fd >= 0) /* closed once the job started */
         close(srv->listen_fd);
-err_listen:
     psagg_node_close(&srv->node);
     agg_teardown(srv);
     psagg_rxpool_destroy(&srv->rxpool);
     psagg_layout_free(&srv->layout);
-err_fabric:
     for (int w = 0; srv->workers && w < srv->n_workers; w++) {
         free(srv->workers[w].decl);
         psagg_ctl_reader_reset(&srv->workers[w].rd);
     }
-err_workers:
-    metrics_stop(srv);
-    psagg_timeline_close(srv->timeline, &srv->log);
     free(srv->workers);
     free(srv->rank_at);
     free(srv->pending);
@@ -131,7 +122,30 @@ err_workers:
     pthread_cond_destroy(&srv->startup.cv);
     pthread_mutex_destroy(&srv->startup.mu);
     pthread_mutex_destroy(&srv->mu);
-err_node:
     free(srv);
+}
+
+int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *stop)
+{
+    server *srv = server_open(cfg, rank, stop);
+    int rc = 1;
+
+    if (!srv)
+        return 1;
+    if (psagg_tcp_listen(&cfg->servers[rank], &srv->listen_fd) || metrics_start(srv)) {
+        LOG_ERROR(&srv->log, "%s", psagg_last_error());
+        server_close(srv);
+        return 1;
+    }
+    LOG_INFO(&srv->log,
+             "serving job '%s' for %d workers on %s:%u (fabric %s, memory budget %llu MiB%s%s)",
+             cfg->job_id, srv->n_workers, cfg->servers[rank].host, cfg->servers[rank].port,
+             psagg_fabric_provider(srv->fab), (unsigned long long)(srv->budget >> 20),
+             srv->job_key.secret ? ", secret" : "", cfg->data_auth ? ", data_auth" : "");
+    rc = control_serve(srv);
+    progress_stop(srv);
+    agg_stop(srv);
+    metrics_report(srv);
+    server_close(srv);
     return rc;
 }

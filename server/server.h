@@ -5,8 +5,8 @@
  *
  * Layer: server (the top, beside worker/). Files, from the top down:
  *   main.c       the command line; sets libfabric's environment before anything starts
- *   server.c     server_run: start the node (runtime/node.h: keys, endpoint), open the port,
- *                run the control loop, tear down
+ *   server.c     server_run: start the node (runtime/node.h: keys, endpoint; server_open),
+ *                open the port, run the control loop, tear down (server_close)
  *   control.c    the control state machine (main thread): DECLARE, start, BYE, aborts
  *   membership.c elastic jobs: who is a member, epochs decided by server 0 (control thread)
  *   admission.c  connections that have not authenticated: HELLO checks, WELCOME, idle and
@@ -391,6 +391,13 @@ void metrics_membership(server *srv, uint32_t epoch, int n);
 
 /* server.c: the whole life of a server; returns the process exit code. */
 int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *stop);
+/*
+ * server.c: a server without its control port and job (server_run's first half, and what the
+ * server's unit tests start): NULL when it cannot (why is logged). server_close stops its
+ * threads and frees all of it.
+ */
+server *server_open(const psagg_config *cfg, int rank, const volatile sig_atomic_t *stop);
+void server_close(server *srv);
 
 /* control.c: the control loop (main thread); returns the process exit code. */
 int control_serve(server *srv);
@@ -451,6 +458,11 @@ void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb);
  * control thread, for a checkpoint): what they wrote before is then visible to the caller.
  */
 void agg_barrier(server *srv);
+/*
+ * One send of sc's update is done (completed, failed, or passed over: the progress thread):
+ * the last one frees its buffer, and a round deferred on it is queued to go on.
+ */
+void agg_send_done(server *srv, send_ctx *sc);
 /* Requantize c's completed round and send the update (or defer until out[] is free). */
 void agg_finish_round(server *srv, chunk_state *c);
 /* c's aggregation thread, after a membership change: finish its round if it is now complete. */
