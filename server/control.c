@@ -534,7 +534,7 @@ int control_serve(server *srv)
         if (phase == RUNNING) {
             check_liveness(srv, now);
             if (srv->elastic) { /* joins: admission stays open (admission.c, membership.c) */
-                membership_check_barrier(srv, now);
+                membership_tick(srv, now);
                 admission_expire(srv, now);
                 n = admission_poll_add(srv, pfd, who, n);
             }

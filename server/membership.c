@@ -65,6 +65,9 @@ void membership_fini(server *srv)
     srv->member = NULL;
     free(srv->epoch_frame);
     srv->epoch_frame = NULL;
+    for (int i = 0; i < srv->n_ahead; i++)
+        free(srv->ahead[i].frame);
+    srv->n_ahead = 0;
 }
 
 /* Let every owned chunk look at its round again (the aggregation threads), and the progress
@@ -185,59 +188,13 @@ void membership_lost(server *srv, int w, const char *why)
         admit_try(srv); /* the barrier may have waited only for the leaver */
 }
 
-void membership_relayed(server *srv, int from, const psagg_ctl_hdr *h, const void *body)
+/*
+ * Apply relayed epoch frame m (checked by membership_relayed; its epoch is the next one here).
+ */
+static void apply_relayed(server *srv, int from, const psagg_ctl_membership *m, uint32_t len)
 {
-    const psagg_ctl_membership *m = body;
-    const uint8_t *live;
-    uint32_t cur = atomic_load(&srv->epoch);
-    int n_live = 0;
-    char peer[32];
+    const uint8_t *live = (const uint8_t *)(m + 1);
 
-    snprintf(peer, sizeof peer, "worker %d", from);
-    if (srv->rank == 0 || !srv->elastic) {
-        server_close_worker(srv, from, "sent a MEMBERSHIP frame to server %d, which %s", srv->rank,
-                            srv->rank == 0 ? "decides the membership itself"
-                                           : "runs a job that is not elastic");
-        return;
-    }
-    if (h->len != sizeof *m + (size_t)srv->n_workers || m->n_workers != (uint32_t)srv->n_workers) {
-        server_close_worker(srv, from,
-                            "MEMBERSHIP field n_workers: a frame of %u bytes for %u workers "
-                            "(this job has %d)",
-                            h->len, h->len >= sizeof *m ? m->n_workers : 0, srv->n_workers);
-        return;
-    }
-    live = (const uint8_t *)(m + 1);
-    for (int k = 0; k < srv->n_workers; k++) {
-        if (live[k] > 1) {
-            server_close_worker(srv, from, "MEMBERSHIP field live[%d] is %u (0 or 1)", k, live[k]);
-            return;
-        }
-        n_live += live[k];
-    }
-    if ((uint32_t)n_live != m->n_live || m->left < -1 || m->left >= srv->n_workers ||
-        (m->left >= 0 && live[m->left]) || memchr(m->why, 0, sizeof m->why) == NULL) {
-        server_close_worker(srv, from, "MEMBERSHIP fields n_live, left or why are inconsistent");
-        return;
-    }
-    if (m->epoch <= cur) { /* a copy of an epoch applied: it must be the same */
-        const psagg_ctl_membership *a = srv->epoch_frame;
-        if (m->epoch == cur && (h->len != srv->epoch_frame_len || memcmp(body, a, h->len) != 0))
-            server_fail_job(srv, PSAGG_EPROTO,
-                            "membership epoch %u as worker %d relayed it (worker %d left, %u "
-                            "live) differs from the copy applied first, worker %d's (worker %d "
-                            "left, %u live)",
-                            m->epoch, from, m->left, m->n_live, srv->epoch_frame_from, a->left,
-                            a->n_live);
-        return;
-    }
-    if (m->epoch != cur + 1) {
-        server_fail_job(srv, PSAGG_EPROTO,
-                        "worker %d relayed membership epoch %u, but this server is at epoch %u: "
-                        "an epoch was skipped",
-                        from, m->epoch, cur);
-        return;
-    }
     /* an epoch either removes one worker (left) or admits joiners (left = -1), never both */
     for (int k = 0; k < srv->n_workers; k++) {
         int was = atomic_load(&srv->member[k]);
@@ -266,7 +223,7 @@ void membership_relayed(server *srv, int from, const psagg_ctl_hdr *h, const voi
         }
     }
     atomic_store(&srv->epoch, m->epoch);
-    keep_frame(srv, body, h->len);
+    keep_frame(srv, m, len);
     srv->epoch_frame_from = from;
     if (m->left >= 0)
         LOG_WARN(&srv->log,
@@ -279,6 +236,121 @@ void membership_relayed(server *srv, int from, const psagg_ctl_hdr *h, const voi
                  m->epoch, from, m->why, srv->n_members);
     metrics_membership(srv, m->epoch, srv->n_members);
     settle_all(srv);
+}
+
+/* The frame of epoch e kept ahead (membership_relayed), or NULL. */
+static ahead_frame *ahead_of(server *srv, uint32_t e)
+{
+    for (int i = 0; i < srv->n_ahead; i++)
+        if (srv->ahead[i].epoch == e)
+            return &srv->ahead[i];
+    return NULL;
+}
+
+/*
+ * An epoch relayed ahead of this server's next one: kept until the epochs before it come.
+ * Only a joiner here relays that way (server 0 announces an epoch that removes a worker and
+ * at once one that admits the joiner; the joiner has and relays only the second, and every
+ * later one in order, while the members relay every one in order, perhaps later): its frame
+ * admitting it, or the next after one of its own kept here. Anything else ahead is a skipped
+ * epoch, which fails the job. Returns 0 when kept (or equal to a copy kept), -1 when not.
+ */
+static int keep_ahead(server *srv, int from, const psagg_ctl_membership *m, uint32_t len)
+{
+    const uint8_t *live = (const uint8_t *)(m + 1);
+    ahead_frame *a = ahead_of(srv, m->epoch), *prev = ahead_of(srv, m->epoch - 1);
+    void *copy;
+
+    if (server_member(srv, from) || !srv->workers[from].joining ||
+        !((m->left == -1 && live[from]) || (prev && prev->from == from)))
+        return -1;
+    if (a) {
+        if (a->len != len || memcmp(a->frame, m, len))
+            server_fail_job(srv, PSAGG_EPROTO,
+                            "membership epoch %u as worker %d relayed it differs from the copy "
+                            "worker %d relayed first",
+                            m->epoch, from, a->from);
+        return 0;
+    }
+    if (srv->n_ahead == MEMBERSHIP_AHEAD_MAX || !(copy = malloc(len))) {
+        server_fail_job(srv, PSAGG_EPROTO,
+                        "worker %d relayed membership epoch %u while this server is at epoch %u "
+                        "and already keeps %d epochs ahead: the epochs between never came",
+                        from, m->epoch, atomic_load(&srv->epoch), srv->n_ahead);
+        return 0;
+    }
+    memcpy(copy, m, len);
+    srv->ahead[srv->n_ahead++] =
+        (ahead_frame){.epoch = m->epoch, .from = from, .len = len, .since = psagg_now_ms(),
+                      .frame = copy};
+    LOG_INFO(&srv->log,
+             "membership epoch %u (relayed by worker %d, which it admits) came before epoch %u: "
+             "kept until the epochs before it are relayed",
+             m->epoch, from, atomic_load(&srv->epoch) + 1);
+    return 0;
+}
+
+void membership_relayed(server *srv, int from, const psagg_ctl_hdr *h, const void *body)
+{
+    const psagg_ctl_membership *m = body;
+    const uint8_t *live;
+    uint32_t cur = atomic_load(&srv->epoch);
+    int n_live = 0;
+    ahead_frame *a;
+
+    if (srv->rank == 0 || !srv->elastic) {
+        server_close_worker(srv, from, "sent a MEMBERSHIP frame to server %d, which %s", srv->rank,
+                            srv->rank == 0 ? "decides the membership itself"
+                                           : "runs a job that is not elastic");
+        return;
+    }
+    if (h->len != sizeof *m + (size_t)srv->n_workers || m->n_workers != (uint32_t)srv->n_workers) {
+        server_close_worker(srv, from,
+                            "MEMBERSHIP field n_workers: a frame of %u bytes for %u workers "
+                            "(this job has %d)",
+                            h->len, h->len >= sizeof *m ? m->n_workers : 0, srv->n_workers);
+        return;
+    }
+    live = (const uint8_t *)(m + 1);
+    for (int k = 0; k < srv->n_workers; k++) {
+        if (live[k] > 1) {
+            server_close_worker(srv, from, "MEMBERSHIP field live[%d] is %u (0 or 1)", k, live[k]);
+            return;
+        }
+        n_live += live[k];
+    }
+    if ((uint32_t)n_live != m->n_live || m->left < -1 || m->left >= srv->n_workers ||
+        (m->left >= 0 && live[m->left]) || memchr(m->why, 0, sizeof m->why) == NULL) {
+        server_close_worker(srv, from, "MEMBERSHIP fields n_live, left or why are inconsistent");
+        return;
+    }
+    if (m->epoch <= cur) { /* a copy of an epoch applied: it must be the same */
+        const psagg_ctl_membership *e = srv->epoch_frame;
+        if (m->epoch == cur && (h->len != srv->epoch_frame_len || memcmp(body, e, h->len) != 0))
+            server_fail_job(srv, PSAGG_EPROTO,
+                            "membership epoch %u as worker %d relayed it (worker %d left, %u "
+                            "live) differs from the copy applied first, worker %d's (worker %d "
+                            "left, %u live)",
+                            m->epoch, from, m->left, m->n_live, srv->epoch_frame_from, e->left,
+                            e->n_live);
+        return;
+    }
+    if (m->epoch != cur + 1) {
+        if (keep_ahead(srv, from, m, h->len))
+            server_fail_job(srv, PSAGG_EPROTO,
+                            "worker %d relayed membership epoch %u, but this server is at epoch "
+                            "%u: an epoch was skipped",
+                            from, m->epoch, cur);
+        return;
+    }
+    apply_relayed(srv, from, m, h->len);
+    /* the epochs a joiner relayed ahead of this one go on from here, in order */
+    while (!atomic_load(&srv->job_failed) && (a = ahead_of(srv, atomic_load(&srv->epoch) + 1))) {
+        ahead_frame k = *a;
+        *a = srv->ahead[--srv->n_ahead];
+        apply_relayed(srv, k.from, k.frame, k.len);
+        free(k.frame);
+    }
 }
 
 /* ---- joins (server 0) ---- */
@@ -478,10 +550,28 @@ void membership_sync(server *srv, int w, const psagg_ctl_hdr *h, const void *bod
     admit_try(srv);
 }
 
-void membership_check_barrier(server *srv, int64_t now)
+/*
+ * An epoch kept ahead (keep_ahead) whose predecessors did not come within 1.5 x op_timeout_ms
+ * (every member relays every epoch at once): the job fails, naming it.
+ */
+static void check_ahead(server *srv, int64_t now)
+{
+    for (int i = 0; i < srv->n_ahead; i++)
+        if (now - srv->ahead[i].since > PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms)) {
+            server_fail_job(srv, PSAGG_ETIMEDOUT,
+                            "worker %d relayed membership epoch %u, but no worker relayed "
+                            "epoch %u within 1.5 x op_timeout_ms=%d",
+                            srv->ahead[i].from, srv->ahead[i].epoch, atomic_load(&srv->epoch) + 1,
+                            srv->cfg.op_timeout_ms);
+            return;
+        }
+}
+
+void membership_tick(server *srv, int64_t now)
 {
     char missing[128] = "", why[300];
     size_t used = 0;
+    check_ahead(srv, now);
     if (!srv->admit_seq ||
         now - srv->admit_since <= PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms))
         return;

@@ -54,8 +54,12 @@ static int park_early(server *srv, recv_buf *rb, int from)
 
 static void route_checked(server *srv, recv_buf *rb, int from);
 
-/* The epoch moved on: route the parked pushes again (in the order they came). */
-static void route_parked(server *srv)
+/*
+ * The epoch moved on: route the parked pushes again, in the order they came; those still
+ * ahead of it wait again (a joiner's push of epoch e+2 while this server went from e to
+ * e+1 would count as a non-member's, dropped, and its round would never have it).
+ */
+void progress_route_parked(server *srv)
 {
     recv_buf *rb = srv->parked, *rev = NULL;
     uint32_t epoch = atomic_load(&srv->epoch);
@@ -71,13 +75,14 @@ static void route_parked(server *srv)
     }
     while (rev) {
         agg_item *next = rev->item.next;
-        route_checked(srv, rev, rev->from);
+        if (!park_early(srv, rev, rev->from))
+            route_checked(srv, rev, rev->from);
         rev = next ? (recv_buf *)((char *)next - offsetof(recv_buf, item)) : NULL;
     }
 }
 
 /* Check a received push's source and fields; route it, or drop it and close its sender. */
-static void route_push(server *srv, recv_buf *rb, psagg_peer src)
+void progress_route(server *srv, recv_buf *rb, psagg_peer src)
 {
     const psagg_msg_hdr *h = (const psagg_msg_hdr *)rb->rx.buf;
     int from;
@@ -206,7 +211,7 @@ static void *progress_main(void *arg)
 
     while (atomic_load(&srv->running)) {
         int n, wait, full;
-        route_parked(srv);
+        progress_route_parked(srv);
         repost_queued(srv);
         full = send_queued(srv);
         /*
@@ -226,7 +231,7 @@ static void *progress_main(void *arg)
             case PSAGG_FABRIC_RECV_DONE: {
                 recv_buf *rb = ev[i].ctx; /* the psagg_rxbuf is its first member */
                 rb->rx.len = ev[i].len;
-                route_push(srv, rb, ev[i].src);
+                progress_route(srv, rb, ev[i].src);
                 break;
             }
             case PSAGG_FABRIC_SEND_ERROR:
@@ -256,7 +261,7 @@ static void *progress_main(void *arg)
     return NULL;
 }
 
-psagg_status progress_start(server *srv)
+void progress_init(server *srv)
 {
     srv->gate = (psagg_gate){.peer_kind = "worker",
                              .n_peers = srv->n_workers,
@@ -266,7 +271,11 @@ psagg_status progress_start(server *srv)
                              .peer_at = worker_at,
                              .key_of = worker_key,
                              .owner = srv};
-    pthread_mutex_init(&srv->sendq_mu, NULL);
+}
+
+psagg_status progress_start(server *srv)
+{
+    progress_init(srv);
     atomic_store(&srv->running, 1);
     if (pthread_create(&srv->progress_tid, NULL, progress_main, srv)) {
         atomic_store(&srv->running, 0);

@@ -48,6 +48,7 @@ server *server_open(const psagg_config *cfg, int rank, const volatile sig_atomic
     pthread_cond_init(&srv->startup.cv, NULL);
     pthread_mutex_init(&srv->barrier_mu, NULL);
     pthread_cond_init(&srv->barrier_cv, NULL);
+    pthread_mutex_init(&srv->sendq_mu, NULL);
     /* the logger, the job key, this server's nonce and data key (the logger even on failure) */
     if (psagg_node_open(cfg, "server", rank, &srv->node)) {
         LOG_ERROR(&srv->log, "%s", psagg_last_error());
@@ -119,6 +120,7 @@ void server_close(server *srv)
     optim_fini(srv);
     pthread_cond_destroy(&srv->barrier_cv);
     pthread_mutex_destroy(&srv->barrier_mu);
+    pthread_mutex_destroy(&srv->sendq_mu);
     pthread_cond_destroy(&srv->startup.cv);
     pthread_mutex_destroy(&srv->startup.mu);
     pthread_mutex_destroy(&srv->mu);

@@ -277,6 +277,16 @@ typedef struct agg_startup {
     char error[256];
 } agg_startup;
 
+/* A relayed MEMBERSHIP frame of an epoch ahead of the next one here (membership.c). */
+#define MEMBERSHIP_AHEAD_MAX 8
+typedef struct ahead_frame {
+    uint32_t epoch;
+    int from; /* the worker that relayed it */
+    uint32_t len;
+    int64_t since; /* when it came */
+    void *frame;
+} ahead_frame;
+
 typedef struct server {
     psagg_config cfg;
     int rank;
@@ -348,6 +358,9 @@ typedef struct server {
     void *epoch_frame;    /* the MEMBERSHIP frame of that epoch (later copies must equal it) */
     uint32_t epoch_frame_len;
     int epoch_frame_from; /* the worker that relayed it (servers > 0) */
+    /* servers > 0: epochs a joiner relayed before the ones between came (membership.c) */
+    ahead_frame ahead[MEMBERSHIP_AHEAD_MAX];
+    int n_ahead;
     /* joins (server 0): the admitting barrier (seq, since when; 0: none open), the highest
        barrier let pass at once, and the members' tensor states at it */
     uint32_t admit_seq;
@@ -430,16 +443,26 @@ psagg_status membership_init(server *srv);
 void membership_fini(server *srv);
 void membership_lost(server *srv, int w, const char *why);
 void membership_relayed(server *srv, int from, const psagg_ctl_hdr *h, const void *body);
-/* Joins (server 0): a member's SYNC, a joiner's JOIN; the barrier's deadline (control loop). */
+/* Joins (server 0): a member's SYNC, a joiner's JOIN. */
 void membership_sync(server *srv, int w, const psagg_ctl_hdr *h, const void *body);
 void membership_join(server *srv, int w);
-void membership_check_barrier(server *srv, int64_t now);
+/* The control loop, now and then: the deadlines of the admitting barrier (server 0) and of
+   epochs relayed ahead (servers > 0). */
+void membership_tick(server *srv, int64_t now);
 /* Refuse worker w's join (a joiner, not a member): tell it why, close it. */
 void membership_refuse(server *srv, int w, psagg_status status, const char *why);
 
-/* progress.c */
+/*
+ * progress.c: start (progress_init first) and stop the progress thread. What it does with one
+ * received push (route: source, epoch, fields, then the chunk's aggregation thread) and when
+ * the epoch moved (route_parked: the pushes that waited for it) are the progress thread's
+ * only; the server's unit tests call them in its place, with init and no thread.
+ */
+void progress_init(server *srv);
 psagg_status progress_start(server *srv);
 void progress_stop(server *srv);
+void progress_route(server *srv, recv_buf *rb, psagg_peer src);
+void progress_route_parked(server *srv);
 
 /* aggregate.c */
 /*

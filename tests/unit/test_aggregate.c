@@ -38,18 +38,27 @@
 typedef struct harness {
     server *srv;
     char ini[64];
-    recv_buf **bufs; /* every push made, freed at the end */
+    const psagg_chunk_info *ci; /* the chunk owned here */
+    recv_buf **bufs;            /* every push made, freed at the end */
     int n_bufs, cap_bufs;
 } harness;
 
+/* What a case's server runs: [cluster] workers, servers, elastic (max_workers), [server]
+ * quorum and grace_ms; rank: this server's. */
+typedef struct harness_opts {
+    int workers, max_workers, servers, rank, quorum, grace_ms;
+} harness_opts;
+
 static volatile sig_atomic_t never_stop;
 
-/* A server core for `workers` workers with [server] quorum q, grace_ms g, one aggregation
- * thread, and one fp32 tensor of COUNT elements (one chunk, owned here). */
-static void harness_start(harness *hz, int workers, int q, int g)
+/*
+ * A server core of rank o->rank with one aggregation thread, for a declaration of one fp32
+ * tensor of COUNT elements per server (one chunk each; the one of this rank is hz->ci).
+ */
+static void harness_start(harness *hz, const harness_opts *o)
 {
     psagg_config cfg;
-    psagg_ctl_tensor decl;
+    psagg_ctl_tensor decl[4];
     psagg_codec fp32 = {PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC};
     FILE *f;
     int fd;
@@ -59,20 +68,39 @@ static void harness_start(harness *hz, int workers, int q, int g)
     fd = mkstemp(hz->ini);
     CHECK(fd >= 0, "mkstemp");
     f = fdopen(fd, "w");
-    fprintf(f,
-            "[cluster]\njob_id = unit-aggregate\nservers = 127.0.0.1:1\nworkers = %d\n"
-            "op_timeout_ms = 60000\n[server]\nthreads = 1\nquorum = %d\ngrace_ms = %d\n"
-            "[log]\nlevel = warn\n",
-            workers, q, g);
+    fprintf(f, "[cluster]\njob_id = unit-aggregate\nservers =");
+    for (int k = 0; k < o->servers; k++)
+        fprintf(f, " 127.0.0.1:%d", 1 + k);
+    fprintf(f, "\nworkers = %d\nop_timeout_ms = 60000\n", o->workers);
+    if (o->max_workers)
+        fprintf(f, "elastic = on\nmax_workers = %d\n", o->max_workers);
+    fprintf(f, "[server]\nthreads = 1\n");
+    if (o->quorum)
+        fprintf(f, "quorum = %d\ngrace_ms = %d\n", o->quorum, o->grace_ms);
+    fprintf(f, "[log]\nlevel = warn\n");
     fclose(f);
     CHECK(!psagg_config_load(hz->ini, &cfg), "config: %s", psagg_last_error());
-    hz->srv = server_open(&cfg, 0, &never_stop);
+    hz->srv = server_open(&cfg, o->rank, &never_stop);
     CHECK(hz->srv, "server_open failed (its log says why)");
-    for (int w = 0; w < workers; w++)
-        hz->srv->workers[w].state = W_DECLARED;
-    CHECK(!psagg_tensor_to_wire("t", COUNT, &fp32, &decl), "%s", psagg_last_error());
-    CHECK(!psagg_layout_build(&decl, 1, COUNT, 1, 0, &hz->srv->layout), "%s", psagg_last_error());
+    for (int w = 0; w < hz->srv->n_workers; w++) { /* fabric address w (progress_route) */
+        hz->srv->workers[w].state = w < o->workers ? W_DECLARED : W_NONE;
+        hz->srv->workers[w].addr = (psagg_peer)w;
+        hz->srv->rank_at[w] = w;
+    }
+    for (int k = 0; k < o->servers; k++) {
+        char name[8] = {'t', (char)('0' + k), 0};
+        CHECK(!psagg_tensor_to_wire(name, COUNT, &fp32, &decl[k]), "%s", psagg_last_error());
+    }
+    CHECK(!psagg_layout_build(decl, (uint32_t)o->servers, COUNT, (uint32_t)o->servers, 0,
+                              &hz->srv->layout),
+          "%s", psagg_last_error());
+    for (uint32_t i = 0; i < hz->srv->layout.n_chunks; i++)
+        if (hz->srv->layout.chunks[i].owner == (uint32_t)o->rank)
+            hz->ci = &hz->srv->layout.chunks[i];
+    CHECK(hz->ci, "no chunk owned by server %d", o->rank);
     CHECK(!agg_setup(hz->srv) && !agg_start(hz->srv), "%s", psagg_last_error());
+    progress_init(hz->srv);
+    hz->srv->job_running = 1;
 }
 
 static void harness_stop(harness *hz)
@@ -86,34 +114,42 @@ static void harness_stop(harness *hz)
     unlink(hz->ini);
 }
 
-/* Worker w's push of `round`, every element `value`, handed to the chunk's thread as the
- * progress thread hands a checked push. */
-static void push(harness *hz, int w, uint32_t round, float value)
+/* Worker w's push of `round` in membership epoch `epoch`, every element `value`. */
+static recv_buf *make_push(harness *hz, int w, uint32_t round, uint16_t epoch, float value)
 {
     server *srv = hz->srv;
-    const psagg_chunk_info *ci = &srv->layout.chunks[0];
-    size_t len = sizeof(psagg_msg_hdr) + ci->enc_bytes;
+    size_t len = sizeof(psagg_msg_hdr) + hz->ci->enc_bytes;
     recv_buf *rb = calloc(1, sizeof *rb);
     float *payload;
-    const char *bad;
 
     CHECK(rb && (rb->rx.buf = calloc(1, len)), "out of memory");
-    psagg_msg_init((psagg_msg_hdr *)rb->rx.buf, PSAGG_MSG_PUSH, (uint32_t)w, round, ci,
-                   &srv->layout.tensors[0].codec, 0);
+    psagg_msg_init((psagg_msg_hdr *)rb->rx.buf, PSAGG_MSG_PUSH, (uint32_t)w, round, hz->ci,
+                   &srv->layout.tensors[hz->ci->key].codec, 0);
+    ((psagg_msg_hdr *)rb->rx.buf)->epoch = epoch;
     payload = (float *)(rb->rx.buf + sizeof(psagg_msg_hdr));
-    for (int i = 0; i < COUNT; i++)
+    for (uint64_t i = 0; i < hz->ci->count; i++)
         payload[i] = value;
     rb->rx.size = rb->rx.len = len;
-    bad = psagg_msg_check(rb->rx.buf, len, 0, PSAGG_MSG_PUSH, &srv->layout, &ci, &rb->mc);
-    CHECK(!bad, "the test's push is bad: field %s", bad);
-    rb->from = w;
     if (hz->n_bufs == hz->cap_bufs) {
         hz->cap_bufs = hz->cap_bufs ? 2 * hz->cap_bufs : 64;
         hz->bufs = realloc(hz->bufs, (size_t)hz->cap_bufs * sizeof *hz->bufs);
         CHECK(hz->bufs, "out of memory");
     }
     hz->bufs[hz->n_bufs++] = rb;
-    agg_enqueue(srv, &srv->chunks[ci->slot], rb);
+    return rb;
+}
+
+/* Worker w's push of `round`, handed to the chunk's thread as the progress thread hands a
+ * checked push. */
+static void push(harness *hz, int w, uint32_t round, float value)
+{
+    recv_buf *rb = make_push(hz, w, round, 0, value);
+    const psagg_chunk_info *ci;
+    const char *bad =
+        psagg_msg_check(rb->rx.buf, rb->rx.len, 0, PSAGG_MSG_PUSH, &hz->srv->layout, &ci, &rb->mc);
+    CHECK(!bad, "the test's push is bad: field %s", bad);
+    rb->from = w;
+    agg_enqueue(hz->srv, &hz->srv->chunks[ci->slot], rb);
 }
 
 /* The next update the aggregation threads queued, within ms (NULL if none came). */
@@ -192,7 +228,7 @@ static void quorum_deferred(void)
     send_ctx *u0, *u1, *u2;
     double cpu0, cpu1, cpu2;
 
-    harness_start(&hz, 4, 3, 300);
+    harness_start(&hz, &(harness_opts){.workers = 4, .servers = 1, .quorum = 3, .grace_ms = 300});
     for (int w = 0; w < 4; w++)
         push(&hz, w, 0, 1.0f);
     u0 = take_update(&hz, 2000);
@@ -243,7 +279,7 @@ static void quorum_rearm(void)
     harness hz;
     send_ctx *u;
 
-    harness_start(&hz, 5, 3, 50);
+    harness_start(&hz, &(harness_opts){.workers = 5, .servers = 1, .quorum = 3, .grace_ms = 50});
     for (int w = 0; w < 3; w++)
         push(&hz, w, 0, 1.0f);
     u = take_update(&hz, 2000);
@@ -264,12 +300,120 @@ static void quorum_rearm(void)
     harness_stop(&hz);
 }
 
+/* Worker `from` relays server 0's MEMBERSHIP frame of `epoch` to this server. */
+static void relay(harness *hz, int from, uint32_t epoch, int left, const char *live_text)
+{
+    server *srv = hz->srv;
+    size_t len = sizeof(psagg_ctl_membership) + (size_t)srv->n_workers;
+    psagg_ctl_membership *m = calloc(1, len);
+    uint8_t *live = (uint8_t *)(m + 1);
+    psagg_ctl_hdr h = {.magic = PSAGG_CTL_MAGIC,
+                       .type = PSAGG_CTL_MEMBERSHIP,
+                       .version = PSAGG_PROTO_VERSION,
+                       .len = (uint32_t)len};
+
+    CHECK(m, "out of memory");
+    m->epoch = epoch;
+    m->n_workers = (uint32_t)srv->n_workers;
+    m->left = left;
+    for (int k = 0; k < srv->n_workers; k++)
+        m->n_live += live[k] = live_text[k] == '1';
+    snprintf(m->why, sizeof m->why, left >= 0 ? "worker %d died" : "worker 3 joined", left);
+    membership_relayed(srv, from, &h, m);
+    free(m);
+}
+
+static const char *job_error(harness *hz)
+{
+    return atomic_load(&hz->srv->job_failed) ? hz->srv->job_error : "";
+}
+
+/* The elastic cases' server: rank 1 of 2, workers 0-2 start the job (max_workers 4), and
+ * worker 3 has joined here (declared) and waits for server 0 to admit it. */
+static void joiner_start(harness *hz)
+{
+    harness_start(hz, &(harness_opts){.workers = 3, .max_workers = 4, .servers = 2, .rank = 1});
+    hz->srv->workers[3].state = W_DECLARED;
+    hz->srv->workers[3].joining = 1;
+}
+
+/*
+ * Server 0 announced epoch 1 (worker 2 left) and at once epoch 2 (worker 3 admitted). The
+ * joiner relays only epoch 2, the members both, in order; the joiner's copy comes first here.
+ * It must wait for epoch 1 (before the fix: "an epoch was skipped", the job failed), then
+ * both apply in order. A member that relays an epoch ahead still fails the job at once.
+ */
+static void epoch_ahead(void)
+{
+    harness hz;
+
+    joiner_start(&hz);
+    relay(&hz, 3, 2, -1, "1101");
+    CHECK(!atomic_load(&hz.srv->job_failed), "the joiner's epoch 2 before epoch 1: %s",
+          job_error(&hz));
+    CHECK(atomic_load(&hz.srv->epoch) == 0, "epoch 2 applied before epoch 1");
+    relay(&hz, 0, 1, 2, "1100");
+    CHECK(atomic_load(&hz.srv->epoch) == 2, "at epoch %u after epoch 1 came, not 2",
+          atomic_load(&hz.srv->epoch));
+    relay(&hz, 0, 2, -1, "1101"); /* the members' copies, equal */
+    relay(&hz, 1, 1, 2, "1100");
+    relay(&hz, 1, 2, -1, "1101");
+    CHECK(!atomic_load(&hz.srv->job_failed), "%s", job_error(&hz));
+    CHECK(server_member(hz.srv, 0) && server_member(hz.srv, 1) && !server_member(hz.srv, 2) &&
+              server_member(hz.srv, 3),
+          "members after epoch 2");
+    harness_stop(&hz);
+
+    joiner_start(&hz);
+    relay(&hz, 1, 5, 0, "0110");
+    CHECK(strstr(job_error(&hz), "an epoch was skipped"),
+          "a member relayed epoch 5 at epoch 0: the job says '%s'", job_error(&hz));
+    harness_stop(&hz);
+    printf("epoch_ahead: the joiner's epoch 2 waited for epoch 1, then both applied in order; a "
+           "member's epoch 5 at epoch 0 failed the job\n");
+}
+
+/*
+ * The joiner's push of epoch 2 comes before this server applied any epoch: it waits (parked).
+ * Epoch 1 applies: the push is still ahead and must wait again (before the fix it was routed
+ * then, dropped as a non-member's, and its round never had it: it waited for the joiner for
+ * ever). Epoch 2 applies: the round sums the joiner and the two members left.
+ */
+static void parked_ahead(void)
+{
+    harness hz;
+    send_ctx *u;
+
+    joiner_start(&hz);
+    progress_route(hz.srv, make_push(&hz, 3, 0, 2, 1.0f), 3);
+    relay(&hz, 0, 1, 2, "1100");
+    progress_route_parked(hz.srv);
+    relay(&hz, 0, 2, -1, "1101");
+    progress_route_parked(hz.srv);
+    progress_route(hz.srv, make_push(&hz, 0, 0, 2, 1.0f), 0);
+    progress_route(hz.srv, make_push(&hz, 1, 0, 2, 1.0f), 1);
+    u = take_update(&hz, 1000);
+    CHECK(u,
+          "round 0 never closed: the joiner's push, parked while epoch 1 applied, was lost "
+          "(%s)",
+          job_error(&hz));
+    expect_update(u, 0, 3, "round 0 of epoch 2");
+    CHECK(((const float *)(update_hdr(u) + 1))[0] == 3.0f, "round 0 sums %g, not 3",
+          ((const float *)(update_hdr(u) + 1))[0]);
+    harness_stop(&hz);
+    printf("parked_ahead: the joiner's push of epoch 2 waited through epoch 1 and counted in "
+           "round 0 of epoch 2 (sum 3)\n");
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
         const char *name;
         void (*fn)(void);
-    } cases[] = {{"quorum_deferred", quorum_deferred}, {"quorum_rearm", quorum_rearm}};
+    } cases[] = {{"quorum_deferred", quorum_deferred},
+                 {"quorum_rearm", quorum_rearm},
+                 {"epoch_ahead", epoch_ahead},
+                 {"parked_ahead", parked_ahead}};
     int ran = 0;
 
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
