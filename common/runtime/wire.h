@@ -97,7 +97,10 @@
  *   loses a worker itself closes it and waits for server 0's epoch (the worker, having lost a
  *   server, gives up and so leaves server 0 too). When a server applies an epoch, each of its
  *   rounds stops waiting for the workers that left: a push of theirs already received still
- *   counts, and the update's `summed` says how many did. Pushes from non-members are dropped.
+ *   counts (even in a round the others started after they learned of the epoch: the leaver
+ *   may have been a round ahead), and the update's `summed` says how many did. Pushes from
+ *   non-members are dropped. A joiner relays only its admitting epoch and the later ones, so a
+ *   server > 0 keeps a joiner's copy that comes before the epochs between until they come.
  *   Every server applies the same epochs in the same order; only when each applies them
  *   differs, which is why a round in flight at a death may sum the dead worker on one chunk
  *   and not on another (each update says which it did).

@@ -18,10 +18,11 @@
  * (SIGSTOP: hung; the harness kills it later), declare (SIGKILL after psagg_init, before its
  * declaration: during the job's start-up).
  * Elastic jobs: with --elastic-dead R the others expect worker R to leave the job at some
- * point and go on: until they learn of the new epoch every element is the sum with R or,
- * already, without it (each chunk summed one or the other; an AVERAGE divides by the number
- * it summed); a round started after the epoch changed must be the sum without R. They print
- * "ELASTIC ..." with the epoch seen, the first round started after it and the longest round.
+ * point and go on: up to the first round they start knowing of the new epoch every element
+ * is the sum with R or without it (each chunk summed one or the other: R's push of a round
+ * counts where it reached the server before the epoch; an AVERAGE divides by the number it
+ * summed); every later round must be the sum without R (R was dead before it could push). They
+ * print "ELASTIC ..." with the epoch seen, the first round started after it and the longest round.
  * Joins: with --sync every worker calls psagg_sync_membership after each round (and sleeps
  * --round-sleep-ms), and with --rejoin the dead rank comes back: a worker started with that
  * rank while the job runs joins it (psagg_declare returns once it is admitted) and starts at
@@ -34,6 +35,8 @@
  * --joiner-die-after N makes a joiner die (--die-mode) N rounds after it joined. --grow: the
  * --elastic-dead rank is one beyond [cluster] workers (up to max_workers), absent at the start:
  * it joins the running job, in epoch 1.
+ * --lag-round R --lag-ms N: sleep N ms before round R's pushes (the others, while a dying
+ * worker pushes that round first).
  * Stragglers ([server] quorum): with --straggler R worker R sleeps --straggler-ms before
  * each round's pushes, but for the last --calm-rounds; rounds then close without it, so a
  * round is the sum of some of the workers, and what is checked is that nothing is lost:
@@ -191,6 +194,8 @@ int main(int argc, char **argv)
                                          {"error-feedback", no_argument, NULL, 'F'},
                                          {"lenient", no_argument, NULL, 'L'},
                                          {"grow", no_argument, NULL, 'G'},
+                                         {"lag-round", required_argument, NULL, 'R'},
+                                         {"lag-ms", required_argument, NULL, 'A'},
                                          {NULL, 0, NULL, 0}};
     char sizes_text[512] = "1,1023,4096";
     const char *codec_text = "fp32", *expect_text = NULL;
@@ -200,7 +205,8 @@ int main(int argc, char **argv)
     int sync = 0, round_sleep_ms = 0, rejoin = 0, full_from = -1, first_round = 0, loose = 0;
     int joiner_die_after = -1;
     int straggler = -1, straggler_ms = 50, calm_rounds = 5, error_feedback = 0, lenient = 0;
-    int grow = 0;        /* --grow: the --elastic-dead rank is beyond `workers`: it only joins */
+    int grow = 0; /* --grow: the --elastic-dead rank is beyond `workers`: it only joins */
+    int lag_round = -1, lag_ms = 0; /* --lag-round, --lag-ms: sleep before that round */
     double **cum = NULL; /* --straggler: per tensor, the updates summed over the rounds, minus
                             every worker's inputs */
     uint64_t tail = 0xCBF29CE484222325ull, *round_digest = NULL;
@@ -295,6 +301,12 @@ int main(int argc, char **argv)
             break;
         case 'F':
             error_feedback = 1;
+            break;
+        case 'R':
+            lag_round = atoi(optarg);
+            break;
+        case 'A':
+            lag_ms = atoi(optarg);
             break;
         case 'L':
             lenient = 1;
@@ -468,6 +480,8 @@ int main(int argc, char **argv)
         }
         if (rank == straggler && r < end - calm_rounds)
             usleep((useconds_t)straggler_ms * 1000); /* a slow worker: rounds go on without it */
+        if (r == lag_round)
+            usleep((useconds_t)lag_ms * 1000); /* (behind a worker that pushes it and dies) */
         if (elastic_dead >= 0 && after_round < 0) {
             psagg_membership m = {.struct_size = sizeof m};
             if ((st = psagg_get_membership(ctx, &m)))
@@ -536,8 +550,10 @@ int main(int argc, char **argv)
         if (now_s() - called > longest_round)
             longest_round = now_s() - called;
         /* an elastic job's round: every element the sum with or without the worker that
-           leaves (only without it once this round started after it left); fp32 exactly, a
-           lossy codec within the bound below */
+           leaves; only without it from the round after the first one this worker started
+           knowing of its leaving: the leaver, dead by then, pushed at most that round (its
+           push of it may have reached a server before the epoch did, and counts there; the
+           update says so); fp32 exactly, a lossy codec within the bound below */
         if (elastic_dead >= 0) {
             for (int t = 0; t < n; t++) {
                 for (uint64_t i = 0; i < count[t]; i++) {
@@ -574,12 +590,15 @@ int main(int argc, char **argv)
                                     elastic_dead);
                             return 1;
                         }
-                    } else if (!(e_without <= bound) && (after_round >= 0 || !(e_with <= bound))) {
+                    } else if (!(e_without <= bound) &&
+                               ((after_round >= 0 && r > after_round) || !(e_with <= bound))) {
+                        int gone = after_round >= 0 && r > after_round;
                         fprintf(stderr,
                                 "FAIL worker %d round %d tensor %d element %llu: got %.9g, "
                                 "expected %.9g without worker %d%s%.9g with it\n",
                                 rank, r, t, (unsigned long long)i, out[t][i], without, elastic_dead,
-                                after_round >= 0 ? " (it had left) and not " : " or ", with);
+                                gone ? " (dead before it could push this round) and not " : " or ",
+                                with);
                         return 1;
                     }
                 }

@@ -13,6 +13,10 @@
 #   kill        SIGKILL before its round-15 pushes
 #   midpush     SIGKILL with half of its round-15 tensors pushed
 #   afterpush   SIGKILL with all of them pushed, before any update (servers folding it)
+#   ahead       afterpush, while the three others sleep 500 ms before their round-15 pushes:
+#               worker 2's pushes of round 15 reach the servers before its death is known,
+#               and the others start round 15 after they learned of the epoch (the round
+#               sums worker 2 wherever its push came first, and the update says so)
 #   exit        _exit(0) at round 15 (no BYE: a crash of the process)
 #   stop        SIGSTOP (hung): the servers stop hearing it and give it up after 3 PING
 #               intervals (3 s here), long before op_timeout_ms' round deadline (6 s)
@@ -62,9 +66,10 @@ worker_bin=$build/tests/functional/fn_worker
 
 say() { echo "test_elastic $case: $*"; }
 
-min=2 mode=kill codec=fp32 extra=() server_extra=""
+min=2 mode=kill codec=fp32 extra=() lag=() server_extra=""
 case $case in
 kill | midpush | afterpush | exit | stop | declare) mode=$case ;;
+ahead) mode=afterpush lag=(--lag-round 15 --lag-ms 500) ;;
 average) extra=(--average) ;;
 maxmin4) codec=maxmin4 server_extra="error_feedback = on" ;;
 below_min) min=4 ;;
@@ -287,7 +292,7 @@ for r in 0 1 2 3; do
         PSAGG_RANK=$r setsid "$worker_bin" "${args[@]}" --expect EPEER --expect-text "min_workers=4" \
             >"$tmp/worker$r.log" 2>&1 &
     else
-        PSAGG_RANK=$r setsid "$worker_bin" "${args[@]}" --elastic-dead 2 >"$tmp/worker$r.log" 2>&1 &
+        PSAGG_RANK=$r setsid "$worker_bin" "${args[@]}" "${lag[@]}" --elastic-dead 2 >"$tmp/worker$r.log" 2>&1 &
     fi
     wpid[$r]=$!
     pids+=($!)
