@@ -795,6 +795,7 @@ psagg_status agg_check_budget(const server *srv, const psagg_ctl_tensor *decl, u
     uint32_t worst_t = 0;
     char name[48];
 
+    chunk_elems = psagg_layout_chunk_elems(decl, n, chunk_elems, (uint32_t)srv->cfg.n_servers);
     for (uint32_t t = 0; t < n; t++) {
         psagg_codec c = {(psagg_codec_id)decl[t].codec, decl[t].bits, decl[t].bucket,
                          (psagg_rounding)decl[t].rounding};

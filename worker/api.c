@@ -227,7 +227,7 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, siz
             psagg_fail_context(st, "psagg_declare: tensor %zu: ", t);
             goto out;
         }
-        if (tensors[t].flags & ~PSAGG_TENSOR_PARAMETER) {
+        if (tensors[t].flags & ~(PSAGG_TENSOR_PARAMETER | PSAGG_TENSOR_RARE)) {
             st = psagg_fail(PSAGG_EINVAL, "psagg_declare: tensor %zu '%s': unknown flags 0x%x", t,
                             tensors[t].name, tensors[t].flags);
             goto out;
@@ -242,6 +242,8 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, siz
             }
             wire[t].flags = PSAGG_DECL_PARAM;
         }
+        if (tensors[t].flags & PSAGG_TENSOR_RARE)
+            wire[t].flags |= PSAGG_DECL_RARE;
         if (keys_out)
             keys_out[t] = (uint32_t)t;
         n_adaptive += c.id == PSAGG_CODEC_MAXMIN;

@@ -30,13 +30,28 @@ psagg_status psagg_tensor_to_wire(const char *name, uint64_t count, const psagg_
     return PSAGG_OK;
 }
 
-/* qsort_r order: chunks by encoded size, descending, then (key, index). */
-static int by_size_desc(const void *a, const void *b, void *base)
+/*
+ * What a chunk costs its server per round, as placement weighs it: its encoded bytes (each
+ * worker's push, and the update to each); a parameter's chunk also holds and steps the fp32
+ * weights of its elements (with the optimizer's state) every round and sends them as WEIGHTS
+ * now and then, counted as their fp32 bytes. (For one codec this is proportional to the
+ * elements either way; with codecs mixed it keeps the optimizer's state from piling up
+ * where the compressed chunks went.)
+ */
+static uint64_t chunk_cost(const psagg_layout *l, const psagg_chunk_info *ci)
 {
-    const psagg_chunk_info *x = &((const psagg_chunk_info *)base)[*(const uint32_t *)a];
-    const psagg_chunk_info *y = &((const psagg_chunk_info *)base)[*(const uint32_t *)b];
-    if (x->enc_bytes != y->enc_bytes)
-        return x->enc_bytes > y->enc_bytes ? -1 : 1;
+    return ci->enc_bytes + (l->tensors[ci->key].param ? 4 * ci->count : 0);
+}
+
+/* qsort_r order: chunks by cost, descending, then (key, index). */
+static int by_cost_desc(const void *a, const void *b, void *arg)
+{
+    const psagg_layout *l = arg;
+    const psagg_chunk_info *x = &l->chunks[*(const uint32_t *)a];
+    const psagg_chunk_info *y = &l->chunks[*(const uint32_t *)b];
+    uint64_t cx = chunk_cost(l, x), cy = chunk_cost(l, y);
+    if (cx != cy)
+        return cx > cy ? -1 : 1;
     if (x->key != y->key)
         return x->key < y->key ? -1 : 1;
     return x->index < y->index ? -1 : x->index > y->index;
@@ -76,11 +91,23 @@ uint64_t psagg_chunk_elems(const psagg_config *cfg)
     return ce < 64 ? 64 : ce;
 }
 
+uint64_t psagg_layout_chunk_elems(const psagg_ctl_tensor *decl, uint32_t n, uint64_t chunk_elems,
+                                  uint32_t n_servers)
+{
+    uint64_t total = 0, share;
+    for (uint32_t t = 0; t < n; t++)
+        if (!(decl[t].flags & PSAGG_DECL_RARE) && decl[t].count <= PSAGG_CODEC_MAX_ELEMS)
+            total += decl[t].count; /* (at most 2^20 tensors of 2^32 elements: no overflow) */
+    share = total / ((uint64_t)(n_servers ? n_servers : 1) * PSAGG_LAYOUT_SHARES);
+    share = (share + PSAGG_LAYOUT_MIN_CUT - 1) / PSAGG_LAYOUT_MIN_CUT * PSAGG_LAYOUT_MIN_CUT;
+    return share < chunk_elems ? share : chunk_elems;
+}
+
 psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64_t chunk_elems,
                                 uint32_t n_servers, uint32_t adapt_interval, psagg_layout *out)
 {
     psagg_layout l = {.n_tensors = n, .n_servers = n_servers, .adapt_interval = adapt_interval};
-    uint64_t total_chunks = 0;
+    uint64_t total_chunks = 0, *load = NULL, cut;
     uint32_t *order = NULL, c = 0;
     psagg_status st;
 
@@ -88,6 +115,7 @@ psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64
     if (!n || n > PSAGG_MAX_TENSORS || !n_servers || chunk_elems < 64 || chunk_elems % 64)
         return psagg_fail(PSAGG_EINVAL, "layout: %u tensors, %u servers, chunk of %llu elements", n,
                           n_servers, (unsigned long long)chunk_elems);
+    cut = psagg_layout_chunk_elems(decl, n, chunk_elems, n_servers);
     l.tensors = calloc(n, sizeof *l.tensors);
     if (!l.tensors)
         return psagg_fail(PSAGG_ENOMEM, "layout of %u tensors", n);
@@ -116,12 +144,13 @@ psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64
             psagg_fail_context(st, "tensor %u '%s': ", t, ti->name);
             goto err;
         }
-        ti->chunk_elems = psagg_codec_chunk_elems(&ti->codec, chunk_elems);
+        ti->chunk_elems = psagg_codec_chunk_elems(&ti->codec, cut);
         ti->adaptive = adapt_interval && ti->codec.id == PSAGG_CODEC_MAXMIN;
         ti->param = (decl[t].flags & PSAGG_DECL_PARAM) != 0;
-        if ((decl[t].flags & ~PSAGG_DECL_PARAM) || decl[t].reserved) {
+        ti->rare = (decl[t].flags & PSAGG_DECL_RARE) != 0;
+        if ((decl[t].flags & ~(PSAGG_DECL_PARAM | PSAGG_DECL_RARE)) || decl[t].reserved) {
             st = psagg_fail(PSAGG_EINVAL, "tensor %u '%s': unknown flags 0x%x", t, ti->name,
-                            decl[t].flags & ~PSAGG_DECL_PARAM);
+                            decl[t].flags & ~(PSAGG_DECL_PARAM | PSAGG_DECL_RARE));
             goto err;
         }
         if (ti->param && ti->chunk_elems > chunk_elems) { /* its fp32 weights fit no message */
@@ -183,16 +212,30 @@ psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64
             order[c] = c;
         }
     }
-    qsort_r(order, total_chunks, sizeof *order, by_size_desc, l.chunks);
-    for (uint64_t i = 0; i < total_chunks; i++) {
-        psagg_chunk_info *ci = &l.chunks[order[i]];
-        uint32_t best = 0;
-        for (uint32_t s = 1; s < n_servers; s++)
-            if (l.owned_bytes[s] < l.owned_bytes[best])
-                best = s;
-        ci->owner = best;
-        l.owned_bytes[best] += ci->enc_bytes;
+    qsort_r(order, total_chunks, sizeof *order, by_cost_desc, &l);
+    /* the per-round chunks first, then the rare ones on a count of their own */
+    if (!(load = calloc(2 * (size_t)n_servers, sizeof *load))) {
+        st = psagg_fail(PSAGG_ENOMEM, "layout of %u servers", n_servers);
+        goto err;
     }
+    for (int pass = 0; pass < 2; pass++) {
+        uint64_t *cost = load + (size_t)pass * n_servers;
+        for (uint64_t i = 0; i < total_chunks; i++) {
+            psagg_chunk_info *ci = &l.chunks[order[i]];
+            uint32_t best = 0;
+            if (l.tensors[ci->key].rare != pass)
+                continue;
+            for (uint32_t s = 1; s < n_servers; s++)
+                if (cost[s] < cost[best])
+                    best = s;
+            ci->owner = best;
+            cost[best] += chunk_cost(&l, ci);
+            if (!pass)
+                l.owned_bytes[best] += ci->enc_bytes;
+        }
+    }
+    free(load);
+    load = NULL;
     /* slots in chunk order, so each server's table is ordered by (key, chunk) */
     for (uint32_t i = 0; i < l.n_chunks; i++)
         l.chunks[i].slot = l.owned_count[l.chunks[i].owner]++;
@@ -201,6 +244,7 @@ psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64
     return PSAGG_OK;
 err:
     free(order);
+    free(load);
     psagg_layout_free(&l);
     return st;
 }

@@ -4,10 +4,17 @@
  * Layer: runtime. Every worker and server computes the same layout from the same declaration
  * list, so no placement is ever sent over the wire. Chunks: tensor t is cut into pieces of
  * psagg_codec_chunk_elems(codec, chunk_elems) elements (kernels/codec.h: whole maxmin
- * buckets; the last piece is shorter). Placement: longest-processing-time greedy on encoded
- * bytes: chunks sorted by encoded size (descending, ties by key then chunk index) each go to
- * the server with the least bytes so far (ties: lowest rank). That keeps the busiest server
- * link within one chunk of the mean.
+ * buckets; the last piece is shorter; a small model is cut finer: psagg_layout_chunk_elems).
+ * Placement: longest-processing-time greedy on what a chunk
+ * costs a round (its encoded bytes; a parameter's also its fp32 weights, layout.c's
+ * chunk_cost): chunks sorted by cost (descending, ties by key then chunk index) each go to
+ * the server with the least cost so far (ties: lowest rank). That keeps the busiest server
+ * within one chunk of the mean. What a round costs is what is balanced: the chunks of
+ * tensors declared rare (PSAGG_DECL_RARE: a broadcast key, used now and then) are left out
+ * of it and spread afterwards, the same way, on a count of their own; otherwise one large
+ * fp32 broadcast key next to a compressed model would take a server of its own and leave
+ * every per-round byte to the others. A parameter chunk's optimizer state is proportional
+ * to its elements, as its encoded bytes are for one codec, so it is balanced with them.
  */
 #ifndef PSAGG_RUNTIME_LAYOUT_H
 #define PSAGG_RUNTIME_LAYOUT_H
@@ -43,6 +50,7 @@ typedef struct psagg_tensor_info {
     uint32_t n_chunks;
     int adaptive; /* its codec may change between rounds (runtime/adaptive.h) */
     int param;    /* a parameter: the servers run the optimizer on it (runtime/wire.h) */
+    int rare;     /* used now and then, not every round: placed apart (above) */
 } psagg_tensor_info;
 
 typedef struct psagg_layout {
@@ -52,11 +60,26 @@ typedef struct psagg_layout {
     psagg_chunk_info *chunks; /* tensor-major: tensor t's chunks are contiguous */
     uint32_t n_servers;
     uint32_t *owned_count;   /* per server: number of chunks it owns */
-    uint64_t *owned_bytes;   /* per server: encoded bytes of one round's inputs from one worker */
+    uint64_t *owned_bytes;   /* per server: encoded bytes of one round's inputs from one worker
+                                (of the tensors that are not rare) */
     size_t max_enc_bytes;    /* largest chunk payload (cap_bytes) */
     size_t max_param_bytes;  /* largest fp32 chunk of a parameter tensor (INIT, WEIGHTS), or 0 */
     uint32_t adapt_interval; /* [codec] adaptive_interval; 0: every codec is fixed */
 } psagg_layout;
+
+/*
+ * The elements per chunk a layout cuts tensors into (before whole maxmin buckets): the job's
+ * chunk_elems, or for a model too small for that to give every server PSAGG_LAYOUT_SHARES
+ * chunks' worth of its elements (the tensors that are not rare), that share, rounded up to a
+ * multiple of PSAGG_LAYOUT_MIN_CUT (16 KiB of fp32: smaller messages would cost more in
+ * latency than they balance; and every adaptive candidate's bucket, up to 4 x 1024, divides
+ * it). So a model of a few hundred kB is spread over the servers as a large one is, in
+ * smaller messages; one of ResNet-50's size keeps chunk_elems.
+ */
+#define PSAGG_LAYOUT_SHARES  8
+#define PSAGG_LAYOUT_MIN_CUT 4096u
+uint64_t psagg_layout_chunk_elems(const psagg_ctl_tensor *decl, uint32_t n, uint64_t chunk_elems,
+                                  uint32_t n_servers);
 
 /*
  * Build from declarations (validated: counts >= 1, codecs valid, names unique). With

@@ -153,8 +153,11 @@
  * 9: parameter push trailers carry a tag (equal on all workers) and a weight (the AVERAGE's)
  * 10: elastic membership: MEMBERSHIP frames; data headers carry the epoch and, in updates, the
  *     workers summed
+ * 11: joins (SYNC, SYNC_DONE, JOIN); 12: [server] quorum's contributor bitmaps
+ * 13: tensors declared rare (PSAGG_DECL_RARE) are placed apart from the per-round load, so
+ *     a layout differs from 12's
  */
-#define PSAGG_PROTO_VERSION 12
+#define PSAGG_PROTO_VERSION 13
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64
@@ -287,6 +290,7 @@ _Static_assert(sizeof(psagg_ctl_declare) == 32, "psagg_ctl_declare layout");
 
 /* psagg_ctl_tensor.flags */
 #define PSAGG_DECL_PARAM 1u /* a parameter: the servers run the optimizer on it (above) */
+#define PSAGG_DECL_RARE  2u /* used now and then, not every round (runtime/layout.h) */
 
 typedef struct psagg_ctl_tensor {
     char name[PSAGG_NAME_MAX]; /* NUL-terminated */

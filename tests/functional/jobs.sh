@@ -10,8 +10,26 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# fail MESSAGE: say it, show the tail of every log in $tmp, exit 1
-fail() { echo "FAIL: $*" >&2; for f in "$tmp"/*.log; do echo "== $f"; tail -20 "$f"; done >&2; exit 1; }
+# show_log FILE: its error and warning lines (up to 40, with line numbers), then the last 20
+# lines it printed before any sanitizer report (a leak report at exit would fill a plain
+# tail), and that report's summary
+show_log() {
+    local f=$1 cut
+    echo "== $f"
+    grep -n -m 40 -E 'ERROR|FAIL|WARN|ABORT|[Ee]rror|failed|refused|runtime error' "$f" | sed 's/^/  ! /'
+    cut=$(grep -n -m 1 -E '^==[0-9]+==|^=================' "$f" | cut -d: -f1)
+    if [ -n "$cut" ]; then
+        echo "  -- the last lines before the sanitizer report at line $cut:"
+        head -n $((cut - 1)) "$f" | tail -20
+        grep -m 3 -E 'SUMMARY|^==[0-9]+==ERROR' "$f" | sed 's/^/  -- /'
+    else
+        echo "  -- its last lines:"
+        tail -20 "$f"
+    fi
+}
+
+# fail MESSAGE: say it, show every log in $tmp (show_log), exit 1
+fail() { echo "FAIL: $*" >&2; for f in "$tmp"/*.log; do show_log "$f"; done >&2; exit 1; }
 
 # wait_for PID SECONDS: exit status of PID, or 124 if it is still running then
 wait_for() {

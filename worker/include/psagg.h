@@ -75,6 +75,9 @@ typedef enum psagg_reduce {
 
 /* psagg_tensor_desc.flags */
 #define PSAGG_TENSOR_PARAMETER 1u /* a parameter the servers optimize (below) */
+/* used now and then (a broadcast, a state hand-over), not every step: the servers' per-step
+   load is balanced without it, and such tensors are spread on their own */
+#define PSAGG_TENSOR_RARE 2u
 
 typedef struct psagg_tensor_desc {
     size_t struct_size; /* sizeof(psagg_tensor_desc) (above) */

@@ -20,7 +20,7 @@ import os
 import threading
 
 __all__ = ["Error", "Context", "Handle", "library", "STATUS_NAMES", "SUM", "AVERAGE",
-           "TENSOR_PARAMETER", "ALL_KEYS"]
+           "TENSOR_PARAMETER", "TENSOR_RARE", "ALL_KEYS"]
 
 # The constants and structures below mirror psagg.h and psagg/types.h (unit.python_abi compares
 # them with C: names, values, sizes and offsets). A public constant PSAGG_<NAME> is <NAME> here.
@@ -87,6 +87,7 @@ class _TensorDesc(ctypes.Structure):
 
 
 TENSOR_PARAMETER = 1  # psagg_tensor_desc.flags: the servers optimize it ([server] optimizer)
+TENSOR_RARE = 2  # psagg_tensor_desc.flags: used now and then (a broadcast): placed apart
 ALL_KEYS = 0xFFFFFFFF
 
 

@@ -170,7 +170,8 @@ class _Session:
                                 _p.TENSOR_PARAMETER if params else 0))
             total = sum(t[1] for t in tensors)
             self.bcast_elems = max(1024, min(total, 1 << 20))
-            tensors.append((_BROADCAST_KEY, self.bcast_elems, "fp32"))
+            # (a broadcast key: placed apart from the per-step load, runtime/layout.h)
+            tensors.append((_BROADCAST_KEY, self.bcast_elems, "fp32", _p.TENSOR_RARE))
             t0 = time.monotonic()
             keys = self.ctx.declare(tensors, error_feedback)
             self.declare_seconds = time.monotonic() - t0  # a joiner's: until it was admitted
