@@ -29,6 +29,8 @@ RuntimeError) with psagg's message: from backward() through DDP, from step() her
 
 import atexit
 import hashlib
+import math
+import numbers
 import os
 import queue
 import threading
@@ -57,6 +59,48 @@ def _env_int(*names):
             except ValueError:
                 raise ValueError("psagg.torch: %s='%s' is not a number" % (n, v)) from None
     return None
+
+
+def _is_int(v):
+    """An integer that is not a bool (True is an int to Python, never a count or a step)."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v):
+    """A finite real number that is not a bool."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_codec(who, codec):
+    """Refuse, at the call, a codec that psagg would refuse only at the declaration (after
+    connecting): ValueError naming the argument and the value. codec: None (the config's), a
+    text that psagg.parse_codec (libpsagg's parser) takes, a dict of such texts (or None), or a
+    callable (its answers are checked when it is called, at the declaration)."""
+    if codec is None or callable(codec):
+        return
+    items = [("codec[%r]" % (k,), v) for k, v in codec.items() if v is not None] \
+        if isinstance(codec, dict) else [("codec", codec)]
+    for name, text in items:
+        if not isinstance(text, str):
+            raise ValueError("psagg.torch.%s: %s must be a codec text such as 'maxmin4' (or "
+                             "codec None, a dict of texts or a callable), not %r"
+                             % (who, name, text))
+        try:
+            _p.parse_codec(text)
+        except _p.Error as e:
+            raise ValueError("psagg.torch.%s: %s=%r: %s" % (who, name, text, e.detail)) from None
+
+
+def _check_error_feedback(who, error_feedback):
+    if error_feedback is not None and not isinstance(error_feedback, bool):
+        raise ValueError("psagg.torch.%s: error_feedback must be None (the config's), True or "
+                         "False, not %r" % (who, error_feedback))
+
+
+def _check_op(who, op):
+    if not _is_int(op) or op not in (_p.SUM, _p.AVERAGE):
+        raise ValueError("psagg.torch.%s: op must be psagg.SUM or psagg.AVERAGE, not %r"
+                         % (who, op))
 
 
 def _wire_name(name, shape):
@@ -410,6 +454,8 @@ def register_ddp_hook(ddp_model, codec=None, error_feedback=None, config=None, o
     stand down). codec and error_feedback are the ServerOptimizer's then.
 
     Not in an elastic job: DDP's process group cannot lose a member (ValueError)."""
+    _check_codec("register_ddp_hook", codec)
+    _check_error_feedback("register_ddp_hook", error_feedback)
     sess = init(config)
     if sess.ctx.membership()["elastic"]:
         raise ValueError("psagg.torch.register_ddp_hook: the job is elastic ([cluster] elastic = "
@@ -556,6 +602,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, codec=None, error_fee
     (its state_dict) and, with model=, the model's buffers (BatchNorm statistics), through
     psagg's broadcast key; a joiner does the same in this constructor. start_step: the step
     the job is at (a joiner's is the members')."""
+    _check_codec("DistributedOptimizer", codec)
+    _check_error_feedback("DistributedOptimizer", error_feedback)
+    if not _is_int(backward_passes_per_step) or backward_passes_per_step < 1:
+        raise ValueError("psagg.torch.DistributedOptimizer: backward_passes_per_step must be an "
+                         "int >= 1, not %r" % (backward_passes_per_step,))
+    _check_op("DistributedOptimizer", op)
     base = optimizer.__class__
     cls = type(base.__name__, (base,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, codec, error_feedback,
@@ -605,6 +657,13 @@ class ServerOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, lr, weight_decay=0.0, named_parameters=None, codec=None,
                  error_feedback=None, op=_p.AVERAGE):
+        for name, v in (("lr", lr), ("weight_decay", weight_decay)):
+            if not _is_real(v) or v < 0:
+                raise ValueError("psagg.torch.ServerOptimizer: %s must be a finite number >= 0, "
+                                 "not %r" % (name, v))
+        _check_codec("ServerOptimizer", codec)
+        _check_error_feedback("ServerOptimizer", error_feedback)
+        _check_op("ServerOptimizer", op)
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
         self._psagg_group = {id(p): g for g in self.param_groups for p in g["params"]}
         named = [(n, p) for n, p in _named_params(self, named_parameters, "ServerOptimizer")
@@ -767,31 +826,36 @@ class DiLoCo:
     def __init__(self, model, inner_optimizer, sync_every, outer_lr=0.7, outer_momentum=0.9,
                  nesterov=True, codec="maxmin4", error_feedback=None, fragments=1,
                  fragment_sync_delay=0, fragment_update_alpha=0.0, named_parameters=None):
-        import math
         H, P, tau = sync_every, fragments, fragment_sync_delay
-        if not isinstance(H, int) or H < 1:
+        # (bool is an int to Python: sync_every=True must not pass as 1)
+        if not _is_int(H) or H < 1:
             raise ValueError("psagg.torch.DiLoCo: sync_every must be an int >= 1, not %r" % (H,))
-        if not isinstance(outer_lr, (int, float)) or not math.isfinite(outer_lr) or \
-                not 0 <= outer_lr <= 1e6:
-            raise ValueError("psagg.torch.DiLoCo: outer_lr must be finite and in 0..1e6, not %r"
-                             % (outer_lr,))
-        if not isinstance(outer_momentum, (int, float)) or not 0 <= outer_momentum < 1:
-            raise ValueError("psagg.torch.DiLoCo: outer_momentum must be in [0, 1), not %r"
-                             % (outer_momentum,))
-        if not isinstance(fragment_update_alpha, (int, float)) or \
-                not 0 <= fragment_update_alpha <= 1:
-            raise ValueError("psagg.torch.DiLoCo: fragment_update_alpha must be in [0, 1], not "
-                             "%r" % (fragment_update_alpha,))
+        if not _is_real(outer_lr) or not 0 <= outer_lr <= 1e6:
+            raise ValueError("psagg.torch.DiLoCo: outer_lr must be a finite number in 0..1e6, "
+                             "not %r" % (outer_lr,))
+        if not _is_real(outer_momentum) or not 0 <= outer_momentum < 1:
+            raise ValueError("psagg.torch.DiLoCo: outer_momentum must be a number in [0, 1), "
+                             "not %r" % (outer_momentum,))
+        if not _is_real(fragment_update_alpha) or not 0 <= fragment_update_alpha <= 1:
+            raise ValueError("psagg.torch.DiLoCo: fragment_update_alpha must be a number in "
+                             "[0, 1], not %r" % (fragment_update_alpha,))
+        if not isinstance(nesterov, bool):
+            raise ValueError("psagg.torch.DiLoCo: nesterov must be True or False, not %r"
+                             % (nesterov,))
+        _check_codec("DiLoCo", codec)
+        _check_error_feedback("DiLoCo", error_feedback)
         named = list(named_parameters if named_parameters is not None
                      else model.named_parameters())
         named = [(n, p) for n, p in named if p.requires_grad]
-        if not isinstance(P, int) or not 1 <= P <= len(named):
+        if not _is_int(P) or not 1 <= P <= len(named):
             raise ValueError("psagg.torch.DiLoCo: fragments must be an int in 1..%d (the "
                              "parameters that require a gradient), not %r" % (len(named), P))
-        if not isinstance(tau, int) or not 0 <= tau < max(1, H // P):
+        H, P = int(H), int(P)
+        if not _is_int(tau) or not 0 <= tau < max(1, H // P):
             raise ValueError("psagg.torch.DiLoCo: fragment_sync_delay must be an int in "
                              "0..%d (less than sync_every / fragments), not %r"
                              % (max(1, H // P) - 1, tau))
+        tau = int(tau)
         for n, p in named:
             if p.dtype not in _FLOATS:
                 raise TypeError("psagg.torch.DiLoCo: parameter '%s' is %s" % (n, p.dtype))
@@ -894,9 +958,9 @@ class DiLoCo:
         pseudo-gradient counts in the servers' average with the samples it took since the
         fragment's last sync (workers of different speeds, a token-weighted merge)."""
         if samples is not None:
-            if not samples > 0:
-                raise ValueError("psagg.torch.DiLoCo.step: samples must be > 0, not %r"
-                                 % (samples,))
+            if not _is_real(samples) or not samples > 0:
+                raise ValueError("psagg.torch.DiLoCo.step: samples must be a finite number > 0, "
+                                 "not %r" % (samples,))
             self._weighted = True
             for f in range(self.fragments):
                 self._samples[f] += float(samples)
