@@ -28,6 +28,10 @@
 #              every rank after every sync; a worker with other fragments refused on every rank;
 #              then tests/functional/torch_diloco_resume.py: a checkpoint after an outer step,
 #              the job stopped, the servers resumed: the uninterrupted run's weights bit for bit
+#   diloco_resume_frag  issue 35 item 3: torch_diloco_resume.py with 2 fragments (H=4) and the
+#              checkpoint right after fragment 1 synced at step 6, each rank's own weights saved
+#              beside it: the resumed job's start_step is 6 on every rank (not fragment 0's
+#              round x H = 4) and it ends with the uninterrupted run's global weights bit for bit
 #   elastic    [cluster] elastic = on: worker 2 SIGKILLs itself at step 20 of 500 (DiLoCo 1000) of
 #              train_digits.py under ServerOptimizer (checkpoints every 5 steps: the death
 #              comes as one is asked for), DistributedOptimizer and DiLoCo, and
@@ -242,6 +246,13 @@ diloco)
     # checkpoint after an outer step, stop, resume: the weights of the uninterrupted run
     resume_check diloco-resume torch_diloco_resume.py \
         "optimizer = sgd\nmomentum = 0.9\nnesterov = on" DILOCO-RESUME-HASH 8
+    ;;
+diloco_resume_frag)
+    mkdir -p "$tmp/local"
+    export FRAGMENTS=2 CKPT_AT=6 LOCAL_DIR=$tmp/local
+    resume_check diloco-resume-frag torch_diloco_resume.py \
+        "optimizer = sgd\nmomentum = 0.9\nnesterov = on" DILOCO-RESUME-HASH 6
+    unset FRAGMENTS CKPT_AT LOCAL_DIR
     ;;
 elastic)
     {

@@ -819,8 +819,10 @@ class DiLoCo:
         diloco.finish()            # applies a sync still in flight
 
     With DDP wrapping the model, register diloco_ddp_hook so that backward() all-reduces
-    nothing. start_step: the inner step the job starts from (nonzero after the servers resumed
-    from a checkpoint: their round times sync_every).
+    nothing. start_step: the inner step the job starts from, from the servers' round of every
+    fragment: 0 in a new job; after a resume from a checkpoint, the checkpoint's step (see
+    checkpoint()); for a worker that joins an elastic job, the step of the members' barrier
+    that admitted it.
     """
 
     def __init__(self, model, inner_optimizer, sync_every, outer_lr=0.7, outer_momentum=0.9,
@@ -891,17 +893,11 @@ class DiLoCo:
         self._psagg.state_seconds = time.monotonic() - t0
         self._frag = diloco_fragments([a.numel() for a in self._anchors], P)
         self._elastic = self._psagg.elastic()
-        self.start_step = ctx.tensor_round(self._psagg.key_of(self._anchors[0])) * H
-        if ctx.membership()["joiner"]:
-            # a joiner starts at the inner step of the members' barrier: the last fragment
-            # sync (fragment f's j-th at offset(f) + j*H) plus its delay
-            last = 0
-            for f in range(P):
-                i = self._frag.index(f)
-                r = ctx.tensor_round(self._psagg.key_of(self._anchors[i]))
-                if r:
-                    last = max(last, self._offset(f) + r * H + tau)
-            self.start_step = last
+        # where the job is, from every fragment's round (its syncs so far): the same for a
+        # joiner (the members' barrier) and a resumed job (the checkpoint's step)
+        self.start_step = self._step_of_rounds(
+            [ctx.tensor_round(self._psagg.key_of(self._anchors[self._frag.index(f)]))
+             for f in range(P)])
         self.step_count = self.start_step
         self._pending = []  # (apply at step, fragment, ops)
         self._samples = [0.0] * P  # per fragment: samples since its last sync (step(samples))
@@ -909,6 +905,32 @@ class DiLoCo:
 
     def _offset(self, f):
         return f * self.sync_every // self.fragments
+
+    def _sync_step(self, f, j):
+        """The inner step of fragment f's j-th sync (j >= 1)."""
+        return self._offset(f) + j * self.sync_every
+
+    def _syncs(self, f, t):
+        """How many syncs fragment f has started by inner step t (t included)."""
+        return max(0, (t - self._offset(f)) // self.sync_every)
+
+    def _step_of_rounds(self, rounds):
+        """The inner step of a job whose fragment f has synced rounds[f] times (the servers'
+        round of its tensors): right after the latest of those syncs was applied, its step plus
+        fragment_sync_delay, which is where the members' barrier admits a joiner and where
+        checkpoint() is called; 0 before any sync. Joiners and resumed jobs both start there,
+        so their step tags agree with the members'. ValueError when the rounds fit no step of
+        this schedule (e.g. a checkpoint of another sync_every or fragments)."""
+        if not any(rounds):
+            return 0
+        last = max(self._sync_step(f, r) for f, r in enumerate(rounds) if r)
+        if any(self._syncs(f, last) != r for f, r in enumerate(rounds)):
+            raise ValueError(
+                "psagg.torch.DiLoCo: the servers' rounds per fragment %s fit no step of this "
+                "schedule (sync_every %d, fragments %d): the job's state (a checkpoint, the "
+                "members') comes from another sync_every or fragments"
+                % (list(rounds), self.sync_every, self.fragments))
+        return last + self.delay
 
     def _start(self, f):
         """Push fragment f's pseudo-gradients; the anchors take the servers' delta."""
@@ -967,7 +989,7 @@ class DiLoCo:
         self.step_count += 1
         t = self.step_count
         for f in range(self.fragments):
-            if t > self._offset(f) and (t - self._offset(f)) % self.sync_every == 0:
+            if self._syncs(f, t) != self._syncs(f, t - 1):
                 self._start(f)
         due = [x for x in self._pending if x[0] <= t]
         self._pending = [x for x in self._pending if x[0] > t]
@@ -998,11 +1020,24 @@ class DiLoCo:
 
     def checkpoint(self):
         """Every server writes the global weights and the outer momentum ([server]
-        checkpoint_dir); one worker is enough. Call it right after a sync step with no sync in
-        flight (fragment_sync_delay 0, or after finish()). A job resumed from it ([server]
-        resume = on) starts at start_step with every worker's weights the checkpoint's global
-        weights: exact for fragments=1; the inner optimizer's state, and with fragments > 1
-        each worker's own weights, are the training script's to save (torch.save)."""
+        checkpoint_dir); one worker is enough. Call it right after the step() that applied a
+        sync (a fragment's sync step plus fragment_sync_delay), with no sync in flight.
+
+        A job resumed from it ([server] resume = on) starts at start_step: the servers keep
+        each fragment's round (its syncs so far), and start_step is the step right after the
+        latest of those syncs was applied, the latest over all fragments (a fragment p > 0 that
+        synced last counts, not fragment 0's round x sync_every). That is the step of the
+        checkpoint when it was taken as said above; a checkpoint taken later in the same
+        window resumes at that earlier step (the rounds cannot tell them apart), and one taken
+        after finish() applied a sync early resumes fragment_sync_delay steps later than it
+        was taken. A worker that joins the resumed job later computes its step the same way.
+
+        Every worker's weights are then the checkpoint's global weights: exact for
+        fragments=1 (after an outer step the local weights are the global ones). With
+        fragments > 1 the fragments that did not sync last held each worker's own progress
+        since their last sync, which the servers do not have: save the model's weights with
+        the checkpoint (torch.save, every worker its own) and load them after this
+        constructor on resume; the inner optimizer's state likewise."""
         if self._pending:
             raise RuntimeError("psagg.torch.DiLoCo.checkpoint: a sync is in flight; call it "
                                "after the sync is applied (or after finish())")
