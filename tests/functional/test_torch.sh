@@ -32,6 +32,14 @@
 #              checkpoint right after fragment 1 synced at step 6, each rank's own weights saved
 #              beside it: the resumed job's start_step is 6 on every rank (not fragment 0's
 #              round x H = 4) and it ends with the uninterrupted run's global weights bit for bit
+#   diloco_schedule  issue 35 item 7: Streaming DiLoCo's schedule (arXiv 2501.18512): fragment p
+#              syncs at the steps t >= 1 with (t - p*H/P) mod H == 0, first at p*H/P when that is
+#              > 0 (not p*H/P + H): torch_diloco.py with fp32 outer gradients, H=8, 4 fragments
+#              (syncs applied at steps 2, 4, ..., 16) and 2 fragments with a delay of 1 (5, 9,
+#              13): within rounding of the reference on that schedule, the weights moved by
+#              DiLoCo.step() exactly at those steps; then MIX=1 (2 workers): a step() without
+#              samples after steps with them, and one with samples after steps without, raise
+#              ValueError naming samples on every rank (before: weight 0 pushed, EINVAL)
 #   elastic    [cluster] elastic = on: worker 2 SIGKILLs itself at step 20 of 500 (DiLoCo 1000) of
 #              train_digits.py under ServerOptimizer (checkpoints every 5 steps: the death
 #              comes as one is asked for), DistributedOptimizer and DiLoCo, and
@@ -253,6 +261,32 @@ diloco_resume_frag)
     resume_check diloco-resume-frag torch_diloco_resume.py \
         "optimizer = sgd\nmomentum = 0.9\nnesterov = on" DILOCO-RESUME-HASH 6
     unset FRAGMENTS CKPT_AT LOCAL_DIR
+    ;;
+diloco_schedule)
+    for v in "4:0:2 4 6 8 10 12 14 16" "2:1:5 9 13"; do
+        IFS=: read -r frags delay want <<<"$v"
+        {
+            sed -e "s/^default = maxmin4/default = fp32/" -e "s/^job_id = .*/job_id = test-dls-$frags-$port/" "$tmp/job.ini"
+            printf '[server]\noptimizer = sgd\nmomentum = 0.9\nnesterov = on\n'
+        } >"$tmp/dl.ini"
+        CODEC=fp32 FRAGMENTS=$frags DELAY=$delay H=8 STEPS=16 \
+            "$repo/deploy/psagg-local" --config "$tmp/dl.ini" --timeout 120 -- \
+            "$py" "$repo/tests/functional/torch_diloco.py" >"$tmp/dl.out" 2>&1 ||
+            { tail -n 30 "$tmp/dl.out" >&2; fail "diloco_schedule $frags fragments, delay $delay: psagg-local failed"; }
+        (($(grep -c 'DILOCO ok' "$tmp/dl.out") == 4)) || { cat "$tmp/dl.out" >&2; fail "diloco_schedule $frags fragments: not every rank passed"; }
+        got=$(sed -n 's/^\[worker 0\] DILOCO-DIGEST step=\([0-9]*\) .*/\1/p' "$tmp/dl.out" | tr '\n' ' ' | sed 's/ $//')
+        [[ $got == "$want" ]] || fail "diloco_schedule $frags fragments, delay $delay: syncs applied at steps '$got', Streaming DiLoCo's schedule applies them at '$want'"
+        n=$(grep -c 'DILOCO-DIGEST' "$tmp/dl.out")
+        distinct=$(sed -n 's/.*DILOCO-DIGEST \(step=[0-9]* [0-9a-f]*\).*/\1/p' "$tmp/dl.out" | sort -u | wc -l)
+        ((n == 4 * distinct)) || { grep DILOCO-DIGEST "$tmp/dl.out" >&2; fail "diloco_schedule: the ranks' anchors differ"; }
+        echo "diloco_schedule: $frags fragments, H=8, delay $delay: syncs applied at steps $got on 4 ranks, fp32 within rounding of the reference"
+    done
+    # a worker that mixes step(samples=...) and step(): refused at the call, on every rank
+    MIX=1 H=4 STEPS=12 "$repo/deploy/psagg-local" --config "$tmp/dl.ini" --workers 2 --timeout 120 -- \
+        "$py" "$repo/tests/functional/torch_diloco.py" >"$tmp/mix.out" 2>&1 ||
+        { tail -n 30 "$tmp/mix.out" >&2; fail "diloco_schedule: mixed samples: psagg-local failed"; }
+    (($(grep -c 'DILOCO mix refused' "$tmp/mix.out") == 2)) || { cat "$tmp/mix.out" >&2; fail "diloco_schedule: mixed samples were not refused on both ranks"; }
+    grep -o 'DILOCO mix refused rank=[01].*' "$tmp/mix.out" | cut -c1-200
     ;;
 elastic)
     {

@@ -804,10 +804,15 @@ class DiLoCo:
     servers divide by the sum of the weights).
 
     Streaming: fragments=P splits the parameters, in named_parameters() order, into P
-    contiguous groups of about equal size (diloco_fragments); fragment p syncs at the inner steps t > 0 with
-    (t - p*H/P) mod H == 0. With fragment_sync_delay=tau its push starts at that step and
-    its result is applied tau inner steps later (the exchange overlaps the inner steps); the
-    local weights then become alpha * local + (1 - alpha) * global (fragment_update_alpha).
+    contiguous groups of about equal size (diloco_fragments); fragment p syncs at the inner
+    steps t >= 1 with (t - offset(p)) mod H == 0, offset(p) = p*H//P: first at offset(p) when
+    that is > 0 (its first pseudo-gradient covers those offset(p) steps), else at H, then every
+    H steps. That is Streaming DiLoCo's schedule (the paper syncs fragment p when
+    (t - t_p) mod H == 0), which spreads the syncs evenly over every window from the start; a
+    joiner's and a resumed job's start_step follow it. With fragment_sync_delay=tau its push
+    starts at that step and its result is applied tau inner steps later (the exchange overlaps
+    the inner steps); the local weights then become alpha * local + (1 - alpha) * global
+    (fragment_update_alpha).
     The fragments and steps are the same on every worker, and the servers take the pushes of
     each tensor in round order, so every worker applies the same updates in the same order.
 
@@ -901,18 +906,24 @@ class DiLoCo:
         self.step_count = self.start_step
         self._pending = []  # (apply at step, fragment, ops)
         self._samples = [0.0] * P  # per fragment: samples since its last sync (step(samples))
-        self._weighted = False
+        self._weighted = None  # the first step() says: with samples (True) or without
 
     def _offset(self, f):
         return f * self.sync_every // self.fragments
 
+    def _first_sync(self, f):
+        """Fragment f's first sync step: Streaming DiLoCo's schedule syncs it at the steps
+        t >= 1 with (t - offset(f)) mod H == 0, so at offset(f) when that is > 0, else at H."""
+        return self._offset(f) or self.sync_every
+
     def _sync_step(self, f, j):
         """The inner step of fragment f's j-th sync (j >= 1)."""
-        return self._offset(f) + j * self.sync_every
+        return self._first_sync(f) + (j - 1) * self.sync_every
 
     def _syncs(self, f, t):
         """How many syncs fragment f has started by inner step t (t included)."""
-        return max(0, (t - self._offset(f)) // self.sync_every)
+        first = self._first_sync(f)
+        return 0 if t < first else (t - first) // self.sync_every + 1
 
     def _step_of_rounds(self, rounds):
         """The inner step of a job whose fragment f has synced rounds[f] times (the servers'
@@ -978,12 +989,26 @@ class DiLoCo:
         this is and applies those whose delay has passed. samples: what this inner step
         trained on (e.g. the batch size); when given (on every worker), each worker's
         pseudo-gradient counts in the servers' average with the samples it took since the
-        fragment's last sync (workers of different speeds, a token-weighted merge)."""
+        fragment's last sync (workers of different speeds, a token-weighted merge). Pass it to
+        every step() or to none: the first step() decides, and a later one of the other kind
+        raises ValueError and changes nothing (a step without samples would count nothing it
+        trained on, and a weighted push of no samples is refused; samples after steps without
+        them would leave those steps out of the weight)."""
+        if samples is not None and (not _is_real(samples) or not samples > 0):
+            raise ValueError("psagg.torch.DiLoCo.step: samples must be a finite number > 0, "
+                             "not %r" % (samples,))
+        if self._weighted is None:
+            self._weighted = samples is not None
+        elif self._weighted and samples is None:
+            raise ValueError("psagg.torch.DiLoCo.step: no samples, but this DiLoCo's earlier "
+                             "steps gave samples: pass samples to every step() or to none (a "
+                             "step without them would count nothing in its fragments' weights, "
+                             "a weight of 0 after a sync)")
+        elif not self._weighted and samples is not None:
+            raise ValueError("psagg.torch.DiLoCo.step: samples=%r, but this DiLoCo's earlier "
+                             "steps gave none: pass samples to every step() or to none (those "
+                             "steps would be left out of the weight)" % (samples,))
         if samples is not None:
-            if not _is_real(samples) or not samples > 0:
-                raise ValueError("psagg.torch.DiLoCo.step: samples must be a finite number > 0, "
-                                 "not %r" % (samples,))
-            self._weighted = True
             for f in range(self.fragments):
                 self._samples[f] += float(samples)
         self.step_count += 1
