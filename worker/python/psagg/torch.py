@@ -1024,18 +1024,32 @@ class DiLoCo:
             self._barrier()
 
     def _barrier(self):
-        """Elastic jobs, after an outer sync with nothing in flight: the members' barrier; when
-        it admitted workers, every worker takes the servers' global weights (a joiner did in
-        its constructor) and its model starts from them."""
+        """Elastic jobs, after an outer sync with nothing in flight: the members' barrier. When
+        it admitted workers, each joiner takes the servers' exact global weights in its
+        constructor (psagg_param_init), and the members pull the same weights with it
+        (psagg_pull_weights, sync): their anchors become the servers' master weights. A
+        member's own weights are not overwritten: on the fragments that did not sync at this
+        step they hold the inner steps since those fragments' last sync (up to H - H/P), and
+        the alpha merge on the one that did. They move by the change of their anchor,
+        p += new anchor - old anchor: usually by nothing (every worker applied the same
+        updates, so the anchor is the master weights already); the master weights are ahead
+        of the anchor when the updates came in a lossy codec (what a 4-bit delta dropped, the
+        servers send later). Where a weight equals its old anchor (a fragment that just
+        synced with alpha 0) it takes the new anchor exactly, as the joiner does."""
         if not self._psagg.sync_membership()["joined"]:
             return
         ctx = self._psagg.ctx
+        old = [a.clone() for a in self._anchors]
         with torch.no_grad():
             for h in [ctx.pull_weights(self._psagg.key_of(a), a.data_ptr(), True, keep=a)
                       for a in self._anchors]:
                 h.wait()
-            for (_, p), a in zip(self._named, self._anchors):
-                p.copy_(a)
+            for (_, p), a, o in zip(self._named, self._anchors, old):
+                if torch.equal(a, o):
+                    continue  # the anchor did not move: neither do the weights
+                new, was = a.to(p.device), o.to(p.device)
+                q = p.detach().float()
+                p.copy_(torch.where(q == was, new, q + (new - was)))
 
     def finish(self):
         """Apply every sync still in flight (at the end of training)."""
