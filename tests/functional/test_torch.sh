@@ -28,6 +28,26 @@
 #              every rank after every sync; a worker with other fragments refused on every rank;
 #              then tests/functional/torch_diloco_resume.py: a checkpoint after an outer step,
 #              the job stopped, the servers resumed: the uninterrupted run's weights bit for bit
+#   diloco_resume_frag  issue 35 item 3: torch_diloco_resume.py with 2 fragments (H=4) and the
+#              checkpoint right after fragment 1 synced at step 6, each rank's own weights saved
+#              beside it: the resumed job's start_step is 6 on every rank (not fragment 0's
+#              round x H = 4) and it ends with the uninterrupted run's global weights bit for bit
+#   diloco_schedule  issue 35 item 7: Streaming DiLoCo's schedule (arXiv 2501.18512): fragment p
+#              syncs at the steps t >= 1 with (t - p*H/P) mod H == 0, first at p*H/P when that is
+#              > 0 (not p*H/P + H): torch_diloco.py with fp32 outer gradients, H=8, 4 fragments
+#              (syncs applied at steps 2, 4, ..., 16) and 2 fragments with a delay of 1 (5, 9,
+#              13): within rounding of the reference on that schedule, the weights moved by
+#              DiLoCo.step() exactly at those steps; then MIX=1 (2 workers): a step() without
+#              samples after steps with them, and one with samples after steps without, raise
+#              ValueError naming samples on every rank (before: weight 0 pushed, EINVAL)
+#   diloco_admit  issue 35 items 4 and 3: tests/functional/torch_diloco_admit.py, an elastic
+#              Streaming DiLoCo job (2 fragments, H=8, maxmin4; workers = 2, max_workers = 3)
+#              checkpointed right after fragment 1's sync at step 12 and resumed; a rank 2
+#              started by hand joins it: the members resume at step 12, and across the
+#              admitting barrier each member's weights on the fragment that did not sync there
+#              move only by its anchors' change (they keep its local progress); the joiner's
+#              weights are the global weights, its start_step is the members' step and its
+#              anchors theirs; all three end with the same anchors
 #   elastic    [cluster] elastic = on: worker 2 SIGKILLs itself at step 20 of 500 (DiLoCo 1000) of
 #              train_digits.py under ServerOptimizer (checkpoints every 5 steps: the death
 #              comes as one is asked for), DistributedOptimizer and DiLoCo, and
@@ -242,6 +262,71 @@ diloco)
     # checkpoint after an outer step, stop, resume: the weights of the uninterrupted run
     resume_check diloco-resume torch_diloco_resume.py \
         "optimizer = sgd\nmomentum = 0.9\nnesterov = on" DILOCO-RESUME-HASH 8
+    ;;
+diloco_resume_frag)
+    mkdir -p "$tmp/local"
+    export FRAGMENTS=2 CKPT_AT=6 LOCAL_DIR=$tmp/local
+    resume_check diloco-resume-frag torch_diloco_resume.py \
+        "optimizer = sgd\nmomentum = 0.9\nnesterov = on" DILOCO-RESUME-HASH 6
+    unset FRAGMENTS CKPT_AT LOCAL_DIR
+    ;;
+diloco_schedule)
+    for v in "4:0:2 4 6 8 10 12 14 16" "2:1:5 9 13"; do
+        IFS=: read -r frags delay want <<<"$v"
+        {
+            sed -e "s/^default = maxmin4/default = fp32/" -e "s/^job_id = .*/job_id = test-dls-$frags-$port/" "$tmp/job.ini"
+            printf '[server]\noptimizer = sgd\nmomentum = 0.9\nnesterov = on\n'
+        } >"$tmp/dl.ini"
+        CODEC=fp32 FRAGMENTS=$frags DELAY=$delay H=8 STEPS=16 \
+            "$repo/deploy/psagg-local" --config "$tmp/dl.ini" --timeout 120 -- \
+            "$py" "$repo/tests/functional/torch_diloco.py" >"$tmp/dl.out" 2>&1 ||
+            { tail -n 30 "$tmp/dl.out" >&2; fail "diloco_schedule $frags fragments, delay $delay: psagg-local failed"; }
+        (($(grep -c 'DILOCO ok' "$tmp/dl.out") == 4)) || { cat "$tmp/dl.out" >&2; fail "diloco_schedule $frags fragments: not every rank passed"; }
+        got=$(sed -n 's/^\[worker 0\] DILOCO-DIGEST step=\([0-9]*\) .*/\1/p' "$tmp/dl.out" | tr '\n' ' ' | sed 's/ $//')
+        [[ $got == "$want" ]] || fail "diloco_schedule $frags fragments, delay $delay: syncs applied at steps '$got', Streaming DiLoCo's schedule applies them at '$want'"
+        n=$(grep -c 'DILOCO-DIGEST' "$tmp/dl.out")
+        distinct=$(sed -n 's/.*DILOCO-DIGEST \(step=[0-9]* [0-9a-f]*\).*/\1/p' "$tmp/dl.out" | sort -u | wc -l)
+        ((n == 4 * distinct)) || { grep DILOCO-DIGEST "$tmp/dl.out" >&2; fail "diloco_schedule: the ranks' anchors differ"; }
+        echo "diloco_schedule: $frags fragments, H=8, delay $delay: syncs applied at steps $got on 4 ranks, fp32 within rounding of the reference"
+    done
+    # a worker that mixes step(samples=...) and step(): refused at the call, on every rank
+    MIX=1 H=4 STEPS=12 "$repo/deploy/psagg-local" --config "$tmp/dl.ini" --workers 2 --timeout 120 -- \
+        "$py" "$repo/tests/functional/torch_diloco.py" >"$tmp/mix.out" 2>&1 ||
+        { tail -n 30 "$tmp/mix.out" >&2; fail "diloco_schedule: mixed samples: psagg-local failed"; }
+    (($(grep -c 'DILOCO mix refused' "$tmp/mix.out") == 2)) || { cat "$tmp/mix.out" >&2; fail "diloco_schedule: mixed samples were not refused on both ranks"; }
+    grep -o 'DILOCO mix refused rank=[01].*' "$tmp/mix.out" | cut -c1-200
+    ;;
+diloco_admit)
+    mkdir -p "$tmp/ck-admit"
+    {
+        sed -e "s/^job_id = .*/job_id = test-dlad-$port/" -e "s/^workers = .*/workers = 2/" "$tmp/job.ini"
+        printf '[cluster]\nelastic = on\nmin_workers = 2\nmax_workers = 3\n'
+        printf '[server]\noptimizer = sgd\nmomentum = 0.9\nnesterov = on\ncheckpoint_dir = %s\n' "$tmp/ck-admit"
+    } >"$tmp/admit.ini"
+    PHASE=first "$repo/deploy/psagg-local" --config "$tmp/admit.ini" --timeout 120 -- \
+        "$py" "$repo/tests/functional/torch_diloco_admit.py" >"$tmp/admit-first.out" 2>&1 ||
+        { tail -n 30 "$tmp/admit-first.out" >&2; fail "diloco_admit: the first run failed"; }
+    grep -q "CHECKPOINT after 12 steps" "$tmp/admit-first.out" || { cat "$tmp/admit-first.out" >&2; fail "diloco_admit: no checkpoint"; }
+    # rank 2 first: until the job runs, the servers answer it "try again" (it says HELLO again)
+    PSAGG_CLUSTER_CONNECT_TIMEOUT_MS=120000 PHASE=resume \
+        PSAGG_CONFIG=$tmp/admit.ini PSAGG_RANK=2 PSAGG_WORLD_SIZE=2 RANK=2 WORLD_SIZE=2 \
+        PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH} \
+        "$py" "$repo/tests/functional/torch_diloco_admit.py" >"$tmp/admit-joiner.out" 2>&1 &
+    pj=$!
+    PSAGG_SERVER_RESUME=on PHASE=resume "$repo/deploy/psagg-local" --config "$tmp/admit.ini" --timeout 180 -- \
+        "$py" "$repo/tests/functional/torch_diloco_admit.py" >"$tmp/admit.out" 2>&1
+    rc=$?
+    wait $pj
+    rcj=$?
+    ((rc == 0 && rcj == 0)) || { tail -n 30 "$tmp/admit.out" "$tmp/admit-joiner.out" >&2; fail "diloco_admit: psagg-local exited $rc, the joiner $rcj"; }
+    members=$(grep -o 'ADMIT member rank=[01] step=[0-9]* anchors=[0-9a-f]*' "$tmp/admit.out" | sed 's/rank=[01] //' | sort | uniq -c)
+    joiner=$(grep -o 'ADMIT joiner step=[0-9]* anchors=[0-9a-f]*' "$tmp/admit-joiner.out" | sed 's/ADMIT joiner //')
+    [[ $(wc -l <<<"$members") == 1 && $(awk '{print $1}' <<<"$members") == 2 ]] || { cat "$tmp/admit.out" >&2; fail "diloco_admit: the members' admission differs: $members"; }
+    [[ -n $joiner && $(awk '{print $4, $5}' <<<"$members") == "$joiner" ]] ||
+        fail "diloco_admit: the members admitted at '$(awk '{print $4, $5}' <<<"$members")', the joiner started at '$joiner'"
+    ends=$( (grep -o 'ADMIT end rank=[01] anchors=[0-9a-f]*' "$tmp/admit.out"; grep -o 'ADMIT end rank=2 anchors=[0-9a-f]*' "$tmp/admit-joiner.out") | sed 's/.*anchors=//' | sort | uniq -c)
+    [[ $(wc -l <<<"$ends") == 1 && $(awk '{print $1}' <<<"$ends") == 3 ]] || fail "diloco_admit: the three workers' final anchors differ: $ends"
+    echo "diloco_admit: $(grep -m1 -o 'ADMIT member rank=0.*' "$tmp/admit.out"); joiner at $joiner; 3 equal final anchors"
     ;;
 elastic)
     {

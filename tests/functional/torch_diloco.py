@@ -5,7 +5,9 @@ nesterov on.
 Every rank builds a small MLP from a seed of its own (DiLoCo must hand all of them rank 0's
 weights) and trains it with its own SGD on its own shard for STEPS inner steps, calling
 DiLoCo.step() after each. Every rank also keeps a reference of the whole job: all N workers'
-local models trained on their shards, the same fragment schedule, each sync's pseudo-gradients
+local models trained on their shards, Streaming DiLoCo's fragment schedule (arXiv 2501.18512:
+fragment p syncs at the inner steps t >= 1 with (t - p*H/P) mod H == 0, so first at p*H/P when
+that is > 0, else at H), each sync's pseudo-gradients
 summed in rank order and scaled by 1/N in fp32 (what the servers compute), torch.optim.SGD
 (momentum 0.9, Nesterov, outer lr) on the global weights, and the merge alpha * local +
 (1 - alpha) * global when the sync is applied. Checks, after the run:
@@ -19,7 +21,12 @@ the reference weights each pseudo-gradient so. With DISAGREE=1 rank 1 runs 2 fra
 the others run 1: every rank must fail with the servers' message naming the fragments and
 steps ("DILOCO disagreement caught"). With DIE=T rank 2 kills itself (SIGKILL) at inner step T,
 before its DiLoCo.step(): every other rank must get an error naming worker 2 within 10 s
-("DILOCO peer death caught"), never a hang (the job is not elastic).
+("DILOCO peer death caught"), never a hang (the job is not elastic). With MIX=1 the even ranks
+call step(samples=32) and the odd ones step() for the first H steps; at step H + 1 each calls
+the other kind once, which must raise ValueError naming samples and change nothing (before,
+a weighted worker's later step() pushed weight 0, which psagg_set_param_sync refuses with
+EINVAL at the next sync, and an unweighted worker's later step(samples) was taken), then goes on
+as before to STEPS ("DILOCO mix refused").
 Env: CODEC (fp32), H (sync_every, 4), FRAGMENTS (1), DELAY (0), ALPHA (0.0), STEPS (24).
 Prints "DILOCO ok rank=R ..." on success.
 """
@@ -44,6 +51,7 @@ STEPS = int(os.environ.get("STEPS", "24"))
 WEIGHTED = os.environ.get("WEIGHTED") == "1"
 DISAGREE = os.environ.get("DISAGREE") == "1"
 DIE = int(os.environ.get("DIE", "0"))
+MIX = os.environ.get("MIX") == "1"
 OUTER_LR, MOM, INNER_LR = 0.7, 0.9, 0.05
 torch.set_num_threads(1)
 
@@ -133,6 +141,31 @@ def main():
     diloco = pt.DiLoCo(model, opt, sync_every=H, outer_lr=OUTER_LR, outer_momentum=MOM,
                        nesterov=True, codec=CODEC, fragments=P, fragment_sync_delay=TAU,
                        fragment_update_alpha=ALPHA, named_parameters=model.named_parameters())
+    if MIX:
+        weighted, refused, switched = rank % 2 == 0, None, False
+        try:
+            for t in range(1, STEPS + 1):
+                inner_step(model, opt, shard(rank), t)
+                if t == H + 1:
+                    try:
+                        diloco.step(samples=None if weighted else 32.0)
+                        switched = True  # taken: go on with it, as the issue's worker did
+                        continue
+                    except ValueError as e:
+                        refused = e
+                    if "samples" not in str(refused) or diloco.step_count != H:
+                        sys.exit("rank %d: step %d: not the samples' error, or the step "
+                                 "count moved (%d): %s" % (rank, t, diloco.step_count, refused))
+                diloco.step(samples=32.0 if weighted != switched else None)
+            diloco.finish()
+        except Exception as e:  # psagg.Error: weight 0 pushed at step 2H (EINVAL)
+            sys.exit("rank %d: %s at step %d: %s" % (rank, type(e).__name__,
+                                                     diloco.step_count, e))
+        if switched:
+            sys.exit("rank %d: step(%s) after %d steps %s samples was accepted" % (
+                rank, "" if weighted else "samples=32", H, "with" if weighted else "without"))
+        print("DILOCO mix refused rank=%d: %s" % (rank, refused), flush=True)
+        return
     if DIE:
         t0 = time.monotonic()
         try:
@@ -166,14 +199,16 @@ def main():
     first = last = None
     for t in range(1, STEPS + 1):
         loss = inner_step(model, opt, data[rank], t)
+        before = [p.detach().clone() for p in model.parameters()]
         diloco.step(samples=32.0 * (rank + 1) if WEIGHTED else None)
+        applied = any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
         first = loss if first is None else first
         last = loss
         for r in range(n):
             inner_step(workers[r], ref_opts[r], data[r], t)
         for f in range(P):
             off = f * H // P
-            if t > off and (t - off) % H == 0:
+            if (t - off) % H == 0:  # (t >= 1)
                 with torch.no_grad():
                     for i, g in enumerate(gparams):
                         if frag[i] != f:
@@ -199,6 +234,12 @@ def main():
                             else:
                                 p.mul_(ALPHA).add_(g, alpha=1.0 - ALPHA)
         pending = [x for x in pending if x[0] > t]
+        if applied != bool(due):  # DiLoCo.step() moved the weights: it applied a sync
+            sys.exit("rank %d: DiLoCo applied %s sync at step %d; the schedule (fragment p at "
+                     "the steps t >= 1 with (t - p*H/P) mod H == 0, applied fragment_sync_delay "
+                     "later) %s" % (rank, "a" if applied else "no", t,
+                                    "applies %s" % [f for _, f in due] if due else
+                                    "applies none"))
         if due:  # a sync was applied and none is in flight (delay < H / fragments)
             h = hashlib.sha256()
             for a in diloco.global_weights().values():

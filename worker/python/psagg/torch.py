@@ -29,6 +29,8 @@ RuntimeError) with psagg's message: from backward() through DDP, from step() her
 
 import atexit
 import hashlib
+import math
+import numbers
 import os
 import queue
 import threading
@@ -57,6 +59,48 @@ def _env_int(*names):
             except ValueError:
                 raise ValueError("psagg.torch: %s='%s' is not a number" % (n, v)) from None
     return None
+
+
+def _is_int(v):
+    """An integer that is not a bool (True is an int to Python, never a count or a step)."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v):
+    """A finite real number that is not a bool."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_codec(who, codec):
+    """Refuse, at the call, a codec that psagg would refuse only at the declaration (after
+    connecting): ValueError naming the argument and the value. codec: None (the config's), a
+    text that psagg.parse_codec (libpsagg's parser) takes, a dict of such texts (or None), or a
+    callable (its answers are checked when it is called, at the declaration)."""
+    if codec is None or callable(codec):
+        return
+    items = [("codec[%r]" % (k,), v) for k, v in codec.items() if v is not None] \
+        if isinstance(codec, dict) else [("codec", codec)]
+    for name, text in items:
+        if not isinstance(text, str):
+            raise ValueError("psagg.torch.%s: %s must be a codec text such as 'maxmin4' (or "
+                             "codec None, a dict of texts or a callable), not %r"
+                             % (who, name, text))
+        try:
+            _p.parse_codec(text)
+        except _p.Error as e:
+            raise ValueError("psagg.torch.%s: %s=%r: %s" % (who, name, text, e.detail)) from None
+
+
+def _check_error_feedback(who, error_feedback):
+    if error_feedback is not None and not isinstance(error_feedback, bool):
+        raise ValueError("psagg.torch.%s: error_feedback must be None (the config's), True or "
+                         "False, not %r" % (who, error_feedback))
+
+
+def _check_op(who, op):
+    if not _is_int(op) or op not in (_p.SUM, _p.AVERAGE):
+        raise ValueError("psagg.torch.%s: op must be psagg.SUM or psagg.AVERAGE, not %r"
+                         % (who, op))
 
 
 def _wire_name(name, shape):
@@ -411,6 +455,8 @@ def register_ddp_hook(ddp_model, codec=None, error_feedback=None, config=None, o
     stand down). codec and error_feedback are the ServerOptimizer's then.
 
     Not in an elastic job: DDP's process group cannot lose a member (ValueError)."""
+    _check_codec("register_ddp_hook", codec)
+    _check_error_feedback("register_ddp_hook", error_feedback)
     sess = init(config)
     if sess.ctx.membership()["elastic"]:
         raise ValueError("psagg.torch.register_ddp_hook: the job is elastic ([cluster] elastic = "
@@ -557,6 +603,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, codec=None, error_fee
     (its state_dict) and, with model=, the model's buffers (BatchNorm statistics), through
     psagg's broadcast key; a joiner does the same in this constructor. start_step: the step
     the job is at (a joiner's is the members')."""
+    _check_codec("DistributedOptimizer", codec)
+    _check_error_feedback("DistributedOptimizer", error_feedback)
+    if not _is_int(backward_passes_per_step) or backward_passes_per_step < 1:
+        raise ValueError("psagg.torch.DistributedOptimizer: backward_passes_per_step must be an "
+                         "int >= 1, not %r" % (backward_passes_per_step,))
+    _check_op("DistributedOptimizer", op)
     base = optimizer.__class__
     cls = type(base.__name__, (base,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, codec, error_feedback,
@@ -606,6 +658,13 @@ class ServerOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, lr, weight_decay=0.0, named_parameters=None, codec=None,
                  error_feedback=None, op=_p.AVERAGE):
+        for name, v in (("lr", lr), ("weight_decay", weight_decay)):
+            if not _is_real(v) or v < 0:
+                raise ValueError("psagg.torch.ServerOptimizer: %s must be a finite number >= 0, "
+                                 "not %r" % (name, v))
+        _check_codec("ServerOptimizer", codec)
+        _check_error_feedback("ServerOptimizer", error_feedback)
+        _check_op("ServerOptimizer", op)
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
         self._psagg_group = {id(p): g for g in self.param_groups for p in g["params"]}
         named = [(n, p) for n, p in _named_params(self, named_parameters, "ServerOptimizer")
@@ -746,10 +805,15 @@ class DiLoCo:
     servers divide by the sum of the weights).
 
     Streaming: fragments=P splits the parameters, in named_parameters() order, into P
-    contiguous groups of about equal size (diloco_fragments); fragment p syncs at the inner steps t > 0 with
-    (t - p*H/P) mod H == 0. With fragment_sync_delay=tau its push starts at that step and
-    its result is applied tau inner steps later (the exchange overlaps the inner steps); the
-    local weights then become alpha * local + (1 - alpha) * global (fragment_update_alpha).
+    contiguous groups of about equal size (diloco_fragments); fragment p syncs at the inner
+    steps t >= 1 with (t - offset(p)) mod H == 0, offset(p) = p*H//P: first at offset(p) when
+    that is > 0 (its first pseudo-gradient covers those offset(p) steps), else at H, then every
+    H steps. That is Streaming DiLoCo's schedule (the paper syncs fragment p when
+    (t - t_p) mod H == 0), which spreads the syncs evenly over every window from the start; a
+    joiner's and a resumed job's start_step follow it. With fragment_sync_delay=tau its push
+    starts at that step and its result is applied tau inner steps later (the exchange overlaps
+    the inner steps); the local weights then become alpha * local + (1 - alpha) * global
+    (fragment_update_alpha).
     The fragments and steps are the same on every worker, and the servers take the pushes of
     each tensor in round order, so every worker applies the same updates in the same order.
 
@@ -761,38 +825,45 @@ class DiLoCo:
         diloco.finish()            # applies a sync still in flight
 
     With DDP wrapping the model, register diloco_ddp_hook so that backward() all-reduces
-    nothing. start_step: the inner step the job starts from (nonzero after the servers resumed
-    from a checkpoint: their round times sync_every).
+    nothing. start_step: the inner step the job starts from, from the servers' round of every
+    fragment: 0 in a new job; after a resume from a checkpoint, the checkpoint's step (see
+    checkpoint()); for a worker that joins an elastic job, the step of the members' barrier
+    that admitted it.
     """
 
     def __init__(self, model, inner_optimizer, sync_every, outer_lr=0.7, outer_momentum=0.9,
                  nesterov=True, codec="maxmin4", error_feedback=None, fragments=1,
                  fragment_sync_delay=0, fragment_update_alpha=0.0, named_parameters=None):
-        import math
         H, P, tau = sync_every, fragments, fragment_sync_delay
-        if not isinstance(H, int) or H < 1:
+        # (bool is an int to Python: sync_every=True must not pass as 1)
+        if not _is_int(H) or H < 1:
             raise ValueError("psagg.torch.DiLoCo: sync_every must be an int >= 1, not %r" % (H,))
-        if not isinstance(outer_lr, (int, float)) or not math.isfinite(outer_lr) or \
-                not 0 <= outer_lr <= 1e6:
-            raise ValueError("psagg.torch.DiLoCo: outer_lr must be finite and in 0..1e6, not %r"
-                             % (outer_lr,))
-        if not isinstance(outer_momentum, (int, float)) or not 0 <= outer_momentum < 1:
-            raise ValueError("psagg.torch.DiLoCo: outer_momentum must be in [0, 1), not %r"
-                             % (outer_momentum,))
-        if not isinstance(fragment_update_alpha, (int, float)) or \
-                not 0 <= fragment_update_alpha <= 1:
-            raise ValueError("psagg.torch.DiLoCo: fragment_update_alpha must be in [0, 1], not "
-                             "%r" % (fragment_update_alpha,))
+        if not _is_real(outer_lr) or not 0 <= outer_lr <= 1e6:
+            raise ValueError("psagg.torch.DiLoCo: outer_lr must be a finite number in 0..1e6, "
+                             "not %r" % (outer_lr,))
+        if not _is_real(outer_momentum) or not 0 <= outer_momentum < 1:
+            raise ValueError("psagg.torch.DiLoCo: outer_momentum must be a number in [0, 1), "
+                             "not %r" % (outer_momentum,))
+        if not _is_real(fragment_update_alpha) or not 0 <= fragment_update_alpha <= 1:
+            raise ValueError("psagg.torch.DiLoCo: fragment_update_alpha must be a number in "
+                             "[0, 1], not %r" % (fragment_update_alpha,))
+        if not isinstance(nesterov, bool):
+            raise ValueError("psagg.torch.DiLoCo: nesterov must be True or False, not %r"
+                             % (nesterov,))
+        _check_codec("DiLoCo", codec)
+        _check_error_feedback("DiLoCo", error_feedback)
         named = list(named_parameters if named_parameters is not None
                      else model.named_parameters())
         named = [(n, p) for n, p in named if p.requires_grad]
-        if not isinstance(P, int) or not 1 <= P <= len(named):
+        if not _is_int(P) or not 1 <= P <= len(named):
             raise ValueError("psagg.torch.DiLoCo: fragments must be an int in 1..%d (the "
                              "parameters that require a gradient), not %r" % (len(named), P))
-        if not isinstance(tau, int) or not 0 <= tau < max(1, H // P):
+        H, P = int(H), int(P)
+        if not _is_int(tau) or not 0 <= tau < max(1, H // P):
             raise ValueError("psagg.torch.DiLoCo: fragment_sync_delay must be an int in "
                              "0..%d (less than sync_every / fragments), not %r"
                              % (max(1, H // P) - 1, tau))
+        tau = int(tau)
         for n, p in named:
             if p.dtype not in _FLOATS:
                 raise TypeError("psagg.torch.DiLoCo: parameter '%s' is %s" % (n, p.dtype))
@@ -828,24 +899,50 @@ class DiLoCo:
         self._psagg.state_seconds = time.monotonic() - t0
         self._frag = diloco_fragments([a.numel() for a in self._anchors], P)
         self._elastic = self._psagg.elastic()
-        self.start_step = ctx.tensor_round(self._psagg.key_of(self._anchors[0])) * H
-        if ctx.membership()["joiner"]:
-            # a joiner starts at the inner step of the members' barrier: the last fragment
-            # sync (fragment f's j-th at offset(f) + j*H) plus its delay
-            last = 0
-            for f in range(P):
-                i = self._frag.index(f)
-                r = ctx.tensor_round(self._psagg.key_of(self._anchors[i]))
-                if r:
-                    last = max(last, self._offset(f) + r * H + tau)
-            self.start_step = last
+        # where the job is, from every fragment's round (its syncs so far): the same for a
+        # joiner (the members' barrier) and a resumed job (the checkpoint's step)
+        self.start_step = self._step_of_rounds(
+            [ctx.tensor_round(self._psagg.key_of(self._anchors[self._frag.index(f)]))
+             for f in range(P)])
         self.step_count = self.start_step
         self._pending = []  # (apply at step, fragment, ops)
         self._samples = [0.0] * P  # per fragment: samples since its last sync (step(samples))
-        self._weighted = False
+        self._weighted = None  # the first step() says: with samples (True) or without
 
     def _offset(self, f):
         return f * self.sync_every // self.fragments
+
+    def _first_sync(self, f):
+        """Fragment f's first sync step: Streaming DiLoCo's schedule syncs it at the steps
+        t >= 1 with (t - offset(f)) mod H == 0, so at offset(f) when that is > 0, else at H."""
+        return self._offset(f) or self.sync_every
+
+    def _sync_step(self, f, j):
+        """The inner step of fragment f's j-th sync (j >= 1)."""
+        return self._first_sync(f) + (j - 1) * self.sync_every
+
+    def _syncs(self, f, t):
+        """How many syncs fragment f has started by inner step t (t included)."""
+        first = self._first_sync(f)
+        return 0 if t < first else (t - first) // self.sync_every + 1
+
+    def _step_of_rounds(self, rounds):
+        """The inner step of a job whose fragment f has synced rounds[f] times (the servers'
+        round of its tensors): right after the latest of those syncs was applied, its step plus
+        fragment_sync_delay, which is where the members' barrier admits a joiner and where
+        checkpoint() is called; 0 before any sync. Joiners and resumed jobs both start there,
+        so their step tags agree with the members'. ValueError when the rounds fit no step of
+        this schedule (e.g. a checkpoint of another sync_every or fragments)."""
+        if not any(rounds):
+            return 0
+        last = max(self._sync_step(f, r) for f, r in enumerate(rounds) if r)
+        if any(self._syncs(f, last) != r for f, r in enumerate(rounds)):
+            raise ValueError(
+                "psagg.torch.DiLoCo: the servers' rounds per fragment %s fit no step of this "
+                "schedule (sync_every %d, fragments %d): the job's state (a checkpoint, the "
+                "members') comes from another sync_every or fragments"
+                % (list(rounds), self.sync_every, self.fragments))
+        return last + self.delay
 
     def _start(self, f):
         """Push fragment f's pseudo-gradients; the anchors take the servers' delta."""
@@ -893,18 +990,32 @@ class DiLoCo:
         this is and applies those whose delay has passed. samples: what this inner step
         trained on (e.g. the batch size); when given (on every worker), each worker's
         pseudo-gradient counts in the servers' average with the samples it took since the
-        fragment's last sync (workers of different speeds, a token-weighted merge)."""
+        fragment's last sync (workers of different speeds, a token-weighted merge). Pass it to
+        every step() or to none: the first step() decides, and a later one of the other kind
+        raises ValueError and changes nothing (a step without samples would count nothing it
+        trained on, and a weighted push of no samples is refused; samples after steps without
+        them would leave those steps out of the weight)."""
+        if samples is not None and (not _is_real(samples) or not samples > 0):
+            raise ValueError("psagg.torch.DiLoCo.step: samples must be a finite number > 0, "
+                             "not %r" % (samples,))
+        if self._weighted is None:
+            self._weighted = samples is not None
+        elif self._weighted and samples is None:
+            raise ValueError("psagg.torch.DiLoCo.step: no samples, but this DiLoCo's earlier "
+                             "steps gave samples: pass samples to every step() or to none (a "
+                             "step without them would count nothing in its fragments' weights, "
+                             "a weight of 0 after a sync)")
+        elif not self._weighted and samples is not None:
+            raise ValueError("psagg.torch.DiLoCo.step: samples=%r, but this DiLoCo's earlier "
+                             "steps gave none: pass samples to every step() or to none (those "
+                             "steps would be left out of the weight)" % (samples,))
         if samples is not None:
-            if not samples > 0:
-                raise ValueError("psagg.torch.DiLoCo.step: samples must be > 0, not %r"
-                                 % (samples,))
-            self._weighted = True
             for f in range(self.fragments):
                 self._samples[f] += float(samples)
         self.step_count += 1
         t = self.step_count
         for f in range(self.fragments):
-            if t > self._offset(f) and (t - self._offset(f)) % self.sync_every == 0:
+            if self._syncs(f, t) != self._syncs(f, t - 1):
                 self._start(f)
         due = [x for x in self._pending if x[0] <= t]
         self._pending = [x for x in self._pending if x[0] > t]
@@ -914,18 +1025,32 @@ class DiLoCo:
             self._barrier()
 
     def _barrier(self):
-        """Elastic jobs, after an outer sync with nothing in flight: the members' barrier; when
-        it admitted workers, every worker takes the servers' global weights (a joiner did in
-        its constructor) and its model starts from them."""
+        """Elastic jobs, after an outer sync with nothing in flight: the members' barrier. When
+        it admitted workers, each joiner takes the servers' exact global weights in its
+        constructor (psagg_param_init), and the members pull the same weights with it
+        (psagg_pull_weights, sync): their anchors become the servers' master weights. A
+        member's own weights are not overwritten: on the fragments that did not sync at this
+        step they hold the inner steps since those fragments' last sync (up to H - H/P), and
+        the alpha merge on the one that did. They move by the change of their anchor,
+        p += new anchor - old anchor: usually by nothing (every worker applied the same
+        updates, so the anchor is the master weights already); the master weights are ahead
+        of the anchor when the updates came in a lossy codec (what a 4-bit delta dropped, the
+        servers send later). Where a weight equals its old anchor (a fragment that just
+        synced with alpha 0) it takes the new anchor exactly, as the joiner does."""
         if not self._psagg.sync_membership()["joined"]:
             return
         ctx = self._psagg.ctx
+        old = [a.clone() for a in self._anchors]
         with torch.no_grad():
             for h in [ctx.pull_weights(self._psagg.key_of(a), a.data_ptr(), True, keep=a)
                       for a in self._anchors]:
                 h.wait()
-            for (_, p), a in zip(self._named, self._anchors):
-                p.copy_(a)
+            for (_, p), a, o in zip(self._named, self._anchors, old):
+                if torch.equal(a, o):
+                    continue  # the anchor did not move: neither do the weights
+                new, was = a.to(p.device), o.to(p.device)
+                q = p.detach().float()
+                p.copy_(torch.where(q == was, new, q + (new - was)))
 
     def finish(self):
         """Apply every sync still in flight (at the end of training)."""
@@ -935,11 +1060,24 @@ class DiLoCo:
 
     def checkpoint(self):
         """Every server writes the global weights and the outer momentum ([server]
-        checkpoint_dir); one worker is enough. Call it right after a sync step with no sync in
-        flight (fragment_sync_delay 0, or after finish()). A job resumed from it ([server]
-        resume = on) starts at start_step with every worker's weights the checkpoint's global
-        weights: exact for fragments=1; the inner optimizer's state, and with fragments > 1
-        each worker's own weights, are the training script's to save (torch.save)."""
+        checkpoint_dir); one worker is enough. Call it right after the step() that applied a
+        sync (a fragment's sync step plus fragment_sync_delay), with no sync in flight.
+
+        A job resumed from it ([server] resume = on) starts at start_step: the servers keep
+        each fragment's round (its syncs so far), and start_step is the step right after the
+        latest of those syncs was applied, the latest over all fragments (a fragment p > 0 that
+        synced last counts, not fragment 0's round x sync_every). That is the step of the
+        checkpoint when it was taken as said above; a checkpoint taken later in the same
+        window resumes at that earlier step (the rounds cannot tell them apart), and one taken
+        after finish() applied a sync early resumes fragment_sync_delay steps later than it
+        was taken. A worker that joins the resumed job later computes its step the same way.
+
+        Every worker's weights are then the checkpoint's global weights: exact for
+        fragments=1 (after an outer step the local weights are the global ones). With
+        fragments > 1 the fragments that did not sync last held each worker's own progress
+        since their last sync, which the servers do not have: save the model's weights with
+        the checkpoint (torch.save, every worker its own) and load them after this
+        constructor on resume; the inner optimizer's state likewise."""
         if self._pending:
             raise RuntimeError("psagg.torch.DiLoCo.checkpoint: a sync is in flight; call it "
                                "after the sync is applied (or after finish())")
