@@ -388,7 +388,7 @@ class Bench:
         if cfg and os.path.exists(cfg):
             out = subprocess.run([self.server_bin, "--config", cfg, "--fabric-env"], check=True,
                                  capture_output=True, text=True, timeout=20).stdout
-            env.update(line.split("=", 1) for line in out.splitlines() if "=" in line)
+            env.update(line.split("=", 1) for line in out.split("\n") if "=" in line)
         env.update(kv.split("=", 1) for kv in self.a.psagg_env.split(",") if kv)
         return env
 

@@ -83,7 +83,7 @@ def run_cluster(a, c, placement, server_hosts, comm, batch, tmp, seq):
     penv = {}
     out = subprocess.run([os.path.join(a.build_dir, "server", "psagg-server"), "--config", cfg,
                           "--fabric-env"], capture_output=True, text=True, check=True).stdout
-    penv.update(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    penv.update(line.split("=", 1) for line in out.split("\n") if "=" in line)
     servers = []
     if comm != "gloo-ddp":
         for i, h in enumerate(server_hosts):

@@ -74,11 +74,14 @@ def read_config(server_bin, config):
         if r.returncode != 0:
             die((r.stderr or r.stdout).strip() or "%s %s failed" % (server_bin, args[0]))
         return r.stdout
+    # lines end at '\n' only: str.splitlines() also splits at NEL, U+2028 and others, which
+    # a value could hold (psagg-server refuses them; parsing by '\n' is the second guard)
     cfg = {}
-    for line in run(["--check-config"]).splitlines():
-        key, _, value = line.partition(" = ")
-        cfg[key] = value.strip()
-    fabric = dict(l.split("=", 1) for l in run(["--fabric-env"]).splitlines() if "=" in l)
+    for line in run(["--check-config"]).split("\n"):
+        if line:
+            key, _, value = line.partition(" = ")
+            cfg[key] = value.strip()
+    fabric = dict(l.split("=", 1) for l in run(["--fabric-env"]).split("\n") if "=" in l)
     return cfg, fabric
 
 

@@ -89,15 +89,25 @@ static int file_error(struct load_state *st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 /*
- * The position of the first control character (below 0x20, or 0x7f) in val, or -1. No value
- * may hold one: a path with a newline would print as two lines in --check-config, which the
- * launchers parse.
+ * The position of the first control character in val, or -1, with its code point in *cp: a
+ * byte below 0x20, 0x7f, a C1 control (U+0080..U+009F, NEL among them) or a line or paragraph
+ * separator (U+2028, U+2029) in UTF-8. No value may hold one: a path with a newline would
+ * print as two lines in --check-config, which the launchers parse, and Python's
+ * str.splitlines also splits at the others.
  */
-static long control_at(const char *val)
+static long control_at(const char *val, unsigned *cp)
 {
-    for (const char *p = val; *p; p++)
-        if ((unsigned char)*p < 0x20 || *p == 0x7f)
-            return p - val;
+    for (const unsigned char *p = (const unsigned char *)val; *p; p++) {
+        if (*p < 0x20 || *p == 0x7f)
+            *cp = *p;
+        else if (p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f)
+            *cp = p[1];
+        else if (p[0] == 0xe2 && p[1] == 0x80 && (p[2] == 0xa8 || p[2] == 0xa9))
+            *cp = 0x2000u | (unsigned)(p[2] - 0x80);
+        else
+            continue;
+        return (long)(p - (const unsigned char *)val);
+    }
     return -1;
 }
 
@@ -191,6 +201,7 @@ static int on_key(void *user, const char *section, const char *name, const char 
     char why[300], val[INI_MAX_LINE + 1];
     int cont;
     long at;
+    unsigned cp;
     size_t idx;
 
     if (st->err_line)
@@ -219,11 +230,11 @@ static int on_key(void *user, const char *section, const char *name, const char 
     st->prev = k;
     if (!cont)
         st->set_line[idx] = st->lineno;
-    if ((at = control_at(val)) >= 0)
+    if ((at = control_at(val, &cp)) >= 0)
         return file_error(st,
-                          "[%s] %s: the value has a control character (0x%02x) at position %ld: "
+                          "[%s] %s: the value has a control character (U+%04X) at byte %ld: "
                           "no value may contain one",
-                          section, name, (unsigned)(unsigned char)val[at], at);
+                          section, name, cp, at);
     if (k->parse(k, val, cont, st->cfg, why, sizeof why))
         return file_error(st, "[%s] %s = '%s': expected %s", section, name, val, why);
     return 1;
@@ -306,16 +317,17 @@ static int apply_env(struct load_state *st)
         char name[128], why[300];
         const char *val;
         long at;
+        unsigned cp;
 
         env_name(k, name, sizeof name);
         val = getenv(name);
         if (!val || env_is_reserved(name, strlen(name)))
             continue;
-        if ((at = control_at(val)) >= 0)
+        if ((at = control_at(val, &cp)) >= 0)
             return psagg_fail(PSAGG_ECONFIG,
-                              "env %s: the value has a control character (0x%02x) at position "
-                              "%ld: no value may contain one ([%s] %s)",
-                              name, (unsigned)(unsigned char)val[at], at, k->section, k->name);
+                              "env %s: the value has a control character (U+%04X) at byte %ld: "
+                              "no value may contain one ([%s] %s)",
+                              name, cp, at, k->section, k->name);
         if (k->parse(k, val, 0, st->cfg, why, sizeof why))
             return psagg_fail(PSAGG_ECONFIG, "env %s: '%s' for [%s] %s: expected %s", name, val,
                               k->section, k->name, why);
@@ -327,12 +339,13 @@ static int apply_env(struct load_state *st)
         const char *val = getenv("PSAGG_TIMELINE");
         char why[300];
         if (val && !getenv("PSAGG_LOG_TIMELINE")) {
-            long at = control_at(val);
+            unsigned cp;
+            long at = control_at(val, &cp);
             if (at >= 0)
                 return psagg_fail(PSAGG_ECONFIG,
-                                  "env PSAGG_TIMELINE: the value has a control character (0x%02x) "
-                                  "at position %ld: no value may contain one",
-                                  (unsigned)(unsigned char)val[at], at);
+                                  "env PSAGG_TIMELINE: the value has a control character (U+%04X) "
+                                  "at byte %ld: no value may contain one",
+                                  cp, at);
             if (k->parse(k, val, 0, st->cfg, why, sizeof why))
                 return psagg_fail(PSAGG_ECONFIG, "env PSAGG_TIMELINE: '%s': expected %s", val, why);
             st->env_set[k - config_keys] = 1;

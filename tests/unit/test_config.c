@@ -303,10 +303,21 @@ static void test_errors(void)
     EXPECT_ERROR("job_id = x\n" MINIMAL, 1, "'job_id' outside any section");
     /* control characters in a value (a tab, an escape, DEL), at file:line */
     EXPECT_ERROR(MINIMAL "[server]\ncheckpoint_dir = /tmp/a\tb\n", 6, "[server] checkpoint_dir",
-                 "control character (0x09) at position 6");
+                 "control character (U+0009) at byte 6");
     EXPECT_ERROR("[cluster]\njob_id = j\x1b\nservers = 127.0.0.1:1\nworkers = 2\n", 2,
-                 "[cluster] job_id", "control character (0x1b)");
-    EXPECT_ERROR(MINIMAL "[log]\ntimeline = /tmp/t\x7f\n", 6, "control character (0x7f)");
+                 "[cluster] job_id", "control character (U+001B)");
+    EXPECT_ERROR(MINIMAL "[log]\ntimeline = /tmp/t\x7f\n", 6, "control character (U+007F)");
+    /* and the line breaks of Unicode, which Python's str.splitlines honours: NEL (U+0085, any
+       C1 control), LINE and PARAGRAPH SEPARATOR (U+2028, U+2029), in UTF-8 */
+    EXPECT_ERROR(MINIMAL "[server]\ncheckpoint_dir = /tmp/a\xc2\x85"
+                         "b\n",
+                 6, "[server] checkpoint_dir", "control character (U+0085) at byte 6");
+    EXPECT_ERROR(MINIMAL "[log]\ntimeline = /t\xe2\x80\xa8"
+                         "x\n",
+                 6, "control character (U+2028)");
+    EXPECT_ERROR(MINIMAL "[log]\ntimeline = /t\xe2\x80\xa9"
+                         "x\n",
+                 6, "control character (U+2029)");
     /* bad values, with the expectation */
     EXPECT_ERROR(MINIMAL "[worker]\n; c\nseed = abc\n", 7, "seed", "'abc'", "expected");
     EXPECT_ERROR("[cluster]\njob_id = j\nservers = 127.0.0.1:1\nworkers = 0\n", 4, "workers",
@@ -457,13 +468,31 @@ static void test_env(void)
     CHECK(psagg_config_load(path, &cfg) == PSAGG_ECONFIG &&
               strstr(psagg_last_error(), "env PSAGG_SERVER_CHECKPOINT_DIR: ") ==
                   psagg_last_error() &&
-              strstr(psagg_last_error(), "control character (0x0a) at position 6"),
+              strstr(psagg_last_error(), "control character (U+000A) at byte 6"),
           "a newline in an env value: '%s'", psagg_last_error());
+    /* the attack run's: a NEL, then a config line for psagg-ssh's plan */
+    setenv("PSAGG_SERVER_CHECKPOINT_DIR",
+           "/tmp/x\xc2\x85"
+           "cluster.workers = 99",
+           1);
+    CHECK(psagg_config_load(path, &cfg) == PSAGG_ECONFIG &&
+              strstr(psagg_last_error(), "control character (U+0085) at byte 6"),
+          "a NEL in an env value: '%s'", psagg_last_error());
+    setenv("PSAGG_SERVER_CHECKPOINT_DIR",
+           "/tmp/x\xe2\x80\xa8"
+           "cluster.workers = 99",
+           1);
+    CHECK(psagg_config_load(path, &cfg) == PSAGG_ECONFIG &&
+              strstr(psagg_last_error(), "control character (U+2028) at byte 6"),
+          "a LINE SEPARATOR in an env value: '%s'", psagg_last_error());
+    setenv("PSAGG_SERVER_CHECKPOINT_DIR", "/tmp/caf\xc3\xa9", 1); /* other UTF-8 is fine */
+    CHECK(psagg_config_load(path, &cfg) == PSAGG_OK, "an e-acute in an env value: '%s'",
+          psagg_last_error());
     unsetenv("PSAGG_SERVER_CHECKPOINT_DIR");
     setenv("PSAGG_TIMELINE", "/tmp/t\x1b[2J", 1);
     CHECK(psagg_config_load(path, &cfg) == PSAGG_ECONFIG &&
               strstr(psagg_last_error(), "env PSAGG_TIMELINE: ") &&
-              strstr(psagg_last_error(), "control character (0x1b)"),
+              strstr(psagg_last_error(), "control character (U+001B)"),
           "an escape in PSAGG_TIMELINE: '%s'", psagg_last_error());
     unsetenv("PSAGG_TIMELINE");
 
