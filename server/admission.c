@@ -30,9 +30,10 @@
  * Tell a peer why it is being refused or the job is ending. The peer may already be gone, so
  * a failed send is only logged: there is nobody else to tell.
  */
-void admission_verdict(server *srv, int fd, uint16_t type, psagg_status status, const char *msg)
+void admission_verdict(server *srv, int fd, psagg_ctl_auth *auth, uint16_t type,
+                       psagg_status status, const char *msg)
 {
-    if (psagg_ctl_send_error(fd, type, status, msg))
+    if (psagg_ctl_send_error(fd, auth, type, status, msg))
         LOG_DEBUG(&srv->log, "could not deliver \"%s\": %s", msg, psagg_last_error());
 }
 
@@ -75,12 +76,12 @@ static void accept_all(server *srv)
         }
         slot->fd = fd;
         slot->deadline = psagg_now_ms() + hello_timeout_ms(srv);
-        psagg_ctl_reader_init(&slot->rd, sizeof(psagg_ctl_hello));
+        psagg_ctl_reader_init(&slot->rd, sizeof(psagg_ctl_hello), NULL);
         psagg_challenge_make(slot->challenge);
         { /* 28 bytes into a fresh socket's empty buffer: a failure means it is gone */
             psagg_ctl_challenge c;
             memcpy(c.challenge, slot->challenge, sizeof c.challenge);
-            if (psagg_ctl_send(fd, PSAGG_CTL_CHALLENGE, &c, sizeof c)) {
+            if (psagg_ctl_send(fd, NULL, PSAGG_CTL_CHALLENGE, &c, sizeof c)) {
                 pending_close(slot);
                 srv->refused_idle++;
                 continue;
@@ -272,7 +273,7 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
         if (srv->cfg.local_copy && !srv->job_running) /* (not for a joiner: by the provider) */
             local_copy_offer(srv, rank, hello, &wel);
         psagg_welcome_token(&srv->job_key, &wel, hello->auth, wel.auth);
-        if (psagg_ctl_send(fd, PSAGG_CTL_WELCOME, &wel, sizeof wel)) {
+        if (psagg_ctl_send(fd, NULL, PSAGG_CTL_WELCOME, &wel, sizeof wel)) {
             snprintf(msg, len, "worker %d left before its WELCOME: %.150s", rank,
                      psagg_last_error());
             return -1;
@@ -286,8 +287,14 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
     wc->heard_at = psagg_now_ms();
     free(wc->decl);
     wc->decl = NULL;
-    psagg_ctl_reader_init(&wc->rd, PSAGG_CTL_MAX_FRAME);
-    psagg_data_key_make(&srv->job_key, srv->cfg.job_id, hello->nonce, &wc->key);
+    /* its frames from now on, both ways, and its pushes: keys of this session pair alone */
+    psagg_ctl_auth_make(&srv->job_key, hello->auth, hello->nonce, srv->nonce, (uint32_t)srv->rank,
+                        1, &wc->auth);
+    wc->auth.log = &srv->log;
+    psagg_ctl_reader_init(&wc->rd, PSAGG_CTL_MAX_FRAME, &wc->auth);
+    psagg_push_key_make(&srv->job_key, srv->cfg.job_id, hello->nonce, srv->nonce,
+                        (uint32_t)srv->rank, &wc->rx.key);
+    memset(&wc->rx.seen, 0, sizeof wc->rx.seen);
     if (wc->addr < (psagg_peer)srv->n_workers)
         srv->rank_at[wc->addr] = rank;
     if (srv->startup_deadline < 0) /* the start-up deadline runs from the first worker */
@@ -312,7 +319,7 @@ static void serve_pending(server *srv, pending_conn *p)
         snprintf(msg, sizeof msg, "%s", psagg_last_error());
         LOG_DEBUG(&srv->log, "refused a connection: %s", msg);
         if (st == PSAGG_EPROTO) /* a wrong version or a stranger: says nothing of the job */
-            admission_verdict(srv, p->fd, PSAGG_CTL_ERROR, st, msg);
+            admission_verdict(srv, p->fd, NULL, PSAGG_CTL_ERROR, st, msg);
         pending_close(p);
         return;
     }
@@ -330,7 +337,7 @@ static void serve_pending(server *srv, pending_conn *p)
     }
     /* (a flood of refused HELLOs, e.g. joins with a wrong secret, is one record a second) */
     psagg_lograte_note(&srv->refused_hello, &srv->log, 1000, "refused a %s: %s", p->peer, msg);
-    admission_verdict(srv, p->fd, PSAGG_CTL_ERROR, st, msg);
+    admission_verdict(srv, p->fd, NULL, PSAGG_CTL_ERROR, st, msg);
     pending_close(p);
     free(body);
 }

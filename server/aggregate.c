@@ -143,8 +143,9 @@ void agg_finish_round(server *srv, chunk_state *c)
         }
         enc += srv->bitmap_bytes;
     }
-    if (srv->tag_bytes) /* one MAC: every worker gets the same bytes */
-        psagg_msg_mac(&srv->data_key, c->out[p], sizeof *h + enc, c->out[p] + sizeof *h + enc);
+    if (srv->tag_bytes) /* one seal: every worker gets the same bytes (runtime/auth.h) */
+        psagg_node_seal(&srv->node, &srv->update_key, atomic_fetch_add(&srv->update_seq, 1) + 1,
+                        c->out[p], sizeof *h + enc);
     {
         int to = 0; /* the members now get it (a leaver's push may be in it all the same) */
         for (int w = 0; w < srv->n_workers; w++)

@@ -38,7 +38,7 @@ static void tell_workers(server *srv, int except, uint16_t type, psagg_status st
         worker_conn *wc = &srv->workers[w];
         if (w == except || wc->fd < 0 || wc->state == W_BYE)
             continue;
-        admission_verdict(srv, wc->fd, type, status, msg);
+        admission_verdict(srv, wc->fd, &wc->auth, type, status, msg);
     }
 }
 
@@ -60,7 +60,7 @@ static void drop_worker(server *srv, int w, psagg_status status, const char *why
         LOG_INFO(&srv->log, "closing worker %d: %s", w, reason);
     else
         LOG_ERROR(&srv->log, "closing worker %d: %s", w, reason);
-    admission_verdict(srv, wc->fd, PSAGG_CTL_ERROR, status, reason);
+    admission_verdict(srv, wc->fd, &wc->auth, PSAGG_CTL_ERROR, status, reason);
     close(wc->fd);
     wc->fd = -1;
     psagg_ctl_reader_reset(&wc->rd);
@@ -195,7 +195,7 @@ static void join_declared(server *srv, int w)
         membership_refuse(srv, w, PSAGG_EMISMATCH, m);
         return;
     }
-    if (psagg_ctl_send(wc->fd, PSAGG_CTL_READY, NULL, 0)) {
+    if (psagg_ctl_send(wc->fd, &wc->auth, PSAGG_CTL_READY, NULL, 0)) {
         drop_worker(srv, w, PSAGG_EPEER, psagg_last_error());
         return;
     }
@@ -355,6 +355,10 @@ static void serve_worker(server *srv, int w)
         wc->state = W_BYE;
         close(wc->fd);
         wc->fd = -1;
+        psagg_ctl_reader_reset(&wc->rd);
+        /* an elastic job goes on without a worker that is done (the others may not be) */
+        if (srv->elastic && srv->job_running && !atomic_load(&srv->job_failed))
+            membership_bye(srv, w);
     } else if (h.type == PSAGG_CTL_DECLARE && wc->state == W_HELLO) {
         read_declare(srv, w, &h, body);
     } else if (h.type == PSAGG_CTL_CHECKPOINT && h.len == 0 && srv->threads_started) {
@@ -366,7 +370,7 @@ static void serve_worker(server *srv, int w)
         snprintf(m, sizeof m, "%.290s", st ? psagg_last_error() : path);
         if (st)
             LOG_ERROR(&srv->log, "worker %d asked for a checkpoint: %s", w, m);
-        if (psagg_ctl_send_error(wc->fd, PSAGG_CTL_CHECKPOINT_DONE, st, m))
+        if (psagg_ctl_send_error(wc->fd, &wc->auth, PSAGG_CTL_CHECKPOINT_DONE, st, m))
             drop_worker(srv, w, PSAGG_EPEER, psagg_last_error());
     } else if (h.type == PSAGG_CTL_MEMBERSHIP && wc->state == W_DECLARED && srv->job_running &&
                (server_member(srv, w) || wc->joining)) { /* (a joiner relays its admission) */
@@ -374,6 +378,11 @@ static void serve_worker(server *srv, int w)
     } else if (h.type == PSAGG_CTL_SYNC && wc->state == W_DECLARED && srv->job_running &&
                srv->elastic && srv->rank == 0 && server_member(srv, w)) {
         membership_sync(srv, w, &h, body);
+    } else if (h.type == PSAGG_CTL_START && wc->state == W_DECLARED && !srv->job_running &&
+               srv->elastic && srv->rank > 0) {
+        membership_start_relayed(srv, w, &h, body);
+    } else if (h.type == PSAGG_CTL_START && srv->job_running && srv->rank > 0 && srv->elastic) {
+        /* (the job started here first: every worker relays server 0's start) */
     } else if (h.type == PSAGG_CTL_JOIN && h.len == 0 && wc->state == W_DECLARED && wc->joining &&
                !wc->join_asked && srv->rank == 0) {
         membership_join(srv, w);
@@ -437,10 +446,21 @@ static int start_or_refuse(server *srv, int *rc)
     }
     memcpy(srv->job_decl, srv->workers[srv->decl_ref].decl,
            (size_t)srv->job_decl_hdr.count * sizeof *srv->job_decl);
-    for (int w = 0; w < srv->start_workers; w++) /* (the ranks beyond join later) */
-        if (srv->workers[w].state == W_DECLARED &&
-            psagg_ctl_send(srv->workers[w].fd, PSAGG_CTL_READY, NULL, 0))
-            drop_worker(srv, w, PSAGG_EPEER, psagg_last_error()); /* fails the job */
+    {
+        /* an elastic job: server 0 names the starting workers, relayed to the others (START) */
+        uint32_t len = 0;
+        void *start = srv->elastic && srv->rank == 0 ? membership_start_frame(srv, &len) : NULL;
+        if (srv->elastic && srv->rank == 0 && !start) {
+            *rc = startup_failed(srv, PSAGG_ENOMEM, "no memory for READY");
+            return -1;
+        }
+        for (int w = 0; w < srv->start_workers; w++) /* (the ranks beyond join later) */
+            if (srv->workers[w].state == W_DECLARED &&
+                psagg_ctl_send(srv->workers[w].fd, &srv->workers[w].auth, PSAGG_CTL_READY, start,
+                               len))
+                drop_worker(srv, w, PSAGG_EPEER, psagg_last_error()); /* fails the job */
+        free(start);
+    }
     return 0;
 }
 
@@ -457,7 +477,7 @@ static void check_liveness(server *srv, int64_t now)
         for (int w = 0; w < srv->n_workers; w++) {
             worker_conn *wc = &srv->workers[w];
             if (wc->fd >= 0 && wc->state == W_DECLARED &&
-                psagg_ctl_send(wc->fd, PSAGG_CTL_PING, NULL, 0))
+                psagg_ctl_send(wc->fd, &wc->auth, PSAGG_CTL_PING, NULL, 0))
                 LOG_DEBUG(&srv->log, "worker %d: PING: %s", w, psagg_last_error());
         }
         srv->next_ping = now + psagg_ping_interval_ms(op);

@@ -65,6 +65,8 @@ void membership_fini(server *srv)
     srv->member = NULL;
     free(srv->epoch_frame);
     srv->epoch_frame = NULL;
+    free(srv->start_frame);
+    srv->start_frame = NULL;
     for (int i = 0; i < srv->n_ahead; i++)
         free(srv->ahead[i].frame);
     srv->n_ahead = 0;
@@ -89,7 +91,7 @@ static void announce(server *srv, const psagg_ctl_membership *m, uint32_t len)
         worker_conn *wc = &srv->workers[k];
         if (!live[k] || wc->fd < 0)
             continue;
-        if (psagg_ctl_send(wc->fd, PSAGG_CTL_MEMBERSHIP, m, len))
+        if (psagg_ctl_send(wc->fd, &wc->auth, PSAGG_CTL_MEMBERSHIP, m, len))
             server_close_worker(srv, k, "sending membership epoch %u: %s", m->epoch,
                                 psagg_last_error());
     }
@@ -98,7 +100,7 @@ static void announce(server *srv, const psagg_ctl_membership *m, uint32_t len)
 void membership_refuse(server *srv, int w, psagg_status status, const char *why)
 {
     worker_conn *wc = &srv->workers[w];
-    admission_verdict(srv, wc->fd, PSAGG_CTL_ERROR, status, why);
+    admission_verdict(srv, wc->fd, &wc->auth, PSAGG_CTL_ERROR, status, why);
     close(wc->fd);
     wc->fd = -1;
     psagg_ctl_reader_reset(&wc->rd);
@@ -115,7 +117,7 @@ static void leave(server *srv, int w, uint32_t epoch, const char *why)
     if (wc->fd >= 0) {
         char msg[320];
         snprintf(msg, sizeof msg, "removed from the job in membership epoch %u: %s", epoch, why);
-        admission_verdict(srv, wc->fd, PSAGG_CTL_ERROR, PSAGG_EPEER, msg);
+        admission_verdict(srv, wc->fd, &wc->auth, PSAGG_CTL_ERROR, PSAGG_EPEER, msg);
         close(wc->fd);
         wc->fd = -1;
         psagg_ctl_reader_reset(&wc->rd);
@@ -141,7 +143,12 @@ static void keep_frame(server *srv, const void *frame, uint32_t len)
 
 static void admit_try(server *srv);
 
-void membership_lost(server *srv, int w, const char *why)
+/*
+ * Worker w leaves the job (a member): server 0 starts the next epoch without it; the others
+ * wait for that epoch. bye: it said BYE (psagg_close: it is done), which is no failure, so
+ * fewer than min_workers left go on; a lost one below min_workers fails the job.
+ */
+static void leaves(server *srv, int w, const char *why, int bye)
 {
     psagg_ctl_membership *m;
     uint32_t len = (uint32_t)(sizeof *m + (size_t)srv->n_workers), epoch;
@@ -151,14 +158,21 @@ void membership_lost(server *srv, int w, const char *why)
         return;
     if (srv->rank != 0) {
         /* server 0 decides; the worker, cut off from this server, leaves it too */
-        LOG_WARN(&srv->log,
-                 "worker %d lost here (%s); its rounds wait for server 0's next membership epoch",
-                 w, why);
+        if (bye)
+            LOG_INFO(&srv->log,
+                     "worker %d said BYE while the job runs; its rounds wait for server 0's next "
+                     "membership epoch",
+                     w);
+        else
+            LOG_WARN(&srv->log,
+                     "worker %d lost here (%s); its rounds wait for server 0's next membership "
+                     "epoch",
+                     w, why);
         return;
     }
     epoch = atomic_load(&srv->epoch) + 1;
     leave(srv, w, epoch, why);
-    if (srv->n_members < srv->cfg.min_workers) {
+    if (!bye && srv->n_members < srv->cfg.min_workers) {
         server_fail_job(srv, PSAGG_EPEER,
                         "worker %d failed (%s): %d workers left, fewer than min_workers=%d", w, why,
                         srv->n_members, srv->cfg.min_workers);
@@ -172,20 +186,33 @@ void membership_lost(server *srv, int w, const char *why)
     m->n_workers = (uint32_t)srv->n_workers;
     m->n_live = (uint32_t)srv->n_members;
     m->left = w;
+    m->flags = bye ? PSAGG_MEMBERSHIP_DONE : 0;
     snprintf(m->why, sizeof m->why, "%s", why);
     live = (uint8_t *)(m + 1);
     for (int k = 0; k < srv->n_workers; k++)
         live[k] = atomic_load(&srv->member[k]);
     atomic_store(&srv->epoch, epoch);
     keep_frame(srv, m, len);
-    LOG_WARN(&srv->log, "membership epoch %u: worker %d left (%s); %d workers go on", epoch, w, why,
-             srv->n_members);
+    /* (a worker that is done is no news: every worker leaves so at the job's end) */
+    psagg_log(&srv->log, bye ? PSAGG_LOG_INFO : PSAGG_LOG_WARN,
+              "membership epoch %u: worker %d left (%s); %d workers go on", epoch, w, why,
+              srv->n_members);
     metrics_membership(srv, epoch, srv->n_members);
     announce(srv, m, len);
     free(m);
     settle_all(srv);
     if (srv->admit_seq)
         admit_try(srv); /* the barrier may have waited only for the leaver */
+}
+
+void membership_lost(server *srv, int w, const char *why)
+{
+    leaves(srv, w, why, 0);
+}
+
+void membership_bye(server *srv, int w)
+{
+    leaves(srv, w, "it left the job (psagg_close)", 1);
 }
 
 /*
@@ -226,10 +253,10 @@ static void apply_relayed(server *srv, int from, const psagg_ctl_membership *m, 
     keep_frame(srv, m, len);
     srv->epoch_frame_from = from;
     if (m->left >= 0)
-        LOG_WARN(&srv->log,
-                 "membership epoch %u (server 0's, relayed by worker %d): worker %d left "
-                 "(%s); %d workers go on",
-                 m->epoch, from, m->left, m->why, srv->n_members);
+        psagg_log(&srv->log, m->flags & PSAGG_MEMBERSHIP_DONE ? PSAGG_LOG_INFO : PSAGG_LOG_WARN,
+                  "membership epoch %u (server 0's, relayed by worker %d): worker %d left "
+                  "(%s); %d workers go on",
+                  m->epoch, from, m->left, m->why, srv->n_members);
     else
         LOG_WARN(&srv->log,
                  "membership epoch %u (server 0's, relayed by worker %d): %s; %d workers now",
@@ -280,9 +307,8 @@ static int keep_ahead(server *srv, int from, const psagg_ctl_membership *m, uint
         return 0;
     }
     memcpy(copy, m, len);
-    srv->ahead[srv->n_ahead++] =
-        (ahead_frame){.epoch = m->epoch, .from = from, .len = len, .since = psagg_now_ms(),
-                      .frame = copy};
+    srv->ahead[srv->n_ahead++] = (ahead_frame){
+        .epoch = m->epoch, .from = from, .len = len, .since = psagg_now_ms(), .frame = copy};
     LOG_INFO(&srv->log,
              "membership epoch %u (relayed by worker %d, which it admits) came before epoch %u: "
              "kept until the epochs before it are relayed",
@@ -320,8 +346,10 @@ void membership_relayed(server *srv, int from, const psagg_ctl_hdr *h, const voi
         n_live += live[k];
     }
     if ((uint32_t)n_live != m->n_live || m->left < -1 || m->left >= srv->n_workers ||
-        (m->left >= 0 && live[m->left]) || memchr(m->why, 0, sizeof m->why) == NULL) {
-        server_close_worker(srv, from, "MEMBERSHIP fields n_live, left or why are inconsistent");
+        (m->left >= 0 && live[m->left]) || memchr(m->why, 0, sizeof m->why) == NULL ||
+        (m->flags & ~PSAGG_MEMBERSHIP_DONE) || (m->flags && m->left < 0)) {
+        server_close_worker(srv, from,
+                            "MEMBERSHIP fields n_live, left, flags or why are inconsistent");
         return;
     }
     if (m->epoch <= cur) { /* a copy of an epoch applied: it must be the same */
@@ -353,6 +381,76 @@ void membership_relayed(server *srv, int from, const psagg_ctl_hdr *h, const voi
     }
 }
 
+/* ---- start-up ---- */
+
+void *membership_start_frame(const server *srv, uint32_t *len)
+{
+    psagg_ctl_membership *m;
+    uint8_t *live;
+    *len = (uint32_t)(sizeof *m + (size_t)srv->n_workers);
+    if (!(m = calloc(1, *len)))
+        return NULL;
+    live = (uint8_t *)(m + 1);
+    m->n_workers = (uint32_t)srv->n_workers;
+    m->left = -1;
+    for (int w = 0; w < srv->start_workers; w++)
+        m->n_live += live[w] = srv->workers[w].state == W_DECLARED;
+    snprintf(m->why, sizeof m->why, "the job started");
+    return m;
+}
+
+void membership_start_relayed(server *srv, int from, const psagg_ctl_hdr *h, const void *body)
+{
+    const psagg_ctl_membership *m = body;
+    const uint8_t *live = (const uint8_t *)(m + 1);
+    uint32_t n_live = 0;
+
+    if (srv->rank == 0 || !srv->elastic || h->len != sizeof *m + (size_t)srv->n_workers ||
+        m->n_workers != (uint32_t)srv->n_workers || m->epoch || m->left != -1) {
+        server_close_worker(srv, from,
+                            "START field n_workers, epoch or left: a frame of %u bytes (this "
+                            "elastic job has %d workers; server %d)",
+                            h->len, srv->n_workers, srv->rank);
+        return;
+    }
+    for (int k = 0; k < srv->n_workers; k++) {
+        if (live[k] > 1 || (live[k] && k >= srv->start_workers)) {
+            server_close_worker(srv, from, "START field live[%d] is %u", k, live[k]);
+            return;
+        }
+        n_live += live[k];
+    }
+    if (n_live != m->n_live || !live[from]) {
+        server_close_worker(srv, from, "START fields n_live or live[%d] are inconsistent", from);
+        return;
+    }
+    if (srv->start_frame) { /* every starting worker relays it: the copies must agree */
+        if (memcmp(srv->start_frame, body, h->len))
+            server_fail_job(srv, PSAGG_EPROTO,
+                            "workers %d and %d relayed different starts of server 0",
+                            srv->start_frame_from, from);
+        return;
+    }
+    if (!(srv->start_frame = malloc(h->len))) {
+        server_fail_job(srv, PSAGG_ENOMEM, "no memory for the start");
+        return;
+    }
+    memcpy(srv->start_frame, body, h->len);
+    srv->start_frame_from = from;
+    /* server 0 started without them (it lost them after their HELLO): so does this server */
+    for (int k = 0; k < srv->start_workers; k++) {
+        worker_conn *wc = &srv->workers[k];
+        const char *why = "server 0 started the job without it (it died there during start-up)";
+        if (live[k] || wc->state == W_DEAD)
+            continue;
+        if (wc->fd >= 0)
+            membership_refuse(srv, k, PSAGG_EPEER, why);
+        wc->state = W_DEAD;
+        snprintf(wc->bad_reason_startup, sizeof wc->bad_reason_startup, "%s", why);
+        LOG_WARN(&srv->log, "worker %d: %s; as relayed by worker %d", k, why, from);
+    }
+}
+
 /* ---- joins (server 0) ---- */
 
 /* Answer worker w's SYNC of barrier seq: joined workers (the states follow when > 0). */
@@ -370,7 +468,7 @@ static void sync_done(server *srv, int w, uint32_t seq, uint32_t joined)
         .seq = seq, .epoch = atomic_load(&srv->epoch), .joined = joined, .n_tensors = n};
     if (n)
         memcpy(d + 1, srv->sync_state, (size_t)n * sizeof *srv->sync_state);
-    if (wc->fd >= 0 && psagg_ctl_send(wc->fd, PSAGG_CTL_SYNC_DONE, d, (uint32_t)len))
+    if (wc->fd >= 0 && psagg_ctl_send(wc->fd, &wc->auth, PSAGG_CTL_SYNC_DONE, d, (uint32_t)len))
         server_close_worker(srv, w, "sending SYNC_DONE of barrier %u: %s", seq, psagg_last_error());
     free(d);
 }

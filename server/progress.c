@@ -23,9 +23,9 @@ static int worker_at(const void *srv, psagg_peer addr)
     return server_worker_at(srv, addr);
 }
 
-static const psagg_data_key *worker_key(const void *srv, int w)
+static psagg_data_rx *worker_rx(void *srv, int w)
 {
-    return &((const server *)srv)->workers[w].key;
+    return &((server *)srv)->workers[w].rx;
 }
 
 /*
@@ -269,7 +269,7 @@ void progress_init(server *srv)
                              .tag_bytes = srv->tag_bytes,
                              .log = &srv->log,
                              .peer_at = worker_at,
-                             .key_of = worker_key,
+                             .rx_of = worker_rx,
                              .owner = srv};
 }
 

@@ -43,6 +43,7 @@ server *server_open(const psagg_config *cfg, int rank, const volatile sig_atomic
     srv->rank = rank;
     srv->stop = stop;
     srv->listen_fd = -1;
+    srv->mac_trace_fd = -1; /* (psagg_node_open sets it) */
     pthread_mutex_init(&srv->mu, NULL);
     pthread_mutex_init(&srv->startup.mu, NULL);
     pthread_cond_init(&srv->startup.cv, NULL);
@@ -54,6 +55,7 @@ server *server_open(const psagg_config *cfg, int rank, const volatile sig_atomic
         LOG_ERROR(&srv->log, "%s", psagg_last_error());
         goto err;
     }
+    psagg_update_key_make(&srv->job_key, cfg->job_id, srv->nonce, (uint32_t)rank, &srv->update_key);
     /* an elastic job's ranks: up to max_workers, of which `workers` start it (membership.c) */
     srv->n_workers = cfg->elastic ? cfg->max_workers : cfg->n_workers;
     srv->start_workers = cfg->n_workers;

@@ -57,7 +57,8 @@ typedef struct worker_conn {
     enum worker_state state;
     psagg_ctl_reader rd; /* the frame being read */
     psagg_peer addr;     /* its fabric address: pushes are accepted only from here */
-    psagg_data_key key;  /* its data key (data_auth) */
+    psagg_data_rx rx;    /* its pushes' key and the numbers accepted (data_auth; runtime/auth.h) */
+    psagg_ctl_auth auth; /* its control frames' tags, both ways (with a secret) */
     psagg_ctl_declare decl_hdr;
     psagg_ctl_tensor *decl;
     char bad_reason[200]; /* set by data-path threads: close this peer (guarded by srv->mu) */
@@ -290,9 +291,11 @@ typedef struct ahead_frame {
 typedef struct server {
     psagg_config cfg;
     int rank;
-    /* log, job_key, nonce, data_key (of the updates), tag_bytes, max_msg, fab, source_reliable
-       (runtime/node.h: server.c opens it) */
+    /* log, job_key, nonce, tag_bytes, max_msg, fab, source_reliable (runtime/node.h: server.c
+       opens it) */
     PSAGG_NODE_EMBED;
+    psagg_data_key update_key;   /* of this server's updates (data_auth; runtime/auth.h) */
+    _Atomic uint64_t update_seq; /* the number of the last update sealed (aggregation threads) */
     const volatile sig_atomic_t *stop; /* set by main's signal handler */
     int listen_fd;
     psagg_gate gate; /* who sent a push (runtime/gate.h; the progress thread's) */
@@ -358,6 +361,8 @@ typedef struct server {
     void *epoch_frame;    /* the MEMBERSHIP frame of that epoch (later copies must equal it) */
     uint32_t epoch_frame_len;
     int epoch_frame_from; /* the worker that relayed it (servers > 0) */
+    void *start_frame;    /* servers > 0: server 0's start as the first worker relayed it */
+    int start_frame_from;
     /* servers > 0: epochs a joiner relayed before the ones between came (membership.c) */
     ahead_frame ahead[MEMBERSHIP_AHEAD_MAX];
     int n_ahead;
@@ -430,7 +435,8 @@ int admission_poll_add(server *srv, struct pollfd *pfd, int *who, int n);
 void admission_serve(server *srv, int who, int fd);
 void admission_close_all(server *srv);
 /* Tell a peer why it is refused or why the job ends (ERROR, ABORT); a failed send is logged. */
-void admission_verdict(server *srv, int fd, uint16_t type, psagg_status status, const char *msg);
+void admission_verdict(server *srv, int fd, psagg_ctl_auth *auth, uint16_t type,
+                       psagg_status status, const char *msg);
 
 /*
  * membership.c ([cluster] elastic): init before the job (every worker a member), fini at the
@@ -441,7 +447,17 @@ void admission_verdict(server *srv, int fd, uint16_t type, psagg_status status, 
  */
 psagg_status membership_init(server *srv);
 void membership_fini(server *srv);
+/*
+ * Start-up: server 0's READY body (malloc'd, *len bytes; NULL without memory): the starting
+ * workers. start_relayed: a server > 0 gets it from a declared worker (START) and starts
+ * without the starting workers it names dead, as server 0 did (those it never heard of too).
+ */
+void *membership_start_frame(const server *srv, uint32_t *len);
+void membership_start_relayed(server *srv, int from, const psagg_ctl_hdr *h, const void *body);
 void membership_lost(server *srv, int w, const char *why);
+/* A member of a running elastic job said BYE (psagg_close): it leaves as a lost one does, but
+   no failure (fewer than min_workers go on). */
+void membership_bye(server *srv, int w);
 void membership_relayed(server *srv, int from, const psagg_ctl_hdr *h, const void *body);
 /* Joins (server 0): a member's SYNC, a joiner's JOIN. */
 void membership_sync(server *srv, int w, const psagg_ctl_hdr *h, const void *body);

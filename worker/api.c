@@ -59,6 +59,7 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
     ctx = calloc(1, sizeof *ctx);
     if (!ctx)
         return psagg_fail(PSAGG_ENOMEM, "psagg_init");
+    ctx->mac_trace_fd = -1; /* (psagg_node_open sets it; the error paths close it) */
     pthread_mutex_init(&ctx->mu, NULL);
     {
         pthread_condattr_t ca;
@@ -93,7 +94,7 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
         ctx->rank = rank;
         ctx->world = ranks;
     }
-    /* the logger, the job key, this worker's nonce and data key */
+    /* the logger, the job key, this worker's nonce */
     if ((st = psagg_node_open(&ctx->cfg, "worker", rank, &ctx->node)))
         goto err_config;
     if ((st = psagg_timeline_open(ctx->cfg.timeline, "worker", rank, &ctx->timeline)))
@@ -126,7 +127,6 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
     return PSAGG_OK;
 
 err_hello:
-    psagg_node_close(&ctx->node);
 err_connect:
     for (int s = 0; s < ctx->cfg.n_servers; s++)
         if (ctx->servers[s].fd >= 0)
@@ -134,6 +134,7 @@ err_connect:
     free(ctx->servers);
     free(ctx->live);
 err_config:
+    psagg_node_close(&ctx->node); /* (the fabric and the mac_trace list, if they were opened) */
     psagg_timeline_close(ctx->timeline, &ctx->log);
     pthread_cond_destroy(&ctx->cv);
     pthread_mutex_destroy(&ctx->mu);
@@ -725,7 +726,8 @@ psagg_status psagg_close(psagg_ctx *ctx)
         if (ctx->servers[s].fd < 0)
             continue;
         /* a server that is already gone needs no BYE; it has failed the job by itself */
-        if (!failed && psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_BYE, NULL, 0))
+        if (!failed &&
+            psagg_ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_BYE, NULL, 0))
             LOG_WARN(&ctx->log, "server %d: BYE: %s", s, psagg_last_error());
         close(ctx->servers[s].fd);
     }

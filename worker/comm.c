@@ -229,8 +229,10 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
             memcpy(buf + sizeof *mh + mh->len, &h->prm, sizeof h->prm);
             mh->len += (uint32_t)sizeof h->prm;
         }
-        if (ctx->tag_bytes)
-            psagg_msg_mac(&ctx->data_key, buf, sizeof *mh + mh->len, buf + sizeof *mh + mh->len);
+        if (ctx->tag_bytes) { /* sealed for its server alone, under a number of its own */
+            server_conn *sc = &ctx->servers[ci->owner];
+            psagg_node_seal(&ctx->node, &sc->push_key, ++sc->push_seq, buf, sizeof *mh + mh->len);
+        }
     }
     h->encoded = 1;
     h->t_encoded = psagg_now_ns();
@@ -334,9 +336,9 @@ static int server_at(const void *owner, psagg_peer addr)
     return -1;
 }
 
-static const psagg_data_key *server_key(const void *owner, int s)
+static psagg_data_rx *server_rx(void *owner, int s)
 {
-    return &((const psagg_ctx *)owner)->servers[s].key;
+    return &((psagg_ctx *)owner)->servers[s].rx;
 }
 
 /*
@@ -593,8 +595,8 @@ static void checkpoint_send(psagg_ctx *ctx)
     ctx->ckpt_state = 2;
     pthread_mutex_unlock(&ctx->mu);
     for (int s = 0; s < ctx->cfg.n_servers; s++)
-        if (ctx->servers[s].fd < 0 ||
-            psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_CHECKPOINT, NULL, 0)) {
+        if (ctx->servers[s].fd < 0 || psagg_ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth,
+                                                     PSAGG_CTL_CHECKPOINT, NULL, 0)) {
             worker_fail_all(ctx, PSAGG_EPEER, "asking server %d for a checkpoint: %s", s,
                             ctx->servers[s].fd < 0 ? "not connected" : psagg_last_error());
             return;
@@ -650,9 +652,9 @@ static void sync_send(psagg_ctx *ctx)
         ts[t] = (psagg_ctl_tensor_state){.round = ctx->tensors[t].round,
                                          .flags = ctx->tensors[t].inited ? PSAGG_TSTATE_INITED : 0};
     pthread_mutex_unlock(&ctx->mu);
-    st = ctx->servers[0].fd < 0
-             ? psagg_fail(PSAGG_EPEER, "not connected")
-             : psagg_ctl_send(ctx->servers[0].fd, PSAGG_CTL_SYNC, sy, (uint32_t)len);
+    st = ctx->servers[0].fd < 0 ? psagg_fail(PSAGG_EPEER, "not connected")
+                                : psagg_ctl_send(ctx->servers[0].fd, &ctx->servers[0].auth,
+                                                 PSAGG_CTL_SYNC, sy, (uint32_t)len);
     free(sy);
     if (st)
         worker_fail_all(ctx, PSAGG_EPEER, "sending server 0 the SYNC of barrier %u: %s", seq,
@@ -702,7 +704,8 @@ psagg_status membership_take(psagg_ctx *ctx, const psagg_ctl_hdr *h, const void 
     }
     /* a joiner takes the epoch that admits it, whatever its number */
     if ((joining ? m->left != -1 : m->epoch != ctx->epoch + 1) || (uint32_t)n_live != m->n_live ||
-        m->left < -1 || m->left >= ctx->world || memchr(m->why, 0, sizeof m->why) == NULL)
+        m->left < -1 || m->left >= ctx->world || memchr(m->why, 0, sizeof m->why) == NULL ||
+        (m->flags & ~PSAGG_MEMBERSHIP_DONE) || (m->flags && m->left < 0))
         return psagg_fail(PSAGG_EPROTO,
                           "server 0 sent membership epoch %u (fields epoch, n_live, left) after "
                           "epoch %u%s",
@@ -717,16 +720,17 @@ psagg_status membership_take(psagg_ctx *ctx, const psagg_ctl_hdr *h, const void 
     memcpy(ctx->live, live, (size_t)ctx->world);
     pthread_mutex_unlock(&ctx->mu);
     if (!joining && m->left >= 0) /* (a joiner's admission: handshake.c says so) */
-        LOG_WARN(&ctx->log,
-                 "membership epoch %u: worker %d left (%s); %d workers go on, this one is rank "
-                 "%d of them",
-                 m->epoch, m->left, m->why, n_live, rank);
+        psagg_log(&ctx->log, m->flags & PSAGG_MEMBERSHIP_DONE ? PSAGG_LOG_INFO : PSAGG_LOG_WARN,
+                  "membership epoch %u: worker %d left (%s); %d workers go on, this one is rank "
+                  "%d of them",
+                  m->epoch, m->left, m->why, n_live, rank);
     else if (!joining)
         LOG_WARN(&ctx->log, "membership epoch %u: %s; %d workers now, this one is rank %d",
                  m->epoch, m->why, n_live, rank);
     for (int s = 1; s < ctx->cfg.n_servers; s++)
         if (ctx->servers[s].fd >= 0 &&
-            (st = psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_MEMBERSHIP, body, h->len)))
+            (st = psagg_ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_MEMBERSHIP,
+                                 body, h->len)))
             return psagg_fail(PSAGG_EPEER, "relaying membership epoch %u to server %d: %s",
                               m->epoch, s, psagg_last_error());
     return PSAGG_OK;
@@ -754,7 +758,7 @@ static void check_control(comm_state *cs, int64_t now)
             continue;
         snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
                  ctx->cfg.servers[s].port);
-        if (ping && psagg_ctl_send(p.fd, PSAGG_CTL_PING, NULL, 0))
+        if (ping && psagg_ctl_send(p.fd, &ctx->servers[s].auth, PSAGG_CTL_PING, NULL, 0))
             LOG_DEBUG(&ctx->log, "%s: PING: %s", peer, psagg_last_error());
         if (poll(&p, 1, 0) <= 0) {
             if (now - ctx->servers[s].heard_at > op) {
@@ -767,7 +771,7 @@ static void check_control(comm_state *cs, int64_t now)
             continue;
         }
         ctx->servers[s].heard_at = now;
-        st = psagg_ctl_recv(p.fd, &h, &body, psagg_now_ms() + 2000, peer);
+        st = psagg_ctl_recv(p.fd, &ctx->servers[s].auth, &h, &body, psagg_now_ms() + 2000, peer);
         if (!st && h.type == PSAGG_CTL_PING && h.len == 0) {
             free(body);
             continue;
@@ -867,7 +871,8 @@ static void tell_servers(psagg_ctx *ctx)
         return;
     for (int s = 0; s < ctx->cfg.n_servers; s++)
         if (ctx->servers[s].fd >= 0 &&
-            psagg_ctl_send_error(ctx->servers[s].fd, PSAGG_CTL_ABORT, status, msg))
+            psagg_ctl_send_error(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_ABORT, status,
+                                 msg))
             LOG_DEBUG(&ctx->log, "server %d: could not send the ABORT: %s", s, psagg_last_error());
 }
 
@@ -919,7 +924,7 @@ static void *comm_main(void *arg)
                               .tag_bytes = ctx->tag_bytes,
                               .log = &ctx->log,
                               .peer_at = server_at,
-                              .key_of = server_key,
+                              .rx_of = server_rx,
                               .owner = ctx}};
     psagg_fabric_event ev[64];
 

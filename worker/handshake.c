@@ -45,6 +45,24 @@ static void local_copy_setup(psagg_ctx *ctx, int s, const psagg_ctl_welcome *w, 
                                 : "updates");
 }
 
+/*
+ * Server s welcomed this worker: the keys of this pair of sessions (runtime/auth.h): its
+ * control frames both ways from now on, this worker's pushes to it and its updates.
+ */
+static void session_keys(psagg_ctx *ctx, int s, const psagg_ctl_hello *hello,
+                         const psagg_ctl_welcome *w)
+{
+    server_conn *sc = &ctx->servers[s];
+    psagg_ctl_auth_make(&ctx->job_key, hello->auth, ctx->nonce, w->nonce, (uint32_t)s, 0,
+                        &sc->auth);
+    sc->auth.log = &ctx->log;
+    psagg_push_key_make(&ctx->job_key, ctx->cfg.job_id, ctx->nonce, w->nonce, (uint32_t)s,
+                        &sc->push_key);
+    sc->push_seq = 0;
+    psagg_update_key_make(&ctx->job_key, ctx->cfg.job_id, w->nonce, (uint32_t)s, &sc->rx.key);
+    memset(&sc->rx.seen, 0, sizeof sc->rx.seen);
+}
+
 /* One HELLO on server s's connection and its answer. */
 static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const char *peer)
 {
@@ -59,7 +77,7 @@ static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const ch
     psagg_status st;
 
     /* the server speaks first: this connection's challenge */
-    if ((st = psagg_ctl_recv(ctx->servers[s].fd, &h, &body, deadline, peer)))
+    if ((st = psagg_ctl_recv(ctx->servers[s].fd, NULL, &h, &body, deadline, peer)))
         return st;
     if (h.type != PSAGG_CTL_CHALLENGE || h.len != sizeof(psagg_ctl_challenge)) {
         const char *why = NULL;
@@ -89,9 +107,9 @@ static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const ch
                       ((const psagg_ctl_challenge *)body)->challenge, hello.auth);
     free(body);
     body = NULL;
-    if ((st = psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_HELLO, &hello, sizeof hello)))
+    if ((st = psagg_ctl_send(ctx->servers[s].fd, NULL, PSAGG_CTL_HELLO, &hello, sizeof hello)))
         return psagg_fail_context(st, "%s: ", peer);
-    if ((st = psagg_ctl_recv(ctx->servers[s].fd, &h, &body, deadline, peer)))
+    if ((st = psagg_ctl_recv(ctx->servers[s].fd, NULL, &h, &body, deadline, peer)))
         return st;
     if ((st = psagg_ctl_error_parse(&h, body, &refusal))) {
         psagg_fail(st, "%s refused worker %d: %s", peer, ctx->rank, refusal);
@@ -151,7 +169,7 @@ static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const ch
                                              &ctx->servers[s].addr)))
             psagg_fail_context(st, "%s: ", peer);
         else
-            psagg_data_key_make(&ctx->job_key, ctx->cfg.job_id, w->nonce, &ctx->servers[s].key);
+            session_keys(ctx, s, &hello, w);
         if (!st && s == 0) {
             ctx->optim = w->optim;
             ctx->joiner = !!(w->flags & PSAGG_WELCOME_JOINING);
@@ -257,7 +275,7 @@ static psagg_status join_wait(psagg_ctx *ctx)
     int64_t t0 = psagg_now_ms(), deadline = t0 + PSAGG_OP_DEADLINE_MS(op), next_ping = 0;
     psagg_status st;
 
-    if ((st = psagg_ctl_send(ctx->servers[0].fd, PSAGG_CTL_JOIN, NULL, 0)))
+    if ((st = psagg_ctl_send(ctx->servers[0].fd, &ctx->servers[0].auth, PSAGG_CTL_JOIN, NULL, 0)))
         return psagg_fail_context(st, "asking server 0 to join: ");
     while (!admitted) {
         int64_t now = psagg_now_ms();
@@ -270,7 +288,8 @@ static psagg_status join_wait(psagg_ctx *ctx)
                               ctx->rank, op);
         if (now >= next_ping) {
             for (int s = 0; s < ctx->cfg.n_servers; s++)
-                if (psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_PING, NULL, 0))
+                if (psagg_ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_PING, NULL,
+                                   0))
                     return psagg_fail_context(PSAGG_EPEER, "server %d: ", s);
             next_ping = now + psagg_ping_interval_ms(op);
         }
@@ -284,7 +303,8 @@ static psagg_status join_wait(psagg_ctx *ctx)
                 continue;
             snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
                      ctx->cfg.servers[s].port);
-            if ((st = psagg_ctl_recv(p.fd, &h, &body, psagg_now_ms() + 2000, peer)))
+            if ((st = psagg_ctl_recv(p.fd, &ctx->servers[s].auth, &h, &body, psagg_now_ms() + 2000,
+                                     peer)))
                 return st;
             if (h.type == PSAGG_CTL_PING && h.len == 0)
                 st = PSAGG_OK;
@@ -312,6 +332,29 @@ static psagg_status join_wait(psagg_ctx *ctx)
 }
 
 /*
+ * An elastic job's READY from server 0 names the workers that start it (wire.h): relay it to
+ * every other server before waiting for theirs, so that one that never heard of a starting
+ * worker which died after its HELLO to server 0 starts without it too.
+ */
+static psagg_status relay_start(psagg_ctx *ctx, const psagg_ctl_hdr *h, const void *body,
+                                const int *sent)
+{
+    const psagg_ctl_membership *m = body;
+    psagg_status st;
+    if (!ctx->cfg.elastic || h->len != sizeof *m + (size_t)ctx->world ||
+        m->n_workers != (uint32_t)ctx->world || !((const uint8_t *)(m + 1))[ctx->rank])
+        return psagg_fail(PSAGG_EPROTO,
+                          "server 0 answered DECLARE with a READY of %u bytes that does not name "
+                          "this worker among the %d starting ones",
+                          h->len, ctx->world);
+    for (int s = 1; s < ctx->cfg.n_servers; s++)
+        if (sent[s] && (st = psagg_ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth,
+                                            PSAGG_CTL_START, body, h->len)))
+            return psagg_fail_context(st, "relaying server 0's start to server %d: ", s);
+    return PSAGG_OK;
+}
+
+/*
  * Send the declaration to every server and wait for each answer. A server's own verdict (an
  * ERROR frame: mismatch, timeout) explains a failure better than a connection that another
  * server's verdict made the other workers drop, so the first ERROR frame wins; a send or
@@ -334,7 +377,8 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg_ctl_declare *d, size_t byte
     for (int s = 0; s < ctx->cfg.n_servers; s++) {
         psagg_status st;
         d->local_flags = ctx->servers[s].local_reads ? PSAGG_LOCAL_READS : 0;
-        st = psagg_ctl_send(ctx->servers[s].fd, PSAGG_CTL_DECLARE, d, (uint32_t)bytes);
+        st = psagg_ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_DECLARE, d,
+                            (uint32_t)bytes);
         sent[s] = !st;
         if (st && !other) {
             other = st;
@@ -351,7 +395,7 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg_ctl_declare *d, size_t byte
         snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
                  ctx->cfg.servers[s].port);
         /* a server we could not send to may still have sent its verdict: read it briefly */
-        st = psagg_ctl_recv(ctx->servers[s].fd, &h, &body,
+        st = psagg_ctl_recv(ctx->servers[s].fd, &ctx->servers[s].auth, &h, &body,
                             sent[s] ? deadline : psagg_now_ms() + 500, peer);
         if (!st && (refused = psagg_ctl_error_parse(&h, body, &text))) {
             if (!verdict) {
@@ -360,6 +404,8 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg_ctl_declare *d, size_t byte
             }
         } else if (!st && h.type != PSAGG_CTL_READY) {
             st = psagg_fail(PSAGG_EPROTO, "%s answered DECLARE with frame type %u", peer, h.type);
+        } else if (!st && s == 0 && h.len && !ctx->joiner) {
+            st = relay_start(ctx, &h, body, sent);
         } else if (st == PSAGG_ETIMEDOUT) {
             psagg_fail(st, "%s: not all workers declared within connect_timeout_ms=%d", peer,
                        ctx->cfg.connect_timeout_ms);

@@ -85,9 +85,12 @@ extern const psagg_bufops psagg_host_ops; /* host.c */
 
 typedef struct server_conn {
     int fd;
-    psagg_peer addr;    /* its fabric address: updates are accepted only from here */
-    psagg_data_key key; /* its data key (data_auth) */
-    int local_reads;    /* this worker copies its updates out of its memory (wire.h) */
+    psagg_peer addr;         /* its fabric address: updates are accepted only from here */
+    psagg_data_rx rx;        /* its updates' key and the numbers accepted (data_auth) */
+    psagg_data_key push_key; /* of this worker's pushes to it (data_auth; runtime/auth.h) */
+    uint64_t push_seq;       /* the number of the last push sealed for it (comm thread) */
+    psagg_ctl_auth auth;     /* its control connection's frames, both ways (with a secret) */
+    int local_reads;         /* this worker copies its updates out of its memory (wire.h) */
     /*
      * Pushes handed to libfabric whose send has not completed (comm thread only). The window
      * is released by the send completion, not by the update: an update needs every worker's
@@ -153,8 +156,8 @@ struct psagg_handle {
 struct psagg_ctx {
     psagg_config cfg;
     int rank, world;
-    /* log, job_key, nonce, data_key (of the pushes), tag_bytes, max_msg, fab, source_reliable
-       (runtime/node.h: psagg_init opens it) */
+    /* log, job_key, nonce, tag_bytes, max_msg, fab, source_reliable (runtime/node.h:
+       psagg_init opens it) */
     PSAGG_NODE_EMBED;
     server_conn *servers;
     int declared;

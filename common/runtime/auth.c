@@ -112,23 +112,56 @@ int psagg_token_equal(const uint8_t a[PSAGG_TOKEN_BYTES], const uint8_t b[PSAGG_
     return sodium_memcmp(a, b, PSAGG_TOKEN_BYTES) == 0;
 }
 
-void psagg_data_key_make(const psagg_job_key *k, const char *job_id,
-                         const uint8_t nonce[PSAGG_NONCE_BYTES], psagg_data_key *out)
+static void le64(uint8_t out[8], uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        out[i] = (uint8_t)(v >> (8 * i));
+}
+
+void psagg_push_key_make(const psagg_job_key *k, const char *job_id,
+                         const uint8_t worker_nonce[PSAGG_NONCE_BYTES],
+                         const uint8_t server_nonce[PSAGG_NONCE_BYTES], uint32_t server_rank,
+                         psagg_data_key *out)
 {
     crypto_generichash_state st;
+    uint8_t r[4];
+    le32(r, server_rank);
     crypto_generichash_init(&st, k->key, sizeof k->key, sizeof out->key);
-    crypto_generichash_update(&st, (const uint8_t *)"psagg-data-v1", 13);
+    crypto_generichash_update(&st, (const uint8_t *)"psagg-push-v2", 13);
     crypto_generichash_update(&st, (const uint8_t *)job_id, strnlen(job_id, PSAGG_JOB_ID_MAX));
-    crypto_generichash_update(&st, nonce, PSAGG_NONCE_BYTES);
+    crypto_generichash_update(&st, worker_nonce, PSAGG_NONCE_BYTES);
+    crypto_generichash_update(&st, server_nonce, PSAGG_NONCE_BYTES);
+    crypto_generichash_update(&st, r, sizeof r);
     crypto_generichash_final(&st, out->key, sizeof out->key);
 }
 
-/* The one-time Poly1305 key of a message: BLAKE2b-256(data key, its header). */
-static void onetime_key(const psagg_data_key *k, const void *msg,
+void psagg_update_key_make(const psagg_job_key *k, const char *job_id,
+                           const uint8_t server_nonce[PSAGG_NONCE_BYTES], uint32_t server_rank,
+                           psagg_data_key *out)
+{
+    crypto_generichash_state st;
+    uint8_t r[4];
+    le32(r, server_rank);
+    crypto_generichash_init(&st, k->key, sizeof k->key, sizeof out->key);
+    crypto_generichash_update(&st, (const uint8_t *)"psagg-update-v2", 15);
+    crypto_generichash_update(&st, (const uint8_t *)job_id, strnlen(job_id, PSAGG_JOB_ID_MAX));
+    crypto_generichash_update(&st, server_nonce, PSAGG_NONCE_BYTES);
+    crypto_generichash_update(&st, r, sizeof r);
+    crypto_generichash_final(&st, out->key, sizeof out->key);
+}
+
+/* The one-time Poly1305 key of message number seq under k: BLAKE2b-256(k, ("psagg-otk-v2",
+   seq)), so a key never repeats while numbers do not. */
+static void onetime_key(const psagg_data_key *k, uint64_t seq,
                         uint8_t otk[crypto_onetimeauth_KEYBYTES])
 {
-    crypto_generichash(otk, crypto_onetimeauth_KEYBYTES, msg, sizeof(psagg_msg_hdr), k->key,
-                       sizeof k->key);
+    crypto_generichash_state st;
+    uint8_t n[8];
+    le64(n, seq);
+    crypto_generichash_init(&st, k->key, sizeof k->key, crypto_onetimeauth_KEYBYTES);
+    crypto_generichash_update(&st, (const uint8_t *)"psagg-otk-v2", 12);
+    crypto_generichash_update(&st, n, sizeof n);
+    crypto_generichash_final(&st, otk, crypto_onetimeauth_KEYBYTES);
 }
 
 /*
@@ -157,7 +190,7 @@ static void poly_init(void)
     }
 }
 
-static void poly1305(uint8_t tag[PSAGG_MSG_MAC_BYTES], const void *msg, size_t len,
+static void poly1305(uint8_t tag[PSAGG_MSG_TAG_BYTES], const void *msg, size_t len,
                      const uint8_t otk[crypto_onetimeauth_KEYBYTES])
 {
     EVP_MAC_CTX *c = NULL;
@@ -171,29 +204,98 @@ static void poly1305(uint8_t tag[PSAGG_MSG_MAC_BYTES], const void *msg, size_t l
         }
     }
     if (c && EVP_MAC_init(c, otk, crypto_onetimeauth_KEYBYTES, NULL) &&
-        EVP_MAC_update(c, msg, len) && EVP_MAC_final(c, tag, &out, PSAGG_MSG_MAC_BYTES) &&
-        out == PSAGG_MSG_MAC_BYTES)
+        EVP_MAC_update(c, msg, len) && EVP_MAC_final(c, tag, &out, PSAGG_MSG_TAG_BYTES) &&
+        out == PSAGG_MSG_TAG_BYTES)
         return;
     crypto_onetimeauth(tag, msg, len, otk); /* short, or OpenSSL could not: the same tag */
 }
 
-void psagg_msg_mac(const psagg_data_key *k, const void *msg, size_t len,
-                   uint8_t tag[PSAGG_MSG_MAC_BYTES])
+void psagg_msg_seal(const psagg_data_key *k, uint64_t seq, uint8_t *msg, size_t len)
 {
     uint8_t otk[crypto_onetimeauth_KEYBYTES];
-    onetime_key(k, msg, otk);
-    poly1305(tag, msg, len, otk);
+    le64(msg + len, seq);
+    onetime_key(k, seq, otk);
+    poly1305(msg + len + PSAGG_MSG_SEQ_BYTES, msg, len + PSAGG_MSG_SEQ_BYTES, otk);
     sodium_memzero(otk, sizeof otk);
 }
 
-int psagg_msg_mac_ok(const psagg_data_key *k, const void *msg, size_t len,
-                     const uint8_t tag[PSAGG_MSG_MAC_BYTES])
+int psagg_msg_open(const psagg_data_key *k, const uint8_t *msg, size_t len, uint64_t *seq)
 {
-    uint8_t otk[crypto_onetimeauth_KEYBYTES], want[PSAGG_MSG_MAC_BYTES];
+    uint8_t otk[crypto_onetimeauth_KEYBYTES], want[PSAGG_MSG_TAG_BYTES];
+    uint64_t n = 0;
     int ok;
-    onetime_key(k, msg, otk);
-    poly1305(want, msg, len, otk);
-    ok = sodium_memcmp(want, tag, PSAGG_MSG_MAC_BYTES) == 0;
+    for (int i = 7; i >= 0; i--)
+        n = n << 8 | msg[len + (size_t)i];
+    onetime_key(k, n, otk);
+    poly1305(want, msg, len + PSAGG_MSG_SEQ_BYTES, otk);
+    ok = sodium_memcmp(want, msg + len + PSAGG_MSG_SEQ_BYTES, PSAGG_MSG_TAG_BYTES) == 0;
     sodium_memzero(otk, sizeof otk);
+    *seq = n;
     return ok;
+}
+
+int psagg_replay_accept(psagg_replay *r, uint64_t seq)
+{
+    uint64_t *word, bit;
+    if (seq == 0 || (r->top >= PSAGG_REPLAY_WINDOW && seq <= r->top - PSAGG_REPLAY_WINDOW))
+        return 0;       /* never sent, or older than the window: cannot be told from a replay */
+    if (seq > r->top) { /* forget the numbers that fall out of the window */
+        uint64_t from =
+            seq - r->top >= PSAGG_REPLAY_WINDOW ? seq - PSAGG_REPLAY_WINDOW + 1 : r->top + 1;
+        for (uint64_t n = from; n <= seq && n - from < PSAGG_REPLAY_WINDOW; n++)
+            r->seen[n % PSAGG_REPLAY_WINDOW / 64] &= ~(1ull << (n % 64));
+        r->top = seq;
+    }
+    word = &r->seen[seq % PSAGG_REPLAY_WINDOW / 64];
+    bit = 1ull << (seq % 64);
+    if (*word & bit)
+        return 0;
+    *word |= bit;
+    return 1;
+}
+
+void psagg_ctl_auth_make(const psagg_job_key *k, const uint8_t hello_auth[PSAGG_TOKEN_BYTES],
+                         const uint8_t worker_nonce[PSAGG_NONCE_BYTES],
+                         const uint8_t server_nonce[PSAGG_NONCE_BYTES], uint32_t server_rank,
+                         int server, psagg_ctl_auth *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!k->secret)
+        return;
+    for (int dir = 0; dir < 2; dir++) { /* 0: worker to server, 1: server to worker */
+        crypto_generichash_state st;
+        uint8_t r[4], d = (uint8_t)dir;
+        le32(r, server_rank);
+        crypto_generichash_init(&st, k->key, sizeof k->key, 32);
+        crypto_generichash_update(&st, (const uint8_t *)"psagg-control-v1", 16);
+        crypto_generichash_update(&st, hello_auth, PSAGG_TOKEN_BYTES);
+        crypto_generichash_update(&st, worker_nonce, PSAGG_NONCE_BYTES);
+        crypto_generichash_update(&st, server_nonce, PSAGG_NONCE_BYTES);
+        crypto_generichash_update(&st, r, sizeof r);
+        crypto_generichash_update(&st, &d, 1);
+        crypto_generichash_final(&st, dir == !!server ? out->tx_key : out->rx_key, 32);
+    }
+    out->on = 1;
+}
+
+void psagg_ctl_tag(const uint8_t key[32], uint64_t seq, const psagg_ctl_hdr *h, const void *body,
+                   uint32_t body_len, uint8_t tag[PSAGG_CTL_TAG_BYTES])
+{
+    crypto_generichash_state st;
+    uint8_t n[8];
+    le64(n, seq);
+    crypto_generichash_init(&st, key, 32, PSAGG_CTL_TAG_BYTES);
+    crypto_generichash_update(&st, n, sizeof n);
+    crypto_generichash_update(&st, (const uint8_t *)h, sizeof *h);
+    if (body_len)
+        crypto_generichash_update(&st, body, body_len);
+    crypto_generichash_final(&st, tag, PSAGG_CTL_TAG_BYTES);
+}
+
+int psagg_ctl_tag_ok(const uint8_t key[32], uint64_t seq, const psagg_ctl_hdr *h, const void *body,
+                     uint32_t body_len, const uint8_t tag[PSAGG_CTL_TAG_BYTES])
+{
+    uint8_t want[PSAGG_CTL_TAG_BYTES];
+    psagg_ctl_tag(key, seq, h, body, body_len, want);
+    return sodium_memcmp(want, tag, PSAGG_CTL_TAG_BYTES) == 0;
 }

@@ -15,16 +15,35 @@
  *               has the secret, and that its fabric name and nonce are its own.
  *   session     every process draws a random 16-byte nonce when it starts; a worker sends its
  *   nonce       own in the HELLO (under the token), a server its own in the WELCOME.
- *   data key    of a sender: BLAKE2b-256 keyed with the job key over ("psagg-data-v1",
- *               job_id, the sender's session nonce), so two runs of a job never share keys.
- *   message MAC with data_auth: Poly1305 over header and payload, keyed with a one-time key
- *               BLAKE2b-256(data key of the sender, the 32-byte header). Within a session a
- *               header names one message (sender, type, tensor, chunk, round), so no one-time
- *               key authenticates two different messages. The 16-byte tag follows the payload.
+ *   push key    of worker w's pushes to server s: BLAKE2b-256 keyed with the job key over
+ *               ("psagg-push-v2", job_id, w's session nonce, s's session nonce, s's rank): it
+ *               binds the receiving server, so a push captured on its way to server A fails
+ *               at server B, and both sessions, so nothing of another run (or of a worker
+ *               before it rejoined) checks out.
+ *   update key  of server s's updates (one set of bytes to every worker): BLAKE2b-256 keyed
+ *               with the job key over ("psagg-update-v2", job_id, s's nonce, s's rank).
+ *   message     with data_auth every data message ends with its number (8 bytes, little
+ *   trailer     endian: 1, 2, ... per key, never reused while the sending session lives) and
+ *               a 16-byte Poly1305 tag over header, payload and number, keyed with the
+ *               one-time key BLAKE2b-256(the message's key, ("psagg-otk-v2", number)): no two
+ *               messages ever share a one-time key, whatever their headers (a PULL's WEIGHTS
+ *               and a GRAD's sync_interval WEIGHTS of one round have equal headers). The
+ *               receiver keeps the numbers it accepted under each key (psagg_replay: the
+ *               highest and a window below it) and drops a number seen before or older than
+ *               the window: a replay is refused by name and costs nothing else.
+ *   control     after the WELCOME, with a secret, every control frame in either direction ends
+ *   frames      with a 16-byte tag: BLAKE2b-128 keyed with that direction's session key over
+ *               (the frame's number on the connection, counted from 0 by both ends; its
+ *               header; its body). The session keys: BLAKE2b-256 keyed with the job key over
+ *               ("psagg-control-v1", the HELLO's token, the worker's nonce, the server's
+ *               nonce, the server's rank, the direction). The HELLO's token is bound to that
+ *               connection's challenge, so the keys are the connection's alone. A frame whose
+ *               tag does not check out (injected, altered, replayed, reordered) is dropped,
+ *               named, and the count goes on as if it had never come (runtime/channel.h).
  *
- * It keeps workers of other jobs and unconfigured clients out and, with data_auth, keeps
- * anyone without the secret from injecting or altering data. It does not encrypt anything:
- * use a private network against eavesdroppers.
+ * It keeps workers of other jobs and unconfigured clients out and, with a secret, keeps
+ * anyone without it from injecting or altering control frames and (data_auth) data. It does
+ * not encrypt anything: use a private network against eavesdroppers.
  *
  * Layer: runtime.
  */
@@ -35,6 +54,7 @@
 #include <stdint.h>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "runtime/config.h"
 #include "runtime/wire.h"
 
@@ -74,18 +94,70 @@ void psagg_welcome_token(const psagg_job_key *k, const psagg_ctl_welcome *w,
 /* Constant-time comparison of two tokens: 1 if equal. */
 int psagg_token_equal(const uint8_t a[PSAGG_TOKEN_BYTES], const uint8_t b[PSAGG_TOKEN_BYTES]);
 
-/* The data key of the sender whose session nonce is `nonce`. */
-void psagg_data_key_make(const psagg_job_key *k, const char *job_id,
-                         const uint8_t nonce[PSAGG_NONCE_BYTES], psagg_data_key *out);
+/* The key of worker pushes (nonce: the worker's) to server `server_rank` (its nonce). */
+void psagg_push_key_make(const psagg_job_key *k, const char *job_id,
+                         const uint8_t worker_nonce[PSAGG_NONCE_BYTES],
+                         const uint8_t server_nonce[PSAGG_NONCE_BYTES], uint32_t server_rank,
+                         psagg_data_key *out);
+/* The key of server `server_rank`'s updates (its session nonce). */
+void psagg_update_key_make(const psagg_job_key *k, const char *job_id,
+                           const uint8_t server_nonce[PSAGG_NONCE_BYTES], uint32_t server_rank,
+                           psagg_data_key *out);
 
 /*
- * The MAC of a data message: msg is its header (psagg_msg_hdr, 32 bytes) followed by the
- * payload, len bytes in all; the tag is written to tag (usually msg + len).
+ * Seal a data message: msg holds its header (psagg_msg_hdr) and payload, len bytes, and room
+ * for PSAGG_MSG_MAC_BYTES more, where its number (seq, never 0 or reused under k) and tag go.
  */
-void psagg_msg_mac(const psagg_data_key *k, const void *msg, size_t len,
-                   uint8_t tag[PSAGG_MSG_MAC_BYTES]);
-/* 1 when tag is msg's MAC under k (constant time). */
-int psagg_msg_mac_ok(const psagg_data_key *k, const void *msg, size_t len,
-                     const uint8_t tag[PSAGG_MSG_MAC_BYTES]);
+void psagg_msg_seal(const psagg_data_key *k, uint64_t seq, uint8_t *msg, size_t len);
+/* 1 when the trailer after msg[0, len) checks out under k (constant time); its number in *seq. */
+int psagg_msg_open(const psagg_data_key *k, const uint8_t *msg, size_t len, uint64_t *seq);
+
+/*
+ * A receiver's record of the message numbers accepted under one key: the highest, and which
+ * of the PSAGG_REPLAY_WINDOW below it (messages in flight may come out of order). Zero it
+ * when the key changes.
+ */
+#define PSAGG_REPLAY_WINDOW 4096
+typedef struct psagg_replay {
+    uint64_t top;
+    uint64_t seen[PSAGG_REPLAY_WINDOW / 64]; /* bit (n % WINDOW): number n was accepted */
+} psagg_replay;
+/* Accept number seq once: 1 (recorded), or 0 when it came before, is 0, or is older than
+   the window. */
+int psagg_replay_accept(psagg_replay *r, uint64_t seq);
+
+/* What a receiver keeps of one sender: the key its messages are sealed with, their numbers. */
+typedef struct psagg_data_rx {
+    psagg_data_key key;
+    psagg_replay seen;
+} psagg_data_rx;
+
+/*
+ * A control connection's authentication (frames after the WELCOME; runtime/channel.h uses
+ * it): on with a secret; each direction's key and the number of its next frame.
+ */
+#define PSAGG_CTL_TAG_BYTES 16
+typedef struct psagg_ctl_auth {
+    int on;
+    uint8_t tx_key[32], rx_key[32];
+    uint64_t tx_seq, rx_seq;
+    uint32_t rejected;       /* frames whose tag did not check out, since the last good one */
+    const psagg_logger *log; /* where such frames are reported (the owner sets it), or NULL */
+} psagg_ctl_auth;
+/*
+ * The session keys of the connection whose HELLO carried token `hello_auth` from the worker
+ * of nonce `worker_nonce` to server `server_rank` (nonce `server_nonce`), for the server's end
+ * (server = 1) or the worker's: off without a secret.
+ */
+void psagg_ctl_auth_make(const psagg_job_key *k, const uint8_t hello_auth[PSAGG_TOKEN_BYTES],
+                         const uint8_t worker_nonce[PSAGG_NONCE_BYTES],
+                         const uint8_t server_nonce[PSAGG_NONCE_BYTES], uint32_t server_rank,
+                         int server, psagg_ctl_auth *out);
+/* The tag of frame number seq (its header, with len counting the tag, and body); whether
+   `tag` is it (constant time). */
+void psagg_ctl_tag(const uint8_t key[32], uint64_t seq, const psagg_ctl_hdr *h, const void *body,
+                   uint32_t body_len, uint8_t tag[PSAGG_CTL_TAG_BYTES]);
+int psagg_ctl_tag_ok(const uint8_t key[32], uint64_t seq, const psagg_ctl_hdr *h, const void *body,
+                     uint32_t body_len, const uint8_t tag[PSAGG_CTL_TAG_BYTES]);
 
 #endif

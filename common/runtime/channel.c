@@ -144,22 +144,66 @@ static psagg_status write_all(int fd, const void *buf, size_t len, int more)
     return PSAGG_OK;
 }
 
-psagg_status psagg_ctl_send(int fd, uint16_t type, const void *body, uint32_t len)
+psagg_status psagg_ctl_send(int fd, psagg_ctl_auth *auth, uint16_t type, const void *body,
+                            uint32_t len)
 {
-    psagg_ctl_hdr h = {PSAGG_CTL_MAGIC, type, PSAGG_PROTO_VERSION, len};
+    int tagged = auth && auth->on;
+    psagg_ctl_hdr h = {PSAGG_CTL_MAGIC, type, PSAGG_PROTO_VERSION,
+                       len + (tagged ? PSAGG_CTL_TAG_BYTES : 0)};
+    uint8_t tag[PSAGG_CTL_TAG_BYTES];
+    psagg_status st;
+
+    if (tagged) /* (its number counts every frame sent, whether the send succeeds or not) */
+        psagg_ctl_tag(auth->tx_key, auth->tx_seq++, &h, body, len, tag);
     /* one segment: the header waits for its body (MSG_MORE), so that Nagle's algorithm and
        the peer's delayed ACK never hold a frame's second half back (40 ms) */
-    psagg_status st = write_all(fd, &h, sizeof h, len > 0);
+    st = write_all(fd, &h, sizeof h, h.len > 0);
     if (!st && len)
-        st = write_all(fd, body, len, 0);
+        st = write_all(fd, body, len, tagged);
+    if (!st && tagged)
+        st = write_all(fd, tag, sizeof tag, 0);
     return st;
 }
 
-psagg_status psagg_ctl_send_error(int fd, uint16_t type, psagg_status status, const char *msg)
+psagg_status psagg_ctl_send_error(int fd, psagg_ctl_auth *auth, uint16_t type, psagg_status status,
+                                  const char *msg)
 {
     psagg_ctl_error e = {.status = status};
     snprintf(e.msg, sizeof e.msg, "%s", msg);
-    return psagg_ctl_send(fd, type, &e, sizeof e);
+    return psagg_ctl_send(fd, auth, type, &e, sizeof e);
+}
+
+/* How many frames in a row may fail their tag before the connection is given up. */
+#define CTL_REJECT_MAX 16
+
+/*
+ * A whole frame came on a connection with `auth` on: check its tag (its number is the next
+ * one expected) and strip it (hdr->len becomes the body's). PSAGG_OK: it is the peer's;
+ * PSAGG_EAGAIN: it is not (dropped, logged: injected, altered, replayed or out of order; the
+ * count goes on as if it had never come); PSAGG_EPROTO after CTL_REJECT_MAX such in a row.
+ */
+static psagg_status untag(psagg_ctl_auth *auth, psagg_ctl_hdr *hdr, const uint8_t *body,
+                          const char *peer)
+{
+    uint32_t blen = hdr->len - PSAGG_CTL_TAG_BYTES;
+    if (hdr->len >= PSAGG_CTL_TAG_BYTES &&
+        psagg_ctl_tag_ok(auth->rx_key, auth->rx_seq, hdr, body, blen, body + blen)) {
+        auth->rx_seq++;
+        auth->rejected = 0;
+        hdr->len = blen;
+        return PSAGG_OK;
+    }
+    if (++auth->rejected >= CTL_REJECT_MAX)
+        return psagg_fail(PSAGG_EPROTO,
+                          "%s: %u control frames in a row whose tags do not check out: the "
+                          "connection is not the peer's alone",
+                          peer, auth->rejected);
+    if (auth->log)
+        LOG_WARN(auth->log,
+                 "%s: a control frame of type %u (%u bytes) whose tag does not check out "
+                 "(injected, altered, replayed or out of order): dropped",
+                 peer, hdr->type, hdr->len);
+    return PSAGG_EAGAIN;
 }
 
 /* Read exactly len bytes before the deadline. */
@@ -202,7 +246,7 @@ psagg_status psagg_ctl_hdr_check(const psagg_ctl_hdr *hdr, uint32_t max_len, con
     if (hdr->version != PSAGG_PROTO_VERSION)
         return psagg_fail(PSAGG_EPROTO, "%s: protocol version %u, this build speaks %u", peer,
                           hdr->version, PSAGG_PROTO_VERSION);
-    if (hdr->type < PSAGG_CTL_HELLO || hdr->type > PSAGG_CTL_JOIN)
+    if (hdr->type < PSAGG_CTL_HELLO || hdr->type > PSAGG_CTL_START)
         return psagg_fail(PSAGG_EPROTO, "%s: control frame field type %u unknown", peer, hdr->type);
     if (hdr->len > max_len)
         return psagg_fail(PSAGG_EPROTO, "%s: control frame field len %u exceeds %u", peer, hdr->len,
@@ -210,38 +254,48 @@ psagg_status psagg_ctl_hdr_check(const psagg_ctl_hdr *hdr, uint32_t max_len, con
     return PSAGG_OK;
 }
 
-psagg_status psagg_ctl_recv(int fd, psagg_ctl_hdr *hdr, void **body, int64_t deadline_ms,
-                            const char *peer)
+psagg_status psagg_ctl_recv(int fd, psagg_ctl_auth *auth, psagg_ctl_hdr *hdr, void **body,
+                            int64_t deadline_ms, const char *peer)
 {
-    psagg_status st = read_all(fd, hdr, sizeof *hdr, deadline_ms, peer);
-    *body = NULL;
-    if (st)
-        return st;
-    if ((st = psagg_ctl_hdr_check(hdr, PSAGG_CTL_MAX_FRAME, peer)))
-        return st;
-    if (!hdr->len)
-        return PSAGG_OK;
-    *body = malloc(hdr->len);
-    if (!*body)
-        return psagg_fail(PSAGG_ENOMEM, "%s: control frame of %u bytes", peer, hdr->len);
-    st = read_all(fd, *body, hdr->len, deadline_ms, peer);
-    if (st) {
+    for (;;) {
+        psagg_status st = read_all(fd, hdr, sizeof *hdr, deadline_ms, peer);
+        *body = NULL;
+        if (st)
+            return st;
+        if ((st = psagg_ctl_hdr_check(hdr, PSAGG_CTL_MAX_FRAME, peer)))
+            return st;
+        if (hdr->len && !(*body = malloc(hdr->len)))
+            return psagg_fail(PSAGG_ENOMEM, "%s: control frame of %u bytes", peer, hdr->len);
+        if (hdr->len && (st = read_all(fd, *body, hdr->len, deadline_ms, peer))) {
+            free(*body);
+            *body = NULL;
+            return st;
+        }
+        if (!auth || !auth->on || (st = untag(auth, hdr, *body, peer)) == PSAGG_OK) {
+            if (hdr->len == 0) { /* (a tagged empty frame: no body) */
+                free(*body);
+                *body = NULL;
+            }
+            return PSAGG_OK;
+        }
         free(*body);
         *body = NULL;
+        if (st != PSAGG_EAGAIN)
+            return st;
     }
-    return st;
 }
 
-void psagg_ctl_reader_init(psagg_ctl_reader *r, uint32_t max_len)
+void psagg_ctl_reader_init(psagg_ctl_reader *r, uint32_t max_len, psagg_ctl_auth *auth)
 {
     memset(r, 0, sizeof *r);
     r->max_len = max_len;
+    r->auth = auth;
 }
 
 void psagg_ctl_reader_reset(psagg_ctl_reader *r)
 {
     free(r->body);
-    psagg_ctl_reader_init(r, r->max_len);
+    psagg_ctl_reader_init(r, r->max_len, r->auth);
 }
 
 psagg_status psagg_ctl_reader_feed(psagg_ctl_reader *r, int fd, const char *peer)
@@ -256,7 +310,17 @@ psagg_status psagg_ctl_reader_feed(psagg_ctl_reader *r, int fd, const char *peer
             need = sizeof r->hdr - r->got;
         } else {
             got = r->got - sizeof r->hdr;
-            if (got == r->hdr.len)
+            if (got == r->hdr.len && r->auth && r->auth->on && !r->untagged) {
+                if ((st = untag(r->auth, &r->hdr, r->body, peer)) == PSAGG_EAGAIN) {
+                    psagg_ctl_reader_reset(r); /* dropped: on to the next frame */
+                    continue;
+                }
+                if (st)
+                    return st;
+                r->untagged = 1; /* (hdr.len is the body's now) */
+                return PSAGG_OK;
+            }
+            if (got == r->hdr.len || r->untagged)
                 return PSAGG_OK; /* a whole frame */
             dst = r->body + got;
             need = r->hdr.len - got;

@@ -15,6 +15,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "psagg/types.h"
+#include "runtime/auth.h"
 #include "runtime/config.h"
 #include "runtime/wire.h"
 
@@ -58,18 +59,26 @@ static inline int64_t psagg_member_timeout_ms(int op_timeout_ms)
 #define PSAGG_ROUND_DEADLINE_MS(op) ((int64_t)(op)*3 / 2)
 #define PSAGG_OP_DEADLINE_MS(op)    ((int64_t)(op)*2)
 
-PSAGG_NODISCARD psagg_status psagg_ctl_send(int fd, uint16_t type, const void *body, uint32_t len);
+/*
+ * Frames after the WELCOME carry a tag when the connection's `auth` is on (runtime/auth.h):
+ * the senders below add it (auth NULL or off: frames before the WELCOME, or a job without a
+ * secret), and the receivers check and strip it. A frame whose tag does not check out is
+ * dropped and logged (auth->log, naming the peer and the frame's type) and the next is
+ * read, as if it had never come; after 16 in a row the connection is given up (PSAGG_EPROTO).
+ */
+PSAGG_NODISCARD psagg_status psagg_ctl_send(int fd, psagg_ctl_auth *auth, uint16_t type,
+                                            const void *body, uint32_t len);
 /* An ERROR or ABORT frame (psagg_ctl_error) with status and message. */
-PSAGG_NODISCARD psagg_status psagg_ctl_send_error(int fd, uint16_t type, psagg_status status,
-                                                  const char *msg);
+PSAGG_NODISCARD psagg_status psagg_ctl_send_error(int fd, psagg_ctl_auth *auth, uint16_t type,
+                                                  psagg_status status, const char *msg);
 
 /*
  * Receive one frame before deadline_ms (-1: none). *body is malloc'd (NULL when len == 0) and
  * the caller frees it. `peer` names the other side in error messages. A closed connection is
  * PSAGG_EPEER, a bad header PSAGG_EPROTO (naming the field), a deadline PSAGG_ETIMEDOUT.
  */
-PSAGG_NODISCARD psagg_status psagg_ctl_recv(int fd, psagg_ctl_hdr *hdr, void **body,
-                                            int64_t deadline_ms, const char *peer);
+PSAGG_NODISCARD psagg_status psagg_ctl_recv(int fd, psagg_ctl_auth *auth, psagg_ctl_hdr *hdr,
+                                            void **body, int64_t deadline_ms, const char *peer);
 
 /*
  * Check a frame header: magic, version, a known type, len <= max_len. PSAGG_EPROTO naming the
@@ -88,9 +97,11 @@ typedef struct psagg_ctl_reader {
     size_t got;    /* bytes of header and body so far */
     uint8_t *body; /* hdr.len bytes, allocated once the header checked out */
     uint32_t max_len;
+    psagg_ctl_auth *auth; /* the connection's (tags checked and stripped), or NULL */
+    int untagged;         /* the whole frame's tag checked out (hdr.len: the body's now) */
 } psagg_ctl_reader;
 
-void psagg_ctl_reader_init(psagg_ctl_reader *r, uint32_t max_len);
+void psagg_ctl_reader_init(psagg_ctl_reader *r, uint32_t max_len, psagg_ctl_auth *auth);
 /* Free a partial frame and start over. */
 void psagg_ctl_reader_reset(psagg_ctl_reader *r);
 /*

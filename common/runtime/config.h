@@ -123,6 +123,8 @@ typedef struct psagg_config {
     int stats_interval_ms; /* `stats_interval_ms`, default 0 = off: a worker's stats line */
     char timeline[256];    /* `timeline`, optional (also PSAGG_TIMELINE): the path prefix of
                               the Chrome traces, PREFIX.<role><rank>.json (base/timeline.h) */
+    char mac_trace[256];   /* `mac_trace`, optional (tests): the path prefix of the lists of
+                              data messages sealed, PREFIX.<role><rank>.<pid> (node.h) */
 } psagg_config;
 
 /* Fill defaults, read `path`, apply environment overrides, check required keys. */

@@ -136,6 +136,7 @@ const struct key config_keys[] = {
     KEY("log", "level", log_level, parse_enum, .choices = level_names, .values = level_values),
     KEY("log", "stats_interval_ms", stats_interval_ms, parse_number, .min = 0, .max = DAY_MS),
     KEY("log", "timeline", timeline, parse_path, .flags = 0),
+    KEY("log", "mac_trace", mac_trace, parse_path, .flags = 0),
 };
 const size_t config_n_keys = sizeof config_keys / sizeof config_keys[0];
 _Static_assert(sizeof config_keys / sizeof config_keys[0] <= CONFIG_KEYS_MAX,

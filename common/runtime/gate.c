@@ -40,15 +40,28 @@ int psagg_gate_sender(psagg_gate *g, const uint8_t *msg, size_t len, psagg_peer 
         from = h->sender; /* shm cannot tell (runtime/transport.h); data_auth checks it */
     }
     /*
-     * With data_auth nothing is believed, and nobody blamed, before the MAC checks out with
-     * the data key of the peer it claims to come from (the whole message but the tag).
+     * With data_auth nothing is believed, and nobody blamed, before the trailer checks out
+     * with the key of the peer it claims to come from, and its number is new.
      */
-    if (g->tag_bytes && (len < sizeof *h + g->tag_bytes ||
-                         !psagg_msg_mac_ok(g->key_of(g->owner, from), msg, len - g->tag_bytes,
-                                           msg + len - g->tag_bytes))) {
-        snprintf(why, sizeof why, "%s %s %d whose MAC does not check out (forged or altered)",
-                 g->source_reliable ? "from" : "claiming to come from", g->peer_kind, from);
-        return drop(g, len, why);
+    if (g->tag_bytes) {
+        psagg_data_rx *rx = g->rx_of(g->owner, from);
+        uint64_t seq = 0;
+        if (len < sizeof *h + g->tag_bytes ||
+            !psagg_msg_open(&rx->key, msg, len - g->tag_bytes, &seq)) {
+            snprintf(why, sizeof why,
+                     "%s %s %d whose MAC does not check out (forged, altered, or sealed for "
+                     "another receiver)",
+                     g->source_reliable ? "from" : "claiming to come from", g->peer_kind, from);
+            return drop(g, len, why);
+        }
+        if (!psagg_replay_accept(&rx->seen, seq)) {
+            snprintf(why, sizeof why,
+                     "%s %s %d: a replay (its message number %llu came before, or is older "
+                     "than the last %d)",
+                     g->source_reliable ? "from" : "claiming to come from", g->peer_kind, from,
+                     (unsigned long long)seq, PSAGG_REPLAY_WINDOW);
+            return drop(g, len, why);
+        }
     }
     return from;
 }

@@ -5,8 +5,9 @@
  * With a provider that names each message's source (psagg_fabric_source_reliable), the sender
  * is the peer whose fabric address that is (the address the peer gave on the authenticated
  * control channel); with one that cannot (shm, runtime/transport.h), it is the peer the
- * header's field sender names. With data_auth the message's MAC must then check out under
- * that peer's data key (the whole message but the tag, runtime/auth.h). A message that fails
+ * header's field sender names. With data_auth the message's trailer must then check out under
+ * the key of that peer's messages to this receiver, and its number must be new (runtime/
+ * auth.h: a replay, or a push sealed for another server, fails here). A message that fails
  * either is nobody's: it is dropped, blames no peer (anybody could have sent it), and is
  * logged at most once a second (a flood must not flood the log).
  * Whether the message is otherwise valid (psagg_msg_check) and whether that peer may send it
@@ -30,11 +31,12 @@ typedef struct psagg_gate {
     int source_reliable;   /* psagg_fabric_source_reliable of the endpoint */
     size_t tag_bytes;      /* PSAGG_MSG_MAC_BYTES with data_auth, else 0 */
     const psagg_logger *log;
-    /* the peer whose fabric address is addr (PSAGG_PEER_UNKNOWN: none), or -1; peer p's data
-       key. Both are called with `owner` (the server, the worker's context). */
+    /* the peer whose fabric address is addr (PSAGG_PEER_UNKNOWN: none), or -1; what this
+       receiver keeps of peer p's messages (their key and the numbers accepted). Both are
+       called with `owner` (the server, the worker's context). */
     int (*peer_at)(const void *owner, psagg_peer addr);
-    const psagg_data_key *(*key_of)(const void *owner, int peer);
-    const void *owner;
+    psagg_data_rx *(*rx_of)(void *owner, int peer);
+    void *owner;
     psagg_lograte dropped; /* zero-initialised; the receiving thread's */
 } psagg_gate;
 

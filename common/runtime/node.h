@@ -1,7 +1,8 @@
 /*
  * runtime/node.h - what every psagg process (a server, a worker) sets up first, the same way:
- * its logger, the job key and this process's session nonce and data key (runtime/auth.h),
- * the MAC bytes a data message carries, the largest message, and the libfabric endpoint.
+ * its logger, the job key and this process's session nonce (runtime/auth.h: the keys of
+ * its data messages and control frames derive from the nonces of both ends), the trailer
+ * bytes a data message carries, the largest message, and the libfabric endpoint.
  *
  * psagg_node_open does all but the endpoint; psagg_node_open_fabric opens the endpoint on a
  * given fabric node (a server knows its own at once, a worker learns it from its control
@@ -28,11 +29,11 @@
     psagg_logger log;                                                                              \
     psagg_job_key job_key; /* the secret's hash */                                                 \
     uint8_t nonce[PSAGG_NONCE_BYTES];                                                              \
-    psagg_data_key data_key; /* this process's: its data messages' MAC */                          \
-    size_t tag_bytes;        /* PSAGG_MSG_MAC_BYTES with data_auth, else 0 */                      \
-    size_t max_msg;          /* the largest data message (psagg_max_message) */                    \
-    psagg_fabric *fab;       /* NULL until psagg_node_open_fabric */                               \
-    int source_reliable;     /* psagg_fabric_source_reliable: check every message's source */
+    size_t tag_bytes;    /* PSAGG_MSG_MAC_BYTES with data_auth, else 0 */                          \
+    size_t max_msg;      /* the largest data message (psagg_max_message) */                        \
+    psagg_fabric *fab;   /* NULL until psagg_node_open_fabric */                                   \
+    int source_reliable; /* psagg_fabric_source_reliable: check every message's source */          \
+    int mac_trace_fd;    /* [log] mac_trace (tests): the list of messages sealed, or -1 */
 
 typedef struct psagg_node {
     PSAGG_NODE_MEMBERS
@@ -49,8 +50,8 @@ typedef struct psagg_node {
 
 /*
  * Start a node of `role` ("server", "worker") `rank`: the logger (its role "server 1"; set
- * even when this fails, to log why), the job key ([cluster] secret_file), a fresh nonce and
- * the data key from it, tag_bytes and max_msg. Nothing needs closing when it fails.
+ * even when this fails, to log why), the job key ([cluster] secret_file), a fresh nonce,
+ * tag_bytes and max_msg. Nothing needs closing when it fails.
  */
 psagg_status psagg_node_open(const psagg_config *cfg, const char *role, int rank, psagg_node *out);
 
@@ -61,7 +62,15 @@ psagg_status psagg_node_open(const psagg_config *cfg, const char *role, int rank
 psagg_status psagg_node_open_fabric(psagg_node *n, const psagg_config *cfg,
                                     const char *fabric_node);
 
-/* Close the endpoint, if it is open. */
+/* Close the endpoint, if it is open (and the mac_trace list). */
 void psagg_node_close(psagg_node *n);
+
+/*
+ * Seal data message msg (len bytes and room for the trailer) under k with number seq
+ * (runtime/auth.h), and with [log] mac_trace append "<key fingerprint> <seq> <bytes hash>"
+ * (hex, BLAKE2b-64 of the key and of the sealed bytes) to the node's list, one write each.
+ */
+void psagg_node_seal(const psagg_node *n, const psagg_data_key *k, uint64_t seq, uint8_t *msg,
+                     size_t len);
 
 #endif

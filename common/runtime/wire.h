@@ -26,8 +26,14 @@
  *   3. worker -> server  DECLARE  psagg_ctl_declare + count x psagg_ctl_tensor (all tensors,
  *                                 with an adaptive job's statistics tensor last; whether the
  *                                 worker copies this server's updates on the host)
- *   4. server -> worker  READY    (no body) once all workers declared identical lists,
+ *   4. server -> worker  READY    once all workers declared identical lists (no body; in an
+ *                                 elastic job server 0's carries psagg_ctl_membership of
+ *                                 epoch 0: the starting workers, those that declared there),
  *      or                ERROR    naming the first differing tensor and the workers
+ *      elastic jobs: worker -> server s > 0 START, server 0's READY body relayed unchanged
+ *                                 before waiting for that server's READY: a server that has
+ *                                 not heard of a starting worker that died after its HELLO
+ *                                 to server 0 starts without it, as server 0 did
  *   5. data flows over libfabric (below) ...
  *   6. worker -> server  BYE      (no body): clean shutdown; the server exits when all are gone
  *      server -> worker  ABORT    psagg_ctl_error: another peer failed; pending work fails
@@ -155,7 +161,8 @@
  *     workers summed
  * 11: joins (SYNC, SYNC_DONE, JOIN); 12: [server] quorum's contributor bitmaps
  * 13: tensors declared rare (PSAGG_DECL_RARE) are placed apart from the per-round load, so
- *     a layout differs from 12's
+ *     a layout differs from 12's; an elastic job's READY from server 0 names the starting
+ *     workers, which the workers relay (START)
  */
 #define PSAGG_PROTO_VERSION 13
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
@@ -165,7 +172,10 @@
 #define PSAGG_EPNAME_MAX    256 /* libfabric endpoint names */
 #define PSAGG_CTL_MAX_FRAME (64u << 20)
 #define PSAGG_MAX_TENSORS   (1u << 20)
-#define PSAGG_MSG_MAC_BYTES 16 /* the MAC after a data message's payload, with data_auth */
+/* with data_auth, after a data message's payload: its number and its tag (runtime/auth.h) */
+#define PSAGG_MSG_SEQ_BYTES 8
+#define PSAGG_MSG_TAG_BYTES 16
+#define PSAGG_MSG_MAC_BYTES (PSAGG_MSG_SEQ_BYTES + PSAGG_MSG_TAG_BYTES)
 
 enum psagg_ctl_type {
     PSAGG_CTL_HELLO = 1,
@@ -183,6 +193,7 @@ enum psagg_ctl_type {
     PSAGG_CTL_SYNC = 13,      /* worker -> server 0: psagg_ctl_sync (elastic: the join barrier) */
     PSAGG_CTL_SYNC_DONE = 14, /* server 0 -> worker: psagg_ctl_sync_done + tensor states */
     PSAGG_CTL_JOIN = 15,      /* joiner -> server 0 (no body): declared everywhere, admit me */
+    PSAGG_CTL_START = 16,     /* worker -> server s > 0 (elastic): server 0's READY, relayed */
 };
 
 typedef struct psagg_ctl_hdr {
@@ -322,8 +333,10 @@ typedef struct psagg_ctl_membership {
     uint32_t n_workers; /* entries of live[] after this struct: the job's worker ranks */
     uint32_t n_live;    /* members of this epoch */
     int32_t left;       /* the worker this epoch removed, or -1: the new live ones joined */
-    char why[240];      /* why it left, or who joined (NUL-terminated) */
+    uint32_t flags;     /* PSAGG_MEMBERSHIP_DONE: `left` is done (said BYE): no failure */
+    char why[236];      /* why it left, or who joined (NUL-terminated) */
 } psagg_ctl_membership;
+#define PSAGG_MEMBERSHIP_DONE 1u
 _Static_assert(sizeof(psagg_ctl_membership) == 256, "psagg_ctl_membership layout");
 
 /* One tensor's state at a SYNC barrier: the round of its next operation, and flags. */

@@ -46,6 +46,19 @@
  *                                accept one connection on 127.0.0.1:P, connect to
  *                                127.0.0.1:Q, forward both ways until either side closes,
  *                                and write the worker's HELLO frame (header and body) to FILE
+ *   --mode mitm --listen P --to-port Q [--seconds S] [--claim V]
+ *                                a man in the middle of one worker's control connection (as
+ *                                relay), who has no key: S seconds (3) after the server's
+ *                                READY it injects toward the server a MEMBERSHIP of epoch 1
+ *                                removing worker V (1), a BYE, and a replay of the worker's
+ *                                latest frame, and toward the worker an ABORT; with a secret
+ *                                each must be refused by name (its tag does not check out)
+ *                                and the job go on as if nothing had come
+ *   --mode misdirect             in a job of 2 servers with data_auth: authenticate and declare
+ *                                at both, send server 1 a push sealed for server 0 (as one
+ *                                captured on its way there), then round 0's pushes, then one
+ *                                of them again (a replay); each copy must be dropped by name,
+ *                                nobody closed, the round's sums exact
  *   --mode replay --record FILE --server K
  *                                send the HELLO in FILE to server K on a connection of its own
  *                                (after reading its CHALLENGE); print the answer
@@ -66,6 +79,11 @@
  *                                most S seconds in all; every one must be refused: prints
  *                                ROGUE-FLOOD: refused/sent and the first refusals, exits 0 when
  *                                all were refused, 1 when any was welcomed
+ *   --mode hello-die [--server K]
+ *                                authenticate as worker `rank` at server K only (default 0),
+ *                                then exit: a worker that dies during an elastic job's
+ *                                start-up between its HELLO to server 0 and its HELLO to the
+ *                                others, which never hear of it
  *   --mode bomb --count N [--chunk-elems C]
  *                                authenticate, then declare one fp32 tensor of N elements in
  *                                chunks of C (default: the config's); print the server's
@@ -112,11 +130,15 @@
 static psagg_config cfg;
 static const uint64_t sizes[] = {1, 1023, 4096};
 
+/* Each connection's control-frame authentication (off until its WELCOME: hello_to). */
+static psagg_ctl_auth fd_auth[1024];
+#define AUTH(fd) (&fd_auth[(fd)&1023])
+
 /* The next control frame that is not a PING (the server's "still here" while the job runs). */
 static psagg_status recv_no_ping(int fd, psagg_ctl_hdr *h, void **body)
 {
     psagg_status st;
-    while (!(st = psagg_ctl_recv(fd, h, body, psagg_now_ms() + 20000, "server 0")) &&
+    while (!(st = psagg_ctl_recv(fd, AUTH(fd), h, body, psagg_now_ms() + 20000, "server 0")) &&
            h->type == PSAGG_CTL_PING) {
         free(*body);
         *body = NULL;
@@ -237,7 +259,8 @@ static void start_helper(psagg_fabric *fab)
         DIE("the helper said nothing");
     helper_probe = strtoull(line, NULL, 10);
 }
-static uint32_t welcome_local; /* the WELCOME's local_flags */
+static uint32_t welcome_local;     /* the WELCOME's local_flags */
+static psagg_data_key push_key[8]; /* per server: this worker's pushes' key (data_auth) */
 
 /* Authenticate as worker `rank` with the job's secret (if any); the connection's fd. */
 static int hello_to(psagg_fabric *fab, uint32_t rank, int k, psagg_peer *server);
@@ -259,6 +282,7 @@ static int hello_to(psagg_fabric *fab, uint32_t rank, int k, psagg_peer *server)
     psagg_ctl_challenge *ch;
     if (psagg_tcp_connect(&cfg.servers[k], psagg_now_ms() + 20000, "server", NULL, &fd))
         DIE("connect");
+    memset(AUTH(fd), 0, sizeof *AUTH(fd)); /* (a new connection: nothing tagged yet) */
     ch = recv_frame(fd, PSAGG_CTL_CHALLENGE, "CHALLENGE");
     if (psagg_fabric_name(fab, h.epname, &len))
         DIE("fabric name");
@@ -280,11 +304,15 @@ static int hello_to(psagg_fabric *fab, uint32_t rank, int k, psagg_peer *server)
     psagg_nonce_make(h.nonce);
     psagg_hello_token(&key, &h, (uint32_t)k, ch->challenge, h.auth);
     free(ch);
-    if (psagg_ctl_send(fd, PSAGG_CTL_HELLO, &h, sizeof h))
+    if (psagg_ctl_send(fd, AUTH(fd), PSAGG_CTL_HELLO, &h, sizeof h))
         DIE("hello");
     wel = recv_frame(fd, PSAGG_CTL_WELCOME, "WELCOME");
     if (psagg_fabric_add_peer(fab, wel->epname, wel->epname_len, server))
         DIE("add server");
+    /* as a worker: every frame from now on tagged with this connection's keys */
+    psagg_ctl_auth_make(&key, h.auth, h.nonce, wel->nonce, (uint32_t)k, 0, AUTH(fd));
+    if (k < 8)
+        psagg_push_key_make(&key, cfg.job_id, h.nonce, wel->nonce, (uint32_t)k, &push_key[k]);
     welcome_local = wel->local_flags;
     free(wel);
     return fd;
@@ -296,7 +324,8 @@ static int hello_to(psagg_fabric *fab, uint32_t rank, int k, psagg_peer *server)
 /* Send the DECLARE, wait for READY, and post N_RBUF receive buffers for the updates. */
 static void declare(psagg_fabric *fab, int fd, const fn_declare *m, uint8_t *rbuf[N_RBUF])
 {
-    if (psagg_ctl_send(fd, PSAGG_CTL_DECLARE, m, sizeof m->d + m->d.count * sizeof m->t[0]))
+    if (psagg_ctl_send(fd, AUTH(fd), PSAGG_CTL_DECLARE, m,
+                       sizeof m->d + m->d.count * sizeof m->t[0]))
         DIE("declare");
     free(recv_frame(fd, PSAGG_CTL_READY, "READY"));
     for (int i = 0; i < N_RBUF; i++) {
@@ -330,7 +359,7 @@ static int membership(uint32_t rank, int skip)
     fn_tensors(&fp32, 0, &decl, &layout);
     for (int k = 0; k < cfg.n_servers; k++) {
         fd[k] = hello_to(fab, rank, k, &server);
-        if (psagg_ctl_send(fd[k], PSAGG_CTL_DECLARE, &decl,
+        if (psagg_ctl_send(fd[k], AUTH(fd[k]), PSAGG_CTL_DECLARE, &decl,
                            sizeof decl.d + decl.d.count * sizeof decl.t[0]))
             DIE("declare");
     }
@@ -343,7 +372,7 @@ static int membership(uint32_t rank, int skip)
     snprintf(m->why, sizeof m->why, "rogue says so");
     memset(m + 1, 1, (size_t)cfg.n_workers);
     ((uint8_t *)(m + 1))[0] = 0;
-    if (psagg_ctl_send(fd[to], PSAGG_CTL_MEMBERSHIP, m, (uint32_t)len))
+    if (psagg_ctl_send(fd[to], AUTH(fd[to]), PSAGG_CTL_MEMBERSHIP, m, (uint32_t)len))
         DIE("send MEMBERSHIP");
     printf("ROGUE: sent membership epoch %u to server %d\n", m->epoch, to);
     free(m);
@@ -534,9 +563,9 @@ static int bomb(uint32_t rank, uint64_t count, uint64_t chunk_elems)
 
     if (psagg_tensor_to_wire("bomb", count, &fp32, &m.t))
         DIE("tensor");
-    if (psagg_ctl_send(fd, PSAGG_CTL_DECLARE, &m, sizeof m))
+    if (psagg_ctl_send(fd, AUTH(fd), PSAGG_CTL_DECLARE, &m, sizeof m))
         DIE("declare");
-    if (psagg_ctl_recv(fd, &h, &body, psagg_now_ms() + 20000, "server 0") == PSAGG_OK &&
+    if (psagg_ctl_recv(fd, AUTH(fd), &h, &body, psagg_now_ms() + 20000, "server 0") == PSAGG_OK &&
         psagg_ctl_error_parse(&h, body, &why) != PSAGG_OK) {
         printf("ROGUE-REFUSED: %s\n", why);
         refused = 1;
@@ -626,6 +655,208 @@ static int relay(int listen_port, int to_port, const char *record)
 }
 
 /*
+ * misdirect: in a job of 2 servers with data_auth, as worker `rank` (fn_worker's tensors and
+ * values, round 0): seal each push for its owner, and first send server 1 a copy of a push
+ * sealed for server 0 (a push captured on its way to server 0 and replayed to server 1), then
+ * the genuine pushes, then the push for server 0 a second time (a replay). Server 1 must drop
+ * the misdirected copy (its MAC is server 0's) and server 0 the replay (its number came
+ * before), naming them, and close nobody: this worker gets its 3 updates and says BYE.
+ */
+static int misdirect(uint32_t rank)
+{
+    psagg_fabric *fab = open_fabric("127.0.0.1");
+    psagg_codec fp32 = {.id = PSAGG_CODEC_FP32};
+    fn_declare decl;
+    psagg_layout layout;
+    psagg_peer srv[2];
+    uint64_t seq[2] = {0};
+    uint8_t *push[3], *rbuf[N_RBUF];
+    size_t bytes[3];
+    int fd[2], to0 = -1;
+
+    if (cfg.n_servers != 2 || !cfg.data_auth)
+        DIE("misdirect wants a job of 2 servers with data_auth");
+    for (int k = 0; k < 2; k++)
+        fd[k] = hello_to(fab, rank, k, &srv[k]);
+    fn_tensors(&fp32, 0, &decl, &layout);
+    for (int k = 0; k < 2; k++)
+        if (psagg_ctl_send(fd[k], AUTH(fd[k]), PSAGG_CTL_DECLARE, &decl,
+                           sizeof decl.d + decl.d.count * sizeof decl.t[0]))
+            DIE("declare");
+    for (int k = 0; k < 2; k++)
+        free(recv_frame(fd[k], PSAGG_CTL_READY, "READY"));
+    for (int i = 0; i < N_RBUF; i++)
+        if (!(rbuf[i] = malloc(RBUF_BYTES)) ||
+            psagg_fabric_post_recv(fab, rbuf[i], RBUF_BYTES, NULL, rbuf[i]))
+            DIE("post a receive");
+    if (layout.n_chunks != 3)
+        DIE("layout (this test expects one chunk per tensor)");
+    for (uint32_t c = 0; c < 3; c++) { /* round 0, sealed for the chunk's owner */
+        const psagg_chunk_info *ci = &layout.chunks[c];
+        psagg_msg_hdr *h;
+        float *x;
+        bytes[c] = sizeof *h + ci->enc_bytes;
+        if (!(push[c] = calloc(1, bytes[c] + PSAGG_MSG_MAC_BYTES)))
+            DIE("memory");
+        h = (psagg_msg_hdr *)push[c];
+        x = (float *)(h + 1);
+        psagg_msg_init(h, PSAGG_MSG_PUSH, rank, 0, ci, &layout.tensors[ci->key].codec, 0);
+        for (uint64_t i = 0; i < ci->count; i++)
+            x[i] = input_value((int)rank, ci->key, 0, i);
+        psagg_msg_seal(&push_key[ci->owner], ++seq[ci->owner], push[c], bytes[c]);
+        bytes[c] += PSAGG_MSG_MAC_BYTES;
+        if (ci->owner == 0)
+            to0 = (int)c;
+    }
+    if (to0 < 0)
+        DIE("no chunk is server 0's");
+    if (psagg_fabric_send(fab, srv[1], push[to0], bytes[to0], NULL, NULL))
+        DIE("send the misdirected push");
+    printf("ROGUE: sent server 1 a push of chunk %d sealed for server 0\n", to0);
+    for (uint32_t c = 0; c < 3; c++)
+        if (psagg_fabric_send(fab, srv[layout.chunks[c].owner], push[c], bytes[c], NULL, NULL))
+            DIE("send push %u", c);
+    if (psagg_fabric_send(fab, srv[0], push[to0], bytes[to0], NULL, NULL))
+        DIE("send the replay");
+    printf("ROGUE: sent server 0 its push of chunk %d again\n", to0);
+    for (int updates = 0; updates < 3;) {
+        psagg_fabric_event ev[8];
+        int n = psagg_fabric_poll(fab, ev, 8, 100);
+        for (int i = 0; i < n; i++)
+            if (ev[i].kind == PSAGG_FABRIC_RECV_DONE)
+                updates++;
+            else if (ev[i].kind == PSAGG_FABRIC_RECV_ERROR || ev[i].kind == PSAGG_FABRIC_SEND_ERROR)
+                DIE("fabric: %s", ev[i].msg);
+    }
+    for (int k = 0; k < 2; k++)
+        if (psagg_ctl_send(fd[k], AUTH(fd[k]), PSAGG_CTL_BYE, NULL, 0))
+            DIE("bye");
+    printf("rogue: 3 updates received; nobody closed this worker\n");
+    for (int k = 0; k < 2; k++)
+        close(fd[k]);
+    psagg_fabric_close(fab);
+    psagg_layout_free(&layout);
+    for (int i = 0; i < N_RBUF; i++)
+        free(rbuf[i]);
+    for (int c = 0; c < 3; c++)
+        free(push[c]);
+    return 0;
+}
+
+/* Read one whole control frame (header and body, as they came) from fd into buf; its size,
+   or 0 when the connection closed. */
+static size_t read_frame(int fd, uint8_t *buf, size_t cap)
+{
+    psagg_ctl_hdr *h = (psagg_ctl_hdr *)(void *)buf;
+    size_t got = 0, want = sizeof *h;
+    while (got < want) {
+        ssize_t n = read(fd, buf + got, want - got);
+        if (n <= 0)
+            return 0;
+        got += (size_t)n;
+        if (got == sizeof *h) {
+            if (sizeof *h + (size_t)h->len > cap)
+                DIE("a frame of %u bytes", h->len);
+            want += h->len;
+        }
+    }
+    return got;
+}
+
+static void write_frame(int fd, const void *buf, size_t len)
+{
+    for (size_t off = 0; off < len;) {
+        ssize_t m = write(fd, (const uint8_t *)buf + off, len - off);
+        if (m <= 0)
+            DIE("relay write");
+        off += (size_t)m;
+    }
+}
+
+/* A frame of `type` with body b (len bytes) and 16 made-up bytes where a tag would be: what
+   someone without the session's keys can put on the connection. */
+static void forge(int fd, uint16_t type, const void *b, uint32_t len)
+{
+    uint8_t frame[sizeof(psagg_ctl_hdr) + 4096];
+    psagg_ctl_hdr h = {PSAGG_CTL_MAGIC, type, PSAGG_PROTO_VERSION, len + PSAGG_CTL_TAG_BYTES};
+    memcpy(frame, &h, sizeof h);
+    memcpy(frame + sizeof h, b, len);
+    psagg_nonce_make(frame + sizeof h + len); /* 16 random bytes */
+    write_frame(fd, frame, sizeof h + h.len);
+}
+
+/*
+ * mitm: a man in the middle of one worker's control connection to server `to_port`: forward
+ * whole frames both ways, and `after` seconds after the server's READY inject, each once,
+ * toward the server a MEMBERSHIP frame of epoch 1 removing worker `victim`, a BYE, and a
+ * replay of the last frame the worker sent it; toward the worker an ABORT. Each injected
+ * frame carries 16 made-up bytes as its tag (the keys are the two ends' alone). Prints what it
+ * injected; exits 0 when either side closes.
+ */
+static int mitm(int listen_port, int to_port, double after, uint32_t victim)
+{
+    static uint8_t buf[PSAGG_CTL_MAX_FRAME < (1u << 22) ? PSAGG_CTL_MAX_FRAME : (1u << 22)];
+    static uint8_t last[sizeof buf];
+    int lfd = tcp_listen_port(listen_port), w, s, injected = 0;
+    size_t last_len = 0;
+    int64_t inject_at = -1;
+    int n_workers = cfg.elastic ? cfg.max_workers : cfg.n_workers;
+
+    printf("ROGUE-MITM: listening on %d\n", listen_port);
+    if ((w = accept(lfd, NULL, NULL)) < 0)
+        DIE("accept");
+    s = tcp_connect_port(to_port);
+    for (;;) {
+        struct pollfd p[2] = {{.fd = w, .events = POLLIN}, {.fd = s, .events = POLLIN}};
+        if (poll(p, 2, 20) < 0)
+            break;
+        for (int i = 0; i < 2; i++) {
+            size_t n;
+            if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR)))
+                continue;
+            if (!(n = read_frame(p[i].fd, buf, sizeof buf)))
+                return 0; /* either side closed: done */
+            write_frame(p[1 - i].fd, buf, n);
+            if (i == 0) { /* the worker's: the latest, to replay */
+                memcpy(last, buf, n);
+                last_len = n;
+            } else if (((psagg_ctl_hdr *)(void *)buf)->type == PSAGG_CTL_READY && inject_at < 0) {
+                inject_at = psagg_now_ms() + (int64_t)(after * 1e3);
+            }
+        }
+        if (!injected && inject_at >= 0 && psagg_now_ms() >= inject_at) {
+            size_t len = sizeof(psagg_ctl_membership) + (size_t)n_workers;
+            psagg_ctl_membership *m = calloc(1, len);
+            psagg_ctl_error abort_msg = {.status = PSAGG_EPEER};
+            uint8_t *live = (uint8_t *)(m + 1);
+            if (!m)
+                DIE("memory");
+            m->epoch = 1;
+            m->n_workers = (uint32_t)n_workers;
+            m->left = (int32_t)victim;
+            for (int k = 0; k < cfg.n_workers; k++)
+                m->n_live += live[k] = k != (int)victim;
+            snprintf(m->why, sizeof m->why, "injected by a man in the middle");
+            forge(s, PSAGG_CTL_MEMBERSHIP, m, (uint32_t)len);
+            printf("ROGUE-MITM: injected toward the server a MEMBERSHIP of epoch 1 removing worker "
+                   "%u\n",
+                   victim);
+            free(m);
+            write_frame(s, last, last_len);
+            printf("ROGUE-MITM: replayed toward the server the worker's frame of type %u\n",
+                   ((psagg_ctl_hdr *)(void *)last)->type);
+            forge(s, PSAGG_CTL_BYE, NULL, 0);
+            printf("ROGUE-MITM: injected toward the server a BYE\n");
+            snprintf(abort_msg.msg, sizeof abort_msg.msg, "server 1: injected abort");
+            forge(w, PSAGG_CTL_ABORT, &abort_msg, sizeof abort_msg);
+            printf("ROGUE-MITM: injected toward the worker an ABORT\n");
+            injected = 1;
+        }
+    }
+    return 0;
+}
+
+/*
  * One HELLO as worker `rank` at server 0, its token from `key` for the CHALLENGE of connection
  * `made_for` (or of its own connection when made_for < 0). Returns 1 when refused (msg: why),
  * 0 when welcomed.
@@ -642,6 +873,7 @@ static int join_try(psagg_fabric *fab, uint32_t rank, const psagg_job_key *key, 
 
     if (psagg_tcp_connect(&cfg.servers[0], psagg_now_ms() + 20000, "server", NULL, &fd))
         DIE("connect");
+    memset(AUTH(fd), 0, sizeof *AUTH(fd)); /* (a new connection: nothing tagged yet) */
     ch = recv_frame(fd, PSAGG_CTL_CHALLENGE, "CHALLENGE");
     if (psagg_fabric_name(fab, h.epname, &elen))
         DIE("fabric name");
@@ -658,9 +890,9 @@ static int join_try(psagg_fabric *fab, uint32_t rank, const psagg_job_key *key, 
         psagg_hello_token(key, &h, 0, ch->challenge, h.auth);
     }
     free(ch);
-    if (psagg_ctl_send(fd, PSAGG_CTL_HELLO, &h, sizeof h))
+    if (psagg_ctl_send(fd, AUTH(fd), PSAGG_CTL_HELLO, &h, sizeof h))
         DIE("hello");
-    if (psagg_ctl_recv(fd, &hdr, &body, psagg_now_ms() + 20000, "server")) {
+    if (psagg_ctl_recv(fd, AUTH(fd), &hdr, &body, psagg_now_ms() + 20000, "server")) {
         snprintf(msg, len, "(the connection closed: %s)", psagg_last_error());
     } else if (hdr.type == PSAGG_CTL_ERROR && hdr.len == sizeof(psagg_ctl_error)) {
         psagg_ctl_error *e = body;
@@ -739,7 +971,7 @@ static int replay(const char *record, int k)
             DIE("sending the HELLO");
         off += (size_t)m;
     }
-    if (psagg_ctl_recv(fd, &h, &body, psagg_now_ms() + 20000, "server")) {
+    if (psagg_ctl_recv(fd, AUTH(fd), &h, &body, psagg_now_ms() + 20000, "server")) {
         printf("ROGUE-REFUSED: (the connection closed: %s)\n", psagg_last_error());
         return 0;
     }
@@ -834,6 +1066,10 @@ int main(int argc, char **argv)
         return relay(listen_port, to_port, record ? record : "hello.bin");
     if (psagg_config_load(getenv("PSAGG_CONFIG"), &cfg))
         DIE("config");
+    if (!strcmp(mode, "mitm"))
+        return mitm(listen_port, to_port, seconds, claim);
+    if (!strcmp(mode, "misdirect"))
+        return misdirect(rank);
     if (!strcmp(mode, "replay"))
         return replay(record ? record : "hello.bin", server_k);
     if (!strcmp(mode, "spoof"))
@@ -846,6 +1082,14 @@ int main(int argc, char **argv)
         return stale(rank, rounds);
     if (!strcmp(mode, "membership-skip") || !strcmp(mode, "membership-server0"))
         return membership(rank, !strcmp(mode, "membership-skip"));
+    if (!strcmp(mode, "hello-die")) {
+        fab = open_fabric("127.0.0.1");
+        fd = hello_to(fab, rank, server_k, &server);
+        printf("ROGUE: worker %u said HELLO to server %d only; exits\n", rank, server_k);
+        close(fd);
+        psagg_fabric_close(fab);
+        return 0;
+    }
 
     if (!strncmp(mode, "param-", 6))
         decl_flags = PSAGG_DECL_PARAM;
@@ -954,7 +1198,7 @@ int main(int argc, char **argv)
             else if (ev[i].kind == PSAGG_FABRIC_RECV_ERROR || ev[i].kind == PSAGG_FABRIC_SEND_ERROR)
                 DIE("fabric: %s", ev[i].msg);
     }
-    if (psagg_ctl_send(fd, PSAGG_CTL_BYE, NULL, 0))
+    if (psagg_ctl_send(fd, AUTH(fd), PSAGG_CTL_BYE, NULL, 0))
         DIE("bye");
     printf("rogue: 3 updates received after a duplicate push\n");
     ok = 1;

@@ -7,7 +7,8 @@
 # on its own with status 1 (job failed) instead of crashing. With a duplicate push the round
 # must complete with the exact sum and the server exit 0. The same for a forged same-host
 # descriptor (closes the rogue) and a same-host offer of another pid or of a third process (not
-# taken, job goes on).
+# taken, job goes on). With data_auth, a push captured on its way to one server and sent to
+# another, or sent twice, is dropped by name and nobody is closed (misdirect).
 set -u -o pipefail
 build=$1
 port=$2
@@ -67,4 +68,38 @@ run dup --rounds 1
 run local-desc --rounds 1 --expect EPEER --expect-text "same-host copy" --max-seconds 30
 run local-pid --rounds 1
 run local-third --rounds 1
+
+# data_auth: a push sealed for server 0 sent to server 1 (captured and misdirected) and one
+# sent twice (replayed) are dropped by name; nobody is closed and the sums stay exact
+head -c 32 /dev/urandom >"$tmp/secret" && chmod 600 "$tmp/secret"
+sed -e "s|^servers = .*|servers = 127.0.0.1:$port 127.0.0.1:$((port + 1))|" \
+    -e "s|^workers = 2|workers = 2\nsecret_file = $tmp/secret\ndata_auth = on|" "$tmp/job.ini" >"$tmp/auth.ini"
+setsid "$build/server/psagg-server" --config "$tmp/auth.ini" --rank 0 >"$tmp/server0.log" 2>&1 &
+s0=$!
+setsid "$build/server/psagg-server" --config "$tmp/auth.ini" --rank 1 >"$tmp/server1.log" 2>&1 &
+s1=$!
+PSAGG_CONFIG=$tmp/auth.ini PSAGG_RANK=0 setsid "$build/tests/functional/fn_worker" --rounds 1 >"$tmp/w0.log" 2>&1 &
+w0=$!
+PSAGG_CONFIG=$tmp/auth.ini PSAGG_RANK=1 setsid "$build/tests/fault/rogue_worker" --mode misdirect >"$tmp/w1.log" 2>&1 &
+w1=$!
+pids+=("$s0" "$s1" "$w0" "$w1")
+wait_for "$w0" 40
+rc0=$?
+wait_for "$w1" 40
+rc1=$?
+wait_for "$s0" 20
+rcs0=$?
+wait_for "$s1" 20
+rcs1=$?
+for f in w0 w1 server0 server1; do sed "s/^/[misdirect $f] /" "$tmp/$f.log"; done
+if ((rc0 || rc1 || rcs0 || rcs1)); then
+    echo "test_fault: misdirect: fn_worker exited $rc0, rogue $rc1, servers $rcs0 $rcs1 (want 0)" >&2
+    fail=1
+elif ! grep -q "dropped a .* message from worker 1 whose MAC does not check out (forged, altered, or sealed for another receiver)" "$tmp/server1.log" ||
+    ! grep -q "dropped a .* message from worker 1: a replay (its message number 1 came before" "$tmp/server0.log"; then
+    echo "test_fault: misdirect: the misdirected push or the replay was not dropped by name" >&2
+    fail=1
+else
+    echo "test_fault: misdirect: ok (a push sealed for server 0 dropped at server 1, a replay at server 0; nobody closed)"
+fi
 exit $fail

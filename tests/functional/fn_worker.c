@@ -16,7 +16,7 @@
  * default), kill (SIGKILL before the round's pushes), midpush (SIGKILL once half the round's
  * tensors are pushed), afterpush (SIGKILL once all are pushed, before any update), stop
  * (SIGSTOP: hung; the harness kills it later), declare (SIGKILL after psagg_init, before its
- * declaration: during the job's start-up).
+ * declaration: during the job's start-up), close (psagg_close, then exit 0: it leaves early).
  * Elastic jobs: with --elastic-dead R the others expect worker R to leave the job at some
  * point and go on: up to the first round they start knowing of the new epoch every element
  * is the sum with R or without it (each chunk summed one or the other: R's push of a round
@@ -207,6 +207,9 @@ int main(int argc, char **argv)
     int straggler = -1, straggler_ms = 50, calm_rounds = 5, error_feedback = 0, lenient = 0;
     int grow = 0; /* --grow: the --elastic-dead rank is beyond `workers`: it only joins */
     int lag_round = -1, lag_ms = 0; /* --lag-round, --lag-ms: sleep before that round */
+    /* the membership when the leaving was first seen, and at the (latest) admission: later
+       epochs are of workers that finished (a worker that is done leaves too) */
+    psagg_membership left_m = {.struct_size = sizeof left_m}, adm_m = {.struct_size = sizeof adm_m};
     double **cum = NULL; /* --straggler: per tensor, the updates summed over the rounds, minus
                             every worker's inputs */
     uint64_t tail = 0xCBF29CE484222325ull, *round_digest = NULL;
@@ -394,6 +397,7 @@ int main(int argc, char **argv)
             first_round = (int)r0;
             full_from = first_round;
             after_round = first_round;
+            adm_m = m;
             die_rank = joiner_die_after >= 0 ? rank : -1;
             die_round = first_round + joiner_die_after;
             printf("fn_worker %d: joined at round %d, membership epoch %u, %d workers\n", rank,
@@ -471,6 +475,11 @@ int main(int argc, char **argv)
             printf("fn_worker %d: dying on purpose at round %d\nEXPECTED-ERROR-OK\n", rank, r);
             fflush(stdout);
             _exit(0);
+        } else if (rank == die_rank && r == die_round && !strcmp(die_mode, "close")) {
+            st = psagg_close(ctx); /* leaves the job early, as a finished worker would */
+            printf("fn_worker %d: psagg_close at round %d: %d\n", rank, r, st);
+            free_all();
+            return st ? 1 : 0;
         } else if (rank == die_rank && r == die_round &&
                    (!strcmp(die_mode, "kill") || !strcmp(die_mode, "stop"))) {
             printf("fn_worker %d: SIG%s to itself at round %d\n", rank,
@@ -486,8 +495,10 @@ int main(int argc, char **argv)
             psagg_membership m = {.struct_size = sizeof m};
             if ((st = psagg_get_membership(ctx, &m)))
                 goto failed;
-            if (m.epoch > 0)
+            if (m.epoch > 0) {
                 after_round = r; /* this round starts after the worker left */
+                left_m = m;
+            }
         }
         for (int t = 0; t < n; t++)
             for (uint64_t i = 0; i < count[t]; i++)
@@ -615,8 +626,10 @@ int main(int argc, char **argv)
                     usleep((useconds_t)round_sleep_ms * 1000);
                 if ((st = psagg_sync_membership(ctx, &m)))
                     goto failed;
-                if (m.joined && m.size == world && (full_from < 0 || loose))
+                if (m.joined && m.size == world && (full_from < 0 || loose)) {
                     full_from = r + 1; /* (loose: the latest admission) */
+                    adm_m = m;
+                }
                 if (rejoin && full_from >= 0)
                     end = full_from + 20 > rounds ? full_from + 20 : rounds;
             }
@@ -721,20 +734,24 @@ int main(int argc, char **argv)
         psagg_membership m = {.struct_size = sizeof m};
         if ((st = psagg_get_membership(ctx, &m)))
             goto failed;
+        const psagg_membership *e = rejoin ? &adm_m : &left_m; /* (later: workers done) */
         printf("ELASTIC worker %d epoch %u rank %d size %d first-round-after %d longest-round-ms "
-               "%.0f\n",
-               rank, m.epoch, m.rank, m.size, after_round, longest_round * 1e3);
-        if (!rejoin && (m.epoch != 1 || m.size != world - 1 || after_round < 0)) {
-            fprintf(stderr, "FAIL worker %d: worker %d did not leave the job as expected\n", rank,
-                    elastic_dead);
+               "%.0f final-epoch %u\n",
+               rank, e->epoch, e->rank, e->size, after_round, longest_round * 1e3, m.epoch);
+        if (!rejoin && (left_m.epoch != 1 || left_m.size != world - 1 || after_round < 0)) {
+            fprintf(stderr,
+                    "FAIL worker %d: worker %d did not leave the job as expected (first epoch "
+                    "seen %u, of %d workers)\n",
+                    rank, elastic_dead, left_m.epoch, left_m.size);
             return 1;
         }
-        if (rejoin && (loose ? m.epoch < 2 || m.size != world
-                             : m.epoch != (grow ? 1u : 2u) || m.size != world || full_from < 0)) {
+        if (rejoin &&
+            (loose ? adm_m.epoch < 2 || adm_m.size != world
+                   : adm_m.epoch != (grow ? 1u : 2u) || adm_m.size != world || full_from < 0)) {
             fprintf(stderr,
                     "FAIL worker %d: worker %d did not leave and rejoin the job as expected "
-                    "(epoch %u, %d workers, all summed from round %d)\n",
-                    rank, elastic_dead, m.epoch, m.size, full_from);
+                    "(admitted in epoch %u, %d workers, all summed from round %d)\n",
+                    rank, elastic_dead, adm_m.epoch, adm_m.size, full_from);
             return 1;
         }
         if (rejoin) {

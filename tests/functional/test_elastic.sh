@@ -22,6 +22,19 @@
 #               intervals (3 s here), long before op_timeout_ms' round deadline (6 s)
 #   declare     SIGKILL during the job's start-up (connected, before its declaration): the
 #               three others start the job without it (epoch 1 leaves it out)
+#   mitm        a job with a secret; worker 1's control connection to server 1 goes through a
+#               man in the middle without the keys (tests/fault/rogue_worker --mode mitm) who
+#               injects toward server 1 a MEMBERSHIP removing worker 0, a BYE and a replay of
+#               worker 1's latest frame, and toward worker 1 an ABORT: each is refused by name
+#               (its tag does not check out), nobody leaves, and all four finish 150 rounds
+#               with exact, bit-identical sums (before control frames carried tags, server 1
+#               applied the forged epoch and the job failed)
+#   bye         psagg_close at round 15 (BYE to every server, exit 0): it leaves the job, which
+#               goes on without it (before, the rounds waited for it until their deadline)
+#   startup_gap worker 2 (tests/fault/rogue_worker --mode hello-die) says HELLO to server 0
+#               and dies before its HELLO to server 1, which never hears of it: server 1 must
+#               start without it as server 0 does (server 0's READY names the starting workers
+#               and they relay it), not fail the start-up at connect_timeout_ms
 #   average     kill, PSAGG_AVERAGE: the rounds without it divide by 3
 #   maxmin4     kill, 4-bit codec with server error feedback: within the codec's bound
 #   below_min   min_workers = 4: the death ends the job; the three others fail naming
@@ -70,10 +83,11 @@ min=2 mode=kill codec=fp32 extra=() lag=() server_extra=""
 case $case in
 kill | midpush | afterpush | exit | stop | declare) mode=$case ;;
 ahead) mode=afterpush lag=(--lag-round 15 --lag-ms 500) ;;
+bye) mode=close ;;
 average) extra=(--average) ;;
 maxmin4) codec=maxmin4 server_extra="error_feedback = on" ;;
 below_min) min=4 ;;
-rogue_server0 | rogue_skip | rejoin | join_attacks | join_dies | grow) ;;
+rogue_server0 | rogue_skip | rejoin | join_attacks | join_dies | grow | startup_gap | mitm) ;;
 *) fail "unknown case '$case'" ;;
 esac
 bound_ms=2000
@@ -97,6 +111,8 @@ chunk_bytes = 16384
 level = warn
 INI
 export PSAGG_CONFIG=$tmp/job.ini PSAGG_WORLD_SIZE=4
+# (the gap must not cost the start-up's whole deadline: a short one shows it)
+[ "$case" = startup_gap ] && sed -i 's/^connect_timeout_ms = 20000/connect_timeout_ms = 8000/' "$tmp/job.ini"
 if [[ $case == rogue_* ]]; then
     sed -i 's/^workers = 4/workers = 3/' "$tmp/job.ini"
     export PSAGG_WORLD_SIZE=3
@@ -138,6 +154,53 @@ if [[ $case == rogue_* ]]; then
     exit 0
 fi
 
+if [ "$case" = mitm ]; then
+    head -c 32 /dev/urandom >"$tmp/secret" && chmod 600 "$tmp/secret"
+    printf '[cluster]\nsecret_file = %s\n' "$tmp/secret" >>"$tmp/job.ini"
+    for s in 0 1; do
+        setsid "$server_bin" --config "$tmp/job.ini" --rank "$s" >"$tmp/server$s.log" 2>&1 &
+        spid[$s]=$!
+        pids+=($!)
+    done
+    setsid "$build/tests/fault/rogue_worker" --mode mitm --listen $((port + 2)) --to-port $((port + 1)) \
+        --seconds 0.5 --claim 0 >"$tmp/rogue.log" 2>&1 &
+    pids+=($!)
+    for r in 0 1 2 3; do
+        via=()
+        ((r == 1)) && via=(env "PSAGG_CLUSTER_SERVERS=127.0.0.1:$port 127.0.0.1:$((port + 2))")
+        PSAGG_RANK=$r setsid "${via[@]}" "$worker_bin" --codec fp32 --sizes 1,1023,4096,50000,7000 \
+            --rounds 150 >"$tmp/worker$r.log" 2>&1 &
+        wpid[$r]=$!
+        pids+=($!)
+    done
+    for r in 0 1 2 3; do
+        wait_for "${wpid[$r]}" 60
+        rc=$?
+        ((rc == 0)) || fail "worker $r exited $rc"
+    done
+    for s in 0 1; do
+        wait_for "${spid[$s]}" 20
+        rc=$?
+        ((rc == 0)) || fail "server $s exited $rc"
+        # (each worker leaves as it finishes: epochs of workers done, and none other)
+        grep "membership epoch" "$tmp/server$s.log" | grep -v "it left the job (psagg_close)" &&
+            fail "server $s changed the membership but for workers that were done"
+    done
+    sed "s/^/[rogue] /" "$tmp/rogue.log"
+    (($(grep -c 'ROGUE-MITM: injected\|ROGUE-MITM: replayed' "$tmp/rogue.log") == 4)) ||
+        fail "the man in the middle did not inject all four frames"
+    (($(grep -h '^DIGEST' "$tmp"/worker*.log | sort -u | wc -l) == 1)) || fail "the workers' digests differ"
+    for t in 12 6; do
+        grep -q "worker 1: a control frame of type $t .*whose tag does not check out.*dropped" "$tmp/server1.log" ||
+            fail "server 1 did not refuse the injected frame of type $t by name"
+    done
+    (($(grep -c "worker 1: a control frame of type .*whose tag does not check out" "$tmp/server1.log") == 3)) ||
+        fail "server 1 did not refuse the replayed frame"
+    grep -q "server 1 (.*): a control frame of type 7 .*whose tag does not check out.*dropped" "$tmp/worker1.log" ||
+        fail "worker 1 did not refuse the injected ABORT by name"
+    say "passed: 4 injected frames refused by name: $(grep -h 'whose tag does not check out' "$tmp/server1.log" "$tmp/worker1.log" | sed 's/^[0-9.]* //' | cut -c1-140 | tr '\n' '|')"
+    exit 0
+fi
 if [ "$case" = grow ]; then
     sed -i 's/^workers = 4/workers = 3\nmax_workers = 4/' "$tmp/job.ini"
     export PSAGG_WORLD_SIZE=3
@@ -285,7 +348,10 @@ if [[ $case == rejoin || $case == join_attacks ]]; then
 fi
 args=(--codec "$codec" --sizes 1,1023,4096,50000,7000 --rounds 60 "${extra[@]}")
 for r in 0 1 2 3; do
-    if ((r == 2)); then
+    if ((r == 2)) && [ "$case" = startup_gap ]; then
+        PSAGG_RANK=$r setsid "$build/tests/fault/rogue_worker" --mode hello-die --server 0 \
+            >"$tmp/worker$r.log" 2>&1 &
+    elif ((r == 2)); then
         PSAGG_RANK=$r setsid "$worker_bin" "${args[@]}" --die-rank 2 --die-round 15 --die-mode "$mode" \
             >"$tmp/worker$r.log" 2>&1 &
     elif [ "$case" = below_min ]; then
@@ -322,8 +388,15 @@ for s in 0 1; do
     rc=$?
     sed "s/^/[server $s] /" "$tmp/server$s.log"
     ((rc == 0)) || fail "server $s exited $rc, expected 0 (the job went on without worker 2)"
-    grep -q "membership epoch 1" "$tmp/server$s.log" || fail "server $s did not log membership epoch 1"
+    # (a worker that is done leaves at info, below this job's log level; its ELASTIC lines
+    # below say epoch 1 all the same)
+    [ "$case" = bye ] || grep -q "membership epoch 1" "$tmp/server$s.log" ||
+        fail "server $s did not log membership epoch 1"
 done
+if [ "$case" = startup_gap ]; then
+    grep -q "worker 2: server 0 started the job without it" "$tmp/server1.log" ||
+        fail "server 1 did not start without worker 2 on server 0's word"
+fi
 digests=$(grep -h '^DIGEST' "$tmp/worker0.log" "$tmp/worker1.log" "$tmp/worker3.log" | sort -u | wc -l)
 ((digests == 1)) || fail "the survivors' digests differ: their updates were not identical"
 for r in 0 1 3; do

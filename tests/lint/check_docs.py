@@ -32,6 +32,10 @@ Size and wording. README.md has at most README_MAX_LINES lines (a newcomer reads
 minutes; the detail lives in docs/), and no document cites an issue by number ("issue 13",
 "issue #13"): say what changed, in words.
 
+Wire facts. Every "protocol version N" in a document must be the version the code speaks,
+PSAGG_PROTO_VERSION in common/runtime/wire.h (a page that describes the protocol must not go
+stale when it changes; name an older one as "protocol N", without "version").
+
 Problems are printed as "file:line: what is wrong" and make the exit status 1; exit 0 when
 everything checks out.
 """
@@ -351,12 +355,42 @@ def check_wording(repo, rel):
     return problems
 
 
+PROTO_DOC_RE = re.compile(r"\bprotocol version ([0-9]+)\b", re.IGNORECASE)
+
+
+def proto_version(repo):
+    """PSAGG_PROTO_VERSION as common/runtime/wire.h defines it, or None."""
+    try:
+        with open(os.path.join(repo, "common/runtime/wire.h"), encoding="utf-8") as fh:
+            m = re.search(r"#define\s+PSAGG_PROTO_VERSION\s+([0-9]+)", fh.read())
+    except OSError:
+        return None
+    return int(m.group(1)) if m else None
+
+
+def check_wire_facts(repo, rel, version):
+    """Every 'protocol version N' names the version the code speaks."""
+    problems = []
+    if version is None:
+        return problems
+    with open(os.path.join(repo, rel), encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            for m in PROTO_DOC_RE.finditer(line):
+                if int(m.group(1)) != version:
+                    problems.append(f"{rel}:{lineno}: '{m.group(0)}': the code speaks protocol "
+                                    f"version {version} (PSAGG_PROTO_VERSION, "
+                                    "common/runtime/wire.h)")
+    return problems
+
+
 def check(repo, build_dir):
     """Return the list of problems ("file:line: message") in repo's documentation."""
     problems = []
+    version = proto_version(repo)
     for rel in documents(repo):
         problems.extend(check_links(repo, rel))
         problems.extend(check_wording(repo, rel))
+        problems.extend(check_wire_facts(repo, rel, version))
     problems.extend(check_quick_start(repo, build_dir))
     return problems
 
@@ -390,6 +424,8 @@ def self_test(repo, build_dir):
             (first_doc, 2, "See [x](../README.md#no-such-heading).", "no heading with the anchor '#no-such-heading'"),
             (first_doc, 2, "See [x](#no-such-heading-here).", "anchor '#no-such-heading-here'"),
             (first_doc, 2, "As issue 13 asked.", "'issue 13': say what changed in words"),
+            (first_doc, 2, "The wire is protocol version 1.",
+             "'protocol version 1': the code speaks protocol version"),
         ]
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:

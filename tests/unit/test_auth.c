@@ -128,85 +128,184 @@ static void check_tokens(void)
     CHECK(psagg_token_equal(u, zero), "without a secret the token is zero");
 }
 
-static void check_mac(void)
+/* The one-time key of message number seq under k, as runtime/auth.h defines it. */
+static void otk_of(const psagg_data_key *k, uint64_t seq, uint8_t otk[crypto_onetimeauth_KEYBYTES])
+{
+    crypto_generichash_state st;
+    uint8_t n[8];
+    for (int i = 0; i < 8; i++)
+        n[i] = (uint8_t)(seq >> (8 * i));
+    crypto_generichash_init(&st, k->key, sizeof k->key, crypto_onetimeauth_KEYBYTES);
+    crypto_generichash_update(&st, (const uint8_t *)"psagg-otk-v2", 12);
+    crypto_generichash_update(&st, n, sizeof n);
+    crypto_generichash_final(&st, otk, crypto_onetimeauth_KEYBYTES);
+}
+
+/*
+ * The keys: a push key binds the worker's session, the server's session and the server's
+ * rank (a push sealed for server A fails at server B), an update key the server's; the
+ * trailer catches every single-bit change, and no two messages share a one-time key even
+ * when their headers are equal (before protocol 13 the one-time key was the header's, and a
+ * PULL's WEIGHTS and a sync_interval's WEIGHTS of one round shared it).
+ */
+static void check_seal(void)
 {
     psagg_job_key k, other;
-    psagg_data_key dk, dk2, dko;
-    uint8_t n1[PSAGG_NONCE_BYTES], n2[PSAGG_NONCE_BYTES];
-    uint8_t msg[sizeof(psagg_msg_hdr) + 100 + PSAGG_MSG_MAC_BYTES];
+    psagg_data_key a, b, a2, ao, up;
+    uint8_t wn[PSAGG_NONCE_BYTES], sn[PSAGG_NONCE_BYTES], sn2[PSAGG_NONCE_BYTES];
+    uint8_t msg[sizeof(psagg_msg_hdr) + 100 + PSAGG_MSG_MAC_BYTES], twin[sizeof msg];
+    uint8_t otk1[crypto_onetimeauth_KEYBYTES], otk2[crypto_onetimeauth_KEYBYTES];
+    uint8_t want[PSAGG_MSG_TAG_BYTES];
     const size_t len = sizeof(psagg_msg_hdr) + 100;
-    uint8_t *tag = msg + len, saved[PSAGG_MSG_MAC_BYTES];
     psagg_msg_hdr *h = (psagg_msg_hdr *)(void *)msg;
-    uint64_t seed = 42;
+    uint64_t seed = 42, seq = 0;
 
     load_key("secret A\n", &k);
     load_key("secret B\n", &other);
-    psagg_nonce_make(n1);
-    psagg_nonce_make(n2);
-    psagg_data_key_make(&k, "job", n1, &dk);
-    psagg_data_key_make(&k, "job", n2, &dk2);
-    psagg_data_key_make(&other, "job", n1, &dko);
-    CHECK(memcmp(dk.key, dk2.key, 32), "two sessions share a data key");
-    CHECK(memcmp(dk.key, dko.key, 32), "two secrets share a data key");
+    psagg_nonce_make(wn);
+    psagg_nonce_make(sn);
+    psagg_nonce_make(sn2);
+    psagg_push_key_make(&k, "job", wn, sn, 0, &a);
+    psagg_push_key_make(&k, "job", wn, sn2, 1, &b);
+    psagg_push_key_make(&k, "job", wn, sn, 1, &a2);
+    psagg_push_key_make(&other, "job", wn, sn, 0, &ao);
+    psagg_update_key_make(&k, "job", sn, 0, &up);
+    CHECK(memcmp(a.key, b.key, 32) && memcmp(a.key, a2.key, 32),
+          "two servers (or ranks) share a push key");
+    CHECK(memcmp(a.key, ao.key, 32), "two secrets share a push key");
+    CHECK(memcmp(a.key, up.key, 32), "a push key is the server's update key");
 
     for (size_t i = 0; i < len; i++)
         msg[i] = (uint8_t)test_rand64(&seed);
     h->type = PSAGG_MSG_PUSH;
-    psagg_msg_mac(&dk, msg, len, tag);
-    CHECK(psagg_msg_mac_ok(&dk, msg, len, tag), "a message fails its own MAC");
-    CHECK(!psagg_msg_mac_ok(&dk2, msg, len, tag), "another session's key accepts it");
-    CHECK(!psagg_msg_mac_ok(&dko, msg, len, tag), "another secret's key accepts it");
-    CHECK(!psagg_msg_mac_ok(&dk, msg, len - 1, tag), "a truncated message passes");
+    psagg_msg_seal(&a, 7, msg, len);
+    CHECK(psagg_msg_open(&a, msg, len, &seq) && seq == 7, "a message fails its own seal");
+    CHECK(!psagg_msg_open(&b, msg, len, &seq), "a push sealed for server 0 opens at server 1");
+    CHECK(!psagg_msg_open(&ao, msg, len, &seq), "another secret's key accepts it");
+    CHECK(!psagg_msg_open(&a, msg, len - 1, &seq), "a truncated message passes");
+    /* the definition: Poly1305 of header, payload and number under otk(number) */
+    otk_of(&a, 7, otk1);
+    crypto_onetimeauth(want, msg, len + PSAGG_MSG_SEQ_BYTES, otk1);
+    CHECK(!memcmp(want, msg + len + PSAGG_MSG_SEQ_BYTES, sizeof want), "not the specified tag");
 
-    /* every single-bit change of message or tag is caught */
+    /* every single-bit change of message, number or tag is caught */
     for (size_t i = 0; i < len + PSAGG_MSG_MAC_BYTES; i++)
-        for (int b = 0; b < 8; b++) {
-            msg[i] ^= (uint8_t)(1u << b);
-            CHECK(!psagg_msg_mac_ok(&dk, msg, len, tag), "bit %d of byte %zu not covered", b, i);
-            msg[i] ^= (uint8_t)(1u << b);
+        for (int bit = 0; bit < 8; bit++) {
+            msg[i] ^= (uint8_t)(1u << bit);
+            CHECK(!psagg_msg_open(&a, msg, len, &seq), "bit %d of byte %zu not covered", bit, i);
+            msg[i] ^= (uint8_t)(1u << bit);
         }
 
-    /* the same payload under another header (round) gets another tag: no replay across rounds */
-    memcpy(saved, tag, sizeof saved);
-    h->round++;
-    psagg_msg_mac(&dk, msg, len, tag);
-    CHECK(memcmp(saved, tag, sizeof saved), "two headers, one tag");
+    /* equal headers, two payloads: two numbers, so two one-time keys, whatever the header */
+    memcpy(twin, msg, sizeof twin);
+    twin[len - 1] ^= 0x5a;
+    psagg_msg_seal(&a, 8, twin, len);
+    otk_of(&a, 8, otk2);
+    CHECK(memcmp(otk1, otk2, sizeof otk1), "two messages of one header share a one-time key");
+    CHECK(psagg_msg_open(&a, twin, len, &seq) && seq == 8, "the second message fails");
+    memcpy(twin + len, msg + len, PSAGG_MSG_MAC_BYTES); /* the first one's trailer on it */
+    CHECK(!psagg_msg_open(&a, twin, len, &seq), "a trailer moved to another message passes");
 }
 
 /*
  * Long messages take OpenSSL's Poly1305, short ones libsodium's: every length gives the tag of
- * the one definition (Poly1305 under BLAKE2b-256(data key, header)), so both ends agree
- * whichever each used; a flipped byte anywhere in a long message is caught.
+ * the one definition, so both ends agree whichever each used; a flipped byte anywhere in a
+ * long message is caught.
  */
-static void check_mac_lengths(void)
+static void check_seal_lengths(void)
 {
     static const size_t lens[] = {32, 33, 4095, 4096, 4097, 65536, 262144 + 17, 1u << 20};
     psagg_job_key k;
     psagg_data_key dk;
     uint8_t n[PSAGG_NONCE_BYTES], otk[crypto_onetimeauth_KEYBYTES];
-    uint8_t tag[PSAGG_MSG_MAC_BYTES], want[PSAGG_MSG_MAC_BYTES];
-    uint8_t *msg = malloc(1u << 20);
+    uint8_t want[PSAGG_MSG_TAG_BYTES];
+    uint8_t *msg = malloc((1u << 20) + PSAGG_MSG_MAC_BYTES);
+    uint64_t seq;
     CHECK(msg, "memory");
     load_key("secret A\n", &k);
     psagg_nonce_make(n);
-    psagg_data_key_make(&k, "job", n, &dk);
-    for (size_t i = 0; i < (1u << 20); i++)
-        msg[i] = (uint8_t)(i * 131 + 7);
+    psagg_update_key_make(&k, "job", n, 3, &dk);
     for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
         size_t len = lens[li];
-        crypto_generichash(otk, sizeof otk, msg, sizeof(psagg_msg_hdr), dk.key, sizeof dk.key);
-        crypto_onetimeauth(want, msg, len, otk);
-        psagg_msg_mac(&dk, msg, len, tag);
-        CHECK(!memcmp(tag, want, sizeof tag), "length %zu: not Poly1305's tag", len);
-        CHECK(psagg_msg_mac_ok(&dk, msg, len, tag), "length %zu: fails its own MAC", len);
+        for (size_t i = 0; i < len; i++)
+            msg[i] = (uint8_t)(i * 131 + 7);
+        psagg_msg_seal(&dk, li + 1, msg, len);
+        otk_of(&dk, li + 1, otk);
+        crypto_onetimeauth(want, msg, len + PSAGG_MSG_SEQ_BYTES, otk);
+        CHECK(!memcmp(msg + len + PSAGG_MSG_SEQ_BYTES, want, sizeof want),
+              "length %zu: not Poly1305's tag", len);
+        CHECK(psagg_msg_open(&dk, msg, len, &seq), "length %zu: fails its own seal", len);
         msg[len - 1] ^= 0x40;
-        CHECK(!psagg_msg_mac_ok(&dk, msg, len, tag), "length %zu: the last byte not covered", len);
+        CHECK(!psagg_msg_open(&dk, msg, len, &seq), "length %zu: the last byte not covered", len);
         msg[len - 1] ^= 0x40;
         msg[len / 2] ^= 1;
-        CHECK(!psagg_msg_mac_ok(&dk, msg, len, tag), "length %zu: the middle not covered", len);
+        CHECK(!psagg_msg_open(&dk, msg, len, &seq), "length %zu: the middle not covered", len);
         msg[len / 2] ^= 1;
     }
     free(msg);
+}
+
+/* The receiver's numbers: each once, out of order within the window, never 0 or older. */
+static void check_replay(void)
+{
+    static psagg_replay r;
+    CHECK(!psagg_replay_accept(&r, 0), "number 0 accepted");
+    for (uint64_t n = 1; n <= 100; n++)
+        CHECK(psagg_replay_accept(&r, n), "number %llu refused", (unsigned long long)n);
+    for (uint64_t n = 1; n <= 100; n++)
+        CHECK(!psagg_replay_accept(&r, n), "number %llu accepted twice", (unsigned long long)n);
+    CHECK(psagg_replay_accept(&r, 105) && psagg_replay_accept(&r, 102) &&
+              psagg_replay_accept(&r, 101) && !psagg_replay_accept(&r, 102),
+          "out of order within the window");
+    CHECK(psagg_replay_accept(&r, 105 + PSAGG_REPLAY_WINDOW - 1), "a jump within the window");
+    CHECK(!psagg_replay_accept(&r, 105), "a number seen before a jump accepted again");
+    CHECK(psagg_replay_accept(&r, 106), "a number not seen, in the window");
+    CHECK(!psagg_replay_accept(&r, 104), "a number not seen, just below the window");
+    CHECK(psagg_replay_accept(&r, 1000000), "a far jump");
+    CHECK(!psagg_replay_accept(&r, 1000000 - PSAGG_REPLAY_WINDOW),
+          "a number older than the window accepted");
+    CHECK(psagg_replay_accept(&r, 1000000 - PSAGG_REPLAY_WINDOW + 1) &&
+              !psagg_replay_accept(&r, 1000000),
+          "the window after a far jump");
+}
+
+/*
+ * Control frames: the worker's end sends with the key the server's end receives with and the
+ * other way round; another connection (another HELLO token) has other keys; a tag binds the
+ * frame's number, header and body; no secret, no tags.
+ */
+static void check_control(void)
+{
+    psagg_job_key k, none = {0};
+    psagg_ctl_auth w, s, other, off;
+    uint8_t tok[PSAGG_TOKEN_BYTES] = {1}, tok2[PSAGG_TOKEN_BYTES] = {2};
+    uint8_t wn[PSAGG_NONCE_BYTES] = {3}, sn[PSAGG_NONCE_BYTES] = {4};
+    uint8_t body[40] = "a MEMBERSHIP frame, say", tag[PSAGG_CTL_TAG_BYTES];
+    psagg_ctl_hdr h = {PSAGG_CTL_MAGIC, PSAGG_CTL_MEMBERSHIP, PSAGG_PROTO_VERSION,
+                       (uint32_t)sizeof body + PSAGG_CTL_TAG_BYTES};
+
+    load_key("secret A\n", &k);
+    psagg_ctl_auth_make(&k, tok, wn, sn, 1, 0, &w);
+    psagg_ctl_auth_make(&k, tok, wn, sn, 1, 1, &s);
+    psagg_ctl_auth_make(&k, tok2, wn, sn, 1, 0, &other);
+    psagg_ctl_auth_make(&none, tok, wn, sn, 1, 0, &off);
+    CHECK(w.on && s.on && !off.on, "on with a secret only");
+    CHECK(!memcmp(w.tx_key, s.rx_key, 32) && !memcmp(w.rx_key, s.tx_key, 32),
+          "the two ends' keys do not pair up");
+    CHECK(memcmp(w.tx_key, w.rx_key, 32), "both directions share a key");
+    CHECK(memcmp(w.tx_key, other.tx_key, 32), "two connections share a key");
+    psagg_ctl_tag(w.tx_key, 5, &h, body, sizeof body, tag);
+    CHECK(psagg_ctl_tag_ok(s.rx_key, 5, &h, body, sizeof body, tag), "a frame fails its own tag");
+    CHECK(!psagg_ctl_tag_ok(s.rx_key, 4, &h, body, sizeof body, tag) &&
+              !psagg_ctl_tag_ok(s.rx_key, 6, &h, body, sizeof body, tag),
+          "a frame checks out under another number (a replay, or reordered)");
+    CHECK(!psagg_ctl_tag_ok(s.tx_key, 5, &h, body, sizeof body, tag),
+          "a frame checks out in the other direction (reflected)");
+    h.type = PSAGG_CTL_ABORT;
+    CHECK(!psagg_ctl_tag_ok(s.rx_key, 5, &h, body, sizeof body, tag), "the type not covered");
+    h.type = PSAGG_CTL_MEMBERSHIP;
+    body[3] ^= 1;
+    CHECK(!psagg_ctl_tag_ok(s.rx_key, 5, &h, body, sizeof body, tag), "the body not covered");
 }
 
 int main(void)
@@ -214,8 +313,10 @@ int main(void)
     CHECK(mkdtemp(dir), "mkdtemp");
     check_job_keys();
     check_tokens();
-    check_mac();
-    check_mac_lengths();
+    check_seal();
+    check_seal_lengths();
+    check_replay();
+    check_control();
     {
         char path[64];
         snprintf(path, sizeof path, "%s/secret", dir);

@@ -1,8 +1,9 @@
 /*
  * test_gate.c - runtime/gate.c: who sent a data message. With a reliable source the peer is
  * the one at the message's fabric address, else the one its field sender names; with
- * data_auth its MAC must check out under that peer's data key. Anything else is dropped
- * (-1), counted and described, and blames no peer.
+ * data_auth its trailer must check out under that peer's key and its number be new (a
+ * replay is refused). Anything else is dropped (-1), counted and described, and blames no
+ * peer.
  */
 #include "../testutil.h"
 #include "runtime/auth.h"
@@ -13,25 +14,27 @@
 
 #define N_PEERS 2
 static const psagg_peer addr_of[N_PEERS] = {10, 20};
-static psagg_data_key keys[N_PEERS];
+static psagg_data_rx rx[N_PEERS];
+static uint64_t next_seq[N_PEERS];
 
 static int peer_at(const void *owner, psagg_peer addr)
 {
-    CHECK(owner == keys, "owner passed through");
+    CHECK(owner == rx, "owner passed through");
     for (int p = 0; p < N_PEERS; p++)
         if (addr == addr_of[p])
             return p;
     return -1;
 }
 
-static const psagg_data_key *key_of(const void *owner, int p)
+static psagg_data_rx *rx_of(void *owner, int p)
 {
-    CHECK(owner == keys && p >= 0 && p < N_PEERS, "key of peer %d", p);
-    return &keys[p];
+    CHECK(owner == rx && p >= 0 && p < N_PEERS, "key of peer %d", p);
+    return &rx[p];
 }
 
-/* A message from `sender` (its field), MAC'd under key k when k is not NULL. */
-static size_t make(uint8_t *msg, uint32_t sender, const psagg_data_key *k)
+/* A message from `sender` (its field), sealed under peer k's key (its next number) when k >=
+ * 0. */
+static size_t make(uint8_t *msg, uint32_t sender, int k)
 {
     psagg_msg_hdr *h = (psagg_msg_hdr *)(void *)msg;
     size_t len = sizeof *h + 64;
@@ -40,9 +43,9 @@ static size_t make(uint8_t *msg, uint32_t sender, const psagg_data_key *k)
     h->magic = PSAGG_MSG_MAGIC;
     h->sender = (uint16_t)sender;
     h->len = 64;
-    if (!k)
+    if (k < 0)
         return len;
-    psagg_msg_mac(k, msg, len, msg + len);
+    psagg_msg_seal(&rx[k].key, ++next_seq[k], msg, len);
     return len + PSAGG_MSG_MAC_BYTES;
 }
 
@@ -71,7 +74,7 @@ int main(void)
     for (int p = 0; p < N_PEERS; p++) {
         uint8_t nonce[PSAGG_NONCE_BYTES];
         psagg_nonce_make(nonce);
-        psagg_data_key_make(&jk, "job", nonce, &keys[p]);
+        psagg_update_key_make(&jk, "job", nonce, (uint32_t)p, &rx[p].key);
     }
 
     /* a reliable source: the address decides, whatever the field says */
@@ -80,9 +83,9 @@ int main(void)
                     .source_reliable = 1,
                     .log = &lg,
                     .peer_at = peer_at,
-                    .key_of = key_of,
-                    .owner = keys};
-    len = make(msg, 0, NULL);
+                    .rx_of = rx_of,
+                    .owner = rx};
+    len = make(msg, 0, -1);
     CHECK(psagg_gate_sender(&g, msg, len, 20) == 1, "peer at address 20");
     CHECK(psagg_gate_sender(&g, msg, 3, 10) == 0, "a short message's sender is its address's");
     CHECK(psagg_gate_sender(&g, msg, len, 99) == -1, "a stranger's address");
@@ -92,9 +95,9 @@ int main(void)
 
     /* no reliable source (shm): the field sender decides */
     g.source_reliable = 0;
-    len = make(msg, 1, NULL);
+    len = make(msg, 1, -1);
     CHECK(psagg_gate_sender(&g, msg, len, 99) == 1, "field sender 1");
-    len = make(msg, N_PEERS, NULL);
+    len = make(msg, N_PEERS, -1);
     CHECK(psagg_gate_sender(&g, msg, len, 10) == -1, "field sender names no peer");
     dropped(&g, &total, "whose field sender names no server of this job");
     CHECK(psagg_gate_sender(&g, msg, sizeof(psagg_msg_hdr) - 1, 10) == -1, "shorter than a header");
@@ -103,20 +106,24 @@ int main(void)
     /* data_auth: the MAC under the sender's key, whichever way the sender was found */
     g.tag_bytes = PSAGG_MSG_MAC_BYTES;
     g.source_reliable = 1;
-    len = make(msg, 1, &keys[1]);
+    len = make(msg, 1, 1);
     CHECK(psagg_gate_sender(&g, msg, len, 20) == 1, "a good MAC");
+    CHECK(psagg_gate_sender(&g, msg, len, 20) == -1, "the same message again");
+    dropped(&g, &total, "from server 1: a replay (its message number 1 came before");
     msg[sizeof(psagg_msg_hdr) + 7] ^= 1;
     CHECK(psagg_gate_sender(&g, msg, len, 20) == -1, "an altered payload");
-    dropped(&g, &total, "from server 1 whose MAC does not check out (forged or altered)");
-    len = make(msg, 1, &keys[0]);
+    dropped(&g, &total,
+            "from server 1 whose MAC does not check out (forged, altered, or sealed "
+            "for another receiver)");
+    len = make(msg, 1, 0);
     CHECK(psagg_gate_sender(&g, msg, len, 20) == -1, "another peer's key");
     dropped(&g, &total, "from server 1 whose MAC does not check out");
     CHECK(psagg_gate_sender(&g, msg, sizeof(psagg_msg_hdr) + 3, 20) == -1, "no room for a tag");
     dropped(&g, &total, "whose MAC does not check out");
     g.source_reliable = 0;
-    len = make(msg, 1, &keys[1]);
+    len = make(msg, 1, 1);
     CHECK(psagg_gate_sender(&g, msg, len, 99) == 1, "a good MAC, field sender 1");
-    len = make(msg, 1, &keys[0]);
+    len = make(msg, 1, 0);
     CHECK(psagg_gate_sender(&g, msg, len, 99) == -1, "a forged field sender");
     dropped(&g, &total, "claiming to come from server 1 whose MAC does not check out");
 
