@@ -772,6 +772,8 @@ static void check_control(comm_state *cs, int64_t now)
         }
         ctx->servers[s].heard_at = now;
         st = psagg_ctl_recv(p.fd, &ctx->servers[s].auth, &h, &body, psagg_now_ms() + 2000, peer);
+        if (st == PSAGG_EAGAIN) /* (an injected frame, dropped) */
+            continue;
         if (!st && h.type == PSAGG_CTL_PING && h.len == 0) {
             free(body);
             continue;

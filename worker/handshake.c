@@ -303,8 +303,11 @@ static psagg_status join_wait(psagg_ctx *ctx)
                 continue;
             snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
                      ctx->cfg.servers[s].port);
-            if ((st = psagg_ctl_recv(p.fd, &ctx->servers[s].auth, &h, &body, psagg_now_ms() + 2000,
-                                     peer)))
+            st =
+                psagg_ctl_recv(p.fd, &ctx->servers[s].auth, &h, &body, psagg_now_ms() + 2000, peer);
+            if (st == PSAGG_EAGAIN) /* (an injected frame, dropped) */
+                continue;
+            if (st)
                 return st;
             if (h.type == PSAGG_CTL_PING && h.len == 0)
                 st = PSAGG_OK;
@@ -395,8 +398,13 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg_ctl_declare *d, size_t byte
         snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
                  ctx->cfg.servers[s].port);
         /* a server we could not send to may still have sent its verdict: read it briefly */
-        st = psagg_ctl_recv(ctx->servers[s].fd, &ctx->servers[s].auth, &h, &body,
-                            sent[s] ? deadline : psagg_now_ms() + 500, peer);
+        {
+            int64_t until = sent[s] ? deadline : psagg_now_ms() + 500;
+            do /* (an injected frame is dropped: wait on for the server's) */
+                st = psagg_ctl_recv(ctx->servers[s].fd, &ctx->servers[s].auth, &h, &body, until,
+                                    peer);
+            while (st == PSAGG_EAGAIN && psagg_now_ms() < until);
+        }
         if (!st && (refused = psagg_ctl_error_parse(&h, body, &text))) {
             if (!verdict) {
                 verdict = refused;

@@ -282,6 +282,12 @@ psagg_status psagg_ctl_recv(int fd, psagg_ctl_auth *auth, psagg_ctl_hdr *hdr, vo
         *body = NULL;
         if (st != PSAGG_EAGAIN)
             return st;
+        {
+            /* dropped: read on only if more has come (the caller polls, and goes on) */
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            if (poll(&p, 1, 0) <= 0)
+                return psagg_fail(PSAGG_EAGAIN, "%s: a frame was dropped (its tag)", peer);
+        }
     }
 }
 

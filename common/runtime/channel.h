@@ -75,7 +75,9 @@ PSAGG_NODISCARD psagg_status psagg_ctl_send_error(int fd, psagg_ctl_auth *auth, 
 /*
  * Receive one frame before deadline_ms (-1: none). *body is malloc'd (NULL when len == 0) and
  * the caller frees it. `peer` names the other side in error messages. A closed connection is
- * PSAGG_EPEER, a bad header PSAGG_EPROTO (naming the field), a deadline PSAGG_ETIMEDOUT.
+ * PSAGG_EPEER, a bad header PSAGG_EPROTO (naming the field), a deadline PSAGG_ETIMEDOUT;
+ * PSAGG_EAGAIN when a frame was dropped (its tag) and nothing else has come yet: poll again
+ * (an injected frame must not hold up its receiver until the next genuine one).
  */
 PSAGG_NODISCARD psagg_status psagg_ctl_recv(int fd, psagg_ctl_auth *auth, psagg_ctl_hdr *hdr,
                                             void **body, int64_t deadline_ms, const char *peer);

@@ -138,8 +138,9 @@ static psagg_ctl_auth fd_auth[1024];
 static psagg_status recv_no_ping(int fd, psagg_ctl_hdr *h, void **body)
 {
     psagg_status st;
-    while (!(st = psagg_ctl_recv(fd, AUTH(fd), h, body, psagg_now_ms() + 20000, "server 0")) &&
-           h->type == PSAGG_CTL_PING) {
+    while (((st = psagg_ctl_recv(fd, AUTH(fd), h, body, psagg_now_ms() + 20000, "server 0")) ==
+            PSAGG_EAGAIN) ||
+           (!st && h->type == PSAGG_CTL_PING)) {
         free(*body);
         *body = NULL;
     }
