@@ -149,20 +149,136 @@ static int status_from_name(const char *s)
 }
 
 /*
- * --straggler: whether d (the updates summed over the rounds minus every input) is, within
- * bound, minus the inputs of the last 0..TAIL_ROUNDS rounds of some of the workers w.. (what
- * a worker left out of its last rounds still carries).
+ * --straggler: what a worker left out of its last rounds still carries (no later push took
+ * it): a worker late by more than grace_ms in each of the last k rounds of a chunk carries k
+ * of them. The elements of one chunk share one k per worker (its rounds closed alike), so
+ * each chunk's k[] is found once and must explain a run of its elements, not each element
+ * on its own (before, each element could take any of 4^workers k[] of tails up to 3 rounds,
+ * and one of them matched a wrong sum by chance now and then).
+ *
+ * tail_sum: the inputs of worker w's last k rounds at element i of tensor t.
+ * tails_fit: whether k[] (per worker) explains elements i.. of d (the updates summed over the
+ * rounds minus every input), within bound, at `want` elements (fewer at the tensor's end).
+ * find_tails: the shortest k[] (each 0..end) that explains element i and the TAIL_CHECK after
+ * it. The k[] with tails up to 1, then 2, ... are tried, meeting in the middle: the sums of
+ * the first half of the workers' tails against the sorted sums of the other half's, so any
+ * tail length is found. One element alone is matched by chance by some of the sums, a run of
+ * them is not, so a difference that is no carry (a lost or doubled push) is still caught. A
+ * run shorter than that (a tensor of a few elements) takes tails of up to TAIL_SHORT rounds
+ * only, or too many k[] would explain anything.
  */
-#define TAIL_ROUNDS 3
-static int carried_tails(double d, double tails[][TAIL_ROUNDS + 1], int w, int world, int end,
-                         double bound)
+#define TAIL_CHECK   8
+#define TAIL_SHORT   3
+#define TAIL_WORKERS 6 /* the most workers the search takes ((end + 1)^3 sums a side) */
+static double tail_sum(int w, int t, uint64_t i, int end, int k)
 {
-    if (w == world)
-        return fabs(d) <= bound;
-    for (int k = 0; k <= TAIL_ROUNDS && k <= end; k++)
-        if (carried_tails(d + tails[w][k], tails, w + 1, world, end, bound))
-            return 1;
-    return 0;
+    double s = 0;
+    for (int j = 1; j <= k && end - j >= 0; j++)
+        s += input_value(w, (uint32_t)t, (uint32_t)(end - j), i);
+    return s;
+}
+
+static int tails_fit(double *const *cum, int t, uint64_t i, uint64_t count, const int *k, int world,
+                     int end, double bound, int want)
+{
+    for (uint64_t e = i; e < count && e < i + (uint64_t)want; e++) {
+        double d = cum[t][e];
+        for (int w = 0; w < world; w++)
+            d += tail_sum(w, t, e, end, k[w]);
+        if (!(fabs(d) <= bound))
+            return 0;
+    }
+    return 1;
+}
+
+typedef struct half_sum {
+    double sum;
+    uint64_t code; /* the tails, in base end + 1 */
+} half_sum;
+
+static int by_sum(const void *a, const void *b)
+{
+    double x = ((const half_sum *)a)->sum, y = ((const half_sum *)b)->sum;
+    return x < y ? -1 : x > y;
+}
+
+/* Every combination of tails 0..kmax of workers [from, to) at element i (at: their tail sums
+   at i, end + 1 per worker): n sums, each with its tails in base kmax + 1. */
+static half_sum *half_sums(const double *at, int from, int to, int end, int kmax, size_t *n)
+{
+    size_t count = 1, base = (size_t)kmax + 1;
+    half_sum *h;
+    for (int w = from; w < to; w++)
+        count *= base;
+    if (!(h = malloc(count * sizeof *h)))
+        return NULL;
+    for (size_t c = 0; c < count; c++) {
+        size_t code = c;
+        h[c] = (half_sum){0, c};
+        for (int w = from; w < to; w++, code /= base)
+            h[c].sum += at[(size_t)w * ((size_t)end + 1) + code % base];
+    }
+    *n = count;
+    return h;
+}
+
+/* find_tails with every tail at most kmax (at: as half_sums'). */
+static int find_tails_upto(double *const *cum, int t, uint64_t i, uint64_t count, int *k, int world,
+                           int end, double bound, const double *at, int kmax)
+{
+    int mid = world / 2, found = 0;
+    size_t na = 0, nb = 0;
+    uint64_t base = (uint64_t)kmax + 1;
+    half_sum *a = half_sums(at, 0, mid, end, kmax, &na), *b = NULL;
+
+    if (!a || !(b = half_sums(at, mid, world, end, kmax, &nb)))
+        goto out;
+    qsort(b, nb, sizeof *b, by_sum);
+    for (size_t x = 0; x < na && !found; x++) {
+        double want = -(cum[t][i] + a[x].sum); /* b's sum that explains element i */
+        size_t lo = 0, hi = nb;
+        while (lo < hi) { /* the first of b not below want - bound */
+            size_t m = lo + (hi - lo) / 2;
+            if (b[m].sum < want - bound)
+                lo = m + 1;
+            else
+                hi = m;
+        }
+        for (size_t y = lo; y < nb && b[y].sum <= want + bound && !found; y++) {
+            uint64_t ca = a[x].code, cb = b[y].code;
+            for (int w = 0; w < mid; w++, ca /= base)
+                k[w] = (int)(ca % base);
+            for (int w = mid; w < world; w++, cb /= base)
+                k[w] = (int)(cb % base);
+            found = tails_fit(cum, t, i, count, k, world, end, bound, 1 + TAIL_CHECK);
+        }
+    }
+out:
+    free(a);
+    free(b);
+    return found;
+}
+
+/* The shortest tails (the least longest one) that explain element i and those after it. */
+static int find_tails(double *const *cum, int t, uint64_t i, uint64_t count, int *k, int world,
+                      int end, double bound)
+{
+    int found = 0;
+    double *at = malloc((size_t)world * ((size_t)end + 1) * sizeof *at);
+    if (!at || world > TAIL_WORKERS) {
+        free(at);
+        return 0;
+    }
+    for (int w = 0; w < world; w++)
+        for (int j = 0; j <= end; j++)
+            at[(size_t)w * ((size_t)end + 1) + (size_t)j] = tail_sum(w, t, i, end, j);
+    for (int kmax = 1; kmax <= end && !found; kmax++) {
+        if (kmax > TAIL_SHORT && count - i < 1 + TAIL_CHECK)
+            break;
+        found = find_tails_upto(cum, t, i, count, k, world, end, bound, at, kmax);
+    }
+    free(at);
+    return found;
 }
 
 int main(int argc, char **argv)
@@ -781,20 +897,20 @@ int main(int argc, char **argv)
                                                     : (2.0 * world + 2.0) * level;
         double worst = 0;
         uint64_t carried = 0;
+        int last_k[64] = {0}, longest_tail = 0;
         for (int t = 0; t < n; t++)
             for (uint64_t i = 0; i < count[t]; i++) {
                 /* a worker left out of the last rounds still carries them (as no later push
                    took them): a difference of such tails is no loss */
-                double tails[64][TAIL_ROUNDS + 1];
-                int explained = fabs(cum[t][i]) <= bound;
+                int explained = fabs(cum[t][i]) <= bound, k[64];
                 if (!explained && world <= 64) {
-                    for (int w = 0; w < world; w++) {
-                        tails[w][0] = 0;
-                        for (int k = 1; k <= TAIL_ROUNDS && end - k >= 0; k++)
-                            tails[w][k] = tails[w][k - 1] +
-                                          input_value(w, (uint32_t)t, (uint32_t)(end - k), i);
-                    }
-                    explained = carried_tails(cum[t][i], tails, 0, world, end, bound);
+                    /* the tails of the element before (its chunk's), else a new chunk's */
+                    explained = tails_fit(cum, t, i, count[t], last_k, world, end, bound, 1);
+                    if (!explained &&
+                        (explained = find_tails(cum, t, i, count[t], k, world, end, bound)))
+                        memcpy(last_k, k, (size_t)world * sizeof *k);
+                    for (int w = 0; explained && w < world; w++)
+                        longest_tail = last_k[w] > longest_tail ? last_k[w] : longest_tail;
                     carried += (uint64_t)explained;
                 }
                 if (!explained && fabs(cum[t][i]) > worst)
@@ -811,8 +927,8 @@ int main(int argc, char **argv)
             }
         if (carried)
             printf("QUORUM worker %d: %llu elements still carried by workers left out of the "
-                   "last rounds\n",
-                   rank, (unsigned long long)carried);
+                   "last rounds (up to %d rounds)\n",
+                   rank, (unsigned long long)carried, longest_tail);
         if ((st = psagg_get_stats(ctx, &s)))
             goto failed;
         printf("QUORUM worker %d left_out %llu; the updates over %d rounds %s every input "
