@@ -271,21 +271,19 @@ static void missing_workers(const server *srv, enum worker_state below, char *bu
             used += (size_t)snprintf(buf + used, len - used, "%s%d", used ? "," : "", w);
 }
 
-/* All declarations are in and identical: check the budget, build the layout, start. */
+/* All declarations are in and identical (the job's): check the budget, build the layout, start. */
 static psagg_status start_job(server *srv)
 {
-    const worker_conn *w0 = &srv->workers[srv->decl_ref];
+    const psagg_ctl_declare *d = &srv->job_decl_hdr;
     psagg_status st;
     size_t rbuf_size;
     int n_rbufs;
 
     /* refuse what would not fit before building anything (the layout itself included) */
-    if ((st = agg_check_budget(srv, w0->decl, w0->decl_hdr.count, w0->decl_hdr.chunk_elems,
-                               w0->decl_hdr.adapt_interval)))
+    if ((st = agg_check_budget(srv, srv->job_decl, d->count, d->chunk_elems, d->adapt_interval)))
         return st;
-    st =
-        psagg_layout_build(w0->decl, w0->decl_hdr.count, w0->decl_hdr.chunk_elems,
-                           (uint32_t)srv->cfg.n_servers, w0->decl_hdr.adapt_interval, &srv->layout);
+    st = psagg_layout_build(srv->job_decl, d->count, d->chunk_elems, (uint32_t)srv->cfg.n_servers,
+                            d->adapt_interval, &srv->layout);
     if (st)
         return st;
     /* a parameter's push: its body (INIT: fp32 weights) and its trailer */
@@ -429,6 +427,16 @@ static int start_or_refuse(server *srv, int *rc)
         *rc = startup_failed(srv, PSAGG_EMISMATCH, msg);
         return -1;
     }
+    /* the job's declaration, kept as its own: a joiner's must equal it, and checkpoints and
+       the layout read it, never a worker's (which may die, or rejoin and declare again) */
+    srv->job_decl_hdr = srv->workers[srv->decl_ref].decl_hdr;
+    srv->job_decl = malloc((size_t)srv->job_decl_hdr.count * sizeof *srv->job_decl);
+    if (!srv->job_decl) {
+        *rc = startup_failed(srv, PSAGG_ENOMEM, "no memory for the job's declaration");
+        return -1;
+    }
+    memcpy(srv->job_decl, srv->workers[srv->decl_ref].decl,
+           (size_t)srv->job_decl_hdr.count * sizeof *srv->job_decl);
     {
         psagg_status st = start_job(srv);
         if (st) {
@@ -438,14 +446,6 @@ static int start_or_refuse(server *srv, int *rc)
             return -1;
         }
     }
-    srv->job_decl_hdr = srv->workers[srv->decl_ref].decl_hdr; /* a joiner's must equal it */
-    srv->job_decl = malloc((size_t)srv->job_decl_hdr.count * sizeof *srv->job_decl);
-    if (!srv->job_decl) {
-        *rc = startup_failed(srv, PSAGG_ENOMEM, "no memory for the job's declaration");
-        return -1;
-    }
-    memcpy(srv->job_decl, srv->workers[srv->decl_ref].decl,
-           (size_t)srv->job_decl_hdr.count * sizeof *srv->job_decl);
     {
         /* an elastic job: server 0 names the starting workers, relayed to the others (START) */
         uint32_t len = 0;

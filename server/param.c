@@ -315,7 +315,7 @@ static void decl_text(const psagg_ctl_tensor *t, char *buf, size_t len)
 psagg_status optim_check_job(server *srv)
 {
     const psagg_layout *l = &srv->layout;
-    const psagg_ctl_tensor *decl = srv->workers[0].decl;
+    const psagg_ctl_tensor *decl = srv->job_decl;
     struct ckpt_file *f = srv->restore;
     uint32_t k = 0;
 
@@ -344,13 +344,13 @@ psagg_status optim_check_job(server *srv)
                 "%s",
                 f->path, t, a, b);
         }
-    if (f->head->chunk_elems != srv->workers[0].decl_hdr.chunk_elems)
+    if (f->head->chunk_elems != srv->job_decl_hdr.chunk_elems)
         return psagg_fail(
             PSAGG_EMISMATCH,
             "checkpoint %s, nothing loaded: its chunks have %llu elements, the workers' "
             "%llu ([worker] chunk_bytes)",
             f->path, (unsigned long long)f->head->chunk_elems,
-            (unsigned long long)srv->workers[0].decl_hdr.chunk_elems);
+            (unsigned long long)srv->job_decl_hdr.chunk_elems);
     if (f->head->optimizer != (uint32_t)srv->optim.kind)
         return psagg_fail(PSAGG_EMISMATCH,
                           "checkpoint %s, nothing loaded: it holds the state of optimizer %s; this "
@@ -688,7 +688,7 @@ psagg_status optim_checkpoint(server *srv, char *path, size_t len)
                       .n_servers = (uint32_t)srv->cfg.n_servers,
                       .optimizer = (uint32_t)srv->optim.kind,
                       .n_tensors = l->n_tensors,
-                      .chunk_elems = srv->workers[0].decl_hdr.chunk_elems};
+                      .chunk_elems = srv->job_decl_hdr.chunk_elems};
     uint8_t sum[CKPT_SUM];
     struct timespec now;
     int fd, dfd;
@@ -719,7 +719,7 @@ psagg_status optim_checkpoint(server *srv, char *path, size_t len)
     }
     crypto_generichash_init(&wr.hs, NULL, 0, CKPT_SUM);
     put(&wr, &head, sizeof head);
-    put(&wr, srv->workers[0].decl, (size_t)l->n_tensors * sizeof(psagg_ctl_tensor));
+    put(&wr, srv->job_decl, (size_t)l->n_tensors * sizeof(psagg_ctl_tensor));
     for (uint32_t i = 0; i < srv->n_owned; i++) {
         const chunk_state *c = &srv->chunks[i];
         const param_state *ps = c->param;

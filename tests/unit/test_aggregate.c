@@ -14,10 +14,17 @@
  *   quorum_rearm      a round whose grace passed while it waited for a worker two rounds
  *                     behind closes as soon as that worker's push comes, without the workers
  *                     still missing that may be left out
+ *   epoch_ahead       (elastic, server 1) an epoch a joiner relays before the one before it
+ *                     waits for it; a member relaying one ahead fails the job
+ *   parked_ahead      a joiner's push of an epoch two ahead waits through the epoch between
+ *   checkpoint_decl   ([server] optimizer, checkpoint_dir) a checkpoint is written from the
+ *                     job's declaration, whoever of the workers is gone (worker 0's was read:
+ *                     a job started without it, or a checkpoint while it rejoins, crashed)
  *
  * Label `regression` as well as `unit` (tests/unit/CMakeLists.txt).
  */
 #include <pthread.h>
+#include <sys/stat.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +45,7 @@
 typedef struct harness {
     server *srv;
     char ini[64];
+    char dir[64];               /* checkpoint_dir (optimizer) */
     const psagg_chunk_info *ci; /* the chunk owned here */
     recv_buf **bufs;            /* every push made, freed at the end */
     int n_bufs, cap_bufs;
@@ -47,6 +55,7 @@ typedef struct harness {
  * quorum and grace_ms; rank: this server's. */
 typedef struct harness_opts {
     int workers, max_workers, servers, rank, quorum, grace_ms;
+    int optimizer; /* sgd, parameters, a checkpoint_dir under the harness's folder */
 } harness_opts;
 
 static volatile sig_atomic_t never_stop;
@@ -77,6 +86,11 @@ static void harness_start(harness *hz, const harness_opts *o)
     fprintf(f, "[server]\nthreads = 1\n");
     if (o->quorum)
         fprintf(f, "quorum = %d\ngrace_ms = %d\n", o->quorum, o->grace_ms);
+    if (o->optimizer) {
+        snprintf(hz->dir, sizeof hz->dir, "/tmp/psagg-test-aggregate-ck-XXXXXX");
+        CHECK(mkdtemp(hz->dir), "mkdtemp");
+        fprintf(f, "optimizer = sgd\ncheckpoint_dir = %s\n", hz->dir);
+    }
     fprintf(f, "[log]\nlevel = warn\n");
     fclose(f);
     CHECK(!psagg_config_load(hz->ini, &cfg), "config: %s", psagg_last_error());
@@ -90,7 +104,13 @@ static void harness_start(harness *hz, const harness_opts *o)
     for (int k = 0; k < o->servers; k++) {
         char name[8] = {'t', (char)('0' + k), 0};
         CHECK(!psagg_tensor_to_wire(name, COUNT, &fp32, &decl[k]), "%s", psagg_last_error());
+        decl[k].flags = o->optimizer ? PSAGG_DECL_PARAM : 0;
     }
+    /* the job's declaration, as start_or_refuse keeps it (control.c) */
+    hz->srv->job_decl_hdr =
+        (psagg_ctl_declare){.count = (uint32_t)o->servers, .chunk_elems = COUNT};
+    CHECK((hz->srv->job_decl = malloc((size_t)o->servers * sizeof *decl)), "out of memory");
+    memcpy(hz->srv->job_decl, decl, (size_t)o->servers * sizeof *decl);
     CHECK(!psagg_layout_build(decl, (uint32_t)o->servers, COUNT, (uint32_t)o->servers, 0,
                               &hz->srv->layout),
           "%s", psagg_last_error());
@@ -112,6 +132,8 @@ static void harness_stop(harness *hz)
     }
     free(hz->bufs);
     unlink(hz->ini);
+    if (hz->dir[0])
+        rmdir(hz->dir);
 }
 
 /* Worker w's push of `round` in membership epoch `epoch`, every element `value`. */
@@ -405,6 +427,29 @@ static void parked_ahead(void)
            "round 0 of epoch 2 (sum 3)\n");
 }
 
+/*
+ * Server 0 of a job with parameters and a checkpoint_dir, started without worker 0 (an elastic
+ * start-up where it died, or it is rejoining: its declaration is gone): worker 1 asks for a
+ * checkpoint. It must be written from the job's declaration (before, worker 0's was read:
+ * NULL, and the server crashed).
+ */
+static void checkpoint_decl(void)
+{
+    harness hz;
+    char path[4096];
+    struct stat sb;
+
+    harness_start(&hz, &(harness_opts){.workers = 2, .servers = 1, .optimizer = 1});
+    CHECK(hz.srv->workers[0].decl == NULL && hz.srv->workers[1].decl == NULL,
+          "no worker's declaration is kept here");
+    CHECK(!optim_checkpoint(hz.srv, path, sizeof path), "checkpoint: %s", psagg_last_error());
+    CHECK(!stat(path, &sb) && sb.st_size > (off_t)(112 + 96 + 32), "checkpoint %s", path);
+    unlink(path);
+    harness_stop(&hz);
+    printf("checkpoint_decl: %s written (%lld bytes) from the job's declaration, no worker's\n",
+           path, (long long)sb.st_size);
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -413,7 +458,8 @@ int main(int argc, char **argv)
     } cases[] = {{"quorum_deferred", quorum_deferred},
                  {"quorum_rearm", quorum_rearm},
                  {"epoch_ahead", epoch_ahead},
-                 {"parked_ahead", parked_ahead}};
+                 {"parked_ahead", parked_ahead},
+                 {"checkpoint_decl", checkpoint_decl}};
     int ran = 0;
 
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
