@@ -100,6 +100,8 @@ uint64_t psagg_layout_chunk_elems(const psagg_ctl_tensor *decl, uint32_t n, uint
             total += decl[t].count; /* (at most 2^20 tensors of 2^32 elements: no overflow) */
     share = total / ((uint64_t)(n_servers ? n_servers : 1) * PSAGG_LAYOUT_SHARES);
     share = (share + PSAGG_LAYOUT_MIN_CUT - 1) / PSAGG_LAYOUT_MIN_CUT * PSAGG_LAYOUT_MIN_CUT;
+    if (share < PSAGG_LAYOUT_MIN_CUT) /* (no per-round tensor at all: every one rare) */
+        share = PSAGG_LAYOUT_MIN_CUT;
     return share < chunk_elems ? share : chunk_elems;
 }
 

@@ -131,6 +131,18 @@ int main(void)
     static model mlp = {"digits-mlp", {64 * 64, 64, 10 * 64, 10}, 4};
     static model resnet, bert;
 
+    { /* a declaration of rare tensors alone: no per-round load to share (it divided by 0) */
+        psagg_ctl_tensor d;
+        psagg_layout l;
+        psagg_codec f32 = {PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC};
+        CHECK(!psagg_tensor_to_wire("b", 100000, &f32, &d), "%s", psagg_last_error());
+        d.flags = PSAGG_DECL_RARE;
+        CHECK(!psagg_layout_build(&d, 1, CHUNK_ELEMS, 2, 0, &l), "%s", psagg_last_error());
+        CHECK(l.tensors[0].chunk_elems == PSAGG_LAYOUT_MIN_CUT && l.n_chunks == 25,
+              "rare only: chunks of %llu elements, %u chunks",
+              (unsigned long long)l.tensors[0].chunk_elems, l.n_chunks);
+        psagg_layout_free(&l);
+    }
     model_file(&resnet, "resnet50");
     model_file(&bert, "bert_base");
     for (uint32_t servers = 2; servers <= 4; servers += 2)
