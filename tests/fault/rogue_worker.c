@@ -781,7 +781,8 @@ static void forge(int fd, uint16_t type, const void *b, uint32_t len)
     uint8_t frame[sizeof(psagg_ctl_hdr) + 4096];
     psagg_ctl_hdr h = {PSAGG_CTL_MAGIC, type, PSAGG_PROTO_VERSION, len + PSAGG_CTL_TAG_BYTES};
     memcpy(frame, &h, sizeof h);
-    memcpy(frame + sizeof h, b, len);
+    if (len)
+        memcpy(frame + sizeof h, b, len);
     psagg_nonce_make(frame + sizeof h + len); /* 16 random bytes */
     write_frame(fd, frame, sizeof h + h.len);
 }
