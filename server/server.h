@@ -16,6 +16,7 @@
  *                and repost the buffers the aggregation threads queue (state.c); completions
  *   aggregate.c  per-chunk rounds and the aggregation thread pool
  *   param.c      parameter chunks ([server] optimizer): the optimizer's rounds, checkpoints
+ *   checkpoint.c the checkpoint file: its format, written from param.c's state, read back
  *   gpu.c        the optional GPU assist of the aggregation threads
  *   state.c      what all of them share: failure reports, closing a peer, reposting a buffer,
  *                the queues of updates and buffers to the progress thread
@@ -532,6 +533,24 @@ extern const chunk_ops param_chunk_ops;
 /* The control thread, for a worker's CHECKPOINT, after agg_barrier: write every parameter
  * chunk's state. */
 psagg_status optim_checkpoint(server *srv, char *path, size_t len);
+
+/*
+ * checkpoint.c: the file (<checkpoint_dir>/psagg-server-<rank>.ckpt). open: read and check all
+ * of it (resume; why not, with its path, on failure); close; path: its name. match: the job
+ * (its declaration, chunk size, optimizer kind and `arrays` per chunk) must be the file's,
+ * chunk by chunk, before anything is loaded. state: owned slot `slot`'s arrays (`arrays` of
+ * its count each), optimizer step and round, or NULL (f NULL, or no parameter chunk there).
+ * write: every parameter chunk's state (w, view, then the optimizer's: `arrays` in all),
+ * written to a temporary name, synced and renamed; *path gets the file's name.
+ */
+struct ckpt_file;
+psagg_status ckpt_open(const server *srv, struct ckpt_file **out);
+void ckpt_close(struct ckpt_file *f);
+const char *ckpt_file_path(const struct ckpt_file *f);
+psagg_status ckpt_match(const server *srv, struct ckpt_file *f, psagg_optim_kind kind, int arrays);
+const float *ckpt_state(const struct ckpt_file *f, uint32_t slot, uint32_t *arrays, uint64_t *step,
+                        uint32_t *round);
+psagg_status ckpt_write(const server *srv, int arrays, char *path, size_t len);
 
 /* gpu.c */
 psagg_status gpu_thread_init(server *srv, agg_thread *t);
