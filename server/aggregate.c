@@ -132,17 +132,7 @@ void agg_finish_round(server *srv, chunk_state *c)
     enc = (size_t)r;
     h->epoch = (uint16_t)atomic_load(&srv->epoch);
     h->summed = (uint16_t)c->n_arrived;
-    if (srv->bitmap_bytes) { /* [server] quorum: whose pushes are in it (wire.h) */
-        uint8_t *bits = c->out[p] + sizeof *h + enc;
-        memset(bits, 0, srv->bitmap_bytes);
-        for (int w = 0; w < srv->n_workers; w++) {
-            if (c->arrived[w])
-                bits[w / 8] |= (uint8_t)(1u << (w % 8));
-            else if (c->closing && server_member(srv, w))
-                metrics_left_out(srv, w);
-        }
-        enc += srv->bitmap_bytes;
-    }
+    enc += srv->policy->trailer(srv, c, c->out[p] + sizeof *h + enc); /* (quorum: bitmap) */
     if (srv->tag_bytes) /* one seal: every worker gets the same bytes (runtime/auth.h) */
         psagg_node_seal(&srv->node, &srv->update_key, atomic_fetch_add(&srv->update_seq, 1) + 1,
                         c->out[p], sizeof *h + enc);
@@ -303,82 +293,6 @@ const chunk_sum_ops cpu_sum_ops = {
     .encode = cpu_encode,
 };
 
-static void quorum_close(server *srv, chunk_state *c, int64_t now);
-
-/*
- * [server] quorum: c's round has `quorum` pushes (of the live workers: all of them when fewer
- * are alive): it closes grace_ms from now without the workers still missing (quorum_close).
- * Only a round of gradients may (chunk_ops.partial). The aggregation thread's timer wakes at
- * the earliest such time of its chunks (agg_main).
- */
-static void quorum_arm(server *srv, chunk_state *c)
-{
-    int live = 0;
-    agg_thread *t = &srv->threads[c->thread];
-    if (c->close_at_ms < 0) { /* its grace passed: this push may be the one it waited for */
-        quorum_close(srv, c, psagg_now_ms());
-        return;
-    }
-    if (c->close_at_ms || !c->n_arrived || !c->ops->partial(c))
-        return;
-    /* the live workers, counted up to the quorum (beyond it the quorum is the bar) */
-    for (int w = 0; w < srv->n_workers && live < srv->cfg.quorum; w++)
-        live += server_member(srv, w);
-    if ((int)c->n_arrived < live)
-        return;
-    c->close_at_ms = psagg_now_ms() + srv->cfg.grace_ms;
-    if (!t->close_next_ms || c->close_at_ms < t->close_next_ms)
-        t->close_next_ms = c->close_at_ms;
-    if (!srv->cfg.grace_ms)
-        quorum_close(srv, c, c->close_at_ms);
-}
-
-/*
- * Close c's round without its missing workers if its grace has passed (close_at_ms -1: it
- * passed, and the round waits for a worker too far behind). A worker is left out only if its
- * push of the previous round came (wire.h): so none is ever more than one round behind, and
- * a worker holds at most one early update per chunk. Otherwise the round waits for it (its
- * late push, or its push of this round) and the op deadline still applies.
- */
-static void quorum_close(server *srv, chunk_state *c, int64_t now)
-{
-    if (!c->close_at_ms || (c->close_at_ms > 0 && now < c->close_at_ms) || c->closing ||
-        c->broken || atomic_load(&c->deferred))
-        return;
-    for (int w = 0; w < srv->n_workers; w++)
-        if (!c->arrived[w] && server_member(srv, w) && c->seen[w] < c->round) {
-            c->close_at_ms = -1;
-            return;
-        }
-    c->closing = 1;
-    if (c->ops->settle(srv, c) & CHUNK_COMPLETE)
-        agg_finish_round(srv, c);
-}
-
-/*
- * The aggregation thread's chunks whose grace has passed close; the next one's time. Only a
- * time still ahead is kept: a round that could not close when its time came (it waits for a
- * worker too far behind, or for its update's buffer) is looked at again by what it waits for
- * (that push, the retry, a membership change), never by a timer already due, which would
- * wake this thread again at once, for ever, ahead of its queue.
- */
-static void quorum_timer(server *srv, agg_thread *t, int64_t now)
-{
-    int self = (int)(t - srv->threads);
-    int64_t next = 0;
-    if (!t->close_next_ms || now < t->close_next_ms)
-        return;
-    for (uint32_t i = 0; i < srv->n_owned; i++) {
-        chunk_state *c = &srv->chunks[i];
-        if ((int)c->thread != self || c->close_at_ms <= 0)
-            continue;
-        quorum_close(srv, c, now);
-        if (c->close_at_ms > now && !c->closing && (!next || c->close_at_ms < next))
-            next = c->close_at_ms;
-    }
-    t->close_next_ms = next;
-}
-
 /*
  * One push for chunk c, already checked by the progress thread: its source (and MAC with
  * data_auth), then its fields against the layout. So a forged push never reaches this point
@@ -398,18 +312,8 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
     if (c->ops->admit(srv, c, rb, &round))
         return 0;
     if (round < c->round || (round == c->round && c->closing)) {
-        if (srv->cfg.quorum && round + 1 >= c->round) {
-            /* its round closed without it (a straggler): it carries the push itself */
-            if (c->seen[w] < round + 1)
-                c->seen[w] = round + 1;
-            metrics_late(srv, w);
-            LOG_DEBUG(&srv->log,
-                      "late push from worker %d: tensor %u chunk %u round %u (collecting %u), "
-                      "dropped: the round closed without it",
-                      w, h->key, h->chunk, h->round, c->round);
-            quorum_close(srv, c, psagg_now_ms()); /* it may have been waiting for this one */
-            return 0;
-        }
+        if (srv->policy->late(srv, c, w, round))
+            return 0; /* (the policy's: a straggler's, quorum.c) */
         LOG_WARN(&srv->log,
                  "stale push from worker %d: tensor %u chunk %u round %u (collecting %u), dropped",
                  w, h->key, h->chunk, h->round, c->round);
@@ -438,13 +342,10 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
         c->last_worker = (uint32_t)w;
         metrics_lateness(srv, w, now - c->first_push_ns);
     }
-    if (c->ops->partial(c)) /* (a parameter's INIT or PULL is no round of gradients) */
-        c->seen[w] = round + 1;
     r = c->ops->collect(srv, c, w, rb);
+    srv->policy->pushed(srv, c, w, round, (r & CHUNK_COMPLETE) != 0);
     if (r & CHUNK_COMPLETE)
         agg_finish_round(srv, c);
-    else if (srv->cfg.quorum && !c->broken)
-        quorum_arm(srv, c);
     return r & CHUNK_KEPT;
 }
 
@@ -585,8 +486,8 @@ static void *agg_main(void *arg)
         while (!t->head && !t->stop) {
             struct timespec until;
             int64_t ms = DEADLINE_CHECK_MS;
-            if (t->close_next_ms) { /* a round's grace ([server] quorum) may end sooner */
-                int64_t left = t->close_next_ms - psagg_now_ms();
+            if (t->wake_ms) { /* its round policy's timer (a quorum's grace) may be sooner */
+                int64_t left = t->wake_ms - psagg_now_ms();
                 ms = left < 1 ? 1 : left < ms ? left : ms;
             }
             clock_gettime(CLOCK_MONOTONIC, &until);
@@ -603,9 +504,9 @@ static void *agg_main(void *arg)
             break;
         }
         now = psagg_now_ms();
-        if (t->close_next_ms && now >= t->close_next_ms && !atomic_load(&srv->job_failed)) {
+        if (t->wake_ms && now >= t->wake_ms && !atomic_load(&srv->job_failed)) {
             pthread_mutex_unlock(&t->mu);
-            quorum_timer(srv, t, now);
+            t->wake_ms = srv->policy->timer(srv, t, now);
             continue;
         }
         if (now >= next_check) {
@@ -652,10 +553,8 @@ void agg_settle(server *srv, chunk_state *c)
 {
     if (!c->broken && c->n_arrived && (c->ops->settle(srv, c) & CHUNK_COMPLETE))
         agg_finish_round(srv, c);
-    else if (srv->cfg.quorum && !c->broken && c->n_arrived) { /* fewer live: maybe a quorum */
-        quorum_arm(srv, c);
-        quorum_close(srv, c, psagg_now_ms());
-    }
+    else if (!c->broken && c->n_arrived)
+        srv->policy->changed(srv, c);
 }
 
 void agg_send_done(server *srv, send_ctx *sc)

@@ -59,7 +59,10 @@ server *server_open(const psagg_config *cfg, int rank, const volatile sig_atomic
     /* an elastic job's ranks: up to max_workers, of which `workers` start it (membership.c) */
     srv->n_workers = cfg->elastic ? cfg->max_workers : cfg->n_workers;
     srv->start_workers = cfg->n_workers;
-    srv->bitmap_bytes = cfg->quorum ? ((size_t)cfg->n_workers + 7) / 8 : 0;
+    /* [server] quorum: rounds may close without stragglers, and say whose pushes they sum in
+       a bitmap of every rank (an elastic job's max_workers) */
+    srv->policy = cfg->quorum ? &quorum_policy : &every_member_policy;
+    srv->bitmap_bytes = cfg->quorum ? ((size_t)srv->n_workers + 7) / 8 : 0;
     srv->workers = calloc((size_t)srv->n_workers, sizeof *srv->workers);
     srv->rank_at = calloc((size_t)srv->n_workers, sizeof *srv->rank_at);
     if (!srv->workers || !srv->rank_at || admission_init(srv) || metrics_init(srv) ||

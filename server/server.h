@@ -14,6 +14,8 @@
  *   progress.c   the data path's progress thread, the endpoint's one user: receive pushes,
  *                check them, route each to its chunk's aggregation thread; send the updates
  *                and repost the buffers the aggregation threads queue (state.c); completions
+ *   quorum.c     round policies: when a round closes and whose pushes it sums (every
+ *                member; [server] quorum and grace_ms)
  *   aggregate.c  per-chunk rounds and the aggregation thread pool
  *   param.c      parameter chunks ([server] optimizer): the optimizer's rounds, checkpoints
  *   checkpoint.c the checkpoint file: its format, written from param.c's state, read back
@@ -23,8 +25,9 @@
  *   arena.c      the aggregation threads' jemalloc arenas
  *   metrics.c    counters of all of them, the straggler report, the Prometheus endpoint, the
  *                resource usage per round
- * No file calls one above it in this list, except through the queue of aggregate.c and a
- * chunk's operations tables (param.c sums through aggregate.c's cpu_sum_ops).
+ * No file calls one above it in this list, except through the queue of aggregate.c, a chunk's
+ * operations tables (param.c sums through aggregate.c's cpu_sum_ops) and the round policy
+ * (aggregate.c asks quorum.c's tables).
  */
 #ifndef PSAGG_SERVER_H
 #define PSAGG_SERVER_H
@@ -172,7 +175,7 @@ typedef struct chunk_state {
     send_ctx sctx[2];
     param_state *param; /* param_chunk_ops' state (param.c), else NULL */
     size_t out_cap;     /* payload bytes out[] holds: cap_bytes, or a parameter's fp32 */
-    /* [server] quorum (straggler tolerance): */
+    /* the round policy's (quorum.c; [server] quorum, straggler tolerance): */
     int64_t close_at_ms;   /* 0, or when the round closes without the workers still missing */
     int closing;           /* it closes now: the missing members are passed over */
     uint32_t *seen;        /* per worker: 1 + the newest round of its that came (on time or late) */
@@ -257,6 +260,29 @@ typedef struct chunk_ops {
     int (*partial)(const chunk_state *c);
 } chunk_ops;
 
+/*
+ * A round policy (quorum.c): when a chunk's round closes and whose pushes it sums. aggregate.c
+ * calls the server's one (srv->policy) in the chunk's aggregation thread:
+ *   late     a push of a round that is over (an older round, or this one closing) from
+ *            member w: 1 when the policy takes it (its own business, dropped quietly), 0 when
+ *            it is stale (dropped with a warning)
+ *   pushed   a push of the round was collected (complete: the round is whole, and finishes)
+ *   changed  the membership changed and the round is not whole
+ *   timer    the thread's wake time (wake_ms) came: close what is due; the next wake time
+ *            (strictly ahead), or 0
+ *   trailer  the finished round's update: write what follows its payload (inside the MAC) at
+ *            out; its bytes
+ */
+struct agg_thread;
+typedef struct round_policy {
+    const char *name;
+    int (*late)(struct server *srv, chunk_state *c, int w, uint32_t round);
+    void (*pushed)(struct server *srv, chunk_state *c, int w, uint32_t round, int complete);
+    void (*changed)(struct server *srv, chunk_state *c);
+    int64_t (*timer)(struct server *srv, struct agg_thread *t, int64_t now);
+    size_t (*trailer)(struct server *srv, chunk_state *c, uint8_t *out);
+} round_policy;
+
 typedef struct agg_thread {
     struct server *srv;
     pthread_t tid;
@@ -265,9 +291,9 @@ typedef struct agg_thread {
     agg_item *head, *tail;
     agg_item barrier; /* agg_barrier's marker in the queue */
     int stop;
-    void *cuda;            /* psagg_cuda_ctx of the GPU assist, or NULL (gpu.c) */
-    int64_t close_next_ms; /* the earliest close_at_ms of its chunks, or 0 (quorum) */
-    uint64_t gpu_failed;   /* sums the GPU could not make, made on the CPU instead (gpu.c) */
+    void *cuda;          /* psagg_cuda_ctx of the GPU assist, or NULL (gpu.c) */
+    int64_t wake_ms;     /* when its round policy's timer is due (its chunks'), or 0 */
+    uint64_t gpu_failed; /* sums the GPU could not make, made on the CPU instead (gpu.c) */
 } agg_thread;
 
 /* The pool's start-up: each thread reports once its chunks' buffers are allocated. */
@@ -305,6 +331,7 @@ typedef struct server {
     int start_workers;   /* the ranks that start it (`workers`); the others may join it later */
     int decl_ref;        /* the first starting worker that declared: the job's declaration */
     size_t bitmap_bytes; /* [server] quorum: an update's contributor bitmap (wire.h), else 0 */
+    const round_policy *policy; /* when a round closes (quorum.c), chosen at start-up */
     worker_conn *workers;
     int *rank_at; /* n_workers entries: the worker whose fabric address is this index, or -1 */
     pending_conn *pending;       /* PENDING_MAX slots (admission.c); fd < 0 when free */
@@ -511,6 +538,11 @@ void agg_settle(server *srv, chunk_state *c);
 /* The sum kind (its update is the sum) and the sum on the CPU. */
 extern const chunk_ops sum_chunk_ops;
 extern const chunk_sum_ops cpu_sum_ops;
+
+/* quorum.c: a round closes when every member pushed; or also, [server] quorum, without
+   stragglers */
+extern const round_policy every_member_policy;
+extern const round_policy quorum_policy;
 
 /* param.c: parameter chunks and checkpoints ([server] optimizer, checkpoint_dir, resume) */
 /* Start-up: the optimizer's settings; with resume, read and check the checkpoint file. */
