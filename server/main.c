@@ -14,6 +14,7 @@
 
 #include "base/error.h"
 #include "runtime/config.h"
+#include "runtime/features.h"
 #include "runtime/layout.h"
 #include "runtime/transport.h"
 #include "server.h"
@@ -40,6 +41,7 @@ static void usage(FILE *to)
     fprintf(to, "usage: psagg-server --config FILE.ini [--rank I]\n"
                 "       psagg-server --config FILE.ini --check-config\n"
                 "       psagg-server --config FILE.ini --fabric-env\n"
+                "       psagg-server --features\n"
                 "  Serves one job: aggregates the chunks that server I of [cluster] servers owns\n"
                 "  and exits when every worker has finished (non-zero if the job failed).\n"
                 "  --rank defaults to $PSAGG_SERVER_RANK. Keys can be overridden with\n"
@@ -50,15 +52,20 @@ static void usage(FILE *to)
                 "  resolve here. Scripts read this instead of the INI.\n"
                 "  --fabric-env prints the NAME=VALUE lines of libfabric environment that every\n"
                 "  process of the job (servers and workers alike) should start with for full\n"
-                "  speed; deploy/psagg-local passes them on.\n");
+                "  speed; deploy/psagg-local passes them on.\n"
+                "  --features prints which of psagg's opt-in features work together, and why\n"
+                "  the others do not yet (docs/features.md), as Markdown.\n");
 }
 
 int main(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"config", required_argument, NULL, 'c'}, {"rank", required_argument, NULL, 'r'},
-        {"fabric-env", no_argument, NULL, 'e'},   {"check-config", no_argument, NULL, 'k'},
-        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
+                                         {"rank", required_argument, NULL, 'r'},
+                                         {"fabric-env", no_argument, NULL, 'e'},
+                                         {"check-config", no_argument, NULL, 'k'},
+                                         {"features", no_argument, NULL, 'f'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     const char *config = getenv("PSAGG_CONFIG"), *rank_text = getenv("PSAGG_SERVER_RANK");
     psagg_config *cfg;
     char *end;
@@ -80,6 +87,9 @@ int main(int argc, char **argv)
         case 'k':
             check_only = 1;
             break;
+        case 'f':
+            psagg_features_print(stdout);
+            return 0;
         case 'h':
             usage(stdout);
             return 0;

@@ -20,6 +20,7 @@
 #include "base/log.h"
 #include "kernels/optim.h"
 #include "runtime/config_keys.h"
+#include "runtime/features.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -466,7 +467,7 @@ static psagg_status check_elastic(const struct load_state *st)
     return PSAGG_OK;
 }
 
-/* Straggler tolerance: 1 <= quorum <= workers, and not with what it cannot carry yet. */
+/* Straggler tolerance: 1 <= quorum <= workers. */
 static psagg_status check_quorum(const struct load_state *st)
 {
     const psagg_config *cfg = st->cfg;
@@ -480,24 +481,25 @@ static psagg_status check_quorum(const struct load_state *st)
                           "%s: [server] quorum = %d is more than workers = %d (a round never "
                           "has more pushes than workers)",
                           where, cfg->quorum, cfg->n_workers);
-    if (cfg->adaptive)
-        return psagg_fail(PSAGG_ECONFIG,
-                          "%s: [server] quorum does not work with [codec] adaptive = on yet (a "
-                          "left-out push's statistics would be missing from the codec choice)",
-                          where);
-    if (cfg->checkpoint_dir[0])
-        return psagg_fail(PSAGG_ECONFIG,
-                          "%s: [server] quorum does not work with [server] checkpoint_dir yet "
-                          "(a checkpoint needs every parameter chunk between two rounds, and "
-                          "rounds that close without the worker asking for it would go on)",
-                          where);
-    if (cfg->elastic)
-        return psagg_fail(PSAGG_ECONFIG,
-                          "%s: [server] quorum does not work with [cluster] elastic = on yet (a "
-                          "straggler a round behind the others would hold up the barrier that "
-                          "admits joiners)",
-                          where);
     return PSAGG_OK;
+}
+
+/*
+ * What composes (runtime/features.h): a pair of features the table refuses is an error at
+ * the origin of its first key, naming both and why.
+ */
+static psagg_status check_features(const struct load_state *st)
+{
+    const psagg_combo *c = psagg_features_refused(st->cfg);
+    const psagg_feature *a, *b;
+    char where[300];
+    if (!c)
+        return PSAGG_OK;
+    a = &psagg_features[c->a];
+    b = &psagg_features[c->b];
+    key_origin(st, a->section, a->key, where, sizeof where);
+    return psagg_fail(PSAGG_ECONFIG, "%s: %s does not work with %s yet (%s; docs/features.md)",
+                      where, a->spelled, b->spelled, c->why);
 }
 
 /* The optimizer's keys that only make sense together. */
@@ -513,13 +515,6 @@ static psagg_status check_optimizer(const struct load_state *st)
                           "%s: [server] nesterov = on needs momentum > 0 and dampening = 0 (as "
                           "torch.optim.SGD)",
                           where);
-    }
-    if (cfg->optimizer != PSAGG_OPTIM_NONE && cfg->adaptive) {
-        key_origin(st, "codec", "adaptive", where, sizeof where);
-        return psagg_fail(PSAGG_ECONFIG,
-                          "%s: [codec] adaptive = on cannot be combined with [server] optimizer = "
-                          "%s yet",
-                          where, psagg_optim_name((psagg_optim_kind)cfg->optimizer));
     }
     if (cfg->resume && !cfg->checkpoint_dir[0]) {
         key_origin(st, "server", "resume", where, sizeof where);
@@ -574,6 +569,8 @@ psagg_status psagg_config_load(const char *path, psagg_config *cfg)
         rc = check_elastic(st);
     if (!rc)
         rc = check_quorum(st);
+    if (!rc)
+        rc = check_features(st);
     key_origin(st, "cluster", "servers", cfg->servers_where, sizeof cfg->servers_where);
 out:
     free(st);

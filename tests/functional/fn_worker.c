@@ -37,6 +37,9 @@
  * it joins the running job, in epoch 1.
  * --lag-round R --lag-ms N: sleep N ms before round R's pushes (the others, while a dying
  * worker pushes that round first).
+ * Stragglers in an elastic job: --straggler with --elastic-dead R --dead-round D: worker R was
+ * killed before its pushes of round D; the check of stragglers below counts its inputs up to
+ * round D - 1, less a tail it may have carried when it died (lost with it).
  * Stragglers ([server] quorum): with --straggler R worker R sleeps --straggler-ms before
  * each round's pushes, but for the last --calm-rounds; rounds then close without it, so a
  * round is the sum of some of the workers, and what is checked is that nothing is lost:
@@ -170,9 +173,15 @@ static int status_from_name(const char *s)
 #define TAIL_CHECK   8
 #define TAIL_SHORT   3
 #define TAIL_WORKERS 6 /* the most workers the search takes ((end + 1)^3 sums a side) */
+/* --straggler with --elastic-dead: the worker that left, and the round it died before (its
+   inputs end there, and its tail counts back from there; a carried tail is lost with it) */
+static int left_rank = -1, left_round;
+
 static double tail_sum(int w, int t, uint64_t i, int end, int k)
 {
     double s = 0;
+    if (w == left_rank)
+        end = left_round;
     for (int j = 1; j <= k && end - j >= 0; j++)
         s += input_value(w, (uint32_t)t, (uint32_t)(end - j), i);
     return s;
@@ -312,6 +321,7 @@ int main(int argc, char **argv)
                                          {"grow", no_argument, NULL, 'G'},
                                          {"lag-round", required_argument, NULL, 'R'},
                                          {"lag-ms", required_argument, NULL, 'A'},
+                                         {"dead-round", required_argument, NULL, 'X'},
                                          {NULL, 0, NULL, 0}};
     char sizes_text[512] = "1,1023,4096";
     const char *codec_text = "fp32", *expect_text = NULL;
@@ -423,6 +433,9 @@ int main(int argc, char **argv)
             break;
         case 'R':
             lag_round = atoi(optarg);
+            break;
+        case 'X':
+            left_round = atoi(optarg);
             break;
         case 'A':
             lag_ms = atoi(optarg);
@@ -562,6 +575,8 @@ int main(int argc, char **argv)
             return 1;
         }
     }
+    if (straggler >= 0 && elastic_dead >= 0)
+        left_rank = elastic_dead; /* (left_round: --dead-round) */
     if (straggler >= 0) {
         if (average || (codec.id != PSAGG_CODEC_FP32 && !error_feedback)) {
             fprintf(stderr, "FAIL: --straggler checks SUM, fp32 or with --error-feedback\n");
@@ -681,7 +696,7 @@ int main(int argc, char **argv)
            knowing of its leaving: the leaver, dead by then, pushed at most that round (its
            push of it may have reached a server before the epoch did, and counts there; the
            update says so); fp32 exactly, a lossy codec within the bound below */
-        if (elastic_dead >= 0) {
+        if (elastic_dead >= 0 && straggler < 0) {
             for (int t = 0; t < n; t++) {
                 for (uint64_t i = 0; i < count[t]; i++) {
                     float with = 0.0f, without = 0.0f;
@@ -756,7 +771,8 @@ int main(int argc, char **argv)
                 for (uint64_t i = 0; i < count[t]; i++) {
                     cum[t][i] += out[t][i];
                     for (int w = 0; w < world; w++)
-                        cum[t][i] -= input_value(w, (uint32_t)t, (uint32_t)r, i);
+                        if (w != left_rank || r < left_round) /* (a leaver: until its death) */
+                            cum[t][i] -= input_value(w, (uint32_t)t, (uint32_t)r, i);
                 }
                 digest = fnv(digest, out[t], count[t] * sizeof(float));
             }

@@ -15,6 +15,11 @@
 #              left-out pushes go back into the residuals (sum within the codec's bound)
 #   carry      straggler, but slow to the end (no calm rounds) by a little more than grace_ms
 #              (20 ms): the job ends with left-out pushes still carried
+#   elastic    [cluster] elastic = on, quorum = 2: worker 2 is killed before its round-30
+#              pushes and the job goes on; rounds close without the straggler before and after
+#              the death; the three left finish with bit-identical digests, and nothing is
+#              lost: the updates are every input of the three and worker 2's up to its death,
+#              less what it still carried when it died (fn_worker --dead-round)
 #   all        quorum = 4 = workers: no round closes without anyone (every left_out 0)
 #   bad        quorum = 5 with workers = 4, and quorum with [codec] adaptive: refused at
 #              file:line by the server and by a worker, nothing starts
@@ -33,6 +38,7 @@ quorum=3 codec=fp32 extra=() server_extra="" calm=10 slow=40
 case $case in
 straggler) ;;
 carry) calm=0 slow=20 ;;
+elastic) quorum=2 ;;
 ef) codec=maxmin4 extra=(--error-feedback) server_extra="error_feedback = on" ;;
 all) quorum=4 ;;
 bad) ;;
@@ -78,7 +84,13 @@ adaptive = on"
     exit 0
 fi
 
-write_ini "$quorum"
+if [ "$case" = elastic ]; then
+    write_ini "$quorum" "[cluster]
+elastic = on
+min_workers = 2"
+else
+    write_ini "$quorum"
+fi
 export PSAGG_CONFIG=$tmp/job.ini PSAGG_WORLD_SIZE=4
 for s in 0 1; do
     setsid "$server_bin" --config "$tmp/job.ini" --rank "$s" >"$tmp/server$s.log" 2>&1 &
@@ -86,13 +98,21 @@ for s in 0 1; do
     pids+=($!)
 done
 t0=$(date +%s%N)
+survivors=(0 1 2 3)
 for r in 0 1 2 3; do
+    dead=()
+    if [ "$case" = elastic ]; then
+        survivors=(0 1 3)
+        dead=(--elastic-dead 2 --dead-round 30)
+        ((r == 2)) && dead=(--die-rank 2 --die-round 30 --die-mode kill)
+    fi
     PSAGG_RANK=$r setsid "$worker_bin" --codec "$codec" "${extra[@]}" --sizes 1,1023,4096,50000 \
-        --rounds 80 --straggler 3 --straggler-ms $slow --calm-rounds $calm >"$tmp/worker$r.log" 2>&1 &
+        --rounds 80 --straggler 3 --straggler-ms $slow --calm-rounds $calm "${dead[@]}" \
+        >"$tmp/worker$r.log" 2>&1 &
     wpid[$r]=$!
     pids+=($!)
 done
-for r in 0 1 2 3; do
+for r in "${survivors[@]}"; do
     wait_for "${wpid[$r]}" 90
     rc=$?
     ((rc == 0)) || fail "worker $r exited $rc"
@@ -103,8 +123,13 @@ for s in 0 1; do
     rc=$?
     ((rc == 0)) || fail "server $s exited $rc"
 done
-(($(grep -h '^DIGEST' "$tmp"/worker*.log | sort -u | wc -l) == 1)) ||
+(($(for r in "${survivors[@]}"; do grep -h '^DIGEST' "$tmp/worker$r.log"; done | sort -u | wc -l) == 1)) ||
     fail "the workers' digests differ: $(grep -h '^DIGEST' "$tmp"/worker*.log | tr '\n' ' ')"
+if [ "$case" = elastic ]; then
+    for s in 0 1; do
+        grep -q "membership epoch 1" "$tmp/server$s.log" || fail "server $s did not log membership epoch 1"
+    done
+fi
 left=$(sed -n 's/^QUORUM worker 3 left_out \([0-9]*\);.*/\1/p' "$tmp/worker3.log")
 [[ -n $left ]] || fail "worker 3 printed no QUORUM line"
 report=$(grep -h "straggler report: worker 3: left out of" "$tmp"/server*.log |

@@ -36,6 +36,10 @@ Wire facts. Every "protocol version N" in a document must be the version the cod
 PSAGG_PROTO_VERSION in common/runtime/wire.h (a page that describes the protocol must not go
 stale when it changes; name an older one as "protocol N", without "version").
 
+The feature table. docs/features.md holds, between "<!-- psagg-server --features -->" and
+"<!-- end psagg-server --features -->", exactly what `psagg-server --features` prints (the
+build's server: --build-dir/server/psagg-server), the table the config check reads.
+
 Problems are printed as "file:line: what is wrong" and make the exit status 1; exit 0 when
 everything checks out.
 """
@@ -383,6 +387,40 @@ def check_wire_facts(repo, rel, version):
     return problems
 
 
+FEATURES_BEGIN = "<!-- psagg-server --features -->"
+FEATURES_END = "<!-- end psagg-server --features -->"
+
+
+def check_features(repo, build_dir):
+    """docs/features.md's table is what the build's psagg-server --features prints."""
+    rel = "docs/features.md"
+    path = os.path.join(repo, rel)
+    if not os.path.isfile(path):
+        return []
+    with open(path, encoding="utf-8") as fh:
+        lines = fh.read().split("\n")
+    try:
+        first = lines.index(FEATURES_BEGIN) + 1
+        last = lines.index(FEATURES_END)
+    except ValueError:
+        return [f"{rel}:1: no '{FEATURES_BEGIN}' ... '{FEATURES_END}' block"]
+    server = os.path.join(build_dir, "server", "psagg-server")
+    if not os.access(server, os.X_OK):
+        return [f"{rel}:{first + 1}: {server} is not built: the feature table cannot be compared"]
+    out = subprocess.run([server, "--features"], capture_output=True, text=True).stdout
+    want = out.rstrip("\n").split("\n")
+    have = lines[first:last]
+    while have and have[-1] == "":
+        have.pop()
+    if have != want:
+        at = next((i for i, (a, b) in enumerate(zip(have, want)) if a != b), min(len(have), len(want)))
+        return [f"{rel}:{first + at + 1}: the feature table differs from `psagg-server --features` "
+                f"(line {at + 1} of the block: {have[at] if at < len(have) else '(missing)'!r}, "
+                f"the code says {want[at] if at < len(want) else '(nothing)'!r}): paste its "
+                "output"]
+    return []
+
+
 def check(repo, build_dir):
     """Return the list of problems ("file:line: message") in repo's documentation."""
     problems = []
@@ -392,6 +430,7 @@ def check(repo, build_dir):
         problems.extend(check_wording(repo, rel))
         problems.extend(check_wire_facts(repo, rel, version))
     problems.extend(check_quick_start(repo, build_dir))
+    problems.extend(check_features(repo, build_dir))
     return problems
 
 
@@ -427,6 +466,14 @@ def self_test(repo, build_dir):
             (first_doc, 2, "The wire is protocol version 1.",
              "'protocol version 1': the code speaks protocol version"),
         ]
+    features = os.path.join(repo, "docs/features.md")
+    if os.path.isfile(features):
+        with open(features, encoding="utf-8") as fh:
+            flines = fh.read().split("\n")
+        if FEATURES_BEGIN in flines:
+            at = flines.index(FEATURES_BEGIN) + 2
+            plants.append(("docs/features.md", at, "| a row the code does not print |",
+                           "the feature table differs from `psagg-server --features`"))
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         # the documents are copied; everything else is linked, so links and commands resolve

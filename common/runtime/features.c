@@ -1,0 +1,118 @@
+/* runtime/features.c - see runtime/features.h. */
+#include "runtime/features.h"
+
+#include <string.h>
+
+static int elastic_on(const psagg_config *c)
+{
+    return c->elastic;
+}
+static int quorum_on(const psagg_config *c)
+{
+    return c->quorum > 0;
+}
+static int checkpoint_on(const psagg_config *c)
+{
+    return c->checkpoint_dir[0] != '\0';
+}
+static int optimizer_on(const psagg_config *c)
+{
+    return c->optimizer != 0; /* PSAGG_OPTIM_NONE */
+}
+static int adaptive_on(const psagg_config *c)
+{
+    return c->adaptive;
+}
+
+const psagg_feature psagg_features[PSAGG_F_COUNT] = {
+    [PSAGG_F_ELASTIC] = {"elastic", "cluster", "elastic", "[cluster] elastic = on", elastic_on},
+    [PSAGG_F_QUORUM] = {"quorum", "server", "quorum", "[server] quorum", quorum_on},
+    [PSAGG_F_CHECKPOINT] = {"checkpoints", "server", "checkpoint_dir", "[server] checkpoint_dir",
+                            checkpoint_on},
+    [PSAGG_F_OPTIMIZER] = {"server optimizer", "server", "optimizer", "[server] optimizer",
+                           optimizer_on},
+    [PSAGG_F_ADAPTIVE] = {"adaptive codecs", "codec", "adaptive", "[codec] adaptive = on",
+                          adaptive_on},
+    [PSAGG_F_DEVICE] = {"device buffers", NULL, NULL, "psagg_push_pull_cuda", NULL},
+};
+
+/*
+ * Every pair that is refused, and the pairs that work in a way worth a sentence. The refused
+ * ones say why in words a user can act on; a change that makes one work moves it to works.
+ */
+const psagg_combo psagg_combos[] = {
+    {PSAGG_F_ELASTIC, PSAGG_F_QUORUM, 0,
+     "a round closes without stragglers among the live workers; the bitmap names every rank, "
+     "and a joiner's first rounds wait for its push"},
+    {PSAGG_F_ELASTIC, PSAGG_F_CHECKPOINT, 0,
+     "any worker may ask for a checkpoint; a resumed job starts with the workers it is given"},
+    {PSAGG_F_ELASTIC, PSAGG_F_OPTIMIZER, 0, "a joiner takes the servers' weights when admitted"},
+    {PSAGG_F_ELASTIC, PSAGG_F_ADAPTIVE, 0,
+     "a worker that dies leaves; one cannot join yet (refused at its HELLO: it would need the "
+     "codec assignment's history)"},
+    {PSAGG_F_QUORUM, PSAGG_F_ADAPTIVE, 1,
+     "a left-out push's statistics would be missing from the codec choice"},
+    {PSAGG_F_QUORUM, PSAGG_F_CHECKPOINT, 1,
+     "a checkpoint needs every parameter chunk between two rounds, and rounds that close "
+     "without the worker asking for it would go on"},
+    {PSAGG_F_QUORUM, PSAGG_F_OPTIMIZER, 0, "a GRAD round may close without a straggler"},
+    {PSAGG_F_QUORUM, PSAGG_F_DEVICE, 1,
+     "a left-out push goes back into the residual, which lives on the device and has no carry "
+     "there yet (refused at the call: push from host memory)"},
+    {PSAGG_F_ADAPTIVE, PSAGG_F_DEVICE, 1,
+     "the CUDA path encodes in the declared codec only (refused at the call for an adaptive "
+     "tensor: push it from host memory)"},
+    {PSAGG_F_OPTIMIZER, PSAGG_F_DEVICE, 1,
+     "a parameter's INIT, PULL and trailer are written on the host (refused at the call for a "
+     "parameter: push it from host memory)"},
+    {PSAGG_F_ADAPTIVE, PSAGG_F_OPTIMIZER, 1,
+     "a parameter's update is the weights' delta in its declared codec"},
+    {PSAGG_F_CHECKPOINT, PSAGG_F_OPTIMIZER, 0,
+     "a checkpoint holds the weights and the optimizer's state"},
+};
+const size_t psagg_n_combos = sizeof psagg_combos / sizeof psagg_combos[0];
+
+const psagg_combo *psagg_combo_of(psagg_feature_id a, psagg_feature_id b)
+{
+    for (size_t i = 0; i < psagg_n_combos; i++)
+        if ((psagg_combos[i].a == a && psagg_combos[i].b == b) ||
+            (psagg_combos[i].a == b && psagg_combos[i].b == a))
+            return &psagg_combos[i];
+    return NULL;
+}
+
+const psagg_combo *psagg_features_refused(const psagg_config *cfg)
+{
+    for (size_t i = 0; i < psagg_n_combos; i++) {
+        const psagg_combo *c = &psagg_combos[i];
+        const psagg_feature *fa = &psagg_features[c->a], *fb = &psagg_features[c->b];
+        if (c->refused && fa->on && fb->on && fa->on(cfg) && fb->on(cfg))
+            return c;
+    }
+    return NULL;
+}
+
+void psagg_features_print(FILE *out)
+{
+    fprintf(out, "| | ");
+    for (int b = 0; b < PSAGG_F_COUNT; b++)
+        fprintf(out, "%s%s", psagg_features[b].name, b + 1 < PSAGG_F_COUNT ? " | " : " |\n");
+    fprintf(out, "|---|");
+    for (int b = 0; b < PSAGG_F_COUNT; b++)
+        fprintf(out, "---|");
+    fprintf(out, "\n");
+    for (int a = 0; a < PSAGG_F_COUNT; a++) {
+        fprintf(out, "| %s (`%s`) |", psagg_features[a].name, psagg_features[a].spelled);
+        for (int b = 0; b < PSAGG_F_COUNT; b++) {
+            const psagg_combo *c = psagg_combo_of((psagg_feature_id)a, (psagg_feature_id)b);
+            fprintf(out, " %s |", a == b ? "" : c && c->refused ? "refused" : "works");
+        }
+        fprintf(out, "\n");
+    }
+    fprintf(out, "\n");
+    for (size_t i = 0; i < psagg_n_combos; i++) {
+        const psagg_combo *c = &psagg_combos[i];
+        fprintf(out, "- **%s with %s**: %s%s.\n", psagg_features[c->a].name,
+                psagg_features[c->b].name, c->refused ? "refused: " : "", c->why);
+    }
+}
