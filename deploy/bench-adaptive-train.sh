@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench-adaptive-train.sh - issue 15's evidence: adaptive per-tensor codecs against uniform
+# bench-adaptive-train.sh - the evidence for: adaptive per-tensor codecs against uniform
 # codecs at the same bytes and against fp32, on the two training examples, over several seeds.
 #
 #   C     build/worker/examples/psagg-train-digits (an MLP on sklearn's digits), 4 workers x

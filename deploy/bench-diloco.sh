@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench-diloco.sh - issue 29's accuracy evidence: DiLoCo and Streaming DiLoCo (psagg.torch.DiLoCo,
+# bench-diloco.sh - the accuracy evidence of DiLoCo: DiLoCo and Streaming DiLoCo (psagg.torch.DiLoCo,
 # the outer step on the servers) against DDP at equal inner steps, on the two PyTorch examples,
 # 4 workers x 2 servers on loopback, seeds 0..SEEDS-1 (default 3).
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench-server-optim.sh - issue 16's accuracy evidence: the optimizer on the servers
+# bench-server-optim.sh - the accuracy evidence: the optimizer on the servers
 # (psagg.torch.ServerOptimizer, [server] optimizer) against the same optimizer on the workers,
 # on the two PyTorch examples, 4 workers x 2 servers on loopback, seeds 0..SEEDS-1 (default 3).
 #

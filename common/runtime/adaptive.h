@@ -1,5 +1,5 @@
 /*
- * runtime/adaptive.h - per-tensor codec choice under a byte budget (issue 15: CGX's layer-wise
+ * runtime/adaptive.h - per-tensor codec choice under a byte budget (CGX's layer-wise
  * adaptive compression, as L-GreCo formalizes it). Layer: runtime.
  *
  * Given, for every tensor, its candidate codecs' encoded bytes and estimated quantization

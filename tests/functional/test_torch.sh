@@ -28,11 +28,11 @@
 #              every rank after every sync; a worker with other fragments refused on every rank;
 #              then tests/functional/torch_diloco_resume.py: a checkpoint after an outer step,
 #              the job stopped, the servers resumed: the uninterrupted run's weights bit for bit
-#   diloco_resume_frag  issue 35 item 3: torch_diloco_resume.py with 2 fragments (H=4) and the
+#   diloco_resume_frag  torch_diloco_resume.py with 2 fragments (H=4) and the
 #              checkpoint right after fragment 1 synced at step 6, each rank's own weights saved
 #              beside it: the resumed job's start_step is 6 on every rank (not fragment 0's
 #              round x H = 4) and it ends with the uninterrupted run's global weights bit for bit
-#   diloco_schedule  issue 35 item 7: Streaming DiLoCo's schedule (arXiv 2501.18512): fragment p
+#   diloco_schedule  Streaming DiLoCo's schedule (arXiv 2501.18512): fragment p
 #              syncs at the steps t >= 1 with (t - p*H/P) mod H == 0, first at p*H/P when that is
 #              > 0 (not p*H/P + H): torch_diloco.py with fp32 outer gradients, H=8, 4 fragments
 #              (syncs applied at steps 2, 4, ..., 16) and 2 fragments with a delay of 1 (5, 9,
@@ -40,7 +40,7 @@
 #              DiLoCo.step() exactly at those steps; then MIX=1 (2 workers): a step() without
 #              samples after steps with them, and one with samples after steps without, raise
 #              ValueError naming samples on every rank (before: weight 0 pushed, EINVAL)
-#   diloco_admit  issue 35 items 4 and 3: tests/functional/torch_diloco_admit.py, an elastic
+#   diloco_admit  tests/functional/torch_diloco_admit.py, an elastic
 #              Streaming DiLoCo job (2 fragments, H=8, maxmin4; workers = 2, max_workers = 3)
 #              checkpointed right after fragment 1's sync at step 12 and resumed; a rank 2
 #              started by hand joins it: the members resume at step 12, and across the

@@ -29,8 +29,10 @@ tree (its first component is `build` or a top-level entry of the repository) mus
 default REPO/build. Words holding `$`, `*`, `?` or `~` are not checked.
 
 Size and wording. README.md has at most README_MAX_LINES lines (a newcomer reads it in ten
-minutes; the detail lives in docs/), and no document cites an issue by number ("issue 13",
-"issue #13"): say what changed, in words.
+minutes; the detail lives in docs/), and no document cites an issue by number (the word
+"issue" and a number, with or without '#'): say what changed, in words. Nor does the code:
+every source, script, build file and config under the repository's own folders
+(CODE_SUFFIXES, and the extensionless scripts of deploy/), comments and messages included.
 
 Wire facts. Every "protocol version N" in a document must be the version the code speaks,
 PSAGG_PROTO_VERSION in common/runtime/wire.h (a page that describes the protocol must not go
@@ -421,6 +423,43 @@ def check_features(repo, build_dir):
     return []
 
 
+CODE_SUFFIXES = (".c", ".h", ".cu", ".cuh", ".py", ".sh", ".txt", ".ini", ".cmake", ".json",
+                 ".awk", ".service")
+CODE_SKIP = ("build", ".git", "tests/fuzz/corpus", "tests/data")
+
+
+def code_files(repo):
+    """The repository's own code, scripts and build files (relative paths)."""
+    out = []
+    for dirpath, dirs, files in os.walk(repo):
+        rel_dir = os.path.relpath(dirpath, repo)
+        dirs[:] = sorted(d for d in dirs
+                         if not any(os.path.normpath(os.path.join(rel_dir, d)).startswith(s)
+                                    for s in CODE_SKIP) and not d.startswith("build"))
+        for f in sorted(files):
+            rel = os.path.normpath(os.path.join(rel_dir, f))
+            script = rel.startswith("deploy" + os.sep) and "." not in f
+            if f.endswith(CODE_SUFFIXES) or script or f == "CMakeLists.txt":
+                out.append(rel)
+    return out
+
+
+def check_code_wording(repo):
+    """No issue numbers in code either."""
+    problems = []
+    for rel in code_files(repo):
+        try:
+            with open(os.path.join(repo, rel), encoding="utf-8") as fh:
+                for lineno, line in enumerate(fh, 1):
+                    m = ISSUE_RE.search(line)
+                    if m:
+                        problems.append(f"{rel}:{lineno}: '{m.group(0)}': say what the code does "
+                                        "or why, not which issue it came from")
+        except (OSError, UnicodeDecodeError):
+            continue
+    return problems
+
+
 def check(repo, build_dir):
     """Return the list of problems ("file:line: message") in repo's documentation."""
     problems = []
@@ -431,6 +470,7 @@ def check(repo, build_dir):
         problems.extend(check_wire_facts(repo, rel, version))
     problems.extend(check_quick_start(repo, build_dir))
     problems.extend(check_features(repo, build_dir))
+    problems.extend(check_code_wording(repo))
     return problems
 
 
@@ -462,7 +502,7 @@ def self_test(repo, build_dir):
             (first_doc, 2, "See [nothing](../no/such/file.c) here.", "'../no/such/file.c': no such file"),
             (first_doc, 2, "See [x](../README.md#no-such-heading).", "no heading with the anchor '#no-such-heading'"),
             (first_doc, 2, "See [x](#no-such-heading-here).", "anchor '#no-such-heading-here'"),
-            (first_doc, 2, "As issue 13 asked.", "'issue 13': say what changed in words"),
+            (first_doc, 2, "As issue%s13 asked." % " ", "'issue%s13': say what changed" % " "),
             (first_doc, 2, "The wire is protocol version 1.",
              "'protocol version 1': the code speaks protocol version"),
         ]
@@ -474,6 +514,9 @@ def self_test(repo, build_dir):
             at = flines.index(FEATURES_BEGIN) + 2
             plants.append(("docs/features.md", at, "| a row the code does not print |",
                            "the feature table differs from `psagg-server --features`"))
+    # a code file of the copy's own (the code is linked from the repository: never written)
+    plants.append(("zz_plant/plant.c", 1, "/* as issue%s7 asked */" % " ",
+                   "'issue%s7': say what the code does" % " "))
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         # the documents are copied; everything else is linked, so links and commands resolve
@@ -484,6 +527,9 @@ def self_test(repo, build_dir):
         shutil.copy(os.path.join(repo, "README.md"), os.path.join(tmp, "README.md"))
         if os.path.isdir(os.path.join(repo, "docs")):
             shutil.copytree(os.path.join(repo, "docs"), os.path.join(tmp, "docs"))
+        os.mkdir(os.path.join(tmp, "zz_plant"))
+        with open(os.path.join(tmp, "zz_plant", "plant.c"), "w", encoding="utf-8") as fh:
+            fh.write("\n")
         clean = check(tmp, build_dir)
         if clean:
             print("self-test: the unmodified copy already has problems:", *clean, sep="\n  ")

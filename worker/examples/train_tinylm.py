@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """train_tinylm.py - data-parallel training of a tiny causal transformer (a byte-level
-language model) with Adam, the setting where 2-bit gradients hurt (issue 15).
+language model) with Adam, the setting where 2-bit gradients hurt.
 
 Run it under deploy/psagg-local with Debian's /usr/bin/python3 (the one that has torch):
 
