@@ -17,6 +17,7 @@
 #include "runtime/features.h"
 #include "runtime/layout.h"
 #include "runtime/transport.h"
+#include "runtime/wire.h"
 #include "server.h"
 
 static volatile sig_atomic_t stop_requested;
@@ -41,7 +42,7 @@ static void usage(FILE *to)
     fprintf(to, "usage: psagg-server --config FILE.ini [--rank I]\n"
                 "       psagg-server --config FILE.ini --check-config\n"
                 "       psagg-server --config FILE.ini --fabric-env\n"
-                "       psagg-server --features\n"
+                "       psagg-server --features | --version\n"
                 "  Serves one job: aggregates the chunks that server I of [cluster] servers owns\n"
                 "  and exits when every worker has finished (non-zero if the job failed).\n"
                 "  --rank defaults to $PSAGG_SERVER_RANK. Keys can be overridden with\n"
@@ -54,18 +55,17 @@ static void usage(FILE *to)
                 "  process of the job (servers and workers alike) should start with for full\n"
                 "  speed; deploy/psagg-local passes them on.\n"
                 "  --features prints which of psagg's opt-in features work together, and why\n"
-                "  the others do not yet (docs/features.md), as Markdown.\n");
+                "  the others do not yet (docs/features.md), as Markdown; --version prints\n"
+                "  psagg's version and the protocol version it speaks.\n");
 }
 
 int main(int argc, char **argv)
 {
-    static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
-                                         {"rank", required_argument, NULL, 'r'},
-                                         {"fabric-env", no_argument, NULL, 'e'},
-                                         {"check-config", no_argument, NULL, 'k'},
-                                         {"features", no_argument, NULL, 'f'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'}, {"rank", required_argument, NULL, 'r'},
+        {"fabric-env", no_argument, NULL, 'e'},   {"check-config", no_argument, NULL, 'k'},
+        {"features", no_argument, NULL, 'f'},     {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},      {NULL, 0, NULL, 0}};
     const char *config = getenv("PSAGG_CONFIG"), *rank_text = getenv("PSAGG_SERVER_RANK");
     psagg_config *cfg;
     char *end;
@@ -89,6 +89,9 @@ int main(int argc, char **argv)
             break;
         case 'f':
             psagg_features_print(stdout);
+            return 0;
+        case 'V':
+            printf("psagg-server %s (protocol version %d)\n", psagg_version(), PSAGG_PROTO_VERSION);
             return 0;
         case 'h':
             usage(stdout);

@@ -123,6 +123,8 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
         goto err_connect;
     if ((st = handshake_hello(ctx, deadline)))
         goto err_hello;
+    LOG_INFO(&ctx->log, "psagg %s (protocol version %d): worker %d of %d connected to %d servers",
+             psagg_version(), PSAGG_PROTO_VERSION, rank, ctx->world, ctx->cfg.n_servers);
     *out = ctx;
     return PSAGG_OK;
 

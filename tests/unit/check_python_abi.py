@@ -16,7 +16,8 @@ psagg/types.h. Checked, each difference printed on a line of its own (exit 1):
     constant PSAGG_<NAME> is the package's <NAME> with the same value;
   - the package's table of C signatures binds exactly the PSAGG_API functions, each with the
     header's number of parameters, and loading the built libpsagg binds every one of them;
-  - importing the package imports no torch (the ctypes layer works without it).
+  - importing the package imports no torch (the ctypes layer works without it);
+  - psagg.__version__ is libpsagg's psagg_version() and starts with psagg.h's MAJOR.MINOR.
 """
 import ctypes
 import json
@@ -26,8 +27,8 @@ import sys
 
 # public constants the package does not mirror, and why
 NOT_MIRRORED = {
-    "PSAGG_VERSION_MAJOR": "the package's version is its own",
-    "PSAGG_VERSION_MINOR": "the package's version is its own",
+    "PSAGG_VERSION_MAJOR": "psagg.__version__ starts with it (checked below)",
+    "PSAGG_VERSION_MINOR": "psagg.__version__ starts with it (checked below)",
 }
 
 
@@ -144,9 +145,15 @@ def main():
         elif len(sigs[f][1]) != functions[f]:
             problems.append("psagg._SIGNATURES: %s takes %d arguments, the header %d" %
                             (f, len(sigs[f][1]), functions[f]))
+    want = "%d.%d." % (c["constants"]["PSAGG_VERSION_MAJOR"], c["constants"]["PSAGG_VERSION_MINOR"])
+    if not psagg.__version__.startswith(want):
+        problems.append("psagg.__version__ is %s; psagg.h says %s*" % (psagg.__version__, want))
     if not problems:
         try:
-            psagg.library()  # binds every signature: each must be exported
+            lib = psagg.library()  # binds every signature: each must be exported
+            if lib.psagg_version().decode() != psagg.__version__:
+                problems.append("libpsagg's psagg_version() is %s, psagg.__version__ %s" %
+                                (lib.psagg_version().decode(), psagg.__version__))
         except (OSError, ImportError, AttributeError) as e:
             problems.append("psagg.library(): %s" % e)
 

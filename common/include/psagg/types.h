@@ -56,6 +56,9 @@ PSAGG_API const char *psagg_strerror(int status);
 /* The detailed message of the calling thread's most recent failure ("" if none). */
 PSAGG_API const char *psagg_last_error(void);
 
+/* This library's version, "MAJOR.MINOR.PATCH" (the psagg Python package refuses another). */
+PSAGG_API const char *psagg_version(void);
+
 /* Codecs. Their wire formats are specified byte for byte in kernels/codec.h. */
 typedef enum psagg_codec_id {
     PSAGG_CODEC_DEFAULT = -1, /* in a tensor declaration: take [codec] from the config */

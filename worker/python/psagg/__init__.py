@@ -19,6 +19,10 @@ import ctypes.util
 import os
 import threading
 
+# the psagg this package is; its libpsagg must be the same (library() refuses another), and
+# CMake's project version is both (unit.python_abi checks it)
+__version__ = "0.1.0"
+
 __all__ = ["Error", "Context", "Handle", "library", "STATUS_NAMES", "SUM", "AVERAGE",
            "TENSOR_PARAMETER", "TENSOR_RARE", "ALL_KEYS"]
 
@@ -132,6 +136,7 @@ class _Assignment(ctypes.Structure):
 _P, _I, _U32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32
 # The C signatures bound on loading: name -> (restype, argtypes), every PSAGG_API function.
 _SIGNATURES = {
+    "psagg_version": (ctypes.c_char_p, []),
     "psagg_strerror": (ctypes.c_char_p, [_I]),
     "psagg_last_error": (ctypes.c_char_p, []),
     "psagg_codec_parse": (_I, [ctypes.c_char_p, ctypes.POINTER(_Codec)]),
@@ -202,6 +207,16 @@ def library():
         else:
             raise ImportError("psagg: cannot load libpsagg: tried " + "; ".join(tried) +
                               " (build it, or set PSAGG_LIBRARY to libpsagg.so)")
+        # a library of another version is another ABI: refuse it by name, before any call
+        version = getattr(lib, "psagg_version", None)
+        if version is None:
+            raise ImportError("psagg: %s has no psagg_version: a libpsagg older than this "
+                              "package (%s)" % (lib._name, __version__))
+        version.restype, version.argtypes = ctypes.c_char_p, []
+        if version().decode() != __version__:
+            raise ImportError("psagg: %s is libpsagg %s; this package is psagg %s: install one "
+                              "version of both (or set PSAGG_LIBRARY)" %
+                              (lib._name, version().decode(), __version__))
         for name, (res, args) in _SIGNATURES.items():
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
