@@ -166,6 +166,15 @@ class CommandLine:
                        % (name, "positive " if positive else "", text))
         return float(text)
 
+    def elastic(self, cfg, restarts):
+        """[cluster] elastic = on; --restarts N needs it."""
+        elastic = cfg.get("cluster.elastic") == "on"
+        if restarts and not elastic:
+            self.error("--restarts %d: a restarted worker joins the running job, which needs "
+                       "[cluster] elastic = on (without it the first failure stops the job)"
+                       % restarts)
+        return elastic
+
     def config(self, resolve):
         """--config FILE, made absolute (resolve: symlinks resolved too)."""
         path = self.opts["--config"]
@@ -716,10 +725,7 @@ def main_local(cl, script_dir):
     restarts = cl.number("--restarts")
     server_bin = cl.server_bin(script_dir)
     cfg, fabric = read_config(server_bin, config)
-    elastic = cfg.get("cluster.elastic") == "on"
-    if restarts and not elastic:
-        cl.error("--restarts %d: a restarted worker joins the running job, which needs [cluster] "
-                 "elastic = on (without it the first failure stops the job)" % restarts)
+    elastic = cl.elastic(cfg, restarts)
     addrs = cfg.get("cluster.servers", "").split()
     extra = {}
     n_servers = cl.number("--servers")
@@ -746,14 +752,6 @@ def main_local(cl, script_dir):
 
 REMOTE_OPTIONS = {"--config": None, "--server-bin": None, "--chdir": None, "--grace": "5",
                   "--timeout": None, "--dry-run": False, "--restarts": "0"}
-
-
-def remote_job(cl, config, cfg, procs, backend, timeout, restarts):
-    elastic = cfg.get("cluster.elastic") == "on"
-    if restarts and not elastic:
-        cl.error("--restarts %d: a restarted worker joins the running job, which needs [cluster] "
-                 "elastic = on (without it the first failure stops the job)" % restarts)
-    return Job(config, procs, backend, timeout=timeout, elastic=elastic, restarts=restarts)
 
 
 def worker_slots(cfg, config):
@@ -785,7 +783,8 @@ def main_ssh(cl, script_dir):
         return None
     backend = Remote("ssh", lambda proc, command: ssh + [proc.host, command], grace,
                      cl["--chdir"] or os.getcwd())
-    return remote_job(cl, config, cfg, procs, backend, timeout, restarts)
+    return Job(config, procs, backend, timeout=timeout, elastic=cl.elastic(cfg, restarts),
+               restarts=restarts)
 
 
 def scontrol(*args):
@@ -880,7 +879,8 @@ def main_slurm(cl, script_dir):
         return ["srun", "--overlap", "-N1", "-n1", "-w", proc.host, "--quiet",
                 "--job-name", "psagg-%s%d" % (proc.role, proc.rank), "bash", "-c", command]
     backend = Remote("srun", rsh, grace, cl["--chdir"] or os.getcwd())
-    return remote_job(cl, config, cfg, procs, backend, timeout, restarts)
+    return Job(config, procs, backend, timeout=timeout, elastic=cl.elastic(cfg, restarts),
+               restarts=restarts)
 
 
 COMMANDS = {
