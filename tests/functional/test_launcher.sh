@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # test_launcher.sh - functional test of deploy/psagg-local with fake servers and workers.
+# psagg-local is the local backend of psagg.launch (worker/python/psagg/launch.py), the
+# supervisor psagg-ssh and psagg-slurm share: its rules are tested here, once.
 #
 # Usage: tests/functional/test_launcher.sh LAUNCHER PSAGG_SERVER
 #   PSAGG_SERVER: a real psagg-server; its --check-config reads the config for the launcher

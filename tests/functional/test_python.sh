@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_python.sh - the psagg Python package: libpsagg loads into a process that has imported torch (in
 # either order, no LD_PRELOAD), a bad config raises psagg.Error with PSAGG_ECONFIG and
-# file:line, and `cmake --install` gives a package that loads the installed libpsagg.
+# file:line, and `cmake --install` gives a package that loads the installed libpsagg, and
+# launchers that find their core (psagg.launch) in it.
 # Usage: tests/functional/test_python.sh BUILD_DIR. Exit 0 passed, 1 failed, 77 skipped (no
 # torch in Debian's /usr/bin/python3).
 set -u -o pipefail
@@ -37,4 +38,9 @@ out=$(cd "$tmp" && PYTHONPATH=$site "$py" -c "import torch, psagg.torch
 $check" "$tmp/bad.ini" 2>&1) || fail "installed: $out"
 [[ $out == *"library: $tmp/prefix/"* ]] || fail "installed package loaded another libpsagg: $out"
 echo "test_python: installed: $out"
+repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
+out=$(cd "$tmp" && "$tmp/prefix/bin/psagg-local" --config "$repo/conf/local.ini" --servers 0 --workers 1 \
+    -- sh -c 'echo "worker $PSAGG_RANK of $PSAGG_WORLD_SIZE"' 2>&1) || fail "installed psagg-local: $out"
+[[ $out == *"[worker 0] worker 0 of 1"* ]] || fail "installed psagg-local: $out"
+echo "test_python: installed psagg-local ran a job"
 echo "test_python: passed"

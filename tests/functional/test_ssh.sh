@@ -182,7 +182,7 @@ kill -KILL "$victim"
 wait $lp
 rc=$?
 ((rc != 0)) || fail "kill: psagg-ssh exited 0"
-grep -q "summary: FAILED: $NET.3 worker 3 failed: status 137 (killed by SIGKILL)" "$D/kill.out" ||
+grep -q "summary: FAILED: $NET.3 worker 3 failed with status 137 (killed by SIGKILL)" "$D/kill.out" ||
     { cat "$D/kill.out" >&2; fail "kill: the summary does not name $NET.3 worker 3"; }
 echo "test_ssh: kill: psagg-ssh exited $rc: $(grep 'summary:' "$D/kill.out")"
 check_clean kill
@@ -239,7 +239,7 @@ kill -KILL "$victim"
 wait $lp
 rc=$?
 ((rc == 0)) || { cat "$D/rj.out" >&2; fail "restarts: psagg-ssh exited $rc"; }
-grep -q "worker 3 failed: status 137 (killed by SIGKILL); starting it again (restart 1 of 1)" "$D/rj.out" ||
+grep -q "worker 3 failed with status 137 (killed by SIGKILL); starting it again (restart 1 of 1)" "$D/rj.out" ||
     { cat "$D/rj.out" >&2; fail "restarts: psagg-ssh did not start worker 3 again"; }
 grep -q "fn_worker 3: joined at round" "$D/rj.out" || { cat "$D/rj.out" >&2; fail "restarts: worker 3 did not join"; }
 (($(grep '\] TAIL' "$D/rj.out" | wc -l) == 4 && $(grep '\] TAIL' "$D/rj.out" | sed 's/.*TAIL //' | awk '{print $1}' | sort -u | wc -l) == 1)) ||
@@ -248,8 +248,8 @@ echo "test_ssh: restarts: worker 3 killed over ssh, started again, $(grep -o 'jo
 check_clean restarts
 # 6. a connection that closes before its program starts: the watchdog stops the program all
 # the same (the EOF comes before the program exists; a wrapper on `wait -n` waited forever)
-cmd=$(python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import psagg_launch as l
-print(l.Proc("h", "worker", 0, ["sleep", "300"], {}).remote_command(1, "/"))' "$repo/deploy") ||
+cmd=$(python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import psagg.launch as l
+print(l.Proc("h", "worker", 0, ["sleep", "300"], {}).remote_command(1, "/"))' "$repo/worker/python") ||
     fail "early eof: cannot make the remote command"
 t0=$(date +%s%N)
 timeout 30 ip netns exec "$(ns 0)" ssh -F "$D/ssh_config" "$NET.2" "$cmd" </dev/null
