@@ -5,11 +5,13 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <stddef.h>
 #include <string.h>
 #include <time.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "base/alloc.h"
@@ -713,6 +715,55 @@ uint64_t psagg_min_compress_elems(const psagg_ctx *ctx)
     return ctx->cfg.min_compress_elems;
 }
 
+/* psagg_close's goodbye: BYE to every server, then wait (bounded) until each has read it and
+ * closed its end. Closing at once would race the server: a frame it sent meanwhile (a
+ * membership epoch, a PING) that this end never read makes the close a reset, and the reset
+ * discards the BYE still unread in the server's socket, so a worker that finished would count
+ * as failed. Reading until the server's close, then closing, is the orderly way out. */
+static void say_bye(psagg_ctx *ctx, int failed)
+{
+    int64_t until =
+        psagg_now_ms() + (ctx->cfg.op_timeout_ms < 5000 ? ctx->cfg.op_timeout_ms : 5000);
+    int open = 0;
+    for (int s = 0; s < ctx->cfg.n_servers; s++) {
+        int fd = ctx->servers[s].fd;
+        if (fd < 0)
+            continue;
+        /* a server that is already gone needs no BYE; it has failed the job by itself */
+        if (failed || psagg_ctl_send(fd, &ctx->servers[s].auth, PSAGG_CTL_BYE, NULL, 0)) {
+            if (!failed)
+                LOG_WARN(&ctx->log, "server %d: BYE: %s", s, psagg_last_error());
+            close(fd);
+            ctx->servers[s].fd = -1;
+            continue;
+        }
+        shutdown(fd, SHUT_WR);
+        open++;
+    }
+    /* the servers read their BYEs meanwhile, so one deadline for all, read in turn, is enough */
+    for (int s = 0; s < ctx->cfg.n_servers && open > 0; s++) {
+        struct pollfd pf = {.fd = ctx->servers[s].fd, .events = POLLIN};
+        int left;
+        while (pf.fd >= 0 && (left = (int)(until - psagg_now_ms())) > 0 && poll(&pf, 1, left) > 0) {
+            char sink[4096];
+            ssize_t got = recv(pf.fd, sink, sizeof sink, MSG_DONTWAIT);
+            if (got > 0 || (got < 0 && (errno == EAGAIN || errno == EINTR)))
+                continue; /* (what it sent after the BYE: nobody reads it now) */
+            close(pf.fd); /* its end is closed: it has read the BYE */
+            ctx->servers[s].fd = pf.fd = -1;
+            open--;
+        }
+    }
+    for (int s = 0; s < ctx->cfg.n_servers; s++) {
+        if (ctx->servers[s].fd < 0)
+            continue;
+        LOG_INFO(&ctx->log, "server %d did not close its end within %d ms of the BYE", s,
+                 ctx->cfg.op_timeout_ms < 5000 ? ctx->cfg.op_timeout_ms : 5000);
+        close(ctx->servers[s].fd);
+        ctx->servers[s].fd = -1;
+    }
+}
+
 psagg_status psagg_close(psagg_ctx *ctx)
 {
     int failed;
@@ -724,15 +775,7 @@ psagg_status psagg_close(psagg_ctx *ctx)
     pthread_mutex_unlock(&ctx->mu);
     /* pending operations fail; the comm thread is gone, so nothing references them */
     worker_fail_all(ctx, PSAGG_ECLOSED, "psagg_close: the context was closed");
-    for (int s = 0; s < ctx->cfg.n_servers; s++) {
-        if (ctx->servers[s].fd < 0)
-            continue;
-        /* a server that is already gone needs no BYE; it has failed the job by itself */
-        if (!failed &&
-            psagg_ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_BYE, NULL, 0))
-            LOG_WARN(&ctx->log, "server %d: BYE: %s", s, psagg_last_error());
-        close(ctx->servers[s].fd);
-    }
+    say_bye(ctx, failed);
     if (ctx->bitmap_bytes && atomic_load(&ctx->left_out))
         LOG_INFO(&ctx->log,
                  "[server] quorum: %llu chunk rounds closed without this worker's push (each "
