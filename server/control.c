@@ -326,6 +326,85 @@ static psagg_status start_job(server *srv)
     return PSAGG_OK;
 }
 
+/*
+ * Checkpoints. A worker asks (CHECKPOINT) with no operation in flight. When every round waits
+ * for every member, its chunks are then all between the same two rounds: the checkpoint is
+ * written at once. When the round policy lets rounds close without a worker ([server] quorum),
+ * others may be a round ahead of the one asking: only when every member is between steps are
+ * all chunks between the same rounds, so every member asks at the same step (a collective,
+ * round_policy.collective_checkpoint) and the file is written once the last has, within 1.5 x
+ * op_timeout_ms of the first (checkpoint_tick), or each gets why not, naming who did not ask.
+ */
+static void checkpoint_answer(server *srv, int w, psagg_status st, const char *m)
+{
+    worker_conn *wc = &srv->workers[w];
+    wc->ckpt_wanted = 0;
+    if (wc->fd >= 0 && psagg_ctl_send_error(wc->fd, &wc->auth, PSAGG_CTL_CHECKPOINT_DONE, st, m))
+        drop_worker(srv, w, PSAGG_EPEER, psagg_last_error());
+}
+
+/* Write the checkpoint now and answer every worker that asked for it. */
+static void checkpoint_write(server *srv)
+{
+    char path[PATH_MAX + 16], m[300];
+    int64_t t0 = psagg_now_ns();
+    psagg_status st;
+    agg_barrier(srv); /* the aggregation threads' writes of finished rounds, visible */
+    st = optim_checkpoint(srv, path, sizeof path);
+    metrics_checkpoint(srv, psagg_now_ns() - t0, !st);
+    snprintf(m, sizeof m, "%.290s", st ? psagg_last_error() : path);
+    if (st)
+        LOG_ERROR(&srv->log, "a checkpoint was asked for: %s", m);
+    srv->ckpt_since = 0;
+    for (int w = 0; w < srv->n_workers; w++)
+        if (srv->workers[w].ckpt_wanted)
+            checkpoint_answer(srv, w, st, m);
+}
+
+static void checkpoint_request(server *srv, int w)
+{
+    srv->workers[w].ckpt_wanted = 1;
+    if (!srv->policy->collective_checkpoint) {
+        checkpoint_write(srv);
+        return;
+    }
+    if (!srv->ckpt_since)
+        srv->ckpt_since = psagg_now_ms();
+    checkpoint_tick(srv, psagg_now_ms());
+}
+
+void checkpoint_tick(server *srv, int64_t now)
+{
+    char missing[128] = "", m[300];
+    size_t used = 0;
+    int all = 1;
+    if (!srv->ckpt_since)
+        return;
+    for (int w = 0; w < srv->n_workers; w++)
+        if (server_member(srv, w) && !srv->workers[w].ckpt_wanted) {
+            all = 0;
+            if (used + 8 < sizeof missing)
+                used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d",
+                                         used ? "," : "", w);
+        }
+    if (all) {
+        checkpoint_write(srv);
+        return;
+    }
+    if (now - srv->ckpt_since <= PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms))
+        return;
+    snprintf(m, sizeof m,
+             "server %d: no checkpoint: with [server] quorum every worker calls psagg_checkpoint "
+             "at the same step (rounds may close without one), and workers %s did not within "
+             "1.5 x op_timeout_ms=%d",
+             srv->rank, missing, srv->cfg.op_timeout_ms);
+    LOG_WARN(&srv->log, "%s", m);
+    srv->ckpt_since = 0;
+    for (int w = 0; w < srv->n_workers; w++)
+        if (srv->workers[w].ckpt_wanted)
+            checkpoint_answer(srv, w, PSAGG_ETIMEDOUT, m);
+}
+
 /* A worker's socket is readable: BYE, DECLARE, its ABORT (why it failed), or a dead connection. */
 static void serve_worker(server *srv, int w)
 {
@@ -360,16 +439,7 @@ static void serve_worker(server *srv, int w)
     } else if (h.type == PSAGG_CTL_DECLARE && wc->state == W_HELLO) {
         read_declare(srv, w, &h, body);
     } else if (h.type == PSAGG_CTL_CHECKPOINT && h.len == 0 && srv->threads_started) {
-        char path[PATH_MAX + 16], m[300];
-        int64_t t0 = psagg_now_ns();
-        agg_barrier(srv); /* the aggregation threads' writes of finished rounds, visible */
-        st = optim_checkpoint(srv, path, sizeof path);
-        metrics_checkpoint(srv, psagg_now_ns() - t0, !st);
-        snprintf(m, sizeof m, "%.290s", st ? psagg_last_error() : path);
-        if (st)
-            LOG_ERROR(&srv->log, "worker %d asked for a checkpoint: %s", w, m);
-        if (psagg_ctl_send_error(wc->fd, &wc->auth, PSAGG_CTL_CHECKPOINT_DONE, st, m))
-            drop_worker(srv, w, PSAGG_EPEER, psagg_last_error());
+        checkpoint_request(srv, w);
     } else if (h.type == PSAGG_CTL_MEMBERSHIP && wc->state == W_DECLARED && srv->job_running &&
                (server_member(srv, w) || wc->joining)) { /* (a joiner relays its admission) */
         membership_relayed(srv, w, &h, body);
@@ -553,7 +623,8 @@ int control_serve(server *srv)
         }
         if (phase == RUNNING) {
             check_liveness(srv, now);
-            if (srv->elastic) { /* joins: admission stays open (admission.c, membership.c) */
+            checkpoint_tick(srv, now); /* (a collective checkpoint's members, its deadline) */
+            if (srv->elastic) {        /* joins: admission stays open (admission.c, membership.c) */
                 membership_tick(srv, now);
                 admission_expire(srv, now);
                 n = admission_poll_add(srv, pfd, who, n);

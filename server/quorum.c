@@ -180,6 +180,7 @@ static size_t quorum_trailer(server *srv, chunk_state *c, uint8_t *bits)
 
 const round_policy quorum_policy = {
     .name = "quorum",
+    .collective_checkpoint = 1,
     .late = quorum_late,
     .pushed = quorum_pushed,
     .changed = quorum_changed,

@@ -73,6 +73,7 @@ typedef struct worker_conn {
     int join_asked;    /* server 0: its JOIN came (it is declared on every server) */
     uint32_t sync_seq; /* server 0: the last barrier it sent SYNC for */
     int in_barrier;    /* server 0: waiting in the admitting barrier */
+    int ckpt_wanted;   /* it asked for a checkpoint, not answered yet (control.c) */
 } worker_conn;
 
 /*
@@ -272,10 +273,13 @@ typedef struct chunk_ops {
  *            (strictly ahead), or 0
  *   trailer  the finished round's update: write what follows its payload (inside the MAC) at
  *            out; its bytes
+ * and collective_checkpoint: whether a checkpoint waits for every member to ask for it (rounds
+ * that may close without a worker leave the chunks between the same two rounds only then).
  */
 struct agg_thread;
 typedef struct round_policy {
     const char *name;
+    int collective_checkpoint; /* a checkpoint waits for every member to ask (control.c) */
     int (*late)(struct server *srv, chunk_state *c, int w, uint32_t round);
     void (*pushed)(struct server *srv, chunk_state *c, int w, uint32_t round, int complete);
     void (*changed)(struct server *srv, chunk_state *c);
@@ -339,6 +343,7 @@ typedef struct server {
     int64_t refused_logged_at;   /* when they were last reported */
     psagg_lograte refused_hello; /* refused HELLOs (a flood of them: one record a second) */
     int64_t next_ping;           /* when the workers get their next PING (control.c) */
+    int64_t ckpt_since;          /* a collective checkpoint's first request, or 0 (control.c) */
     int64_t startup_deadline;    /* -1 until the first authenticated HELLO */
     uint64_t budget;             /* bytes a job's chunks may take ([server] memory_budget_mb) */
     pthread_mutex_t mu;          /* guards workers[].bad_reason, job_error and job_status */
@@ -447,6 +452,8 @@ void server_close(server *srv);
 
 /* control.c: the control loop (main thread); returns the process exit code. */
 int control_serve(server *srv);
+/* control.c: a collective checkpoint's progress (its members asked?) and deadline. */
+void checkpoint_tick(server *srv, int64_t now);
 
 /*
  * admission.c: connections that have not authenticated (the control thread). init makes the

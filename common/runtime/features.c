@@ -52,9 +52,9 @@ const psagg_combo psagg_combos[] = {
      "codec assignment's history)"},
     {PSAGG_F_QUORUM, PSAGG_F_ADAPTIVE, 1,
      "a left-out push's statistics would be missing from the codec choice"},
-    {PSAGG_F_QUORUM, PSAGG_F_CHECKPOINT, 1,
-     "a checkpoint needs every parameter chunk between two rounds, and rounds that close "
-     "without the worker asking for it would go on"},
+    {PSAGG_F_QUORUM, PSAGG_F_CHECKPOINT, 0,
+     "a checkpoint is a collective then: every worker calls psagg_checkpoint at the same step "
+     "(rounds may close without one), and the servers write it once all have"},
     {PSAGG_F_QUORUM, PSAGG_F_OPTIMIZER, 0, "a GRAD round may close without a straggler"},
     {PSAGG_F_QUORUM, PSAGG_F_DEVICE, 1,
      "a left-out push goes back into the residual, which lives on the device and has no carry "

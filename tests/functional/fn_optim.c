@@ -18,7 +18,8 @@
  * weights (psagg_pull_weights), checks them against the reference's, prints the drift
  * between them and the weights trained with, and pulls again with sync.
  *
- * --checkpoint-at C: worker 0 asks for a checkpoint after step C. --stop-after S: after step
+ * --checkpoint-at C: worker 0 asks for a checkpoint after step C (with --checkpoint-all every
+ * worker does: a job with [server] quorum). --stop-after S: after step
  * S print STOPPED and wait to be killed. --resume: the servers resumed from a checkpoint;
  * the reference replays the steps before the round psagg_param_init reports. --lr-scale: this
  * worker's learning rate times X (a worker that disagrees: the job must fail).
@@ -134,6 +135,7 @@ static void same(const float *got, const float *want, uint64_t n, const char *wh
 int main(int argc, char **argv)
 {
     uint32_t steps = argc > 1 ? (uint32_t)atoi(argv[1]) : 10, ckpt_at = 0, stop_after = 0, start;
+    int ckpt_all = 0;
     int resume = 0, rank, world;
     float lr_scale = 1.0f;
     const char *codec_text = getenv("FN_OPTIM_CODEC") ? getenv("FN_OPTIM_CODEC") : "fp32";
@@ -155,11 +157,13 @@ int main(int argc, char **argv)
             stop_after = (uint32_t)atoi(argv[++a]);
         else if (!strcmp(argv[a], "--resume"))
             resume = 1;
+        else if (!strcmp(argv[a], "--checkpoint-all"))
+            ckpt_all = 1;
         else if (!strcmp(argv[a], "--lr-scale") && a + 1 < argc)
             lr_scale = strtof(argv[++a], NULL);
         else
-            FAIL("usage: fn_optim STEPS [--checkpoint-at C] [--stop-after S] [--resume] "
-                 "[--lr-scale X]");
+            FAIL("usage: fn_optim STEPS [--checkpoint-at C] [--checkpoint-all] [--stop-after S] "
+                 "[--resume] [--lr-scale X]");
     }
     if (psagg_codec_parse(codec_text, &codec) || psagg_codec_check(&codec))
         FAIL("FN_OPTIM_CODEC '%s'", codec_text);
@@ -271,7 +275,7 @@ int main(int argc, char **argv)
                 FAIL("step %u: the plain tensor's element %llu is %.9g, not %.9g", s,
                      (unsigned long long)i, (double)wt[N_P][i], (double)sum);
         }
-        if (rank == 0 && ckpt_at == s + 1) {
+        if ((rank == 0 || ckpt_all) && ckpt_at == s + 1) {
             if (psagg_checkpoint(ctx))
                 FAIL("psagg_checkpoint: %s", psagg_last_error());
             printf("CHECKPOINT after step %u\n", s);

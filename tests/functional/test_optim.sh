@@ -7,7 +7,9 @@
 #    pulled master weights too, and all workers print the same DIGEST.
 # 2. Checkpoint: an uninterrupted run's DIGEST; then a run whose worker 0 asks for a
 #    checkpoint after step 4, killed (SIGKILL, every process) after step 6, restarted with
-#    [server] resume = on: it goes on from step 4 and ends with the same DIGEST.
+#    [server] resume = on: it goes on from step 4 and ends with the same DIGEST. The same with
+#    [server] quorum, where every worker asks (a collective); one that asks alone is refused
+#    after 1.5 x op_timeout_ms, naming the others.
 # 3. Refusals: a truncated and a corrupted checkpoint stop the server at start-up, naming the
 #    file; a checkpoint of another declaration fails the job ("nothing loaded"); workers that
 #    send different learning rates fail the job ("the workers disagree"); a parameter declared
@@ -109,6 +111,40 @@ got=$digest
 grep -q 'INIT from step 4' "$tmp/ck-worker0.log" || fail "resume: the parameters did not start at step 4"
 [ "$got" = "$want" ] || fail "resume: $got, the uninterrupted run $want"
 echo "checkpoint after step 4, killed after step 6, resumed: $got = uninterrupted $want"
+
+# 2b. the same with [server] quorum (its grace too long to leave anyone out, so the runs are
+# comparable): the checkpoint is a collective, every worker asks at step 4, the servers write
+# it once all have; the resumed run ends where the uninterrupted one does
+ini qref "optimizer = adam" "quorum = 2" "grace_ms = 600000"
+servers qref
+workers qref maxmin4/512 10
+finish qref
+want=$digest
+ini qck "optimizer = adam" "quorum = 2" "grace_ms = 600000"
+servers qck
+workers qck maxmin4/512 10 --checkpoint-at 4 --checkpoint-all --stop-after 6
+for ((t = 0; t < 600; t++)); do
+    [ "$(grep -l '^STOPPED' "$tmp"/qck-worker*.log 2>/dev/null | wc -l)" = 3 ] && break
+    for w in 0 1 2; do kill -0 "${wpids[$w]}" 2>/dev/null || fail "qck: worker $w exited before step 6"; done
+    sleep 0.1
+done
+(($(grep -l '^CHECKPOINT after step 3' "$tmp"/qck-worker*.log | wc -l) == 3)) || fail "qck: not every worker's checkpoint call returned"
+stop_all
+servers qck PSAGG_SERVER_RESUME=on
+workers qck maxmin4/512 10 --resume
+finish qck
+[ "$digest" = "$want" ] || fail "quorum resume: $digest, the uninterrupted run $want"
+echo "quorum: a collective checkpoint after step 4, killed after step 6, resumed: $digest = uninterrupted"
+# and only worker 0 asks: the servers wait 1.5 x op_timeout_ms for the others, then say who
+ini qone "optimizer = adam" "quorum = 2" "grace_ms = 600000"
+sed -i 's/^op_timeout_ms = .*/op_timeout_ms = 2000/' "$tmp/qone.ini"
+servers qone
+workers qone maxmin4/512 10 --checkpoint-at 2
+wait_for "${wpids[0]}" 60
+grep -q "psagg_checkpoint: .*every worker calls psagg_checkpoint at the same step.*workers 1,2 did not" "$tmp/qone-worker0.log" ||
+    fail "qone: worker 0's lone checkpoint in a quorum job was not refused naming workers 1,2"
+echo "quorum: a lone checkpoint refused: $(grep -o 'no checkpoint: .*did not' "$tmp/qone-worker0.log" | head -1)"
+stop_all
 
 # 3a. a torn and a corrupted checkpoint: the server refuses to start
 refuse_start() { # refuse_start WHAT PATTERN

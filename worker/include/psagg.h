@@ -250,7 +250,10 @@ PSAGG_API psagg_status psagg_handle_codec(psagg_handle *handle, psagg_codec *cod
  * psagg_checkpoint: every server writes its parameters' master weights, the workers' weights
  * and the optimizer state to [server] checkpoint_dir (psagg-server-<rank>.ckpt, checksummed);
  * returns once all have, or with the first server's reason. Call it between steps, with no
- * operation of this worker in flight (PSAGG_EINVAL otherwise); any one worker may call it.
+ * operation of this worker in flight (PSAGG_EINVAL otherwise); any one worker may call it,
+ * but with [server] quorum every worker calls it at the same step (rounds may close without a
+ * worker, so only then are all chunks between the same two rounds): the servers write it once
+ * all have, and fail the call (PSAGG_ETIMEDOUT, naming who did not) after 1.5 x op_timeout_ms.
  * Servers started with [server] resume = on load it; psagg_param_init then returns its weights.
  */
 #define PSAGG_ALL_KEYS UINT32_MAX
