@@ -24,6 +24,28 @@
 #include "runtime/channel.h"
 #include "server.h"
 
+/*
+ * A connection that has not authenticated yet (admission.c): it has until `deadline` to send a
+ * whole HELLO, and at most PENDING_MAX of them are kept (the oldest goes first), so idle or
+ * slow connections can neither stall the control loop nor crowd out the job's workers.
+ */
+typedef struct pending_conn {
+    int fd;
+    int64_t deadline;
+    psagg_ctl_reader rd;
+    uint8_t challenge[PSAGG_CHALLENGE_BYTES]; /* sent in its CHALLENGE; its HELLO must bind it */
+    char peer[80];                            /* "connection from ADDR:PORT", for the log */
+} pending_conn;
+
+/* The admission component (the control thread's; srv->adm). */
+struct admission {
+    pending_conn pending[PENDING_MAX]; /* fd < 0 when free */
+    uint64_t refused_idle;             /* unauthenticated connections closed for time or room */
+    int64_t refused_logged_at;         /* when they were last reported */
+    psagg_lograte refused_hello;       /* refused HELLOs (a flood of them: one record a second) */
+    int64_t startup_deadline;          /* -1 until the first authenticated HELLO */
+};
+
 #define HELLO_TIMEOUT_MS 5000 /* for a connection to deliver its whole HELLO */
 
 /*
@@ -59,11 +81,12 @@ static void accept_all(server *srv)
         socklen_t sl = sizeof ss;
         pending_conn *slot = NULL, *oldest = NULL;
         char host[48], port[8];
-        int fd = accept4(srv->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd =
+            accept4(srv->ctl.listen_fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0)
             return; /* EAGAIN: all taken; anything else: try again on the next poll */
         for (int i = 0; i < PENDING_MAX && !slot; i++) {
-            pending_conn *p = &srv->pending[i];
+            pending_conn *p = &srv->adm->pending[i];
             if (p->fd < 0)
                 slot = p;
             else if (!oldest || p->deadline < oldest->deadline)
@@ -71,7 +94,7 @@ static void accept_all(server *srv)
         }
         if (!slot) { /* full: the connection that has waited longest makes room */
             pending_close(oldest);
-            srv->refused_idle++;
+            srv->adm->refused_idle++;
             slot = oldest;
         }
         slot->fd = fd;
@@ -83,7 +106,7 @@ static void accept_all(server *srv)
             memcpy(c.challenge, slot->challenge, sizeof c.challenge);
             if (psagg_ctl_send(fd, NULL, PSAGG_CTL_CHALLENGE, &c, sizeof c)) {
                 pending_close(slot);
-                srv->refused_idle++;
+                srv->adm->refused_idle++;
                 continue;
             }
         }
@@ -98,23 +121,23 @@ static void accept_all(server *srv)
 static void report_refused(server *srv, int64_t now, int final)
 {
     static const int64_t every_ms = 5000;
-    if (!srv->refused_idle || (!final && now < srv->refused_logged_at + every_ms))
+    if (!srv->adm->refused_idle || (!final && now < srv->adm->refused_logged_at + every_ms))
         return;
     LOG_WARN(&srv->log,
              "closed %llu connection(s) that sent no whole HELLO within %d ms, found no room "
              "(at most %d may wait for their HELLO at once) or came after the job started",
-             (unsigned long long)srv->refused_idle, hello_timeout_ms(srv), PENDING_MAX);
-    srv->refused_idle = 0;
-    srv->refused_logged_at = now;
+             (unsigned long long)srv->adm->refused_idle, hello_timeout_ms(srv), PENDING_MAX);
+    srv->adm->refused_idle = 0;
+    srv->adm->refused_logged_at = now;
 }
 
 /* Close the pending connections whose HELLO did not come in time; say so now and then. */
 void admission_expire(server *srv, int64_t now)
 {
     for (int i = 0; i < PENDING_MAX; i++)
-        if (srv->pending[i].fd >= 0 && now > srv->pending[i].deadline) {
-            pending_close(&srv->pending[i]);
-            srv->refused_idle++;
+        if (srv->adm->pending[i].fd >= 0 && now > srv->adm->pending[i].deadline) {
+            pending_close(&srv->adm->pending[i]);
+            srv->adm->refused_idle++;
         }
     report_refused(srv, now, 0);
 }
@@ -201,14 +224,14 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
                  srv->rank, rank, hello->provider, psagg_fabric_provider(srv->fab));
         return -1;
     }
-    if (!srv->job_running && rank >= srv->start_workers) {
+    if (!srv->ctl.job_running && rank >= srv->start_workers) {
         snprintf(msg, len,
                  "server %d: worker rank %d is beyond workers = %d: it joins the job once it "
                  "runs: try again",
                  srv->rank, rank, srv->start_workers);
         return -2; /* (PSAGG_EAGAIN: the worker says HELLO again in a moment) */
     }
-    if (srv->job_running) { /* an elastic job (else nobody listens): a join (membership.c) */
+    if (srv->ctl.job_running) { /* an elastic job (else nobody listens): a join (membership.c) */
         if (server_member(srv, rank) && wc->state == W_DEAD && wc->fd < 0) {
             snprintf(msg, len,
                      "server %d: worker rank %d is leaving the job (server 0's membership epoch "
@@ -252,13 +275,14 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
             return -1;
         }
         /* a joiner's rank: the address of the worker that left names nobody from now on */
-        if (srv->job_running && old < (psagg_peer)srv->n_workers && old != wc->addr)
+        if (srv->ctl.job_running && old < (psagg_peer)srv->n_workers && old != wc->addr)
             srv->rank_at[old] = -1;
     }
     {
         psagg_ctl_welcome wel = {.server_rank = (uint32_t)srv->rank,
                                  .n_servers = (uint32_t)srv->cfg.n_servers,
-                                 .flags = flags | (srv->job_running ? PSAGG_WELCOME_JOINING : 0) |
+                                 .flags = flags |
+                                          (srv->ctl.job_running ? PSAGG_WELCOME_JOINING : 0) |
                                           (srv->cfg.quorum ? PSAGG_WELCOME_QUORUM : 0)};
         size_t elen = sizeof wel.epname;
         memcpy(wel.nonce, srv->nonce, sizeof wel.nonce);
@@ -270,7 +294,7 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
             return -1;
         }
         wel.epname_len = (uint32_t)elen;
-        if (srv->cfg.local_copy && !srv->job_running) /* (not for a joiner: by the provider) */
+        if (srv->cfg.local_copy && !srv->ctl.job_running) /* (not for a joiner: by the provider) */
             local_copy_offer(srv, rank, hello, &wel);
         psagg_welcome_token(&srv->job_key, &wel, hello->auth, wel.auth);
         if (psagg_ctl_send(fd, NULL, PSAGG_CTL_WELCOME, &wel, sizeof wel)) {
@@ -281,7 +305,7 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
     }
     wc->fd = fd;
     wc->state = W_HELLO;
-    wc->joining = srv->job_running;
+    wc->joining = srv->ctl.job_running;
     wc->join_asked = 0;
     wc->in_barrier = 0;
     wc->heard_at = psagg_now_ms();
@@ -297,8 +321,8 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
     memset(&wc->rx.seen, 0, sizeof wc->rx.seen);
     if (wc->addr < (psagg_peer)srv->n_workers)
         srv->rank_at[wc->addr] = rank;
-    if (srv->startup_deadline < 0) /* the start-up deadline runs from the first worker */
-        srv->startup_deadline = psagg_now_ms() + srv->cfg.connect_timeout_ms;
+    if (srv->adm->startup_deadline < 0) /* the start-up deadline runs from the first worker */
+        srv->adm->startup_deadline = psagg_now_ms() + srv->cfg.connect_timeout_ms;
     LOG_INFO(&srv->log, "worker %d %s (%s)", rank,
              wc->joining ? "connected to join the running job" : "connected", peer);
     return 0;
@@ -336,7 +360,7 @@ static void serve_pending(server *srv, pending_conn *p)
         st = r == -2 ? PSAGG_EAGAIN : PSAGG_EPROTO;
     }
     /* (a flood of refused HELLOs, e.g. joins with a wrong secret, is one record a second) */
-    psagg_lograte_note(&srv->refused_hello, &srv->log, 1000, "refused a %s: %s", p->peer, msg);
+    psagg_lograte_note(&srv->adm->refused_hello, &srv->log, 1000, "refused a %s: %s", p->peer, msg);
     admission_verdict(srv, p->fd, NULL, PSAGG_CTL_ERROR, st, msg);
     pending_close(p);
     free(body);
@@ -345,11 +369,11 @@ static void serve_pending(server *srv, pending_conn *p)
 /* Poll the listening socket and every pending connection: pfd/who from index n; the new n. */
 int admission_poll_add(server *srv, struct pollfd *pfd, int *who, int n)
 {
-    pfd[n] = (struct pollfd){.fd = srv->listen_fd, .events = POLLIN};
+    pfd[n] = (struct pollfd){.fd = srv->ctl.listen_fd, .events = POLLIN};
     who[n++] = -1;
     for (int i = 0; i < PENDING_MAX; i++)
-        if (srv->pending[i].fd >= 0) {
-            pfd[n] = (struct pollfd){.fd = srv->pending[i].fd, .events = POLLIN};
+        if (srv->adm->pending[i].fd >= 0) {
+            pfd[n] = (struct pollfd){.fd = srv->adm->pending[i].fd, .events = POLLIN};
             who[n++] = -2 - i;
         }
     return n;
@@ -360,30 +384,41 @@ void admission_serve(server *srv, int who, int fd)
 {
     if (who == -1)
         accept_all(srv);
-    else if (who <= -2 && srv->pending[-2 - who].fd == fd)
-        serve_pending(srv, &srv->pending[-2 - who]);
+    else if (who <= -2 && srv->adm->pending[-2 - who].fd == fd)
+        serve_pending(srv, &srv->adm->pending[-2 - who]);
 }
 
 /* Close every pending connection (counted as refused) and report the refusals now. */
 void admission_close_all(server *srv)
 {
-    for (int i = 0; srv->pending && i < PENDING_MAX; i++)
-        if (srv->pending[i].fd >= 0) {
-            pending_close(&srv->pending[i]);
-            srv->refused_idle++;
+    for (int i = 0; srv->adm && i < PENDING_MAX; i++)
+        if (srv->adm->pending[i].fd >= 0) {
+            pending_close(&srv->adm->pending[i]);
+            srv->adm->refused_idle++;
         }
     report_refused(srv, psagg_now_ms(), 1);
-    psagg_lograte_flush(&srv->refused_hello, &srv->log);
+    psagg_lograte_flush(&srv->adm->refused_hello, &srv->log);
 }
 
 /* The pending-connection table, all slots free; no start-up deadline yet. */
 psagg_status admission_init(server *srv)
 {
-    srv->pending = calloc(PENDING_MAX, sizeof *srv->pending);
-    if (!srv->pending)
+    srv->adm = calloc(1, sizeof *srv->adm);
+    if (!srv->adm)
         return psagg_fail(PSAGG_ENOMEM, "connection table");
     for (int i = 0; i < PENDING_MAX; i++)
-        srv->pending[i].fd = -1;
-    srv->startup_deadline = -1;
+        srv->adm->pending[i].fd = -1;
+    srv->adm->startup_deadline = -1;
     return PSAGG_OK;
+}
+
+int64_t admission_deadline(const server *srv)
+{
+    return srv->adm->startup_deadline;
+}
+
+void admission_fini(server *srv)
+{
+    free(srv->adm);
+    srv->adm = NULL;
 }

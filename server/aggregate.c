@@ -52,7 +52,7 @@ static void trace_round(server *srv, const chunk_state *c, int64_t done)
                      .n_args = 7,
                      .args = {c->round, c->info->key, c->info->index, c->first_worker,
                               c->last_worker, c->thread, c->sum->device}};
-    psagg_timeline_span(srv->timeline, &sp);
+    psagg_timeline_span(srv->pool.timeline, &sp);
 }
 
 /* The codec assignment's generation of c's round (runtime/adaptive.h; 0 if fixed). */
@@ -130,12 +130,12 @@ void agg_finish_round(server *srv, chunk_state *c)
     if ((r = c->ops->finish(srv, c, c->out[p], round_key(srv, c))) < 0)
         return; /* the job failed */
     enc = (size_t)r;
-    h->epoch = (uint16_t)atomic_load(&srv->epoch);
+    h->epoch = (uint16_t)atomic_load(&srv->mb.epoch);
     h->summed = (uint16_t)c->n_arrived;
-    enc += srv->policy->trailer(srv, c, c->out[p] + sizeof *h + enc); /* (quorum: bitmap) */
+    enc += srv->pool.policy->trailer(srv, c, c->out[p] + sizeof *h + enc); /* (quorum: bitmap) */
     if (srv->tag_bytes) /* one seal: every worker gets the same bytes (runtime/auth.h) */
-        psagg_node_seal(&srv->node, &srv->update_key, atomic_fetch_add(&srv->update_seq, 1) + 1,
-                        c->out[p], sizeof *h + enc);
+        psagg_node_seal(&srv->node, &srv->pool.update_key,
+                        atomic_fetch_add(&srv->pool.update_seq, 1) + 1, c->out[p], sizeof *h + enc);
     {
         int to = 0; /* the members now get it (a leaver's push may be in it all the same) */
         for (int w = 0; w < srv->n_workers; w++)
@@ -145,7 +145,7 @@ void agg_finish_round(server *srv, chunk_state *c)
     now = psagg_now_ns();
     metrics_round(srv, sizeof *h + enc + srv->tag_bytes, c->last_push_ns - c->first_push_ns,
                   now - c->last_push_ns);
-    if (srv->timeline)
+    if (srv->pool.timeline)
         trace_round(srv, c, now);
     server_queue_update(srv, &c->sctx[p]);
     c->round_deadline = 0;
@@ -161,10 +161,10 @@ void agg_finish_round(server *srv, chunk_state *c)
     c->round++;
     if (c == srv->chunks) { /* slot 0 counts the job's rounds for the usage report */
         if (c->round == 1) {
-            getrusage(RUSAGE_SELF, &srv->usage_first);
-            atomic_store(&srv->usage_marked, 1);
+            getrusage(RUSAGE_SELF, &srv->pool.usage_first);
+            atomic_store(&srv->pool.usage_marked, 1);
         }
-        atomic_store(&srv->rounds_done, c->round);
+        atomic_store(&srv->pool.rounds_done, c->round);
     }
 }
 
@@ -194,7 +194,7 @@ static void release_held(server *srv, chunk_state *c, int w)
 {
     server_queue_repost(srv, c->held[w]);
     c->held[w] = NULL;
-    atomic_fetch_sub(&srv->rx_held, 1);
+    atomic_fetch_sub(&srv->pool.rx_held, 1);
 }
 
 /*
@@ -236,11 +236,11 @@ static int cpu_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
 
     if (w != (int)c->next) {
         int kept = 0;
-        if (atomic_fetch_add(&srv->rx_held, 1) < srv->rx_hold_max) {
+        if (atomic_fetch_add(&srv->pool.rx_held, 1) < srv->pool.rx_hold_max) {
             c->held[w] = rb;
             kept = CHUNK_KEPT;
         } else {
-            atomic_fetch_sub(&srv->rx_held, 1);
+            atomic_fetch_sub(&srv->pool.rx_held, 1);
             if (psagg_validate(&c->codec, payload, c->enc, c->info->count)) {
                 server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s",
                                     h->key, h->chunk, h->round, psagg_last_error());
@@ -312,7 +312,7 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
     if (c->ops->admit(srv, c, rb, &round))
         return 0;
     if (round < c->round || (round == c->round && c->closing)) {
-        if (srv->policy->late(srv, c, w, round))
+        if (srv->pool.policy->late(srv, c, w, round))
             return 0; /* (the policy's: a straggler's, quorum.c) */
         LOG_WARN(&srv->log,
                  "stale push from worker %d: tensor %u chunk %u round %u (collecting %u), dropped",
@@ -343,7 +343,7 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
         metrics_lateness(srv, w, now - c->first_push_ns);
     }
     r = c->ops->collect(srv, c, w, rb);
-    srv->policy->pushed(srv, c, w, round, (r & CHUNK_COMPLETE) != 0);
+    srv->pool.policy->pushed(srv, c, w, round, (r & CHUNK_COMPLETE) != 0);
     if (r & CHUNK_COMPLETE)
         agg_finish_round(srv, c);
     return r & CHUNK_KEPT;
@@ -450,7 +450,7 @@ const chunk_ops sum_chunk_ops = {
  */
 static void check_rounds(server *srv, agg_thread *t, int64_t now)
 {
-    int self = (int)(t - srv->threads);
+    int self = (int)(t - srv->pool.threads);
     for (uint32_t i = 0; i < srv->n_owned; i++) {
         chunk_state *c = &srv->chunks[i];
         char missing[128] = "";
@@ -504,14 +504,14 @@ static void *agg_main(void *arg)
             break;
         }
         now = psagg_now_ms();
-        if (t->wake_ms && now >= t->wake_ms && !atomic_load(&srv->job_failed)) {
+        if (t->wake_ms && now >= t->wake_ms && !atomic_load(&srv->job.failed)) {
             pthread_mutex_unlock(&t->mu);
-            t->wake_ms = srv->policy->timer(srv, t, now);
+            t->wake_ms = srv->pool.policy->timer(srv, t, now);
             continue;
         }
         if (now >= next_check) {
             pthread_mutex_unlock(&t->mu);
-            if (!atomic_load(&srv->job_failed))
+            if (!atomic_load(&srv->job.failed))
                 check_rounds(srv, t, now);
             next_check = now + DEADLINE_CHECK_MS;
             continue;
@@ -527,24 +527,24 @@ static void *agg_main(void *arg)
         pthread_mutex_unlock(&t->mu);
 
         if (it == &t->barrier) { /* agg_barrier: everything before it is done */
-            pthread_mutex_lock(&srv->barrier_mu);
-            if (--srv->barrier_left == 0)
-                pthread_cond_broadcast(&srv->barrier_cv);
-            pthread_mutex_unlock(&srv->barrier_mu);
+            pthread_mutex_lock(&srv->pool.barrier_mu);
+            if (--srv->pool.barrier_left == 0)
+                pthread_cond_broadcast(&srv->pool.barrier_cv);
+            pthread_mutex_unlock(&srv->pool.barrier_mu);
             continue;
         }
         busy_from = psagg_now_ns();
         if (!it->rb)
             atomic_store(&it->chunk->retry_queued, 0);
         if (it->rb) {
-            if (atomic_load(&srv->job_failed) || !handle_push(srv, it->chunk, it->rb))
+            if (atomic_load(&srv->job.failed) || !handle_push(srv, it->chunk, it->rb))
                 server_queue_repost(srv, it->rb);
-        } else if (!atomic_load(&srv->job_failed) && atomic_load(&it->chunk->deferred)) {
+        } else if (!atomic_load(&srv->job.failed) && atomic_load(&it->chunk->deferred)) {
             agg_finish_round(srv, it->chunk);
-        } else if (!atomic_load(&srv->job_failed)) {
+        } else if (!atomic_load(&srv->job.failed)) {
             agg_settle(srv, it->chunk); /* the membership changed (membership.c) */
         }
-        metrics_busy(srv, (uint32_t)(t - srv->threads), psagg_now_ns() - busy_from);
+        metrics_busy(srv, (uint32_t)(t - srv->pool.threads), psagg_now_ns() - busy_from);
     }
     return NULL;
 }
@@ -554,7 +554,7 @@ void agg_settle(server *srv, chunk_state *c)
     if (!c->broken && c->n_arrived && (c->ops->settle(srv, c) & CHUNK_COMPLETE))
         agg_finish_round(srv, c);
     else if (!c->broken && c->n_arrived)
-        srv->policy->changed(srv, c);
+        srv->pool.policy->changed(srv, c);
 }
 
 void agg_send_done(server *srv, send_ctx *sc)
@@ -566,7 +566,7 @@ void agg_send_done(server *srv, send_ctx *sc)
 
 void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb)
 {
-    agg_thread *t = &srv->threads[c->thread];
+    agg_thread *t = &srv->pool.threads[c->thread];
     agg_item *it = rb ? &rb->item : &c->retry;
     if (!rb && atomic_exchange(&c->retry_queued, 1))
         return; /* already queued: one retry serves both parities */
@@ -583,11 +583,11 @@ void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb)
 
 void agg_barrier(server *srv)
 {
-    pthread_mutex_lock(&srv->barrier_mu);
-    srv->barrier_left = srv->n_threads;
-    pthread_mutex_unlock(&srv->barrier_mu);
-    for (int i = 0; i < srv->n_threads; i++) {
-        agg_thread *t = &srv->threads[i];
+    pthread_mutex_lock(&srv->pool.barrier_mu);
+    srv->pool.barrier_left = srv->pool.n_threads;
+    pthread_mutex_unlock(&srv->pool.barrier_mu);
+    for (int i = 0; i < srv->pool.n_threads; i++) {
+        agg_thread *t = &srv->pool.threads[i];
         pthread_mutex_lock(&t->mu);
         t->barrier = (agg_item){0};
         if (t->tail)
@@ -598,10 +598,10 @@ void agg_barrier(server *srv)
         pthread_cond_signal(&t->cv);
         pthread_mutex_unlock(&t->mu);
     }
-    pthread_mutex_lock(&srv->barrier_mu);
-    while (srv->barrier_left > 0)
-        pthread_cond_wait(&srv->barrier_cv, &srv->barrier_mu);
-    pthread_mutex_unlock(&srv->barrier_mu);
+    pthread_mutex_lock(&srv->pool.barrier_mu);
+    while (srv->pool.barrier_left > 0)
+        pthread_cond_wait(&srv->pool.barrier_cv, &srv->pool.barrier_mu);
+    pthread_mutex_unlock(&srv->pool.barrier_mu);
 }
 
 /*
@@ -645,7 +645,7 @@ static psagg_status chunk_alloc(server *srv, chunk_state *c)
     for (int p = 0; p < 2; p++) {
         uint8_t *to = c->sctx[0].to ? c->sctx[0].to + (size_t)p * n : NULL;
         c->sctx[p] = (send_ctx){.chunk = c, .parity = p, .to = to};
-        size_t bytes = sizeof(psagg_msg_hdr) + out + srv->bitmap_bytes + srv->tag_bytes;
+        size_t bytes = sizeof(psagg_msg_hdr) + out + srv->pool.bitmap_bytes + srv->tag_bytes;
         c->out[p] = arena_alloc(bytes);
         if (!c->out[p])
             break;
@@ -669,7 +669,7 @@ static uint64_t chunk_bytes(const server *srv, uint64_t count, size_t enc, const
     uint64_t n = (uint64_t)srv->n_workers, out = ops->out_bytes(count, enc);
     return sizeof(chunk_state) + 3 * n + 4 * n + n * sizeof(void *) + n * enc + 4 * count +
            ops->state_bytes(srv, count) +
-           2 * (sizeof(psagg_msg_hdr) + out + srv->bitmap_bytes + srv->tag_bytes);
+           2 * (sizeof(psagg_msg_hdr) + out + srv->pool.bitmap_bytes + srv->tag_bytes);
 }
 
 static uint64_t sat_add(uint64_t a, uint64_t b)
@@ -722,7 +722,7 @@ psagg_status agg_check_budget(const server *srv, const psagg_ctl_tensor *decl, u
     need = sat_add(sat_add(total / (uint64_t)srv->cfg.n_servers, biggest_chunk),
                    sat_add(sat_mul(chunks, sizeof(psagg_chunk_info) + sizeof(uint32_t)),
                            sat_mul(n, sizeof(psagg_tensor_info))));
-    if (chunks <= PSAGG_MAX_CHUNKS && need <= srv->budget)
+    if (chunks <= PSAGG_MAX_CHUNKS && need <= srv->pool.budget)
         return PSAGG_OK;
     snprintf(name, sizeof name, "%.40s", decl[worst_t].name);
     if (chunks > PSAGG_MAX_CHUNKS)
@@ -736,9 +736,10 @@ psagg_status agg_check_budget(const server *srv, const psagg_ctl_tensor *decl, u
                       "the declaration needs %llu MiB here, over the budget of %llu MiB ([server] "
                       "memory_budget_mb); "
                       "tensor %u '%s' (%llu elements) alone needs %llu MiB across %d server(s)",
-                      (unsigned long long)(need >> 20), (unsigned long long)(srv->budget >> 20),
-                      worst_t, name, (unsigned long long)decl[worst_t].count,
-                      (unsigned long long)(worst >> 20), srv->cfg.n_servers);
+                      (unsigned long long)(need >> 20),
+                      (unsigned long long)(srv->pool.budget >> 20), worst_t, name,
+                      (unsigned long long)decl[worst_t].count, (unsigned long long)(worst >> 20),
+                      srv->cfg.n_servers);
 }
 
 /* Build the table of owned chunks and pin each to a thread (slot % threads). */
@@ -747,7 +748,7 @@ psagg_status agg_setup(server *srv)
     const psagg_layout *l = &srv->layout;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
 
-    srv->n_threads =
+    srv->pool.n_threads =
         srv->cfg.server_threads > 0 ? srv->cfg.server_threads : (int)(cores > 0 ? cores : 1);
     srv->n_owned = l->owned_count[srv->rank];
     srv->chunks = calloc(srv->n_owned ? srv->n_owned : 1, sizeof *srv->chunks);
@@ -762,7 +763,7 @@ psagg_status agg_setup(server *srv)
         c->info = ci;
         c->codec = l->tensors[ci->key].codec;
         c->enc = ci->enc_bytes;
-        c->thread = ci->slot % (uint32_t)srv->n_threads;
+        c->thread = ci->slot % (uint32_t)srv->pool.n_threads;
         c->ops = chunk_kind(l->tensors[ci->key].param);
     }
     return PSAGG_OK;
@@ -770,16 +771,16 @@ psagg_status agg_setup(server *srv)
 
 /*
  * Start the pool. Each thread first allocates the buffers of the chunks pinned to it from
- * an arena of its own and reports to srv->startup; agg_start returns once all have, with the
+ * an arena of its own and reports to srv->pool.startup; agg_start returns once all have, with the
  * first failure if any.
  */
 static void *agg_thread_start(void *arg)
 {
     agg_thread *t = arg;
     server *srv = t->srv;
-    agg_startup *su = &srv->startup;
+    agg_startup *su = &srv->pool.startup;
     psagg_status st = PSAGG_OK;
-    int self = (int)(t - srv->threads);
+    int self = (int)(t - srv->pool.threads);
 
     if (arena_thread_init())
         LOG_DEBUG(&srv->log, "aggregation thread %d: no arena of its own", self);
@@ -804,14 +805,14 @@ static void *agg_thread_start(void *arg)
 
 psagg_status agg_start(server *srv)
 {
-    agg_startup *su = &srv->startup;
+    agg_startup *su = &srv->pool.startup;
     psagg_status st = PSAGG_OK;
 
-    srv->threads = calloc((size_t)srv->n_threads, sizeof *srv->threads);
-    if (!srv->threads)
+    srv->pool.threads = calloc((size_t)srv->pool.n_threads, sizeof *srv->pool.threads);
+    if (!srv->pool.threads)
         return psagg_fail(PSAGG_ENOMEM, "aggregation threads");
-    for (int i = 0; i < srv->n_threads; i++) {
-        agg_thread *t = &srv->threads[i];
+    for (int i = 0; i < srv->pool.n_threads; i++) {
+        agg_thread *t = &srv->pool.threads[i];
         t->srv = srv;
         pthread_mutex_init(&t->mu, NULL);
         {
@@ -822,19 +823,20 @@ psagg_status agg_start(server *srv)
             pthread_condattr_destroy(&ca);
         }
     }
-    su->left = srv->n_threads;
+    su->left = srv->pool.n_threads;
     su->status = PSAGG_OK;
-    for (int i = 0; i < srv->n_threads; i++) {
-        if (pthread_create(&srv->threads[i].tid, NULL, agg_thread_start, &srv->threads[i])) {
+    for (int i = 0; i < srv->pool.n_threads; i++) {
+        if (pthread_create(&srv->pool.threads[i].tid, NULL, agg_thread_start,
+                           &srv->pool.threads[i])) {
             pthread_mutex_lock(&su->mu);
-            su->left -= srv->n_threads - i;
+            su->left -= srv->pool.n_threads - i;
             pthread_mutex_unlock(&su->mu);
             st = psagg_fail(PSAGG_EIO, "cannot start aggregation thread %d", i);
-            srv->n_threads = i; /* agg_stop joins the ones that run */
+            srv->pool.n_threads = i; /* agg_stop joins the ones that run */
             break;
         }
     }
-    srv->threads_started = 1;
+    srv->pool.started = 1;
     pthread_mutex_lock(&su->mu);
     while (su->left > 0)
         pthread_cond_wait(&su->cv, &su->mu);
@@ -846,20 +848,20 @@ psagg_status agg_start(server *srv)
 
 void agg_stop(server *srv)
 {
-    if (!srv->threads_started)
+    if (!srv->pool.started)
         return;
-    for (int i = 0; i < srv->n_threads; i++) {
-        agg_thread *t = &srv->threads[i];
+    for (int i = 0; i < srv->pool.n_threads; i++) {
+        agg_thread *t = &srv->pool.threads[i];
         pthread_mutex_lock(&t->mu);
         t->stop = 1;
         pthread_cond_signal(&t->cv);
         pthread_mutex_unlock(&t->mu);
     }
-    for (int i = 0; i < srv->n_threads; i++) {
-        pthread_join(srv->threads[i].tid, NULL);
-        gpu_thread_fini(&srv->threads[i]);
+    for (int i = 0; i < srv->pool.n_threads; i++) {
+        pthread_join(srv->pool.threads[i].tid, NULL);
+        gpu_thread_fini(&srv->pool.threads[i]);
     }
-    srv->threads_started = 0;
+    srv->pool.started = 0;
 }
 
 void agg_teardown(server *srv)
@@ -879,11 +881,11 @@ void agg_teardown(server *srv)
     }
     free(srv->chunks);
     srv->chunks = NULL;
-    for (int i = 0; srv->threads && i < srv->n_threads; i++) {
-        agg_thread *t = &srv->threads[i];
+    for (int i = 0; srv->pool.threads && i < srv->pool.n_threads; i++) {
+        agg_thread *t = &srv->pool.threads[i];
         pthread_mutex_destroy(&t->mu);
         pthread_cond_destroy(&t->cv);
     }
-    free(srv->threads);
-    srv->threads = NULL;
+    free(srv->pool.threads);
+    srv->pool.threads = NULL;
 }

@@ -329,7 +329,7 @@ psagg_status ckpt_write(const server *srv, int arrays, char *path, size_t len)
     ckpt_head head = {.version = CKPT_VERSION,
                       .server_rank = (uint32_t)srv->rank,
                       .n_servers = (uint32_t)srv->cfg.n_servers,
-                      .optimizer = (uint32_t)srv->optim.kind,
+                      .optimizer = (uint32_t)srv->cfg.optimizer,
                       .n_tensors = l->n_tensors,
                       .chunk_elems = srv->job_decl_hdr.chunk_elems};
     uint8_t sum[CKPT_SUM];

@@ -56,7 +56,7 @@ static void drop_worker(server *srv, int w, psagg_status status, const char *why
         return;
     /* `why` may be psagg_last_error(), which the sends below overwrite: copy it first */
     snprintf(reason, sizeof reason, "%s", why);
-    if (atomic_load(&srv->job_failed)) /* the workers leave a failed job: expected */
+    if (atomic_load(&srv->job.failed)) /* the workers leave a failed job: expected */
         LOG_INFO(&srv->log, "closing worker %d: %s", w, reason);
     else
         LOG_ERROR(&srv->log, "closing worker %d: %s", w, reason);
@@ -65,11 +65,11 @@ static void drop_worker(server *srv, int w, psagg_status status, const char *why
     wc->fd = -1;
     psagg_ctl_reader_reset(&wc->rd);
     wc->state = W_DEAD;
-    if (srv->elastic && srv->job_running && !atomic_load(&srv->job_failed)) {
+    if (srv->mb.elastic && srv->ctl.job_running && !atomic_load(&srv->job.failed)) {
         membership_lost(srv, w, reason); /* the job goes on without it */
         return;
     }
-    if (srv->elastic && !srv->job_running && !atomic_load(&srv->job_failed)) {
+    if (srv->mb.elastic && !srv->ctl.job_running && !atomic_load(&srv->job.failed)) {
         /* start-up: the job starts without it (min_workers permitting), and leaves it then */
         snprintf(wc->bad_reason_startup, sizeof wc->bad_reason_startup, "%s", reason);
         return;
@@ -90,11 +90,11 @@ static void codec_text(const psagg_ctl_tensor *t, char *buf, size_t len)
 
 /*
  * The starting workers declared (an elastic job's: those that did not die meanwhile): compare
- * every list with the first one's (srv->decl_ref). 0 if identical.
+ * every list with the first one's (srv->ctl.decl_ref). 0 if identical.
  */
 static int compare_declarations(server *srv, char *msg, size_t len)
 {
-    const int r0 = srv->decl_ref;
+    const int r0 = srv->ctl.decl_ref;
     const worker_conn *w0 = &srv->workers[r0];
     for (int w = r0 + 1; w < srv->start_workers; w++) {
         const worker_conn *wc = &srv->workers[w];
@@ -256,7 +256,7 @@ static int dead_members(const server *srv)
 {
     int n = 0;
     for (int w = 0; w < srv->n_workers; w++)
-        n += srv->workers[w].state == W_DEAD && (!srv->elastic || server_member(srv, w));
+        n += srv->workers[w].state == W_DEAD && (!srv->mb.elastic || server_member(srv, w));
     return n;
 }
 
@@ -305,10 +305,10 @@ static psagg_status start_job(server *srv)
     /* enough receive buffers for every worker to have several chunks in flight */
     n_rbufs = psagg_rxpool_count(16 * srv->n_workers < 1024 ? 16 * srv->n_workers : 1024, rbuf_size,
                                  512ull << 20);
-    st = psagg_rxpool_create(&srv->rxpool, srv->fab, n_rbufs, rbuf_size, sizeof(recv_buf));
+    st = psagg_rxpool_create(&srv->dp.rxpool, srv->fab, n_rbufs, rbuf_size, sizeof(recv_buf));
     if (st)
         return st;
-    srv->rx_hold_max = n_rbufs / 2;
+    srv->pool.rx_hold_max = n_rbufs / 2;
     st = agg_start(srv);
     if (st)
         return st;
@@ -321,7 +321,7 @@ static psagg_status start_job(server *srv)
              "job '%s': %u tensors, %u chunks, %u owned here (%llu bytes per worker per round), "
              "%d aggregation threads, provider %s%s",
              srv->cfg.job_id, srv->layout.n_tensors, srv->layout.n_chunks, srv->n_owned,
-             (unsigned long long)srv->layout.owned_bytes[srv->rank], srv->n_threads,
+             (unsigned long long)srv->layout.owned_bytes[srv->rank], srv->pool.n_threads,
              psagg_fabric_provider(srv->fab), srv->cfg.data_auth ? ", data_auth" : "");
     return PSAGG_OK;
 }
@@ -355,7 +355,7 @@ static void checkpoint_write(server *srv)
     snprintf(m, sizeof m, "%.290s", st ? psagg_last_error() : path);
     if (st)
         LOG_ERROR(&srv->log, "a checkpoint was asked for: %s", m);
-    srv->ckpt_since = 0;
+    srv->ctl.checkpoint_since = 0;
     for (int w = 0; w < srv->n_workers; w++)
         if (srv->workers[w].ckpt_wanted)
             checkpoint_answer(srv, w, st, m);
@@ -364,12 +364,12 @@ static void checkpoint_write(server *srv)
 static void checkpoint_request(server *srv, int w)
 {
     srv->workers[w].ckpt_wanted = 1;
-    if (!srv->policy->collective_checkpoint) {
+    if (!srv->pool.policy->collective_checkpoint) {
         checkpoint_write(srv);
         return;
     }
-    if (!srv->ckpt_since)
-        srv->ckpt_since = psagg_now_ms();
+    if (!srv->ctl.checkpoint_since)
+        srv->ctl.checkpoint_since = psagg_now_ms();
     checkpoint_tick(srv, psagg_now_ms());
 }
 
@@ -378,7 +378,7 @@ void checkpoint_tick(server *srv, int64_t now)
     char missing[128] = "", m[300];
     size_t used = 0;
     int all = 1;
-    if (!srv->ckpt_since)
+    if (!srv->ctl.checkpoint_since)
         return;
     for (int w = 0; w < srv->n_workers; w++)
         if (server_member(srv, w) && !srv->workers[w].ckpt_wanted) {
@@ -391,7 +391,7 @@ void checkpoint_tick(server *srv, int64_t now)
         checkpoint_write(srv);
         return;
     }
-    if (now - srv->ckpt_since <= PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms))
+    if (now - srv->ctl.checkpoint_since <= PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms))
         return;
     snprintf(m, sizeof m,
              "server %d: no checkpoint: with [server] quorum every worker calls psagg_checkpoint "
@@ -399,7 +399,7 @@ void checkpoint_tick(server *srv, int64_t now)
              "1.5 x op_timeout_ms=%d",
              srv->rank, missing, srv->cfg.op_timeout_ms);
     LOG_WARN(&srv->log, "%s", m);
-    srv->ckpt_since = 0;
+    srv->ctl.checkpoint_since = 0;
     for (int w = 0; w < srv->n_workers; w++)
         if (srv->workers[w].ckpt_wanted)
             checkpoint_answer(srv, w, PSAGG_ETIMEDOUT, m);
@@ -434,22 +434,23 @@ static void serve_worker(server *srv, int w)
         wc->fd = -1;
         psagg_ctl_reader_reset(&wc->rd);
         /* an elastic job goes on without a worker that is done (the others may not be) */
-        if (srv->elastic && srv->job_running && !atomic_load(&srv->job_failed))
+        if (srv->mb.elastic && srv->ctl.job_running && !atomic_load(&srv->job.failed))
             membership_bye(srv, w);
     } else if (h.type == PSAGG_CTL_DECLARE && wc->state == W_HELLO) {
         read_declare(srv, w, &h, body);
-    } else if (h.type == PSAGG_CTL_CHECKPOINT && h.len == 0 && srv->threads_started) {
+    } else if (h.type == PSAGG_CTL_CHECKPOINT && h.len == 0 && srv->pool.started) {
         checkpoint_request(srv, w);
-    } else if (h.type == PSAGG_CTL_MEMBERSHIP && wc->state == W_DECLARED && srv->job_running &&
+    } else if (h.type == PSAGG_CTL_MEMBERSHIP && wc->state == W_DECLARED && srv->ctl.job_running &&
                (server_member(srv, w) || wc->joining)) { /* (a joiner relays its admission) */
         membership_relayed(srv, w, &h, body);
-    } else if (h.type == PSAGG_CTL_SYNC && wc->state == W_DECLARED && srv->job_running &&
-               srv->elastic && srv->rank == 0 && server_member(srv, w)) {
+    } else if (h.type == PSAGG_CTL_SYNC && wc->state == W_DECLARED && srv->ctl.job_running &&
+               srv->mb.elastic && srv->rank == 0 && server_member(srv, w)) {
         membership_sync(srv, w, &h, body);
-    } else if (h.type == PSAGG_CTL_START && wc->state == W_DECLARED && !srv->job_running &&
-               srv->elastic && srv->rank > 0) {
+    } else if (h.type == PSAGG_CTL_START && wc->state == W_DECLARED && !srv->ctl.job_running &&
+               srv->mb.elastic && srv->rank > 0) {
         membership_start_relayed(srv, w, &h, body);
-    } else if (h.type == PSAGG_CTL_START && srv->job_running && srv->rank > 0 && srv->elastic) {
+    } else if (h.type == PSAGG_CTL_START && srv->ctl.job_running && srv->rank > 0 &&
+               srv->mb.elastic) {
         /* (the job started here first: every worker relays server 0's start) */
     } else if (h.type == PSAGG_CTL_JOIN && h.len == 0 && wc->state == W_DECLARED && wc->joining &&
                !wc->join_asked && srv->rank == 0) {
@@ -471,10 +472,10 @@ static void close_named_workers(server *srv)
 {
     for (int w = 0; w < srv->n_workers; w++) {
         char reason[200];
-        pthread_mutex_lock(&srv->mu);
+        pthread_mutex_lock(&srv->job.mu);
         snprintf(reason, sizeof reason, "%s", srv->workers[w].bad_reason);
         srv->workers[w].bad_reason[0] = '\0';
-        pthread_mutex_unlock(&srv->mu);
+        pthread_mutex_unlock(&srv->job.mu);
         if (reason[0])
             drop_worker(srv, w, PSAGG_EPROTO, reason);
     }
@@ -499,13 +500,13 @@ static int start_or_refuse(server *srv, int *rc)
     }
     /* the job's declaration, kept as its own: a joiner's must equal it, and checkpoints and
        the layout read it, never a worker's (which may die, or rejoin and declare again) */
-    srv->job_decl_hdr = srv->workers[srv->decl_ref].decl_hdr;
+    srv->job_decl_hdr = srv->workers[srv->ctl.decl_ref].decl_hdr;
     srv->job_decl = malloc((size_t)srv->job_decl_hdr.count * sizeof *srv->job_decl);
     if (!srv->job_decl) {
         *rc = startup_failed(srv, PSAGG_ENOMEM, "no memory for the job's declaration");
         return -1;
     }
-    memcpy(srv->job_decl, srv->workers[srv->decl_ref].decl,
+    memcpy(srv->job_decl, srv->workers[srv->ctl.decl_ref].decl,
            (size_t)srv->job_decl_hdr.count * sizeof *srv->job_decl);
     {
         psagg_status st = start_job(srv);
@@ -519,8 +520,8 @@ static int start_or_refuse(server *srv, int *rc)
     {
         /* an elastic job: server 0 names the starting workers, relayed to the others (START) */
         uint32_t len = 0;
-        void *start = srv->elastic && srv->rank == 0 ? membership_start_frame(srv, &len) : NULL;
-        if (srv->elastic && srv->rank == 0 && !start) {
+        void *start = srv->mb.elastic && srv->rank == 0 ? membership_start_frame(srv, &len) : NULL;
+        if (srv->mb.elastic && srv->rank == 0 && !start) {
             *rc = startup_failed(srv, PSAGG_ENOMEM, "no memory for READY");
             return -1;
         }
@@ -542,15 +543,15 @@ static void check_liveness(server *srv, int64_t now)
 {
     int op = srv->cfg.op_timeout_ms;
     /* an elastic job gives a worker up sooner: the others wait for it meanwhile */
-    int64_t limit = srv->elastic ? psagg_member_timeout_ms(op) : op;
-    if (now >= srv->next_ping) {
+    int64_t limit = srv->mb.elastic ? psagg_member_timeout_ms(op) : op;
+    if (now >= srv->ctl.next_ping) {
         for (int w = 0; w < srv->n_workers; w++) {
             worker_conn *wc = &srv->workers[w];
             if (wc->fd >= 0 && wc->state == W_DECLARED &&
                 psagg_ctl_send(wc->fd, &wc->auth, PSAGG_CTL_PING, NULL, 0))
                 LOG_DEBUG(&srv->log, "worker %d: PING: %s", w, psagg_last_error());
         }
-        srv->next_ping = now + psagg_ping_interval_ms(op);
+        srv->ctl.next_ping = now + psagg_ping_interval_ms(op);
     }
     for (int w = 0; w < srv->n_workers; w++) {
         worker_conn *wc = &srv->workers[w];
@@ -563,7 +564,7 @@ static void check_liveness(server *srv, int64_t now)
         }
         if (wc->fd < 0 || wc->state != W_DECLARED || now - wc->heard_at <= limit)
             continue;
-        if (srv->elastic)
+        if (srv->mb.elastic)
             snprintf(why, sizeof why,
                      "worker %d sent nothing for %.1f s, more than 3 PING intervals of %d ms "
                      "(stopped, hung or cut off)",
@@ -603,19 +604,19 @@ int control_serve(server *srv)
         if (*srv->stop) {
             LOG_INFO(&srv->log, "stopping on signal");
             tell_workers(srv, -1, PSAGG_CTL_ABORT, PSAGG_ECLOSED, "server stopped by a signal");
-            rc = phase != STARTING && !atomic_load(&srv->job_failed) &&
+            rc = phase != STARTING && !atomic_load(&srv->job.failed) &&
                          count_state(srv, W_BYE) + count_state(srv, W_NONE) == srv->n_workers
                      ? 0
                      : 143;
             break;
         }
         close_named_workers(srv);
-        if (phase == RUNNING && atomic_load(&srv->job_failed)) {
+        if (phase == RUNNING && atomic_load(&srv->job.failed)) {
             psagg_status status;
-            pthread_mutex_lock(&srv->mu);
-            snprintf(msg, sizeof msg, "server %d: %.200s", srv->rank, srv->job_error);
-            status = srv->job_status ? srv->job_status : PSAGG_EPEER;
-            pthread_mutex_unlock(&srv->mu);
+            pthread_mutex_lock(&srv->job.mu);
+            snprintf(msg, sizeof msg, "server %d: %.200s", srv->rank, srv->job.error);
+            status = srv->job.status ? srv->job.status : PSAGG_EPEER;
+            pthread_mutex_unlock(&srv->job.mu);
             LOG_ERROR(&srv->log, "job failed: %s", msg);
             tell_workers(srv, -1, PSAGG_CTL_ABORT, status, msg);
             phase = ABORTED;
@@ -624,7 +625,7 @@ int control_serve(server *srv)
         if (phase == RUNNING) {
             check_liveness(srv, now);
             checkpoint_tick(srv, now); /* (a collective checkpoint's members, its deadline) */
-            if (srv->elastic) {        /* joins: admission stays open (admission.c, membership.c) */
+            if (srv->mb.elastic) {     /* joins: admission stays open (admission.c, membership.c) */
                 membership_tick(srv, now);
                 admission_expire(srv, now);
                 n = admission_poll_add(srv, pfd, who, n);
@@ -650,14 +651,14 @@ int control_serve(server *srv)
                              "gone");
             /* (the workers that left an elastic job are no failure of it; one lost here that
                server 0 never removed is) */
-            rc = atomic_load(&srv->job_failed) || dead_members(srv) ? 1 : 0;
+            rc = atomic_load(&srv->job.failed) || dead_members(srv) ? 1 : 0;
             LOG_INFO(&srv->log, "all workers gone, job %s", rc ? "failed" : "done");
             metrics_usage(srv);
             break;
         }
         if (phase == STARTING) {
             int dead = count_state(srv, W_DEAD), declared = count_state(srv, W_DECLARED);
-            if (dead > 0 && !srv->elastic) {
+            if (dead > 0 && !srv->mb.elastic) {
                 rc = startup_failed(srv, PSAGG_EPEER, "another worker failed during start-up");
                 break;
             }
@@ -671,8 +672,8 @@ int control_serve(server *srv)
             }
             /* (elastic: the workers that died start out of it, as joinable ranks) */
             if (declared > 0 && declared + dead == srv->start_workers) {
-                for (srv->decl_ref = 0; srv->workers[srv->decl_ref].state != W_DECLARED;)
-                    srv->decl_ref++;
+                for (srv->ctl.decl_ref = 0; srv->workers[srv->ctl.decl_ref].state != W_DECLARED;)
+                    srv->ctl.decl_ref++;
                 if (start_or_refuse(srv, &rc))
                     break;
                 for (int w = 0; w < srv->start_workers; w++)
@@ -681,19 +682,19 @@ int control_serve(server *srv)
                                         srv->workers[w].bad_reason_startup[0]
                                             ? srv->workers[w].bad_reason_startup
                                             : "it died during start-up");
-                if (!srv->elastic) {
+                if (!srv->mb.elastic) {
                     /* nobody else may join now: later connections are refused by the kernel */
-                    close(srv->listen_fd);
-                    srv->listen_fd = -1;
+                    close(srv->ctl.listen_fd);
+                    srv->ctl.listen_fd = -1;
                     admission_close_all(srv);
                 }
                 for (int w = 0; w < srv->n_workers; w++) /* their silence counts from now */
                     srv->workers[w].heard_at = now;
                 phase = RUNNING;
-                srv->job_running = 1;
+                srv->ctl.job_running = 1;
                 continue; /* a READY that could not be sent has failed the job */
             }
-            if (srv->startup_deadline >= 0 && now > srv->startup_deadline) {
+            if (admission_deadline(srv) >= 0 && now > admission_deadline(srv)) {
                 missing_workers(srv, W_DECLARED, missing, sizeof missing);
                 snprintf(msg, sizeof msg,
                          "server %d: workers %s did not arrive and declare within "

@@ -97,7 +97,7 @@ static psagg_status gpu_encode(server *srv, chunk_state *c, psagg_rng_key key, u
                                size_t *bad)
 {
     const void *in[PSAGG_CUDA_MAX_INPUTS];
-    agg_thread *t = &srv->threads[c->thread];
+    agg_thread *t = &srv->pool.threads[c->thread];
     size_t enc = c->enc, n_in = 0; /* the pushes that came, in worker order */
     psagg_status st;
     for (int w = 0; w < srv->n_workers; w++)

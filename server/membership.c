@@ -41,42 +41,74 @@
 #include "runtime/channel.h"
 #include "server.h"
 
+/* A relayed MEMBERSHIP frame of an epoch ahead of the next one here (membership.c). */
+#define MEMBERSHIP_AHEAD_MAX 8
+typedef struct ahead_frame {
+    uint32_t epoch;
+    int from; /* the worker that relayed it */
+    uint32_t len;
+    int64_t since; /* when it came */
+    void *frame;
+} ahead_frame;
+
+/* membership.c's own part of the membership (srv->mb.own; the control thread's). */
+struct membership {
+    void *epoch_frame; /* the MEMBERSHIP frame of the epoch applied (later copies must equal it) */
+    uint32_t epoch_frame_len;
+    int epoch_frame_from; /* the worker that relayed it (servers > 0) */
+    void *start_frame;    /* servers > 0: server 0's start as the first worker relayed it */
+    int start_frame_from;
+    /* servers > 0: epochs a joiner relayed before the ones between came */
+    ahead_frame ahead[MEMBERSHIP_AHEAD_MAX];
+    int n_ahead;
+    /* joins (server 0): the admitting barrier (seq, since when; 0: none open), the highest
+       barrier let pass at once, and the members' tensor states at it */
+    uint32_t admit_seq;
+    int64_t admit_since;
+    uint32_t free_seq;
+    psagg_ctl_tensor_state *sync_state;
+    int sync_state_from; /* the worker whose states were kept, or -1 */
+};
+
 psagg_status membership_init(server *srv)
 {
-    srv->elastic = srv->cfg.elastic;
-    srv->n_members = srv->start_workers;
-    srv->sync_state_from = -1;
-    atomic_store(&srv->epoch, 0);
-    srv->member = malloc((size_t)srv->n_workers * sizeof *srv->member);
-    if (!srv->member)
+    srv->mb.elastic = srv->cfg.elastic;
+    srv->mb.n = srv->start_workers;
+    atomic_store(&srv->mb.epoch, 0);
+    srv->mb.own = calloc(1, sizeof *srv->mb.own);
+    srv->mb.member = malloc((size_t)srv->n_workers * sizeof *srv->mb.member);
+    if (!srv->mb.own || !srv->mb.member)
         return psagg_fail(PSAGG_ENOMEM, "no memory for the membership");
     for (int w = 0; w < srv->n_workers; w++) /* ranks from `workers` on join later */
-        atomic_init(&srv->member[w], w < srv->start_workers);
+        atomic_init(&srv->mb.member[w], w < srv->start_workers);
+    srv->mb.own->sync_state_from = -1;
     return PSAGG_OK;
 }
 
 void membership_fini(server *srv)
 {
-    free(srv->sync_state);
-    srv->sync_state = NULL;
     free(srv->job_decl);
     srv->job_decl = NULL;
-    free(srv->member);
-    srv->member = NULL;
-    free(srv->epoch_frame);
-    srv->epoch_frame = NULL;
-    free(srv->start_frame);
-    srv->start_frame = NULL;
-    for (int i = 0; i < srv->n_ahead; i++)
-        free(srv->ahead[i].frame);
-    srv->n_ahead = 0;
+    free(srv->mb.member);
+    srv->mb.member = NULL;
+    if (!srv->mb.own)
+        return;
+    free(srv->mb.own->sync_state);
+    free(srv->mb.own->epoch_frame);
+    srv->mb.own->epoch_frame = NULL;
+    free(srv->mb.own->start_frame);
+    srv->mb.own->start_frame = NULL;
+    for (int i = 0; i < srv->mb.own->n_ahead; i++)
+        free(srv->mb.own->ahead[i].frame);
+    free(srv->mb.own);
+    srv->mb.own = NULL;
 }
 
 /* Let every owned chunk look at its round again (the aggregation threads), and the progress
  * thread route the pushes that waited for this epoch. */
 static void settle_all(server *srv)
 {
-    if (!srv->threads_started)
+    if (!srv->pool.started)
         return;
     psagg_fabric_wake(srv->fab);
     for (uint32_t i = 0; i < srv->n_owned; i++)
@@ -112,8 +144,8 @@ void membership_refuse(server *srv, int w, psagg_status status, const char *why)
 static void leave(server *srv, int w, uint32_t epoch, const char *why)
 {
     worker_conn *wc = &srv->workers[w];
-    atomic_store(&srv->member[w], 0);
-    srv->n_members--;
+    atomic_store(&srv->mb.member[w], 0);
+    srv->mb.n--;
     if (wc->fd >= 0) {
         char msg[320];
         snprintf(msg, sizeof msg, "removed from the job in membership epoch %u: %s", epoch, why);
@@ -132,13 +164,13 @@ static void keep_frame(server *srv, const void *frame, uint32_t len)
     void *copy = malloc(len);
     if (!copy) {
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for membership epoch %u",
-                        atomic_load(&srv->epoch));
+                        atomic_load(&srv->mb.epoch));
         return;
     }
     memcpy(copy, frame, len);
-    free(srv->epoch_frame);
-    srv->epoch_frame = copy;
-    srv->epoch_frame_len = len;
+    free(srv->mb.own->epoch_frame);
+    srv->mb.own->epoch_frame = copy;
+    srv->mb.own->epoch_frame_len = len;
 }
 
 static void admit_try(server *srv);
@@ -154,7 +186,7 @@ static void leaves(server *srv, int w, const char *why, int bye)
     uint32_t len = (uint32_t)(sizeof *m + (size_t)srv->n_workers), epoch;
     uint8_t *live;
 
-    if (!atomic_load(&srv->member[w]))
+    if (!atomic_load(&srv->mb.member[w]))
         return;
     if (srv->rank != 0) {
         /* server 0 decides; the worker, cut off from this server, leaves it too */
@@ -170,12 +202,12 @@ static void leaves(server *srv, int w, const char *why, int bye)
                      w, why);
         return;
     }
-    epoch = atomic_load(&srv->epoch) + 1;
+    epoch = atomic_load(&srv->mb.epoch) + 1;
     leave(srv, w, epoch, why);
-    if (!bye && srv->n_members < srv->cfg.min_workers) {
+    if (!bye && srv->mb.n < srv->cfg.min_workers) {
         server_fail_job(srv, PSAGG_EPEER,
                         "worker %d failed (%s): %d workers left, fewer than min_workers=%d", w, why,
-                        srv->n_members, srv->cfg.min_workers);
+                        srv->mb.n, srv->cfg.min_workers);
         return;
     }
     if (!(m = calloc(1, len))) {
@@ -184,24 +216,24 @@ static void leaves(server *srv, int w, const char *why, int bye)
     }
     m->epoch = epoch;
     m->n_workers = (uint32_t)srv->n_workers;
-    m->n_live = (uint32_t)srv->n_members;
+    m->n_live = (uint32_t)srv->mb.n;
     m->left = w;
     m->flags = bye ? PSAGG_MEMBERSHIP_DONE : 0;
     snprintf(m->why, sizeof m->why, "%s", why);
     live = (uint8_t *)(m + 1);
     for (int k = 0; k < srv->n_workers; k++)
-        live[k] = atomic_load(&srv->member[k]);
-    atomic_store(&srv->epoch, epoch);
+        live[k] = atomic_load(&srv->mb.member[k]);
+    atomic_store(&srv->mb.epoch, epoch);
     keep_frame(srv, m, len);
     /* (a worker that is done is no news: every worker leaves so at the job's end) */
     psagg_log(&srv->log, bye ? PSAGG_LOG_INFO : PSAGG_LOG_WARN,
               "membership epoch %u: worker %d left (%s); %d workers go on", epoch, w, why,
-              srv->n_members);
-    metrics_membership(srv, epoch, srv->n_members);
+              srv->mb.n);
+    metrics_membership(srv, epoch, srv->mb.n);
     announce(srv, m, len);
     free(m);
     settle_all(srv);
-    if (srv->admit_seq)
+    if (srv->mb.own->admit_seq)
         admit_try(srv); /* the barrier may have waited only for the leaver */
 }
 
@@ -224,7 +256,7 @@ static void apply_relayed(server *srv, int from, const psagg_ctl_membership *m, 
 
     /* an epoch either removes one worker (left) or admits joiners (left = -1), never both */
     for (int k = 0; k < srv->n_workers; k++) {
-        int was = atomic_load(&srv->member[k]);
+        int was = atomic_load(&srv->mb.member[k]);
         if ((m->left >= 0 && live[k] && !was) || (m->left < 0 && !live[k] && was)) {
             server_fail_job(srv, PSAGG_EPROTO,
                             "membership epoch %u (relayed by worker %d) %s worker %d, which %s",
@@ -234,9 +266,9 @@ static void apply_relayed(server *srv, int from, const psagg_ctl_membership *m, 
         }
     }
     for (int k = 0; k < srv->n_workers; k++) {
-        if (!live[k] && atomic_load(&srv->member[k]))
+        if (!live[k] && atomic_load(&srv->mb.member[k]))
             leave(srv, k, m->epoch, m->why);
-        if (live[k] && !atomic_load(&srv->member[k])) {
+        if (live[k] && !atomic_load(&srv->mb.member[k])) {
             worker_conn *wc = &srv->workers[k];
             if (!wc->joining || wc->state != W_DECLARED)
                 LOG_WARN(&srv->log,
@@ -245,32 +277,32 @@ static void apply_relayed(server *srv, int from, const psagg_ctl_membership *m, 
                          m->epoch, k);
             wc->joining = 0;
             wc->heard_at = psagg_now_ms();
-            atomic_store(&srv->member[k], 1);
-            srv->n_members++;
+            atomic_store(&srv->mb.member[k], 1);
+            srv->mb.n++;
         }
     }
-    atomic_store(&srv->epoch, m->epoch);
+    atomic_store(&srv->mb.epoch, m->epoch);
     keep_frame(srv, m, len);
-    srv->epoch_frame_from = from;
+    srv->mb.own->epoch_frame_from = from;
     if (m->left >= 0)
         psagg_log(&srv->log, m->flags & PSAGG_MEMBERSHIP_DONE ? PSAGG_LOG_INFO : PSAGG_LOG_WARN,
                   "membership epoch %u (server 0's, relayed by worker %d): worker %d left "
                   "(%s); %d workers go on",
-                  m->epoch, from, m->left, m->why, srv->n_members);
+                  m->epoch, from, m->left, m->why, srv->mb.n);
     else
         LOG_WARN(&srv->log,
                  "membership epoch %u (server 0's, relayed by worker %d): %s; %d workers now",
-                 m->epoch, from, m->why, srv->n_members);
-    metrics_membership(srv, m->epoch, srv->n_members);
+                 m->epoch, from, m->why, srv->mb.n);
+    metrics_membership(srv, m->epoch, srv->mb.n);
     settle_all(srv);
 }
 
 /* The frame of epoch e kept ahead (membership_relayed), or NULL. */
 static ahead_frame *ahead_of(server *srv, uint32_t e)
 {
-    for (int i = 0; i < srv->n_ahead; i++)
-        if (srv->ahead[i].epoch == e)
-            return &srv->ahead[i];
+    for (int i = 0; i < srv->mb.own->n_ahead; i++)
+        if (srv->mb.own->ahead[i].epoch == e)
+            return &srv->mb.own->ahead[i];
     return NULL;
 }
 
@@ -299,20 +331,20 @@ static int keep_ahead(server *srv, int from, const psagg_ctl_membership *m, uint
                             m->epoch, from, a->from);
         return 0;
     }
-    if (srv->n_ahead == MEMBERSHIP_AHEAD_MAX || !(copy = malloc(len))) {
+    if (srv->mb.own->n_ahead == MEMBERSHIP_AHEAD_MAX || !(copy = malloc(len))) {
         server_fail_job(srv, PSAGG_EPROTO,
                         "worker %d relayed membership epoch %u while this server is at epoch %u "
                         "and already keeps %d epochs ahead: the epochs between never came",
-                        from, m->epoch, atomic_load(&srv->epoch), srv->n_ahead);
+                        from, m->epoch, atomic_load(&srv->mb.epoch), srv->mb.own->n_ahead);
         return 0;
     }
     memcpy(copy, m, len);
-    srv->ahead[srv->n_ahead++] = (ahead_frame){
+    srv->mb.own->ahead[srv->mb.own->n_ahead++] = (ahead_frame){
         .epoch = m->epoch, .from = from, .len = len, .since = psagg_now_ms(), .frame = copy};
     LOG_INFO(&srv->log,
              "membership epoch %u (relayed by worker %d, which it admits) came before epoch %u: "
              "kept until the epochs before it are relayed",
-             m->epoch, from, atomic_load(&srv->epoch) + 1);
+             m->epoch, from, atomic_load(&srv->mb.epoch) + 1);
     return 0;
 }
 
@@ -320,11 +352,11 @@ void membership_relayed(server *srv, int from, const psagg_ctl_hdr *h, const voi
 {
     const psagg_ctl_membership *m = body;
     const uint8_t *live;
-    uint32_t cur = atomic_load(&srv->epoch);
+    uint32_t cur = atomic_load(&srv->mb.epoch);
     int n_live = 0;
     ahead_frame *a;
 
-    if (srv->rank == 0 || !srv->elastic) {
+    if (srv->rank == 0 || !srv->mb.elastic) {
         server_close_worker(srv, from, "sent a MEMBERSHIP frame to server %d, which %s", srv->rank,
                             srv->rank == 0 ? "decides the membership itself"
                                            : "runs a job that is not elastic");
@@ -353,14 +385,15 @@ void membership_relayed(server *srv, int from, const psagg_ctl_hdr *h, const voi
         return;
     }
     if (m->epoch <= cur) { /* a copy of an epoch applied: it must be the same */
-        const psagg_ctl_membership *e = srv->epoch_frame;
-        if (m->epoch == cur && (h->len != srv->epoch_frame_len || memcmp(body, e, h->len) != 0))
+        const psagg_ctl_membership *e = srv->mb.own->epoch_frame;
+        if (m->epoch == cur &&
+            (h->len != srv->mb.own->epoch_frame_len || memcmp(body, e, h->len) != 0))
             server_fail_job(srv, PSAGG_EPROTO,
                             "membership epoch %u as worker %d relayed it (worker %d left, %u "
                             "live) differs from the copy applied first, worker %d's (worker %d "
                             "left, %u live)",
-                            m->epoch, from, m->left, m->n_live, srv->epoch_frame_from, e->left,
-                            e->n_live);
+                            m->epoch, from, m->left, m->n_live, srv->mb.own->epoch_frame_from,
+                            e->left, e->n_live);
         return;
     }
     if (m->epoch != cur + 1) {
@@ -373,9 +406,9 @@ void membership_relayed(server *srv, int from, const psagg_ctl_hdr *h, const voi
     }
     apply_relayed(srv, from, m, h->len);
     /* the epochs a joiner relayed ahead of this one go on from here, in order */
-    while (!atomic_load(&srv->job_failed) && (a = ahead_of(srv, atomic_load(&srv->epoch) + 1))) {
+    while (!atomic_load(&srv->job.failed) && (a = ahead_of(srv, atomic_load(&srv->mb.epoch) + 1))) {
         ahead_frame k = *a;
-        *a = srv->ahead[--srv->n_ahead];
+        *a = srv->mb.own->ahead[--srv->mb.own->n_ahead];
         apply_relayed(srv, k.from, k.frame, k.len);
         free(k.frame);
     }
@@ -405,7 +438,7 @@ void membership_start_relayed(server *srv, int from, const psagg_ctl_hdr *h, con
     const uint8_t *live = (const uint8_t *)(m + 1);
     uint32_t n_live = 0;
 
-    if (srv->rank == 0 || !srv->elastic || h->len != sizeof *m + (size_t)srv->n_workers ||
+    if (srv->rank == 0 || !srv->mb.elastic || h->len != sizeof *m + (size_t)srv->n_workers ||
         m->n_workers != (uint32_t)srv->n_workers || m->epoch || m->left != -1) {
         server_close_worker(srv, from,
                             "START field n_workers, epoch or left: a frame of %u bytes (this "
@@ -424,19 +457,19 @@ void membership_start_relayed(server *srv, int from, const psagg_ctl_hdr *h, con
         server_close_worker(srv, from, "START fields n_live or live[%d] are inconsistent", from);
         return;
     }
-    if (srv->start_frame) { /* every starting worker relays it: the copies must agree */
-        if (memcmp(srv->start_frame, body, h->len))
+    if (srv->mb.own->start_frame) { /* every starting worker relays it: the copies must agree */
+        if (memcmp(srv->mb.own->start_frame, body, h->len))
             server_fail_job(srv, PSAGG_EPROTO,
                             "workers %d and %d relayed different starts of server 0",
-                            srv->start_frame_from, from);
+                            srv->mb.own->start_frame_from, from);
         return;
     }
-    if (!(srv->start_frame = malloc(h->len))) {
+    if (!(srv->mb.own->start_frame = malloc(h->len))) {
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for the start");
         return;
     }
-    memcpy(srv->start_frame, body, h->len);
-    srv->start_frame_from = from;
+    memcpy(srv->mb.own->start_frame, body, h->len);
+    srv->mb.own->start_frame_from = from;
     /* server 0 started without them (it lost them after their HELLO): so does this server */
     for (int k = 0; k < srv->start_workers; k++) {
         worker_conn *wc = &srv->workers[k];
@@ -465,9 +498,9 @@ static void sync_done(server *srv, int w, uint32_t seq, uint32_t joined)
         return;
     }
     *d = (psagg_ctl_sync_done){
-        .seq = seq, .epoch = atomic_load(&srv->epoch), .joined = joined, .n_tensors = n};
+        .seq = seq, .epoch = atomic_load(&srv->mb.epoch), .joined = joined, .n_tensors = n};
     if (n)
-        memcpy(d + 1, srv->sync_state, (size_t)n * sizeof *srv->sync_state);
+        memcpy(d + 1, srv->mb.own->sync_state, (size_t)n * sizeof *srv->mb.own->sync_state);
     if (wc->fd >= 0 && psagg_ctl_send(wc->fd, &wc->auth, PSAGG_CTL_SYNC_DONE, d, (uint32_t)len))
         server_close_worker(srv, w, "sending SYNC_DONE of barrier %u: %s", seq, psagg_last_error());
     free(d);
@@ -476,16 +509,16 @@ static void sync_done(server *srv, int w, uint32_t seq, uint32_t joined)
 /* Close the admitting barrier: every member in it passes (with `joined` admitted). */
 static void barrier_release(server *srv, uint32_t joined)
 {
-    uint32_t seq = srv->admit_seq;
+    uint32_t seq = srv->mb.own->admit_seq;
     for (int w = 0; w < srv->n_workers; w++) {
         worker_conn *wc = &srv->workers[w];
         if (wc->in_barrier || (joined && wc->sync_seq == seq && server_member(srv, w)))
             sync_done(srv, w, seq, joined);
         wc->in_barrier = 0;
     }
-    srv->free_seq = seq;
-    srv->admit_seq = 0;
-    srv->sync_state_from = -1;
+    srv->mb.own->free_seq = seq;
+    srv->mb.own->admit_seq = 0;
+    srv->mb.own->sync_state_from = -1;
 }
 
 /* Refuse the joiners that were waiting (the barrier could not admit them). */
@@ -511,7 +544,7 @@ static void admit_try(server *srv)
     for (int w = 0; w < srv->n_workers; w++)
         if (server_member(srv, w) && !srv->workers[w].in_barrier)
             return; /* not all members are in it yet */
-    if (atomic_load(&srv->job_failed))
+    if (atomic_load(&srv->job.failed))
         return;
     for (int w = 0; w < srv->n_workers; w++) {
         worker_conn *wc = &srv->workers[w];
@@ -530,30 +563,30 @@ static void admit_try(server *srv)
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for a membership epoch");
         return;
     }
-    epoch = atomic_load(&srv->epoch) + 1;
+    epoch = atomic_load(&srv->mb.epoch) + 1;
     live = (uint8_t *)(m + 1);
     for (int w = 0; w < srv->n_workers; w++) {
         worker_conn *wc = &srv->workers[w];
         if (wc->joining && wc->join_asked && wc->fd >= 0 && wc->state == W_DECLARED) {
             wc->joining = 0;
             wc->join_asked = 0;
-            wc->sync_seq = srv->admit_seq;
+            wc->sync_seq = srv->mb.own->admit_seq;
             wc->heard_at = psagg_now_ms();
-            atomic_store(&srv->member[w], 1);
-            srv->n_members++;
+            atomic_store(&srv->mb.member[w], 1);
+            srv->mb.n++;
         }
-        live[w] = atomic_load(&srv->member[w]);
+        live[w] = atomic_load(&srv->mb.member[w]);
     }
     m->epoch = epoch;
     m->n_workers = (uint32_t)srv->n_workers;
-    m->n_live = (uint32_t)srv->n_members;
+    m->n_live = (uint32_t)srv->mb.n;
     m->left = -1;
     snprintf(m->why, sizeof m->why, "worker%s %s joined", n_join > 1 ? "s" : "", who);
-    atomic_store(&srv->epoch, epoch);
+    atomic_store(&srv->mb.epoch, epoch);
     keep_frame(srv, m, len);
     LOG_WARN(&srv->log, "membership epoch %u: %s at barrier %u; %d workers now", epoch, m->why,
-             srv->admit_seq, srv->n_members);
-    metrics_membership(srv, epoch, srv->n_members);
+             srv->mb.own->admit_seq, srv->mb.n);
+    metrics_membership(srv, epoch, srv->mb.n);
     announce(srv, m, len);
     free(m);
     barrier_release(srv, (uint32_t)n_join);
@@ -567,7 +600,7 @@ void membership_join(server *srv, int w)
              "worker %d asks to join (declared on every server); admitted at the members' next "
              "SYNC barrier",
              w);
-    if (srv->admit_seq)
+    if (srv->mb.own->admit_seq)
         admit_try(srv); /* (a barrier open with other joiners admits it too) */
 }
 
@@ -605,42 +638,42 @@ void membership_sync(server *srv, int w, const psagg_ctl_hdr *h, const void *bod
             return;
         }
     wc->sync_seq = sy->seq;
-    if (!srv->admit_seq) {
-        if ((int32_t)(sy->seq - srv->free_seq) <= 0 || !joiner_waiting(srv)) {
-            if ((int32_t)(sy->seq - srv->free_seq) > 0)
-                srv->free_seq = sy->seq;
+    if (!srv->mb.own->admit_seq) {
+        if ((int32_t)(sy->seq - srv->mb.own->free_seq) <= 0 || !joiner_waiting(srv)) {
+            if ((int32_t)(sy->seq - srv->mb.own->free_seq) > 0)
+                srv->mb.own->free_seq = sy->seq;
             sync_done(srv, w, sy->seq, 0); /* nobody to admit: pass at once */
             return;
         }
-        srv->admit_seq = sy->seq; /* a joiner waits: this barrier admits it */
-        srv->admit_since = psagg_now_ms();
-        srv->sync_state_from = -1;
-    } else if ((int32_t)(sy->seq - srv->admit_seq) < 0) {
+        srv->mb.own->admit_seq = sy->seq; /* a joiner waits: this barrier admits it */
+        srv->mb.own->admit_since = psagg_now_ms();
+        srv->mb.own->sync_state_from = -1;
+    } else if ((int32_t)(sy->seq - srv->mb.own->admit_seq) < 0) {
         sync_done(srv, w, sy->seq, 0); /* an earlier barrier, which let everyone pass */
         return;
-    } else if (sy->seq != srv->admit_seq) {
+    } else if (sy->seq != srv->mb.own->admit_seq) {
         server_close_worker(srv, w, "SYNC of barrier %u while barrier %u waits for it", sy->seq,
-                            srv->admit_seq);
+                            srv->mb.own->admit_seq);
         return;
     }
-    if (srv->sync_state_from < 0) {
-        psagg_ctl_tensor_state *copy = realloc(srv->sync_state, (size_t)n * sizeof *ts);
+    if (srv->mb.own->sync_state_from < 0) {
+        psagg_ctl_tensor_state *copy = realloc(srv->mb.own->sync_state, (size_t)n * sizeof *ts);
         if (!copy && n) {
             server_fail_job(srv, PSAGG_ENOMEM, "no memory for the SYNC barrier");
             return;
         }
-        srv->sync_state = copy;
-        memcpy(srv->sync_state, ts, (size_t)n * sizeof *ts);
-        srv->sync_state_from = w;
+        srv->mb.own->sync_state = copy;
+        memcpy(srv->mb.own->sync_state, ts, (size_t)n * sizeof *ts);
+        srv->mb.own->sync_state_from = w;
     } else {
         for (uint32_t t = 0; t < n; t++)
-            if (memcmp(&ts[t], &srv->sync_state[t], sizeof *ts)) {
+            if (memcmp(&ts[t], &srv->mb.own->sync_state[t], sizeof *ts)) {
                 server_fail_job(srv, PSAGG_EPROTO,
                                 "at barrier %u the workers disagree on tensor '%s': worker %d "
                                 "is at round %u (flags %u), worker %d at round %u (flags %u)",
-                                sy->seq, srv->layout.tensors[t].name, srv->sync_state_from,
-                                srv->sync_state[t].round, srv->sync_state[t].flags, w, ts[t].round,
-                                ts[t].flags);
+                                sy->seq, srv->layout.tensors[t].name, srv->mb.own->sync_state_from,
+                                srv->mb.own->sync_state[t].round, srv->mb.own->sync_state[t].flags,
+                                w, ts[t].round, ts[t].flags);
                 return;
             }
     }
@@ -654,13 +687,13 @@ void membership_sync(server *srv, int w, const psagg_ctl_hdr *h, const void *bod
  */
 static void check_ahead(server *srv, int64_t now)
 {
-    for (int i = 0; i < srv->n_ahead; i++)
-        if (now - srv->ahead[i].since > PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms)) {
+    for (int i = 0; i < srv->mb.own->n_ahead; i++)
+        if (now - srv->mb.own->ahead[i].since > PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms)) {
             server_fail_job(srv, PSAGG_ETIMEDOUT,
                             "worker %d relayed membership epoch %u, but no worker relayed "
                             "epoch %u within 1.5 x op_timeout_ms=%d",
-                            srv->ahead[i].from, srv->ahead[i].epoch, atomic_load(&srv->epoch) + 1,
-                            srv->cfg.op_timeout_ms);
+                            srv->mb.own->ahead[i].from, srv->mb.own->ahead[i].epoch,
+                            atomic_load(&srv->mb.epoch) + 1, srv->cfg.op_timeout_ms);
             return;
         }
 }
@@ -670,8 +703,8 @@ void membership_tick(server *srv, int64_t now)
     char missing[128] = "", why[300];
     size_t used = 0;
     check_ahead(srv, now);
-    if (!srv->admit_seq ||
-        now - srv->admit_since <= PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms))
+    if (!srv->mb.own->admit_seq ||
+        now - srv->mb.own->admit_since <= PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms))
         return;
     for (int w = 0; w < srv->n_workers && used + 8 < sizeof missing; w++)
         if (server_member(srv, w) && !srv->workers[w].in_barrier)
@@ -680,7 +713,7 @@ void membership_tick(server *srv, int64_t now)
     snprintf(why, sizeof why,
              "not admitted: members %s did not reach barrier %u (psagg_sync_membership) within "
              "1.5 x op_timeout_ms=%d",
-             missing, srv->admit_seq, srv->cfg.op_timeout_ms);
+             missing, srv->mb.own->admit_seq, srv->cfg.op_timeout_ms);
     LOG_WARN(&srv->log, "%s; the members that waited go on, the joiners are refused", why);
     refuse_joiners(srv, why);
     barrier_release(srv, 0);

@@ -80,8 +80,8 @@ void metrics_job_started(server *srv)
 {
     struct server_metrics *m = srv->metrics;
     int n = 0;
-    m->busy_ns = calloc((size_t)srv->n_threads, sizeof *m->busy_ns);
-    m->n_busy = m->busy_ns ? srv->n_threads : 0;
+    m->busy_ns = calloc((size_t)srv->pool.n_threads, sizeof *m->busy_ns);
+    m->n_busy = m->busy_ns ? srv->pool.n_threads : 0;
     for (uint32_t i = 0; i < srv->n_owned; i++) {
         const chunk_state *c = &srv->chunks[i];
         char name[48];
@@ -208,11 +208,11 @@ void metrics_report(server *srv)
     double slowest_mean = 0;
     if (!srv->metrics)
         return;
-    if (srv->optim.kind != PSAGG_OPTIM_NONE)
+    if ((psagg_optim_kind)srv->cfg.optimizer != PSAGG_OPTIM_NONE)
         LOG_INFO(&srv->log,
                  "optimizer %s: %llu chunk steps in %.3f s (%.3f ms each), %llu weight syncs, %llu "
                  "checkpoints written (the last in %.3f s), %llu refused",
-                 psagg_optim_name(srv->optim.kind),
+                 psagg_optim_name((psagg_optim_kind)srv->cfg.optimizer),
                  (unsigned long long)atomic_load(&srv->metrics->optim_steps),
                  (double)atomic_load(&srv->metrics->optim_ns) / 1e9,
                  atomic_load(&srv->metrics->optim_steps)
@@ -306,7 +306,7 @@ static char *render(server *srv, size_t *len)
     help(f, "psagg_server_chunks_owned", "gauge", "Chunks this server aggregates.");
     fprintf(f, "psagg_server_chunks_owned %u\n", srv->n_owned);
     help(f, "psagg_server_rounds", "gauge", "Rounds finished by this server's first chunk.");
-    fprintf(f, "psagg_server_rounds %u\n", atomic_load(&srv->rounds_done));
+    fprintf(f, "psagg_server_rounds %u\n", atomic_load(&srv->pool.rounds_done));
     help(f, "psagg_server_chunk_rounds_total", "counter", "Chunk rounds aggregated and sent.");
     fprintf(f, "psagg_server_chunk_rounds_total %llu\n",
             (unsigned long long)atomic_load(&m->chunk_rounds));
@@ -326,9 +326,9 @@ static char *render(server *srv, size_t *len)
             (unsigned long long)(srv->fab ? psagg_fabric_local_copied(srv->fab) : 0));
     help(f, "psagg_server_rx_held", "gauge",
          "Receive buffers held by pushes that wait for their turn.");
-    fprintf(f, "psagg_server_rx_held %d\n", atomic_load(&srv->rx_held));
+    fprintf(f, "psagg_server_rx_held %d\n", atomic_load(&srv->pool.rx_held));
     help(f, "psagg_server_send_queue", "gauge", "Updates waiting for the progress thread.");
-    fprintf(f, "psagg_server_send_queue %d\n", atomic_load(&srv->sendq_len));
+    fprintf(f, "psagg_server_send_queue %d\n", atomic_load(&srv->dp.sendq_len));
     help(f, "psagg_server_cpu_seconds_total", "counter", "CPU time of the server process.");
     fprintf(f, "psagg_server_cpu_seconds_total %.6f\n",
             (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
@@ -379,7 +379,7 @@ static char *render(server *srv, size_t *len)
     help(f, "psagg_server_optimizer_info", "gauge",
          "The server-side optimizer ([server] optimizer).");
     fprintf(f, "psagg_server_optimizer_info{optimizer=\"%s\"} 1\n",
-            psagg_optim_name(srv->optim.kind));
+            psagg_optim_name((psagg_optim_kind)srv->cfg.optimizer));
     help(f, "psagg_server_optimizer_steps_total", "counter",
          "Optimizer steps taken, one per parameter chunk and round.");
     fprintf(f, "psagg_server_optimizer_steps_total %llu\n",
@@ -506,19 +506,19 @@ static double tv_ms(struct timeval a, struct timeval b)
 void metrics_usage(server *srv)
 {
     struct rusage now;
-    unsigned rounds = atomic_load(&srv->rounds_done);
+    unsigned rounds = atomic_load(&srv->pool.rounds_done);
     double n;
-    if (!atomic_load(&srv->usage_marked) || rounds < 2 || getrusage(RUSAGE_SELF, &now))
+    if (!atomic_load(&srv->pool.usage_marked) || rounds < 2 || getrusage(RUSAGE_SELF, &now))
         return;
     n = (double)(rounds - 1);
     LOG_INFO(&srv->log,
              "usage after the first round: rounds=%u cpu_ms_per_round=%.1f user_ms=%.1f "
              "sys_ms=%.1f minflt_per_round=%.1f",
              rounds - 1,
-             (tv_ms(srv->usage_first.ru_utime, now.ru_utime) +
-              tv_ms(srv->usage_first.ru_stime, now.ru_stime)) /
+             (tv_ms(srv->pool.usage_first.ru_utime, now.ru_utime) +
+              tv_ms(srv->pool.usage_first.ru_stime, now.ru_stime)) /
                  n,
-             tv_ms(srv->usage_first.ru_utime, now.ru_utime) / n,
-             tv_ms(srv->usage_first.ru_stime, now.ru_stime) / n,
-             (double)(now.ru_minflt - srv->usage_first.ru_minflt) / n);
+             tv_ms(srv->pool.usage_first.ru_utime, now.ru_utime) / n,
+             tv_ms(srv->pool.usage_first.ru_stime, now.ru_stime) / n,
+             (double)(now.ru_minflt - srv->pool.usage_first.ru_minflt) / n);
 }

@@ -29,24 +29,36 @@
 #include "arena.h"
 #include "server.h"
 
+/* The parameter store (srv->params): the optimizer's settings, and the checkpoint a resumed
+   job starts from until the aggregation threads have loaded it (optim_loaded). */
+struct param_store {
+    psagg_optim optim;
+    struct ckpt_file *restore;
+};
+
 psagg_status optim_init(server *srv)
 {
     const psagg_config *cfg = &srv->cfg;
 
-    srv->optim = (psagg_optim){.kind = (psagg_optim_kind)cfg->optimizer,
-                               .momentum = cfg->momentum,
-                               .dampening = cfg->dampening,
-                               .nesterov = cfg->nesterov,
-                               .beta1 = cfg->beta1,
-                               .beta2 = cfg->beta2,
-                               .eps = cfg->eps};
-    return cfg->resume ? ckpt_open(srv, &srv->restore) : PSAGG_OK;
+    if (!(srv->params = calloc(1, sizeof *srv->params)))
+        return psagg_fail(PSAGG_ENOMEM, "no memory for the parameter store");
+    srv->params->optim = (psagg_optim){.kind = (psagg_optim_kind)cfg->optimizer,
+                                       .momentum = cfg->momentum,
+                                       .dampening = cfg->dampening,
+                                       .nesterov = cfg->nesterov,
+                                       .beta1 = cfg->beta1,
+                                       .beta2 = cfg->beta2,
+                                       .eps = cfg->eps};
+    return cfg->resume ? ckpt_open(srv, &srv->params->restore) : PSAGG_OK;
 }
 
 void optim_fini(server *srv)
 {
-    ckpt_close(srv->restore);
-    srv->restore = NULL;
+    if (!srv->params)
+        return;
+    ckpt_close(srv->params->restore);
+    free(srv->params);
+    srv->params = NULL;
 }
 
 static int chunk_arrays(const server *srv);
@@ -66,32 +78,32 @@ void optim_loaded(server *srv)
             &srv->log,
             "optimizer %s on %u parameter chunks here (%llu elements, %d bytes of state each)%s"
             "%s",
-            psagg_optim_name(srv->optim.kind), n, (unsigned long long)elems, 4 * chunk_arrays(srv),
-            srv->restore ? ", restored from " : "",
-            srv->restore ? ckpt_file_path(srv->restore) : "");
-    if (srv->restore && n)
+            psagg_optim_name(srv->params->optim.kind), n, (unsigned long long)elems,
+            4 * chunk_arrays(srv), srv->params->restore ? ", restored from " : "",
+            srv->params->restore ? ckpt_file_path(srv->params->restore) : "");
+    if (srv->params->restore && n)
         LOG_INFO(&srv->log, "resume: the parameters go on from optimizer step %llu",
                  (unsigned long long)step);
-    ckpt_close(srv->restore);
-    srv->restore = NULL;
+    ckpt_close(srv->params->restore);
+    srv->params->restore = NULL;
 }
 
 void optim_welcome(const server *srv, psagg_ctl_optim *out)
 {
-    *out = (psagg_ctl_optim){.kind = (uint32_t)srv->optim.kind,
-                             .nesterov = (uint32_t)srv->optim.nesterov,
-                             .momentum = srv->optim.momentum,
-                             .dampening = srv->optim.dampening,
-                             .beta1 = srv->optim.beta1,
-                             .beta2 = srv->optim.beta2,
-                             .eps = srv->optim.eps,
+    *out = (psagg_ctl_optim){.kind = (uint32_t)srv->params->optim.kind,
+                             .nesterov = (uint32_t)srv->params->optim.nesterov,
+                             .momentum = srv->params->optim.momentum,
+                             .dampening = srv->params->optim.dampening,
+                             .beta1 = srv->params->optim.beta1,
+                             .beta2 = srv->params->optim.beta2,
+                             .eps = srv->params->optim.eps,
                              .sync_interval = (uint32_t)srv->cfg.sync_interval};
 }
 
 /* Binary32 arrays a parameter chunk keeps: w, view and the optimizer's state. */
 static int chunk_arrays(const server *srv)
 {
-    return 2 + psagg_optim_state_arrays(&srv->optim);
+    return 2 + psagg_optim_state_arrays(&srv->params->optim);
 }
 
 /* param_chunk_ops' state: the param_state and its arrays. */
@@ -110,13 +122,14 @@ psagg_status optim_check_job(server *srv)
 {
     const psagg_layout *l = &srv->layout;
     for (uint32_t t = 0; t < l->n_tensors; t++)
-        if (l->tensors[t].param && srv->optim.kind == PSAGG_OPTIM_NONE)
+        if (l->tensors[t].param && srv->params->optim.kind == PSAGG_OPTIM_NONE)
             return psagg_fail(PSAGG_EINVAL,
                               "tensor %u '%s' is declared a parameter, but this server runs "
                               "[server] optimizer = none",
                               t, l->tensors[t].name);
-    return srv->restore ? ckpt_match(srv, srv->restore, srv->optim.kind, chunk_arrays(srv))
-                        : PSAGG_OK;
+    return srv->params->restore
+               ? ckpt_match(srv, srv->params->restore, srv->params->optim.kind, chunk_arrays(srv))
+               : PSAGG_OK;
 }
 
 /*
@@ -128,7 +141,7 @@ static psagg_status param_alloc(server *srv, chunk_state *c)
 {
     param_state *ps;
     size_t bytes = c->info->count * sizeof(float);
-    int state = psagg_optim_state_arrays(&srv->optim);
+    int state = psagg_optim_state_arrays(&srv->params->optim);
 
     if (!(ps = c->param = calloc(1, sizeof *c->param)))
         return psagg_fail(PSAGG_ENOMEM, "state of tensor %u chunk %u", c->info->key,
@@ -146,7 +159,8 @@ static psagg_status param_alloc(server *srv, chunk_state *c)
     ps->awaiting_init = 1;
     {
         uint32_t arrays = 0, round = 0;
-        const float *a = ckpt_state(srv->restore, c->info->slot, &arrays, &ps->step, &round);
+        const float *a =
+            ckpt_state(srv->params->restore, c->info->slot, &arrays, &ps->step, &round);
         float *dst[4] = {ps->w, ps->view, ps->m1, ps->m2};
         for (uint32_t i = 0; a && i < arrays; i++)
             memcpy(dst[i], a + i * c->info->count, bytes);
@@ -342,8 +356,8 @@ static long param_finish(server *srv, chunk_state *c, uint8_t *out, psagg_rng_ke
                 weights += ps->weight[k];
         scale = 1.0f / weights; /* 1 each: 1 / workers, as before */
     }
-    st = psagg_optim_step(&srv->optim, prm->lr, prm->weight_decay, ps->step + 1, scale, c->acc,
-                          ps->w, ps->m1, ps->m2, n);
+    st = psagg_optim_step(&srv->params->optim, prm->lr, prm->weight_decay, ps->step + 1, scale,
+                          c->acc, ps->w, ps->m1, ps->m2, n);
     if (st)
         goto fail;
     ps->step++;
@@ -400,7 +414,7 @@ psagg_status optim_checkpoint(server *srv, char *path, size_t len)
 {
     if (!srv->cfg.checkpoint_dir[0])
         return psagg_fail(PSAGG_ECONFIG, "server %d has no [server] checkpoint_dir", srv->rank);
-    if (srv->optim.kind == PSAGG_OPTIM_NONE)
+    if (srv->params->optim.kind == PSAGG_OPTIM_NONE)
         return psagg_fail(PSAGG_EINVAL, "server %d runs no optimizer: nothing to checkpoint",
                           srv->rank);
     /* every chunk's last round is finished, and the caller's agg_barrier made what its

@@ -37,8 +37,8 @@ static psagg_data_rx *worker_rx(void *srv, int w)
 static int park_early(server *srv, recv_buf *rb, int from)
 {
     const psagg_msg_hdr *h = (const psagg_msg_hdr *)rb->rx.buf;
-    uint16_t ahead = (uint16_t)(h->epoch - (uint16_t)atomic_load(&srv->epoch));
-    if (!srv->elastic || ahead == 0 || ahead >= 0x8000)
+    uint16_t ahead = (uint16_t)(h->epoch - (uint16_t)atomic_load(&srv->mb.epoch));
+    if (!srv->mb.elastic || ahead == 0 || ahead >= 0x8000)
         return 0;
     if (ahead > 16) { /* epochs are relayed at once: nobody is that far ahead of a server */
         server_close_worker(srv, from, "push field epoch is %u, %u epochs ahead of this server's",
@@ -47,8 +47,8 @@ static int park_early(server *srv, recv_buf *rb, int from)
         return 1;
     }
     rb->from = from;
-    rb->item.next = srv->parked ? &srv->parked->item : NULL;
-    srv->parked = rb;
+    rb->item.next = srv->dp.parked ? &srv->dp.parked->item : NULL;
+    srv->dp.parked = rb;
     return 1;
 }
 
@@ -61,12 +61,12 @@ static void route_checked(server *srv, recv_buf *rb, int from);
  */
 void progress_route_parked(server *srv)
 {
-    recv_buf *rb = srv->parked, *rev = NULL;
-    uint32_t epoch = atomic_load(&srv->epoch);
-    if (!rb || epoch == srv->parked_epoch)
+    recv_buf *rb = srv->dp.parked, *rev = NULL;
+    uint32_t epoch = atomic_load(&srv->mb.epoch);
+    if (!rb || epoch == srv->dp.parked_epoch)
         return;
-    srv->parked_epoch = epoch;
-    srv->parked = NULL;
+    srv->dp.parked_epoch = epoch;
+    srv->dp.parked = NULL;
     while (rb) { /* the list is newest first */
         agg_item *next = rb->item.next;
         rb->item.next = rev ? &rev->item : NULL;
@@ -88,7 +88,7 @@ void progress_route(server *srv, recv_buf *rb, psagg_peer src)
     int from;
 
     /* who sent it comes first: a bad message is that sender's fault, and nobody else's */
-    from = psagg_gate_sender(&srv->gate, rb->rx.buf, rb->rx.len, src);
+    from = psagg_gate_sender(&srv->dp.gate, rb->rx.buf, rb->rx.len, src);
     if (from < 0) {
         metrics_drop(srv);
         server_repost(srv, rb);
@@ -147,7 +147,7 @@ static void route_checked(server *srv, recv_buf *rb, int from)
 /* The updates and receive buffers the aggregation threads handed over (state.c). */
 static void repost_queued(server *srv)
 {
-    recv_buf *rb = atomic_exchange(&srv->repostq, NULL);
+    recv_buf *rb = atomic_exchange(&srv->dp.repostq, NULL);
     while (rb) {
         agg_item *next = rb->item.next;
         server_repost(srv, rb);
@@ -163,16 +163,16 @@ static void repost_queued(server *srv)
  */
 static int send_queued(server *srv)
 {
-    while (atomic_load(&srv->sendq_len) > 0) {
+    while (atomic_load(&srv->dp.sendq_len) > 0) {
         send_ctx *sc;
         chunk_state *c;
         size_t bytes;
-        pthread_mutex_lock(&srv->sendq_mu);
-        sc = srv->sendq_head;
-        pthread_mutex_unlock(&srv->sendq_mu);
+        pthread_mutex_lock(&srv->dp.sendq_mu);
+        sc = srv->dp.sendq_head;
+        pthread_mutex_unlock(&srv->dp.sendq_mu);
         c = sc->chunk;
         bytes = sizeof(psagg_msg_hdr) + ((const psagg_msg_hdr *)c->out[sc->parity])->len +
-                srv->bitmap_bytes + srv->tag_bytes;
+                srv->pool.bitmap_bytes + srv->tag_bytes;
         for (; sc->next_worker < srv->n_workers; sc->next_worker++) {
             int w = sc->next_worker;
             psagg_status st;
@@ -194,12 +194,12 @@ static int send_queued(server *srv)
                                     c->info->key, c->info->index, psagg_last_error());
             }
         }
-        pthread_mutex_lock(&srv->sendq_mu);
-        srv->sendq_head = sc->next;
-        if (!srv->sendq_head)
-            srv->sendq_tail = NULL;
-        pthread_mutex_unlock(&srv->sendq_mu);
-        atomic_fetch_sub(&srv->sendq_len, 1);
+        pthread_mutex_lock(&srv->dp.sendq_mu);
+        srv->dp.sendq_head = sc->next;
+        if (!srv->dp.sendq_head)
+            srv->dp.sendq_tail = NULL;
+        pthread_mutex_unlock(&srv->dp.sendq_mu);
+        atomic_fetch_sub(&srv->dp.sendq_len, 1);
     }
     return 0;
 }
@@ -209,7 +209,7 @@ static void *progress_main(void *arg)
     server *srv = arg;
     psagg_fabric_event ev[64];
 
-    while (atomic_load(&srv->running)) {
+    while (atomic_load(&srv->dp.running)) {
         int n, wait, full;
         progress_route_parked(srv);
         repost_queued(srv);
@@ -218,10 +218,11 @@ static void *progress_main(void *arg)
          * Sleep in the completion wait unless an update came meanwhile (see server_queue_update);
          * a full provider queue sleeps too: the completions of its sends end the wait.
          */
-        atomic_store(&srv->progress_idle, 1);
-        wait = (!full && atomic_load(&srv->sendq_len) > 0) || atomic_load(&srv->repostq) ? 0 : 10;
+        atomic_store(&srv->dp.idle, 1);
+        wait = (!full && atomic_load(&srv->dp.sendq_len) > 0) || atomic_load(&srv->dp.repostq) ? 0
+                                                                                               : 10;
         n = psagg_fabric_poll(srv->fab, ev, 64, wait);
-        atomic_store(&srv->progress_idle, 0);
+        atomic_store(&srv->dp.idle, 0);
         if (n < 0) {
             server_fail_job(srv, PSAGG_EFABRIC, "completion queue failed: %s", psagg_last_error());
             break;
@@ -245,7 +246,7 @@ static void *progress_main(void *arg)
             case PSAGG_FABRIC_RECV_ERROR: {
                 recv_buf *rb = ev[i].ctx;
                 int from = ev[i].src == PSAGG_PEER_UNKNOWN ? -1 : server_worker_at(srv, ev[i].src);
-                if (!atomic_load(&srv->running))
+                if (!atomic_load(&srv->dp.running))
                     break;
                 if (from >= 0) /* a same-host copy that worker's message made fail */
                     server_close_worker(srv, from, "%s", ev[i].msg);
@@ -257,28 +258,28 @@ static void *progress_main(void *arg)
             }
         }
     }
-    psagg_gate_flush(&srv->gate);
+    psagg_gate_flush(&srv->dp.gate);
     return NULL;
 }
 
 void progress_init(server *srv)
 {
-    srv->gate = (psagg_gate){.peer_kind = "worker",
-                             .n_peers = srv->n_workers,
-                             .source_reliable = srv->source_reliable,
-                             .tag_bytes = srv->tag_bytes,
-                             .log = &srv->log,
-                             .peer_at = worker_at,
-                             .rx_of = worker_rx,
-                             .owner = srv};
+    srv->dp.gate = (psagg_gate){.peer_kind = "worker",
+                                .n_peers = srv->n_workers,
+                                .source_reliable = srv->source_reliable,
+                                .tag_bytes = srv->tag_bytes,
+                                .log = &srv->log,
+                                .peer_at = worker_at,
+                                .rx_of = worker_rx,
+                                .owner = srv};
 }
 
 psagg_status progress_start(server *srv)
 {
     progress_init(srv);
-    atomic_store(&srv->running, 1);
-    if (pthread_create(&srv->progress_tid, NULL, progress_main, srv)) {
-        atomic_store(&srv->running, 0);
+    atomic_store(&srv->dp.running, 1);
+    if (pthread_create(&srv->dp.tid, NULL, progress_main, srv)) {
+        atomic_store(&srv->dp.running, 0);
         return psagg_fail(PSAGG_EIO, "cannot start the progress thread");
     }
     return PSAGG_OK;
@@ -286,8 +287,8 @@ psagg_status progress_start(server *srv)
 
 void progress_stop(server *srv)
 {
-    atomic_store(&srv->running, 0);
-    if (srv->progress_tid)
-        pthread_join(srv->progress_tid, NULL);
-    srv->progress_tid = 0;
+    atomic_store(&srv->dp.running, 0);
+    if (srv->dp.tid)
+        pthread_join(srv->dp.tid, NULL);
+    srv->dp.tid = 0;
 }

@@ -69,7 +69,7 @@ static void quorum_close(server *srv, chunk_state *c, int64_t now);
 static void quorum_arm(server *srv, chunk_state *c)
 {
     int live = 0;
-    agg_thread *t = &srv->threads[c->thread];
+    agg_thread *t = &srv->pool.threads[c->thread];
     if (c->close_at_ms < 0) { /* its grace passed: this push may be the one it waited for */
         quorum_close(srv, c, psagg_now_ms());
         return;
@@ -152,7 +152,7 @@ static void quorum_changed(server *srv, chunk_state *c)
  */
 static int64_t quorum_timer(server *srv, agg_thread *t, int64_t now)
 {
-    int self = (int)(t - srv->threads);
+    int self = (int)(t - srv->pool.threads);
     int64_t next = 0;
     for (uint32_t i = 0; i < srv->n_owned; i++) {
         chunk_state *c = &srv->chunks[i];
@@ -168,14 +168,14 @@ static int64_t quorum_timer(server *srv, agg_thread *t, int64_t now)
 /* The update's contributor bitmap (wire.h), after its payload; the workers left out counted. */
 static size_t quorum_trailer(server *srv, chunk_state *c, uint8_t *bits)
 {
-    memset(bits, 0, srv->bitmap_bytes);
+    memset(bits, 0, srv->pool.bitmap_bytes);
     for (int w = 0; w < srv->n_workers; w++) {
         if (c->arrived[w])
             bits[w / 8] |= (uint8_t)(1u << (w % 8));
         else if (c->closing && server_member(srv, w))
             metrics_left_out(srv, w);
     }
-    return srv->bitmap_bytes;
+    return srv->pool.bitmap_bytes;
 }
 
 const round_policy quorum_policy = {

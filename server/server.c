@@ -42,27 +42,28 @@ server *server_open(const psagg_config *cfg, int rank, const volatile sig_atomic
     srv->cfg = *cfg;
     srv->rank = rank;
     srv->stop = stop;
-    srv->listen_fd = -1;
+    srv->ctl.listen_fd = -1;
     srv->mac_trace_fd = -1; /* (psagg_node_open sets it) */
-    pthread_mutex_init(&srv->mu, NULL);
-    pthread_mutex_init(&srv->startup.mu, NULL);
-    pthread_cond_init(&srv->startup.cv, NULL);
-    pthread_mutex_init(&srv->barrier_mu, NULL);
-    pthread_cond_init(&srv->barrier_cv, NULL);
-    pthread_mutex_init(&srv->sendq_mu, NULL);
+    pthread_mutex_init(&srv->job.mu, NULL);
+    pthread_mutex_init(&srv->pool.startup.mu, NULL);
+    pthread_cond_init(&srv->pool.startup.cv, NULL);
+    pthread_mutex_init(&srv->pool.barrier_mu, NULL);
+    pthread_cond_init(&srv->pool.barrier_cv, NULL);
+    pthread_mutex_init(&srv->dp.sendq_mu, NULL);
     /* the logger, the job key, this server's nonce and data key (the logger even on failure) */
     if (psagg_node_open(cfg, "server", rank, &srv->node)) {
         LOG_ERROR(&srv->log, "%s", psagg_last_error());
         goto err;
     }
-    psagg_update_key_make(&srv->job_key, cfg->job_id, srv->nonce, (uint32_t)rank, &srv->update_key);
+    psagg_update_key_make(&srv->job_key, cfg->job_id, srv->nonce, (uint32_t)rank,
+                          &srv->pool.update_key);
     /* an elastic job's ranks: up to max_workers, of which `workers` start it (membership.c) */
     srv->n_workers = cfg->elastic ? cfg->max_workers : cfg->n_workers;
     srv->start_workers = cfg->n_workers;
     /* [server] quorum: rounds may close without stragglers, and say whose pushes they sum in
        a bitmap of every rank (an elastic job's max_workers) */
-    srv->policy = cfg->quorum ? &quorum_policy : &every_member_policy;
-    srv->bitmap_bytes = cfg->quorum ? ((size_t)srv->n_workers + 7) / 8 : 0;
+    srv->pool.policy = cfg->quorum ? &quorum_policy : &every_member_policy;
+    srv->pool.bitmap_bytes = cfg->quorum ? ((size_t)srv->n_workers + 7) / 8 : 0;
     srv->workers = calloc((size_t)srv->n_workers, sizeof *srv->workers);
     srv->rank_at = calloc((size_t)srv->n_workers, sizeof *srv->rank_at);
     if (!srv->workers || !srv->rank_at || admission_init(srv) || metrics_init(srv) ||
@@ -74,11 +75,12 @@ server *server_open(const psagg_config *cfg, int rank, const volatile sig_atomic
         srv->workers[w].fd = -1;
         srv->rank_at[w] = -1;
     }
-    if (psagg_timeline_open(cfg->timeline, "server", rank, &srv->timeline) || optim_init(srv)) {
+    if (psagg_timeline_open(cfg->timeline, "server", rank, &srv->pool.timeline) ||
+        optim_init(srv)) {
         LOG_ERROR(&srv->log, "%s", psagg_last_error());
         goto err;
     }
-    srv->budget = memory_budget(cfg);
+    srv->pool.budget = memory_budget(cfg);
     if (psagg_node_open_fabric(&srv->node, cfg,
                                cfg->server_fabric_node[0] ? cfg->server_fabric_node
                                                           : cfg->servers[rank].host)) {
@@ -102,17 +104,17 @@ void server_close(server *srv)
         return;
     progress_stop(srv);
     agg_stop(srv);
-    psagg_timeline_close(srv->timeline, &srv->log); /* its spans name tensors of the layout */
-    srv->timeline = NULL;
+    psagg_timeline_close(srv->pool.timeline, &srv->log); /* its spans name tensors of the layout */
+    srv->pool.timeline = NULL;
     metrics_stop(srv); /* before the fabric: a scrape names its provider */
     for (int w = 0; srv->workers && w < srv->n_workers; w++)
         if (srv->workers[w].fd >= 0)
             close(srv->workers[w].fd);
-    if (srv->listen_fd >= 0) /* closed once the job started */
-        close(srv->listen_fd);
+    if (srv->ctl.listen_fd >= 0) /* closed once the job started */
+        close(srv->ctl.listen_fd);
     psagg_node_close(&srv->node);
     agg_teardown(srv);
-    psagg_rxpool_destroy(&srv->rxpool);
+    psagg_rxpool_destroy(&srv->dp.rxpool);
     psagg_layout_free(&srv->layout);
     for (int w = 0; srv->workers && w < srv->n_workers; w++) {
         free(srv->workers[w].decl);
@@ -120,15 +122,15 @@ void server_close(server *srv)
     }
     free(srv->workers);
     free(srv->rank_at);
-    free(srv->pending);
+    admission_fini(srv);
     membership_fini(srv);
     optim_fini(srv);
-    pthread_cond_destroy(&srv->barrier_cv);
-    pthread_mutex_destroy(&srv->barrier_mu);
-    pthread_mutex_destroy(&srv->sendq_mu);
-    pthread_cond_destroy(&srv->startup.cv);
-    pthread_mutex_destroy(&srv->startup.mu);
-    pthread_mutex_destroy(&srv->mu);
+    pthread_cond_destroy(&srv->pool.barrier_cv);
+    pthread_mutex_destroy(&srv->pool.barrier_mu);
+    pthread_mutex_destroy(&srv->dp.sendq_mu);
+    pthread_cond_destroy(&srv->pool.startup.cv);
+    pthread_mutex_destroy(&srv->pool.startup.mu);
+    pthread_mutex_destroy(&srv->job.mu);
     free(srv);
 }
 
@@ -139,7 +141,7 @@ int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *s
 
     if (!srv)
         return 1;
-    if (psagg_tcp_listen(&cfg->servers[rank], &srv->listen_fd) || metrics_start(srv)) {
+    if (psagg_tcp_listen(&cfg->servers[rank], &srv->ctl.listen_fd) || metrics_start(srv)) {
         LOG_ERROR(&srv->log, "%s", psagg_last_error());
         server_close(srv);
         return 1;
@@ -147,7 +149,7 @@ int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *s
     LOG_INFO(&srv->log,
              "serving job '%s' for %d workers on %s:%u (fabric %s, memory budget %llu MiB%s%s)",
              cfg->job_id, srv->n_workers, cfg->servers[rank].host, cfg->servers[rank].port,
-             psagg_fabric_provider(srv->fab), (unsigned long long)(srv->budget >> 20),
+             psagg_fabric_provider(srv->fab), (unsigned long long)(srv->pool.budget >> 20),
              srv->job_key.secret ? ", secret" : "", cfg->data_auth ? ", data_auth" : "");
     rc = control_serve(srv);
     progress_stop(srv);

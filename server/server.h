@@ -76,19 +76,7 @@ typedef struct worker_conn {
     int ckpt_wanted;   /* it asked for a checkpoint, not answered yet (control.c) */
 } worker_conn;
 
-/*
- * A connection that has not authenticated yet (admission.c): it has until `deadline` to send a
- * whole HELLO, and at most PENDING_MAX of them are kept (the oldest goes first), so idle or
- * slow connections can neither stall the control loop nor crowd out the job's workers.
- */
-#define PENDING_MAX 64 /* unauthenticated connections kept at a time */
-typedef struct pending_conn {
-    int fd;
-    int64_t deadline;
-    psagg_ctl_reader rd;
-    uint8_t challenge[PSAGG_CHALLENGE_BYTES]; /* sent in its CHALLENGE; its HELLO must bind it */
-    char peer[80];                            /* "connection from ADDR:PORT", for the log */
-} pending_conn;
+#define PENDING_MAX 64 /* unauthenticated connections kept at a time (admission.c) */
 
 struct chunk_state;
 struct recv_buf;
@@ -309,15 +297,82 @@ typedef struct agg_startup {
     char error[256];
 } agg_startup;
 
-/* A relayed MEMBERSHIP frame of an epoch ahead of the next one here (membership.c). */
-#define MEMBERSHIP_AHEAD_MAX 8
-typedef struct ahead_frame {
-    uint32_t epoch;
-    int from; /* the worker that relayed it */
-    uint32_t len;
-    int64_t since; /* when it came */
-    void *frame;
-} ahead_frame;
+/*
+ * The server is made of components, each the state of one concern with the file that owns it
+ * and the threads that may touch it named. Those that one file alone uses are opaque there
+ * (struct admission, struct membership, struct param_store); the rest are embedded below.
+ */
+
+/* The job's outcome (job.c): the first failure wins. Any thread records one (server_fail_job);
+   the control thread acts on it. mu also guards workers[].bad_reason. */
+typedef struct job_outcome {
+    pthread_mutex_t mu;
+    atomic_int failed;
+    psagg_status status; /* what the workers get (EPEER, ETIMEDOUT, ...) */
+    char error[256];
+} job_outcome;
+
+/* The control loop's own (control.c, startup.c; the control thread only). */
+typedef struct control_state {
+    int listen_fd;
+    int job_running;          /* READY was sent */
+    int decl_ref;             /* the first starting worker that declared: the job's declaration */
+    int64_t next_ping;        /* when the workers get their next PING */
+    int64_t checkpoint_since; /* a collective checkpoint's first request, or 0 (checkpoint.c) */
+} control_state;
+
+/* Who belongs to the job (membership.c writes it, on the control thread; any thread reads
+   member and epoch). All workers, always, unless [cluster] elastic. */
+typedef struct members {
+    int elastic;
+    atomic_uchar *member;   /* per worker rank: 1 while it belongs to the job */
+    atomic_uint epoch;      /* the membership epoch applied here */
+    int n;                  /* members now (the control thread's) */
+    struct membership *own; /* epochs' frames, joins' barriers: membership.c's alone */
+} members;
+
+/* The data path (progress.c): the progress thread's, but for the queues the aggregation
+   threads hand it updates and receive buffers through (progress_queue_update/_repost). */
+typedef struct data_path {
+    psagg_gate gate;     /* who sent a push (runtime/gate.h) */
+    psagg_rxpool rxpool; /* of recv_buf: posted receive buffers */
+    pthread_t tid;
+    atomic_int running;
+    pthread_mutex_t sendq_mu; /* the queue of updates to send: */
+    send_ctx *sendq_head, *sendq_tail;
+    atomic_int sendq_len;
+    atomic_int idle;                    /* it may be asleep in psagg_fabric_poll: wake it */
+    _Atomic(struct recv_buf *) repostq; /* receive buffers to post again (a stack) */
+    struct recv_buf *parked;            /* pushes of an epoch not applied yet */
+    uint32_t parked_epoch;              /* the epoch when they were last looked at */
+} data_path;
+
+/* The aggregation pool (aggregate.c, with quorum.c's round policy and gpu.c's assist): its
+   threads own the chunks; the control thread sets it up before they start and tears it down
+   after they stop. */
+typedef struct agg_pool {
+    agg_thread *threads;
+    int n_threads;
+    int started;
+    agg_startup startup;
+    const round_policy *policy;  /* when a round closes (quorum.c), chosen at start-up */
+    size_t bitmap_bytes;         /* [server] quorum: an update's contributor bitmap, else 0 */
+    psagg_data_key update_key;   /* of this server's updates (data_auth; runtime/auth.h) */
+    _Atomic uint64_t update_seq; /* the number of the last update sealed */
+    uint64_t budget;             /* bytes a job's chunks may take ([server] memory_budget_mb) */
+    atomic_int rx_held;          /* receive buffers held by chunks (early pushes), at most: */
+    int rx_hold_max;             /* half the pool */
+    pthread_mutex_t barrier_mu;  /* agg_barrier: threads that passed the marker */
+    pthread_cond_t barrier_cv;
+    int barrier_left;
+    psagg_timeline *timeline; /* [log] timeline, or NULL */
+    /* resource usage: a snapshot when chunk slot 0 finishes its first round, and the rounds
+       that chunk has finished; the job's end reports CPU and page faults per round after the
+       first (metrics.c) */
+    struct rusage usage_first;
+    atomic_int usage_marked;
+    atomic_uint rounds_done;
+} agg_pool;
 
 typedef struct server {
     psagg_config cfg;
@@ -325,90 +380,28 @@ typedef struct server {
     /* log, job_key, nonce, tag_bytes, max_msg, fab, source_reliable (runtime/node.h: server.c
        opens it) */
     PSAGG_NODE_EMBED;
-    psagg_data_key update_key;   /* of this server's updates (data_auth; runtime/auth.h) */
-    _Atomic uint64_t update_seq; /* the number of the last update sealed (aggregation threads) */
     const volatile sig_atomic_t *stop; /* set by main's signal handler */
-    int listen_fd;
-    psagg_gate gate; /* who sent a push (runtime/gate.h; the progress thread's) */
 
-    int n_workers;       /* the job's ranks: `workers`, or an elastic job's max_workers */
-    int start_workers;   /* the ranks that start it (`workers`); the others may join it later */
-    int decl_ref;        /* the first starting worker that declared: the job's declaration */
-    size_t bitmap_bytes; /* [server] quorum: an update's contributor bitmap (wire.h), else 0 */
-    const round_policy *policy; /* when a round closes (quorum.c), chosen at start-up */
+    /* the job: its workers (the control thread's connections), its declaration and layout,
+       fixed once it starts, and the chunks this server owns (each its aggregation thread's) */
+    int n_workers;     /* the job's ranks: `workers`, or an elastic job's max_workers */
+    int start_workers; /* the ranks that start it (`workers`); the others may join it later */
     worker_conn *workers;
     int *rank_at; /* n_workers entries: the worker whose fabric address is this index, or -1 */
-    pending_conn *pending;       /* PENDING_MAX slots (admission.c); fd < 0 when free */
-    uint64_t refused_idle;       /* unauthenticated connections closed for time or room */
-    int64_t refused_logged_at;   /* when they were last reported */
-    psagg_lograte refused_hello; /* refused HELLOs (a flood of them: one record a second) */
-    int64_t next_ping;           /* when the workers get their next PING (control.c) */
-    int64_t ckpt_since;          /* a collective checkpoint's first request, or 0 (control.c) */
-    int64_t startup_deadline;    /* -1 until the first authenticated HELLO */
-    uint64_t budget;             /* bytes a job's chunks may take ([server] memory_budget_mb) */
-    pthread_mutex_t mu;          /* guards workers[].bad_reason, job_error and job_status */
-    char job_error[256];
-    psagg_status job_status;
-    atomic_int job_failed;
-
+    psagg_ctl_declare job_decl_hdr; /* the job's declaration (the first starting worker's): */
+    psagg_ctl_tensor *job_decl;     /* a joiner's must equal it */
     psagg_layout layout;
     uint32_t n_owned;
     chunk_state *chunks; /* by slot */
-    /* resource usage: a snapshot when chunk slot 0 finishes its first round, and the rounds
-       that chunk has finished; the job's end reports CPU and page faults per round after the
-       first (aggregate.c, metrics.c) */
-    struct rusage usage_first;
-    atomic_int usage_marked;
-    atomic_uint rounds_done;
-    psagg_rxpool rxpool; /* of recv_buf */
-    atomic_int rx_held;  /* receive buffers held by chunks (early pushes), at most: */
-    int rx_hold_max;     /* half the pool */
 
-    agg_thread *threads;
-    int n_threads;
-    int threads_started;
-    agg_startup startup;
-    pthread_t progress_tid;
-    atomic_int running;
-    pthread_mutex_t sendq_mu; /* the progress thread's queue of updates to send: */
-    send_ctx *sendq_head, *sendq_tail;
-    atomic_int sendq_len;
-    atomic_int progress_idle;           /* it may be asleep in psagg_fabric_poll: wake it */
-    _Atomic(struct recv_buf *) repostq; /* receive buffers for it to post again (a stack) */
-    struct recv_buf *parked;            /* pushes of an epoch not applied yet (progress.c) */
-    uint32_t parked_epoch;              /* the epoch when they were last looked at */
-    struct server_metrics *metrics;     /* metrics.c */
-    psagg_optim optim;                  /* [server] optimizer (param.c) */
-    struct ckpt_file *restore;          /* [server] resume: the checkpoint read at start-up */
-    pthread_mutex_t barrier_mu;         /* agg_barrier: threads that passed the marker */
-    pthread_cond_t barrier_cv;
-    int barrier_left;
-    psagg_timeline *timeline; /* [log] timeline, or NULL (aggregate.c writes it) */
-
-    /* membership (membership.c): all workers, always, unless [cluster] elastic */
-    int elastic;
-    int job_running;      /* READY was sent: a lost worker leaves an elastic job */
-    atomic_uchar *member; /* per worker rank: 1 while it belongs to the job */
-    atomic_uint epoch;    /* the membership epoch applied here */
-    int n_members;        /* (the control thread's, as the rest below) */
-    void *epoch_frame;    /* the MEMBERSHIP frame of that epoch (later copies must equal it) */
-    uint32_t epoch_frame_len;
-    int epoch_frame_from; /* the worker that relayed it (servers > 0) */
-    void *start_frame;    /* servers > 0: server 0's start as the first worker relayed it */
-    int start_frame_from;
-    /* servers > 0: epochs a joiner relayed before the ones between came (membership.c) */
-    ahead_frame ahead[MEMBERSHIP_AHEAD_MAX];
-    int n_ahead;
-    /* joins (server 0): the admitting barrier (seq, since when; 0: none open), the highest
-       barrier let pass at once, and the members' tensor states at it */
-    uint32_t admit_seq;
-    int64_t admit_since;
-    uint32_t free_seq;
-    psagg_ctl_tensor_state *sync_state;
-    int sync_state_from; /* the worker whose states were kept, or -1 */
-    /* the job's declaration (worker 0's at the start): a joiner's must equal it */
-    psagg_ctl_declare job_decl_hdr;
-    psagg_ctl_tensor *job_decl;
+    job_outcome job;
+    control_state ctl;
+    struct admission *adm; /* admission.c: connections that have not authenticated */
+    members mb;
+    data_path dp;
+    agg_pool pool;
+    struct param_store *params;     /* param.c: the optimizer and a checkpoint to resume */
+    struct server_metrics *metrics; /* metrics.c */
 } server;
 
 /*
@@ -469,6 +462,9 @@ void admission_expire(server *srv, int64_t now);
 int admission_poll_add(server *srv, struct pollfd *pfd, int *who, int n);
 void admission_serve(server *srv, int who, int fd);
 void admission_close_all(server *srv);
+/* When the start-up deadline passes (it runs from the first authenticated HELLO), or -1. */
+int64_t admission_deadline(const server *srv);
+void admission_fini(server *srv);
 /* Tell a peer why it is refused or why the job ends (ERROR, ABORT); a failed send is logged. */
 void admission_verdict(server *srv, int fd, psagg_ctl_auth *auth, uint16_t type,
                        psagg_status status, const char *msg);

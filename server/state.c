@@ -11,7 +11,7 @@
 
 void server_repost(server *srv, recv_buf *rb)
 {
-    if (psagg_rxpool_repost(&srv->rxpool, &rb->rx) && atomic_load(&srv->running))
+    if (psagg_rxpool_repost(&srv->dp.rxpool, &rb->rx) && atomic_load(&srv->dp.running))
         server_fail_job(srv, PSAGG_EFABRIC, "cannot repost a receive buffer: %s",
                         psagg_last_error());
 }
@@ -19,27 +19,27 @@ void server_repost(server *srv, recv_buf *rb)
 void server_close_worker(server *srv, int w, const char *fmt, ...)
 {
     va_list ap;
-    pthread_mutex_lock(&srv->mu);
+    pthread_mutex_lock(&srv->job.mu);
     if (!srv->workers[w].bad_reason[0]) {
         va_start(ap, fmt);
         vsnprintf(srv->workers[w].bad_reason, sizeof srv->workers[w].bad_reason, fmt, ap);
         va_end(ap);
     }
-    pthread_mutex_unlock(&srv->mu);
+    pthread_mutex_unlock(&srv->job.mu);
 }
 
 void server_fail_job(server *srv, psagg_status status, const char *fmt, ...)
 {
     va_list ap;
-    pthread_mutex_lock(&srv->mu);
-    if (!srv->job_error[0]) {
+    pthread_mutex_lock(&srv->job.mu);
+    if (!srv->job.error[0]) {
         va_start(ap, fmt);
-        vsnprintf(srv->job_error, sizeof srv->job_error, fmt, ap);
+        vsnprintf(srv->job.error, sizeof srv->job.error, fmt, ap);
         va_end(ap);
-        srv->job_status = status;
+        srv->job.status = status;
     }
-    pthread_mutex_unlock(&srv->mu);
-    atomic_store(&srv->job_failed, 1);
+    pthread_mutex_unlock(&srv->job.mu);
+    atomic_store(&srv->job.failed, 1);
 }
 
 /*
@@ -71,15 +71,15 @@ void server_queue_update(server *srv, send_ctx *sc)
 {
     sc->next_worker = 0;
     sc->next = NULL;
-    pthread_mutex_lock(&srv->sendq_mu);
-    if (srv->sendq_tail)
-        srv->sendq_tail->next = sc;
+    pthread_mutex_lock(&srv->dp.sendq_mu);
+    if (srv->dp.sendq_tail)
+        srv->dp.sendq_tail->next = sc;
     else
-        srv->sendq_head = sc;
-    srv->sendq_tail = sc;
-    pthread_mutex_unlock(&srv->sendq_mu);
-    atomic_fetch_add(&srv->sendq_len, 1);
-    if (atomic_load(&srv->progress_idle))
+        srv->dp.sendq_head = sc;
+    srv->dp.sendq_tail = sc;
+    pthread_mutex_unlock(&srv->dp.sendq_mu);
+    atomic_fetch_add(&srv->dp.sendq_len, 1);
+    if (atomic_load(&srv->dp.idle))
         psagg_fabric_wake(srv->fab);
 }
 
@@ -89,17 +89,17 @@ void server_queue_update(server *srv, send_ctx *sc)
  */
 void server_queue_repost(server *srv, recv_buf *rb)
 {
-    recv_buf *old = atomic_load(&srv->repostq);
+    recv_buf *old = atomic_load(&srv->dp.repostq);
     do
         rb->item.next = old ? &old->item : NULL;
-    while (!atomic_compare_exchange_weak(&srv->repostq, &old, rb));
-    if (!old && atomic_load(&srv->progress_idle))
+    while (!atomic_compare_exchange_weak(&srv->dp.repostq, &old, rb));
+    if (!old && atomic_load(&srv->dp.idle))
         psagg_fabric_wake(srv->fab);
 }
 
 int server_member(const server *srv, int w)
 {
-    return atomic_load_explicit(&srv->member[w], memory_order_acquire);
+    return atomic_load_explicit(&srv->mb.member[w], memory_order_acquire);
 }
 
 int server_members_in(const server *srv, const chunk_state *c)

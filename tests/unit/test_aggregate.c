@@ -122,7 +122,7 @@ static void harness_start(harness *hz, const harness_opts *o)
     CHECK(hz->ci, "no chunk owned by server %d", o->rank);
     CHECK(!agg_setup(hz->srv) && !agg_start(hz->srv), "%s", psagg_last_error());
     progress_init(hz->srv);
-    hz->srv->job_running = 1;
+    hz->srv->ctl.job_running = 1;
 }
 
 static void harness_stop(harness *hz)
@@ -183,14 +183,14 @@ static send_ctx *take_update(harness *hz, int ms)
     int64_t until = psagg_now_ms() + ms;
     do {
         send_ctx *sc = NULL;
-        pthread_mutex_lock(&srv->sendq_mu);
-        if ((sc = srv->sendq_head)) {
-            srv->sendq_head = sc->next;
-            if (!srv->sendq_head)
-                srv->sendq_tail = NULL;
-            atomic_fetch_sub(&srv->sendq_len, 1);
+        pthread_mutex_lock(&srv->dp.sendq_mu);
+        if ((sc = srv->dp.sendq_head)) {
+            srv->dp.sendq_head = sc->next;
+            if (!srv->dp.sendq_head)
+                srv->dp.sendq_tail = NULL;
+            atomic_fetch_sub(&srv->dp.sendq_len, 1);
         }
-        pthread_mutex_unlock(&srv->sendq_mu);
+        pthread_mutex_unlock(&srv->dp.sendq_mu);
         if (sc)
             return sc;
         usleep(1000);
@@ -225,7 +225,7 @@ static double agg_cpu_ms(const harness *hz)
 {
     clockid_t cid;
     struct timespec ts;
-    CHECK(!pthread_getcpuclockid(hz->srv->threads[0].tid, &cid), "pthread_getcpuclockid");
+    CHECK(!pthread_getcpuclockid(hz->srv->pool.threads[0].tid, &cid), "pthread_getcpuclockid");
     CHECK(!clock_gettime(cid, &ts), "clock_gettime");
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
@@ -349,7 +349,7 @@ static void relay(harness *hz, int from, uint32_t epoch, int left, const char *l
 
 static const char *job_error(harness *hz)
 {
-    return atomic_load(&hz->srv->job_failed) ? hz->srv->job_error : "";
+    return atomic_load(&hz->srv->job.failed) ? hz->srv->job.error : "";
 }
 
 /* The elastic cases' server: rank 1 of 2, workers 0-2 start the job (max_workers 4), and
@@ -373,16 +373,16 @@ static void epoch_ahead(void)
 
     joiner_start(&hz);
     relay(&hz, 3, 2, -1, "1101");
-    CHECK(!atomic_load(&hz.srv->job_failed), "the joiner's epoch 2 before epoch 1: %s",
+    CHECK(!atomic_load(&hz.srv->job.failed), "the joiner's epoch 2 before epoch 1: %s",
           job_error(&hz));
-    CHECK(atomic_load(&hz.srv->epoch) == 0, "epoch 2 applied before epoch 1");
+    CHECK(atomic_load(&hz.srv->mb.epoch) == 0, "epoch 2 applied before epoch 1");
     relay(&hz, 0, 1, 2, "1100");
-    CHECK(atomic_load(&hz.srv->epoch) == 2, "at epoch %u after epoch 1 came, not 2",
-          atomic_load(&hz.srv->epoch));
+    CHECK(atomic_load(&hz.srv->mb.epoch) == 2, "at epoch %u after epoch 1 came, not 2",
+          atomic_load(&hz.srv->mb.epoch));
     relay(&hz, 0, 2, -1, "1101"); /* the members' copies, equal */
     relay(&hz, 1, 1, 2, "1100");
     relay(&hz, 1, 2, -1, "1101");
-    CHECK(!atomic_load(&hz.srv->job_failed), "%s", job_error(&hz));
+    CHECK(!atomic_load(&hz.srv->job.failed), "%s", job_error(&hz));
     CHECK(server_member(hz.srv, 0) && server_member(hz.srv, 1) && !server_member(hz.srv, 2) &&
               server_member(hz.srv, 3),
           "members after epoch 2");
@@ -455,8 +455,8 @@ static void checkpoint_decl(void)
 /*
  * Server 0 of an elastic job with [server] quorum 2, grace 30 ms: workers 0-2 start it, rank 3
  * joins in epoch 1. Rounds 0 and 1 go by with workers 0-2 (round 1 without worker 2, whose
- * push of it comes late). Then rank 3 is admitted; in round 2 workers 0 and 1 push: the grace passes,
- * and the round must wait for the joiner, which never pushed (it may be left out only once
+ * push of it comes late). Then rank 3 is admitted; in round 2 workers 0 and 1 push: the grace
+ * passes, and the round must wait for the joiner, which never pushed (it may be left out only once
  * its push of a round before came). Its push closes the round, without worker 2.
  */
 static void quorum_joiner(void)
@@ -482,9 +482,9 @@ static void quorum_joiner(void)
     push(&hz, 2, 1, 1.0f); /* late: dropped, but seen (one round behind, no more) */
     /* rank 3 joins: server 0 starts epoch 1 with it live (membership.c's admission, as the
        barrier does it) */
-    atomic_store(&srv->member[3], 1);
-    srv->n_members++;
-    atomic_store(&srv->epoch, 1);
+    atomic_store(&srv->mb.member[3], 1);
+    srv->mb.n++;
+    atomic_store(&srv->mb.epoch, 1);
     push(&hz, 0, 2, 1.0f);
     push(&hz, 1, 2, 1.0f);
     CHECK(!(u = take_update(&hz, 300)),
