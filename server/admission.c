@@ -48,17 +48,6 @@ struct admission {
 
 #define HELLO_TIMEOUT_MS 5000 /* for a connection to deliver its whole HELLO */
 
-/*
- * Tell a peer why it is being refused or the job is ending. The peer may already be gone, so
- * a failed send is only logged: there is nobody else to tell.
- */
-void admission_verdict(server *srv, int fd, psagg_ctl_auth *auth, uint16_t type,
-                       psagg_status status, const char *msg)
-{
-    if (psagg_ctl_send_error(fd, auth, type, status, msg))
-        LOG_DEBUG(&srv->log, "could not deliver \"%s\": %s", msg, psagg_last_error());
-}
-
 static void pending_close(pending_conn *p)
 {
     close(p->fd);
@@ -343,7 +332,7 @@ static void serve_pending(server *srv, pending_conn *p)
         snprintf(msg, sizeof msg, "%s", psagg_last_error());
         LOG_DEBUG(&srv->log, "refused a connection: %s", msg);
         if (st == PSAGG_EPROTO) /* a wrong version or a stranger: says nothing of the job */
-            admission_verdict(srv, p->fd, NULL, PSAGG_CTL_ERROR, st, msg);
+            server_verdict(srv, p->fd, NULL, PSAGG_CTL_ERROR, st, msg);
         pending_close(p);
         return;
     }
@@ -361,7 +350,7 @@ static void serve_pending(server *srv, pending_conn *p)
     }
     /* (a flood of refused HELLOs, e.g. joins with a wrong secret, is one record a second) */
     psagg_lograte_note(&srv->adm->refused_hello, &srv->log, 1000, "refused a %s: %s", p->peer, msg);
-    admission_verdict(srv, p->fd, NULL, PSAGG_CTL_ERROR, st, msg);
+    server_verdict(srv, p->fd, NULL, PSAGG_CTL_ERROR, st, msg);
     pending_close(p);
     free(body);
 }

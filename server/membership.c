@@ -132,7 +132,7 @@ static void announce(server *srv, const psagg_ctl_membership *m, uint32_t len)
 void membership_refuse(server *srv, int w, psagg_status status, const char *why)
 {
     worker_conn *wc = &srv->workers[w];
-    admission_verdict(srv, wc->fd, &wc->auth, PSAGG_CTL_ERROR, status, why);
+    server_verdict(srv, wc->fd, &wc->auth, PSAGG_CTL_ERROR, status, why);
     close(wc->fd);
     wc->fd = -1;
     psagg_ctl_reader_reset(&wc->rd);
@@ -149,7 +149,7 @@ static void leave(server *srv, int w, uint32_t epoch, const char *why)
     if (wc->fd >= 0) {
         char msg[320];
         snprintf(msg, sizeof msg, "removed from the job in membership epoch %u: %s", epoch, why);
-        admission_verdict(srv, wc->fd, &wc->auth, PSAGG_CTL_ERROR, PSAGG_EPEER, msg);
+        server_verdict(srv, wc->fd, &wc->auth, PSAGG_CTL_ERROR, PSAGG_EPEER, msg);
         close(wc->fd);
         wc->fd = -1;
         psagg_ctl_reader_reset(&wc->rd);
@@ -479,7 +479,9 @@ void membership_start_relayed(server *srv, int from, const psagg_ctl_hdr *h, con
         if (wc->fd >= 0)
             membership_refuse(srv, k, PSAGG_EPEER, why);
         wc->state = W_DEAD;
-        snprintf(wc->bad_reason_startup, sizeof wc->bad_reason_startup, "%s", why);
+        wc->lost = 1; /* (the control loop settles it when the job starts: it leaves then) */
+        wc->lost_status = PSAGG_EPEER;
+        snprintf(wc->why_lost, sizeof wc->why_lost, "%s", why);
         LOG_WARN(&srv->log, "worker %d: %s; as relayed by worker %d", k, why, from);
     }
 }
@@ -592,9 +594,10 @@ static void admit_try(server *srv)
     barrier_release(srv, (uint32_t)n_join);
 }
 
-void membership_join(server *srv, int w)
+void membership_join(server *srv, int w, const psagg_ctl_hdr *h, const void *body)
 {
     worker_conn *wc = &srv->workers[w];
+    (void)h, (void)body;
     wc->join_asked = 1;
     LOG_INFO(&srv->log,
              "worker %d asks to join (declared on every server); admitted at the members' next "

@@ -1,6 +1,6 @@
 /*
  * param.c - parameter chunks ([server] optimizer): the optimizer's rounds (param_chunk_ops,
- * server.h's chunk_ops) and their state's checkpoints (checkpoint.c writes and reads the file).
+ * server.h's chunk_ops) and their state's checkpoints (ckpt_file.c writes and reads the file).
  *
  * A tensor declared as a parameter (runtime/wire.h, PSAGG_DECL_PARAM) keeps, per chunk, fp32
  * master weights w, the weights every worker holds (view) and the optimizer's state, in the
@@ -15,9 +15,8 @@
  *         sync_interval steps the update is w itself (WEIGHTS), and view = w.
  *   PULL  WEIGHTS of w; with PSAGG_PARAM_SYNC, view = w.
  *
- *
- * Checkpoints: optim_checkpoint writes the state of every parameter chunk here, optim_init
- * reads one back with resume (the file's format: checkpoint.c).
+ * Checkpoints: optim_checkpoint writes the state of every parameter chunk (when a worker asks:
+ * checkpoint.c), optim_init reads one back with resume (the file's format: ckpt_file.c).
  */
 #include <stdio.h>
 #include <stdlib.h>

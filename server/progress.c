@@ -17,6 +17,13 @@
 #include "runtime/message.h"
 #include "server.h"
 
+void progress_repost(server *srv, recv_buf *rb)
+{
+    if (psagg_rxpool_repost(&srv->dp.rxpool, &rb->rx) && atomic_load(&srv->dp.running))
+        server_fail_job(srv, PSAGG_EFABRIC, "cannot repost a receive buffer: %s",
+                        psagg_last_error());
+}
+
 /* The gate's view of the workers (runtime/gate.h). */
 static int worker_at(const void *srv, psagg_peer addr)
 {
@@ -43,7 +50,7 @@ static int park_early(server *srv, recv_buf *rb, int from)
     if (ahead > 16) { /* epochs are relayed at once: nobody is that far ahead of a server */
         server_close_worker(srv, from, "push field epoch is %u, %u epochs ahead of this server's",
                             h->epoch, ahead);
-        server_repost(srv, rb);
+        progress_repost(srv, rb);
         return 1;
     }
     rb->from = from;
@@ -91,13 +98,13 @@ void progress_route(server *srv, recv_buf *rb, psagg_peer src)
     from = psagg_gate_sender(&srv->dp.gate, rb->rx.buf, rb->rx.len, src);
     if (from < 0) {
         metrics_drop(srv);
-        server_repost(srv, rb);
+        progress_repost(srv, rb);
         return;
     }
     if (rb->rx.len < sizeof *h) {
         server_close_worker(srv, from, "a %zu-byte push: shorter than the %zu-byte header",
                             rb->rx.len, sizeof *h);
-        server_repost(srv, rb);
+        progress_repost(srv, rb);
         return;
     }
     if (park_early(srv, rb, from))
@@ -115,13 +122,13 @@ static void route_checked(server *srv, recv_buf *rb, int from)
     if (!server_member(srv, from)) { /* it left the job (elastic): nothing of it counts now */
         LOG_DEBUG(&srv->log, "a push from worker %d, which is no member, dropped", from);
         metrics_drop(srv);
-        server_repost(srv, rb);
+        progress_repost(srv, rb);
         return;
     }
     if (h->sender != (uint32_t)from) {
         server_close_worker(srv, from, "push field sender is %u, but it came from worker %d",
                             h->sender, from);
-        server_repost(srv, rb);
+        progress_repost(srv, rb);
         return;
     }
     bad = psagg_msg_check(rb->rx.buf, rb->rx.len, srv->tag_bytes, PSAGG_MSG_PUSH, &srv->layout, &ci,
@@ -131,13 +138,13 @@ static void route_checked(server *srv, recv_buf *rb, int from)
                             "push field %s is invalid (key %u chunk %u len %u, message of %zu "
                             "bytes)",
                             bad, h->key, h->chunk, h->len, rb->rx.len);
-        server_repost(srv, rb);
+        progress_repost(srv, rb);
         return;
     }
     if (ci->owner != (uint32_t)srv->rank) {
         server_close_worker(srv, from, "push of tensor %u chunk %u sent to server %d, owner is %u",
                             h->key, h->chunk, srv->rank, ci->owner);
-        server_repost(srv, rb);
+        progress_repost(srv, rb);
         return;
     }
     metrics_push(srv, from, rb->rx.len);
@@ -150,7 +157,7 @@ static void repost_queued(server *srv)
     recv_buf *rb = atomic_exchange(&srv->dp.repostq, NULL);
     while (rb) {
         agg_item *next = rb->item.next;
-        server_repost(srv, rb);
+        progress_repost(srv, rb);
         rb = next ? (recv_buf *)((char *)next - offsetof(recv_buf, item)) : NULL;
     }
 }
@@ -252,7 +259,7 @@ static void *progress_main(void *arg)
                     server_close_worker(srv, from, "%s", ev[i].msg);
                 else
                     LOG_WARN(&srv->log, "a receive failed: %s", ev[i].msg);
-                server_repost(srv, rb);
+                progress_repost(srv, rb);
                 break;
             }
             }

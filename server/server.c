@@ -67,7 +67,7 @@ server *server_open(const psagg_config *cfg, int rank, const volatile sig_atomic
     srv->workers = calloc((size_t)srv->n_workers, sizeof *srv->workers);
     srv->rank_at = calloc((size_t)srv->n_workers, sizeof *srv->rank_at);
     if (!srv->workers || !srv->rank_at || admission_init(srv) || metrics_init(srv) ||
-        membership_init(srv)) {
+        membership_init(srv) || checkpoint_init(srv)) {
         LOG_ERROR(&srv->log, "out of memory");
         goto err;
     }
@@ -124,6 +124,7 @@ void server_close(server *srv)
     free(srv->rank_at);
     admission_fini(srv);
     membership_fini(srv);
+    checkpoint_fini(srv);
     optim_fini(srv);
     pthread_cond_destroy(&srv->pool.barrier_cv);
     pthread_mutex_destroy(&srv->pool.barrier_mu);

@@ -7,21 +7,27 @@
  *   main.c       the command line; sets libfabric's environment before anything starts
  *   server.c     server_run: start the node (runtime/node.h: keys, endpoint; server_open),
  *                open the port, run the control loop, tear down (server_close)
- *   control.c    the control state machine (main thread): DECLARE, start, BYE, aborts
+ *   control.c    the control loop (main thread), a dispatcher: polls every socket, hands
+ *                each worker frame to its component (its table of routes), runs the phases
+ *                (start-up, running, aborted) and decides what a lost worker means
+ *   startup.c    a job's start: DECLAREs compared, the layout, the pool and the data path
+ *                started, READY; a joiner's declaration checked (control thread)
+ *   checkpoint.c checkpoints as workers ask for them (every member at once, with a round
+ *                policy that asks so), written after a barrier of the pool (control thread)
  *   membership.c elastic jobs: who is a member, epochs decided by server 0 (control thread)
  *   admission.c  connections that have not authenticated: HELLO checks, WELCOME, idle and
  *                slow-connection limits (the control thread, during start-up)
  *   progress.c   the data path's progress thread, the endpoint's one user: receive pushes,
  *                check them, route each to its chunk's aggregation thread; send the updates
- *                and repost the buffers the aggregation threads queue (state.c); completions
+ *                and repost the buffers the aggregation threads queue to it; completions
  *   quorum.c     round policies: when a round closes and whose pushes it sums (every
  *                member; [server] quorum and grace_ms)
  *   aggregate.c  per-chunk rounds and the aggregation thread pool
- *   param.c      parameter chunks ([server] optimizer): the optimizer's rounds, checkpoints
- *   checkpoint.c the checkpoint file: its format, written from param.c's state, read back
+ *   param.c      parameter chunks ([server] optimizer): the optimizer's rounds, their state
+ *   ckpt_file.c  the checkpoint file: its format, written from param.c's state, read back
  *   gpu.c        the optional GPU assist of the aggregation threads
- *   state.c      what all of them share: failure reports, closing a peer, reposting a buffer,
- *                the queues of updates and buffers to the progress thread
+ *   job.c        what all of them share: the job's outcome, requests to close a peer, who is
+ *                at which address; the control thread's closing of a worker and verdicts
  *   arena.c      the aggregation threads' jemalloc arenas
  *   metrics.c    counters of all of them, the straggler report, the Prometheus endpoint, the
  *                resource usage per round
@@ -65,15 +71,18 @@ typedef struct worker_conn {
     psagg_ctl_auth auth; /* its control frames' tags, both ways (with a secret) */
     psagg_ctl_declare decl_hdr;
     psagg_ctl_tensor *decl;
-    char bad_reason[200]; /* set by data-path threads: close this peer (guarded by srv->mu) */
-    char bad_reason_startup[256]; /* why it died during an elastic job's start-up */
-    int64_t heard_at;             /* when its last bytes came (liveness, runtime/channel.h) */
+    char bad_reason[200]; /* set by data-path threads: close this peer (guarded by job.mu) */
+    /* closed (server_drop_worker): why, and whether the control loop has yet to settle what
+       the loss means for the job (control.c) */
+    char why_lost[256];
+    int lost;
+    psagg_status lost_status;
+    int64_t heard_at; /* when its last bytes came (liveness, runtime/channel.h) */
     /* elastic joins (membership.c; the control thread's): */
     int joining;       /* connected to a running job, not yet a member (its JOIN admits it) */
     int join_asked;    /* server 0: its JOIN came (it is declared on every server) */
     uint32_t sync_seq; /* server 0: the last barrier it sent SYNC for */
     int in_barrier;    /* server 0: waiting in the admitting barrier */
-    int ckpt_wanted;   /* it asked for a checkpoint, not answered yet (control.c) */
 } worker_conn;
 
 #define PENDING_MAX 64 /* unauthenticated connections kept at a time (admission.c) */
@@ -315,10 +324,9 @@ typedef struct job_outcome {
 /* The control loop's own (control.c, startup.c; the control thread only). */
 typedef struct control_state {
     int listen_fd;
-    int job_running;          /* READY was sent */
-    int decl_ref;             /* the first starting worker that declared: the job's declaration */
-    int64_t next_ping;        /* when the workers get their next PING */
-    int64_t checkpoint_since; /* a collective checkpoint's first request, or 0 (checkpoint.c) */
+    int job_running;   /* READY was sent */
+    int decl_ref;      /* the first starting worker that declared: the job's declaration */
+    int64_t next_ping; /* when the workers get their next PING */
 } control_state;
 
 /* Who belongs to the job (membership.c writes it, on the control thread; any thread reads
@@ -332,7 +340,8 @@ typedef struct members {
 } members;
 
 /* The data path (progress.c): the progress thread's, but for the queues the aggregation
-   threads hand it updates and receive buffers through (progress_queue_update/_repost). */
+   threads hand it updates and receive buffers through (job.c: server_queue_update,
+   server_queue_repost). */
 typedef struct data_path {
     psagg_gate gate;     /* who sent a push (runtime/gate.h) */
     psagg_rxpool rxpool; /* of recv_buf: posted receive buffers */
@@ -401,6 +410,7 @@ typedef struct server {
     data_path dp;
     agg_pool pool;
     struct param_store *params;     /* param.c: the optimizer and a checkpoint to resume */
+    struct checkpoints *ckpt;       /* checkpoint.c: the workers' requests */
     struct server_metrics *metrics; /* metrics.c */
 } server;
 
@@ -445,7 +455,24 @@ void server_close(server *srv);
 
 /* control.c: the control loop (main thread); returns the process exit code. */
 int control_serve(server *srv);
-/* control.c: a collective checkpoint's progress (its members asked?) and deadline. */
+
+/*
+ * startup.c (the control thread): declare keeps worker w's DECLARE (a joiner's must be the
+ * job's: it waits to be admitted then, or is refused by name); start, once every starting
+ * worker declared: compare them, keep the job's, start the pool and the data path, send READY
+ * (a worker it cannot reach is dropped). Nonzero: the job cannot start, why in msg.
+ */
+void startup_declare(server *srv, int w, const psagg_ctl_hdr *h, const void *body);
+psagg_status startup_start(server *srv, char *msg, size_t len);
+
+/*
+ * checkpoint.c (the control thread): worker w's CHECKPOINT; with a round policy that closes
+ * rounds without a worker, every member's, collected first. tick: whether all have asked, or
+ * the deadline passed. init (every worker's slot) and fini: server_open's and server_close's.
+ */
+psagg_status checkpoint_init(server *srv);
+void checkpoint_fini(server *srv);
+void checkpoint_asked(server *srv, int w, const psagg_ctl_hdr *h, const void *body);
 void checkpoint_tick(server *srv, int64_t now);
 
 /*
@@ -465,9 +492,6 @@ void admission_close_all(server *srv);
 /* When the start-up deadline passes (it runs from the first authenticated HELLO), or -1. */
 int64_t admission_deadline(const server *srv);
 void admission_fini(server *srv);
-/* Tell a peer why it is refused or why the job ends (ERROR, ABORT); a failed send is logged. */
-void admission_verdict(server *srv, int fd, psagg_ctl_auth *auth, uint16_t type,
-                       psagg_status status, const char *msg);
 
 /*
  * membership.c ([cluster] elastic): init before the job (every worker a member), fini at the
@@ -492,7 +516,7 @@ void membership_bye(server *srv, int w);
 void membership_relayed(server *srv, int from, const psagg_ctl_hdr *h, const void *body);
 /* Joins (server 0): a member's SYNC, a joiner's JOIN. */
 void membership_sync(server *srv, int w, const psagg_ctl_hdr *h, const void *body);
-void membership_join(server *srv, int w);
+void membership_join(server *srv, int w, const psagg_ctl_hdr *h, const void *body);
 /* The control loop, now and then: the deadlines of the admitting barrier (server 0) and of
    epochs relayed ahead (servers > 0). */
 void membership_tick(server *srv, int64_t now);
@@ -510,6 +534,8 @@ psagg_status progress_start(server *srv);
 void progress_stop(server *srv);
 void progress_route(server *srv, recv_buf *rb, psagg_peer src);
 void progress_route_parked(server *srv);
+/* Post a receive buffer again: the progress thread (others use server_queue_repost). */
+void progress_repost(server *srv, recv_buf *rb);
 
 /* aggregate.c */
 /*
@@ -570,7 +596,7 @@ extern const chunk_ops param_chunk_ops;
 psagg_status optim_checkpoint(server *srv, char *path, size_t len);
 
 /*
- * checkpoint.c: the file (<checkpoint_dir>/psagg-server-<rank>.ckpt). open: read and check all
+ * ckpt_file.c: the file (<checkpoint_dir>/psagg-server-<rank>.ckpt). open: read and check all
  * of it (resume; why not, with its path, on failure); close; path: its name. match: the job
  * (its declaration, chunk size, optimizer kind and `arrays` per chunk) must be the file's,
  * chunk by chunk, before anything is loaded. state: owned slot `slot`'s arrays (`arrays` of
@@ -594,21 +620,12 @@ void gpu_thread_fini(agg_thread *t);
 extern const chunk_sum_ops gpu_sum_ops;
 int gpu_max_inputs(void);
 
-/* state.c: data-path threads report a misbehaving worker or a failed job through these */
+/* job.c: data-path threads report a misbehaving worker or a failed job through these */
 void server_close_worker(server *srv, int w, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* The first failure wins; status is what the workers get (EPEER, ETIMEDOUT, ...). */
 void server_fail_job(server *srv, psagg_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* Post a receive buffer again: the progress thread (others use server_queue_repost). */
-void server_repost(server *srv, recv_buf *rb);
-/*
- * The aggregation threads' way to the endpoint, which only the progress thread calls: hand
- * it a finished round's update (out[parity] of its chunk) to send, or a receive buffer to
- * post again; it is woken only when it may be asleep.
- */
-void server_queue_update(server *srv, send_ctx *sc);
-void server_queue_repost(server *srv, recv_buf *rb);
 /* Whether worker w belongs to the job now (any thread; membership.c changes it). */
 int server_member(const server *srv, int w);
 /* Whether c's round has a push from every member (and at least one), or, closing ([server]
@@ -616,5 +633,23 @@ int server_member(const server *srv, int w);
 int server_members_in(const server *srv, const chunk_state *c);
 /* The worker whose fabric address is addr, or -1. */
 int server_worker_at(const server *srv, psagg_peer addr);
+/*
+ * The aggregation threads' way to the endpoint, which only the progress thread calls: hand
+ * it a finished round's update (out[parity] of its chunk) to send, or a receive buffer to
+ * post again; it is woken only when it may be asleep.
+ */
+void server_queue_update(server *srv, send_ctx *sc);
+void server_queue_repost(server *srv, recv_buf *rb);
+/*
+ * job.c, the control thread's: verdict tells a peer why it is refused or why the job ends
+ * (ERROR, ABORT; a failed send is logged); tell_workers sends one to every connected worker
+ * but `except`; drop_worker closes worker w's connection (its ERROR first) and marks it lost,
+ * for the control loop to settle what that means for the job.
+ */
+void server_verdict(server *srv, int fd, psagg_ctl_auth *auth, uint16_t type, psagg_status status,
+                    const char *msg);
+void server_tell_workers(server *srv, int except, uint16_t type, psagg_status status,
+                         const char *msg);
+void server_drop_worker(server *srv, int w, psagg_status status, const char *why);
 
 #endif

@@ -345,7 +345,7 @@ def self_test(repo):
         # the order inside server/ and worker/ (server.h's and worker.h's file maps)
         ("server/metrics.c", "static void lint_planted(void) { server_run(0, 0); }", "end",
          "calls server_run of server/server.c, which is above it"),
-        ("server/state.c", "static void *lint_planted = (void *)&agg_enqueue;", "end",
+        ("server/job.c", "static void *lint_planted = (void *)&agg_enqueue;", "end",
          "calls agg_enqueue of server/aggregate.c, which is above it"),
         ("server/metrics.c", '#include "arena.h"', "include",
          "includes server/arena.h, the header of server/arena.c, which is above it"),

@@ -444,7 +444,10 @@ static void checkpoint_decl(void)
     harness_start(&hz, &(harness_opts){.workers = 2, .servers = 1, .optimizer = 1});
     CHECK(hz.srv->workers[0].decl == NULL && hz.srv->workers[1].decl == NULL,
           "no worker's declaration is kept here");
-    CHECK(!optim_checkpoint(hz.srv, path, sizeof path), "checkpoint: %s", psagg_last_error());
+    /* worker 1's CHECKPOINT (its connection is the harness's: no answer goes out) */
+    checkpoint_asked(hz.srv, 1, &(psagg_ctl_hdr){.type = PSAGG_CTL_CHECKPOINT}, NULL);
+    CHECK(!atomic_load(&hz.srv->job.failed), "checkpoint: %s", hz.srv->job.error);
+    snprintf(path, sizeof path, "%s/psagg-server-0.ckpt", hz.dir);
     CHECK(!stat(path, &sb) && sb.st_size > (off_t)(112 + 96 + 32), "checkpoint %s", path);
     unlink(path);
     harness_stop(&hz);

@@ -1,20 +1,20 @@
 /*
- * state.c - what every thread of the server shares: the job's failure state, the request to
- * close a misbehaving worker, and reposting a receive buffer. The data-path threads only
- * record here; the control loop (control.c) acts on it (closes the peer, aborts the job).
+ * job.c - the job as every thread of the server shares it: its outcome (the first failure
+ * wins), the request to close a misbehaving worker, who is at which fabric address and
+ * whether a round has every member, and the queues where the aggregation threads hand the
+ * progress thread updates to send and receive buffers to post again. The data-path threads only
+ * record here; the control loop (control.c) acts on it. And the control thread's own: closing a
+ * worker's connection (the loop then settles what the loss means for the job) and telling workers
+ * why.
  */
 #include <stdarg.h>
 #include <stdio.h>
+#include <unistd.h>
 
 #include "base/error.h"
+#include "base/log.h"
+#include "runtime/channel.h"
 #include "server.h"
-
-void server_repost(server *srv, recv_buf *rb)
-{
-    if (psagg_rxpool_repost(&srv->dp.rxpool, &rb->rx) && atomic_load(&srv->dp.running))
-        server_fail_job(srv, PSAGG_EFABRIC, "cannot repost a receive buffer: %s",
-                        psagg_last_error());
-}
 
 void server_close_worker(server *srv, int w, const char *fmt, ...)
 {
@@ -112,4 +112,46 @@ int server_members_in(const server *srv, const chunk_state *c)
         if (!c->arrived[w] && server_member(srv, w))
             return 0;
     return 1;
+}
+
+/*
+ * Tell a peer why it is being refused or the job is ending. The peer may already be gone, so
+ * a failed send is only logged: there is nobody else to tell.
+ */
+void server_verdict(server *srv, int fd, psagg_ctl_auth *auth, uint16_t type, psagg_status status,
+                    const char *msg)
+{
+    if (psagg_ctl_send_error(fd, auth, type, status, msg))
+        LOG_DEBUG(&srv->log, "could not deliver \"%s\": %s", msg, psagg_last_error());
+}
+
+void server_tell_workers(server *srv, int except, uint16_t type, psagg_status status,
+                         const char *msg)
+{
+    for (int w = 0; w < srv->n_workers; w++) {
+        worker_conn *wc = &srv->workers[w];
+        if (w == except || wc->fd < 0 || wc->state == W_BYE)
+            continue;
+        server_verdict(srv, wc->fd, &wc->auth, type, status, msg);
+    }
+}
+
+void server_drop_worker(server *srv, int w, psagg_status status, const char *why)
+{
+    worker_conn *wc = &srv->workers[w];
+    if (wc->fd < 0)
+        return;
+    /* `why` may be psagg_last_error(), which the send below overwrites: copy it first */
+    snprintf(wc->why_lost, sizeof wc->why_lost, "%s", why);
+    if (atomic_load(&srv->job.failed)) /* the workers leave a failed job: expected */
+        LOG_INFO(&srv->log, "closing worker %d: %s", w, wc->why_lost);
+    else
+        LOG_ERROR(&srv->log, "closing worker %d: %s", w, wc->why_lost);
+    server_verdict(srv, wc->fd, &wc->auth, PSAGG_CTL_ERROR, status, wc->why_lost);
+    close(wc->fd);
+    wc->fd = -1;
+    psagg_ctl_reader_reset(&wc->rd);
+    wc->state = W_DEAD;
+    wc->lost = 1;
+    wc->lost_status = status;
 }

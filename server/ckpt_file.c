@@ -1,0 +1,399 @@
+/*
+ * ckpt_file.c - a server's checkpoint file ([server] checkpoint_dir, resume): its format,
+ * written from the parameter chunks' state (param.c's) and read back at start-up.
+ *
+ * THE FILE (one per server: <checkpoint_dir>/psagg-server-<rank>.ckpt), little-endian:
+ *   ckpt_head (112 bytes: magic "PSAGGCKP", format version, server rank, servers, optimizer,
+ *     tensors, chunks, chunk_elems, when, job id)
+ *   n_tensors x psagg_ctl_tensor: the job's declaration, as the workers sent it
+ *   per owned parameter chunk, in slot order: ckpt_chunk (32 bytes: key, chunk, count,
+ *     step, round, arrays) + arrays x count binary32: w, view, then the optimizer's state
+ *   32 bytes: BLAKE2b-256 (libsodium's crypto_generichash) of everything before.
+ * It is written to a temporary name, synced and renamed, so a crash leaves the previous one.
+ * At start-up (resume) the whole file is checked (size, checksum, every length) before any
+ * of it is believed; when the declaration is known, it must match the file's exactly, chunk
+ * by chunk, before anything is loaded.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "server.h"
+
+#define CKPT_MAGIC   "PSAGGCKP"
+#define CKPT_VERSION 1u
+#define CKPT_SUM     32 /* BLAKE2b-256 */
+
+typedef struct ckpt_head {
+    char magic[8];
+    uint32_t version;
+    uint32_t server_rank;
+    uint32_t n_servers;
+    uint32_t optimizer; /* psagg_optim_kind */
+    uint32_t n_tensors;
+    uint32_t n_chunks; /* chunk records that follow the declaration */
+    uint64_t chunk_elems;
+    int64_t written_ns; /* CLOCK_REALTIME */
+    char job_id[64];
+} ckpt_head;
+_Static_assert(sizeof(ckpt_head) == 112, "ckpt_head layout");
+
+typedef struct ckpt_chunk {
+    uint32_t key, index;
+    uint64_t count;
+    uint64_t step;
+    uint32_t round;
+    uint32_t arrays; /* binary32 arrays of count elements that follow */
+} ckpt_chunk;
+_Static_assert(sizeof(ckpt_chunk) == 32, "ckpt_chunk layout");
+
+/* A checkpoint read at start-up (mapped read-only), and where each owned chunk's record is. */
+struct ckpt_file {
+    char path[PATH_MAX];
+    const uint8_t *base;
+    size_t size;
+    const ckpt_head *head;
+    const psagg_ctl_tensor *decl;
+    const ckpt_chunk **chunks;  /* head->n_chunks records, in file order */
+    const ckpt_chunk **by_slot; /* after optim_check_job: per owned slot, or NULL */
+};
+
+static void ckpt_path(const server *srv, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s/psagg-server-%d.ckpt", srv->cfg.checkpoint_dir, srv->rank);
+}
+
+void ckpt_close(struct ckpt_file *f)
+{
+    if (!f)
+        return;
+    if (f->base)
+        munmap((void *)f->base, f->size);
+    free(f->chunks);
+    free(f->by_slot);
+    free(f);
+}
+
+/* Map `path` and check all of it: size, checksum, header, and every record's bounds. */
+static psagg_status ckpt_read(const server *srv, const char *path, struct ckpt_file **out)
+{
+    struct ckpt_file *f = calloc(1, sizeof *f);
+    uint8_t sum[CKPT_SUM];
+    struct stat sb;
+    size_t off;
+    int fd;
+    psagg_status st = PSAGG_OK;
+
+    *out = NULL;
+    if (!f)
+        return psagg_fail(PSAGG_ENOMEM, "checkpoint %s", path);
+    snprintf(f->path, sizeof f->path, "%s", path);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        st = psagg_fail(PSAGG_EIO, "[server] resume: checkpoint %s cannot be opened: %s", path,
+                        strerror(errno));
+        goto err;
+    }
+    if (fstat(fd, &sb) || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        st = psagg_fail(PSAGG_EIO, "[server] resume: checkpoint %s is not a regular file", path);
+        goto err;
+    }
+    f->size = (size_t)sb.st_size;
+    if (f->size < sizeof(ckpt_head) + CKPT_SUM) {
+        close(fd);
+        st = psagg_fail(PSAGG_EIO,
+                        "[server] resume: checkpoint %s has %zu bytes, less than a header and a "
+                        "checksum: torn (a write cut short) or not a checkpoint",
+                        path, f->size);
+        goto err;
+    }
+    f->base = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (f->base == MAP_FAILED) {
+        f->base = NULL;
+        st = psagg_fail(PSAGG_EIO, "[server] resume: checkpoint %s cannot be mapped: %s", path,
+                        strerror(errno));
+        goto err;
+    }
+    f->head = (const ckpt_head *)f->base;
+    if (memcmp(f->head->magic, CKPT_MAGIC, 8)) {
+        st = psagg_fail(PSAGG_EIO, "[server] resume: %s is not a psagg checkpoint (magic)", path);
+        goto err;
+    }
+    if (f->head->version != CKPT_VERSION) {
+        st = psagg_fail(PSAGG_EIO,
+                        "[server] resume: checkpoint %s has format version %u; this server reads "
+                        "version %u",
+                        path, f->head->version, CKPT_VERSION);
+        goto err;
+    }
+    if (sodium_init() < 0 ||
+        crypto_generichash(sum, sizeof sum, f->base, f->size - CKPT_SUM, NULL, 0) ||
+        sodium_memcmp(sum, f->base + f->size - CKPT_SUM, CKPT_SUM)) {
+        st = psagg_fail(PSAGG_EIO,
+                        "[server] resume: checkpoint %s: its checksum does not match its "
+                        "contents: torn or damaged, nothing loaded",
+                        path);
+        goto err;
+    }
+    if (f->head->server_rank != (uint32_t)srv->rank ||
+        f->head->n_servers != (uint32_t)srv->cfg.n_servers) {
+        st = psagg_fail(PSAGG_EIO,
+                        "[server] resume: checkpoint %s was written by server %u of %u; this is "
+                        "server %d of %d",
+                        path, f->head->server_rank, f->head->n_servers, srv->rank,
+                        srv->cfg.n_servers);
+        goto err;
+    }
+    off = sizeof(ckpt_head);
+    if (f->head->n_tensors == 0 || f->head->n_tensors > PSAGG_MAX_TENSORS ||
+        (f->size - CKPT_SUM - off) / sizeof(psagg_ctl_tensor) < f->head->n_tensors ||
+        f->head->n_chunks > PSAGG_MAX_CHUNKS) {
+        st = psagg_fail(PSAGG_EIO,
+                        "[server] resume: checkpoint %s: field n_tensors/n_chunks is "
+                        "out of range for its size",
+                        path);
+        goto err;
+    }
+    f->decl = (const psagg_ctl_tensor *)(f->base + off);
+    off += (size_t)f->head->n_tensors * sizeof(psagg_ctl_tensor);
+    f->chunks = calloc(f->head->n_chunks ? f->head->n_chunks : 1, sizeof *f->chunks);
+    if (!f->chunks) {
+        st = psagg_fail(PSAGG_ENOMEM, "checkpoint %s", path);
+        goto err;
+    }
+    for (uint32_t i = 0; i < f->head->n_chunks; i++) {
+        const ckpt_chunk *c = (const ckpt_chunk *)(f->base + off);
+        size_t left = f->size - CKPT_SUM - off;
+        if (left < sizeof *c || c->arrays < 2 || c->arrays > 4 || !c->count ||
+            c->count > (uint64_t)PSAGG_MAX_CHUNK_ELEMS ||
+            (left - sizeof *c) / 4 / c->arrays < c->count) {
+            st = psagg_fail(PSAGG_EIO,
+                            "[server] resume: checkpoint %s: chunk record %u is out of bounds",
+                            path, i);
+            goto err;
+        }
+        f->chunks[i] = c;
+        off += sizeof *c + (size_t)c->arrays * c->count * 4;
+    }
+    if (off != f->size - CKPT_SUM) {
+        st = psagg_fail(PSAGG_EIO,
+                        "[server] resume: checkpoint %s has %zu bytes after its last record", path,
+                        f->size - CKPT_SUM - off);
+        goto err;
+    }
+    *out = f;
+    return PSAGG_OK;
+err:
+    ckpt_close(f);
+    return st;
+}
+
+psagg_status ckpt_open(const server *srv, struct ckpt_file **out)
+{
+    char path[PATH_MAX];
+    psagg_status st;
+    ckpt_path(srv, path, sizeof path);
+    if ((st = ckpt_read(srv, path, out)))
+        return st;
+    LOG_INFO(&srv->log,
+             "resume: checkpoint %s (job '%.64s', %u tensors, %u parameter chunks here) checks "
+             "out; it is loaded once the workers declare the same tensors",
+             path, (*out)->head->job_id, (*out)->head->n_tensors, (*out)->head->n_chunks);
+    return PSAGG_OK;
+}
+
+const char *ckpt_file_path(const struct ckpt_file *f)
+{
+    return f->path;
+}
+
+static void decl_text(const psagg_ctl_tensor *t, char *buf, size_t len)
+{
+    psagg_codec c = {(psagg_codec_id)t->codec, t->bits, t->bucket, (psagg_rounding)t->rounding};
+    char name[40];
+    snprintf(buf, len, "'%.40s' (%llu elements, %s%s)", t->name, (unsigned long long)t->count,
+             psagg_codec_name(&c, name, sizeof name),
+             (t->flags & PSAGG_DECL_PARAM) ? ", parameter" : "");
+}
+
+psagg_status ckpt_match(const server *srv, struct ckpt_file *f, psagg_optim_kind kind, int arrays)
+{
+    const psagg_layout *l = &srv->layout;
+    const psagg_ctl_tensor *decl = srv->job_decl;
+    uint32_t k = 0;
+
+    if (f->head->n_tensors != l->n_tensors)
+        return psagg_fail(
+            PSAGG_EMISMATCH,
+            "checkpoint %s, nothing loaded: it holds a job of %u tensors; the workers "
+            "declared %u",
+            f->path, f->head->n_tensors, l->n_tensors);
+    for (uint32_t t = 0; t < l->n_tensors; t++)
+        if (memcmp(&f->decl[t], &decl[t], sizeof decl[t])) {
+            char a[120], b[120];
+            decl_text(&f->decl[t], a, sizeof a);
+            decl_text(&decl[t], b, sizeof b);
+            return psagg_fail(
+                PSAGG_EMISMATCH,
+                "checkpoint %s, nothing loaded: tensor %u was %s, the workers declared "
+                "%s",
+                f->path, t, a, b);
+        }
+    if (f->head->chunk_elems != srv->job_decl_hdr.chunk_elems)
+        return psagg_fail(
+            PSAGG_EMISMATCH,
+            "checkpoint %s, nothing loaded: its chunks have %llu elements, the workers' "
+            "%llu ([worker] chunk_bytes)",
+            f->path, (unsigned long long)f->head->chunk_elems,
+            (unsigned long long)srv->job_decl_hdr.chunk_elems);
+    if (f->head->optimizer != (uint32_t)kind)
+        return psagg_fail(PSAGG_EMISMATCH,
+                          "checkpoint %s, nothing loaded: it holds the state of optimizer %s; this "
+                          "server runs %s",
+                          f->path, psagg_optim_name((psagg_optim_kind)f->head->optimizer),
+                          psagg_optim_name(kind));
+    f->by_slot = calloc(srv->n_owned ? srv->n_owned : 1, sizeof *f->by_slot);
+    if (!f->by_slot)
+        return psagg_fail(PSAGG_ENOMEM, "checkpoint %s", f->path);
+    for (uint32_t i = 0; i < srv->n_owned; i++) {
+        const chunk_state *c = &srv->chunks[i];
+        const ckpt_chunk *r;
+        if (!srv->layout.tensors[c->info->key].param)
+            continue;
+        r = k < f->head->n_chunks ? f->chunks[k] : NULL;
+        if (!r || r->key != c->info->key || r->index != c->info->index ||
+            r->count != c->info->count || r->arrays != (uint32_t)arrays)
+            return psagg_fail(
+                PSAGG_EMISMATCH,
+                "checkpoint %s, nothing loaded: record %u is not tensor %u chunk %u of "
+                "%llu elements with %d arrays",
+                f->path, k, c->info->key, c->info->index, (unsigned long long)c->info->count,
+                arrays);
+        f->by_slot[i] = r;
+        k++;
+    }
+    if (k != f->head->n_chunks)
+        return psagg_fail(
+            PSAGG_EMISMATCH,
+            "checkpoint %s, nothing loaded: it holds %u parameter chunks, this server "
+            "owns %u",
+            f->path, f->head->n_chunks, k);
+    return PSAGG_OK;
+}
+
+const float *ckpt_state(const struct ckpt_file *f, uint32_t slot, uint32_t *arrays, uint64_t *step,
+                        uint32_t *round)
+{
+    const ckpt_chunk *r = f && f->by_slot ? f->by_slot[slot] : NULL;
+    if (!r)
+        return NULL;
+    *arrays = r->arrays;
+    *step = r->step;
+    *round = r->round;
+    return (const float *)(const void *)(r + 1);
+}
+
+/* fwrite + the running checksum. */
+typedef struct ckpt_writer {
+    FILE *f;
+    crypto_generichash_state hs;
+    int failed;
+} ckpt_writer;
+
+static void put(ckpt_writer *wr, const void *p, size_t n)
+{
+    if (wr->failed || !n)
+        return;
+    if (fwrite(p, 1, n, wr->f) != n)
+        wr->failed = errno ? errno : EIO;
+    crypto_generichash_update(&wr->hs, p, n);
+}
+
+psagg_status ckpt_write(const server *srv, int arrays, char *path, size_t len)
+{
+    const psagg_layout *l = &srv->layout;
+    char tmp[PATH_MAX + 8];
+    ckpt_writer wr = {0};
+    ckpt_head head = {.version = CKPT_VERSION,
+                      .server_rank = (uint32_t)srv->rank,
+                      .n_servers = (uint32_t)srv->cfg.n_servers,
+                      .optimizer = (uint32_t)srv->cfg.optimizer,
+                      .n_tensors = l->n_tensors,
+                      .chunk_elems = srv->job_decl_hdr.chunk_elems};
+    uint8_t sum[CKPT_SUM];
+    struct timespec now;
+    int fd, dfd;
+
+    ckpt_path(srv, path, len);
+    if (sodium_init() < 0)
+        return psagg_fail(PSAGG_EIO, "libsodium cannot start");
+    /* every chunk's last round is finished, and the caller's agg_barrier made what its
+       thread wrote visible here */
+    memcpy(head.magic, CKPT_MAGIC, 8);
+    snprintf(head.job_id, sizeof head.job_id, "%s", srv->cfg.job_id);
+    clock_gettime(CLOCK_REALTIME, &now);
+    head.written_ns = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
+    for (uint32_t i = 0; i < srv->n_owned; i++)
+        head.n_chunks += srv->chunks[i].param != NULL;
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0 || !(wr.f = fdopen(fd, "wb"))) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return psagg_fail(PSAGG_EIO, "checkpoint %s: %s", tmp, strerror(e));
+    }
+    crypto_generichash_init(&wr.hs, NULL, 0, CKPT_SUM);
+    put(&wr, &head, sizeof head);
+    put(&wr, srv->job_decl, (size_t)l->n_tensors * sizeof(psagg_ctl_tensor));
+    for (uint32_t i = 0; i < srv->n_owned; i++) {
+        const chunk_state *c = &srv->chunks[i];
+        const param_state *ps = c->param;
+        const float *arr[4];
+        ckpt_chunk r;
+        if (!ps)
+            continue;
+        r = (ckpt_chunk){.key = c->info->key,
+                         .index = c->info->index,
+                         .count = c->info->count,
+                         .step = ps->step,
+                         .round = c->round,
+                         .arrays = (uint32_t)arrays};
+        arr[0] = ps->w, arr[1] = ps->view, arr[2] = ps->m1, arr[3] = ps->m2;
+        put(&wr, &r, sizeof r);
+        for (uint32_t a = 0; a < r.arrays; a++)
+            put(&wr, arr[a], c->info->count * sizeof(float));
+    }
+    crypto_generichash_final(&wr.hs, sum, sizeof sum);
+    if (!wr.failed && fwrite(sum, 1, sizeof sum, wr.f) != sizeof sum)
+        wr.failed = errno ? errno : EIO;
+    if (!wr.failed && (fflush(wr.f) || fsync(fileno(wr.f))))
+        wr.failed = errno;
+    if (fclose(wr.f) && !wr.failed)
+        wr.failed = errno;
+    if (!wr.failed && rename(tmp, path))
+        wr.failed = errno;
+    if (wr.failed) {
+        unlink(tmp);
+        return psagg_fail(PSAGG_EIO, "checkpoint %s: %s", path, strerror(wr.failed));
+    }
+    dfd = open(srv->cfg.checkpoint_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) { /* the rename itself durable */
+        fsync(dfd);
+        close(dfd);
+    }
+    LOG_INFO(&srv->log, "checkpoint %s written: %u parameter chunks", path, head.n_chunks);
+    return PSAGG_OK;
+}
