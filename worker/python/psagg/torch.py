@@ -254,32 +254,6 @@ class _Session:
             raise _p.Error(-1, "no member is left to give a joiner the state", "psagg.torch")
         return int(live[0])
 
-    def broadcast_bytes(self, data, root):
-        """root's bytes on every worker (3 bytes per fp32 element of the broadcast key: exact,
-        as integers below 2^24); the others pass None."""
-        mine = self.ctx.rank == root
-        n = torch.zeros(self.bcast_elems, dtype=torch.float32)
-        if mine:
-            size = len(data)
-            n[0], n[1] = float(size & 0xFFFFFF), float(size >> 24)
-        _Op(self, self.bcast_key, n, _p.SUM, 0).finish()
-        size = int(n[0]) | (int(n[1]) << 24)
-        words = (size + 2) // 3
-        out = bytearray()
-        for at in range(0, words, self.bcast_elems):
-            k = min(self.bcast_elems, words - at)
-            buf = torch.zeros(self.bcast_elems, dtype=torch.float32)
-            if mine:
-                chunk = data[at * 3:(at + k) * 3]
-                chunk = chunk + bytes(3 * k - len(chunk))
-                b = torch.frombuffer(bytearray(chunk), dtype=torch.uint8).view(k, 3).int()
-                buf[:k] = (b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)).float()
-            _Op(self, self.bcast_key, buf, _p.SUM, 0).finish()
-            v = buf[:k].int()
-            out += torch.stack([v & 0xFF, (v >> 8) & 0xFF, (v >> 16) & 0xFF], 1) \
-                .to(torch.uint8).numpy().tobytes()
-        return bytes(out[:size])
-
     def key_of(self, p):
         k = self.keys.get(id(p))
         if k is None:
@@ -543,7 +517,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             f = io.BytesIO()
             torch.save(super(self.__class__, self).state_dict(), f)
             data = f.getvalue()
-        data = sess.broadcast_bytes(data, root)
+        data = sess.ctx.broadcast(sess.bcast_key, data, root)  # psagg_broadcast
         if sess.ctx.rank != root:
             import io
             super(self.__class__, self).load_state_dict(torch.load(io.BytesIO(data)))
@@ -601,8 +575,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, codec=None, error_fee
     Elastic jobs: step() ends with the members' barrier (psagg_sync_membership); when it
     admitted workers, every worker takes the lowest old member's parameters, optimizer state
     (its state_dict) and, with model=, the model's buffers (BatchNorm statistics), through
-    psagg's broadcast key; a joiner does the same in this constructor. start_step: the step
-    the job is at (a joiner's is the members')."""
+    psagg's broadcast key (the state with psagg_broadcast); a joiner does the same in this
+    constructor. start_step: the step the job is at (a joiner's is the members')."""
     _check_codec("DistributedOptimizer", codec)
     _check_error_feedback("DistributedOptimizer", error_feedback)
     if not _is_int(backward_passes_per_step) or backward_passes_per_step < 1:
