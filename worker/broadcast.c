@@ -33,6 +33,7 @@
 
 #define PIECES     8 /* of 7 bits: a 56-bit word */
 #define PIECE_BITS 7
+#define PIECE_MAX  ((1u << PIECE_BITS) - 1)
 #define LEN_BITS   42 /* the word: len in bits 0..41, root above */
 
 enum {
@@ -44,14 +45,14 @@ enum {
     HDR_ELEMS = H_SQUARE + PIECES, /* 26 */
 };
 
-_Static_assert(PSAGG_MAX_WORKERS *((1 << PIECE_BITS) - 1) * ((1 << PIECE_BITS) - 1) < (1 << 24),
+_Static_assert((PIECE_MAX * PIECE_MAX * PSAGG_MAX_WORKERS) < 1u << 24,
                "the header's sums of squares must stay exact in fp32");
 _Static_assert(PSAGG_BROADCAST_MAX < (1ull << LEN_BITS) && PSAGG_MAX_WORKERS <= 1 << 14,
                "len and root must fit the header's word");
 
 static unsigned piece(uint64_t word, int p)
 {
-    return (unsigned)(word >> (PIECE_BITS * p)) & ((1u << PIECE_BITS) - 1);
+    return (unsigned)(word >> (PIECE_BITS * p)) & PIECE_MAX;
 }
 
 /* Header element j (0..HDR_ELEMS-1) as this caller pushes it. */
@@ -100,7 +101,7 @@ static psagg_status header_check(const long *hdr, uint64_t word, int rank)
     for (int p = 0; p < PIECES; p++) {
         long r = hdr[H_REF + p], x = piece(word, p);
         ref |= (uint64_t)r << (PIECE_BITS * p);
-        agree_ref &= r < (1 << PIECE_BITS) && hdr[H_SUM + p] == callers * r &&
+        agree_ref &= r <= (long)PIECE_MAX && hdr[H_SUM + p] == callers * r &&
                      hdr[H_SQUARE + p] == callers * r * r;
         agree_mine &= hdr[H_SUM + p] == callers * x && hdr[H_SQUARE + p] == callers * x * x;
     }
