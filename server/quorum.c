@@ -6,7 +6,8 @@
  *                  all the workers, unless [cluster] elastic); a push of a round that is over
  *                  is stale.
  *   quorum         [server] quorum, grace_ms (straggler tolerance, runtime/wire.h): a round of
- *                  gradients (chunk_ops.partial) also closes grace_ms after `quorum` of the
+ *                  gradients (chunk_ops.partial; not of a tensor declared rare: a broadcast
+ *                  key, whose root's push is the data) also closes grace_ms after `quorum` of the
  *                  live workers have pushed, without the workers still missing, provided each
  *                  of them is at most one round behind; every update then ends with its
  *                  contributor bitmap, and a late push of the round before counts as seen.
@@ -74,7 +75,9 @@ static void quorum_arm(server *srv, chunk_state *c)
         quorum_close(srv, c, psagg_now_ms());
         return;
     }
-    if (c->close_at_ms || !c->n_arrived || !c->ops->partial(c))
+    /* a rare tensor's round (a broadcast: the root's push is the data) waits for every member */
+    if (c->close_at_ms || !c->n_arrived || !c->ops->partial(c) ||
+        srv->layout.tensors[c->info->key].rare)
         return;
     /* the live workers, counted up to the quorum (beyond it the quorum is the bar) */
     for (int w = 0; w < srv->n_workers && live < srv->cfg.quorum; w++)

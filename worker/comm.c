@@ -341,6 +341,14 @@ static psagg_data_rx *server_rx(void *owner, int s)
     return &((psagg_ctx *)owner)->servers[s].rx;
 }
 
+/* Whether a [server] quorum update's contributor bitmap (after its payload) names worker
+ * `rank` (0..world-1: the bitmap's bytes cover them). */
+static int bitmap_has(const psagg_msg_hdr *mh, int rank)
+{
+    const uint8_t *bits = (const uint8_t *)mh + sizeof *mh + mh->len;
+    return bits[rank / 8] >> (rank % 8) & 1;
+}
+
 /*
  * [server] quorum: check an update's contributor bitmap (after its payload) against `summed`
  * and say whether this worker's push is in it: 1 in, 0 left out, -1 the job failed.
@@ -369,7 +377,7 @@ static int bitmap_has_me(psagg_ctx *ctx, const psagg_msg_hdr *mh, const char *na
                         mh->sender, name, mh->chunk, mh->round, mh->summed, n);
         return -1;
     }
-    return bits[ctx->rank / 8] >> (ctx->rank % 8) & 1;
+    return bitmap_has(mh, ctx->rank);
 }
 
 /*
@@ -513,6 +521,18 @@ static void apply_update(comm_state *cs, struct psagg_handle *h, const uint8_t *
     }
     if (ctx->bitmap_bytes && (in = bitmap_has_me(ctx, mh, ti->name)) < 0)
         return;
+    if (ctx->bitmap_bytes && h->need_rank >= 0 && (!in || !bitmap_has(mh, h->need_rank))) {
+        /* a broadcast's round without its root's push (the others would take zeros for its
+           bytes) or without this worker's (carried, its header would land in the next
+           round's bytes) */
+        worker_fail_all(ctx, PSAGG_EPROTO,
+                        "psagg_broadcast: server %u closed round %u of tensor '%s' chunk %u "
+                        "without %s %d's push ([server] quorum, grace_ms): a broadcast cannot "
+                        "carry a push to a later round",
+                        mh->sender, mh->round, ti->name, mh->chunk, in ? "root" : "this worker,",
+                        in ? h->need_rank : ctx->rank);
+        return;
+    }
     if (!in) { /* the round closed without this worker's push: its next push carries it */
         if (kind != PSAGG_PARAM_GRAD || !h->ops->carry) {
             worker_fail_all(ctx, PSAGG_EPROTO,

@@ -31,6 +31,7 @@ static struct psagg_handle *handle_alloc(psagg_ctx *ctx, uint32_t key, const psa
                                .in = in,
                                .out = out,
                                .codec = ti->codec,
+                               .need_rank = -1,
                                .chunk_scale = (float *)(h + 1),
                                .chunk_done = (uint8_t *)((float *)(h + 1) + ti->n_chunks)};
     /* 2 x op_timeout_ms: silent peers and late workers are named sooner, by whoever knows

@@ -9,6 +9,7 @@
  * dead server or a lost message fails the operation with a message instead of hanging.
  *
  * Files, from the top down (none calls one above it):
+ *   broadcast.c  psagg_broadcast: bytes packed into push_pulls of an fp32 tensor
  *   api.c        the public functions of psagg.h: start-up, declaration, push_pull, handles
  *   handshake.c  the control channel's start-up: connect, HELLO/WELCOME, DECLARE/READY
  *   device.c     psagg_push_pull_cuda and the device-buffer operations (owns the device side),
@@ -135,7 +136,10 @@ struct psagg_handle {
     psagg_msg_param prm;  /* a parameter's push trailer: kind, lr, weight decay, flags */
     uint32_t reply_round; /* INIT: the chunks' round the WEIGHTS said (reply_set: one came) */
     int reply_set;
-    uint32_t gen;       /* that assignment's generation (0: declared) */
+    uint32_t gen; /* that assignment's generation (0: declared) */
+    /* psagg_broadcast's root, whose push every round must hold ([server] quorum: an update
+       whose bitmap lacks it fails the job); -1 for any other operation */
+    int need_rank;
     int encoded;        /* all chunks encoded (comm thread) */
     int completing;     /* all updates in; ops->complete is writing out (comm thread) */
     uint32_t next_send; /* next chunk to push (comm thread) */

@@ -5,14 +5,16 @@
 # usage: run_case.sh BUILD_DIR --servers S --workers N --provider P --port BASE
 #                    [--runs R] [--set SECTION_KEY=VALUE]... [--expect-fail]
 #                    [--start-servers K] [--start-workers M] [--worker-set S_K=V]...
-#                    [--log-has TEXT]... [--log-lacks TEXT]... -- FN_WORKER_ARGS...
+#                    [--log-has TEXT]... [--log-lacks TEXT]... [--worker-bin NAME]
+#                    -- FN_WORKER_ARGS...
 #
 # Normal mode runs the job R times through deploy/psagg-local and checks that every worker
 # exited 0 and printed the same DIGEST, and that every run printed the same DIGEST.
 # --expect-fail starts K servers and M workers directly (defaults S and N), and checks that
 # each worker reported the expected error (fn_worker --expect ...), that each worker's log
 # has a line with every --log-has TEXT and none with a --log-lacks TEXT, and that nothing
-# hangs. Provider "rxm" (--provider, --worker-set CLUSTER_PROVIDER=) stands for "tcp;ofi_rxm",
+# hangs. --worker-bin runs another program of tests/functional (default fn_worker) with the
+# same contract: DIGEST lines, or EXPECTED-ERROR-OK. Provider "rxm" (--provider, --worker-set CLUSTER_PROVIDER=) stands for "tcp;ofi_rxm",
 # which a CMake list cannot carry.
 set -u -o pipefail
 
@@ -20,6 +22,7 @@ build=$1
 shift
 repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
 servers=1 workers=2 provider=tcp port=19600 runs=1 expect_fail=0 start_servers="" start_workers=""
+worker_name=fn_worker
 sets=()
 worker_sets=()
 log_has=()
@@ -38,6 +41,7 @@ while (($#)); do
     --log-lacks) log_lacks+=("$2"); shift 2 ;;
     --start-servers) start_servers=$2; shift 2 ;;
     --start-workers) start_workers=$2; shift 2 ;;
+    --worker-bin) worker_name=$2; shift 2 ;;
     --) shift; break ;;
     *) echo "run_case: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -74,7 +78,7 @@ INI
 for kv in "${sets[@]}"; do export "PSAGG_${kv%%=*}=${kv#*=}"; done
 
 server_bin=$build/server/psagg-server
-worker_bin=$build/tests/functional/fn_worker
+worker_bin=$build/tests/functional/$worker_name
 
 if ((expect_fail == 0)); then
     first=""

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # test_python.sh - the psagg Python package: libpsagg loads into a process that has imported torch (in
 # either order, no LD_PRELOAD), a bad config raises psagg.Error with PSAGG_ECONFIG and
-# file:line, and `cmake --install` gives a package that loads the installed libpsagg, and
-# launchers that find their core (psagg.launch) in it.
+# file:line, and `cmake --install` gives a package (psagg.torch a package too) that loads the
+# installed libpsagg, and launchers that find their core (psagg.launch) in it.
 # Usage: tests/functional/test_python.sh BUILD_DIR. Exit 0 passed, 1 failed, 77 skipped (no
 # torch in Debian's /usr/bin/python3).
 set -u -o pipefail
@@ -33,10 +33,14 @@ $check" "$tmp/bad.ini" 2>&1) || fail "build tree, '$order': $out"
 done
 cmake --install "$build" --prefix "$tmp/prefix" >"$tmp/install.log" 2>&1 || { cat "$tmp/install.log" >&2; fail "cmake --install"; }
 site=$(ls -d "$tmp"/prefix/lib/python3*/dist-packages 2>/dev/null | head -n 1)
-[[ -n $site && -f $site/psagg/torch.py ]] || fail "no installed package under $tmp/prefix/lib"
+[[ -n $site && -f $site/psagg/torch/__init__.py ]] || fail "no installed package under $tmp/prefix/lib"
+[[ ! -e $site/psagg/torch.py ]] || fail "the installed psagg.torch package has a torch.py beside it"
 out=$(cd "$tmp" && PYTHONPATH=$site "$py" -c "import torch, psagg.torch
+print('psagg.torch:', psagg.torch.__file__, psagg.torch.diloco.__file__)
 $check" "$tmp/bad.ini" 2>&1) || fail "installed: $out"
 [[ $out == *"library: $tmp/prefix/"* ]] || fail "installed package loaded another libpsagg: $out"
+[[ $out == *"psagg.torch: $site/psagg/torch/__init__.py $site/psagg/torch/diloco.py"* ]] ||
+    fail "installed package imported another psagg.torch: $out"
 echo "test_python: installed: $out"
 repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
 out=$(cd "$tmp" && "$tmp/prefix/bin/psagg-local" --config "$repo/conf/local.ini" --servers 0 --workers 1 \

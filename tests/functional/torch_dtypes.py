@@ -11,7 +11,10 @@ Run under deploy/psagg-local (config: [codec] default = maxmin4, min_compress_el
 - worker metrics: Handle.timing after the wait, and psagg.torch.stats() moving by exactly the
   handles' timings and bytes;
 - codecs: Handle.codec says what each push_pull went in, psagg.torch.assignment() the same
-  (no [codec] adaptive: the declared codecs, generation 0).
+  (no [codec] adaptive: the declared codecs, generation 0);
+- psagg.Context.broadcast (psagg_broadcast) on the session's broadcast key: root's bytes, 0
+  bytes to several rounds of the key, from every rank, exact everywhere (the others' data is
+  ignored); a compressed key is refused by name, on every rank alike.
 Every rank prints "DTYPES ok"; any failure raises (exit 1).
 """
 import os
@@ -105,4 +108,17 @@ a0, b0, c0 = torch.randn(3000), torch.randn(70).half(), torch.randn(5, 7).bfloat
 pt.broadcast_parameters([a, b, ("c", c), n], root=0)
 assert torch.equal(a, a0) and torch.equal(b, b0) and torch.equal(c, c0), "broadcast differs"
 assert n.item() == rank, "an integer tensor was changed"
+# bytes: root's on every rank, through psagg_broadcast (the hand-over's call)
+rounds = 3 * sess.bcast_elems  # about one round of the key, in bytes
+for i, size in enumerate((0, 1, 3, 5000, rounds - 1, 2 * rounds + 7)):
+    root = i % world
+    data = torch.randint(0, 256, (size,), dtype=torch.uint8,
+                         generator=torch.Generator().manual_seed(i)).numpy().tobytes()
+    got = sess.ctx.broadcast(sess.bcast_key, data if rank == root else b"junk", root)
+    assert got == data, "broadcast %d (%d bytes from %d) differs" % (i, size, root)
+try:
+    sess.ctx.broadcast(sess.key_of(model.lossy.weight), b"x", 0)
+    raise AssertionError("a compressed key was accepted")
+except psagg.Error as e:
+    assert e.name == "PSAGG_EINVAL" and "fp32" in e.detail, str(e)
 print("DTYPES ok rank=%d" % rank, flush=True)

@@ -73,7 +73,7 @@ static void check_model(const model *m, uint32_t servers, int params)
         decl[t].flags = params ? PSAGG_DECL_PARAM : 0;
         total += m->count[t];
     }
-    total = total < 1024 ? 1024 : total > (1u << 20) ? (1u << 20) : total; /* torch.py's */
+    total = total < 1024 ? 1024 : total > (1u << 20) ? (1u << 20) : total; /* psagg.torch's */
     CHECK(!psagg_tensor_to_wire("__psagg_broadcast__", total, &f32, &decl[m->n]), "%s",
           psagg_last_error());
     decl[m->n].flags = PSAGG_DECL_RARE;

@@ -325,6 +325,37 @@ PSAGG_API psagg_status psagg_get_membership(const psagg_ctx *ctx, psagg_membersh
  * In a job that is not elastic it returns at once.
  */
 PSAGG_API psagg_status psagg_sync_membership(psagg_ctx *ctx, psagg_membership *out);
+/*
+ * psagg_broadcast: root's `len` bytes at `buf` end up in every caller's `buf`. Collective and
+ * blocking: every live worker calls it, with the same key, len and root, between its other
+ * uses of the key (the key has nothing else in flight; other keys may). root is a worker rank,
+ * 0..psagg_world_size()-1, as psagg_rank() says it (in an elastic job: a live one); root's
+ * buf is only read. Every other caller's buf (len bytes) is written; buf may be NULL when len
+ * is 0. len is at most PSAGG_BROADCAST_MAX; a caller that does not know it learns it first
+ * with a broadcast of 8 bytes (the Python package's Context.broadcast does).
+ *
+ * key: a declared fp32 tensor that is not a parameter, typically one declared with
+ * PSAGG_TENSOR_RARE for this use (psagg.torch declares one); any element count. The bytes go
+ * through push_pulls (SUM) of that tensor: 3 bytes per element, as an integer below 2^24 that
+ * root pushes and the others push as 0 (a sum that is exact in fp32), in as many rounds of
+ * the key as they take; like every push and update they carry a MAC under [cluster]
+ * data_auth. Ahead of the bytes go 26 elements of header: root's len and rank, and from every
+ * caller its own len and root, so that callers that disagree are found by the first round(s)
+ * (the same sums on every worker, so every caller fails alike and at the same round, and the
+ * key stays usable): PSAGG_EMISMATCH naming this worker's and root's len and root, or
+ * PSAGG_EPEER when no caller was root (root left the job, or is not calling).
+ *
+ * Errors: PSAGG_EINVAL for a bad argument, named (ctx, key, root, buf, len), before anything is
+ * sent; PSAGG_EPEER when workers left an elastic job during the call (an update summed fewer
+ * workers than the first round: root's bytes may be missing, so every caller fails, and may
+ * call again); with [server] quorum, a round that closes without root's push fails the job on
+ * every caller, and one that closes without another caller's fails it on that caller
+ * (PSAGG_EPROTO naming whose: a broadcast cannot carry a push to a later round); otherwise as
+ * psagg_push_pull's. On a failure the callers' buf holds nothing defined.
+ */
+#define PSAGG_BROADCAST_MAX ((uint64_t)1 << 40)
+PSAGG_API psagg_status psagg_broadcast(psagg_ctx *ctx, uint32_t key, void *buf, size_t len,
+                                       int root);
 /* [codec] min_compress_elems: tensors declared with PSAGG_CODEC_DEFAULT and fewer elements go
  * fp32. Bindings that pick codecs per tensor apply the same rule. */
 PSAGG_API uint64_t psagg_min_compress_elems(const psagg_ctx *ctx);

@@ -24,7 +24,7 @@ import threading
 __version__ = "0.1.0"
 
 __all__ = ["Error", "Context", "Handle", "library", "STATUS_NAMES", "SUM", "AVERAGE",
-           "TENSOR_PARAMETER", "TENSOR_RARE", "ALL_KEYS"]
+           "TENSOR_PARAMETER", "TENSOR_RARE", "ALL_KEYS", "BROADCAST_MAX"]
 
 # The constants and structures below mirror psagg.h and psagg/types.h (unit.python_abi compares
 # them with C: names, values, sizes and offsets). A public constant PSAGG_<NAME> is <NAME> here.
@@ -93,6 +93,7 @@ class _TensorDesc(ctypes.Structure):
 TENSOR_PARAMETER = 1  # psagg_tensor_desc.flags: the servers optimize it ([server] optimizer)
 TENSOR_RARE = 2  # psagg_tensor_desc.flags: used now and then (a broadcast): placed apart
 ALL_KEYS = 0xFFFFFFFF
+BROADCAST_MAX = 1 << 40  # the most bytes one psagg_broadcast carries
 
 
 class _Timing(ctypes.Structure):
@@ -163,6 +164,7 @@ _SIGNATURES = {
     "psagg_set_param_sync": (_I, [_P, _U32, _U32, ctypes.c_float]),
     "psagg_checkpoint": (_I, [_P]),
     "psagg_tensor_round": (_I, [_P, _U32, ctypes.POINTER(_U32)]),
+    "psagg_broadcast": (_I, [_P, _U32, _P, ctypes.c_size_t, _I]),
     "psagg_rank": (_I, [_P]),
     "psagg_world_size": (_I, [_P]),
     "psagg_min_compress_elems": (ctypes.c_uint64, [_P]),
@@ -443,6 +445,31 @@ class Context:
         _check(library().psagg_tensor_round(self._raw(), key, ctypes.byref(r)),
                "psagg_tensor_round")
         return r.value
+
+    def broadcast(self, key, data, root):
+        """Root's bytes on every caller (psagg_broadcast): every live worker calls it with the
+        same key (a declared fp32 tensor, e.g. one declared with TENSOR_RARE) and root (a
+        rank); data is root's bytes-like object, ignored (None) on the others. Returns root's
+        bytes. Two psagg_broadcasts: root's length (8 bytes, little-endian), then the bytes;
+        a length above BROADCAST_MAX raises psagg.Error (PSAGG_EINVAL) on every caller."""
+        lib, raw = library(), self._raw()
+        mine = self.rank == root
+        if mine:
+            data = bytes(data)
+        head = ctypes.create_string_buffer(8)
+        if mine:
+            head.raw = len(data).to_bytes(8, "little")
+        _check(lib.psagg_broadcast(raw, key, head, 8, int(root)),
+               "psagg_broadcast of key %d (the length)" % key)
+        size = int.from_bytes(head.raw, "little")
+        if size > BROADCAST_MAX:  # (known to every caller now: all raise alike)
+            raise Error(-1, "root %d broadcasts %d bytes, more than BROADCAST_MAX (%d)"
+                        % (root, size, BROADCAST_MAX), "psagg_broadcast of key %d" % key)
+        # root's bytes are only read: passed as they are; the others' land in a new buffer
+        buf = data if mine else ctypes.create_string_buffer(size)
+        _check(lib.psagg_broadcast(raw, key, buf if size else None, size, int(root)),
+               "psagg_broadcast of key %d" % key)
+        return data if mine else buf.raw
 
     def stats(self):
         """psagg_get_stats as a dict: bytes_sent, bytes_received, bytes_raw, push_pulls since
