@@ -311,7 +311,8 @@ class DiLoCo:
 
     def checkpoint(self):
         """Every server writes the global weights and the outer momentum ([server]
-        checkpoint_dir); one worker is enough. Call it right after the step() that applied a
+        checkpoint_dir); one worker is enough (with [server] quorum: every worker, at the
+        same step, as ServerOptimizer.checkpoint says). Call it right after the step() that applied a
         sync (a fragment's sync step plus fragment_sync_delay), with no sync in flight.
 
         A job resumed from it ([server] resume = on) starts at start_step: the servers keep
