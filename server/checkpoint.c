@@ -1,13 +1,14 @@
 /*
  * checkpoint.c - checkpoints as the workers ask for them (the control thread). A worker asks
- * (CHECKPOINT) with no operation in flight. When every round waits for every member, its chunks are
- * then all between the same two rounds: the checkpoint is written at once. When the round policy
- * lets rounds close without a worker ([server] quorum), others may be a round ahead of the one
- * asking: only when every member is between steps are all chunks between the same rounds, so every
- * member asks at the same step (a collective, round_policy.collective_checkpoint) and the file is
- * written once the last has, within 1.5 x op_timeout_ms of the first (checkpoint_tick), or each
- * gets why not, naming who did not ask. The file holds every parameter chunk's state (param.c's
- * optim_checkpoint; its format: ckpt_file.c).
+ * (CHECKPOINT) with no operation in flight. When every round waits for every member, its
+ * chunks are then all between the same two rounds: the checkpoint is written at once. When
+ * the round policy lets rounds close without a worker ([server] quorum), others may be a
+ * round ahead of the one asking: only when every member is between steps are all chunks
+ * between the same rounds, so every member asks at the same step (a collective,
+ * round_policy.collective_checkpoint) and the file is written once the last has, within
+ * op_timeout_ms of the first (checkpoint_tick), or each gets why not, naming who did not ask.
+ * The file holds every parameter chunk's state (param.c's optim_checkpoint; its format:
+ * ckpt_file.c).
  */
 #include <limits.h>
 #include <stdio.h>
@@ -98,12 +99,14 @@ void checkpoint_tick(server *srv, int64_t now)
         checkpoint_write(srv);
         return;
     }
-    if (now - srv->ckpt->asked_since <= PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms))
+    /* (op_timeout_ms: before the rounds the others went on with give up on the lone one, at
+       1.5 x op_timeout_ms, so it hears why and goes on) */
+    if (now - srv->ckpt->asked_since <= srv->cfg.op_timeout_ms)
         return;
     snprintf(m, sizeof m,
              "server %d: no checkpoint: with [server] quorum every worker calls psagg_checkpoint "
              "at the same step (rounds may close without one), and workers %s did not within "
-             "1.5 x op_timeout_ms=%d",
+             "op_timeout_ms=%d",
              srv->rank, missing, srv->cfg.op_timeout_ms);
     LOG_WARN(&srv->log, "%s", m);
     srv->ckpt->asked_since = 0;

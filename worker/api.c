@@ -438,67 +438,13 @@ psagg_status psagg_tensor_round(psagg_ctx *ctx, uint32_t key, uint32_t *round)
     return PSAGG_OK;
 }
 
-/* Under ctx->mu: PSAGG_EINVAL naming `fn` when a tensor has an operation in flight (a queued
- * one holds its slot too), for the calls made between steps. */
-static psagg_status between_steps(psagg_ctx *ctx, const char *fn)
-{
-    for (uint32_t t = 0; t < ctx->layout.n_tensors; t++)
-        if (ctx->tensors[t].op)
-            return psagg_fail(PSAGG_EINVAL,
-                              "%s: tensor '%s' has an operation in flight; call it between steps",
-                              fn, ctx->layout.tensors[t].name);
-    return PSAGG_OK;
-}
-
-/* Under ctx->mu: ask the comm thread for a control exchange (*state = 1: it sends and sets
- * *state to 0 on the answer) and wait for it until `until`, or the job's failure. */
-static void ask_comm(psagg_ctx *ctx, int *state, const struct timespec *until)
-{
-    *state = 1;
-    if (atomic_load(&ctx->comm_idle))
-        psagg_fabric_wake(ctx->fab);
-    while (*state && !ctx->failed)
-        if (pthread_cond_timedwait(&ctx->cv, &ctx->mu, until) == ETIMEDOUT)
-            break;
-}
-
 psagg_status psagg_checkpoint(psagg_ctx *ctx)
 {
-    struct timespec until;
-    psagg_status st = PSAGG_OK;
-
     psagg_clear_error();
     if (!ctx || !ctx->declared)
         return psagg_fail(PSAGG_EINVAL, "psagg_checkpoint: call psagg_declare first");
-    /* the servers write on their control thread: give them the operations' deadline */
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += PSAGG_OP_DEADLINE_MS(ctx->cfg.op_timeout_ms) / 1000;
-    pthread_mutex_lock(&ctx->mu);
-    if (ctx->failed) {
-        st = psagg_fail(ctx->failed_status, "%s", ctx->failed_msg);
-        goto out;
-    }
-    if (ctx->ckpt_state) {
-        st = psagg_fail(PSAGG_EINVAL, "psagg_checkpoint: one is being written already");
-        goto out;
-    }
-    if ((st = between_steps(ctx, "psagg_checkpoint")))
-        goto out;
-    ctx->ckpt_left = ctx->cfg.n_servers;
-    ctx->ckpt_status = PSAGG_OK;
-    ctx->ckpt_msg[0] = '\0';
-    ask_comm(ctx, &ctx->ckpt_state, &until);
-    if (ctx->failed)
-        st = psagg_fail(ctx->failed_status, "%s", ctx->failed_msg);
-    else if (ctx->ckpt_state)
-        st = psagg_fail(PSAGG_ETIMEDOUT, "psagg_checkpoint: %d server(s) did not answer in time",
-                        ctx->ckpt_left);
-    else if (ctx->ckpt_status)
-        st = psagg_fail(ctx->ckpt_status, "psagg_checkpoint: %s", ctx->ckpt_msg);
-    ctx->ckpt_state = 0; /* after a timeout, answers that come later are dropped */
-out:
-    pthread_mutex_unlock(&ctx->mu);
-    return st;
+    /* every server answers: its file, or why not (control.c) */
+    return control_request(ctx, &ctx->ckpt, "psagg_checkpoint", ctx->cfg.n_servers);
 }
 
 psagg_status psagg_push_pull(psagg_ctx *ctx, uint32_t key, const float *in, float *out,
@@ -655,8 +601,7 @@ psagg_status psagg_get_membership(const psagg_ctx *ctx, psagg_membership *out)
 
 psagg_status psagg_sync_membership(psagg_ctx *ctx, psagg_membership *out)
 {
-    struct timespec until;
-    psagg_status st = PSAGG_OK;
+    psagg_status st;
 
     psagg_clear_error();
     if (!ctx || !ctx->declared)
@@ -665,36 +610,21 @@ psagg_status psagg_sync_membership(psagg_ctx *ctx, psagg_membership *out)
         return psagg_fail_context(st, "psagg_sync_membership: ");
     if (!ctx->cfg.elastic)
         return out ? psagg_get_membership(ctx, out) : PSAGG_OK;
-    /* the members' barrier waits for the slowest member's step: give it the op deadline */
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += PSAGG_OP_DEADLINE_MS(ctx->cfg.op_timeout_ms) / 1000;
-    pthread_mutex_lock(&ctx->mu);
-    if (ctx->failed) {
-        st = psagg_fail(ctx->failed_status, "%s", ctx->failed_msg);
-        goto out;
-    }
-    if (ctx->sync_state) {
-        st = psagg_fail(PSAGG_EINVAL, "psagg_sync_membership: another thread is in it");
-        goto out;
-    }
-    if ((st = between_steps(ctx, "psagg_sync_membership")))
-        goto out;
-    ask_comm(ctx, &ctx->sync_state, &until);
-    if (ctx->failed) {
-        st = psagg_fail(ctx->failed_status, "%s", ctx->failed_msg);
-    } else if (ctx->sync_state) { /* the barrier is lost for this worker: so is the job */
+    /* server 0 lets every member pass the barrier once all are in it (control.c) */
+    st = control_request(ctx, &ctx->barrier, "psagg_sync_membership", 1);
+    if (st == PSAGG_ETIMEDOUT && !worker_failed(ctx)) { /* the barrier is lost: so is the job */
         char msg[200];
+        uint32_t seq;
+        pthread_mutex_lock(&ctx->mu);
+        seq = ctx->sync_seq + 1;
+        pthread_mutex_unlock(&ctx->mu);
         snprintf(msg, sizeof msg,
                  "psagg_sync_membership: server 0 did not let this worker pass barrier %u "
                  "within 2 x op_timeout_ms=%d",
-                 ctx->sync_seq + 1, ctx->cfg.op_timeout_ms);
-        ctx->sync_state = 0;
-        pthread_mutex_unlock(&ctx->mu);
+                 seq, ctx->cfg.op_timeout_ms);
         worker_fail_all(ctx, PSAGG_ETIMEDOUT, "%s", msg);
         return psagg_fail(PSAGG_ETIMEDOUT, "%s", msg);
     }
-out:
-    pthread_mutex_unlock(&ctx->mu);
     if (!st && out)
         st = psagg_get_membership(ctx, out);
     return st;

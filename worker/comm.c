@@ -4,10 +4,10 @@
  * It takes submitted operations into its active list (by priority, then age), has each one's
  * chunks encoded by the operation's buffer operations (worker.h: psagg_bufops) once their
  * push buffers are free, pushes them within each server's in-flight window, checks every
- * update (runtime/message.h, then: from the chunk's owner, for the round in flight, once) and
- * hands it to the operation's buffer operations, and completes the operation when they say
- * its output is written. Every 20 ms it reads the control connections (an ABORT or a closed
- * connection fails everything) and checks the operations' deadlines.
+ * update (updates.c) and hands it to the operation's buffer operations, and completes the
+ * operation when they say its output is written. Every 20 ms it reads the control
+ * connections (control.c: an ABORT or a closed connection fails everything; requests'
+ * answers, membership epochs) and checks the operations' deadlines.
  */
 #include <poll.h>
 #include <stdio.h>
@@ -32,7 +32,7 @@ typedef struct comm_state {
     int64_t next_ctl_check;
     psagg_gate gate;    /* who sent an update (runtime/gate.h) */
     int told_servers;   /* the servers heard why this worker failed */
-    int64_t next_ping;  /* when the servers get their next PING */
+    int64_t next_ping;  /* when the servers get their next PING (control.c) */
     int64_t next_stats; /* when the next stats line is due ([log] stats_interval_ms) */
     psagg_stats last;   /* the counters at the last stats line */
     char why[512];      /* a deadline's message */
@@ -171,15 +171,6 @@ static psagg_status param_body(psagg_ctx *ctx, struct psagg_handle *h)
     return PSAGG_OK;
 }
 
-static void apply_update(comm_state *cs, struct psagg_handle *h, const uint8_t *msg,
-                         const psagg_msg_codec *mc, int complete);
-
-/* [server] quorum: an update that came before this worker's push of its round (wire.h). */
-struct early_update {
-    psagg_msg_codec mc; /* as psagg_msg_check read it */
-    uint8_t msg[];      /* the checked message: header, payload, bitmap (and MAC) */
-};
-
 /*
  * Have every chunk of h encoded (so a bad gradient fails the call before anything is sent),
  * then write the headers. Returns 1 when encoded, 0 when not yet (a chunk buffer is still
@@ -242,7 +233,7 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
             if (!e || ((const psagg_msg_hdr *)e->msg)->round != h->round)
                 continue; /* (or of the next round: the next operation's) */
             ctx->early[ti->first_chunk + c] = NULL;
-            apply_update(cs, h, e->msg, &e->mc, 0); /* (poll_completing completes h) */
+            update_apply(ctx, h, e->msg, &e->mc); /* (poll_completing completes h) */
             free(e);
         }
     return worker_failed(ctx) ? 0 : 1;
@@ -314,7 +305,7 @@ static int schedule(comm_state *cs)
 /*
  * h's buffer operations are writing its output: complete it once they are done. Their
  * failure (an invalid update found on a device, or the device failed) fails the job, as an
- * invalid update does on the host (on_update).
+ * invalid update does on the host (updates.c).
  */
 static void try_complete(comm_state *cs, struct psagg_handle *h)
 {
@@ -323,262 +314,6 @@ static void try_complete(comm_state *cs, struct psagg_handle *h)
         finish_op(cs, h, st, NULL);
     else if (st != PSAGG_BUF_PENDING)
         worker_fail_all(cs->ctx, st, "%s", psagg_last_error());
-}
-
-/* The gate's view of the servers (runtime/gate.h): the server whose fabric address is addr
- * (or -1), and server s's data key. */
-static int server_at(const void *owner, psagg_peer addr)
-{
-    const psagg_ctx *ctx = owner;
-    for (int s = 0; addr != PSAGG_PEER_UNKNOWN && s < ctx->cfg.n_servers; s++)
-        if (ctx->servers[s].addr == addr)
-            return s;
-    return -1;
-}
-
-static psagg_data_rx *server_rx(void *owner, int s)
-{
-    return &((psagg_ctx *)owner)->servers[s].rx;
-}
-
-/* Whether a [server] quorum update's contributor bitmap (after its payload) names worker
- * `rank` (0..world-1: the bitmap's bytes cover them). */
-static int bitmap_has(const psagg_msg_hdr *mh, int rank)
-{
-    const uint8_t *bits = (const uint8_t *)mh + sizeof *mh + mh->len;
-    return bits[rank / 8] >> (rank % 8) & 1;
-}
-
-/*
- * [server] quorum: check an update's contributor bitmap (after its payload) against `summed`
- * and say whether this worker's push is in it: 1 in, 0 left out, -1 the job failed.
- */
-static int bitmap_has_me(psagg_ctx *ctx, const psagg_msg_hdr *mh, const char *name)
-{
-    const uint8_t *bits = (const uint8_t *)mh + sizeof *mh + mh->len;
-    unsigned n = 0;
-    for (size_t i = 0; i < ctx->bitmap_bytes; i++)
-        for (int b = 0; b < 8; b++)
-            if (bits[i] >> b & 1) {
-                if ((int)(8 * i) + b >= ctx->world) {
-                    worker_fail_all(ctx, PSAGG_EPROTO,
-                                    "server %u sent the update of tensor '%s' chunk %u round %u "
-                                    "naming worker %zu in its bitmap; the job has %d",
-                                    mh->sender, name, mh->chunk, mh->round, 8 * i + (size_t)b,
-                                    ctx->world);
-                    return -1;
-                }
-                n++;
-            }
-    if (n != mh->summed) {
-        worker_fail_all(ctx, PSAGG_EPROTO,
-                        "server %u sent the update of tensor '%s' chunk %u round %u summing %u "
-                        "workers, but its bitmap names %u",
-                        mh->sender, name, mh->chunk, mh->round, mh->summed, n);
-        return -1;
-    }
-    return bitmap_has(mh, ctx->rank);
-}
-
-/*
- * [server] quorum: an update of a round this worker has not encoded yet (the next operation's,
- * or the one in flight's before its encode) waits in early[] until that operation is encoded
- * (encode_op). Returns 1 when it was kept (or the job failed), 0 when it is not an early one.
- */
-static int keep_early(psagg_ctx *ctx, const struct psagg_handle *h, const psagg_rxbuf *rb,
-                      const psagg_msg_codec *mc)
-{
-    const psagg_msg_hdr *mh = (const psagg_msg_hdr *)rb->buf;
-    const psagg_tensor_info *ti = &ctx->layout.tensors[mh->key];
-    uint32_t g = ti->first_chunk + mh->chunk;
-    struct early_update *e;
-
-    /* the round of the operation in flight before it is encoded; the next round while one is
-       in flight (its other chunks' updates still to come); with none, the next operation's */
-    if (h ? !(mh->round == h->round + 1 || (mh->round == h->round && !h->encoded))
-          : mh->round != ctx->tensors[mh->key].round)
-        return 0;
-    if (ctx->early[g]) {
-        worker_fail_all(ctx, PSAGG_EPROTO,
-                        "server %u sent two updates of tensor '%s' chunk %u (rounds %u and %u) "
-                        "before this worker pushed it: a worker is never left more than one "
-                        "round behind",
-                        mh->sender, ti->name, mh->chunk,
-                        ((const psagg_msg_hdr *)ctx->early[g]->msg)->round, mh->round);
-        return 1;
-    }
-    if (!(e = malloc(sizeof *e + rb->len))) {
-        worker_fail_all(ctx, PSAGG_ENOMEM, "keeping an early update of tensor '%s'", ti->name);
-        return 1;
-    }
-    e->mc = *mc;
-    memcpy(e->msg, rb->buf, rb->len);
-    ctx->early[g] = e;
-    return 1;
-}
-
-/*
- * One update arrived: check its source (a server of this job; on tcp libfabric names it) and,
- * with data_auth, its MAC under that server's data key before believing anything in it; then
- * its fields, and that it comes from the chunk's owner; then apply it (apply_update), or keep
- * it until this worker's own push of its round is encoded ([server] quorum).
- */
-static void on_update(comm_state *cs, const psagg_rxbuf *rb, psagg_peer src)
-{
-    psagg_ctx *ctx = cs->ctx;
-    const psagg_msg_hdr *mh = (const psagg_msg_hdr *)rb->buf;
-    const psagg_chunk_info *ci;
-    const psagg_tensor_info *ti;
-    psagg_msg_codec mc;
-    enum psagg_msg_type type;
-    const char *bad;
-    int from;
-
-    if ((from = psagg_gate_sender(&cs->gate, rb->buf, rb->len, src)) < 0)
-        return;
-    type = rb->len >= sizeof *mh && mh->type == PSAGG_MSG_WEIGHTS ? PSAGG_MSG_WEIGHTS
-                                                                  : PSAGG_MSG_UPDATE;
-    bad = psagg_msg_check(rb->buf, rb->len, ctx->tag_bytes + ctx->bitmap_bytes, type, &ctx->layout,
-                          &ci, &mc);
-    if (bad) {
-        worker_fail_all(ctx, PSAGG_EPROTO, "an update's field %s is invalid (%zu bytes)", bad,
-                        rb->len);
-        return;
-    }
-    ti = &ctx->layout.tensors[mh->key];
-    if (mh->sender != ci->owner || from != (int)ci->owner) {
-        worker_fail_all(ctx, PSAGG_EPROTO,
-                        "server %d sent an update of tensor '%s' chunk %u (field sender %u), "
-                        "whose owner is server %u",
-                        from, ti->name, mh->chunk, mh->sender, ci->owner);
-        return;
-    }
-    atomic_fetch_add(&ctx->bytes_received, rb->len);
-    if (ctx->bitmap_bytes && keep_early(ctx, ctx->tensors[mh->key].op, rb, &mc))
-        return;
-    apply_update(cs, ctx->tensors[mh->key].op, rb->buf, &mc, 1);
-}
-
-/*
- * A checked update for operation h (or NULL): that it is of h's round and kind, then hand it
- * to h's buffer operations (with [server] quorum, first carry this worker's push if the round
- * left it out). complete: complete h now when it was its last update (else poll_completing
- * does).
- */
-static void apply_update(comm_state *cs, struct psagg_handle *h, const uint8_t *msg,
-                         const psagg_msg_codec *mcp, int complete)
-{
-    psagg_ctx *ctx = cs->ctx;
-    const psagg_msg_hdr *mh = (const psagg_msg_hdr *)msg;
-    const psagg_tensor_info *ti = &ctx->layout.tensors[mh->key];
-    const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + mh->chunk];
-    enum psagg_msg_type type = mh->type == PSAGG_MSG_WEIGHTS ? PSAGG_MSG_WEIGHTS : PSAGG_MSG_UPDATE;
-    psagg_msg_codec mc = *mcp;
-    psagg_status st;
-    int mode, in = 1;
-    uint32_t kind;
-    int64_t t0;
-
-    kind = h ? h->prm.flags & PSAGG_PARAM_KIND_MASK : PSAGG_PARAM_GRAD;
-    /* an INIT's answers name the chunks' round (a restored checkpoint's): one for all */
-    if (h && ti->param && kind == PSAGG_PARAM_INIT && !h->reply_set) {
-        h->reply_round = mh->round;
-        h->reply_set = 1;
-    }
-    if (!h || mh->round != (kind == PSAGG_PARAM_INIT ? h->reply_round : h->round) ||
-        h->chunk_done[mh->chunk] || (kind != PSAGG_PARAM_GRAD && type != PSAGG_MSG_WEIGHTS)) {
-        worker_fail_all(ctx, PSAGG_EPROTO,
-                        "server %u sent an unexpected %s of tensor '%s' chunk %u round %u",
-                        mh->sender, type == PSAGG_MSG_WEIGHTS ? "WEIGHTS" : "update", ti->name,
-                        mh->chunk, mh->round);
-        return;
-    }
-    if (type == PSAGG_MSG_WEIGHTS) {
-        mode = PSAGG_DECODE_SET; /* the exact weights (msg_check: fp32, a parameter's) */
-    } else if (mc.generation != (h->gen & PSAGG_MSG_GEN_MASK) ||
-               !psagg_codec_equal(&mc.codec, &h->codec)) {
-        char a[40], b[40];
-        worker_fail_all(ctx, PSAGG_EPROTO,
-                        "server %u sent the update of tensor '%s' chunk %u round %u in %s "
-                        "(assignment generation %u); this worker pushed it in %s (generation %u)",
-                        mh->sender, ti->name, mh->chunk, mh->round,
-                        psagg_codec_name(&mc.codec, a, sizeof a), mc.generation,
-                        psagg_codec_name(&h->codec, b, sizeof b), h->gen);
-        return;
-    } else {
-        mode = ti->param                ? PSAGG_DECODE_ADD /* the weights += the delta */
-               : h->op == PSAGG_AVERAGE ? PSAGG_DECODE_SCALE
-                                        : PSAGG_DECODE_SET;
-    }
-    if (ctx->cfg.elastic || ctx->bitmap_bytes ? mh->summed > ctx->world || !mh->summed
-                                              : mh->summed != ctx->world) {
-        worker_fail_all(ctx, PSAGG_EPROTO,
-                        "server %u sent the update of tensor '%s' chunk %u round %u summing %u "
-                        "workers; the job has %d%s",
-                        mh->sender, ti->name, mh->chunk, mh->round, mh->summed, ctx->world,
-                        ctx->cfg.elastic || ctx->bitmap_bytes ? "" : " and is not elastic");
-        return;
-    }
-    if (ctx->bitmap_bytes && (in = bitmap_has_me(ctx, mh, ti->name)) < 0)
-        return;
-    if (ctx->bitmap_bytes && h->need_rank >= 0 && (!in || !bitmap_has(mh, h->need_rank))) {
-        /* a broadcast's round without its root's push (the others would take zeros for its
-           bytes) or without this worker's (carried, its header would land in the next
-           round's bytes) */
-        worker_fail_all(ctx, PSAGG_EPROTO,
-                        "psagg_broadcast: server %u closed round %u of tensor '%s' chunk %u "
-                        "without %s %d's push ([server] quorum, grace_ms): a broadcast cannot "
-                        "carry a push to a later round",
-                        mh->sender, mh->round, ti->name, mh->chunk, in ? "root" : "this worker,",
-                        in ? h->need_rank : ctx->rank);
-        return;
-    }
-    if (!in) { /* the round closed without this worker's push: its next push carries it */
-        if (kind != PSAGG_PARAM_GRAD || !h->ops->carry) {
-            worker_fail_all(ctx, PSAGG_EPROTO,
-                            "server %u left this worker's push out of tensor '%s' chunk %u "
-                            "round %u, which %s",
-                            mh->sender, ti->name, mh->chunk, mh->round,
-                            kind != PSAGG_PARAM_GRAD ? "every worker's push must be in"
-                                                     : "its buffers cannot carry");
-            return;
-        }
-        if ((st = h->ops->carry(ctx, h, ci))) {
-            worker_fail_all(ctx, st, "%s", psagg_last_error());
-            return;
-        }
-        atomic_fetch_add(&ctx->left_out, 1);
-    }
-    h->chunk_scale[mh->chunk] = 1.0f / (float)mh->summed;
-    t0 = psagg_now_ns();
-    st = h->ops->update(ctx, h, ci, &mc.codec, mode, msg + sizeof *mh, mc.len);
-    if (h->done_chunks + 1 < ti->n_chunks) /* the last one's decode is in t_done - t_updates */
-        h->update_ns += (uint64_t)(psagg_now_ns() - t0);
-    else
-        h->t_updates = t0;
-    if (st) { /* its message says which tensor, chunk and server */
-        worker_fail_all(ctx, PSAGG_EPROTO, "%s", psagg_last_error());
-        return;
-    }
-    h->chunk_done[mh->chunk] = 1;
-    if (++h->done_chunks < ti->n_chunks)
-        return;
-    if (ctx->cfg.elastic || ctx->bitmap_bytes) { /* say when chunks summed different workers */
-        float lo = h->chunk_scale[0], hi = lo;
-        for (uint32_t c = 1; c < ti->n_chunks; c++) {
-            lo = h->chunk_scale[c] < lo ? h->chunk_scale[c] : lo;
-            hi = h->chunk_scale[c] > hi ? h->chunk_scale[c] : hi;
-        }
-        if (lo != hi)
-            LOG_DEBUG(&ctx->log,
-                      "tensor '%s' round %u: its chunks summed %.0f to %.0f workers (one left "
-                      "during the round, or [server] quorum closed some without a straggler); "
-                      "each chunk's update says its own",
-                      ti->name, h->round, 1.0f / hi, 1.0f / lo);
-    }
-    h->completing = 1;
-    if (complete)
-        try_complete(cs, h);
 }
 
 /* Whether an operation waits for its buffer operations (a device's decodes) to finish. */
@@ -601,230 +336,6 @@ static void poll_completing(comm_state *cs)
         try_complete(cs, h);
         if (cs->n_active < before)
             i--; /* h left the active list */
-    }
-}
-
-/* psagg_checkpoint asked: send every server a CHECKPOINT (under ctx->mu's protection). */
-static void checkpoint_send(psagg_ctx *ctx)
-{
-    pthread_mutex_lock(&ctx->mu);
-    if (ctx->ckpt_state != 1) {
-        pthread_mutex_unlock(&ctx->mu);
-        return;
-    }
-    ctx->ckpt_state = 2;
-    pthread_mutex_unlock(&ctx->mu);
-    for (int s = 0; s < ctx->cfg.n_servers; s++)
-        if (ctx->servers[s].fd < 0 || psagg_ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth,
-                                                     PSAGG_CTL_CHECKPOINT, NULL, 0)) {
-            worker_fail_all(ctx, PSAGG_EPEER, "asking server %d for a checkpoint: %s", s,
-                            ctx->servers[s].fd < 0 ? "not connected" : psagg_last_error());
-            return;
-        }
-}
-
-/* Server s answered a CHECKPOINT (a psagg_ctl_error: status 0 and its file, or why not). */
-static void checkpoint_done(psagg_ctx *ctx, int s, psagg_ctl_error *e)
-{
-    e->msg[sizeof e->msg - 1] = '\0';
-    pthread_mutex_lock(&ctx->mu);
-    if (ctx->ckpt_state == 2) {
-        if (e->status && !ctx->ckpt_status) {
-            ctx->ckpt_status =
-                psagg_status_is_failure(e->status) ? (psagg_status)e->status : PSAGG_EPEER;
-            snprintf(ctx->ckpt_msg, sizeof ctx->ckpt_msg, "server %d: %.250s", s, e->msg);
-        }
-        if (!e->status)
-            LOG_INFO(&ctx->log, "checkpoint: server %d wrote %s", s, e->msg);
-        if (--ctx->ckpt_left == 0) {
-            ctx->ckpt_state = 0;
-            pthread_cond_broadcast(&ctx->cv);
-        }
-    }
-    pthread_mutex_unlock(&ctx->mu);
-}
-
-/* psagg_sync_membership asked: send server 0 a SYNC with every tensor's state. */
-static void sync_send(psagg_ctx *ctx)
-{
-    uint32_t n = ctx->layout.n_tensors, seq;
-    size_t len = sizeof(psagg_ctl_sync) + (size_t)n * sizeof(psagg_ctl_tensor_state);
-    psagg_ctl_sync *sy;
-    psagg_ctl_tensor_state *ts;
-    psagg_status st;
-
-    pthread_mutex_lock(&ctx->mu);
-    if (ctx->sync_state != 1) {
-        pthread_mutex_unlock(&ctx->mu);
-        return;
-    }
-    ctx->sync_state = 2;
-    seq = ctx->sync_seq + 1;
-    if (!(sy = calloc(1, len))) {
-        pthread_mutex_unlock(&ctx->mu);
-        worker_fail_all(ctx, PSAGG_ENOMEM, "no memory for a SYNC");
-        return;
-    }
-    ts = (psagg_ctl_tensor_state *)(sy + 1);
-    sy->seq = seq;
-    sy->n_tensors = n;
-    for (uint32_t t = 0; t < n; t++)
-        ts[t] = (psagg_ctl_tensor_state){.round = ctx->tensors[t].round,
-                                         .flags = ctx->tensors[t].inited ? PSAGG_TSTATE_INITED : 0};
-    pthread_mutex_unlock(&ctx->mu);
-    st = ctx->servers[0].fd < 0 ? psagg_fail(PSAGG_EPEER, "not connected")
-                                : psagg_ctl_send(ctx->servers[0].fd, &ctx->servers[0].auth,
-                                                 PSAGG_CTL_SYNC, sy, (uint32_t)len);
-    free(sy);
-    if (st)
-        worker_fail_all(ctx, PSAGG_EPEER, "sending server 0 the SYNC of barrier %u: %s", seq,
-                        psagg_last_error());
-}
-
-/* Server 0 let this worker pass barrier seq (having admitted `joined` workers). */
-static void sync_done(psagg_ctx *ctx, const psagg_ctl_hdr *h, const psagg_ctl_sync_done *d)
-{
-    pthread_mutex_lock(&ctx->mu);
-    if (ctx->sync_state != 2 || d->seq != ctx->sync_seq + 1 ||
-        h->len != sizeof *d + (size_t)d->n_tensors * sizeof(psagg_ctl_tensor_state)) {
-        int state = ctx->sync_state;
-        pthread_mutex_unlock(&ctx->mu);
-        worker_fail_all(ctx, PSAGG_EPROTO,
-                        "server 0 sent SYNC_DONE of barrier %u (%u bytes) while this worker %s",
-                        d->seq, h->len, state == 2 ? "waited in another barrier" : "was in none");
-        return;
-    }
-    ctx->sync_seq = d->seq;
-    ctx->sync_joined = d->joined;
-    ctx->sync_state = 0;
-    pthread_cond_broadcast(&ctx->cv);
-    pthread_mutex_unlock(&ctx->mu);
-}
-
-/*
- * Server 0 started a membership epoch (elastic jobs; runtime/wire.h): check it, take it, and
- * relay the frame unchanged to every other server, which applies it (server/membership.c).
- * A frame that does not check out, or one that leaves this worker out, fails it.
- */
-psagg_status membership_take(psagg_ctx *ctx, const psagg_ctl_hdr *h, const void *body, int joining)
-{
-    const psagg_ctl_membership *m = body;
-    const uint8_t *live = (const uint8_t *)(m + 1);
-    int n_live = 0, rank = 0;
-    psagg_status st;
-
-    if (h->len != sizeof *m + (size_t)ctx->world || m->n_workers != (uint32_t)ctx->world)
-        return psagg_fail(PSAGG_EPROTO,
-                          "server 0 sent a MEMBERSHIP frame of %u bytes (field n_workers): this "
-                          "job has %d workers",
-                          h->len, ctx->world);
-    for (int k = 0; k < ctx->world; k++) {
-        n_live += live[k] == 1;
-        rank += k < ctx->rank && live[k] == 1;
-    }
-    /* a joiner takes the epoch that admits it, whatever its number */
-    if ((joining ? m->left != -1 : m->epoch != ctx->epoch + 1) || (uint32_t)n_live != m->n_live ||
-        m->left < -1 || m->left >= ctx->world || memchr(m->why, 0, sizeof m->why) == NULL ||
-        (m->flags & ~PSAGG_MEMBERSHIP_DONE) || (m->flags && m->left < 0))
-        return psagg_fail(PSAGG_EPROTO,
-                          "server 0 sent membership epoch %u (fields epoch, n_live, left) after "
-                          "epoch %u%s",
-                          m->epoch, ctx->epoch, joining ? ", to a worker waiting to join" : "");
-    if (live[ctx->rank] != 1)
-        return psagg_fail(joining ? PSAGG_EPROTO : PSAGG_EPEER,
-                          "server 0 %s this worker in membership epoch %u: %s",
-                          joining ? "did not admit" : "removed", m->epoch, m->why);
-    pthread_mutex_lock(&ctx->mu);
-    ctx->epoch = m->epoch;
-    ctx->n_live = n_live;
-    memcpy(ctx->live, live, (size_t)ctx->world);
-    pthread_mutex_unlock(&ctx->mu);
-    if (!joining && m->left >= 0) /* (a joiner's admission: handshake.c says so) */
-        psagg_log(&ctx->log, m->flags & PSAGG_MEMBERSHIP_DONE ? PSAGG_LOG_INFO : PSAGG_LOG_WARN,
-                  "membership epoch %u: worker %d left (%s); %d workers go on, this one is rank "
-                  "%d of them",
-                  m->epoch, m->left, m->why, n_live, rank);
-    else if (!joining)
-        LOG_WARN(&ctx->log, "membership epoch %u: %s; %d workers now, this one is rank %d",
-                 m->epoch, m->why, n_live, rank);
-    for (int s = 1; s < ctx->cfg.n_servers; s++)
-        if (ctx->servers[s].fd >= 0 &&
-            (st = psagg_ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_MEMBERSHIP,
-                                 body, h->len)))
-            return psagg_fail(PSAGG_EPEER, "relaying membership epoch %u to server %d: %s",
-                              m->epoch, s, psagg_last_error());
-    return PSAGG_OK;
-}
-
-/*
- * Control connections: PINGs both ways (runtime/channel.h); an ABORT/ERROR frame, a closed
- * socket or a server silent for op_timeout_ms fails everything.
- */
-static void check_control(comm_state *cs, int64_t now)
-{
-    psagg_ctx *ctx = cs->ctx;
-    int op = ctx->cfg.op_timeout_ms;
-    int ping = now >= cs->next_ping;
-    if (ping)
-        cs->next_ping = now + psagg_ping_interval_ms(op);
-    for (int s = 0; s < ctx->cfg.n_servers; s++) {
-        struct pollfd p = {.fd = ctx->servers[s].fd, .events = POLLIN};
-        psagg_ctl_hdr h;
-        void *body = NULL;
-        const char *text;
-        char peer[96];
-        psagg_status st;
-        if (p.fd < 0)
-            continue;
-        snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
-                 ctx->cfg.servers[s].port);
-        if (ping && psagg_ctl_send(p.fd, &ctx->servers[s].auth, PSAGG_CTL_PING, NULL, 0))
-            LOG_DEBUG(&ctx->log, "%s: PING: %s", peer, psagg_last_error());
-        if (poll(&p, 1, 0) <= 0) {
-            if (now - ctx->servers[s].heard_at > op) {
-                worker_fail_all(ctx, PSAGG_ETIMEDOUT,
-                                "%s sent nothing for %.1f s, more than op_timeout_ms=%d "
-                                "(stopped, hung or cut off)",
-                                peer, (double)(now - ctx->servers[s].heard_at) / 1e3, op);
-                return;
-            }
-            continue;
-        }
-        ctx->servers[s].heard_at = now;
-        st = psagg_ctl_recv(p.fd, &ctx->servers[s].auth, &h, &body, psagg_now_ms() + 2000, peer);
-        if (st == PSAGG_EAGAIN) /* (an injected frame, dropped) */
-            continue;
-        if (!st && h.type == PSAGG_CTL_PING && h.len == 0) {
-            free(body);
-            continue;
-        }
-        if (!st && h.type == PSAGG_CTL_CHECKPOINT_DONE && h.len == sizeof(psagg_ctl_error)) {
-            checkpoint_done(ctx, s, body);
-            free(body);
-            continue;
-        }
-        if (!st && h.type == PSAGG_CTL_MEMBERSHIP && s == 0 && ctx->cfg.elastic) {
-            if ((st = membership_take(ctx, &h, body, 0)))
-                worker_fail_all(ctx, st, "%s", psagg_last_error());
-            free(body);
-            continue;
-        }
-        if (!st && h.type == PSAGG_CTL_SYNC_DONE && s == 0 && ctx->cfg.elastic &&
-            h.len >= sizeof(psagg_ctl_sync_done)) {
-            sync_done(ctx, &h, body);
-            free(body);
-            continue;
-        }
-        if (st)
-            worker_fail_all(ctx, PSAGG_EPEER, "%s", psagg_last_error());
-        else if ((st = psagg_ctl_error_parse(&h, body, &text)))
-            worker_fail_all(ctx, st, "%s: %s", peer, text);
-        else
-            worker_fail_all(ctx, PSAGG_EPROTO, "%s sent control frame type %u during the job", peer,
-                            h.type);
-        free(body);
-        close(ctx->servers[s].fd);
-        ctx->servers[s].fd = -1;
     }
 }
 
@@ -877,34 +388,13 @@ static void push_sent(psagg_ctx *ctx, chunk_buf *cb)
  * Once the context has failed, every operation was completed by worker_fail_all and its
  * owner may release it at any time: forget them all.
  */
-/*
- * This worker failed: tell the servers it is still connected to why, in an ABORT, so that
- * they fail the job naming the cause (a dead server, say) instead of only this worker.
- */
-static void tell_servers(psagg_ctx *ctx)
-{
-    char msg[sizeof ctx->failed_msg];
-    psagg_status status;
-    pthread_mutex_lock(&ctx->mu);
-    status = ctx->failed_status;
-    snprintf(msg, sizeof msg, "%s", ctx->failed_msg);
-    pthread_mutex_unlock(&ctx->mu);
-    if (status == PSAGG_ECLOSED)
-        return;
-    for (int s = 0; s < ctx->cfg.n_servers; s++)
-        if (ctx->servers[s].fd >= 0 &&
-            psagg_ctl_send_error(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_ABORT, status,
-                                 msg))
-            LOG_DEBUG(&ctx->log, "server %d: could not send the ABORT: %s", s, psagg_last_error());
-}
-
 static int drop_if_failed(comm_state *cs)
 {
     if (!worker_failed(cs->ctx))
         return 0;
     cs->n_active = 0;
     if (!cs->told_servers) {
-        tell_servers(cs->ctx);
+        control_tell_servers(cs->ctx);
         cs->told_servers = 1;
     }
     return 1;
@@ -939,17 +429,10 @@ static void stats_line(comm_state *cs)
 static void *comm_main(void *arg)
 {
     psagg_ctx *ctx = arg;
-    comm_state cs = {.ctx = ctx,
-                     .gate = {.peer_kind = "server",
-                              .n_peers = ctx->cfg.n_servers,
-                              .source_reliable = ctx->source_reliable,
-                              .tag_bytes = ctx->tag_bytes,
-                              .log = &ctx->log,
-                              .peer_at = server_at,
-                              .rx_of = server_rx,
-                              .owner = ctx}};
+    comm_state cs = {.ctx = ctx};
     psagg_fabric_event ev[64];
 
+    updates_gate(ctx, &cs.gate);
     cs.cap = ctx->layout.n_tensors;
     cs.active = calloc(cs.cap, sizeof *cs.active);
     if (!cs.active) {
@@ -961,8 +444,7 @@ static void *comm_main(void *arg)
         int64_t now;
         take_queue(&cs);
         drop_if_failed(&cs);
-        checkpoint_send(ctx);
-        sync_send(ctx);
+        control_requests_send(ctx); /* (psagg_checkpoint's, psagg_sync_membership's) */
         waiting = schedule(&cs);
         /*
          * Sleep in the completion wait: completions and updates end it, and so does a new
@@ -973,7 +455,7 @@ static void *comm_main(void *arg)
         atomic_store(&ctx->comm_idle, 1);
         pthread_mutex_lock(&ctx->mu);
         n = ctx->queue != NULL;
-        syncing = ctx->sync_state != 0; /* its answer comes on server 0's control channel */
+        syncing = ctx->barrier.state != 0; /* its answer comes on server 0's control channel */
         pthread_mutex_unlock(&ctx->mu);
         n = psagg_fabric_poll(ctx->fab, ev, 64,
                               n                                                ? 0
@@ -1006,8 +488,11 @@ static void *comm_main(void *arg)
             case PSAGG_FABRIC_RECV_DONE: {
                 psagg_rxbuf *rb = ev[i].ctx;
                 rb->len = ev[i].len;
-                if (!drop_if_failed(&cs))
-                    on_update(&cs, rb, ev[i].src);
+                if (!drop_if_failed(&cs)) {
+                    struct psagg_handle *h = update_arrived(ctx, &cs.gate, rb, ev[i].src);
+                    if (h)
+                        try_complete(&cs, h);
+                }
                 if (psagg_rxpool_repost(&ctx->rx, rb))
                     worker_fail_all(ctx, PSAGG_EFABRIC, "reposting a receive: %s",
                                     psagg_last_error());
@@ -1024,7 +509,7 @@ static void *comm_main(void *arg)
             poll_completing(&cs);
         now = psagg_now_ms();
         if (now >= cs.next_ctl_check || syncing) {
-            check_control(&cs, now);
+            control_check(ctx, now, &cs.next_ping);
             if (!drop_if_failed(&cs))
                 check_deadlines(&cs);
             cs.next_ctl_check = now + 20;

@@ -61,7 +61,7 @@ static psagg_status handle_claim(psagg_ctx *ctx, struct psagg_handle *h, const c
     else if (ts->op)
         st = psagg_fail(PSAGG_EINVAL, "%s: tensor '%s' already has an operation in flight", what,
                         ti->name);
-    else if (ctx->ckpt_state)
+    else if (ctx->ckpt.state)
         st = psagg_fail(PSAGG_EINVAL, "%s: tensor '%s': a checkpoint is being written", what,
                         ti->name);
     else if (ti->param && kind == PSAGG_PARAM_INIT && ts->inited)

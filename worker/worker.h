@@ -15,7 +15,11 @@
  *   device.c     psagg_push_pull_cuda and the device-buffer operations (owns the device side),
  *                as ordering logic over an executor (devexec.h)
  *   cuda.c       the CUDA runtime as that executor
- *   comm.c       the communication thread: scheduling, pushes, updates, failure detection
+ *   comm.c       the communication thread: scheduling, encodes, pushes, completion, deadlines
+ *   updates.c    an update's arrival: source, MAC, fields, quorum bitmap, decode (comm thread)
+ *   control.c    the control connections while the job runs (comm thread): PINGs, server 0's
+ *                membership epochs relayed, ABORTs; and requests a caller waits for
+ *                (psagg_checkpoint, psagg_sync_membership), one mechanism for both
  *   adapt.c      [codec] adaptive: statistics, their push, the choice of codecs (comm thread)
  *   handle.c     an operation's life: creation, queueing, completion, failing the context
  *   host.c       the host-buffer operations
@@ -36,7 +40,9 @@
 #include "psagg.h"
 #include "runtime/auth.h"
 #include "runtime/config.h"
+#include "runtime/gate.h"
 #include "runtime/layout.h"
+#include "runtime/message.h"
 #include "runtime/node.h"
 #include "runtime/rxpool.h"
 #include "runtime/transport.h"
@@ -83,6 +89,24 @@ typedef struct psagg_bufops {
 } psagg_bufops;
 
 extern const psagg_bufops psagg_host_ops; /* host.c */
+
+/*
+ * A request a calling thread makes of the servers and waits for (control.c: psagg_checkpoint,
+ * psagg_sync_membership's barrier). Guarded by ctx->mu.
+ */
+typedef struct ctl_request {
+    int state;           /* 1 asked (the comm thread sends it), 2 sent; 0 idle */
+    int left;            /* answers yet to come */
+    psagg_status status; /* the first failure among them */
+    char msg[300];
+} ctl_request;
+
+/* [server] quorum: an update that came before this worker's push of its round (wire.h),
+   kept in ctx->early until that push is encoded (updates.c, comm.c). */
+struct early_update {
+    psagg_msg_codec mc; /* as psagg_msg_check read it */
+    uint8_t msg[];      /* the checked message: header, payload, bitmap (and MAC) */
+};
 
 typedef struct server_conn {
     int fd;
@@ -186,13 +210,9 @@ struct psagg_ctx {
     atomic_uint_fast64_t time_ns[6];
     psagg_timeline *timeline; /* [log] timeline, or NULL */
 
-    uint32_t n_user;       /* tensors the user declared (keys below; then internal ones) */
-    psagg_ctl_optim optim; /* the servers' [server] optimizer settings (WELCOME) */
-    /* psagg_checkpoint (guarded by mu): 1 asked (the comm thread sends), 2 sent; 0 idle */
-    int ckpt_state;
-    int ckpt_left;            /* servers yet to answer */
-    psagg_status ckpt_status; /* the first failure */
-    char ckpt_msg[300];
+    uint32_t n_user;           /* tensors the user declared (keys below; then internal ones) */
+    psagg_ctl_optim optim;     /* the servers' [server] optimizer settings (WELCOME) */
+    ctl_request ckpt;          /* psagg_checkpoint's (control.c) */
     struct psagg_adapt *adapt; /* [codec] adaptive (adapt.c), or NULL */
     /* the membership (guarded by mu; changed by the comm thread on server 0's MEMBERSHIP):
        every worker rank lives unless [cluster] elastic */
@@ -200,11 +220,10 @@ struct psagg_ctx {
     int n_live;
     uint8_t *live; /* world entries */
     /* joins (elastic): this worker joined the running job (its WELCOMEs said so; its
-       psagg_param_init pulls the servers' weights); psagg_sync_membership's barrier (guarded
-       by mu): 1 asked (the comm thread sends SYNC), 2 sent; 0 idle; the barriers passed, and
-       the workers the last one admitted */
+       psagg_param_init pulls the servers' weights); psagg_sync_membership's barrier
+       (control.c), the barriers passed and the workers the last one admitted (guarded by mu) */
     int joiner;
-    int sync_state;
+    ctl_request barrier;
     uint32_t sync_seq;
     uint32_t sync_joined;
 
@@ -274,10 +293,34 @@ psagg_status psagg_device_use(psagg_ctx *ctx, const struct psagg_devexec *ex);
 
 /* comm.c */
 psagg_status comm_start(psagg_ctx *ctx);
+void comm_stop(psagg_ctx *ctx);
+
+/*
+ * updates.c (the communication thread): gate fills the gate that checks who sent an update
+ * (runtime/gate.h); arrived checks one received update and applies it (or keeps it early):
+ * the operation whose last update it was, to complete, or NULL (also when the job failed);
+ * apply hands a checked update to operation h's buffer operations: 1 when it was h's last.
+ */
+void updates_gate(psagg_ctx *ctx, psagg_gate *gate);
+struct psagg_handle *update_arrived(psagg_ctx *ctx, psagg_gate *gate, const psagg_rxbuf *rb,
+                                    psagg_peer src);
+int update_apply(psagg_ctx *ctx, struct psagg_handle *h, const uint8_t *msg,
+                 const psagg_msg_codec *mc);
+
+/*
+ * control.c. request (a calling thread): with no operation in flight, have the communication
+ * thread send rq and wait for its `answers` (within 2 x op_timeout_ms: PSAGG_ETIMEDOUT), the
+ * first failure among them naming its server; requests_send (the communication thread) sends
+ * what was asked. check (every 20 ms): PING the servers, read their frames (answers, epochs,
+ * ABORTs), fail on silence. tell_servers: this worker failed, an ABORT saying why to each.
+ */
+psagg_status control_request(psagg_ctx *ctx, ctl_request *rq, const char *fn, int answers);
+void control_requests_send(psagg_ctx *ctx);
+void control_check(psagg_ctx *ctx, int64_t now, int64_t *next_ping);
+void control_tell_servers(psagg_ctx *ctx);
 /* Server 0's MEMBERSHIP frame: check it, take its epoch and relay it unchanged to the other
  * servers (a joiner: the epoch that admits it, whatever its number). */
 psagg_status membership_take(psagg_ctx *ctx, const psagg_ctl_hdr *h, const void *body, int joining);
-void comm_stop(psagg_ctx *ctx);
 
 /*
  * adapt.c: adaptive codecs (runtime/adaptive.h has the schedule and the model). adapt_setup

@@ -9,7 +9,7 @@
 #    checkpoint after step 4, killed (SIGKILL, every process) after step 6, restarted with
 #    [server] resume = on: it goes on from step 4 and ends with the same DIGEST. The same with
 #    [server] quorum, where every worker asks (a collective); one that asks alone is refused
-#    after 1.5 x op_timeout_ms, naming the others.
+#    after op_timeout_ms, naming the others.
 # 3. Refusals: a truncated and a corrupted checkpoint stop the server at start-up, naming the
 #    file; a checkpoint of another declaration fails the job ("nothing loaded"); workers that
 #    send different learning rates fail the job ("the workers disagree"); a parameter declared
@@ -135,7 +135,7 @@ workers qck maxmin4/512 10 --resume
 finish qck
 [ "$digest" = "$want" ] || fail "quorum resume: $digest, the uninterrupted run $want"
 echo "quorum: a collective checkpoint after step 4, killed after step 6, resumed: $digest = uninterrupted"
-# and only worker 0 asks: the servers wait 1.5 x op_timeout_ms for the others, then say who
+# and only worker 0 asks: the servers wait op_timeout_ms for the others (the rounds they go on with, 1.5 x), then say who
 ini qone "optimizer = adam" "quorum = 2" "grace_ms = 600000"
 sed -i 's/^op_timeout_ms = .*/op_timeout_ms = 2000/' "$tmp/qone.ini"
 servers qone

@@ -253,7 +253,7 @@ PSAGG_API psagg_status psagg_handle_codec(psagg_handle *handle, psagg_codec *cod
  * operation of this worker in flight (PSAGG_EINVAL otherwise); any one worker may call it,
  * but with [server] quorum every worker calls it at the same step (rounds may close without a
  * worker, so only then are all chunks between the same two rounds): the servers write it once
- * all have, and fail the call (PSAGG_ETIMEDOUT, naming who did not) after 1.5 x op_timeout_ms.
+ * all have, and fail the call (PSAGG_ETIMEDOUT, naming who did not) after op_timeout_ms.
  * Servers started with [server] resume = on load it; psagg_param_init then returns its weights.
  */
 #define PSAGG_ALL_KEYS UINT32_MAX

@@ -156,5 +156,5 @@ class ServerOptimizer(torch.optim.Optimizer):
         Call between steps (after step()); one worker is enough, except with [server] quorum:
         then every worker calls it at the same step (rounds may close without a worker, so
         only then are all chunks between the same two rounds), and it fails by name for the
-        workers that did not within 1.5 x op_timeout_ms."""
+        workers that did not within op_timeout_ms."""
         self._psagg.ctx.checkpoint()
