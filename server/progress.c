@@ -151,7 +151,7 @@ static void route_checked(server *srv, recv_buf *rb, int from)
     agg_enqueue(srv, &srv->chunks[ci->slot], rb);
 }
 
-/* The updates and receive buffers the aggregation threads handed over (state.c). */
+/* The updates and receive buffers the aggregation threads handed over (job.c). */
 static void repost_queued(server *srv)
 {
     recv_buf *rb = atomic_exchange(&srv->dp.repostq, NULL);

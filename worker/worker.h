@@ -235,7 +235,7 @@ struct psagg_ctx {
     atomic_uint_fast64_t left_out; /* chunk rounds that closed without this worker's push */
 
     /* the device side (device.c), created by the first psagg_push_pull_cuda, on devexec
-       (device.h; NULL: CUDA's) */
+       (devexec.h; NULL: CUDA's) */
     const struct psagg_devexec *devexec;
     void *device;
     void (*device_destroy)(psagg_ctx *ctx);

@@ -36,7 +36,15 @@ every source, script, build file and config under the repository's own folders
 
 Wire facts. Every "protocol version N" in a document must be the version the code speaks,
 PSAGG_PROTO_VERSION in common/runtime/wire.h (a page that describes the protocol must not go
-stale when it changes; name an older one as "protocol N", without "version").
+stale when it changes; name an older one as "protocol N", without "version"). And
+docs/design.md's table of messages names every control frame and data message type wire.h
+defines (PSAGG_CTL_X and PSAGG_MSG_X: the word X).
+
+Code facts. A file a comment of the C code names (a word like "state.c", "runtime/gate.h",
+"psagg.h") must exist: somewhere in the tree by its name, or among the system's headers
+(/usr/include, CUDA's); a file renamed or removed leaves no comment pointing at it. And the
+list of structs that grow in psagg.h ("Structs that grow. Every public struct ... (A, B, ...)")
+names exactly the public structs that start with `size_t struct_size`.
 
 The feature table. docs/features.md holds, between "<!-- psagg-server --features -->" and
 "<!-- end psagg-server --features -->", exactly what `psagg-server --features` prints (the
@@ -393,6 +401,24 @@ FEATURES_BEGIN = "<!-- psagg-server --features -->"
 FEATURES_END = "<!-- end psagg-server --features -->"
 
 
+WIRE_TYPE_RE = re.compile(r"^\s*PSAGG_(CTL|MSG)_([A-Z_]+) = [0-9]+", re.M)
+
+
+def check_message_table(repo):
+    """docs/design.md names every message type of wire.h."""
+    rel = "docs/design.md"
+    try:
+        with open(os.path.join(repo, "common/runtime/wire.h"), encoding="utf-8") as fh:
+            types = WIRE_TYPE_RE.findall(fh.read())
+        with open(os.path.join(repo, rel), encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        return []
+    return [f"{rel}:1: the message table does not name {name} (PSAGG_{kind}_{name} in "
+            "common/runtime/wire.h)" for kind, name in types
+            if not re.search(r"(?<![A-Z_])" + name + r"(?![A-Z_])", text)]
+
+
 def check_features(repo, build_dir):
     """docs/features.md's table is what the build's psagg-server --features prints."""
     rel = "docs/features.md"
@@ -460,6 +486,77 @@ def check_code_wording(repo):
     return problems
 
 
+C_COMMENT_RE = re.compile(r"/\*.*?\*/|//[^\n]*|\"(?:\\.|[^\"\\\n])*\"", re.S)
+FILE_WORD_RE = re.compile(r"(?<![\w/.-])([A-Za-z0-9_][A-Za-z0-9_/-]*\.(?:c|h|cu|cuh|py|sh))\b")
+SYSTEM_INCLUDES = ("/usr/include", "/usr/local/cuda/include")
+
+
+def tree_names(repo):
+    """Every file name in the tree (its basename), and the system headers (name and path)."""
+    names = set()
+    for dirpath, dirs, files in os.walk(repo):
+        dirs[:] = [d for d in dirs if d != ".git" and not d.startswith("build")]
+        names.update(files)
+    for root in SYSTEM_INCLUDES:
+        for dirpath, _, files in os.walk(root):
+            for f in files:
+                names.add(f)
+                names.add(os.path.relpath(os.path.join(dirpath, f), root))
+    return names
+
+
+def check_code_files_named(repo):
+    """Every file a C comment names exists (in the tree, or a system header)."""
+    problems, names = [], tree_names(repo)
+    for rel in code_files(repo):
+        if not rel.endswith((".c", ".h", ".cu", ".cuh")):
+            continue
+        try:
+            with open(os.path.join(repo, rel), encoding="utf-8") as fh:
+                text = fh.read()
+        except (OSError, UnicodeDecodeError):
+            continue
+        for m in C_COMMENT_RE.finditer(text):
+            if m.group(0).startswith('"'):
+                continue  # a string: the message a program prints names what it likes
+            for w in FILE_WORD_RE.finditer(m.group(0)):
+                word = w.group(1)
+                if os.path.basename(word) in names or word in names:
+                    continue
+                lineno = text.count("\n", 0, m.start() + w.start()) + 1
+                problems.append(f"{rel}:{lineno}: names {word}, which is no file of the tree "
+                                "(renamed or removed?) nor a system header")
+    return problems
+
+
+GROW_RE = re.compile(r"Structs that grow\. Every public struct[^(]*\(([^)]*)\)", re.S)
+
+
+def check_growing_structs(repo):
+    """psagg.h's list of structs that grow is every public struct with a struct_size."""
+    rel = "worker/include/psagg.h"
+    try:
+        with open(os.path.join(repo, rel), encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        return []
+    m = GROW_RE.search(text)
+    if not m:
+        return [f"{rel}:1: no list of the structs that grow (\"Structs that grow. Every public "
+                "struct ... (A, B, ...)\")"]
+    listed = set(re.findall(r"psagg_\w+", m.group(1)))
+    actual = set(re.findall(r"typedef struct (psagg_\w+) \{\s*size_t struct_size;", text))
+    lineno = text.count("\n", 0, m.start()) + 1
+    problems = []
+    for name in sorted(actual - listed):
+        problems.append(f"{rel}:{lineno}: the structs that grow leave out {name}, which starts "
+                        "with size_t struct_size")
+    for name in sorted(listed - actual):
+        problems.append(f"{rel}:{lineno}: the structs that grow name {name}, which has no "
+                        "struct_size first")
+    return problems
+
+
 def check(repo, build_dir):
     """Return the list of problems ("file:line: message") in repo's documentation."""
     problems = []
@@ -470,7 +567,10 @@ def check(repo, build_dir):
         problems.extend(check_wire_facts(repo, rel, version))
     problems.extend(check_quick_start(repo, build_dir))
     problems.extend(check_features(repo, build_dir))
+    problems.extend(check_message_table(repo))
     problems.extend(check_code_wording(repo))
+    problems.extend(check_code_files_named(repo))
+    problems.extend(check_growing_structs(repo))
     return problems
 
 
@@ -517,6 +617,8 @@ def self_test(repo, build_dir):
     # a code file of the copy's own (the code is linked from the repository: never written)
     plants.append(("zz_plant/plant.c", 1, "/* as issue%s7 asked */" % " ",
                    "'issue%s7': say what the code does" % " "))
+    plants.append(("zz_plant/plant.c", 1, "/* see no_such_file.c */",
+                   "names no_such_file.c, which is no file of the tree"))
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         # the documents are copied; everything else is linked, so links and commands resolve

@@ -47,7 +47,8 @@ PSAGG_API const char *psagg_codec_name(const psagg_codec *codec, char *buf, size
 
 /*
  * Structs that grow. Every public struct a caller fills, or gives the library to fill
- * (psagg_tensor_desc, psagg_timing, psagg_stats, psagg_assignment), starts with
+ * (psagg_tensor_desc, psagg_timing, psagg_stats, psagg_assignment, psagg_server_optim,
+ * psagg_membership), starts with
  * `size_t struct_size`, which the caller sets to the struct's size as its psagg.h declares it:
  *
  *     psagg_stats s = {.struct_size = sizeof s};
