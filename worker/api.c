@@ -427,15 +427,22 @@ psagg_status psagg_get_server_optim(const psagg_ctx *ctx, psagg_server_optim *ou
     return PSAGG_OK;
 }
 
-psagg_status psagg_tensor_round(psagg_ctx *ctx, uint32_t key, uint32_t *round)
+psagg_status psagg_get_tensor_round(const psagg_ctx *ctx, uint32_t key, uint32_t *round)
 {
+    psagg_ctx *c = (psagg_ctx *)ctx; /* (its lock only) */
     psagg_clear_error();
     if (!ctx || !ctx->declared || key >= ctx->n_user || !round)
-        return psagg_fail(PSAGG_EINVAL, "psagg_tensor_round: key %u is not declared", key);
-    pthread_mutex_lock(&ctx->mu);
+        return psagg_fail(PSAGG_EINVAL, "psagg_get_tensor_round: key %u is not declared", key);
+    pthread_mutex_lock(&c->mu);
     *round = ctx->tensors[key].round;
-    pthread_mutex_unlock(&ctx->mu);
+    pthread_mutex_unlock(&c->mu);
     return PSAGG_OK;
+}
+
+/* (the name before the scheme: deprecated, for one version) */
+psagg_status psagg_tensor_round(psagg_ctx *ctx, uint32_t key, uint32_t *round)
+{
+    return psagg_get_tensor_round(ctx, key, round);
 }
 
 psagg_status psagg_checkpoint(psagg_ctx *ctx)

@@ -218,11 +218,11 @@ int main(int argc, char **argv)
             FAIL("psagg_param_init of tensor %u: %s", t, psagg_last_error());
         psagg_release(h);
     }
-    if (psagg_tensor_round(ctx, 0, &start))
+    if (psagg_get_tensor_round(ctx, 0, &start))
         FAIL("psagg_tensor_round: %s", psagg_last_error());
     for (uint32_t t = 1; t < N_P; t++) {
         uint32_t r;
-        if (psagg_tensor_round(ctx, t, &r) || r != start)
+        if (psagg_get_tensor_round(ctx, t, &r) || r != start)
             FAIL("tensor %u is at round %u, tensor 0 at %u", t, r, start);
     }
     if (start && !resume)

@@ -521,7 +521,7 @@ int main(int argc, char **argv)
             goto failed;
         if (m.joiner) { /* it joined the running job: at the tensors' round, every worker in */
             uint32_t r0;
-            if ((st = psagg_tensor_round(ctx, 0, &r0)))
+            if ((st = psagg_get_tensor_round(ctx, 0, &r0)))
                 goto failed;
             first_round = (int)r0;
             full_from = first_round;

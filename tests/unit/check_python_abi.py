@@ -58,7 +58,9 @@ def parse_headers(paths):
         for m in re.finditer(r"typedef\s+enum\s+(psagg_\w+)\s*\{(.*?)\}\s*\1\s*;", body, re.S):
             enums[m.group(1)] = [e.split("=")[0].strip() for e in m.group(2).split(",")
                                  if e.strip()]
-        for m in re.finditer(r"\bPSAGG_API\b[^;{}()]*?\b(\w+)\s*\(([^)]*)\)", body):
+        for m in re.finditer(r"\bPSAGG_API\b[^;{}()]*?\b(\w+)\s*\(([^)]*)\)([^;{]*)", body):
+            if "PSAGG_DEPRECATED" in m.group(3):
+                continue  # an alias kept for C callers; the package binds its new name
             params = m.group(2).strip()
             functions[m.group(1)] = 0 if params in ("", "void") else params.count(",") + 1
     return structs, enums, defines, functions

@@ -9,6 +9,20 @@
  * a psagg_status; psagg_last_error() gives the message of the calling thread's last failure
  * (what went wrong and with whom).
  *
+ * Names. Every public name starts with psagg_ (PSAGG_ for macros and constants); libpsagg's
+ * internals are psagg__ (two underscores) and never exported. The calls follow one scheme:
+ *   psagg_<verb>            an action on the context: psagg_init, psagg_declare, psagg_push_pull,
+ *                           psagg_checkpoint, psagg_broadcast, psagg_sync_membership, psagg_close
+ *   psagg_<verb>(handle)    an action on an operation's handle: psagg_test, psagg_wait,
+ *                           psagg_release (MPI's MPI_Test, MPI_Wait)
+ *   psagg_get_<noun>        a read of the context into an out-parameter (a struct of psagg.h's,
+ *                           or a value), returning a psagg_status; it takes a const context
+ *   psagg_set_<noun>        a setting of the context
+ *   psagg_handle_<noun>     a read of a handle (psagg_handle_timing, psagg_handle_codec)
+ *   psagg_rank, psagg_world_size, psagg_min_compress_elems: plain values, returned as such.
+ * A name that leaves the scheme stays for one version as a deprecated alias (PSAGG_DEPRECATED:
+ * the compiler says which name replaces it): psagg_tensor_round is psagg_get_tensor_round.
+ *
  * Layer: worker (the top, beside server/). It includes only psagg/types.h (base).
  */
 #ifndef PSAGG_H
@@ -34,6 +48,13 @@ extern "C" {
 
 #define PSAGG_VERSION_MAJOR 0
 #define PSAGG_VERSION_MINOR 1
+
+/* A name kept for one version after the scheme (above) renamed it. */
+#if defined(__GNUC__) || defined(__clang__)
+#define PSAGG_DEPRECATED(use) __attribute__((deprecated("use " #use)))
+#else
+#define PSAGG_DEPRECATED(use)
+#endif
 
 /* ---- codec descriptions as text (wire formats: kernels/codec.h) ---- */
 
@@ -215,7 +236,7 @@ PSAGG_API psagg_status psagg_handle_codec(psagg_handle *handle, psagg_codec *cod
  * psagg_sync_membership). Worker 0's `weights` (count floats) become
  * the servers' master weights, unless the servers resumed from a checkpoint ([server] resume),
  * whose weights win; on completion `weights` holds them on every worker (a broadcast, as DDP
- * does at construction), and psagg_tensor_round says which step the tensor is at.
+ * does at construction), and psagg_get_tensor_round says which step the tensor is at.
  *
  * psagg_push_pull on a parameter: `in` is this worker's gradient and `out` the weights, which
  * must stay the buffer psagg_param_init filled and must not be written by anything else: the
@@ -281,7 +302,9 @@ PSAGG_API psagg_status psagg_pull_weights(psagg_ctx *ctx, uint32_t key, float *o
                                           psagg_handle **handle);
 PSAGG_API psagg_status psagg_checkpoint(psagg_ctx *ctx);
 /* The round (for a parameter: the optimizer step) the tensor's next push_pull is. */
-PSAGG_API psagg_status psagg_tensor_round(psagg_ctx *ctx, uint32_t key, uint32_t *round);
+PSAGG_API psagg_status psagg_get_tensor_round(const psagg_ctx *ctx, uint32_t key, uint32_t *round);
+PSAGG_API psagg_status psagg_tensor_round(psagg_ctx *ctx, uint32_t key, uint32_t *round)
+    PSAGG_DEPRECATED(psagg_get_tensor_round);
 
 PSAGG_API int psagg_rank(const psagg_ctx *ctx);
 /* The job's worker ranks, whether they are all alive or not: [cluster] workers, or in an

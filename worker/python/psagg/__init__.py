@@ -163,7 +163,7 @@ _SIGNATURES = {
     "psagg_set_lr": (_I, [_P, _U32, ctypes.c_float, ctypes.c_float]),
     "psagg_set_param_sync": (_I, [_P, _U32, _U32, ctypes.c_float]),
     "psagg_checkpoint": (_I, [_P]),
-    "psagg_tensor_round": (_I, [_P, _U32, ctypes.POINTER(_U32)]),
+    "psagg_get_tensor_round": (_I, [_P, _U32, ctypes.POINTER(_U32)]),
     "psagg_broadcast": (_I, [_P, _U32, _P, ctypes.c_size_t, _I]),
     "psagg_rank": (_I, [_P]),
     "psagg_world_size": (_I, [_P]),
@@ -442,8 +442,8 @@ class Context:
     def tensor_round(self, key):
         """The round (a parameter's optimizer step) of key's next push_pull."""
         r = ctypes.c_uint32()
-        _check(library().psagg_tensor_round(self._raw(), key, ctypes.byref(r)),
-               "psagg_tensor_round")
+        _check(library().psagg_get_tensor_round(self._raw(), key, ctypes.byref(r)),
+               "psagg_get_tensor_round")
         return r.value
 
     def broadcast(self, key, data, root):
