@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """bench_overlap.py - overlap of communication with backprop, psagg against Gloo DDP.
 
-Usage: deploy/bench_overlap.py [--where loopback,cluster] [--build-dir build] [--steps 10]
-                               [--warmup 3] [--width 1024] [--depth 8] [--batch 0]
-                               [--codec maxmin4] [--rate 1gbit] [--out FILE.csv]
+Usage: tests/bench/bench_overlap.py [--where loopback,cluster] [--build-dir build] [--steps 10]
+                                    [--warmup 3] [--width 1024] [--depth 8] [--batch 0]
+                                    [--codec maxmin4] [--rate 1gbit] [--out FILE.csv]
 
 Runs tests/bench/overlap_worker.py (one per worker, 4 workers) for psagg-ddp and psagg-opt
 (codec --codec) and gloo-ddp (fp32):
@@ -26,7 +26,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import bench_cluster as bc  # noqa: E402  (the emulated cluster and its process handling)
 
@@ -62,7 +62,7 @@ def run_loopback(a, comm, batch, tmp):
         f.write(ini(f"overlap-{os.getpid()}", [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"],
                     a.workers, a.codec))
     env = dict(os.environ, PSAGG_SERVER_BIN=os.path.join(a.build_dir, "server", "psagg-server"))
-    cmd = [os.path.join(HERE, "psagg-local"), "--config", cfg, "--timeout", "900"]
+    cmd = [os.path.join(REPO, "deploy", "psagg-local"), "--config", cfg, "--timeout", "900"]
     if comm == "gloo-ddp":
         cmd += ["--servers", "0"]
     r = subprocess.run(cmd + ["--"] + worker_args(a, comm, batch), capture_output=True,

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# bench-observability.sh - what metrics and the timeline cost: deploy/bench-exchange.sh run
+# bench-observability.sh - what metrics and the timeline cost: tests/bench/bench-exchange.sh run
 # alternately without and with them, side by side in one run.
 #
-# Usage: deploy/bench-observability.sh [--build-dir DIR] [--codecs LIST] [--steps S]
-#                                      [--reps R] [--port P] [--keep DIR]
+# Usage: tests/bench/bench-observability.sh [--build-dir DIR] [--codecs LIST] [--steps S]
+#                                           [--reps R] [--port P] [--keep DIR]
 #   off  the job as configured (conf/local.ini: no metrics endpoint, no timeline, no stats line)
 #   on   the same with PSAGG_TIMELINE (every process writes its trace), the servers' Prometheus
 #        endpoint (PSAGG_SERVER_METRICS_PORT=P, scraped every second by curl while the job
@@ -16,7 +16,7 @@
 # --keep DIR keeps the last "on" run's traces there.
 set -u -o pipefail
 
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
 build=$repo/build codecs=maxmin4,fp32 steps=20 reps=6 port=19950 keep=""
 while (($#)); do
     case $1 in
@@ -44,14 +44,14 @@ run() { # codec on|off
         (while sleep 1; do curl -sf "http://127.0.0.1:$port/metrics" >/dev/null; done) &
         scraper=$!
         out=$(PSAGG_TIMELINE=$tmp/t PSAGG_SERVER_METRICS_PORT=$port PSAGG_LOG_STATS_INTERVAL_MS=1000 \
-            "$repo/deploy/bench-exchange.sh" --build-dir "$build" --codecs "$1" --steps "$steps" \
+            "$repo/tests/bench/bench-exchange.sh" --build-dir "$build" --codecs "$1" --steps "$steps" \
             --log-dir "$tmp/logs" 2>&1)
         kill "$scraper" 2>/dev/null
         wait "$scraper" 2>/dev/null
         scraper=""
         ls "$tmp"/t.worker0.json >/dev/null 2>&1 || { echo "no trace written" >&2; return 1; }
     else
-        out=$("$repo/deploy/bench-exchange.sh" --build-dir "$build" --codecs "$1" --steps "$steps" 2>&1)
+        out=$("$repo/tests/bench/bench-exchange.sh" --build-dir "$build" --codecs "$1" --steps "$steps" 2>&1)
     fi
     # the table row: | codec | N | S | median | ... | all CPU ms/step (13th) | ...; then what
     # every process says its trace cost ("timeline: ... recording them took X ms during the

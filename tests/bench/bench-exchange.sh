@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # bench-exchange.sh - psagg-bench-exchange for every codec on this host (loopback), one table.
 #
-# Usage: deploy/bench-exchange.sh [--build-dir DIR] [--config FILE] [--model PATH.sizes]
-#                                 [--codecs LIST] [--steps S] [--warmup W] [--link-gbit R]
-#                                 [--model-gpu GELEM_S] [--log-dir DIR]
-#                                 [--server-optimizer KIND]
+# Usage: tests/bench/bench-exchange.sh [--build-dir DIR] [--config FILE] [--model PATH.sizes]
+#                                      [--codecs LIST] [--steps S] [--warmup W] [--link-gbit R]
+#                                      [--model-gpu GELEM_S] [--log-dir DIR]
+#                                      [--server-optimizer KIND]
 #   --build-dir DIR  where psagg-server and psagg-bench-exchange were built (default: build);
 #                    this script builds nothing
 #   --config FILE    job config (default conf/local.ini: 2 servers, 4 workers, tcp on loopback)
@@ -27,7 +27,7 @@
 # (its rows say "failed").
 set -u -o pipefail
 
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
 build=$repo/build config=$repo/conf/local.ini model=$repo/tests/data/models/resnet50.sizes
 codecs=fp32,fp16,maxmin8,maxmin4,maxmin2 steps=5 warmup=1 gbit=1 gpu=() logdir="" sopt=()
 while (($#)); do

@@ -20,9 +20,9 @@
 # and what the job lost: (chaos wall - uninterrupted wall) / kills.
 #
 # Output: one CSV row per run to tests/bench/results/elastic-chaos.csv (or $OUT), one per
-# failure to elastic-chaos-failures.csv, then a summary. Usage: deploy/bench-chaos.sh [BUILD]
+# failure to elastic-chaos-failures.csv, then a summary. Usage: tests/bench/bench-chaos.sh [BUILD]
 set -u -o pipefail
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${1:-$repo/build}
 steps=${STEPS:-4000} seeds=${SEEDS:-2} kills=${KILLS:-10} port=${PORT:-19988} comm=${COMM:-psagg-server}
 out=${OUT:-$repo/tests/bench/results/elastic-chaos.csv}

@@ -16,9 +16,9 @@
 # rounds (psagg_stats.left_out), and the largest |sum of updates - sum of inputs|.
 # Output: tests/bench/results/quorum.csv (or $OUT), then the table. Needs root.
 # Then a training part (below; PART=cluster skips it, PART=train runs only it).
-# Usage: deploy/bench-quorum.sh [BUILD_DIR]
+# Usage: tests/bench/bench-quorum.sh [BUILD_DIR]
 set -u -o pipefail
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${1:-$repo/build}
 rate=${RATE:-1gbit} rounds=${ROUNDS:-100} reps=${REPS:-2} grace=${GRACE:-5}
 sizes=${SIZES:-1000000,250000} codec=${CODEC:-maxmin4}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # soak.sh - a long job on this host, sampling every process's memory: does anything grow?
 #
-#   deploy/soak.sh [--rounds N] [--servers S] [--workers W] [--codec C] [--build-dir DIR]
-#                  [--warmup-frac F] [--csv FILE]
+#   tests/bench/soak.sh [--rounds N] [--servers S] [--workers W] [--codec C] [--build-dir DIR]
+#                       [--warmup-frac F] [--csv FILE]
 #
 # Builds nothing: give it a Release build (cmake --preset release; the default build dir is
 # build-release/). Runs S psagg-server processes and W fn_worker processes (defaults 2 and
@@ -13,7 +13,7 @@
 # docs/results.md ("Soak") reports (target: under 1 MB). Exit status: non-zero if the job failed.
 set -u -o pipefail
 
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
 build=$repo/build-release rounds=20000 servers=2 workers=2 codec=maxmin4 warm=0.25 csv=""
 while (($#)); do
     case $1 in

@@ -8,9 +8,9 @@
 # the death interrupted, so longest - median is the time the death cost.
 #
 # Output: one CSV row per run to tests/bench/results/elastic-train.csv (or $OUT), then the
-# table. Usage: deploy/bench-elastic.sh [BUILD_DIR]
+# table. Usage: tests/bench/bench-elastic.sh [BUILD_DIR]
 set -u -o pipefail
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${1:-$repo/build}
 steps=${STEPS:-300} seeds=${SEEDS:-3} port=${PORT:-19984}
 out=${OUT:-$repo/tests/bench/results/elastic-train.csv}

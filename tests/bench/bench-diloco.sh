@@ -15,9 +15,9 @@
 # CONFIGS="gloo d50-maxmin4"; APPEND=1 adds to the CSV instead of starting it anew.
 #
 # Output: one CSV row per run to tests/bench/results/diloco-train.csv (or $OUT), then mean and
-# spread per (example, config). Usage: deploy/bench-diloco.sh [BUILD_DIR]
+# spread per (example, config). Usage: tests/bench/bench-diloco.sh [BUILD_DIR]
 set -u -o pipefail
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${1:-$repo/build}
 steps=${STEPS:-300} lm_steps=${LM_STEPS:-500} seeds=${SEEDS:-3} port=${PORT:-19974}
 examples=${EXAMPLES:-"torch lm"} configs=${CONFIGS:-}
@@ -46,7 +46,7 @@ min_compress_elems = 256
 level = warn
 INI
 
-. "$repo/deploy/bench_train.sh" # field, run
+. "$repo/tests/bench/bench_train.sh" # field, run
 
 [[ ${APPEND:-0} == 1 && -s $out ]] || echo "example,config,seed,test_acc,final_loss,bytes_per_step" >"$out"
 outer="PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9 PSAGG_SERVER_NESTEROV=on"
@@ -66,4 +66,4 @@ matrix() {
 [[ " $examples " == *" lm "* ]] && matrix tinylm-adam "$repo/worker/examples/train_tinylm.py" "$lm_steps"
 echo
 echo "mean (min..max) over seeds; bytes: what rank 0 sent per inner step (gloo: none through psagg)"
-awk -F, -v width=36 -f "$repo/deploy/bench_summary.awk" "$out"
+awk -F, -v width=36 -f "$repo/tests/bench/bench_summary.awk" "$out"

@@ -13,9 +13,9 @@
 # EXAMPLES (default "torch lm") picks which run.
 #
 # Output: one CSV row per run to tests/bench/results/server-optim-train.csv (or $OUT), then mean
-# and spread per (example, config). Usage: deploy/bench-server-optim.sh [BUILD_DIR]
+# and spread per (example, config). Usage: tests/bench/bench-server-optim.sh [BUILD_DIR]
 set -u -o pipefail
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${1:-$repo/build}
 steps=${STEPS:-300} lm_steps=${LM_STEPS:-300} seeds=${SEEDS:-3} port=${PORT:-19964}
 examples=${EXAMPLES:-"torch lm"}
@@ -44,7 +44,7 @@ min_compress_elems = 256
 level = warn
 INI
 
-. "$repo/deploy/bench_train.sh" # field, run
+. "$repo/tests/bench/bench_train.sh" # field, run
 
 echo "example,config,seed,test_acc,final_loss,bytes_per_step" >"$out"
 digits=$repo/worker/examples/train_digits.py
@@ -64,4 +64,4 @@ if [[ " $examples " == *" lm "* ]]; then
 fi
 echo
 echo "mean (min..max) over seeds; bytes: what rank 0 sent per step (gloo: none through psagg)"
-awk -F, -v width=36 -f "$repo/deploy/bench_summary.awk" "$out"
+awk -F, -v width=36 -f "$repo/tests/bench/bench_summary.awk" "$out"

@@ -18,9 +18,9 @@
 #
 # Output: one CSV row per run (example, config, seed, test accuracy, final loss, bytes sent
 # per step) to tests/bench/results/adaptive-train.csv (or $OUT), then mean and spread per
-# (example, config). Usage: deploy/bench-adaptive-train.sh [BUILD_DIR]
+# (example, config). Usage: tests/bench/bench-adaptive-train.sh [BUILD_DIR]
 set -u -o pipefail
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${1:-$repo/build}
 epochs=${EPOCHS:-30} steps=${STEPS:-300} seeds=${SEEDS:-3} interval=${INTERVAL:-10}
 bits=${BITS:-"2 3"} port=${PORT:-19960} lm_steps=${LM_STEPS:-500} examples=${EXAMPLES:-"c torch lm"}
@@ -100,4 +100,4 @@ if /usr/bin/python3 -c "import torch, sklearn" 2>/dev/null; then
 fi
 echo
 echo "mean (min..max) over seeds; bytes: what rank 0 sent per step"
-awk -F, -v width=42 -f "$repo/deploy/bench_summary.awk" "$out"
+awk -F, -v width=42 -f "$repo/tests/bench/bench_summary.awk" "$out"
