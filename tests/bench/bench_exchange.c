@@ -6,7 +6,7 @@
  *                        [--model-gpu GELEM_S [--model-pcie GBYTE_S]] [--server-optimizer]
  *
  * A worker program (one process per worker, started by deploy/psagg-local or
- * deploy/bench_cluster.py): rank, world size and config come from PSAGG_RANK,
+ * tests/bench/bench_cluster.py): rank, world size and config come from PSAGG_RANK,
  * PSAGG_WORLD_SIZE and PSAGG_CONFIG.
  *
  * What it does, like a data-parallel training step without the compute:

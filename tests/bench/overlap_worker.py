@@ -2,7 +2,7 @@
 """overlap_worker.py - how much of the gradient exchange hides behind backprop (one worker).
 
 Run one per worker, with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT and (for psagg) PSAGG_CONFIG
-set: deploy/bench_overlap.py does it on loopback (through deploy/psagg-local) and on the
+set: tests/bench/bench_overlap.py does it on loopback (through deploy/psagg-local) and on the
 emulated cluster. Debian's /usr/bin/python3 (torch).
 
     --comm psagg-ddp   DDP with psagg's hook (psagg.torch.register_ddp_hook)

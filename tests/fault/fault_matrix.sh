@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# fault_matrix.sh ROW BUILD_DIR PORT - one row of psagg's fault matrix
+# fault_matrix.sh ROW BUILD_DIR [PORT] - one row of psagg's fault matrix
 # (docs/failures-and-security.md, "The fault matrix").
 #
 # Every row runs real psagg-server and worker processes on this host with op_timeout_ms = OP
@@ -31,12 +31,13 @@ set -u -o pipefail
 
 row=$1
 build=$2
-port=$3
 OP=2000
 server_bin=$build/server/psagg-server
 worker_bin=$build/tests/functional/fn_worker
 rogue_bin=$build/tests/fault/rogue_worker
-. "$(dirname -- "${BASH_SOURCE[0]}")/../functional/jobs.sh" # $tmp, pids, wait_for
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+reserve_ports 2 "${3:-}"
 
 failed=0
 say() { echo "fault_matrix $row: $*"; }
@@ -46,40 +47,21 @@ bad() {
 }
 now_ms() { date +%s%3N; }
 
-# config: servers workers [extra INI lines for [server]]
+# config: servers workers [SECTION.KEY=VALUE...]
 config() {
-    local addrs="" i
-    for ((i = 0; i < $1; i++)); do addrs+="127.0.0.1:$((port + i)) "; done
-    cat >"$tmp/job.ini" <<INI
-[cluster]
-job_id = fault-$row-$port
-servers = $addrs
-workers = $2
-connect_timeout_ms = ${CONNECT_MS:-20000}
-op_timeout_ms = $OP
-[server]
-threads = 2
-${3:-}
-[worker]
-chunk_bytes = 4096
-[log]
-level = warn
-INI
+    job_ini "$tmp/job.ini" "$1" "$2" cluster.job_id="fault-$row-$port" \
+        cluster.connect_timeout_ms="${CONNECT_MS:-20000}" cluster.op_timeout_ms=$OP server.threads=2 "${@:3}" \
+        worker.chunk_bytes=4096 log.level=warn
     export PSAGG_CONFIG=$tmp/job.ini PSAGG_WORLD_SIZE=$2
 }
 
 start_server() { # rank
-    setsid "$server_bin" --config "$tmp/job.ini" --rank "$1" >"$tmp/server$1.log" 2>&1 &
-    spid[$1]=$!
-    pids+=($!)
+    spawn "$tmp/server$1.log" "$server_bin" --config "$tmp/job.ini" --rank "$1"
+    spid[$1]=$h_pid
 }
 
-start_worker() { # rank, fn_worker args...
-    local r=$1
-    shift
-    PSAGG_RANK=$r setsid "$worker_bin" "$@" >"$tmp/worker$r.log" 2>&1 &
-    wpid[$r]=$!
-    pids+=($!)
+start_fn_worker() { # rank, fn_worker args...
+    start_worker "$1" "$tmp/worker$1.log" "$worker_bin" "${@:2}"
 }
 
 # expect_worker RANK FAULT_MS: it exited 0 after reporting the expected error within 2 x OP
@@ -149,8 +131,8 @@ worker_sigkill | worker_sigstop)
     # killed: its connections drop at once (EPEER); stopped: the round deadline (ETIMEDOUT)
     sig=KILL status=EPEER text="worker 2"
     [ "$row" = worker_sigstop ] && sig=STOP status=ETIMEDOUT text="worker 2 sent nothing"
-    for r in 0 1; do start_worker $r "${LONG[@]}" --expect $status --expect-text "$text"; done
-    start_worker 2 "${LONG[@]}"
+    for r in 0 1; do start_fn_worker $r "${LONG[@]}" --expect $status --expect-text "$text"; done
+    start_fn_worker 2 "${LONG[@]}"
     sleep 2
     t0=$(now_ms)
     kill -$sig "${wpid[2]}"
@@ -166,8 +148,8 @@ worker_stalled)
     start_server 0
     start_server 1
     text="no push from workers 2 within 1.5 x op_timeout_ms"
-    for r in 0 1; do start_worker $r "${LONG[@]}" --expect ETIMEDOUT --expect-text "$text"; done
-    start_worker 2 "${LONG[@]}" --die-rank 2 --die-round 300 --stall-seconds 10 \
+    for r in 0 1; do start_fn_worker $r "${LONG[@]}" --expect ETIMEDOUT --expect-text "$text"; done
+    start_fn_worker 2 "${LONG[@]}" --die-rank 2 --die-round 300 --stall-seconds 10 \
         --expect ETIMEDOUT --expect-text "$text"
     for ((t = 0; t < 200; t++)); do
         grep -q "stalling" "$tmp/worker2.log" && break
@@ -187,7 +169,7 @@ server_sigkill | server_sigstop)
     start_server 1
     status=EPEER
     [ "$row" = server_sigstop ] && status=ETIMEDOUT
-    for r in 0 1; do start_worker $r "${LONG[@]}" --expect $status --expect-text "server 1"; done
+    for r in 0 1; do start_fn_worker $r "${LONG[@]}" --expect $status --expect-text "server 1"; done
     sleep 2
     sig=KILL
     [ "$row" = server_sigstop ] && sig=STOP
@@ -210,13 +192,12 @@ spoofed_push)
     done
     [ -n "$fport" ] || bad "could not find the server's fabric port"
     say "server 0's fabric endpoint listens on port $fport"
-    start_worker 0 --codec fp32 --rounds 300
-    PSAGG_RANK=9 setsid "$rogue_bin" --mode spoof --fabric-port "$fport" --claim 1 --rounds 3 \
-        --seconds 4 >"$tmp/spoof.log" 2>&1 &
-    rpid=$!
-    pids+=($!)
+    start_fn_worker 0 --codec fp32 --rounds 300
+    start_worker 9 "$tmp/spoof.log" "$rogue_bin" --mode spoof --fabric-port "$fport" --claim 1 --rounds 3 \
+        --seconds 4
+    rpid=$h_pid
     sleep 1.5
-    start_worker 1 --codec fp32 --rounds 300
+    start_fn_worker 1 --codec fp32 --rounds 300
     for r in 0 1; do expect_success "$r" "a spoofed push got into the sums"; done
     wait_for "$rpid" 30
     sed "s/^/[spoofer] /" "$tmp/spoof.log"
@@ -244,8 +225,8 @@ idle_500)
     for ((i = 0; i < 100; i++)); do # more of them while the workers connect
         exec {fd}<>"/dev/tcp/127.0.0.1/$port" && fds+=("$fd")
     done &
-    start_worker 0 --codec maxmin4 --rounds 5
-    start_worker 1 --codec maxmin4 --rounds 5
+    start_fn_worker 0 --codec maxmin4 --rounds 5
+    start_fn_worker 1 --codec maxmin4 --rounds 5
     for r in 0 1; do expect_success "$r" "the idle connections kept the job from starting"; done
     for fd in "${fds[@]}"; do exec {fd}>&-; done
     expect_server 0 0 10
@@ -253,15 +234,13 @@ idle_500)
         bad "the server did not say it closed the idle connections"
     ;;
 declaration_bomb)
-    config 1 1 "memory_budget_mb = 256"
+    config 1 1 server.memory_budget_mb=256
     # 1: 2^28 fp32 elements, about 4 GiB of server memory, over a budget of 256 MiB
     # (under ASan, LeakSanitizer's scan as the process exits would count in its peak RSS: off
     # for this one process, whose memory is what is measured here)
-    ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0 \
-        /usr/bin/time -f "peak RSS %M KiB" -o "$tmp/rss" "$server_bin" --config "$tmp/job.ini" \
-        --rank 0 >"$tmp/server0.log" 2>&1 &
-    spid[0]=$!
-    pids+=($!)
+    spawn "$tmp/server0.log" ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
+        /usr/bin/time -f "peak RSS %M KiB" -o "$tmp/rss" "$server_bin" --config "$tmp/job.ini" --rank 0
+    spid[0]=$h_pid
     wait_listening
     # what the server holds before any worker came (libfabric's own buffers are most of it)
     base=$(awk '/^VmHWM:/ {print $2}' "/proc/$(pgrep -P "${spid[0]}" | head -1)/status")
@@ -277,9 +256,7 @@ declaration_bomb)
     ((${rss:-999999} < ${base:-0} + 16384)) ||
         bad "the declaration grew the server by more than 16 MiB"
     # 2: 2^26 elements in 64-element chunks (a million chunks)
-    "$server_bin" --config "$tmp/job.ini" --rank 0 >"$tmp/server0.log" 2>&1 &
-    spid[0]=$!
-    pids+=($!)
+    start_server 0
     PSAGG_RANK=0 timeout 30 "$rogue_bin" --mode bomb --count 67108864 --chunk-elems 64 \
         >"$tmp/bomb.log" 2>&1
     rc=$?

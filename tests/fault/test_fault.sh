@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_fault.sh BUILD_DIR PORT - bad frames and duplicates on the data path.
+# test_fault.sh BUILD_DIR [PORT] - bad frames and duplicates on the data path.
 #
 # For each bad push (magic, len, key, round, nan: a NaN in the payload) one server serves fn_worker (rank 0) and
 # rogue_worker (rank 1): the server must close the rogue with a reason naming the field, fail
@@ -11,33 +11,23 @@
 # another, or sent twice, is dropped by name and nobody is closed (misdirect).
 set -u -o pipefail
 build=$1
-port=$2
-. "$(dirname -- "${BASH_SOURCE[0]}")/../functional/jobs.sh"
-cat >"$tmp/job.ini" <<INI
-[cluster]
-job_id = fault-$port
-servers = 127.0.0.1:$port
-workers = 2
-connect_timeout_ms = 20000
-op_timeout_ms = 30000
-[server]
-threads = 2
-[log]
-level = warn
-INI
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+reserve_ports 2 "${2:-}"
+job_ini "$tmp/job.ini" 1 2 cluster.job_id="fault-$port" cluster.connect_timeout_ms=20000 \
+    cluster.op_timeout_ms=30000 server.threads=2 log.level=warn
 export PSAGG_CONFIG=$tmp/job.ini PSAGG_WORLD_SIZE=2
 
 fail=0
 run() { # mode, fn_worker args...
     local mode=$1
     shift
-    setsid "$build/server/psagg-server" --config "$tmp/job.ini" --rank 0 >"$tmp/server.log" 2>&1 &
-    local s=$!
-    PSAGG_RANK=0 setsid "$build/tests/functional/fn_worker" "$@" >"$tmp/w0.log" 2>&1 &
-    local w0=$!
-    PSAGG_RANK=1 setsid "$build/tests/fault/rogue_worker" --mode "$mode" >"$tmp/w1.log" 2>&1 &
-    local w1=$!
-    pids+=("$s" "$w0" "$w1")
+    spawn "$tmp/server.log" "$build/server/psagg-server" --config "$tmp/job.ini" --rank 0
+    local s=$h_pid
+    start_worker 0 "$tmp/w0.log" "$build/tests/functional/fn_worker" "$@"
+    local w0=$h_pid
+    start_worker 1 "$tmp/w1.log" "$build/tests/fault/rogue_worker" --mode "$mode"
+    local w1=$h_pid
     wait_for "$w0" 40
     local rc0=$?
     wait_for "$w1" 40
@@ -74,15 +64,12 @@ run local-third --rounds 1
 head -c 32 /dev/urandom >"$tmp/secret" && chmod 600 "$tmp/secret"
 sed -e "s|^servers = .*|servers = 127.0.0.1:$port 127.0.0.1:$((port + 1))|" \
     -e "s|^workers = 2|workers = 2\nsecret_file = $tmp/secret\ndata_auth = on|" "$tmp/job.ini" >"$tmp/auth.ini"
-setsid "$build/server/psagg-server" --config "$tmp/auth.ini" --rank 0 >"$tmp/server0.log" 2>&1 &
-s0=$!
-setsid "$build/server/psagg-server" --config "$tmp/auth.ini" --rank 1 >"$tmp/server1.log" 2>&1 &
-s1=$!
-PSAGG_CONFIG=$tmp/auth.ini PSAGG_RANK=0 setsid "$build/tests/functional/fn_worker" --rounds 1 >"$tmp/w0.log" 2>&1 &
-w0=$!
-PSAGG_CONFIG=$tmp/auth.ini PSAGG_RANK=1 setsid "$build/tests/fault/rogue_worker" --mode misdirect >"$tmp/w1.log" 2>&1 &
-w1=$!
-pids+=("$s0" "$s1" "$w0" "$w1")
+start_servers "$tmp/auth.ini" 2
+s0=${spid[0]} s1=${spid[1]}
+start_worker 0 "$tmp/w0.log" PSAGG_CONFIG="$tmp/auth.ini" "$build/tests/functional/fn_worker" --rounds 1
+w0=$h_pid
+start_worker 1 "$tmp/w1.log" PSAGG_CONFIG="$tmp/auth.ini" "$build/tests/fault/rogue_worker" --mode misdirect
+w1=$h_pid
 wait_for "$w0" 40
 rc0=$?
 wait_for "$w1" 40

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_replay.sh BUILD_DIR PORT - a recorded HELLO is worth nothing (runtime/auth.h).
+# test_replay.sh BUILD_DIR [PORT] - a recorded HELLO is worth nothing (runtime/auth.h).
 #
 # A job with a secret: two servers, two fn_workers; worker 0 reaches server 0 through
 # rogue_worker --mode relay, a man in the middle of its control connection that records its
@@ -9,45 +9,30 @@
 # again with the same job id and secret (a restarted job) and the HELLO replayed to it: refused.
 set -u -o pipefail
 build=$1
-port=$2
-. "$(dirname -- "${BASH_SOURCE[0]}")/../functional/jobs.sh"
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+reserve_ports 4 "${2:-}" # the servers', and the relay's on the fourth
 relay_port=$((port + 3))
 head -c 64 /dev/urandom >"$tmp/secret"
 chmod 600 "$tmp/secret"
-ini() { # servers line
-    cat <<INI
-[cluster]
-job_id = replay-$port
-servers = $1
-workers = 2
-secret_file = $tmp/secret
-connect_timeout_ms = 20000
-op_timeout_ms = 60000
-[log]
-level = warn
-INI
+ini() { # FILE SERVERS-LINE
+    job_ini "$1" 2 2 cluster.job_id="replay-$port" cluster.servers="$2" cluster.secret_file="$tmp/secret" \
+        cluster.connect_timeout_ms=20000 cluster.op_timeout_ms=60000 log.level=warn
 }
-ini "127.0.0.1:$port 127.0.0.1:$((port + 1))" >"$tmp/job.ini"
-ini "127.0.0.1:$relay_port 127.0.0.1:$((port + 1))" >"$tmp/via-relay.ini"
+ini "$tmp/job.ini" "127.0.0.1:$port 127.0.0.1:$((port + 1))"
+ini "$tmp/via-relay.ini" "127.0.0.1:$relay_port 127.0.0.1:$((port + 1))"
 export PSAGG_WORLD_SIZE=2
 server_bin=$build/server/psagg-server
 rogue=$build/tests/fault/rogue_worker
 fail=0
 
-for s in 0 1; do
-    PSAGG_CONFIG=$tmp/job.ini setsid "$server_bin" --config "$tmp/job.ini" --rank $s >"$tmp/server$s.log" 2>&1 &
-    pids+=($!)
-done
-setsid "$rogue" --mode relay --listen "$relay_port" --to-port "$port" --record "$tmp/hello.bin" \
-    >"$tmp/relay.log" 2>&1 &
-pids+=($!)
-for ((t = 0; t < 100; t++)); do grep -q "ROGUE-RELAY" "$tmp/relay.log" && break; sleep 0.1; done
+start_servers "$tmp/job.ini" 2 "" PSAGG_CONFIG="$tmp/job.ini"
+spawn "$tmp/relay.log" "$rogue" --mode relay --listen "$relay_port" --to-port "$port" --record "$tmp/hello.bin"
+wait_until 10 grep -q "ROGUE-RELAY" "$tmp/relay.log"
 args=(--rounds 6 --sizes 1,1023,4096)
-PSAGG_CONFIG=$tmp/via-relay.ini PSAGG_RANK=0 setsid "$build/tests/functional/fn_worker" "${args[@]}" \
-    >"$tmp/w0.log" 2>&1 &
-w0=$!
-pids+=("$w0")
-for ((t = 0; t < 100; t++)); do [ -s "$tmp/hello.bin" ] && break; sleep 0.1; done
+start_worker 0 "$tmp/w0.log" PSAGG_CONFIG="$tmp/via-relay.ini" "$build/tests/functional/fn_worker" "${args[@]}"
+w0=$h_pid
+wait_until 10 test -s "$tmp/hello.bin"
 [ -s "$tmp/hello.bin" ] || fail "the relay recorded no HELLO"
 sleep 0.5 # worker 0 is in (welcomed by both servers); the servers wait for worker 1
 
@@ -63,10 +48,8 @@ replay() { # server rank, what
 }
 replay 0 "replayed to server 0, live"
 replay 1 "relayed to server 1, live"
-PSAGG_CONFIG=$tmp/job.ini PSAGG_RANK=1 setsid "$build/tests/functional/fn_worker" "${args[@]}" \
-    >"$tmp/w1.log" 2>&1 &
-w1=$!
-pids+=("$w1")
+start_worker 1 "$tmp/w1.log" PSAGG_CONFIG="$tmp/job.ini" "$build/tests/functional/fn_worker" "${args[@]}"
+w1=$h_pid
 
 wait_for "$w0" 60
 rc0=$?
@@ -87,8 +70,7 @@ fi
 stop_all
 
 # a restarted server 0 of the same job (same id, same secret)
-setsid "$server_bin" --config "$tmp/job.ini" --rank 0 >"$tmp/server0-again.log" 2>&1 &
-pids+=($!)
+spawn "$tmp/server0-again.log" "$server_bin" --config "$tmp/job.ini" --rank 0
 replay 0 "replayed to server 0 restarted"
 stop_all
 for s in 0 1; do sed "s/^/[server $s] /" "$tmp/server$s.log"; done

@@ -2,7 +2,7 @@
 # run_case.sh - one functional scenario: real psagg-server processes and fn_worker processes
 # talking over libfabric (tcp or shm) on this host.
 #
-# usage: run_case.sh BUILD_DIR --servers S --workers N --provider P --port BASE
+# usage: run_case.sh BUILD_DIR --servers S --workers N --provider P [--port BASE]
 #                    [--runs R] [--set SECTION_KEY=VALUE]... [--expect-fail]
 #                    [--start-servers K] [--start-workers M] [--worker-set S_K=V]...
 #                    [--log-has TEXT]... [--log-lacks TEXT]... [--worker-bin NAME]
@@ -14,14 +14,17 @@
 # each worker reported the expected error (fn_worker --expect ...), that each worker's log
 # has a line with every --log-has TEXT and none with a --log-lacks TEXT, and that nothing
 # hangs. --worker-bin runs another program of tests/functional (default fn_worker) with the
-# same contract: DIGEST lines, or EXPECTED-ERROR-OK. Provider "rxm" (--provider, --worker-set CLUSTER_PROVIDER=) stands for "tcp;ofi_rxm",
-# which a CMake list cannot carry.
+# same contract: DIGEST lines, or EXPECTED-ERROR-OK. Provider "rxm" (--provider, --worker-set
+# CLUSTER_PROVIDER=) stands for "tcp;ofi_rxm", which a CMake list cannot carry. Without --port,
+# the servers' ports are reserved free ones (tests/harness.sh, reserve_ports); @PORT@ in a
+# --log-has or --log-lacks TEXT is server 0's.
 set -u -o pipefail
 
 build=$1
 shift
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
-servers=1 workers=2 provider=tcp port=19600 runs=1 expect_fail=0 start_servers="" start_workers=""
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+servers=1 workers=2 provider=tcp port="" runs=1 expect_fail=0 start_servers="" start_workers=""
 worker_name=fn_worker
 sets=()
 worker_sets=()
@@ -48,33 +51,11 @@ while (($#)); do
 done
 
 [[ $provider == rxm ]] && provider='tcp;ofi_rxm'
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null; done
-    sleep 0.2
-    for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-addrs=""
-for ((i = 0; i < servers; i++)); do addrs+="127.0.0.1:$((port + i)) "; done
-cat >"$tmp/job.ini" <<INI
-[cluster]
-job_id = fn-$port
-servers = $addrs
-workers = $workers
-provider = $provider
-connect_timeout_ms = 20000
-op_timeout_ms = 60000
-[server]
-threads = 2
-[worker]
-chunk_bytes = 262144
-[log]
-level = warn
-INI
+reserve_ports "$servers" "$port"
+job_ini "$tmp/job.ini" "$servers" "$workers" cluster.job_id="fn-$port" cluster.provider="$provider" \
+    cluster.connect_timeout_ms=20000 cluster.op_timeout_ms=60000 server.threads=2 \
+    worker.chunk_bytes=262144 log.level=warn
+log_has=("${log_has[@]//@PORT@/$port}") log_lacks=("${log_lacks[@]//@PORT@/$port}")
 for kv in "${sets[@]}"; do export "PSAGG_${kv%%=*}=${kv#*=}"; done
 
 server_bin=$build/server/psagg-server
@@ -83,7 +64,7 @@ worker_bin=$build/tests/functional/$worker_name
 if ((expect_fail == 0)); then
     first=""
     for ((run = 1; run <= runs; run++)); do
-        "$repo/deploy/psagg-local" --config "$tmp/job.ini" --server-bin "$server_bin" --timeout 240 \
+        "$h_repo/deploy/psagg-local" --config "$tmp/job.ini" --server-bin "$server_bin" --timeout 240 \
             -- "$worker_bin" "$@" >"$tmp/run$run.log" 2>&1
         rc=$?
         cat "$tmp/run$run.log"
@@ -111,27 +92,20 @@ fi
 
 # --expect-fail: start processes directly, each in its own process group
 export PSAGG_CONFIG=$tmp/job.ini PSAGG_WORLD_SIZE=$workers
-for ((i = 0; i < ${start_servers:-$servers}; i++)); do
-    setsid "$server_bin" --config "$tmp/job.ini" --rank "$i" >"$tmp/server$i.log" 2>&1 &
-    pids+=($!)
-done
-wpids=()
+start_servers "$tmp/job.ini" "${start_servers:-$servers}"
 for ((i = 0; i < ${start_workers:-$workers}; i++)); do
-    env "${worker_sets[@]}" PSAGG_RANK=$i setsid "$worker_bin" "$@" >"$tmp/worker$i.log" 2>&1 &
-    pids+=($!)
-    wpids+=($!)
+    start_worker "$i" "$tmp/worker$i.log" ${worker_sets[@]+"${worker_sets[@]}"} "$worker_bin" "$@"
 done
 fail=0
-for i in "${!wpids[@]}"; do
+for ((i = 0; i < ${start_workers:-$workers}; i++)); do
     # bounded: each worker carries its own --max-seconds check; this is the hang guard
-    for ((t = 0; t < 600; t++)); do kill -0 "${wpids[$i]}" 2>/dev/null || break; sleep 0.1; done
-    if kill -0 "${wpids[$i]}" 2>/dev/null; then
+    wait_for "${wpid[$i]}" 60
+    rc=$?
+    if ((rc == 124)) && kill -0 "${wpid[$i]}" 2>/dev/null; then
         echo "run_case: worker $i still running after 60 s: a hang" >&2
         fail=1
         continue
     fi
-    wait "${wpids[$i]}"
-    rc=$?
     sed "s/^/[worker $i] /" "$tmp/worker$i.log"
     if ((rc != 0)) || ! grep -q EXPECTED-ERROR-OK "$tmp/worker$i.log"; then
         echo "run_case: worker $i exited $rc without the expected error" >&2

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_adaptive.sh BUILD_DIR PORT - adaptive codecs ([codec] adaptive = on) end to end.
+# test_adaptive.sh BUILD_DIR [PORT] - adaptive codecs ([codec] adaptive = on) end to end.
 #
 # 1. Two servers, three fn_adaptive workers, a new assignment every 2 rounds: the codecs must
 #    change mid-job (fn_adaptive counts the switches), every output must equal fn_adaptive's
@@ -10,47 +10,25 @@
 #    assignment", fn_worker's push_pull must fail naming it, and the server must exit 1.
 set -u -o pipefail
 build=$1
-port=$2
-. "$(dirname -- "${BASH_SOURCE[0]}")/jobs.sh"
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+reserve_ports 2 "${2:-}"
 
 job() { # job NAME SERVERS WORKERS
-    local addrs="" i
-    for ((i = 0; i < $2; i++)); do addrs+="127.0.0.1:$((port + i)) "; done
-    cat >"$tmp/$1.ini" <<INI
-[cluster]
-job_id = adaptive-$1-$port
-servers = $addrs
-workers = $3
-connect_timeout_ms = 20000
-op_timeout_ms = 20000
-[server]
-threads = 2
-[worker]
-chunk_bytes = 262144
-[codec]
-adaptive = on
-adaptive_interval = 2
-adaptive_budget = 1.0
-[log]
-level = info
-INI
-    for ((i = 0; i < $2; i++)); do
-        setsid "$build/server/psagg-server" --config "$tmp/$1.ini" --rank $i >"$tmp/$1-server$i.log" 2>&1 &
-        pids+=($!)
-    done
+    job_ini "$tmp/$1.ini" "$2" "$3" cluster.job_id="adaptive-$1-$port" cluster.connect_timeout_ms=20000 \
+        cluster.op_timeout_ms=20000 server.threads=2 worker.chunk_bytes=262144 codec.adaptive=on \
+        codec.adaptive_interval=2 codec.adaptive_budget=1.0 log.level=info
+    start_servers "$tmp/$1.ini" "$2" "$1-"
 }
 
 # 1. exact sums across switches
 job exact 2 3
-wpids=()
 for w in 0 1 2; do
-    PSAGG_CONFIG=$tmp/exact.ini PSAGG_RANK=$w PSAGG_WORLD_SIZE=3 setsid "$build/tests/functional/fn_adaptive" 16 \
-        >"$tmp/exact-worker$w.log" 2>&1 &
-    wpids+=($!)
-    pids+=($!)
+    start_worker $w "$tmp/exact-worker$w.log" PSAGG_CONFIG="$tmp/exact.ini" PSAGG_WORLD_SIZE=3 \
+        "$build/tests/functional/fn_adaptive" 16
 done
 for w in 0 1 2; do
-    wait_for "${wpids[$w]}" 120 || fail "exact: worker $w exited $?"
+    wait_for "${wpid[$w]}" 120 || fail "exact: worker $w exited $?"
 done
 for w in 0 1 2; do grep -q '^ADAPTIVE-EXACT' "$tmp/exact-worker$w.log" || fail "exact: worker $w printed no result"; done
 line=$(grep '^ADAPTIVE-EXACT' "$tmp/exact-worker0.log")
@@ -65,26 +43,24 @@ digests=$(cat "$tmp"/exact-worker*.log | grep '^DIGEST' | sort -u | wc -l)
 grep -q 'adaptive codecs: generation 2 ' "$tmp/exact-worker1.log" || fail "exact: no info line for generation 2"
 grep -q "tensor 'a[0-9]' maxmin" "$tmp/exact-worker1.log" || fail "exact: no info line naming a changed tensor"
 grep 'adaptive codecs: generation' "$tmp/exact-worker0.log" | head -3
-for s in 0 1; do wait_for "${pids[$s]}" 30 || fail "exact: server $s exited $?"; done
+for s in 0 1; do wait_for "${spid[$s]}" 30 || fail "exact: server $s exited $?"; done
 pids=()
 
 # 2. a stale assignment is refused
 job stale 1 2
-PSAGG_CONFIG=$tmp/stale.ini PSAGG_RANK=0 PSAGG_WORLD_SIZE=2 setsid "$build/tests/functional/fn_worker" \
-    --codec maxmin4 --rounds 6 --expect EPEER --expect-text "stale assignment" --max-seconds 30 \
-    >"$tmp/stale-worker0.log" 2>&1 &
-w0=$!
-pids+=($w0)
-PSAGG_CONFIG=$tmp/stale.ini PSAGG_RANK=1 setsid "$build/tests/fault/rogue_worker" --mode stale --rounds 6 \
-    >"$tmp/stale-rogue.log" 2>&1 &
-rogue=$!
-pids+=($rogue)
+start_worker 0 "$tmp/stale-worker0.log" PSAGG_CONFIG="$tmp/stale.ini" PSAGG_WORLD_SIZE=2 \
+    "$build/tests/functional/fn_worker" --codec maxmin4 --rounds 6 --expect EPEER \
+    --expect-text "stale assignment" --max-seconds 30
+w0=$h_pid
+start_worker 1 "$tmp/stale-rogue.log" PSAGG_CONFIG="$tmp/stale.ini" "$build/tests/fault/rogue_worker" \
+    --mode stale --rounds 6
+rogue=$h_pid
 wait_for $rogue 60 || fail "stale: the rogue exited $?"
 grep -q ROGUE-OK "$tmp/stale-rogue.log" || fail "stale: the rogue was not closed for its stale assignment"
 grep 'server closed' "$tmp/stale-rogue.log"
 wait_for $w0 60 || fail "stale: fn_worker exited $? (expected EPEER naming the stale assignment)"
 cat "$tmp/stale-worker0.log" | grep -i "failed as expected"
-wait_for "${pids[0]}" 30
+wait_for "${spid[0]}" 30
 rc=$?
 [ $rc = 1 ] || fail "stale: the server exited $rc, expected 1 (job failed)"
 echo "test_adaptive: ok"

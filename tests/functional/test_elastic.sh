@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_elastic.sh CASE BUILD_DIR PORT - elastic membership ([cluster] elastic = on), ctest
+# test_elastic.sh CASE BUILD_DIR [PORT] - elastic membership ([cluster] elastic = on), ctest
 # label `elastic`: "no bad time to kill a worker".
 #
 # 2 servers, 4 fn_worker processes (tensors of 1 to 50,000 elements, so that tensors span
@@ -71,21 +71,22 @@ set -u -o pipefail
 
 case=$1
 build=$2
-port=$3
 OP=4000
 server_bin=$build/server/psagg-server
 worker_bin=$build/tests/functional/fn_worker
-. "$(dirname -- "${BASH_SOURCE[0]}")/jobs.sh" # $tmp, pids, wait_for, fail
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+reserve_ports 3 "${3:-}" # the servers', and mitm's man in the middle on the third
 
 say() { echo "test_elastic $case: $*"; }
 
-min=2 mode=kill codec=fp32 extra=() lag=() server_extra=""
+min=2 mode=kill codec=fp32 extra=() lag=() server_ef=""
 case $case in
 kill | midpush | afterpush | exit | stop | declare) mode=$case ;;
 ahead) mode=afterpush lag=(--lag-round 15 --lag-ms 500) ;;
 bye) mode=close ;;
 average) extra=(--average) ;;
-maxmin4) codec=maxmin4 server_extra="error_feedback = on" ;;
+maxmin4) codec=maxmin4 server_ef=on ;;
 below_min) min=4 ;;
 rogue_server0 | rogue_skip | rejoin | join_attacks | join_dies | grow | startup_gap | mitm) ;;
 *) fail "unknown case '$case'" ;;
@@ -93,47 +94,26 @@ esac
 bound_ms=2000
 [ "$mode" = stop ] && bound_ms=5000
 
-cat >"$tmp/job.ini" <<INI
-[cluster]
-job_id = elastic-$case-$port
-servers = 127.0.0.1:$port 127.0.0.1:$((port + 1))
-workers = 4
-elastic = on
-min_workers = $min
-connect_timeout_ms = 20000
-op_timeout_ms = $OP
-[server]
-threads = 2
-$server_extra
-[worker]
-chunk_bytes = 16384
-[log]
-level = warn
-INI
+job_ini "$tmp/job.ini" 2 4 cluster.job_id="elastic-$case-$port" cluster.elastic=on cluster.min_workers=$min \
+    cluster.connect_timeout_ms=20000 cluster.op_timeout_ms=$OP server.threads=2 server.error_feedback=$server_ef \
+    worker.chunk_bytes=16384 log.level=warn
 export PSAGG_CONFIG=$tmp/job.ini PSAGG_WORLD_SIZE=4
 # (the gap must not cost the start-up's whole deadline: a short one shows it)
 [ "$case" = startup_gap ] && sed -i 's/^connect_timeout_ms = 20000/connect_timeout_ms = 8000/' "$tmp/job.ini"
 if [[ $case == rogue_* ]]; then
     sed -i 's/^workers = 4/workers = 3/' "$tmp/job.ini"
     export PSAGG_WORLD_SIZE=3
-    for s in 0 1; do
-        setsid "$server_bin" --config "$tmp/job.ini" --rank "$s" >"$tmp/server$s.log" 2>&1 &
-        spid[$s]=$!
-        pids+=($!)
-    done
+    start_servers "$tmp/job.ini" 2
     if [ "$case" = rogue_server0 ]; then
         expect=(--elastic-dead 2) server_rc=0 mode=membership-server0
     else
         expect=(--expect EPROTO --expect-text "an epoch was skipped") server_rc=1 mode=membership-skip
     fi
     for r in 0 1; do
-        PSAGG_RANK=$r setsid "$worker_bin" --codec fp32 --rounds 200 "${expect[@]}" >"$tmp/worker$r.log" 2>&1 &
-        wpid[$r]=$!
-        pids+=($!)
+        start_worker $r "$tmp/worker$r.log" "$worker_bin" --codec fp32 --rounds 200 "${expect[@]}"
     done
-    PSAGG_RANK=2 setsid "$build/tests/fault/rogue_worker" --mode "$mode" >"$tmp/rogue.log" 2>&1 &
-    rpid=$!
-    pids+=($!)
+    start_worker 2 "$tmp/rogue.log" "$build/tests/fault/rogue_worker" --mode "$mode"
+    rpid=$h_pid
     wait_for "$rpid" 30
     rc=$?
     sed "s/^/[rogue] /" "$tmp/rogue.log"
@@ -157,21 +137,14 @@ fi
 if [ "$case" = mitm ]; then
     head -c 32 /dev/urandom >"$tmp/secret" && chmod 600 "$tmp/secret"
     printf '[cluster]\nsecret_file = %s\n' "$tmp/secret" >>"$tmp/job.ini"
-    for s in 0 1; do
-        setsid "$server_bin" --config "$tmp/job.ini" --rank "$s" >"$tmp/server$s.log" 2>&1 &
-        spid[$s]=$!
-        pids+=($!)
-    done
-    setsid "$build/tests/fault/rogue_worker" --mode mitm --listen $((port + 2)) --to-port $((port + 1)) \
-        --seconds 0.5 --claim 0 >"$tmp/rogue.log" 2>&1 &
-    pids+=($!)
+    start_servers "$tmp/job.ini" 2
+    spawn "$tmp/rogue.log" "$build/tests/fault/rogue_worker" --mode mitm --listen $((port + 2)) \
+        --to-port $((port + 1)) --seconds 0.5 --claim 0
     for r in 0 1 2 3; do
         via=()
-        ((r == 1)) && via=(env "PSAGG_CLUSTER_SERVERS=127.0.0.1:$port 127.0.0.1:$((port + 2))")
-        PSAGG_RANK=$r setsid "${via[@]}" "$worker_bin" --codec fp32 --sizes 1,1023,4096,50000,7000 \
-            --rounds 150 >"$tmp/worker$r.log" 2>&1 &
-        wpid[$r]=$!
-        pids+=($!)
+        ((r == 1)) && via=("PSAGG_CLUSTER_SERVERS=127.0.0.1:$port 127.0.0.1:$((port + 2))")
+        start_worker $r "$tmp/worker$r.log" "${via[@]}" "$worker_bin" --codec fp32 \
+            --sizes 1,1023,4096,50000,7000 --rounds 150
     done
     for r in 0 1 2 3; do
         wait_for "${wpid[$r]}" 60
@@ -208,22 +181,14 @@ if [ "$case" = grow ]; then
     PSAGG_RANK=4 "$worker_bin" --rounds 1 --expect EINVAL --expect-text "max_workers = 4" \
         >"$tmp/beyond.log" 2>&1 || { cat "$tmp/beyond.log"; fail "rank 4 of max_workers 4 was not refused"; }
 fi
-for s in 0 1; do
-    [[ $case == rejoin || $case == join_attacks || $case == join_dies || $case == grow ]] && break
-    setsid "$server_bin" --config "$tmp/job.ini" --rank "$s" >"$tmp/server$s.log" 2>&1 &
-    spid[$s]=$!
-    pids+=($!)
-done
+[[ $case == rejoin || $case == join_attacks || $case == join_dies || $case == grow ]] ||
+    start_servers "$tmp/job.ini" 2
 if [ "$case" = join_attacks ]; then
     head -c 32 /dev/urandom >"$tmp/secret" && chmod 600 "$tmp/secret"
     printf '[cluster]\nsecret_file = %s\n' "$tmp/secret" >>"$tmp/job.ini"
 fi
-for s in 0 1; do
-    [[ $case == rejoin || $case == join_attacks || $case == join_dies || $case == grow ]] || break
-    setsid "$server_bin" --config "$tmp/job.ini" --rank "$s" >"$tmp/server$s.log" 2>&1 &
-    spid[$s]=$!
-    pids+=($!)
-done
+[[ $case == rejoin || $case == join_attacks || $case == join_dies || $case == grow ]] &&
+    start_servers "$tmp/job.ini" 2
 # joined_job [EPOCH]: the 4 workers and both servers exit 0, the servers logged membership
 # epoch EPOCH (when given), and the workers' digests of the last rounds (TAIL) are identical
 joined_job() {
@@ -252,34 +217,28 @@ if [ "$case" = join_dies ]; then
         --elastic-dead 2 --rejoin --loose)
     for r in 0 1 2 3; do
         if ((r == 2)); then
-            PSAGG_RANK=$r setsid "$worker_bin" "${args[@]}" --die-rank 2 --die-round 15 --die-mode kill \
-                >"$tmp/worker$r.log" 2>&1 &
+            start_worker $r "$tmp/worker$r.log" "$worker_bin" "${args[@]}" --die-rank 2 --die-round 15 \
+                --die-mode kill
         else
-            PSAGG_RANK=$r setsid "$worker_bin" "${args[@]}" >"$tmp/worker$r.log" 2>&1 &
+            start_worker $r "$tmp/worker$r.log" "$worker_bin" "${args[@]}"
         fi
-        wpid[$r]=$!
-        pids+=($!)
     done
     wait_for "${wpid[2]}" 30
     # a joiner that dies 3 rounds after its admission
-    PSAGG_RANK=2 setsid "$worker_bin" "${args[@]}" --joiner-die-after 3 --die-mode kill >"$tmp/joinerA.log" 2>&1 &
-    a=$!
-    pids+=($a)
+    start_worker 2 "$tmp/joinerA.log" "$worker_bin" "${args[@]}" --joiner-die-after 3 --die-mode kill
+    a=$h_pid
     wait_for "$a" 30
     grep -q "joined at round" "$tmp/joinerA.log" || { cat "$tmp/joinerA.log"; fail "the first joiner did not join"; }
     # a joiner killed as soon as it says it joins (waiting for the members' barrier, or admitted)
-    PSAGG_RANK=2 setsid "$worker_bin" "${args[@]}" >"$tmp/joinerB.log" 2>&1 &
-    b=$!
-    pids+=($b)
+    start_worker 2 "$tmp/joinerB.log" "$worker_bin" "${args[@]}"
+    b=$h_pid
     for ((k = 0; k < 200; k++)); do
         grep -q "joins it" "$tmp/joinerB.log" && break
         sleep 0.01
     done
     kill -KILL "$b" 2>/dev/null
     wait_for "$b" 10
-    PSAGG_RANK=2 setsid "$worker_bin" "${args[@]}" >"$tmp/worker2.log" 2>&1 &
-    wpid[2]=$!
-    pids+=($!)
+    start_worker 2 "$tmp/worker2.log" "$worker_bin" "${args[@]}"
     joined_job
     say "passed: epochs $(grep -c 'membership epoch' "$tmp/server0.log") on server 0 ($(grep -o 'membership epoch [0-9]*: [^;]*' "$tmp/server0.log" | tr '\n' ' ')); all four bit-identical at the end"
     exit 0
@@ -289,14 +248,10 @@ if [ "$case" = grow ]; then
     args=(--codec fp32 --sizes 1,1023,4096,50000,7000 --rounds 100 --sync --round-sleep-ms 30
         --elastic-dead 3 --rejoin --grow)
     # rank 3 first: the job is not running yet, so it waits (HELLO again) until it does
-    PSAGG_RANK=3 setsid "$worker_bin" "${args[@]}" >"$tmp/worker3.log" 2>&1 &
-    wpid[3]=$!
-    pids+=($!)
+    start_worker 3 "$tmp/worker3.log" "$worker_bin" "${args[@]}"
     sleep 1
     for r in 0 1 2; do
-        PSAGG_RANK=$r setsid "$worker_bin" "${args[@]}" >"$tmp/worker$r.log" 2>&1 &
-        wpid[$r]=$!
-        pids+=($!)
+        start_worker $r "$tmp/worker$r.log" "$worker_bin" "${args[@]}"
     done
     joined_job 1
     grep -q "joined at round" "$tmp/worker3.log" || fail "rank 3 did not join"
@@ -307,13 +262,11 @@ if [[ $case == rejoin || $case == join_attacks ]]; then
     args=(--codec fp32 --sizes 1,1023,4096,50000,7000 --rounds 100 --sync --round-sleep-ms 30)
     for r in 0 1 2 3; do
         if ((r == 2)); then
-            PSAGG_RANK=$r setsid "$worker_bin" "${args[@]}" --die-rank 2 --die-round 15 --die-mode kill \
-                >"$tmp/worker$r.log" 2>&1 &
+            start_worker $r "$tmp/worker$r.log" "$worker_bin" "${args[@]}" --die-rank 2 --die-round 15 \
+                --die-mode kill
         else
-            PSAGG_RANK=$r setsid "$worker_bin" "${args[@]}" --elastic-dead 2 --rejoin >"$tmp/worker$r.log" 2>&1 &
+            start_worker $r "$tmp/worker$r.log" "$worker_bin" "${args[@]}" --elastic-dead 2 --rejoin
         fi
-        wpid[$r]=$!
-        pids+=($!)
     done
     wait_for "${wpid[2]}" 30
     sed "s/^/[worker 2, first] /" "$tmp/worker2.log"
@@ -335,9 +288,7 @@ if [[ $case == rejoin || $case == join_attacks ]]; then
     PSAGG_RANK=2 "$worker_bin" --codec fp32 --sizes 1,1023,4096,50001,7000 --rounds 100 --sync \
         --expect EMISMATCH --expect-text "tensor 3 is 't003' (50001 elements" >"$tmp/mismatch.log" 2>&1 ||
         { cat "$tmp/mismatch.log"; fail "a joiner with another declaration was not refused"; }
-    PSAGG_RANK=2 setsid "$worker_bin" "${args[@]}" --elastic-dead 2 --rejoin >"$tmp/worker2.log" 2>&1 &
-    wpid[2]=$!
-    pids+=($!)
+    start_worker 2 "$tmp/worker2.log" "$worker_bin" "${args[@]}" --elastic-dead 2 --rejoin
     joined_job 2
     for r in 0 1 3; do
         longest=$(sed -n 's/^ELASTIC.*longest-round-ms \([0-9]*\).*/\1/p' "$tmp/worker$r.log")
@@ -349,19 +300,16 @@ fi
 args=(--codec "$codec" --sizes 1,1023,4096,50000,7000 --rounds 60 "${extra[@]}")
 for r in 0 1 2 3; do
     if ((r == 2)) && [ "$case" = startup_gap ]; then
-        PSAGG_RANK=$r setsid "$build/tests/fault/rogue_worker" --mode hello-die --server 0 \
-            >"$tmp/worker$r.log" 2>&1 &
+        start_worker $r "$tmp/worker$r.log" "$build/tests/fault/rogue_worker" --mode hello-die --server 0
     elif ((r == 2)); then
-        PSAGG_RANK=$r setsid "$worker_bin" "${args[@]}" --die-rank 2 --die-round 15 --die-mode "$mode" \
-            >"$tmp/worker$r.log" 2>&1 &
+        start_worker $r "$tmp/worker$r.log" "$worker_bin" "${args[@]}" --die-rank 2 --die-round 15 \
+            --die-mode "$mode"
     elif [ "$case" = below_min ]; then
-        PSAGG_RANK=$r setsid "$worker_bin" "${args[@]}" --expect EPEER --expect-text "min_workers=4" \
-            >"$tmp/worker$r.log" 2>&1 &
+        start_worker $r "$tmp/worker$r.log" "$worker_bin" "${args[@]}" --expect EPEER \
+            --expect-text "min_workers=4"
     else
-        PSAGG_RANK=$r setsid "$worker_bin" "${args[@]}" "${lag[@]}" --elastic-dead 2 >"$tmp/worker$r.log" 2>&1 &
+        start_worker $r "$tmp/worker$r.log" "$worker_bin" "${args[@]}" "${lag[@]}" --elastic-dead 2
     fi
-    wpid[$r]=$!
-    pids+=($!)
 done
 
 for r in 0 1 3; do

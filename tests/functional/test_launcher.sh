@@ -14,13 +14,14 @@
 # has its own time limit; the whole test takes a few seconds. Exit 0 = all passed.
 set -u
 
-here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
-repo=$(cd -- "$here/../.." && pwd)
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+repo=$h_repo
 launcher=${1:-$repo/deploy/psagg-local}
 REAL_SERVER=${2:-$repo/build/server/psagg-server}
 export REAL_SERVER
 conf=$(realpath -- "$repo/conf/local.ini")
-T=$(mktemp -d "${TMPDIR:-/tmp}/psagg-test-launcher.XXXXXX") || exit 1
+T=$tmp
 export T
 failures=0
 started=$SECONDS
@@ -32,12 +33,9 @@ kill_recorded() {
         [[ -e $f ]] && kill -KILL "${f##*.}" 2>/dev/null
     done
 }
-cleanup() {
-    kill_recorded
-    rm -rf -- "$T"
-}
-trap cleanup EXIT
+at_exit kill_recorded
 
+# (this test counts its failures and goes on: its own fail, not the harness's)
 fail() {
     echo "FAIL: $*" >&2
     failures=$((failures + 1))

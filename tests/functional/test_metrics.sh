@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# test_metrics.sh BUILD_DIR PORT - the servers' Prometheus endpoint ([server] metrics_port) and
+# test_metrics.sh BUILD_DIR [PORT] - the servers' Prometheus endpoint ([server] metrics_port) and
 # straggler report, on a real job: 2 servers (control ports PORT, PORT+1; metrics PORT+2,
-# PORT+3) and 2 workers of fn_worker, started by deploy/psagg-local.
+# PORT+3; a reserved block without PORT) and 2 workers of fn_worker, started by
+# deploy/psagg-local.
 #   - while the job runs, each server's /metrics is scraped twice: every push, byte and round
 #     counter, the rounds' collect and finish histograms and the aggregation threads' busy
 #     time are there, and the second scrape's pushes, chunk rounds, round count and busy time
@@ -13,38 +14,21 @@
 # PSAGG_KEEP_SCRAPE=FILE keeps server 0's second scrape and the straggler report there.
 set -u -o pipefail
 
-build=$1 port=$2
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
+build=$1
 server_bin=$build/server/psagg-server worker_bin=$build/tests/functional/fn_worker
-tmp=$(mktemp -d)
-launcher=""
-cleanup() {
-    [[ -n $launcher ]] && kill -TERM "$launcher" 2>/dev/null && wait "$launcher" 2>/dev/null
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() { echo "test_metrics: FAIL: $*" >&2; exit 1; }
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+reserve_ports 5 "${2:-}" # control ports, metrics ports, and a third server's control port
 command -v curl >/dev/null || fail "curl is missing (deploy/install-deps.sh installs it)"
 command -v promtool >/dev/null || fail "promtool is missing (Debian package prometheus; deploy/install-deps.sh)"
 
 m0=$((port + 2)) m1=$((port + 3))
-cat >"$tmp/job.ini" <<INI
-[cluster]
-job_id = metrics-$port
-servers = 127.0.0.1:$port 127.0.0.1:$((port + 1))
-workers = 2
-[server]
-threads = 2
-metrics_port = $m0
-[worker]
-chunk_bytes = 262144
-[log]
-level = info
-INI
+job_ini "$tmp/job.ini" 2 2 cluster.job_id="metrics-$port" server.threads=2 server.metrics_port=$m0 \
+    worker.chunk_bytes=262144 log.level=info
 
-"$repo/deploy/psagg-local" --config "$tmp/job.ini" --server-bin "$server_bin" --timeout 200 -- \
-    "$worker_bin" --codec maxmin4 --rounds 4000 --random-tensors 20 >"$tmp/job.log" 2>&1 &
-launcher=$!
+spawn "$tmp/job.log" "$h_repo/deploy/psagg-local" --config "$tmp/job.ini" --server-bin "$server_bin" --timeout 200 -- \
+    "$worker_bin" --codec maxmin4 --rounds 4000 --random-tensors 20
+launcher=$h_pid
 
 # the value of a sample (name with its labels, as printed) in a scrape
 value() { awk -v k="$2" '$1 == k { print $2 }' "$1"; }
@@ -114,7 +98,6 @@ echo "test_metrics: a taken port: $(grep -o 'metrics endpoint: .*' "$tmp/taken.l
 
 wait "$launcher"
 rc=$?
-launcher=""
 ((rc == 0)) || { tail -n 30 "$tmp/job.log"; fail "the job failed (launcher exit $rc)"; }
 for s in 0 1; do
     grep -q "server $s INFO straggler report: worker 1: [0-9]* pushes, lateness mean" "$tmp/job.log" ||

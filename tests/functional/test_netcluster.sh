@@ -18,12 +18,12 @@ for t in ip tc unshare python3 timeout; do
 done
 ip netns list >/dev/null 2>&1 || { echo "SKIP: network namespaces unavailable"; exit 77; }
 
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
 P="psgt$(od -An -N2 -tx1 /dev/urandom | tr -d ' \n')"
 fail=0
 cleanup() { "$NC" down --prefix "$P" >/dev/null 2>&1; }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+at_exit cleanup
 
 bad() { echo "FAIL: $*"; fail=1; }
 
@@ -46,9 +46,6 @@ throughput() {
     out=$(sed -n 's/.*gbit_per_s=\([0-9.]*\).*/\1/p' "$tmp/recv.$from$to")
     echo "${out:-0}"
 }
-
-tmp=$(mktemp -d)
-trap 'cleanup; rm -rf "$tmp"' EXIT
 
 echo "== up: 2 hosts at 100mbit, prefix $P"
 "$NC" up --hosts 2 --rate 100mbit --prefix "$P" --owner-pid $$ >"$tmp/up.out" 2>"$tmp/up.err" \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_nonces.sh BUILD_DIR PORT - no two data messages of a job share a one-time key (ctest
+# test_nonces.sh BUILD_DIR [PORT] - no two data messages of a job share a one-time key (ctest
 # labels functional, regression). Every job here runs with a secret and data_auth, and every
 # process lists each data message it seals ([log] mac_trace: a fingerprint of the key, the
 # message's number, a hash of its bytes; runtime/auth.h, node.h). The one-time key of a
@@ -20,43 +20,34 @@
 # each process's messages are numbered 1, 2, ... under each of its keys.
 set -u -o pipefail
 build=$1
-port=$2
 here=$(dirname -- "${BASH_SOURCE[0]}")
-. "$here/jobs.sh"
+# shellcheck source=tests/harness.sh
+. "$here/../harness.sh"
+reserve_ports 3 "${2:-}" # (and test_quorum.sh and test_elastic.sh below run on these)
 fn=$build/tests/functional/fn_optim
 macs=$tmp/macs
 mkdir -p "$macs"
 head -c 32 /dev/urandom >"$tmp/secret" && chmod 600 "$tmp/secret"
 
 ini() { # ini NAME: a job file of 2 servers and 3 workers, sgd with momentum, sync_interval 3
-    {
-        printf '[cluster]\njob_id = nonces-%s-%s\nservers = 127.0.0.1:%d 127.0.0.1:%d\n' "$1" "$port" "$port" $((port + 1))
-        printf 'workers = 3\nconnect_timeout_ms = 20000\nop_timeout_ms = 20000\nsecret_file = %s\n' "$tmp/secret"
-        printf 'data_auth = on\n[server]\nthreads = 2\noptimizer = sgd\nmomentum = 0.9\nnesterov = on\n'
-        printf 'sync_interval = 3\ncheckpoint_dir = %s/ck\n[worker]\nchunk_bytes = 16384\n' "$tmp"
-        printf '[log]\nlevel = info\nmac_trace = %s/%s\n' "$macs" "$1"
-    } >"$tmp/$1.ini"
+    job_ini "$tmp/$1.ini" 2 3 cluster.job_id="nonces-$1-$port" cluster.connect_timeout_ms=20000 \
+        cluster.op_timeout_ms=20000 cluster.secret_file="$tmp/secret" cluster.data_auth=on server.threads=2 \
+        server.optimizer=sgd server.momentum=0.9 server.nesterov=on server.sync_interval=3 \
+        server.checkpoint_dir="$tmp/ck" worker.chunk_bytes=16384 log.level=info log.mac_trace="$macs/$1"
     mkdir -p "$tmp/ck"
 }
 servers() { # servers NAME [ENV...]
-    local name=$1 i
+    local name=$1
     shift
     stop_all
-    for i in 0 1; do
-        env "$@" setsid "$build/server/psagg-server" --config "$tmp/$name.ini" --rank $i >"$tmp/$name-server$i.log" 2>&1 &
-        pids+=($!)
-    done
+    start_servers "$tmp/$name.ini" 2 "$name-" "$@"
 }
-wpids=()
 workers() { # workers NAME STEPS [ARGS...]
     local name=$1 steps=$2 w
     shift 2
-    wpids=()
     for w in 0 1 2; do
-        PSAGG_CONFIG=$tmp/$name.ini PSAGG_RANK=$w PSAGG_WORLD_SIZE=3 FN_OPTIM_CODEC=maxmin4/512 \
-            setsid "$fn" "$steps" "$@" >"$tmp/$name-worker$w.log" 2>&1 &
-        wpids+=($!)
-        pids+=($!)
+        start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
+            FN_OPTIM_CODEC=maxmin4/512 "$fn" "$steps" "$@"
     done
 }
 
@@ -64,7 +55,7 @@ workers() { # workers NAME STEPS [ARGS...]
 ini optim
 servers optim
 workers optim 10
-for w in 0 1 2; do wait_for "${wpids[$w]}" 120 || fail "optim: worker $w exited $?"; done
+for w in 0 1 2; do wait_for "${wpid[$w]}" 120 || fail "optim: worker $w exited $?"; done
 grep -q '^OPTIM-EXACT' "$tmp/optim-worker0.log" || fail "optim: not exact"
 ini resume
 servers resume
@@ -77,7 +68,7 @@ grep -q '^CHECKPOINT after step 3' "$tmp/resume-worker0.log" || fail "resume: no
 stop_all
 servers resume PSAGG_SERVER_RESUME=on
 workers resume 10 --resume
-for w in 0 1 2; do wait_for "${wpids[$w]}" 120 || fail "resume: worker $w exited $?"; done
+for w in 0 1 2; do wait_for "${wpid[$w]}" 120 || fail "resume: worker $w exited $?"; done
 grep -q 'INIT from step 4' "$tmp/resume-worker0.log" || fail "resume: did not start at step 4"
 stop_all
 

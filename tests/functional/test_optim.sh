@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_optim.sh BUILD_DIR PORT - the server-side optimizer ([server] optimizer) end to end.
+# test_optim.sh BUILD_DIR [PORT] - the server-side optimizer ([server] optimizer) end to end.
 #
 # 1. Exact: two servers, three fn_optim workers, for sgd (momentum, nesterov, sync_interval 3)
 #    with maxmin4 deltas, adam with fp32 and adamw with maxmin2: every worker's weights equal
@@ -17,49 +17,40 @@
 #    parameter pushes (lr NaN, kind 3, a gradient before INIT) close it, naming the field.
 set -u -o pipefail
 build=$1
-port=$2
-. "$(dirname -- "${BASH_SOURCE[0]}")/jobs.sh"
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+reserve_ports 2 "${2:-}"
 fn=$build/tests/functional/fn_optim
 
-ini() { # ini NAME OPTIMIZER-KEYS...: a job file of 2 servers and 3 workers
+ini() { # ini NAME KEY=VALUE...: a job file of 2 servers and 3 workers
     local name=$1
     shift
-    {
-        printf '[cluster]\njob_id = optim-%s-%s\nservers = 127.0.0.1:%d 127.0.0.1:%d\n' "$name" "$port" "$port" $((port + 1))
-        printf 'workers = 3\nconnect_timeout_ms = 20000\nop_timeout_ms = 20000\n[server]\nthreads = 2\n'
-        printf '%s\n' "$@"
-        printf 'checkpoint_dir = %s/ck-%s\n[worker]\nchunk_bytes = 16384\n[log]\nlevel = info\n' "$tmp" "$name"
-    } >"$tmp/$name.ini"
+    job_ini "$tmp/$name.ini" 2 3 cluster.job_id="optim-$name-$port" cluster.connect_timeout_ms=20000 \
+        cluster.op_timeout_ms=20000 server.threads=2 "${@/#/server.}" server.checkpoint_dir="$tmp/ck-$name" \
+        worker.chunk_bytes=16384 log.level=info
     mkdir -p "$tmp/ck-$name"
 }
 
 servers() { # servers NAME [ENV...]: start both servers of job NAME (the last job's are gone)
-    local name=$1 i
+    local name=$1
     shift
     stop_all
-    for i in 0 1; do
-        env "$@" setsid "$build/server/psagg-server" --config "$tmp/$name.ini" --rank $i >"$tmp/$name-server$i.log" 2>&1 &
-        pids+=($!)
-    done
+    start_servers "$tmp/$name.ini" 2 "$name-" "$@"
 }
 
-wpids=()
 workers() { # workers NAME CODEC STEPS [ARGS...]: start three fn_optim workers
     local name=$1 codec=$2 steps=$3 w
     shift 3
-    wpids=()
     for w in 0 1 2; do
-        PSAGG_CONFIG=$tmp/$name.ini PSAGG_RANK=$w PSAGG_WORLD_SIZE=3 FN_OPTIM_CODEC=$codec setsid "$fn" "$steps" "$@" \
-            >"$tmp/$name-worker$w.log" 2>&1 &
-        wpids+=($!)
-        pids+=($!)
+        start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
+            FN_OPTIM_CODEC="$codec" "$fn" "$steps" "$@"
     done
 }
 
 digest=
 finish() { # finish NAME: all workers succeed and agree; sets digest (not in a subshell: it waits)
     local name=$1 w
-    for w in 0 1 2; do wait_for "${wpids[$w]}" 120 || fail "$name: worker $w exited $?"; done
+    for w in 0 1 2; do wait_for "${wpid[$w]}" 120 || fail "$name: worker $w exited $?"; done
     for w in 0 1 2; do grep -q '^OPTIM-EXACT' "$tmp/$name-worker$w.log" || fail "$name: worker $w printed no result"; done
     [ "$(grep -h '^DIGEST' "$tmp/$name"-worker*.log | sort -u | wc -l)" = 1 ] || fail "$name: the workers' weights differ"
     grep -h '^OPTIM-EXACT\|^DRIFT' "$tmp/$name-worker0.log"
@@ -67,36 +58,36 @@ finish() { # finish NAME: all workers succeed and agree; sets digest (not in a s
 }
 
 # 1. exact, three optimizers
-ini sgd "optimizer = sgd" "momentum = 0.9" "nesterov = on" "sync_interval = 3"
+ini sgd optimizer=sgd momentum=0.9 nesterov=on sync_interval=3
 servers sgd
 workers sgd maxmin4/512 10
 finish sgd
-for i in 0 1; do wait_for "${pids[$i]}" 20 || fail "sgd: server $i exited $?"; done
+for i in 0 1; do wait_for "${spid[$i]}" 20 || fail "sgd: server $i exited $?"; done
 grep -h 'optimizer sgd: ' "$tmp"/sgd-server*.log
 grep -q 'optimizer sgd: [1-9][0-9]* chunk steps .* [1-9][0-9]* weight syncs' "$tmp/sgd-server0.log" ||
     fail "sgd: server 0's report counts no steps or no weight syncs"
-ini adam "optimizer = adam"
+ini adam optimizer=adam
 servers adam
 workers adam fp32 8
 finish adam
 grep -q 'DRIFT max |master - trained| = 0$' "$tmp/adam-worker0.log" || fail "adam: fp32 deltas left the weights off the master weights"
-ini adamw "optimizer = adamw" "weight_decay = 0.05" "beta2 = 0.99"
+ini adamw optimizer=adamw weight_decay=0.05 beta2=0.99
 servers adamw
 workers adamw maxmin2/256 8
 finish adamw
 
 # 2. kill after a checkpoint, resume, and end where the uninterrupted run ends
-ini ref "optimizer = adam"
+ini ref optimizer=adam
 servers ref
 workers ref maxmin4/512 10
 finish ref
 want=$digest
-ini ck "optimizer = adam"
+ini ck optimizer=adam
 servers ck
 workers ck maxmin4/512 10 --checkpoint-at 4 --stop-after 6
 for ((t = 0; t < 600; t++)); do
     [ "$(grep -l '^STOPPED' "$tmp"/ck-worker*.log 2>/dev/null | wc -l)" = 3 ] && break
-    for w in 0 1 2; do kill -0 "${wpids[$w]}" 2>/dev/null || fail "ck: worker $w exited before step 6"; done
+    for w in 0 1 2; do kill -0 "${wpid[$w]}" 2>/dev/null || fail "ck: worker $w exited before step 6"; done
     sleep 0.1
 done
 grep -q '^CHECKPOINT after step 3' "$tmp/ck-worker0.log" || fail "ck: no checkpoint"
@@ -115,17 +106,17 @@ echo "checkpoint after step 4, killed after step 6, resumed: $got = uninterrupte
 # 2b. the same with [server] quorum (its grace too long to leave anyone out, so the runs are
 # comparable): the checkpoint is a collective, every worker asks at step 4, the servers write
 # it once all have; the resumed run ends where the uninterrupted one does
-ini qref "optimizer = adam" "quorum = 2" "grace_ms = 600000"
+ini qref optimizer=adam quorum=2 grace_ms=600000
 servers qref
 workers qref maxmin4/512 10
 finish qref
 want=$digest
-ini qck "optimizer = adam" "quorum = 2" "grace_ms = 600000"
+ini qck optimizer=adam quorum=2 grace_ms=600000
 servers qck
 workers qck maxmin4/512 10 --checkpoint-at 4 --checkpoint-all --stop-after 6
 for ((t = 0; t < 600; t++)); do
     [ "$(grep -l '^STOPPED' "$tmp"/qck-worker*.log 2>/dev/null | wc -l)" = 3 ] && break
-    for w in 0 1 2; do kill -0 "${wpids[$w]}" 2>/dev/null || fail "qck: worker $w exited before step 6"; done
+    for w in 0 1 2; do kill -0 "${wpid[$w]}" 2>/dev/null || fail "qck: worker $w exited before step 6"; done
     sleep 0.1
 done
 (($(grep -l '^CHECKPOINT after step 3' "$tmp"/qck-worker*.log | wc -l) == 3)) || fail "qck: not every worker's checkpoint call returned"
@@ -136,11 +127,11 @@ finish qck
 [ "$digest" = "$want" ] || fail "quorum resume: $digest, the uninterrupted run $want"
 echo "quorum: a collective checkpoint after step 4, killed after step 6, resumed: $digest = uninterrupted"
 # and only worker 0 asks: the servers wait op_timeout_ms for the others (the rounds they go on with, 1.5 x), then say who
-ini qone "optimizer = adam" "quorum = 2" "grace_ms = 600000"
+ini qone optimizer=adam quorum=2 grace_ms=600000
 sed -i 's/^op_timeout_ms = .*/op_timeout_ms = 2000/' "$tmp/qone.ini"
 servers qone
 workers qone maxmin4/512 10 --checkpoint-at 2
-wait_for "${wpids[0]}" 60
+wait_for "${wpid[0]}" 60
 grep -q "psagg_checkpoint: .*every worker calls psagg_checkpoint at the same step.*workers 1,2 did not" "$tmp/qone-worker0.log" ||
     fail "qone: worker 0's lone checkpoint in a quorum job was not refused naming workers 1,2"
 echo "quorum: a lone checkpoint refused: $(grep -o 'no checkpoint: .*did not' "$tmp/qone-worker0.log" | head -1)"
@@ -148,11 +139,8 @@ stop_all
 
 # 3a. a torn and a corrupted checkpoint: the server refuses to start
 refuse_start() { # refuse_start WHAT PATTERN
-    local p
-    setsid "$build/server/psagg-server" --config "$tmp/ck.ini" --rank 0 >"$tmp/refuse.log" 2>&1 &
-    p=$!
-    pids+=($p)
-    wait_for $p 20
+    spawn "$tmp/refuse.log" "$build/server/psagg-server" --config "$tmp/ck.ini" --rank 0
+    wait_for $h_pid 20
     [ $? = 1 ] || fail "$1: the server did not exit 1"
     grep -q "$2" "$tmp/refuse.log" || fail "$1: the server's log does not say '$2'"
     grep -h 'ERROR' "$tmp/refuse.log" >&2
@@ -173,42 +161,35 @@ PSAGG_SERVER_RESUME=on refuse_start missing "cannot be opened"
 cp "$tmp/ck-saved"/* "$tmp/ck-ck/"
 servers ck PSAGG_SERVER_RESUME=on
 workers ck maxmin2/512 10 --resume
-for w in 0 1 2; do wait_for "${wpids[$w]}" 60 && fail "mismatch: worker $w succeeded"; done
+for w in 0 1 2; do wait_for "${wpid[$w]}" 60 && fail "mismatch: worker $w succeeded"; done
 grep -q "nothing loaded" "$tmp/ck-worker0.log" || fail "mismatch: worker 0 was not told why"
 grep -h 'FAIL' "$tmp/ck-worker0.log" >&2
 
 # 3c. workers that disagree on the learning rate
-ini lr "optimizer = sgd"
+ini lr optimizer=sgd
 servers lr
-wpids=()
 for w in 0 1 2; do
     scale=1
     [ $w = 2 ] && scale=2
-    PSAGG_CONFIG=$tmp/lr.ini PSAGG_RANK=$w PSAGG_WORLD_SIZE=3 setsid "$fn" 4 --lr-scale $scale >"$tmp/lr-worker$w.log" 2>&1 &
-    wpids+=($!)
-    pids+=($!)
+    start_worker $w "$tmp/lr-worker$w.log" PSAGG_CONFIG="$tmp/lr.ini" PSAGG_WORLD_SIZE=3 "$fn" 4 --lr-scale $scale
 done
-for w in 0 1 2; do wait_for "${wpids[$w]}" 60 && fail "lr: worker $w succeeded"; done
+for w in 0 1 2; do wait_for "${wpid[$w]}" 60 && fail "lr: worker $w succeeded"; done
 grep -q "the workers disagree" "$tmp/lr-worker0.log" || fail "lr: worker 0 was not told why"
 grep -h 'FAIL' "$tmp/lr-worker0.log" >&2
 
 # 3d. parameters, but the servers run no optimizer
-ini none "optimizer = none"
+ini none optimizer=none
 servers none
 workers none fp32 2
-for w in 0 1 2; do wait_for "${wpids[$w]}" 60 && fail "none: worker $w succeeded"; done
+for w in 0 1 2; do wait_for "${wpid[$w]}" 60 && fail "none: worker $w succeeded"; done
 # the first worker to declare says why; the others may find the servers gone already
 grep -h "no optimizer" "$tmp"/none-worker*.log | head -1 | grep . >&2 || fail "none: no worker was told why"
 # 3e. a worker whose parameter pushes are malformed: closed, naming the field
-{
-    printf '[cluster]\njob_id = optim-rogue-%s\nservers = 127.0.0.1:%d\nworkers = 1\n' "$port" "$port"
-    printf 'connect_timeout_ms = 20000\nop_timeout_ms = 20000\n[server]\noptimizer = sgd\n'
-    printf '[worker]\nchunk_bytes = 16384\n'
-} >"$tmp/rogue.ini"
+job_ini "$tmp/rogue.ini" 1 1 cluster.job_id="optim-rogue-$port" cluster.connect_timeout_ms=20000 \
+    cluster.op_timeout_ms=20000 server.optimizer=sgd worker.chunk_bytes=16384
 for mode in param-lr param-kind param-early; do
     stop_all
-    setsid "$build/server/psagg-server" --config "$tmp/rogue.ini" --rank 0 >"$tmp/rogue-server.log" 2>&1 &
-    pids+=($!)
+    spawn "$tmp/rogue-server.log" "$build/server/psagg-server" --config "$tmp/rogue.ini" --rank 0
     PSAGG_CONFIG=$tmp/rogue.ini PSAGG_RANK=0 PSAGG_WORLD_SIZE=1 timeout 60 "$build/tests/fault/rogue_worker" --mode $mode \
         >"$tmp/rogue-$mode.log" 2>&1 || fail "$mode: the server did not close the rogue naming the field"
     grep -h 'server closed this worker' "$tmp/rogue-$mode.log" >&2

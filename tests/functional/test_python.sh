@@ -9,9 +9,8 @@ set -u -o pipefail
 build=${1:?usage: test_python.sh BUILD_DIR}
 py=/usr/bin/python3
 "$py" -c "import torch" 2>/dev/null || { echo "test_python: SKIP: $py cannot import torch"; exit 77; }
-fail() { echo "test_python: FAIL: $*" >&2; exit 1; }
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/psagg-test-python.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
 unset PSAGG_LIBRARY LD_PRELOAD
 printf '[cluster]\njob_id = x\nservers = 127.0.0.1:1\nworkers = 2\nbogus_key = 1\n' >"$tmp/bad.ini"
 check='
@@ -42,8 +41,7 @@ $check" "$tmp/bad.ini" 2>&1) || fail "installed: $out"
 [[ $out == *"psagg.torch: $site/psagg/torch/__init__.py $site/psagg/torch/diloco.py"* ]] ||
     fail "installed package imported another psagg.torch: $out"
 echo "test_python: installed: $out"
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
-out=$(cd "$tmp" && "$tmp/prefix/bin/psagg-local" --config "$repo/conf/local.ini" --servers 0 --workers 1 \
+out=$(cd "$tmp" && "$tmp/prefix/bin/psagg-local" --config "$h_repo/conf/local.ini" --servers 0 --workers 1 \
     -- sh -c 'echo "worker $PSAGG_RANK of $PSAGG_WORLD_SIZE"' 2>&1) || fail "installed psagg-local: $out"
 [[ $out == *"[worker 0] worker 0 of 1"* ]] || fail "installed psagg-local: $out"
 echo "test_python: installed psagg-local ran a job"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_quorum.sh CASE BUILD_DIR PORT - straggler tolerance ([server] quorum, grace_ms), ctest
+# test_quorum.sh CASE BUILD_DIR [PORT] - straggler tolerance ([server] quorum, grace_ms), ctest
 # label `elastic`.
 #
 # 2 servers, 4 fn_worker processes (tensors of 1 to 50,000 elements over several chunks on
@@ -27,76 +27,58 @@ set -u -o pipefail
 
 case=$1
 build=$2
-port=$3
 server_bin=$build/server/psagg-server
 worker_bin=$build/tests/functional/fn_worker
-. "$(dirname -- "${BASH_SOURCE[0]}")/jobs.sh" # $tmp, pids, wait_for, fail
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+reserve_ports 2 "${3:-}"
 
 say() { echo "test_quorum $case: $*"; }
 
-quorum=3 codec=fp32 extra=() server_extra="" calm=10 slow=40
+quorum=3 codec=fp32 extra=() server_ef="" calm=10 slow=40
 case $case in
 straggler) ;;
 carry) calm=0 slow=20 ;;
 elastic) quorum=2 ;;
-ef) codec=maxmin4 extra=(--error-feedback) server_extra="error_feedback = on" ;;
+ef) codec=maxmin4 extra=(--error-feedback) server_ef=on ;;
 all) quorum=4 ;;
 bad) ;;
 *) fail "unknown case '$case'" ;;
 esac
 
-write_ini() { # quorum [extra lines]
-    cat >"$tmp/job.ini" <<INI
-[cluster]
-job_id = quorum-$case-$port
-servers = 127.0.0.1:$port 127.0.0.1:$((port + 1))
-workers = 4
-connect_timeout_ms = 20000
-op_timeout_ms = 4000
-[server]
-threads = 2
-quorum = $1
-grace_ms = 5
-$server_extra
-[worker]
-chunk_bytes = 16384
-[log]
-level = info
-${2:-}
-INI
+write_ini() { # quorum [SECTION.KEY=VALUE...]
+    job_ini "$tmp/job.ini" 2 4 cluster.job_id="quorum-$case-$port" cluster.connect_timeout_ms=20000 \
+        cluster.op_timeout_ms=4000 server.threads=2 server.quorum="$1" server.grace_ms=5 \
+        server.error_feedback=$server_ef worker.chunk_bytes=16384 log.level=info "${@:2}"
 }
 
 if [ "$case" = bad ]; then
+    # (the errors name the quorum line of the file)
     write_ini 5
+    line=$(grep -n '^quorum = ' "$tmp/job.ini" | cut -d: -f1)
     out=$("$server_bin" --config "$tmp/job.ini" --rank 0 2>&1) && fail "quorum 5 of 4 workers: the server started"
-    grep -q "job.ini:9: \[server\] quorum = 5 is more than workers = 4" <<<"$out" ||
+    grep -q "job.ini:$line: \[server\] quorum = 5 is more than workers = 4" <<<"$out" ||
         fail "quorum 5 of 4 workers: the server said: $out"
     out=$(PSAGG_CONFIG=$tmp/job.ini PSAGG_RANK=0 PSAGG_WORLD_SIZE=4 "$worker_bin" --rounds 1 2>&1) &&
         fail "quorum 5 of 4 workers: a worker started"
-    grep -q "job.ini:9: \[server\] quorum = 5 is more than workers = 4" <<<"$out" ||
+    grep -q "job.ini:$line: \[server\] quorum = 5 is more than workers = 4" <<<"$out" ||
         fail "quorum 5 of 4 workers: the worker said: $out"
-    write_ini 3 "[codec]
-adaptive = on"
+    write_ini 3 codec.adaptive=on
+    line=$(grep -n '^quorum = ' "$tmp/job.ini" | cut -d: -f1)
     out=$("$server_bin" --config "$tmp/job.ini" --rank 0 2>&1) && fail "quorum with adaptive: the server started"
-    grep -q "job.ini:9: \[server\] quorum does not work with \[codec\] adaptive" <<<"$out" ||
+    grep -q "job.ini:$line: \[server\] quorum does not work with \[codec\] adaptive" <<<"$out" ||
         fail "quorum with adaptive: the server said: $out"
     say "passed: $(head -n 1 <<<"$out")"
     exit 0
 fi
 
 if [ "$case" = elastic ]; then
-    write_ini "$quorum" "[cluster]
-elastic = on
-min_workers = 2"
+    write_ini "$quorum" cluster.elastic=on cluster.min_workers=2
 else
     write_ini "$quorum"
 fi
 export PSAGG_CONFIG=$tmp/job.ini PSAGG_WORLD_SIZE=4
-for s in 0 1; do
-    setsid "$server_bin" --config "$tmp/job.ini" --rank "$s" >"$tmp/server$s.log" 2>&1 &
-    spid[$s]=$!
-    pids+=($!)
-done
+start_servers "$tmp/job.ini" 2
 t0=$(date +%s%N)
 survivors=(0 1 2 3)
 for r in 0 1 2 3; do
@@ -106,11 +88,8 @@ for r in 0 1 2 3; do
         dead=(--elastic-dead 2 --dead-round 30)
         ((r == 2)) && dead=(--die-rank 2 --die-round 30 --die-mode kill)
     fi
-    PSAGG_RANK=$r setsid "$worker_bin" --codec "$codec" "${extra[@]}" --sizes 1,1023,4096,50000 \
-        --rounds 80 --straggler 3 --straggler-ms $slow --calm-rounds $calm "${dead[@]}" \
-        >"$tmp/worker$r.log" 2>&1 &
-    wpid[$r]=$!
-    pids+=($!)
+    start_worker $r "$tmp/worker$r.log" "$worker_bin" --codec "$codec" "${extra[@]}" --sizes 1,1023,4096,50000 \
+        --rounds 80 --straggler 3 --straggler-ms $slow --calm-rounds $calm "${dead[@]}"
 done
 for r in "${survivors[@]}"; do
     wait_for "${wpid[$r]}" 90

@@ -14,15 +14,16 @@
 set -u -o pipefail
 
 build=$(cd -- "${1:?usage: test_slurm.sh BUILD_DIR}" && pwd) || exit 1
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
 skip() { echo "test_slurm: SKIP: $*"; exit 77; }
 ((EUID == 0)) || skip "needs root (slurmd, munged)"
 for t in slurmctld slurmd munged; do [[ -x /usr/sbin/$t ]] || skip "no /usr/sbin/$t (apt-get install slurmctld slurmd slurm-client munge)"; done
 for t in sbatch squeue scancel scontrol srun munge; do command -v $t >/dev/null || skip "no '$t'"; done
-fail() { echo "test_slurm: FAIL: $*" >&2; exit 1; }
 alive() { local s; s=$(ps -o stat= -p "$1" 2>/dev/null); [[ -n $s && $s != Z* ]]; }
 
-D=$(mktemp -d "${TMPDIR:-/tmp}/psagg-test-slurm.XXXXXX") || exit 1
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+repo=$h_repo
+D=$tmp
 chmod 755 "$D"
 export SLURM_CONF=$D/slurm.conf
 started_munge=""
@@ -42,10 +43,8 @@ teardown() {
         for _ in $(seq 50); do alive "$p" || break; sleep 0.1; done
         alive "$p" && kill -KILL "$p" 2>/dev/null
     done
-    [[ -n ${KEEP:-} ]] || rm -rf "$D"
 }
-trap teardown EXIT
-trap 'exit 130' INT TERM
+at_exit teardown
 
 # ---- munge (the system's key; started here unless one runs) ----
 if ! munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then

@@ -25,17 +25,18 @@
 set -u -o pipefail
 
 build=${1:?usage: test_ssh.sh BUILD_DIR}
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
 skip() { echo "test_ssh: SKIP: $*"; exit 77; }
 ((EUID == 0)) || skip "needs root (network namespaces)"
 [[ -x /usr/sbin/sshd ]] || skip "no /usr/sbin/sshd (apt-get install openssh-server)"
 for t in ip ssh ssh-keygen setsid ss; do command -v $t >/dev/null || skip "no '$t'"; done
-fail() { echo "test_ssh: FAIL: $*" >&2; exit 1; }
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+repo=$h_repo
 
 N=3 NET=10.214.0
 id=$(printf '%04x' $((RANDOM)))
 br=psb$id
-D=$(mktemp -d "${TMPDIR:-/tmp}/psagg-test-ssh.XXXXXX") || exit 1
+D=$tmp
 chmod 700 "$D"
 ns() { echo "pss$id-$1"; }
 
@@ -48,10 +49,8 @@ teardown() {
     [[ -n ${pids// /} ]] && kill -KILL $pids 2>/dev/null
     for ((i = 0; i < N; i++)); do ip netns del "$(ns $i)" 2>/dev/null; done
     ip link del "$br" 2>/dev/null
-    rm -rf "$D"
 }
-trap teardown EXIT
-trap 'exit 130' INT TERM
+at_exit teardown
 
 # ---- hosts: keys, known_hosts, ssh config, namespaces, one sshd each ----
 ssh-keygen -q -t ed25519 -N '' -C psagg-test -f "$D/id_ed25519"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_timeline.sh BUILD_DIR PORT - the timeline ([log] timeline / PSAGG_TIMELINE), the workers'
+# test_timeline.sh BUILD_DIR [PORT] - the timeline ([log] timeline / PSAGG_TIMELINE), the workers'
 # stats line ([log] stats_interval_ms) and deploy/psagg-timeline, on a real job: 2 servers
 # (ports PORT, PORT+1) and 2 workers of fn_worker, started by deploy/psagg-local.
 #   - every process writes PREFIX.<role><rank>.json, which loads as JSON;
@@ -14,32 +14,20 @@
 # PSAGG_KEEP_TIMELINE=DIR keeps the traces and the PNG there.
 set -u -o pipefail
 
-build=$1 port=$2
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
+build=$1
 server_bin=$build/server/psagg-server worker_bin=$build/tests/functional/fn_worker
 py=/usr/bin/python3
-tool=$repo/deploy/psagg-timeline
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "test_timeline: FAIL: $*" >&2; exit 1; }
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+reserve_ports 2 "${2:-}"
+tool=$h_repo/deploy/psagg-timeline
 "$py" -c "import matplotlib" 2>/dev/null || fail "$py cannot import matplotlib (python3-matplotlib; deploy/install-deps.sh)"
 
 rounds=60 tensors=13 # --sizes 1,1023,4096 (fn_worker's default) + 10 random
-cat >"$tmp/job.ini" <<INI
-[cluster]
-job_id = timeline-$port
-servers = 127.0.0.1:$port 127.0.0.1:$((port + 1))
-workers = 2
-[server]
-threads = 2
-[worker]
-chunk_bytes = 16384
-[log]
-level = info
-stats_interval_ms = 50
-INI
+job_ini "$tmp/job.ini" 2 2 cluster.job_id="timeline-$port" server.threads=2 worker.chunk_bytes=16384 \
+    log.level=info log.stats_interval_ms=50
 
-PSAGG_TIMELINE=$tmp/t "$repo/deploy/psagg-local" --config "$tmp/job.ini" --server-bin "$server_bin" \
+PSAGG_TIMELINE=$tmp/t "$h_repo/deploy/psagg-local" --config "$tmp/job.ini" --server-bin "$server_bin" \
     --timeout 120 -- "$worker_bin" --codec maxmin4 --rounds $rounds --random-tensors 10 \
     --random-max 20000 >"$tmp/job.log" 2>&1 || { tail -n 30 "$tmp/job.log"; fail "the job failed"; }
 for f in worker0 worker1 server0 server1; do

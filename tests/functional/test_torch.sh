@@ -2,7 +2,7 @@
 # test_torch.sh - PyTorch through psagg: worker/examples/train_digits.py (a small CNN on
 # sklearn's digits) under deploy/psagg-local, 4 workers x 2 servers over tcp loopback.
 #
-# Usage: tests/functional/test_torch.sh BUILD_DIR PORT CASE
+# Usage: tests/functional/test_torch.sh BUILD_DIR CASE [PORT]   (2 servers on PORT, PORT+1; by default free ones)
 #   ddp        DDP + psagg's hook (maxmin4) with an unused layer (find_unused_parameters=True,
 #              several buckets, rebuilt after the first step) and the same run with Gloo fp32:
 #              every rank ends with bit-identical weights; psagg's final loss is within 0.1 of
@@ -58,32 +58,19 @@
 # Exit 0 passed, 1 failed, 77 skipped (Debian's /usr/bin/python3 lacks torch or sklearn).
 set -u -o pipefail
 
-build=${1:?usage: test_torch.sh BUILD_DIR PORT CASE} port=${2:?port} case=${3:?case}
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
+build=${1:?usage: test_torch.sh BUILD_DIR CASE [PORT]} case=${2:?case}
 py=/usr/bin/python3
-script=$repo/worker/examples/train_digits.py
 if ! "$py" -c "import torch, sklearn" 2>/dev/null; then
     echo "test_torch: SKIP: $py cannot import torch and sklearn (python3-torch, python3-sklearn)"
     exit 77
 fi
-fail() { echo "test_torch: FAIL: $*" >&2; exit 1; }
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/psagg-test-torch.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
-cat >"$tmp/job.ini" <<INI
-[cluster]
-job_id = test-torch-$port
-servers = 127.0.0.1:$port 127.0.0.1:$((port + 1))
-workers = 4
-provider = tcp
-connect_timeout_ms = 30000
-op_timeout_ms = 2000
-[codec]
-default = maxmin4
-min_compress_elems = 256
-[log]
-level = warn
-INI
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+repo=$h_repo
+script=$repo/worker/examples/train_digits.py
+reserve_ports 2 "${3:-}"
+job_ini "$tmp/job.ini" 2 4 cluster.job_id="test-torch-$port" cluster.provider=tcp cluster.connect_timeout_ms=30000 \
+    cluster.op_timeout_ms=2000 codec.default=maxmin4 codec.min_compress_elems=256 log.level=warn
 unset PSAGG_CODEC_DEFAULT PSAGG_CODEC_MIN_COMPRESS_ELEMS PSAGG_CLUSTER_OP_TIMEOUT_MS MASTER_PORT
 export PSAGG_SERVER_BIN=$build/server/psagg-server
 
@@ -165,14 +152,11 @@ server_down)
         read -r comm sig srv <<<"$mode"
         out=$tmp/down-$comm.out
         # --keep-going: every rank must raise by itself, not be stopped by the launcher
-        "$repo/deploy/psagg-local" --config "$tmp/job.ini" --timeout 120 --keep-going -- \
-            "$py" "$script" --comm "$comm" --steps 1000000 >"$out" 2>&1 &
-        launcher=$!
-        for ((i = 0; i < 600; i++)); do # until training runs (rank 0 prints step 50)
-            grep -q "step 50 loss" "$out" && break
-            sleep 0.1
-        done
-        grep -q "step 50 loss" "$out" || { kill $launcher; cat "$out" >&2; fail "$comm: training never started"; }
+        spawn "$out" "$repo/deploy/psagg-local" --config "$tmp/job.ini" --timeout 120 --keep-going -- \
+            "$py" "$script" --comm "$comm" --steps 1000000
+        launcher=$h_pid
+        # until training runs (rank 0 prints step 50)
+        wait_until 60 grep -q "step 50 loss" "$out" || { kill $launcher; cat "$out" >&2; fail "$comm: training never started"; }
         pid=$(pgrep -f -- "psagg-server --config $tmp/job.ini --rank $srv\$" | head -n 1)
         [[ -n $pid ]] || { kill $launcher; fail "$comm: server $srv not found"; }
         t_fault=$(date +%s.%N)
@@ -308,11 +292,11 @@ diloco_admit)
         { tail -n 30 "$tmp/admit-first.out" >&2; fail "diloco_admit: the first run failed"; }
     grep -q "CHECKPOINT after 12 steps" "$tmp/admit-first.out" || { cat "$tmp/admit-first.out" >&2; fail "diloco_admit: no checkpoint"; }
     # rank 2 first: until the job runs, the servers answer it "try again" (it says HELLO again)
-    PSAGG_CLUSTER_CONNECT_TIMEOUT_MS=120000 PHASE=resume \
-        PSAGG_CONFIG=$tmp/admit.ini PSAGG_RANK=2 PSAGG_WORLD_SIZE=2 RANK=2 WORLD_SIZE=2 \
-        PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH} \
-        "$py" "$repo/tests/functional/torch_diloco_admit.py" >"$tmp/admit-joiner.out" 2>&1 &
-    pj=$!
+    spawn "$tmp/admit-joiner.out" PSAGG_CLUSTER_CONNECT_TIMEOUT_MS=120000 PHASE=resume \
+        PSAGG_CONFIG="$tmp/admit.ini" PSAGG_RANK=2 PSAGG_WORLD_SIZE=2 RANK=2 WORLD_SIZE=2 \
+        PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" \
+        "$py" "$repo/tests/functional/torch_diloco_admit.py"
+    pj=$h_pid
     PSAGG_SERVER_RESUME=on PHASE=resume "$repo/deploy/psagg-local" --config "$tmp/admit.ini" --timeout 180 -- \
         "$py" "$repo/tests/functional/torch_diloco_admit.py" >"$tmp/admit.out" 2>&1
     rc=$?
@@ -396,11 +380,11 @@ grow)
     export PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9
     # rank 3 first: until the job runs, the servers answer it "try again" (it says HELLO again,
     # for up to its connect_timeout_ms: the others' start-up may take long on busy cores)
-    PSAGG_CLUSTER_CONNECT_TIMEOUT_MS=120000 \
-        PSAGG_CONFIG=$tmp/grow.ini PSAGG_RANK=3 PSAGG_WORLD_SIZE=3 RANK=3 WORLD_SIZE=3 \
-        PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH} \
-        "$py" "$script" --comm psagg-server --steps 400 >"$tmp/grow3.out" 2>&1 &
-    p3=$!
+    spawn "$tmp/grow3.out" PSAGG_CLUSTER_CONNECT_TIMEOUT_MS=120000 \
+        PSAGG_CONFIG="$tmp/grow.ini" PSAGG_RANK=3 PSAGG_WORLD_SIZE=3 RANK=3 WORLD_SIZE=3 \
+        PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" \
+        "$py" "$script" --comm psagg-server --steps 400
+    p3=$h_pid
     "$repo/deploy/psagg-local" --config "$tmp/grow.ini" --timeout 300 -- \
         "$py" "$script" --comm psagg-server --steps 400 >"$tmp/grow.out" 2>&1
     rc=$?

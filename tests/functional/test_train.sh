@@ -2,7 +2,7 @@
 # test_train.sh - functional test of a real training job: psagg-train-digits (an MLP on the
 # digits data set) through deploy/psagg-local with 1 server x 2 workers over tcp, maxmin4.
 #
-# Usage: tests/functional/test_train.sh BUILD_DIR [PORT]   (default port 19700; uses PORT only)
+# Usage: tests/functional/test_train.sh BUILD_DIR [PORT]   (one server on PORT, by default a free one)
 #
 # Runs the same short training (3 epochs) twice and checks: every worker exits 0; the test
 # accuracy is above a floor (0.85); in each run both workers print the same MODEL-HASH (they
@@ -12,8 +12,6 @@
 set -u -o pipefail
 
 build=${1:?usage: test_train.sh BUILD_DIR [PORT]}
-port=${2:-19700}
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
 bin=$build/worker/examples/psagg-train-digits
 server_bin=$build/server/psagg-server
 floor=0.85
@@ -28,37 +26,19 @@ for f in "$bin" "$server_bin"; do
     [[ -x $f ]] || { echo "test_train: FAIL: $f is not built" >&2; exit 1; }
 done
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/psagg-test-train.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
-cat >"$tmp/job.ini" <<INI
-[cluster]
-job_id = test-train-$port
-servers = 127.0.0.1:$port
-workers = 2
-provider = tcp
-connect_timeout_ms = 20000
-op_timeout_ms = 60000
-[server]
-threads = 2
-[codec]
-default = maxmin4
-min_compress_elems = 256
-[log]
-level = warn
-INI
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+reserve_ports 1 "${2:-}"
+job_ini "$tmp/job.ini" 1 2 cluster.job_id="test-train-$port" cluster.provider=tcp cluster.connect_timeout_ms=20000 \
+    cluster.op_timeout_ms=60000 server.threads=2 codec.default=maxmin4 codec.min_compress_elems=256 log.level=warn
 # the job's codec comes from the file above, not from the caller's environment
 unset PSAGG_CODEC_DEFAULT PSAGG_CODEC_MIN_COMPRESS_ELEMS PSAGG_CODEC_BUCKET PSAGG_CODEC_ROUNDING \
     PSAGG_CODEC_ERROR_FEEDBACK PSAGG_WORKER_SEED
 
-fail() {
-    echo "test_train: FAIL: $*" >&2
-    exit 1
-}
-
 first=""
 for run in 1 2; do
     log=$tmp/run$run.log
-    "$repo/deploy/psagg-local" --config "$tmp/job.ini" --server-bin "$server_bin" --timeout 120 \
+    "$h_repo/deploy/psagg-local" --config "$tmp/job.ini" --server-bin "$server_bin" --timeout 120 \
         -- "$bin" --data "$data" --epochs 3 >"$log" 2>&1
     rc=$?
     cat "$log"
@@ -83,7 +63,7 @@ done
 # with the same global weights, above the same floor
 log=$tmp/diloco.log
 PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9 PSAGG_SERVER_NESTEROV=on \
-    "$repo/deploy/psagg-local" --config "$tmp/job.ini" --server-bin "$server_bin" --timeout 120 \
+    "$h_repo/deploy/psagg-local" --config "$tmp/job.ini" --server-bin "$server_bin" --timeout 120 \
     -- "$bin" --data "$data" --epochs 5 --diloco 6 >"$log" 2>&1
 rc=$?
 cat "$log"

@@ -27,7 +27,8 @@
 # WORK: $PSAGG_CHECK_WORK, else <checkout>/build-check-gpu. Python: $PSAGG_PYTHON, else the
 # first of python3, /usr/bin/python3 that imports torch. $PSAGG_CHECK_BUDGET (seconds, default
 # 540 with a GPU) caps the whole run: a step that would start past it is skipped. The torch
-# job's servers listen on $PSAGG_CHECK_PORT and the next port (default 29450).
+# job's servers listen on $PSAGG_CHECK_PORT and the next port (default: free ones,
+# tests/harness.sh reserve_ports).
 # Exit status: 0 when every step that could run passed, 1 otherwise, 2 for usage.
 set -u -o pipefail
 
@@ -35,7 +36,9 @@ set -u -o pipefail
     { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; [ $# -eq 1 ] && exit 0 || exit 2; }
 mkdir -p "$1" || exit 2
 out=$(cd "$1" && pwd)
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh" # reserve_ports, job_ini
+repo=$h_repo
 work=${PSAGG_CHECK_WORK:-$repo/build-check-gpu}
 bundle=${PSAGG_BUNDLE:-$repo/shared/psagg-bundle}
 build=$work/build
@@ -253,22 +256,10 @@ fi
 # ---- PyTorch: DDP on the GPU, Gloo against psagg fp32 and maxmin4 ----
 torch_step() {
     local device=$1 why=$2 job=$work/torch-job.ini name rc_all=0 figs="" t0=$SECONDS
-    local port=${PSAGG_CHECK_PORT:-29450}
     local -A loss=() acc=()
-    cat >"$job" <<INI
-[cluster]
-job_id = check-gpu-torch
-servers = 127.0.0.1:$port 127.0.0.1:$((port + 1))
-workers = 4
-provider = tcp
-connect_timeout_ms = 30000
-op_timeout_ms = 10000
-[codec]
-default = fp32
-min_compress_elems = 256
-[log]
-level = warn
-INI
+    reserve_ports 2 "${PSAGG_CHECK_PORT:-}"
+    job_ini "$job" 2 4 cluster.job_id=check-gpu-torch cluster.provider=tcp cluster.connect_timeout_ms=30000 \
+        cluster.op_timeout_ms=10000 codec.default=fp32 codec.min_compress_elems=256 log.level=warn
     for run in "gloo gloo" "fp32 psagg fp32" "maxmin4 psagg maxmin4"; do
         read -r name comm codec <<<"$run"
         local args=(--comm "$comm" --steps 200 --device "$device" --unused)

@@ -15,24 +15,22 @@ if [ $rc -eq 77 ] || { [ $rc -eq 1 ] && grep -q "CUDA finds no" <<<"$probe"; }; 
     exit $rc # 77: no GPU here; 1: a device node, but CUDA is broken
 fi
 
-digest() { # run_case arguments...
+digest() { # run_case arguments... (run_case.sh reserves the servers' ports)
     "$run_case" "$build" "$@" | tee /dev/stderr | sed -n 's/.*bit-identical (digest \([0-9a-f]*\)).*/\1/p' | head -1
 }
-host=$(digest --servers 2 --workers 2 --port 19720 -- "${args[@]}")
-device=$(digest --servers 2 --workers 2 --port 19724 -- "${args[@]}" --cuda)
-assist=$(digest --servers 2 --workers 2 --port 19728 --set SERVER_GPU=on --set SERVER_GPU_MIN_ELEMS=1 -- "${args[@]}")
+host=$(digest --servers 2 --workers 2 -- "${args[@]}")
+device=$(digest --servers 2 --workers 2 -- "${args[@]}" --cuda)
+assist=$(digest --servers 2 --workers 2 --set SERVER_GPU=on --set SERVER_GPU_MIN_ELEMS=1 -- "${args[@]}")
 echo "maxmin4: host path $host, device buffers $device, server GPU assist $assist"
 ok=0
 [ -n "$host" ] && [ "$host" = "$device" ] && [ "$host" = "$assist" ] || ok=1
 # the other formats and PSAGG_AVERAGE (the 1/N scale on the device): device = host bytes
-port=19940
 for extra in "--codec fp16" "--codec bf16" "--codec maxmin4 --average"; do
     # shellcheck disable=SC2086 # extra holds several arguments
-    h=$(digest --servers 1 --workers 2 --port $port -- --rounds 4 --sizes 1,1023,300007 $extra)
+    h=$(digest --servers 1 --workers 2 -- --rounds 4 --sizes 1,1023,300007 $extra)
     # shellcheck disable=SC2086
-    d=$(digest --servers 1 --workers 2 --port $((port + 2)) -- --rounds 4 --sizes 1,1023,300007 $extra --cuda)
+    d=$(digest --servers 1 --workers 2 -- --rounds 4 --sizes 1,1023,300007 $extra --cuda)
     echo "$extra: host path $h, device buffers $d"
     [ -n "$h" ] && [ "$h" = "$d" ] || ok=1
-    port=$((port + 4))
 done
 exit $ok

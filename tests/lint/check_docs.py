@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""check_docs.py - psagg's documentation checks: links resolve, quick-start commands exist.
+"""check_docs.py - psagg's documentation checks: links resolve, quick-start commands and the paths
+code names exist.
 
 Usage: check_docs.py [--build-dir DIR] [REPO]   check REPO (default: this script's repository)
        check_docs.py --self-test [--build-dir DIR] [REPO]
@@ -27,6 +28,12 @@ interpreter runs (python3 SCRIPT, bash SCRIPT) and every other word that is a pa
 tree (its first component is `build` or a top-level entry of the repository) must exist.
 `build/...` names the build directory: --build-dir (ctest passes ${CMAKE_BINARY_DIR}),
 default REPO/build. Words holding `$`, `*`, `?` or `~` are not checked.
+
+Paths in code. In README.md and docs/, every word of code (an `inline code` span, or a line of a
+fenced block) that is a path into one of the repository's own folders (TREE_FOLDERS: its first
+component deploy, tests, conf, ...; the build folders are not checked) must exist: a command
+line in the results or a how-to that names a script that moved or went is reported. Words
+holding `$`, `*`, `?`, `~`, `<`, `>`, `{` or `[` are not checked.
 
 Size and wording. README.md has at most README_MAX_LINES lines (a newcomer reads it in ten
 minutes; the detail lives in docs/), and no document cites an issue by number (the word
@@ -351,6 +358,30 @@ def check_quick_start(repo, build_dir):
     return problems
 
 
+TREE_FOLDERS = ("deploy", "tests", "conf", "docs", "server", "worker", "common", "kernels")
+CODE_WORD_SPLIT_RE = re.compile(r"[\s=`'\"(),;|]+")
+
+
+def check_code_paths(repo, rel):
+    """Every path into the tree that code in a document names exists."""
+    problems = []
+    with open(os.path.join(repo, rel), encoding="utf-8") as fh:
+        text = fh.read()
+    outside = dict(lines_outside_fences(text))
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if FENCE_RE.match(line):
+            continue
+        spans = [m.group(2) for m in CODE_SPAN_RE.finditer(line)] if lineno in outside else [line]
+        for span in spans:
+            for word in CODE_WORD_SPLIT_RE.split(span):
+                word = word.split("#", 1)[0].rstrip(".:")
+                if "/" not in word or any(c in word for c in "$*?~<>{["):
+                    continue
+                if word.split("/", 1)[0] in TREE_FOLDERS and not os.path.exists(os.path.join(repo, word)):
+                    problems.append(f"{rel}:{lineno}: path '{word}' does not exist")
+    return problems
+
+
 def check_wording(repo, rel):
     """README's length, and issue numbers anywhere."""
     problems = []
@@ -565,6 +596,7 @@ def check(repo, build_dir):
         problems.extend(check_links(repo, rel))
         problems.extend(check_wording(repo, rel))
         problems.extend(check_wire_facts(repo, rel, version))
+        problems.extend(check_code_paths(repo, rel))
     problems.extend(check_quick_start(repo, build_dir))
     problems.extend(check_features(repo, build_dir))
     problems.extend(check_message_table(repo))
@@ -605,7 +637,17 @@ def self_test(repo, build_dir):
             (first_doc, 2, "As issue%s13 asked." % " ", "'issue%s13': say what changed" % " "),
             (first_doc, 2, "The wire is protocol version 1.",
              "'protocol version 1': the code speaks protocol version"),
+            (first_doc, 2, "Run `tests/bench/bench-nosuch.sh --steps 2` for it.",
+             "path 'tests/bench/bench-nosuch.sh' does not exist"),
         ]
+        # a line inside the first fenced block of a page that has one
+        for doc in (d for d in documents(repo) if d.startswith("docs/")):
+            with open(os.path.join(repo, doc), encoding="utf-8") as fh:
+                fence = next((n for n, l in enumerate(fh, 1) if FENCE_RE.match(l)), None)
+            if fence:
+                plants.append((doc, fence + 1, "deploy/nosuch --config conf/local.ini",
+                               "path 'deploy/nosuch' does not exist"))
+                break
     features = os.path.join(repo, "docs/features.md")
     if os.path.isfile(features):
         with open(features, encoding="utf-8") as fh:
@@ -688,8 +730,8 @@ def main(argv):
     if problems:
         print(f"check_docs: {len(problems)} problem(s) in README.md and docs/")
         return 1
-    print(f"check_docs: every relative link in README.md and docs/ resolves, and every "
-          f"quick-start command exists (build directory {build_dir})")
+    print(f"check_docs: every relative link in README.md and docs/ resolves, every quick-start "
+          f"command and every path named in code exists (build directory {build_dir})")
     return 0
 
 

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""gloo_allreduce.py — the Gloo (torch.distributed) all-reduce baseline for deploy/bench_cluster.py.
+"""gloo_allreduce.py — the Gloo (torch.distributed) all-reduce baseline for
+tests/bench/bench_cluster.py.
 
   /usr/bin/python3 gloo_allreduce.py --model M.sizes --rank R --world-size N \\
         --master ADDR:PORT [--steps 10] [--warmup 3] [--bucket-mb 25] [--first-bucket-mb 1]

@@ -1,5 +1,5 @@
 /*
- * mpi_allreduce — the OpenMPI all-reduce baseline for deploy/bench_cluster.py.
+ * mpi_allreduce — the OpenMPI all-reduce baseline for tests/bench/bench_cluster.py.
  *
  *   mpirun ... psagg-bench-mpi-allreduce --model M.sizes [--steps 10] [--warmup 3]
  *                                        [--bucket-mb 25] [--first-bucket-mb 1]

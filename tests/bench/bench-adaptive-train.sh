@@ -18,73 +18,49 @@
 #
 # Output: one CSV row per run (example, config, seed, test accuracy, final loss, bytes sent
 # per step) to tests/bench/results/adaptive-train.csv (or $OUT), then mean and spread per
-# (example, config). Usage: deploy/bench-adaptive-train.sh [BUILD_DIR]
+# (example, config). Usage: tests/bench/bench-adaptive-train.sh [BUILD_DIR]
+# The servers listen on PORT and PORT+1 when PORT is set, else on two free ports (tests/harness.sh).
 set -u -o pipefail
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+repo=$h_repo
 build=${1:-$repo/build}
 epochs=${EPOCHS:-30} steps=${STEPS:-300} seeds=${SEEDS:-3} interval=${INTERVAL:-10}
-bits=${BITS:-"2 3"} port=${PORT:-19960} lm_steps=${LM_STEPS:-500} examples=${EXAMPLES:-"c torch lm"}
+bits=${BITS:-"2 3"} lm_steps=${LM_STEPS:-500} examples=${EXAMPLES:-"c torch lm"}
 out=${OUT:-$repo/tests/bench/results/adaptive-train.csv}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 export PSAGG_SERVER_BIN=$build/server/psagg-server
 unset PSAGG_CODEC_DEFAULT PSAGG_CODEC_ADAPTIVE PSAGG_CODEC_ADAPTIVE_BUDGET
+reserve_ports 2 "${PORT:-}"
 
-ini() { # ini CODEC ADAPTIVE [ROUNDING]
-    cat <<INI
-[cluster]
-job_id = bench-adaptive-$port
-servers = 127.0.0.1:$port 127.0.0.1:$((port + 1))
-workers = 4
-provider = tcp
-connect_timeout_ms = 30000
-[codec]
-default = $1
-rounding = ${3:-stochastic}
-min_compress_elems = 256
-adaptive = $2
-adaptive_budget = 1.0
-adaptive_interval = $interval
-[log]
-level = warn
-INI
+ini() { # ini CODEC ADAPTIVE [ROUNDING]: $tmp/job.ini
+    job_ini "$tmp/job.ini" 2 4 cluster.job_id="bench-adaptive-$port" cluster.provider=tcp \
+        cluster.connect_timeout_ms=30000 codec.default="$1" codec.rounding="${3:-stochastic}" \
+        codec.min_compress_elems=256 codec.adaptive="$2" codec.adaptive_budget=1.0 \
+        codec.adaptive_interval="$interval" log.level=warn
 }
 
-configs=("fp32 off fp32")
-for b in $bits; do configs+=("maxmin$b off maxmin$b" "maxmin$b on adaptive@maxmin$b"); done
-for b in ${NEAREST_BITS:-}; do configs+=("maxmin$b off maxmin$b/nearest nearest"); done
+variants=("fp32 off fp32")
+for b in $bits; do variants+=("maxmin$b off maxmin$b" "maxmin$b on adaptive@maxmin$b"); done
+for b in ${NEAREST_BITS:-}; do variants+=("maxmin$b off maxmin$b/nearest nearest"); done
 if [[ -n ${ONLY:-} ]]; then # ONLY=adaptive: just the rows whose label contains it
     kept=()
-    for c in "${configs[@]}"; do [[ $c == *"$ONLY"* ]] && kept+=("$c"); done
-    configs=("${kept[@]}")
+    for c in "${variants[@]}"; do [[ $c == *"$ONLY"* ]] && kept+=("$c"); done
+    variants=("${kept[@]}")
 fi
 
-# field KEY: KEY=value from the RESULT line in $r
-field() { sed -n "s/.* $1=\([0-9.]*\).*/\1/p" <<<"$r"; }
-
-# run_all EXAMPLE FIRST_SEED COMMAND...: every config x SEEDS seeds (@SEED@ in COMMAND), a row each
+# run_all EXAMPLE FIRST_SEED COMMAND...: every variant x SEEDS seeds (@SEED@ in COMMAND), a row each
 run_all() {
-    local ex=$1 seed0=$2 c codec adaptive label rounding i s acc loss bps
+    local ex=$1 c codec adaptive label rounding
+    seed0=$2
     shift 2
-    for c in "${configs[@]}"; do
+    for c in "${variants[@]}"; do
         read -r codec adaptive label rounding <<<"$c"
-        ini "$codec" "$adaptive" "$rounding" >"$tmp/job.ini"
-        for ((i = 0; i < seeds; i++)); do
-            s=$((seed0 + i))
-            PSAGG_WORKER_SEED=$((i + 1)) "$repo/deploy/psagg-local" --config "$tmp/job.ini" --timeout 1800 -- \
-                "${@//@SEED@/$s}" >"$tmp/run.out" 2>&1 || { echo "$ex $label seed $s failed:"; tail -5 "$tmp/run.out"; exit 1; }
-            r=$(grep 'RESULT' "$tmp/run.out" | head -1)
-            case $ex in
-            c-*) acc=$(field test_acc) loss=$(field train_loss) bps=$(field bytes_per_step) ;;
-            torch-*) acc=$(field test_acc) loss=$(field final_loss) bps=$(($(field psagg_bytes_sent) / steps)) ;;
-            *) acc="" loss=$(field val_loss) bps=$(($(field psagg_bytes_sent) / lm_steps)) ;;
-            esac
-            echo "$ex,$label,$s,$acc,$loss,$bps" | tee -a "$out"
-            if [[ $ex == tinylm-* && $adaptive == on && $i == 0 ]]; then # the choice at the end
-                { echo "== $label, seed $s, after $lm_steps steps: tensor codec bytes generation"
-                  grep 'ASSIGNMENT' "$tmp/run.out" | sed 's/^\[worker 0\] ASSIGNMENT //'; } >>"${out%.csv}-assignment.txt"
-            fi
-        done
+        ini "$codec" "$adaptive" "$rounding"
+        train_seeds "$ex" "$label" "" "$@"
+        if [[ $ex == tinylm-* && $adaptive == on ]]; then # the choice at the end, first seed
+            { echo "== $label, seed $seed0, after $lm_steps steps: tensor codec bytes generation"
+              grep 'ASSIGNMENT' "$tmp/${label//\//_}-$seed0.out" | sed 's/^\[worker 0\] ASSIGNMENT //'; } >>"${out%.csv}-assignment.txt"
+        fi
     done
 }
 
@@ -100,4 +76,4 @@ if /usr/bin/python3 -c "import torch, sklearn" 2>/dev/null; then
 fi
 echo
 echo "mean (min..max) over seeds; bytes: what rank 0 sent per step"
-awk -F, -v width=42 -f "$repo/deploy/bench_summary.awk" "$out"
+train_summary "$out" 42

@@ -20,40 +20,27 @@
 # and what the job lost: (chaos wall - uninterrupted wall) / kills.
 #
 # Output: one CSV row per run to tests/bench/results/elastic-chaos.csv (or $OUT), one per
-# failure to elastic-chaos-failures.csv, then a summary. Usage: deploy/bench-chaos.sh [BUILD]
+# failure to elastic-chaos-failures.csv, then a summary. Usage: tests/bench/bench-chaos.sh [BUILD]
+# The servers listen on PORT and PORT+1 when PORT is set, else on two free ports (tests/harness.sh).
 set -u -o pipefail
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+repo=$h_repo
 build=${1:-$repo/build}
-steps=${STEPS:-4000} seeds=${SEEDS:-2} kills=${KILLS:-10} port=${PORT:-19988} comm=${COMM:-psagg-server}
+steps=${STEPS:-4000} seeds=${SEEDS:-2} kills=${KILLS:-10} comm=${COMM:-psagg-server}
 out=${OUT:-$repo/tests/bench/results/elastic-chaos.csv}
 fout=${out%.csv}-failures.csv
 py=/usr/bin/python3
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 export PSAGG_SERVER_BIN=$build/server/psagg-server
 unset PSAGG_CODEC_DEFAULT PSAGG_SERVER_OPTIMIZER PSAGG_SERVER_MOMENTUM PSAGG_SERVER_NESTEROV
 if ! "$py" -c "import torch, sklearn" 2>/dev/null; then
     echo "bench-chaos: $py cannot import torch and sklearn" >&2
     exit 77
 fi
-cat >"$tmp/job.ini" <<INI
-[cluster]
-job_id = bench-chaos-$port
-servers = 127.0.0.1:$port 127.0.0.1:$((port + 1))
-workers = 4
-provider = tcp
-elastic = on
-min_workers = 1
-op_timeout_ms = 4000
-[codec]
-default = maxmin4
-min_compress_elems = 256
-[server]
-optimizer = sgd
-momentum = 0.9
-[log]
-level = warn
-INI
+reserve_ports 2 "${PORT:-}"
+job_ini "$tmp/job.ini" 2 4 cluster.job_id="bench-chaos-$port" cluster.provider=tcp cluster.elastic=on \
+    cluster.min_workers=1 cluster.op_timeout_ms=4000 codec.default=maxmin4 codec.min_compress_elems=256 \
+    server.optimizer=sgd server.momentum=0.9 log.level=warn
 
 echo "run,seed,kills,restarts,test_acc,test_loss,wall_s,median_step_ms" >"$out"
 echo "seed,victim,step,detect_ms,back_ms,admit_ms,state_ms" >"$fout"
@@ -67,9 +54,8 @@ for ((seed = 0; seed < seeds; seed++)); do
             --seed "$seed" "${extra[@]}" >"$tmp/run.out" 2>&1 ||
             { echo "bench-chaos: $run seed $seed failed:"; tail -20 "$tmp/run.out"; exit 1; }
         [ -z "${LOGDIR:-}" ] || cp "$tmp/run.out" "$LOGDIR/chaos-$comm-$run-$seed.log"
-        r=$(grep -m1 'RESULT' "$tmp/run.out")
-        acc=$(sed -n 's/.* test_acc=\([0-9.]*\).*/\1/p' <<<"$r")
-        tloss=$(sed -n 's/.* test_loss=\([0-9.]*\).*/\1/p' <<<"$r")
+        r=$(result_line "$(<"$tmp/run.out")")
+        acc=$(result_field test_acc "$r") tloss=$(result_field test_loss "$r")
         wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
         med=$(sed -n 's/^\[worker 0\] STEPTIME .*median_ms=\([0-9.]*\).*/\1/p' "$tmp/run.out" | tail -1)
         n_kill=$(grep -c 'SIGKILL to itself' "$tmp/run.out")

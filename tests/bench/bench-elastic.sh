@@ -8,38 +8,26 @@
 # the death interrupted, so longest - median is the time the death cost.
 #
 # Output: one CSV row per run to tests/bench/results/elastic-train.csv (or $OUT), then the
-# table. Usage: deploy/bench-elastic.sh [BUILD_DIR]
+# table. Usage: tests/bench/bench-elastic.sh [BUILD_DIR]
+# The servers listen on PORT and PORT+1 when PORT is set, else on two free ports (tests/harness.sh).
 set -u -o pipefail
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+repo=$h_repo
 build=${1:-$repo/build}
-steps=${STEPS:-300} seeds=${SEEDS:-3} port=${PORT:-19984}
+steps=${STEPS:-300} seeds=${SEEDS:-3}
 out=${OUT:-$repo/tests/bench/results/elastic-train.csv}
 py=/usr/bin/python3
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 export PSAGG_SERVER_BIN=$build/server/psagg-server
 unset PSAGG_CODEC_DEFAULT PSAGG_SERVER_OPTIMIZER PSAGG_SERVER_MOMENTUM PSAGG_SERVER_NESTEROV
 if ! "$py" -c "import torch, sklearn" 2>/dev/null; then
     echo "bench-elastic: $py cannot import torch and sklearn" >&2
     exit 77
 fi
-cat >"$tmp/job.ini" <<INI
-[cluster]
-job_id = bench-elastic-$port
-servers = 127.0.0.1:$port 127.0.0.1:$((port + 1))
-workers = 4
-provider = tcp
-elastic = on
-min_workers = 2
-[codec]
-default = maxmin4
-min_compress_elems = 256
-[server]
-optimizer = sgd
-momentum = 0.9
-[log]
-level = warn
-INI
+reserve_ports 2 "${PORT:-}"
+job_ini "$tmp/job.ini" 2 4 cluster.job_id="bench-elastic-$port" cluster.provider=tcp cluster.elastic=on \
+    cluster.min_workers=2 codec.default=maxmin4 codec.min_compress_elems=256 server.optimizer=sgd \
+    server.momentum=0.9 log.level=warn
 
 echo "run,seed,test_acc,final_loss,median_step_ms,longest_step_ms,longest_at" >"$out"
 for ((seed = 0; seed < seeds; seed++)); do
@@ -50,9 +38,8 @@ for ((seed = 0; seed < seeds; seed++)); do
             "$repo/worker/examples/train_digits.py" --comm psagg-server --steps "$steps" \
             --seed "$seed" "${extra[@]}" >"$tmp/run.out" 2>&1 ||
             { echo "bench-elastic: $run seed $seed failed:"; tail -5 "$tmp/run.out"; exit 1; }
-        r=$(grep -m1 'RESULT' "$tmp/run.out")
-        acc=$(sed -n 's/.* test_acc=\([0-9.]*\).*/\1/p' <<<"$r")
-        loss=$(sed -n 's/.* final_loss=\([0-9.]*\).*/\1/p' <<<"$r")
+        r=$(result_line "$(<"$tmp/run.out")")
+        acc=$(result_field test_acc "$r") loss=$(result_field final_loss "$r")
         # the survivors' (ranks 0, 1, 3) step times: the median of their medians, the longest
         # step after the first 5 (warm-up), and where it was
         st=$(grep -E '^\[worker [013]\] STEPTIME' "$tmp/run.out" | sed 's/.*median_ms=\([0-9.]*\) max_ms=\([0-9.]*\) max_at=\([0-9]*\).*/\1 \2 \3/')

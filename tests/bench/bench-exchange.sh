@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # bench-exchange.sh - psagg-bench-exchange for every codec on this host (loopback), one table.
 #
-# Usage: deploy/bench-exchange.sh [--build-dir DIR] [--config FILE] [--model PATH.sizes]
-#                                 [--codecs LIST] [--steps S] [--warmup W] [--link-gbit R]
-#                                 [--model-gpu GELEM_S] [--log-dir DIR]
-#                                 [--server-optimizer KIND]
+# Usage: tests/bench/bench-exchange.sh [--build-dir DIR] [--config FILE] [--model PATH.sizes]
+#                                      [--codecs LIST] [--steps S] [--warmup W] [--link-gbit R]
+#                                      [--model-gpu GELEM_S] [--log-dir DIR]
+#                                      [--server-optimizer KIND] [--port P]
 #   --build-dir DIR  where psagg-server and psagg-bench-exchange were built (default: build);
 #                    this script builds nothing
-#   --config FILE    job config (default conf/local.ini: 2 servers, 4 workers, tcp on loopback)
+#   --config FILE    job config (default conf/local.ini: 2 servers, 4 workers, tcp on loopback;
+#                    its servers on two free ports, or on P and P+1 with --port P, through
+#                    PSAGG_CLUSTER_SERVERS unless that is set)
 #   --model PATH     .sizes table (default tests/data/models/resnet50.sizes)
 #   --codecs LIST    comma list (default fp32,fp16,maxmin8,maxmin4,maxmin2)
 #   --steps/--warmup timed and warm-up steps (default 5 and 1)
@@ -27,9 +29,11 @@
 # (its rows say "failed").
 set -u -o pipefail
 
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
-build=$repo/build config=$repo/conf/local.ini model=$repo/tests/data/models/resnet50.sizes
-codecs=fp32,fp16,maxmin8,maxmin4,maxmin2 steps=5 warmup=1 gbit=1 gpu=() logdir="" sopt=()
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+repo=$h_repo
+build=$repo/build config="" model=$repo/tests/data/models/resnet50.sizes
+codecs=fp32,fp16,maxmin8,maxmin4,maxmin2 steps=5 warmup=1 gbit=1 gpu=() logdir="" sopt=() port=""
 while (($#)); do
     case $1 in
     --build-dir) build=$2; shift 2 ;;
@@ -42,6 +46,7 @@ while (($#)); do
     --model-gpu) gpu=(--model-gpu "$2"); shift 2 ;;
     --log-dir) logdir=$2; shift 2 ;;
     --server-optimizer) sopt=(--server-optimizer); export PSAGG_SERVER_OPTIMIZER=$2; shift 2 ;;
+    --port) port=$2; shift 2 ;;
     -h | --help) sed -n '2,/^set -u/{/^set -u/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "bench-exchange.sh: unknown argument '$1' (--help)" >&2; exit 2 ;;
     esac
@@ -51,9 +56,13 @@ bench=$build/tests/bench/psagg-bench-exchange
 for b in "$server" "$bench"; do
     [[ -x $b ]] || { echo "bench-exchange.sh: $b not built (this script builds nothing)" >&2; exit 2; }
 done
-
-# key=value field of a RESULT line
-field() { tr ' ' '\n' <<<"$1" | sed -n "s/^$2=//p"; }
+if [[ -z $config ]]; then # the example job, on free ports
+    config=$repo/conf/local.ini
+    if [[ -z ${PSAGG_CLUSTER_SERVERS:-} ]]; then
+        reserve_ports 2 "$port"
+        export PSAGG_CLUSTER_SERVERS="127.0.0.1:$port 127.0.0.1:$((port + 1))"
+    fi
+fi
 
 rows=() fail=0
 for codec in ${codecs//,/ }; do
@@ -62,11 +71,11 @@ for codec in ${codecs//,/ }; do
         --link-gbit "$gbit" ${gpu[@]+"${gpu[@]}"} ${sopt[@]+"${sopt[@]}"} 2>&1)
     rc=$?
     if [[ -n $logdir ]]; then mkdir -p "$logdir" && printf '%s\n' "$out" >"$logdir/$codec.log"; fi
-    line=$(grep -o 'RESULT system=psagg.*' <<<"$out" | tail -1)
+    line=$(result_line "$out" system=psagg)
     if ((rc != 0)) || [[ -z $line ]]; then
         echo "bench-exchange.sh: $codec failed (launcher exit $rc):" >&2
         tail -n 15 <<<"$out" >&2
-        rows+=("| $codec | failed | | | | | | | | | | | | |")
+        rows+=("$(md_row "$codec" failed "" "" "" "" "" "" "" "" "" "" "" "")")
         fail=1
         continue
     fi
@@ -81,15 +90,19 @@ for codec in ${codecs//,/ }; do
         END { if (n) printf "%.1f %.0f", c, f; else printf "- -" }')
     read -r srv_cpu srv_flt <<<"$srv"
     all_cpu=$(awk -v w="$wrk_cpu" -v s="$srv_cpu" 'BEGIN { if (w == "-" || s == "-") print "-"; else printf "%.1f", w + s }')
-    med=$(field "$line" median_ms) busiest=$(field "$line" busiest_link_bytes)
+    med=$(result_field median_ms "$line") busiest=$(result_field busiest_link_bytes "$line")
     rate=$(awk -v b="$busiest" -v m="$med" 'BEGIN { printf "%.3f", b * 8 / (m * 1e-3) / 1e9 }')
-    rows+=("| $codec | $(field "$line" workers) | $(field "$line" servers) | $med | $(field "$line" p10_ms) | $(field "$line" p90_ms) | $(awk -v b="$busiest" 'BEGIN { printf "%.2f", b / 1e6 }') | $rate | $(field "$line" wire_limit_ms) | $(field "$line" compression) | $wrk_cpu | $srv_cpu | $all_cpu | $srv_flt |")
+    rows+=("$(md_row "$codec" "$(result_field workers "$line")" "$(result_field servers "$line")" "$med" \
+        "$(result_field p10_ms "$line")" "$(result_field p90_ms "$line")" \
+        "$(awk -v b="$busiest" 'BEGIN { printf "%.2f", b / 1e6 }')" "$rate" "$(result_field wire_limit_ms "$line")" \
+        "$(result_field compression "$line")" "$wrk_cpu" "$srv_cpu" "$all_cpu" "$srv_flt")")
 done
 
 echo
 echo "psagg-bench-exchange on loopback: $(basename "$model" .sizes), $steps timed steps after $warmup warm-up, config $(basename "$config"), $(nproc) cores${gpu[1]:+; workers MODELLED AS GPU WORKERS (codecs not run, waited for at ${gpu[1]} Gelem/s; 0: no GPU time)}${sopt[0]:+; the servers run [server] optimizer = $PSAGG_SERVER_OPTIMIZER on every tensor (parameters)}"
 echo
-echo "| codec | N | S | median ms | p10 ms | p90 ms | busiest link MB/step | achieved Gbit/s | wire limit ms @ ${gbit} Gbit/s | compression | workers CPU ms/step | servers CPU ms/step | all CPU ms/step | servers faults/step |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+md_table codec N S "median ms" "p10 ms" "p90 ms" "busiest link MB/step" "achieved Gbit/s" \
+    "wire limit ms @ ${gbit} Gbit/s" compression "workers CPU ms/step" "servers CPU ms/step" "all CPU ms/step" \
+    "servers faults/step"
 printf '%s\n' "${rows[@]}"
 exit $fail

@@ -16,9 +16,12 @@
 # rounds (psagg_stats.left_out), and the largest |sum of updates - sum of inputs|.
 # Output: tests/bench/results/quorum.csv (or $OUT), then the table. Needs root.
 # Then a training part (below; PART=cluster skips it, PART=train runs only it).
-# Usage: deploy/bench-quorum.sh [BUILD_DIR]
+# Usage: tests/bench/bench-quorum.sh [BUILD_DIR]. The training part's servers listen on PORT and
+# PORT+1 when PORT is set, else on two free ports (tests/harness.sh).
 set -u -o pipefail
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+repo=$h_repo
 build=${1:-$repo/build}
 rate=${RATE:-1gbit} rounds=${ROUNDS:-100} reps=${REPS:-2} grace=${GRACE:-5}
 sizes=${SIZES:-1000000,250000} codec=${CODEC:-maxmin4}
@@ -26,10 +29,8 @@ out=${OUT:-$repo/tests/bench/results/quorum.csv}
 nc=$repo/deploy/netcluster.sh
 [ "$(id -u)" -eq 0 ] || { echo "bench-quorum: needs root (network namespaces, tc)" >&2; exit 77; }
 . "$nc" # nc_* functions
-tmp=$(mktemp -d)
 prefix=""
-trap '[ -n "$prefix" ] && "$nc" down --prefix "$prefix" >/dev/null 2>&1; rm -rf "$tmp"' EXIT
-trap 'exit 130' INT TERM
+at_exit '[ -n "$prefix" ] && "$nc" down --prefix "$prefix" >/dev/null 2>&1'
 slow_bps=$(($(nc_rate_bps "$rate") / 10))
 
 shape_host5() { # BPS: worker 3's link, both directions
@@ -43,22 +44,13 @@ shape_host5() { # BPS: worker 3's link, both directions
 }
 
 run() { # name quorum
+    # (the servers' hosts are network namespaces of their own: any port; a fresh one each run, so
+    # that no socket of the last run lingers on it)
     local name=$1 q=$2 port=$((20100 + RANDOM % 800)) s r t0 pids=() wpid=() ms0 ms3
-    cat >"$tmp/job.ini" <<INI
-[cluster]
-job_id = bench-quorum-$name-$port
-servers = $NC_SUBNET.10:$port $NC_SUBNET.11:$port
-workers = 4
-connect_timeout_ms = 20000
-op_timeout_ms = 20000
-[server]
-threads = 1
-quorum = $q
-grace_ms = $grace
-error_feedback = on
-[log]
-level = warn
-INI
+    job_ini "$tmp/job.ini" 2 4 cluster.job_id="bench-quorum-$name-$port" \
+        cluster.servers="$NC_SUBNET.10:$port $NC_SUBNET.11:$port" cluster.connect_timeout_ms=20000 \
+        cluster.op_timeout_ms=20000 server.threads=1 server.quorum="$q" server.grace_ms="$grace" \
+        server.error_feedback=on log.level=warn
     for s in 0 1; do
         "$nc" exec --prefix "$prefix" "$s" -- "$build/server/psagg-server" --config "$tmp/job.ini" \
             --rank "$s" >"$tmp/server$s.log" 2>&1 &
@@ -111,23 +103,9 @@ tout=${TRAIN_OUT:-$repo/tests/bench/results/quorum-train.csv}
 py=/usr/bin/python3
 "$py" -c "import torch, sklearn" 2>/dev/null || { echo "bench-quorum: $py cannot import torch and sklearn" >&2; exit 77; }
 export PSAGG_SERVER_BIN=$build/server/psagg-server
-tport=$((19900 + RANDOM % 50))
-cat >"$tmp/train.ini" <<INI
-[cluster]
-job_id = bench-quorum-train-$tport
-servers = 127.0.0.1:$tport 127.0.0.1:$((tport + 1))
-workers = 4
-provider = tcp
-[codec]
-default = maxmin4
-min_compress_elems = 256
-[server]
-optimizer = sgd
-momentum = 0.9
-grace_ms = $grace
-[log]
-level = warn
-INI
+reserve_ports 2 "${PORT:-}"
+job_ini "$tmp/train.ini" 2 4 cluster.job_id="bench-quorum-train-$port" cluster.provider=tcp codec.default=maxmin4 \
+    codec.min_compress_elems=256 server.optimizer=sgd server.momentum=0.9 server.grace_ms="$grace" log.level=warn
 echo "quorum,seed,steps,slow_ms,test_acc,test_loss,final_loss,wall_s,worker3_left_out" >"$tout"
 for ((seed = 0; seed < seeds; seed++)); do
     for q in 0 3; do
@@ -135,10 +113,10 @@ for ((seed = 0; seed < seeds; seed++)); do
             "$py" "$repo/worker/examples/train_digits.py" --comm psagg-server --steps "$steps" \
             --seed "$seed" --slow-rank 3 --slow-ms "$slow_ms" >"$tmp/train.out" 2>&1 ||
             { echo "bench-quorum: quorum $q seed $seed failed:" >&2; tail -5 "$tmp/train.out" >&2; exit 1; }
-        r=$(grep -m1 'RESULT' "$tmp/train.out")
+        r=$(result_line "$(<"$tmp/train.out")")
         wall=$(grep -E '^\[worker 0\] STEPTIME' "$tmp/train.out" | sed 's/.*wall_s=\([0-9.]*\).*/\1/')
         left=$(grep -o 'LEFTOUT rank=3 left_out=[0-9]*' "$tmp/train.out" | sed 's/.*=//')
-        echo "$q,$seed,$steps,$slow_ms,$(sed -n 's/.* test_acc=\([0-9.]*\).*/\1/p' <<<"$r"),$(sed -n 's/.* test_loss=\([0-9.]*\).*/\1/p' <<<"$r"),$(sed -n 's/.* final_loss=\([0-9.]*\).*/\1/p' <<<"$r"),$wall,${left:-0}" >>"$tout"
+        echo "$q,$seed,$steps,$slow_ms,$(result_field test_acc "$r"),$(result_field test_loss "$r"),$(result_field final_loss "$r"),$wall,${left:-0}" >>"$tout"
     done
 done
 column -s, -t "$tout"

@@ -2,12 +2,12 @@
 """bench_cluster.py — psagg vs Gloo vs OpenMPI on an emulated cluster with shaped links.
 
 Usage (as root; builds nothing, reads binaries from --build-dir):
-  deploy/bench_cluster.py --short              ResNet-50, 1 Gbit/s, S=2 + colocated, fp32 + maxmin4,
+  tests/bench/bench_cluster.py --short         ResNet-50, 1 Gbit/s, S=2 + colocated, fp32 + maxmin4,
                                                gloo, mpi, few steps (a few minutes on 2 cores)
-  deploy/bench_cluster.py                      full: ResNet-50, VGG-16, BERT-base; 1 and 10 Gbit/s;
+  tests/bench/bench_cluster.py                 full: ResNet-50, VGG-16, BERT-base; 1 and 10 Gbit/s;
                                                S=2, S=4 (own hosts) and colocated; fp32, fp16,
                                                maxmin8, maxmin4, maxmin2; gloo and mpi fp32
-  deploy/bench_cluster.py --dry-run [...]      print the plan and the commands, run nothing
+  tests/bench/bench_cluster.py --dry-run [...] print the plan and the commands, run nothing
   Options: --build-dir build/  --mpi-build-dir (default: --build-dir)  --out tests/bench/results/cluster.csv
            --plot (default: --out with .png)  --steps/--warmup  --models/--rates/--placements/
            --codecs/--systems (comma lists)  --workers 4  --mpi-alg ring_segmented|ring|default
@@ -55,7 +55,7 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NETCLUSTER = os.path.join(REPO, "deploy", "netcluster.sh")
 NETNS_RSH = os.path.join(REPO, "deploy", "netns-rsh")
 GLOO_PY = os.path.join(REPO, "tests", "bench", "baselines", "gloo_allreduce.py")

@@ -15,16 +15,17 @@
 # CONFIGS="gloo d50-maxmin4"; APPEND=1 adds to the CSV instead of starting it anew.
 #
 # Output: one CSV row per run to tests/bench/results/diloco-train.csv (or $OUT), then mean and
-# spread per (example, config). Usage: deploy/bench-diloco.sh [BUILD_DIR]
+# spread per (example, config). Usage: tests/bench/bench-diloco.sh [BUILD_DIR]
+# The servers listen on PORT and PORT+1 when PORT is set, else on two free ports (tests/harness.sh).
 set -u -o pipefail
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+repo=$h_repo
 build=${1:-$repo/build}
-steps=${STEPS:-300} lm_steps=${LM_STEPS:-500} seeds=${SEEDS:-3} port=${PORT:-19974}
+steps=${STEPS:-300} lm_steps=${LM_STEPS:-500} seeds=${SEEDS:-3}
 examples=${EXAMPLES:-"torch lm"} configs=${CONFIGS:-}
 out=${OUT:-$repo/tests/bench/results/diloco-train.csv}
 py=/usr/bin/python3
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 export PSAGG_SERVER_BIN=$build/server/psagg-server
 unset PSAGG_CODEC_DEFAULT PSAGG_SERVER_OPTIMIZER PSAGG_SERVER_MOMENTUM PSAGG_SERVER_NESTEROV
 if ! "$py" -c "import torch, sklearn" 2>/dev/null; then
@@ -32,38 +33,29 @@ if ! "$py" -c "import torch, sklearn" 2>/dev/null; then
     exit 77
 fi
 
-cat >"$tmp/job.ini" <<INI
-[cluster]
-job_id = bench-diloco-$port
-servers = 127.0.0.1:$port 127.0.0.1:$((port + 1))
-workers = 4
-provider = tcp
-connect_timeout_ms = 30000
-[codec]
-default = maxmin4
-min_compress_elems = 256
-[log]
-level = warn
-INI
-
-. "$repo/deploy/bench_train.sh" # field, run
+reserve_ports 2 "${PORT:-}"
+job_ini "$tmp/job.ini" 2 4 cluster.job_id="bench-diloco-$port" cluster.provider=tcp cluster.connect_timeout_ms=30000 \
+    codec.default=maxmin4 codec.min_compress_elems=256 log.level=warn
 
 [[ ${APPEND:-0} == 1 && -s $out ]] || echo "example,config,seed,test_acc,final_loss,bytes_per_step" >"$out"
 outer="PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9 PSAGG_SERVER_NESTEROV=on"
 # matrix EXAMPLE SCRIPT STEPS: the rows above
 matrix() {
     local ex=$1 script=$2 n=$3
-    run "$ex" gloo "" "$script" --comm gloo --steps "$n" --seed @SEED@
-    run "$ex" grad-maxmin4 "" "$script" --comm psagg --codec maxmin4 --steps "$n" --seed @SEED@
-    run "$ex" d10-maxmin4 "$outer" "$script" --diloco 10 --codec maxmin4 --steps "$n" --seed @SEED@
-    run "$ex" d10-maxmin4-olr0.3 "$outer" "$script" --diloco 10 --outer-lr 0.3 --codec maxmin4 --steps "$n" --seed @SEED@
-    run "$ex" d50-fp32 "$outer" "$script" --diloco 50 --codec fp32 --steps "$n" --seed @SEED@
-    run "$ex" d50-maxmin4 "$outer" "$script" --diloco 50 --codec maxmin4 --steps "$n" --seed @SEED@
-    run "$ex" s50-p4-d1 "$outer" "$script" --diloco 50 --fragments 4 --delay 1 --codec maxmin4 --steps "$n" --seed @SEED@
-    run "$ex" s50-p4-d2 "$outer" "$script" --diloco 50 --fragments 4 --delay 2 --codec maxmin4 --steps "$n" --seed @SEED@
+    train_seeds "$ex" gloo "" "$py" "$script" --comm gloo --steps "$n" --seed @SEED@
+    train_seeds "$ex" grad-maxmin4 "" "$py" "$script" --comm psagg --codec maxmin4 --steps "$n" --seed @SEED@
+    train_seeds "$ex" d10-maxmin4 "$outer" "$py" "$script" --diloco 10 --codec maxmin4 --steps "$n" --seed @SEED@
+    train_seeds "$ex" d10-maxmin4-olr0.3 "$outer" "$py" "$script" --diloco 10 --outer-lr 0.3 --codec maxmin4 \
+        --steps "$n" --seed @SEED@
+    train_seeds "$ex" d50-fp32 "$outer" "$py" "$script" --diloco 50 --codec fp32 --steps "$n" --seed @SEED@
+    train_seeds "$ex" d50-maxmin4 "$outer" "$py" "$script" --diloco 50 --codec maxmin4 --steps "$n" --seed @SEED@
+    train_seeds "$ex" s50-p4-d1 "$outer" "$py" "$script" --diloco 50 --fragments 4 --delay 1 --codec maxmin4 \
+        --steps "$n" --seed @SEED@
+    train_seeds "$ex" s50-p4-d2 "$outer" "$py" "$script" --diloco 50 --fragments 4 --delay 2 --codec maxmin4 \
+        --steps "$n" --seed @SEED@
 }
 [[ " $examples " == *" torch "* ]] && matrix torch-digits-cnn-sgd "$repo/worker/examples/train_digits.py" "$steps"
 [[ " $examples " == *" lm "* ]] && matrix tinylm-adam "$repo/worker/examples/train_tinylm.py" "$lm_steps"
 echo
 echo "mean (min..max) over seeds; bytes: what rank 0 sent per inner step (gloo: none through psagg)"
-awk -F, -v width=36 -f "$repo/deploy/bench_summary.awk" "$out"
+train_summary "$out" 36

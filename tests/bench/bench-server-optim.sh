@@ -13,16 +13,17 @@
 # EXAMPLES (default "torch lm") picks which run.
 #
 # Output: one CSV row per run to tests/bench/results/server-optim-train.csv (or $OUT), then mean
-# and spread per (example, config). Usage: deploy/bench-server-optim.sh [BUILD_DIR]
+# and spread per (example, config). Usage: tests/bench/bench-server-optim.sh [BUILD_DIR]
+# The servers listen on PORT and PORT+1 when PORT is set, else on two free ports (tests/harness.sh).
 set -u -o pipefail
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+repo=$h_repo
 build=${1:-$repo/build}
-steps=${STEPS:-300} lm_steps=${LM_STEPS:-300} seeds=${SEEDS:-3} port=${PORT:-19964}
+steps=${STEPS:-300} lm_steps=${LM_STEPS:-300} seeds=${SEEDS:-3}
 examples=${EXAMPLES:-"torch lm"}
 out=${OUT:-$repo/tests/bench/results/server-optim-train.csv}
 py=/usr/bin/python3
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 export PSAGG_SERVER_BIN=$build/server/psagg-server
 unset PSAGG_CODEC_DEFAULT PSAGG_SERVER_OPTIMIZER PSAGG_SERVER_MOMENTUM
 if ! "$py" -c "import torch, sklearn" 2>/dev/null; then
@@ -30,38 +31,29 @@ if ! "$py" -c "import torch, sklearn" 2>/dev/null; then
     exit 77
 fi
 
-cat >"$tmp/job.ini" <<INI
-[cluster]
-job_id = bench-server-optim-$port
-servers = 127.0.0.1:$port 127.0.0.1:$((port + 1))
-workers = 4
-provider = tcp
-connect_timeout_ms = 30000
-[codec]
-default = maxmin4
-min_compress_elems = 256
-[log]
-level = warn
-INI
-
-. "$repo/deploy/bench_train.sh" # field, run
+reserve_ports 2 "${PORT:-}"
+job_ini "$tmp/job.ini" 2 4 cluster.job_id="bench-server-optim-$port" cluster.provider=tcp \
+    cluster.connect_timeout_ms=30000 codec.default=maxmin4 codec.min_compress_elems=256 log.level=warn
 
 echo "example,config,seed,test_acc,final_loss,bytes_per_step" >"$out"
 digits=$repo/worker/examples/train_digits.py
 lm=$repo/worker/examples/train_tinylm.py
 sgd="PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9"
+# torch LABEL SERVER_ENV ARGS..., lm LABEL SERVER_ENV ARGS...: one row of each example
+torch() { train_seeds torch-digits-cnn-sgd "$1" "$2" "$py" "$digits" "${@:3}" --steps "$steps" --seed @SEED@; }
+lm() { train_seeds tinylm-adam "$1" "$2" "$py" "$lm" "${@:3}" --steps "$lm_steps" --seed @SEED@; }
 if [[ " $examples " == *" torch "* ]]; then
-    run torch-digits-cnn-sgd gloo "" "$digits" --comm gloo --steps "$steps" --seed @SEED@
-    run torch-digits-cnn-sgd grad-maxmin4 "" "$digits" --comm psagg --codec maxmin4 --steps "$steps" --seed @SEED@
-    run torch-digits-cnn-sgd server-fp32 "$sgd" "$digits" --comm psagg-server --codec fp32 --steps "$steps" --seed @SEED@
-    run torch-digits-cnn-sgd server-maxmin4 "$sgd" "$digits" --comm psagg-server --codec maxmin4 --steps "$steps" --seed @SEED@
+    torch gloo "" --comm gloo
+    torch grad-maxmin4 "" --comm psagg --codec maxmin4
+    torch server-fp32 "$sgd" --comm psagg-server --codec fp32
+    torch server-maxmin4 "$sgd" --comm psagg-server --codec maxmin4
 fi
 if [[ " $examples " == *" lm "* ]]; then
-    run tinylm-adam gloo "" "$lm" --comm gloo --steps "$lm_steps" --seed @SEED@
-    run tinylm-adam grad-maxmin4 "" "$lm" --comm psagg --codec maxmin4 --steps "$lm_steps" --seed @SEED@
-    run tinylm-adam server-fp32 PSAGG_SERVER_OPTIMIZER=adam "$lm" --comm psagg-server --codec fp32 --steps "$lm_steps" --seed @SEED@
-    run tinylm-adam server-maxmin4 PSAGG_SERVER_OPTIMIZER=adam "$lm" --comm psagg-server --codec maxmin4 --steps "$lm_steps" --seed @SEED@
+    lm gloo "" --comm gloo
+    lm grad-maxmin4 "" --comm psagg --codec maxmin4
+    lm server-fp32 PSAGG_SERVER_OPTIMIZER=adam --comm psagg-server --codec fp32
+    lm server-maxmin4 PSAGG_SERVER_OPTIMIZER=adam --comm psagg-server --codec maxmin4
 fi
 echo
 echo "mean (min..max) over seeds; bytes: what rank 0 sent per step (gloo: none through psagg)"
-awk -F, -v width=36 -f "$repo/deploy/bench_summary.awk" "$out"
+train_summary "$out" 36

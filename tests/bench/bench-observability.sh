@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# bench-observability.sh - what metrics and the timeline cost: deploy/bench-exchange.sh run
+# bench-observability.sh - what metrics and the timeline cost: tests/bench/bench-exchange.sh run
 # alternately without and with them, side by side in one run.
 #
-# Usage: deploy/bench-observability.sh [--build-dir DIR] [--codecs LIST] [--steps S]
-#                                      [--reps R] [--port P] [--keep DIR]
+# Usage: tests/bench/bench-observability.sh [--build-dir DIR] [--codecs LIST] [--steps S]
+#                                           [--reps R] [--port P] [--keep DIR]
 #   off  the job as configured (conf/local.ini: no metrics endpoint, no timeline, no stats line)
 #   on   the same with PSAGG_TIMELINE (every process writes its trace), the servers' Prometheus
-#        endpoint (PSAGG_SERVER_METRICS_PORT=P, scraped every second by curl while the job
-#        runs) and the workers' stats line every second (PSAGG_LOG_STATS_INTERVAL_MS=1000)
+#        endpoint (PSAGG_SERVER_METRICS_PORT=P: server 0 on P, server 1 on P+1; without --port
+#        two free ports; scraped every second by curl while the job runs) and the workers'
+#        stats line every second (PSAGG_LOG_STATS_INTERVAL_MS=1000)
 # For each codec (default maxmin4,fp32) the two alternate R times (default 6), off first; each
 # run is bench-exchange.sh --steps S (default 20). Prints every run's median step, all-CPU ms
 # per step and (on) the ms per step the processes spent recording their traces during the run
@@ -16,8 +17,10 @@
 # --keep DIR keeps the last "on" run's traces there.
 set -u -o pipefail
 
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
-build=$repo/build codecs=maxmin4,fp32 steps=20 reps=6 port=19950 keep=""
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+repo=$h_repo
+build=$repo/build codecs=maxmin4,fp32 steps=20 reps=6 port="" keep=""
 while (($#)); do
     case $1 in
     --build-dir) build=$2; shift 2 ;;
@@ -31,9 +34,9 @@ while (($#)); do
     esac
 done
 command -v curl >/dev/null || { echo "bench-observability.sh: needs curl" >&2; exit 2; }
-tmp=$(mktemp -d)
+reserve_ports 2 "$port"
 scraper=""
-trap '[[ -n $scraper ]] && kill "$scraper" 2>/dev/null; rm -rf "$tmp"' EXIT
+at_exit '[[ -n $scraper ]] && kill "$scraper" 2>/dev/null'
 
 # one bench-exchange.sh run; prints "median_ms all_cpu_ms"
 run() { # codec on|off
@@ -44,14 +47,14 @@ run() { # codec on|off
         (while sleep 1; do curl -sf "http://127.0.0.1:$port/metrics" >/dev/null; done) &
         scraper=$!
         out=$(PSAGG_TIMELINE=$tmp/t PSAGG_SERVER_METRICS_PORT=$port PSAGG_LOG_STATS_INTERVAL_MS=1000 \
-            "$repo/deploy/bench-exchange.sh" --build-dir "$build" --codecs "$1" --steps "$steps" \
+            "$repo/tests/bench/bench-exchange.sh" --build-dir "$build" --codecs "$1" --steps "$steps" \
             --log-dir "$tmp/logs" 2>&1)
         kill "$scraper" 2>/dev/null
         wait "$scraper" 2>/dev/null
         scraper=""
         ls "$tmp"/t.worker0.json >/dev/null 2>&1 || { echo "no trace written" >&2; return 1; }
     else
-        out=$("$repo/deploy/bench-exchange.sh" --build-dir "$build" --codecs "$1" --steps "$steps" 2>&1)
+        out=$("$repo/tests/bench/bench-exchange.sh" --build-dir "$build" --codecs "$1" --steps "$steps" 2>&1)
     fi
     # the table row: | codec | N | S | median | ... | all CPU ms/step (13th) | ...; then what
     # every process says its trace cost ("timeline: ... recording them took X ms during the

@@ -1,13 +1,14 @@
 #!/usr/bin/python3
 """bench_overlap.py - overlap of communication with backprop, psagg against Gloo DDP.
 
-Usage: deploy/bench_overlap.py [--where loopback,cluster] [--build-dir build] [--steps 10]
-                               [--warmup 3] [--width 1024] [--depth 8] [--batch 0]
-                               [--codec maxmin4] [--rate 1gbit] [--out FILE.csv]
+Usage: tests/bench/bench_overlap.py [--where loopback,cluster] [--build-dir build] [--steps 10]
+                                    [--warmup 3] [--width 1024] [--depth 8] [--batch 0]
+                                    [--codec maxmin4] [--rate 1gbit] [--out FILE.csv] [--port P]
 
 Runs tests/bench/overlap_worker.py (one per worker, 4 workers) for psagg-ddp and psagg-opt
 (codec --codec) and gloo-ddp (fp32):
-  loopback  through deploy/psagg-local with 2 servers, all on this host over tcp loopback
+  loopback  through deploy/psagg-local with 2 servers, all on this host over tcp loopback, on
+            ports P and P+1 (default: two free ones, reserved by tests/harness.sh)
   cluster   on an emulated cluster (deploy/netcluster.sh, --rate links; as root): 4 worker
             hosts, servers on 2 hosts of their own (S2) and on the worker hosts (colocated)
 Each row: compute-only, exchange-only and real step time (medians, rank 0) and overlap =
@@ -26,7 +27,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import bench_cluster as bc  # noqa: E402  (the emulated cluster and its process handling)
 
@@ -57,12 +58,12 @@ def ini(job, servers, workers, codec):
 
 def run_loopback(a, comm, batch, tmp):
     cfg = os.path.join(tmp, "loopback.ini")
-    port = 19840
+    port = a.port
     with open(cfg, "w") as f:
         f.write(ini(f"overlap-{os.getpid()}", [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"],
                     a.workers, a.codec))
     env = dict(os.environ, PSAGG_SERVER_BIN=os.path.join(a.build_dir, "server", "psagg-server"))
-    cmd = [os.path.join(HERE, "psagg-local"), "--config", cfg, "--timeout", "900"]
+    cmd = [os.path.join(REPO, "deploy", "psagg-local"), "--config", cfg, "--timeout", "900"]
     if comm == "gloo-ddp":
         cmd += ["--servers", "0"]
     r = subprocess.run(cmd + ["--"] + worker_args(a, comm, batch), capture_output=True,
@@ -124,7 +125,13 @@ def main():
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--comms", default="psagg-ddp,psagg-opt,gloo-ddp")
     ap.add_argument("--out", default=os.path.join(REPO, "tests", "bench", "results", "overlap.csv"))
+    ap.add_argument("--port", type=int, default=0)
     a = ap.parse_args()
+    if "loopback" in a.where.split(",") and not a.port:
+        if "PSAGG_TEST_PORT" not in os.environ:  # run again on two reserved ports
+            os.execvp("bash", ["bash", os.path.join(REPO, "tests", "harness.sh"), "--reserve-ports", "2",
+                               "--", sys.executable, os.path.abspath(__file__)] + sys.argv[1:])
+        a.port = int(os.environ["PSAGG_TEST_PORT"])
     a.build_dir = os.path.abspath(a.build_dir)
     tmp = os.path.join(os.path.dirname(os.path.abspath(a.out)), "overlap-logs",
                        time.strftime("%Y%m%d-%H%M%S"))

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # soak.sh - a long job on this host, sampling every process's memory: does anything grow?
 #
-#   deploy/soak.sh [--rounds N] [--servers S] [--workers W] [--codec C] [--build-dir DIR]
-#                  [--warmup-frac F] [--csv FILE]
+#   tests/bench/soak.sh [--rounds N] [--servers S] [--workers W] [--codec C] [--build-dir DIR]
+#                       [--warmup-frac F] [--csv FILE] [--port P]
 #
 # Builds nothing: give it a Release build (cmake --preset release; the default build dir is
 # build-release/). Runs S psagg-server processes and W fn_worker processes (defaults 2 and
@@ -10,11 +10,14 @@
 # maxmin4; every round's result checked), sampling VmRSS of every process each second into
 # a CSV. Prints, per process, the RSS after warm-up (the first F of the run, default 0.25: rxm and the allocator fill their pools over the first minutes),
 # at the end, the growth between the two and the peak; the server's growth is the figure
-# docs/results.md ("Soak") reports (target: under 1 MB). Exit status: non-zero if the job failed.
+# docs/results.md ("Soak") reports (target: under 1 MB). The servers listen on free ports (S at
+# most 8), or on P, P+1, ... with --port P. Exit status: non-zero if the job failed.
 set -u -o pipefail
 
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
-build=$repo/build-release rounds=20000 servers=2 workers=2 codec=maxmin4 warm=0.25 csv=""
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+repo=$h_repo
+build=$repo/build-release rounds=20000 servers=2 workers=2 codec=maxmin4 warm=0.25 csv="" port=""
 while (($#)); do
     case $1 in
     --rounds) rounds=$2; shift 2 ;;
@@ -24,6 +27,7 @@ while (($#)); do
     --build-dir) build=$2; shift 2 ;;
     --warmup-frac) warm=$2; shift 2 ;;
     --csv) csv=$2; shift 2 ;;
+    --port) port=$2; shift 2 ;;
     -h | --help) sed -n '2,/^set -u/{/^set -u/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "soak.sh: unknown argument '$1' (--help)" >&2; exit 2 ;;
     esac
@@ -32,41 +36,19 @@ server_bin=$build/server/psagg-server worker_bin=$build/tests/functional/fn_work
 for b in "$server_bin" "$worker_bin"; do
     [[ -x $b ]] || { echo "soak.sh: $b not built (cmake --preset release && cmake --build --preset release)" >&2; exit 2; }
 done
-tmp=$(mktemp -d)
 csv=${csv:-$tmp/rss.csv}
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-port=$((19900 + RANDOM % 50 * 2))
-addrs=""
-for ((i = 0; i < servers; i++)); do addrs+="127.0.0.1:$((port + i)) "; done
-cat >"$tmp/job.ini" <<INI
-[cluster]
-job_id = soak-$port
-servers = $addrs
-workers = $workers
-[worker]
-chunk_bytes = 262144
-[log]
-level = warn
-INI
+reserve_ports "$servers" "$port"
+job_ini "$tmp/job.ini" "$servers" "$workers" cluster.job_id="soak-$port" worker.chunk_bytes=262144 log.level=warn
 export PSAGG_CONFIG=$tmp/job.ini PSAGG_WORLD_SIZE=$workers
 while IFS= read -r kv; do [[ -n $kv ]] && export "$kv"; done < <("$server_bin" --config "$tmp/job.ini" --fabric-env)
 
 labels=()
-for ((i = 0; i < servers; i++)); do
-    setsid "$server_bin" --config "$tmp/job.ini" --rank "$i" >"$tmp/server$i.log" 2>&1 &
-    pids+=($!) labels+=("server$i")
-done
+start_servers "$tmp/job.ini" "$servers"
+for ((i = 0; i < servers; i++)); do labels+=("server$i"); done
 for ((i = 0; i < workers; i++)); do
-    PSAGG_RANK=$i setsid "$worker_bin" --codec "$codec" --rounds "$rounds" \
-        --sizes 1,1023,300007 --random-tensors 37 --random-max 65536 >"$tmp/worker$i.log" 2>&1 &
-    pids+=($!) labels+=("worker$i")
+    start_worker "$i" "$tmp/worker$i.log" "$worker_bin" --codec "$codec" --rounds "$rounds" \
+        --sizes 1,1023,300007 --random-tensors 37 --random-max 65536
+    labels+=("worker$i")
 done
 echo "soak.sh: $servers server(s), $workers worker(s), $rounds rounds of 40 tensors ($codec); sampling RSS every second into $csv"
 
