@@ -241,13 +241,6 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
                                         : "is joining already on another connection");
             return -1;
         }
-        if (srv->job_decl_hdr.adapt_interval) {
-            snprintf(msg, len,
-                     "server %d: the job runs [codec] adaptive, and a worker cannot join such a "
-                     "job yet",
-                     srv->rank);
-            return -1;
-        }
     } else if (wc->state != W_NONE) {
         snprintf(msg, len, "server %d: worker rank %d connected twice", srv->rank, rank);
         return -1;

@@ -24,7 +24,9 @@
  * is waiting) or lets everyone pass at once; an admitting barrier waits for every member,
  * then starts the epoch with the joiners live (MEMBERSHIP to every live worker, joiners
  * included, relayed to the other servers as any epoch) and answers SYNC_DONE with the
- * members' tensor rounds, where the joiners start. A push of the new epoch that reaches a
+ * members' tensor rounds, where the joiners start, and ([codec] adaptive) the codec
+ * assignments they keep, which the joiners take (every member's SYNC must carry the same
+ * states and assignments: a worker sends it once its statistics are summed and solved). A push of the new epoch that reaches a
  * server before the epoch's relay waits for it (progress.c). An admitting barrier that some
  * member does not reach within 1.5 x op_timeout_ms lets the waiting members go and refuses
  * the joiners (naming the members it waited for); admissions are one epoch per barrier, so
@@ -38,6 +40,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "runtime/adaptive.h"
 #include "runtime/channel.h"
 #include "server.h"
 
@@ -62,12 +65,14 @@ struct membership {
     ahead_frame ahead[MEMBERSHIP_AHEAD_MAX];
     int n_ahead;
     /* joins (server 0): the admitting barrier (seq, since when; 0: none open), the highest
-       barrier let pass at once, and the members' tensor states at it */
+       barrier let pass at once, and the members' SYNC at it after its header: the tensor
+       states and the codec assignments (wire.h; sync_tail_len bytes) */
     uint32_t admit_seq;
     int64_t admit_since;
     uint32_t free_seq;
-    psagg_ctl_tensor_state *sync_state;
-    int sync_state_from; /* the worker whose states were kept, or -1 */
+    uint8_t *sync_tail;
+    size_t sync_tail_len;
+    int sync_state_from; /* the worker whose SYNC was kept, or -1 */
 };
 
 psagg_status membership_init(server *srv)
@@ -93,7 +98,7 @@ void membership_fini(server *srv)
     srv->mb.member = NULL;
     if (!srv->mb.own)
         return;
-    free(srv->mb.own->sync_state);
+    free(srv->mb.own->sync_tail);
     free(srv->mb.own->epoch_frame);
     srv->mb.own->epoch_frame = NULL;
     free(srv->mb.own->start_frame);
@@ -488,21 +493,37 @@ void membership_start_relayed(server *srv, int from, const psagg_ctl_hdr *h, con
 
 /* ---- joins (server 0) ---- */
 
-/* Answer worker w's SYNC of barrier seq: joined workers (the states follow when > 0). */
+/* The codec assignments a SYNC carries in this job (wire.h): PSAGG_ADAPT_RING of the adaptive
+   tensors' choices when it has some, else none. */
+static void sync_adapt_shape(const server *srv, uint32_t *gens, uint32_t *tensors)
+{
+    uint32_t n = 0;
+    for (uint32_t t = 0; t < srv->layout.n_tensors; t++)
+        n += srv->layout.tensors[t].adaptive != 0;
+    *gens = n ? PSAGG_ADAPT_RING : 0;
+    *tensors = n;
+}
+
+/*
+ * Answer worker w's SYNC of barrier seq: joined workers (when > 0, the members' tensor states
+ * and codec assignments follow, as the SYNC kept had them).
+ */
 static void sync_done(server *srv, int w, uint32_t seq, uint32_t joined)
 {
     worker_conn *wc = &srv->workers[w];
-    uint32_t n = joined ? srv->layout.n_tensors : 0;
-    size_t len = sizeof(psagg_ctl_sync_done) + (size_t)n * sizeof(psagg_ctl_tensor_state);
+    size_t tail = joined ? srv->mb.own->sync_tail_len : 0;
+    size_t len = sizeof(psagg_ctl_sync_done) + tail;
     psagg_ctl_sync_done *d = calloc(1, len);
     if (!d) {
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for SYNC_DONE");
         return;
     }
-    *d = (psagg_ctl_sync_done){
-        .seq = seq, .epoch = atomic_load(&srv->mb.epoch), .joined = joined, .n_tensors = n};
-    if (n)
-        memcpy(d + 1, srv->mb.own->sync_state, (size_t)n * sizeof *srv->mb.own->sync_state);
+    *d = (psagg_ctl_sync_done){.seq = seq, .epoch = atomic_load(&srv->mb.epoch), .joined = joined};
+    if (tail) {
+        d->n_tensors = srv->layout.n_tensors;
+        sync_adapt_shape(srv, &d->adapt_gens, &d->adapt_tensors);
+        memcpy(d + 1, srv->mb.own->sync_tail, tail);
+    }
     if (wc->fd >= 0 && psagg_ctl_send(wc->fd, &wc->auth, PSAGG_CTL_SYNC_DONE, d, (uint32_t)len))
         server_close_worker(srv, w, "sending SYNC_DONE of barrier %u: %s", seq, psagg_last_error());
     free(d);
@@ -616,18 +637,36 @@ static int joiner_waiting(const server *srv)
     return 0;
 }
 
+/* The newest generation among a SYNC's `gens` codec assignments (wire.h), 0 when none. */
+static uint32_t newest_gen(const uint8_t *assignments, uint32_t gens)
+{
+    uint32_t newest = 0;
+    for (uint32_t r = 0; r < gens; r++) {
+        uint32_t g;
+        memcpy(&g, assignments + r * sizeof g, sizeof g);
+        if (g != PSAGG_ADAPT_NO_GEN && g > newest)
+            newest = g;
+    }
+    return newest;
+}
+
 void membership_sync(server *srv, int w, const psagg_ctl_hdr *h, const void *body)
 {
     worker_conn *wc = &srv->workers[w];
     const psagg_ctl_sync *sy = body;
     const psagg_ctl_tensor_state *ts = (const psagg_ctl_tensor_state *)(sy + 1);
-    uint32_t n = srv->layout.n_tensors;
+    uint32_t n = srv->layout.n_tensors, gens, adapt_tensors;
+    size_t tail;
 
-    if (h->len != sizeof *sy + (size_t)n * sizeof *ts || sy->n_tensors != n) {
+    sync_adapt_shape(srv, &gens, &adapt_tensors);
+    tail = (size_t)psagg_ctl_sync_tail(n, gens, adapt_tensors);
+    if (h->len != sizeof *sy + tail || sy->n_tensors != n || sy->adapt_gens != gens ||
+        sy->adapt_tensors != adapt_tensors) {
         server_close_worker(srv, w,
-                            "SYNC field n_tensors: a frame of %u bytes (the job has %u "
-                            "tensors)",
-                            h->len, n);
+                            "SYNC fields n_tensors, adapt_gens, adapt_tensors: a frame of %u "
+                            "bytes (the job has %u tensors, %u of them adaptive: %u codec "
+                            "assignments)",
+                            h->len, n, adapt_tensors, gens);
         return;
     }
     if (sy->seq != wc->sync_seq + 1) {
@@ -660,25 +699,37 @@ void membership_sync(server *srv, int w, const psagg_ctl_hdr *h, const void *bod
         return;
     }
     if (srv->mb.own->sync_state_from < 0) {
-        psagg_ctl_tensor_state *copy = realloc(srv->mb.own->sync_state, (size_t)n * sizeof *ts);
-        if (!copy && n) {
+        uint8_t *copy = realloc(srv->mb.own->sync_tail, tail);
+        if (!copy && tail) {
             server_fail_job(srv, PSAGG_ENOMEM, "no memory for the SYNC barrier");
             return;
         }
-        srv->mb.own->sync_state = copy;
-        memcpy(srv->mb.own->sync_state, ts, (size_t)n * sizeof *ts);
+        srv->mb.own->sync_tail = copy;
+        srv->mb.own->sync_tail_len = tail;
+        memcpy(srv->mb.own->sync_tail, ts, tail);
         srv->mb.own->sync_state_from = w;
     } else {
+        const psagg_ctl_tensor_state *kept = (const psagg_ctl_tensor_state *)srv->mb.own->sync_tail;
         for (uint32_t t = 0; t < n; t++)
-            if (memcmp(&ts[t], &srv->mb.own->sync_state[t], sizeof *ts)) {
+            if (memcmp(&ts[t], &kept[t], sizeof *ts)) {
                 server_fail_job(srv, PSAGG_EPROTO,
                                 "at barrier %u the workers disagree on tensor '%s': worker %d "
                                 "is at round %u (flags %u), worker %d at round %u (flags %u)",
                                 sy->seq, srv->layout.tensors[t].name, srv->mb.own->sync_state_from,
-                                srv->mb.own->sync_state[t].round, srv->mb.own->sync_state[t].flags,
-                                w, ts[t].round, ts[t].flags);
+                                kept[t].round, kept[t].flags, w, ts[t].round, ts[t].flags);
                 return;
             }
+        if (memcmp(ts + n, kept + n, tail - (size_t)n * sizeof *ts)) {
+            uint32_t a = newest_gen((const uint8_t *)(kept + n), gens);
+            uint32_t b = newest_gen((const uint8_t *)(ts + n), gens);
+            server_fail_job(srv, PSAGG_EPROTO,
+                            "at barrier %u the workers disagree on the codec assignments "
+                            "([codec] adaptive): worker %d keeps up to generation %u, worker %d "
+                            "up to generation %u%s",
+                            sy->seq, srv->mb.own->sync_state_from, a, w, b,
+                            a == b ? ", with other choices" : "");
+            return;
+        }
     }
     wc->in_barrier = 1;
     admit_try(srv);

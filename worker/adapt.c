@@ -14,6 +14,12 @@
  * (saturated at FLT_MAX). They travel as the job's last tensor (PSAGG_ADAPT_STATS_NAME, fp32),
  * so the servers sum them like any gradient and every worker gets identical bytes back;
  * every worker then runs the same deterministic solver on them.
+ *
+ * Joins (elastic): a member sends its barrier's SYNC only once it is settled (adapt_settled:
+ * its statistics pushes summed and solved), with the assignments it keeps (adapt_sync_write);
+ * every member keeps the same then, server 0 compares them and hands them to the joiners in
+ * SYNC_DONE, and a joiner takes them (adapt_join) with the schedule's place: the statistics
+ * round the members are in. From then on it measures, pushes and solves as they do.
  */
 #include <float.h>
 #include <limits.h>
@@ -27,10 +33,10 @@
 #include "runtime/adaptive.h"
 #include "worker.h"
 
-#define RING 4 /* assignments kept: the rounds in flight span at most 3 generations */
+#define RING PSAGG_ADAPT_RING /* assignments kept: the rounds in flight span at most 3 generations */
 
 typedef struct assignment {
-    uint32_t gen;    /* UINT32_MAX: empty */
+    uint32_t gen;    /* PSAGG_ADAPT_NO_GEN: empty */
     uint8_t *choice; /* per adaptive tensor: its candidate */
     uint64_t bytes;
     double error;
@@ -145,7 +151,7 @@ psagg_status adapt_setup(psagg_ctx *ctx)
         !a->stats_in || !a->stats_out || !a->opts || !a->opt_cand || !a->solver_choice)
         return psagg_fail(PSAGG_ENOMEM, "adaptive codecs of %u tensors", a->n_ad);
     for (int r = 0; r < RING; r++) {
-        a->ring[r].gen = UINT32_MAX;
+        a->ring[r].gen = PSAGG_ADAPT_NO_GEN;
         if (!(a->ring[r].choice = calloc(a->n_ad, 1)))
             return psagg_fail(PSAGG_ENOMEM, "adaptive codecs of %u tensors", a->n_ad);
     }
@@ -514,6 +520,131 @@ int adapt_waiting(psagg_ctx *ctx, const struct psagg_handle *h, char *msg, size_
     snprintf(msg + used, len - used,
              ": [codec] adaptive needs every compressed tensor pushed once per step");
     return 1;
+}
+
+int adapt_settled(const psagg_ctx *ctx)
+{
+    const psagg_adapt *a = ctx->adapt;
+    /* every statistics push completes before its solve starts: solved all means pushed all */
+    return !a || (!a->stats_op && atomic_load(&a->newest) == a->stats_gen);
+}
+
+size_t adapt_sync_size(const psagg_ctx *ctx, uint32_t *gens, uint32_t *tensors)
+{
+    *gens = ctx->adapt ? RING : 0;
+    *tensors = ctx->adapt ? ctx->adapt->n_ad : 0;
+    return (size_t)psagg_ctl_sync_tail(0, *gens, *tensors);
+}
+
+void adapt_sync_write(const psagg_ctx *ctx, uint8_t *out)
+{
+    const psagg_adapt *a = ctx->adapt;
+    if (!a)
+        return;
+    for (uint32_t r = 0; r < RING; r++) {
+        uint8_t *choice = out + RING * sizeof(uint32_t) + (size_t)r * a->n_ad;
+        memcpy(out + r * sizeof(uint32_t), &a->ring[r].gen, sizeof(uint32_t));
+        if (a->ring[r].gen == PSAGG_ADAPT_NO_GEN)
+            memset(choice, 0, a->n_ad);
+        else
+            memcpy(choice, a->ring[r].choice, a->n_ad);
+    }
+}
+
+/*
+ * Whether the assignments in[] (adapt_sync_write's) are what settled members keep: the
+ * generations newest - RING + 1 .. newest (those above 0) each in its slot, the others empty,
+ * every choice one of its tensor's candidates. NULL when they are, else what is wrong.
+ */
+static const char *sync_check(const psagg_adapt *a, const uint8_t *in, uint32_t newest)
+{
+    for (uint32_t r = 0; r < RING; r++) {
+        uint32_t gen, want = newest - (newest - r) % RING; /* the newest generation of slot r */
+        memcpy(&gen, in + r * sizeof(uint32_t), sizeof gen);
+        if (want > newest || want == 0)
+            want = PSAGG_ADAPT_NO_GEN;
+        if (gen != want)
+            return "a slot holds another generation than the newest's ring";
+        for (uint32_t i = 0; i < a->n_ad && gen != PSAGG_ADAPT_NO_GEN; i++)
+            if (in[RING * sizeof(uint32_t) + (size_t)r * a->n_ad + i] >= a->n_cand[i])
+                return "a choice is no candidate of its tensor";
+    }
+    return NULL;
+}
+
+psagg_status adapt_join(psagg_ctx *ctx, const uint8_t *in, uint32_t gens, uint32_t tensors)
+{
+    psagg_adapt *a = ctx->adapt;
+    uint32_t newest = 0, stats_round;
+    uint64_t first;
+    const char *bad;
+
+    if (!a)
+        return gens || tensors ? psagg_fail(PSAGG_EPROTO,
+                                            "server 0 admitted this worker with %u codec "
+                                            "assignments, in a job without [codec] adaptive",
+                                            gens)
+                               : PSAGG_OK;
+    if (gens != RING || tensors != a->n_ad)
+        return psagg_fail(PSAGG_EPROTO,
+                          "server 0 admitted this worker with %u codec assignments of %u tensors "
+                          "(fields adapt_gens, adapt_tensors); it keeps %u of %u adaptive tensors",
+                          gens, tensors, RING, a->n_ad);
+    for (uint32_t r = 0; r < RING; r++) {
+        uint32_t gen;
+        memcpy(&gen, in + r * sizeof(uint32_t), sizeof gen);
+        if (gen != PSAGG_ADAPT_NO_GEN && gen > newest)
+            newest = gen;
+    }
+    /* the members sent SYNC with every statistics round they pushed solved (adapt_settled) */
+    stats_round = ctx->tensors[a->stats_key].round;
+    if (newest != stats_round || (bad = sync_check(a, in, newest)))
+        return psagg_fail(PSAGG_EPROTO,
+                          "server 0 admitted this worker with the members' codec assignments up "
+                          "to generation %u, their statistics at round %u: %s",
+                          newest, stats_round,
+                          newest != stats_round ? "the newest must be the statistics rounds summed"
+                                                : bad);
+    pthread_mutex_lock(&ctx->mu);
+    for (uint32_t r = 0; r < RING; r++) {
+        assignment *s = &a->ring[r];
+        memcpy(&s->gen, in + r * sizeof(uint32_t), sizeof s->gen);
+        memcpy(s->choice, in + RING * sizeof(uint32_t) + (size_t)r * a->n_ad, a->n_ad);
+        s->bytes = 0;
+        s->error = 0.0; /* (the solve's estimate: only its log line says it) */
+        for (uint32_t i = 0; i < a->n_ad && s->gen != PSAGG_ADAPT_NO_GEN; i++)
+            s->bytes += a->cand_bytes[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES + s->choice[i]];
+    }
+    atomic_store(&a->newest, newest);
+    pthread_mutex_unlock(&ctx->mu);
+    /*
+     * The next statistics round is the members' next: round newest x interval. A tensor the
+     * members pushed that round already (the barrier lies within it) counts as measured here,
+     * with nothing: this worker pushed nothing of it, and its push of the statistics sums with
+     * theirs when its other tensors reach that round.
+     */
+    a->stats_gen = newest;
+    a->n_measured = 0;
+    first = (uint64_t)newest * a->interval;
+    for (uint32_t i = 0; i < a->n_ad; i++) {
+        a->measured[i] = ctx->tensors[a->key_of[i]].round > first;
+        a->n_measured += a->measured[i];
+        memset(&a->stats_in[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS], 0,
+               PSAGG_ADAPT_MAX_BUCKETS * sizeof(float));
+    }
+    if (a->n_measured == a->n_ad) /* (the members would have pushed them: not settled) */
+        return psagg_fail(PSAGG_EPROTO,
+                          "server 0 admitted this worker past statistics round %llu of every "
+                          "adaptive tensor, which the members have not summed",
+                          (unsigned long long)first);
+    LOG_INFO(&ctx->log,
+             "adaptive codecs: joined with the members' codec assignments, generation %u "
+             "the newest (from round %llu); the next statistics are of round %llu (%u of %u "
+             "tensors past it)",
+             newest,
+             newest ? (unsigned long long)(newest - 1) * a->interval + PSAGG_ADAPT_LAG : 0ull,
+             (unsigned long long)first, a->n_measured, a->n_ad);
+    return PSAGG_OK;
 }
 
 psagg_status psagg_get_assignment(psagg_ctx *ctx, uint32_t key, psagg_assignment *out)

@@ -4,8 +4,8 @@
  *
  * Requests (ctl_request, worker.h): psagg_checkpoint asks every server for a checkpoint (one
  * answer each: CHECKPOINT_DONE, its file or why not), psagg_sync_membership asks server 0 to
- * pass a barrier (SYNC with every tensor's state; one answer: SYNC_DONE, the workers it
- * admitted). One mechanism serves both: the caller (control_request) checks that no
+ * pass a barrier (SYNC with every tensor's state and the codec assignments; one answer:
+ * SYNC_DONE, the workers it admitted). One mechanism serves both: the caller (control_request) checks that no
  * operation is in flight, marks the request asked and waits; the communication thread sends
  * it (control_requests_send) and counts the answers (request_answer) until the last one
  * wakes the caller, or the deadline or the job's failure does.
@@ -27,10 +27,12 @@
 /* ---- requests ---- */
 
 /* Under ctx->mu: PSAGG_EINVAL naming `fn` when a tensor has an operation in flight (a queued
- * one holds its slot too), for the calls made between steps. */
+ * one holds its slot too), for the calls made between steps. The internal ones (an adaptive
+ * job's statistics push) are the communication thread's: a barrier's SYNC waits for them
+ * (control_requests_send); a checkpoint, of parameters only, need not. */
 static psagg_status between_steps(psagg_ctx *ctx, const char *fn)
 {
-    for (uint32_t t = 0; t < ctx->layout.n_tensors; t++)
+    for (uint32_t t = 0; t < ctx->n_user; t++)
         if (ctx->tensors[t].op)
             return psagg_fail(PSAGG_EINVAL,
                               "%s: tensor '%s' has an operation in flight; call it between steps",
@@ -126,11 +128,16 @@ static void checkpoint_done(psagg_ctx *ctx, int s, psagg_ctl_error *e)
         LOG_INFO(&ctx->log, "checkpoint: server %d wrote %s", s, e->msg);
 }
 
-/* psagg_sync_membership's: a SYNC with every tensor's state to server 0. */
+/*
+ * psagg_sync_membership's: a SYNC with every tensor's state and the codec assignments this
+ * worker keeps ([codec] adaptive) to server 0; sent once adapt_settled (control_requests_send).
+ */
 static psagg_status barrier_send(psagg_ctx *ctx)
 {
-    uint32_t n = ctx->layout.n_tensors, seq;
-    size_t len = sizeof(psagg_ctl_sync) + (size_t)n * sizeof(psagg_ctl_tensor_state);
+    uint32_t n = ctx->layout.n_tensors, seq, gens, adapt_tensors;
+    size_t adapt_len = adapt_sync_size(ctx, &gens, &adapt_tensors);
+    size_t len =
+        sizeof(psagg_ctl_sync) + (size_t)n * sizeof(psagg_ctl_tensor_state) + adapt_len;
     psagg_ctl_sync *sy = calloc(1, len);
     psagg_ctl_tensor_state *ts;
     psagg_status st;
@@ -142,9 +149,12 @@ static psagg_status barrier_send(psagg_ctx *ctx)
     seq = ctx->sync_seq + 1;
     sy->seq = seq;
     sy->n_tensors = n;
+    sy->adapt_gens = gens;
+    sy->adapt_tensors = adapt_tensors;
     for (uint32_t t = 0; t < n; t++)
         ts[t] = (psagg_ctl_tensor_state){.round = ctx->tensors[t].round,
                                          .flags = ctx->tensors[t].inited ? PSAGG_TSTATE_INITED : 0};
+    adapt_sync_write(ctx, (uint8_t *)(ts + n));
     pthread_mutex_unlock(&ctx->mu);
     st = ctx->servers[0].fd < 0 ? psagg_fail(PSAGG_EPEER, "not connected")
                                 : psagg_ctl_send(ctx->servers[0].fd, &ctx->servers[0].auth,
@@ -162,7 +172,7 @@ static void barrier_done(psagg_ctx *ctx, const psagg_ctl_hdr *h, const psagg_ctl
     pthread_mutex_lock(&ctx->mu);
     state = ctx->barrier.state;
     if (state == 2 && d->seq == ctx->sync_seq + 1 &&
-        h->len == sizeof *d + (size_t)d->n_tensors * sizeof(psagg_ctl_tensor_state)) {
+        h->len == sizeof *d + psagg_ctl_sync_tail(d->n_tensors, d->adapt_gens, d->adapt_tensors)) {
         ctx->sync_seq = d->seq;
         ctx->sync_joined = d->joined;
         pthread_mutex_unlock(&ctx->mu);
@@ -193,7 +203,10 @@ static void request_send(psagg_ctx *ctx, ctl_request *rq, psagg_status (*send)(p
 void control_requests_send(psagg_ctx *ctx)
 {
     request_send(ctx, &ctx->ckpt, checkpoint_send);
-    request_send(ctx, &ctx->barrier, barrier_send);
+    /* a barrier right after a statistics round waits for their push and their solve: every
+       member's SYNC then holds the same assignments, which a joiner takes (adapt.c) */
+    if (adapt_settled(ctx))
+        request_send(ctx, &ctx->barrier, barrier_send);
 }
 
 /* ---- membership epochs ---- */

@@ -239,18 +239,23 @@ psagg_status handshake_hello(psagg_ctx *ctx, int64_t deadline)
     return PSAGG_OK;
 }
 
-/* A joiner's SYNC_DONE (after its MEMBERSHIP): the members' tensor states, where it starts. */
+/*
+ * A joiner's SYNC_DONE (after its MEMBERSHIP): the members' tensor states, where it starts,
+ * and the codec assignments they keep ([codec] adaptive), which it takes (adapt.c).
+ */
 static psagg_status join_states(psagg_ctx *ctx, const psagg_ctl_hdr *h, const void *body)
 {
     const psagg_ctl_sync_done *d = body;
     const psagg_ctl_tensor_state *ts = (const psagg_ctl_tensor_state *)(d + 1);
     uint32_t n = ctx->layout.n_tensors;
 
-    if (h->len < sizeof *d || d->n_tensors != n || h->len != sizeof *d + (size_t)n * sizeof *ts ||
+    if (h->len < sizeof *d || d->n_tensors != n ||
+        h->len != sizeof *d + psagg_ctl_sync_tail(n, d->adapt_gens, d->adapt_tensors) ||
         d->joined == 0 || d->epoch != ctx->epoch)
         return psagg_fail(PSAGG_EPROTO,
                           "server 0 admitted this worker with a SYNC_DONE of %u bytes (fields "
-                          "n_tensors, joined, epoch; %u tensors, membership epoch %u here)",
+                          "n_tensors, adapt_gens, adapt_tensors, joined, epoch; %u tensors, "
+                          "membership epoch %u here)",
                           h->len, n, ctx->epoch);
     pthread_mutex_lock(&ctx->mu);
     for (uint32_t t = 0; t < n; t++) {
@@ -260,7 +265,7 @@ static psagg_status join_states(psagg_ctx *ctx, const psagg_ctl_hdr *h, const vo
     ctx->sync_seq = d->seq;
     ctx->sync_joined = d->joined;
     pthread_mutex_unlock(&ctx->mu);
-    return PSAGG_OK;
+    return adapt_join(ctx, (const uint8_t *)(ts + n), d->adapt_gens, d->adapt_tensors);
 }
 
 /*

@@ -331,6 +331,11 @@ psagg_status membership_take(psagg_ctx *ctx, const psagg_ctl_hdr *h, const void 
  * and adapt_stats_done when that push completes (it hands the sum to adapt.c's solver
  * thread, which publishes the next generation).
  * adapt_waiting explains an operation that waits for its assignment (for the deadline).
+ * Joins (wire.h, SYNC): adapt_settled (the communication thread) says whether every statistics
+ * push is summed and solved, as a barrier's SYNC must wait for; adapt_sync_size the bytes of
+ * the assignments a SYNC carries (and its fields adapt_gens, adapt_tensors); adapt_sync_write
+ * writes them (under ctx->mu); adapt_join takes the members' on a joiner, once its tensors
+ * have the members' rounds (PSAGG_EPROTO when they do not check out).
  */
 psagg_status adapt_setup(psagg_ctx *ctx);
 void adapt_free(psagg_ctx *ctx);
@@ -339,5 +344,9 @@ void adapt_measure(psagg_ctx *ctx, const struct psagg_handle *h);
 int adapt_is_stats(const psagg_ctx *ctx, const struct psagg_handle *h);
 void adapt_stats_done(psagg_ctx *ctx, struct psagg_handle *h, psagg_status status, const char *msg);
 int adapt_waiting(psagg_ctx *ctx, const struct psagg_handle *h, char *msg, size_t len);
+int adapt_settled(const psagg_ctx *ctx);
+size_t adapt_sync_size(const psagg_ctx *ctx, uint32_t *gens, uint32_t *tensors);
+void adapt_sync_write(const psagg_ctx *ctx, uint8_t *out);
+psagg_status adapt_join(psagg_ctx *ctx, const uint8_t *in, uint32_t gens, uint32_t tensors);
 
 #endif

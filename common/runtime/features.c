@@ -48,8 +48,9 @@ const psagg_combo psagg_combos[] = {
      "any worker may ask for a checkpoint; a resumed job starts with the workers it is given"},
     {PSAGG_F_ELASTIC, PSAGG_F_OPTIMIZER, 0, "a joiner takes the servers' weights when admitted"},
     {PSAGG_F_ELASTIC, PSAGG_F_ADAPTIVE, 0,
-     "a worker that dies leaves; one cannot join yet (refused at its HELLO: it would need the "
-     "codec assignment's history)"},
+     "a worker that dies leaves; a joiner takes the members' codec assignments at the barrier "
+     "that admits it (which waits for a statistics round's push and solve in flight) and "
+     "measures, pushes and solves with them from its first round"},
     {PSAGG_F_QUORUM, PSAGG_F_ADAPTIVE, 1,
      "a left-out push's statistics would be missing from the codec choice"},
     {PSAGG_F_QUORUM, PSAGG_F_CHECKPOINT, 0,

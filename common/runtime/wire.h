@@ -41,14 +41,17 @@
  *      server 0 -> worker MEMBERSHIP psagg_ctl_membership + live[]: a worker left or workers
  *                                 joined (below);
  *      worker -> server s > 0     the same frame, relayed unchanged
- *      worker -> server 0 SYNC    psagg_ctl_sync + n_tensors x psagg_ctl_tensor_state: this
- *                                 worker is between steps (no operation in flight); barrier
- *                                 `seq` (psagg_sync_membership, psagg.h)
- *      server 0 -> worker SYNC_DONE psagg_ctl_sync_done + n_tensors x psagg_ctl_tensor_state:
- *                                 barrier `seq` passed; when it admitted joiners (joined > 0)
- *                                 every member waited in it and got the new epoch's
- *                                 MEMBERSHIP first; the states are the members' (a joiner
- *                                 starts each tensor at that round)
+ *      worker -> server 0 SYNC    psagg_ctl_sync + n_tensors x psagg_ctl_tensor_state + the
+ *                                 codec assignments (below): this worker is between steps (no
+ *                                 operation in flight; in an adaptive job its statistics push
+ *                                 and their solve are done too); barrier `seq`
+ *                                 (psagg_sync_membership, psagg.h)
+ *      server 0 -> worker SYNC_DONE psagg_ctl_sync_done + n_tensors x psagg_ctl_tensor_state +
+ *                                 the codec assignments: barrier `seq` passed; when it
+ *                                 admitted joiners (joined > 0) every member waited in it and
+ *                                 got the new epoch's MEMBERSHIP first; the states and the
+ *                                 assignments are the members' (a joiner starts each tensor
+ *                                 at that round, with those assignments)
  *   joining a running elastic job (its WELCOMEs say PSAGG_WELCOME_JOINING; the rank must be
  *   one that left the job): HELLO, WELCOME and DECLARE to every server as above (READY once
  *   the declaration equals the job's), then
@@ -163,8 +166,11 @@
  * 13: tensors declared rare (PSAGG_DECL_RARE) are placed apart from the per-round load, so
  *     a layout differs from 12's; an elastic job's READY from server 0 names the starting
  *     workers, which the workers relay (START)
+ * 14: SYNC and SYNC_DONE carry the codec assignments a worker keeps ([codec] adaptive:
+ *     fields adapt_gens, adapt_tensors and the block after the tensor states), so that a
+ *     joiner takes the members' (joins into an adaptive job)
  */
-#define PSAGG_PROTO_VERSION 13
+#define PSAGG_PROTO_VERSION 14
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64
@@ -347,19 +353,42 @@ typedef struct psagg_ctl_tensor_state {
 } psagg_ctl_tensor_state;
 _Static_assert(sizeof(psagg_ctl_tensor_state) == 8, "psagg_ctl_tensor_state layout");
 
+/*
+ * The codec assignments after a SYNC's or SYNC_DONE's tensor states ([codec] adaptive;
+ * runtime/adaptive.h): those the worker keeps, adapt_gens of them (PSAGG_ADAPT_RING in a job
+ * with adaptive tensors, else 0), as
+ *   adapt_gens x u32 generation: slot i holds generation g with g % adapt_gens == i, or
+ *                PSAGG_ADAPT_NO_GEN (empty); the newest is the statistics rounds summed
+ *                (the statistics tensor's round): a worker sends SYNC once their solve is done
+ *   adapt_gens x adapt_tensors bytes: slot by slot, each adaptive tensor's (in key order)
+ *                choice, its index among psagg_adapt_candidates (0 in an empty slot)
+ * Every member keeps the same (the same sums, the same solver): server 0 compares them as it
+ * compares the states, and a joiner takes them.
+ */
+static inline uint64_t psagg_ctl_sync_tail(uint32_t n_tensors, uint32_t adapt_gens,
+                                           uint32_t adapt_tensors)
+{
+    return (uint64_t)n_tensors * sizeof(psagg_ctl_tensor_state) +
+           (uint64_t)adapt_gens * (sizeof(uint32_t) + adapt_tensors);
+}
+
 typedef struct psagg_ctl_sync {
-    uint32_t seq;       /* the worker's barrier count: 1 for its first psagg_sync_membership */
-    uint32_t n_tensors; /* states that follow: every declared tensor */
+    uint32_t seq;           /* the worker's barrier count: 1 for its first psagg_sync_membership */
+    uint32_t n_tensors;     /* states that follow: every declared tensor */
+    uint32_t adapt_gens;    /* codec assignments after them (above) */
+    uint32_t adapt_tensors; /* the adaptive tensors: each assignment's choices */
 } psagg_ctl_sync;
-_Static_assert(sizeof(psagg_ctl_sync) == 8, "psagg_ctl_sync layout");
+_Static_assert(sizeof(psagg_ctl_sync) == 16, "psagg_ctl_sync layout");
 
 typedef struct psagg_ctl_sync_done {
-    uint32_t seq;       /* the barrier passed */
-    uint32_t epoch;     /* the membership epoch after it */
-    uint32_t joined;    /* workers it admitted */
-    uint32_t n_tensors; /* states that follow (the members'), 0 when joined is 0 */
+    uint32_t seq;           /* the barrier passed */
+    uint32_t epoch;         /* the membership epoch after it */
+    uint32_t joined;        /* workers it admitted */
+    uint32_t n_tensors;     /* states that follow (the members'), 0 when joined is 0 */
+    uint32_t adapt_gens;    /* the members' codec assignments after them, 0 when joined is 0 */
+    uint32_t adapt_tensors; /* (as in psagg_ctl_sync) */
 } psagg_ctl_sync_done;
-_Static_assert(sizeof(psagg_ctl_sync_done) == 16, "psagg_ctl_sync_done layout");
+_Static_assert(sizeof(psagg_ctl_sync_done) == 24, "psagg_ctl_sync_done layout");
 
 enum psagg_msg_type {
     PSAGG_MSG_PUSH = 1,

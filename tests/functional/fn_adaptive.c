@@ -15,12 +15,28 @@
  * psagg_get_assignment agrees with the handles. It prints "ADAPTIVE-EXACT ..." with the
  * number of codec switches seen, and "DIGEST <hex>" of every output.
  *
+ * Joins (an elastic job, test_adaptive_join.sh): `fn_adaptive ROUNDS --sync --joiner R ...`
+ * calls psagg_sync_membership after every round; the ranks --joiner names (in the order they
+ * will be admitted) start out of the job, and the k-th worker a barrier admits is the k-th
+ * named, summed from the round after that barrier, its residual starting at zero there. A
+ * worker started with such a rank joins the running job at the members' round (psagg_declare
+ * returns once it is admitted); it cannot rebuild the members' past (their residuals hold
+ * rounds in codecs of generations it never saw), so it checks no reference, only the
+ * schedule. --hold R:FILE (any number of them): before round R's pushes, wait until FILE
+ * exists (saying "HOLD before round R"), so that the harness lets a joiner ask to join
+ * before the barrier after round R. Every worker prints, per round, "ROUND r <digest of its
+ * outputs> <each tensor's codec@generation>" (psagg_handle_codec), and before each round
+ * (after the barrier before it, or its admission) "ASSIGN r <each tensor's
+ * psagg_get_assignment>": the harness checks that a joiner's lines are the members'.
+ *
  * It links libpsagg statically: the reference uses the library's own codecs and layout.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "fn_input.h"
 #include "kernels/codec.h"
@@ -40,9 +56,44 @@ static float scale(uint32_t t, uint32_t r, uint32_t rounds)
     return r < rounds / 2 ? s[t] : s[N_T - 2 - (t < N_T - 1 ? t : 0)];
 }
 
+#define MAX_JOINERS 8
+#define MAX_HOLDS   8
+
+/* "ASSIGN r ...": every tensor's psagg_get_assignment before round r. */
+static void print_assign(psagg_ctx *ctx, uint32_t r)
+{
+    printf("ASSIGN %u", r);
+    for (uint32_t t = 0; t < N_T; t++) {
+        psagg_assignment as = {.struct_size = sizeof as};
+        char n[40];
+        if (psagg_get_assignment(ctx, t, &as))
+            FAIL("psagg_get_assignment: %s", psagg_last_error());
+        printf(" a%u=%s@%u/%u", t, psagg_codec_name(&as.codec, n, sizeof n), as.generation,
+               as.from_round);
+    }
+    printf("\n");
+    fflush(stdout);
+}
+
+/* --hold: wait (up to 120 s) until `path` exists. */
+static void hold(uint32_t r, const char *path)
+{
+    printf("HOLD before round %u\n", r);
+    fflush(stdout);
+    for (int i = 0; access(path, F_OK) != 0; i++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        if (i > 12000)
+            FAIL("--hold %u: %s did not appear within 120 s", r, path);
+        nanosleep(&ts, NULL);
+    }
+}
+
 int main(int argc, char **argv)
 {
     uint32_t rounds = argc > 1 ? (uint32_t)atoi(argv[1]) : 16, switches = 0, max_gen = 0;
+    uint32_t first_round = 0, join_round[MAX_JOINERS], hold_round[MAX_HOLDS];
+    int sync = 0, joiner[MAX_JOINERS], n_joiners = 0, n_joined = 0, n_holds = 0, self_joined = 0;
+    const char *hold_file[MAX_HOLDS];
     psagg_config cfg;
     psagg_ctx *ctx = NULL;
     psagg_tensor_desc desc[N_T];
@@ -55,6 +106,20 @@ int main(int argc, char **argv)
     uint32_t n_ad = 0;
     int rank, world;
 
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--sync")) {
+            sync = 1;
+        } else if (!strcmp(argv[i], "--joiner") && i + 1 < argc && n_joiners < MAX_JOINERS) {
+            join_round[n_joiners] = UINT32_MAX; /* not yet */
+            joiner[n_joiners++] = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--hold") && i + 1 < argc && n_holds < MAX_HOLDS &&
+                   strchr(argv[i + 1], ':')) {
+            hold_round[n_holds] = (uint32_t)atoi(argv[++i]);
+            hold_file[n_holds++] = strchr(argv[i], ':') + 1;
+        } else {
+            FAIL("usage: fn_adaptive ROUNDS [--sync] [--joiner RANK]... [--hold ROUND:FILE]...");
+        }
+    }
     if (psagg_codec_parse("maxmin4/512", &m4) || psagg_codec_check(&m4))
         FAIL("codec");
     if (psagg_config_load(getenv("PSAGG_CONFIG"), &cfg))
@@ -81,6 +146,23 @@ int main(int argc, char **argv)
     }
     if (psagg_declare(ctx, desc, N_T, NULL))
         FAIL("psagg_declare: %s", psagg_last_error());
+    {
+        psagg_membership m = {.struct_size = sizeof m};
+        if (psagg_get_membership(ctx, &m))
+            FAIL("psagg_get_membership: %s", psagg_last_error());
+        if (m.joiner) { /* it joined the running job: at the members' round */
+            if (psagg_tensor_round(ctx, 0, &first_round))
+                FAIL("psagg_tensor_round: %s", psagg_last_error());
+            self_joined = 1;
+            for (int k = 0; k < n_joiners && !n_joined; k++) /* those named before it are in */
+                if (joiner[k] == rank)
+                    n_joined = k + 1;
+            printf("fn_adaptive %d: joined at round %u, membership epoch %u, %d workers\n", rank,
+                   first_round, m.epoch, m.size);
+        }
+    }
+    if (sync)
+        print_assign(ctx, first_round);
     /* the same layout as every process of the job: ours, with the statistics tensor */
     if (psagg_tensor_to_wire(PSAGG_ADAPT_STATS_NAME, (uint64_t)n_ad * PSAGG_ADAPT_MAX_BUCKETS,
                              &fp32, &wire[N_T]) ||
@@ -104,8 +186,14 @@ int main(int argc, char **argv)
                 FAIL("memory");
     }
 
-    for (uint32_t r = 0; r < rounds; r++) {
+    for (uint32_t r = first_round; r < rounds; r++) {
         psagg_handle *h[N_T];
+        uint64_t round_digest = TEST_FNV_START;
+        char codecs[N_T * 48] = "";
+        size_t used = 0;
+        for (int k = 0; k < n_holds; k++)
+            if (hold_round[k] == r)
+                hold(r, hold_file[k]);
         for (uint32_t t = 0; t < N_T; t++) {
             for (uint64_t i = 0; i < sizes[t]; i++)
                 in[t][i] = input_value(rank, t, r, i) * scale(t, r, rounds);
@@ -138,11 +226,27 @@ int main(int argc, char **argv)
                 last[t] = codec;
             }
             max_gen = gen > max_gen ? gen : max_gen;
+            {
+                char n[40];
+                used += (size_t)snprintf(codecs + used, sizeof codecs - used, " a%u=%s@%u", t,
+                                         psagg_codec_name(&codec, n, sizeof n), gen);
+            }
+            round_digest = test_fnv(round_digest, out[t], sizes[t] * sizeof(float));
+            digest = test_fnv(digest, out[t], sizes[t] * sizeof(float));
+            if (self_joined) /* (the members' past is not this worker's to rebuild) */
+                continue;
             /* the reference: every worker's push, summed in worker order, requantized */
             for (uint32_t c = 0; c < ti->n_chunks; c++) {
                 const psagg_chunk_info *ci = &l.chunks[ti->first_chunk + c];
                 size_t len = psagg_encoded_size(&codec, ci->count);
+                int first = 1;
                 for (int w = 0; w < world; w++) {
+                    int in_round = w < cfg.n_workers;
+                    for (int k = 0; k < n_joiners; k++)
+                        if (joiner[k] == w)
+                            in_round = r >= join_round[k];
+                    if (!in_round)
+                        continue;
                     for (uint64_t i = 0; i < ci->count; i++)
                         x[i] = input_value(w, t, r, ci->offset + i) * scale(t, r, rounds);
                     if (psagg_encode(&codec, x, res[t][w] ? res[t][w] + ci->offset : NULL,
@@ -151,8 +255,9 @@ int main(int argc, char **argv)
                                                          ci->index, r),
                                      enc, len, NULL) ||
                         psagg_decode_into(&codec, enc, len, ci->count, acc,
-                                          w ? PSAGG_DECODE_ADD : PSAGG_DECODE_FIRST, 1.0f))
+                                          first ? PSAGG_DECODE_FIRST : PSAGG_DECODE_ADD, 1.0f))
                         FAIL("reference: %s", psagg_last_error());
+                    first = 0;
                 }
                 if (psagg_encode(
                         &codec, acc, NULL, ci->count,
@@ -168,8 +273,24 @@ int main(int argc, char **argv)
                 FAIL("round %u tensor %u: element %llu is %.9g, the reference %.9g", r, t,
                      (unsigned long long)i, (double)out[t][i], (double)ref[t][i]);
             }
-            digest = test_fnv(digest, out[t], sizes[t] * sizeof(float));
         }
+        if (!sync)
+            continue;
+        printf("ROUND %u %016llx%s\n", r, (unsigned long long)round_digest, codecs);
+        {
+            psagg_membership m = {.struct_size = sizeof m};
+            if (psagg_sync_membership(ctx, &m))
+                FAIL("psagg_sync_membership after round %u: %s", r, psagg_last_error());
+            for (int k = 0; k < m.joined; k++) { /* the next joiners named: from round r + 1 */
+                if (n_joined == n_joiners)
+                    FAIL("the barrier after round %u admitted %d workers; only %d named", r,
+                         m.joined, n_joiners);
+                join_round[n_joined++] = r + 1;
+                printf("barrier after round %u admitted worker %d (epoch %u, %d workers)\n", r,
+                       joiner[n_joined - 1], m.epoch, m.size);
+            }
+        }
+        print_assign(ctx, r + 1);
     }
     for (uint32_t t = 0; t < N_T; t++) {
         psagg_assignment as = {.struct_size = sizeof as};

@@ -341,7 +341,9 @@ PSAGG_API psagg_status psagg_get_membership(const psagg_ctx *ctx, psagg_membersh
  * psagg_sync_membership: the barrier where joiners are admitted (torchft's per-step quorum).
  * Every member calls it at the same points, between steps, with no operation in flight
  * (PSAGG_EINVAL otherwise); when nobody waits to join it returns at once (one round trip to
- * server 0), else once every member is in it. `out` (may be NULL) is the membership after it:
+ * server 0), else once every member is in it. With [codec] adaptive it first waits for this
+ * worker's statistics pushes to be summed and solved (after a statistics round: one more round
+ * trip and the solve), so that a joiner takes the same codec assignments from every member. `out` (may be NULL) is the membership after it:
  * out->joined > 0 says that workers were admitted, and then every worker, the joiners
  * included, takes the model state from where it lives: with the optimizer on the servers,
  * every member calls psagg_pull_weights(sync = 1) on every parameter and each joiner
