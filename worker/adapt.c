@@ -150,7 +150,7 @@ psagg_status adapt_setup(psagg_ctx *ctx)
     if (!a->n_cand || !a->cand || !a->cand_bucket || !a->cand_bytes || !a->measured ||
         !a->stats_in || !a->stats_out || !a->opts || !a->opt_cand || !a->solver_choice)
         return psagg_fail(PSAGG_ENOMEM, "adaptive codecs of %u tensors", a->n_ad);
-    for (int r = 0; r < RING; r++) {
+    for (uint32_t r = 0; r < RING; r++) {
         a->ring[r].gen = PSAGG_ADAPT_NO_GEN;
         if (!(a->ring[r].choice = calloc(a->n_ad, 1)))
             return psagg_fail(PSAGG_ENOMEM, "adaptive codecs of %u tensors", a->n_ad);
@@ -227,7 +227,7 @@ void adapt_free(psagg_ctx *ctx)
         pthread_cond_destroy(&a->scv);
     }
     free(a->stats_op);
-    for (int r = 0; r < RING; r++)
+    for (uint32_t r = 0; r < RING; r++)
         free(a->ring[r].choice);
     free(a->ad_of), free(a->key_of), free(a->n_cand), free(a->cand), free(a->cand_bucket);
     free(a->cand_bytes), free(a->measured), free(a->stats_in);
@@ -647,10 +647,11 @@ psagg_status adapt_join(psagg_ctx *ctx, const uint8_t *in, uint32_t gens, uint32
     return PSAGG_OK;
 }
 
-psagg_status psagg_get_assignment(psagg_ctx *ctx, uint32_t key, psagg_assignment *out)
+psagg_status psagg_get_assignment(const psagg_ctx *ctx, uint32_t key, psagg_assignment *out)
 {
+    psagg_ctx *c = (psagg_ctx *)ctx; /* (its lock only) */
     const psagg_tensor_info *ti;
-    psagg_adapt *a;
+    const psagg_adapt *a;
     uint32_t i;
 
     psagg_clear_error();
@@ -668,7 +669,7 @@ psagg_status psagg_get_assignment(psagg_ctx *ctx, uint32_t key, psagg_assignment
         out->bytes += ctx->layout.chunks[ti->first_chunk + c].enc_bytes;
     if (!a || (i = a->ad_of[key]) == UINT32_MAX)
         return PSAGG_OK;
-    pthread_mutex_lock(&ctx->mu);
+    pthread_mutex_lock(&c->mu);
     if (atomic_load(&a->newest)) {
         uint32_t g = atomic_load(&a->newest);
         const assignment *s = find(a, g);
@@ -678,6 +679,6 @@ psagg_status psagg_get_assignment(psagg_ctx *ctx, uint32_t key, psagg_assignment
         out->generation = g;
         out->from_round = (g - 1) * a->interval + PSAGG_ADAPT_LAG;
     }
-    pthread_mutex_unlock(&ctx->mu);
+    pthread_mutex_unlock(&c->mu);
     return PSAGG_OK;
 }

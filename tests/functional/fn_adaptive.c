@@ -151,8 +151,8 @@ int main(int argc, char **argv)
         if (psagg_get_membership(ctx, &m))
             FAIL("psagg_get_membership: %s", psagg_last_error());
         if (m.joiner) { /* it joined the running job: at the members' round */
-            if (psagg_tensor_round(ctx, 0, &first_round))
-                FAIL("psagg_tensor_round: %s", psagg_last_error());
+            if (psagg_get_tensor_round(ctx, 0, &first_round))
+                FAIL("psagg_get_tensor_round: %s", psagg_last_error());
             self_joined = 1;
             for (int k = 0; k < n_joiners && !n_joined; k++) /* those named before it are in */
                 if (joiner[k] == rank)

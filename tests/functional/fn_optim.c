@@ -219,7 +219,7 @@ int main(int argc, char **argv)
         psagg_release(h);
     }
     if (psagg_get_tensor_round(ctx, 0, &start))
-        FAIL("psagg_tensor_round: %s", psagg_last_error());
+        FAIL("psagg_get_tensor_round: %s", psagg_last_error());
     for (uint32_t t = 1; t < N_P; t++) {
         uint32_t r;
         if (psagg_get_tensor_round(ctx, t, &r) || r != start)

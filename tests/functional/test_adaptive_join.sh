@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_adaptive_join.sh BUILD_DIR PORT - joins into an elastic job with [codec] adaptive = on.
+# test_adaptive_join.sh BUILD_DIR [PORT] - joins into an elastic job with [codec] adaptive = on.
 #
 # Two servers; workers = 2, max_workers = 4, a new codec assignment every 2 rounds. Ranks 0 and
 # 1 run fn_adaptive for 30 rounds with a barrier (psagg_sync_membership) after each; ranks 2
@@ -21,40 +21,18 @@
 # servers exit 0.
 set -u -o pipefail
 build=$1
-port=$2
-. "$(dirname -- "${BASH_SOURCE[0]}")/jobs.sh" # $tmp, pids, wait_for, fail
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+reserve_ports 2 "${2:-}"
 
-cat >"$tmp/job.ini" <<INI
-[cluster]
-job_id = adaptive-join-$port
-servers = 127.0.0.1:$port 127.0.0.1:$((port + 1))
-workers = 2
-max_workers = 4
-elastic = on
-connect_timeout_ms = 20000
-op_timeout_ms = 20000
-[server]
-threads = 2
-[worker]
-chunk_bytes = 262144
-[codec]
-adaptive = on
-adaptive_interval = 2
-adaptive_budget = 1.0
-[log]
-level = info
-INI
+job_ini "$tmp/job.ini" 2 2 cluster.max_workers=4 cluster.elastic=on cluster.connect_timeout_ms=20000 \
+    cluster.op_timeout_ms=20000 server.threads=2 worker.chunk_bytes=262144 codec.adaptive=on \
+    codec.adaptive_interval=2 codec.adaptive_budget=1.0 log.level=info
 export PSAGG_CONFIG=$tmp/job.ini PSAGG_WORLD_SIZE=2
-for s in 0 1; do
-    setsid "$build/server/psagg-server" --config "$tmp/job.ini" --rank $s >"$tmp/server$s.log" 2>&1 &
-    spid[$s]=$!
-    pids+=($!)
-done
+start_servers "$tmp/job.ini" 2
 args=(30 --sync --joiner 2 --joiner 3 --hold "6:$tmp/go6" --hold "11:$tmp/go11")
 start() { # start RANK
-    PSAGG_RANK=$1 setsid "$build/tests/functional/fn_adaptive" "${args[@]}" >"$tmp/worker$1.log" 2>&1 &
-    wpid[$1]=$!
-    pids+=($!)
+    start_worker "$1" "$tmp/worker$1.log" "$build/tests/functional/fn_adaptive" "${args[@]}"
 }
 # until FILE has a line matching PATTERN (up to 60 s)
 await() {

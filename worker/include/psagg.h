@@ -216,7 +216,8 @@ typedef struct psagg_assignment {
     uint32_t generation; /* 0: the declared codec */
     uint32_t from_round; /* the tensor's first round in this codec */
 } psagg_assignment;
-PSAGG_API psagg_status psagg_get_assignment(psagg_ctx *ctx, uint32_t key, psagg_assignment *out);
+PSAGG_API psagg_status psagg_get_assignment(const psagg_ctx *ctx, uint32_t key,
+                                            psagg_assignment *out);
 /*
  * The codec a push_pull that completed successfully went in (both ways) and its assignment's
  * generation (may be NULL); call before psagg_release. Errors as psagg_handle_timing.
