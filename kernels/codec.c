@@ -32,10 +32,10 @@ static uint64_t splitmix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
-psagg_rng_key psagg_rng_key_make(uint64_t seed, uint64_t stream)
+psagg__rng_key psagg__rng_key_make(uint64_t seed, uint64_t stream)
 {
     uint64_t k = splitmix64(seed ^ splitmix64(stream));
-    psagg_rng_key key = {(uint32_t)k, (uint32_t)(k >> 32)};
+    psagg__rng_key key = {(uint32_t)k, (uint32_t)(k >> 32)};
     return key;
 }
 
@@ -48,19 +48,19 @@ static uint64_t mix64(uint64_t a, uint64_t b)
     return z ^ (z >> 31);
 }
 
-psagg_rng_key psagg_rng_chunk_key(uint64_t seed, psagg_rng_side side, uint32_t rank, uint32_t key,
-                                  uint32_t chunk, uint32_t round)
+psagg__rng_key psagg__rng_chunk_key(uint64_t seed, psagg__rng_side side, uint32_t rank,
+                                    uint32_t key, uint32_t chunk, uint32_t round)
 {
     uint64_t stream = mix64(mix64((uint64_t)side << 32 | rank, (uint64_t)key << 32 | chunk), round);
-    return psagg_rng_key_make(seed, stream);
+    return psagg__rng_key_make(seed, stream);
 }
 
 /* ---- codec description ---- */
 
-psagg_status psagg_codec_check(psagg_codec *codec)
+psagg_status psagg__codec_check(psagg_codec *codec)
 {
     if (!codec)
-        return psagg_fail(PSAGG_EINVAL, "codec: NULL description");
+        return psagg__fail(PSAGG_EINVAL, "codec: NULL description");
     switch (codec->id) {
     case PSAGG_CODEC_FP32:
     case PSAGG_CODEC_FP16:
@@ -68,25 +68,26 @@ psagg_status psagg_codec_check(psagg_codec *codec)
         break;
     case PSAGG_CODEC_MAXMIN:
         if (codec->bits < 1 || codec->bits > 8)
-            return psagg_fail(PSAGG_EINVAL, "codec maxmin: bits %u out of range 1..8", codec->bits);
+            return psagg__fail(PSAGG_EINVAL, "codec maxmin: bits %u out of range 1..8",
+                               codec->bits);
         if (codec->bucket == 0)
             codec->bucket = PSAGG_MAXMIN_DEFAULT_BUCKET;
         if (codec->bucket < 64 || codec->bucket > PSAGG_MAXMIN_MAX_BUCKET ||
             codec->bucket % 64 != 0)
-            return psagg_fail(PSAGG_EINVAL,
-                              "codec maxmin: bucket %u must be a multiple of 64 in 64..%u",
-                              codec->bucket, PSAGG_MAXMIN_MAX_BUCKET);
+            return psagg__fail(PSAGG_EINVAL,
+                               "codec maxmin: bucket %u must be a multiple of 64 in 64..%u",
+                               codec->bucket, PSAGG_MAXMIN_MAX_BUCKET);
         if (codec->rounding != PSAGG_ROUND_STOCHASTIC && codec->rounding != PSAGG_ROUND_NEAREST)
-            return psagg_fail(PSAGG_EINVAL, "codec maxmin: rounding %d unknown",
-                              (int)codec->rounding);
+            return psagg__fail(PSAGG_EINVAL, "codec maxmin: rounding %d unknown",
+                               (int)codec->rounding);
         break;
     default:
-        return psagg_fail(PSAGG_EINVAL, "codec: id %d unknown", (int)codec->id);
+        return psagg__fail(PSAGG_EINVAL, "codec: id %d unknown", (int)codec->id);
     }
     return PSAGG_OK;
 }
 
-int psagg_codec_equal(const psagg_codec *a, const psagg_codec *b)
+int psagg__codec_equal(const psagg_codec *a, const psagg_codec *b)
 {
     return a->id == b->id &&
            (a->id != PSAGG_CODEC_MAXMIN ||
@@ -98,13 +99,13 @@ static psagg_status prep(const psagg_codec *codec, psagg_codec *c, size_t n)
 {
     psagg_status st;
     if (!codec)
-        return psagg_fail(PSAGG_EINVAL, "codec: NULL description");
+        return psagg__fail(PSAGG_EINVAL, "codec: NULL description");
     *c = *codec;
-    if ((st = psagg_codec_check(c)) != PSAGG_OK)
+    if ((st = psagg__codec_check(c)) != PSAGG_OK)
         return st;
     if ((unsigned long long)n > PSAGG_CODEC_MAX_ELEMS)
-        return psagg_fail(PSAGG_EINVAL, "%zu elements: a buffer holds at most %llu", n,
-                          PSAGG_CODEC_MAX_ELEMS);
+        return psagg__fail(PSAGG_EINVAL, "%zu elements: a buffer holds at most %llu", n,
+                           PSAGG_CODEC_MAX_ELEMS);
     return PSAGG_OK;
 }
 
@@ -117,26 +118,26 @@ static size_t encoded_size(const psagg_codec *c, size_t n)
     case PSAGG_CODEC_BF16:
         return 2 * n;
     case PSAGG_CODEC_MAXMIN:
-        return 8 * psagg_mm_nbuckets(n, c->bucket) + psagg_mm_payload_bytes(n, c->bits);
+        return 8 * psagg__mm_nbuckets(n, c->bucket) + psagg__mm_payload_bytes(n, c->bits);
     default:
         return 0;
     }
 }
 
-size_t psagg_encoded_size(const psagg_codec *codec, size_t n)
+size_t psagg__encoded_size(const psagg_codec *codec, size_t n)
 {
     psagg_codec c;
     if (!codec)
         return 0;
     c = *codec;
-    if (psagg_codec_check(&c) != PSAGG_OK)
+    if (psagg__codec_check(&c) != PSAGG_OK)
         return 0;
     return encoded_size(&c, n);
 }
 
 /* ---- chunking ---- */
 
-uint64_t psagg_codec_chunk_elems(const psagg_codec *codec, uint64_t chunk_elems)
+uint64_t psagg__codec_chunk_elems(const psagg_codec *codec, uint64_t chunk_elems)
 {
     uint64_t b = codec->bucket ? codec->bucket : PSAGG_MAXMIN_DEFAULT_BUCKET;
     if (codec->id != PSAGG_CODEC_MAXMIN)
@@ -149,7 +150,7 @@ uint64_t psagg_codec_chunk_elems(const psagg_codec *codec, uint64_t chunk_elems)
  * n <= chunk_elems elements in at most 8 * n / 64 + 8 * n * 8 / 64 = 1.125 n bytes (B >= 64,
  * b <= 8); with B > chunk_elems a chunk is one bucket of B elements, 8 + B bytes at b = 8.
  */
-size_t psagg_codec_max_chunk_bytes(uint64_t chunk_elems)
+size_t psagg__codec_max_chunk_bytes(uint64_t chunk_elems)
 {
     size_t fp32 = 4 * (size_t)chunk_elems, bucket = 8 + (size_t)PSAGG_MAXMIN_MAX_BUCKET;
     return fp32 > bucket ? fp32 : bucket;
@@ -162,27 +163,27 @@ static const char *cname(const psagg_codec *c, char *buf, size_t len)
 
 /* ---- helpers for the implementations ---- */
 
-psagg_status psagg_codec_bad_value(const psagg_codec *c, size_t i, float v, size_t *bad)
+psagg_status psagg__codec_bad_value(const psagg_codec *c, size_t i, float v, size_t *bad)
 {
     char nm[48];
     *bad = i;
     if (isnan(v))
-        return psagg_fail(PSAGG_ENONFINITE, "encode %s: element %zu is NaN", cname(c, nm, 48), i);
+        return psagg__fail(PSAGG_ENONFINITE, "encode %s: element %zu is NaN", cname(c, nm, 48), i);
     if (isinf(v))
-        return psagg_fail(PSAGG_ENONFINITE, "encode %s: element %zu is %cInf", cname(c, nm, 48), i,
-                          v < 0 ? '-' : '+');
+        return psagg__fail(PSAGG_ENONFINITE, "encode %s: element %zu is %cInf", cname(c, nm, 48), i,
+                           v < 0 ? '-' : '+');
     switch (c->id) {
     case PSAGG_CODEC_FP16:
-        return psagg_fail(PSAGG_ERANGE,
-                          "encode fp16: element %zu = %g overflows fp16 (|x| >= 65520)", i,
-                          (double)v);
+        return psagg__fail(PSAGG_ERANGE,
+                           "encode fp16: element %zu = %g overflows fp16 (|x| >= 65520)", i,
+                           (double)v);
     case PSAGG_CODEC_BF16:
-        return psagg_fail(PSAGG_ERANGE, "encode bf16: element %zu = %g rounds to Inf in bf16", i,
-                          (double)v);
+        return psagg__fail(PSAGG_ERANGE, "encode bf16: element %zu = %g rounds to Inf in bf16", i,
+                           (double)v);
     default:
-        return psagg_fail(PSAGG_ERANGE,
-                          "encode %s: element %zu = %g is out of range (|x| >= 2^126)",
-                          cname(c, nm, 48), i, (double)v);
+        return psagg__fail(PSAGG_ERANGE,
+                           "encode %s: element %zu = %g is out of range (|x| >= 2^126)",
+                           cname(c, nm, 48), i, (double)v);
     }
 }
 
@@ -200,13 +201,13 @@ typedef struct scratch_stack {
 } scratch_stack;
 
 static psagg_status scratch_get(scratch_stack *stk, size_t acc_elems, size_t n_in,
-                                psagg_scratch *ws)
+                                psagg__scratch *ws)
 {
-    *ws = (psagg_scratch){.acc = stk->acc,
-                          .acc_elems = acc_elems,
-                          .pay = stk->pay,
-                          .meta = stk->meta,
-                          .tab = stk->tab};
+    *ws = (psagg__scratch){.acc = stk->acc,
+                           .acc_elems = acc_elems,
+                           .pay = stk->pay,
+                           .meta = stk->meta,
+                           .tab = stk->tab};
     if (acc_elems > PSAGG_SCRATCH_BLOCK)
         ws->acc = aligned_alloc(64, (acc_elems * sizeof(float) + 63) & ~(size_t)63);
     if (n_in > SCRATCH_INPUTS) {
@@ -219,13 +220,13 @@ static psagg_status scratch_get(scratch_stack *stk, size_t acc_elems, size_t n_i
             free(ws->acc);
         if (ws->pay != stk->pay)
             free(ws->pay), free(ws->meta), free(ws->tab);
-        return psagg_fail(PSAGG_ENOMEM, "codec scratch of %zu elements and %zu inputs", acc_elems,
-                          n_in);
+        return psagg__fail(PSAGG_ENOMEM, "codec scratch of %zu elements and %zu inputs", acc_elems,
+                           n_in);
     }
     return PSAGG_OK;
 }
 
-static void scratch_release(const scratch_stack *stk, psagg_scratch *ws)
+static void scratch_release(const scratch_stack *stk, psagg__scratch *ws)
 {
     if (ws->acc != stk->acc)
         free(ws->acc);
@@ -238,12 +239,12 @@ static void scratch_release(const scratch_stack *stk, psagg_scratch *ws)
 
 /* ---- implementation choice ---- */
 
-static const psagg_codec_impl *const impls[PSAGG_ISA_COUNT] = {&psagg_impl_scalar, &psagg_impl_avx2,
-                                                               &psagg_impl_avx512};
+static const psagg__codec_impl *const impls[PSAGG_ISA_COUNT] = {
+    &psagg__impl_scalar, &psagg__impl_avx2, &psagg__impl_avx512};
 
 static const char *const isa_names[PSAGG_ISA_COUNT] = {"scalar", "avx2", "avx512"};
 
-const char *psagg_isa_name(psagg_isa isa)
+const char *psagg__isa_name(psagg__isa isa)
 {
     if ((int)isa < 0 || isa >= PSAGG_ISA_COUNT)
         return "unknown";
@@ -280,16 +281,16 @@ static int cpu_features(void)
 }
 #endif
 
-int psagg_isa_supported(psagg_isa isa)
+int psagg__isa_supported(psagg__isa isa)
 {
     switch (isa) {
     case PSAGG_ISA_SCALAR:
         return 1;
 #if defined(__x86_64__) || defined(__i386__)
     case PSAGG_ISA_AVX2:
-        return psagg_impl_avx2.fp_encode && (cpu_features() & CPU_AVX2);
+        return psagg__impl_avx2.fp_encode && (cpu_features() & CPU_AVX2);
     case PSAGG_ISA_AVX512:
-        return psagg_impl_avx512.fp_encode && (cpu_features() & CPU_AVX512);
+        return psagg__impl_avx512.fp_encode && (cpu_features() & CPU_AVX512);
 #endif
     default:
         return 0;
@@ -301,13 +302,13 @@ static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 
 static void isa_init(void)
 {
-    psagg_isa best = PSAGG_ISA_SCALAR, want;
+    psagg__isa best = PSAGG_ISA_SCALAR, want;
     const char *env = getenv("PSAGG_CODEC_ISA");
     int i;
 
-    if (psagg_isa_supported(PSAGG_ISA_AVX512))
+    if (psagg__isa_supported(PSAGG_ISA_AVX512))
         best = PSAGG_ISA_AVX512;
-    else if (psagg_isa_supported(PSAGG_ISA_AVX2))
+    else if (psagg__isa_supported(PSAGG_ISA_AVX2))
         best = PSAGG_ISA_AVX2;
     want = best;
     if (env && *env) {
@@ -318,38 +319,38 @@ static void isa_init(void)
             fprintf(stderr,
                     "psagg: PSAGG_CODEC_ISA=%s is not one of scalar|avx2|avx512; using %s\n", env,
                     isa_names[best]);
-        else if (!psagg_isa_supported((psagg_isa)i))
+        else if (!psagg__isa_supported((psagg__isa)i))
             fprintf(stderr, "psagg: PSAGG_CODEC_ISA=%s is not supported on this CPU; using %s\n",
                     env, isa_names[best]);
         else
-            want = (psagg_isa)i;
+            want = (psagg__isa)i;
     }
-    /* psagg_codec_set_isa may have run first; it wins. */
+    /* psagg__codec_set_isa may have run first; it wins. */
     int expected = -1;
     atomic_compare_exchange_strong(&current_isa, &expected, (int)want);
 }
 
-psagg_isa psagg_codec_isa(void)
+psagg__isa psagg__codec_isa(void)
 {
     pthread_once(&isa_once, isa_init);
-    return (psagg_isa)atomic_load(&current_isa);
+    return (psagg__isa)atomic_load(&current_isa);
 }
 
-psagg_status psagg_codec_set_isa(psagg_isa isa)
+psagg_status psagg__codec_set_isa(psagg__isa isa)
 {
     if ((int)isa < 0 || isa >= PSAGG_ISA_COUNT)
-        return psagg_fail(PSAGG_EINVAL, "codec ISA %d unknown", (int)isa);
-    if (!psagg_isa_supported(isa))
-        return psagg_fail(PSAGG_EUNSUPPORTED, "codec ISA %s is not supported on this CPU",
-                          isa_names[isa]);
+        return psagg__fail(PSAGG_EINVAL, "codec ISA %d unknown", (int)isa);
+    if (!psagg__isa_supported(isa))
+        return psagg__fail(PSAGG_EUNSUPPORTED, "codec ISA %s is not supported on this CPU",
+                           isa_names[isa]);
     pthread_once(&isa_once, isa_init);
     atomic_store(&current_isa, (int)isa);
     return PSAGG_OK;
 }
 
-static const psagg_codec_impl *impl(void)
+static const psagg__codec_impl *impl(void)
 {
-    return impls[psagg_codec_isa()];
+    return impls[psagg__codec_isa()];
 }
 
 /* ---- validation of encoded buffers ---- */
@@ -414,12 +415,12 @@ static psagg_status validate(const psagg_codec *c, const void *in, size_t in_len
     const uint8_t *p = in;
 
     if (in_len != need)
-        return psagg_fail(PSAGG_EBADLEN, "%s buffer of %zu elements: %zu bytes, expected %zu",
-                          cname(c, nm, 48), n, in_len, need);
+        return psagg__fail(PSAGG_EBADLEN, "%s buffer of %zu elements: %zu bytes, expected %zu",
+                           cname(c, nm, 48), n, in_len, need);
     if (n == 0)
         return PSAGG_OK;
     if (!in)
-        return psagg_fail(PSAGG_EINVAL, "%s buffer: NULL", cname(c, nm, 48));
+        return psagg__fail(PSAGG_EINVAL, "%s buffer: NULL", cname(c, nm, 48));
     switch (c->id) {
     case PSAGG_CODEC_FP32:
         i = find_nonfinite32(p, n);
@@ -431,7 +432,7 @@ static psagg_status validate(const psagg_codec *c, const void *in, size_t in_len
         i = find_nonfinite16(p, n, 0x7F80);
         break;
     default: {
-        size_t nb = psagg_mm_nbuckets(n, c->bucket);
+        size_t nb = psagg__mm_nbuckets(n, c->bucket);
         float L = (float)((1u << c->bits) - 1);
         for (size_t m = 0; m < nb; m++) {
             float scale, lo;
@@ -440,27 +441,27 @@ static psagg_status validate(const psagg_codec *c, const void *in, size_t in_len
             memcpy(&lo, p + 8 * m + 4, 4);
             memcpy(&su, &scale, 4);
             if (!isfinite(lo))
-                return psagg_fail(PSAGG_EBADMETA, "%s buffer: bucket %zu has min %g",
-                                  cname(c, nm, 48), m, (double)lo);
+                return psagg__fail(PSAGG_EBADMETA, "%s buffer: bucket %zu has min %g",
+                                   cname(c, nm, 48), m, (double)lo);
             if (!isfinite(scale) || (su >> 31))
-                return psagg_fail(PSAGG_EBADMETA,
-                                  "%s buffer: bucket %zu has scale %g (must be finite, >= +0)",
-                                  cname(c, nm, 48), m, (double)scale);
+                return psagg__fail(PSAGG_EBADMETA,
+                                   "%s buffer: bucket %zu has scale %g (must be finite, >= +0)",
+                                   cname(c, nm, 48), m, (double)scale);
             if (!isfinite(lo + scale * L))
-                return psagg_fail(PSAGG_EBADMETA,
-                                  "%s buffer: bucket %zu: min %g + scale %g * %g overflows",
-                                  cname(c, nm, 48), m, (double)lo, (double)scale, (double)L);
+                return psagg__fail(PSAGG_EBADMETA,
+                                   "%s buffer: bucket %zu: min %g + scale %g * %g overflows",
+                                   cname(c, nm, 48), m, (double)lo, (double)scale, (double)L);
         }
         return PSAGG_OK;
     }
     }
     if (i != SIZE_MAX)
-        return psagg_fail(PSAGG_ENONFINITE, "%s buffer: element %zu is NaN or Inf",
-                          cname(c, nm, 48), i);
+        return psagg__fail(PSAGG_ENONFINITE, "%s buffer: element %zu is NaN or Inf",
+                           cname(c, nm, 48), i);
     return PSAGG_OK;
 }
 
-psagg_status psagg_validate(const psagg_codec *codec, const void *in, size_t in_len, size_t n)
+psagg_status psagg__validate(const psagg_codec *codec, const void *in, size_t in_len, size_t n)
 {
     psagg_codec c;
     psagg_status st = prep(codec, &c, n);
@@ -471,8 +472,8 @@ psagg_status psagg_validate(const psagg_codec *codec, const void *in, size_t in_
 
 /* ---- encode / decode / aggregate ---- */
 
-psagg_status psagg_encode(const psagg_codec *codec, const float *x, float *residual, size_t n,
-                          psagg_rng_key key, void *out, size_t out_len, size_t *bad_index)
+psagg_status psagg__encode(const psagg_codec *codec, const float *x, float *residual, size_t n,
+                           psagg__rng_key key, void *out, size_t out_len, size_t *bad_index)
 {
     psagg_codec c;
     char nm[48];
@@ -483,17 +484,17 @@ psagg_status psagg_encode(const psagg_codec *codec, const float *x, float *resid
         return st;
     need = encoded_size(&c, n);
     if (out_len != need)
-        return psagg_fail(PSAGG_EBADLEN,
-                          "encode %s of %zu elements: output is %zu bytes, expected %zu",
-                          cname(&c, nm, 48), n, out_len, need);
+        return psagg__fail(PSAGG_EBADLEN,
+                           "encode %s of %zu elements: output is %zu bytes, expected %zu",
+                           cname(&c, nm, 48), n, out_len, need);
     if (n == 0)
         return PSAGG_OK;
     if (!x || !out)
-        return psagg_fail(PSAGG_EINVAL, "encode %s: NULL %s", cname(&c, nm, 48),
-                          x ? "output" : "input");
+        return psagg__fail(PSAGG_EINVAL, "encode %s: NULL %s", cname(&c, nm, 48),
+                           x ? "output" : "input");
     if (c.id == PSAGG_CODEC_MAXMIN) {
         scratch_stack stk;
-        psagg_scratch ws;
+        psagg__scratch ws;
         if ((st = scratch_get(&stk, c.bucket, 0, &ws)) != PSAGG_OK)
             return st;
         st = impl()->mm_encode(&c, x, residual, n, key, out, &ws, &bad);
@@ -511,8 +512,8 @@ psagg_status psagg_encode(const psagg_codec *codec, const float *x, float *resid
  * (8 bytes a bucket), then the values decoded; the fp formats flag a NaN/Inf input as they
  * convert it, and only then is the first one looked for, for the message.
  */
-psagg_status psagg_decode_into(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
-                               float *out, psagg_decode_op op, float factor)
+psagg_status psagg__decode_into(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
+                                float *out, psagg__decode_op op, float factor)
 {
     psagg_codec c;
     char nm[48];
@@ -520,14 +521,14 @@ psagg_status psagg_decode_into(const psagg_codec *codec, const void *in, size_t 
     if (st != PSAGG_OK)
         return st;
     if ((unsigned)op > PSAGG_DECODE_SCALE)
-        return psagg_fail(PSAGG_EINVAL, "decode: op %d unknown", (int)op);
+        return psagg__fail(PSAGG_EINVAL, "decode: op %d unknown", (int)op);
     if (in_len != encoded_size(&c, n))
-        return psagg_fail(PSAGG_EBADLEN, "%s buffer of %zu elements: %zu bytes, expected %zu",
-                          cname(&c, nm, 48), n, in_len, encoded_size(&c, n));
+        return psagg__fail(PSAGG_EBADLEN, "%s buffer of %zu elements: %zu bytes, expected %zu",
+                           cname(&c, nm, 48), n, in_len, encoded_size(&c, n));
     if (n == 0)
         return PSAGG_OK;
     if (!in || !out)
-        return psagg_fail(PSAGG_EINVAL, "decode: NULL %s", in ? "output" : "input");
+        return psagg__fail(PSAGG_EINVAL, "decode: NULL %s", in ? "output" : "input");
     if (c.id == PSAGG_CODEC_MAXMIN) {
         if ((st = validate(&c, in, in_len, n)) != PSAGG_OK) /* the meta only */
             return st;
@@ -538,21 +539,21 @@ psagg_status psagg_decode_into(const psagg_codec *codec, const void *in, size_t 
     return PSAGG_OK;
 }
 
-psagg_status psagg_decode(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
-                          float *out)
+psagg_status psagg__decode(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
+                           float *out)
 {
-    return psagg_decode_into(codec, in, in_len, n, out, PSAGG_DECODE_SET, 1.0f);
+    return psagg__decode_into(codec, in, in_len, n, out, PSAGG_DECODE_SET, 1.0f);
 }
 
-psagg_status psagg_decode_add(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
-                              float *acc)
+psagg_status psagg__decode_add(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
+                               float *acc)
 {
-    return psagg_decode_into(codec, in, in_len, n, acc, PSAGG_DECODE_ADD, 1.0f);
+    return psagg__decode_into(codec, in, in_len, n, acc, PSAGG_DECODE_ADD, 1.0f);
 }
 
-psagg_status psagg_aggregate(const psagg_codec *codec, const void *const *in, size_t n_in,
-                             size_t in_len, size_t n, float *residual, psagg_rng_key key, void *out,
-                             size_t out_len, size_t *bad_index)
+psagg_status psagg__aggregate(const psagg_codec *codec, const void *const *in, size_t n_in,
+                              size_t in_len, size_t n, float *residual, psagg__rng_key key,
+                              void *out, size_t out_len, size_t *bad_index)
 {
     psagg_codec c;
     char nm[48];
@@ -562,28 +563,28 @@ psagg_status psagg_aggregate(const psagg_codec *codec, const void *const *in, si
     if (st != PSAGG_OK)
         return st;
     if (n_in > 0 && !in)
-        return psagg_fail(PSAGG_EINVAL, "aggregate: NULL input list");
+        return psagg__fail(PSAGG_EINVAL, "aggregate: NULL input list");
     need = encoded_size(&c, n);
     if (out_len != need)
-        return psagg_fail(PSAGG_EBADLEN,
-                          "aggregate %s of %zu elements: output is %zu bytes, expected %zu",
-                          cname(&c, nm, 48), n, out_len, need);
+        return psagg__fail(PSAGG_EBADLEN,
+                           "aggregate %s of %zu elements: output is %zu bytes, expected %zu",
+                           cname(&c, nm, 48), n, out_len, need);
     for (size_t i = 0; i < n_in; i++) {
         if ((st = validate(&c, in[i], in_len, n)) != PSAGG_OK) {
             if (bad_index)
                 *bad_index = i;
-            return psagg_fail_context(st, "aggregate input %zu of %zu: ", i, n_in);
+            return psagg__fail_context(st, "aggregate input %zu of %zu: ", i, n_in);
         }
     }
     if (n == 0)
         return PSAGG_OK;
     if (!out)
-        return psagg_fail(PSAGG_EINVAL, "aggregate: NULL output");
+        return psagg__fail(PSAGG_EINVAL, "aggregate: NULL output");
     {
         const uint8_t *const *inb = (const uint8_t *const *)in;
         int mm = c.id == PSAGG_CODEC_MAXMIN;
         scratch_stack stk;
-        psagg_scratch ws;
+        psagg__scratch ws;
         if ((st = scratch_get(&stk, mm ? c.bucket : PSAGG_SCRATCH_BLOCK, n_in, &ws)) != PSAGG_OK)
             return st;
         st = mm ? impl()->mm_aggregate(&c, inb, n_in, n, residual, key, out, &ws, &bad)

@@ -19,7 +19,7 @@
  *
  * All multi-byte fields are little-endian. An encoded buffer has no header: the receiver
  * knows the codec and the element count n from the tensor declaration. Sizes are exact
- * (psagg_encoded_size); a buffer of any other length is rejected.
+ * (psagg__encoded_size); a buffer of any other length is rejected.
  *
  * fp32   n x binary32, 4n bytes. Encode copies; NaN/Inf are rejected (PSAGG_ENONFINITE).
  * fp16   n x binary16, 2n bytes, converted with round-to-nearest-even (subnormals kept).
@@ -48,7 +48,7 @@
  *         t_k = (v_k - lo) * inv
  *         q_k = (uint32)(min(t_k + u_k, (float)L))    (truncation; t_k + u_k >= 0)
  *     meta = { scale, lo }
- *   with u_k = 0.5f for nearest rounding and u_k = psagg_rng_uniform(key, k) for
+ *   with u_k = 0.5f for nearest rounding and u_k = psagg__rng_uniform(key, k) for
  *   stochastic rounding (k = the element's index in the whole buffer, not in the bucket).
  *   Inputs must satisfy |v_k| < 2^126 (PSAGG_MAXMIN_MAX_ABS): NaN/Inf are PSAGG_ENONFINITE,
  *   larger finite values PSAGG_ERANGE, so range and every decoded value stay finite.
@@ -72,7 +72,7 @@
  *   grid it lies on. hash32 is Wellons' "lowbias32" (two multiplies); sharing it between two
  *   elements makes one multiply per element of format version 1's four.
  *
- * RNG streams of the protocol (psagg_rng_chunk_key): the encode of chunk c of tensor key t in
+ * RNG streams of the protocol (psagg__rng_chunk_key): the encode of chunk c of tensor key t in
  * round r, by worker w (its push) or by server s (the update), uses the key of (seed, stream):
  *   mix64(a, b): z = a ^ (b + 0x9E3779B97F4A7C15 + (a << 6) + (a >> 2));
  *                z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9; z = (z ^ (z >> 27)) *
@@ -81,11 +81,11 @@
  *   server's rank; seed = [worker] seed of the job's config. Every worker and server, CPU or
  *   GPU, derives its keys here, so a job's bytes depend only on its inputs and config.
  *
- * Chunks (psagg_codec_chunk_elems): a tensor is cut into chunks of the job's chunk_elems
+ * Chunks (psagg__codec_chunk_elems): a tensor is cut into chunks of the job's chunk_elems
  * elements (a multiple of 64), except maxmin, whose chunks hold whole buckets:
  * max(B, chunk_elems - chunk_elems % B). So every chunk encodes on its own, and the largest
  * encoded chunk of any codec is max(4 * chunk_elems, 8 + PSAGG_MAXMIN_MAX_BUCKET) bytes
- * (psagg_codec_max_chunk_bytes): fp32 at chunk_elems, or one 8-bit maxmin bucket of the
+ * (psagg__codec_max_chunk_bytes): fp32 at chunk_elems, or one 8-bit maxmin bucket of the
  * largest size when buckets are larger than chunk_elems.
  *
  * Error feedback (worker side, and optionally on the server for the requantized sum):
@@ -135,21 +135,21 @@ psagg_status psagg_codec_parse(const char *text, psagg_codec *out);
 const char *psagg_codec_name(const psagg_codec *codec, char *buf, size_t len);
 
 /* Check a codec description; fills bucket 0 with the default. PSAGG_EINVAL names the field. */
-psagg_status psagg_codec_check(psagg_codec *codec);
+psagg_status psagg__codec_check(psagg_codec *codec);
 
 /* Whether two checked codecs are the same format (maxmin: bits, bucket and rounding too). */
-int psagg_codec_equal(const psagg_codec *a, const psagg_codec *b);
+int psagg__codec_equal(const psagg_codec *a, const psagg_codec *b);
 
-/* Exact encoded size in bytes of n elements; 0 for a codec psagg_codec_check refuses. */
-size_t psagg_encoded_size(const psagg_codec *codec, size_t n);
+/* Exact encoded size in bytes of n elements; 0 for a codec psagg__codec_check refuses. */
+size_t psagg__encoded_size(const psagg_codec *codec, size_t n);
 
 /* Layout of a maxmin buffer of n elements: buckets (one {scale, min} each), payload bytes. */
-static inline size_t psagg_mm_nbuckets(size_t n, uint32_t bucket)
+static inline size_t psagg__mm_nbuckets(size_t n, uint32_t bucket)
 {
     return n / bucket + (n % bucket != 0);
 }
 
-static inline size_t psagg_mm_payload_bytes(size_t n, uint32_t bits)
+static inline size_t psagg__mm_payload_bytes(size_t n, uint32_t bits)
 {
     return 8 * ((n * bits + 63) / 64);
 }
@@ -157,101 +157,101 @@ static inline size_t psagg_mm_payload_bytes(size_t n, uint32_t bits)
 /* ---- chunking (see "Chunks" above) ---- */
 
 /* Elements per chunk of a tensor with this (checked) codec in a job of chunk_elems. */
-uint64_t psagg_codec_chunk_elems(const psagg_codec *codec, uint64_t chunk_elems);
+uint64_t psagg__codec_chunk_elems(const psagg_codec *codec, uint64_t chunk_elems);
 
 /* The largest encoded chunk of any codec in a job of chunk_elems (a multiple of 64). */
-size_t psagg_codec_max_chunk_bytes(uint64_t chunk_elems);
+size_t psagg__codec_max_chunk_bytes(uint64_t chunk_elems);
 
 /* ---- RNG ---- */
 
 /* The RNG key of one encode: derived once from (seed, stream). */
-typedef struct psagg_rng_key {
+typedef struct psagg__rng_key {
     uint32_t k0, k1;
-} psagg_rng_key;
+} psagg__rng_key;
 
-psagg_rng_key psagg_rng_key_make(uint64_t seed, uint64_t stream);
+psagg__rng_key psagg__rng_key_make(uint64_t seed, uint64_t stream);
 
 /* Who encodes: the side of a chunk's RNG stream (see "RNG streams of the protocol"). */
-typedef enum psagg_rng_side {
+typedef enum psagg__rng_side {
     PSAGG_RNG_WORKER = 0x3030, /* a worker's push */
     PSAGG_RNG_SERVER = 0x5E5E, /* a server's update */
-} psagg_rng_side;
+} psagg__rng_side;
 
 /* The key of chunk `chunk` of tensor `key` in `round`, encoded by `side` number `rank`. */
-psagg_rng_key psagg_rng_chunk_key(uint64_t seed, psagg_rng_side side, uint32_t rank, uint32_t key,
-                                  uint32_t chunk, uint32_t round);
+psagg__rng_key psagg__rng_chunk_key(uint64_t seed, psagg__rng_side side, uint32_t rank,
+                                    uint32_t key, uint32_t chunk, uint32_t round);
 
 /* u_k of the spec above; its hash32 is kernels/rng.h's, which every implementation includes. */
-static inline float psagg_rng_uniform(psagg_rng_key key, uint32_t k)
+static inline float psagg__rng_uniform(psagg__rng_key key, uint32_t k)
 {
-    return psagg_rng_u(psagg_rng_hash32(key.k0, key.k1, k >> 1), k);
+    return psagg__rng_u(psagg__rng_hash32(key.k0, key.k1, k >> 1), k);
 }
 
 /*
- * Encode n floats x into out (out_len must be psagg_encoded_size). With residual != NULL the
+ * Encode n floats x into out (out_len must be psagg__encoded_size). With residual != NULL the
  * error-feedback step runs: x + residual is encoded and residual is updated in place.
  * On PSAGG_ENONFINITE / PSAGG_ERANGE, *bad_index (if given) receives the first bad element
  * (of x + residual when residual is given); out and residual are then unspecified.
  */
-psagg_status psagg_encode(const psagg_codec *codec, const float *x, float *residual, size_t n,
-                          psagg_rng_key key, void *out, size_t out_len, size_t *bad_index);
+psagg_status psagg__encode(const psagg_codec *codec, const float *x, float *residual, size_t n,
+                           psagg__rng_key key, void *out, size_t out_len, size_t *bad_index);
 
 /* Validate an encoded buffer (length, meta, no NaN/Inf in fp formats) without decoding. */
-psagg_status psagg_validate(const psagg_codec *codec, const void *in, size_t in_len, size_t n);
+psagg_status psagg__validate(const psagg_codec *codec, const void *in, size_t in_len, size_t n);
 
 /* How a decode writes each decoded value y_k into out. */
-typedef enum psagg_decode_op {
+typedef enum psagg__decode_op {
     PSAGG_DECODE_SET = 0,   /* out_k = y_k */
     PSAGG_DECODE_ADD = 1,   /* out_k = out_k + y_k */
     PSAGG_DECODE_FIRST = 2, /* out_k = 0.0f + y_k: the first term of a sum (see "Fused server
                                operation"), written without reading out (a -0 becomes +0) */
     PSAGG_DECODE_SCALE = 3, /* out_k = y_k * factor (one binary32 product) */
-} psagg_decode_op;
+} psagg__decode_op;
 
 /*
  * Decode n elements into out as `op` says, validating the input in the same pass (what
- * psagg_validate checks; for maxmin the meta of each bucket before its values). On an
- * invalid input the status says what was wrong, as psagg_validate would, and out is
+ * psagg__validate checks; for maxmin the meta of each bucket before its values). On an
+ * invalid input the status says what was wrong, as psagg__validate would, and out is
  * unspecified: a caller that must keep out intact on bad input validates first.
  */
-psagg_status psagg_decode_into(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
-                               float *out, psagg_decode_op op, float factor);
-/* psagg_decode_into with PSAGG_DECODE_SET and PSAGG_DECODE_ADD. */
-psagg_status psagg_decode(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
-                          float *out);
-psagg_status psagg_decode_add(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
-                              float *acc);
+psagg_status psagg__decode_into(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
+                                float *out, psagg__decode_op op, float factor);
+/* psagg__decode_into with PSAGG_DECODE_SET and PSAGG_DECODE_ADD. */
+psagg_status psagg__decode(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
+                           float *out);
+psagg_status psagg__decode_add(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
+                               float *acc);
 
 /*
  * The fused server operation: decode and sum n_in encoded inputs (each in_len bytes, in the
  * order given), add the server residual if residual != NULL (and update it), and encode the
- * sum into out. Inputs are validated first. Errors as psagg_encode / psagg_validate; on an
+ * sum into out. Inputs are validated first. Errors as psagg__encode / psagg__validate; on an
  * invalid input *bad_index receives the input's position.
  */
-psagg_status psagg_aggregate(const psagg_codec *codec, const void *const *in, size_t n_in,
-                             size_t in_len, size_t n, float *residual, psagg_rng_key key, void *out,
-                             size_t out_len, size_t *bad_index);
+psagg_status psagg__aggregate(const psagg_codec *codec, const void *const *in, size_t n_in,
+                              size_t in_len, size_t n, float *residual, psagg__rng_key key,
+                              void *out, size_t out_len, size_t *bad_index);
 
 /* ---- implementation selection (whole buffers; never a scalar tail that skips work) ---- */
 
-typedef enum psagg_isa {
+typedef enum psagg__isa {
     PSAGG_ISA_SCALAR = 0,
     PSAGG_ISA_AVX2 = 1,
     PSAGG_ISA_AVX512 = 2,
     PSAGG_ISA_COUNT
-} psagg_isa;
+} psagg__isa;
 
 /* The path in use: the best this CPU supports, or PSAGG_CODEC_ISA=scalar|avx2|avx512. */
-psagg_isa psagg_codec_isa(void);
-const char *psagg_isa_name(psagg_isa isa);
+psagg__isa psagg__codec_isa(void);
+const char *psagg__isa_name(psagg__isa isa);
 /* 1 if this CPU (and build) can run `isa`. */
-int psagg_isa_supported(psagg_isa isa);
+int psagg__isa_supported(psagg__isa isa);
 /*
  * Force a path for this process (tests, benchmarks); PSAGG_EUNSUPPORTED if unavailable. The
  * choice is process-wide on purpose: it depends only on the CPU, and every path writes the
  * same bytes, so no caller can observe which one runs except by its speed.
  */
-psagg_status psagg_codec_set_isa(psagg_isa isa);
+psagg_status psagg__codec_set_isa(psagg__isa isa);
 
 #ifdef __cplusplus
 }

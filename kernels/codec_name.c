@@ -21,11 +21,11 @@ psagg_status psagg_codec_parse(const char *text, psagg_codec *out)
         .id = PSAGG_CODEC_FP32, .bits = 0, .bucket = 0, .rounding = PSAGG_ROUND_STOCHASTIC};
 
     if (!text || strlen(text) >= sizeof buf)
-        return psagg_fail(PSAGG_EINVAL, "codec name missing or too long");
+        return psagg__fail(PSAGG_EINVAL, "codec name missing or too long");
     snprintf(buf, sizeof buf, "%s", text);
     tok = strtok_r(buf, "/", &save);
     if (!tok)
-        return psagg_fail(PSAGG_EINVAL, "empty codec name");
+        return psagg__fail(PSAGG_EINVAL, "empty codec name");
     if (!strcasecmp(tok, "fp32") || !strcasecmp(tok, "none")) {
         c.id = PSAGG_CODEC_FP32;
     } else if (!strcasecmp(tok, "fp16")) {
@@ -40,13 +40,13 @@ psagg_status psagg_codec_parse(const char *text, psagg_codec *out)
             b++;
         bits = strtol(b, &end, 10);
         if (end == b || *end || bits < 1 || bits > 8)
-            return psagg_fail(PSAGG_EINVAL, "codec '%s': maxmin needs bits 1..8 (e.g. maxmin4)",
-                              text);
+            return psagg__fail(PSAGG_EINVAL, "codec '%s': maxmin needs bits 1..8 (e.g. maxmin4)",
+                               text);
         c.id = PSAGG_CODEC_MAXMIN;
         c.bits = (uint32_t)bits;
     } else {
-        return psagg_fail(PSAGG_EINVAL,
-                          "unknown codec '%s' (expected fp32, fp16, bf16 or maxmin<bits>)", text);
+        return psagg__fail(PSAGG_EINVAL,
+                           "unknown codec '%s' (expected fp32, fp16, bf16 or maxmin<bits>)", text);
     }
     while ((tok = strtok_r(NULL, "/", &save))) {
         char *end;
@@ -61,8 +61,8 @@ psagg_status psagg_codec_parse(const char *text, psagg_codec *out)
         }
         v = strtoul(tok, &end, 10);
         if (end == tok || *end || v == 0 || v > (1ul << 20))
-            return psagg_fail(PSAGG_EINVAL, "codec '%s': bad field '%s' (bucket or sr|nearest)",
-                              text, tok);
+            return psagg__fail(PSAGG_EINVAL, "codec '%s': bad field '%s' (bucket or sr|nearest)",
+                               text, tok);
         c.bucket = (uint32_t)v;
     }
     *out = c;

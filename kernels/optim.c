@@ -17,7 +17,7 @@
 #define PSAGG_CLONES
 #endif
 
-const char *psagg_optim_name(psagg_optim_kind kind)
+const char *psagg__optim_name(psagg__optim_kind kind)
 {
     switch (kind) {
     case PSAGG_OPTIM_NONE:
@@ -32,7 +32,7 @@ const char *psagg_optim_name(psagg_optim_kind kind)
     return "?";
 }
 
-int psagg_optim_state_arrays(const psagg_optim *opt)
+int psagg__optim_state_arrays(const psagg__optim *opt)
 {
     switch (opt->kind) {
     case PSAGG_OPTIM_SGD:
@@ -84,16 +84,16 @@ static void adam(int decoupled, float lr_wd1, float wd, float s, float b1, float
     }
 }
 
-psagg_status psagg_optim_step(const psagg_optim *opt, float lr, float wd, uint64_t step,
-                              float scale, const float *grad, float *w, float *m1, float *m2,
-                              size_t n)
+psagg_status psagg__optim_step(const psagg__optim *opt, float lr, float wd, uint64_t step,
+                               float scale, const float *grad, float *w, float *m1, float *m2,
+                               size_t n)
 {
     if (!step)
-        return psagg_fail(PSAGG_EINVAL, "optimizer step 0 (steps count from 1)");
+        return psagg__fail(PSAGG_EINVAL, "optimizer step 0 (steps count from 1)");
     switch (opt->kind) {
     case PSAGG_OPTIM_SGD:
         sgd(lr, wd, scale, opt->momentum, 1.0f - opt->dampening, step == 1, opt->nesterov, grad, w,
-            psagg_optim_state_arrays(opt) ? m1 : NULL, n);
+            psagg__optim_state_arrays(opt) ? m1 : NULL, n);
         return PSAGG_OK;
     case PSAGG_OPTIM_ADAM:
     case PSAGG_OPTIM_ADAMW: {
@@ -106,6 +106,6 @@ psagg_status psagg_optim_step(const psagg_optim *opt, float lr, float wd, uint64
         return PSAGG_OK;
     }
     default:
-        return psagg_fail(PSAGG_EINVAL, "optimizer step: kind %d has no step", (int)opt->kind);
+        return psagg__fail(PSAGG_EINVAL, "optimizer step: kind %d has no step", (int)opt->kind);
     }
 }

@@ -34,35 +34,35 @@
 
 #include "psagg/types.h"
 
-typedef enum psagg_optim_kind {
+typedef enum psagg__optim_kind {
     PSAGG_OPTIM_NONE = 0, /* sum-only: the server returns the summed gradient */
     PSAGG_OPTIM_SGD = 1,
     PSAGG_OPTIM_ADAM = 2,
     PSAGG_OPTIM_ADAMW = 3,
-} psagg_optim_kind;
+} psagg__optim_kind;
 
 /* The job-wide hyperparameters ([server] keys); lr and weight decay come with each round. */
-typedef struct psagg_optim {
-    psagg_optim_kind kind;
+typedef struct psagg__optim {
+    psagg__optim_kind kind;
     float momentum, dampening; /* SGD */
     int nesterov;              /* SGD */
     float beta1, beta2, eps;   /* Adam, AdamW */
-} psagg_optim;
+} psagg__optim;
 
 /* The name of a kind ("none", "sgd", "adam", "adamw"). */
-const char *psagg_optim_name(psagg_optim_kind kind);
+const char *psagg__optim_name(psagg__optim_kind kind);
 
 /* Optimizer state arrays per element besides the weights: 0 (plain SGD), 1 or 2. */
-int psagg_optim_state_arrays(const psagg_optim *opt);
+int psagg__optim_state_arrays(const psagg__optim *opt);
 
 /*
  * One step over n elements: w (weights), m1 (SGD momentum buffer / Adam's first moment) and
  * m2 (Adam's second moment) are updated in place from grad (the round's sum) times scale.
- * step is t above (>= 1). m1 and m2 may be NULL where psagg_optim_state_arrays says they are
+ * step is t above (>= 1). m1 and m2 may be NULL where psagg__optim_state_arrays says they are
  * not used. Returns PSAGG_EINVAL for a kind of NONE or an unknown one, or step 0.
  */
-psagg_status psagg_optim_step(const psagg_optim *opt, float lr, float wd, uint64_t step,
-                              float scale, const float *grad, float *w, float *m1, float *m2,
-                              size_t n);
+psagg_status psagg__optim_step(const psagg__optim *opt, float lr, float wd, uint64_t step,
+                               float scale, const float *grad, float *w, float *m1, float *m2,
+                               size_t n);
 
 #endif

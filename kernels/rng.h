@@ -1,6 +1,6 @@
 /*
  * rng.h - the stochastic-rounding hash of kernels/codec.h ("RNG"), written once for every
- * implementation: the CPU reference (codec.h's psagg_rng_uniform), the CUDA kernels
+ * implementation: the CPU reference (codec.h's psagg__rng_uniform), the CUDA kernels
  * (cuda/kernels.cu, device code; tests/gpu/test_cuda_math.c runs the same math on the host),
  * and the SIMD loops (cpu/avx2.c, cpu/avx512_lanes.h), which keep their vector forms but take
  * every constant from here. So a change to the hash is one change, and the golden tests
@@ -42,7 +42,7 @@
 #define PSAGG_RNG_U_SCALE 0x1p-17f /* 2^-(PSAGG_RNG_D_BITS + 1) */
 
 /* h_m = hash32((m ^ k1) + k0), uint32 arithmetic. */
-static inline PSAGG_HOST_DEVICE uint32_t psagg_rng_hash32(uint32_t k0, uint32_t k1, uint32_t m)
+static inline PSAGG_HOST_DEVICE uint32_t psagg__rng_hash32(uint32_t k0, uint32_t k1, uint32_t m)
 {
     uint32_t x = (m ^ k1) + k0;
     x ^= x >> PSAGG_RNG_S1;
@@ -53,8 +53,8 @@ static inline PSAGG_HOST_DEVICE uint32_t psagg_rng_hash32(uint32_t k0, uint32_t 
     return x;
 }
 
-/* u_k from h = psagg_rng_hash32(k0, k1, k >> 1): in (0, 1), on the 2^-17 grid. */
-static inline PSAGG_HOST_DEVICE float psagg_rng_u(uint32_t h, uint32_t k)
+/* u_k from h = psagg__rng_hash32(k0, k1, k >> 1): in (0, 1), on the 2^-17 grid. */
+static inline PSAGG_HOST_DEVICE float psagg__rng_u(uint32_t h, uint32_t k)
 {
     uint32_t d = (h >> (PSAGG_RNG_D_BITS * (k & 1))) & PSAGG_RNG_D_MASK;
 #if defined(__CUDA_ARCH__)

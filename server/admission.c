@@ -32,7 +32,7 @@
 typedef struct pending_conn {
     int fd;
     int64_t deadline;
-    psagg_ctl_reader rd;
+    psagg__ctl_reader rd;
     uint8_t challenge[PSAGG_CHALLENGE_BYTES]; /* sent in its CHALLENGE; its HELLO must bind it */
     char peer[80];                            /* "connection from ADDR:PORT", for the log */
 } pending_conn;
@@ -42,7 +42,7 @@ struct admission {
     pending_conn pending[PENDING_MAX]; /* fd < 0 when free */
     uint64_t refused_idle;             /* unauthenticated connections closed for time or room */
     int64_t refused_logged_at;         /* when they were last reported */
-    psagg_lograte refused_hello;       /* refused HELLOs (a flood of them: one record a second) */
+    psagg__lograte refused_hello;      /* refused HELLOs (a flood of them: one record a second) */
     int64_t startup_deadline;          /* -1 until the first authenticated HELLO */
 };
 
@@ -52,7 +52,7 @@ static void pending_close(pending_conn *p)
 {
     close(p->fd);
     p->fd = -1;
-    psagg_ctl_reader_reset(&p->rd);
+    psagg__ctl_reader_reset(&p->rd);
 }
 
 /* How long a connection may take to send its whole HELLO. */
@@ -87,13 +87,13 @@ static void accept_all(server *srv)
             slot = oldest;
         }
         slot->fd = fd;
-        slot->deadline = psagg_now_ms() + hello_timeout_ms(srv);
-        psagg_ctl_reader_init(&slot->rd, sizeof(psagg_ctl_hello), NULL);
-        psagg_challenge_make(slot->challenge);
+        slot->deadline = psagg__now_ms() + hello_timeout_ms(srv);
+        psagg__ctl_reader_init(&slot->rd, sizeof(psagg__ctl_hello), NULL);
+        psagg__challenge_make(slot->challenge);
         { /* 28 bytes into a fresh socket's empty buffer: a failure means it is gone */
-            psagg_ctl_challenge c;
+            psagg__ctl_challenge c;
             memcpy(c.challenge, slot->challenge, sizeof c.challenge);
-            if (psagg_ctl_send(fd, NULL, PSAGG_CTL_CHALLENGE, &c, sizeof c)) {
+            if (psagg__ctl_send(fd, NULL, PSAGG_CTL_CHALLENGE, &c, sizeof c)) {
                 pending_close(slot);
                 srv->adm->refused_idle++;
                 continue;
@@ -135,18 +135,18 @@ void admission_expire(server *srv, int64_t now)
  * Same-host copies with a worker (wire.h): offer ours in its WELCOME, and take its offer when
  * it checks out (its pushes are then copied out of its memory; the WELCOME says so).
  */
-static void local_copy_offer(server *srv, int rank, const psagg_ctl_hello *hello,
-                             psagg_ctl_welcome *wel)
+static void local_copy_offer(server *srv, int rank, const psagg__ctl_hello *hello,
+                             psagg__ctl_welcome *wel)
 {
-    psagg_peer addr = srv->workers[rank].addr;
+    psagg__peer addr = srv->workers[rank].addr;
     uint32_t pid;
 
-    psagg_fabric_local_self(srv->fab, &pid, &wel->local_probe, wel->local_commit);
+    psagg__fabric_local_self(srv->fab, &pid, &wel->local_probe, wel->local_commit);
     wel->local_pid = pid;
     if (!hello->local_pid)
         return;
-    if (psagg_fabric_local_accept(srv->fab, addr, hello->local_pid, hello->local_probe,
-                                  hello->local_commit, hello->epname, hello->epname_len)) {
+    if (psagg__fabric_local_accept(srv->fab, addr, hello->local_pid, hello->local_probe,
+                                   hello->local_commit, hello->epname, hello->epname_len)) {
         LOG_DEBUG(&srv->log, "worker %d offers same-host copies; not taken: %s", rank,
                   psagg_last_error());
         return;
@@ -160,8 +160,8 @@ static void local_copy_offer(server *srv, int rank, const psagg_ctl_hello *hello
  * joiner that may try again in a moment). Until the token checks out the refusal says
  * nothing about this job (not its id, not its size).
  */
-static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hello *hello, char *msg,
-                        size_t len)
+static int accept_hello(server *srv, const pending_conn *p, const psagg__ctl_hello *hello,
+                        char *msg, size_t len)
 {
     int fd = p->fd;
     const char *peer = p->peer;
@@ -175,11 +175,11 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
     if (srv->job_key.secret) {
         /* the token of this HELLO as a worker of *this* job would have made it: a worker of
            another job id with the same secret fails here, learning nothing */
-        psagg_ctl_hello mine = *hello;
+        psagg__ctl_hello mine = *hello;
         memset(mine.job_id, 0, sizeof mine.job_id);
         snprintf(mine.job_id, sizeof mine.job_id, "%s", srv->cfg.job_id);
-        psagg_hello_token(&srv->job_key, &mine, (uint32_t)srv->rank, p->challenge, expect);
-        if (!psagg_token_equal(expect, hello->auth)) {
+        psagg__hello_token(&srv->job_key, &mine, (uint32_t)srv->rank, p->challenge, expect);
+        if (!psagg__token_equal(expect, hello->auth)) {
             snprintf(msg, len,
                      "server %d: authentication failed (the job id or the secret_file differs, "
                      "or the HELLO was not made for this connection's challenge: a replay)",
@@ -206,11 +206,11 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
                  hello->flags & PSAGG_HELLO_DATA_AUTH ? "on" : "off", flags ? "on" : "off");
         return -1;
     }
-    if (strncmp(hello->provider, psagg_fabric_provider(srv->fab), PSAGG_PROVIDER_MAX - 1)) {
+    if (strncmp(hello->provider, psagg__fabric_provider(srv->fab), PSAGG_PROVIDER_MAX - 1)) {
         snprintf(msg, len,
                  "server %d: worker %d opened fabric provider '%.31s', this server '%.31s': every "
                  "process of a job must open the same one (name it in [cluster] provider)",
-                 srv->rank, rank, hello->provider, psagg_fabric_provider(srv->fab));
+                 srv->rank, rank, hello->provider, psagg__fabric_provider(srv->fab));
         return -1;
     }
     if (!srv->ctl.job_running && rank >= srv->start_workers) {
@@ -250,27 +250,27 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
         return -1;
     }
     {
-        psagg_peer old = wc->addr;
-        if (psagg_fabric_add_peer(srv->fab, hello->epname, hello->epname_len, &wc->addr)) {
+        psagg__peer old = wc->addr;
+        if (psagg__fabric_add_peer(srv->fab, hello->epname, hello->epname_len, &wc->addr)) {
             snprintf(msg, len, "server %d: worker %d's fabric address: %.150s", srv->rank, rank,
                      psagg_last_error());
             return -1;
         }
         /* a joiner's rank: the address of the worker that left names nobody from now on */
-        if (srv->ctl.job_running && old < (psagg_peer)srv->n_workers && old != wc->addr)
+        if (srv->ctl.job_running && old < (psagg__peer)srv->n_workers && old != wc->addr)
             srv->rank_at[old] = -1;
     }
     {
-        psagg_ctl_welcome wel = {.server_rank = (uint32_t)srv->rank,
-                                 .n_servers = (uint32_t)srv->cfg.n_servers,
-                                 .flags = flags |
-                                          (srv->ctl.job_running ? PSAGG_WELCOME_JOINING : 0) |
-                                          (srv->cfg.quorum ? PSAGG_WELCOME_QUORUM : 0)};
+        psagg__ctl_welcome wel = {.server_rank = (uint32_t)srv->rank,
+                                  .n_servers = (uint32_t)srv->cfg.n_servers,
+                                  .flags = flags |
+                                           (srv->ctl.job_running ? PSAGG_WELCOME_JOINING : 0) |
+                                           (srv->cfg.quorum ? PSAGG_WELCOME_QUORUM : 0)};
         size_t elen = sizeof wel.epname;
         memcpy(wel.nonce, srv->nonce, sizeof wel.nonce);
         optim_welcome(srv, &wel.optim);
-        snprintf(wel.provider, sizeof wel.provider, "%s", psagg_fabric_provider(srv->fab));
-        if (psagg_fabric_name(srv->fab, wel.epname, &elen)) {
+        snprintf(wel.provider, sizeof wel.provider, "%s", psagg__fabric_provider(srv->fab));
+        if (psagg__fabric_name(srv->fab, wel.epname, &elen)) {
             snprintf(msg, len, "server %d: its own fabric name: %.150s", srv->rank,
                      psagg_last_error());
             return -1;
@@ -278,8 +278,8 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
         wel.epname_len = (uint32_t)elen;
         if (srv->cfg.local_copy && !srv->ctl.job_running) /* (not for a joiner: by the provider) */
             local_copy_offer(srv, rank, hello, &wel);
-        psagg_welcome_token(&srv->job_key, &wel, hello->auth, wel.auth);
-        if (psagg_ctl_send(fd, NULL, PSAGG_CTL_WELCOME, &wel, sizeof wel)) {
+        psagg__welcome_token(&srv->job_key, &wel, hello->auth, wel.auth);
+        if (psagg__ctl_send(fd, NULL, PSAGG_CTL_WELCOME, &wel, sizeof wel)) {
             snprintf(msg, len, "worker %d left before its WELCOME: %.150s", rank,
                      psagg_last_error());
             return -1;
@@ -290,21 +290,21 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
     wc->joining = srv->ctl.job_running;
     wc->join_asked = 0;
     wc->in_barrier = 0;
-    wc->heard_at = psagg_now_ms();
+    wc->heard_at = psagg__now_ms();
     free(wc->decl);
     wc->decl = NULL;
     /* its frames from now on, both ways, and its pushes: keys of this session pair alone */
-    psagg_ctl_auth_make(&srv->job_key, hello->auth, hello->nonce, srv->nonce, (uint32_t)srv->rank,
-                        1, &wc->auth);
+    psagg__ctl_auth_make(&srv->job_key, hello->auth, hello->nonce, srv->nonce, (uint32_t)srv->rank,
+                         1, &wc->auth);
     wc->auth.log = &srv->log;
-    psagg_ctl_reader_init(&wc->rd, PSAGG_CTL_MAX_FRAME, &wc->auth);
-    psagg_push_key_make(&srv->job_key, srv->cfg.job_id, hello->nonce, srv->nonce,
-                        (uint32_t)srv->rank, &wc->rx.key);
+    psagg__ctl_reader_init(&wc->rd, PSAGG_CTL_MAX_FRAME, &wc->auth);
+    psagg__push_key_make(&srv->job_key, srv->cfg.job_id, hello->nonce, srv->nonce,
+                         (uint32_t)srv->rank, &wc->rx.key);
     memset(&wc->rx.seen, 0, sizeof wc->rx.seen);
-    if (wc->addr < (psagg_peer)srv->n_workers)
+    if (wc->addr < (psagg__peer)srv->n_workers)
         srv->rank_at[wc->addr] = rank;
     if (srv->adm->startup_deadline < 0) /* the start-up deadline runs from the first worker */
-        srv->adm->startup_deadline = psagg_now_ms() + srv->cfg.connect_timeout_ms;
+        srv->adm->startup_deadline = psagg__now_ms() + srv->cfg.connect_timeout_ms;
     LOG_INFO(&srv->log, "worker %d %s (%s)", rank,
              wc->joining ? "connected to join the running job" : "connected", peer);
     return 0;
@@ -314,8 +314,8 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg_ctl_hell
 static void serve_pending(server *srv, pending_conn *p)
 {
     int r;
-    psagg_status st = psagg_ctl_reader_feed(&p->rd, p->fd, p->peer);
-    psagg_ctl_hdr h;
+    psagg_status st = psagg__ctl_reader_feed(&p->rd, p->fd, p->peer);
+    psagg__ctl_hdr h;
     void *body;
     char msg[240];
 
@@ -329,10 +329,10 @@ static void serve_pending(server *srv, pending_conn *p)
         pending_close(p);
         return;
     }
-    body = psagg_ctl_reader_take(&p->rd, &h);
-    if (h.type != PSAGG_CTL_HELLO || h.len != sizeof(psagg_ctl_hello)) {
+    body = psagg__ctl_reader_take(&p->rd, &h);
+    if (h.type != PSAGG_CTL_HELLO || h.len != sizeof(psagg__ctl_hello)) {
         snprintf(msg, sizeof msg, "server %d: expected HELLO of %zu bytes, got type %u len %u",
-                 srv->rank, sizeof(psagg_ctl_hello), h.type, h.len);
+                 srv->rank, sizeof(psagg__ctl_hello), h.type, h.len);
         st = PSAGG_EPROTO;
     } else if ((r = accept_hello(srv, p, body, msg, sizeof msg)) == 0) {
         p->fd = -1; /* it is a worker's connection now */
@@ -342,7 +342,8 @@ static void serve_pending(server *srv, pending_conn *p)
         st = r == -2 ? PSAGG_EAGAIN : PSAGG_EPROTO;
     }
     /* (a flood of refused HELLOs, e.g. joins with a wrong secret, is one record a second) */
-    psagg_lograte_note(&srv->adm->refused_hello, &srv->log, 1000, "refused a %s: %s", p->peer, msg);
+    psagg__lograte_note(&srv->adm->refused_hello, &srv->log, 1000, "refused a %s: %s", p->peer,
+                        msg);
     server_verdict(srv, p->fd, NULL, PSAGG_CTL_ERROR, st, msg);
     pending_close(p);
     free(body);
@@ -378,8 +379,8 @@ void admission_close_all(server *srv)
             pending_close(&srv->adm->pending[i]);
             srv->adm->refused_idle++;
         }
-    report_refused(srv, psagg_now_ms(), 1);
-    psagg_lograte_flush(&srv->adm->refused_hello, &srv->log);
+    report_refused(srv, psagg__now_ms(), 1);
+    psagg__lograte_flush(&srv->adm->refused_hello, &srv->log);
 }
 
 /* The pending-connection table, all slots free; no start-up deadline yet. */
@@ -387,7 +388,7 @@ psagg_status admission_init(server *srv)
 {
     srv->adm = calloc(1, sizeof *srv->adm);
     if (!srv->adm)
-        return psagg_fail(PSAGG_ENOMEM, "connection table");
+        return psagg__fail(PSAGG_ENOMEM, "connection table");
     for (int i = 0; i < PENDING_MAX; i++)
         srv->adm->pending[i].fd = -1;
     srv->adm->startup_deadline = -1;

@@ -29,10 +29,10 @@
 #include "arena.h"
 #include "server.h"
 
-static psagg_rng_key round_key(const server *srv, const chunk_state *c)
+static psagg__rng_key round_key(const server *srv, const chunk_state *c)
 {
-    return psagg_rng_chunk_key(srv->cfg.seed, PSAGG_RNG_SERVER, (uint32_t)srv->rank, c->info->key,
-                               c->info->index, c->round);
+    return psagg__rng_chunk_key(srv->cfg.seed, PSAGG_RNG_SERVER, (uint32_t)srv->rank, c->info->key,
+                                c->info->index, c->round);
 }
 
 /*
@@ -43,23 +43,23 @@ static psagg_rng_key round_key(const server *srv, const chunk_state *c)
 static void trace_round(server *srv, const chunk_state *c, int64_t done)
 {
     static const char *const keys[] = {"round", "key", "chunk", "first", "last", "thread", "gpu"};
-    psagg_span sp = {.name = srv->layout.tensors[c->info->key].name,
-                     .cat = "round",
-                     .start_ns = c->first_push_ns,
-                     .ends = {c->last_push_ns, done}, /* collect, sum+encode */
-                     .n_phases = 2,
-                     .keys = keys,
-                     .n_args = 7,
-                     .args = {c->round, c->info->key, c->info->index, c->first_worker,
-                              c->last_worker, c->thread, c->sum->device}};
-    psagg_timeline_span(srv->pool.timeline, &sp);
+    psagg__span sp = {.name = srv->layout.tensors[c->info->key].name,
+                      .cat = "round",
+                      .start_ns = c->first_push_ns,
+                      .ends = {c->last_push_ns, done}, /* collect, sum+encode */
+                      .n_phases = 2,
+                      .keys = keys,
+                      .n_args = 7,
+                      .args = {c->round, c->info->key, c->info->index, c->first_worker,
+                               c->last_worker, c->thread, c->sum->device}};
+    psagg__timeline_span(srv->pool.timeline, &sp);
 }
 
 /* The codec assignment's generation of c's round (runtime/adaptive.h; 0 if fixed). */
 static uint32_t round_generation(const server *srv, const chunk_state *c)
 {
     return srv->layout.tensors[c->info->key].adaptive
-               ? psagg_adapt_generation(c->round, srv->layout.adapt_interval)
+               ? psagg__adapt_generation(c->round, srv->layout.adapt_interval)
                : 0;
 }
 
@@ -70,7 +70,7 @@ static uint32_t round_generation(const server *srv, const chunk_state *c)
  * chunk's kind checks (a parameter's trailer: the same on every push of the round, or the job
  * fails). Returns 0 if the push may count.
  */
-static int check_codec(server *srv, chunk_state *c, int w, const psagg_msg_codec *mc)
+static int check_codec(server *srv, chunk_state *c, int w, const psagg__msg_codec *mc)
 {
     const char *name = srv->layout.tensors[c->info->key].name;
     uint32_t gen = round_generation(srv, c);
@@ -93,7 +93,7 @@ static int check_codec(server *srv, chunk_state *c, int w, const psagg_msg_codec
         c->ops->open(c, mc);
         return 0;
     }
-    if (psagg_codec_equal(&c->codec, &mc->codec))
+    if (psagg__codec_equal(&c->codec, &mc->codec))
         return c->ops->agree(srv, c, w, mc);
     server_fail_job(srv, PSAGG_EPROTO,
                     "tensor '%s' chunk %u round %u (generation %u): worker %u pushed it in %s, "
@@ -109,7 +109,7 @@ void agg_finish_round(server *srv, chunk_state *c)
 {
     int p = c->round & 1;
     size_t enc;
-    psagg_msg_hdr *h = (psagg_msg_hdr *)c->out[p];
+    psagg__msg_hdr *h = (psagg__msg_hdr *)c->out[p];
     long r;
     int64_t now;
 
@@ -134,15 +134,16 @@ void agg_finish_round(server *srv, chunk_state *c)
     h->summed = (uint16_t)c->n_arrived;
     enc += srv->pool.policy->trailer(srv, c, c->out[p] + sizeof *h + enc); /* (quorum: bitmap) */
     if (srv->tag_bytes) /* one seal: every worker gets the same bytes (runtime/auth.h) */
-        psagg_node_seal(&srv->node, &srv->pool.update_key,
-                        atomic_fetch_add(&srv->pool.update_seq, 1) + 1, c->out[p], sizeof *h + enc);
+        psagg__node_seal(&srv->node, &srv->pool.update_key,
+                         atomic_fetch_add(&srv->pool.update_seq, 1) + 1, c->out[p],
+                         sizeof *h + enc);
     {
         int to = 0; /* the members now get it (a leaver's push may be in it all the same) */
         for (int w = 0; w < srv->n_workers; w++)
             to += c->sctx[p].to[w] = (uint8_t)server_member(srv, w);
         atomic_store(&c->sends_pending[p], to);
     }
-    now = psagg_now_ns();
+    now = psagg__now_ns();
     metrics_round(srv, sizeof *h + enc + srv->tag_bytes, c->last_push_ns - c->first_push_ns,
                   now - c->last_push_ns);
     if (srv->pool.timeline)
@@ -178,8 +179,8 @@ void agg_finish_round(server *srv, chunk_state *c)
 static int fold(server *srv, chunk_state *c, int w, const void *payload)
 {
     psagg_status st =
-        psagg_decode_into(&c->codec, payload, c->enc, c->info->count, c->acc,
-                          c->folded++ == 0 ? PSAGG_DECODE_FIRST : PSAGG_DECODE_ADD, 1.0f);
+        psagg__decode_into(&c->codec, payload, c->enc, c->info->count, c->acc,
+                           c->folded++ == 0 ? PSAGG_DECODE_FIRST : PSAGG_DECODE_ADD, 1.0f);
     if (st) {
         c->broken = 1;
         server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s",
@@ -209,7 +210,7 @@ static int cpu_settle(server *srv, chunk_state *c)
            (c->arrived[c->next] || c->closing || !server_member(srv, (int)c->next))) {
         int nx = (int)c->next, bad = 0;
         if (c->held[nx]) {
-            bad = fold(srv, c, nx, c->held[nx]->rx.buf + sizeof(psagg_msg_hdr));
+            bad = fold(srv, c, nx, c->held[nx]->rx.buf + sizeof(psagg__msg_hdr));
             release_held(srv, c, nx);
         } else if (c->arrived[nx]) {
             bad = fold(srv, c, nx, c->slots + (size_t)nx * cap);
@@ -230,7 +231,7 @@ static int cpu_settle(server *srv, chunk_state *c)
  */
 static int cpu_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
 {
-    const psagg_msg_hdr *h = (const psagg_msg_hdr *)rb->rx.buf;
+    const psagg__msg_hdr *h = (const psagg__msg_hdr *)rb->rx.buf;
     const uint8_t *payload = rb->rx.buf + sizeof *h;
     size_t cap = c->info->cap_bytes;
 
@@ -241,7 +242,7 @@ static int cpu_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
             kept = CHUNK_KEPT;
         } else {
             atomic_fetch_sub(&srv->pool.rx_held, 1);
-            if (psagg_validate(&c->codec, payload, c->enc, c->info->count)) {
+            if (psagg__validate(&c->codec, payload, c->enc, c->info->count)) {
                 server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s",
                                     h->key, h->chunk, h->round, psagg_last_error());
                 return 0;
@@ -261,19 +262,19 @@ static int cpu_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
 }
 
 /* cpu_sum_ops' encode: requantize acc (with the server residual). */
-static psagg_status cpu_encode(server *srv, chunk_state *c, psagg_rng_key key, uint8_t *payload,
+static psagg_status cpu_encode(server *srv, chunk_state *c, psagg__rng_key key, uint8_t *payload,
                                size_t *bad)
 {
     (void)srv;
-    return psagg_encode(&c->codec, c->acc, c->residual, c->info->count, key, payload, c->enc, bad);
+    return psagg__encode(&c->codec, c->acc, c->residual, c->info->count, key, payload, c->enc, bad);
 }
 
 static psagg_status cpu_alloc(server *srv, chunk_state *c)
 {
     (void)srv;
     if (!(c->acc = arena_alloc(c->info->count * sizeof(float))))
-        return psagg_fail(PSAGG_ENOMEM, "buffers of tensor %u chunk %u", c->info->key,
-                          c->info->index);
+        return psagg__fail(PSAGG_ENOMEM, "buffers of tensor %u chunk %u", c->info->key,
+                           c->info->index);
     return PSAGG_OK;
 }
 
@@ -303,7 +304,7 @@ const chunk_sum_ops cpu_sum_ops = {
  */
 static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
 {
-    const psagg_msg_hdr *h = (const psagg_msg_hdr *)rb->rx.buf;
+    const psagg__msg_hdr *h = (const psagg__msg_hdr *)rb->rx.buf;
     int w = h->sender, r;
     uint32_t round = h->round;
 
@@ -332,7 +333,7 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
     if (check_codec(srv, c, w, &rb->mc))
         return 0;
     {
-        int64_t now = psagg_now_ns();
+        int64_t now = psagg__now_ns();
         if (!c->round_deadline) { /* the round's first push starts its clock */
             c->round_deadline = now / 1000000 + PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms);
             c->first_push_ns = now;
@@ -365,8 +366,8 @@ static psagg_status sum_alloc(server *srv, chunk_state *c)
 {
     if (srv->cfg.server_error_feedback &&
         !(c->residual = arena_alloc(c->info->count * sizeof(float))))
-        return psagg_fail(PSAGG_ENOMEM, "buffers of tensor %u chunk %u", c->info->key,
-                          c->info->index);
+        return psagg__fail(PSAGG_ENOMEM, "buffers of tensor %u chunk %u", c->info->key,
+                           c->info->index);
     return PSAGG_OK;
 }
 
@@ -382,12 +383,12 @@ static int sum_admit(server *srv, chunk_state *c, const recv_buf *rb, uint32_t *
     return 0;
 }
 
-static void sum_open(chunk_state *c, const psagg_msg_codec *mc)
+static void sum_open(chunk_state *c, const psagg__msg_codec *mc)
 {
     (void)c, (void)mc;
 }
 
-static int sum_agree(server *srv, chunk_state *c, int w, const psagg_msg_codec *mc)
+static int sum_agree(server *srv, chunk_state *c, int w, const psagg__msg_codec *mc)
 {
     (void)srv, (void)c, (void)w, (void)mc;
     return 0;
@@ -403,18 +404,18 @@ static int sum_settle(server *srv, chunk_state *c)
     return c->sum->settle(srv, c);
 }
 
-static long sum_finish(server *srv, chunk_state *c, uint8_t *out, psagg_rng_key key)
+static long sum_finish(server *srv, chunk_state *c, uint8_t *out, psagg__rng_key key)
 {
     size_t bad = 0;
-    psagg_status st = c->sum->encode(srv, c, key, out + sizeof(psagg_msg_hdr), &bad);
+    psagg_status st = c->sum->encode(srv, c, key, out + sizeof(psagg__msg_hdr), &bad);
     if (st) {
         server_fail_job(srv, st, "tensor '%s' chunk %u round %u: the sum cannot be encoded: %s",
                         srv->layout.tensors[c->info->key].name, c->info->index, c->round,
                         psagg_last_error());
         return -1;
     }
-    psagg_msg_init((psagg_msg_hdr *)out, PSAGG_MSG_UPDATE, (uint32_t)srv->rank, c->round, c->info,
-                   &c->codec, round_generation(srv, c));
+    psagg__msg_init((psagg__msg_hdr *)out, PSAGG_MSG_UPDATE, (uint32_t)srv->rank, c->round, c->info,
+                    &c->codec, round_generation(srv, c));
     return (long)c->enc;
 }
 
@@ -477,7 +478,7 @@ static void *agg_main(void *arg)
 {
     agg_thread *t = arg;
     server *srv = t->srv;
-    int64_t next_check = psagg_now_ms() + DEADLINE_CHECK_MS;
+    int64_t next_check = psagg__now_ms() + DEADLINE_CHECK_MS;
 
     for (;;) {
         agg_item *it;
@@ -487,7 +488,7 @@ static void *agg_main(void *arg)
             struct timespec until;
             int64_t ms = DEADLINE_CHECK_MS;
             if (t->wake_ms) { /* its round policy's timer (a quorum's grace) may be sooner */
-                int64_t left = t->wake_ms - psagg_now_ms();
+                int64_t left = t->wake_ms - psagg__now_ms();
                 ms = left < 1 ? 1 : left < ms ? left : ms;
             }
             clock_gettime(CLOCK_MONOTONIC, &until);
@@ -503,7 +504,7 @@ static void *agg_main(void *arg)
             pthread_mutex_unlock(&t->mu);
             break;
         }
-        now = psagg_now_ms();
+        now = psagg__now_ms();
         if (t->wake_ms && now >= t->wake_ms && !atomic_load(&srv->job.failed)) {
             pthread_mutex_unlock(&t->mu);
             t->wake_ms = srv->pool.policy->timer(srv, t, now);
@@ -533,7 +534,7 @@ static void *agg_main(void *arg)
             pthread_mutex_unlock(&srv->pool.barrier_mu);
             continue;
         }
-        busy_from = psagg_now_ns();
+        busy_from = psagg__now_ns();
         if (!it->rb)
             atomic_store(&it->chunk->retry_queued, 0);
         if (it->rb) {
@@ -544,7 +545,7 @@ static void *agg_main(void *arg)
         } else if (!atomic_load(&srv->job.failed)) {
             agg_settle(srv, it->chunk); /* the membership changed (membership.c) */
         }
-        metrics_busy(srv, (uint32_t)(t - srv->pool.threads), psagg_now_ns() - busy_from);
+        metrics_busy(srv, (uint32_t)(t - srv->pool.threads), psagg__now_ns() - busy_from);
     }
     return NULL;
 }
@@ -632,7 +633,7 @@ static const chunk_sum_ops *chunk_sum(const server *srv, const agg_thread *t, co
  */
 static psagg_status chunk_alloc(server *srv, chunk_state *c)
 {
-    const psagg_chunk_info *ci = c->info;
+    const psagg__chunk_info *ci = c->info;
     size_t enc = ci->cap_bytes, n = (size_t)srv->n_workers;
     size_t out = c->out_cap = (size_t)c->ops->out_bytes(ci->count, enc);
     psagg_status st;
@@ -645,16 +646,16 @@ static psagg_status chunk_alloc(server *srv, chunk_state *c)
     for (int p = 0; p < 2; p++) {
         uint8_t *to = c->sctx[0].to ? c->sctx[0].to + (size_t)p * n : NULL;
         c->sctx[p] = (send_ctx){.chunk = c, .parity = p, .to = to};
-        size_t bytes = sizeof(psagg_msg_hdr) + out + srv->pool.bitmap_bytes + srv->tag_bytes;
+        size_t bytes = sizeof(psagg__msg_hdr) + out + srv->pool.bitmap_bytes + srv->tag_bytes;
         c->out[p] = arena_alloc(bytes);
         if (!c->out[p])
             break;
-        if (psagg_fabric_reg(srv->fab, c->out[p], bytes, &c->out_desc[p]))
-            return psagg_fail_context(PSAGG_EFABRIC, "registering update buffers: ");
+        if (psagg__fabric_reg(srv->fab, c->out[p], bytes, &c->out_desc[p]))
+            return psagg__fail_context(PSAGG_EFABRIC, "registering update buffers: ");
     }
     if (!c->arrived || !c->seen || !c->held || !c->slots || !c->sctx[0].to || !c->out[0] ||
         !c->out[1])
-        return psagg_fail(PSAGG_ENOMEM, "buffers of tensor %u chunk %u", ci->key, ci->index);
+        return psagg__fail(PSAGG_ENOMEM, "buffers of tensor %u chunk %u", ci->key, ci->index);
     if ((st = c->sum->alloc(srv, c)))
         return st;
     return c->ops->alloc(srv, c);
@@ -669,7 +670,7 @@ static uint64_t chunk_bytes(const server *srv, uint64_t count, size_t enc, const
     uint64_t n = (uint64_t)srv->n_workers, out = ops->out_bytes(count, enc);
     return sizeof(chunk_state) + 3 * n + 4 * n + n * sizeof(void *) + n * enc + 4 * count +
            ops->state_bytes(srv, count) +
-           2 * (sizeof(psagg_msg_hdr) + out + srv->pool.bitmap_bytes + srv->tag_bytes);
+           2 * (sizeof(psagg__msg_hdr) + out + srv->pool.bitmap_bytes + srv->tag_bytes);
 }
 
 static uint64_t sat_add(uint64_t a, uint64_t b)
@@ -688,64 +689,64 @@ static uint64_t sat_mul(uint64_t a, uint64_t b)
  * itself costs every server its tables. Both are counted, in saturating arithmetic, from the
  * declaration alone.
  */
-psagg_status agg_check_budget(const server *srv, const psagg_ctl_tensor *decl, uint32_t n,
+psagg_status agg_check_budget(const server *srv, const psagg__ctl_tensor *decl, uint32_t n,
                               uint64_t chunk_elems, uint32_t adapt_interval)
 {
     uint64_t total = 0, chunks = 0, worst = 0, biggest_chunk = 0, need;
     uint32_t worst_t = 0;
     char name[48];
 
-    chunk_elems = psagg_layout_chunk_elems(decl, n, chunk_elems, (uint32_t)srv->cfg.n_servers);
+    chunk_elems = psagg__layout_chunk_elems(decl, n, chunk_elems, (uint32_t)srv->cfg.n_servers);
     for (uint32_t t = 0; t < n; t++) {
         psagg_codec c = {(psagg_codec_id)decl[t].codec, decl[t].bits, decl[t].bucket,
                          (psagg_rounding)decl[t].rounding};
         uint64_t count = decl[t].count, ce, full, rem, bytes;
         const chunk_ops *ops = chunk_kind((decl[t].flags & PSAGG_DECL_PARAM) != 0);
-        if (decl[t].codec > PSAGG_CODEC_MAXMIN || psagg_codec_check(&c) || !count)
-            continue; /* psagg_layout_build refuses it, with its own message */
-        ce = psagg_codec_chunk_elems(&c, chunk_elems);
+        if (decl[t].codec > PSAGG_CODEC_MAXMIN || psagg__codec_check(&c) || !count)
+            continue; /* psagg__layout_build refuses it, with its own message */
+        ce = psagg__codec_chunk_elems(&c, chunk_elems);
         if (adapt_interval && c.id == PSAGG_CODEC_MAXMIN) /* buffers hold the largest */
-            c = psagg_adapt_largest(&c, ce);
+            c = psagg__adapt_largest(&c, ce);
         full = count / ce;
         rem = count % ce;
-        bytes = sat_add(sat_mul(full, chunk_bytes(srv, ce, psagg_encoded_size(&c, ce), ops)),
-                        rem ? chunk_bytes(srv, rem, psagg_encoded_size(&c, rem), ops) : 0);
+        bytes = sat_add(sat_mul(full, chunk_bytes(srv, ce, psagg__encoded_size(&c, ce), ops)),
+                        rem ? chunk_bytes(srv, rem, psagg__encoded_size(&c, rem), ops) : 0);
         chunks = sat_add(chunks, full + (rem != 0));
         total = sat_add(total, bytes);
-        if (chunk_bytes(srv, ce, psagg_encoded_size(&c, ce), ops) > biggest_chunk)
-            biggest_chunk = chunk_bytes(srv, ce, psagg_encoded_size(&c, ce), ops);
+        if (chunk_bytes(srv, ce, psagg__encoded_size(&c, ce), ops) > biggest_chunk)
+            biggest_chunk = chunk_bytes(srv, ce, psagg__encoded_size(&c, ce), ops);
         if (bytes > worst) {
             worst = bytes;
             worst_t = t;
         }
     }
     need = sat_add(sat_add(total / (uint64_t)srv->cfg.n_servers, biggest_chunk),
-                   sat_add(sat_mul(chunks, sizeof(psagg_chunk_info) + sizeof(uint32_t)),
-                           sat_mul(n, sizeof(psagg_tensor_info))));
+                   sat_add(sat_mul(chunks, sizeof(psagg__chunk_info) + sizeof(uint32_t)),
+                           sat_mul(n, sizeof(psagg__tensor_info))));
     if (chunks <= PSAGG_MAX_CHUNKS && need <= srv->pool.budget)
         return PSAGG_OK;
     snprintf(name, sizeof name, "%.40s", decl[worst_t].name);
     if (chunks > PSAGG_MAX_CHUNKS)
-        return psagg_fail(PSAGG_ENOMEM,
-                          "the declaration makes %llu chunks, more than %u; tensor %u '%s' (%llu "
-                          "elements) alone needs %llu MiB",
-                          (unsigned long long)chunks, PSAGG_MAX_CHUNKS, worst_t, name,
-                          (unsigned long long)decl[worst_t].count,
-                          (unsigned long long)(worst >> 20));
-    return psagg_fail(PSAGG_ENOMEM,
-                      "the declaration needs %llu MiB here, over the budget of %llu MiB ([server] "
-                      "memory_budget_mb); "
-                      "tensor %u '%s' (%llu elements) alone needs %llu MiB across %d server(s)",
-                      (unsigned long long)(need >> 20),
-                      (unsigned long long)(srv->pool.budget >> 20), worst_t, name,
-                      (unsigned long long)decl[worst_t].count, (unsigned long long)(worst >> 20),
-                      srv->cfg.n_servers);
+        return psagg__fail(PSAGG_ENOMEM,
+                           "the declaration makes %llu chunks, more than %u; tensor %u '%s' (%llu "
+                           "elements) alone needs %llu MiB",
+                           (unsigned long long)chunks, PSAGG_MAX_CHUNKS, worst_t, name,
+                           (unsigned long long)decl[worst_t].count,
+                           (unsigned long long)(worst >> 20));
+    return psagg__fail(PSAGG_ENOMEM,
+                       "the declaration needs %llu MiB here, over the budget of %llu MiB ([server] "
+                       "memory_budget_mb); "
+                       "tensor %u '%s' (%llu elements) alone needs %llu MiB across %d server(s)",
+                       (unsigned long long)(need >> 20),
+                       (unsigned long long)(srv->pool.budget >> 20), worst_t, name,
+                       (unsigned long long)decl[worst_t].count, (unsigned long long)(worst >> 20),
+                       srv->cfg.n_servers);
 }
 
 /* Build the table of owned chunks and pin each to a thread (slot % threads). */
 psagg_status agg_setup(server *srv)
 {
-    const psagg_layout *l = &srv->layout;
+    const psagg__layout *l = &srv->layout;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
 
     srv->pool.n_threads =
@@ -753,9 +754,9 @@ psagg_status agg_setup(server *srv)
     srv->n_owned = l->owned_count[srv->rank];
     srv->chunks = calloc(srv->n_owned ? srv->n_owned : 1, sizeof *srv->chunks);
     if (!srv->chunks)
-        return psagg_fail(PSAGG_ENOMEM, "chunk table of %u chunks", srv->n_owned);
+        return psagg__fail(PSAGG_ENOMEM, "chunk table of %u chunks", srv->n_owned);
     for (uint32_t i = 0; i < l->n_chunks; i++) {
-        const psagg_chunk_info *ci = &l->chunks[i];
+        const psagg__chunk_info *ci = &l->chunks[i];
         chunk_state *c;
         if (ci->owner != (uint32_t)srv->rank)
             continue;
@@ -810,7 +811,7 @@ psagg_status agg_start(server *srv)
 
     srv->pool.threads = calloc((size_t)srv->pool.n_threads, sizeof *srv->pool.threads);
     if (!srv->pool.threads)
-        return psagg_fail(PSAGG_ENOMEM, "aggregation threads");
+        return psagg__fail(PSAGG_ENOMEM, "aggregation threads");
     for (int i = 0; i < srv->pool.n_threads; i++) {
         agg_thread *t = &srv->pool.threads[i];
         t->srv = srv;
@@ -831,7 +832,7 @@ psagg_status agg_start(server *srv)
             pthread_mutex_lock(&su->mu);
             su->left -= srv->pool.n_threads - i;
             pthread_mutex_unlock(&su->mu);
-            st = psagg_fail(PSAGG_EIO, "cannot start aggregation thread %d", i);
+            st = psagg__fail(PSAGG_EIO, "cannot start aggregation thread %d", i);
             srv->pool.n_threads = i; /* agg_stop joins the ones that run */
             break;
         }
@@ -842,7 +843,7 @@ psagg_status agg_start(server *srv)
         pthread_cond_wait(&su->cv, &su->mu);
     pthread_mutex_unlock(&su->mu);
     if (!st && su->status)
-        st = psagg_fail(su->status, "%s", su->error);
+        st = psagg__fail(su->status, "%s", su->error);
     return st;
 }
 

@@ -30,7 +30,7 @@ psagg_status checkpoint_init(server *srv)
 {
     if (!(srv->ckpt = calloc(1, sizeof *srv->ckpt)) ||
         !(srv->ckpt->asked = calloc((size_t)srv->n_workers, 1)))
-        return psagg_fail(PSAGG_ENOMEM, "no memory for checkpoint requests");
+        return psagg__fail(PSAGG_ENOMEM, "no memory for checkpoint requests");
     return PSAGG_OK;
 }
 
@@ -46,7 +46,7 @@ static void checkpoint_answer(server *srv, int w, psagg_status st, const char *m
 {
     worker_conn *wc = &srv->workers[w];
     srv->ckpt->asked[w] = 0;
-    if (wc->fd >= 0 && psagg_ctl_send_error(wc->fd, &wc->auth, PSAGG_CTL_CHECKPOINT_DONE, st, m))
+    if (wc->fd >= 0 && psagg__ctl_send_error(wc->fd, &wc->auth, PSAGG_CTL_CHECKPOINT_DONE, st, m))
         server_drop_worker(srv, w, PSAGG_EPEER, psagg_last_error());
 }
 
@@ -54,11 +54,11 @@ static void checkpoint_answer(server *srv, int w, psagg_status st, const char *m
 static void checkpoint_write(server *srv)
 {
     char path[PATH_MAX + 16], m[300];
-    int64_t t0 = psagg_now_ns();
+    int64_t t0 = psagg__now_ns();
     psagg_status st;
     agg_barrier(srv); /* the aggregation threads' writes of finished rounds, visible */
     st = optim_checkpoint(srv, path, sizeof path);
-    metrics_checkpoint(srv, psagg_now_ns() - t0, !st);
+    metrics_checkpoint(srv, psagg__now_ns() - t0, !st);
     snprintf(m, sizeof m, "%.290s", st ? psagg_last_error() : path);
     if (st)
         LOG_ERROR(&srv->log, "a checkpoint was asked for: %s", m);
@@ -68,7 +68,7 @@ static void checkpoint_write(server *srv)
             checkpoint_answer(srv, w, st, m);
 }
 
-void checkpoint_asked(server *srv, int w, const psagg_ctl_hdr *h, const void *body)
+void checkpoint_asked(server *srv, int w, const psagg__ctl_hdr *h, const void *body)
 {
     (void)h, (void)body;
     srv->ckpt->asked[w] = 1;
@@ -77,8 +77,8 @@ void checkpoint_asked(server *srv, int w, const psagg_ctl_hdr *h, const void *bo
         return;
     }
     if (!srv->ckpt->asked_since)
-        srv->ckpt->asked_since = psagg_now_ms();
-    checkpoint_tick(srv, psagg_now_ms());
+        srv->ckpt->asked_since = psagg__now_ms();
+    checkpoint_tick(srv, psagg__now_ms());
 }
 
 void checkpoint_tick(server *srv, int64_t now)

@@ -5,7 +5,7 @@
  * THE FILE (one per server: <checkpoint_dir>/psagg-server-<rank>.ckpt), little-endian:
  *   ckpt_head (112 bytes: magic "PSAGGCKP", format version, server rank, servers, optimizer,
  *     tensors, chunks, chunk_elems, when, job id)
- *   n_tensors x psagg_ctl_tensor: the job's declaration, as the workers sent it
+ *   n_tensors x psagg__ctl_tensor: the job's declaration, as the workers sent it
  *   per owned parameter chunk, in slot order: ckpt_chunk (32 bytes: key, chunk, count,
  *     step, round, arrays) + arrays x count binary32: w, view, then the optimizer's state
  *   32 bytes: BLAKE2b-256 (libsodium's crypto_generichash) of everything before.
@@ -39,7 +39,7 @@ typedef struct ckpt_head {
     uint32_t version;
     uint32_t server_rank;
     uint32_t n_servers;
-    uint32_t optimizer; /* psagg_optim_kind */
+    uint32_t optimizer; /* psagg__optim_kind */
     uint32_t n_tensors;
     uint32_t n_chunks; /* chunk records that follow the declaration */
     uint64_t chunk_elems;
@@ -63,7 +63,7 @@ struct ckpt_file {
     const uint8_t *base;
     size_t size;
     const ckpt_head *head;
-    const psagg_ctl_tensor *decl;
+    const psagg__ctl_tensor *decl;
     const ckpt_chunk **chunks;  /* head->n_chunks records, in file order */
     const ckpt_chunk **by_slot; /* after optim_check_job: per owned slot, or NULL */
 };
@@ -96,81 +96,81 @@ static psagg_status ckpt_read(const server *srv, const char *path, struct ckpt_f
 
     *out = NULL;
     if (!f)
-        return psagg_fail(PSAGG_ENOMEM, "checkpoint %s", path);
+        return psagg__fail(PSAGG_ENOMEM, "checkpoint %s", path);
     snprintf(f->path, sizeof f->path, "%s", path);
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        st = psagg_fail(PSAGG_EIO, "[server] resume: checkpoint %s cannot be opened: %s", path,
-                        strerror(errno));
+        st = psagg__fail(PSAGG_EIO, "[server] resume: checkpoint %s cannot be opened: %s", path,
+                         strerror(errno));
         goto err;
     }
     if (fstat(fd, &sb) || !S_ISREG(sb.st_mode)) {
         close(fd);
-        st = psagg_fail(PSAGG_EIO, "[server] resume: checkpoint %s is not a regular file", path);
+        st = psagg__fail(PSAGG_EIO, "[server] resume: checkpoint %s is not a regular file", path);
         goto err;
     }
     f->size = (size_t)sb.st_size;
     if (f->size < sizeof(ckpt_head) + CKPT_SUM) {
         close(fd);
-        st = psagg_fail(PSAGG_EIO,
-                        "[server] resume: checkpoint %s has %zu bytes, less than a header and a "
-                        "checksum: torn (a write cut short) or not a checkpoint",
-                        path, f->size);
+        st = psagg__fail(PSAGG_EIO,
+                         "[server] resume: checkpoint %s has %zu bytes, less than a header and a "
+                         "checksum: torn (a write cut short) or not a checkpoint",
+                         path, f->size);
         goto err;
     }
     f->base = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (f->base == MAP_FAILED) {
         f->base = NULL;
-        st = psagg_fail(PSAGG_EIO, "[server] resume: checkpoint %s cannot be mapped: %s", path,
-                        strerror(errno));
+        st = psagg__fail(PSAGG_EIO, "[server] resume: checkpoint %s cannot be mapped: %s", path,
+                         strerror(errno));
         goto err;
     }
     f->head = (const ckpt_head *)f->base;
     if (memcmp(f->head->magic, CKPT_MAGIC, 8)) {
-        st = psagg_fail(PSAGG_EIO, "[server] resume: %s is not a psagg checkpoint (magic)", path);
+        st = psagg__fail(PSAGG_EIO, "[server] resume: %s is not a psagg checkpoint (magic)", path);
         goto err;
     }
     if (f->head->version != CKPT_VERSION) {
-        st = psagg_fail(PSAGG_EIO,
-                        "[server] resume: checkpoint %s has format version %u; this server reads "
-                        "version %u",
-                        path, f->head->version, CKPT_VERSION);
+        st = psagg__fail(PSAGG_EIO,
+                         "[server] resume: checkpoint %s has format version %u; this server reads "
+                         "version %u",
+                         path, f->head->version, CKPT_VERSION);
         goto err;
     }
     if (sodium_init() < 0 ||
         crypto_generichash(sum, sizeof sum, f->base, f->size - CKPT_SUM, NULL, 0) ||
         sodium_memcmp(sum, f->base + f->size - CKPT_SUM, CKPT_SUM)) {
-        st = psagg_fail(PSAGG_EIO,
-                        "[server] resume: checkpoint %s: its checksum does not match its "
-                        "contents: torn or damaged, nothing loaded",
-                        path);
+        st = psagg__fail(PSAGG_EIO,
+                         "[server] resume: checkpoint %s: its checksum does not match its "
+                         "contents: torn or damaged, nothing loaded",
+                         path);
         goto err;
     }
     if (f->head->server_rank != (uint32_t)srv->rank ||
         f->head->n_servers != (uint32_t)srv->cfg.n_servers) {
-        st = psagg_fail(PSAGG_EIO,
-                        "[server] resume: checkpoint %s was written by server %u of %u; this is "
-                        "server %d of %d",
-                        path, f->head->server_rank, f->head->n_servers, srv->rank,
-                        srv->cfg.n_servers);
+        st = psagg__fail(PSAGG_EIO,
+                         "[server] resume: checkpoint %s was written by server %u of %u; this is "
+                         "server %d of %d",
+                         path, f->head->server_rank, f->head->n_servers, srv->rank,
+                         srv->cfg.n_servers);
         goto err;
     }
     off = sizeof(ckpt_head);
     if (f->head->n_tensors == 0 || f->head->n_tensors > PSAGG_MAX_TENSORS ||
-        (f->size - CKPT_SUM - off) / sizeof(psagg_ctl_tensor) < f->head->n_tensors ||
+        (f->size - CKPT_SUM - off) / sizeof(psagg__ctl_tensor) < f->head->n_tensors ||
         f->head->n_chunks > PSAGG_MAX_CHUNKS) {
-        st = psagg_fail(PSAGG_EIO,
-                        "[server] resume: checkpoint %s: field n_tensors/n_chunks is "
-                        "out of range for its size",
-                        path);
+        st = psagg__fail(PSAGG_EIO,
+                         "[server] resume: checkpoint %s: field n_tensors/n_chunks is "
+                         "out of range for its size",
+                         path);
         goto err;
     }
-    f->decl = (const psagg_ctl_tensor *)(f->base + off);
-    off += (size_t)f->head->n_tensors * sizeof(psagg_ctl_tensor);
+    f->decl = (const psagg__ctl_tensor *)(f->base + off);
+    off += (size_t)f->head->n_tensors * sizeof(psagg__ctl_tensor);
     f->chunks = calloc(f->head->n_chunks ? f->head->n_chunks : 1, sizeof *f->chunks);
     if (!f->chunks) {
-        st = psagg_fail(PSAGG_ENOMEM, "checkpoint %s", path);
+        st = psagg__fail(PSAGG_ENOMEM, "checkpoint %s", path);
         goto err;
     }
     for (uint32_t i = 0; i < f->head->n_chunks; i++) {
@@ -179,18 +179,18 @@ static psagg_status ckpt_read(const server *srv, const char *path, struct ckpt_f
         if (left < sizeof *c || c->arrays < 2 || c->arrays > 4 || !c->count ||
             c->count > (uint64_t)PSAGG_MAX_CHUNK_ELEMS ||
             (left - sizeof *c) / 4 / c->arrays < c->count) {
-            st = psagg_fail(PSAGG_EIO,
-                            "[server] resume: checkpoint %s: chunk record %u is out of bounds",
-                            path, i);
+            st = psagg__fail(PSAGG_EIO,
+                             "[server] resume: checkpoint %s: chunk record %u is out of bounds",
+                             path, i);
             goto err;
         }
         f->chunks[i] = c;
         off += sizeof *c + (size_t)c->arrays * c->count * 4;
     }
     if (off != f->size - CKPT_SUM) {
-        st = psagg_fail(PSAGG_EIO,
-                        "[server] resume: checkpoint %s has %zu bytes after its last record", path,
-                        f->size - CKPT_SUM - off);
+        st = psagg__fail(PSAGG_EIO,
+                         "[server] resume: checkpoint %s has %zu bytes after its last record", path,
+                         f->size - CKPT_SUM - off);
         goto err;
     }
     *out = f;
@@ -219,7 +219,7 @@ const char *ckpt_file_path(const struct ckpt_file *f)
     return f->path;
 }
 
-static void decl_text(const psagg_ctl_tensor *t, char *buf, size_t len)
+static void decl_text(const psagg__ctl_tensor *t, char *buf, size_t len)
 {
     psagg_codec c = {(psagg_codec_id)t->codec, t->bits, t->bucket, (psagg_rounding)t->rounding};
     char name[40];
@@ -228,14 +228,14 @@ static void decl_text(const psagg_ctl_tensor *t, char *buf, size_t len)
              (t->flags & PSAGG_DECL_PARAM) ? ", parameter" : "");
 }
 
-psagg_status ckpt_match(const server *srv, struct ckpt_file *f, psagg_optim_kind kind, int arrays)
+psagg_status ckpt_match(const server *srv, struct ckpt_file *f, psagg__optim_kind kind, int arrays)
 {
-    const psagg_layout *l = &srv->layout;
-    const psagg_ctl_tensor *decl = srv->job_decl;
+    const psagg__layout *l = &srv->layout;
+    const psagg__ctl_tensor *decl = srv->job_decl;
     uint32_t k = 0;
 
     if (f->head->n_tensors != l->n_tensors)
-        return psagg_fail(
+        return psagg__fail(
             PSAGG_EMISMATCH,
             "checkpoint %s, nothing loaded: it holds a job of %u tensors; the workers "
             "declared %u",
@@ -245,28 +245,29 @@ psagg_status ckpt_match(const server *srv, struct ckpt_file *f, psagg_optim_kind
             char a[120], b[120];
             decl_text(&f->decl[t], a, sizeof a);
             decl_text(&decl[t], b, sizeof b);
-            return psagg_fail(
+            return psagg__fail(
                 PSAGG_EMISMATCH,
                 "checkpoint %s, nothing loaded: tensor %u was %s, the workers declared "
                 "%s",
                 f->path, t, a, b);
         }
     if (f->head->chunk_elems != srv->job_decl_hdr.chunk_elems)
-        return psagg_fail(
+        return psagg__fail(
             PSAGG_EMISMATCH,
             "checkpoint %s, nothing loaded: its chunks have %llu elements, the workers' "
             "%llu ([worker] chunk_bytes)",
             f->path, (unsigned long long)f->head->chunk_elems,
             (unsigned long long)srv->job_decl_hdr.chunk_elems);
     if (f->head->optimizer != (uint32_t)kind)
-        return psagg_fail(PSAGG_EMISMATCH,
-                          "checkpoint %s, nothing loaded: it holds the state of optimizer %s; this "
-                          "server runs %s",
-                          f->path, psagg_optim_name((psagg_optim_kind)f->head->optimizer),
-                          psagg_optim_name(kind));
+        return psagg__fail(
+            PSAGG_EMISMATCH,
+            "checkpoint %s, nothing loaded: it holds the state of optimizer %s; this "
+            "server runs %s",
+            f->path, psagg__optim_name((psagg__optim_kind)f->head->optimizer),
+            psagg__optim_name(kind));
     f->by_slot = calloc(srv->n_owned ? srv->n_owned : 1, sizeof *f->by_slot);
     if (!f->by_slot)
-        return psagg_fail(PSAGG_ENOMEM, "checkpoint %s", f->path);
+        return psagg__fail(PSAGG_ENOMEM, "checkpoint %s", f->path);
     for (uint32_t i = 0; i < srv->n_owned; i++) {
         const chunk_state *c = &srv->chunks[i];
         const ckpt_chunk *r;
@@ -275,7 +276,7 @@ psagg_status ckpt_match(const server *srv, struct ckpt_file *f, psagg_optim_kind
         r = k < f->head->n_chunks ? f->chunks[k] : NULL;
         if (!r || r->key != c->info->key || r->index != c->info->index ||
             r->count != c->info->count || r->arrays != (uint32_t)arrays)
-            return psagg_fail(
+            return psagg__fail(
                 PSAGG_EMISMATCH,
                 "checkpoint %s, nothing loaded: record %u is not tensor %u chunk %u of "
                 "%llu elements with %d arrays",
@@ -285,7 +286,7 @@ psagg_status ckpt_match(const server *srv, struct ckpt_file *f, psagg_optim_kind
         k++;
     }
     if (k != f->head->n_chunks)
-        return psagg_fail(
+        return psagg__fail(
             PSAGG_EMISMATCH,
             "checkpoint %s, nothing loaded: it holds %u parameter chunks, this server "
             "owns %u",
@@ -323,7 +324,7 @@ static void put(ckpt_writer *wr, const void *p, size_t n)
 
 psagg_status ckpt_write(const server *srv, int arrays, char *path, size_t len)
 {
-    const psagg_layout *l = &srv->layout;
+    const psagg__layout *l = &srv->layout;
     char tmp[PATH_MAX + 8];
     ckpt_writer wr = {0};
     ckpt_head head = {.version = CKPT_VERSION,
@@ -338,7 +339,7 @@ psagg_status ckpt_write(const server *srv, int arrays, char *path, size_t len)
 
     ckpt_path(srv, path, len);
     if (sodium_init() < 0)
-        return psagg_fail(PSAGG_EIO, "libsodium cannot start");
+        return psagg__fail(PSAGG_EIO, "libsodium cannot start");
     /* every chunk's last round is finished, and the caller's agg_barrier made what its
        thread wrote visible here */
     memcpy(head.magic, CKPT_MAGIC, 8);
@@ -353,11 +354,11 @@ psagg_status ckpt_write(const server *srv, int arrays, char *path, size_t len)
         int e = errno;
         if (fd >= 0)
             close(fd);
-        return psagg_fail(PSAGG_EIO, "checkpoint %s: %s", tmp, strerror(e));
+        return psagg__fail(PSAGG_EIO, "checkpoint %s: %s", tmp, strerror(e));
     }
     crypto_generichash_init(&wr.hs, NULL, 0, CKPT_SUM);
     put(&wr, &head, sizeof head);
-    put(&wr, srv->job_decl, (size_t)l->n_tensors * sizeof(psagg_ctl_tensor));
+    put(&wr, srv->job_decl, (size_t)l->n_tensors * sizeof(psagg__ctl_tensor));
     for (uint32_t i = 0; i < srv->n_owned; i++) {
         const chunk_state *c = &srv->chunks[i];
         const param_state *ps = c->param;
@@ -387,7 +388,7 @@ psagg_status ckpt_write(const server *srv, int arrays, char *path, size_t len)
         wr.failed = errno;
     if (wr.failed) {
         unlink(tmp);
-        return psagg_fail(PSAGG_EIO, "checkpoint %s: %s", path, strerror(wr.failed));
+        return psagg__fail(PSAGG_EIO, "checkpoint %s: %s", path, strerror(wr.failed));
     }
     dfd = open(srv->cfg.checkpoint_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) { /* the rename itself durable */

@@ -4,7 +4,7 @@
  * workers' connections, and hands each worker frame to the component it is for (the table
  * `routes`: startup.c, membership.c, checkpoint.c); between polls it moves the job through its
  * phases. Every socket is non-blocking and every frame is read piece by piece
- * (psagg_ctl_reader), so no peer, slow or silent or hostile, holds up the others.
+ * (psagg__ctl_reader), so no peer, slow or silent or hostile, holds up the others.
  *
  *   STARTING  admission until every starting worker declared (startup.c), within
  *             connect_timeout_ms of the first authenticated HELLO; then the job starts
@@ -127,7 +127,7 @@ static void settle_losses(server *srv)
 /* ---- worker frames ---- */
 
 /* BYE: it is done (psagg_close); an elastic job goes on without it (the others may not be). */
-static void worker_bye(server *srv, int w, const psagg_ctl_hdr *h, const void *body)
+static void worker_bye(server *srv, int w, const psagg__ctl_hdr *h, const void *body)
 {
     worker_conn *wc = &srv->workers[w];
     (void)h, (void)body;
@@ -135,21 +135,21 @@ static void worker_bye(server *srv, int w, const psagg_ctl_hdr *h, const void *b
     wc->state = W_BYE;
     close(wc->fd);
     wc->fd = -1;
-    psagg_ctl_reader_reset(&wc->rd);
+    psagg__ctl_reader_reset(&wc->rd);
     if (srv->mb.elastic && srv->ctl.job_running && !atomic_load(&srv->job.failed))
         membership_bye(srv, w);
 }
 
 /* ABORT: it gave up (why, and on what kind of failure). */
-static void worker_abort(server *srv, int w, const psagg_ctl_hdr *h, const void *body)
+static void worker_abort(server *srv, int w, const psagg__ctl_hdr *h, const void *body)
 {
     const char *text;
     char m[300];
-    psagg_ctl_error e; /* (parsed in a copy: it ends the text) */
+    psagg__ctl_error e; /* (parsed in a copy: it ends the text) */
     psagg_status st = PSAGG_OK;
     if (h->len == sizeof e) {
         memcpy(&e, body, sizeof e);
-        st = psagg_ctl_error_parse(h, &e, &text);
+        st = psagg__ctl_error_parse(h, &e, &text);
     }
     if (!st) {
         server_drop_worker(srv, w, PSAGG_EPROTO, "an ABORT frame without a failure");
@@ -180,7 +180,7 @@ typedef struct frame_route {
     uint16_t type;
     unsigned when;
     /* NULL: expected, and nothing to do (PING: its bytes made the worker heard) */
-    void (*serve)(server *srv, int w, const psagg_ctl_hdr *h, const void *body);
+    void (*serve)(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
 } frame_route;
 
 static const frame_route routes[] = {
@@ -197,7 +197,7 @@ static const frame_route routes[] = {
     {PSAGG_CTL_JOIN, EMPTY | DECLARED | JOINING | NO_JOIN | SERVER0, membership_join},
 };
 
-static int route_holds(const server *srv, int w, const psagg_ctl_hdr *h, unsigned when)
+static int route_holds(const server *srv, int w, const psagg__ctl_hdr *h, unsigned when)
 {
     const worker_conn *wc = &srv->workers[w];
     unsigned now = (h->len == 0 ? EMPTY : 0) | (wc->state == W_HELLO ? HELLOED : 0) |
@@ -218,21 +218,21 @@ static void serve_worker(server *srv, int w)
 {
     worker_conn *wc = &srv->workers[w];
     const frame_route *r = NULL;
-    psagg_ctl_hdr h;
+    psagg__ctl_hdr h;
     void *body;
     char name[32];
     psagg_status st;
 
     snprintf(name, sizeof name, "worker %d", w);
-    st = psagg_ctl_reader_feed(&wc->rd, wc->fd, name);
-    wc->heard_at = psagg_now_ms(); /* readable: it is alive, whatever came */
+    st = psagg__ctl_reader_feed(&wc->rd, wc->fd, name);
+    wc->heard_at = psagg__now_ms(); /* readable: it is alive, whatever came */
     if (st == PSAGG_EAGAIN)
         return;
     if (st) {
         server_drop_worker(srv, w, st, psagg_last_error());
         return;
     }
-    body = psagg_ctl_reader_take(&wc->rd, &h);
+    body = psagg__ctl_reader_take(&wc->rd, &h);
     for (size_t i = 0; i < sizeof routes / sizeof *routes && !r; i++)
         if (routes[i].type == h.type && route_holds(srv, w, &h, routes[i].when))
             r = &routes[i];
@@ -315,15 +315,15 @@ static void check_liveness(server *srv, int64_t now)
 {
     int op = srv->cfg.op_timeout_ms;
     /* an elastic job gives a worker up sooner: the others wait for it meanwhile */
-    int64_t limit = srv->mb.elastic ? psagg_member_timeout_ms(op) : op;
+    int64_t limit = srv->mb.elastic ? psagg__member_timeout_ms(op) : op;
     if (now >= srv->ctl.next_ping) {
         for (int w = 0; w < srv->n_workers; w++) {
             worker_conn *wc = &srv->workers[w];
             if (wc->fd >= 0 && wc->state == W_DECLARED &&
-                psagg_ctl_send(wc->fd, &wc->auth, PSAGG_CTL_PING, NULL, 0))
+                psagg__ctl_send(wc->fd, &wc->auth, PSAGG_CTL_PING, NULL, 0))
                 LOG_DEBUG(&srv->log, "worker %d: PING: %s", w, psagg_last_error());
         }
-        srv->ctl.next_ping = now + psagg_ping_interval_ms(op);
+        srv->ctl.next_ping = now + psagg__ping_interval_ms(op);
     }
     for (int w = 0; w < srv->n_workers; w++) {
         worker_conn *wc = &srv->workers[w];
@@ -341,7 +341,7 @@ static void check_liveness(server *srv, int64_t now)
             snprintf(why, sizeof why,
                      "worker %d sent nothing for %.1f s, more than 3 PING intervals of %d ms "
                      "(stopped, hung or cut off)",
-                     w, (double)(now - wc->heard_at) / 1e3, psagg_ping_interval_ms(op));
+                     w, (double)(now - wc->heard_at) / 1e3, psagg__ping_interval_ms(op));
         else
             snprintf(why, sizeof why,
                      "worker %d sent nothing for %.1f s, more than op_timeout_ms=%d (stopped, "
@@ -438,7 +438,7 @@ int control_serve(server *srv)
         l.done = 1;
     }
     while (!l.done) {
-        int64_t now = psagg_now_ms();
+        int64_t now = psagg__now_ms();
         int n = 0;
 
         if (*srv->stop) {

@@ -5,7 +5,7 @@
  * device workspace and pinned staging). Chunks of at least gpu_min_elems elements pinned to
  * such a thread are summed by gpu_sum_ops: they keep every contribution of a round compressed
  * in its slot, and the round's end runs the fused operation on the GPU
- * (psagg_cuda_aggregate_host): the inputs are summed in worker order and requantized exactly
+ * (psagg__cuda_aggregate_host): the inputs are summed in worker order and requantized exactly
  * as the CPU does, so the update bytes are the same.
  * Without CUDA in the build, gpu = on is a start-up error and auto means off.
  */
@@ -21,10 +21,10 @@
  */
 static int gpu_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
 {
-    const psagg_msg_hdr *h = (const psagg_msg_hdr *)rb->rx.buf;
+    const psagg__msg_hdr *h = (const psagg__msg_hdr *)rb->rx.buf;
     const uint8_t *payload = rb->rx.buf + sizeof *h;
 
-    if (psagg_validate(&c->codec, payload, c->enc, c->info->count)) {
+    if (psagg__validate(&c->codec, payload, c->enc, c->info->count)) {
         server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s", h->key,
                             h->chunk, h->round, psagg_last_error());
         return 0;
@@ -59,20 +59,20 @@ static void gpu_free(chunk_state *c)
 
 psagg_status gpu_thread_init(server *srv, agg_thread *t)
 {
-    psagg_cuda_ctx *ctx = NULL;
+    psagg__cuda_ctx *ctx = NULL;
     psagg_status st;
     if (srv->cfg.gpu == PSAGG_GPU_OFF)
         return PSAGG_OK;
-    if (psagg_cuda_device_count() == 0) {
+    if (psagg__cuda_device_count() == 0) {
         if (srv->cfg.gpu == PSAGG_GPU_ON)
-            return psagg_fail(PSAGG_EUNSUPPORTED,
-                              "[server] gpu = on, but no CUDA device is usable on this host");
+            return psagg__fail(PSAGG_EUNSUPPORTED,
+                               "[server] gpu = on, but no CUDA device is usable on this host");
         return PSAGG_OK;
     }
-    st = psagg_cuda_ctx_create(0, &ctx);
+    st = psagg__cuda_ctx_create(0, &ctx);
     if (st) {
         if (srv->cfg.gpu == PSAGG_GPU_ON)
-            return psagg_fail_context(st, "[server] gpu = on: ");
+            return psagg__fail_context(st, "[server] gpu = on: ");
         LOG_WARN(&srv->log, "GPU assist off: %s", psagg_last_error());
         return PSAGG_OK;
     }
@@ -82,7 +82,7 @@ psagg_status gpu_thread_init(server *srv, agg_thread *t)
 
 void gpu_thread_fini(agg_thread *t)
 {
-    psagg_cuda_ctx_destroy(t->cuda);
+    psagg__cuda_ctx_destroy(t->cuda);
     t->cuda = NULL;
 }
 
@@ -93,7 +93,7 @@ void gpu_thread_fini(agg_thread *t)
  * written back by a GPU sum that succeeded), and the job goes on: the first failure of each
  * thread is logged as a warning, later ones at debug.
  */
-static psagg_status gpu_encode(server *srv, chunk_state *c, psagg_rng_key key, uint8_t *out,
+static psagg_status gpu_encode(server *srv, chunk_state *c, psagg__rng_key key, uint8_t *out,
                                size_t *bad)
 {
     const void *in[PSAGG_CUDA_MAX_INPUTS];
@@ -103,8 +103,8 @@ static psagg_status gpu_encode(server *srv, chunk_state *c, psagg_rng_key key, u
     for (int w = 0; w < srv->n_workers; w++)
         if (c->arrived[w])
             in[n_in++] = c->slots + (size_t)w * c->info->cap_bytes;
-    st = psagg_cuda_aggregate_host(t->cuda, &c->codec, in, n_in, enc, c->info->count, c->residual,
-                                   key, out, enc, bad);
+    st = psagg__cuda_aggregate_host(t->cuda, &c->codec, in, n_in, enc, c->info->count, c->residual,
+                                    key, out, enc, bad);
     if (st != PSAGG_ECUDA && st != PSAGG_ENOMEM && st != PSAGG_EUNSUPPORTED)
         return st; /* done, or the sum's own error (the CPU would say the same) */
     if (t->gpu_failed++ == 0)
@@ -116,8 +116,8 @@ static psagg_status gpu_encode(server *srv, chunk_state *c, psagg_rng_key key, u
     else
         LOG_DEBUG(&srv->log, "GPU assist failed %llu times; the latest: %s",
                   (unsigned long long)t->gpu_failed, psagg_last_error());
-    return psagg_aggregate(&c->codec, in, n_in, enc, c->info->count, c->residual, key, out, enc,
-                           bad);
+    return psagg__aggregate(&c->codec, in, n_in, enc, c->info->count, c->residual, key, out, enc,
+                            bad);
 }
 
 int gpu_max_inputs(void)
@@ -131,8 +131,8 @@ psagg_status gpu_thread_init(server *srv, agg_thread *t)
 {
     (void)t;
     if (srv->cfg.gpu == PSAGG_GPU_ON)
-        return psagg_fail(PSAGG_EUNSUPPORTED, "[server] gpu = on, but this psagg-server was "
-                                              "built without CUDA (PSAGG_CUDA=OFF or no nvcc)");
+        return psagg__fail(PSAGG_EUNSUPPORTED, "[server] gpu = on, but this psagg-server was "
+                                               "built without CUDA (PSAGG_CUDA=OFF or no nvcc)");
     return PSAGG_OK;
 }
 
@@ -141,11 +141,11 @@ void gpu_thread_fini(agg_thread *t)
     (void)t;
 }
 
-static psagg_status gpu_encode(server *srv, chunk_state *c, psagg_rng_key key, uint8_t *out,
+static psagg_status gpu_encode(server *srv, chunk_state *c, psagg__rng_key key, uint8_t *out,
                                size_t *bad)
 {
     (void)srv, (void)c, (void)key, (void)out, (void)bad;
-    return psagg_fail(PSAGG_EUNSUPPORTED, "GPU assist not built");
+    return psagg__fail(PSAGG_EUNSUPPORTED, "GPU assist not built");
 }
 
 int gpu_max_inputs(void)

@@ -47,11 +47,11 @@ void server_fail_job(server *srv, psagg_status status, const char *fmt, ...)
  * the order they were inserted (one per accepted HELLO), so rank_at finds them at once; for
  * other AV types this is a scan of at most [cluster] workers entries.
  */
-int server_worker_at(const server *srv, psagg_peer addr)
+int server_worker_at(const server *srv, psagg__peer addr)
 {
     if (addr == PSAGG_PEER_UNKNOWN)
         return -1;
-    if (addr < (psagg_peer)srv->n_workers && srv->rank_at[addr] >= 0)
+    if (addr < (psagg__peer)srv->n_workers && srv->rank_at[addr] >= 0)
         return srv->rank_at[addr];
     for (int w = 0; w < srv->n_workers; w++)
         if (srv->workers[w].state != W_NONE && srv->workers[w].addr == addr)
@@ -80,7 +80,7 @@ void server_queue_update(server *srv, send_ctx *sc)
     pthread_mutex_unlock(&srv->dp.sendq_mu);
     atomic_fetch_add(&srv->dp.sendq_len, 1);
     if (atomic_load(&srv->dp.idle))
-        psagg_fabric_wake(srv->fab);
+        psagg__fabric_wake(srv->fab);
 }
 
 /*
@@ -94,7 +94,7 @@ void server_queue_repost(server *srv, recv_buf *rb)
         rb->item.next = old ? &old->item : NULL;
     while (!atomic_compare_exchange_weak(&srv->dp.repostq, &old, rb));
     if (!old && atomic_load(&srv->dp.idle))
-        psagg_fabric_wake(srv->fab);
+        psagg__fabric_wake(srv->fab);
 }
 
 int server_member(const server *srv, int w)
@@ -118,10 +118,10 @@ int server_members_in(const server *srv, const chunk_state *c)
  * Tell a peer why it is being refused or the job is ending. The peer may already be gone, so
  * a failed send is only logged: there is nobody else to tell.
  */
-void server_verdict(server *srv, int fd, psagg_ctl_auth *auth, uint16_t type, psagg_status status,
+void server_verdict(server *srv, int fd, psagg__ctl_auth *auth, uint16_t type, psagg_status status,
                     const char *msg)
 {
-    if (psagg_ctl_send_error(fd, auth, type, status, msg))
+    if (psagg__ctl_send_error(fd, auth, type, status, msg))
         LOG_DEBUG(&srv->log, "could not deliver \"%s\": %s", msg, psagg_last_error());
 }
 
@@ -150,7 +150,7 @@ void server_drop_worker(server *srv, int w, psagg_status status, const char *why
     server_verdict(srv, wc->fd, &wc->auth, PSAGG_CTL_ERROR, status, wc->why_lost);
     close(wc->fd);
     wc->fd = -1;
-    psagg_ctl_reader_reset(&wc->rd);
+    psagg__ctl_reader_reset(&wc->rd);
     wc->state = W_DEAD;
     wc->lost = 1;
     wc->lost_status = status;

@@ -28,11 +28,11 @@ static void on_signal(int sig)
     stop_requested = 1;
 }
 
-/* The NAME=VALUE lines of psagg_fabric_env_hint for this job's largest message. */
-static void print_fabric_env(const psagg_config *cfg)
+/* The NAME=VALUE lines of psagg__fabric_env_hint for this job's largest message. */
+static void print_fabric_env(const psagg__config *cfg)
 {
-    psagg_fabric_env env[4];
-    int n = psagg_fabric_env_hint(cfg->provider, psagg_max_message(cfg), env, 4);
+    psagg__fabric_env env[4];
+    int n = psagg__fabric_env_hint(cfg->provider, psagg__max_message(cfg), env, 4);
     for (int i = 0; i < n; i++)
         printf("%s=%s\n", env[i].name, env[i].value);
 }
@@ -67,7 +67,7 @@ int main(int argc, char **argv)
         {"features", no_argument, NULL, 'f'},     {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},      {NULL, 0, NULL, 0}};
     const char *config = getenv("PSAGG_CONFIG"), *rank_text = getenv("PSAGG_SERVER_RANK");
-    psagg_config *cfg;
+    psagg__config *cfg;
     char *end;
     long rank;
     int c, rc, print_env = 0, check_only = 0;
@@ -88,7 +88,7 @@ int main(int argc, char **argv)
             check_only = 1;
             break;
         case 'f':
-            psagg_features_print(stdout);
+            psagg__features_print(stdout);
             return 0;
         case 'V':
             printf("psagg-server %s (protocol version %d)\n", psagg_version(), PSAGG_PROTO_VERSION);
@@ -106,15 +106,15 @@ int main(int argc, char **argv)
         return 2;
     }
     if (print_env || check_only) {
-        psagg_config *pc = malloc(sizeof *pc);
-        if (!pc || psagg_config_load(config, pc) ||
-            (check_only && psagg_config_check_addresses(pc))) {
+        psagg__config *pc = malloc(sizeof *pc);
+        if (!pc || psagg__config_load(config, pc) ||
+            (check_only && psagg__config_check_addresses(pc))) {
             fprintf(stderr, "psagg-server: %s\n", pc ? psagg_last_error() : "out of memory");
             free(pc);
             return 2;
         }
         if (check_only)
-            psagg_config_print(pc, stdout);
+            psagg__config_print(pc, stdout);
         if (print_env)
             print_fabric_env(pc);
         free(pc);
@@ -128,7 +128,7 @@ int main(int argc, char **argv)
     cfg = malloc(sizeof *cfg);
     if (!cfg)
         return 1;
-    if (psagg_config_load(config, cfg)) {
+    if (psagg__config_load(config, cfg)) {
         fprintf(stderr, "psagg-server: %s\n", psagg_last_error());
         free(cfg);
         return 2;

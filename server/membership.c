@@ -83,7 +83,7 @@ psagg_status membership_init(server *srv)
     srv->mb.own = calloc(1, sizeof *srv->mb.own);
     srv->mb.member = malloc((size_t)srv->n_workers * sizeof *srv->mb.member);
     if (!srv->mb.own || !srv->mb.member)
-        return psagg_fail(PSAGG_ENOMEM, "no memory for the membership");
+        return psagg__fail(PSAGG_ENOMEM, "no memory for the membership");
     for (int w = 0; w < srv->n_workers; w++) /* ranks from `workers` on join later */
         atomic_init(&srv->mb.member[w], w < srv->start_workers);
     srv->mb.own->sync_state_from = -1;
@@ -115,20 +115,20 @@ static void settle_all(server *srv)
 {
     if (!srv->pool.started)
         return;
-    psagg_fabric_wake(srv->fab);
+    psagg__fabric_wake(srv->fab);
     for (uint32_t i = 0; i < srv->n_owned; i++)
         agg_enqueue(srv, &srv->chunks[i], NULL);
 }
 
 /* Server 0: send epoch frame m (len bytes) to every live worker, which relays it. */
-static void announce(server *srv, const psagg_ctl_membership *m, uint32_t len)
+static void announce(server *srv, const psagg__ctl_membership *m, uint32_t len)
 {
     const uint8_t *live = (const uint8_t *)(m + 1);
     for (int k = 0; k < srv->n_workers; k++) {
         worker_conn *wc = &srv->workers[k];
         if (!live[k] || wc->fd < 0)
             continue;
-        if (psagg_ctl_send(wc->fd, &wc->auth, PSAGG_CTL_MEMBERSHIP, m, len))
+        if (psagg__ctl_send(wc->fd, &wc->auth, PSAGG_CTL_MEMBERSHIP, m, len))
             server_close_worker(srv, k, "sending membership epoch %u: %s", m->epoch,
                                 psagg_last_error());
     }
@@ -140,7 +140,7 @@ void membership_refuse(server *srv, int w, psagg_status status, const char *why)
     server_verdict(srv, wc->fd, &wc->auth, PSAGG_CTL_ERROR, status, why);
     close(wc->fd);
     wc->fd = -1;
-    psagg_ctl_reader_reset(&wc->rd);
+    psagg__ctl_reader_reset(&wc->rd);
     wc->state = W_DEAD;
     wc->joining = 0;
 }
@@ -157,7 +157,7 @@ static void leave(server *srv, int w, uint32_t epoch, const char *why)
         server_verdict(srv, wc->fd, &wc->auth, PSAGG_CTL_ERROR, PSAGG_EPEER, msg);
         close(wc->fd);
         wc->fd = -1;
-        psagg_ctl_reader_reset(&wc->rd);
+        psagg__ctl_reader_reset(&wc->rd);
     }
     if (wc->state != W_BYE)
         wc->state = W_DEAD;
@@ -187,7 +187,7 @@ static void admit_try(server *srv);
  */
 static void leaves(server *srv, int w, const char *why, int bye)
 {
-    psagg_ctl_membership *m;
+    psagg__ctl_membership *m;
     uint32_t len = (uint32_t)(sizeof *m + (size_t)srv->n_workers), epoch;
     uint8_t *live;
 
@@ -231,9 +231,9 @@ static void leaves(server *srv, int w, const char *why, int bye)
     atomic_store(&srv->mb.epoch, epoch);
     keep_frame(srv, m, len);
     /* (a worker that is done is no news: every worker leaves so at the job's end) */
-    psagg_log(&srv->log, bye ? PSAGG_LOG_INFO : PSAGG_LOG_WARN,
-              "membership epoch %u: worker %d left (%s); %d workers go on", epoch, w, why,
-              srv->mb.n);
+    psagg__log(&srv->log, bye ? PSAGG_LOG_INFO : PSAGG_LOG_WARN,
+               "membership epoch %u: worker %d left (%s); %d workers go on", epoch, w, why,
+               srv->mb.n);
     metrics_membership(srv, epoch, srv->mb.n);
     announce(srv, m, len);
     free(m);
@@ -255,7 +255,7 @@ void membership_bye(server *srv, int w)
 /*
  * Apply relayed epoch frame m (checked by membership_relayed; its epoch is the next one here).
  */
-static void apply_relayed(server *srv, int from, const psagg_ctl_membership *m, uint32_t len)
+static void apply_relayed(server *srv, int from, const psagg__ctl_membership *m, uint32_t len)
 {
     const uint8_t *live = (const uint8_t *)(m + 1);
 
@@ -281,7 +281,7 @@ static void apply_relayed(server *srv, int from, const psagg_ctl_membership *m, 
                          "(its rounds here wait for it until server 0 removes it)",
                          m->epoch, k);
             wc->joining = 0;
-            wc->heard_at = psagg_now_ms();
+            wc->heard_at = psagg__now_ms();
             atomic_store(&srv->mb.member[k], 1);
             srv->mb.n++;
         }
@@ -290,10 +290,10 @@ static void apply_relayed(server *srv, int from, const psagg_ctl_membership *m, 
     keep_frame(srv, m, len);
     srv->mb.own->epoch_frame_from = from;
     if (m->left >= 0)
-        psagg_log(&srv->log, m->flags & PSAGG_MEMBERSHIP_DONE ? PSAGG_LOG_INFO : PSAGG_LOG_WARN,
-                  "membership epoch %u (server 0's, relayed by worker %d): worker %d left "
-                  "(%s); %d workers go on",
-                  m->epoch, from, m->left, m->why, srv->mb.n);
+        psagg__log(&srv->log, m->flags & PSAGG_MEMBERSHIP_DONE ? PSAGG_LOG_INFO : PSAGG_LOG_WARN,
+                   "membership epoch %u (server 0's, relayed by worker %d): worker %d left "
+                   "(%s); %d workers go on",
+                   m->epoch, from, m->left, m->why, srv->mb.n);
     else
         LOG_WARN(&srv->log,
                  "membership epoch %u (server 0's, relayed by worker %d): %s; %d workers now",
@@ -319,7 +319,7 @@ static ahead_frame *ahead_of(server *srv, uint32_t e)
  * admitting it, or the next after one of its own kept here. Anything else ahead is a skipped
  * epoch, which fails the job. Returns 0 when kept (or equal to a copy kept), -1 when not.
  */
-static int keep_ahead(server *srv, int from, const psagg_ctl_membership *m, uint32_t len)
+static int keep_ahead(server *srv, int from, const psagg__ctl_membership *m, uint32_t len)
 {
     const uint8_t *live = (const uint8_t *)(m + 1);
     ahead_frame *a = ahead_of(srv, m->epoch), *prev = ahead_of(srv, m->epoch - 1);
@@ -345,7 +345,7 @@ static int keep_ahead(server *srv, int from, const psagg_ctl_membership *m, uint
     }
     memcpy(copy, m, len);
     srv->mb.own->ahead[srv->mb.own->n_ahead++] = (ahead_frame){
-        .epoch = m->epoch, .from = from, .len = len, .since = psagg_now_ms(), .frame = copy};
+        .epoch = m->epoch, .from = from, .len = len, .since = psagg__now_ms(), .frame = copy};
     LOG_INFO(&srv->log,
              "membership epoch %u (relayed by worker %d, which it admits) came before epoch %u: "
              "kept until the epochs before it are relayed",
@@ -353,9 +353,9 @@ static int keep_ahead(server *srv, int from, const psagg_ctl_membership *m, uint
     return 0;
 }
 
-void membership_relayed(server *srv, int from, const psagg_ctl_hdr *h, const void *body)
+void membership_relayed(server *srv, int from, const psagg__ctl_hdr *h, const void *body)
 {
-    const psagg_ctl_membership *m = body;
+    const psagg__ctl_membership *m = body;
     const uint8_t *live;
     uint32_t cur = atomic_load(&srv->mb.epoch);
     int n_live = 0;
@@ -390,7 +390,7 @@ void membership_relayed(server *srv, int from, const psagg_ctl_hdr *h, const voi
         return;
     }
     if (m->epoch <= cur) { /* a copy of an epoch applied: it must be the same */
-        const psagg_ctl_membership *e = srv->mb.own->epoch_frame;
+        const psagg__ctl_membership *e = srv->mb.own->epoch_frame;
         if (m->epoch == cur &&
             (h->len != srv->mb.own->epoch_frame_len || memcmp(body, e, h->len) != 0))
             server_fail_job(srv, PSAGG_EPROTO,
@@ -423,7 +423,7 @@ void membership_relayed(server *srv, int from, const psagg_ctl_hdr *h, const voi
 
 void *membership_start_frame(const server *srv, uint32_t *len)
 {
-    psagg_ctl_membership *m;
+    psagg__ctl_membership *m;
     uint8_t *live;
     *len = (uint32_t)(sizeof *m + (size_t)srv->n_workers);
     if (!(m = calloc(1, *len)))
@@ -437,9 +437,9 @@ void *membership_start_frame(const server *srv, uint32_t *len)
     return m;
 }
 
-void membership_start_relayed(server *srv, int from, const psagg_ctl_hdr *h, const void *body)
+void membership_start_relayed(server *srv, int from, const psagg__ctl_hdr *h, const void *body)
 {
-    const psagg_ctl_membership *m = body;
+    const psagg__ctl_membership *m = body;
     const uint8_t *live = (const uint8_t *)(m + 1);
     uint32_t n_live = 0;
 
@@ -512,19 +512,19 @@ static void sync_done(server *srv, int w, uint32_t seq, uint32_t joined)
 {
     worker_conn *wc = &srv->workers[w];
     size_t tail = joined ? srv->mb.own->sync_tail_len : 0;
-    size_t len = sizeof(psagg_ctl_sync_done) + tail;
-    psagg_ctl_sync_done *d = calloc(1, len);
+    size_t len = sizeof(psagg__ctl_sync_done) + tail;
+    psagg__ctl_sync_done *d = calloc(1, len);
     if (!d) {
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for SYNC_DONE");
         return;
     }
-    *d = (psagg_ctl_sync_done){.seq = seq, .epoch = atomic_load(&srv->mb.epoch), .joined = joined};
+    *d = (psagg__ctl_sync_done){.seq = seq, .epoch = atomic_load(&srv->mb.epoch), .joined = joined};
     if (tail) {
         d->n_tensors = srv->layout.n_tensors;
         sync_adapt_shape(srv, &d->adapt_gens, &d->adapt_tensors);
         memcpy(d + 1, srv->mb.own->sync_tail, tail);
     }
-    if (wc->fd >= 0 && psagg_ctl_send(wc->fd, &wc->auth, PSAGG_CTL_SYNC_DONE, d, (uint32_t)len))
+    if (wc->fd >= 0 && psagg__ctl_send(wc->fd, &wc->auth, PSAGG_CTL_SYNC_DONE, d, (uint32_t)len))
         server_close_worker(srv, w, "sending SYNC_DONE of barrier %u: %s", seq, psagg_last_error());
     free(d);
 }
@@ -557,7 +557,7 @@ static void refuse_joiners(server *srv, const char *why)
 /* The admitting barrier: once every member is in it, admit the joiners in one epoch. */
 static void admit_try(server *srv)
 {
-    psagg_ctl_membership *m;
+    psagg__ctl_membership *m;
     uint32_t len = (uint32_t)(sizeof *m + (size_t)srv->n_workers), epoch;
     uint8_t *live;
     char who[200] = "";
@@ -594,7 +594,7 @@ static void admit_try(server *srv)
             wc->joining = 0;
             wc->join_asked = 0;
             wc->sync_seq = srv->mb.own->admit_seq;
-            wc->heard_at = psagg_now_ms();
+            wc->heard_at = psagg__now_ms();
             atomic_store(&srv->mb.member[w], 1);
             srv->mb.n++;
         }
@@ -615,7 +615,7 @@ static void admit_try(server *srv)
     barrier_release(srv, (uint32_t)n_join);
 }
 
-void membership_join(server *srv, int w, const psagg_ctl_hdr *h, const void *body)
+void membership_join(server *srv, int w, const psagg__ctl_hdr *h, const void *body)
 {
     worker_conn *wc = &srv->workers[w];
     (void)h, (void)body;
@@ -650,16 +650,16 @@ static uint32_t newest_gen(const uint8_t *assignments, uint32_t gens)
     return newest;
 }
 
-void membership_sync(server *srv, int w, const psagg_ctl_hdr *h, const void *body)
+void membership_sync(server *srv, int w, const psagg__ctl_hdr *h, const void *body)
 {
     worker_conn *wc = &srv->workers[w];
-    const psagg_ctl_sync *sy = body;
-    const psagg_ctl_tensor_state *ts = (const psagg_ctl_tensor_state *)(sy + 1);
+    const psagg__ctl_sync *sy = body;
+    const psagg__ctl_tensor_state *ts = (const psagg__ctl_tensor_state *)(sy + 1);
     uint32_t n = srv->layout.n_tensors, gens, adapt_tensors;
     size_t tail;
 
     sync_adapt_shape(srv, &gens, &adapt_tensors);
-    tail = (size_t)psagg_ctl_sync_tail(n, gens, adapt_tensors);
+    tail = (size_t)psagg__ctl_sync_tail(n, gens, adapt_tensors);
     if (h->len != sizeof *sy + tail || sy->n_tensors != n || sy->adapt_gens != gens ||
         sy->adapt_tensors != adapt_tensors) {
         server_close_worker(srv, w,
@@ -688,7 +688,7 @@ void membership_sync(server *srv, int w, const psagg_ctl_hdr *h, const void *bod
             return;
         }
         srv->mb.own->admit_seq = sy->seq; /* a joiner waits: this barrier admits it */
-        srv->mb.own->admit_since = psagg_now_ms();
+        srv->mb.own->admit_since = psagg__now_ms();
         srv->mb.own->sync_state_from = -1;
     } else if ((int32_t)(sy->seq - srv->mb.own->admit_seq) < 0) {
         sync_done(srv, w, sy->seq, 0); /* an earlier barrier, which let everyone pass */
@@ -709,7 +709,8 @@ void membership_sync(server *srv, int w, const psagg_ctl_hdr *h, const void *bod
         memcpy(srv->mb.own->sync_tail, ts, tail);
         srv->mb.own->sync_state_from = w;
     } else {
-        const psagg_ctl_tensor_state *kept = (const psagg_ctl_tensor_state *)srv->mb.own->sync_tail;
+        const psagg__ctl_tensor_state *kept =
+            (const psagg__ctl_tensor_state *)srv->mb.own->sync_tail;
         for (uint32_t t = 0; t < n; t++)
             if (memcmp(&ts[t], &kept[t], sizeof *ts)) {
                 server_fail_job(srv, PSAGG_EPROTO,

@@ -71,7 +71,7 @@ psagg_status metrics_init(server *srv)
     if (srv->metrics)
         srv->metrics->w = calloc((size_t)srv->n_workers, sizeof *srv->metrics->w);
     if (!srv->metrics || !srv->metrics->w)
-        return psagg_fail(PSAGG_ENOMEM, "metrics: out of memory");
+        return psagg__fail(PSAGG_ENOMEM, "metrics: out of memory");
     atomic_init(&srv->metrics->members, srv->start_workers);
     return PSAGG_OK;
 }
@@ -208,11 +208,11 @@ void metrics_report(server *srv)
     double slowest_mean = 0;
     if (!srv->metrics)
         return;
-    if ((psagg_optim_kind)srv->cfg.optimizer != PSAGG_OPTIM_NONE)
+    if ((psagg__optim_kind)srv->cfg.optimizer != PSAGG_OPTIM_NONE)
         LOG_INFO(&srv->log,
                  "optimizer %s: %llu chunk steps in %.3f s (%.3f ms each), %llu weight syncs, %llu "
                  "checkpoints written (the last in %.3f s), %llu refused",
-                 psagg_optim_name((psagg_optim_kind)srv->cfg.optimizer),
+                 psagg__optim_name((psagg__optim_kind)srv->cfg.optimizer),
                  (unsigned long long)atomic_load(&srv->metrics->optim_steps),
                  (double)atomic_load(&srv->metrics->optim_ns) / 1e9,
                  atomic_load(&srv->metrics->optim_steps)
@@ -294,7 +294,7 @@ static char *render(server *srv, size_t *len)
     getrusage(RUSAGE_SELF, &ru);
     help(f, "psagg_server_info", "gauge", "This server: job, rank and libfabric provider.");
     fprintf(f, "psagg_server_info{job=\"%s\",rank=\"%d\",provider=\"%s\"} 1\n", srv->cfg.job_id,
-            srv->rank, psagg_fabric_provider(srv->fab));
+            srv->rank, psagg__fabric_provider(srv->fab));
     help(f, "psagg_server_workers", "gauge", "Workers of the job.");
     fprintf(f, "psagg_server_workers %d\n", srv->n_workers);
     help(f, "psagg_server_members", "gauge",
@@ -323,7 +323,7 @@ static char *render(server *srv, size_t *len)
     help(f, "psagg_server_local_copies_total", "counter",
          "Pushes copied out of a worker on this host (same-host copies), not received.");
     fprintf(f, "psagg_server_local_copies_total %llu\n",
-            (unsigned long long)(srv->fab ? psagg_fabric_local_copied(srv->fab) : 0));
+            (unsigned long long)(srv->fab ? psagg__fabric_local_copied(srv->fab) : 0));
     help(f, "psagg_server_rx_held", "gauge",
          "Receive buffers held by pushes that wait for their turn.");
     fprintf(f, "psagg_server_rx_held %d\n", atomic_load(&srv->pool.rx_held));
@@ -379,7 +379,7 @@ static char *render(server *srv, size_t *len)
     help(f, "psagg_server_optimizer_info", "gauge",
          "The server-side optimizer ([server] optimizer).");
     fprintf(f, "psagg_server_optimizer_info{optimizer=\"%s\"} 1\n",
-            psagg_optim_name((psagg_optim_kind)srv->cfg.optimizer));
+            psagg__optim_name((psagg__optim_kind)srv->cfg.optimizer));
     help(f, "psagg_server_optimizer_steps_total", "counter",
          "Optimizer steps taken, one per parameter chunk and round.");
     fprintf(f, "psagg_server_optimizer_steps_total %llu\n",
@@ -454,7 +454,7 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
 
 psagg_status metrics_start(server *srv)
 {
-    const psagg_hostport *h = &srv->cfg.servers[srv->rank];
+    const psagg__hostport *h = &srv->cfg.servers[srv->rank];
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV}, *ai = NULL;
     char port[16];
     int port_n = srv->cfg.server_metrics_port + srv->rank, rc;
@@ -462,14 +462,14 @@ psagg_status metrics_start(server *srv)
     if (srv->cfg.server_metrics_port == 0)
         return PSAGG_OK;
     if (port_n > 65535)
-        return psagg_fail(PSAGG_ECONFIG,
-                          "[server] metrics_port %d + rank %d is past 65535 (server rank r serves "
-                          "on metrics_port + r)",
-                          srv->cfg.server_metrics_port, srv->rank);
+        return psagg__fail(PSAGG_ECONFIG,
+                           "[server] metrics_port %d + rank %d is past 65535 (server rank r serves "
+                           "on metrics_port + r)",
+                           srv->cfg.server_metrics_port, srv->rank);
     snprintf(port, sizeof port, "%d", port_n);
     if ((rc = getaddrinfo(h->host, port, &hints, &ai)) != 0)
-        return psagg_fail(PSAGG_ECONFIG, "metrics endpoint: address %s:%s: %s", h->host, port,
-                          gai_strerror(rc));
+        return psagg__fail(PSAGG_ECONFIG, "metrics endpoint: address %s:%s: %s", h->host, port,
+                           gai_strerror(rc));
     srv->metrics->mhd = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0),
         (uint16_t)port_n, NULL, NULL, answer, srv, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
@@ -477,10 +477,10 @@ psagg_status metrics_start(server *srv)
         MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!srv->metrics->mhd)
-        return psagg_fail(PSAGG_EIO,
-                          "metrics endpoint: cannot serve on %s:%d (port in use?) ([server] "
-                          "metrics_port)",
-                          h->host, port_n);
+        return psagg__fail(PSAGG_EIO,
+                           "metrics endpoint: cannot serve on %s:%d (port in use?) ([server] "
+                           "metrics_port)",
+                           h->host, port_n);
     LOG_INFO(&srv->log, "metrics: http://%s:%d/metrics", h->host, port_n);
     return PSAGG_OK;
 }

@@ -10,7 +10,7 @@
  *   GRAD  the pushes are summed as any tensor's; then one optimizer step (kernels/optim.h)
  *         with the round's lr and weight decay, and the update is the delta w - view in the
  *         tensor's codec, which the server adds to view exactly as every worker adds it to
- *         its weights (psagg_decode_into, PSAGG_DECODE_ADD): what the codec dropped stays in
+ *         its weights (psagg__decode_into, PSAGG_DECODE_ADD): what the codec dropped stays in
  *         w - view and goes out in later rounds (error feedback on the weights). Every
  *         sync_interval steps the update is w itself (WEIGHTS), and view = w.
  *   PULL  WEIGHTS of w; with PSAGG_PARAM_SYNC, view = w.
@@ -31,23 +31,23 @@
 /* The parameter store (srv->params): the optimizer's settings, and the checkpoint a resumed
    job starts from until the aggregation threads have loaded it (optim_loaded). */
 struct param_store {
-    psagg_optim optim;
+    psagg__optim optim;
     struct ckpt_file *restore;
 };
 
 psagg_status optim_init(server *srv)
 {
-    const psagg_config *cfg = &srv->cfg;
+    const psagg__config *cfg = &srv->cfg;
 
     if (!(srv->params = calloc(1, sizeof *srv->params)))
-        return psagg_fail(PSAGG_ENOMEM, "no memory for the parameter store");
-    srv->params->optim = (psagg_optim){.kind = (psagg_optim_kind)cfg->optimizer,
-                                       .momentum = cfg->momentum,
-                                       .dampening = cfg->dampening,
-                                       .nesterov = cfg->nesterov,
-                                       .beta1 = cfg->beta1,
-                                       .beta2 = cfg->beta2,
-                                       .eps = cfg->eps};
+        return psagg__fail(PSAGG_ENOMEM, "no memory for the parameter store");
+    srv->params->optim = (psagg__optim){.kind = (psagg__optim_kind)cfg->optimizer,
+                                        .momentum = cfg->momentum,
+                                        .dampening = cfg->dampening,
+                                        .nesterov = cfg->nesterov,
+                                        .beta1 = cfg->beta1,
+                                        .beta2 = cfg->beta2,
+                                        .eps = cfg->eps};
     return cfg->resume ? ckpt_open(srv, &srv->params->restore) : PSAGG_OK;
 }
 
@@ -77,7 +77,7 @@ void optim_loaded(server *srv)
             &srv->log,
             "optimizer %s on %u parameter chunks here (%llu elements, %d bytes of state each)%s"
             "%s",
-            psagg_optim_name(srv->params->optim.kind), n, (unsigned long long)elems,
+            psagg__optim_name(srv->params->optim.kind), n, (unsigned long long)elems,
             4 * chunk_arrays(srv), srv->params->restore ? ", restored from " : "",
             srv->params->restore ? ckpt_file_path(srv->params->restore) : "");
     if (srv->params->restore && n)
@@ -87,22 +87,22 @@ void optim_loaded(server *srv)
     srv->params->restore = NULL;
 }
 
-void optim_welcome(const server *srv, psagg_ctl_optim *out)
+void optim_welcome(const server *srv, psagg__ctl_optim *out)
 {
-    *out = (psagg_ctl_optim){.kind = (uint32_t)srv->params->optim.kind,
-                             .nesterov = (uint32_t)srv->params->optim.nesterov,
-                             .momentum = srv->params->optim.momentum,
-                             .dampening = srv->params->optim.dampening,
-                             .beta1 = srv->params->optim.beta1,
-                             .beta2 = srv->params->optim.beta2,
-                             .eps = srv->params->optim.eps,
-                             .sync_interval = (uint32_t)srv->cfg.sync_interval};
+    *out = (psagg__ctl_optim){.kind = (uint32_t)srv->params->optim.kind,
+                              .nesterov = (uint32_t)srv->params->optim.nesterov,
+                              .momentum = srv->params->optim.momentum,
+                              .dampening = srv->params->optim.dampening,
+                              .beta1 = srv->params->optim.beta1,
+                              .beta2 = srv->params->optim.beta2,
+                              .eps = srv->params->optim.eps,
+                              .sync_interval = (uint32_t)srv->cfg.sync_interval};
 }
 
 /* Binary32 arrays a parameter chunk keeps: w, view and the optimizer's state. */
 static int chunk_arrays(const server *srv)
 {
-    return 2 + psagg_optim_state_arrays(&srv->params->optim);
+    return 2 + psagg__optim_state_arrays(&srv->params->optim);
 }
 
 /* param_chunk_ops' state: the param_state and its arrays. */
@@ -119,13 +119,13 @@ static uint64_t param_out_bytes(uint64_t count, uint64_t enc)
 
 psagg_status optim_check_job(server *srv)
 {
-    const psagg_layout *l = &srv->layout;
+    const psagg__layout *l = &srv->layout;
     for (uint32_t t = 0; t < l->n_tensors; t++)
         if (l->tensors[t].param && srv->params->optim.kind == PSAGG_OPTIM_NONE)
-            return psagg_fail(PSAGG_EINVAL,
-                              "tensor %u '%s' is declared a parameter, but this server runs "
-                              "[server] optimizer = none",
-                              t, l->tensors[t].name);
+            return psagg__fail(PSAGG_EINVAL,
+                               "tensor %u '%s' is declared a parameter, but this server runs "
+                               "[server] optimizer = none",
+                               t, l->tensors[t].name);
     return srv->params->restore
                ? ckpt_match(srv, srv->params->restore, srv->params->optim.kind, chunk_arrays(srv))
                : PSAGG_OK;
@@ -140,21 +140,21 @@ static psagg_status param_alloc(server *srv, chunk_state *c)
 {
     param_state *ps;
     size_t bytes = c->info->count * sizeof(float);
-    int state = psagg_optim_state_arrays(&srv->params->optim);
+    int state = psagg__optim_state_arrays(&srv->params->optim);
 
     if (!(ps = c->param = calloc(1, sizeof *c->param)))
-        return psagg_fail(PSAGG_ENOMEM, "state of tensor %u chunk %u", c->info->key,
-                          c->info->index);
+        return psagg__fail(PSAGG_ENOMEM, "state of tensor %u chunk %u", c->info->key,
+                           c->info->index);
     ps->w = arena_alloc(bytes);
     ps->view = arena_alloc(bytes);
     ps->m1 = state >= 1 ? arena_alloc(bytes) : NULL;
     ps->m2 = state >= 2 ? arena_alloc(bytes) : NULL;
     if (!ps->w || !ps->view || (state >= 1 && !ps->m1) || (state >= 2 && !ps->m2))
-        return psagg_fail(PSAGG_ENOMEM, "optimizer state of tensor %u chunk %u", c->info->key,
-                          c->info->index);
+        return psagg__fail(PSAGG_ENOMEM, "optimizer state of tensor %u chunk %u", c->info->key,
+                           c->info->index);
     if (!(ps->weight = calloc((size_t)srv->n_workers, sizeof *ps->weight)))
-        return psagg_fail(PSAGG_ENOMEM, "state of tensor %u chunk %u", c->info->key,
-                          c->info->index);
+        return psagg__fail(PSAGG_ENOMEM, "state of tensor %u chunk %u", c->info->key,
+                           c->info->index);
     ps->awaiting_init = 1;
     {
         uint32_t arrays = 0, round = 0;
@@ -197,7 +197,7 @@ static const char *kind_name(uint32_t flags)
  */
 static int param_admit(server *srv, chunk_state *c, const recv_buf *rb, uint32_t *round)
 {
-    const psagg_msg_hdr *h = (const psagg_msg_hdr *)rb->rx.buf;
+    const psagg__msg_hdr *h = (const psagg__msg_hdr *)rb->rx.buf;
     uint32_t kind = rb->mc.prm.flags & PSAGG_PARAM_KIND_MASK;
     const char *name = srv->layout.tensors[c->info->key].name;
 
@@ -221,7 +221,7 @@ static int param_admit(server *srv, chunk_state *c, const recv_buf *rb, uint32_t
 }
 
 /* param_chunk_ops' open: the round's trailer is its first push's. */
-static void param_open(chunk_state *c, const psagg_msg_codec *mc)
+static void param_open(chunk_state *c, const psagg__msg_codec *mc)
 {
     c->param->prm = mc->prm;
 }
@@ -230,10 +230,10 @@ static void param_open(chunk_state *c, const psagg_msg_codec *mc)
  * param_chunk_ops' agree: a push whose trailer (kind, lr, weight decay, flags) differs from
  * the round's first push's (worker c->codec_by's) fails the job.
  */
-static int param_agree(server *srv, chunk_state *c, int w, const psagg_msg_codec *mc)
+static int param_agree(server *srv, chunk_state *c, int w, const psagg__msg_codec *mc)
 {
     const param_state *ps = c->param;
-    const psagg_msg_param *prm = &mc->prm;
+    const psagg__msg_param *prm = &mc->prm;
     /* everything but the weight (each worker's own) */
     if (ps->prm.lr == prm->lr && ps->prm.weight_decay == prm->weight_decay &&
         ps->prm.flags == prm->flags && ps->prm.tag == prm->tag)
@@ -303,7 +303,7 @@ static int param_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
         return c->sum->collect(srv, c, w, rb);
     }
     if (kind == PSAGG_PARAM_INIT && w == 0 && !c->param->restored)
-        memcpy(c->param->w, rb->rx.buf + sizeof(psagg_msg_hdr), c->info->count * sizeof(float));
+        memcpy(c->param->w, rb->rx.buf + sizeof(psagg__msg_hdr), c->info->count * sizeof(float));
     c->arrived[w] = 1;
     c->n_arrived++;
     return param_settle(srv, c);
@@ -313,9 +313,9 @@ static int param_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
 static long weights(server *srv, chunk_state *c, uint8_t *out, const float *src)
 {
     static const psagg_codec fp32 = {PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC};
-    memcpy(out + sizeof(psagg_msg_hdr), src, c->info->count * sizeof(float));
-    psagg_msg_init((psagg_msg_hdr *)out, PSAGG_MSG_WEIGHTS, (uint32_t)srv->rank, c->round, c->info,
-                   &fp32, 0);
+    memcpy(out + sizeof(psagg__msg_hdr), src, c->info->count * sizeof(float));
+    psagg__msg_init((psagg__msg_hdr *)out, PSAGG_MSG_WEIGHTS, (uint32_t)srv->rank, c->round,
+                    c->info, &fp32, 0);
     return (long)(c->info->count * sizeof(float));
 }
 
@@ -324,10 +324,10 @@ static long weights(server *srv, chunk_state *c, uint8_t *out, const float *src)
  * and its update into out (header included), a delta requantized with `key` (the round's
  * server RNG stream); returns the payload bytes, or -1 (the job failed).
  */
-static long param_finish(server *srv, chunk_state *c, uint8_t *out, psagg_rng_key key)
+static long param_finish(server *srv, chunk_state *c, uint8_t *out, psagg__rng_key key)
 {
     param_state *ps = c->param;
-    const psagg_msg_param *prm = &ps->prm;
+    const psagg__msg_param *prm = &ps->prm;
     size_t n = c->info->count, bad = 0;
     const char *name = srv->layout.tensors[c->info->key].name;
     float scale = 1.0f;
@@ -347,7 +347,7 @@ static long param_finish(server *srv, chunk_state *c, uint8_t *out, psagg_rng_ke
     default:
         break;
     }
-    t0 = psagg_now_ns();
+    t0 = psagg__now_ns();
     if (prm->flags & PSAGG_PARAM_AVERAGE) { /* the sum over the sum of the weights, in order */
         float weights = 0.0f;
         for (int k = 0; k < srv->n_workers; k++)
@@ -355,27 +355,27 @@ static long param_finish(server *srv, chunk_state *c, uint8_t *out, psagg_rng_ke
                 weights += ps->weight[k];
         scale = 1.0f / weights; /* 1 each: 1 / workers, as before */
     }
-    st = psagg_optim_step(&srv->params->optim, prm->lr, prm->weight_decay, ps->step + 1, scale,
-                          c->acc, ps->w, ps->m1, ps->m2, n);
+    st = psagg__optim_step(&srv->params->optim, prm->lr, prm->weight_decay, ps->step + 1, scale,
+                           c->acc, ps->w, ps->m1, ps->m2, n);
     if (st)
         goto fail;
     ps->step++;
     if (srv->cfg.sync_interval && ps->step % srv->cfg.sync_interval == 0) {
         memcpy(ps->view, ps->w, n * sizeof(float));
-        metrics_optim_step(srv, psagg_now_ns() - t0, 1);
+        metrics_optim_step(srv, psagg__now_ns() - t0, 1);
         return weights(srv, c, out, ps->w);
     }
     for (size_t k = 0; k < n; k++) /* the delta, in the accumulator (free after the step) */
         c->acc[k] = ps->w[k] - ps->view[k];
-    st = psagg_encode(&c->codec, c->acc, NULL, n, key, out + sizeof(psagg_msg_hdr), c->enc, &bad);
+    st = psagg__encode(&c->codec, c->acc, NULL, n, key, out + sizeof(psagg__msg_hdr), c->enc, &bad);
     if (!st)
-        st = psagg_decode_into(&c->codec, out + sizeof(psagg_msg_hdr), c->enc, n, ps->view,
-                               PSAGG_DECODE_ADD, 1.0f);
+        st = psagg__decode_into(&c->codec, out + sizeof(psagg__msg_hdr), c->enc, n, ps->view,
+                                PSAGG_DECODE_ADD, 1.0f);
     if (st)
         goto fail;
-    psagg_msg_init((psagg_msg_hdr *)out, PSAGG_MSG_UPDATE, (uint32_t)srv->rank, c->round, c->info,
-                   &c->codec, 0);
-    metrics_optim_step(srv, psagg_now_ns() - t0, 0);
+    psagg__msg_init((psagg__msg_hdr *)out, PSAGG_MSG_UPDATE, (uint32_t)srv->rank, c->round, c->info,
+                    &c->codec, 0);
+    metrics_optim_step(srv, psagg__now_ns() - t0, 0);
     return (long)c->enc;
 fail:
     server_fail_job(srv, st,
@@ -412,10 +412,10 @@ const chunk_ops param_chunk_ops = {
 psagg_status optim_checkpoint(server *srv, char *path, size_t len)
 {
     if (!srv->cfg.checkpoint_dir[0])
-        return psagg_fail(PSAGG_ECONFIG, "server %d has no [server] checkpoint_dir", srv->rank);
+        return psagg__fail(PSAGG_ECONFIG, "server %d has no [server] checkpoint_dir", srv->rank);
     if (srv->params->optim.kind == PSAGG_OPTIM_NONE)
-        return psagg_fail(PSAGG_EINVAL, "server %d runs no optimizer: nothing to checkpoint",
-                          srv->rank);
+        return psagg__fail(PSAGG_EINVAL, "server %d runs no optimizer: nothing to checkpoint",
+                           srv->rank);
     /* every chunk's last round is finished, and the caller's agg_barrier made what its
        thread wrote visible here */
     return ckpt_write(srv, chunk_arrays(srv), path, len);

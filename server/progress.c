@@ -2,7 +2,7 @@
  * progress.c - the server's data path: one progress thread drives libfabric. Every received
  * push is checked for its source (runtime/gate.h: the fabric address of the worker that
  * authenticated on the control channel, and with data_auth its MAC), then against the layout
- * (psagg_msg_check), and handed to the aggregation
+ * (psagg__msg_check), and handed to the aggregation
  * thread its chunk is pinned to. A message from an address that is not one of the job's
  * workers is dropped and logged and blames nobody; a bad one from a worker closes that worker
  * (named, with the field). Send completions free update buffers and wake deferred rounds.
@@ -19,18 +19,18 @@
 
 void progress_repost(server *srv, recv_buf *rb)
 {
-    if (psagg_rxpool_repost(&srv->dp.rxpool, &rb->rx) && atomic_load(&srv->dp.running))
+    if (psagg__rxpool_repost(&srv->dp.rxpool, &rb->rx) && atomic_load(&srv->dp.running))
         server_fail_job(srv, PSAGG_EFABRIC, "cannot repost a receive buffer: %s",
                         psagg_last_error());
 }
 
 /* The gate's view of the workers (runtime/gate.h). */
-static int worker_at(const void *srv, psagg_peer addr)
+static int worker_at(const void *srv, psagg__peer addr)
 {
     return server_worker_at(srv, addr);
 }
 
-static psagg_data_rx *worker_rx(void *srv, int w)
+static psagg__data_rx *worker_rx(void *srv, int w)
 {
     return &((server *)srv)->workers[w].rx;
 }
@@ -43,7 +43,7 @@ static psagg_data_rx *worker_rx(void *srv, int w)
  */
 static int park_early(server *srv, recv_buf *rb, int from)
 {
-    const psagg_msg_hdr *h = (const psagg_msg_hdr *)rb->rx.buf;
+    const psagg__msg_hdr *h = (const psagg__msg_hdr *)rb->rx.buf;
     uint16_t ahead = (uint16_t)(h->epoch - (uint16_t)atomic_load(&srv->mb.epoch));
     if (!srv->mb.elastic || ahead == 0 || ahead >= 0x8000)
         return 0;
@@ -89,13 +89,13 @@ void progress_route_parked(server *srv)
 }
 
 /* Check a received push's source and fields; route it, or drop it and close its sender. */
-void progress_route(server *srv, recv_buf *rb, psagg_peer src)
+void progress_route(server *srv, recv_buf *rb, psagg__peer src)
 {
-    const psagg_msg_hdr *h = (const psagg_msg_hdr *)rb->rx.buf;
+    const psagg__msg_hdr *h = (const psagg__msg_hdr *)rb->rx.buf;
     int from;
 
     /* who sent it comes first: a bad message is that sender's fault, and nobody else's */
-    from = psagg_gate_sender(&srv->dp.gate, rb->rx.buf, rb->rx.len, src);
+    from = psagg__gate_sender(&srv->dp.gate, rb->rx.buf, rb->rx.len, src);
     if (from < 0) {
         metrics_drop(srv);
         progress_repost(srv, rb);
@@ -115,8 +115,8 @@ void progress_route(server *srv, recv_buf *rb, psagg_peer src)
 /* route_push's part after the source and the epoch. */
 static void route_checked(server *srv, recv_buf *rb, int from)
 {
-    const psagg_msg_hdr *h = (const psagg_msg_hdr *)rb->rx.buf;
-    const psagg_chunk_info *ci;
+    const psagg__msg_hdr *h = (const psagg__msg_hdr *)rb->rx.buf;
+    const psagg__chunk_info *ci;
     const char *bad;
 
     if (!server_member(srv, from)) { /* it left the job (elastic): nothing of it counts now */
@@ -131,8 +131,8 @@ static void route_checked(server *srv, recv_buf *rb, int from)
         progress_repost(srv, rb);
         return;
     }
-    bad = psagg_msg_check(rb->rx.buf, rb->rx.len, srv->tag_bytes, PSAGG_MSG_PUSH, &srv->layout, &ci,
-                          &rb->mc);
+    bad = psagg__msg_check(rb->rx.buf, rb->rx.len, srv->tag_bytes, PSAGG_MSG_PUSH, &srv->layout,
+                           &ci, &rb->mc);
     if (bad) {
         server_close_worker(srv, from,
                             "push field %s is invalid (key %u chunk %u len %u, message of %zu "
@@ -178,7 +178,7 @@ static int send_queued(server *srv)
         sc = srv->dp.sendq_head;
         pthread_mutex_unlock(&srv->dp.sendq_mu);
         c = sc->chunk;
-        bytes = sizeof(psagg_msg_hdr) + ((const psagg_msg_hdr *)c->out[sc->parity])->len +
+        bytes = sizeof(psagg__msg_hdr) + ((const psagg__msg_hdr *)c->out[sc->parity])->len +
                 srv->pool.bitmap_bytes + srv->tag_bytes;
         for (; sc->next_worker < srv->n_workers; sc->next_worker++) {
             int w = sc->next_worker;
@@ -191,8 +191,8 @@ static int send_queued(server *srv)
                 agg_send_done(srv, sc);
                 continue;
             }
-            st = psagg_fabric_try_send(srv->fab, srv->workers[w].addr, c->out[sc->parity], bytes,
-                                       c->out_desc[sc->parity], sc);
+            st = psagg__fabric_try_send(srv->fab, srv->workers[w].addr, c->out[sc->parity], bytes,
+                                        c->out_desc[sc->parity], sc);
             if (st == PSAGG_EAGAIN)
                 return 1;
             if (st) {
@@ -214,7 +214,7 @@ static int send_queued(server *srv)
 static void *progress_main(void *arg)
 {
     server *srv = arg;
-    psagg_fabric_event ev[64];
+    psagg__fabric_event ev[64];
 
     while (atomic_load(&srv->dp.running)) {
         int n, wait, full;
@@ -228,7 +228,7 @@ static void *progress_main(void *arg)
         atomic_store(&srv->dp.idle, 1);
         wait = (!full && atomic_load(&srv->dp.sendq_len) > 0) || atomic_load(&srv->dp.repostq) ? 0
                                                                                                : 10;
-        n = psagg_fabric_poll(srv->fab, ev, 64, wait);
+        n = psagg__fabric_poll(srv->fab, ev, 64, wait);
         atomic_store(&srv->dp.idle, 0);
         if (n < 0) {
             server_fail_job(srv, PSAGG_EFABRIC, "completion queue failed: %s", psagg_last_error());
@@ -237,7 +237,7 @@ static void *progress_main(void *arg)
         for (int i = 0; i < n; i++) {
             switch (ev[i].kind) {
             case PSAGG_FABRIC_RECV_DONE: {
-                recv_buf *rb = ev[i].ctx; /* the psagg_rxbuf is its first member */
+                recv_buf *rb = ev[i].ctx; /* the psagg__rxbuf is its first member */
                 rb->rx.len = ev[i].len;
                 progress_route(srv, rb, ev[i].src);
                 break;
@@ -265,20 +265,20 @@ static void *progress_main(void *arg)
             }
         }
     }
-    psagg_gate_flush(&srv->dp.gate);
+    psagg__gate_flush(&srv->dp.gate);
     return NULL;
 }
 
 void progress_init(server *srv)
 {
-    srv->dp.gate = (psagg_gate){.peer_kind = "worker",
-                                .n_peers = srv->n_workers,
-                                .source_reliable = srv->source_reliable,
-                                .tag_bytes = srv->tag_bytes,
-                                .log = &srv->log,
-                                .peer_at = worker_at,
-                                .rx_of = worker_rx,
-                                .owner = srv};
+    srv->dp.gate = (psagg__gate){.peer_kind = "worker",
+                                 .n_peers = srv->n_workers,
+                                 .source_reliable = srv->source_reliable,
+                                 .tag_bytes = srv->tag_bytes,
+                                 .log = &srv->log,
+                                 .peer_at = worker_at,
+                                 .rx_of = worker_rx,
+                                 .owner = srv};
 }
 
 psagg_status progress_start(server *srv)
@@ -287,7 +287,7 @@ psagg_status progress_start(server *srv)
     atomic_store(&srv->dp.running, 1);
     if (pthread_create(&srv->dp.tid, NULL, progress_main, srv)) {
         atomic_store(&srv->dp.running, 0);
-        return psagg_fail(PSAGG_EIO, "cannot start the progress thread");
+        return psagg__fail(PSAGG_EIO, "cannot start the progress thread");
     }
     return PSAGG_OK;
 }

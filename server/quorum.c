@@ -72,7 +72,7 @@ static void quorum_arm(server *srv, chunk_state *c)
     int live = 0;
     agg_thread *t = &srv->pool.threads[c->thread];
     if (c->close_at_ms < 0) { /* its grace passed: this push may be the one it waited for */
-        quorum_close(srv, c, psagg_now_ms());
+        quorum_close(srv, c, psagg__now_ms());
         return;
     }
     /* a rare tensor's round (a broadcast: the root's push is the data) waits for every member */
@@ -84,7 +84,7 @@ static void quorum_arm(server *srv, chunk_state *c)
         live += server_member(srv, w);
     if ((int)c->n_arrived < live)
         return;
-    c->close_at_ms = psagg_now_ms() + srv->cfg.grace_ms;
+    c->close_at_ms = psagg__now_ms() + srv->cfg.grace_ms;
     if (!t->wake_ms || c->close_at_ms < t->wake_ms)
         t->wake_ms = c->close_at_ms;
     if (!srv->cfg.grace_ms)
@@ -126,7 +126,7 @@ static int quorum_late(server *srv, chunk_state *c, int w, uint32_t round)
               "late push from worker %d: tensor %u chunk %u round %u (collecting %u), dropped: "
               "the round closed without it",
               w, c->info->key, c->info->index, round, c->round);
-    quorum_close(srv, c, psagg_now_ms()); /* it may have been waiting for this one */
+    quorum_close(srv, c, psagg__now_ms()); /* it may have been waiting for this one */
     return 1;
 }
 
@@ -143,7 +143,7 @@ static void quorum_pushed(server *srv, chunk_state *c, int w, uint32_t round, in
 static void quorum_changed(server *srv, chunk_state *c)
 {
     quorum_arm(srv, c);
-    quorum_close(srv, c, psagg_now_ms());
+    quorum_close(srv, c, psagg__now_ms());
 }
 
 /*

@@ -17,7 +17,7 @@
 #include "server.h"
 
 /* [server] memory_budget_mb, or half of this host's memory. */
-static uint64_t memory_budget(const psagg_config *cfg)
+static uint64_t memory_budget(const psagg__config *cfg)
 {
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     if (cfg->server_memory_budget_mb)
@@ -31,7 +31,7 @@ static uint64_t memory_budget(const psagg_config *cfg)
  * membership, the optimizer's settings (and a checkpoint to resume). NULL when it cannot (why
  * is logged); server_close frees what was made.
  */
-server *server_open(const psagg_config *cfg, int rank, const volatile sig_atomic_t *stop)
+server *server_open(const psagg__config *cfg, int rank, const volatile sig_atomic_t *stop)
 {
     server *srv = calloc(1, sizeof *srv);
 
@@ -43,7 +43,7 @@ server *server_open(const psagg_config *cfg, int rank, const volatile sig_atomic
     srv->rank = rank;
     srv->stop = stop;
     srv->ctl.listen_fd = -1;
-    srv->mac_trace_fd = -1; /* (psagg_node_open sets it) */
+    srv->mac_trace_fd = -1; /* (psagg__node_open sets it) */
     pthread_mutex_init(&srv->job.mu, NULL);
     pthread_mutex_init(&srv->pool.startup.mu, NULL);
     pthread_cond_init(&srv->pool.startup.cv, NULL);
@@ -51,12 +51,12 @@ server *server_open(const psagg_config *cfg, int rank, const volatile sig_atomic
     pthread_cond_init(&srv->pool.barrier_cv, NULL);
     pthread_mutex_init(&srv->dp.sendq_mu, NULL);
     /* the logger, the job key, this server's nonce and data key (the logger even on failure) */
-    if (psagg_node_open(cfg, "server", rank, &srv->node)) {
+    if (psagg__node_open(cfg, "server", rank, &srv->node)) {
         LOG_ERROR(&srv->log, "%s", psagg_last_error());
         goto err;
     }
-    psagg_update_key_make(&srv->job_key, cfg->job_id, srv->nonce, (uint32_t)rank,
-                          &srv->pool.update_key);
+    psagg__update_key_make(&srv->job_key, cfg->job_id, srv->nonce, (uint32_t)rank,
+                           &srv->pool.update_key);
     /* an elastic job's ranks: up to max_workers, of which `workers` start it (membership.c) */
     srv->n_workers = cfg->elastic ? cfg->max_workers : cfg->n_workers;
     srv->start_workers = cfg->n_workers;
@@ -75,15 +75,15 @@ server *server_open(const psagg_config *cfg, int rank, const volatile sig_atomic
         srv->workers[w].fd = -1;
         srv->rank_at[w] = -1;
     }
-    if (psagg_timeline_open(cfg->timeline, "server", rank, &srv->pool.timeline) ||
+    if (psagg__timeline_open(cfg->timeline, "server", rank, &srv->pool.timeline) ||
         optim_init(srv)) {
         LOG_ERROR(&srv->log, "%s", psagg_last_error());
         goto err;
     }
     srv->pool.budget = memory_budget(cfg);
-    if (psagg_node_open_fabric(&srv->node, cfg,
-                               cfg->server_fabric_node[0] ? cfg->server_fabric_node
-                                                          : cfg->servers[rank].host)) {
+    if (psagg__node_open_fabric(&srv->node, cfg,
+                                cfg->server_fabric_node[0] ? cfg->server_fabric_node
+                                                           : cfg->servers[rank].host)) {
         LOG_ERROR(&srv->log, "%s", psagg_last_error());
         goto err;
     }
@@ -91,7 +91,7 @@ server *server_open(const psagg_config *cfg, int rank, const volatile sig_atomic
         LOG_WARN(&srv->log,
                  "provider %s cannot tell which process sent a message: with data_auth off, "
                  "any process on this host can push data as a worker",
-                 psagg_fabric_provider(srv->fab));
+                 psagg__fabric_provider(srv->fab));
     return srv;
 err:
     server_close(srv);
@@ -104,7 +104,7 @@ void server_close(server *srv)
         return;
     progress_stop(srv);
     agg_stop(srv);
-    psagg_timeline_close(srv->pool.timeline, &srv->log); /* its spans name tensors of the layout */
+    psagg__timeline_close(srv->pool.timeline, &srv->log); /* its spans name tensors of the layout */
     srv->pool.timeline = NULL;
     metrics_stop(srv); /* before the fabric: a scrape names its provider */
     for (int w = 0; srv->workers && w < srv->n_workers; w++)
@@ -112,13 +112,13 @@ void server_close(server *srv)
             close(srv->workers[w].fd);
     if (srv->ctl.listen_fd >= 0) /* closed once the job started */
         close(srv->ctl.listen_fd);
-    psagg_node_close(&srv->node);
+    psagg__node_close(&srv->node);
     agg_teardown(srv);
-    psagg_rxpool_destroy(&srv->dp.rxpool);
-    psagg_layout_free(&srv->layout);
+    psagg__rxpool_destroy(&srv->dp.rxpool);
+    psagg__layout_free(&srv->layout);
     for (int w = 0; srv->workers && w < srv->n_workers; w++) {
         free(srv->workers[w].decl);
-        psagg_ctl_reader_reset(&srv->workers[w].rd);
+        psagg__ctl_reader_reset(&srv->workers[w].rd);
     }
     free(srv->workers);
     free(srv->rank_at);
@@ -135,14 +135,14 @@ void server_close(server *srv)
     free(srv);
 }
 
-int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *stop)
+int server_run(const psagg__config *cfg, int rank, const volatile sig_atomic_t *stop)
 {
     server *srv = server_open(cfg, rank, stop);
     int rc = 1;
 
     if (!srv)
         return 1;
-    if (psagg_tcp_listen(&cfg->servers[rank], &srv->ctl.listen_fd) || metrics_start(srv)) {
+    if (psagg__tcp_listen(&cfg->servers[rank], &srv->ctl.listen_fd) || metrics_start(srv)) {
         LOG_ERROR(&srv->log, "%s", psagg_last_error());
         server_close(srv);
         return 1;
@@ -150,7 +150,7 @@ int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *s
     LOG_INFO(&srv->log,
              "serving job '%s' for %d workers on %s:%u (fabric %s, memory budget %llu MiB%s%s)",
              cfg->job_id, srv->n_workers, cfg->servers[rank].host, cfg->servers[rank].port,
-             psagg_fabric_provider(srv->fab), (unsigned long long)(srv->pool.budget >> 20),
+             psagg__fabric_provider(srv->fab), (unsigned long long)(srv->pool.budget >> 20),
              srv->job_key.secret ? ", secret" : "", cfg->data_auth ? ", data_auth" : "");
     rc = control_serve(srv);
     progress_stop(srv);

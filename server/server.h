@@ -65,12 +65,12 @@ enum worker_state { W_NONE = 0, W_HELLO, W_DECLARED, W_BYE, W_DEAD };
 typedef struct worker_conn {
     int fd; /* non-blocking, once authenticated */
     enum worker_state state;
-    psagg_ctl_reader rd; /* the frame being read */
-    psagg_peer addr;     /* its fabric address: pushes are accepted only from here */
-    psagg_data_rx rx;    /* its pushes' key and the numbers accepted (data_auth; runtime/auth.h) */
-    psagg_ctl_auth auth; /* its control frames' tags, both ways (with a secret) */
-    psagg_ctl_declare decl_hdr;
-    psagg_ctl_tensor *decl;
+    psagg__ctl_reader rd; /* the frame being read */
+    psagg__peer addr;     /* its fabric address: pushes are accepted only from here */
+    psagg__data_rx rx;    /* its pushes' key and the numbers accepted (data_auth; runtime/auth.h) */
+    psagg__ctl_auth auth; /* its control frames' tags, both ways (with a secret) */
+    psagg__ctl_declare decl_hdr;
+    psagg__ctl_tensor *decl;
     char bad_reason[200]; /* set by data-path threads: close this peer (guarded by job.mu) */
     /* closed (server_drop_worker): why, and whether the control loop has yet to settle what
        the loss means for the job (control.c) */
@@ -106,9 +106,9 @@ typedef struct agg_item {
 
 /* A posted receive buffer (an element of srv->rxpool): header + largest chunk payload. */
 typedef struct recv_buf {
-    psagg_rxbuf rx; /* first: the completion's context */
+    psagg__rxbuf rx; /* first: the completion's context */
     agg_item item;
-    psagg_msg_codec mc; /* the push's codec, as the progress thread checked it */
+    psagg__msg_codec mc; /* the push's codec, as the progress thread checked it */
     int from;           /* its sender, while it waits for its epoch (progress.c) */
 } recv_buf;
 
@@ -128,14 +128,14 @@ typedef struct send_ctx {
 /*
  * A parameter chunk's optimizer state (param.c). The arrays come from the aggregation
  * thread's arena; w is the master weights, view the weights every worker holds (they apply
- * the same updates), m1 and m2 the optimizer's state (psagg_optim_state_arrays of them).
+ * the same updates), m1 and m2 the optimizer's state (psagg__optim_state_arrays of them).
  */
 typedef struct param_state {
     float *w, *view, *m1, *m2;
     uint64_t step;       /* optimizer steps taken (Adam's t of the last one) */
     int awaiting_init;   /* no INIT round yet: GRAD and PULL pushes are refused */
     int restored;        /* w, view, m1, m2 and step came from a checkpoint */
-    psagg_msg_param prm; /* the trailer of this round's pushes (the first's: check_codec) */
+    psagg__msg_param prm; /* the trailer of this round's pushes (the first's: check_codec) */
     float *weight;       /* per worker: the weight of its GRAD push this round */
 } param_state;
 
@@ -145,7 +145,7 @@ typedef struct param_state {
  * `sum` how the round's pushes are summed.
  */
 typedef struct chunk_state {
-    const psagg_chunk_info *info;
+    const psagg__chunk_info *info;
     psagg_codec codec; /* this round's: the declared one, or (adaptive) its first push's */
     size_t enc;        /* this round's payload bytes in it */
     int codec_set;     /* a push of this round set codec */
@@ -209,7 +209,7 @@ typedef struct chunk_sum_ops {
     void (*free)(chunk_state *c);
     int (*collect)(struct server *srv, chunk_state *c, int w, recv_buf *rb);
     int (*settle)(struct server *srv, chunk_state *c);
-    psagg_status (*encode)(struct server *srv, chunk_state *c, psagg_rng_key key, uint8_t *payload,
+    psagg_status (*encode)(struct server *srv, chunk_state *c, psagg__rng_key key, uint8_t *payload,
                            size_t *bad);
 } chunk_sum_ops;
 
@@ -249,11 +249,11 @@ typedef struct chunk_ops {
     psagg_status (*alloc)(struct server *srv, chunk_state *c);
     void (*free)(chunk_state *c);
     int (*admit)(struct server *srv, chunk_state *c, const recv_buf *rb, uint32_t *round);
-    void (*open)(chunk_state *c, const psagg_msg_codec *mc);
-    int (*agree)(struct server *srv, chunk_state *c, int w, const psagg_msg_codec *mc);
+    void (*open)(chunk_state *c, const psagg__msg_codec *mc);
+    int (*agree)(struct server *srv, chunk_state *c, int w, const psagg__msg_codec *mc);
     int (*collect)(struct server *srv, chunk_state *c, int w, recv_buf *rb);
     int (*settle)(struct server *srv, chunk_state *c);
-    long (*finish)(struct server *srv, chunk_state *c, uint8_t *out, psagg_rng_key key);
+    long (*finish)(struct server *srv, chunk_state *c, uint8_t *out, psagg__rng_key key);
     int (*advances)(const chunk_state *c);
     int (*partial)(const chunk_state *c);
 } chunk_ops;
@@ -292,7 +292,7 @@ typedef struct agg_thread {
     agg_item *head, *tail;
     agg_item barrier; /* agg_barrier's marker in the queue */
     int stop;
-    void *cuda;          /* psagg_cuda_ctx of the GPU assist, or NULL (gpu.c) */
+    void *cuda;          /* psagg__cuda_ctx of the GPU assist, or NULL (gpu.c) */
     int64_t wake_ms;     /* when its round policy's timer is due (its chunks'), or 0 */
     uint64_t gpu_failed; /* sums the GPU could not make, made on the CPU instead (gpu.c) */
 } agg_thread;
@@ -343,14 +343,14 @@ typedef struct members {
    threads hand it updates and receive buffers through (job.c: server_queue_update,
    server_queue_repost). */
 typedef struct data_path {
-    psagg_gate gate;     /* who sent a push (runtime/gate.h) */
-    psagg_rxpool rxpool; /* of recv_buf: posted receive buffers */
+    psagg__gate gate;     /* who sent a push (runtime/gate.h) */
+    psagg__rxpool rxpool; /* of recv_buf: posted receive buffers */
     pthread_t tid;
     atomic_int running;
     pthread_mutex_t sendq_mu; /* the queue of updates to send: */
     send_ctx *sendq_head, *sendq_tail;
     atomic_int sendq_len;
-    atomic_int idle;                    /* it may be asleep in psagg_fabric_poll: wake it */
+    atomic_int idle;                    /* it may be asleep in psagg__fabric_poll: wake it */
     _Atomic(struct recv_buf *) repostq; /* receive buffers to post again (a stack) */
     struct recv_buf *parked;            /* pushes of an epoch not applied yet */
     uint32_t parked_epoch;              /* the epoch when they were last looked at */
@@ -366,7 +366,7 @@ typedef struct agg_pool {
     agg_startup startup;
     const round_policy *policy;  /* when a round closes (quorum.c), chosen at start-up */
     size_t bitmap_bytes;         /* [server] quorum: an update's contributor bitmap, else 0 */
-    psagg_data_key update_key;   /* of this server's updates (data_auth; runtime/auth.h) */
+    psagg__data_key update_key;  /* of this server's updates (data_auth; runtime/auth.h) */
     _Atomic uint64_t update_seq; /* the number of the last update sealed */
     uint64_t budget;             /* bytes a job's chunks may take ([server] memory_budget_mb) */
     atomic_int rx_held;          /* receive buffers held by chunks (early pushes), at most: */
@@ -374,7 +374,7 @@ typedef struct agg_pool {
     pthread_mutex_t barrier_mu;  /* agg_barrier: threads that passed the marker */
     pthread_cond_t barrier_cv;
     int barrier_left;
-    psagg_timeline *timeline; /* [log] timeline, or NULL */
+    psagg__timeline *timeline; /* [log] timeline, or NULL */
     /* resource usage: a snapshot when chunk slot 0 finishes its first round, and the rounds
        that chunk has finished; the job's end reports CPU and page faults per round after the
        first (metrics.c) */
@@ -384,7 +384,7 @@ typedef struct agg_pool {
 } agg_pool;
 
 typedef struct server {
-    psagg_config cfg;
+    psagg__config cfg;
     int rank;
     /* log, job_key, nonce, tag_bytes, max_msg, fab, source_reliable (runtime/node.h: server.c
        opens it) */
@@ -397,9 +397,9 @@ typedef struct server {
     int start_workers; /* the ranks that start it (`workers`); the others may join it later */
     worker_conn *workers;
     int *rank_at; /* n_workers entries: the worker whose fabric address is this index, or -1 */
-    psagg_ctl_declare job_decl_hdr; /* the job's declaration (the first starting worker's): */
-    psagg_ctl_tensor *job_decl;     /* a joiner's must equal it */
-    psagg_layout layout;
+    psagg__ctl_declare job_decl_hdr; /* the job's declaration (the first starting worker's): */
+    psagg__ctl_tensor *job_decl;     /* a joiner's must equal it */
+    psagg__layout layout;
     uint32_t n_owned;
     chunk_state *chunks; /* by slot */
 
@@ -444,13 +444,13 @@ void metrics_checkpoint(server *srv, int64_t ns, int ok);
 void metrics_membership(server *srv, uint32_t epoch, int n);
 
 /* server.c: the whole life of a server; returns the process exit code. */
-int server_run(const psagg_config *cfg, int rank, const volatile sig_atomic_t *stop);
+int server_run(const psagg__config *cfg, int rank, const volatile sig_atomic_t *stop);
 /*
  * server.c: a server without its control port and job (server_run's first half, and what the
  * server's unit tests start): NULL when it cannot (why is logged). server_close stops its
  * threads and frees all of it.
  */
-server *server_open(const psagg_config *cfg, int rank, const volatile sig_atomic_t *stop);
+server *server_open(const psagg__config *cfg, int rank, const volatile sig_atomic_t *stop);
 void server_close(server *srv);
 
 /* control.c: the control loop (main thread); returns the process exit code. */
@@ -462,7 +462,7 @@ int control_serve(server *srv);
  * worker declared: compare them, keep the job's, start the pool and the data path, send READY
  * (a worker it cannot reach is dropped). Nonzero: the job cannot start, why in msg.
  */
-void startup_declare(server *srv, int w, const psagg_ctl_hdr *h, const void *body);
+void startup_declare(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
 psagg_status startup_start(server *srv, char *msg, size_t len);
 
 /*
@@ -472,7 +472,7 @@ psagg_status startup_start(server *srv, char *msg, size_t len);
  */
 psagg_status checkpoint_init(server *srv);
 void checkpoint_fini(server *srv);
-void checkpoint_asked(server *srv, int w, const psagg_ctl_hdr *h, const void *body);
+void checkpoint_asked(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
 void checkpoint_tick(server *srv, int64_t now);
 
 /*
@@ -508,15 +508,15 @@ void membership_fini(server *srv);
  * without the starting workers it names dead, as server 0 did (those it never heard of too).
  */
 void *membership_start_frame(const server *srv, uint32_t *len);
-void membership_start_relayed(server *srv, int from, const psagg_ctl_hdr *h, const void *body);
+void membership_start_relayed(server *srv, int from, const psagg__ctl_hdr *h, const void *body);
 void membership_lost(server *srv, int w, const char *why);
 /* A member of a running elastic job said BYE (psagg_close): it leaves as a lost one does, but
    no failure (fewer than min_workers go on). */
 void membership_bye(server *srv, int w);
-void membership_relayed(server *srv, int from, const psagg_ctl_hdr *h, const void *body);
+void membership_relayed(server *srv, int from, const psagg__ctl_hdr *h, const void *body);
 /* Joins (server 0): a member's SYNC, a joiner's JOIN. */
-void membership_sync(server *srv, int w, const psagg_ctl_hdr *h, const void *body);
-void membership_join(server *srv, int w, const psagg_ctl_hdr *h, const void *body);
+void membership_sync(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
+void membership_join(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
 /* The control loop, now and then: the deadlines of the admitting barrier (server 0) and of
    epochs relayed ahead (servers > 0). */
 void membership_tick(server *srv, int64_t now);
@@ -532,7 +532,7 @@ void membership_refuse(server *srv, int w, psagg_status status, const char *why)
 void progress_init(server *srv);
 psagg_status progress_start(server *srv);
 void progress_stop(server *srv);
-void progress_route(server *srv, recv_buf *rb, psagg_peer src);
+void progress_route(server *srv, recv_buf *rb, psagg__peer src);
 void progress_route_parked(server *srv);
 /* Post a receive buffer again: the progress thread (others use server_queue_repost). */
 void progress_repost(server *srv, recv_buf *rb);
@@ -542,7 +542,7 @@ void progress_repost(server *srv, recv_buf *rb);
  * Refuse (PSAGG_ENOMEM, naming the largest tensor and the bytes) a declaration whose layout
  * and share of chunks would not fit srv->budget, before anything is allocated for it.
  */
-psagg_status agg_check_budget(const server *srv, const psagg_ctl_tensor *decl, uint32_t n,
+psagg_status agg_check_budget(const server *srv, const psagg__ctl_tensor *decl, uint32_t n,
                               uint64_t chunk_elems, uint32_t adapt_interval);
 psagg_status agg_setup(server *srv);
 psagg_status agg_start(server *srv);
@@ -584,7 +584,7 @@ psagg_status optim_check_job(server *srv);
  * say what the optimizer runs on. */
 void optim_loaded(server *srv);
 /* The optimizer's settings as WELCOME carries them. */
-void optim_welcome(const server *srv, psagg_ctl_optim *out);
+void optim_welcome(const server *srv, psagg__ctl_optim *out);
 /*
  * The parameter kind: its state allocated in c's aggregation thread (and loaded from the
  * checkpoint), its pushes' trailers checked, INIT and PULL collected, GRAD summed by c->sum,
@@ -608,7 +608,7 @@ struct ckpt_file;
 psagg_status ckpt_open(const server *srv, struct ckpt_file **out);
 void ckpt_close(struct ckpt_file *f);
 const char *ckpt_file_path(const struct ckpt_file *f);
-psagg_status ckpt_match(const server *srv, struct ckpt_file *f, psagg_optim_kind kind, int arrays);
+psagg_status ckpt_match(const server *srv, struct ckpt_file *f, psagg__optim_kind kind, int arrays);
 const float *ckpt_state(const struct ckpt_file *f, uint32_t slot, uint32_t *arrays, uint64_t *step,
                         uint32_t *round);
 psagg_status ckpt_write(const server *srv, int arrays, char *path, size_t len);
@@ -632,7 +632,7 @@ int server_member(const server *srv, int w);
    quorum), from any worker: aggregation threads. */
 int server_members_in(const server *srv, const chunk_state *c);
 /* The worker whose fabric address is addr, or -1. */
-int server_worker_at(const server *srv, psagg_peer addr);
+int server_worker_at(const server *srv, psagg__peer addr);
 /*
  * The aggregation threads' way to the endpoint, which only the progress thread calls: hand
  * it a finished round's update (out[parity] of its chunk) to send, or a receive buffer to
@@ -646,7 +646,7 @@ void server_queue_repost(server *srv, recv_buf *rb);
  * but `except`; drop_worker closes worker w's connection (its ERROR first) and marks it lost,
  * for the control loop to settle what that means for the job.
  */
-void server_verdict(server *srv, int fd, psagg_ctl_auth *auth, uint16_t type, psagg_status status,
+void server_verdict(server *srv, int fd, psagg__ctl_auth *auth, uint16_t type, psagg_status status,
                     const char *msg);
 void server_tell_workers(server *srv, int except, uint16_t type, psagg_status status,
                          const char *msg);

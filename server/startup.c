@@ -1,6 +1,6 @@
 /*
  * startup.c - a job's start (the control thread): every starting worker's DECLARE is kept and
- * checked (psagg_ctl_declare_check), all must be identical (else EMISMATCH naming the tensor
+ * checked (psagg__ctl_declare_check), all must be identical (else EMISMATCH naming the tensor
  * and the workers); the first is kept as the job's declaration, the layout must fit the
  * server's memory budget, then the aggregation pool and the data path start and every
  * starting worker gets READY (an elastic job's carries server 0's list of who starts it). A
@@ -15,7 +15,7 @@
 #include "runtime/channel.h"
 #include "server.h"
 
-static void codec_text(const psagg_ctl_tensor *t, char *buf, size_t len)
+static void codec_text(const psagg__ctl_tensor *t, char *buf, size_t len)
 {
     psagg_codec c = {(psagg_codec_id)t->codec, t->bits, t->bucket, (psagg_rounding)t->rounding};
     psagg_codec_name(&c, buf, len);
@@ -59,11 +59,11 @@ static int compare_declarations(server *srv, char *msg, size_t len)
         }
     }
     for (uint32_t t = 0; t < w0->decl_hdr.count; t++) {
-        const psagg_ctl_tensor *a = &w0->decl[t];
+        const psagg__ctl_tensor *a = &w0->decl[t];
         char differ[128] = "";
         int first = -1;
         for (int w = r0 + 1; w < srv->start_workers; w++) {
-            const psagg_ctl_tensor *b = &srv->workers[w].decl[t];
+            const psagg__ctl_tensor *b = &srv->workers[w].decl[t];
             if (srv->workers[w].state != W_DECLARED)
                 continue;
             if (memcmp(a, b, sizeof *a)) {
@@ -74,7 +74,7 @@ static int compare_declarations(server *srv, char *msg, size_t len)
             }
         }
         if (first >= 0) {
-            const psagg_ctl_tensor *b = &srv->workers[first].decl[t];
+            const psagg__ctl_tensor *b = &srv->workers[first].decl[t];
             char ca[40], cb[40];
             codec_text(a, ca, sizeof ca);
             codec_text(b, cb, sizeof cb);
@@ -98,7 +98,7 @@ static int compare_declarations(server *srv, char *msg, size_t len)
 static void join_declared(server *srv, int w)
 {
     worker_conn *wc = &srv->workers[w];
-    const psagg_ctl_declare *a = &srv->job_decl_hdr, *b = &wc->decl_hdr;
+    const psagg__ctl_declare *a = &srv->job_decl_hdr, *b = &wc->decl_hdr;
     char msg[400];
 
     msg[0] = '\0';
@@ -128,26 +128,26 @@ static void join_declared(server *srv, int w)
         membership_refuse(srv, w, PSAGG_EMISMATCH, m);
         return;
     }
-    if (psagg_ctl_send(wc->fd, &wc->auth, PSAGG_CTL_READY, NULL, 0)) {
+    if (psagg__ctl_send(wc->fd, &wc->auth, PSAGG_CTL_READY, NULL, 0)) {
         server_drop_worker(srv, w, PSAGG_EPEER, psagg_last_error());
         return;
     }
     LOG_INFO(&srv->log, "worker %d declared the job's tensors: it waits to be admitted", w);
 }
 
-void startup_declare(server *srv, int w, const psagg_ctl_hdr *h, const void *body)
+void startup_declare(server *srv, int w, const psagg__ctl_hdr *h, const void *body)
 {
     worker_conn *wc = &srv->workers[w];
     char peer[32];
     snprintf(peer, sizeof peer, "worker %d", w);
-    if (psagg_ctl_declare_check(h, body, peer)) {
+    if (psagg__ctl_declare_check(h, body, peer)) {
         server_drop_worker(srv, w, PSAGG_EPROTO, psagg_last_error());
         return;
     }
-    wc->decl_hdr = *(const psagg_ctl_declare *)body;
+    wc->decl_hdr = *(const psagg__ctl_declare *)body;
     /* the worker copies our updates out of our memory (wire.h): send them by descriptor */
     if ((wc->decl_hdr.local_flags & PSAGG_LOCAL_READS) && srv->cfg.local_copy) {
-        if (psagg_fabric_local_send(srv->fab, wc->addr))
+        if (psagg__fabric_local_send(srv->fab, wc->addr))
             LOG_WARN(&srv->log, "worker %d: same-host copies of updates: %s", w,
                      psagg_last_error());
         else
@@ -158,7 +158,7 @@ void startup_declare(server *srv, int w, const psagg_ctl_hdr *h, const void *bod
         server_drop_worker(srv, w, PSAGG_ENOMEM, "no memory for the declaration");
         return;
     }
-    memcpy(wc->decl, (const psagg_ctl_declare *)body + 1,
+    memcpy(wc->decl, (const psagg__ctl_declare *)body + 1,
            (size_t)wc->decl_hdr.count * sizeof *wc->decl);
     wc->state = W_DECLARED;
     if (wc->joining)
@@ -168,7 +168,7 @@ void startup_declare(server *srv, int w, const psagg_ctl_hdr *h, const void *bod
 /* All declarations are in and identical (the job's): check the budget, build the layout, start. */
 static psagg_status start_job(server *srv)
 {
-    const psagg_ctl_declare *d = &srv->job_decl_hdr;
+    const psagg__ctl_declare *d = &srv->job_decl_hdr;
     psagg_status st;
     size_t rbuf_size;
     int n_rbufs;
@@ -176,30 +176,30 @@ static psagg_status start_job(server *srv)
     /* refuse what would not fit before building anything (the layout itself included) */
     if ((st = agg_check_budget(srv, srv->job_decl, d->count, d->chunk_elems, d->adapt_interval)))
         return st;
-    st = psagg_layout_build(srv->job_decl, d->count, d->chunk_elems, (uint32_t)srv->cfg.n_servers,
-                            d->adapt_interval, &srv->layout);
+    st = psagg__layout_build(srv->job_decl, d->count, d->chunk_elems, (uint32_t)srv->cfg.n_servers,
+                             d->adapt_interval, &srv->layout);
     if (st)
         return st;
     /* a parameter's push: its body (INIT: fp32 weights) and its trailer */
     rbuf_size =
-        sizeof(psagg_msg_hdr) +
+        sizeof(psagg__msg_hdr) +
         (srv->layout.max_param_bytes > srv->layout.max_enc_bytes ? srv->layout.max_param_bytes
                                                                  : srv->layout.max_enc_bytes) +
-        (srv->layout.max_param_bytes ? sizeof(psagg_msg_param) : 0) + srv->tag_bytes;
+        (srv->layout.max_param_bytes ? sizeof(psagg__msg_param) : 0) + srv->tag_bytes;
     if (rbuf_size > srv->max_msg)
-        return psagg_fail(PSAGG_EINVAL,
-                          "chunks of %zu bytes exceed this server's largest message of %zu "
-                          "([worker] chunk_bytes must not be larger for workers than for servers)",
-                          rbuf_size, srv->max_msg);
+        return psagg__fail(PSAGG_EINVAL,
+                           "chunks of %zu bytes exceed this server's largest message of %zu "
+                           "([worker] chunk_bytes must not be larger for workers than for servers)",
+                           rbuf_size, srv->max_msg);
     st = agg_setup(srv);
     if (!st)
         st = optim_check_job(srv); /* before agg_start loads a checkpoint into the chunks */
     if (st)
         return st;
     /* enough receive buffers for every worker to have several chunks in flight */
-    n_rbufs = psagg_rxpool_count(16 * srv->n_workers < 1024 ? 16 * srv->n_workers : 1024, rbuf_size,
-                                 512ull << 20);
-    st = psagg_rxpool_create(&srv->dp.rxpool, srv->fab, n_rbufs, rbuf_size, sizeof(recv_buf));
+    n_rbufs = psagg__rxpool_count(16 * srv->n_workers < 1024 ? 16 * srv->n_workers : 1024,
+                                  rbuf_size, 512ull << 20);
+    st = psagg__rxpool_create(&srv->dp.rxpool, srv->fab, n_rbufs, rbuf_size, sizeof(recv_buf));
     if (st)
         return st;
     srv->pool.rx_hold_max = n_rbufs / 2;
@@ -216,7 +216,7 @@ static psagg_status start_job(server *srv)
              "%d aggregation threads, provider %s%s",
              srv->cfg.job_id, srv->layout.n_tensors, srv->layout.n_chunks, srv->n_owned,
              (unsigned long long)srv->layout.owned_bytes[srv->rank], srv->pool.n_threads,
-             psagg_fabric_provider(srv->fab), srv->cfg.data_auth ? ", data_auth" : "");
+             psagg__fabric_provider(srv->fab), srv->cfg.data_auth ? ", data_auth" : "");
     return PSAGG_OK;
 }
 
@@ -252,8 +252,8 @@ psagg_status startup_start(server *srv, char *msg, size_t len)
     }
     for (int w = 0; w < srv->start_workers; w++) /* (the ranks beyond join later) */
         if (srv->workers[w].state == W_DECLARED &&
-            psagg_ctl_send(srv->workers[w].fd, &srv->workers[w].auth, PSAGG_CTL_READY, start,
-                           start_len))
+            psagg__ctl_send(srv->workers[w].fd, &srv->workers[w].auth, PSAGG_CTL_READY, start,
+                            start_len))
             server_drop_worker(srv, w, PSAGG_EPEER, psagg_last_error()); /* (the loop settles it) */
     free(start);
     return PSAGG_OK;

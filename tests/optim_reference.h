@@ -12,7 +12,7 @@
 
 #include "kernels/optim.h"
 
-static inline void ref_optim_step(const psagg_optim *o, float lr, float wd, uint64_t t, float s,
+static inline void ref_optim_step(const psagg__optim *o, float lr, float wd, uint64_t t, float s,
                                   const float *grad, float *w, float *m1, float *m2, size_t n)
 {
     float ss = (float)((double)lr / (1.0 - pow((double)o->beta1, (double)t)));

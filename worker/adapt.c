@@ -42,7 +42,7 @@ typedef struct assignment {
     double error;
 } assignment;
 
-typedef struct psagg_adapt {
+typedef struct psagg__adapt {
     uint32_t interval;
     uint32_t n_ad;      /* adaptive tensors */
     uint32_t stats_key; /* the statistics tensor's key */
@@ -64,7 +64,7 @@ typedef struct psagg_adapt {
     struct psagg_handle *stats_op; /* their push, in flight */
     float *scratch;                /* one chunk: gradient + residual */
     float *lo, *hi;                /* its finest buckets' ranges */
-    psagg_adapt_option *opts;      /* the solver's table, n_ad x MAX_CANDIDATES ... */
+    psagg__adapt_option *opts;     /* the solver's table, n_ad x MAX_CANDIDATES ... */
     uint8_t *opt_cand;             /* ... and each option's candidate */
     uint32_t *solver_choice;
     /* the solver thread: the communication thread hands it the summed statistics */
@@ -72,7 +72,7 @@ typedef struct psagg_adapt {
     int solver_started, solve_pending, solver_stop; /* guarded by smu */
     pthread_mutex_t smu;
     pthread_cond_t scv;
-} psagg_adapt;
+} psagg__adapt;
 
 /* Bytes for the log: "812 B", "14.2 kB", "96.1 MB". */
 static const char *human(uint64_t b, char *buf, size_t len)
@@ -97,7 +97,7 @@ static void solve(psagg_ctx *ctx);
 static void *solver_main(void *arg)
 {
     psagg_ctx *ctx = arg;
-    psagg_adapt *a = ctx->adapt;
+    psagg__adapt *a = ctx->adapt;
     for (;;) {
         pthread_mutex_lock(&a->smu);
         while (!a->solve_pending && !a->solver_stop)
@@ -114,22 +114,22 @@ static void *solver_main(void *arg)
 
 psagg_status adapt_setup(psagg_ctx *ctx)
 {
-    const psagg_layout *l = &ctx->layout;
-    psagg_adapt *a;
+    const psagg__layout *l = &ctx->layout;
+    psagg__adapt *a;
     uint64_t least = 0, elems = 0, max_chunk = 0;
 
     if (!l->adapt_interval)
         return PSAGG_OK;
     a = calloc(1, sizeof *a);
     if (!a)
-        return psagg_fail(PSAGG_ENOMEM, "adaptive codecs");
+        return psagg__fail(PSAGG_ENOMEM, "adaptive codecs");
     ctx->adapt = a;
     a->interval = l->adapt_interval;
     a->stats_key = l->n_tensors - 1;
     a->ad_of = malloc(l->n_tensors * sizeof *a->ad_of);
     a->key_of = malloc(l->n_tensors * sizeof *a->key_of);
     if (!a->ad_of || !a->key_of)
-        return psagg_fail(PSAGG_ENOMEM, "adaptive codecs");
+        return psagg__fail(PSAGG_ENOMEM, "adaptive codecs");
     for (uint32_t t = 0; t < l->n_tensors; t++) {
         a->ad_of[t] = UINT32_MAX;
         if (l->tensors[t].adaptive) {
@@ -149,25 +149,25 @@ psagg_status adapt_setup(psagg_ctx *ctx)
     a->solver_choice = calloc(a->n_ad, sizeof *a->solver_choice);
     if (!a->n_cand || !a->cand || !a->cand_bucket || !a->cand_bytes || !a->measured ||
         !a->stats_in || !a->stats_out || !a->opts || !a->opt_cand || !a->solver_choice)
-        return psagg_fail(PSAGG_ENOMEM, "adaptive codecs of %u tensors", a->n_ad);
+        return psagg__fail(PSAGG_ENOMEM, "adaptive codecs of %u tensors", a->n_ad);
     for (uint32_t r = 0; r < RING; r++) {
         a->ring[r].gen = PSAGG_ADAPT_NO_GEN;
         if (!(a->ring[r].choice = calloc(a->n_ad, 1)))
-            return psagg_fail(PSAGG_ENOMEM, "adaptive codecs of %u tensors", a->n_ad);
+            return psagg__fail(PSAGG_ENOMEM, "adaptive codecs of %u tensors", a->n_ad);
     }
     for (uint32_t i = 0; i < a->n_ad; i++) {
-        const psagg_tensor_info *ti = &l->tensors[a->key_of[i]];
+        const psagg__tensor_info *ti = &l->tensors[a->key_of[i]];
         psagg_codec *cand = &a->cand[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES];
         uint64_t *bytes = &a->cand_bytes[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES], min = UINT64_MAX;
         /* nearest rounding only where error feedback corrects its bias */
         int nearest = ctx->tensors[a->key_of[i]].residual != NULL;
         a->n_cand[i] =
-            psagg_adapt_candidates(&ti->codec, ti->chunk_elems, nearest, cand,
-                                   &a->cand_bucket[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES]);
+            psagg__adapt_candidates(&ti->codec, ti->chunk_elems, nearest, cand,
+                                    &a->cand_bucket[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES]);
         for (uint32_t k = 0; k < a->n_cand[i]; k++) {
             bytes[k] = 0;
             for (uint32_t c = 0; c < ti->n_chunks; c++)
-                bytes[k] += psagg_encoded_size(&cand[k], l->chunks[ti->first_chunk + c].count);
+                bytes[k] += psagg__encoded_size(&cand[k], l->chunks[ti->first_chunk + c].count);
             if (bytes[k] < min)
                 min = bytes[k];
         }
@@ -183,22 +183,22 @@ psagg_status adapt_setup(psagg_ctx *ctx)
                     ? (uint64_t)((double)elems * ctx->cfg.adaptive_budget / 8e6)
                     : (uint64_t)((double)a->uniform_bytes * ctx->cfg.adaptive_budget / 1e6);
     if (a->budget < least)
-        return psagg_fail(PSAGG_ECONFIG,
-                          "[codec] adaptive_budget = %g%s allows %.6f MB per push of the %u "
-                          "compressed tensors, less than their smallest choice (2 bits, largest "
-                          "buckets) of %.6f MB",
-                          ctx->cfg.adaptive_budget / 1e6,
-                          ctx->cfg.adaptive_budget_bits ? "bits" : "", (double)a->budget / 1e6,
-                          a->n_ad, (double)least / 1e6);
+        return psagg__fail(PSAGG_ECONFIG,
+                           "[codec] adaptive_budget = %g%s allows %.6f MB per push of the %u "
+                           "compressed tensors, less than their smallest choice (2 bits, largest "
+                           "buckets) of %.6f MB",
+                           ctx->cfg.adaptive_budget / 1e6,
+                           ctx->cfg.adaptive_budget_bits ? "bits" : "", (double)a->budget / 1e6,
+                           a->n_ad, (double)least / 1e6);
     a->scratch = malloc((max_chunk ? max_chunk : 1) * sizeof(float));
     a->lo = malloc((max_chunk / 64 + 1) * sizeof(float)); /* buckets of 64 and more */
     a->hi = malloc((max_chunk / 64 + 1) * sizeof(float));
     if (!a->scratch || !a->lo || !a->hi)
-        return psagg_fail(PSAGG_ENOMEM, "adaptive codecs");
+        return psagg__fail(PSAGG_ENOMEM, "adaptive codecs");
     pthread_mutex_init(&a->smu, NULL);
     pthread_cond_init(&a->scv, NULL);
     if (pthread_create(&a->solver, NULL, solver_main, ctx))
-        return psagg_fail(PSAGG_EIO, "adaptive codecs: cannot start the solver thread");
+        return psagg__fail(PSAGG_EIO, "adaptive codecs: cannot start the solver thread");
     a->solver_started = 1;
     {
         char h1[24], h2[24];
@@ -214,7 +214,7 @@ psagg_status adapt_setup(psagg_ctx *ctx)
 
 void adapt_free(psagg_ctx *ctx)
 {
-    psagg_adapt *a = ctx->adapt;
+    psagg__adapt *a = ctx->adapt;
     if (!a)
         return;
     if (a->solver_started) { /* a solve under way finishes first */
@@ -238,7 +238,7 @@ void adapt_free(psagg_ctx *ctx)
 }
 
 /* The assignment of generation gen (> 0) if solved and still kept, else NULL. */
-static const assignment *find(const psagg_adapt *a, uint32_t gen)
+static const assignment *find(const psagg__adapt *a, uint32_t gen)
 {
     const assignment *s = &a->ring[gen % RING];
     return s->gen == gen ? s : NULL;
@@ -246,14 +246,14 @@ static const assignment *find(const psagg_adapt *a, uint32_t gen)
 
 int adapt_codec(psagg_ctx *ctx, struct psagg_handle *h, char *msg, size_t len)
 {
-    psagg_adapt *a = ctx->adapt;
+    psagg__adapt *a = ctx->adapt;
     uint32_t i, gen;
     const assignment *s;
 
     h->codec = ctx->layout.tensors[h->key].codec;
     h->gen = 0;
     if (!a || (i = a->ad_of[h->key]) == UINT32_MAX ||
-        !(gen = psagg_adapt_generation(h->round, a->interval)))
+        !(gen = psagg__adapt_generation(h->round, a->interval)))
         return 1;
     if (gen > atomic_load(&a->newest))
         return 0;
@@ -277,10 +277,10 @@ int adapt_is_stats(const psagg_ctx *ctx, const struct psagg_handle *h)
 /* Every tensor's statistics are in: queue their push (the comm thread takes it next). */
 static void push_stats(psagg_ctx *ctx)
 {
-    psagg_adapt *a = ctx->adapt;
+    psagg__adapt *a = ctx->adapt;
     psagg_status st;
     struct psagg_handle *h = handle_new(ctx, a->stats_key, a->stats_in, a->stats_out, PSAGG_SUM,
-                                        INT_MAX, &psagg_host_ops, &st);
+                                        INT_MAX, &psagg__host_ops, &st);
     if (!h) {
         worker_fail_all(ctx, st, "adaptive codecs: pushing the statistics of rounds %u: %s",
                         a->stats_gen * a->interval, psagg_last_error());
@@ -292,8 +292,8 @@ static void push_stats(psagg_ctx *ctx)
 
 void adapt_measure(psagg_ctx *ctx, const struct psagg_handle *h)
 {
-    psagg_adapt *a = ctx->adapt;
-    const psagg_tensor_info *ti;
+    psagg__adapt *a = ctx->adapt;
+    const psagg__tensor_info *ti;
     const float *res;
     uint32_t i, nb, sizes[PSAGG_ADAPT_MAX_BUCKETS];
     double s[PSAGG_ADAPT_MAX_BUCKETS] = {0};
@@ -303,16 +303,16 @@ void adapt_measure(psagg_ctx *ctx, const struct psagg_handle *h)
         return;
     ti = &ctx->layout.tensors[h->key];
     res = ctx->tensors[h->key].residual;
-    nb = psagg_adapt_buckets(&ti->codec, ti->chunk_elems, sizes);
+    nb = psagg__adapt_buckets(&ti->codec, ti->chunk_elems, sizes);
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
-        const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
+        const psagg__chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
         const float *v = h->in + ci->offset;
         if (res) { /* what the codec quantizes: the gradient plus the residual before this round */
             for (uint64_t k = 0; k < ci->count; k++)
                 a->scratch[k] = v[k] + res[ci->offset + k];
             v = a->scratch;
         }
-        psagg_adapt_range_sums(v, ci->count, sizes, nb, s, a->lo, a->hi);
+        psagg__adapt_range_sums(v, ci->count, sizes, nb, s, a->lo, a->hi);
     }
     for (uint32_t b = 0; b < PSAGG_ADAPT_MAX_BUCKETS; b++)
         a->stats_in[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS + b] =
@@ -335,16 +335,16 @@ void adapt_measure(psagg_ctx *ctx, const struct psagg_handle *h)
  * since the solver's time grows with the options. Returns how many, into o; map[k] is the
  * candidate of option k.
  */
-static uint32_t options_of(const psagg_adapt *a, uint32_t i, psagg_adapt_option *o, uint8_t *map)
+static uint32_t options_of(const psagg__adapt *a, uint32_t i, psagg__adapt_option *o, uint8_t *map)
 {
     size_t base = (size_t)i * PSAGG_ADAPT_MAX_CANDIDATES;
-    psagg_adapt_option all[PSAGG_ADAPT_MAX_CANDIDATES];
+    psagg__adapt_option all[PSAGG_ADAPT_MAX_CANDIDATES];
     uint32_t n = 0;
     for (uint32_t k = 0; k < a->n_cand[i]; k++) {
         const psagg_codec *c = &a->cand[base + k];
         double s = a->stats_out[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS + a->cand_bucket[base + k]];
-        all[k] = (psagg_adapt_option){a->cand_bytes[base + k],
-                                      psagg_adapt_maxmin_error(s, c->bits, c->rounding)};
+        all[k] = (psagg__adapt_option){a->cand_bytes[base + k],
+                                       psagg__adapt_maxmin_error(s, c->bits, c->rounding)};
     }
     for (uint32_t k = 0; k < a->n_cand[i]; k++) {
         int dominated = 0;
@@ -360,15 +360,15 @@ static uint32_t options_of(const psagg_adapt *a, uint32_t i, psagg_adapt_option 
 }
 
 /* The estimated error of adaptive tensor i in its declared codec (for the log). */
-static double declared_error(const psagg_ctx *ctx, const psagg_adapt *a, uint32_t i)
+static double declared_error(const psagg_ctx *ctx, const psagg__adapt *a, uint32_t i)
 {
-    const psagg_tensor_info *ti = &ctx->layout.tensors[a->key_of[i]];
+    const psagg__tensor_info *ti = &ctx->layout.tensors[a->key_of[i]];
     const psagg_codec *d = &ti->codec;
-    uint32_t sizes[PSAGG_ADAPT_MAX_BUCKETS], nb = psagg_adapt_buckets(d, ti->chunk_elems, sizes);
+    uint32_t sizes[PSAGG_ADAPT_MAX_BUCKETS], nb = psagg__adapt_buckets(d, ti->chunk_elems, sizes);
     for (uint32_t b = 0; b < nb; b++)
         if (sizes[b] == d->bucket)
-            return psagg_adapt_maxmin_error(a->stats_out[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS + b],
-                                            d->bits, d->rounding);
+            return psagg__adapt_maxmin_error(a->stats_out[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS + b],
+                                             d->bits, d->rounding);
     return 0.0;
 }
 
@@ -376,7 +376,7 @@ static double busiest(const psagg_ctx *ctx, const assignment *s);
 
 void adapt_stats_done(psagg_ctx *ctx, struct psagg_handle *h, psagg_status status, const char *msg)
 {
-    psagg_adapt *a = ctx->adapt;
+    psagg__adapt *a = ctx->adapt;
 
     a->stats_op = NULL;
     free(h);
@@ -396,7 +396,7 @@ void adapt_stats_done(psagg_ctx *ctx, struct psagg_handle *h, psagg_status statu
 /* The next generation from the summed statistics in stats_out (the solver thread). */
 static void solve(psagg_ctx *ctx)
 {
-    psagg_adapt *a = ctx->adapt;
+    psagg__adapt *a = ctx->adapt;
     uint32_t gen = atomic_load(&a->newest) + 1, width = 0, changed = 0;
     const assignment *prev = gen > 1 ? find(a, gen - 1) : NULL;
     assignment *s = &a->ring[gen % RING];
@@ -404,24 +404,24 @@ static void solve(psagg_ctx *ctx)
     psagg_status st;
     uint64_t bytes;
     double err, uniform_error = 0.0;
-    int64_t t0 = psagg_now_ns();
+    int64_t t0 = psagg__now_ns();
     char h1[24], h2[24], h3[24];
 
     /* compact every tensor's undominated options into a table of one width */
     for (uint32_t i = 0; i < a->n_ad; i++) {
-        psagg_adapt_option o[PSAGG_ADAPT_MAX_CANDIDATES];
+        psagg__adapt_option o[PSAGG_ADAPT_MAX_CANDIDATES];
         uint32_t n = options_of(a, i, o, &map[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES]);
         memcpy(&a->opts[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES], o, n * sizeof *o);
         for (uint32_t k = n; k < PSAGG_ADAPT_MAX_CANDIDATES; k++)
             a->opts[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES + k] =
-                (psagg_adapt_option){UINT64_MAX, 0.0};
+                (psagg__adapt_option){UINT64_MAX, 0.0};
         width = n > width ? n : width;
         uniform_error += declared_error(ctx, a, i);
     }
     for (uint32_t i = 0; i < a->n_ad && width < PSAGG_ADAPT_MAX_CANDIDATES; i++)
         memmove(&a->opts[(size_t)i * width], &a->opts[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES],
                 width * sizeof *a->opts);
-    st = psagg_adapt_solve(a->opts, a->n_ad, width, a->budget, a->solver_choice, &bytes, &err);
+    st = psagg__adapt_solve(a->opts, a->n_ad, width, a->budget, a->solver_choice, &bytes, &err);
     if (st) {
         worker_fail_all(ctx, st, "adaptive codecs: solving generation %u: %s", gen,
                         psagg_last_error());
@@ -439,7 +439,7 @@ static void solve(psagg_ctx *ctx)
     atomic_store(&a->newest, gen); /* after the slot: readers find it complete */
     pthread_mutex_unlock(&ctx->mu);
     if (atomic_load(&ctx->comm_idle)) /* operations may wait for it */
-        psagg_fabric_wake(ctx->fab);
+        psagg__fabric_wake(ctx->fab);
 
     LOG_INFO(&ctx->log,
              "adaptive codecs: generation %u (from the statistics of round %u) holds from "
@@ -449,7 +449,7 @@ static void solve(psagg_ctx *ctx)
              gen, (gen - 1) * a->interval, (gen - 1) * a->interval + PSAGG_ADAPT_LAG,
              human(s->bytes, h1, sizeof h1), human(a->budget, h2, sizeof h2),
              human(a->uniform_bytes, h3, sizeof h3), s->error, uniform_error, changed,
-             busiest(ctx, s), busiest(ctx, NULL), (double)(psagg_now_ns() - t0) / 1e6);
+             busiest(ctx, s), busiest(ctx, NULL), (double)(psagg__now_ns() - t0) / 1e6);
     for (uint32_t i = 0; i < a->n_ad; i++) {
         size_t base = (size_t)i * PSAGG_ADAPT_MAX_CANDIDATES;
         const psagg_codec *was =
@@ -471,15 +471,15 @@ static void solve(psagg_ctx *ctx)
  */
 static double busiest(const psagg_ctx *ctx, const assignment *s)
 {
-    const psagg_layout *l = &ctx->layout;
-    const psagg_adapt *a = ctx->adapt;
+    const psagg__layout *l = &ctx->layout;
+    const psagg__adapt *a = ctx->adapt;
     uint64_t per[PSAGG_MAX_SERVERS] = {0}, total = 0, most = 0;
     for (uint32_t c = 0; c < l->n_chunks; c++) {
-        const psagg_chunk_info *ci = &l->chunks[c];
+        const psagg__chunk_info *ci = &l->chunks[c];
         uint32_t i = a->ad_of[ci->key];
         uint64_t b =
             s && i != UINT32_MAX
-                ? psagg_encoded_size(
+                ? psagg__encoded_size(
                       &a->cand[(size_t)i * PSAGG_ADAPT_MAX_CANDIDATES + s->choice[i]], ci->count)
                 : ci->enc_bytes;
         per[ci->owner] += b;
@@ -492,12 +492,12 @@ static double busiest(const psagg_ctx *ctx, const assignment *s)
 
 int adapt_waiting(psagg_ctx *ctx, const struct psagg_handle *h, char *msg, size_t len)
 {
-    psagg_adapt *a = ctx->adapt;
+    psagg__adapt *a = ctx->adapt;
     uint32_t gen, missing = 0;
     size_t used;
 
     if (!a || h->encoded || a->ad_of[h->key] == UINT32_MAX ||
-        (gen = psagg_adapt_generation(h->round, a->interval)) <= atomic_load(&a->newest))
+        (gen = psagg__adapt_generation(h->round, a->interval)) <= atomic_load(&a->newest))
         return 0;
     used = (size_t)snprintf(msg, len,
                             "push_pull of tensor '%.63s' round %u waits for codec assignment "
@@ -524,7 +524,7 @@ int adapt_waiting(psagg_ctx *ctx, const struct psagg_handle *h, char *msg, size_
 
 int adapt_settled(const psagg_ctx *ctx)
 {
-    const psagg_adapt *a = ctx->adapt;
+    const psagg__adapt *a = ctx->adapt;
     /* every statistics push completes before its solve starts: solved all means pushed all */
     return !a || (!a->stats_op && atomic_load(&a->newest) == a->stats_gen);
 }
@@ -533,12 +533,12 @@ size_t adapt_sync_size(const psagg_ctx *ctx, uint32_t *gens, uint32_t *tensors)
 {
     *gens = ctx->adapt ? RING : 0;
     *tensors = ctx->adapt ? ctx->adapt->n_ad : 0;
-    return (size_t)psagg_ctl_sync_tail(0, *gens, *tensors);
+    return (size_t)psagg__ctl_sync_tail(0, *gens, *tensors);
 }
 
 void adapt_sync_write(const psagg_ctx *ctx, uint8_t *out)
 {
-    const psagg_adapt *a = ctx->adapt;
+    const psagg__adapt *a = ctx->adapt;
     if (!a)
         return;
     for (uint32_t r = 0; r < RING; r++) {
@@ -556,7 +556,7 @@ void adapt_sync_write(const psagg_ctx *ctx, uint8_t *out)
  * generations newest - RING + 1 .. newest (those above 0) each in its slot, the others empty,
  * every choice one of its tensor's candidates. NULL when they are, else what is wrong.
  */
-static const char *sync_check(const psagg_adapt *a, const uint8_t *in, uint32_t newest)
+static const char *sync_check(const psagg__adapt *a, const uint8_t *in, uint32_t newest)
 {
     for (uint32_t r = 0; r < RING; r++) {
         uint32_t gen, want = newest - (newest - r) % RING; /* the newest generation of slot r */
@@ -574,22 +574,22 @@ static const char *sync_check(const psagg_adapt *a, const uint8_t *in, uint32_t 
 
 psagg_status adapt_join(psagg_ctx *ctx, const uint8_t *in, uint32_t gens, uint32_t tensors)
 {
-    psagg_adapt *a = ctx->adapt;
+    psagg__adapt *a = ctx->adapt;
     uint32_t newest = 0, stats_round;
     uint64_t first;
     const char *bad;
 
     if (!a)
-        return gens || tensors ? psagg_fail(PSAGG_EPROTO,
-                                            "server 0 admitted this worker with %u codec "
-                                            "assignments, in a job without [codec] adaptive",
-                                            gens)
+        return gens || tensors ? psagg__fail(PSAGG_EPROTO,
+                                             "server 0 admitted this worker with %u codec "
+                                             "assignments, in a job without [codec] adaptive",
+                                             gens)
                                : PSAGG_OK;
     if (gens != RING || tensors != a->n_ad)
-        return psagg_fail(PSAGG_EPROTO,
-                          "server 0 admitted this worker with %u codec assignments of %u tensors "
-                          "(fields adapt_gens, adapt_tensors); it keeps %u of %u adaptive tensors",
-                          gens, tensors, RING, a->n_ad);
+        return psagg__fail(PSAGG_EPROTO,
+                           "server 0 admitted this worker with %u codec assignments of %u tensors "
+                           "(fields adapt_gens, adapt_tensors); it keeps %u of %u adaptive tensors",
+                           gens, tensors, RING, a->n_ad);
     for (uint32_t r = 0; r < RING; r++) {
         uint32_t gen;
         memcpy(&gen, in + r * sizeof(uint32_t), sizeof gen);
@@ -599,12 +599,12 @@ psagg_status adapt_join(psagg_ctx *ctx, const uint8_t *in, uint32_t gens, uint32
     /* the members sent SYNC with every statistics round they pushed solved (adapt_settled) */
     stats_round = ctx->tensors[a->stats_key].round;
     if (newest != stats_round || (bad = sync_check(a, in, newest)))
-        return psagg_fail(PSAGG_EPROTO,
-                          "server 0 admitted this worker with the members' codec assignments up "
-                          "to generation %u, their statistics at round %u: %s",
-                          newest, stats_round,
-                          newest != stats_round ? "the newest must be the statistics rounds summed"
-                                                : bad);
+        return psagg__fail(PSAGG_EPROTO,
+                           "server 0 admitted this worker with the members' codec assignments up "
+                           "to generation %u, their statistics at round %u: %s",
+                           newest, stats_round,
+                           newest != stats_round ? "the newest must be the statistics rounds summed"
+                                                 : bad);
     pthread_mutex_lock(&ctx->mu);
     for (uint32_t r = 0; r < RING; r++) {
         assignment *s = &a->ring[r];
@@ -633,10 +633,10 @@ psagg_status adapt_join(psagg_ctx *ctx, const uint8_t *in, uint32_t gens, uint32
                PSAGG_ADAPT_MAX_BUCKETS * sizeof(float));
     }
     if (a->n_measured == a->n_ad) /* (the members would have pushed them: not settled) */
-        return psagg_fail(PSAGG_EPROTO,
-                          "server 0 admitted this worker past statistics round %llu of every "
-                          "adaptive tensor, which the members have not summed",
-                          (unsigned long long)first);
+        return psagg__fail(PSAGG_EPROTO,
+                           "server 0 admitted this worker past statistics round %llu of every "
+                           "adaptive tensor, which the members have not summed",
+                           (unsigned long long)first);
     LOG_INFO(&ctx->log,
              "adaptive codecs: joined with the members' codec assignments, generation %u "
              "the newest (from round %llu); the next statistics are of round %llu (%u of %u "
@@ -650,18 +650,18 @@ psagg_status adapt_join(psagg_ctx *ctx, const uint8_t *in, uint32_t gens, uint32
 psagg_status psagg_get_assignment(const psagg_ctx *ctx, uint32_t key, psagg_assignment *out)
 {
     psagg_ctx *c = (psagg_ctx *)ctx; /* (its lock only) */
-    const psagg_tensor_info *ti;
-    const psagg_adapt *a;
+    const psagg__tensor_info *ti;
+    const psagg__adapt *a;
     uint32_t i;
 
-    psagg_clear_error();
+    psagg__clear_error();
     if (!ctx || !out)
-        return psagg_fail(PSAGG_EINVAL, "psagg_get_assignment: NULL argument");
+        return psagg__fail(PSAGG_EINVAL, "psagg_get_assignment: NULL argument");
     if (worker_struct_size("psagg_assignment", out->struct_size, sizeof *out))
-        return psagg_fail_context(PSAGG_EINVAL, "psagg_get_assignment: ");
+        return psagg__fail_context(PSAGG_EINVAL, "psagg_get_assignment: ");
     if (!ctx->declared || key >= ctx->n_user)
-        return psagg_fail(PSAGG_EINVAL, "psagg_get_assignment: key %u, %u tensors declared", key,
-                          ctx->declared ? ctx->n_user : 0);
+        return psagg__fail(PSAGG_EINVAL, "psagg_get_assignment: key %u, %u tensors declared", key,
+                           ctx->declared ? ctx->n_user : 0);
     ti = &ctx->layout.tensors[key];
     a = ctx->adapt;
     *out = (psagg_assignment){.struct_size = sizeof *out, .codec = ti->codec};

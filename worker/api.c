@@ -41,27 +41,27 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
     int64_t deadline;
     psagg_status st;
 
-    psagg_clear_error();
+    psagg__clear_error();
     if (!out)
-        return psagg_fail(PSAGG_EINVAL, "psagg_init: out is NULL");
+        return psagg__fail(PSAGG_EINVAL, "psagg_init: out is NULL");
     *out = NULL;
     if (!ini_path)
         ini_path = getenv("PSAGG_CONFIG");
     if (!ini_path)
-        return psagg_fail(PSAGG_EINVAL, "psagg_init: no config file (argument or PSAGG_CONFIG)");
+        return psagg__fail(PSAGG_EINVAL, "psagg_init: no config file (argument or PSAGG_CONFIG)");
     if (rank < 0)
         rank = env_int("PSAGG_RANK", -1);
     if (world_size < 0)
         world_size = env_int("PSAGG_WORLD_SIZE", -1);
     if (rank < 0 || world_size < 1)
-        return psagg_fail(PSAGG_EINVAL,
-                          "psagg_init: rank %d of world size %d (set the arguments or PSAGG_RANK "
-                          "and PSAGG_WORLD_SIZE)",
-                          rank, world_size);
+        return psagg__fail(PSAGG_EINVAL,
+                           "psagg_init: rank %d of world size %d (set the arguments or PSAGG_RANK "
+                           "and PSAGG_WORLD_SIZE)",
+                           rank, world_size);
     ctx = calloc(1, sizeof *ctx);
     if (!ctx)
-        return psagg_fail(PSAGG_ENOMEM, "psagg_init");
-    ctx->mac_trace_fd = -1; /* (psagg_node_open sets it; the error paths close it) */
+        return psagg__fail(PSAGG_ENOMEM, "psagg_init");
+    ctx->mac_trace_fd = -1; /* (psagg__node_open sets it; the error paths close it) */
     pthread_mutex_init(&ctx->mu, NULL);
     {
         pthread_condattr_t ca;
@@ -70,36 +70,36 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
         pthread_cond_init(&ctx->cv, &ca);
         pthread_condattr_destroy(&ca);
     }
-    if ((st = psagg_config_load(ini_path, &ctx->cfg)))
+    if ((st = psagg__config_load(ini_path, &ctx->cfg)))
         goto err_config;
     if (world_size != ctx->cfg.n_workers) {
-        st = psagg_fail(PSAGG_ECONFIG,
-                        "%s: [cluster] workers = %d, but this worker was started "
-                        "with world size %d",
-                        ini_path, ctx->cfg.n_workers, world_size);
+        st = psagg__fail(PSAGG_ECONFIG,
+                         "%s: [cluster] workers = %d, but this worker was started "
+                         "with world size %d",
+                         ini_path, ctx->cfg.n_workers, world_size);
         goto err_config;
     }
     {
         /* an elastic job's ranks go up to max_workers: those from `workers` on join it later */
         int ranks = ctx->cfg.elastic ? ctx->cfg.max_workers : world_size;
         if (rank >= ranks) {
-            st = ctx->cfg.elastic ? psagg_fail(PSAGG_EINVAL,
-                                               "psagg_init: rank %d, but %s: [cluster] "
-                                               "max_workers = %d: a job's ranks are 0..%d",
-                                               rank, ini_path, ranks, ranks - 1)
-                                  : psagg_fail(PSAGG_EINVAL,
-                                               "psagg_init: rank %d of world size %d (set the "
-                                               "arguments or PSAGG_RANK and PSAGG_WORLD_SIZE)",
-                                               rank, world_size);
+            st = ctx->cfg.elastic ? psagg__fail(PSAGG_EINVAL,
+                                                "psagg_init: rank %d, but %s: [cluster] "
+                                                "max_workers = %d: a job's ranks are 0..%d",
+                                                rank, ini_path, ranks, ranks - 1)
+                                  : psagg__fail(PSAGG_EINVAL,
+                                                "psagg_init: rank %d of world size %d (set the "
+                                                "arguments or PSAGG_RANK and PSAGG_WORLD_SIZE)",
+                                                rank, world_size);
             goto err_config;
         }
         ctx->rank = rank;
         ctx->world = ranks;
     }
     /* the logger, the job key, this worker's nonce */
-    if ((st = psagg_node_open(&ctx->cfg, "worker", rank, &ctx->node)))
+    if ((st = psagg__node_open(&ctx->cfg, "worker", rank, &ctx->node)))
         goto err_config;
-    if ((st = psagg_timeline_open(ctx->cfg.timeline, "worker", rank, &ctx->timeline)))
+    if ((st = psagg__timeline_open(ctx->cfg.timeline, "worker", rank, &ctx->timeline)))
         goto err_config;
     ctx->servers = calloc((size_t)ctx->cfg.n_servers, sizeof *ctx->servers);
     ctx->live = calloc((size_t)ctx->world, 1);
@@ -107,21 +107,21 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
     if (ctx->live)
         memset(ctx->live, 1, (size_t)world_size);
     if (!ctx->servers || !ctx->live) {
-        st = psagg_fail(PSAGG_ENOMEM, "psagg_init");
+        st = psagg__fail(PSAGG_ENOMEM, "psagg_init");
         goto err_config;
     }
     for (int s = 0; s < ctx->cfg.n_servers; s++)
         ctx->servers[s].fd = -1;
 
     /* Control connections first: the one to server 0 tells which local address to use. */
-    deadline = psagg_now_ms() + ctx->cfg.connect_timeout_ms;
+    deadline = psagg__now_ms() + ctx->cfg.connect_timeout_ms;
     if ((st = handshake_connect(ctx, deadline)))
         goto err_connect;
     if (ctx->cfg.worker_fabric_node[0])
         snprintf(local, sizeof local, "%s", ctx->cfg.worker_fabric_node);
-    else if ((st = psagg_tcp_local_addr(ctx->servers[0].fd, local, sizeof local)))
+    else if ((st = psagg__tcp_local_addr(ctx->servers[0].fd, local, sizeof local)))
         goto err_connect;
-    if ((st = psagg_node_open_fabric(&ctx->node, &ctx->cfg, local)))
+    if ((st = psagg__node_open_fabric(&ctx->node, &ctx->cfg, local)))
         goto err_connect;
     if ((st = handshake_hello(ctx, deadline)))
         goto err_hello;
@@ -138,8 +138,8 @@ err_connect:
     free(ctx->servers);
     free(ctx->live);
 err_config:
-    psagg_node_close(&ctx->node); /* (the fabric and the mac_trace list, if they were opened) */
-    psagg_timeline_close(ctx->timeline, &ctx->log);
+    psagg__node_close(&ctx->node); /* (the fabric and the mac_trace list, if they were opened) */
+    psagg__timeline_close(ctx->timeline, &ctx->log);
     pthread_cond_destroy(&ctx->cv);
     pthread_mutex_destroy(&ctx->mu);
     free(ctx);
@@ -149,77 +149,77 @@ err_config:
 /* Allocate and register push buffers, residuals and posted receive buffers. */
 static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tensors)
 {
-    const psagg_layout *l = &ctx->layout;
-    size_t rsize = sizeof(psagg_msg_hdr) +
+    const psagg__layout *l = &ctx->layout;
+    size_t rsize = sizeof(psagg__msg_hdr) +
                    (l->max_param_bytes > l->max_enc_bytes ? l->max_param_bytes : l->max_enc_bytes) +
                    ctx->bitmap_bytes + ctx->tag_bytes;
     psagg_status st;
 
     if (rsize > ctx->max_msg)
-        return psagg_fail(PSAGG_EINVAL, "chunks of %zu bytes exceed the fabric limit of %zu", rsize,
-                          ctx->max_msg);
+        return psagg__fail(PSAGG_EINVAL, "chunks of %zu bytes exceed the fabric limit of %zu",
+                           rsize, ctx->max_msg);
     ctx->tensors = calloc(l->n_tensors, sizeof *ctx->tensors);
     ctx->chunks = calloc(l->n_chunks, sizeof *ctx->chunks);
     if (ctx->bitmap_bytes) /* [server] quorum */
         ctx->early = calloc(l->n_chunks, sizeof *ctx->early);
     if (!ctx->tensors || !ctx->chunks || (ctx->bitmap_bytes && !ctx->early))
-        return psagg_fail(PSAGG_ENOMEM, "tensor tables");
+        return psagg__fail(PSAGG_ENOMEM, "tensor tables");
     for (uint32_t t = 0; t < ctx->n_user; t++) { /* internal tensors keep no residual */
-        const psagg_tensor_info *ti = &l->tensors[t];
+        const psagg__tensor_info *ti = &l->tensors[t];
         ctx->tensors[t].lr = ctx->cfg.lr;
         ctx->tensors[t].weight_decay = ctx->cfg.weight_decay;
         ctx->tensors[t].weight = 1.0f;
         int ef =
             tensors[t].error_feedback < 0 ? ctx->cfg.error_feedback : tensors[t].error_feedback;
         if (ef && ti->codec.id != PSAGG_CODEC_FP32) {
-            ctx->tensors[t].residual = psagg_alloc(ti->count * sizeof(float), 1);
+            ctx->tensors[t].residual = psagg__alloc(ti->count * sizeof(float), 1);
             if (!ctx->tensors[t].residual)
-                return psagg_fail(PSAGG_ENOMEM, "residual of tensor '%s'", ti->name);
+                return psagg__fail(PSAGG_ENOMEM, "residual of tensor '%s'", ti->name);
         }
     }
     for (uint32_t c = 0; c < l->n_chunks; c++) {
-        const psagg_chunk_info *ci = &l->chunks[c];
+        const psagg__chunk_info *ci = &l->chunks[c];
         size_t body = l->tensors[ci->key].param && 4 * ci->count > ci->cap_bytes
                           ? 4 * ci->count /* worker 0's INIT */
                           : ci->cap_bytes;
-        size_t sz = sizeof(psagg_msg_hdr) + body + sizeof(psagg_msg_param) + ctx->tag_bytes;
-        ctx->chunks[c].buf = psagg_alloc(sz, 1);
+        size_t sz = sizeof(psagg__msg_hdr) + body + sizeof(psagg__msg_param) + ctx->tag_bytes;
+        ctx->chunks[c].buf = psagg__alloc(sz, 1);
         if (!ctx->chunks[c].buf)
-            return psagg_fail(PSAGG_ENOMEM, "push buffers");
-        if ((st = psagg_fabric_reg(ctx->fab, ctx->chunks[c].buf, sz, &ctx->chunks[c].desc)))
+            return psagg__fail(PSAGG_ENOMEM, "push buffers");
+        if ((st = psagg__fabric_reg(ctx->fab, ctx->chunks[c].buf, sz, &ctx->chunks[c].desc)))
             return st;
     }
     /* a window of updates per server, and a few more */
-    return psagg_rxpool_create(
+    return psagg__rxpool_create(
         &ctx->rx, ctx->fab,
-        psagg_rxpool_count(ctx->cfg.n_servers * ctx->cfg.max_inflight + 8, rsize, 256ull << 20),
-        rsize, sizeof(psagg_rxbuf));
+        psagg__rxpool_count(ctx->cfg.n_servers * ctx->cfg.max_inflight + 8, rsize, 256ull << 20),
+        rsize, sizeof(psagg__rxbuf));
 }
 
 psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, size_t n,
                            uint32_t *keys_out)
 {
-    psagg_ctl_declare *d;
-    psagg_ctl_tensor *wire;
+    psagg__ctl_declare *d;
+    psagg__ctl_tensor *wire;
     size_t bytes;
     psagg_status st = PSAGG_OK;
     uint32_t n_adaptive = 0, n_wire = (uint32_t)n;
 
-    psagg_clear_error();
+    psagg__clear_error();
     if (!ctx || !tensors || n == 0 || n > PSAGG_MAX_TENSORS)
-        return psagg_fail(PSAGG_EINVAL, "psagg_declare: %zu tensors", n);
+        return psagg__fail(PSAGG_EINVAL, "psagg_declare: %zu tensors", n);
     if (ctx->declared)
-        return psagg_fail(PSAGG_EINVAL, "psagg_declare: tensors were already declared");
+        return psagg__fail(PSAGG_EINVAL, "psagg_declare: tensors were already declared");
     for (size_t t = 0; t < n; t++) /* tensors[0] first: its size is the array's stride */
         if ((st = worker_struct_size("psagg_tensor_desc", tensors[t].struct_size, sizeof *tensors)))
-            return psagg_fail_context(st, "psagg_declare: tensor %zu: ", t);
+            return psagg__fail_context(st, "psagg_declare: tensor %zu: ", t);
     /* room for the adaptive statistics tensor, last (runtime/adaptive.h) */
     bytes = sizeof *d + (n + 1) * sizeof *wire;
     d = calloc(1, bytes);
     if (!d)
-        return psagg_fail(PSAGG_ENOMEM, "psagg_declare");
-    wire = (psagg_ctl_tensor *)(d + 1);
-    d->chunk_elems = psagg_chunk_elems(&ctx->cfg);
+        return psagg__fail(PSAGG_ENOMEM, "psagg_declare");
+    wire = (psagg__ctl_tensor *)(d + 1);
+    d->chunk_elems = psagg__chunk_elems(&ctx->cfg);
     for (size_t t = 0; t < n; t++) {
         psagg_codec c = tensors[t].codec;
         if (c.id == PSAGG_CODEC_DEFAULT) {
@@ -227,22 +227,22 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, siz
             if (tensors[t].count < ctx->cfg.min_compress_elems)
                 c = (psagg_codec){.id = PSAGG_CODEC_FP32};
         }
-        if ((st = psagg_codec_check(&c)) ||
-            (st = psagg_tensor_to_wire(tensors[t].name, tensors[t].count, &c, &wire[t]))) {
-            psagg_fail_context(st, "psagg_declare: tensor %zu: ", t);
+        if ((st = psagg__codec_check(&c)) ||
+            (st = psagg__tensor_to_wire(tensors[t].name, tensors[t].count, &c, &wire[t]))) {
+            psagg__fail_context(st, "psagg_declare: tensor %zu: ", t);
             goto out;
         }
         if (tensors[t].flags & ~(PSAGG_TENSOR_PARAMETER | PSAGG_TENSOR_RARE)) {
-            st = psagg_fail(PSAGG_EINVAL, "psagg_declare: tensor %zu '%s': unknown flags 0x%x", t,
-                            tensors[t].name, tensors[t].flags);
+            st = psagg__fail(PSAGG_EINVAL, "psagg_declare: tensor %zu '%s': unknown flags 0x%x", t,
+                             tensors[t].name, tensors[t].flags);
             goto out;
         }
         if (tensors[t].flags & PSAGG_TENSOR_PARAMETER) {
             if (ctx->optim.kind == PSAGG_OPTIM_NONE) {
-                st = psagg_fail(PSAGG_EINVAL,
-                                "psagg_declare: tensor %zu '%s' is a parameter, but the servers "
-                                "run no optimizer ([server] optimizer = none)",
-                                t, tensors[t].name);
+                st = psagg__fail(PSAGG_EINVAL,
+                                 "psagg_declare: tensor %zu '%s' is a parameter, but the servers "
+                                 "run no optimizer ([server] optimizer = none)",
+                                 t, tensors[t].name);
                 goto out;
             }
             wire[t].flags = PSAGG_DECL_PARAM;
@@ -262,10 +262,10 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, siz
         d->adapt_budget = ctx->cfg.adaptive_budget;
         d->adapt_flags = (ctx->cfg.adaptive_budget_bits ? PSAGG_ADAPT_BUDGET_BITS : 0) |
                          (ctx->cfg.error_feedback ? PSAGG_ADAPT_WORKER_EF : 0);
-        if ((st = psagg_tensor_to_wire(PSAGG_ADAPT_STATS_NAME,
-                                       (uint64_t)n_adaptive * PSAGG_ADAPT_MAX_BUCKETS, &f,
-                                       &wire[n]))) {
-            psagg_fail_context(st, "psagg_declare: ");
+        if ((st = psagg__tensor_to_wire(PSAGG_ADAPT_STATS_NAME,
+                                        (uint64_t)n_adaptive * PSAGG_ADAPT_MAX_BUCKETS, &f,
+                                        &wire[n]))) {
+            psagg__fail_context(st, "psagg_declare: ");
             goto out;
         }
         n_wire++;
@@ -273,9 +273,9 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, siz
     d->count = n_wire;
     bytes = sizeof *d + n_wire * sizeof *wire;
     ctx->n_user = (uint32_t)n;
-    if ((st = psagg_layout_build(wire, n_wire, d->chunk_elems, (uint32_t)ctx->cfg.n_servers,
-                                 d->adapt_interval, &ctx->layout))) {
-        psagg_fail_context(st, "psagg_declare: ");
+    if ((st = psagg__layout_build(wire, n_wire, d->chunk_elems, (uint32_t)ctx->cfg.n_servers,
+                                  d->adapt_interval, &ctx->layout))) {
+        psagg__fail_context(st, "psagg_declare: ");
         goto out;
     }
 
@@ -283,7 +283,7 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, siz
     if ((st = setup_buffers(ctx, tensors)))
         goto out;
     if ((st = adapt_setup(ctx))) { /* after the residuals: they decide nearest rounding */
-        psagg_fail_context(st, "psagg_declare: ");
+        psagg__fail_context(st, "psagg_declare: ");
         goto out;
     }
     st = handshake_declare(ctx, d, bytes);
@@ -313,7 +313,7 @@ static psagg_status param_op(psagg_ctx *ctx, uint32_t key, float *out, uint32_t 
     struct psagg_handle *h;
     psagg_status st;
     if (!handle)
-        return psagg_fail(PSAGG_EINVAL, "handle is NULL");
+        return psagg__fail(PSAGG_EINVAL, "handle is NULL");
     *handle = NULL;
     if (kind == PSAGG_PARAM_INIT && ctx && ctx->declared && ctx->joiner && key < ctx->n_user) {
         /* a joiner's parameter is the job's already: its INIT is the pull that the members
@@ -354,7 +354,7 @@ psagg_status psagg_pull_weights(psagg_ctx *ctx, uint32_t key, float *out, int sy
 static psagg_status param_key_check(const psagg_ctx *ctx, uint32_t key, const char *fn)
 {
     if (key != PSAGG_ALL_KEYS && (key >= ctx->n_user || !ctx->layout.tensors[key].param))
-        return psagg_fail(PSAGG_EINVAL, "%s: key %u is no declared parameter tensor", fn, key);
+        return psagg__fail(PSAGG_EINVAL, "%s: key %u is no declared parameter tensor", fn, key);
     return PSAGG_OK;
 }
 
@@ -366,15 +366,15 @@ static int param_key_has(const psagg_ctx *ctx, uint32_t key, uint32_t t)
 psagg_status psagg_set_lr(psagg_ctx *ctx, uint32_t key, float lr, float weight_decay)
 {
     psagg_status st;
-    psagg_clear_error();
+    psagg__clear_error();
     if (!ctx || !ctx->declared)
-        return psagg_fail(PSAGG_EINVAL, "psagg_set_lr: call psagg_declare first");
+        return psagg__fail(PSAGG_EINVAL, "psagg_set_lr: call psagg_declare first");
     if (!isfinite(lr) || lr < 0 || lr > PSAGG_LR_MAX || !isfinite(weight_decay) ||
         weight_decay < 0 || weight_decay > PSAGG_LR_MAX)
-        return psagg_fail(PSAGG_EINVAL,
-                          "psagg_set_lr: learning rate %g and weight decay %g must be in 0..%g "
-                          "(as [server] lr and weight_decay)",
-                          (double)lr, (double)weight_decay, (double)PSAGG_LR_MAX);
+        return psagg__fail(PSAGG_EINVAL,
+                           "psagg_set_lr: learning rate %g and weight decay %g must be in 0..%g "
+                           "(as [server] lr and weight_decay)",
+                           (double)lr, (double)weight_decay, (double)PSAGG_LR_MAX);
     if ((st = param_key_check(ctx, key, "psagg_set_lr")))
         return st;
     pthread_mutex_lock(&ctx->mu);
@@ -390,12 +390,12 @@ psagg_status psagg_set_lr(psagg_ctx *ctx, uint32_t key, float lr, float weight_d
 psagg_status psagg_set_param_sync(psagg_ctx *ctx, uint32_t key, uint32_t tag, float weight)
 {
     psagg_status st;
-    psagg_clear_error();
+    psagg__clear_error();
     if (!ctx || !ctx->declared)
-        return psagg_fail(PSAGG_EINVAL, "psagg_set_param_sync: call psagg_declare first");
+        return psagg__fail(PSAGG_EINVAL, "psagg_set_param_sync: call psagg_declare first");
     if (!isfinite(weight) || !(weight > 0) || weight > PSAGG_PARAM_WEIGHT_MAX)
-        return psagg_fail(PSAGG_EINVAL, "psagg_set_param_sync: weight %g must be in (0, %g]",
-                          (double)weight, (double)PSAGG_PARAM_WEIGHT_MAX);
+        return psagg__fail(PSAGG_EINVAL, "psagg_set_param_sync: weight %g must be in (0, %g]",
+                           (double)weight, (double)PSAGG_PARAM_WEIGHT_MAX);
     if ((st = param_key_check(ctx, key, "psagg_set_param_sync")))
         return st;
     pthread_mutex_lock(&ctx->mu);
@@ -412,11 +412,11 @@ psagg_status psagg_get_server_optim(const psagg_ctx *ctx, psagg_server_optim *ou
 {
     psagg_status st;
     if (!ctx || !out)
-        return psagg_fail(PSAGG_EINVAL, "psagg_get_server_optim: NULL argument");
+        return psagg__fail(PSAGG_EINVAL, "psagg_get_server_optim: NULL argument");
     if ((st = worker_struct_size("psagg_server_optim", out->struct_size, sizeof *out)))
-        return psagg_fail_context(st, "psagg_get_server_optim: ");
+        return psagg__fail_context(st, "psagg_get_server_optim: ");
     *out = (psagg_server_optim){.struct_size = sizeof *out,
-                                .kind = psagg_optim_name((psagg_optim_kind)ctx->optim.kind),
+                                .kind = psagg__optim_name((psagg__optim_kind)ctx->optim.kind),
                                 .momentum = ctx->optim.momentum,
                                 .dampening = ctx->optim.dampening,
                                 .beta1 = ctx->optim.beta1,
@@ -430,9 +430,9 @@ psagg_status psagg_get_server_optim(const psagg_ctx *ctx, psagg_server_optim *ou
 psagg_status psagg_get_tensor_round(const psagg_ctx *ctx, uint32_t key, uint32_t *round)
 {
     psagg_ctx *c = (psagg_ctx *)ctx; /* (its lock only) */
-    psagg_clear_error();
+    psagg__clear_error();
     if (!ctx || !ctx->declared || key >= ctx->n_user || !round)
-        return psagg_fail(PSAGG_EINVAL, "psagg_get_tensor_round: key %u is not declared", key);
+        return psagg__fail(PSAGG_EINVAL, "psagg_get_tensor_round: key %u is not declared", key);
     pthread_mutex_lock(&c->mu);
     *round = ctx->tensors[key].round;
     pthread_mutex_unlock(&c->mu);
@@ -447,9 +447,9 @@ psagg_status psagg_tensor_round(psagg_ctx *ctx, uint32_t key, uint32_t *round)
 
 psagg_status psagg_checkpoint(psagg_ctx *ctx)
 {
-    psagg_clear_error();
+    psagg__clear_error();
     if (!ctx || !ctx->declared)
-        return psagg_fail(PSAGG_EINVAL, "psagg_checkpoint: call psagg_declare first");
+        return psagg__fail(PSAGG_EINVAL, "psagg_checkpoint: call psagg_declare first");
     /* every server answers: its file, or why not (control.c) */
     return control_request(ctx, &ctx->ckpt, "psagg_checkpoint", ctx->cfg.n_servers);
 }
@@ -460,9 +460,9 @@ psagg_status psagg_push_pull(psagg_ctx *ctx, uint32_t key, const float *in, floa
     psagg_status st;
     struct psagg_handle *h;
     if (!handle)
-        return psagg_fail(PSAGG_EINVAL, "psagg_push_pull: handle is NULL");
+        return psagg__fail(PSAGG_EINVAL, "psagg_push_pull: handle is NULL");
     *handle = NULL;
-    h = handle_new(ctx, key, in, out, op, priority, &psagg_host_ops, &st);
+    h = handle_new(ctx, key, in, out, op, priority, &psagg__host_ops, &st);
     if (!h)
         return st;
     handle_submit(ctx, h);
@@ -488,7 +488,7 @@ psagg_status psagg_wait(psagg_handle *h, int timeout_ms)
     int st;
 
     if (!h)
-        return psagg_fail(PSAGG_EINVAL, "psagg_wait: NULL handle");
+        return psagg__fail(PSAGG_EINVAL, "psagg_wait: NULL handle");
     ctx = h->ctx;
     clock_gettime(CLOCK_MONOTONIC, &until);
     if (timeout_ms >= 0) {
@@ -505,12 +505,12 @@ psagg_status psagg_wait(psagg_handle *h, int timeout_ms)
             pthread_cond_wait(&ctx->cv, &ctx->mu);
         } else if (pthread_cond_timedwait(&ctx->cv, &ctx->mu, &until) == ETIMEDOUT && !h->done) {
             pthread_mutex_unlock(&ctx->mu);
-            return psagg_fail(PSAGG_ETIMEDOUT, "psagg_wait: not complete after %d ms", timeout_ms);
+            return psagg__fail(PSAGG_ETIMEDOUT, "psagg_wait: not complete after %d ms", timeout_ms);
         }
     }
     st = h->status;
     if (st)
-        psagg_fail(st, "%s", h->msg);
+        psagg__fail(st, "%s", h->msg);
     pthread_mutex_unlock(&ctx->mu);
     return st;
 }
@@ -531,9 +531,9 @@ static psagg_status handle_succeeded(psagg_handle *h, const char *fn)
     st = h->done ? (psagg_status)h->status : PSAGG_EAGAIN;
     pthread_mutex_unlock(&h->ctx->mu);
     if (st == PSAGG_EAGAIN)
-        return psagg_fail(st, "%s: the push_pull has not completed", fn);
+        return psagg__fail(st, "%s: the push_pull has not completed", fn);
     if (st)
-        return psagg_fail(st, "%s: the push_pull failed: %s", fn, h->msg);
+        return psagg__fail(st, "%s: the push_pull failed: %s", fn, h->msg);
     return PSAGG_OK;
 }
 
@@ -541,9 +541,9 @@ psagg_status psagg_handle_timing(psagg_handle *h, psagg_timing *out)
 {
     psagg_status st;
     if (!h || !out)
-        return psagg_fail(PSAGG_EINVAL, "psagg_handle_timing: NULL argument");
+        return psagg__fail(PSAGG_EINVAL, "psagg_handle_timing: NULL argument");
     if ((st = worker_struct_size("psagg_timing", out->struct_size, sizeof *out)))
-        return psagg_fail_context(st, "psagg_handle_timing: ");
+        return psagg__fail_context(st, "psagg_handle_timing: ");
     *out = (psagg_timing){.struct_size = sizeof *out};
     if ((st = handle_succeeded(h, "psagg_handle_timing")))
         return st;
@@ -555,7 +555,7 @@ psagg_status psagg_handle_codec(psagg_handle *h, psagg_codec *codec, uint32_t *g
 {
     psagg_status st;
     if (!h || !codec)
-        return psagg_fail(PSAGG_EINVAL, "psagg_handle_codec: NULL argument");
+        return psagg__fail(PSAGG_EINVAL, "psagg_handle_codec: NULL argument");
     if ((st = handle_succeeded(h, "psagg_handle_codec")))
         return st;
     *codec = h->codec;
@@ -568,11 +568,11 @@ psagg_status psagg_get_stats(const psagg_ctx *ctx, psagg_stats *out)
 {
     psagg_status st;
     if (!ctx || !out)
-        return psagg_fail(PSAGG_EINVAL, "psagg_get_stats: NULL argument");
+        return psagg__fail(PSAGG_EINVAL, "psagg_get_stats: NULL argument");
     size_t size = out->struct_size;
     if (size != offsetof(psagg_stats, left_out) && /* (before left_out was appended) */
         (st = worker_struct_size("psagg_stats", size, sizeof *out)))
-        return psagg_fail_context(st, "psagg_get_stats: ");
+        return psagg__fail_context(st, "psagg_get_stats: ");
     {
         psagg_stats all = {.struct_size = size};
         worker_stats(ctx, &all);
@@ -589,9 +589,9 @@ psagg_status psagg_get_membership(const psagg_ctx *ctx, psagg_membership *out)
     psagg_ctx *c = (psagg_ctx *)ctx; /* its mutex only */
     int rank = 0;
     if (!ctx || !out)
-        return psagg_fail(PSAGG_EINVAL, "psagg_get_membership: NULL argument");
+        return psagg__fail(PSAGG_EINVAL, "psagg_get_membership: NULL argument");
     if ((st = worker_struct_size("psagg_membership", out->struct_size, sizeof *out)))
-        return psagg_fail_context(st, "psagg_get_membership: ");
+        return psagg__fail_context(st, "psagg_get_membership: ");
     pthread_mutex_lock(&c->mu);
     for (int k = 0; k < ctx->rank; k++)
         rank += ctx->live[k];
@@ -610,11 +610,11 @@ psagg_status psagg_sync_membership(psagg_ctx *ctx, psagg_membership *out)
 {
     psagg_status st;
 
-    psagg_clear_error();
+    psagg__clear_error();
     if (!ctx || !ctx->declared)
-        return psagg_fail(PSAGG_EINVAL, "psagg_sync_membership: call psagg_declare first");
+        return psagg__fail(PSAGG_EINVAL, "psagg_sync_membership: call psagg_declare first");
     if (out && (st = worker_struct_size("psagg_membership", out->struct_size, sizeof *out)))
-        return psagg_fail_context(st, "psagg_sync_membership: ");
+        return psagg__fail_context(st, "psagg_sync_membership: ");
     if (!ctx->cfg.elastic)
         return out ? psagg_get_membership(ctx, out) : PSAGG_OK;
     /* server 0 lets every member pass the barrier once all are in it (control.c) */
@@ -630,7 +630,7 @@ psagg_status psagg_sync_membership(psagg_ctx *ctx, psagg_membership *out)
                  "within 2 x op_timeout_ms=%d",
                  seq, ctx->cfg.op_timeout_ms);
         worker_fail_all(ctx, PSAGG_ETIMEDOUT, "%s", msg);
-        return psagg_fail(PSAGG_ETIMEDOUT, "%s", msg);
+        return psagg__fail(PSAGG_ETIMEDOUT, "%s", msg);
     }
     if (!st && out)
         st = psagg_get_membership(ctx, out);
@@ -660,14 +660,14 @@ uint64_t psagg_min_compress_elems(const psagg_ctx *ctx)
 static void say_bye(psagg_ctx *ctx, int failed)
 {
     int64_t until =
-        psagg_now_ms() + (ctx->cfg.op_timeout_ms < 5000 ? ctx->cfg.op_timeout_ms : 5000);
+        psagg__now_ms() + (ctx->cfg.op_timeout_ms < 5000 ? ctx->cfg.op_timeout_ms : 5000);
     int open = 0;
     for (int s = 0; s < ctx->cfg.n_servers; s++) {
         int fd = ctx->servers[s].fd;
         if (fd < 0)
             continue;
         /* a server that is already gone needs no BYE; it has failed the job by itself */
-        if (failed || psagg_ctl_send(fd, &ctx->servers[s].auth, PSAGG_CTL_BYE, NULL, 0)) {
+        if (failed || psagg__ctl_send(fd, &ctx->servers[s].auth, PSAGG_CTL_BYE, NULL, 0)) {
             if (!failed)
                 LOG_WARN(&ctx->log, "server %d: BYE: %s", s, psagg_last_error());
             close(fd);
@@ -681,7 +681,8 @@ static void say_bye(psagg_ctx *ctx, int failed)
     for (int s = 0; s < ctx->cfg.n_servers && open > 0; s++) {
         struct pollfd pf = {.fd = ctx->servers[s].fd, .events = POLLIN};
         int left;
-        while (pf.fd >= 0 && (left = (int)(until - psagg_now_ms())) > 0 && poll(&pf, 1, left) > 0) {
+        while (pf.fd >= 0 && (left = (int)(until - psagg__now_ms())) > 0 &&
+               poll(&pf, 1, left) > 0) {
             char sink[4096];
             ssize_t got = recv(pf.fd, sink, sizeof sink, MSG_DONTWAIT);
             if (got > 0 || (got < 0 && (errno == EAGAIN || errno == EINTR)))
@@ -718,25 +719,25 @@ psagg_status psagg_close(psagg_ctx *ctx)
                  "[server] quorum: %llu chunk rounds closed without this worker's push (each "
                  "carried into its next push)",
                  (unsigned long long)atomic_load(&ctx->left_out));
-    psagg_node_close(&ctx->node);
-    psagg_timeline_close(ctx->timeline, &ctx->log);
+    psagg__node_close(&ctx->node);
+    psagg__timeline_close(ctx->timeline, &ctx->log);
     if (ctx->device_destroy)
         ctx->device_destroy(ctx);
     for (uint32_t t = 0; ctx->tensors && t < ctx->layout.n_tensors; t++) {
-        psagg_free(ctx->tensors[t].residual);
-        psagg_free(ctx->tensors[t].carry);
+        psagg__free(ctx->tensors[t].residual);
+        psagg__free(ctx->tensors[t].carry);
     }
     for (uint32_t c = 0; ctx->chunks && c < ctx->layout.n_chunks; c++) {
-        psagg_free(ctx->chunks[c].buf);
+        psagg__free(ctx->chunks[c].buf);
         if (ctx->early)
             free(ctx->early[c]);
     }
     free(ctx->early);
-    psagg_rxpool_destroy(&ctx->rx);
+    psagg__rxpool_destroy(&ctx->rx);
     adapt_free(ctx);
     free(ctx->chunks);
     free(ctx->tensors);
-    psagg_layout_free(&ctx->layout);
+    psagg__layout_free(&ctx->layout);
     free(ctx->servers);
     free(ctx->live);
     pthread_cond_destroy(&ctx->cv);

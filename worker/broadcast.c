@@ -106,57 +106,57 @@ static psagg_status header_check(const long *hdr, uint64_t word, int rank)
         agree_mine &= hdr[H_SUM + p] == callers * x && hdr[H_SQUARE + p] == callers * x * x;
     }
     if (callers < 1)
-        return psagg_fail(PSAGG_EPROTO, "psagg_broadcast: the header's sums count %ld callers",
-                          callers);
+        return psagg__fail(PSAGG_EPROTO, "psagg_broadcast: the header's sums count %ld callers",
+                           callers);
     if (roots == 1 && agree_ref)
         return PSAGG_OK;
     if (roots == 0 && agree_mine)
-        return psagg_fail(PSAGG_EPEER,
-                          "psagg_broadcast: root %d did not take part (%ld workers called with "
-                          "root %d and len %llu): it left the job, or is not calling",
-                          word_root(word), callers, word_root(word),
-                          (unsigned long long)word_len(word));
+        return psagg__fail(PSAGG_EPEER,
+                           "psagg_broadcast: root %d did not take part (%ld workers called with "
+                           "root %d and len %llu): it left the job, or is not calling",
+                           word_root(word), callers, word_root(word),
+                           (unsigned long long)word_len(word));
     if (roots != 1)
-        return psagg_fail(PSAGG_EMISMATCH,
-                          "psagg_broadcast: the %ld callers disagree on root (%ld of them are the "
-                          "root they name); this worker (rank %d) passed root %d and len %llu",
-                          callers, roots, rank, word_root(word),
-                          (unsigned long long)word_len(word));
-    return psagg_fail(PSAGG_EMISMATCH,
-                      "psagg_broadcast: the %ld callers disagree on len or root: root %d passed "
-                      "len %llu; this worker (rank %d) passed root %d and len %llu (every caller "
-                      "passes the same key, len and root)",
-                      callers, word_root(ref), (unsigned long long)word_len(ref), rank,
-                      word_root(word), (unsigned long long)word_len(word));
+        return psagg__fail(PSAGG_EMISMATCH,
+                           "psagg_broadcast: the %ld callers disagree on root (%ld of them are the "
+                           "root they name); this worker (rank %d) passed root %d and len %llu",
+                           callers, roots, rank, word_root(word),
+                           (unsigned long long)word_len(word));
+    return psagg__fail(PSAGG_EMISMATCH,
+                       "psagg_broadcast: the %ld callers disagree on len or root: root %d passed "
+                       "len %llu; this worker (rank %d) passed root %d and len %llu (every caller "
+                       "passes the same key, len and root)",
+                       callers, word_root(ref), (unsigned long long)word_len(ref), rank,
+                       word_root(word), (unsigned long long)word_len(word));
 }
 
 /* The arguments, named; PSAGG_OK when psagg_broadcast may start. */
 static psagg_status check_args(psagg_ctx *ctx, uint32_t key, const void *buf, size_t len, int root)
 {
-    const psagg_tensor_info *ti;
+    const psagg__tensor_info *ti;
 
     if (!ctx)
-        return psagg_fail(PSAGG_EINVAL, "psagg_broadcast: ctx is NULL");
+        return psagg__fail(PSAGG_EINVAL, "psagg_broadcast: ctx is NULL");
     if (!ctx->declared)
-        return psagg_fail(PSAGG_EINVAL, "psagg_broadcast: call psagg_declare first");
+        return psagg__fail(PSAGG_EINVAL, "psagg_broadcast: call psagg_declare first");
     if (key >= ctx->n_user)
-        return psagg_fail(PSAGG_EINVAL, "psagg_broadcast: key %u is not declared (%u tensors)", key,
-                          ctx->n_user);
+        return psagg__fail(PSAGG_EINVAL, "psagg_broadcast: key %u is not declared (%u tensors)",
+                           key, ctx->n_user);
     ti = &ctx->layout.tensors[key];
     if (ti->codec.id != PSAGG_CODEC_FP32 || ti->adaptive || ti->param)
-        return psagg_fail(PSAGG_EINVAL,
-                          "psagg_broadcast: key %u ('%s') must be a declared fp32 tensor that is "
-                          "not a parameter; it is %s",
-                          key, ti->name, ti->param ? "a parameter" : "compressed");
+        return psagg__fail(PSAGG_EINVAL,
+                           "psagg_broadcast: key %u ('%s') must be a declared fp32 tensor that is "
+                           "not a parameter; it is %s",
+                           key, ti->name, ti->param ? "a parameter" : "compressed");
     if (root < 0 || root >= ctx->world)
-        return psagg_fail(PSAGG_EINVAL, "psagg_broadcast: root %d is not a worker rank (0..%d)",
-                          root, ctx->world - 1);
+        return psagg__fail(PSAGG_EINVAL, "psagg_broadcast: root %d is not a worker rank (0..%d)",
+                           root, ctx->world - 1);
     if ((uint64_t)len > PSAGG_BROADCAST_MAX)
-        return psagg_fail(PSAGG_EINVAL,
-                          "psagg_broadcast: len %zu is more than PSAGG_BROADCAST_MAX (%llu bytes)",
-                          len, (unsigned long long)PSAGG_BROADCAST_MAX);
+        return psagg__fail(PSAGG_EINVAL,
+                           "psagg_broadcast: len %zu is more than PSAGG_BROADCAST_MAX (%llu bytes)",
+                           len, (unsigned long long)PSAGG_BROADCAST_MAX);
     if (!buf && len > 0)
-        return psagg_fail(PSAGG_EINVAL, "psagg_broadcast: buf is NULL, with len %zu", len);
+        return psagg__fail(PSAGG_EINVAL, "psagg_broadcast: buf is NULL, with len %zu", len);
     return PSAGG_OK;
 }
 
@@ -167,12 +167,12 @@ static psagg_status check_args(psagg_ctx *ctx, uint32_t key, const void *buf, si
 static psagg_status bcast_round(psagg_ctx *ctx, uint32_t key, float *vals, int root, uint32_t *lo,
                                 uint32_t *hi)
 {
-    const psagg_tensor_info *ti = &ctx->layout.tensors[key];
+    const psagg__tensor_info *ti = &ctx->layout.tensors[key];
     struct psagg_handle *h;
     psagg_status st;
 
-    if (!(h = handle_new(ctx, key, vals, vals, PSAGG_SUM, 0, &psagg_host_ops, &st)))
-        return psagg_fail_context(st, "psagg_broadcast: ");
+    if (!(h = handle_new(ctx, key, vals, vals, PSAGG_SUM, 0, &psagg__host_ops, &st)))
+        return psagg__fail_context(st, "psagg_broadcast: ");
     h->need_rank = root; /* (before handle_submit: its creator's still) */
     handle_submit(ctx, h);
     st = psagg_wait(h, -1);
@@ -219,15 +219,15 @@ psagg_status psagg_broadcast(psagg_ctx *ctx, uint32_t key, void *buf, size_t len
     float *vals;
     psagg_status st = PSAGG_OK;
 
-    psagg_clear_error();
+    psagg__clear_error();
     if ((st = check_args(ctx, key, buf, len, root)))
         return st;
     is_root = ctx->rank == root;
     count = ctx->layout.tensors[key].count;
     total = HDR_ELEMS + ((uint64_t)len + 2) / 3;
     if (!(vals = malloc(count * sizeof *vals)))
-        return psagg_fail(PSAGG_ENOMEM, "psagg_broadcast: a round of key %u (%llu elements)", key,
-                          (unsigned long long)count);
+        return psagg__fail(PSAGG_ENOMEM, "psagg_broadcast: a round of key %u (%llu elements)", key,
+                           (unsigned long long)count);
     for (uint64_t at = 0; at < total; at += count) {
         uint64_t n = total - at < count ? total - at : count;
         uint32_t lo = 0, hi = 0;
@@ -248,21 +248,21 @@ psagg_status psagg_broadcast(psagg_ctx *ctx, uint32_t key, void *buf, size_t len
         if (!ctx->bitmap_bytes) {
             first = at ? first : lo;
             if (lo != hi || lo != first) {
-                st = psagg_fail(PSAGG_EPEER,
-                                "psagg_broadcast: a worker left the job during the call (an "
-                                "update summed %u workers, the first round's %u): root %d's "
-                                "bytes may be missing; call it again",
-                                lo, first, root);
+                st = psagg__fail(PSAGG_EPEER,
+                                 "psagg_broadcast: a worker left the job during the call (an "
+                                 "update summed %u workers, the first round's %u): root %d's "
+                                 "bytes may be missing; call it again",
+                                 lo, first, root);
                 goto out;
             }
         }
         for (uint64_t j = at; j < at + n; j++) {
             long v = elem_value(vals[j - at]);
             if (v < 0) {
-                st = psagg_fail(PSAGG_EPROTO,
-                                "psagg_broadcast: element %llu of key %u summed to %g, which is "
-                                "no packed integer (did a caller push something else?)",
-                                (unsigned long long)j, key, (double)vals[j - at]);
+                st = psagg__fail(PSAGG_EPROTO,
+                                 "psagg_broadcast: element %llu of key %u summed to %g, which is "
+                                 "no packed integer (did a caller push something else?)",
+                                 (unsigned long long)j, key, (double)vals[j - at]);
                 goto out;
             }
             if (j < HDR_ELEMS) {

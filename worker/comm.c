@@ -2,7 +2,7 @@
  * comm.c - libpsagg's communication thread: scheduling, pushes, updates, failure detection.
  *
  * It takes submitted operations into its active list (by priority, then age), has each one's
- * chunks encoded by the operation's buffer operations (worker.h: psagg_bufops) once their
+ * chunks encoded by the operation's buffer operations (worker.h: psagg__bufops) once their
  * push buffers are free, pushes them within each server's in-flight window, checks every
  * update (updates.c) and hands it to the operation's buffer operations, and completes the
  * operation when they say its output is written. Every 20 ms it reads the control
@@ -30,7 +30,7 @@ typedef struct comm_state {
     struct psagg_handle **active;
     uint32_t n_active, cap;
     int64_t next_ctl_check;
-    psagg_gate gate;    /* who sent an update (runtime/gate.h) */
+    psagg__gate gate;   /* who sent an update (runtime/gate.h) */
     int told_servers;   /* the servers heard why this worker failed */
     int64_t next_ping;  /* when the servers get their next PING (control.c) */
     int64_t next_stats; /* when the next stats line is due ([log] stats_interval_ms) */
@@ -52,7 +52,7 @@ static void take_queue(comm_state *cs)
         uint32_t i;
         q = q->next;
         h->next = NULL;
-        h->t_taken = psagg_now_ns();
+        h->t_taken = psagg__now_ns();
         if (cs->n_active == cs->cap) { /* cannot happen: one operation per tensor */
             worker_fail_all(ctx, PSAGG_EINVAL, "more operations in flight than tensors (%u)",
                             cs->cap);
@@ -86,7 +86,7 @@ static void remove_active(comm_state *cs, struct psagg_handle *h)
  */
 static void account_op(psagg_ctx *ctx, struct psagg_handle *h)
 {
-    const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
+    const psagg__tensor_info *ti = &ctx->layout.tensors[h->key];
     psagg_timing t;
 
     handle_timing(h, &t);
@@ -101,18 +101,18 @@ static void account_op(psagg_ctx *ctx, struct psagg_handle *h)
     {
         /* the phases of psagg_timing: queued, encode, send, wait, decode */
         static const char *const keys[] = {"round", "key", "chunks", "bytes", "decode_ns"};
-        psagg_span sp = {.name = ti->name,
-                         .cat = "push_pull",
-                         .start_ns = h->t_submit,
-                         .ends = {h->t_taken, h->t_encoded, h->t_sent, h->t_updates, h->t_done},
-                         .n_phases = 5,
-                         .keys = keys,
-                         .n_args = 5,
-                         .args = {h->round, h->key, ti->n_chunks,
-                                  (int64_t)(ti->count * sizeof(float)), (int64_t)t.decode_ns},
-                         .str_key = "buffers",
-                         .str_val = h->ops->kind};
-        psagg_timeline_span(ctx->timeline, &sp);
+        psagg__span sp = {.name = ti->name,
+                          .cat = "push_pull",
+                          .start_ns = h->t_submit,
+                          .ends = {h->t_taken, h->t_encoded, h->t_sent, h->t_updates, h->t_done},
+                          .n_phases = 5,
+                          .keys = keys,
+                          .n_args = 5,
+                          .args = {h->round, h->key, ti->n_chunks,
+                                   (int64_t)(ti->count * sizeof(float)), (int64_t)t.decode_ns},
+                          .str_key = "buffers",
+                          .str_val = h->ops->kind};
+        psagg__timeline_span(ctx->timeline, &sp);
     }
 }
 
@@ -122,7 +122,7 @@ static void finish_op(comm_state *cs, struct psagg_handle *h, psagg_status statu
     int internal = adapt_is_stats(ctx, h); /* the adaptive statistics: nobody waits on it */
     remove_active(cs, h);
     if (!status && !internal) { /* counted before it completes: a waiter's stats include it */
-        h->t_done = psagg_now_ns();
+        h->t_done = psagg__now_ns();
         account_op(ctx, h);
         atomic_fetch_add(&ctx->push_pulls, 1);
     }
@@ -148,25 +148,25 @@ static void finish_op(comm_state *cs, struct psagg_handle *h, psagg_status statu
 
 /*
  * The body of a parameter's INIT (worker 0: the fp32 weights, which must be finite) or PULL
- * (none): written into the push buffers; PSAGG_OK, or a negative status (psagg_fail).
+ * (none): written into the push buffers; PSAGG_OK, or a negative status (psagg__fail).
  */
 static psagg_status param_body(psagg_ctx *ctx, struct psagg_handle *h)
 {
     static const psagg_codec fp32 = {PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC};
-    const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
+    const psagg__tensor_info *ti = &ctx->layout.tensors[h->key];
 
     if ((h->prm.flags & PSAGG_PARAM_KIND_MASK) != PSAGG_PARAM_INIT || ctx->rank != 0)
         return PSAGG_OK;
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
-        const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
+        const psagg__chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
         size_t bad = 0;
-        psagg_status st = psagg_encode(
-            &fp32, h->out + ci->offset, NULL, ci->count, (psagg_rng_key){0, 0},
-            ctx->chunks[ti->first_chunk + c].buf + sizeof(psagg_msg_hdr), 4 * ci->count, &bad);
+        psagg_status st = psagg__encode(
+            &fp32, h->out + ci->offset, NULL, ci->count, (psagg__rng_key){0, 0},
+            ctx->chunks[ti->first_chunk + c].buf + sizeof(psagg__msg_hdr), 4 * ci->count, &bad);
         if (st)
-            return psagg_fail_context(st,
-                                      "psagg_param_init: tensor '%.63s': weight %llu: ", ti->name,
-                                      (unsigned long long)(ci->offset + bad));
+            return psagg__fail_context(st,
+                                       "psagg_param_init: tensor '%.63s': weight %llu: ", ti->name,
+                                       (unsigned long long)(ci->offset + bad));
     }
     return PSAGG_OK;
 }
@@ -179,7 +179,7 @@ static psagg_status param_body(psagg_ctx *ctx, struct psagg_handle *h)
 static int encode_op(comm_state *cs, struct psagg_handle *h)
 {
     psagg_ctx *ctx = cs->ctx;
-    const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
+    const psagg__tensor_info *ti = &ctx->layout.tensors[h->key];
     char msg[256];
     psagg_status st;
     int r;
@@ -206,10 +206,10 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
         return -1;
     }
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
-        const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
+        const psagg__chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
         uint8_t *buf = ctx->chunks[ti->first_chunk + c].buf;
-        psagg_msg_hdr *mh = (psagg_msg_hdr *)buf;
-        psagg_msg_init(mh, PSAGG_MSG_PUSH, (uint32_t)ctx->rank, h->round, ci, &h->codec, h->gen);
+        psagg__msg_hdr *mh = (psagg__msg_hdr *)buf;
+        psagg__msg_init(mh, PSAGG_MSG_PUSH, (uint32_t)ctx->rank, h->round, ci, &h->codec, h->gen);
         mh->epoch = (uint16_t)ctx->epoch; /* (read without the lock: informational) */
         if (ti->param) {                  /* the body's length for its kind, then the trailer */
             uint32_t kind = h->prm.flags & PSAGG_PARAM_KIND_MASK;
@@ -222,15 +222,15 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
         }
         if (ctx->tag_bytes) { /* sealed for its server alone, under a number of its own */
             server_conn *sc = &ctx->servers[ci->owner];
-            psagg_node_seal(&ctx->node, &sc->push_key, ++sc->push_seq, buf, sizeof *mh + mh->len);
+            psagg__node_seal(&ctx->node, &sc->push_key, ++sc->push_seq, buf, sizeof *mh + mh->len);
         }
     }
     h->encoded = 1;
-    h->t_encoded = psagg_now_ns();
+    h->t_encoded = psagg__now_ns();
     if (ctx->early) /* [server] quorum: updates that came first (their chunks are not sent) */
         for (uint32_t c = 0; c < ti->n_chunks && !worker_failed(ctx); c++) {
             struct early_update *e = ctx->early[ti->first_chunk + c];
-            if (!e || ((const psagg_msg_hdr *)e->msg)->round != h->round)
+            if (!e || ((const psagg__msg_hdr *)e->msg)->round != h->round)
                 continue; /* (or of the next round: the next operation's) */
             ctx->early[ti->first_chunk + c] = NULL;
             update_apply(ctx, h, e->msg, &e->mc); /* (poll_completing completes h) */
@@ -251,7 +251,7 @@ static int schedule(comm_state *cs)
 
     for (uint32_t i = 0; i < cs->n_active; i++) {
         struct psagg_handle *h = cs->active[i];
-        const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
+        const psagg__tensor_info *ti = &ctx->layout.tensors[h->key];
         if (!h->encoded) {
             int r = encode_op(cs, h);
             if (r < 0) {
@@ -265,23 +265,23 @@ static int schedule(comm_state *cs)
         }
         while (h->next_send < ti->n_chunks) {
             uint32_t g = ti->first_chunk + h->next_send;
-            const psagg_chunk_info *ci = &ctx->layout.chunks[g];
+            const psagg__chunk_info *ci = &ctx->layout.chunks[g];
             server_conn *sc = &ctx->servers[ci->owner];
             if (h->chunk_done[h->next_send]) { /* its round closed without it ([server] quorum) */
                 if (++h->next_send == ti->n_chunks)
-                    h->t_sent = psagg_now_ns();
+                    h->t_sent = psagg__now_ns();
                 continue;
             }
             /* the header encode_op wrote has the payload's length */
-            size_t len = sizeof(psagg_msg_hdr) + ((const psagg_msg_hdr *)ctx->chunks[g].buf)->len;
+            size_t len = sizeof(psagg__msg_hdr) + ((const psagg__msg_hdr *)ctx->chunks[g].buf)->len;
             psagg_status st;
             if (sc->inflight >= ctx->cfg.max_inflight) {
                 waiting = waiting ? waiting : 1;
                 break;
             }
             ctx->chunks[g].send_pending = 1;
-            st = psagg_fabric_try_send(ctx->fab, sc->addr, ctx->chunks[g].buf, len + ctx->tag_bytes,
-                                       ctx->chunks[g].desc, &ctx->chunks[g]);
+            st = psagg__fabric_try_send(ctx->fab, sc->addr, ctx->chunks[g].buf,
+                                        len + ctx->tag_bytes, ctx->chunks[g].desc, &ctx->chunks[g]);
             if (st == PSAGG_EAGAIN) { /* the provider's queue is full: after the next poll */
                 ctx->chunks[g].send_pending = 0;
                 return waiting ? waiting : 1;
@@ -294,7 +294,7 @@ static int schedule(comm_state *cs)
             }
             sc->inflight++;
             if (++h->next_send == ti->n_chunks)
-                h->t_sent = psagg_now_ns();
+                h->t_sent = psagg__now_ns();
             atomic_fetch_add(&ctx->bytes_sent, len);
             atomic_fetch_add(&ctx->bytes_raw, ci->count * sizeof(float));
         }
@@ -342,10 +342,10 @@ static void poll_completing(comm_state *cs)
 static void check_deadlines(comm_state *cs)
 {
     psagg_ctx *ctx = cs->ctx;
-    int64_t now = psagg_now_ms();
+    int64_t now = psagg__now_ms();
     for (uint32_t i = 0; i < cs->n_active; i++) {
         struct psagg_handle *h = cs->active[i];
-        const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
+        const psagg__tensor_info *ti = &ctx->layout.tensors[h->key];
         char waiting[96] = "";
         size_t used = 0;
         int n = 0;
@@ -430,7 +430,7 @@ static void *comm_main(void *arg)
 {
     psagg_ctx *ctx = arg;
     comm_state cs = {.ctx = ctx};
-    psagg_fabric_event ev[64];
+    psagg__fabric_event ev[64];
 
     updates_gate(ctx, &cs.gate);
     cs.cap = ctx->layout.n_tensors;
@@ -457,10 +457,10 @@ static void *comm_main(void *arg)
         n = ctx->queue != NULL;
         syncing = ctx->barrier.state != 0; /* its answer comes on server 0's control channel */
         pthread_mutex_unlock(&ctx->mu);
-        n = psagg_fabric_poll(ctx->fab, ev, 64,
-                              n                                                ? 0
-                              : waiting == 2 || syncing || any_completing(&cs) ? 1
-                                                                               : 10);
+        n = psagg__fabric_poll(ctx->fab, ev, 64,
+                               n                                                ? 0
+                               : waiting == 2 || syncing || any_completing(&cs) ? 1
+                                                                                : 10);
         atomic_store(&ctx->comm_idle, 0);
         if (n < 0) {
             worker_fail_all(ctx, PSAGG_EFABRIC, "completion queue: %s", psagg_last_error());
@@ -486,14 +486,14 @@ static void *comm_main(void *arg)
                 break;
             }
             case PSAGG_FABRIC_RECV_DONE: {
-                psagg_rxbuf *rb = ev[i].ctx;
+                psagg__rxbuf *rb = ev[i].ctx;
                 rb->len = ev[i].len;
                 if (!drop_if_failed(&cs)) {
                     struct psagg_handle *h = update_arrived(ctx, &cs.gate, rb, ev[i].src);
                     if (h)
                         try_complete(&cs, h);
                 }
-                if (psagg_rxpool_repost(&ctx->rx, rb))
+                if (psagg__rxpool_repost(&ctx->rx, rb))
                     worker_fail_all(ctx, PSAGG_EFABRIC, "reposting a receive: %s",
                                     psagg_last_error());
                 break;
@@ -507,7 +507,7 @@ static void *comm_main(void *arg)
         }
         if (!drop_if_failed(&cs))
             poll_completing(&cs);
-        now = psagg_now_ms();
+        now = psagg__now_ms();
         if (now >= cs.next_ctl_check || syncing) {
             control_check(ctx, now, &cs.next_ping);
             if (!drop_if_failed(&cs))
@@ -521,7 +521,7 @@ static void *comm_main(void *arg)
         }
     }
     drop_if_failed(&cs); /* a failure psagg_close stopped us right after: tell the servers */
-    psagg_gate_flush(&cs.gate);
+    psagg__gate_flush(&cs.gate);
     free(cs.active);
     return NULL;
 }
@@ -529,11 +529,11 @@ static void *comm_main(void *arg)
 psagg_status comm_start(psagg_ctx *ctx)
 {
     for (int s = 0; s < ctx->cfg.n_servers; s++) /* their silence counts from READY */
-        ctx->servers[s].heard_at = psagg_now_ms();
+        ctx->servers[s].heard_at = psagg__now_ms();
     atomic_store(&ctx->running, 1);
     if (pthread_create(&ctx->comm_tid, NULL, comm_main, ctx)) {
         atomic_store(&ctx->running, 0);
-        return psagg_fail(PSAGG_EIO, "cannot start the communication thread");
+        return psagg__fail(PSAGG_EIO, "cannot start the communication thread");
     }
     return PSAGG_OK;
 }

@@ -34,9 +34,9 @@ static psagg_status between_steps(psagg_ctx *ctx, const char *fn)
 {
     for (uint32_t t = 0; t < ctx->n_user; t++)
         if (ctx->tensors[t].op)
-            return psagg_fail(PSAGG_EINVAL,
-                              "%s: tensor '%s' has an operation in flight; call it between steps",
-                              fn, ctx->layout.tensors[t].name);
+            return psagg__fail(PSAGG_EINVAL,
+                               "%s: tensor '%s' has an operation in flight; call it between steps",
+                               fn, ctx->layout.tensors[t].name);
     return PSAGG_OK;
 }
 
@@ -50,11 +50,11 @@ psagg_status control_request(psagg_ctx *ctx, ctl_request *rq, const char *fn, in
     until.tv_sec += PSAGG_OP_DEADLINE_MS(ctx->cfg.op_timeout_ms) / 1000;
     pthread_mutex_lock(&ctx->mu);
     if (ctx->failed) {
-        st = psagg_fail(ctx->failed_status, "%s", ctx->failed_msg);
+        st = psagg__fail(ctx->failed_status, "%s", ctx->failed_msg);
         goto out;
     }
     if (rq->state) {
-        st = psagg_fail(PSAGG_EINVAL, "%s: another thread is in it", fn);
+        st = psagg__fail(PSAGG_EINVAL, "%s: another thread is in it", fn);
         goto out;
     }
     if ((st = between_steps(ctx, fn)))
@@ -64,19 +64,19 @@ psagg_status control_request(psagg_ctx *ctx, ctl_request *rq, const char *fn, in
     rq->msg[0] = '\0';
     rq->state = 1;
     if (atomic_load(&ctx->comm_idle))
-        psagg_fabric_wake(ctx->fab);
+        psagg__fabric_wake(ctx->fab);
     while (rq->state && !ctx->failed)
         if (pthread_cond_timedwait(&ctx->cv, &ctx->mu, &until) == ETIMEDOUT)
             break;
     if (ctx->failed)
-        st = psagg_fail(ctx->failed_status, "%s", ctx->failed_msg);
+        st = psagg__fail(ctx->failed_status, "%s", ctx->failed_msg);
     else if (rq->state)
-        st = psagg_fail(PSAGG_ETIMEDOUT,
-                        "%s: %d of %d answers did not come within 2 x "
-                        "op_timeout_ms=%d",
-                        fn, rq->left, answers, ctx->cfg.op_timeout_ms);
+        st = psagg__fail(PSAGG_ETIMEDOUT,
+                         "%s: %d of %d answers did not come within 2 x "
+                         "op_timeout_ms=%d",
+                         fn, rq->left, answers, ctx->cfg.op_timeout_ms);
     else if (rq->status)
-        st = psagg_fail(rq->status, "%s: %s", fn, rq->msg);
+        st = psagg__fail(rq->status, "%s: %s", fn, rq->msg);
     rq->state = 0; /* (after a timeout, answers that come later are dropped) */
 out:
     pthread_mutex_unlock(&ctx->mu);
@@ -106,23 +106,23 @@ static int request_answer(psagg_ctx *ctx, ctl_request *rq, psagg_status status, 
 static psagg_status checkpoint_send(psagg_ctx *ctx)
 {
     for (int s = 0; s < ctx->cfg.n_servers; s++)
-        if (ctx->servers[s].fd < 0 || psagg_ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth,
-                                                     PSAGG_CTL_CHECKPOINT, NULL, 0))
-            return psagg_fail(PSAGG_EPEER, "asking server %d for a checkpoint: %s", s,
-                              ctx->servers[s].fd < 0 ? "not connected" : psagg_last_error());
+        if (ctx->servers[s].fd < 0 || psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth,
+                                                      PSAGG_CTL_CHECKPOINT, NULL, 0))
+            return psagg__fail(PSAGG_EPEER, "asking server %d for a checkpoint: %s", s,
+                               ctx->servers[s].fd < 0 ? "not connected" : psagg_last_error());
     return PSAGG_OK;
 }
 
-/* Server s answered a CHECKPOINT (a psagg_ctl_error: status 0 and its file, or why not). */
-static void checkpoint_done(psagg_ctx *ctx, int s, psagg_ctl_error *e)
+/* Server s answered a CHECKPOINT (a psagg__ctl_error: status 0 and its file, or why not). */
+static void checkpoint_done(psagg_ctx *ctx, int s, psagg__ctl_error *e)
 {
     char m[300];
     e->msg[sizeof e->msg - 1] = '\0';
     snprintf(m, sizeof m, "server %d: %.250s", s, e->msg);
     if (request_answer(ctx, &ctx->ckpt,
-                       !e->status                           ? PSAGG_OK
-                       : psagg_status_is_failure(e->status) ? (psagg_status)e->status
-                                                            : PSAGG_EPEER,
+                       !e->status                            ? PSAGG_OK
+                       : psagg__status_is_failure(e->status) ? (psagg_status)e->status
+                                                             : PSAGG_EPEER,
                        m) &&
         !e->status)
         LOG_INFO(&ctx->log, "checkpoint: server %d wrote %s", s, e->msg);
@@ -136,15 +136,14 @@ static psagg_status barrier_send(psagg_ctx *ctx)
 {
     uint32_t n = ctx->layout.n_tensors, seq, gens, adapt_tensors;
     size_t adapt_len = adapt_sync_size(ctx, &gens, &adapt_tensors);
-    size_t len =
-        sizeof(psagg_ctl_sync) + (size_t)n * sizeof(psagg_ctl_tensor_state) + adapt_len;
-    psagg_ctl_sync *sy = calloc(1, len);
-    psagg_ctl_tensor_state *ts;
+    size_t len = sizeof(psagg__ctl_sync) + (size_t)n * sizeof(psagg__ctl_tensor_state) + adapt_len;
+    psagg__ctl_sync *sy = calloc(1, len);
+    psagg__ctl_tensor_state *ts;
     psagg_status st;
 
     if (!sy)
-        return psagg_fail(PSAGG_ENOMEM, "no memory for a SYNC");
-    ts = (psagg_ctl_tensor_state *)(sy + 1);
+        return psagg__fail(PSAGG_ENOMEM, "no memory for a SYNC");
+    ts = (psagg__ctl_tensor_state *)(sy + 1);
     pthread_mutex_lock(&ctx->mu);
     seq = ctx->sync_seq + 1;
     sy->seq = seq;
@@ -152,27 +151,28 @@ static psagg_status barrier_send(psagg_ctx *ctx)
     sy->adapt_gens = gens;
     sy->adapt_tensors = adapt_tensors;
     for (uint32_t t = 0; t < n; t++)
-        ts[t] = (psagg_ctl_tensor_state){.round = ctx->tensors[t].round,
-                                         .flags = ctx->tensors[t].inited ? PSAGG_TSTATE_INITED : 0};
+        ts[t] =
+            (psagg__ctl_tensor_state){.round = ctx->tensors[t].round,
+                                      .flags = ctx->tensors[t].inited ? PSAGG_TSTATE_INITED : 0};
     adapt_sync_write(ctx, (uint8_t *)(ts + n));
     pthread_mutex_unlock(&ctx->mu);
-    st = ctx->servers[0].fd < 0 ? psagg_fail(PSAGG_EPEER, "not connected")
-                                : psagg_ctl_send(ctx->servers[0].fd, &ctx->servers[0].auth,
-                                                 PSAGG_CTL_SYNC, sy, (uint32_t)len);
+    st = ctx->servers[0].fd < 0 ? psagg__fail(PSAGG_EPEER, "not connected")
+                                : psagg__ctl_send(ctx->servers[0].fd, &ctx->servers[0].auth,
+                                                  PSAGG_CTL_SYNC, sy, (uint32_t)len);
     free(sy);
-    return st ? psagg_fail(PSAGG_EPEER, "sending server 0 the SYNC of barrier %u: %s", seq,
-                           psagg_last_error())
+    return st ? psagg__fail(PSAGG_EPEER, "sending server 0 the SYNC of barrier %u: %s", seq,
+                            psagg_last_error())
               : PSAGG_OK;
 }
 
 /* Server 0 let this worker pass barrier seq (having admitted `joined` workers). */
-static void barrier_done(psagg_ctx *ctx, const psagg_ctl_hdr *h, const psagg_ctl_sync_done *d)
+static void barrier_done(psagg_ctx *ctx, const psagg__ctl_hdr *h, const psagg__ctl_sync_done *d)
 {
     int state;
     pthread_mutex_lock(&ctx->mu);
     state = ctx->barrier.state;
     if (state == 2 && d->seq == ctx->sync_seq + 1 &&
-        h->len == sizeof *d + psagg_ctl_sync_tail(d->n_tensors, d->adapt_gens, d->adapt_tensors)) {
+        h->len == sizeof *d + psagg__ctl_sync_tail(d->n_tensors, d->adapt_gens, d->adapt_tensors)) {
         ctx->sync_seq = d->seq;
         ctx->sync_joined = d->joined;
         pthread_mutex_unlock(&ctx->mu);
@@ -216,18 +216,18 @@ void control_requests_send(psagg_ctx *ctx)
  * relay the frame unchanged to every other server, which applies it (server/membership.c).
  * A frame that does not check out, or one that leaves this worker out, fails it.
  */
-psagg_status membership_take(psagg_ctx *ctx, const psagg_ctl_hdr *h, const void *body, int joining)
+psagg_status membership_take(psagg_ctx *ctx, const psagg__ctl_hdr *h, const void *body, int joining)
 {
-    const psagg_ctl_membership *m = body;
+    const psagg__ctl_membership *m = body;
     const uint8_t *live = (const uint8_t *)(m + 1);
     int n_live = 0, rank = 0;
     psagg_status st;
 
     if (h->len != sizeof *m + (size_t)ctx->world || m->n_workers != (uint32_t)ctx->world)
-        return psagg_fail(PSAGG_EPROTO,
-                          "server 0 sent a MEMBERSHIP frame of %u bytes (field n_workers): this "
-                          "job has %d workers",
-                          h->len, ctx->world);
+        return psagg__fail(PSAGG_EPROTO,
+                           "server 0 sent a MEMBERSHIP frame of %u bytes (field n_workers): this "
+                           "job has %d workers",
+                           h->len, ctx->world);
     for (int k = 0; k < ctx->world; k++) {
         n_live += live[k] == 1;
         rank += k < ctx->rank && live[k] == 1;
@@ -236,33 +236,33 @@ psagg_status membership_take(psagg_ctx *ctx, const psagg_ctl_hdr *h, const void 
     if ((joining ? m->left != -1 : m->epoch != ctx->epoch + 1) || (uint32_t)n_live != m->n_live ||
         m->left < -1 || m->left >= ctx->world || memchr(m->why, 0, sizeof m->why) == NULL ||
         (m->flags & ~PSAGG_MEMBERSHIP_DONE) || (m->flags && m->left < 0))
-        return psagg_fail(PSAGG_EPROTO,
-                          "server 0 sent membership epoch %u (fields epoch, n_live, left) after "
-                          "epoch %u%s",
-                          m->epoch, ctx->epoch, joining ? ", to a worker waiting to join" : "");
+        return psagg__fail(PSAGG_EPROTO,
+                           "server 0 sent membership epoch %u (fields epoch, n_live, left) after "
+                           "epoch %u%s",
+                           m->epoch, ctx->epoch, joining ? ", to a worker waiting to join" : "");
     if (live[ctx->rank] != 1)
-        return psagg_fail(joining ? PSAGG_EPROTO : PSAGG_EPEER,
-                          "server 0 %s this worker in membership epoch %u: %s",
-                          joining ? "did not admit" : "removed", m->epoch, m->why);
+        return psagg__fail(joining ? PSAGG_EPROTO : PSAGG_EPEER,
+                           "server 0 %s this worker in membership epoch %u: %s",
+                           joining ? "did not admit" : "removed", m->epoch, m->why);
     pthread_mutex_lock(&ctx->mu);
     ctx->epoch = m->epoch;
     ctx->n_live = n_live;
     memcpy(ctx->live, live, (size_t)ctx->world);
     pthread_mutex_unlock(&ctx->mu);
     if (!joining && m->left >= 0) /* (a joiner's admission: handshake.c says so) */
-        psagg_log(&ctx->log, m->flags & PSAGG_MEMBERSHIP_DONE ? PSAGG_LOG_INFO : PSAGG_LOG_WARN,
-                  "membership epoch %u: worker %d left (%s); %d workers go on, this one is rank "
-                  "%d of them",
-                  m->epoch, m->left, m->why, n_live, rank);
+        psagg__log(&ctx->log, m->flags & PSAGG_MEMBERSHIP_DONE ? PSAGG_LOG_INFO : PSAGG_LOG_WARN,
+                   "membership epoch %u: worker %d left (%s); %d workers go on, this one is rank "
+                   "%d of them",
+                   m->epoch, m->left, m->why, n_live, rank);
     else if (!joining)
         LOG_WARN(&ctx->log, "membership epoch %u: %s; %d workers now, this one is rank %d",
                  m->epoch, m->why, n_live, rank);
     for (int s = 1; s < ctx->cfg.n_servers; s++)
         if (ctx->servers[s].fd >= 0 &&
-            (st = psagg_ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_MEMBERSHIP,
-                                 body, h->len)))
-            return psagg_fail(PSAGG_EPEER, "relaying membership epoch %u to server %d: %s",
-                              m->epoch, s, psagg_last_error());
+            (st = psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_MEMBERSHIP,
+                                  body, h->len)))
+            return psagg__fail(PSAGG_EPEER, "relaying membership epoch %u to server %d: %s",
+                               m->epoch, s, psagg_last_error());
     return PSAGG_OK;
 }
 
@@ -278,10 +278,10 @@ void control_check(psagg_ctx *ctx, int64_t now, int64_t *next_ping)
     int op = ctx->cfg.op_timeout_ms;
     int ping = now >= *next_ping;
     if (ping)
-        *next_ping = now + psagg_ping_interval_ms(op);
+        *next_ping = now + psagg__ping_interval_ms(op);
     for (int s = 0; s < ctx->cfg.n_servers; s++) {
         struct pollfd p = {.fd = ctx->servers[s].fd, .events = POLLIN};
-        psagg_ctl_hdr h;
+        psagg__ctl_hdr h;
         void *body = NULL;
         const char *text;
         char peer[96];
@@ -290,7 +290,7 @@ void control_check(psagg_ctx *ctx, int64_t now, int64_t *next_ping)
             continue;
         snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
                  ctx->cfg.servers[s].port);
-        if (ping && psagg_ctl_send(p.fd, &ctx->servers[s].auth, PSAGG_CTL_PING, NULL, 0))
+        if (ping && psagg__ctl_send(p.fd, &ctx->servers[s].auth, PSAGG_CTL_PING, NULL, 0))
             LOG_DEBUG(&ctx->log, "%s: PING: %s", peer, psagg_last_error());
         if (poll(&p, 1, 0) <= 0) {
             if (now - ctx->servers[s].heard_at > op) {
@@ -303,14 +303,14 @@ void control_check(psagg_ctx *ctx, int64_t now, int64_t *next_ping)
             continue;
         }
         ctx->servers[s].heard_at = now;
-        st = psagg_ctl_recv(p.fd, &ctx->servers[s].auth, &h, &body, psagg_now_ms() + 2000, peer);
+        st = psagg__ctl_recv(p.fd, &ctx->servers[s].auth, &h, &body, psagg__now_ms() + 2000, peer);
         if (st == PSAGG_EAGAIN) /* (an injected frame, dropped) */
             continue;
         if (!st && h.type == PSAGG_CTL_PING && h.len == 0) {
             free(body);
             continue;
         }
-        if (!st && h.type == PSAGG_CTL_CHECKPOINT_DONE && h.len == sizeof(psagg_ctl_error)) {
+        if (!st && h.type == PSAGG_CTL_CHECKPOINT_DONE && h.len == sizeof(psagg__ctl_error)) {
             checkpoint_done(ctx, s, body);
             free(body);
             continue;
@@ -322,14 +322,14 @@ void control_check(psagg_ctx *ctx, int64_t now, int64_t *next_ping)
             continue;
         }
         if (!st && h.type == PSAGG_CTL_SYNC_DONE && s == 0 && ctx->cfg.elastic &&
-            h.len >= sizeof(psagg_ctl_sync_done)) {
+            h.len >= sizeof(psagg__ctl_sync_done)) {
             barrier_done(ctx, &h, body);
             free(body);
             continue;
         }
         if (st)
             worker_fail_all(ctx, PSAGG_EPEER, "%s", psagg_last_error());
-        else if ((st = psagg_ctl_error_parse(&h, body, &text)))
+        else if ((st = psagg__ctl_error_parse(&h, body, &text)))
             worker_fail_all(ctx, st, "%s: %s", peer, text);
         else
             worker_fail_all(ctx, PSAGG_EPROTO, "%s sent control frame type %u during the job", peer,
@@ -356,7 +356,7 @@ void control_tell_servers(psagg_ctx *ctx)
         return;
     for (int s = 0; s < ctx->cfg.n_servers; s++)
         if (ctx->servers[s].fd >= 0 &&
-            psagg_ctl_send_error(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_ABORT, status,
-                                 msg))
+            psagg__ctl_send_error(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_ABORT,
+                                  status, msg))
             LOG_DEBUG(&ctx->log, "server %d: could not send the ABORT: %s", s, psagg_last_error());
 }

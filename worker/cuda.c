@@ -22,10 +22,10 @@ static psagg_status cu(cudaError_t e, const char *what)
     if (cudaPeekAtLastError() == e) /* ours: a non-sticky error is reported once */
         (void)cudaGetLastError();
     if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver)
-        return psagg_fail(PSAGG_EUNSUPPORTED, "%s: %s", what, cudaGetErrorString(e));
+        return psagg__fail(PSAGG_EUNSUPPORTED, "%s: %s", what, cudaGetErrorString(e));
     if (e == cudaErrorMemoryAllocation)
-        return psagg_fail(PSAGG_ENOMEM, "%s: %s", what, cudaGetErrorString(e));
-    return psagg_fail(PSAGG_ECUDA, "%s: %s", what, cudaGetErrorString(e));
+        return psagg__fail(PSAGG_ENOMEM, "%s: %s", what, cudaGetErrorString(e));
+    return psagg__fail(PSAGG_ECUDA, "%s: %s", what, cudaGetErrorString(e));
 }
 
 static psagg_status cx_get_device(int *dev)
@@ -45,8 +45,8 @@ static psagg_status cx_device_of(const void *p, int *dev)
     if (st)
         return st;
     if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
-        return psagg_fail(PSAGG_EINVAL,
-                          "%p is not device memory (a host pointer: use psagg_push_pull)", p);
+        return psagg__fail(PSAGG_EINVAL,
+                           "%p is not device memory (a host pointer: use psagg_push_pull)", p);
     *dev = a.device;
     return PSAGG_OK;
 }
@@ -125,24 +125,24 @@ static psagg_status cx_fill(void *dst, int byte, size_t bytes, void *s)
 }
 
 static psagg_status cx_encode(const psagg_codec *codec, const float *x, float *residual, size_t n,
-                              psagg_rng_key key, void *out, size_t out_len, uint64_t *d_err,
+                              psagg__rng_key key, void *out, size_t out_len, uint64_t *d_err,
                               void *s)
 {
-    return psagg_cuda_encode(codec, x, residual, n, key, out, out_len, d_err, s);
+    return psagg__cuda_encode(codec, x, residual, n, key, out, out_len, d_err, s);
 }
 
 static psagg_status cx_decode(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
                               float *out, uint64_t *d_err, void *s)
 {
-    return psagg_cuda_decode(codec, in, in_len, n, out, d_err, s);
+    return psagg__cuda_decode(codec, in, in_len, n, out, d_err, s);
 }
 
 static psagg_status cx_scale(float *x, size_t n, float f, void *s)
 {
-    return psagg_cuda_scale(x, n, f, s);
+    return psagg__cuda_scale(x, n, f, s);
 }
 
-static const psagg_devexec cuda_exec = {
+static const psagg__devexec cuda_exec = {
     .name = "cuda",
     .get_device = cx_get_device,
     .set_device = cx_set_device,
@@ -164,13 +164,13 @@ static const psagg_devexec cuda_exec = {
     .encode = cx_encode,
     .decode = cx_decode,
     .scale = cx_scale,
-    .err_status = psagg_cuda_err_status,
+    .err_status = psagg__cuda_err_status,
 };
 
-const psagg_devexec *const psagg_cuda_exec = &cuda_exec;
+const psagg__devexec *const psagg__cuda_exec = &cuda_exec;
 
 #else /* built without CUDA: no executor (psagg_push_pull_cuda says so) */
 
-const psagg_devexec *const psagg_cuda_exec = NULL;
+const psagg__devexec *const psagg__cuda_exec = NULL;
 
 #endif

@@ -14,7 +14,7 @@
  * enqueued; an event recorded on a stream fires when the work before it has run;
  * stream_wait_event makes a stream's later work wait for an event. Device and pinned memory
  * are addressed by pointers (unified addressing: copy needs no direction). An enqueue or an
- * allocation that fails returns a negative psagg_status with its message set (psagg_fail)
+ * allocation that fails returns a negative psagg_status with its message set (psagg__fail)
  * and enqueues nothing; work enqueued before it stays queued. Every call acts on the calling
  * thread's current device (get_device/set_device), as CUDA's do.
  */
@@ -27,7 +27,7 @@
 #include "kernels/codec.h"
 #include "psagg.h"
 
-typedef struct psagg_devexec {
+typedef struct psagg__devexec {
     const char *name; /* "cuda", "devsim" */
     /* the calling thread's current device, and the device that holds device memory p
        (PSAGG_EINVAL when p is not device memory) */
@@ -53,16 +53,16 @@ typedef struct psagg_devexec {
     psagg_status (*copy)(void *dst, const void *src, size_t bytes, void *stream);
     psagg_status (*fill)(void *dst, int byte, size_t bytes, void *stream);
     psagg_status (*encode)(const psagg_codec *codec, const float *x, float *residual, size_t n,
-                           psagg_rng_key key, void *out, size_t out_len, uint64_t *d_err,
+                           psagg__rng_key key, void *out, size_t out_len, uint64_t *d_err,
                            void *stream);
     psagg_status (*decode)(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
                            float *out, uint64_t *d_err, void *stream);
     psagg_status (*scale)(float *x, size_t n, float s, void *stream);
     /* an error word read back (all bytes 0xFF: none) as a status and the chunk-local index */
     psagg_status (*err_status)(uint64_t word, size_t *bad_index);
-} psagg_devexec;
+} psagg__devexec;
 
 /* cuda.c: the CUDA runtime's executor, or NULL in a build without CUDA. */
-extern const psagg_devexec *const psagg_cuda_exec;
+extern const psagg__devexec *const psagg__cuda_exec;
 
 #endif

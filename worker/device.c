@@ -1,6 +1,6 @@
 /*
  * device.c - libpsagg's device-buffer path: psagg_push_pull_cuda and its buffer operations
- * (psagg_bufops, worker.h), written once against an executor (devexec.h): CUDA's (cuda.c) in
+ * (psagg__bufops, worker.h), written once against an executor (devexec.h): CUDA's (cuda.c) in
  * production, the simulator's in the tests. Everything on the device side is owned here;
  * the rest of the worker sees only the operations and ctx->device / ctx->device_destroy.
  *
@@ -20,7 +20,7 @@
  * Lifetime, the rule everything here keeps: a handle never completes while work that reads
  * or writes its buffers (the caller's d_in and d_out, the tensor's staging) is queued. Each
  * tensor's `queued` says work of its operation in flight may still be queued; drain
- * (psagg_bufops) waits for the stream before any failure completes the handle (the worker
+ * (psagg__bufops) waits for the stream before any failure completes the handle (the worker
  * calls it on every failure path: its own, the job's, psagg_close's), and an enqueue that
  * fails partway waits for what it did enqueue before it returns. The set-up and every
  * enqueue sequence hold the state's mutex, which drain takes too, so a failure of the job
@@ -54,7 +54,7 @@ typedef struct dev_tensor {
 } dev_tensor;
 
 typedef struct dev_state {
-    const psagg_devexec *ex;
+    const psagg__devexec *ex;
     int device; /* the device of the first push_pull_cuda's buffers; the stream is its */
     void *stream;
     dev_tensor *t;
@@ -66,7 +66,7 @@ typedef struct dev_scope {
     int saved, switched;
 } dev_scope;
 
-static psagg_status scope_enter(const psagg_devexec *ex, int device, dev_scope *sc)
+static psagg_status scope_enter(const psagg__devexec *ex, int device, dev_scope *sc)
 {
     psagg_status st;
     sc->switched = 0;
@@ -80,7 +80,7 @@ static psagg_status scope_enter(const psagg_devexec *ex, int device, dev_scope *
     return PSAGG_OK;
 }
 
-static void scope_leave(const psagg_devexec *ex, dev_scope *sc)
+static void scope_leave(const psagg__devexec *ex, dev_scope *sc)
 {
     if (sc->switched)
         (void)ex->set_device(sc->saved);
@@ -88,12 +88,12 @@ static void scope_leave(const psagg_devexec *ex, dev_scope *sc)
 
 static void dev_destroy(psagg_ctx *ctx);
 
-psagg_status psagg_device_use(psagg_ctx *ctx, const psagg_devexec *ex)
+psagg_status psagg__device_use(psagg_ctx *ctx, const psagg__devexec *ex)
 {
     if (!ctx || !ex)
-        return psagg_fail(PSAGG_EINVAL, "psagg_device_use: NULL argument");
+        return psagg__fail(PSAGG_EINVAL, "psagg__device_use: NULL argument");
     if (ctx->device)
-        return psagg_fail(PSAGG_EINVAL, "psagg_device_use: the device path is in use already");
+        return psagg__fail(PSAGG_EINVAL, "psagg__device_use: the device path is in use already");
     ctx->devexec = ex;
     return PSAGG_OK;
 }
@@ -102,7 +102,7 @@ psagg_status psagg_device_use(psagg_ctx *ctx, const psagg_devexec *ex)
  * buffers (`device`). */
 static psagg_status state_get(psagg_ctx *ctx, int device, dev_state **out)
 {
-    const psagg_devexec *ex = ctx->devexec ? ctx->devexec : psagg_cuda_exec;
+    const psagg__devexec *ex = ctx->devexec ? ctx->devexec : psagg__cuda_exec;
     dev_state *g;
     dev_scope sc;
     psagg_status st = PSAGG_OK;
@@ -114,7 +114,7 @@ static psagg_status state_get(psagg_ctx *ctx, int device, dev_state **out)
     if (g)
         g->t = calloc(ctx->layout.n_tensors, sizeof *g->t);
     if (!g || !g->t) {
-        st = psagg_fail(PSAGG_ENOMEM, "device path state");
+        st = psagg__fail(PSAGG_ENOMEM, "device path state");
         goto fail;
     }
     g->ex = ex;
@@ -124,7 +124,7 @@ static psagg_status state_get(psagg_ctx *ctx, int device, dev_state **out)
     st = ex->stream_create(&g->stream);
     scope_leave(ex, &sc);
     if (st) {
-        psagg_fail_context(st, "creating the stream on device %d: ", device);
+        psagg__fail_context(st, "creating the stream on device %d: ", device);
         goto fail;
     }
     pthread_mutex_init(&g->mu, NULL);
@@ -143,7 +143,7 @@ out:
 }
 
 /* Free what a tensor's set-up made (the stream has nothing of it queued). */
-static void tensor_free(const psagg_devexec *ex, dev_tensor *gt)
+static void tensor_free(const psagg__devexec *ex, dev_tensor *gt)
 {
     if (gt->d_enc)
         ex->dev_free(gt->d_enc);
@@ -176,8 +176,8 @@ static void tensor_free(const psagg_devexec *ex, dev_tensor *gt)
  */
 static psagg_status tensor_setup(psagg_ctx *ctx, dev_state *g, uint32_t key)
 {
-    const psagg_devexec *ex = g->ex;
-    const psagg_tensor_info *ti = &ctx->layout.tensors[key];
+    const psagg__devexec *ex = g->ex;
+    const psagg__tensor_info *ti = &ctx->layout.tensors[key];
     dev_tensor *gt = &g->t[key];
     size_t words = 2 * (size_t)ti->n_chunks * sizeof(uint64_t);
     psagg_status st;
@@ -186,7 +186,7 @@ static psagg_status tensor_setup(psagg_ctx *ctx, dev_state *g, uint32_t key)
         return PSAGG_OK;
     gt->enc_off = calloc(ti->n_chunks, sizeof *gt->enc_off);
     if (!gt->enc_off)
-        return psagg_fail(PSAGG_ENOMEM, "device path: chunk offsets");
+        return psagg__fail(PSAGG_ENOMEM, "device path: chunk offsets");
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
         gt->enc_off[c] = gt->enc_total;
         /* 256-byte aligned pieces keep the kernels on their vector paths */
@@ -209,7 +209,7 @@ static psagg_status tensor_setup(psagg_ctx *ctx, dev_state *g, uint32_t key)
     return PSAGG_OK;
 fail:
     tensor_free(ex, gt);
-    return psagg_fail_context(st, "setting up its buffers: ");
+    return psagg__fail_context(st, "setting up its buffers: ");
 }
 
 /* Wait for everything queued on the state's stream (g->mu held). */
@@ -228,7 +228,7 @@ static void stream_drain(dev_state *g, dev_tensor *gt)
 
 /* A failed encode (part of the residual was updated): zero the residual, as the CPU path
  * does; when that cannot be enqueued, before the next encode (g->mu held, device current). */
-static void residual_reset(dev_state *g, dev_tensor *gt, const psagg_tensor_info *ti)
+static void residual_reset(dev_state *g, dev_tensor *gt, const psagg__tensor_info *ti)
 {
     if (!gt->d_residual)
         return;
@@ -243,14 +243,14 @@ static void residual_reset(dev_state *g, dev_tensor *gt, const psagg_tensor_info
  * held, device current). On a failure, what was enqueued has run when this returns. */
 static psagg_status enqueue_encode(psagg_ctx *ctx, dev_state *g, struct psagg_handle *h, void *user)
 {
-    const psagg_devexec *ex = g->ex;
-    const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
+    const psagg__devexec *ex = g->ex;
+    const psagg__tensor_info *ti = &ctx->layout.tensors[h->key];
     dev_tensor *gt = &g->t[h->key];
     size_t words = (size_t)ti->n_chunks * sizeof(uint64_t);
     psagg_status st;
 
     if ((st = ex->event_record(gt->ev_in, user)))
-        return psagg_fail_context(st, "recording an event on the caller's stream: ");
+        return psagg__fail_context(st, "recording an event on the caller's stream: ");
     gt->queued = 1;
     if ((st = ex->stream_wait_event(g->stream, gt->ev_in)))
         goto fail;
@@ -262,9 +262,9 @@ static psagg_status enqueue_encode(psagg_ctx *ctx, dev_state *g, struct psagg_ha
     if ((st = ex->fill(gt->d_err, 0xFF, words, g->stream)))
         goto fail;
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
-        const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
-        psagg_rng_key key = psagg_rng_chunk_key(ctx->cfg.seed, PSAGG_RNG_WORKER,
-                                                (uint32_t)ctx->rank, ci->key, ci->index, h->round);
+        const psagg__chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
+        psagg__rng_key key = psagg__rng_chunk_key(
+            ctx->cfg.seed, PSAGG_RNG_WORKER, (uint32_t)ctx->rank, ci->key, ci->index, h->round);
         if ((st = ex->encode(&h->codec, h->in + ci->offset,
                              gt->d_residual ? gt->d_residual + ci->offset : NULL, ci->count, key,
                              gt->d_enc + gt->enc_off[c], ci->enc_bytes, &gt->d_err[c], g->stream)))
@@ -281,17 +281,17 @@ fail:
     stream_drain(g, gt);
     residual_reset(g, gt, ti);
     stream_drain(g, gt);
-    return psagg_fail_context(st, "enqueueing its encode: ");
+    return psagg__fail_context(st, "enqueueing its encode: ");
 }
 
 static psagg_status dev_encode(psagg_ctx *ctx, struct psagg_handle *h);
-static psagg_status dev_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
+static psagg_status dev_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg__chunk_info *ci,
                                const psagg_codec *codec, int mode, const uint8_t *payload,
                                size_t payload_len);
 static psagg_status dev_complete(psagg_ctx *ctx, struct psagg_handle *h);
 static void dev_drain(psagg_ctx *ctx, struct psagg_handle *h);
 
-static const psagg_bufops device_ops = {
+static const psagg__bufops device_ops = {
     .kind = "cuda",
     .encode = dev_encode,
     .update = dev_update,
@@ -300,26 +300,26 @@ static const psagg_bufops device_ops = {
 };
 
 /* The device that holds d_in and d_out, checked before anything is enqueued. */
-static psagg_status check_buffers(psagg_ctx *ctx, const psagg_devexec *ex, const float *d_in,
+static psagg_status check_buffers(psagg_ctx *ctx, const psagg__devexec *ex, const float *d_in,
                                   float *d_out, int *device)
 {
     int din, dout;
     psagg_status st;
 
     if (((uintptr_t)d_in | (uintptr_t)d_out) & 3)
-        return psagg_fail(PSAGG_EINVAL, "d_in %p and d_out %p must be 4-byte aligned (floats)",
-                          (const void *)d_in, (void *)d_out);
+        return psagg__fail(PSAGG_EINVAL, "d_in %p and d_out %p must be 4-byte aligned (floats)",
+                           (const void *)d_in, (void *)d_out);
     if ((st = ex->device_of(d_in, &din)))
-        return psagg_fail_context(st, "d_in: ");
+        return psagg__fail_context(st, "d_in: ");
     if ((st = ex->device_of(d_out, &dout)))
-        return psagg_fail_context(st, "d_out: ");
+        return psagg__fail_context(st, "d_out: ");
     if (din != dout)
-        return psagg_fail(PSAGG_EINVAL, "d_in is on device %d and d_out on device %d", din, dout);
+        return psagg__fail(PSAGG_EINVAL, "d_in is on device %d and d_out on device %d", din, dout);
     if (ctx->device && ((dev_state *)ctx->device)->device != din)
-        return psagg_fail(PSAGG_EINVAL,
-                          "its buffers are on device %d, but this context's device path runs on "
-                          "device %d (one device per worker context)",
-                          din, ((dev_state *)ctx->device)->device);
+        return psagg__fail(PSAGG_EINVAL,
+                           "its buffers are on device %d, but this context's device path runs on "
+                           "device %d (one device per worker context)",
+                           din, ((dev_state *)ctx->device)->device);
     *device = din;
     return PSAGG_OK;
 }
@@ -328,7 +328,7 @@ psagg_status psagg_push_pull_cuda(psagg_ctx *ctx, uint32_t key, const float *d_i
                                   psagg_reduce op, int priority, void *stream,
                                   psagg_handle **handle)
 {
-    const psagg_devexec *ex;
+    const psagg__devexec *ex;
     struct psagg_handle *h;
     dev_state *g = NULL;
     dev_scope sc;
@@ -336,31 +336,32 @@ psagg_status psagg_push_pull_cuda(psagg_ctx *ctx, uint32_t key, const float *d_i
     psagg_status st;
 
     if (!handle)
-        return psagg_fail(PSAGG_EINVAL, "psagg_push_pull_cuda: handle is NULL");
+        return psagg__fail(PSAGG_EINVAL, "psagg_push_pull_cuda: handle is NULL");
     *handle = NULL;
-    ex = ctx && ctx->devexec ? ctx->devexec : psagg_cuda_exec;
+    ex = ctx && ctx->devexec ? ctx->devexec : psagg__cuda_exec;
     if (!ex)
-        return psagg_fail(PSAGG_EUNSUPPORTED,
-                          "psagg_push_pull_cuda: libpsagg was built without CUDA (PSAGG_CUDA=OFF)");
+        return psagg__fail(
+            PSAGG_EUNSUPPORTED,
+            "psagg_push_pull_cuda: libpsagg was built without CUDA (PSAGG_CUDA=OFF)");
     h = handle_new(ctx, key, d_in, d_out, op, priority, &device_ops, &st);
     if (!h)
         return st;
     if (ctx->layout.tensors[key].adaptive) {
-        st = psagg_fail(PSAGG_EUNSUPPORTED,
-                        "its codec is adaptive ([codec] adaptive = on), which the CUDA path "
-                        "does not support yet: push it from host memory (psagg_push_pull)");
+        st = psagg__fail(PSAGG_EUNSUPPORTED,
+                         "its codec is adaptive ([codec] adaptive = on), which the CUDA path "
+                         "does not support yet: push it from host memory (psagg_push_pull)");
         goto err;
     }
     if (ctx->bitmap_bytes) {
-        st = psagg_fail(PSAGG_EUNSUPPORTED,
-                        "the servers run [server] quorum, whose left-out pushes the CUDA path "
-                        "cannot carry yet: push it from host memory (psagg_push_pull)");
+        st = psagg__fail(PSAGG_EUNSUPPORTED,
+                         "the servers run [server] quorum, whose left-out pushes the CUDA path "
+                         "cannot carry yet: push it from host memory (psagg_push_pull)");
         goto err;
     }
     if (ctx->layout.tensors[key].param) {
-        st = psagg_fail(PSAGG_EUNSUPPORTED,
-                        "it is a parameter ([server] optimizer), which the CUDA path does not "
-                        "support yet: push it from host memory (psagg_push_pull)");
+        st = psagg__fail(PSAGG_EUNSUPPORTED,
+                         "it is a parameter ([server] optimizer), which the CUDA path does not "
+                         "support yet: push it from host memory (psagg_push_pull)");
         goto err;
     }
     if ((st = check_buffers(ctx, ex, d_in, d_out, &device)) || (st = state_get(ctx, device, &g)))
@@ -381,7 +382,7 @@ psagg_status psagg_push_pull_cuda(psagg_ctx *ctx, uint32_t key, const float *d_i
     *handle = h;
     return PSAGG_OK;
 err:
-    psagg_fail_context(st, "psagg_push_pull_cuda: tensor '%s': ", ctx->layout.tensors[key].name);
+    psagg__fail_context(st, "psagg_push_pull_cuda: tensor '%s': ", ctx->layout.tensors[key].name);
     handle_abandon(ctx, h); /* nothing of it is queued */
     return st;
 }
@@ -391,19 +392,19 @@ static psagg_status dev_encode(psagg_ctx *ctx, struct psagg_handle *h)
 {
     dev_state *g = ctx->device;
     dev_tensor *gt = &g->t[h->key];
-    const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
+    const psagg__tensor_info *ti = &ctx->layout.tensors[h->key];
     psagg_status st = g->ex->event_query(gt->ev_enc);
 
     if (st == PSAGG_BUF_PENDING)
         return st;
     if (st)
-        return psagg_fail_context(st, "tensor '%.63s': encoding on the device: ", ti->name);
+        return psagg__fail_context(st, "tensor '%.63s': encoding on the device: ", ti->name);
     gt->queued = 0;
     for (uint32_t c = 0; c < ti->n_chunks; c++) { /* the first bad element, as the CPU's */
         size_t bad = 0;
         if ((st = g->ex->err_status(gt->h_err[c], &bad))) {
             dev_scope sc;
-            psagg_fail_context(
+            psagg__fail_context(
                 st, "tensor '%.63s': element %llu: ", ti->name,
                 (unsigned long long)(ctx->layout.chunks[ti->first_chunk + c].offset + bad));
             pthread_mutex_lock(&g->mu);
@@ -416,8 +417,8 @@ static psagg_status dev_encode(psagg_ctx *ctx, struct psagg_handle *h)
         }
     }
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
-        const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
-        memcpy(ctx->chunks[ti->first_chunk + c].buf + sizeof(psagg_msg_hdr),
+        const psagg__chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
+        memcpy(ctx->chunks[ti->first_chunk + c].buf + sizeof(psagg__msg_hdr),
                gt->h_enc + gt->enc_off[c], ci->enc_bytes);
     }
     return PSAGG_OK;
@@ -425,7 +426,7 @@ static psagg_status dev_encode(psagg_ctx *ctx, struct psagg_handle *h)
 
 /* update: keep the chunk's bytes in pinned memory for the decode on the device. Nothing of
  * the tensor is queued: its encode has run, its decode waits for every update. */
-static psagg_status dev_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
+static psagg_status dev_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg__chunk_info *ci,
                                const psagg_codec *codec, int mode, const uint8_t *payload,
                                size_t payload_len)
 {
@@ -441,8 +442,8 @@ static psagg_status dev_update(psagg_ctx *ctx, struct psagg_handle *h, const psa
  * held, device current). */
 static psagg_status enqueue_decode(psagg_ctx *ctx, dev_state *g, struct psagg_handle *h)
 {
-    const psagg_devexec *ex = g->ex;
-    const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
+    const psagg__devexec *ex = g->ex;
+    const psagg__tensor_info *ti = &ctx->layout.tensors[h->key];
     dev_tensor *gt = &g->t[h->key];
     uint64_t *d_words = gt->d_err + ti->n_chunks;
     size_t words = (size_t)ti->n_chunks * sizeof(uint64_t);
@@ -453,7 +454,7 @@ static psagg_status enqueue_decode(psagg_ctx *ctx, dev_state *g, struct psagg_ha
         (st = ex->copy(gt->d_upd, gt->h_upd, gt->enc_total, g->stream)))
         return st;
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
-        const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
+        const psagg__chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
         if ((st = ex->decode(&h->codec, gt->d_upd + gt->enc_off[c], ci->enc_bytes, ci->count,
                              h->out + ci->offset, &d_words[c], g->stream)))
             return st;
@@ -463,7 +464,7 @@ static psagg_status enqueue_decode(psagg_ctx *ctx, dev_state *g, struct psagg_ha
         for (uint32_t c = 1; c < ti->n_chunks && same; c++)
             same = h->chunk_scale[c] == h->chunk_scale[0];
         for (uint32_t c = 0; c < (same ? 1 : ti->n_chunks); c++) {
-            const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
+            const psagg__chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
             if ((st = ex->scale(h->out + (same ? 0 : ci->offset), same ? ti->count : ci->count,
                                 h->chunk_scale[c], g->stream)))
                 return st;
@@ -483,7 +484,7 @@ static psagg_status dev_complete(psagg_ctx *ctx, struct psagg_handle *h)
 {
     dev_state *g = ctx->device;
     dev_tensor *gt = &g->t[h->key];
-    const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
+    const psagg__tensor_info *ti = &ctx->layout.tensors[h->key];
     psagg_status st;
 
     if (!gt->decoding) {
@@ -496,20 +497,20 @@ static psagg_status dev_complete(psagg_ctx *ctx, struct psagg_handle *h)
         }
         pthread_mutex_unlock(&g->mu);
         if (st)
-            return psagg_fail_context(st,
-                                      "tensor '%.63s': enqueueing the update's decode: ", ti->name);
+            return psagg__fail_context(
+                st, "tensor '%.63s': enqueueing the update's decode: ", ti->name);
         return PSAGG_BUF_PENDING;
     }
     if ((st = g->ex->event_query(gt->ev_dec)) == PSAGG_BUF_PENDING)
         return st;
     if (st)
-        return psagg_fail_context(st,
-                                  "tensor '%.63s': decoding the update on the device: ", ti->name);
+        return psagg__fail_context(st,
+                                   "tensor '%.63s': decoding the update on the device: ", ti->name);
     gt->queued = 0;
     for (uint32_t c = 0; c < ti->n_chunks; c++) { /* what the CPU's update would have said */
         size_t bad = 0;
         if ((st = g->ex->err_status(gt->h_err[ti->n_chunks + c], &bad)))
-            return psagg_fail_context(
+            return psagg__fail_context(
                 PSAGG_EPROTO,
                 "update of tensor '%.63s' chunk %u from server %u: at %zu: ", ti->name, c,
                 ctx->layout.chunks[ti->first_chunk + c].owner, bad);

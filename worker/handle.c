@@ -15,14 +15,14 @@
 #include "worker.h"
 
 /* A handle of tensor key, not yet claimed; the deadline runs from now. */
-static struct psagg_handle *handle_alloc(psagg_ctx *ctx, uint32_t key, const psagg_bufops *ops,
+static struct psagg_handle *handle_alloc(psagg_ctx *ctx, uint32_t key, const psagg__bufops *ops,
                                          const float *in, float *out, const char *what,
                                          psagg_status *st)
 {
-    const psagg_tensor_info *ti = &ctx->layout.tensors[key];
+    const psagg__tensor_info *ti = &ctx->layout.tensors[key];
     struct psagg_handle *h = calloc(1, sizeof *h + ti->n_chunks * (sizeof(float) + 1));
     if (!h) {
-        *st = psagg_fail(PSAGG_ENOMEM, "%s", what);
+        *st = psagg__fail(PSAGG_ENOMEM, "%s", what);
         return NULL;
     }
     *h = (struct psagg_handle){.ctx = ctx,
@@ -36,7 +36,7 @@ static struct psagg_handle *handle_alloc(psagg_ctx *ctx, uint32_t key, const psa
                                .chunk_done = (uint8_t *)((float *)(h + 1) + ti->n_chunks)};
     /* 2 x op_timeout_ms: silent peers and late workers are named sooner, by whoever knows
      * (runtime/channel.h), and that verdict should reach us before our own timeout */
-    h->t_submit = psagg_now_ns();
+    h->t_submit = psagg__now_ns();
     h->deadline_ms = h->t_submit / 1000000 + PSAGG_OP_DEADLINE_MS(ctx->cfg.op_timeout_ms);
     return h;
 }
@@ -50,24 +50,25 @@ static struct psagg_handle *handle_alloc(psagg_ctx *ctx, uint32_t key, const psa
  */
 static psagg_status handle_claim(psagg_ctx *ctx, struct psagg_handle *h, const char *what)
 {
-    const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
+    const psagg__tensor_info *ti = &ctx->layout.tensors[h->key];
     tensor_state *ts = &ctx->tensors[h->key];
     uint32_t kind = h->prm.flags & PSAGG_PARAM_KIND_MASK;
     psagg_status st = PSAGG_OK;
 
     pthread_mutex_lock(&ctx->mu);
     if (ctx->failed)
-        st = psagg_fail(ctx->failed_status, "%s", ctx->failed_msg);
+        st = psagg__fail(ctx->failed_status, "%s", ctx->failed_msg);
     else if (ts->op)
-        st = psagg_fail(PSAGG_EINVAL, "%s: tensor '%s' already has an operation in flight", what,
-                        ti->name);
+        st = psagg__fail(PSAGG_EINVAL, "%s: tensor '%s' already has an operation in flight", what,
+                         ti->name);
     else if (ctx->ckpt.state)
-        st = psagg_fail(PSAGG_EINVAL, "%s: tensor '%s': a checkpoint is being written", what,
-                        ti->name);
+        st = psagg__fail(PSAGG_EINVAL, "%s: tensor '%s': a checkpoint is being written", what,
+                         ti->name);
     else if (ti->param && kind == PSAGG_PARAM_INIT && ts->inited)
-        st = psagg_fail(PSAGG_EINVAL, "%s: tensor '%s' was initialized already", what, ti->name);
+        st = psagg__fail(PSAGG_EINVAL, "%s: tensor '%s' was initialized already", what, ti->name);
     else if (ti->param && kind != PSAGG_PARAM_INIT && !ts->inited)
-        st = psagg_fail(PSAGG_EINVAL, "%s: tensor '%s' is a parameter: call psagg_param_init first",
+        st =
+            psagg__fail(PSAGG_EINVAL, "%s: tensor '%s' is a parameter: call psagg_param_init first",
                         what, ti->name);
     if (!st) {
         h->prm.weight = 1.0f;
@@ -88,35 +89,35 @@ static psagg_status handle_claim(psagg_ctx *ctx, struct psagg_handle *h, const c
 }
 
 struct psagg_handle *handle_new(psagg_ctx *ctx, uint32_t key, const float *in, float *out,
-                                psagg_reduce op, int priority, const psagg_bufops *ops,
+                                psagg_reduce op, int priority, const psagg__bufops *ops,
                                 psagg_status *st)
 {
     struct psagg_handle *h;
-    const psagg_tensor_info *ti;
+    const psagg__tensor_info *ti;
 
-    psagg_clear_error();
+    psagg__clear_error();
     *st = PSAGG_OK;
     if (!ctx || !in || !out || (op != PSAGG_SUM && op != PSAGG_AVERAGE)) {
-        *st = psagg_fail(PSAGG_EINVAL, "push_pull: NULL argument or unknown reduce op");
+        *st = psagg__fail(PSAGG_EINVAL, "push_pull: NULL argument or unknown reduce op");
         return NULL;
     }
     if (!ctx->declared) {
-        *st = psagg_fail(PSAGG_EINVAL, "push_pull: call psagg_declare first");
+        *st = psagg__fail(PSAGG_EINVAL, "push_pull: call psagg_declare first");
         return NULL;
     }
     /* keys past the user's are internal: only the communication thread pushes them */
     if (key >= ctx->layout.n_tensors ||
         (key >= ctx->n_user && !pthread_equal(pthread_self(), ctx->comm_tid))) {
-        *st = psagg_fail(PSAGG_EINVAL, "push_pull: key %u, only %u tensors declared", key,
-                         ctx->n_user);
+        *st = psagg__fail(PSAGG_EINVAL, "push_pull: key %u, only %u tensors declared", key,
+                          ctx->n_user);
         return NULL;
     }
     ti = &ctx->layout.tensors[key];
     if (ti->param && in == out) {
-        *st = psagg_fail(PSAGG_EINVAL,
-                         "push_pull: tensor '%s' is a parameter: in (its gradient) and out (its "
-                         "weights) must be different buffers",
-                         ti->name);
+        *st = psagg__fail(PSAGG_EINVAL,
+                          "push_pull: tensor '%s' is a parameter: in (its gradient) and out (its "
+                          "weights) must be different buffers",
+                          ti->name);
         return NULL;
     }
     if (!(h = handle_alloc(ctx, key, ops, in, out, "push_pull", st)))
@@ -134,18 +135,18 @@ struct psagg_handle *handle_new_param(psagg_ctx *ctx, uint32_t key, float *out, 
     const char *what = kind == PSAGG_PARAM_INIT ? "psagg_param_init" : "psagg_pull_weights";
     struct psagg_handle *h;
 
-    psagg_clear_error();
+    psagg__clear_error();
     *st = PSAGG_OK;
     if (!ctx || !ctx->declared || key >= ctx->n_user || !ctx->layout.tensors[key].param) {
-        *st = psagg_fail(PSAGG_EINVAL, "%s: key %u is no declared parameter tensor", what, key);
+        *st = psagg__fail(PSAGG_EINVAL, "%s: key %u is no declared parameter tensor", what, key);
         return NULL;
     }
     if (!out) {
-        *st = psagg_fail(PSAGG_EINVAL, "%s: tensor '%s': NULL weights buffer", what,
-                         ctx->layout.tensors[key].name);
+        *st = psagg__fail(PSAGG_EINVAL, "%s: tensor '%s': NULL weights buffer", what,
+                          ctx->layout.tensors[key].name);
         return NULL;
     }
-    if (!(h = handle_alloc(ctx, key, &psagg_host_ops, out, out, what, st)))
+    if (!(h = handle_alloc(ctx, key, &psagg__host_ops, out, out, what, st)))
         return NULL;
     h->prm.flags = kind | flags;
     return (*st = handle_claim(ctx, h, what)) ? NULL : h;
@@ -166,7 +167,7 @@ void handle_submit(psagg_ctx *ctx, struct psagg_handle *h)
     pthread_mutex_unlock(&ctx->mu);
     /* the comm thread reads the queue under mu after setting comm_idle: one of us sees it */
     if (atomic_load(&ctx->comm_idle))
-        psagg_fabric_wake(ctx->fab);
+        psagg__fabric_wake(ctx->fab);
 }
 
 void handle_abandon(psagg_ctx *ctx, struct psagg_handle *h)
@@ -267,8 +268,8 @@ psagg_status worker_struct_size(const char *type, size_t got, size_t known)
 {
     if (got == known)
         return PSAGG_OK;
-    return psagg_fail(PSAGG_EINVAL,
-                      "%s.struct_size is %zu, not a size of %s this library knows (%zu): set it "
-                      "to sizeof(%s)",
-                      type, got, type, known, type);
+    return psagg__fail(PSAGG_EINVAL,
+                       "%s.struct_size is %zu, not a size of %s this library knows (%zu): set it "
+                       "to sizeof(%s)",
+                       type, got, type, known, type);
 }

@@ -1,5 +1,5 @@
 /*
- * host.c - the buffer operations of psagg_push_pull (psagg_bufops): the input and output are
+ * host.c - the buffer operations of psagg_push_pull (psagg__bufops): the input and output are
  * host memory. The communication thread encodes each chunk with the CPU codecs (error
  * feedback with the tensor's host residual) straight into its push buffer, and decodes each
  * update into the output as it arrives (scaled by 1/N for PSAGG_AVERAGE), so the output is
@@ -14,7 +14,7 @@
 
 static psagg_status host_encode(psagg_ctx *ctx, struct psagg_handle *h)
 {
-    const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
+    const psagg__tensor_info *ti = &ctx->layout.tensors[h->key];
     tensor_state *ts = &ctx->tensors[h->key];
 
     /* a carry (pushes left out of their rounds, without error feedback) is added as a
@@ -22,20 +22,20 @@ static psagg_status host_encode(psagg_ctx *ctx, struct psagg_handle *h)
     float *res = ts->residual ? ts->residual : ts->carry_live ? ts->carry : NULL;
 
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
-        const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
-        uint8_t *payload = ctx->chunks[ti->first_chunk + c].buf + sizeof(psagg_msg_hdr);
-        psagg_rng_key key = psagg_rng_chunk_key(ctx->cfg.seed, PSAGG_RNG_WORKER,
-                                                (uint32_t)ctx->rank, ci->key, ci->index, h->round);
+        const psagg__chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
+        uint8_t *payload = ctx->chunks[ti->first_chunk + c].buf + sizeof(psagg__msg_hdr);
+        psagg__rng_key key = psagg__rng_chunk_key(
+            ctx->cfg.seed, PSAGG_RNG_WORKER, (uint32_t)ctx->rank, ci->key, ci->index, h->round);
         size_t bad = 0;
         psagg_status st =
-            psagg_encode(&h->codec, h->in + ci->offset, res ? res + ci->offset : NULL, ci->count,
-                         key, payload, psagg_encoded_size(&h->codec, ci->count), &bad);
+            psagg__encode(&h->codec, h->in + ci->offset, res ? res + ci->offset : NULL, ci->count,
+                          key, payload, psagg__encoded_size(&h->codec, ci->count), &bad);
         if (st) {
             if (res) /* part of it was updated: start error feedback afresh */
                 memset(res, 0, ti->count * sizeof(float));
             ts->carry_live = 0;
-            return psagg_fail_context(st, "tensor '%.63s': element %llu: ", ti->name,
-                                      (unsigned long long)(ci->offset + bad));
+            return psagg__fail_context(st, "tensor '%.63s': element %llu: ", ti->name,
+                                       (unsigned long long)(ci->offset + bad));
         }
     }
     if (res && res == ts->carry) {
@@ -51,43 +51,44 @@ static psagg_status host_encode(psagg_ctx *ctx, struct psagg_handle *h)
  * residual, which then holds the whole input again (x + r - Q(x + r) + Q(x + r)), or into
  * the carry without error feedback. Either way the next push sends them.
  */
-static psagg_status host_carry(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci)
+static psagg_status host_carry(psagg_ctx *ctx, struct psagg_handle *h, const psagg__chunk_info *ci)
 {
-    const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
+    const psagg__tensor_info *ti = &ctx->layout.tensors[h->key];
     tensor_state *ts = &ctx->tensors[h->key];
-    const uint8_t *payload = ctx->chunks[ti->first_chunk + ci->index].buf + sizeof(psagg_msg_hdr);
+    const uint8_t *payload = ctx->chunks[ti->first_chunk + ci->index].buf + sizeof(psagg__msg_hdr);
     float *to = ts->residual;
     psagg_status st;
 
     if (!to) {
-        if (!ts->carry && !(ts->carry = psagg_alloc(ti->count * sizeof(float), 1)))
-            return psagg_fail(PSAGG_ENOMEM, "tensor '%.63s': its carry of left-out pushes",
-                              ti->name);
+        if (!ts->carry && !(ts->carry = psagg__alloc(ti->count * sizeof(float), 1)))
+            return psagg__fail(PSAGG_ENOMEM, "tensor '%.63s': its carry of left-out pushes",
+                               ti->name);
         to = ts->carry;
         ts->carry_live = 1;
     }
-    st = psagg_decode_into(&h->codec, payload, psagg_encoded_size(&h->codec, ci->count), ci->count,
-                           to + ci->offset, PSAGG_DECODE_ADD, 1.0f);
+    st = psagg__decode_into(&h->codec, payload, psagg__encoded_size(&h->codec, ci->count),
+                            ci->count, to + ci->offset, PSAGG_DECODE_ADD, 1.0f);
     if (st)
-        return psagg_fail_context(st, "tensor '%.63s' chunk %u: its own push, left out: ", ti->name,
-                                  ci->index);
+        return psagg__fail_context(
+            st, "tensor '%.63s' chunk %u: its own push, left out: ", ti->name, ci->index);
     return PSAGG_OK;
 }
 
-static psagg_status host_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
+static psagg_status host_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg__chunk_info *ci,
                                 const psagg_codec *codec, int mode, const uint8_t *payload,
                                 size_t payload_len)
 {
-    const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
+    const psagg__tensor_info *ti = &ctx->layout.tensors[h->key];
     /* one pass: decode, validate and (SCALE: AVERAGE) scale by 1 / the workers summed, or
        (ADD) apply a delta */
-    psagg_status st = psagg_decode_into(codec, payload, payload_len, ci->count, h->out + ci->offset,
-                                        (psagg_decode_op)mode, h->chunk_scale[ci->index]);
+    psagg_status st =
+        psagg__decode_into(codec, payload, payload_len, ci->count, h->out + ci->offset,
+                           (psagg__decode_op)mode, h->chunk_scale[ci->index]);
 
     if (st)
-        return psagg_fail_context(st,
-                                  "update of tensor '%.63s' chunk %u from server %u: ", ti->name,
-                                  ci->index, ci->owner);
+        return psagg__fail_context(st,
+                                   "update of tensor '%.63s' chunk %u from server %u: ", ti->name,
+                                   ci->index, ci->owner);
     return PSAGG_OK;
 }
 
@@ -97,7 +98,7 @@ static psagg_status host_complete(psagg_ctx *ctx, struct psagg_handle *h)
     return PSAGG_OK; /* every update was decoded into the output as it arrived */
 }
 
-const psagg_bufops psagg_host_ops = {
+const psagg__bufops psagg__host_ops = {
     .kind = "host",
     .encode = host_encode,
     .update = host_update,

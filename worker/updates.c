@@ -5,7 +5,7 @@
  * owner, for the round in flight, once, in the codec pushed; [server] quorum's contributor
  * bitmap (a push left out is carried into the next one; an update that comes before this
  * worker's push of its round waits in ctx->early); then the operation's buffer operations
- * decode it (worker.h: psagg_bufops). Any bad update fails the job, naming the server and
+ * decode it (worker.h: psagg__bufops). Any bad update fails the job, naming the server and
  * the field.
  */
 #include <stdlib.h>
@@ -20,7 +20,7 @@
 
 /* The gate's view of the servers (runtime/gate.h): the server whose fabric address is addr
  * (or -1), and server s's data key. */
-static int server_at(const void *owner, psagg_peer addr)
+static int server_at(const void *owner, psagg__peer addr)
 {
     const psagg_ctx *ctx = owner;
     for (int s = 0; addr != PSAGG_PEER_UNKNOWN && s < ctx->cfg.n_servers; s++)
@@ -29,26 +29,26 @@ static int server_at(const void *owner, psagg_peer addr)
     return -1;
 }
 
-static psagg_data_rx *server_rx(void *owner, int s)
+static psagg__data_rx *server_rx(void *owner, int s)
 {
     return &((psagg_ctx *)owner)->servers[s].rx;
 }
 
-void updates_gate(psagg_ctx *ctx, psagg_gate *gate)
+void updates_gate(psagg_ctx *ctx, psagg__gate *gate)
 {
-    *gate = (psagg_gate){.peer_kind = "server",
-                         .n_peers = ctx->cfg.n_servers,
-                         .source_reliable = ctx->source_reliable,
-                         .tag_bytes = ctx->tag_bytes,
-                         .log = &ctx->log,
-                         .peer_at = server_at,
-                         .rx_of = server_rx,
-                         .owner = ctx};
+    *gate = (psagg__gate){.peer_kind = "server",
+                          .n_peers = ctx->cfg.n_servers,
+                          .source_reliable = ctx->source_reliable,
+                          .tag_bytes = ctx->tag_bytes,
+                          .log = &ctx->log,
+                          .peer_at = server_at,
+                          .rx_of = server_rx,
+                          .owner = ctx};
 }
 
 /* Whether a [server] quorum update's contributor bitmap (after its payload) names worker
  * `rank` (0..world-1: the bitmap's bytes cover them). */
-static int bitmap_has(const psagg_msg_hdr *mh, int rank)
+static int bitmap_has(const psagg__msg_hdr *mh, int rank)
 {
     const uint8_t *bits = (const uint8_t *)mh + sizeof *mh + mh->len;
     return bits[rank / 8] >> (rank % 8) & 1;
@@ -58,7 +58,7 @@ static int bitmap_has(const psagg_msg_hdr *mh, int rank)
  * [server] quorum: check an update's contributor bitmap (after its payload) against `summed`
  * and say whether this worker's push is in it: 1 in, 0 left out, -1 the job failed.
  */
-static int bitmap_has_me(psagg_ctx *ctx, const psagg_msg_hdr *mh, const char *name)
+static int bitmap_has_me(psagg_ctx *ctx, const psagg__msg_hdr *mh, const char *name)
 {
     const uint8_t *bits = (const uint8_t *)mh + sizeof *mh + mh->len;
     unsigned n = 0;
@@ -90,11 +90,11 @@ static int bitmap_has_me(psagg_ctx *ctx, const psagg_msg_hdr *mh, const char *na
  * or the one in flight's before its encode) waits in early[] until that operation is encoded
  * (encode_op). Returns 1 when it was kept (or the job failed), 0 when it is not an early one.
  */
-static int keep_early(psagg_ctx *ctx, const struct psagg_handle *h, const psagg_rxbuf *rb,
-                      const psagg_msg_codec *mc)
+static int keep_early(psagg_ctx *ctx, const struct psagg_handle *h, const psagg__rxbuf *rb,
+                      const psagg__msg_codec *mc)
 {
-    const psagg_msg_hdr *mh = (const psagg_msg_hdr *)rb->buf;
-    const psagg_tensor_info *ti = &ctx->layout.tensors[mh->key];
+    const psagg__msg_hdr *mh = (const psagg__msg_hdr *)rb->buf;
+    const psagg__tensor_info *ti = &ctx->layout.tensors[mh->key];
     uint32_t g = ti->first_chunk + mh->chunk;
     struct early_update *e;
 
@@ -109,7 +109,7 @@ static int keep_early(psagg_ctx *ctx, const struct psagg_handle *h, const psagg_
                         "before this worker pushed it: a worker is never left more than one "
                         "round behind",
                         mh->sender, ti->name, mh->chunk,
-                        ((const psagg_msg_hdr *)ctx->early[g]->msg)->round, mh->round);
+                        ((const psagg__msg_hdr *)ctx->early[g]->msg)->round, mh->round);
         return 1;
     }
     if (!(e = malloc(sizeof *e + rb->len))) {
@@ -129,13 +129,14 @@ static int keep_early(psagg_ctx *ctx, const struct psagg_handle *h, const psagg_
  * it), else 0 (also when the job failed).
  */
 int update_apply(psagg_ctx *ctx, struct psagg_handle *h, const uint8_t *msg,
-                 const psagg_msg_codec *mcp)
+                 const psagg__msg_codec *mcp)
 {
-    const psagg_msg_hdr *mh = (const psagg_msg_hdr *)msg;
-    const psagg_tensor_info *ti = &ctx->layout.tensors[mh->key];
-    const psagg_chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + mh->chunk];
-    enum psagg_msg_type type = mh->type == PSAGG_MSG_WEIGHTS ? PSAGG_MSG_WEIGHTS : PSAGG_MSG_UPDATE;
-    psagg_msg_codec mc = *mcp;
+    const psagg__msg_hdr *mh = (const psagg__msg_hdr *)msg;
+    const psagg__tensor_info *ti = &ctx->layout.tensors[mh->key];
+    const psagg__chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + mh->chunk];
+    enum psagg__msg_type type =
+        mh->type == PSAGG_MSG_WEIGHTS ? PSAGG_MSG_WEIGHTS : PSAGG_MSG_UPDATE;
+    psagg__msg_codec mc = *mcp;
     psagg_status st;
     int mode, in = 1;
     uint32_t kind;
@@ -158,7 +159,7 @@ int update_apply(psagg_ctx *ctx, struct psagg_handle *h, const uint8_t *msg,
     if (type == PSAGG_MSG_WEIGHTS) {
         mode = PSAGG_DECODE_SET; /* the exact weights (msg_check: fp32, a parameter's) */
     } else if (mc.generation != (h->gen & PSAGG_MSG_GEN_MASK) ||
-               !psagg_codec_equal(&mc.codec, &h->codec)) {
+               !psagg__codec_equal(&mc.codec, &h->codec)) {
         char a[40], b[40];
         worker_fail_all(ctx, PSAGG_EPROTO,
                         "server %u sent the update of tensor '%s' chunk %u round %u in %s "
@@ -212,10 +213,10 @@ int update_apply(psagg_ctx *ctx, struct psagg_handle *h, const uint8_t *msg,
         atomic_fetch_add(&ctx->left_out, 1);
     }
     h->chunk_scale[mh->chunk] = 1.0f / (float)mh->summed;
-    t0 = psagg_now_ns();
+    t0 = psagg__now_ns();
     st = h->ops->update(ctx, h, ci, &mc.codec, mode, msg + sizeof *mh, mc.len);
     if (h->done_chunks + 1 < ti->n_chunks) /* the last one's decode is in t_done - t_updates */
-        h->update_ns += (uint64_t)(psagg_now_ns() - t0);
+        h->update_ns += (uint64_t)(psagg__now_ns() - t0);
     else
         h->t_updates = t0;
     if (st) { /* its message says which tensor, chunk and server */
@@ -249,23 +250,23 @@ int update_apply(psagg_ctx *ctx, struct psagg_handle *h, const uint8_t *msg,
  * it until this worker's own push of its round is encoded ([server] quorum). Returns the
  * operation whose last update it was (to complete), or NULL.
  */
-struct psagg_handle *update_arrived(psagg_ctx *ctx, psagg_gate *gate, const psagg_rxbuf *rb,
-                                    psagg_peer src)
+struct psagg_handle *update_arrived(psagg_ctx *ctx, psagg__gate *gate, const psagg__rxbuf *rb,
+                                    psagg__peer src)
 {
-    const psagg_msg_hdr *mh = (const psagg_msg_hdr *)rb->buf;
-    const psagg_chunk_info *ci;
-    const psagg_tensor_info *ti;
-    psagg_msg_codec mc;
-    enum psagg_msg_type type;
+    const psagg__msg_hdr *mh = (const psagg__msg_hdr *)rb->buf;
+    const psagg__chunk_info *ci;
+    const psagg__tensor_info *ti;
+    psagg__msg_codec mc;
+    enum psagg__msg_type type;
     const char *bad;
     int from;
 
-    if ((from = psagg_gate_sender(gate, rb->buf, rb->len, src)) < 0)
+    if ((from = psagg__gate_sender(gate, rb->buf, rb->len, src)) < 0)
         return NULL;
     type = rb->len >= sizeof *mh && mh->type == PSAGG_MSG_WEIGHTS ? PSAGG_MSG_WEIGHTS
                                                                   : PSAGG_MSG_UPDATE;
-    bad = psagg_msg_check(rb->buf, rb->len, ctx->tag_bytes + ctx->bitmap_bytes, type, &ctx->layout,
-                          &ci, &mc);
+    bad = psagg__msg_check(rb->buf, rb->len, ctx->tag_bytes + ctx->bitmap_bytes, type, &ctx->layout,
+                           &ci, &mc);
     if (bad) {
         worker_fail_all(ctx, PSAGG_EPROTO, "an update's field %s is invalid (%zu bytes)", bad,
                         rb->len);

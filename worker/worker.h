@@ -23,7 +23,7 @@
  *   adapt.c      [codec] adaptive: statistics, their push, the choice of codecs (comm thread)
  *   handle.c     an operation's life: creation, queueing, completion, failing the context
  *   host.c       the host-buffer operations
- * Where a push_pull's buffers live (host or device) is behind psagg_bufops, chosen when
+ * Where a push_pull's buffers live (host or device) is behind psagg__bufops, chosen when
  * push_pull is called, so comm.c never asks.
  */
 #ifndef PSAGG_WORKER_H
@@ -57,13 +57,13 @@ struct psagg_handle;
  * The buffer operations of one push_pull: how its input is encoded into the push buffers and
  * how the updates reach its output. The communication thread calls them in this order, for
  * one handle at a time; each returns PSAGG_OK (done), PSAGG_BUF_PENDING (not yet: ask again
- * later) or a negative psagg_status with its message set (psagg_fail: psagg_last_error()),
+ * later) or a negative psagg_status with its message set (psagg__fail: psagg_last_error()),
  * which the caller gives the operation or the job.
  *   encode    fill the payload (after the header) of every chunk's push buffer
  *             (ctx->chunks[...].buf) with the encoded input, error feedback included; on a
  *             failure, reset the tensor's residual (part of it was updated)
  *   update    chunk ci's update arrived (header checked; payload_len bytes of payload, in
- *             codec): decode it into the output with `mode` (psagg_decode_op: SET, SCALE
+ *             codec): decode it into the output with `mode` (psagg__decode_op: SET, SCALE
  *             for AVERAGE, ADD for a parameter's weight delta).
  *             Never pending. A failure means the server sent an invalid update: the job fails
  *   complete  every update is in: PSAGG_OK when the output is written, PSAGG_BUF_PENDING
@@ -75,20 +75,20 @@ struct psagg_handle;
  *             submitted handle (handle.c, comm.c); an operation's own enqueue functions drain
  *             before they return a failure
  */
-typedef struct psagg_bufops {
+typedef struct psagg__bufops {
     const char *kind; /* "host", "cuda" */
     psagg_status (*encode)(psagg_ctx *ctx, struct psagg_handle *h);
-    psagg_status (*update)(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
+    psagg_status (*update)(psagg_ctx *ctx, struct psagg_handle *h, const psagg__chunk_info *ci,
                            const psagg_codec *codec, int mode, const uint8_t *payload,
                            size_t payload_len);
     psagg_status (*complete)(psagg_ctx *ctx, struct psagg_handle *h);
     void (*drain)(psagg_ctx *ctx, struct psagg_handle *h);
     /* [server] quorum: chunk ci's round closed without this worker's push: add the push back
        into what the next encode adds (the residual, else a carry); NULL: not supported */
-    psagg_status (*carry)(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci);
-} psagg_bufops;
+    psagg_status (*carry)(psagg_ctx *ctx, struct psagg_handle *h, const psagg__chunk_info *ci);
+} psagg__bufops;
 
-extern const psagg_bufops psagg_host_ops; /* host.c */
+extern const psagg__bufops psagg__host_ops; /* host.c */
 
 /*
  * A request a calling thread makes of the servers and waits for (control.c: psagg_checkpoint,
@@ -104,17 +104,17 @@ typedef struct ctl_request {
 /* [server] quorum: an update that came before this worker's push of its round (wire.h),
    kept in ctx->early until that push is encoded (updates.c, comm.c). */
 struct early_update {
-    psagg_msg_codec mc; /* as psagg_msg_check read it */
+    psagg__msg_codec mc; /* as psagg__msg_check read it */
     uint8_t msg[];      /* the checked message: header, payload, bitmap (and MAC) */
 };
 
 typedef struct server_conn {
     int fd;
-    psagg_peer addr;         /* its fabric address: updates are accepted only from here */
-    psagg_data_rx rx;        /* its updates' key and the numbers accepted (data_auth) */
-    psagg_data_key push_key; /* of this worker's pushes to it (data_auth; runtime/auth.h) */
+    psagg__peer addr;         /* its fabric address: updates are accepted only from here */
+    psagg__data_rx rx;        /* its updates' key and the numbers accepted (data_auth) */
+    psagg__data_key push_key; /* of this worker's pushes to it (data_auth; runtime/auth.h) */
     uint64_t push_seq;       /* the number of the last push sealed for it (comm thread) */
-    psagg_ctl_auth auth;     /* its control connection's frames, both ways (with a secret) */
+    psagg__ctl_auth auth;    /* its control connection's frames, both ways (with a secret) */
     int local_reads;         /* this worker copies its updates out of its memory (wire.h) */
     /*
      * Pushes handed to libfabric whose send has not completed (comm thread only). The window
@@ -148,7 +148,7 @@ typedef struct tensor_state {
 struct psagg_handle {
     psagg_ctx *ctx;
     struct psagg_handle *next; /* in the submit queue */
-    const psagg_bufops *ops;   /* where in and out live */
+    const psagg__bufops *ops;  /* where in and out live */
     uint32_t key;
     const float *in;
     float *out;
@@ -157,7 +157,7 @@ struct psagg_handle {
     uint64_t seq;
     uint32_t round;
     psagg_codec codec;    /* this round's codec: the declared one, or its assignment's */
-    psagg_msg_param prm;  /* a parameter's push trailer: kind, lr, weight decay, flags */
+    psagg__msg_param prm; /* a parameter's push trailer: kind, lr, weight decay, flags */
     uint32_t reply_round; /* INIT: the chunks' round the WEIGHTS said (reply_set: one came) */
     int reply_set;
     uint32_t gen; /* that assignment's generation (0: declared) */
@@ -171,7 +171,7 @@ struct psagg_handle {
     uint8_t *chunk_done;
     float *chunk_scale; /* AVERAGE: per chunk, 1 / the workers its update summed */
     int64_t deadline_ms;
-    /* psagg_now_ns() at each phase's end (psagg_timing): the call, taken by the comm thread,
+    /* psagg__now_ns() at each phase's end (psagg_timing): the call, taken by the comm thread,
        encoded, last push handed over, last update in, completed (comm thread, then read-only) */
     int64_t t_submit, t_taken, t_encoded, t_sent, t_updates, t_done;
     uint64_t update_ns; /* in the buffer operations' update for all but the last update */
@@ -182,17 +182,17 @@ struct psagg_handle {
 };
 
 struct psagg_ctx {
-    psagg_config cfg;
+    psagg__config cfg;
     int rank, world;
     /* log, job_key, nonce, tag_bytes, max_msg, fab, source_reliable (runtime/node.h:
        psagg_init opens it) */
     PSAGG_NODE_EMBED;
     server_conn *servers;
     int declared;
-    psagg_layout layout;
+    psagg__layout layout;
     tensor_state *tensors;
     chunk_buf *chunks;
-    psagg_rxpool rx; /* posted receive buffers for updates */
+    psagg__rxpool rx; /* posted receive buffers for updates */
 
     pthread_t comm_tid;
     atomic_int running;
@@ -208,12 +208,12 @@ struct psagg_ctx {
     atomic_uint_fast64_t bytes_sent, bytes_received, bytes_raw, push_pulls;
     /* sums of the completed operations' psagg_timing, in its order (queued_ns ... total_ns) */
     atomic_uint_fast64_t time_ns[6];
-    psagg_timeline *timeline; /* [log] timeline, or NULL */
+    psagg__timeline *timeline; /* [log] timeline, or NULL */
 
     uint32_t n_user;           /* tensors the user declared (keys below; then internal ones) */
-    psagg_ctl_optim optim;     /* the servers' [server] optimizer settings (WELCOME) */
+    psagg__ctl_optim optim;    /* the servers' [server] optimizer settings (WELCOME) */
     ctl_request ckpt;          /* psagg_checkpoint's (control.c) */
-    struct psagg_adapt *adapt; /* [codec] adaptive (adapt.c), or NULL */
+    struct psagg__adapt *adapt; /* [codec] adaptive (adapt.c), or NULL */
     /* the membership (guarded by mu; changed by the comm thread on server 0's MEMBERSHIP):
        every worker rank lives unless [cluster] elastic */
     uint32_t epoch;
@@ -236,7 +236,7 @@ struct psagg_ctx {
 
     /* the device side (device.c), created by the first psagg_push_pull_cuda, on devexec
        (devexec.h; NULL: CUDA's) */
-    const struct psagg_devexec *devexec;
+    const struct psagg__devexec *devexec;
     void *device;
     void (*device_destroy)(psagg_ctx *ctx);
 };
@@ -249,7 +249,7 @@ struct psagg_ctx {
  * the job leaves it alone.
  */
 struct psagg_handle *handle_new(psagg_ctx *ctx, uint32_t key, const float *in, float *out,
-                                psagg_reduce op, int priority, const psagg_bufops *ops,
+                                psagg_reduce op, int priority, const psagg__bufops *ops,
                                 psagg_status *st);
 /* handle_new for a parameter's INIT or PULL (kind, flags of the trailer). */
 struct psagg_handle *handle_new_param(psagg_ctx *ctx, uint32_t key, float *out, uint32_t kind,
@@ -257,7 +257,7 @@ struct psagg_handle *handle_new_param(psagg_ctx *ctx, uint32_t key, float *out, 
 void handle_submit(psagg_ctx *ctx, struct psagg_handle *h);
 void handle_abandon(psagg_ctx *ctx, struct psagg_handle *h);
 /* Complete a handle with a status (under ctx->mu) and wake waiters; a failure drains it
- * first (psagg_bufops.drain). */
+ * first (psagg__bufops.drain). */
 void handle_complete_locked(psagg_ctx *ctx, struct psagg_handle *h, psagg_status status,
                             const char *msg);
 /* Fail the whole context: every pending and later operation gets this status and message. */
@@ -283,13 +283,13 @@ psagg_status worker_struct_size(const char *type, size_t got, size_t known);
  */
 psagg_status handshake_connect(psagg_ctx *ctx, int64_t deadline);
 psagg_status handshake_hello(psagg_ctx *ctx, int64_t deadline);
-psagg_status handshake_declare(psagg_ctx *ctx, psagg_ctl_declare *d, size_t bytes);
+psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t bytes);
 
 /*
  * device.c: use executor ex (devexec.h) for ctx's device path instead of CUDA's; before the
  * first psagg_push_pull_cuda. For the tests (psagg_static: the simulated device); not in psagg.h.
  */
-psagg_status psagg_device_use(psagg_ctx *ctx, const struct psagg_devexec *ex);
+psagg_status psagg__device_use(psagg_ctx *ctx, const struct psagg__devexec *ex);
 
 /* comm.c */
 psagg_status comm_start(psagg_ctx *ctx);
@@ -301,11 +301,11 @@ void comm_stop(psagg_ctx *ctx);
  * the operation whose last update it was, to complete, or NULL (also when the job failed);
  * apply hands a checked update to operation h's buffer operations: 1 when it was h's last.
  */
-void updates_gate(psagg_ctx *ctx, psagg_gate *gate);
-struct psagg_handle *update_arrived(psagg_ctx *ctx, psagg_gate *gate, const psagg_rxbuf *rb,
-                                    psagg_peer src);
+void updates_gate(psagg_ctx *ctx, psagg__gate *gate);
+struct psagg_handle *update_arrived(psagg_ctx *ctx, psagg__gate *gate, const psagg__rxbuf *rb,
+                                    psagg__peer src);
 int update_apply(psagg_ctx *ctx, struct psagg_handle *h, const uint8_t *msg,
-                 const psagg_msg_codec *mc);
+                 const psagg__msg_codec *mc);
 
 /*
  * control.c. request (a calling thread): with no operation in flight, have the communication
@@ -320,7 +320,8 @@ void control_check(psagg_ctx *ctx, int64_t now, int64_t *next_ping);
 void control_tell_servers(psagg_ctx *ctx);
 /* Server 0's MEMBERSHIP frame: check it, take its epoch and relay it unchanged to the other
  * servers (a joiner: the epoch that admits it, whatever its number). */
-psagg_status membership_take(psagg_ctx *ctx, const psagg_ctl_hdr *h, const void *body, int joining);
+psagg_status membership_take(psagg_ctx *ctx, const psagg__ctl_hdr *h, const void *body,
+                             int joining);
 
 /*
  * adapt.c: adaptive codecs (runtime/adaptive.h has the schedule and the model). adapt_setup

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-void *psagg_alloc(size_t size, int zero)
+void *psagg__alloc(size_t size, int zero)
 {
     size_t bytes = (size + PSAGG_ALIGN - 1) & ~(size_t)(PSAGG_ALIGN - 1);
     void *p = aligned_alloc(PSAGG_ALIGN, bytes ? bytes : PSAGG_ALIGN);
@@ -13,7 +13,7 @@ void *psagg_alloc(size_t size, int zero)
     return p;
 }
 
-void psagg_free(void *p)
+void psagg__free(void *p)
 {
     free(p);
 }

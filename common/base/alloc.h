@@ -14,7 +14,7 @@
 #define PSAGG_ALIGN 64
 
 /* size bytes aligned to PSAGG_ALIGN (zeroed if zero != 0); NULL when out of memory. */
-void *psagg_alloc(size_t size, int zero);
-void psagg_free(void *p);
+void *psagg__alloc(size_t size, int zero);
+void psagg__free(void *p);
 
 #endif

@@ -6,15 +6,15 @@
 #include <time.h>
 
 /* Monotonic milliseconds (CLOCK_MONOTONIC): every deadline in psagg is on this clock. */
-static inline int64_t psagg_now_ms(void)
+static inline int64_t psagg__now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Monotonic nanoseconds, the same clock: psagg_now_ns() / 1000000 == psagg_now_ms(). */
-static inline int64_t psagg_now_ns(void)
+/* Monotonic nanoseconds, the same clock: psagg__now_ns() / 1000000 == psagg__now_ms(). */
+static inline int64_t psagg__now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -39,7 +39,7 @@ const char *psagg_strerror(int status)
     return "unknown status";
 }
 
-int psagg_status_is_failure(int status)
+int psagg__status_is_failure(int status)
 {
     for (size_t i = 1; i < sizeof statuses / sizeof statuses[0]; i++)
         if ((int)statuses[i].status == status)
@@ -52,12 +52,12 @@ const char *psagg_last_error(void)
     return last_error;
 }
 
-void psagg_clear_error(void)
+void psagg__clear_error(void)
 {
     last_error[0] = '\0';
 }
 
-psagg_status psagg_fail(psagg_status status, const char *fmt, ...)
+psagg_status psagg__fail(psagg_status status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -66,7 +66,7 @@ psagg_status psagg_fail(psagg_status status, const char *fmt, ...)
     return status;
 }
 
-psagg_status psagg_fail_context(psagg_status status, const char *fmt, ...)
+psagg_status psagg__fail_context(psagg_status status, const char *fmt, ...)
 {
     char prefix[256], old[sizeof last_error];
     va_list ap;

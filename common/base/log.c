@@ -10,7 +10,7 @@
 #include <strings.h>
 #include <time.h>
 
-void psagg_logger_init(psagg_logger *lg, const char *role, int level)
+void psagg__logger_init(psagg__logger *lg, const char *role, int level)
 {
     static const char *const names[] = {"error", "warn", "info", "debug"};
     const char *env = getenv("PSAGG_LOG_LEVEL");
@@ -22,7 +22,7 @@ void psagg_logger_init(psagg_logger *lg, const char *role, int level)
             lg->level = i;
 }
 
-void psagg_log(const psagg_logger *lg, int level, const char *fmt, ...)
+void psagg__log(const psagg__logger *lg, int level, const char *fmt, ...)
 {
     static const char *const names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
     char msg[1024];
@@ -44,22 +44,22 @@ void psagg_log(const psagg_logger *lg, int level, const char *fmt, ...)
             msg);
 }
 
-static void lograte_report(psagg_lograte *lr, const psagg_logger *lg, int64_t now)
+static void lograte_report(psagg__lograte *lr, const psagg__logger *lg, int64_t now)
 {
     if (lr->count == 1 && lr->total == 1)
-        psagg_log(lg, PSAGG_LOG_WARN, "%s", lr->latest);
+        psagg__log(lg, PSAGG_LOG_WARN, "%s", lr->latest);
     else
-        psagg_log(lg, PSAGG_LOG_WARN, "%s (%llu like it in the last %lld ms, %llu in all)",
-                  lr->latest, (unsigned long long)lr->count, (long long)(now - lr->logged_at),
-                  (unsigned long long)lr->total);
+        psagg__log(lg, PSAGG_LOG_WARN, "%s (%llu like it in the last %lld ms, %llu in all)",
+                   lr->latest, (unsigned long long)lr->count, (long long)(now - lr->logged_at),
+                   (unsigned long long)lr->total);
     lr->logged_at = now;
     lr->count = 0;
 }
 
-void psagg_lograte_note(psagg_lograte *lr, const psagg_logger *lg, int every_ms, const char *fmt,
-                        ...)
+void psagg__lograte_note(psagg__lograte *lr, const psagg__logger *lg, int every_ms, const char *fmt,
+                         ...)
 {
-    int64_t now = psagg_now_ms();
+    int64_t now = psagg__now_ms();
     va_list ap;
     lr->count++;
     lr->total++;
@@ -70,8 +70,8 @@ void psagg_lograte_note(psagg_lograte *lr, const psagg_logger *lg, int every_ms,
         lograte_report(lr, lg, now);
 }
 
-void psagg_lograte_flush(psagg_lograte *lr, const psagg_logger *lg)
+void psagg__lograte_flush(psagg__lograte *lr, const psagg__logger *lg)
 {
     if (lr->count)
-        lograte_report(lr, lg, psagg_now_ms());
+        lograte_report(lr, lg, psagg__now_ms());
 }

@@ -24,7 +24,7 @@
 #define SAMPLE 16
 
 typedef struct record {
-    psagg_span span;
+    psagg__span span;
     int lane;
 } record;
 
@@ -34,7 +34,7 @@ typedef struct block {
     record r[BLOCK];
 } block;
 
-struct psagg_timeline {
+struct psagg__timeline {
     pthread_mutex_t mu;
     FILE *f;
     int pid;                       /* the trace's process id: this process's pid */
@@ -44,18 +44,18 @@ struct psagg_timeline {
     block *head, *tail;            /* the buffered spans, oldest first */
     long long buffered;            /* spans in the blocks */
     long long spans, bytes;        /* written to the file so far */
-    atomic_llong calls;            /* of psagg_timeline_span: every SAMPLE-th one is timed */
-    int64_t record_ns;             /* CPU time in psagg_timeline_span: SAMPLE x the sampled */
+    atomic_llong calls;            /* of psagg__timeline_span: every SAMPLE-th one is timed */
+    int64_t record_ns;             /* CPU time in psagg__timeline_span: SAMPLE x the sampled */
     int64_t write_ns;              /* CPU time writing the JSON (flush) */
     int full;                      /* MAX_BYTES reached: nothing more is written */
     char label[48];                /* "worker 3", for the lanes' names */
     char path[512];
 };
 
-psagg_status psagg_timeline_open(const char *prefix, const char *role, int rank,
-                                 psagg_timeline **out)
+psagg_status psagg__timeline_open(const char *prefix, const char *role, int rank,
+                                  psagg__timeline **out)
 {
-    psagg_timeline *tl;
+    psagg__timeline *tl;
     struct timespec rt, mt;
     char path[512];
 
@@ -63,16 +63,16 @@ psagg_status psagg_timeline_open(const char *prefix, const char *role, int rank,
     if (!prefix || !*prefix)
         return PSAGG_OK;
     if ((size_t)snprintf(path, sizeof path, "%s.%s%d.json", prefix, role, rank) >= sizeof path)
-        return psagg_fail(PSAGG_ECONFIG, "timeline: the path '%s.%s%d.json' is too long", prefix,
-                          role, rank);
+        return psagg__fail(PSAGG_ECONFIG, "timeline: the path '%s.%s%d.json' is too long", prefix,
+                           role, rank);
     tl = calloc(1, sizeof *tl);
     if (!tl)
-        return psagg_fail(PSAGG_ENOMEM, "timeline");
+        return psagg__fail(PSAGG_ENOMEM, "timeline");
     tl->f = fopen(path, "w");
     if (!tl->f) {
         int e = errno;
         free(tl);
-        return psagg_fail(PSAGG_EIO, "timeline: cannot write %s: %s", path, strerror(e));
+        return psagg__fail(PSAGG_EIO, "timeline: cannot write %s: %s", path, strerror(e));
     }
     setvbuf(tl->f, NULL, _IOFBF, 1 << 20);
     pthread_mutex_init(&tl->mu, NULL);
@@ -149,7 +149,7 @@ static void put_num(line *l, int64_t v, int frac3)
 }
 
 /* The start of an event of type ph on a lane: its process and its row (tid = lane + 1). */
-static void put_head(line *l, const psagg_timeline *tl, const char *ph, int lane)
+static void put_head(line *l, const psagg__timeline *tl, const char *ph, int lane)
 {
     put(l, ",\n{\"ph\":\"");
     put(l, ph);
@@ -159,9 +159,9 @@ static void put_head(line *l, const psagg_timeline *tl, const char *ph, int lane
     put_num(l, lane + 1, 0);
 }
 
-static void write_record(psagg_timeline *tl, const record *r)
+static void write_record(psagg__timeline *tl, const record *r)
 {
-    const psagg_span *s = &r->span;
+    const psagg__span *s = &r->span;
     int64_t end = s->ends[s->n_phases - 1] < s->start_ns ? s->start_ns : s->ends[s->n_phases - 1];
     line l = {.n = 0};
 
@@ -229,7 +229,7 @@ static int64_t thread_cpu_ns(void)
 }
 
 /* Write the buffered spans and empty the buffer but for its first block (under tl->mu). */
-static void flush_locked(psagg_timeline *tl)
+static void flush_locked(psagg__timeline *tl)
 {
     int64_t c0 = thread_cpu_ns();
     for (block *b = tl->head; b; b = b->next)
@@ -251,7 +251,7 @@ static void flush_locked(psagg_timeline *tl)
     tl->write_ns += thread_cpu_ns() - c0;
 }
 
-void psagg_timeline_span(psagg_timeline *tl, const psagg_span *span)
+void psagg__timeline_span(psagg__timeline *tl, const psagg__span *span)
 {
     int64_t c0 = 0, c1 = 0, start, end;
     int lane = MAX_LANES - 1; /* all taken: the last one's spans overlap */
@@ -299,7 +299,7 @@ out:
     pthread_mutex_unlock(&tl->mu);
 }
 
-void psagg_timeline_close(psagg_timeline *tl, const psagg_logger *log)
+void psagg__timeline_close(psagg__timeline *tl, const psagg__logger *log)
 {
     if (!tl)
         return;

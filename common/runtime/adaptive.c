@@ -17,14 +17,14 @@ static uint64_t units_for(size_t n_tensors)
     return u < 64 ? 64 : u;
 }
 
-uint64_t psagg_adapt_unit(uint64_t slack, size_t n_tensors)
+uint64_t psagg__adapt_unit(uint64_t slack, size_t n_tensors)
 {
     uint64_t u = units_for(n_tensors), unit = slack / u + (slack % u != 0);
     return unit ? unit : 1;
 }
 
 /* The least bytes of tensor t's options (UINT64_MAX: none available). */
-static uint64_t least_of(const psagg_adapt_option *o, size_t n_options)
+static uint64_t least_of(const psagg__adapt_option *o, size_t n_options)
 {
     uint64_t m = UINT64_MAX;
     for (size_t i = 0; i < n_options; i++)
@@ -33,9 +33,9 @@ static uint64_t least_of(const psagg_adapt_option *o, size_t n_options)
     return m;
 }
 
-psagg_status psagg_adapt_solve(const psagg_adapt_option *opts, size_t n_tensors, size_t n_options,
-                               uint64_t budget, uint32_t *choice, uint64_t *bytes_out,
-                               double *error_out)
+psagg_status psagg__adapt_solve(const psagg__adapt_option *opts, size_t n_tensors, size_t n_options,
+                                uint64_t budget, uint32_t *choice, uint64_t *bytes_out,
+                                double *error_out)
 {
     uint64_t unit, cap, least = 0;
     size_t w;
@@ -43,20 +43,20 @@ psagg_status psagg_adapt_solve(const psagg_adapt_option *opts, size_t n_tensors,
     uint16_t *ch;
 
     if (n_options == 0 || n_options > UINT16_MAX)
-        return psagg_fail(PSAGG_EINVAL, "adaptive: %zu options per tensor (1..65535)", n_options);
+        return psagg__fail(PSAGG_EINVAL, "adaptive: %zu options per tensor (1..65535)", n_options);
     /* the smallest total there is: the budget must hold it; the DP shares out the rest */
     for (size_t t = 0; t < n_tensors; t++) {
         uint64_t m = least_of(&opts[t * n_options], n_options);
         if (m == UINT64_MAX)
-            return psagg_fail(PSAGG_EINVAL, "adaptive: tensor %zu has no available option", t);
+            return psagg__fail(PSAGG_EINVAL, "adaptive: tensor %zu has no available option", t);
         least += m;
     }
     if (least > budget)
-        return psagg_fail(PSAGG_EINVAL,
-                          "adaptive: a budget of %llu bytes is below the smallest choice, %llu "
-                          "bytes",
-                          (unsigned long long)budget, (unsigned long long)least);
-    unit = psagg_adapt_unit(budget - least, n_tensors);
+        return psagg__fail(PSAGG_EINVAL,
+                           "adaptive: a budget of %llu bytes is below the smallest choice, %llu "
+                           "bytes",
+                           (unsigned long long)budget, (unsigned long long)least);
+    unit = psagg__adapt_unit(budget - least, n_tensors);
     cap = (budget - least) / unit;
     w = (size_t)cap + 1;
     dp = malloc(w * sizeof *dp);
@@ -64,13 +64,13 @@ psagg_status psagg_adapt_solve(const psagg_adapt_option *opts, size_t n_tensors,
     ch = malloc(w * (n_tensors ? n_tensors : 1) * sizeof *ch);
     if (!dp || !next || !ch) {
         free(dp), free(next), free(ch);
-        return psagg_fail(PSAGG_ENOMEM, "adaptive: a %zu x %zu table", n_tensors, w);
+        return psagg__fail(PSAGG_ENOMEM, "adaptive: a %zu x %zu table", n_tensors, w);
     }
     /* dp[j]: the least error of the tensors so far within j units */
     for (size_t j = 0; j < w; j++)
         dp[j] = 0.0;
     for (size_t t = 0; t < n_tensors; t++) {
-        const psagg_adapt_option *o = &opts[t * n_options];
+        const psagg__adapt_option *o = &opts[t * n_options];
         uint64_t m = least_of(o, n_options);
         uint16_t *row = &ch[t * w];
         for (size_t j = 0; j < w; j++) {
@@ -101,7 +101,7 @@ psagg_status psagg_adapt_solve(const psagg_adapt_option *opts, size_t n_tensors,
         uint64_t j = cap, bytes = 0;
         double err = 0.0;
         for (size_t t = n_tensors; t-- > 0;) {
-            const psagg_adapt_option *o = &opts[t * n_options + ch[t * w + j]];
+            const psagg__adapt_option *o = &opts[t * n_options + ch[t * w + j]];
             uint64_t m = least_of(&opts[t * n_options], n_options);
             choice[t] = ch[t * w + j];
             j -= (o->bytes - m) / unit + ((o->bytes - m) % unit != 0);
@@ -118,7 +118,7 @@ psagg_status psagg_adapt_solve(const psagg_adapt_option *opts, size_t n_tensors,
     return PSAGG_OK;
 }
 
-double psagg_adapt_range_sum(const float *x, uint64_t n, uint64_t chunk_elems, uint32_t bucket)
+double psagg__adapt_range_sum(const float *x, uint64_t n, uint64_t chunk_elems, uint32_t bucket)
 {
     double s = 0.0;
     if (!chunk_elems)
@@ -140,8 +140,8 @@ double psagg_adapt_range_sum(const float *x, uint64_t n, uint64_t chunk_elems, u
     return s;
 }
 
-void psagg_adapt_range_sums(const float *x, uint64_t n, const uint32_t *buckets, uint32_t nb,
-                            double *out, float *lo, float *hi)
+void psagg__adapt_range_sums(const float *x, uint64_t n, const uint32_t *buckets, uint32_t nb,
+                             double *out, float *lo, float *hi)
 {
     uint64_t b0 = buckets[0], m = (n + b0 - 1) / b0;
     for (uint64_t k = 0; k < m; k++) {
@@ -173,21 +173,21 @@ void psagg_adapt_range_sums(const float *x, uint64_t n, const uint32_t *buckets,
     }
 }
 
-double psagg_adapt_maxmin_error(double range_sum, uint32_t bits, psagg_rounding rounding)
+double psagg__adapt_maxmin_error(double range_sum, uint32_t bits, psagg_rounding rounding)
 {
     double levels = (double)((1u << bits) - 1);
     return range_sum / ((rounding == PSAGG_ROUND_NEAREST ? 12.0 : 4.0) * levels * levels);
 }
 
-uint32_t psagg_adapt_generation(uint32_t round, uint32_t interval)
+uint32_t psagg__adapt_generation(uint32_t round, uint32_t interval)
 {
     if (!interval || round < PSAGG_ADAPT_LAG)
         return 0;
     return (round - PSAGG_ADAPT_LAG) / interval + 1;
 }
 
-uint32_t psagg_adapt_buckets(const psagg_codec *declared, uint64_t chunk_elems,
-                             uint32_t out[PSAGG_ADAPT_MAX_BUCKETS])
+uint32_t psagg__adapt_buckets(const psagg_codec *declared, uint64_t chunk_elems,
+                              uint32_t out[PSAGG_ADAPT_MAX_BUCKETS])
 {
     uint32_t n = 0, b0 = declared->bucket ? declared->bucket : PSAGG_MAXMIN_DEFAULT_BUCKET;
     for (int s = -2; s <= 2; s++) {
@@ -201,12 +201,12 @@ uint32_t psagg_adapt_buckets(const psagg_codec *declared, uint64_t chunk_elems,
     return n;
 }
 
-uint32_t psagg_adapt_candidates(const psagg_codec *declared, uint64_t chunk_elems, int nearest,
-                                psagg_codec out[PSAGG_ADAPT_MAX_CANDIDATES],
-                                uint8_t bucket_of[PSAGG_ADAPT_MAX_CANDIDATES])
+uint32_t psagg__adapt_candidates(const psagg_codec *declared, uint64_t chunk_elems, int nearest,
+                                 psagg_codec out[PSAGG_ADAPT_MAX_CANDIDATES],
+                                 uint8_t bucket_of[PSAGG_ADAPT_MAX_CANDIDATES])
 {
     uint32_t buckets[PSAGG_ADAPT_MAX_BUCKETS],
-        nb = psagg_adapt_buckets(declared, chunk_elems, buckets), n = 0;
+        nb = psagg__adapt_buckets(declared, chunk_elems, buckets), n = 0;
     for (uint32_t i = 0; i < nb; i++)
         for (uint32_t bits = PSAGG_ADAPT_MIN_BITS; bits <= PSAGG_ADAPT_MAX_BITS; bits++)
             for (int r = 0; r <= (nearest ? 1 : 0); r++) {
@@ -219,19 +219,19 @@ uint32_t psagg_adapt_candidates(const psagg_codec *declared, uint64_t chunk_elem
     return n;
 }
 
-psagg_codec psagg_adapt_largest(const psagg_codec *declared, uint64_t chunk_elems)
+psagg_codec psagg__adapt_largest(const psagg_codec *declared, uint64_t chunk_elems)
 {
     uint32_t buckets[PSAGG_ADAPT_MAX_BUCKETS];
-    psagg_adapt_buckets(declared, chunk_elems, buckets);
+    psagg__adapt_buckets(declared, chunk_elems, buckets);
     return (psagg_codec){PSAGG_CODEC_MAXMIN, PSAGG_ADAPT_MAX_BITS, buckets[0],
                          PSAGG_ROUND_STOCHASTIC};
 }
 
-int psagg_adapt_allowed(const psagg_codec *declared, uint64_t chunk_elems, const psagg_codec *c)
+int psagg__adapt_allowed(const psagg_codec *declared, uint64_t chunk_elems, const psagg_codec *c)
 {
     uint32_t buckets[PSAGG_ADAPT_MAX_BUCKETS],
-        nb = psagg_adapt_buckets(declared, chunk_elems, buckets);
-    if (psagg_codec_equal(c, declared))
+        nb = psagg__adapt_buckets(declared, chunk_elems, buckets);
+    if (psagg__codec_equal(c, declared))
         return 1; /* generation 0 */
     if (c->id != PSAGG_CODEC_MAXMIN || c->bits < PSAGG_ADAPT_MIN_BITS ||
         c->bits > PSAGG_ADAPT_MAX_BITS ||

@@ -14,7 +14,7 @@
  * and breaks ties by the lowest candidate index, so equal inputs (summed through psagg itself,
  * identical bytes on every worker) give the same assignment in every process.
  *
- * The error model of maxmin (psagg_adapt_maxmin_error): a bucket of n elements and range r
+ * The error model of maxmin (psagg__adapt_maxmin_error): a bucket of n elements and range r
  * quantized with b bits has unit u = r / (2^b - 1); stochastic rounding's error variance per
  * element is at most u^2/4, nearest rounding's about u^2/12. Summed over buckets:
  * S(B) / (k (2^b - 1)^2) with S(B) = sum over buckets of size B of n * r^2 and k = 4 or 12.
@@ -33,17 +33,17 @@
 /*
  * THE SCHEDULE of a job with [codec] adaptive (every worker and server derives the same):
  * every `interval` rounds (rounds 0, K, 2K, ...: a tensor's own round counter) each worker
- * measures each compressed tensor's range sums S(B) (psagg_adapt_range_sum) for each candidate
+ * measures each compressed tensor's range sums S(B) (psagg__adapt_range_sum) for each candidate
  * bucket B and, once it has them all, pushes them as the job's last tensor (fp32,
  * PSAGG_ADAPT_STATS_NAME, PSAGG_ADAPT_MAX_BUCKETS values per compressed tensor) through the
  * servers like any other: the sum comes back identical to every worker, and every worker
  * solves the same assignment from it. The assignment measured at round gK is generation
- * g + 1 and holds from round gK + PSAGG_ADAPT_LAG (psagg_adapt_generation); before the first,
+ * g + 1 and holds from round gK + PSAGG_ADAPT_LAG (psagg__adapt_generation); before the first,
  * generation 0 is the declared codec. interval >= PSAGG_ADAPT_LAG, so a tensor never needs an
  * assignment whose statistics wait for its own later rounds.
  *
  * THE CANDIDATES of a compressed tensor declared with maxmin, bucket B0
- * (psagg_adapt_candidates): maxmin with 2..8 bits, each bucket of B0/4, B0/2, B0, 2 B0, 4 B0
+ * (psagg__adapt_candidates): maxmin with 2..8 bits, each bucket of B0/4, B0/2, B0, 2 B0, 4 B0
  * that is a multiple of 64 and divides the tensor's chunk (so chunks, their placement and
  * their owners never change), and stochastic rounding, plus nearest rounding when the
  * workers' error feedback is on (which corrects its bias; without it nearest's error piles
@@ -68,42 +68,42 @@
 #define PSAGG_ADAPT_STATS_NAME "psagg.adaptive_stats"
 
 /* The generation of the assignment that round `round` uses (0 when interval is 0). */
-uint32_t psagg_adapt_generation(uint32_t round, uint32_t interval);
+uint32_t psagg__adapt_generation(uint32_t round, uint32_t interval);
 
 /*
  * The candidate buckets of a tensor declared with maxmin codec `declared` whose chunks hold
- * chunk_elems elements (psagg_tensor_info.chunk_elems), ascending; returns how many (1..5:
+ * chunk_elems elements (psagg__tensor_info.chunk_elems), ascending; returns how many (1..5:
  * the declared bucket always is one).
  */
-uint32_t psagg_adapt_buckets(const psagg_codec *declared, uint64_t chunk_elems,
-                             uint32_t out[PSAGG_ADAPT_MAX_BUCKETS]);
+uint32_t psagg__adapt_buckets(const psagg_codec *declared, uint64_t chunk_elems,
+                              uint32_t out[PSAGG_ADAPT_MAX_BUCKETS]);
 
 /*
  * The candidate codecs (above), by bucket (ascending), then bits, then rounding (stochastic
  * first); nearest only with `nearest`. Returns how many. *bucket_of (if not NULL) gets, per
- * candidate, the index of its bucket in psagg_adapt_buckets.
+ * candidate, the index of its bucket in psagg__adapt_buckets.
  */
-uint32_t psagg_adapt_candidates(const psagg_codec *declared, uint64_t chunk_elems, int nearest,
-                                psagg_codec out[PSAGG_ADAPT_MAX_CANDIDATES],
-                                uint8_t bucket_of[PSAGG_ADAPT_MAX_CANDIDATES]);
+uint32_t psagg__adapt_candidates(const psagg_codec *declared, uint64_t chunk_elems, int nearest,
+                                 psagg_codec out[PSAGG_ADAPT_MAX_CANDIDATES],
+                                 uint8_t bucket_of[PSAGG_ADAPT_MAX_CANDIDATES]);
 
 /*
  * The candidate with the largest encoding (8 bits at the finest bucket): what a buffer of an
  * adaptive tensor's chunk must hold.
  */
-psagg_codec psagg_adapt_largest(const psagg_codec *declared, uint64_t chunk_elems);
+psagg_codec psagg__adapt_largest(const psagg_codec *declared, uint64_t chunk_elems);
 
 /*
  * Whether c may be the codec of a round of a tensor declared with `declared`: the declared
  * codec itself (generation 0) or a candidate (nearest rounding allowed).
  */
-int psagg_adapt_allowed(const psagg_codec *declared, uint64_t chunk_elems, const psagg_codec *c);
+int psagg__adapt_allowed(const psagg_codec *declared, uint64_t chunk_elems, const psagg_codec *c);
 
 /* One candidate of one tensor: what it costs and what it loses. */
-typedef struct psagg_adapt_option {
+typedef struct psagg__adapt_option {
     uint64_t bytes; /* encoded bytes of the whole tensor (every chunk) */
     double error;   /* estimated squared error of the whole tensor */
-} psagg_adapt_option;
+} psagg__adapt_option;
 
 /*
  * Choose, for each of n_tensors tensors, one of its n_options options (option i of tensor t
@@ -113,34 +113,34 @@ typedef struct psagg_adapt_option {
  * PSAGG_EINVAL (message with the smallest possible bytes) when the budget is below the
  * smallest choice; PSAGG_ENOMEM.
  */
-PSAGG_NODISCARD psagg_status psagg_adapt_solve(const psagg_adapt_option *opts, size_t n_tensors,
-                                               size_t n_options, uint64_t budget, uint32_t *choice,
-                                               uint64_t *bytes_out, double *error_out);
+PSAGG_NODISCARD psagg_status psagg__adapt_solve(const psagg__adapt_option *opts, size_t n_tensors,
+                                                size_t n_options, uint64_t budget, uint32_t *choice,
+                                                uint64_t *bytes_out, double *error_out);
 
 /*
- * The unit psagg_adapt_solve rounds bytes up to, for a slack (budget minus the smallest total)
+ * The unit psagg__adapt_solve rounds bytes up to, for a slack (budget minus the smallest total)
  * and a number of tensors: at least 1; fewer units than PSAGG_ADAPT_UNITS when the table would
  * pass 2^26 cells.
  */
-uint64_t psagg_adapt_unit(uint64_t slack, size_t n_tensors);
+uint64_t psagg__adapt_unit(uint64_t slack, size_t n_tensors);
 
 /*
  * S(B) for bucket size B of x[0, n) restarted at every chunk of chunk_elems elements (as the
  * codec sees the data): the sum over buckets of (elements) * (max - min)^2, in double.
  * Non-finite values make it infinite.
  */
-double psagg_adapt_range_sum(const float *x, uint64_t n, uint64_t chunk_elems, uint32_t bucket);
+double psagg__adapt_range_sum(const float *x, uint64_t n, uint64_t chunk_elems, uint32_t bucket);
 
 /*
  * S(B) of one chunk x[0, n) for each of nb bucket sizes at once (out[i] += S(buckets[i])),
  * each size a multiple of buckets[0]: one pass finds the finest buckets' ranges (lo, hi:
  * scratch of ceil(n / buckets[0]) floats each), the coarser ones merge them. The same sums
- * as psagg_adapt_range_sum with chunk_elems = n, bit for bit.
+ * as psagg__adapt_range_sum with chunk_elems = n, bit for bit.
  */
-void psagg_adapt_range_sums(const float *x, uint64_t n, const uint32_t *buckets, uint32_t nb,
-                            double *out, float *lo, float *hi);
+void psagg__adapt_range_sums(const float *x, uint64_t n, const uint32_t *buckets, uint32_t nb,
+                             double *out, float *lo, float *hi);
 
 /* The estimated squared error of maxmin with `bits` and `rounding`, from S(B). */
-double psagg_adapt_maxmin_error(double range_sum, uint32_t bits, psagg_rounding rounding);
+double psagg__adapt_maxmin_error(double range_sum, uint32_t bits, psagg_rounding rounding);
 
 #endif

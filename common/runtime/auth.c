@@ -17,7 +17,7 @@ static int sodium_ready(void)
     return sodium_init() >= 0;
 }
 
-psagg_status psagg_job_key_load(const psagg_config *cfg, psagg_job_key *out)
+psagg_status psagg__job_key_load(const psagg__config *cfg, psagg__job_key *out)
 {
     crypto_generichash_state st;
     uint8_t buf[4096];
@@ -28,11 +28,11 @@ psagg_status psagg_job_key_load(const psagg_config *cfg, psagg_job_key *out)
     if (!cfg->secret_file[0])
         return PSAGG_OK;
     if (!sodium_ready())
-        return psagg_fail(PSAGG_EIO, "libsodium failed to initialise");
+        return psagg__fail(PSAGG_EIO, "libsodium failed to initialise");
     f = fopen(cfg->secret_file, "rb");
     if (!f)
-        return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' cannot be read: %s",
-                          cfg->path, cfg->secret_file, strerror(errno));
+        return psagg__fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' cannot be read: %s",
+                           cfg->path, cfg->secret_file, strerror(errno));
     crypto_generichash_init(&st, NULL, 0, sizeof out->key);
     while (total <= PSAGG_SECRET_MAX && (n = fread(buf, 1, sizeof buf, f)) > 0) {
         crypto_generichash_update(&st, buf, n);
@@ -41,17 +41,17 @@ psagg_status psagg_job_key_load(const psagg_config *cfg, psagg_job_key *out)
     fclose(f);
     sodium_memzero(buf, sizeof buf);
     if (total > PSAGG_SECRET_MAX) /* config checked it; the file changed since */
-        return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' has more than %d bytes",
-                          cfg->path, cfg->secret_file, PSAGG_SECRET_MAX);
+        return psagg__fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' has more than %d bytes",
+                           cfg->path, cfg->secret_file, PSAGG_SECRET_MAX);
     if (total == 0)
-        return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' is empty", cfg->path,
-                          cfg->secret_file);
+        return psagg__fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' is empty", cfg->path,
+                           cfg->secret_file);
     crypto_generichash_final(&st, out->key, sizeof out->key);
     out->secret = 1;
     return PSAGG_OK;
 }
 
-void psagg_nonce_make(uint8_t nonce[PSAGG_NONCE_BYTES])
+void psagg__nonce_make(uint8_t nonce[PSAGG_NONCE_BYTES])
 {
     (void)sodium_ready(); /* randombytes_buf works either way (its own lazy set-up) */
     randombytes_buf(nonce, PSAGG_NONCE_BYTES);
@@ -63,17 +63,17 @@ static void le32(uint8_t out[4], uint32_t v)
     out[3] = (uint8_t)(v >> 24);
 }
 
-void psagg_challenge_make(uint8_t challenge[PSAGG_CHALLENGE_BYTES])
+void psagg__challenge_make(uint8_t challenge[PSAGG_CHALLENGE_BYTES])
 {
     randombytes_buf(challenge, PSAGG_CHALLENGE_BYTES);
 }
 
-void psagg_hello_token(const psagg_job_key *k, const psagg_ctl_hello *h, uint32_t server_rank,
-                       const uint8_t challenge[PSAGG_CHALLENGE_BYTES],
-                       uint8_t out[PSAGG_TOKEN_BYTES])
+void psagg__hello_token(const psagg__job_key *k, const psagg__ctl_hello *h, uint32_t server_rank,
+                        const uint8_t challenge[PSAGG_CHALLENGE_BYTES],
+                        uint8_t out[PSAGG_TOKEN_BYTES])
 {
     crypto_generichash_state st;
-    psagg_ctl_hello body = *h;
+    psagg__ctl_hello body = *h;
     uint8_t r[4];
 
     memset(out, 0, PSAGG_TOKEN_BYTES);
@@ -89,12 +89,12 @@ void psagg_hello_token(const psagg_job_key *k, const psagg_ctl_hello *h, uint32_
     crypto_generichash_final(&st, out, PSAGG_TOKEN_BYTES);
 }
 
-void psagg_welcome_token(const psagg_job_key *k, const psagg_ctl_welcome *w,
-                         const uint8_t hello_auth[PSAGG_TOKEN_BYTES],
-                         uint8_t out[PSAGG_TOKEN_BYTES])
+void psagg__welcome_token(const psagg__job_key *k, const psagg__ctl_welcome *w,
+                          const uint8_t hello_auth[PSAGG_TOKEN_BYTES],
+                          uint8_t out[PSAGG_TOKEN_BYTES])
 {
     crypto_generichash_state st;
-    psagg_ctl_welcome body = *w;
+    psagg__ctl_welcome body = *w;
 
     memset(out, 0, PSAGG_TOKEN_BYTES);
     if (!k->secret)
@@ -107,7 +107,7 @@ void psagg_welcome_token(const psagg_job_key *k, const psagg_ctl_welcome *w,
     crypto_generichash_final(&st, out, PSAGG_TOKEN_BYTES);
 }
 
-int psagg_token_equal(const uint8_t a[PSAGG_TOKEN_BYTES], const uint8_t b[PSAGG_TOKEN_BYTES])
+int psagg__token_equal(const uint8_t a[PSAGG_TOKEN_BYTES], const uint8_t b[PSAGG_TOKEN_BYTES])
 {
     return sodium_memcmp(a, b, PSAGG_TOKEN_BYTES) == 0;
 }
@@ -118,10 +118,10 @@ static void le64(uint8_t out[8], uint64_t v)
         out[i] = (uint8_t)(v >> (8 * i));
 }
 
-void psagg_push_key_make(const psagg_job_key *k, const char *job_id,
-                         const uint8_t worker_nonce[PSAGG_NONCE_BYTES],
-                         const uint8_t server_nonce[PSAGG_NONCE_BYTES], uint32_t server_rank,
-                         psagg_data_key *out)
+void psagg__push_key_make(const psagg__job_key *k, const char *job_id,
+                          const uint8_t worker_nonce[PSAGG_NONCE_BYTES],
+                          const uint8_t server_nonce[PSAGG_NONCE_BYTES], uint32_t server_rank,
+                          psagg__data_key *out)
 {
     crypto_generichash_state st;
     uint8_t r[4];
@@ -135,9 +135,9 @@ void psagg_push_key_make(const psagg_job_key *k, const char *job_id,
     crypto_generichash_final(&st, out->key, sizeof out->key);
 }
 
-void psagg_update_key_make(const psagg_job_key *k, const char *job_id,
-                           const uint8_t server_nonce[PSAGG_NONCE_BYTES], uint32_t server_rank,
-                           psagg_data_key *out)
+void psagg__update_key_make(const psagg__job_key *k, const char *job_id,
+                            const uint8_t server_nonce[PSAGG_NONCE_BYTES], uint32_t server_rank,
+                            psagg__data_key *out)
 {
     crypto_generichash_state st;
     uint8_t r[4];
@@ -152,7 +152,7 @@ void psagg_update_key_make(const psagg_job_key *k, const char *job_id,
 
 /* The one-time Poly1305 key of message number seq under k: BLAKE2b-256(k, ("psagg-otk-v2",
    seq)), so a key never repeats while numbers do not. */
-static void onetime_key(const psagg_data_key *k, uint64_t seq,
+static void onetime_key(const psagg__data_key *k, uint64_t seq,
                         uint8_t otk[crypto_onetimeauth_KEYBYTES])
 {
     crypto_generichash_state st;
@@ -210,7 +210,7 @@ static void poly1305(uint8_t tag[PSAGG_MSG_TAG_BYTES], const void *msg, size_t l
     crypto_onetimeauth(tag, msg, len, otk); /* short, or OpenSSL could not: the same tag */
 }
 
-void psagg_msg_seal(const psagg_data_key *k, uint64_t seq, uint8_t *msg, size_t len)
+void psagg__msg_seal(const psagg__data_key *k, uint64_t seq, uint8_t *msg, size_t len)
 {
     uint8_t otk[crypto_onetimeauth_KEYBYTES];
     le64(msg + len, seq);
@@ -219,7 +219,7 @@ void psagg_msg_seal(const psagg_data_key *k, uint64_t seq, uint8_t *msg, size_t 
     sodium_memzero(otk, sizeof otk);
 }
 
-int psagg_msg_open(const psagg_data_key *k, const uint8_t *msg, size_t len, uint64_t *seq)
+int psagg__msg_open(const psagg__data_key *k, const uint8_t *msg, size_t len, uint64_t *seq)
 {
     uint8_t otk[crypto_onetimeauth_KEYBYTES], want[PSAGG_MSG_TAG_BYTES];
     uint64_t n = 0;
@@ -234,7 +234,7 @@ int psagg_msg_open(const psagg_data_key *k, const uint8_t *msg, size_t len, uint
     return ok;
 }
 
-int psagg_replay_accept(psagg_replay *r, uint64_t seq)
+int psagg__replay_accept(psagg__replay *r, uint64_t seq)
 {
     uint64_t *word, bit;
     if (seq == 0 || (r->top >= PSAGG_REPLAY_WINDOW && seq <= r->top - PSAGG_REPLAY_WINDOW))
@@ -254,10 +254,10 @@ int psagg_replay_accept(psagg_replay *r, uint64_t seq)
     return 1;
 }
 
-void psagg_ctl_auth_make(const psagg_job_key *k, const uint8_t hello_auth[PSAGG_TOKEN_BYTES],
-                         const uint8_t worker_nonce[PSAGG_NONCE_BYTES],
-                         const uint8_t server_nonce[PSAGG_NONCE_BYTES], uint32_t server_rank,
-                         int server, psagg_ctl_auth *out)
+void psagg__ctl_auth_make(const psagg__job_key *k, const uint8_t hello_auth[PSAGG_TOKEN_BYTES],
+                          const uint8_t worker_nonce[PSAGG_NONCE_BYTES],
+                          const uint8_t server_nonce[PSAGG_NONCE_BYTES], uint32_t server_rank,
+                          int server, psagg__ctl_auth *out)
 {
     memset(out, 0, sizeof *out);
     if (!k->secret)
@@ -278,8 +278,8 @@ void psagg_ctl_auth_make(const psagg_job_key *k, const uint8_t hello_auth[PSAGG_
     out->on = 1;
 }
 
-void psagg_ctl_tag(const uint8_t key[32], uint64_t seq, const psagg_ctl_hdr *h, const void *body,
-                   uint32_t body_len, uint8_t tag[PSAGG_CTL_TAG_BYTES])
+void psagg__ctl_tag(const uint8_t key[32], uint64_t seq, const psagg__ctl_hdr *h, const void *body,
+                    uint32_t body_len, uint8_t tag[PSAGG_CTL_TAG_BYTES])
 {
     crypto_generichash_state st;
     uint8_t n[8];
@@ -292,10 +292,10 @@ void psagg_ctl_tag(const uint8_t key[32], uint64_t seq, const psagg_ctl_hdr *h, 
     crypto_generichash_final(&st, tag, PSAGG_CTL_TAG_BYTES);
 }
 
-int psagg_ctl_tag_ok(const uint8_t key[32], uint64_t seq, const psagg_ctl_hdr *h, const void *body,
-                     uint32_t body_len, const uint8_t tag[PSAGG_CTL_TAG_BYTES])
+int psagg__ctl_tag_ok(const uint8_t key[32], uint64_t seq, const psagg__ctl_hdr *h,
+                      const void *body, uint32_t body_len, const uint8_t tag[PSAGG_CTL_TAG_BYTES])
 {
     uint8_t want[PSAGG_CTL_TAG_BYTES];
-    psagg_ctl_tag(key, seq, h, body, body_len, want);
+    psagg__ctl_tag(key, seq, h, body, body_len, want);
     return sodium_memcmp(want, tag, PSAGG_CTL_TAG_BYTES) == 0;
 }

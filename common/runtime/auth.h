@@ -28,7 +28,7 @@
  *               one-time key BLAKE2b-256(the message's key, ("psagg-otk-v2", number)): no two
  *               messages ever share a one-time key, whatever their headers (a PULL's WEIGHTS
  *               and a GRAD's sync_interval WEIGHTS of one round have equal headers). The
- *               receiver keeps the numbers it accepted under each key (psagg_replay: the
+ *               receiver keeps the numbers it accepted under each key (psagg__replay: the
  *               highest and a window below it) and drops a number seen before or older than
  *               the window: a replay is refused by name and costs nothing else.
  *   control     after the WELCOME, with a secret, every control frame in either direction ends
@@ -61,56 +61,56 @@
 #define PSAGG_NONCE_BYTES 16
 #define PSAGG_TOKEN_BYTES 32
 
-typedef struct psagg_job_key {
+typedef struct psagg__job_key {
     int secret;      /* a secret_file is configured */
     uint8_t key[32]; /* its BLAKE2b-256 (zero without one) */
-} psagg_job_key;
+} psagg__job_key;
 
-typedef struct psagg_data_key {
+typedef struct psagg__data_key {
     uint8_t key[32];
-} psagg_data_key;
+} psagg__data_key;
 
 /* Read [cluster] secret_file (if any) and hash it; PSAGG_ECONFIG naming the file on failure. */
-PSAGG_NODISCARD psagg_status psagg_job_key_load(const psagg_config *cfg, psagg_job_key *out);
+PSAGG_NODISCARD psagg_status psagg__job_key_load(const psagg__config *cfg, psagg__job_key *out);
 
 /* A fresh random session nonce. */
-void psagg_nonce_make(uint8_t nonce[PSAGG_NONCE_BYTES]);
+void psagg__nonce_make(uint8_t nonce[PSAGG_NONCE_BYTES]);
 
 /* A connection's random challenge. */
-void psagg_challenge_make(uint8_t challenge[PSAGG_CHALLENGE_BYTES]);
+void psagg__challenge_make(uint8_t challenge[PSAGG_CHALLENGE_BYTES]);
 
 /* The HELLO token of h (its auth field is not read) for server `server_rank` on the
  * connection whose challenge is `challenge` (all zero without a secret). */
-void psagg_hello_token(const psagg_job_key *k, const psagg_ctl_hello *h, uint32_t server_rank,
-                       const uint8_t challenge[PSAGG_CHALLENGE_BYTES],
-                       uint8_t out[PSAGG_TOKEN_BYTES]);
+void psagg__hello_token(const psagg__job_key *k, const psagg__ctl_hello *h, uint32_t server_rank,
+                        const uint8_t challenge[PSAGG_CHALLENGE_BYTES],
+                        uint8_t out[PSAGG_TOKEN_BYTES]);
 
 /* The WELCOME token of w (its auth field is not read) answering a HELLO whose token was
  * hello_auth (all zero without a secret). */
-void psagg_welcome_token(const psagg_job_key *k, const psagg_ctl_welcome *w,
-                         const uint8_t hello_auth[PSAGG_TOKEN_BYTES],
-                         uint8_t out[PSAGG_TOKEN_BYTES]);
+void psagg__welcome_token(const psagg__job_key *k, const psagg__ctl_welcome *w,
+                          const uint8_t hello_auth[PSAGG_TOKEN_BYTES],
+                          uint8_t out[PSAGG_TOKEN_BYTES]);
 
 /* Constant-time comparison of two tokens: 1 if equal. */
-int psagg_token_equal(const uint8_t a[PSAGG_TOKEN_BYTES], const uint8_t b[PSAGG_TOKEN_BYTES]);
+int psagg__token_equal(const uint8_t a[PSAGG_TOKEN_BYTES], const uint8_t b[PSAGG_TOKEN_BYTES]);
 
 /* The key of worker pushes (nonce: the worker's) to server `server_rank` (its nonce). */
-void psagg_push_key_make(const psagg_job_key *k, const char *job_id,
-                         const uint8_t worker_nonce[PSAGG_NONCE_BYTES],
-                         const uint8_t server_nonce[PSAGG_NONCE_BYTES], uint32_t server_rank,
-                         psagg_data_key *out);
+void psagg__push_key_make(const psagg__job_key *k, const char *job_id,
+                          const uint8_t worker_nonce[PSAGG_NONCE_BYTES],
+                          const uint8_t server_nonce[PSAGG_NONCE_BYTES], uint32_t server_rank,
+                          psagg__data_key *out);
 /* The key of server `server_rank`'s updates (its session nonce). */
-void psagg_update_key_make(const psagg_job_key *k, const char *job_id,
-                           const uint8_t server_nonce[PSAGG_NONCE_BYTES], uint32_t server_rank,
-                           psagg_data_key *out);
+void psagg__update_key_make(const psagg__job_key *k, const char *job_id,
+                            const uint8_t server_nonce[PSAGG_NONCE_BYTES], uint32_t server_rank,
+                            psagg__data_key *out);
 
 /*
- * Seal a data message: msg holds its header (psagg_msg_hdr) and payload, len bytes, and room
+ * Seal a data message: msg holds its header (psagg__msg_hdr) and payload, len bytes, and room
  * for PSAGG_MSG_MAC_BYTES more, where its number (seq, never 0 or reused under k) and tag go.
  */
-void psagg_msg_seal(const psagg_data_key *k, uint64_t seq, uint8_t *msg, size_t len);
+void psagg__msg_seal(const psagg__data_key *k, uint64_t seq, uint8_t *msg, size_t len);
 /* 1 when the trailer after msg[0, len) checks out under k (constant time); its number in *seq. */
-int psagg_msg_open(const psagg_data_key *k, const uint8_t *msg, size_t len, uint64_t *seq);
+int psagg__msg_open(const psagg__data_key *k, const uint8_t *msg, size_t len, uint64_t *seq);
 
 /*
  * A receiver's record of the message numbers accepted under one key: the highest, and which
@@ -118,46 +118,46 @@ int psagg_msg_open(const psagg_data_key *k, const uint8_t *msg, size_t len, uint
  * when the key changes.
  */
 #define PSAGG_REPLAY_WINDOW 4096
-typedef struct psagg_replay {
+typedef struct psagg__replay {
     uint64_t top;
     uint64_t seen[PSAGG_REPLAY_WINDOW / 64]; /* bit (n % WINDOW): number n was accepted */
-} psagg_replay;
+} psagg__replay;
 /* Accept number seq once: 1 (recorded), or 0 when it came before, is 0, or is older than
    the window. */
-int psagg_replay_accept(psagg_replay *r, uint64_t seq);
+int psagg__replay_accept(psagg__replay *r, uint64_t seq);
 
 /* What a receiver keeps of one sender: the key its messages are sealed with, their numbers. */
-typedef struct psagg_data_rx {
-    psagg_data_key key;
-    psagg_replay seen;
-} psagg_data_rx;
+typedef struct psagg__data_rx {
+    psagg__data_key key;
+    psagg__replay seen;
+} psagg__data_rx;
 
 /*
  * A control connection's authentication (frames after the WELCOME; runtime/channel.h uses
  * it): on with a secret; each direction's key and the number of its next frame.
  */
 #define PSAGG_CTL_TAG_BYTES 16
-typedef struct psagg_ctl_auth {
+typedef struct psagg__ctl_auth {
     int on;
     uint8_t tx_key[32], rx_key[32];
     uint64_t tx_seq, rx_seq;
     uint32_t rejected;       /* frames whose tag did not check out, since the last good one */
-    const psagg_logger *log; /* where such frames are reported (the owner sets it), or NULL */
-} psagg_ctl_auth;
+    const psagg__logger *log; /* where such frames are reported (the owner sets it), or NULL */
+} psagg__ctl_auth;
 /*
  * The session keys of the connection whose HELLO carried token `hello_auth` from the worker
  * of nonce `worker_nonce` to server `server_rank` (nonce `server_nonce`), for the server's end
  * (server = 1) or the worker's: off without a secret.
  */
-void psagg_ctl_auth_make(const psagg_job_key *k, const uint8_t hello_auth[PSAGG_TOKEN_BYTES],
-                         const uint8_t worker_nonce[PSAGG_NONCE_BYTES],
-                         const uint8_t server_nonce[PSAGG_NONCE_BYTES], uint32_t server_rank,
-                         int server, psagg_ctl_auth *out);
+void psagg__ctl_auth_make(const psagg__job_key *k, const uint8_t hello_auth[PSAGG_TOKEN_BYTES],
+                          const uint8_t worker_nonce[PSAGG_NONCE_BYTES],
+                          const uint8_t server_nonce[PSAGG_NONCE_BYTES], uint32_t server_rank,
+                          int server, psagg__ctl_auth *out);
 /* The tag of frame number seq (its header, with len counting the tag, and body); whether
    `tag` is it (constant time). */
-void psagg_ctl_tag(const uint8_t key[32], uint64_t seq, const psagg_ctl_hdr *h, const void *body,
-                   uint32_t body_len, uint8_t tag[PSAGG_CTL_TAG_BYTES]);
-int psagg_ctl_tag_ok(const uint8_t key[32], uint64_t seq, const psagg_ctl_hdr *h, const void *body,
-                     uint32_t body_len, const uint8_t tag[PSAGG_CTL_TAG_BYTES]);
+void psagg__ctl_tag(const uint8_t key[32], uint64_t seq, const psagg__ctl_hdr *h, const void *body,
+                    uint32_t body_len, uint8_t tag[PSAGG_CTL_TAG_BYTES]);
+int psagg__ctl_tag_ok(const uint8_t key[32], uint64_t seq, const psagg__ctl_hdr *h,
+                      const void *body, uint32_t body_len, const uint8_t tag[PSAGG_CTL_TAG_BYTES]);
 
 #endif

@@ -18,7 +18,7 @@
 #include "base/log.h"
 #include "runtime/adaptive.h"
 
-static psagg_status resolve(const psagg_hostport *hp, int passive, struct addrinfo **res)
+static psagg_status resolve(const psagg__hostport *hp, int passive, struct addrinfo **res)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
     char port[8];
@@ -27,12 +27,12 @@ static psagg_status resolve(const psagg_hostport *hp, int passive, struct addrin
     snprintf(port, sizeof port, "%u", hp->port);
     rc = getaddrinfo(hp->host[0] ? hp->host : NULL, port, &hints, res);
     if (rc)
-        return psagg_fail(PSAGG_EIO, "cannot resolve %s:%u: %s", hp->host, hp->port,
-                          gai_strerror(rc));
+        return psagg__fail(PSAGG_EIO, "cannot resolve %s:%u: %s", hp->host, hp->port,
+                           gai_strerror(rc));
     return PSAGG_OK;
 }
 
-psagg_status psagg_tcp_listen(const psagg_hostport *hp, int *fd_out)
+psagg_status psagg__tcp_listen(const psagg__hostport *hp, int *fd_out)
 {
     struct addrinfo *res;
     int fd, one = 1, st = resolve(hp, 1, &res);
@@ -53,15 +53,16 @@ err_bind:
     errno = st;
 err_socket:
     freeaddrinfo(res);
-    return psagg_fail(PSAGG_EIO, "cannot listen on %s:%u: %s", hp->host, hp->port, strerror(errno));
+    return psagg__fail(PSAGG_EIO, "cannot listen on %s:%u: %s", hp->host, hp->port,
+                       strerror(errno));
 }
 
-psagg_status psagg_tcp_connect(const psagg_hostport *hp, int64_t deadline_ms, const char *what,
-                               const psagg_logger *log, int *fd_out)
+psagg_status psagg__tcp_connect(const psagg__hostport *hp, int64_t deadline_ms, const char *what,
+                                const psagg__logger *log, int *fd_out)
 {
     struct addrinfo *res;
     int one = 1, last_err = 0, st = resolve(hp, 0, &res);
-    int64_t start = psagg_now_ms(), next_note = start + 3000;
+    int64_t start = psagg__now_ms(), next_note = start + 3000;
     if (st)
         return st;
     for (;;) {
@@ -85,7 +86,7 @@ psagg_status psagg_tcp_connect(const psagg_hostport *hp, int64_t deadline_ms, co
         last_err = errno;
         close(fd);
         /* the server may not be up yet: retry refused/unreachable until the deadline */
-        now = psagg_now_ms();
+        now = psagg__now_ms();
         if (now >= deadline_ms)
             break;
         if (log && now >= next_note) { /* say what we wait for, every few seconds */
@@ -99,22 +100,22 @@ psagg_status psagg_tcp_connect(const psagg_hostport *hp, int64_t deadline_ms, co
     freeaddrinfo(res);
     if (last_err == ECONNREFUSED || last_err == EHOSTUNREACH || last_err == ENETUNREACH ||
         last_err == ETIMEDOUT)
-        return psagg_fail(PSAGG_ETIMEDOUT,
-                          "%s (%s:%u) did not accept a connection within connect_timeout_ms "
-                          "(waited %.1f s): %s",
-                          what, hp->host, hp->port, (double)(psagg_now_ms() - start) / 1e3,
-                          strerror(last_err));
-    return psagg_fail(PSAGG_EIO, "connect to %s (%s:%u): %s", what, hp->host, hp->port,
-                      strerror(last_err));
+        return psagg__fail(PSAGG_ETIMEDOUT,
+                           "%s (%s:%u) did not accept a connection within connect_timeout_ms "
+                           "(waited %.1f s): %s",
+                           what, hp->host, hp->port, (double)(psagg__now_ms() - start) / 1e3,
+                           strerror(last_err));
+    return psagg__fail(PSAGG_EIO, "connect to %s (%s:%u): %s", what, hp->host, hp->port,
+                       strerror(last_err));
 }
 
-psagg_status psagg_tcp_local_addr(int fd, char *buf, size_t len)
+psagg_status psagg__tcp_local_addr(int fd, char *buf, size_t len)
 {
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     if (getsockname(fd, (struct sockaddr *)&ss, &sl) ||
         getnameinfo((struct sockaddr *)&ss, sl, buf, (socklen_t)len, NULL, 0, NI_NUMERICHOST))
-        return psagg_fail(PSAGG_EIO, "getsockname: %s", strerror(errno));
+        return psagg__fail(PSAGG_EIO, "getsockname: %s", strerror(errno));
     return PSAGG_OK;
 }
 
@@ -134,27 +135,27 @@ static psagg_status write_all(int fd, const void *buf, size_t len, int more)
             struct pollfd pfd = {.fd = fd, .events = POLLOUT};
             if (poll(&pfd, 1, 1000) > 0)
                 continue;
-            return psagg_fail(PSAGG_EPEER, "control send: the peer does not read");
+            return psagg__fail(PSAGG_EPEER, "control send: the peer does not read");
         }
         if (n <= 0)
-            return psagg_fail(PSAGG_EPEER, "control send: %s", strerror(errno));
+            return psagg__fail(PSAGG_EPEER, "control send: %s", strerror(errno));
         p += n;
         len -= (size_t)n;
     }
     return PSAGG_OK;
 }
 
-psagg_status psagg_ctl_send(int fd, psagg_ctl_auth *auth, uint16_t type, const void *body,
-                            uint32_t len)
+psagg_status psagg__ctl_send(int fd, psagg__ctl_auth *auth, uint16_t type, const void *body,
+                             uint32_t len)
 {
     int tagged = auth && auth->on;
-    psagg_ctl_hdr h = {PSAGG_CTL_MAGIC, type, PSAGG_PROTO_VERSION,
-                       len + (tagged ? PSAGG_CTL_TAG_BYTES : 0)};
+    psagg__ctl_hdr h = {PSAGG_CTL_MAGIC, type, PSAGG_PROTO_VERSION,
+                        len + (tagged ? PSAGG_CTL_TAG_BYTES : 0)};
     uint8_t tag[PSAGG_CTL_TAG_BYTES];
     psagg_status st;
 
     if (tagged) /* (its number counts every frame sent, whether the send succeeds or not) */
-        psagg_ctl_tag(auth->tx_key, auth->tx_seq++, &h, body, len, tag);
+        psagg__ctl_tag(auth->tx_key, auth->tx_seq++, &h, body, len, tag);
     /* one segment: the header waits for its body (MSG_MORE), so that Nagle's algorithm and
        the peer's delayed ACK never hold a frame's second half back (40 ms) */
     st = write_all(fd, &h, sizeof h, h.len > 0);
@@ -165,12 +166,12 @@ psagg_status psagg_ctl_send(int fd, psagg_ctl_auth *auth, uint16_t type, const v
     return st;
 }
 
-psagg_status psagg_ctl_send_error(int fd, psagg_ctl_auth *auth, uint16_t type, psagg_status status,
-                                  const char *msg)
+psagg_status psagg__ctl_send_error(int fd, psagg__ctl_auth *auth, uint16_t type,
+                                   psagg_status status, const char *msg)
 {
-    psagg_ctl_error e = {.status = status};
+    psagg__ctl_error e = {.status = status};
     snprintf(e.msg, sizeof e.msg, "%s", msg);
-    return psagg_ctl_send(fd, auth, type, &e, sizeof e);
+    return psagg__ctl_send(fd, auth, type, &e, sizeof e);
 }
 
 /* How many frames in a row may fail their tag before the connection is given up. */
@@ -182,22 +183,22 @@ psagg_status psagg_ctl_send_error(int fd, psagg_ctl_auth *auth, uint16_t type, p
  * PSAGG_EAGAIN: it is not (dropped, logged: injected, altered, replayed or out of order; the
  * count goes on as if it had never come); PSAGG_EPROTO after CTL_REJECT_MAX such in a row.
  */
-static psagg_status untag(psagg_ctl_auth *auth, psagg_ctl_hdr *hdr, const uint8_t *body,
+static psagg_status untag(psagg__ctl_auth *auth, psagg__ctl_hdr *hdr, const uint8_t *body,
                           const char *peer)
 {
     uint32_t blen = hdr->len - PSAGG_CTL_TAG_BYTES;
     if (hdr->len >= PSAGG_CTL_TAG_BYTES &&
-        psagg_ctl_tag_ok(auth->rx_key, auth->rx_seq, hdr, body, blen, body + blen)) {
+        psagg__ctl_tag_ok(auth->rx_key, auth->rx_seq, hdr, body, blen, body + blen)) {
         auth->rx_seq++;
         auth->rejected = 0;
         hdr->len = blen;
         return PSAGG_OK;
     }
     if (++auth->rejected >= CTL_REJECT_MAX)
-        return psagg_fail(PSAGG_EPROTO,
-                          "%s: %u control frames in a row whose tags do not check out: the "
-                          "connection is not the peer's alone",
-                          peer, auth->rejected);
+        return psagg__fail(PSAGG_EPROTO,
+                           "%s: %u control frames in a row whose tags do not check out: the "
+                           "connection is not the peer's alone",
+                           peer, auth->rejected);
     if (auth->log)
         LOG_WARN(auth->log,
                  "%s: a control frame of type %u (%u bytes) whose tag does not check out "
@@ -215,9 +216,9 @@ static psagg_status read_all(int fd, void *buf, size_t len, int64_t deadline_ms,
         int wait = -1, rc;
         ssize_t n;
         if (deadline_ms >= 0) {
-            int64_t left = deadline_ms - psagg_now_ms();
+            int64_t left = deadline_ms - psagg__now_ms();
             if (left <= 0)
-                return psagg_fail(PSAGG_ETIMEDOUT, "%s: no complete control frame in time", peer);
+                return psagg__fail(PSAGG_ETIMEDOUT, "%s: no complete control frame in time", peer);
             wait = left > 1000000 ? 1000000 : (int)left;
         }
         rc = poll(&pfd, 1, wait);
@@ -229,43 +230,45 @@ static psagg_status read_all(int fd, void *buf, size_t len, int64_t deadline_ms,
         if (n < 0 && (errno == EINTR || errno == EAGAIN))
             continue;
         if (n == 0)
-            return psagg_fail(PSAGG_EPEER, "%s closed the control connection", peer);
+            return psagg__fail(PSAGG_EPEER, "%s closed the control connection", peer);
         if (n < 0)
-            return psagg_fail(PSAGG_EPEER, "%s: control receive: %s", peer, strerror(errno));
+            return psagg__fail(PSAGG_EPEER, "%s: control receive: %s", peer, strerror(errno));
         p += n;
         len -= (size_t)n;
     }
     return PSAGG_OK;
 }
 
-psagg_status psagg_ctl_hdr_check(const psagg_ctl_hdr *hdr, uint32_t max_len, const char *peer)
+psagg_status psagg__ctl_hdr_check(const psagg__ctl_hdr *hdr, uint32_t max_len, const char *peer)
 {
     if (hdr->magic != PSAGG_CTL_MAGIC)
-        return psagg_fail(PSAGG_EPROTO, "%s: control frame field magic is 0x%08x, not a psagg peer",
-                          peer, hdr->magic);
+        return psagg__fail(PSAGG_EPROTO,
+                           "%s: control frame field magic is 0x%08x, not a psagg peer", peer,
+                           hdr->magic);
     if (hdr->version != PSAGG_PROTO_VERSION)
-        return psagg_fail(PSAGG_EPROTO, "%s: protocol version %u, this build speaks %u", peer,
-                          hdr->version, PSAGG_PROTO_VERSION);
+        return psagg__fail(PSAGG_EPROTO, "%s: protocol version %u, this build speaks %u", peer,
+                           hdr->version, PSAGG_PROTO_VERSION);
     if (hdr->type < PSAGG_CTL_HELLO || hdr->type > PSAGG_CTL_START)
-        return psagg_fail(PSAGG_EPROTO, "%s: control frame field type %u unknown", peer, hdr->type);
+        return psagg__fail(PSAGG_EPROTO, "%s: control frame field type %u unknown", peer,
+                           hdr->type);
     if (hdr->len > max_len)
-        return psagg_fail(PSAGG_EPROTO, "%s: control frame field len %u exceeds %u", peer, hdr->len,
-                          max_len);
+        return psagg__fail(PSAGG_EPROTO, "%s: control frame field len %u exceeds %u", peer,
+                           hdr->len, max_len);
     return PSAGG_OK;
 }
 
-psagg_status psagg_ctl_recv(int fd, psagg_ctl_auth *auth, psagg_ctl_hdr *hdr, void **body,
-                            int64_t deadline_ms, const char *peer)
+psagg_status psagg__ctl_recv(int fd, psagg__ctl_auth *auth, psagg__ctl_hdr *hdr, void **body,
+                             int64_t deadline_ms, const char *peer)
 {
     for (;;) {
         psagg_status st = read_all(fd, hdr, sizeof *hdr, deadline_ms, peer);
         *body = NULL;
         if (st)
             return st;
-        if ((st = psagg_ctl_hdr_check(hdr, PSAGG_CTL_MAX_FRAME, peer)))
+        if ((st = psagg__ctl_hdr_check(hdr, PSAGG_CTL_MAX_FRAME, peer)))
             return st;
         if (hdr->len && !(*body = malloc(hdr->len)))
-            return psagg_fail(PSAGG_ENOMEM, "%s: control frame of %u bytes", peer, hdr->len);
+            return psagg__fail(PSAGG_ENOMEM, "%s: control frame of %u bytes", peer, hdr->len);
         if (hdr->len && (st = read_all(fd, *body, hdr->len, deadline_ms, peer))) {
             free(*body);
             *body = NULL;
@@ -286,25 +289,25 @@ psagg_status psagg_ctl_recv(int fd, psagg_ctl_auth *auth, psagg_ctl_hdr *hdr, vo
             /* dropped: read on only if more has come (the caller polls, and goes on) */
             struct pollfd p = {.fd = fd, .events = POLLIN};
             if (poll(&p, 1, 0) <= 0)
-                return psagg_fail(PSAGG_EAGAIN, "%s: a frame was dropped (its tag)", peer);
+                return psagg__fail(PSAGG_EAGAIN, "%s: a frame was dropped (its tag)", peer);
         }
     }
 }
 
-void psagg_ctl_reader_init(psagg_ctl_reader *r, uint32_t max_len, psagg_ctl_auth *auth)
+void psagg__ctl_reader_init(psagg__ctl_reader *r, uint32_t max_len, psagg__ctl_auth *auth)
 {
     memset(r, 0, sizeof *r);
     r->max_len = max_len;
     r->auth = auth;
 }
 
-void psagg_ctl_reader_reset(psagg_ctl_reader *r)
+void psagg__ctl_reader_reset(psagg__ctl_reader *r)
 {
     free(r->body);
-    psagg_ctl_reader_init(r, r->max_len, r->auth);
+    psagg__ctl_reader_init(r, r->max_len, r->auth);
 }
 
-psagg_status psagg_ctl_reader_feed(psagg_ctl_reader *r, int fd, const char *peer)
+psagg_status psagg__ctl_reader_feed(psagg__ctl_reader *r, int fd, const char *peer)
 {
     for (;;) {
         size_t need, got;
@@ -318,7 +321,7 @@ psagg_status psagg_ctl_reader_feed(psagg_ctl_reader *r, int fd, const char *peer
             got = r->got - sizeof r->hdr;
             if (got == r->hdr.len && r->auth && r->auth->on && !r->untagged) {
                 if ((st = untag(r->auth, &r->hdr, r->body, peer)) == PSAGG_EAGAIN) {
-                    psagg_ctl_reader_reset(r); /* dropped: on to the next frame */
+                    psagg__ctl_reader_reset(r); /* dropped: on to the next frame */
                     continue;
                 }
                 if (st)
@@ -337,67 +340,68 @@ psagg_status psagg_ctl_reader_feed(psagg_ctl_reader *r, int fd, const char *peer
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return PSAGG_EAGAIN;
         if (n == 0)
-            return psagg_fail(PSAGG_EPEER, "%s closed the control connection", peer);
+            return psagg__fail(PSAGG_EPEER, "%s closed the control connection", peer);
         if (n < 0)
-            return psagg_fail(PSAGG_EPEER, "%s: control receive: %s", peer, strerror(errno));
+            return psagg__fail(PSAGG_EPEER, "%s: control receive: %s", peer, strerror(errno));
         r->got += (size_t)n;
         if (r->got == sizeof r->hdr) { /* the header is in: check it before taking the body */
-            if ((st = psagg_ctl_hdr_check(&r->hdr, r->max_len, peer)))
+            if ((st = psagg__ctl_hdr_check(&r->hdr, r->max_len, peer)))
                 return st;
             if (r->hdr.len && !(r->body = malloc(r->hdr.len)))
-                return psagg_fail(PSAGG_ENOMEM, "%s: control frame of %u bytes", peer, r->hdr.len);
+                return psagg__fail(PSAGG_ENOMEM, "%s: control frame of %u bytes", peer, r->hdr.len);
         }
     }
 }
 
-void *psagg_ctl_reader_take(psagg_ctl_reader *r, psagg_ctl_hdr *hdr)
+void *psagg__ctl_reader_take(psagg__ctl_reader *r, psagg__ctl_hdr *hdr)
 {
     void *body = r->body;
     *hdr = r->hdr;
     r->body = NULL;
-    psagg_ctl_reader_reset(r);
+    psagg__ctl_reader_reset(r);
     return body;
 }
 
-psagg_status psagg_ctl_declare_check(const psagg_ctl_hdr *hdr, const void *body, const char *peer)
+psagg_status psagg__ctl_declare_check(const psagg__ctl_hdr *hdr, const void *body, const char *peer)
 {
-    const psagg_ctl_declare *d = body;
+    const psagg__ctl_declare *d = body;
     if (hdr->type != PSAGG_CTL_DECLARE)
-        return psagg_fail(PSAGG_EPROTO, "%s: expected DECLARE, got frame type %u", peer, hdr->type);
+        return psagg__fail(PSAGG_EPROTO, "%s: expected DECLARE, got frame type %u", peer,
+                           hdr->type);
     if (hdr->len < sizeof *d || !d)
-        return psagg_fail(PSAGG_EPROTO, "%s: DECLARE of %u bytes is shorter than its header", peer,
-                          hdr->len);
+        return psagg__fail(PSAGG_EPROTO, "%s: DECLARE of %u bytes is shorter than its header", peer,
+                           hdr->len);
     if (d->count == 0 || d->count > PSAGG_MAX_TENSORS ||
-        hdr->len != sizeof *d + (uint64_t)d->count * sizeof(psagg_ctl_tensor))
-        return psagg_fail(PSAGG_EPROTO,
-                          "%s: DECLARE field count is %u but the frame has %u bytes (1..%u "
-                          "tensors of %zu bytes)",
-                          peer, d->count, hdr->len, PSAGG_MAX_TENSORS, sizeof(psagg_ctl_tensor));
+        hdr->len != sizeof *d + (uint64_t)d->count * sizeof(psagg__ctl_tensor))
+        return psagg__fail(PSAGG_EPROTO,
+                           "%s: DECLARE field count is %u but the frame has %u bytes (1..%u "
+                           "tensors of %zu bytes)",
+                           peer, d->count, hdr->len, PSAGG_MAX_TENSORS, sizeof(psagg__ctl_tensor));
     if (d->chunk_elems < PSAGG_MIN_CHUNK_ELEMS || d->chunk_elems > PSAGG_MAX_CHUNK_ELEMS ||
         d->chunk_elems % 64)
-        return psagg_fail(PSAGG_EPROTO,
-                          "%s: DECLARE field chunk_elems is %llu (a multiple of 64 in %u..%u, "
-                          "from [worker] chunk_bytes)",
-                          peer, (unsigned long long)d->chunk_elems, PSAGG_MIN_CHUNK_ELEMS,
-                          PSAGG_MAX_CHUNK_ELEMS);
+        return psagg__fail(PSAGG_EPROTO,
+                           "%s: DECLARE field chunk_elems is %llu (a multiple of 64 in %u..%u, "
+                           "from [worker] chunk_bytes)",
+                           peer, (unsigned long long)d->chunk_elems, PSAGG_MIN_CHUNK_ELEMS,
+                           PSAGG_MAX_CHUNK_ELEMS);
     if (d->adapt_interval &&
         (d->adapt_interval < PSAGG_ADAPT_LAG || d->adapt_interval > PSAGG_ADAPT_MAX_INTERVAL))
-        return psagg_fail(PSAGG_EPROTO,
-                          "%s: DECLARE field adapt_interval is %u (0, or %u..%u rounds, from "
-                          "[codec] adaptive_interval)",
-                          peer, d->adapt_interval, PSAGG_ADAPT_LAG, PSAGG_ADAPT_MAX_INTERVAL);
+        return psagg__fail(PSAGG_EPROTO,
+                           "%s: DECLARE field adapt_interval is %u (0, or %u..%u rounds, from "
+                           "[codec] adaptive_interval)",
+                           peer, d->adapt_interval, PSAGG_ADAPT_LAG, PSAGG_ADAPT_MAX_INTERVAL);
     if ((d->local_flags & ~PSAGG_LOCAL_READS) || d->reserved)
-        return psagg_fail(PSAGG_EPROTO,
-                          "%s: DECLARE field %s is 0x%x (local_flags: only PSAGG_LOCAL_READS; "
-                          "reserved: 0)",
-                          peer, d->reserved ? "reserved" : "local_flags",
-                          d->reserved ? d->reserved : d->local_flags);
+        return psagg__fail(PSAGG_EPROTO,
+                           "%s: DECLARE field %s is 0x%x (local_flags: only PSAGG_LOCAL_READS; "
+                           "reserved: 0)",
+                           peer, d->reserved ? "reserved" : "local_flags",
+                           d->reserved ? d->reserved : d->local_flags);
     return PSAGG_OK;
 }
 
-psagg_status psagg_ctl_error_parse(const psagg_ctl_hdr *hdr, void *body, const char **msg)
+psagg_status psagg__ctl_error_parse(const psagg__ctl_hdr *hdr, void *body, const char **msg)
 {
-    psagg_ctl_error *e = body;
+    psagg__ctl_error *e = body;
     *msg = NULL;
     if ((hdr->type != PSAGG_CTL_ERROR && hdr->type != PSAGG_CTL_ABORT) || hdr->len != sizeof *e ||
         !e)
@@ -405,7 +409,7 @@ psagg_status psagg_ctl_error_parse(const psagg_ctl_hdr *hdr, void *body, const c
     e->msg[sizeof e->msg - 1] = '\0';
     *msg = e->msg;
     /* a peer's status is only trusted to be one of ours if it is a failure */
-    if (!psagg_status_is_failure(e->status))
+    if (!psagg__status_is_failure(e->status))
         return PSAGG_EPEER;
     return (psagg_status)e->status;
 }

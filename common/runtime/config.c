@@ -1,7 +1,7 @@
 /*
- * runtime/config.c - psagg_config_load(): defaults, then the INI file (inih), then
+ * runtime/config.c - psagg__config_load(): defaults, then the INI file (inih), then
  * PSAGG_<SECTION>_<KEY> environment overrides, then the required-key check and the checks
- * across keys; psagg_config_print. See config.h for the contract.
+ * across keys; psagg__config_print. See config.h for the contract.
  *
  * The keys themselves (the table, defaults, value parsers and formatters) are config_keys.c,
  * behind the internal config_keys.h: every key is one row of `config_keys[]`; the file handler
@@ -58,7 +58,7 @@ static int env_is_reserved(const char *var, size_t len)
 /* ---- the file ---- */
 
 struct load_state {
-    psagg_config *cfg;
+    psagg__config *cfg;
     FILE *file;
     int lineno;                    /* line the reader returned last = the line being handled */
     int indented;                  /* that line starts with white space */
@@ -123,7 +123,7 @@ static int file_error(struct load_state *st, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     st->err_line = st->lineno;
-    st->err_status = psagg_fail(PSAGG_ECONFIG, "%s:%d: %s", st->cfg->path, st->lineno, msg);
+    st->err_status = psagg__fail(PSAGG_ECONFIG, "%s:%d: %s", st->cfg->path, st->lineno, msg);
     return 0;
 }
 
@@ -247,19 +247,19 @@ static int load_file(struct load_state *st, const char *path)
 
     st->file = fopen(path, "r");
     if (!st->file)
-        return psagg_fail(PSAGG_ECONFIG, "%s: cannot open config file: %s", path, strerror(errno));
+        return psagg__fail(PSAGG_ECONFIG, "%s: cannot open config file: %s", path, strerror(errno));
     ret = ini_parse_stream(read_line, st, on_key, st);
     fclose(st->file);
     st->file = NULL;
     if (ret > 0 && (!st->err_line || ret < st->err_line))
-        return psagg_fail(PSAGG_ECONFIG,
-                          "%s:%d: syntax error (expected '[section]', 'key = value' or a "
-                          "comment starting with ; or #)",
-                          path, ret);
+        return psagg__fail(PSAGG_ECONFIG,
+                           "%s:%d: syntax error (expected '[section]', 'key = value' or a "
+                           "comment starting with ; or #)",
+                           path, ret);
     if (st->err_line)
         return st->err_status;
     if (ret < 0)
-        return psagg_fail(PSAGG_ENOMEM, "%s: inih could not allocate its line buffer", path);
+        return psagg__fail(PSAGG_ENOMEM, "%s: inih could not allocate its line buffer", path);
     return PSAGG_OK;
 }
 
@@ -300,10 +300,10 @@ static int check_env_names(void)
             matched = strlen(name) == len && !strncmp(var, name, len);
         }
         if (!matched)
-            return psagg_fail(PSAGG_ECONFIG,
-                              "env %.*s: no such config key (PSAGG_<SECTION>_<KEY> names a key "
-                              "of conf/cluster.ini)",
-                              (int)len, var);
+            return psagg__fail(PSAGG_ECONFIG,
+                               "env %.*s: no such config key (PSAGG_<SECTION>_<KEY> names a key "
+                               "of conf/cluster.ini)",
+                               (int)len, var);
     }
     return PSAGG_OK;
 }
@@ -325,13 +325,13 @@ static int apply_env(struct load_state *st)
         if (!val || env_is_reserved(name, strlen(name)))
             continue;
         if ((at = control_at(val, &cp)) >= 0)
-            return psagg_fail(PSAGG_ECONFIG,
-                              "env %s: the value has a control character (U+%04X) at byte %ld: "
-                              "no value may contain one ([%s] %s)",
-                              name, cp, at, k->section, k->name);
+            return psagg__fail(PSAGG_ECONFIG,
+                               "env %s: the value has a control character (U+%04X) at byte %ld: "
+                               "no value may contain one ([%s] %s)",
+                               name, cp, at, k->section, k->name);
         if (k->parse(k, val, 0, st->cfg, why, sizeof why))
-            return psagg_fail(PSAGG_ECONFIG, "env %s: '%s' for [%s] %s: expected %s", name, val,
-                              k->section, k->name, why);
+            return psagg__fail(PSAGG_ECONFIG, "env %s: '%s' for [%s] %s: expected %s", name, val,
+                               k->section, k->name, why);
         st->env_set[i] = 1;
     }
     /* PSAGG_TIMELINE: the short name of PSAGG_LOG_TIMELINE (like HOROVOD_TIMELINE) */
@@ -343,12 +343,13 @@ static int apply_env(struct load_state *st)
             unsigned cp;
             long at = control_at(val, &cp);
             if (at >= 0)
-                return psagg_fail(PSAGG_ECONFIG,
-                                  "env PSAGG_TIMELINE: the value has a control character (U+%04X) "
-                                  "at byte %ld: no value may contain one",
-                                  cp, at);
+                return psagg__fail(PSAGG_ECONFIG,
+                                   "env PSAGG_TIMELINE: the value has a control character (U+%04X) "
+                                   "at byte %ld: no value may contain one",
+                                   cp, at);
             if (k->parse(k, val, 0, st->cfg, why, sizeof why))
-                return psagg_fail(PSAGG_ECONFIG, "env PSAGG_TIMELINE: '%s': expected %s", val, why);
+                return psagg__fail(PSAGG_ECONFIG, "env PSAGG_TIMELINE: '%s': expected %s", val,
+                                   why);
             st->env_set[k - config_keys] = 1;
         }
     }
@@ -378,7 +379,7 @@ static void key_origin(const struct load_state *st, const char *section, const c
  */
 static psagg_status check_secret(const struct load_state *st)
 {
-    psagg_config *cfg = st->cfg;
+    psagg__config *cfg = st->cfg;
     char where[300];
     struct stat sb;
     unsigned char byte;
@@ -388,10 +389,10 @@ static psagg_status check_secret(const struct load_state *st)
         cfg->data_auth = cfg->secret_file[0] != 0;
     if (cfg->data_auth && !cfg->secret_file[0]) {
         key_origin(st, "cluster", "data_auth", where, sizeof where);
-        return psagg_fail(PSAGG_ECONFIG,
-                          "%s: [cluster] data_auth = on needs [cluster] secret_file (the data "
-                          "keys derive from the job's secret)",
-                          where);
+        return psagg__fail(PSAGG_ECONFIG,
+                           "%s: [cluster] data_auth = on needs [cluster] secret_file (the data "
+                           "keys derive from the job's secret)",
+                           where);
     }
     if (!cfg->secret_file[0])
         return PSAGG_OK;
@@ -399,32 +400,32 @@ static psagg_status check_secret(const struct load_state *st)
     /* O_NONBLOCK: a FIFO or a device must not hold start-up; only regular files are secrets */
     fd = open(cfg->secret_file, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
-        return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' cannot be read: %s", where,
-                          cfg->secret_file, strerror(errno));
+        return psagg__fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' cannot be read: %s",
+                           where, cfg->secret_file, strerror(errno));
     rc = fstat(fd, &sb);
     c = rc == 0 && S_ISREG(sb.st_mode) ? (int)read(fd, &byte, 1) : -1;
     err = errno;
     close(fd);
     if (rc || !S_ISREG(sb.st_mode))
-        return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' is not a regular file",
-                          where, cfg->secret_file);
+        return psagg__fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' is not a regular file",
+                           where, cfg->secret_file);
     if (c < 0)
-        return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' cannot be read: %s", where,
-                          cfg->secret_file, strerror(err));
+        return psagg__fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' cannot be read: %s",
+                           where, cfg->secret_file, strerror(err));
     if (c == 0)
-        return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' is empty", where,
-                          cfg->secret_file);
+        return psagg__fail(PSAGG_ECONFIG, "%s: [cluster] secret_file '%s' is empty", where,
+                           cfg->secret_file);
     if (sb.st_size > PSAGG_SECRET_MAX)
-        return psagg_fail(PSAGG_ECONFIG,
-                          "%s: [cluster] secret_file '%s' has %lld bytes, more than %d", where,
-                          cfg->secret_file, (long long)sb.st_size, PSAGG_SECRET_MAX);
+        return psagg__fail(PSAGG_ECONFIG,
+                           "%s: [cluster] secret_file '%s' has %lld bytes, more than %d", where,
+                           cfg->secret_file, (long long)sb.st_size, PSAGG_SECRET_MAX);
     return PSAGG_OK;
 }
 
 /* worker_hosts, when given, must place exactly `workers` workers. */
 static psagg_status check_worker_hosts(const struct load_state *st)
 {
-    const psagg_config *cfg = st->cfg;
+    const psagg__config *cfg = st->cfg;
     const char *p = cfg->worker_hosts;
     uint64_t total = 0;
     char where[300];
@@ -436,16 +437,16 @@ static psagg_status check_worker_hosts(const struct load_state *st)
     if (total == (uint64_t)cfg->n_workers)
         return PSAGG_OK;
     key_origin(st, "cluster", "worker_hosts", where, sizeof where);
-    return psagg_fail(PSAGG_ECONFIG,
-                      "%s: [cluster] worker_hosts gives %" PRIu64 " worker slots ('%s') but "
-                      "workers = %d; they must agree",
-                      where, total, cfg->worker_hosts, cfg->n_workers);
+    return psagg__fail(PSAGG_ECONFIG,
+                       "%s: [cluster] worker_hosts gives %" PRIu64 " worker slots ('%s') but "
+                       "workers = %d; they must agree",
+                       where, total, cfg->worker_hosts, cfg->n_workers);
 }
 
 /* Elastic membership: min_workers <= workers <= max_workers (0: `workers`). */
 static psagg_status check_elastic(const struct load_state *st)
 {
-    psagg_config *cfg = st->cfg;
+    psagg__config *cfg = st->cfg;
     char where[300];
 
     if (!cfg->max_workers)
@@ -454,15 +455,16 @@ static psagg_status check_elastic(const struct load_state *st)
         return PSAGG_OK; /* (the keys are kept, and mean nothing) */
     if (cfg->min_workers > cfg->n_workers) {
         key_origin(st, "cluster", "min_workers", where, sizeof where);
-        return psagg_fail(PSAGG_ECONFIG,
-                          "%s: [cluster] min_workers = %d is more than workers = %d (the job "
-                          "starts with `workers`)",
-                          where, cfg->min_workers, cfg->n_workers);
+        return psagg__fail(PSAGG_ECONFIG,
+                           "%s: [cluster] min_workers = %d is more than workers = %d (the job "
+                           "starts with `workers`)",
+                           where, cfg->min_workers, cfg->n_workers);
     }
     if (cfg->max_workers < cfg->n_workers) {
         key_origin(st, "cluster", "max_workers", where, sizeof where);
-        return psagg_fail(PSAGG_ECONFIG, "%s: [cluster] max_workers = %d is less than workers = %d",
-                          where, cfg->max_workers, cfg->n_workers);
+        return psagg__fail(PSAGG_ECONFIG,
+                           "%s: [cluster] max_workers = %d is less than workers = %d", where,
+                           cfg->max_workers, cfg->n_workers);
     }
     return PSAGG_OK;
 }
@@ -470,17 +472,17 @@ static psagg_status check_elastic(const struct load_state *st)
 /* Straggler tolerance: 1 <= quorum <= workers. */
 static psagg_status check_quorum(const struct load_state *st)
 {
-    const psagg_config *cfg = st->cfg;
+    const psagg__config *cfg = st->cfg;
     char where[300];
 
     if (!cfg->quorum)
         return PSAGG_OK;
     key_origin(st, "server", "quorum", where, sizeof where);
     if (cfg->quorum > cfg->n_workers)
-        return psagg_fail(PSAGG_ECONFIG,
-                          "%s: [server] quorum = %d is more than workers = %d (a round never "
-                          "has more pushes than workers)",
-                          where, cfg->quorum, cfg->n_workers);
+        return psagg__fail(PSAGG_ECONFIG,
+                           "%s: [server] quorum = %d is more than workers = %d (a round never "
+                           "has more pushes than workers)",
+                           where, cfg->quorum, cfg->n_workers);
     return PSAGG_OK;
 }
 
@@ -490,36 +492,36 @@ static psagg_status check_quorum(const struct load_state *st)
  */
 static psagg_status check_features(const struct load_state *st)
 {
-    const psagg_combo *c = psagg_features_refused(st->cfg);
-    const psagg_feature *a, *b;
+    const psagg__combo *c = psagg__features_refused(st->cfg);
+    const psagg__feature *a, *b;
     char where[300];
     if (!c)
         return PSAGG_OK;
-    a = &psagg_features[c->a];
-    b = &psagg_features[c->b];
+    a = &psagg__features[c->a];
+    b = &psagg__features[c->b];
     key_origin(st, a->section, a->key, where, sizeof where);
-    return psagg_fail(PSAGG_ECONFIG, "%s: %s does not work with %s yet (%s; docs/features.md)",
-                      where, a->spelled, b->spelled, c->why);
+    return psagg__fail(PSAGG_ECONFIG, "%s: %s does not work with %s yet (%s; docs/features.md)",
+                       where, a->spelled, b->spelled, c->why);
 }
 
 /* The optimizer's keys that only make sense together. */
 static psagg_status check_optimizer(const struct load_state *st)
 {
-    const psagg_config *cfg = st->cfg;
+    const psagg__config *cfg = st->cfg;
     char where[300];
 
     if (cfg->nesterov && cfg->optimizer == PSAGG_OPTIM_SGD &&
         (cfg->momentum == 0.0f || cfg->dampening != 0.0f)) {
         key_origin(st, "server", "nesterov", where, sizeof where);
-        return psagg_fail(PSAGG_ECONFIG,
-                          "%s: [server] nesterov = on needs momentum > 0 and dampening = 0 (as "
-                          "torch.optim.SGD)",
-                          where);
+        return psagg__fail(PSAGG_ECONFIG,
+                           "%s: [server] nesterov = on needs momentum > 0 and dampening = 0 (as "
+                           "torch.optim.SGD)",
+                           where);
     }
     if (cfg->resume && !cfg->checkpoint_dir[0]) {
         key_origin(st, "server", "resume", where, sizeof where);
-        return psagg_fail(PSAGG_ECONFIG, "%s: [server] resume = on needs [server] checkpoint_dir",
-                          where);
+        return psagg__fail(PSAGG_ECONFIG, "%s: [server] resume = on needs [server] checkpoint_dir",
+                           where);
     }
     return PSAGG_OK;
 }
@@ -528,22 +530,22 @@ static psagg_status check_optimizer(const struct load_state *st)
  * Defaults, file, environment, required keys. On failure *cfg holds partial values and
  * psagg_last_error() says where ("path:line: ..." or "env PSAGG_X: ...") and what.
  */
-psagg_status psagg_config_load(const char *path, psagg_config *cfg)
+psagg_status psagg__config_load(const char *path, psagg__config *cfg)
 {
     struct load_state *st;
     int rc;
 
     if (!path || !cfg)
-        return psagg_fail(PSAGG_EINVAL, "psagg_config_load: path and cfg are required");
+        return psagg__fail(PSAGG_EINVAL, "psagg__config_load: path and cfg are required");
     config_set_defaults(cfg);
     if (strlen(path) >= sizeof cfg->path)
-        return psagg_fail(PSAGG_ECONFIG, "%s: config path longer than %zu characters", path,
-                          sizeof cfg->path - 1);
+        return psagg__fail(PSAGG_ECONFIG, "%s: config path longer than %zu characters", path,
+                           sizeof cfg->path - 1);
     snprintf(cfg->path, sizeof cfg->path, "%s", path);
 
     st = calloc(1, sizeof *st);
     if (!st)
-        return psagg_fail(PSAGG_ENOMEM, "%s: out of memory", path);
+        return psagg__fail(PSAGG_ENOMEM, "%s: out of memory", path);
     st->cfg = cfg;
     rc = load_file(st, path);
     if (rc)
@@ -555,8 +557,8 @@ psagg_status psagg_config_load(const char *path, psagg_config *cfg)
         if ((config_keys[i].flags & KEY_REQUIRED) && !st->set_line[i] && !st->env_set[i]) {
             char name[128];
             env_name(&config_keys[i], name, sizeof name);
-            rc = psagg_fail(PSAGG_ECONFIG, "%s: missing required key '%s' in [%s] (or env %s)",
-                            path, config_keys[i].name, config_keys[i].section, name);
+            rc = psagg__fail(PSAGG_ECONFIG, "%s: missing required key '%s' in [%s] (or env %s)",
+                             path, config_keys[i].name, config_keys[i].section, name);
             goto out;
         }
     }
@@ -577,7 +579,7 @@ out:
     return rc;
 }
 
-psagg_status psagg_config_check_addresses(const psagg_config *cfg)
+psagg_status psagg__config_check_addresses(const psagg__config *cfg)
 {
     for (int i = 0; i < cfg->n_servers; i++) {
         struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
@@ -586,10 +588,10 @@ psagg_status psagg_config_check_addresses(const psagg_config *cfg)
         snprintf(port, sizeof port, "%u", cfg->servers[i].port);
         rc = getaddrinfo(cfg->servers[i].host, port, &hints, &res);
         if (rc)
-            return psagg_fail(PSAGG_ECONFIG,
-                              "%s: [cluster] servers: server %d '%s' does not resolve here: %s",
-                              cfg->servers_where, i, cfg->servers[i].host,
-                              rc == EAI_SYSTEM ? strerror(errno) : gai_strerror(rc));
+            return psagg__fail(PSAGG_ECONFIG,
+                               "%s: [cluster] servers: server %d '%s' does not resolve here: %s",
+                               cfg->servers_where, i, cfg->servers[i].host,
+                               rc == EAI_SYSTEM ? strerror(errno) : gai_strerror(rc));
         freeaddrinfo(res);
     }
     return PSAGG_OK;
@@ -597,7 +599,7 @@ psagg_status psagg_config_check_addresses(const psagg_config *cfg)
 
 /* ---- printing the resolved config ---- */
 
-void psagg_config_print(const psagg_config *cfg, FILE *to)
+void psagg__config_print(const psagg__config *cfg, FILE *to)
 {
     for (size_t i = 0; i < config_n_keys; i++) {
         char value[PSAGG_MAX_SERVERS * (PSAGG_HOST_MAX + 9) + 1];

@@ -20,16 +20,16 @@
 #define PSAGG_MAX_WORKERS 1024
 #define PSAGG_HOST_MAX    64
 
-typedef struct psagg_hostport {
+typedef struct psagg__hostport {
     char host[PSAGG_HOST_MAX]; /* IPv4/IPv6 literal or name */
     uint16_t port;
-} psagg_hostport;
+} psagg__hostport;
 
-typedef enum psagg_gpu_mode {
+typedef enum psagg__gpu_mode {
     PSAGG_GPU_OFF = 0,
     PSAGG_GPU_ON = 1,
     PSAGG_GPU_AUTO = 2
-} psagg_gpu_mode;
+} psagg__gpu_mode;
 
 /* The most bytes a [cluster] secret_file may hold (it must be a regular file). */
 #define PSAGG_SECRET_MAX (1 << 20)
@@ -41,13 +41,13 @@ typedef enum psagg_gpu_mode {
 /* psagg_set_param_sync's weight: (0, this] */
 #define PSAGG_PARAM_WEIGHT_MAX 1e9f
 
-typedef struct psagg_config {
+typedef struct psagg__config {
     char path[256];
 
     /* [cluster] */
     char job_id[64]; /* required; every process of a job must agree */
     int n_servers;   /* from `servers`, required: "host:port host:port ..." */
-    psagg_hostport servers[PSAGG_MAX_SERVERS];
+    psagg__hostport servers[PSAGG_MAX_SERVERS];
     int n_workers;          /* `workers`, required, 1..PSAGG_MAX_WORKERS */
     char provider[32];      /* `provider`: tcp (default) | shm | any libfabric provider */
     int local_copy;         /* `local_copy`, default on: large messages between processes on one
@@ -59,7 +59,7 @@ typedef struct psagg_config {
                                 data keys); must be readable and not empty */
     int data_auth;           /* `data_auth`, default auto: a MAC on every data message (needs
                                 secret_file); auto is on with a secret_file, off without, and
-                                is resolved by psagg_config_load (0 or 1 afterwards) */
+                                is resolved by psagg__config_load (0 or 1 afterwards) */
     char worker_hosts[1024]; /* `worker_hosts`, optional: "host:slots host ..." where cluster
                                 launchers start the workers (slots default 1; they sum to
                                 `workers`); the processes themselves do not use it */
@@ -75,7 +75,7 @@ typedef struct psagg_config {
     /* [server] */
     int server_threads;        /* `threads`, default 0 = one per online core */
     int server_error_feedback; /* `error_feedback`, default off: residual on the requantized sum */
-    psagg_gpu_mode gpu;        /* `gpu` = auto|on|off, default auto */
+    psagg__gpu_mode gpu;       /* `gpu` = auto|on|off, default auto */
     uint64_t gpu_min_elems;    /* `gpu_min_elems`, default 262144 */
     char server_fabric_node[PSAGG_HOST_MAX]; /* `fabric_node`, default: the host in `servers` */
     uint64_t server_memory_budget_mb;        /* `memory_budget_mb`, default 0 = half the host's
@@ -87,7 +87,7 @@ typedef struct psagg_config {
     int quorum;   /* `quorum`, default 0 = off: every live worker's push, every round */
     int grace_ms; /* `grace_ms`, default 10: how long a round waits after its quorum */
     /* the server-side optimizer (kernels/optim.h), for tensors declared as parameters */
-    int optimizer;          /* `optimizer` = none|sgd|adam|adamw (psagg_optim_kind), default none */
+    int optimizer; /* `optimizer` = none|sgd|adam|adamw (psagg__optim_kind), default none */
     float lr;               /* `lr`, default 0.001: the workers' learning rate until they set one */
     float weight_decay;     /* `weight_decay`, default 0: likewise */
     float momentum;         /* `momentum`, default 0 (sgd) */
@@ -125,25 +125,25 @@ typedef struct psagg_config {
                               the Chrome traces, PREFIX.<role><rank>.json (base/timeline.h) */
     char mac_trace[256];   /* `mac_trace`, optional (tests): the path prefix of the lists of
                               data messages sealed, PREFIX.<role><rank>.<pid> (node.h) */
-} psagg_config;
+} psagg__config;
 
 /* Fill defaults, read `path`, apply environment overrides, check required keys. */
-PSAGG_NODISCARD psagg_status psagg_config_load(const char *path, psagg_config *cfg);
+PSAGG_NODISCARD psagg_status psagg__config_load(const char *path, psagg__config *cfg);
 
 /*
  * Print every key as "section.key = value", resolved (defaults, file, environment), one per
  * line in the order of conf/cluster.ini: what psagg-server --check-config shows, and what
  * scripts read instead of parsing INI themselves.
  */
-void psagg_config_print(const psagg_config *cfg, FILE *to);
+void psagg__config_print(const psagg__config *cfg, FILE *to);
 
 /*
  * Check that every server address resolves here (getaddrinfo); the error names the server,
  * its address and where `servers` was set. psagg-server --check-config runs it.
  */
-PSAGG_NODISCARD psagg_status psagg_config_check_addresses(const psagg_config *cfg);
+PSAGG_NODISCARD psagg_status psagg__config_check_addresses(const psagg__config *cfg);
 
 /* Parse "host:port" ("[v6]:port" for IPv6). */
-psagg_status psagg_parse_hostport(const char *text, psagg_hostport *out);
+psagg_status psagg__parse_hostport(const char *text, psagg__hostport *out);
 
 #endif

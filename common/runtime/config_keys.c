@@ -1,7 +1,7 @@
 /*
  * runtime/config_keys.c - what psagg's configuration keys are and what their values mean: the
  * table of keys (section, name, field, parser, limits), the built-in defaults, the per-type
- * value parsers (with host:port) and their inverse, the formatter psagg_config_print uses.
+ * value parsers (with host:port) and their inverse, the formatter psagg__config_print uses.
  * Where values come from (the INI file, the environment) and the checks across keys are
  * config.c. See config.h for the contract.
  *
@@ -35,22 +35,22 @@
 /* One row of keys[]: the designated extras (limits, choices, flags) follow the parser. */
 #define KEY(sec, nm, field, parser, ...)                                                           \
     {                                                                                              \
-        .section = sec, .name = nm, .offset = offsetof(psagg_config, field),                       \
-        .size = sizeof(((psagg_config *)0)->field), .parse = parser, __VA_ARGS__                   \
+        .section = sec, .name = nm, .offset = offsetof(psagg__config, field),                      \
+        .size = sizeof(((psagg__config *)0)->field), .parse = parser, __VA_ARGS__                  \
     }
 
-static int parse_number(const struct key *, const char *, int, psagg_config *, char *, size_t);
-static int parse_enum(const struct key *, const char *, int, psagg_config *, char *, size_t);
-static int parse_name(const struct key *, const char *, int, psagg_config *, char *, size_t);
-static int parse_path(const struct key *, const char *, int, psagg_config *, char *, size_t);
-static int parse_host(const struct key *, const char *, int, psagg_config *, char *, size_t);
-static int parse_servers(const struct key *, const char *, int, psagg_config *, char *, size_t);
-static int parse_worker_hosts(const struct key *, const char *, int, psagg_config *, char *,
+static int parse_number(const struct key *, const char *, int, psagg__config *, char *, size_t);
+static int parse_enum(const struct key *, const char *, int, psagg__config *, char *, size_t);
+static int parse_name(const struct key *, const char *, int, psagg__config *, char *, size_t);
+static int parse_path(const struct key *, const char *, int, psagg__config *, char *, size_t);
+static int parse_host(const struct key *, const char *, int, psagg__config *, char *, size_t);
+static int parse_servers(const struct key *, const char *, int, psagg__config *, char *, size_t);
+static int parse_worker_hosts(const struct key *, const char *, int, psagg__config *, char *,
                               size_t);
-static int parse_codec(const struct key *, const char *, int, psagg_config *, char *, size_t);
-static int parse_bucket(const struct key *, const char *, int, psagg_config *, char *, size_t);
-static int parse_budget(const struct key *, const char *, int, psagg_config *, char *, size_t);
-static int parse_real(const struct key *, const char *, int, psagg_config *, char *, size_t);
+static int parse_codec(const struct key *, const char *, int, psagg__config *, char *, size_t);
+static int parse_bucket(const struct key *, const char *, int, psagg__config *, char *, size_t);
+static int parse_budget(const struct key *, const char *, int, psagg__config *, char *, size_t);
+static int parse_real(const struct key *, const char *, int, psagg__config *, char *, size_t);
 
 static const char *const bool_names[] = {"off", "on", "false", "true", "0", "1", "no", "yes", NULL};
 static const int bool_values[] = {0, 1, 0, 1, 0, 1, 0, 1};
@@ -147,7 +147,7 @@ _Static_assert(sizeof config_sections / sizeof config_sections[0] == CONFIG_N_SE
                "CONFIG_N_SECTIONS (runtime/config_keys.h)");
 
 /* Every key's built-in default (what neither the file nor the environment sets). */
-void config_set_defaults(psagg_config *cfg)
+void config_set_defaults(psagg__config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     snprintf(cfg->provider, sizeof cfg->provider, "tcp");
@@ -218,7 +218,7 @@ static int check_number(const struct key *k, const char *val, uint64_t *v, char 
 }
 
 /* An int or uint64_t field (told apart by the field's size), range-checked. */
-static int parse_number(const struct key *k, const char *val, int append, psagg_config *cfg,
+static int parse_number(const struct key *k, const char *val, int append, psagg__config *cfg,
                         char *why, size_t whylen)
 {
     uint64_t v;
@@ -233,7 +233,7 @@ static int parse_number(const struct key *k, const char *val, int append, psagg_
     return 0;
 }
 
-static int parse_bucket(const struct key *k, const char *val, int append, psagg_config *cfg,
+static int parse_bucket(const struct key *k, const char *val, int append, psagg__config *cfg,
                         char *why, size_t whylen)
 {
     uint64_t v;
@@ -248,7 +248,7 @@ static int parse_bucket(const struct key *k, const char *val, int append, psagg_
  * adaptive_budget: a fraction of the uniform codec's bytes ("0.8", 0.05..4), or average bits
  * per element ("3bits", "2.5 bits": 1.5..32), kept in millionths.
  */
-static int parse_budget(const struct key *k, const char *val, int append, psagg_config *cfg,
+static int parse_budget(const struct key *k, const char *val, int append, psagg__config *cfg,
                         char *why, size_t whylen)
 {
     char *end;
@@ -274,7 +274,7 @@ static int parse_budget(const struct key *k, const char *val, int append, psagg_
 }
 
 /* A float field: a decimal or exponent number in [fmin, fmax], stored as binary32. */
-static int parse_real(const struct key *k, const char *val, int append, psagg_config *cfg,
+static int parse_real(const struct key *k, const char *val, int append, psagg__config *cfg,
                       char *why, size_t whylen)
 {
     char *end;
@@ -291,14 +291,14 @@ static int parse_real(const struct key *k, const char *val, int append, psagg_co
     return 0;
 }
 
-static int parse_enum(const struct key *k, const char *val, int append, psagg_config *cfg,
+static int parse_enum(const struct key *k, const char *val, int append, psagg__config *cfg,
                       char *why, size_t whylen)
 {
     size_t used = 0;
     (void)append;
     for (int i = 0; k->choices[i]; i++) {
         if (!strcasecmp(val, k->choices[i])) {
-            /* every enum field (int, psagg_gpu_mode, psagg_rounding) is int-sized */
+            /* every enum field (int, psagg__gpu_mode, psagg_rounding) is int-sized */
             *(int *)((char *)cfg + k->offset) = k->values ? k->values[i] : i;
             return 0;
         }
@@ -309,7 +309,7 @@ static int parse_enum(const struct key *k, const char *val, int append, psagg_co
     return -1;
 }
 
-static int store_string(const struct key *k, const char *val, psagg_config *cfg, char *why,
+static int store_string(const struct key *k, const char *val, psagg__config *cfg, char *why,
                         size_t whylen, const char *what)
 {
     size_t n = strlen(val);
@@ -322,7 +322,7 @@ static int store_string(const struct key *k, const char *val, psagg_config *cfg,
 }
 
 /* Identifiers (job id, provider name): letters, digits and . _ - ; (as in "verbs;ofi_rxm"). */
-static int parse_name(const struct key *k, const char *val, int append, psagg_config *cfg,
+static int parse_name(const struct key *k, const char *val, int append, psagg__config *cfg,
                       char *why, size_t whylen)
 {
     (void)append;
@@ -336,7 +336,7 @@ static int parse_name(const struct key *k, const char *val, int append, psagg_co
     return store_string(k, val, cfg, why, whylen, "a name");
 }
 
-static int parse_path(const struct key *k, const char *val, int append, psagg_config *cfg,
+static int parse_path(const struct key *k, const char *val, int append, psagg__config *cfg,
                       char *why, size_t whylen)
 {
     (void)append;
@@ -344,7 +344,7 @@ static int parse_path(const struct key *k, const char *val, int append, psagg_co
 }
 
 /* A host name or address literal; "auto" (or nothing) means: work it out at start-up. */
-static int parse_host(const struct key *k, const char *val, int append, psagg_config *cfg,
+static int parse_host(const struct key *k, const char *val, int append, psagg__config *cfg,
                       char *why, size_t whylen)
 {
     (void)append;
@@ -362,7 +362,7 @@ static int parse_host(const struct key *k, const char *val, int append, psagg_co
 }
 
 /* Appends to cfg->servers; the caller empties the list unless this is a continuation line. */
-static int parse_servers(const struct key *k, const char *val, int append, psagg_config *cfg,
+static int parse_servers(const struct key *k, const char *val, int append, psagg__config *cfg,
                          char *why, size_t whylen)
 {
     char *buf, *save = NULL, *tok;
@@ -382,12 +382,12 @@ static int parse_servers(const struct key *k, const char *val, int append, psagg
         goto out;
     }
     for (; tok; tok = strtok_r(NULL, " \t,", &save)) {
-        psagg_hostport hp;
+        psagg__hostport hp;
         if (cfg->n_servers >= PSAGG_MAX_SERVERS) {
             snprintf(why, whylen, "at most %d servers", PSAGG_MAX_SERVERS);
             goto out;
         }
-        if (psagg_parse_hostport(tok, &hp) != PSAGG_OK) {
+        if (psagg__parse_hostport(tok, &hp) != PSAGG_OK) {
             snprintf(why, whylen, "host:port addresses separated by spaces (%s)",
                      psagg_last_error());
             goto out;
@@ -407,7 +407,7 @@ out:
 }
 
 /* "host[:slots] ...": stored normalized ("a:2 b:1"); the sum is checked against `workers`. */
-static int parse_worker_hosts(const struct key *k, const char *val, int append, psagg_config *cfg,
+static int parse_worker_hosts(const struct key *k, const char *val, int append, psagg__config *cfg,
                               char *why, size_t whylen)
 {
     char *buf, *save = NULL, *tok, out[sizeof cfg->worker_hosts] = "";
@@ -465,7 +465,7 @@ out:
 }
 
 /* Only the codec's name: bucket and rounding have their own keys, so "/512" is refused. */
-static int parse_codec(const struct key *k, const char *val, int append, psagg_config *cfg,
+static int parse_codec(const struct key *k, const char *val, int append, psagg__config *cfg,
                        char *why, size_t whylen)
 {
     psagg_codec c;
@@ -506,7 +506,7 @@ static int valid_hostname(const char *h)
  * "host:port" or "[v6-literal]:port". The host is kept without brackets; the port must be
  * 1..65535 in decimal. Returns PSAGG_EINVAL with the reason (config callers wrap it).
  */
-psagg_status psagg_parse_hostport(const char *text, psagg_hostport *out)
+psagg_status psagg__parse_hostport(const char *text, psagg__hostport *out)
 {
     char host[PSAGG_HOST_MAX];
     const char *port, *colon;
@@ -514,40 +514,40 @@ psagg_status psagg_parse_hostport(const char *text, psagg_hostport *out)
     uint64_t p;
 
     if (!text || !*text)
-        return psagg_fail(PSAGG_EINVAL, "empty address (expected host:port)");
+        return psagg__fail(PSAGG_EINVAL, "empty address (expected host:port)");
     if (text[0] == '[') {
         const char *close = strchr(text, ']');
         struct in6_addr a6;
         if (!close || close[1] != ':')
-            return psagg_fail(PSAGG_EINVAL, "bad address '%s' (expected [ipv6]:port)", text);
+            return psagg__fail(PSAGG_EINVAL, "bad address '%s' (expected [ipv6]:port)", text);
         hlen = (size_t)(close - text - 1);
         if (hlen == 0 || hlen >= sizeof host)
-            return psagg_fail(PSAGG_EINVAL, "bad address '%s' (bad IPv6 literal)", text);
+            return psagg__fail(PSAGG_EINVAL, "bad address '%s' (bad IPv6 literal)", text);
         memcpy(host, text + 1, hlen);
         host[hlen] = '\0';
         if (inet_pton(AF_INET6, host, &a6) != 1)
-            return psagg_fail(PSAGG_EINVAL, "bad address '%s' (bad IPv6 literal)", text);
+            return psagg__fail(PSAGG_EINVAL, "bad address '%s' (bad IPv6 literal)", text);
         port = close + 2;
     } else {
         colon = strchr(text, ':');
         if (!colon)
-            return psagg_fail(PSAGG_EINVAL, "bad address '%s' (expected host:port)", text);
+            return psagg__fail(PSAGG_EINVAL, "bad address '%s' (expected host:port)", text);
         if (strchr(colon + 1, ':'))
-            return psagg_fail(PSAGG_EINVAL,
-                              "bad address '%s' (write IPv6 addresses as [addr]:port)", text);
+            return psagg__fail(PSAGG_EINVAL,
+                               "bad address '%s' (write IPv6 addresses as [addr]:port)", text);
         hlen = (size_t)(colon - text);
         if (hlen == 0 || hlen >= sizeof host)
-            return psagg_fail(PSAGG_EINVAL, "bad address '%s' (host empty or longer than %d)", text,
-                              PSAGG_HOST_MAX - 1);
+            return psagg__fail(PSAGG_EINVAL, "bad address '%s' (host empty or longer than %d)",
+                               text, PSAGG_HOST_MAX - 1);
         memcpy(host, text, hlen);
         host[hlen] = '\0';
         if (!valid_hostname(host))
-            return psagg_fail(PSAGG_EINVAL, "bad address '%s' (bad host name or IPv4 address)",
-                              text);
+            return psagg__fail(PSAGG_EINVAL, "bad address '%s' (bad host name or IPv4 address)",
+                               text);
         port = colon + 1;
     }
     if (read_u64(port, &p) || port[0] == '0' || p < 1 || p > 65535)
-        return psagg_fail(PSAGG_EINVAL, "bad address '%s' (port must be 1..65535)", text);
+        return psagg__fail(PSAGG_EINVAL, "bad address '%s' (port must be 1..65535)", text);
     memcpy(out->host, host, hlen + 1);
     out->port = (uint16_t)p;
     return PSAGG_OK;
@@ -556,7 +556,7 @@ psagg_status psagg_parse_hostport(const char *text, psagg_hostport *out)
 /* ---- formatting ---- */
 
 /* One key's value as the INI would spell it: the inverse of its parser. */
-void config_format_value(const psagg_config *cfg, const struct key *k, char *out, size_t len)
+void config_format_value(const psagg__config *cfg, const struct key *k, char *out, size_t len)
 {
     const void *field = (const char *)cfg + k->offset;
     size_t used = 0;

@@ -14,18 +14,18 @@
 
 struct key;
 /* Parse `val` into the key's field; on failure write what was expected into `why`. */
-typedef int (*key_parser)(const struct key *k, const char *val, int append, psagg_config *cfg,
+typedef int (*key_parser)(const struct key *k, const char *val, int append, psagg__config *cfg,
                           char *why, size_t whylen);
 
 enum {
-    KEY_REQUIRED = 1, /* psagg_config_load fails without it */
+    KEY_REQUIRED = 1, /* psagg__config_load fails without it */
     KEY_LINES = 2,    /* the value may continue on indented lines (servers) */
 };
 
 struct key {
     const char *section;
     const char *name;
-    size_t offset; /* of the field in psagg_config */
+    size_t offset; /* of the field in psagg__config */
     size_t size;   /* of the field (string capacity) */
     key_parser parse;
     uint64_t min, max;          /* numbers: inclusive range */
@@ -40,14 +40,14 @@ struct key {
 #define CONFIG_KEYS_MAX   64
 #define CONFIG_N_SECTIONS 5
 
-/* Every key, in the order of conf/cluster.ini (psagg_config_print's order). */
+/* Every key, in the order of conf/cluster.ini (psagg__config_print's order). */
 extern const struct key config_keys[];
 extern const size_t config_n_keys;
 /* The sections a file may have: cluster, server, worker, codec, log. */
 extern const char *const config_sections[];
 
-void config_set_defaults(psagg_config *cfg);
-/* One key's value as the INI would spell it (psagg_config_print). */
-void config_format_value(const psagg_config *cfg, const struct key *k, char *out, size_t len);
+void config_set_defaults(psagg__config *cfg);
+/* One key's value as the INI would spell it (psagg__config_print). */
+void config_format_value(const psagg__config *cfg, const struct key *k, char *out, size_t len);
 
 #endif

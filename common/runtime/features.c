@@ -3,28 +3,28 @@
 
 #include <string.h>
 
-static int elastic_on(const psagg_config *c)
+static int elastic_on(const psagg__config *c)
 {
     return c->elastic;
 }
-static int quorum_on(const psagg_config *c)
+static int quorum_on(const psagg__config *c)
 {
     return c->quorum > 0;
 }
-static int checkpoint_on(const psagg_config *c)
+static int checkpoint_on(const psagg__config *c)
 {
     return c->checkpoint_dir[0] != '\0';
 }
-static int optimizer_on(const psagg_config *c)
+static int optimizer_on(const psagg__config *c)
 {
     return c->optimizer != 0; /* PSAGG_OPTIM_NONE */
 }
-static int adaptive_on(const psagg_config *c)
+static int adaptive_on(const psagg__config *c)
 {
     return c->adaptive;
 }
 
-const psagg_feature psagg_features[PSAGG_F_COUNT] = {
+const psagg__feature psagg__features[PSAGG_F_COUNT] = {
     [PSAGG_F_ELASTIC] = {"elastic", "cluster", "elastic", "[cluster] elastic = on", elastic_on},
     [PSAGG_F_QUORUM] = {"quorum", "server", "quorum", "[server] quorum", quorum_on},
     [PSAGG_F_CHECKPOINT] = {"checkpoints", "server", "checkpoint_dir", "[server] checkpoint_dir",
@@ -40,7 +40,7 @@ const psagg_feature psagg_features[PSAGG_F_COUNT] = {
  * Every pair that is refused, and the pairs that work in a way worth a sentence. The refused
  * ones say why in words a user can act on; a change that makes one work moves it to works.
  */
-const psagg_combo psagg_combos[] = {
+const psagg__combo psagg__combos[] = {
     {PSAGG_F_ELASTIC, PSAGG_F_QUORUM, 0,
      "a round closes without stragglers among the live workers; the bitmap names every rank, "
      "and a joiner's first rounds wait for its push"},
@@ -71,49 +71,49 @@ const psagg_combo psagg_combos[] = {
     {PSAGG_F_CHECKPOINT, PSAGG_F_OPTIMIZER, 0,
      "a checkpoint holds the weights and the optimizer's state"},
 };
-const size_t psagg_n_combos = sizeof psagg_combos / sizeof psagg_combos[0];
+const size_t psagg__n_combos = sizeof psagg__combos / sizeof psagg__combos[0];
 
-const psagg_combo *psagg_combo_of(psagg_feature_id a, psagg_feature_id b)
+const psagg__combo *psagg__combo_of(psagg__feature_id a, psagg__feature_id b)
 {
-    for (size_t i = 0; i < psagg_n_combos; i++)
-        if ((psagg_combos[i].a == a && psagg_combos[i].b == b) ||
-            (psagg_combos[i].a == b && psagg_combos[i].b == a))
-            return &psagg_combos[i];
+    for (size_t i = 0; i < psagg__n_combos; i++)
+        if ((psagg__combos[i].a == a && psagg__combos[i].b == b) ||
+            (psagg__combos[i].a == b && psagg__combos[i].b == a))
+            return &psagg__combos[i];
     return NULL;
 }
 
-const psagg_combo *psagg_features_refused(const psagg_config *cfg)
+const psagg__combo *psagg__features_refused(const psagg__config *cfg)
 {
-    for (size_t i = 0; i < psagg_n_combos; i++) {
-        const psagg_combo *c = &psagg_combos[i];
-        const psagg_feature *fa = &psagg_features[c->a], *fb = &psagg_features[c->b];
+    for (size_t i = 0; i < psagg__n_combos; i++) {
+        const psagg__combo *c = &psagg__combos[i];
+        const psagg__feature *fa = &psagg__features[c->a], *fb = &psagg__features[c->b];
         if (c->refused && fa->on && fb->on && fa->on(cfg) && fb->on(cfg))
             return c;
     }
     return NULL;
 }
 
-void psagg_features_print(FILE *out)
+void psagg__features_print(FILE *out)
 {
     fprintf(out, "| | ");
     for (int b = 0; b < PSAGG_F_COUNT; b++)
-        fprintf(out, "%s%s", psagg_features[b].name, b + 1 < PSAGG_F_COUNT ? " | " : " |\n");
+        fprintf(out, "%s%s", psagg__features[b].name, b + 1 < PSAGG_F_COUNT ? " | " : " |\n");
     fprintf(out, "|---|");
     for (int b = 0; b < PSAGG_F_COUNT; b++)
         fprintf(out, "---|");
     fprintf(out, "\n");
     for (int a = 0; a < PSAGG_F_COUNT; a++) {
-        fprintf(out, "| %s (`%s`) |", psagg_features[a].name, psagg_features[a].spelled);
+        fprintf(out, "| %s (`%s`) |", psagg__features[a].name, psagg__features[a].spelled);
         for (int b = 0; b < PSAGG_F_COUNT; b++) {
-            const psagg_combo *c = psagg_combo_of((psagg_feature_id)a, (psagg_feature_id)b);
+            const psagg__combo *c = psagg__combo_of((psagg__feature_id)a, (psagg__feature_id)b);
             fprintf(out, " %s |", a == b ? "" : c && c->refused ? "refused" : "works");
         }
         fprintf(out, "\n");
     }
     fprintf(out, "\n");
-    for (size_t i = 0; i < psagg_n_combos; i++) {
-        const psagg_combo *c = &psagg_combos[i];
-        fprintf(out, "- **%s with %s**: %s%s.\n", psagg_features[c->a].name,
-                psagg_features[c->b].name, c->refused ? "refused: " : "", c->why);
+    for (size_t i = 0; i < psagg__n_combos; i++) {
+        const psagg__combo *c = &psagg__combos[i];
+        fprintf(out, "- **%s with %s**: %s%s.\n", psagg__features[c->a].name,
+                psagg__features[c->b].name, c->refused ? "refused: " : "", c->why);
     }
 }

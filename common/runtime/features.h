@@ -14,7 +14,7 @@
 
 #include "runtime/config.h"
 
-typedef enum psagg_feature_id {
+typedef enum psagg__feature_id {
     PSAGG_F_ELASTIC,    /* [cluster] elastic = on */
     PSAGG_F_QUORUM,     /* [server] quorum */
     PSAGG_F_CHECKPOINT, /* [server] checkpoint_dir */
@@ -22,37 +22,37 @@ typedef enum psagg_feature_id {
     PSAGG_F_ADAPTIVE,   /* [codec] adaptive = on */
     PSAGG_F_DEVICE,     /* psagg_push_pull_cuda (checked at the call) */
     PSAGG_F_COUNT
-} psagg_feature_id;
+} psagg__feature_id;
 
-typedef struct psagg_feature {
+typedef struct psagg__feature {
     const char *name;    /* "elastic" */
     const char *section; /* its config key ("cluster", "elastic"), or NULL: an API call */
     const char *key;
     const char *spelled;                /* how a message names it: "[cluster] elastic = on" */
-    int (*on)(const psagg_config *cfg); /* whether cfg turns it on (NULL: decided at a call) */
-} psagg_feature;
+    int (*on)(const psagg__config *cfg); /* whether cfg turns it on (NULL: decided at a call) */
+} psagg__feature;
 
 /* A pair's verdict: works (refused = 0, with what the pair does, or NULL), or refused. */
-typedef struct psagg_combo {
-    psagg_feature_id a, b;
+typedef struct psagg__combo {
+    psagg__feature_id a, b;
     int refused;
     const char *why; /* refused: why not yet; works: how the two meet (one sentence) */
-} psagg_combo;
+} psagg__combo;
 
-extern const psagg_feature psagg_features[PSAGG_F_COUNT];
-extern const psagg_combo psagg_combos[];
-extern const size_t psagg_n_combos;
+extern const psagg__feature psagg__features[PSAGG_F_COUNT];
+extern const psagg__combo psagg__combos[];
+extern const size_t psagg__n_combos;
 
 /* The verdict of a pair (in either order), or NULL: not in the table, it works. */
-const psagg_combo *psagg_combo_of(psagg_feature_id a, psagg_feature_id b);
+const psagg__combo *psagg__combo_of(psagg__feature_id a, psagg__feature_id b);
 
 /*
  * The first refused pair that cfg turns on, or NULL. The config check reports it at the
  * origin of the pair's first key.
  */
-const psagg_combo *psagg_features_refused(const psagg_config *cfg);
+const psagg__combo *psagg__features_refused(const psagg__config *cfg);
 
 /* The table as Markdown (docs/features.md): one row per feature, one column per feature. */
-void psagg_features_print(FILE *out);
+void psagg__features_print(FILE *out);
 
 #endif

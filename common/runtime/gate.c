@@ -5,16 +5,16 @@
 
 #include "runtime/wire.h"
 
-/* Drop a message and say so, at most once a second; -1 (psagg_gate_sender's "nobody"). */
-static int drop(psagg_gate *g, size_t len, const char *why)
+/* Drop a message and say so, at most once a second; -1 (psagg__gate_sender's "nobody"). */
+static int drop(psagg__gate *g, size_t len, const char *why)
 {
-    psagg_lograte_note(&g->dropped, g->log, 1000, "dropped a %zu-byte message %s", len, why);
+    psagg__lograte_note(&g->dropped, g->log, 1000, "dropped a %zu-byte message %s", len, why);
     return -1;
 }
 
-int psagg_gate_sender(psagg_gate *g, const uint8_t *msg, size_t len, psagg_peer src)
+int psagg__gate_sender(psagg__gate *g, const uint8_t *msg, size_t len, psagg__peer src)
 {
-    const psagg_msg_hdr *h = (const psagg_msg_hdr *)msg;
+    const psagg__msg_hdr *h = (const psagg__msg_hdr *)msg;
     char why[160];
     int from;
 
@@ -44,17 +44,17 @@ int psagg_gate_sender(psagg_gate *g, const uint8_t *msg, size_t len, psagg_peer 
      * with the key of the peer it claims to come from, and its number is new.
      */
     if (g->tag_bytes) {
-        psagg_data_rx *rx = g->rx_of(g->owner, from);
+        psagg__data_rx *rx = g->rx_of(g->owner, from);
         uint64_t seq = 0;
         if (len < sizeof *h + g->tag_bytes ||
-            !psagg_msg_open(&rx->key, msg, len - g->tag_bytes, &seq)) {
+            !psagg__msg_open(&rx->key, msg, len - g->tag_bytes, &seq)) {
             snprintf(why, sizeof why,
                      "%s %s %d whose MAC does not check out (forged, altered, or sealed for "
                      "another receiver)",
                      g->source_reliable ? "from" : "claiming to come from", g->peer_kind, from);
             return drop(g, len, why);
         }
-        if (!psagg_replay_accept(&rx->seen, seq)) {
+        if (!psagg__replay_accept(&rx->seen, seq)) {
             snprintf(why, sizeof why,
                      "%s %s %d: a replay (its message number %llu came before, or is older "
                      "than the last %d)",
@@ -66,7 +66,7 @@ int psagg_gate_sender(psagg_gate *g, const uint8_t *msg, size_t len, psagg_peer 
     return from;
 }
 
-void psagg_gate_flush(psagg_gate *g)
+void psagg__gate_flush(psagg__gate *g)
 {
-    psagg_lograte_flush(&g->dropped, g->log);
+    psagg__lograte_flush(&g->dropped, g->log);
 }

@@ -8,19 +8,19 @@
 #include "kernels/codec.h"
 #include "runtime/adaptive.h"
 
-size_t psagg_max_message(const psagg_config *cfg)
+size_t psagg__max_message(const psagg__config *cfg)
 {
-    return sizeof(psagg_msg_hdr) + psagg_codec_max_chunk_bytes(psagg_chunk_elems(cfg)) +
-           sizeof(psagg_msg_param) + (cfg->data_auth ? PSAGG_MSG_MAC_BYTES : 0);
+    return sizeof(psagg__msg_hdr) + psagg__codec_max_chunk_bytes(psagg__chunk_elems(cfg)) +
+           sizeof(psagg__msg_param) + (cfg->data_auth ? PSAGG_MSG_MAC_BYTES : 0);
 }
 
-psagg_status psagg_tensor_to_wire(const char *name, uint64_t count, const psagg_codec *codec,
-                                  psagg_ctl_tensor *out)
+psagg_status psagg__tensor_to_wire(const char *name, uint64_t count, const psagg_codec *codec,
+                                   psagg__ctl_tensor *out)
 {
     memset(out, 0, sizeof *out);
     if (!name || !name[0] || strlen(name) >= PSAGG_NAME_MAX)
-        return psagg_fail(PSAGG_EINVAL, "tensor name '%s' empty or longer than %d bytes",
-                          name ? name : "(null)", PSAGG_NAME_MAX - 1);
+        return psagg__fail(PSAGG_EINVAL, "tensor name '%s' empty or longer than %d bytes",
+                           name ? name : "(null)", PSAGG_NAME_MAX - 1);
     strcpy(out->name, name);
     out->count = count;
     out->codec = (uint32_t)codec->id;
@@ -38,7 +38,7 @@ psagg_status psagg_tensor_to_wire(const char *name, uint64_t count, const psagg_
  * elements either way; with codecs mixed it keeps the optimizer's state from piling up
  * where the compressed chunks went.)
  */
-static uint64_t chunk_cost(const psagg_layout *l, const psagg_chunk_info *ci)
+static uint64_t chunk_cost(const psagg__layout *l, const psagg__chunk_info *ci)
 {
     return ci->enc_bytes + (l->tensors[ci->key].param ? 4 * ci->count : 0);
 }
@@ -46,9 +46,9 @@ static uint64_t chunk_cost(const psagg_layout *l, const psagg_chunk_info *ci)
 /* qsort_r order: chunks by cost, descending, then (key, index). */
 static int by_cost_desc(const void *a, const void *b, void *arg)
 {
-    const psagg_layout *l = arg;
-    const psagg_chunk_info *x = &l->chunks[*(const uint32_t *)a];
-    const psagg_chunk_info *y = &l->chunks[*(const uint32_t *)b];
+    const psagg__layout *l = arg;
+    const psagg__chunk_info *x = &l->chunks[*(const uint32_t *)a];
+    const psagg__chunk_info *y = &l->chunks[*(const uint32_t *)b];
     uint64_t cx = chunk_cost(l, x), cy = chunk_cost(l, y);
     if (cx != cy)
         return cx > cy ? -1 : 1;
@@ -60,17 +60,17 @@ static int by_cost_desc(const void *a, const void *b, void *arg)
 /* qsort_r order: tensor indices by name. */
 static int by_name(const void *a, const void *b, void *base)
 {
-    const psagg_tensor_info *t = base;
+    const psagg__tensor_info *t = base;
     return strcmp(t[*(const uint32_t *)a].name, t[*(const uint32_t *)b].name);
 }
 
 /* Every name once: sort the indices by name and compare neighbours. */
-static psagg_status check_unique_names(psagg_tensor_info *t, uint32_t n)
+static psagg_status check_unique_names(psagg__tensor_info *t, uint32_t n)
 {
     uint32_t *idx = malloc((size_t)n * sizeof *idx);
     psagg_status st = PSAGG_OK;
     if (!idx)
-        return psagg_fail(PSAGG_ENOMEM, "layout of %u tensors", n);
+        return psagg__fail(PSAGG_ENOMEM, "layout of %u tensors", n);
     for (uint32_t i = 0; i < n; i++)
         idx[i] = i;
     qsort_r(idx, n, sizeof *idx, by_name, t);
@@ -78,21 +78,22 @@ static psagg_status check_unique_names(psagg_tensor_info *t, uint32_t n)
         if (!strcmp(t[idx[i - 1]].name, t[idx[i]].name)) {
             uint32_t a = idx[i - 1] < idx[i] ? idx[i - 1] : idx[i];
             uint32_t b = idx[i - 1] < idx[i] ? idx[i] : idx[i - 1];
-            st = psagg_fail(PSAGG_EINVAL, "tensors %u and %u are both named '%s'", a, b, t[a].name);
+            st =
+                psagg__fail(PSAGG_EINVAL, "tensors %u and %u are both named '%s'", a, b, t[a].name);
         }
     free(idx);
     return st;
 }
 
-uint64_t psagg_chunk_elems(const psagg_config *cfg)
+uint64_t psagg__chunk_elems(const psagg__config *cfg)
 {
     uint64_t ce = cfg->chunk_bytes / sizeof(float);
     ce -= ce % 64;
     return ce < 64 ? 64 : ce;
 }
 
-uint64_t psagg_layout_chunk_elems(const psagg_ctl_tensor *decl, uint32_t n, uint64_t chunk_elems,
-                                  uint32_t n_servers)
+uint64_t psagg__layout_chunk_elems(const psagg__ctl_tensor *decl, uint32_t n, uint64_t chunk_elems,
+                                   uint32_t n_servers)
 {
     uint64_t total = 0, share;
     for (uint32_t t = 0; t < n; t++)
@@ -105,66 +106,66 @@ uint64_t psagg_layout_chunk_elems(const psagg_ctl_tensor *decl, uint32_t n, uint
     return share < chunk_elems ? share : chunk_elems;
 }
 
-psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64_t chunk_elems,
-                                uint32_t n_servers, uint32_t adapt_interval, psagg_layout *out)
+psagg_status psagg__layout_build(const psagg__ctl_tensor *decl, uint32_t n, uint64_t chunk_elems,
+                                 uint32_t n_servers, uint32_t adapt_interval, psagg__layout *out)
 {
-    psagg_layout l = {.n_tensors = n, .n_servers = n_servers, .adapt_interval = adapt_interval};
+    psagg__layout l = {.n_tensors = n, .n_servers = n_servers, .adapt_interval = adapt_interval};
     uint64_t total_chunks = 0, *load = NULL, cut;
     uint32_t *order = NULL, c = 0;
     psagg_status st;
 
     memset(out, 0, sizeof *out);
     if (!n || n > PSAGG_MAX_TENSORS || !n_servers || chunk_elems < 64 || chunk_elems % 64)
-        return psagg_fail(PSAGG_EINVAL, "layout: %u tensors, %u servers, chunk of %llu elements", n,
-                          n_servers, (unsigned long long)chunk_elems);
-    cut = psagg_layout_chunk_elems(decl, n, chunk_elems, n_servers);
+        return psagg__fail(PSAGG_EINVAL, "layout: %u tensors, %u servers, chunk of %llu elements",
+                           n, n_servers, (unsigned long long)chunk_elems);
+    cut = psagg__layout_chunk_elems(decl, n, chunk_elems, n_servers);
     l.tensors = calloc(n, sizeof *l.tensors);
     if (!l.tensors)
-        return psagg_fail(PSAGG_ENOMEM, "layout of %u tensors", n);
+        return psagg__fail(PSAGG_ENOMEM, "layout of %u tensors", n);
     for (uint32_t t = 0; t < n; t++) {
-        psagg_tensor_info *ti = &l.tensors[t];
+        psagg__tensor_info *ti = &l.tensors[t];
         if (memchr(decl[t].name, 0, PSAGG_NAME_MAX) == NULL || !decl[t].name[0]) {
-            st = psagg_fail(PSAGG_EINVAL, "tensor %u: name empty or not terminated", t);
+            st = psagg__fail(PSAGG_EINVAL, "tensor %u: name empty or not terminated", t);
             goto err;
         }
         memcpy(ti->name, decl[t].name, PSAGG_NAME_MAX);
         if (decl[t].count < 1 || decl[t].count > PSAGG_CODEC_MAX_ELEMS) {
-            st = psagg_fail(PSAGG_EINVAL, "tensor %u '%s': count %llu out of range", t, ti->name,
-                            (unsigned long long)decl[t].count);
+            st = psagg__fail(PSAGG_EINVAL, "tensor %u '%s': count %llu out of range", t, ti->name,
+                             (unsigned long long)decl[t].count);
             goto err;
         }
         ti->count = decl[t].count;
         ti->codec = (psagg_codec){(psagg_codec_id)decl[t].codec, decl[t].bits, decl[t].bucket,
                                   (psagg_rounding)decl[t].rounding};
         if (decl[t].codec > PSAGG_CODEC_MAXMIN)
-            st = psagg_fail(PSAGG_EINVAL, "codec id %u unknown", decl[t].codec);
+            st = psagg__fail(PSAGG_EINVAL, "codec id %u unknown", decl[t].codec);
         else if (decl[t].rounding > PSAGG_ROUND_NEAREST)
-            st = psagg_fail(PSAGG_EINVAL, "rounding %u unknown", decl[t].rounding);
+            st = psagg__fail(PSAGG_EINVAL, "rounding %u unknown", decl[t].rounding);
         else
-            st = psagg_codec_check(&ti->codec);
+            st = psagg__codec_check(&ti->codec);
         if (st) {
-            psagg_fail_context(st, "tensor %u '%s': ", t, ti->name);
+            psagg__fail_context(st, "tensor %u '%s': ", t, ti->name);
             goto err;
         }
-        ti->chunk_elems = psagg_codec_chunk_elems(&ti->codec, cut);
+        ti->chunk_elems = psagg__codec_chunk_elems(&ti->codec, cut);
         ti->adaptive = adapt_interval && ti->codec.id == PSAGG_CODEC_MAXMIN;
         ti->param = (decl[t].flags & PSAGG_DECL_PARAM) != 0;
         ti->rare = (decl[t].flags & PSAGG_DECL_RARE) != 0;
         if ((decl[t].flags & ~(PSAGG_DECL_PARAM | PSAGG_DECL_RARE)) || decl[t].reserved) {
-            st = psagg_fail(PSAGG_EINVAL, "tensor %u '%s': unknown flags 0x%x", t, ti->name,
-                            decl[t].flags & ~(PSAGG_DECL_PARAM | PSAGG_DECL_RARE));
+            st = psagg__fail(PSAGG_EINVAL, "tensor %u '%s': unknown flags 0x%x", t, ti->name,
+                             decl[t].flags & ~(PSAGG_DECL_PARAM | PSAGG_DECL_RARE));
             goto err;
         }
         if (ti->param && ti->chunk_elems > chunk_elems) { /* its fp32 weights fit no message */
-            st = psagg_fail(PSAGG_EINVAL,
-                            "tensor %u '%s': a parameter whose bucket (%u) is larger than a chunk "
-                            "(%llu elements, [worker] chunk_bytes)",
-                            t, ti->name, ti->codec.bucket, (unsigned long long)chunk_elems);
+            st = psagg__fail(PSAGG_EINVAL,
+                             "tensor %u '%s': a parameter whose bucket (%u) is larger than a chunk "
+                             "(%llu elements, [worker] chunk_bytes)",
+                             t, ti->name, ti->codec.bucket, (unsigned long long)chunk_elems);
             goto err;
         }
         if (ti->param && ti->adaptive) {
-            st = psagg_fail(PSAGG_EINVAL, "tensor %u '%s': a parameter cannot be adaptive", t,
-                            ti->name);
+            st = psagg__fail(PSAGG_EINVAL, "tensor %u '%s': a parameter cannot be adaptive", t,
+                             ti->name);
             goto err;
         }
         ti->first_chunk = (uint32_t)total_chunks;
@@ -172,9 +173,9 @@ psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64
         ti->n_chunks = (uint32_t)(ti->count / ti->chunk_elems + (ti->count % ti->chunk_elems != 0));
         total_chunks += ti->n_chunks;
         if (total_chunks > PSAGG_MAX_CHUNKS) {
-            st = psagg_fail(PSAGG_EINVAL,
-                            "layout: tensor %u '%s' brings the job to %llu chunks, more than %u", t,
-                            ti->name, (unsigned long long)total_chunks, PSAGG_MAX_CHUNKS);
+            st = psagg__fail(PSAGG_EINVAL,
+                             "layout: tensor %u '%s' brings the job to %llu chunks, more than %u",
+                             t, ti->name, (unsigned long long)total_chunks, PSAGG_MAX_CHUNKS);
             goto err;
         }
     }
@@ -186,22 +187,22 @@ psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64
     l.owned_count = calloc(n_servers, sizeof *l.owned_count);
     l.owned_bytes = calloc(n_servers, sizeof *l.owned_bytes);
     if (!l.chunks || !order || !l.owned_count || !l.owned_bytes) {
-        st = psagg_fail(PSAGG_ENOMEM, "layout of %llu chunks", (unsigned long long)total_chunks);
+        st = psagg__fail(PSAGG_ENOMEM, "layout of %llu chunks", (unsigned long long)total_chunks);
         goto err;
     }
     for (uint32_t t = 0; t < n; t++) {
-        psagg_tensor_info *ti = &l.tensors[t];
+        psagg__tensor_info *ti = &l.tensors[t];
         uint64_t ce = ti->chunk_elems;
         for (uint32_t k = 0; k < ti->n_chunks; k++, c++) {
-            psagg_chunk_info *ci = &l.chunks[c];
+            psagg__chunk_info *ci = &l.chunks[c];
             ci->key = t;
             ci->index = k;
             ci->offset = k * ce;
             ci->count = (ti->count - ci->offset) < ce ? ti->count - ci->offset : ce;
-            ci->enc_bytes = psagg_encoded_size(&ti->codec, ci->count);
+            ci->enc_bytes = psagg__encoded_size(&ti->codec, ci->count);
             if (ti->adaptive) {
-                psagg_codec big = psagg_adapt_largest(&ti->codec, ti->chunk_elems);
-                ci->cap_bytes = psagg_encoded_size(&big, ci->count);
+                psagg_codec big = psagg__adapt_largest(&ti->codec, ti->chunk_elems);
+                ci->cap_bytes = psagg__encoded_size(&big, ci->count);
             } else {
                 ci->cap_bytes = ci->enc_bytes;
             }
@@ -217,13 +218,13 @@ psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64
     qsort_r(order, total_chunks, sizeof *order, by_cost_desc, &l);
     /* the per-round chunks first, then the rare ones on a count of their own */
     if (!(load = calloc(2 * (size_t)n_servers, sizeof *load))) {
-        st = psagg_fail(PSAGG_ENOMEM, "layout of %u servers", n_servers);
+        st = psagg__fail(PSAGG_ENOMEM, "layout of %u servers", n_servers);
         goto err;
     }
     for (int pass = 0; pass < 2; pass++) {
         uint64_t *cost = load + (size_t)pass * n_servers;
         for (uint64_t i = 0; i < total_chunks; i++) {
-            psagg_chunk_info *ci = &l.chunks[order[i]];
+            psagg__chunk_info *ci = &l.chunks[order[i]];
             uint32_t best = 0;
             if (l.tensors[ci->key].rare != pass)
                 continue;
@@ -247,11 +248,11 @@ psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n, uint64
 err:
     free(order);
     free(load);
-    psagg_layout_free(&l);
+    psagg__layout_free(&l);
     return st;
 }
 
-void psagg_layout_free(psagg_layout *l)
+void psagg__layout_free(psagg__layout *l)
 {
     free(l->tensors);
     free(l->chunks);

@@ -3,8 +3,8 @@
  *
  * Layer: runtime. Every worker and server computes the same layout from the same declaration
  * list, so no placement is ever sent over the wire. Chunks: tensor t is cut into pieces of
- * psagg_codec_chunk_elems(codec, chunk_elems) elements (kernels/codec.h: whole maxmin
- * buckets; the last piece is shorter; a small model is cut finer: psagg_layout_chunk_elems).
+ * psagg__codec_chunk_elems(codec, chunk_elems) elements (kernels/codec.h: whole maxmin
+ * buckets; the last piece is shorter; a small model is cut finer: psagg__layout_chunk_elems).
  * Placement: longest-processing-time greedy on what a chunk
  * costs a round (its encoded bytes; a parameter's also its fp32 weights, layout.c's
  * chunk_cost): chunks sorted by cost (descending, ties by key then chunk index) each go to
@@ -30,7 +30,7 @@
 /* The most chunks a job may have (layout tables of about 200 MB on every process). */
 #define PSAGG_MAX_CHUNKS (1u << 22)
 
-typedef struct psagg_chunk_info {
+typedef struct psagg__chunk_info {
     uint32_t key, index; /* tensor and chunk within it */
     uint32_t owner;      /* server rank */
     uint32_t slot;       /* position among the owner's chunks */
@@ -39,9 +39,9 @@ typedef struct psagg_chunk_info {
     size_t enc_bytes;    /* encoded payload bytes in the declared codec (placement) */
     size_t cap_bytes;    /* the most payload bytes any round may carry: enc_bytes, or for an
                             adaptive tensor its largest candidate's (buffers are this big) */
-} psagg_chunk_info;
+} psagg__chunk_info;
 
-typedef struct psagg_tensor_info {
+typedef struct psagg__tensor_info {
     char name[PSAGG_NAME_MAX];
     uint64_t count;
     psagg_codec codec;
@@ -51,13 +51,13 @@ typedef struct psagg_tensor_info {
     int adaptive; /* its codec may change between rounds (runtime/adaptive.h) */
     int param;    /* a parameter: the servers run the optimizer on it (runtime/wire.h) */
     int rare;     /* used now and then, not every round: placed apart (above) */
-} psagg_tensor_info;
+} psagg__tensor_info;
 
-typedef struct psagg_layout {
+typedef struct psagg__layout {
     uint32_t n_tensors;
-    psagg_tensor_info *tensors;
+    psagg__tensor_info *tensors;
     uint32_t n_chunks;
-    psagg_chunk_info *chunks; /* tensor-major: tensor t's chunks are contiguous */
+    psagg__chunk_info *chunks; /* tensor-major: tensor t's chunks are contiguous */
     uint32_t n_servers;
     uint32_t *owned_count;   /* per server: number of chunks it owns */
     uint64_t *owned_bytes;   /* per server: encoded bytes of one round's inputs from one worker
@@ -65,7 +65,7 @@ typedef struct psagg_layout {
     size_t max_enc_bytes;    /* largest chunk payload (cap_bytes) */
     size_t max_param_bytes;  /* largest fp32 chunk of a parameter tensor (INIT, WEIGHTS), or 0 */
     uint32_t adapt_interval; /* [codec] adaptive_interval; 0: every codec is fixed */
-} psagg_layout;
+} psagg__layout;
 
 /*
  * The elements per chunk a layout cuts tensors into (before whole maxmin buckets): the job's
@@ -78,33 +78,34 @@ typedef struct psagg_layout {
  */
 #define PSAGG_LAYOUT_SHARES  8
 #define PSAGG_LAYOUT_MIN_CUT 4096u
-uint64_t psagg_layout_chunk_elems(const psagg_ctl_tensor *decl, uint32_t n, uint64_t chunk_elems,
-                                  uint32_t n_servers);
+uint64_t psagg__layout_chunk_elems(const psagg__ctl_tensor *decl, uint32_t n, uint64_t chunk_elems,
+                                   uint32_t n_servers);
 
 /*
  * Build from declarations (validated: counts >= 1, codecs valid, names unique). With
  * adapt_interval > 0 (an adaptive job) every maxmin tensor is adaptive: its chunks and their
  * owners are those of its declared codec, its buffers hold its largest candidate.
  */
-PSAGG_NODISCARD psagg_status psagg_layout_build(const psagg_ctl_tensor *decl, uint32_t n,
-                                                uint64_t chunk_elems, uint32_t n_servers,
-                                                uint32_t adapt_interval, psagg_layout *out);
-void psagg_layout_free(psagg_layout *l);
+PSAGG_NODISCARD psagg_status psagg__layout_build(const psagg__ctl_tensor *decl, uint32_t n,
+                                                 uint64_t chunk_elems, uint32_t n_servers,
+                                                 uint32_t adapt_interval, psagg__layout *out);
+void psagg__layout_free(psagg__layout *l);
 
 /* The declaration record for one tensor description (name truncated check included). */
-PSAGG_NODISCARD psagg_status psagg_tensor_to_wire(const char *name, uint64_t count,
-                                                  const psagg_codec *codec, psagg_ctl_tensor *out);
+PSAGG_NODISCARD psagg_status psagg__tensor_to_wire(const char *name, uint64_t count,
+                                                   const psagg_codec *codec,
+                                                   psagg__ctl_tensor *out);
 
 /* Elements per chunk that a worker with this config declares: chunk_bytes of fp32, rounded
  * down to a multiple of 64, at least 64. Every worker of a job must agree. */
-uint64_t psagg_chunk_elems(const psagg_config *cfg);
+uint64_t psagg__chunk_elems(const psagg__config *cfg);
 
 /*
  * The largest data message a job with this config can send: the header, the largest
- * encoded chunk of any codec (psagg_codec_max_chunk_bytes), a parameter's trailer and, with
+ * encoded chunk of any codec (psagg__codec_max_chunk_bytes), a parameter's trailer and, with
  * data_auth, the MAC.
  * Every peer derives the same.
  */
-size_t psagg_max_message(const psagg_config *cfg);
+size_t psagg__max_message(const psagg__config *cfg);
 
 #endif

@@ -8,7 +8,7 @@
 #include <math.h>
 #include <string.h>
 
-uint32_t psagg_msg_codec_word(const psagg_codec *codec, uint32_t generation)
+uint32_t psagg__msg_codec_word(const psagg_codec *codec, uint32_t generation)
 {
     uint32_t w = (uint32_t)codec->id & 3u;
     if (codec->id == PSAGG_CODEC_MAXMIN)
@@ -29,27 +29,27 @@ static psagg_codec word_codec(uint32_t w)
     return c;
 }
 
-void psagg_msg_init(psagg_msg_hdr *h, enum psagg_msg_type type, uint32_t sender, uint32_t round,
-                    const psagg_chunk_info *ci, const psagg_codec *codec, uint32_t generation)
+void psagg__msg_init(psagg__msg_hdr *h, enum psagg__msg_type type, uint32_t sender, uint32_t round,
+                     const psagg__chunk_info *ci, const psagg_codec *codec, uint32_t generation)
 {
-    *h = (psagg_msg_hdr){.magic = PSAGG_MSG_MAGIC,
-                         .type = (uint8_t)type,
-                         .version = PSAGG_PROTO_VERSION,
-                         .sender = (uint16_t)sender,
-                         .round = round,
-                         .key = ci->key,
-                         .chunk = ci->index,
-                         .len = (uint32_t)psagg_encoded_size(codec, ci->count),
-                         .codec = psagg_msg_codec_word(codec, generation)};
+    *h = (psagg__msg_hdr){.magic = PSAGG_MSG_MAGIC,
+                          .type = (uint8_t)type,
+                          .version = PSAGG_PROTO_VERSION,
+                          .sender = (uint16_t)sender,
+                          .round = round,
+                          .key = ci->key,
+                          .chunk = ci->index,
+                          .len = (uint32_t)psagg__encoded_size(codec, ci->count),
+                          .codec = psagg__msg_codec_word(codec, generation)};
 }
 
-const char *psagg_msg_check(const void *msg, size_t msg_len, size_t tag_bytes,
-                            enum psagg_msg_type type, const psagg_layout *l,
-                            const psagg_chunk_info **ci, psagg_msg_codec *mc)
+const char *psagg__msg_check(const void *msg, size_t msg_len, size_t tag_bytes,
+                             enum psagg__msg_type type, const psagg__layout *l,
+                             const psagg__chunk_info **ci, psagg__msg_codec *mc)
 {
-    const psagg_msg_hdr *h = msg;
-    const psagg_tensor_info *ti;
-    const psagg_chunk_info *c;
+    const psagg__msg_hdr *h = msg;
+    const psagg__tensor_info *ti;
+    const psagg__chunk_info *c;
     psagg_codec codec;
     size_t len;
 
@@ -74,26 +74,26 @@ const char *psagg_msg_check(const void *msg, size_t msg_len, size_t tag_bytes,
         static const psagg_codec fp32 = {PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC};
         if (!ti->param)
             return "type";
-        if (h->codec != psagg_msg_codec_word(&fp32, 0))
+        if (h->codec != psagg__msg_codec_word(&fp32, 0))
             return "codec";
         if (h->len != 4 * c->count || msg_len - sizeof *h - tag_bytes != h->len)
             return "len";
         *ci = c;
         if (mc)
-            *mc = (psagg_msg_codec){.codec = fp32, .len = h->len};
+            *mc = (psagg__msg_codec){.codec = fp32, .len = h->len};
         return NULL;
     }
     codec = word_codec(h->codec);
-    if (ti->adaptive ? !psagg_adapt_allowed(&ti->codec, ti->chunk_elems, &codec)
-                     : h->codec != psagg_msg_codec_word(&ti->codec, 0)) /* generation 0 too */
+    if (ti->adaptive ? !psagg__adapt_allowed(&ti->codec, ti->chunk_elems, &codec)
+                     : h->codec != psagg__msg_codec_word(&ti->codec, 0)) /* generation 0 too */
         return "codec";
     if (!ti->adaptive)
         codec = ti->codec;
-    len = psagg_encoded_size(&codec, c->count);
+    len = psagg__encoded_size(&codec, c->count);
     if (!len || len > c->cap_bytes)
         return "len";
     if (ti->param && type == PSAGG_MSG_PUSH) {
-        psagg_msg_param prm;
+        psagg__msg_param prm;
         size_t body = msg_len - sizeof *h - tag_bytes;
         if (body != h->len || body < sizeof prm)
             return "len";
@@ -126,13 +126,13 @@ const char *psagg_msg_check(const void *msg, size_t msg_len, size_t tag_bytes,
             return "len";
         *ci = c;
         if (mc)
-            *mc = (psagg_msg_codec){codec, h->codec >> 22, len, 1, prm};
+            *mc = (psagg__msg_codec){codec, h->codec >> 22, len, 1, prm};
         return NULL;
     }
     if (h->len != len || msg_len - sizeof *h - tag_bytes != h->len)
         return "len";
     *ci = c;
     if (mc)
-        *mc = (psagg_msg_codec){.codec = codec, .generation = h->codec >> 22, .len = len};
+        *mc = (psagg__msg_codec){.codec = codec, .generation = h->codec >> 22, .len = len};
     return NULL;
 }

@@ -1,5 +1,5 @@
 /*
- * runtime/message.h - data messages (runtime/wire.h, psagg_msg_hdr): building a header, and
+ * runtime/message.h - data messages (runtime/wire.h, psagg__msg_hdr): building a header, and
  * the one check of a received header against the job's layout, used by the server for pushes
  * and by the worker for updates.
  *
@@ -19,24 +19,24 @@
  * 6 its rounding, 7-21 its bucket / 64 (0 for the other codecs), 22-31 the assignment's
  * generation modulo 1024.
  */
-uint32_t psagg_msg_codec_word(const psagg_codec *codec, uint32_t generation);
+uint32_t psagg__msg_codec_word(const psagg_codec *codec, uint32_t generation);
 #define PSAGG_MSG_GEN_MASK 1023u /* the generation a header carries: modulo 1024 */
 
 /*
  * A header for chunk ci of `round`, sent by `sender` (worker rank or server rank), whose
  * payload is in `codec` (len: its encoded size) of assignment `generation`.
  */
-void psagg_msg_init(psagg_msg_hdr *h, enum psagg_msg_type type, uint32_t sender, uint32_t round,
-                    const psagg_chunk_info *ci, const psagg_codec *codec, uint32_t generation);
+void psagg__msg_init(psagg__msg_hdr *h, enum psagg__msg_type type, uint32_t sender, uint32_t round,
+                     const psagg__chunk_info *ci, const psagg_codec *codec, uint32_t generation);
 
 /* What a checked header says of its payload. */
-typedef struct psagg_msg_codec {
+typedef struct psagg__msg_codec {
     psagg_codec codec;
     uint32_t generation; /* & PSAGG_MSG_GEN_MASK */
     size_t len;          /* payload bytes; of a parameter's push: its body's (the trailer's not) */
     int param;           /* a push of a parameter tensor: prm is its trailer (runtime/wire.h) */
-    psagg_msg_param prm;
-} psagg_msg_codec;
+    psagg__msg_param prm;
+} psagg__msg_codec;
 
 /*
  * Check a received message of msg_len bytes: it holds a header, and the header's magic,
@@ -48,13 +48,13 @@ typedef struct psagg_msg_codec {
  * of the first invalid field ("len" for a message shorter than a header). The sender field
  * and the generation are the caller's to check: who may send what differs between pushes
  * and updates, and the generation depends on the round.
- * A parameter tensor's push ends with its psagg_msg_param trailer, whose fields are checked
+ * A parameter tensor's push ends with its psagg__msg_param trailer, whose fields are checked
  * ("trailer", "kind", "lr", "weight_decay") and whose kind sets the body's length (GRAD: the
  * codec's; INIT: fp32 from worker 0 (field sender), none from the others; PULL: none). A
  * WEIGHTS message is a parameter tensor's, in fp32.
  */
-const char *psagg_msg_check(const void *msg, size_t msg_len, size_t tag_bytes,
-                            enum psagg_msg_type type, const psagg_layout *l,
-                            const psagg_chunk_info **ci, psagg_msg_codec *mc);
+const char *psagg__msg_check(const void *msg, size_t msg_len, size_t tag_bytes,
+                             enum psagg__msg_type type, const psagg__layout *l,
+                             const psagg__chunk_info **ci, psagg__msg_codec *mc);
 
 #endif

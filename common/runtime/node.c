@@ -12,7 +12,8 @@
 #include "runtime/layout.h"
 #include "runtime/wire.h"
 
-psagg_status psagg_node_open(const psagg_config *cfg, const char *role, int rank, psagg_node *out)
+psagg_status psagg__node_open(const psagg__config *cfg, const char *role, int rank,
+                              psagg__node *out)
 {
     char name[32];
     psagg_status st;
@@ -20,19 +21,19 @@ psagg_status psagg_node_open(const psagg_config *cfg, const char *role, int rank
     memset(out, 0, sizeof *out);
     out->mac_trace_fd = -1;
     snprintf(name, sizeof name, "%s %d", role, rank);
-    psagg_logger_init(&out->log, name, cfg->log_level);
-    if ((st = psagg_job_key_load(cfg, &out->job_key)))
+    psagg__logger_init(&out->log, name, cfg->log_level);
+    if ((st = psagg__job_key_load(cfg, &out->job_key)))
         return st;
-    psagg_nonce_make(out->nonce);
+    psagg__nonce_make(out->nonce);
     out->tag_bytes = cfg->data_auth ? PSAGG_MSG_MAC_BYTES : 0;
-    out->max_msg = psagg_max_message(cfg);
+    out->max_msg = psagg__max_message(cfg);
     if (cfg->mac_trace[0]) {
         char path[320];
         snprintf(path, sizeof path, "%s.%s%d.%ld", cfg->mac_trace, role, rank, (long)getpid());
         out->mac_trace_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
         if (out->mac_trace_fd < 0)
-            return psagg_fail(PSAGG_ECONFIG, "%s: [log] mac_trace: cannot open %s", cfg->path,
-                              path);
+            return psagg__fail(PSAGG_ECONFIG, "%s: [log] mac_trace: cannot open %s", cfg->path,
+                               path);
     }
     if (out->job_key.secret && !cfg->data_auth)
         LOG_WARN(&out->log,
@@ -46,36 +47,37 @@ psagg_status psagg_node_open(const psagg_config *cfg, const char *role, int rank
     return PSAGG_OK;
 }
 
-psagg_status psagg_node_open_fabric(psagg_node *n, const psagg_config *cfg, const char *fabric_node)
+psagg_status psagg__node_open_fabric(psagg__node *n, const psagg__config *cfg,
+                                     const char *fabric_node)
 {
-    psagg_fabric_opts fo = {.provider = cfg->provider,
-                            .node = strcmp(cfg->provider, "shm") ? fabric_node : NULL,
-                            .max_msg = n->max_msg,
-                            .log = &n->log,
-                            .post_timeout_ms = cfg->op_timeout_ms};
-    psagg_status st = psagg_fabric_open(&fo, &n->fab);
+    psagg__fabric_opts fo = {.provider = cfg->provider,
+                             .node = strcmp(cfg->provider, "shm") ? fabric_node : NULL,
+                             .max_msg = n->max_msg,
+                             .log = &n->log,
+                             .post_timeout_ms = cfg->op_timeout_ms};
+    psagg_status st = psagg__fabric_open(&fo, &n->fab);
     if (st)
         return st;
-    n->source_reliable = psagg_fabric_source_reliable(n->fab);
+    n->source_reliable = psagg__fabric_source_reliable(n->fab);
     return PSAGG_OK;
 }
 
-void psagg_node_close(psagg_node *n)
+void psagg__node_close(psagg__node *n)
 {
-    psagg_fabric_close(n->fab);
+    psagg__fabric_close(n->fab);
     n->fab = NULL;
     if (n->mac_trace_fd >= 0)
         close(n->mac_trace_fd);
     n->mac_trace_fd = -1;
 }
 
-void psagg_node_seal(const psagg_node *n, const psagg_data_key *k, uint64_t seq, uint8_t *msg,
-                     size_t len)
+void psagg__node_seal(const psagg__node *n, const psagg__data_key *k, uint64_t seq, uint8_t *msg,
+                      size_t len)
 {
     uint8_t fk[8], fm[8];
     char line[64];
     int m;
-    psagg_msg_seal(k, seq, msg, len);
+    psagg__msg_seal(k, seq, msg, len);
     if (n->mac_trace_fd < 0)
         return;
     crypto_generichash(fk, sizeof fk, k->key, sizeof k->key, NULL, 0);

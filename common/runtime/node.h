@@ -4,12 +4,12 @@
  * its data messages and control frames derive from the nonces of both ends), the trailer
  * bytes a data message carries, the largest message, and the libfabric endpoint.
  *
- * psagg_node_open does all but the endpoint; psagg_node_open_fabric opens the endpoint on a
+ * psagg__node_open does all but the endpoint; psagg__node_open_fabric opens the endpoint on a
  * given fabric node (a server knows its own at once, a worker learns it from its control
- * connection to server 0); psagg_node_close closes it.
+ * connection to server 0); psagg__node_close closes it.
  *
  * A server and a worker's context embed a node with PSAGG_NODE_EMBED, which makes its members
- * theirs (srv->fab, ctx->log) and &x->node the psagg_node (as Linux's struct_group_tagged).
+ * theirs (srv->fab, ctx->log) and &x->node the psagg__node (as Linux's struct_group_tagged).
  *
  * Layer: runtime.
  */
@@ -24,25 +24,25 @@
 #include "runtime/config.h"
 #include "runtime/transport.h"
 
-/* The members of a psagg_node, in order (PSAGG_NODE_EMBED repeats them). */
+/* The members of a psagg__node, in order (PSAGG_NODE_EMBED repeats them). */
 #define PSAGG_NODE_MEMBERS                                                                         \
-    psagg_logger log;                                                                              \
-    psagg_job_key job_key; /* the secret's hash */                                                 \
+    psagg__logger log;                                                                             \
+    psagg__job_key job_key; /* the secret's hash */                                                \
     uint8_t nonce[PSAGG_NONCE_BYTES];                                                              \
     size_t tag_bytes;    /* PSAGG_MSG_MAC_BYTES with data_auth, else 0 */                          \
-    size_t max_msg;      /* the largest data message (psagg_max_message) */                        \
-    psagg_fabric *fab;   /* NULL until psagg_node_open_fabric */                                   \
-    int source_reliable; /* psagg_fabric_source_reliable: check every message's source */          \
+    size_t max_msg;      /* the largest data message (psagg__max_message) */                       \
+    psagg__fabric *fab;  /* NULL until psagg__node_open_fabric */                                  \
+    int source_reliable; /* psagg__fabric_source_reliable: check every message's source */         \
     int mac_trace_fd;    /* [log] mac_trace (tests): the list of messages sealed, or -1 */
 
-typedef struct psagg_node {
+typedef struct psagg__node {
     PSAGG_NODE_MEMBERS
-} psagg_node;
+} psagg__node;
 
-/* A psagg_node as a struct's member `node` whose members are also the struct's own. */
+/* A psagg__node as a struct's member `node` whose members are also the struct's own. */
 #define PSAGG_NODE_EMBED                                                                           \
     union {                                                                                        \
-        psagg_node node;                                                                           \
+        psagg__node node;                                                                          \
         struct {                                                                                   \
             PSAGG_NODE_MEMBERS                                                                     \
         };                                                                                         \
@@ -53,24 +53,25 @@ typedef struct psagg_node {
  * even when this fails, to log why), the job key ([cluster] secret_file), a fresh nonce,
  * tag_bytes and max_msg. Nothing needs closing when it fails.
  */
-psagg_status psagg_node_open(const psagg_config *cfg, const char *role, int rank, psagg_node *out);
+psagg_status psagg__node_open(const psagg__config *cfg, const char *role, int rank,
+                              psagg__node *out);
 
 /*
  * Open the node's endpoint ([cluster] provider; bound to fabric_node, the address of this
  * host's interface to use, except with shm), and learn whether it names a message's source.
  */
-psagg_status psagg_node_open_fabric(psagg_node *n, const psagg_config *cfg,
-                                    const char *fabric_node);
+psagg_status psagg__node_open_fabric(psagg__node *n, const psagg__config *cfg,
+                                     const char *fabric_node);
 
 /* Close the endpoint, if it is open (and the mac_trace list). */
-void psagg_node_close(psagg_node *n);
+void psagg__node_close(psagg__node *n);
 
 /*
  * Seal data message msg (len bytes and room for the trailer) under k with number seq
  * (runtime/auth.h), and with [log] mac_trace append "<key fingerprint> <seq> <bytes hash>"
  * (hex, BLAKE2b-64 of the key and of the sealed bytes) to the node's list, one write each.
  */
-void psagg_node_seal(const psagg_node *n, const psagg_data_key *k, uint64_t seq, uint8_t *msg,
-                     size_t len);
+void psagg__node_seal(const psagg__node *n, const psagg__data_key *k, uint64_t seq, uint8_t *msg,
+                      size_t len);
 
 #endif

@@ -4,7 +4,7 @@
  * Layer: runtime. Server and worker both receive every data message into one of these: each
  * buffer is allocated and registered once, posted, and reposted after its message has been
  * used, so the steady state allocates nothing. A pool element may be larger than a
- * psagg_rxbuf (elem_size), with the psagg_rxbuf first, so an owner can keep its own
+ * psagg__rxbuf (elem_size), with the psagg__rxbuf first, so an owner can keep its own
  * per-buffer state beside it (the server's aggregation queue entry).
  */
 #ifndef PSAGG_RUNTIME_RXPOOL_H
@@ -16,38 +16,38 @@
 #include "base/error.h"
 #include "runtime/transport.h"
 
-typedef struct psagg_rxbuf {
+typedef struct psagg__rxbuf {
     uint8_t *buf; /* size bytes, registered with the pool's fabric */
     void *desc;
     size_t size;
     size_t len; /* bytes of the message last received (the owner sets it on completion) */
-} psagg_rxbuf;
+} psagg__rxbuf;
 
-typedef struct psagg_rxpool {
-    psagg_fabric *fab;
-    uint8_t *elems; /* count elements of elem_size bytes, each starting with a psagg_rxbuf */
+typedef struct psagg__rxpool {
+    psagg__fabric *fab;
+    uint8_t *elems; /* count elements of elem_size bytes, each starting with a psagg__rxbuf */
     size_t elem_size;
     int count;
-} psagg_rxpool;
+} psagg__rxpool;
 
 /* How many buffers of `size` bytes to post: `want`, within `budget` bytes, and at least 8. */
-int psagg_rxpool_count(int want, size_t size, uint64_t budget);
+int psagg__rxpool_count(int want, size_t size, uint64_t budget);
 
 /*
  * Allocate, register and post `count` buffers of `size` bytes, in elements of elem_size
- * (>= sizeof(psagg_rxbuf)) zeroed bytes. Each receive completes with its psagg_rxbuf as the
- * context. On failure *p can be passed to psagg_rxpool_destroy.
+ * (>= sizeof(psagg__rxbuf)) zeroed bytes. Each receive completes with its psagg__rxbuf as the
+ * context. On failure *p can be passed to psagg__rxpool_destroy.
  */
-PSAGG_NODISCARD psagg_status psagg_rxpool_create(psagg_rxpool *p, psagg_fabric *f, int count,
-                                                 size_t size, size_t elem_size);
+PSAGG_NODISCARD psagg_status psagg__rxpool_create(psagg__rxpool *p, psagg__fabric *f, int count,
+                                                  size_t size, size_t elem_size);
 
 /* Buffer i of the pool. */
-psagg_rxbuf *psagg_rxpool_at(const psagg_rxpool *p, int i);
+psagg__rxbuf *psagg__rxpool_at(const psagg__rxpool *p, int i);
 
 /* Post b again once its message has been used. */
-PSAGG_NODISCARD psagg_status psagg_rxpool_repost(const psagg_rxpool *p, psagg_rxbuf *b);
+PSAGG_NODISCARD psagg_status psagg__rxpool_repost(const psagg__rxpool *p, psagg__rxbuf *b);
 
-/* Free the buffers (after psagg_fabric_close, which cancels what is still posted). */
-void psagg_rxpool_destroy(psagg_rxpool *p);
+/* Free the buffers (after psagg__fabric_close, which cancels what is still posted). */
+void psagg__rxpool_destroy(psagg__rxpool *p);
 
 #endif

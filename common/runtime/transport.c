@@ -10,7 +10,7 @@
  * nothing.
  *
  * Completions read by a send or post_recv that meets -FI_EAGAIN (they must read the CQ to
- * drive progress) go to a bounded backlog that the next psagg_fabric_poll returns first.
+ * drive progress) go to a bounded backlog that the next psagg__fabric_poll returns first.
  *
  * Same-host copies (transport.h) are transport_local.c, behind transport_impl.h: cq_fetch
  * hands it the receives that may hold a descriptor or an ACK, fabric_send the sends to a
@@ -55,7 +55,7 @@
  */
 #define BACKLOG_MAX 65536
 /* How long one send/post_recv keeps meeting -FI_EAGAIN before it gives up (dead shm peer),
- * unless the owner gives its own bound (psagg_fabric_opts.post_timeout_ms). */
+ * unless the owner gives its own bound (psagg__fabric_opts.post_timeout_ms). */
 #define POST_RETRY_MS 30000
 /* Longest single fi_cq_sread inside a poll, so completions parked by senders are seen. */
 #define SREAD_SLICE_MS 20
@@ -95,7 +95,7 @@ static int status_from_fi(int err)
 }
 
 /* Take an operation context from the free list (growing it by a slab); NULL if out of memory. */
-struct fabric_op *fab_op_get(psagg_fabric *f, void *ctx, int kind)
+struct fabric_op *fab_op_get(psagg__fabric *f, void *ctx, int kind)
 {
     struct fabric_op *op;
 
@@ -123,13 +123,13 @@ struct fabric_op *fab_op_get(psagg_fabric *f, void *ctx, int kind)
     return op;
 }
 
-void fab_op_put_locked(psagg_fabric *f, struct fabric_op *op)
+void fab_op_put_locked(psagg__fabric *f, struct fabric_op *op)
 {
     op->next = f->free_ops;
     f->free_ops = op;
 }
 
-void fab_op_put(psagg_fabric *f, struct fabric_op *op)
+void fab_op_put(psagg__fabric *f, struct fabric_op *op)
 {
     pthread_mutex_lock(&f->lock);
     fab_op_put_locked(f, op);
@@ -143,7 +143,7 @@ void fab_op_put(psagg_fabric *f, struct fabric_op *op)
  * the CQ itself failed. An error entry is returned as one *_ERROR event; the provider's text
  * is copied while its err_data is still valid (until the next fi_cq_readerr).
  */
-static int cq_fetch(psagg_fabric *f, psagg_fabric_event *ev, int max, int wait_ms)
+static int cq_fetch(psagg__fabric *f, psagg__fabric_event *ev, int max, int wait_ms)
 {
     struct fi_cq_msg_entry ent[CQ_BATCH];
     fi_addr_t src[CQ_BATCH];
@@ -186,22 +186,22 @@ static int cq_fetch(psagg_fabric *f, psagg_fabric_event *ev, int max, int wait_m
         }
         if (ret == -FI_EAGAIN)
             return 0; /* another thread took the error entry */
-        return psagg_fail(PSAGG_EFABRIC, "%s: fi_cq_readerr: %s", f->prov, fi_strerror((int)-ret));
+        return psagg__fail(PSAGG_EFABRIC, "%s: fi_cq_readerr: %s", f->prov, fi_strerror((int)-ret));
     }
     fab_unlock(f);
     /* sread: -FI_EAGAIN on timeout, -FI_ECANCELED after fi_cq_signal, -FI_EINTR on signals */
     if (ret == -FI_EAGAIN || ret == -FI_ECANCELED || ret == -FI_EINTR)
         return 0;
     if (ret < 0)
-        return psagg_fail(PSAGG_EFABRIC, "%s: %s: %s", f->prov,
-                          wait_ms > 0 ? "fi_cq_sread" : "fi_cq_read", fi_strerror((int)-ret));
+        return psagg__fail(PSAGG_EFABRIC, "%s: %s: %s", f->prov,
+                           wait_ms > 0 ? "fi_cq_sread" : "fi_cq_read", fi_strerror((int)-ret));
 
     struct fabric_op *done = NULL, *done_last = NULL; /* to the free list, under one lock */
     int out = 0;
     for (ssize_t i = 0; i < ret; i++) {
-        psagg_fabric_event *e = &ev[out];
+        psagg__fabric_event *e = &ev[out];
         op = ent[i].op_context;
-        if (op && op->kind == OP_RECV && ent[i].len == sizeof(psagg_msg_local) && f->local_ok) {
+        if (op && op->kind == OP_RECV && ent[i].len == sizeof(psagg__msg_local) && f->local_ok) {
             int r = fab_local_recv(f, op, src[i], e);
             if (r >= 0) {
                 out += r;
@@ -222,7 +222,7 @@ static int cq_fetch(psagg_fabric *f, psagg_fabric_event *ev, int max, int wait_m
         e->len = e->kind == PSAGG_FABRIC_RECV_DONE ? ent[i].len : 0;
         /* FI_SOURCE: the sender's AV entry; FI_ADDR_NOTAVAIL for one that is not in the AV */
         e->src = e->kind == PSAGG_FABRIC_RECV_DONE && src[i] != FI_ADDR_NOTAVAIL
-                     ? (psagg_peer)src[i]
+                     ? (psagg__peer)src[i]
                      : PSAGG_PEER_UNKNOWN;
         e->status = PSAGG_OK;
         e->msg[0] = '\0';
@@ -238,7 +238,7 @@ static int cq_fetch(psagg_fabric *f, psagg_fabric_event *ev, int max, int wait_m
 }
 
 /* Move up to max parked completions into ev, oldest first. */
-static int backlog_pop(psagg_fabric *f, psagg_fabric_event *ev, int max)
+static int backlog_pop(psagg__fabric *f, psagg__fabric_event *ev, int max)
 {
     int n = 0;
 
@@ -253,17 +253,17 @@ static int backlog_pop(psagg_fabric *f, psagg_fabric_event *ev, int max)
 }
 
 /* Park completions; the caller made sure they fit under BACKLOG_MAX. */
-int fab_backlog_push(psagg_fabric *f, const psagg_fabric_event *ev, int n)
+int fab_backlog_push(psagg__fabric *f, const psagg__fabric_event *ev, int n)
 {
     pthread_mutex_lock(&f->lock);
     if (f->bl_count + (size_t)n > f->bl_cap) {
         size_t cap = f->bl_cap ? f->bl_cap : 256;
         while (cap < f->bl_count + (size_t)n)
             cap *= 2;
-        psagg_fabric_event *nb = malloc(cap * sizeof(*nb));
+        psagg__fabric_event *nb = malloc(cap * sizeof(*nb));
         if (nb == NULL) {
             pthread_mutex_unlock(&f->lock);
-            return psagg_fail(PSAGG_ENOMEM, "%s: no memory to park %d completions", f->prov, n);
+            return psagg__fail(PSAGG_ENOMEM, "%s: no memory to park %d completions", f->prov, n);
         }
         for (size_t i = 0; i < f->bl_count; i++)
             nb[i] = f->backlog[(f->bl_head + i) % f->bl_cap];
@@ -284,9 +284,9 @@ int fab_backlog_push(psagg_fabric *f, const psagg_fabric_event *ev, int n)
  * returns for the next poll. Returns the number of completions read, PSAGG_EAGAIN when the
  * backlog is full (the caller must poll first), or a fatal status.
  */
-static int drive_progress(psagg_fabric *f)
+static int drive_progress(psagg__fabric *f)
 {
-    psagg_fabric_event ev[CQ_BATCH];
+    psagg__fabric_event ev[CQ_BATCH];
     size_t room;
     int n, st;
 
@@ -294,9 +294,9 @@ static int drive_progress(psagg_fabric *f)
     room = BACKLOG_MAX - f->bl_count;
     pthread_mutex_unlock(&f->lock);
     if (room == 0)
-        return psagg_fail(PSAGG_EAGAIN,
-                          "%s: %d completions are waiting for psagg_fabric_poll; poll first",
-                          f->prov, BACKLOG_MAX);
+        return psagg__fail(PSAGG_EAGAIN,
+                           "%s: %d completions are waiting for psagg__fabric_poll; poll first",
+                           f->prov, BACKLOG_MAX);
     n = cq_fetch(f, ev, room < CQ_BATCH ? (int)room : CQ_BATCH, 0);
     if (n <= 0)
         return n;
@@ -313,7 +313,7 @@ static int drive_progress(psagg_fabric *f)
  * -FI_EAGAIN. Gives up with PSAGG_ETIMEDOUT after POST_RETRY_MS of nothing but -FI_EAGAIN
  * (the peer's queue never drains, e.g. a dead shm peer), so no call blocks forever.
  */
-int fab_post_op(psagg_fabric *f, struct fabric_op *op, fi_addr_t to, const void *sbuf, void *rbuf,
+int fab_post_op(psagg__fabric *f, struct fabric_op *op, fi_addr_t to, const void *sbuf, void *rbuf,
                 size_t len, void *desc, int once)
 {
     const char *what = op->kind == OP_SEND    ? "fi_send"
@@ -337,26 +337,26 @@ int fab_post_op(psagg_fabric *f, struct fabric_op *op, fi_addr_t to, const void 
             return PSAGG_OK;
         if (ret != -FI_EAGAIN) {
             if (op->kind != OP_RECV)
-                return psagg_fail(status_from_fi((int)-ret),
-                                  "%s: %s to peer %" PRIu64 " (%zu bytes): %s", f->prov, what,
-                                  (uint64_t)to, len, fi_strerror((int)-ret));
-            return psagg_fail(status_from_fi((int)-ret), "%s: fi_recv (%zu bytes): %s", f->prov,
-                              len, fi_strerror((int)-ret));
+                return psagg__fail(status_from_fi((int)-ret),
+                                   "%s: %s to peer %" PRIu64 " (%zu bytes): %s", f->prov, what,
+                                   (uint64_t)to, len, fi_strerror((int)-ret));
+            return psagg__fail(status_from_fi((int)-ret), "%s: fi_recv (%zu bytes): %s", f->prov,
+                               len, fi_strerror((int)-ret));
         }
         n = drive_progress(f);
         if (n < 0)
             return n;
         if (once) /* the caller retries later, watching everything else meanwhile */
-            return psagg_fail(PSAGG_EAGAIN, "%s: %s: the provider's queue is full", f->prov, what);
+            return psagg__fail(PSAGG_EAGAIN, "%s: %s: the provider's queue is full", f->prov, what);
         if (deadline == 0) {
-            deadline = psagg_now_ms() + f->post_timeout_ms;
+            deadline = psagg__now_ms() + f->post_timeout_ms;
             LOG_DEBUG(&f->log, "%s: %s: queue full, driving progress", f->prov, what);
-        } else if (psagg_now_ms() > deadline) {
-            return psagg_fail(PSAGG_ETIMEDOUT,
-                              "%s: %s (%zu bytes) met -FI_EAGAIN for %d ms; peer %" PRIu64
-                              " not draining",
-                              f->prov, what, len, f->post_timeout_ms,
-                              op->kind != OP_RECV ? (uint64_t)to : UINT64_MAX);
+        } else if (psagg__now_ms() > deadline) {
+            return psagg__fail(PSAGG_ETIMEDOUT,
+                               "%s: %s (%zu bytes) met -FI_EAGAIN for %d ms; peer %" PRIu64
+                               " not draining",
+                               f->prov, what, len, f->post_timeout_ms,
+                               op->kind != OP_RECV ? (uint64_t)to : UINT64_MAX);
         }
         if (n > 0) {
             idle = 0;
@@ -382,27 +382,27 @@ int fab_post_op(psagg_fabric *f, struct fabric_op *op, fi_addr_t to, const void 
  * limit differs ("eager_limit mismatch"), so every process of a job must start with the same
  * values. A library must not change its host process's environment (setenv races with
  * every getenv of other threads), and a process that raised its own limits would shut out
- * peers started without them, so no psagg code sets them: psagg_fabric_env_hint says what to
+ * peers started without them, so no psagg code sets them: psagg__fabric_env_hint says what to
  * set, the launchers give it to every process (psagg-server --fabric-env prints it), and
- * psagg_fabric_open warns when an rxm endpoint opens without it (still correct, but slower).
+ * psagg__fabric_open warns when an rxm endpoint opens without it (still correct, but slower).
  */
-int psagg_fabric_env_hint(const char *provider, size_t max_msg, psagg_fabric_env *out, int max)
+int psagg__fabric_env_hint(const char *provider, size_t max_msg, psagg__fabric_env *out, int max)
 {
     /* "tcp" may fall back to rxm (fabric_getinfo): its limits then, harmless otherwise */
     if (!provider || (strcmp(provider, "tcp") != 0 && !strstr(provider, "ofi_rxm")) || max < 2)
         return 0;
-    out[0] = (psagg_fabric_env){.name = "FI_OFI_RXM_EAGER_LIMIT"};
+    out[0] = (psagg__fabric_env){.name = "FI_OFI_RXM_EAGER_LIMIT"};
     snprintf(out[0].value, sizeof out[0].value, "%zu", max_msg);
-    out[1] = (psagg_fabric_env){.name = "FI_OFI_RXM_SAR_LIMIT"};
+    out[1] = (psagg__fabric_env){.name = "FI_OFI_RXM_SAR_LIMIT"};
     snprintf(out[1].value, sizeof out[1].value, "%zu", 2 * max_msg);
     return 2;
 }
 
-/* Warn when the environment does not give rxm the limits psagg_fabric_env_hint asks for. */
-static void check_env(size_t max_msg, const psagg_logger *log)
+/* Warn when the environment does not give rxm the limits psagg__fabric_env_hint asks for. */
+static void check_env(size_t max_msg, const psagg__logger *log)
 {
-    psagg_fabric_env env[2];
-    int n = psagg_fabric_env_hint("tcp;ofi_rxm", max_msg, env, 2);
+    psagg__fabric_env env[2];
+    int n = psagg__fabric_env_hint("tcp;ofi_rxm", max_msg, env, 2);
     for (int i = 0; i < n; i++) {
         const char *have = getenv(env[i].name);
         if (!have || strtoull(have, NULL, 10) < strtoull(env[i].value, NULL, 10)) {
@@ -429,7 +429,7 @@ static int getinfo_prov(const char *prov, const char *node, struct fi_info **out
     if (hints == NULL)
         return -FI_ENOMEM;
     hints->ep_attr->type = FI_EP_RDM;
-    hints->caps = FI_MSG | FI_SOURCE; /* every receive names its sender (psagg_fabric_event.src) */
+    hints->caps = FI_MSG | FI_SOURCE; /* every receive names its sender (psagg__fabric_event.src) */
     hints->mode = FI_CONTEXT | FI_CONTEXT2; /* every op carries a struct fi_context2 */
     hints->domain_attr->mr_mode =
         FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
@@ -461,7 +461,7 @@ static int getinfo_prov(const char *prov, const char *node, struct fi_info **out
  * fi_info per endpoint and connection (tests/sanitizer_defaults.c). "tcp;ofi_rxm" (or any other
  * libfabric name) asks for exactly that provider; "shm" binds no node.
  */
-static int fabric_getinfo(const psagg_fabric_opts *opts, struct fi_info **out)
+static int fabric_getinfo(const psagg__fabric_opts *opts, struct fi_info **out)
 {
     static const char *const tcp_order[] = {"net", "tcp"};
     const char *node = strcmp(opts->provider, "shm") == 0 ? NULL : opts->node;
@@ -477,15 +477,15 @@ static int fabric_getinfo(const psagg_fabric_opts *opts, struct fi_info **out)
         ret = getinfo_prov(opts->provider, node, out);
     }
     if (ret == -FI_ENOMEM)
-        return psagg_fail(PSAGG_ENOMEM, "fabric: out of memory");
+        return psagg__fail(PSAGG_ENOMEM, "fabric: out of memory");
     if (ret != 0)
-        return psagg_fail(PSAGG_EFABRIC,
-                          "fabric provider \"%s\" (node %s): fi_getinfo for FI_EP_RDM messaging "
-                          "failed: %s%s",
-                          opts->provider, node ? node : "(any)", fi_strerror(-ret),
-                          strcmp(opts->provider, "tcp") == 0
-                              ? " (tried libfabric's \"net\", \"tcp\" and \"tcp;ofi_rxm\")"
-                              : "");
+        return psagg__fail(PSAGG_EFABRIC,
+                           "fabric provider \"%s\" (node %s): fi_getinfo for FI_EP_RDM messaging "
+                           "failed: %s%s",
+                           opts->provider, node ? node : "(any)", fi_strerror(-ret),
+                           strcmp(opts->provider, "tcp") == 0
+                               ? " (tried libfabric's \"net\", \"tcp\" and \"tcp;ofi_rxm\")"
+                               : "");
     return PSAGG_OK;
 }
 
@@ -495,7 +495,7 @@ static int fabric_getinfo(const psagg_fabric_opts *opts, struct fi_info **out)
  * whose fi_cq_sread did not return at its timeout (seen here), and shm has no FD wait, so shm
  * polls with fi_cq_read and short sleeps instead.
  */
-static int fabric_cq_open(psagg_fabric *f)
+static int fabric_cq_open(psagg__fabric *f)
 {
     struct fi_cq_attr attr;
     size_t size = f->info->tx_attr->size + f->info->rx_attr->size;
@@ -513,7 +513,7 @@ static int fabric_cq_open(psagg_fabric *f)
         ret = fi_cq_open(f->domain, &attr, &f->cq, NULL);
     }
     if (ret != 0)
-        return psagg_fail(PSAGG_EFABRIC, "%s: fi_cq_open: %s", f->prov, fi_strerror(-ret));
+        return psagg__fail(PSAGG_EFABRIC, "%s: fi_cq_open: %s", f->prov, fi_strerror(-ret));
     f->cq_wait = attr.wait_obj != FI_WAIT_NONE;
     return PSAGG_OK;
 }
@@ -522,29 +522,29 @@ static int fabric_cq_open(psagg_fabric *f)
  * Open the whole stack: fabric, domain, CQ, AV, endpoint (bound and enabled). On failure
  * everything opened so far is closed again in reverse order and *out is untouched.
  */
-psagg_status psagg_fabric_open(const psagg_fabric_opts *opts, psagg_fabric **out)
+psagg_status psagg__fabric_open(const psagg__fabric_opts *opts, psagg__fabric **out)
 {
-    psagg_fabric *f;
+    psagg__fabric *f;
     struct fi_av_attr av_attr;
     uint64_t mr_mode;
     char name[PSAGG_FABRIC_NAME_MAX];
     int ret, st;
 
     if (opts == NULL || out == NULL || opts->provider == NULL || opts->provider[0] == '\0')
-        return psagg_fail(PSAGG_EINVAL, "fabric: no provider given");
+        return psagg__fail(PSAGG_EINVAL, "fabric: no provider given");
     if (opts->max_msg == 0 || opts->max_msg > (size_t)SSIZE_MAX)
-        return psagg_fail(PSAGG_EINVAL, "fabric %s: max_msg %zu out of range (1..%zd)",
-                          opts->provider, opts->max_msg, (ssize_t)SSIZE_MAX);
+        return psagg__fail(PSAGG_EINVAL, "fabric %s: max_msg %zu out of range (1..%zd)",
+                           opts->provider, opts->max_msg, (ssize_t)SSIZE_MAX);
 
     f = calloc(1, sizeof(*f));
     if (f == NULL)
-        return psagg_fail(PSAGG_ENOMEM, "fabric: out of memory");
+        return psagg__fail(PSAGG_ENOMEM, "fabric: out of memory");
     f->max_msg = opts->max_msg;
     f->post_timeout_ms = opts->post_timeout_ms > 0 ? opts->post_timeout_ms : POST_RETRY_MS;
     if (opts->log)
         f->log = *opts->log;
     else
-        psagg_logger_init(&f->log, "psagg", -1);
+        psagg__logger_init(&f->log, "psagg", -1);
     pthread_mutex_init(&f->lock, NULL);
     pthread_mutex_init(&f->fab_lock, NULL);
 
@@ -556,9 +556,9 @@ psagg_status psagg_fabric_open(const psagg_fabric_opts *opts, psagg_fabric **out
         check_env(opts->max_msg, &f->log);
 
     if (f->info->ep_attr->max_msg_size < opts->max_msg) {
-        st = psagg_fail(PSAGG_EUNSUPPORTED,
-                        "%s: max_msg %zu exceeds the provider's max_msg_size %zu", f->prov,
-                        opts->max_msg, f->info->ep_attr->max_msg_size);
+        st = psagg__fail(PSAGG_EUNSUPPORTED,
+                         "%s: max_msg %zu exceeds the provider's max_msg_size %zu", f->prov,
+                         opts->max_msg, f->info->ep_attr->max_msg_size);
         goto err_info;
     }
     mr_mode = (uint64_t)f->info->domain_attr->mr_mode;
@@ -572,12 +572,12 @@ psagg_status psagg_fabric_open(const psagg_fabric_opts *opts, psagg_fabric **out
 
     ret = fi_fabric(f->info->fabric_attr, &f->fabric, NULL);
     if (ret != 0) {
-        st = psagg_fail(PSAGG_EFABRIC, "%s: fi_fabric: %s", f->prov, fi_strerror(-ret));
+        st = psagg__fail(PSAGG_EFABRIC, "%s: fi_fabric: %s", f->prov, fi_strerror(-ret));
         goto err_info;
     }
     ret = fi_domain(f->fabric, f->info, &f->domain, NULL);
     if (ret != 0) {
-        st = psagg_fail(PSAGG_EFABRIC, "%s: fi_domain: %s", f->prov, fi_strerror(-ret));
+        st = psagg__fail(PSAGG_EFABRIC, "%s: fi_domain: %s", f->prov, fi_strerror(-ret));
         goto err_fabric;
     }
     st = fabric_cq_open(f);
@@ -588,12 +588,12 @@ psagg_status psagg_fabric_open(const psagg_fabric_opts *opts, psagg_fabric **out
     av_attr.type = f->info->domain_attr->av_type;
     ret = fi_av_open(f->domain, &av_attr, &f->av, NULL);
     if (ret != 0) {
-        st = psagg_fail(PSAGG_EFABRIC, "%s: fi_av_open: %s", f->prov, fi_strerror(-ret));
+        st = psagg__fail(PSAGG_EFABRIC, "%s: fi_av_open: %s", f->prov, fi_strerror(-ret));
         goto err_cq;
     }
     ret = fi_endpoint(f->domain, f->info, &f->ep, NULL);
     if (ret != 0) {
-        st = psagg_fail(PSAGG_EFABRIC, "%s: fi_endpoint: %s", f->prov, fi_strerror(-ret));
+        st = psagg__fail(PSAGG_EFABRIC, "%s: fi_endpoint: %s", f->prov, fi_strerror(-ret));
         goto err_av;
     }
     ret = fi_ep_bind(f->ep, &f->av->fid, 0);
@@ -602,14 +602,14 @@ psagg_status psagg_fabric_open(const psagg_fabric_opts *opts, psagg_fabric **out
     if (ret == 0)
         ret = fi_enable(f->ep);
     if (ret != 0) {
-        st = psagg_fail(PSAGG_EFABRIC, "%s: binding/enabling the endpoint: %s", f->prov,
-                        fi_strerror(-ret));
+        st = psagg__fail(PSAGG_EFABRIC, "%s: binding/enabling the endpoint: %s", f->prov,
+                         fi_strerror(-ret));
         goto err_ep;
     }
     f->name_len = sizeof(name);
     ret = fi_getname(&f->ep->fid, name, &f->name_len);
     if (ret != 0) {
-        st = psagg_fail(PSAGG_EFABRIC, "%s: fi_getname: %s", f->prov, fi_strerror(-ret));
+        st = psagg__fail(PSAGG_EFABRIC, "%s: fi_getname: %s", f->prov, fi_strerror(-ret));
         goto err_ep;
     }
     fab_local_init(f, name, f->name_len);
@@ -643,7 +643,7 @@ err_free:
     return st;
 }
 
-static void close_fid(psagg_fabric *f, struct fid *fid, const char *what)
+static void close_fid(psagg__fabric *f, struct fid *fid, const char *what)
 {
     int ret = fi_close(fid);
     if (ret != 0)
@@ -655,7 +655,7 @@ static void close_fid(psagg_fabric *f, struct fid *fid, const char *what)
  * before the regions they may use are deregistered (libfabric's fabtests order); then the
  * regions, AV, CQ, domain and fabric. Completions not yet polled are dropped.
  */
-void psagg_fabric_close(psagg_fabric *f)
+void psagg__fabric_close(psagg__fabric *f)
 {
     if (f == NULL)
         return;
@@ -683,31 +683,31 @@ void psagg_fabric_close(psagg_fabric *f)
     free(f);
 }
 
-int psagg_fabric_source_reliable(const psagg_fabric *f)
+int psagg__fabric_source_reliable(const psagg__fabric *f)
 {
     return f && (strstr(f->prov, "ofi_rxm") != NULL || strcmp(f->prov, "net") == 0);
 }
 
-const char *psagg_fabric_provider(const psagg_fabric *f)
+const char *psagg__fabric_provider(const psagg__fabric *f)
 {
     return f ? f->prov : "";
 }
 
 /* Copy the endpoint name into buf; *len is the room in, the name's length out. */
-psagg_status psagg_fabric_name(psagg_fabric *f, void *buf, size_t *len)
+psagg_status psagg__fabric_name(psagg__fabric *f, void *buf, size_t *len)
 {
     size_t room;
     int ret;
 
     if (f == NULL || buf == NULL || len == NULL)
-        return psagg_fail(PSAGG_EINVAL, "fabric name: NULL argument");
+        return psagg__fail(PSAGG_EINVAL, "fabric name: NULL argument");
     room = *len;
     ret = fi_getname(&f->ep->fid, buf, len);
     if (ret == -FI_ETOOSMALL)
-        return psagg_fail(PSAGG_EINVAL, "%s: endpoint name needs %zu bytes, buffer has %zu",
-                          f->prov, *len, room);
+        return psagg__fail(PSAGG_EINVAL, "%s: endpoint name needs %zu bytes, buffer has %zu",
+                           f->prov, *len, room);
     if (ret != 0)
-        return psagg_fail(PSAGG_EFABRIC, "%s: fi_getname: %s", f->prov, fi_strerror(-ret));
+        return psagg__fail(PSAGG_EFABRIC, "%s: fi_getname: %s", f->prov, fi_strerror(-ret));
     return PSAGG_OK;
 }
 
@@ -717,26 +717,27 @@ psagg_status psagg_fabric_name(psagg_fabric *f, void *buf, size_t *len)
  * is checked first: string addresses must be NUL-terminated within len, binary ones must be
  * exactly as long as our own name.
  */
-psagg_status psagg_fabric_add_peer(psagg_fabric *f, const void *name, size_t len, psagg_peer *out)
+psagg_status psagg__fabric_add_peer(psagg__fabric *f, const void *name, size_t len,
+                                    psagg__peer *out)
 {
     fi_addr_t addr = FI_ADDR_NOTAVAIL;
     int ret;
 
     if (f == NULL || name == NULL || out == NULL)
-        return psagg_fail(PSAGG_EINVAL, "fabric add_peer: NULL argument");
+        return psagg__fail(PSAGG_EINVAL, "fabric add_peer: NULL argument");
     if (len == 0 || len > PSAGG_FABRIC_NAME_MAX)
-        return psagg_fail(PSAGG_EINVAL, "%s: peer name of %zu bytes (1..%d)", f->prov, len,
-                          PSAGG_FABRIC_NAME_MAX);
+        return psagg__fail(PSAGG_EINVAL, "%s: peer name of %zu bytes (1..%d)", f->prov, len,
+                           PSAGG_FABRIC_NAME_MAX);
     if (f->addr_str ? memchr(name, '\0', len) == NULL : len != f->name_len)
-        return psagg_fail(PSAGG_EINVAL, "%s: peer name of %zu bytes is not a %s address", f->prov,
-                          len, f->addr_str ? "NUL-terminated string" : "same-format");
+        return psagg__fail(PSAGG_EINVAL, "%s: peer name of %zu bytes is not a %s address", f->prov,
+                           len, f->addr_str ? "NUL-terminated string" : "same-format");
     fab_lock(f);
     ret = fi_av_insert(f->av, name, 1, &addr, 0, NULL);
     fab_unlock(f);
     if (ret != 1 || addr == FI_ADDR_NOTAVAIL)
-        return psagg_fail(PSAGG_EFABRIC, "%s: fi_av_insert: %s", f->prov,
-                          ret < 0 ? fi_strerror(-ret) : "address not accepted");
-    *out = (psagg_peer)addr;
+        return psagg__fail(PSAGG_EFABRIC, "%s: fi_av_insert: %s", f->prov,
+                           ret < 0 ? fi_strerror(-ret) : "address not accepted");
+    *out = (psagg__peer)addr;
     return PSAGG_OK;
 }
 
@@ -744,21 +745,21 @@ psagg_status psagg_fabric_add_peer(psagg_fabric *f, const void *name, size_t len
  * Register buf for sends and receives when the provider's mr_mode has FI_MR_LOCAL (binding it
  * to the endpoint under FI_MR_ENDPOINT); otherwise nothing to do and *desc = NULL.
  */
-psagg_status psagg_fabric_reg(psagg_fabric *f, void *buf, size_t len, void **desc)
+psagg_status psagg__fabric_reg(psagg__fabric *f, void *buf, size_t len, void **desc)
 {
     struct fabric_mr *m;
     uint64_t key;
     int ret, st;
 
     if (f == NULL || buf == NULL || len == 0 || desc == NULL)
-        return psagg_fail(PSAGG_EINVAL, "fabric reg: NULL or empty region");
+        return psagg__fail(PSAGG_EINVAL, "fabric reg: NULL or empty region");
     if (!f->local_mr) {
         *desc = NULL;
         return PSAGG_OK;
     }
     m = calloc(1, sizeof(*m));
     if (m == NULL)
-        return psagg_fail(PSAGG_ENOMEM, "fabric reg: out of memory");
+        return psagg__fail(PSAGG_ENOMEM, "fabric reg: out of memory");
     pthread_mutex_lock(&f->lock);
     key = f->next_key++; /* ignored under FI_MR_PROV_KEY */
     pthread_mutex_unlock(&f->lock);
@@ -767,8 +768,8 @@ psagg_status psagg_fabric_reg(psagg_fabric *f, void *buf, size_t len, void **des
     ret = fi_mr_reg(f->domain, buf, len, FI_SEND | FI_RECV, 0, key, 0, &m->mr, NULL);
     fab_unlock(f);
     if (ret != 0) {
-        st = psagg_fail(PSAGG_EFABRIC, "%s: fi_mr_reg(%zu bytes): %s", f->prov, len,
-                        fi_strerror(-ret));
+        st = psagg__fail(PSAGG_EFABRIC, "%s: fi_mr_reg(%zu bytes): %s", f->prov, len,
+                         fi_strerror(-ret));
         goto err_free;
     }
     if (f->mr_endpoint) {
@@ -778,8 +779,8 @@ psagg_status psagg_fabric_reg(psagg_fabric *f, void *buf, size_t len, void **des
             ret = fi_mr_enable(m->mr);
         fab_unlock(f);
         if (ret != 0) {
-            st = psagg_fail(PSAGG_EFABRIC, "%s: binding a memory region to the endpoint: %s",
-                            f->prov, fi_strerror(-ret));
+            st = psagg__fail(PSAGG_EFABRIC, "%s: binding a memory region to the endpoint: %s",
+                             f->prov, fi_strerror(-ret));
             goto err_close;
         }
     }
@@ -797,16 +798,16 @@ err_free:
     return st;
 }
 
-psagg_status psagg_fabric_post_recv(psagg_fabric *f, void *buf, size_t len, void *desc, void *ctx)
+psagg_status psagg__fabric_post_recv(psagg__fabric *f, void *buf, size_t len, void *desc, void *ctx)
 {
     struct fabric_op *op;
     int st;
 
     if (f == NULL || (buf == NULL && len > 0))
-        return psagg_fail(PSAGG_EINVAL, "fabric post_recv: NULL buffer");
+        return psagg__fail(PSAGG_EINVAL, "fabric post_recv: NULL buffer");
     op = fab_op_get(f, ctx, OP_RECV);
     if (op == NULL)
-        return psagg_fail(PSAGG_ENOMEM, "%s: post_recv: out of memory", f->prov);
+        return psagg__fail(PSAGG_ENOMEM, "%s: post_recv: out of memory", f->prov);
     op->rbuf = buf;
     op->rlen = len;
     op->rdesc = desc;
@@ -816,36 +817,36 @@ psagg_status psagg_fabric_post_recv(psagg_fabric *f, void *buf, size_t len, void
     return st;
 }
 
-static psagg_status fabric_send(psagg_fabric *f, psagg_peer to, const void *buf, size_t len,
+static psagg_status fabric_send(psagg__fabric *f, psagg__peer to, const void *buf, size_t len,
                                 void *desc, void *ctx, int once)
 {
     struct fabric_op *op;
     int st;
 
     if (f == NULL || (buf == NULL && len > 0))
-        return psagg_fail(PSAGG_EINVAL, "fabric send: NULL buffer");
+        return psagg__fail(PSAGG_EINVAL, "fabric send: NULL buffer");
     if (len > f->max_msg)
-        return psagg_fail(PSAGG_EINVAL, "%s: send of %zu bytes exceeds max_msg %zu", f->prov, len,
-                          f->max_msg);
+        return psagg__fail(PSAGG_EINVAL, "%s: send of %zu bytes exceeds max_msg %zu", f->prov, len,
+                           f->max_msg);
     if (fab_local_sends_to(f, to, len))
         return fab_local_send(f, to, buf, len, ctx, once);
     op = fab_op_get(f, ctx, OP_SEND);
     if (op == NULL)
-        return psagg_fail(PSAGG_ENOMEM, "%s: send: out of memory", f->prov);
+        return psagg__fail(PSAGG_ENOMEM, "%s: send: out of memory", f->prov);
     st = fab_post_op(f, op, (fi_addr_t)to, buf, NULL, len, desc, once);
     if (st < 0)
         fab_op_put(f, op);
     return st;
 }
 
-psagg_status psagg_fabric_send(psagg_fabric *f, psagg_peer to, const void *buf, size_t len,
-                               void *desc, void *ctx)
+psagg_status psagg__fabric_send(psagg__fabric *f, psagg__peer to, const void *buf, size_t len,
+                                void *desc, void *ctx)
 {
     return fabric_send(f, to, buf, len, desc, ctx, 0);
 }
 
-psagg_status psagg_fabric_try_send(psagg_fabric *f, psagg_peer to, const void *buf, size_t len,
-                                   void *desc, void *ctx)
+psagg_status psagg__fabric_try_send(psagg__fabric *f, psagg__peer to, const void *buf, size_t len,
+                                    void *desc, void *ctx)
 {
     return fabric_send(f, to, buf, len, desc, ctx, 1);
 }
@@ -856,27 +857,27 @@ psagg_status psagg_fabric_try_send(psagg_fabric *f, psagg_peer to, const void *b
  * sender that parks completions also signals the CQ), else fi_cq_read with yields and 50 us
  * sleeps, until the first completion or the deadline.
  */
-void psagg_fabric_wake(psagg_fabric *f)
+void psagg__fabric_wake(psagg__fabric *f)
 {
     atomic_store(&f->woken, 1);
     if (f->cq_wait)
         (void)fi_cq_signal(f->cq);
 }
 
-int psagg_fabric_poll(psagg_fabric *f, psagg_fabric_event *ev, int max, int timeout_ms)
+int psagg__fabric_poll(psagg__fabric *f, psagg__fabric_event *ev, int max, int timeout_ms)
 {
     int64_t deadline = 0;
     unsigned idle = 0;
     int n, r;
 
     if (f == NULL || ev == NULL || max <= 0)
-        return psagg_fail(PSAGG_EINVAL, "fabric poll: bad arguments");
+        return psagg__fail(PSAGG_EINVAL, "fabric poll: bad arguments");
     for (;;) {
         /* each turn, not only on entry: a reader that dies while this poll waits fails its
          * sends within LOCAL_REAP_MS, however long the caller's timeout */
         fab_local_reap(f);
         if (atomic_exchange(&f->woken, 0))
-            timeout_ms = 0; /* psagg_fabric_wake: return what there is, even nothing */
+            timeout_ms = 0; /* psagg__fabric_wake: return what there is, even nothing */
         n = backlog_pop(f, ev, max);
         if (n < max) {
             r = cq_fetch(f, ev + n, max - n, 0);
@@ -887,7 +888,7 @@ int psagg_fabric_poll(psagg_fabric *f, psagg_fabric_event *ev, int max, int time
         if (n > 0 || timeout_ms <= 0)
             return n;
 
-        int64_t now = psagg_now_ms();
+        int64_t now = psagg__now_ms();
         if (deadline == 0)
             deadline = now + timeout_ms;
         if (now >= deadline)

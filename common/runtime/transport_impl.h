@@ -39,12 +39,12 @@ struct fabric_op {
     void *rbuf;  /* OP_RECV: the buffer, its room and descriptor (a same-host copy goes there, */
     size_t rlen; /* and a buffer that held an ACK is posted again with them) */
     void *rdesc;
-    psagg_peer peer; /* OP_LSEND: the peer whose ACK completes it */
+    psagg__peer peer; /* OP_LSEND: the peer whose ACK completes it */
 };
 
-/* A same-host peer (psagg_fabric_local_accept / local_send). */
+/* A same-host peer (psagg__fabric_local_accept / local_send). */
 struct local_peer {
-    psagg_peer peer;
+    psagg__peer peer;
     pid_t pid;    /* we copy its descriptors out of this process (0: we do not) */
     int pidfd;    /* that process (a pidfd: it cannot be another with the same pid), or -1 */
     int sends_to; /* it copies ours */
@@ -60,8 +60,8 @@ struct local_slot {
 /* An ACK the provider's queue had no room for. */
 struct local_ack {
     struct local_ack *next;
-    psagg_peer to;
-    psagg_msg_local m;
+    psagg__peer to;
+    psagg__msg_local m;
 };
 
 struct op_slab {
@@ -74,7 +74,7 @@ struct fabric_mr {
     struct fid_mr *mr;
 };
 
-struct psagg_fabric {
+struct psagg__fabric {
     struct fi_info *info;
     struct fid_fabric *fabric;
     struct fid_domain *domain;
@@ -86,19 +86,19 @@ struct psagg_fabric {
     int post_timeout_ms; /* opts->post_timeout_ms, or POST_RETRY_MS */
     size_t name_len;     /* length of this endpoint's name */
     int addr_str;        /* addresses are strings (FI_ADDR_STR, shm) */
-    int local_mr;        /* mr_mode has FI_MR_LOCAL: psagg_fabric_reg registers */
+    int local_mr;        /* mr_mode has FI_MR_LOCAL: psagg__fabric_reg registers */
     int mr_endpoint;     /* FI_MR_ENDPOINT: bind regions to the endpoint */
     int mr_prov_key;     /* FI_MR_PROV_KEY: provider picks keys */
     int cq_wait;         /* the CQ has a wait object: poll may block in fi_cq_sread */
     int serialize;       /* no FI_THREAD_SAFE granted: fab_lock around libfabric calls */
-    atomic_int woken;    /* psagg_fabric_wake was called: the next poll returns */
+    atomic_int woken;    /* psagg__fabric_wake was called: the next poll returns */
     char prov[64];       /* provider name opened */
-    psagg_logger log;    /* the owner's (opts->log) */
+    psagg__logger log;   /* the owner's (opts->log) */
 
     pthread_mutex_t fab_lock; /* only used when serialize */
     pthread_mutex_t lock;     /* backlog, free ops, slabs, regions, next_key */
 
-    psagg_fabric_event *backlog; /* ring: completions read by send/post_recv */
+    psagg__fabric_event *backlog; /* ring: completions read by send/post_recv */
     size_t bl_head, bl_count, bl_cap;
 
     struct fabric_op *free_ops;
@@ -107,7 +107,7 @@ struct psagg_fabric {
     uint64_t next_key;
 
     /* same-host copies, all under lock */
-    int local_ok; /* the provider can inject a psagg_msg_local; not shm */
+    int local_ok; /* the provider can inject a psagg__msg_local; not shm */
     struct {
         uint8_t secret[32]; /* random; its hash is the offer's commitment */
         uint8_t name[PSAGG_FABRIC_NAME_MAX];
@@ -124,13 +124,13 @@ struct psagg_fabric {
     atomic_uint_fast64_t local_copied;  /* messages received by same-host copy */
 };
 
-static inline void fab_lock(psagg_fabric *f)
+static inline void fab_lock(psagg__fabric *f)
 {
     if (f->serialize)
         pthread_mutex_lock(&f->fab_lock);
 }
 
-static inline void fab_unlock(psagg_fabric *f)
+static inline void fab_unlock(psagg__fabric *f)
 {
     if (f->serialize)
         pthread_mutex_unlock(&f->fab_lock);
@@ -139,37 +139,37 @@ static inline void fab_unlock(psagg_fabric *f)
 /* ---- transport.c, for transport_local.c ---- */
 
 /* Take an operation context from the free list (growing it by a slab); NULL if out of memory. */
-struct fabric_op *fab_op_get(psagg_fabric *f, void *ctx, int kind);
+struct fabric_op *fab_op_get(psagg__fabric *f, void *ctx, int kind);
 /* Return an operation context to the free list (_locked: the caller holds f->lock). */
-void fab_op_put(psagg_fabric *f, struct fabric_op *op);
-void fab_op_put_locked(psagg_fabric *f, struct fabric_op *op);
-/* Park n completions for the next poll (PSAGG_ENOMEM, through psagg_fail, without memory). */
-int fab_backlog_push(psagg_fabric *f, const psagg_fabric_event *ev, int n);
+void fab_op_put(psagg__fabric *f, struct fabric_op *op);
+void fab_op_put_locked(psagg__fabric *f, struct fabric_op *op);
+/* Park n completions for the next poll (PSAGG_ENOMEM, through psagg__fail, without memory). */
+int fab_backlog_push(psagg__fabric *f, const psagg__fabric_event *ev, int n);
 /*
  * Post one send (OP_SEND), inject (OP_LSEND: sbuf/len are the message, copied at once) or
  * receive, driving progress while the provider answers -FI_EAGAIN; once: give up with
  * PSAGG_EAGAIN at the first -FI_EAGAIN instead of retrying.
  */
-int fab_post_op(psagg_fabric *f, struct fabric_op *op, fi_addr_t to, const void *sbuf, void *rbuf,
+int fab_post_op(psagg__fabric *f, struct fabric_op *op, fi_addr_t to, const void *sbuf, void *rbuf,
                 size_t len, void *desc, int once);
 
 /* ---- transport_local.c, for transport.c ---- */
 
 /* At open, with this endpoint's name (len bytes): whether this provider can take part, and
  * the name local_self's probe points at. */
-void fab_local_init(psagg_fabric *f, const void *name, size_t len);
+void fab_local_init(psagg__fabric *f, const void *name, size_t len);
 /* At close: free the same-host tables and parked ACKs. */
-void fab_local_close(psagg_fabric *f);
+void fab_local_close(psagg__fabric *f);
 /* Before each read of the CQ: post again the buffers that held ACKs, send parked ACKs. */
-void fab_local_flush(psagg_fabric *f);
-/* A receive of sizeof(psagg_msg_local) bytes: 1 with *e filled, -1 to deliver it as it is. */
-int fab_local_recv(psagg_fabric *f, struct fabric_op *op, fi_addr_t from, psagg_fabric_event *e);
+void fab_local_flush(psagg__fabric *f);
+/* A receive of sizeof(psagg__msg_local) bytes: 1 with *e filled, -1 to deliver it as it is. */
+int fab_local_recv(psagg__fabric *f, struct fabric_op *op, fi_addr_t from, psagg__fabric_event *e);
 /* Fail the waiting same-host sends whose reader's process is gone (parked for the poll). */
-void fab_local_reap(psagg_fabric *f);
+void fab_local_reap(psagg__fabric *f);
 /* 1 when sends of len bytes to peer go by same-host copy. */
-int fab_local_sends_to(psagg_fabric *f, psagg_peer to, size_t len);
+int fab_local_sends_to(psagg__fabric *f, psagg__peer to, size_t len);
 /* Send a DESC of buf to a peer that copies ours; the op waits in a slot for the ACK. */
-psagg_status fab_local_send(psagg_fabric *f, psagg_peer to, const void *buf, size_t len, void *ctx,
-                            int once);
+psagg_status fab_local_send(psagg__fabric *f, psagg__peer to, const void *buf, size_t len,
+                            void *ctx, int once);
 
 #endif

@@ -4,7 +4,7 @@
  * through the provider. Part of the data path of transport.c, whose state it shares through
  * transport_impl.h.
  *
- * A send to a peer that copies ours is a fi_inject of a psagg_msg_local DESC, its operation
+ * A send to a peer that copies ours is a fi_inject of a psagg__msg_local DESC, its operation
  * waiting in a slot table (the cookie names the slot and its generation, so an ACK for anything
  * else is recognised) until the ACK comes. A received DESC from a peer we accepted is copied
  * into the receive buffer it arrived in, which then completes as the message; the ACK goes back
@@ -42,20 +42,20 @@
 #include "runtime/wire.h"
 
 /*
- * Whether this endpoint can take part (it can inject a psagg_msg_local, and its addresses are
- * binary: not shm), and the copy of its name that psagg_fabric_local_self's probe points at.
+ * Whether this endpoint can take part (it can inject a psagg__msg_local, and its addresses are
+ * binary: not shm), and the copy of its name that psagg__fabric_local_self's probe points at.
  */
-void fab_local_init(psagg_fabric *f, const void *name, size_t len)
+void fab_local_init(psagg__fabric *f, const void *name, size_t len)
 {
     f->slot_free = UINT32_MAX;
     randombytes_buf(f->self.secret, sizeof f->self.secret);
     memcpy(f->self.name, name, len);
     f->local_ok = !f->addr_str && strcmp(f->prov, "shm") != 0 &&
-                  f->info->tx_attr->inject_size >= sizeof(psagg_msg_local);
+                  f->info->tx_attr->inject_size >= sizeof(psagg__msg_local);
 }
 
 /* Free the peers, the slots and the ACKs still parked (the endpoint is closed already). */
-void fab_local_close(psagg_fabric *f)
+void fab_local_close(psagg__fabric *f)
 {
     for (size_t i = 0; i < f->n_lpeers; i++)
         if (f->lpeers[i].pidfd >= 0)
@@ -69,7 +69,7 @@ void fab_local_close(psagg_fabric *f)
     }
 }
 
-static struct local_peer *local_find_locked(psagg_fabric *f, psagg_peer peer)
+static struct local_peer *local_find_locked(psagg__fabric *f, psagg__peer peer)
 {
     for (size_t i = 0; i < f->n_lpeers; i++)
         if (f->lpeers[i].peer == peer)
@@ -77,7 +77,7 @@ static struct local_peer *local_find_locked(psagg_fabric *f, psagg_peer peer)
     return NULL;
 }
 
-static struct local_peer *local_add_locked(psagg_fabric *f, psagg_peer peer)
+static struct local_peer *local_add_locked(psagg__fabric *f, psagg__peer peer)
 {
     struct local_peer *lp = local_find_locked(f, peer);
     if (lp)
@@ -97,7 +97,7 @@ static struct local_peer *local_add_locked(psagg_fabric *f, psagg_peer peer)
     return lp;
 }
 
-static void slot_free_locked(psagg_fabric *f, uint32_t idx)
+static void slot_free_locked(psagg__fabric *f, uint32_t idx)
 {
     f->slots_used--;
     f->slots[idx].op = NULL;
@@ -106,7 +106,7 @@ static void slot_free_locked(psagg_fabric *f, uint32_t idx)
 }
 
 /* A free slot for a same-host send (growing the table); UINT32_MAX without memory. */
-static uint32_t slot_alloc_locked(psagg_fabric *f)
+static uint32_t slot_alloc_locked(psagg__fabric *f)
 {
     uint32_t idx;
     if (f->slot_free == UINT32_MAX) {
@@ -130,7 +130,7 @@ static uint32_t slot_alloc_locked(psagg_fabric *f)
 }
 
 /* Park an ACK (a node of its own) for the next flush: the provider's queue was full. */
-static void ack_park(psagg_fabric *f, struct local_ack *a, int front)
+static void ack_park(psagg__fabric *f, struct local_ack *a, int front)
 {
     pthread_mutex_lock(&f->lock);
     if (front) {
@@ -151,7 +151,7 @@ static void ack_park(psagg_fabric *f, struct local_ack *a, int front)
 }
 
 /* Inject one ACK; 1 if sent (or failed for good, logged), 0 if the provider's queue is full. */
-static int ack_inject(psagg_fabric *f, const struct local_ack *a)
+static int ack_inject(psagg__fabric *f, const struct local_ack *a)
 {
     ssize_t r;
     fab_lock(f);
@@ -165,7 +165,7 @@ static int ack_inject(psagg_fabric *f, const struct local_ack *a)
     return 1;
 }
 
-static void local_ack(psagg_fabric *f, psagg_peer to, uint64_t cookie, int status)
+static void local_ack(psagg__fabric *f, psagg__peer to, uint64_t cookie, int status)
 {
     struct local_ack a = {.to = to}, *node;
     int parked;
@@ -190,7 +190,7 @@ static void local_ack(psagg_fabric *f, psagg_peer to, uint64_t cookie, int statu
 }
 
 /* Post again the receive buffers that held ACKs, and send the parked ACKs, as room allows. */
-void fab_local_flush(psagg_fabric *f)
+void fab_local_flush(psagg__fabric *f)
 {
     struct fabric_op *op;
     struct local_ack *a;
@@ -248,15 +248,15 @@ void fab_local_flush(psagg_fabric *f)
 }
 
 /*
- * A receive of sizeof(psagg_msg_local) bytes completed into op's buffer. A DESC from a peer we
+ * A receive of sizeof(psagg__msg_local) bytes completed into op's buffer. A DESC from a peer we
  * copy from: copy the message into that buffer (event: RECV_DONE of it, or RECV_ERROR) and
  * ACK. An ACK from a peer that copies ours: complete its send (SEND_DONE or SEND_ERROR) and
  * post the buffer again; an ACK for no send of ours is a RECV_ERROR. Returns 1 with *e
  * filled, or -1 when it is not a same-host message of such a peer (deliver it as it is).
  */
-int fab_local_recv(psagg_fabric *f, struct fabric_op *op, fi_addr_t from, psagg_fabric_event *e)
+int fab_local_recv(psagg__fabric *f, struct fabric_op *op, fi_addr_t from, psagg__fabric_event *e)
 {
-    psagg_msg_local m;
+    psagg__msg_local m;
     struct local_peer *lp;
     struct fabric_op *sop = NULL;
     pid_t pid = 0;
@@ -266,13 +266,13 @@ int fab_local_recv(psagg_fabric *f, struct fabric_op *op, fi_addr_t from, psagg_
     if (m.magic != PSAGG_LOCAL_MAGIC || from == FI_ADDR_NOTAVAIL)
         return -1;
     pthread_mutex_lock(&f->lock);
-    lp = local_find_locked(f, (psagg_peer)from);
+    lp = local_find_locked(f, (psagg__peer)from);
     if (lp) {
         pid = lp->pid;
         sends = lp->sends_to;
     }
     pthread_mutex_unlock(&f->lock);
-    e->src = (psagg_peer)from;
+    e->src = (psagg__peer)from;
     e->len = 0;
     e->msg[0] = '\0';
 
@@ -295,7 +295,7 @@ int fab_local_recv(psagg_fabric *f, struct fabric_op *op, fi_addr_t from, psagg_
                          m.len, m.addr, (int)pid, n < 0 ? strerror(err) : "short copy");
             }
         }
-        local_ack(f, (psagg_peer)from, m.cookie, st);
+        local_ack(f, (psagg__peer)from, m.cookie, st);
         if (st == PSAGG_OK)
             atomic_fetch_add(&f->local_copied, 1);
         e->kind = st ? PSAGG_FABRIC_RECV_ERROR : PSAGG_FABRIC_RECV_DONE;
@@ -311,7 +311,7 @@ int fab_local_recv(psagg_fabric *f, struct fabric_op *op, fi_addr_t from, psagg_
     uint32_t idx = (uint32_t)m.cookie, gen = (uint32_t)(m.cookie >> 32);
     pthread_mutex_lock(&f->lock);
     if (idx < f->slots_cap && f->slots[idx].op != NULL && f->slots[idx].gen == gen &&
-        f->slots[idx].op->peer == (psagg_peer)from) {
+        f->slots[idx].op->peer == (psagg__peer)from) {
         sop = f->slots[idx].op;
         slot_free_locked(f, idx);
         op->next = f->reposts;
@@ -342,8 +342,8 @@ int fab_local_recv(psagg_fabric *f, struct fabric_op *op, fi_addr_t from, psagg_
     return 1;
 }
 
-void psagg_fabric_local_self(psagg_fabric *f, uint32_t *pid, uint64_t *probe,
-                             uint8_t commit[PSAGG_LOCAL_COMMIT_BYTES])
+void psagg__fabric_local_self(psagg__fabric *f, uint32_t *pid, uint64_t *probe,
+                              uint8_t commit[PSAGG_LOCAL_COMMIT_BYTES])
 {
     int ok = f != NULL && f->local_ok;
     *pid = ok ? (uint32_t)getpid() : 0;
@@ -354,10 +354,10 @@ void psagg_fabric_local_self(psagg_fabric *f, uint32_t *pid, uint64_t *probe,
                            NULL, 0);
 }
 
-psagg_status psagg_fabric_local_accept(psagg_fabric *f, psagg_peer peer, uint32_t pid,
-                                       uint64_t probe,
-                                       const uint8_t commit[PSAGG_LOCAL_COMMIT_BYTES],
-                                       const void *name, size_t len)
+psagg_status psagg__fabric_local_accept(psagg__fabric *f, psagg__peer peer, uint32_t pid,
+                                        uint64_t probe,
+                                        const uint8_t commit[PSAGG_LOCAL_COMMIT_BYTES],
+                                        const void *name, size_t len)
 {
     uint8_t got[32 + PSAGG_FABRIC_NAME_MAX], hash[PSAGG_LOCAL_COMMIT_BYTES];
     int pidfd;
@@ -367,18 +367,18 @@ psagg_status psagg_fabric_local_accept(psagg_fabric *f, psagg_peer peer, uint32_
     ssize_t n;
 
     if (f == NULL || name == NULL)
-        return psagg_fail(PSAGG_EINVAL, "fabric local_accept: NULL argument");
+        return psagg__fail(PSAGG_EINVAL, "fabric local_accept: NULL argument");
     if (!f->local_ok)
-        return psagg_fail(PSAGG_EUNSUPPORTED, "%s: no same-host copies over this provider",
-                          f->prov);
+        return psagg__fail(PSAGG_EUNSUPPORTED, "%s: no same-host copies over this provider",
+                           f->prov);
     if (pid == 0 || probe == 0 || len == 0 || len > PSAGG_FABRIC_NAME_MAX || commit == NULL)
-        return psagg_fail(PSAGG_EUNSUPPORTED, "the peer offers no same-host copies");
+        return psagg__fail(PSAGG_EUNSUPPORTED, "the peer offers no same-host copies");
     snprintf(path, sizeof(path), "/proc/%u/ns/net", pid);
     if (stat("/proc/self/ns/net", &self_ns) != 0 || stat(path, &peer_ns) != 0)
-        return psagg_fail(PSAGG_EUNSUPPORTED, "process %u: %s: %s", pid, path, strerror(errno));
+        return psagg__fail(PSAGG_EUNSUPPORTED, "process %u: %s: %s", pid, path, strerror(errno));
     if (self_ns.st_ino != peer_ns.st_ino || self_ns.st_dev != peer_ns.st_dev)
-        return psagg_fail(PSAGG_EUNSUPPORTED,
-                          "process %u is in another network namespace (another host)", pid);
+        return psagg__fail(PSAGG_EUNSUPPORTED,
+                           "process %u is in another network namespace (another host)", pid);
     /* the process, held from now on: a pidfd names this one even if its pid is reused (a
        kernel before 5.3 has none: then the pid alone, as kill(2) sees it) */
     pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
@@ -388,18 +388,18 @@ psagg_status psagg_fabric_local_accept(psagg_fabric *f, psagg_peer peer, uint32_
     if (n != (ssize_t)(32 + len)) {
         if (pidfd >= 0)
             close(pidfd);
-        return psagg_fail(PSAGG_EUNSUPPORTED, "cannot read process %u: %s", pid,
-                          n < 0 ? strerror(errno) : "short copy");
+        return psagg__fail(PSAGG_EUNSUPPORTED, "cannot read process %u: %s", pid,
+                           n < 0 ? strerror(errno) : "short copy");
     }
     crypto_generichash(hash, sizeof hash, got, 32, NULL, 0);
     if (sodium_memcmp(hash, commit, sizeof hash) != 0 || memcmp(got + 32, name, len) != 0) {
         sodium_memzero(got, sizeof got);
         if (pidfd >= 0)
             close(pidfd);
-        return psagg_fail(PSAGG_EUNSUPPORTED,
-                          "process %u does not hold the peer's secret and endpoint name at "
-                          "0x%" PRIx64 ": it is not that peer",
-                          pid, probe);
+        return psagg__fail(PSAGG_EUNSUPPORTED,
+                           "process %u does not hold the peer's secret and endpoint name at "
+                           "0x%" PRIx64 ": it is not that peer",
+                           pid, probe);
     }
     sodium_memzero(got, sizeof got);
     pthread_mutex_lock(&f->lock);
@@ -413,33 +413,33 @@ psagg_status psagg_fabric_local_accept(psagg_fabric *f, psagg_peer peer, uint32_
         close(pidfd);
     }
     pthread_mutex_unlock(&f->lock);
-    return lp ? PSAGG_OK : psagg_fail(PSAGG_ENOMEM, "fabric local_accept: out of memory");
+    return lp ? PSAGG_OK : psagg__fail(PSAGG_ENOMEM, "fabric local_accept: out of memory");
 }
 
-uint64_t psagg_fabric_local_copied(psagg_fabric *f)
+uint64_t psagg__fabric_local_copied(psagg__fabric *f)
 {
     return atomic_load(&f->local_copied);
 }
 
-psagg_status psagg_fabric_local_send(psagg_fabric *f, psagg_peer peer)
+psagg_status psagg__fabric_local_send(psagg__fabric *f, psagg__peer peer)
 {
     struct local_peer *lp;
 
     if (f == NULL)
-        return psagg_fail(PSAGG_EINVAL, "fabric fab_local_send: NULL argument");
+        return psagg__fail(PSAGG_EINVAL, "fabric fab_local_send: NULL argument");
     if (!f->local_ok)
-        return psagg_fail(PSAGG_EUNSUPPORTED, "%s: no same-host copies over this provider",
-                          f->prov);
+        return psagg__fail(PSAGG_EUNSUPPORTED, "%s: no same-host copies over this provider",
+                           f->prov);
     pthread_mutex_lock(&f->lock);
     lp = local_add_locked(f, peer);
     if (lp)
         lp->sends_to = 1;
     pthread_mutex_unlock(&f->lock);
-    return lp ? PSAGG_OK : psagg_fail(PSAGG_ENOMEM, "fabric fab_local_send: out of memory");
+    return lp ? PSAGG_OK : psagg__fail(PSAGG_ENOMEM, "fabric fab_local_send: out of memory");
 }
 
 /* 1 when sends of len bytes to peer go by same-host copy. */
-int fab_local_sends_to(psagg_fabric *f, psagg_peer to, size_t len)
+int fab_local_sends_to(psagg__fabric *f, psagg__peer to, size_t len)
 {
     struct local_peer *lp;
     int yes = 0;
@@ -453,16 +453,16 @@ int fab_local_sends_to(psagg_fabric *f, psagg_peer to, size_t len)
 }
 
 /* Send a DESC of buf to a peer that copies ours; the op waits in a slot for the ACK. */
-psagg_status fab_local_send(psagg_fabric *f, psagg_peer to, const void *buf, size_t len, void *ctx,
-                            int once)
+psagg_status fab_local_send(psagg__fabric *f, psagg__peer to, const void *buf, size_t len,
+                            void *ctx, int once)
 {
-    psagg_msg_local m = {.magic = PSAGG_LOCAL_MAGIC, .type = PSAGG_LOCAL_DESC};
+    psagg__msg_local m = {.magic = PSAGG_LOCAL_MAGIC, .type = PSAGG_LOCAL_DESC};
     struct fabric_op *op = fab_op_get(f, ctx, OP_LSEND);
     uint32_t idx;
     int st;
 
     if (op == NULL)
-        return psagg_fail(PSAGG_ENOMEM, "%s: send: out of memory", f->prov);
+        return psagg__fail(PSAGG_ENOMEM, "%s: send: out of memory", f->prov);
     op->peer = to;
     pthread_mutex_lock(&f->lock);
     idx = slot_alloc_locked(f);
@@ -473,7 +473,7 @@ psagg_status fab_local_send(psagg_fabric *f, psagg_peer to, const void *buf, siz
     pthread_mutex_unlock(&f->lock);
     if (idx == UINT32_MAX) {
         fab_op_put(f, op);
-        return psagg_fail(PSAGG_ENOMEM, "%s: send: out of memory", f->prov);
+        return psagg__fail(PSAGG_ENOMEM, "%s: send: out of memory", f->prov);
     }
     m.addr = (uint64_t)(uintptr_t)buf;
     m.len = len;
@@ -490,7 +490,7 @@ psagg_status fab_local_send(psagg_fabric *f, psagg_peer to, const void *buf, siz
 /*
  * A same-host send waits for its reader's ACK, which a dead reader never sends: every
  * LOCAL_REAP_MS while sends wait, fail those whose reader's process is gone (SEND_ERROR,
- * parked for this poll), as a dead TCP peer's sends fail. psagg_fabric_poll calls it on every
+ * parked for this poll), as a dead TCP peer's sends fail. psagg__fabric_poll calls it on every
  * turn of its loop, waits included; it returns at once on a provider without same-host copies
  * (local_ok never changes after open) and, under the lock, when no send waits or the last look
  * was less than LOCAL_REAP_MS ago.
@@ -507,10 +507,10 @@ static int local_peer_gone(const struct local_peer *lp)
     return kill(lp->pid, 0) != 0 && errno == ESRCH;
 }
 
-void fab_local_reap(psagg_fabric *f)
+void fab_local_reap(psagg__fabric *f)
 {
-    int64_t now = psagg_now_ms();
-    psagg_fabric_event e;
+    int64_t now = psagg__now_ms();
+    psagg__fabric_event e;
 
     if (!f->local_ok)
         return;

@@ -8,26 +8,26 @@
  * length, count and index read from a peer is checked before use by the reader.
  *
  * CONTROL CHANNEL (TCP, one connection from each worker to each server)
- *   frame = psagg_ctl_hdr { u32 magic 'PSGC', u16 type, u16 version, u32 len } + len bytes.
- *   0. server -> worker  CHALLENGE psagg_ctl_challenge, as soon as it accepts the connection:
+ *   frame = psagg__ctl_hdr { u32 magic 'PSGC', u16 type, u16 version, u32 len } + len bytes.
+ *   0. server -> worker  CHALLENGE psagg__ctl_challenge, as soon as it accepts the connection:
  *                                 16 random bytes for this connection only
- *   1. worker -> server  HELLO    psagg_ctl_hello: the protocol version is checked first, then
+ *   1. worker -> server  HELLO    psagg__ctl_hello: the protocol version is checked first, then
  *                                 the token (runtime/auth.h), which binds the whole HELLO to
  *                                 this server's rank and this connection's challenge, so a
  *                                 recorded HELLO is worth nothing on another connection or at
  *                                 another server; before it checks out the server reveals
  *                                 nothing about the job, and a connection that does not send
  *                                 a whole HELLO within a few seconds is closed
- *   2. server -> worker  WELCOME  psagg_ctl_welcome (server rank, its session nonce, its
+ *   2. server -> worker  WELCOME  psagg__ctl_welcome (server rank, its session nonce, its
  *                                 libfabric provider and fabric name; whether it copies this
  *                                 worker's pushes on the host, below), with a token binding it
  *                                 to that HELLO: the worker knows the server has the secret
- *      or                ERROR    psagg_ctl_error, then close
- *   3. worker -> server  DECLARE  psagg_ctl_declare + count x psagg_ctl_tensor (all tensors,
+ *      or                ERROR    psagg__ctl_error, then close
+ *   3. worker -> server  DECLARE  psagg__ctl_declare + count x psagg__ctl_tensor (all tensors,
  *                                 with an adaptive job's statistics tensor last; whether the
  *                                 worker copies this server's updates on the host)
  *   4. server -> worker  READY    once all workers declared identical lists (no body; in an
- *                                 elastic job server 0's carries psagg_ctl_membership of
+ *                                 elastic job server 0's carries psagg__ctl_membership of
  *                                 epoch 0: the starting workers, those that declared there),
  *      or                ERROR    naming the first differing tensor and the workers
  *      elastic jobs: worker -> server s > 0 START, server 0's READY body relayed unchanged
@@ -36,17 +36,17 @@
  *                                 to server 0 starts without it, as server 0 did
  *   5. data flows over libfabric (below) ...
  *   6. worker -> server  BYE      (no body): clean shutdown; the server exits when all are gone
- *      server -> worker  ABORT    psagg_ctl_error: another peer failed; pending work fails
+ *      server -> worker  ABORT    psagg__ctl_error: another peer failed; pending work fails
  *   any time after READY, an elastic job ([cluster] elastic):
- *      server 0 -> worker MEMBERSHIP psagg_ctl_membership + live[]: a worker left or workers
+ *      server 0 -> worker MEMBERSHIP psagg__ctl_membership + live[]: a worker left or workers
  *                                 joined (below);
  *      worker -> server s > 0     the same frame, relayed unchanged
- *      worker -> server 0 SYNC    psagg_ctl_sync + n_tensors x psagg_ctl_tensor_state + the
+ *      worker -> server 0 SYNC    psagg__ctl_sync + n_tensors x psagg__ctl_tensor_state + the
  *                                 codec assignments (below): this worker is between steps (no
  *                                 operation in flight; in an adaptive job its statistics push
  *                                 and their solve are done too); barrier `seq`
  *                                 (psagg_sync_membership, psagg.h)
- *      server 0 -> worker SYNC_DONE psagg_ctl_sync_done + n_tensors x psagg_ctl_tensor_state +
+ *      server 0 -> worker SYNC_DONE psagg__ctl_sync_done + n_tensors x psagg__ctl_tensor_state +
  *                                 the codec assignments: barrier `seq` passed; when it
  *                                 admitted joiners (joined > 0) every member waited in it and
  *                                 got the new epoch's MEMBERSHIP first; the states and the
@@ -59,12 +59,12 @@
  *                                 barrier: MEMBERSHIP (an epoch with it live), then SYNC_DONE
  *   any time after READY, a job with [server] optimizer:
  *      worker -> server  CHECKPOINT (no body): write this server's optimizer state now
- *      server -> worker  CHECKPOINT_DONE psagg_ctl_error: status 0 and the file written, or
+ *      server -> worker  CHECKPOINT_DONE psagg__ctl_error: status 0 and the file written, or
  *                                 why not; the requester has no operation in flight, so every
  *                                 parameter chunk is between two rounds (server/param.c)
  *
  * DATA MESSAGES (libfabric FI_EP_RDM send/recv)
- *   psagg_msg_hdr + payload (the encoded chunk, codec.h format, exactly hdr.len bytes)
+ *   psagg__msg_hdr + payload (the encoded chunk, codec.h format, exactly hdr.len bytes)
  *   [+ 16-byte MAC of header and payload when the job runs with data_auth: runtime/auth.h].
  *   A receiver accepts a message only from the fabric address of the peer that sent it on
  *   the control channel: pushes from the worker that `sender` names, updates from the chunk's
@@ -77,10 +77,10 @@
  *   second push of the same (round, worker) is a duplicate (dropped), a push for a newer round
  *   than the one being collected is a protocol error.
  *   Field codec names the payload's codec and the codec assignment's generation
- *   (psagg_msg_codec_word, runtime/message.h). A tensor with a fixed codec carries its
+ *   (psagg__msg_codec_word, runtime/message.h). A tensor with a fixed codec carries its
  *   declared codec and generation 0. In a job with [codec] adaptive, a compressed tensor's
  *   codec may change between rounds (runtime/adaptive.h): round r is of generation
- *   psagg_adapt_generation(r, interval) on every worker and server, so a push of another
+ *   psagg__adapt_generation(r, interval) on every worker and server, so a push of another
  *   generation (a worker with a stale assignment) closes that worker, and pushes of one round
  *   that name different codecs fail the job; an update carries the round's codec too.
  *   Field summed of an update is the number of workers whose pushes the round summed (an
@@ -115,7 +115,7 @@
  *   and not on another (each update says which it did).
  *
  * PARAMETER TENSORS (declared with PSAGG_DECL_PARAM; the servers run [server] optimizer)
- *   Every push of a parameter tensor ends with a psagg_msg_param trailer (inside len, before
+ *   Every push of a parameter tensor ends with a psagg__msg_param trailer (inside len, before
  *   any MAC). Its kind says what the push is; all workers' pushes of one round must carry the
  *   same trailer (else the job fails: the workers disagree):
  *   GRAD  body: the gradient in the tensor's codec. The server sums the round's pushes, steps
@@ -141,7 +141,7 @@
  *   peer's memory, and says so (WELCOME: the server copies this
  *   worker's pushes; DECLARE: the worker copies this server's updates; PSAGG_LOCAL_READS).
  *   To such a reader a data message of at least PSAGG_LOCAL_MIN bytes travels as a
- *   psagg_msg_local DESC naming where it lies in the sender's memory; the reader copies it into
+ *   psagg__msg_local DESC naming where it lies in the sender's memory; the reader copies it into
  *   its receive buffer (process_vm_readv), where it is an ordinary data message from then on,
  *   and answers ACK with the DESC's cookie, only then is the send complete. A DESC or ACK from
  *   a peer whose offer was not taken is an ordinary (bad) data message.
@@ -156,7 +156,7 @@
  * 4: HELLO and WELCOME name the libfabric provider each side opened;
  * 5: DECLARE carries the adaptive settings, data headers the codec and its generation;
  * 6: tensors carry flags (parameters), WELCOME the optimizer, pushes of parameters a trailer;
- * 7: same-host copies (HELLO, WELCOME and DECLARE offer and take them; psagg_msg_local)
+ * 7: same-host copies (HELLO, WELCOME and DECLARE offer and take them; psagg__msg_local)
  * 8: the CHALLENGE; HELLO and WELCOME tokens over the whole frame; same-host offers commit
  *    to a secret
  * 9: parameter push trailers carry a tag (equal on all workers) and a weight (the AVERAGE's)
@@ -183,7 +183,7 @@
 #define PSAGG_MSG_TAG_BYTES 16
 #define PSAGG_MSG_MAC_BYTES (PSAGG_MSG_SEQ_BYTES + PSAGG_MSG_TAG_BYTES)
 
-enum psagg_ctl_type {
+enum psagg__ctl_type {
     PSAGG_CTL_HELLO = 1,
     PSAGG_CTL_WELCOME = 2,
     PSAGG_CTL_DECLARE = 3,
@@ -196,19 +196,19 @@ enum psagg_ctl_type {
     PSAGG_CTL_CHECKPOINT_DONE = 10,
     PSAGG_CTL_CHALLENGE = 11,
     PSAGG_CTL_MEMBERSHIP = 12,
-    PSAGG_CTL_SYNC = 13,      /* worker -> server 0: psagg_ctl_sync (elastic: the join barrier) */
-    PSAGG_CTL_SYNC_DONE = 14, /* server 0 -> worker: psagg_ctl_sync_done + tensor states */
+    PSAGG_CTL_SYNC = 13,      /* worker -> server 0: psagg__ctl_sync (elastic: the join barrier) */
+    PSAGG_CTL_SYNC_DONE = 14, /* server 0 -> worker: psagg__ctl_sync_done + tensor states */
     PSAGG_CTL_JOIN = 15,      /* joiner -> server 0 (no body): declared everywhere, admit me */
     PSAGG_CTL_START = 16,     /* worker -> server s > 0 (elastic): server 0's READY, relayed */
 };
 
-typedef struct psagg_ctl_hdr {
+typedef struct psagg__ctl_hdr {
     uint32_t magic;
     uint16_t type;
     uint16_t version;
     uint32_t len; /* body bytes after this header, <= PSAGG_CTL_MAX_FRAME */
-} psagg_ctl_hdr;
-_Static_assert(sizeof(psagg_ctl_hdr) == 12, "psagg_ctl_hdr layout");
+} psagg__ctl_hdr;
+_Static_assert(sizeof(psagg__ctl_hdr) == 12, "psagg__ctl_hdr layout");
 
 /*
  * A provider name as HELLO and WELCOME carry it: each side compares the other's with its own,
@@ -218,12 +218,12 @@ _Static_assert(sizeof(psagg_ctl_hdr) == 12, "psagg_ctl_hdr layout");
 #define PSAGG_PROVIDER_MAX 32
 
 #define PSAGG_CHALLENGE_BYTES 16
-typedef struct psagg_ctl_challenge {
+typedef struct psagg__ctl_challenge {
     uint8_t challenge[PSAGG_CHALLENGE_BYTES]; /* random, for one connection */
-} psagg_ctl_challenge;
-_Static_assert(sizeof(psagg_ctl_challenge) == 16, "psagg_ctl_challenge layout");
+} psagg__ctl_challenge;
+_Static_assert(sizeof(psagg__ctl_challenge) == 16, "psagg__ctl_challenge layout");
 
-/* psagg_ctl_hello.flags / psagg_ctl_welcome.flags */
+/* psagg__ctl_hello.flags / psagg__ctl_welcome.flags */
 #define PSAGG_HELLO_DATA_AUTH 1u /* data messages carry a MAC ([cluster] data_auth) */
 /* WELCOME only: the job is running (elastic): this worker joins it (DECLARE, JOIN, SYNC_DONE) */
 #define PSAGG_WELCOME_JOINING 0x100u
@@ -231,11 +231,11 @@ _Static_assert(sizeof(psagg_ctl_challenge) == 16, "psagg_ctl_challenge layout");
    contributor bitmap (DATA MESSAGES, below) */
 #define PSAGG_WELCOME_QUORUM 0x200u
 
-typedef struct psagg_ctl_hello {
+typedef struct psagg__ctl_hello {
     char job_id[PSAGG_JOB_ID_MAX]; /* NUL-terminated */
     uint32_t rank;
     uint32_t world_size;
-    uint8_t auth[32];  /* psagg_hello_token (runtime/auth.h) of the rest; zero without a secret */
+    uint8_t auth[32];  /* psagg__hello_token (runtime/auth.h) of the rest; zero without a secret */
     uint32_t flags;    /* PSAGG_HELLO_*: must match the server's */
     uint8_t nonce[16]; /* the worker's session nonce (its data key) */
     char provider[PSAGG_PROVIDER_MAX]; /* the libfabric provider opened; NUL-terminated */
@@ -245,11 +245,11 @@ typedef struct psagg_ctl_hello {
     uint32_t local_pid;       /* the worker's pid, or 0 */
     uint32_t reserved;        /* 0 */
     uint8_t local_commit[32]; /* the hash of that secret */
-} psagg_ctl_hello;
-_Static_assert(sizeof(psagg_ctl_hello) == 64 + 4 + 4 + 32 + 4 + 16 + 32 + 4 + 256 + 16 + 32,
-               "psagg_ctl_hello layout");
+} psagg__ctl_hello;
+_Static_assert(sizeof(psagg__ctl_hello) == 64 + 4 + 4 + 32 + 4 + 16 + 32 + 4 + 256 + 16 + 32,
+               "psagg__ctl_hello layout");
 
-/* psagg_ctl_welcome.local_flags / psagg_ctl_declare.local_flags */
+/* psagg__ctl_welcome.local_flags / psagg__ctl_declare.local_flags */
 #define PSAGG_LOCAL_READS 1u /* I copy your data messages out of your memory (above) */
 
 /*
@@ -257,43 +257,43 @@ _Static_assert(sizeof(psagg_ctl_hello) == 64 + 4 + 4 + 32 + 4 + 16 + 32 + 4 + 25
  * run the same (the worker compares them field by field); lr and weight decay come with each
  * push instead.
  */
-typedef struct psagg_ctl_optim {
-    uint32_t kind; /* psagg_optim_kind (kernels/optim.h) */
+typedef struct psagg__ctl_optim {
+    uint32_t kind; /* psagg__optim_kind (kernels/optim.h) */
     uint32_t nesterov;
     float momentum, dampening, beta1, beta2, eps;
     uint32_t sync_interval;
-} psagg_ctl_optim;
-_Static_assert(sizeof(psagg_ctl_optim) == 32, "psagg_ctl_optim layout");
+} psagg__ctl_optim;
+_Static_assert(sizeof(psagg__ctl_optim) == 32, "psagg__ctl_optim layout");
 
-typedef struct psagg_ctl_welcome {
+typedef struct psagg__ctl_welcome {
     uint32_t server_rank;
     uint32_t n_servers;
     uint32_t flags;                    /* the server's PSAGG_HELLO_* */
     uint8_t nonce[16];                 /* the server's session nonce (its data key) */
     char provider[PSAGG_PROVIDER_MAX]; /* the libfabric provider opened; NUL-terminated */
-    psagg_ctl_optim optim;
+    psagg__ctl_optim optim;
     uint32_t epname_len;
     uint8_t epname[PSAGG_EPNAME_MAX];
     uint64_t local_probe;     /* same-host copies: where the secret and epname lie, or 0 */
     uint32_t local_pid;       /* the server's pid, or 0 */
     uint32_t local_flags;     /* PSAGG_LOCAL_READS: it copies this worker's pushes */
     uint8_t local_commit[32]; /* the hash of that secret */
-    uint8_t auth[32];         /* psagg_welcome_token (runtime/auth.h); zero without a secret */
-} psagg_ctl_welcome;
-_Static_assert(sizeof(psagg_ctl_welcome) == 12 + 16 + 32 + 32 + 4 + 256 + 16 + 32 + 32,
-               "psagg_ctl_welcome layout");
+    uint8_t auth[32];         /* psagg__welcome_token (runtime/auth.h); zero without a secret */
+} psagg__ctl_welcome;
+_Static_assert(sizeof(psagg__ctl_welcome) == 12 + 16 + 32 + 32 + 4 + 256 + 16 + 32 + 32,
+               "psagg__ctl_welcome layout");
 
 /* chunk_elems of a DECLARE: [worker] chunk_bytes is 4096..2^30 bytes of fp32 */
 #define PSAGG_MIN_CHUNK_ELEMS 1024u
 #define PSAGG_MAX_CHUNK_ELEMS (1u << 28)
 
-/* psagg_ctl_declare.adapt_flags */
+/* psagg__ctl_declare.adapt_flags */
 #define PSAGG_ADAPT_BUDGET_BITS 1u /* adapt_budget is average bits per element, not a fraction */
 #define PSAGG_ADAPT_WORKER_EF                                                                      \
     2u /* the workers' error feedback is on: nearest rounding is a                                 \
           candidate */
 
-typedef struct psagg_ctl_declare {
+typedef struct psagg__ctl_declare {
     uint32_t count;          /* tensors that follow, 1..PSAGG_MAX_TENSORS */
     uint32_t adapt_interval; /* [codec] adaptive_interval, 0 when adaptive is off */
     uint64_t chunk_elems;    /* elements per chunk, a multiple of 64 in PSAGG_MIN/MAX_CHUNK_ELEMS:
@@ -302,14 +302,14 @@ typedef struct psagg_ctl_declare {
     uint32_t adapt_flags;    /* PSAGG_ADAPT_* */
     uint32_t local_flags;    /* PSAGG_LOCAL_READS: this worker copies the server's updates */
     uint32_t reserved;       /* 0 */
-} psagg_ctl_declare;
-_Static_assert(sizeof(psagg_ctl_declare) == 32, "psagg_ctl_declare layout");
+} psagg__ctl_declare;
+_Static_assert(sizeof(psagg__ctl_declare) == 32, "psagg__ctl_declare layout");
 
-/* psagg_ctl_tensor.flags */
+/* psagg__ctl_tensor.flags */
 #define PSAGG_DECL_PARAM 1u /* a parameter: the servers run the optimizer on it (above) */
 #define PSAGG_DECL_RARE  2u /* used now and then, not every round (runtime/layout.h) */
 
-typedef struct psagg_ctl_tensor {
+typedef struct psagg__ctl_tensor {
     char name[PSAGG_NAME_MAX]; /* NUL-terminated */
     uint64_t count;            /* fp32 elements, >= 1 */
     uint32_t codec;            /* psagg_codec_id */
@@ -318,14 +318,14 @@ typedef struct psagg_ctl_tensor {
     uint32_t rounding;
     uint32_t flags; /* PSAGG_DECL_* */
     uint32_t reserved;
-} psagg_ctl_tensor;
-_Static_assert(sizeof(psagg_ctl_tensor) == 64 + 8 + 24, "psagg_ctl_tensor layout");
+} psagg__ctl_tensor;
+_Static_assert(sizeof(psagg__ctl_tensor) == 64 + 8 + 24, "psagg__ctl_tensor layout");
 
-typedef struct psagg_ctl_error {
+typedef struct psagg__ctl_error {
     int32_t status; /* psagg_status */
     char msg[252];  /* NUL-terminated */
-} psagg_ctl_error;
-_Static_assert(sizeof(psagg_ctl_error) == 256, "psagg_ctl_error layout");
+} psagg__ctl_error;
+_Static_assert(sizeof(psagg__ctl_error) == 256, "psagg__ctl_error layout");
 
 /*
  * MEMBERSHIP (elastic jobs, server/membership.c): server 0 -> every live worker, which relays
@@ -334,24 +334,24 @@ _Static_assert(sizeof(psagg_ctl_error) == 256, "psagg_ctl_error layout");
  * the members of this epoch. A frame of an epoch already applied must equal the applied one
  * byte for byte (else two relays disagree: the job fails naming them).
  */
-typedef struct psagg_ctl_membership {
+typedef struct psagg__ctl_membership {
     uint32_t epoch;
     uint32_t n_workers; /* entries of live[] after this struct: the job's worker ranks */
     uint32_t n_live;    /* members of this epoch */
     int32_t left;       /* the worker this epoch removed, or -1: the new live ones joined */
     uint32_t flags;     /* PSAGG_MEMBERSHIP_DONE: `left` is done (said BYE): no failure */
     char why[236];      /* why it left, or who joined (NUL-terminated) */
-} psagg_ctl_membership;
+} psagg__ctl_membership;
 #define PSAGG_MEMBERSHIP_DONE 1u
-_Static_assert(sizeof(psagg_ctl_membership) == 256, "psagg_ctl_membership layout");
+_Static_assert(sizeof(psagg__ctl_membership) == 256, "psagg__ctl_membership layout");
 
 /* One tensor's state at a SYNC barrier: the round of its next operation, and flags. */
 #define PSAGG_TSTATE_INITED 1u /* a parameter whose psagg_param_init completed */
-typedef struct psagg_ctl_tensor_state {
+typedef struct psagg__ctl_tensor_state {
     uint32_t round;
     uint32_t flags; /* PSAGG_TSTATE_* */
-} psagg_ctl_tensor_state;
-_Static_assert(sizeof(psagg_ctl_tensor_state) == 8, "psagg_ctl_tensor_state layout");
+} psagg__ctl_tensor_state;
+_Static_assert(sizeof(psagg__ctl_tensor_state) == 8, "psagg__ctl_tensor_state layout");
 
 /*
  * The codec assignments after a SYNC's or SYNC_DONE's tensor states ([codec] adaptive;
@@ -361,44 +361,44 @@ _Static_assert(sizeof(psagg_ctl_tensor_state) == 8, "psagg_ctl_tensor_state layo
  *                PSAGG_ADAPT_NO_GEN (empty); the newest is the statistics rounds summed
  *                (the statistics tensor's round): a worker sends SYNC once their solve is done
  *   adapt_gens x adapt_tensors bytes: slot by slot, each adaptive tensor's (in key order)
- *                choice, its index among psagg_adapt_candidates (0 in an empty slot)
+ *                choice, its index among psagg__adapt_candidates (0 in an empty slot)
  * Every member keeps the same (the same sums, the same solver): server 0 compares them as it
  * compares the states, and a joiner takes them.
  */
-static inline uint64_t psagg_ctl_sync_tail(uint32_t n_tensors, uint32_t adapt_gens,
-                                           uint32_t adapt_tensors)
+static inline uint64_t psagg__ctl_sync_tail(uint32_t n_tensors, uint32_t adapt_gens,
+                                            uint32_t adapt_tensors)
 {
-    return (uint64_t)n_tensors * sizeof(psagg_ctl_tensor_state) +
+    return (uint64_t)n_tensors * sizeof(psagg__ctl_tensor_state) +
            (uint64_t)adapt_gens * (sizeof(uint32_t) + adapt_tensors);
 }
 
-typedef struct psagg_ctl_sync {
+typedef struct psagg__ctl_sync {
     uint32_t seq;           /* the worker's barrier count: 1 for its first psagg_sync_membership */
     uint32_t n_tensors;     /* states that follow: every declared tensor */
     uint32_t adapt_gens;    /* codec assignments after them (above) */
     uint32_t adapt_tensors; /* the adaptive tensors: each assignment's choices */
-} psagg_ctl_sync;
-_Static_assert(sizeof(psagg_ctl_sync) == 16, "psagg_ctl_sync layout");
+} psagg__ctl_sync;
+_Static_assert(sizeof(psagg__ctl_sync) == 16, "psagg__ctl_sync layout");
 
-typedef struct psagg_ctl_sync_done {
+typedef struct psagg__ctl_sync_done {
     uint32_t seq;           /* the barrier passed */
     uint32_t epoch;         /* the membership epoch after it */
     uint32_t joined;        /* workers it admitted */
     uint32_t n_tensors;     /* states that follow (the members'), 0 when joined is 0 */
     uint32_t adapt_gens;    /* the members' codec assignments after them, 0 when joined is 0 */
-    uint32_t adapt_tensors; /* (as in psagg_ctl_sync) */
-} psagg_ctl_sync_done;
-_Static_assert(sizeof(psagg_ctl_sync_done) == 24, "psagg_ctl_sync_done layout");
+    uint32_t adapt_tensors; /* (as in psagg__ctl_sync) */
+} psagg__ctl_sync_done;
+_Static_assert(sizeof(psagg__ctl_sync_done) == 24, "psagg__ctl_sync_done layout");
 
-enum psagg_msg_type {
+enum psagg__msg_type {
     PSAGG_MSG_PUSH = 1,
     PSAGG_MSG_UPDATE = 2,
     PSAGG_MSG_WEIGHTS = 3,
 };
 
-typedef struct psagg_msg_hdr {
+typedef struct psagg__msg_hdr {
     uint32_t magic;  /* PSAGG_MSG_MAGIC */
-    uint8_t type;    /* psagg_msg_type */
+    uint8_t type;    /* psagg__msg_type */
     uint8_t version; /* PSAGG_PROTO_VERSION */
     uint16_t sender; /* worker rank (PUSH) or server rank (UPDATE) */
     uint16_t epoch;  /* the membership epoch (mod 2^16) the sender was in; 0 in a static job */
@@ -408,43 +408,43 @@ typedef struct psagg_msg_hdr {
     uint32_t chunk;  /* chunk index within the tensor */
     uint32_t len;    /* payload bytes: exactly the encoded size of the chunk in that codec */
     uint32_t codec;  /* the payload's codec and the assignment's generation (above) */
-} psagg_msg_hdr;
-_Static_assert(sizeof(psagg_msg_hdr) == 32, "psagg_msg_hdr layout");
+} psagg__msg_hdr;
+_Static_assert(sizeof(psagg__msg_hdr) == 32, "psagg__msg_hdr layout");
 
-/* psagg_msg_param.flags: the kind in bits 0-1, then flags */
-enum psagg_param_kind { PSAGG_PARAM_GRAD = 0, PSAGG_PARAM_INIT = 1, PSAGG_PARAM_PULL = 2 };
+/* psagg__msg_param.flags: the kind in bits 0-1, then flags */
+enum psagg__param_kind { PSAGG_PARAM_GRAD = 0, PSAGG_PARAM_INIT = 1, PSAGG_PARAM_PULL = 2 };
 #define PSAGG_PARAM_KIND_MASK 3u
 #define PSAGG_PARAM_AVERAGE   4u /* GRAD: the step uses the sum / workers */
 #define PSAGG_PARAM_SYNC      8u /* PULL: the workers hold the pulled weights from now on */
 
 /* The trailer of a parameter tensor's push (the last bytes of its payload). Every field but
  * weight must be the same in every worker's push of a round. */
-typedef struct psagg_msg_param {
+typedef struct psagg__msg_param {
     float lr;           /* GRAD: the learning rate of this step */
     float weight_decay; /* GRAD: and its weight decay */
-    uint32_t flags;     /* psagg_param_kind | PSAGG_PARAM_* */
+    uint32_t flags;     /* psagg__param_kind | PSAGG_PARAM_* */
     uint32_t tag;       /* GRAD: the caller's label of the step (psagg_set_param_sync; DiLoCo:
                            fragment << 24 | inner step mod 2^24), else 0 */
     float weight;       /* this worker's weight in an AVERAGE: the step divides the sum by the
                            sum of the weights (1 each: the number of workers); > 0 */
     uint32_t reserved;  /* 0 */
-} psagg_msg_param;
-_Static_assert(sizeof(psagg_msg_param) == 24, "psagg_msg_param layout");
+} psagg__msg_param;
+_Static_assert(sizeof(psagg__msg_param) == 24, "psagg__msg_param layout");
 
 /* Same-host copies (above): the transport's own messages, never seen by its callers. */
 #define PSAGG_LOCAL_MAGIC 0x4C475350u /* "PSGL" */
 #define PSAGG_LOCAL_MIN   (32u << 10) /* smaller messages go as they are */
-enum psagg_local_type { PSAGG_LOCAL_DESC = 1, PSAGG_LOCAL_ACK = 2 };
+enum psagg__local_type { PSAGG_LOCAL_DESC = 1, PSAGG_LOCAL_ACK = 2 };
 
-typedef struct psagg_msg_local {
+typedef struct psagg__msg_local {
     uint32_t magic;  /* PSAGG_LOCAL_MAGIC */
-    uint32_t type;   /* psagg_local_type */
+    uint32_t type;   /* psagg__local_type */
     uint64_t cookie; /* the sender's name for the send; the ACK echoes it */
     uint64_t addr;   /* DESC: where the message lies in the sender's memory */
     uint64_t len;    /* DESC: its bytes, 1..the reader's receive buffer */
     int32_t status;  /* ACK: 0 copied, else the reader's psagg_status (the send fails) */
     uint32_t reserved;
-} psagg_msg_local;
-_Static_assert(sizeof(psagg_msg_local) == 40, "psagg_msg_local layout");
+} psagg__msg_local;
+_Static_assert(sizeof(psagg__msg_local) == 40, "psagg__msg_local layout");
 
 #endif

@@ -79,7 +79,7 @@ static psagg_status report_bad(const psagg_codec *c, size_t k0, __m256 v, unsign
     float tmp[W];
     unsigned lane = (unsigned)__builtin_ctz(bad);
     _mm256_storeu_ps(tmp, v);
-    return psagg_codec_bad_value(c, k0 + lane, tmp[lane], badi);
+    return psagg__codec_bad_value(c, k0 + lane, tmp[lane], badi);
 }
 
 /* ---------------- fp formats ---------------- */
@@ -173,8 +173,8 @@ enc_fp_as(const psagg_codec_id id, const psagg_codec *c, const float *x, float *
     return PSAGG_OK;
 }
 
-/* y applied to out + k (rem lanes in range) as op says (codec.h psagg_decode_op) */
-static inline __m256 dec_apply(psagg_decode_op op, const float *o, size_t rem, __m256 y, __m256 f)
+/* y applied to out + k (rem lanes in range) as op says (codec.h psagg__decode_op) */
+static inline __m256 dec_apply(psagg__decode_op op, const float *o, size_t rem, __m256 y, __m256 f)
 {
     switch (op) {
     case PSAGG_DECODE_ADD:
@@ -194,7 +194,7 @@ static inline __m256 dec_apply(psagg_decode_op op, const float *o, size_t rem, _
  */
 static inline __attribute__((always_inline)) int dec_fp_as(const psagg_codec_id id,
                                                            const uint8_t *in, size_t n, float *out,
-                                                           psagg_decode_op op, float factor)
+                                                           psagg__decode_op op, float factor)
 {
     const __m256 f = _mm256_set1_ps(factor), inf = _mm256_set1_ps(INFINITY);
     __m256 bad = _mm256_setzero_ps();
@@ -245,8 +245,8 @@ static void mm_init(mm_ctx *t, const psagg_codec *c, size_t n)
     uint32_t sh[8];
     t->b = b;
     t->n = n;
-    t->nb = psagg_mm_nbuckets(n, c->bucket);
-    t->plen = psagg_mm_payload_bytes(n, b);
+    t->nb = psagg__mm_nbuckets(n, c->bucket);
+    t->plen = psagg__mm_payload_bytes(n, b);
     for (unsigned j = 0; j < 8; j++) {
         unsigned bit = j * b, off = bit >> 3, s = bit & 7;
         ctrl[4 * j] = (uint8_t)off;
@@ -301,7 +301,7 @@ static inline void mm_pack(const mm_ctx *t, __m256i q, uint8_t *p, size_t room)
  */
 static inline __m256 rng8(__m256i idx, __m256i k0, __m256i k1)
 {
-    /* psagg_rng_hash32 of kernels/rng.h, 8 lanes at once */
+    /* psagg__rng_hash32 of kernels/rng.h, 8 lanes at once */
     __m256i h = _mm256_add_epi32(_mm256_xor_si256(_mm256_srli_epi32(idx, 1), k1), k0);
     h = _mm256_xor_si256(h, _mm256_srli_epi32(h, PSAGG_RNG_S1));
     h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)PSAGG_RNG_M1));
@@ -351,7 +351,7 @@ static inline void mm_track(__m256 v, size_t rem, __m256 *vmin, __m256 *vmax, un
 
 static psagg_status mm_finish_bucket(const mm_ctx *t, const psagg_codec *c, float *acc, size_t len,
                                      size_t base, __m256 vmin, __m256 vmax, unsigned bad_any,
-                                     float *r, psagg_rng_key key, uint8_t *out, size_t *badi)
+                                     float *r, psagg__rng_key key, uint8_t *out, size_t *badi)
 {
     float lo, hi, range, scale = 0.0f, inv = 0.0f;
     uint8_t *meta = out + 8 * (base / c->bucket), *payload = out + 8 * t->nb;
@@ -417,7 +417,7 @@ static void mm_zero_padding(const mm_ctx *t, uint8_t *out)
 }
 
 static psagg_status enc_mm(const psagg_codec *c, const float *x, float *residual, size_t n,
-                           psagg_rng_key key, uint8_t *out, psagg_scratch *ws, size_t *badi)
+                           psagg__rng_key key, uint8_t *out, psagg__scratch *ws, size_t *badi)
 {
     size_t B = c->bucket;
     float *acc = ws->acc;
@@ -447,7 +447,7 @@ static psagg_status enc_mm(const psagg_codec *c, const float *x, float *residual
 }
 
 static void dec_mm(const psagg_codec *c, const uint8_t *in, size_t n, float *out,
-                   psagg_decode_op op, float factor)
+                   psagg__decode_op op, float factor)
 {
     const __m256 f = _mm256_set1_ps(factor);
     mm_ctx t;
@@ -473,7 +473,7 @@ static void dec_mm(const psagg_codec *c, const uint8_t *in, size_t n, float *out
 }
 
 static psagg_status agg_mm(const psagg_codec *c, const uint8_t *const *in, size_t n_in, size_t n,
-                           float *residual, psagg_rng_key key, uint8_t *out, psagg_scratch *ws,
+                           float *residual, psagg__rng_key key, uint8_t *out, psagg__scratch *ws,
                            size_t *badi)
 {
     size_t B = c->bucket;
@@ -514,7 +514,7 @@ static psagg_status agg_mm(const psagg_codec *c, const uint8_t *const *in, size_
     return st;
 }
 
-const psagg_codec_impl psagg_impl_avx2 = {
+const psagg__codec_impl psagg__impl_avx2 = {
     .name = "avx2",
     .fp_encode = enc_fp,
     .fp_decode = dec_fp,
@@ -525,5 +525,5 @@ const psagg_codec_impl psagg_impl_avx2 = {
 };
 
 #else /* not built for AVX2 */
-const psagg_codec_impl psagg_impl_avx2 = {.name = "avx2"};
+const psagg__codec_impl psagg__impl_avx2 = {.name = "avx2"};
 #endif

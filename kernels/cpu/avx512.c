@@ -23,7 +23,7 @@ static psagg_status report_bad(const psagg_codec *c, size_t k0, __m512 v, __mmas
     float tmp[W];
     unsigned lane = (unsigned)__builtin_ctz((unsigned)bad);
     _mm512_storeu_ps(tmp, v);
-    return psagg_codec_bad_value(c, k0 + lane, tmp[lane], badi);
+    return psagg__codec_bad_value(c, k0 + lane, tmp[lane], badi);
 }
 
 /* ---------------- fp formats ---------------- */
@@ -107,8 +107,8 @@ enc_fp_as(const psagg_codec_id id, const psagg_codec *c, const float *x, float *
     return PSAGG_OK;
 }
 
-/* y applied to out + k (m: the lanes in range) as op says (codec.h psagg_decode_op) */
-static inline __m512 dec_apply(psagg_decode_op op, const float *o, __mmask16 m, __m512 y, __m512 f)
+/* y applied to out + k (m: the lanes in range) as op says (codec.h psagg__decode_op) */
+static inline __m512 dec_apply(psagg__decode_op op, const float *o, __mmask16 m, __m512 y, __m512 f)
 {
     switch (op) {
     case PSAGG_DECODE_ADD:
@@ -125,7 +125,7 @@ static inline __m512 dec_apply(psagg_decode_op op, const float *o, __mmask16 m, 
 /* Decode and apply; the NaN/Inf check of the inputs rides along (a mask per vector). */
 static inline __attribute__((always_inline)) int dec_fp_as(const psagg_codec_id id,
                                                            const uint8_t *in, size_t n, float *out,
-                                                           psagg_decode_op op, float factor)
+                                                           psagg__decode_op op, float factor)
 {
     const __m512 f = _mm512_set1_ps(factor), inf = _mm512_set1_ps(INFINITY);
     __mmask16 bad = 0;
@@ -176,8 +176,8 @@ static void mm_init(mm_ctx *t, const psagg_codec *c, size_t n)
     t->b = b;
     t->gbytes = 2 * b;
     t->n = n;
-    t->nb = psagg_mm_nbuckets(n, c->bucket);
-    t->plen = psagg_mm_payload_bytes(n, b);
+    t->nb = psagg__mm_nbuckets(n, c->bucket);
+    t->plen = psagg__mm_payload_bytes(n, b);
     for (unsigned j = 0; j < 16; j++) {
         unsigned bit = j * b, off = bit >> 3, s = bit & 7;
         ctrl[4 * j] = (uint8_t)off;
@@ -237,7 +237,7 @@ static inline __m512i mm_spread(const mm_ctx *t, __m512i w)
 /* Called after pass 1 filled acc[0..len): bad check, lo/hi, meta, then pass 2. */
 static psagg_status mm_finish_bucket(const mm_ctx *t, const psagg_codec *c, float *acc, size_t len,
                                      size_t base, __m512 vmin, __m512 vmax, __mmask16 bad_any,
-                                     float *r, psagg_rng_key key, uint8_t *out, size_t *badi)
+                                     float *r, psagg__rng_key key, uint8_t *out, size_t *badi)
 {
     float lo, hi, range, scale = 0.0f, inv = 0.0f;
     uint8_t *meta = out + 8 * (base / c->bucket), *payload = out + 8 * t->nb;
@@ -283,7 +283,7 @@ static psagg_status mm_finish_bucket(const mm_ctx *t, const psagg_codec *c, floa
         __mmask16 m = lane_mask(len - j);
         __m512 v = _mm512_loadu_ps(acc + j);
         __m512 tt = _mm512_mul_ps(_mm512_sub_ps(v, vlo), vinv);
-        __m512 u = sr ? psagg_avx512_rng16(
+        __m512 u = sr ? psagg__avx512_rng16(
                             _mm512_add_epi32(_mm512_set1_epi32((int)(uint32_t)k), iota), k0, k1)
                       : vhalf;
         __m512i q = _mm512_maskz_cvttps_epi32(m, _mm512_min_ps(_mm512_add_ps(tt, u), Lf));
@@ -304,15 +304,15 @@ static void mm_zero_padding(const mm_ctx *t, uint8_t *out)
 }
 
 static psagg_status enc_mm(const psagg_codec *c, const float *x, float *residual, size_t n,
-                           psagg_rng_key key, uint8_t *out, psagg_scratch *ws, size_t *badi)
+                           psagg__rng_key key, uint8_t *out, psagg__scratch *ws, size_t *badi)
 {
     size_t B = c->bucket;
     float *acc = ws->acc;
     psagg_status st = PSAGG_OK;
     mm_ctx t;
 
-    if (psagg_avx512_bytes_ok(c))
-        return psagg_avx512_bytes_encode(c, x, residual, n, key, out, ws, badi);
+    if (psagg__avx512_bytes_ok(c))
+        return psagg__avx512_bytes_encode(c, x, residual, n, key, out, ws, badi);
     mm_init(&t, c, n);
     for (size_t base = 0; base < n && st == PSAGG_OK; base += B) {
         size_t len = n - base < B ? n - base : B;
@@ -339,7 +339,7 @@ static psagg_status enc_mm(const psagg_codec *c, const float *x, float *residual
 }
 
 static void dec_mm(const psagg_codec *c, const uint8_t *in, size_t n, float *out,
-                   psagg_decode_op op, float factor)
+                   psagg__decode_op op, float factor)
 {
     const __m512 f = _mm512_set1_ps(factor);
     mm_ctx t;
@@ -368,7 +368,7 @@ static void dec_mm(const psagg_codec *c, const uint8_t *in, size_t n, float *out
 _Static_assert(2 * sizeof(__m512) == PSAGG_SCRATCH_TAB, "two decode tables per input");
 
 static psagg_status agg_mm(const psagg_codec *c, const uint8_t *const *in, size_t n_in, size_t n,
-                           float *residual, psagg_rng_key key, uint8_t *out, psagg_scratch *ws,
+                           float *residual, psagg__rng_key key, uint8_t *out, psagg__scratch *ws,
                            size_t *badi)
 {
     size_t B = c->bucket;
@@ -379,8 +379,8 @@ static psagg_status agg_mm(const psagg_codec *c, const uint8_t *const *in, size_
     psagg_status st = PSAGG_OK;
     mm_ctx t;
 
-    if (n_in > 0 && psagg_avx512_bytes_ok(c))
-        return psagg_avx512_bytes_aggregate(c, in, n_in, n, residual, key, out, ws, badi);
+    if (n_in > 0 && psagg__avx512_bytes_ok(c))
+        return psagg__avx512_bytes_aggregate(c, in, n_in, n, residual, key, out, ws, badi);
     mm_init(&t, c, n);
     for (size_t i = 0; i < n_in; i++)
         pay[i] = in[i] + 8 * t.nb;
@@ -442,7 +442,7 @@ static psagg_status agg_mm(const psagg_codec *c, const uint8_t *const *in, size_
     return st;
 }
 
-const psagg_codec_impl psagg_impl_avx512 = {
+const psagg__codec_impl psagg__impl_avx512 = {
     .name = "avx512",
     .fp_encode = enc_fp,
     .fp_decode = dec_fp,
@@ -453,5 +453,5 @@ const psagg_codec_impl psagg_impl_avx512 = {
 };
 
 #else /* not built for AVX-512 */
-const psagg_codec_impl psagg_impl_avx512 = {.name = "avx512"};
+const psagg__codec_impl psagg__impl_avx512 = {.name = "avx512"};
 #endif

@@ -23,13 +23,13 @@
  * bits of each lane, and packing is q_0 | q_1 << b | ... then vpmovdb. The sum, min/max and
  * every per-element operation are layout-independent; the RNG index of each lane follows the
  * layout; x and residuals (natural order) are (de)interleaved with vpermt2ps. A bucket is a
- * whole number of groups (B % G == 0, checked by psagg_avx512_bytes_ok).
+ * whole number of groups (B % G == 0, checked by psagg__avx512_bytes_ok).
  */
 
 #define FA static inline __attribute__((always_inline))
 
 /* payload bits per dword lane (group = 2*D bytes, P = D/b vectors), 0: not this path */
-int psagg_avx512_bytes_ok(const psagg_codec *c)
+int psagg__avx512_bytes_ok(const psagg_codec *c)
 {
     uint32_t b = c->bits;
     if (b != 1 && b != 2 && b != 4 && b != 8)
@@ -143,14 +143,14 @@ FA void fa_quant(const int b, const int D, const int sr, const int tail, const f
         __m512 t = _mm512_mul_ps(_mm512_sub_ps(v, z->vlo), z->vinv);
         __m512 u = _mm512_set1_ps(0.5f);
         if (sr && P == 1) {
-            u = psagg_avx512_rng16(idx, z->k0, z->k1);
+            u = psagg__avx512_rng16(idx, z->k0, z->k1);
         } else if (sr && s % 2 == 0) {
-            h = psagg_avx512_rng_hash(
+            h = psagg__avx512_rng_hash(
                 _mm512_add_epi32(_mm512_srli_epi32(idx, 1), _mm512_set1_epi32(s / 2)), z->k0,
                 z->k1);
-            u = psagg_avx512_rng_u_lo(h);
+            u = psagg__avx512_rng_u_lo(h);
         } else if (sr) {
-            u = psagg_avx512_rng_u_hi(h);
+            u = psagg__avx512_rng_u_hi(h);
         }
         __m512i q = _mm512_cvttps_epi32(_mm512_min_ps(_mm512_add_ps(t, u), z->Lf));
         if (tail)
@@ -196,7 +196,7 @@ static inline size_t fa_pos(uint32_t b, uint32_t D, size_t e)
  */
 FA psagg_status fa_finish(const int b, const int D, const int sr, const psagg_codec *c, size_t n,
                           size_t nb, size_t plen, float *acc, size_t len, size_t base, __m512 vmin,
-                          __m512 vmax, int bad_any, float *r, psagg_rng_key key, uint8_t *out,
+                          __m512 vmax, int bad_any, float *r, psagg__rng_key key, uint8_t *out,
                           size_t *badi)
 {
     const int P = D / b, G = 16 * P, GB = 2 * D;
@@ -213,7 +213,7 @@ FA psagg_status fa_finish(const int b, const int D, const int sr, const psagg_co
         for (size_t e = 0; e < len; e++) {
             float v = acc[fa_pos((uint32_t)b, (uint32_t)D, e)];
             if (!(fabsf(v) < PSAGG_MAXMIN_MAX_ABS))
-                return psagg_codec_bad_value(c, base + e, v, badi);
+                return psagg__codec_bad_value(c, base + e, v, badi);
         }
     }
     if (lo == 0.0f) { /* -0 < +0: lo is -0 iff some value is -0 (tail lanes beyond len: 0) */
@@ -279,11 +279,11 @@ FA void fa_enc_load(const int b, const int D, const int tail, const float *x, co
 }
 
 FA psagg_status fa_encode(const int b, const int D, const int sr, const psagg_codec *c,
-                          const float *x, float *residual, size_t n, psagg_rng_key key,
+                          const float *x, float *residual, size_t n, psagg__rng_key key,
                           uint8_t *out, float *acc, size_t *badi)
 {
     const size_t G = 16 * (D / b), B = c->bucket;
-    size_t nb = psagg_mm_nbuckets(n, c->bucket), plen = psagg_mm_payload_bytes(n, (uint32_t)b);
+    size_t nb = psagg__mm_nbuckets(n, c->bucket), plen = psagg__mm_payload_bytes(n, (uint32_t)b);
     for (size_t base = 0; base < n; base += B) {
         size_t len = n - base < B ? n - base : B, j, full = len / G * G;
         const float *xb = x + base;
@@ -368,11 +368,11 @@ FA void fa_agg_sum(const int b, const int D, const int tail, const uint8_t *cons
 
 FA psagg_status fa_aggregate(const int b, const int D, const int sr, const psagg_codec *c,
                              const uint8_t *const *in, const uint8_t *const *pay, size_t n_in,
-                             size_t n, float *residual, psagg_rng_key key, uint8_t *out, float *acc,
-                             __m512 *tab, float *mt, size_t *badi)
+                             size_t n, float *residual, psagg__rng_key key, uint8_t *out,
+                             float *acc, __m512 *tab, float *mt, size_t *badi)
 {
     const size_t G = 16 * (D / b), GB = 2 * D, B = c->bucket;
-    size_t nb = psagg_mm_nbuckets(n, c->bucket), plen = psagg_mm_payload_bytes(n, (uint32_t)b);
+    size_t nb = psagg__mm_nbuckets(n, c->bucket), plen = psagg__mm_payload_bytes(n, (uint32_t)b);
     const __m512 e = _mm512_cvtepi32_ps(
         _mm512_and_si512(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                          _mm512_set1_epi32((1 << b) - 1)));
@@ -406,7 +406,7 @@ FA psagg_status fa_aggregate(const int b, const int D, const int sr, const psagg
 #define FA_DISPATCH(CALL)                                                                          \
     do {                                                                                           \
         int sr_ = c->rounding == PSAGG_ROUND_STOCHASTIC;                                           \
-        switch (c->bits * 2 + sr_ + (psagg_avx512_bytes_ok(c) == 32 ? 100 : 0)) {                  \
+        switch (c->bits * 2 + sr_ + (psagg__avx512_bytes_ok(c) == 32 ? 100 : 0)) {                 \
         case 2: {                                                                                  \
             const int b = 1, D = 8, sr = 0;                                                        \
             return CALL;                                                                           \
@@ -450,22 +450,23 @@ FA psagg_status fa_aggregate(const int b, const int D, const int sr, const psagg
         }                                                                                          \
     } while (0)
 
-psagg_status psagg_avx512_bytes_encode(const psagg_codec *c, const float *x, float *residual,
-                                       size_t n, psagg_rng_key key, uint8_t *out, psagg_scratch *ws,
-                                       size_t *badi)
+psagg_status psagg__avx512_bytes_encode(const psagg_codec *c, const float *x, float *residual,
+                                        size_t n, psagg__rng_key key, uint8_t *out,
+                                        psagg__scratch *ws, size_t *badi)
 {
     float *acc = ws->acc;
     FA_DISPATCH(fa_encode(b, D, sr, c, x, residual, n, key, out, acc, badi));
 }
 
-psagg_status psagg_avx512_bytes_aggregate(const psagg_codec *c, const uint8_t *const *in,
-                                          size_t n_in, size_t n, float *residual, psagg_rng_key key,
-                                          uint8_t *out, psagg_scratch *ws, size_t *badi)
+psagg_status psagg__avx512_bytes_aggregate(const psagg_codec *c, const uint8_t *const *in,
+                                           size_t n_in, size_t n, float *residual,
+                                           psagg__rng_key key, uint8_t *out, psagg__scratch *ws,
+                                           size_t *badi)
 {
     const uint8_t **pay = ws->pay;
     float *acc = ws->acc, *mt = ws->meta;
     __m512 *tab = ws->tab;
-    size_t nb = psagg_mm_nbuckets(n, c->bucket);
+    size_t nb = psagg__mm_nbuckets(n, c->bucket);
     for (size_t i = 0; i < n_in; i++)
         pay[i] = in[i] + 8 * nb;
     FA_DISPATCH(

@@ -13,15 +13,16 @@
 
 /*
  * maxmin with b in {1, 2, 4, 8} and buckets of whole 16-byte groups (avx512_bytes.c):
- * psagg_avx512_bytes_ok says whether a codec takes this path; the others are the maxmin
+ * psagg__avx512_bytes_ok says whether a codec takes this path; the others are the maxmin
  * encode and aggregate for such codecs (n_in >= 1), with codec.c's scratch.
  */
-int psagg_avx512_bytes_ok(const psagg_codec *c);
-psagg_status psagg_avx512_bytes_encode(const psagg_codec *c, const float *x, float *residual,
-                                       size_t n, psagg_rng_key key, uint8_t *out, psagg_scratch *ws,
-                                       size_t *badi);
-psagg_status psagg_avx512_bytes_aggregate(const psagg_codec *c, const uint8_t *const *in,
-                                          size_t n_in, size_t n, float *residual, psagg_rng_key key,
-                                          uint8_t *out, psagg_scratch *ws, size_t *badi);
+int psagg__avx512_bytes_ok(const psagg_codec *c);
+psagg_status psagg__avx512_bytes_encode(const psagg_codec *c, const float *x, float *residual,
+                                        size_t n, psagg__rng_key key, uint8_t *out,
+                                        psagg__scratch *ws, size_t *badi);
+psagg_status psagg__avx512_bytes_aggregate(const psagg_codec *c, const uint8_t *const *in,
+                                           size_t n_in, size_t n, float *residual,
+                                           psagg__rng_key key, uint8_t *out, psagg__scratch *ws,
+                                           size_t *badi);
 
 #endif

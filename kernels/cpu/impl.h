@@ -5,9 +5,9 @@
  *
  * Layer: kernels. codec.c is the one place that picks an ISA and, within it, the function
  * for the codec's format; an implementation only computes. codec.c calls these only with a
- * checked codec (psagg_codec_check passed, bucket != 0) of the function's format,
+ * checked codec (psagg__codec_check passed, bucket != 0) of the function's format,
  * n <= PSAGG_CODEC_MAX_ELEMS, non-NULL buffers of the exact encoded size, inputs that
- * psagg_validate accepted (decode, aggregate), and a scratch area as described below. Every
+ * psagg__validate accepted (decode, aggregate), and a scratch area as described below. Every
  * implementation must produce the same bytes, residuals and decoded floats as scalar.c for
  * every input.
  */
@@ -31,15 +31,15 @@
 #define PSAGG_SCRATCH_BLOCK 4096
 #define PSAGG_SCRATCH_TAB   128
 
-typedef struct psagg_scratch {
+typedef struct psagg__scratch {
     float *acc;
     size_t acc_elems;
     const uint8_t **pay;
     float *meta;
     void *tab;
-} psagg_scratch;
+} psagg__scratch;
 
-typedef struct psagg_codec_impl {
+typedef struct psagg__codec_impl {
     const char *name;
     /* fp32, fp16, bf16. Encode x (+ residual); on a bad element return its status, set *bad. */
     psagg_status (*fp_encode)(const psagg_codec *c, const float *x, float *residual, size_t n,
@@ -49,28 +49,28 @@ typedef struct psagg_codec_impl {
      * input is NaN or Inf (out is then unspecified).
      */
     int (*fp_decode)(const psagg_codec *c, const uint8_t *in, size_t n, float *out,
-                     psagg_decode_op op, float factor);
+                     psagg__decode_op op, float factor);
     /* s_k = (((0 + y0_k) + y1_k) + ...), then encode s (+ residual) into out. */
     psagg_status (*fp_aggregate)(const psagg_codec *c, const uint8_t *const *in, size_t n_in,
-                                 size_t n, float *residual, uint8_t *out, psagg_scratch *ws,
+                                 size_t n, float *residual, uint8_t *out, psagg__scratch *ws,
                                  size_t *bad);
     /* maxmin: the same three operations. */
     psagg_status (*mm_encode)(const psagg_codec *c, const float *x, float *residual, size_t n,
-                              psagg_rng_key key, uint8_t *out, psagg_scratch *ws, size_t *bad);
+                              psagg__rng_key key, uint8_t *out, psagg__scratch *ws, size_t *bad);
     void (*mm_decode)(const psagg_codec *c, const uint8_t *in, size_t n, float *out,
-                      psagg_decode_op op, float factor);
+                      psagg__decode_op op, float factor);
     psagg_status (*mm_aggregate)(const psagg_codec *c, const uint8_t *const *in, size_t n_in,
-                                 size_t n, float *residual, psagg_rng_key key, uint8_t *out,
-                                 psagg_scratch *ws, size_t *bad);
-} psagg_codec_impl;
+                                 size_t n, float *residual, psagg__rng_key key, uint8_t *out,
+                                 psagg__scratch *ws, size_t *bad);
+} psagg__codec_impl;
 
-extern const psagg_codec_impl psagg_impl_scalar;
-extern const psagg_codec_impl psagg_impl_avx2;   /* all NULL when not built */
-extern const psagg_codec_impl psagg_impl_avx512; /* all NULL when not built */
+extern const psagg__codec_impl psagg__impl_scalar;
+extern const psagg__codec_impl psagg__impl_avx2;   /* all NULL when not built */
+extern const psagg__codec_impl psagg__impl_avx512; /* all NULL when not built */
 
 /*
  * The fp entry points of a SIMD file (fp_encode, fp_decode, fp_aggregate of its
- * psagg_codec_impl), defined from its always-inlined enc_fp_as / dec_fp_as / agg_fp_as, which
+ * psagg__codec_impl), defined from its always-inlined enc_fp_as / dec_fp_as / agg_fp_as, which
  * take the format as their first argument: here it becomes a compile-time constant of each
  * loop, so the files' per-vector format switches fold away (one loop per format).
  */
@@ -85,7 +85,7 @@ extern const psagg_codec_impl psagg_impl_avx512; /* all NULL when not built */
         return enc_fp_as(PSAGG_CODEC_BF16, c, x, r, n, out, badi);                                 \
     }                                                                                              \
     static int dec_fp(const psagg_codec *c, const uint8_t *in, size_t n, float *out,               \
-                      psagg_decode_op op, float f)                                                 \
+                      psagg__decode_op op, float f)                                                \
     {                                                                                              \
         if (c->id == PSAGG_CODEC_FP32)                                                             \
             return dec_fp_as(PSAGG_CODEC_FP32, in, n, out, op, f);                                 \
@@ -94,7 +94,7 @@ extern const psagg_codec_impl psagg_impl_avx512; /* all NULL when not built */
         return dec_fp_as(PSAGG_CODEC_BF16, in, n, out, op, f);                                     \
     }                                                                                              \
     static psagg_status agg_fp(const psagg_codec *c, const uint8_t *const *in, size_t n_in,        \
-                               size_t n, float *r, uint8_t *out, psagg_scratch *ws, size_t *badi)  \
+                               size_t n, float *r, uint8_t *out, psagg__scratch *ws, size_t *badi) \
     {                                                                                              \
         (void)ws;                                                                                  \
         if (c->id == PSAGG_CODEC_FP32)                                                             \
@@ -108,7 +108,7 @@ extern const psagg_codec_impl psagg_impl_avx512; /* all NULL when not built */
  * Report the bad element i whose value (x + residual) is v: NaN/Inf -> PSAGG_ENONFINITE,
  * finite -> PSAGG_ERANGE, with a message naming the element. Sets *bad = i. (codec.c)
  */
-psagg_status psagg_codec_bad_value(const psagg_codec *c, size_t i, float v, size_t *bad);
+psagg_status psagg__codec_bad_value(const psagg_codec *c, size_t i, float v, size_t *bad);
 
 /*
  * The bucket minimum used for lo: the IEEE 754-2019 "minimum" order, in which -0 < +0, so

@@ -84,7 +84,7 @@ static psagg_status enc_fp(const psagg_codec *c, const float *x, float *r, size_
         for (size_t j = 0; j < len; j++) {
             float v = r ? x[j] + r[j] : x[j];
             if (!isfinite(v))
-                return psagg_codec_bad_value(c, base + j, v, bad);
+                return psagg__codec_bad_value(c, base + j, v, bad);
             memcpy(out + 4 * (base + j), &v, 4);
             if (r)
                 r[j] = v - v;
@@ -95,7 +95,7 @@ static psagg_status enc_fp(const psagg_codec *c, const float *x, float *r, size_
             float v = r ? x[j] + r[j] : x[j];
             uint16_t h;
             if (!(fabsf(v) < 65520.0f))
-                return psagg_codec_bad_value(c, base + j, v, bad);
+                return psagg__codec_bad_value(c, base + j, v, bad);
             h = f32_to_f16(v);
             put16(out + 2 * (base + j), h);
             if (r)
@@ -107,10 +107,10 @@ static psagg_status enc_fp(const psagg_codec *c, const float *x, float *r, size_
             float v = r ? x[j] + r[j] : x[j];
             uint32_t u = f2u(v), w;
             if (!isfinite(v))
-                return psagg_codec_bad_value(c, base + j, v, bad);
+                return psagg__codec_bad_value(c, base + j, v, bad);
             w = u + 0x7FFFu + ((u >> 16) & 1u);
             if ((w & 0x7F800000u) == 0x7F800000u)
-                return psagg_codec_bad_value(c, base + j, v, bad);
+                return psagg__codec_bad_value(c, base + j, v, bad);
             put16(out + 2 * (base + j), (uint16_t)(w >> 16));
             if (r)
                 r[j] = v - u2f(w & 0xFFFF0000u);
@@ -170,7 +170,7 @@ static inline uint32_t get_bits(const uint8_t *payload, size_t k, uint32_t b)
 
 /* One bucket: elements base..base+len-1, v_j = x_j (+ r_j). payload must be zeroed. */
 static psagg_status enc_mm_bucket(const psagg_codec *c, const float *x, float *r, size_t len,
-                                  size_t base, psagg_rng_key key, uint8_t *meta, uint8_t *payload,
+                                  size_t base, psagg__rng_key key, uint8_t *meta, uint8_t *payload,
                                   size_t *bad)
 {
     const uint32_t b = c->bits;
@@ -181,7 +181,7 @@ static psagg_status enc_mm_bucket(const psagg_codec *c, const float *x, float *r
     for (size_t j = 0; j < len; j++) {
         float v = r ? x[j] + r[j] : x[j];
         if (!(fabsf(v) < PSAGG_MAXMIN_MAX_ABS))
-            return psagg_codec_bad_value(c, base + j, v, bad);
+            return psagg__codec_bad_value(c, base + j, v, bad);
         if (j == 0) {
             lo = hi = v;
         } else {
@@ -206,7 +206,7 @@ static psagg_status enc_mm_bucket(const psagg_codec *c, const float *x, float *r
             float t = (v - lo) * inv;
             float u = c->rounding == PSAGG_ROUND_NEAREST
                           ? 0.5f
-                          : psagg_rng_uniform(key, (uint32_t)(base + j));
+                          : psagg__rng_uniform(key, (uint32_t)(base + j));
             float m = t + u;
             if (m > L)
                 m = L;
@@ -226,13 +226,13 @@ static psagg_status scalar_fp_encode(const psagg_codec *c, const float *x, float
 }
 
 static psagg_status scalar_mm_encode(const psagg_codec *c, const float *x, float *residual,
-                                     size_t n, psagg_rng_key key, uint8_t *out, psagg_scratch *ws,
+                                     size_t n, psagg__rng_key key, uint8_t *out, psagg__scratch *ws,
                                      size_t *bad)
 {
-    size_t B = c->bucket, nb = psagg_mm_nbuckets(n, c->bucket);
+    size_t B = c->bucket, nb = psagg__mm_nbuckets(n, c->bucket);
     uint8_t *payload = out + 8 * nb;
     (void)ws;
-    memset(payload, 0, psagg_mm_payload_bytes(n, c->bits));
+    memset(payload, 0, psagg__mm_payload_bytes(n, c->bits));
     for (size_t m = 0; m < nb; m++) {
         size_t base = m * B, len = n - base < B ? n - base : B;
         psagg_status st = enc_mm_bucket(c, x + base, residual ? residual + base : NULL, len, base,
@@ -243,8 +243,8 @@ static psagg_status scalar_mm_encode(const psagg_codec *c, const float *x, float
     return PSAGG_OK;
 }
 
-/* out[j] = y_{base+j} applied as op says (codec.h psagg_decode_op) */
-static inline __attribute__((always_inline)) float dec_apply(psagg_decode_op op, float o, float y,
+/* out[j] = y_{base+j} applied as op says (codec.h psagg__decode_op) */
+static inline __attribute__((always_inline)) float dec_apply(psagg__decode_op op, float o, float y,
                                                              float f)
 {
     switch (op) {
@@ -263,7 +263,7 @@ static inline __attribute__((always_inline)) float dec_apply(psagg_decode_op op,
 static inline __attribute__((always_inline)) int dec_range_as(const psagg_codec *c,
                                                               const uint8_t *in, size_t n,
                                                               size_t base, size_t len, float *out,
-                                                              psagg_decode_op op, float f)
+                                                              psagg__decode_op op, float f)
 {
     int bad = 0;
     if (c->id != PSAGG_CODEC_MAXMIN) {
@@ -276,7 +276,7 @@ static inline __attribute__((always_inline)) int dec_range_as(const psagg_codec 
     }
     {
         const uint32_t b = c->bits;
-        size_t nb = psagg_mm_nbuckets(n, c->bucket);
+        size_t nb = psagg__mm_nbuckets(n, c->bucket);
         const uint8_t *payload = in + 8 * nb;
         size_t j = 0;
         while (j < len) { /* bucket by bucket: y = lo + scale * q */
@@ -297,7 +297,7 @@ static inline __attribute__((always_inline)) int dec_range_as(const psagg_codec 
 
 /* dec_range_as with op a constant in each loop (no switch per element) */
 static int dec_range(const psagg_codec *c, const uint8_t *in, size_t n, size_t base, size_t len,
-                     float *out, psagg_decode_op op, float f)
+                     float *out, psagg__decode_op op, float f)
 {
     switch (op) {
     case PSAGG_DECODE_ADD:
@@ -312,13 +312,13 @@ static int dec_range(const psagg_codec *c, const uint8_t *in, size_t n, size_t b
 }
 
 static int scalar_fp_decode(const psagg_codec *c, const uint8_t *in, size_t n, float *out,
-                            psagg_decode_op op, float f)
+                            psagg__decode_op op, float f)
 {
     return dec_range(c, in, n, 0, n, out, op, f);
 }
 
 static void scalar_mm_decode(const psagg_codec *c, const uint8_t *in, size_t n, float *out,
-                             psagg_decode_op op, float f)
+                             psagg__decode_op op, float f)
 {
     dec_range(c, in, n, 0, n, out, op, f);
 }
@@ -328,16 +328,16 @@ static void scalar_mm_decode(const psagg_codec *c, const uint8_t *in, size_t n, 
  * the inputs into ws->acc, then encode the block.
  */
 static psagg_status aggregate(const psagg_codec *c, const uint8_t *const *in, size_t n_in, size_t n,
-                              float *residual, psagg_rng_key key, uint8_t *out, psagg_scratch *ws,
+                              float *residual, psagg__rng_key key, uint8_t *out, psagg__scratch *ws,
                               size_t *bad)
 {
     int mm = c->id == PSAGG_CODEC_MAXMIN;
-    size_t block = mm ? c->bucket : ws->acc_elems, nb = mm ? psagg_mm_nbuckets(n, c->bucket) : 0;
+    size_t block = mm ? c->bucket : ws->acc_elems, nb = mm ? psagg__mm_nbuckets(n, c->bucket) : 0;
     float *s = ws->acc;
     psagg_status st = PSAGG_OK;
 
     if (mm)
-        memset(out + 8 * nb, 0, psagg_mm_payload_bytes(n, c->bits));
+        memset(out + 8 * nb, 0, psagg__mm_payload_bytes(n, c->bits));
     for (size_t base = 0; base < n && st == PSAGG_OK; base += block) {
         size_t len = n - base < block ? n - base : block;
         float *r = residual ? residual + base : NULL;
@@ -355,14 +355,14 @@ static psagg_status aggregate(const psagg_codec *c, const uint8_t *const *in, si
 }
 
 static psagg_status scalar_fp_aggregate(const psagg_codec *c, const uint8_t *const *in, size_t n_in,
-                                        size_t n, float *residual, uint8_t *out, psagg_scratch *ws,
+                                        size_t n, float *residual, uint8_t *out, psagg__scratch *ws,
                                         size_t *bad)
 {
-    psagg_rng_key unused = {0, 0};
+    psagg__rng_key unused = {0, 0};
     return aggregate(c, in, n_in, n, residual, unused, out, ws, bad);
 }
 
-const psagg_codec_impl psagg_impl_scalar = {
+const psagg__codec_impl psagg__impl_scalar = {
     .name = "scalar",
     .fp_encode = scalar_fp_encode,
     .fp_decode = scalar_fp_decode,

@@ -1,6 +1,6 @@
 /*
  * codec_cuda.cu - the host API of the CUDA codecs (codec_cuda.h): argument checks with the CPU
- * library's own rules (psagg_codec_check, psagg_encoded_size: one definition of a valid codec
+ * library's own rules (psagg__codec_check, psagg__encoded_size: one definition of a valid codec
  * and of every size), the launches through launch.h (device code in kernels.cu), device error
  * words, the blocking wrappers, and the server's host-memory context. Layer: kernels.
  */
@@ -15,7 +15,7 @@
 #include "kernels/cuda/codec_cuda.h"
 #include "launch.h"
 
-using namespace psagg_cuda;
+using namespace psagg__cuda;
 
 namespace
 {
@@ -32,19 +32,19 @@ psagg_status layout_make(const psagg_codec *codec, size_t n, Layout *L)
 {
     psagg_status st;
     if (!codec)
-        return psagg_fail(PSAGG_EINVAL, "cuda codec: codec is NULL");
+        return psagg__fail(PSAGG_EINVAL, "cuda codec: codec is NULL");
     if ((uint64_t)n > PSAGG_CODEC_MAX_ELEMS)
-        return psagg_fail(PSAGG_EINVAL, "cuda codec: n = %zu exceeds %llu", n,
-                          (unsigned long long)PSAGG_CODEC_MAX_ELEMS);
+        return psagg__fail(PSAGG_EINVAL, "cuda codec: n = %zu exceeds %llu", n,
+                           (unsigned long long)PSAGG_CODEC_MAX_ELEMS);
     memset(L, 0, sizeof *L);
     L->c = *codec;
-    if ((st = psagg_codec_check(&L->c)))
-        return psagg_fail_context(st, "cuda ");
+    if ((st = psagg__codec_check(&L->c)))
+        return psagg__fail_context(st, "cuda ");
     L->n = n;
-    L->size = psagg_encoded_size(&L->c, n);
+    L->size = psagg__encoded_size(&L->c, n);
     if (L->c.id == PSAGG_CODEC_MAXMIN) {
-        L->nb = psagg_mm_nbuckets(n, L->c.bucket);
-        L->payload = psagg_mm_payload_bytes(n, L->c.bits);
+        L->nb = psagg__mm_nbuckets(n, L->c.bucket);
+        L->payload = psagg__mm_payload_bytes(n, L->c.bits);
     }
     return PSAGG_OK;
 }
@@ -59,8 +59,8 @@ psagg_status cuda_status(cudaError_t e, const char *what)
         (void)cudaGetLastError();
     if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ||
         e == cudaErrorNoKernelImageForDevice)
-        return psagg_fail(PSAGG_EUNSUPPORTED, "%s: %s", what, cudaGetErrorString(e));
-    return psagg_fail(PSAGG_ECUDA, "%s: %s", what, cudaGetErrorString(e));
+        return psagg__fail(PSAGG_EUNSUPPORTED, "%s: %s", what, cudaGetErrorString(e));
+    return psagg__fail(PSAGG_ECUDA, "%s: %s", what, cudaGetErrorString(e));
 }
 
 inline bool aligned(const void *p, uintptr_t a)
@@ -68,7 +68,7 @@ inline bool aligned(const void *p, uintptr_t a)
     return ((uintptr_t)p & (a - 1)) == 0;
 }
 
-KArgs kargs_make(const Layout &L, psagg_rng_key key, bool vec)
+KArgs kargs_make(const Layout &L, psagg__rng_key key, bool vec)
 {
     KArgs a;
     memset(&a, 0, sizeof a);
@@ -89,8 +89,8 @@ KArgs kargs_make(const Layout &L, psagg_rng_key key, bool vec)
 psagg_status check_ptr(const void *p, uintptr_t align, const char *what)
 {
     if (!aligned(p, align))
-        return psagg_fail(PSAGG_EINVAL, "cuda codec: %s %p not %u-byte aligned", what, p,
-                          (unsigned)align);
+        return psagg__fail(PSAGG_EINVAL, "cuda codec: %s %p not %u-byte aligned", what, p,
+                           (unsigned)align);
     return PSAGG_OK;
 }
 
@@ -104,7 +104,7 @@ struct SyncErr { /* temporary device error word for the *_sync wrappers */
             cuda_status(cudaMallocAsync((void **)&d, sizeof *d, s), "cudaMallocAsync");
         if (st)
             return st;
-        return psagg_cuda_err_reset(d, s);
+        return psagg__cuda_err_reset(d, s);
     }
     /* Wait for the stream and turn the word into a status. */
     psagg_status finish(size_t *bad_index)
@@ -116,7 +116,7 @@ struct SyncErr { /* temporary device error word for the *_sync wrappers */
         if (!st)
             st = cuda_status(cudaStreamSynchronize(s), "cudaStreamSynchronize");
         if (!st)
-            st = psagg_cuda_err_status(word, bad_index);
+            st = psagg__cuda_err_status(word, bad_index);
         return st;
     }
     ~SyncErr()
@@ -130,16 +130,16 @@ struct SyncErr { /* temporary device error word for the *_sync wrappers */
 
 /* ================================================================ public API */
 
-extern "C" psagg_status psagg_cuda_scale(float *x, size_t n, float s, cudaStream_t stream)
+extern "C" psagg_status psagg__cuda_scale(float *x, size_t n, float s, cudaStream_t stream)
 {
     if (!n)
         return PSAGG_OK;
     if (!x)
-        return psagg_fail(PSAGG_EINVAL, "psagg_cuda_scale: x is NULL");
+        return psagg__fail(PSAGG_EINVAL, "psagg__cuda_scale: x is NULL");
     return cuda_status(launch_scale(x, n, s, stream), "scale_kernel");
 }
 
-extern "C" int psagg_cuda_device_count(void)
+extern "C" int psagg__cuda_device_count(void)
 {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
@@ -151,7 +151,7 @@ extern "C" int psagg_cuda_device_count(void)
     return count;
 }
 
-extern "C" size_t psagg_cuda_encoded_size(const psagg_codec *codec, size_t n)
+extern "C" size_t psagg__cuda_encoded_size(const psagg_codec *codec, size_t n)
 {
     Layout L;
     if (layout_make(codec, n, &L))
@@ -159,14 +159,14 @@ extern "C" size_t psagg_cuda_encoded_size(const psagg_codec *codec, size_t n)
     return (size_t)L.size;
 }
 
-extern "C" psagg_status psagg_cuda_err_reset(uint64_t *d_err, cudaStream_t stream)
+extern "C" psagg_status psagg__cuda_err_reset(uint64_t *d_err, cudaStream_t stream)
 {
     if (!d_err)
-        return psagg_fail(PSAGG_EINVAL, "cuda codec: error word is NULL");
+        return psagg__fail(PSAGG_EINVAL, "cuda codec: error word is NULL");
     return cuda_status(cudaMemsetAsync(d_err, 0xFF, sizeof *d_err, stream), "cudaMemsetAsync");
 }
 
-extern "C" psagg_status psagg_cuda_err_status(uint64_t w, size_t *bad_index)
+extern "C" psagg_status psagg__cuda_err_status(uint64_t w, size_t *bad_index)
 {
     if (w == PSAGG_CUDA_ERR_NONE)
         return PSAGG_OK;
@@ -176,33 +176,33 @@ extern "C" psagg_status psagg_cuda_err_status(uint64_t w, size_t *bad_index)
         *bad_index = index;
     switch (code) {
     case PCM_ERR_NONFINITE:
-        return psagg_fail(PSAGG_ENONFINITE, "cuda codec: %s %zu: NaN or Inf",
-                          stage ? "element" : "input", index);
+        return psagg__fail(PSAGG_ENONFINITE, "cuda codec: %s %zu: NaN or Inf",
+                           stage ? "element" : "input", index);
     case PCM_ERR_RANGE:
-        return psagg_fail(PSAGG_ERANGE, "cuda codec: element %zu out of the codec's range", index);
+        return psagg__fail(PSAGG_ERANGE, "cuda codec: element %zu out of the codec's range", index);
     case PCM_ERR_BADMETA:
-        return psagg_fail(PSAGG_EBADMETA, "cuda codec: input %zu: invalid meta", index);
+        return psagg__fail(PSAGG_EBADMETA, "cuda codec: input %zu: invalid meta", index);
     default:
-        return psagg_fail(PSAGG_ECUDA, "cuda codec: corrupt error word %#llx",
-                          (unsigned long long)w);
+        return psagg__fail(PSAGG_ECUDA, "cuda codec: corrupt error word %#llx",
+                           (unsigned long long)w);
     }
 }
 
-extern "C" psagg_status psagg_cuda_encode(const psagg_codec *codec, const float *x, float *residual,
-                                          size_t n, psagg_rng_key key, void *out, size_t out_len,
-                                          uint64_t *d_err, cudaStream_t stream)
+extern "C" psagg_status psagg__cuda_encode(const psagg_codec *codec, const float *x,
+                                           float *residual, size_t n, psagg__rng_key key, void *out,
+                                           size_t out_len, uint64_t *d_err, cudaStream_t stream)
 {
     Layout L;
     psagg_status st = layout_make(codec, n, &L);
     if (st)
         return st;
     if (out_len != L.size)
-        return psagg_fail(PSAGG_EBADLEN, "cuda encode: out_len %zu, codec needs %llu", out_len,
-                          (unsigned long long)L.size);
+        return psagg__fail(PSAGG_EBADLEN, "cuda encode: out_len %zu, codec needs %llu", out_len,
+                           (unsigned long long)L.size);
     if (n == 0)
         return PSAGG_OK;
     if (!x || !out)
-        return psagg_fail(PSAGG_EINVAL, "cuda encode: NULL buffer");
+        return psagg__fail(PSAGG_EINVAL, "cuda encode: NULL buffer");
     if ((st = check_ptr(x, 4, "x")) || (st = check_ptr(residual, 4, "residual")) ||
         (st = check_ptr(out, 8, "out")))
         return st;
@@ -221,56 +221,56 @@ static psagg_status decode_common(const psagg_codec *codec, const void *in, size
     if (st)
         return st;
     if (in_len != L.size)
-        return psagg_fail(PSAGG_EBADLEN, "cuda decode: in_len %zu, codec needs %llu", in_len,
-                          (unsigned long long)L.size);
+        return psagg__fail(PSAGG_EBADLEN, "cuda decode: in_len %zu, codec needs %llu", in_len,
+                           (unsigned long long)L.size);
     if (n == 0)
         return PSAGG_OK;
     if (!in || !out)
-        return psagg_fail(PSAGG_EINVAL, "cuda decode: NULL buffer");
+        return psagg__fail(PSAGG_EINVAL, "cuda decode: NULL buffer");
     if ((st = check_ptr(in, 8, "in")) || (st = check_ptr(out, 4, "out")))
         return st;
     return cuda_status(
         launch_decode(L.c.id, ADD,
-                      kargs_make(L, psagg_rng_key{0, 0}, aligned(in, 16) && aligned(out, 16)),
+                      kargs_make(L, psagg__rng_key{0, 0}, aligned(in, 16) && aligned(out, 16)),
                       static_cast<const uint8_t *>(in), out, d_err, stream),
         ADD ? "cuda decode_add launch" : "cuda decode launch");
 }
 
-extern "C" psagg_status psagg_cuda_decode(const psagg_codec *codec, const void *in, size_t in_len,
-                                          size_t n, float *out, uint64_t *d_err,
-                                          cudaStream_t stream)
+extern "C" psagg_status psagg__cuda_decode(const psagg_codec *codec, const void *in, size_t in_len,
+                                           size_t n, float *out, uint64_t *d_err,
+                                           cudaStream_t stream)
 {
     return decode_common<false>(codec, in, in_len, n, out, d_err, stream);
 }
 
-extern "C" psagg_status psagg_cuda_decode_add(const psagg_codec *codec, const void *in,
-                                              size_t in_len, size_t n, float *acc, uint64_t *d_err,
-                                              cudaStream_t stream)
+extern "C" psagg_status psagg__cuda_decode_add(const psagg_codec *codec, const void *in,
+                                               size_t in_len, size_t n, float *acc, uint64_t *d_err,
+                                               cudaStream_t stream)
 {
     return decode_common<true>(codec, in, in_len, n, acc, d_err, stream);
 }
 
-extern "C" psagg_status psagg_cuda_aggregate(const psagg_codec *codec, const void *const *in,
-                                             size_t n_in, size_t in_len, size_t n, float *residual,
-                                             psagg_rng_key key, void *out, size_t out_len,
-                                             uint64_t *d_err, cudaStream_t stream)
+extern "C" psagg_status psagg__cuda_aggregate(const psagg_codec *codec, const void *const *in,
+                                              size_t n_in, size_t in_len, size_t n, float *residual,
+                                              psagg__rng_key key, void *out, size_t out_len,
+                                              uint64_t *d_err, cudaStream_t stream)
 {
     Layout L;
     psagg_status st = layout_make(codec, n, &L);
     if (st)
         return st;
     if (n_in > PSAGG_CUDA_MAX_INPUTS || (n_in && !in))
-        return psagg_fail(PSAGG_EINVAL, "cuda aggregate: n_in %zu not in 0..%d", n_in,
-                          PSAGG_CUDA_MAX_INPUTS);
+        return psagg__fail(PSAGG_EINVAL, "cuda aggregate: n_in %zu not in 0..%d", n_in,
+                           PSAGG_CUDA_MAX_INPUTS);
     if ((n_in && in_len != L.size) || out_len != L.size)
-        return psagg_fail(PSAGG_EBADLEN,
-                          "cuda aggregate: in_len %zu / out_len %zu, codec needs "
-                          "%llu",
-                          in_len, out_len, (unsigned long long)L.size);
+        return psagg__fail(PSAGG_EBADLEN,
+                           "cuda aggregate: in_len %zu / out_len %zu, codec needs "
+                           "%llu",
+                           in_len, out_len, (unsigned long long)L.size);
     if (n == 0)
         return PSAGG_OK;
     if (!out)
-        return psagg_fail(PSAGG_EINVAL, "cuda aggregate: out is NULL");
+        return psagg__fail(PSAGG_EINVAL, "cuda aggregate: out is NULL");
     if ((st = check_ptr(residual, 4, "residual")) || (st = check_ptr(out, 8, "out")))
         return st;
     InPtrs ptrs;
@@ -278,7 +278,7 @@ extern "C" psagg_status psagg_cuda_aggregate(const psagg_codec *codec, const voi
     bool vec = aligned(residual, 16) && aligned(out, 16);
     for (size_t i = 0; i < n_in; i++) {
         if (!in[i])
-            return psagg_fail(PSAGG_EINVAL, "cuda aggregate: input %zu is NULL", i);
+            return psagg__fail(PSAGG_EINVAL, "cuda aggregate: input %zu is NULL", i);
         if ((st = check_ptr(in[i], 8, "input")))
             return st;
         vec = vec && aligned(in[i], 16);
@@ -291,57 +291,57 @@ extern "C" psagg_status psagg_cuda_aggregate(const psagg_codec *codec, const voi
 
 /* ---- blocking wrappers ---- */
 
-extern "C" psagg_status psagg_cuda_encode_sync(const psagg_codec *codec, const float *x,
-                                               float *residual, size_t n, psagg_rng_key key,
-                                               void *out, size_t out_len, size_t *bad_index,
-                                               cudaStream_t stream)
+extern "C" psagg_status psagg__cuda_encode_sync(const psagg_codec *codec, const float *x,
+                                                float *residual, size_t n, psagg__rng_key key,
+                                                void *out, size_t out_len, size_t *bad_index,
+                                                cudaStream_t stream)
 {
     SyncErr e(stream);
     psagg_status st = e.alloc();
     if (!st)
-        st = psagg_cuda_encode(codec, x, residual, n, key, out, out_len, e.d, stream);
+        st = psagg__cuda_encode(codec, x, residual, n, key, out, out_len, e.d, stream);
     return st ? st : e.finish(bad_index);
 }
 
-extern "C" psagg_status psagg_cuda_decode_sync(const psagg_codec *codec, const void *in,
-                                               size_t in_len, size_t n, float *out,
-                                               size_t *bad_index, cudaStream_t stream)
+extern "C" psagg_status psagg__cuda_decode_sync(const psagg_codec *codec, const void *in,
+                                                size_t in_len, size_t n, float *out,
+                                                size_t *bad_index, cudaStream_t stream)
 {
     SyncErr e(stream);
     psagg_status st = e.alloc();
     if (!st)
-        st = psagg_cuda_decode(codec, in, in_len, n, out, e.d, stream);
+        st = psagg__cuda_decode(codec, in, in_len, n, out, e.d, stream);
     return st ? st : e.finish(bad_index);
 }
 
-extern "C" psagg_status psagg_cuda_decode_add_sync(const psagg_codec *codec, const void *in,
-                                                   size_t in_len, size_t n, float *acc,
-                                                   size_t *bad_index, cudaStream_t stream)
+extern "C" psagg_status psagg__cuda_decode_add_sync(const psagg_codec *codec, const void *in,
+                                                    size_t in_len, size_t n, float *acc,
+                                                    size_t *bad_index, cudaStream_t stream)
 {
     SyncErr e(stream);
     psagg_status st = e.alloc();
     if (!st)
-        st = psagg_cuda_decode_add(codec, in, in_len, n, acc, e.d, stream);
+        st = psagg__cuda_decode_add(codec, in, in_len, n, acc, e.d, stream);
     return st ? st : e.finish(bad_index);
 }
 
-extern "C" psagg_status psagg_cuda_aggregate_sync(const psagg_codec *codec, const void *const *in,
-                                                  size_t n_in, size_t in_len, size_t n,
-                                                  float *residual, psagg_rng_key key, void *out,
-                                                  size_t out_len, size_t *bad_index,
-                                                  cudaStream_t stream)
+extern "C" psagg_status psagg__cuda_aggregate_sync(const psagg_codec *codec, const void *const *in,
+                                                   size_t n_in, size_t in_len, size_t n,
+                                                   float *residual, psagg__rng_key key, void *out,
+                                                   size_t out_len, size_t *bad_index,
+                                                   cudaStream_t stream)
 {
     SyncErr e(stream);
     psagg_status st = e.alloc();
     if (!st)
-        st = psagg_cuda_aggregate(codec, in, n_in, in_len, n, residual, key, out, out_len, e.d,
-                                  stream);
+        st = psagg__cuda_aggregate(codec, in, n_in, in_len, n, residual, key, out, out_len, e.d,
+                                   stream);
     return st ? st : e.finish(bad_index);
 }
 
 /* ---- host-memory context ---- */
 
-struct psagg_cuda_ctx {
+struct psagg__cuda_ctx {
     int device;
     cudaStream_t stream;
     uint8_t *d_ws; /* device workspace */
@@ -357,18 +357,18 @@ static size_t round256(size_t x)
     return (x + 255) & ~(size_t)255;
 }
 
-extern "C" psagg_status psagg_cuda_ctx_create(int device, psagg_cuda_ctx **out)
+extern "C" psagg_status psagg__cuda_ctx_create(int device, psagg__cuda_ctx **out)
 {
     psagg_status st;
-    psagg_cuda_ctx *c;
+    psagg__cuda_ctx *c;
     if (!out)
-        return psagg_fail(PSAGG_EINVAL, "cuda ctx: out is NULL");
+        return psagg__fail(PSAGG_EINVAL, "cuda ctx: out is NULL");
     *out = NULL;
-    if (psagg_cuda_device_count() <= device || device < 0)
-        return psagg_fail(PSAGG_EUNSUPPORTED, "cuda ctx: no CUDA device %d", device);
-    c = (psagg_cuda_ctx *)calloc(1, sizeof *c);
+    if (psagg__cuda_device_count() <= device || device < 0)
+        return psagg__fail(PSAGG_EUNSUPPORTED, "cuda ctx: no CUDA device %d", device);
+    c = (psagg__cuda_ctx *)calloc(1, sizeof *c);
     if (!c)
-        return psagg_fail(PSAGG_ENOMEM, "cuda ctx: out of memory");
+        return psagg__fail(PSAGG_ENOMEM, "cuda ctx: out of memory");
     c->device = device;
     if ((st = cuda_status(cudaSetDevice(device), "cudaSetDevice")))
         goto err_free;
@@ -390,7 +390,7 @@ err_free:
     return st;
 }
 
-extern "C" void psagg_cuda_ctx_destroy(psagg_cuda_ctx *c)
+extern "C" void psagg__cuda_ctx_destroy(psagg__cuda_ctx *c)
 {
     if (!c)
         return;
@@ -404,7 +404,7 @@ extern "C" void psagg_cuda_ctx_destroy(psagg_cuda_ctx *c)
     free(c);
 }
 
-static psagg_status ctx_reserve(psagg_cuda_ctx *c, size_t bytes)
+static psagg_status ctx_reserve(psagg__cuda_ctx *c, size_t bytes)
 {
     psagg_status st;
     if (c->d_cap < bytes) {
@@ -427,33 +427,34 @@ static psagg_status ctx_reserve(psagg_cuda_ctx *c, size_t bytes)
     return PSAGG_OK;
 }
 
-extern "C" psagg_status psagg_cuda_aggregate_host(psagg_cuda_ctx *c, const psagg_codec *codec,
-                                                  const void *const *in, size_t n_in, size_t in_len,
-                                                  size_t n, float *residual, psagg_rng_key key,
-                                                  void *out, size_t out_len, size_t *bad_index)
+extern "C" psagg_status psagg__cuda_aggregate_host(psagg__cuda_ctx *c, const psagg_codec *codec,
+                                                   const void *const *in, size_t n_in,
+                                                   size_t in_len, size_t n, float *residual,
+                                                   psagg__rng_key key, void *out, size_t out_len,
+                                                   size_t *bad_index)
 {
     Layout L;
     psagg_status st;
     const void *d_in[PSAGG_CUDA_MAX_INPUTS];
     if (!c)
-        return psagg_fail(PSAGG_EINVAL, "cuda aggregate_host: ctx is NULL");
+        return psagg__fail(PSAGG_EINVAL, "cuda aggregate_host: ctx is NULL");
     if ((st = layout_make(codec, n, &L)))
         return st;
     if (n_in > PSAGG_CUDA_MAX_INPUTS || (n_in && !in))
-        return psagg_fail(PSAGG_EINVAL, "cuda aggregate: n_in %zu not in 0..%d", n_in,
-                          PSAGG_CUDA_MAX_INPUTS);
+        return psagg__fail(PSAGG_EINVAL, "cuda aggregate: n_in %zu not in 0..%d", n_in,
+                           PSAGG_CUDA_MAX_INPUTS);
     if ((n_in && in_len != L.size) || out_len != L.size)
-        return psagg_fail(PSAGG_EBADLEN,
-                          "cuda aggregate: in_len %zu / out_len %zu, codec needs "
-                          "%llu",
-                          in_len, out_len, (unsigned long long)L.size);
+        return psagg__fail(PSAGG_EBADLEN,
+                           "cuda aggregate: in_len %zu / out_len %zu, codec needs "
+                           "%llu",
+                           in_len, out_len, (unsigned long long)L.size);
     for (size_t i = 0; i < n_in; i++)
         if (!in[i])
-            return psagg_fail(PSAGG_EINVAL, "cuda aggregate: input %zu is NULL", i);
+            return psagg__fail(PSAGG_EINVAL, "cuda aggregate: input %zu is NULL", i);
     if (n == 0)
         return PSAGG_OK;
     if (!out)
-        return psagg_fail(PSAGG_EINVAL, "cuda aggregate: out is NULL");
+        return psagg__fail(PSAGG_EINVAL, "cuda aggregate: out is NULL");
 
     /* workspace: [in 0 | in 1 | ... | residual | out]; H2D copies up to the residual's end,
      * D2H from the residual's start, each in one piece. */
@@ -478,9 +479,9 @@ extern "C" psagg_status psagg_cuda_aggregate_host(psagg_cuda_ctx *c, const psagg
     if ((st = cuda_status(
              cudaMemcpyAsync(c->d_ws, c->h_pin, out_off, cudaMemcpyHostToDevice, c->stream),
              "cudaMemcpyAsync(H2D)")) ||
-        (st = psagg_cuda_err_reset(c->d_err, c->stream)) ||
-        (st = psagg_cuda_aggregate(codec, d_in, n_in, in_len, n, d_res, key, c->d_ws + out_off,
-                                   out_len, c->d_err, c->stream)) ||
+        (st = psagg__cuda_err_reset(c->d_err, c->stream)) ||
+        (st = psagg__cuda_aggregate(codec, d_in, n_in, in_len, n, d_res, key, c->d_ws + out_off,
+                                    out_len, c->d_err, c->stream)) ||
         (st = cuda_status(cudaMemcpyAsync(c->h_pin + res_off, c->d_ws + res_off,
                                           out_off + out_len - res_off, cudaMemcpyDeviceToHost,
                                           c->stream),
@@ -493,7 +494,7 @@ extern "C" psagg_status psagg_cuda_aggregate_host(psagg_cuda_ctx *c, const psagg
     }
     if ((st = cuda_status(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize")))
         return st;
-    if ((st = psagg_cuda_err_status(*c->h_err, bad_index)))
+    if ((st = psagg__cuda_err_status(*c->h_err, bad_index)))
         return st;
     memcpy(out, c->h_pin + out_off, out_len);
     if (residual)

@@ -69,7 +69,7 @@ PCM_FN float pcm_float_host(uint32_t u)
 #define PCM_ABS_INF   0x7F800000u /* |x| bits >= this: NaN or Inf */
 #define PCM_ABS_2_126 0x7E800000u /* |x| bits >= this: |x| >= 2^126 (PSAGG_MAXMIN_MAX_ABS) */
 
-/* ---- RNG (codec.h "RNG"): psagg_rng_hash32 and psagg_rng_u of kernels/rng.h ---- */
+/* ---- RNG (codec.h "RNG"): psagg__rng_hash32 and psagg__rng_u of kernels/rng.h ---- */
 
 /*
  * min/max for the bucket range. For finite values the result is order-independent (the

@@ -26,7 +26,7 @@
 #include "codec_cuda_math.h"
 #include "launch.h"
 
-namespace psagg_cuda
+namespace psagg__cuda
 {
 
 namespace
@@ -328,9 +328,9 @@ __device__ __forceinline__ void quantize_group(const float v[8], uint64_t e, uin
         uint64_t k = e + j; /* e is even: elements j and j + 1 (j even) share one RNG hash */
         r[j] = 0.0f;
         if (a.sr && (j & 1) == 0)
-            h = psagg_rng_hash32(a.k0, a.k1, (uint32_t)k >> 1);
+            h = psagg__rng_hash32(a.k0, a.k1, (uint32_t)k >> 1);
         if (k < bend) {
-            float u = a.sr ? psagg_rng_u(h, (uint32_t)k) : 0.5f;
+            float u = a.sr ? psagg__rng_u(h, (uint32_t)k) : 0.5f;
             uint32_t q = pcm_mm_level(v[j], lo, scale, inv, a.levels_f, u) & a.levels;
             w |= (uint64_t)q << (j * a.bits);
             r[j] = PCM_SUB(v[j], pcm_mm_value(lo, scale, q));
@@ -611,4 +611,4 @@ cudaError_t launch_scale(float *x, size_t n, float factor, cudaStream_t s)
     return launch(scale_kernel, (unsigned)(blocks > 4096 ? 4096 : blocks), 256, s, x, n, factor);
 }
 
-} // namespace psagg_cuda
+} // namespace psagg__cuda

@@ -11,7 +11,7 @@
 
 #include "kernels/cuda/codec_cuda.h"
 
-namespace psagg_cuda
+namespace psagg__cuda
 {
 
 /* Everything a kernel needs to know about the codec and the buffer (codec_cuda.cu fills it). */
@@ -44,6 +44,6 @@ cudaError_t launch_aggregate(int id, const KArgs &a, const InPtrs &in, uint32_t 
                              float *residual, uint8_t *out, uint64_t *err, cudaStream_t s);
 cudaError_t launch_scale(float *x, size_t n, float factor, cudaStream_t s);
 
-} // namespace psagg_cuda
+} // namespace psagg__cuda
 
 #endif

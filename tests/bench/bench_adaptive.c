@@ -12,7 +12,7 @@
  * heavy-tailed (a Gaussian divided by sqrt of a uniform in (0, 1]: rare large values widen
  * some buckets' ranges). Tensors under --min-compress elements stay fp32 (as psagg sends
  * them). Candidates for the others: those psagg's adaptive mode chooses from for a tensor
- * declared maxmin/1024 (psagg_adapt_candidates: 2..8 bits x buckets 256..4096 x rounding
+ * declared maxmin/1024 (psagg__adapt_candidates: 2..8 bits x buckets 256..4096 x rounding
  * stochastic or nearest, 70; --sr-only: stochastic only, 35), sizes summed over the tensor's
  * chunks as the codec lays them out.
  * The error of a candidate is the model of adaptive.h (its bucket ranges give it).
@@ -54,7 +54,7 @@ static uint64_t tensor_bytes(const psagg_codec *c, uint64_t n, uint64_t chunk_el
 {
     uint64_t b = 0;
     for (uint64_t at = 0; at < n; at += chunk_elems)
-        b += psagg_encoded_size(c, n - at < chunk_elems ? n - at : chunk_elems);
+        b += psagg__encoded_size(c, n - at < chunk_elems ? n - at : chunk_elems);
     return b;
 }
 
@@ -80,7 +80,7 @@ int main(int argc, char **argv)
     int sr_only = 0;
     long T;
     int ch;
-    psagg_adapt_option *o;
+    psagg__adapt_option *o;
     uint32_t *choice, buckets[PSAGG_ADAPT_MAX_BUCKETS], n_buckets, n_cand;
     psagg_codec declared = {PSAGG_CODEC_MAXMIN, 4, 1024, PSAGG_ROUND_STOCHASTIC},
                 cand[PSAGG_ADAPT_MAX_CANDIDATES];
@@ -121,20 +121,20 @@ int main(int argc, char **argv)
         return 1;
     rng_state = seed * 0x9E3779B97F4A7C15ull + 1;
     {
-        uint64_t ce = psagg_codec_chunk_elems(&declared, chunk_elems);
-        n_buckets = psagg_adapt_buckets(&declared, ce, buckets);
-        n_cand = psagg_adapt_candidates(&declared, ce, !sr_only, cand, bucket_of);
+        uint64_t ce = psagg__codec_chunk_elems(&declared, chunk_elems);
+        n_buckets = psagg__adapt_buckets(&declared, ce, buckets);
+        n_cand = psagg__adapt_candidates(&declared, ce, !sr_only, cand, bucket_of);
     }
 
     /* each tensor's options: sizes, and errors from its synthetic gradient's bucket ranges */
     for (long t = 0; t < T; t++) {
         uint64_t n = count[t];
-        psagg_adapt_option *row = &o[(size_t)t * N_OPT];
+        psagg__adapt_option *row = &o[(size_t)t * N_OPT];
         if (n < min_compress) { /* fp32, no error; every option the same */
             psagg_codec fp32 = {.id = PSAGG_CODEC_FP32};
             for (uint32_t k = 0; k < N_OPT; k++)
-                row[k] =
-                    (psagg_adapt_option){k ? UINT64_MAX : tensor_bytes(&fp32, n, chunk_elems), 0.0};
+                row[k] = (psagg__adapt_option){k ? UINT64_MAX : tensor_bytes(&fp32, n, chunk_elems),
+                                               0.0};
             continue;
         }
         float *g = malloc(n * sizeof *g);
@@ -146,15 +146,15 @@ int main(int argc, char **argv)
         for (uint64_t i = 0; i < n; i++)
             g[i] = (float)(scale * gauss() / (heavy ? sqrt(uniform01()) : 1.0));
         for (uint32_t b = 0; b < n_buckets; b++)
-            s[b] = psagg_adapt_range_sum(g, n, chunk_elems, buckets[b]);
+            s[b] = psagg__adapt_range_sum(g, n, chunk_elems, buckets[b]);
         free(g);
         for (uint32_t k = 0; k < N_OPT; k++)
             row[k] =
                 k < n_cand
-                    ? (psagg_adapt_option){tensor_bytes(&cand[k], n, chunk_elems),
-                                           psagg_adapt_maxmin_error(s[bucket_of[k]], cand[k].bits,
-                                                                    cand[k].rounding)}
-                    : (psagg_adapt_option){UINT64_MAX, 0.0};
+                    ? (psagg__adapt_option){tensor_bytes(&cand[k], n, chunk_elems),
+                                            psagg__adapt_maxmin_error(s[bucket_of[k]], cand[k].bits,
+                                                                      cand[k].rounding)}
+                    : (psagg__adapt_option){UINT64_MAX, 0.0};
     }
 
     printf("%s: %ld tensors, chunk %llu elements, tensors under %llu elements fp32; %u candidates "
@@ -173,13 +173,13 @@ int main(int argc, char **argv)
         uint64_t ub = 0, ab = 0, lo, hi;
         double ue = 0, ae = 0, t0, ms;
         for (long t = 0; t < T; t++) {
-            const psagg_adapt_option *x = &o[(size_t)t * N_OPT];
-            const psagg_adapt_option *pick = x[k_uni].bytes == UINT64_MAX ? &x[0] : &x[k_uni];
+            const psagg__adapt_option *x = &o[(size_t)t * N_OPT];
+            const psagg__adapt_option *pick = x[k_uni].bytes == UINT64_MAX ? &x[0] : &x[k_uni];
             ub += pick->bytes;
             ue += pick->error;
         }
         t0 = now_s();
-        if (psagg_adapt_solve(o, (size_t)T, N_OPT, ub, choice, &ab, &ae)) {
+        if (psagg__adapt_solve(o, (size_t)T, N_OPT, ub, choice, &ab, &ae)) {
             fprintf(stderr, "psagg-bench-adaptive: %s\n", psagg_last_error());
             return 1;
         }
@@ -189,7 +189,7 @@ int main(int argc, char **argv)
         while (lo < hi) {
             uint64_t mid = lo + (hi - lo) / 2, b;
             double e;
-            if (!psagg_adapt_solve(o, (size_t)T, N_OPT, mid, choice, &b, &e) && e <= ue)
+            if (!psagg__adapt_solve(o, (size_t)T, N_OPT, mid, choice, &b, &e) && e <= ue)
                 hi = mid;
             else
                 lo = mid + 1;

@@ -141,7 +141,7 @@ static double stream_bw(size_t bytes, int reps, int kind)
 
 typedef struct result {
     char codec[48];
-    psagg_isa isa;
+    psagg__isa isa;
     const char *op;
     int n_in;
     double sec;
@@ -160,8 +160,8 @@ static void check(psagg_status st, const char *what)
 
 static double bw_mem;
 
-static void report(const char *cname, psagg_isa isa, const char *op, int n_in, size_t n, double sec,
-                   double bytes, double link_bytes)
+static void report(const char *cname, psagg__isa isa, const char *op, int n_in, size_t n,
+                   double sec, double bytes, double link_bytes)
 {
     result *r = &results[n_results++];
     snprintf(r->codec, sizeof r->codec, "%s", cname);
@@ -169,13 +169,13 @@ static void report(const char *cname, psagg_isa isa, const char *op, int n_in, s
     r->op = op;
     r->n_in = n_in;
     r->sec = sec;
-    printf("%-18s %-7s %-10s %2s%-2d %9.1f %9.2f %9.2f %8.1f%%\n", cname, psagg_isa_name(isa), op,
+    printf("%-18s %-7s %-10s %2s%-2d %9.1f %9.2f %9.2f %8.1f%%\n", cname, psagg__isa_name(isa), op,
            n_in ? "N=" : "  ", n_in, (double)n / sec / 1e6, bytes / sec / 1e9,
            link_bytes / sec * 8 / 1e9, 100.0 * bytes / sec / bw_mem);
     fflush(stdout);
 }
 
-static const result *find(const char *cname, psagg_isa isa, const char *op, int n_in)
+static const result *find(const char *cname, psagg__isa isa, const char *op, int n_in)
 {
     for (int i = 0; i < n_results; i++)
         if (!strcmp(results[i].codec, cname) && results[i].isa == isa &&
@@ -205,7 +205,7 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
             const char *s = argv[++i];
             for (int k = 0; k < PSAGG_ISA_COUNT; k++)
-                if (!strcmp(s, psagg_isa_name((psagg_isa)k)))
+                if (!strcmp(s, psagg__isa_name((psagg__isa)k)))
                     isa_only = k;
             if (isa_only < 0) {
                 fprintf(stderr, "--isa: scalar, avx2 or avx512\n");
@@ -236,9 +236,9 @@ int main(int argc, char **argv)
            model, cpu, cpu < 0 ? " (pinning FAILED)" : "", n, reps);
     printf("ISAs:");
     for (int k = 0; k < PSAGG_ISA_COUNT; k++)
-        printf(" %s%s", psagg_isa_name((psagg_isa)k),
-               psagg_isa_supported((psagg_isa)k) ? "" : "(unavailable)");
-    printf("; default path %s\n", psagg_isa_name(psagg_codec_isa()));
+        printf(" %s%s", psagg__isa_name((psagg__isa)k),
+               psagg__isa_supported((psagg__isa)k) ? "" : "(unavailable)");
+    printf("; default path %s\n", psagg__isa_name(psagg__codec_isa()));
     {
         double rd = stream_bw(stream_bytes, reps, 0), rmw = stream_bw(stream_bytes, reps, 1);
         bw_mem = rd > rmw ? rd : rmw;
@@ -266,9 +266,9 @@ int main(int argc, char **argv)
             name = codec_names[ci];
         }
         check(psagg_codec_parse(name, &c), "codec parse");
-        check(psagg_codec_check(&c), "codec check");
+        check(psagg__codec_check(&c), "codec check");
         psagg_codec_name(&c, cname, sizeof cname);
-        E = psagg_encoded_size(&c, n);
+        E = psagg__encoded_size(&c, n);
         x = xalloc(4 * n);
         acc = xalloc(4 * n);
         out = xalloc(E);
@@ -281,51 +281,53 @@ int main(int argc, char **argv)
         }
         for (int i = 0; i < 8; i++) {
             in[i] = xalloc(E);
-            check(psagg_encode(&c, x, NULL, n, psagg_rng_key_make(1, (uint64_t)i), in[i], E, NULL),
-                  "encode input");
+            check(
+                psagg__encode(&c, x, NULL, n, psagg__rng_key_make(1, (uint64_t)i), in[i], E, NULL),
+                "encode input");
             inp[i] = in[i];
         }
         for (int isa = 0; isa < PSAGG_ISA_COUNT; isa++) {
             double best;
-            if (!psagg_isa_supported((psagg_isa)isa) || (isa_only >= 0 && isa != isa_only))
+            if (!psagg__isa_supported((psagg__isa)isa) || (isa_only >= 0 && isa != isa_only))
                 continue;
-            check(psagg_codec_set_isa((psagg_isa)isa), "set isa");
+            check(psagg__codec_set_isa((psagg__isa)isa), "set isa");
             /* encode */
             best = 1e30;
             for (int r = 0; r <= reps; r++) {
                 double t0 = now(), t;
-                check(
-                    psagg_encode(&c, x, NULL, n, psagg_rng_key_make(2, (uint64_t)r), out, E, NULL),
-                    "encode");
+                check(psagg__encode(&c, x, NULL, n, psagg__rng_key_make(2, (uint64_t)r), out, E,
+                                    NULL),
+                      "encode");
                 t = now() - t0;
                 if (r > 0 && t < best)
                     best = t;
             }
-            report(cname, (psagg_isa)isa, "encode", 0, n, best, 4.0 * n + E, (double)E);
+            report(cname, (psagg__isa)isa, "encode", 0, n, best, 4.0 * n + E, (double)E);
             /* decode-accumulate */
             best = 1e30;
             for (int r = 0; r <= reps; r++) {
                 double t0 = now(), t;
-                check(psagg_decode_add(&c, in[0], E, n, acc), "decode_add");
+                check(psagg__decode_add(&c, in[0], E, n, acc), "decode_add");
                 t = now() - t0;
                 if (r > 0 && t < best)
                     best = t;
             }
-            report(cname, (psagg_isa)isa, "decode-add", 0, n, best, (double)E + 8.0 * n, (double)E);
+            report(cname, (psagg__isa)isa, "decode-add", 0, n, best, (double)E + 8.0 * n,
+                   (double)E);
             /* fused aggregate */
             for (size_t k = 0; k < 3; k++) {
                 int N = n_ins[k];
                 best = 1e30;
                 for (int r = 0; r <= reps; r++) {
                     double t0 = now(), t;
-                    check(psagg_aggregate(&c, inp, (size_t)N, E, n, NULL,
-                                          psagg_rng_key_make(3, (uint64_t)r), out, E, NULL),
+                    check(psagg__aggregate(&c, inp, (size_t)N, E, n, NULL,
+                                           psagg__rng_key_make(3, (uint64_t)r), out, E, NULL),
                           "aggregate");
                     t = now() - t0;
                     if (r > 0 && t < best)
                         best = t;
                 }
-                report(cname, (psagg_isa)isa, "aggregate", N, n, best, (double)E * (N + 1),
+                report(cname, (psagg__isa)isa, "aggregate", N, n, best, (double)E * (N + 1),
                        (double)E * N);
             }
         }
@@ -337,7 +339,7 @@ int main(int argc, char **argv)
     }
 
     if (!codec_only) { /* the server-side optimizers' step, on n elements */
-        static const psagg_optim kinds[] = {
+        static const psagg__optim kinds[] = {
             {.kind = PSAGG_OPTIM_SGD, .momentum = 0.9f},
             {.kind = PSAGG_OPTIM_ADAM, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f},
             {.kind = PSAGG_OPTIM_ADAMW, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f}};
@@ -350,15 +352,15 @@ int main(int argc, char **argv)
             double best = 1e30, bytes = (double)n * (kinds[k].kind == PSAGG_OPTIM_SGD ? 20 : 28);
             for (int r = 0; r <= reps; r++) {
                 double t0 = now(), t;
-                check(psagg_optim_step(&kinds[k], 1e-3f, 0.01f, (uint64_t)r + 1, 0.25f, g, w, m1,
-                                       m2, n),
+                check(psagg__optim_step(&kinds[k], 1e-3f, 0.01f, (uint64_t)r + 1, 0.25f, g, w, m1,
+                                        m2, n),
                       "optimizer step");
                 t = now() - t0;
                 if (r > 0 && t < best)
                     best = t;
             }
             printf("%-18s %-7s %-10s %4s %9.1f %9.2f %9s %8.1f%%\n",
-                   psagg_optim_name(kinds[k].kind), "clones", "step", "", (double)n / best / 1e6,
+                   psagg__optim_name(kinds[k].kind), "clones", "step", "", (double)n / best / 1e6,
                    bytes / best / 1e9, "", 100.0 * bytes / best / bw_mem);
         }
         free(g), free(w), free(m1), free(m2);
@@ -369,7 +371,7 @@ int main(int argc, char **argv)
         printf("\nTARGET fused aggregate maxmin4/1024/sr N=8: ");
         if (s && v) {
             psagg_codec c = {.id = PSAGG_CODEC_MAXMIN, .bits = 4, .bucket = 1024, .rounding = 0};
-            double bytes = (double)psagg_encoded_size(&c, n) * 9;
+            double bytes = (double)psagg__encoded_size(&c, n) * 9;
             printf("avx512 %.1f Melem/s, %.1fx scalar (target >= 15x), %.1f%% of the memory "
                    "roofline (target >= 30%%)\n",
                    (double)n / v->sec / 1e6, s->sec / v->sec, 100.0 * bytes / v->sec / bw_mem);

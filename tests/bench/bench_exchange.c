@@ -42,12 +42,12 @@
  *     (quantiles interpolate linearly, numpy's default, like the baselines).
  *
  * busiest_link_bytes: bytes per step, per direction, on the most loaded host link, computed
- * from the same layout the workers use (psagg_layout_build over the same declarations with
- * chunk_elems = psagg_chunk_elems(cfg) ([worker] chunk_bytes / 4 rounded down to a multiple of 64),
- * as psagg_declare does). A chunk's message is 32 header bytes + its encoded payload, for a push
- * and for the update alike. With P = one worker's pushes per step (sum over all chunks) and P_s =
- * the part of them that server s owns: servers on their own hosts:  worker link  up = down = P
- *                                server s link in = out = N x P_s
+ * from the same layout the workers use (psagg__layout_build over the same declarations with
+ * chunk_elems = psagg__chunk_elems(cfg) ([worker] chunk_bytes / 4 rounded down to a multiple of
+ * 64), as psagg_declare does). A chunk's message is 32 header bytes + its encoded payload, for a
+ * push and for the update alike. With P = one worker's pushes per step (sum over all chunks) and
+ * P_s = the part of them that server s owns: servers on their own hosts:  worker link  up = down =
+ * P server s link in = out = N x P_s
  *   --colocated (server i on worker i's host, S <= N): traffic between a worker and the
  *   server on its own host stays on that host, so host i (i < S) carries
  *       up   = worker i's pushes to other servers (P - P_i) + server i's updates to the
@@ -132,25 +132,25 @@ typedef struct link_model {
  * declared tensor (helpers included, so the placement is the workers'); only the first
  * n_model keys count as step traffic.
  */
-static psagg_status model_links(const psagg_ctl_tensor *decl, uint32_t n_decl, uint32_t n_model,
-                                const psagg_config *cfg, int colocated, link_model *lm,
+static psagg_status model_links(const psagg__ctl_tensor *decl, uint32_t n_decl, uint32_t n_model,
+                                const psagg__config *cfg, int colocated, link_model *lm,
                                 uint32_t *n_chunks_out)
 {
-    psagg_layout l;
+    psagg__layout l;
     int n = cfg->n_workers, S = cfg->n_servers;
     psagg_status st;
 
-    if ((st = psagg_layout_build(decl, n_decl, psagg_chunk_elems(cfg), (uint32_t)S, 0, &l)))
+    if ((st = psagg__layout_build(decl, n_decl, psagg__chunk_elems(cfg), (uint32_t)S, 0, &l)))
         return st;
     lm->per_server = calloc((size_t)S, sizeof *lm->per_server);
     if (!lm->per_server) {
-        psagg_layout_free(&l);
+        psagg__layout_free(&l);
         return PSAGG_ENOMEM;
     }
     *n_chunks_out = 0;
     for (uint32_t c = 0; c < l.n_chunks; c++) {
-        const psagg_chunk_info *ci = &l.chunks[c];
-        uint64_t msg = sizeof(psagg_msg_hdr) + ci->enc_bytes;
+        const psagg__chunk_info *ci = &l.chunks[c];
+        uint64_t msg = sizeof(psagg__msg_hdr) + ci->enc_bytes;
         if (ci->key >= n_model)
             continue;
         lm->push_total += msg;
@@ -180,7 +180,7 @@ static psagg_status model_links(const psagg_ctl_tensor *decl, uint32_t n_decl, u
             }
         }
     }
-    psagg_layout_free(&l);
+    psagg__layout_free(&l);
     return PSAGG_OK;
 }
 
@@ -213,10 +213,10 @@ int main(int argc, char **argv)
     uint64_t seed = 42, *sizes = NULL;
     long nt;
     psagg_codec codec;
-    psagg_config *cfg = calloc(1, sizeof *cfg);
+    psagg__config *cfg = calloc(1, sizeof *cfg);
     psagg_ctx *ctx = NULL;
     psagg_tensor_desc *desc = NULL;
-    psagg_ctl_tensor *decl = NULL;
+    psagg__ctl_tensor *decl = NULL;
     psagg_handle **h = NULL;
     float **in = NULL, **out = NULL, *timing = NULL, *timing_out = NULL, bar_in = 1, bar_out;
     double *t_rank = NULL, *t_step = NULL;
@@ -287,13 +287,13 @@ int main(int argc, char **argv)
         return 2;
     }
     /* the same configuration the library reads (environment overrides included) */
-    if (psagg_config_load(cfg_path, cfg)) {
+    if (psagg__config_load(cfg_path, cfg)) {
         fprintf(stderr, "bench-exchange: %s\n", psagg_last_error());
         return 2;
     }
     if (codec.id == PSAGG_CODEC_MAXMIN && codec.bucket == 0)
         codec.bucket = cfg->codec.bucket;
-    if (psagg_codec_check(&codec)) {
+    if (psagg__codec_check(&codec)) {
         fprintf(stderr, "bench-exchange: %s\n", psagg_last_error());
         return 2;
     }
@@ -352,7 +352,7 @@ int main(int argc, char **argv)
             .codec = c,
             .error_feedback = t < nt ? 1 : 0,
             .flags = t < nt && params ? PSAGG_TENSOR_PARAMETER : 0};
-        if ((st = psagg_tensor_to_wire(nm, desc[t].count, &c, &decl[t])))
+        if ((st = psagg__tensor_to_wire(nm, desc[t].count, &c, &decl[t])))
             goto fail;
         decl[t].flags = desc[t].flags ? PSAGG_DECL_PARAM : 0;
     }

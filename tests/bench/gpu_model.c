@@ -49,32 +49,32 @@ static int64_t gpu_enqueue(int64_t cost_ns)
 /* encode: once the modelled encode is done, copy the encoded bytes into the push buffers. */
 static psagg_status model_encode(psagg_ctx *ctx, struct psagg_handle *h)
 {
-    const psagg_tensor_info *ti = &ctx->layout.tensors[h->key];
+    const psagg__tensor_info *ti = &ctx->layout.tensors[h->key];
     model_tensor *t = &model.t[h->key];
 
     if (now_ns() < t->enc_ready_ns)
         return PSAGG_BUF_PENDING;
     if (!t->encoded_once) { /* the codec's bytes, once: the CPU encodes them */
-        psagg_status st = psagg_host_ops.encode(ctx, h);
+        psagg_status st = psagg__host_ops.encode(ctx, h);
         if (st)
             return st;
         for (uint32_t c = 0; c < ti->n_chunks; c++)
             memcpy(t->h_enc + t->off[c],
-                   ctx->chunks[ti->first_chunk + c].buf + sizeof(psagg_msg_hdr),
+                   ctx->chunks[ti->first_chunk + c].buf + sizeof(psagg__msg_hdr),
                    ctx->layout.chunks[ti->first_chunk + c].enc_bytes);
         t->encoded_once = 1;
         return PSAGG_OK;
     }
     for (uint32_t c = 0; c < ti->n_chunks; c++)
-        memcpy(ctx->chunks[ti->first_chunk + c].buf + sizeof(psagg_msg_hdr), t->h_enc + t->off[c],
+        memcpy(ctx->chunks[ti->first_chunk + c].buf + sizeof(psagg__msg_hdr), t->h_enc + t->off[c],
                ctx->layout.chunks[ti->first_chunk + c].enc_bytes);
     return PSAGG_OK;
 }
 
 /* update: keep the chunk's bytes in (modelled pinned) memory for the decode on the device. */
-static psagg_status model_update(psagg_ctx *ctx, struct psagg_handle *h, const psagg_chunk_info *ci,
-                                 const psagg_codec *codec, int mode, const uint8_t *payload,
-                                 size_t payload_len)
+static psagg_status model_update(psagg_ctx *ctx, struct psagg_handle *h,
+                                 const psagg__chunk_info *ci, const psagg_codec *codec, int mode,
+                                 const uint8_t *payload, size_t payload_len)
 {
     model_tensor *t = &model.t[h->key];
     (void)ctx, (void)codec, (void)mode;
@@ -97,7 +97,7 @@ static psagg_status model_complete(psagg_ctx *ctx, struct psagg_handle *h)
     return PSAGG_OK;
 }
 
-static const psagg_bufops model_ops = {
+static const psagg__bufops model_ops = {
     .kind = "gpu-model",
     .encode = model_encode,
     .update = model_update,
@@ -109,14 +109,14 @@ psagg_status gpu_model_init(psagg_ctx *ctx, double gelem_s, double pcie_gbyte_s)
     model.n = ctx->layout.n_tensors;
     model.t = calloc(model.n, sizeof *model.t);
     if (!model.t)
-        return psagg_fail(PSAGG_ENOMEM, "gpu model: out of memory");
+        return psagg__fail(PSAGG_ENOMEM, "gpu model: out of memory");
     for (uint32_t k = 0; k < model.n; k++) {
-        const psagg_tensor_info *ti = &ctx->layout.tensors[k];
+        const psagg__tensor_info *ti = &ctx->layout.tensors[k];
         model_tensor *t = &model.t[k];
         size_t total = 0;
         t->off = calloc(ti->n_chunks, sizeof *t->off);
         if (!t->off)
-            return psagg_fail(PSAGG_ENOMEM, "gpu model: out of memory");
+            return psagg__fail(PSAGG_ENOMEM, "gpu model: out of memory");
         for (uint32_t c = 0; c < ti->n_chunks; c++) {
             t->off[c] = total;
             total += ctx->layout.chunks[ti->first_chunk + c].enc_bytes;
@@ -125,7 +125,7 @@ psagg_status gpu_model_init(psagg_ctx *ctx, double gelem_s, double pcie_gbyte_s)
         t->h_enc = calloc(1, total);
         t->h_upd = calloc(1, total);
         if (!t->h_enc || !t->h_upd)
-            return psagg_fail(PSAGG_ENOMEM, "gpu model: out of memory");
+            return psagg__fail(PSAGG_ENOMEM, "gpu model: out of memory");
         memset(t->h_enc, 0, total);
         memset(t->h_upd, 0, total);
         t->cost_ns = (int64_t)((gelem_s > 0 ? (double)ti->count / (gelem_s * 1e9) : 0) * 1e9 +

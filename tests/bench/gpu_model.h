@@ -4,7 +4,7 @@
  *
  * A push_pull made through gpu_model_push_pull goes through the worker library's own
  * communication thread, windows and wire exactly like psagg_push_pull_cuda's, with buffer
- * operations (worker/worker.h: psagg_bufops) that do on the CPU only what the CUDA path does on
+ * operations (worker/worker.h: psagg__bufops) that do on the CPU only what the CUDA path does on
  * the CPU (worker/cuda.c): copy the encoded chunks from pinned memory into the push buffers, and
  * each update's bytes into pinned memory. The GPU's share (encode, decode, the copies over
  * PCIe) is not run but waited for: one GPU stream per worker, each encode and decode taking

@@ -127,18 +127,18 @@
         exit(1);                                                                                   \
     } while (0)
 
-static psagg_config cfg;
+static psagg__config cfg;
 static const uint64_t sizes[] = {1, 1023, 4096};
 
 /* Each connection's control-frame authentication (off until its WELCOME: hello_to). */
-static psagg_ctl_auth fd_auth[1024];
+static psagg__ctl_auth fd_auth[1024];
 #define AUTH(fd) (&fd_auth[(fd)&1023])
 
 /* The next control frame that is not a PING (the server's "still here" while the job runs). */
-static psagg_status recv_no_ping(int fd, psagg_ctl_hdr *h, void **body)
+static psagg_status recv_no_ping(int fd, psagg__ctl_hdr *h, void **body)
 {
     psagg_status st;
-    while (((st = psagg_ctl_recv(fd, AUTH(fd), h, body, psagg_now_ms() + 20000, "server 0")) ==
+    while (((st = psagg__ctl_recv(fd, AUTH(fd), h, body, psagg__now_ms() + 20000, "server 0")) ==
             PSAGG_EAGAIN) ||
            (!st && h->type == PSAGG_CTL_PING)) {
         free(*body);
@@ -149,32 +149,32 @@ static psagg_status recv_no_ping(int fd, psagg_ctl_hdr *h, void **body)
 
 static void *recv_frame(int fd, uint16_t want, const char *what)
 {
-    psagg_ctl_hdr h;
+    psagg__ctl_hdr h;
     void *body = NULL;
     if (recv_no_ping(fd, &h, &body))
         DIE("waiting for %s", what);
     if (h.type != want) {
         fprintf(stderr, "rogue: expected %s, got frame type %u: %s\n", what, h.type,
-                h.type == PSAGG_CTL_ERROR ? ((psagg_ctl_error *)body)->msg : "");
+                h.type == PSAGG_CTL_ERROR ? ((psagg__ctl_error *)body)->msg : "");
         exit(1);
     }
     return body;
 }
 
-static psagg_fabric *open_fabric(const char *node)
+static psagg__fabric *open_fabric(const char *node)
 {
-    psagg_fabric_opts fo = {.provider = cfg.provider, .node = node};
-    psagg_fabric *fab;
-    fo.max_msg = psagg_max_message(&cfg); /* as psagg itself: rxm peers must agree */
-    if (psagg_fabric_open(&fo, &fab))
+    psagg__fabric_opts fo = {.provider = cfg.provider, .node = node};
+    psagg__fabric *fab;
+    fo.max_msg = psagg__max_message(&cfg); /* as psagg itself: rxm peers must agree */
+    if (psagg__fabric_open(&fo, &fab))
         DIE("fabric");
     return fab;
 }
 
 /* A DECLARE frame's body: the header and up to four tensors. */
 typedef struct fn_declare {
-    psagg_ctl_declare d;
-    psagg_ctl_tensor t[4];
+    psagg__ctl_declare d;
+    psagg__ctl_tensor t[4];
 } fn_declare;
 
 /*
@@ -184,16 +184,16 @@ typedef struct fn_declare {
  */
 static uint32_t decl_flags; /* the param-* modes: PSAGG_DECL_PARAM on every tensor */
 
-static void fn_tensors(const psagg_codec *codec, int adaptive, fn_declare *m, psagg_layout *layout)
+static void fn_tensors(const psagg_codec *codec, int adaptive, fn_declare *m, psagg__layout *layout)
 {
     psagg_codec c = *codec, fp32 = {.id = PSAGG_CODEC_FP32};
-    *m = (fn_declare){.d = {.count = 3, .chunk_elems = psagg_chunk_elems(&cfg)}};
-    if (psagg_codec_check(&c))
+    *m = (fn_declare){.d = {.count = 3, .chunk_elems = psagg__chunk_elems(&cfg)}};
+    if (psagg__codec_check(&c))
         DIE("codec");
     for (int t = 0; t < 3; t++) {
         char name[16];
         snprintf(name, sizeof name, "t%03d", t);
-        if (psagg_tensor_to_wire(name, sizes[t], &c, &m->t[t]))
+        if (psagg__tensor_to_wire(name, sizes[t], &c, &m->t[t]))
             DIE("tensor %d", t);
         m->t[t].flags = decl_flags;
     }
@@ -203,12 +203,12 @@ static void fn_tensors(const psagg_codec *codec, int adaptive, fn_declare *m, ps
         m->d.adapt_budget = cfg.adaptive_budget;
         m->d.adapt_flags = (cfg.adaptive_budget_bits ? PSAGG_ADAPT_BUDGET_BITS : 0) |
                            (cfg.error_feedback ? PSAGG_ADAPT_WORKER_EF : 0);
-        if (psagg_tensor_to_wire(PSAGG_ADAPT_STATS_NAME, 3 * PSAGG_ADAPT_MAX_BUCKETS, &fp32,
-                                 &m->t[3]))
+        if (psagg__tensor_to_wire(PSAGG_ADAPT_STATS_NAME, 3 * PSAGG_ADAPT_MAX_BUCKETS, &fp32,
+                                  &m->t[3]))
             DIE("tensor 3");
     }
-    if (psagg_layout_build(m->t, m->d.count, m->d.chunk_elems, (uint32_t)cfg.n_servers,
-                           m->d.adapt_interval, layout))
+    if (psagg__layout_build(m->t, m->d.count, m->d.chunk_elems, (uint32_t)cfg.n_servers,
+                            m->d.adapt_interval, layout))
         DIE("layout");
 }
 
@@ -230,14 +230,14 @@ static int hold(const char *hex)
 }
 
 /* Start the helper holding this process's fabric name; its pid and probe. */
-static void start_helper(psagg_fabric *fab)
+static void start_helper(psagg__fabric *fab)
 {
     uint8_t name[PSAGG_EPNAME_MAX];
     char hex[2 * PSAGG_EPNAME_MAX + 1], line[64];
     size_t len = sizeof name;
     int pfd[2];
     FILE *in;
-    if (psagg_fabric_name(fab, name, &len) || pipe(pfd))
+    if (psagg__fabric_name(fab, name, &len) || pipe(pfd))
         DIE("helper set-up");
     for (size_t i = 0; i < len; i++)
         snprintf(hex + 2 * i, 3, "%02x", name[i]);
@@ -261,59 +261,59 @@ static void start_helper(psagg_fabric *fab)
     helper_probe = strtoull(line, NULL, 10);
 }
 static uint32_t welcome_local;     /* the WELCOME's local_flags */
-static psagg_data_key push_key[8]; /* per server: this worker's pushes' key (data_auth) */
+static psagg__data_key push_key[8]; /* per server: this worker's pushes' key (data_auth) */
 
 /* Authenticate as worker `rank` with the job's secret (if any); the connection's fd. */
-static int hello_to(psagg_fabric *fab, uint32_t rank, int k, psagg_peer *server);
+static int hello_to(psagg__fabric *fab, uint32_t rank, int k, psagg__peer *server);
 
-static int hello(psagg_fabric *fab, uint32_t rank, psagg_peer *server)
+static int hello(psagg__fabric *fab, uint32_t rank, psagg__peer *server)
 {
     return hello_to(fab, rank, 0, server);
 }
 
 /* Authenticate as worker `rank` at server k (its WELCOME's endpoint in *server). */
-static int hello_to(psagg_fabric *fab, uint32_t rank, int k, psagg_peer *server)
+static int hello_to(psagg__fabric *fab, uint32_t rank, int k, psagg__peer *server)
 {
-    psagg_ctl_hello h = {.rank = rank, .world_size = (uint32_t)cfg.n_workers};
-    psagg_ctl_welcome *wel;
-    psagg_job_key key;
+    psagg__ctl_hello h = {.rank = rank, .world_size = (uint32_t)cfg.n_workers};
+    psagg__ctl_welcome *wel;
+    psagg__job_key key;
     size_t len = sizeof h.epname;
     int fd;
 
-    psagg_ctl_challenge *ch;
-    if (psagg_tcp_connect(&cfg.servers[k], psagg_now_ms() + 20000, "server", NULL, &fd))
+    psagg__ctl_challenge *ch;
+    if (psagg__tcp_connect(&cfg.servers[k], psagg__now_ms() + 20000, "server", NULL, &fd))
         DIE("connect");
     memset(AUTH(fd), 0, sizeof *AUTH(fd)); /* (a new connection: nothing tagged yet) */
     ch = recv_frame(fd, PSAGG_CTL_CHALLENGE, "CHALLENGE");
-    if (psagg_fabric_name(fab, h.epname, &len))
+    if (psagg__fabric_name(fab, h.epname, &len))
         DIE("fabric name");
     snprintf(h.job_id, sizeof h.job_id, "%s", cfg.job_id);
-    snprintf(h.provider, sizeof h.provider, "%s", psagg_fabric_provider(fab));
+    snprintf(h.provider, sizeof h.provider, "%s", psagg__fabric_provider(fab));
     h.epname_len = (uint32_t)len;
     h.flags = cfg.data_auth ? PSAGG_HELLO_DATA_AUTH : 0;
     if (local_offer) {
         uint32_t pid;
-        psagg_fabric_local_self(fab, &pid, &h.local_probe, h.local_commit);
+        psagg__fabric_local_self(fab, &pid, &h.local_probe, h.local_commit);
         h.local_pid = local_offer == 1 ? pid : 1;
         if (local_offer == 3) { /* the helper has the name where the offer says, not the secret */
             h.local_pid = (uint32_t)helper_pid;
             h.local_probe = helper_probe;
         }
     }
-    if (psagg_job_key_load(&cfg, &key))
+    if (psagg__job_key_load(&cfg, &key))
         DIE("secret");
-    psagg_nonce_make(h.nonce);
-    psagg_hello_token(&key, &h, (uint32_t)k, ch->challenge, h.auth);
+    psagg__nonce_make(h.nonce);
+    psagg__hello_token(&key, &h, (uint32_t)k, ch->challenge, h.auth);
     free(ch);
-    if (psagg_ctl_send(fd, AUTH(fd), PSAGG_CTL_HELLO, &h, sizeof h))
+    if (psagg__ctl_send(fd, AUTH(fd), PSAGG_CTL_HELLO, &h, sizeof h))
         DIE("hello");
     wel = recv_frame(fd, PSAGG_CTL_WELCOME, "WELCOME");
-    if (psagg_fabric_add_peer(fab, wel->epname, wel->epname_len, server))
+    if (psagg__fabric_add_peer(fab, wel->epname, wel->epname_len, server))
         DIE("add server");
     /* as a worker: every frame from now on tagged with this connection's keys */
-    psagg_ctl_auth_make(&key, h.auth, h.nonce, wel->nonce, (uint32_t)k, 0, AUTH(fd));
+    psagg__ctl_auth_make(&key, h.auth, h.nonce, wel->nonce, (uint32_t)k, 0, AUTH(fd));
     if (k < 8)
-        psagg_push_key_make(&key, cfg.job_id, h.nonce, wel->nonce, (uint32_t)k, &push_key[k]);
+        psagg__push_key_make(&key, cfg.job_id, h.nonce, wel->nonce, (uint32_t)k, &push_key[k]);
     welcome_local = wel->local_flags;
     free(wel);
     return fd;
@@ -323,15 +323,15 @@ static int hello_to(psagg_fabric *fab, uint32_t rank, int k, psagg_peer *server)
 #define RBUF_BYTES (1u << 16)
 
 /* Send the DECLARE, wait for READY, and post N_RBUF receive buffers for the updates. */
-static void declare(psagg_fabric *fab, int fd, const fn_declare *m, uint8_t *rbuf[N_RBUF])
+static void declare(psagg__fabric *fab, int fd, const fn_declare *m, uint8_t *rbuf[N_RBUF])
 {
-    if (psagg_ctl_send(fd, AUTH(fd), PSAGG_CTL_DECLARE, m,
-                       sizeof m->d + m->d.count * sizeof m->t[0]))
+    if (psagg__ctl_send(fd, AUTH(fd), PSAGG_CTL_DECLARE, m,
+                        sizeof m->d + m->d.count * sizeof m->t[0]))
         DIE("declare");
     free(recv_frame(fd, PSAGG_CTL_READY, "READY"));
     for (int i = 0; i < N_RBUF; i++) {
         rbuf[i] = malloc(RBUF_BYTES);
-        if (!rbuf[i] || psagg_fabric_post_recv(fab, rbuf[i], RBUF_BYTES, NULL, rbuf[i]))
+        if (!rbuf[i] || psagg__fabric_post_recv(fab, rbuf[i], RBUF_BYTES, NULL, rbuf[i]))
             DIE("post a receive");
     }
 }
@@ -345,14 +345,14 @@ static void declare(psagg_fabric *fab, int fd, const fn_declare *m, uint8_t *rbu
  */
 static int membership(uint32_t rank, int skip)
 {
-    psagg_fabric *fab = open_fabric("127.0.0.1");
+    psagg__fabric *fab = open_fabric("127.0.0.1");
     psagg_codec fp32 = {.id = PSAGG_CODEC_FP32};
     fn_declare decl;
-    psagg_layout layout;
-    psagg_peer server;
+    psagg__layout layout;
+    psagg__peer server;
     int fd[PSAGG_MAX_SERVERS], to = skip ? 1 : 0;
-    size_t len = sizeof(psagg_ctl_membership) + (size_t)cfg.n_workers;
-    psagg_ctl_membership *m = calloc(1, len);
+    size_t len = sizeof(psagg__ctl_membership) + (size_t)cfg.n_workers;
+    psagg__ctl_membership *m = calloc(1, len);
     const char *want = skip ? "an epoch was skipped" : "decides the membership itself";
 
     if (!m || cfg.n_servers < 2)
@@ -360,8 +360,8 @@ static int membership(uint32_t rank, int skip)
     fn_tensors(&fp32, 0, &decl, &layout);
     for (int k = 0; k < cfg.n_servers; k++) {
         fd[k] = hello_to(fab, rank, k, &server);
-        if (psagg_ctl_send(fd[k], AUTH(fd[k]), PSAGG_CTL_DECLARE, &decl,
-                           sizeof decl.d + decl.d.count * sizeof decl.t[0]))
+        if (psagg__ctl_send(fd[k], AUTH(fd[k]), PSAGG_CTL_DECLARE, &decl,
+                            sizeof decl.d + decl.d.count * sizeof decl.t[0]))
             DIE("declare");
     }
     for (int k = 0; k < cfg.n_servers; k++)
@@ -373,18 +373,18 @@ static int membership(uint32_t rank, int skip)
     snprintf(m->why, sizeof m->why, "rogue says so");
     memset(m + 1, 1, (size_t)cfg.n_workers);
     ((uint8_t *)(m + 1))[0] = 0;
-    if (psagg_ctl_send(fd[to], AUTH(fd[to]), PSAGG_CTL_MEMBERSHIP, m, (uint32_t)len))
+    if (psagg__ctl_send(fd[to], AUTH(fd[to]), PSAGG_CTL_MEMBERSHIP, m, (uint32_t)len))
         DIE("send MEMBERSHIP");
     printf("ROGUE: sent membership epoch %u to server %d\n", m->epoch, to);
     free(m);
     for (;;) { /* the verdict: server `to`'s ERROR (closed) or ABORT (the job failed) */
-        psagg_ctl_hdr h;
+        psagg__ctl_hdr h;
         void *body = NULL;
         const char *text = "";
         if (recv_no_ping(fd[to], &h, &body))
             DIE("waiting for the verdict on the MEMBERSHIP frame");
         if (h.type == PSAGG_CTL_ERROR || h.type == PSAGG_CTL_ABORT) {
-            psagg_ctl_error *e = body;
+            psagg__ctl_error *e = body;
             e->msg[sizeof e->msg - 1] = '\0';
             text = e->msg;
             printf("ROGUE-REFUSED: %s\n", text);
@@ -392,8 +392,8 @@ static int membership(uint32_t rank, int skip)
             free(body);
             for (int k = 0; k < cfg.n_servers; k++)
                 close(fd[k]);
-            psagg_layout_free(&layout);
-            psagg_fabric_close(fab);
+            psagg__layout_free(&layout);
+            psagg__fabric_close(fab);
             return ok ? 0 : 1;
         }
         free(body);
@@ -403,51 +403,51 @@ static int membership(uint32_t rank, int skip)
 /* spoof: push poisoned contributions of every chunk without ever saying HELLO. */
 static int spoof(int port, double seconds, uint32_t claim, uint32_t rounds)
 {
-    psagg_fabric *fab = open_fabric("127.0.0.1");
+    psagg__fabric *fab = open_fabric("127.0.0.1");
     psagg_codec fp32 = {.id = PSAGG_CODEC_FP32};
     fn_declare decl;
-    psagg_layout layout;
+    psagg__layout layout;
     uint8_t name[PSAGG_FABRIC_NAME_MAX];
     size_t len = sizeof name;
     struct sockaddr_in *sin = (struct sockaddr_in *)(void *)name;
-    psagg_peer server;
+    psagg__peer server;
     uint8_t *msg;
     uint64_t sent = 0, refused = 0;
-    int64_t until = psagg_now_ms() + (int64_t)(seconds * 1000);
+    int64_t until = psagg__now_ms() + (int64_t)(seconds * 1000);
 
     /* tcp's endpoint names are sockaddr_in: ours, with the server's port */
-    if (psagg_fabric_name(fab, name, &len) || len != sizeof *sin || sin->sin_family != AF_INET)
+    if (psagg__fabric_name(fab, name, &len) || len != sizeof *sin || sin->sin_family != AF_INET)
         DIE("expected a sockaddr_in endpoint name (tcp provider), got %zu bytes", len);
     sin->sin_port = htons((uint16_t)port);
     sin->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (psagg_fabric_add_peer(fab, name, len, &server))
+    if (psagg__fabric_add_peer(fab, name, len, &server))
         DIE("add the server's address");
     fn_tensors(&fp32, 0, &decl, &layout);
     /* one buffer per message of a pass: a buffer is not touched again before the next pass */
-    size_t stride = sizeof(psagg_msg_hdr) + layout.max_enc_bytes + PSAGG_MSG_MAC_BYTES;
+    size_t stride = sizeof(psagg__msg_hdr) + layout.max_enc_bytes + PSAGG_MSG_MAC_BYTES;
     msg = calloc((size_t)rounds * layout.n_chunks, stride);
     if (!msg)
         DIE("memory");
-    while (psagg_now_ms() < until) {
+    while (psagg__now_ms() < until) {
         for (uint32_t r = 0; r < rounds; r++)
             for (uint32_t c = 0; c < layout.n_chunks; c++) {
-                const psagg_chunk_info *ci = &layout.chunks[c];
+                const psagg__chunk_info *ci = &layout.chunks[c];
                 uint8_t *m = msg + ((size_t)r * layout.n_chunks + c) * stride;
-                float *x = (float *)(void *)(m + sizeof(psagg_msg_hdr));
-                psagg_msg_init((psagg_msg_hdr *)m, PSAGG_MSG_PUSH, claim, r, ci,
-                               &layout.tensors[ci->key].codec, 0);
+                float *x = (float *)(void *)(m + sizeof(psagg__msg_hdr));
+                psagg__msg_init((psagg__msg_hdr *)m, PSAGG_MSG_PUSH, claim, r, ci,
+                                &layout.tensors[ci->key].codec, 0);
                 for (uint64_t i = 0; i < ci->count; i++)
                     x[i] = 1e6f;
                 /* never wait: a server that does not drain us (not started, gone) is no hang */
-                if (psagg_fabric_try_send(fab, server, m, sizeof(psagg_msg_hdr) + ci->enc_bytes,
-                                          NULL, NULL))
+                if (psagg__fabric_try_send(fab, server, m, sizeof(psagg__msg_hdr) + ci->enc_bytes,
+                                           NULL, NULL))
                     refused++;
                 else
                     sent++;
             }
         for (int i = 0; i < 20; i++) { /* drive progress, drop what completes */
-            psagg_fabric_event ev[16];
-            if (psagg_fabric_poll(fab, ev, 16, 5) < 0)
+            psagg__fabric_event ev[16];
+            if (psagg__fabric_poll(fab, ev, 16, 5) < 0)
                 break;
         }
     }
@@ -455,29 +455,29 @@ static int spoof(int port, double seconds, uint32_t claim, uint32_t rounds)
            (unsigned long long)sent, claim, (unsigned long long)refused);
     printf("ROGUE-OK\n");
     free(msg);
-    psagg_layout_free(&layout);
-    psagg_fabric_close(fab);
+    psagg__layout_free(&layout);
+    psagg__fabric_close(fab);
     return 0;
 }
 
 /* Wait for n updates (or fail on an ERROR frame from the server: *closed gets its text). */
-static int await_updates(psagg_fabric *fab, int fd, int n, char *closed, size_t len)
+static int await_updates(psagg__fabric *fab, int fd, int n, char *closed, size_t len)
 {
     while (n > 0) {
-        psagg_fabric_event ev[8];
+        psagg__fabric_event ev[8];
         struct pollfd p = {.fd = fd, .events = POLLIN};
-        int k = psagg_fabric_poll(fab, ev, 8, 20);
+        int k = psagg__fabric_poll(fab, ev, 8, 20);
         for (int i = 0; i < k; i++)
             if (ev[i].kind == PSAGG_FABRIC_RECV_DONE) {
                 n--;
-                if (psagg_fabric_post_recv(fab, ev[i].ctx, RBUF_BYTES, NULL, ev[i].ctx))
+                if (psagg__fabric_post_recv(fab, ev[i].ctx, RBUF_BYTES, NULL, ev[i].ctx))
                     DIE("post a receive");
             } else if (ev[i].kind != PSAGG_FABRIC_SEND_DONE) {
                 DIE("fabric: %s", ev[i].msg);
             }
         if (poll(&p, 1, 0) > 0) {
-            psagg_ctl_hdr ch;
-            psagg_ctl_error *e = NULL;
+            psagg__ctl_hdr ch;
+            psagg__ctl_error *e = NULL;
             if (recv_no_ping(fd, &ch, (void **)&e) || !e ||
                 (ch.type != PSAGG_CTL_ERROR && ch.type != PSAGG_CTL_ABORT))
                 DIE("expected an ERROR frame");
@@ -492,11 +492,11 @@ static int await_updates(psagg_fabric *fab, int fd, int n, char *closed, size_t 
 /* stale: an adaptive job's worker that never applies an assignment (see the top). */
 static int stale(uint32_t rank, uint32_t rounds)
 {
-    psagg_fabric *fab = open_fabric("127.0.0.1");
-    psagg_peer server;
+    psagg__fabric *fab = open_fabric("127.0.0.1");
+    psagg__peer server;
     psagg_codec m4 = {PSAGG_CODEC_MAXMIN, 4, 0, PSAGG_ROUND_STOCHASTIC};
     fn_declare m;
-    psagg_layout layout;
+    psagg__layout layout;
     uint8_t *msg, *rbuf[N_RBUF];
     float *x;
     char closed[300] = "";
@@ -504,26 +504,26 @@ static int stale(uint32_t rank, uint32_t rounds)
 
     fn_tensors(&m4, 1, &m, &layout);
     declare(fab, fd, &m, rbuf);
-    msg = malloc(sizeof(psagg_msg_hdr) + layout.max_enc_bytes);
+    msg = malloc(sizeof(psagg__msg_hdr) + layout.max_enc_bytes);
     x = calloc(4096, sizeof *x);
     if (!msg || !x)
         DIE("memory");
     for (uint32_t r = 0; r < rounds && !closed[0]; r++) {
         int sent = 0;
         for (uint32_t c = 0; c < layout.n_chunks; c++) {
-            const psagg_chunk_info *ci = &layout.chunks[c];
+            const psagg__chunk_info *ci = &layout.chunks[c];
             const psagg_codec *codec = &layout.tensors[ci->key].codec;
-            psagg_msg_hdr *h = (psagg_msg_hdr *)msg;
+            psagg__msg_hdr *h = (psagg__msg_hdr *)msg;
             if (ci->key == 3 && r > 0)
                 continue; /* the statistics go once, zeros, in round 0 */
             for (uint64_t i = 0; i < ci->count; i++)
                 x[i] = ci->key == 3 ? 0.0f : input_value((int)rank, ci->key, r, ci->offset + i);
-            psagg_msg_init(h, PSAGG_MSG_PUSH, rank, r, ci, codec, 0);
-            if (psagg_encode(
+            psagg__msg_init(h, PSAGG_MSG_PUSH, rank, r, ci, codec, 0);
+            if (psagg__encode(
                     codec, x, NULL, ci->count,
-                    psagg_rng_chunk_key(cfg.seed, PSAGG_RNG_WORKER, rank, ci->key, ci->index, r),
+                    psagg__rng_chunk_key(cfg.seed, PSAGG_RNG_WORKER, rank, ci->key, ci->index, r),
                     h + 1, h->len, NULL) ||
-                psagg_fabric_send(fab, server, msg, sizeof *h + h->len, NULL, NULL))
+                psagg__fabric_send(fab, server, msg, sizeof *h + h->len, NULL, NULL))
                 DIE("push");
             sent++;
         }
@@ -537,8 +537,8 @@ static int stale(uint32_t rank, uint32_t rounds)
         fprintf(stderr, "rogue: %u rounds on a stale assignment went through\n", rounds);
     }
     close(fd);
-    psagg_fabric_close(fab);
-    psagg_layout_free(&layout);
+    psagg__fabric_close(fab);
+    psagg__layout_free(&layout);
     for (int i = 0; i < N_RBUF; i++)
         free(rbuf[i]);
     free(msg), free(x);
@@ -550,24 +550,24 @@ static int stale(uint32_t rank, uint32_t rounds)
 /* bomb: one huge tensor in one DECLARE; the server must refuse it, and say why. */
 static int bomb(uint32_t rank, uint64_t count, uint64_t chunk_elems)
 {
-    psagg_fabric *fab = open_fabric("127.0.0.1");
-    psagg_peer server;
+    psagg__fabric *fab = open_fabric("127.0.0.1");
+    psagg__peer server;
     struct {
-        psagg_ctl_declare d;
-        psagg_ctl_tensor t;
-    } m = {.d = {.count = 1, .chunk_elems = chunk_elems ? chunk_elems : psagg_chunk_elems(&cfg)}};
+        psagg__ctl_declare d;
+        psagg__ctl_tensor t;
+    } m = {.d = {.count = 1, .chunk_elems = chunk_elems ? chunk_elems : psagg__chunk_elems(&cfg)}};
     psagg_codec fp32 = {.id = PSAGG_CODEC_FP32};
-    psagg_ctl_hdr h;
+    psagg__ctl_hdr h;
     void *body = NULL;
     const char *why = NULL;
     int fd = hello(fab, rank, &server), refused = 0;
 
-    if (psagg_tensor_to_wire("bomb", count, &fp32, &m.t))
+    if (psagg__tensor_to_wire("bomb", count, &fp32, &m.t))
         DIE("tensor");
-    if (psagg_ctl_send(fd, AUTH(fd), PSAGG_CTL_DECLARE, &m, sizeof m))
+    if (psagg__ctl_send(fd, AUTH(fd), PSAGG_CTL_DECLARE, &m, sizeof m))
         DIE("declare");
-    if (psagg_ctl_recv(fd, AUTH(fd), &h, &body, psagg_now_ms() + 20000, "server 0") == PSAGG_OK &&
-        psagg_ctl_error_parse(&h, body, &why) != PSAGG_OK) {
+    if (psagg__ctl_recv(fd, AUTH(fd), &h, &body, psagg__now_ms() + 20000, "server 0") == PSAGG_OK &&
+        psagg__ctl_error_parse(&h, body, &why) != PSAGG_OK) {
         printf("ROGUE-REFUSED: %s\n", why);
         refused = 1;
     } else {
@@ -576,7 +576,7 @@ static int bomb(uint32_t rank, uint64_t count, uint64_t chunk_elems)
     }
     free(body);
     close(fd);
-    psagg_fabric_close(fab);
+    psagg__fabric_close(fab);
     return refused ? 0 : 1;
 }
 
@@ -595,7 +595,7 @@ static int tcp_listen_port(int port)
 static int tcp_connect_port(int port)
 {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    int64_t until = psagg_now_ms() + 20000;
+    int64_t until = psagg__now_ms() + 20000;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     for (;;) {
         int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -604,7 +604,7 @@ static int tcp_connect_port(int port)
         if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0)
             return fd;
         close(fd);
-        if (errno != ECONNREFUSED || psagg_now_ms() > until)
+        if (errno != ECONNREFUSED || psagg__now_ms() > until)
             DIE("connect to %d: %s", port, strerror(errno));
         usleep(50000);
     }
@@ -614,7 +614,7 @@ static int tcp_connect_port(int port)
 static int relay(int listen_port, int to_port, const char *record)
 {
     int lfd = tcp_listen_port(listen_port), w, s;
-    uint8_t hello[sizeof(psagg_ctl_hdr) + sizeof(psagg_ctl_hello)];
+    uint8_t hello[sizeof(psagg__ctl_hdr) + sizeof(psagg__ctl_hello)];
     size_t have = 0;
     printf("ROGUE-RELAY: listening on %d\n", listen_port);
     w = accept(lfd, NULL, NULL);
@@ -665,11 +665,11 @@ static int relay(int listen_port, int to_port, const char *record)
  */
 static int misdirect(uint32_t rank)
 {
-    psagg_fabric *fab = open_fabric("127.0.0.1");
+    psagg__fabric *fab = open_fabric("127.0.0.1");
     psagg_codec fp32 = {.id = PSAGG_CODEC_FP32};
     fn_declare decl;
-    psagg_layout layout;
-    psagg_peer srv[2];
+    psagg__layout layout;
+    psagg__peer srv[2];
     uint64_t seq[2] = {0};
     uint8_t *push[3], *rbuf[N_RBUF];
     size_t bytes[3];
@@ -681,48 +681,48 @@ static int misdirect(uint32_t rank)
         fd[k] = hello_to(fab, rank, k, &srv[k]);
     fn_tensors(&fp32, 0, &decl, &layout);
     for (int k = 0; k < 2; k++)
-        if (psagg_ctl_send(fd[k], AUTH(fd[k]), PSAGG_CTL_DECLARE, &decl,
-                           sizeof decl.d + decl.d.count * sizeof decl.t[0]))
+        if (psagg__ctl_send(fd[k], AUTH(fd[k]), PSAGG_CTL_DECLARE, &decl,
+                            sizeof decl.d + decl.d.count * sizeof decl.t[0]))
             DIE("declare");
     for (int k = 0; k < 2; k++)
         free(recv_frame(fd[k], PSAGG_CTL_READY, "READY"));
     for (int i = 0; i < N_RBUF; i++)
         if (!(rbuf[i] = malloc(RBUF_BYTES)) ||
-            psagg_fabric_post_recv(fab, rbuf[i], RBUF_BYTES, NULL, rbuf[i]))
+            psagg__fabric_post_recv(fab, rbuf[i], RBUF_BYTES, NULL, rbuf[i]))
             DIE("post a receive");
     if (layout.n_chunks != 3)
         DIE("layout (this test expects one chunk per tensor)");
     for (uint32_t c = 0; c < 3; c++) { /* round 0, sealed for the chunk's owner */
-        const psagg_chunk_info *ci = &layout.chunks[c];
-        psagg_msg_hdr *h;
+        const psagg__chunk_info *ci = &layout.chunks[c];
+        psagg__msg_hdr *h;
         float *x;
         bytes[c] = sizeof *h + ci->enc_bytes;
         if (!(push[c] = calloc(1, bytes[c] + PSAGG_MSG_MAC_BYTES)))
             DIE("memory");
-        h = (psagg_msg_hdr *)push[c];
+        h = (psagg__msg_hdr *)push[c];
         x = (float *)(h + 1);
-        psagg_msg_init(h, PSAGG_MSG_PUSH, rank, 0, ci, &layout.tensors[ci->key].codec, 0);
+        psagg__msg_init(h, PSAGG_MSG_PUSH, rank, 0, ci, &layout.tensors[ci->key].codec, 0);
         for (uint64_t i = 0; i < ci->count; i++)
             x[i] = input_value((int)rank, ci->key, 0, i);
-        psagg_msg_seal(&push_key[ci->owner], ++seq[ci->owner], push[c], bytes[c]);
+        psagg__msg_seal(&push_key[ci->owner], ++seq[ci->owner], push[c], bytes[c]);
         bytes[c] += PSAGG_MSG_MAC_BYTES;
         if (ci->owner == 0)
             to0 = (int)c;
     }
     if (to0 < 0)
         DIE("no chunk is server 0's");
-    if (psagg_fabric_send(fab, srv[1], push[to0], bytes[to0], NULL, NULL))
+    if (psagg__fabric_send(fab, srv[1], push[to0], bytes[to0], NULL, NULL))
         DIE("send the misdirected push");
     printf("ROGUE: sent server 1 a push of chunk %d sealed for server 0\n", to0);
     for (uint32_t c = 0; c < 3; c++)
-        if (psagg_fabric_send(fab, srv[layout.chunks[c].owner], push[c], bytes[c], NULL, NULL))
+        if (psagg__fabric_send(fab, srv[layout.chunks[c].owner], push[c], bytes[c], NULL, NULL))
             DIE("send push %u", c);
-    if (psagg_fabric_send(fab, srv[0], push[to0], bytes[to0], NULL, NULL))
+    if (psagg__fabric_send(fab, srv[0], push[to0], bytes[to0], NULL, NULL))
         DIE("send the replay");
     printf("ROGUE: sent server 0 its push of chunk %d again\n", to0);
     for (int updates = 0; updates < 3;) {
-        psagg_fabric_event ev[8];
-        int n = psagg_fabric_poll(fab, ev, 8, 100);
+        psagg__fabric_event ev[8];
+        int n = psagg__fabric_poll(fab, ev, 8, 100);
         for (int i = 0; i < n; i++)
             if (ev[i].kind == PSAGG_FABRIC_RECV_DONE)
                 updates++;
@@ -730,13 +730,13 @@ static int misdirect(uint32_t rank)
                 DIE("fabric: %s", ev[i].msg);
     }
     for (int k = 0; k < 2; k++)
-        if (psagg_ctl_send(fd[k], AUTH(fd[k]), PSAGG_CTL_BYE, NULL, 0))
+        if (psagg__ctl_send(fd[k], AUTH(fd[k]), PSAGG_CTL_BYE, NULL, 0))
             DIE("bye");
     printf("rogue: 3 updates received; nobody closed this worker\n");
     for (int k = 0; k < 2; k++)
         close(fd[k]);
-    psagg_fabric_close(fab);
-    psagg_layout_free(&layout);
+    psagg__fabric_close(fab);
+    psagg__layout_free(&layout);
     for (int i = 0; i < N_RBUF; i++)
         free(rbuf[i]);
     for (int c = 0; c < 3; c++)
@@ -748,7 +748,7 @@ static int misdirect(uint32_t rank)
    or 0 when the connection closed. */
 static size_t read_frame(int fd, uint8_t *buf, size_t cap)
 {
-    psagg_ctl_hdr *h = (psagg_ctl_hdr *)(void *)buf;
+    psagg__ctl_hdr *h = (psagg__ctl_hdr *)(void *)buf;
     size_t got = 0, want = sizeof *h;
     while (got < want) {
         ssize_t n = read(fd, buf + got, want - got);
@@ -778,12 +778,12 @@ static void write_frame(int fd, const void *buf, size_t len)
    someone without the session's keys can put on the connection. */
 static void forge(int fd, uint16_t type, const void *b, uint32_t len)
 {
-    uint8_t frame[sizeof(psagg_ctl_hdr) + 4096];
-    psagg_ctl_hdr h = {PSAGG_CTL_MAGIC, type, PSAGG_PROTO_VERSION, len + PSAGG_CTL_TAG_BYTES};
+    uint8_t frame[sizeof(psagg__ctl_hdr) + 4096];
+    psagg__ctl_hdr h = {PSAGG_CTL_MAGIC, type, PSAGG_PROTO_VERSION, len + PSAGG_CTL_TAG_BYTES};
     memcpy(frame, &h, sizeof h);
     if (len)
         memcpy(frame + sizeof h, b, len);
-    psagg_nonce_make(frame + sizeof h + len); /* 16 random bytes */
+    psagg__nonce_make(frame + sizeof h + len); /* 16 random bytes */
     write_frame(fd, frame, sizeof h + h.len);
 }
 
@@ -822,14 +822,14 @@ static int mitm(int listen_port, int to_port, double after, uint32_t victim)
             if (i == 0) { /* the worker's: the latest, to replay */
                 memcpy(last, buf, n);
                 last_len = n;
-            } else if (((psagg_ctl_hdr *)(void *)buf)->type == PSAGG_CTL_READY && inject_at < 0) {
-                inject_at = psagg_now_ms() + (int64_t)(after * 1e3);
+            } else if (((psagg__ctl_hdr *)(void *)buf)->type == PSAGG_CTL_READY && inject_at < 0) {
+                inject_at = psagg__now_ms() + (int64_t)(after * 1e3);
             }
         }
-        if (!injected && inject_at >= 0 && psagg_now_ms() >= inject_at) {
-            size_t len = sizeof(psagg_ctl_membership) + (size_t)n_workers;
-            psagg_ctl_membership *m = calloc(1, len);
-            psagg_ctl_error abort_msg = {.status = PSAGG_EPEER};
+        if (!injected && inject_at >= 0 && psagg__now_ms() >= inject_at) {
+            size_t len = sizeof(psagg__ctl_membership) + (size_t)n_workers;
+            psagg__ctl_membership *m = calloc(1, len);
+            psagg__ctl_error abort_msg = {.status = PSAGG_EPEER};
             uint8_t *live = (uint8_t *)(m + 1);
             if (!m)
                 DIE("memory");
@@ -846,7 +846,7 @@ static int mitm(int listen_port, int to_port, double after, uint32_t victim)
             free(m);
             write_frame(s, last, last_len);
             printf("ROGUE-MITM: replayed toward the server the worker's frame of type %u\n",
-                   ((psagg_ctl_hdr *)(void *)last)->type);
+                   ((psagg__ctl_hdr *)(void *)last)->type);
             forge(s, PSAGG_CTL_BYE, NULL, 0);
             printf("ROGUE-MITM: injected toward the server a BYE\n");
             snprintf(abort_msg.msg, sizeof abort_msg.msg, "server 1: injected abort");
@@ -863,41 +863,41 @@ static int mitm(int listen_port, int to_port, double after, uint32_t victim)
  * `made_for` (or of its own connection when made_for < 0). Returns 1 when refused (msg: why),
  * 0 when welcomed.
  */
-static int join_try(psagg_fabric *fab, uint32_t rank, const psagg_job_key *key, int made_for,
+static int join_try(psagg__fabric *fab, uint32_t rank, const psagg__job_key *key, int made_for,
                     char *msg, size_t len)
 {
-    psagg_ctl_hello h = {.rank = rank, .world_size = (uint32_t)cfg.n_workers};
+    psagg__ctl_hello h = {.rank = rank, .world_size = (uint32_t)cfg.n_workers};
     size_t elen = sizeof h.epname;
-    psagg_ctl_challenge *ch;
-    psagg_ctl_hdr hdr;
+    psagg__ctl_challenge *ch;
+    psagg__ctl_hdr hdr;
     void *body = NULL;
     int fd, refused = 1;
 
-    if (psagg_tcp_connect(&cfg.servers[0], psagg_now_ms() + 20000, "server", NULL, &fd))
+    if (psagg__tcp_connect(&cfg.servers[0], psagg__now_ms() + 20000, "server", NULL, &fd))
         DIE("connect");
     memset(AUTH(fd), 0, sizeof *AUTH(fd)); /* (a new connection: nothing tagged yet) */
     ch = recv_frame(fd, PSAGG_CTL_CHALLENGE, "CHALLENGE");
-    if (psagg_fabric_name(fab, h.epname, &elen))
+    if (psagg__fabric_name(fab, h.epname, &elen))
         DIE("fabric name");
     snprintf(h.job_id, sizeof h.job_id, "%s", cfg.job_id);
-    snprintf(h.provider, sizeof h.provider, "%s", psagg_fabric_provider(fab));
+    snprintf(h.provider, sizeof h.provider, "%s", psagg__fabric_provider(fab));
     h.epname_len = (uint32_t)elen;
     h.flags = cfg.data_auth ? PSAGG_HELLO_DATA_AUTH : 0;
-    psagg_nonce_make(h.nonce);
+    psagg__nonce_make(h.nonce);
     if (made_for >= 0) { /* made for that connection's challenge: a replay here */
-        psagg_ctl_challenge *other = recv_frame(made_for, PSAGG_CTL_CHALLENGE, "CHALLENGE");
-        psagg_hello_token(key, &h, 0, other->challenge, h.auth);
+        psagg__ctl_challenge *other = recv_frame(made_for, PSAGG_CTL_CHALLENGE, "CHALLENGE");
+        psagg__hello_token(key, &h, 0, other->challenge, h.auth);
         free(other);
     } else {
-        psagg_hello_token(key, &h, 0, ch->challenge, h.auth);
+        psagg__hello_token(key, &h, 0, ch->challenge, h.auth);
     }
     free(ch);
-    if (psagg_ctl_send(fd, AUTH(fd), PSAGG_CTL_HELLO, &h, sizeof h))
+    if (psagg__ctl_send(fd, AUTH(fd), PSAGG_CTL_HELLO, &h, sizeof h))
         DIE("hello");
-    if (psagg_ctl_recv(fd, AUTH(fd), &hdr, &body, psagg_now_ms() + 20000, "server")) {
+    if (psagg__ctl_recv(fd, AUTH(fd), &hdr, &body, psagg__now_ms() + 20000, "server")) {
         snprintf(msg, len, "(the connection closed: %s)", psagg_last_error());
-    } else if (hdr.type == PSAGG_CTL_ERROR && hdr.len == sizeof(psagg_ctl_error)) {
-        psagg_ctl_error *e = body;
+    } else if (hdr.type == PSAGG_CTL_ERROR && hdr.len == sizeof(psagg__ctl_error)) {
+        psagg__ctl_error *e = body;
         e->msg[sizeof e->msg - 1] = '\0';
         snprintf(msg, len, "%s", e->msg);
     } else {
@@ -912,33 +912,33 @@ static int join_try(psagg_fabric *fab, uint32_t rank, const psagg_job_key *key, 
 /* join-flood: a replayed joiner's HELLO, then `count` HELLOs with a wrong secret. */
 static int join_flood(uint32_t rank, uint64_t count, double seconds)
 {
-    psagg_fabric *fab = open_fabric("127.0.0.1");
-    psagg_job_key key, wrong;
+    psagg__fabric *fab = open_fabric("127.0.0.1");
+    psagg__job_key key, wrong;
     char msg[300];
     uint64_t refused = 0, sent = 0;
-    int64_t until = psagg_now_ms() + (int64_t)(seconds * 1000);
+    int64_t until = psagg__now_ms() + (int64_t)(seconds * 1000);
     int first;
 
-    if (psagg_job_key_load(&cfg, &key) || !key.secret)
+    if (psagg__job_key_load(&cfg, &key) || !key.secret)
         DIE("join-flood needs the job's secret_file");
     wrong = key;
     for (size_t i = 0; i < sizeof wrong.key; i++)
         wrong.key[i] ^= 0x5a;
     /* the replay: made for connection `first`'s challenge, sent on another connection */
-    if (psagg_tcp_connect(&cfg.servers[0], psagg_now_ms() + 20000, "server", NULL, &first))
+    if (psagg__tcp_connect(&cfg.servers[0], psagg__now_ms() + 20000, "server", NULL, &first))
         DIE("connect");
     if (join_try(fab, rank, &key, first, msg, sizeof msg) == 0) {
         printf("ROGUE-WELCOMED: a replayed HELLO of worker %u: %s\n", rank, msg);
-        psagg_fabric_close(fab);
+        psagg__fabric_close(fab);
         return 1;
     }
     close(first);
     printf("ROGUE-REPLAY-REFUSED: %s\n", msg);
-    for (; sent < count && psagg_now_ms() < until; sent++) {
+    for (; sent < count && psagg__now_ms() < until; sent++) {
         int r = join_try(fab, rank, &wrong, -1, msg, sizeof msg);
         if (!r) {
             printf("ROGUE-WELCOMED: a HELLO with a wrong secret: %s\n", msg);
-            psagg_fabric_close(fab);
+            psagg__fabric_close(fab);
             return 1;
         }
         refused += (uint64_t)r;
@@ -947,16 +947,16 @@ static int join_flood(uint32_t rank, uint64_t count, double seconds)
     }
     printf("ROGUE-FLOOD: %llu/%llu refused\n", (unsigned long long)refused,
            (unsigned long long)sent);
-    psagg_fabric_close(fab);
+    psagg__fabric_close(fab);
     return sent == count ? 0 : 1;
 }
 
 /* replay: a recorded HELLO on a connection of our own to server k. */
 static int replay(const char *record, int k)
 {
-    uint8_t hello[sizeof(psagg_ctl_hdr) + sizeof(psagg_ctl_hello)];
+    uint8_t hello[sizeof(psagg__ctl_hdr) + sizeof(psagg__ctl_hello)];
     FILE *f = fopen(record, "rb");
-    psagg_ctl_hdr h;
+    psagg__ctl_hdr h;
     void *body = NULL;
     int fd;
     if (!f || fread(hello, 1, sizeof hello, f) != sizeof hello)
@@ -964,7 +964,7 @@ static int replay(const char *record, int k)
     fclose(f);
     if (k < 0 || k >= cfg.n_servers)
         DIE("no server %d", k);
-    if (psagg_tcp_connect(&cfg.servers[k], psagg_now_ms() + 20000, "server", NULL, &fd))
+    if (psagg__tcp_connect(&cfg.servers[k], psagg__now_ms() + 20000, "server", NULL, &fd))
         DIE("connect to server %d", k);
     free(recv_frame(fd, PSAGG_CTL_CHALLENGE, "CHALLENGE"));
     for (size_t off = 0; off < sizeof hello;) {
@@ -973,12 +973,12 @@ static int replay(const char *record, int k)
             DIE("sending the HELLO");
         off += (size_t)m;
     }
-    if (psagg_ctl_recv(fd, AUTH(fd), &h, &body, psagg_now_ms() + 20000, "server")) {
+    if (psagg__ctl_recv(fd, AUTH(fd), &h, &body, psagg__now_ms() + 20000, "server")) {
         printf("ROGUE-REFUSED: (the connection closed: %s)\n", psagg_last_error());
         return 0;
     }
-    if (h.type == PSAGG_CTL_ERROR && h.len == sizeof(psagg_ctl_error)) {
-        psagg_ctl_error *e = body;
+    if (h.type == PSAGG_CTL_ERROR && h.len == sizeof(psagg__ctl_error)) {
+        psagg__ctl_error *e = body;
         e->msg[sizeof e->msg - 1] = '\0';
         printf("ROGUE-REFUSED: %s\n", e->msg);
         free(body);
@@ -1013,9 +1013,9 @@ int main(int argc, char **argv)
     int port = 0, o;
     psagg_codec fp32 = {.id = PSAGG_CODEC_FP32};
     fn_declare declare_msg;
-    psagg_fabric *fab;
-    psagg_peer server;
-    psagg_layout layout;
+    psagg__fabric *fab;
+    psagg__peer server;
+    psagg__layout layout;
     uint8_t *push[3] = {0}, *rbuf[N_RBUF] = {0};
     int fd, ok = 0;
     setvbuf(stdout, NULL, _IOLBF, 0); /* what we did reaches the log even if killed */
@@ -1066,7 +1066,7 @@ int main(int argc, char **argv)
         return hold(hex);
     if (!strcmp(mode, "relay"))
         return relay(listen_port, to_port, record ? record : "hello.bin");
-    if (psagg_config_load(getenv("PSAGG_CONFIG"), &cfg))
+    if (psagg__config_load(getenv("PSAGG_CONFIG"), &cfg))
         DIE("config");
     if (!strcmp(mode, "mitm"))
         return mitm(listen_port, to_port, seconds, claim);
@@ -1089,7 +1089,7 @@ int main(int argc, char **argv)
         fd = hello_to(fab, rank, server_k, &server);
         printf("ROGUE: worker %u said HELLO to server %d only; exits\n", rank, server_k);
         close(fd);
-        psagg_fabric_close(fab);
+        psagg__fabric_close(fab);
         return 0;
     }
 
@@ -1121,24 +1121,24 @@ int main(int argc, char **argv)
 
     /* this worker's round-0 contributions, exactly as fn_worker would send them */
     for (uint32_t c = 0; c < 3; c++) {
-        const psagg_chunk_info *ci = &layout.chunks[c];
-        psagg_msg_hdr *h;
+        const psagg__chunk_info *ci = &layout.chunks[c];
+        psagg__msg_hdr *h;
         float *x;
-        push[c] = calloc(1, sizeof *h + 4 * ci->count + sizeof(psagg_msg_param) + 64);
+        push[c] = calloc(1, sizeof *h + 4 * ci->count + sizeof(psagg__msg_param) + 64);
         if (!push[c])
             DIE("memory");
-        h = (psagg_msg_hdr *)push[c];
+        h = (psagg__msg_hdr *)push[c];
         x = (float *)(h + 1);
-        psagg_msg_init(h, PSAGG_MSG_PUSH, rank, 0, ci, &layout.tensors[ci->key].codec, 0);
+        psagg__msg_init(h, PSAGG_MSG_PUSH, rank, 0, ci, &layout.tensors[ci->key].codec, 0);
         for (uint64_t i = 0; i < ci->count; i++)
             x[i] = input_value((int)rank, ci->key, 0, i);
     }
     if (strcmp(mode, "dup") && strcmp(mode, "local-pid") && strcmp(mode, "local-third")) {
-        psagg_msg_hdr *h = (psagg_msg_hdr *)push[1];
+        psagg__msg_hdr *h = (psagg__msg_hdr *)push[1];
         size_t bytes = sizeof *h + layout.chunks[1].enc_bytes;
         const char *field = mode;
-        psagg_ctl_hdr ch;
-        psagg_ctl_error *e = NULL;
+        psagg__ctl_hdr ch;
+        psagg__ctl_error *e = NULL;
         if (!strcmp(mode, "magic"))
             h->magic ^= 1;
         else if (!strcmp(mode, "len"))
@@ -1150,7 +1150,7 @@ int main(int argc, char **argv)
         else if (!strcmp(mode, "nan"))
             ((float *)(h + 1))[100] = NAN, field = "payload";
         else if (!strncmp(mode, "param-", 6)) { /* a GRAD push with its trailer */
-            psagg_msg_param prm = {.lr = 0.01f, .flags = PSAGG_PARAM_GRAD, .weight = 1.0f};
+            psagg__msg_param prm = {.lr = 0.01f, .flags = PSAGG_PARAM_GRAD, .weight = 1.0f};
             if (!strcmp(mode, "param-lr"))
                 prm.lr = NAN, field = "lr";
             else if (!strcmp(mode, "param-kind"))
@@ -1162,16 +1162,16 @@ int main(int argc, char **argv)
             bytes += sizeof prm;
         }
         if (!strcmp(mode, "local-desc")) { /* a descriptor of memory this process lacks */
-            static psagg_msg_local d = {.magic = PSAGG_LOCAL_MAGIC,
-                                        .type = PSAGG_LOCAL_DESC,
-                                        .cookie = 1,
-                                        .addr = 16,
-                                        .len = 4096};
+            static psagg__msg_local d = {.magic = PSAGG_LOCAL_MAGIC,
+                                         .type = PSAGG_LOCAL_DESC,
+                                         .cookie = 1,
+                                         .addr = 16,
+                                         .len = 4096};
             memcpy(push[1], &d, sizeof d);
             bytes = sizeof d;
             field = "same-host copy";
         }
-        if (psagg_fabric_send(fab, server, push[1], bytes, NULL, NULL))
+        if (psagg__fabric_send(fab, server, push[1], bytes, NULL, NULL))
             DIE("send the bad push");
         /* the server must close us with a reason that names the field */
         if (recv_no_ping(fd, &ch, (void **)&e) || ch.type != PSAGG_CTL_ERROR || !e)
@@ -1187,27 +1187,27 @@ int main(int argc, char **argv)
     /* dup: every push, the first one twice; then wait for the three updates */
     for (uint32_t i = 0; i < 4; i++) {
         uint32_t c = i ? i - 1 : 0;
-        if (psagg_fabric_send(fab, server, push[c],
-                              sizeof(psagg_msg_hdr) + layout.chunks[c].enc_bytes, NULL, NULL))
+        if (psagg__fabric_send(fab, server, push[c],
+                               sizeof(psagg__msg_hdr) + layout.chunks[c].enc_bytes, NULL, NULL))
             DIE("send push %u", c);
     }
     for (int updates = 0; updates < 3;) {
-        psagg_fabric_event ev[8];
-        int n = psagg_fabric_poll(fab, ev, 8, 100);
+        psagg__fabric_event ev[8];
+        int n = psagg__fabric_poll(fab, ev, 8, 100);
         for (int i = 0; i < n; i++)
             if (ev[i].kind == PSAGG_FABRIC_RECV_DONE)
                 updates++;
             else if (ev[i].kind == PSAGG_FABRIC_RECV_ERROR || ev[i].kind == PSAGG_FABRIC_SEND_ERROR)
                 DIE("fabric: %s", ev[i].msg);
     }
-    if (psagg_ctl_send(fd, AUTH(fd), PSAGG_CTL_BYE, NULL, 0))
+    if (psagg__ctl_send(fd, AUTH(fd), PSAGG_CTL_BYE, NULL, 0))
         DIE("bye");
     printf("rogue: 3 updates received after a duplicate push\n");
     ok = 1;
 out:
     close(fd);
-    psagg_fabric_close(fab);
-    psagg_layout_free(&layout);
+    psagg__fabric_close(fab);
+    psagg__layout_free(&layout);
     for (int i = 0; i < N_RBUF; i++)
         free(rbuf[i]);
     for (int c = 0; c < 3; c++)

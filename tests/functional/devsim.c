@@ -38,7 +38,7 @@ typedef struct op {
     int byte;
     psagg_codec codec;
     size_t n, len;
-    psagg_rng_key key;
+    psagg__rng_key key;
     float *residual, factor;
     uint64_t *err;
     sim_event *ev;
@@ -199,12 +199,12 @@ static void run(op *o, sim_stream *s)
         memset(o->dst, o->byte, o->bytes);
         break;
     case OP_ENCODE:
-        st = psagg_encode(&o->codec, o->src, o->residual, o->n, o->key, o->dst, o->len, &bad);
+        st = psagg__encode(&o->codec, o->src, o->residual, o->n, o->key, o->dst, o->len, &bad);
         if (st && o->err)
             err_min(o->err, st, bad);
         break;
     case OP_DECODE:
-        st = psagg_decode_into(&o->codec, o->src, o->len, o->n, o->dst, PSAGG_DECODE_SET, 1.0f);
+        st = psagg__decode_into(&o->codec, o->src, o->len, o->n, o->dst, PSAGG_DECODE_SET, 1.0f);
         if (st && o->err)
             err_min(o->err, st, 0);
         break;
@@ -268,7 +268,7 @@ static psagg_status enqueue_check(const char *what, sim_stream *s)
         hook(arg);
     pthread_mutex_lock(&S.mu);
     if (S.fail_enqueue && --S.fail_enqueue == 0)
-        st = psagg_fail(PSAGG_ECUDA, "devsim: injected failure of this enqueue (%s)", what);
+        st = psagg__fail(PSAGG_ECUDA, "devsim: injected failure of this enqueue (%s)", what);
     else if (s && s->device != cur_dev)
         violation("%s enqueued on a stream of device %d by a thread whose current device is %d",
                   what, s->device, cur_dev);
@@ -329,7 +329,7 @@ static psagg_status x_get_device(int *dev)
 static psagg_status x_set_device(int dev)
 {
     if (dev < 0 || dev >= S.n_devices)
-        return psagg_fail(PSAGG_EINVAL, "devsim: no device %d", dev);
+        return psagg__fail(PSAGG_EINVAL, "devsim: no device %d", dev);
     cur_dev = dev;
     return PSAGG_OK;
 }
@@ -343,7 +343,7 @@ static psagg_status x_device_of(const void *p, int *dev)
         *dev = r->device;
     pthread_mutex_unlock(&S.mu);
     if (!r || r->kind == LIB_HOST)
-        return psagg_fail(PSAGG_EINVAL, "devsim: %p is not device memory", p);
+        return psagg__fail(PSAGG_EINVAL, "devsim: %p is not device memory", p);
     return PSAGG_OK;
 }
 
@@ -352,7 +352,7 @@ static psagg_status alloc_check(void)
     psagg_status st = PSAGG_OK;
     pthread_mutex_lock(&S.mu);
     if (S.fail_alloc && --S.fail_alloc == 0)
-        st = psagg_fail(PSAGG_ENOMEM, "devsim: injected allocation failure");
+        st = psagg__fail(PSAGG_ENOMEM, "devsim: injected allocation failure");
     pthread_mutex_unlock(&S.mu);
     return st;
 }
@@ -384,7 +384,7 @@ static psagg_status x_stream_create(void **out)
     pthread_mutex_lock(&S.mu);
     if (S.fail_stream) {
         pthread_mutex_unlock(&S.mu);
-        return psagg_fail(PSAGG_ECUDA, "devsim: injected failure to create a stream");
+        return psagg__fail(PSAGG_ECUDA, "devsim: injected failure to create a stream");
     }
     s = calloc(1, sizeof *s);
     s->device = cur_dev;
@@ -513,18 +513,18 @@ static psagg_status codec_args(const psagg_codec *c, size_t n, size_t len, const
 {
     psagg_codec copy = *c;
     psagg_status st;
-    if ((st = psagg_codec_check(&copy)))
+    if ((st = psagg__codec_check(&copy)))
         return st;
-    if (len != psagg_encoded_size(c, n))
-        return psagg_fail(PSAGG_EBADLEN, "devsim %s: %zu bytes, codec needs %zu", what, len,
-                          psagg_encoded_size(c, n));
+    if (len != psagg__encoded_size(c, n))
+        return psagg__fail(PSAGG_EBADLEN, "devsim %s: %zu bytes, codec needs %zu", what, len,
+                           psagg__encoded_size(c, n));
     if (((uintptr_t)f & 3) || ((uintptr_t)enc & 7))
-        return psagg_fail(PSAGG_EINVAL, "devsim %s: misaligned buffer", what);
+        return psagg__fail(PSAGG_EINVAL, "devsim %s: misaligned buffer", what);
     return PSAGG_OK;
 }
 
 static psagg_status x_encode(const psagg_codec *codec, const float *x, float *residual, size_t n,
-                             psagg_rng_key key, void *out, size_t out_len, uint64_t *d_err,
+                             psagg__rng_key key, void *out, size_t out_len, uint64_t *d_err,
                              void *stream)
 {
     sim_stream *s = resolve(stream);
@@ -588,10 +588,10 @@ static psagg_status x_err_status(uint64_t w, size_t *bad)
         return PSAGG_OK;
     st = -(psagg_status)(w & 0xFF);
     *bad = (size_t)(w >> 8);
-    return psagg_fail(st, "devsim codec: index %zu: %s", *bad, psagg_strerror(st));
+    return psagg__fail(st, "devsim codec: index %zu: %s", *bad, psagg_strerror(st));
 }
 
-static const psagg_devexec devsim = {
+static const psagg__devexec devsim = {
     .name = "devsim",
     .get_device = x_get_device,
     .set_device = x_set_device,
@@ -631,7 +631,7 @@ void devsim_init(int n_devices, int delay_ms)
     S.delay_ms = delay_ms;
 }
 
-const psagg_devexec *devsim_exec(void)
+const psagg__devexec *devsim_exec(void)
 {
     return &devsim;
 }

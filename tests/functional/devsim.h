@@ -21,7 +21,7 @@
 #include "devexec.h"
 
 void devsim_init(int n_devices, int delay_ms);
-const psagg_devexec *devsim_exec(void);
+const psagg__devexec *devsim_exec(void);
 void devsim_set_delay(int delay_ms);
 
 /* The caller's device buffers and streams (the library's come through the executor). */

@@ -11,7 +11,7 @@
  * rounds before (in whatever codecs they used), the pushes summed in worker order as the
  * server does, and the sum requantized in the same codec with the chunk owner's RNG stream.
  * It also checks that
- * the round's generation is the schedule's (psagg_adapt_generation) and that
+ * the round's generation is the schedule's (psagg__adapt_generation) and that
  * psagg_get_assignment agrees with the handles. It prints "ADAPTIVE-EXACT ..." with the
  * number of codec switches seen, and "DIGEST <hex>" of every output.
  *
@@ -94,11 +94,11 @@ int main(int argc, char **argv)
     uint32_t first_round = 0, join_round[MAX_JOINERS], hold_round[MAX_HOLDS];
     int sync = 0, joiner[MAX_JOINERS], n_joiners = 0, n_joined = 0, n_holds = 0, self_joined = 0;
     const char *hold_file[MAX_HOLDS];
-    psagg_config cfg;
+    psagg__config cfg;
     psagg_ctx *ctx = NULL;
     psagg_tensor_desc desc[N_T];
-    psagg_ctl_tensor wire[N_T + 1];
-    psagg_layout l;
+    psagg__ctl_tensor wire[N_T + 1];
+    psagg__layout l;
     psagg_codec m4, fp32 = {.id = PSAGG_CODEC_FP32}, last[N_T];
     float *in[N_T], *out[N_T], *ref[N_T], *x, *acc, **res[N_T];
     uint8_t *enc;
@@ -120,9 +120,9 @@ int main(int argc, char **argv)
             FAIL("usage: fn_adaptive ROUNDS [--sync] [--joiner RANK]... [--hold ROUND:FILE]...");
         }
     }
-    if (psagg_codec_parse("maxmin4/512", &m4) || psagg_codec_check(&m4))
+    if (psagg_codec_parse("maxmin4/512", &m4) || psagg__codec_check(&m4))
         FAIL("codec");
-    if (psagg_config_load(getenv("PSAGG_CONFIG"), &cfg))
+    if (psagg__config_load(getenv("PSAGG_CONFIG"), &cfg))
         FAIL("config: %s", psagg_last_error());
     if (!cfg.adaptive)
         FAIL("this test needs [codec] adaptive = on");
@@ -138,7 +138,7 @@ int main(int argc, char **argv)
                                       .count = sizes[t],
                                       .codec = t == N_T - 1 ? fp32 : m4,
                                       .error_feedback = t == N_T - 1 ? 0 : 1};
-        if (psagg_tensor_to_wire(name, sizes[t], &desc[t].codec, &wire[t]))
+        if (psagg__tensor_to_wire(name, sizes[t], &desc[t].codec, &wire[t]))
             FAIL("wire");
         n_ad += desc[t].codec.id == PSAGG_CODEC_MAXMIN;
         max_count = sizes[t] > max_count ? sizes[t] : max_count;
@@ -164,10 +164,10 @@ int main(int argc, char **argv)
     if (sync)
         print_assign(ctx, first_round);
     /* the same layout as every process of the job: ours, with the statistics tensor */
-    if (psagg_tensor_to_wire(PSAGG_ADAPT_STATS_NAME, (uint64_t)n_ad * PSAGG_ADAPT_MAX_BUCKETS,
-                             &fp32, &wire[N_T]) ||
-        psagg_layout_build(wire, N_T + 1, psagg_chunk_elems(&cfg), (uint32_t)cfg.n_servers,
-                           (uint32_t)cfg.adaptive_interval, &l))
+    if (psagg__tensor_to_wire(PSAGG_ADAPT_STATS_NAME, (uint64_t)n_ad * PSAGG_ADAPT_MAX_BUCKETS,
+                              &fp32, &wire[N_T]) ||
+        psagg__layout_build(wire, N_T + 1, psagg__chunk_elems(&cfg), (uint32_t)cfg.n_servers,
+                            (uint32_t)cfg.adaptive_interval, &l))
         FAIL("layout: %s", psagg_last_error());
     x = malloc(max_count * sizeof *x);
     acc = malloc(max_count * sizeof *acc);
@@ -201,7 +201,7 @@ int main(int argc, char **argv)
                 FAIL("push_pull: %s", psagg_last_error());
         }
         for (uint32_t t = 0; t < N_T; t++) {
-            const psagg_tensor_info *ti = &l.tensors[t];
+            const psagg__tensor_info *ti = &l.tensors[t];
             psagg_codec codec;
             uint32_t gen;
             if (psagg_wait(h[t], -1))
@@ -209,14 +209,14 @@ int main(int argc, char **argv)
             if (psagg_handle_codec(h[t], &codec, &gen))
                 FAIL("psagg_handle_codec: %s", psagg_last_error());
             psagg_release(h[t]);
-            if (gen != (ti->adaptive ? psagg_adapt_generation(r, l.adapt_interval) : 0))
+            if (gen != (ti->adaptive ? psagg__adapt_generation(r, l.adapt_interval) : 0))
                 FAIL("round %u tensor %u: generation %u, the schedule says %u", r, t, gen,
-                     psagg_adapt_generation(r, l.adapt_interval));
-            if (!ti->adaptive && !psagg_codec_equal(&codec, &ti->codec))
+                     psagg__adapt_generation(r, l.adapt_interval));
+            if (!ti->adaptive && !psagg__codec_equal(&codec, &ti->codec))
                 FAIL("tensor %u has a fixed codec, but round %u went in another", t, r);
-            if (!psagg_adapt_allowed(&ti->codec, ti->chunk_elems, &codec))
+            if (!psagg__adapt_allowed(&ti->codec, ti->chunk_elems, &codec))
                 FAIL("round %u tensor %u: codec is not one of the candidates", r, t);
-            if (!psagg_codec_equal(&codec, &last[t])) {
+            if (!psagg__codec_equal(&codec, &last[t])) {
                 char a[40], b[40];
                 switches++;
                 if (rank == 0)
@@ -237,8 +237,8 @@ int main(int argc, char **argv)
                 continue;
             /* the reference: every worker's push, summed in worker order, requantized */
             for (uint32_t c = 0; c < ti->n_chunks; c++) {
-                const psagg_chunk_info *ci = &l.chunks[ti->first_chunk + c];
-                size_t len = psagg_encoded_size(&codec, ci->count);
+                const psagg__chunk_info *ci = &l.chunks[ti->first_chunk + c];
+                size_t len = psagg__encoded_size(&codec, ci->count);
                 int first = 1;
                 for (int w = 0; w < world; w++) {
                     int in_round = w < cfg.n_workers;
@@ -249,21 +249,21 @@ int main(int argc, char **argv)
                         continue;
                     for (uint64_t i = 0; i < ci->count; i++)
                         x[i] = input_value(w, t, r, ci->offset + i) * scale(t, r, rounds);
-                    if (psagg_encode(&codec, x, res[t][w] ? res[t][w] + ci->offset : NULL,
-                                     ci->count,
-                                     psagg_rng_chunk_key(cfg.seed, PSAGG_RNG_WORKER, (uint32_t)w, t,
-                                                         ci->index, r),
-                                     enc, len, NULL) ||
-                        psagg_decode_into(&codec, enc, len, ci->count, acc,
-                                          first ? PSAGG_DECODE_FIRST : PSAGG_DECODE_ADD, 1.0f))
+                    if (psagg__encode(&codec, x, res[t][w] ? res[t][w] + ci->offset : NULL,
+                                      ci->count,
+                                      psagg__rng_chunk_key(cfg.seed, PSAGG_RNG_WORKER, (uint32_t)w,
+                                                           t, ci->index, r),
+                                      enc, len, NULL) ||
+                        psagg__decode_into(&codec, enc, len, ci->count, acc,
+                                           first ? PSAGG_DECODE_FIRST : PSAGG_DECODE_ADD, 1.0f))
                         FAIL("reference: %s", psagg_last_error());
                     first = 0;
                 }
-                if (psagg_encode(
-                        &codec, acc, NULL, ci->count,
-                        psagg_rng_chunk_key(cfg.seed, PSAGG_RNG_SERVER, ci->owner, t, ci->index, r),
-                        enc, len, NULL) ||
-                    psagg_decode(&codec, enc, len, ci->count, ref[t] + ci->offset))
+                if (psagg__encode(&codec, acc, NULL, ci->count,
+                                  psagg__rng_chunk_key(cfg.seed, PSAGG_RNG_SERVER, ci->owner, t,
+                                                       ci->index, r),
+                                  enc, len, NULL) ||
+                    psagg__decode(&codec, enc, len, ci->count, ref[t] + ci->offset))
                     FAIL("reference update: %s", psagg_last_error());
             }
             if (memcmp(ref[t], out[t], sizes[t] * sizeof(float))) {
@@ -296,7 +296,7 @@ int main(int argc, char **argv)
         psagg_assignment as = {.struct_size = sizeof as};
         if (psagg_get_assignment(ctx, t, &as))
             FAIL("psagg_get_assignment: %s", psagg_last_error());
-        if (as.generation == max_gen && !psagg_codec_equal(&as.codec, &last[t]))
+        if (as.generation == max_gen && !psagg__codec_equal(&as.codec, &last[t]))
             FAIL("tensor %u: psagg_get_assignment disagrees with the last round's codec", t);
     }
     printf("ADAPTIVE-EXACT rounds=%u tensors=%u generations=%u switches=%u\n", rounds, N_T, max_gen,
@@ -311,6 +311,6 @@ int main(int argc, char **argv)
         free((void *)desc[t].name);
     }
     free(x), free(acc), free(enc);
-    psagg_layout_free(&l);
+    psagg__layout_free(&l);
     return 0;
 }

@@ -76,7 +76,7 @@ static void start(int error_feedback)
          .codec = {PSAGG_CODEC_MAXMIN, 4, 512, PSAGG_ROUND_STOCHASTIC},
          .error_feedback = error_feedback},
     };
-    if (psagg_init(NULL, -1, -1, &ctx) || psagg_device_use(ctx, devsim_exec()) ||
+    if (psagg_init(NULL, -1, -1, &ctx) || psagg__device_use(ctx, devsim_exec()) ||
         psagg_declare(ctx, d, 3, keys)) {
         fprintf(stderr, "fn_device: start-up: %s\n", psagg_last_error());
         exit(1);

@@ -74,32 +74,32 @@ typedef struct ref_tensor {
 } ref_tensor;
 
 /* One step of the servers, for every parameter tensor, on the reference. */
-static void ref_round(const psagg_config *cfg, const psagg_layout *l, const psagg_codec *codec,
+static void ref_round(const psagg__config *cfg, const psagg__layout *l, const psagg_codec *codec,
                       ref_tensor *ref, uint32_t s, int world, float *x, float *acc, uint8_t *enc)
 {
-    const psagg_optim o = {.kind = (psagg_optim_kind)cfg->optimizer,
-                           .momentum = cfg->momentum,
-                           .dampening = cfg->dampening,
-                           .nesterov = cfg->nesterov,
-                           .beta1 = cfg->beta1,
-                           .beta2 = cfg->beta2,
-                           .eps = cfg->eps},
-                      *opt = &o;
+    const psagg__optim o = {.kind = (psagg__optim_kind)cfg->optimizer,
+                            .momentum = cfg->momentum,
+                            .dampening = cfg->dampening,
+                            .nesterov = cfg->nesterov,
+                            .beta1 = cfg->beta1,
+                            .beta2 = cfg->beta2,
+                            .eps = cfg->eps},
+                       *opt = &o;
     for (uint32_t t = 0; t < N_P; t++) {
-        const psagg_tensor_info *ti = &l->tensors[t];
+        const psagg__tensor_info *ti = &l->tensors[t];
         for (uint32_t c = 0; c < ti->n_chunks; c++) {
-            const psagg_chunk_info *ci = &l->chunks[ti->first_chunk + c];
-            size_t len = psagg_encoded_size(codec, ci->count);
+            const psagg__chunk_info *ci = &l->chunks[ti->first_chunk + c];
+            size_t len = psagg__encoded_size(codec, ci->count);
             float *vw = ref[t].view + ci->offset, *mw = ref[t].w + ci->offset;
             for (int w = 0; w < world; w++) {
                 for (uint64_t i = 0; i < ci->count; i++)
                     x[i] = grad_value(w, t, s, ci->offset + i, vw[i]);
-                if (psagg_encode(codec, x, NULL, ci->count,
-                                 psagg_rng_chunk_key(cfg->seed, PSAGG_RNG_WORKER, (uint32_t)w, t,
-                                                     ci->index, s),
-                                 enc, len, NULL) ||
-                    psagg_decode_into(codec, enc, len, ci->count, acc,
-                                      w ? PSAGG_DECODE_ADD : PSAGG_DECODE_FIRST, 1.0f))
+                if (psagg__encode(codec, x, NULL, ci->count,
+                                  psagg__rng_chunk_key(cfg->seed, PSAGG_RNG_WORKER, (uint32_t)w, t,
+                                                       ci->index, s),
+                                  enc, len, NULL) ||
+                    psagg__decode_into(codec, enc, len, ci->count, acc,
+                                       w ? PSAGG_DECODE_ADD : PSAGG_DECODE_FIRST, 1.0f))
                     FAIL("reference: %s", psagg_last_error());
             }
             ref_optim_step(opt, step_lr(s), step_wd(t), (uint64_t)s + 1, 1.0f / (float)world, acc,
@@ -110,11 +110,11 @@ static void ref_round(const psagg_config *cfg, const psagg_layout *l, const psag
             }
             for (uint64_t i = 0; i < ci->count; i++)
                 x[i] = mw[i] - vw[i];
-            if (psagg_encode(
+            if (psagg__encode(
                     codec, x, NULL, ci->count,
-                    psagg_rng_chunk_key(cfg->seed, PSAGG_RNG_SERVER, ci->owner, t, ci->index, s),
+                    psagg__rng_chunk_key(cfg->seed, PSAGG_RNG_SERVER, ci->owner, t, ci->index, s),
                     enc, len, NULL) ||
-                psagg_decode_into(codec, enc, len, ci->count, vw, PSAGG_DECODE_ADD, 1.0f))
+                psagg__decode_into(codec, enc, len, ci->count, vw, PSAGG_DECODE_ADD, 1.0f))
                 FAIL("reference delta: %s", psagg_last_error());
         }
     }
@@ -139,11 +139,11 @@ int main(int argc, char **argv)
     int resume = 0, rank, world;
     float lr_scale = 1.0f;
     const char *codec_text = getenv("FN_OPTIM_CODEC") ? getenv("FN_OPTIM_CODEC") : "fp32";
-    psagg_config cfg;
+    psagg__config cfg;
     psagg_ctx *ctx = NULL;
     psagg_tensor_desc desc[N_P + 1];
-    psagg_ctl_tensor wire[N_P + 1];
-    psagg_layout l;
+    psagg__ctl_tensor wire[N_P + 1];
+    psagg__layout l;
     psagg_codec codec, fp32 = {.id = PSAGG_CODEC_FP32};
     ref_tensor ref[N_P];
     float *wt[N_P + 1], *g[N_P + 1], *x, *acc, *pulled;
@@ -165,9 +165,9 @@ int main(int argc, char **argv)
             FAIL("usage: fn_optim STEPS [--checkpoint-at C] [--checkpoint-all] [--stop-after S] "
                  "[--resume] [--lr-scale X]");
     }
-    if (psagg_codec_parse(codec_text, &codec) || psagg_codec_check(&codec))
+    if (psagg_codec_parse(codec_text, &codec) || psagg__codec_check(&codec))
         FAIL("FN_OPTIM_CODEC '%s'", codec_text);
-    if (psagg_config_load(getenv("PSAGG_CONFIG"), &cfg))
+    if (psagg__config_load(getenv("PSAGG_CONFIG"), &cfg))
         FAIL("config: %s", psagg_last_error());
     if (psagg_init(NULL, -1, -1, &ctx))
         FAIL("psagg_init: %s", psagg_last_error());
@@ -182,7 +182,7 @@ int main(int argc, char **argv)
                                       .codec = t < N_P ? codec : fp32,
                                       .error_feedback = 0,
                                       .flags = t < N_P ? PSAGG_TENSOR_PARAMETER : 0};
-        if (psagg_tensor_to_wire(name, sizes[t], &desc[t].codec, &wire[t]))
+        if (psagg__tensor_to_wire(name, sizes[t], &desc[t].codec, &wire[t]))
             FAIL("wire");
         wire[t].flags = t < N_P ? PSAGG_DECL_PARAM : 0;
         wt[t] = malloc(sizes[t] * sizeof(float));
@@ -192,7 +192,8 @@ int main(int argc, char **argv)
     }
     if (psagg_declare(ctx, desc, N_P + 1, NULL))
         FAIL("psagg_declare: %s", psagg_last_error());
-    if (psagg_layout_build(wire, N_P + 1, psagg_chunk_elems(&cfg), (uint32_t)cfg.n_servers, 0, &l))
+    if (psagg__layout_build(wire, N_P + 1, psagg__chunk_elems(&cfg), (uint32_t)cfg.n_servers, 0,
+                            &l))
         FAIL("layout: %s", psagg_last_error());
     x = malloc(sizes[1] * sizeof *x);
     acc = malloc(sizes[1] * sizeof *acc);
@@ -303,7 +304,8 @@ int main(int argc, char **argv)
         same(wt[t], ref[t].w, sizes[t], "the synced weights", t, steps);
     }
     printf("OPTIM-EXACT optimizer=%s codec=%s workers=%d steps=%u..%u tensors=%u\n",
-           psagg_optim_name((psagg_optim_kind)cfg.optimizer), codec_text, world, start, steps, N_P);
+           psagg__optim_name((psagg__optim_kind)cfg.optimizer), codec_text, world, start, steps,
+           N_P);
     printf("DRIFT max |master - trained| = %.3g\n", drift);
     {
         uint64_t final = TEST_FNV_START;
@@ -319,6 +321,6 @@ int main(int argc, char **argv)
             free(ref[t].w), free(ref[t].view), free(ref[t].m1), free(ref[t].m2);
     }
     free(x), free(acc), free(enc), free(pulled);
-    psagg_layout_free(&l);
+    psagg__layout_free(&l);
     return 0;
 }

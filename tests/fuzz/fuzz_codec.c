@@ -36,19 +36,19 @@ static void pick_codec(uint8_t b, psagg_codec *c)
     c->bits = kind >= 3 ? (uint32_t)kind - 2 : 0;
     c->bucket = buckets[(b / 11) % 4];
     c->rounding = b & 0x80 ? PSAGG_ROUND_NEAREST : PSAGG_ROUND_STOCHASTIC;
-    CHECK(psagg_codec_check(c) == PSAGG_OK, "codec: %s", psagg_last_error());
+    CHECK(psagg__codec_check(c) == PSAGG_OK, "codec: %s", psagg_last_error());
 }
 
 /* decode side: validate, decode, decode_add onto a pattern, aggregate three copies */
 static void run_decode(const psagg_codec *c, const uint8_t *in, size_t in_len, size_t n,
                        struct result *r)
 {
-    size_t enc = psagg_encoded_size(c, n);
+    size_t enc = psagg__encoded_size(c, n);
     float *out = malloc(n * sizeof *out), *acc = malloc(n * sizeof *acc);
     uint8_t *agg = malloc(enc);
     const void *ins[3] = {in, in, in};
     CHECK(out && acc && agg, "memory");
-    r->st = psagg_validate(c, in, in_len, n);
+    r->st = psagg__validate(c, in, in_len, n);
     r->bad = 0;
     r->len = 0;
     r->bytes = malloc(2 * n * sizeof(float) + enc);
@@ -56,10 +56,10 @@ static void run_decode(const psagg_codec *c, const uint8_t *in, size_t in_len, s
     if (r->st == PSAGG_OK) {
         for (size_t i = 0; i < n; i++)
             acc[i] = (float)((int)(i % 7) - 3) * 0.25f;
-        CHECK(psagg_decode(c, in, in_len, n, out) == PSAGG_OK, "decode after validate");
-        CHECK(psagg_decode_add(c, in, in_len, n, acc) == PSAGG_OK, "decode_add");
-        r->st = psagg_aggregate(c, ins, 3, in_len, n, NULL, psagg_rng_key_make(7, 9), agg, enc,
-                                &r->bad);
+        CHECK(psagg__decode(c, in, in_len, n, out) == PSAGG_OK, "decode after validate");
+        CHECK(psagg__decode_add(c, in, in_len, n, acc) == PSAGG_OK, "decode_add");
+        r->st = psagg__aggregate(c, ins, 3, in_len, n, NULL, psagg__rng_key_make(7, 9), agg, enc,
+                                 &r->bad);
         memcpy(r->bytes, out, n * sizeof *out);
         memcpy(r->bytes + n * sizeof *out, acc, n * sizeof *acc);
         r->len = 2 * n * sizeof(float);
@@ -76,7 +76,7 @@ static void run_decode(const psagg_codec *c, const uint8_t *in, size_t in_len, s
 /* encode side: x (+ residual) -> bytes and the new residual */
 static void run_encode(const psagg_codec *c, const float *x, size_t n, struct result *r)
 {
-    size_t enc = psagg_encoded_size(c, n);
+    size_t enc = psagg__encoded_size(c, n);
     float *res = malloc(n * sizeof *res);
     CHECK(res, "memory");
     for (size_t i = 0; i < n; i++)
@@ -84,7 +84,7 @@ static void run_encode(const psagg_codec *c, const float *x, size_t n, struct re
     r->bytes = calloc(1, enc + n * sizeof *res);
     CHECK(r->bytes, "memory");
     r->bad = (size_t)-1;
-    r->st = psagg_encode(c, x, res, n, psagg_rng_key_make(3, 4), r->bytes, enc, &r->bad);
+    r->st = psagg__encode(c, x, res, n, psagg__rng_key_make(3, 4), r->bytes, enc, &r->bad);
     r->len = 0;
     if (r->st == PSAGG_OK) {
         memcpy(r->bytes + enc, res, n * sizeof *res);
@@ -118,9 +118,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     for (int isa = PSAGG_ISA_SCALAR; isa < PSAGG_ISA_COUNT; isa++) {
         struct result r = {0};
-        if (!psagg_isa_supported((psagg_isa)isa))
+        if (!psagg__isa_supported((psagg__isa)isa))
             continue;
-        CHECK(psagg_codec_set_isa((psagg_isa)isa) == PSAGG_OK, "set isa");
+        CHECK(psagg__codec_set_isa((psagg__isa)isa) == PSAGG_OK, "set isa");
         if (encode)
             run_encode(&c, (const float *)buf, n, &r);
         else
@@ -129,12 +129,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             ref = r;
             continue;
         }
-        CHECK(r.st == ref.st, "%s: status %d, scalar %d", psagg_isa_name((psagg_isa)isa), r.st,
+        CHECK(r.st == ref.st, "%s: status %d, scalar %d", psagg__isa_name((psagg__isa)isa), r.st,
               ref.st);
         CHECK(r.st == PSAGG_OK || r.bad == ref.bad, "%s: bad index %zu, scalar %zu",
-              psagg_isa_name((psagg_isa)isa), r.bad, ref.bad);
+              psagg__isa_name((psagg__isa)isa), r.bad, ref.bad);
         CHECK(r.len == ref.len && !memcmp(r.bytes, ref.bytes, r.len),
-              "%s: output differs from scalar", psagg_isa_name((psagg_isa)isa));
+              "%s: output differs from scalar", psagg__isa_name((psagg__isa)isa));
         free(r.bytes);
     }
     free(ref.bytes);

@@ -5,7 +5,7 @@
  * variable PSAGG_NAME for the load (PSAGG_CLUSTER_WORKERS=3 and so on).
  * Properties: a load never crashes, leaks or reads out of bounds; a refusal has a message
  * naming the file or the variable; an accepted config is within its documented limits, and
- * printing it (psagg_config_print, what --check-config shows) and loading the printout again
+ * printing it (psagg__config_print, what --check-config shows) and loading the printout again
  * gives the same config.
  */
 #include <string.h>
@@ -33,14 +33,14 @@ static void write_file(const char *path, const void *data, size_t len)
     CHECK(f && fwrite(data, 1, len, f) == len && fclose(f) == 0, "cannot write %s", path);
 }
 
-/* psagg_config_print into a malloc'd string */
-static char *print_config(const psagg_config *cfg)
+/* psagg__config_print into a malloc'd string */
+static char *print_config(const psagg__config *cfg)
 {
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
     CHECK(f, "open_memstream");
-    psagg_config_print(cfg, f);
+    psagg__config_print(cfg, f);
     fclose(f);
     return text;
 }
@@ -118,7 +118,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const uint8_t *nul = memchr(data, 0, size);
     size_t ini_len = nul ? (size_t)(nul - data) : size;
-    psagg_config *cfg = malloc(sizeof *cfg), *again = malloc(sizeof *again);
+    psagg__config *cfg = malloc(sizeof *cfg), *again = malloc(sizeof *again);
     psagg_status st;
 
     if (!ini_path[0]) {
@@ -131,7 +131,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     write_file(ini_path, data, ini_len);
     if (nul)
         set_env(nul + 1, size - ini_len - 1);
-    st = psagg_config_load(ini_path, cfg);
+    st = psagg__config_load(ini_path, cfg);
     clear_env();
     if (st) {
         const char *msg = psagg_last_error();
@@ -152,7 +152,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         /* what --check-config prints loads back to the same config */
         if (printout_to_ini(text, again_path)) {
             char *text2;
-            st = psagg_config_load(again_path, again);
+            st = psagg__config_load(again_path, again);
             CHECK(st == PSAGG_OK, "the printout does not load: %s\n%s", psagg_last_error(), text);
             text2 = print_config(again);
             CHECK(!strcmp(text, text2), "the printout loads differently:\n%s\n---\n%s", text,

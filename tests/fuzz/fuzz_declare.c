@@ -1,13 +1,13 @@
 /*
  * fuzz_declare.c - a worker's control frame as the server takes it: header check
- * (psagg_ctl_hdr_check), DECLARE check (psagg_ctl_declare_check), layout
- * (psagg_layout_build); ERROR/ABORT frames through psagg_ctl_error_parse.
+ * (psagg__ctl_hdr_check), DECLARE check (psagg__ctl_declare_check), layout
+ * (psagg__layout_build); ERROR/ABORT frames through psagg__ctl_error_parse.
  *
  * Input: one byte of server count (1 + b % 16), then the frame (12-byte header, body).
  * Properties: nothing crashes, leaks, reads out of bounds or allocates without bound (libFuzzer
  * -rss_limit_mb); a refusal says what is wrong; a layout that is built is consistent: each tensor's
  * chunks cover it exactly, in order, each with the encoded size of its codec, owners and slots form
- * a numbering per server, and a header built for each chunk passes psagg_msg_check.
+ * a numbering per server, and a header built for each chunk passes psagg__msg_check.
  */
 #include <string.h>
 
@@ -19,22 +19,22 @@
 #include "runtime/message.h"
 #include "runtime/wire.h"
 
-static void check_layout(const psagg_layout *l, uint32_t n_servers)
+static void check_layout(const psagg__layout *l, uint32_t n_servers)
 {
     uint64_t *owned = calloc(n_servers, sizeof *owned);
     uint8_t *seen;
     size_t max_enc = 0, max_param = 0;
     CHECK(owned && l->n_servers == n_servers, "servers");
     for (uint32_t t = 0; t < l->n_tensors; t++) {
-        const psagg_tensor_info *ti = &l->tensors[t];
+        const psagg__tensor_info *ti = &l->tensors[t];
         uint64_t offset = 0;
         CHECK(ti->n_chunks >= 1 && ti->first_chunk + ti->n_chunks <= l->n_chunks,
               "tensor %u chunks", t);
         for (uint32_t c = 0; c < ti->n_chunks; c++) {
-            const psagg_chunk_info *ci = &l->chunks[ti->first_chunk + c];
+            const psagg__chunk_info *ci = &l->chunks[ti->first_chunk + c];
             CHECK(ci->key == t && ci->index == c && ci->offset == offset, "chunk order");
             CHECK(ci->count >= 1 && ci->count <= ti->chunk_elems, "chunk size");
-            CHECK(ci->enc_bytes == psagg_encoded_size(&ti->codec, ci->count), "enc_bytes");
+            CHECK(ci->enc_bytes == psagg__encoded_size(&ti->codec, ci->count), "enc_bytes");
             CHECK(ci->cap_bytes >= ci->enc_bytes, "cap_bytes");
             CHECK(ci->owner < n_servers, "owner");
             owned[ci->owner]++;
@@ -63,20 +63,21 @@ static void check_layout(const psagg_layout *l, uint32_t n_servers)
     }
     /* a header for a few chunks passes the message check */
     for (uint32_t c = 0; c < l->n_chunks; c += 1 + l->n_chunks / 8) {
-        const psagg_chunk_info *ci = &l->chunks[c], *got = NULL;
+        const psagg__chunk_info *ci = &l->chunks[c], *got = NULL;
         int param = l->tensors[ci->key].param;
-        size_t len = sizeof(psagg_msg_hdr) + ci->enc_bytes + (param ? sizeof(psagg_msg_param) : 0);
+        size_t len =
+            sizeof(psagg__msg_hdr) + ci->enc_bytes + (param ? sizeof(psagg__msg_param) : 0);
         uint8_t *msg = calloc(1, len);
         const char *bad;
         CHECK(msg, "memory");
-        psagg_msg_init((psagg_msg_hdr *)msg, PSAGG_MSG_PUSH, 0, 0, ci, &l->tensors[ci->key].codec,
-                       0);
+        psagg__msg_init((psagg__msg_hdr *)msg, PSAGG_MSG_PUSH, 0, 0, ci, &l->tensors[ci->key].codec,
+                        0);
         if (param) { /* a gradient's push carries its trailer (GRAD, lr 0, weight 1) */
-            psagg_msg_param prm = {.flags = PSAGG_PARAM_GRAD, .weight = 1.0f};
-            memcpy(msg + sizeof(psagg_msg_hdr) + ci->enc_bytes, &prm, sizeof prm);
-            ((psagg_msg_hdr *)msg)->len += (uint32_t)sizeof(psagg_msg_param);
+            psagg__msg_param prm = {.flags = PSAGG_PARAM_GRAD, .weight = 1.0f};
+            memcpy(msg + sizeof(psagg__msg_hdr) + ci->enc_bytes, &prm, sizeof prm);
+            ((psagg__msg_hdr *)msg)->len += (uint32_t)sizeof(psagg__msg_param);
         }
-        bad = psagg_msg_check(msg, len, 0, PSAGG_MSG_PUSH, l, &got, NULL);
+        bad = psagg__msg_check(msg, len, 0, PSAGG_MSG_PUSH, l, &got, NULL);
         CHECK(!bad && got == ci, "chunk %u: field %s", c, bad ? bad : "(ci)");
         free(msg);
     }
@@ -85,16 +86,16 @@ static void check_layout(const psagg_layout *l, uint32_t n_servers)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    psagg_ctl_hdr h;
+    psagg__ctl_hdr h;
     uint8_t *body;
     uint32_t n_servers;
-    psagg_layout l;
+    psagg__layout l;
 
     if (size < 1 + sizeof h)
         return 0;
     n_servers = 1 + data[0] % 16;
     memcpy(&h, data + 1, sizeof h);
-    if (psagg_ctl_hdr_check(&h, PSAGG_CTL_MAX_FRAME, "fuzz") != PSAGG_OK)
+    if (psagg__ctl_hdr_check(&h, PSAGG_CTL_MAX_FRAME, "fuzz") != PSAGG_OK)
         return 0;
     if (h.len != size - 1 - sizeof h) /* the reader hands over exactly len bytes */
         return 0;
@@ -103,16 +104,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(body, data + 1 + sizeof h, h.len);
     if (h.type == PSAGG_CTL_ERROR || h.type == PSAGG_CTL_ABORT) {
         const char *msg = NULL;
-        if (psagg_ctl_error_parse(&h, body, &msg) != PSAGG_OK)
-            CHECK(msg && strlen(msg) < sizeof(((psagg_ctl_error *)0)->msg), "error text");
+        if (psagg__ctl_error_parse(&h, body, &msg) != PSAGG_OK)
+            CHECK(msg && strlen(msg) < sizeof(((psagg__ctl_error *)0)->msg), "error text");
     } else if (h.type == PSAGG_CTL_DECLARE &&
-               psagg_ctl_declare_check(&h, body, "fuzz") == PSAGG_OK) {
-        const psagg_ctl_declare *d = (const psagg_ctl_declare *)body;
-        if (psagg_layout_build((const psagg_ctl_tensor *)(d + 1), d->count, d->chunk_elems,
-                               n_servers, d->adapt_interval, &l) == PSAGG_OK) {
+               psagg__ctl_declare_check(&h, body, "fuzz") == PSAGG_OK) {
+        const psagg__ctl_declare *d = (const psagg__ctl_declare *)body;
+        if (psagg__layout_build((const psagg__ctl_tensor *)(d + 1), d->count, d->chunk_elems,
+                                n_servers, d->adapt_interval, &l) == PSAGG_OK) {
             CHECK(l.n_tensors == d->count && l.n_chunks <= PSAGG_MAX_CHUNKS, "counts");
             check_layout(&l, n_servers);
-            psagg_layout_free(&l);
+            psagg__layout_free(&l);
         } else {
             const char *msg = psagg_last_error();
             size_t n = strlen(msg);

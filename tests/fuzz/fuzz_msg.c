@@ -1,7 +1,7 @@
 /*
  * fuzz_msg.c - a data message as a server or worker takes it from the fabric: the header
- * check against the job's layout (psagg_msg_check), then the payload (psagg_validate,
- * psagg_decode, psagg_decode_add).
+ * check against the job's layout (psagg__msg_check), then the payload (psagg__validate,
+ * psagg__decode, psagg__decode_add).
  *
  * Input: one flags byte (bit 0: the job has data_auth, so a 16-byte MAC follows the payload;
  * bit 1: the message should be an UPDATE, bit 2: WEIGHTS, else a PUSH), then the message.
@@ -22,14 +22,14 @@
 #include "runtime/message.h"
 #include "runtime/wire.h"
 
-static psagg_layout layout;
+static psagg__layout layout;
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    const psagg_chunk_info *ci = NULL;
-    psagg_msg_codec mc;
+    const psagg__chunk_info *ci = NULL;
+    psagg__msg_codec mc;
     size_t tag, len;
-    enum psagg_msg_type type;
+    enum psagg__msg_type type;
     uint8_t *msg;
     const char *bad;
 
@@ -43,12 +43,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     msg = malloc(len ? len : 1); /* exactly the message: ASan sees any read past it */
     CHECK(msg, "memory");
     memcpy(msg, data + 1, len);
-    bad = psagg_msg_check(msg, len, tag, type, &layout, &ci, &mc);
+    bad = psagg__msg_check(msg, len, tag, type, &layout, &ci, &mc);
     if (!bad) {
-        const psagg_msg_hdr *h = (const psagg_msg_hdr *)msg;
+        const psagg__msg_hdr *h = (const psagg__msg_hdr *)msg;
         const psagg_codec *codec = &mc.codec;
         const uint8_t *payload = msg + sizeof *h;
-        size_t trailer = mc.param ? sizeof(psagg_msg_param) : 0;
+        size_t trailer = mc.param ? sizeof(psagg__msg_param) : 0;
         uint32_t kind = mc.prm.flags & PSAGG_PARAM_KIND_MASK;
         CHECK(ci >= layout.chunks && ci < layout.chunks + layout.n_chunks, "chunk");
         CHECK(ci->key == h->key && ci->index == h->chunk && h->type == type, "fields");
@@ -63,21 +63,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                       mc.prm.weight_decay >= 0 && !mc.prm.reserved && kind <= PSAGG_PARAM_PULL,
                   "trailer");
             CHECK(kind == PSAGG_PARAM_GRAD
-                      ? mc.len == psagg_encoded_size(codec, ci->count)
+                      ? mc.len == psagg__encoded_size(codec, ci->count)
                       : mc.len == (kind == PSAGG_PARAM_INIT && h->sender == 0 ? 4 * ci->count : 0),
                   "body of kind %u", kind);
         } else if (type != PSAGG_MSG_WEIGHTS) {
-            CHECK(mc.len <= ci->cap_bytes && mc.len == psagg_encoded_size(codec, ci->count), "len");
+            CHECK(mc.len <= ci->cap_bytes && mc.len == psagg__encoded_size(codec, ci->count),
+                  "len");
             if (!layout.tensors[ci->key].adaptive)
                 CHECK(!memcmp(codec, &layout.tensors[ci->key].codec, sizeof *codec), "codec");
         }
-        if (mc.len == psagg_encoded_size(codec, ci->count) &&
-            psagg_validate(codec, payload, mc.len, ci->count) == PSAGG_OK) {
+        if (mc.len == psagg__encoded_size(codec, ci->count) &&
+            psagg__validate(codec, payload, mc.len, ci->count) == PSAGG_OK) {
             float *out = malloc(ci->count * sizeof *out), *acc = calloc(ci->count, sizeof *acc);
             CHECK(out && acc, "memory");
-            CHECK(psagg_decode(codec, payload, mc.len, ci->count, out) == PSAGG_OK,
+            CHECK(psagg__decode(codec, payload, mc.len, ci->count, out) == PSAGG_OK,
                   "decode after validate: %s", psagg_last_error());
-            CHECK(psagg_decode_add(codec, payload, mc.len, ci->count, acc) == PSAGG_OK,
+            CHECK(psagg__decode_add(codec, payload, mc.len, ci->count, acc) == PSAGG_OK,
                   "decode_add after validate");
             for (uint64_t i = 0; i < ci->count; i++) {
                 CHECK(isfinite(out[i]), "element %llu decodes to %g", (unsigned long long)i,

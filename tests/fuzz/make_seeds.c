@@ -66,37 +66,38 @@ static void seed_declare(void)
     static const char *codecs[] = {"fp32",   "fp16", "bf16", "maxmin1/64", "maxmin4/512/nearest",
                                    "maxmin8"};
     static const uint64_t counts[] = {1, 1023, 70000, 5, 1u << 20, 4096};
-    uint8_t f[1 + sizeof(psagg_ctl_hdr) + sizeof(psagg_ctl_declare) + 6 * sizeof(psagg_ctl_tensor)];
-    uint8_t *body = f + 1 + sizeof(psagg_ctl_hdr);
-    psagg_ctl_hdr h = {.magic = PSAGG_CTL_MAGIC, .version = PSAGG_PROTO_VERSION};
-    psagg_ctl_error e = {.status = PSAGG_EPEER, .msg = "server 0: worker 1 failed"};
+    uint8_t
+        f[1 + sizeof(psagg__ctl_hdr) + sizeof(psagg__ctl_declare) + 6 * sizeof(psagg__ctl_tensor)];
+    uint8_t *body = f + 1 + sizeof(psagg__ctl_hdr);
+    psagg__ctl_hdr h = {.magic = PSAGG_CTL_MAGIC, .version = PSAGG_PROTO_VERSION};
+    psagg__ctl_error e = {.status = PSAGG_EPEER, .msg = "server 0: worker 1 failed"};
 
     for (uint32_t n = 1; n <= 6; n += 5) {
-        psagg_ctl_declare d = {.count = n, .chunk_elems = 16384};
+        psagg__ctl_declare d = {.count = n, .chunk_elems = 16384};
         memset(f, 0, sizeof f);
         f[0] = (uint8_t)(n + 1); /* servers */
         memcpy(body, &d, sizeof d);
         for (uint32_t t = 0; t < n; t++) {
             psagg_codec c;
-            psagg_ctl_tensor wire;
+            psagg__ctl_tensor wire;
             char name[16];
             snprintf(name, sizeof name, "t%u", t);
             CHECK(!psagg_codec_parse(codecs[t], &c), "codec");
-            CHECK(!psagg_tensor_to_wire(name, counts[t], &c, &wire), "tensor");
+            CHECK(!psagg__tensor_to_wire(name, counts[t], &c, &wire), "tensor");
             memcpy(body + sizeof d + t * sizeof wire, &wire, sizeof wire);
         }
         h.type = PSAGG_CTL_DECLARE;
-        h.len = (uint32_t)(sizeof d + n * sizeof(psagg_ctl_tensor));
+        h.len = (uint32_t)(sizeof d + n * sizeof(psagg__ctl_tensor));
         memcpy(f + 1, &h, sizeof h);
         put("declare", n == 1 ? "declare_1" : "declare_6", f, 1 + sizeof h + h.len, NULL, 0);
     }
     /* regressions: an unknown codec id (refused with an empty message once), and a
      * chunk_elems near 2^64 (once wrapped a 100-element tensor into 0 chunks) */
     for (int k = 0; k < 2; k++) {
-        psagg_ctl_declare d = {.count = 1, .chunk_elems = k ? UINT64_MAX - 63 : 16384};
-        psagg_ctl_tensor wire;
+        psagg__ctl_declare d = {.count = 1, .chunk_elems = k ? UINT64_MAX - 63 : 16384};
+        psagg__ctl_tensor wire;
         psagg_codec c = {.id = PSAGG_CODEC_FP32};
-        CHECK(!psagg_tensor_to_wire("a", 100, &c, &wire), "tensor");
+        CHECK(!psagg__tensor_to_wire("a", 100, &c, &wire), "tensor");
         if (!k)
             wire.codec = 9;
         memcpy(body, &d, sizeof d);
@@ -121,30 +122,30 @@ static void seed_declare(void)
 /* one message of each tensor of fuzz_msg's layout */
 static void seed_msg(void)
 {
-    psagg_layout l;
+    psagg__layout l;
     fuzz_msg_layout(&l);
     for (uint32_t k = 0; k < l.n_tensors; k++) {
-        const psagg_chunk_info *ci = &l.chunks[l.tensors[k].first_chunk];
-        size_t len = 1 + sizeof(psagg_msg_hdr) + ci->enc_bytes + PSAGG_MSG_MAC_BYTES;
+        const psagg__chunk_info *ci = &l.chunks[l.tensors[k].first_chunk];
+        size_t len = 1 + sizeof(psagg__msg_hdr) + ci->enc_bytes + PSAGG_MSG_MAC_BYTES;
         uint8_t *m = calloc(1, len);
         float *x = malloc(ci->count * sizeof *x);
         CHECK(m && x, "memory");
         for (uint64_t i = 0; i < ci->count; i++)
             x[i] = (float)((int)(i % 17) - 8) * 0.1f;
-        psagg_msg_init((psagg_msg_hdr *)(m + 1), k % 2 ? PSAGG_MSG_UPDATE : PSAGG_MSG_PUSH, 1, 3,
-                       ci, &l.tensors[k].codec, 0);
-        CHECK(!psagg_encode(&l.tensors[k].codec, x, NULL, ci->count, psagg_rng_key_make(1, k),
-                            m + 1 + sizeof(psagg_msg_hdr), ci->enc_bytes, NULL),
+        psagg__msg_init((psagg__msg_hdr *)(m + 1), k % 2 ? PSAGG_MSG_UPDATE : PSAGG_MSG_PUSH, 1, 3,
+                        ci, &l.tensors[k].codec, 0);
+        CHECK(!psagg__encode(&l.tensors[k].codec, x, NULL, ci->count, psagg__rng_key_make(1, k),
+                             m + 1 + sizeof(psagg__msg_hdr), ci->enc_bytes, NULL),
               "encode");
         m[0] = (uint8_t)((k % 2) << 1 | (k == 4)); /* type bit; tensor 4 with a MAC */
         if (l.tensors[k].param) {                  /* a GRAD push with its trailer, no MAC */
-            psagg_msg_param prm = {
+            psagg__msg_param prm = {
                 .lr = 0.01f, .flags = PSAGG_PARAM_GRAD | PSAGG_PARAM_AVERAGE, .weight = 1.0f};
-            psagg_msg_hdr *h = (psagg_msg_hdr *)(m + 1);
-            psagg_msg_init(h, PSAGG_MSG_PUSH, 1, 3, ci, &l.tensors[k].codec, 0);
+            psagg__msg_hdr *h = (psagg__msg_hdr *)(m + 1);
+            psagg__msg_init(h, PSAGG_MSG_PUSH, 1, 3, ci, &l.tensors[k].codec, 0);
             m = realloc(m, len + sizeof prm);
             CHECK(m, "memory");
-            h = (psagg_msg_hdr *)(m + 1);
+            h = (psagg__msg_hdr *)(m + 1);
             memcpy(m + 1 + sizeof *h + ci->enc_bytes, &prm, sizeof prm);
             h->len += (uint32_t)sizeof prm;
             m[0] = 0;
@@ -155,7 +156,7 @@ static void seed_msg(void)
         free(m);
         free(x);
     }
-    psagg_layout_free(&l);
+    psagg__layout_free(&l);
 }
 
 static void seed_codec(void)
@@ -180,13 +181,13 @@ static void seed_codec(void)
         c.bits = kind >= 3 ? (uint32_t)kind - 2 : 0;
         c.bucket = buckets[(picks[p] / 11) % 4];
         c.rounding = picks[p] & 0x80 ? PSAGG_ROUND_NEAREST : PSAGG_ROUND_STOCHASTIC;
-        CHECK(!psagg_codec_check(&c), "codec");
-        enc = psagg_encoded_size(&c, n);
+        CHECK(!psagg__codec_check(&c), "codec");
+        enc = psagg__encoded_size(&c, n);
         buf = malloc(enc);
         CHECK(x && buf, "memory");
         for (uint16_t i = 0; i < n; i++)
             x[i] = (float)((int)(i * 37 % 101) - 50) * 0.01f;
-        CHECK(!psagg_encode(&c, x, NULL, n, psagg_rng_key_make(5, p), buf, enc, NULL), "encode");
+        CHECK(!psagg__encode(&c, x, NULL, n, psagg__rng_key_make(5, p), buf, enc, NULL), "encode");
         snprintf(name, sizeof name, "decode_%zu", p);
         put("codec", name, head, 4, buf, enc);
         head[3] = 1;

@@ -12,7 +12,7 @@
 #include "kernels/codec.h"
 #include "runtime/layout.h"
 
-static inline void fuzz_msg_layout(psagg_layout *l)
+static inline void fuzz_msg_layout(psagg__layout *l)
 {
     static const struct {
         const char *name, *codec;
@@ -24,14 +24,14 @@ static inline void fuzz_msg_layout(psagg_layout *l)
              {"brain", "bf16", 70000, 0},
              {"mm1", "maxmin1/64/nearest", 100000, 0},
              {"par", "fp16", 20000, PSAGG_DECL_PARAM}};
-    psagg_ctl_tensor decl[6];
+    psagg__ctl_tensor decl[6];
     for (int i = 0; i < 6; i++) {
         psagg_codec c;
         CHECK(psagg_codec_parse(t[i].codec, &c) == PSAGG_OK, "codec %s", t[i].codec);
-        CHECK(psagg_tensor_to_wire(t[i].name, t[i].count, &c, &decl[i]) == PSAGG_OK, "decl");
+        CHECK(psagg__tensor_to_wire(t[i].name, t[i].count, &c, &decl[i]) == PSAGG_OK, "decl");
         decl[i].flags = t[i].flags;
     }
-    CHECK(psagg_layout_build(decl, 6, 16384, 2, 10, l) == PSAGG_OK, "layout: %s",
+    CHECK(psagg__layout_build(decl, 6, 16384, 2, 10, l) == PSAGG_OK, "layout: %s",
           psagg_last_error());
 }
 

@@ -120,50 +120,50 @@ static void measure_copy(size_t bytes, int reps)
 
 static void bench_codec(const psagg_codec *c, const char *name, size_t n, int reps)
 {
-    size_t len = psagg_cuda_encoded_size(c, n);
+    size_t len = psagg__cuda_encoded_size(c, n);
     float *x = dmalloc(n * 4), *r = dmalloc(n * 4), *acc = dmalloc(n * 4);
     uint8_t *out = dmalloc(len), *ins[8];
     const void *in[8];
     uint64_t *err = dmalloc(8), herr;
-    psagg_rng_key key = psagg_rng_key_make(42, 1);
+    psagg__rng_key key = psagg__rng_key_make(42, 1);
     double ms;
 
     fill_device(x, n, 1);
     fill_device(acc, n, 3);
     CU(cudaMemsetAsync(r, 0, n * 4, stream));
-    PS(psagg_cuda_err_reset(err, stream));
+    PS(psagg__cuda_err_reset(err, stream));
     for (int i = 0; i < 8; i++) { /* 8 distinct encoded inputs for aggregate */
         ins[i] = dmalloc(len);
         in[i] = ins[i];
-        PS(psagg_cuda_encode(c, x, r, n, psagg_rng_key_make(7, (uint64_t)i), ins[i], len, err,
-                             stream));
+        PS(psagg__cuda_encode(c, x, r, n, psagg__rng_key_make(7, (uint64_t)i), ins[i], len, err,
+                              stream));
     }
 
-    PS(psagg_cuda_encode(c, x, r, n, key, out, len, err, stream)); /* warm-up */
+    PS(psagg__cuda_encode(c, x, r, n, key, out, len, err, stream)); /* warm-up */
     timer_start();
     for (int i = 0; i < reps; i++)
-        PS(psagg_cuda_encode(c, x, r, n, key, out, len, err, stream));
+        PS(psagg__cuda_encode(c, x, r, n, key, out, len, err, stream));
     ms = timer_stop(reps);
     report("encode+EF", name, ms, 12.0 * n + len, n);
 
     timer_start();
     for (int i = 0; i < reps; i++)
-        PS(psagg_cuda_decode(c, out, len, n, acc, err, stream));
+        PS(psagg__cuda_decode(c, out, len, n, acc, err, stream));
     ms = timer_stop(reps);
     report("decode", name, ms, 4.0 * n + len, n);
 
     timer_start();
     for (int i = 0; i < reps; i++)
-        PS(psagg_cuda_decode_add(c, out, len, n, acc, err, stream));
+        PS(psagg__cuda_decode_add(c, out, len, n, acc, err, stream));
     ms = timer_stop(reps);
     report("decode-accumulate", name, ms, 8.0 * n + len, n);
 
     for (int ni = 2; ni <= 8; ni *= 2) {
         char what[32];
-        PS(psagg_cuda_aggregate(c, in, (size_t)ni, len, n, NULL, key, out, len, err, stream));
+        PS(psagg__cuda_aggregate(c, in, (size_t)ni, len, n, NULL, key, out, len, err, stream));
         timer_start();
         for (int i = 0; i < reps; i++)
-            PS(psagg_cuda_aggregate(c, in, (size_t)ni, len, n, NULL, key, out, len, err, stream));
+            PS(psagg__cuda_aggregate(c, in, (size_t)ni, len, n, NULL, key, out, len, err, stream));
         ms = timer_stop(reps);
         snprintf(what, sizeof what, "aggregate N=%d", ni);
         report(what, name, ms, (double)len * (ni + 1), n);
@@ -171,7 +171,7 @@ static void bench_codec(const psagg_codec *c, const char *name, size_t n, int re
     CU(cudaMemcpy(&herr, err, 8, cudaMemcpyDeviceToHost));
     if (herr != PSAGG_CUDA_ERR_NONE) {
         size_t bad;
-        psagg_status st = psagg_cuda_err_status(herr, &bad);
+        psagg_status st = psagg__cuda_err_status(herr, &bad);
         fprintf(stderr, "unexpected data error %s at %zu\n", psagg_strerror(st), bad);
         exit(1);
     }
@@ -196,13 +196,13 @@ static void enqueue_step(const psagg_codec *c, size_t nt, const uint64_t *sizes,
                          uint8_t *d_upd, uint8_t *h_enc, uint8_t *h_upd, uint64_t *err, int step)
 {
     for (size_t t = 0; t < nt; t++)
-        PS(psagg_cuda_encode(c, grad[t], res[t], sizes[t], psagg_rng_key_make(step, t),
-                             d_enc + eoff[t], psagg_cuda_encoded_size(c, sizes[t]), err, stream));
+        PS(psagg__cuda_encode(c, grad[t], res[t], sizes[t], psagg__rng_key_make(step, t),
+                              d_enc + eoff[t], psagg__cuda_encoded_size(c, sizes[t]), err, stream));
     CU(cudaMemcpyAsync(h_enc, d_enc, ebytes, cudaMemcpyDeviceToHost, stream));
     CU(cudaMemcpyAsync(d_upd, h_upd, ebytes, cudaMemcpyHostToDevice, stream));
     for (size_t t = 0; t < nt; t++)
-        PS(psagg_cuda_decode(c, d_upd + eoff[t], psagg_cuda_encoded_size(c, sizes[t]), sizes[t],
-                             grad[t], err, stream));
+        PS(psagg__cuda_decode(c, d_upd + eoff[t], psagg__cuda_encoded_size(c, sizes[t]), sizes[t],
+                              grad[t], err, stream));
 }
 
 static void bench_worker(const psagg_codec *c, const char *name, const char *sizes_path, int reps)
@@ -224,7 +224,7 @@ static void bench_worker(const psagg_codec *c, const char *name, const char *siz
         goff[t] = total;
         total += (sizes[t] + 63) & ~(size_t)63; /* 256-byte aligned tensors */
         eoff[t] = ebytes;
-        ebytes += round256(psagg_cuda_encoded_size(c, sizes[t]));
+        ebytes += round256(psagg__cuda_encoded_size(c, sizes[t]));
     }
     d_grad = dmalloc(total * 4);
     d_res = dmalloc(total * 4);
@@ -238,7 +238,7 @@ static void bench_worker(const psagg_codec *c, const char *name, const char *siz
         grad[t] = d_grad + goff[t];
         res[t] = d_res + goff[t];
     }
-    PS(psagg_cuda_err_reset(err, stream));
+    PS(psagg__cuda_err_reset(err, stream));
     /* a valid update: this worker's own encoding */
     enqueue_step(c, nt, sizes, grad, res, eoff, ebytes, d_enc, d_upd, h_enc, h_upd, err, 0);
     CU(cudaStreamSynchronize(stream));
@@ -249,9 +249,9 @@ static void bench_worker(const psagg_codec *c, const char *name, const char *siz
     timer_start();
     for (int i = 0; i < reps; i++)
         for (size_t t = 0; t < nt; t++)
-            PS(psagg_cuda_encode(c, grad[t], res[t], sizes[t], psagg_rng_key_make(i, t),
-                                 d_enc + eoff[t], psagg_cuda_encoded_size(c, sizes[t]), err,
-                                 stream));
+            PS(psagg__cuda_encode(c, grad[t], res[t], sizes[t], psagg__rng_key_make(i, t),
+                                  d_enc + eoff[t], psagg__cuda_encoded_size(c, sizes[t]), err,
+                                  stream));
     ms_enc = timer_stop(reps);
     timer_start();
     for (int i = 0; i < reps; i++)
@@ -264,8 +264,8 @@ static void bench_worker(const psagg_codec *c, const char *name, const char *siz
     timer_start();
     for (int i = 0; i < reps; i++)
         for (size_t t = 0; t < nt; t++)
-            PS(psagg_cuda_decode(c, d_upd + eoff[t], psagg_cuda_encoded_size(c, sizes[t]), sizes[t],
-                                 grad[t], err, stream));
+            PS(psagg__cuda_decode(c, d_upd + eoff[t], psagg__cuda_encoded_size(c, sizes[t]),
+                                  sizes[t], grad[t], err, stream));
     ms_dec = timer_stop(reps);
 
     /* whole step, plain launches (host time included: the step ends when the stream does) */
@@ -290,7 +290,7 @@ static void bench_worker(const psagg_codec *c, const char *name, const char *siz
         CU(cudaMemcpy(&herr, err, 8, cudaMemcpyDeviceToHost));
         if (herr != PSAGG_CUDA_ERR_NONE) {
             size_t bad;
-            psagg_status st = psagg_cuda_err_status(herr, &bad);
+            psagg_status st = psagg__cuda_err_status(herr, &bad);
             fprintf(stderr, "unexpected data error %s at %zu\n", psagg_strerror(st), bad);
             exit(1);
         }
@@ -342,8 +342,8 @@ int main(int argc, char **argv)
     }
     if (reps < 1)
         reps = 1;
-    if (psagg_cuda_device_count() == 0) {
-        printf("SKIP: no CUDA device or driver (psagg_cuda_device_count() == 0)\n");
+    if (psagg__cuda_device_count() == 0) {
+        printf("SKIP: no CUDA device or driver (psagg__cuda_device_count() == 0)\n");
         return 77;
     }
     CU(cudaSetDevice(dev));

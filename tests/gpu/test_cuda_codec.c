@@ -68,37 +68,37 @@ static void result_free(result *r)
 
 /* CPU reference: encode (+EF), decode, decode_add. */
 static void run_cpu(const psagg_codec *c, const float *x, const float *r0, size_t n,
-                    psagg_rng_key key, const float *acc0, result *o)
+                    psagg__rng_key key, const float *acc0, result *o)
 {
-    size_t len = psagg_encoded_size(c, n);
+    size_t len = psagg__encoded_size(c, n);
     result_alloc(o, len, n);
     memset(o->enc, 0xA5, len);
     if (r0)
         memcpy(o->res, r0, n * 4);
     memset(o->dec, 0x7F, n * 4);
     memcpy(o->dadd, acc0, n * 4);
-    o->st = psagg_encode(c, x, r0 ? o->res : NULL, n, key, o->enc, len, &o->bad);
+    o->st = psagg__encode(c, x, r0 ? o->res : NULL, n, key, o->enc, len, &o->bad);
     if (o->st != PSAGG_OK)
         return;
-    CHECK(psagg_decode(c, o->enc, len, n, o->dec) == PSAGG_OK, "cpu decode: %s",
+    CHECK(psagg__decode(c, o->enc, len, n, o->dec) == PSAGG_OK, "cpu decode: %s",
           psagg_last_error());
-    CHECK(psagg_decode_add(c, o->enc, len, n, o->dadd) == PSAGG_OK, "cpu decode_add: %s",
+    CHECK(psagg__decode_add(c, o->enc, len, n, o->dadd) == PSAGG_OK, "cpu decode_add: %s",
           psagg_last_error());
 }
 
 /* GPU: the same through the *_sync wrappers. mis = 1 puts every buffer off 16-byte alignment
  * (floats 4 bytes in, encoded buffers 8 bytes in) to cover the non-vector paths. */
 static void run_gpu(const psagg_codec *c, const float *x, const float *r0, size_t n,
-                    psagg_rng_key key, const float *acc0, int mis, result *o)
+                    psagg__rng_key key, const float *acc0, int mis, result *o)
 {
-    size_t len = psagg_encoded_size(c, n), bad = (size_t)-1;
+    size_t len = psagg__encoded_size(c, n), bad = (size_t)-1;
     float *x_ = (float *)(d_x + 4 * mis), *r_ = (float *)(d_r + 4 * mis);
     float *dec_ = (float *)(d_dec + 4 * mis), *acc_ = (float *)(d_acc + 4 * mis);
     uint8_t *out_ = d_out + 8 * mis;
     psagg_status st;
 
-    CHECK(psagg_cuda_encoded_size(c, n) == len, "%s n=%zu: cuda size %zu vs cpu %zu", tc_name(c), n,
-          psagg_cuda_encoded_size(c, n), len);
+    CHECK(psagg__cuda_encoded_size(c, n) == len, "%s n=%zu: cuda size %zu vs cpu %zu", tc_name(c),
+          n, psagg__cuda_encoded_size(c, n), len);
     result_alloc(o, len, n);
     h2d(x_, x, n * 4);
     if (r0)
@@ -106,7 +106,7 @@ static void run_gpu(const psagg_codec *c, const float *x, const float *r0, size_
     CU(cudaMemset(out_, 0x5A, len ? len : 1));
     CU(cudaMemset(dec_, 0x7E, n ? n * 4 : 1));
     h2d(acc_, acc0, n * 4);
-    o->st = psagg_cuda_encode_sync(c, x_, r0 ? r_ : NULL, n, key, out_, len, &o->bad, stream);
+    o->st = psagg__cuda_encode_sync(c, x_, r0 ? r_ : NULL, n, key, out_, len, &o->bad, stream);
     CHECK(o->st != PSAGG_ECUDA && o->st != PSAGG_EUNSUPPORTED && o->st != PSAGG_EINVAL,
           "cuda encode: %s", psagg_last_error());
     if (o->st != PSAGG_OK)
@@ -114,9 +114,9 @@ static void run_gpu(const psagg_codec *c, const float *x, const float *r0, size_
     d2h(o->enc, out_, len);
     if (r0)
         d2h(o->res, r_, n * 4);
-    st = psagg_cuda_decode_sync(c, out_, len, n, dec_, &bad, stream);
+    st = psagg__cuda_decode_sync(c, out_, len, n, dec_, &bad, stream);
     CHECK(st == PSAGG_OK, "cuda decode: %d %s", st, psagg_last_error());
-    st = psagg_cuda_decode_add_sync(c, out_, len, n, acc_, &bad, stream);
+    st = psagg__cuda_decode_add_sync(c, out_, len, n, acc_, &bad, stream);
     CHECK(st == PSAGG_OK, "cuda decode_add: %d %s", st, psagg_last_error());
     d2h(o->dec, dec_, n * 4);
     d2h(o->dadd, acc_, n * 4);
@@ -125,7 +125,7 @@ static void run_gpu(const psagg_codec *c, const float *x, const float *r0, size_
 static void compare(const char *ctx, const psagg_codec *c, size_t n, int with_res,
                     const result *ref, const result *got)
 {
-    size_t len = psagg_encoded_size(c, n), d;
+    size_t len = psagg__encoded_size(c, n), d;
     CHECK(ref->st == got->st, "%s: status cpu %d vs gpu %d", ctx, ref->st, got->st);
     if (ref->st != PSAGG_OK) {
         CHECK(ref->bad == got->bad, "%s: bad index cpu %zu vs gpu %zu", ctx, ref->bad, got->bad);
@@ -148,7 +148,7 @@ static void check_encode(const psagg_codec *c, size_t n, int kind, int with_res,
                          int inject)
 {
     float *x = tc_xmalloc(n * 4), *r0 = tc_xmalloc(n * 4), *acc0 = tc_xmalloc(n * 4);
-    psagg_rng_key key = psagg_rng_key_make(seed, 7);
+    psagg__rng_key key = psagg__rng_key_make(seed, 7);
     result ref, got;
     char ctx[256];
 
@@ -186,15 +186,15 @@ static void check_encode(const psagg_codec *c, size_t n, int kind, int with_res,
 
 /* corrupt: 0 none; 1 bad meta / NaN element in input `bad_at`. */
 static void check_aggregate(const psagg_codec *c, size_t n, size_t n_in, int kind, int with_res,
-                            uint64_t seed, int corrupt, psagg_cuda_ctx *ctx_host)
+                            uint64_t seed, int corrupt, psagg__cuda_ctx *ctx_host)
 {
-    size_t len = psagg_encoded_size(c, n), bad_at = (size_t)(seed % (n_in ? n_in : 1));
+    size_t len = psagg__encoded_size(c, n), bad_at = (size_t)(seed % (n_in ? n_in : 1));
     uint8_t *bufs[8], *out_ref = tc_xmalloc(len), *out_got = tc_xmalloc(len),
                       *out_host = tc_xmalloc(len);
     const void *in[8], *din[8];
     float *x = tc_xmalloc(n * 4), *r_ref = tc_xmalloc(n * 4), *r_got = tc_xmalloc(n * 4),
           *r_host = tc_xmalloc(n * 4);
-    psagg_rng_key key = psagg_rng_key_make(seed, 3);
+    psagg__rng_key key = psagg__rng_key_make(seed, 3);
     size_t bad_ref = (size_t)-1, bad_got = (size_t)-1, bad_host = (size_t)-1;
     psagg_status st_ref, st_got, st_host;
     int mis = (int)((seed >> 1) & 1);
@@ -207,7 +207,7 @@ static void check_aggregate(const psagg_codec *c, size_t n, size_t n_in, int kin
         int me = tc_max_exp(c) - 4; /* headroom for the sum */
         bufs[i] = tc_xmalloc(len);
         tc_fill(x, n, k, seed * 31 + i, me);
-        CHECK(psagg_encode(c, x, NULL, n, psagg_rng_key_make(seed, i), bufs[i], len, NULL) ==
+        CHECK(psagg__encode(c, x, NULL, n, psagg__rng_key_make(seed, i), bufs[i], len, NULL) ==
                   PSAGG_OK,
               "encode input: %s", psagg_last_error());
         in[i] = bufs[i];
@@ -257,7 +257,7 @@ static void check_aggregate(const psagg_codec *c, size_t n, size_t n_in, int kin
     memcpy(r_host, r_ref, n * 4);
     memset(out_ref, 0xA5, len);
     st_ref =
-        psagg_aggregate(c, in, n_in, len, n, with_res ? r_ref : NULL, key, out_ref, len, &bad_ref);
+        psagg__aggregate(c, in, n_in, len, n, with_res ? r_ref : NULL, key, out_ref, len, &bad_ref);
 
     for (size_t i = 0; i < n_in; i++) {
         din[i] = d_in[i] + 8 * mis;
@@ -265,8 +265,8 @@ static void check_aggregate(const psagg_codec *c, size_t n, size_t n_in, int kin
     }
     h2d(dres, r_got, n * 4);
     CU(cudaMemset(dout, 0x5A, len ? len : 1));
-    st_got = psagg_cuda_aggregate_sync(c, din, n_in, len, n, with_res ? dres : NULL, key, dout, len,
-                                       &bad_got, stream);
+    st_got = psagg__cuda_aggregate_sync(c, din, n_in, len, n, with_res ? dres : NULL, key, dout,
+                                        len, &bad_got, stream);
     CHECK(st_got != PSAGG_ECUDA && st_got != PSAGG_EINVAL, "cuda aggregate: %s",
           psagg_last_error());
     d2h(out_got, dout, len);
@@ -290,8 +290,8 @@ static void check_aggregate(const psagg_codec *c, size_t n, size_t n_in, int kin
     }
     if (ctx_host) { /* the server's host-memory entry point */
         memset(out_host, 0x33, len);
-        st_host = psagg_cuda_aggregate_host(ctx_host, c, in, n_in, len, n, with_res ? r_host : NULL,
-                                            key, out_host, len, &bad_host);
+        st_host = psagg__cuda_aggregate_host(
+            ctx_host, c, in, n_in, len, n, with_res ? r_host : NULL, key, out_host, len, &bad_host);
         CHECK(st_ref == st_host, "%s (host ctx): status cpu %d vs gpu %d (%s)", ctx, st_ref,
               st_host, psagg_last_error());
         if (st_ref == PSAGG_OK) {
@@ -319,13 +319,13 @@ static void check_aggregate(const psagg_codec *c, size_t n, size_t n_in, int kin
 /* decode / decode_add of a corrupted buffer: same status as the CPU (no index on the CPU). */
 static void check_decode_invalid(const psagg_codec *c, size_t n, uint64_t seed)
 {
-    size_t len = psagg_encoded_size(c, n), bad = 0;
+    size_t len = psagg__encoded_size(c, n), bad = 0;
     uint8_t *b = tc_xmalloc(len);
     float *x = tc_xmalloc(n * 4), *y = tc_xmalloc(n * 4);
     psagg_status st_ref, st_got, st_got2;
 
     tc_fill(x, n, TC_KIND_RANDOM, seed, 0);
-    CHECK(psagg_encode(c, x, NULL, n, psagg_rng_key_make(seed, 1), b, len, NULL) == PSAGG_OK,
+    CHECK(psagg__encode(c, x, NULL, n, psagg__rng_key_make(seed, 1), b, len, NULL) == PSAGG_OK,
           "encode: %s", psagg_last_error());
     if (c->id == PSAGG_CODEC_MAXMIN) {
         float v = (seed & 1) ? -0.0f : NAN;
@@ -337,10 +337,10 @@ static void check_decode_invalid(const psagg_codec *c, size_t n, uint64_t seed)
         uint16_t h = c->id == PSAGG_CODEC_FP16 ? 0xFC00 : 0x7FC0;
         memcpy(b + 2 * (n - 1), &h, 2);
     }
-    st_ref = psagg_decode(c, b, len, n, y);
+    st_ref = psagg__decode(c, b, len, n, y);
     h2d(d_out, b, len);
-    st_got = psagg_cuda_decode_sync(c, d_out, len, n, (float *)d_dec, &bad, stream);
-    st_got2 = psagg_cuda_decode_add_sync(c, d_out, len, n, (float *)d_acc, &bad, stream);
+    st_got = psagg__cuda_decode_sync(c, d_out, len, n, (float *)d_dec, &bad, stream);
+    st_got2 = psagg__cuda_decode_add_sync(c, d_out, len, n, (float *)d_acc, &bad, stream);
     CHECK(st_ref != PSAGG_OK && st_ref == st_got && st_ref == st_got2,
           "decode invalid %s n=%zu: cpu %d, gpu decode %d, decode_add %d", tc_name(c), n, st_ref,
           st_got, st_got2);
@@ -357,12 +357,12 @@ int main(void)
     static const size_t ns[] = {0,    1,    15,   16,   17,   63,   64,   65,   1000,
                                 1023, 1024, 1025, 2047, 2048, 3000, 3079, 5000, 8191};
     size_t nc64, nmc;
-    int ndev = psagg_cuda_device_count();
-    psagg_cuda_ctx *hctx = NULL;
+    int ndev = psagg__cuda_device_count();
+    psagg__cuda_ctx *hctx = NULL;
     struct cudaDeviceProp prop;
 
     if (ndev == 0)
-        return gpu_absent_exit("gpu.codec", "psagg_cuda_device_count() == 0");
+        return gpu_absent_exit("gpu.codec", "psagg__cuda_device_count() == 0");
     CU(cudaGetDeviceProperties(&prop, 0));
     printf("device 0: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
     tc_set_isa(PSAGG_ISA_SCALAR); /* the reference */
@@ -374,7 +374,7 @@ int main(void)
     d_acc = dev_alloc(MAXN * 4 + 64);
     for (int i = 0; i < 8; i++)
         d_in[i] = dev_alloc(MAXN * 4 + 64);
-    CHECK(psagg_cuda_ctx_create(0, &hctx) == PSAGG_OK, "ctx: %s", psagg_last_error());
+    CHECK(psagg__cuda_ctx_create(0, &hctx) == PSAGG_OK, "ctx: %s", psagg_last_error());
 
     nc64 = tc_codecs(codecs, b64, 1);
     nmc = tc_codecs(mc, b1024, 1);
@@ -442,7 +442,7 @@ int main(void)
                                 ns[si] * 5 + n_in + ci, 1, (si % 3 == 0) ? hctx : NULL);
     printf("aggregate: %ld cases total\n", n_compared);
 
-    psagg_cuda_ctx_destroy(hctx);
+    psagg__cuda_ctx_destroy(hctx);
     CU(cudaStreamDestroy(stream));
     cudaFree(d_x);
     cudaFree(d_r);

@@ -10,7 +10,7 @@
  *  - fp16 / bf16 -> fp32: every finite 16-bit pattern;
  *  - maxmin: a host emulation of the kernels' bucket algorithm built only from the pcm_*
  *    functions (range checks, -0 < +0 minimum, scale/inv, levels with the counter RNG,
- *    LSB-first groups of 8, residual) against psagg_encode / psagg_decode on the adversarial
+ *    LSB-first groups of 8, residual) against psagg__encode / psagg__decode on the adversarial
  *    data of the CPU tests, B = 64/192/1024, b = 1..8, both roundings, +-residual.
  */
 #include "../unit/test_codec_util.h"
@@ -34,7 +34,7 @@ static void check_fp16_encode(uint32_t step)
                 x[m] = tc_u2f((sign << 31) | (uint32_t)a);
                 r[m] = -0.0f;
             }
-            CHECK(psagg_encode(&c, x, r, m, psagg_rng_key_make(1, 1), h, 2 * (size_t)m, NULL) ==
+            CHECK(psagg__encode(&c, x, r, m, psagg__rng_key_make(1, 1), h, 2 * (size_t)m, NULL) ==
                       PSAGG_OK,
                   "cpu fp16 encode: %s", psagg_last_error());
             for (uint32_t i = 0; i < m; i++) {
@@ -55,7 +55,7 @@ static void check_fp16_encode(uint32_t step)
         uint32_t err;
         size_t bad = 99;
         float v = tc_u2f((uint32_t)a);
-        psagg_status st = psagg_encode(&c, &v, NULL, 1, psagg_rng_key_make(1, 1), h, 2, &bad);
+        psagg_status st = psagg__encode(&c, &v, NULL, 1, psagg__rng_key_make(1, 1), h, 2, &bad);
         (void)pcm_f32_to_f16(v, &err);
         CHECK((st == PSAGG_ERANGE && err == PCM_ERR_RANGE) ||
                   (st == PSAGG_ENONFINITE && err == PCM_ERR_NONFINITE),
@@ -82,7 +82,7 @@ static void check_bf16_encode(uint32_t step)
             x[m] = tc_u2f(bits);
             r[m] = -0.0f;
         }
-        CHECK(psagg_encode(&c, x, r, m, psagg_rng_key_make(1, 1), h, 2 * (size_t)m, NULL) ==
+        CHECK(psagg__encode(&c, x, r, m, psagg__rng_key_make(1, 1), h, 2 * (size_t)m, NULL) ==
                   PSAGG_OK,
               "cpu bf16 encode: %s", psagg_last_error());
         for (uint32_t i = 0; i < m; i++) {
@@ -100,7 +100,7 @@ static void check_bf16_encode(uint32_t step)
         uint32_t err;
         float v = tc_u2f((uint32_t)b);
         size_t bad;
-        psagg_status st = psagg_encode(&c, &v, NULL, 1, psagg_rng_key_make(1, 1), h, 2, &bad);
+        psagg_status st = psagg__encode(&c, &v, NULL, 1, psagg__rng_key_make(1, 1), h, 2, &bad);
         (void)pcm_f32_to_bf16(v, &err);
         CHECK((st == PSAGG_ERANGE && err == PCM_ERR_RANGE) ||
                   (st == PSAGG_ENONFINITE && err == PCM_ERR_NONFINITE),
@@ -123,7 +123,7 @@ static void check_16_decode(psagg_codec_id id)
         float g;
         one = (uint16_t)v;
         g = id == PSAGG_CODEC_FP16 ? pcm_f16_to_f32(one, &err) : pcm_bf16_to_f32(one, &err);
-        if (psagg_decode(&c, &one, 2, 1, &y) != PSAGG_OK) {
+        if (psagg__decode(&c, &one, 2, 1, &y) != PSAGG_OK) {
             CHECK(err == PCM_ERR_NONFINITE, "%s %04x: cpu rejects, cuda accepts", tc_name(&c), v);
             continue;
         }
@@ -137,7 +137,7 @@ static void check_16_decode(psagg_codec_id id)
 /* ---- maxmin: the kernels' algorithm, sequentially, from the pcm_* pieces ---- */
 
 static psagg_status emul_mm_encode(const psagg_codec *c, const float *x, float *res, size_t n,
-                                   psagg_rng_key key, uint8_t *out, size_t *bad)
+                                   psagg__rng_key key, uint8_t *out, size_t *bad)
 {
     const uint32_t B = c->bucket, b = c->bits, L = (1u << b) - 1;
     const size_t nb = (n + B - 1) / B, payload_len = 8 * ((n * b + 63) / 64);
@@ -168,8 +168,8 @@ static psagg_status emul_mm_encode(const psagg_codec *c, const float *x, float *
             for (size_t j = 0; j < cnt; j++) {
                 size_t k = e + j;
                 float u = c->rounding == PSAGG_ROUND_STOCHASTIC
-                              ? psagg_rng_u(psagg_rng_hash32(key.k0, key.k1, (uint32_t)k >> 1),
-                                            (uint32_t)k)
+                              ? psagg__rng_u(psagg__rng_hash32(key.k0, key.k1, (uint32_t)k >> 1),
+                                             (uint32_t)k)
                               : 0.5f;
                 uint32_t q = pcm_mm_level(v[k - b0], lo, scale, inv, PCM_U2F(L), u) & L;
                 w |= (uint64_t)q << (j * b);
@@ -210,11 +210,11 @@ static long mm_cases;
 static void check_mm(const psagg_codec *c, size_t n, int kind, int with_res, uint64_t seed,
                      int inject)
 {
-    size_t len = psagg_encoded_size(c, n), bad_ref = 1, bad_got = 2;
+    size_t len = psagg__encoded_size(c, n), bad_ref = 1, bad_got = 2;
     float *x = tc_xmalloc(n * 4), *r_ref = tc_xmalloc(n * 4), *r_got = tc_xmalloc(n * 4);
     float *y_ref = tc_xmalloc(n * 4), *y_got = tc_xmalloc(n * 4);
     uint8_t *e_ref = tc_xmalloc(len), *e_got = tc_xmalloc(len);
-    psagg_rng_key key = psagg_rng_key_make(seed, 7);
+    psagg__rng_key key = psagg__rng_key_make(seed, 7);
     psagg_status st_ref, st_got;
 
     tc_fill(x, n, kind, seed, tc_max_exp(c));
@@ -228,7 +228,7 @@ static void check_mm(const psagg_codec *c, size_t n, int kind, int with_res, uin
     memcpy(r_got, r_ref, n * 4);
     memset(e_ref, 0xA5, len);
     memset(e_got, 0x5A, len);
-    st_ref = psagg_encode(c, x, with_res ? r_ref : NULL, n, key, e_ref, len, &bad_ref);
+    st_ref = psagg__encode(c, x, with_res ? r_ref : NULL, n, key, e_ref, len, &bad_ref);
     st_got = emul_mm_encode(c, x, with_res ? r_got : NULL, n, key, e_got, &bad_got);
     CHECK(st_ref == st_got, "%s n=%zu %s res %d: status cpu %d vs emul %d", tc_name(c), n,
           tc_kind_name(kind), with_res, st_ref, st_got);
@@ -242,7 +242,7 @@ static void check_mm(const psagg_codec *c, size_t n, int kind, int with_res, uin
         for (size_t i = 0; with_res && i < n; i++)
             CHECK(tc_f2u(r_ref[i]) == tc_f2u(r_got[i]), "%s n=%zu: residual[%zu] %a vs %a",
                   tc_name(c), n, i, r_ref[i], r_got[i]);
-        CHECK(psagg_decode(c, e_ref, len, n, y_ref) == PSAGG_OK, "decode: %s", psagg_last_error());
+        CHECK(psagg__decode(c, e_ref, len, n, y_ref) == PSAGG_OK, "decode: %s", psagg_last_error());
         emul_mm_decode(c, e_got, n, y_got);
         for (size_t i = 0; i < n; i++)
             CHECK(tc_f2u(y_ref[i]) == tc_f2u(y_got[i]), "%s n=%zu: decoded[%zu] %a vs %a",

@@ -5,7 +5,7 @@
  *   - maxmin buckets 64, 128, 192, 256, 320, 384, 1024, 2048 and 2^20 (teams of 8, 16 and 32
  *     lanes; buckets whose values stay in registers and those recomputed), 1-8 bits, +-residual;
  *   - the fused aggregate with 9 to 64 inputs (PSAGG_CUDA_MAX_INPUTS);
- *   - psagg_cuda_scale against one IEEE multiply per element;
+ *   - psagg__cuda_scale against one IEEE multiply per element;
  *   - n of 300 million elements (encode with residual, decode), when the device has the memory;
  *   - four threads, each with its own stream, encoding at once;
  *   - an error the caller left pending in the CUDA runtime is still there after psagg's calls.
@@ -44,8 +44,8 @@ static void *dmalloc(size_t n)
 static void encode_case(const psagg_codec *c, size_t n, const float *x, const float *r0,
                         uint64_t seed, cudaStream_t s, const char *what)
 {
-    size_t len = psagg_encoded_size(c, n), bad = 0;
-    psagg_rng_key key = {(uint32_t)seed, (uint32_t)(seed >> 32) ^ 0x5a5a};
+    size_t len = psagg__encoded_size(c, n), bad = 0;
+    psagg__rng_key key = {(uint32_t)seed, (uint32_t)(seed >> 32) ^ 0x5a5a};
     uint8_t *cpu = tc_xmalloc(len + 1), *gpu = tc_xmalloc(len + 1);
     float *rc = r0 ? tc_xmalloc(n * 4 + 4) : NULL, *rg = r0 ? tc_xmalloc(n * 4 + 4) : NULL;
     float *dc = tc_xmalloc(n * 4 + 4), *dg = tc_xmalloc(n * 4 + 4);
@@ -55,11 +55,11 @@ static void encode_case(const psagg_codec *c, size_t n, const float *x, const fl
 
     if (r0)
         memcpy(rc, r0, n * 4);
-    a = psagg_encode(c, x, rc, n, key, cpu, len, &bad);
+    a = psagg__encode(c, x, rc, n, key, cpu, len, &bad);
     CU(cudaMemcpy(d_x, x, n * 4, cudaMemcpyHostToDevice));
     if (r0)
         CU(cudaMemcpy(d_r, r0, n * 4, cudaMemcpyHostToDevice));
-    b = psagg_cuda_encode_sync(c, d_x, d_r, n, key, d_out, len, &bad, s);
+    b = psagg__cuda_encode_sync(c, d_x, d_r, n, key, d_out, len, &bad, s);
     CHECK(a == b, "%s: %s n=%zu: CPU status %d, GPU %d (%s)", what, tc_name(c), n, a, b,
           psagg_last_error());
     if (a == PSAGG_OK && b == PSAGG_OK) {
@@ -71,8 +71,8 @@ static void encode_case(const psagg_codec *c, size_t n, const float *x, const fl
             CHECK(!memcmp(rc, rg, n * 4), "%s: %s n=%zu: residuals differ at byte %zu", what,
                   tc_name(c), n, tc_first_diff(rc, rg, n * 4));
         }
-        a = psagg_decode(c, cpu, len, n, dc);
-        b = psagg_cuda_decode_sync(c, d_out, len, n, d_dec, &bad, s);
+        a = psagg__decode(c, cpu, len, n, dc);
+        b = psagg__cuda_decode_sync(c, d_out, len, n, d_dec, &bad, s);
         CHECK(a == PSAGG_OK && b == PSAGG_OK, "%s: %s n=%zu: decode %d / %d", what, tc_name(c), n,
               a, b);
         CU(cudaMemcpy(dg, d_dec, n * 4, cudaMemcpyDeviceToHost));
@@ -98,7 +98,7 @@ static void buckets(void)
                              .rounding = PSAGG_ROUND_STOCHASTIC};
             size_t n = bs[bi] < 4096 ? 3 * (size_t)bs[bi] + 37 : (size_t)bs[bi] + 4099;
             float *x = tc_xmalloc(n * 4), *r = tc_xmalloc(n * 4);
-            if (psagg_codec_check(&c)) /* bits that do not fit the bucket's groups */
+            if (psagg__codec_check(&c)) /* bits that do not fit the bucket's groups */
                 continue;
             tc_fill_inputs(&c, n, (int)(bits % TC_KIND_COUNT), bs[bi] * 31 + bits, x, r, NULL);
             encode_case(&c, n, x, NULL, bits, 0, "bucket");
@@ -120,26 +120,26 @@ static void aggregate_inputs(void)
     int cases = 0;
     for (size_t ci = 0; ci < sizeof codecs / sizeof codecs[0]; ci++) {
         psagg_codec *c = &codecs[ci];
-        size_t len = psagg_encoded_size(c, n), bad = 0;
+        size_t len = psagg__encoded_size(c, n), bad = 0;
         for (size_t n_in = 9; n_in <= PSAGG_CUDA_MAX_INPUTS; n_in += n_in < 16 ? 1 : 8) {
             const void *hin[PSAGG_CUDA_MAX_INPUTS], *din[PSAGG_CUDA_MAX_INPUTS];
             uint8_t *cpu = tc_xmalloc(len), *gpu = tc_xmalloc(len), *d_out = dmalloc(len);
             float *x = tc_xmalloc(n * 4), *r = tc_xmalloc(n * 4), *rg = tc_xmalloc(n * 4);
             float *d_r = dmalloc(n * 4);
-            psagg_rng_key key = {(uint32_t)n_in, 7};
+            psagg__rng_key key = {(uint32_t)n_in, 7};
             psagg_status a, b;
             for (size_t i = 0; i < n_in; i++) {
                 uint8_t *e = tc_xmalloc(len);
                 tc_fill(x, n, TC_KIND_RANDOM, 1000 * ci + i, 0);
-                psagg_encode(c, x, NULL, n, key, e, len, &bad);
+                psagg__encode(c, x, NULL, n, key, e, len, &bad);
                 hin[i] = e;
                 din[i] = dmalloc(len);
                 CU(cudaMemcpy((void *)din[i], e, len, cudaMemcpyHostToDevice));
             }
             tc_fill(r, n, TC_KIND_RANDOM, 77 + n_in, -2);
             CU(cudaMemcpy(d_r, r, n * 4, cudaMemcpyHostToDevice));
-            a = psagg_aggregate(c, hin, n_in, len, n, r, key, cpu, len, &bad);
-            b = psagg_cuda_aggregate_sync(c, din, n_in, len, n, d_r, key, d_out, len, &bad, 0);
+            a = psagg__aggregate(c, hin, n_in, len, n, r, key, cpu, len, &bad);
+            b = psagg__cuda_aggregate_sync(c, din, n_in, len, n, d_r, key, d_out, len, &bad, 0);
             CHECK(a == PSAGG_OK && b == PSAGG_OK, "aggregate %s N=%zu: %d / %d (%s)", tc_name(c),
                   n_in, a, b, psagg_last_error());
             CU(cudaMemcpy(gpu, d_out, len, cudaMemcpyDeviceToHost));
@@ -169,10 +169,10 @@ static void scale(void)
     for (size_t i = 0; i < n; i++)
         want[i] = x[i] * f;
     CU(cudaMemcpy(d, x, n * 4, cudaMemcpyHostToDevice));
-    CHECK(psagg_cuda_scale(d, n, f, 0) == PSAGG_OK, "scale: %s", psagg_last_error());
+    CHECK(psagg__cuda_scale(d, n, f, 0) == PSAGG_OK, "scale: %s", psagg_last_error());
     CU(cudaMemcpy(got, d, n * 4, cudaMemcpyDeviceToHost));
     CHECK(!memcmp(want, got, n * 4), "scale: differs at byte %zu", tc_first_diff(want, got, n * 4));
-    printf("psagg_cuda_scale: %zu elements bit-identical\n", n);
+    printf("psagg__cuda_scale: %zu elements bit-identical\n", n);
     cudaFree(d);
     free(x), free(want), free(got);
 }
@@ -239,16 +239,16 @@ static void pending_error(void)
 {
     psagg_codec c = tc_codec(PSAGG_CODEC_MAXMIN, 4, 512, PSAGG_ROUND_STOCHASTIC);
     const size_t n = 4096;
-    size_t len = psagg_encoded_size(&c, n), bad = 0;
+    size_t len = psagg__encoded_size(&c, n), bad = 0;
     float *d_x = dmalloc(n * 4);
     uint8_t *d_out = dmalloc(len);
     void *huge_p = NULL;
     psagg_status st;
     CU(cudaMemset(d_x, 0, n * 4));
     CHECK(cudaMalloc(&huge_p, (size_t)1 << 62) != cudaSuccess, "a 4 EiB allocation succeeded");
-    st = psagg_cuda_encode_sync(&c, d_x, NULL, n, (psagg_rng_key){1, 2}, d_out, len, &bad, 0);
+    st = psagg__cuda_encode_sync(&c, d_x, NULL, n, (psagg__rng_key){1, 2}, d_out, len, &bad, 0);
     CHECK(st == PSAGG_OK, "encode with the caller's error pending: %s", psagg_last_error());
-    st = psagg_cuda_scale(d_x, n, 2.0f, 0);
+    st = psagg__cuda_scale(d_x, n, 2.0f, 0);
     CHECK(st == PSAGG_OK, "scale with the caller's error pending: %s", psagg_last_error());
     CHECK(cudaGetLastError() == cudaErrorMemoryAllocation,
           "the caller's pending error was taken by psagg's calls");
@@ -259,9 +259,9 @@ static void pending_error(void)
 
 int main(void)
 {
-    int ndev = psagg_cuda_device_count();
+    int ndev = psagg__cuda_device_count();
     if (ndev == 0)
-        return gpu_absent_exit("gpu.more", "psagg_cuda_device_count() == 0");
+        return gpu_absent_exit("gpu.more", "psagg__cuda_device_count() == 0");
     tc_set_isa(PSAGG_ISA_SCALAR);
     pending_error();
     buckets();

@@ -24,7 +24,7 @@
 
 /* The least error over every choice whose rounded units above each tensor's smallest option
  * fit in cap (adaptive.h's rounding), or INFINITY. */
-static double brute(const psagg_adapt_option *o, size_t T, size_t C, uint64_t unit, uint64_t cap)
+static double brute(const psagg__adapt_option *o, size_t T, size_t C, uint64_t unit, uint64_t cap)
 {
     uint64_t least[MAX_T];
     for (size_t t = 0; t < T; t++) {
@@ -39,7 +39,7 @@ static double brute(const psagg_adapt_option *o, size_t T, size_t C, uint64_t un
         double e = 0;
         int ok = 1;
         for (size_t t = 0; t < T && ok; t++) {
-            const psagg_adapt_option *x = &o[t * C + idx[t]];
+            const psagg__adapt_option *x = &o[t * C + idx[t]];
             ok = x->bytes != UINT64_MAX;
             if (ok) {
                 units += (x->bytes - least[t]) / unit + ((x->bytes - least[t]) % unit != 0);
@@ -56,14 +56,14 @@ static double brute(const psagg_adapt_option *o, size_t T, size_t C, uint64_t un
     }
 }
 
-static void random_case(uint64_t *rng, psagg_adapt_option *o, size_t T, size_t C, uint64_t *least,
+static void random_case(uint64_t *rng, psagg__adapt_option *o, size_t T, size_t C, uint64_t *least,
                         uint64_t *most)
 {
     *least = *most = 0;
     for (size_t t = 0; t < T; t++) {
         uint64_t lo = UINT64_MAX, hi = 0;
         for (size_t i = 0; i < C; i++) {
-            psagg_adapt_option *x = &o[t * C + i];
+            psagg__adapt_option *x = &o[t * C + i];
             x->bytes = 1 + test_rand64(rng) % 20000;
             x->error = (double)(test_rand64(rng) % 1000000) / 1000.0;
             if (i > 0 && test_rand64(rng) % 5 == 0)
@@ -84,7 +84,7 @@ static void test_optimal(void)
     int cases = 0;
     for (int k = 0; k < 3000; k++) {
         size_t T = 1 + test_rand64(&rng) % MAX_T, C = 1 + test_rand64(&rng) % MAX_C;
-        psagg_adapt_option o[MAX_T * MAX_C];
+        psagg__adapt_option o[MAX_T * MAX_C];
         uint32_t choice[MAX_T];
         uint64_t least, most, budget, bytes, unit;
         double err, want;
@@ -92,12 +92,12 @@ static void test_optimal(void)
 
         random_case(&rng, o, T, C, &least, &most);
         budget = least - 1 + test_rand64(&rng) % (most - least + 3);
-        st = psagg_adapt_solve(o, T, C, budget, choice, &bytes, &err);
+        st = psagg__adapt_solve(o, T, C, budget, choice, &bytes, &err);
         if (budget < least) {
             CHECK(st == PSAGG_EINVAL, "case %d: below the smallest choice, status %d", k, st);
             continue;
         }
-        unit = psagg_adapt_unit(budget - least, T);
+        unit = psagg__adapt_unit(budget - least, T);
         want = brute(o, T, C, unit, (budget - least) / unit);
         CHECK(st == PSAGG_OK, "case %d: %s", k, psagg_last_error());
         CHECK(bytes <= budget, "case %d: %llu bytes over the budget %llu", k,
@@ -116,19 +116,20 @@ static void test_optimal(void)
 /* A budget that holds every largest option: the least error everywhere. */
 static void test_generous_and_tight(void)
 {
-    psagg_adapt_option o[3 * 3] = {{100, 5.0}, {200, 1.0}, {400, 0.5}, {50, 9.0}, {80, 2.0},
-                                   {160, 0.0}, {10, 1.0},  {10, 1.0},  {20, 0.9}};
+    psagg__adapt_option o[3 * 3] = {{100, 5.0}, {200, 1.0}, {400, 0.5}, {50, 9.0}, {80, 2.0},
+                                    {160, 0.0}, {10, 1.0},  {10, 1.0},  {20, 0.9}};
     uint32_t c[3];
     uint64_t bytes;
     double err;
-    CHECK(psagg_adapt_solve(o, 3, 3, 10000, c, &bytes, &err) == PSAGG_OK, "%s", psagg_last_error());
+    CHECK(psagg__adapt_solve(o, 3, 3, 10000, c, &bytes, &err) == PSAGG_OK, "%s",
+          psagg_last_error());
     CHECK(c[0] == 2 && c[1] == 2 && c[2] == 2 && bytes == 580 && fabs(err - 1.4) < 1e-12,
           "generous: %u %u %u", c[0], c[1], c[2]);
     /* a tie: options 0 and 1 of tensor 2 are equal; the lower index wins */
-    CHECK(psagg_adapt_solve(o, 3, 3, 160, c, &bytes, &err) == PSAGG_OK, "%s", psagg_last_error());
+    CHECK(psagg__adapt_solve(o, 3, 3, 160, c, &bytes, &err) == PSAGG_OK, "%s", psagg_last_error());
     CHECK(c[0] == 0 && c[1] == 0 && c[2] == 0 && bytes == 160, "least: %u %u %u, %llu bytes", c[0],
           c[1], c[2], (unsigned long long)bytes);
-    CHECK(psagg_adapt_solve(o, 3, 3, 159, c, &bytes, &err) == PSAGG_EINVAL &&
+    CHECK(psagg__adapt_solve(o, 3, 3, 159, c, &bytes, &err) == PSAGG_EINVAL &&
               strstr(psagg_last_error(), "smallest choice, 160 bytes"),
           "too small: %s", psagg_last_error());
 }
@@ -137,13 +138,13 @@ static void test_generous_and_tight(void)
 static void test_other_process(void)
 {
     enum { T = 150, C = 21 };
-    static psagg_adapt_option o[T * C];
+    static psagg__adapt_option o[T * C];
     uint32_t mine[T], theirs[T];
     uint64_t rng = 99, least, most;
     int fd[2], status;
     pid_t pid;
     random_case(&rng, o, T, C, &least, &most);
-    CHECK(psagg_adapt_solve(o, T, C, least + (most - least) / 3, mine, NULL, NULL) == PSAGG_OK,
+    CHECK(psagg__adapt_solve(o, T, C, least + (most - least) / 3, mine, NULL, NULL) == PSAGG_OK,
           "%s", psagg_last_error());
     CHECK(pipe(fd) == 0, "pipe");
     pid = fork();
@@ -151,7 +152,7 @@ static void test_other_process(void)
     if (pid == 0) {
         uint32_t c[T];
         close(fd[0]);
-        if (psagg_adapt_solve(o, T, C, least + (most - least) / 3, c, NULL, NULL) ||
+        if (psagg__adapt_solve(o, T, C, least + (most - least) / 3, c, NULL, NULL) ||
             write(fd[1], c, sizeof c) != (ssize_t)sizeof c)
             _exit(1);
         _exit(0);
@@ -168,13 +169,13 @@ static void test_error_model(void)
 {
     float x[10] = {0, 1, 2, 3, 10, 10, 4, -1, 1, 0};
     /* chunks of 3, buckets of 2: [0,1] [2] | [3,10] [10] | [4,-1] [1] | [0] */
-    double s = psagg_adapt_range_sum(x, 10, 3, 2);
+    double s = psagg__adapt_range_sum(x, 10, 3, 2);
     double want = 2 * 1.0 + 1 * 0.0 + 2 * 49.0 + 1 * 0.0 + 2 * 25.0 + 1 * 0.0 + 1 * 0.0;
     CHECK(s == want, "range sum %g, expected %g", s, want);
-    CHECK(psagg_adapt_range_sum(x, 10, 0, 64) == 10 * 11.0 * 11.0, "one bucket: %g",
-          psagg_adapt_range_sum(x, 10, 0, 64));
+    CHECK(psagg__adapt_range_sum(x, 10, 0, 64) == 10 * 11.0 * 11.0, "one bucket: %g",
+          psagg__adapt_range_sum(x, 10, 0, 64));
     x[5] = NAN;
-    CHECK(isinf(psagg_adapt_range_sum(x, 10, 3, 2)), "a NaN must make it infinite");
+    CHECK(isinf(psagg__adapt_range_sum(x, 10, 3, 2)), "a NaN must make it infinite");
     {
         /* all bucket sizes at once: the same sums as one at a time, bit for bit */
         static const uint32_t b[] = {64, 128, 256, 512, 1024};
@@ -186,21 +187,21 @@ static void test_error_model(void)
         }
         for (uint64_t n = 1; n <= 5000; n += n < 200 ? 37 : 611) {
             double got[5] = {0};
-            psagg_adapt_range_sums(v, n, b, 5, got, lo, hi);
+            psagg__adapt_range_sums(v, n, b, 5, got, lo, hi);
             for (int k = 0; k < 5; k++)
-                CHECK(got[k] == psagg_adapt_range_sum(v, n, n, b[k]), "n %llu bucket %u: %.17g",
+                CHECK(got[k] == psagg__adapt_range_sum(v, n, n, b[k]), "n %llu bucket %u: %.17g",
                       (unsigned long long)n, b[k], got[k]);
         }
         v[4000] = NAN;
         {
             double got[5] = {0};
-            psagg_adapt_range_sums(v, 5000, b, 5, got, lo, hi);
+            psagg__adapt_range_sums(v, 5000, b, 5, got, lo, hi);
             CHECK(isinf(got[0]) && isinf(got[4]), "a NaN must make them infinite");
         }
     }
-    CHECK(psagg_adapt_maxmin_error(900.0, 2, PSAGG_ROUND_STOCHASTIC) == 25.0, "SR 2 bits");
-    CHECK(psagg_adapt_maxmin_error(900.0, 2, PSAGG_ROUND_NEAREST) == 900.0 / 108.0, "RN 2 bits");
-    CHECK(psagg_adapt_maxmin_error(255.0 * 255.0 * 4, 8, PSAGG_ROUND_STOCHASTIC) == 1.0,
+    CHECK(psagg__adapt_maxmin_error(900.0, 2, PSAGG_ROUND_STOCHASTIC) == 25.0, "SR 2 bits");
+    CHECK(psagg__adapt_maxmin_error(900.0, 2, PSAGG_ROUND_NEAREST) == 900.0 / 108.0, "RN 2 bits");
+    CHECK(psagg__adapt_maxmin_error(255.0 * 255.0 * 4, 8, PSAGG_ROUND_STOCHASTIC) == 1.0,
           "SR 8 bits");
 }
 
@@ -212,52 +213,52 @@ static void test_schedule_and_candidates(void)
     uint8_t of[PSAGG_ADAPT_MAX_CANDIDATES];
 
     /* generation g + 1 from round g K + 2; 0 before, and always without adaptive */
-    CHECK(psagg_adapt_generation(0, 5) == 0 && psagg_adapt_generation(1, 5) == 0 &&
-              psagg_adapt_generation(2, 5) == 1 && psagg_adapt_generation(6, 5) == 1 &&
-              psagg_adapt_generation(7, 5) == 2 && psagg_adapt_generation(12, 5) == 3 &&
-              psagg_adapt_generation(1000, 0) == 0 && psagg_adapt_generation(3, 2) == 1 &&
-              psagg_adapt_generation(4, 2) == 2,
+    CHECK(psagg__adapt_generation(0, 5) == 0 && psagg__adapt_generation(1, 5) == 0 &&
+              psagg__adapt_generation(2, 5) == 1 && psagg__adapt_generation(6, 5) == 1 &&
+              psagg__adapt_generation(7, 5) == 2 && psagg__adapt_generation(12, 5) == 3 &&
+              psagg__adapt_generation(1000, 0) == 0 && psagg__adapt_generation(3, 2) == 1 &&
+              psagg__adapt_generation(4, 2) == 2,
           "schedule");
     /* buckets /4..x4 that divide the chunk (multiples of 64) */
-    n = psagg_adapt_buckets(&d, 65536, b);
+    n = psagg__adapt_buckets(&d, 65536, b);
     CHECK(n == 5 && b[0] == 128 && b[1] == 256 && b[2] == 512 && b[3] == 1024 && b[4] == 2048,
           "buckets of 512 in chunks of 65536: %u", n);
     d.bucket = 128;
-    n = psagg_adapt_buckets(&d, 1408, b); /* 32: no multiple of 64; 256, 512 do not divide 1408 */
+    n = psagg__adapt_buckets(&d, 1408, b); /* 32: no multiple of 64; 256, 512 do not divide 1408 */
     CHECK(n == 2 && b[0] == 64 && b[1] == 128, "buckets of 128 in 1408: %u", n);
     d.bucket = 512;
-    n = psagg_adapt_candidates(&d, 65536, 1, c, of);
+    n = psagg__adapt_candidates(&d, 65536, 1, c, of);
     CHECK(n == PSAGG_ADAPT_MAX_CANDIDATES, "with nearest: %u candidates", n);
     CHECK(c[0].bits == 2 && c[0].bucket == 128 && c[0].rounding == PSAGG_ROUND_STOCHASTIC &&
               c[1].rounding == PSAGG_ROUND_NEAREST && c[n - 1].bits == 8 &&
               c[n - 1].bucket == 2048 && of[n - 1] == 4,
           "candidate order");
-    n = psagg_adapt_candidates(&d, 65536, 0, c, NULL);
+    n = psagg__adapt_candidates(&d, 65536, 0, c, NULL);
     CHECK(n == PSAGG_ADAPT_MAX_CANDIDATES / 2, "stochastic only: %u candidates", n);
     for (uint32_t i = 0; i < n; i++)
-        CHECK(psagg_adapt_allowed(&d, 65536, &c[i]) && !psagg_codec_check(&c[i]), "candidate %u",
+        CHECK(psagg__adapt_allowed(&d, 65536, &c[i]) && !psagg__codec_check(&c[i]), "candidate %u",
               i);
     {
         psagg_codec one = {PSAGG_CODEC_MAXMIN, 1, 512, PSAGG_ROUND_STOCHASTIC},
                     odd = {PSAGG_CODEC_MAXMIN, 4, 192, PSAGG_ROUND_STOCHASTIC},
                     half = {.id = PSAGG_CODEC_FP16};
-        CHECK(!psagg_adapt_allowed(&d, 65536, &one) && !psagg_adapt_allowed(&d, 65536, &odd) &&
-                  !psagg_adapt_allowed(&d, 65536, &half),
+        CHECK(!psagg__adapt_allowed(&d, 65536, &one) && !psagg__adapt_allowed(&d, 65536, &odd) &&
+                  !psagg__adapt_allowed(&d, 65536, &half),
               "non-candidates allowed");
-        CHECK(psagg_adapt_allowed(&one, 65536, &one), "the declared codec is always allowed");
+        CHECK(psagg__adapt_allowed(&one, 65536, &one), "the declared codec is always allowed");
     }
 }
 
-/* A push of chunk 0 of tensor `key` in `codec`: NULL if psagg_msg_check takes it. */
-static const char *check_push(const psagg_layout *l, uint32_t key, const psagg_codec *codec,
-                              uint32_t gen, psagg_msg_codec *mc)
+/* A push of chunk 0 of tensor `key` in `codec`: NULL if psagg__msg_check takes it. */
+static const char *check_push(const psagg__layout *l, uint32_t key, const psagg_codec *codec,
+                              uint32_t gen, psagg__msg_codec *mc)
 {
-    const psagg_chunk_info *ci = &l->chunks[l->tensors[key].first_chunk];
-    size_t len = sizeof(psagg_msg_hdr) + psagg_encoded_size(codec, ci->count);
+    const psagg__chunk_info *ci = &l->chunks[l->tensors[key].first_chunk];
+    size_t len = sizeof(psagg__msg_hdr) + psagg__encoded_size(codec, ci->count);
     static uint8_t msg[1 << 20];
-    const psagg_chunk_info *got;
-    psagg_msg_init((psagg_msg_hdr *)msg, PSAGG_MSG_PUSH, 0, 5, ci, codec, gen);
-    return psagg_msg_check(msg, len, 0, PSAGG_MSG_PUSH, l, &got, mc);
+    const psagg__chunk_info *got;
+    psagg__msg_init((psagg__msg_hdr *)msg, PSAGG_MSG_PUSH, 0, 5, ci, codec, gen);
+    return psagg__msg_check(msg, len, 0, PSAGG_MSG_PUSH, l, &got, mc);
 }
 
 static void test_codec_word(void)
@@ -266,16 +267,16 @@ static void test_codec_word(void)
                 fp = {.id = PSAGG_CODEC_FP32},
                 m2 = {PSAGG_CODEC_MAXMIN, 2, 256, PSAGG_ROUND_NEAREST},
                 m8 = {PSAGG_CODEC_MAXMIN, 8, 4096, PSAGG_ROUND_STOCHASTIC};
-    psagg_ctl_tensor decl[2];
-    psagg_layout fixed, adaptive;
-    psagg_msg_codec mc;
+    psagg__ctl_tensor decl[2];
+    psagg__layout fixed, adaptive;
+    psagg__msg_codec mc;
     const char *bad;
 
-    CHECK(!psagg_tensor_to_wire("w", 100000, &m4, &decl[0]) &&
-              !psagg_tensor_to_wire("s", 10, &fp, &decl[1]),
+    CHECK(!psagg__tensor_to_wire("w", 100000, &m4, &decl[0]) &&
+              !psagg__tensor_to_wire("s", 10, &fp, &decl[1]),
           "declaration");
-    CHECK(!psagg_layout_build(decl, 2, 65536, 2, 0, &fixed) &&
-              !psagg_layout_build(decl, 2, 65536, 2, 4, &adaptive),
+    CHECK(!psagg__layout_build(decl, 2, 65536, 2, 0, &fixed) &&
+              !psagg__layout_build(decl, 2, 65536, 2, 4, &adaptive),
           "layouts: %s", psagg_last_error());
     /* adaptive: same chunks and owners, buffers for the largest candidate */
     CHECK(adaptive.n_chunks == fixed.n_chunks && adaptive.tensors[0].adaptive &&
@@ -287,13 +288,13 @@ static void test_codec_word(void)
                   adaptive.chunks[c].cap_bytes ==
                       (adaptive.chunks[c].key
                            ? adaptive.chunks[c].enc_bytes
-                           : psagg_encoded_size(&(psagg_codec){PSAGG_CODEC_MAXMIN, 8, 256, 0},
-                                                adaptive.chunks[c].count)),
+                           : psagg__encoded_size(&(psagg_codec){PSAGG_CODEC_MAXMIN, 8, 256, 0},
+                                                 adaptive.chunks[c].count)),
               "chunk %u", c);
     /* the word carries the codec and the generation modulo 1024 */
     CHECK(!check_push(&adaptive, 0, &m2, 1027, &mc) && mc.codec.bits == 2 &&
               mc.codec.bucket == 256 && mc.codec.rounding == PSAGG_ROUND_NEAREST &&
-              mc.generation == 3 && mc.len == psagg_encoded_size(&m2, adaptive.chunks[0].count),
+              mc.generation == 3 && mc.len == psagg__encoded_size(&m2, adaptive.chunks[0].count),
           "a candidate of an adaptive tensor");
     CHECK(!check_push(&adaptive, 0, &m4, 0, &mc) && mc.generation == 0, "its declared codec");
     bad = check_push(&adaptive, 0, &m8, 2, &mc); /* bucket 4096 = x4: a candidate */
@@ -312,16 +313,16 @@ static void test_codec_word(void)
           "the declared codecs");
     {
         /* a length that fits the declared codec but not the one the header names */
-        const psagg_chunk_info *ci = &adaptive.chunks[0], *got;
+        const psagg__chunk_info *ci = &adaptive.chunks[0], *got;
         static uint8_t msg[1 << 20];
-        size_t len = sizeof(psagg_msg_hdr) + ci->enc_bytes;
-        psagg_msg_init((psagg_msg_hdr *)msg, PSAGG_MSG_PUSH, 0, 5, ci, &m2, 1);
-        ((psagg_msg_hdr *)msg)->len = (uint32_t)ci->enc_bytes;
-        bad = psagg_msg_check(msg, len, 0, PSAGG_MSG_PUSH, &adaptive, &got, &mc);
+        size_t len = sizeof(psagg__msg_hdr) + ci->enc_bytes;
+        psagg__msg_init((psagg__msg_hdr *)msg, PSAGG_MSG_PUSH, 0, 5, ci, &m2, 1);
+        ((psagg__msg_hdr *)msg)->len = (uint32_t)ci->enc_bytes;
+        bad = psagg__msg_check(msg, len, 0, PSAGG_MSG_PUSH, &adaptive, &got, &mc);
         CHECK(bad && !strcmp(bad, "len"), "a length of another codec");
     }
-    psagg_layout_free(&fixed);
-    psagg_layout_free(&adaptive);
+    psagg__layout_free(&fixed);
+    psagg__layout_free(&adaptive);
 }
 
 int main(void)

@@ -48,7 +48,7 @@ typedef struct harness {
     server *srv;
     char ini[64];
     char dir[64];               /* checkpoint_dir (optimizer) */
-    const psagg_chunk_info *ci; /* the chunk owned here */
+    const psagg__chunk_info *ci; /* the chunk owned here */
     recv_buf **bufs;            /* every push made, freed at the end */
     int n_bufs, cap_bufs;
 } harness;
@@ -68,8 +68,8 @@ static volatile sig_atomic_t never_stop;
  */
 static void harness_start(harness *hz, const harness_opts *o)
 {
-    psagg_config cfg;
-    psagg_ctl_tensor decl[4];
+    psagg__config cfg;
+    psagg__ctl_tensor decl[4];
     psagg_codec fp32 = {PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC};
     FILE *f;
     int fd;
@@ -95,26 +95,26 @@ static void harness_start(harness *hz, const harness_opts *o)
     }
     fprintf(f, "[log]\nlevel = warn\n");
     fclose(f);
-    CHECK(!psagg_config_load(hz->ini, &cfg), "config: %s", psagg_last_error());
+    CHECK(!psagg__config_load(hz->ini, &cfg), "config: %s", psagg_last_error());
     hz->srv = server_open(&cfg, o->rank, &never_stop);
     CHECK(hz->srv, "server_open failed (its log says why)");
     for (int w = 0; w < hz->srv->n_workers; w++) { /* fabric address w (progress_route) */
         hz->srv->workers[w].state = w < o->workers ? W_DECLARED : W_NONE;
-        hz->srv->workers[w].addr = (psagg_peer)w;
+        hz->srv->workers[w].addr = (psagg__peer)w;
         hz->srv->rank_at[w] = w;
     }
     for (int k = 0; k < o->servers; k++) {
         char name[8] = {'t', (char)('0' + k), 0};
-        CHECK(!psagg_tensor_to_wire(name, COUNT, &fp32, &decl[k]), "%s", psagg_last_error());
+        CHECK(!psagg__tensor_to_wire(name, COUNT, &fp32, &decl[k]), "%s", psagg_last_error());
         decl[k].flags = o->optimizer ? PSAGG_DECL_PARAM : 0;
     }
     /* the job's declaration, as start_or_refuse keeps it (control.c) */
     hz->srv->job_decl_hdr =
-        (psagg_ctl_declare){.count = (uint32_t)o->servers, .chunk_elems = COUNT};
+        (psagg__ctl_declare){.count = (uint32_t)o->servers, .chunk_elems = COUNT};
     CHECK((hz->srv->job_decl = malloc((size_t)o->servers * sizeof *decl)), "out of memory");
     memcpy(hz->srv->job_decl, decl, (size_t)o->servers * sizeof *decl);
-    CHECK(!psagg_layout_build(decl, (uint32_t)o->servers, COUNT, (uint32_t)o->servers, 0,
-                              &hz->srv->layout),
+    CHECK(!psagg__layout_build(decl, (uint32_t)o->servers, COUNT, (uint32_t)o->servers, 0,
+                               &hz->srv->layout),
           "%s", psagg_last_error());
     for (uint32_t i = 0; i < hz->srv->layout.n_chunks; i++)
         if (hz->srv->layout.chunks[i].owner == (uint32_t)o->rank)
@@ -142,15 +142,15 @@ static void harness_stop(harness *hz)
 static recv_buf *make_push(harness *hz, int w, uint32_t round, uint16_t epoch, float value)
 {
     server *srv = hz->srv;
-    size_t len = sizeof(psagg_msg_hdr) + hz->ci->enc_bytes;
+    size_t len = sizeof(psagg__msg_hdr) + hz->ci->enc_bytes;
     recv_buf *rb = calloc(1, sizeof *rb);
     float *payload;
 
     CHECK(rb && (rb->rx.buf = calloc(1, len)), "out of memory");
-    psagg_msg_init((psagg_msg_hdr *)rb->rx.buf, PSAGG_MSG_PUSH, (uint32_t)w, round, hz->ci,
-                   &srv->layout.tensors[hz->ci->key].codec, 0);
-    ((psagg_msg_hdr *)rb->rx.buf)->epoch = epoch;
-    payload = (float *)(rb->rx.buf + sizeof(psagg_msg_hdr));
+    psagg__msg_init((psagg__msg_hdr *)rb->rx.buf, PSAGG_MSG_PUSH, (uint32_t)w, round, hz->ci,
+                    &srv->layout.tensors[hz->ci->key].codec, 0);
+    ((psagg__msg_hdr *)rb->rx.buf)->epoch = epoch;
+    payload = (float *)(rb->rx.buf + sizeof(psagg__msg_hdr));
     for (uint64_t i = 0; i < hz->ci->count; i++)
         payload[i] = value;
     rb->rx.size = rb->rx.len = len;
@@ -168,9 +168,9 @@ static recv_buf *make_push(harness *hz, int w, uint32_t round, uint16_t epoch, f
 static void push(harness *hz, int w, uint32_t round, float value)
 {
     recv_buf *rb = make_push(hz, w, round, 0, value);
-    const psagg_chunk_info *ci;
+    const psagg__chunk_info *ci;
     const char *bad =
-        psagg_msg_check(rb->rx.buf, rb->rx.len, 0, PSAGG_MSG_PUSH, &hz->srv->layout, &ci, &rb->mc);
+        psagg__msg_check(rb->rx.buf, rb->rx.len, 0, PSAGG_MSG_PUSH, &hz->srv->layout, &ci, &rb->mc);
     CHECK(!bad, "the test's push is bad: field %s", bad);
     rb->from = w;
     agg_enqueue(hz->srv, &hz->srv->chunks[ci->slot], rb);
@@ -180,7 +180,7 @@ static void push(harness *hz, int w, uint32_t round, float value)
 static send_ctx *take_update(harness *hz, int ms)
 {
     server *srv = hz->srv;
-    int64_t until = psagg_now_ms() + ms;
+    int64_t until = psagg__now_ms() + ms;
     do {
         send_ctx *sc = NULL;
         pthread_mutex_lock(&srv->dp.sendq_mu);
@@ -194,19 +194,19 @@ static send_ctx *take_update(harness *hz, int ms)
         if (sc)
             return sc;
         usleep(1000);
-    } while (psagg_now_ms() < until);
+    } while (psagg__now_ms() < until);
     return NULL;
 }
 
-static const psagg_msg_hdr *update_hdr(const send_ctx *sc)
+static const psagg__msg_hdr *update_hdr(const send_ctx *sc)
 {
-    return (const psagg_msg_hdr *)sc->chunk->out[sc->parity];
+    return (const psagg__msg_hdr *)sc->chunk->out[sc->parity];
 }
 
 /* Whether worker w's push is in the update (its contributor bitmap). */
 static int update_has(const harness *hz, const send_ctx *sc, int w)
 {
-    const psagg_msg_hdr *h = update_hdr(sc);
+    const psagg__msg_hdr *h = update_hdr(sc);
     const uint8_t *bits = (const uint8_t *)h + sizeof *h + h->len;
     (void)hz;
     return bits[w / 8] >> (w % 8) & 1;
@@ -328,13 +328,13 @@ static void quorum_rearm(void)
 static void relay(harness *hz, int from, uint32_t epoch, int left, const char *live_text)
 {
     server *srv = hz->srv;
-    size_t len = sizeof(psagg_ctl_membership) + (size_t)srv->n_workers;
-    psagg_ctl_membership *m = calloc(1, len);
+    size_t len = sizeof(psagg__ctl_membership) + (size_t)srv->n_workers;
+    psagg__ctl_membership *m = calloc(1, len);
     uint8_t *live = (uint8_t *)(m + 1);
-    psagg_ctl_hdr h = {.magic = PSAGG_CTL_MAGIC,
-                       .type = PSAGG_CTL_MEMBERSHIP,
-                       .version = PSAGG_PROTO_VERSION,
-                       .len = (uint32_t)len};
+    psagg__ctl_hdr h = {.magic = PSAGG_CTL_MAGIC,
+                        .type = PSAGG_CTL_MEMBERSHIP,
+                        .version = PSAGG_PROTO_VERSION,
+                        .len = (uint32_t)len};
 
     CHECK(m, "out of memory");
     m->epoch = epoch;
@@ -445,7 +445,7 @@ static void checkpoint_decl(void)
     CHECK(hz.srv->workers[0].decl == NULL && hz.srv->workers[1].decl == NULL,
           "no worker's declaration is kept here");
     /* worker 1's CHECKPOINT (its connection is the harness's: no answer goes out) */
-    checkpoint_asked(hz.srv, 1, &(psagg_ctl_hdr){.type = PSAGG_CTL_CHECKPOINT}, NULL);
+    checkpoint_asked(hz.srv, 1, &(psagg__ctl_hdr){.type = PSAGG_CTL_CHECKPOINT}, NULL);
     CHECK(!atomic_load(&hz.srv->job.failed), "checkpoint: %s", hz.srv->job.error);
     snprintf(path, sizeof path, "%s/psagg-server-0.ckpt", hz.dir);
     CHECK(!stat(path, &sb) && sb.st_size > (off_t)(112 + 96 + 32), "checkpoint %s", path);

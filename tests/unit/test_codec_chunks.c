@@ -3,11 +3,11 @@
  * the largest encoded chunk (which sizes every message and receive buffer), the RNG stream of
  * a chunk, and the codec text round trip.
  *
- *  - psagg_codec_max_chunk_bytes(ce) is the maximum, over every valid codec (fp32, fp16, bf16,
+ *  - psagg__codec_max_chunk_bytes(ce) is the maximum, over every valid codec (fp32, fp16, bf16,
  *    maxmin with every bits 1..8 and every bucket 64..2^20), of the encoded size of a chunk
- *    of psagg_codec_chunk_elems(codec, ce) elements: never below it, and reached;
- *  - psagg_codec_chunk_elems gives whole buckets, and chunk_elems itself otherwise;
- *  - psagg_rng_chunk_key matches codec.h's text (an independent implementation here) and
+ *    of psagg__codec_chunk_elems(codec, ce) elements: never below it, and reached;
+ *  - psagg__codec_chunk_elems gives whole buckets, and chunk_elems itself otherwise;
+ *  - psagg__rng_chunk_key matches codec.h's text (an independent implementation here) and
  *    the keys the worker and server derived before they shared this function (golden values
  *    computed with the code of commit f8487c8), so updates stay byte-identical.
  */
@@ -27,22 +27,22 @@ static void test_max_chunk_bytes(void)
     static const uint64_t ces[] = {64, 128, 1024, 4096, 65536, 262144, 262208, 1u << 20, 3u << 20};
     for (size_t i = 0; i < sizeof ces / sizeof ces[0]; i++) {
         uint64_t ce = ces[i];
-        size_t bound = psagg_codec_max_chunk_bytes(ce), best = 0;
+        size_t bound = psagg__codec_max_chunk_bytes(ce), best = 0;
         psagg_codec c = tc_codec(PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC);
         for (int id = PSAGG_CODEC_FP32; id <= PSAGG_CODEC_BF16; id++) {
             size_t sz;
             c.id = (psagg_codec_id)id;
-            CHECK(psagg_codec_chunk_elems(&c, ce) == ce, "fp codec %d: chunk of %llu", id,
-                  (unsigned long long)psagg_codec_chunk_elems(&c, ce));
-            sz = psagg_encoded_size(&c, psagg_codec_chunk_elems(&c, ce));
+            CHECK(psagg__codec_chunk_elems(&c, ce) == ce, "fp codec %d: chunk of %llu", id,
+                  (unsigned long long)psagg__codec_chunk_elems(&c, ce));
+            sz = psagg__encoded_size(&c, psagg__codec_chunk_elems(&c, ce));
             CHECK(sz <= bound, "codec %d: %zu > bound %zu", id, sz, bound);
             best = sz > best ? sz : best;
         }
         for (uint32_t b = 1; b <= 8; b++)
             for (uint32_t B = 64; B <= PSAGG_MAXMIN_MAX_BUCKET; B += 64) {
                 psagg_codec m = tc_codec(PSAGG_CODEC_MAXMIN, b, B, PSAGG_ROUND_NEAREST);
-                uint64_t n = psagg_codec_chunk_elems(&m, ce);
-                size_t sz = psagg_encoded_size(&m, n);
+                uint64_t n = psagg__codec_chunk_elems(&m, ce);
+                size_t sz = psagg__encoded_size(&m, n);
                 CHECK(n % B == 0 && n >= B && n <= (ce > B ? ce : B),
                       "maxmin%u/%u: chunk of %llu elements in a job of %llu", b, B,
                       (unsigned long long)n, (unsigned long long)ce);
@@ -61,7 +61,7 @@ static void test_chunk_keys(void)
 {
     static const struct {
         uint64_t seed;
-        psagg_rng_side side;
+        psagg__rng_side side;
         uint32_t rank, key, chunk, round, k0, k1;
     } golden[] = {
         {1ull, PSAGG_RNG_WORKER, 0, 0, 0, 0u, 0x5CD20DCFu, 0xA057C975u},
@@ -73,8 +73,8 @@ static void test_chunk_keys(void)
     };
     uint64_t s = 99;
     for (size_t i = 0; i < sizeof golden / sizeof golden[0]; i++) {
-        psagg_rng_key k = psagg_rng_chunk_key(golden[i].seed, golden[i].side, golden[i].rank,
-                                              golden[i].key, golden[i].chunk, golden[i].round);
+        psagg__rng_key k = psagg__rng_chunk_key(golden[i].seed, golden[i].side, golden[i].rank,
+                                                golden[i].key, golden[i].chunk, golden[i].round);
         CHECK(k.k0 == golden[i].k0 && k.k1 == golden[i].k1,
               "golden %zu: key %08x %08x, expected %08x %08x", i, k.k0, k.k1, golden[i].k0,
               golden[i].k1);
@@ -83,17 +83,17 @@ static void test_chunk_keys(void)
         uint64_t seed = test_rand64(&s);
         uint32_t rank = (uint32_t)test_rand64(&s) % 1024, key = (uint32_t)test_rand64(&s);
         uint32_t chunk = (uint32_t)test_rand64(&s), round = (uint32_t)test_rand64(&s);
-        psagg_rng_side side = i & 1 ? PSAGG_RNG_SERVER : PSAGG_RNG_WORKER;
+        psagg__rng_side side = i & 1 ? PSAGG_RNG_SERVER : PSAGG_RNG_WORKER;
         uint64_t stream =
             spec_mix64(spec_mix64((uint64_t)side << 32 | rank, (uint64_t)key << 32 | chunk), round);
-        psagg_rng_key a = psagg_rng_chunk_key(seed, side, rank, key, chunk, round);
-        psagg_rng_key b = psagg_rng_key_make(seed, stream);
+        psagg__rng_key a = psagg__rng_chunk_key(seed, side, rank, key, chunk, round);
+        psagg__rng_key b = psagg__rng_key_make(seed, stream);
         CHECK(a.k0 == b.k0 && a.k1 == b.k1, "key %d differs from codec.h's derivation", i);
     }
     /* the two sides never share a stream for the same (rank, tensor, chunk, round) */
     {
-        psagg_rng_key w = psagg_rng_chunk_key(1, PSAGG_RNG_WORKER, 0, 5, 0, 3);
-        psagg_rng_key v = psagg_rng_chunk_key(1, PSAGG_RNG_SERVER, 0, 5, 0, 3);
+        psagg__rng_key w = psagg__rng_chunk_key(1, PSAGG_RNG_WORKER, 0, 5, 0, 3);
+        psagg__rng_key v = psagg__rng_chunk_key(1, PSAGG_RNG_SERVER, 0, 5, 0, 3);
         CHECK(w.k0 != v.k0 || w.k1 != v.k1, "worker and server streams coincide");
     }
     printf("RNG chunk keys: 5 golden keys of the previous code, 10000 against codec.h's text\n");
@@ -108,9 +108,9 @@ static void test_codec_text(void)
         psagg_codec c, d;
         char buf[64];
         CHECK(psagg_codec_parse(names[i], &c) == PSAGG_OK, "%s: %s", names[i], psagg_last_error());
-        CHECK(psagg_codec_check(&c) == PSAGG_OK, "%s: %s", names[i], psagg_last_error());
+        CHECK(psagg__codec_check(&c) == PSAGG_OK, "%s: %s", names[i], psagg_last_error());
         CHECK(psagg_codec_parse(psagg_codec_name(&c, buf, sizeof buf), &d) == PSAGG_OK &&
-                  psagg_codec_check(&d) == PSAGG_OK && !memcmp(&c, &d, sizeof c),
+                  psagg__codec_check(&d) == PSAGG_OK && !memcmp(&c, &d, sizeof c),
               "%s -> %s does not parse back to the same codec", names[i], buf);
     }
     CHECK(psagg_codec_parse("maxmin9", &(psagg_codec){0}) == PSAGG_EINVAL, "maxmin9 accepted");

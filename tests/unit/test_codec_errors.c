@@ -10,57 +10,57 @@
 static void test_codec_check(void)
 {
     psagg_codec c = {.id = PSAGG_CODEC_MAXMIN, .bits = 4, .bucket = 0, .rounding = 0};
-    CHECK(psagg_codec_check(&c) == PSAGG_OK && c.bucket == 1024, "bucket 0 -> 1024");
+    CHECK(psagg__codec_check(&c) == PSAGG_OK && c.bucket == 1024, "bucket 0 -> 1024");
     c.bits = 0;
-    CHECK(psagg_codec_check(&c) == PSAGG_EINVAL, "bits 0");
+    CHECK(psagg__codec_check(&c) == PSAGG_EINVAL, "bits 0");
     CHECK(strstr(psagg_last_error(), "bits") != NULL, "message names bits: %s", psagg_last_error());
     c.bits = 9;
-    CHECK(psagg_codec_check(&c) == PSAGG_EINVAL, "bits 9");
+    CHECK(psagg__codec_check(&c) == PSAGG_EINVAL, "bits 9");
     c.bits = 4;
     c.bucket = 100;
-    CHECK(psagg_codec_check(&c) == PSAGG_EINVAL, "bucket 100");
+    CHECK(psagg__codec_check(&c) == PSAGG_EINVAL, "bucket 100");
     CHECK(strstr(psagg_last_error(), "bucket") != NULL, "message names bucket");
     c.bucket = 32;
-    CHECK(psagg_codec_check(&c) == PSAGG_EINVAL, "bucket 32");
+    CHECK(psagg__codec_check(&c) == PSAGG_EINVAL, "bucket 32");
     c.bucket = (1u << 20) + 64;
-    CHECK(psagg_codec_check(&c) == PSAGG_EINVAL, "bucket > 2^20");
+    CHECK(psagg__codec_check(&c) == PSAGG_EINVAL, "bucket > 2^20");
     c.bucket = 1u << 20;
-    CHECK(psagg_codec_check(&c) == PSAGG_OK, "bucket 2^20");
+    CHECK(psagg__codec_check(&c) == PSAGG_OK, "bucket 2^20");
     c.rounding = (psagg_rounding)5;
-    CHECK(psagg_codec_check(&c) == PSAGG_EINVAL, "rounding 5");
+    CHECK(psagg__codec_check(&c) == PSAGG_EINVAL, "rounding 5");
     c.rounding = 0;
     c.id = (psagg_codec_id)7;
-    CHECK(psagg_codec_check(&c) == PSAGG_EINVAL, "id 7");
+    CHECK(psagg__codec_check(&c) == PSAGG_EINVAL, "id 7");
     c.id = PSAGG_CODEC_DEFAULT;
-    CHECK(psagg_codec_check(&c) == PSAGG_EINVAL, "id default");
-    CHECK(psagg_encoded_size(&c, 10) == 0, "size of an invalid codec");
+    CHECK(psagg__codec_check(&c) == PSAGG_EINVAL, "id default");
+    CHECK(psagg__encoded_size(&c, 10) == 0, "size of an invalid codec");
     {
         psagg_codec bad = {.id = PSAGG_CODEC_MAXMIN, .bits = 9, .bucket = 64, .rounding = 0};
         float x[4] = {0};
         uint8_t out[64];
         float acc[4];
         const void *in[1] = {out};
-        CHECK(psagg_encode(&bad, x, NULL, 4, psagg_rng_key_make(0, 0), out, 16, NULL) ==
+        CHECK(psagg__encode(&bad, x, NULL, 4, psagg__rng_key_make(0, 0), out, 16, NULL) ==
                   PSAGG_EINVAL,
               "encode with bits 9");
-        CHECK(psagg_decode(&bad, out, 16, 4, acc) == PSAGG_EINVAL, "decode with bits 9");
-        CHECK(psagg_aggregate(&bad, in, 1, 16, 4, NULL, psagg_rng_key_make(0, 0), out, 16, NULL) ==
-                  PSAGG_EINVAL,
+        CHECK(psagg__decode(&bad, out, 16, 4, acc) == PSAGG_EINVAL, "decode with bits 9");
+        CHECK(psagg__aggregate(&bad, in, 1, 16, 4, NULL, psagg__rng_key_make(0, 0), out, 16,
+                               NULL) == PSAGG_EINVAL,
               "aggregate with bits 9");
         bad.bits = 4;
         bad.bucket = 100;
-        CHECK(psagg_encode(&bad, x, NULL, 4, psagg_rng_key_make(0, 0), out, 16, NULL) ==
+        CHECK(psagg__encode(&bad, x, NULL, 4, psagg__rng_key_make(0, 0), out, 16, NULL) ==
                   PSAGG_EINVAL,
               "encode with bucket 100");
     }
-    CHECK(psagg_codec_set_isa((psagg_isa)9) == PSAGG_EINVAL, "set_isa 9");
+    CHECK(psagg__codec_set_isa((psagg__isa)9) == PSAGG_EINVAL, "set_isa 9");
 }
 
 /* Encode n values where x[pos] = bad_val (and later positions hold other bad values). */
 static void expect_bad(const psagg_codec *c, size_t n, size_t pos, float bad_val, psagg_status want,
                        int with_res)
 {
-    size_t len = psagg_encoded_size(c, n), bad = 12345;
+    size_t len = psagg__encoded_size(c, n), bad = 12345;
     float *x = tc_xmalloc(n * 4), *r = tc_xmalloc(n * 4);
     uint8_t *out = tc_xmalloc(len);
     psagg_status st;
@@ -77,11 +77,11 @@ static void expect_bad(const psagg_codec *c, size_t n, size_t pos, float bad_val
     }
     for (size_t i = pos + 1; i < n; i += 3) /* later bad elements must not win */
         x[i] = (i & 1) ? NAN : INFINITY;
-    st = psagg_encode(c, x, with_res ? r : NULL, n, psagg_rng_key_make(0, 0), out, len, &bad);
+    st = psagg__encode(c, x, with_res ? r : NULL, n, psagg__rng_key_make(0, 0), out, len, &bad);
     CHECK(st == want && bad == pos,
           "%s (isa %s) n=%zu x[%zu]=%a residual %d: status %d index %zu, expected %d index %zu "
           "(%s)",
-          tc_name(c), psagg_isa_name(psagg_codec_isa()), n, pos, bad_val, with_res, st, bad, want,
+          tc_name(c), psagg__isa_name(psagg__codec_isa()), n, pos, bad_val, with_res, st, bad, want,
           pos, psagg_last_error());
     CHECK(strlen(psagg_last_error()) > 0, "message");
     free(x);
@@ -127,11 +127,11 @@ static void test_bad_inputs(void)
         float xb[2] = {tc_u2f(0x7F7F7FFFu), -tc_u2f(0x7F7F7FFFu)};
         float xm[3] = {0x1.fffffep125f, -0x1.fffffep125f, 0.0f};
         uint8_t out[64];
-        CHECK(psagg_encode(&h, xh, NULL, 3, psagg_rng_key_make(0, 0), out, 6, NULL) == PSAGG_OK,
+        CHECK(psagg__encode(&h, xh, NULL, 3, psagg__rng_key_make(0, 0), out, 6, NULL) == PSAGG_OK,
               "fp16 limit: %s", psagg_last_error());
-        CHECK(psagg_encode(&b, xb, NULL, 2, psagg_rng_key_make(0, 0), out, 4, NULL) == PSAGG_OK,
+        CHECK(psagg__encode(&b, xb, NULL, 2, psagg__rng_key_make(0, 0), out, 4, NULL) == PSAGG_OK,
               "bf16 limit: %s", psagg_last_error());
-        CHECK(psagg_encode(&m, xm, NULL, 3, psagg_rng_key_make(0, 0), out, 16, NULL) == PSAGG_OK,
+        CHECK(psagg__encode(&m, xm, NULL, 3, psagg__rng_key_make(0, 0), out, 16, NULL) == PSAGG_OK,
               "maxmin limit: %s", psagg_last_error());
     }
     /* a finite sum that overflows in the aggregate */
@@ -143,9 +143,9 @@ static void test_bad_inputs(void)
         size_t bad = 0;
         for (int i = 0; i < 20; i++)
             x[i] = i == 17 ? FLT_MAX : 1.0f;
-        CHECK(psagg_encode(&f, x, NULL, 20, psagg_rng_key_make(0, 0), a, 80, NULL) == PSAGG_OK,
+        CHECK(psagg__encode(&f, x, NULL, 20, psagg__rng_key_make(0, 0), a, 80, NULL) == PSAGG_OK,
               "%s", psagg_last_error());
-        CHECK(psagg_aggregate(&f, in, 2, 80, 20, NULL, psagg_rng_key_make(0, 0), out, 80, &bad) ==
+        CHECK(psagg__aggregate(&f, in, 2, 80, 20, NULL, psagg__rng_key_make(0, 0), out, 80, &bad) ==
                       PSAGG_ENONFINITE &&
                   bad == 17,
               "aggregate overflow: index %zu", bad);
@@ -162,7 +162,7 @@ static void test_bad_buffers(void)
 {
     psagg_codec m = tc_codec(PSAGG_CODEC_MAXMIN, 4, 64, PSAGG_ROUND_STOCHASTIC);
     const size_t n = 150;
-    size_t len = psagg_encoded_size(&m, n), bad;
+    size_t len = psagg__encoded_size(&m, n), bad;
     uint8_t *good = tc_xmalloc(len), *buf = tc_xmalloc(len), *out = tc_xmalloc(len);
     float x[150], acc[150];
     const struct {
@@ -177,25 +177,25 @@ static void test_bad_buffers(void)
                  {1e37f, 3e38f, "min+scale*L overflow"}};
     CHECK(len == 8 * 3 + 8 * ((150 * 4 + 63) / 64), "maxmin size %zu", len);
     tc_fill(x, n, TC_KIND_RANDOM, 1, 0);
-    CHECK(psagg_encode(&m, x, NULL, n, psagg_rng_key_make(1, 1), good, len, NULL) == PSAGG_OK, "%s",
-          psagg_last_error());
+    CHECK(psagg__encode(&m, x, NULL, n, psagg__rng_key_make(1, 1), good, len, NULL) == PSAGG_OK,
+          "%s", psagg_last_error());
     /* lengths */
-    CHECK(psagg_encode(&m, x, NULL, n, psagg_rng_key_make(1, 1), out, len - 1, NULL) ==
+    CHECK(psagg__encode(&m, x, NULL, n, psagg__rng_key_make(1, 1), out, len - 1, NULL) ==
               PSAGG_EBADLEN,
           "encode short output");
     CHECK(strstr(psagg_last_error(), "expected") != NULL, "EBADLEN message: %s",
           psagg_last_error());
-    CHECK(psagg_decode(&m, good, len + 1, n, acc) == PSAGG_EBADLEN, "decode long input");
-    CHECK(psagg_decode(&m, good, len - 8, n, acc) == PSAGG_EBADLEN, "decode short input");
-    CHECK(psagg_decode(&m, good, 0, n, acc) == PSAGG_EBADLEN, "decode empty input");
-    CHECK(psagg_validate(&m, good, len, n + 64) == PSAGG_EBADLEN, "n + 64 elements");
+    CHECK(psagg__decode(&m, good, len + 1, n, acc) == PSAGG_EBADLEN, "decode long input");
+    CHECK(psagg__decode(&m, good, len - 8, n, acc) == PSAGG_EBADLEN, "decode short input");
+    CHECK(psagg__decode(&m, good, 0, n, acc) == PSAGG_EBADLEN, "decode empty input");
+    CHECK(psagg__validate(&m, good, len, n + 64) == PSAGG_EBADLEN, "n + 64 elements");
     {
         const void *in[2] = {good, good};
-        CHECK(psagg_aggregate(&m, in, 2, len - 1, n, NULL, psagg_rng_key_make(0, 0), out, len,
-                              NULL) == PSAGG_EBADLEN,
+        CHECK(psagg__aggregate(&m, in, 2, len - 1, n, NULL, psagg__rng_key_make(0, 0), out, len,
+                               NULL) == PSAGG_EBADLEN,
               "aggregate input length");
-        CHECK(psagg_aggregate(&m, in, 2, len, n, NULL, psagg_rng_key_make(0, 0), out, len + 8,
-                              NULL) == PSAGG_EBADLEN,
+        CHECK(psagg__aggregate(&m, in, 2, len, n, NULL, psagg__rng_key_make(0, 0), out, len + 8,
+                               NULL) == PSAGG_EBADLEN,
               "aggregate output length");
     }
     /* meta */
@@ -204,13 +204,14 @@ static void test_bad_buffers(void)
             const void *in[3] = {good, good, buf};
             memcpy(buf, good, len);
             put_meta(buf, bucket, metas[k].scale, metas[k].lo);
-            CHECK(psagg_validate(&m, buf, len, n) == PSAGG_EBADMETA, "validate %s", metas[k].what);
-            CHECK(psagg_decode(&m, buf, len, n, acc) == PSAGG_EBADMETA, "decode %s", metas[k].what);
-            CHECK(psagg_decode_add(&m, buf, len, n, acc) == PSAGG_EBADMETA, "decode_add %s",
+            CHECK(psagg__validate(&m, buf, len, n) == PSAGG_EBADMETA, "validate %s", metas[k].what);
+            CHECK(psagg__decode(&m, buf, len, n, acc) == PSAGG_EBADMETA, "decode %s",
+                  metas[k].what);
+            CHECK(psagg__decode_add(&m, buf, len, n, acc) == PSAGG_EBADMETA, "decode_add %s",
                   metas[k].what);
             bad = 99;
-            CHECK(psagg_aggregate(&m, in, 3, len, n, NULL, psagg_rng_key_make(0, 0), out, len,
-                                  &bad) == PSAGG_EBADMETA &&
+            CHECK(psagg__aggregate(&m, in, 3, len, n, NULL, psagg__rng_key_make(0, 0), out, len,
+                                   &bad) == PSAGG_EBADMETA &&
                       bad == 2,
                   "aggregate %s: bad input %zu", metas[k].what, bad);
             CHECK(strstr(psagg_last_error(), "input 2") != NULL, "message names input: %s",
@@ -220,8 +221,8 @@ static void test_bad_buffers(void)
     memcpy(buf, good, len);
     put_meta(buf, 1, 0.0f, -3.0f);
     put_meta(buf, 2, 1e37f, 1.8e38f); /* 1.8e38 + 15e37 = 3.3e38 < FLT_MAX */
-    CHECK(psagg_validate(&m, buf, len, n) == PSAGG_OK, "edge meta: %s", psagg_last_error());
-    CHECK(psagg_decode(&m, buf, len, n, acc) == PSAGG_OK && acc[64] == -3.0f, "edge decode");
+    CHECK(psagg__validate(&m, buf, len, n) == PSAGG_OK, "edge meta: %s", psagg_last_error());
+    CHECK(psagg__decode(&m, buf, len, n, acc) == PSAGG_OK && acc[64] == -3.0f, "edge decode");
     /* NaN / Inf inside fp buffers */
     {
         psagg_codec f32 = tc_codec(PSAGG_CODEC_FP32, 0, 0, 0);
@@ -232,21 +233,21 @@ static void test_bad_buffers(void)
         memset(fb, 0, sizeof fb);
         fb[4 * 33 + 3] = 0x7F;
         fb[4 * 33 + 2] = 0x80; /* +Inf */
-        CHECK(psagg_decode(&f32, fb, 160, 40, acc) == PSAGG_ENONFINITE, "fp32 Inf");
+        CHECK(psagg__decode(&f32, fb, 160, 40, acc) == PSAGG_ENONFINITE, "fp32 Inf");
         CHECK(strstr(psagg_last_error(), "33") != NULL, "index in message: %s", psagg_last_error());
         bad = 5;
-        CHECK(psagg_aggregate(&f32, in, 2, 160, 40, NULL, psagg_rng_key_make(0, 0), out, 160,
-                              &bad) == PSAGG_ENONFINITE &&
+        CHECK(psagg__aggregate(&f32, in, 2, 160, 40, NULL, psagg__rng_key_make(0, 0), out, 160,
+                               &bad) == PSAGG_ENONFINITE &&
                   bad == 0,
               "aggregate fp32 Inf input");
         memset(fb, 0, sizeof fb);
         fb[2 * 21 + 1] = 0x7E; /* fp16 NaN */
-        CHECK(psagg_decode(&f16, fb, 80, 40, acc) == PSAGG_ENONFINITE, "fp16 NaN");
+        CHECK(psagg__decode(&f16, fb, 80, 40, acc) == PSAGG_ENONFINITE, "fp16 NaN");
         memset(fb, 0, sizeof fb);
         fb[2 * 39 + 1] = 0xFF;
         fb[2 * 39] = 0x80; /* bf16 -Inf */
-        CHECK(psagg_decode(&b16, fb, 80, 40, acc) == PSAGG_ENONFINITE, "bf16 -Inf");
-        CHECK(psagg_decode(&b16, fb, 79, 40, acc) == PSAGG_EBADLEN, "bf16 odd length");
+        CHECK(psagg__decode(&b16, fb, 80, 40, acc) == PSAGG_ENONFINITE, "bf16 -Inf");
+        CHECK(psagg__decode(&b16, fb, 79, 40, acc) == PSAGG_EBADLEN, "bf16 odd length");
     }
     free(good);
     free(buf);
@@ -263,26 +264,26 @@ static void test_small_sizes(void)
         float x = -0.75f, r = 0.125f, y = 0, acc = 1.0f;
         uint8_t out[16], agg[16];
         const void *in[2] = {out, out};
-        size_t len1 = psagg_encoded_size(c, 1);
-        CHECK(psagg_encoded_size(c, 0) == 0, "%s size 0", tc_name(c));
-        CHECK(psagg_encode(c, NULL, NULL, 0, psagg_rng_key_make(0, 0), NULL, 0, NULL) == PSAGG_OK,
+        size_t len1 = psagg__encoded_size(c, 1);
+        CHECK(psagg__encoded_size(c, 0) == 0, "%s size 0", tc_name(c));
+        CHECK(psagg__encode(c, NULL, NULL, 0, psagg__rng_key_make(0, 0), NULL, 0, NULL) == PSAGG_OK,
               "%s encode 0: %s", tc_name(c), psagg_last_error());
-        CHECK(psagg_decode(c, NULL, 0, 0, NULL) == PSAGG_OK, "%s decode 0", tc_name(c));
-        CHECK(psagg_aggregate(c, in, 2, 0, 0, NULL, psagg_rng_key_make(0, 0), NULL, 0, NULL) ==
+        CHECK(psagg__decode(c, NULL, 0, 0, NULL) == PSAGG_OK, "%s decode 0", tc_name(c));
+        CHECK(psagg__aggregate(c, in, 2, 0, 0, NULL, psagg__rng_key_make(0, 0), NULL, 0, NULL) ==
                   PSAGG_OK,
               "%s aggregate 0", tc_name(c));
         CHECK(len1 <= sizeof out, "len1");
-        CHECK(psagg_encode(c, &x, &r, 1, psagg_rng_key_make(0, 0), out, len1, NULL) == PSAGG_OK,
+        CHECK(psagg__encode(c, &x, &r, 1, psagg__rng_key_make(0, 0), out, len1, NULL) == PSAGG_OK,
               "%s encode 1: %s", tc_name(c), psagg_last_error());
-        CHECK(psagg_decode(c, out, len1, 1, &y) == PSAGG_OK, "%s decode 1", tc_name(c));
+        CHECK(psagg__decode(c, out, len1, 1, &y) == PSAGG_OK, "%s decode 1", tc_name(c));
         /* one element is a constant bucket for maxmin: exact */
         CHECK(y + r == -0.625f, "%s n=1: decoded %a + residual %a", tc_name(c), y, r);
-        CHECK(psagg_decode_add(c, out, len1, 1, &acc) == PSAGG_OK && acc == 1.0f + y,
+        CHECK(psagg__decode_add(c, out, len1, 1, &acc) == PSAGG_OK && acc == 1.0f + y,
               "%s decode_add 1", tc_name(c));
-        CHECK(psagg_aggregate(c, in, 2, len1, 1, NULL, psagg_rng_key_make(0, 0), agg, len1, NULL) ==
-                  PSAGG_OK,
+        CHECK(psagg__aggregate(c, in, 2, len1, 1, NULL, psagg__rng_key_make(0, 0), agg, len1,
+                               NULL) == PSAGG_OK,
               "%s aggregate 1: %s", tc_name(c), psagg_last_error());
-        CHECK(psagg_decode(c, agg, len1, 1, &y) == PSAGG_OK && y == -1.25f,
+        CHECK(psagg__decode(c, agg, len1, 1, &y) == PSAGG_OK && y == -1.25f,
               "%s aggregate 1 value %a", tc_name(c), y);
     }
 }
@@ -291,15 +292,15 @@ int main(void)
 {
     test_codec_check();
     for (int isa = 0; isa < PSAGG_ISA_COUNT; isa++) {
-        if (!psagg_isa_supported((psagg_isa)isa)) {
-            printf("SKIP isa %s: not supported here\n", psagg_isa_name((psagg_isa)isa));
+        if (!psagg__isa_supported((psagg__isa)isa)) {
+            printf("SKIP isa %s: not supported here\n", psagg__isa_name((psagg__isa)isa));
             continue;
         }
-        tc_set_isa((psagg_isa)isa);
+        tc_set_isa((psagg__isa)isa);
         test_bad_inputs();
         test_bad_buffers();
         test_small_sizes();
-        printf("isa %s: error rules hold\n", psagg_isa_name((psagg_isa)isa));
+        printf("isa %s: error rules hold\n", psagg__isa_name((psagg__isa)isa));
     }
     return 0;
 }

@@ -15,22 +15,22 @@ static void expect_bytes(const char *what, const uint8_t *got, const uint8_t *wa
 {
     for (size_t i = 0; i < len; i++)
         CHECK(got[i] == want[i], "%s (isa %s): byte %zu is %02x, expected %02x", what,
-              psagg_isa_name(psagg_codec_isa()), i, got[i], want[i]);
+              psagg__isa_name(psagg__codec_isa()), i, got[i], want[i]);
 }
 
 static void test_rng(void)
 {
     /* key64 = splitmix64(1 ^ splitmix64(2)) = 0xe06dd043328bd285 */
-    psagg_rng_key k = psagg_rng_key_make(1, 2);
+    psagg__rng_key k = psagg__rng_key_make(1, 2);
     CHECK(k.k0 == 0x328bd285u && k.k1 == 0xe06dd043u, "key(1,2) = %08x %08x", k.k0, k.k1);
     /* u_k of format version 2 (tests/unit/codec_reference.py) */
-    CHECK(psagg_rng_uniform(k, 0) == 0x1.a45p-5f, "u0 %a", psagg_rng_uniform(k, 0));
-    CHECK(psagg_rng_uniform(k, 1) == 0x1.234fp-1f, "u1 %a", psagg_rng_uniform(k, 1));
-    CHECK(psagg_rng_uniform(k, 2) == 0x1.40d6p-2f, "u2 %a", psagg_rng_uniform(k, 2));
-    CHECK(psagg_rng_uniform(k, 3) == 0x1.c448p-4f, "u3 %a", psagg_rng_uniform(k, 3));
-    CHECK(psagg_rng_uniform(k, 1000) == 0x1.e1aep-2f, "u1000 %a", psagg_rng_uniform(k, 1000));
-    CHECK(psagg_rng_uniform(k, 0xFFFFFFFFu) == 0x1.2c7cp-3f, "u(2^32-1) %a",
-          psagg_rng_uniform(k, 0xFFFFFFFFu));
+    CHECK(psagg__rng_uniform(k, 0) == 0x1.a45p-5f, "u0 %a", psagg__rng_uniform(k, 0));
+    CHECK(psagg__rng_uniform(k, 1) == 0x1.234fp-1f, "u1 %a", psagg__rng_uniform(k, 1));
+    CHECK(psagg__rng_uniform(k, 2) == 0x1.40d6p-2f, "u2 %a", psagg__rng_uniform(k, 2));
+    CHECK(psagg__rng_uniform(k, 3) == 0x1.c448p-4f, "u3 %a", psagg__rng_uniform(k, 3));
+    CHECK(psagg__rng_uniform(k, 1000) == 0x1.e1aep-2f, "u1000 %a", psagg__rng_uniform(k, 1000));
+    CHECK(psagg__rng_uniform(k, 0xFFFFFFFFu) == 0x1.2c7cp-3f, "u(2^32-1) %a",
+          psagg__rng_uniform(k, 0xFFFFFFFFu));
 }
 
 /*
@@ -51,12 +51,12 @@ static void test_maxmin_hand(void)
     psagg_codec c = tc_codec(PSAGG_CODEC_MAXMIN, 3, 64, PSAGG_ROUND_NEAREST);
     uint8_t out[16];
     float dec[10];
-    CHECK(psagg_encoded_size(&c, 10) == 16, "size %zu", psagg_encoded_size(&c, 10));
+    CHECK(psagg__encoded_size(&c, 10) == 16, "size %zu", psagg__encoded_size(&c, 10));
     memset(out, 0xEE, sizeof out);
-    CHECK(psagg_encode(&c, x, NULL, 10, psagg_rng_key_make(0, 0), out, 16, NULL) == PSAGG_OK, "%s",
-          psagg_last_error());
+    CHECK(psagg__encode(&c, x, NULL, 10, psagg__rng_key_make(0, 0), out, 16, NULL) == PSAGG_OK,
+          "%s", psagg_last_error());
     expect_bytes("maxmin3 hand case", out, want, 16);
-    CHECK(psagg_decode(&c, out, 16, 10, dec) == PSAGG_OK, "%s", psagg_last_error());
+    CHECK(psagg__decode(&c, out, 16, 10, dec) == PSAGG_OK, "%s", psagg_last_error());
     CHECK(!memcmp(dec, want_dec, sizeof dec), "maxmin3 hand case decode");
 }
 
@@ -76,13 +76,13 @@ static void test_maxmin_hand2(void)
     psagg_codec c = tc_codec(PSAGG_CODEC_MAXMIN, 2, 64, PSAGG_ROUND_NEAREST);
     uint8_t out[16];
     float dec[3];
-    CHECK(psagg_encode(&c, x1, NULL, 3, psagg_rng_key_make(0, 0), out, 16, NULL) == PSAGG_OK, "%s",
-          psagg_last_error());
+    CHECK(psagg__encode(&c, x1, NULL, 3, psagg__rng_key_make(0, 0), out, 16, NULL) == PSAGG_OK,
+          "%s", psagg_last_error());
     expect_bytes("maxmin2 constant bucket", out, want1, 16);
-    CHECK(psagg_decode(&c, out, 16, 3, dec) == PSAGG_OK && dec[0] == -1 && dec[2] == -1,
+    CHECK(psagg__decode(&c, out, 16, 3, dec) == PSAGG_OK && dec[0] == -1 && dec[2] == -1,
           "constant decode");
-    CHECK(psagg_encode(&c, x2, NULL, 3, psagg_rng_key_make(0, 0), out, 16, NULL) == PSAGG_OK, "%s",
-          psagg_last_error());
+    CHECK(psagg__encode(&c, x2, NULL, 3, psagg__rng_key_make(0, 0), out, 16, NULL) == PSAGG_OK,
+          "%s", psagg_last_error());
     expect_bytes("maxmin2 signed zeros", out, want2, 16);
 }
 
@@ -117,28 +117,28 @@ static void test_fp_hand(void)
     float dec[13], res[13];
     for (int i = 0; i < 13; i++)
         res[i] = 0.0f;
-    CHECK(psagg_encode(&h, xh, NULL, 13, psagg_rng_key_make(0, 0), out, 26, NULL) == PSAGG_OK, "%s",
-          psagg_last_error());
+    CHECK(psagg__encode(&h, xh, NULL, 13, psagg__rng_key_make(0, 0), out, 26, NULL) == PSAGG_OK,
+          "%s", psagg_last_error());
     expect_bytes("fp16 hand cases", (const uint8_t *)out, (const uint8_t *)wh, 26);
-    CHECK(psagg_decode(&h, out, 26, 13, dec) == PSAGG_OK, "%s", psagg_last_error());
+    CHECK(psagg__decode(&h, out, 26, 13, dec) == PSAGG_OK, "%s", psagg_last_error());
     /* with a zero residual: v = x + 0 (so -0 becomes +0) and r = v - decode(v) */
-    CHECK(psagg_encode(&h, xh, res, 13, psagg_rng_key_make(0, 0), out, 26, NULL) == PSAGG_OK, "%s",
-          psagg_last_error());
+    CHECK(psagg__encode(&h, xh, res, 13, psagg__rng_key_make(0, 0), out, 26, NULL) == PSAGG_OK,
+          "%s", psagg_last_error());
     for (int i = 0; i < 13; i++)
         CHECK(res[i] == xh[i] - dec[i], "fp16 residual %d: %a vs %a", i, res[i], xh[i] - dec[i]);
     CHECK(out[9] == 0x0000, "fp16 of -0 + 0 is +0");
     CHECK(dec[4] == 0x1p-24f && dec[2] == 65504.0f && dec[12] == 0x1p-23f, "fp16 decode");
-    CHECK(psagg_encode(&b, xb, NULL, 7, psagg_rng_key_make(0, 0), out, 14, NULL) == PSAGG_OK, "%s",
-          psagg_last_error());
+    CHECK(psagg__encode(&b, xb, NULL, 7, psagg__rng_key_make(0, 0), out, 14, NULL) == PSAGG_OK,
+          "%s", psagg_last_error());
     expect_bytes("bf16 hand cases", (const uint8_t *)out, (const uint8_t *)wb, 14);
-    CHECK(psagg_decode(&b, out, 14, 7, dec) == PSAGG_OK, "%s", psagg_last_error());
+    CHECK(psagg__decode(&b, out, 14, 7, dec) == PSAGG_OK, "%s", psagg_last_error());
     CHECK(dec[2] == 1.0f + 0x1p-6f && tc_f2u(dec[3]) == 0x00020000u, "bf16 decode");
     {
         /* fp32 copies, little-endian: 1.0f -> 00 00 80 3f; with a residual r = 0 after */
         const float xf[2] = {1.0f, -0.0f};
         const uint8_t wf[8] = {0, 0, 0x80, 0x3f, 0, 0, 0, 0x80};
         uint8_t of[8];
-        CHECK(psagg_encode(&f, xf, NULL, 2, psagg_rng_key_make(0, 0), of, 8, NULL) == PSAGG_OK,
+        CHECK(psagg__encode(&f, xf, NULL, 2, psagg__rng_key_make(0, 0), of, 8, NULL) == PSAGG_OK,
               "%s", psagg_last_error());
         expect_bytes("fp32 copy", of, wf, 8);
     }
@@ -308,32 +308,32 @@ static void test_large(void)
 {
     float *x = tc_xmalloc(GN * 4), *r = tc_xmalloc(GN * 4);
     uint8_t *out = tc_xmalloc(4 * GN);
-    psagg_rng_key key = psagg_rng_key_make(42, 7);
+    psagg__rng_key key = psagg__rng_key_make(42, 7);
     for (size_t i = 0; i < GN; i++)
         x[i] = gx(i);
     for (size_t g = 0; g < sizeof goldens / sizeof goldens[0]; g++) {
         psagg_codec c = goldens[g].c;
         size_t len;
         uint64_t h;
-        CHECK(psagg_codec_check(&c) == PSAGG_OK, "%s", psagg_last_error());
-        len = psagg_encoded_size(&c, GN);
-        CHECK(psagg_encode(&c, x, NULL, GN, key, out, len, NULL) == PSAGG_OK, "%s",
+        CHECK(psagg__codec_check(&c) == PSAGG_OK, "%s", psagg_last_error());
+        len = psagg__encoded_size(&c, GN);
+        CHECK(psagg__encode(&c, x, NULL, GN, key, out, len, NULL) == PSAGG_OK, "%s",
               psagg_last_error());
         h = tc_hash(out, len);
         CHECK(h == goldens[g].h_plain, "golden %s (isa %s): hash %016llx, expected %016llx",
-              tc_name(&c), psagg_isa_name(psagg_codec_isa()), (unsigned long long)h,
+              tc_name(&c), psagg__isa_name(psagg__codec_isa()), (unsigned long long)h,
               (unsigned long long)goldens[g].h_plain);
         for (size_t i = 0; i < GN; i++)
             r[i] = gr(i);
-        CHECK(psagg_encode(&c, x, r, GN, key, out, len, NULL) == PSAGG_OK, "%s",
+        CHECK(psagg__encode(&c, x, r, GN, key, out, len, NULL) == PSAGG_OK, "%s",
               psagg_last_error());
         h = tc_hash(out, len);
         CHECK(h == goldens[g].h_ef, "golden EF %s (isa %s): hash %016llx, expected %016llx",
-              tc_name(&c), psagg_isa_name(psagg_codec_isa()), (unsigned long long)h,
+              tc_name(&c), psagg__isa_name(psagg__codec_isa()), (unsigned long long)h,
               (unsigned long long)goldens[g].h_ef);
         h = tc_hash(r, GN * 4);
         CHECK(h == goldens[g].h_res, "golden residual %s (isa %s): hash %016llx, expected %016llx",
-              tc_name(&c), psagg_isa_name(psagg_codec_isa()), (unsigned long long)h,
+              tc_name(&c), psagg__isa_name(psagg__codec_isa()), (unsigned long long)h,
               (unsigned long long)goldens[g].h_res);
     }
     free(x);
@@ -345,16 +345,16 @@ int main(void)
 {
     test_rng();
     for (int isa = 0; isa < PSAGG_ISA_COUNT; isa++) {
-        if (!psagg_isa_supported((psagg_isa)isa)) {
-            printf("SKIP isa %s: not supported here\n", psagg_isa_name((psagg_isa)isa));
+        if (!psagg__isa_supported((psagg__isa)isa)) {
+            printf("SKIP isa %s: not supported here\n", psagg__isa_name((psagg__isa)isa));
             continue;
         }
-        tc_set_isa((psagg_isa)isa);
+        tc_set_isa((psagg__isa)isa);
         test_maxmin_hand();
         test_maxmin_hand2();
         test_fp_hand();
         test_large();
-        printf("isa %s: golden vectors match\n", psagg_isa_name((psagg_isa)isa));
+        printf("isa %s: golden vectors match\n", psagg__isa_name((psagg__isa)isa));
     }
     return 0;
 }

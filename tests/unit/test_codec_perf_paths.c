@@ -27,10 +27,10 @@ typedef struct run {
     float *res;
 } run;
 
-static void enc_run(psagg_isa isa, const psagg_codec *c, const float *x, const float *r0, size_t n,
-                    psagg_rng_key key, run *o)
+static void enc_run(psagg__isa isa, const psagg_codec *c, const float *x, const float *r0, size_t n,
+                    psagg__rng_key key, run *o)
 {
-    size_t len = psagg_encoded_size(c, n);
+    size_t len = psagg__encoded_size(c, n);
     tc_set_isa(isa);
     o->enc = tc_xmalloc(len);
     memset(o->enc, 0xC3, len);
@@ -40,12 +40,12 @@ static void enc_run(psagg_isa isa, const psagg_codec *c, const float *x, const f
         memcpy(o->res, r0, n * 4);
     }
     o->bad = (size_t)-7;
-    o->st = psagg_encode(c, x, o->res, n, key, o->enc, len, &o->bad);
+    o->st = psagg__encode(c, x, o->res, n, key, o->enc, len, &o->bad);
 }
 
 static void compare_runs(const char *ctx, const psagg_codec *c, size_t n, run *a, run *b)
 {
-    size_t len = psagg_encoded_size(c, n), d;
+    size_t len = psagg__encoded_size(c, n), d;
     CHECK(a->st == b->st, "%s: status %d vs %d", ctx, a->st, b->st);
     if (a->st == PSAGG_OK) {
         d = first_diff(a->enc, b->enc, len);
@@ -66,11 +66,11 @@ static void compare_runs(const char *ctx, const psagg_codec *c, size_t n, run *a
     n_compared++;
 }
 
-static void check_encode(psagg_isa isa, const psagg_codec *c, size_t n, int kind, int wr,
+static void check_encode(psagg__isa isa, const psagg_codec *c, size_t n, int kind, int wr,
                          long poison, float pv, uint64_t seed)
 {
     float *x = tc_xmalloc(n * 4), *r = tc_xmalloc(n * 4);
-    psagg_rng_key key = psagg_rng_key_make(seed, 11);
+    psagg__rng_key key = psagg__rng_key_make(seed, 11);
     run a, b;
     char ctx[200];
     tc_fill(x, n, kind, seed, 124);
@@ -84,21 +84,21 @@ static void check_encode(psagg_isa isa, const psagg_codec *c, size_t n, int kind
     enc_run(PSAGG_ISA_SCALAR, c, x, wr ? r : NULL, n, key, &a);
     enc_run(isa, c, x, wr ? r : NULL, n, key, &b);
     snprintf(ctx, sizeof ctx, "encode %s %s n=%zu data %s residual %d poison %ld=%g",
-             psagg_isa_name(isa), tc_name(c), n, tc_kind_name(kind), wr, poison, (double)pv);
+             psagg__isa_name(isa), tc_name(c), n, tc_kind_name(kind), wr, poison, (double)pv);
     compare_runs(ctx, c, n, &a, &b);
     free(x);
     free(r);
 }
 
 /* N inputs; big != 0 makes the inputs large enough that the sum leaves |s| < 2^126. */
-static void check_aggregate(psagg_isa isa, const psagg_codec *c, size_t n, size_t n_in, int kind,
+static void check_aggregate(psagg__isa isa, const psagg_codec *c, size_t n, size_t n_in, int kind,
                             int wr, int big, long poison, float pv, uint64_t seed)
 {
-    size_t len = psagg_encoded_size(c, n);
+    size_t len = psagg__encoded_size(c, n);
     uint8_t *bufs[8];
     const void *in[8];
     float *x = tc_xmalloc(n * 4), *r = tc_xmalloc(n * 4);
-    psagg_rng_key key = psagg_rng_key_make(seed, 3);
+    psagg__rng_key key = psagg__rng_key_make(seed, 3);
     run o[2];
     char ctx[240];
 
@@ -109,7 +109,7 @@ static void check_aggregate(psagg_isa isa, const psagg_codec *c, size_t n, size_
         if (big)
             for (size_t k = 0; k < n; k++)
                 x[k] = (k * 7 + i) % 5 == 0 ? 0x1.8p125f : x[k];
-        CHECK(psagg_encode(c, x, NULL, n, psagg_rng_key_make(seed, i), bufs[i], len, NULL) ==
+        CHECK(psagg__encode(c, x, NULL, n, psagg__rng_key_make(seed, i), bufs[i], len, NULL) ==
                   PSAGG_OK,
               "encode input: %s", psagg_last_error());
         in[i] = bufs[i];
@@ -127,11 +127,11 @@ static void check_aggregate(psagg_isa isa, const psagg_codec *c, size_t n, size_
             memcpy(o[k].res, r, n * 4);
         }
         o[k].bad = (size_t)-7;
-        o[k].st = psagg_aggregate(c, in, n_in, len, n, o[k].res, key, o[k].enc, len, &o[k].bad);
+        o[k].st = psagg__aggregate(c, in, n_in, len, n, o[k].res, key, o[k].enc, len, &o[k].bad);
     }
     snprintf(
         ctx, sizeof ctx, "aggregate %s %s n=%zu N=%zu data %s residual %d big %d poison %ld=%g",
-        psagg_isa_name(isa), tc_name(c), n, n_in, tc_kind_name(kind), wr, big, poison, (double)pv);
+        psagg__isa_name(isa), tc_name(c), n, n_in, tc_kind_name(kind), wr, big, poison, (double)pv);
     compare_runs(ctx, c, n, &o[0], &o[1]);
     for (size_t i = 0; i < n_in; i++)
         free(bufs[i]);
@@ -139,10 +139,10 @@ static void check_aggregate(psagg_isa isa, const psagg_codec *c, size_t n, size_
     free(r);
 }
 
-static void check_fp(psagg_isa isa, const psagg_codec *c, size_t n, size_t n_in, int wr,
+static void check_fp(psagg__isa isa, const psagg_codec *c, size_t n, size_t n_in, int wr,
                      uint64_t seed)
 {
-    size_t len = psagg_encoded_size(c, n);
+    size_t len = psagg__encoded_size(c, n);
     uint8_t *bufs[8];
     const void *in[8];
     float *x = tc_xmalloc(n * 4), *d[2];
@@ -152,7 +152,8 @@ static void check_fp(psagg_isa isa, const psagg_codec *c, size_t n, size_t n_in,
     for (size_t i = 0; i < n_in; i++) {
         bufs[i] = tc_xmalloc(len);
         tc_fill(x, n, (int)((seed + i) % TC_KIND_COUNT), seed + i, tc_max_exp(c) - 4);
-        CHECK(psagg_encode(c, x, NULL, n, psagg_rng_key_make(0, 0), bufs[i], len, NULL) == PSAGG_OK,
+        CHECK(psagg__encode(c, x, NULL, n, psagg__rng_key_make(0, 0), bufs[i], len, NULL) ==
+                  PSAGG_OK,
               "encode fp input: %s", psagg_last_error());
         in[i] = bufs[i];
     }
@@ -166,14 +167,14 @@ static void check_fp(psagg_isa isa, const psagg_codec *c, size_t n, size_t n_in,
             memcpy(o[k].res, x, n * 4);
         }
         o[k].bad = (size_t)-7;
-        o[k].st = psagg_aggregate(c, in, n_in, len, n, o[k].res, psagg_rng_key_make(0, 0), o[k].enc,
-                                  len, &o[k].bad);
+        o[k].st = psagg__aggregate(c, in, n_in, len, n, o[k].res, psagg__rng_key_make(0, 0),
+                                   o[k].enc, len, &o[k].bad);
         d[k] = tc_xmalloc(n * 4);
         memcpy(d[k], x, n * 4);
-        CHECK(psagg_decode_add(c, in[0], len, n, d[k]) == PSAGG_OK, "decode_add: %s",
+        CHECK(psagg__decode_add(c, in[0], len, n, d[k]) == PSAGG_OK, "decode_add: %s",
               psagg_last_error());
     }
-    snprintf(ctx, sizeof ctx, "fp %s %s n=%zu N=%zu residual %d", psagg_isa_name(isa), tc_name(c),
+    snprintf(ctx, sizeof ctx, "fp %s %s n=%zu N=%zu residual %d", psagg__isa_name(isa), tc_name(c),
              n, n_in, wr);
     CHECK(first_diff(d[0], d[1], n * 4) == (size_t)-1, "%s: decode_add differs", ctx);
     compare_runs(ctx, c, n, &o[0], &o[1]);
@@ -195,8 +196,8 @@ int main(void)
     int tested = 0;
 
     for (int isa = PSAGG_ISA_AVX2; isa < PSAGG_ISA_COUNT; isa++) {
-        if (!psagg_isa_supported((psagg_isa)isa)) {
-            printf("SKIP: %s not supported on this CPU/build\n", psagg_isa_name(isa));
+        if (!psagg__isa_supported((psagg__isa)isa)) {
+            printf("SKIP: %s not supported on this CPU/build\n", psagg__isa_name(isa));
             continue;
         }
         tested++;
@@ -210,18 +211,18 @@ int main(void)
                         size_t n = sizes[si];
                         uint64_t seed = n * 131 + bi * 7 + wi * 3 + (uint64_t)rnd;
                         int kind = (int)(seed % TC_KIND_COUNT);
-                        check_encode((psagg_isa)isa, &c, n, kind, (int)(si & 1), -1, 0, seed);
+                        check_encode((psagg__isa)isa, &c, n, kind, (int)(si & 1), -1, 0, seed);
                         for (uint64_t z = 0; z < 4; z++)
-                            check_encode((psagg_isa)isa, &c, n, TC_KIND_ZEROS,
+                            check_encode((psagg__isa)isa, &c, n, TC_KIND_ZEROS,
                                          (int)((si + z) & 1) && z != 1, -1, 0, seed * 4 + z);
                         /* a bad value at a position that moves through groups and tails */
-                        check_encode((psagg_isa)isa, &c, n, kind, (int)(si & 1),
+                        check_encode((psagg__isa)isa, &c, n, kind, (int)(si & 1),
                                      (long)((seed * 37) % (n + 1)), poisons[si % 5], seed);
-                        check_aggregate((psagg_isa)isa, &c, n, 1 + si % 8, kind, (int)(si & 1), 0,
+                        check_aggregate((psagg__isa)isa, &c, n, 1 + si % 8, kind, (int)(si & 1), 0,
                                         -1, 0, seed);
-                        check_aggregate((psagg_isa)isa, &c, n, 8, kind, (int)(~si & 1), 1, -1, 0,
+                        check_aggregate((psagg__isa)isa, &c, n, 8, kind, (int)(~si & 1), 1, -1, 0,
                                         seed + 2);
-                        check_aggregate((psagg_isa)isa, &c, n, 3, TC_KIND_ZEROS, 1, 0,
+                        check_aggregate((psagg__isa)isa, &c, n, 3, TC_KIND_ZEROS, 1, 0,
                                         (long)((seed * 53) % (n + 1)), poisons[(si + 2) % 5],
                                         seed + 3);
                     }
@@ -232,10 +233,10 @@ int main(void)
                                  tc_codec(PSAGG_CODEC_BF16, 0, 0, 0)};
             for (int k = 0; k < 3; k++)
                 for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++)
-                    check_fp((psagg_isa)isa, &fc[k], sizes[si], 1 + si % 8, (int)(si & 1),
+                    check_fp((psagg__isa)isa, &fc[k], sizes[si], 1 + si % 8, (int)(si & 1),
                              sizes[si] + (uint64_t)k);
         }
-        printf("%s: %ld comparisons with scalar, all identical\n", psagg_isa_name((psagg_isa)isa),
+        printf("%s: %ld comparisons with scalar, all identical\n", psagg__isa_name((psagg__isa)isa),
                n_compared);
     }
     if (!tested) {

@@ -33,7 +33,7 @@ static void test_sr_unbiased(void)
     for (size_t bi = 0; bi < 4; bi++) {
         uint32_t b = bits_list[bi];
         psagg_codec c = tc_codec(PSAGG_CODEC_MAXMIN, b, B, PSAGG_ROUND_STOCHASTIC);
-        size_t len = psagg_encoded_size(&c, B);
+        size_t len = psagg__encoded_size(&c, B);
         double L = (double)((1u << b) - 1), delta, lo = -1.0, hi = 1.0;
         uint64_t s = 1234 + b;
         CHECK(len <= sizeof out, "len");
@@ -46,10 +46,10 @@ static void test_sr_unbiased(void)
         memset(sum, 0, sizeof sum);
         delta = (hi - lo) / L;
         for (int t = 0; t < T; t++) {
-            psagg_rng_key key = psagg_rng_key_make(99, (uint64_t)t);
-            CHECK(psagg_encode(&c, x, NULL, B, key, out, len, NULL) == PSAGG_OK, "%s",
+            psagg__rng_key key = psagg__rng_key_make(99, (uint64_t)t);
+            CHECK(psagg__encode(&c, x, NULL, B, key, out, len, NULL) == PSAGG_OK, "%s",
                   psagg_last_error());
-            CHECK(psagg_decode(&c, out, len, B, dec) == PSAGG_OK, "%s", psagg_last_error());
+            CHECK(psagg__decode(&c, out, len, B, dec) == PSAGG_OK, "%s", psagg_last_error());
             for (int i = 0; i < B; i++) {
                 double err = fabs((double)dec[i] - x[i]);
                 CHECK(err < delta + level_tol(delta, L, 1.0),
@@ -71,9 +71,9 @@ static void test_sr_unbiased(void)
 }
 
 /* The 16 bits d_k of u_k = (2 d_k + 1) 2^-17 (codec.h), recovered exactly. */
-static uint32_t rng_d(psagg_rng_key key, uint32_t k)
+static uint32_t rng_d(psagg__rng_key key, uint32_t k)
 {
-    return (uint32_t)(psagg_rng_uniform(key, k) * 0x1p17f - 1.0f) / 2;
+    return (uint32_t)(psagg__rng_uniform(key, k) * 0x1p17f - 1.0f) / 2;
 }
 
 /*
@@ -93,7 +93,7 @@ static double chi2_z(const uint32_t *count, size_t bins, double total)
  * flake; each bound is 6 sigma. Uniformity of the high and low bytes of d_k; independence of
  * the two halves of one hash (k, k+1), of neighbouring hashes (k, k+2), at the SIMD strides
  * (k, k+16), (k, k+32) and of the same element in the streams of neighbouring rounds and
- * workers (psagg_rng_chunk_key), as 2-D chi-square tables of their top 4 bits; and the
+ * workers (psagg__rng_chunk_key), as 2-D chi-square tables of their top 4 bits; and the
  * serial correlation of u at those lags.
  */
 static void test_rng_statistics(void)
@@ -102,24 +102,24 @@ static void test_rng_statistics(void)
     static uint32_t hi[256], lo[256], pair[LAGS + 2][256];
     const uint32_t lag[LAGS] = {1, 2, 16, 32};
     double sxy[LAGS] = {0}, sx = 0, sxx = 0, z;
-    psagg_rng_key key = psagg_rng_chunk_key(7, PSAGG_RNG_WORKER, 3, 11, 5, 100);
-    psagg_rng_key next_round = psagg_rng_chunk_key(7, PSAGG_RNG_WORKER, 3, 11, 5, 101);
-    psagg_rng_key next_worker = psagg_rng_chunk_key(7, PSAGG_RNG_WORKER, 4, 11, 5, 100);
+    psagg__rng_key key = psagg__rng_chunk_key(7, PSAGG_RNG_WORKER, 3, 11, 5, 100);
+    psagg__rng_key next_round = psagg__rng_chunk_key(7, PSAGG_RNG_WORKER, 3, 11, 5, 101);
+    psagg__rng_key next_worker = psagg__rng_chunk_key(7, PSAGG_RNG_WORKER, 4, 11, 5, 100);
 
     memset(hi, 0, sizeof hi);
     memset(lo, 0, sizeof lo);
     memset(pair, 0, sizeof pair);
     for (uint32_t k = 0; k < N; k++) {
         uint32_t d = rng_d(key, k);
-        double u = psagg_rng_uniform(key, k) - 0.5;
-        CHECK(psagg_rng_uniform(key, k) == (float)(2 * d + 1) * 0x1p-17f, "u_k off its grid");
+        double u = psagg__rng_uniform(key, k) - 0.5;
+        CHECK(psagg__rng_uniform(key, k) == (float)(2 * d + 1) * 0x1p-17f, "u_k off its grid");
         hi[d >> 8]++;
         lo[d & 0xFF]++;
         sx += u;
         sxx += u * u;
         for (int l = 0; l < LAGS; l++) {
             pair[l][(d >> 12) << 4 | rng_d(key, k + lag[l]) >> 12]++;
-            sxy[l] += u * (psagg_rng_uniform(key, k + lag[l]) - 0.5);
+            sxy[l] += u * (psagg__rng_uniform(key, k + lag[l]) - 0.5);
         }
         pair[LAGS][(d >> 12) << 4 | rng_d(next_round, k) >> 12]++;
         pair[LAGS + 1][(d >> 12) << 4 | rng_d(next_worker, k) >> 12]++;
@@ -158,13 +158,14 @@ static void test_level_error(void)
                 for (int kind = 0; kind < TC_KIND_COUNT; kind++) {
                     psagg_codec c =
                         tc_codec(PSAGG_CODEC_MAXMIN, b, buckets[bi], (psagg_rounding)rnd);
-                    size_t len = psagg_encoded_size(&c, n);
+                    size_t len = psagg__encoded_size(&c, n);
                     double L = (double)((1u << b) - 1);
                     tc_fill(x, n, kind, b * 10 + (uint64_t)kind, 120);
-                    CHECK(psagg_encode(&c, x, NULL, n, psagg_rng_key_make(5, b), out, len, NULL) ==
-                              PSAGG_OK,
+                    CHECK(psagg__encode(&c, x, NULL, n, psagg__rng_key_make(5, b), out, len,
+                                        NULL) == PSAGG_OK,
                           "%s", psagg_last_error());
-                    CHECK(psagg_decode(&c, out, len, n, dec) == PSAGG_OK, "%s", psagg_last_error());
+                    CHECK(psagg__decode(&c, out, len, n, dec) == PSAGG_OK, "%s",
+                          psagg_last_error());
                     for (size_t m = 0; m * buckets[bi] < n; m++) {
                         size_t e = (m + 1) * buckets[bi] < n ? (m + 1) * buckets[bi] : n;
                         double lo = INFINITY, hi = -INFINITY, delta, tol;
@@ -210,7 +211,7 @@ static void test_error_feedback(void)
     codecs[nc++] = tc_codec(PSAGG_CODEC_MAXMIN, 1, 64, PSAGG_ROUND_STOCHASTIC);
     for (size_t ci = 0; ci < nc; ci++) {
         const psagg_codec *c = &codecs[ci];
-        size_t len = psagg_encoded_size(c, n);
+        size_t len = psagg__encoded_size(c, n);
         uint64_t s = 77 + ci;
         for (size_t i = 0; i < n; i++) {
             r[i] = test_randf(&s) * 0.01f;
@@ -224,10 +225,10 @@ static void test_error_feedback(void)
                 sum_x[i] += x[i];
                 maxv[i] = fmax(maxv[i], fabs((double)x[i] + r[i]));
             }
-            CHECK(psagg_encode(c, x, r, n, psagg_rng_key_make(3, (uint64_t)t), out, len, NULL) ==
+            CHECK(psagg__encode(c, x, r, n, psagg__rng_key_make(3, (uint64_t)t), out, len, NULL) ==
                       PSAGG_OK,
                   "%s", psagg_last_error());
-            CHECK(psagg_decode(c, out, len, n, dec) == PSAGG_OK, "%s", psagg_last_error());
+            CHECK(psagg__decode(c, out, len, n, dec) == PSAGG_OK, "%s", psagg_last_error());
             for (size_t i = 0; i < n; i++)
                 sum_d[i] += dec[i];
         }
@@ -237,7 +238,7 @@ static void test_error_feedback(void)
             double tol = 2.0 * T * maxv[i] * FLT_EPSILON;
             CHECK(fabs(sum_d[i] - want) <= tol,
                   "EF %s (isa %s): element %zu: sum decoded %.9g, sum x + r0 - rT %.9g (tol %.3g)",
-                  tc_name(c), psagg_isa_name(psagg_codec_isa()), i, sum_d[i], want, tol);
+                  tc_name(c), psagg__isa_name(psagg__codec_isa()), i, sum_d[i], want, tol);
         }
     }
     free(x);
@@ -261,18 +262,18 @@ static void test_fused_equals_stepwise(void)
             for (size_t n_in = 1; n_in <= 8; n_in += (n_in < 4 ? 1 : 4))
                 for (int wr = 0; wr < 2; wr++) {
                     const psagg_codec *c = &codecs[ci];
-                    size_t n = sizes[si], len = psagg_encoded_size(c, n), bad = 0;
+                    size_t n = sizes[si], len = psagg__encoded_size(c, n), bad = 0;
                     uint8_t *bufs[8], *o1 = tc_xmalloc(len), *o2 = tc_xmalloc(len);
                     const void *in[8];
                     float *x = tc_xmalloc(n * 4), *acc = tc_xmalloc(n * 4);
                     float *r1 = tc_xmalloc(n * 4), *r2 = tc_xmalloc(n * 4);
-                    psagg_rng_key key = psagg_rng_key_make(11, ci * 100 + si);
+                    psagg__rng_key key = psagg__rng_key_make(11, ci * 100 + si);
                     for (size_t i = 0; i < n_in; i++) {
                         bufs[i] = tc_xmalloc(len);
                         tc_fill(x, n, (int)((i + si) % TC_KIND_COUNT), i + 3 * si,
                                 tc_max_exp(c) - 4);
-                        CHECK(psagg_encode(c, x, NULL, n, psagg_rng_key_make(1, i), bufs[i], len,
-                                           NULL) == PSAGG_OK,
+                        CHECK(psagg__encode(c, x, NULL, n, psagg__rng_key_make(1, i), bufs[i], len,
+                                            NULL) == PSAGG_OK,
                               "%s", psagg_last_error());
                         in[i] = bufs[i];
                     }
@@ -281,15 +282,15 @@ static void test_fused_equals_stepwise(void)
                     for (size_t i = 0; i < n; i++)
                         acc[i] = 0.0f;
                     for (size_t i = 0; i < n_in; i++)
-                        CHECK(psagg_decode_add(c, in[i], len, n, acc) == PSAGG_OK, "%s",
+                        CHECK(psagg__decode_add(c, in[i], len, n, acc) == PSAGG_OK, "%s",
                               psagg_last_error());
-                    CHECK(psagg_encode(c, acc, wr ? r1 : NULL, n, key, o1, len, NULL) == PSAGG_OK,
+                    CHECK(psagg__encode(c, acc, wr ? r1 : NULL, n, key, o1, len, NULL) == PSAGG_OK,
                           "%s", psagg_last_error());
-                    CHECK(psagg_aggregate(c, in, n_in, len, n, wr ? r2 : NULL, key, o2, len,
-                                          &bad) == PSAGG_OK,
+                    CHECK(psagg__aggregate(c, in, n_in, len, n, wr ? r2 : NULL, key, o2, len,
+                                           &bad) == PSAGG_OK,
                           "%s", psagg_last_error());
                     CHECK(!memcmp(o1, o2, len), "fused %s n=%zu N=%zu res=%d (isa %s) differs",
-                          tc_name(c), n, n_in, wr, psagg_isa_name(psagg_codec_isa()));
+                          tc_name(c), n, n_in, wr, psagg__isa_name(psagg__codec_isa()));
                     CHECK(!memcmp(r1, r2, n * 4), "fused residual %s n=%zu N=%zu differs",
                           tc_name(c), n, n_in);
                     for (size_t i = 0; i < n_in; i++)
@@ -307,16 +308,16 @@ int main(void)
 {
     test_rng_statistics();
     for (int isa = 0; isa < PSAGG_ISA_COUNT; isa++) {
-        if (!psagg_isa_supported((psagg_isa)isa)) {
-            printf("SKIP isa %s: not supported here\n", psagg_isa_name((psagg_isa)isa));
+        if (!psagg__isa_supported((psagg__isa)isa)) {
+            printf("SKIP isa %s: not supported here\n", psagg__isa_name((psagg__isa)isa));
             continue;
         }
-        tc_set_isa((psagg_isa)isa);
+        tc_set_isa((psagg__isa)isa);
         test_sr_unbiased();
         test_level_error();
         test_error_feedback();
         test_fused_equals_stepwise();
-        printf("isa %s: properties hold\n", psagg_isa_name((psagg_isa)isa));
+        printf("isa %s: properties hold\n", psagg__isa_name((psagg__isa)isa));
     }
     return 0;
 }

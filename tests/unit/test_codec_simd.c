@@ -26,10 +26,10 @@ static void result_free(result *r)
     free(r->dscale);
 }
 
-static void run_one(psagg_isa isa, const psagg_codec *c, const float *x, const float *r0, size_t n,
-                    psagg_rng_key key, const float *acc0, result *o)
+static void run_one(psagg__isa isa, const psagg_codec *c, const float *x, const float *r0, size_t n,
+                    psagg__rng_key key, const float *acc0, result *o)
 {
-    size_t len = psagg_encoded_size(c, n);
+    size_t len = psagg__encoded_size(c, n);
     tc_set_isa(isa);
     o->enc = tc_xmalloc(len);
     memset(o->enc, 0xA5, len); /* every byte (padding too) must be written */
@@ -47,16 +47,16 @@ static void run_one(psagg_isa isa, const psagg_codec *c, const float *x, const f
     memset(o->dscale, 0x7F, n * sizeof(float));
     memcpy(o->dadd, acc0, n * sizeof(float));
     o->bad = (size_t)-1;
-    o->st = psagg_encode(c, x, o->res, n, key, o->enc, len, &o->bad);
+    o->st = psagg__encode(c, x, o->res, n, key, o->enc, len, &o->bad);
     if (o->st != PSAGG_OK)
         return;
-    CHECK(psagg_decode(c, o->enc, len, n, o->dec) == PSAGG_OK, "%s decode: %s", tc_name(c),
+    CHECK(psagg__decode(c, o->enc, len, n, o->dec) == PSAGG_OK, "%s decode: %s", tc_name(c),
           psagg_last_error());
-    CHECK(psagg_decode_add(c, o->enc, len, n, o->dadd) == PSAGG_OK, "%s decode_add: %s", tc_name(c),
-          psagg_last_error());
-    CHECK(psagg_decode_into(c, o->enc, len, n, o->dfirst, PSAGG_DECODE_FIRST, 0.0f) == PSAGG_OK,
+    CHECK(psagg__decode_add(c, o->enc, len, n, o->dadd) == PSAGG_OK, "%s decode_add: %s",
+          tc_name(c), psagg_last_error());
+    CHECK(psagg__decode_into(c, o->enc, len, n, o->dfirst, PSAGG_DECODE_FIRST, 0.0f) == PSAGG_OK,
           "%s decode first: %s", tc_name(c), psagg_last_error());
-    CHECK(psagg_decode_into(c, o->enc, len, n, o->dscale, PSAGG_DECODE_SCALE, SCALE_FACTOR) ==
+    CHECK(psagg__decode_into(c, o->enc, len, n, o->dscale, PSAGG_DECODE_SCALE, SCALE_FACTOR) ==
               PSAGG_OK,
           "%s decode scale: %s", tc_name(c), psagg_last_error());
     for (size_t k = 0; k < n; k++) {
@@ -67,13 +67,13 @@ static void run_one(psagg_isa isa, const psagg_codec *c, const float *x, const f
     }
 }
 
-static void compare(const char *what, psagg_isa isa, const psagg_codec *c, size_t n, int kind,
+static void compare(const char *what, psagg__isa isa, const psagg_codec *c, size_t n, int kind,
                     int with_res, const result *ref, const result *got)
 {
-    size_t len = psagg_encoded_size(c, n), d;
+    size_t len = psagg__encoded_size(c, n), d;
     char ctx[200];
     snprintf(ctx, sizeof ctx, "%s %s vs scalar, codec %s, n=%zu, data %s, residual %d", what,
-             psagg_isa_name(isa), tc_name(c), n, tc_kind_name(kind), with_res);
+             psagg__isa_name(isa), tc_name(c), n, tc_kind_name(kind), with_res);
     CHECK(ref->st == got->st, "%s: status %d vs %d", ctx, ref->st, got->st);
     if (ref->st != PSAGG_OK) {
         CHECK(ref->bad == got->bad, "%s: bad index %zu vs %zu", ctx, ref->bad, got->bad);
@@ -94,11 +94,11 @@ static void compare(const char *what, psagg_isa isa, const psagg_codec *c, size_
 
 static long n_compared;
 
-static void check_encode(psagg_isa isa, const psagg_codec *c, size_t n, int kind, int with_res,
+static void check_encode(psagg__isa isa, const psagg_codec *c, size_t n, int kind, int with_res,
                          uint64_t seed)
 {
     float *x = tc_xmalloc(n * 4), *r0 = tc_xmalloc(n * 4), *acc0 = tc_xmalloc(n * 4);
-    psagg_rng_key key = psagg_rng_key_make(seed, 7);
+    psagg__rng_key key = psagg__rng_key_make(seed, 7);
     result ref, got;
     tc_fill_inputs(c, n, kind, seed, x, r0, acc0);
     run_one(PSAGG_ISA_SCALAR, c, x, with_res ? r0 : NULL, n, key, acc0, &ref);
@@ -113,14 +113,14 @@ static void check_encode(psagg_isa isa, const psagg_codec *c, size_t n, int kind
 }
 
 /* n_in inputs encoded (by scalar) from different data kinds, then aggregated on both. */
-static void check_aggregate(psagg_isa isa, const psagg_codec *c, size_t n, size_t n_in, int kind,
+static void check_aggregate(psagg__isa isa, const psagg_codec *c, size_t n, size_t n_in, int kind,
                             int with_res, uint64_t seed)
 {
-    size_t len = psagg_encoded_size(c, n);
+    size_t len = psagg__encoded_size(c, n);
     uint8_t *bufs[8], *out_ref = tc_xmalloc(len), *out_got = tc_xmalloc(len);
     const void *in[8];
     float *x = tc_xmalloc(n * 4), *r_ref = tc_xmalloc(n * 4), *r_got = tc_xmalloc(n * 4);
-    psagg_rng_key key = psagg_rng_key_make(seed, 3);
+    psagg__rng_key key = psagg__rng_key_make(seed, 3);
     size_t bad_ref = (size_t)-1, bad_got = (size_t)-1;
     psagg_status st_ref, st_got;
 
@@ -130,7 +130,7 @@ static void check_aggregate(psagg_isa isa, const psagg_codec *c, size_t n, size_
         int me = tc_max_exp(c) - 4; /* leave headroom for the sum */
         bufs[i] = tc_xmalloc(len);
         tc_fill(x, n, k, seed * 31 + i, me);
-        CHECK(psagg_encode(c, x, NULL, n, psagg_rng_key_make(seed, i), bufs[i], len, NULL) ==
+        CHECK(psagg__encode(c, x, NULL, n, psagg__rng_key_make(seed, i), bufs[i], len, NULL) ==
                   PSAGG_OK,
               "encode input: %s", psagg_last_error());
         in[i] = bufs[i];
@@ -140,14 +140,14 @@ static void check_aggregate(psagg_isa isa, const psagg_codec *c, size_t n, size_
     memset(out_ref, 0xA5, len);
     memset(out_got, 0x5A, len);
     st_ref =
-        psagg_aggregate(c, in, n_in, len, n, with_res ? r_ref : NULL, key, out_ref, len, &bad_ref);
+        psagg__aggregate(c, in, n_in, len, n, with_res ? r_ref : NULL, key, out_ref, len, &bad_ref);
     tc_set_isa(isa);
     st_got =
-        psagg_aggregate(c, in, n_in, len, n, with_res ? r_got : NULL, key, out_got, len, &bad_got);
+        psagg__aggregate(c, in, n_in, len, n, with_res ? r_got : NULL, key, out_got, len, &bad_got);
     char ctx[200];
     snprintf(ctx, sizeof ctx,
              "aggregate %s vs scalar, codec %s, n=%zu, N=%zu, data %s, residual %d",
-             psagg_isa_name(isa), tc_name(c), n, n_in, tc_kind_name(kind), with_res);
+             psagg__isa_name(isa), tc_name(c), n, n_in, tc_kind_name(kind), with_res);
     CHECK(st_ref == st_got, "%s: status %d vs %d (%s)", ctx, st_ref, st_got, psagg_last_error());
     if (st_ref == PSAGG_OK) {
         size_t d = tc_first_diff(out_ref, out_got, len);
@@ -175,8 +175,8 @@ int main(void)
     int tested = 0;
 
     for (int isa = PSAGG_ISA_AVX2; isa < PSAGG_ISA_COUNT; isa++) {
-        if (!psagg_isa_supported((psagg_isa)isa)) {
-            printf("SKIP: %s not supported on this CPU/build\n", psagg_isa_name(isa));
+        if (!psagg__isa_supported((psagg__isa)isa)) {
+            printf("SKIP: %s not supported on this CPU/build\n", psagg__isa_name(isa));
             continue;
         }
         tested++;
@@ -185,7 +185,7 @@ int main(void)
         for (size_t ci = 0; ci < nc64; ci++)
             for (size_t n = 0; n <= 3 * 64 + 7; n++)
                 for (int kind = 0; kind < TC_KIND_COUNT; kind++)
-                    check_encode((psagg_isa)isa, &codecs[ci], n, kind, (int)((n + kind) & 1),
+                    check_encode((psagg__isa)isa, &codecs[ci], n, kind, (int)((n + kind) & 1),
                                  1000 * n + (uint64_t)kind + ci);
         /* both residual settings on a few sizes */
         for (size_t ci = 0; ci < nc64; ci++)
@@ -193,7 +193,7 @@ int main(void)
                 for (int wr = 0; wr < 2; wr++) {
                     static const size_t ns[] = {1, 17, 64, 100, 199};
                     for (size_t si = 0; si < 5; si++)
-                        check_encode((psagg_isa)isa, &codecs[ci], ns[si], kind, wr, 77 + si);
+                        check_encode((psagg__isa)isa, &codecs[ci], ns[si], kind, wr, 77 + si);
                 }
         /* B = 1024 and 192: a sample of sizes */
         {
@@ -207,25 +207,25 @@ int main(void)
                     continue; /* the fp codecs again */
                 for (size_t si = 0; si < sizeof ns / sizeof ns[0]; si++)
                     for (int kind = 0; kind < TC_KIND_COUNT; kind++)
-                        check_encode((psagg_isa)isa, &mc[ci], ns[si], kind, (int)(si & 1),
+                        check_encode((psagg__isa)isa, &mc[ci], ns[si], kind, (int)(si & 1),
                                      ns[si] * 13 + (uint64_t)kind);
             }
             /* aggregate, N = 1..8 */
             for (size_t ci = 0; ci < nc64; ci++)
                 for (size_t n_in = 1; n_in <= 8; n_in++)
                     for (size_t n = 0; n <= 3 * 64 + 7; n += 1 + (n_in + n) % 13)
-                        check_aggregate((psagg_isa)isa, &codecs[ci], n, n_in,
+                        check_aggregate((psagg__isa)isa, &codecs[ci], n, n_in,
                                         (int)((n + n_in) % TC_KIND_COUNT), (int)(n & 1),
                                         n * 8 + n_in);
             for (size_t ci = 3; ci < nmc; ci++)
                 for (size_t n_in = 1; n_in <= 8; n_in += 1)
                     for (size_t si = 0; si < sizeof ns / sizeof ns[0]; si += 2)
                         for (int wr = 0; wr < 2; wr++)
-                            check_aggregate((psagg_isa)isa, &mc[ci], ns[si], n_in,
+                            check_aggregate((psagg__isa)isa, &mc[ci], ns[si], n_in,
                                             (int)((si + n_in) % TC_KIND_COUNT), wr, ns[si] + n_in);
         }
         printf("%s: %ld comparisons with scalar, all bit-identical\n",
-               psagg_isa_name((psagg_isa)isa), n_compared);
+               psagg__isa_name((psagg__isa)isa), n_compared);
     }
     if (!tested) {
         printf("SKIP: no SIMD path to compare\n");

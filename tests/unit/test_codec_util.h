@@ -30,7 +30,7 @@ static inline psagg_codec tc_codec(psagg_codec_id id, uint32_t bits, uint32_t bu
                                    psagg_rounding rnd)
 {
     psagg_codec c = {.id = id, .bits = bits, .bucket = bucket, .rounding = rnd};
-    CHECK(psagg_codec_check(&c) == PSAGG_OK, "codec check: %s", psagg_last_error());
+    CHECK(psagg__codec_check(&c) == PSAGG_OK, "codec check: %s", psagg_last_error());
     return c;
 }
 
@@ -157,9 +157,9 @@ static inline size_t tc_codecs(psagg_codec *out, const uint32_t *buckets, size_t
     return k;
 }
 
-static inline void tc_set_isa(psagg_isa isa)
+static inline void tc_set_isa(psagg__isa isa)
 {
-    CHECK(psagg_codec_set_isa(isa) == PSAGG_OK, "set isa %s: %s", psagg_isa_name(isa),
+    CHECK(psagg__codec_set_isa(isa) == PSAGG_OK, "set isa %s: %s", psagg__isa_name(isa),
           psagg_last_error());
 }
 

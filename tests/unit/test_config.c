@@ -1,6 +1,6 @@
 /*
- * test_config.c - psagg_config_load(): the shipped conf/ INI files, defaults, every error
- * class with its file:line and key, environment overrides, and psagg_parse_hostport().
+ * test_config.c - psagg__config_load(): the shipped conf/ INI files, defaults, every error
+ * class with its file:line and key, environment overrides, and psagg__parse_hostport().
  */
 #include "../testutil.h"
 #include "base/log.h"
@@ -51,12 +51,12 @@ static void remove_tmpdir(void)
  */
 static void expect_error_at(int src_line, const char *text, int line, ...)
 {
-    psagg_config cfg;
+    psagg__config cfg;
     const char *path = write_ini(text);
     char where[PATH_MAX + 32];
     const char *msg;
     va_list ap;
-    int rc = psagg_config_load(path, &cfg);
+    int rc = psagg__config_load(path, &cfg);
 
     msg = psagg_last_error();
     CHECK(rc == PSAGG_ECONFIG, "(test line %d) rc %d, expected ECONFIG; msg '%s'", src_line, rc,
@@ -74,22 +74,22 @@ static void expect_error_at(int src_line, const char *text, int line, ...)
 /* worker_hosts: normalized, checked against workers; server addresses must resolve */
 static void test_worker_hosts(void)
 {
-    psagg_config cfg;
-    CHECK(psagg_config_load(write_ini(MINIMAL "worker_hosts = n1:1, n-2.example\n"), &cfg) == 0,
+    psagg__config cfg;
+    CHECK(psagg__config_load(write_ini(MINIMAL "worker_hosts = n1:1, n-2.example\n"), &cfg) == 0,
           "worker_hosts: %s", psagg_last_error());
     CHECK(!strcmp(cfg.worker_hosts, "n1:1 n-2.example:1"), "normalized '%s'", cfg.worker_hosts);
     EXPECT_ERROR(MINIMAL "worker_hosts = a:2 b\n", 5, "3 worker slots", "workers = 2");
     EXPECT_ERROR(MINIMAL "worker_hosts = a:0 b\n", 5, "worker_hosts", "'a:0'");
     EXPECT_ERROR(MINIMAL "worker_hosts = a:x\n", 5, "worker_hosts", "'a:x'");
     EXPECT_ERROR(MINIMAL "worker_hosts = a/b:2\n", 5, "worker_hosts", "'/'");
-    CHECK(psagg_config_load(write_ini(MINIMAL), &cfg) == 0 && !cfg.worker_hosts[0] &&
-              psagg_config_check_addresses(&cfg) == 0,
+    CHECK(psagg__config_load(write_ini(MINIMAL), &cfg) == 0 && !cfg.worker_hosts[0] &&
+              psagg__config_check_addresses(&cfg) == 0,
           "no worker_hosts, 127.0.0.1 resolves: %s", psagg_last_error());
-    CHECK(psagg_config_load(write_ini("[cluster]\njob_id = j\nworkers = 2\nservers = 127.0.0.1:1 "
-                                      "no-such-host.invalid:2\n"),
-                            &cfg) == 0,
+    CHECK(psagg__config_load(write_ini("[cluster]\njob_id = j\nworkers = 2\nservers = 127.0.0.1:1 "
+                                       "no-such-host.invalid:2\n"),
+                             &cfg) == 0,
           "load: %s", psagg_last_error());
-    CHECK(psagg_config_check_addresses(&cfg) == PSAGG_ECONFIG &&
+    CHECK(psagg__config_check_addresses(&cfg) == PSAGG_ECONFIG &&
               strstr(psagg_last_error(), ":4: [cluster] servers: server 1 'no-such-host.invalid' "
                                          "does not resolve"),
           "unresolvable server: '%s'", psagg_last_error());
@@ -97,10 +97,10 @@ static void test_worker_hosts(void)
 
 static void test_shipped_local(void)
 {
-    psagg_config cfg;
+    psagg__config cfg;
     char path[PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/local.ini", conf_dir);
-    CHECK(psagg_config_load(path, &cfg) == PSAGG_OK, "%s: %s", path, psagg_last_error());
+    CHECK(psagg__config_load(path, &cfg) == PSAGG_OK, "%s: %s", path, psagg_last_error());
     CHECK(!strcmp(cfg.job_id, "local-demo"), "job_id '%s'", cfg.job_id);
     CHECK(cfg.n_servers == 2, "n_servers %d", cfg.n_servers);
     CHECK(!strcmp(cfg.servers[0].host, "127.0.0.1") && cfg.servers[0].port == 19500, "server 0");
@@ -114,10 +114,10 @@ static void test_shipped_local(void)
 
 static void test_shipped_cluster(void)
 {
-    psagg_config cfg;
+    psagg__config cfg;
     char path[PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/cluster.ini", conf_dir);
-    CHECK(psagg_config_load(path, &cfg) == PSAGG_OK, "%s: %s", path, psagg_last_error());
+    CHECK(psagg__config_load(path, &cfg) == PSAGG_OK, "%s: %s", path, psagg_last_error());
     CHECK(!strcmp(cfg.job_id, "resnet50-run1"), "job_id '%s'", cfg.job_id);
     CHECK(cfg.n_servers == 4, "n_servers %d (continuation line)", cfg.n_servers);
     CHECK(!strcmp(cfg.servers[3].host, "10.0.0.14") && cfg.servers[3].port == 19500, "server 3");
@@ -134,8 +134,8 @@ static void test_shipped_cluster(void)
 
 static void test_defaults(void)
 {
-    psagg_config cfg;
-    CHECK(psagg_config_load(write_ini(MINIMAL), &cfg) == PSAGG_OK, "%s", psagg_last_error());
+    psagg__config cfg;
+    CHECK(psagg__config_load(write_ini(MINIMAL), &cfg) == PSAGG_OK, "%s", psagg_last_error());
     CHECK(!strcmp(cfg.job_id, "j") && cfg.n_servers == 1 && cfg.n_workers == 2, "required");
     CHECK(!strcmp(cfg.provider, "tcp"), "provider");
     CHECK(cfg.connect_timeout_ms == 30000 && cfg.op_timeout_ms == 60000, "timeouts");
@@ -153,7 +153,7 @@ static void test_defaults(void)
 
 static void test_all_keys(void)
 {
-    psagg_config cfg;
+    psagg__config cfg;
     char secret[PATH_MAX], text[PATH_MAX + 2048];
     snprintf(secret, sizeof secret, "%s", write_ini("a job's secret\n"));
     snprintf(text, sizeof text,
@@ -171,7 +171,7 @@ static void test_all_keys(void)
              "adaptive_budget = 2.5 bits\nadaptive_interval = 2\n[log]\nlevel = debug\n"
              "stats_interval_ms = 250\ntimeline = /tmp/psagg trace\n",
              secret);
-    CHECK(psagg_config_load(write_ini(text), &cfg) == PSAGG_OK, "%s", psagg_last_error());
+    CHECK(psagg__config_load(write_ini(text), &cfg) == PSAGG_OK, "%s", psagg_last_error());
     CHECK(!strcmp(cfg.job_id, "a.b_c-1"), "job_id");
     CHECK(cfg.n_servers == 4, "n_servers %d", cfg.n_servers);
     CHECK(!strcmp(cfg.servers[1].host, "::1") && cfg.servers[1].port == 2, "v6");
@@ -200,13 +200,13 @@ static void test_all_keys(void)
 /* The server-side optimizer's keys, and the combinations that are refused at their line. */
 static void test_optimizer(void)
 {
-    psagg_config cfg;
-    CHECK(psagg_config_load(write_ini(MINIMAL "[server]\noptimizer = SGD\nlr = 0.5\n"
-                                              "weight_decay = 1e-4\nmomentum = 0.9\n"
-                                              "dampening = 0\nnesterov = on\nbeta1 = 0.8\n"
-                                              "beta2 = 0.99\neps = 1e-6\nsync_interval = 7\n"
-                                              "checkpoint_dir = /tmp/ck\nresume = on\n"),
-                            &cfg) == PSAGG_OK,
+    psagg__config cfg;
+    CHECK(psagg__config_load(write_ini(MINIMAL "[server]\noptimizer = SGD\nlr = 0.5\n"
+                                               "weight_decay = 1e-4\nmomentum = 0.9\n"
+                                               "dampening = 0\nnesterov = on\nbeta1 = 0.8\n"
+                                               "beta2 = 0.99\neps = 1e-6\nsync_interval = 7\n"
+                                               "checkpoint_dir = /tmp/ck\nresume = on\n"),
+                             &cfg) == PSAGG_OK,
           "%s", psagg_last_error());
     CHECK(cfg.optimizer == PSAGG_OPTIM_SGD && cfg.lr == 0.5f && cfg.weight_decay == 1e-4f &&
               cfg.momentum == 0.9f && cfg.nesterov == 1 && cfg.beta1 == 0.8f &&
@@ -230,14 +230,14 @@ static void test_optimizer(void)
 /* Elastic membership: min_workers <= workers <= max_workers, at file:line; defaults. */
 static void test_elastic(void)
 {
-    psagg_config cfg;
-    CHECK(psagg_config_load(write_ini(MINIMAL "elastic = on\n"), &cfg) == PSAGG_OK &&
+    psagg__config cfg;
+    CHECK(psagg__config_load(write_ini(MINIMAL "elastic = on\n"), &cfg) == PSAGG_OK &&
               cfg.elastic == 1 && cfg.min_workers == 1 && cfg.max_workers == 2,
           "elastic defaults: %s", psagg_last_error());
-    CHECK(psagg_config_load(write_ini(MINIMAL), &cfg) == PSAGG_OK && cfg.elastic == 0,
+    CHECK(psagg__config_load(write_ini(MINIMAL), &cfg) == PSAGG_OK && cfg.elastic == 0,
           "elastic is off by default: %s", psagg_last_error());
-    CHECK(psagg_config_load(write_ini(MINIMAL "elastic = on\nmin_workers = 2\nmax_workers = 2\n"),
-                            &cfg) == PSAGG_OK &&
+    CHECK(psagg__config_load(write_ini(MINIMAL "elastic = on\nmin_workers = 2\nmax_workers = 2\n"),
+                             &cfg) == PSAGG_OK &&
               cfg.min_workers == 2,
           "elastic, min = max = workers: %s", psagg_last_error());
     EXPECT_ERROR(MINIMAL "elastic = on\nmin_workers = 0\n", 6, "min_workers", "1..1024");
@@ -245,26 +245,26 @@ static void test_elastic(void)
                  "more than workers = 2");
     EXPECT_ERROR(MINIMAL "elastic = on\nmax_workers = 1\n", 6, "max_workers = 1",
                  "less than workers = 2");
-    CHECK(psagg_config_load(write_ini(MINIMAL "elastic = on\nmax_workers = 3\n"), &cfg) ==
+    CHECK(psagg__config_load(write_ini(MINIMAL "elastic = on\nmax_workers = 3\n"), &cfg) ==
                   PSAGG_OK &&
               cfg.max_workers == 3 && cfg.n_workers == 2,
           "elastic, max_workers above workers (a rank that joins later): %s", psagg_last_error());
     /* [server] quorum: within workers; with elastic it works, with what the feature table
        refuses not (runtime/features.h: at the first key's line, both named, and why) */
     EXPECT_ERROR(MINIMAL "[server]\nquorum = 3\n", 6, "quorum = 3", "more than workers = 2");
-    CHECK(psagg_config_load(write_ini(MINIMAL "elastic = on\n[server]\nquorum = 2\n"), &cfg) ==
+    CHECK(psagg__config_load(write_ini(MINIMAL "elastic = on\n[server]\nquorum = 2\n"), &cfg) ==
                   PSAGG_OK &&
               cfg.elastic && cfg.quorum == 2,
           "quorum with elastic: %s", psagg_last_error());
-    CHECK(psagg_config_load(write_ini(MINIMAL "[server]\nquorum = 2\ncheckpoint_dir = /tmp\n"),
-                            &cfg) == PSAGG_OK &&
+    CHECK(psagg__config_load(write_ini(MINIMAL "[server]\nquorum = 2\ncheckpoint_dir = /tmp\n"),
+                             &cfg) == PSAGG_OK &&
               cfg.quorum == 2,
           "quorum with checkpoints (a collective checkpoint): %s", psagg_last_error());
     EXPECT_ERROR(MINIMAL "[server]\nquorum = 2\n[codec]\nadaptive = on\n", 6, "[server] quorum",
                  "does not work with [codec] adaptive = on yet", "statistics");
-    for (size_t i = 0; i < psagg_n_combos; i++) { /* every refusal of the table has its why */
-        const psagg_combo *c = &psagg_combos[i];
-        CHECK(c->why && c->why[0] && c->a != c->b && psagg_combo_of(c->b, c->a) == c,
+    for (size_t i = 0; i < psagg__n_combos; i++) { /* every refusal of the table has its why */
+        const psagg__combo *c = &psagg__combos[i];
+        CHECK(c->why && c->why[0] && c->a != c->b && psagg__combo_of(c->b, c->a) == c,
               "feature table row %zu", i);
     }
     EXPECT_ERROR(MINIMAL "elastic = maybe\n", 5, "elastic");
@@ -274,20 +274,20 @@ static void test_elastic(void)
 static void test_data_auth_default(void)
 {
     char text[PATH_MAX + 128], secret[PATH_MAX];
-    psagg_config cfg;
+    psagg__config cfg;
     snprintf(secret, sizeof secret, "%s", write_ini("a secret\n"));
-    CHECK(psagg_config_load(write_ini(MINIMAL), &cfg) == PSAGG_OK && cfg.data_auth == 0,
+    CHECK(psagg__config_load(write_ini(MINIMAL), &cfg) == PSAGG_OK && cfg.data_auth == 0,
           "no secret: data_auth %d", cfg.data_auth);
     snprintf(text, sizeof text, MINIMAL "secret_file = %s\n", secret);
-    CHECK(psagg_config_load(write_ini(text), &cfg) == PSAGG_OK && cfg.data_auth == 1,
+    CHECK(psagg__config_load(write_ini(text), &cfg) == PSAGG_OK && cfg.data_auth == 1,
           "a secret and data_auth by default: %d", cfg.data_auth);
     snprintf(text, sizeof text, MINIMAL "secret_file = %s\ndata_auth = auto\n", secret);
-    CHECK(psagg_config_load(write_ini(text), &cfg) == PSAGG_OK && cfg.data_auth == 1,
+    CHECK(psagg__config_load(write_ini(text), &cfg) == PSAGG_OK && cfg.data_auth == 1,
           "a secret and data_auth = auto: %d", cfg.data_auth);
     snprintf(text, sizeof text, MINIMAL "secret_file = %s\ndata_auth = off\n", secret);
-    CHECK(psagg_config_load(write_ini(text), &cfg) == PSAGG_OK && cfg.data_auth == 0,
+    CHECK(psagg__config_load(write_ini(text), &cfg) == PSAGG_OK && cfg.data_auth == 0,
           "a secret and data_auth = off: %d", cfg.data_auth);
-    CHECK(psagg_config_load(write_ini(MINIMAL "data_auth = auto\n"), &cfg) == PSAGG_OK &&
+    CHECK(psagg__config_load(write_ini(MINIMAL "data_auth = auto\n"), &cfg) == PSAGG_OK &&
               cfg.data_auth == 0,
           "no secret and data_auth = auto: %d", cfg.data_auth);
 }
@@ -387,7 +387,7 @@ static void test_errors(void)
 
 static void test_missing(void)
 {
-    psagg_config cfg;
+    psagg__config cfg;
     const char *path;
     const char *cases[][2] = {
         {"[cluster]\nservers = a:1\nworkers = 2\n", "job_id"},
@@ -397,7 +397,7 @@ static void test_missing(void)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         path = write_ini(cases[i][0]);
-        CHECK(psagg_config_load(path, &cfg) == PSAGG_ECONFIG, "case %zu", i);
+        CHECK(psagg__config_load(path, &cfg) == PSAGG_ECONFIG, "case %zu", i);
         CHECK(strstr(psagg_last_error(), path) == psagg_last_error(), "'%s' lacks path",
               psagg_last_error());
         CHECK(strstr(psagg_last_error(), "missing required key") &&
@@ -407,17 +407,17 @@ static void test_missing(void)
 
     char nofile[PATH_MAX + 16];
     snprintf(nofile, sizeof nofile, "%s/does-not-exist.ini", tmpdir);
-    CHECK(psagg_config_load(nofile, &cfg) == PSAGG_ECONFIG, "missing file");
+    CHECK(psagg__config_load(nofile, &cfg) == PSAGG_ECONFIG, "missing file");
     CHECK(strstr(psagg_last_error(), nofile) && strstr(psagg_last_error(), "No such file"), "'%s'",
           psagg_last_error());
     /* a directory opens but cannot be read */
-    CHECK(psagg_config_load(tmpdir, &cfg) == PSAGG_ECONFIG, "directory");
+    CHECK(psagg__config_load(tmpdir, &cfg) == PSAGG_ECONFIG, "directory");
     CHECK(strstr(psagg_last_error(), tmpdir), "'%s'", psagg_last_error());
 }
 
 static void test_env(void)
 {
-    psagg_config cfg;
+    psagg__config cfg;
     char path[PATH_MAX]; /* write_ini() reuses its buffer */
     snprintf(path, sizeof path, "%s", write_ini(MINIMAL "provider = tcp\n[worker]\nseed = 5\n"));
 
@@ -436,7 +436,7 @@ static void test_env(void)
     setenv("PSAGG_CODEC_ISA", "avx2", 1);
     setenv("PSAGG_SERVER_BIN", "/bin/true", 1);
     setenv("PSAGG_SOMETHING_ELSE", "x", 1);
-    CHECK(psagg_config_load(path, &cfg) == PSAGG_OK, "%s", psagg_last_error());
+    CHECK(psagg__config_load(path, &cfg) == PSAGG_OK, "%s", psagg_last_error());
     CHECK(!strcmp(cfg.provider, "shm"), "provider '%s'", cfg.provider);
     CHECK(cfg.seed == 3, "seed %llu", (unsigned long long)cfg.seed);
     CHECK(cfg.codec.id == PSAGG_CODEC_FP32, "codec");
@@ -447,17 +447,17 @@ static void test_env(void)
 
     /* PSAGG_TIMELINE is the short name of PSAGG_LOG_TIMELINE, which wins */
     setenv("PSAGG_TIMELINE", "/tmp/short", 1);
-    CHECK(psagg_config_load(path, &cfg) == PSAGG_OK && !strcmp(cfg.timeline, "/tmp/short"),
+    CHECK(psagg__config_load(path, &cfg) == PSAGG_OK && !strcmp(cfg.timeline, "/tmp/short"),
           "PSAGG_TIMELINE: '%s'", cfg.timeline);
     setenv("PSAGG_LOG_TIMELINE", "/tmp/long", 1);
-    CHECK(psagg_config_load(path, &cfg) == PSAGG_OK && !strcmp(cfg.timeline, "/tmp/long"),
+    CHECK(psagg__config_load(path, &cfg) == PSAGG_OK && !strcmp(cfg.timeline, "/tmp/long"),
           "PSAGG_LOG_TIMELINE: '%s'", cfg.timeline);
     unsetenv("PSAGG_TIMELINE");
     unsetenv("PSAGG_LOG_TIMELINE");
 
     setenv("PSAGG_CLUSTER_JOB_ID", "from-env", 1);
     setenv("PSAGG_CLUSTER_WORKERS", "8", 1);
-    CHECK(psagg_config_load(write_ini("[codec]\nbucket = 128\n"), &cfg) == PSAGG_OK, "%s",
+    CHECK(psagg__config_load(write_ini("[codec]\nbucket = 128\n"), &cfg) == PSAGG_OK, "%s",
           psagg_last_error());
     CHECK(!strcmp(cfg.job_id, "from-env") && cfg.n_workers == 8 && cfg.n_servers == 3,
           "required from env");
@@ -467,13 +467,13 @@ static void test_env(void)
 
     /* bad values */
     setenv("PSAGG_WORKER_SEED", "three", 1);
-    CHECK(psagg_config_load(path, &cfg) == PSAGG_ECONFIG, "bad env");
+    CHECK(psagg__config_load(path, &cfg) == PSAGG_ECONFIG, "bad env");
     CHECK(strstr(psagg_last_error(), "env PSAGG_WORKER_SEED: ") == psagg_last_error() &&
               strstr(psagg_last_error(), "three"),
           "'%s'", psagg_last_error());
     setenv("PSAGG_WORKER_SEED", "3", 1);
     setenv("PSAGG_CODEC_BUCKET", "65", 1);
-    CHECK(psagg_config_load(path, &cfg) == PSAGG_ECONFIG, "bad env bucket");
+    CHECK(psagg__config_load(path, &cfg) == PSAGG_ECONFIG, "bad env bucket");
     CHECK(strstr(psagg_last_error(), "env PSAGG_CODEC_BUCKET: ") == psagg_last_error(), "'%s'",
           psagg_last_error());
     unsetenv("PSAGG_CODEC_BUCKET");
@@ -481,7 +481,7 @@ static void test_env(void)
     /* control characters: never in a value (a newline in a path would print an extra line in
        --check-config, which the launchers parse) */
     setenv("PSAGG_SERVER_CHECKPOINT_DIR", "/tmp/x\ncluster.workers = 99", 1);
-    CHECK(psagg_config_load(path, &cfg) == PSAGG_ECONFIG &&
+    CHECK(psagg__config_load(path, &cfg) == PSAGG_ECONFIG &&
               strstr(psagg_last_error(), "env PSAGG_SERVER_CHECKPOINT_DIR: ") ==
                   psagg_last_error() &&
               strstr(psagg_last_error(), "control character (U+000A) at byte 6"),
@@ -491,22 +491,22 @@ static void test_env(void)
            "/tmp/x\xc2\x85"
            "cluster.workers = 99",
            1);
-    CHECK(psagg_config_load(path, &cfg) == PSAGG_ECONFIG &&
+    CHECK(psagg__config_load(path, &cfg) == PSAGG_ECONFIG &&
               strstr(psagg_last_error(), "control character (U+0085) at byte 6"),
           "a NEL in an env value: '%s'", psagg_last_error());
     setenv("PSAGG_SERVER_CHECKPOINT_DIR",
            "/tmp/x\xe2\x80\xa8"
            "cluster.workers = 99",
            1);
-    CHECK(psagg_config_load(path, &cfg) == PSAGG_ECONFIG &&
+    CHECK(psagg__config_load(path, &cfg) == PSAGG_ECONFIG &&
               strstr(psagg_last_error(), "control character (U+2028) at byte 6"),
           "a LINE SEPARATOR in an env value: '%s'", psagg_last_error());
     setenv("PSAGG_SERVER_CHECKPOINT_DIR", "/tmp/caf\xc3\xa9", 1); /* other UTF-8 is fine */
-    CHECK(psagg_config_load(path, &cfg) == PSAGG_OK, "an e-acute in an env value: '%s'",
+    CHECK(psagg__config_load(path, &cfg) == PSAGG_OK, "an e-acute in an env value: '%s'",
           psagg_last_error());
     unsetenv("PSAGG_SERVER_CHECKPOINT_DIR");
     setenv("PSAGG_TIMELINE", "/tmp/t\x1b[2J", 1);
-    CHECK(psagg_config_load(path, &cfg) == PSAGG_ECONFIG &&
+    CHECK(psagg__config_load(path, &cfg) == PSAGG_ECONFIG &&
               strstr(psagg_last_error(), "env PSAGG_TIMELINE: ") &&
               strstr(psagg_last_error(), "control character (U+001B)"),
           "an escape in PSAGG_TIMELINE: '%s'", psagg_last_error());
@@ -514,14 +514,14 @@ static void test_env(void)
 
     /* unknown key in a known section */
     setenv("PSAGG_CLUSTER_BOGUS", "1", 1);
-    CHECK(psagg_config_load(path, &cfg) == PSAGG_ECONFIG, "unknown env");
+    CHECK(psagg__config_load(path, &cfg) == PSAGG_ECONFIG, "unknown env");
     CHECK(strstr(psagg_last_error(), "env PSAGG_CLUSTER_BOGUS"), "'%s'", psagg_last_error());
     unsetenv("PSAGG_CLUSTER_BOGUS");
 
     /* env-only codec parts: bucket and rounding from env, codec from the file */
     setenv("PSAGG_CODEC_ROUNDING", "nearest", 1);
     setenv("PSAGG_CODEC_DEFAULT", "maxmin2", 1);
-    CHECK(psagg_config_load(path, &cfg) == PSAGG_OK, "%s", psagg_last_error());
+    CHECK(psagg__config_load(path, &cfg) == PSAGG_OK, "%s", psagg_last_error());
     CHECK(cfg.codec.id == PSAGG_CODEC_MAXMIN && cfg.codec.bits == 2 &&
               cfg.codec.rounding == PSAGG_ROUND_NEAREST && cfg.codec.bucket == 1024,
           "codec from env");
@@ -542,29 +542,29 @@ static void test_env(void)
                           "PSAGG_CODEC_ROUNDING"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
         unsetenv(vars[i]);
-    CHECK(psagg_config_load(path, &cfg) == PSAGG_OK, "%s", psagg_last_error());
+    CHECK(psagg__config_load(path, &cfg) == PSAGG_OK, "%s", psagg_last_error());
     CHECK(cfg.seed == 5 && !strcmp(cfg.provider, "tcp"), "file values back");
 }
 
 static void test_hostport(void)
 {
-    psagg_hostport hp;
-    CHECK(psagg_parse_hostport("example.org:80", &hp) == PSAGG_OK, "%s", psagg_last_error());
+    psagg__hostport hp;
+    CHECK(psagg__parse_hostport("example.org:80", &hp) == PSAGG_OK, "%s", psagg_last_error());
     CHECK(!strcmp(hp.host, "example.org") && hp.port == 80, "name");
-    CHECK(psagg_parse_hostport("[fe80::1]:65535", &hp) == PSAGG_OK, "%s", psagg_last_error());
+    CHECK(psagg__parse_hostport("[fe80::1]:65535", &hp) == PSAGG_OK, "%s", psagg_last_error());
     CHECK(!strcmp(hp.host, "fe80::1") && hp.port == 65535, "v6");
-    CHECK(psagg_parse_hostport("10.0.0.1:1", &hp) == PSAGG_OK && hp.port == 1, "v4");
+    CHECK(psagg__parse_hostport("10.0.0.1:1", &hp) == PSAGG_OK && hp.port == 1, "v4");
     const char *bad[] = {"",           "host",        ":80",      "host:",   "host:0",   "host:-1",
                          "host:65536", "host:8x",     "::1:80",   "[::1]80", "[zz]:80",  "[]:80",
                          "a b:80",     "1.2.3.999:8", "host:080", "h:+80",   "host: 80", "[::1:80"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        CHECK(psagg_parse_hostport(bad[i], &hp) == PSAGG_EINVAL, "'%s' accepted", bad[i]);
+        CHECK(psagg__parse_hostport(bad[i], &hp) == PSAGG_EINVAL, "'%s' accepted", bad[i]);
         CHECK(psagg_last_error()[0], "no message for '%s'", bad[i]);
     }
     char longhost[PSAGG_HOST_MAX + 8];
     memset(longhost, 'a', PSAGG_HOST_MAX);
     snprintf(longhost + PSAGG_HOST_MAX, 8, ":1");
-    CHECK(psagg_parse_hostport(longhost, &hp) == PSAGG_EINVAL, "long host");
+    CHECK(psagg__parse_hostport(longhost, &hp) == PSAGG_EINVAL, "long host");
 }
 
 /* The caller's PSAGG_* overrides would change every expectation here: drop them. */

@@ -57,30 +57,30 @@ static void model_file(model *m, const char *name)
  */
 static void check_model(const model *m, uint32_t servers, int params)
 {
-    psagg_ctl_tensor *decl = calloc((size_t)m->n + 1, sizeof *decl);
+    psagg__ctl_tensor *decl = calloc((size_t)m->n + 1, sizeof *decl);
     psagg_codec c4 = {PSAGG_CODEC_MAXMIN, 4, 1024, PSAGG_ROUND_STOCHASTIC};
     psagg_codec f32 = {PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC};
     uint64_t total = 0, bytes[8] = {0}, state[8] = {0}, round_total = 0, state_total = 0;
     uint64_t big_bytes = 0, big_state = 0, rare_at[8] = {0};
-    psagg_layout l;
+    psagg__layout l;
     char name[32];
 
     CHECK(decl, "out of memory");
     for (int t = 0; t < m->n; t++) {
         snprintf(name, sizeof name, "t%d", t);
-        CHECK(!psagg_tensor_to_wire(name, m->count[t], m->count[t] < 1024 ? &f32 : &c4, &decl[t]),
+        CHECK(!psagg__tensor_to_wire(name, m->count[t], m->count[t] < 1024 ? &f32 : &c4, &decl[t]),
               "%s", psagg_last_error());
         decl[t].flags = params ? PSAGG_DECL_PARAM : 0;
         total += m->count[t];
     }
     total = total < 1024 ? 1024 : total > (1u << 20) ? (1u << 20) : total; /* psagg.torch's */
-    CHECK(!psagg_tensor_to_wire("__psagg_broadcast__", total, &f32, &decl[m->n]), "%s",
+    CHECK(!psagg__tensor_to_wire("__psagg_broadcast__", total, &f32, &decl[m->n]), "%s",
           psagg_last_error());
     decl[m->n].flags = PSAGG_DECL_RARE;
-    CHECK(!psagg_layout_build(decl, (uint32_t)m->n + 1, CHUNK_ELEMS, servers, 0, &l), "%s: %s",
+    CHECK(!psagg__layout_build(decl, (uint32_t)m->n + 1, CHUNK_ELEMS, servers, 0, &l), "%s: %s",
           m->name, psagg_last_error());
     for (uint32_t i = 0; i < l.n_chunks; i++) {
-        const psagg_chunk_info *ci = &l.chunks[i];
+        const psagg__chunk_info *ci = &l.chunks[i];
         if (ci->key == (uint32_t)m->n) {
             rare_at[ci->owner]++;
             continue;
@@ -121,7 +121,7 @@ static void check_model(const model *m, uint32_t servers, int params)
     for (uint32_t s = 0; s < servers; s++)
         printf(" %llu", (unsigned long long)rare_at[s]);
     printf("\n");
-    psagg_layout_free(&l);
+    psagg__layout_free(&l);
     free(decl);
 }
 
@@ -132,16 +132,16 @@ int main(void)
     static model resnet, bert;
 
     { /* a declaration of rare tensors alone: no per-round load to share (it divided by 0) */
-        psagg_ctl_tensor d;
-        psagg_layout l;
+        psagg__ctl_tensor d;
+        psagg__layout l;
         psagg_codec f32 = {PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC};
-        CHECK(!psagg_tensor_to_wire("b", 100000, &f32, &d), "%s", psagg_last_error());
+        CHECK(!psagg__tensor_to_wire("b", 100000, &f32, &d), "%s", psagg_last_error());
         d.flags = PSAGG_DECL_RARE;
-        CHECK(!psagg_layout_build(&d, 1, CHUNK_ELEMS, 2, 0, &l), "%s", psagg_last_error());
+        CHECK(!psagg__layout_build(&d, 1, CHUNK_ELEMS, 2, 0, &l), "%s", psagg_last_error());
         CHECK(l.tensors[0].chunk_elems == PSAGG_LAYOUT_MIN_CUT && l.n_chunks == 25,
               "rare only: chunks of %llu elements, %u chunks",
               (unsigned long long)l.tensors[0].chunk_elems, l.n_chunks);
-        psagg_layout_free(&l);
+        psagg__layout_free(&l);
     }
     model_file(&resnet, "resnet50");
     model_file(&bert, "bert_base");

@@ -45,46 +45,46 @@ int main(void)
 {
     char dir[] = "/tmp/psagg-test-timeline.XXXXXX", prefix[256], path[300];
     static const char *const keys[] = {"round", "key"};
-    psagg_timeline *tl = (psagg_timeline *)1;
+    psagg__timeline *tl = (psagg__timeline *)1;
     size_t len;
     char *text;
     int n = PSAGG_TIMELINE_BUFFERED + 5; /* many buffer blocks, and one write mid-run */
 
     /* no prefix: no timeline, and every call takes NULL */
-    CHECK(psagg_timeline_open(NULL, "worker", 0, &tl) == PSAGG_OK && tl == NULL, "NULL prefix");
-    CHECK(psagg_timeline_open("", "worker", 0, &tl) == PSAGG_OK && tl == NULL, "empty prefix");
-    psagg_timeline_span(NULL, &(psagg_span){.name = "x", .cat = "c", .n_phases = 1});
-    psagg_timeline_close(NULL, NULL);
+    CHECK(psagg__timeline_open(NULL, "worker", 0, &tl) == PSAGG_OK && tl == NULL, "NULL prefix");
+    CHECK(psagg__timeline_open("", "worker", 0, &tl) == PSAGG_OK && tl == NULL, "empty prefix");
+    psagg__timeline_span(NULL, &(psagg__span){.name = "x", .cat = "c", .n_phases = 1});
+    psagg__timeline_close(NULL, NULL);
 
     /* an unwritable path is named */
-    CHECK(psagg_timeline_open("/nonexistent-dir/t", "server", 2, &tl) == PSAGG_EIO, "bad path");
+    CHECK(psagg__timeline_open("/nonexistent-dir/t", "server", 2, &tl) == PSAGG_EIO, "bad path");
     CHECK(strstr(psagg_last_error(), "/nonexistent-dir/t.server2.json"), "%s", psagg_last_error());
 
     CHECK(mkdtemp(dir), "mkdtemp");
     snprintf(prefix, sizeof prefix, "%s/t", dir);
-    CHECK(psagg_timeline_open(prefix, "worker", 3, &tl) == PSAGG_OK && tl, "%s",
+    CHECK(psagg__timeline_open(prefix, "worker", 3, &tl) == PSAGG_OK && tl, "%s",
           psagg_last_error());
     /* two overlapping spans: two lanes; a name that needs escaping; phases; a string arg */
-    psagg_timeline_span(tl, &(psagg_span){.name = "a \"quoted\"\n\\name",
-                                          .cat = "push_pull",
-                                          .start_ns = 1000,
-                                          .ends = {1500, 4000},
-                                          .n_phases = 2,
-                                          .keys = keys,
-                                          .n_args = 2,
-                                          .args = {7, -3},
-                                          .str_key = "buffers",
-                                          .str_val = "host"});
-    psagg_timeline_span(
-        tl, &(psagg_span){
+    psagg__timeline_span(tl, &(psagg__span){.name = "a \"quoted\"\n\\name",
+                                            .cat = "push_pull",
+                                            .start_ns = 1000,
+                                            .ends = {1500, 4000},
+                                            .n_phases = 2,
+                                            .keys = keys,
+                                            .n_args = 2,
+                                            .args = {7, -3},
+                                            .str_key = "buffers",
+                                            .str_val = "host"});
+    psagg__timeline_span(
+        tl, &(psagg__span){
                 .name = "b", .cat = "round", .start_ns = 2000, .ends = {2999}, .n_phases = 1});
     for (int i = 0; i < n; i++) /* back to back: lane 0 again after the first two */
-        psagg_timeline_span(tl, &(psagg_span){.name = "c",
-                                              .cat = "round",
-                                              .start_ns = 10000 + 10 * (int64_t)i,
-                                              .ends = {10000 + 10 * (int64_t)i + 10},
-                                              .n_phases = 1});
-    psagg_timeline_close(tl, NULL);
+        psagg__timeline_span(tl, &(psagg__span){.name = "c",
+                                                .cat = "round",
+                                                .start_ns = 10000 + 10 * (int64_t)i,
+                                                .ends = {10000 + 10 * (int64_t)i + 10},
+                                                .n_phases = 1});
+    psagg__timeline_close(tl, NULL);
 
     snprintf(path, sizeof path, "%s.worker3.json", prefix);
     text = slurp(path, &len);

@@ -49,7 +49,7 @@
 #define FLOOD_LEN       16
 #define DEAD_SENDS      8
 #define WAIT_MS         20000 /* longest wait for any one expected completion */
-#define POST_TIMEOUT_MS 1500  /* psagg_fabric_opts.post_timeout_ms of the two sides */
+#define POST_TIMEOUT_MS 1500  /* psagg__fabric_opts.post_timeout_ms of the two sides */
 
 static const char *volatile phase = "start";
 static char who[48] = "driver";
@@ -134,8 +134,8 @@ static void sync_byte(int fd, char send, char want)
 
 /* One process's end: its fabric, receive buffers and a ring of send buffers. */
 struct side {
-    psagg_fabric *f;
-    psagg_peer peer;
+    psagg__fabric *f;
+    psagg__peer peer;
     uint8_t *rbuf[NRECV];
     void *rdesc[NRECV];
     int rid[NRECV];
@@ -162,7 +162,7 @@ static int ctx_in(const void *ctx, const int *arr, int n)
     return (const int *)ctx >= arr && (const int *)ctx < arr + n;
 }
 
-static void handle(struct side *s, const psagg_fabric_event *e)
+static void handle(struct side *s, const psagg__fabric_event *e)
 {
     int is_flood = s->flood && (const uint8_t *)e->ctx >= s->flood &&
                    (const uint8_t *)e->ctx < s->flood + (size_t)FLOOD * FLOOD_LEN;
@@ -210,8 +210,8 @@ static void handle(struct side *s, const psagg_fabric_event *e)
 /* Poll once (waiting up to timeout_ms) and dispatch; returns the number of events. */
 static int pump(struct side *s, int timeout_ms)
 {
-    psagg_fabric_event ev[16];
-    int n = psagg_fabric_poll(s->f, ev, 16, timeout_ms);
+    psagg__fabric_event ev[16];
+    int n = psagg__fabric_poll(s->f, ev, 16, timeout_ms);
     CHECK(n >= 0, "[%s] %s: poll: %s: %s", who, phase, psagg_strerror(n), psagg_last_error());
     for (int i = 0; i < n; i++)
         handle(s, &ev[i]);
@@ -233,7 +233,7 @@ static void next_recv(struct side *s, int *idx, size_t *len)
 
 static void repost(struct side *s, int i)
 {
-    int st = psagg_fabric_post_recv(s->f, s->rbuf[i], MSG_MAX, s->rdesc[i], &s->rid[i]);
+    int st = psagg__fabric_post_recv(s->f, s->rbuf[i], MSG_MAX, s->rdesc[i], &s->rid[i]);
     CHECK(st == PSAGG_OK, "[%s] %s: post_recv: %s", who, phase, psagg_last_error());
 }
 
@@ -253,7 +253,7 @@ static void send_slot(struct side *s, int k, size_t len)
 {
     s->sbusy[k] = 1;
     s->sends_out++;
-    int st = psagg_fabric_send(s->f, s->peer, s->sbuf[k], len, s->sdesc[k], &s->sid[k]);
+    int st = psagg__fabric_send(s->f, s->peer, s->sbuf[k], len, s->sdesc[k], &s->sid[k]);
     CHECK(st == PSAGG_OK, "[%s] %s: send %zu bytes: %s", who, phase, len, psagg_last_error());
 }
 
@@ -280,7 +280,7 @@ static void local_swap(struct side *s, int ctl, const char *pname, uint32_t plen
     uint8_t commit[PSAGG_LOCAL_COMMIT_BYTES], pcommit[PSAGG_LOCAL_COMMIT_BYTES];
     int st;
 
-    psagg_fabric_local_self(s->f, &pid, &probe, commit);
+    psagg__fabric_local_self(s->f, &pid, &probe, commit);
     CHECK(pid == (uint32_t)getpid() && probe != 0, "[%s] local_self: pid %u probe %llx", who, pid,
           (unsigned long long)probe);
     xwrite(ctl, &pid, sizeof(pid));
@@ -289,9 +289,9 @@ static void local_swap(struct side *s, int ctl, const char *pname, uint32_t plen
     xread(ctl, &ppid, sizeof(ppid));
     xread(ctl, &pprobe, sizeof(pprobe));
     xread(ctl, pcommit, sizeof(pcommit));
-    st = psagg_fabric_local_accept(s->f, s->peer, ppid, pprobe, pcommit, pname, plen);
+    st = psagg__fabric_local_accept(s->f, s->peer, ppid, pprobe, pcommit, pname, plen);
     CHECK(st == PSAGG_OK, "[%s] local_accept of pid %u: %s", who, ppid, psagg_last_error());
-    st = psagg_fabric_local_send(s->f, s->peer);
+    st = psagg__fabric_local_send(s->f, s->peer);
     CHECK(st == PSAGG_OK, "[%s] local_send: %s", who, psagg_last_error());
 }
 
@@ -299,20 +299,20 @@ static void side_open(struct side *s, const char *prov, int ctl)
 {
     /* a send that meets -FI_EAGAIN for 1.5 s gives up (the native tcp provider keeps
      * reconnecting to a dead peer: peer death below) */
-    psagg_fabric_opts o = {.provider = is_local(prov) ? "tcp" : prov,
-                           .node = strcmp(prov, "shm") != 0 ? "127.0.0.1" : NULL,
-                           .max_msg = MSG_MAX,
-                           .post_timeout_ms = POST_TIMEOUT_MS};
+    psagg__fabric_opts o = {.provider = is_local(prov) ? "tcp" : prov,
+                            .node = strcmp(prov, "shm") != 0 ? "127.0.0.1" : NULL,
+                            .max_msg = MSG_MAX,
+                            .post_timeout_ms = POST_TIMEOUT_MS};
     char name[PSAGG_FABRIC_NAME_MAX], pname[PSAGG_FABRIC_NAME_MAX];
     size_t len = sizeof(name);
     uint32_t plen;
     int st;
 
     memset(s, 0, sizeof(*s));
-    st = psagg_fabric_open(&o, &s->f);
+    st = psagg__fabric_open(&o, &s->f);
     CHECK(st == PSAGG_OK, "[%s] open %s: %s: %s", who, prov, psagg_strerror(st),
           psagg_last_error());
-    st = psagg_fabric_name(s->f, name, &len);
+    st = psagg__fabric_name(s->f, name, &len);
     CHECK(st == PSAGG_OK, "[%s] name: %s", who, psagg_last_error());
     plen = (uint32_t)len;
     xwrite(ctl, &plen, sizeof(plen));
@@ -322,7 +322,7 @@ static void side_open(struct side *s, const char *prov, int ctl)
     xread(ctl, pname, plen);
     memcpy(s->peer_name, pname, plen);
     s->peer_name[plen < sizeof(s->peer_name) ? plen : sizeof(s->peer_name) - 1] = '\0';
-    st = psagg_fabric_add_peer(s->f, pname, plen, &s->peer);
+    st = psagg__fabric_add_peer(s->f, pname, plen, &s->peer);
     CHECK(st == PSAGG_OK, "[%s] add_peer: %s", who, psagg_last_error());
     if (is_local(prov))
         local_swap(s, ctl, pname, plen);
@@ -330,7 +330,7 @@ static void side_open(struct side *s, const char *prov, int ctl)
     for (int i = 0; i < NRECV; i++) {
         s->rbuf[i] = malloc(MSG_MAX);
         CHECK(s->rbuf[i] != NULL, "out of memory");
-        st = psagg_fabric_reg(s->f, s->rbuf[i], MSG_MAX, &s->rdesc[i]);
+        st = psagg__fabric_reg(s->f, s->rbuf[i], MSG_MAX, &s->rdesc[i]);
         CHECK(st == PSAGG_OK, "[%s] reg: %s", who, psagg_last_error());
         s->rid[i] = i;
         repost(s, i);
@@ -338,13 +338,13 @@ static void side_open(struct side *s, const char *prov, int ctl)
     for (int k = 0; k < NSEND; k++) {
         s->sbuf[k] = malloc(MSG_MAX);
         CHECK(s->sbuf[k] != NULL, "out of memory");
-        st = psagg_fabric_reg(s->f, s->sbuf[k], MSG_MAX, &s->sdesc[k]);
+        st = psagg__fabric_reg(s->f, s->sbuf[k], MSG_MAX, &s->sdesc[k]);
         CHECK(st == PSAGG_OK, "[%s] reg: %s", who, psagg_last_error());
         s->sid[k] = k;
     }
     s->flood = malloc((size_t)FLOOD * FLOOD_LEN);
     CHECK(s->flood != NULL, "out of memory");
-    st = psagg_fabric_reg(s->f, s->flood, (size_t)FLOOD * FLOOD_LEN, &s->flood_desc);
+    st = psagg__fabric_reg(s->f, s->flood, (size_t)FLOOD * FLOOD_LEN, &s->flood_desc);
     CHECK(st == PSAGG_OK, "[%s] reg: %s", who, psagg_last_error());
 }
 
@@ -401,7 +401,7 @@ static void run_child(const char *prov, int ctl)
         memcpy(b, &m, 4);
         fill(b + 4, FLOOD_LEN - 4, m + 200000);
         s.flood_out++;
-        int st = psagg_fabric_send(s.f, s.peer, b, FLOOD_LEN, s.flood_desc, b);
+        int st = psagg__fabric_send(s.f, s.peer, b, FLOOD_LEN, s.flood_desc, b);
         CHECK(st == PSAGG_OK, "[%s] flood send %u: %s", who, m, psagg_last_error());
     }
     drain_sends(&s);
@@ -422,7 +422,7 @@ static void run_parent(const char *prov, int ctl, pid_t child)
 
     set_phase("parent: open", 60);
     side_open(&s, prov, ctl);
-    fprintf(stderr, "[%s] opened provider \"%s\"\n", who, psagg_fabric_provider(s.f));
+    fprintf(stderr, "[%s] opened provider \"%s\"\n", who, psagg__fabric_provider(s.f));
     sync_byte(ctl, 'p', 'c');
 
     set_phase("parent: ping-pong", 120);
@@ -439,11 +439,11 @@ static void run_parent(const char *prov, int ctl, pid_t child)
     }
     drain_sends(&s);
     fprintf(stderr, "[%s] ping-pong: %d round trips ok (%.2f s), %llu by same-host copy\n", who,
-            PINGS, now_s() - t0, (unsigned long long)psagg_fabric_local_copied(s.f));
+            PINGS, now_s() - t0, (unsigned long long)psagg__fabric_local_copied(s.f));
     /* the BIG pongs (one in 4) come by same-host copy exactly when it is on */
-    CHECK(psagg_fabric_local_copied(s.f) == (is_local(prov) ? PINGS / 4 : 0),
+    CHECK(psagg__fabric_local_copied(s.f) == (is_local(prov) ? PINGS / 4 : 0),
           "[%s] %llu messages by same-host copy", who,
-          (unsigned long long)psagg_fabric_local_copied(s.f));
+          (unsigned long long)psagg__fabric_local_copied(s.f));
     sync_byte(ctl, 'p', 'c');
 
     set_phase("parent: burst", 120);
@@ -513,7 +513,7 @@ static void run_parent(const char *prov, int ctl, pid_t child)
             s.sbusy[k] = 1;
             s.sends_out++;
             slot_len[k] = sz;
-            int st = psagg_fabric_send(s.f, s.peer, s.sbuf[k], sz, s.sdesc[k], &s.sid[k]);
+            int st = psagg__fabric_send(s.f, s.peer, s.sbuf[k], sz, s.sdesc[k], &s.sid[k]);
             if (st != PSAGG_OK) { /* failed at once: no completion will come */
                 s.sbusy[k] = 0;
                 s.sends_out--;
@@ -574,7 +574,7 @@ static void run_parent(const char *prov, int ctl, pid_t child)
     }
 
     set_phase("parent: close", 30);
-    psagg_fabric_close(s.f);
+    psagg__fabric_close(s.f);
     side_free(&s);
 }
 
@@ -648,39 +648,39 @@ static int run_pair(const char *prov, int small_queues)
  */
 static void check_tcp_choice(void)
 {
-    psagg_fabric_opts o = {.provider = "net", .node = "127.0.0.1", .max_msg = 4096};
-    psagg_fabric *f = NULL;
+    psagg__fabric_opts o = {.provider = "net", .node = "127.0.0.1", .max_msg = 4096};
+    psagg__fabric *f = NULL;
     int have_net;
 
     set_phase("tcp choice", 30);
-    have_net = psagg_fabric_open(&o, &f) == PSAGG_OK;
-    psagg_fabric_close(f);
+    have_net = psagg__fabric_open(&o, &f) == PSAGG_OK;
+    psagg__fabric_close(f);
     f = NULL;
     o.provider = "tcp";
-    CHECK(psagg_fabric_open(&o, &f) == PSAGG_OK, "open tcp: %s", psagg_last_error());
+    CHECK(psagg__fabric_open(&o, &f) == PSAGG_OK, "open tcp: %s", psagg_last_error());
     fprintf(stderr, "[driver] \"tcp\" opened \"%s\" (libfabric %s \"net\")\n",
-            psagg_fabric_provider(f), have_net ? "has" : "has no");
+            psagg__fabric_provider(f), have_net ? "has" : "has no");
     if (have_net)
-        CHECK(strcmp(psagg_fabric_provider(f), "net") == 0, "\"tcp\" opened %s, not net",
-              psagg_fabric_provider(f));
+        CHECK(strcmp(psagg__fabric_provider(f), "net") == 0, "\"tcp\" opened %s, not net",
+              psagg__fabric_provider(f));
     else
-        CHECK(strcmp(psagg_fabric_provider(f), "tcp") == 0 ||
-                  strcmp(psagg_fabric_provider(f), "tcp;ofi_rxm") == 0,
-              "\"tcp\" opened %s", psagg_fabric_provider(f));
-    CHECK(psagg_fabric_source_reliable(f), "%s: sources not reliable", psagg_fabric_provider(f));
-    psagg_fabric_close(f);
+        CHECK(strcmp(psagg__fabric_provider(f), "tcp") == 0 ||
+                  strcmp(psagg__fabric_provider(f), "tcp;ofi_rxm") == 0,
+              "\"tcp\" opened %s", psagg__fabric_provider(f));
+    CHECK(psagg__fabric_source_reliable(f), "%s: sources not reliable", psagg__fabric_provider(f));
+    psagg__fabric_close(f);
     o.provider = "tcp;ofi_rxm";
-    CHECK(psagg_fabric_open(&o, &f) == PSAGG_OK, "open tcp;ofi_rxm: %s", psagg_last_error());
-    CHECK(strcmp(psagg_fabric_provider(f), "tcp;ofi_rxm") == 0, "\"tcp;ofi_rxm\" opened %s",
-          psagg_fabric_provider(f));
-    psagg_fabric_close(f);
+    CHECK(psagg__fabric_open(&o, &f) == PSAGG_OK, "open tcp;ofi_rxm: %s", psagg_last_error());
+    CHECK(strcmp(psagg__fabric_provider(f), "tcp;ofi_rxm") == 0, "\"tcp;ofi_rxm\" opened %s",
+          psagg__fabric_provider(f));
+    psagg__fabric_close(f);
 }
 
 /* ---- same-host copies between two endpoints of this process ---- */
 
 struct evq {
-    psagg_fabric *f;
-    psagg_fabric_event q[32];
+    psagg__fabric *f;
+    psagg__fabric_event q[32];
     int n;
 };
 
@@ -690,17 +690,17 @@ static void poll_both(struct evq *x, struct evq *y)
 {
     for (int k = 0; k < (y ? 2 : 1); k++) {
         struct evq *q = k ? y : x;
-        int n = psagg_fabric_poll(q->f, q->q + q->n, 32 - q->n, 5);
+        int n = psagg__fabric_poll(q->f, q->q + q->n, 32 - q->n, 5);
         CHECK(n >= 0, "[driver] poll: %s", psagg_last_error());
         q->n += n;
     }
 }
 
 /* The next event of x, polling y (NULL: none) meanwhile (its events queue up); fails after 5 s. */
-static psagg_fabric_event next_event(struct evq *x, struct evq *y)
+static psagg__fabric_event next_event(struct evq *x, struct evq *y)
 {
     double deadline = now_s() + 5.0;
-    psagg_fabric_event e;
+    psagg__fabric_event e;
     while (x->n == 0) {
         CHECK(now_s() < deadline, "[driver] %s: no event within 5 s", phase);
         poll_both(x, y);
@@ -714,24 +714,24 @@ static psagg_fabric_event next_event(struct evq *x, struct evq *y)
  * Send from tx while polling rx (NULL: none): one thread drives both endpoints, and a first send
  * must wait for the receiver to take its connection.
  */
-static void send_both(struct evq *tx, struct evq *rx, psagg_peer to, const void *buf, size_t len,
+static void send_both(struct evq *tx, struct evq *rx, psagg__peer to, const void *buf, size_t len,
                       void *ctx)
 {
     double deadline = now_s() + 5.0;
     int st;
-    while ((st = psagg_fabric_try_send(tx->f, to, buf, len, NULL, ctx)) == PSAGG_EAGAIN) {
+    while ((st = psagg__fabric_try_send(tx->f, to, buf, len, NULL, ctx)) == PSAGG_EAGAIN) {
         CHECK(now_s() < deadline, "[driver] %s: send not taken within 5 s", phase);
         poll_both(tx, rx);
     }
     CHECK(st == PSAGG_OK, "[driver] %s: send: %s", phase, psagg_last_error());
 }
 
-static void local_send_forged(struct evq *tx, struct evq *rx, psagg_peer to, uint32_t type,
+static void local_send_forged(struct evq *tx, struct evq *rx, psagg__peer to, uint32_t type,
                               uint64_t cookie, uint64_t addr, uint64_t len)
 {
-    static psagg_msg_local m[8];
+    static psagg__msg_local m[8];
     static int k;
-    psagg_msg_local *p = &m[k++ % 8];
+    psagg__msg_local *p = &m[k++ % 8];
     memset(p, 0, sizeof(*p));
     p->magic = PSAGG_LOCAL_MAGIC;
     p->type = type;
@@ -767,41 +767,41 @@ static void check_local_death(struct evq *qa, const char *an, size_t al, uint8_t
     uint32_t cl, apid, cpid;
     uint64_t aprobe, cprobe;
     uint8_t acommit[PSAGG_LOCAL_COMMIT_BYTES], ccommit[PSAGG_LOCAL_COMMIT_BYTES];
-    psagg_peer c_in_a;
-    psagg_fabric_event e;
+    psagg__peer c_in_a;
+    psagg__fabric_event e;
     pthread_t killer;
     char c;
 
     set_phase("local copy: reader dies", 60);
-    psagg_fabric_local_self(qa->f, &apid, &aprobe, acommit);
+    psagg__fabric_local_self(qa->f, &apid, &aprobe, acommit);
     CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair: %s", strerror(errno));
     pid_t child = fork();
     CHECK(child >= 0, "fork: %s", strerror(errno));
     if (child == 0) {
-        psagg_fabric_opts o = {.provider = "tcp", .node = "127.0.0.1", .max_msg = MSG_MAX};
-        psagg_fabric *f;
-        psagg_peer a;
+        psagg__fabric_opts o = {.provider = "tcp", .node = "127.0.0.1", .max_msg = MSG_MAX};
+        psagg__fabric *f;
+        psagg__peer a;
         size_t len = sizeof(cn);
         uint8_t *rbuf = malloc(MSG_MAX);
-        psagg_fabric_event ev[4];
+        psagg__fabric_event ev[4];
         snprintf(who, sizeof(who), "local reader");
         close(sv[0]);
-        CHECK(rbuf && psagg_fabric_open(&o, &f) == PSAGG_OK, "open: %s", psagg_last_error());
-        CHECK(psagg_fabric_name(f, cn, &len) == PSAGG_OK, "name");
-        psagg_fabric_local_self(f, &cpid, &cprobe, ccommit);
+        CHECK(rbuf && psagg__fabric_open(&o, &f) == PSAGG_OK, "open: %s", psagg_last_error());
+        CHECK(psagg__fabric_name(f, cn, &len) == PSAGG_OK, "name");
+        psagg__fabric_local_self(f, &cpid, &cprobe, ccommit);
         cl = (uint32_t)len;
         xwrite(sv[1], &cl, 4);
         xwrite(sv[1], cn, len);
         xwrite(sv[1], &cpid, 4);
         xwrite(sv[1], &cprobe, 8);
         xwrite(sv[1], ccommit, sizeof(ccommit));
-        CHECK(psagg_fabric_add_peer(f, an, al, &a) == PSAGG_OK &&
-                  psagg_fabric_local_accept(f, a, apid, aprobe, acommit, an, al) == PSAGG_OK &&
-                  psagg_fabric_post_recv(f, rbuf, MSG_MAX, NULL, rbuf) == PSAGG_OK,
+        CHECK(psagg__fabric_add_peer(f, an, al, &a) == PSAGG_OK &&
+                  psagg__fabric_local_accept(f, a, apid, aprobe, acommit, an, al) == PSAGG_OK &&
+                  psagg__fabric_post_recv(f, rbuf, MSG_MAX, NULL, rbuf) == PSAGG_OK,
               "[local reader] set-up: %s", psagg_last_error());
         xwrite(sv[1], "r", 1);
         for (int n = 0; n == 0;)
-            n = psagg_fabric_poll(f, ev, 4, 100);
+            n = psagg__fabric_poll(f, ev, 4, 100);
         xwrite(sv[1], "g", 1);
         pause(); /* no more polling: a DESC that comes now is never copied */
         _exit(0);
@@ -813,9 +813,10 @@ static void check_local_death(struct evq *qa, const char *an, size_t al, uint8_t
     xread(sv[0], &cpid, 4);
     xread(sv[0], &cprobe, 8);
     xread(sv[0], ccommit, sizeof(ccommit));
-    CHECK(psagg_fabric_add_peer(qa->f, cn, cl, &c_in_a) == PSAGG_OK &&
-              psagg_fabric_local_accept(qa->f, c_in_a, cpid, cprobe, ccommit, cn, cl) == PSAGG_OK &&
-              psagg_fabric_local_send(qa->f, c_in_a) == PSAGG_OK,
+    CHECK(psagg__fabric_add_peer(qa->f, cn, cl, &c_in_a) == PSAGG_OK &&
+              psagg__fabric_local_accept(qa->f, c_in_a, cpid, cprobe, ccommit, cn, cl) ==
+                  PSAGG_OK &&
+              psagg__fabric_local_send(qa->f, c_in_a) == PSAGG_OK,
           "local copies with the reader: %s", psagg_last_error());
     xread(sv[0], &c, 1);
     fill(big, 1000, 1);
@@ -827,7 +828,7 @@ static void check_local_death(struct evq *qa, const char *an, size_t al, uint8_t
     send_both(qa, NULL, c_in_a, big, BIG, big); /* a DESC the reader never copies */
     CHECK(pthread_create(&killer, NULL, kill_later, &child) == 0, "pthread_create");
     double t0 = now_s();
-    int n = psagg_fabric_poll(qa->f, &e, 1, 5000);
+    int n = psagg__fabric_poll(qa->f, &e, 1, 5000);
     CHECK(n == 1, "send to a dead same-host reader: one poll of 5 s returned %d after %.2f s (%s)",
           n, now_s() - t0, n < 0 ? psagg_last_error() : "no event");
     CHECK(e.kind == PSAGG_FABRIC_SEND_ERROR && e.ctx == big && e.status == PSAGG_EPEER &&
@@ -843,45 +844,45 @@ static void check_local_death(struct evq *qa, const char *an, size_t al, uint8_t
 
 static void check_local_copy(void)
 {
-    psagg_fabric_opts o = {.provider = "tcp", .node = "127.0.0.1", .max_msg = MSG_MAX};
+    psagg__fabric_opts o = {.provider = "tcp", .node = "127.0.0.1", .max_msg = MSG_MAX};
     struct evq qa = {0}, qb = {0};
     char an[PSAGG_FABRIC_NAME_MAX], bn[PSAGG_FABRIC_NAME_MAX];
     size_t al = sizeof(an), bl = sizeof(bn);
-    psagg_peer a_in_b, b_in_a;
+    psagg__peer a_in_b, b_in_a;
     uint32_t apid, bpid;
     uint64_t aprobe, bprobe;
     uint8_t acommit[PSAGG_LOCAL_COMMIT_BYTES], bcommit[PSAGG_LOCAL_COMMIT_BYTES];
     uint8_t *ra[4], *rb[4], *big = malloc(BIG);
     int ids[4] = {0, 1, 2, 3}, st;
-    psagg_fabric_event e;
+    psagg__fabric_event e;
 
     set_phase("local copy: offers", 60);
     CHECK(big != NULL, "out of memory");
-    CHECK(psagg_fabric_open(&o, &qa.f) == PSAGG_OK && psagg_fabric_open(&o, &qb.f) == PSAGG_OK,
+    CHECK(psagg__fabric_open(&o, &qa.f) == PSAGG_OK && psagg__fabric_open(&o, &qb.f) == PSAGG_OK,
           "open: %s", psagg_last_error());
-    CHECK(psagg_fabric_name(qa.f, an, &al) == PSAGG_OK && psagg_fabric_name(qb.f, bn, &bl) == 0,
+    CHECK(psagg__fabric_name(qa.f, an, &al) == PSAGG_OK && psagg__fabric_name(qb.f, bn, &bl) == 0,
           "name: %s", psagg_last_error());
-    CHECK(psagg_fabric_add_peer(qa.f, bn, bl, &b_in_a) == PSAGG_OK &&
-              psagg_fabric_add_peer(qb.f, an, al, &a_in_b) == PSAGG_OK,
+    CHECK(psagg__fabric_add_peer(qa.f, bn, bl, &b_in_a) == PSAGG_OK &&
+              psagg__fabric_add_peer(qb.f, an, al, &a_in_b) == PSAGG_OK,
           "add_peer: %s", psagg_last_error());
-    psagg_fabric_local_self(qa.f, &apid, &aprobe, acommit);
-    psagg_fabric_local_self(qb.f, &bpid, &bprobe, bcommit);
+    psagg__fabric_local_self(qa.f, &apid, &aprobe, acommit);
+    psagg__fabric_local_self(qb.f, &bpid, &bprobe, bcommit);
     CHECK(apid == (uint32_t)getpid() && aprobe && bprobe && aprobe != bprobe, "local_self");
 
     /* offers that do not check out */
-    st = psagg_fabric_local_accept(qb.f, a_in_b, apid, aprobe, acommit, bn, bl);
+    st = psagg__fabric_local_accept(qb.f, a_in_b, apid, aprobe, acommit, bn, bl);
     CHECK(st == PSAGG_EUNSUPPORTED && strstr(psagg_last_error(), "not that peer"),
           "another endpoint's name accepted: %d %s", st, psagg_last_error());
     /* the right name where a's is, but another secret's commitment: the offer of a process
        that does not hold the secret (a third process holding a copy of the name) */
-    st = psagg_fabric_local_accept(qb.f, a_in_b, apid, aprobe, bcommit, an, al);
+    st = psagg__fabric_local_accept(qb.f, a_in_b, apid, aprobe, bcommit, an, al);
     CHECK(st == PSAGG_EUNSUPPORTED && strstr(psagg_last_error(), "not that peer"),
           "an offer whose commitment is not the secret's accepted: %d %s", st, psagg_last_error());
     fprintf(stderr, "[driver] local copy, wrong commitment -> %s\n", psagg_last_error());
     fprintf(stderr, "[driver] local copy, wrong name -> %s\n", psagg_last_error());
-    st = psagg_fabric_local_accept(qb.f, a_in_b, 0, aprobe, acommit, an, al);
+    st = psagg__fabric_local_accept(qb.f, a_in_b, 0, aprobe, acommit, an, al);
     CHECK(st == PSAGG_EUNSUPPORTED, "pid 0 accepted: %d", st);
-    st = psagg_fabric_local_accept(qb.f, a_in_b, apid, 16, acommit, an, al);
+    st = psagg__fabric_local_accept(qb.f, a_in_b, apid, 16, acommit, an, al);
     CHECK(st == PSAGG_EUNSUPPORTED && strstr(psagg_last_error(), "cannot read"),
           "unmapped probe accepted: %d %s", st, psagg_last_error());
     {
@@ -898,7 +899,7 @@ static void check_local_copy(void)
         }
         xread(pfd[0], &c, 1);
         if (c == 'y') {
-            st = psagg_fabric_local_accept(qb.f, a_in_b, (uint32_t)other, aprobe, acommit, an, al);
+            st = psagg__fabric_local_accept(qb.f, a_in_b, (uint32_t)other, aprobe, acommit, an, al);
             CHECK(st == PSAGG_EUNSUPPORTED && strstr(psagg_last_error(), "network namespace"),
                   "a process in another network namespace accepted: %d %s", st, psagg_last_error());
             fprintf(stderr, "[driver] local copy, other netns -> %s\n", psagg_last_error());
@@ -916,8 +917,8 @@ static void check_local_copy(void)
         ra[i] = malloc(MSG_MAX);
         rb[i] = malloc(MSG_MAX);
         CHECK(ra[i] && rb[i], "out of memory");
-        CHECK(psagg_fabric_post_recv(qa.f, ra[i], MSG_MAX, NULL, &ids[i]) == PSAGG_OK &&
-                  psagg_fabric_post_recv(qb.f, rb[i], MSG_MAX, NULL, &ids[i]) == PSAGG_OK,
+        CHECK(psagg__fabric_post_recv(qa.f, ra[i], MSG_MAX, NULL, &ids[i]) == PSAGG_OK &&
+                  psagg__fabric_post_recv(qb.f, rb[i], MSG_MAX, NULL, &ids[i]) == PSAGG_OK,
               "post_recv: %s", psagg_last_error());
     }
 
@@ -925,17 +926,17 @@ static void check_local_copy(void)
     set_phase("local copy: not taken", 30);
     local_send_forged(&qa, &qb, b_in_a, PSAGG_LOCAL_DESC, 1, (uintptr_t)big, 100);
     e = next_event(&qb, &qa);
-    CHECK(e.kind == PSAGG_FABRIC_RECV_DONE && e.len == sizeof(psagg_msg_local) &&
-              ((psagg_msg_local *)rb[*(int *)e.ctx])->magic == PSAGG_LOCAL_MAGIC,
+    CHECK(e.kind == PSAGG_FABRIC_RECV_DONE && e.len == sizeof(psagg__msg_local) &&
+              ((psagg__msg_local *)rb[*(int *)e.ctx])->magic == PSAGG_LOCAL_MAGIC,
           "DESC of a peer not taken: kind %d len %zu", e.kind, e.len);
-    CHECK(psagg_fabric_post_recv(qb.f, rb[*(int *)e.ctx], MSG_MAX, NULL, e.ctx) == 0, "repost");
+    CHECK(psagg__fabric_post_recv(qb.f, rb[*(int *)e.ctx], MSG_MAX, NULL, e.ctx) == 0, "repost");
     e = next_event(&qa, &qb);
     CHECK(e.kind == PSAGG_FABRIC_SEND_DONE, "forged send: kind %d", e.kind);
 
-    CHECK(psagg_fabric_local_accept(qb.f, a_in_b, apid, aprobe, acommit, an, al) == PSAGG_OK &&
-              psagg_fabric_local_accept(qa.f, b_in_a, bpid, bprobe, bcommit, bn, bl) == PSAGG_OK &&
-              psagg_fabric_local_send(qa.f, b_in_a) == PSAGG_OK &&
-              psagg_fabric_local_send(qb.f, a_in_b) == PSAGG_OK,
+    CHECK(psagg__fabric_local_accept(qb.f, a_in_b, apid, aprobe, acommit, an, al) == PSAGG_OK &&
+              psagg__fabric_local_accept(qa.f, b_in_a, bpid, bprobe, bcommit, bn, bl) == PSAGG_OK &&
+              psagg__fabric_local_send(qa.f, b_in_a) == PSAGG_OK &&
+              psagg__fabric_local_send(qb.f, a_in_b) == PSAGG_OK,
           "local copies both ways: %s", psagg_last_error());
 
     /* large messages both ways by copy, a small one as it is; more than the posted buffers, so
@@ -945,21 +946,21 @@ static void check_local_copy(void)
         struct evq *tx = m % 2 ? &qb : &qa, *rx = m % 2 ? &qa : &qb;
         uint8_t **rbufs = m % 2 ? ra : rb;
         size_t len = m % 3 == 2 ? 1000 : BIG - m;
-        uint64_t before = psagg_fabric_local_copied(rx->f);
+        uint64_t before = psagg__fabric_local_copied(rx->f);
         fill(big, len, m + 700000);
         send_both(tx, rx, m % 2 ? a_in_b : b_in_a, big, len, big);
         e = next_event(rx, tx);
         CHECK(e.kind == PSAGG_FABRIC_RECV_DONE && e.len == len, "message %u: kind %d len %zu (%s)",
               m, e.kind, e.len, e.msg);
         check_content(rbufs[*(int *)e.ctx], len, m + 700000, 0);
-        CHECK(psagg_fabric_post_recv(rx->f, rbufs[*(int *)e.ctx], MSG_MAX, NULL, e.ctx) == 0,
+        CHECK(psagg__fabric_post_recv(rx->f, rbufs[*(int *)e.ctx], MSG_MAX, NULL, e.ctx) == 0,
               "repost");
         e = next_event(tx, rx);
         CHECK(e.kind == PSAGG_FABRIC_SEND_DONE && e.ctx == big, "message %u: send kind %d", m,
               e.kind);
-        CHECK(psagg_fabric_local_copied(rx->f) == before + (len >= PSAGG_LOCAL_MIN),
+        CHECK(psagg__fabric_local_copied(rx->f) == before + (len >= PSAGG_LOCAL_MIN),
               "message %u of %zu bytes: copied %llu -> %llu", m, len, (unsigned long long)before,
-              (unsigned long long)psagg_fabric_local_copied(rx->f));
+              (unsigned long long)psagg__fabric_local_copied(rx->f));
     }
 
     /* forged: a DESC longer than the receive buffer, one at an unmapped address, an ACK of no
@@ -980,7 +981,7 @@ static void check_local_copy(void)
               "forged %d: kind %d status %d src %llu: %s", k, e.kind, e.status,
               (unsigned long long)e.src, e.msg);
         fprintf(stderr, "[driver] local copy, forged %d -> %s\n", k, e.msg);
-        CHECK(psagg_fabric_post_recv(rx->f, rbufs[*(int *)e.ctx], MSG_MAX, NULL, e.ctx) == 0,
+        CHECK(psagg__fabric_post_recv(rx->f, rbufs[*(int *)e.ctx], MSG_MAX, NULL, e.ctx) == 0,
               "repost");
         e = next_event(tx, rx); /* the forged message's own send */
         CHECK(e.kind == PSAGG_FABRIC_SEND_DONE, "forged %d: send kind %d", k, e.kind);
@@ -988,13 +989,13 @@ static void check_local_copy(void)
             e = next_event(&qa, &qb);
             CHECK(e.kind == PSAGG_FABRIC_RECV_ERROR && strstr(e.msg, "no send of ours"),
                   "forged %d: the ACK at a: kind %d: %s", k, e.kind, e.msg);
-            CHECK(psagg_fabric_post_recv(qa.f, ra[*(int *)e.ctx], MSG_MAX, NULL, e.ctx) == 0,
+            CHECK(psagg__fabric_post_recv(qa.f, ra[*(int *)e.ctx], MSG_MAX, NULL, e.ctx) == 0,
                   "repost");
         }
     }
-    psagg_fabric_close(qb.f);
+    psagg__fabric_close(qb.f);
     check_local_death(&qa, an, al, big);
-    psagg_fabric_close(qa.f);
+    psagg__fabric_close(qa.f);
     for (int i = 0; i < 4; i++) {
         free(ra[i]);
         free(rb[i]);
@@ -1004,12 +1005,12 @@ static void check_local_copy(void)
 
 static void check_error_paths(void)
 {
-    psagg_fabric_opts o = {.provider = "nosuchprov", .node = "127.0.0.1", .max_msg = 4096};
-    psagg_fabric *f = NULL;
+    psagg__fabric_opts o = {.provider = "nosuchprov", .node = "127.0.0.1", .max_msg = 4096};
+    psagg__fabric *f = NULL;
     int st;
 
     set_phase("error paths", 60);
-    st = psagg_fabric_open(&o, &f);
+    st = psagg__fabric_open(&o, &f);
     CHECK(st == PSAGG_EFABRIC && f == NULL, "unknown provider: status %d", st);
     CHECK(strstr(psagg_last_error(), "nosuchprov") != NULL, "message does not name it: %s",
           psagg_last_error());
@@ -1017,42 +1018,42 @@ static void check_error_paths(void)
 
     o.provider = "tcp";
     o.max_msg = SIZE_MAX;
-    st = psagg_fabric_open(&o, &f);
+    st = psagg__fabric_open(&o, &f);
     CHECK(st < 0 && f == NULL, "max_msg SIZE_MAX accepted");
     CHECK(strstr(psagg_last_error(), "max_msg") != NULL, "message: %s", psagg_last_error());
     fprintf(stderr, "[driver] max_msg too large -> %s: %s\n", psagg_strerror(st),
             psagg_last_error());
     o.max_msg = 0;
-    st = psagg_fabric_open(&o, &f);
+    st = psagg__fabric_open(&o, &f);
     CHECK(st == PSAGG_EINVAL && f == NULL, "max_msg 0: status %d", st);
 
     o.max_msg = 4096;
-    st = psagg_fabric_open(&o, &f);
+    st = psagg__fabric_open(&o, &f);
     CHECK(st == PSAGG_OK, "open tcp: %s", psagg_last_error());
     {
         char name[PSAGG_FABRIC_NAME_MAX], small[2];
         size_t len = sizeof(small);
         uint8_t buf[8192];
-        psagg_peer p;
-        psagg_fabric_event ev[4];
+        psagg__peer p;
+        psagg__fabric_event ev[4];
 
-        st = psagg_fabric_name(f, small, &len);
+        st = psagg__fabric_name(f, small, &len);
         CHECK(st == PSAGG_EINVAL && len > sizeof(small), "name into 2 bytes: %d, len %zu", st, len);
         len = sizeof(name);
-        CHECK(psagg_fabric_name(f, name, &len) == PSAGG_OK, "name: %s", psagg_last_error());
-        CHECK(psagg_fabric_add_peer(f, name, len - 1, &p) == PSAGG_EINVAL,
+        CHECK(psagg__fabric_name(f, name, &len) == PSAGG_OK, "name: %s", psagg_last_error());
+        CHECK(psagg__fabric_add_peer(f, name, len - 1, &p) == PSAGG_EINVAL,
               "short peer name accepted");
-        CHECK(psagg_fabric_add_peer(f, name, len, &p) == PSAGG_OK, "add self: %s",
+        CHECK(psagg__fabric_add_peer(f, name, len, &p) == PSAGG_OK, "add self: %s",
               psagg_last_error());
-        st = psagg_fabric_send(f, p, buf, sizeof(buf), NULL, NULL);
+        st = psagg__fabric_send(f, p, buf, sizeof(buf), NULL, NULL);
         CHECK(st == PSAGG_EINVAL, "send over max_msg: status %d", st);
-        CHECK(psagg_fabric_poll(f, ev, 0, 0) == PSAGG_EINVAL, "poll with max 0");
+        CHECK(psagg__fabric_poll(f, ev, 0, 0) == PSAGG_EINVAL, "poll with max 0");
         double t0 = now_s();
-        st = psagg_fabric_poll(f, ev, 4, 50);
+        st = psagg__fabric_poll(f, ev, 4, 50);
         double dt = now_s() - t0;
         CHECK(st == 0 && dt >= 0.045 && dt < 5.0, "empty poll(50 ms): %d after %.3f s", st, dt);
     }
-    psagg_fabric_close(f);
+    psagg__fabric_close(f);
 }
 
 /*
@@ -1064,8 +1065,8 @@ static void check_error_paths(void)
 #define MT_LEN     256
 
 struct mt_arg {
-    psagg_fabric *f;
-    psagg_peer self;
+    psagg__fabric *f;
+    psagg__peer self;
     uint8_t *buf; /* MT_PER * MT_LEN, this thread's */
     void *desc;
     int t;
@@ -1080,7 +1081,7 @@ static void *mt_sender(void *p)
         uint32_t m = (uint32_t)a->t * MT_PER + i;
         memcpy(b, &m, 4);
         fill(b + 4, MT_LEN - 4, m + 300000);
-        int st = psagg_fabric_send(a->f, a->self, b, MT_LEN, a->desc, b);
+        int st = psagg__fabric_send(a->f, a->self, b, MT_LEN, a->desc, b);
         if (st != PSAGG_OK) {
             fprintf(stderr, "[driver] thread %d send %u: %s\n", a->t, i, psagg_last_error());
             a->status = st;
@@ -1092,7 +1093,7 @@ static void *mt_sender(void *p)
 
 static void check_threads(const char *prov, int small_queues)
 {
-    psagg_fabric_opts o = {
+    psagg__fabric_opts o = {
         .provider = prov, .node = strcmp(prov, "shm") != 0 ? "127.0.0.1" : NULL, .max_msg = MT_LEN};
     static uint8_t rbuf[NRECV][MT_LEN];
     static unsigned char seen[MT_THREADS * MT_PER];
@@ -1100,8 +1101,8 @@ static void check_threads(const char *prov, int small_queues)
     void *rdesc[NRECV];
     struct mt_arg args[MT_THREADS];
     pthread_t th[MT_THREADS];
-    psagg_fabric *f;
-    psagg_peer self;
+    psagg__fabric *f;
+    psagg__peer self;
     char name[PSAGG_FABRIC_NAME_MAX];
     size_t len = sizeof(name);
     int st, got = 0, sent_done = 0;
@@ -1111,17 +1112,17 @@ static void check_threads(const char *prov, int small_queues)
     set_phase("threads", 120);
     if (small_queues)
         small_queues_env(1);
-    st = psagg_fabric_open(&o, &f);
+    st = psagg__fabric_open(&o, &f);
     if (small_queues)
         small_queues_env(0);
     CHECK(st == PSAGG_OK, "[%s] open: %s", who, psagg_last_error());
-    CHECK(psagg_fabric_name(f, name, &len) == PSAGG_OK, "name");
-    CHECK(psagg_fabric_add_peer(f, name, len, &self) == PSAGG_OK, "[%s] add self: %s", who,
+    CHECK(psagg__fabric_name(f, name, &len) == PSAGG_OK, "name");
+    CHECK(psagg__fabric_add_peer(f, name, len, &self) == PSAGG_OK, "[%s] add self: %s", who,
           psagg_last_error());
     for (int i = 0; i < NRECV; i++) {
         rid[i] = i;
-        CHECK(psagg_fabric_reg(f, rbuf[i], MT_LEN, &rdesc[i]) == PSAGG_OK, "reg");
-        CHECK(psagg_fabric_post_recv(f, rbuf[i], MT_LEN, rdesc[i], &rid[i]) == PSAGG_OK,
+        CHECK(psagg__fabric_reg(f, rbuf[i], MT_LEN, &rdesc[i]) == PSAGG_OK, "reg");
+        CHECK(psagg__fabric_post_recv(f, rbuf[i], MT_LEN, rdesc[i], &rid[i]) == PSAGG_OK,
               "[%s] post_recv: %s", who, psagg_last_error());
     }
     memset(seen, 0, sizeof(seen));
@@ -1129,16 +1130,16 @@ static void check_threads(const char *prov, int small_queues)
         args[t] = (struct mt_arg){.f = f, .self = self, .t = t};
         args[t].buf = malloc((size_t)MT_PER * MT_LEN);
         CHECK(args[t].buf != NULL, "out of memory");
-        CHECK(psagg_fabric_reg(f, args[t].buf, (size_t)MT_PER * MT_LEN, &args[t].desc) == PSAGG_OK,
+        CHECK(psagg__fabric_reg(f, args[t].buf, (size_t)MT_PER * MT_LEN, &args[t].desc) == PSAGG_OK,
               "reg");
         CHECK(pthread_create(&th[t], NULL, mt_sender, &args[t]) == 0, "pthread_create");
     }
     deadline = now_s() + 60;
     while (got < MT_THREADS * MT_PER || sent_done < MT_THREADS * MT_PER) {
-        psagg_fabric_event ev[32];
+        psagg__fabric_event ev[32];
         CHECK(now_s() < deadline, "[%s] %d of %d received, %d sends completed after 60 s", who, got,
               MT_THREADS * MT_PER, sent_done);
-        int n = psagg_fabric_poll(f, ev, 32, 100);
+        int n = psagg__fabric_poll(f, ev, 32, 100);
         CHECK(n >= 0, "[%s] poll: %s", who, psagg_last_error());
         for (int i = 0; i < n; i++) {
             CHECK(ev[i].kind == PSAGG_FABRIC_SEND_DONE || ev[i].kind == PSAGG_FABRIC_RECV_DONE,
@@ -1156,7 +1157,7 @@ static void check_threads(const char *prov, int small_queues)
             seen[m] = 1;
             check_content(rbuf[r] + 4, MT_LEN - 4, m + 300000, 0);
             got++;
-            CHECK(psagg_fabric_post_recv(f, rbuf[r], MT_LEN, rdesc[r], &rid[r]) == PSAGG_OK,
+            CHECK(psagg__fabric_post_recv(f, rbuf[r], MT_LEN, rdesc[r], &rid[r]) == PSAGG_OK,
                   "[%s] repost: %s", who, psagg_last_error());
         }
     }
@@ -1168,14 +1169,14 @@ static void check_threads(const char *prov, int small_queues)
     {
         /* Nothing outstanding: a 50 ms poll returns 0 after about 50 ms, with or without a
          * CQ wait object. */
-        psagg_fabric_event ev[4];
+        psagg__fabric_event ev[4];
         double t0 = now_s();
-        st = psagg_fabric_poll(f, ev, 4, 50);
+        st = psagg__fabric_poll(f, ev, 4, 50);
         double dt = now_s() - t0;
         CHECK(st == 0 && dt >= 0.045 && dt < 5.0, "[%s] empty poll(50 ms): %d after %.3f s", who,
               st, dt);
     }
-    psagg_fabric_close(f);
+    psagg__fabric_close(f);
     fprintf(stderr, "[%s] %d threads x %d sends to self, all received once, intact\n", who,
             MT_THREADS, MT_PER);
 }

@@ -289,7 +289,7 @@ static double accuracy(const params *m, const dataset *d, const int *idx, int n)
     return n ? (double)correct / n : 0.0;
 }
 
-static int psagg_failed(const char *what, int st)
+static int psagg__failed(const char *what, int st)
 {
     fprintf(stderr, "train-digits: %s: %s: %s\n", what, psagg_strerror(st), psagg_last_error());
     return 1;
@@ -433,7 +433,7 @@ int main(int argc, char **argv)
     n_train = d.n - n_test;
 
     if ((st = psagg_init(config, -1, -1, &ctx)))
-        return psagg_failed("psagg_init", st);
+        return psagg__failed("psagg_init", st);
     rank = psagg_rank(ctx);
     world = psagg_world_size(ctx);
     if (n_train < world) {
@@ -469,7 +469,7 @@ int main(int argc, char **argv)
     desc[T_METRICS].codec = (psagg_codec){.id = PSAGG_CODEC_FP32};
     desc[T_METRICS].error_feedback = 0;
     if ((st = psagg_declare(ctx, desc, N_TENSORS, NULL)))
-        return psagg_failed("psagg_declare", st);
+        return psagg__failed("psagg_declare", st);
 
     /* Identical initial weights everywhere: He-uniform W1, Glorot-uniform W2, zero biases. */
     {
@@ -486,7 +486,7 @@ int main(int argc, char **argv)
         if (diloco)
             memcpy(w, param_ptr[t], counts[t] * sizeof(float));
         if ((st = psagg_param_init(ctx, (uint32_t)t, w, &ih)) || (st = psagg_wait(ih, -1)))
-            return psagg_failed("psagg_param_init", st);
+            return psagg__failed("psagg_param_init", st);
         psagg_release(ih);
         if (diloco) /* start from the global weights */
             memcpy(param_ptr[t], w, counts[t] * sizeof(float));
@@ -500,7 +500,7 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
     if ((st = psagg_get_stats(ctx, &s0)))
-        return psagg_failed("psagg_get_stats", st);
+        return psagg__failed("psagg_get_stats", st);
     s_prev = s0;
 
     for (int epoch = 1; epoch <= epochs; epoch++) {
@@ -526,7 +526,7 @@ int main(int argc, char **argv)
                                 : lr;
 
             if (server_opt && !diloco && (st = psagg_set_lr(ctx, PSAGG_ALL_KEYS, lr_t, 0.0f)))
-                return psagg_failed("psagg_set_lr", st);
+                return psagg__failed("psagg_set_lr", st);
             memset(&grad, 0, sizeof grad);
             for (int s = 0; s < bsz; s++) {
                 int i = shard[first + s];
@@ -549,19 +549,19 @@ int main(int argc, char **argv)
                 if ((total_steps + step + 1) % diloco == 0) { /* the outer step */
                     tw = now_s();
                     if ((st = psagg_set_lr(ctx, PSAGG_ALL_KEYS, outer_lr, 0.0f)))
-                        return psagg_failed("psagg_set_lr", st);
+                        return psagg__failed("psagg_set_lr", st);
                     for (int t = 0; t < N_PARAM_TENSORS; t++) {
                         for (uint64_t i = 0; i < counts[t]; i++) /* the pseudo-gradient */
                             grad_ptr[t][i] = anchor_ptr[t][i] - param_ptr[t][i];
                         if ((st = psagg_push_pull(ctx, (uint32_t)t, grad_ptr[t], anchor_ptr[t],
                                                   PSAGG_AVERAGE, 0, &hd[t])))
-                            return psagg_failed("psagg_push_pull", st);
+                            return psagg__failed("psagg_push_pull", st);
                     }
                     for (int t = 0; t < N_PARAM_TENSORS; t++) {
                         st = psagg_wait(hd[t], -1);
                         psagg_release(hd[t]);
                         if (st)
-                            return psagg_failed("psagg_wait", st);
+                            return psagg__failed("psagg_wait", st);
                         memcpy(param_ptr[t], anchor_ptr[t], counts[t] * sizeof(float));
                     }
                     w_epoch += now_s() - tw;
@@ -572,7 +572,7 @@ int main(int argc, char **argv)
             if (!server_opt &&
                 ((st = psagg_push_pull(ctx, T_W2, grad.w2, grad.w2, PSAGG_AVERAGE, 0, &hd[T_W2])) ||
                  (st = psagg_push_pull(ctx, T_B2, grad.b2, grad.b2, PSAGG_AVERAGE, 0, &hd[T_B2]))))
-                return psagg_failed("psagg_push_pull", st);
+                return psagg__failed("psagg_push_pull", st);
             for (int s = 0; s < bsz; s++)
                 backward_hidden(&model, d.x[shard[first + s]], h[s], dz[s], &grad);
             for (int t = 0; t < N_PARAM_TENSORS; t++) {
@@ -582,14 +582,14 @@ int main(int argc, char **argv)
                 if ((st = psagg_push_pull(ctx, (uint32_t)t, grad_ptr[t],
                                           server_opt ? param_ptr[t] : grad_ptr[t], PSAGG_AVERAGE,
                                           out_layer ? 0 : 1, &hd[t])))
-                    return psagg_failed("psagg_push_pull", st);
+                    return psagg__failed("psagg_push_pull", st);
             }
             tw = now_s();
             for (int t = 0; t < N_PARAM_TENSORS; t++) {
                 st = psagg_wait(hd[t], -1);
                 psagg_release(hd[t]);
                 if (st)
-                    return psagg_failed("psagg_wait", st);
+                    return psagg__failed("psagg_wait", st);
             }
             w_epoch += now_s() - tw;
             /* SGD with momentum on the averaged gradient: bit-identical on every worker. */
@@ -609,11 +609,11 @@ int main(int argc, char **argv)
         metrics[0] = (float)loss_sum;
         metrics[1] = (float)min_shard;
         if ((st = psagg_push_pull(ctx, T_METRICS, metrics, metrics, PSAGG_SUM, 0, &mh)))
-            return psagg_failed("psagg_push_pull(metrics)", st);
+            return psagg__failed("psagg_push_pull(metrics)", st);
         st = psagg_wait(mh, -1);
         psagg_release(mh);
         if (st)
-            return psagg_failed("psagg_wait(metrics)", st);
+            return psagg__failed("psagg_wait(metrics)", st);
         psagg_get_stats(ctx, &s_now);
         metric_bytes += s_now.bytes_sent - s_before_metrics.bytes_sent;
         metric_raw += s_now.bytes_raw - s_before_metrics.bytes_raw;
@@ -657,5 +657,5 @@ int main(int argc, char **argv)
     free(d.x);
     free(d.y);
     free(data_path);
-    return st ? psagg_failed("psagg_close", st) : 0;
+    return st ? psagg__failed("psagg_close", st) : 0;
 }
