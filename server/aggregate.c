@@ -29,9 +29,11 @@
 #include "arena.h"
 #include "server.h"
 
+/* The key of a round's update: the chunk's owner in the job's layout, not the rank of the
+   server running it, so that another server finishing the same round writes the same bits. */
 static psagg__rng_key round_key(const server *srv, const chunk_state *c)
 {
-    return psagg__rng_chunk_key(srv->cfg.seed, PSAGG_RNG_SERVER, (uint32_t)srv->rank, c->info->key,
+    return psagg__rng_chunk_key(srv->cfg.seed, PSAGG_RNG_SERVER, c->info->owner, c->info->key,
                                 c->info->index, c->round);
 }
 
