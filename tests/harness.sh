@@ -27,6 +27,9 @@
 #   start_worker RANK LOG [VAR=VALUE...] CMD ARGS...
 #                         spawn with PSAGG_RANK=RANK; the pid in wpid[RANK]
 #   wait_for PID SECONDS  PID's exit status, or 124 if it still runs after SECONDS
+#   wait_all SECONDS WHAT ARRAY
+#                         every process of the array ARRAY (wpid, spid: by rank) exits 0 within
+#                         SECONDS of the first wait, else fail "WHAT RANK exited RC" (124: runs)
 #   wait_until SECONDS CMD ARGS...
 #                         run CMD every 50 ms until it succeeds (0), for at most SECONDS (124)
 #   stop_all              every process group in pids killed (SIGKILL), and gone; pids emptied
@@ -151,6 +154,16 @@ wait_for() {
     for ((t = 0; t < $2 * 10; t++)); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
     kill -0 "$1" 2>/dev/null && return 124
     wait "$1"
+}
+
+wait_all() {
+    local secs=$1 what=$2 i rc
+    local -n h_wait_pids=$3
+    for i in "${!h_wait_pids[@]}"; do
+        wait_for "${h_wait_pids[$i]}" "$secs"
+        rc=$?
+        ((rc == 0)) || fail "$what $i exited $rc"
+    done
 }
 
 wait_until() {

@@ -55,16 +55,8 @@ join_at() {
 }
 join_at 2 6
 join_at 3 11
-for w in 0 1 2 3; do
-    wait_for "${wpid[$w]}" 120
-    rc=$?
-    ((rc == 0)) || fail "worker $w exited $rc"
-done
-for s in 0 1; do
-    wait_for "${spid[$s]}" 30
-    rc=$?
-    ((rc == 0)) || fail "server $s exited $rc"
-done
+wait_all 120 worker wpid
+wait_all 30 server spid
 
 for w in 0 1 2 3; do grep -q '^ADAPTIVE-EXACT' "$tmp/worker$w.log" || fail "worker $w printed no result"; done
 check_join() { # check_join RANK ROUND NEWEST: joined at ROUND with generation NEWEST the newest

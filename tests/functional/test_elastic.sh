@@ -146,11 +146,7 @@ if [ "$case" = mitm ]; then
         start_worker $r "$tmp/worker$r.log" "${via[@]}" "$worker_bin" --codec fp32 \
             --sizes 1,1023,4096,50000,7000 --rounds 150
     done
-    for r in 0 1 2 3; do
-        wait_for "${wpid[$r]}" 60
-        rc=$?
-        ((rc == 0)) || fail "worker $r exited $rc"
-    done
+    wait_all 60 worker wpid
     for s in 0 1; do
         wait_for "${spid[$s]}" 20
         rc=$?
