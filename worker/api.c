@@ -72,6 +72,7 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
     }
     if ((st = psagg__config_load(ini_path, &ctx->cfg)))
         goto err_config;
+    ctx->keep_pushes = ctx->cfg.server_replicas > 0; /* (worker.h, chunk_buf) */
     if (world_size != ctx->cfg.n_workers) {
         st = psagg__fail(PSAGG_ECONFIG,
                          "%s: [cluster] workers = %d, but this worker was started "
@@ -183,11 +184,13 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
                           ? 4 * ci->count /* worker 0's INIT */
                           : ci->cap_bytes;
         size_t sz = sizeof(psagg__msg_hdr) + body + sizeof(psagg__msg_param) + ctx->tag_bytes;
-        ctx->chunks[c].buf = psagg__alloc(sz, 1);
-        if (!ctx->chunks[c].buf)
-            return psagg__fail(PSAGG_ENOMEM, "push buffers");
-        if ((st = psagg__fabric_reg(ctx->fab, ctx->chunks[c].buf, sz, &ctx->chunks[c].desc)))
-            return st;
+        for (int b = 0; b < 1 + ctx->keep_pushes; b++) {
+            push_buf *pb = &ctx->chunks[c].p[b];
+            if (!(pb->buf = psagg__alloc(sz, 1)))
+                return psagg__fail(PSAGG_ENOMEM, "push buffers");
+            if ((st = psagg__fabric_reg(ctx->fab, pb->buf, sz, &pb->desc)))
+                return st;
+        }
     }
     /* a window of updates per server, and a few more */
     return psagg__rxpool_create(
@@ -728,7 +731,8 @@ psagg_status psagg_close(psagg_ctx *ctx)
         psagg__free(ctx->tensors[t].carry);
     }
     for (uint32_t c = 0; ctx->chunks && c < ctx->layout.n_chunks; c++) {
-        psagg__free(ctx->chunks[c].buf);
+        psagg__free(ctx->chunks[c].p[0].buf);
+        psagg__free(ctx->chunks[c].p[1].buf);
         if (ctx->early)
             free(ctx->early[c]);
     }

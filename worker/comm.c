@@ -162,7 +162,8 @@ static psagg_status param_body(psagg_ctx *ctx, struct psagg_handle *h)
         size_t bad = 0;
         psagg_status st = psagg__encode(
             &fp32, h->out + ci->offset, NULL, ci->count, (psagg__rng_key){0, 0},
-            ctx->chunks[ti->first_chunk + c].buf + sizeof(psagg__msg_hdr), 4 * ci->count, &bad);
+            chunk_push(ctx, ti->first_chunk + c, h->round)->buf + sizeof(psagg__msg_hdr),
+            4 * ci->count, &bad);
         if (st)
             return psagg__fail_context(st,
                                        "psagg_param_init: tensor '%.63s': weight %llu: ", ti->name,
@@ -185,7 +186,7 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
     int r;
 
     for (uint32_t c = 0; c < ti->n_chunks; c++)
-        if (ctx->chunks[ti->first_chunk + c].send_pending)
+        if (chunk_push(ctx, ti->first_chunk + c, h->round)->send_pending)
             return 0;
     r = adapt_codec(ctx, h, msg, sizeof msg); /* this round's codec (adaptive: may wait) */
     if (r < 0) {
@@ -207,7 +208,7 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
     }
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
         const psagg__chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
-        uint8_t *buf = ctx->chunks[ti->first_chunk + c].buf;
+        uint8_t *buf = chunk_push(ctx, ti->first_chunk + c, h->round)->buf;
         psagg__msg_hdr *mh = (psagg__msg_hdr *)buf;
         psagg__msg_init(mh, PSAGG_MSG_PUSH, (uint32_t)ctx->rank, h->round, ci, &h->codec, h->gen);
         mh->epoch = (uint16_t)ctx->epoch; /* (read without the lock: informational) */
@@ -272,22 +273,23 @@ static int schedule(comm_state *cs)
                     h->t_sent = psagg__now_ns();
                 continue;
             }
+            push_buf *pb = chunk_push(ctx, g, h->round);
             /* the header encode_op wrote has the payload's length */
-            size_t len = sizeof(psagg__msg_hdr) + ((const psagg__msg_hdr *)ctx->chunks[g].buf)->len;
+            size_t len = sizeof(psagg__msg_hdr) + ((const psagg__msg_hdr *)pb->buf)->len;
             psagg_status st;
             if (sc->inflight >= ctx->cfg.max_inflight) {
                 waiting = waiting ? waiting : 1;
                 break;
             }
-            ctx->chunks[g].send_pending = 1;
-            st = psagg__fabric_try_send(ctx->fab, sc->addr, ctx->chunks[g].buf,
-                                        len + ctx->tag_bytes, ctx->chunks[g].desc, &ctx->chunks[g]);
+            pb->send_pending = 1;
+            st = psagg__fabric_try_send(ctx->fab, sc->addr, pb->buf, len + ctx->tag_bytes, pb->desc,
+                                        pb);
             if (st == PSAGG_EAGAIN) { /* the provider's queue is full: after the next poll */
-                ctx->chunks[g].send_pending = 0;
+                pb->send_pending = 0;
                 return waiting ? waiting : 1;
             }
             if (st) {
-                ctx->chunks[g].send_pending = 0;
+                pb->send_pending = 0;
                 worker_fail_all(ctx, PSAGG_EPEER, "pushing tensor '%s' chunk %u to server %u: %s",
                                 ti->name, ci->index, ci->owner, psagg_last_error());
                 return 0;
@@ -375,13 +377,19 @@ static void check_deadlines(comm_state *cs)
     }
 }
 
-/* A push's send completed (or failed): its buffer and its window slot are free again. */
-static void push_sent(psagg_ctx *ctx, chunk_buf *cb)
+/* The chunk whose push buffer pb is (one of ctx->chunks[c].p). */
+static uint32_t push_chunk(const psagg_ctx *ctx, const push_buf *pb)
 {
-    if (!cb || !cb->send_pending)
+    return (uint32_t)(((uintptr_t)pb - (uintptr_t)ctx->chunks) / sizeof(chunk_buf));
+}
+
+/* A push's send completed (or failed): its buffer and its window slot are free again. */
+static void push_sent(psagg_ctx *ctx, push_buf *pb)
+{
+    if (!pb || !pb->send_pending)
         return;
-    cb->send_pending = 0;
-    ctx->servers[ctx->layout.chunks[cb - ctx->chunks].owner].inflight--;
+    pb->send_pending = 0;
+    ctx->servers[ctx->layout.chunks[push_chunk(ctx, pb)].owner].inflight--;
 }
 
 /*
@@ -473,9 +481,9 @@ static void *comm_main(void *arg)
                 break;
             case PSAGG_FABRIC_SEND_ERROR: {
                 /* name the server: a dead one fails our sends before its socket's EOF is read */
-                chunk_buf *cb = ev[i].ctx;
-                int s = cb ? (int)ctx->layout.chunks[cb - ctx->chunks].owner : -1;
-                push_sent(ctx, cb);
+                push_buf *pb = ev[i].ctx;
+                int s = pb ? (int)ctx->layout.chunks[push_chunk(ctx, pb)].owner : -1;
+                push_sent(ctx, pb);
                 if (s >= 0)
                     worker_fail_all(ctx, ev[i].status ? (psagg_status)ev[i].status : PSAGG_EPEER,
                                     "a push to server %d (%s:%u) failed: %s", s,

@@ -126,12 +126,25 @@ typedef struct server_conn {
     int64_t heard_at; /* when its control connection last had something (comm thread) */
 } server_conn;
 
-/* Per chunk: the push buffer (header + encoded payload), registered once. */
-typedef struct chunk_buf {
+/* A push buffer (header + encoded payload), registered once. */
+typedef struct push_buf {
     uint8_t *buf;
     void *desc;
     int send_pending; /* comm thread only */
+} push_buf;
+
+/*
+ * Per chunk: its push buffers. One, unless the job keeps pushes ([cluster] server_replicas):
+ * then two, by the round's parity, so that a push of round r stays whole while round r + 1 is
+ * encoded, until round r + 1's update proves that every worker has round r's (a server that
+ * takes the chunk over sums them again; docs/design.md). chunk_push gives a round's.
+ */
+typedef struct chunk_buf {
+    push_buf p[2];
 } chunk_buf;
+_Static_assert(sizeof(chunk_buf) == 2 * sizeof(push_buf), "chunk_buf: push buffers, no padding");
+
+static inline push_buf *chunk_push(psagg_ctx *ctx, uint32_t chunk, uint32_t round);
 
 typedef struct tensor_state {
     float *residual; /* worker error feedback (host buffers), or NULL */
@@ -211,6 +224,7 @@ struct psagg_ctx {
     psagg__timeline *timeline; /* [log] timeline, or NULL */
 
     uint32_t n_user;           /* tensors the user declared (keys below; then internal ones) */
+    int keep_pushes;           /* two push buffers per chunk (chunk_buf): server_replicas */
     psagg__ctl_optim optim;    /* the servers' [server] optimizer settings (WELCOME) */
     ctl_request ckpt;          /* psagg_checkpoint's (control.c) */
     struct psagg__adapt *adapt; /* [codec] adaptive (adapt.c), or NULL */
@@ -240,6 +254,11 @@ struct psagg_ctx {
     void *device;
     void (*device_destroy)(psagg_ctx *ctx);
 };
+
+static inline push_buf *chunk_push(psagg_ctx *ctx, uint32_t chunk, uint32_t round)
+{
+    return &ctx->chunks[chunk].p[ctx->keep_pushes ? round & 1 : 0];
+}
 
 /*
  * handle.c. handle_new checks a push_pull's arguments and claims the tensor's in-flight slot;
