@@ -161,10 +161,13 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
                            rsize, ctx->max_msg);
     ctx->tensors = calloc(l->n_tensors, sizeof *ctx->tensors);
     ctx->chunks = calloc(l->n_chunks, sizeof *ctx->chunks);
+    ctx->owner = calloc(l->n_chunks ? l->n_chunks : 1, sizeof *ctx->owner);
     if (ctx->bitmap_bytes) /* [server] quorum */
         ctx->early = calloc(l->n_chunks, sizeof *ctx->early);
-    if (!ctx->tensors || !ctx->chunks || (ctx->bitmap_bytes && !ctx->early))
+    if (!ctx->tensors || !ctx->chunks || !ctx->owner || (ctx->bitmap_bytes && !ctx->early))
         return psagg__fail(PSAGG_ENOMEM, "tensor tables");
+    for (uint32_t c = 0; c < l->n_chunks; c++)
+        ctx->owner[c] = l->chunks[c].owner;
     for (uint32_t t = 0; t < ctx->n_user; t++) { /* internal tensors keep no residual */
         const psagg__tensor_info *ti = &l->tensors[t];
         ctx->tensors[t].lr = ctx->cfg.lr;
@@ -740,6 +743,7 @@ psagg_status psagg_close(psagg_ctx *ctx)
     psagg__rxpool_destroy(&ctx->rx);
     adapt_free(ctx);
     free(ctx->chunks);
+    free(ctx->owner);
     free(ctx->tensors);
     psagg__layout_free(&ctx->layout);
     free(ctx->servers);

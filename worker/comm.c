@@ -222,7 +222,7 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
             mh->len += (uint32_t)sizeof h->prm;
         }
         if (ctx->tag_bytes) { /* sealed for its server alone, under a number of its own */
-            server_conn *sc = &ctx->servers[ci->owner];
+            server_conn *sc = &ctx->servers[chunk_owner(ctx, ti->first_chunk + c)];
             psagg__node_seal(&ctx->node, &sc->push_key, ++sc->push_seq, buf, sizeof *mh + mh->len);
         }
     }
@@ -267,7 +267,8 @@ static int schedule(comm_state *cs)
         while (h->next_send < ti->n_chunks) {
             uint32_t g = ti->first_chunk + h->next_send;
             const psagg__chunk_info *ci = &ctx->layout.chunks[g];
-            server_conn *sc = &ctx->servers[ci->owner];
+            uint32_t owner = chunk_owner(ctx, g);
+            server_conn *sc = &ctx->servers[owner];
             if (h->chunk_done[h->next_send]) { /* its round closed without it ([server] quorum) */
                 if (++h->next_send == ti->n_chunks)
                     h->t_sent = psagg__now_ns();
@@ -282,6 +283,7 @@ static int schedule(comm_state *cs)
                 break;
             }
             pb->send_pending = 1;
+            pb->to = owner;
             st = psagg__fabric_try_send(ctx->fab, sc->addr, pb->buf, len + ctx->tag_bytes, pb->desc,
                                         pb);
             if (st == PSAGG_EAGAIN) { /* the provider's queue is full: after the next poll */
@@ -291,7 +293,7 @@ static int schedule(comm_state *cs)
             if (st) {
                 pb->send_pending = 0;
                 worker_fail_all(ctx, PSAGG_EPEER, "pushing tensor '%s' chunk %u to server %u: %s",
-                                ti->name, ci->index, ci->owner, psagg_last_error());
+                                ti->name, ci->index, owner, psagg_last_error());
                 return 0;
             }
             sc->inflight++;
@@ -360,8 +362,7 @@ static void check_deadlines(comm_state *cs)
         for (int s = 0; s < ctx->cfg.n_servers && used + 8 < sizeof waiting; s++) {
             int owes = 0; /* s owns a chunk of h whose update has not come */
             for (uint32_t c = 0; c < ti->n_chunks && !owes; c++)
-                owes = !h->chunk_done[c] &&
-                       ctx->layout.chunks[ti->first_chunk + c].owner == (uint32_t)s;
+                owes = !h->chunk_done[c] && chunk_owner(ctx, ti->first_chunk + c) == (uint32_t)s;
             if (owes) {
                 used += (size_t)snprintf(waiting + used, sizeof waiting - used, "%s%d",
                                          n ? "," : "", s);
@@ -377,19 +378,13 @@ static void check_deadlines(comm_state *cs)
     }
 }
 
-/* The chunk whose push buffer pb is (one of ctx->chunks[c].p). */
-static uint32_t push_chunk(const psagg_ctx *ctx, const push_buf *pb)
-{
-    return (uint32_t)(((uintptr_t)pb - (uintptr_t)ctx->chunks) / sizeof(chunk_buf));
-}
-
 /* A push's send completed (or failed): its buffer and its window slot are free again. */
 static void push_sent(psagg_ctx *ctx, push_buf *pb)
 {
     if (!pb || !pb->send_pending)
         return;
     pb->send_pending = 0;
-    ctx->servers[ctx->layout.chunks[push_chunk(ctx, pb)].owner].inflight--;
+    ctx->servers[pb->to].inflight--;
 }
 
 /*
@@ -482,7 +477,7 @@ static void *comm_main(void *arg)
             case PSAGG_FABRIC_SEND_ERROR: {
                 /* name the server: a dead one fails our sends before its socket's EOF is read */
                 push_buf *pb = ev[i].ctx;
-                int s = pb ? (int)ctx->layout.chunks[push_chunk(ctx, pb)].owner : -1;
+                int s = pb ? (int)pb->to : -1;
                 push_sent(ctx, pb);
                 if (s >= 0)
                     worker_fail_all(ctx, ev[i].status ? (psagg_status)ev[i].status : PSAGG_EPEER,

@@ -517,10 +517,9 @@ static psagg_status dev_complete(psagg_ctx *ctx, struct psagg_handle *h)
     for (uint32_t c = 0; c < ti->n_chunks; c++) { /* what the CPU's update would have said */
         size_t bad = 0;
         if ((st = g->ex->err_status(gt->h_err[ti->n_chunks + c], &bad)))
-            return psagg__fail_context(
-                PSAGG_EPROTO,
-                "update of tensor '%.63s' chunk %u from server %u: at %zu: ", ti->name, c,
-                ctx->layout.chunks[ti->first_chunk + c].owner, bad);
+            return psagg__fail_context(PSAGG_EPROTO,
+                                       "update of tensor '%.63s' chunk %u from server %u: at %zu: ",
+                                       ti->name, c, chunk_owner(ctx, ti->first_chunk + c), bad);
     }
     return PSAGG_OK;
 }

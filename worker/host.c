@@ -90,7 +90,7 @@ static psagg_status host_update(psagg_ctx *ctx, struct psagg_handle *h, const ps
     if (st)
         return psagg__fail_context(st,
                                    "update of tensor '%.63s' chunk %u from server %u: ", ti->name,
-                                   ci->index, ci->owner);
+                                   ci->index, chunk_owner(ctx, ti->first_chunk + ci->index));
     return PSAGG_OK;
 }
 

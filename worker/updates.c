@@ -260,6 +260,7 @@ struct psagg_handle *update_arrived(psagg_ctx *ctx, psagg__gate *gate, const psa
     enum psagg__msg_type type;
     const char *bad;
     int from;
+    uint32_t owner;
 
     if ((from = psagg__gate_sender(gate, rb->buf, rb->len, src)) < 0)
         return NULL;
@@ -273,11 +274,12 @@ struct psagg_handle *update_arrived(psagg_ctx *ctx, psagg__gate *gate, const psa
         return NULL;
     }
     ti = &ctx->layout.tensors[mh->key];
-    if (mh->sender != ci->owner || from != (int)ci->owner) {
+    owner = chunk_owner(ctx, (uint32_t)(ci - ctx->layout.chunks));
+    if (mh->sender != owner || from != (int)owner) {
         worker_fail_all(ctx, PSAGG_EPROTO,
                         "server %d sent an update of tensor '%s' chunk %u (field sender %u), "
                         "whose owner is server %u",
-                        from, ti->name, mh->chunk, mh->sender, ci->owner);
+                        from, ti->name, mh->chunk, mh->sender, owner);
         return NULL;
     }
     atomic_fetch_add(&ctx->bytes_received, rb->len);

@@ -131,6 +131,7 @@ typedef struct push_buf {
     uint8_t *buf;
     void *desc;
     int send_pending; /* comm thread only */
+    uint32_t to;      /* the server its pending send goes to (its window) */
 } push_buf;
 
 /*
@@ -225,6 +226,8 @@ struct psagg_ctx {
 
     uint32_t n_user;           /* tensors the user declared (keys below; then internal ones) */
     int keep_pushes;           /* two push buffers per chunk (chunk_buf): server_replicas */
+    uint32_t *owner;           /* per chunk: the server it is pushed to (chunk_owner; the
+                                  layout's, until a server epoch moves it; comm thread) */
     psagg__ctl_optim optim;    /* the servers' [server] optimizer settings (WELCOME) */
     ctl_request ckpt;          /* psagg_checkpoint's (control.c) */
     struct psagg__adapt *adapt; /* [codec] adaptive (adapt.c), or NULL */
@@ -254,6 +257,12 @@ struct psagg_ctx {
     void *device;
     void (*device_destroy)(psagg_ctx *ctx);
 };
+
+/* The server that owns chunk g now: its pushes go there, its updates come from there. */
+static inline uint32_t chunk_owner(const psagg_ctx *ctx, uint32_t g)
+{
+    return ctx->owner[g];
+}
 
 static inline push_buf *chunk_push(psagg_ctx *ctx, uint32_t chunk, uint32_t round)
 {
