@@ -180,6 +180,7 @@ typedef struct chunk_state {
     int64_t first_push_ns; /* when this round's first push came (lateness, metrics.c) */
     int64_t last_push_ns;  /* and its last (the timeline) */
     uint32_t first_worker, last_worker;
+    int standby; /* held for a takeover ([cluster] server_replicas); owned once route says so */
 } chunk_state;
 
 /* What a chunk's collect did with a push (flags; 0: nothing more to do, repost its buffer). */
@@ -401,7 +402,15 @@ typedef struct server {
     psagg__ctl_tensor *job_decl;     /* a joiner's must equal it */
     psagg__layout layout;
     uint32_t n_owned;
+    /* chunk states held: the owned ones (slots 0..n_owned-1), then, with [cluster]
+       server_replicas = R, the standby ones: the chunks of the R servers before this one on
+       the ring, which it takes over when their owner dies (docs/design.md) */
+    uint32_t n_held;
     chunk_state *chunks; /* by slot */
+    /* per chunk of the layout: the slot of its state while this server owns it, else -1. The
+       control thread changes it (a takeover) after the chunk's state is ready; the progress
+       thread routes pushes by it */
+    atomic_int *route;
 
     job_outcome job;
     control_state ctl;
