@@ -45,7 +45,7 @@ static int park_early(server *srv, recv_buf *rb, int from)
 {
     const psagg__msg_hdr *h = (const psagg__msg_hdr *)rb->rx.buf;
     uint16_t ahead = (uint16_t)(h->epoch - (uint16_t)atomic_load(&srv->mb.epoch));
-    if (!srv->mb.elastic || ahead == 0 || ahead >= 0x8000)
+    if ((!srv->mb.elastic && !srv->cfg.server_replicas) || ahead == 0 || ahead >= 0x8000)
         return 0;
     if (ahead > 16) { /* epochs are relayed at once: nobody is that far ahead of a server */
         server_close_worker(srv, from, "push field epoch is %u, %u epochs ahead of this server's",

@@ -292,6 +292,8 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, siz
         psagg__fail_context(st, "psagg_declare: ");
         goto out;
     }
+    if ((st = failover_setup(ctx)))
+        goto out;
     st = handshake_declare(ctx, d, bytes);
     if (st)
         goto out;
@@ -742,6 +744,7 @@ psagg_status psagg_close(psagg_ctx *ctx)
     free(ctx->early);
     psagg__rxpool_destroy(&ctx->rx);
     adapt_free(ctx);
+    failover_free(ctx);
     free(ctx->chunks);
     free(ctx->owner);
     free(ctx->tensors);

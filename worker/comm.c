@@ -221,10 +221,6 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
             memcpy(buf + sizeof *mh + mh->len, &h->prm, sizeof h->prm);
             mh->len += (uint32_t)sizeof h->prm;
         }
-        if (ctx->tag_bytes) { /* sealed for its server alone, under a number of its own */
-            server_conn *sc = &ctx->servers[chunk_owner(ctx, ti->first_chunk + c)];
-            psagg__node_seal(&ctx->node, &sc->push_key, ++sc->push_seq, buf, sizeof *mh + mh->len);
-        }
     }
     h->encoded = 1;
     h->t_encoded = psagg__now_ns();
@@ -248,7 +244,7 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
 static int schedule(comm_state *cs)
 {
     psagg_ctx *ctx = cs->ctx;
-    int waiting = 0;
+    int waiting = failover_resend(ctx); /* first: the rounds a moved chunk's new owner needs */
 
     for (uint32_t i = 0; i < cs->n_active; i++) {
         struct psagg_handle *h = cs->active[i];
@@ -282,6 +278,12 @@ static int schedule(comm_state *cs)
                 waiting = waiting ? waiting : 1;
                 break;
             }
+            /* sealed for its server alone, under a number of its own, as it goes: a server
+               view may have moved the chunk since the encode (and its epoch is the view's) */
+            if (ctx->failover)
+                ((psagg__msg_hdr *)pb->buf)->epoch = (uint16_t)ctx->epoch;
+            if (ctx->tag_bytes)
+                psagg__node_seal(&ctx->node, &sc->push_key, ++sc->push_seq, pb->buf, len);
             pb->send_pending = 1;
             pb->to = owner;
             st = psagg__fabric_try_send(ctx->fab, sc->addr, pb->buf, len + ctx->tag_bytes, pb->desc,
@@ -479,6 +481,8 @@ static void *comm_main(void *arg)
                 push_buf *pb = ev[i].ctx;
                 int s = pb ? (int)pb->to : -1;
                 push_sent(ctx, pb);
+                if (s >= 0 && (failover_lost(ctx, s) || failover_server_lost(ctx, s, ev[i].msg)))
+                    break; /* ([cluster] server_replicas: the job goes on without it) */
                 if (s >= 0)
                     worker_fail_all(ctx, ev[i].status ? (psagg_status)ev[i].status : PSAGG_EPEER,
                                     "a push to server %d (%s:%u) failed: %s", s,

@@ -264,6 +264,8 @@ struct psagg_handle *update_arrived(psagg_ctx *ctx, psagg__gate *gate, const psa
 
     if ((from = psagg__gate_sender(gate, rb->buf, rb->len, src)) < 0)
         return NULL;
+    if (failover_lost(ctx, from)) /* what a lost server sent before: its chunks moved */
+        return NULL;
     type = rb->len >= sizeof *mh && mh->type == PSAGG_MSG_WEIGHTS ? PSAGG_MSG_WEIGHTS
                                                                   : PSAGG_MSG_UPDATE;
     bad = psagg__msg_check(rb->buf, rb->len, ctx->tag_bytes + ctx->bitmap_bytes, type, &ctx->layout,
@@ -283,6 +285,8 @@ struct psagg_handle *update_arrived(psagg_ctx *ctx, psagg__gate *gate, const psa
         return NULL;
     }
     atomic_fetch_add(&ctx->bytes_received, rb->len);
+    if (failover_stale_update(ctx, mh)) /* a round summed again after a takeover: applied */
+        return NULL;
     if (ctx->bitmap_bytes && keep_early(ctx, ctx->tensors[mh->key].op, rb, &mc))
         return NULL;
     return update_apply(ctx, ctx->tensors[mh->key].op, rb->buf, &mc) ? ctx->tensors[mh->key].op

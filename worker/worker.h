@@ -21,6 +21,8 @@
  *                membership epochs relayed, ABORTs; and requests a caller waits for
  *                (psagg_checkpoint, psagg_sync_membership), one mechanism for both
  *   adapt.c      [codec] adaptive: statistics, their push, the choice of codecs (comm thread)
+ *   failover.c   [cluster] server_replicas: a lost server reported, the server views decided
+ *                (this worker an acceptor), pushes sent again to a chunk's new owner
  *   handle.c     an operation's life: creation, queueing, completion, failing the context
  *   host.c       the host-buffer operations
  * Where a push_pull's buffers live (host or device) is behind psagg__bufops, chosen when
@@ -227,7 +229,8 @@ struct psagg_ctx {
     uint32_t n_user;           /* tensors the user declared (keys below; then internal ones) */
     int keep_pushes;           /* two push buffers per chunk (chunk_buf): server_replicas */
     uint32_t *owner;           /* per chunk: the server it is pushed to (chunk_owner; the
-                                  layout's, until a server epoch moves it; comm thread) */
+                                  layout's, until a server view moves it; comm thread) */
+    struct psagg__failover *failover; /* [cluster] server_replicas (failover.c), or NULL */
     psagg__ctl_optim optim;    /* the servers' [server] optimizer settings (WELCOME) */
     ctl_request ckpt;          /* psagg_checkpoint's (control.c) */
     struct psagg__adapt *adapt; /* [codec] adaptive (adapt.c), or NULL */
@@ -350,6 +353,22 @@ void control_tell_servers(psagg_ctx *ctx);
  * servers (a joiner: the epoch that admits it, whatever its number). */
 psagg_status membership_take(psagg_ctx *ctx, const psagg__ctl_hdr *h, const void *body,
                              int joining);
+
+/*
+ * failover.c ([cluster] server_replicas; the communication thread but setup and free):
+ * server_lost says server s is lost (1: handled, the job goes on; 0: not such a job, the
+ * caller fails it); agree takes an AGREE frame from server s; resend pushes again what a moved
+ * chunk's new owner needs (1 while some wait); stale_update says whether an update is of a
+ * round this worker applied already after a view moved its chunk (to drop); lost whether
+ * server s is lost or out of the view.
+ */
+psagg_status failover_setup(psagg_ctx *ctx);
+void failover_free(psagg_ctx *ctx);
+int failover_server_lost(psagg_ctx *ctx, int s, const char *why);
+void failover_agree(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, const void *body);
+int failover_resend(psagg_ctx *ctx);
+int failover_stale_update(psagg_ctx *ctx, const psagg__msg_hdr *mh);
+int failover_lost(const psagg_ctx *ctx, int s);
 
 /*
  * adapt.c: adaptive codecs (runtime/adaptive.h has the schedule and the model). adapt_setup
