@@ -454,7 +454,7 @@ const chunk_ops sum_chunk_ops = {
 static void check_rounds(server *srv, agg_thread *t, int64_t now)
 {
     int self = (int)(t - srv->pool.threads);
-    for (uint32_t i = 0; i < srv->n_owned; i++) {
+    for (uint32_t i = 0; i < srv->n_held; i++) {
         chunk_state *c = &srv->chunks[i];
         char missing[128] = "";
         size_t used = 0;
@@ -745,28 +745,55 @@ psagg_status agg_check_budget(const server *srv, const psagg__ctl_tensor *decl, 
                        srv->cfg.n_servers);
 }
 
-/* Build the table of owned chunks and pin each to a thread (slot % threads). */
+/* Whether this server holds chunk ci's state for a takeover: its owner is one of the
+   [cluster] server_replicas servers before this one on the ring. */
+static int standby_here(const server *srv, const psagg__chunk_info *ci)
+{
+    uint32_t n = (uint32_t)srv->cfg.n_servers;
+    uint32_t behind = ((uint32_t)srv->rank + n - ci->owner) % n;
+    return behind >= 1 && behind <= (uint32_t)srv->cfg.server_replicas;
+}
+
+/*
+ * Build the table of held chunks (the owned ones, then the standby ones) and pin each to a
+ * thread (slot % threads); route the owned ones here.
+ */
 psagg_status agg_setup(server *srv)
 {
     const psagg__layout *l = &srv->layout;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    uint32_t next_standby;
 
     srv->pool.n_threads =
         srv->cfg.server_threads > 0 ? srv->cfg.server_threads : (int)(cores > 0 ? cores : 1);
     srv->n_owned = l->owned_count[srv->rank];
-    srv->chunks = calloc(srv->n_owned ? srv->n_owned : 1, sizeof *srv->chunks);
-    if (!srv->chunks)
-        return psagg__fail(PSAGG_ENOMEM, "chunk table of %u chunks", srv->n_owned);
+    srv->n_held = srv->n_owned;
+    for (uint32_t i = 0; i < l->n_chunks; i++)
+        srv->n_held += standby_here(srv, &l->chunks[i]);
+    srv->chunks = calloc(srv->n_held ? srv->n_held : 1, sizeof *srv->chunks);
+    srv->route = calloc(l->n_chunks ? l->n_chunks : 1, sizeof *srv->route);
+    if (!srv->chunks || !srv->route)
+        return psagg__fail(PSAGG_ENOMEM, "chunk table of %u chunks", srv->n_held);
+    next_standby = srv->n_owned;
     for (uint32_t i = 0; i < l->n_chunks; i++) {
         const psagg__chunk_info *ci = &l->chunks[i];
+        uint32_t slot;
         chunk_state *c;
-        if (ci->owner != (uint32_t)srv->rank)
+        atomic_init(&srv->route[i], -1);
+        if (ci->owner == (uint32_t)srv->rank) {
+            slot = ci->slot;
+            atomic_init(&srv->route[i], (int)slot);
+        } else if (standby_here(srv, ci)) {
+            slot = next_standby++;
+        } else {
             continue;
-        c = &srv->chunks[ci->slot];
+        }
+        c = &srv->chunks[slot];
+        c->standby = slot >= srv->n_owned;
         c->info = ci;
         c->codec = l->tensors[ci->key].codec;
         c->enc = ci->enc_bytes;
-        c->thread = ci->slot % (uint32_t)srv->pool.n_threads;
+        c->thread = slot % (uint32_t)srv->pool.n_threads;
         c->ops = chunk_kind(l->tensors[ci->key].param);
     }
     return PSAGG_OK;
@@ -788,7 +815,7 @@ static void *agg_thread_start(void *arg)
     if (arena_thread_init())
         LOG_DEBUG(&srv->log, "aggregation thread %d: no arena of its own", self);
     st = gpu_thread_init(srv, t);
-    for (uint32_t i = 0; i < srv->n_owned && !st; i++) {
+    for (uint32_t i = 0; i < srv->n_held && !st; i++) {
         chunk_state *c = &srv->chunks[i];
         if ((int)c->thread != self)
             continue;
@@ -869,7 +896,7 @@ void agg_stop(server *srv)
 
 void agg_teardown(server *srv)
 {
-    for (uint32_t i = 0; srv->chunks && i < srv->n_owned; i++) {
+    for (uint32_t i = 0; srv->chunks && i < srv->n_held; i++) {
         chunk_state *c = &srv->chunks[i];
         if (c->ops) /* chunk_alloc's order, reversed; each frees what it allocated, if any */
             c->ops->free(c);
@@ -884,6 +911,8 @@ void agg_teardown(server *srv)
     }
     free(srv->chunks);
     srv->chunks = NULL;
+    free(srv->route);
+    srv->route = NULL;
     for (int i = 0; srv->pool.threads && i < srv->pool.n_threads; i++) {
         agg_thread *t = &srv->pool.threads[i];
         pthread_mutex_destroy(&t->mu);

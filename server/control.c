@@ -161,18 +161,19 @@ static void worker_abort(server *srv, int w, const psagg__ctl_hdr *h, const void
 
 /* When a frame is expected (all of a route's flags must hold). */
 enum {
-    EMPTY = 1 << 0,    /* it has no body */
-    HELLOED = 1 << 1,  /* the worker authenticated and has not declared */
-    DECLARED = 1 << 2, /* it declared */
-    BEFORE = 1 << 3,   /* the job has not started here */
-    RUNS = 1 << 4,     /* the job runs */
-    ELASTIC = 1 << 5,  /* [cluster] elastic */
-    SERVER0 = 1 << 6,  /* on server 0 */
-    OTHERS = 1 << 7,   /* on a server > 0 */
-    MEMBER = 1 << 8,   /* the worker is a member */
-    JOINING = 1 << 9,  /* the worker is a joiner (not admitted) */
-    NO_JOIN = 1 << 10, /* ... that has not asked to join yet */
-    POOL = 1 << 11,    /* the aggregation pool runs */
+    EMPTY = 1 << 0,     /* it has no body */
+    HELLOED = 1 << 1,   /* the worker authenticated and has not declared */
+    DECLARED = 1 << 2,  /* it declared */
+    BEFORE = 1 << 3,    /* the job has not started here */
+    RUNS = 1 << 4,      /* the job runs */
+    ELASTIC = 1 << 5,   /* [cluster] elastic */
+    SERVER0 = 1 << 6,   /* on server 0 */
+    OTHERS = 1 << 7,    /* on a server > 0 */
+    MEMBER = 1 << 8,    /* the worker is a member */
+    JOINING = 1 << 9,   /* the worker is a joiner (not admitted) */
+    NO_JOIN = 1 << 10,  /* ... that has not asked to join yet */
+    POOL = 1 << 11,     /* the aggregation pool runs */
+    REPLICAS = 1 << 12, /* [cluster] server_replicas */
     MEMBER_OR_JOINING = MEMBER | JOINING,
 };
 
@@ -195,6 +196,10 @@ static const frame_route routes[] = {
     {PSAGG_CTL_START, DECLARED | BEFORE | ELASTIC | OTHERS, membership_start_relayed},
     {PSAGG_CTL_START, RUNS | ELASTIC | OTHERS, NULL}, /* (each worker relays it: one did) */
     {PSAGG_CTL_JOIN, EMPTY | DECLARED | JOINING | NO_JOIN | SERVER0, membership_join},
+    /* servers that fail: a worker's report, the agreement's answers, a decided view relayed */
+    {PSAGG_CTL_SERVER_LOST, DECLARED | RUNS | REPLICAS, failover_lost},
+    {PSAGG_CTL_AGREE, DECLARED | RUNS | REPLICAS, failover_agree},
+    {PSAGG_CTL_VIEW, DECLARED | RUNS | REPLICAS, failover_view},
 };
 
 static int route_holds(const server *srv, int w, const psagg__ctl_hdr *h, unsigned when)
@@ -205,7 +210,7 @@ static int route_holds(const server *srv, int w, const psagg__ctl_hdr *h, unsign
                    (srv->ctl.job_running ? RUNS : BEFORE) | (srv->mb.elastic ? ELASTIC : 0) |
                    (srv->rank == 0 ? SERVER0 : OTHERS) | (server_member(srv, w) ? MEMBER : 0) |
                    (wc->joining ? JOINING : 0) | (!wc->join_asked ? NO_JOIN : 0) |
-                   (srv->pool.started ? POOL : 0);
+                   (srv->pool.started ? POOL : 0) | (srv->cfg.server_replicas ? REPLICAS : 0);
     unsigned need = when & ~(unsigned)MEMBER_OR_JOINING;
     if ((now & need) != need)
         return 0;
@@ -370,6 +375,7 @@ static void running(server *srv, control_loop *l, int64_t now)
     }
     check_liveness(srv, now);
     checkpoint_tick(srv, now); /* (a collective checkpoint's members, its deadline) */
+    failover_tick(srv, now);   /* (a lost server's reports, the agreement's retries) */
     if (srv->mb.elastic) {     /* joins: admission stays open (admission.c, membership.c) */
         membership_tick(srv, now);
         admission_expire(srv, now);

@@ -45,7 +45,7 @@ static int park_early(server *srv, recv_buf *rb, int from)
 {
     const psagg__msg_hdr *h = (const psagg__msg_hdr *)rb->rx.buf;
     uint16_t ahead = (uint16_t)(h->epoch - (uint16_t)atomic_load(&srv->mb.epoch));
-    if (!srv->mb.elastic || ahead == 0 || ahead >= 0x8000)
+    if ((!srv->mb.elastic && !srv->cfg.server_replicas) || ahead == 0 || ahead >= 0x8000)
         return 0;
     if (ahead > 16) { /* epochs are relayed at once: nobody is that far ahead of a server */
         server_close_worker(srv, from, "push field epoch is %u, %u epochs ahead of this server's",
@@ -118,6 +118,7 @@ static void route_checked(server *srv, recv_buf *rb, int from)
     const psagg__msg_hdr *h = (const psagg__msg_hdr *)rb->rx.buf;
     const psagg__chunk_info *ci;
     const char *bad;
+    int slot;
 
     if (!server_member(srv, from)) { /* it left the job (elastic): nothing of it counts now */
         LOG_DEBUG(&srv->log, "a push from worker %d, which is no member, dropped", from);
@@ -141,14 +142,17 @@ static void route_checked(server *srv, recv_buf *rb, int from)
         progress_repost(srv, rb);
         return;
     }
-    if (ci->owner != (uint32_t)srv->rank) {
-        server_close_worker(srv, from, "push of tensor %u chunk %u sent to server %d, owner is %u",
+    slot = atomic_load(&srv->route[ci - srv->layout.chunks]);
+    if (slot < 0) {
+        server_close_worker(srv, from,
+                            "push of tensor %u chunk %u sent to server %d, which does not own it "
+                            "(the layout's owner is %u)",
                             h->key, h->chunk, srv->rank, ci->owner);
         progress_repost(srv, rb);
         return;
     }
     metrics_push(srv, from, rb->rx.len);
-    agg_enqueue(srv, &srv->chunks[ci->slot], rb);
+    agg_enqueue(srv, &srv->chunks[slot], rb);
 }
 
 /* The updates and receive buffers the aggregation threads handed over (job.c). */

@@ -124,6 +124,7 @@ void server_close(server *srv)
     free(srv->rank_at);
     admission_fini(srv);
     membership_fini(srv);
+    failover_fini(srv);
     checkpoint_fini(srv);
     optim_fini(srv);
     pthread_cond_destroy(&srv->pool.barrier_cv);

@@ -15,6 +15,8 @@
  *   checkpoint.c checkpoints as workers ask for them (every member at once, with a round
  *                policy that asks so), written after a barrier of the pool (control thread)
  *   membership.c elastic jobs: who is a member, epochs decided by server 0 (control thread)
+ *   failover.c   servers that fail ([cluster] server_replicas): a lost server's chunks taken
+ *                over in a view the workers decide (control thread)
  *   admission.c  connections that have not authenticated: HELLO checks, WELCOME, idle and
  *                slow-connection limits (the control thread, during start-up)
  *   progress.c   the data path's progress thread, the endpoint's one user: receive pushes,
@@ -180,6 +182,7 @@ typedef struct chunk_state {
     int64_t first_push_ns; /* when this round's first push came (lateness, metrics.c) */
     int64_t last_push_ns;  /* and its last (the timeline) */
     uint32_t first_worker, last_worker;
+    int standby; /* held for a takeover ([cluster] server_replicas); owned once route says so */
 } chunk_state;
 
 /* What a chunk's collect did with a push (flags; 0: nothing more to do, repost its buffer). */
@@ -401,7 +404,15 @@ typedef struct server {
     psagg__ctl_tensor *job_decl;     /* a joiner's must equal it */
     psagg__layout layout;
     uint32_t n_owned;
+    /* chunk states held: the owned ones (slots 0..n_owned-1), then, with [cluster]
+       server_replicas = R, the standby ones: the chunks of the R servers before this one on
+       the ring, which it takes over when their owner dies (docs/design.md) */
+    uint32_t n_held;
     chunk_state *chunks; /* by slot */
+    /* per chunk of the layout: the slot of its state while this server owns it, else -1. The
+       control thread changes it (a takeover) after the chunk's state is ready; the progress
+       thread routes pushes by it */
+    atomic_int *route;
 
     job_outcome job;
     control_state ctl;
@@ -412,6 +423,7 @@ typedef struct server {
     struct param_store *params;     /* param.c: the optimizer and a checkpoint to resume */
     struct checkpoints *ckpt;       /* checkpoint.c: the workers' requests */
     struct server_metrics *metrics; /* metrics.c */
+    struct failover *failover;      /* failover.c: server views ([cluster] server_replicas) */
 } server;
 
 /*
@@ -500,6 +512,16 @@ void admission_fini(server *srv);
  * relayed: a worker relayed server 0's MEMBERSHIP frame to this server (checked, applied in
  * order, duplicates compared).
  */
+/*
+ * failover.c ([cluster] server_replicas; control thread): a worker's SERVER_LOST, AGREE and
+ * VIEW frames; tick (retries, the reports' deadline) while the job runs; fini at the end.
+ */
+void failover_lost(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
+void failover_agree(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
+void failover_view(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
+void failover_tick(server *srv, int64_t now);
+void failover_fini(server *srv);
+
 psagg_status membership_init(server *srv);
 void membership_fini(server *srv);
 /*

@@ -213,10 +213,11 @@ static psagg_status start_job(server *srv)
         return st;
     LOG_INFO(&srv->log,
              "job '%s': %u tensors, %u chunks, %u owned here (%llu bytes per worker per round), "
-             "%d aggregation threads, provider %s%s",
+             "%u held for a takeover, %d aggregation threads, provider %s%s",
              srv->cfg.job_id, srv->layout.n_tensors, srv->layout.n_chunks, srv->n_owned,
-             (unsigned long long)srv->layout.owned_bytes[srv->rank], srv->pool.n_threads,
-             psagg__fabric_provider(srv->fab), srv->cfg.data_auth ? ", data_auth" : "");
+             (unsigned long long)srv->layout.owned_bytes[srv->rank], srv->n_held - srv->n_owned,
+             srv->pool.n_threads, psagg__fabric_provider(srv->fab),
+             srv->cfg.data_auth ? ", data_auth" : "");
     return PSAGG_OK;
 }
 

@@ -72,6 +72,7 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
     }
     if ((st = psagg__config_load(ini_path, &ctx->cfg)))
         goto err_config;
+    ctx->keep_pushes = ctx->cfg.server_replicas > 0; /* (worker.h, chunk_buf) */
     if (world_size != ctx->cfg.n_workers) {
         st = psagg__fail(PSAGG_ECONFIG,
                          "%s: [cluster] workers = %d, but this worker was started "
@@ -160,10 +161,13 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
                            rsize, ctx->max_msg);
     ctx->tensors = calloc(l->n_tensors, sizeof *ctx->tensors);
     ctx->chunks = calloc(l->n_chunks, sizeof *ctx->chunks);
+    ctx->owner = calloc(l->n_chunks ? l->n_chunks : 1, sizeof *ctx->owner);
     if (ctx->bitmap_bytes) /* [server] quorum */
         ctx->early = calloc(l->n_chunks, sizeof *ctx->early);
-    if (!ctx->tensors || !ctx->chunks || (ctx->bitmap_bytes && !ctx->early))
+    if (!ctx->tensors || !ctx->chunks || !ctx->owner || (ctx->bitmap_bytes && !ctx->early))
         return psagg__fail(PSAGG_ENOMEM, "tensor tables");
+    for (uint32_t c = 0; c < l->n_chunks; c++)
+        ctx->owner[c] = l->chunks[c].owner;
     for (uint32_t t = 0; t < ctx->n_user; t++) { /* internal tensors keep no residual */
         const psagg__tensor_info *ti = &l->tensors[t];
         ctx->tensors[t].lr = ctx->cfg.lr;
@@ -183,11 +187,13 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
                           ? 4 * ci->count /* worker 0's INIT */
                           : ci->cap_bytes;
         size_t sz = sizeof(psagg__msg_hdr) + body + sizeof(psagg__msg_param) + ctx->tag_bytes;
-        ctx->chunks[c].buf = psagg__alloc(sz, 1);
-        if (!ctx->chunks[c].buf)
-            return psagg__fail(PSAGG_ENOMEM, "push buffers");
-        if ((st = psagg__fabric_reg(ctx->fab, ctx->chunks[c].buf, sz, &ctx->chunks[c].desc)))
-            return st;
+        for (int b = 0; b < 1 + ctx->keep_pushes; b++) {
+            push_buf *pb = &ctx->chunks[c].p[b];
+            if (!(pb->buf = psagg__alloc(sz, 1)))
+                return psagg__fail(PSAGG_ENOMEM, "push buffers");
+            if ((st = psagg__fabric_reg(ctx->fab, pb->buf, sz, &pb->desc)))
+                return st;
+        }
     }
     /* a window of updates per server, and a few more */
     return psagg__rxpool_create(
@@ -286,6 +292,8 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, siz
         psagg__fail_context(st, "psagg_declare: ");
         goto out;
     }
+    if ((st = failover_setup(ctx)))
+        goto out;
     st = handshake_declare(ctx, d, bytes);
     if (st)
         goto out;
@@ -728,14 +736,17 @@ psagg_status psagg_close(psagg_ctx *ctx)
         psagg__free(ctx->tensors[t].carry);
     }
     for (uint32_t c = 0; ctx->chunks && c < ctx->layout.n_chunks; c++) {
-        psagg__free(ctx->chunks[c].buf);
+        psagg__free(ctx->chunks[c].p[0].buf);
+        psagg__free(ctx->chunks[c].p[1].buf);
         if (ctx->early)
             free(ctx->early[c]);
     }
     free(ctx->early);
     psagg__rxpool_destroy(&ctx->rx);
     adapt_free(ctx);
+    failover_free(ctx);
     free(ctx->chunks);
+    free(ctx->owner);
     free(ctx->tensors);
     psagg__layout_free(&ctx->layout);
     free(ctx->servers);

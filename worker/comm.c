@@ -162,7 +162,8 @@ static psagg_status param_body(psagg_ctx *ctx, struct psagg_handle *h)
         size_t bad = 0;
         psagg_status st = psagg__encode(
             &fp32, h->out + ci->offset, NULL, ci->count, (psagg__rng_key){0, 0},
-            ctx->chunks[ti->first_chunk + c].buf + sizeof(psagg__msg_hdr), 4 * ci->count, &bad);
+            chunk_push(ctx, ti->first_chunk + c, h->round)->buf + sizeof(psagg__msg_hdr),
+            4 * ci->count, &bad);
         if (st)
             return psagg__fail_context(st,
                                        "psagg_param_init: tensor '%.63s': weight %llu: ", ti->name,
@@ -185,7 +186,7 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
     int r;
 
     for (uint32_t c = 0; c < ti->n_chunks; c++)
-        if (ctx->chunks[ti->first_chunk + c].send_pending)
+        if (chunk_push(ctx, ti->first_chunk + c, h->round)->send_pending)
             return 0;
     r = adapt_codec(ctx, h, msg, sizeof msg); /* this round's codec (adaptive: may wait) */
     if (r < 0) {
@@ -207,7 +208,7 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
     }
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
         const psagg__chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
-        uint8_t *buf = ctx->chunks[ti->first_chunk + c].buf;
+        uint8_t *buf = chunk_push(ctx, ti->first_chunk + c, h->round)->buf;
         psagg__msg_hdr *mh = (psagg__msg_hdr *)buf;
         psagg__msg_init(mh, PSAGG_MSG_PUSH, (uint32_t)ctx->rank, h->round, ci, &h->codec, h->gen);
         mh->epoch = (uint16_t)ctx->epoch; /* (read without the lock: informational) */
@@ -219,10 +220,6 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
                 mh->len = (uint32_t)(4 * ci->count);
             memcpy(buf + sizeof *mh + mh->len, &h->prm, sizeof h->prm);
             mh->len += (uint32_t)sizeof h->prm;
-        }
-        if (ctx->tag_bytes) { /* sealed for its server alone, under a number of its own */
-            server_conn *sc = &ctx->servers[ci->owner];
-            psagg__node_seal(&ctx->node, &sc->push_key, ++sc->push_seq, buf, sizeof *mh + mh->len);
         }
     }
     h->encoded = 1;
@@ -247,7 +244,7 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
 static int schedule(comm_state *cs)
 {
     psagg_ctx *ctx = cs->ctx;
-    int waiting = 0;
+    int waiting = failover_resend(ctx); /* first: the rounds a moved chunk's new owner needs */
 
     for (uint32_t i = 0; i < cs->n_active; i++) {
         struct psagg_handle *h = cs->active[i];
@@ -266,30 +263,39 @@ static int schedule(comm_state *cs)
         while (h->next_send < ti->n_chunks) {
             uint32_t g = ti->first_chunk + h->next_send;
             const psagg__chunk_info *ci = &ctx->layout.chunks[g];
-            server_conn *sc = &ctx->servers[ci->owner];
+            uint32_t owner = chunk_owner(ctx, g);
+            server_conn *sc = &ctx->servers[owner];
             if (h->chunk_done[h->next_send]) { /* its round closed without it ([server] quorum) */
                 if (++h->next_send == ti->n_chunks)
                     h->t_sent = psagg__now_ns();
                 continue;
             }
+            push_buf *pb = chunk_push(ctx, g, h->round);
             /* the header encode_op wrote has the payload's length */
-            size_t len = sizeof(psagg__msg_hdr) + ((const psagg__msg_hdr *)ctx->chunks[g].buf)->len;
+            size_t len = sizeof(psagg__msg_hdr) + ((const psagg__msg_hdr *)pb->buf)->len;
             psagg_status st;
             if (sc->inflight >= ctx->cfg.max_inflight) {
                 waiting = waiting ? waiting : 1;
                 break;
             }
-            ctx->chunks[g].send_pending = 1;
-            st = psagg__fabric_try_send(ctx->fab, sc->addr, ctx->chunks[g].buf,
-                                        len + ctx->tag_bytes, ctx->chunks[g].desc, &ctx->chunks[g]);
+            /* sealed for its server alone, under a number of its own, as it goes: a server
+               view may have moved the chunk since the encode (and its epoch is the view's) */
+            if (ctx->failover)
+                ((psagg__msg_hdr *)pb->buf)->epoch = (uint16_t)ctx->epoch;
+            if (ctx->tag_bytes)
+                psagg__node_seal(&ctx->node, &sc->push_key, ++sc->push_seq, pb->buf, len);
+            pb->send_pending = 1;
+            pb->to = owner;
+            st = psagg__fabric_try_send(ctx->fab, sc->addr, pb->buf, len + ctx->tag_bytes, pb->desc,
+                                        pb);
             if (st == PSAGG_EAGAIN) { /* the provider's queue is full: after the next poll */
-                ctx->chunks[g].send_pending = 0;
+                pb->send_pending = 0;
                 return waiting ? waiting : 1;
             }
             if (st) {
-                ctx->chunks[g].send_pending = 0;
+                pb->send_pending = 0;
                 worker_fail_all(ctx, PSAGG_EPEER, "pushing tensor '%s' chunk %u to server %u: %s",
-                                ti->name, ci->index, ci->owner, psagg_last_error());
+                                ti->name, ci->index, owner, psagg_last_error());
                 return 0;
             }
             sc->inflight++;
@@ -358,8 +364,7 @@ static void check_deadlines(comm_state *cs)
         for (int s = 0; s < ctx->cfg.n_servers && used + 8 < sizeof waiting; s++) {
             int owes = 0; /* s owns a chunk of h whose update has not come */
             for (uint32_t c = 0; c < ti->n_chunks && !owes; c++)
-                owes = !h->chunk_done[c] &&
-                       ctx->layout.chunks[ti->first_chunk + c].owner == (uint32_t)s;
+                owes = !h->chunk_done[c] && chunk_owner(ctx, ti->first_chunk + c) == (uint32_t)s;
             if (owes) {
                 used += (size_t)snprintf(waiting + used, sizeof waiting - used, "%s%d",
                                          n ? "," : "", s);
@@ -376,12 +381,12 @@ static void check_deadlines(comm_state *cs)
 }
 
 /* A push's send completed (or failed): its buffer and its window slot are free again. */
-static void push_sent(psagg_ctx *ctx, chunk_buf *cb)
+static void push_sent(psagg_ctx *ctx, push_buf *pb)
 {
-    if (!cb || !cb->send_pending)
+    if (!pb || !pb->send_pending)
         return;
-    cb->send_pending = 0;
-    ctx->servers[ctx->layout.chunks[cb - ctx->chunks].owner].inflight--;
+    pb->send_pending = 0;
+    ctx->servers[pb->to].inflight--;
 }
 
 /*
@@ -473,9 +478,11 @@ static void *comm_main(void *arg)
                 break;
             case PSAGG_FABRIC_SEND_ERROR: {
                 /* name the server: a dead one fails our sends before its socket's EOF is read */
-                chunk_buf *cb = ev[i].ctx;
-                int s = cb ? (int)ctx->layout.chunks[cb - ctx->chunks].owner : -1;
-                push_sent(ctx, cb);
+                push_buf *pb = ev[i].ctx;
+                int s = pb ? (int)pb->to : -1;
+                push_sent(ctx, pb);
+                if (s >= 0 && (failover_lost(ctx, s) || failover_server_lost(ctx, s, ev[i].msg)))
+                    break; /* ([cluster] server_replicas: the job goes on without it) */
                 if (s >= 0)
                     worker_fail_all(ctx, ev[i].status ? (psagg_status)ev[i].status : PSAGG_EPEER,
                                     "a push to server %d (%s:%u) failed: %s", s,

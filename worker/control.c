@@ -294,6 +294,11 @@ void control_check(psagg_ctx *ctx, int64_t now, int64_t *next_ping)
             LOG_DEBUG(&ctx->log, "%s: PING: %s", peer, psagg_last_error());
         if (poll(&p, 1, 0) <= 0) {
             if (now - ctx->servers[s].heard_at > op) {
+                char why[160];
+                snprintf(why, sizeof why, "it sent nothing for %.1f s, more than op_timeout_ms",
+                         (double)(now - ctx->servers[s].heard_at) / 1e3);
+                if (failover_server_lost(ctx, s, why))
+                    continue;
                 worker_fail_all(ctx, PSAGG_ETIMEDOUT,
                                 "%s sent nothing for %.1f s, more than op_timeout_ms=%d "
                                 "(stopped, hung or cut off)",
@@ -321,6 +326,13 @@ void control_check(psagg_ctx *ctx, int64_t now, int64_t *next_ping)
             free(body);
             continue;
         }
+        if (!st && h.type == PSAGG_CTL_AGREE) {
+            failover_agree(ctx, s, &h, body);
+            free(body);
+            continue;
+        }
+        if (st && failover_server_lost(ctx, s, psagg_last_error())) /* its connection is gone */
+            continue;
         if (!st && h.type == PSAGG_CTL_SYNC_DONE && s == 0 && ctx->cfg.elastic &&
             h.len >= sizeof(psagg__ctl_sync_done)) {
             barrier_done(ctx, &h, body);

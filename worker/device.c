@@ -358,6 +358,13 @@ psagg_status psagg_push_pull_cuda(psagg_ctx *ctx, uint32_t key, const float *d_i
                          "cannot carry yet: push it from host memory (psagg_push_pull)");
         goto err;
     }
+    if (ctx->keep_pushes) {
+        st = psagg__fail(PSAGG_EUNSUPPORTED,
+                         "the job keeps every push for a takeover ([cluster] server_replicas), "
+                         "which the CUDA path is not tested with yet: push it from host memory "
+                         "(psagg_push_pull)");
+        goto err;
+    }
     if (ctx->layout.tensors[key].param) {
         st = psagg__fail(PSAGG_EUNSUPPORTED,
                          "it is a parameter ([server] optimizer), which the CUDA path does not "
@@ -418,7 +425,7 @@ static psagg_status dev_encode(psagg_ctx *ctx, struct psagg_handle *h)
     }
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
         const psagg__chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
-        memcpy(ctx->chunks[ti->first_chunk + c].buf + sizeof(psagg__msg_hdr),
+        memcpy(chunk_push(ctx, ti->first_chunk + c, h->round)->buf + sizeof(psagg__msg_hdr),
                gt->h_enc + gt->enc_off[c], ci->enc_bytes);
     }
     return PSAGG_OK;
@@ -510,10 +517,9 @@ static psagg_status dev_complete(psagg_ctx *ctx, struct psagg_handle *h)
     for (uint32_t c = 0; c < ti->n_chunks; c++) { /* what the CPU's update would have said */
         size_t bad = 0;
         if ((st = g->ex->err_status(gt->h_err[ti->n_chunks + c], &bad)))
-            return psagg__fail_context(
-                PSAGG_EPROTO,
-                "update of tensor '%.63s' chunk %u from server %u: at %zu: ", ti->name, c,
-                ctx->layout.chunks[ti->first_chunk + c].owner, bad);
+            return psagg__fail_context(PSAGG_EPROTO,
+                                       "update of tensor '%.63s' chunk %u from server %u: at %zu: ",
+                                       ti->name, c, chunk_owner(ctx, ti->first_chunk + c), bad);
     }
     return PSAGG_OK;
 }

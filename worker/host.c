@@ -23,7 +23,8 @@ static psagg_status host_encode(psagg_ctx *ctx, struct psagg_handle *h)
 
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
         const psagg__chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
-        uint8_t *payload = ctx->chunks[ti->first_chunk + c].buf + sizeof(psagg__msg_hdr);
+        uint8_t *payload =
+            chunk_push(ctx, ti->first_chunk + c, h->round)->buf + sizeof(psagg__msg_hdr);
         psagg__rng_key key = psagg__rng_chunk_key(
             ctx->cfg.seed, PSAGG_RNG_WORKER, (uint32_t)ctx->rank, ci->key, ci->index, h->round);
         size_t bad = 0;
@@ -55,7 +56,8 @@ static psagg_status host_carry(psagg_ctx *ctx, struct psagg_handle *h, const psa
 {
     const psagg__tensor_info *ti = &ctx->layout.tensors[h->key];
     tensor_state *ts = &ctx->tensors[h->key];
-    const uint8_t *payload = ctx->chunks[ti->first_chunk + ci->index].buf + sizeof(psagg__msg_hdr);
+    const uint8_t *payload =
+        chunk_push(ctx, ti->first_chunk + ci->index, h->round)->buf + sizeof(psagg__msg_hdr);
     float *to = ts->residual;
     psagg_status st;
 
@@ -88,7 +90,7 @@ static psagg_status host_update(psagg_ctx *ctx, struct psagg_handle *h, const ps
     if (st)
         return psagg__fail_context(st,
                                    "update of tensor '%.63s' chunk %u from server %u: ", ti->name,
-                                   ci->index, ci->owner);
+                                   ci->index, chunk_owner(ctx, ti->first_chunk + ci->index));
     return PSAGG_OK;
 }
 

@@ -260,8 +260,11 @@ struct psagg_handle *update_arrived(psagg_ctx *ctx, psagg__gate *gate, const psa
     enum psagg__msg_type type;
     const char *bad;
     int from;
+    uint32_t owner;
 
     if ((from = psagg__gate_sender(gate, rb->buf, rb->len, src)) < 0)
+        return NULL;
+    if (failover_lost(ctx, from)) /* what a lost server sent before: its chunks moved */
         return NULL;
     type = rb->len >= sizeof *mh && mh->type == PSAGG_MSG_WEIGHTS ? PSAGG_MSG_WEIGHTS
                                                                   : PSAGG_MSG_UPDATE;
@@ -273,14 +276,17 @@ struct psagg_handle *update_arrived(psagg_ctx *ctx, psagg__gate *gate, const psa
         return NULL;
     }
     ti = &ctx->layout.tensors[mh->key];
-    if (mh->sender != ci->owner || from != (int)ci->owner) {
+    owner = chunk_owner(ctx, (uint32_t)(ci - ctx->layout.chunks));
+    if (mh->sender != owner || from != (int)owner) {
         worker_fail_all(ctx, PSAGG_EPROTO,
                         "server %d sent an update of tensor '%s' chunk %u (field sender %u), "
                         "whose owner is server %u",
-                        from, ti->name, mh->chunk, mh->sender, ci->owner);
+                        from, ti->name, mh->chunk, mh->sender, owner);
         return NULL;
     }
     atomic_fetch_add(&ctx->bytes_received, rb->len);
+    if (failover_stale_update(ctx, mh)) /* a round summed again after a takeover: applied */
+        return NULL;
     if (ctx->bitmap_bytes && keep_early(ctx, ctx->tensors[mh->key].op, rb, &mc))
         return NULL;
     return update_apply(ctx, ctx->tensors[mh->key].op, rb->buf, &mc) ? ctx->tensors[mh->key].op

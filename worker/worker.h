@@ -21,6 +21,8 @@
  *                membership epochs relayed, ABORTs; and requests a caller waits for
  *                (psagg_checkpoint, psagg_sync_membership), one mechanism for both
  *   adapt.c      [codec] adaptive: statistics, their push, the choice of codecs (comm thread)
+ *   failover.c   [cluster] server_replicas: a lost server reported, the server views decided
+ *                (this worker an acceptor), pushes sent again to a chunk's new owner
  *   handle.c     an operation's life: creation, queueing, completion, failing the context
  *   host.c       the host-buffer operations
  * Where a push_pull's buffers live (host or device) is behind psagg__bufops, chosen when
@@ -126,12 +128,26 @@ typedef struct server_conn {
     int64_t heard_at; /* when its control connection last had something (comm thread) */
 } server_conn;
 
-/* Per chunk: the push buffer (header + encoded payload), registered once. */
-typedef struct chunk_buf {
+/* A push buffer (header + encoded payload), registered once. */
+typedef struct push_buf {
     uint8_t *buf;
     void *desc;
     int send_pending; /* comm thread only */
+    uint32_t to;      /* the server its pending send goes to (its window) */
+} push_buf;
+
+/*
+ * Per chunk: its push buffers. One, unless the job keeps pushes ([cluster] server_replicas):
+ * then two, by the round's parity, so that a push of round r stays whole while round r + 1 is
+ * encoded, until round r + 1's update proves that every worker has round r's (a server that
+ * takes the chunk over sums them again; docs/design.md). chunk_push gives a round's.
+ */
+typedef struct chunk_buf {
+    push_buf p[2];
 } chunk_buf;
+_Static_assert(sizeof(chunk_buf) == 2 * sizeof(push_buf), "chunk_buf: push buffers, no padding");
+
+static inline push_buf *chunk_push(psagg_ctx *ctx, uint32_t chunk, uint32_t round);
 
 typedef struct tensor_state {
     float *residual; /* worker error feedback (host buffers), or NULL */
@@ -211,6 +227,10 @@ struct psagg_ctx {
     psagg__timeline *timeline; /* [log] timeline, or NULL */
 
     uint32_t n_user;           /* tensors the user declared (keys below; then internal ones) */
+    int keep_pushes;           /* two push buffers per chunk (chunk_buf): server_replicas */
+    uint32_t *owner;           /* per chunk: the server it is pushed to (chunk_owner; the
+                                  layout's, until a server view moves it; comm thread) */
+    struct psagg__failover *failover; /* [cluster] server_replicas (failover.c), or NULL */
     psagg__ctl_optim optim;    /* the servers' [server] optimizer settings (WELCOME) */
     ctl_request ckpt;          /* psagg_checkpoint's (control.c) */
     struct psagg__adapt *adapt; /* [codec] adaptive (adapt.c), or NULL */
@@ -240,6 +260,17 @@ struct psagg_ctx {
     void *device;
     void (*device_destroy)(psagg_ctx *ctx);
 };
+
+/* The server that owns chunk g now: its pushes go there, its updates come from there. */
+static inline uint32_t chunk_owner(const psagg_ctx *ctx, uint32_t g)
+{
+    return ctx->owner[g];
+}
+
+static inline push_buf *chunk_push(psagg_ctx *ctx, uint32_t chunk, uint32_t round)
+{
+    return &ctx->chunks[chunk].p[ctx->keep_pushes ? round & 1 : 0];
+}
 
 /*
  * handle.c. handle_new checks a push_pull's arguments and claims the tensor's in-flight slot;
@@ -322,6 +353,22 @@ void control_tell_servers(psagg_ctx *ctx);
  * servers (a joiner: the epoch that admits it, whatever its number). */
 psagg_status membership_take(psagg_ctx *ctx, const psagg__ctl_hdr *h, const void *body,
                              int joining);
+
+/*
+ * failover.c ([cluster] server_replicas; the communication thread but setup and free):
+ * server_lost says server s is lost (1: handled, the job goes on; 0: not such a job, the
+ * caller fails it); agree takes an AGREE frame from server s; resend pushes again what a moved
+ * chunk's new owner needs (1 while some wait); stale_update says whether an update is of a
+ * round this worker applied already after a view moved its chunk (to drop); lost whether
+ * server s is lost or out of the view.
+ */
+psagg_status failover_setup(psagg_ctx *ctx);
+void failover_free(psagg_ctx *ctx);
+int failover_server_lost(psagg_ctx *ctx, int s, const char *why);
+void failover_agree(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, const void *body);
+int failover_resend(psagg_ctx *ctx);
+int failover_stale_update(psagg_ctx *ctx, const psagg__msg_hdr *mh);
+int failover_lost(const psagg_ctx *ctx, int s);
 
 /*
  * adapt.c: adaptive codecs (runtime/adaptive.h has the schedule and the model). adapt_setup

@@ -469,6 +469,29 @@ static psagg_status check_elastic(const struct load_state *st)
     return PSAGG_OK;
 }
 
+/* Servers that fail: fewer replicas than servers, and no server residual (yet). */
+static psagg_status check_replicas(const struct load_state *st)
+{
+    const psagg__config *cfg = st->cfg;
+    char where[300];
+
+    if (!cfg->server_replicas)
+        return PSAGG_OK;
+    key_origin(st, "cluster", "server_replicas", where, sizeof where);
+    if (cfg->server_replicas >= cfg->n_servers)
+        return psagg__fail(PSAGG_ECONFIG,
+                           "%s: [cluster] server_replicas = %d needs more than %d servers (a "
+                           "chunk's owner and its replicas are different servers)",
+                           where, cfg->server_replicas, cfg->n_servers);
+    if (cfg->server_error_feedback)
+        return psagg__fail(PSAGG_ECONFIG,
+                           "%s: [cluster] server_replicas does not work with [server] "
+                           "error_feedback = on yet (the residual would have to be copied to "
+                           "the replicas every round)",
+                           where);
+    return PSAGG_OK;
+}
+
 /* Straggler tolerance: 1 <= quorum <= workers. */
 static psagg_status check_quorum(const struct load_state *st)
 {
@@ -571,6 +594,8 @@ psagg_status psagg__config_load(const char *path, psagg__config *cfg)
         rc = check_elastic(st);
     if (!rc)
         rc = check_quorum(st);
+    if (!rc)
+        rc = check_replicas(st);
     if (!rc)
         rc = check_features(st);
     key_origin(st, "cluster", "servers", cfg->servers_where, sizeof cfg->servers_where);

@@ -69,6 +69,9 @@ typedef struct psagg__config {
     int max_workers; /* `max_workers`, default 0 = `workers` (elastic): the job's ranks are
                         0..max_workers-1, of which 0..workers-1 start it and the others may
                         join it while it runs; the loaded config holds the number */
+    int server_replicas;     /* `server_replicas`, default 0: a dead server ends the job; R >= 1:
+                                every chunk's state is kept on R + 1 servers and the job goes on
+                                without a dead one (docs/design.md, "Servers that fail and join") */
     char servers_where[300]; /* where `servers` was set ("path:line" or "env PSAGG_..."), for
                                 messages about the addresses */
 

@@ -88,6 +88,8 @@ const struct key config_keys[] = {
     KEY("cluster", "elastic", elastic, parse_enum, .choices = bool_names, .values = bool_values),
     KEY("cluster", "min_workers", min_workers, parse_number, .min = 1, .max = PSAGG_MAX_WORKERS),
     KEY("cluster", "max_workers", max_workers, parse_number, .min = 0, .max = PSAGG_MAX_WORKERS),
+    KEY("cluster", "server_replicas", server_replicas, parse_number, .min = 0,
+        .max = PSAGG_MAX_SERVERS - 1),
     /* [server] */
     KEY("server", "threads", server_threads, parse_number, .min = 0, .max = 1024),
     KEY("server", "error_feedback", server_error_feedback, parse_enum, .choices = bool_names,

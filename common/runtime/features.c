@@ -23,6 +23,10 @@ static int adaptive_on(const psagg__config *c)
 {
     return c->adaptive;
 }
+static int replicas_on(const psagg__config *c)
+{
+    return c->server_replicas > 0;
+}
 
 const psagg__feature psagg__features[PSAGG_F_COUNT] = {
     [PSAGG_F_ELASTIC] = {"elastic", "cluster", "elastic", "[cluster] elastic = on", elastic_on},
@@ -34,6 +38,8 @@ const psagg__feature psagg__features[PSAGG_F_COUNT] = {
     [PSAGG_F_ADAPTIVE] = {"adaptive codecs", "codec", "adaptive", "[codec] adaptive = on",
                           adaptive_on},
     [PSAGG_F_DEVICE] = {"device buffers", NULL, NULL, "psagg_push_pull_cuda", NULL},
+    [PSAGG_F_REPLICAS] = {"server replicas", "cluster", "server_replicas",
+                          "[cluster] server_replicas", replicas_on},
 };
 
 /*
@@ -70,6 +76,22 @@ const psagg__combo psagg__combos[] = {
      "a parameter's update is the weights' delta in its declared codec"},
     {PSAGG_F_CHECKPOINT, PSAGG_F_OPTIMIZER, 0,
      "a checkpoint holds the weights and the optimizer's state"},
+    {PSAGG_F_REPLICAS, PSAGG_F_ELASTIC, 1,
+     "a server's death is decided with the member workers as witnesses, and elastic membership "
+     "changes that set under it; one agreement for both is not built"},
+    {PSAGG_F_REPLICAS, PSAGG_F_QUORUM, 1,
+     "a round closed without a worker cannot be summed again from the pushes the workers keep "
+     "(the carried pushes differ)"},
+    {PSAGG_F_REPLICAS, PSAGG_F_OPTIMIZER, 1,
+     "a parameter chunk's weights and optimizer state must be copied to its replicas every "
+     "round, which is not built"},
+    {PSAGG_F_REPLICAS, PSAGG_F_CHECKPOINT, 1,
+     "a checkpoint of chunks that moved to another server is not built"},
+    {PSAGG_F_REPLICAS, PSAGG_F_ADAPTIVE, 1,
+     "the statistics tensor's rounds after a takeover are not built"},
+    {PSAGG_F_REPLICAS, PSAGG_F_DEVICE, 1,
+     "the pushes a worker keeps for a takeover are not tested on the CUDA path (refused at the "
+     "call: push from host memory)"},
 };
 const size_t psagg__n_combos = sizeof psagg__combos / sizeof psagg__combos[0];
 

@@ -21,6 +21,7 @@ typedef enum psagg__feature_id {
     PSAGG_F_OPTIMIZER,  /* [server] optimizer */
     PSAGG_F_ADAPTIVE,   /* [codec] adaptive = on */
     PSAGG_F_DEVICE,     /* psagg_push_pull_cuda (checked at the call) */
+    PSAGG_F_REPLICAS,   /* [cluster] server_replicas */
     PSAGG_F_COUNT
 } psagg__feature_id;
 

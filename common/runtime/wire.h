@@ -169,8 +169,10 @@
  * 14: SYNC and SYNC_DONE carry the codec assignments a worker keeps ([codec] adaptive:
  *     fields adapt_gens, adapt_tensors and the block after the tensor states), so that a
  *     joiner takes the members' (joins into an adaptive job)
+ * 15: servers that fail ([cluster] server_replicas): SERVER_LOST, AGREE and VIEW; the push
+ *     header's epoch is the view's in such a job
  */
-#define PSAGG_PROTO_VERSION 14
+#define PSAGG_PROTO_VERSION 15
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64
@@ -200,6 +202,9 @@ enum psagg__ctl_type {
     PSAGG_CTL_SYNC_DONE = 14, /* server 0 -> worker: psagg__ctl_sync_done + tensor states */
     PSAGG_CTL_JOIN = 15,      /* joiner -> server 0 (no body): declared everywhere, admit me */
     PSAGG_CTL_START = 16,     /* worker -> server s > 0 (elastic): server 0's READY, relayed */
+    PSAGG_CTL_SERVER_LOST = 17, /* worker -> the coordinator: psagg__ctl_server_lost + rounds */
+    PSAGG_CTL_AGREE = 18,       /* coordinator <-> worker: psagg__ctl_agree + a view */
+    PSAGG_CTL_VIEW = 19,        /* worker -> the other servers: a decided view, relayed */
 };
 
 typedef struct psagg__ctl_hdr {
@@ -344,6 +349,66 @@ typedef struct psagg__ctl_membership {
 } psagg__ctl_membership;
 #define PSAGG_MEMBERSHIP_DONE 1u
 _Static_assert(sizeof(psagg__ctl_membership) == 256, "psagg__ctl_membership layout");
+
+/*
+ * Servers that fail ([cluster] server_replicas; docs/design.md, "Servers that fail and join").
+ * A view says which servers are live and which server owns each chunk; views move in epochs
+ * (the push header's epoch field, as membership epochs do in an elastic job, which replicas
+ * do not work with yet), each decided by runtime/agree.h among the workers. Epoch 0 is the
+ * layout's.
+ *   worker -> the coordinator SERVER_LOST: this worker lost server `server` (its control
+ *                         connection closed, a push to it failed, or it was silent): the
+ *                         lowest live server of the view but that one coordinates. `rounds`
+ *                         has one u32 per chunk of the layout: the round of the next update of
+ *                         it this worker takes (those of other servers' chunks too)
+ *   the coordinator <-> worker AGREE: a message of the agreement (psagg__ctl_agree, then
+ *                         value_len bytes of the view when the kind carries one); each worker
+ *                         is an acceptor, the coordinator the proposer; once decided, the
+ *                         coordinator sends AGREE DECIDED to every worker
+ *   worker -> every other live server VIEW: the AGREE DECIDED it learned, relayed unchanged
+ * A view (the value): psagg__view_hdr, n_servers bytes live[] (1: live) padded to 4, then
+ * n_moves x psagg__view_move: the chunks whose owner changed in this epoch, each with the
+ * round its new owner starts at (the lowest next-update round any worker reported).
+ */
+typedef struct psagg__ctl_server_lost {
+    uint32_t server;   /* the server lost */
+    uint32_t epoch;    /* the view this worker is in */
+    uint32_t n_chunks; /* rounds[] that follow: the layout's chunks */
+    uint32_t pad;
+} psagg__ctl_server_lost;
+_Static_assert(sizeof(psagg__ctl_server_lost) == 16, "psagg__ctl_server_lost layout");
+
+typedef struct psagg__ctl_agree {
+    uint32_t kind;  /* runtime/agree.h: PSAGG_AGREE_PREPARE ... DECIDED */
+    uint32_t epoch; /* the view's epoch being decided */
+    uint64_t ballot;
+    uint64_t accepted;
+    uint32_t value_len; /* bytes of the view after this struct */
+    uint32_t pad;
+} psagg__ctl_agree;
+_Static_assert(sizeof(psagg__ctl_agree) == 32, "psagg__ctl_agree layout");
+
+typedef struct psagg__view_hdr {
+    uint32_t epoch;
+    uint32_t n_servers;
+    uint32_t n_moves;
+    uint32_t pad;
+} psagg__view_hdr;
+_Static_assert(sizeof(psagg__view_hdr) == 16, "psagg__view_hdr layout");
+
+typedef struct psagg__view_move {
+    uint32_t chunk; /* index in the layout */
+    uint32_t owner; /* its server from this epoch on */
+    uint32_t start; /* the round it starts at there */
+} psagg__view_move;
+_Static_assert(sizeof(psagg__view_move) == 12, "psagg__view_move layout");
+
+/* The bytes of a view of n_servers servers and n_moves moves. */
+static inline uint64_t psagg__view_bytes(uint32_t n_servers, uint32_t n_moves)
+{
+    return sizeof(psagg__view_hdr) + ((uint64_t)n_servers + 3) / 4 * 4 +
+           (uint64_t)n_moves * sizeof(psagg__view_move);
+}
 
 /* One tensor's state at a SYNC barrier: the round of its next operation, and flags. */
 #define PSAGG_TSTATE_INITED 1u /* a parameter whose psagg_param_init completed */

@@ -60,14 +60,14 @@ static psagg_status model_encode(psagg_ctx *ctx, struct psagg_handle *h)
             return st;
         for (uint32_t c = 0; c < ti->n_chunks; c++)
             memcpy(t->h_enc + t->off[c],
-                   ctx->chunks[ti->first_chunk + c].buf + sizeof(psagg__msg_hdr),
+                   chunk_push(ctx, ti->first_chunk + c, h->round)->buf + sizeof(psagg__msg_hdr),
                    ctx->layout.chunks[ti->first_chunk + c].enc_bytes);
         t->encoded_once = 1;
         return PSAGG_OK;
     }
     for (uint32_t c = 0; c < ti->n_chunks; c++)
-        memcpy(ctx->chunks[ti->first_chunk + c].buf + sizeof(psagg__msg_hdr), t->h_enc + t->off[c],
-               ctx->layout.chunks[ti->first_chunk + c].enc_bytes);
+        memcpy(chunk_push(ctx, ti->first_chunk + c, h->round)->buf + sizeof(psagg__msg_hdr),
+               t->h_enc + t->off[c], ctx->layout.chunks[ti->first_chunk + c].enc_bytes);
     return PSAGG_OK;
 }
 

@@ -37,6 +37,8 @@
  * it joins the running job, in epoch 1.
  * --lag-round R --lag-ms N: sleep N ms before round R's pushes (the others, while a dying
  * worker pushes that round first).
+ * --progress prints "ROUND r" before each round's pushes (a harness that acts at a round),
+ * and --round-sleep-ms without --sync sleeps that long before each round.
  * Stragglers in an elastic job: --straggler with --elastic-dead R --dead-round D: worker R was
  * killed before its pushes of round D; the check of stragglers below counts its inputs up to
  * round D - 1, less a tail it may have carried when it died (lost with it).
@@ -322,6 +324,7 @@ int main(int argc, char **argv)
                                          {"lag-round", required_argument, NULL, 'R'},
                                          {"lag-ms", required_argument, NULL, 'A'},
                                          {"dead-round", required_argument, NULL, 'X'},
+                                         {"progress", no_argument, NULL, 'P'},
                                          {NULL, 0, NULL, 0}};
     char sizes_text[512] = "1,1023,4096";
     const char *codec_text = "fp32", *expect_text = NULL;
@@ -333,6 +336,7 @@ int main(int argc, char **argv)
     int straggler = -1, straggler_ms = 50, calm_rounds = 5, error_feedback = 0, lenient = 0;
     int grow = 0; /* --grow: the --elastic-dead rank is beyond `workers`: it only joins */
     int lag_round = -1, lag_ms = 0; /* --lag-round, --lag-ms: sleep before that round */
+    int progress = 0;               /* --progress: "ROUND r" before each round's pushes */
     /* the membership when the leaving was first seen, and at the (latest) admission: later
        epochs are of workers that finished (a worker that is done leaves too) */
     psagg_membership left_m = {.struct_size = sizeof left_m}, adm_m = {.struct_size = sizeof adm_m};
@@ -436,6 +440,9 @@ int main(int argc, char **argv)
             break;
         case 'X':
             left_round = atoi(optarg);
+            break;
+        case 'P':
+            progress = 1;
             break;
         case 'A':
             lag_ms = atoi(optarg);
@@ -596,6 +603,12 @@ int main(int argc, char **argv)
         int all_full = 1;
         psagg_handle **h = mem.h;
         double worst = 0;
+        if (progress) {
+            printf("ROUND %d\n", r);
+            fflush(stdout);
+        }
+        if (round_sleep_ms && !sync)
+            usleep((useconds_t)round_sleep_ms * 1000);
         if (rank == die_rank && r == die_round && stall_seconds > 0) {
             /* alive (the library's thread keeps answering) but not pushing */
             printf("fn_worker %d: stalling %.1f s on purpose at round %d\n", rank, stall_seconds,

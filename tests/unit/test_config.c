@@ -44,6 +44,7 @@ static void remove_tmpdir(void)
 }
 
 #define MINIMAL "[cluster]\njob_id = j\nservers = 127.0.0.1:1\nworkers = 2\n"
+#define TWO_SERVERS "[cluster]\njob_id = j\nservers = 127.0.0.1:1 127.0.0.1:2\nworkers = 2\n"
 
 /*
  * Load `text` and expect ECONFIG with a message that contains "<path>:<line>: " (line > 0)
@@ -268,6 +269,28 @@ static void test_elastic(void)
               "feature table row %zu", i);
     }
     EXPECT_ERROR(MINIMAL "elastic = maybe\n", 5, "elastic");
+}
+
+/* [cluster] server_replicas: fewer than the servers, without a server residual, and what the
+   feature table refuses at its line naming both */
+static void test_replicas(void)
+{
+    psagg__config cfg;
+    CHECK(psagg__config_load(write_ini(MINIMAL), &cfg) == PSAGG_OK && cfg.server_replicas == 0,
+          "server_replicas is 0 by default: %s", psagg_last_error());
+    CHECK(psagg__config_load(write_ini(TWO_SERVERS "server_replicas = 1\n"), &cfg) == PSAGG_OK &&
+              cfg.server_replicas == 1,
+          "server_replicas = 1 with 2 servers: %s", psagg_last_error());
+    EXPECT_ERROR(TWO_SERVERS "server_replicas = 2\n", 5, "server_replicas = 2",
+                 "more than 2 servers");
+    EXPECT_ERROR(MINIMAL "server_replicas = 1\n", 5, "server_replicas = 1", "more than 1 servers");
+    EXPECT_ERROR(TWO_SERVERS "server_replicas = -1\n", 5, "server_replicas");
+    EXPECT_ERROR(TWO_SERVERS "server_replicas = 1\n[server]\nerror_feedback = on\n", 5,
+                 "server_replicas", "error_feedback = on");
+    EXPECT_ERROR(TWO_SERVERS "server_replicas = 1\nelastic = on\n", 5, "[cluster] server_replicas",
+                 "does not work with [cluster] elastic = on yet");
+    EXPECT_ERROR(TWO_SERVERS "server_replicas = 1\n[server]\noptimizer = sgd\n", 5,
+                 "[cluster] server_replicas", "[server] optimizer", "copied to its replicas");
 }
 
 /* data_auth = auto (the default): on with a secret_file, off without; on and off as said. */
@@ -611,6 +634,7 @@ int main(void)
     test_secret_errors();
     test_data_auth_default();
     test_elastic();
+    test_replicas();
     test_missing();
     test_env();
     test_hostport();

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# test_server_failover.sh BUILD_DIR [PORT] - a server dies and the job goes on
+# ([cluster] server_replicas; docs/design.md, "Servers that fail and join").
+#
+# Each case runs fn_worker (3 workers, 300 rounds of five tensors, fp32 checked bit for bit
+# against its own sum in every round) and SIGKILLs or SIGSTOPs one server once worker 0 starts
+# round K, plus a delay of 0..5 ms (so the death lands while pushes arrive, while the server
+# folds or while its updates go out). Every worker must exit 0 and print the DIGEST of the same
+# job run without a death (bit-identical), every worker must have taken server view 1, and the
+# server that took the chunks over must say so. Cases:
+#   kill1, kill1-late  2 servers, server 1 SIGKILLed (the coordinator is server 0)
+#   kill0              2 servers, server 0 SIGKILLed (the coordinator is then server 1)
+#   three-maxmin4      3 servers, 4-bit stochastic rounding, server 2 SIGKILLed: the new
+#                      owner writes the dead owner's bits (the chunk's random key)
+#   auth               a secret and data_auth: pushes sealed again for the new owner
+#   stop               server 1 SIGSTOPped (hung, not dead): lost after op_timeout_ms of silence
+#   r0                 server_replicas = 0: the same death fails every worker naming the server
+set -u -o pipefail
+build=$1
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+reserve_ports 3 "${2:-}"
+worker_bin=$build/tests/functional/fn_worker
+rounds=300
+head -c 32 /dev/urandom | base64 >"$tmp/secret"
+chmod 600 "$tmp/secret"
+
+# run NAME SERVERS CODEC REPLICAS KILL_SERVER SIGNAL ROUND DELAY_MS [SECTION.KEY=VALUE...]: one
+# job; KILL_SERVER -1 runs it without a death. Leaves the workers' rcs in rc[] and logs in $tmp.
+run() {
+    local name=$1 n_s=$2 codec=$3 replicas=$4 victim=$5 sig=$6 round=$7 delay=$8 w
+    shift 8
+    job_ini "$tmp/$name.ini" "$n_s" 3 cluster.job_id="failover-$name-$port" \
+        cluster.server_replicas="$replicas" cluster.op_timeout_ms=3000 log.level=info "$@"
+    start_servers "$tmp/$name.ini" "$n_s" "$name-"
+    for w in 0 1 2; do
+        start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
+            "$worker_bin" --codec "$codec" --sizes 1,1023,4096,50000,7000 --rounds $rounds \
+            --progress
+    done
+    if ((victim >= 0)); then
+        wait_until 60 grep -q "^ROUND $round\$" "$tmp/$name-worker0.log" ||
+            fail "$name: worker 0 never reached round $round"
+        sleep "0.00$delay"
+        kill -"$sig" "${spid[$victim]}"
+    fi
+    for w in 0 1 2; do
+        wait_for "${wpid[$w]}" 90
+        rc[w]=$?
+    done
+}
+
+digest_of() { # digest_of NAME: every worker's DIGEST, which must be one
+    local d
+    d=$(grep -h '^DIGEST' "$tmp/$1"-worker[012].log | sort -u)
+    (($(wc -l <<<"$d") == 1)) && [ -n "$d" ] || fail "$1: the workers' digests differ or are missing: $d"
+    echo "${d#DIGEST }"
+}
+
+declare -A ref
+for cfg in "2 fp32" "3 maxmin4"; do
+    set -- $cfg
+    run "ref-$1-$2" "$1" "$2" 1 -1 KILL 0 0
+    for w in 0 1 2; do ((rc[w] == 0)) || fail "ref-$1-$2: worker $w exited ${rc[w]} without a death"; done
+    ref[$1-$2]=$(digest_of "ref-$1-$2")
+    stop_all
+done
+echo "uninterrupted: 2 servers fp32 ${ref[2-fp32]}, 3 servers maxmin4 ${ref[3-maxmin4]}"
+
+# survive NAME SERVERS CODEC VICTIM SIGNAL ROUND DELAY_MS [KEY=VALUE...]: the job goes on
+survive() {
+    local name=$1 n_s=$2 codec=$3 victim=$4 w d took
+    run "$1" "$2" "$3" 1 "${@:4}"
+    for w in 0 1 2; do
+        ((rc[w] == 0)) || fail "$name: worker $w exited ${rc[w]} after server $victim's death"
+        grep -q "server view 1:" "$tmp/$name-worker$w.log" ||
+            fail "$name: worker $w never took view 1 (did the death land before the end?)"
+    done
+    d=$(digest_of "$name")
+    [ "$d" = "${ref[$n_s-$codec]}" ] ||
+        fail "$name: digest $d, the uninterrupted run's ${ref[$n_s-$codec]}"
+    grep -h "server view 1: .* to this server" "$tmp/$name"-server*.log | grep -v " 0 of them" |
+        head -1 | grep -q . || fail "$name: no server says it took the chunks over"
+    # the first worker's report of the loss to the last worker in the new view (log times)
+    took=$(grep -h "lost server\|server view 1:" "$tmp/$name"-worker[012].log |
+        awk '/lost server/ {if (!l || $1 < l) l = $1} /server view 1:/ {if ($1 > v) v = $1}
+             END {printf "%.0f", (v - l) * 1000}')
+    echo "$name: server $victim SIG$5 at round $6 + $7 ms: every worker bit-identical to the" \
+        "uninterrupted run ($d); from the first report to every worker in view 1: $took ms;" \
+        "$(grep -h "server view 1: .* to this server" "$tmp/$name"-server*.log |
+            grep -v " 0 of them" | sed 's/^[0-9.]* //')"
+    stop_all
+}
+
+survive kill1 2 fp32 1 KILL 40 0
+survive kill1-late 2 fp32 1 KILL 150 3
+survive kill0 2 fp32 0 KILL 60 1
+survive three-maxmin4 3 maxmin4 2 KILL 80 2
+survive auth 2 fp32 1 KILL 70 5 cluster.secret_file="$tmp/secret" cluster.data_auth=on
+survive stop 2 fp32 1 STOP 50 0
+
+# server_replicas = 0: today's fail-fast, naming the server
+run r0 2 fp32 0 1 KILL 40 0
+for w in 0 1 2; do
+    ((rc[w] != 0)) || fail "r0: worker $w exited 0 with server 1 dead and no replicas"
+    grep -q "server 1" "$tmp/r0-worker$w.log" || fail "r0: worker $w's failure does not name server 1"
+done
+echo "r0: every worker failed naming server 1: $(grep -h '^FAIL' "$tmp/r0-worker0.log" | head -1)"
+echo "test_server_failover: ok"
