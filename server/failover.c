@@ -381,26 +381,39 @@ void failover_lost(server *srv, int w, const psagg__ctl_hdr *h, const void *body
         propose(srv, fo);
 }
 
-void failover_agree(server *srv, int w, const psagg__ctl_hdr *h, const void *body)
+/*
+ * The state, with an AGREE or VIEW frame's header in *a (its view follows it in body): NULL
+ * when there is no memory (the job failed) or the frame is malformed (worker w closed).
+ */
+static struct failover *agree_frame(server *srv, int w, const psagg__ctl_hdr *h, const void *body,
+                                    const char *name, psagg__ctl_agree *a)
 {
     struct failover *fo = fo_get(srv);
-    psagg__ctl_agree a;
-    psagg__agree_msg in, out;
-    int ev;
     if (!fo) {
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for a view");
-        return;
+        return NULL;
     }
-    if (h->len < sizeof a) {
-        server_close_worker(srv, w, "an AGREE frame of %u bytes", h->len);
-        return;
+    if (h->len < sizeof *a) {
+        server_close_worker(srv, w, "a %s frame of %u bytes", name, h->len);
+        return NULL;
     }
-    memcpy(&a, body, sizeof a);
-    if (h->len != sizeof a + (size_t)a.value_len) {
-        server_close_worker(srv, w, "AGREE field value_len: %u in a frame of %u bytes", a.value_len,
-                            h->len);
-        return;
+    memcpy(a, body, sizeof *a);
+    if (h->len != sizeof *a + (size_t)a->value_len) {
+        server_close_worker(srv, w, "%s field value_len: %u in a frame of %u bytes", name,
+                            a->value_len, h->len);
+        return NULL;
     }
+    return fo;
+}
+
+void failover_agree(server *srv, int w, const psagg__ctl_hdr *h, const void *body)
+{
+    psagg__ctl_agree a;
+    struct failover *fo = agree_frame(srv, w, h, body, "AGREE", &a);
+    psagg__agree_msg in, out;
+    int ev;
+    if (!fo)
+        return;
     in = (psagg__agree_msg){.kind = a.kind,
                             .epoch = a.epoch,
                             .ballot = a.ballot,
@@ -443,21 +456,13 @@ void failover_agree(server *srv, int w, const psagg__ctl_hdr *h, const void *bod
 
 void failover_view(server *srv, int w, const psagg__ctl_hdr *h, const void *body)
 {
-    struct failover *fo = fo_get(srv);
     psagg__ctl_agree a;
+    struct failover *fo = agree_frame(srv, w, h, body, "VIEW", &a);
     const uint8_t *v = (const uint8_t *)body + sizeof a;
-    if (!fo) {
-        server_fail_job(srv, PSAGG_ENOMEM, "no memory for a view");
+    if (!fo)
         return;
-    }
-    if (h->len < sizeof a) {
-        server_close_worker(srv, w, "a VIEW frame of %u bytes", h->len);
-        return;
-    }
-    memcpy(&a, body, sizeof a);
-    if (a.kind != PSAGG_AGREE_DECIDED || h->len != sizeof a + (size_t)a.value_len) {
-        server_close_worker(srv, w, "VIEW fields kind, value_len: %u, %u in a frame of %u bytes",
-                            a.kind, a.value_len, h->len);
+    if (a.kind != PSAGG_AGREE_DECIDED) {
+        server_close_worker(srv, w, "VIEW field kind: %u, not a decided view", a.kind);
         return;
     }
     if (a.epoch == fo->epoch && fo->last) { /* another worker's copy: the same bytes */
