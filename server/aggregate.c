@@ -16,6 +16,7 @@
  * chunk_kind and chunk_sum; the rest of this file is the same for every kind.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,6 +163,14 @@ void agg_finish_round(server *srv, chunk_state *c)
     if (!c->ops->advances(c))
         return; /* (a parameter's INIT and PULL do not count a round) */
     c->round++;
+    while (c->ahead) { /* a takeover's pushes of this round that came early: their turn now */
+        recv_buf *rb = c->ahead;
+        agg_item *next = rb->item.next;
+        c->ahead = next ? (recv_buf *)(void *)((char *)next - offsetof(recv_buf, item)) : NULL;
+        c->n_ahead--;
+        atomic_fetch_sub(&srv->pool.rx_held, 1);
+        agg_enqueue(srv, c, rb);
+    }
     if (c == srv->chunks) { /* slot 0 counts the job's rounds for the usage report */
         if (c->round == 1) {
             getrusage(RUSAGE_SELF, &srv->pool.usage_first);
@@ -321,6 +330,18 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
                  "stale push from worker %d: tensor %u chunk %u round %u (collecting %u), dropped",
                  w, h->key, h->chunk, h->round, c->round);
         return 0;
+    }
+    if (round == c->round + 1 && c->taken_over && c->n_ahead < (uint32_t)srv->n_workers) {
+        if (!c->ahead)
+            LOG_INFO(&srv->log,
+                     "tensor %u chunk %u: worker %d pushed round %u while round %u is summed "
+                     "again after the takeover: it waits for its turn",
+                     h->key, h->chunk, w, round, c->round);
+        rb->item.next = c->ahead ? &c->ahead->item : NULL; /* (taken again after the round) */
+        c->ahead = rb;
+        c->n_ahead++;
+        atomic_fetch_add(&srv->pool.rx_held, 1);
+        return 1;
     }
     if (round > c->round) {
         server_close_worker(srv, w, "push field round is %u but tensor %u chunk %u is at round %u",

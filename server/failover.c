@@ -218,6 +218,7 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
             }
             c->round = m.start; /* (its aggregation thread sees it through the queue) */
             c->standby = 0;
+            c->taken_over = 1;
             atomic_store(&srv->route[m.chunk], (int)(c - srv->chunks));
             first = taken++ ? first : m.start;
         }

@@ -183,6 +183,12 @@ typedef struct chunk_state {
     int64_t last_push_ns;  /* and its last (the timeline) */
     uint32_t first_worker, last_worker;
     int standby; /* held for a takeover ([cluster] server_replicas); owned once route says so */
+    /* taken over (failover.c): a worker that had the last round's update from the dead owner
+       may push the next round before the others pushed this one again; such pushes wait in
+       `ahead` (linked by item.next) until the round moves on */
+    int taken_over;
+    struct recv_buf *ahead;
+    uint32_t n_ahead;
 } chunk_state;
 
 /* What a chunk's collect did with a push (flags; 0: nothing more to do, repost its buffer). */

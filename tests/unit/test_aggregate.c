@@ -19,6 +19,9 @@
  *   parked_ahead      a joiner's push of an epoch two ahead waits through the epoch between
  *   quorum_joiner     ([server] quorum in an elastic job) a joiner's first round waits for
  *                     its push, however long the grace, and closes without a straggler then
+ *   takeover_ahead    ([cluster] server_replicas) a chunk taken over from round r: a worker
+ *                     that had round r's update pushes r+1 before the others push r again;
+ *                     it waits instead of closing that worker
  *   checkpoint_decl   ([server] optimizer, checkpoint_dir) a checkpoint is written from the
  *                     job's declaration, whoever of the workers is gone (worker 0's was read:
  *                     a job started without it, or a checkpoint while it rejoins, crashed)
@@ -37,6 +40,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "kernels/codec.h"
+#include "runtime/agree.h"
 #include "runtime/layout.h"
 #include "runtime/message.h"
 #include "server.h"
@@ -58,6 +62,7 @@ typedef struct harness {
 typedef struct harness_opts {
     int workers, max_workers, servers, rank, quorum, grace_ms;
     int optimizer; /* sgd, parameters, a checkpoint_dir under the harness's folder */
+    int replicas;  /* [cluster] server_replicas */
 } harness_opts;
 
 static volatile sig_atomic_t never_stop;
@@ -85,6 +90,8 @@ static void harness_start(harness *hz, const harness_opts *o)
     fprintf(f, "\nworkers = %d\nop_timeout_ms = 60000\n", o->workers);
     if (o->max_workers)
         fprintf(f, "elastic = on\nmax_workers = %d\n", o->max_workers);
+    if (o->replicas)
+        fprintf(f, "server_replicas = %d\n", o->replicas);
     fprintf(f, "[server]\nthreads = 1\n");
     if (o->quorum)
         fprintf(f, "quorum = %d\ngrace_ms = %d\n", o->quorum, o->grace_ms);
@@ -93,7 +100,7 @@ static void harness_start(harness *hz, const harness_opts *o)
         CHECK(mkdtemp(hz->dir), "mkdtemp");
         fprintf(f, "optimizer = sgd\ncheckpoint_dir = %s\n", hz->dir);
     }
-    fprintf(f, "[log]\nlevel = warn\n");
+    fprintf(f, "[log]\nlevel = %s\n", getenv("TEST_LOG") ? getenv("TEST_LOG") : "warn");
     fclose(f);
     CHECK(!psagg__config_load(hz->ini, &cfg), "config: %s", psagg_last_error());
     hz->srv = server_open(&cfg, o->rank, &never_stop);
@@ -138,20 +145,21 @@ static void harness_stop(harness *hz)
         rmdir(hz->dir);
 }
 
-/* Worker w's push of `round` in membership epoch `epoch`, every element `value`. */
-static recv_buf *make_push(harness *hz, int w, uint32_t round, uint16_t epoch, float value)
+/* Worker w's push of chunk ci's `round` in epoch `epoch`, every element `value`. */
+static recv_buf *make_push_of(harness *hz, const psagg__chunk_info *ci, int w, uint32_t round,
+                              uint16_t epoch, float value)
 {
     server *srv = hz->srv;
-    size_t len = sizeof(psagg__msg_hdr) + hz->ci->enc_bytes;
+    size_t len = sizeof(psagg__msg_hdr) + ci->enc_bytes;
     recv_buf *rb = calloc(1, sizeof *rb);
     float *payload;
 
     CHECK(rb && (rb->rx.buf = calloc(1, len)), "out of memory");
-    psagg__msg_init((psagg__msg_hdr *)rb->rx.buf, PSAGG_MSG_PUSH, (uint32_t)w, round, hz->ci,
-                    &srv->layout.tensors[hz->ci->key].codec, 0);
+    psagg__msg_init((psagg__msg_hdr *)rb->rx.buf, PSAGG_MSG_PUSH, (uint32_t)w, round, ci,
+                    &srv->layout.tensors[ci->key].codec, 0);
     ((psagg__msg_hdr *)rb->rx.buf)->epoch = epoch;
     payload = (float *)(rb->rx.buf + sizeof(psagg__msg_hdr));
-    for (uint64_t i = 0; i < hz->ci->count; i++)
+    for (uint64_t i = 0; i < ci->count; i++)
         payload[i] = value;
     rb->rx.size = rb->rx.len = len;
     if (hz->n_bufs == hz->cap_bufs) {
@@ -161,6 +169,26 @@ static recv_buf *make_push(harness *hz, int w, uint32_t round, uint16_t epoch, f
     }
     hz->bufs[hz->n_bufs++] = rb;
     return rb;
+}
+
+/* Worker w's push of the chunk this server owns. */
+static recv_buf *make_push(harness *hz, int w, uint32_t round, uint16_t epoch, float value)
+{
+    return make_push_of(hz, hz->ci, w, round, epoch, value);
+}
+
+/* Worker w's push of chunk ci's `round` in epoch `epoch`, checked as the progress thread checks
+ * one, handed to the thread of the chunk's state in slot `slot`. */
+static void push_to(harness *hz, int slot, const psagg__chunk_info *ci, int w, uint32_t round,
+                    uint16_t epoch, float value)
+{
+    recv_buf *rb = make_push_of(hz, ci, w, round, epoch, value);
+    const psagg__chunk_info *got;
+    const char *bad = psagg__msg_check(rb->rx.buf, rb->rx.len, 0, PSAGG_MSG_PUSH, &hz->srv->layout,
+                                       &got, &rb->mc);
+    CHECK(!bad && got == ci, "the test's push is bad: field %s", bad);
+    rb->from = w;
+    agg_enqueue(hz->srv, &hz->srv->chunks[slot], rb);
 }
 
 /* Worker w's push of `round`, handed to the chunk's thread as the progress thread hands a
@@ -503,6 +531,63 @@ static void quorum_joiner(void)
            "closed without the straggler\n");
 }
 
+/*
+ * ([cluster] server_replicas = 1) server 0 takes server 1's chunk over from round 5 in view 1
+ * (a decided VIEW, as a worker relays it: failover.c applies it). Worker 0 had round 5's update
+ * from server 1 before it died, so it pushes round 6 while the others push round 5 again: that
+ * push waits for its turn instead of closing worker 0 ("push field round is 6 but ... is at
+ * round 5", the failure a kill while updates go out met), and both rounds sum every worker.
+ */
+static void takeover_ahead(void)
+{
+    harness hz;
+    server *srv;
+    const psagg__chunk_info *moved = NULL;
+    uint8_t frame[sizeof(psagg__ctl_agree) + 64];
+    psagg__ctl_agree a;
+    psagg__view_hdr vh = {.epoch = 1, .n_servers = 2, .n_moves = 1};
+    psagg__view_move m;
+    uint32_t len = (uint32_t)psagg__view_bytes(2, 1);
+    send_ctx *u;
+    int slot;
+
+    harness_start(&hz, &(harness_opts){.workers = 3, .servers = 2, .replicas = 1});
+    srv = hz.srv;
+    for (uint32_t i = 0; i < srv->layout.n_chunks; i++)
+        if (srv->layout.chunks[i].owner == 1)
+            moved = &srv->layout.chunks[i];
+    CHECK(moved && srv->n_held == srv->n_owned + 1, "server 0 holds server 1's chunk on standby");
+    CHECK(atomic_load(&srv->route[moved - srv->layout.chunks]) < 0, "not routed before the view");
+    m = (psagg__view_move){.chunk = (uint32_t)(moved - srv->layout.chunks), .owner = 0, .start = 5};
+    a = (psagg__ctl_agree){.kind = PSAGG_AGREE_DECIDED, .epoch = 1, .value_len = len};
+    memset(frame, 0, sizeof frame);
+    memcpy(frame, &a, sizeof a);
+    memcpy(frame + sizeof a, &vh, sizeof vh);
+    frame[sizeof a + sizeof vh] = 1; /* live: server 0 */
+    memcpy(frame + sizeof a + sizeof vh + 4, &m, sizeof m);
+    failover_view(srv, 0, &(psagg__ctl_hdr){.type = PSAGG_CTL_VIEW, .len = sizeof a + len}, frame);
+    CHECK(!atomic_load(&srv->job.failed), "view 1: %s", srv->job.error);
+    slot = atomic_load(&srv->route[m.chunk]);
+    CHECK(slot >= 0 && srv->chunks[slot].round == 5, "the chunk is routed here from round 5");
+    push_to(&hz, slot, moved, 0, 6, 1, 10.0f);
+    for (int w = 0; w < 3; w++)
+        push_to(&hz, slot, moved, w, 5, 1, 1.0f);
+    u = take_update(&hz, 2000);
+    expect_update(u, 5, 3, "round 5 summed again");
+    CHECK(!srv->workers[0].bad_reason[0], "worker 0 closed: %s", srv->workers[0].bad_reason);
+    CHECK(((const float *)(update_hdr(u) + 1))[0] == 3.0f, "round 5's sum");
+    sends_done(&hz, u);
+    for (int w = 1; w < 3; w++)
+        push_to(&hz, slot, moved, w, 6, 1, 10.0f);
+    u = take_update(&hz, 2000);
+    expect_update(u, 6, 3, "round 6 with worker 0's early push");
+    CHECK(((const float *)(update_hdr(u) + 1))[0] == 30.0f, "round 6's sum");
+    sends_done(&hz, u);
+    harness_stop(&hz);
+    printf("takeover_ahead: a push of the round after the one summed again waited for it; both "
+           "rounds sum all 3 workers\n");
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -510,7 +595,8 @@ int main(int argc, char **argv)
         void (*fn)(void);
     } cases[] = {{"quorum_deferred", quorum_deferred}, {"quorum_rearm", quorum_rearm},
                  {"epoch_ahead", epoch_ahead},         {"parked_ahead", parked_ahead},
-                 {"quorum_joiner", quorum_joiner},     {"checkpoint_decl", checkpoint_decl}};
+                 {"quorum_joiner", quorum_joiner},     {"checkpoint_decl", checkpoint_decl},
+                 {"takeover_ahead", takeover_ahead}};
     int ran = 0;
 
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
