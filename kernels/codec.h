@@ -78,8 +78,9 @@
  *                z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9; z = (z ^ (z >> 27)) *
  * 0x94D049BB133111EB; return z ^ (z >> 31) stream = mix64(mix64(side << 32 | rank, t << 32 | c), r)
  *   side = PSAGG_RNG_WORKER (0x3030) with the worker's rank, PSAGG_RNG_SERVER (0x5E5E) with the
- *   rank of the chunk's owner in the job's layout (whichever server runs the round); seed = [worker] seed of the job's config. Every worker and server, CPU or
- *   GPU, derives its keys here, so a job's bytes depend only on its inputs and config.
+ *   rank of the chunk's owner in the job's layout (whichever server runs the round); seed =
+ * [worker] seed of the job's config. Every worker and server, CPU or GPU, derives its keys here, so
+ * a job's bytes depend only on its inputs and config.
  *
  * Chunks (psagg__codec_chunk_elems): a tensor is cut into chunks of the job's chunk_elems
  * elements (a multiple of 64), except maxmin, whose chunks hold whole buckets:

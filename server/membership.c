@@ -26,11 +26,12 @@
  * included, relayed to the other servers as any epoch) and answers SYNC_DONE with the
  * members' tensor rounds, where the joiners start, and ([codec] adaptive) the codec
  * assignments they keep, which the joiners take (every member's SYNC must carry the same
- * states and assignments: a worker sends it once its statistics are summed and solved). A push of the new epoch that reaches a
- * server before the epoch's relay waits for it (progress.c). An admitting barrier that some
- * member does not reach within 1.5 x op_timeout_ms lets the waiting members go and refuses
- * the joiners (naming the members it waited for); admissions are one epoch per barrier, so
- * a worker that joins and dies again and again costs the others one barrier each time.
+ * states and assignments: a worker sends it once its statistics are summed and solved). A push of
+ * the new epoch that reaches a server before the epoch's relay waits for it (progress.c). An
+ * admitting barrier that some member does not reach within 1.5 x op_timeout_ms lets the waiting
+ * members go and refuses the joiners (naming the members it waited for); admissions are one epoch
+ * per barrier, so a worker that joins and dies again and again costs the others one barrier each
+ * time.
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -33,7 +33,8 @@
 #include "runtime/adaptive.h"
 #include "worker.h"
 
-#define RING PSAGG_ADAPT_RING /* assignments kept: the rounds in flight span at most 3 generations */
+#define RING                                                                                       \
+    PSAGG_ADAPT_RING /* assignments kept: the rounds in flight span at most 3 generations */
 
 typedef struct assignment {
     uint32_t gen;    /* PSAGG_ADAPT_NO_GEN: empty */

@@ -5,10 +5,10 @@
  * Requests (ctl_request, worker.h): psagg_checkpoint asks every server for a checkpoint (one
  * answer each: CHECKPOINT_DONE, its file or why not), psagg_sync_membership asks server 0 to
  * pass a barrier (SYNC with every tensor's state and the codec assignments; one answer:
- * SYNC_DONE, the workers it admitted). One mechanism serves both: the caller (control_request) checks that no
- * operation is in flight, marks the request asked and waits; the communication thread sends
- * it (control_requests_send) and counts the answers (request_answer) until the last one
- * wakes the caller, or the deadline or the job's failure does.
+ * SYNC_DONE, the workers it admitted). One mechanism serves both: the caller (control_request)
+ * checks that no operation is in flight, marks the request asked and waits; the communication
+ * thread sends it (control_requests_send) and counts the answers (request_answer) until the last
+ * one wakes the caller, or the deadline or the job's failure does.
  */
 #include <errno.h>
 #include <poll.h>

@@ -107,7 +107,7 @@ typedef struct ctl_request {
    kept in ctx->early until that push is encoded (updates.c, comm.c). */
 struct early_update {
     psagg__msg_codec mc; /* as psagg__msg_check read it */
-    uint8_t msg[];      /* the checked message: header, payload, bitmap (and MAC) */
+    uint8_t msg[];       /* the checked message: header, payload, bitmap (and MAC) */
 };
 
 typedef struct server_conn {
@@ -226,14 +226,14 @@ struct psagg_ctx {
     atomic_uint_fast64_t time_ns[6];
     psagg__timeline *timeline; /* [log] timeline, or NULL */
 
-    uint32_t n_user;           /* tensors the user declared (keys below; then internal ones) */
-    int keep_pushes;           /* two push buffers per chunk (chunk_buf): server_replicas */
-    uint32_t *owner;           /* per chunk: the server it is pushed to (chunk_owner; the
-                                  layout's, until a server view moves it; comm thread) */
+    uint32_t n_user; /* tensors the user declared (keys below; then internal ones) */
+    int keep_pushes; /* two push buffers per chunk (chunk_buf): server_replicas */
+    uint32_t *owner; /* per chunk: the server it is pushed to (chunk_owner; the
+                        layout's, until a server view moves it; comm thread) */
     struct psagg__failover *failover; /* [cluster] server_replicas (failover.c), or NULL */
-    psagg__ctl_optim optim;    /* the servers' [server] optimizer settings (WELCOME) */
-    ctl_request ckpt;          /* psagg_checkpoint's (control.c) */
-    struct psagg__adapt *adapt; /* [codec] adaptive (adapt.c), or NULL */
+    psagg__ctl_optim optim;           /* the servers' [server] optimizer settings (WELCOME) */
+    ctl_request ckpt;                 /* psagg_checkpoint's (control.c) */
+    struct psagg__adapt *adapt;       /* [codec] adaptive (adapt.c), or NULL */
     /* the membership (guarded by mu; changed by the comm thread on server 0's MEMBERSHIP):
        every worker rank lives unless [cluster] elastic */
     uint32_t epoch;

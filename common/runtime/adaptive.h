@@ -57,8 +57,8 @@
  * at most 3 generations): generation g in slot g % PSAGG_ADAPT_RING, PSAGG_ADAPT_NO_GEN in a
  * slot not used yet. A SYNC carries them all (wire.h), and a joiner takes the members'.
  */
-#define PSAGG_ADAPT_RING   4u
-#define PSAGG_ADAPT_NO_GEN UINT32_MAX
+#define PSAGG_ADAPT_RING         4u
+#define PSAGG_ADAPT_NO_GEN       UINT32_MAX
 #define PSAGG_ADAPT_MAX_INTERVAL 1000000u
 #define PSAGG_ADAPT_MAX_BUCKETS  5u
 #define PSAGG_ADAPT_MIN_BITS     2u

@@ -344,12 +344,12 @@ PSAGG_API psagg_status psagg_get_membership(const psagg_ctx *ctx, psagg_membersh
  * (PSAGG_EINVAL otherwise); when nobody waits to join it returns at once (one round trip to
  * server 0), else once every member is in it. With [codec] adaptive it first waits for this
  * worker's statistics pushes to be summed and solved (after a statistics round: one more round
- * trip and the solve), so that a joiner takes the same codec assignments from every member. `out` (may be NULL) is the membership after it:
- * out->joined > 0 says that workers were admitted, and then every worker, the joiners
- * included, takes the model state from where it lives: with the optimizer on the servers,
- * every member calls psagg_pull_weights(sync = 1) on every parameter and each joiner
- * psagg_param_init (which pulls them too: the weights are bit-identical everywhere after).
- * In a job that is not elastic it returns at once.
+ * trip and the solve), so that a joiner takes the same codec assignments from every member. `out`
+ * (may be NULL) is the membership after it: out->joined > 0 says that workers were admitted, and
+ * then every worker, the joiners included, takes the model state from where it lives: with the
+ * optimizer on the servers, every member calls psagg_pull_weights(sync = 1) on every parameter and
+ * each joiner psagg_param_init (which pulls them too: the weights are bit-identical everywhere
+ * after). In a job that is not elastic it returns at once.
  */
 PSAGG_API psagg_status psagg_sync_membership(psagg_ctx *ctx, psagg_membership *out);
 /*
