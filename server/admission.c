@@ -201,7 +201,34 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg__ctl_hel
     }
     rank = (int)hello->rank;
     wc = &srv->workers[rank];
-    if (hello->flags != flags) {
+    if (hello->flags & PSAGG_HELLO_REJOIN) {
+        /* the workers ran the job with this server before it (re)started (failover.c) */
+        if (!srv->cfg.server_replicas) {
+            snprintf(msg, len,
+                     "server %d: worker %d runs the job already, which this server left: it "
+                     "rejoins only with [cluster] server_replicas >= 1",
+                     srv->rank, rank);
+            return -1;
+        }
+        if (srv->ctl.job_running) {
+            snprintf(msg, len,
+                     "server %d: worker %d asks it to rejoin, but it runs the job still (cut off "
+                     "and moved out of the view): it rejoins once it is restarted",
+                     srv->rank, rank);
+            return -1;
+        }
+    }
+    if (srv->adm->startup_deadline < 0) { /* the first worker says whether the job runs */
+        srv->ctl.rejoin = !!(hello->flags & PSAGG_HELLO_REJOIN);
+    } else if (!srv->ctl.job_running && srv->ctl.rejoin != !!(hello->flags & PSAGG_HELLO_REJOIN)) {
+        snprintf(msg, len,
+                 "server %d: worker %d says the job %s, the workers before it that it %s: try "
+                 "again",
+                 srv->rank, rank, hello->flags & PSAGG_HELLO_REJOIN ? "runs" : "starts",
+                 srv->ctl.rejoin ? "runs" : "starts");
+        return -2; /* (a worker that took a view in between: it says HELLO again in a moment) */
+    }
+    if ((hello->flags & ~PSAGG_HELLO_REJOIN) != flags) {
         snprintf(msg, len, "server %d: worker %d has data_auth %s, this server %s", srv->rank, rank,
                  hello->flags & PSAGG_HELLO_DATA_AUTH ? "on" : "off", flags ? "on" : "off");
         return -1;
@@ -276,7 +303,8 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg__ctl_hel
             return -1;
         }
         wel.epname_len = (uint32_t)elen;
-        if (srv->cfg.local_copy && !srv->ctl.job_running) /* (not for a joiner: by the provider) */
+        if (srv->cfg.local_copy && !srv->ctl.job_running && !srv->ctl.rejoin) /* (not for a
+                                                    joiner or a rejoin: by the provider) */
             local_copy_offer(srv, rank, hello, &wel);
         psagg__welcome_token(&srv->job_key, &wel, hello->auth, wel.auth);
         if (psagg__ctl_send(fd, NULL, PSAGG_CTL_WELCOME, &wel, sizeof wel)) {

@@ -321,6 +321,11 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
 
     if (c->broken)
         return 0;
+    if (c->standby) { /* routed before a view gave it up: the view's owner sums it again */
+        LOG_DEBUG(&srv->log, "push from worker %d: tensor %u chunk %u round %u, given up here",
+                  w, h->key, h->chunk, h->round);
+        return 0;
+    }
     if (c->ops->admit(srv, c, rb, &round))
         return 0;
     if (round < c->round || (round == c->round && c->closing)) {
@@ -494,6 +499,66 @@ static void check_rounds(server *srv, agg_thread *t, int64_t now)
     }
 }
 
+static void queue_item(agg_thread *t, agg_item *it)
+{
+    pthread_mutex_lock(&t->mu);
+    if (t->tail)
+        t->tail->next = it;
+    else
+        t->head = it;
+    t->tail = it;
+    pthread_cond_signal(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+}
+
+psagg_status agg_move(server *srv, chunk_state *c, int move, uint32_t round)
+{
+    agg_item *it = malloc(sizeof *it); /* (freed by the thread: views are rare) */
+    if (!it)
+        return psagg__fail(PSAGG_ENOMEM, "moving a chunk");
+    *it = (agg_item){.chunk = c, .move = move, .round = round};
+    queue_item(&srv->pool.threads[c->thread], it);
+    return PSAGG_OK;
+}
+
+/*
+ * A move, in c's aggregation thread: forget the round being collected (its pushes go to the
+ * owner of the view, which sums the round again), then own c from the item's round or hold it
+ * on standby.
+ */
+static void do_move(server *srv, agg_item *it)
+{
+    chunk_state *c = it->chunk;
+    for (int w = 0; w < srv->n_workers; w++)
+        if (c->held && c->held[w])
+            release_held(srv, c, w);
+    while (c->ahead) {
+        recv_buf *rb = c->ahead;
+        agg_item *next = rb->item.next;
+        c->ahead = next ? (recv_buf *)(void *)((char *)next - offsetof(recv_buf, item)) : NULL;
+        c->n_ahead--;
+        atomic_fetch_sub(&srv->pool.rx_held, 1);
+        server_queue_repost(srv, rb);
+    }
+    atomic_store(&c->deferred, 0); /* (a whole round waiting for a send: summed again there) */
+    c->round_deadline = 0;
+    c->close_at_ms = 0;
+    c->closing = 0;
+    c->codec_set = 0;
+    c->n_arrived = 0;
+    c->next = 0;
+    c->folded = 0;
+    c->broken = 0;
+    memset(c->arrived, 0, (size_t)srv->n_workers);
+    c->standby = it->move != AGG_OWN;
+    c->taken_over = it->move == AGG_OWN;
+    if (it->move == AGG_OWN)
+        c->round = it->round;
+    LOG_DEBUG(&srv->log, "tensor %u chunk %u: %s", c->info->key, c->info->index,
+              it->move == AGG_OWN ? "owned from the view's round" : "given up (held on standby)");
+    free(it);
+}
+
 /* How often an idle aggregation thread looks at its rounds' deadlines. */
 #define DEADLINE_CHECK_MS 100
 
@@ -558,6 +623,10 @@ static void *agg_main(void *arg)
             continue;
         }
         busy_from = psagg__now_ns();
+        if (it->move) { /* (a server view's: failover.c) */
+            do_move(srv, it);
+            continue;
+        }
         if (!it->rb)
             atomic_store(&it->chunk->retry_queued, 0);
         if (it->rb) {
@@ -595,14 +664,7 @@ void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb)
     if (!rb && atomic_exchange(&c->retry_queued, 1))
         return; /* already queued: one retry serves both parities */
     *it = (agg_item){.rb = rb, .chunk = c};
-    pthread_mutex_lock(&t->mu);
-    if (t->tail)
-        t->tail->next = it;
-    else
-        t->head = it;
-    t->tail = it;
-    pthread_cond_signal(&t->cv);
-    pthread_mutex_unlock(&t->mu);
+    queue_item(t, it);
 }
 
 void agg_barrier(server *srv)
@@ -803,14 +865,15 @@ psagg_status agg_setup(server *srv)
         atomic_init(&srv->route[i], -1);
         if (ci->owner == (uint32_t)srv->rank) {
             slot = ci->slot;
-            atomic_init(&srv->route[i], (int)slot);
+            /* (a server that rejoins owns its chunks once a view gives them back) */
+            atomic_init(&srv->route[i], srv->ctl.rejoin ? -1 : (int)slot);
         } else if (standby_here(srv, ci)) {
             slot = next_standby++;
         } else {
             continue;
         }
         c = &srv->chunks[slot];
-        c->standby = slot >= srv->n_owned;
+        c->standby = slot >= srv->n_owned || srv->ctl.rejoin;
         c->info = ci;
         c->codec = l->tensors[ci->key].codec;
         c->enc = ci->enc_bytes;

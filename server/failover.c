@@ -13,8 +13,17 @@
  * routed: srv->route), and the push headers' epoch becomes the view's, so that a push of the
  * new view waits (progress.c) until the view is applied here.
  *
+ * A server that comes back (restarted: the workers connect to it again; it started with every
+ * chunk on standby, admission.c) is reported by each worker (SERVER_BACK phase 0); once every
+ * worker has, the coordinator asks them to hold their pushes of the chunks whose layout owner
+ * it is (phase 1), takes their rounds, and proposes the view with it live and those chunks
+ * moved back, from the lowest round reported: the same steps as a takeover. The server that
+ * rejoins takes the first decided view that names it live, whatever its epoch (a view carries
+ * every chunk's owner). One change of the view is decided at a time: a loss first; reports of
+ * another change are sent again by the workers with the next view.
+ *
  * What is not built yet: a second loss while one is decided (the job fails naming both), a
- * worker that dies meanwhile, moving chunks back, servers that join.
+ * worker that dies meanwhile.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,11 +42,14 @@ struct failover {
     uint32_t *owner; /* per chunk of the layout, in that view */
     uint8_t *last;   /* the view decided for `epoch` (NULL at 0) */
     uint32_t last_len;
-    /* the coordinator's: a loss being decided */
-    int lost;          /* the server, or -1 */
-    uint8_t *reported; /* per worker: its SERVER_LOST came */
+    int rejoining; /* this server restarted into the running job: no view applied yet */
+    /* the coordinator's: one change of the view decided at a time */
+    int lost;          /* a loss being decided: the server, or -1 */
+    int back;          /* a server coming back: the server, or -1 */
+    int holding;       /* (back) the workers were asked to hold its chunks' pushes */
+    uint8_t *reported; /* per worker: its report of this change came */
     uint32_t *start;   /* per chunk: the lowest next-update round reported */
-    int64_t since;     /* the first report */
+    int64_t since;     /* the first report (of this step) */
     int proposing;
     int64_t retry_at; /* 0, or when to propose again (an attempt lost) */
     psagg__proposer prop;
@@ -62,7 +74,9 @@ static struct failover *fo_get(server *srv)
     memset(fo->live, 1, (size_t)srv->cfg.n_servers);
     for (uint32_t g = 0; g < n; g++)
         fo->owner[g] = srv->layout.chunks[g].owner;
+    fo->rejoining = srv->ctl.rejoin;
     fo->lost = -1;
+    fo->back = -1;
     psagg__proposer_init(&fo->prop, (uint32_t)srv->rank);
     srv->failover = fo;
     return fo;
@@ -88,13 +102,19 @@ static int coordinator(const server *srv, const struct failover *fo, int but)
     return -1;
 }
 
+static int usable(const server *srv, int w)
+{
+    const worker_conn *wc = &srv->workers[w];
+    return wc->fd >= 0 && wc->state != W_BYE && wc->state != W_DEAD;
+}
+
 /* Send an AGREE (with its view, when it carries one) to worker w; a failed send closes it. */
 static void send_agree(server *srv, int w, const psagg__agree_msg *m)
 {
     worker_conn *wc = &srv->workers[w];
     size_t len = sizeof(psagg__ctl_agree) + m->value_len;
     psagg__ctl_agree *a;
-    if (wc->fd < 0 || wc->state == W_BYE || wc->state == W_DEAD)
+    if (!usable(srv, w))
         return;
     if (!(a = calloc(1, len))) {
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for an AGREE frame");
@@ -118,187 +138,263 @@ static void send_all(server *srv, const psagg__agree_msg *m)
         send_agree(srv, w, m);
 }
 
+/* The decided view of this server's epoch, to worker w (it missed it), if there is one. */
+static void send_last(server *srv, struct failover *fo, int w)
+{
+    if (fo->last)
+        send_agree(srv, w,
+                   &(psagg__agree_msg){.kind = PSAGG_AGREE_DECIDED,
+                                       .epoch = fo->epoch,
+                                       .value = fo->last,
+                                       .value_len = fo->last_len});
+}
+
+/* Chunk g's owner in view v (checked: view_check). */
+static uint32_t view_owner(const uint8_t *v, uint32_t n_servers, uint32_t g)
+{
+    uint16_t o;
+    memcpy(&o, v + psagg__view_owners_at(n_servers) + (size_t)g * sizeof o, sizeof o);
+    return o;
+}
+
+static psagg__view_move view_move(const uint8_t *v, const psagg__view_hdr *vh, uint32_t i)
+{
+    psagg__view_move m;
+    memcpy(&m, v + psagg__view_moves_at(vh->n_servers, vh->n_chunks) + (size_t)i * sizeof m,
+           sizeof m);
+    return m;
+}
+
 /*
- * Check a view's bytes (the next epoch's, of this job): NULL if they hold, else what is wrong.
- * *moves points at its moves.
+ * Check a view's bytes against this job (and, unless this server rejoins, against the view
+ * applied here: a chunk changes its owner only by a move): NULL if they hold, else what is
+ * wrong. Its epoch is the caller's to check.
  */
 static const char *view_check(const server *srv, const struct failover *fo, const uint8_t *v,
-                              uint32_t len, const psagg__view_move **moves)
+                              uint32_t len)
 {
     psagg__view_hdr vh;
-    const uint8_t *live;
+    const uint8_t *live = v + sizeof vh;
+    uint8_t *moved;
+    const char *bad = NULL;
     int n_live = 0;
     if (len < sizeof vh)
         return "shorter than its header";
     memcpy(&vh, v, sizeof vh);
     if (vh.n_servers != (uint32_t)srv->cfg.n_servers)
         return "field n_servers differs from the job's servers";
-    if (vh.n_moves > srv->layout.n_chunks || len != psagg__view_bytes(vh.n_servers, vh.n_moves))
+    if (vh.n_chunks != srv->layout.n_chunks)
+        return "field n_chunks differs from the layout's chunks";
+    if (vh.n_moves > vh.n_chunks || len != psagg__view_bytes(vh.n_servers, vh.n_chunks, vh.n_moves))
         return "field n_moves does not match its length";
-    if (vh.epoch != fo->epoch + 1)
-        return "field epoch is not the next epoch";
-    live = v + sizeof vh;
     for (uint32_t s = 0; s < vh.n_servers; s++) {
-        if (live[s] > 1 || (live[s] && !fo->live[s]))
-            return "a server comes back to life";
+        if (live[s] > 1)
+            return "a live[] byte is neither 0 nor 1";
         n_live += live[s];
     }
     if (!n_live)
         return "no server is live";
-    *moves = (const psagg__view_move *)(const void *)(live + (vh.n_servers + 3) / 4 * 4);
-    for (uint32_t i = 0; i < vh.n_moves; i++) {
-        psagg__view_move m;
-        memcpy(&m, &(*moves)[i], sizeof m);
-        if (m.chunk >= srv->layout.n_chunks || m.owner >= vh.n_servers || !live[m.owner])
-            return "a move names a chunk that does not exist or an owner that is not live";
+    for (uint32_t g = 0; g < vh.n_chunks; g++) {
+        uint32_t o = view_owner(v, vh.n_servers, g);
+        if (o >= vh.n_servers || !live[o])
+            return "a chunk's owner is not a live server";
     }
-    for (uint32_t g = 0; g < srv->layout.n_chunks; g++) { /* every chunk keeps a live owner */
-        int moved = 0;
-        for (uint32_t i = 0; i < vh.n_moves && !moved; i++) {
-            psagg__view_move m;
-            memcpy(&m, &(*moves)[i], sizeof m);
-            moved = m.chunk == g;
-        }
-        if (!moved && !live[fo->owner[g]])
-            return "a chunk of a server it removes stays there";
+    if (!(moved = calloc(vh.n_chunks ? vh.n_chunks : 1, 1)))
+        return "no memory to check it";
+    for (uint32_t i = 0; i < vh.n_moves && !bad; i++) {
+        psagg__view_move m = view_move(v, &vh, i);
+        if (m.chunk >= vh.n_chunks || moved[m.chunk])
+            bad = "a move names a chunk that does not exist, or one moved twice";
+        else if (m.owner != view_owner(v, vh.n_servers, m.chunk))
+            bad = "a move's owner is not the chunk's owner in owner[]";
+        else
+            moved[m.chunk] = 1;
     }
-    return NULL;
+    for (uint32_t g = 0; g < vh.n_chunks && !bad && !fo->rejoining; g++)
+        if (!moved[g] && view_owner(v, vh.n_servers, g) != fo->owner[g])
+            bad = "a chunk changes its owner without a move (and the round it starts at)";
+    free(moved);
+    return bad;
 }
 
-/* The state this server holds of chunk g for a takeover, or NULL. */
-static chunk_state *standby_of(server *srv, uint32_t g)
+/* The slot of the state this server holds of chunk g (owned, or on standby), or -1. */
+static int held_slot(const server *srv, uint32_t g)
 {
-    for (uint32_t i = srv->n_owned; i < srv->n_held; i++)
-        if (srv->chunks[i].standby && srv->chunks[i].info == &srv->layout.chunks[g])
-            return &srv->chunks[i];
-    return NULL;
+    for (uint32_t i = 0; i < srv->n_held; i++)
+        if (srv->chunks[i].info == &srv->layout.chunks[g])
+            return (int)i;
+    return -1;
 }
 
 /*
- * Apply the decided view v of the next epoch: a chunk this server now owns starts at its
- * round here; the epoch moves on, and the progress thread routes the pushes that waited for it.
+ * Apply the decided view v: a chunk this server now owns starts at its move's round here, one
+ * it owned no more is given up (aggregate.c's agg_move, in queue order with the pushes); the
+ * epoch moves on, and the progress thread routes the pushes that waited for it. A server that
+ * rejoins takes the first view that names it live, whatever its epoch.
  */
 static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint32_t len)
 {
-    const psagg__view_move *moves;
-    const char *bad = view_check(srv, fo, v, len, &moves);
+    const char *bad = view_check(srv, fo, v, len);
     psagg__view_hdr vh;
-    uint32_t taken = 0, first = 0;
+    uint32_t taken = 0, given = 0, first = 0;
+    uint32_t *start = NULL;
     uint8_t *copy;
     if (bad) {
         server_fail_job(srv, PSAGG_EPROTO, "a decided view: %s", bad);
         return;
     }
-    if (!(copy = malloc(len))) {
-        server_fail_job(srv, PSAGG_ENOMEM, "no memory for a view");
+    memcpy(&vh, v, sizeof vh);
+    if (fo->rejoining ? vh.epoch <= fo->epoch : vh.epoch != fo->epoch + 1) {
+        server_fail_job(srv, PSAGG_EPROTO, "a decided view of epoch %u at view %u here", vh.epoch,
+                        fo->epoch);
         return;
     }
-    memcpy(copy, v, len);
-    memcpy(&vh, v, sizeof vh);
     if (!v[sizeof vh + (size_t)srv->rank]) {
-        free(copy);
+        if (fo->rejoining) { /* (a loss decided while this server came back) */
+            LOG_INFO(&srv->log, "server view %u does not name this server yet", vh.epoch);
+            return;
+        }
         server_fail_job(srv, PSAGG_EPEER,
                         "view %u removes this server (the workers lost it): it leaves the job",
                         vh.epoch);
         return;
     }
+    if (!(copy = malloc(len)) || !(start = malloc((vh.n_chunks ? vh.n_chunks : 1) * sizeof *start))) {
+        free(copy);
+        server_fail_job(srv, PSAGG_ENOMEM, "no memory for a view");
+        return;
+    }
+    memcpy(copy, v, len);
+    for (uint32_t g = 0; g < vh.n_chunks; g++)
+        start[g] = UINT32_MAX;
     for (uint32_t i = 0; i < vh.n_moves; i++) {
-        psagg__view_move m;
-        memcpy(&m, &moves[i], sizeof m);
-        fo->owner[m.chunk] = m.owner;
-        if (m.owner == (uint32_t)srv->rank) {
-            chunk_state *c = standby_of(srv, m.chunk);
-            if (!c) {
-                free(copy);
-                server_fail_job(srv, PSAGG_EPROTO,
-                                "view %u makes this server own chunk %u, of which it holds no "
-                                "state",
-                                vh.epoch, m.chunk);
-                return;
-            }
-            c->round = m.start; /* (its aggregation thread sees it through the queue) */
-            c->standby = 0;
-            c->taken_over = 1;
-            atomic_store(&srv->route[m.chunk], (int)(c - srv->chunks));
-            first = taken++ ? first : m.start;
+        psagg__view_move m = view_move(v, &vh, i);
+        start[m.chunk] = m.start;
+    }
+    for (uint32_t g = 0; g < vh.n_chunks; g++) {
+        uint32_t now = view_owner(v, vh.n_servers, g);
+        int mine = now == (uint32_t)srv->rank;
+        int was = !fo->rejoining && fo->owner[g] == (uint32_t)srv->rank;
+        int slot = mine != was ? held_slot(srv, g) : -1;
+        fo->owner[g] = now;
+        if (mine == was)
+            continue;
+        if (slot < 0 || (mine && start[g] == UINT32_MAX)) {
+            server_fail_job(srv, PSAGG_EPROTO,
+                            "view %u makes this server own chunk %u, of which it %s", vh.epoch, g,
+                            slot < 0 ? "holds no state" : "names no round to start at");
+            break;
+        }
+        if (mine) { /* queued before the first push routed to it: it starts at its round */
+            if (agg_move(srv, &srv->chunks[slot], AGG_OWN, start[g]))
+                break;
+            atomic_store(&srv->route[g], slot);
+            first = taken++ ? first : start[g];
+        } else {
+            atomic_store(&srv->route[g], -1);
+            if (agg_move(srv, &srv->chunks[slot], AGG_GIVE_UP, 0))
+                break;
+            given++;
         }
     }
+    free(start);
     memcpy(fo->live, v + sizeof vh, (size_t)vh.n_servers);
     free(fo->last);
     fo->last = copy;
     fo->last_len = len;
     fo->epoch = vh.epoch;
+    fo->rejoining = 0;
     fo->lost = -1;
+    fo->back = -1;
+    fo->holding = 0;
     fo->proposing = 0;
+    fo->retry_at = 0;
     memset(fo->reported, 0, (size_t)srv->n_workers);
     atomic_store(&srv->mb.epoch, vh.epoch); /* the push headers' epoch in this job */
     psagg__fabric_wake(srv->fab);
     LOG_WARN(&srv->log,
-             "server view %u: %u chunk(s) moved, %u of them to this server (from round %u)",
-             vh.epoch, vh.n_moves, taken, first);
+             "server view %u: %u chunk(s) moved, %u of them to this server (from round %u), %u "
+             "given back",
+             vh.epoch, vh.n_moves, taken, first, given);
 }
 
-/* The view without server `lost`, its chunks moved: into *out (malloc'd); 0, or -1 failed. */
-static int make_view(server *srv, struct failover *fo, int lost, uint8_t **out, uint32_t *len)
+/*
+ * The next view: without fo->lost (its chunks to the first live server from their layout owner
+ * on that holds their state), or with fo->back (the chunks of its layout moved back to it),
+ * each move from fo->start[]. Into *out (malloc'd); 0, or -1 (the job failed).
+ */
+static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *len)
 {
-    uint32_t n_s = (uint32_t)srv->cfg.n_servers, n_moves = 0, k = 0;
+    uint32_t n_s = (uint32_t)srv->cfg.n_servers, n_c = srv->layout.n_chunks, n_moves = 0, k = 0;
     psagg__view_hdr vh;
-    psagg__view_move *moves;
-    uint8_t *v;
-    for (uint32_t g = 0; g < srv->layout.n_chunks; g++)
-        n_moves += fo->owner[g] == (uint32_t)lost;
-    *len = (uint32_t)psagg__view_bytes(n_s, n_moves);
-    if (!(v = calloc(1, *len))) {
+    uint8_t *v, *live;
+    uint32_t *to = malloc((n_c ? n_c : 1) * sizeof *to);
+    if (!to) {
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for a view");
         return -1;
     }
-    vh = (psagg__view_hdr){.epoch = fo->epoch + 1, .n_servers = n_s, .n_moves = n_moves};
-    memcpy(v, &vh, sizeof vh);
-    memcpy(v + sizeof vh, fo->live, n_s);
-    v[sizeof vh + (size_t)lost] = 0;
-    moves = (psagg__view_move *)(void *)(v + sizeof vh + (n_s + 3) / 4 * 4);
-    for (uint32_t g = 0; g < srv->layout.n_chunks; g++) {
+    for (uint32_t g = 0; g < n_c; g++) {
         const psagg__chunk_info *ci = &srv->layout.chunks[g];
-        int to = -1;
-        if (fo->owner[g] != (uint32_t)lost)
-            continue;
-        /* the first live server after the layout's owner that holds its standby state */
-        for (uint32_t d = 1; d <= (uint32_t)srv->cfg.server_replicas && to < 0; d++) {
-            uint32_t s = (ci->owner + d) % n_s;
-            if (s != (uint32_t)lost && fo->live[s] && s != fo->owner[g])
-                to = (int)s;
+        to[g] = fo->owner[g];
+        if (fo->back >= 0 && ci->owner == (uint32_t)fo->back)
+            to[g] = (uint32_t)fo->back;
+        if (fo->lost >= 0 && fo->owner[g] == (uint32_t)fo->lost) {
+            int found = -1;
+            for (uint32_t d = 0; d <= (uint32_t)srv->cfg.server_replicas && found < 0; d++) {
+                uint32_t s = (ci->owner + d) % n_s;
+                if (s != (uint32_t)fo->lost && fo->live[s])
+                    found = (int)s;
+            }
+            if (found < 0) {
+                free(to);
+                server_fail_job(srv, PSAGG_EPEER,
+                                "server %d was lost, and with it tensor '%s' chunk %u: its layout "
+                                "owner %u and its %d replica(s) are all gone",
+                                fo->lost, srv->layout.tensors[ci->key].name, ci->index, ci->owner,
+                                srv->cfg.server_replicas);
+                return -1;
+            }
+            to[g] = (uint32_t)found;
         }
-        if (to < 0) {
-            free(v);
-            server_fail_job(srv, PSAGG_EPEER,
-                            "server %d was lost, and with it tensor '%s' chunk %u: its layout "
-                            "owner %u and its %d replica(s) are all gone",
-                            lost, srv->layout.tensors[ci->key].name, ci->index, ci->owner,
-                            srv->cfg.server_replicas);
-            return -1;
-        }
-        moves[k++] = (psagg__view_move){.chunk = g, .owner = (uint32_t)to, .start = fo->start[g]};
+        n_moves += to[g] != fo->owner[g];
     }
+    *len = (uint32_t)psagg__view_bytes(n_s, n_c, n_moves);
+    if (!(v = calloc(1, *len))) {
+        free(to);
+        server_fail_job(srv, PSAGG_ENOMEM, "no memory for a view");
+        return -1;
+    }
+    vh = (psagg__view_hdr){.epoch = fo->epoch + 1, .n_servers = n_s, .n_moves = n_moves, .n_chunks = n_c};
+    memcpy(v, &vh, sizeof vh);
+    live = v + sizeof vh;
+    memcpy(live, fo->live, n_s);
+    if (fo->lost >= 0)
+        live[fo->lost] = 0;
+    if (fo->back >= 0)
+        live[fo->back] = 1;
+    for (uint32_t g = 0; g < n_c; g++) {
+        uint16_t o = (uint16_t)to[g];
+        memcpy(v + psagg__view_owners_at(n_s) + (size_t)g * sizeof o, &o, sizeof o);
+        if (to[g] != fo->owner[g]) {
+            psagg__view_move m = {.chunk = g, .owner = to[g], .start = fo->start[g]};
+            memcpy(v + psagg__view_moves_at(n_s, n_c) + (size_t)k++ * sizeof m, &m, sizeof m);
+        }
+    }
+    free(to);
     *out = v;
     return 0;
 }
 
-/* Propose the view without fo->lost (again, after a lost attempt). */
+/* Propose the next view (again, after a lost attempt): the loss or the return being decided. */
 static void propose(server *srv, struct failover *fo)
 {
     psagg__agree_msg out;
     uint8_t *v;
     uint32_t len;
-    if (make_view(srv, fo, fo->lost, &v, &len))
+    if (make_view(srv, fo, &v, &len))
         return;
-    if (fo->last) { /* the epoch before, for a worker that missed it */
-        psagg__view_hdr vh;
-        memcpy(&vh, fo->last, sizeof vh);
-        send_all(srv, &(psagg__agree_msg){.kind = PSAGG_AGREE_DECIDED,
-                                          .epoch = vh.epoch,
-                                          .value = fo->last,
-                                          .value_len = fo->last_len});
-    }
+    for (int w = 0; w < srv->n_workers; w++) /* the epoch before, for a worker that missed it */
+        send_last(srv, fo, w);
     if (psagg__proposer_start(&fo->prop, fo->epoch + 1, (uint32_t)srv->n_workers, v, len, &out)) {
         free(v);
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for a proposal");
@@ -307,44 +403,87 @@ static void propose(server *srv, struct failover *fo)
     free(v);
     fo->proposing = 1;
     fo->retry_at = 0;
-    LOG_WARN(&srv->log, "every worker lost server %d: proposing view %u without it", fo->lost,
-             fo->epoch + 1);
+    if (fo->lost >= 0)
+        LOG_WARN(&srv->log, "every worker lost server %d: proposing view %u without it", fo->lost,
+                 fo->epoch + 1);
+    else
+        LOG_WARN(&srv->log, "server %d is back at every worker: proposing view %u with it",
+                 fo->back, fo->epoch + 1);
     send_all(srv, &out);
+}
+
+/*
+ * A SERVER_LOST or SERVER_BACK frame's fields, in *sl (its rounds after it in body, when
+ * `rounds`): the state, or NULL (worker w closed, or the job failed). A frame of a view before
+ * this server's gets that view; one this server does not coordinate is logged and left.
+ */
+static struct failover *report_frame(server *srv, int w, const psagg__ctl_hdr *h, const void *body,
+                                     const char *name, int rounds, psagg__ctl_server_lost *sl)
+{
+    struct failover *fo = fo_get(srv);
+    uint32_t n = rounds ? srv->layout.n_chunks : 0;
+    if (!fo) {
+        server_fail_job(srv, PSAGG_ENOMEM, "no memory for a server view");
+        return NULL;
+    }
+    if (h->len >= sizeof *sl)
+        memcpy(sl, body, sizeof *sl);
+    if (h->len < sizeof *sl || sl->n_chunks != n || h->len != sizeof *sl + (size_t)n * 4 ||
+        sl->server >= (uint32_t)srv->cfg.n_servers || sl->server == (uint32_t)srv->rank) {
+        server_close_worker(srv, w,
+                            "%s fields server, n_chunks, phase: server %u, %u chunks, phase %u in "
+                            "%u bytes (the job has %d servers and %u chunks)",
+                            name, h->len >= sizeof *sl ? sl->server : 0,
+                            h->len >= sizeof *sl ? sl->n_chunks : 0,
+                            h->len >= sizeof *sl ? sl->phase : 0, h->len, srv->cfg.n_servers,
+                            srv->layout.n_chunks);
+        return NULL;
+    }
+    if (fo->rejoining) {
+        LOG_INFO(&srv->log, "worker %d's %s of server %u: this server rejoins, it coordinates nothing yet", w,
+                 name, sl->server);
+        return NULL;
+    }
+    if (sl->epoch < fo->epoch) { /* it missed the decision: tell it */
+        send_last(srv, fo, w);
+        return NULL;
+    }
+    return fo;
+}
+
+/* The lowest round of each chunk reported (rounds: one u32 per chunk) into fo->start. */
+static void take_rounds(server *srv, struct failover *fo, const void *rounds)
+{
+    for (uint32_t g = 0; g < srv->layout.n_chunks; g++) {
+        uint32_t r;
+        memcpy(&r, (const uint8_t *)rounds + (size_t)g * sizeof r, sizeof r);
+        if (r < fo->start[g])
+            fo->start[g] = r;
+    }
+}
+
+static int all_reported(const server *srv, const struct failover *fo)
+{
+    for (int w = 0; w < srv->n_workers; w++)
+        if (!fo->reported[w])
+            return 0;
+    return 1;
+}
+
+static void start_step(server *srv, struct failover *fo)
+{
+    fo->since = psagg__now_ms();
+    memset(fo->reported, 0, (size_t)srv->n_workers);
+    for (uint32_t g = 0; g < srv->layout.n_chunks; g++)
+        fo->start[g] = UINT32_MAX;
 }
 
 void failover_lost(server *srv, int w, const psagg__ctl_hdr *h, const void *body)
 {
-    struct failover *fo = fo_get(srv);
     psagg__ctl_server_lost sl;
-    const uint8_t *rounds = (const uint8_t *)body + sizeof sl;
-    int all = 1;
-    if (!fo) {
-        server_fail_job(srv, PSAGG_ENOMEM, "no memory for a lost server");
+    struct failover *fo = report_frame(srv, w, h, body, "SERVER_LOST", 1, &sl);
+    if (!fo)
         return;
-    }
-    if (h->len < sizeof sl) {
-        server_close_worker(srv, w, "a SERVER_LOST frame of %u bytes", h->len);
-        return;
-    }
-    memcpy(&sl, body, sizeof sl);
-    if (sl.n_chunks != srv->layout.n_chunks ||
-        h->len != sizeof sl + (size_t)sl.n_chunks * sizeof(uint32_t) ||
-        sl.server >= (uint32_t)srv->cfg.n_servers || sl.server == (uint32_t)srv->rank) {
-        server_close_worker(srv, w,
-                            "SERVER_LOST fields server, n_chunks: server %u, %u chunks in %u "
-                            "bytes (the job has %d servers and %u chunks)",
-                            sl.server, sl.n_chunks, h->len, srv->cfg.n_servers,
-                            srv->layout.n_chunks);
-        return;
-    }
-    if (sl.epoch < fo->epoch) { /* it missed the decision: tell it */
-        send_agree(srv, w,
-                   &(psagg__agree_msg){.kind = PSAGG_AGREE_DECIDED,
-                                       .epoch = fo->epoch,
-                                       .value = fo->last,
-                                       .value_len = fo->last_len});
-        return;
-    }
     if (sl.epoch > fo->epoch || !fo->live[sl.server] ||
         coordinator(srv, fo, (int)sl.server) != srv->rank) {
         LOG_WARN(&srv->log,
@@ -352,6 +491,17 @@ void failover_lost(server *srv, int w, const psagg__ctl_hdr *h, const void *body
                  "does not coordinate it",
                  w, sl.server, sl.epoch, fo->epoch);
         return;
+    }
+    if (fo->back >= 0 && (fo->holding || fo->proposing)) { /* (sent again with that view) */
+        LOG_WARN(&srv->log,
+                 "worker %d lost server %u while server %d's return is decided: after it", w,
+                 sl.server, fo->back);
+        return;
+    }
+    if (fo->back >= 0) { /* a loss goes first: the return is reported again after it */
+        LOG_WARN(&srv->log, "server %u was lost: server %d's return waits for the next view",
+                 sl.server, fo->back);
+        fo->back = -1;
     }
     if (fo->lost >= 0 && fo->lost != (int)sl.server) {
         server_fail_job(srv, PSAGG_EPEER,
@@ -362,23 +512,76 @@ void failover_lost(server *srv, int w, const psagg__ctl_hdr *h, const void *body
     }
     if (fo->lost < 0) {
         fo->lost = (int)sl.server;
-        fo->since = psagg__now_ms();
-        memset(fo->reported, 0, (size_t)srv->n_workers);
-        for (uint32_t g = 0; g < srv->layout.n_chunks; g++)
-            fo->start[g] = UINT32_MAX;
+        start_step(srv, fo);
         LOG_WARN(&srv->log, "worker %d lost server %u: waiting for every worker's report", w,
                  sl.server);
     }
     fo->reported[w] = 1;
-    for (uint32_t g = 0; g < srv->layout.n_chunks; g++) {
-        uint32_t r;
-        memcpy(&r, rounds + (size_t)g * sizeof r, sizeof r);
-        if (r < fo->start[g])
-            fo->start[g] = r;
+    take_rounds(srv, fo, (const uint8_t *)body + sizeof sl);
+    if (all_reported(srv, fo) && !fo->proposing)
+        propose(srv, fo);
+}
+
+/* Ask every worker to hold its pushes of server fo->back's chunks and report its rounds. */
+static void ask_hold(server *srv, struct failover *fo)
+{
+    psagg__ctl_server_lost sl = {
+        .server = (uint32_t)fo->back, .epoch = fo->epoch, .n_chunks = 0, .phase = 1};
+    fo->holding = 1;
+    start_step(srv, fo);
+    LOG_WARN(&srv->log, "server %d is back at every worker: asking them to hold its chunks",
+             fo->back);
+    for (int w = 0; w < srv->n_workers; w++)
+        if (usable(srv, w) && psagg__ctl_send(srv->workers[w].fd, &srv->workers[w].auth,
+                                              PSAGG_CTL_SERVER_BACK, &sl, sizeof sl))
+            server_close_worker(srv, w, "sending SERVER_BACK: %s", psagg_last_error());
+}
+
+void failover_back(server *srv, int w, const psagg__ctl_hdr *h, const void *body)
+{
+    psagg__ctl_server_lost sl;
+    int phase = h->len >= sizeof sl ? (int)((const psagg__ctl_server_lost *)body)->phase : 0;
+    struct failover *fo = report_frame(srv, w, h, body, "SERVER_BACK", phase == 1, &sl);
+    if (!fo)
+        return;
+    if (sl.phase > 1) {
+        server_close_worker(srv, w, "SERVER_BACK field phase: %u", sl.phase);
+        return;
     }
-    for (int v = 0; v < srv->n_workers; v++)
-        all &= fo->reported[v];
-    if (all && !fo->proposing)
+    if (sl.epoch > fo->epoch || fo->live[sl.server] || coordinator(srv, fo, -1) != srv->rank) {
+        LOG_INFO(&srv->log,
+                 "worker %d reports server %u back in view %u; this server is at view %u, "
+                 "where it is %s, and %s",
+                 w, sl.server, sl.epoch, fo->epoch, fo->live[sl.server] ? "live" : "out",
+                 coordinator(srv, fo, -1) == srv->rank ? "coordinates" : "does not coordinate");
+        return;
+    }
+    if (fo->lost >= 0 || (fo->back >= 0 && fo->back != (int)sl.server)) {
+        LOG_INFO(&srv->log, "worker %d reports server %u back while server %d's %s is decided: "
+                            "it reports it again after that",
+                 w, sl.server, fo->lost >= 0 ? fo->lost : fo->back,
+                 fo->lost >= 0 ? "loss" : "return");
+        return;
+    }
+    if (sl.phase == 0) {
+        if (fo->holding)
+            return; /* (a report sent again before the hold was asked) */
+        if (fo->back < 0) {
+            fo->back = (int)sl.server;
+            start_step(srv, fo);
+            LOG_WARN(&srv->log, "worker %d has server %u back: waiting for every worker", w,
+                     sl.server);
+        }
+        fo->reported[w] = 1;
+        if (all_reported(srv, fo))
+            ask_hold(srv, fo);
+        return;
+    }
+    if (fo->back != (int)sl.server || !fo->holding)
+        return; /* (an answer to a hold over) */
+    fo->reported[w] = 1;
+    take_rounds(srv, fo, (const uint8_t *)body + sizeof sl);
+    if (all_reported(srv, fo) && !fo->proposing)
         propose(srv, fo);
 }
 
@@ -481,22 +684,35 @@ void failover_view(server *srv, int w, const psagg__ctl_hdr *h, const void *body
 void failover_tick(server *srv, int64_t now)
 {
     struct failover *fo = srv->failover;
-    if (!fo || fo->lost < 0)
+    char missing[128] = "";
+    size_t used = 0;
+    if (!fo || (fo->lost < 0 && fo->back < 0))
         return;
     if (!fo->proposing && fo->retry_at && now >= fo->retry_at) {
         propose(srv, fo);
         return;
     }
-    if (!fo->proposing && now - fo->since > srv->cfg.op_timeout_ms) {
-        char missing[128] = "";
-        size_t used = 0;
-        for (int w = 0; w < srv->n_workers && used + 8 < sizeof missing; w++)
-            if (!fo->reported[w])
-                used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d",
-                                         used ? "," : "", w);
+    if (fo->proposing || now - fo->since <= srv->cfg.op_timeout_ms)
+        return;
+    for (int w = 0; w < srv->n_workers && used + 8 < sizeof missing; w++)
+        if (!fo->reported[w])
+            used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d",
+                                     used ? "," : "", w);
+    if (fo->lost >= 0) {
         server_fail_job(srv, PSAGG_ETIMEDOUT,
                         "server %d was lost, and workers %s did not report it within "
                         "op_timeout_ms=%d",
                         fo->lost, missing, srv->cfg.op_timeout_ms);
+    } else if (!fo->holding) { /* it stays out; the workers report it again */
+        LOG_WARN(&srv->log,
+                 "server %d came back, but workers %s did not reach it within op_timeout_ms=%d: "
+                 "it stays out of the view for now",
+                 fo->back, missing, srv->cfg.op_timeout_ms);
+        fo->back = -1;
+    } else { /* the others hold their pushes: they cannot go on without a view */
+        server_fail_job(srv, PSAGG_ETIMEDOUT,
+                        "server %d came back, and workers %s did not answer the hold of its "
+                        "chunks within op_timeout_ms=%d",
+                        fo->back, missing, srv->cfg.op_timeout_ms);
     }
 }

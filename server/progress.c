@@ -47,7 +47,9 @@ static int park_early(server *srv, recv_buf *rb, int from)
     uint16_t ahead = (uint16_t)(h->epoch - (uint16_t)atomic_load(&srv->mb.epoch));
     if ((!srv->mb.elastic && !srv->cfg.server_replicas) || ahead == 0 || ahead >= 0x8000)
         return 0;
-    if (ahead > 16) { /* epochs are relayed at once: nobody is that far ahead of a server */
+    /* epochs are relayed at once: nobody is that far ahead of a server (but of one that
+       rejoins, before it took its first view: failover.c) */
+    if (ahead > 16 && !(srv->ctl.rejoin && atomic_load(&srv->mb.epoch) == 0)) {
         server_close_worker(srv, from, "push field epoch is %u, %u epochs ahead of this server's",
                             h->epoch, ahead);
         progress_repost(srv, rb);
@@ -143,6 +145,16 @@ static void route_checked(server *srv, recv_buf *rb, int from)
         return;
     }
     slot = atomic_load(&srv->route[ci - srv->layout.chunks]);
+    if (slot < 0 && srv->cfg.server_replicas && h->epoch != (uint16_t)atomic_load(&srv->mb.epoch)) {
+        /* sent in a server view before this one, which moved the chunk away from here (its
+           sender sends it again to the chunk's owner in this view, failover.c) */
+        LOG_DEBUG(&srv->log, "push of tensor %u chunk %u round %u of server view %u: not owned here "
+                             "any more, dropped",
+                  h->key, h->chunk, h->round, h->epoch);
+        metrics_drop(srv);
+        progress_repost(srv, rb);
+        return;
+    }
     if (slot < 0) {
         server_close_worker(srv, from,
                             "push of tensor %u chunk %u sent to server %d, which does not own it "

@@ -102,9 +102,12 @@ struct chunk_sum_ops;
  */
 typedef struct agg_item {
     struct agg_item *next;
-    struct recv_buf *rb; /* a push to fold in, or NULL: retry a deferred chunk */
+    struct recv_buf *rb; /* a push to fold in, or NULL: retry a deferred chunk ... */
     struct chunk_state *chunk;
+    int move;       /* ... or (failover.c: a server view) AGG_OWN or AGG_GIVE_UP the chunk */
+    uint32_t round; /* AGG_OWN: the round it starts at here */
 } agg_item;
+enum { AGG_OWN = 1, AGG_GIVE_UP = 2 };
 
 /* A posted receive buffer (an element of srv->rxpool): header + largest chunk payload. */
 typedef struct recv_buf {
@@ -334,6 +337,7 @@ typedef struct job_outcome {
 typedef struct control_state {
     int listen_fd;
     int job_running;   /* READY was sent */
+    int rejoin;        /* the job ran before this server (re)started: it rejoins (failover.c) */
     int decl_ref;      /* the first starting worker that declared: the job's declaration */
     int64_t next_ping; /* when the workers get their next PING */
 } control_state;
@@ -525,6 +529,7 @@ void admission_fini(server *srv);
 void failover_lost(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
 void failover_agree(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
 void failover_view(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
+void failover_back(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
 void failover_tick(server *srv, int64_t now);
 void failover_fini(server *srv);
 
@@ -577,6 +582,12 @@ psagg_status agg_start(server *srv);
 void agg_stop(server *srv);
 void agg_teardown(server *srv);
 void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb);
+/*
+ * A server view moves chunk c (failover.c, the control thread): AGG_OWN it from `round` on,
+ * or AGG_GIVE_UP. Its aggregation thread does it in queue order, before any push routed after
+ * this call; what c held of an unfinished round is dropped either way. PSAGG_ENOMEM, or 0.
+ */
+psagg_status agg_move(server *srv, chunk_state *c, int move, uint32_t round);
 /*
  * Wait until every aggregation thread has handled everything queued before this call (the
  * control thread, for a checkpoint): what they wrote before is then visible to the caller.

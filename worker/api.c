@@ -292,7 +292,7 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, siz
         psagg__fail_context(st, "psagg_declare: ");
         goto out;
     }
-    if ((st = failover_setup(ctx)))
+    if ((st = failover_setup(ctx, d, bytes)))
         goto out;
     st = handshake_declare(ctx, d, bytes);
     if (st)

@@ -270,6 +270,10 @@ static int schedule(comm_state *cs)
                     h->t_sent = psagg__now_ns();
                 continue;
             }
+            if (failover_held(ctx, g)) { /* its server comes back: the next view says where */
+                waiting = waiting ? waiting : 1;
+                break;
+            }
             push_buf *pb = chunk_push(ctx, g, h->round);
             /* the header encode_op wrote has the payload's length */
             size_t len = sizeof(psagg__msg_hdr) + ((const psagg__msg_hdr *)pb->buf)->len;

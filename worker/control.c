@@ -279,6 +279,7 @@ void control_check(psagg_ctx *ctx, int64_t now, int64_t *next_ping)
     int ping = now >= *next_ping;
     if (ping)
         *next_ping = now + psagg__ping_interval_ms(op);
+    failover_tick(ctx, now); /* (servers out of the view, connected again) */
     for (int s = 0; s < ctx->cfg.n_servers; s++) {
         struct pollfd p = {.fd = ctx->servers[s].fd, .events = POLLIN};
         psagg__ctl_hdr h;
@@ -293,7 +294,8 @@ void control_check(psagg_ctx *ctx, int64_t now, int64_t *next_ping)
         if (ping && psagg__ctl_send(p.fd, &ctx->servers[s].auth, PSAGG_CTL_PING, NULL, 0))
             LOG_DEBUG(&ctx->log, "%s: PING: %s", peer, psagg_last_error());
         if (poll(&p, 1, 0) <= 0) {
-            if (now - ctx->servers[s].heard_at > op) {
+            /* (a server that rejoins is silent until every worker declared to it) */
+            if (now - ctx->servers[s].heard_at > op && !failover_waits_ready(ctx, s)) {
                 char why[160];
                 snprintf(why, sizeof why, "it sent nothing for %.1f s, more than op_timeout_ms",
                          (double)(now - ctx->servers[s].heard_at) / 1e3);
@@ -331,11 +333,30 @@ void control_check(psagg_ctx *ctx, int64_t now, int64_t *next_ping)
             free(body);
             continue;
         }
+        if (!st && h.type == PSAGG_CTL_SERVER_BACK) {
+            failover_back(ctx, s, &h, body);
+            free(body);
+            continue;
+        }
+        if (!st && h.type == PSAGG_CTL_READY && h.len == 0 && failover_ready(ctx, s)) {
+            free(body);
+            continue;
+        }
         if (st && failover_server_lost(ctx, s, psagg_last_error())) /* its connection is gone */
             continue;
         if (!st && h.type == PSAGG_CTL_SYNC_DONE && s == 0 && ctx->cfg.elastic &&
             h.len >= sizeof(psagg__ctl_sync_done)) {
             barrier_done(ctx, &h, body);
+            free(body);
+            continue;
+        }
+        if (!st && failover_lost(ctx, s)) { /* one that rejoins refused, or spoke out of turn */
+            char why[200];
+            if (psagg__ctl_error_parse(&h, body, &text))
+                snprintf(why, sizeof why, "%s", text);
+            else
+                snprintf(why, sizeof why, "control frame type %u", h.type);
+            failover_server_lost(ctx, s, why);
             free(body);
             continue;
         }

@@ -10,6 +10,12 @@
  * it relays it to every other live server (VIEW), points each moved chunk at its new owner and
  * sends it again the pushes it keeps of the rounds from the view's start (chunk_buf keeps two
  * by round parity); an update of a round it has already applied is then dropped.
+ *
+ * A server out of the view is connected again every half second (it may have been restarted):
+ * HELLO as to a server that rejoins, the declaration, and once its READY comes, this worker
+ * reports it back (SERVER_BACK phase 0) to the coordinator; when every worker has, the
+ * coordinator asks each to hold its pushes of that server's chunks (phase 1) and takes their
+ * rounds; the view that admits it moves the chunks back, as a takeover does.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,31 +29,66 @@
 #include "runtime/channel.h"
 #include "worker.h"
 
-struct psagg__failover {
-    psagg__acceptor acc;
-    uint8_t *lost;         /* per server: lost here, or out of the view */
-    uint32_t *resend_from; /* per chunk: the round from which to push again, UINT32_MAX: none */
-    int resends;           /* chunks with one */
-    uint64_t dropped;      /* updates of rounds applied already, dropped */
+/* A server, as this worker sees it. */
+enum {
+    S_IN,         /* in the view, connected */
+    S_LOST,       /* lost here (reported), still in the view */
+    S_OUT,        /* out of the view: connected again now and then */
+    S_CONNECTING, /* out: a connection under way */
+    S_DECLARED,   /* out: HELLO and DECLARE sent, its READY awaited */
+    S_BACK,       /* out: READY came, reported back to the coordinator */
+    S_HOLDING,    /* out: the coordinator asked for the hold: its chunks' pushes wait */
 };
 
-psagg_status failover_setup(psagg_ctx *ctx)
+struct psagg__failover {
+    psagg__acceptor acc;
+    uint8_t *state;        /* per server (above) */
+    int64_t *next;         /* per server: S_OUT the next attempt, S_BACK the next report,
+                              S_CONNECTING when the attempt gives up */
+    int *cfd;              /* per server: S_CONNECTING's socket (servers[s].fd once connected) */
+    uint32_t *resend_from; /* per chunk: the round from which to push again, UINT32_MAX: none */
+    uint32_t *prev_owner;  /* per chunk: its owner before the view that moved it last */
+    uint8_t *held;         /* per chunk: its pushes wait for the next view (a hold) */
+    int resends;           /* chunks with one */
+    uint64_t dropped;      /* updates of rounds applied already, dropped */
+    psagg__ctl_declare *decl; /* the declaration, for a server that rejoins */
+    size_t decl_bytes;
+};
+
+/* How often a server out of the view is connected again, and how long an attempt may take. */
+#define REJOIN_EVERY_MS 500
+#define REJOIN_CONNECT_MS 2000
+
+psagg_status failover_setup(psagg_ctx *ctx, const psagg__ctl_declare *d, size_t bytes)
 {
     struct psagg__failover *fo;
-    uint32_t n = ctx->layout.n_chunks;
+    uint32_t n = ctx->layout.n_chunks ? ctx->layout.n_chunks : 1;
+    size_t n_s = (size_t)ctx->cfg.n_servers;
     if (!ctx->cfg.server_replicas)
         return PSAGG_OK;
-    if (!(fo = calloc(1, sizeof *fo)) || !(fo->lost = calloc((size_t)ctx->cfg.n_servers, 1)) ||
-        !(fo->resend_from = malloc((size_t)(n ? n : 1) * sizeof *fo->resend_from))) {
-        if (fo)
-            free(fo->lost);
-        free(fo);
+    if (!(fo = calloc(1, sizeof *fo)))
+        return psagg__fail(PSAGG_ENOMEM, "the server views");
+    ctx->failover = fo;
+    fo->state = calloc(n_s, 1);
+    fo->next = calloc(n_s, sizeof *fo->next);
+    fo->cfd = malloc(n_s * sizeof *fo->cfd);
+    fo->resend_from = malloc(n * sizeof *fo->resend_from);
+    fo->prev_owner = malloc(n * sizeof *fo->prev_owner);
+    fo->held = calloc(n, 1);
+    fo->decl = malloc(bytes);
+    if (!fo->state || !fo->next || !fo->cfd || !fo->resend_from || !fo->prev_owner || !fo->held || !fo->decl) {
+        failover_free(ctx);
         return psagg__fail(PSAGG_ENOMEM, "the server views");
     }
-    for (uint32_t g = 0; g < n; g++)
+    memcpy(fo->decl, d, bytes);
+    for (size_t s = 0; s < n_s; s++)
+        fo->cfd[s] = -1;
+    fo->decl_bytes = bytes;
+    for (uint32_t g = 0; g < ctx->layout.n_chunks; g++) {
         fo->resend_from[g] = UINT32_MAX;
+        fo->prev_owner[g] = UINT32_MAX;
+    }
     psagg__acceptor_init(&fo->acc, 1);
-    ctx->failover = fo;
     return PSAGG_OK;
 }
 
@@ -57,8 +98,16 @@ void failover_free(psagg_ctx *ctx)
     if (!fo)
         return;
     psagg__acceptor_free(&fo->acc);
-    free(fo->lost);
+    for (int s = 0; fo->cfd && s < ctx->cfg.n_servers; s++)
+        if (fo->cfd[s] >= 0)
+            close(fo->cfd[s]);
+    free(fo->cfd);
+    free(fo->state);
+    free(fo->next);
     free(fo->resend_from);
+    free(fo->prev_owner);
+    free(fo->held);
+    free(fo->decl);
     free(fo);
     ctx->failover = NULL;
 }
@@ -81,95 +130,166 @@ static void close_server(psagg_ctx *ctx, int s)
     ctx->servers[s].fd = -1;
 }
 
-int failover_server_lost(psagg_ctx *ctx, int s, const char *why)
+/* The coordinator of this worker's view (the lowest server in it and connected) but `but`. */
+static int coordinator(const psagg_ctx *ctx, int but)
 {
-    struct psagg__failover *fo = ctx->failover;
+    for (int k = 0; k < ctx->cfg.n_servers; k++)
+        if (ctx->failover->state[k] == S_IN && k != but)
+            return k;
+    return -1;
+}
+
+/*
+ * Send the coordinator (but `but`) a report: SERVER_LOST or SERVER_BACK of server s, phase
+ * `phase`, with this worker's rounds when `rounds`. A coordinator it cannot send to is lost in
+ * turn (reported to the next). 0, or -1 when the job failed.
+ */
+static int report(psagg_ctx *ctx, uint16_t type, int s, uint32_t phase, int rounds)
+{
     psagg__ctl_server_lost *sl;
-    size_t len;
-    int to = -1;
-    if (!fo)
-        return 0;
-    if (fo->lost[s])
-        return 1;
-    fo->lost[s] = 1;
-    close_server(ctx, s);
-    for (int k = 0; k < ctx->cfg.n_servers && to < 0; k++)
-        if (!fo->lost[k])
-            to = k;
-    LOG_WARN(&ctx->log, "lost server %d (%s): reporting it to server %d", s, why, to);
+    size_t len = sizeof *sl + (rounds ? (size_t)ctx->layout.n_chunks * sizeof(uint32_t) : 0);
+    int to = coordinator(ctx, type == PSAGG_CTL_SERVER_LOST ? s : -1);
     if (to < 0) {
-        worker_fail_all(ctx, PSAGG_EPEER, "every server is lost; the last, server %d: %s", s, why);
-        return 1;
+        worker_fail_all(ctx, PSAGG_EPEER, "every server is lost; the last, server %d", s);
+        return -1;
     }
-    len = sizeof *sl + (size_t)ctx->layout.n_chunks * sizeof(uint32_t);
     if (!(sl = calloc(1, len))) {
-        worker_fail_all(ctx, PSAGG_ENOMEM, "no memory to report server %d lost", s);
-        return 1;
+        worker_fail_all(ctx, PSAGG_ENOMEM, "no memory to report server %d", s);
+        return -1;
     }
     pthread_mutex_lock(&ctx->mu);
-    *sl = (psagg__ctl_server_lost){
-        .server = (uint32_t)s, .epoch = ctx->epoch, .n_chunks = ctx->layout.n_chunks};
-    for (uint32_t g = 0; g < ctx->layout.n_chunks; g++) {
+    *sl = (psagg__ctl_server_lost){.server = (uint32_t)s,
+                                   .epoch = ctx->epoch,
+                                   .n_chunks = rounds ? ctx->layout.n_chunks : 0,
+                                   .phase = phase};
+    for (uint32_t g = 0; rounds && g < ctx->layout.n_chunks; g++) {
         uint32_t r = next_update(ctx, g);
         memcpy((uint8_t *)(sl + 1) + (size_t)g * sizeof r, &r, sizeof r);
     }
     pthread_mutex_unlock(&ctx->mu);
-    if (psagg__ctl_send(ctx->servers[to].fd, &ctx->servers[to].auth, PSAGG_CTL_SERVER_LOST, sl,
-                        (uint32_t)len)) {
+    if (psagg__ctl_send(ctx->servers[to].fd, &ctx->servers[to].auth, type, sl, (uint32_t)len)) {
         char m[200];
-        snprintf(m, sizeof m, "sending it SERVER_LOST: %s", psagg_last_error());
+        snprintf(m, sizeof m, "sending it %s: %s",
+                 type == PSAGG_CTL_SERVER_LOST ? "SERVER_LOST" : "SERVER_BACK",
+                 psagg_last_error());
         free(sl);
-        return failover_server_lost(ctx, to, m);
+        failover_server_lost(ctx, to, m);
+        return worker_failed(ctx) ? -1 : 0;
     }
     free(sl);
+    return 0;
+}
+
+int failover_server_lost(psagg_ctx *ctx, int s, const char *why)
+{
+    struct psagg__failover *fo = ctx->failover;
+    if (!fo)
+        return 0;
+    switch (fo->state[s]) {
+    case S_IN:
+        break;
+    case S_CONNECTING:
+    case S_DECLARED:
+    case S_BACK:
+    case S_HOLDING: /* a return that failed: connected again later (a hold ends with a view) */
+        LOG_INFO(&ctx->log, "server %d, out of the view, did not come back: %s", s, why);
+        close_server(ctx, s);
+        fo->state[s] = S_OUT;
+        fo->next[s] = psagg__now_ms() + 2 * REJOIN_EVERY_MS;
+        return 1;
+    default:
+        return 1;
+    }
+    fo->state[s] = S_LOST;
+    close_server(ctx, s);
+    LOG_WARN(&ctx->log, "lost server %d (%s): reporting it to server %d", s, why,
+             coordinator(ctx, s));
+    report(ctx, PSAGG_CTL_SERVER_LOST, s, 0, 1);
     return 1;
 }
 
-/* Take the decided view v (of epoch acc.epoch - 1): owners, epoch, re-sends, relays. */
+/* Check a decided view's bytes against this job: NULL, or what is wrong. */
+static const char *view_bad(const psagg_ctx *ctx, const uint8_t *v, uint32_t len,
+                            psagg__view_hdr *vh)
+{
+    const uint8_t *live = v + sizeof *vh;
+    if (len < sizeof *vh)
+        return "shorter than its header";
+    memcpy(vh, v, sizeof *vh);
+    if (vh->n_servers != (uint32_t)ctx->cfg.n_servers || vh->n_chunks != ctx->layout.n_chunks ||
+        vh->n_moves > vh->n_chunks || len != psagg__view_bytes(vh->n_servers, vh->n_chunks, vh->n_moves))
+        return "fields n_servers, n_chunks, n_moves do not match the job or its length";
+    for (uint32_t g = 0; g < vh->n_chunks; g++) {
+        uint16_t o;
+        memcpy(&o, v + psagg__view_owners_at(vh->n_servers) + (size_t)g * sizeof o, sizeof o);
+        if (o >= vh->n_servers || !live[o])
+            return "a chunk's owner is not a live server";
+    }
+    for (uint32_t i = 0; i < vh->n_moves; i++) {
+        psagg__view_move m;
+        memcpy(&m, v + psagg__view_moves_at(vh->n_servers, vh->n_chunks) + (size_t)i * sizeof m,
+               sizeof m);
+        if (m.chunk >= vh->n_chunks)
+            return "a move names a chunk that does not exist";
+    }
+    return NULL;
+}
+
+/* Take the decided view v (of epoch acc.epoch - 1): owners, epoch, re-sends, relays, reports. */
 static void take_view(psagg_ctx *ctx, int from, const uint8_t *v, uint32_t len)
 {
     struct psagg__failover *fo = ctx->failover;
     psagg__view_hdr vh;
     const uint8_t *live;
-    const uint8_t *moves;
+    const char *bad = view_bad(ctx, v, len, &vh);
     psagg__ctl_agree a;
     uint8_t *frame;
+    int64_t now = psagg__now_ms();
 
-    memcpy(&vh, v, sizeof vh);
-    if (len < sizeof vh || vh.n_servers != (uint32_t)ctx->cfg.n_servers ||
-        len != psagg__view_bytes(vh.n_servers, vh.n_moves) || vh.n_moves > ctx->layout.n_chunks) {
-        worker_fail_all(ctx, PSAGG_EPROTO,
-                        "server %d: a decided view of %u bytes (fields n_servers, n_moves)", from,
-                        len);
+    if (bad) {
+        worker_fail_all(ctx, PSAGG_EPROTO, "server %d: a decided view: %s", from, bad);
         return;
     }
     live = v + sizeof vh;
-    moves = live + (vh.n_servers + 3) / 4 * 4;
+    for (uint32_t g = 0; g < vh.n_chunks; g++) {
+        uint16_t o;
+        memcpy(&o, v + psagg__view_owners_at(vh.n_servers) + (size_t)g * sizeof o, sizeof o);
+        if (o != ctx->owner[g])
+            fo->prev_owner[g] = ctx->owner[g];
+        ctx->owner[g] = o;
+    }
     for (uint32_t i = 0; i < vh.n_moves; i++) {
         psagg__view_move m;
-        memcpy(&m, moves + (size_t)i * sizeof m, sizeof m);
-        if (m.chunk >= ctx->layout.n_chunks || m.owner >= vh.n_servers || !live[m.owner]) {
-            worker_fail_all(ctx, PSAGG_EPROTO,
-                            "server %d: view %u moves chunk %u to server %u, which it does not "
-                            "name live",
-                            from, vh.epoch, m.chunk, m.owner);
-            return;
-        }
-        ctx->owner[m.chunk] = m.owner;
+        memcpy(&m, v + psagg__view_moves_at(vh.n_servers, vh.n_chunks) + (size_t)i * sizeof m,
+               sizeof m);
         if (fo->resend_from[m.chunk] == UINT32_MAX)
             fo->resends++;
         fo->resend_from[m.chunk] = m.start;
     }
+    memset(fo->held, 0, ctx->layout.n_chunks); /* a view ends every hold */
     pthread_mutex_lock(&ctx->mu);
     ctx->epoch = vh.epoch;
     pthread_mutex_unlock(&ctx->mu);
-    for (int s = 0; s < ctx->cfg.n_servers; s++)
-        if (!live[s] && !fo->lost[s]) {
-            fo->lost[s] = 1;
+    for (int s = 0; s < ctx->cfg.n_servers; s++) {
+        uint8_t *st = &fo->state[s];
+        if (live[s] && (*st == S_BACK || *st == S_HOLDING)) { /* admitted */
+            *st = S_IN;
+            ctx->servers[s].heard_at = now;
+            LOG_WARN(&ctx->log, "server %d is back in view %u", s, vh.epoch);
+        } else if (live[s] && *st != S_IN && *st != S_LOST) { /* (its return failed here) */
             close_server(ctx, s);
+            *st = S_LOST;
+        } else if (!live[s] && (*st == S_IN || *st == S_LOST)) {
+            close_server(ctx, s);
+            *st = S_OUT;
+            fo->next[s] = now + REJOIN_EVERY_MS;
+        } else if (!live[s] && *st == S_HOLDING) { /* that view was not this one */
+            *st = S_BACK;
+            fo->next[s] = now;
         }
-    LOG_WARN(&ctx->log, "server view %u: %u chunk(s) moved to live servers", vh.epoch, vh.n_moves);
-    /* relay it to the other live servers: each applies it before the pushes of the new view */
+    }
+    LOG_WARN(&ctx->log, "server view %u: %u chunk(s) moved", vh.epoch, vh.n_moves);
+    /* relay it to the other servers in it: each applies it before the pushes of the new view */
     a = (psagg__ctl_agree){.kind = PSAGG_AGREE_DECIDED, .epoch = vh.epoch, .value_len = len};
     if (!(frame = malloc(sizeof a + len))) {
         worker_fail_all(ctx, PSAGG_ENOMEM, "no memory to relay view %u", vh.epoch);
@@ -178,12 +298,16 @@ static void take_view(psagg_ctx *ctx, int from, const uint8_t *v, uint32_t len)
     memcpy(frame, &a, sizeof a);
     memcpy(frame + sizeof a, v, len);
     for (int s = 0; s < ctx->cfg.n_servers; s++)
-        if (s != from && ctx->servers[s].fd >= 0 &&
+        if (s != from && fo->state[s] == S_IN && ctx->servers[s].fd >= 0 &&
             psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_VIEW, frame,
                             (uint32_t)(sizeof a + len)))
             LOG_WARN(&ctx->log, "relaying view %u to server %d: %s", vh.epoch, s,
                      psagg_last_error());
     free(frame);
+    /* what the coordinator decides one at a time: a loss not in this view, a return */
+    for (int s = 0; s < ctx->cfg.n_servers && !worker_failed(ctx); s++)
+        if (fo->state[s] == S_LOST)
+            report(ctx, PSAGG_CTL_SERVER_LOST, s, 0, 1);
 }
 
 void failover_agree(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, const void *body)
@@ -236,6 +360,111 @@ void failover_agree(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, const void *
         free(frame);
     } else if (r == 2) {
         take_view(ctx, s, fo->acc.last, fo->acc.last_len);
+    }
+}
+
+void failover_back(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, const void *body)
+{
+    struct psagg__failover *fo = ctx->failover;
+    psagg__ctl_server_lost sl;
+    uint32_t n = 0;
+    if (!fo || h->len != sizeof sl) {
+        worker_fail_all(ctx, PSAGG_EPROTO, "server %d sent a SERVER_BACK frame of %u bytes%s", s,
+                        h->len, fo ? "" : " in a job without server_replicas");
+        return;
+    }
+    memcpy(&sl, body, sizeof sl);
+    if (sl.phase != 1 || sl.n_chunks || sl.server >= (uint32_t)ctx->cfg.n_servers ||
+        (int)sl.server == s) {
+        worker_fail_all(ctx, PSAGG_EPROTO,
+                        "server %d: SERVER_BACK fields phase, n_chunks, server: %u, %u, %u", s,
+                        sl.phase, sl.n_chunks, sl.server);
+        return;
+    }
+    if (sl.epoch != ctx->epoch || coordinator(ctx, -1) != s)
+        return; /* (an ask of a view gone by) */
+    /* from now until the next view, no push of its chunks goes to their owner of this one */
+    for (uint32_t g = 0; g < ctx->layout.n_chunks; g++)
+        if (ctx->layout.chunks[g].owner == sl.server && ctx->owner[g] != sl.server) {
+            fo->held[g] = 1;
+            n++;
+        }
+    if (fo->state[sl.server] == S_BACK)
+        fo->state[sl.server] = S_HOLDING;
+    LOG_INFO(&ctx->log, "server %u comes back: %u chunk(s) held until the next view", sl.server,
+             n);
+    report(ctx, PSAGG_CTL_SERVER_BACK, (int)sl.server, 1, 1);
+}
+
+int failover_ready(psagg_ctx *ctx, int s)
+{
+    struct psagg__failover *fo = ctx->failover;
+    if (!fo || fo->state[s] != S_DECLARED)
+        return 0;
+    fo->state[s] = S_BACK;
+    fo->next[s] = psagg__now_ms() + ctx->cfg.op_timeout_ms / 2;
+    LOG_WARN(&ctx->log, "server %d is back (READY): reporting it to server %d", s,
+             coordinator(ctx, -1));
+    report(ctx, PSAGG_CTL_SERVER_BACK, s, 0, 0);
+    return 1;
+}
+
+/* Connect again to server s, out of the view; its READY comes on the control connection. */
+static void rejoin_step(psagg_ctx *ctx, int s, int64_t now)
+{
+    struct psagg__failover *fo = ctx->failover;
+    server_conn *sc = &ctx->servers[s];
+    int r;
+    if (fo->state[s] == S_OUT) {
+        fo->next[s] = now + REJOIN_EVERY_MS;
+        if (psagg__tcp_connect_start(&ctx->cfg.servers[s], &fo->cfd[s])) {
+            LOG_DEBUG(&ctx->log, "server %d: %s", s, psagg_last_error());
+            fo->cfd[s] = -1;
+            return;
+        }
+        fo->state[s] = S_CONNECTING;
+        fo->next[s] = now + REJOIN_CONNECT_MS;
+    }
+    r = psagg__tcp_connect_done(fo->cfd[s]);
+    if (r == 0 && now < fo->next[s])
+        return;
+    if (r <= 0) {
+        LOG_DEBUG(&ctx->log, "server %d is not back: %s", s,
+                  r ? psagg_last_error() : "no connection");
+        close(fo->cfd[s]);
+        fo->cfd[s] = -1;
+        fo->state[s] = S_OUT;
+        fo->next[s] = now + REJOIN_EVERY_MS;
+        return;
+    }
+    close_server(ctx, s);
+    sc->fd = fo->cfd[s];
+    fo->cfd[s] = -1;
+    if (handshake_rejoin(ctx, s, fo->decl, fo->decl_bytes, now + REJOIN_CONNECT_MS)) {
+        LOG_INFO(&ctx->log, "server %d answers, but not as a server that rejoins: %s", s,
+                 psagg_last_error());
+        close_server(ctx, s);
+        fo->state[s] = S_OUT;
+        fo->next[s] = now + 4 * REJOIN_EVERY_MS;
+        return;
+    }
+    fo->state[s] = S_DECLARED;
+    sc->heard_at = now;
+    LOG_INFO(&ctx->log, "server %d answers again: declared, waiting for its READY", s);
+}
+
+void failover_tick(psagg_ctx *ctx, int64_t now)
+{
+    struct psagg__failover *fo = ctx->failover;
+    if (!fo || worker_failed(ctx))
+        return;
+    for (int s = 0; s < ctx->cfg.n_servers; s++) {
+        if ((fo->state[s] == S_OUT && now >= fo->next[s]) || fo->state[s] == S_CONNECTING)
+            rejoin_step(ctx, s, now);
+        else if (fo->state[s] == S_BACK && now >= fo->next[s]) { /* (not taken up yet) */
+            fo->next[s] = now + ctx->cfg.op_timeout_ms / 2;
+            report(ctx, PSAGG_CTL_SERVER_BACK, s, 0, 0);
+        }
     }
 }
 
@@ -315,7 +544,7 @@ int failover_resend(psagg_ctx *ctx)
     return waiting;
 }
 
-int failover_stale_update(psagg_ctx *ctx, const psagg__msg_hdr *mh)
+int failover_stale_update(psagg_ctx *ctx, const psagg__msg_hdr *mh, int from)
 {
     struct psagg__failover *fo = ctx->failover;
     const tensor_state *ts;
@@ -329,10 +558,25 @@ int failover_stale_update(psagg_ctx *ctx, const psagg__msg_hdr *mh)
         fo->dropped++;
         return 1;
     }
+    if (mh->chunk < ctx->layout.tensors[mh->key].n_chunks &&
+        fo->prev_owner[ctx->layout.tensors[mh->key].first_chunk + mh->chunk] == (uint32_t)from) {
+        fo->dropped++; /* the owner before the view: its new owner sends the round again */
+        return 1;
+    }
     return 0;
+}
+
+int failover_held(const psagg_ctx *ctx, uint32_t g)
+{
+    return ctx->failover && ctx->failover->held[g];
 }
 
 int failover_lost(const psagg_ctx *ctx, int s)
 {
-    return ctx->failover && ctx->failover->lost[s];
+    return ctx->failover && ctx->failover->state[s] != S_IN;
+}
+
+int failover_waits_ready(const psagg_ctx *ctx, int s)
+{
+    return ctx->failover && ctx->failover->state[s] == S_DECLARED;
 }

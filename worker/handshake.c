@@ -63,12 +63,19 @@ static void session_keys(psagg_ctx *ctx, int s, const psagg__ctl_hello *hello,
     memset(&sc->rx.seen, 0, sizeof sc->rx.seen);
 }
 
-/* One HELLO on server s's connection and its answer. */
-static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const char *peer)
+/*
+ * One HELLO on server s's connection and its answer. `rejoin`: the job runs, and server s
+ * comes back into it (failover.c): its WELCOME is checked as another server's is against
+ * server 0's, and same-host copies stay off (the provider carries everything).
+ */
+static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const char *peer,
+                               int rejoin)
 {
+    const uint32_t flags = ctx->cfg.data_auth ? PSAGG_HELLO_DATA_AUTH : 0;
+    const int other = s > 0 || rejoin; /* checked against what server 0 said */
     psagg__ctl_hello hello = {.rank = (uint32_t)ctx->rank,
                               .world_size = (uint32_t)ctx->world,
-                              .flags = ctx->cfg.data_auth ? PSAGG_HELLO_DATA_AUTH : 0};
+                              .flags = flags | (rejoin ? PSAGG_HELLO_REJOIN : 0)};
     psagg__ctl_hdr h;
     void *body = NULL;
     const char *refusal;
@@ -98,7 +105,7 @@ static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const ch
         return st;
     }
     hello.epname_len = (uint32_t)len;
-    if (ctx->cfg.local_copy) {
+    if (ctx->cfg.local_copy && !rejoin) {
         uint32_t pid;
         psagg__fabric_local_self(ctx->fab, &pid, &hello.local_probe, hello.local_commit);
         hello.local_pid = pid;
@@ -128,16 +135,16 @@ static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const ch
                              "%s says it is server %u of %u; this worker's config lists it as "
                              "server %d of %d",
                              peer, w->server_rank, w->n_servers, s, ctx->cfg.n_servers);
-        else if ((w->flags & ~(PSAGG_WELCOME_JOINING | PSAGG_WELCOME_QUORUM)) != hello.flags)
+        else if ((w->flags & ~(PSAGG_WELCOME_JOINING | PSAGG_WELCOME_QUORUM)) != flags)
             st = psagg__fail(PSAGG_ECONFIG, "%s has data_auth %s, this worker %s", peer,
                              w->flags & PSAGG_HELLO_DATA_AUTH ? "on" : "off",
-                             hello.flags ? "on" : "off");
-        else if (s > 0 && !!(w->flags & PSAGG_WELCOME_JOINING) != ctx->joiner)
+                             flags ? "on" : "off");
+        else if (other && !!(w->flags & PSAGG_WELCOME_JOINING) != ctx->joiner)
             st = psagg__fail(PSAGG_EPROTO,
                              "%s says the job %s, server 0 that it %s: try again in a moment", peer,
                              w->flags & PSAGG_WELCOME_JOINING ? "runs" : "is starting",
                              ctx->joiner ? "runs" : "is starting");
-        else if (s > 0 && !!(w->flags & PSAGG_WELCOME_QUORUM) != !!ctx->bitmap_bytes)
+        else if (other && !!(w->flags & PSAGG_WELCOME_QUORUM) != !!ctx->bitmap_bytes)
             st = psagg__fail(PSAGG_ECONFIG,
                              "%s runs [server] quorum %s, server 0 %s: start every server with "
                              "the same [server] quorum",
@@ -152,7 +159,7 @@ static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const ch
         else if (w->epname_len == 0 || w->epname_len > PSAGG_EPNAME_MAX)
             st = psagg__fail(PSAGG_EPROTO, "%s: WELCOME field epname_len is %u", peer,
                              w->epname_len);
-        else if (s > 0 && memcmp(&w->optim, &ctx->optim, sizeof w->optim))
+        else if (other && memcmp(&w->optim, &ctx->optim, sizeof w->optim))
             st = psagg__fail(
                 PSAGG_ECONFIG,
                 "%s runs [server] optimizer = %s (momentum %g, dampening %g, nesterov "
@@ -171,7 +178,7 @@ static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const ch
             psagg__fail_context(st, "%s: ", peer);
         else
             session_keys(ctx, s, &hello, w);
-        if (!st && s == 0) {
+        if (!st && !other) {
             ctx->optim = w->optim;
             ctx->joiner = !!(w->flags & PSAGG_WELCOME_JOINING);
             ctx->bitmap_bytes = w->flags & PSAGG_WELCOME_QUORUM ? ((size_t)ctx->world + 7) / 8 : 0;
@@ -181,7 +188,7 @@ static psagg_status hello_once(psagg_ctx *ctx, int s, int64_t deadline, const ch
                          "barrier)",
                          ctx->rank);
         }
-        if (!st && ctx->cfg.local_copy)
+        if (!st && ctx->cfg.local_copy && !rejoin)
             local_copy_setup(ctx, s, w, peer);
     }
     free(body);
@@ -201,7 +208,7 @@ static psagg_status hello_server(psagg_ctx *ctx, int s, int64_t deadline)
     snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
              ctx->cfg.servers[s].port);
     for (;;) {
-        st = hello_once(ctx, s, deadline, peer);
+        st = hello_once(ctx, s, deadline, peer, 0);
         if ((st != PSAGG_EPEER && st != PSAGG_EAGAIN) || psagg__now_ms() + 100 >= deadline)
             return st;
         /* EAGAIN: a joiner whose rank is still leaving at that server (its next epoch) */
@@ -214,6 +221,22 @@ static psagg_status hello_server(psagg_ctx *ctx, int s, int64_t deadline)
                                      &ctx->servers[s].fd)))
             return st;
     }
+}
+
+psagg_status handshake_rejoin(psagg_ctx *ctx, int s, psagg__ctl_declare *d, size_t bytes,
+                              int64_t deadline)
+{
+    char peer[96];
+    psagg_status st;
+    snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
+             ctx->cfg.servers[s].port);
+    if ((st = hello_once(ctx, s, deadline, peer, 1)))
+        return st;
+    d->local_flags = 0;
+    if ((st = psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_DECLARE, d,
+                              (uint32_t)bytes)))
+        return psagg__fail_context(st, "declaring to %s: ", peer);
+    return PSAGG_OK;
 }
 
 /* Connect to every server by `deadline` (the first connection tells which local address to use). */

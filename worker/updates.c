@@ -277,6 +277,12 @@ struct psagg_handle *update_arrived(psagg_ctx *ctx, psagg__gate *gate, const psa
     }
     ti = &ctx->layout.tensors[mh->key];
     owner = chunk_owner(ctx, (uint32_t)(ci - ctx->layout.chunks));
+    /* a round summed again after a takeover, applied already, or the chunk's owner before
+       the view that moved it (its new owner sends the round): dropped */
+    if (failover_stale_update(ctx, mh, from)) {
+        atomic_fetch_add(&ctx->bytes_received, rb->len);
+        return NULL;
+    }
     if (mh->sender != owner || from != (int)owner) {
         worker_fail_all(ctx, PSAGG_EPROTO,
                         "server %d sent an update of tensor '%s' chunk %u (field sender %u), "
@@ -285,8 +291,6 @@ struct psagg_handle *update_arrived(psagg_ctx *ctx, psagg__gate *gate, const psa
         return NULL;
     }
     atomic_fetch_add(&ctx->bytes_received, rb->len);
-    if (failover_stale_update(ctx, mh)) /* a round summed again after a takeover: applied */
-        return NULL;
     if (ctx->bitmap_bytes && keep_early(ctx, ctx->tensors[mh->key].op, rb, &mc))
         return NULL;
     return update_apply(ctx, ctx->tensors[mh->key].op, rb->buf, &mc) ? ctx->tensors[mh->key].op

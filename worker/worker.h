@@ -311,10 +311,15 @@ psagg_status worker_struct_size(const char *type, size_t got, size_t known);
  * ctx->servers), connecting again to a server that closed the connection unanswered;
  * handshake_declare sends the declaration `d` (`bytes` long) to every server and waits for
  * each READY (a server's ERROR frame wins over a lost connection as the reason).
+ * handshake_rejoin (the communication thread, failover.c): server s, lost and restarted, is
+ * connected again: HELLO it as a server that rejoins the running job, check its WELCOME and
+ * send it the declaration; its READY comes on the control connection.
  */
 psagg_status handshake_connect(psagg_ctx *ctx, int64_t deadline);
 psagg_status handshake_hello(psagg_ctx *ctx, int64_t deadline);
 psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t bytes);
+psagg_status handshake_rejoin(psagg_ctx *ctx, int s, psagg__ctl_declare *d, size_t bytes,
+                              int64_t deadline);
 
 /*
  * device.c: use executor ex (devexec.h) for ctx's device path instead of CUDA's; before the
@@ -356,19 +361,28 @@ psagg_status membership_take(psagg_ctx *ctx, const psagg__ctl_hdr *h, const void
 
 /*
  * failover.c ([cluster] server_replicas; the communication thread but setup and free):
- * server_lost says server s is lost (1: handled, the job goes on; 0: not such a job, the
- * caller fails it); agree takes an AGREE frame from server s; resend pushes again what a moved
- * chunk's new owner needs (1 while some wait); stale_update says whether an update is of a
- * round this worker applied already after a view moved its chunk (to drop); lost whether
- * server s is lost or out of the view.
+ * setup keeps the declaration (for a server that rejoins); server_lost says server s is lost
+ * (1: handled, the job goes on; 0: not such a job, the caller fails it); agree takes an AGREE
+ * frame from server s, back a SERVER_BACK (the coordinator's hold), ready a server's READY (1:
+ * one that rejoins, taken); tick connects again to the servers out of the view (control_check's
+ * turn); resend pushes again what a moved chunk's new owner needs (1 while some wait);
+ * stale_update says whether an update is one to drop (a round this worker applied already
+ * after a view moved its chunk, or the old owner's); held whether chunk g's pushes wait for
+ * the next view; lost whether server s is lost or out of the view; waits_ready whether this
+ * worker waits for server s's READY (its silence is then no loss).
  */
-psagg_status failover_setup(psagg_ctx *ctx);
+psagg_status failover_setup(psagg_ctx *ctx, const psagg__ctl_declare *d, size_t bytes);
 void failover_free(psagg_ctx *ctx);
 int failover_server_lost(psagg_ctx *ctx, int s, const char *why);
 void failover_agree(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, const void *body);
+void failover_back(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, const void *body);
+int failover_ready(psagg_ctx *ctx, int s);
+void failover_tick(psagg_ctx *ctx, int64_t now);
 int failover_resend(psagg_ctx *ctx);
-int failover_stale_update(psagg_ctx *ctx, const psagg__msg_hdr *mh);
+int failover_stale_update(psagg_ctx *ctx, const psagg__msg_hdr *mh, int from);
+int failover_held(const psagg_ctx *ctx, uint32_t g);
 int failover_lost(const psagg_ctx *ctx, int s);
+int failover_waits_ready(const psagg_ctx *ctx, int s);
 
 /*
  * adapt.c: adaptive codecs (runtime/adaptive.h has the schedule and the model). adapt_setup

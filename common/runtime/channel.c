@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -107,6 +108,44 @@ psagg_status psagg__tcp_connect(const psagg__hostport *hp, int64_t deadline_ms, 
                            strerror(last_err));
     return psagg__fail(PSAGG_EIO, "connect to %s (%s:%u): %s", what, hp->host, hp->port,
                        strerror(last_err));
+}
+
+psagg_status psagg__tcp_connect_start(const psagg__hostport *hp, int *fd_out)
+{
+    struct addrinfo *res;
+    int fd, st = resolve(hp, 0, &res);
+    if (st)
+        return st;
+    fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0 || (connect(fd, res->ai_addr, res->ai_addrlen) && errno != EINPROGRESS)) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        freeaddrinfo(res);
+        return psagg__fail(PSAGG_EIO, "connect to %s:%u: %s", hp->host, hp->port, strerror(e));
+    }
+    freeaddrinfo(res);
+    *fd_out = fd;
+    return PSAGG_OK;
+}
+
+int psagg__tcp_connect_done(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    int err = 0, one = 1, flags;
+    socklen_t len = sizeof err;
+    if (poll(&p, 1, 0) == 0)
+        return 0;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) || err) {
+        psagg__fail(PSAGG_EIO, "connect: %s", strerror(err ? err : errno));
+        return -1;
+    }
+    if ((flags = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) ||
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one)) {
+        psagg__fail(PSAGG_EIO, "a connected socket: %s", strerror(errno));
+        return -1;
+    }
+    return 1;
 }
 
 psagg_status psagg__tcp_local_addr(int fd, char *buf, size_t len)
@@ -248,7 +287,7 @@ psagg_status psagg__ctl_hdr_check(const psagg__ctl_hdr *hdr, uint32_t max_len, c
     if (hdr->version != PSAGG_PROTO_VERSION)
         return psagg__fail(PSAGG_EPROTO, "%s: protocol version %u, this build speaks %u", peer,
                            hdr->version, PSAGG_PROTO_VERSION);
-    if (hdr->type < PSAGG_CTL_HELLO || hdr->type > PSAGG_CTL_VIEW)
+    if (hdr->type < PSAGG_CTL_HELLO || hdr->type > PSAGG_CTL_SERVER_BACK)
         return psagg__fail(PSAGG_EPROTO, "%s: control frame field type %u unknown", peer,
                            hdr->type);
     if (hdr->len > max_len)

@@ -171,8 +171,10 @@
  *     joiner takes the members' (joins into an adaptive job)
  * 15: servers that fail ([cluster] server_replicas): SERVER_LOST, AGREE and VIEW; the push
  *     header's epoch is the view's in such a job
+ * 16: servers that rejoin: HELLO's PSAGG_HELLO_REJOIN, SERVER_BACK; a view carries every
+ *     chunk's owner (a server that rejoins takes the whole view from it)
  */
-#define PSAGG_PROTO_VERSION 15
+#define PSAGG_PROTO_VERSION 16
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64
@@ -205,6 +207,7 @@ enum psagg__ctl_type {
     PSAGG_CTL_SERVER_LOST = 17, /* worker -> the coordinator: psagg__ctl_server_lost + rounds */
     PSAGG_CTL_AGREE = 18,       /* coordinator <-> worker: psagg__ctl_agree + a view */
     PSAGG_CTL_VIEW = 19,        /* worker -> the other servers: a decided view, relayed */
+    PSAGG_CTL_SERVER_BACK = 20, /* worker <-> the coordinator: a server rejoins (below) */
 };
 
 typedef struct psagg__ctl_hdr {
@@ -230,6 +233,9 @@ _Static_assert(sizeof(psagg__ctl_challenge) == 16, "psagg__ctl_challenge layout"
 
 /* psagg__ctl_hello.flags / psagg__ctl_welcome.flags */
 #define PSAGG_HELLO_DATA_AUTH 1u /* data messages carry a MAC ([cluster] data_auth) */
+/* HELLO only: the job runs and has lost this server, which was restarted: it rejoins
+   ([cluster] server_replicas; SERVER_BACK below). Not compared with the server's flags. */
+#define PSAGG_HELLO_REJOIN 2u
 /* WELCOME only: the job is running (elastic): this worker joins it (DECLARE, JOIN, SYNC_DONE) */
 #define PSAGG_WELCOME_JOINING 0x100u
 /* WELCOME only: the servers run [server] quorum: every UPDATE and WEIGHTS ends with the
@@ -355,26 +361,36 @@ _Static_assert(sizeof(psagg__ctl_membership) == 256, "psagg__ctl_membership layo
  * A view says which servers are live and which server owns each chunk; views move in epochs
  * (the push header's epoch field, as membership epochs do in an elastic job, which replicas
  * do not work with yet), each decided by runtime/agree.h among the workers. Epoch 0 is the
- * layout's.
+ * layout's. The coordinator is the lowest live server of the view (for a loss: but the one
+ * lost).
  *   worker -> the coordinator SERVER_LOST: this worker lost server `server` (its control
- *                         connection closed, a push to it failed, or it was silent): the
- *                         lowest live server of the view but that one coordinates. `rounds`
- *                         has one u32 per chunk of the layout: the round of the next update of
- *                         it this worker takes (those of other servers' chunks too)
+ *                         connection closed, a push to it failed, or it was silent).
+ *                         `rounds` has one u32 per chunk of the layout: the round of the next
+ *                         update of it this worker takes (those of other servers' chunks too)
  *   the coordinator <-> worker AGREE: a message of the agreement (psagg__ctl_agree, then
  *                         value_len bytes of the view when the kind carries one); each worker
  *                         is an acceptor, the coordinator the proposer; once decided, the
  *                         coordinator sends AGREE DECIDED to every worker
  *   worker -> every other live server VIEW: the AGREE DECIDED it learned, relayed unchanged
- * A view (the value): psagg__view_hdr, n_servers bytes live[] (1: live) padded to 4, then
- * n_moves x psagg__view_move: the chunks whose owner changed in this epoch, each with the
- * round its new owner starts at (the lowest next-update round any worker reported).
+ * A server that was lost and out of the view comes back (restarted: the workers connect to
+ * it again, HELLO with PSAGG_HELLO_REJOIN, DECLARE, READY), in three steps, each a
+ * SERVER_BACK (psagg__ctl_server_lost, field phase):
+ *   worker -> the coordinator phase 0 (no rounds): server `server` is back here (READY)
+ *   the coordinator -> worker phase 1 (no rounds), once every worker said phase 0: hold your
+ *                         pushes of the chunks whose layout owner it is from now on
+ *   worker -> the coordinator phase 1 with `rounds`: held; then the coordinator proposes the
+ *                         view with the server live and those chunks moved back to it, from the
+ *                         lowest round reported. A new view (this one or another) ends the hold.
+ * A view (the value): psagg__view_hdr, n_servers bytes live[] (1: live) padded to 4, n_chunks
+ * u16 owner[] (every chunk's owner in this epoch) padded to 4, then n_moves x
+ * psagg__view_move: the chunks whose owner changed in this epoch, each with the round its new
+ * owner starts at (the lowest next-update round any worker reported).
  */
 typedef struct psagg__ctl_server_lost {
     uint32_t server;   /* the server lost */
     uint32_t epoch;    /* the view this worker is in */
-    uint32_t n_chunks; /* rounds[] that follow: the layout's chunks */
-    uint32_t pad;
+    uint32_t n_chunks; /* rounds[] that follow: the layout's chunks, or 0 (SERVER_BACK phase 0) */
+    uint32_t phase;    /* SERVER_BACK's step (above); 0 in SERVER_LOST */
 } psagg__ctl_server_lost;
 _Static_assert(sizeof(psagg__ctl_server_lost) == 16, "psagg__ctl_server_lost layout");
 
@@ -392,7 +408,7 @@ typedef struct psagg__view_hdr {
     uint32_t epoch;
     uint32_t n_servers;
     uint32_t n_moves;
-    uint32_t pad;
+    uint32_t n_chunks;
 } psagg__view_hdr;
 _Static_assert(sizeof(psagg__view_hdr) == 16, "psagg__view_hdr layout");
 
@@ -403,10 +419,18 @@ typedef struct psagg__view_move {
 } psagg__view_move;
 _Static_assert(sizeof(psagg__view_move) == 12, "psagg__view_move layout");
 
-/* The bytes of a view of n_servers servers and n_moves moves. */
-static inline uint64_t psagg__view_bytes(uint32_t n_servers, uint32_t n_moves)
+/* Where a view's owner[] and moves start, and its bytes (n_servers, n_chunks, n_moves). */
+static inline uint64_t psagg__view_owners_at(uint32_t n_servers)
 {
-    return sizeof(psagg__view_hdr) + ((uint64_t)n_servers + 3) / 4 * 4 +
+    return sizeof(psagg__view_hdr) + ((uint64_t)n_servers + 3) / 4 * 4;
+}
+static inline uint64_t psagg__view_moves_at(uint32_t n_servers, uint32_t n_chunks)
+{
+    return psagg__view_owners_at(n_servers) + ((uint64_t)n_chunks * 2 + 3) / 4 * 4;
+}
+static inline uint64_t psagg__view_bytes(uint32_t n_servers, uint32_t n_chunks, uint32_t n_moves)
+{
+    return psagg__view_moves_at(n_servers, n_chunks) +
            (uint64_t)n_moves * sizeof(psagg__view_move);
 }
 
