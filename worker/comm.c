@@ -509,11 +509,31 @@ static void *comm_main(void *arg)
                                     psagg_last_error());
                 break;
             }
-            case PSAGG_FABRIC_RECV_ERROR:
+            case PSAGG_FABRIC_RECV_ERROR: {
+                /* a same-host copy out of a server that died ([cluster] server_replicas: the
+                   job goes on without it; the receive buffer is posted again) */
+                int s = -1;
+                for (int k = 0; ev[i].src != PSAGG_PEER_UNKNOWN && k < ctx->cfg.n_servers; k++)
+                    if (ctx->servers[k].addr == ev[i].src)
+                        s = k;
+                /* (a provider that names no peer: a connection reset by a server that died;
+                   the control channel tells which, and a live one's lost update is named by
+                   the operation's deadline) */
+                if (s < 0 && ev[i].ctx && ctx->failover)
+                    LOG_WARN(&ctx->log, "a receive failed: %s (a server that died?)", ev[i].msg);
+                if (ev[i].ctx && ((s < 0 && ctx->failover) ||
+                                  (s >= 0 && (failover_lost(ctx, s) ||
+                                              failover_server_lost(ctx, s, ev[i].msg))))) {
+                    if (psagg__rxpool_repost(&ctx->rx, ev[i].ctx))
+                        worker_fail_all(ctx, PSAGG_EFABRIC, "reposting a receive: %s",
+                                        psagg_last_error());
+                    break;
+                }
                 if (atomic_load(&ctx->running))
                     worker_fail_all(ctx, ev[i].status ? (psagg_status)ev[i].status : PSAGG_EFABRIC,
                                     "a receive failed: %s", ev[i].msg);
                 break;
+            }
             }
         }
         if (!drop_if_failed(&cs))

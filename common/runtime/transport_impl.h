@@ -61,6 +61,7 @@ struct local_slot {
 struct local_ack {
     struct local_ack *next;
     psagg__peer to;
+    int64_t since; /* when it was parked (psagg__now_ms): given up after LOCAL_ACK_GIVE_UP_MS */
     psagg__msg_local m;
 };
 

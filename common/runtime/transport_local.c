@@ -150,6 +150,9 @@ static void ack_park(psagg__fabric *f, struct local_ack *a, int front)
     pthread_mutex_unlock(&f->lock);
 }
 
+/* An ACK no peer took for this long is for a peer that is gone (its process, or its host). */
+#define LOCAL_ACK_GIVE_UP_MS 30000
+
 /* Inject one ACK; 1 if sent (or failed for good, logged), 0 if the provider's queue is full. */
 static int ack_inject(psagg__fabric *f, const struct local_ack *a)
 {
@@ -174,8 +177,13 @@ static void local_ack(psagg__fabric *f, psagg__peer to, uint64_t cookie, int sta
     a.m.type = PSAGG_LOCAL_ACK;
     a.m.cookie = cookie;
     a.m.status = status;
+    /* ACKs to one peer go in order: after those to it that wait (a peer whose provider queue
+       is full, or a dead one that a provider keeps reconnecting to: never one peer's behind
+       another's, which would hang every copy of a live peer behind a dead one) */
     pthread_mutex_lock(&f->lock);
-    parked = f->acks != NULL;
+    parked = 0;
+    for (const struct local_ack *p = f->acks; p && !parked; p = p->next)
+        parked = p->to == to;
     pthread_mutex_unlock(&f->lock);
     if (!parked && ack_inject(f, &a))
         return;
@@ -186,6 +194,7 @@ static void local_ack(psagg__fabric *f, psagg__peer to, uint64_t cookie, int sta
         return;
     }
     *node = a;
+    node->since = psagg__now_ms();
     ack_park(f, node, 0);
 }
 
@@ -225,22 +234,45 @@ void fab_local_flush(psagg__fabric *f)
         }
         op = next;
     }
-    for (;;) {
-        pthread_mutex_lock(&f->lock);
-        a = f->acks;
-        if (a) {
-            f->acks = a->next;
-            if (f->acks == NULL)
-                f->acks_tail = NULL;
+    /* every parked ACK gets its try (those of a peer that cannot take one wait, in order,
+       without holding back the others': local_ack) */
+    pthread_mutex_lock(&f->lock);
+    a = f->acks;
+    f->acks = f->acks_tail = NULL;
+    pthread_mutex_unlock(&f->lock);
+    {
+        struct local_ack *kept = NULL, *kept_tail = NULL;
+        while (a) {
+            struct local_ack *next = a->next;
+            int blocked = 0;
+            for (const struct local_ack *k = kept; k && !blocked; k = k->next)
+                blocked = k->to == a->to;
+            if (!blocked && ack_inject(f, a)) {
+                free(a);
+            } else if (psagg__now_ms() - a->since > LOCAL_ACK_GIVE_UP_MS) {
+                LOG_WARN(&f->log,
+                         "%s: an ACK of a same-host copy to peer %" PRIu64 " waited %d s: given "
+                         "up (the peer is gone)",
+                         f->prov, (uint64_t)a->to, LOCAL_ACK_GIVE_UP_MS / 1000);
+                free(a);
+            } else {
+                a->next = NULL;
+                if (kept_tail)
+                    kept_tail->next = a;
+                else
+                    kept = a;
+                kept_tail = a;
+            }
+            a = next;
         }
-        pthread_mutex_unlock(&f->lock);
-        if (a == NULL)
-            break;
-        if (!ack_inject(f, a)) {
-            ack_park(f, a, 1);
-            break;
+        if (kept) { /* before any parked meanwhile */
+            pthread_mutex_lock(&f->lock);
+            kept_tail->next = f->acks;
+            f->acks = kept;
+            if (f->acks_tail == NULL)
+                f->acks_tail = kept_tail;
+            pthread_mutex_unlock(&f->lock);
         }
-        free(a);
     }
     pthread_mutex_lock(&f->lock);
     atomic_store(&f->local_pending, f->reposts != NULL || f->acks != NULL);
@@ -295,7 +327,8 @@ int fab_local_recv(psagg__fabric *f, struct fabric_op *op, fi_addr_t from, psagg
                          m.len, m.addr, (int)pid, n < 0 ? strerror(err) : "short copy");
             }
         }
-        local_ack(f, (psagg__peer)from, m.cookie, st);
+        if (st != PSAGG_EPEER) /* (a peer whose process is gone is told nothing) */
+            local_ack(f, (psagg__peer)from, m.cookie, st);
         if (st == PSAGG_OK)
             atomic_fetch_add(&f->local_copied, 1);
         e->kind = st ? PSAGG_FABRIC_RECV_ERROR : PSAGG_FABRIC_RECV_DONE;

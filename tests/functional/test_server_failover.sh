@@ -15,6 +15,14 @@
 #   auth               a secret and data_auth: pushes sealed again for the new owner
 #   stop               server 1 SIGSTOPped (hung, not dead): lost after op_timeout_ms of silence
 #   r0                 server_replicas = 0: the same death fails every worker naming the server
+# Servers that come back (started again with the same command line once every worker took the
+# view without them; the workers sleep 10 ms a round so that the job outlasts it):
+#   back1              server 1 SIGKILLed and restarted: it rejoins in view 2 and owns its chunks
+#                      again (bit-identical)
+#   back0              the same for server 0, the coordinator (server 1 coordinates its return)
+#   back1-kill0        server 1 back in view 2, then server 0 SIGKILLed: server 1 takes every
+#                      chunk over in view 3 (its own, back, and server 0's)
+#   back1-twice        server 1 killed, back, killed again and back again (views 1..4)
 set -u -o pipefail
 build=$1
 # shellcheck source=tests/harness.sh
@@ -27,17 +35,22 @@ chmod 600 "$tmp/secret"
 
 # run NAME SERVERS CODEC REPLICAS KILL_SERVER SIGNAL ROUND DELAY_MS [SECTION.KEY=VALUE...]: one
 # job; KILL_SERVER -1 runs it without a death. Leaves the workers' rcs in rc[] and logs in $tmp.
+# With $events set ("SERVER ROUND SERVER ROUND ..."), the job is run with those kills and
+# returns instead (back, below) and the workers sleep 10 ms a round.
 run() {
     local name=$1 n_s=$2 codec=$3 replicas=$4 victim=$5 sig=$6 round=$7 delay=$8 w
+    local slow=()
     shift 8
+    [ -n "${events:-}" ] && slow=(--round-sleep-ms 10)
     job_ini "$tmp/$name.ini" "$n_s" 3 cluster.job_id="failover-$name-$port" \
         cluster.server_replicas="$replicas" cluster.op_timeout_ms=3000 log.level=info "$@"
     start_servers "$tmp/$name.ini" "$n_s" "$name-"
     for w in 0 1 2; do
         start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
             "$worker_bin" --codec "$codec" --sizes 1,1023,4096,50000,7000 --rounds $rounds \
-            --progress
+            --progress ${slow[@]+"${slow[@]}"}
     done
+    [ -n "${events:-}" ] && kill_and_return "$name" "$n_s" $events
     if ((victim >= 0)); then
         wait_until 60 grep -q "^ROUND $round\$" "$tmp/$name-worker0.log" ||
             fail "$name: worker 0 never reached round $round"
@@ -47,6 +60,38 @@ run() {
     for w in 0 1 2; do
         wait_for "${wpid[$w]}" 90
         rc[w]=$?
+    done
+}
+
+# kill_and_return NAME SERVERS SERVER ROUND ...: per pair, SIGKILL SERVER once worker 0 is at
+# ROUND; a server killed before (in the job's last view) is started again first, with a log of
+# its own (NAME-serverSb.log, -serverSc.log ...), once every worker took the view without it.
+# Each kill or return is one view more: every worker must reach it.
+kill_and_return() {
+    local name=$1 n_s=$2 view=0 s r w n suffixes=(b c d e)
+    local -A out=() starts=()
+    shift 2
+    while (($#)); do
+        s=$1 r=$2
+        shift 2
+        wait_until 60 grep -q "^ROUND $r\$" "$tmp/$name-worker0.log" ||
+            fail "$name: worker 0 never reached round $r"
+        if [ -n "${out[$s]:-}" ]; then # it comes back
+            n=${starts[$s]:-0}
+            spawn "$tmp/$name-server$s${suffixes[n]}.log" "${server_bin:-$build/server/psagg-server}" \
+                --config "$tmp/$name.ini" --rank "$s"
+            spid[s]=$h_pid
+            starts[$s]=$((n + 1))
+            unset "out[$s]"
+        else
+            kill -KILL "${spid[$s]}"
+            out[$s]=1
+        fi
+        view=$((view + 1))
+        for w in 0 1 2; do
+            wait_until 60 grep -q "server view $view:" "$tmp/$name-worker$w.log" ||
+                fail "$name: worker $w never took view $view"
+        done
     done
 }
 
@@ -98,6 +143,34 @@ survive kill0 2 fp32 0 KILL 60 1
 survive three-maxmin4 3 maxmin4 2 KILL 80 2
 survive auth 2 fp32 1 KILL 70 5 cluster.secret_file="$tmp/secret" cluster.data_auth=on
 survive stop 2 fp32 1 STOP 50 0
+
+# back NAME SERVERS EVENTS...: servers killed and started again (kill_and_return); every
+# worker bit-identical to the uninterrupted run, and every return owns its chunks again
+back() {
+    local name=$1 n_s=$2 w d joined
+    shift 2
+    events="$*" run "$name" "$n_s" fp32 1 -1 KILL 0 0
+    for w in 0 1 2; do
+        ((rc[w] == 0)) || fail "$name: worker $w exited ${rc[w]}"
+    done
+    d=$(digest_of "$name")
+    [ "$d" = "${ref[$n_s-fp32]}" ] || fail "$name: digest $d, the uninterrupted run's ${ref[$n_s-fp32]}"
+    grep -q "server view [0-9]*: .* to this server" "$tmp/$name"-server[0-9][b-e].log ||
+        fail "$name: the server that came back took none of its chunks"
+    # from a worker's first READY of the return to the last worker in the view that admits it
+    joined=$(grep -h "is back (READY)\|is back in view" "$tmp/$name"-worker[012].log |
+        awk '/READY/ {if (!r) r = $1} /back in view/ {v = $1} END {printf "%.0f", (v - r) * 1000}')
+    echo "$name: servers killed and back ($*): every worker bit-identical to the uninterrupted" \
+        "run ($d); the first return: from the first READY to every worker in its view: $joined ms;" \
+        "$(grep -h "server view [0-9]*: .* to this server" "$tmp/$name"-server[0-9][b-e].log |
+            grep -v " 0 of them" | head -1 | sed 's/^[0-9.]* //')"
+    stop_all
+}
+
+back back1 2 1 30 1 60
+back back0 2 0 30 0 60
+back back1-kill0 2 1 30 1 60 0 200
+back back1-twice 2 1 30 1 60 1 150 1 200
 
 # server_replicas = 0: today's fail-fast, naming the server
 run r0 2 fp32 0 1 KILL 40 0
