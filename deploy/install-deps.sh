@@ -51,7 +51,7 @@ PKGS=(
     libfabric-dev libfabric-bin libjemalloc-dev libinih-dev zlib1g-dev libsodium-dev libssl-dev
     openmpi-bin libopenmpi-dev
     python3-torch python3-sklearn python3-matplotlib python3-numpy
-    iproute2 procps time
+    iproute2 nftables procps time
     openssh-server openssh-client slurmctld slurmd slurm-client munge
     libmicrohttpd-dev prometheus curl
 )

@@ -1,0 +1,271 @@
+#!/usr/bin/env bash
+# test_server_partition.sh BUILD_DIR - a server cut off by the network, not killed
+# ([cluster] server_replicas = 1; docs/design.md, "Why a partition cannot make two owners sum
+# one chunk"; docs/server-failover.md).
+#
+# Every process has a host of its own in an emulated cluster (deploy/netcluster.sh: one network
+# namespace per host, 1 Gbit/s links): servers 0 and 1 on hosts 0 and 1, workers 0..2 on hosts
+# 2..4. Each job is fn_worker (3 workers, fp32 checked bit for bit against its own sum in every
+# round, DIGEST of every output) with op_timeout_ms = 3000. Once worker 0 starts round K, nftables
+# rules in the victim server's namespace DROP every packet between it and some workers, both
+# ways (nothing is closed: the peers only go silent); the root namespace is never touched, and
+# the cluster is removed when the script exits, failed or not. Cases:
+#   cut-all          server 1 cut off from every worker: every worker exits 0 with the DIGEST of
+#                    the uninterrupted run and takes view 1, server 0 proposes it and takes every
+#                    chunk over; the cut-off server never applies view 1, closes no round and
+#                    queues no update from 1 s after the cut to its exit (its Prometheus
+#                    counters, read inside its namespace until it is gone) and leaves the job
+#                    failed (exit status 1), naming the workers it gave up
+#   cut-coordinator  the same with server 0 (the coordinator): server 1 coordinates view 1
+#   cut-one          server 1 cut off from worker 0 only: no view can be decided (workers 1 and
+#                    2 still reach server 1), server 1's round cannot close without worker 0's
+#                    push, and op_timeout_ms after the cut server 1 fails the job naming worker
+#                    0: every worker fails (ETIMEDOUT) with that cause, and no worker prints a
+#                    DIGEST (never two results)
+# Exit 77 (skipped) when not root or without ip, tc, unshare, nft or curl, or when the kernel
+# has no network namespaces or no nftables inside one.
+set -u -o pipefail
+build=$1
+
+[ "$(id -u)" -eq 0 ] || { echo "SKIP: needs root (network namespaces, nftables)"; exit 77; }
+for t in ip tc unshare nft curl setsid; do
+    command -v "$t" >/dev/null 2>&1 || { echo "SKIP: '$t' not found (deploy/install-deps.sh)"; exit 77; }
+done
+ip netns list >/dev/null 2>&1 || { echo "SKIP: network namespaces unavailable"; exit 77; }
+
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+NC=$h_repo/deploy/netcluster.sh
+# shellcheck source=deploy/netcluster.sh
+. "$NC" # (its names only: nc_ns_host, nc_addr; the cluster itself through its CLI)
+worker_bin=$build/tests/functional/fn_worker
+server_bin=$build/server/psagg-server
+rounds=120 sleep_ms=20 sizes=1,1023,4096,50000,7000 wargs=()
+# (clusters of an earlier run of this test that was killed, its owner gone, are removed first)
+"$NC" cleanup --prefix psgp >/dev/null 2>&1
+P="psgp$(od -An -N2 -tx1 /dev/urandom | tr -d ' \n')"
+at_exit "\"$NC\" down --prefix $P >/dev/null 2>&1"
+
+"$NC" up --hosts 5 --rate 1gbit --prefix "$P" --owner-pid $$ >/dev/null 2>"$tmp/up.err" ||
+    { cat "$tmp/up.err"; fail "netcluster up failed"; }
+if ! ip netns exec "$(nc_ns_host "$P" 0)" nft add table inet psagg_probe 2>"$tmp/nft.err"; then
+    echo "SKIP: nftables unavailable in a network namespace: $(cat "$tmp/nft.err")"
+    exit 77
+fi
+ip netns exec "$(nc_ns_host "$P" 0)" nft delete table inet psagg_probe
+addr() { nc_addr "$P" "$1"; }   # addr HOST
+whost() { echo $((2 + $1)); }   # whost WORKER: its host
+base=19500                      # each job its own control ports (base, base+1), metrics +2, +3
+
+# sever SERVER WORKER...: drop every packet between SERVER's host and those workers' hosts, both
+# ways, in SERVER's namespace (counted, so that the test can say the cut held)
+sever() {
+    local s=$1 w set=""
+    shift
+    for w in "$@"; do set+="${set:+, }$(addr "$(whost "$w")")"; done
+    ip netns exec "$(nc_ns_host "$P" "$s")" nft -f - <<EOF || fail "nft: could not cut server $s off"
+table inet psagg_cut {
+    chain in { type filter hook input priority filter; policy accept; ip saddr { $set } counter drop; }
+    chain out { type filter hook output priority filter; policy accept; ip daddr { $set } counter drop; }
+}
+EOF
+}
+# dropped SERVER: packets the cut dropped in SERVER's namespace, both ways
+dropped() {
+    ip netns exec "$(nc_ns_host "$P" "$1")" nft list table inet psagg_cut 2>/dev/null |
+        awk '/counter packets/ { for (i = 1; i < NF; i++) if ($i == "packets") n += $(i + 1) }
+             END { print n + 0 }'
+}
+heal() { # heal SERVER: the cut undone (between cases)
+    ip netns exec "$(nc_ns_host "$P" "$1")" nft delete table inet psagg_cut 2>/dev/null
+}
+# watch_metrics SERVER FILE: FILE holds SERVER's last /metrics for as long as it answers
+watch_metrics() {
+    # shellcheck disable=SC2016 # (the loop's $0 and $1 are sh's)
+    spawn "$tmp/watch$1.out" ip netns exec "$(nc_ns_host "$P" "$1")" sh -c \
+        'while curl -sf -m 1 "$0" >"$1.new"; do mv "$1.new" "$1"; sleep 0.1; done' \
+        "http://$(addr "$1"):$((port + 2 + $1))/metrics" "$2"
+}
+# metric NAME FILE: a counter of a scrape (0 when absent)
+metric() { awk -v n="$1" '$1 == n { print $2; f = 1 } END { if (!f) print 0 }' "$2"; }
+# scrape SERVER FILE: its /metrics, read from inside its own namespace (the cut leaves that)
+scrape() {
+    ip netns exec "$(nc_ns_host "$P" "$1")" curl -sf -m 2 \
+        "http://$(addr "$1"):$((port + 2 + $1))/metrics" >"$2"
+}
+
+# run NAME VICTIM ROUND WORKER...: one job; once worker 0 starts round ROUND, server VICTIM is
+# cut off from the WORKERs (VICTIM -1: no cut). Workers' rcs in rc[], the servers' pids in spid[]
+run() {
+    local name=$1 victim=$2 round=$3 s w
+    shift 3
+    port=$base
+    base=$((base + 10))
+    job_ini "$tmp/$name.ini" 2 3 cluster.job_id="partition-$name-$P" \
+        cluster.servers="$(addr 0):$port $(addr 1):$((port + 1))" cluster.server_replicas=1 \
+        cluster.op_timeout_ms=3000 cluster.local_copy=off server.metrics_port=$((port + 2)) \
+        log.level=info
+    for s in 0 1; do
+        spawn "$tmp/$name-server$s.log" "$NC" exec --prefix "$P" "$s" -- \
+            "$server_bin" --config "$tmp/$name.ini" --rank "$s"
+        spid[s]=$h_pid
+    done
+    for w in 0 1 2; do
+        start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
+            "$NC" exec --prefix "$P" "$(whost $w)" -- "$worker_bin" --codec fp32 --sizes $sizes \
+            --rounds $rounds --round-sleep-ms $sleep_ms --progress ${wargs[@]+"${wargs[@]}"}
+    done
+    if ((victim >= 0)); then
+        wait_until 60 grep -q "^ROUND $round\$" "$tmp/$name-worker0.log" ||
+            fail "$name: worker 0 never reached round $round"
+        sever "$victim" "$@"
+        t_cut=$(date +%s.%N)
+    fi
+}
+
+wait_workers() { # wait_workers SECONDS: every worker's rc in rc[]
+    local w
+    for w in 0 1 2; do
+        wait_for "${wpid[$w]}" "$1"
+        rc[w]=$?
+    done
+}
+
+digests() { grep -h '^DIGEST' "$tmp/$1"-worker[012].log | sort -u; } # digests NAME
+
+took() { awk -v a="$t_cut" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# ---- the uninterrupted run ----
+t0=$SECONDS
+run ref -1 0
+wait_workers 60
+for w in 0 1 2; do ((rc[w] == 0)) || fail "ref: worker $w exited ${rc[w]} without a cut"; done
+ref=$(digests ref)
+if [ -z "$ref" ] || (($(wc -l <<<"$ref") != 1)); then
+    fail "ref: the workers' digests differ or are missing: $ref"
+fi
+for s in 0 1; do
+    wait_for "${spid[$s]}" 10 || fail "ref: server $s exited $? after the job"
+done
+stop_all
+echo "ref: $rounds rounds on the emulated cluster, $((SECONDS - t0)) s: ${ref#DIGEST }"
+
+# cut_all NAME VICTIM ROUND: the victim cut off from every worker; the job goes on without it
+cut_all() {
+    local name=$1 v=$2 round=$3 o=$((1 - $2)) w d before after n_drop view_at
+    t0=$SECONDS
+    run "$name" "$v" "$round" 0 1 2
+    # the victim's counters 1 s after the cut (its last pushes are in; it gives its workers up
+    # from 2.25 s on: op_timeout_ms after the last PING), then as long as it answers: it closes
+    # no round and queues no update from then on, before view 1 or after
+    watch_metrics "$v" "$tmp/$name-mlast"
+    sleep 1
+    scrape "$v" "$tmp/$name-m1" || fail "$name: server $v's metrics (inside its namespace) do not answer"
+    wait_until 20 eval "[ \$(grep -l 'server view 1:' $tmp/$name-worker[012].log | wc -l) -eq 3 ]" ||
+        fail "$name: not every worker took view 1 within 20 s of the cut"
+    view_at=$(took)
+    wait_workers 60
+    for w in 0 1 2; do
+        ((rc[w] == 0)) || fail "$name: worker $w exited ${rc[w]} with server $v cut off"
+        grep -q "lost server $v (.*): reporting it to server $o" \
+            "$tmp/$name-worker$w.log" || fail "$name: worker $w did not report server $v lost to server $o"
+    done
+    d=$(digests "$name")
+    [ "$d" = "$ref" ] || fail "$name: digests '$d', the uninterrupted run's '$ref' (two owners summed?)"
+    # the survivor coordinated and took every chunk over; it ends as the job does
+    grep -q "every worker lost server $v: proposing view 1 without it" "$tmp/$name-server$o.log" ||
+        fail "$name: server $o did not propose view 1"
+    grep -Eq "server view 1: ([1-9][0-9]*) chunk\(s\) moved, \1 of them to this server" \
+        "$tmp/$name-server$o.log" || fail "$name: server $o did not take every chunk of server $v over"
+    wait_for "${spid[$o]}" 15 || fail "$name: server $o exited $? after the job"
+    # the cut-off server: never in view 1, it fails the job by itself, naming the silent workers
+    wait_for "${spid[$v]}" 15
+    s_rc=$?
+    ((s_rc != 0 && s_rc != 124)) || fail "$name: the cut-off server $v exited $s_rc (0: done? 124: still runs)"
+    for m in psagg_server_chunk_rounds_total psagg_server_updates_total; do
+        before=$(metric $m "$tmp/$name-m1") after=$(metric $m "$tmp/$name-mlast")
+        [ "$before" = "$after" ] ||
+            fail "$name: the cut-off server $v went on after the cut: $m $before -> $after"
+    done
+    ! grep -q "server view" "$tmp/$name-server$v.log" ||
+        fail "$name: the cut-off server $v applied view 1: $(grep "server view 1" "$tmp/$name-server$v.log")"
+    # (it gives up every worker that was silent for op_timeout_ms: all at once, or some, which
+    # fails the job, and it leaves op_timeout_ms later)
+    grep -Eq "closing worker ([012]): worker \1 sent nothing for .* more than op_timeout_ms=3000 \(stopped, hung or cut off\)" \
+        "$tmp/$name-server$v.log" || fail "$name: the cut-off server $v does not say it lost its workers"
+    grep -Eq "all workers gone, job failed|the job failed and workers .* are still connected op_timeout_ms=3000 later; leaving" \
+        "$tmp/$name-server$v.log" || fail "$name: the cut-off server $v does not say it left the job failed"
+    n_drop=$(dropped "$v")
+    ((n_drop > 0)) || fail "$name: the cut dropped no packet"
+    echo "$name: server $v cut off from every worker at round $round: every worker in view 1" \
+        "${view_at} s after the cut ($(grep -o 'from round [0-9]*' "$tmp/$name-server$o.log"))," \
+        "bit-identical to the uninterrupted run; server $v:" \
+        "$(metric psagg_server_updates_total "$tmp/$name-mlast") updates, none after the cut;" \
+        "exit $s_rc: $(grep -Eo 'all workers gone, job failed|leaving' "$tmp/$name-server$v.log" | head -1);" \
+        "$n_drop packets dropped; $((SECONDS - t0)) s"
+    stop_all
+    heal "$v"
+}
+
+cut_all cut-all 1 40
+cut_all cut-coordinator 0 60
+
+# ---- cut-one: server 1 from worker 0 only (a minority) ----
+# The workers run with --expect: a failure is what they must see, and like a careful application
+# they close the context after it (psagg_close), which sends this worker's ABORT, naming the
+# cause, before its connections close. (A worker that exits at once may close them before its
+# communication thread sent the ABORT: the other server then knows only "worker N closed the
+# control connection", and the workers it tells get no cause.)
+name=cut-one t0=$SECONDS
+cause="server 1: worker 0 failed: worker 0 sent nothing for"
+wargs=(--expect ETIMEDOUT --expect-text "$cause")
+run "$name" 1 40 0
+wargs=()
+# while workers 1 and 2 still reach server 1: their pushes of the round arrive, worker 0's cannot,
+# and from 1 s after the cut (before op_timeout_ms) to its exit server 1 closes no round
+watch_metrics 1 "$tmp/$name-mlast"
+sleep 1
+scrape 1 "$tmp/$name-m1" || fail "$name: server 1's metrics do not answer"
+wait_workers 30
+for w in 0 1 2; do
+    if ((rc[w] != 0)) || ! grep -q "^EXPECTED-ERROR-OK" "$tmp/$name-worker$w.log"; then
+        fail "$name: worker $w exited ${rc[w]} without the failure naming server 1 and worker 0"
+    fi
+done
+d=$(digests "$name")
+[ -z "$d" ] || fail "$name: a worker printed a result with server 1 cut off from worker 0: $d"
+for s in 0 1; do
+    wait_for "${spid[$s]}" 15
+    s_rc=$?
+    ((s_rc != 0 && s_rc != 124)) || fail "$name: server $s exited $s_rc after the job failed"
+done
+r1=$(metric psagg_server_chunk_rounds_total "$tmp/$name-m1")
+r2=$(metric psagg_server_chunk_rounds_total "$tmp/$name-mlast")
+p0=$(metric 'psagg_server_pushes_total{worker="0"}' "$tmp/$name-mlast")
+p1=$(metric 'psagg_server_pushes_total{worker="1"}' "$tmp/$name-mlast")
+p2=$(metric 'psagg_server_pushes_total{worker="2"}' "$tmp/$name-mlast")
+[ "$r1" = "$r2" ] || fail "$name: server 1 closed rounds while cut off from worker 0: $r1 -> $r2"
+((p1 > p0 && p2 > p0)) ||
+    fail "$name: workers 1, 2 pushed no more to server 1 than worker 0 ($p1, $p2, $p0)"
+((r2 <= p0)) || fail "$name: server 1 closed $r2 chunk rounds with $p0 pushes of worker 0"
+# server 1 gives worker 0 up (silent for op_timeout_ms) and fails the job naming it; workers 1
+# and 2 hear it from server 1 or from server 0 (told by the other's ABORT), worker 0 from server 0
+# (whether or not it had lost server 1 and reported it to server 0 by then: both sides of the cut
+# count their silence from the other's last PING)
+grep -q "job failed: $cause .* more than op_timeout_ms=3000 (stopped, hung or cut off)" \
+    "$tmp/$name-server1.log" || fail "$name: server 1 does not name worker 0 as the cause"
+grep -q "worker failed as expected? status .*: server 0 (.*): server 0: worker [12] failed: it gave up: server 1 (.*): $cause" \
+    "$tmp/$name-worker0.log" || fail "$name: worker 0's failure does not come from server 0 naming the cause"
+! grep -q "proposing view\|server view 1" "$tmp/$name"-*.log ||
+    fail "$name: a view was proposed or taken with only worker 0 cut off: $(grep -h "proposing view\|server view 1" "$tmp/$name"-*.log)"
+n_drop=$(dropped 1)
+((n_drop > 0)) || fail "$name: the cut dropped no packet"
+echo "$name: server 1 cut off from worker 0 at round 40: server 1 held pushes of workers 0/1/2" \
+    "$p0/$p1/$p2 and closed $r2 chunk rounds (none from 1 s after the cut); no view; worker 0" \
+    "$(grep -q 'lost server 1' "$tmp/$name-worker0.log" && echo "had" || echo "had not")" \
+    "reported server 1 lost; every" \
+    "worker failed naming the cause, worker 0: $(grep -o 'status .*' "$tmp/$name-worker0.log" | cut -c1-200)...;" \
+    "$n_drop packets dropped; $((SECONDS - t0)) s"
+stop_all
+heal 1
+echo "test_server_partition: ok"
