@@ -10,8 +10,13 @@
 # environment, config path, arguments), --workers/--servers overrides, a failing worker
 # (non-zero exit naming it; every other process, grandchildren included, gone), a server
 # dying early, a server that ignores SIGTERM (SIGKILL after --grace), SIGINT and SIGTERM to
-# the launcher (130/143, nothing left), --timeout (124), and usage errors. Every launcher run
-# has its own time limit; the whole test takes a few seconds. Exit 0 = all passed.
+# the launcher (130/143, nothing left), --timeout (124), usage errors, and --restarts: an
+# elastic job's failed worker started again, and with [cluster] server_replicas a dead server
+# started again with its command line (once the restarts are spent the job goes on without
+# it; not one that exited 0 or died while the job stopped; a worker's failure still ends the
+# job; --restarts with neither key refused naming both, psagg-ssh --dry-run too). Every
+# launcher run has its own time limit; the whole test takes about half a minute. Exit 0 = all
+# passed.
 set -u
 
 # shellcheck source=tests/harness.sh
@@ -74,10 +79,23 @@ if [ -n "${FAKE_SERVER_IGNORE_TERM:-}" ]; then
 else
     trap 'echo "server $PSAGG_SERVER_RANK got TERM"; exit 0' TERM
 fi
-if [ "${FAKE_SERVER_DIE_RANK:-none}" = "$PSAGG_SERVER_RANK" ]; then
-    sleep 0.3
+if [ -n "${FAKE_SERVER_TERM_RC:-}" ]; then # dies (non-zero) when stopped
+    trap 'echo "server $PSAGG_SERVER_RANK got TERM"; exit $FAKE_SERVER_TERM_RC' TERM
+fi
+# FAKE_SERVER_DIE_RANK dies 0.3 s (FAKE_SERVER_DIE_AFTER) after its start (exit 5, or
+# FAKE_SERVER_DIE_SIG), every time or with FAKE_SERVER_DIE_ONCE only the first time;
+# FAKE_SERVER_EXIT0_RANK exits 0 after 0.3 s
+if [ "${FAKE_SERVER_DIE_RANK:-none}" = "$PSAGG_SERVER_RANK" ] &&
+    { [ -z "${FAKE_SERVER_DIE_ONCE:-}" ] || mkdir "$T/died.$PSAGG_SERVER_RANK" 2>/dev/null; }; then
+    sleep "${FAKE_SERVER_DIE_AFTER:-0.3}"
     echo "server $PSAGG_SERVER_RANK dying"
+    [ -n "${FAKE_SERVER_DIE_SIG:-}" ] && kill -"$FAKE_SERVER_DIE_SIG" $$
     exit 5
+fi
+if [ "${FAKE_SERVER_EXIT0_RANK:-none}" = "$PSAGG_SERVER_RANK" ]; then
+    sleep 0.3
+    echo "server $PSAGG_SERVER_RANK done"
+    exit 0
 fi
 while :; do
     sleep 1 &
@@ -98,6 +116,16 @@ stream) # one line, then a pause: the line must be out before the worker ends
     echo "stream first rank=$PSAGG_RANK"
     touch "$T/ready.$PSAGG_RANK"
     sleep 3
+    exit 0
+    ;;
+sleep) # runs 1.5 s, then exits 0
+    sleep 1.5
+    exit 0
+    ;;
+failonce) # rank 2 exits 3 in its first start (PSAGG_RESTART=0), 0 in the next
+    sleep 0.3
+    [ "$PSAGG_RANK" = 2 ] && [ "$PSAGG_RESTART" = 0 ] && exit 3
+    echo "worker $PSAGG_RANK start $PSAGG_RESTART done"
     exit 0
     ;;
 chatty) # a line every 0.1 s until stopped
@@ -385,6 +413,155 @@ grep -qF "bad.ini:4: unknown key 'workerz' in [cluster]" "$T/err" &&
     pass "misspelt key: file:line error" ||
     fail "misspelt key: stderr does not name bad.ini:4 and the key: $(cat "$T/err")"
 [[ -z $(ls "$T/pids") ]] || fail "misspelt key: processes were started"
+
+# ---- 12. --restarts: an elastic job's worker ----
+el_conf=$T/elastic.ini
+{ cat "$conf"; printf '[cluster]\nelastic = on\n'; } >"$el_conf"
+FAKE_MODE=failonce run --config "$el_conf" --server-bin "$T/fakeserver" --restarts 1 -- "$T/fakeworker"
+((rc == 0)) || fail "elastic restart: exit $rc; stderr: $(cat "$T/err")"
+expect_line "elastic restart" "$T/err" "psagg-local: worker 2 failed with exit code 3; starting it again (restart 1 of 1): it joins the running job"
+expect_line "elastic restart" "$T/out" "[worker 2] worker 2 start 1 done"
+expect_line "elastic restart" "$T/err" "psagg-local: summary: ok, 1 restart(s) of --restarts 1"
+expect_line "elastic restart" "$T/err" "psagg-local:   worker 2: restarted 1 time(s) (--restarts), after exit code 3"
+((rc == 0)) && pass "elastic restart: worker 2 started again, exit 0"
+check_no_leftovers "elastic restart"
+
+# ---- 13. --restarts with [cluster] server_replicas: a dead server is started again ----
+rep_conf=$T/replicas.ini
+{ cat "$conf"; printf '[cluster]\nserver_replicas = 1\n'; } >"$rep_conf"
+server_ups() { # rank: how many times server RANK started, each with the same command line
+    grep -cxF -- "[server $1] server up rank=$1 cfg=$rep_conf wrank=unset fi=4096 args=--config $rep_conf --rank $1" "$T/out"
+}
+# killed once by a signal: restarted with the same command line (its rank, so its port)
+FAKE_MODE=sleep FAKE_SERVER_DIE_RANK=1 FAKE_SERVER_DIE_ONCE=1 FAKE_SERVER_DIE_SIG=KILL \
+    run --config "$rep_conf" --server-bin "$T/fakeserver" --restarts 2 -- "$T/fakeworker"
+((rc == 0)) || fail "server restart: exit $rc; stderr: $(cat "$T/err")"
+expect_line "server restart" "$T/err" "psagg-local: server 1 (127.0.0.1:19501) died with status 137 (killed by SIGKILL): restarted (restart 1 of 2); it rejoins the running job"
+expect_line "server restart" "$T/err" "psagg-local: all 4 worker(s) exited 0 (1 restart(s)); stopping the servers"
+expect_line "server restart" "$T/err" "psagg-local: summary: ok, 1 restart(s) of --restarts 2"
+expect_line "server restart" "$T/err" "psagg-local:   server 1 (127.0.0.1:19501): restarted 1 time(s) (--restarts), after status 137 (killed by SIGKILL)"
+n=$(server_ups 1)
+((n == 2)) || fail "server restart: server 1 started $n time(s), expected 2:$(sed 's/^/    /' "$T/out")"
+n=$(server_ups 0)
+((n == 1)) || fail "server restart: server 0 started $n time(s), expected 1"
+expect_line "server restart" "$T/out" "[server 1] server 1 got TERM" # the restarted one, stopped
+((rc == 0)) && pass "server restart: server 1 killed, started again, exit 0"
+check_no_leftovers "server restart"
+rm -rf "$T"/died.*
+
+# dies every time: restarted while --restarts allows, then the job goes on without it
+FAKE_MODE=sleep FAKE_SERVER_DIE_RANK=1 \
+    run --config "$rep_conf" --server-bin "$T/fakeserver" --restarts 1 -- "$T/fakeworker"
+((rc == 0)) || fail "restarts spent: exit $rc; stderr: $(cat "$T/err")"
+expect_line "restarts spent" "$T/err" "psagg-local: server 1 (127.0.0.1:19501) died with exit code 5: restarted (restart 1 of 1); it rejoins the running job"
+expect_line "restarts spent" "$T/err" "psagg-local: server 1 (127.0.0.1:19501) died with exit code 5; no restart left (--restarts 1): the job goes on without it ([cluster] server_replicas = 1: the other servers take its chunks over)"
+expect_line "restarts spent" "$T/err" "psagg-local: summary: ok, 1 restart(s) of --restarts 1, 1 server(s) lost"
+expect_line "restarts spent" "$T/err" "psagg-local:   server 1 (127.0.0.1:19501): exit code 5; not restarted: the job went on without it; restarted 1 time(s) (--restarts), after exit code 5"
+n=$(server_ups 1)
+((n == 2)) || fail "restarts spent: server 1 started $n time(s), expected 2"
+((rc == 0)) && pass "restarts spent: server 1 restarted once, then the job went on without it"
+check_no_leftovers "restarts spent"
+
+# without --restarts a job with replicas goes on without the dead server
+FAKE_MODE=sleep FAKE_SERVER_DIE_RANK=0 \
+    run --config "$rep_conf" --server-bin "$T/fakeserver" -- "$T/fakeworker"
+((rc == 0)) || fail "replicas, no restarts: exit $rc; stderr: $(cat "$T/err")"
+expect_line "replicas, no restarts" "$T/err" "psagg-local: server 0 (127.0.0.1:19500) died with exit code 5; not restarted (no --restarts): the job goes on without it ([cluster] server_replicas = 1: the other servers take its chunks over)"
+expect_line "replicas, no restarts" "$T/err" "psagg-local: all 4 worker(s) exited 0, without server 0 (127.0.0.1:19500) (server_replicas); stopping the servers"
+((rc == 0)) && pass "replicas, no restarts: the job went on without server 0"
+check_no_leftovers "replicas, no restarts"
+
+# a server that exits 0 (its workers said BYE: the job is ending) is not restarted, nor is one
+# that dies after that: as without replicas, that ends the job
+FAKE_MODE=sleep FAKE_SERVER_EXIT0_RANK=0 FAKE_SERVER_DIE_RANK=1 FAKE_SERVER_DIE_AFTER=0.8 \
+    run --config "$rep_conf" --server-bin "$T/fakeserver" --restarts 2 -- "$T/fakeworker"
+((rc == 1)) || fail "job ending: exit $rc, expected 1; stderr: $(cat "$T/err")"
+expect_line "job ending" "$T/err" "psagg-local: summary: FAILED: server 1 exited with exit code 5 before the workers finished"
+grep -q 'restart' "$T/err" && fail "job ending: restarted: $(cat "$T/err")"
+for i in 0 1; do
+    n=$(server_ups $i)
+    ((n == 1)) || fail "job ending: server $i started $n time(s), expected 1"
+done
+((rc == 1)) && pass "job ending: neither the server that exited 0 nor the one that died then restarted"
+check_no_leftovers "job ending"
+
+# nor one that dies while the job is stopped (its workers are done)
+FAKE_MODE=ok FAKE_SERVER_TERM_RC=9 \
+    run --config "$rep_conf" --server-bin "$T/fakeserver" --restarts 2 -- "$T/fakeworker"
+((rc == 0)) || fail "server dies when stopped: exit $rc; stderr: $(cat "$T/err")"
+grep -q 'restart' "$T/err" && fail "server dies when stopped: restarted: $(cat "$T/err")"
+for i in 0 1; do
+    n=$(server_ups $i)
+    ((n == 1)) || fail "server dies when stopped: server $i started $n time(s), expected 1"
+done
+((rc == 0)) && pass "server dies when stopped: not restarted"
+check_no_leftovers "server dies when stopped"
+
+# a worker that fails still ends a job that is not elastic (it could not join again)
+FAKE_MODE=fail run --config "$rep_conf" --server-bin "$T/fakeserver" --restarts 2 -- "$T/fakeworker"
+((rc == 1)) || fail "worker fails with replicas: exit $rc, expected 1; stderr: $(cat "$T/err")"
+expect_line "worker fails with replicas" "$T/err" "psagg-local: summary: FAILED: worker 2 failed with exit code 3"
+grep -q 'starting it again' "$T/err" && fail "worker fails with replicas: restarted: $(cat "$T/err")"
+((rc == 1)) && pass "worker fails with replicas: exit 1, not restarted"
+check_no_leftovers "worker fails with replicas"
+
+# the remote backend (psagg-ssh, here with an "ssh" that runs the command on this host): the
+# server is started again through its connection, under the same watchdog
+cat >"$T/fakessh" <<'EOF'
+#!/bin/sh
+# fake ssh: [-o OPT]... HOST COMMAND: runs COMMAND here
+for a; do :; done
+exec bash -c "$a"
+EOF
+chmod +x "$T/fakessh"
+ssh_cmd=$(dirname -- "$launcher")/psagg-ssh
+printf '[cluster]\nworker_hosts = 127.0.0.1:4\n' | cat "$rep_conf" - >"$T/rep-hosts.ini"
+if [[ -x $ssh_cmd ]]; then
+    FAKE_MODE=sleep FAKE_SERVER_DIE_RANK=1 FAKE_SERVER_DIE_ONCE=1 FAKE_SERVER_DIE_SIG=KILL \
+        timeout -k 5 30 "$ssh_cmd" --config "$T/rep-hosts.ini" --ssh "$T/fakessh" --grace 1 \
+        --server-bin "$T/fakeserver" --restarts 1 -- "$T/fakeworker" >"$T/out" 2>&1
+    rc=$?
+    ((rc == 0)) || fail "ssh server restart: exit $rc: $(cat "$T/out")"
+    expect_line "ssh server restart" "$T/out" "psagg-ssh: 127.0.0.1 server 1 (127.0.0.1:19501) died with status 137 (killed by SIGKILL): restarted (restart 1 of 1); it rejoins the running job"
+    expect_line "ssh server restart" "$T/out" "psagg-ssh:   127.0.0.1 server 1 (127.0.0.1:19501): restarted 1 time(s) (--restarts), after status 137 (killed by SIGKILL)"
+    n=$(grep -c '^\[127.0.0.1 server 1\] server up rank=1 ' "$T/out")
+    ((n == 2)) || fail "ssh server restart: server 1 started $n time(s), expected 2"
+    ((rc == 0)) && pass "ssh server restart: started again through the remote backend, exit 0"
+    check_no_leftovers "ssh server restart"
+    rm -rf "$T"/died.*
+fi
+
+# --restarts with neither elastic nor server_replicas: refused, naming both keys (psagg-ssh
+# --dry-run too: it starts nothing, and is refused all the same)
+printf '[cluster]\nworker_hosts = 127.0.0.1:4\n' | cat "$conf" - >"$T/plain.ini"
+for name in psagg-local psagg-ssh; do
+    if [[ $name == psagg-local ]]; then cmd=("$launcher"); else cmd=("$ssh_cmd" --dry-run); fi
+    [[ -x ${cmd[0]} ]] || continue
+    timeout -k 5 30 "${cmd[@]}" --config "$T/plain.ini" --server-bin "$T/fakeserver" --restarts 1 -- true \
+        >"$T/out" 2>"$T/err"
+    rc=$?
+    ((rc == 2)) || fail "$name --restarts refused: exit $rc, expected 2"
+    if ! grep -qF "[cluster] elastic = on" "$T/err" || ! grep -qF "[cluster] server_replicas >= 1" "$T/err"; then
+        fail "$name --restarts refused: stderr does not name both keys: $(cat "$T/err")"
+    fi
+    [[ -z $(ls "$T/pids") ]] || fail "$name --restarts refused: processes were started"
+    ((rc == 2)) && pass "$name --restarts without elastic or server_replicas: refused, naming both"
+done
+if [[ -x $ssh_cmd ]]; then # with replicas: accepted (the plan)
+    timeout -k 5 30 "$ssh_cmd" --dry-run --config "$T/rep-hosts.ini" --server-bin "$T/fakeserver" --restarts 1 -- true \
+        >"$T/out" 2>"$T/err"
+    rc=$?
+    if ((rc == 0)) && grep -q '^127.0.0.1 .*server .* 1 ' "$T/out"; then
+        pass "psagg-ssh --dry-run --restarts with server_replicas: the plan"
+    else
+        fail "psagg-ssh --dry-run --restarts with server_replicas: exit $rc: $(cat "$T/out" "$T/err")"
+    fi
+fi
+for cmd in "$launcher" "$(dirname -- "$launcher")"/psagg-ssh "$(dirname -- "$launcher")"/psagg-slurm; do
+    [[ -x $cmd ]] || continue
+    help=$("$cmd" --help)
+    grep -q 'server_replicas >= 1' <<<"$help" || fail "$(basename -- "$cmd") --help: --restarts does not mention server_replicas"
+done
 
 echo "test_launcher: $failures failure(s) in $((SECONDS - started)) s"
 ((failures == 0))

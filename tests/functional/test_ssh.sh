@@ -19,6 +19,9 @@
 #      are bit-identical on all four, and psagg-ssh exits 0
 #   6. a remote command whose ssh stdin is at EOF before the program starts (psagg-ssh closed
 #      it early): the program is stopped (SIGTERM) and ssh returns
+#   7. [cluster] server_replicas = 1 with --restarts 1: the remote server 1 SIGKILLed mid-job is
+#      started again on its host by psagg-ssh (same command line, same port) and rejoins the
+#      job; every worker takes it back, ends with exact sums and the same digest, exit 0
 # After each, no process of the job may be left in any namespace (only the sshd listeners)
 # 15 s after the launcher returned.
 # Exit 0 passed, 1 failed, 77 skipped (not root, or no sshd / ip / setsid).
@@ -125,6 +128,10 @@ INI
     cat "$D/job.ini"
     printf '[cluster]\nelastic = on\nmin_workers = 2\n'
 } >"$D/elastic.ini"
+{
+    cat "$D/job.ini"
+    printf '[cluster]\nserver_replicas = 1\n'
+} >"$D/replicas.ini"
 launch() { # args for fn_worker; call it in a subshell: it becomes psagg-ssh (signals reach it)
     exec ip netns exec "$(ns 0)" "$repo/deploy/psagg-ssh" --config "$D/${INI:-job.ini}" --ssh "ssh -F $D/ssh_config" \
         --server-bin "$build/server/psagg-server" --grace 2 --restarts "${RESTARTS:-0}" -- \
@@ -257,4 +264,26 @@ t=$((($(date +%s%N) - t0) / 1000000))
 ((rc == 143)) || fail "early eof: ssh returned $rc after ${t} ms (124: the remote program outlived its connection), expected 143 (the program stopped by SIGTERM)"
 echo "test_ssh: early eof: the remote program was stopped with its connection, ssh returned in ${t} ms"
 check_clean early_eof
+
+# 7. server_replicas with --restarts: the killed remote server comes back and rejoins
+(INI=replicas.ini RESTARTS=1 launch --rounds 400 --round-sleep-ms 10 --progress) >"$D/sr.out" 2>&1 &
+lp=$!
+for ((k = 0; k < 300; k++)); do
+    victim=$(pid_in_ns 2 psagg-server)
+    [[ -n $victim ]] && grep -q "worker 0\] ROUND 30$" "$D/sr.out" && break
+    sleep 0.1
+done
+[[ -n $victim ]] || { kill -INT $lp; wait $lp; cat "$D/sr.out" >&2; fail "server restart: no server on host 2"; }
+kill -KILL "$victim"
+wait $lp
+rc=$?
+((rc == 0)) || { cat "$D/sr.out" >&2; fail "server restart: psagg-ssh exited $rc"; }
+grep -qF "psagg-ssh: $NET.3 server 1 ($NET.3:19870) died with status 137 (killed by SIGKILL): restarted (restart 1 of 1)" "$D/sr.out" ||
+    { cat "$D/sr.out" >&2; fail "server restart: psagg-ssh did not start server 1 again"; }
+(($(grep -c "server 1 is back in view" "$D/sr.out") == 4)) ||
+    { cat "$D/sr.out" >&2; fail "server restart: not every worker took server 1 back"; }
+(($(grep '\] DIGEST' "$D/sr.out" | wc -l) == 4 && $(grep '\] DIGEST' "$D/sr.out" | sed 's/.*DIGEST //' | sort -u | wc -l) == 1)) ||
+    { grep DIGEST "$D/sr.out" >&2; fail "server restart: the four workers' digests differ"; }
+echo "test_ssh: server restart: server 1 killed over ssh, started again, $(grep -m1 -o 'server 1 is back in view [0-9]*' "$D/sr.out"); 4 workers bit-identical"
+check_clean server_restart
 echo "test_ssh: passed"

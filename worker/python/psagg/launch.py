@@ -10,7 +10,9 @@ test_slurm.sh:
   - the supervisor (Job): every process in a session of its own, every line it writes out at
     once as "[label] line"; the first failure, --timeout (124), a signal (128 + N) or our output
     gone (141) stops everything; an elastic job goes on when a worker fails and starts it again
-    (--restarts); a summary names the failure and how every process ended;
+    (--restarts); a job with [cluster] server_replicas >= 1 goes on when a server dies and
+    starts it again (--restarts, one count with the workers'); a summary names the failure,
+    how every process ended and what was restarted;
   - two ways to start and stop a process (the backends): Local (a child in its own session on
     this host; stopping sends SIGTERM, then SIGKILL after --grace, to every process group) and
     Remote (a shell command on a host over ssh or srun, under a watchdog that stops its group
@@ -166,14 +168,17 @@ class CommandLine:
                        % (name, "positive " if positive else "", text))
         return float(text)
 
-    def elastic(self, cfg, restarts):
-        """[cluster] elastic = on; --restarts N needs it."""
+    def recovery(self, cfg, restarts):
+        """(elastic: [cluster] elastic = on, replicas: [cluster] server_replicas); --restarts N
+        needs one of them: a restarted worker joins an elastic job, a restarted server rejoins
+        a job with replicas."""
         elastic = cfg.get("cluster.elastic") == "on"
-        if restarts and not elastic:
-            self.error("--restarts %d: a restarted worker joins the running job, which needs "
-                       "[cluster] elastic = on (without it the first failure stops the job)"
-                       % restarts)
-        return elastic
+        replicas = int(cfg.get("cluster.server_replicas") or 0)
+        if restarts and not elastic and replicas < 1:
+            self.error("--restarts %d needs [cluster] elastic = on (a restarted worker joins the "
+                       "running job) or [cluster] server_replicas >= 1 (a restarted server "
+                       "rejoins it); with neither the first failure stops the job" % restarts)
+        return elastic, replicas
 
     def config(self, resolve):
         """--config FILE, made absolute (resolve: symlinks resolved too)."""
@@ -252,10 +257,12 @@ class Proc:
         self.host, self.role, self.rank = host, role, rank
         self.argv, self.env, self.unset = argv, env, unset
         self.label = "%s %d" % (role, rank) if host is None else "%s %s %d" % (host, role, rank)
-        self.run = None  # the current Run (a restarted worker gets a new one)
+        self.name = self.label  # in messages: a server's label with its address (plan sets it)
+        self.run = None  # the current Run (a restarted process gets a new one)
         self.rc = None  # its exit status once the supervisor has seen it end
         self.running = False  # started and its end not yet seen by the supervisor
         self.restarted = False  # the current run is a restart (--restarts)
+        self.deaths = []  # the exit statuses after which it was started again
 
     def remote_command(self, grace, chdir):
         """The shell command that runs it on its host under the watchdog (WRAPPER)."""
@@ -267,10 +274,11 @@ class Proc:
 
 
 def plan(config, server_bin, fabric, program, server_hosts, slots, n_workers, master,
-         extra_env=None):
+         extra_env=None, server_addrs=()):
     """The processes of the job: server i on server_hosts[i], then the workers, whose ranks
     fill slots [(host, n), ...] in order (host None: this host). master: torchrun's
-    (MASTER_ADDR, MASTER_PORT) unless the caller set them."""
+    (MASTER_ADDR, MASTER_PORT) unless the caller set them. server_addrs: [cluster] servers
+    (server i's host:port, named in the supervisor's messages)."""
     common = {"PSAGG_CONFIG": config}
     common.update(extra_env or {})
     # the job's libfabric limits; the caller's own values win (they must then be every process's)
@@ -285,6 +293,8 @@ def plan(config, server_bin, fabric, program, server_hosts, slots, n_workers, ma
         procs.append(Proc(host, "server", i, [server_bin, "--config", config, "--rank", str(i)],
                           dict(common, PSAGG_SERVER_RANK=str(i)),
                           unset=("PSAGG_RANK", "PSAGG_WORLD_SIZE")))
+        if i < len(server_addrs):
+            procs[-1].name = "%s (%s)" % (procs[-1].label, server_addrs[i])
     rank = 0
     for host, n in slots:
         for local in range(n):
@@ -449,14 +459,20 @@ class Job:
 
     elastic ([cluster] elastic = on): a worker that fails leaves the job, which goes on (the
     servers start a membership epoch without it); with restarts N it is started again (it joins
-    the running job) while the servers and another worker still run, up to N times in all.
+    the running job) while the servers and another worker still run.
+    replicas ([cluster] server_replicas): with R >= 1 a server that dies (exits non-zero or by a
+    signal) while the job runs does not end it (the job's other servers take its chunks over);
+    with restarts N it is started again, with its command line on its host (its rank and
+    port): it rejoins the running job. Not once the job is ending (a server exited 0: every
+    worker said BYE) or stopping. Workers' and servers' restarts count together: N in all.
     keep_going: a failure lets the other workers run to their own end (exit status 1).
     status_of_failure: a failed process's exit status -> ours (None: the process's own)."""
 
     def __init__(self, config, procs, backend, timeout=None, elastic=False, restarts=0,
-                 keep_going=False, status_of_failure=None):
+                 keep_going=False, status_of_failure=None, replicas=0):
         self.config, self.procs, self.backend = config, procs, backend
-        self.timeout, self.elastic, self.restarts = timeout, elastic, restarts
+        self.timeout, self.elastic, self.restarts = timeout, elastic, restarts or 0
+        self.replicas = replicas
         self.keep_going, self.status_of_failure = keep_going, status_of_failure
         self.n_workers = sum(1 for p in procs if p.role == "worker")
         self.n_servers = len(procs) - self.n_workers
@@ -466,8 +482,10 @@ class Job:
         self.out_gone = False
         self.stopping = False  # set once the verdict is in: a signal then only hurries the stop
         self.force = False  # a signal came while stopping: no more grace
-        self.restarted = 0  # workers started again (--restarts)
+        self.restarted = 0  # workers and servers started again (--restarts)
         self.left = 0  # elastic: workers that failed and left the job
+        self.lost = []  # replicas: servers that died and were not started again
+        self.ending = False  # a server exited 0 (every worker said BYE): no server restarts
         self.failures = 0  # --keep-going: failures let pass
         self.ignored = ()  # the signals to leave ignored (main: those ignored when we started)
 
@@ -562,9 +580,8 @@ class Job:
         if proc.role == "server":
             # a server exits 0 by itself once every worker of its job has said BYE
             if run.rc != 0:
-                return workers_left, self.fail(Failure(
-                    self.status(run.rc), "%s exited with %s before the workers finished"
-                    % (proc.label, what), proc)), False
+                return self.server_died(proc, what, workers_left)
+            self.ending = True
             if self.elastic and self.restarted and workers_left > 0 and \
                     not self.running("server") and all(p.restarted for p in self.running("worker")):
                 # every member finished: a restarted worker that had not joined yet comes too late
@@ -582,6 +599,7 @@ class Job:
             log("%s failed with %s; starting it again (restart %d of %d): it joins the running "
                 "job" % (proc.label, what, self.restarted, self.restarts))
             proc.env = dict(proc.env, PSAGG_RESTART=str(self.restarted))
+            proc.deaths.append(run.rc)
             proc.restarted = True
             self.start(proc)
             return workers_left + 1, None, False
@@ -591,6 +609,45 @@ class Job:
             return workers_left, None, False
         return workers_left, self.fail(Failure(self.status(run.rc), "%s failed with %s"
                                                % (proc.label, what), proc)), False
+
+    def server_died(self, proc, what, workers_left):
+        """A server exited non-zero or by a signal: (workers left, a failure or None, False).
+        Without replicas (or once the job ends or stops) that is a failure, as it always was;
+        with them the job goes on, and the server starts again while --restarts allows."""
+        if not self.replicas or self.ending or self.stopping:
+            return workers_left, self.fail(Failure(
+                self.status(proc.rc), "%s exited with %s before the workers finished"
+                % (proc.label, what), proc)), False
+        if self.restarted < self.restarts:
+            # the same command line on the same host (its rank, so its port): it rejoins
+            self.restarted += 1
+            proc.deaths.append(proc.rc)
+            log("%s died with %s: restarted (restart %d of %d); it rejoins the running job"
+                % (proc.name, what, self.restarted, self.restarts))
+            proc.restarted = True
+            self.start(proc)
+            return workers_left, None, False
+        self.lost.append(proc)
+        log("%s died with %s; %s: the job goes on without it ([cluster] server_replicas = %d: "
+            "the other servers take its chunks over)"
+            % (proc.name, what, "no restart left (--restarts %d)" % self.restarts
+               if self.restarts else "not restarted (no --restarts)", self.replicas))
+        return workers_left, None, False
+
+    def ended(self, proc, failed):
+        """How proc ended, for the summary; None when there is nothing to say. failed: the
+        job failed (every exit status but 0 is said; else only a failed worker's, a lost
+        server's and the restarts)."""
+        parts = []
+        rc = proc.run.rc if proc.run else None
+        if rc not in (0, None) and (failed or proc.role == "worker" or proc in self.lost):
+            parts.append(self.describe(rc))
+        if proc in self.lost:
+            parts.append("not restarted: the job went on without it")
+        if proc.deaths:
+            parts.append("restarted %d time(s) (--restarts), after %s"
+                         % (len(proc.deaths), ", ".join(self.describe(r) for r in proc.deaths)))
+        return "%s: %s" % (proc.name, "; ".join(parts)) if parts else None
 
     def handle(self, ev, workers_left):
         """An event: (workers left, a failure or None, the job ended)."""
@@ -648,6 +705,8 @@ class Job:
                 failure = self.settle(failure, workers_left)
         self.stopping = True
         rs = " (%d restart(s))" % self.restarted if self.restarted else ""
+        if self.lost:
+            rs += ", without %s (server_replicas)" % ", ".join(p.name for p in self.lost)
         if failure:
             log(failure.why + "; stopping everything")
         elif self.failures:
@@ -665,11 +724,16 @@ class Job:
         self.reap()
         if failure:
             log("summary: FAILED: " + failure.why)
-            for p in self.procs:  # what every process ended with (stopped ones: SIGTERM/KILL)
-                if p.run and p.run.rc not in (0, None):
-                    log("  %s: %s" % (p.label, self.describe(p.run.rc)))
-            return failure.code
-        return 0
+        elif self.restarted or self.lost or self.left:
+            log("summary: ok, %d restart(s) of --restarts %d%s" % (
+                self.restarted, self.restarts, ", %d server(s) lost" % len(self.lost)
+                if self.lost else ""))
+        # what every process ended with (stopped ones: SIGTERM/KILL), and who was restarted
+        for p in self.procs:
+            line = self.ended(p, failure is not None)
+            if line:
+                log("  " + line)
+        return failure.code if failure else 0
 
     def reap(self):
         """Every process we started, reaped; its output printed (at most 2 s for what is left
@@ -725,7 +789,7 @@ def main_local(cl, script_dir):
     restarts = cl.number("--restarts")
     server_bin = cl.server_bin(script_dir)
     cfg, fabric = read_config(server_bin, config)
-    elastic = cl.elastic(cfg, restarts)
+    elastic, replicas = cl.recovery(cfg, restarts)
     addrs = cfg.get("cluster.servers", "").split()
     extra = {}
     n_servers = cl.number("--servers")
@@ -745,9 +809,9 @@ def main_local(cl, script_dir):
     # MASTER_ADDR 127.0.0.1 and a free port (unless the caller set them)
     master = ("127.0.0.1", os.environ.get("MASTER_PORT") or free_port())
     procs = plan(config, server_bin, fabric, cl.program, [None] * n_servers, [(None, n_workers)],
-                 n_workers, master, extra)
+                 n_workers, master, extra, server_addrs=addrs)
     return Job(config, procs, Local(grace), timeout=timeout, elastic=elastic, restarts=restarts,
-               keep_going=cl["--keep-going"], status_of_failure=1)
+               keep_going=cl["--keep-going"], status_of_failure=1, replicas=replicas)
 
 
 REMOTE_OPTIONS = {"--config": None, "--server-bin": None, "--chdir": None, "--grace": "5",
@@ -771,10 +835,12 @@ def main_ssh(cl, script_dir):
     restarts = cl.number("--restarts")
     server_bin = cl.server_bin(script_dir)
     cfg, fabric = read_config(server_bin, config)
+    elastic, replicas = cl.recovery(cfg, restarts)
     slots = worker_slots(cfg, config)
-    servers = [] if cl["--no-servers"] else [host_of(s) for s in cfg["cluster.servers"].split()]
+    addrs = cfg["cluster.servers"].split()
+    servers = [] if cl["--no-servers"] else [host_of(s) for s in addrs]
     procs = plan(config, server_bin, fabric, cl.program, servers, slots,
-                 int(cfg["cluster.workers"]), (slots[0][0], 29500))
+                 int(cfg["cluster.workers"]), (slots[0][0], 29500), server_addrs=addrs)
     ssh = shlex.split(cl["--ssh"]) + ["-o", "BatchMode=yes"]
     for o in cl["--ssh-option"]:
         ssh += ["-o", o]
@@ -783,8 +849,8 @@ def main_ssh(cl, script_dir):
         return None
     backend = Remote("ssh", lambda proc, command: ssh + [proc.host, command], grace,
                      cl["--chdir"] or os.getcwd())
-    return Job(config, procs, backend, timeout=timeout, elastic=cl.elastic(cfg, restarts),
-               restarts=restarts)
+    return Job(config, procs, backend, timeout=timeout, elastic=elastic, restarts=restarts,
+               replicas=replicas)
 
 
 def scontrol(*args):
@@ -868,9 +934,11 @@ def main_slurm(cl, script_dir):
         jobid, nodelist, n_servers, ",".join(server_nodes), resolved["cluster.workers"],
         resolved["cluster.worker_hosts"], config))
     cfg, fabric = read_config(server_bin, config)  # checked again: addresses resolve
+    elastic, replicas = cl.recovery(cfg, restarts)
     slots = worker_slots(cfg, config)
     procs = plan(config, server_bin, fabric, cl.program, server_nodes, slots,
-                 int(cfg["cluster.workers"]), (slots[0][0], 29500))
+                 int(cfg["cluster.workers"]), (slots[0][0], 29500),
+                 server_addrs=cfg["cluster.servers"].split())
     if cl["--dry-run"]:
         print_plan(procs, "srun --overlap -N1 -n1 -w NODE bash -c '<watchdog> COMMAND'")
         return None
@@ -879,8 +947,8 @@ def main_slurm(cl, script_dir):
         return ["srun", "--overlap", "-N1", "-n1", "-w", proc.host, "--quiet",
                 "--job-name", "psagg-%s%d" % (proc.role, proc.rank), "bash", "-c", command]
     backend = Remote("srun", rsh, grace, cl["--chdir"] or os.getcwd())
-    return Job(config, procs, backend, timeout=timeout, elastic=cl.elastic(cfg, restarts),
-               restarts=restarts)
+    return Job(config, procs, backend, timeout=timeout, elastic=elastic, restarts=restarts,
+               replicas=replicas)
 
 
 COMMANDS = {
