@@ -31,7 +31,6 @@ typedef struct comm_state {
     uint32_t n_active, cap;
     int64_t next_ctl_check;
     psagg__gate gate;   /* who sent an update (runtime/gate.h) */
-    int told_servers;   /* the servers heard why this worker failed */
     int64_t next_ping;  /* when the servers get their next PING (control.c) */
     int64_t next_stats; /* when the next stats line is due ([log] stats_interval_ms) */
     psagg_stats last;   /* the counters at the last stats line */
@@ -402,10 +401,7 @@ static int drop_if_failed(comm_state *cs)
     if (!worker_failed(cs->ctx))
         return 0;
     cs->n_active = 0;
-    if (!cs->told_servers) {
-        control_tell_servers(cs->ctx);
-        cs->told_servers = 1;
-    }
+    control_tell_servers(cs->ctx); /* (once: it may have told them already) */
     return 1;
 }
 

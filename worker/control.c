@@ -385,8 +385,8 @@ void control_tell_servers(psagg_ctx *ctx)
     status = ctx->failed_status;
     snprintf(msg, sizeof msg, "%s", ctx->failed_msg);
     pthread_mutex_unlock(&ctx->mu);
-    if (status == PSAGG_ECLOSED)
-        return;
+    if (status == PSAGG_ECLOSED || atomic_exchange(&ctx->told_servers, 1))
+        return; /* (told once) */
     for (int s = 0; s < ctx->cfg.n_servers; s++)
         if (ctx->servers[s].fd >= 0 &&
             psagg__ctl_send_error(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_ABORT,

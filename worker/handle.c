@@ -196,8 +196,10 @@ void handle_complete_locked(psagg_ctx *ctx, struct psagg_handle *h, psagg_status
 void worker_fail_all(psagg_ctx *ctx, psagg_status status, const char *fmt, ...)
 {
     va_list ap;
+    int first;
     pthread_mutex_lock(&ctx->mu);
-    if (!ctx->failed) {
+    first = !ctx->failed;
+    if (first) {
         ctx->failed = 1;
         ctx->failed_status = status;
         va_start(ap, fmt);
@@ -206,6 +208,12 @@ void worker_fail_all(psagg_ctx *ctx, psagg_status status, const char *fmt, ...)
         if (status != PSAGG_ECLOSED)
             LOG_ERROR(&ctx->log, "%s", ctx->failed_msg);
     }
+    pthread_mutex_unlock(&ctx->mu);
+    /* the servers hear why before the caller wakes (it may exit at once, without psagg_close,
+       and its connections would close before the communication thread's next turn) */
+    if (first && atomic_load(&ctx->running) && pthread_equal(pthread_self(), ctx->comm_tid))
+        control_tell_servers(ctx);
+    pthread_mutex_lock(&ctx->mu);
     /*
      * Complete every pending handle and forget it: once complete, its owner may release it
      * at any time, so nothing here may point at it afterwards (the comm thread drops its

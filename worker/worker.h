@@ -213,6 +213,7 @@ struct psagg_ctx {
     pthread_t comm_tid;
     atomic_int running;
     atomic_int comm_idle;       /* the comm thread may sleep in its poll: wake it (comm.c) */
+    atomic_int told_servers;    /* the servers heard why this worker failed (ABORT, once) */
     pthread_mutex_t mu;         /* queue, handle completion, failure state */
     pthread_cond_t cv;          /* a handle completed or the queue changed */
     struct psagg_handle *queue; /* submitted, not yet taken by the comm thread */
