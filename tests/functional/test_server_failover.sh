@@ -23,6 +23,10 @@
 #   back1-kill0        server 1 back in view 2, then server 0 SIGKILLed: server 1 takes every
 #                      chunk over in view 3 (its own, back, and server 0's)
 #   back1-twice        server 1 killed, back, killed again and back again (views 1..4)
+#   back1-impostor     with a secret, on server 1's port while it is out: a psagg-server with
+#                      another secret (it refuses the workers' HELLOs), then a process without
+#                      the secret that answers HELLO (fake_server.py: every worker refuses its
+#                      WELCOME); then the real one is back
 set -u -o pipefail
 build=$1
 # shellcheck source=tests/harness.sh
@@ -36,12 +40,12 @@ chmod 600 "$tmp/secret"
 # run NAME SERVERS CODEC REPLICAS KILL_SERVER SIGNAL ROUND DELAY_MS [SECTION.KEY=VALUE...]: one
 # job; KILL_SERVER -1 runs it without a death. Leaves the workers' rcs in rc[] and logs in $tmp.
 # With $events set ("SERVER ROUND SERVER ROUND ..."), the job is run with those kills and
-# returns instead (back, below) and the workers sleep 10 ms a round.
+# returns instead (back, below) and the workers sleep $round_sleep ms a round (10).
 run() {
     local name=$1 n_s=$2 codec=$3 replicas=$4 victim=$5 sig=$6 round=$7 delay=$8 w
     local slow=()
     shift 8
-    [ -n "${events:-}" ] && slow=(--round-sleep-ms 10)
+    [ -n "${events:-}" ] && slow=(--round-sleep-ms "${round_sleep:-10}")
     job_ini "$tmp/$name.ini" "$n_s" 3 cluster.job_id="failover-$name-$port" \
         cluster.server_replicas="$replicas" cluster.op_timeout_ms=3000 log.level=info "$@"
     start_servers "$tmp/$name.ini" "$n_s" "$name-"
@@ -76,6 +80,29 @@ kill_and_return() {
         shift 2
         wait_until 60 grep -q "^ROUND $r\$" "$tmp/$name-worker0.log" ||
             fail "$name: worker 0 never reached round $r"
+        if [[ $s == x* || $s == f* ]]; then # on server ${s#?}'s port while it is out, x: a
+            # psagg-server with another secret, f: a process without it (fake_server.py)
+            local kind=${s:0:1} port_s
+            s=${s#?}
+            if [[ $kind == x ]]; then
+                sed "s|$tmp/secret|$tmp/secret2|" "$tmp/$name.ini" >"$tmp/$name-impostor.ini"
+                spawn "$tmp/$name-impostor$s.log" "${server_bin:-$build/server/psagg-server}" \
+                    --config "$tmp/$name-impostor.ini" --rank "$s"
+            else
+                port_s=$((port + s))
+                spawn "$tmp/$name-fake$s.log" python3 "$(dirname -- "${BASH_SOURCE[0]}")/fake_server.py" \
+                    "$port_s" "$s" "$n_s"
+            fi
+            local why="refused worker .*authentication failed"
+            [[ $kind == f ]] && why="WELCOME's token does not check out"
+            for w in 0 1 2; do
+                wait_until 30 grep -q "server $s answers, but not as a server that rejoins: .*$why" \
+                    "$tmp/$name-worker$w.log" || fail "$name: worker $w never met the impostor ($kind)"
+            done
+            kill -KILL "$h_pid"
+            wait "$h_pid" 2>/dev/null
+            continue
+        fi
         if [ -n "${out[$s]:-}" ]; then # it comes back
             n=${starts[$s]:-0}
             spawn "$tmp/$name-server$s${suffixes[n]}.log" "${server_bin:-$build/server/psagg-server}" \
@@ -149,7 +176,7 @@ survive stop 2 fp32 1 STOP 50 0
 back() {
     local name=$1 n_s=$2 w d joined
     shift 2
-    events="$*" run "$name" "$n_s" fp32 1 -1 KILL 0 0
+    events="$*" run "$name" "$n_s" fp32 1 -1 KILL 0 0 ${back_keys[@]+"${back_keys[@]}"}
     for w in 0 1 2; do
         ((rc[w] == 0)) || fail "$name: worker $w exited ${rc[w]}"
     done
@@ -159,7 +186,7 @@ back() {
         fail "$name: the server that came back took none of its chunks"
     # from a worker's first READY of the return to the last worker in the view that admits it
     joined=$(grep -h "is back (READY)\|is back in view" "$tmp/$name"-worker[012].log |
-        awk '/READY/ {if (!r) r = $1} /back in view/ {v = $1} END {printf "%.0f", (v - r) * 1000}')
+        awk '/READY/ {if (!r) r = $1} /back in view 2$/ {if ($1 > v) v = $1} END {printf "%.0f", (v - r) * 1000}')
     echo "$name: servers killed and back ($*): every worker bit-identical to the uninterrupted" \
         "run ($d); the first return: from the first READY to every worker in its view: $joined ms;" \
         "$(grep -h "server view [0-9]*: .* to this server" "$tmp/$name"-server[0-9][b-e].log |
@@ -171,6 +198,24 @@ back back1 2 1 30 1 60
 back back0 2 0 30 0 60
 back back1-kill0 2 1 30 1 60 0 200
 back back1-twice 2 1 30 1 60 1 150 1 200
+# with a secret: a process without it on server 1's port is never taken for server 1 (its
+# WELCOME's token fails at every worker), then the real one comes back
+head -c 32 /dev/urandom | base64 >"$tmp/secret2"
+chmod 600 "$tmp/secret2"
+back_keys=(cluster.secret_file="$tmp/secret" cluster.data_auth=on)
+round_sleep=30 back back1-impostor 2 1 20 x1 40 f1 90 1 150
+grep -q "authentication failed" "$tmp/back1-impostor-impostor1.log" ||
+    fail "back1-impostor: the psagg-server with another secret did not refuse the workers' HELLOs"
+for w in 0 1 2; do
+    grep -q "server 1 answers, but not as a server that rejoins: .*WELCOME's token does not check out" \
+        "$tmp/back1-impostor-worker$w.log" ||
+        fail "back1-impostor: worker $w did not refuse the fake server's WELCOME"
+done
+echo "back1-impostor: on server 1's port, a psagg-server with another secret (it refused the" \
+    "workers' HELLOs) and a process without the secret (fake_server.py: every worker refused its" \
+    "WELCOME: $(grep -ho "its WELCOME's token does not check out[^:]*" "$tmp/back1-impostor-worker0.log" |
+        head -1)); then the real server came back"
+back_keys=()
 
 # server_replicas = 0: today's fail-fast, naming the server
 run r0 2 fp32 0 1 KILL 40 0
