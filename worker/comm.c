@@ -401,7 +401,7 @@ static int drop_if_failed(comm_state *cs)
     if (!worker_failed(cs->ctx))
         return 0;
     cs->n_active = 0;
-    control_tell_servers(cs->ctx); /* (once: it may have told them already) */
+    worker_tell_servers(cs->ctx); /* (once: it may have told them already) */
     return 1;
 }
 

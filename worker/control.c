@@ -372,24 +372,3 @@ void control_check(psagg_ctx *ctx, int64_t now, int64_t *next_ping)
         ctx->servers[s].fd = -1;
     }
 }
-
-/*
- * This worker failed: tell the servers it is still connected to why, in an ABORT, so that
- * they fail the job naming the cause (a dead server, say) instead of only this worker.
- */
-void control_tell_servers(psagg_ctx *ctx)
-{
-    char msg[sizeof ctx->failed_msg];
-    psagg_status status;
-    pthread_mutex_lock(&ctx->mu);
-    status = ctx->failed_status;
-    snprintf(msg, sizeof msg, "%s", ctx->failed_msg);
-    pthread_mutex_unlock(&ctx->mu);
-    if (status == PSAGG_ECLOSED || atomic_exchange(&ctx->told_servers, 1))
-        return; /* (told once) */
-    for (int s = 0; s < ctx->cfg.n_servers; s++)
-        if (ctx->servers[s].fd >= 0 &&
-            psagg__ctl_send_error(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_ABORT,
-                                  status, msg))
-            LOG_DEBUG(&ctx->log, "server %d: could not send the ABORT: %s", s, psagg_last_error());
-}

@@ -440,7 +440,7 @@ static void rejoin_step(psagg_ctx *ctx, int s, int64_t now)
     close_server(ctx, s);
     sc->fd = fo->cfd[s];
     fo->cfd[s] = -1;
-    if (handshake_rejoin(ctx, s, fo->decl, fo->decl_bytes, now + REJOIN_CONNECT_MS)) {
+    if (hello_rejoin(ctx, s, fo->decl, fo->decl_bytes, now + REJOIN_CONNECT_MS)) {
         LOG_INFO(&ctx->log, "server %d answers, but not as a server that rejoins: %s", s,
                  psagg_last_error());
         close_server(ctx, s);

@@ -192,6 +192,27 @@ void handle_complete_locked(psagg_ctx *ctx, struct psagg_handle *h, psagg_status
     pthread_cond_broadcast(&ctx->cv);
 }
 
+/*
+ * This worker failed: tell the servers it is still connected to why, in an ABORT, so that
+ * they fail the job naming the cause (a dead server, say) instead of only this worker.
+ */
+void worker_tell_servers(psagg_ctx *ctx)
+{
+    char msg[sizeof ctx->failed_msg];
+    psagg_status status;
+    pthread_mutex_lock(&ctx->mu);
+    status = ctx->failed_status;
+    snprintf(msg, sizeof msg, "%s", ctx->failed_msg);
+    pthread_mutex_unlock(&ctx->mu);
+    if (status == PSAGG_ECLOSED || atomic_exchange(&ctx->told_servers, 1))
+        return; /* (told once) */
+    for (int s = 0; s < ctx->cfg.n_servers; s++)
+        if (ctx->servers[s].fd >= 0 &&
+            psagg__ctl_send_error(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_ABORT,
+                                  status, msg))
+            LOG_DEBUG(&ctx->log, "server %d: could not send the ABORT: %s", s, psagg_last_error());
+}
+
 /* Fail everything queued or active; later calls see ctx->failed. */
 void worker_fail_all(psagg_ctx *ctx, psagg_status status, const char *fmt, ...)
 {
@@ -212,7 +233,7 @@ void worker_fail_all(psagg_ctx *ctx, psagg_status status, const char *fmt, ...)
     /* the servers hear why before the caller wakes (it may exit at once, without psagg_close,
        and its connections would close before the communication thread's next turn) */
     if (first && atomic_load(&ctx->running) && pthread_equal(pthread_self(), ctx->comm_tid))
-        control_tell_servers(ctx);
+        worker_tell_servers(ctx);
     pthread_mutex_lock(&ctx->mu);
     /*
      * Complete every pending handle and forget it: once complete, its owner may release it

@@ -22,8 +22,11 @@
  *                (psagg_checkpoint, psagg_sync_membership), one mechanism for both
  *   adapt.c      [codec] adaptive: statistics, their push, the choice of codecs (comm thread)
  *   failover.c   [cluster] server_replicas: a lost server reported, the server views decided
- *                (this worker an acceptor), pushes sent again to a chunk's new owner
- *   handle.c     an operation's life: creation, queueing, completion, failing the context
+ *                (this worker an acceptor), pushes sent again to a chunk's new owner, servers
+ *                out of the view connected again (their return)
+ *   hello.c      one HELLO and its WELCOME, checked: at start-up and for a server that rejoins
+ *   handle.c     an operation's life: creation, queueing, completion, failing the context (and
+ *                telling the servers why)
  *   host.c       the host-buffer operations
  * Where a push_pull's buffers live (host or device) is behind psagg__bufops, chosen when
  * push_pull is called, so comm.c never asks.
@@ -292,10 +295,14 @@ void handle_abandon(psagg_ctx *ctx, struct psagg_handle *h);
  * first (psagg__bufops.drain). */
 void handle_complete_locked(psagg_ctx *ctx, struct psagg_handle *h, psagg_status status,
                             const char *msg);
-/* Fail the whole context: every pending and later operation gets this status and message. */
+/* Fail the whole context: every pending and later operation gets this status and message
+ * (on the communication thread the servers are told why first: worker_tell_servers). */
 void worker_fail_all(psagg_ctx *ctx, psagg_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int worker_failed(psagg_ctx *ctx);
+/* This worker failed: an ABORT with the cause to every server it is connected to, once (the
+ * communication thread). */
+void worker_tell_servers(psagg_ctx *ctx);
 /* The phases of a completed operation (its t_* times). */
 void handle_timing(const struct psagg_handle *h, psagg_timing *out);
 /* The context's counters of completed operations (psagg_get_stats; comm.c's stats line). */
@@ -312,15 +319,21 @@ psagg_status worker_struct_size(const char *type, size_t got, size_t known);
  * ctx->servers), connecting again to a server that closed the connection unanswered;
  * handshake_declare sends the declaration `d` (`bytes` long) to every server and waits for
  * each READY (a server's ERROR frame wins over a lost connection as the reason).
- * handshake_rejoin (the communication thread, failover.c): server s, lost and restarted, is
- * connected again: HELLO it as a server that rejoins the running job, check its WELCOME and
- * send it the declaration; its READY comes on the control connection.
  */
 psagg_status handshake_connect(psagg_ctx *ctx, int64_t deadline);
 psagg_status handshake_hello(psagg_ctx *ctx, int64_t deadline);
 psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t bytes);
-psagg_status handshake_rejoin(psagg_ctx *ctx, int s, psagg__ctl_declare *d, size_t bytes,
-                              int64_t deadline);
+
+/*
+ * hello.c: hello_exchange reads server s's CHALLENGE, says HELLO and checks its WELCOME
+ * (`rejoin`: the job runs and server s comes back into it: checked against what server 0 said,
+ * no same-host copies); hello_rejoin (the communication thread, failover.c) does it on a new
+ * connection to a lost server and sends it the declaration; its READY comes on the control
+ * connection.
+ */
+psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char *peer, int rejoin);
+psagg_status hello_rejoin(psagg_ctx *ctx, int s, psagg__ctl_declare *d, size_t bytes,
+                          int64_t deadline);
 
 /*
  * device.c: use executor ex (devexec.h) for ctx's device path instead of CUDA's; before the
@@ -354,7 +367,6 @@ int update_apply(psagg_ctx *ctx, struct psagg_handle *h, const uint8_t *msg,
 psagg_status control_request(psagg_ctx *ctx, ctl_request *rq, const char *fn, int answers);
 void control_requests_send(psagg_ctx *ctx);
 void control_check(psagg_ctx *ctx, int64_t now, int64_t *next_ping);
-void control_tell_servers(psagg_ctx *ctx);
 /* Server 0's MEMBERSHIP frame: check it, take its epoch and relay it unchanged to the other
  * servers (a joiner: the epoch that admits it, whatever its number). */
 psagg_status membership_take(psagg_ctx *ctx, const psagg__ctl_hdr *h, const void *body,
