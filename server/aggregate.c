@@ -322,8 +322,8 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
     if (c->broken)
         return 0;
     if (c->standby) { /* routed before a view gave it up: the view's owner sums it again */
-        LOG_DEBUG(&srv->log, "push from worker %d: tensor %u chunk %u round %u, given up here",
-                  w, h->key, h->chunk, h->round);
+        LOG_DEBUG(&srv->log, "push from worker %d: tensor %u chunk %u round %u, given up here", w,
+                  h->key, h->chunk, h->round);
         return 0;
     }
     if (c->ops->admit(srv, c, rb, &round))

@@ -259,7 +259,8 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
                         vh.epoch);
         return;
     }
-    if (!(copy = malloc(len)) || !(start = malloc((vh.n_chunks ? vh.n_chunks : 1) * sizeof *start))) {
+    if (!(copy = malloc(len)) ||
+        !(start = malloc((vh.n_chunks ? vh.n_chunks : 1) * sizeof *start))) {
         free(copy);
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for a view");
         return;
@@ -364,7 +365,8 @@ static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for a view");
         return -1;
     }
-    vh = (psagg__view_hdr){.epoch = fo->epoch + 1, .n_servers = n_s, .n_moves = n_moves, .n_chunks = n_c};
+    vh = (psagg__view_hdr){
+        .epoch = fo->epoch + 1, .n_servers = n_s, .n_moves = n_moves, .n_chunks = n_c};
     memcpy(v, &vh, sizeof vh);
     live = v + sizeof vh;
     memcpy(live, fo->live, n_s);
@@ -430,17 +432,17 @@ static struct failover *report_frame(server *srv, int w, const psagg__ctl_hdr *h
         memcpy(sl, body, sizeof *sl);
     if (h->len < sizeof *sl || sl->n_chunks != n || h->len != sizeof *sl + (size_t)n * 4 ||
         sl->server >= (uint32_t)srv->cfg.n_servers || sl->server == (uint32_t)srv->rank) {
-        server_close_worker(srv, w,
-                            "%s fields server, n_chunks, phase: server %u, %u chunks, phase %u in "
-                            "%u bytes (the job has %d servers and %u chunks)",
-                            name, h->len >= sizeof *sl ? sl->server : 0,
-                            h->len >= sizeof *sl ? sl->n_chunks : 0,
-                            h->len >= sizeof *sl ? sl->phase : 0, h->len, srv->cfg.n_servers,
-                            srv->layout.n_chunks);
+        server_close_worker(
+            srv, w,
+            "%s fields server, n_chunks, phase: server %u, %u chunks, phase %u in "
+            "%u bytes (the job has %d servers and %u chunks)",
+            name, h->len >= sizeof *sl ? sl->server : 0, h->len >= sizeof *sl ? sl->n_chunks : 0,
+            h->len >= sizeof *sl ? sl->phase : 0, h->len, srv->cfg.n_servers, srv->layout.n_chunks);
         return NULL;
     }
     if (fo->rejoining) {
-        LOG_INFO(&srv->log, "worker %d's %s of server %u: this server rejoins, it coordinates nothing yet", w,
+        LOG_INFO(&srv->log,
+                 "worker %d's %s of server %u: this server rejoins, it coordinates nothing yet", w,
                  name, sl->server);
         return NULL;
     }
@@ -557,8 +559,9 @@ void failover_back(server *srv, int w, const psagg__ctl_hdr *h, const void *body
         return;
     }
     if (fo->lost >= 0 || (fo->back >= 0 && fo->back != (int)sl.server)) {
-        LOG_INFO(&srv->log, "worker %d reports server %u back while server %d's %s is decided: "
-                            "it reports it again after that",
+        LOG_INFO(&srv->log,
+                 "worker %d reports server %u back while server %d's %s is decided: "
+                 "it reports it again after that",
                  w, sl.server, fo->lost >= 0 ? fo->lost : fo->back,
                  fo->lost >= 0 ? "loss" : "return");
         return;
@@ -696,8 +699,8 @@ void failover_tick(server *srv, int64_t now)
         return;
     for (int w = 0; w < srv->n_workers && used + 8 < sizeof missing; w++)
         if (!fo->reported[w])
-            used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d",
-                                     used ? "," : "", w);
+            used +=
+                (size_t)snprintf(missing + used, sizeof missing - used, "%s%d", used ? "," : "", w);
     if (fo->lost >= 0) {
         server_fail_job(srv, PSAGG_ETIMEDOUT,
                         "server %d was lost, and workers %s did not report it within "

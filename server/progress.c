@@ -148,8 +148,9 @@ static void route_checked(server *srv, recv_buf *rb, int from)
     if (slot < 0 && srv->cfg.server_replicas && h->epoch != (uint16_t)atomic_load(&srv->mb.epoch)) {
         /* sent in a server view before this one, which moved the chunk away from here (its
            sender sends it again to the chunk's owner in this view, failover.c) */
-        LOG_DEBUG(&srv->log, "push of tensor %u chunk %u round %u of server view %u: not owned here "
-                             "any more, dropped",
+        LOG_DEBUG(&srv->log,
+                  "push of tensor %u chunk %u round %u of server view %u: not owned here "
+                  "any more, dropped",
                   h->key, h->chunk, h->round, h->epoch);
         metrics_drop(srv);
         progress_repost(srv, rb);

@@ -56,7 +56,7 @@ struct psagg__failover {
 };
 
 /* How often a server out of the view is connected again, and how long an attempt may take. */
-#define REJOIN_EVERY_MS 500
+#define REJOIN_EVERY_MS   500
 #define REJOIN_CONNECT_MS 2000
 
 psagg_status failover_setup(psagg_ctx *ctx, const psagg__ctl_declare *d, size_t bytes)
@@ -76,7 +76,8 @@ psagg_status failover_setup(psagg_ctx *ctx, const psagg__ctl_declare *d, size_t 
     fo->prev_owner = malloc(n * sizeof *fo->prev_owner);
     fo->held = calloc(n, 1);
     fo->decl = malloc(bytes);
-    if (!fo->state || !fo->next || !fo->cfd || !fo->resend_from || !fo->prev_owner || !fo->held || !fo->decl) {
+    if (!fo->state || !fo->next || !fo->cfd || !fo->resend_from || !fo->prev_owner || !fo->held ||
+        !fo->decl) {
         failover_free(ctx);
         return psagg__fail(PSAGG_ENOMEM, "the server views");
     }
@@ -170,8 +171,7 @@ static int report(psagg_ctx *ctx, uint16_t type, int s, uint32_t phase, int roun
     if (psagg__ctl_send(ctx->servers[to].fd, &ctx->servers[to].auth, type, sl, (uint32_t)len)) {
         char m[200];
         snprintf(m, sizeof m, "sending it %s: %s",
-                 type == PSAGG_CTL_SERVER_LOST ? "SERVER_LOST" : "SERVER_BACK",
-                 psagg_last_error());
+                 type == PSAGG_CTL_SERVER_LOST ? "SERVER_LOST" : "SERVER_BACK", psagg_last_error());
         free(sl);
         failover_server_lost(ctx, to, m);
         return worker_failed(ctx) ? -1 : 0;
@@ -217,7 +217,8 @@ static const char *view_bad(const psagg_ctx *ctx, const uint8_t *v, uint32_t len
         return "shorter than its header";
     memcpy(vh, v, sizeof *vh);
     if (vh->n_servers != (uint32_t)ctx->cfg.n_servers || vh->n_chunks != ctx->layout.n_chunks ||
-        vh->n_moves > vh->n_chunks || len != psagg__view_bytes(vh->n_servers, vh->n_chunks, vh->n_moves))
+        vh->n_moves > vh->n_chunks ||
+        len != psagg__view_bytes(vh->n_servers, vh->n_chunks, vh->n_moves))
         return "fields n_servers, n_chunks, n_moves do not match the job or its length";
     for (uint32_t g = 0; g < vh->n_chunks; g++) {
         uint16_t o;
@@ -391,8 +392,7 @@ void failover_back(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, const void *b
         }
     if (fo->state[sl.server] == S_BACK)
         fo->state[sl.server] = S_HOLDING;
-    LOG_INFO(&ctx->log, "server %u comes back: %u chunk(s) held until the next view", sl.server,
-             n);
+    LOG_INFO(&ctx->log, "server %u comes back: %u chunk(s) held until the next view", sl.server, n);
     report(ctx, PSAGG_CTL_SERVER_BACK, (int)sl.server, 1, 1);
 }
 

@@ -1,8 +1,8 @@
 /*
  * handshake.c - the worker's side of the control channel's start-up (runtime/wire.h): connect
  * to every server, say HELLO to each and check its WELCOME (hello.c), then send the
- * declaration and wait for every server's READY. psagg_init and psagg_declare (api.c) call it, on the
- * caller's thread, before the communication thread exists.
+ * declaration and wait for every server's READY. psagg_init and psagg_declare (api.c) call it, on
+ * the caller's thread, before the communication thread exists.
  */
 #include <poll.h>
 #include <stdio.h>

@@ -58,12 +58,11 @@ static void session_keys(psagg_ctx *ctx, int s, const psagg__ctl_hello *hello,
 }
 
 /*
- * One HELLO on server s's connection and its answer (worker.h). `rejoin`: the job runs, and server s
- * comes back into it (failover.c): its WELCOME is checked as another server's is against
- * server 0's, and same-host copies stay off (the provider carries everything).
+ * One HELLO on server s's connection and its answer (worker.h). `rejoin`: the job runs, and server
+ * s comes back into it (failover.c): its WELCOME is checked as another server's is against server
+ * 0's, and same-host copies stay off (the provider carries everything).
  */
-psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char *peer,
-                            int rejoin)
+psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char *peer, int rejoin)
 {
     const uint32_t flags = ctx->cfg.data_auth ? PSAGG_HELLO_DATA_AUTH : 0;
     const int other = s > 0 || rejoin; /* checked against what server 0 said */
@@ -131,8 +130,7 @@ psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char 
                              peer, w->server_rank, w->n_servers, s, ctx->cfg.n_servers);
         else if ((w->flags & ~(PSAGG_WELCOME_JOINING | PSAGG_WELCOME_QUORUM)) != flags)
             st = psagg__fail(PSAGG_ECONFIG, "%s has data_auth %s, this worker %s", peer,
-                             w->flags & PSAGG_HELLO_DATA_AUTH ? "on" : "off",
-                             flags ? "on" : "off");
+                             w->flags & PSAGG_HELLO_DATA_AUTH ? "on" : "off", flags ? "on" : "off");
         else if (other && !!(w->flags & PSAGG_WELCOME_JOINING) != ctx->joiner)
             st = psagg__fail(PSAGG_EPROTO,
                              "%s says the job %s, server 0 that it %s: try again in a moment", peer,

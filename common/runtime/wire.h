@@ -430,8 +430,7 @@ static inline uint64_t psagg__view_moves_at(uint32_t n_servers, uint32_t n_chunk
 }
 static inline uint64_t psagg__view_bytes(uint32_t n_servers, uint32_t n_chunks, uint32_t n_moves)
 {
-    return psagg__view_moves_at(n_servers, n_chunks) +
-           (uint64_t)n_moves * sizeof(psagg__view_move);
+    return psagg__view_moves_at(n_servers, n_chunks) + (uint64_t)n_moves * sizeof(psagg__view_move);
 }
 
 /* One tensor's state at a SYNC barrier: the round of its next operation, and flags. */
