@@ -46,6 +46,7 @@ struct psagg__failover {
     int64_t *next;         /* per server: S_OUT the next attempt, S_BACK the next report,
                               S_CONNECTING when the attempt gives up */
     int *cfd;              /* per server: S_CONNECTING's socket (servers[s].fd once connected) */
+    psagg__tcp_addr *addr; /* per server: its address, resolved at the first attempt */
     uint32_t *resend_from; /* per chunk: the round from which to push again, UINT32_MAX: none */
     uint32_t *prev_owner;  /* per chunk: its owner before the view that moved it last */
     uint8_t *held;         /* per chunk: its pushes wait for the next view (a hold) */
@@ -72,11 +73,12 @@ psagg_status failover_setup(psagg_ctx *ctx, const psagg__ctl_declare *d, size_t 
     fo->state = calloc(n_s, 1);
     fo->next = calloc(n_s, sizeof *fo->next);
     fo->cfd = malloc(n_s * sizeof *fo->cfd);
+    fo->addr = calloc(n_s, sizeof *fo->addr);
     fo->resend_from = malloc(n * sizeof *fo->resend_from);
     fo->prev_owner = malloc(n * sizeof *fo->prev_owner);
     fo->held = calloc(n, 1);
     fo->decl = malloc(bytes);
-    if (!fo->state || !fo->next || !fo->cfd || !fo->resend_from || !fo->prev_owner || !fo->held ||
+    if (!fo->state || !fo->next || !fo->cfd || !fo->addr || !fo->resend_from || !fo->prev_owner || !fo->held ||
         !fo->decl) {
         failover_free(ctx);
         return psagg__fail(PSAGG_ENOMEM, "the server views");
@@ -103,6 +105,7 @@ void failover_free(psagg_ctx *ctx)
         if (fo->cfd[s] >= 0)
             close(fo->cfd[s]);
     free(fo->cfd);
+    free(fo->addr);
     free(fo->state);
     free(fo->next);
     free(fo->resend_from);
@@ -417,7 +420,7 @@ static void rejoin_step(psagg_ctx *ctx, int s, int64_t now)
     int r;
     if (fo->state[s] == S_OUT) {
         fo->next[s] = now + REJOIN_EVERY_MS;
-        if (psagg__tcp_connect_start(&ctx->cfg.servers[s], &fo->cfd[s])) {
+        if (psagg__tcp_connect_start(&ctx->cfg.servers[s], &fo->addr[s], &fo->cfd[s])) {
             LOG_DEBUG(&ctx->log, "server %d: %s", s, psagg_last_error());
             fo->cfd[s] = -1;
             return;

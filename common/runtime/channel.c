@@ -110,21 +110,34 @@ psagg_status psagg__tcp_connect(const psagg__hostport *hp, int64_t deadline_ms, 
                        strerror(last_err));
 }
 
-psagg_status psagg__tcp_connect_start(const psagg__hostport *hp, int *fd_out)
+psagg_status psagg__tcp_connect_start(const psagg__hostport *hp, psagg__tcp_addr *addr,
+                                      int *fd_out)
 {
-    struct addrinfo *res;
-    int fd, st = resolve(hp, 0, &res);
-    if (st)
-        return st;
-    fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0 || (connect(fd, res->ai_addr, res->ai_addrlen) && errno != EINPROGRESS)) {
+    int fd;
+    if (!addr->len) {
+        struct addrinfo *res;
+        psagg_status st = resolve(hp, 0, &res);
+        if (st)
+            return st;
+        if (res->ai_addrlen > sizeof addr->bytes) {
+            freeaddrinfo(res);
+            return psagg__fail(PSAGG_EIO, "%s:%u: an address of %u bytes", hp->host, hp->port,
+                               (unsigned)res->ai_addrlen);
+        }
+        memcpy(addr->bytes, res->ai_addr, res->ai_addrlen);
+        addr->len = (uint32_t)res->ai_addrlen;
+        addr->family = res->ai_family;
+        freeaddrinfo(res);
+    }
+    fd = socket(addr->family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0 || (connect(fd, (const struct sockaddr *)(const void *)addr->bytes,
+                           (socklen_t)addr->len) &&
+                   errno != EINPROGRESS)) {
         int e = errno;
         if (fd >= 0)
             close(fd);
-        freeaddrinfo(res);
         return psagg__fail(PSAGG_EIO, "connect to %s:%u: %s", hp->host, hp->port, strerror(e));
     }
-    freeaddrinfo(res);
     *fd_out = fd;
     return PSAGG_OK;
 }

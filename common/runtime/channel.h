@@ -31,11 +31,19 @@ PSAGG_NODISCARD psagg_status psagg__tcp_connect(const psagg__hostport *hp, int64
                                                 int *fd_out);
 /*
  * A connection that must not block its caller (a worker's communication thread, connecting to
- * a server that may be down): _start begins it (*fd_out: the socket, connecting); _done says
+ * a server that may be down): _start begins it (*fd_out: the socket, connecting; hp is
+ * resolved into *addr the first time only: a name server that hangs holds the caller once);
+ * _done says
  * 1 once it is connected (the socket is blocking again, with TCP_NODELAY), 0 while it is not
  * yet, -1 when it failed (the error says why; the caller closes the socket).
  */
-PSAGG_NODISCARD psagg_status psagg__tcp_connect_start(const psagg__hostport *hp, int *fd_out);
+typedef struct psagg__tcp_addr { /* hp resolved once (a sockaddr_storage), len 0: not yet */
+    uint8_t bytes[128];
+    uint32_t len;
+    int family;
+} psagg__tcp_addr;
+PSAGG_NODISCARD psagg_status psagg__tcp_connect_start(const psagg__hostport *hp,
+                                                      psagg__tcp_addr *addr, int *fd_out);
 int psagg__tcp_connect_done(int fd);
 /* The local IP address of a connected socket, as text. */
 PSAGG_NODISCARD psagg_status psagg__tcp_local_addr(int fd, char *buf, size_t len);
