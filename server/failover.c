@@ -22,8 +22,8 @@
  * every chunk's owner). One change of the view is decided at a time: a loss first; reports of
  * another change are sent again by the workers with the next view.
  *
- * What is not built yet: a second loss while one is decided (the job fails naming both), a
- * worker that dies meanwhile.
+ * Two losses at once are two views, one after the other (a server reported lost is no takeover
+ * target meanwhile). What is not built yet: a worker that dies meanwhile.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +48,7 @@ struct failover {
     int back;          /* a server coming back: the server, or -1 */
     int holding;       /* (back) the workers were asked to hold its chunks' pushes */
     uint8_t *reported; /* per worker: its report of this change came */
+    uint8_t *suspect;  /* per server: a worker reported it lost (since the last view) */
     uint32_t *start;   /* per chunk: the lowest next-update round reported */
     int64_t since;     /* the first report (of this step) */
     int proposing;
@@ -67,8 +68,10 @@ static struct failover *fo_get(server *srv)
     fo->owner = malloc((size_t)(n ? n : 1) * sizeof *fo->owner);
     fo->start = malloc((size_t)(n ? n : 1) * sizeof *fo->start);
     fo->reported = calloc((size_t)srv->n_workers, 1);
-    if (!fo->live || !fo->owner || !fo->start || !fo->reported) {
-        free(fo->live), free(fo->owner), free(fo->start), free(fo->reported), free(fo);
+    fo->suspect = calloc((size_t)srv->cfg.n_servers, 1);
+    if (!fo->live || !fo->owner || !fo->start || !fo->reported || !fo->suspect) {
+        free(fo->live), free(fo->owner), free(fo->start), free(fo->reported);
+        free(fo->suspect), free(fo);
         return NULL;
     }
     memset(fo->live, 1, (size_t)srv->cfg.n_servers);
@@ -89,15 +92,15 @@ void failover_fini(server *srv)
         return;
     psagg__proposer_free(&fo->prop);
     free(fo->live), free(fo->owner), free(fo->last), free(fo->start), free(fo->reported);
-    free(fo);
+    free(fo->suspect), free(fo);
     srv->failover = NULL;
 }
 
-/* The lowest live server of the view but `but`, or -1. */
+/* The lowest live server of the view but `but` and those reported lost, or -1. */
 static int coordinator(const server *srv, const struct failover *fo, int but)
 {
     for (int s = 0; s < srv->cfg.n_servers; s++)
-        if (fo->live[s] && s != but)
+        if (fo->live[s] && s != but && !fo->suspect[s])
             return s;
     return -1;
 }
@@ -311,6 +314,7 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
     fo->proposing = 0;
     fo->retry_at = 0;
     memset(fo->reported, 0, (size_t)srv->n_workers);
+    memset(fo->suspect, 0, (size_t)srv->cfg.n_servers); /* (reported again if still lost) */
     atomic_store(&srv->mb.epoch, vh.epoch); /* the push headers' epoch in this job */
     psagg__fabric_wake(srv->fab);
     LOG_WARN(&srv->log,
@@ -343,14 +347,14 @@ static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *
             int found = -1;
             for (uint32_t d = 0; d <= (uint32_t)srv->cfg.server_replicas && found < 0; d++) {
                 uint32_t s = (ci->owner + d) % n_s;
-                if (s != (uint32_t)fo->lost && fo->live[s])
+                if (s != (uint32_t)fo->lost && fo->live[s] && !fo->suspect[s])
                     found = (int)s;
             }
             if (found < 0) {
                 free(to);
                 server_fail_job(srv, PSAGG_EPEER,
                                 "server %d was lost, and with it tensor '%s' chunk %u: its layout "
-                                "owner %u and its %d replica(s) are all gone",
+                                "owner %u and its %d replica(s) are all gone (or lost too)",
                                 fo->lost, srv->layout.tensors[ci->key].name, ci->index, ci->owner,
                                 srv->cfg.server_replicas);
                 return -1;
@@ -486,6 +490,8 @@ void failover_lost(server *srv, int w, const psagg__ctl_hdr *h, const void *body
     struct failover *fo = report_frame(srv, w, h, body, "SERVER_LOST", 1, &sl);
     if (!fo)
         return;
+    if (sl.epoch == fo->epoch && fo->live[sl.server])
+        fo->suspect[sl.server] = 1; /* (no chunk moves to it, nor does it coordinate, meanwhile) */
     if (sl.epoch > fo->epoch || !fo->live[sl.server] ||
         coordinator(srv, fo, (int)sl.server) != srv->rank) {
         LOG_WARN(&srv->log,
@@ -505,11 +511,11 @@ void failover_lost(server *srv, int w, const psagg__ctl_hdr *h, const void *body
                  sl.server, fo->back);
         fo->back = -1;
     }
-    if (fo->lost >= 0 && fo->lost != (int)sl.server) {
-        server_fail_job(srv, PSAGG_EPEER,
-                        "servers %d and %u were lost at once (worker %d lost %u while server "
-                        "%d's loss was being decided): not built yet",
-                        fo->lost, sl.server, w, sl.server, fo->lost);
+    if (fo->lost >= 0 && fo->lost != (int)sl.server) { /* one at a time: sent again after */
+        LOG_WARN(&srv->log,
+                 "worker %d lost server %u while server %d's loss is decided: it is decided "
+                 "next",
+                 w, sl.server, fo->lost);
         return;
     }
     if (fo->lost < 0) {

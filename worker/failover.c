@@ -207,7 +207,11 @@ int failover_server_lost(psagg_ctx *ctx, int s, const char *why)
     close_server(ctx, s);
     LOG_WARN(&ctx->log, "lost server %d (%s): reporting it to server %d", s, why,
              coordinator(ctx, s));
-    report(ctx, PSAGG_CTL_SERVER_LOST, s, 0, 1);
+    /* every server lost here and still in the view, s too: the coordinator may be new (s was
+       it, or the one a report went to before it died) */
+    for (int k = 0; k < ctx->cfg.n_servers && !worker_failed(ctx); k++)
+        if (fo->state[k] == S_LOST)
+            report(ctx, PSAGG_CTL_SERVER_LOST, k, 0, 1);
     return 1;
 }
 

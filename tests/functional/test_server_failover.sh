@@ -14,6 +14,10 @@
 #                      owner writes the dead owner's bits (the chunk's random key)
 #   auth               a secret and data_auth: pushes sealed again for the new owner
 #   stop               server 1 SIGSTOPped (hung, not dead): lost after op_timeout_ms of silence
+#   two-1-2, two-0-1   3 servers, server_replicas = 2, maxmin4: two servers SIGKILLed at once;
+#                      two views, one after the other, and the survivor owns every chunk
+#   over               3 servers, server_replicas = 1, two SIGKILLed at once: a chunk has no
+#                      live holder; every worker fails naming it and its servers
 #   r0                 server_replicas = 0: the same death fails every worker naming the server
 # Servers that come back (started again with the same command line once every worker took the
 # view without them; the workers sleep 10 ms a round so that the job outlasts it):
@@ -55,11 +59,11 @@ run() {
             --progress ${slow[@]+"${slow[@]}"}
     done
     [ -n "${events:-}" ] && kill_and_return "$name" "$n_s" $events
-    if ((victim >= 0)); then
+    if [[ $victim != -1 ]]; then # (S, or S+T: two at once)
         wait_until 60 grep -q "^ROUND $round\$" "$tmp/$name-worker0.log" ||
             fail "$name: worker 0 never reached round $round"
         sleep "0.00$delay"
-        kill -"$sig" "${spid[$victim]}"
+        for w in ${victim//+/ }; do kill -"$sig" "${spid[$w]}"; done
     fi
     for w in 0 1 2; do
         wait_for "${wpid[$w]}" 90
@@ -171,6 +175,23 @@ survive three-maxmin4 3 maxmin4 2 KILL 80 2
 survive auth 2 fp32 1 KILL 70 5 cluster.secret_file="$tmp/secret" cluster.data_auth=on
 survive stop 2 fp32 1 STOP 50 0
 
+# two servers SIGKILLed at once (3 servers, server_replicas = 2): two views, one after the
+# other (the second loss is decided after the first; a server reported lost takes nothing over)
+for pair in 1+2 0+1; do
+    run "two-${pair/+/-}" 3 maxmin4 2 "$pair" KILL 60 1
+    pair=${pair/+/-}
+    for w in 0 1 2; do
+        ((rc[w] == 0)) || fail "two-$pair: worker $w exited ${rc[w]}"
+        grep -q "server view 2:" "$tmp/two-$pair-worker$w.log" || fail "two-$pair: worker $w never took view 2"
+    done
+    d=$(digest_of "two-$pair")
+    [ "$d" = "${ref[3-maxmin4]}" ] || fail "two-$pair: digest $d, the uninterrupted run's ${ref[3-maxmin4]}"
+    echo "two-$pair: servers ${pair/-/ and } SIGKILLed at once at round 60: views 1 and 2, every" \
+        "worker bit-identical ($d); $(grep -h "server view 2: .* to this server" "$tmp/two-$pair"-server*.log |
+            grep -v " 0 of them" | sed 's/^[0-9.]* //')"
+    stop_all
+done
+
 # back NAME SERVERS EVENTS...: servers killed and started again (kill_and_return); every
 # worker bit-identical to the uninterrupted run, and every return owns its chunks again
 back() {
@@ -216,6 +237,17 @@ echo "back1-impostor: on server 1's port, a psagg-server with another secret (it
     "WELCOME: $(grep -ho "its WELCOME's token does not check out[^:]*" "$tmp/back1-impostor-worker0.log" |
         head -1)); then the real server came back"
 back_keys=()
+
+# more deaths than replicas: 3 servers, server_replicas = 1, servers 1 and 2 at once: server 1's
+# chunks have no live holder left; the job fails naming a chunk and its servers
+run over 3 maxmin4 1 1+2 KILL 60 1
+for w in 0 1 2; do
+    ((rc[w] != 0)) || fail "over: worker $w exited 0 with servers 1 and 2 dead and 1 replica"
+    grep -q "server 1 was lost, and with it tensor '.*' chunk [0-9]*: its layout owner 1 and its 1 replica(s) are all gone" \
+        "$tmp/over-worker$w.log" || fail "over: worker $w's failure does not name the chunk and its servers"
+done
+echo "over: every worker failed naming the chunk: $(grep -ho "server 1 was lost, and with it[^(]*" "$tmp/over-worker0.log" | head -1)"
+stop_all
 
 # server_replicas = 0: today's fail-fast, naming the server
 run r0 2 fp32 0 1 KILL 40 0
