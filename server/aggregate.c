@@ -107,6 +107,19 @@ static int check_codec(server *srv, chunk_state *c, int w, const psagg__msg_code
     return -1;
 }
 
+/* A round over (finished, or dropped by a move): nothing of it is left in c. */
+static void round_reset(server *srv, chunk_state *c)
+{
+    c->round_deadline = 0;
+    c->close_at_ms = 0;
+    c->closing = 0;
+    c->codec_set = 0;
+    c->n_arrived = 0;
+    c->next = 0;
+    c->folded = 0;
+    memset(c->arrived, 0, (size_t)srv->n_workers);
+}
+
 /* Requantize the completed round and send the update to every worker. */
 void agg_finish_round(server *srv, chunk_state *c)
 {
@@ -152,14 +165,7 @@ void agg_finish_round(server *srv, chunk_state *c)
     if (srv->pool.timeline)
         trace_round(srv, c, now);
     server_queue_update(srv, &c->sctx[p]);
-    c->round_deadline = 0;
-    c->close_at_ms = 0;
-    c->closing = 0;
-    c->codec_set = 0;
-    c->n_arrived = 0;
-    c->next = 0;
-    c->folded = 0;
-    memset(c->arrived, 0, (size_t)srv->n_workers);
+    round_reset(srv, c);
     if (!c->ops->advances(c))
         return; /* (a parameter's INIT and PULL do not count a round) */
     c->round++;
@@ -541,15 +547,8 @@ static void do_move(server *srv, agg_item *it)
         server_queue_repost(srv, rb);
     }
     atomic_store(&c->deferred, 0); /* (a whole round waiting for a send: summed again there) */
-    c->round_deadline = 0;
-    c->close_at_ms = 0;
-    c->closing = 0;
-    c->codec_set = 0;
-    c->n_arrived = 0;
-    c->next = 0;
-    c->folded = 0;
+    round_reset(srv, c);
     c->broken = 0;
-    memset(c->arrived, 0, (size_t)srv->n_workers);
     c->standby = it->move != AGG_OWN;
     c->taken_over = it->move == AGG_OWN;
     if (it->move == AGG_OWN)
