@@ -122,9 +122,11 @@ sleep) # runs 1.5 s, then exits 0
     sleep 1.5
     exit 0
     ;;
-failonce) # rank 2 exits 3 in its first start (PSAGG_RESTART=0), 0 in the next
+failonce) # rank 2 exits 3 in its first start (PSAGG_RESTART=0), 0 in the next; the other
+    # ranks run on meanwhile (a job whose other workers all finished first restarts nobody)
     sleep 0.3
     [ "$PSAGG_RANK" = 2 ] && [ "$PSAGG_RESTART" = 0 ] && exit 3
+    [ "$PSAGG_RANK" != 2 ] && sleep 2
     echo "worker $PSAGG_RANK start $PSAGG_RESTART done"
     exit 0
     ;;
