@@ -78,8 +78,8 @@ psagg_status failover_setup(psagg_ctx *ctx, const psagg__ctl_declare *d, size_t 
     fo->prev_owner = malloc(n * sizeof *fo->prev_owner);
     fo->held = calloc(n, 1);
     fo->decl = malloc(bytes);
-    if (!fo->state || !fo->next || !fo->cfd || !fo->addr || !fo->resend_from || !fo->prev_owner || !fo->held ||
-        !fo->decl) {
+    if (!fo->state || !fo->next || !fo->cfd || !fo->addr || !fo->resend_from || !fo->prev_owner ||
+        !fo->held || !fo->decl) {
         failover_free(ctx);
         return psagg__fail(PSAGG_ENOMEM, "the server views");
     }

@@ -110,8 +110,7 @@ psagg_status psagg__tcp_connect(const psagg__hostport *hp, int64_t deadline_ms, 
                        strerror(last_err));
 }
 
-psagg_status psagg__tcp_connect_start(const psagg__hostport *hp, psagg__tcp_addr *addr,
-                                      int *fd_out)
+psagg_status psagg__tcp_connect_start(const psagg__hostport *hp, psagg__tcp_addr *addr, int *fd_out)
 {
     int fd;
     if (!addr->len) {
@@ -130,9 +129,9 @@ psagg_status psagg__tcp_connect_start(const psagg__hostport *hp, psagg__tcp_addr
         freeaddrinfo(res);
     }
     fd = socket(addr->family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0 || (connect(fd, (const struct sockaddr *)(const void *)addr->bytes,
-                           (socklen_t)addr->len) &&
-                   errno != EINPROGRESS)) {
+    if (fd < 0 ||
+        (connect(fd, (const struct sockaddr *)(const void *)addr->bytes, (socklen_t)addr->len) &&
+         errno != EINPROGRESS)) {
         int e = errno;
         if (fd >= 0)
             close(fd);
