@@ -508,10 +508,7 @@ static void *comm_main(void *arg)
             case PSAGG_FABRIC_RECV_ERROR: {
                 /* a same-host copy out of a server that died ([cluster] server_replicas: the
                    job goes on without it; the receive buffer is posted again) */
-                int s = -1;
-                for (int k = 0; ev[i].src != PSAGG_PEER_UNKNOWN && k < ctx->cfg.n_servers; k++)
-                    if (ctx->servers[k].addr == ev[i].src)
-                        s = k;
+                int s = updates_server_at(ctx, ev[i].src);
                 /* (a provider that names no peer: a connection reset by a server that died;
                    the control channel tells which, and a live one's lost update is named by
                    the operation's deadline) */

@@ -20,7 +20,7 @@
 
 /* The gate's view of the servers (runtime/gate.h): the server whose fabric address is addr
  * (or -1), and server s's data key. */
-static int server_at(const void *owner, psagg__peer addr)
+int updates_server_at(const void *owner, psagg__peer addr)
 {
     const psagg_ctx *ctx = owner;
     for (int s = 0; addr != PSAGG_PEER_UNKNOWN && s < ctx->cfg.n_servers; s++)
@@ -41,7 +41,7 @@ void updates_gate(psagg_ctx *ctx, psagg__gate *gate)
                           .source_reliable = ctx->source_reliable,
                           .tag_bytes = ctx->tag_bytes,
                           .log = &ctx->log,
-                          .peer_at = server_at,
+                          .peer_at = updates_server_at,
                           .rx_of = server_rx,
                           .owner = ctx};
 }

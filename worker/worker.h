@@ -349,9 +349,11 @@ void comm_stop(psagg_ctx *ctx);
  * updates.c (the communication thread): gate fills the gate that checks who sent an update
  * (runtime/gate.h); arrived checks one received update and applies it (or keeps it early):
  * the operation whose last update it was, to complete, or NULL (also when the job failed);
- * apply hands a checked update to operation h's buffer operations: 1 when it was h's last.
+ * apply hands a checked update to operation h's buffer operations: 1 when it was h's last;
+ * server_at is the server whose fabric address is addr (owner: the context), or -1.
  */
 void updates_gate(psagg_ctx *ctx, psagg__gate *gate);
+int updates_server_at(const void *owner, psagg__peer addr);
 struct psagg_handle *update_arrived(psagg_ctx *ctx, psagg__gate *gate, const psagg__rxbuf *rb,
                                     psagg__peer src);
 int update_apply(psagg_ctx *ctx, struct psagg_handle *h, const uint8_t *msg,
