@@ -152,22 +152,6 @@ static void send_last(server *srv, struct failover *fo, int w)
                                        .value_len = fo->last_len});
 }
 
-/* Chunk g's owner in view v (checked: view_check). */
-static uint32_t view_owner(const uint8_t *v, uint32_t n_servers, uint32_t g)
-{
-    uint16_t o;
-    memcpy(&o, v + psagg__view_owners_at(n_servers) + (size_t)g * sizeof o, sizeof o);
-    return o;
-}
-
-static psagg__view_move view_move(const uint8_t *v, const psagg__view_hdr *vh, uint32_t i)
-{
-    psagg__view_move m;
-    memcpy(&m, v + psagg__view_moves_at(vh->n_servers, vh->n_chunks) + (size_t)i * sizeof m,
-           sizeof m);
-    return m;
-}
-
 /*
  * Check a view's bytes against this job (and, unless this server rejoins, against the view
  * applied here: a chunk changes its owner only by a move): NULL if they hold, else what is
@@ -198,23 +182,23 @@ static const char *view_check(const server *srv, const struct failover *fo, cons
     if (!n_live)
         return "no server is live";
     for (uint32_t g = 0; g < vh.n_chunks; g++) {
-        uint32_t o = view_owner(v, vh.n_servers, g);
+        uint32_t o = psagg__view_owner(v, vh.n_servers, g);
         if (o >= vh.n_servers || !live[o])
             return "a chunk's owner is not a live server";
     }
     if (!(moved = calloc(vh.n_chunks ? vh.n_chunks : 1, 1)))
         return "no memory to check it";
     for (uint32_t i = 0; i < vh.n_moves && !bad; i++) {
-        psagg__view_move m = view_move(v, &vh, i);
+        psagg__view_move m = psagg__view_move_at(v, vh.n_servers, vh.n_chunks, i);
         if (m.chunk >= vh.n_chunks || moved[m.chunk])
             bad = "a move names a chunk that does not exist, or one moved twice";
-        else if (m.owner != view_owner(v, vh.n_servers, m.chunk))
+        else if (m.owner != psagg__view_owner(v, vh.n_servers, m.chunk))
             bad = "a move's owner is not the chunk's owner in owner[]";
         else
             moved[m.chunk] = 1;
     }
     for (uint32_t g = 0; g < vh.n_chunks && !bad && !fo->rejoining; g++)
-        if (!moved[g] && view_owner(v, vh.n_servers, g) != fo->owner[g])
+        if (!moved[g] && psagg__view_owner(v, vh.n_servers, g) != fo->owner[g])
             bad = "a chunk changes its owner without a move (and the round it starts at)";
     free(moved);
     return bad;
@@ -272,11 +256,11 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
     for (uint32_t g = 0; g < vh.n_chunks; g++)
         start[g] = UINT32_MAX;
     for (uint32_t i = 0; i < vh.n_moves; i++) {
-        psagg__view_move m = view_move(v, &vh, i);
+        psagg__view_move m = psagg__view_move_at(v, vh.n_servers, vh.n_chunks, i);
         start[m.chunk] = m.start;
     }
     for (uint32_t g = 0; g < vh.n_chunks; g++) {
-        uint32_t now = view_owner(v, vh.n_servers, g);
+        uint32_t now = psagg__view_owner(v, vh.n_servers, g);
         int mine = now == (uint32_t)srv->rank;
         int was = !fo->rejoining && fo->owner[g] == (uint32_t)srv->rank;
         int slot = mine != was ? held_slot(srv, g) : -1;

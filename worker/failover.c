@@ -228,18 +228,13 @@ static const char *view_bad(const psagg_ctx *ctx, const uint8_t *v, uint32_t len
         len != psagg__view_bytes(vh->n_servers, vh->n_chunks, vh->n_moves))
         return "fields n_servers, n_chunks, n_moves do not match the job or its length";
     for (uint32_t g = 0; g < vh->n_chunks; g++) {
-        uint16_t o;
-        memcpy(&o, v + psagg__view_owners_at(vh->n_servers) + (size_t)g * sizeof o, sizeof o);
+        uint32_t o = psagg__view_owner(v, vh->n_servers, g);
         if (o >= vh->n_servers || !live[o])
             return "a chunk's owner is not a live server";
     }
-    for (uint32_t i = 0; i < vh->n_moves; i++) {
-        psagg__view_move m;
-        memcpy(&m, v + psagg__view_moves_at(vh->n_servers, vh->n_chunks) + (size_t)i * sizeof m,
-               sizeof m);
-        if (m.chunk >= vh->n_chunks)
+    for (uint32_t i = 0; i < vh->n_moves; i++)
+        if (psagg__view_move_at(v, vh->n_servers, vh->n_chunks, i).chunk >= vh->n_chunks)
             return "a move names a chunk that does not exist";
-    }
     return NULL;
 }
 
@@ -260,16 +255,13 @@ static void take_view(psagg_ctx *ctx, int from, const uint8_t *v, uint32_t len)
     }
     live = v + sizeof vh;
     for (uint32_t g = 0; g < vh.n_chunks; g++) {
-        uint16_t o;
-        memcpy(&o, v + psagg__view_owners_at(vh.n_servers) + (size_t)g * sizeof o, sizeof o);
+        uint32_t o = psagg__view_owner(v, vh.n_servers, g);
         if (o != ctx->owner[g])
             fo->prev_owner[g] = ctx->owner[g];
         ctx->owner[g] = o;
     }
     for (uint32_t i = 0; i < vh.n_moves; i++) {
-        psagg__view_move m;
-        memcpy(&m, v + psagg__view_moves_at(vh.n_servers, vh.n_chunks) + (size_t)i * sizeof m,
-               sizeof m);
+        psagg__view_move m = psagg__view_move_at(v, vh.n_servers, vh.n_chunks, i);
         if (fo->resend_from[m.chunk] == UINT32_MAX)
             fo->resends++;
         fo->resend_from[m.chunk] = m.start;

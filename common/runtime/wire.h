@@ -150,6 +150,7 @@
 #define PSAGG_RUNTIME_WIRE_H
 
 #include <stdint.h>
+#include <string.h>
 
 /*
  * 3: codec format version 2 (kernels/codec.h), whose stochastic rounding draws other bits;
@@ -431,6 +432,22 @@ static inline uint64_t psagg__view_moves_at(uint32_t n_servers, uint32_t n_chunk
 static inline uint64_t psagg__view_bytes(uint32_t n_servers, uint32_t n_chunks, uint32_t n_moves)
 {
     return psagg__view_moves_at(n_servers, n_chunks) + (uint64_t)n_moves * sizeof(psagg__view_move);
+}
+
+/* Chunk g's owner and move i of view v (of n_servers servers and n_chunks chunks; its length
+   checked against psagg__view_bytes first). */
+static inline uint32_t psagg__view_owner(const uint8_t *v, uint32_t n_servers, uint32_t g)
+{
+    uint16_t o;
+    memcpy(&o, v + psagg__view_owners_at(n_servers) + (size_t)g * sizeof o, sizeof o);
+    return o;
+}
+static inline psagg__view_move psagg__view_move_at(const uint8_t *v, uint32_t n_servers,
+                                                   uint32_t n_chunks, uint32_t i)
+{
+    psagg__view_move m;
+    memcpy(&m, v + psagg__view_moves_at(n_servers, n_chunks) + (size_t)i * sizeof m, sizeof m);
+    return m;
 }
 
 /* One tensor's state at a SYNC barrier: the round of its next operation, and flags. */
