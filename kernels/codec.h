@@ -73,7 +73,8 @@
  *   elements makes one multiply per element of format version 1's four.
  *
  * RNG streams of the protocol (psagg__rng_chunk_key): the encode of chunk c of tensor key t in
- * round r, by worker w (its push) or by server s (the update), uses the key of (seed, stream):
+ * round r (of a parameter tensor: its optimizer step, which its INIT and PULL rounds do not
+ * count), by worker w (its push) or by server s (the update), uses the key of (seed, stream):
  *   mix64(a, b): z = a ^ (b + 0x9E3779B97F4A7C15 + (a << 6) + (a >> 2));
  *                z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9; z = (z ^ (z >> 27)) *
  * 0x94D049BB133111EB; return z ^ (z >> 31) stream = mix64(mix64(side << 32 | rank, t << 32 | c), r)

@@ -31,11 +31,12 @@
 #include "server.h"
 
 /* The key of a round's update: the chunk's owner in the job's layout, not the rank of the
-   server running it, so that another server finishing the same round writes the same bits. */
+   server running it, so that another server finishing the same round writes the same bits;
+   a parameter's round is its optimizer step (its INIT and PULL rounds not counted). */
 static psagg__rng_key round_key(const server *srv, const chunk_state *c)
 {
     return psagg__rng_chunk_key(srv->cfg.seed, PSAGG_RNG_SERVER, c->info->owner, c->info->key,
-                                c->info->index, c->round);
+                                c->info->index, c->param ? (uint32_t)c->param->step : c->round);
 }
 
 /*
@@ -120,6 +121,19 @@ static void round_reset(server *srv, chunk_state *c)
     memset(c->arrived, 0, (size_t)srv->n_workers);
 }
 
+/* Seal out[p] (its first len bytes) and queue it to every member. */
+static void send_update(server *srv, chunk_state *c, int p, size_t len)
+{
+    int to = 0; /* the members now get it (a leaver's push may be in it all the same) */
+    if (srv->tag_bytes) /* one seal: every worker gets the same bytes (runtime/auth.h) */
+        psagg__node_seal(&srv->node, &srv->pool.update_key,
+                         atomic_fetch_add(&srv->pool.update_seq, 1) + 1, c->out[p], len);
+    for (int w = 0; w < srv->n_workers; w++)
+        to += c->sctx[p].to[w] = (uint8_t)server_member(srv, w);
+    atomic_store(&c->sends_pending[p], to);
+    server_queue_update(srv, &c->sctx[p]);
+}
+
 /* Requantize the completed round and send the update to every worker. */
 void agg_finish_round(server *srv, chunk_state *c)
 {
@@ -149,22 +163,24 @@ void agg_finish_round(server *srv, chunk_state *c)
     h->epoch = (uint16_t)atomic_load(&srv->mb.epoch);
     h->summed = (uint16_t)c->n_arrived;
     enc += srv->pool.policy->trailer(srv, c, c->out[p] + sizeof *h + enc); /* (quorum: bitmap) */
-    if (srv->tag_bytes) /* one seal: every worker gets the same bytes (runtime/auth.h) */
-        psagg__node_seal(&srv->node, &srv->pool.update_key,
-                         atomic_fetch_add(&srv->pool.update_seq, 1) + 1, c->out[p],
-                         sizeof *h + enc);
-    {
-        int to = 0; /* the members now get it (a leaver's push may be in it all the same) */
-        for (int w = 0; w < srv->n_workers; w++)
-            to += c->sctx[p].to[w] = (uint8_t)server_member(srv, w);
-        atomic_store(&c->sends_pending[p], to);
-    }
     now = psagg__now_ns();
-    metrics_round(srv, sizeof *h + enc + srv->tag_bytes, c->last_push_ns - c->first_push_ns,
-                  now - c->last_push_ns);
+    if (c->fenced) { /* (taken over from a copy: sent once every worker took the view) */
+        if (c->owes_update) {
+            server_fail_job(srv, PSAGG_EPROTO,
+                            "tensor '%s' chunk %u: round %u finished while round %u's update "
+                            "waits for the workers to take the view",
+                            srv->layout.tensors[c->info->key].name, c->info->index, c->round,
+                            c->round - 1);
+            return;
+        }
+        c->owes_update = 1;
+    } else if (!c->shadow) { /* (a copy's update stays here) */
+        send_update(srv, c, p, sizeof *h + enc);
+        metrics_round(srv, sizeof *h + enc + srv->tag_bytes, c->last_push_ns - c->first_push_ns,
+                      now - c->last_push_ns);
+    }
     if (srv->pool.timeline)
         trace_round(srv, c, now);
-    server_queue_update(srv, &c->sctx[p]);
     round_reset(srv, c);
     if (!c->ops->advances(c))
         return; /* (a parameter's INIT and PULL do not count a round) */
@@ -311,6 +327,58 @@ const chunk_sum_ops cpu_sum_ops = {
     .encode = cpu_encode,
 };
 
+/* How far a push may come before its round and wait (a copy lags, a takeover sums a round
+   again): rounds ahead, and pushes per worker of the job. */
+#define AHEAD_ROUNDS 4
+#define AHEAD_PER_WORKER 4
+
+/*
+ * A push of a later round than chunk c's, to a copy (shadow) or to a chunk taken over: it
+ * waits in c->ahead until the round moves on (agg_finish_round queues them all again).
+ * Returns 1 if it waits, 0 if it is further ahead than that (handle_push closes its sender).
+ */
+static int wait_ahead(server *srv, chunk_state *c, recv_buf *rb)
+{
+    const psagg__msg_hdr *h = (const psagg__msg_hdr *)rb->rx.buf;
+    if (h->round - c->round > AHEAD_ROUNDS ||
+        c->n_ahead >= (uint32_t)srv->n_workers * AHEAD_PER_WORKER)
+        return 0;
+    if (!c->ahead && !c->shadow)
+        LOG_INFO(&srv->log,
+                 "tensor %u chunk %u: worker %u pushed round %u while round %u is summed again "
+                 "after the takeover: it waits for its turn",
+                 h->key, h->chunk, h->sender, h->round, c->round);
+    rb->item.next = c->ahead ? &c->ahead->item : NULL; /* (taken again after the round) */
+    c->ahead = rb;
+    c->n_ahead++;
+    atomic_fetch_add(&srv->pool.rx_held, 1);
+    return 1;
+}
+
+/*
+ * Worker w pushed chunk c in the view that moved c here from its copy (take_over_copy): once
+ * every member has, the fence is lifted and the update owed, if any, goes to them all.
+ */
+static void fence_pass(server *srv, chunk_state *c, int w)
+{
+    int p = (int)((c->round - 1) & 1);
+    psagg__msg_hdr *h = (psagg__msg_hdr *)c->out[p];
+    c->repushed[w] = 1;
+    for (int k = 0; k < srv->n_workers; k++)
+        if (!c->repushed[k] && server_member(srv, k))
+            return;
+    c->fenced = 0;
+    if (!c->owes_update)
+        return;
+    c->owes_update = 0;
+    h->epoch = (uint16_t)atomic_load(&srv->mb.epoch);
+    send_update(srv, c, p, sizeof *h + h->len + srv->pool.bitmap_bytes);
+    LOG_INFO(&srv->log,
+             "tensor %u chunk %u: round %u's update (summed here as the copy) sent once every "
+             "worker took the view",
+             c->info->key, c->info->index, c->round - 1);
+}
+
 /*
  * One push for chunk c, already checked by the progress thread: its source (and MAC with
  * data_auth), then its fields against the layout. So a forged push never reaches this point
@@ -327,11 +395,15 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
 
     if (c->broken)
         return 0;
-    if (c->standby) { /* routed before a view gave it up: the view's owner sums it again */
+    if (c->standby && !c->shadow) { /* routed before a view gave it up: its owner sums it */
         LOG_DEBUG(&srv->log, "push from worker %d: tensor %u chunk %u round %u, given up here", w,
                   h->key, h->chunk, h->round);
         return 0;
     }
+    if (c->fenced && (uint16_t)(h->epoch - c->fence_epoch) < 0x8000) /* (that view or later) */
+        fence_pass(srv, c, w);
+    if (round > c->round && (c->shadow || c->taken_over) && wait_ahead(srv, c, rb))
+        return 1;
     if (c->ops->admit(srv, c, rb, &round))
         return 0;
     if (round < c->round || (round == c->round && c->closing)) {
@@ -341,18 +413,6 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
                  "stale push from worker %d: tensor %u chunk %u round %u (collecting %u), dropped",
                  w, h->key, h->chunk, h->round, c->round);
         return 0;
-    }
-    if (round == c->round + 1 && c->taken_over && c->n_ahead < (uint32_t)srv->n_workers) {
-        if (!c->ahead)
-            LOG_INFO(&srv->log,
-                     "tensor %u chunk %u: worker %d pushed round %u while round %u is summed "
-                     "again after the takeover: it waits for its turn",
-                     h->key, h->chunk, w, round, c->round);
-        rb->item.next = c->ahead ? &c->ahead->item : NULL; /* (taken again after the round) */
-        c->ahead = rb;
-        c->n_ahead++;
-        atomic_fetch_add(&srv->pool.rx_held, 1);
-        return 1;
     }
     if (round > c->round) {
         server_close_worker(srv, w, "push field round is %u but tensor %u chunk %u is at round %u",
@@ -490,7 +550,8 @@ static void check_rounds(server *srv, agg_thread *t, int64_t now)
         chunk_state *c = &srv->chunks[i];
         char missing[128] = "";
         size_t used = 0;
-        if ((int)c->thread != self || !c->round_deadline || now < c->round_deadline)
+        if ((int)c->thread != self || !c->round_deadline || now < c->round_deadline ||
+            c->shadow) /* (a copy's owner has the deadline) */
             continue;
         for (int w = 0; w < srv->n_workers && used + 8 < sizeof missing; w++)
             if (!c->arrived[w] && server_member(srv, w))
@@ -517,14 +578,44 @@ static void queue_item(agg_thread *t, agg_item *it)
     pthread_mutex_unlock(&t->mu);
 }
 
-psagg_status agg_move(server *srv, chunk_state *c, int move, uint32_t round)
+psagg_status agg_move(server *srv, chunk_state *c, int move, uint32_t round, uint32_t epoch)
 {
     agg_item *it = malloc(sizeof *it); /* (freed by the thread: views are rare) */
     if (!it)
         return psagg__fail(PSAGG_ENOMEM, "moving a chunk");
-    *it = (agg_item){.chunk = c, .move = move, .round = round};
+    *it = (agg_item){.chunk = c, .move = move, .round = round, .epoch = epoch};
     queue_item(&srv->pool.threads[c->thread], it);
     return PSAGG_OK;
+}
+
+/*
+ * A copy (shadow) becomes the owner of its chunk from round `start` (the lowest round whose
+ * update some worker still waits for) in view `epoch`, with the state it has: the same as the
+ * dead owner's after the same rounds. The workers push the rounds from `start` on again to it.
+ * A copy that finished round `start` already owes its update; one that lags goes on with the
+ * pushes on their way to it. Either way no update goes out before every member took the view
+ * (fence_pass): a worker still in the view before would take it for a stranger's.
+ */
+static void take_over_copy(server *srv, chunk_state *c, uint32_t start, uint32_t epoch)
+{
+    if (c->round > start + 1) {
+        server_fail_job(srv, PSAGG_EPROTO,
+                        "tensor '%s' chunk %u: taken over from round %u, but this server's copy "
+                        "is at round %u already",
+                        srv->layout.tensors[c->info->key].name, c->info->index, start, c->round);
+        c->broken = 1;
+        return;
+    }
+    c->shadow = 0;
+    c->standby = 0;
+    c->taken_over = 1;
+    c->fenced = 1;
+    c->fence_epoch = (uint16_t)epoch;
+    c->owes_update = c->round == start + 1;
+    memset(c->repushed, 0, (size_t)srv->n_workers);
+    LOG_INFO(&srv->log,
+             "tensor %u chunk %u: its copy here owns it from round %u (the copy is at round %u)",
+             c->info->key, c->info->index, start, c->round);
 }
 
 /*
@@ -535,6 +626,11 @@ psagg_status agg_move(server *srv, chunk_state *c, int move, uint32_t round)
 static void do_move(server *srv, agg_item *it)
 {
     chunk_state *c = it->chunk;
+    if (c->shadow && it->move == AGG_OWN) {
+        take_over_copy(srv, c, it->round, it->epoch);
+        free(it);
+        return;
+    }
     for (int w = 0; w < srv->n_workers; w++)
         if (c->held && c->held[w])
             release_held(srv, c, w);
@@ -725,6 +821,8 @@ static psagg_status chunk_alloc(server *srv, chunk_state *c)
     c->arrived = arena_alloc(n);
     c->seen = arena_alloc(n * sizeof *c->seen);
     c->held = arena_alloc(n * sizeof *c->held);
+    if (srv->cfg.server_replicas && !(c->repushed = arena_alloc(n)))
+        return psagg__fail(PSAGG_ENOMEM, "buffers of tensor %u chunk %u", ci->key, ci->index);
     c->slots = arena_alloc(n * enc);
     c->sctx[0].to = arena_alloc(2 * n);
     for (int p = 0; p < 2; p++) {
@@ -873,6 +971,11 @@ psagg_status agg_setup(server *srv)
         }
         c = &srv->chunks[slot];
         c->standby = slot >= srv->n_owned || srv->ctl.rejoin;
+        /* a parameter chunk's standby state is a copy that runs every round, unless this
+           server rejoins (it has no state to start from: no view moves such a chunk to it) */
+        c->shadow = c->standby && l->tensors[ci->key].param && !srv->ctl.rejoin;
+        if (c->shadow)
+            atomic_init(&srv->route[i], (int)slot);
         c->info = ci;
         c->codec = l->tensors[ci->key].codec;
         c->enc = ci->enc_bytes;
@@ -988,6 +1091,7 @@ void agg_teardown(server *srv)
         arena_free(c->arrived);
         arena_free(c->seen);
         arena_free(c->held);
+        arena_free(c->repushed);
         arena_free(c->slots);
         arena_free(c->out[0]);
         arena_free(c->out[1]);

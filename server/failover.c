@@ -175,9 +175,9 @@ static const char *view_check(const server *srv, const struct failover *fo, cons
     if (vh.n_moves > vh.n_chunks || len != psagg__view_bytes(vh.n_servers, vh.n_chunks, vh.n_moves))
         return "field n_moves does not match its length";
     for (uint32_t s = 0; s < vh.n_servers; s++) {
-        if (live[s] > 1)
-            return "a live[] byte is neither 0 nor 1";
-        n_live += live[s];
+        if (live[s] > PSAGG_VIEW_LIVE_NEW)
+            return "a live[] byte is none of 0, 1, 2";
+        n_live += live[s] != 0;
     }
     if (!n_live)
         return "no server is live";
@@ -274,13 +274,13 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
             break;
         }
         if (mine) { /* queued before the first push routed to it: it starts at its round */
-            if (agg_move(srv, &srv->chunks[slot], AGG_OWN, start[g]))
+            if (agg_move(srv, &srv->chunks[slot], AGG_OWN, start[g], vh.epoch))
                 break;
             atomic_store(&srv->route[g], slot);
             first = taken++ ? first : start[g];
         } else {
             atomic_store(&srv->route[g], -1);
-            if (agg_move(srv, &srv->chunks[slot], AGG_GIVE_UP, 0))
+            if (agg_move(srv, &srv->chunks[slot], AGG_GIVE_UP, 0, vh.epoch))
                 break;
             given++;
         }
@@ -324,23 +324,27 @@ static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *
     }
     for (uint32_t g = 0; g < n_c; g++) {
         const psagg__chunk_info *ci = &srv->layout.chunks[g];
+        int param = srv->layout.tensors[ci->key].param;
         to[g] = fo->owner[g];
-        if (fo->back >= 0 && ci->owner == (uint32_t)fo->back)
-            to[g] = (uint32_t)fo->back;
+        if (fo->back >= 0 && ci->owner == (uint32_t)fo->back && !param)
+            to[g] = (uint32_t)fo->back; /* (a parameter's state stays where it is) */
         if (fo->lost >= 0 && fo->owner[g] == (uint32_t)fo->lost) {
             int found = -1;
             for (uint32_t d = 0; d <= (uint32_t)srv->cfg.server_replicas && found < 0; d++) {
                 uint32_t s = (ci->owner + d) % n_s;
-                if (s != (uint32_t)fo->lost && fo->live[s] && !fo->suspect[s])
+                /* a parameter chunk goes to a copy: a server live since the start */
+                if (s != (uint32_t)fo->lost && fo->live[s] && !fo->suspect[s] &&
+                    (!param || fo->live[s] == PSAGG_VIEW_LIVE))
                     found = (int)s;
             }
             if (found < 0) {
                 free(to);
                 server_fail_job(srv, PSAGG_EPEER,
                                 "server %d was lost, and with it tensor '%s' chunk %u: its layout "
-                                "owner %u and its %d replica(s) are all gone (or lost too)",
+                                "owner %u and its %d replica(s) are all gone (or lost too%s)",
                                 fo->lost, srv->layout.tensors[ci->key].name, ci->index, ci->owner,
-                                srv->cfg.server_replicas);
+                                srv->cfg.server_replicas,
+                                param ? ", or came back without the parameter's state" : "");
                 return -1;
             }
             to[g] = (uint32_t)found;
@@ -361,7 +365,7 @@ static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *
     if (fo->lost >= 0)
         live[fo->lost] = 0;
     if (fo->back >= 0)
-        live[fo->back] = 1;
+        live[fo->back] = PSAGG_VIEW_LIVE_NEW;
     for (uint32_t g = 0; g < n_c; g++) {
         uint16_t o = (uint16_t)to[g];
         memcpy(v + psagg__view_owners_at(n_s) + (size_t)g * sizeof o, &o, sizeof o);

@@ -156,6 +156,7 @@ static psagg_status param_alloc(server *srv, chunk_state *c)
         return psagg__fail(PSAGG_ENOMEM, "state of tensor %u chunk %u", c->info->key,
                            c->info->index);
     ps->awaiting_init = 1;
+    ps->every_op_counts = srv->cfg.server_replicas > 0;
     {
         uint32_t arrays = 0, round = 0;
         const float *a =
@@ -386,10 +387,18 @@ fail:
     return -1;
 }
 
-/* param_chunk_ops' advances: INIT and PULL do not count a round. */
-static int param_advances(const chunk_state *c)
+/* param_chunk_ops' partial: a GRAD round (INIT and PULL wait for every member). */
+static int param_partial(const chunk_state *c)
 {
     return (c->param->prm.flags & PSAGG_PARAM_KIND_MASK) == PSAGG_PARAM_GRAD;
+}
+
+/* param_chunk_ops' advances: INIT and PULL do not count a round, unless the job has server
+   replicas (then every operation is a round of its own, so that a copy and a new owner tell
+   them apart by round alone: docs/design.md, "Stateful chunks are copied"). */
+static int param_advances(const chunk_state *c)
+{
+    return c->param->every_op_counts || param_partial(c);
 }
 
 const chunk_ops param_chunk_ops = {
@@ -406,7 +415,7 @@ const chunk_ops param_chunk_ops = {
     .settle = param_settle,
     .finish = param_finish,
     .advances = param_advances,
-    .partial = param_advances, /* a GRAD round: the same test */
+    .partial = param_partial,
 };
 
 psagg_status optim_checkpoint(server *srv, char *path, size_t len)

@@ -106,6 +106,7 @@ typedef struct agg_item {
     struct chunk_state *chunk;
     int move;       /* ... or (failover.c: a server view) AGG_OWN or AGG_GIVE_UP the chunk */
     uint32_t round; /* AGG_OWN: the round it starts at here */
+    uint32_t epoch; /* the view's */
 } agg_item;
 enum { AGG_OWN = 1, AGG_GIVE_UP = 2 };
 
@@ -139,6 +140,7 @@ typedef struct param_state {
     float *w, *view, *m1, *m2;
     uint64_t step;       /* optimizer steps taken (Adam's t of the last one) */
     int awaiting_init;   /* no INIT round yet: GRAD and PULL pushes are refused */
+    int every_op_counts; /* [cluster] server_replicas: INIT and PULL count a round too */
     int restored;        /* w, view, m1, m2 and step came from a checkpoint */
     psagg__msg_param prm; /* the trailer of this round's pushes (the first's: check_codec) */
     float *weight;       /* per worker: the weight of its GRAD push this round */
@@ -186,6 +188,19 @@ typedef struct chunk_state {
     int64_t last_push_ns;  /* and its last (the timeline) */
     uint32_t first_worker, last_worker;
     int standby; /* held for a takeover ([cluster] server_replicas); owned once route says so */
+    /* a parameter chunk's copy (standby, [cluster] server_replicas): the workers send it their
+       pushes too, after its owner's; it runs the same rounds (the same fixed-order sum, the
+       same optimizer step: the same state, bit for bit) and sends no update. A push that
+       comes before its round (a copy lags its owner) waits in `ahead` */
+    int shadow;
+    /* a copy that took its chunk over sends no update before every member took the view
+       that moved it here (pushed it with that view's epoch: `repushed`, per worker), since
+       the workers' pushes to the copy came whatever their view; the update of a round that
+       finished meanwhile is owed until then */
+    int fenced;
+    uint16_t fence_epoch;
+    int owes_update;
+    uint8_t *repushed; /* per worker ([cluster] server_replicas), else NULL */
     /* taken over (failover.c): a worker that had the last round's update from the dead owner
        may push the next round before the others pushed this one again; such pushes wait in
        `ahead` (linked by item.next) until the round moves on */
@@ -583,11 +598,12 @@ void agg_stop(server *srv);
 void agg_teardown(server *srv);
 void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb);
 /*
- * A server view moves chunk c (failover.c, the control thread): AGG_OWN it from `round` on,
- * or AGG_GIVE_UP. Its aggregation thread does it in queue order, before any push routed after
- * this call; what c held of an unfinished round is dropped either way. PSAGG_ENOMEM, or 0.
+ * Server view `epoch` moves chunk c (failover.c, the control thread): AGG_OWN it from `round`
+ * on, or AGG_GIVE_UP. Its aggregation thread does it in queue order, before any push routed
+ * after this call; what c held of an unfinished round is dropped either way, but by a copy of
+ * a parameter chunk that takes it over (its state is the owner's). PSAGG_ENOMEM, or 0.
  */
-psagg_status agg_move(server *srv, chunk_state *c, int move, uint32_t round);
+psagg_status agg_move(server *srv, chunk_state *c, int move, uint32_t round, uint32_t epoch);
 /*
  * Wait until every aggregation thread has handled everything queued before this call (the
  * control thread, for a checkpoint): what they wrote before is then visible to the caller.

@@ -442,7 +442,7 @@ psagg_status psagg_get_tensor_round(const psagg_ctx *ctx, uint32_t key, uint32_t
     if (!ctx || !ctx->declared || key >= ctx->n_user || !round)
         return psagg__fail(PSAGG_EINVAL, "psagg_get_tensor_round: key %u is not declared", key);
     pthread_mutex_lock(&c->mu);
-    *round = ctx->tensors[key].round;
+    *round = ctx->tensors[key].round - ctx->tensors[key].pulls;
     pthread_mutex_unlock(&c->mu);
     return PSAGG_OK;
 }

@@ -131,11 +131,14 @@ static void finish_op(comm_state *cs, struct psagg_handle *h, psagg_status statu
         int param = ctx->layout.tensors[h->key].param;
         uint32_t kind = h->prm.flags & PSAGG_PARAM_KIND_MASK;
         ts->op = NULL;
+        int every = ctx->cfg.server_replicas > 0; /* (INIT and PULL count a round too) */
         if (!status && param && kind == PSAGG_PARAM_INIT) { /* the chunks' round */
             ts->inited = 1;
-            ts->round = h->reply_round;
-        } else if (!status && (!param || kind == PSAGG_PARAM_GRAD)) {
-            ts->round++; /* INIT and PULL do not count a round */
+            ts->round = h->reply_round + (uint32_t)every;
+            ts->pulls += (uint32_t)every;
+        } else if (!status && (!param || kind == PSAGG_PARAM_GRAD || every)) {
+            ts->round++; /* INIT and PULL do not count a round, but with server replicas */
+            ts->pulls += (uint32_t)(param && kind != PSAGG_PARAM_GRAD);
         }
     }
     if (!internal)
@@ -243,7 +246,8 @@ static int encode_op(comm_state *cs, struct psagg_handle *h)
 static int schedule(comm_state *cs)
 {
     psagg_ctx *ctx = cs->ctx;
-    int waiting = failover_resend(ctx); /* first: the rounds a moved chunk's new owner needs */
+    /* first: the rounds a moved chunk's new owner needs, then the copies waiting */
+    int waiting = failover_resend(ctx) | failover_send_copies(ctx);
 
     for (uint32_t i = 0; i < cs->n_active; i++) {
         struct psagg_handle *h = cs->active[i];
@@ -289,6 +293,8 @@ static int schedule(comm_state *cs)
                 psagg__node_seal(&ctx->node, &sc->push_key, ++sc->push_seq, pb->buf, len);
             pb->send_pending = 1;
             pb->to = owner;
+            pb->sent_to = 0;
+            failover_pushed(ctx, pb, g);
             st = psagg__fabric_try_send(ctx->fab, sc->addr, pb->buf, len + ctx->tag_bytes, pb->desc,
                                         pb);
             if (st == PSAGG_EAGAIN) { /* the provider's queue is full: after the next poll */
@@ -386,10 +392,11 @@ static void check_deadlines(comm_state *cs)
 /* A push's send completed (or failed): its buffer and its window slot are free again. */
 static void push_sent(psagg_ctx *ctx, push_buf *pb)
 {
-    if (!pb || !pb->send_pending)
+    if (!pb || pb->send_pending != 1)
         return;
     pb->send_pending = 0;
     ctx->servers[pb->to].inflight--;
+    failover_copy(ctx, pb); /* (a parameter chunk's push goes on to its copies) */
 }
 
 /*

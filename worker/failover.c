@@ -50,6 +50,9 @@ struct psagg__failover {
     uint32_t *resend_from; /* per chunk: the round from which to push again, UINT32_MAX: none */
     uint32_t *prev_owner;  /* per chunk: its owner before the view that moved it last */
     uint8_t *held;         /* per chunk: its pushes wait for the next view (a hold) */
+    uint8_t *fresh;        /* per server: it came back without parameter state (PSAGG_VIEW_LIVE_NEW) */
+    push_buf **copyq;      /* parameter pushes waiting for room to go to a copy (send_pending 2) */
+    uint32_t n_copyq;
     int resends;           /* chunks with one */
     uint64_t dropped;      /* updates of rounds applied already, dropped */
     psagg__ctl_declare *decl; /* the declaration, for a server that rejoins */
@@ -77,9 +80,11 @@ psagg_status failover_setup(psagg_ctx *ctx, const psagg__ctl_declare *d, size_t 
     fo->resend_from = malloc(n * sizeof *fo->resend_from);
     fo->prev_owner = malloc(n * sizeof *fo->prev_owner);
     fo->held = calloc(n, 1);
+    fo->fresh = calloc(n_s, 1);
+    fo->copyq = calloc(2 * (size_t)n, sizeof *fo->copyq);
     fo->decl = malloc(bytes);
     if (!fo->state || !fo->next || !fo->cfd || !fo->addr || !fo->resend_from || !fo->prev_owner ||
-        !fo->held || !fo->decl) {
+        !fo->held || !fo->fresh || !fo->copyq || !fo->decl) {
         failover_free(ctx);
         return psagg__fail(PSAGG_ENOMEM, "the server views");
     }
@@ -111,6 +116,8 @@ void failover_free(psagg_ctx *ctx)
     free(fo->resend_from);
     free(fo->prev_owner);
     free(fo->held);
+    free(fo->fresh);
+    free(fo->copyq);
     free(fo->decl);
     free(fo);
     ctx->failover = NULL;
@@ -227,10 +234,16 @@ static const char *view_bad(const psagg_ctx *ctx, const uint8_t *v, uint32_t len
         vh->n_moves > vh->n_chunks ||
         len != psagg__view_bytes(vh->n_servers, vh->n_chunks, vh->n_moves))
         return "fields n_servers, n_chunks, n_moves do not match the job or its length";
+    for (uint32_t s = 0; s < vh->n_servers; s++)
+        if (live[s] > PSAGG_VIEW_LIVE_NEW)
+            return "a live[] byte is none of 0, 1, 2";
     for (uint32_t g = 0; g < vh->n_chunks; g++) {
         uint32_t o = psagg__view_owner(v, vh->n_servers, g);
-        if (o >= vh->n_servers || !live[o])
-            return "a chunk's owner is not a live server";
+        if (o >= vh->n_servers || !live[o] ||
+            (ctx->layout.tensors[ctx->layout.chunks[g].key].param &&
+             live[o] != PSAGG_VIEW_LIVE))
+            return "a chunk's owner is not a live server (a parameter chunk's: one live since "
+                   "the start)";
     }
     for (uint32_t i = 0; i < vh->n_moves; i++)
         if (psagg__view_move_at(v, vh->n_servers, vh->n_chunks, i).chunk >= vh->n_chunks)
@@ -272,6 +285,7 @@ static void take_view(psagg_ctx *ctx, int from, const uint8_t *v, uint32_t len)
     pthread_mutex_unlock(&ctx->mu);
     for (int s = 0; s < ctx->cfg.n_servers; s++) {
         uint8_t *st = &fo->state[s];
+        fo->fresh[s] = live[s] == PSAGG_VIEW_LIVE_NEW;
         if (live[s] && (*st == S_BACK || *st == S_HOLDING)) { /* admitted */
             *st = S_IN;
             ctx->servers[s].heard_at = now;
@@ -384,8 +398,9 @@ void failover_back(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, const void *b
     if (sl.epoch != ctx->epoch || coordinator(ctx, -1) != s)
         return; /* (an ask of a view gone by) */
     /* from now until the next view, no push of its chunks goes to their owner of this one */
-    for (uint32_t g = 0; g < ctx->layout.n_chunks; g++)
-        if (ctx->layout.chunks[g].owner == sl.server && ctx->owner[g] != sl.server) {
+    for (uint32_t g = 0; g < ctx->layout.n_chunks; g++) /* (a parameter's stays: no move) */
+        if (ctx->layout.chunks[g].owner == sl.server && ctx->owner[g] != sl.server &&
+            !ctx->layout.tensors[ctx->layout.chunks[g].key].param) {
             fo->held[g] = 1;
             n++;
         }
@@ -516,6 +531,7 @@ int failover_resend(psagg_ctx *ctx)
                 psagg__node_seal(&ctx->node, &sc->push_key, ++sc->push_seq, pb->buf, len);
             pb->send_pending = 1;
             pb->to = chunk_owner(ctx, g);
+            failover_pushed(ctx, pb, g);
             st = psagg__fabric_try_send(ctx->fab, sc->addr, pb->buf, len + ctx->tag_bytes, pb->desc,
                                         pb);
             if (st == PSAGG_EAGAIN) {
@@ -541,6 +557,104 @@ int failover_resend(psagg_ctx *ctx)
         }
     }
     return waiting;
+}
+
+/* Server s's offset on the ring from chunk g's layout owner. */
+static uint32_t ring_offset(const psagg_ctx *ctx, uint32_t g, uint32_t s)
+{
+    uint32_t n = (uint32_t)ctx->cfg.n_servers;
+    return (s + n - ctx->layout.chunks[g].owner) % n;
+}
+
+void failover_pushed(psagg_ctx *ctx, push_buf *pb, uint32_t g)
+{
+    if (ctx->failover)
+        pb->sent_to |= UINT64_C(1) << ring_offset(ctx, g, chunk_owner(ctx, g));
+}
+
+/*
+ * The next server that pb's push of parameter chunk g goes to: a copy of the chunk (one of
+ * the server_replicas servers after its layout owner, in this view since the start, not lost
+ * here, not its owner) that it has not gone to, or -1.
+ */
+static int next_copy(const psagg_ctx *ctx, const push_buf *pb, uint32_t g)
+{
+    const struct psagg__failover *fo = ctx->failover;
+    uint32_t n = (uint32_t)ctx->cfg.n_servers;
+    if (!ctx->layout.tensors[ctx->layout.chunks[g].key].param)
+        return -1;
+    for (uint32_t d = 0; d <= (uint32_t)ctx->cfg.server_replicas; d++) {
+        uint32_t s = (ctx->layout.chunks[g].owner + d) % n;
+        if (s != chunk_owner(ctx, g) && fo->state[s] == S_IN && !fo->fresh[s] &&
+            !(pb->sent_to & (UINT64_C(1) << d)))
+            return (int)s;
+    }
+    return -1;
+}
+
+/* The chunk whose push buffer pb is (chunk_buf: two by round parity). */
+static uint32_t push_chunk(const psagg_ctx *ctx, const push_buf *pb)
+{
+    return (uint32_t)((pb - &ctx->chunks[0].p[0]) / 2);
+}
+
+/*
+ * Send pb's push on to its next copies, until one send is under way (1) or must wait for room
+ * (send_pending 2, in copyq: 2), or none is left (0). A copy a send fails to is lost here.
+ */
+static int copy_step(psagg_ctx *ctx, push_buf *pb)
+{
+    uint32_t g = push_chunk(ctx, pb);
+    psagg__msg_hdr *mh = (psagg__msg_hdr *)pb->buf;
+    size_t len = sizeof *mh + mh->len;
+    int s;
+    while (!worker_failed(ctx) && (s = next_copy(ctx, pb, g)) >= 0) {
+        server_conn *sc = &ctx->servers[s];
+        psagg_status st = PSAGG_EAGAIN;
+        if (sc->inflight < ctx->cfg.max_inflight) {
+            mh->epoch = (uint16_t)ctx->epoch;
+            if (ctx->tag_bytes)
+                psagg__node_seal(&ctx->node, &sc->push_key, ++sc->push_seq, pb->buf, len);
+            pb->to = (uint32_t)s;
+            st = psagg__fabric_try_send(ctx->fab, sc->addr, pb->buf, len + ctx->tag_bytes, pb->desc,
+                                        pb);
+        }
+        if (st == PSAGG_EAGAIN) {
+            pb->send_pending = 2;
+            return 2;
+        }
+        pb->sent_to |= UINT64_C(1) << ring_offset(ctx, g, (uint32_t)s);
+        if (st) {
+            failover_server_lost(ctx, s, psagg_last_error());
+            continue;
+        }
+        pb->send_pending = 1;
+        sc->inflight++;
+        atomic_fetch_add(&ctx->bytes_sent, len);
+        return 1;
+    }
+    pb->send_pending = 0;
+    return 0;
+}
+
+void failover_copy(psagg_ctx *ctx, push_buf *pb)
+{
+    struct psagg__failover *fo = ctx->failover;
+    if (fo && copy_step(ctx, pb) == 2)
+        fo->copyq[fo->n_copyq++] = pb;
+}
+
+int failover_send_copies(psagg_ctx *ctx)
+{
+    struct psagg__failover *fo = ctx->failover;
+    uint32_t kept = 0;
+    if (!fo)
+        return 0;
+    for (uint32_t i = 0; i < fo->n_copyq; i++)
+        if (copy_step(ctx, fo->copyq[i]) == 2)
+            fo->copyq[kept++] = fo->copyq[i];
+    fo->n_copyq = kept;
+    return kept > 0;
 }
 
 int failover_stale_update(psagg_ctx *ctx, const psagg__msg_hdr *mh, int from)

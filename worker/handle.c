@@ -79,6 +79,7 @@ static psagg_status handle_claim(psagg_ctx *ctx, struct psagg_handle *h, const c
             h->prm.weight = ts->weight;
         }
         h->round = ti->param && kind == PSAGG_PARAM_INIT ? 0 : ts->round;
+        h->step = h->round - (h->round ? ts->pulls : 0);
         h->seq = ctx->next_seq++;
         ts->op = h;
     }

@@ -135,8 +135,12 @@ typedef struct server_conn {
 typedef struct push_buf {
     uint8_t *buf;
     void *desc;
-    int send_pending; /* comm thread only */
+    int send_pending; /* comm thread only: 1 a send in flight, 2 one waiting for a copy's window */
     uint32_t to;      /* the server its pending send goes to (its window) */
+    /* a parameter chunk's push with server replicas: the servers it went to, as bits of their
+       offset on the ring from the chunk's layout owner (failover.c: its owner, then its
+       copies, one after the other) */
+    uint64_t sent_to;
 } push_buf;
 
 /*
@@ -157,6 +161,8 @@ typedef struct tensor_state {
     float *carry;    /* [server] quorum, no residual: pushes left out of their round, or NULL */
     int carry_live;  /* carry holds some: the next encode adds it, then clears it */
     uint32_t round;  /* round of the next push_pull */
+    uint32_t pulls;  /* a parameter's INIT and PULL, which count a round with server replicas
+                        (psagg_get_tensor_round says round - pulls: the optimizer's step) */
     struct psagg_handle *op; /* the push_pull in flight, or NULL */
     int inited;              /* a parameter's psagg_param_init completed */
     float lr, weight_decay;  /* psagg_set_lr (guarded by ctx->mu) */
@@ -175,6 +181,7 @@ struct psagg_handle {
     int priority;
     uint64_t seq;
     uint32_t round;
+    uint32_t step;        /* round less the tensor's pulls (tensor_state): the encode's RNG round */
     psagg_codec codec;    /* this round's codec: the declared one, or its assignment's */
     psagg__msg_param prm; /* a parameter's push trailer: kind, lr, weight decay, flags */
     uint32_t reply_round; /* INIT: the chunks' round the WEIGHTS said (reply_set: one came) */
@@ -385,6 +392,10 @@ psagg_status membership_take(psagg_ctx *ctx, const psagg__ctl_hdr *h, const void
  * after a view moved its chunk, or the old owner's); held whether chunk g's pushes wait for
  * the next view; lost whether server s is lost or out of the view; waits_ready whether this
  * worker waits for server s's READY (its silence is then no loss).
+ * A parameter chunk's push goes to its owner, then to its copies, one send after the other
+ * (each sealed for its server): pushed records that pb (of chunk g) went to g's owner, copy
+ * sends pb's next copy once its send before is done (push_sent), send_copies sends the copies
+ * that waited for room (1 while some wait).
  */
 psagg_status failover_setup(psagg_ctx *ctx, const psagg__ctl_declare *d, size_t bytes);
 void failover_free(psagg_ctx *ctx);
@@ -394,6 +405,9 @@ void failover_back(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, const void *b
 int failover_ready(psagg_ctx *ctx, int s);
 void failover_tick(psagg_ctx *ctx, int64_t now);
 int failover_resend(psagg_ctx *ctx);
+void failover_pushed(psagg_ctx *ctx, push_buf *pb, uint32_t g);
+void failover_copy(psagg_ctx *ctx, push_buf *pb);
+int failover_send_copies(psagg_ctx *ctx);
 int failover_stale_update(psagg_ctx *ctx, const psagg__msg_hdr *mh, int from);
 int failover_held(const psagg_ctx *ctx, uint32_t g);
 int failover_lost(const psagg_ctx *ctx, int s);

@@ -483,6 +483,11 @@ static psagg_status check_replicas(const struct load_state *st)
                            "%s: [cluster] server_replicas = %d needs more than %d servers (a "
                            "chunk's owner and its replicas are different servers)",
                            where, cfg->server_replicas, cfg->n_servers);
+    if (cfg->server_replicas > 63)
+        return psagg__fail(PSAGG_ECONFIG,
+                           "%s: [cluster] server_replicas = %d: at most 63 (a worker records "
+                           "which of a chunk's servers a push went to in 64 bits)",
+                           where, cfg->server_replicas);
     if (cfg->server_error_feedback)
         return psagg__fail(PSAGG_ECONFIG,
                            "%s: [cluster] server_replicas does not work with [server] "

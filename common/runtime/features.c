@@ -82,9 +82,11 @@ const psagg__combo psagg__combos[] = {
     {PSAGG_F_REPLICAS, PSAGG_F_QUORUM, 1,
      "a round closed without a worker cannot be summed again from the pushes the workers keep "
      "(the carried pushes differ)"},
-    {PSAGG_F_REPLICAS, PSAGG_F_OPTIMIZER, 1,
-     "a parameter chunk's weights and optimizer state must be copied to its replicas every "
-     "round, which is not built"},
+    {PSAGG_F_REPLICAS, PSAGG_F_OPTIMIZER, 0,
+     "the workers push a parameter chunk to its owner and to its copies, which run the same "
+     "rounds (the same weights, optimizer state and update bytes); a copy takes over a dead "
+     "owner's chunk; a server that comes back owns and copies no parameter chunk (its state "
+     "is not sent to it)"},
     {PSAGG_F_REPLICAS, PSAGG_F_CHECKPOINT, 1,
      "a checkpoint of chunks that moved to another server is not built"},
     {PSAGG_F_REPLICAS, PSAGG_F_ADAPTIVE, 1,

@@ -129,7 +129,12 @@
  *         field is the chunk's round (0, or the checkpoint's): the workers go on from there.
  *   PULL  no body; `round` is the chunk's round. When all are in, WEIGHTS of the exact master
  *         weights; with PSAGG_PARAM_SYNC the workers hold them from then on.
- *   INIT and PULL do not count a round.
+ *   INIT and PULL do not count a round, unless the job has [cluster] server_replicas: then
+ *   every operation counts one (the worker's psagg_get_tensor_round still counts steps).
+ *   With server replicas a worker sends each push of a parameter chunk to the chunk's owner
+ *   and then, sealed again for each, to its copies: the servers live since the start among
+ *   the R after its layout owner on the ring (a view's PSAGG_VIEW_LIVE), which run the same
+ *   rounds and send nothing.
  *
  * SAME-HOST COPIES (runtime/transport.h; [cluster] local_copy)
  *   HELLO and WELCOME offer the sender's pid, the address in its memory of a random secret
@@ -174,8 +179,12 @@
  *     header's epoch is the view's in such a job
  * 16: servers that rejoin: HELLO's PSAGG_HELLO_REJOIN, SERVER_BACK; a view carries every
  *     chunk's owner (a server that rejoins takes the whole view from it)
+ * 17: parameter chunks with server replicas: a worker pushes a parameter chunk to its owner,
+ *     then to each of its copies (the other servers of the view that hold its state); every
+ *     parameter operation (INIT, PULL too) counts a round; a view's live[] byte 2 (a server
+ *     that came back without parameter state)
  */
-#define PSAGG_PROTO_VERSION 16
+#define PSAGG_PROTO_VERSION 17
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64
@@ -382,7 +391,9 @@ _Static_assert(sizeof(psagg__ctl_membership) == 256, "psagg__ctl_membership layo
  *   worker -> the coordinator phase 1 with `rounds`: held; then the coordinator proposes the
  *                         view with the server live and those chunks moved back to it, from the
  *                         lowest round reported. A new view (this one or another) ends the hold.
- * A view (the value): psagg__view_hdr, n_servers bytes live[] (1: live) padded to 4, n_chunks
+ * A view (the value): psagg__view_hdr, n_servers bytes live[] (0: out; PSAGG_VIEW_LIVE: live
+ * since the job started; PSAGG_VIEW_LIVE_NEW: live, but it came back into the job, without
+ * the state of the parameter chunks it held: it owns and copies none) padded to 4, n_chunks
  * u16 owner[] (every chunk's owner in this epoch) padded to 4, then n_moves x
  * psagg__view_move: the chunks whose owner changed in this epoch, each with the round its new
  * owner starts at (the lowest next-update round any worker reported).
@@ -404,6 +415,8 @@ typedef struct psagg__ctl_agree {
     uint32_t pad;
 } psagg__ctl_agree;
 _Static_assert(sizeof(psagg__ctl_agree) == 32, "psagg__ctl_agree layout");
+
+enum { PSAGG_VIEW_LIVE = 1, PSAGG_VIEW_LIVE_NEW = 2 }; /* a view's live[] bytes (above) */
 
 typedef struct psagg__view_hdr {
     uint32_t epoch;

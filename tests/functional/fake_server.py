@@ -5,11 +5,22 @@ HELLO, answers WELCOME) but cannot make the WELCOME's token (runtime/auth.h), wh
 with random bytes. A worker must never take it for the server (test_server_failover.sh,
 back1-impostor). Prints "HELLO from worker R" per HELLO read; runs until killed."""
 import os
+import re
 import socket
 import struct
 import sys
 
-MAGIC, VERSION = 0x43475350, 16
+
+def proto_version():
+    """PSAGG_PROTO_VERSION as common/runtime/wire.h defines it (a stale one would be refused
+    for its version, never reaching the token)."""
+    wire = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "common",
+                        "runtime", "wire.h")
+    with open(wire) as fh:
+        return int(re.search(r"#define\s+PSAGG_PROTO_VERSION\s+([0-9]+)", fh.read()).group(1))
+
+
+MAGIC, VERSION = 0x43475350, proto_version()
 HELLO, WELCOME, CHALLENGE = 1, 2, 11
 WELCOME_BYTES = 432  # sizeof(psagg__ctl_welcome)
 

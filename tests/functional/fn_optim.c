@@ -19,7 +19,8 @@
  * between them and the weights trained with, and pulls again with sync.
  *
  * --checkpoint-at C: worker 0 asks for a checkpoint after step C (with --checkpoint-all every
- * worker does: a job with [server] quorum). --stop-after S: after step
+ * worker does: a job with [server] quorum). --step-sleep-ms MS: print STEP n after each step and
+ * sleep MS (a job slow enough to kill a server in). --stop-after S: after step
  * S print STOPPED and wait to be killed. --resume: the servers resumed from a checkpoint;
  * the reference replays the steps before the round psagg_param_init reports. --lr-scale: this
  * worker's learning rate times X (a worker that disagrees: the job must fail).
@@ -135,7 +136,7 @@ static void same(const float *got, const float *want, uint64_t n, const char *wh
 int main(int argc, char **argv)
 {
     uint32_t steps = argc > 1 ? (uint32_t)atoi(argv[1]) : 10, ckpt_at = 0, stop_after = 0, start;
-    int ckpt_all = 0;
+    int ckpt_all = 0, step_sleep_ms = 0;
     int resume = 0, rank, world;
     float lr_scale = 1.0f;
     const char *codec_text = getenv("FN_OPTIM_CODEC") ? getenv("FN_OPTIM_CODEC") : "fp32";
@@ -161,9 +162,11 @@ int main(int argc, char **argv)
             ckpt_all = 1;
         else if (!strcmp(argv[a], "--lr-scale") && a + 1 < argc)
             lr_scale = strtof(argv[++a], NULL);
+        else if (!strcmp(argv[a], "--step-sleep-ms") && a + 1 < argc)
+            step_sleep_ms = atoi(argv[++a]);
         else
             FAIL("usage: fn_optim STEPS [--checkpoint-at C] [--checkpoint-all] [--stop-after S] "
-                 "[--resume] [--lr-scale X]");
+                 "[--resume] [--lr-scale X] [--step-sleep-ms MS]");
     }
     if (psagg_codec_parse(codec_text, &codec) || psagg__codec_check(&codec))
         FAIL("FN_OPTIM_CODEC '%s'", codec_text);
@@ -281,6 +284,11 @@ int main(int argc, char **argv)
                 FAIL("psagg_checkpoint: %s", psagg_last_error());
             printf("CHECKPOINT after step %u\n", s);
             fflush(stdout);
+        }
+        if (step_sleep_ms) { /* (a job slow enough to kill a server in: test_server_failover) */
+            printf("STEP %u\n", s + 1);
+            fflush(stdout);
+            usleep((useconds_t)step_sleep_ms * 1000);
         }
         if (stop_after == s + 1) {
             printf("STOPPED after step %u\n", s);

@@ -37,7 +37,9 @@ build=$1
 . "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
 reserve_ports 3 "${2:-}"
 worker_bin=$build/tests/functional/fn_worker
+optim_bin=$build/tests/functional/fn_optim
 rounds=300
+mark=ROUND # (what a worker prints as it starts round n: fn_worker ROUND n, fn_optim STEP n)
 head -c 32 /dev/urandom | base64 >"$tmp/secret"
 chmod 600 "$tmp/secret"
 
@@ -54,13 +56,18 @@ run() {
         cluster.server_replicas="$replicas" cluster.op_timeout_ms=3000 log.level=info "$@"
     start_servers "$tmp/$name.ini" "$n_s" "$name-"
     for w in 0 1 2; do
-        start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
-            "$worker_bin" --codec "$codec" --sizes 1,1023,4096,50000,7000 --rounds $rounds \
-            --progress ${slow[@]+"${slow[@]}"}
+        if [ -n "${optim:-}" ]; then # parameter chunks: fn_optim (prints STEP n)
+            start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
+                FN_OPTIM_CODEC="$codec" "$optim_bin" "$steps" --step-sleep-ms "${round_sleep:-3}"
+        else
+            start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
+                "$worker_bin" --codec "$codec" --sizes 1,1023,4096,50000,7000 --rounds $rounds \
+                --progress ${slow[@]+"${slow[@]}"}
+        fi
     done
     [ -n "${events:-}" ] && kill_and_return "$name" "$n_s" $events
     if [[ $victim != -1 ]]; then # (S, or S+T: two at once)
-        wait_until 60 grep -qs "^ROUND $round\$" "$tmp/$name-worker0.log" ||
+        wait_until 60 grep -qs "^$mark $round\$" "$tmp/$name-worker0.log" ||
             fail "$name: worker 0 never reached round $round"
         sleep "0.00$delay"
         for w in ${victim//+/ }; do kill -"$sig" "${spid[$w]}"; done
@@ -82,7 +89,7 @@ kill_and_return() {
     while (($#)); do
         s=$1 r=$2
         shift 2
-        wait_until 60 grep -qs "^ROUND $r\$" "$tmp/$name-worker0.log" ||
+        wait_until 60 grep -qs "^$mark $r\$" "$tmp/$name-worker0.log" ||
             fail "$name: worker 0 never reached round $r"
         if [[ $s == x* || $s == f* ]]; then # on server ${s#?}'s port while it is out, x: a
             # psagg-server with another secret, f: a process without it (fake_server.py)
@@ -119,6 +126,7 @@ kill_and_return() {
             out[$s]=1
         fi
         view=$((view + 1))
+        (($# == 0)) && [ -n "${last_fails:-}" ] && break # (no view can follow the last kill)
         for w in 0 1 2; do
             wait_until 60 grep -q "server view $view:" "$tmp/$name-worker$w.log" ||
                 fail "$name: worker $w never took view $view"
@@ -251,6 +259,75 @@ for w in 0 1 2; do
 done
 echo "over: every worker failed naming the chunk: $(grep -ho "server [12] was lost, and with it[^(]*" "$tmp/over-worker0.log" | head -1)"
 stop_all
+
+# Parameter chunks ([server] optimizer; fn_optim: four parameters and a plain tensor, checked
+# bit for bit against its own reference of the servers' arithmetic after every step, and the
+# master weights pulled at the end): a copy of each parameter chunk runs every round on the
+# next server, and takes the chunk over with the dead owner's weights and optimizer state.
+optim=1 mark=STEP steps=300
+optim_keys=(server.optimizer=sgd server.momentum=0.9 server.nesterov=on server.sync_interval=3
+    server.threads=2 worker.chunk_bytes=16384)
+for cfg in "2 1" "2 0" "3 2"; do
+    set -- $cfg
+    run "optim-ref-$1-r$2" "$1" maxmin4/512 "$2" -1 KILL 0 0 "${optim_keys[@]}"
+    for w in 0 1 2; do
+        ((rc[w] == 0)) || fail "optim-ref-$1-r$2: worker $w exited ${rc[w]} without a death"
+        grep -q '^OPTIM-EXACT' "$tmp/optim-ref-$1-r$2-worker$w.log" || fail "optim-ref-$1-r$2: worker $w not exact"
+    done
+    ref[optim-$1-r$2]=$(digest_of "optim-ref-$1-r$2")
+    stop_all
+done
+[ "${ref[optim-2-r1]}" = "${ref[optim-2-r0]}" ] ||
+    fail "optim: server_replicas = 1 changes the weights (${ref[optim-2-r1]}, without: ${ref[optim-2-r0]})"
+echo "optim uninterrupted: 2 servers ${ref[optim-2-r1]} (the same with server_replicas = 0)," \
+    "3 servers ${ref[optim-3-r2]}"
+
+# optim_survive NAME SERVERS REPLICAS VICTIM SIGNAL STEP DELAY_MS: the job goes on, exact, and
+# ends bit-identical to the uninterrupted run; the copies that took over say so
+optim_survive() {
+    local name=$1 n_s=$2 r=$3 w d
+    run "$name" "$n_s" maxmin4/512 "$r" "${@:4}" "${optim_keys[@]}"
+    for w in 0 1 2; do
+        ((rc[w] == 0)) || fail "$name: worker $w exited ${rc[w]} after server $4's death"
+        grep -q '^OPTIM-EXACT' "$tmp/$name-worker$w.log" || fail "$name: worker $w not exact"
+        grep -q "server view 1:" "$tmp/$name-worker$w.log" || fail "$name: worker $w never took view 1"
+    done
+    d=$(digest_of "$name")
+    [ "$d" = "${ref[optim-$n_s-r$r]}" ] || fail "$name: digest $d, the uninterrupted run's ${ref[optim-$n_s-r$r]}"
+    grep -q "its copy here owns it from round" "$tmp/$name"-server*.log ||
+        fail "$name: no copy says it took a parameter chunk over"
+    echo "$name: server $4 SIG$5 at step $6 + $7 ms: every worker exact and bit-identical ($d);" \
+        "$(grep -h "its copy here owns it" "$tmp/$name"-server*.log | wc -l) parameter chunks taken" \
+        "over by their copies; $(grep -h "sent once every worker took the view" "$tmp/$name"-server*.log |
+            wc -l) of them had finished a round whose update the workers still waited for"
+    stop_all
+}
+optim_survive optim-kill1 2 1 1 KILL 60 2
+optim_survive optim-kill0 2 1 0 KILL 110 1
+optim_survive optim-stop1 2 1 1 STOP 80 0
+optim_survive optim-two-0-1 3 2 0+1 KILL 70 3
+
+# a server that comes back owns and copies no parameter chunk (its state is not sent to it):
+# server 1 killed and back, the job goes on bit-identical; then server 0 killed: its parameter
+# chunks have no copy left, and the job fails naming one
+events="1 30 1 60" round_sleep=8 run optim-back1 2 maxmin4/512 1 -1 KILL 0 0 "${optim_keys[@]}"
+for w in 0 1 2; do ((rc[w] == 0)) || fail "optim-back1: worker $w exited ${rc[w]}"; done
+d=$(digest_of optim-back1)
+[ "$d" = "${ref[optim-2-r1]}" ] || fail "optim-back1: digest $d, the uninterrupted run's ${ref[optim-2-r1]}"
+echo "optim-back1: server 1 killed and back: bit-identical ($d); its parameter chunks stay on server 0"
+stop_all
+events="1 30 1 60 0 120" last_fails=1 round_sleep=8 run optim-back1-kill0 2 maxmin4/512 1 -1 KILL 0 0 \
+    "${optim_keys[@]}"
+for w in 0 1 2; do
+    ((rc[w] != 0)) || fail "optim-back1-kill0: worker $w exited 0 without its parameter chunks' state"
+    grep -q "server 0 was lost, and with it tensor 'p[0-9]' chunk [0-9]*: .*came back without the parameter's state" \
+        "$tmp/optim-back1-kill0-worker$w.log" || fail "optim-back1-kill0: worker $w's failure does not name the parameter chunk"
+done
+echo "optim-back1-kill0: every worker failed naming the chunk: $(grep -ho "server 0 was lost, and with it[^;]*" \
+    "$tmp/optim-back1-kill0-worker0.log" | head -1)"
+stop_all
+unset optim
+mark=ROUND
 
 # server_replicas = 0: today's fail-fast, naming the server
 run r0 2 fp32 0 1 KILL 40 0

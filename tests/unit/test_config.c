@@ -289,8 +289,13 @@ static void test_replicas(void)
                  "server_replicas", "error_feedback = on");
     EXPECT_ERROR(TWO_SERVERS "server_replicas = 1\nelastic = on\n", 5, "[cluster] server_replicas",
                  "does not work with [cluster] elastic = on yet");
-    EXPECT_ERROR(TWO_SERVERS "server_replicas = 1\n[server]\noptimizer = sgd\n", 5,
-                 "[cluster] server_replicas", "[server] optimizer", "copied to its replicas");
+    CHECK(psagg__config_load(write_ini(TWO_SERVERS "server_replicas = 1\n[server]\noptimizer = "
+                                                   "sgd\n"),
+                             &cfg) == PSAGG_OK,
+          "server_replicas with [server] optimizer (copies of parameter chunks): %s",
+          psagg_last_error());
+    EXPECT_ERROR(TWO_SERVERS "server_replicas = 1\n[codec]\nadaptive = on\n", 5,
+                 "[cluster] server_replicas", "[codec] adaptive");
 }
 
 /* data_auth = auto (the default): on with a secret_file, off without; on and off as said. */
