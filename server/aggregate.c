@@ -124,7 +124,8 @@ static void round_reset(server *srv, chunk_state *c)
 /* Seal out[p] (its first len bytes) and queue it to every member. */
 static void send_update(server *srv, chunk_state *c, int p, size_t len)
 {
-    int to = 0; /* the members now get it (a leaver's push may be in it all the same) */
+    /* the members now get it (a leaver's push may be in it all the same) */
+    int to = 0;
     if (srv->tag_bytes) /* one seal: every worker gets the same bytes (runtime/auth.h) */
         psagg__node_seal(&srv->node, &srv->pool.update_key,
                          atomic_fetch_add(&srv->pool.update_seq, 1) + 1, c->out[p], len);
@@ -329,7 +330,7 @@ const chunk_sum_ops cpu_sum_ops = {
 
 /* How far a push may come before its round and wait (a copy lags, a takeover sums a round
    again): rounds ahead, and pushes per worker of the job. */
-#define AHEAD_ROUNDS 4
+#define AHEAD_ROUNDS     4
 #define AHEAD_PER_WORKER 4
 
 /*

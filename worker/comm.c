@@ -131,7 +131,8 @@ static void finish_op(comm_state *cs, struct psagg_handle *h, psagg_status statu
         int param = ctx->layout.tensors[h->key].param;
         uint32_t kind = h->prm.flags & PSAGG_PARAM_KIND_MASK;
         ts->op = NULL;
-        int every = ctx->cfg.server_replicas > 0; /* (INIT and PULL count a round too) */
+        /* with server replicas INIT and PULL count a round too */
+        int every = ctx->cfg.server_replicas > 0;
         if (!status && param && kind == PSAGG_PARAM_INIT) { /* the chunks' round */
             ts->inited = 1;
             ts->round = h->reply_round + (uint32_t)every;

@@ -263,8 +263,8 @@ static psagg_status enqueue_encode(psagg_ctx *ctx, dev_state *g, struct psagg_ha
         goto fail;
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
         const psagg__chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
-        psagg__rng_key key = psagg__rng_chunk_key(
-            ctx->cfg.seed, PSAGG_RNG_WORKER, (uint32_t)ctx->rank, ci->key, ci->index, h->step);
+        psagg__rng_key key = psagg__rng_chunk_key(ctx->cfg.seed, PSAGG_RNG_WORKER,
+                                                  (uint32_t)ctx->rank, ci->key, ci->index, h->step);
         if ((st = ex->encode(&h->codec, h->in + ci->offset,
                              gt->d_residual ? gt->d_residual + ci->offset : NULL, ci->count, key,
                              gt->d_enc + gt->enc_off[c], ci->enc_bytes, &gt->d_err[c], g->stream)))

@@ -50,8 +50,8 @@ struct psagg__failover {
     uint32_t *resend_from; /* per chunk: the round from which to push again, UINT32_MAX: none */
     uint32_t *prev_owner;  /* per chunk: its owner before the view that moved it last */
     uint8_t *held;         /* per chunk: its pushes wait for the next view (a hold) */
-    uint8_t *fresh;        /* per server: it came back without parameter state (PSAGG_VIEW_LIVE_NEW) */
-    push_buf **copyq;      /* parameter pushes waiting for room to go to a copy (send_pending 2) */
+    uint8_t *fresh;   /* per server: it came back without parameter state (PSAGG_VIEW_LIVE_NEW) */
+    push_buf **copyq; /* parameter pushes waiting for room to go to a copy (send_pending 2) */
     uint32_t n_copyq;
     int resends;           /* chunks with one */
     uint64_t dropped;      /* updates of rounds applied already, dropped */
@@ -240,8 +240,7 @@ static const char *view_bad(const psagg_ctx *ctx, const uint8_t *v, uint32_t len
     for (uint32_t g = 0; g < vh->n_chunks; g++) {
         uint32_t o = psagg__view_owner(v, vh->n_servers, g);
         if (o >= vh->n_servers || !live[o] ||
-            (ctx->layout.tensors[ctx->layout.chunks[g].key].param &&
-             live[o] != PSAGG_VIEW_LIVE))
+            (ctx->layout.tensors[ctx->layout.chunks[g].key].param && live[o] != PSAGG_VIEW_LIVE))
             return "a chunk's owner is not a live server (a parameter chunk's: one live since "
                    "the start)";
     }

@@ -25,8 +25,8 @@ static psagg_status host_encode(psagg_ctx *ctx, struct psagg_handle *h)
         const psagg__chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
         uint8_t *payload =
             chunk_push(ctx, ti->first_chunk + c, h->round)->buf + sizeof(psagg__msg_hdr);
-        psagg__rng_key key = psagg__rng_chunk_key(
-            ctx->cfg.seed, PSAGG_RNG_WORKER, (uint32_t)ctx->rank, ci->key, ci->index, h->step);
+        psagg__rng_key key = psagg__rng_chunk_key(ctx->cfg.seed, PSAGG_RNG_WORKER,
+                                                  (uint32_t)ctx->rank, ci->key, ci->index, h->step);
         size_t bad = 0;
         psagg_status st =
             psagg__encode(&h->codec, h->in + ci->offset, res ? res + ci->offset : NULL, ci->count,
