@@ -247,6 +247,43 @@ diloco)
     resume_check diloco-resume torch_diloco_resume.py \
         "optimizer = sgd\nmomentum = 0.9\nnesterov = on" DILOCO-RESUME-HASH 8
     ;;
+server_failover)
+    # [cluster] server_replicas = 1 (2 servers): server 1 (then server 0) SIGKILLed while
+    # train_digits.py trains with the DDP hook (sum chunks: summed again by the other server),
+    # ServerOptimizer and Streaming DiLoCo (parameter chunks: their copies take over with the
+    # weights and the optimizer state); psagg-local goes on without it, every rank ends with
+    # the weights of the same run without the death, bit for bit
+    job_ini "$tmp/fo.ini" 2 4 cluster.job_id="test-failover-$port" cluster.provider=tcp \
+        cluster.connect_timeout_ms=30000 cluster.op_timeout_ms=2000 cluster.server_replicas=1 \
+        codec.default=maxmin4 codec.min_compress_elems=256 server.optimizer=sgd server.momentum=0.9 \
+        server.nesterov=on log.level=warn
+    for v in "psagg 1 --steps 400" "psagg-server 0 --steps 400" "psagg-server 1 --steps 400 --diloco 20 --fragments 2 --delay 1"; do
+        read -r comm srv args <<<"$v"
+        # shellcheck disable=SC2086 # (args: words)
+        "$repo/deploy/psagg-local" --config "$tmp/fo.ini" --timeout 240 -- "$py" "$script" --comm "$comm" $args \
+            >"$tmp/fo-ref.out" 2>&1 || { tail -n 30 "$tmp/fo-ref.out" >&2; fail "$v: the run without a death failed"; }
+        # each rank's weights (DiLoCo's differ by rank: each keeps its local progress)
+        ref=$(grep -o 'PARAMS rank=[0-9] sha256=[0-9a-f]*' "$tmp/fo-ref.out" | sort)
+        [[ $(wc -l <<<"$ref") == 4 ]] || fail "$v: $(wc -l <<<"$ref") ranks of 4 printed their weights without a death"
+        # shellcheck disable=SC2086
+        spawn "$tmp/fo.out" "$repo/deploy/psagg-local" --config "$tmp/fo.ini" --timeout 240 -- "$py" "$script" \
+            --comm "$comm" $args
+        launcher=$h_pid
+        wait_until 120 grep -q "step 150 loss" "$tmp/fo.out" || { kill $launcher; cat "$tmp/fo.out" >&2; fail "$v: training never reached step 150"; }
+        pid=$(pgrep -f -- "psagg-server --config $tmp/fo.ini --rank $srv\$" | head -n 1)
+        [[ -n $pid ]] || { kill $launcher; fail "$v: server $srv not found"; }
+        kill -KILL "$pid"
+        wait_for $launcher 240
+        rc=$?
+        [[ $rc == 0 ]] || { tail -n 30 "$tmp/fo.out" >&2; fail "$v: psagg-local exited $rc after server $srv's death"; }
+        got=$(grep -o 'PARAMS rank=[0-9] sha256=[0-9a-f]*' "$tmp/fo.out" | sort)
+        [[ $got == "$ref" ]] ||
+            { tail -n 30 "$tmp/fo.out" >&2; fail "$v: after server $srv's death the weights are $got; without it $ref"; }
+        grep -q "server view 1:" "$tmp/fo.out" || fail "$v: no worker took server view 1"
+        echo "test_torch: $v: server $srv SIGKILLed at step 150: every rank's weights bit-identical to its" \
+            "own in the run without the death ($(head -c 40 <<<"$ref")...); $(grep -m1 -o 'server view 1: .*' "$tmp/fo.out")"
+    done
+    ;;
 diloco_resume_frag)
     mkdir -p "$tmp/local"
     export FRAGMENTS=2 CKPT_AT=6 LOCAL_DIR=$tmp/local
