@@ -972,9 +972,11 @@ psagg_status agg_setup(server *srv)
         }
         c = &srv->chunks[slot];
         c->standby = slot >= srv->n_owned || srv->ctl.rejoin;
-        /* a parameter chunk's standby state is a copy that runs every round, unless this
-           server rejoins (it has no state to start from: no view moves such a chunk to it) */
-        c->shadow = c->standby && l->tensors[ci->key].param && !srv->ctl.rejoin;
+        /* a stateful chunk's standby state (a parameter's, or any with a server residual) is
+           a copy that runs every round, unless this server rejoins (it has no state to start
+           from: no view moves such a chunk to it) */
+        c->shadow = c->standby && (l->tensors[ci->key].param || srv->cfg.server_error_feedback) &&
+                    !srv->ctl.rejoin;
         if (c->shadow)
             atomic_init(&srv->route[i], (int)slot);
         c->info = ci;

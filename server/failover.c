@@ -324,15 +324,16 @@ static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *
     }
     for (uint32_t g = 0; g < n_c; g++) {
         const psagg__chunk_info *ci = &srv->layout.chunks[g];
-        int param = srv->layout.tensors[ci->key].param;
+        /* a chunk with copies (a parameter's; any with a server residual) */
+        int param = srv->layout.tensors[ci->key].param || srv->cfg.server_error_feedback;
         to[g] = fo->owner[g];
         if (fo->back >= 0 && ci->owner == (uint32_t)fo->back && !param)
-            to[g] = (uint32_t)fo->back; /* (a parameter's state stays where it is) */
+            to[g] = (uint32_t)fo->back; /* (its state stays where it is) */
         if (fo->lost >= 0 && fo->owner[g] == (uint32_t)fo->lost) {
             int found = -1;
             for (uint32_t d = 0; d <= (uint32_t)srv->cfg.server_replicas && found < 0; d++) {
                 uint32_t s = (ci->owner + d) % n_s;
-                /* a parameter chunk goes to a copy: a server live since the start */
+                /* a chunk with copies goes to a copy: a server live since the start */
                 if (s != (uint32_t)fo->lost && fo->live[s] && !fo->suspect[s] &&
                     (!param || fo->live[s] == PSAGG_VIEW_LIVE))
                     found = (int)s;
@@ -344,7 +345,7 @@ static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *
                                 "owner %u and its %d replica(s) are all gone (or lost too%s)",
                                 fo->lost, srv->layout.tensors[ci->key].name, ci->index, ci->owner,
                                 srv->cfg.server_replicas,
-                                param ? ", or came back without the parameter's state" : "");
+                                param ? ", or came back without the chunk's state" : "");
                 return -1;
             }
             to[g] = (uint32_t)found;

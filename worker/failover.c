@@ -222,6 +222,12 @@ int failover_server_lost(psagg_ctx *ctx, int s, const char *why)
     return 1;
 }
 
+/* Whether chunk g has copies: a parameter's, or any when the servers keep a residual. */
+static int has_copies(const psagg_ctx *ctx, uint32_t g)
+{
+    return ctx->server_residual || ctx->layout.tensors[ctx->layout.chunks[g].key].param;
+}
+
 /* Check a decided view's bytes against this job: NULL, or what is wrong. */
 static const char *view_bad(const psagg_ctx *ctx, const uint8_t *v, uint32_t len,
                             psagg__view_hdr *vh)
@@ -239,9 +245,8 @@ static const char *view_bad(const psagg_ctx *ctx, const uint8_t *v, uint32_t len
             return "a live[] byte is none of 0, 1, 2";
     for (uint32_t g = 0; g < vh->n_chunks; g++) {
         uint32_t o = psagg__view_owner(v, vh->n_servers, g);
-        if (o >= vh->n_servers || !live[o] ||
-            (ctx->layout.tensors[ctx->layout.chunks[g].key].param && live[o] != PSAGG_VIEW_LIVE))
-            return "a chunk's owner is not a live server (a parameter chunk's: one live since "
+        if (o >= vh->n_servers || !live[o] || (has_copies(ctx, g) && live[o] != PSAGG_VIEW_LIVE))
+            return "a chunk's owner is not a live server (a chunk with copies: one live since "
                    "the start)";
     }
     for (uint32_t i = 0; i < vh->n_moves; i++)
@@ -397,9 +402,9 @@ void failover_back(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, const void *b
     if (sl.epoch != ctx->epoch || coordinator(ctx, -1) != s)
         return; /* (an ask of a view gone by) */
     /* from now until the next view, no push of its chunks goes to their owner of this one */
-    for (uint32_t g = 0; g < ctx->layout.n_chunks; g++) /* (a parameter's stays: no move) */
+    for (uint32_t g = 0; g < ctx->layout.n_chunks; g++) /* (one with copies stays: no move) */
         if (ctx->layout.chunks[g].owner == sl.server && ctx->owner[g] != sl.server &&
-            !ctx->layout.tensors[ctx->layout.chunks[g].key].param) {
+            !has_copies(ctx, g)) {
             fo->held[g] = 1;
             n++;
         }
@@ -572,7 +577,7 @@ void failover_pushed(psagg_ctx *ctx, push_buf *pb, uint32_t g)
 }
 
 /*
- * The next server that pb's push of parameter chunk g goes to: a copy of the chunk (one of
+ * The next server that pb's push of chunk g (has_copies) goes to: a copy of the chunk (one of
  * the server_replicas servers after its layout owner, in this view since the start, not lost
  * here, not its owner) that it has not gone to, or -1.
  */
@@ -580,7 +585,7 @@ static int next_copy(const psagg_ctx *ctx, const push_buf *pb, uint32_t g)
 {
     const struct psagg__failover *fo = ctx->failover;
     uint32_t n = (uint32_t)ctx->cfg.n_servers;
-    if (!ctx->layout.tensors[ctx->layout.chunks[g].key].param)
+    if (!has_copies(ctx, g))
         return -1;
     for (uint32_t d = 0; d <= (uint32_t)ctx->cfg.server_replicas; d++) {
         uint32_t s = (ctx->layout.chunks[g].owner + d) % n;

@@ -128,7 +128,8 @@ psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char 
                              "%s says it is server %u of %u; this worker's config lists it as "
                              "server %d of %d",
                              peer, w->server_rank, w->n_servers, s, ctx->cfg.n_servers);
-        else if ((w->flags & ~(PSAGG_WELCOME_JOINING | PSAGG_WELCOME_QUORUM)) != flags)
+        else if ((w->flags & ~(PSAGG_WELCOME_JOINING | PSAGG_WELCOME_QUORUM |
+                               PSAGG_WELCOME_RESIDUAL)) != flags)
             st = psagg__fail(PSAGG_ECONFIG, "%s has data_auth %s, this worker %s", peer,
                              w->flags & PSAGG_HELLO_DATA_AUTH ? "on" : "off", flags ? "on" : "off");
         else if (other && !!(w->flags & PSAGG_WELCOME_JOINING) != ctx->joiner)
@@ -142,6 +143,12 @@ psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char 
                              "the same [server] quorum",
                              peer, w->flags & PSAGG_WELCOME_QUORUM ? "on" : "off",
                              ctx->bitmap_bytes ? "on" : "off");
+        else if (other && !!(w->flags & PSAGG_WELCOME_RESIDUAL) != ctx->server_residual)
+            st = psagg__fail(PSAGG_ECONFIG,
+                             "%s runs [server] error_feedback = %s, server 0 %s: start every "
+                             "server with the same [server] error_feedback",
+                             peer, w->flags & PSAGG_WELCOME_RESIDUAL ? "on" : "off",
+                             ctx->server_residual ? "on" : "off");
         else if (strncmp(w->provider, hello.provider, PSAGG_PROVIDER_MAX - 1))
             st = psagg__fail(PSAGG_ECONFIG,
                              "%s opened fabric provider '%.31s', this worker '%.31s': every "
@@ -174,6 +181,7 @@ psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char 
             ctx->optim = w->optim;
             ctx->joiner = !!(w->flags & PSAGG_WELCOME_JOINING);
             ctx->bitmap_bytes = w->flags & PSAGG_WELCOME_QUORUM ? ((size_t)ctx->world + 7) / 8 : 0;
+            ctx->server_residual = !!(w->flags & PSAGG_WELCOME_RESIDUAL);
             if (ctx->joiner)
                 LOG_WARN(&ctx->log,
                          "the job is running: worker %d joins it (admitted at the members' next "

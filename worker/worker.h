@@ -239,6 +239,8 @@ struct psagg_ctx {
 
     uint32_t n_user; /* tensors the user declared (keys below; then internal ones) */
     int keep_pushes; /* two push buffers per chunk (chunk_buf): server_replicas */
+    int server_residual; /* the servers keep a residual (WELCOME): with replicas, every chunk
+                            has copies (failover.c) */
     uint32_t *owner; /* per chunk: the server it is pushed to (chunk_owner; the
                         layout's, until a server view moves it; comm thread) */
     struct psagg__failover *failover; /* [cluster] server_replicas (failover.c), or NULL */

@@ -469,7 +469,7 @@ static psagg_status check_elastic(const struct load_state *st)
     return PSAGG_OK;
 }
 
-/* Servers that fail: fewer replicas than servers, and no server residual (yet). */
+/* Servers that fail: fewer replicas than servers, at most 63. */
 static psagg_status check_replicas(const struct load_state *st)
 {
     const psagg__config *cfg = st->cfg;
@@ -488,12 +488,6 @@ static psagg_status check_replicas(const struct load_state *st)
                            "%s: [cluster] server_replicas = %d: at most 63 (a worker records "
                            "which of a chunk's servers a push went to in 64 bits)",
                            where, cfg->server_replicas);
-    if (cfg->server_error_feedback)
-        return psagg__fail(PSAGG_ECONFIG,
-                           "%s: [cluster] server_replicas does not work with [server] "
-                           "error_feedback = on yet (the residual would have to be copied to "
-                           "the replicas every round)",
-                           where);
     return PSAGG_OK;
 }
 

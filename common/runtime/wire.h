@@ -131,10 +131,11 @@
  *         weights; with PSAGG_PARAM_SYNC the workers hold them from then on.
  *   INIT and PULL do not count a round, unless the job has [cluster] server_replicas: then
  *   every operation counts one (the worker's psagg_get_tensor_round still counts steps).
- *   With server replicas a worker sends each push of a parameter chunk to the chunk's owner
- *   and then, sealed again for each, to its copies: the servers live since the start among
- *   the R after its layout owner on the ring (a view's PSAGG_VIEW_LIVE), which run the same
- *   rounds and send nothing.
+ *   With server replicas a worker sends each push of a parameter chunk (and, when the servers
+ *   keep a residual, PSAGG_WELCOME_RESIDUAL, of every chunk) to the chunk's owner and then,
+ *   sealed again for each, to its copies: the servers live since the start among the R after
+ *   its layout owner on the ring (a view's PSAGG_VIEW_LIVE), which run the same rounds and
+ *   send nothing.
  *
  * SAME-HOST COPIES (runtime/transport.h; [cluster] local_copy)
  *   HELLO and WELCOME offer the sender's pid, the address in its memory of a random secret
@@ -251,6 +252,9 @@ _Static_assert(sizeof(psagg__ctl_challenge) == 16, "psagg__ctl_challenge layout"
 /* WELCOME only: the servers run [server] quorum: every UPDATE and WEIGHTS ends with the
    contributor bitmap (DATA MESSAGES, below) */
 #define PSAGG_WELCOME_QUORUM 0x200u
+/* WELCOME only: the servers keep a residual ([server] error_feedback): with server replicas a
+   worker pushes every chunk to its copies too (below) */
+#define PSAGG_WELCOME_RESIDUAL 0x400u
 
 typedef struct psagg__ctl_hello {
     char job_id[PSAGG_JOB_ID_MAX]; /* NUL-terminated */

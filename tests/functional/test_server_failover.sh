@@ -19,6 +19,8 @@
 #   over               3 servers, server_replicas = 1, two SIGKILLed at once: a chunk has no
 #                      live holder; every worker fails naming it and its servers
 #   r0                 server_replicas = 0: the same death fails every worker naming the server
+# Parameter chunks (fn_optim, [server] optimizer; optim-*) and a server residual
+# ([server] error_feedback; residual-*): the chunks' copies take over (see below).
 # Servers that come back (started again with the same command line once every worker took the
 # view without them; the workers sleep 10 ms a round so that the job outlasts it):
 #   back1              server 1 SIGKILLed and restarted: it rejoins in view 2 and owns its chunks
@@ -320,7 +322,7 @@ events="1 30 1 60 0 120" last_fails=1 round_sleep=8 run optim-back1-kill0 2 maxm
     "${optim_keys[@]}"
 for w in 0 1 2; do
     ((rc[w] != 0)) || fail "optim-back1-kill0: worker $w exited 0 without its parameter chunks' state"
-    grep -q "server 0 was lost, and with it tensor 'p[0-9]' chunk [0-9]*: .*came back without the parameter's state" \
+    grep -q "server 0 was lost, and with it tensor 'p[0-9]' chunk [0-9]*: .*came back without the chunk's state" \
         "$tmp/optim-back1-kill0-worker$w.log" || fail "optim-back1-kill0: worker $w's failure does not name the parameter chunk"
 done
 echo "optim-back1-kill0: every worker failed naming the chunk: $(grep -ho "server 0 was lost, and with it[^;]*" \
@@ -328,6 +330,32 @@ echo "optim-back1-kill0: every worker failed naming the chunk: $(grep -ho "serve
 stop_all
 unset optim
 mark=ROUND
+
+# A server residual ([server] error_feedback: each server keeps what its requantize of the sum
+# dropped, per element) is state too: every chunk then has copies, as a parameter chunk has
+# (fn_worker, 4-bit, 2 servers); the same run with server_replicas = 0 writes the same bits
+for r in 0 1; do
+    run "residual-ref-r$r" 2 maxmin4 "$r" -1 KILL 0 0 server.error_feedback=on
+    for w in 0 1 2; do ((rc[w] == 0)) || fail "residual-ref-r$r: worker $w exited ${rc[w]}"; done
+    ref[residual-r$r]=$(digest_of "residual-ref-r$r")
+    stop_all
+done
+[ "${ref[residual-r1]}" = "${ref[residual-r0]}" ] ||
+    fail "residual: server_replicas = 1 changes the sums (${ref[residual-r1]}, without: ${ref[residual-r0]})"
+for v in "1 70 2" "0 120 1"; do
+    set -- $v
+    run "residual-kill$1" 2 maxmin4 1 "$1" KILL "$2" "$3" server.error_feedback=on
+    for w in 0 1 2; do
+        ((rc[w] == 0)) || fail "residual-kill$1: worker $w exited ${rc[w]}"
+        grep -q "server view 1:" "$tmp/residual-kill$1-worker$w.log" || fail "residual-kill$1: worker $w never took view 1"
+    done
+    d=$(digest_of "residual-kill$1")
+    [ "$d" = "${ref[residual-r1]}" ] || fail "residual-kill$1: digest $d, the uninterrupted run's ${ref[residual-r1]}"
+    echo "residual-kill$1: server $1 SIGKILLed at round $2 + $3 ms with [server] error_feedback: bit-identical" \
+        "($d, the same as with server_replicas = 0); $(grep -h "its copy here owns it" "$tmp/residual-kill$1"-server*.log |
+            wc -l) chunks taken over by their copies with their residuals"
+    stop_all
+done
 
 # server_replicas = 0: today's fail-fast, naming the server
 run r0 2 fp32 0 1 KILL 40 0
