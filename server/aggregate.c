@@ -647,6 +647,7 @@ static void do_move(server *srv, agg_item *it)
     round_reset(srv, c);
     c->broken = 0;
     c->standby = it->move != AGG_OWN;
+    c->shadow = 0; /* (a chunk given up keeps no copy: its state was reset) */
     c->taken_over = it->move == AGG_OWN;
     if (it->move == AGG_OWN)
         c->round = it->round;

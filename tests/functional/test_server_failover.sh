@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_server_failover.sh BUILD_DIR [PORT] - a server dies and the job goes on
+# test_server_failover.sh BUILD_DIR [PART [PORT]] - a server dies and the job goes on
 # ([cluster] server_replicas; docs/design.md, "Servers that fail and join").
 #
 # Each case runs fn_worker (3 workers, 300 rounds of five tensors, fp32 checked bit for bit
@@ -33,11 +33,13 @@
 #                      another secret (it refuses the workers' HELLOs), then a process without
 #                      the secret that answers HELLO (fake_server.py: every worker refuses its
 #                      WELCOME); then the real one is back
+# PART: sum (the fn_worker cases), state (optim-* and residual-*: chunks with copies), or all
+# (the default).
 set -u -o pipefail
-build=$1
+build=$1 part=${2:-all}
 # shellcheck source=tests/harness.sh
 . "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
-reserve_ports 3 "${2:-}"
+reserve_ports 3 "${3:-}"
 worker_bin=$build/tests/functional/fn_worker
 optim_bin=$build/tests/functional/fn_optim
 rounds=300
@@ -144,224 +146,229 @@ digest_of() { # digest_of NAME: every worker's DIGEST, which must be one
 }
 
 declare -A ref
-for cfg in "2 fp32" "3 maxmin4"; do
-    set -- $cfg
-    run "ref-$1-$2" "$1" "$2" 1 -1 KILL 0 0
-    for w in 0 1 2; do ((rc[w] == 0)) || fail "ref-$1-$2: worker $w exited ${rc[w]} without a death"; done
-    ref[$1-$2]=$(digest_of "ref-$1-$2")
-    stop_all
-done
-echo "uninterrupted: 2 servers fp32 ${ref[2-fp32]}, 3 servers maxmin4 ${ref[3-maxmin4]}"
-
-# survive NAME SERVERS CODEC VICTIM SIGNAL ROUND DELAY_MS [KEY=VALUE...]: the job goes on
-survive() {
-    local name=$1 n_s=$2 codec=$3 victim=$4 w d took
-    run "$1" "$2" "$3" 1 "${@:4}"
-    for w in 0 1 2; do
-        ((rc[w] == 0)) || fail "$name: worker $w exited ${rc[w]} after server $victim's death"
-        grep -q "server view 1:" "$tmp/$name-worker$w.log" ||
-            fail "$name: worker $w never took view 1 (did the death land before the end?)"
+if [[ $part != state ]]; then
+    for cfg in "2 fp32" "3 maxmin4"; do
+        set -- $cfg
+        run "ref-$1-$2" "$1" "$2" 1 -1 KILL 0 0
+        for w in 0 1 2; do ((rc[w] == 0)) || fail "ref-$1-$2: worker $w exited ${rc[w]} without a death"; done
+        ref[$1-$2]=$(digest_of "ref-$1-$2")
+        stop_all
     done
-    d=$(digest_of "$name")
-    [ "$d" = "${ref[$n_s-$codec]}" ] ||
-        fail "$name: digest $d, the uninterrupted run's ${ref[$n_s-$codec]}"
-    grep -h "server view 1: .* to this server" "$tmp/$name"-server*.log | grep -v " 0 of them" |
-        head -1 | grep -q . || fail "$name: no server says it took the chunks over"
-    # the first worker's report of the loss to the last worker in the new view (log times)
-    took=$(grep -h "lost server\|server view 1:" "$tmp/$name"-worker[012].log |
-        awk '/lost server/ {if (!l || $1 < l) l = $1} /server view 1:/ {if ($1 > v) v = $1}
-             END {printf "%.0f", (v - l) * 1000}')
-    echo "$name: server $victim SIG$5 at round $6 + $7 ms: every worker bit-identical to the" \
-        "uninterrupted run ($d); from the first report to every worker in view 1: $took ms;" \
-        "$(grep -h "server view 1: .* to this server" "$tmp/$name"-server*.log |
-            grep -v " 0 of them" | sed 's/^[0-9.]* //')"
-    stop_all
-}
+    echo "uninterrupted: 2 servers fp32 ${ref[2-fp32]}, 3 servers maxmin4 ${ref[3-maxmin4]}"
 
-survive kill1 2 fp32 1 KILL 40 0
-survive kill1-late 2 fp32 1 KILL 150 3
-survive kill0 2 fp32 0 KILL 60 1
-survive three-maxmin4 3 maxmin4 2 KILL 80 2
-survive auth 2 fp32 1 KILL 70 5 cluster.secret_file="$tmp/secret" cluster.data_auth=on
-survive stop 2 fp32 1 STOP 50 0
+    # survive NAME SERVERS CODEC VICTIM SIGNAL ROUND DELAY_MS [KEY=VALUE...]: the job goes on
+    survive() {
+        local name=$1 n_s=$2 codec=$3 victim=$4 w d took
+        run "$1" "$2" "$3" 1 "${@:4}"
+        for w in 0 1 2; do
+            ((rc[w] == 0)) || fail "$name: worker $w exited ${rc[w]} after server $victim's death"
+            grep -q "server view 1:" "$tmp/$name-worker$w.log" ||
+                fail "$name: worker $w never took view 1 (did the death land before the end?)"
+        done
+        d=$(digest_of "$name")
+        [ "$d" = "${ref[$n_s-$codec]}" ] ||
+            fail "$name: digest $d, the uninterrupted run's ${ref[$n_s-$codec]}"
+        grep -h "server view 1: .* to this server" "$tmp/$name"-server*.log | grep -v " 0 of them" |
+            head -1 | grep -q . || fail "$name: no server says it took the chunks over"
+        # the first worker's report of the loss to the last worker in the new view (log times)
+        took=$(grep -h "lost server\|server view 1:" "$tmp/$name"-worker[012].log |
+            awk '/lost server/ {if (!l || $1 < l) l = $1} /server view 1:/ {if ($1 > v) v = $1}
+                 END {printf "%.0f", (v - l) * 1000}')
+        echo "$name: server $victim SIG$5 at round $6 + $7 ms: every worker bit-identical to the" \
+            "uninterrupted run ($d); from the first report to every worker in view 1: $took ms;" \
+            "$(grep -h "server view 1: .* to this server" "$tmp/$name"-server*.log |
+                grep -v " 0 of them" | sed 's/^[0-9.]* //')"
+        stop_all
+    }
 
-# two servers SIGKILLed at once (3 servers, server_replicas = 2): two views, one after the
-# other (the second loss is decided after the first; a server reported lost takes nothing over)
-for pair in 1+2 0+1; do
-    run "two-${pair/+/-}" 3 maxmin4 2 "$pair" KILL 60 1
-    pair=${pair/+/-}
-    for w in 0 1 2; do
-        ((rc[w] == 0)) || fail "two-$pair: worker $w exited ${rc[w]}"
-        grep -q "server view 2:" "$tmp/two-$pair-worker$w.log" || fail "two-$pair: worker $w never took view 2"
+    survive kill1 2 fp32 1 KILL 40 0
+    survive kill1-late 2 fp32 1 KILL 150 3
+    survive kill0 2 fp32 0 KILL 60 1
+    survive three-maxmin4 3 maxmin4 2 KILL 80 2
+    survive auth 2 fp32 1 KILL 70 5 cluster.secret_file="$tmp/secret" cluster.data_auth=on
+    survive stop 2 fp32 1 STOP 50 0
+
+    # two servers SIGKILLed at once (3 servers, server_replicas = 2): two views, one after the
+    # other (the second loss is decided after the first; a server reported lost takes nothing over)
+    for pair in 1+2 0+1; do
+        run "two-${pair/+/-}" 3 maxmin4 2 "$pair" KILL 60 1
+        pair=${pair/+/-}
+        for w in 0 1 2; do
+            ((rc[w] == 0)) || fail "two-$pair: worker $w exited ${rc[w]}"
+            grep -q "server view 2:" "$tmp/two-$pair-worker$w.log" || fail "two-$pair: worker $w never took view 2"
+        done
+        d=$(digest_of "two-$pair")
+        [ "$d" = "${ref[3-maxmin4]}" ] || fail "two-$pair: digest $d, the uninterrupted run's ${ref[3-maxmin4]}"
+        echo "two-$pair: servers ${pair/-/ and } SIGKILLed at once at round 60: views 1 and 2, every" \
+            "worker bit-identical ($d); $(grep -h "server view 2: .* to this server" "$tmp/two-$pair"-server*.log |
+                grep -v " 0 of them" | sed 's/^[0-9.]* //')"
+        stop_all
     done
-    d=$(digest_of "two-$pair")
-    [ "$d" = "${ref[3-maxmin4]}" ] || fail "two-$pair: digest $d, the uninterrupted run's ${ref[3-maxmin4]}"
-    echo "two-$pair: servers ${pair/-/ and } SIGKILLed at once at round 60: views 1 and 2, every" \
-        "worker bit-identical ($d); $(grep -h "server view 2: .* to this server" "$tmp/two-$pair"-server*.log |
-            grep -v " 0 of them" | sed 's/^[0-9.]* //')"
-    stop_all
-done
 
-# back NAME SERVERS EVENTS...: servers killed and started again (kill_and_return); every
-# worker bit-identical to the uninterrupted run, and every return owns its chunks again
-back() {
-    local name=$1 n_s=$2 w d joined
-    shift 2
-    events="$*" run "$name" "$n_s" fp32 1 -1 KILL 0 0 ${back_keys[@]+"${back_keys[@]}"}
+    # back NAME SERVERS EVENTS...: servers killed and started again (kill_and_return); every
+    # worker bit-identical to the uninterrupted run, and every return owns its chunks again
+    back() {
+        local name=$1 n_s=$2 w d joined
+        shift 2
+        events="$*" run "$name" "$n_s" fp32 1 -1 KILL 0 0 ${back_keys[@]+"${back_keys[@]}"}
+        for w in 0 1 2; do
+            ((rc[w] == 0)) || fail "$name: worker $w exited ${rc[w]}"
+        done
+        d=$(digest_of "$name")
+        [ "$d" = "${ref[$n_s-fp32]}" ] || fail "$name: digest $d, the uninterrupted run's ${ref[$n_s-fp32]}"
+        grep -q "server view [0-9]*: .* to this server" "$tmp/$name"-server[0-9][b-e].log ||
+            fail "$name: the server that came back took none of its chunks"
+        # from a worker's first READY of the return to the last worker in the view that admits it
+        joined=$(grep -h "is back (READY)\|is back in view" "$tmp/$name"-worker[012].log |
+            awk '/READY/ {if (!r) r = $1} /back in view 2$/ {if ($1 > v) v = $1} END {printf "%.0f", (v - r) * 1000}')
+        echo "$name: servers killed and back ($*): every worker bit-identical to the uninterrupted" \
+            "run ($d); the first return: from the first READY to every worker in its view: $joined ms;" \
+            "$(grep -h "server view [0-9]*: .* to this server" "$tmp/$name"-server[0-9][b-e].log |
+                grep -v " 0 of them" | head -1 | sed 's/^[0-9.]* //')"
+        stop_all
+    }
+
+    back back1 2 1 30 1 60
+    back back0 2 0 30 0 60
+    back back1-kill0 2 1 30 1 60 0 200
+    back back1-twice 2 1 30 1 60 1 150 1 200
+    # with a secret: a process without it on server 1's port is never taken for server 1 (its
+    # WELCOME's token fails at every worker), then the real one comes back
+    head -c 32 /dev/urandom | base64 >"$tmp/secret2"
+    chmod 600 "$tmp/secret2"
+    back_keys=(cluster.secret_file="$tmp/secret" cluster.data_auth=on)
+    round_sleep=30 back back1-impostor 2 1 20 x1 40 f1 90 1 150
+    grep -q "authentication failed" "$tmp/back1-impostor-impostor1.log" ||
+        fail "back1-impostor: the psagg-server with another secret did not refuse the workers' HELLOs"
     for w in 0 1 2; do
-        ((rc[w] == 0)) || fail "$name: worker $w exited ${rc[w]}"
+        grep -q "server 1 answers, but not as a server that rejoins: .*WELCOME's token does not check out" \
+            "$tmp/back1-impostor-worker$w.log" ||
+            fail "back1-impostor: worker $w did not refuse the fake server's WELCOME"
     done
-    d=$(digest_of "$name")
-    [ "$d" = "${ref[$n_s-fp32]}" ] || fail "$name: digest $d, the uninterrupted run's ${ref[$n_s-fp32]}"
-    grep -q "server view [0-9]*: .* to this server" "$tmp/$name"-server[0-9][b-e].log ||
-        fail "$name: the server that came back took none of its chunks"
-    # from a worker's first READY of the return to the last worker in the view that admits it
-    joined=$(grep -h "is back (READY)\|is back in view" "$tmp/$name"-worker[012].log |
-        awk '/READY/ {if (!r) r = $1} /back in view 2$/ {if ($1 > v) v = $1} END {printf "%.0f", (v - r) * 1000}')
-    echo "$name: servers killed and back ($*): every worker bit-identical to the uninterrupted" \
-        "run ($d); the first return: from the first READY to every worker in its view: $joined ms;" \
-        "$(grep -h "server view [0-9]*: .* to this server" "$tmp/$name"-server[0-9][b-e].log |
-            grep -v " 0 of them" | head -1 | sed 's/^[0-9.]* //')"
-    stop_all
-}
+    echo "back1-impostor: on server 1's port, a psagg-server with another secret (it refused the" \
+        "workers' HELLOs) and a process without the secret (fake_server.py: every worker refused its" \
+        "WELCOME: $(grep -ho "its WELCOME's token does not check out[^:]*" "$tmp/back1-impostor-worker0.log" |
+            head -1)); then the real server came back"
+    back_keys=()
 
-back back1 2 1 30 1 60
-back back0 2 0 30 0 60
-back back1-kill0 2 1 30 1 60 0 200
-back back1-twice 2 1 30 1 60 1 150 1 200
-# with a secret: a process without it on server 1's port is never taken for server 1 (its
-# WELCOME's token fails at every worker), then the real one comes back
-head -c 32 /dev/urandom | base64 >"$tmp/secret2"
-chmod 600 "$tmp/secret2"
-back_keys=(cluster.secret_file="$tmp/secret" cluster.data_auth=on)
-round_sleep=30 back back1-impostor 2 1 20 x1 40 f1 90 1 150
-grep -q "authentication failed" "$tmp/back1-impostor-impostor1.log" ||
-    fail "back1-impostor: the psagg-server with another secret did not refuse the workers' HELLOs"
-for w in 0 1 2; do
-    grep -q "server 1 answers, but not as a server that rejoins: .*WELCOME's token does not check out" \
-        "$tmp/back1-impostor-worker$w.log" ||
-        fail "back1-impostor: worker $w did not refuse the fake server's WELCOME"
-done
-echo "back1-impostor: on server 1's port, a psagg-server with another secret (it refused the" \
-    "workers' HELLOs) and a process without the secret (fake_server.py: every worker refused its" \
-    "WELCOME: $(grep -ho "its WELCOME's token does not check out[^:]*" "$tmp/back1-impostor-worker0.log" |
-        head -1)); then the real server came back"
-back_keys=()
-
-# more deaths than replicas: 3 servers, server_replicas = 1, servers 1 and 2 at once: server 1's
-# chunks have no live holder left; the job fails naming a chunk and its servers
-run over 3 maxmin4 1 1+2 KILL 60 1
-for w in 0 1 2; do
-    ((rc[w] != 0)) || fail "over: worker $w exited 0 with servers 1 and 2 dead and 1 replica"
-    # (which loss is decided first, and so which one finds a chunk without a holder, is the
-    # order of the workers' reports: server 1's chunks may move to server 2 before it is
-    # reported lost too)
-    grep -q "server [12] was lost, and with it tensor '.*' chunk [0-9]*: its layout owner [12] and its 1 replica(s) are all gone" \
-        "$tmp/over-worker$w.log" || fail "over: worker $w's failure does not name the chunk and its servers"
-done
-echo "over: every worker failed naming the chunk: $(grep -ho "server [12] was lost, and with it[^(]*" "$tmp/over-worker0.log" | head -1)"
-stop_all
-
-# Parameter chunks ([server] optimizer; fn_optim: four parameters and a plain tensor, checked
-# bit for bit against its own reference of the servers' arithmetic after every step, and the
-# master weights pulled at the end): a copy of each parameter chunk runs every round on the
-# next server, and takes the chunk over with the dead owner's weights and optimizer state.
-optim=1 mark=STEP steps=300
-optim_keys=(server.optimizer=sgd server.momentum=0.9 server.nesterov=on server.sync_interval=3
-    server.threads=2 worker.chunk_bytes=16384)
-for cfg in "2 1" "2 0" "3 2"; do
-    set -- $cfg
-    run "optim-ref-$1-r$2" "$1" maxmin4/512 "$2" -1 KILL 0 0 "${optim_keys[@]}"
+    # more deaths than replicas: 3 servers, server_replicas = 1, servers 1 and 2 at once: server 1's
+    # chunks have no live holder left; the job fails naming a chunk and its servers
+    run over 3 maxmin4 1 1+2 KILL 60 1
     for w in 0 1 2; do
-        ((rc[w] == 0)) || fail "optim-ref-$1-r$2: worker $w exited ${rc[w]} without a death"
-        grep -q '^OPTIM-EXACT' "$tmp/optim-ref-$1-r$2-worker$w.log" || fail "optim-ref-$1-r$2: worker $w not exact"
+        ((rc[w] != 0)) || fail "over: worker $w exited 0 with servers 1 and 2 dead and 1 replica"
+        # (which loss is decided first, and so which one finds a chunk without a holder, is the
+        # order of the workers' reports: server 1's chunks may move to server 2 before it is
+        # reported lost too)
+        grep -q "server [12] was lost, and with it tensor '.*' chunk [0-9]*: its layout owner [12] and its 1 replica(s) are all gone" \
+            "$tmp/over-worker$w.log" || fail "over: worker $w's failure does not name the chunk and its servers"
     done
-    ref[optim-$1-r$2]=$(digest_of "optim-ref-$1-r$2")
+    echo "over: every worker failed naming the chunk: $(grep -ho "server [12] was lost, and with it[^(]*" "$tmp/over-worker0.log" | head -1)"
     stop_all
-done
-[ "${ref[optim-2-r1]}" = "${ref[optim-2-r0]}" ] ||
-    fail "optim: server_replicas = 1 changes the weights (${ref[optim-2-r1]}, without: ${ref[optim-2-r0]})"
-echo "optim uninterrupted: 2 servers ${ref[optim-2-r1]} (the same with server_replicas = 0)," \
-    "3 servers ${ref[optim-3-r2]}"
 
-# optim_survive NAME SERVERS REPLICAS VICTIM SIGNAL STEP DELAY_MS: the job goes on, exact, and
-# ends bit-identical to the uninterrupted run; the copies that took over say so
-optim_survive() {
-    local name=$1 n_s=$2 r=$3 w d
-    run "$name" "$n_s" maxmin4/512 "$r" "${@:4}" "${optim_keys[@]}"
+    # server_replicas = 0: today's fail-fast, naming the server
+    run r0 2 fp32 0 1 KILL 40 0
     for w in 0 1 2; do
-        ((rc[w] == 0)) || fail "$name: worker $w exited ${rc[w]} after server $4's death"
-        grep -q '^OPTIM-EXACT' "$tmp/$name-worker$w.log" || fail "$name: worker $w not exact"
-        grep -q "server view 1:" "$tmp/$name-worker$w.log" || fail "$name: worker $w never took view 1"
+        ((rc[w] != 0)) || fail "r0: worker $w exited 0 with server 1 dead and no replicas"
+        grep -q "server 1" "$tmp/r0-worker$w.log" || fail "r0: worker $w's failure does not name server 1"
     done
-    d=$(digest_of "$name")
-    [ "$d" = "${ref[optim-$n_s-r$r]}" ] || fail "$name: digest $d, the uninterrupted run's ${ref[optim-$n_s-r$r]}"
-    grep -q "its copy here owns it from round" "$tmp/$name"-server*.log ||
-        fail "$name: no copy says it took a parameter chunk over"
-    echo "$name: server $4 SIG$5 at step $6 + $7 ms: every worker exact and bit-identical ($d);" \
-        "$(grep -h "its copy here owns it" "$tmp/$name"-server*.log | wc -l) parameter chunks taken" \
-        "over by their copies; $(grep -h "sent once every worker took the view" "$tmp/$name"-server*.log |
-            wc -l) of them had finished a round whose update the workers still waited for"
-    stop_all
-}
-optim_survive optim-kill1 2 1 1 KILL 60 2
-optim_survive optim-kill0 2 1 0 KILL 110 1
-optim_survive optim-stop1 2 1 1 STOP 80 0
-optim_survive optim-two-0-1 3 2 0+1 KILL 70 3
+    echo "r0: every worker failed naming server 1: $(grep -h '^FAIL' "$tmp/r0-worker0.log" | head -1)"
+fi
 
-# a server that comes back owns and copies no parameter chunk (its state is not sent to it):
-# server 1 killed and back, the job goes on bit-identical; then server 0 killed: its parameter
-# chunks have no copy left, and the job fails naming one
-events="1 30 1 60" round_sleep=8 run optim-back1 2 maxmin4/512 1 -1 KILL 0 0 "${optim_keys[@]}"
-for w in 0 1 2; do ((rc[w] == 0)) || fail "optim-back1: worker $w exited ${rc[w]}"; done
-d=$(digest_of optim-back1)
-[ "$d" = "${ref[optim-2-r1]}" ] || fail "optim-back1: digest $d, the uninterrupted run's ${ref[optim-2-r1]}"
-echo "optim-back1: server 1 killed and back: bit-identical ($d); its parameter chunks stay on server 0"
-stop_all
-events="1 30 1 60 0 120" last_fails=1 round_sleep=8 run optim-back1-kill0 2 maxmin4/512 1 -1 KILL 0 0 \
-    "${optim_keys[@]}"
-for w in 0 1 2; do
-    ((rc[w] != 0)) || fail "optim-back1-kill0: worker $w exited 0 without its parameter chunks' state"
-    grep -q "server 0 was lost, and with it tensor 'p[0-9]' chunk [0-9]*: .*came back without the chunk's state" \
-        "$tmp/optim-back1-kill0-worker$w.log" || fail "optim-back1-kill0: worker $w's failure does not name the parameter chunk"
-done
-echo "optim-back1-kill0: every worker failed naming the chunk: $(grep -ho "server 0 was lost, and with it[^;]*" \
-    "$tmp/optim-back1-kill0-worker0.log" | head -1)"
-stop_all
-unset optim
-mark=ROUND
+if [[ $part != sum ]]; then
+    # Parameter chunks ([server] optimizer; fn_optim: four parameters and a plain tensor, checked
+    # bit for bit against its own reference of the servers' arithmetic after every step, and the
+    # master weights pulled at the end): a copy of each parameter chunk runs every round on the
+    # next server, and takes the chunk over with the dead owner's weights and optimizer state.
+    optim=1 mark=STEP steps=300
+    optim_keys=(server.optimizer=sgd server.momentum=0.9 server.nesterov=on server.sync_interval=3
+        server.threads=2 worker.chunk_bytes=16384)
+    for cfg in "2 1" "2 0" "3 2"; do
+        set -- $cfg
+        run "optim-ref-$1-r$2" "$1" maxmin4/512 "$2" -1 KILL 0 0 "${optim_keys[@]}"
+        for w in 0 1 2; do
+            ((rc[w] == 0)) || fail "optim-ref-$1-r$2: worker $w exited ${rc[w]} without a death"
+            grep -q '^OPTIM-EXACT' "$tmp/optim-ref-$1-r$2-worker$w.log" || fail "optim-ref-$1-r$2: worker $w not exact"
+        done
+        ref[optim-$1-r$2]=$(digest_of "optim-ref-$1-r$2")
+        stop_all
+    done
+    [ "${ref[optim-2-r1]}" = "${ref[optim-2-r0]}" ] ||
+        fail "optim: server_replicas = 1 changes the weights (${ref[optim-2-r1]}, without: ${ref[optim-2-r0]})"
+    echo "optim uninterrupted: 2 servers ${ref[optim-2-r1]} (the same with server_replicas = 0)," \
+        "3 servers ${ref[optim-3-r2]}"
 
-# A server residual ([server] error_feedback: each server keeps what its requantize of the sum
-# dropped, per element) is state too: every chunk then has copies, as a parameter chunk has
-# (fn_worker, 4-bit, 2 servers); the same run with server_replicas = 0 writes the same bits
-for r in 0 1; do
-    run "residual-ref-r$r" 2 maxmin4 "$r" -1 KILL 0 0 server.error_feedback=on
-    for w in 0 1 2; do ((rc[w] == 0)) || fail "residual-ref-r$r: worker $w exited ${rc[w]}"; done
-    ref[residual-r$r]=$(digest_of "residual-ref-r$r")
+    # optim_survive NAME SERVERS REPLICAS VICTIM SIGNAL STEP DELAY_MS: the job goes on, exact, and
+    # ends bit-identical to the uninterrupted run; the copies that took over say so
+    optim_survive() {
+        local name=$1 n_s=$2 r=$3 w d
+        run "$name" "$n_s" maxmin4/512 "$r" "${@:4}" "${optim_keys[@]}"
+        for w in 0 1 2; do
+            ((rc[w] == 0)) || fail "$name: worker $w exited ${rc[w]} after server $4's death"
+            grep -q '^OPTIM-EXACT' "$tmp/$name-worker$w.log" || fail "$name: worker $w not exact"
+            grep -q "server view 1:" "$tmp/$name-worker$w.log" || fail "$name: worker $w never took view 1"
+        done
+        d=$(digest_of "$name")
+        [ "$d" = "${ref[optim-$n_s-r$r]}" ] || fail "$name: digest $d, the uninterrupted run's ${ref[optim-$n_s-r$r]}"
+        grep -q "its copy here owns it from round" "$tmp/$name"-server*.log ||
+            fail "$name: no copy says it took a parameter chunk over"
+        echo "$name: server $4 SIG$5 at step $6 + $7 ms: every worker exact and bit-identical ($d);" \
+            "$(grep -h "its copy here owns it" "$tmp/$name"-server*.log | wc -l) parameter chunks taken" \
+            "over by their copies; $(grep -h "sent once every worker took the view" "$tmp/$name"-server*.log |
+                wc -l) of them had finished a round whose update the workers still waited for"
+        stop_all
+    }
+    optim_survive optim-kill1 2 1 1 KILL 60 2
+    optim_survive optim-kill0 2 1 0 KILL 110 1
+    optim_survive optim-stop1 2 1 1 STOP 80 0
+    optim_survive optim-two-0-1 3 2 0+1 KILL 70 3
+
+    # a server that comes back owns and copies no parameter chunk (its state is not sent to it):
+    # server 1 killed and back, the job goes on bit-identical; then server 0 killed: its parameter
+    # chunks have no copy left, and the job fails naming one
+    events="1 30 1 60" round_sleep=8 run optim-back1 2 maxmin4/512 1 -1 KILL 0 0 "${optim_keys[@]}"
+    for w in 0 1 2; do ((rc[w] == 0)) || fail "optim-back1: worker $w exited ${rc[w]}"; done
+    d=$(digest_of optim-back1)
+    [ "$d" = "${ref[optim-2-r1]}" ] || fail "optim-back1: digest $d, the uninterrupted run's ${ref[optim-2-r1]}"
+    echo "optim-back1: server 1 killed and back: bit-identical ($d); its parameter chunks stay on server 0"
     stop_all
-done
-[ "${ref[residual-r1]}" = "${ref[residual-r0]}" ] ||
-    fail "residual: server_replicas = 1 changes the sums (${ref[residual-r1]}, without: ${ref[residual-r0]})"
-for v in "1 70 2" "0 120 1"; do
-    set -- $v
-    run "residual-kill$1" 2 maxmin4 1 "$1" KILL "$2" "$3" server.error_feedback=on
+    events="1 30 1 60 0 120" last_fails=1 round_sleep=8 run optim-back1-kill0 2 maxmin4/512 1 -1 KILL 0 0 \
+        "${optim_keys[@]}"
     for w in 0 1 2; do
-        ((rc[w] == 0)) || fail "residual-kill$1: worker $w exited ${rc[w]}"
-        grep -q "server view 1:" "$tmp/residual-kill$1-worker$w.log" || fail "residual-kill$1: worker $w never took view 1"
+        ((rc[w] != 0)) || fail "optim-back1-kill0: worker $w exited 0 without its parameter chunks' state"
+        grep -q "server 0 was lost, and with it tensor 'p[0-9]' chunk [0-9]*: .*came back without the chunk's state" \
+            "$tmp/optim-back1-kill0-worker$w.log" || fail "optim-back1-kill0: worker $w's failure does not name the parameter chunk"
     done
-    d=$(digest_of "residual-kill$1")
-    [ "$d" = "${ref[residual-r1]}" ] || fail "residual-kill$1: digest $d, the uninterrupted run's ${ref[residual-r1]}"
-    echo "residual-kill$1: server $1 SIGKILLed at round $2 + $3 ms with [server] error_feedback: bit-identical" \
-        "($d, the same as with server_replicas = 0); $(grep -h "its copy here owns it" "$tmp/residual-kill$1"-server*.log |
-            wc -l) chunks taken over by their copies with their residuals"
+    echo "optim-back1-kill0: every worker failed naming the chunk: $(grep -ho "server 0 was lost, and with it[^;]*" \
+        "$tmp/optim-back1-kill0-worker0.log" | head -1)"
     stop_all
-done
+    unset optim
+    mark=ROUND
 
-# server_replicas = 0: today's fail-fast, naming the server
-run r0 2 fp32 0 1 KILL 40 0
-for w in 0 1 2; do
-    ((rc[w] != 0)) || fail "r0: worker $w exited 0 with server 1 dead and no replicas"
-    grep -q "server 1" "$tmp/r0-worker$w.log" || fail "r0: worker $w's failure does not name server 1"
-done
-echo "r0: every worker failed naming server 1: $(grep -h '^FAIL' "$tmp/r0-worker0.log" | head -1)"
+    # A server residual ([server] error_feedback: each server keeps what its requantize of the sum
+    # dropped, per element) is state too: every chunk then has copies, as a parameter chunk has
+    # (fn_worker, 4-bit, 2 servers); the same run with server_replicas = 0 writes the same bits
+    for r in 0 1; do
+        run "residual-ref-r$r" 2 maxmin4 "$r" -1 KILL 0 0 server.error_feedback=on
+        for w in 0 1 2; do ((rc[w] == 0)) || fail "residual-ref-r$r: worker $w exited ${rc[w]}"; done
+        ref[residual-r$r]=$(digest_of "residual-ref-r$r")
+        stop_all
+    done
+    [ "${ref[residual-r1]}" = "${ref[residual-r0]}" ] ||
+        fail "residual: server_replicas = 1 changes the sums (${ref[residual-r1]}, without: ${ref[residual-r0]})"
+    for v in "1 70 2" "0 120 1"; do
+        set -- $v
+        run "residual-kill$1" 2 maxmin4 1 "$1" KILL "$2" "$3" server.error_feedback=on
+        for w in 0 1 2; do
+            ((rc[w] == 0)) || fail "residual-kill$1: worker $w exited ${rc[w]}"
+            grep -q "server view 1:" "$tmp/residual-kill$1-worker$w.log" || fail "residual-kill$1: worker $w never took view 1"
+        done
+        d=$(digest_of "residual-kill$1")
+        [ "$d" = "${ref[residual-r1]}" ] || fail "residual-kill$1: digest $d, the uninterrupted run's ${ref[residual-r1]}"
+        echo "residual-kill$1: server $1 SIGKILLed at round $2 + $3 ms with [server] error_feedback: bit-identical" \
+            "($d, the same as with server_replicas = 0); $(grep -h "its copy here owns it" "$tmp/residual-kill$1"-server*.log |
+                wc -l) chunks taken over by their copies with their residuals"
+        stop_all
+    done
+
+fi
 echo "test_server_failover: ok"
