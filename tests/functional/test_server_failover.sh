@@ -85,16 +85,23 @@ run() {
 # kill_and_return NAME SERVERS SERVER ROUND ...: per pair, SIGKILL SERVER once worker 0 is at
 # ROUND; a server killed before (in the job's last view) is started again first, with a log of
 # its own (NAME-serverSb.log, -serverSc.log ...), once every worker took the view without it.
-# Each kill or return is one view more: every worker must reach it.
+# Each kill or return is one view more: every worker must reach it. ROUND `ready` kills SERVER
+# during the return just started (once worker 0 has its READY, before the view that admits it):
+# two views follow, the loss and the return, in either order.
 kill_and_return() {
-    local name=$1 n_s=$2 view=0 s r w n suffixes=(b c d e)
+    local name=$1 n_s=$2 view=0 s r w n back=-1 suffixes=(b c d e)
     local -A out=() starts=()
     shift 2
     while (($#)); do
         s=$1 r=$2
         shift 2
-        wait_until 60 grep -qs "^$mark $r\$" "$tmp/$name-worker0.log" ||
-            fail "$name: worker 0 never reached round $r"
+        if [[ $r == ready ]]; then
+            wait_until 60 grep -qs "server $back is back (READY)" "$tmp/$name-worker0.log" ||
+                fail "$name: server $back's READY never reached worker 0"
+        else
+            wait_until 60 grep -qs "^$mark $r\$" "$tmp/$name-worker0.log" ||
+                fail "$name: worker 0 never reached round $r"
+        fi
         if [[ $s == x* || $s == f* ]]; then # on server ${s#?}'s port while it is out, x: a
             # psagg-server with another secret, f: a process without it (fake_server.py)
             local kind=${s:0:1} port_s
@@ -125,11 +132,13 @@ kill_and_return() {
             spid[s]=$h_pid
             starts[$s]=$((n + 1))
             unset "out[$s]"
+            back=$s
         else
             kill -KILL "${spid[$s]}"
             out[$s]=1
         fi
         view=$((view + 1))
+        (($# >= 2)) && [[ $2 == ready ]] && continue # (its view: with the next event's)
         (($# == 0)) && [ -n "${last_fails:-}" ] && break # (no view can follow the last kill)
         for w in 0 1 2; do
             wait_until 60 grep -q "server view $view:" "$tmp/$name-worker$w.log" ||
@@ -147,7 +156,7 @@ digest_of() { # digest_of NAME: every worker's DIGEST, which must be one
 
 declare -A ref
 if [[ $part != state ]]; then
-    for cfg in "2 fp32" "3 maxmin4"; do
+    for cfg in "2 fp32" "3 maxmin4" "3 fp32"; do
         set -- $cfg
         run "ref-$1-$2" "$1" "$2" 1 -1 KILL 0 0
         for w in 0 1 2; do ((rc[w] == 0)) || fail "ref-$1-$2: worker $w exited ${rc[w]} without a death"; done
@@ -210,7 +219,7 @@ if [[ $part != state ]]; then
     back() {
         local name=$1 n_s=$2 w d joined
         shift 2
-        events="$*" run "$name" "$n_s" fp32 1 -1 KILL 0 0 ${back_keys[@]+"${back_keys[@]}"}
+        events="$*" run "$name" "$n_s" fp32 "${back_r:-1}" -1 KILL 0 0 ${back_keys[@]+"${back_keys[@]}"}
         for w in 0 1 2; do
             ((rc[w] == 0)) || fail "$name: worker $w exited ${rc[w]}"
         done
@@ -220,7 +229,8 @@ if [[ $part != state ]]; then
             fail "$name: the server that came back took none of its chunks"
         # from a worker's first READY of the return to the last worker in the view that admits it
         joined=$(grep -h "is back (READY)\|is back in view" "$tmp/$name"-worker[012].log |
-            awk '/READY/ {if (!r) r = $1} /back in view 2$/ {if ($1 > v) v = $1} END {printf "%.0f", (v - r) * 1000}')
+            awk '/READY/ {if (!r) r = $1} /back in view/ {if (!f) f = $NF; if ($NF == f && $1 > v) v = $1}
+                 END {printf "%.0f", (v - r) * 1000}')
         echo "$name: servers killed and back ($*): every worker bit-identical to the uninterrupted" \
             "run ($d); the first return: from the first READY to every worker in its view: $joined ms;" \
             "$(grep -h "server view [0-9]*: .* to this server" "$tmp/$name"-server[0-9][b-e].log |
@@ -232,6 +242,10 @@ if [[ $part != state ]]; then
     back back0 2 0 30 0 60
     back back1-kill0 2 1 30 1 60 0 200
     back back1-twice 2 1 30 1 60 1 150 1 200
+    # another server SIGKILLed during a return (3 servers, server_replicas = 2): server 1 comes
+    # back while server 2 dies; the coordinator decides the loss and the return one after the
+    # other; server 1 owns its chunks again, bit-identical
+    back_r=2 back back-join-kill2 3 1 30 1 60 2 ready
     # with a secret: a process without it on server 1's port is never taken for server 1 (its
     # WELCOME's token fails at every worker), then the real one comes back
     head -c 32 /dev/urandom | base64 >"$tmp/secret2"
