@@ -288,13 +288,12 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg__ctl_hel
             srv->rank_at[old] = -1;
     }
     {
-        psagg__ctl_welcome wel = {.server_rank = (uint32_t)srv->rank,
-                                  .n_servers = (uint32_t)srv->cfg.n_servers,
-                                  .flags = flags |
-                                           (srv->ctl.job_running ? PSAGG_WELCOME_JOINING : 0) |
-                                           (srv->cfg.quorum ? PSAGG_WELCOME_QUORUM : 0) |
-                                           (srv->cfg.server_error_feedback ? PSAGG_WELCOME_RESIDUAL
-                                                                           : 0)};
+        psagg__ctl_welcome wel = {
+            .server_rank = (uint32_t)srv->rank,
+            .n_servers = (uint32_t)srv->cfg.n_servers,
+            .flags = flags | (srv->ctl.job_running ? PSAGG_WELCOME_JOINING : 0) |
+                     (srv->cfg.quorum ? PSAGG_WELCOME_QUORUM : 0) |
+                     (srv->cfg.server_error_feedback ? PSAGG_WELCOME_RESIDUAL : 0)};
         size_t elen = sizeof wel.epname;
         memcpy(wel.nonce, srv->nonce, sizeof wel.nonce);
         optim_welcome(srv, &wel.optim);
