@@ -154,6 +154,18 @@ digest_of() { # digest_of NAME: every worker's DIGEST, which must be one
     echo "${d#DIGEST }"
 }
 
+# went_on NAME VIEW REF: every worker of job NAME exited 0 and took server view VIEW, and
+# their one digest, left in $digest, is REF (the uninterrupted run's)
+went_on() {
+    local name=$1 view=$2 want=$3 w
+    for w in 0 1 2; do
+        ((rc[w] == 0)) || fail "$name: worker $w exited ${rc[w]}"
+        grep -q "server view $view:" "$tmp/$name-worker$w.log" || fail "$name: worker $w never took view $view"
+    done
+    digest=$(digest_of "$name")
+    [ "$digest" = "$want" ] || fail "$name: digest $digest, the uninterrupted run's $want"
+}
+
 declare -A ref
 if [[ $part != state ]]; then
     for cfg in "2 fp32" "3 maxmin4" "3 fp32"; do
@@ -202,14 +214,9 @@ if [[ $part != state ]]; then
     for pair in 1+2 0+1; do
         run "two-${pair/+/-}" 3 maxmin4 2 "$pair" KILL 60 1
         pair=${pair/+/-}
-        for w in 0 1 2; do
-            ((rc[w] == 0)) || fail "two-$pair: worker $w exited ${rc[w]}"
-            grep -q "server view 2:" "$tmp/two-$pair-worker$w.log" || fail "two-$pair: worker $w never took view 2"
-        done
-        d=$(digest_of "two-$pair")
-        [ "$d" = "${ref[3-maxmin4]}" ] || fail "two-$pair: digest $d, the uninterrupted run's ${ref[3-maxmin4]}"
+        went_on "two-$pair" 2 "${ref[3-maxmin4]}"
         echo "two-$pair: servers ${pair/-/ and } SIGKILLed at once at round 60: views 1 and 2, every" \
-            "worker bit-identical ($d); $(grep -h "server view 2: .* to this server" "$tmp/two-$pair"-server*.log |
+            "worker bit-identical ($digest); $(grep -h "server view 2: .* to this server" "$tmp/two-$pair"-server*.log |
                 grep -v " 0 of them" | sed 's/^[0-9.]* //')"
         stop_all
     done
@@ -372,14 +379,9 @@ if [[ $part != sum ]]; then
     for v in "1 70 2" "0 120 1"; do
         set -- $v
         run "residual-kill$1" 2 maxmin4 1 "$1" KILL "$2" "$3" server.error_feedback=on
-        for w in 0 1 2; do
-            ((rc[w] == 0)) || fail "residual-kill$1: worker $w exited ${rc[w]}"
-            grep -q "server view 1:" "$tmp/residual-kill$1-worker$w.log" || fail "residual-kill$1: worker $w never took view 1"
-        done
-        d=$(digest_of "residual-kill$1")
-        [ "$d" = "${ref[residual-r1]}" ] || fail "residual-kill$1: digest $d, the uninterrupted run's ${ref[residual-r1]}"
+        went_on "residual-kill$1" 1 "${ref[residual-r1]}"
         echo "residual-kill$1: server $1 SIGKILLed at round $2 + $3 ms with [server] error_feedback: bit-identical" \
-            "($d, the same as with server_replicas = 0); $(grep -h "its copy here owns it" "$tmp/residual-kill$1"-server*.log |
+            "($digest, the same as with server_replicas = 0); $(grep -h "its copy here owns it" "$tmp/residual-kill$1"-server*.log |
                 wc -l) chunks taken over by their copies with their residuals"
         stop_all
     done
