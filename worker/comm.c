@@ -297,7 +297,7 @@ static int schedule(comm_state *cs)
             pb->sent_to = 0;
             failover_pushed(ctx, pb, g);
             st = psagg__fabric_try_send(ctx->fab, sc->addr, pb->buf, len + ctx->tag_bytes, pb->desc,
-                                        pb);
+                                        push_ctx(pb));
             if (st == PSAGG_EAGAIN) { /* the provider's queue is full: after the next poll */
                 pb->send_pending = 0;
                 return waiting ? waiting : 1;
@@ -481,13 +481,20 @@ static void *comm_main(void *arg)
         }
         for (int i = 0; i < n; i++) {
             switch (ev[i].kind) {
-            case PSAGG_FABRIC_SEND_DONE:
-                push_sent(ctx, ev[i].ctx);
+            case PSAGG_FABRIC_SEND_DONE: {
+                int stale;
+                push_buf *pb = push_of(ev[i].ctx, &stale);
+                if (!stale) /* (else a send abandoned to a lost server: failover.c) */
+                    push_sent(ctx, pb);
                 break;
+            }
             case PSAGG_FABRIC_SEND_ERROR: {
                 /* name the server: a dead one fails our sends before its socket's EOF is read */
-                push_buf *pb = ev[i].ctx;
+                int stale;
+                push_buf *pb = push_of(ev[i].ctx, &stale);
                 int s = pb ? (int)pb->to : -1;
+                if (stale)
+                    break; /* (abandoned: its server is lost already) */
                 push_sent(ctx, pb);
                 if (s >= 0 && (failover_lost(ctx, s) || failover_server_lost(ctx, s, ev[i].msg)))
                     break; /* ([cluster] server_replicas: the job goes on without it) */

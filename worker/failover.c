@@ -190,6 +190,30 @@ static int report(psagg_ctx *ctx, uint16_t type, int s, uint32_t phase, int roun
     return 0;
 }
 
+/*
+ * Server s is lost here: the pushes whose send to it is still under way are no longer held for
+ * it (a stopped or cut-off server may never take them, and the same rounds must go to the new
+ * owner from the same buffers): each such send is abandoned (push_ctx: its completion, if it
+ * comes, is dropped) and a parameter push goes on to its next copy.
+ */
+static void abandon_sends(psagg_ctx *ctx, int s)
+{
+    uint32_t n = 0;
+    for (uint32_t g = 0; g < ctx->layout.n_chunks; g++)
+        for (int k = 0; k < 2; k++) {
+            push_buf *pb = &ctx->chunks[g].p[k];
+            if (pb->send_pending != 1 || pb->to != (uint32_t)s)
+                continue;
+            pb->gen++;
+            pb->send_pending = 0;
+            ctx->servers[s].inflight--;
+            n++;
+            failover_copy(ctx, pb);
+        }
+    if (n)
+        LOG_INFO(&ctx->log, "%u push(es) still on their way to server %d: abandoned", n, s);
+}
+
 int failover_server_lost(psagg_ctx *ctx, int s, const char *why)
 {
     struct psagg__failover *fo = ctx->failover;
@@ -212,6 +236,7 @@ int failover_server_lost(psagg_ctx *ctx, int s, const char *why)
     }
     fo->state[s] = S_LOST;
     close_server(ctx, s);
+    abandon_sends(ctx, s);
     LOG_WARN(&ctx->log, "lost server %d (%s): reporting it to server %d", s, why,
              coordinator(ctx, s));
     /* every server lost here and still in the view, s too: the coordinator may be new (s was
@@ -299,6 +324,8 @@ static void take_view(psagg_ctx *ctx, int from, const uint8_t *v, uint32_t len)
             *st = S_LOST;
         } else if (!live[s] && (*st == S_IN || *st == S_LOST)) {
             close_server(ctx, s);
+            if (*st == S_IN)
+                abandon_sends(ctx, s);
             *st = S_OUT;
             fo->next[s] = now + REJOIN_EVERY_MS;
         } else if (!live[s] && *st == S_HOLDING) { /* that view was not this one */
@@ -537,7 +564,7 @@ int failover_resend(psagg_ctx *ctx)
             pb->to = chunk_owner(ctx, g);
             failover_pushed(ctx, pb, g);
             st = psagg__fabric_try_send(ctx->fab, sc->addr, pb->buf, len + ctx->tag_bytes, pb->desc,
-                                        pb);
+                                        push_ctx(pb));
             if (st == PSAGG_EAGAIN) {
                 pb->send_pending = 0;
                 return 1;
@@ -621,7 +648,7 @@ static int copy_step(psagg_ctx *ctx, push_buf *pb)
                 psagg__node_seal(&ctx->node, &sc->push_key, ++sc->push_seq, pb->buf, len);
             pb->to = (uint32_t)s;
             st = psagg__fabric_try_send(ctx->fab, sc->addr, pb->buf, len + ctx->tag_bytes, pb->desc,
-                                        pb);
+                                        push_ctx(pb));
         }
         if (st == PSAGG_EAGAIN) {
             pb->send_pending = 2;

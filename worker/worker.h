@@ -141,7 +141,26 @@ typedef struct push_buf {
        offset on the ring from the chunk's layout owner (failover.c: its owner, then its
        copies, one after the other) */
     uint64_t sent_to;
+    uint8_t gen; /* its send generation (push_ctx): one more each time a send is abandoned */
 } push_buf;
+_Static_assert(_Alignof(push_buf) >= 8, "push_buf: three low bits free in its address");
+
+/*
+ * A push's send context: its buffer's address with the buffer's send generation in the three
+ * low bits. A send to a server lost meanwhile is abandoned (failover.c: the buffer is no longer
+ * held for it, since a stopped or cut-off peer may never take it); its completion, if it ever
+ * comes, has an old generation and is dropped (push_of: *stale), not taken for a later send's.
+ */
+static inline void *push_ctx(push_buf *pb)
+{
+    return (void *)((uintptr_t)pb | (pb->gen & 7u));
+}
+static inline push_buf *push_of(void *c, int *stale)
+{
+    push_buf *pb = (push_buf *)((uintptr_t)c & ~(uintptr_t)7);
+    *stale = pb && ((uintptr_t)c & 7u) != (pb->gen & 7u);
+    return pb;
+}
 
 /*
  * Per chunk: its push buffers. One, unless the job keeps pushes ([cluster] server_replicas):

@@ -65,7 +65,7 @@ run() {
                 FN_OPTIM_CODEC="$codec" "$optim_bin" "$steps" --step-sleep-ms "${round_sleep:-3}"
         else
             start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
-                "$worker_bin" --codec "$codec" --sizes 1,1023,4096,50000,7000 --rounds $rounds \
+                "$worker_bin" --codec "$codec" --sizes "${sizes:-1,1023,4096,50000,7000}" --rounds $rounds \
                 --progress ${slow[@]+"${slow[@]}"}
         fi
     done
@@ -208,6 +208,21 @@ if [[ $part != state ]]; then
     survive three-maxmin4 3 maxmin4 2 KILL 80 2
     survive auth 2 fp32 1 KILL 70 5 cluster.secret_file="$tmp/secret" cluster.data_auth=on
     survive stop 2 fp32 1 STOP 50 0
+    # stopped with large pushes still on their way to it (12 MB chunks: a stopped process stops
+    # reading, its socket's window fills, those sends never complete): the workers abandon them
+    # and push the rounds again to the new owner from the same buffers
+    sizes=3000000,3000000,1000 rounds=40
+    run stop-big-ref 2 fp32 1 -1 KILL 0 0
+    for w in 0 1 2; do ((rc[w] == 0)) || fail "stop-big-ref: worker $w exited ${rc[w]}"; done
+    ref[big]=$(digest_of stop-big-ref)
+    stop_all
+    run stop-big 2 fp32 1 1 STOP 10 0
+    went_on stop-big 1 "${ref[big]}"
+    echo "stop-big: server 1 SIGSTOPped at round 10 with 12 MB pushes: every worker bit-identical ($digest);" \
+        "$(grep -h "abandoned" "$tmp"/stop-big-worker*.log | sed 's/^[0-9.]* //' | head -2 | tr '\n' ' ')"
+    stop_all
+    unset sizes
+    rounds=300
 
     # two servers SIGKILLed at once (3 servers, server_replicas = 2): two views, one after the
     # other (the second loss is decided after the first; a server reported lost takes nothing over)
