@@ -299,7 +299,7 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
     fo->retry_at = 0;
     memset(fo->reported, 0, (size_t)srv->n_workers);
     memset(fo->suspect, 0, (size_t)srv->cfg.n_servers); /* (reported again if still lost) */
-    atomic_store(&srv->mb.epoch, vh.epoch); /* the push headers' epoch in this job */
+    atomic_store(&srv->mb.epoch, vh.epoch);             /* the push headers' epoch in this job */
     psagg__fabric_wake(srv->fab);
     LOG_WARN(&srv->log,
              "server view %u: %u chunk(s) moved, %u of them to this server (from round %u), %u "
@@ -325,9 +325,9 @@ static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *
     for (uint32_t g = 0; g < n_c; g++) {
         const psagg__chunk_info *ci = &srv->layout.chunks[g];
         /* a chunk with copies (a parameter's; any with a server residual) */
-        int param = srv->layout.tensors[ci->key].param || srv->cfg.server_error_feedback;
+        int copied = srv->layout.tensors[ci->key].param || srv->cfg.server_error_feedback;
         to[g] = fo->owner[g];
-        if (fo->back >= 0 && ci->owner == (uint32_t)fo->back && !param)
+        if (fo->back >= 0 && ci->owner == (uint32_t)fo->back && !copied)
             to[g] = (uint32_t)fo->back; /* (its state stays where it is) */
         if (fo->lost >= 0 && fo->owner[g] == (uint32_t)fo->lost) {
             int found = -1;
@@ -335,7 +335,7 @@ static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *
                 uint32_t s = (ci->owner + d) % n_s;
                 /* a chunk with copies goes to a copy: a server live since the start */
                 if (s != (uint32_t)fo->lost && fo->live[s] && !fo->suspect[s] &&
-                    (!param || fo->live[s] == PSAGG_VIEW_LIVE))
+                    (!copied || fo->live[s] == PSAGG_VIEW_LIVE))
                     found = (int)s;
             }
             if (found < 0) {
@@ -345,7 +345,7 @@ static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *
                                 "owner %u and its %d replica(s) are all gone (or lost too%s)",
                                 fo->lost, srv->layout.tensors[ci->key].name, ci->index, ci->owner,
                                 srv->cfg.server_replicas,
-                                param ? ", or came back without the chunk's state" : "");
+                                copied ? ", or came back without the chunk's state" : "");
                 return -1;
             }
             to[g] = (uint32_t)found;

@@ -115,7 +115,7 @@ typedef struct recv_buf {
     psagg__rxbuf rx; /* first: the completion's context */
     agg_item item;
     psagg__msg_codec mc; /* the push's codec, as the progress thread checked it */
-    int from;           /* its sender, while it waits for its epoch (progress.c) */
+    int from;            /* its sender, while it waits for its epoch (progress.c) */
 } recv_buf;
 
 /*
@@ -138,12 +138,12 @@ typedef struct send_ctx {
  */
 typedef struct param_state {
     float *w, *view, *m1, *m2;
-    uint64_t step;       /* optimizer steps taken (Adam's t of the last one) */
-    int awaiting_init;   /* no INIT round yet: GRAD and PULL pushes are refused */
-    int every_op_counts; /* [cluster] server_replicas: INIT and PULL count a round too */
-    int restored;        /* w, view, m1, m2 and step came from a checkpoint */
+    uint64_t step;        /* optimizer steps taken (Adam's t of the last one) */
+    int awaiting_init;    /* no INIT round yet: GRAD and PULL pushes are refused */
+    int every_op_counts;  /* [cluster] server_replicas: INIT and PULL count a round too */
+    int restored;         /* w, view, m1, m2 and step came from a checkpoint */
     psagg__msg_param prm; /* the trailer of this round's pushes (the first's: check_codec) */
-    float *weight;       /* per worker: the weight of its GRAD push this round */
+    float *weight;        /* per worker: the weight of its GRAD push this round */
 } param_state;
 
 /*

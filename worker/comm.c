@@ -279,39 +279,23 @@ static int schedule(comm_state *cs)
                 break;
             }
             push_buf *pb = chunk_push(ctx, g, h->round);
-            /* the header encode_op wrote has the payload's length */
-            size_t len = sizeof(psagg__msg_hdr) + ((const psagg__msg_hdr *)pb->buf)->len;
             psagg_status st;
             if (sc->inflight >= ctx->cfg.max_inflight) {
                 waiting = waiting ? waiting : 1;
                 break;
             }
-            /* sealed for its server alone, under a number of its own, as it goes: a server
-               view may have moved the chunk since the encode (and its epoch is the view's) */
-            if (ctx->failover)
-                ((psagg__msg_hdr *)pb->buf)->epoch = (uint16_t)ctx->epoch;
-            if (ctx->tag_bytes)
-                psagg__node_seal(&ctx->node, &sc->push_key, ++sc->push_seq, pb->buf, len);
-            pb->send_pending = 1;
-            pb->to = owner;
             pb->sent_to = 0;
             failover_pushed(ctx, pb, g);
-            st = psagg__fabric_try_send(ctx->fab, sc->addr, pb->buf, len + ctx->tag_bytes, pb->desc,
-                                        push_ctx(pb));
-            if (st == PSAGG_EAGAIN) { /* the provider's queue is full: after the next poll */
-                pb->send_pending = 0;
+            st = push_send(ctx, pb, owner);
+            if (st == PSAGG_EAGAIN) /* the provider's queue is full: after the next poll */
                 return waiting ? waiting : 1;
-            }
             if (st) {
-                pb->send_pending = 0;
                 worker_fail_all(ctx, PSAGG_EPEER, "pushing tensor '%s' chunk %u to server %u: %s",
                                 ti->name, ci->index, owner, psagg_last_error());
                 return 0;
             }
-            sc->inflight++;
             if (++h->next_send == ti->n_chunks)
                 h->t_sent = psagg__now_ns();
-            atomic_fetch_add(&ctx->bytes_sent, len);
             atomic_fetch_add(&ctx->bytes_raw, ci->count * sizeof(float));
         }
     }

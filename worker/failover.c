@@ -53,8 +53,8 @@ struct psagg__failover {
     uint8_t *fresh;   /* per server: it came back without parameter state (PSAGG_VIEW_LIVE_NEW) */
     push_buf **copyq; /* parameter pushes waiting for room to go to a copy (send_pending 2) */
     uint32_t n_copyq;
-    int resends;           /* chunks with one */
-    uint64_t dropped;      /* updates of rounds applied already, dropped */
+    int resends;              /* chunks with one */
+    uint64_t dropped;         /* updates of rounds applied already, dropped */
     psagg__ctl_declare *decl; /* the declaration, for a server that rejoins */
     size_t decl_bytes;
 };
@@ -542,8 +542,7 @@ int failover_resend(psagg_ctx *ctx)
         while (has_last && from <= last) {
             server_conn *sc = &ctx->servers[chunk_owner(ctx, g)];
             push_buf *pb = chunk_push(ctx, g, from);
-            psagg__msg_hdr *mh = (psagg__msg_hdr *)pb->buf;
-            size_t len = sizeof *mh + mh->len;
+            const psagg__msg_hdr *mh = (const psagg__msg_hdr *)pb->buf;
             psagg_status st;
             if (last - from > 1 || mh->round != from) {
                 worker_fail_all(ctx, PSAGG_EPROTO,
@@ -557,25 +556,14 @@ int failover_resend(psagg_ctx *ctx)
                 waiting = 1;
                 break;
             }
-            mh->epoch = (uint16_t)ctx->epoch;
-            if (ctx->tag_bytes)
-                psagg__node_seal(&ctx->node, &sc->push_key, ++sc->push_seq, pb->buf, len);
-            pb->send_pending = 1;
-            pb->to = chunk_owner(ctx, g);
             failover_pushed(ctx, pb, g);
-            st = psagg__fabric_try_send(ctx->fab, sc->addr, pb->buf, len + ctx->tag_bytes, pb->desc,
-                                        push_ctx(pb));
-            if (st == PSAGG_EAGAIN) {
-                pb->send_pending = 0;
+            st = push_send(ctx, pb, chunk_owner(ctx, g));
+            if (st == PSAGG_EAGAIN)
                 return 1;
-            }
             if (st) {
-                pb->send_pending = 0;
                 failover_server_lost(ctx, (int)pb->to, psagg_last_error());
                 return 1;
             }
-            sc->inflight++;
-            atomic_fetch_add(&ctx->bytes_sent, len);
             LOG_DEBUG(&ctx->log, "tensor '%s' chunk %u round %u pushed again to server %u",
                       ctx->layout.tensors[ci->key].name, ci->index, from, pb->to);
             from++;
@@ -636,33 +624,19 @@ static uint32_t push_chunk(const psagg_ctx *ctx, const push_buf *pb)
 static int copy_step(psagg_ctx *ctx, push_buf *pb)
 {
     uint32_t g = push_chunk(ctx, pb);
-    psagg__msg_hdr *mh = (psagg__msg_hdr *)pb->buf;
-    size_t len = sizeof *mh + mh->len;
     int s;
     while (!worker_failed(ctx) && (s = next_copy(ctx, pb, g)) >= 0) {
-        server_conn *sc = &ctx->servers[s];
-        psagg_status st = PSAGG_EAGAIN;
-        if (sc->inflight < ctx->cfg.max_inflight) {
-            mh->epoch = (uint16_t)ctx->epoch;
-            if (ctx->tag_bytes)
-                psagg__node_seal(&ctx->node, &sc->push_key, ++sc->push_seq, pb->buf, len);
-            pb->to = (uint32_t)s;
-            st = psagg__fabric_try_send(ctx->fab, sc->addr, pb->buf, len + ctx->tag_bytes, pb->desc,
-                                        push_ctx(pb));
-        }
+        psagg_status st = ctx->servers[s].inflight < ctx->cfg.max_inflight
+                              ? push_send(ctx, pb, (uint32_t)s)
+                              : PSAGG_EAGAIN;
         if (st == PSAGG_EAGAIN) {
             pb->send_pending = 2;
             return 2;
         }
         pb->sent_to |= UINT64_C(1) << ring_offset(ctx, g, (uint32_t)s);
-        if (st) {
-            failover_server_lost(ctx, s, psagg_last_error());
-            continue;
-        }
-        pb->send_pending = 1;
-        sc->inflight++;
-        atomic_fetch_add(&ctx->bytes_sent, len);
-        return 1;
+        if (!st)
+            return 1;
+        failover_server_lost(ctx, s, psagg_last_error());
     }
     pb->send_pending = 0;
     return 0;

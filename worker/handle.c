@@ -1,7 +1,8 @@
 /*
  * handle.c - the life of one push_pull (a psagg_handle): created and queued by the calling
  * thread, taken by the communication thread, completed once (success, its own failure, or
- * the context's), then waited on and released by its owner. And failing the whole context.
+ * the context's), then waited on and released by its owner. And failing the whole context,
+ * and the send of one push to a server (push_send: the send path of comm.c and failover.c).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -302,4 +303,27 @@ psagg_status worker_struct_size(const char *type, size_t got, size_t known)
                        "%s.struct_size is %zu, not a size of %s this library knows (%zu): set it "
                        "to sizeof(%s)",
                        type, got, type, known, type);
+}
+
+psagg_status push_send(psagg_ctx *ctx, push_buf *pb, uint32_t s)
+{
+    server_conn *sc = &ctx->servers[s];
+    psagg__msg_hdr *mh = (psagg__msg_hdr *)pb->buf;
+    size_t len = sizeof *mh + mh->len; /* (the header encode_op wrote has the payload's length) */
+    psagg_status st;
+    /* sealed for its server alone, under a number of its own, as it goes: a server view may
+       have moved the chunk since the encode (and its epoch is the view's) */
+    if (ctx->failover)
+        mh->epoch = (uint16_t)ctx->epoch;
+    if (ctx->tag_bytes)
+        psagg__node_seal(&ctx->node, &sc->push_key, ++sc->push_seq, pb->buf, len);
+    pb->to = s;
+    st = psagg__fabric_try_send(ctx->fab, sc->addr, pb->buf, len + ctx->tag_bytes, pb->desc,
+                                push_ctx(pb));
+    if (st)
+        return st;
+    pb->send_pending = 1;
+    sc->inflight++;
+    atomic_fetch_add(&ctx->bytes_sent, len);
+    return PSAGG_OK;
 }

@@ -25,8 +25,8 @@
  *                (this worker an acceptor), pushes sent again to a chunk's new owner, servers
  *                out of the view connected again (their return)
  *   hello.c      one HELLO and its WELCOME, checked: at start-up and for a server that rejoins
- *   handle.c     an operation's life: creation, queueing, completion, failing the context (and
- *                telling the servers why)
+ *   handle.c     an operation's life: creation, queueing, a push's send to a server,
+ *                completion, failing the context (and telling the servers why)
  *   host.c       the host-buffer operations
  * Where a push_pull's buffers live (host or device) is behind psagg__bufops, chosen when
  * push_pull is called, so comm.c never asks.
@@ -118,9 +118,9 @@ typedef struct server_conn {
     psagg__peer addr;         /* its fabric address: updates are accepted only from here */
     psagg__data_rx rx;        /* its updates' key and the numbers accepted (data_auth) */
     psagg__data_key push_key; /* of this worker's pushes to it (data_auth; runtime/auth.h) */
-    uint64_t push_seq;       /* the number of the last push sealed for it (comm thread) */
-    psagg__ctl_auth auth;    /* its control connection's frames, both ways (with a secret) */
-    int local_reads;         /* this worker copies its updates out of its memory (wire.h) */
+    uint64_t push_seq;        /* the number of the last push sealed for it (comm thread) */
+    psagg__ctl_auth auth;     /* its control connection's frames, both ways (with a secret) */
+    int local_reads;          /* this worker copies its updates out of its memory (wire.h) */
     /*
      * Pushes handed to libfabric whose send has not completed (comm thread only). The window
      * is released by the send completion, not by the update: an update needs every worker's
@@ -256,12 +256,12 @@ struct psagg_ctx {
     atomic_uint_fast64_t time_ns[6];
     psagg__timeline *timeline; /* [log] timeline, or NULL */
 
-    uint32_t n_user; /* tensors the user declared (keys below; then internal ones) */
-    int keep_pushes; /* two push buffers per chunk (chunk_buf): server_replicas */
+    uint32_t n_user;     /* tensors the user declared (keys below; then internal ones) */
+    int keep_pushes;     /* two push buffers per chunk (chunk_buf): server_replicas */
     int server_residual; /* the servers keep a residual (WELCOME): with replicas, every chunk
                             has copies (failover.c) */
-    uint32_t *owner; /* per chunk: the server it is pushed to (chunk_owner; the
-                        layout's, until a server view moves it; comm thread) */
+    uint32_t *owner;     /* per chunk: the server it is pushed to (chunk_owner; the
+                            layout's, until a server view moves it; comm thread) */
     struct psagg__failover *failover; /* [cluster] server_replicas (failover.c), or NULL */
     psagg__ctl_optim optim;           /* the servers' [server] optimizer settings (WELCOME) */
     ctl_request ckpt;                 /* psagg_checkpoint's (control.c) */
@@ -303,6 +303,14 @@ static inline push_buf *chunk_push(psagg_ctx *ctx, uint32_t chunk, uint32_t roun
 {
     return &ctx->chunks[chunk].p[ctx->keep_pushes ? round & 1 : 0];
 }
+
+/*
+ * handle.c: send push pb to server s (its window checked by the caller): sealed for s alone,
+ * with the view's epoch. PSAGG_OK: the send is pending (pb->send_pending 1, counted in s's
+ * window and bytes_sent); PSAGG_EAGAIN: the provider's queue is full, nothing sent; else the
+ * send failed. pb->to is s either way.
+ */
+psagg_status push_send(psagg_ctx *ctx, push_buf *pb, uint32_t s);
 
 /*
  * handle.c. handle_new checks a push_pull's arguments and claims the tensor's in-flight slot;

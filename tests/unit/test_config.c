@@ -43,7 +43,7 @@ static void remove_tmpdir(void)
         rmdir(tmpdir);
 }
 
-#define MINIMAL "[cluster]\njob_id = j\nservers = 127.0.0.1:1\nworkers = 2\n"
+#define MINIMAL     "[cluster]\njob_id = j\nservers = 127.0.0.1:1\nworkers = 2\n"
 #define TWO_SERVERS "[cluster]\njob_id = j\nservers = 127.0.0.1:1 127.0.0.1:2\nworkers = 2\n"
 
 /*
