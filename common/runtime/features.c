@@ -89,8 +89,10 @@ const psagg__combo psagg__combos[] = {
      "is not sent to it)"},
     {PSAGG_F_REPLICAS, PSAGG_F_CHECKPOINT, 1,
      "a checkpoint of chunks that moved to another server is not built"},
-    {PSAGG_F_REPLICAS, PSAGG_F_ADAPTIVE, 1,
-     "the statistics tensor's rounds after a takeover are not built"},
+    {PSAGG_F_REPLICAS, PSAGG_F_ADAPTIVE, 0,
+     "the statistics travel as a sum tensor: their rounds in flight are pushed again to the new "
+     "owner like a gradient's, and every worker solves the same sums; a round's generation is "
+     "the schedule's, so a new owner checks pushes as the old one did"},
     {PSAGG_F_REPLICAS, PSAGG_F_DEVICE, 1,
      "the pushes a worker keeps for a takeover are not tested on the CUDA path (refused at the "
      "call: push from host memory)"},

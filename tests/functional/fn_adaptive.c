@@ -28,6 +28,8 @@
  * outputs> <each tensor's codec@generation>" (psagg_handle_codec), and before each round
  * (after the barrier before it, or its admission) "ASSIGN r <each tensor's
  * psagg_get_assignment>": the harness checks that a joiner's lines are the members'.
+ * --progress: print "ROUND r" as it starts round r (test_server_failover.sh kills a server
+ * at a round).
  *
  * It links libpsagg statically: the reference uses the library's own codecs and layout.
  */
@@ -92,7 +94,7 @@ int main(int argc, char **argv)
 {
     uint32_t rounds = argc > 1 ? (uint32_t)atoi(argv[1]) : 16, switches = 0, max_gen = 0;
     uint32_t first_round = 0, join_round[MAX_JOINERS], hold_round[MAX_HOLDS];
-    int sync = 0, joiner[MAX_JOINERS], n_joiners = 0, n_joined = 0, n_holds = 0, self_joined = 0;
+    int sync = 0, progress = 0, joiner[MAX_JOINERS], n_joiners = 0, n_joined = 0, n_holds = 0, self_joined = 0;
     const char *hold_file[MAX_HOLDS];
     psagg__config cfg;
     psagg_ctx *ctx = NULL;
@@ -109,6 +111,8 @@ int main(int argc, char **argv)
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--sync")) {
             sync = 1;
+        } else if (!strcmp(argv[i], "--progress")) {
+            progress = 1;
         } else if (!strcmp(argv[i], "--joiner") && i + 1 < argc && n_joiners < MAX_JOINERS) {
             join_round[n_joiners] = UINT32_MAX; /* not yet */
             joiner[n_joiners++] = atoi(argv[++i]);
@@ -117,7 +121,8 @@ int main(int argc, char **argv)
             hold_round[n_holds] = (uint32_t)atoi(argv[++i]);
             hold_file[n_holds++] = strchr(argv[i], ':') + 1;
         } else {
-            FAIL("usage: fn_adaptive ROUNDS [--sync] [--joiner RANK]... [--hold ROUND:FILE]...");
+            FAIL("usage: fn_adaptive ROUNDS [--sync] [--progress] [--joiner RANK]... "
+                 "[--hold ROUND:FILE]...");
         }
     }
     if (psagg_codec_parse("maxmin4/512", &m4) || psagg__codec_check(&m4))
@@ -194,6 +199,10 @@ int main(int argc, char **argv)
         for (int k = 0; k < n_holds; k++)
             if (hold_round[k] == r)
                 hold(r, hold_file[k]);
+        if (progress) {
+            printf("ROUND %u\n", r);
+            fflush(stdout);
+        }
         for (uint32_t t = 0; t < N_T; t++) {
             for (uint64_t i = 0; i < sizes[t]; i++)
                 in[t][i] = input_value(rank, t, r, i) * scale(t, r, rounds);

@@ -33,8 +33,11 @@
 #                      another secret (it refuses the workers' HELLOs), then a process without
 #                      the secret that answers HELLO (fake_server.py: every worker refuses its
 #                      WELCOME); then the real one is back
-# PART: sum (the fn_worker cases), state (optim-* and residual-*: chunks with copies), or all
-# (the default).
+# Adaptive codecs ([codec] adaptive = on; fn_adaptive: the codecs change every 2 rounds, every
+# output checked bit for bit against its own reference; adaptive-*): the statistics tensor is a
+# sum tensor like any other, its rounds pushed again to the new owner.
+# PART: sum (the fn_worker cases), state (optim-* and residual-*: chunks with copies), adaptive,
+# or all (the default).
 set -u -o pipefail
 build=$1 part=${2:-all}
 # shellcheck source=tests/harness.sh
@@ -42,6 +45,7 @@ build=$1 part=${2:-all}
 reserve_ports 3 "${3:-}"
 worker_bin=$build/tests/functional/fn_worker
 optim_bin=$build/tests/functional/fn_optim
+adaptive_bin=$build/tests/functional/fn_adaptive
 rounds=300
 mark=ROUND # (what a worker prints as it starts round n: fn_worker ROUND n, fn_optim STEP n)
 head -c 32 /dev/urandom | base64 >"$tmp/secret"
@@ -63,6 +67,9 @@ run() {
         if [ -n "${optim:-}" ]; then # parameter chunks: fn_optim (prints STEP n)
             start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
                 FN_OPTIM_CODEC="$codec" "$optim_bin" "$steps" --step-sleep-ms "${round_sleep:-3}"
+        elif [ -n "${adaptive:-}" ]; then # adaptive codecs: fn_adaptive (its own tensors)
+            start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
+                "$adaptive_bin" $rounds --progress
         else
             start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
                 "$worker_bin" --codec "$codec" --sizes "${sizes:-1,1023,4096,50000,7000}" --rounds $rounds \
@@ -167,7 +174,7 @@ went_on() {
 }
 
 declare -A ref
-if [[ $part != state ]]; then
+if [[ $part == all || $part == sum ]]; then
     for cfg in "2 fp32" "3 maxmin4" "3 fp32"; do
         set -- $cfg
         run "ref-$1-$2" "$1" "$2" 1 -1 KILL 0 0
@@ -310,7 +317,7 @@ if [[ $part != state ]]; then
     echo "r0: every worker failed naming server 1: $(grep -h '^FAIL' "$tmp/r0-worker0.log" | head -1)"
 fi
 
-if [[ $part != sum ]]; then
+if [[ $part == all || $part == state ]]; then
     # Parameter chunks ([server] optimizer; fn_optim: four parameters and a plain tensor, checked
     # bit for bit against its own reference of the servers' arithmetic after every step, and the
     # master weights pulled at the end): a copy of each parameter chunk runs every round on the
@@ -400,6 +407,43 @@ if [[ $part != sum ]]; then
                 wc -l) chunks taken over by their copies with their residuals"
         stop_all
     done
+fi
 
+if [[ $part == all || $part == adaptive ]]; then
+    # Adaptive codecs: a new assignment every 2 rounds (the statistics of even rounds pushed as the
+    # job's last tensor, summed by its chunks' owners like any gradient, solved on every worker);
+    # a server killed while statistics or gradients of either parity are on their way, stopped, or
+    # killed and back: every worker exact in every round and bit-identical to the uninterrupted run
+    adaptive=1 rounds=300
+    adaptive_keys=(server.threads=2 worker.chunk_bytes=262144 codec.adaptive=on
+        codec.adaptive_interval=2 codec.adaptive_budget=1.0)
+    run adaptive-ref 2 fp32 1 -1 KILL 0 0 "${adaptive_keys[@]}"
+    for w in 0 1 2; do
+        ((rc[w] == 0)) || fail "adaptive-ref: worker $w exited ${rc[w]} without a death"
+        grep -q '^ADAPTIVE-EXACT' "$tmp/adaptive-ref-worker$w.log" || fail "adaptive-ref: worker $w not exact"
+    done
+    ref[adaptive]=$(digest_of adaptive-ref)
+    echo "adaptive uninterrupted: $(grep -h '^ADAPTIVE-EXACT' "$tmp/adaptive-ref-worker0.log") ${ref[adaptive]}"
+    stop_all
+    for v in "kill1 1 KILL 40 1" "kill0 0 KILL 61 2" "stop1 1 STOP 50 0"; do
+        set -- $v
+        run "adaptive-$1" 2 fp32 1 "$2" "$3" "$4" "$5" "${adaptive_keys[@]}"
+        went_on "adaptive-$1" 1 "${ref[adaptive]}"
+        for w in 0 1 2; do
+            grep -q '^ADAPTIVE-EXACT' "$tmp/adaptive-$1-worker$w.log" || fail "adaptive-$1: worker $w not exact"
+        done
+        echo "adaptive-$1: server $2 SIG$3 at round $4 + $5 ms: every worker exact and bit-identical ($digest);" \
+            "$(grep -h "server view 1: .* to this server" "$tmp/adaptive-$1"-server*.log | grep -v " 0 of them" |
+                sed 's/^[0-9.]* //')"
+        stop_all
+    done
+    events="1 30 1 60" run adaptive-back1 2 fp32 1 -1 KILL 0 0 "${adaptive_keys[@]}"
+    went_on adaptive-back1 2 "${ref[adaptive]}"
+    grep -q "server view 2: .* to this server" "$tmp/adaptive-back1-server1b.log" ||
+        fail "adaptive-back1: server 1 came back and took none of its chunks"
+    echo "adaptive-back1: server 1 killed and back: bit-identical ($digest);" \
+        "$(grep -h "server view 2: .* to this server" "$tmp/adaptive-back1-server1b.log" | sed 's/^[0-9.]* //')"
+    stop_all
+    unset adaptive
 fi
 echo "test_server_failover: ok"
