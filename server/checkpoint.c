@@ -55,9 +55,16 @@ static void checkpoint_write(server *srv)
 {
     char path[PATH_MAX + 16], m[300];
     int64_t t0 = psagg__now_ns();
+    uint8_t *owned = calloc(srv->layout.n_chunks ? srv->layout.n_chunks : 1, 1);
     psagg_status st;
     agg_barrier(srv); /* the aggregation threads' writes of finished rounds, visible */
-    st = optim_checkpoint(srv, path, sizeof path);
+    /* the chunks this server owns in the view it applied: with server replicas each chunk's
+       state is written by its owner alone (a copy may lag it by the pushes on their way) */
+    for (uint32_t g = 0; owned && g < srv->layout.n_chunks; g++)
+        owned[g] = (uint8_t)failover_owns(srv, g);
+    st = owned ? optim_checkpoint(srv, owned, path, sizeof path)
+               : psagg__fail(PSAGG_ENOMEM, "no memory for a checkpoint");
+    free(owned);
     metrics_checkpoint(srv, psagg__now_ns() - t0, !st);
     snprintf(m, sizeof m, "%.290s", st ? psagg_last_error() : path);
     if (st)

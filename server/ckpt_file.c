@@ -13,6 +13,13 @@
  * At start-up (resume) the whole file is checked (size, checksum, every length) before any
  * of it is believed; when the declaration is known, it must match the file's exactly, chunk
  * by chunk, before anything is loaded.
+ *
+ * With [cluster] server_replicas a chunk may have moved: each server writes the chunks it owns
+ * in the view it applied (a taken-over one too; a copy, which may lag its owner, writes
+ * nothing), and a resumed server reads every server's file it finds in its checkpoint_dir and
+ * takes each chunk it holds (owned or copied) from the record with the latest optimizer step:
+ * a dead server's file is older than the new owner's. So every file must be in every server's
+ * checkpoint_dir (a shared directory, or copied there); a chunk found in none is named.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -57,46 +64,60 @@ typedef struct ckpt_chunk {
 } ckpt_chunk;
 _Static_assert(sizeof(ckpt_chunk) == 32, "ckpt_chunk layout");
 
-/* A checkpoint read at start-up (mapped read-only), and where each owned chunk's record is. */
-struct ckpt_file {
+/* One server's file, mapped read-only and checked. */
+typedef struct ckpt_map {
     char path[PATH_MAX];
     const uint8_t *base;
     size_t size;
     const ckpt_head *head;
     const psagg__ctl_tensor *decl;
-    const ckpt_chunk **chunks;  /* head->n_chunks records, in file order */
-    const ckpt_chunk **by_slot; /* after optim_check_job: per owned slot, or NULL */
+    const ckpt_chunk **chunks; /* head->n_chunks records, in file order */
+} ckpt_map;
+
+/* The checkpoint a resumed server reads: its own file, or with server replicas every server's
+   it finds; and where each held chunk's record is. */
+struct ckpt_file {
+    char path[PATH_MAX + 32]; /* for the log: the file, or "DIR (N files)" */
+    ckpt_map *maps;
+    int n_maps;
+    const ckpt_chunk **by_slot; /* after optim_check_job: per held slot, or NULL */
 };
 
-static void ckpt_path(const server *srv, char *buf, size_t len)
+static void ckpt_path(const server *srv, int rank, char *buf, size_t len)
 {
-    snprintf(buf, len, "%s/psagg-server-%d.ckpt", srv->cfg.checkpoint_dir, srv->rank);
+    snprintf(buf, len, "%s/psagg-server-%d.ckpt", srv->cfg.checkpoint_dir, rank);
+}
+
+static void map_close(ckpt_map *f)
+{
+    if (f->base)
+        munmap((void *)f->base, f->size);
+    free(f->chunks);
+    memset(f, 0, sizeof *f);
 }
 
 void ckpt_close(struct ckpt_file *f)
 {
     if (!f)
         return;
-    if (f->base)
-        munmap((void *)f->base, f->size);
-    free(f->chunks);
+    for (int i = 0; i < f->n_maps; i++)
+        map_close(&f->maps[i]);
+    free(f->maps);
     free(f->by_slot);
     free(f);
 }
 
-/* Map `path` and check all of it: size, checksum, header, and every record's bounds. */
-static psagg_status ckpt_read(const server *srv, const char *path, struct ckpt_file **out)
+/* Map `path`, server `rank`'s file, and check all of it: size, checksum, header, and every
+   record's bounds. */
+static psagg_status ckpt_read(const server *srv, const char *path, int rank, ckpt_map *f)
 {
-    struct ckpt_file *f = calloc(1, sizeof *f);
     uint8_t sum[CKPT_SUM];
     struct stat sb;
     size_t off;
     int fd;
     psagg_status st = PSAGG_OK;
 
-    *out = NULL;
-    if (!f)
-        return psagg__fail(PSAGG_ENOMEM, "checkpoint %s", path);
+    memset(f, 0, sizeof *f);
     snprintf(f->path, sizeof f->path, "%s", path);
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
@@ -147,13 +168,12 @@ static psagg_status ckpt_read(const server *srv, const char *path, struct ckpt_f
                          path);
         goto err;
     }
-    if (f->head->server_rank != (uint32_t)srv->rank ||
+    if (f->head->server_rank != (uint32_t)rank ||
         f->head->n_servers != (uint32_t)srv->cfg.n_servers) {
         st = psagg__fail(PSAGG_EIO,
-                         "[server] resume: checkpoint %s was written by server %u of %u; this is "
-                         "server %d of %d",
-                         path, f->head->server_rank, f->head->n_servers, srv->rank,
-                         srv->cfg.n_servers);
+                         "[server] resume: checkpoint %s was written by server %u of %u; it "
+                         "should be server %d's of %d",
+                         path, f->head->server_rank, f->head->n_servers, rank, srv->cfg.n_servers);
         goto err;
     }
     off = sizeof(ckpt_head);
@@ -193,24 +213,60 @@ static psagg_status ckpt_read(const server *srv, const char *path, struct ckpt_f
                          f->size - CKPT_SUM - off);
         goto err;
     }
-    *out = f;
     return PSAGG_OK;
 err:
-    ckpt_close(f);
+    map_close(f);
     return st;
 }
 
 psagg_status ckpt_open(const server *srv, struct ckpt_file **out)
 {
     char path[PATH_MAX];
-    psagg_status st;
-    ckpt_path(srv, path, sizeof path);
-    if ((st = ckpt_read(srv, path, out)))
+    struct ckpt_file *f = calloc(1, sizeof *f);
+    int n = srv->cfg.server_replicas ? srv->cfg.n_servers : 1;
+    uint32_t chunks = 0;
+    psagg_status st = PSAGG_OK;
+
+    *out = NULL;
+    if (!f || !(f->maps = calloc((size_t)n, sizeof *f->maps))) {
+        free(f);
+        return psagg__fail(PSAGG_ENOMEM, "checkpoint");
+    }
+    for (int r = 0; r < n && !st; r++) {
+        int rank = srv->cfg.server_replicas ? r : srv->rank;
+        ckpt_path(srv, rank, path, sizeof path);
+        /* with replicas a server that never wrote one (it died first) has no file */
+        if (srv->cfg.server_replicas && access(path, F_OK) && errno == ENOENT) {
+            if (rank == srv->rank)
+                LOG_INFO(&srv->log,
+                         "resume: %s does not exist (this server wrote no checkpoint): its "
+                         "chunks come from the other servers' files",
+                         path);
+            continue;
+        }
+        if (!(st = ckpt_read(srv, path, rank, &f->maps[f->n_maps])))
+            chunks += f->maps[f->n_maps++].head->n_chunks;
+    }
+    if (!st && !f->n_maps) {
+        ckpt_path(srv, srv->rank, path, sizeof path);
+        st = psagg__fail(PSAGG_EIO,
+                         "[server] resume: no checkpoint in %s: neither %s nor any other "
+                         "server's file (psagg-server-<rank>.ckpt) exists",
+                         srv->cfg.checkpoint_dir, path);
+    }
+    if (st) {
+        ckpt_close(f);
         return st;
+    }
+    if (srv->cfg.server_replicas)
+        snprintf(f->path, sizeof f->path, "%s (%d files)", srv->cfg.checkpoint_dir, f->n_maps);
+    else
+        snprintf(f->path, sizeof f->path, "%s", f->maps[0].path);
     LOG_INFO(&srv->log,
-             "resume: checkpoint %s (job '%.64s', %u tensors, %u parameter chunks here) checks "
-             "out; it is loaded once the workers declare the same tensors",
-             path, (*out)->head->job_id, (*out)->head->n_tensors, (*out)->head->n_chunks);
+             "resume: checkpoint %s (job '%.64s', %u tensors, %u parameter chunks) checks out; "
+             "it is loaded once the workers declare the same tensors",
+             f->path, f->maps[0].head->job_id, f->maps[0].head->n_tensors, chunks);
+    *out = f;
     return PSAGG_OK;
 }
 
@@ -228,11 +284,11 @@ static void decl_text(const psagg__ctl_tensor *t, char *buf, size_t len)
              (t->flags & PSAGG_DECL_PARAM) ? ", parameter" : "");
 }
 
-psagg_status ckpt_match(const server *srv, struct ckpt_file *f, psagg__optim_kind kind, int arrays)
+/* The job must be the one file f holds: its declaration, chunk size and optimizer. */
+static psagg_status map_match(const server *srv, const ckpt_map *f, psagg__optim_kind kind)
 {
     const psagg__layout *l = &srv->layout;
     const psagg__ctl_tensor *decl = srv->job_decl;
-    uint32_t k = 0;
 
     if (f->head->n_tensors != l->n_tensors)
         return psagg__fail(
@@ -265,9 +321,15 @@ psagg_status ckpt_match(const server *srv, struct ckpt_file *f, psagg__optim_kin
             "server runs %s",
             f->path, psagg__optim_name((psagg__optim_kind)f->head->optimizer),
             psagg__optim_name(kind));
-    f->by_slot = calloc(srv->n_owned ? srv->n_owned : 1, sizeof *f->by_slot);
-    if (!f->by_slot)
-        return psagg__fail(PSAGG_ENOMEM, "checkpoint %s", f->path);
+    return PSAGG_OK;
+}
+
+/* Without replicas: the file holds exactly the parameter chunks this server owns, in slot
+   order. */
+static psagg_status match_owned(const server *srv, struct ckpt_file *cf, int arrays)
+{
+    const ckpt_map *f = &cf->maps[0];
+    uint32_t k = 0;
     for (uint32_t i = 0; i < srv->n_owned; i++) {
         const chunk_state *c = &srv->chunks[i];
         const ckpt_chunk *r;
@@ -282,7 +344,7 @@ psagg_status ckpt_match(const server *srv, struct ckpt_file *f, psagg__optim_kin
                 "%llu elements with %d arrays",
                 f->path, k, c->info->key, c->info->index, (unsigned long long)c->info->count,
                 arrays);
-        f->by_slot[i] = r;
+        cf->by_slot[i] = r;
         k++;
     }
     if (k != f->head->n_chunks)
@@ -292,6 +354,66 @@ psagg_status ckpt_match(const server *srv, struct ckpt_file *f, psagg__optim_kin
             "owns %u",
             f->path, f->head->n_chunks, k);
     return PSAGG_OK;
+}
+
+/* With replicas: each held parameter chunk (owned or copied) from the record of it with the
+   latest optimizer step in any of the files (the chunk's owner at the last checkpoint wrote
+   it; an older record is a dead server's). */
+static psagg_status match_held(const server *srv, struct ckpt_file *cf, int arrays)
+{
+    const psagg__layout *l = &srv->layout;
+    const ckpt_chunk **best = calloc(l->n_chunks ? l->n_chunks : 1, sizeof *best);
+    psagg_status st = PSAGG_OK;
+
+    if (!best)
+        return psagg__fail(PSAGG_ENOMEM, "checkpoint");
+    for (int m = 0; m < cf->n_maps && !st; m++) {
+        const ckpt_map *f = &cf->maps[m];
+        for (uint32_t k = 0; k < f->head->n_chunks && !st; k++) {
+            const ckpt_chunk *r = f->chunks[k];
+            const psagg__tensor_info *t = r->key < l->n_tensors ? &l->tensors[r->key] : NULL;
+            uint32_t g = t ? t->first_chunk + r->index : 0;
+            if (!t || !t->param || r->index >= t->n_chunks || r->count != l->chunks[g].count ||
+                r->arrays != (uint32_t)arrays) {
+                st = psagg__fail(PSAGG_EMISMATCH,
+                                 "checkpoint %s, nothing loaded: record %u (tensor %u chunk %u "
+                                 "of %llu elements with %u arrays) is no parameter chunk of "
+                                 "this job with %d arrays",
+                                 f->path, k, r->key, r->index, (unsigned long long)r->count,
+                                 r->arrays, arrays);
+                break;
+            }
+            if (!best[g] || r->step > best[g]->step)
+                best[g] = r;
+        }
+    }
+    for (uint32_t i = 0; i < srv->n_held && !st; i++) {
+        const chunk_state *c = &srv->chunks[i];
+        if (!l->tensors[c->info->key].param)
+            continue;
+        if (!(cf->by_slot[i] = best[c->info - l->chunks]))
+            st = psagg__fail(PSAGG_EMISMATCH,
+                             "checkpoint %s, nothing loaded: tensor '%s' chunk %u, which this "
+                             "server %s, is in none of the files (with [cluster] "
+                             "server_replicas every server's checkpoint_dir must hold every "
+                             "server's file: a shared directory, or the files copied there)",
+                             cf->path, l->tensors[c->info->key].name, c->info->index,
+                             i < srv->n_owned ? "owns" : "keeps a copy of");
+    }
+    free(best);
+    return st;
+}
+
+psagg_status ckpt_match(const server *srv, struct ckpt_file *f, psagg__optim_kind kind, int arrays)
+{
+    psagg_status st;
+    for (int m = 0; m < f->n_maps; m++)
+        if ((st = map_match(srv, &f->maps[m], kind)))
+            return st;
+    f->by_slot = calloc(srv->n_held ? srv->n_held : 1, sizeof *f->by_slot);
+    if (!f->by_slot)
+        return psagg__fail(PSAGG_ENOMEM, "checkpoint %s", f->path);
+    return srv->cfg.server_replicas ? match_held(srv, f, arrays) : match_owned(srv, f, arrays);
 }
 
 const float *ckpt_state(const struct ckpt_file *f, uint32_t slot, uint32_t *arrays, uint64_t *step,
@@ -322,7 +444,7 @@ static void put(ckpt_writer *wr, const void *p, size_t n)
     crypto_generichash_update(&wr->hs, p, n);
 }
 
-psagg_status ckpt_write(const server *srv, int arrays, char *path, size_t len)
+psagg_status ckpt_write(const server *srv, int arrays, const uint8_t *owned, char *path, size_t len)
 {
     const psagg__layout *l = &srv->layout;
     char tmp[PATH_MAX + 8];
@@ -337,7 +459,7 @@ psagg_status ckpt_write(const server *srv, int arrays, char *path, size_t len)
     struct timespec now;
     int fd, dfd;
 
-    ckpt_path(srv, path, len);
+    ckpt_path(srv, srv->rank, path, len);
     if (sodium_init() < 0)
         return psagg__fail(PSAGG_EIO, "libsodium cannot start");
     /* every chunk's last round is finished, and the caller's agg_barrier made what its
@@ -346,8 +468,8 @@ psagg_status ckpt_write(const server *srv, int arrays, char *path, size_t len)
     snprintf(head.job_id, sizeof head.job_id, "%s", srv->cfg.job_id);
     clock_gettime(CLOCK_REALTIME, &now);
     head.written_ns = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
-    for (uint32_t i = 0; i < srv->n_owned; i++)
-        head.n_chunks += srv->chunks[i].param != NULL;
+    for (uint32_t i = 0; i < srv->n_held; i++)
+        head.n_chunks += srv->chunks[i].param && owned[srv->chunks[i].info - l->chunks];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0 || !(wr.f = fdopen(fd, "wb"))) {
@@ -359,12 +481,12 @@ psagg_status ckpt_write(const server *srv, int arrays, char *path, size_t len)
     crypto_generichash_init(&wr.hs, NULL, 0, CKPT_SUM);
     put(&wr, &head, sizeof head);
     put(&wr, srv->job_decl, (size_t)l->n_tensors * sizeof(psagg__ctl_tensor));
-    for (uint32_t i = 0; i < srv->n_owned; i++) {
+    for (uint32_t i = 0; i < srv->n_held; i++) {
         const chunk_state *c = &srv->chunks[i];
         const param_state *ps = c->param;
         const float *arr[4];
         ckpt_chunk r;
-        if (!ps)
+        if (!ps || !owned[c->info - l->chunks])
             continue;
         r = (ckpt_chunk){.key = c->info->key,
                          .index = c->info->index,

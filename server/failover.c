@@ -204,6 +204,14 @@ static const char *view_check(const server *srv, const struct failover *fo, cons
     return bad;
 }
 
+int failover_owns(const server *srv, uint32_t g)
+{
+    const struct failover *fo = srv->failover;
+    if (srv->ctl.rejoin && (!fo || fo->rejoining))
+        return 0; /* (a server that rejoins owns nothing before a view gives it chunks) */
+    return (fo ? fo->owner[g] : srv->layout.chunks[g].owner) == (uint32_t)srv->rank;
+}
+
 /* The slot of the state this server holds of chunk g (owned, or on standby), or -1. */
 static int held_slot(const server *srv, uint32_t g)
 {

@@ -159,13 +159,16 @@ static psagg_status param_alloc(server *srv, chunk_state *c)
     ps->every_op_counts = srv->cfg.server_replicas > 0;
     {
         uint32_t arrays = 0, round = 0;
-        const float *a =
-            ckpt_state(srv->params->restore, c->info->slot, &arrays, &ps->step, &round);
+        const float *a = ckpt_state(srv->params->restore, (uint32_t)(c - srv->chunks), &arrays,
+                                    &ps->step, &round);
         float *dst[4] = {ps->w, ps->view, ps->m1, ps->m2};
         for (uint32_t i = 0; a && i < arrays; i++)
             memcpy(dst[i], a + i * c->info->count, bytes);
         if (a) {
-            c->round = round;
+            /* with server replicas every operation counts a round, and the workers' count of
+               their pulls starts again: the round restarts at the step, on every holder alike
+               (psagg_get_tensor_round says the step) */
+            c->round = ps->every_op_counts ? (uint32_t)ps->step : round;
             ps->restored = 1;
         }
     }
@@ -418,7 +421,7 @@ const chunk_ops param_chunk_ops = {
     .partial = param_partial,
 };
 
-psagg_status optim_checkpoint(server *srv, char *path, size_t len)
+psagg_status optim_checkpoint(server *srv, const uint8_t *owned, char *path, size_t len)
 {
     if (!srv->cfg.checkpoint_dir[0])
         return psagg__fail(PSAGG_ECONFIG, "server %d has no [server] checkpoint_dir", srv->rank);
@@ -427,5 +430,5 @@ psagg_status optim_checkpoint(server *srv, char *path, size_t len)
                            srv->rank);
     /* every chunk's last round is finished, and the caller's agg_barrier made what its
        thread wrote visible here */
-    return ckpt_write(srv, chunk_arrays(srv), path, len);
+    return ckpt_write(srv, chunk_arrays(srv), owned, path, len);
 }

@@ -547,6 +547,9 @@ void failover_view(server *srv, int w, const psagg__ctl_hdr *h, const void *body
 void failover_back(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
 void failover_tick(server *srv, int64_t now);
 void failover_fini(server *srv);
+/* Whether the server view applied here names this server chunk g's owner (the layout's before
+ * any view; none while a server that rejoins waits for the view that admits it). */
+int failover_owns(const server *srv, uint32_t g);
 
 psagg_status membership_init(server *srv);
 void membership_fini(server *srv);
@@ -646,18 +649,19 @@ void optim_welcome(const server *srv, psagg__ctl_optim *out);
  * and the optimizer's step and update at the round's end.
  */
 extern const chunk_ops param_chunk_ops;
-/* The control thread, for a worker's CHECKPOINT, after agg_barrier: write every parameter
- * chunk's state. */
-psagg_status optim_checkpoint(server *srv, char *path, size_t len);
+/* The control thread, for a worker's CHECKPOINT, after agg_barrier: write the state of every
+ * parameter chunk this server owns (owned: per chunk of the layout, failover_owns). */
+psagg_status optim_checkpoint(server *srv, const uint8_t *owned, char *path, size_t len);
 
 /*
  * ckpt_file.c: the file (<checkpoint_dir>/psagg-server-<rank>.ckpt). open: read and check all
- * of it (resume; why not, with its path, on failure); close; path: its name. match: the job
- * (its declaration, chunk size, optimizer kind and `arrays` per chunk) must be the file's,
- * chunk by chunk, before anything is loaded. state: owned slot `slot`'s arrays (`arrays` of
- * its count each), optimizer step and round, or NULL (f NULL, or no parameter chunk there).
- * write: every parameter chunk's state (w, view, then the optimizer's: `arrays` in all),
- * written to a temporary name, synced and renamed; *path gets the file's name.
+ * of it (resume; why not, with its path, on failure), with server replicas every server's
+ * file found; close; path: its name (or the folder's). match: the job (its declaration, chunk
+ * size, optimizer kind and `arrays` per chunk) must be the file's, chunk by chunk, before
+ * anything is loaded. state: held slot `slot`'s arrays (`arrays` of its count each),
+ * optimizer step and round, or NULL (f NULL, or no parameter chunk there). write: the state
+ * of every parameter chunk with owned[chunk] (w, view, then the optimizer's: `arrays` in
+ * all), written to a temporary name, synced and renamed; *path gets the file's name.
  */
 struct ckpt_file;
 psagg_status ckpt_open(const server *srv, struct ckpt_file **out);
@@ -666,7 +670,8 @@ const char *ckpt_file_path(const struct ckpt_file *f);
 psagg_status ckpt_match(const server *srv, struct ckpt_file *f, psagg__optim_kind kind, int arrays);
 const float *ckpt_state(const struct ckpt_file *f, uint32_t slot, uint32_t *arrays, uint64_t *step,
                         uint32_t *round);
-psagg_status ckpt_write(const server *srv, int arrays, char *path, size_t len);
+psagg_status ckpt_write(const server *srv, int arrays, const uint8_t *owned, char *path,
+                        size_t len);
 
 /* gpu.c */
 psagg_status gpu_thread_init(server *srv, agg_thread *t);

@@ -102,15 +102,46 @@ static int request_answer(psagg_ctx *ctx, ctl_request *rq, psagg_status status, 
     return waited;
 }
 
-/* psagg_checkpoint's: a CHECKPOINT to every server. */
+/* psagg_checkpoint's: a CHECKPOINT to every server (with server replicas, every server in the
+   view this worker has not lost: each writes the chunks it owns). */
 static psagg_status checkpoint_send(psagg_ctx *ctx)
 {
-    for (int s = 0; s < ctx->cfg.n_servers; s++)
+    int asked = 0;
+    memset(ctx->ckpt.from, 0, sizeof ctx->ckpt.from);
+    for (int s = 0; s < ctx->cfg.n_servers; s++) {
+        if (failover_lost(ctx, s))
+            continue;
         if (ctx->servers[s].fd < 0 || psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth,
                                                       PSAGG_CTL_CHECKPOINT, NULL, 0))
             return psagg__fail(PSAGG_EPEER, "asking server %d for a checkpoint: %s", s,
                                ctx->servers[s].fd < 0 ? "not connected" : psagg_last_error());
+        ctx->ckpt.from[s] = 1;
+        asked++;
+    }
+    pthread_mutex_lock(&ctx->mu);
+    ctx->ckpt.left = asked;
+    pthread_mutex_unlock(&ctx->mu);
     return PSAGG_OK;
+}
+
+/* With server replicas: a server asked for a checkpoint and lost before it answered fails the
+   checkpoint (its chunks' new owners did not write them), instead of its answer's deadline. */
+static void checkpoint_lost(psagg_ctx *ctx)
+{
+    char m[300];
+    int waiting;
+    pthread_mutex_lock(&ctx->mu);
+    waiting = ctx->ckpt.state == 2;
+    pthread_mutex_unlock(&ctx->mu);
+    for (int s = 0; s < ctx->cfg.n_servers && waiting; s++)
+        if (ctx->ckpt.from[s] && failover_lost(ctx, s)) {
+            ctx->ckpt.from[s] = 0;
+            snprintf(m, sizeof m,
+                     "server %d was lost before it wrote its part of the checkpoint (the chunks "
+                     "it owned are in no file of it): call psagg_checkpoint again",
+                     s);
+            request_answer(ctx, &ctx->ckpt, PSAGG_EPEER, m);
+        }
 }
 
 /* Server s answered a CHECKPOINT (a psagg__ctl_error: status 0 and its file, or why not). */
@@ -119,6 +150,9 @@ static void checkpoint_done(psagg_ctx *ctx, int s, psagg__ctl_error *e)
     char m[300];
     e->msg[sizeof e->msg - 1] = '\0';
     snprintf(m, sizeof m, "server %d: %.250s", s, e->msg);
+    if (!ctx->ckpt.from[s])
+        return; /* (not asked: a server that came back meanwhile, or an answer given twice) */
+    ctx->ckpt.from[s] = 0;
     if (request_answer(ctx, &ctx->ckpt,
                        !e->status                            ? PSAGG_OK
                        : psagg__status_is_failure(e->status) ? (psagg_status)e->status
@@ -203,6 +237,8 @@ static void request_send(psagg_ctx *ctx, ctl_request *rq, psagg_status (*send)(p
 void control_requests_send(psagg_ctx *ctx)
 {
     request_send(ctx, &ctx->ckpt, checkpoint_send);
+    if (ctx->failover)
+        checkpoint_lost(ctx);
     /* a barrier right after a statistics round waits for their push and their solve: every
        member's SYNC then holds the same assignments, which a joiner takes (adapt.c) */
     if (adapt_settled(ctx))

@@ -100,9 +100,10 @@ extern const psagg__bufops psagg__host_ops; /* host.c */
  * psagg_sync_membership's barrier). Guarded by ctx->mu.
  */
 typedef struct ctl_request {
-    int state;           /* 1 asked (the comm thread sends it), 2 sent; 0 idle */
-    int left;            /* answers yet to come */
-    psagg_status status; /* the first failure among them */
+    int state;                       /* 1 asked (the comm thread sends it), 2 sent; 0 idle */
+    int left;                        /* answers yet to come */
+    uint8_t from[PSAGG_MAX_SERVERS]; /* per server: its answer is awaited (comm thread only) */
+    psagg_status status;             /* the first failure among them */
     char msg[300];
 } ctl_request;
 

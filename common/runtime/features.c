@@ -87,8 +87,11 @@ const psagg__combo psagg__combos[] = {
      "rounds (the same weights, optimizer state and update bytes); a copy takes over a dead "
      "owner's chunk; a server that comes back owns and copies no parameter chunk (its state "
      "is not sent to it)"},
-    {PSAGG_F_REPLICAS, PSAGG_F_CHECKPOINT, 1,
-     "a checkpoint of chunks that moved to another server is not built"},
+    {PSAGG_F_REPLICAS, PSAGG_F_CHECKPOINT, 0,
+     "each server writes the parameter chunks it owns in the current server view (a dead "
+     "server's too, once taken over); a resumed server takes each chunk it holds from the file "
+     "with its latest step, so every server's checkpoint_dir must hold every server's file "
+     "(shared, or copied there); a server lost during a checkpoint fails that call"},
     {PSAGG_F_REPLICAS, PSAGG_F_ADAPTIVE, 0,
      "the statistics travel as a sum tensor: their rounds in flight are pushed again to the new "
      "owner like a gradient's, and every worker solves the same sums; a round's generation is "

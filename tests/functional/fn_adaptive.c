@@ -94,7 +94,8 @@ int main(int argc, char **argv)
 {
     uint32_t rounds = argc > 1 ? (uint32_t)atoi(argv[1]) : 16, switches = 0, max_gen = 0;
     uint32_t first_round = 0, join_round[MAX_JOINERS], hold_round[MAX_HOLDS];
-    int sync = 0, progress = 0, joiner[MAX_JOINERS], n_joiners = 0, n_joined = 0, n_holds = 0, self_joined = 0;
+    int sync = 0, progress = 0, joiner[MAX_JOINERS], n_joiners = 0, n_joined = 0, n_holds = 0,
+        self_joined = 0;
     const char *hold_file[MAX_HOLDS];
     psagg__config cfg;
     psagg_ctx *ctx = NULL;

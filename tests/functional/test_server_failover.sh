@@ -20,7 +20,8 @@
 #                      live holder; every worker fails naming it and its servers
 #   r0                 server_replicas = 0: the same death fails every worker naming the server
 # Parameter chunks (fn_optim, [server] optimizer; optim-*) and a server residual
-# ([server] error_feedback; residual-*): the chunks' copies take over (see below).
+# ([server] error_feedback; residual-*): the chunks' copies take over (see below); ck-*:
+# checkpoints written before and after a takeover, resumed bit-identical.
 # Servers that come back (started again with the same command line once every worker took the
 # view without them; the workers sleep 10 ms a round so that the job outlasts it):
 #   back1              server 1 SIGKILLed and restarted: it rejoins in view 2 and owns its chunks
@@ -383,6 +384,62 @@ if [[ $part == all || $part == state ]]; then
     done
     echo "optim-back1-kill0: every worker failed naming the chunk: $(grep -ho "server 0 was lost, and with it[^;]*" \
         "$tmp/optim-back1-kill0-worker0.log" | head -1)"
+    stop_all
+
+    # Checkpoints with copies ([server] checkpoint_dir, one folder for both servers, as
+    # psagg-local gives them): each server writes the parameter chunks it owns in its view, and a
+    # resumed server takes each chunk it holds, owned or copied, from the file with its latest
+    # step. ck-a: a checkpoint after step 40 (both servers write theirs), stopped after 50 and
+    # every process killed; ck-b resumes from it, server 1 SIGKILLed at step 70, a checkpoint
+    # after step 100 (server 0 alone, with server 1's chunks: server 1's file stays at step 40),
+    # stopped after 120 and killed; ck-c resumes both servers from step 100 (server 1's chunks
+    # from server 0's file) and ends bit-identical to the uninterrupted run.
+    ck_dir=$tmp/ck-shared
+    mkdir -p "$ck_dir"
+    ck_run() { # ck_run NAME RESUME FN_OPTIM_ARGS...
+        local name=$1 resume=$2 w
+        shift 2
+        job_ini "$tmp/$name.ini" 2 3 cluster.job_id="failover-ck-$port" cluster.server_replicas=1 \
+            cluster.op_timeout_ms=3000 log.level=info "${optim_keys[@]}" \
+            server.checkpoint_dir="$ck_dir" server.resume="$resume"
+        start_servers "$tmp/$name.ini" 2 "$name-"
+        for w in 0 1 2; do
+            start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
+                FN_OPTIM_CODEC=maxmin4/512 "$optim_bin" "$steps" --step-sleep-ms 3 "$@"
+        done
+    }
+    ck_stopped() { # ck_stopped NAME: every worker printed STOPPED (it waits to be killed); then all killed
+        wait_until 90 bash -c "(( \$(grep -l '^STOPPED' '$tmp/$1'-worker*.log 2>/dev/null | wc -l) == 3 ))" ||
+            fail "$1: the workers did not all reach their stop"
+        stop_all
+    }
+    ck_run ck-a off --checkpoint-at 40 --stop-after 50
+    ck_stopped ck-a
+    grep -q '^CHECKPOINT after step 39' "$tmp/ck-a-worker0.log" || fail "ck-a: no checkpoint"
+    ls "$ck_dir"/psagg-server-{0,1}.ckpt >/dev/null || fail "ck-a: not both servers wrote their file"
+    cp "$ck_dir/psagg-server-1.ckpt" "$tmp/ck-a-server1.ckpt"
+    ck_run ck-b on --resume --checkpoint-at 100 --stop-after 120
+    wait_until 60 grep -qs "^STEP 70\$" "$tmp/ck-b-worker0.log" || fail "ck-b: worker 0 never reached step 70"
+    kill -KILL "${spid[1]}"
+    ck_stopped ck-b
+    grep -q 'INIT from step 40' "$tmp/ck-b-worker0.log" || fail "ck-b: the parameters did not start at step 40"
+    grep -q '^CHECKPOINT after step 99' "$tmp/ck-b-worker0.log" || fail "ck-b: no checkpoint after the takeover"
+    cmp -s "$ck_dir/psagg-server-1.ckpt" "$tmp/ck-a-server1.ckpt" ||
+        fail "ck-b: server 1's file changed after its death"
+    ck_run ck-c on --resume
+    for w in 0 1 2; do
+        wait_for "${wpid[$w]}" 90
+        rc[w]=$?
+        ((rc[w] == 0)) || fail "ck-c: worker $w exited ${rc[w]}"
+        grep -q '^OPTIM-EXACT' "$tmp/ck-c-worker$w.log" || fail "ck-c: worker $w not exact"
+    done
+    grep -q 'INIT from step 100' "$tmp/ck-c-worker0.log" || fail "ck-c: the parameters did not start at step 100"
+    d=$(digest_of ck-c)
+    [ "$d" = "${ref[optim-2-r1]}" ] || fail "ck-c: digest $d, the uninterrupted run's ${ref[optim-2-r1]}"
+    echo "ck: checkpoint after step 40, killed; resumed, server 1 SIGKILLed at step 70, checkpoint after" \
+        "step 100 (server 0 wrote every chunk), killed; resumed from step 100 (server 1's chunks from" \
+        "server 0's file, its own at step 40): bit-identical to the uninterrupted run ($d);" \
+        "$(grep -h "checkpoint .* written" "$tmp/ck-b-server0.log" | tail -1 | sed 's/^[0-9.]* //')"
     stop_all
     unset optim
     mark=ROUND

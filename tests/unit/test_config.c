@@ -297,8 +297,17 @@ static void test_replicas(void)
                              &cfg) == PSAGG_OK,
           "server_replicas with [server] optimizer (copies of parameter chunks): %s",
           psagg_last_error());
-    EXPECT_ERROR(TWO_SERVERS "server_replicas = 1\n[codec]\nadaptive = on\n", 5,
-                 "[cluster] server_replicas", "[codec] adaptive");
+    CHECK(psagg__config_load(write_ini(TWO_SERVERS "server_replicas = 1\n[codec]\nadaptive = on\n"),
+                             &cfg) == PSAGG_OK,
+          "server_replicas with [codec] adaptive (the statistics are a sum tensor): %s",
+          psagg_last_error());
+    CHECK(psagg__config_load(write_ini(TWO_SERVERS "server_replicas = 1\n[server]\noptimizer = "
+                                                   "sgd\ncheckpoint_dir = /tmp\n"),
+                             &cfg) == PSAGG_OK,
+          "server_replicas with [server] checkpoint_dir (each owner writes its chunks): %s",
+          psagg_last_error());
+    EXPECT_ERROR(TWO_SERVERS "server_replicas = 1\n[server]\nquorum = 1\n", 5,
+                 "[cluster] server_replicas", "[server] quorum");
 }
 
 /* data_auth = auto (the default): on with a secret_file, off without; on and off as said. */
