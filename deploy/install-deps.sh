@@ -51,6 +51,7 @@ PKGS=(
     libfabric-dev libfabric-bin libjemalloc-dev libinih-dev zlib1g-dev libsodium-dev libssl-dev
     openmpi-bin libopenmpi-dev
     python3-torch python3-sklearn python3-matplotlib python3-numpy
+    python3-venv python3-pip python3-setuptools python3-wheel
     iproute2 nftables procps time
     openssh-server openssh-client slurmctld slurmd slurm-client munge
     libmicrohttpd-dev prometheus curl

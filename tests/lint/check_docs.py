@@ -289,6 +289,18 @@ def resolve_word(word, repo, build_dir):
     return os.path.join(repo, word)
 
 
+def installed_scripts(repo):
+    """The commands `pip install .` puts on PATH (pyproject.toml's [project.scripts]): the quick
+    start installs them before it runs them."""
+    try:
+        with open(os.path.join(repo, "pyproject.toml"), encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        return set()
+    m = re.search(r"^\[project\.scripts\]\n(.*?)(?:^\[|\Z)", text, re.S | re.M)
+    return set(re.findall(r"^([A-Za-z0-9_.-]+)\s*=", m.group(1), re.M)) if m else set()
+
+
 def check_command(words, repo, build_dir, where):
     """Problems with one simple command of the quick start."""
     problems = []
@@ -310,16 +322,17 @@ def check_command(words, repo, build_dir, where):
         name = os.path.basename(words[k])
         if INTERPRETERS.match(name):
             j = k + 1
-            while j < len(words) and words[j].startswith("-"):
+            while j < len(words) and words[j].startswith("-") and words[j] not in ("-m", "-c"):
                 j += 1
-            if j < len(words) and words[j] != "--":
+            # (python3 -m MODULE, -c CODE: no script)
+            if j < len(words) and words[j] not in ("--", "-m", "-c"):
                 scripts.add(j)
     for k, w in enumerate(words):
         if any(c in w for c in "$*?~"):
             continue
         if k in programs:
             if "/" not in w:
-                if w not in BUILTINS and shutil.which(w) is None:
+                if w not in BUILTINS and w not in installed_scripts(repo) and shutil.which(w) is None:
                     problems.append(f"{where}: program '{w}' is not on PATH")
                 continue
             path = resolve_word(w, repo, build_dir)

@@ -9,8 +9,9 @@
 Every failure raises psagg.Error carrying the status name (e.g. "PSAGG_ETIMEDOUT") and
 psagg_last_error()'s message: what went wrong and with whom. PyTorch users want psagg.torch.
 
-The library is found from, in order: $PSAGG_LIBRARY, the path CMake wrote into _paths.py (the
-build tree or the install prefix), then the system's library path. libpsagg does not use
+The library is found from, in order: $PSAGG_LIBRARY, the one a pip-installed package carries
+beside this file (_lib/libpsagg.so.0), the path CMake wrote into _paths.py (the build tree or the
+install prefix), then the system's library path. libpsagg does not use
 jemalloc (only psagg-server does), so it loads into a process that has already imported torch.
 """
 
@@ -177,6 +178,9 @@ def _candidates():
     if env:
         return [env]  # explicit: nothing else is tried
     out = []
+    carried = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lib", "libpsagg.so.0")
+    if os.path.isfile(carried):  # a pip install (wheel): found by the package's own location
+        out.append(carried)
     try:
         from . import _paths  # written by CMake (build tree or install)
         out.append(_paths.LIBPSAGG)

@@ -100,6 +100,12 @@ def describe(rc, remote=False):
 
 # ---- the command line ----
 
+def bundled(name):
+    """The program `name` a pip-installed psagg carries (psagg/_bin/NAME), or None."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bin", name)
+    return path if os.path.isfile(path) else None
+
+
 class CommandLine:
     """Options before --, PROGRAM [ARGS...] after it; -h or --help before -- prints the doc.
     Errors exit 2 with the usage line (the doc's "Usage:" paragraph)."""
@@ -190,11 +196,13 @@ class CommandLine:
         return os.path.realpath(path) if resolve else os.path.abspath(path)
 
     def server_bin(self, script_dir):
-        """--server-bin (default $PSAGG_SERVER_BIN, else <repo>/build/server/psagg-server,
-        else psagg-server beside the command or on PATH), made absolute."""
+        """--server-bin (default $PSAGG_SERVER_BIN, else <repo>/build/server/psagg-server, else
+        the one this package carries (a pip install: psagg/_bin), else psagg-server beside the
+        command or on PATH), made absolute."""
         path = self.opts["--server-bin"] or os.environ.get("PSAGG_SERVER_BIN")
         if not path:
             for c in (os.path.join(os.path.dirname(script_dir), "build", "server", "psagg-server"),
+                      bundled("psagg-server"),
                       os.path.join(script_dir, "psagg-server"), shutil.which("psagg-server")):
                 if c and os.path.isfile(c) and os.access(c, os.X_OK):
                     path = c
@@ -963,8 +971,162 @@ COMMANDS = {
 }
 
 
-def main(command, doc):
-    """psagg-<command> (local, ssh or slurm) with its docstring: its exit status (see its doc)."""
+
+# ---- the commands' help (psagg-local --help prints it) ----
+
+LOCAL_DOC = r"""psagg-local - run a psagg job on this host: S psagg-server processes and N workers.
+
+Usage: psagg-local --config FILE [--servers S] [--workers N] [--server-bin PATH]
+                   [--timeout SEC] [--grace SEC] [--keep-going] [--restarts N]
+                   -- PROGRAM [ARGS...]
+
+  --config FILE      the job's INI file (e.g. conf/local.ini); passed to every process
+  --servers S        servers to start (default: the entries of [cluster] servers); when
+                     given, every process gets PSAGG_CLUSTER_SERVERS = the first S entries
+  --workers N        workers to start (default: [cluster] workers); when given, every
+                     process gets PSAGG_CLUSTER_WORKERS=N so that all of them agree
+  --server-bin PATH  psagg-server to run (default: $PSAGG_SERVER_BIN, else
+                     <repo>/build/server/psagg-server, else psagg-server beside this
+                     script or on PATH)
+  --timeout SEC      stop everything and fail (exit 124) after SEC seconds
+  --grace SEC        seconds between SIGTERM and SIGKILL when stopping (default 5)
+  --keep-going       when a worker fails or a server exits, let the other workers run to
+                     their own end (they fail by themselves within op_timeout_ms when the
+                     job is broken) instead of stopping them; the exit status is still 1
+  --restarts N       up to N restarts in all, workers' and servers' together (torchrun's
+                     --max-restarts); needs [cluster] elastic = on or server_replicas >= 1.
+                     Elastic: a worker that fails is started again with its rank (it joins
+                     the running job; PSAGG_RESTART says the how-manyth start it is).
+                     server_replicas >= 1: a server that dies is started again with its
+                     command line (its rank and port; it rejoins the running job)
+
+The config is read by psagg's own parser, never by this script: `psagg-server --config FILE
+--check-config --fabric-env` checks it (a bad key stops us with its file:line), prints it
+resolved and prints the libfabric environment every process of the job must share (rxm's
+message limits; variables already set are kept). So a server binary is needed even with
+--servers 0.
+
+Server i runs as `psagg-server --config FILE --rank i` with PSAGG_SERVER_RANK=i and
+PSAGG_CONFIG=FILE; worker i runs PROGRAM with PSAGG_RANK=i, PSAGG_WORLD_SIZE=N and
+PSAGG_CONFIG=FILE (FILE made absolute), both with that libfabric environment. Workers also
+get torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT
+(a free port unless set), so torch.distributed works unchanged, and PYTHONPATH starts with
+the psagg Python package of the server binary's build (<build>/python) when there is one.
+Every line a process writes (stdout or stderr) appears on our stdout as "[server i] ..." or
+"[worker i] ..." as soon as it is written.
+
+An elastic job ([cluster] elastic = on) goes on when a worker fails: the others keep running
+(the servers start a membership epoch without it) and the exit status is 0 if every server
+was still there when the last worker ended and at least one worker finished. With
+--restarts the failed worker is started again while the servers and another worker still
+run; it joins the job at the members' next barrier.
+
+A job with [cluster] server_replicas >= 1 (docs/server-failover.md) goes on when a server
+dies (exits non-zero or by a signal) before the workers are done: the other servers take its
+chunks over. With --restarts it is started again, the same command line on this host (same
+rank, same port), and rejoins the running job: "server 1 (127.0.0.1:19501) died with status
+137 (killed by SIGKILL): restarted (restart 1 of 2)"; once the restarts are spent it is left
+dead and the job goes on without it. A server that exits 0 (the workers said BYE: the job
+is ending) or dies while the job is stopped is not restarted, and a worker that fails still
+ends a job that is not elastic. The summary names every restart and every server left dead.
+
+Exit status: 0 when every worker exits 0 (the servers are then stopped); 1 when a worker
+fails (not in an elastic job) or a server exits before the workers are done (without
+server_replicas; the message names it and its status); 124 on --timeout; 2 for usage or
+config errors; 128 + N on signal N (INT 130, TERM 143, HUP 129, QUIT 131, PIPE 141, USR1,
+USR2, ALRM): every one stops the job first. 141 also when our output can no longer be written
+(`psagg-local ... | head`). Each process runs in its own session (setsid), and stopping sends
+SIGTERM, then SIGKILL after the grace period, to each whole process group, so nothing is left
+behind: not the processes, not our own timer and output filters. (Not even this script can
+clean up after a SIGKILL of itself.)"""
+
+SSH_DOC = r"""psagg-ssh - run a psagg job on a cluster over OpenSSH, from the job's INI file.
+
+Usage: psagg-ssh --config FILE [--ssh-option OPT]... [--ssh CMD] [--server-bin PATH]
+                 [--chdir DIR] [--grace SEC] [--timeout SEC] [--dry-run] [--restarts N] -- PROGRAM [ARGS...]
+
+The config says where everything runs: server i on the host of [cluster] servers entry i,
+the workers on [cluster] worker_hosts ("host:slots ..."; ranks fill the hosts in order). It
+is checked first by psagg's own parser (`psagg-server --config FILE --check-config`: file:line
+for a bad key, every server address must resolve); nothing starts if it is wrong.
+
+  --ssh-option OPT   passed to ssh as -o OPT (repeatable), e.g. --ssh-option Port=2222
+  --ssh CMD          the ssh command, split on spaces (default "ssh"; e.g. "ssh -F cfg");
+                     ssh runs non-interactively (BatchMode=yes) and honours the user's config
+  --server-bin PATH  psagg-server on the hosts (default: the one beside this script's build,
+                     <repo>/build/server/psagg-server, else psagg-server on PATH)
+  --chdir DIR        working directory on every host (default: the current one)
+  --grace SEC        seconds between SIGTERM and SIGKILL when stopping (default 5)
+  --timeout SEC      stop everything and fail (exit 124) after SEC seconds
+  --dry-run          print the plan (host, role, rank, command) and start nothing
+  --restarts N       up to N restarts in all, workers' and servers' together (torchrun's
+                     --max-restarts); needs [cluster] elastic = on or server_replicas >= 1.
+                     Elastic: a worker that fails is started again on its host with its
+                     rank and joins the running job (PSAGG_RESTART=k). server_replicas >= 1:
+                     a server that dies (non-zero exit, signal) while the job runs is started
+                     again on its host with its command line (same rank and port) and
+                     rejoins the job; once the restarts are spent the job goes on without it
+  --no-servers       start only the workers: the servers already run (e.g. under systemd,
+                     deploy/systemd/psagg-server@.service)
+
+Paths (the config, the binaries, the program, --chdir) must be the same on every host, as
+with mpirun: a shared file system or identical installs. Every process gets PSAGG_CONFIG,
+PSAGG_RANK / PSAGG_SERVER_RANK, PSAGG_WORLD_SIZE, torchrun's RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, MASTER_ADDR (the first worker host) and MASTER_PORT (29500 unless set),
+PYTHONPATH with the build's python package, and the job's libfabric environment
+(`psagg-server --fabric-env`). Every line a process writes comes out as
+"[host role rank] line" as soon as it is written.
+
+Stopping: on the first failure (a worker exits non-zero, a server exits before the workers
+are done without [cluster] server_replicas, ssh cannot reach a host), on Ctrl-C or on
+--timeout, every remote process group is stopped: each remote process runs in its own session
+under a small watchdog that reads the ssh connection; when we close it (or die, or the
+connection drops) the watchdog sends SIGTERM to the group and SIGKILL after --grace. We wait
+for every ssh to return, so when we exit nothing of the job runs anywhere. Exit status: the
+first failure's (a worker's exit code; 255 when ssh failed), 124 on --timeout, 128+N on
+signal N, 2 for usage and config errors, 0 when every worker exited 0. A summary names who
+failed and why, and every process that was restarted.
+"""
+
+SLURM_DOC = r"""psagg-slurm - run a psagg job inside a Slurm allocation (from sbatch or salloc).
+
+Usage: psagg-slurm --config TEMPLATE [--placement colocated|own] [--servers S]
+                   [--workers-per-node K] [--port P] [--job-config FILE]
+                   [--server-bin PATH] [--chdir DIR] [--grace SEC] [--timeout SEC]
+                   [--dry-run] [--restarts N] -- PROGRAM [ARGS...]
+
+e.g.  sbatch -N 3 --ntasks-per-node 2 deploy/psagg.sbatch conf/cluster.ini -- python3 train.py
+      sbatch -N 3 --ntasks-per-node 2 --wrap "deploy/psagg-slurm --config conf/cluster.ini -- ./train"
+
+Placement comes from the allocation (SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE):
+  --placement colocated (default)  servers on the first S nodes (default S: every node), and
+                                   workers on every node, one per task slot
+  --placement own                  servers on the first S nodes (default S = 1), one each,
+                                   and workers on the other nodes only
+  --workers-per-node K             workers per worker node instead of the task slots
+  --port P                         server i listens on P + i (default 20000 + a number from
+                                   the job id, so that jobs sharing a node differ)
+The job's config is the template with [cluster] servers (each server node's NodeAddr from
+`scontrol show node`, port), workers and worker_hosts set for this allocation; every other key
+is the template's. It is written to --job-config (default ./psagg-slurm-JOBID.ini: a file
+system every node sees) and checked with psagg's own parser before anything starts (file:line,
+addresses resolve). Each process is started with `srun --overlap -N1 -n1 -w NODE`, under the
+same watchdog and with the same environment as deploy/psagg-ssh, and every line comes out as
+"[node role rank] line". --restarts N (up to N restarts in all, workers' and servers'
+together; needs [cluster] elastic = on or server_replicas >= 1): in an elastic job a worker
+that fails is started again on its node and joins the running job; with server_replicas >= 1
+a server that dies while the job runs is started again on its node with its command line (same
+rank and port) and rejoins the job, and once the restarts are spent the job goes on without
+it. The first failure stops everything (the reason is the summary's last lines, which also
+name every restart) and is our exit status, so the batch job ends FAILED with it.
+"""
+
+DOCS = {"local": LOCAL_DOC, "ssh": SSH_DOC, "slurm": SLURM_DOC}
+
+
+def main(command, doc=None):
+    """psagg-<command> (local, ssh or slurm) with its help (DOCS): its exit status (see it)."""
+    doc = doc or DOCS[command]
     global ME
     ME = "psagg-" + command
     ignored = [n for n in SIGNALS if n not in ALWAYS_CAUGHT
