@@ -3,7 +3,9 @@
 # MLP on the digits data set with psagg on this host (2 servers x 4 workers, conf/local.ini),
 # once with the config's codec ([codec] default, e.g. maxmin4) and once with fp32, then print
 # both side by side. Then the same for PyTorch (worker/examples/train_digits.py, a small CNN):
-# DDP with psagg's hook next to DDP with Gloo's fp32 all-reduce (skipped without torch).
+# DDP with psagg's hook next to DDP with Gloo's fp32 all-reduce, and DiLoCo (H = 50 local steps,
+# the outer step on the servers, 4-bit outer gradients): accuracy, ms and bytes per step, so the
+# 100x+ shows (skipped without torch).
 #
 # Usage: deploy/demo.sh [TRAINING OPTIONS...]
 #   Options are passed to psagg-train-digits (e.g. --epochs 10 --lr 0.1 --batch 32);
@@ -106,15 +108,20 @@ one step (forward/backward, push_pull of W1 b1 W2 b2, SGD update), averaged over
 EOF
 
 # ---- PyTorch: the same host, a small CNN (worker/examples/train_digits.py), psagg's DDP hook
-# with the config's codec next to Gloo's fp32 all-reduce ----
+# with the config's codec next to Gloo's fp32 all-reduce, and DiLoCo on psagg's servers ----
 py=/usr/bin/python3
 if "$py" -c "import torch, sklearn" 2>/dev/null; then
-    declare -A tres=()
-    for comm in psagg gloo; do
-        say "PyTorch DDP with --comm $comm: deploy/psagg-local --config $config -- $py worker/examples/train_digits.py --comm $comm"
+    declare -A tres=() targs=([psagg]="--comm psagg" [gloo]="--comm gloo" [diloco]="--diloco 50 --codec maxmin4")
+    for comm in gloo psagg diloco; do
+        envs=()
+        # DiLoCo's outer optimizer runs on the servers: SGD with Nesterov momentum
+        [[ $comm == diloco ]] && envs=(PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9 PSAGG_SERVER_NESTEROV=on)
+        say "PyTorch, ${targs[$comm]}: ${envs[*]:+${envs[*]} }deploy/psagg-local --config $config -- $py worker/examples/train_digits.py ${targs[$comm]}"
         set +e
-        out=$(deploy/psagg-local --config "$config" --timeout 600 -- "$py" worker/examples/train_digits.py \
-            --comm "$comm" 2>&1 | tee "$logs/torch-$comm.log" | grep --line-buffered -E '^\[worker 0\] (step|RESULT)|ERROR|rror')
+        # shellcheck disable=SC2086
+        out=$(env ${envs[@]+"${envs[@]}"} deploy/psagg-local --config "$config" --timeout 600 -- "$py" \
+            worker/examples/train_digits.py ${targs[$comm]} 2>&1 | tee "$logs/torch-$comm.log" |
+            grep --line-buffered -E '^\[worker 0\] (step|RESULT)|ERROR|rror')
         rc=$?
         set -e
         echo "$out"
@@ -125,15 +132,28 @@ if "$py" -c "import torch, sklearn" 2>/dev/null; then
             failed=1
         fi
     done
-    printf '\n%-26s %9s %10s %9s %12s\n' "PyTorch DDP, 4 workers" "test acc" "final loss" "ms/step" "compression"
-    for comm in psagg gloo; do
+    printf '\n%-34s %9s %10s %9s %11s %12s\n' "PyTorch, 4 workers" "test acc" "final loss" "ms/step" \
+        "bytes/step" "vs DDP fp32"
+    for comm in gloo psagg diloco; do
         r=${tres[$comm]:-}
         f() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$r"; }
-        label="gloo fp32"
-        [[ $comm == psagg ]] && label="psagg $config_codec (hook)"
-        printf '%-26s %9s %10s %9s %12s\n' "$label" "$(f test_acc)" "$(f final_loss)" "$(f ms_per_step)" \
-            "$(c=$(f compression); echo "${c:+${c}x}")"
+        case $comm in
+        gloo) label="DDP, Gloo fp32 all-reduce" b=$(f grad_bytes) ;;
+        psagg) label="DDP + psagg hook, $config_codec" b=$(f bytes_per_step) ;;
+        diloco) label="DiLoCo H=50, maxmin4 outer" b=$(f bytes_per_step) ;;
+        esac
+        x=$(awk -v g="$(f grad_bytes)" -v b="$b" 'BEGIN { if (b > 0 && g > 0) printf "%.0fx", g / b }')
+        printf '%-34s %9s %10s %9s %11s %12s\n' "$label" "$(f test_acc)" "$(f final_loss)" "$(f ms_per_step)" \
+            "${b:--}" "${x:--}"
     done
+    cat <<'EOF'
+
+bytes/step: what one worker sends per training step. Gloo: the step's gradients in fp32 (the
+all-reduce's input; a ring all-reduce sends 2(N-1)/N times that, 1.5x at 4 workers); psagg: the
+bytes it pushed (headers and the start's fp32 weights included) over the steps. vs DDP fp32: the
+fp32 gradient bytes divided by that. DiLoCo takes 50 steps of each worker's own SGD, then the
+servers apply the outer step (Nesterov momentum) to the 4-bit mean of the workers' deltas.
+EOF
 else
     say "PyTorch part skipped: $py cannot import torch and sklearn (apt-get install python3-torch python3-sklearn)"
 fi

@@ -276,10 +276,12 @@ def main():
             extra += " diloco=%d fragments=%d delay=%d" % (args.diloco, args.fragments,
                                                           args.delay)
     if rank == 0:
+        # grad_bytes: one step's gradients in fp32, what DDP's all-reduce takes in per worker
+        grad_bytes = 4 * sum(p.numel() for p in model.parameters())
         print("RESULT comm=%s codec=%s workers=%d steps=%d ms_per_step=%.2f final_loss=%.4f "
-              "test_acc=%.4f test_loss=%.4f%s device=%s" % (args.comm, args.codec or "config",
-                                                             world, args.steps,
-                                             ms, tail, acc, test_loss, extra, device), flush=True)
+              "test_acc=%.4f test_loss=%.4f grad_bytes=%d%s device=%s" %
+              (args.comm, args.codec or "config", world, args.steps, ms, tail, acc, test_loss,
+               grad_bytes, extra, device), flush=True)
     if args.comm in ("gloo", "psagg"):
         dist.destroy_process_group()
     return 0
