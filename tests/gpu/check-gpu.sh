@@ -19,6 +19,9 @@
 #   racecheck  the same with --tool racecheck (each capped with timeout: a cap reached with no
 #              error so far is reported as partial, not as a failure)
 #   bench      psagg-bench-gpu: every kernel against the copy bandwidth, ResNet-50 worker step
+#   torch-api  tests/unit/check_torch_api.py with this python: psagg.torch against its torch 2.x
+#              (every module imports, every torch name used is public and present, the
+#              entry points' argument checks)
 #   torch      worker/examples/train_digits.py --device cuda, 4 processes on the one GPU through
 #              deploy/psagg-local (2 servers): Gloo DDP (fp32), then DDP with psagg's hook, fp32
 #              and maxmin4; each run: 4 equal weight hashes, psagg's loss within 0.1 of Gloo's,
@@ -250,6 +253,18 @@ else
             END { printf "copy %s; maxmin4 of copy:%s ResNet-50 worker step, plain/graph:%s", copy, k, s }
         ' "$out/bench.log")
         record bench passed $dt "$figs"
+    fi
+fi
+
+# ---- psagg.torch against this torch (2.x here): tests/unit/check_torch_api.py ----
+if [ -z "$built" ] || [ -z "$py" ]; then
+    record torch-api "skipped (${py:+no build}${py:-no python with torch})" 0 ""
+else
+    timed "$out/torch-api.log" "$(cap 60)" "$py" "$repo/tests/unit/check_torch_api.py" "$build/python"
+    if [ $rc -eq 0 ]; then
+        record torch-api passed $dt "$(grep -o '[0-9]* torch names psagg.torch uses' "$out/torch-api.log"), torch $torch_v"
+    else
+        record torch-api "failed (exit $rc)" $dt "$(grep -m3 '^FAIL' "$out/torch-api.log" | tr '\n' ' ')"
     fi
 fi
 
