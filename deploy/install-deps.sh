@@ -10,8 +10,11 @@
 #                                    toolchain may lack (below), with DIR/manifest.tsv, a copy
 #                                    of this script (DIR/install-deps.sh) and, when python3-sklearn
 #                                    is installed, its digits data (DIR/data/digits.csv.gz) for
-#                                    worker/examples/train_digits.py.
-#   install-deps.sh --from DIR [--prefix P | --dpkg]
+#                                    worker/examples/train_digits.py; and, run from a checkout
+#                                    whose build dependencies are installed, psagg's wheel
+#                                    (DIR/wheels/psagg-*.whl: `pip wheel` of the checkout, CPU
+#                                    only unless PSAGG_CUDA=ON; docs/install.md).
+#   install-deps.sh --from DIR [--prefix P | --dpkg] [--python PY]
 #                                    install a bundle without network:
 #                                    - dpkg mode (default on Debian of the bundle's release, as
 #                                      root): `dpkg -i` of every bundled package not already
@@ -27,6 +30,10 @@
 #                                      The presets find everything through pkg-config; binaries
 #                                      get the prefix as RUNPATH, and LD_LIBRARY_PATH (env.sh)
 #                                      supplies libfabric's own dependencies (libibverbs, ...).
+#                                    --python PY: also install the bundle's wheel with
+#                                    `PY -m pip install --no-index` (PY: a venv's python; its
+#                                    libpsagg then loads the bundle's libraries through
+#                                    env.sh's LD_LIBRARY_PATH in prefix mode).
 #   install-deps.sh --help
 #
 # Which packages a bundle holds: the Depends/Pre-Depends closure (first alternative of each "a |
@@ -207,8 +214,48 @@ do_bundle() {
         mkdir -p "$dir/data"
         cp "$digits" "$dir/data/digits.csv.gz"
     fi
+    bundle_wheel "$dir"
     say "bundle $dir: $(ls "$dir"/debs/*.deb | wc -l) .debs, $(du -sh "$dir" | cut -f1), runs on glibc >= ${glibc:-any} (build-only parts: ${glibc_all:-any}), $((SECONDS - t0)) s"
     say "install it offline with: $dir/install-deps.sh --from $dir [--prefix P]"
+}
+
+# psagg's wheel into DIR/wheels, when this script runs from a checkout that can build it (its
+# build dependencies installed): otherwise say why not and go on (the bundle is still whole).
+bundle_wheel() {
+    local dir=$1 src
+    src=$(cd "$(dirname -- "$0")/.." && pwd)
+    rm -rf "$dir/wheels"
+    if [ ! -f "$src/pyproject.toml" ]; then
+        say "no wheel: $(dirname -- "$0") is not in a psagg checkout"
+        return
+    fi
+    local py=/usr/bin/python3
+    [ -x "$py" ] || py=python3
+    if ! "$py" -c "import setuptools, wheel" 2>/dev/null || ! "$py" -m pip --version >/dev/null 2>&1 ||
+        ! command -v cmake >/dev/null; then
+        say "no wheel: $py's pip, setuptools and wheel and cmake are needed (deploy/install-deps.sh)"
+        return
+    fi
+    mkdir -p "$dir/wheels"
+    if PSAGG_CUDA=${PSAGG_CUDA:-OFF} "$py" -m pip wheel --no-index --no-build-isolation --no-deps \
+        -w "$dir/wheels" "$src" >"$dir/wheels/build.log" 2>&1; then
+        (cd "$dir/wheels" && sha256sum psagg-*.whl >SHA256SUMS)
+        say "wheel: $(cd "$dir" && ls wheels/*.whl) (PSAGG_CUDA=${PSAGG_CUDA:-OFF})"
+    else
+        say "no wheel: pip wheel failed (log: $dir/wheels/build.log)"
+    fi
+}
+
+# The bundle's wheel installed with `PY -m pip` (--from ... --python PY).
+from_wheel() {
+    local dir=$1 py=$2 whl
+    whl=$(ls "$dir"/wheels/psagg-*.whl 2>/dev/null | head -1)
+    [ -n "$whl" ] || die "--python: the bundle $dir has no wheel (make it from a checkout whose build dependencies are installed)"
+    (cd "$dir/wheels" && sha256sum --quiet -c SHA256SUMS) >&2 ||
+        die "$whl: its sha256 differs from $dir/wheels/SHA256SUMS"
+    "$py" -m pip install --no-index --no-deps --force-reinstall "$whl" ||
+        die "$py -m pip install $whl failed"
+    say "installed $(basename "$whl") with $py"
 }
 
 # manifest field of the header line "# codename=... multiarch=... glibc_min=..."
@@ -309,7 +356,7 @@ EOF
 }
 
 do_from() {
-    local dir=$1 prefix=$2 mode=$3 t0=$SECONDS
+    local dir=$1 prefix=$2 mode=$3 py=$4 t0=$SECONDS
     [ -d "$dir" ] || die "no bundle at $dir"
     dir=$(cd "$dir" && pwd)
     verify_bundle "$dir"
@@ -328,17 +375,19 @@ do_from() {
     else
         do_from_prefix "$dir" "${prefix:-$dir/prefix}"
     fi
+    [ -z "$py" ] || from_wheel "$dir" "$py"
     say "--from done in $((SECONDS - t0)) s ($mode mode)"
 }
 
 if [ $# -gt 0 ]; then
-    bundle="" from="" prefix="" mode=""
+    bundle="" from="" prefix="" mode="" python=""
     while [ $# -gt 0 ]; do
         case $1 in
             --bundle) bundle=${2:?--bundle needs DIR}; shift 2 ;;
             --from) from=${2:?--from needs DIR}; shift 2 ;;
             --prefix) prefix=${2:?--prefix needs P}; mode=prefix; shift 2 ;;
             --dpkg) mode=dpkg; shift ;;
+            --python) python=${2:?--python needs PY}; shift 2 ;;
             -h | --help) usage; exit 0 ;;
             *) usage >&2; exit 2 ;;
         esac
@@ -346,7 +395,7 @@ if [ $# -gt 0 ]; then
     if [ -n "$bundle" ]; then
         do_bundle "$bundle"
     elif [ -n "$from" ]; then
-        do_from "$from" "$prefix" "$mode"
+        do_from "$from" "$prefix" "$mode" "$python"
     else
         usage >&2
         exit 2

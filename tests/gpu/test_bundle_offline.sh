@@ -8,7 +8,11 @@
 #      prefix for libfabric, jemalloc, inih, libsodium, libcrypto, libmicrohttpd and zlib;
 #   3. a C program calling each of them compiles with those flags (as CMake's pkg_check_modules
 #      would), runs with env.sh's LD_LIBRARY_PATH, and ldd maps each library into the prefix;
-#   4. a manifest whose sha256 does not match a .deb is refused.
+#   4. a manifest whose sha256 does not match a .deb is refused;
+#   5. the bundle's wheel (when it has one: --bundle from a checkout) installs with --from
+#      ... --python into a fresh venv, psagg-server --version runs and import psagg loads the
+#      package's libpsagg, its libfabric and libsodium from the prefix (env.sh); a wheel whose
+#      sha256 differs from wheels/SHA256SUMS is refused.
 # BUNDLE: $PSAGG_TEST_BUNDLE. Exit 0 passed, 1 failed, 77 skipped (no bundle given: making one
 # needs the network, which CI may lack; `deploy/install-deps.sh --bundle /tmp/psagg-bundle`
 # then PSAGG_TEST_BUNDLE=/tmp/psagg-bundle ctest -R deploy.bundle_offline). About 20 s.
@@ -93,4 +97,39 @@ if "$repo/deploy/install-deps.sh" --from "$tmp/bad" --prefix "$tmp/bad-prefix" 2
 fi
 grep -q "sha256 differs" "$tmp/bad.err" || fail "wrong message for a bad checksum: $(cat "$tmp/bad.err")"
 [ ! -e "$tmp/bad-prefix" ] || fail "a damaged bundle was unpacked"
+# 5. the wheel, into a fresh venv, its libraries from the prefix
+if ls "$bundle"/wheels/psagg-*.whl >/dev/null 2>&1; then
+    py=/usr/bin/python3
+    [ -x "$py" ] || py=python3
+    "$py" -m venv "$tmp/v" || fail "python3 -m venv failed"
+    "$repo/deploy/install-deps.sh" --from "$bundle" --prefix "$prefix" --python "$tmp/v/bin/python" ||
+        fail "--from --python exited $?"
+    (
+        . "$prefix/env.sh"
+        out=$("$tmp/v/bin/psagg-server" --version) || fail "the wheel's psagg-server --version failed"
+        echo "bundle_offline: $out"
+        lib=$("$tmp/v/bin/python" -c 'import psagg; print(psagg.library()._name)') ||
+            fail "import psagg from the wheel failed"
+        case $lib in "$tmp"/v/lib/python3*/site-packages/psagg/_lib/libpsagg.so.0) ;;
+            *) fail "import psagg loaded $lib, not the wheel's" ;; esac
+        ldd "$lib" >"$tmp/ldd-psagg.txt"
+        for so in libfabric.so.1 libsodium.so.23; do
+            grep -q "$so => $prefix/" "$tmp/ldd-psagg.txt" || fail "the wheel's libpsagg: $so does not resolve into the prefix"
+        done
+        echo "bundle_offline: the wheel's libpsagg ($lib) loads libfabric and libsodium from the prefix"
+    ) || exit 1
+    mkdir -p "$tmp/badw/wheels"
+    ln -s "$(cd "$bundle" && pwd)/debs" "$tmp/badw/debs"
+    cp "$bundle/manifest.tsv" "$tmp/badw/"
+    cp "$bundle"/wheels/psagg-*.whl "$tmp/badw/wheels/"
+    awk '{ $1 = (substr($1, 1, 1) == "0" ? "1" : "0") substr($1, 2); print $1 "  " $2 }' \
+        "$bundle/wheels/SHA256SUMS" >"$tmp/badw/wheels/SHA256SUMS"
+    if "$repo/deploy/install-deps.sh" --from "$tmp/badw" --prefix "$tmp/badw-prefix" --python "$tmp/v/bin/python" \
+        2>"$tmp/badw.err"; then
+        fail "a wheel whose sha256 differs from SHA256SUMS was installed"
+    fi
+    grep -q "sha256 differs" "$tmp/badw.err" || fail "wrong message for a bad wheel: $(cat "$tmp/badw.err")"
+else
+    echo "bundle_offline: the bundle has no wheel (made outside a checkout): step 5 not run"
+fi
 echo "bundle_offline: passed"
