@@ -50,6 +50,27 @@ static void checkpoint_answer(server *srv, int w, psagg_status st, const char *m
         server_drop_worker(srv, w, PSAGG_EPEER, psagg_last_error());
 }
 
+/*
+ * A parameter chunk this server took over in a server view is fenced until every member pushed
+ * it in that view; until then its state may still lack rounds the pushes on their way to it
+ * carry (a copy lags its owner), so it is in no consistent checkpoint yet: PSAGG_EAGAIN naming
+ * it (the worker asks again after its next step), or PSAGG_OK. After agg_barrier.
+ */
+static psagg_status checkpoint_caught_up(const server *srv, const uint8_t *owned)
+{
+    for (uint32_t i = 0; i < srv->n_held; i++) {
+        const chunk_state *c = &srv->chunks[i];
+        if (c->param && c->fenced && owned[c->info - srv->layout.chunks])
+            return psagg__fail(PSAGG_EAGAIN,
+                               "no checkpoint yet: tensor '%s' chunk %u, taken over in server "
+                               "view %u, has not caught up (every worker pushes its next round "
+                               "first): call psagg_checkpoint again after the next step",
+                               srv->layout.tensors[c->info->key].name, c->info->index,
+                               (unsigned)c->fence_epoch);
+    }
+    return PSAGG_OK;
+}
+
 /* Write the checkpoint now and answer every worker that asked for it. */
 static void checkpoint_write(server *srv)
 {
@@ -62,12 +83,16 @@ static void checkpoint_write(server *srv)
        state is written by its owner alone (a copy may lag it by the pushes on their way) */
     for (uint32_t g = 0; owned && g < srv->layout.n_chunks; g++)
         owned[g] = (uint8_t)failover_owns(srv, g);
-    st = owned ? optim_checkpoint(srv, owned, path, sizeof path)
-               : psagg__fail(PSAGG_ENOMEM, "no memory for a checkpoint");
+    if (!owned)
+        st = psagg__fail(PSAGG_ENOMEM, "no memory for a checkpoint");
+    else if (!(st = checkpoint_caught_up(srv, owned)))
+        st = optim_checkpoint(srv, owned, path, sizeof path);
     free(owned);
     metrics_checkpoint(srv, psagg__now_ns() - t0, !st);
     snprintf(m, sizeof m, "%.290s", st ? psagg_last_error() : path);
-    if (st)
+    if (st == PSAGG_EAGAIN)
+        LOG_WARN(&srv->log, "a checkpoint was asked for: %s", m);
+    else if (st)
         LOG_ERROR(&srv->log, "a checkpoint was asked for: %s", m);
     srv->ckpt->asked_since = 0;
     for (int w = 0; w < srv->n_workers; w++)

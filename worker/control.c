@@ -236,7 +236,10 @@ static void request_send(psagg_ctx *ctx, ctl_request *rq, psagg_status (*send)(p
 
 void control_requests_send(psagg_ctx *ctx)
 {
-    request_send(ctx, &ctx->ckpt, checkpoint_send);
+    /* with server replicas, not while a lost server's chunks wait for the view that moves them
+       (the servers would write none of them): the request waits for that view */
+    if (!failover_deciding(ctx))
+        request_send(ctx, &ctx->ckpt, checkpoint_send);
     if (ctx->failover)
         checkpoint_lost(ctx);
     /* a barrier right after a statistics round waits for their push and their solve: every

@@ -689,6 +689,14 @@ int failover_held(const psagg_ctx *ctx, uint32_t g)
     return ctx->failover && ctx->failover->held[g];
 }
 
+int failover_deciding(const psagg_ctx *ctx)
+{
+    for (int s = 0; ctx->failover && s < ctx->cfg.n_servers; s++)
+        if (ctx->failover->state[s] == S_LOST)
+            return 1;
+    return 0;
+}
+
 int failover_lost(const psagg_ctx *ctx, int s)
 {
     return ctx->failover && ctx->failover->state[s] != S_IN;

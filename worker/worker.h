@@ -441,6 +441,8 @@ int failover_send_copies(psagg_ctx *ctx);
 int failover_stale_update(psagg_ctx *ctx, const psagg__msg_hdr *mh, int from);
 int failover_held(const psagg_ctx *ctx, uint32_t g);
 int failover_lost(const psagg_ctx *ctx, int s);
+/* Whether a server lost here is still in the view: the next view is being decided. */
+int failover_deciding(const psagg_ctx *ctx);
 int failover_waits_ready(const psagg_ctx *ctx, int s);
 
 /*

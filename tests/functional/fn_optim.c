@@ -21,7 +21,11 @@
  * --checkpoint-at C: worker 0 asks for a checkpoint after step C (with --checkpoint-all every
  * worker does: a job with [server] quorum). --step-sleep-ms MS: print STEP n after each step and
  * sleep MS (a job slow enough to kill a server in). --stop-after S: after step
- * S print STOPPED and wait to be killed. --resume: the servers resumed from a checkpoint;
+ * S print STOPPED and wait to be killed. --checkpoint-hold FILE: before its checkpoint call,
+ * print CHECKPOINT-HOLD and wait (up to 120 s) until FILE exists (the harness kills a server
+ * meanwhile). --checkpoint-retry: a checkpoint call that fails with PSAGG_EAGAIN or PSAGG_EPEER
+ * (a server lost, or a chunk taken over that has not caught up) prints CHECKPOINT-RETRY and is
+ * made again after the next step (up to 20 times). --resume: the servers resumed from a checkpoint;
  * the reference replays the steps before the round psagg_param_init reports. --lr-scale: this
  * worker's learning rate times X (a worker that disagrees: the job must fail).
  * Prints "OPTIM-EXACT ...", "DRIFT ..." and "DIGEST <hex>" of the final weights.
@@ -136,7 +140,8 @@ static void same(const float *got, const float *want, uint64_t n, const char *wh
 int main(int argc, char **argv)
 {
     uint32_t steps = argc > 1 ? (uint32_t)atoi(argv[1]) : 10, ckpt_at = 0, stop_after = 0, start;
-    int ckpt_all = 0, step_sleep_ms = 0;
+    int ckpt_all = 0, step_sleep_ms = 0, ckpt_retry = 0;
+    const char *ckpt_hold = NULL;
     int resume = 0, rank, world;
     float lr_scale = 1.0f;
     const char *codec_text = getenv("FN_OPTIM_CODEC") ? getenv("FN_OPTIM_CODEC") : "fp32";
@@ -164,9 +169,14 @@ int main(int argc, char **argv)
             lr_scale = strtof(argv[++a], NULL);
         else if (!strcmp(argv[a], "--step-sleep-ms") && a + 1 < argc)
             step_sleep_ms = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--checkpoint-hold") && a + 1 < argc)
+            ckpt_hold = argv[++a];
+        else if (!strcmp(argv[a], "--checkpoint-retry"))
+            ckpt_retry = 1;
         else
             FAIL("usage: fn_optim STEPS [--checkpoint-at C] [--checkpoint-all] [--stop-after S] "
-                 "[--resume] [--lr-scale X] [--step-sleep-ms MS]");
+                 "[--resume] [--lr-scale X] [--step-sleep-ms MS] [--checkpoint-hold FILE] "
+                 "[--checkpoint-retry]");
     }
     if (psagg_codec_parse(codec_text, &codec) || psagg__codec_check(&codec))
         FAIL("FN_OPTIM_CODEC '%s'", codec_text);
@@ -280,10 +290,29 @@ int main(int argc, char **argv)
                      (unsigned long long)i, (double)wt[N_P][i], (double)sum);
         }
         if ((rank == 0 || ckpt_all) && ckpt_at == s + 1) {
-            if (psagg_checkpoint(ctx))
+            psagg_status st;
+            for (int i = 0; ckpt_hold && access(ckpt_hold, F_OK) != 0; i++) {
+                if (i == 0) {
+                    printf("CHECKPOINT-HOLD after step %u\n", s);
+                    fflush(stdout);
+                }
+                if (i > 12000)
+                    FAIL("--checkpoint-hold: %s did not appear within 120 s", ckpt_hold);
+                usleep(10000);
+            }
+            ckpt_hold = NULL;
+            st = psagg_checkpoint(ctx);
+            if (st && ckpt_retry && (st == PSAGG_EAGAIN || st == PSAGG_EPEER) && ckpt_at < steps &&
+                ckpt_retry++ <= 20) {
+                printf("CHECKPOINT-RETRY after step %u: %s\n", s, psagg_last_error());
+                fflush(stdout);
+                ckpt_at++; /* again after the next step */
+            } else if (st) {
                 FAIL("psagg_checkpoint: %s", psagg_last_error());
-            printf("CHECKPOINT after step %u\n", s);
-            fflush(stdout);
+            } else {
+                printf("CHECKPOINT after step %u\n", s);
+                fflush(stdout);
+            }
         }
         if (step_sleep_ms) { /* (a job slow enough to kill a server in: test_server_failover) */
             printf("STEP %u\n", s + 1);

@@ -441,6 +441,39 @@ if [[ $part == all || $part == state ]]; then
         "server 0's file, its own at step 40): bit-identical to the uninterrupted run ($d);" \
         "$(grep -h "checkpoint .* written" "$tmp/ck-b-server0.log" | tail -1 | sed 's/^[0-9.]* //')"
     stop_all
+
+    # A server killed (or stopped) while worker 0 is about to ask for a checkpoint (it holds
+    # before the call): the call waits for the view that moves the dead server's chunks (a
+    # stopped server: it was asked, and its loss fails the call), then the copies that took them
+    # over answer that they have not caught up (PSAGG_EAGAIN, fenced until every worker pushed
+    # its next round); fn_optim asks again after the next step, and that checkpoint, written by
+    # server 0 alone, resumes bit-identical.
+    for sig in KILL STOP; do
+        name=ck-$sig
+        rm -f "$ck_dir"/*.ckpt "$tmp/go-$sig"
+        ck_run "$name" off --checkpoint-at 60 --checkpoint-hold "$tmp/go-$sig" --checkpoint-retry \
+            --stop-after 90
+        wait_until 60 grep -qs "^CHECKPOINT-HOLD" "$tmp/$name-worker0.log" || fail "$name: worker 0 never held"
+        kill -"$sig" "${spid[1]}"
+        sleep 0.2
+        touch "$tmp/go-$sig"
+        ck_stopped "$name"
+        grep -q '^CHECKPOINT after step' "$tmp/$name-worker0.log" || fail "$name: no checkpoint after the loss"
+        [ ! -e "$ck_dir/psagg-server-1.ckpt" ] || fail "$name: server 1 wrote a checkpoint file"
+        ck_run "$name-resume" on --resume
+        for w in 0 1 2; do
+            wait_for "${wpid[$w]}" 90
+            rc[w]=$?
+            ((rc[w] == 0)) || fail "$name-resume: worker $w exited ${rc[w]}"
+        done
+        d=$(digest_of "$name-resume")
+        [ "$d" = "${ref[optim-2-r1]}" ] || fail "$name-resume: digest $d, the uninterrupted run's ${ref[optim-2-r1]}"
+        echo "$name: server 1 SIG$sig while worker 0 was about to ask for a checkpoint after step 60:" \
+            "$(grep -h '^CHECKPOINT-RETRY' "$tmp/$name-worker0.log" | sed 's/^CHECKPOINT-RETRY after step [0-9]*: psagg_checkpoint: //' |
+                cut -c1-170 | tr '\n' ';') $(grep -h '^CHECKPOINT after' "$tmp/$name-worker0.log");" \
+            "resumed from it: bit-identical ($d)"
+        stop_all
+    done
     unset optim
     mark=ROUND
 
@@ -471,7 +504,7 @@ if [[ $part == all || $part == adaptive ]]; then
     # job's last tensor, summed by its chunks' owners like any gradient, solved on every worker);
     # a server killed while statistics or gradients of either parity are on their way, stopped, or
     # killed and back: every worker exact in every round and bit-identical to the uninterrupted run
-    adaptive=1 rounds=300
+    adaptive=1 rounds=200
     adaptive_keys=(server.threads=2 worker.chunk_bytes=262144 codec.adaptive=on
         codec.adaptive_interval=2 codec.adaptive_budget=1.0)
     run adaptive-ref 2 fp32 1 -1 KILL 0 0 "${adaptive_keys[@]}"
