@@ -15,7 +15,10 @@ import subprocess
 from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
-from wheel.bdist_wheel import bdist_wheel
+try:  # (setuptools >= 70.1 has its own; Debian 12's 66 has wheel's)
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:
+    from wheel.bdist_wheel import bdist_wheel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -37,6 +40,9 @@ class PlatformWheel(bdist_wheel):
 
 class BuildWithCMake(build_py):
     def run(self):
+        # (a file an earlier build left in build-pip/lib, since removed from the source, must not
+        # reach this wheel)
+        shutil.rmtree(os.path.join(self.build_lib, "psagg"), ignore_errors=True)
         super().run()
         if self.dry_run:
             return

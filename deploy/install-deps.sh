@@ -249,7 +249,7 @@ bundle_wheel() {
 # The bundle's wheel installed with `PY -m pip` (--from ... --python PY).
 from_wheel() {
     local dir=$1 py=$2 whl
-    whl=$(ls "$dir"/wheels/psagg-*.whl 2>/dev/null | head -1)
+    whl=$(ls "$dir"/wheels/psagg-*.whl 2>/dev/null | head -1) || true
     [ -n "$whl" ] || die "--python: the bundle $dir has no wheel (make it from a checkout whose build dependencies are installed)"
     (cd "$dir/wheels" && sha256sum --quiet -c SHA256SUMS) >&2 ||
         die "$whl: its sha256 differs from $dir/wheels/SHA256SUMS"
@@ -360,6 +360,10 @@ do_from() {
     [ -d "$dir" ] || die "no bundle at $dir"
     dir=$(cd "$dir" && pwd)
     verify_bundle "$dir"
+    if [ -n "$py" ] && [ -f "$dir/wheels/SHA256SUMS" ]; then # (the wheel too, before anything)
+        (cd "$dir/wheels" && sha256sum --quiet -c SHA256SUMS) >&2 ||
+            die "$dir/wheels: a wheel's sha256 differs from SHA256SUMS"
+    fi
     if [ -z "$mode" ]; then
         mode=prefix
         if [ -z "$prefix" ] && [ -r /etc/os-release ] && command -v dpkg >/dev/null &&

@@ -712,10 +712,13 @@ static void *agg_main(void *arg)
             t->tail = NULL;
         pthread_mutex_unlock(&t->mu);
 
-        if (it == &t->barrier) { /* agg_barrier: everything before it is done */
+        if (it == &t->barrier) { /* agg_barrier: everything before it is done; it waits here
+                                       until agg_release, so the caller reads still state */
             pthread_mutex_lock(&srv->pool.barrier_mu);
             if (--srv->pool.barrier_left == 0)
                 pthread_cond_broadcast(&srv->pool.barrier_cv);
+            while (srv->pool.barrier_held)
+                pthread_cond_wait(&srv->pool.barrier_cv, &srv->pool.barrier_mu);
             pthread_mutex_unlock(&srv->pool.barrier_mu);
             continue;
         }
@@ -768,6 +771,7 @@ void agg_barrier(server *srv)
 {
     pthread_mutex_lock(&srv->pool.barrier_mu);
     srv->pool.barrier_left = srv->pool.n_threads;
+    srv->pool.barrier_held = 1;
     pthread_mutex_unlock(&srv->pool.barrier_mu);
     for (int i = 0; i < srv->pool.n_threads; i++) {
         agg_thread *t = &srv->pool.threads[i];
@@ -784,6 +788,14 @@ void agg_barrier(server *srv)
     pthread_mutex_lock(&srv->pool.barrier_mu);
     while (srv->pool.barrier_left > 0)
         pthread_cond_wait(&srv->pool.barrier_cv, &srv->pool.barrier_mu);
+    pthread_mutex_unlock(&srv->pool.barrier_mu);
+}
+
+void agg_release(server *srv)
+{
+    pthread_mutex_lock(&srv->pool.barrier_mu);
+    srv->pool.barrier_held = 0;
+    pthread_cond_broadcast(&srv->pool.barrier_cv);
     pthread_mutex_unlock(&srv->pool.barrier_mu);
 }
 

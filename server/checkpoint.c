@@ -78,7 +78,9 @@ static void checkpoint_write(server *srv)
     int64_t t0 = psagg__now_ns();
     uint8_t *owned = calloc(srv->layout.n_chunks ? srv->layout.n_chunks : 1, 1);
     psagg_status st;
-    agg_barrier(srv); /* the aggregation threads' writes of finished rounds, visible */
+    /* the aggregation threads' writes of finished rounds, visible; and no more until the file
+       is written (a round that finishes meanwhile, a fence lifted: a torn state) */
+    agg_barrier(srv);
     /* the chunks this server owns in the view it applied: with server replicas each chunk's
        state is written by its owner alone (a copy may lag it by the pushes on their way) */
     for (uint32_t g = 0; owned && g < srv->layout.n_chunks; g++)
@@ -87,6 +89,7 @@ static void checkpoint_write(server *srv)
         st = psagg__fail(PSAGG_ENOMEM, "no memory for a checkpoint");
     else if (!(st = checkpoint_caught_up(srv, owned)))
         st = optim_checkpoint(srv, owned, path, sizeof path);
+    agg_release(srv);
     free(owned);
     metrics_checkpoint(srv, psagg__now_ns() - t0, !st);
     snprintf(m, sizeof m, "%.290s", st ? psagg_last_error() : path);

@@ -363,10 +363,13 @@ static psagg_status match_held(const server *srv, struct ckpt_file *cf, int arra
 {
     const psagg__layout *l = &srv->layout;
     const ckpt_chunk **best = calloc(l->n_chunks ? l->n_chunks : 1, sizeof *best);
+    int64_t *best_ns = calloc(l->n_chunks ? l->n_chunks : 1, sizeof *best_ns);
     psagg_status st = PSAGG_OK;
 
-    if (!best)
+    if (!best || !best_ns) {
+        free(best), free(best_ns);
         return psagg__fail(PSAGG_ENOMEM, "checkpoint");
+    }
     for (int m = 0; m < cf->n_maps && !st; m++) {
         const ckpt_map *f = &cf->maps[m];
         for (uint32_t k = 0; k < f->head->n_chunks && !st; k++) {
@@ -383,8 +386,13 @@ static psagg_status match_held(const server *srv, struct ckpt_file *cf, int arra
                                  r->arrays, arrays);
                 break;
             }
-            if (!best[g] || r->step > best[g]->step)
+            /* the latest step; at the same step (a PULL that synced the view takes none) the
+               file written last */
+            if (!best[g] || r->step > best[g]->step ||
+                (r->step == best[g]->step && f->head->written_ns > best_ns[g])) {
                 best[g] = r;
+                best_ns[g] = f->head->written_ns;
+            }
         }
     }
     for (uint32_t i = 0; i < srv->n_held && !st; i++) {
@@ -400,7 +408,7 @@ static psagg_status match_held(const server *srv, struct ckpt_file *cf, int arra
                              cf->path, l->tensors[c->info->key].name, c->info->index,
                              i < srv->n_owned ? "owns" : "keeps a copy of");
     }
-    free(best);
+    free(best), free(best_ns);
     return st;
 }
 

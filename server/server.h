@@ -402,6 +402,7 @@ typedef struct agg_pool {
     pthread_mutex_t barrier_mu;  /* agg_barrier: threads that passed the marker */
     pthread_cond_t barrier_cv;
     int barrier_left;
+    int barrier_held;          /* they wait at it until agg_release */
     psagg__timeline *timeline; /* [log] timeline, or NULL */
     /* resource usage: a snapshot when chunk slot 0 finishes its first round, and the rounds
        that chunk has finished; the job's end reports CPU and page faults per round after the
@@ -609,9 +610,11 @@ void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb);
 psagg_status agg_move(server *srv, chunk_state *c, int move, uint32_t round, uint32_t epoch);
 /*
  * Wait until every aggregation thread has handled everything queued before this call (the
- * control thread, for a checkpoint): what they wrote before is then visible to the caller.
+ * control thread, for a checkpoint): what they wrote before is then visible to the caller, and
+ * they wait there, writing nothing more (pushes queue up), until agg_release.
  */
 void agg_barrier(server *srv);
+void agg_release(server *srv);
 /*
  * One send of sc's update is done (completed, failed, or passed over: the progress thread):
  * the last one frees its buffer, and a round deferred on it is queued to go on.

@@ -112,9 +112,14 @@ static psagg_status checkpoint_send(psagg_ctx *ctx)
         if (failover_lost(ctx, s))
             continue;
         if (ctx->servers[s].fd < 0 || psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth,
-                                                      PSAGG_CTL_CHECKPOINT, NULL, 0))
-            return psagg__fail(PSAGG_EPEER, "asking server %d for a checkpoint: %s", s,
-                               ctx->servers[s].fd < 0 ? "not connected" : psagg_last_error());
+                                                      PSAGG_CTL_CHECKPOINT, NULL, 0)) {
+            char why[200];
+            snprintf(why, sizeof why, "asking server %d for a checkpoint: %s", s,
+                     ctx->servers[s].fd < 0 ? "not connected" : psagg_last_error());
+            if (!ctx->failover || !failover_server_lost(ctx, s, why))
+                return psagg__fail(PSAGG_EPEER, "%s", why);
+            /* (with server replicas it is lost, and checkpoint_lost fails this checkpoint) */
+        }
         ctx->ckpt.from[s] = 1;
         asked++;
     }

@@ -129,6 +129,7 @@ if ls "$bundle"/wheels/psagg-*.whl >/dev/null 2>&1; then
         fail "a wheel whose sha256 differs from SHA256SUMS was installed"
     fi
     grep -q "sha256 differs" "$tmp/badw.err" || fail "wrong message for a bad wheel: $(cat "$tmp/badw.err")"
+    [ ! -e "$tmp/badw-prefix" ] || fail "a bundle with a bad wheel was unpacked"
 else
     echo "bundle_offline: the bundle has no wheel (made outside a checkout): step 5 not run"
 fi

@@ -197,13 +197,14 @@ class CommandLine:
 
     def server_bin(self, script_dir):
         """--server-bin (default $PSAGG_SERVER_BIN, else <repo>/build/server/psagg-server, else
-        the one this package carries (a pip install: psagg/_bin), else psagg-server beside the
-        command or on PATH), made absolute."""
+        psagg-server beside the command (an install's own; a pip install's runs the one its
+        package carries), else the one this package carries (psagg/_bin), else on PATH), made
+        absolute."""
         path = self.opts["--server-bin"] or os.environ.get("PSAGG_SERVER_BIN")
         if not path:
             for c in (os.path.join(os.path.dirname(script_dir), "build", "server", "psagg-server"),
-                      bundled("psagg-server"),
-                      os.path.join(script_dir, "psagg-server"), shutil.which("psagg-server")):
+                      os.path.join(script_dir, "psagg-server"), bundled("psagg-server"),
+                      shutil.which("psagg-server")):
                 if c and os.path.isfile(c) and os.access(c, os.X_OK):
                     path = c
                     break
