@@ -107,6 +107,10 @@ static int request_answer(psagg_ctx *ctx, ctl_request *rq, psagg_status status, 
 static psagg_status checkpoint_send(psagg_ctx *ctx)
 {
     int asked = 0;
+    for (int s = 0; s < ctx->cfg.n_servers; s++) /* an earlier call that timed out: its answer
+                                                   comes first (one connection, in order) */
+        if (ctx->ckpt.from[s] && ctx->ckpt.skip[s] < UINT8_MAX)
+            ctx->ckpt.skip[s]++;
     memset(ctx->ckpt.from, 0, sizeof ctx->ckpt.from);
     for (int s = 0; s < ctx->cfg.n_servers; s++) {
         if (failover_lost(ctx, s))
@@ -155,6 +159,10 @@ static void checkpoint_done(psagg_ctx *ctx, int s, psagg__ctl_error *e)
     char m[300];
     e->msg[sizeof e->msg - 1] = '\0';
     snprintf(m, sizeof m, "server %d: %.250s", s, e->msg);
+    if (ctx->ckpt.skip[s]) { /* the answer to a call that timed out, never this one's */
+        ctx->ckpt.skip[s]--;
+        return;
+    }
     if (!ctx->ckpt.from[s])
         return; /* (not asked: a server that came back meanwhile, or an answer given twice) */
     ctx->ckpt.from[s] = 0;

@@ -139,6 +139,7 @@ static void close_server(psagg_ctx *ctx, int s)
     if (ctx->servers[s].fd >= 0)
         close(ctx->servers[s].fd);
     ctx->servers[s].fd = -1;
+    ctx->ckpt.skip[s] = 0; /* (answers of that connection will never come) */
 }
 
 /* The coordinator of this worker's view (the lowest server in it and connected) but `but`. */

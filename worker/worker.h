@@ -103,6 +103,8 @@ typedef struct ctl_request {
     int state;                       /* 1 asked (the comm thread sends it), 2 sent; 0 idle */
     int left;                        /* answers yet to come */
     uint8_t from[PSAGG_MAX_SERVERS]; /* per server: its answer is awaited (comm thread only) */
+    uint8_t skip[PSAGG_MAX_SERVERS]; /* per server: answers still to come to requests that timed
+                                        out, which come first (comm thread only) */
     psagg_status status;             /* the first failure among them */
     char msg[300];
 } ctl_request;
