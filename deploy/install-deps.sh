@@ -251,8 +251,6 @@ from_wheel() {
     local dir=$1 py=$2 whl
     whl=$(ls "$dir"/wheels/psagg-*.whl 2>/dev/null | head -1) || true
     [ -n "$whl" ] || die "--python: the bundle $dir has no wheel (make it from a checkout whose build dependencies are installed)"
-    (cd "$dir/wheels" && sha256sum --quiet -c SHA256SUMS) >&2 ||
-        die "$whl: its sha256 differs from $dir/wheels/SHA256SUMS"
     "$py" -m pip install --no-index --no-deps --force-reinstall "$whl" ||
         die "$py -m pip install $whl failed"
     say "installed $(basename "$whl") with $py"
@@ -360,9 +358,9 @@ do_from() {
     [ -d "$dir" ] || die "no bundle at $dir"
     dir=$(cd "$dir" && pwd)
     verify_bundle "$dir"
-    if [ -n "$py" ] && [ -f "$dir/wheels/SHA256SUMS" ]; then # (the wheel too, before anything)
-        (cd "$dir/wheels" && sha256sum --quiet -c SHA256SUMS) >&2 ||
-            die "$dir/wheels: a wheel's sha256 differs from SHA256SUMS"
+    if [ -n "$py" ]; then # the wheel too, before anything is unpacked (from_wheel installs it)
+        (cd "$dir/wheels" 2>/dev/null && sha256sum --quiet -c SHA256SUMS) >&2 ||
+            die "$dir/wheels: no wheel, or a wheel's sha256 differs from SHA256SUMS"
     fi
     if [ -z "$mode" ]; then
         mode=prefix

@@ -232,12 +232,14 @@ static void barrier_done(psagg_ctx *ctx, const psagg__ctl_hdr *h, const psagg__c
                     h->len, state == 2 ? "waited in another barrier" : "was in none");
 }
 
-/* Send rq if a caller asked for it (its state 1 becomes 2: sent, answers awaited). */
-static void request_send(psagg_ctx *ctx, ctl_request *rq, psagg_status (*send)(psagg_ctx *ctx))
+/* Send rq if a caller asked for it and ready(ctx) holds (its state 1 becomes 2: sent, answers
+   awaited); ready, the communication thread's own test, is asked only then. */
+static void request_send(psagg_ctx *ctx, ctl_request *rq, int (*ready)(const psagg_ctx *ctx),
+                         psagg_status (*send)(psagg_ctx *ctx))
 {
     psagg_status st;
     pthread_mutex_lock(&ctx->mu);
-    if (rq->state != 1) {
+    if (rq->state != 1 || !ready(ctx)) {
         pthread_mutex_unlock(&ctx->mu);
         return;
     }
@@ -247,18 +249,21 @@ static void request_send(psagg_ctx *ctx, ctl_request *rq, psagg_status (*send)(p
         worker_fail_all(ctx, st, "%s", psagg_last_error());
 }
 
+/* A checkpoint goes out, with server replicas, once no lost server's chunks wait for the view
+   that moves them (the servers would write none of them). */
+static int checkpoint_ready(const psagg_ctx *ctx)
+{
+    return !failover_deciding(ctx);
+}
+
 void control_requests_send(psagg_ctx *ctx)
 {
-    /* with server replicas, not while a lost server's chunks wait for the view that moves them
-       (the servers would write none of them): the request waits for that view */
-    if (!failover_deciding(ctx))
-        request_send(ctx, &ctx->ckpt, checkpoint_send);
+    request_send(ctx, &ctx->ckpt, checkpoint_ready, checkpoint_send);
     if (ctx->failover)
         checkpoint_lost(ctx);
     /* a barrier right after a statistics round waits for their push and their solve: every
        member's SYNC then holds the same assignments, which a joiner takes (adapt.c) */
-    if (adapt_settled(ctx))
-        request_send(ctx, &ctx->barrier, barrier_send);
+    request_send(ctx, &ctx->barrier, adapt_settled, barrier_send);
 }
 
 /* ---- membership epochs ---- */
