@@ -108,6 +108,21 @@ static int check_codec(server *srv, chunk_state *c, int w, const psagg__msg_code
     return -1;
 }
 
+/* The next push that waits ahead of c's round (wait_ahead), or NULL. */
+static recv_buf *ahead_pop(server *srv, chunk_state *c)
+{
+    recv_buf *rb = c->ahead;
+    if (!rb)
+        return NULL;
+    c->ahead = rb->item.next
+                   ? (recv_buf *)(void *)((char *)rb->item.next - offsetof(recv_buf, item))
+                   : NULL;
+    c->n_ahead--;
+    if (!rb->spilled) /* (a copy holds no receive buffer) */
+        atomic_fetch_sub(&srv->pool.rx_held, 1);
+    return rb;
+}
+
 /* A round over (finished, or dropped by a move): nothing of it is left in c. */
 static void round_reset(server *srv, chunk_state *c)
 {
@@ -186,14 +201,9 @@ void agg_finish_round(server *srv, chunk_state *c)
     if (!c->ops->advances(c))
         return; /* (a parameter's INIT and PULL do not count a round) */
     c->round++;
-    while (c->ahead) { /* a takeover's pushes of this round that came early: their turn now */
-        recv_buf *rb = c->ahead;
-        agg_item *next = rb->item.next;
-        c->ahead = next ? (recv_buf *)(void *)((char *)next - offsetof(recv_buf, item)) : NULL;
-        c->n_ahead--;
-        atomic_fetch_sub(&srv->pool.rx_held, 1);
+    /* the pushes of this round that came early (to a copy, or after a takeover): their turn */
+    for (recv_buf *rb; (rb = ahead_pop(srv, c));)
         agg_enqueue(srv, c, rb);
-    }
     if (c == srv->chunks) { /* slot 0 counts the job's rounds for the usage report */
         if (c->round == 1) {
             getrusage(RUSAGE_SELF, &srv->pool.usage_first);
@@ -334,13 +344,63 @@ const chunk_sum_ops cpu_sum_ops = {
 #define AHEAD_PER_WORKER 4
 
 /*
+ * A heap copy of rb, a push that waits ahead while half the receive pool is held already (the
+ * other half keeps the receive window open: a copy's lagging round waits for a push that needs
+ * a receive buffer to arrive). Linked in the pool's list, so that agg_teardown frees what is
+ * left; NULL without memory.
+ */
+static recv_buf *spill_copy(server *srv, const recv_buf *rb)
+{
+    recv_buf *cp = malloc(sizeof *cp + rb->rx.len);
+    if (!cp)
+        return NULL;
+    *cp = *rb;
+    cp->rx.buf = (uint8_t *)(cp + 1);
+    cp->rx.desc = NULL;
+    cp->rx.size = rb->rx.len;
+    memcpy(cp->rx.buf, rb->rx.buf, rb->rx.len);
+    cp->spilled = 1;
+    cp->spill_prev = NULL;
+    atomic_fetch_add(&srv->pool.n_spilled, 1);
+    pthread_mutex_lock(&srv->pool.spill_mu);
+    cp->spill_next = srv->pool.spills;
+    if (cp->spill_next)
+        cp->spill_next->spill_prev = cp;
+    srv->pool.spills = cp;
+    pthread_mutex_unlock(&srv->pool.spill_mu);
+    return cp;
+}
+
+void agg_spill_free(server *srv, recv_buf *rb)
+{
+    pthread_mutex_lock(&srv->pool.spill_mu);
+    if (rb->spill_prev)
+        rb->spill_prev->spill_next = rb->spill_next;
+    else
+        srv->pool.spills = rb->spill_next;
+    if (rb->spill_next)
+        rb->spill_next->spill_prev = rb->spill_prev;
+    pthread_mutex_unlock(&srv->pool.spill_mu);
+    free(rb);
+}
+
+/* How far a push may come before its round and wait (a copy lags, a takeover sums a round
+   again): rounds ahead, and pushes per worker of the job. */
+#define AHEAD_ROUNDS     4
+#define AHEAD_PER_WORKER 4
+
+/*
  * A push of a later round than chunk c's, to a copy (shadow) or to a chunk taken over: it
- * waits in c->ahead until the round moves on (agg_finish_round queues them all again).
- * Returns 1 if it waits, 0 if it is further ahead than that (handle_push closes its sender).
+ * waits in c->ahead until the round moves on (agg_finish_round queues them all again), in its
+ * receive buffer while fewer than half of the pool's are held (rx_hold_max, as cpu_collect's
+ * early pushes), else as a heap copy. Returns 1 if it waits in rb, 2 if a copy of it waits
+ * (the caller posts rb again), 0 if it is further ahead than that (handle_push closes its
+ * sender) or the copy found no memory (the job failed).
  */
 static int wait_ahead(server *srv, chunk_state *c, recv_buf *rb)
 {
     const psagg__msg_hdr *h = (const psagg__msg_hdr *)rb->rx.buf;
+    recv_buf *waits = rb;
     if (h->round - c->round > AHEAD_ROUNDS ||
         c->n_ahead >= (uint32_t)srv->n_workers * AHEAD_PER_WORKER)
         return 0;
@@ -349,11 +409,20 @@ static int wait_ahead(server *srv, chunk_state *c, recv_buf *rb)
                  "tensor %u chunk %u: worker %u pushed round %u while round %u is summed again "
                  "after the takeover: it waits for its turn",
                  h->key, h->chunk, h->sender, h->round, c->round);
-    rb->item.next = c->ahead ? &c->ahead->item : NULL; /* (taken again after the round) */
-    c->ahead = rb;
+    if (!rb->spilled && atomic_fetch_add(&srv->pool.rx_held, 1) >= srv->pool.rx_hold_max) {
+        atomic_fetch_sub(&srv->pool.rx_held, 1);
+        if (!(waits = spill_copy(srv, rb))) {
+            server_fail_job(srv, PSAGG_ENOMEM,
+                            "tensor %u chunk %u: no memory for worker %u's push of round %u, "
+                            "which came before round %u",
+                            h->key, h->chunk, h->sender, h->round, c->round);
+            return 0;
+        }
+    }
+    waits->item.next = c->ahead ? &c->ahead->item : NULL; /* (taken again after the round) */
+    c->ahead = waits;
     c->n_ahead++;
-    atomic_fetch_add(&srv->pool.rx_held, 1);
-    return 1;
+    return waits == rb ? 1 : 2;
 }
 
 /*
@@ -403,8 +472,10 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
     }
     if (c->fenced && (uint16_t)(h->epoch - c->fence_epoch) < 0x8000) /* (that view or later) */
         fence_pass(srv, c, w);
-    if (round > c->round && (c->shadow || c->taken_over) && wait_ahead(srv, c, rb))
-        return 1;
+    if (round > c->round && (c->shadow || c->taken_over) && (r = wait_ahead(srv, c, rb)))
+        return r == 1;
+    if (atomic_load(&srv->job.failed))
+        return 0;
     if (c->ops->admit(srv, c, rb, &round))
         return 0;
     if (round < c->round || (round == c->round && c->closing)) {
@@ -635,14 +706,8 @@ static void do_move(server *srv, agg_item *it)
     for (int w = 0; w < srv->n_workers; w++)
         if (c->held && c->held[w])
             release_held(srv, c, w);
-    while (c->ahead) {
-        recv_buf *rb = c->ahead;
-        agg_item *next = rb->item.next;
-        c->ahead = next ? (recv_buf *)(void *)((char *)next - offsetof(recv_buf, item)) : NULL;
-        c->n_ahead--;
-        atomic_fetch_sub(&srv->pool.rx_held, 1);
+    for (recv_buf *rb; (rb = ahead_pop(srv, c));)
         server_queue_repost(srv, rb);
-    }
     atomic_store(&c->deferred, 0); /* (a whole round waiting for a send: summed again there) */
     round_reset(srv, c);
     c->broken = 0;
@@ -1114,6 +1179,8 @@ void agg_teardown(server *srv)
     }
     free(srv->chunks);
     srv->chunks = NULL;
+    while (srv->pool.spills) /* (left in a queue when the threads stopped) */
+        agg_spill_free(srv, srv->pool.spills);
     free(srv->route);
     srv->route = NULL;
     for (int i = 0; srv->pool.threads && i < srv->pool.n_threads; i++) {

@@ -327,6 +327,10 @@ static char *render(server *srv, size_t *len)
     help(f, "psagg_server_rx_held", "gauge",
          "Receive buffers held by pushes that wait for their turn.");
     fprintf(f, "psagg_server_rx_held %d\n", atomic_load(&srv->pool.rx_held));
+    help(f, "psagg_server_pushes_spilled_total", "counter",
+         "Pushes that came rounds early while half the receive buffers were held: copied out.");
+    fprintf(f, "psagg_server_pushes_spilled_total %llu\n",
+            (unsigned long long)atomic_load(&srv->pool.n_spilled));
     help(f, "psagg_server_send_queue", "gauge", "Updates waiting for the progress thread.");
     fprintf(f, "psagg_server_send_queue %d\n", atomic_load(&srv->dp.sendq_len));
     help(f, "psagg_server_cpu_seconds_total", "counter", "CPU time of the server process.");
@@ -507,7 +511,13 @@ void metrics_usage(server *srv)
 {
     struct rusage now;
     unsigned rounds = atomic_load(&srv->pool.rounds_done);
+    unsigned long long spilled = atomic_load(&srv->pool.n_spilled);
     double n;
+    if (spilled)
+        LOG_INFO(&srv->log,
+                 "%llu pushes came rounds early while half the receive buffers were held: "
+                 "copied out to wait",
+                 spilled);
     if (!atomic_load(&srv->pool.usage_marked) || rounds < 2 || getrusage(RUSAGE_SELF, &now))
         return;
     n = (double)(rounds - 1);

@@ -19,6 +19,10 @@
 
 void progress_repost(server *srv, recv_buf *rb)
 {
+    if (rb->spilled) { /* (a heap copy: aggregate.c's wait_ahead) */
+        agg_spill_free(srv, rb);
+        return;
+    }
     if (psagg__rxpool_repost(&srv->dp.rxpool, &rb->rx) && atomic_load(&srv->dp.running))
         server_fail_job(srv, PSAGG_EFABRIC, "cannot repost a receive buffer: %s",
                         psagg_last_error());

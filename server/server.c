@@ -48,6 +48,7 @@ server *server_open(const psagg__config *cfg, int rank, const volatile sig_atomi
     pthread_mutex_init(&srv->pool.startup.mu, NULL);
     pthread_cond_init(&srv->pool.startup.cv, NULL);
     pthread_mutex_init(&srv->pool.barrier_mu, NULL);
+    pthread_mutex_init(&srv->pool.spill_mu, NULL);
     pthread_cond_init(&srv->pool.barrier_cv, NULL);
     pthread_mutex_init(&srv->dp.sendq_mu, NULL);
     /* the logger, the job key, this server's nonce and data key (the logger even on failure) */
@@ -129,6 +130,7 @@ void server_close(server *srv)
     optim_fini(srv);
     pthread_cond_destroy(&srv->pool.barrier_cv);
     pthread_mutex_destroy(&srv->pool.barrier_mu);
+    pthread_mutex_destroy(&srv->pool.spill_mu);
     pthread_mutex_destroy(&srv->dp.sendq_mu);
     pthread_cond_destroy(&srv->pool.startup.cv);
     pthread_mutex_destroy(&srv->pool.startup.mu);

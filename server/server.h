@@ -116,6 +116,9 @@ typedef struct recv_buf {
     agg_item item;
     psagg__msg_codec mc; /* the push's codec, as the progress thread checked it */
     int from;            /* its sender, while it waits for its epoch (progress.c) */
+    int spilled;         /* 1: a heap copy of a push that waits ahead (wait_ahead), not one of
+                            the pool's: freed, not posted again */
+    struct recv_buf *spill_prev, *spill_next; /* (spilled: the pool's list of them) */
 } recv_buf;
 
 /*
@@ -399,6 +402,9 @@ typedef struct agg_pool {
     uint64_t budget;             /* bytes a job's chunks may take ([server] memory_budget_mb) */
     atomic_int rx_held;          /* receive buffers held by chunks (early pushes), at most: */
     int rx_hold_max;             /* half the pool */
+    pthread_mutex_t spill_mu;    /* the heap copies of pushes that wait ahead (spilled), */
+    struct recv_buf *spills;     /* freed when done with, or by agg_teardown */
+    atomic_ullong n_spilled;     /* how many there were (metrics.c) */
     pthread_mutex_t barrier_mu;  /* agg_barrier: threads that passed the marker */
     pthread_cond_t barrier_cv;
     int barrier_left;
@@ -601,6 +607,8 @@ psagg_status agg_start(server *srv);
 void agg_stop(server *srv);
 void agg_teardown(server *srv);
 void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb);
+/* Free rb, a heap copy of a push that waited ahead (rb->spilled; progress_repost). */
+void agg_spill_free(server *srv, recv_buf *rb);
 /*
  * Server view `epoch` moves chunk c (failover.c, the control thread): AGG_OWN it from `round`
  * on, or AGG_GIVE_UP. Its aggregation thread does it in queue order, before any push routed

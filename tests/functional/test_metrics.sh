@@ -50,7 +50,7 @@ kill -0 "$launcher" 2>/dev/null || fail "the job ended before the second scrape:
 
 for name in psagg_server_chunk_rounds_total psagg_server_updates_total \
     psagg_server_update_bytes_total psagg_server_dropped_messages_total psagg_server_cpu_seconds_total \
-    psagg_server_rx_held psagg_server_send_queue 'psagg_server_push_bytes_total{worker="0"}' \
+    psagg_server_rx_held psagg_server_pushes_spilled_total psagg_server_send_queue 'psagg_server_push_bytes_total{worker="0"}' \
     psagg_server_local_copies_total \
     'psagg_server_push_lateness_seconds_count{worker="1"}' \
     'psagg_server_push_lateness_seconds_bucket{worker="0",le="+Inf"}' \

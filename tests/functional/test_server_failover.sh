@@ -78,6 +78,15 @@ run() {
         fi
     done
     [ -n "${events:-}" ] && kill_and_return "$name" "$n_s" $events
+    local pauser=
+    if [ -n "${pause:-}" ]; then # worker 0 SIGSTOPped for 30 ms every 60 ms while it runs
+        (while kill -STOP "${wpid[0]}" 2>/dev/null; do
+            sleep 0.03
+            kill -CONT "${wpid[0]}"
+            sleep 0.06
+        done) &
+        pauser=$!
+    fi
     if [[ $victim != -1 ]]; then # (S, or S+T: two at once)
         wait_until 60 grep -qs "^$mark $round\$" "$tmp/$name-worker0.log" ||
             fail "$name: worker 0 never reached round $round"
@@ -88,6 +97,11 @@ run() {
         wait_for "${wpid[$w]}" 90
         rc[w]=$?
     done
+    if [ -n "$pauser" ]; then
+        kill "$pauser" 2>/dev/null
+        wait "$pauser" 2>/dev/null
+        kill -CONT "${wpid[0]}" 2>/dev/null
+    fi
 }
 
 # kill_and_return NAME SERVERS SERVER ROUND ...: per pair, SIGKILL SERVER once worker 0 is at
@@ -340,6 +354,21 @@ if [[ $part == all || $part == state ]]; then
         fail "optim: server_replicas = 1 changes the weights (${ref[optim-2-r1]}, without: ${ref[optim-2-r0]})"
     echo "optim uninterrupted: 2 servers ${ref[optim-2-r1]} (the same with server_replicas = 0)," \
         "3 servers ${ref[optim-3-r2]}"
+
+    # A worker that keeps stalling (SIGSTOP 30 ms every 60 ms), 3 servers with two copies of
+    # every chunk, 4 KiB chunks: the copies lag behind the other workers' later rounds, whose
+    # pushes wait for their turn; past half the receive buffers they wait as heap copies, so the
+    # stalled worker's pushes still find a buffer (holding them all hung the job in 2 runs of 6
+    # to 5 of 6: its push never read, "no push from workers 0")
+    steps=150 pause=1 run optim-pause 3 maxmin4/512 2 -1 KILL 0 0 "${optim_keys[@]}" worker.chunk_bytes=4096
+    for w in 0 1 2; do
+        ((rc[w] == 0)) || fail "optim-pause: worker $w exited ${rc[w]}: $(grep -h 'ERROR' "$tmp"/optim-pause-*.log | head -1)"
+        grep -q '^OPTIM-EXACT' "$tmp/optim-pause-worker$w.log" || fail "optim-pause: worker $w not exact"
+    done
+    echo "optim-pause: worker 0 stalled every 60 ms, exact;" \
+        "$(grep -ho '[0-9]* pushes came rounds early' "$tmp"/optim-pause-server*.log | tr '\n' ' ')" \
+        "(heap copies, per server)"
+    stop_all
 
     # optim_survive NAME SERVERS REPLICAS VICTIM SIGNAL STEP DELAY_MS: the job goes on, exact, and
     # ends bit-identical to the uninterrupted run; the copies that took over say so
