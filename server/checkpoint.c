@@ -9,10 +9,20 @@
  * op_timeout_ms of the first (checkpoint_tick), or each gets why not, naming who did not ask.
  * The file holds every parameter chunk's state (param.c's optim_checkpoint; its format:
  * ckpt_file.c).
+ *
+ * Two phases, so that a checkpoint is whole on every server or on none: the request above is a
+ * PREPARE, written as <file>.pending stamped with the checkpoint's sequence (the asking
+ * worker's clock; a collective one's: the largest of the members'); the worker sends COMMIT
+ * with the same sequence only once every server it asked answered OK, and the pending file
+ * then takes the current one's place (which is kept as <file>.prev). A call that fails on one
+ * server leaves every server's current file as it was; a commit cut short by a death leaves
+ * the servers that committed the checkpoint before as <file>.prev, which a resume with server
+ * replicas falls back to (ckpt_file.c).
  */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/clock.h"
 #include "base/error.h"
@@ -24,6 +34,9 @@
 struct checkpoints {
     uint8_t *asked;      /* per worker */
     int64_t asked_since; /* a collective checkpoint's first request, or 0 */
+    uint64_t seq;        /* the PREPARE's sequence (collective: the largest asked so far) */
+    uint64_t pending;    /* the sequence of <file>.pending, or 0 */
+    uint64_t committed;  /* the sequence committed last here, or 0 */
 };
 
 psagg_status checkpoint_init(server *srv)
@@ -88,8 +101,10 @@ static void checkpoint_write(server *srv)
     if (!owned)
         st = psagg__fail(PSAGG_ENOMEM, "no memory for a checkpoint");
     else if (!(st = checkpoint_caught_up(srv, owned)))
-        st = optim_checkpoint(srv, owned, path, sizeof path);
+        st = optim_checkpoint(srv, owned, srv->ckpt->seq, path, sizeof path);
     agg_release(srv);
+    srv->ckpt->pending = st ? 0 : srv->ckpt->seq;
+    srv->ckpt->seq = 0;
     free(owned);
     metrics_checkpoint(srv, psagg__now_ns() - t0, !st);
     snprintf(m, sizeof m, "%.290s", st ? psagg_last_error() : path);
@@ -103,9 +118,70 @@ static void checkpoint_write(server *srv)
             checkpoint_answer(srv, w, st, m);
 }
 
+/*
+ * A COMMIT of checkpoint seq: the pending file of that checkpoint takes the current one's
+ * place. A collective checkpoint was prepared under the largest of the members' sequences, and
+ * every member commits it: the first one does, the others find it done.
+ */
+static void checkpoint_commit(server *srv, int w, uint64_t seq)
+{
+    struct checkpoints *k = srv->ckpt;
+    int collective = srv->pool.policy->collective_checkpoint;
+    char path[PATH_MAX + 16], m[300];
+    psagg_status st = PSAGG_OK;
+
+    if (k->pending && (seq == k->pending || (collective && seq < k->pending))) {
+        if (!(st = ckpt_commit(srv, path, sizeof path))) {
+            k->committed = k->pending;
+            LOG_INFO(&srv->log, "checkpoint %llu committed: %s", (unsigned long long)k->pending,
+                     path);
+        }
+        k->pending = 0;
+    } else if (k->committed && (seq == k->committed || (collective && seq < k->committed))) {
+        snprintf(path, sizeof path, "%s/psagg-server-%d.ckpt", srv->cfg.checkpoint_dir,
+                 srv->rank); /* (another member's COMMIT did it) */
+    } else {
+        st = psagg__fail(PSAGG_EINVAL,
+                         "server %d: no checkpoint %llu was prepared here to commit (%s)",
+                         srv->rank, (unsigned long long)seq,
+                         k->pending ? "another one was prepared since" : "none waits");
+    }
+    snprintf(m, sizeof m, "%.290s", st ? psagg_last_error() : path);
+    if (st)
+        LOG_ERROR(&srv->log, "worker %d asked to commit a checkpoint: %s", w, m);
+    checkpoint_answer(srv, w, st, m);
+}
+
 void checkpoint_asked(server *srv, int w, const psagg__ctl_hdr *h, const void *body)
 {
-    (void)h, (void)body;
+    psagg__ctl_checkpoint ck;
+    char why[120];
+    memset(&ck, 0, sizeof ck);
+    if (h->len == sizeof ck)
+        memcpy(&ck, body, sizeof ck);
+    if (h->len != sizeof ck)
+        snprintf(why, sizeof why, "a CHECKPOINT frame of %u bytes, not %zu", h->len, sizeof ck);
+    else if (!ck.sequence || ck.reserved)
+        snprintf(why, sizeof why,
+                 "CHECKPOINT field %s is %llu (sequence must be nonzero, "
+                 "reserved 0)",
+                 ck.reserved ? "reserved" : "sequence",
+                 (unsigned long long)(ck.reserved ? ck.reserved : 0));
+    else if (ck.phase != PSAGG_CKPT_PREPARE && ck.phase != PSAGG_CKPT_COMMIT)
+        snprintf(why, sizeof why, "CHECKPOINT field phase is %u (PREPARE %d, COMMIT %d)", ck.phase,
+                 PSAGG_CKPT_PREPARE, PSAGG_CKPT_COMMIT);
+    else
+        why[0] = '\0';
+    if (why[0]) {
+        server_drop_worker(srv, w, PSAGG_EPROTO, why);
+        return;
+    }
+    if (ck.phase == PSAGG_CKPT_COMMIT) {
+        checkpoint_commit(srv, w, ck.sequence);
+        return;
+    }
+    if (ck.sequence > srv->ckpt->seq)
+        srv->ckpt->seq = ck.sequence;
     srv->ckpt->asked[w] = 1;
     if (!srv->pool.policy->collective_checkpoint) {
         checkpoint_write(srv);

@@ -3,13 +3,17 @@
  * written from the parameter chunks' state (param.c's) and read back at start-up.
  *
  * THE FILE (one per server: <checkpoint_dir>/psagg-server-<rank>.ckpt), little-endian:
- *   ckpt_head (112 bytes: magic "PSAGGCKP", format version, server rank, servers, optimizer,
- *     tensors, chunks, chunk_elems, when, job id)
+ *   ckpt_head (120 bytes: magic "PSAGGCKP", format version, server rank, servers, optimizer,
+ *     tensors, chunks, chunk_elems, when, job id, the checkpoint's sequence)
  *   n_tensors x psagg__ctl_tensor: the job's declaration, as the workers sent it
  *   per owned parameter chunk, in slot order: ckpt_chunk (32 bytes: key, chunk, count,
  *     step, round, arrays) + arrays x count binary32: w, view, then the optimizer's state
  *   32 bytes: BLAKE2b-256 (libsodium's crypto_generichash) of everything before.
- * It is written to a temporary name, synced and renamed, so a crash leaves the previous one.
+ * A checkpoint is written in two phases (checkpoint.c): PREPARE writes <file>.pending (to a
+ * temporary name, synced and renamed), stamped with the checkpoint's sequence; COMMIT, which a
+ * worker sends only once every server it asked prepared, keeps the current file as <file>.prev
+ * and puts the pending one in place. So a call that failed anywhere leaves the checkpoint
+ * before it whole, and a crash leaves the previous files.
  * At start-up (resume) the whole file is checked (size, checksum, every length) before any
  * of it is believed; when the declaration is known, it must match the file's exactly, chunk
  * by chunk, before anything is loaded.
@@ -17,9 +21,11 @@
  * With [cluster] server_replicas a chunk may have moved: each server writes the chunks it owns
  * in the view it applied (a taken-over one too; a copy, which may lag its owner, writes
  * nothing), and a resumed server reads every server's file it finds in its checkpoint_dir and
- * takes each chunk it holds (owned or copied) from the record with the latest optimizer step:
- * a dead server's file is older than the new owner's. So every file must be in every server's
- * checkpoint_dir (a shared directory, or copied there); a chunk found in none is named.
+ * takes each chunk it holds (owned or copied) from the newest checkpoint (sequence) that holds
+ * every parameter chunk of the job in some file, current or previous: a dead server's file is
+ * older than the new owner's, and a commit cut short by a death falls back to the checkpoint
+ * before. So every file must be in every server's checkpoint_dir (a shared directory, or
+ * copied there); a chunk found in no checkpoint is named.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -38,7 +44,7 @@
 #include "server.h"
 
 #define CKPT_MAGIC   "PSAGGCKP"
-#define CKPT_VERSION 1u
+#define CKPT_VERSION 2u
 #define CKPT_SUM     32 /* BLAKE2b-256 */
 
 typedef struct ckpt_head {
@@ -52,8 +58,9 @@ typedef struct ckpt_head {
     uint64_t chunk_elems;
     int64_t written_ns; /* CLOCK_REALTIME */
     char job_id[64];
+    uint64_t sequence; /* the checkpoint's (the asking worker's clock: psagg__ctl_checkpoint) */
 } ckpt_head;
-_Static_assert(sizeof(ckpt_head) == 112, "ckpt_head layout");
+_Static_assert(sizeof(ckpt_head) == 120, "ckpt_head layout");
 
 typedef struct ckpt_chunk {
     uint32_t key, index;
@@ -83,9 +90,10 @@ struct ckpt_file {
     const ckpt_chunk **by_slot; /* after optim_check_job: per held slot, or NULL */
 };
 
-static void ckpt_path(const server *srv, int rank, char *buf, size_t len)
+/* Server rank's file: the current one (suffix ""), ".prev" or ".pending". */
+static void ckpt_path(const server *srv, int rank, const char *suffix, char *buf, size_t len)
 {
-    snprintf(buf, len, "%s/psagg-server-%d.ckpt", srv->cfg.checkpoint_dir, rank);
+    snprintf(buf, len, "%s/psagg-server-%d.ckpt%s", srv->cfg.checkpoint_dir, rank, suffix);
 }
 
 static void map_close(ckpt_map *f)
@@ -221,34 +229,39 @@ err:
 
 psagg_status ckpt_open(const server *srv, struct ckpt_file **out)
 {
+    static const char *const kept[] = {"", ".prev"};
     char path[PATH_MAX];
     struct ckpt_file *f = calloc(1, sizeof *f);
+    /* with replicas every server's files, the current and the previous, else this server's */
     int n = srv->cfg.server_replicas ? srv->cfg.n_servers : 1;
+    int versions = srv->cfg.server_replicas ? 2 : 1;
     uint32_t chunks = 0;
     psagg_status st = PSAGG_OK;
 
     *out = NULL;
-    if (!f || !(f->maps = calloc((size_t)n, sizeof *f->maps))) {
+    if (!f || !(f->maps = calloc((size_t)(n * versions), sizeof *f->maps))) {
         free(f);
         return psagg__fail(PSAGG_ENOMEM, "checkpoint");
     }
-    for (int r = 0; r < n && !st; r++) {
-        int rank = srv->cfg.server_replicas ? r : srv->rank;
-        ckpt_path(srv, rank, path, sizeof path);
-        /* with replicas a server that never wrote one (it died first) has no file */
-        if (srv->cfg.server_replicas && access(path, F_OK) && errno == ENOENT) {
-            if (rank == srv->rank)
-                LOG_INFO(&srv->log,
-                         "resume: %s does not exist (this server wrote no checkpoint): its "
-                         "chunks come from the other servers' files",
-                         path);
-            continue;
+    for (int r = 0; r < n && !st; r++)
+        for (int v = 0; v < versions && !st; v++) {
+            int rank = srv->cfg.server_replicas ? r : srv->rank;
+            ckpt_path(srv, rank, kept[v], path, sizeof path);
+            /* with replicas a server that never wrote one (it died first) has no file, and a
+               first checkpoint no previous one */
+            if ((srv->cfg.server_replicas || v > 0) && access(path, F_OK) && errno == ENOENT) {
+                if (rank == srv->rank && v == 0)
+                    LOG_INFO(&srv->log,
+                             "resume: %s does not exist (this server wrote no checkpoint): its "
+                             "chunks come from the other servers' files",
+                             path);
+                continue;
+            }
+            if (!(st = ckpt_read(srv, path, rank, &f->maps[f->n_maps])))
+                chunks += f->maps[f->n_maps++].head->n_chunks;
         }
-        if (!(st = ckpt_read(srv, path, rank, &f->maps[f->n_maps])))
-            chunks += f->maps[f->n_maps++].head->n_chunks;
-    }
     if (!st && !f->n_maps) {
-        ckpt_path(srv, srv->rank, path, sizeof path);
+        ckpt_path(srv, srv->rank, "", path, sizeof path);
         st = psagg__fail(PSAGG_EIO,
                          "[server] resume: no checkpoint in %s: neither %s nor any other "
                          "server's file (psagg-server-<rank>.ckpt) exists",
@@ -356,20 +369,45 @@ static psagg_status match_owned(const server *srv, struct ckpt_file *cf, int arr
     return PSAGG_OK;
 }
 
-/* With replicas: each held parameter chunk (owned or copied) from the record of it with the
-   latest optimizer step in any of the files (the chunk's owner at the last checkpoint wrote
-   it; an older record is a dead server's). */
+/* The records of checkpoint `seq` in cf, by chunk of the layout (best); how many parameter chunks
+   of the layout they cover. */
+static uint32_t records_of(const server *srv, const struct ckpt_file *cf, uint64_t seq,
+                           const ckpt_chunk **best)
+{
+    const psagg__layout *l = &srv->layout;
+    uint32_t covered = 0;
+    memset(best, 0, (l->n_chunks ? l->n_chunks : 1) * sizeof *best);
+    for (int m = 0; m < cf->n_maps; m++) {
+        const ckpt_map *f = &cf->maps[m];
+        if (f->head->sequence != seq)
+            continue;
+        for (uint32_t k = 0; k < f->head->n_chunks; k++) {
+            const ckpt_chunk *r = f->chunks[k];
+            uint32_t g = l->tensors[r->key].first_chunk + r->index;
+            covered += !best[g];
+            if (!best[g])
+                best[g] = r;
+        }
+    }
+    return covered;
+}
+
+/* With replicas: each held parameter chunk (owned or copied) from the newest checkpoint
+   (sequence) that holds every parameter chunk of the job in some file (its owner at that
+   checkpoint wrote it; a dead server's file is older, and a commit cut short leaves the
+   servers that committed a previous file of the checkpoint before). */
 static psagg_status match_held(const server *srv, struct ckpt_file *cf, int arrays)
 {
     const psagg__layout *l = &srv->layout;
     const ckpt_chunk **best = calloc(l->n_chunks ? l->n_chunks : 1, sizeof *best);
-    int64_t *best_ns = calloc(l->n_chunks ? l->n_chunks : 1, sizeof *best_ns);
+    uint32_t params = 0;
+    uint64_t seq = 0, newest = 0, tried = UINT64_MAX;
     psagg_status st = PSAGG_OK;
 
-    if (!best || !best_ns) {
-        free(best), free(best_ns);
+    if (!best)
         return psagg__fail(PSAGG_ENOMEM, "checkpoint");
-    }
+    for (uint32_t t = 0; t < l->n_tensors; t++)
+        params += l->tensors[t].param ? l->tensors[t].n_chunks : 0;
     for (int m = 0; m < cf->n_maps && !st; m++) {
         const ckpt_map *f = &cf->maps[m];
         for (uint32_t k = 0; k < f->head->n_chunks && !st; k++) {
@@ -377,38 +415,54 @@ static psagg_status match_held(const server *srv, struct ckpt_file *cf, int arra
             const psagg__tensor_info *t = r->key < l->n_tensors ? &l->tensors[r->key] : NULL;
             uint32_t g = t ? t->first_chunk + r->index : 0;
             if (!t || !t->param || r->index >= t->n_chunks || r->count != l->chunks[g].count ||
-                r->arrays != (uint32_t)arrays) {
+                r->arrays != (uint32_t)arrays)
                 st = psagg__fail(PSAGG_EMISMATCH,
                                  "checkpoint %s, nothing loaded: record %u (tensor %u chunk %u "
                                  "of %llu elements with %u arrays) is no parameter chunk of "
                                  "this job with %d arrays",
                                  f->path, k, r->key, r->index, (unsigned long long)r->count,
                                  r->arrays, arrays);
-                break;
-            }
-            /* the latest step; at the same step (a PULL that synced the view takes none) the
-               file written last */
-            if (!best[g] || r->step > best[g]->step ||
-                (r->step == best[g]->step && f->head->written_ns > best_ns[g])) {
-                best[g] = r;
-                best_ns[g] = f->head->written_ns;
-            }
         }
+    }
+    /* the checkpoints from the newest down: the first whole one */
+    while (!st && !seq) {
+        uint64_t next = 0;
+        for (int m = 0; m < cf->n_maps; m++)
+            if (cf->maps[m].head->sequence < tried && cf->maps[m].head->sequence >= next)
+                next = cf->maps[m].head->sequence;
+        if (!next)
+            break;
+        if (!newest)
+            newest = next;
+        tried = next;
+        if (records_of(srv, cf, next, best) == params)
+            seq = next;
+    }
+    if (!st && !seq) { /* none whole: name a chunk the newest lacks */
+        uint32_t g = 0;
+        records_of(srv, cf, newest, best);
+        while (g < l->n_chunks && (best[g] || !l->tensors[l->chunks[g].key].param))
+            g++;
+        st = psagg__fail(PSAGG_EMISMATCH,
+                         "checkpoint %s, nothing loaded: no checkpoint in it holds every "
+                         "parameter chunk (the newest, %llu, lacks tensor '%s' chunk %u; with "
+                         "[cluster] server_replicas every server's checkpoint_dir must hold every "
+                         "server's files: a shared directory, or the files copied there)",
+                         cf->path, (unsigned long long)newest,
+                         g < l->n_chunks ? l->tensors[l->chunks[g].key].name : "?",
+                         g < l->n_chunks ? l->chunks[g].index : 0);
     }
     for (uint32_t i = 0; i < srv->n_held && !st; i++) {
         const chunk_state *c = &srv->chunks[i];
-        if (!l->tensors[c->info->key].param)
-            continue;
-        if (!(cf->by_slot[i] = best[c->info - l->chunks]))
-            st = psagg__fail(PSAGG_EMISMATCH,
-                             "checkpoint %s, nothing loaded: tensor '%s' chunk %u, which this "
-                             "server %s, is in none of the files (with [cluster] "
-                             "server_replicas every server's checkpoint_dir must hold every "
-                             "server's file: a shared directory, or the files copied there)",
-                             cf->path, l->tensors[c->info->key].name, c->info->index,
-                             i < srv->n_owned ? "owns" : "keeps a copy of");
+        if (l->tensors[c->info->key].param)
+            cf->by_slot[i] = best[c->info - l->chunks];
     }
-    free(best), free(best_ns);
+    if (!st && seq != newest)
+        LOG_WARN(&srv->log,
+                 "resume: checkpoint %llu is not whole (a commit cut short): resuming from "
+                 "checkpoint %llu, the one before",
+                 (unsigned long long)newest, (unsigned long long)seq);
+    free(best);
     return st;
 }
 
@@ -452,7 +506,8 @@ static void put(ckpt_writer *wr, const void *p, size_t n)
     crypto_generichash_update(&wr->hs, p, n);
 }
 
-psagg_status ckpt_write(const server *srv, int arrays, const uint8_t *owned, char *path, size_t len)
+psagg_status ckpt_write(const server *srv, int arrays, const uint8_t *owned, uint64_t seq,
+                        char *path, size_t len)
 {
     const psagg__layout *l = &srv->layout;
     char tmp[PATH_MAX + 8];
@@ -462,12 +517,13 @@ psagg_status ckpt_write(const server *srv, int arrays, const uint8_t *owned, cha
                       .n_servers = (uint32_t)srv->cfg.n_servers,
                       .optimizer = (uint32_t)srv->cfg.optimizer,
                       .n_tensors = l->n_tensors,
-                      .chunk_elems = srv->job_decl_hdr.chunk_elems};
+                      .chunk_elems = srv->job_decl_hdr.chunk_elems,
+                      .sequence = seq};
     uint8_t sum[CKPT_SUM];
     struct timespec now;
     int fd, dfd;
 
-    ckpt_path(srv, srv->rank, path, len);
+    ckpt_path(srv, srv->rank, ".pending", path, len);
     if (sodium_init() < 0)
         return psagg__fail(PSAGG_EIO, "libsodium cannot start");
     /* every chunk's last round is finished, and the caller's agg_barrier made what its
@@ -525,6 +581,29 @@ psagg_status ckpt_write(const server *srv, int arrays, const uint8_t *owned, cha
         fsync(dfd);
         close(dfd);
     }
-    LOG_INFO(&srv->log, "checkpoint %s written: %u parameter chunks", path, head.n_chunks);
+    LOG_INFO(&srv->log, "checkpoint %llu prepared: %s written, %u parameter chunks",
+             (unsigned long long)seq, path, head.n_chunks);
+    return PSAGG_OK;
+}
+
+psagg_status ckpt_commit(const server *srv, char *path, size_t len)
+{
+    char pending[PATH_MAX + 16], prev[PATH_MAX + 16];
+    int dfd;
+    ckpt_path(srv, srv->rank, "", path, len);
+    ckpt_path(srv, srv->rank, ".pending", pending, sizeof pending);
+    ckpt_path(srv, srv->rank, ".prev", prev, sizeof prev);
+    /* (no current file yet: the first checkpoint) */
+    if (rename(path, prev) && errno != ENOENT)
+        return psagg__fail(PSAGG_EIO, "checkpoint %s: keeping it as %s: %s", path, prev,
+                           strerror(errno));
+    if (rename(pending, path))
+        return psagg__fail(PSAGG_EIO, "checkpoint %s: putting %s in its place: %s", path, pending,
+                           strerror(errno));
+    dfd = open(srv->cfg.checkpoint_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) { /* the renames durable */
+        fsync(dfd);
+        close(dfd);
+    }
     return PSAGG_OK;
 }

@@ -189,7 +189,7 @@ static const frame_route routes[] = {
     {PSAGG_CTL_BYE, 0, worker_bye},
     {PSAGG_CTL_ABORT, 0, worker_abort},
     {PSAGG_CTL_DECLARE, HELLOED, startup_declare},
-    {PSAGG_CTL_CHECKPOINT, EMPTY | POOL, checkpoint_asked},
+    {PSAGG_CTL_CHECKPOINT, POOL, checkpoint_asked},
     /* elastic membership: relayed epochs and starts, joins' barriers */
     {PSAGG_CTL_MEMBERSHIP, DECLARED | RUNS | MEMBER_OR_JOINING, membership_relayed},
     {PSAGG_CTL_SYNC, DECLARED | RUNS | ELASTIC | SERVER0 | MEMBER, membership_sync},

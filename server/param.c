@@ -421,7 +421,8 @@ const chunk_ops param_chunk_ops = {
     .partial = param_partial,
 };
 
-psagg_status optim_checkpoint(server *srv, const uint8_t *owned, char *path, size_t len)
+psagg_status optim_checkpoint(server *srv, const uint8_t *owned, uint64_t seq, char *path,
+                              size_t len)
 {
     if (!srv->cfg.checkpoint_dir[0])
         return psagg__fail(PSAGG_ECONFIG, "server %d has no [server] checkpoint_dir", srv->rank);
@@ -430,5 +431,5 @@ psagg_status optim_checkpoint(server *srv, const uint8_t *owned, char *path, siz
                            srv->rank);
     /* every chunk's last round is finished, and the caller's agg_barrier made what its
        thread wrote visible here */
-    return ckpt_write(srv, chunk_arrays(srv), owned, path, len);
+    return ckpt_write(srv, chunk_arrays(srv), owned, seq, path, len);
 }

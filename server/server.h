@@ -662,7 +662,8 @@ void optim_welcome(const server *srv, psagg__ctl_optim *out);
 extern const chunk_ops param_chunk_ops;
 /* The control thread, for a worker's CHECKPOINT, after agg_barrier: write the state of every
  * parameter chunk this server owns (owned: per chunk of the layout, failover_owns). */
-psagg_status optim_checkpoint(server *srv, const uint8_t *owned, char *path, size_t len);
+psagg_status optim_checkpoint(server *srv, const uint8_t *owned, uint64_t seq, char *path,
+                              size_t len);
 
 /*
  * ckpt_file.c: the file (<checkpoint_dir>/psagg-server-<rank>.ckpt). open: read and check all
@@ -672,7 +673,8 @@ psagg_status optim_checkpoint(server *srv, const uint8_t *owned, char *path, siz
  * anything is loaded. state: held slot `slot`'s arrays (`arrays` of its count each),
  * optimizer step and round, or NULL (f NULL, or no parameter chunk there). write: the state
  * of every parameter chunk with owned[chunk] (w, view, then the optimizer's: `arrays` in
- * all), written to a temporary name, synced and renamed; *path gets the file's name.
+ * all) as checkpoint `seq`, written to a temporary name, synced and renamed to <file>.pending
+ * (PREPARE); *path gets its name.
  */
 struct ckpt_file;
 psagg_status ckpt_open(const server *srv, struct ckpt_file **out);
@@ -681,8 +683,10 @@ const char *ckpt_file_path(const struct ckpt_file *f);
 psagg_status ckpt_match(const server *srv, struct ckpt_file *f, psagg__optim_kind kind, int arrays);
 const float *ckpt_state(const struct ckpt_file *f, uint32_t slot, uint32_t *arrays, uint64_t *step,
                         uint32_t *round);
-psagg_status ckpt_write(const server *srv, int arrays, const uint8_t *owned, char *path,
-                        size_t len);
+psagg_status ckpt_write(const server *srv, int arrays, const uint8_t *owned, uint64_t seq,
+                        char *path, size_t len);
+/* COMMIT: the current file becomes <file>.prev and <file>.pending the current one (*path). */
+psagg_status ckpt_commit(const server *srv, char *path, size_t len);
 
 /* gpu.c */
 psagg_status gpu_thread_init(server *srv, agg_thread *t);

@@ -458,8 +458,21 @@ psagg_status psagg_checkpoint(psagg_ctx *ctx)
     psagg__clear_error();
     if (!ctx || !ctx->declared)
         return psagg__fail(PSAGG_EINVAL, "psagg_checkpoint: call psagg_declare first");
-    /* every server answers: its file, or why not (control.c) */
-    return control_request(ctx, &ctx->ckpt, "psagg_checkpoint", ctx->cfg.n_servers);
+    /* two phases (server/checkpoint.c): every server asked prepares its file, and only when
+       every one did are they committed; each answers, its file or why not (control.c) */
+    {
+        struct timespec now;
+        psagg__ctl_checkpoint ck = {.phase = PSAGG_CKPT_PREPARE};
+        psagg_status st;
+        clock_gettime(CLOCK_REALTIME, &now);
+        ck.sequence = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+        if ((st = control_request(ctx, &ctx->ckpt, "psagg_checkpoint", ctx->cfg.n_servers, &ck,
+                                  sizeof ck)))
+            return st;
+        ck.phase = PSAGG_CKPT_COMMIT;
+        return control_request(ctx, &ctx->ckpt, "psagg_checkpoint (its commit)", ctx->cfg.n_servers,
+                               &ck, sizeof ck);
+    }
 }
 
 psagg_status psagg_push_pull(psagg_ctx *ctx, uint32_t key, const float *in, float *out,
@@ -626,7 +639,7 @@ psagg_status psagg_sync_membership(psagg_ctx *ctx, psagg_membership *out)
     if (!ctx->cfg.elastic)
         return out ? psagg_get_membership(ctx, out) : PSAGG_OK;
     /* server 0 lets every member pass the barrier once all are in it (control.c) */
-    st = control_request(ctx, &ctx->barrier, "psagg_sync_membership", 1);
+    st = control_request(ctx, &ctx->barrier, "psagg_sync_membership", 1, NULL, 0);
     if (st == PSAGG_ETIMEDOUT && !worker_failed(ctx)) { /* the barrier is lost: so is the job */
         char msg[200];
         uint32_t seq;

@@ -40,7 +40,8 @@ static psagg_status between_steps(psagg_ctx *ctx, const char *fn)
     return PSAGG_OK;
 }
 
-psagg_status control_request(psagg_ctx *ctx, ctl_request *rq, const char *fn, int answers)
+psagg_status control_request(psagg_ctx *ctx, ctl_request *rq, const char *fn, int answers,
+                             const void *body, uint32_t body_len)
 {
     struct timespec until;
     psagg_status st = PSAGG_OK;
@@ -60,6 +61,9 @@ psagg_status control_request(psagg_ctx *ctx, ctl_request *rq, const char *fn, in
     if ((st = between_steps(ctx, fn)))
         goto out;
     rq->left = answers;
+    rq->body_len = body_len <= sizeof rq->body ? body_len : 0;
+    if (rq->body_len)
+        memcpy(rq->body, body, rq->body_len);
     rq->status = PSAGG_OK;
     rq->msg[0] = '\0';
     rq->state = 1;
@@ -115,8 +119,9 @@ static psagg_status checkpoint_send(psagg_ctx *ctx)
     for (int s = 0; s < ctx->cfg.n_servers; s++) {
         if (failover_lost(ctx, s))
             continue;
-        if (ctx->servers[s].fd < 0 || psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth,
-                                                      PSAGG_CTL_CHECKPOINT, NULL, 0)) {
+        if (ctx->servers[s].fd < 0 ||
+            psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_CHECKPOINT,
+                            ctx->ckpt.body, ctx->ckpt.body_len)) {
             char why[200];
             snprintf(why, sizeof why, "asking server %d for a checkpoint: %s", s,
                      ctx->servers[s].fd < 0 ? "not connected" : psagg_last_error());
@@ -172,7 +177,12 @@ static void checkpoint_done(psagg_ctx *ctx, int s, psagg__ctl_error *e)
                                                              : PSAGG_EPEER,
                        m) &&
         !e->status)
-        LOG_INFO(&ctx->log, "checkpoint: server %d wrote %s", s, e->msg);
+        LOG_INFO(&ctx->log, "checkpoint: server %d %s %s", s,
+                 ((const psagg__ctl_checkpoint *)(const void *)ctx->ckpt.body)->phase ==
+                         PSAGG_CKPT_COMMIT
+                     ? "committed"
+                     : "prepared",
+                 e->msg);
 }
 
 /*

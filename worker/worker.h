@@ -107,6 +107,8 @@ typedef struct ctl_request {
                                         out, which come first (comm thread only) */
     psagg_status status;             /* the first failure among them */
     char msg[300];
+    uint8_t body[16]; /* what the request carries, if anything (psagg_checkpoint's phase) */
+    uint32_t body_len;
 } ctl_request;
 
 /* [server] quorum: an update that came before this worker's push of its round (wire.h),
@@ -400,12 +402,14 @@ int update_apply(psagg_ctx *ctx, struct psagg_handle *h, const uint8_t *msg,
 
 /*
  * control.c. request (a calling thread): with no operation in flight, have the communication
- * thread send rq and wait for its `answers` (within 2 x op_timeout_ms: PSAGG_ETIMEDOUT), the
- * first failure among them naming its server; requests_send (the communication thread) sends
- * what was asked. check (every 20 ms): PING the servers, read their frames (answers, epochs,
- * ABORTs), fail on silence. tell_servers: this worker failed, an ABORT saying why to each.
+ * thread send rq (carrying `body`, if any) and wait for its `answers` (within 2 x op_timeout_ms:
+ * PSAGG_ETIMEDOUT), the first failure among them naming its server; requests_send (the
+ * communication thread) sends what was asked. check (every 20 ms): PING the servers, read their
+ * frames (answers, epochs, ABORTs), fail on silence. tell_servers: this worker failed, an ABORT
+ * saying why to each.
  */
-psagg_status control_request(psagg_ctx *ctx, ctl_request *rq, const char *fn, int answers);
+psagg_status control_request(psagg_ctx *ctx, ctl_request *rq, const char *fn, int answers,
+                             const void *body, uint32_t body_len);
 void control_requests_send(psagg_ctx *ctx);
 void control_check(psagg_ctx *ctx, int64_t now, int64_t *next_ping);
 /* Server 0's MEMBERSHIP frame: check it, take its epoch and relay it unchanged to the other

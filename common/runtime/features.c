@@ -89,10 +89,12 @@ const psagg__combo psagg__combos[] = {
      "is not sent to it)"},
     {PSAGG_F_REPLICAS, PSAGG_F_CHECKPOINT, 0,
      "each server writes the parameter chunks it owns in the current server view (a dead "
-     "server's too, once taken over); a resumed server takes each chunk it holds from the file "
-     "with its latest step, so every server's checkpoint_dir must hold every server's file "
-     "(shared, or copied there); a server lost during a checkpoint, or a chunk taken over and "
-     "not caught up yet, fails that call (ask again after the next step)"},
+     "server's too, once taken over); a resumed server takes each chunk it holds from the "
+     "newest checkpoint whose files hold every chunk (a commit cut short falls back to the one "
+     "before), so every server's checkpoint_dir must hold every server's files (shared, or "
+     "copied there); a server lost during a checkpoint, or a chunk taken over and not caught "
+     "up yet, fails that call and leaves the checkpoint before whole (ask again after the next "
+     "step)"},
     {PSAGG_F_REPLICAS, PSAGG_F_ADAPTIVE, 0,
      "the statistics travel as a sum tensor: their rounds in flight are pushed again to the new "
      "owner like a gradient's, and every worker solves the same sums; a round's generation is "

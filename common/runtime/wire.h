@@ -58,10 +58,15 @@
  *      worker -> server 0 JOIN    (no body); server 0 admits it at the members' next SYNC
  *                                 barrier: MEMBERSHIP (an epoch with it live), then SYNC_DONE
  *   any time after READY, a job with [server] optimizer:
- *      worker -> server  CHECKPOINT (no body): write this server's optimizer state now
+ *      worker -> server  CHECKPOINT psagg__ctl_checkpoint, phase PREPARE: write this server's
+ *                                 optimizer state now, as <file>.pending
  *      server -> worker  CHECKPOINT_DONE psagg__ctl_error: status 0 and the file written, or
  *                                 why not; the requester has no operation in flight, so every
  *                                 parameter chunk is between two rounds (server/param.c)
+ *      worker -> server  CHECKPOINT phase COMMIT, the same sequence, once every server asked
+ *                                 answered the PREPARE with status 0: the pending file becomes
+ *                                 the current one (the current one <file>.prev)
+ *      server -> worker  CHECKPOINT_DONE psagg__ctl_error: status 0 and the file, or why not
  *
  * DATA MESSAGES (libfabric FI_EP_RDM send/recv)
  *   psagg__msg_hdr + payload (the encoded chunk, codec.h format, exactly hdr.len bytes)
@@ -185,7 +190,7 @@
  *     parameter operation (INIT, PULL too) counts a round; a view's live[] byte 2 (a server
  *     that came back without parameter state)
  */
-#define PSAGG_PROTO_VERSION 17
+#define PSAGG_PROTO_VERSION 18
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64
@@ -345,6 +350,15 @@ typedef struct psagg__ctl_tensor {
     uint32_t reserved;
 } psagg__ctl_tensor;
 _Static_assert(sizeof(psagg__ctl_tensor) == 64 + 8 + 24, "psagg__ctl_tensor layout");
+
+/* CHECKPOINT's body (a two-phase write: server/checkpoint.c). */
+enum { PSAGG_CKPT_PREPARE = 1, PSAGG_CKPT_COMMIT = 2 };
+typedef struct psagg__ctl_checkpoint {
+    uint64_t sequence; /* the checkpoint's, nonzero: the asking worker's CLOCK_REALTIME in ns */
+    uint32_t phase;    /* PSAGG_CKPT_PREPARE or PSAGG_CKPT_COMMIT */
+    uint32_t reserved; /* 0 */
+} psagg__ctl_checkpoint;
+_Static_assert(sizeof(psagg__ctl_checkpoint) == 16, "psagg__ctl_checkpoint layout");
 
 typedef struct psagg__ctl_error {
     int32_t status; /* psagg_status */

@@ -479,7 +479,7 @@ if [[ $part == all || $part == state ]]; then
     # server 0 alone, resumes bit-identical.
     for sig in KILL STOP; do
         name=ck-$sig
-        rm -f "$ck_dir"/*.ckpt "$tmp/go-$sig"
+        rm -f "$ck_dir"/*.ckpt* "$tmp/go-$sig"
         ck_run "$name" off --checkpoint-at 60 --checkpoint-hold "$tmp/go-$sig" --checkpoint-retry \
             --stop-after 90
         wait_until 60 grep -qs "^CHECKPOINT-HOLD" "$tmp/$name-worker0.log" || fail "$name: worker 0 never held"
@@ -503,6 +503,49 @@ if [[ $part == all || $part == state ]]; then
             "resumed from it: bit-identical ($d)"
         stop_all
     done
+
+    # A checkpoint cut short (two phases: a server's PREPARE writes psagg-server-N.ckpt.pending,
+    # and only once every server asked prepared does the worker COMMIT, each server's pending
+    # file then taking the current one's place, kept as .prev). ck-torn-a: a checkpoint after
+    # step 40, stopped and killed. ck-torn-b resumes; server 1 SIGSTOPped while worker 0 holds
+    # before a checkpoint after step 70: server 0 prepares, server 1 never answers and the call
+    # fails; every current file is still step 40's. Then server 0's commit is made by hand as if
+    # its COMMIT had come and server 1's had not (a commit cut short by a death): ck-torn-c
+    # finds that newest checkpoint holding half the chunks and resumes from the whole one before
+    # (server 0's .prev and server 1's file), bit-identical.
+    rm -f "$ck_dir"/*.ckpt* "$tmp/go-torn"
+    ck_run ck-torn-a off --checkpoint-at 40 --stop-after 50
+    ck_stopped ck-torn-a
+    cp "$ck_dir/psagg-server-0.ckpt" "$tmp/ck-torn-a-server0.ckpt"
+    ck_run ck-torn-b on --resume --checkpoint-at 70 --checkpoint-hold "$tmp/go-torn" --stop-after 90
+    wait_until 60 grep -qs "^CHECKPOINT-HOLD" "$tmp/ck-torn-b-worker0.log" || fail "ck-torn-b: worker 0 never held"
+    kill -STOP "${spid[1]}"
+    sleep 0.2
+    touch "$tmp/go-torn"
+    wait_for "${wpid[0]}" 60
+    grep -q "^FAIL: psagg_checkpoint: .*server 1 was lost before it wrote its part" "$tmp/ck-torn-b-worker0.log" ||
+        fail "ck-torn-b: worker 0's checkpoint did not fail naming server 1: $(grep -h '^FAIL' "$tmp/ck-torn-b-worker0.log")"
+    stop_all
+    [ -e "$ck_dir/psagg-server-0.ckpt.pending" ] || fail "ck-torn-b: server 0 prepared no pending file"
+    cmp -s "$ck_dir/psagg-server-0.ckpt" "$tmp/ck-torn-a-server0.ckpt" ||
+        fail "ck-torn-b: server 0's current file changed, though the checkpoint failed"
+    mv "$ck_dir/psagg-server-0.ckpt" "$ck_dir/psagg-server-0.ckpt.prev"
+    mv "$ck_dir/psagg-server-0.ckpt.pending" "$ck_dir/psagg-server-0.ckpt"
+    ck_run ck-torn-c on --resume
+    for w in 0 1 2; do
+        wait_for "${wpid[$w]}" 90
+        rc[w]=$?
+        ((rc[w] == 0)) || fail "ck-torn-c: worker $w exited ${rc[w]}: $(grep -h '^FAIL' "$tmp/ck-torn-c-worker$w.log")"
+    done
+    grep -q 'INIT from step 40' "$tmp/ck-torn-c-worker0.log" || fail "ck-torn-c: the parameters did not start at step 40"
+    grep -q "resume: checkpoint [0-9]* is not whole" "$tmp/ck-torn-c-server0.log" ||
+        fail "ck-torn-c: server 0 did not say it fell back"
+    d=$(digest_of ck-torn-c)
+    [ "$d" = "${ref[optim-2-r1]}" ] || fail "ck-torn-c: digest $d, the uninterrupted run's ${ref[optim-2-r1]}"
+    echo "ck-torn: a checkpoint after step 70 failed on server 1 (SIGSTOP): every current file still" \
+        "step 40's; server 0's commit made alone: $(grep -ho 'resume: checkpoint [0-9]* is not whole.*' \
+            "$tmp/ck-torn-c-server0.log" | head -1); bit-identical ($d)"
+    stop_all
     unset optim
     mark=ROUND
 

@@ -51,9 +51,9 @@
 typedef struct harness {
     server *srv;
     char ini[64];
-    char dir[64];               /* checkpoint_dir (optimizer) */
+    char dir[64];                /* checkpoint_dir (optimizer) */
     const psagg__chunk_info *ci; /* the chunk owned here */
-    recv_buf **bufs;            /* every push made, freed at the end */
+    recv_buf **bufs;             /* every push made, freed at the end */
     int n_bufs, cap_bufs;
 } harness;
 
@@ -472,11 +472,18 @@ static void checkpoint_decl(void)
     harness_start(&hz, &(harness_opts){.workers = 2, .servers = 1, .optimizer = 1});
     CHECK(hz.srv->workers[0].decl == NULL && hz.srv->workers[1].decl == NULL,
           "no worker's declaration is kept here");
-    /* worker 1's CHECKPOINT (its connection is the harness's: no answer goes out) */
-    checkpoint_asked(hz.srv, 1, &(psagg__ctl_hdr){.type = PSAGG_CTL_CHECKPOINT}, NULL);
+    /* worker 1's CHECKPOINT, both phases (its connection is the harness's: no answer goes out) */
+    psagg__ctl_checkpoint ck = {.sequence = 7, .phase = PSAGG_CKPT_PREPARE};
+    psagg__ctl_hdr h = {.type = PSAGG_CTL_CHECKPOINT, .len = sizeof ck};
+    checkpoint_asked(hz.srv, 1, &h, &ck);
     CHECK(!atomic_load(&hz.srv->job.failed), "checkpoint: %s", hz.srv->job.error);
+    snprintf(path, sizeof path, "%s/psagg-server-0.ckpt.pending", hz.dir);
+    CHECK(!stat(path, &sb) && sb.st_size > (off_t)(120 + 96 + 32), "checkpoint %s", path);
+    ck.phase = PSAGG_CKPT_COMMIT;
+    checkpoint_asked(hz.srv, 1, &h, &ck);
+    CHECK(stat(path, &sb) != 0, "%s is still there after the COMMIT", path);
     snprintf(path, sizeof path, "%s/psagg-server-0.ckpt", hz.dir);
-    CHECK(!stat(path, &sb) && sb.st_size > (off_t)(112 + 96 + 32), "checkpoint %s", path);
+    CHECK(!stat(path, &sb) && sb.st_size > (off_t)(120 + 96 + 32), "checkpoint %s", path);
     unlink(path);
     harness_stop(&hz);
     printf("checkpoint_decl: %s written (%lld bytes) from the job's declaration, no worker's\n",
