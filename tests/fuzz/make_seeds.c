@@ -12,6 +12,7 @@
 #include "fuzz.h"
 #include "msg_layout.h"
 #include "kernels/codec.h"
+#include "kernels/topk.h"
 #include "runtime/layout.h"
 #include "runtime/message.h"
 #include "runtime/wire.h"
@@ -198,6 +199,42 @@ static void seed_codec(void)
     }
 }
 
+/* topk: a valid encode of each kind (the fuzzer mutates from there), a corrupted one, numbers */
+static void seed_topk(void)
+{
+    static const uint8_t fmts[][2] = {{0, 5}, {7 + 2, 40}, {14 + 0x80, 255}, {6, 0}};
+    for (size_t s = 0; s < sizeof fmts / sizeof *fmts; s++) {
+        psagg__topk_format f = {2 + fmts[s][0] % 7,
+                                (uint32_t[]){256, 512, 4096}[(fmts[s][0] / 7) % 3], 0,
+                                fmts[s][0] & 0x80 ? PSAGG_ROUND_NEAREST : PSAGG_ROUND_STOCHASTIC};
+        uint32_t n = s == 2 ? 5000 : 700;
+        f.k = 1 + (uint32_t)((uint64_t)fmts[s][1] * (f.block - 1) / 255);
+        size_t len = psagg__topk_encoded_size(&f, n);
+        float *x = malloc(n * sizeof *x);
+        uint8_t *out = malloc(5 + (len > 4 * n ? len : 4 * n));
+        char name[32];
+        CHECK(x && out, "memory");
+        for (uint32_t i = 0; i < n; i++)
+            x[i] = (float)((int)(i * 2654435761u % 2001) - 1000) / 64.0f;
+        out[0] = fmts[s][0], out[1] = fmts[s][1], out[2] = (uint8_t)n, out[3] = (uint8_t)(n >> 8);
+        out[4] = 0;
+        CHECK(!psagg__topk_encode(&f, x, NULL, n, psagg__rng_key_make(1, 1), out + 5, len, NULL),
+              "topk seed: %s", psagg_last_error());
+        snprintf(name, sizeof name, "decode_%zu", s);
+        put("topk", name, out, 5 + len, NULL, 0);
+        if (s == 0) { /* the first block's first two indices swapped: refused */
+            uint8_t t = out[5 + 8 * 3], *p = out + 5 + 8 * 3;
+            p[0] = p[1], p[1] = t;
+            put("topk", "decode_unsorted", out, 5 + len, NULL, 0);
+        }
+        out[4] = 1;
+        memcpy(out + 5, x, 4 * (size_t)n);
+        snprintf(name, sizeof name, "encode_%zu", s);
+        put("topk", name, out, 5 + 4 * (size_t)n, NULL, 0);
+        free(x), free(out);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -211,6 +248,7 @@ int main(int argc, char **argv)
     }
     seed_config();
     seed_declare();
+    seed_topk();
     seed_msg();
     seed_codec();
     printf("make_seeds: corpora written under %s\n", root);

@@ -3,10 +3,17 @@
  * against a reference that sorts (qsort by magnitude descending, then index), on blocks with
  * random values, many ties, zeros of both signs, subnormals, one distinct value, and every k
  * from 1 to n on small blocks; and the returned threshold.
+ *
+ * Then the sparse format (topk.h) against the spec written out here: each block's kept entries
+ * are the sorting reference's, each decoded value is lo + scale * q with q the spec's rounding
+ * of its magnitude (nearest: exactly; stochastic: within one level), the other entries decode
+ * to -0, the residual is v - y bit for bit, SET/ADD/FIRST/SCALE agree with their definitions,
+ * the size is exact, a golden digest pins the bytes, and every bad input is refused by name.
  */
 #include "../testutil.h"
 #include "kernels/topk.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,6 +103,176 @@ static void fill(float *v, uint32_t n, int kind)
     }
 }
 
+static uint32_t bits_of(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+/* One encode of n values in format f, checked against the spec (see the head of this file). */
+static void check_format(const psagg__topk_format *f, const float *x, size_t n, const char *what)
+{
+    size_t len = psagg__topk_encoded_size(f, n), nb = (n + f->block - 1) / f->block;
+    uint8_t *buf = malloc(len ? len : 1);
+    float *r = calloc(n, sizeof *r), *y = malloc(n * sizeof *y), *acc = malloc(n * sizeof *acc);
+    uint32_t *want = malloc(f->block * sizeof *want), L = (1u << (f->bits - 1)) - 1;
+    float *xv = malloc(f->block * sizeof *xv);
+    psagg__rng_key key = psagg__rng_key_make(99, 7);
+    psagg_status st;
+    CHECK(buf && r && y && acc && want && xv, "memory");
+    st = psagg__topk_encode(f, x, r, n, key, buf, len, NULL);
+    CHECK(!st, "%s: encode: %s", what, psagg_last_error());
+    CHECK(!psagg__topk_validate(f, buf, len, n), "%s: validate: %s", what, psagg_last_error());
+    CHECK(!psagg__topk_decode_into(f, buf, len, n, y, PSAGG_DECODE_SET, 1.0f), "%s: decode: %s",
+          what, psagg_last_error());
+    for (size_t m = 0; m < nb; m++) {
+        size_t base = m * f->block, len_m = n - base < f->block ? n - base : f->block;
+        uint32_t km = len_m < f->k ? (uint32_t)len_m : f->k, j = 0;
+        float scale, lo;
+        memcpy(&scale, buf + 8 * m, 4);
+        memcpy(&lo, buf + 8 * m + 4, 4);
+        for (uint32_t i = 0; i < len_m; i++)
+            want[i] = i;
+        for (uint32_t i = 0; i < len_m; i++) /* what was encoded: x + 0 (-0 became +0) */
+            xv[i] = x[base + i] + 0.0f;
+        ref_v = xv;
+        qsort(want, len_m, sizeof *want, by_magnitude);
+        qsort(want, km, sizeof *want, ascending);
+        for (uint32_t i = 0; i < len_m; i++) {
+            size_t e = base + i;
+            float v = x[e] + 0.0f, a = fabsf(v); /* (x + the residual, zero at first) */
+            int kept = j < km && want[j] == i;
+            if (!kept) {
+                CHECK(bits_of(y[e]) == 0x80000000u, "%s: element %zu not kept decodes to %g", what,
+                      e, (double)y[e]);
+                CHECK(bits_of(r[e]) == bits_of(v), "%s: element %zu not kept: residual %g, not %g",
+                      what, e, (double)r[e], (double)v);
+                continue;
+            }
+            j++;
+            float t = scale != 0 ? (a - lo) * (1.0f / scale) : 0;
+            int level = -1; /* the level |y| is: floor(t) or the one above (rounding) */
+            for (uint32_t qq = t >= 1 ? (uint32_t)t - 1 : 0; qq <= (uint32_t)t + 1 && qq <= L; qq++)
+                if (fabsf(y[e]) == lo + scale * (float)qq)
+                    level = (int)qq;
+            CHECK(signbit(y[e]) == signbit(v), "%s: element %zu: the sign of %g is lost", what, e,
+                  (double)v);
+            CHECK(level >= 0,
+                  "%s: element %zu: %g decodes to %g, no level of its t %g (lo %g "
+                  "scale %g, L %u)",
+                  what, e, (double)v, (double)y[e], (double)t, (double)lo, (double)scale, L);
+            if (f->rounding == PSAGG_ROUND_NEAREST && scale != 0) {
+                float tq = t + 0.5f;
+                uint32_t qq = (uint32_t)(tq < (float)L ? tq : (float)L);
+                CHECK(fabsf(y[e]) == lo + scale * (float)qq,
+                      "%s: element %zu: level %d, the spec's %u", what, e, level, qq);
+            }
+            CHECK(bits_of(r[e]) == bits_of(v - y[e]), "%s: element %zu: residual %g, not v - y %g",
+                  what, e, (double)r[e], (double)(v - y[e]));
+        }
+    }
+    /* the other ops, by their definitions */
+    for (size_t i = 0; i < n; i++)
+        acc[i] = (float)(i % 7) - 3.0f;
+    CHECK(!psagg__topk_decode_into(f, buf, len, n, acc, PSAGG_DECODE_ADD, 1.0f), "%s: add", what);
+    for (size_t i = 0; i < n; i++)
+        CHECK(bits_of(acc[i]) == bits_of(((float)(i % 7) - 3.0f) + y[i]), "%s: ADD at %zu", what,
+              i);
+    CHECK(!psagg__topk_decode_into(f, buf, len, n, acc, PSAGG_DECODE_FIRST, 1.0f), "%s: first",
+          what);
+    for (size_t i = 0; i < n; i++)
+        CHECK(bits_of(acc[i]) == bits_of(0.0f + y[i]), "%s: FIRST at %zu", what, i);
+    CHECK(!psagg__topk_decode_into(f, buf, len, n, acc, PSAGG_DECODE_SCALE, -0.5f), "%s: scale",
+          what);
+    for (size_t i = 0; i < n; i++)
+        CHECK(bits_of(acc[i]) == bits_of(y[i] * -0.5f), "%s: SCALE at %zu", what, i);
+    free(buf), free(r), free(y), free(acc), free(want), free(xv);
+}
+
+#define GOLDEN_TOPK 0x0e3bb30a5a6d674eull /* topk2:82/4096, the encode in main */
+
+static uint64_t fnv(const uint8_t *p, size_t n)
+{
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001B3ull;
+    return h;
+}
+
+/* Bad formats, inputs and buffers: each refused, naming what. */
+static void check_refusals(void)
+{
+    psagg__topk_format f = {2, 256, 8, PSAGG_ROUND_NEAREST}, bad;
+    float x[600];
+    size_t n = 600, len = psagg__topk_encoded_size(&f, n), at = 0;
+    uint8_t *buf = malloc(len), *b2 = malloc(len);
+    psagg__rng_key key = psagg__rng_key_make(1, 2);
+    CHECK(buf && b2, "memory");
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)((int)(i * 37 % 101) - 50);
+    struct {
+        psagg__topk_format f;
+        const char *says;
+    } formats[] = {
+        {{1, 256, 8, 0}, "bits 1"},    {{9, 256, 8, 0}, "bits 9"}, {{2, 384, 8, 0}, "block 384"},
+        {{2, 128, 8, 0}, "block 128"}, {{2, 256, 0, 0}, "k 0"},    {{2, 256, 257, 0}, "k 257"},
+    };
+    for (size_t i = 0; i < sizeof formats / sizeof *formats; i++) {
+        bad = formats[i].f;
+        CHECK(psagg__topk_check(&bad) == PSAGG_EINVAL &&
+                  strstr(psagg_last_error(), formats[i].says),
+              "format %s: %s", formats[i].says, psagg_last_error());
+        CHECK(psagg__topk_encoded_size(&bad, n) == 0, "format %s has a size", formats[i].says);
+    }
+    CHECK(psagg__topk_encode(&f, x, NULL, n, key, buf, len - 8, NULL) == PSAGG_EINVAL,
+          "a short output was taken");
+    x[300] = NAN;
+    CHECK(psagg__topk_encode(&f, x, NULL, n, key, buf, len, &at) == PSAGG_ENONFINITE && at == 300,
+          "NaN at 300: %s (at %zu)", psagg_last_error(), at);
+    x[300] = 0x1p127f;
+    CHECK(psagg__topk_encode(&f, x, NULL, n, key, buf, len, &at) == PSAGG_ERANGE && at == 300,
+          "2^127 at 300: %s", psagg_last_error());
+    x[300] = 1.0f;
+    CHECK(!psagg__topk_encode(&f, x, NULL, n, key, buf, len, NULL), "encode: %s",
+          psagg_last_error());
+    CHECK(psagg__topk_validate(&f, buf, len - 1, n) == PSAGG_EINVAL, "a short buffer was taken");
+    /* the index stream: 8 bits per index (C = 256); block 0's entries 0 and 1 swapped */
+    size_t idx_off = 8 * 3;
+    memcpy(b2, buf, len);
+    uint8_t t = b2[idx_off];
+    b2[idx_off] = b2[idx_off + 1], b2[idx_off + 1] = t;
+    CHECK(psagg__topk_validate(&f, b2, len, n) == PSAGG_EBADMETA &&
+              strstr(psagg_last_error(), "not above the one before"),
+          "unsorted indices: %s", psagg_last_error());
+    memcpy(b2, buf, len);
+    b2[idx_off + 1] = b2[idx_off];
+    CHECK(psagg__topk_validate(&f, b2, len, n) == PSAGG_EBADMETA, "a repeated index: %s",
+          psagg_last_error());
+    memcpy(b2, buf, len); /* block 2 holds 88 elements: its last index set to 200 */
+    b2[idx_off + 2 * 8 + 7] = 200;
+    CHECK(psagg__topk_validate(&f, b2, len, n) == PSAGG_EBADMETA &&
+              strstr(psagg_last_error(), "out of the block's range"),
+          "an index beyond a partial block: %s", psagg_last_error());
+    float neg = -1.0f, nan = NAN;
+    memcpy(b2, buf, len);
+    memcpy(b2 + 8, &neg, 4);
+    CHECK(psagg__topk_validate(&f, b2, len, n) == PSAGG_EBADMETA &&
+              strstr(psagg_last_error(), "block 1: field scale"),
+          "a negative scale: %s", psagg_last_error());
+    memcpy(b2, buf, len);
+    memcpy(b2 + 4, &nan, 4);
+    CHECK(psagg__topk_validate(&f, b2, len, n) == PSAGG_EBADMETA &&
+              strstr(psagg_last_error(), "block 0: field lo"),
+          "a NaN lo: %s", psagg_last_error());
+    memcpy(b2, buf, len); /* 24 values of 2 bits: 48 bits, then padding */
+    b2[len - 1] |= 0x80;
+    CHECK(psagg__topk_validate(&f, b2, len, n) == PSAGG_EBADMETA &&
+              strstr(psagg_last_error(), "padding"),
+          "a padding bit: %s", psagg_last_error());
+    free(buf), free(b2);
+}
+
 int main(void)
 {
     static const char *kinds[] = {"spread", "ties", "zeros", "subnormal", "constant", "low-bits"};
@@ -120,5 +297,52 @@ int main(void)
     printf("test_topk: %d cases ok (the kept indices and the threshold equal the sorting "
            "reference's)\n",
            cases);
+
+    /* the sparse format: blocks whole and partial, k above a partial block, every kind */
+    {
+        static const psagg__topk_format fs[] = {
+            {2, 256, 8, PSAGG_ROUND_NEAREST},     {2, 4096, 82, PSAGG_ROUND_STOCHASTIC},
+            {4, 4096, 123, PSAGG_ROUND_NEAREST},  {8, 1024, 1024, PSAGG_ROUND_STOCHASTIC},
+            {3, 65536, 655, PSAGG_ROUND_NEAREST}, {2, 256, 1, PSAGG_ROUND_STOCHASTIC},
+        };
+        static const size_t ns[] = {1, 5, 255, 256, 257, 1000, 4096, 10000, 70000};
+        float *x = malloc(70000 * sizeof *x);
+        int fcases = 0;
+        CHECK(x, "memory");
+        for (size_t a = 0; a < sizeof fs / sizeof *fs; a++)
+            for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
+                for (int kind = 0; kind < 6; kind++, fcases++) {
+                    char what[96];
+                    for (size_t off = 0; off < ns[b]; off += 65536)
+                        fill(x + off, (uint32_t)(ns[b] - off < 65536 ? ns[b] - off : 65536), kind);
+                    snprintf(what, sizeof what, "topk%u:%u/%u %s n=%zu", fs[a].bits, fs[a].k,
+                             fs[a].block, kinds[kind], ns[b]);
+                    check_format(&fs[a], x, ns[b], what);
+                }
+        /* golden: the bytes of one encode, pinned (a change is a wire format change) */
+        {
+            psagg__topk_format g = {2, 4096, 82, PSAGG_ROUND_STOCHASTIC};
+            size_t n = 10000, len = psagg__topk_encoded_size(&g, n);
+            uint8_t *buf = malloc(len);
+            CHECK(buf, "memory");
+            rng = 0x9E3779B97F4A7C15ull;
+            fill(x, (uint32_t)n, 0);
+            CHECK(len == 24 + 8 * ((246 * 12 + 63) / 64) + 8 * ((246 * 2 + 63) / 64),
+                  "topk2:82/4096 of 10000 elements: %zu bytes", len);
+            CHECK(
+                !psagg__topk_encode(&g, x, NULL, n, psagg__rng_key_make(42, 4242), buf, len, NULL),
+                "golden encode: %s", psagg_last_error());
+            printf("test_topk: golden topk2:82/4096, 10000 elements: %zu bytes (fp32: 40000), "
+                   "digest %016llx\n",
+                   len, (unsigned long long)fnv(buf, len));
+            CHECK(fnv(buf, len) == GOLDEN_TOPK, "the golden encode's bytes changed: %016llx",
+                  (unsigned long long)fnv(buf, len));
+            free(buf);
+        }
+        free(x);
+        check_refusals();
+        printf("test_topk: sparse format: %d encodes checked against the spec, refusals named\n",
+               fcases);
+    }
     return 0;
 }
