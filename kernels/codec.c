@@ -21,6 +21,7 @@
 
 #include "base/error.h"
 #include "kernels/cpu/impl.h"
+#include "kernels/topk.h"
 
 /* ---- RNG key ---- */
 
@@ -81,17 +82,33 @@ psagg_status psagg__codec_check(psagg_codec *codec)
             return psagg__fail(PSAGG_EINVAL, "codec maxmin: rounding %d unknown",
                                (int)codec->rounding);
         break;
+    case PSAGG_CODEC_TOPK: {
+        psagg__topk_format f;
+        if (codec->bucket == 0)
+            codec->bucket = PSAGG_TOPK_DEFAULT_BLOCK;
+        f = (psagg__topk_format){codec->bits, codec->bucket, codec->k, codec->rounding};
+        if (psagg__topk_check(&f)) /* ("topk: <field> ...", named) */
+            return psagg__fail_context(PSAGG_EINVAL, "codec ");
+        break;
+    }
     default:
         return psagg__fail(PSAGG_EINVAL, "codec: id %d unknown", (int)codec->id);
     }
     return PSAGG_OK;
 }
 
+/* A checked topk codec's format (kernels/topk.h). */
+static psagg__topk_format topk_of(const psagg_codec *c)
+{
+    return (psagg__topk_format){c->bits, c->bucket, c->k, c->rounding};
+}
+
 int psagg__codec_equal(const psagg_codec *a, const psagg_codec *b)
 {
     return a->id == b->id &&
-           (a->id != PSAGG_CODEC_MAXMIN ||
-            (a->bits == b->bits && a->bucket == b->bucket && a->rounding == b->rounding));
+           ((a->id != PSAGG_CODEC_MAXMIN && a->id != PSAGG_CODEC_TOPK) ||
+            (a->bits == b->bits && a->bucket == b->bucket && a->rounding == b->rounding &&
+             (a->id != PSAGG_CODEC_TOPK || a->k == b->k)));
 }
 
 /* Copy and check a caller's codec (so that bucket 0 means the default here too). */
@@ -119,6 +136,10 @@ static size_t encoded_size(const psagg_codec *c, size_t n)
         return 2 * n;
     case PSAGG_CODEC_MAXMIN:
         return 8 * psagg__mm_nbuckets(n, c->bucket) + psagg__mm_payload_bytes(n, c->bits);
+    case PSAGG_CODEC_TOPK: {
+        psagg__topk_format f = topk_of(c);
+        return psagg__topk_encoded_size(&f, n);
+    }
     default:
         return 0;
     }
@@ -139,16 +160,21 @@ size_t psagg__encoded_size(const psagg_codec *codec, size_t n)
 
 uint64_t psagg__codec_chunk_elems(const psagg_codec *codec, uint64_t chunk_elems)
 {
-    uint64_t b = codec->bucket ? codec->bucket : PSAGG_MAXMIN_DEFAULT_BUCKET;
-    if (codec->id != PSAGG_CODEC_MAXMIN)
+    uint64_t b = codec->bucket                   ? codec->bucket
+                 : codec->id == PSAGG_CODEC_TOPK ? PSAGG_TOPK_DEFAULT_BLOCK
+                                                 : PSAGG_MAXMIN_DEFAULT_BUCKET;
+    if (codec->id != PSAGG_CODEC_MAXMIN && codec->id != PSAGG_CODEC_TOPK)
         return chunk_elems;
-    return chunk_elems < b ? b : chunk_elems - chunk_elems % b; /* whole buckets */
+    return chunk_elems < b ? b : chunk_elems - chunk_elems % b; /* whole buckets (blocks) */
 }
 
 /*
  * fp32 is 4 bytes an element, fp16/bf16 2. maxmin with bucket B <= chunk_elems has chunks of
  * n <= chunk_elems elements in at most 8 * n / 64 + 8 * n * 8 / 64 = 1.125 n bytes (B >= 64,
  * b <= 8); with B > chunk_elems a chunk is one bucket of B elements, 8 + B bytes at b = 8.
+ * topk keeps at most every element, at 16 + 8 bits each plus 8 bytes a block of C >= 256 (at
+ * most 3.04 n bytes, rounded to 8); with C > chunk_elems a chunk is one block of C <= 65536
+ * elements: 8 + 3 * 65536 + 16 bytes, below 8 + PSAGG_MAXMIN_MAX_BUCKET.
  */
 size_t psagg__codec_max_chunk_bytes(uint64_t chunk_elems)
 {
@@ -431,6 +457,11 @@ static psagg_status validate(const psagg_codec *c, const void *in, size_t in_len
     case PSAGG_CODEC_BF16:
         i = find_nonfinite16(p, n, 0x7F80);
         break;
+    case PSAGG_CODEC_TOPK: {
+        psagg__topk_format f = topk_of(c);
+        psagg_status st = psagg__topk_validate(&f, in, in_len, n);
+        return st ? psagg__fail_context(st, "%s buffer: ", cname(c, nm, 48)) : PSAGG_OK;
+    }
     default: {
         size_t nb = psagg__mm_nbuckets(n, c->bucket);
         float L = (float)((1u << c->bits) - 1);
@@ -492,7 +523,10 @@ psagg_status psagg__encode(const psagg_codec *codec, const float *x, float *resi
     if (!x || !out)
         return psagg__fail(PSAGG_EINVAL, "encode %s: NULL %s", cname(&c, nm, 48),
                            x ? "output" : "input");
-    if (c.id == PSAGG_CODEC_MAXMIN) {
+    if (c.id == PSAGG_CODEC_TOPK) { /* (one path: the scalar reference, kernels/topk.c) */
+        psagg__topk_format f = topk_of(&c);
+        st = psagg__topk_encode(&f, x, residual, n, key, out, out_len, &bad);
+    } else if (c.id == PSAGG_CODEC_MAXMIN) {
         scratch_stack stk;
         psagg__scratch ws;
         if ((st = scratch_get(&stk, c.bucket, 0, &ws)) != PSAGG_OK)
@@ -529,7 +563,11 @@ psagg_status psagg__decode_into(const psagg_codec *codec, const void *in, size_t
         return PSAGG_OK;
     if (!in || !out)
         return psagg__fail(PSAGG_EINVAL, "decode: NULL %s", in ? "output" : "input");
-    if (c.id == PSAGG_CODEC_MAXMIN) {
+    if (c.id == PSAGG_CODEC_TOPK) {
+        psagg__topk_format f = topk_of(&c);
+        if ((st = psagg__topk_decode_into(&f, in, in_len, n, out, op, factor)))
+            return psagg__fail_context(st, "%s buffer: ", cname(&c, nm, 48));
+    } else if (c.id == PSAGG_CODEC_MAXMIN) {
         if ((st = validate(&c, in, in_len, n)) != PSAGG_OK) /* the meta only */
             return st;
         impl()->mm_decode(&c, in, n, out, op, factor);
@@ -580,7 +618,17 @@ psagg_status psagg__aggregate(const psagg_codec *codec, const void *const *in, s
         return PSAGG_OK;
     if (!out)
         return psagg__fail(PSAGG_EINVAL, "aggregate: NULL output");
-    {
+    if (c.id == PSAGG_CODEC_TOPK) {          /* the spec's sum, then an encode (kernels/topk.c) */
+        float *acc = calloc(n, sizeof *acc); /* (N = 0: zeros) */
+        if (!acc)
+            return psagg__fail(PSAGG_ENOMEM, "aggregate: a sum of %zu elements", n);
+        for (size_t i = 0; i < n_in && !st; i++)
+            st = psagg__decode_into(&c, in[i], in_len, n, acc,
+                                    i ? PSAGG_DECODE_ADD : PSAGG_DECODE_FIRST, 1.0f);
+        if (!st)
+            st = psagg__encode(&c, acc, residual, n, key, out, out_len, &bad);
+        free(acc);
+    } else {
         const uint8_t *const *inb = (const uint8_t *const *)in;
         int mm = c.id == PSAGG_CODEC_MAXMIN;
         scratch_stack stk;

@@ -57,6 +57,9 @@
  *   A buffer is valid iff every bucket has finite lo, finite scale >= 0 (not -0 or NaN), and
  *   lo + scale * (float)L finite; anything else is PSAGG_EBADMETA.
  *
+ * topk (sparse: per block the k entries of largest magnitude, b bits each): specified in
+ *   kernels/topk.h, beside its scalar reference, which every CPU path runs (no SIMD yet).
+ *
  * RNG (stochastic rounding): counter-based, keyed by (seed, stream), indexed by element.
  * One 32-bit hash serves a pair of elements (2m, 2m + 1), 16 bits each:
  *   splitmix64(z): z += 0x9E3779B97F4A7C15; z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9;
@@ -131,7 +134,8 @@ _Static_assert(sizeof(float) == 4, "binary32 floats required");
 
 /* ---- codec descriptions ---- */
 
-/* Parse "fp32" | "fp16" | "bf16" | "maxmin<b>" | "maxmin:<b>" [/<bucket>] [/sr | /nearest]. */
+/* Parse "fp32" | "fp16" | "bf16" | "maxmin<b>" | "maxmin:<b>" | "topk<b>:<kept>" [/<bucket>]
+   [/sr | /nearest] (codec_name.c says what each field means). */
 psagg_status psagg_codec_parse(const char *text, psagg_codec *out);
 /* Format a codec as text ("maxmin4/1024/sr"); returns buf. */
 const char *psagg_codec_name(const psagg_codec *codec, char *buf, size_t len);

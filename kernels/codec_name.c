@@ -1,5 +1,6 @@
 /* codec_name.c - codec descriptions to and from text ("maxmin4", "fp16", ...). Layer: kernels. */
 #include "kernels/codec.h"
+#include "kernels/topk.h"
 
 #include "base/error.h"
 
@@ -9,16 +10,19 @@
 #include <strings.h>
 
 /*
- * Accepts fp32 | fp16 | bf16 | maxmin<b> | maxmin:<b>, optionally followed by
- * "/<bucket>" and "/sr" or "/nearest" (any order), e.g. "maxmin4/512/nearest".
- * Fields not given keep the values already in *out's defaults (bucket 0 = default,
- * stochastic rounding).
+ * Accepts fp32 | fp16 | bf16 | maxmin<b> | maxmin:<b> | topk<b>:<kept>, optionally followed
+ * by "/<bucket>" (topk: the block) and "/sr" or "/nearest" (any order), e.g.
+ * "maxmin4/512/nearest", "topk2:0.02" (2 % of each block of 4096: k = 82), "topk2:82/4096".
+ * <kept> is a fraction in (0, 1) of the block (k = max(1, round(fraction x block)), computed
+ * once the block is known) or a whole k. Fields not given keep the defaults (bucket 0 = the
+ * codec's default, stochastic rounding).
  */
 psagg_status psagg_codec_parse(const char *text, psagg_codec *out)
 {
     char buf[64], *save = NULL, *tok;
     psagg_codec c = {
         .id = PSAGG_CODEC_FP32, .bits = 0, .bucket = 0, .rounding = PSAGG_ROUND_STOCHASTIC};
+    double fraction = 0; /* topk's kept share, when given as one */
 
     if (!text || strlen(text) >= sizeof buf)
         return psagg__fail(PSAGG_EINVAL, "codec name missing or too long");
@@ -44,9 +48,35 @@ psagg_status psagg_codec_parse(const char *text, psagg_codec *out)
                                text);
         c.id = PSAGG_CODEC_MAXMIN;
         c.bits = (uint32_t)bits;
+    } else if (!strncasecmp(tok, "topk", 4)) {
+        const char *b = tok + 4;
+        char *end;
+        long bits = strtol(b, &end, 10);
+        double kept;
+        if (end == b || *end != ':' || bits < 2 || bits > 8)
+            return psagg__fail(PSAGG_EINVAL,
+                               "codec '%s': topk needs bits 2..8 and the share kept (e.g. "
+                               "topk2:0.02, or topk2:82 for k = 82 per block)",
+                               text);
+        b = end + 1;
+        kept = strtod(b, &end);
+        if (end == b || *end || !(kept > 0) || (kept >= 1 && kept != (double)(uint32_t)kept) ||
+            kept > 65536)
+            return psagg__fail(PSAGG_EINVAL,
+                               "codec '%s': topk's share kept '%s' is neither a fraction in (0, 1) "
+                               "nor a whole k in 1..65536",
+                               text, b);
+        c.id = PSAGG_CODEC_TOPK;
+        c.bits = (uint32_t)bits;
+        if (kept < 1)
+            fraction = kept;
+        else
+            c.k = (uint32_t)kept;
     } else {
         return psagg__fail(PSAGG_EINVAL,
-                           "unknown codec '%s' (expected fp32, fp16, bf16 or maxmin<bits>)", text);
+                           "unknown codec '%s' (expected fp32, fp16, bf16, maxmin<bits> or "
+                           "topk<bits>:<kept>)",
+                           text);
     }
     while ((tok = strtok_r(NULL, "/", &save))) {
         char *end;
@@ -64,6 +94,10 @@ psagg_status psagg_codec_parse(const char *text, psagg_codec *out)
             return psagg__fail(PSAGG_EINVAL, "codec '%s': bad field '%s' (bucket or sr|nearest)",
                                text, tok);
         c.bucket = (uint32_t)v;
+    }
+    if (fraction > 0) { /* of the block given, or the default one */
+        double k = fraction * (c.bucket ? c.bucket : PSAGG_TOPK_DEFAULT_BLOCK) + 0.5;
+        c.k = k < 1 ? 1 : (uint32_t)k;
     }
     *out = c;
     return PSAGG_OK;
@@ -84,6 +118,11 @@ const char *psagg_codec_name(const psagg_codec *c, char *buf, size_t len)
     case PSAGG_CODEC_MAXMIN:
         snprintf(buf, len, "maxmin%u/%u/%s", c->bits,
                  c->bucket ? c->bucket : PSAGG_MAXMIN_DEFAULT_BUCKET,
+                 c->rounding == PSAGG_ROUND_NEAREST ? "nearest" : "sr");
+        break;
+    case PSAGG_CODEC_TOPK:
+        snprintf(buf, len, "topk%u:%u/%u/%s", c->bits, c->k,
+                 c->bucket ? c->bucket : PSAGG_TOPK_DEFAULT_BLOCK,
                  c->rounding == PSAGG_ROUND_NEAREST ? "nearest" : "sr");
         break;
     default:

@@ -75,8 +75,9 @@ typedef struct psagg__topk_format {
     psagg_rounding rounding;
 } psagg__topk_format;
 
-#define PSAGG_TOPK_MIN_BLOCK 256u
-#define PSAGG_TOPK_MAX_BLOCK 65536u
+#define PSAGG_TOPK_MIN_BLOCK     256u
+#define PSAGG_TOPK_MAX_BLOCK     65536u
+#define PSAGG_TOPK_DEFAULT_BLOCK 4096u
 
 /* PSAGG_EINVAL naming the field that is out of range, or PSAGG_OK. */
 psagg_status psagg__topk_check(const psagg__topk_format *f);

@@ -876,12 +876,13 @@ static const chunk_ops *chunk_kind(int param)
 /*
  * How chunk c is summed, chosen once in its thread: on the thread's GPU assist when it has
  * one, the chunk is large enough and the GPU takes that many inputs, unless its kind reads
- * the sum on the host; else on the CPU.
+ * the sum on the host or its codec has no CUDA kernels (topk); else on the CPU.
  */
 static const chunk_sum_ops *chunk_sum(const server *srv, const agg_thread *t, const chunk_state *c)
 {
     return t->cuda && !c->ops->host_sum && c->info->count >= srv->cfg.gpu_min_elems &&
-                   srv->n_workers <= gpu_max_inputs()
+                   srv->n_workers <= gpu_max_inputs() &&
+                   srv->layout.tensors[c->info->key].codec.id != PSAGG_CODEC_TOPK /* (host) */
                ? &gpu_sum_ops
                : &cpu_sum_ops;
 }
@@ -960,10 +961,10 @@ psagg_status agg_check_budget(const server *srv, const psagg__ctl_tensor *decl, 
     chunk_elems = psagg__layout_chunk_elems(decl, n, chunk_elems, (uint32_t)srv->cfg.n_servers);
     for (uint32_t t = 0; t < n; t++) {
         psagg_codec c = {(psagg_codec_id)decl[t].codec, decl[t].bits, decl[t].bucket,
-                         (psagg_rounding)decl[t].rounding};
+                         (psagg_rounding)decl[t].rounding, decl[t].k};
         uint64_t count = decl[t].count, ce, full, rem, bytes;
         const chunk_ops *ops = chunk_kind((decl[t].flags & PSAGG_DECL_PARAM) != 0);
-        if (decl[t].codec > PSAGG_CODEC_MAXMIN || psagg__codec_check(&c) || !count)
+        if (decl[t].codec > PSAGG_CODEC_TOPK || psagg__codec_check(&c) || !count)
             continue; /* psagg__layout_build refuses it, with its own message */
         ce = psagg__codec_chunk_elems(&c, chunk_elems);
         if (adapt_interval && c.id == PSAGG_CODEC_MAXMIN) /* buffers hold the largest */

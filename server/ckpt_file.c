@@ -290,7 +290,8 @@ const char *ckpt_file_path(const struct ckpt_file *f)
 
 static void decl_text(const psagg__ctl_tensor *t, char *buf, size_t len)
 {
-    psagg_codec c = {(psagg_codec_id)t->codec, t->bits, t->bucket, (psagg_rounding)t->rounding};
+    psagg_codec c = {(psagg_codec_id)t->codec, t->bits, t->bucket, (psagg_rounding)t->rounding,
+                     t->k};
     char name[40];
     snprintf(buf, len, "'%.40s' (%llu elements, %s%s)", t->name, (unsigned long long)t->count,
              psagg_codec_name(&c, name, sizeof name),

@@ -316,7 +316,7 @@ static int param_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
 /* The payload of a WEIGHTS message: src, exactly. */
 static long weights(server *srv, chunk_state *c, uint8_t *out, const float *src)
 {
-    static const psagg_codec fp32 = {PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC};
+    static const psagg_codec fp32 = {PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC, 0};
     memcpy(out + sizeof(psagg__msg_hdr), src, c->info->count * sizeof(float));
     psagg__msg_init((psagg__msg_hdr *)out, PSAGG_MSG_WEIGHTS, (uint32_t)srv->rank, c->round,
                     c->info, &fp32, 0);

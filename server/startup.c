@@ -17,7 +17,8 @@
 
 static void codec_text(const psagg__ctl_tensor *t, char *buf, size_t len)
 {
-    psagg_codec c = {(psagg_codec_id)t->codec, t->bits, t->bucket, (psagg_rounding)t->rounding};
+    psagg_codec c = {(psagg_codec_id)t->codec, t->bits, t->bucket, (psagg_rounding)t->rounding,
+                     t->k};
     psagg_codec_name(&c, buf, len);
 }
 

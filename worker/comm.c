@@ -155,7 +155,7 @@ static void finish_op(comm_state *cs, struct psagg_handle *h, psagg_status statu
  */
 static psagg_status param_body(psagg_ctx *ctx, struct psagg_handle *h)
 {
-    static const psagg_codec fp32 = {PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC};
+    static const psagg_codec fp32 = {PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC, 0};
     const psagg__tensor_info *ti = &ctx->layout.tensors[h->key];
 
     if ((h->prm.flags & PSAGG_PARAM_KIND_MASK) != PSAGG_PARAM_INIT || ctx->rank != 0)

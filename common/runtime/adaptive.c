@@ -211,7 +211,7 @@ uint32_t psagg__adapt_candidates(const psagg_codec *declared, uint64_t chunk_ele
         for (uint32_t bits = PSAGG_ADAPT_MIN_BITS; bits <= PSAGG_ADAPT_MAX_BITS; bits++)
             for (int r = 0; r <= (nearest ? 1 : 0); r++) {
                 out[n] = (psagg_codec){PSAGG_CODEC_MAXMIN, bits, buckets[i],
-                                       r ? PSAGG_ROUND_NEAREST : PSAGG_ROUND_STOCHASTIC};
+                                       r ? PSAGG_ROUND_NEAREST : PSAGG_ROUND_STOCHASTIC, 0};
                 if (bucket_of)
                     bucket_of[n] = (uint8_t)i;
                 n++;
@@ -224,7 +224,7 @@ psagg_codec psagg__adapt_largest(const psagg_codec *declared, uint64_t chunk_ele
     uint32_t buckets[PSAGG_ADAPT_MAX_BUCKETS];
     psagg__adapt_buckets(declared, chunk_elems, buckets);
     return (psagg_codec){PSAGG_CODEC_MAXMIN, PSAGG_ADAPT_MAX_BITS, buckets[0],
-                         PSAGG_ROUND_STOCHASTIC};
+                         PSAGG_ROUND_STOCHASTIC, 0};
 }
 
 int psagg__adapt_allowed(const psagg_codec *declared, uint64_t chunk_elems, const psagg_codec *c)

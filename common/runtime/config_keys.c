@@ -479,6 +479,12 @@ static int parse_codec(const struct key *k, const char *val, int append, psagg__
                  "are separate keys)");
         return -1;
     }
+    if (c.id == PSAGG_CODEC_TOPK) {
+        snprintf(why, whylen,
+                 "topk is a tensor's codec (psagg_tensor_desc.codec, psagg.torch's codec=), not "
+                 "yet a job's default: fp32, fp16, bf16 or maxmin1..maxmin8 here");
+        return -1;
+    }
     cfg->codec.id = c.id;
     cfg->codec.bits = c.bits;
     return 0;

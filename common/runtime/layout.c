@@ -27,6 +27,7 @@ psagg_status psagg__tensor_to_wire(const char *name, uint64_t count, const psagg
     out->bits = codec->bits;
     out->bucket = codec->bucket;
     out->rounding = (uint32_t)codec->rounding;
+    out->k = codec->id == PSAGG_CODEC_TOPK ? codec->k : 0;
     return PSAGG_OK;
 }
 
@@ -136,8 +137,8 @@ psagg_status psagg__layout_build(const psagg__ctl_tensor *decl, uint32_t n, uint
         }
         ti->count = decl[t].count;
         ti->codec = (psagg_codec){(psagg_codec_id)decl[t].codec, decl[t].bits, decl[t].bucket,
-                                  (psagg_rounding)decl[t].rounding};
-        if (decl[t].codec > PSAGG_CODEC_MAXMIN)
+                                  (psagg_rounding)decl[t].rounding, decl[t].k};
+        if (decl[t].codec > PSAGG_CODEC_TOPK)
             st = psagg__fail(PSAGG_EINVAL, "codec id %u unknown", decl[t].codec);
         else if (decl[t].rounding > PSAGG_ROUND_NEAREST)
             st = psagg__fail(PSAGG_EINVAL, "rounding %u unknown", decl[t].rounding);
@@ -151,9 +152,14 @@ psagg_status psagg__layout_build(const psagg__ctl_tensor *decl, uint32_t n, uint
         ti->adaptive = adapt_interval && ti->codec.id == PSAGG_CODEC_MAXMIN;
         ti->param = (decl[t].flags & PSAGG_DECL_PARAM) != 0;
         ti->rare = (decl[t].flags & PSAGG_DECL_RARE) != 0;
-        if ((decl[t].flags & ~(PSAGG_DECL_PARAM | PSAGG_DECL_RARE)) || decl[t].reserved) {
+        if (decl[t].flags & ~(PSAGG_DECL_PARAM | PSAGG_DECL_RARE)) {
             st = psagg__fail(PSAGG_EINVAL, "tensor %u '%s': unknown flags 0x%x", t, ti->name,
                              decl[t].flags & ~(PSAGG_DECL_PARAM | PSAGG_DECL_RARE));
+            goto err;
+        }
+        if (decl[t].k && decl[t].codec != PSAGG_CODEC_TOPK) {
+            st = psagg__fail(PSAGG_EINVAL, "tensor %u '%s': field k is %u, but its codec is no topk",
+                             t, ti->name, decl[t].k);
             goto err;
         }
         if (ti->param && ti->chunk_elems > chunk_elems) { /* its fp32 weights fit no message */

@@ -10,21 +10,25 @@
 
 uint32_t psagg__msg_codec_word(const psagg_codec *codec, uint32_t generation)
 {
-    uint32_t w = (uint32_t)codec->id & 3u;
+    uint32_t w = (uint32_t)codec->id & 7u;
+    if (codec->id == PSAGG_CODEC_MAXMIN || codec->id == PSAGG_CODEC_TOPK)
+        w |= (codec->bits & 15u) << 3 | ((uint32_t)codec->rounding & 1u) << 7;
     if (codec->id == PSAGG_CODEC_MAXMIN)
-        w |= (codec->bits & 15u) << 2 | ((uint32_t)codec->rounding & 1u) << 6 |
-             ((codec->bucket / 64) & 0x7FFFu) << 7;
+        w |= ((codec->bucket / 64 - 1) & 0x3FFFu) << 8;
+    else if (codec->id == PSAGG_CODEC_TOPK)
+        w |= ((uint32_t)__builtin_ctz(codec->bucket ? codec->bucket : 1) - 8) << 8 |
+             ((codec->k - 1) & 0x3FFu) << 12;
     return w | (generation & PSAGG_MSG_GEN_MASK) << 22;
 }
 
-/* The codec a word names (its fields, unchecked). */
+/* The codec a word names (its fields, unchecked; of maxmin all of them: adaptive's check). */
 static psagg_codec word_codec(uint32_t w)
 {
-    psagg_codec c = {(psagg_codec_id)(w & 3u), 0, 0, PSAGG_ROUND_STOCHASTIC};
+    psagg_codec c = {(psagg_codec_id)(w & 7u), 0, 0, PSAGG_ROUND_STOCHASTIC, 0};
     if (c.id == PSAGG_CODEC_MAXMIN) {
-        c.bits = (w >> 2) & 15u;
-        c.rounding = (psagg_rounding)((w >> 6) & 1u);
-        c.bucket = ((w >> 7) & 0x7FFFu) * 64;
+        c.bits = (w >> 3) & 15u;
+        c.rounding = (psagg_rounding)((w >> 7) & 1u);
+        c.bucket = (((w >> 8) & 0x3FFFu) + 1) * 64;
     }
     return c;
 }
@@ -71,7 +75,7 @@ const char *psagg__msg_check(const void *msg, size_t msg_len, size_t tag_bytes,
     ti = &l->tensors[h->key];
     c = &l->chunks[ti->first_chunk + h->chunk];
     if (type == PSAGG_MSG_WEIGHTS) {
-        static const psagg_codec fp32 = {PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC};
+        static const psagg_codec fp32 = {PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC, 0};
         if (!ti->param)
             return "type";
         if (h->codec != psagg__msg_codec_word(&fp32, 0))

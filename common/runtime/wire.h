@@ -347,7 +347,7 @@ typedef struct psagg__ctl_tensor {
     uint32_t bucket;
     uint32_t rounding;
     uint32_t flags; /* PSAGG_DECL_* */
-    uint32_t reserved;
+    uint32_t k;     /* topk: entries kept per block; 0 for the other codecs */
 } psagg__ctl_tensor;
 _Static_assert(sizeof(psagg__ctl_tensor) == 64 + 8 + 24, "psagg__ctl_tensor layout");
 

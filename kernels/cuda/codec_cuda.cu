@@ -40,6 +40,10 @@ psagg_status layout_make(const psagg_codec *codec, size_t n, Layout *L)
     L->c = *codec;
     if ((st = psagg__codec_check(&L->c)))
         return psagg__fail_context(st, "cuda ");
+    if (L->c.id == PSAGG_CODEC_TOPK)
+        return psagg__fail(PSAGG_EUNSUPPORTED,
+                           "cuda codec: topk has no CUDA kernels yet (its scalar reference runs on "
+                           "the host: push host buffers)");
     L->n = n;
     L->size = psagg__encoded_size(&L->c, n);
     if (L->c.id == PSAGG_CODEC_MAXMIN) {

@@ -9,7 +9,8 @@
 #          inner Adam, lr 3e-3), LM_STEPS inner steps (default 500); held-out loss
 # Rows: Gloo's fp32 all-reduce every step (gloo); psagg's DDP hook with 4-bit gradients every
 # step (grad-maxmin4); DiLoCo with H inner steps per outer step (outer SGD, Nesterov momentum
-# 0.9, outer lr 0.7 unless the label says olr) and fp32 or maxmin4 outer gradients (dH-CODEC);
+# 0.9, outer lr 0.7 unless the label says olr) and fp32, maxmin4 or sparse topk2 (2 % of each
+# block, 2 bits; -nomom: plain outer SGD, SparseLoCo's) outer gradients (dH-CODEC);
 # Streaming DiLoCo with 4 fragments and a sync delay of 1 or 2 steps (sH-p4-dTAU).
 # EXAMPLES (default "torch lm") picks which run; CONFIGS (default: all) which rows, e.g.
 # CONFIGS="gloo d50-maxmin4"; APPEND=1 adds to the CSV instead of starting it anew.
@@ -49,6 +50,14 @@ matrix() {
         --steps "$n" --seed @SEED@
     train_seeds "$ex" d50-fp32 "$outer" "$py" "$script" --diloco 50 --codec fp32 --steps "$n" --seed @SEED@
     train_seeds "$ex" d50-maxmin4 "$outer" "$py" "$script" --diloco 50 --codec maxmin4 --steps "$n" --seed @SEED@
+    # sparse outer gradients (SparseLoCo's shape): the top 2 % of each block of 4096 in 2 bits,
+    # with DiLoCo's outer momentum and without (nomom: plain outer SGD, as SparseLoCo)
+    for h in 15 50; do
+        train_seeds "$ex" "d$h-topk2" "$outer" "$py" "$script" --diloco "$h" --codec topk2:0.02 --steps "$n" \
+            --seed @SEED@
+        train_seeds "$ex" "d$h-topk2-nomom" "PSAGG_SERVER_OPTIMIZER=sgd" "$py" "$script" --diloco "$h" \
+            --outer-momentum 0 --codec topk2:0.02 --steps "$n" --seed @SEED@
+    done
     train_seeds "$ex" s50-p4-d1 "$outer" "$py" "$script" --diloco 50 --fragments 4 --delay 1 --codec maxmin4 \
         --steps "$n" --seed @SEED@
     train_seeds "$ex" s50-p4-d2 "$outer" "$py" "$script" --diloco 50 --fragments 4 --delay 2 --codec maxmin4 \

@@ -82,7 +82,7 @@ int main(int argc, char **argv)
     int ch;
     psagg__adapt_option *o;
     uint32_t *choice, buckets[PSAGG_ADAPT_MAX_BUCKETS], n_buckets, n_cand;
-    psagg_codec declared = {PSAGG_CODEC_MAXMIN, 4, 1024, PSAGG_ROUND_STOCHASTIC},
+    psagg_codec declared = {PSAGG_CODEC_MAXMIN, 4, 1024, PSAGG_ROUND_STOCHASTIC, 0},
                 cand[PSAGG_ADAPT_MAX_CANDIDATES];
     uint8_t bucket_of[PSAGG_ADAPT_MAX_CANDIDATES];
     static const uint32_t uniform_bits[] = {2, 3, 4, 8};

@@ -2,10 +2,12 @@
  * rogue_worker.c - a process that speaks psagg's protocol itself (control channel + libfabric)
  * and misbehaves, for the fault tests (test_fault.sh, fault_matrix.sh).
  *
- *   --mode magic|len|key|round|nan
+ *   --mode magic|len|key|round|nan|topk-index
  *                                authenticate as worker PSAGG_RANK, then send one bad push
  *                                (nan: a NaN in the payload, found as the server folds it,
- *                                from its receive buffer or its slot); the server must close
+ *                                from its receive buffer or its slot; topk-index: tensors in
+ *                                topk2:13/256, a push whose first two indices are swapped,
+ *                                beside fn_worker --codec topk2:13/256); the server must close
  *                                this worker with a reason naming the field (checked here)
  *                                and stay up
  *   --mode dup                   authenticate, send every push of round 0 and the first one
@@ -260,7 +262,7 @@ static void start_helper(psagg__fabric *fab)
         DIE("the helper said nothing");
     helper_probe = strtoull(line, NULL, 10);
 }
-static uint32_t welcome_local;     /* the WELCOME's local_flags */
+static uint32_t welcome_local;      /* the WELCOME's local_flags */
 static psagg__data_key push_key[8]; /* per server: this worker's pushes' key (data_auth) */
 
 /* Authenticate as worker `rank` with the job's secret (if any); the connection's fd. */
@@ -494,7 +496,7 @@ static int stale(uint32_t rank, uint32_t rounds)
 {
     psagg__fabric *fab = open_fabric("127.0.0.1");
     psagg__peer server;
-    psagg_codec m4 = {PSAGG_CODEC_MAXMIN, 4, 0, PSAGG_ROUND_STOCHASTIC};
+    psagg_codec m4 = {PSAGG_CODEC_MAXMIN, 4, 0, PSAGG_ROUND_STOCHASTIC, 0};
     fn_declare m;
     psagg__layout layout;
     uint8_t *msg, *rbuf[N_RBUF];
@@ -1011,7 +1013,7 @@ int main(int argc, char **argv)
     uint64_t count = 0, chunk_elems = 0;
     double seconds = 3;
     int port = 0, o;
-    psagg_codec fp32 = {.id = PSAGG_CODEC_FP32};
+    psagg_codec push_codec = {.id = PSAGG_CODEC_FP32}; /* (topk-index: a topk) */
     fn_declare declare_msg;
     psagg__fabric *fab;
     psagg__peer server;
@@ -1114,7 +1116,9 @@ int main(int argc, char **argv)
         DIE("the server did not take a true same-host offer");
     if (local_offer == 2 && welcome_local)
         DIE("the server took a same-host offer of pid 1");
-    fn_tensors(&fp32, 0, &declare_msg, &layout);
+    if (!strcmp(mode, "topk-index")) /* (fn_worker --codec topk2:13/256 beside it) */
+        psagg_codec_parse("topk2:13/256", &push_codec);
+    fn_tensors(&push_codec, 0, &declare_msg, &layout);
     if (layout.n_chunks != 3)
         DIE("layout (this test expects one chunk per tensor)");
     declare(fab, fd, &declare_msg, rbuf);
@@ -1132,6 +1136,16 @@ int main(int argc, char **argv)
         psagg__msg_init(h, PSAGG_MSG_PUSH, rank, 0, ci, &layout.tensors[ci->key].codec, 0);
         for (uint64_t i = 0; i < ci->count; i++)
             x[i] = input_value((int)rank, ci->key, 0, i);
+        if (push_codec.id != PSAGG_CODEC_FP32) { /* encoded in place, from a copy */
+            float *v = malloc(4 * ci->count);
+            if (!v)
+                DIE("memory");
+            memcpy(v, x, 4 * ci->count);
+            if (psagg__encode(&layout.tensors[ci->key].codec, v, NULL, ci->count,
+                              psagg__rng_key_make(1, c), x, h->len, NULL))
+                DIE("encode: %s", psagg_last_error());
+            free(v);
+        }
     }
     if (strcmp(mode, "dup") && strcmp(mode, "local-pid") && strcmp(mode, "local-third")) {
         psagg__msg_hdr *h = (psagg__msg_hdr *)push[1];
@@ -1149,7 +1163,11 @@ int main(int argc, char **argv)
             h->round = 7;
         else if (!strcmp(mode, "nan"))
             ((float *)(h + 1))[100] = NAN, field = "payload";
-        else if (!strncmp(mode, "param-", 6)) { /* a GRAD push with its trailer */
+        else if (!strcmp(mode, "topk-index")) { /* 4 blocks: the indices after their meta */
+            uint8_t *ix = (uint8_t *)(h + 1) + 8 * 4, t = ix[0];
+            ix[0] = ix[1], ix[1] = t; /* (8 bits each: the first two swapped, unsorted) */
+            field = "index";
+        } else if (!strncmp(mode, "param-", 6)) { /* a GRAD push with its trailer */
             psagg__msg_param prm = {.lr = 0.01f, .flags = PSAGG_PARAM_GRAD, .weight = 1.0f};
             if (!strcmp(mode, "param-lr"))
                 prm.lr = NAN, field = "lr";

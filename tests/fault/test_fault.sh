@@ -51,6 +51,8 @@ for mode in magic len key round nan; do
     [ "$mode" = nan ] && field=payload
     run "$mode" --rounds 1 --expect EPEER --expect-text "$field" --max-seconds 30
 done
+# a topk push whose indices are not ascending (a hostile worker's sparse payload)
+run topk-index --codec topk2:13/256 --rounds 1 --expect EPEER --expect-text index --max-seconds 30
 run dup --rounds 1
 # same-host copies: a descriptor of memory the worker does not have closes it by name; an offer
 # of another process's pid is not taken, nor one naming a third process that holds the worker's

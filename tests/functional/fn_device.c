@@ -63,7 +63,7 @@ static void start(int error_feedback)
         {.struct_size = sizeof d[0],
          .name = "grad",
          .count = N_GRAD,
-         .codec = {PSAGG_CODEC_MAXMIN, 4, 512, PSAGG_ROUND_STOCHASTIC},
+         .codec = {PSAGG_CODEC_MAXMIN, 4, 512, PSAGG_ROUND_STOCHASTIC, 0},
          .error_feedback = error_feedback},
         {.struct_size = sizeof d[0],
          .name = "small",
@@ -73,7 +73,7 @@ static void start(int error_feedback)
         {.struct_size = sizeof d[0],
          .name = "twin",
          .count = N_GRAD,
-         .codec = {PSAGG_CODEC_MAXMIN, 4, 512, PSAGG_ROUND_STOCHASTIC},
+         .codec = {PSAGG_CODEC_MAXMIN, 4, 512, PSAGG_ROUND_STOCHASTIC, 0},
          .error_feedback = error_feedback},
     };
     if (psagg_init(NULL, -1, -1, &ctx) || psagg__device_use(ctx, devsim_exec()) ||

@@ -2,7 +2,8 @@
 # test_optim.sh BUILD_DIR [PORT] - the server-side optimizer ([server] optimizer) end to end.
 #
 # 1. Exact: two servers, three fn_optim workers, for sgd (momentum, nesterov, sync_interval 3)
-#    with maxmin4 deltas, adam with fp32 and adamw with maxmin2: every worker's weights equal
+#    with maxmin4 deltas, adam with fp32, adamw with maxmin2, and sgd with and without momentum
+#    with sparse topk2 deltas: every worker's weights equal
 #    fn_optim's own reference of the servers' arithmetic bit for bit after every step, the
 #    pulled master weights too, and all workers print the same DIGEST.
 # 2. Checkpoint: an uninterrupted run's DIGEST; then a run whose worker 0 asks for a
@@ -75,6 +76,17 @@ ini adamw optimizer=adamw weight_decay=0.05 beta2=0.99
 servers adamw
 workers adamw maxmin2/256 8
 finish adamw
+
+# 1b. sparse deltas (kernels/topk.h): SparseLoCo's outer step (sgd, no momentum) and DiLoCo's
+# (nesterov momentum), the updates the top 5 % of each block of 1024 in 2 bits: exact as well
+ini topk optimizer=sgd sync_interval=4
+servers topk
+workers topk topk2:0.05/1024 10
+finish topk
+ini topkn optimizer=sgd momentum=0.9 nesterov=on
+servers topkn
+workers topkn topk2:0.05/1024 10
+finish topkn
 
 # 2. kill after a checkpoint, resume, and end where the uninterrupted run ends
 ini ref optimizer=adam

@@ -363,11 +363,11 @@ int main(int argc, char **argv)
             const char *name;
             psagg_codec c;
         } cs[] = {
-            {"maxmin2", {PSAGG_CODEC_MAXMIN, 2, 1024, PSAGG_ROUND_STOCHASTIC}},
-            {"maxmin4", {PSAGG_CODEC_MAXMIN, 4, 1024, PSAGG_ROUND_STOCHASTIC}},
-            {"maxmin8", {PSAGG_CODEC_MAXMIN, 8, 1024, PSAGG_ROUND_STOCHASTIC}},
-            {"fp16", {PSAGG_CODEC_FP16, 0, 0, PSAGG_ROUND_NEAREST}},
-            {"bf16", {PSAGG_CODEC_BF16, 0, 0, PSAGG_ROUND_NEAREST}},
+            {"maxmin2", {PSAGG_CODEC_MAXMIN, 2, 1024, PSAGG_ROUND_STOCHASTIC, 0}},
+            {"maxmin4", {PSAGG_CODEC_MAXMIN, 4, 1024, PSAGG_ROUND_STOCHASTIC, 0}},
+            {"maxmin8", {PSAGG_CODEC_MAXMIN, 8, 1024, PSAGG_ROUND_STOCHASTIC, 0}},
+            {"fp16", {PSAGG_CODEC_FP16, 0, 0, PSAGG_ROUND_NEAREST, 0}},
+            {"bf16", {PSAGG_CODEC_BF16, 0, 0, PSAGG_ROUND_NEAREST, 0}},
         };
         for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
             bench_codec(&cs[i].c, cs[i].name, n, reps);

@@ -51,6 +51,7 @@ int main(void)
     FIELD(psagg_codec, bits);
     FIELD(psagg_codec, bucket);
     FIELD(psagg_codec, rounding);
+    FIELD(psagg_codec, k);
     STRUCT_END();
     STRUCT(psagg_tensor_desc);
     FIELD(psagg_tensor_desc, struct_size);
@@ -116,6 +117,7 @@ int main(void)
     VALUE(PSAGG_CODEC_FP16);
     VALUE(PSAGG_CODEC_BF16);
     VALUE(PSAGG_CODEC_MAXMIN);
+    VALUE(PSAGG_CODEC_TOPK);
     VALUE(PSAGG_ROUND_STOCHASTIC);
     VALUE(PSAGG_ROUND_NEAREST);
     VALUE(PSAGG_TENSOR_PARAMETER);

@@ -207,7 +207,7 @@ static void test_error_model(void)
 
 static void test_schedule_and_candidates(void)
 {
-    psagg_codec d = {PSAGG_CODEC_MAXMIN, 4, 512, PSAGG_ROUND_STOCHASTIC},
+    psagg_codec d = {PSAGG_CODEC_MAXMIN, 4, 512, PSAGG_ROUND_STOCHASTIC, 0},
                 c[PSAGG_ADAPT_MAX_CANDIDATES];
     uint32_t b[PSAGG_ADAPT_MAX_BUCKETS], n;
     uint8_t of[PSAGG_ADAPT_MAX_CANDIDATES];
@@ -239,8 +239,8 @@ static void test_schedule_and_candidates(void)
         CHECK(psagg__adapt_allowed(&d, 65536, &c[i]) && !psagg__codec_check(&c[i]), "candidate %u",
               i);
     {
-        psagg_codec one = {PSAGG_CODEC_MAXMIN, 1, 512, PSAGG_ROUND_STOCHASTIC},
-                    odd = {PSAGG_CODEC_MAXMIN, 4, 192, PSAGG_ROUND_STOCHASTIC},
+        psagg_codec one = {PSAGG_CODEC_MAXMIN, 1, 512, PSAGG_ROUND_STOCHASTIC, 0},
+                    odd = {PSAGG_CODEC_MAXMIN, 4, 192, PSAGG_ROUND_STOCHASTIC, 0},
                     half = {.id = PSAGG_CODEC_FP16};
         CHECK(!psagg__adapt_allowed(&d, 65536, &one) && !psagg__adapt_allowed(&d, 65536, &odd) &&
                   !psagg__adapt_allowed(&d, 65536, &half),
@@ -263,10 +263,10 @@ static const char *check_push(const psagg__layout *l, uint32_t key, const psagg_
 
 static void test_codec_word(void)
 {
-    psagg_codec m4 = {PSAGG_CODEC_MAXMIN, 4, 1024, PSAGG_ROUND_STOCHASTIC},
+    psagg_codec m4 = {PSAGG_CODEC_MAXMIN, 4, 1024, PSAGG_ROUND_STOCHASTIC, 0},
                 fp = {.id = PSAGG_CODEC_FP32},
-                m2 = {PSAGG_CODEC_MAXMIN, 2, 256, PSAGG_ROUND_NEAREST},
-                m8 = {PSAGG_CODEC_MAXMIN, 8, 4096, PSAGG_ROUND_STOCHASTIC};
+                m2 = {PSAGG_CODEC_MAXMIN, 2, 256, PSAGG_ROUND_NEAREST, 0},
+                m8 = {PSAGG_CODEC_MAXMIN, 8, 4096, PSAGG_ROUND_STOCHASTIC, 0};
     psagg__ctl_tensor decl[2];
     psagg__layout fixed, adaptive;
     psagg__msg_codec mc;
@@ -288,7 +288,7 @@ static void test_codec_word(void)
                   adaptive.chunks[c].cap_bytes ==
                       (adaptive.chunks[c].key
                            ? adaptive.chunks[c].enc_bytes
-                           : psagg__encoded_size(&(psagg_codec){PSAGG_CODEC_MAXMIN, 8, 256, 0},
+                           : psagg__encoded_size(&(psagg_codec){PSAGG_CODEC_MAXMIN, 8, 256, 0, 0},
                                                  adaptive.chunks[c].count)),
               "chunk %u", c);
     /* the word carries the codec and the generation modulo 1024 */

@@ -75,7 +75,7 @@ static void harness_start(harness *hz, const harness_opts *o)
 {
     psagg__config cfg;
     psagg__ctl_tensor decl[4];
-    psagg_codec fp32 = {PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC};
+    psagg_codec fp32 = {PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC, 0};
     FILE *f;
     int fd;
 

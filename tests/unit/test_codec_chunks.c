@@ -12,6 +12,7 @@
  *    computed with the code of commit f8487c8), so updates stay byte-identical.
  */
 #include "test_codec_util.h"
+#include "kernels/topk.h"
 
 /* codec.h's "RNG streams of the protocol", written again from the text. */
 static uint64_t spec_mix64(uint64_t a, uint64_t b)
@@ -49,6 +50,17 @@ static void test_max_chunk_bytes(void)
                 CHECK(sz <= bound, "maxmin%u/%u, chunk_elems %llu: %zu bytes > bound %zu", b, B,
                       (unsigned long long)ce, sz, bound);
                 best = sz > best ? sz : best;
+            }
+        for (uint32_t b = 2; b <= 8; b += 6) /* topk: every block, k = block (the largest) */
+            for (uint32_t C = PSAGG_TOPK_MIN_BLOCK; C <= PSAGG_TOPK_MAX_BLOCK; C *= 2) {
+                psagg_codec t = {PSAGG_CODEC_TOPK, b, C, PSAGG_ROUND_NEAREST, C};
+                uint64_t n;
+                size_t sz;
+                n = psagg__codec_chunk_elems(&t, ce);
+                sz = psagg__encoded_size(&t, n);
+                CHECK(n % C == 0 && n >= C && n <= (ce > C ? ce : C) && sz <= bound,
+                      "topk%u:%u/%u, chunk_elems %llu: a chunk of %llu, %zu bytes, bound %zu", b, C,
+                      C, (unsigned long long)ce, (unsigned long long)n, sz, bound);
             }
         CHECK(best == bound, "chunk_elems %llu: largest chunk %zu, bound %zu (not tight)",
               (unsigned long long)ce, best, bound);
@@ -101,9 +113,17 @@ static void test_chunk_keys(void)
 
 static void test_codec_text(void)
 {
-    static const char *const names[] = {"fp32",          "fp16",           "bf16",
-                                        "maxmin1",       "maxmin:8",       "maxmin4/512/nearest",
-                                        "maxmin2/sr/64", "maxmin3/1048576"};
+    static const char *const names[] = {"fp32",
+                                        "fp16",
+                                        "bf16",
+                                        "maxmin1",
+                                        "maxmin:8",
+                                        "maxmin4/512/nearest",
+                                        "maxmin2/sr/64",
+                                        "maxmin3/1048576",
+                                        "topk2:0.02",
+                                        "topk4:7/256",
+                                        "topk8:4096/4096/nearest"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         psagg_codec c, d;
         char buf[64];
@@ -115,6 +135,31 @@ static void test_codec_text(void)
     }
     CHECK(psagg_codec_parse("maxmin9", &(psagg_codec){0}) == PSAGG_EINVAL, "maxmin9 accepted");
     CHECK(strstr(psagg_last_error(), "maxmin9"), "message: %s", psagg_last_error());
+    {
+        psagg_codec c;
+        char buf[64];
+        CHECK(!psagg_codec_parse("topk2:0.02", &c) && !psagg__codec_check(&c) && c.k == 82 &&
+                  c.bucket == 4096 && c.bits == 2,
+              "topk2:0.02 is not k 82 of 4096 at 2 bits: %s",
+              psagg_codec_name(&c, buf, sizeof buf));
+        CHECK(!psagg_codec_parse("topk2:0.01/256", &c) && c.k == 3, "topk2:0.01/256: k %u", c.k);
+        static const struct {
+            const char *text, *says;
+        } bad[] = {{"topk1:0.02", "bits 2..8"},       {"topk2", "bits 2..8"},
+                   {"topk2:0", "neither a fraction"}, {"topk2:1.5", "neither a fraction"},
+                   {"topk2:x", "neither a fraction"}, {"topk9:0.1", "bits 2..8"}};
+        for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+            CHECK(psagg_codec_parse(bad[i].text, &c) == PSAGG_EINVAL &&
+                      strstr(psagg_last_error(), bad[i].says),
+                  "%s: %s", bad[i].text, psagg_last_error());
+        /* a spelling the parser takes, a codec the check refuses (names the field) */
+        CHECK(!psagg_codec_parse("topk2:5000", &c) && psagg__codec_check(&c) == PSAGG_EINVAL &&
+                  strstr(psagg_last_error(), "k 5000"),
+              "topk2:5000 of 4096: %s", psagg_last_error());
+        CHECK(!psagg_codec_parse("topk2:0.1/300", &c) && psagg__codec_check(&c) == PSAGG_EINVAL &&
+                  strstr(psagg_last_error(), "block 300"),
+              "topk2:0.1/300: %s", psagg_last_error());
+    }
     printf("codec text: %zu names round-trip\n", sizeof names / sizeof names[0]);
 }
 

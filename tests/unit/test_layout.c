@@ -58,8 +58,8 @@ static void model_file(model *m, const char *name)
 static void check_model(const model *m, uint32_t servers, int params)
 {
     psagg__ctl_tensor *decl = calloc((size_t)m->n + 1, sizeof *decl);
-    psagg_codec c4 = {PSAGG_CODEC_MAXMIN, 4, 1024, PSAGG_ROUND_STOCHASTIC};
-    psagg_codec f32 = {PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC};
+    psagg_codec c4 = {PSAGG_CODEC_MAXMIN, 4, 1024, PSAGG_ROUND_STOCHASTIC, 0};
+    psagg_codec f32 = {PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC, 0};
     uint64_t total = 0, bytes[8] = {0}, state[8] = {0}, round_total = 0, state_total = 0;
     uint64_t big_bytes = 0, big_state = 0, rare_at[8] = {0};
     psagg__layout l;
@@ -134,7 +134,7 @@ int main(void)
     { /* a declaration of rare tensors alone: no per-round load to share (it divided by 0) */
         psagg__ctl_tensor d;
         psagg__layout l;
-        psagg_codec f32 = {PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC};
+        psagg_codec f32 = {PSAGG_CODEC_FP32, 0, 0, PSAGG_ROUND_STOCHASTIC, 0};
         CHECK(!psagg__tensor_to_wire("b", 100000, &f32, &d), "%s", psagg_last_error());
         d.flags = PSAGG_DECL_RARE;
         CHECK(!psagg__layout_build(&d, 1, CHUNK_ELEMS, 2, 0, &l), "%s", psagg_last_error());

@@ -129,6 +129,8 @@ def main():
     ap.add_argument("--delay", type=int, default=0, help="Streaming DiLoCo's sync delay")
     ap.add_argument("--alpha", type=float, default=0.0, help="Streaming DiLoCo's merge alpha")
     ap.add_argument("--outer-lr", type=float, default=0.7, help="DiLoCo's outer learning rate")
+    ap.add_argument("--outer-momentum", type=float, default=0.9,
+                    help="DiLoCo's outer momentum (Nesterov; 0: plain outer SGD, SparseLoCo's)")
     ap.add_argument("--die-at", type=int, default=-1, metavar="STEP",
                     help="chaos: rank --die-rank SIGKILLs itself before this step")
     ap.add_argument("--die-rank", type=int, default=-1)
@@ -167,6 +169,8 @@ def main():
         args.comm = "psagg-diloco"
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
         diloco = pt.DiLoCo(model, opt, sync_every=args.diloco, outer_lr=args.outer_lr,
+                           outer_momentum=args.outer_momentum,
+                           nesterov=args.outer_momentum > 0,
                            codec=args.codec, fragments=args.fragments,
                            fragment_sync_delay=args.delay, fragment_update_alpha=args.alpha)
         net = model

@@ -94,6 +94,7 @@ def main():
     ap.add_argument("--delay", type=int, default=0)
     ap.add_argument("--alpha", type=float, default=0.0)
     ap.add_argument("--outer-lr", type=float, default=0.7)
+    ap.add_argument("--outer-momentum", type=float, default=0.9)
     args = ap.parse_args()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -107,6 +108,8 @@ def main():
         args.comm = "psagg-diloco"
         opt = torch.optim.Adam(model.parameters(), lr=args.lr)
         diloco = pt.DiLoCo(model, opt, sync_every=args.diloco, outer_lr=args.outer_lr,
+                           outer_momentum=args.outer_momentum,
+                           nesterov=args.outer_momentum > 0,
                            codec=args.codec, fragments=args.fragments,
                            fragment_sync_delay=args.delay, fragment_update_alpha=args.alpha)
         net = model

@@ -36,6 +36,7 @@ CODEC_FP32 = 0
 CODEC_FP16 = 1
 CODEC_BF16 = 2
 CODEC_MAXMIN = 3
+CODEC_TOPK = 4
 ROUND_STOCHASTIC = 0  # psagg_rounding
 ROUND_NEAREST = 1
 
@@ -76,7 +77,7 @@ class Error(RuntimeError):
 
 class _Codec(ctypes.Structure):
     _fields_ = [("id", ctypes.c_int), ("bits", ctypes.c_uint32), ("bucket", ctypes.c_uint32),
-                ("rounding", ctypes.c_int)]
+                ("rounding", ctypes.c_int), ("k", ctypes.c_uint32)]
 
 
 # psagg.h's structs that grow start with struct_size, the size of the struct as the caller has
