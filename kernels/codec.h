@@ -110,6 +110,7 @@
 #include <stdint.h>
 
 #include "psagg/types.h"
+#include "kernels/codec_common.h"
 #include "kernels/rng.h"
 
 #ifdef __cplusplus
@@ -121,7 +122,6 @@ extern "C" {
 #define PSAGG_MAXMIN_MAX_BUCKET     (1u << 20)
 #define PSAGG_MAXMIN_MIN_RANGE      0x1p-100f
 #define PSAGG_MAXMIN_MAX_ABS        0x1p126f
-#define PSAGG_CODEC_MAX_ELEMS       0xFFFFFFFFull
 
 #ifdef __cplusplus
 static_assert(sizeof(float) == 4, "binary32 floats required");
@@ -170,11 +170,6 @@ size_t psagg__codec_max_chunk_bytes(uint64_t chunk_elems);
 
 /* ---- RNG ---- */
 
-/* The RNG key of one encode: derived once from (seed, stream). */
-typedef struct psagg__rng_key {
-    uint32_t k0, k1;
-} psagg__rng_key;
-
 psagg__rng_key psagg__rng_key_make(uint64_t seed, uint64_t stream);
 
 /* Who encodes: the side of a chunk's RNG stream (see "RNG streams of the protocol"). */
@@ -187,12 +182,6 @@ typedef enum psagg__rng_side {
 psagg__rng_key psagg__rng_chunk_key(uint64_t seed, psagg__rng_side side, uint32_t rank,
                                     uint32_t key, uint32_t chunk, uint32_t round);
 
-/* u_k of the spec above; its hash32 is kernels/rng.h's, which every implementation includes. */
-static inline float psagg__rng_uniform(psagg__rng_key key, uint32_t k)
-{
-    return psagg__rng_u(psagg__rng_hash32(key.k0, key.k1, k >> 1), k);
-}
-
 /*
  * Encode n floats x into out (out_len must be psagg__encoded_size). With residual != NULL the
  * error-feedback step runs: x + residual is encoded and residual is updated in place.
@@ -204,15 +193,6 @@ psagg_status psagg__encode(const psagg_codec *codec, const float *x, float *resi
 
 /* Validate an encoded buffer (length, meta, no NaN/Inf in fp formats) without decoding. */
 psagg_status psagg__validate(const psagg_codec *codec, const void *in, size_t in_len, size_t n);
-
-/* How a decode writes each decoded value y_k into out. */
-typedef enum psagg__decode_op {
-    PSAGG_DECODE_SET = 0,   /* out_k = y_k */
-    PSAGG_DECODE_ADD = 1,   /* out_k = out_k + y_k */
-    PSAGG_DECODE_FIRST = 2, /* out_k = 0.0f + y_k: the first term of a sum (see "Fused server
-                               operation"), written without reading out (a -0 becomes +0) */
-    PSAGG_DECODE_SCALE = 3, /* out_k = y_k * factor (one binary32 product) */
-} psagg__decode_op;
 
 /*
  * Decode n elements into out as `op` says, validating the input in the same pass (what

@@ -20,7 +20,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/codec.h"
+#include "psagg/types.h"
+#include "kernels/codec_common.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -16,6 +16,7 @@
 
 #include "base/error.h"
 #include "fuzz.h"
+#include "kernels/codec.h"
 #include "kernels/topk.h"
 
 static void pick(const uint8_t *d, psagg__topk_format *f)

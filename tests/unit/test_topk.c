@@ -11,6 +11,7 @@
  * the size is exact, a golden digest pins the bytes, and every bad input is refused by name.
  */
 #include "../testutil.h"
+#include "kernels/codec.h"
 #include "kernels/topk.h"
 
 #include <math.h>
