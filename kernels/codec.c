@@ -618,16 +618,20 @@ psagg_status psagg__aggregate(const psagg_codec *codec, const void *const *in, s
         return PSAGG_OK;
     if (!out)
         return psagg__fail(PSAGG_EINVAL, "aggregate: NULL output");
-    if (c.id == PSAGG_CODEC_TOPK) {          /* the spec's sum, then an encode (kernels/topk.c) */
-        float *acc = calloc(n, sizeof *acc); /* (N = 0: zeros) */
-        if (!acc)
-            return psagg__fail(PSAGG_ENOMEM, "aggregate: a sum of %zu elements", n);
+    if (c.id == PSAGG_CODEC_TOPK) { /* the spec's sum, then an encode (kernels/topk.c) */
+        psagg__topk_format f = topk_of(&c);
+        scratch_stack stk;
+        psagg__scratch ws;
+        if ((st = scratch_get(&stk, n, 0, &ws)) != PSAGG_OK)
+            return st;
+        if (!n_in) /* (N = 0: zeros) */
+            memset(ws.acc, 0, n * sizeof *ws.acc);
         for (size_t i = 0; i < n_in && !st; i++)
-            st = psagg__decode_into(&c, in[i], in_len, n, acc,
-                                    i ? PSAGG_DECODE_ADD : PSAGG_DECODE_FIRST, 1.0f);
+            st = psagg__topk_decode_into(&f, in[i], in_len, n, ws.acc,
+                                         i ? PSAGG_DECODE_ADD : PSAGG_DECODE_FIRST, 1.0f);
         if (!st)
-            st = psagg__encode(&c, acc, residual, n, key, out, out_len, &bad);
-        free(acc);
+            st = psagg__topk_encode(&f, ws.acc, residual, n, key, out, out_len, &bad);
+        scratch_release(&stk, &ws);
     } else {
         const uint8_t *const *inb = (const uint8_t *const *)in;
         int mm = c.id == PSAGG_CODEC_MAXMIN;

@@ -315,11 +315,12 @@ static psagg_status topk_walk(const psagg__topk_format *f, const uint8_t *in, si
         }
         pos += km;
     }
-    if (!tail_zero(in + l.idx_off, l.idx_bytes, l.kept * l.ib) ||
-        !tail_zero(in + l.val_off, l.val_bytes, l.kept * f->bits))
-        return psagg__fail(PSAGG_EBADMETA, "topk: field padding: bits after the last %s are set",
-                           tail_zero(in + l.idx_off, l.idx_bytes, l.kept * l.ib) ? "value"
-                                                                                 : "index");
+    if (!tail_zero(in + l.idx_off, l.idx_bytes, l.kept * l.ib))
+        return psagg__fail(PSAGG_EBADMETA,
+                           "topk: field padding: bits after the last index are set");
+    if (!tail_zero(in + l.val_off, l.val_bytes, l.kept * f->bits))
+        return psagg__fail(PSAGG_EBADMETA,
+                           "topk: field padding: bits after the last value are set");
     return PSAGG_OK;
 }
 

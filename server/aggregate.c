@@ -234,6 +234,19 @@ static int fold(server *srv, chunk_state *c, int w, const void *payload)
     return 0;
 }
 
+/*
+ * Take one of the receive buffers chunks may hold for pushes that wait for their turn: 1, or 0
+ * when half the pool is held so already (rx_hold_max: the other half keeps the receive window
+ * open, as a round that waits needs a push that needs a buffer to arrive).
+ */
+static int rx_hold(server *srv)
+{
+    if (atomic_fetch_add(&srv->pool.rx_held, 1) < srv->pool.rx_hold_max)
+        return 1;
+    atomic_fetch_sub(&srv->pool.rx_held, 1);
+    return 0;
+}
+
 /* Let go of worker w's held receive buffer (it was folded, or the chunk broke). */
 static void release_held(server *srv, chunk_state *c, int w)
 {
@@ -281,11 +294,10 @@ static int cpu_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
 
     if (w != (int)c->next) {
         int kept = 0;
-        if (atomic_fetch_add(&srv->pool.rx_held, 1) < srv->pool.rx_hold_max) {
+        if (rx_hold(srv)) {
             c->held[w] = rb;
             kept = CHUNK_KEPT;
         } else {
-            atomic_fetch_sub(&srv->pool.rx_held, 1);
             if (psagg__validate(&c->codec, payload, c->enc, c->info->count)) {
                 server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s",
                                     h->key, h->chunk, h->round, psagg_last_error());
@@ -338,11 +350,6 @@ const chunk_sum_ops cpu_sum_ops = {
     .encode = cpu_encode,
 };
 
-/* How far a push may come before its round and wait (a copy lags, a takeover sums a round
-   again): rounds ahead, and pushes per worker of the job. */
-#define AHEAD_ROUNDS     4
-#define AHEAD_PER_WORKER 4
-
 /*
  * A heap copy of rb, a push that waits ahead while half the receive pool is held already (the
  * other half keeps the receive window open: a copy's lagging round waits for a push that needs
@@ -394,8 +401,8 @@ void agg_spill_free(server *srv, recv_buf *rb)
  * waits in c->ahead until the round moves on (agg_finish_round queues them all again), in its
  * receive buffer while fewer than half of the pool's are held (rx_hold_max, as cpu_collect's
  * early pushes), else as a heap copy. Returns 1 if it waits in rb, 2 if a copy of it waits
- * (the caller posts rb again), 0 if it is further ahead than that (handle_push closes its
- * sender) or the copy found no memory (the job failed).
+ * or the copy found no memory (the job failed; either way the caller posts rb again), 0 if it
+ * is further ahead than that (handle_push closes its sender).
  */
 static int wait_ahead(server *srv, chunk_state *c, recv_buf *rb)
 {
@@ -409,15 +416,12 @@ static int wait_ahead(server *srv, chunk_state *c, recv_buf *rb)
                  "tensor %u chunk %u: worker %u pushed round %u while round %u is summed again "
                  "after the takeover: it waits for its turn",
                  h->key, h->chunk, h->sender, h->round, c->round);
-    if (!rb->spilled && atomic_fetch_add(&srv->pool.rx_held, 1) >= srv->pool.rx_hold_max) {
-        atomic_fetch_sub(&srv->pool.rx_held, 1);
-        if (!(waits = spill_copy(srv, rb))) {
-            server_fail_job(srv, PSAGG_ENOMEM,
-                            "tensor %u chunk %u: no memory for worker %u's push of round %u, "
-                            "which came before round %u",
-                            h->key, h->chunk, h->sender, h->round, c->round);
-            return 0;
-        }
+    if (!rb->spilled && !rx_hold(srv) && !(waits = spill_copy(srv, rb))) {
+        server_fail_job(srv, PSAGG_ENOMEM,
+                        "tensor %u chunk %u: no memory for worker %u's push of round %u, which "
+                        "came before round %u",
+                        h->key, h->chunk, h->sender, h->round, c->round);
+        return 2; /* (dropped: the job failed) */
     }
     waits->item.next = c->ahead ? &c->ahead->item : NULL; /* (taken again after the round) */
     c->ahead = waits;
@@ -474,8 +478,6 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
         fence_pass(srv, c, w);
     if (round > c->round && (c->shadow || c->taken_over) && (r = wait_ahead(srv, c, rb)))
         return r == 1;
-    if (atomic_load(&srv->job.failed))
-        return 0;
     if (c->ops->admit(srv, c, rb, &round))
         return 0;
     if (round < c->round || (round == c->round && c->closing)) {
@@ -960,8 +962,7 @@ psagg_status agg_check_budget(const server *srv, const psagg__ctl_tensor *decl, 
 
     chunk_elems = psagg__layout_chunk_elems(decl, n, chunk_elems, (uint32_t)srv->cfg.n_servers);
     for (uint32_t t = 0; t < n; t++) {
-        psagg_codec c = {(psagg_codec_id)decl[t].codec, decl[t].bits, decl[t].bucket,
-                         (psagg_rounding)decl[t].rounding, decl[t].k};
+        psagg_codec c = psagg__tensor_codec(&decl[t]);
         uint64_t count = decl[t].count, ce, full, rem, bytes;
         const chunk_ops *ops = chunk_kind((decl[t].flags & PSAGG_DECL_PARAM) != 0);
         if (decl[t].codec > PSAGG_CODEC_TOPK || psagg__codec_check(&c) || !count)

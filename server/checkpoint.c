@@ -138,8 +138,7 @@ static void checkpoint_commit(server *srv, int w, uint64_t seq)
         }
         k->pending = 0;
     } else if (k->committed && (seq == k->committed || (collective && seq < k->committed))) {
-        snprintf(path, sizeof path, "%s/psagg-server-%d.ckpt", srv->cfg.checkpoint_dir,
-                 srv->rank); /* (another member's COMMIT did it) */
+        ckpt_path(srv, srv->rank, "", path, sizeof path); /* (another member's COMMIT did it) */
     } else {
         st = psagg__fail(PSAGG_EINVAL,
                          "server %d: no checkpoint %llu was prepared here to commit (%s)",
@@ -161,12 +160,10 @@ void checkpoint_asked(server *srv, int w, const psagg__ctl_hdr *h, const void *b
         memcpy(&ck, body, sizeof ck);
     if (h->len != sizeof ck)
         snprintf(why, sizeof why, "a CHECKPOINT frame of %u bytes, not %zu", h->len, sizeof ck);
-    else if (!ck.sequence || ck.reserved)
+    else if (!ck.sequence || ck.reserved) /* (the field named holds ck.reserved: 0 or not) */
         snprintf(why, sizeof why,
-                 "CHECKPOINT field %s is %llu (sequence must be nonzero, "
-                 "reserved 0)",
-                 ck.reserved ? "reserved" : "sequence",
-                 (unsigned long long)(ck.reserved ? ck.reserved : 0));
+                 "CHECKPOINT field %s is %u (sequence must be nonzero, reserved 0)",
+                 ck.reserved ? "reserved" : "sequence", ck.reserved);
     else if (ck.phase != PSAGG_CKPT_PREPARE && ck.phase != PSAGG_CKPT_COMMIT)
         snprintf(why, sizeof why, "CHECKPOINT field phase is %u (PREPARE %d, COMMIT %d)", ck.phase,
                  PSAGG_CKPT_PREPARE, PSAGG_CKPT_COMMIT);
@@ -194,7 +191,7 @@ void checkpoint_asked(server *srv, int w, const psagg__ctl_hdr *h, const void *b
 
 void checkpoint_tick(server *srv, int64_t now)
 {
-    char missing[128] = "", m[300];
+    char missing[128] = "", m[400]; /* (the answer keeps what its frame holds) */
     size_t used = 0;
     int all = 1;
     if (!srv->ckpt->asked_since)

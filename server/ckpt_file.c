@@ -90,8 +90,7 @@ struct ckpt_file {
     const ckpt_chunk **by_slot; /* after optim_check_job: per held slot, or NULL */
 };
 
-/* Server rank's file: the current one (suffix ""), ".prev" or ".pending". */
-static void ckpt_path(const server *srv, int rank, const char *suffix, char *buf, size_t len)
+void ckpt_path(const server *srv, int rank, const char *suffix, char *buf, size_t len)
 {
     snprintf(buf, len, "%s/psagg-server-%d.ckpt%s", srv->cfg.checkpoint_dir, rank, suffix);
 }
@@ -290,8 +289,7 @@ const char *ckpt_file_path(const struct ckpt_file *f)
 
 static void decl_text(const psagg__ctl_tensor *t, char *buf, size_t len)
 {
-    psagg_codec c = {(psagg_codec_id)t->codec, t->bits, t->bucket, (psagg_rounding)t->rounding,
-                     t->k};
+    psagg_codec c = psagg__tensor_codec(t);
     char name[40];
     snprintf(buf, len, "'%.40s' (%llu elements, %s%s)", t->name, (unsigned long long)t->count,
              psagg_codec_name(&c, name, sizeof name),
@@ -491,6 +489,16 @@ const float *ckpt_state(const struct ckpt_file *f, uint32_t slot, uint32_t *arra
     return (const float *)(const void *)(r + 1);
 }
 
+/* The checkpoint_dir's entries on disk (a rename durable). */
+static void sync_dir(const server *srv)
+{
+    int dfd = open(srv->cfg.checkpoint_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+}
+
 /* fwrite + the running checksum. */
 typedef struct ckpt_writer {
     FILE *f;
@@ -522,7 +530,7 @@ psagg_status ckpt_write(const server *srv, int arrays, const uint8_t *owned, uin
                       .sequence = seq};
     uint8_t sum[CKPT_SUM];
     struct timespec now;
-    int fd, dfd;
+    int fd;
 
     ckpt_path(srv, srv->rank, ".pending", path, len);
     if (sodium_init() < 0)
@@ -577,11 +585,7 @@ psagg_status ckpt_write(const server *srv, int arrays, const uint8_t *owned, uin
         unlink(tmp);
         return psagg__fail(PSAGG_EIO, "checkpoint %s: %s", path, strerror(wr.failed));
     }
-    dfd = open(srv->cfg.checkpoint_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) { /* the rename itself durable */
-        fsync(dfd);
-        close(dfd);
-    }
+    sync_dir(srv); /* the rename itself durable */
     LOG_INFO(&srv->log, "checkpoint %llu prepared: %s written, %u parameter chunks",
              (unsigned long long)seq, path, head.n_chunks);
     return PSAGG_OK;
@@ -590,7 +594,6 @@ psagg_status ckpt_write(const server *srv, int arrays, const uint8_t *owned, uin
 psagg_status ckpt_commit(const server *srv, char *path, size_t len)
 {
     char pending[PATH_MAX + 16], prev[PATH_MAX + 16];
-    int dfd;
     ckpt_path(srv, srv->rank, "", path, len);
     ckpt_path(srv, srv->rank, ".pending", pending, sizeof pending);
     ckpt_path(srv, srv->rank, ".prev", prev, sizeof prev);
@@ -601,10 +604,6 @@ psagg_status ckpt_commit(const server *srv, char *path, size_t len)
     if (rename(pending, path))
         return psagg__fail(PSAGG_EIO, "checkpoint %s: putting %s in its place: %s", path, pending,
                            strerror(errno));
-    dfd = open(srv->cfg.checkpoint_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) { /* the renames durable */
-        fsync(dfd);
-        close(dfd);
-    }
+    sync_dir(srv); /* the renames durable */
     return PSAGG_OK;
 }

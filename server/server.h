@@ -677,6 +677,8 @@ psagg_status optim_checkpoint(server *srv, const uint8_t *owned, uint64_t seq, c
  * (PREPARE); *path gets its name.
  */
 struct ckpt_file;
+/* Server rank's file in the checkpoint_dir: the current one (suffix ""), ".prev" or ".pending". */
+void ckpt_path(const server *srv, int rank, const char *suffix, char *buf, size_t len);
 psagg_status ckpt_open(const server *srv, struct ckpt_file **out);
 void ckpt_close(struct ckpt_file *f);
 const char *ckpt_file_path(const struct ckpt_file *f);

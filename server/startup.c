@@ -17,8 +17,7 @@
 
 static void codec_text(const psagg__ctl_tensor *t, char *buf, size_t len)
 {
-    psagg_codec c = {(psagg_codec_id)t->codec, t->bits, t->bucket, (psagg_rounding)t->rounding,
-                     t->k};
+    psagg_codec c = psagg__tensor_codec(t);
     psagg_codec_name(&c, buf, len);
 }
 

@@ -31,6 +31,12 @@ psagg_status psagg__tensor_to_wire(const char *name, uint64_t count, const psagg
     return PSAGG_OK;
 }
 
+psagg_codec psagg__tensor_codec(const psagg__ctl_tensor *t)
+{
+    return (psagg_codec){(psagg_codec_id)t->codec, t->bits, t->bucket, (psagg_rounding)t->rounding,
+                         t->k};
+}
+
 /*
  * What a chunk costs its server per round, as placement weighs it: its encoded bytes (each
  * worker's push, and the update to each); a parameter's chunk also holds and steps the fp32
@@ -136,8 +142,7 @@ psagg_status psagg__layout_build(const psagg__ctl_tensor *decl, uint32_t n, uint
             goto err;
         }
         ti->count = decl[t].count;
-        ti->codec = (psagg_codec){(psagg_codec_id)decl[t].codec, decl[t].bits, decl[t].bucket,
-                                  (psagg_rounding)decl[t].rounding, decl[t].k};
+        ti->codec = psagg__tensor_codec(&decl[t]);
         if (decl[t].codec > PSAGG_CODEC_TOPK)
             st = psagg__fail(PSAGG_EINVAL, "codec id %u unknown", decl[t].codec);
         else if (decl[t].rounding > PSAGG_ROUND_NEAREST)
@@ -158,8 +163,9 @@ psagg_status psagg__layout_build(const psagg__ctl_tensor *decl, uint32_t n, uint
             goto err;
         }
         if (decl[t].k && decl[t].codec != PSAGG_CODEC_TOPK) {
-            st = psagg__fail(PSAGG_EINVAL, "tensor %u '%s': field k is %u, but its codec is no topk",
-                             t, ti->name, decl[t].k);
+            st = psagg__fail(PSAGG_EINVAL,
+                             "tensor %u '%s': field k is %u, but its codec is not topk", t,
+                             ti->name, decl[t].k);
             goto err;
         }
         if (ti->param && ti->chunk_elems > chunk_elems) { /* its fp32 weights fit no message */

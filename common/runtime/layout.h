@@ -95,6 +95,8 @@ void psagg__layout_free(psagg__layout *l);
 PSAGG_NODISCARD psagg_status psagg__tensor_to_wire(const char *name, uint64_t count,
                                                    const psagg_codec *codec,
                                                    psagg__ctl_tensor *out);
+/* The codec a declaration record names (its fields as they are: psagg__codec_check them). */
+psagg_codec psagg__tensor_codec(const psagg__ctl_tensor *t);
 
 /* Elements per chunk that a worker with this config declares: chunk_bytes of fp32, rounded
  * down to a multiple of 64, at least 64. Every worker of a job must agree. */
