@@ -173,6 +173,9 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
         ctx->tensors[t].lr = ctx->cfg.lr;
         ctx->tensors[t].weight_decay = ctx->cfg.weight_decay;
         ctx->tensors[t].weight = 1.0f;
+        ctx->tensors[t].ef_beta = tensors[t].error_feedback_beta > 0
+                                      ? tensors[t].error_feedback_beta
+                                      : ctx->cfg.error_feedback_beta;
         int ef =
             tensors[t].error_feedback < 0 ? ctx->cfg.error_feedback : tensors[t].error_feedback;
         if (ef && ti->codec.id != PSAGG_CODEC_FP32) {
@@ -241,6 +244,13 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, siz
         if (tensors[t].flags & ~(PSAGG_TENSOR_PARAMETER | PSAGG_TENSOR_RARE)) {
             st = psagg__fail(PSAGG_EINVAL, "psagg_declare: tensor %zu '%s': unknown flags 0x%x", t,
                              tensors[t].name, tensors[t].flags);
+            goto out;
+        }
+        if (!(tensors[t].error_feedback_beta >= 0 && tensors[t].error_feedback_beta <= 1)) {
+            st = psagg__fail(PSAGG_EINVAL,
+                             "psagg_declare: tensor %zu '%s': error_feedback_beta %g is not 0 (the "
+                             "config's) or in (0, 1]",
+                             t, tensors[t].name, (double)tensors[t].error_feedback_beta);
             goto out;
         }
         if (tensors[t].flags & PSAGG_TENSOR_PARAMETER) {

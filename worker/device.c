@@ -352,6 +352,13 @@ psagg_status psagg_push_pull_cuda(psagg_ctx *ctx, uint32_t key, const float *d_i
                          "does not support yet: push it from host memory (psagg_push_pull)");
         goto err;
     }
+    if (ctx->tensors[key].residual && ctx->tensors[key].ef_beta != 1.0f) {
+        st = psagg__fail(PSAGG_EUNSUPPORTED,
+                         "its error feedback decays (error_feedback_beta %g), which the CUDA path "
+                         "does not support yet: push it from host memory (psagg_push_pull)",
+                         (double)ctx->tensors[key].ef_beta);
+        goto err;
+    }
     if (ctx->bitmap_bytes) {
         st = psagg__fail(PSAGG_EUNSUPPORTED,
                          "the servers run [server] quorum, whose left-out pushes the CUDA path "

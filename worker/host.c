@@ -28,9 +28,13 @@ static psagg_status host_encode(psagg_ctx *ctx, struct psagg_handle *h)
         psagg__rng_key key = psagg__rng_chunk_key(ctx->cfg.seed, PSAGG_RNG_WORKER,
                                                   (uint32_t)ctx->rank, ci->key, ci->index, h->step);
         size_t bad = 0;
-        psagg_status st =
-            psagg__encode(&h->codec, h->in + ci->offset, res ? res + ci->offset : NULL, ci->count,
-                          key, payload, psagg__encoded_size(&h->codec, ci->count), &bad);
+        psagg_status st;
+
+        if (ts->residual && ts->ef_beta != 1.0f) /* SparseLoCo's decay: x + beta * e */
+            for (size_t i = 0; i < ci->count; i++)
+                ts->residual[ci->offset + i] *= ts->ef_beta;
+        st = psagg__encode(&h->codec, h->in + ci->offset, res ? res + ci->offset : NULL, ci->count,
+                           key, payload, psagg__encoded_size(&h->codec, ci->count), &bad);
         if (st) {
             if (res) /* part of it was updated: start error feedback afresh */
                 memset(res, 0, ti->count * sizeof(float));

@@ -182,6 +182,7 @@ static inline push_buf *chunk_push(psagg_ctx *ctx, uint32_t chunk, uint32_t roun
 
 typedef struct tensor_state {
     float *residual; /* worker error feedback (host buffers), or NULL */
+    float ef_beta;   /* the residual's decay before each encode (1: classic error feedback) */
     float *carry;    /* [server] quorum, no residual: pushes left out of their round, or NULL */
     int carry_live;  /* carry holds some: the next encode adds it, then clears it */
     uint32_t round;  /* round of the next push_pull */

@@ -112,6 +112,7 @@ typedef struct psagg__config {
     /* [codec] */
     psagg_codec codec;           /* `default` codec (default maxmin4), with `bucket`, `rounding` */
     int error_feedback;          /* `error_feedback`, default on (worker residual) */
+    float error_feedback_beta;   /* `error_feedback_beta`, default 1: the residual's decay */
     uint64_t min_compress_elems; /* `min_compress_elems`, default 1024: smaller tensors go fp32 */
     int adaptive;                /* `adaptive`, default off: per-tensor codecs chosen every
                                     adaptive_interval rounds under adaptive_budget

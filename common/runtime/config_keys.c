@@ -128,6 +128,7 @@ const struct key config_keys[] = {
         .values = rounding_values),
     KEY("codec", "error_feedback", error_feedback, parse_enum, .choices = bool_names,
         .values = bool_values),
+    KEY("codec", "error_feedback_beta", error_feedback_beta, parse_real, .fmin = 1e-6, .fmax = 1),
     KEY("codec", "min_compress_elems", min_compress_elems, parse_number, .min = 0,
         .max = 1ull << 40),
     KEY("codec", "adaptive", adaptive, parse_enum, .choices = bool_names, .values = bool_values),
@@ -170,6 +171,7 @@ void config_set_defaults(psagg__config *cfg)
     cfg->codec = (psagg_codec){
         .id = PSAGG_CODEC_MAXMIN, .bits = 4, .bucket = 1024, .rounding = PSAGG_ROUND_STOCHASTIC};
     cfg->error_feedback = 1;
+    cfg->error_feedback_beta = 1.0f;
     cfg->min_compress_elems = 1024;
     cfg->adaptive = 0;
     cfg->adaptive_budget = 1000000; /* 1.0: the uniform codec's bytes */

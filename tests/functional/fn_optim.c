@@ -3,6 +3,9 @@
  * optimizer), run by test_optim.sh. Usage:
  *   fn_optim STEPS [--checkpoint-at C] [--stop-after S] [--resume] [--lr-scale X]
  * with PSAGG_CONFIG, PSAGG_RANK, PSAGG_WORLD_SIZE set, and FN_OPTIM_CODEC (default fp32).
+ * FN_OPTIM_EF_BETA=B: the parameters' pushes keep worker error feedback that decays by B before
+ * each encode (psagg_tensor_desc.error_feedback_beta; the reference keeps every worker's
+ * residual and decays it the same way); without it, no error feedback.
  *
  * Every worker declares four parameter tensors and one plain (summed) fp32 tensor, starts
  * its parameters from weights of its own rank (psagg_param_init must hand every worker
@@ -76,7 +79,10 @@ static float step_wd(uint32_t t)
 
 typedef struct ref_tensor {
     float *w, *view, *m1, *m2;
+    float *res; /* FN_OPTIM_EF_BETA: every worker's residual (world x count), or NULL */
 } ref_tensor;
+
+static float ef_beta; /* FN_OPTIM_EF_BETA, 0: no error feedback */
 
 /* One step of the servers, for every parameter tensor, on the reference. */
 static void ref_round(const psagg__config *cfg, const psagg__layout *l, const psagg_codec *codec,
@@ -97,9 +103,12 @@ static void ref_round(const psagg__config *cfg, const psagg__layout *l, const ps
             size_t len = psagg__encoded_size(codec, ci->count);
             float *vw = ref[t].view + ci->offset, *mw = ref[t].w + ci->offset;
             for (int w = 0; w < world; w++) {
+                float *res = ref[t].res ? ref[t].res + (size_t)w * ti->count + ci->offset : NULL;
                 for (uint64_t i = 0; i < ci->count; i++)
                     x[i] = grad_value(w, t, s, ci->offset + i, vw[i]);
-                if (psagg__encode(codec, x, NULL, ci->count,
+                for (uint64_t i = 0; res && i < ci->count; i++) /* e <- beta * e, then x + e */
+                    res[i] *= ef_beta;
+                if (psagg__encode(codec, x, res, ci->count,
                                   psagg__rng_chunk_key(cfg->seed, PSAGG_RNG_WORKER, (uint32_t)w, t,
                                                        ci->index, s),
                                   enc, len, NULL) ||
@@ -180,6 +189,14 @@ int main(int argc, char **argv)
     }
     if (psagg_codec_parse(codec_text, &codec) || psagg__codec_check(&codec))
         FAIL("FN_OPTIM_CODEC '%s'", codec_text);
+    if (getenv("FN_OPTIM_EF_BETA")) {
+        ef_beta = strtof(getenv("FN_OPTIM_EF_BETA"), NULL);
+        /* (its range is psagg_declare's to check: test_optim.sh gives it a bad one) */
+        if (ef_beta == 0 || codec.id == PSAGG_CODEC_FP32 || resume)
+            FAIL("FN_OPTIM_EF_BETA '%s': a number other than 0, with a codec other than fp32 and "
+                 "without --resume (the workers' residuals are not in a checkpoint)",
+                 getenv("FN_OPTIM_EF_BETA"));
+    }
     if (psagg__config_load(getenv("PSAGG_CONFIG"), &cfg))
         FAIL("config: %s", psagg_last_error());
     if (psagg_init(NULL, -1, -1, &ctx))
@@ -193,8 +210,9 @@ int main(int argc, char **argv)
                                       .name = name,
                                       .count = sizes[t],
                                       .codec = t < N_P ? codec : fp32,
-                                      .error_feedback = 0,
-                                      .flags = t < N_P ? PSAGG_TENSOR_PARAMETER : 0};
+                                      .error_feedback = t < N_P && ef_beta != 0,
+                                      .flags = t < N_P ? PSAGG_TENSOR_PARAMETER : 0,
+                                      .error_feedback_beta = ef_beta};
         if (psagg__tensor_to_wire(name, sizes[t], &desc[t].codec, &wire[t]))
             FAIL("wire");
         wire[t].flags = t < N_P ? PSAGG_DECL_PARAM : 0;
@@ -222,7 +240,8 @@ int main(int argc, char **argv)
         ref[t].view = malloc(sizes[t] * sizeof(float));
         ref[t].m1 = calloc(sizes[t], sizeof(float));
         ref[t].m2 = calloc(sizes[t], sizeof(float));
-        if (!ref[t].w || !ref[t].view || !ref[t].m1 || !ref[t].m2)
+        ref[t].res = ef_beta != 0 ? calloc((size_t)world * sizes[t], sizeof(float)) : NULL;
+        if (!ref[t].w || !ref[t].view || !ref[t].m1 || !ref[t].m2 || (ef_beta != 0 && !ref[t].res))
             FAIL("memory");
         for (uint64_t i = 0; i < sizes[t]; i++) {
             wt[t][i] = init_value(rank, t, i);

@@ -3,7 +3,8 @@
 #
 # 1. Exact: two servers, three fn_optim workers, for sgd (momentum, nesterov, sync_interval 3)
 #    with maxmin4 deltas, adam with fp32, adamw with maxmin2, and sgd with and without momentum
-#    with sparse topk2 deltas: every worker's weights equal
+#    with sparse topk2 deltas (and with worker error feedback that decays, SparseLoCo's beta):
+#    every worker's weights equal
 #    fn_optim's own reference of the servers' arithmetic bit for bit after every step, the
 #    pulled master weights too, and all workers print the same DIGEST.
 # 2. Checkpoint: an uninterrupted run's DIGEST; then a run whose worker 0 asks for a
@@ -14,7 +15,8 @@
 # 3. Refusals: a truncated and a corrupted checkpoint stop the server at start-up, naming the
 #    file; a checkpoint of another declaration fails the job ("nothing loaded"); workers that
 #    send different learning rates fail the job ("the workers disagree"); a parameter declared
-#    to servers without an optimizer is refused at psagg_declare; rogue_worker's malformed
+#    to servers without an optimizer is refused at psagg_declare, and so is an error-feedback
+#    decay of 1.5; rogue_worker's malformed
 #    parameter pushes (lr NaN, kind 3, a gradient before INIT) close it, naming the field.
 set -u -o pipefail
 build=$1
@@ -39,12 +41,13 @@ servers() { # servers NAME [ENV...]: start both servers of job NAME (the last jo
     start_servers "$tmp/$name.ini" 2 "$name-" "$@"
 }
 
-workers() { # workers NAME CODEC STEPS [ARGS...]: start three fn_optim workers
+workers() { # workers NAME CODEC STEPS [ARGS...]: start three fn_optim workers (EF_BETA=B:
+    # with worker error feedback decaying by B)
     local name=$1 codec=$2 steps=$3 w
     shift 3
     for w in 0 1 2; do
         start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
-            FN_OPTIM_CODEC="$codec" "$fn" "$steps" "$@"
+            FN_OPTIM_CODEC="$codec" ${EF_BETA:+FN_OPTIM_EF_BETA=$EF_BETA} "$fn" "$steps" "$@"
     done
 }
 
@@ -87,6 +90,11 @@ ini topkn optimizer=sgd momentum=0.9 nesterov=on
 servers topkn
 workers topkn topk2:0.05/1024 10
 finish topkn
+# SparseLoCo's worker error feedback: the residual decays by beta = 0.9 before each push
+ini topkb optimizer=sgd
+servers topkb
+EF_BETA=0.9 workers topkb topk2:0.05/1024 10
+finish topkb
 
 # 2. kill after a checkpoint, resume, and end where the uninterrupted run ends
 ini ref optimizer=adam
@@ -196,6 +204,13 @@ workers none fp32 2
 for w in 0 1 2; do wait_for "${wpid[$w]}" 60 && fail "none: worker $w succeeded"; done
 # the first worker to declare says why; the others may find the servers gone already
 grep -h "no optimizer" "$tmp"/none-worker*.log | head -1 | grep . >&2 || fail "none: no worker was told why"
+# 3d'. an error-feedback decay outside (0, 1]: refused at psagg_declare, naming it
+ini badbeta optimizer=sgd
+servers badbeta
+EF_BETA=1.5 workers badbeta maxmin4 2
+for w in 0 1 2; do wait_for "${wpid[$w]}" 60 && fail "badbeta: worker $w succeeded"; done
+grep -h "error_feedback_beta 1.5 is not" "$tmp"/badbeta-worker*.log | head -1 | grep . >&2 ||
+    fail "badbeta: no worker was told why"
 # 3e. a worker whose parameter pushes are malformed: closed, naming the field
 job_ini "$tmp/rogue.ini" 1 1 cluster.job_id="optim-rogue-$port" cluster.connect_timeout_ms=20000 \
     cluster.op_timeout_ms=20000 server.optimizer=sgd worker.chunk_bytes=16384

@@ -103,10 +103,16 @@ def main():
             (dict(codec=4), ["codec", "4"]),
             (dict(codec={"0.weight": "maxmin4", "2.weight": "fp31"}),
              ["codec['2.weight']", "'fp31'"]),
-            (dict(error_feedback="off"), ["error_feedback", "'off'"])]:
+            (dict(error_feedback="off"), ["error_feedback", "'off'"]),
+            (dict(error_feedback_beta=0), ["error_feedback_beta", "0"]),
+            (dict(error_feedback_beta=1.5), ["error_feedback_beta", "1.5"]),
+            (dict(error_feedback_beta=math.nan), ["error_feedback_beta", "nan"]),
+            (dict(error_feedback_beta=True), ["error_feedback_beta", "True"])]:
         expect_refused("DiLoCo(%r)" % kw, diloco(**kw), *names)
     expect_accepted("DiLoCo(sync_every=4, codec='maxmin4/512/nearest')",
                     diloco(codec="maxmin4/512/nearest"))
+    expect_accepted("DiLoCo(sync_every=4, codec='topk2:0.02', error_feedback_beta=0.95)",
+                    diloco(codec="topk2:0.02", error_feedback_beta=0.95))
     expect_accepted("DiLoCo(sync_every=8, fragments=2, fragment_sync_delay=1, outer_lr=1, "
                     "codec={'0.weight': 'fp32', '2.bias': None})",
                     diloco(sync_every=8, fragments=2, fragment_sync_delay=1, outer_lr=1,

@@ -89,7 +89,7 @@ def _sized(cls):
 class _TensorDesc(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("name", ctypes.c_char_p),
                 ("count", ctypes.c_uint64), ("codec", _Codec), ("error_feedback", ctypes.c_int),
-                ("flags", ctypes.c_uint32)]
+                ("flags", ctypes.c_uint32), ("error_feedback_beta", ctypes.c_float)]
 
 
 TENSOR_PARAMETER = 1  # psagg_tensor_desc.flags: the servers optimize it ([server] optimizer)
@@ -340,11 +340,18 @@ class Context:
             raise Error(-42, "the context is closed", "psagg")
         return self._ctx
 
-    def declare(self, tensors, error_feedback=None):
+    def declare(self, tensors, error_feedback=None, error_feedback_beta=None):
         """Declare every tensor once, in the same order on every worker. tensors: a list of
         (name, count, codec) or (name, count, codec, flags) with codec text or None (the
         config's default) and flags TENSOR_PARAMETER for a parameter the servers optimize.
-        error_feedback: None (config), True or False. Returns the keys (indices)."""
+        error_feedback: None (config), True or False. error_feedback_beta: None (config's
+        [codec] error_feedback_beta) or the residual's decay in (0, 1]. Returns the keys."""
+        if error_feedback_beta is not None and (
+                isinstance(error_feedback_beta, bool) or
+                not isinstance(error_feedback_beta, (int, float)) or
+                not 0 < error_feedback_beta <= 1):
+            raise ValueError("psagg.Context.declare: error_feedback_beta must be None or a "
+                             "number in (0, 1], not %r" % (error_feedback_beta,))
         n = len(tensors)
         descs = (_TensorDesc * n)()
         names = []
@@ -358,6 +365,8 @@ class Context:
             descs[i].codec = parse_codec(codec)
             descs[i].error_feedback = -1 if error_feedback is None else int(bool(error_feedback))
             descs[i].flags = int(t[3]) if len(t) > 3 else 0
+            descs[i].error_feedback_beta = 0.0 if error_feedback_beta is None else \
+                float(error_feedback_beta)
         keys = (ctypes.c_uint32 * n)()
         _check(library().psagg_declare(self._raw(), descs, n, keys), "psagg_declare")
         self.declared = [(t[0], int(t[1])) for t in tensors]

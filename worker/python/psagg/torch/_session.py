@@ -94,7 +94,7 @@ class _Session:
 
     # ---- declaration ----
     def declare(self, named_parameters, codec=None, error_feedback=None, params=False,
-                all_tensors=False):
+                all_tensors=False, error_feedback_beta=None):
         """params: declare them as parameters the servers optimize (ServerOptimizer, DiLoCo).
         all_tensors: every tensor given, not only those that require a gradient (DiLoCo's
         anchors)."""
@@ -132,7 +132,7 @@ class _Session:
             # (a broadcast key: placed apart from the per-step load, runtime/layout.h)
             tensors.append((_BROADCAST_KEY, self.bcast_elems, "fp32", _p.TENSOR_RARE))
             t0 = time.monotonic()
-            keys = self.ctx.declare(tensors, error_feedback)
+            keys = self.ctx.declare(tensors, error_feedback, error_feedback_beta)
             self.declare_seconds = time.monotonic() - t0  # a joiner's: until it was admitted
             self.counts = {k: t[1] for k, t in zip(keys, tensors)}
             it = iter(keys)

@@ -47,6 +47,12 @@ class DiLoCo:
     global weights) by it and takes the anchor as its weights. The global weights and the
     outer momentum live once, on the servers (and in their checkpoints).
 
+    Sparse outer gradients (SparseLoCo, arXiv 2508.15706): codec="topk2:0.02" sends each block's
+    2 % largest entries in 2 bits; error_feedback_beta=0.95 decays the residual of what was left
+    out before each push (e <- beta * e + delta; None: the config's [codec]
+    error_feedback_beta, 1 by default); SparseLoCo runs the outer step without momentum
+    (outer_momentum=0, with the servers' momentum = 0).
+
     The servers must run `[server] optimizer = sgd` with `momentum` = outer_momentum and
     `nesterov` = on|off as nesterov (the papers' 0.9 and on), which the constructor checks
     (ValueError naming both); outer_lr goes with every push.
@@ -84,7 +90,8 @@ class DiLoCo:
 
     def __init__(self, model, inner_optimizer, sync_every, outer_lr=0.7, outer_momentum=0.9,
                  nesterov=True, codec="maxmin4", error_feedback=None, fragments=1,
-                 fragment_sync_delay=0, fragment_update_alpha=0.0, named_parameters=None):
+                 fragment_sync_delay=0, fragment_update_alpha=0.0, named_parameters=None,
+                 error_feedback_beta=None):
         H, P, tau = sync_every, fragments, fragment_sync_delay
         # (bool is an int to Python: sync_every=True must not pass as 1)
         if not _is_int(H) or H < 1:
@@ -103,6 +110,10 @@ class DiLoCo:
                              % (nesterov,))
         _check_codec("DiLoCo", codec)
         _check_error_feedback("DiLoCo", error_feedback)
+        if error_feedback_beta is not None and (not _is_real(error_feedback_beta) or
+                                                not 0 < error_feedback_beta <= 1):
+            raise ValueError("psagg.torch.DiLoCo: error_feedback_beta must be None (the "
+                             "config's) or a number in (0, 1], not %r" % (error_feedback_beta,))
         named = list(named_parameters if named_parameters is not None
                      else model.named_parameters())
         named = [(n, p) for n, p in named if p.requires_grad]
@@ -138,7 +149,8 @@ class DiLoCo:
         self._anchors = [p.detach().float().cpu().contiguous().clone() for _, p in named]
         self._psagg = session()
         self._psagg.declare([(n, a) for (n, _), a in zip(named, self._anchors)], codec,
-                            error_feedback, params=True, all_tensors=True)
+                            error_feedback, params=True, all_tensors=True,
+                            error_feedback_beta=error_feedback_beta)
         ctx = self._psagg.ctx
         t0 = time.monotonic()
         with torch.no_grad():
