@@ -40,6 +40,9 @@
 #              DiLoCo.step() exactly at those steps; then MIX=1 (2 workers): a step() without
 #              samples after steps with them, and one with samples after steps without, raise
 #              ValueError naming samples on every rank (before: weight 0 pushed, EINVAL)
+#   diloco_topk  the three above with sparse outer gradients (topk2:0.05/1024): torch_diloco.py
+#              with 2 fragments, delay 1 and error_feedback_beta 0.95 (anchors bit-identical on
+#              4 ranks after every sync), the resume with fragments and the admitted joiner
 #   diloco_admit  tests/functional/torch_diloco_admit.py, an elastic
 #              Streaming DiLoCo job (2 fragments, H=8, maxmin4; workers = 2, max_workers = 3)
 #              checkpointed right after fragment 1's sync at step 12 and resumed; a rank 2
@@ -127,6 +130,40 @@ resume_check() {
     [[ $(awk '{print $2}' <<<"$resumed") == $(awk '{print $2}' <<<"$full") && $(awk '{print $1}' <<<"$resumed") == 3 ]] ||
         { cat "$tmp/$name-resume.out" >&2; fail "$name: $resumed, the uninterrupted run $full"; }
     echo "test_torch: $name: resumed at step $at: $(awk '{print $2}' <<<"$resumed") = uninterrupted, on 3 ranks"
+}
+
+admit_check() { # admit_check NAME: torch_diloco_admit.py's checkpoint, resume and join
+    local name=$1 members joiner ends pj rc rcj
+    mkdir -p "$tmp/ck-$name"
+    {
+        sed -e "s/^job_id = .*/job_id = test-$name-$port/" -e "s/^workers = .*/workers = 2/" "$tmp/job.ini"
+        printf '[cluster]\nelastic = on\nmin_workers = 2\nmax_workers = 3\n'
+        printf '[server]\noptimizer = sgd\nmomentum = 0.9\nnesterov = on\ncheckpoint_dir = %s\n' "$tmp/ck-$name"
+    } >"$tmp/$name.ini"
+    PHASE=first "$repo/deploy/psagg-local" --config "$tmp/$name.ini" --timeout 120 -- \
+        "$py" "$repo/tests/functional/torch_diloco_admit.py" >"$tmp/$name-first.out" 2>&1 ||
+        { tail -n 30 "$tmp/$name-first.out" >&2; fail "$name: the first run failed"; }
+    grep -q "CHECKPOINT after 12 steps" "$tmp/$name-first.out" || { cat "$tmp/$name-first.out" >&2; fail "$name: no checkpoint"; }
+    # rank 2 first: until the job runs, the servers answer it "try again" (it says HELLO again)
+    spawn "$tmp/$name-joiner.out" PSAGG_CLUSTER_CONNECT_TIMEOUT_MS=120000 PHASE=resume \
+        PSAGG_CONFIG="$tmp/$name.ini" PSAGG_RANK=2 PSAGG_WORLD_SIZE=2 RANK=2 WORLD_SIZE=2 \
+        PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" \
+        "$py" "$repo/tests/functional/torch_diloco_admit.py"
+    pj=$h_pid
+    PSAGG_SERVER_RESUME=on PHASE=resume "$repo/deploy/psagg-local" --config "$tmp/$name.ini" --timeout 180 -- \
+        "$py" "$repo/tests/functional/torch_diloco_admit.py" >"$tmp/$name.out" 2>&1
+    rc=$?
+    wait $pj
+    rcj=$?
+    ((rc == 0 && rcj == 0)) || { tail -n 30 "$tmp/$name.out" "$tmp/$name-joiner.out" >&2; fail "$name: psagg-local exited $rc, the joiner $rcj"; }
+    members=$(grep -o 'ADMIT member rank=[01] step=[0-9]* anchors=[0-9a-f]*' "$tmp/$name.out" | sed 's/rank=[01] //' | sort | uniq -c)
+    joiner=$(grep -o 'ADMIT joiner step=[0-9]* anchors=[0-9a-f]*' "$tmp/$name-joiner.out" | sed 's/ADMIT joiner //')
+    [[ $(wc -l <<<"$members") == 1 && $(awk '{print $1}' <<<"$members") == 2 ]] || { cat "$tmp/$name.out" >&2; fail "$name: the members' admission differs: $members"; }
+    [[ -n $joiner && $(awk '{print $4, $5}' <<<"$members") == "$joiner" ]] ||
+        fail "$name: the members admitted at '$(awk '{print $4, $5}' <<<"$members")', the joiner started at '$joiner'"
+    ends=$( (grep -o 'ADMIT end rank=[01] anchors=[0-9a-f]*' "$tmp/$name.out"; grep -o 'ADMIT end rank=2 anchors=[0-9a-f]*' "$tmp/$name-joiner.out") | sed 's/.*anchors=//' | sort | uniq -c)
+    [[ $(wc -l <<<"$ends") == 1 && $(awk '{print $1}' <<<"$ends") == 3 ]] || fail "$name: the three workers' final anchors differ: $ends"
+    echo "$name: $(grep -m1 -o 'ADMIT member rank=0.*' "$tmp/$name.out"); joiner at $joiner; 3 equal final anchors"
 }
 
 case $case in
@@ -318,36 +355,32 @@ diloco_schedule)
     grep -o 'DILOCO mix refused rank=[01].*' "$tmp/mix.out" | cut -c1-200
     ;;
 diloco_admit)
-    mkdir -p "$tmp/ck-admit"
+    admit_check diloco_admit
+    ;;
+diloco_topk)
+    # sparse outer gradients (topk2:0.05/1024, kernels/topk.h) through Streaming DiLoCo: 2
+    # fragments, a delay of 1, SparseLoCo's decaying error feedback (beta 0.95), 4 ranks with
+    # bit-identical anchors after every sync; a resume with fragments; an admitted joiner
+    export CODEC=topk2:0.05/1024
     {
-        sed -e "s/^job_id = .*/job_id = test-dlad-$port/" -e "s/^workers = .*/workers = 2/" "$tmp/job.ini"
-        printf '[cluster]\nelastic = on\nmin_workers = 2\nmax_workers = 3\n'
-        printf '[server]\noptimizer = sgd\nmomentum = 0.9\nnesterov = on\ncheckpoint_dir = %s\n' "$tmp/ck-admit"
-    } >"$tmp/admit.ini"
-    PHASE=first "$repo/deploy/psagg-local" --config "$tmp/admit.ini" --timeout 120 -- \
-        "$py" "$repo/tests/functional/torch_diloco_admit.py" >"$tmp/admit-first.out" 2>&1 ||
-        { tail -n 30 "$tmp/admit-first.out" >&2; fail "diloco_admit: the first run failed"; }
-    grep -q "CHECKPOINT after 12 steps" "$tmp/admit-first.out" || { cat "$tmp/admit-first.out" >&2; fail "diloco_admit: no checkpoint"; }
-    # rank 2 first: until the job runs, the servers answer it "try again" (it says HELLO again)
-    spawn "$tmp/admit-joiner.out" PSAGG_CLUSTER_CONNECT_TIMEOUT_MS=120000 PHASE=resume \
-        PSAGG_CONFIG="$tmp/admit.ini" PSAGG_RANK=2 PSAGG_WORLD_SIZE=2 RANK=2 WORLD_SIZE=2 \
-        PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" \
-        "$py" "$repo/tests/functional/torch_diloco_admit.py"
-    pj=$h_pid
-    PSAGG_SERVER_RESUME=on PHASE=resume "$repo/deploy/psagg-local" --config "$tmp/admit.ini" --timeout 180 -- \
-        "$py" "$repo/tests/functional/torch_diloco_admit.py" >"$tmp/admit.out" 2>&1
-    rc=$?
-    wait $pj
-    rcj=$?
-    ((rc == 0 && rcj == 0)) || { tail -n 30 "$tmp/admit.out" "$tmp/admit-joiner.out" >&2; fail "diloco_admit: psagg-local exited $rc, the joiner $rcj"; }
-    members=$(grep -o 'ADMIT member rank=[01] step=[0-9]* anchors=[0-9a-f]*' "$tmp/admit.out" | sed 's/rank=[01] //' | sort | uniq -c)
-    joiner=$(grep -o 'ADMIT joiner step=[0-9]* anchors=[0-9a-f]*' "$tmp/admit-joiner.out" | sed 's/ADMIT joiner //')
-    [[ $(wc -l <<<"$members") == 1 && $(awk '{print $1}' <<<"$members") == 2 ]] || { cat "$tmp/admit.out" >&2; fail "diloco_admit: the members' admission differs: $members"; }
-    [[ -n $joiner && $(awk '{print $4, $5}' <<<"$members") == "$joiner" ]] ||
-        fail "diloco_admit: the members admitted at '$(awk '{print $4, $5}' <<<"$members")', the joiner started at '$joiner'"
-    ends=$( (grep -o 'ADMIT end rank=[01] anchors=[0-9a-f]*' "$tmp/admit.out"; grep -o 'ADMIT end rank=2 anchors=[0-9a-f]*' "$tmp/admit-joiner.out") | sed 's/.*anchors=//' | sort | uniq -c)
-    [[ $(wc -l <<<"$ends") == 1 && $(awk '{print $1}' <<<"$ends") == 3 ]] || fail "diloco_admit: the three workers' final anchors differ: $ends"
-    echo "diloco_admit: $(grep -m1 -o 'ADMIT member rank=0.*' "$tmp/admit.out"); joiner at $joiner; 3 equal final anchors"
+        sed -e "s/^job_id = .*/job_id = test-dltk-$port/" "$tmp/job.ini"
+        printf '[server]\noptimizer = sgd\nmomentum = 0.9\nnesterov = on\n'
+    } >"$tmp/dl.ini"
+    EF_BETA=0.95 FRAGMENTS=2 DELAY=1 ALPHA=0 H=8 STEPS=40 "$repo/deploy/psagg-local" --config "$tmp/dl.ini" \
+        --timeout 180 -- "$py" "$repo/tests/functional/torch_diloco.py" >"$tmp/dl.out" 2>&1 ||
+        { tail -n 30 "$tmp/dl.out" >&2; fail "diloco_topk: psagg-local exited $?"; }
+    (($(grep -c 'DILOCO ok' "$tmp/dl.out") == 4)) || { cat "$tmp/dl.out" >&2; fail "diloco_topk: not every rank passed"; }
+    n=$(grep -c 'DILOCO-DIGEST' "$tmp/dl.out")
+    distinct=$(sed -n 's/.*DILOCO-DIGEST \(step=[0-9]* [0-9a-f]*\).*/\1/p' "$tmp/dl.out" | sort -u | wc -l)
+    ((n > 0 && n == 4 * distinct)) || { grep DILOCO-DIGEST "$tmp/dl.out" >&2; fail "diloco_topk: the ranks' anchors differ"; }
+    echo "diloco_topk: $distinct syncs, anchors bit-identical on 4 ranks; $(grep -m1 -o 'DILOCO ok rank=0.*' "$tmp/dl.out")"
+    mkdir -p "$tmp/local-topk"
+    export FRAGMENTS=2 CKPT_AT=6 LOCAL_DIR=$tmp/local-topk
+    resume_check diloco-topk-resume torch_diloco_resume.py \
+        "optimizer = sgd\nmomentum = 0.9\nnesterov = on" DILOCO-RESUME-HASH 6
+    unset FRAGMENTS CKPT_AT LOCAL_DIR
+    admit_check diloco_topk_admit
+    unset CODEC
     ;;
 elastic)
     {

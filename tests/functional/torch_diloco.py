@@ -27,7 +27,8 @@ the other kind once, which must raise ValueError naming samples and change nothi
 a weighted worker's later step() pushed weight 0, which psagg_set_param_sync refuses with
 EINVAL at the next sync, and an unweighted worker's later step(samples) was taken), then goes on
 as before to STEPS ("DILOCO mix refused").
-Env: CODEC (fp32), H (sync_every, 4), FRAGMENTS (1), DELAY (0), ALPHA (0.0), STEPS (24).
+Env: CODEC (fp32), H (sync_every, 4), FRAGMENTS (1), DELAY (0), ALPHA (0.0), STEPS (24),
+EF_BETA (error_feedback_beta: unset, the config's).
 Prints "DILOCO ok rank=R ..." on success.
 """
 
@@ -52,6 +53,7 @@ WEIGHTED = os.environ.get("WEIGHTED") == "1"
 DISAGREE = os.environ.get("DISAGREE") == "1"
 DIE = int(os.environ.get("DIE", "0"))
 MIX = os.environ.get("MIX") == "1"
+EF_BETA = float(os.environ["EF_BETA"]) if os.environ.get("EF_BETA") else None
 OUTER_LR, MOM, INNER_LR = 0.7, 0.9, 0.05
 torch.set_num_threads(1)
 
@@ -140,7 +142,8 @@ def main():
         sys.exit("rank %d: workers that disagree on the fragments were not refused" % rank)
     diloco = pt.DiLoCo(model, opt, sync_every=H, outer_lr=OUTER_LR, outer_momentum=MOM,
                        nesterov=True, codec=CODEC, fragments=P, fragment_sync_delay=TAU,
-                       fragment_update_alpha=ALPHA, named_parameters=model.named_parameters())
+                       fragment_update_alpha=ALPHA, named_parameters=model.named_parameters(),
+                       error_feedback_beta=EF_BETA)
     if MIX:
         weighted, refused, switched = rank % 2 == 0, None, False
         try:

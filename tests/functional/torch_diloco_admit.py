@@ -67,7 +67,8 @@ def main():
     torch.set_num_threads(1)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    diloco = pt.DiLoCo(model, opt, sync_every=H, fragments=P, codec="maxmin4")
+    diloco = pt.DiLoCo(model, opt, sync_every=H, fragments=P,
+                       codec=os.environ.get("CODEC", "maxmin4"))
     anchors = list(diloco.global_weights().values())
     frag = pt.diloco_fragments([a.numel() for a in anchors], P)
     start = diloco.start_step

@@ -5,8 +5,8 @@ PHASE (environment):
           at CKPT_AT, go on 3 more inner steps and stop (what came after it is lost)
   resume  the servers resumed from the checkpoint ([server] resume = on): DiLoCo must report
           start_step == CKPT_AT and hand out the checkpoint's global weights; train the rest
-The inner optimizer is plain SGD (no state of its own to save) and the outer gradients maxmin4
-without worker error feedback (a worker's residuals are not in the servers' checkpoint), so the
+The inner optimizer is plain SGD (no state of its own to save) and the outer gradients in CODEC
+(default maxmin4; e.g. topk2:0.05/1024, sparse) without worker error feedback (a worker's residuals are not in the servers' checkpoint), so the
 resumed job must end with the full run's weights bit for bit ("DILOCO-RESUME-HASH").
 
 FRAGMENTS=P (default 1) runs Streaming DiLoCo and CKPT_AT (default 8) picks the checkpoint's
@@ -30,6 +30,7 @@ H, STEPS = 4, 16
 CKPT_AT = int(os.environ.get("CKPT_AT", "8"))
 P = int(os.environ.get("FRAGMENTS", "1"))
 LOCAL_DIR = os.environ.get("LOCAL_DIR", "")
+CODEC = os.environ.get("CODEC", "maxmin4")
 
 
 def main():
@@ -39,7 +40,7 @@ def main():
     torch.set_num_threads(1)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    diloco = pt.DiLoCo(model, opt, sync_every=H, codec="maxmin4", error_feedback=False,
+    diloco = pt.DiLoCo(model, opt, sync_every=H, codec=CODEC, error_feedback=False,
                        fragments=P)
     start = diloco.start_step
     mine = os.path.join(LOCAL_DIR, "rank%d.pt" % rank)
