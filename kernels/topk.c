@@ -17,35 +17,43 @@ static inline uint32_t mag(float x)
 uint32_t psagg__topk_select(const float *v, uint32_t n, uint32_t k, uint32_t *idx,
                             uint32_t *scratch)
 {
-    uint32_t count[256], prefix = 0, mask = 0, above = 0, cand = n, taken = 0, ties, want;
-    const uint32_t *from = NULL; /* NULL: every index 0..n-1 is a candidate */
+    /* the digits of |v|'s 31 bits, most significant first: 11 bits (the exponent and 3 bits of
+       mantissa, which spread a gradient's magnitudes over many bins), 11, then 9 */
+    static const int shift[3] = {20, 9, 0}, width[3] = {11, 11, 9};
+    uint32_t count[2048], prefix = 0, mask = 0, above = 0, cand = n, taken = 0, ties, want;
 
-    /* from the most significant byte down: which byte value the k-th largest has */
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        uint32_t need = k - above, acc = 0, bin = 0;
-        memset(count, 0, sizeof count);
-        for (uint32_t j = 0; j < cand; j++)
-            count[(mag(v[from ? from[j] : j]) >> shift) & 0xFF]++;
-        for (int b = 255; b >= 0; b--) { /* the bin where the count from the top reaches need */
+    for (int d = 0; d < 3; d++) {
+        uint32_t need = k - above, acc = 0, bin = 0, bins = 1u << width[d], m = 0;
+        const int sh = shift[d];
+        memset(count, 0, bins * sizeof *count);
+        if (d == 0) /* every index 0..n-1 is a candidate */
+            for (uint32_t j = 0; j < n; j++)
+                count[mag(v[j]) >> sh]++;
+        else
+            for (uint32_t j = 0; j < cand; j++)
+                count[(mag(v[scratch[j]]) >> sh) & (bins - 1)]++;
+        for (uint32_t b = bins; b-- > 0;) { /* the bin where the count from the top reaches need */
             if (acc + count[b] >= need) {
-                bin = (uint32_t)b;
+                bin = b;
                 break;
             }
             acc += count[b];
         }
         above += acc; /* entries in the bins above: larger than any in this bin */
-        prefix |= bin << shift;
-        mask |= 0xFFu << shift;
-        if (shift == 0)
+        prefix |= bin << sh;
+        mask |= (bins - 1) << sh;
+        if (d == 2)
             break;
-        /* the next pass looks at this bin's entries only */
-        uint32_t m = 0;
-        for (uint32_t j = 0; j < cand; j++) {
-            uint32_t i = from ? from[j] : j;
-            if ((mag(v[i]) & mask) == prefix)
-                scratch[m++] = i;
+        /* the next pass looks at this bin's entries only (in place: m <= j) */
+        if (d == 0) {
+            for (uint32_t j = 0; j < n; j++)
+                if ((mag(v[j]) & mask) == prefix)
+                    scratch[m++] = j;
+        } else {
+            for (uint32_t j = 0; j < cand; j++)
+                if ((mag(v[scratch[j]]) & mask) == prefix)
+                    scratch[m++] = scratch[j];
         }
-        from = scratch;
         cand = m;
     }
     /* prefix is the k-th largest magnitude: keep every larger one and, of those equal to it,

@@ -20,6 +20,14 @@
  * Memory roofline: the better of a read-only kernel and an in-place read+write kernel over a
  * buffer far larger than the LLC (best of several each). Every bytes/s figure is also shown
  * as a fraction of it.
+ *
+ *   psagg-bench-codec --outer-step [-n ELEMS] [--reps R]
+ * instead times a server's parameter-chunk step (server/param.c) for DiLoCo's outer step over
+ * n elements (default 25,557,032: ResNet-50) in chunks of 262,144 (1 MiB of fp32): the N
+ * workers' pushes folded in order (decode FIRST, then ADD), SGD with Nesterov momentum 0.9, the
+ * delta to the workers' view encoded in the chunk's codec and added into the view; for fp32,
+ * maxmin4 and topk2:0.02 (sparse) with N = 4 and 8, each worker's push its own pseudo-gradient.
+ * It prints ms per outer step (one core) and the three parts.
  */
 #include <emmintrin.h>
 #include <sched.h>
@@ -175,6 +183,90 @@ static void report(const char *cname, psagg__isa isa, const char *op, int n_in, 
     fflush(stdout);
 }
 
+/* --outer-step: the server's parameter step over n elements (see the top) */
+static void outer_step(size_t n, int reps)
+{
+    static const char *names[] = {"fp32", "maxmin4/1024/sr", "topk2:0.02"};
+    static const int n_ins[] = {4, 8};
+    const size_t chunk = 262144;
+    const psagg__optim sgd = {.kind = PSAGG_OPTIM_SGD, .momentum = 0.9f, .nesterov = 1};
+    float *w = xalloc(4 * n), *view = xalloc(4 * n), *m1 = xalloc(4 * n), *acc = xalloc(4 * chunk),
+          *x = xalloc(4 * chunk);
+
+    printf("outer step (server/param.c's path), n = %zu elements in chunks of %zu, one core; ms "
+           "per outer step: total = fold + optimizer + update\n",
+           n, chunk);
+    printf("%-18s %3s %10s %10s %10s %10s %12s\n", "codec", "N", "total ms", "fold ms",
+           "optim ms", "update ms", "push bytes");
+    for (size_t ci = 0; ci < sizeof names / sizeof names[0]; ci++)
+        for (size_t k = 0; k < sizeof n_ins / sizeof n_ins[0]; k++) {
+            int N = n_ins[k];
+            psagg_codec c;
+            char cname[48];
+            size_t n_chunks = (n + chunk - 1) / chunk, E;
+            uint8_t **in, *out;
+            double best[4] = {1e30, 1e30, 1e30, 1e30};
+            uint64_t s = 777;
+
+            check(psagg_codec_parse(names[ci], &c), "codec parse");
+            psagg_codec_name(&c, cname, sizeof cname);
+            E = psagg__encoded_size(&c, chunk);
+            in = malloc(n_chunks * (size_t)N * sizeof *in);
+            out = xalloc(E);
+            if (!in)
+                exit(2);
+            for (size_t ch = 0; ch < n_chunks; ch++) /* each worker its own pseudo-gradient */
+                for (int wk = 0; wk < N; wk++) {
+                    size_t cnt = ch + 1 < n_chunks ? chunk : n - ch * chunk;
+                    for (size_t i = 0; i < cnt; i++) {
+                        s = s * 6364136223846793005ull + 1442695040888963407ull;
+                        x[i] = (float)((int32_t)(s >> 32)) * 0x1p-40f;
+                    }
+                    in[ch * (size_t)N + (size_t)wk] = xalloc(E);
+                    check(psagg__encode(&c, x, NULL, cnt, psagg__rng_key_make(9, ch * 64 + (size_t)wk),
+                                        in[ch * (size_t)N + (size_t)wk],
+                                        psagg__encoded_size(&c, cnt), NULL),
+                          "encode push");
+                }
+            for (int r = 0; r <= reps; r++) {
+                double part[3] = {0, 0, 0};
+                for (size_t ch = 0; ch < n_chunks; ch++) {
+                    size_t cnt = ch + 1 < n_chunks ? chunk : n - ch * chunk, off = ch * chunk;
+                    size_t e = psagg__encoded_size(&c, cnt);
+                    double t0 = now(), t1, t2;
+                    for (int wk = 0; wk < N; wk++)
+                        check(psagg__decode_into(&c, in[ch * (size_t)N + (size_t)wk], e, cnt, acc,
+                                                 wk ? PSAGG_DECODE_ADD : PSAGG_DECODE_FIRST, 1.0f),
+                              "fold");
+                    t1 = now();
+                    check(psagg__optim_step(&sgd, 0.7f, 0.0f, (uint64_t)r + 1, 1.0f / (float)N,
+                                            acc, w + off, m1 + off, NULL, cnt),
+                          "optimizer step");
+                    t2 = now();
+                    for (size_t i = 0; i < cnt; i++)
+                        acc[i] = w[off + i] - view[off + i];
+                    check(psagg__encode(&c, acc, NULL, cnt, psagg__rng_key_make(5, ch), out, e,
+                                        NULL),
+                          "encode update");
+                    check(psagg__decode_into(&c, out, e, cnt, view + off, PSAGG_DECODE_ADD, 1.0f),
+                          "view");
+                    part[0] += t1 - t0, part[1] += t2 - t1, part[2] += now() - t2;
+                }
+                if (r > 0 && part[0] + part[1] + part[2] < best[0])
+                    best[0] = part[0] + part[1] + part[2], best[1] = part[0], best[2] = part[1],
+                    best[3] = part[2];
+            }
+            printf("%-18s %3d %10.1f %10.1f %10.1f %10.1f %12zu\n", cname, N, 1e3 * best[0],
+                   1e3 * best[1], 1e3 * best[2], 1e3 * best[3],
+                   (n / chunk) * E + psagg__encoded_size(&c, n % chunk));
+            fflush(stdout);
+            for (size_t i = 0; i < n_chunks * (size_t)N; i++)
+                free(in[i]);
+            free(in), free(out);
+        }
+    free(w), free(view), free(m1), free(acc), free(x);
+}
+
 static const result *find(const char *cname, psagg__isa isa, const char *op, int n_in)
 {
     for (int i = 0; i < n_results; i++)
@@ -187,7 +279,7 @@ static const result *find(const char *cname, psagg__isa isa, const char *op, int
 int main(int argc, char **argv)
 {
     size_t n = (size_t)16 << 20, stream_bytes = (size_t)1024 << 20;
-    int reps = 5, quick = 0, isa_only = -1;
+    int reps = 5, quick = 0, isa_only = -1, outer = 0, n_set = 0;
     const char *codec_only = NULL;
     static const char *codec_names[] = {
         "fp32", "fp16", "bf16", "maxmin2/1024/sr", "maxmin4/1024/sr", "maxmin8/1024/sr"};
@@ -200,6 +292,9 @@ int main(int argc, char **argv)
             quick = 1;
         } else if (!strcmp(argv[i], "-n") && i + 1 < argc) {
             n = strtoull(argv[++i], NULL, 0);
+            n_set = 1;
+        } else if (!strcmp(argv[i], "--outer-step")) {
+            outer = 1;
         } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
             reps = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
@@ -216,7 +311,7 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr,
                     "usage: %s [-n ELEMS] [--quick] [--reps R] [--isa scalar|avx2|avx512] "
-                    "[--codec NAME (e.g. maxmin4/1024/sr)]\n",
+                    "[--codec NAME (e.g. maxmin4/1024/sr)] [--outer-step]\n",
                     argv[0]);
             return 2;
         }
@@ -228,6 +323,15 @@ int main(int argc, char **argv)
     }
     if (reps < 1)
         reps = 1;
+    if (outer) {
+        char m[256];
+        cpu_model(m, sizeof m);
+        printf("psagg-bench-codec --outer-step: %s; pinned to cpu %d; default path %s; best of "
+               "%d after a warm-up\n",
+               m, pin_to_current_cpu(), psagg__isa_name(psagg__codec_isa()), reps);
+        outer_step(n_set ? n : 25557032, reps);
+        return 0;
+    }
     double wall0 = wall(), cpu0 = now();
     cpu = pin_to_current_cpu();
     cpu_model(model, sizeof model);
