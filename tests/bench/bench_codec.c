@@ -196,8 +196,8 @@ static void outer_step(size_t n, int reps)
     printf("outer step (server/param.c's path), n = %zu elements in chunks of %zu, one core; ms "
            "per outer step: total = fold + optimizer + update\n",
            n, chunk);
-    printf("%-18s %3s %10s %10s %10s %10s %12s\n", "codec", "N", "total ms", "fold ms",
-           "optim ms", "update ms", "push bytes");
+    printf("%-18s %3s %10s %10s %10s %10s %12s\n", "codec", "N", "total ms", "fold ms", "optim ms",
+           "update ms", "push bytes");
     for (size_t ci = 0; ci < sizeof names / sizeof names[0]; ci++)
         for (size_t k = 0; k < sizeof n_ins / sizeof n_ins[0]; k++) {
             int N = n_ins[k];
@@ -223,9 +223,9 @@ static void outer_step(size_t n, int reps)
                         x[i] = (float)((int32_t)(s >> 32)) * 0x1p-40f;
                     }
                     in[ch * (size_t)N + (size_t)wk] = xalloc(E);
-                    check(psagg__encode(&c, x, NULL, cnt, psagg__rng_key_make(9, ch * 64 + (size_t)wk),
-                                        in[ch * (size_t)N + (size_t)wk],
-                                        psagg__encoded_size(&c, cnt), NULL),
+                    check(psagg__encode(
+                              &c, x, NULL, cnt, psagg__rng_key_make(9, ch * 64 + (size_t)wk),
+                              in[ch * (size_t)N + (size_t)wk], psagg__encoded_size(&c, cnt), NULL),
                           "encode push");
                 }
             for (int r = 0; r <= reps; r++) {
@@ -239,15 +239,15 @@ static void outer_step(size_t n, int reps)
                                                  wk ? PSAGG_DECODE_ADD : PSAGG_DECODE_FIRST, 1.0f),
                               "fold");
                     t1 = now();
-                    check(psagg__optim_step(&sgd, 0.7f, 0.0f, (uint64_t)r + 1, 1.0f / (float)N,
-                                            acc, w + off, m1 + off, NULL, cnt),
+                    check(psagg__optim_step(&sgd, 0.7f, 0.0f, (uint64_t)r + 1, 1.0f / (float)N, acc,
+                                            w + off, m1 + off, NULL, cnt),
                           "optimizer step");
                     t2 = now();
                     for (size_t i = 0; i < cnt; i++)
                         acc[i] = w[off + i] - view[off + i];
-                    check(psagg__encode(&c, acc, NULL, cnt, psagg__rng_key_make(5, ch), out, e,
-                                        NULL),
-                          "encode update");
+                    check(
+                        psagg__encode(&c, acc, NULL, cnt, psagg__rng_key_make(5, ch), out, e, NULL),
+                        "encode update");
                     check(psagg__decode_into(&c, out, e, cnt, view + off, PSAGG_DECODE_ADD, 1.0f),
                           "view");
                     part[0] += t1 - t0, part[1] += t2 - t1, part[2] += now() - t2;
