@@ -10,7 +10,8 @@
 # Rows: Gloo's fp32 all-reduce every step (gloo); psagg's DDP hook with 4-bit gradients every
 # step (grad-maxmin4); DiLoCo with H inner steps per outer step (outer SGD, Nesterov momentum
 # 0.9, outer lr 0.7 unless the label says olr) and fp32, maxmin4 or sparse topk2 (2 % of each
-# block, 2 bits; -nomom: plain outer SGD, SparseLoCo's) outer gradients (dH-CODEC);
+# block, 2 bits; -nomom: plain outer SGD, SparseLoCo's; -b95: SparseLoCo's error feedback that
+# decays by beta = 0.95) outer gradients (dH-CODEC);
 # Streaming DiLoCo with 4 fragments and a sync delay of 1 or 2 steps (sH-p4-dTAU).
 # EXAMPLES (default "torch lm") picks which run; CONFIGS (default: all) which rows, e.g.
 # CONFIGS="gloo d50-maxmin4"; APPEND=1 adds to the CSV instead of starting it anew.
@@ -57,6 +58,9 @@ matrix() {
             --seed @SEED@
         train_seeds "$ex" "d$h-topk2-nomom" "PSAGG_SERVER_OPTIMIZER=sgd" "$py" "$script" --diloco "$h" \
             --outer-momentum 0 --codec topk2:0.02 --steps "$n" --seed @SEED@
+        # and SparseLoCo's decaying error feedback (beta 0.95)
+        train_seeds "$ex" "d$h-topk2-nomom-b95" "PSAGG_SERVER_OPTIMIZER=sgd PSAGG_CODEC_ERROR_FEEDBACK_BETA=0.95" \
+            "$py" "$script" --diloco "$h" --outer-momentum 0 --codec topk2:0.02 --steps "$n" --seed @SEED@
     done
     train_seeds "$ex" s50-p4-d1 "$outer" "$py" "$script" --diloco 50 --fragments 4 --delay 1 --codec maxmin4 \
         --steps "$n" --seed @SEED@

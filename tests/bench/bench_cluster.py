@@ -364,7 +364,8 @@ class Bench:
         servers = " ".join(f"10.77.0.{10 + h}:{port}" for h in server_hosts)
         text = (f"[cluster]\njob_id = {job}\nservers = {servers}\nworkers = {self.a.workers}\n"
                 f"provider = tcp\nconnect_timeout_ms = 60000\nop_timeout_ms = 120000\n"
-                f"[codec]\ndefault = {codec}\n")
+                # (a sparse codec is a tensor's, never [codec] default: the exchange declares it)
+                f"[codec]\ndefault = {'maxmin4' if codec.startswith('topk') else codec}\n")
         for section, lines in self.ini_extra().items():
             text += f"[{section}]\n" + "".join(f"{l}\n" for l in lines)
         if path:
@@ -396,7 +397,8 @@ class Bench:
         n = self.a.workers
         path = self.model_path(model)
         cfg = os.path.join(self.logdir, f"{tag}-psagg-{codec}.ini")
-        job = f"bench-{self.run_id}-{tag}-{codec}"
+        # (a job id and file names of letters, digits, '.', '-' and '_': topk2:0.02 has a colon)
+        job = re.sub(r"[^A-Za-z0-9._-]", "_", f"bench-{self.run_id}-{tag}-{codec}")
         # a fresh port per run: a server's listening port may linger in TIME_WAIT
         self.psagg_seq = getattr(self, "psagg_seq", -1) + 1
         port = SERVER_PORT + self.psagg_seq % 100
