@@ -338,6 +338,44 @@ int main(void)
                    len, (unsigned long long)fnv(buf, len));
             CHECK(fnv(buf, len) == GOLDEN_TOPK, "the golden encode's bytes changed: %016llx",
                   (unsigned long long)fnv(buf, len));
+            /* the same bytes through codec.h on every ISA this CPU has (each dispatches topk to
+               its own path; a SIMD one must match the reference bit for bit), and the same
+               decode and fused aggregate */
+            {
+                psagg_codec c = {.id = PSAGG_CODEC_TOPK, .bits = 2, .bucket = 4096, .k = 82,
+                                 .rounding = PSAGG_ROUND_STOCHASTIC};
+                uint8_t *b2 = malloc(len), *agg = malloc(len), *agg0 = malloc(len);
+                float *d = malloc(n * sizeof *d), *d0 = malloc(n * sizeof *d0);
+                const void *ins[3] = {buf, buf, buf};
+                int isas = 0;
+                psagg__isa was = psagg__codec_isa();
+                CHECK(b2 && agg && agg0 && d && d0, "memory");
+                for (int isa = 0; isa < PSAGG_ISA_COUNT; isa++) {
+                    if (!psagg__isa_supported((psagg__isa)isa))
+                        continue;
+                    CHECK(!psagg__codec_set_isa((psagg__isa)isa), "set isa %d", isa);
+                    CHECK(!psagg__encode(&c, x, NULL, n, psagg__rng_key_make(42, 4242), b2, len,
+                                         NULL),
+                          "%s: encode: %s", psagg__isa_name((psagg__isa)isa), psagg_last_error());
+                    CHECK(fnv(b2, len) == GOLDEN_TOPK, "%s: the golden encode is %016llx",
+                          psagg__isa_name((psagg__isa)isa), (unsigned long long)fnv(b2, len));
+                    CHECK(!psagg__decode_into(&c, b2, len, n, isas ? d : d0, PSAGG_DECODE_SET,
+                                              1.0f) &&
+                              !psagg__aggregate(&c, ins, 3, len, n, NULL,
+                                                psagg__rng_key_make(7, 7), isas ? agg : agg0, len,
+                                                NULL),
+                          "%s: decode/aggregate: %s", psagg__isa_name((psagg__isa)isa),
+                          psagg_last_error());
+                    CHECK(!isas || (!memcmp(d, d0, n * sizeof *d) && !memcmp(agg, agg0, len)),
+                          "%s: decode or aggregate differs from %s's",
+                          psagg__isa_name((psagg__isa)isa), psagg__isa_name((psagg__isa)0));
+                    isas++;
+                }
+                psagg__codec_set_isa(was);
+                printf("test_topk: the golden bytes, decode and aggregate the same on %d ISAs\n",
+                       isas);
+                free(b2), free(agg), free(agg0), free(d), free(d0);
+            }
             free(buf);
         }
         free(x);
