@@ -342,7 +342,10 @@ int main(void)
                its own path; a SIMD one must match the reference bit for bit), and the same
                decode and fused aggregate */
             {
-                psagg_codec c = {.id = PSAGG_CODEC_TOPK, .bits = 2, .bucket = 4096, .k = 82,
+                psagg_codec c = {.id = PSAGG_CODEC_TOPK,
+                                 .bits = 2,
+                                 .bucket = 4096,
+                                 .k = 82,
                                  .rounding = PSAGG_ROUND_STOCHASTIC};
                 uint8_t *b2 = malloc(len), *agg = malloc(len), *agg0 = malloc(len);
                 float *d = malloc(n * sizeof *d), *d0 = malloc(n * sizeof *d0);
@@ -361,9 +364,8 @@ int main(void)
                           psagg__isa_name((psagg__isa)isa), (unsigned long long)fnv(b2, len));
                     CHECK(!psagg__decode_into(&c, b2, len, n, isas ? d : d0, PSAGG_DECODE_SET,
                                               1.0f) &&
-                              !psagg__aggregate(&c, ins, 3, len, n, NULL,
-                                                psagg__rng_key_make(7, 7), isas ? agg : agg0, len,
-                                                NULL),
+                              !psagg__aggregate(&c, ins, 3, len, n, NULL, psagg__rng_key_make(7, 7),
+                                                isas ? agg : agg0, len, NULL),
                           "%s: decode/aggregate: %s", psagg__isa_name((psagg__isa)isa),
                           psagg_last_error());
                     CHECK(!isas || (!memcmp(d, d0, n * sizeof *d) && !memcmp(agg, agg0, len)),
