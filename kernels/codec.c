@@ -523,9 +523,9 @@ psagg_status psagg__encode(const psagg_codec *codec, const float *x, float *resi
     if (!x || !out)
         return psagg__fail(PSAGG_EINVAL, "encode %s: NULL %s", cname(&c, nm, 48),
                            x ? "output" : "input");
-    if (c.id == PSAGG_CODEC_TOPK) { /* (one path: the scalar reference, kernels/topk.c) */
+    if (c.id == PSAGG_CODEC_TOPK) { /* kernels/topk.c, with this ISA's block passes */
         psagg__topk_format f = topk_of(&c);
-        st = psagg__topk_encode(&f, x, residual, n, key, out, out_len, &bad);
+        st = psagg__topk_encode_with(impl()->topk, &f, x, residual, n, key, out, out_len, &bad);
     } else if (c.id == PSAGG_CODEC_MAXMIN) {
         scratch_stack stk;
         psagg__scratch ws;
@@ -630,7 +630,8 @@ psagg_status psagg__aggregate(const psagg_codec *codec, const void *const *in, s
             st = psagg__topk_decode_into(&f, in[i], in_len, n, ws.acc,
                                          i ? PSAGG_DECODE_ADD : PSAGG_DECODE_FIRST, 1.0f);
         if (!st)
-            st = psagg__topk_encode(&f, ws.acc, residual, n, key, out, out_len, &bad);
+            st = psagg__topk_encode_with(impl()->topk, &f, ws.acc, residual, n, key, out, out_len,
+                                         &bad);
         scratch_release(&stk, &ws);
     } else {
         const uint8_t *const *inb = (const uint8_t *const *)in;

@@ -14,13 +14,52 @@ static inline uint32_t mag(float x)
     return u & 0x7FFFFFFFu;
 }
 
-uint32_t psagg__topk_select(const float *v, uint32_t n, uint32_t k, uint32_t *idx,
-                            uint32_t *scratch)
+#define TOPK_MAX_ABS 0x1p126f
+
+static uint32_t load_scalar(const float *x, const float *r, uint32_t n, float *v)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        float vi = r ? x[i] + r[i] : x[i];
+        if (!isfinite(vi) || fabsf(vi) >= TOPK_MAX_ABS)
+            return i;
+        v[i] = vi;
+    }
+    return n;
+}
+
+static uint32_t filter_scalar(const float *v, uint32_t n, uint32_t mask, uint32_t prefix,
+                              uint32_t *out)
+{
+    uint32_t m = 0;
+    for (uint32_t j = 0; j < n; j++)
+        if ((mag(v[j]) & mask) == prefix)
+            out[m++] = j;
+    return m;
+}
+
+static uint32_t keep_scalar(const float *v, uint32_t n, uint32_t want, uint32_t ties, uint32_t *idx)
+{
+    uint32_t taken = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t u = mag(v[i]);
+        if (u > want || (u == want && ties > 0)) {
+            ties -= u == want;
+            idx[taken++] = i;
+        }
+    }
+    return taken;
+}
+
+const psagg__topk_passes psagg__topk_scalar_passes = {
+    .load = load_scalar, .filter = filter_scalar, .keep = keep_scalar};
+
+static uint32_t select_with(const psagg__topk_passes *p, const float *v, uint32_t n, uint32_t k,
+                            uint32_t *idx, uint32_t *scratch)
 {
     /* the digits of |v|'s 31 bits, most significant first: 11 bits (the exponent and 3 bits of
        mantissa, which spread a gradient's magnitudes over many bins), 11, then 9 */
     static const int shift[3] = {20, 9, 0}, width[3] = {11, 11, 9};
-    uint32_t count[2048], prefix = 0, mask = 0, above = 0, cand = n, taken = 0, ties, want;
+    uint32_t count[2048], prefix = 0, mask = 0, above = 0, cand = n;
 
     for (int d = 0; d < 3; d++) {
         uint32_t need = k - above, acc = 0, bin = 0, bins = 1u << width[d], m = 0;
@@ -46,9 +85,7 @@ uint32_t psagg__topk_select(const float *v, uint32_t n, uint32_t k, uint32_t *id
             break;
         /* the next pass looks at this bin's entries only (in place: m <= j) */
         if (d == 0) {
-            for (uint32_t j = 0; j < n; j++)
-                if ((mag(v[j]) & mask) == prefix)
-                    scratch[m++] = j;
+            m = p->filter(v, n, mask, prefix, scratch);
         } else {
             for (uint32_t j = 0; j < cand; j++)
                 if ((mag(v[scratch[j]]) & mask) == prefix)
@@ -58,22 +95,19 @@ uint32_t psagg__topk_select(const float *v, uint32_t n, uint32_t k, uint32_t *id
     }
     /* prefix is the k-th largest magnitude: keep every larger one and, of those equal to it,
        the first k - (larger) by index */
-    ties = k - above;
-    want = prefix;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t u = mag(v[i]);
-        if (u > want || (u == want && ties > 0)) {
-            ties -= u == want;
-            idx[taken++] = i;
-        }
-    }
-    return want;
+    p->keep(v, n, prefix, k - above, idx);
+    return prefix;
+}
+
+uint32_t psagg__topk_select(const float *v, uint32_t n, uint32_t k, uint32_t *idx,
+                            uint32_t *scratch)
+{
+    return select_with(&psagg__topk_scalar_passes, v, n, k, idx, scratch);
 }
 
 /* ---- the sparse format (topk.h) ---- */
 
 #define TOPK_MIN_RANGE 0x1p-100f /* as maxmin's PSAGG_MAXMIN_MIN_RANGE */
-#define TOPK_MAX_ABS   0x1p126f
 
 static int format_ok(const psagg__topk_format *f)
 {
@@ -169,6 +203,13 @@ psagg_status psagg__topk_encode(const psagg__topk_format *f, const float *x, flo
                                 size_t n, psagg__rng_key key, void *out, size_t out_len,
                                 size_t *bad_index)
 {
+    return psagg__topk_encode_with(NULL, f, x, residual, n, key, out, out_len, bad_index);
+}
+
+psagg_status psagg__topk_encode_with(const psagg__topk_passes *p, const psagg__topk_format *f,
+                                     const float *x, float *residual, size_t n, psagg__rng_key key,
+                                     void *out, size_t out_len, size_t *bad_index)
+{
     psagg_status st = psagg__topk_check(f);
     uint8_t *o = out;
     uint32_t *idx, *scratch;
@@ -186,6 +227,8 @@ psagg_status psagg__topk_encode(const psagg__topk_format *f, const float *x, flo
                            out_len, n, l.val_off + l.val_bytes);
     if (!n)
         return PSAGG_OK;
+    if (!p)
+        p = &psagg__topk_scalar_passes;
     idx = malloc(2 * (size_t)f->block * sizeof *idx);
     v = malloc((size_t)f->block * sizeof *v);
     if (!idx || !v) {
@@ -199,21 +242,17 @@ psagg_status psagg__topk_encode(const psagg__topk_format *f, const float *x, flo
         uint32_t len = (uint32_t)(n - base < f->block ? n - base : f->block);
         uint32_t km = len < f->k ? len : f->k;
         float lo = 0, hi = 0, scale = 0, inv = 0;
-        for (uint32_t i = 0; i < len; i++) {
+        uint32_t i = p->load(x + base, residual ? residual + base : NULL, len, v);
+        if (i < len) {
             float vi = residual ? x[base + i] + residual[base + i] : x[base + i];
-            if (!isfinite(vi) || fabsf(vi) >= TOPK_MAX_ABS) {
-                if (bad_index)
-                    *bad_index = base + i;
-                st = psagg__fail(isfinite(vi) ? PSAGG_ERANGE : PSAGG_ENONFINITE,
-                                 "topk: element %zu is %g%s", base + i, (double)vi,
-                                 isfinite(vi) ? ", beyond 2^126" : "");
-                break;
-            }
-            v[i] = vi;
-        }
-        if (st)
+            if (bad_index)
+                *bad_index = base + i;
+            st = psagg__fail(isfinite(vi) ? PSAGG_ERANGE : PSAGG_ENONFINITE,
+                             "topk: element %zu is %g%s", base + i, (double)vi,
+                             isfinite(vi) ? ", beyond 2^126" : "");
             break;
-        psagg__topk_select(v, len, km, idx, scratch);
+        }
+        select_with(p, v, len, km, idx, scratch);
         for (uint32_t j = 0; j < km; j++) {
             float a = fabsf(v[idx[j]]);
             if (j == 0 || a < lo)

@@ -38,6 +38,23 @@ uint32_t psagg__topk_select(const float *v, uint32_t n, uint32_t k, uint32_t *id
                             uint32_t *scratch);
 
 /*
+ * The encode's passes over a whole block, which a CPU path may vectorize (kernels/cpu/avx2.c,
+ * avx512.c); each must return exactly what the scalar one (psagg__topk_scalar_passes) returns.
+ *   load    v_i = x_i (+ r_i when r); returns n when every v_i is finite with |v_i| < 2^126,
+ *           else the first i that is not (v is then partly written)
+ *   filter  the j with (|v_j| as uint32 & mask) == prefix, ascending, into out; returns how many
+ *   keep    the i with |v_i| > want, and the first `ties` with |v_i| == want, ascending, into
+ *           idx; returns how many
+ */
+typedef struct psagg__topk_passes {
+    uint32_t (*load)(const float *x, const float *r, uint32_t n, float *v);
+    uint32_t (*filter)(const float *v, uint32_t n, uint32_t mask, uint32_t prefix, uint32_t *out);
+    uint32_t (*keep)(const float *v, uint32_t n, uint32_t want, uint32_t ties, uint32_t *idx);
+} psagg__topk_passes;
+
+extern const psagg__topk_passes psagg__topk_scalar_passes;
+
+/*
  * THE SPARSE FORMAT (top-k; the wire format the planned codec `topk` is to carry: scalar
  * reference here, registered as a codec with the rest of docs/design.md's plan)
  *
@@ -84,10 +101,14 @@ typedef struct psagg__topk_format {
 psagg_status psagg__topk_check(const psagg__topk_format *f);
 /* The exact encoded size of n elements (0 for a format the check refuses). */
 size_t psagg__topk_encoded_size(const psagg__topk_format *f, size_t n);
-/* Encode, validate and decode as psagg__encode, psagg__validate, psagg__decode_into (codec.h). */
+/* Encode, validate and decode as psagg__encode, psagg__validate, psagg__decode_into (codec.h).
+   The encode runs its block passes with `passes` (NULL: the scalar ones). */
 psagg_status psagg__topk_encode(const psagg__topk_format *f, const float *x, float *residual,
                                 size_t n, psagg__rng_key key, void *out, size_t out_len,
                                 size_t *bad_index);
+psagg_status psagg__topk_encode_with(const psagg__topk_passes *passes, const psagg__topk_format *f,
+                                     const float *x, float *residual, size_t n, psagg__rng_key key,
+                                     void *out, size_t out_len, size_t *bad_index);
 psagg_status psagg__topk_validate(const psagg__topk_format *f, const void *in, size_t in_len,
                                   size_t n);
 psagg_status psagg__topk_decode_into(const psagg__topk_format *f, const void *in, size_t in_len,

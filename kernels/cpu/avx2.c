@@ -514,6 +514,80 @@ static psagg_status agg_mm(const psagg_codec *c, const uint8_t *const *in, size_
     return st;
 }
 
+/* ---------------- topk's block passes (kernels/topk.h: the same results as the scalar ones) */
+
+static uint32_t topk_load(const float *x, const float *r, uint32_t n, float *v)
+{
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)),
+                 big = _mm256_set1_ps(0x1p126f);
+    uint32_t j = 0;
+    for (; j + W <= n; j += W) {
+        __m256 a = _mm256_loadu_ps(x + j);
+        if (r)
+            a = _mm256_add_ps(a, _mm256_loadu_ps(r + j));
+        /* |v| < 2^126, false for NaN: every lane fine */
+        if (_mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(a, absm), big, _CMP_LT_OQ)) != 0xFF)
+            break; /* the scalar loop below finds the lane */
+        _mm256_storeu_ps(v + j, a);
+    }
+    for (; j < n; j++) {
+        float vi = r ? x[j] + r[j] : x[j];
+        if (!(fabsf(vi) < 0x1p126f))
+            return j;
+        v[j] = vi;
+    }
+    return n;
+}
+
+static uint32_t topk_filter(const float *v, uint32_t n, uint32_t mask, uint32_t prefix,
+                            uint32_t *out)
+{
+    const __m256i vm = _mm256_set1_epi32((int)(mask & 0x7FFFFFFFu)),
+                  vp = _mm256_set1_epi32((int)prefix);
+    uint32_t j = 0, m = 0;
+    for (; j + W <= n; j += W) {
+        __m256i u = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(v + j)), vm);
+        unsigned b = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(u, vp)));
+        for (; b; b &= b - 1)
+            out[m++] = j + (uint32_t)__builtin_ctz(b);
+    }
+    for (; j < n; j++) {
+        uint32_t u;
+        memcpy(&u, v + j, 4);
+        if ((u & 0x7FFFFFFFu & mask) == prefix)
+            out[m++] = j;
+    }
+    return m;
+}
+
+static uint32_t topk_keep(const float *v, uint32_t n, uint32_t want, uint32_t ties, uint32_t *idx)
+{
+    const __m256i absm = _mm256_set1_epi32(0x7FFFFFFF), vw = _mm256_set1_epi32((int)want);
+    uint32_t j = 0, t = 0;
+    for (; j + W <= n; j += W) { /* (magnitudes are below 2^31: a signed compare orders them) */
+        __m256i u = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(v + j)), absm);
+        unsigned gt = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(u, vw)));
+        unsigned eq = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(u, vw)));
+        for (; eq && ties; eq &= eq - 1, ties--) /* the first `ties` equal ones, by index */
+            gt |= eq & -eq;
+        for (; gt; gt &= gt - 1)
+            idx[t++] = j + (uint32_t)__builtin_ctz(gt);
+    }
+    for (; j < n; j++) {
+        uint32_t u;
+        memcpy(&u, v + j, 4);
+        u &= 0x7FFFFFFFu;
+        if (u > want || (u == want && ties > 0)) {
+            ties -= u == want;
+            idx[t++] = j;
+        }
+    }
+    return t;
+}
+
+static const psagg__topk_passes topk_passes = {
+    .load = topk_load, .filter = topk_filter, .keep = topk_keep};
+
 const psagg__codec_impl psagg__impl_avx2 = {
     .name = "avx2",
     .fp_encode = enc_fp,
@@ -522,6 +596,7 @@ const psagg__codec_impl psagg__impl_avx2 = {
     .mm_encode = enc_mm,
     .mm_decode = dec_mm,
     .mm_aggregate = agg_mm,
+    .topk = &topk_passes,
 };
 
 #else /* not built for AVX2 */

@@ -442,6 +442,77 @@ static psagg_status agg_mm(const psagg_codec *c, const uint8_t *const *in, size_
     return st;
 }
 
+/* ---------------- topk's block passes (kernels/topk.h: the same results as the scalar ones) */
+
+static uint32_t topk_load(const float *x, const float *r, uint32_t n, float *v)
+{
+    const __m512 big = _mm512_set1_ps(0x1p126f);
+    uint32_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 a = _mm512_loadu_ps(x + j);
+        if (r)
+            a = _mm512_add_ps(a, _mm512_loadu_ps(r + j));
+        /* |v| < 2^126, false for NaN: every lane fine */
+        if (_mm512_cmp_ps_mask(_mm512_abs_ps(a), big, _CMP_LT_OQ) != 0xFFFF)
+            break; /* the scalar loop below finds the lane */
+        _mm512_storeu_ps(v + j, a);
+    }
+    for (; j < n; j++) {
+        float vi = r ? x[j] + r[j] : x[j];
+        if (!(fabsf(vi) < 0x1p126f))
+            return j;
+        v[j] = vi;
+    }
+    return n;
+}
+
+static uint32_t topk_filter(const float *v, uint32_t n, uint32_t mask, uint32_t prefix,
+                            uint32_t *out)
+{
+    const __m512i vm = _mm512_set1_epi32((int)(mask & 0x7FFFFFFFu)),
+                  vp = _mm512_set1_epi32((int)prefix);
+    uint32_t j = 0, m = 0;
+    for (; j + 16 <= n; j += 16) {
+        unsigned b = _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_loadu_si512(v + j), vm), vp);
+        for (; b; b &= b - 1)
+            out[m++] = j + (uint32_t)__builtin_ctz(b);
+    }
+    for (; j < n; j++) {
+        uint32_t u;
+        memcpy(&u, v + j, 4);
+        if ((u & 0x7FFFFFFFu & mask) == prefix)
+            out[m++] = j;
+    }
+    return m;
+}
+
+static uint32_t topk_keep(const float *v, uint32_t n, uint32_t want, uint32_t ties, uint32_t *idx)
+{
+    const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF), vw = _mm512_set1_epi32((int)want);
+    uint32_t j = 0, t = 0;
+    for (; j + 16 <= n; j += 16) { /* (magnitudes are below 2^31: a signed compare orders them) */
+        __m512i u = _mm512_and_si512(_mm512_loadu_si512(v + j), absm);
+        unsigned gt = _mm512_cmpgt_epi32_mask(u, vw), eq = _mm512_cmpeq_epi32_mask(u, vw);
+        for (; eq && ties; eq &= eq - 1, ties--) /* the first `ties` equal ones, by index */
+            gt |= eq & -eq;
+        for (; gt; gt &= gt - 1)
+            idx[t++] = j + (uint32_t)__builtin_ctz(gt);
+    }
+    for (; j < n; j++) {
+        uint32_t u;
+        memcpy(&u, v + j, 4);
+        u &= 0x7FFFFFFFu;
+        if (u > want || (u == want && ties > 0)) {
+            ties -= u == want;
+            idx[t++] = j;
+        }
+    }
+    return t;
+}
+
+static const psagg__topk_passes topk_passes = {
+    .load = topk_load, .filter = topk_filter, .keep = topk_keep};
+
 const psagg__codec_impl psagg__impl_avx512 = {
     .name = "avx512",
     .fp_encode = enc_fp,
@@ -450,6 +521,7 @@ const psagg__codec_impl psagg__impl_avx512 = {
     .mm_encode = enc_mm,
     .mm_decode = dec_mm,
     .mm_aggregate = agg_mm,
+    .topk = &topk_passes,
 };
 
 #else /* not built for AVX-512 */

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "kernels/codec.h"
+#include "kernels/topk.h"
 
 /*
  * Scratch memory that codec.c provides for one call (on its stack when small, else from the
@@ -62,6 +63,8 @@ typedef struct psagg__codec_impl {
     psagg_status (*mm_aggregate)(const psagg_codec *c, const uint8_t *const *in, size_t n_in,
                                  size_t n, float *residual, psagg__rng_key key, uint8_t *out,
                                  psagg__scratch *ws, size_t *bad);
+    /* topk: the encode's block passes (kernels/topk.h; the format itself is topk.c's) */
+    const psagg__topk_passes *topk;
 } psagg__codec_impl;
 
 extern const psagg__codec_impl psagg__impl_scalar;

@@ -370,4 +370,5 @@ const psagg__codec_impl psagg__impl_scalar = {
     .mm_encode = scalar_mm_encode,
     .mm_decode = scalar_mm_decode,
     .mm_aggregate = aggregate,
+    .topk = &psagg__topk_scalar_passes,
 };

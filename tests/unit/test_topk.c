@@ -111,6 +111,43 @@ static uint32_t bits_of(float x)
     return u;
 }
 
+/* Each SIMD path this CPU has encodes x (+ a residual r0, may be NULL) in f through codec.h:
+   the same status, bad index, bytes and residual as the scalar reference (want_* from it). */
+static void check_isas(const psagg__topk_format *f, const float *x, const float *r0, size_t n,
+                       psagg_status want_st, size_t want_at, const uint8_t *want,
+                       const float *want_r, const char *what)
+{
+    psagg_codec c = {.id = PSAGG_CODEC_TOPK,
+                     .bits = f->bits,
+                     .bucket = f->block,
+                     .k = f->k,
+                     .rounding = f->rounding};
+    size_t len = psagg__topk_encoded_size(f, n);
+    psagg__isa was = psagg__codec_isa();
+    uint8_t *b = malloc(len ? len : 1);
+    float *r = r0 ? malloc(n * sizeof *r) : NULL;
+    CHECK(b && (!r0 || r), "memory");
+    for (int isa = PSAGG_ISA_SCALAR + 1; isa < PSAGG_ISA_COUNT; isa++) {
+        size_t at = (size_t)-1;
+        psagg_status st;
+        if (!psagg__isa_supported((psagg__isa)isa))
+            continue;
+        if (r)
+            memcpy(r, r0, n * sizeof *r);
+        CHECK(!psagg__codec_set_isa((psagg__isa)isa), "set isa %d", isa);
+        st = psagg__encode(&c, x, r, n, psagg__rng_key_make(99, 7), b, len, &at);
+        psagg__codec_set_isa(was);
+        CHECK(st == want_st && (!st || at == want_at), "%s: %s: status %d at %zu, scalar %d at %zu",
+              what, psagg__isa_name((psagg__isa)isa), (int)st, at, (int)want_st, want_at);
+        CHECK(st || !memcmp(b, want, len), "%s: %s: the bytes differ from the scalar encode's",
+              what, psagg__isa_name((psagg__isa)isa));
+        CHECK(st || !r || !memcmp(r, want_r, n * sizeof *r),
+              "%s: %s: the residual differs from the scalar encode's", what,
+              psagg__isa_name((psagg__isa)isa));
+    }
+    free(b), free(r);
+}
+
 /* One encode of n values in format f, checked against the spec (see the head of this file). */
 static void check_format(const psagg__topk_format *f, const float *x, size_t n, const char *what)
 {
@@ -124,6 +161,12 @@ static void check_format(const psagg__topk_format *f, const float *x, size_t n, 
     CHECK(buf && r && y && acc && want && xv, "memory");
     st = psagg__topk_encode(f, x, r, n, key, buf, len, NULL);
     CHECK(!st, "%s: encode: %s", what, psagg_last_error());
+    { /* every SIMD path: the same bytes and residual, from a zero residual */
+        float *r0 = calloc(n, sizeof *r0);
+        CHECK(r0, "memory");
+        check_isas(f, x, r0, n, PSAGG_OK, 0, buf, r, what);
+        free(r0);
+    }
     CHECK(!psagg__topk_validate(f, buf, len, n), "%s: validate: %s", what, psagg_last_error());
     CHECK(!psagg__topk_decode_into(f, buf, len, n, y, PSAGG_DECODE_SET, 1.0f), "%s: decode: %s",
           what, psagg_last_error());
@@ -231,9 +274,13 @@ static void check_refusals(void)
     x[300] = NAN;
     CHECK(psagg__topk_encode(&f, x, NULL, n, key, buf, len, &at) == PSAGG_ENONFINITE && at == 300,
           "NaN at 300: %s (at %zu)", psagg_last_error(), at);
+    check_isas(&f, x, NULL, n, PSAGG_ENONFINITE, 300, NULL, NULL, "NaN at 300");
     x[300] = 0x1p127f;
     CHECK(psagg__topk_encode(&f, x, NULL, n, key, buf, len, &at) == PSAGG_ERANGE && at == 300,
           "2^127 at 300: %s", psagg_last_error());
+    check_isas(&f, x, NULL, n, PSAGG_ERANGE, 300, NULL, NULL, "2^127 at 300");
+    x[300] = -INFINITY;
+    check_isas(&f, x, NULL, n, PSAGG_ENONFINITE, 300, NULL, NULL, "-Inf at 300");
     x[300] = 1.0f;
     CHECK(!psagg__topk_encode(&f, x, NULL, n, key, buf, len, NULL), "encode: %s",
           psagg_last_error());
