@@ -8,7 +8,9 @@
  * (zero-padded or cut to its exact size), or the floats to encode (n of them, zero-padded).
  * Properties: no crash or out-of-bounds access; validate and every decode op agree on the
  * status; a valid buffer decodes with every entry not kept at -0 and at most k_m kept per
- * block; an encode that succeeds validates, and its residual is v - y bit for bit.
+ * block; an encode that succeeds validates, and its residual is v - y bit for bit; every SIMD
+ * path this CPU has (codec.h's dispatch) gives the scalar encode's status, bad index, bytes and
+ * residual.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -56,12 +58,36 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(buf, data + 5,
            size - 5 < (len > 4 * n ? len : 4 * n) ? size - 5 : (len > 4 * n ? len : 4 * n));
     if (data[4] & 1) { /* encode the floats, with error feedback from zero */
-        float *x = malloc(n * sizeof *x), *r = calloc(n, sizeof *r);
-        uint8_t *out = malloc(len);
+        float *x = malloc(n * sizeof *x), *r = calloc(n, sizeof *r), *r2 = malloc(n * sizeof *r2);
+        uint8_t *out = malloc(len), *out2 = malloc(len);
         size_t bad = 0;
-        CHECK(x && r && out, "memory");
+        psagg_status st;
+        psagg_codec c = {.id = PSAGG_CODEC_TOPK,
+                         .bits = f.bits,
+                         .bucket = f.block,
+                         .k = f.k,
+                         .rounding = f.rounding};
+        psagg__isa was = psagg__codec_isa();
+        CHECK(x && r && r2 && out && out2, "memory");
         memcpy(x, buf, n * sizeof *x);
-        if (!psagg__topk_encode(&f, x, r, n, psagg__rng_key_make(5, 6), out, len, &bad)) {
+        st = psagg__topk_encode(&f, x, r, n, psagg__rng_key_make(5, 6), out, len, &bad);
+        for (int isa = PSAGG_ISA_SCALAR + 1; isa < PSAGG_ISA_COUNT; isa++) {
+            size_t bad2 = (size_t)-1;
+            psagg_status st2;
+            if (!psagg__isa_supported((psagg__isa)isa))
+                continue;
+            memset(r2, 0, n * sizeof *r2);
+            psagg__codec_set_isa((psagg__isa)isa);
+            st2 = psagg__encode(&c, x, r2, n, psagg__rng_key_make(5, 6), out2, len, &bad2);
+            psagg__codec_set_isa(was);
+            CHECK(st2 == st &&
+                      (st ? bad2 == bad : !memcmp(out, out2, len) && !memcmp(r, r2, n * sizeof *r)),
+                  "%s: status %d (element %zu), the scalar encode's %d (element %zu)%s",
+                  psagg__isa_name((psagg__isa)isa), (int)st2, bad2, (int)st, bad,
+                  st == st2 && !st ? ": other bytes or residual" : "");
+        }
+        free(out2), free(r2);
+        if (!st) {
             CHECK(!psagg__topk_validate(&f, out, len, n), "an encode does not validate: %s",
                   psagg_last_error());
             CHECK(!psagg__topk_decode_into(&f, out, len, n, a, PSAGG_DECODE_SET, 1.0f), "decode");
