@@ -374,7 +374,7 @@ int main(int argc, char **argv)
     for (uint32_t t = 0; t <= N_P; t++) {
         free(wt[t]), free(g[t]), free((void *)desc[t].name);
         if (t < N_P)
-            free(ref[t].w), free(ref[t].view), free(ref[t].m1), free(ref[t].m2);
+            free(ref[t].w), free(ref[t].view), free(ref[t].m1), free(ref[t].m2), free(ref[t].res);
     }
     free(x), free(acc), free(enc), free(pulled);
     psagg__layout_free(&l);
