@@ -62,6 +62,11 @@ matrix() {
         train_seeds "$ex" "d$h-topk2-nomom-b95" "PSAGG_SERVER_OPTIMIZER=sgd PSAGG_CODEC_ERROR_FEEDBACK_BETA=0.95" \
             "$py" "$script" --diloco "$h" --outer-momentum 0 --codec topk2:0.02 --steps "$n" --seed @SEED@
     done
+    # the trade-off curve at H=50 (plain outer SGD): denser and wider sparse outer gradients
+    for kb in 2:0.05 2:0.1 4:0.02 4:0.05 4:0.1; do
+        train_seeds "$ex" "d50-topk${kb%%:*}-${kb#*:}-nomom" "PSAGG_SERVER_OPTIMIZER=sgd" "$py" "$script" \
+            --diloco 50 --outer-momentum 0 --codec "topk${kb%%:*}:${kb#*:}" --steps "$n" --seed @SEED@
+    done
     train_seeds "$ex" s50-p4-d1 "$outer" "$py" "$script" --diloco 50 --fragments 4 --delay 1 --codec maxmin4 \
         --steps "$n" --seed @SEED@
     train_seeds "$ex" s50-p4-d2 "$outer" "$py" "$script" --diloco 50 --fragments 4 --delay 2 --codec maxmin4 \
