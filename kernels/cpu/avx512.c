@@ -444,6 +444,14 @@ static psagg_status agg_mm(const psagg_codec *c, const uint8_t *const *in, size_
 
 /* ---------------- topk's block passes (kernels/topk.h: the same results as the scalar ones) */
 
+/* The scalar pass's m indices of a tail that starts at j: made the block's. Returns m. */
+static uint32_t tail_offset(uint32_t *idx, uint32_t m, uint32_t j)
+{
+    for (uint32_t i = 0; i < m; i++)
+        idx[i] += j;
+    return m;
+}
+
 static uint32_t topk_load(const float *x, const float *r, uint32_t n, float *v)
 {
     const __m512 big = _mm512_set1_ps(0x1p126f);
@@ -457,13 +465,8 @@ static uint32_t topk_load(const float *x, const float *r, uint32_t n, float *v)
             break; /* the scalar loop below finds the lane */
         _mm512_storeu_ps(v + j, a);
     }
-    for (; j < n; j++) {
-        float vi = r ? x[j] + r[j] : x[j];
-        if (!(fabsf(vi) < 0x1p126f))
-            return j;
-        v[j] = vi;
-    }
-    return n;
+    /* the tail, or the vector with a bad lane: the scalar pass finds it */
+    return j + psagg__topk_scalar_passes.load(x + j, r ? r + j : NULL, n - j, v + j);
 }
 
 static uint32_t topk_filter(const float *v, uint32_t n, uint32_t mask, uint32_t prefix,
@@ -477,13 +480,9 @@ static uint32_t topk_filter(const float *v, uint32_t n, uint32_t mask, uint32_t 
         for (; b; b &= b - 1)
             out[m++] = j + (uint32_t)__builtin_ctz(b);
     }
-    for (; j < n; j++) {
-        uint32_t u;
-        memcpy(&u, v + j, 4);
-        if ((u & 0x7FFFFFFFu & mask) == prefix)
-            out[m++] = j;
-    }
-    return m;
+    return m + tail_offset(out + m,
+                           psagg__topk_scalar_passes.filter(v + j, n - j, mask, prefix, out + m),
+                           j);
 }
 
 static uint32_t topk_keep(const float *v, uint32_t n, uint32_t want, uint32_t ties, uint32_t *idx)
@@ -498,16 +497,8 @@ static uint32_t topk_keep(const float *v, uint32_t n, uint32_t want, uint32_t ti
         for (; gt; gt &= gt - 1)
             idx[t++] = j + (uint32_t)__builtin_ctz(gt);
     }
-    for (; j < n; j++) {
-        uint32_t u;
-        memcpy(&u, v + j, 4);
-        u &= 0x7FFFFFFFu;
-        if (u > want || (u == want && ties > 0)) {
-            ties -= u == want;
-            idx[t++] = j;
-        }
-    }
-    return t;
+    return t + tail_offset(idx + t,
+                           psagg__topk_scalar_passes.keep(v + j, n - j, want, ties, idx + t), j);
 }
 
 static const psagg__topk_passes topk_passes = {

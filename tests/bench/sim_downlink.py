@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """sim_downlink.py - which downlink for sparse outer gradients: a single-process simulation.
 
-Issue 39 asks how the servers should send DiLoCo's outer update back when the workers push
-sparse pseudo-gradients (topk2:0.02): the union of the W workers' top-k sets can hold up to W * k
+How should the servers send DiLoCo's outer update back when the workers push sparse
+pseudo-gradients (topk2:0.02)? The union of the W workers' top-k sets can hold up to W * k
 entries. This script trains the digits CNN of worker/examples/train_digits.py as DiLoCo with W
 workers in one process (each its own shard, batch and inner SGD as that example: momentum 0.9,
 lr 0.05; the outer step plain SGD at lr 0.7, SparseLoCo's) and compares three downlinks of the

@@ -132,6 +132,15 @@ resume_check() {
     echo "test_torch: $name: resumed at step $at: $(awk '{print $2}' <<<"$resumed") = uninterrupted, on 3 ranks"
 }
 
+same_anchors() { # same_anchors WHAT OUT: torch_diloco.py passed on 4 ranks, with the same anchors
+    local what=$1 out=$2 n distinct
+    (($(grep -c 'DILOCO ok' "$out") == 4)) || { cat "$out" >&2; fail "$what: not every rank passed"; }
+    n=$(grep -c 'DILOCO-DIGEST' "$out")
+    distinct=$(sed -n 's/.*DILOCO-DIGEST \(step=[0-9]* [0-9a-f]*\).*/\1/p' "$out" | sort -u | wc -l)
+    ((n > 0 && n == 4 * distinct)) || { grep DILOCO-DIGEST "$out" >&2; fail "$what: the ranks' anchors differ"; }
+    echo "$what: $distinct syncs, anchors bit-identical on 4 ranks; $(grep -m1 -o 'DILOCO ok rank=0.*' "$out")"
+}
+
 admit_check() { # admit_check NAME: torch_diloco_admit.py's checkpoint, resume and join
     local name=$1 members joiner ends pj rc rcj
     mkdir -p "$tmp/ck-$name"
@@ -251,11 +260,7 @@ diloco)
             "$repo/deploy/psagg-local" --config "$tmp/dl.ini" --timeout 180 -- \
             "$py" "$repo/tests/functional/torch_diloco.py" >"$tmp/dl.out" 2>&1 ||
             { tail -n 30 "$tmp/dl.out" >&2; fail "diloco $v: psagg-local exited $?"; }
-        (($(grep -c 'DILOCO ok' "$tmp/dl.out") == 4)) || { cat "$tmp/dl.out" >&2; fail "diloco $v: not every rank passed"; }
-        n=$(grep -c 'DILOCO-DIGEST' "$tmp/dl.out")
-        distinct=$(sed -n 's/.*DILOCO-DIGEST \(step=[0-9]* [0-9a-f]*\).*/\1/p' "$tmp/dl.out" | sort -u | wc -l)
-        ((n > 0 && n == 4 * distinct)) || { grep DILOCO-DIGEST "$tmp/dl.out" >&2; fail "diloco $v: the ranks' anchors differ"; }
-        echo "diloco $v: $distinct syncs, anchors bit-identical on 4 ranks; $(grep -m1 -o 'DILOCO ok rank=0.*' "$tmp/dl.out")"
+        same_anchors "diloco $v" "$tmp/dl.out"
     done
     # a worker whose fragments differ from the others': every rank fails, naming them
     {
@@ -369,11 +374,7 @@ diloco_topk)
     EF_BETA=0.95 FRAGMENTS=2 DELAY=1 ALPHA=0 H=8 STEPS=40 "$repo/deploy/psagg-local" --config "$tmp/dl.ini" \
         --timeout 180 -- "$py" "$repo/tests/functional/torch_diloco.py" >"$tmp/dl.out" 2>&1 ||
         { tail -n 30 "$tmp/dl.out" >&2; fail "diloco_topk: psagg-local exited $?"; }
-    (($(grep -c 'DILOCO ok' "$tmp/dl.out") == 4)) || { cat "$tmp/dl.out" >&2; fail "diloco_topk: not every rank passed"; }
-    n=$(grep -c 'DILOCO-DIGEST' "$tmp/dl.out")
-    distinct=$(sed -n 's/.*DILOCO-DIGEST \(step=[0-9]* [0-9a-f]*\).*/\1/p' "$tmp/dl.out" | sort -u | wc -l)
-    ((n > 0 && n == 4 * distinct)) || { grep DILOCO-DIGEST "$tmp/dl.out" >&2; fail "diloco_topk: the ranks' anchors differ"; }
-    echo "diloco_topk: $distinct syncs, anchors bit-identical on 4 ranks; $(grep -m1 -o 'DILOCO ok rank=0.*' "$tmp/dl.out")"
+    same_anchors diloco_topk "$tmp/dl.out"
     mkdir -p "$tmp/local-topk"
     export FRAGMENTS=2 CKPT_AT=6 LOCAL_DIR=$tmp/local-topk
     resume_check diloco-topk-resume torch_diloco_resume.py \
