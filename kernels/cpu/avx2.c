@@ -535,7 +535,7 @@ static uint32_t topk_load(const float *x, const float *r, uint32_t n, float *v)
             a = _mm256_add_ps(a, _mm256_loadu_ps(r + j));
         /* |v| < 2^126, false for NaN: every lane fine */
         if (_mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(a, absm), big, _CMP_LT_OQ)) != 0xFF)
-            break; /* the scalar loop below finds the lane */
+            break;
         _mm256_storeu_ps(v + j, a);
     }
     /* the tail, or the vector with a bad lane: the scalar pass finds it */

@@ -462,7 +462,7 @@ static uint32_t topk_load(const float *x, const float *r, uint32_t n, float *v)
             a = _mm512_add_ps(a, _mm512_loadu_ps(r + j));
         /* |v| < 2^126, false for NaN: every lane fine */
         if (_mm512_cmp_ps_mask(_mm512_abs_ps(a), big, _CMP_LT_OQ) != 0xFFFF)
-            break; /* the scalar loop below finds the lane */
+            break;
         _mm512_storeu_ps(v + j, a);
     }
     /* the tail, or the vector with a bad lane: the scalar pass finds it */
