@@ -589,6 +589,33 @@ psagg_status psagg__decode_add(const psagg_codec *codec, const void *in, size_t 
     return psagg__decode_into(codec, in, in_len, n, acc, PSAGG_DECODE_ADD, 1.0f);
 }
 
+psagg_status psagg__thc_fold(uint32_t bits, const uint8_t *const *in, size_t n_in, size_t in_len,
+                             size_t n, uint8_t *out, size_t out_len)
+{
+    uint32_t w = psagg__thc_sum_width(bits, n_in);
+    size_t need = psagg__thc_index_bytes(bits, n);
+
+    if (bits != 2 && bits != 4)
+        return psagg__fail(PSAGG_EINVAL, "thc fold: bits %u (2 or 4)", bits);
+    if (!in || !out || n_in == 0)
+        return psagg__fail(PSAGG_EINVAL, "thc fold: %s", !out ? "NULL output" : "no input");
+    if (!w)
+        return psagg__fail(PSAGG_EINVAL,
+                           "thc fold: %zu inputs of %u bits: their sum does not fit 16 bits", n_in,
+                           bits);
+    if (in_len != need || out_len != psagg__thc_sum_bytes(bits, n_in, n))
+        return psagg__fail(PSAGG_EINVAL, "thc fold of %zu elements: %s is %zu bytes, expected %zu",
+                           n, in_len != need ? "an input" : "the output",
+                           in_len != need ? in_len : out_len,
+                           in_len != need ? need : psagg__thc_sum_bytes(bits, n_in, n));
+    for (size_t k = 0; k < n_in; k++)
+        if (!in[k])
+            return psagg__fail(PSAGG_EINVAL, "thc fold: input %zu is NULL", k);
+    (impl()->thc_fold ? impl()->thc_fold : psagg__thc_fold_scalar)(
+        bits, w, in, n_in, need / PSAGG_THC_GROUP_BYTES, out);
+    return PSAGG_OK;
+}
+
 psagg_status psagg__aggregate(const psagg_codec *codec, const void *const *in, size_t n_in,
                               size_t in_len, size_t n, float *residual, psagg__rng_key key,
                               void *out, size_t out_len, size_t *bad_index)

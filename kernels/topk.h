@@ -1,18 +1,18 @@
 /*
  * topk.h - the k entries of largest magnitude of a block, in linear time, and the sparse
- * format built on it (below): the planned codec `topk` (docs/design.md, "Sparse outer
- * gradients"), its scalar reference.
+ * format built on it (below): codec `topk` (codec id 4; docs/design.md, "Sparse outer
+ * gradients").
  *
  * Layer: kernels. The order is total and the same on every path: by |v| (compared as the
  * binary32 bit patterns of |v|, which for non-negative floats order as the values do; -0 and +0
  * are one magnitude), ties by the lower index. So which entries a block keeps depends on its
- * values alone, and every implementation (scalar here; SIMD and CUDA to come) must keep the
- * same ones.
+ * values alone, and every implementation (scalar, and the AVX2 and AVX-512 block passes of
+ * kernels/cpu/; a CUDA one is not built) keeps the same ones.
  *
- * The threshold is found by a radix select over those bit patterns, most significant byte
- * first: a pass counts the candidates' next byte in 256 bins, keeps the bin where the k-th
- * largest lies, and the next pass looks only at that bin's entries (gathered into scratch), so
- * the work is at most 4 passes over n entries, never a sort.
+ * The threshold is found by a radix select over those bit patterns, most significant digit
+ * first (digits of 11, 11 and 9 bits): a pass counts the candidates' next digit, keeps the bin
+ * where the k-th largest lies, and the next pass looks only at that bin's entries (gathered
+ * into scratch), so the work is a few passes over n entries, never a sort.
  */
 #ifndef PSAGG_KERNELS_TOPK_H
 #define PSAGG_KERNELS_TOPK_H
@@ -55,8 +55,7 @@ typedef struct psagg__topk_passes {
 extern const psagg__topk_passes psagg__topk_scalar_passes;
 
 /*
- * THE SPARSE FORMAT (top-k; the wire format the planned codec `topk` is to carry: scalar
- * reference here, registered as a codec with the rest of docs/design.md's plan)
+ * THE SPARSE FORMAT (top-k; the wire format of codec `topk`)
  *
  * Parameters: b bits per kept value (2..8), blocks of C elements (a power of two,
  * 256..65536), k entries kept per block (1..C), rounding (stochastic or nearest, as maxmin's).

@@ -579,6 +579,60 @@ static uint32_t topk_keep(const float *v, uint32_t n, uint32_t want, uint32_t ti
 static const psagg__topk_passes topk_passes = {
     .load = topk_load, .filter = topk_filter, .keep = topk_keep};
 
+/* ---------------- thc's integer fold (kernels/thc.h: the same bytes as the scalar one) ---- */
+
+static inline __attribute__((always_inline)) void thc_fold_as(const uint32_t bits,
+                                                              const uint32_t width,
+                                                              const uint8_t *const *in, size_t n_in,
+                                                              size_t groups, uint8_t *out)
+{
+    const uint32_t P = 8 / bits;
+    const __m256i m = _mm256_set1_epi8((char)((1u << bits) - 1));
+    for (size_t g = 0; g < groups; g++)
+        for (uint32_t h = 0; h < 2; h++) { /* each half of the group: 32 input bytes */
+            __m256i acc[8];
+            for (uint32_t a = 0; a < 8; a++)
+                acc[a] = _mm256_setzero_si256();
+            for (size_t k = 0; k < n_in; k++) {
+                __m256i x = _mm256_loadu_si256((const __m256i *)(in[k] + g * 64 + 32 * h));
+                for (uint32_t j = 0; j < P; j++) {
+                    __m256i p = _mm256_and_si256(
+                        _mm256_srl_epi16(x, _mm_cvtsi32_si128((int)(j * bits))), m);
+                    if (width == 8) {
+                        acc[j] = _mm256_add_epi8(acc[j], p);
+                    } else {
+                        acc[2 * j] = _mm256_add_epi16(
+                            acc[2 * j], _mm256_cvtepu8_epi16(_mm256_castsi256_si128(p)));
+                        acc[2 * j + 1] = _mm256_add_epi16(
+                            acc[2 * j + 1], _mm256_cvtepu8_epi16(_mm256_extracti128_si256(p, 1)));
+                    }
+                }
+            }
+            for (uint32_t j = 0; j < P; j++) {
+                size_t at = g * 64 * P + j * 64 + 32 * h; /* plane j, positions 32h .. 32h + 31 */
+                if (width == 8) {
+                    _mm256_storeu_si256((__m256i *)(out + at), acc[j]);
+                } else {
+                    _mm256_storeu_si256((__m256i *)(out + 2 * at), acc[2 * j]);
+                    _mm256_storeu_si256((__m256i *)(out + 2 * at + 32), acc[2 * j + 1]);
+                }
+            }
+        }
+}
+
+static void thc_fold(uint32_t bits, uint32_t width, const uint8_t *const *in, size_t n_in,
+                     size_t groups, uint8_t *out)
+{
+    if (bits == 4 && width == 8)
+        thc_fold_as(4, 8, in, n_in, groups, out);
+    else if (bits == 4)
+        thc_fold_as(4, 16, in, n_in, groups, out);
+    else if (width == 8)
+        thc_fold_as(2, 8, in, n_in, groups, out);
+    else
+        thc_fold_as(2, 16, in, n_in, groups, out);
+}
+
 const psagg__codec_impl psagg__impl_avx2 = {
     .name = "avx2",
     .fp_encode = enc_fp,
@@ -588,6 +642,7 @@ const psagg__codec_impl psagg__impl_avx2 = {
     .mm_decode = dec_mm,
     .mm_aggregate = agg_mm,
     .topk = &topk_passes,
+    .thc_fold = thc_fold,
 };
 
 #else /* not built for AVX2 */

@@ -504,6 +504,58 @@ static uint32_t topk_keep(const float *v, uint32_t n, uint32_t want, uint32_t ti
 static const psagg__topk_passes topk_passes = {
     .load = topk_load, .filter = topk_filter, .keep = topk_keep};
 
+/* ---------------- thc's integer fold (kernels/thc.h: the same bytes as the scalar one) ---- */
+
+static inline __attribute__((always_inline)) void thc_fold_as(const uint32_t bits,
+                                                              const uint32_t width,
+                                                              const uint8_t *const *in, size_t n_in,
+                                                              size_t groups, uint8_t *out)
+{
+    const uint32_t P = 8 / bits;
+    const __m512i m = _mm512_set1_epi8((char)((1u << bits) - 1));
+    for (size_t g = 0; g < groups; g++) {
+        __m512i acc[8];
+        for (uint32_t a = 0; a < 8; a++)
+            acc[a] = _mm512_setzero_si512();
+        for (size_t k = 0; k < n_in; k++) {
+            __m512i x = _mm512_loadu_si512(in[k] + g * 64);
+            for (uint32_t j = 0; j < P; j++) {
+                __m512i p =
+                    _mm512_and_si512(_mm512_srl_epi16(x, _mm_cvtsi32_si128((int)(j * bits))), m);
+                if (width == 8) {
+                    acc[j] = _mm512_add_epi8(acc[j], p);
+                } else {
+                    acc[2 * j] = _mm512_add_epi16(acc[2 * j],
+                                                  _mm512_cvtepu8_epi16(_mm512_castsi512_si256(p)));
+                    acc[2 * j + 1] = _mm512_add_epi16(
+                        acc[2 * j + 1], _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(p, 1)));
+                }
+            }
+        }
+        for (uint32_t j = 0; j < P; j++) {
+            if (width == 8) {
+                _mm512_storeu_si512(out + g * 64 * P + j * 64, acc[j]);
+            } else {
+                _mm512_storeu_si512(out + 2 * (g * 64 * P + j * 64), acc[2 * j]);
+                _mm512_storeu_si512(out + 2 * (g * 64 * P + j * 64) + 64, acc[2 * j + 1]);
+            }
+        }
+    }
+}
+
+static void thc_fold(uint32_t bits, uint32_t width, const uint8_t *const *in, size_t n_in,
+                     size_t groups, uint8_t *out)
+{
+    if (bits == 4 && width == 8)
+        thc_fold_as(4, 8, in, n_in, groups, out);
+    else if (bits == 4)
+        thc_fold_as(4, 16, in, n_in, groups, out);
+    else if (width == 8)
+        thc_fold_as(2, 8, in, n_in, groups, out);
+    else
+        thc_fold_as(2, 16, in, n_in, groups, out);
+}
+
 const psagg__codec_impl psagg__impl_avx512 = {
     .name = "avx512",
     .fp_encode = enc_fp,
@@ -513,6 +565,7 @@ const psagg__codec_impl psagg__impl_avx512 = {
     .mm_decode = dec_mm,
     .mm_aggregate = agg_mm,
     .topk = &topk_passes,
+    .thc_fold = thc_fold,
 };
 
 #else /* not built for AVX-512 */

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "kernels/codec.h"
+#include "kernels/thc.h"
 #include "kernels/topk.h"
 
 /*
@@ -65,6 +66,9 @@ typedef struct psagg__codec_impl {
                                  psagg__scratch *ws, size_t *bad);
     /* topk: the encode's block passes (kernels/topk.h; the format itself is topk.c's) */
     const psagg__topk_passes *topk;
+    /* thc: the integer fold over whole groups (kernels/thc.h; psagg__thc_fold_scalar's bytes) */
+    void (*thc_fold)(uint32_t bits, uint32_t width, const uint8_t *const *in, size_t n_in,
+                     size_t groups, uint8_t *out);
 } psagg__codec_impl;
 
 extern const psagg__codec_impl psagg__impl_scalar;

@@ -371,4 +371,5 @@ const psagg__codec_impl psagg__impl_scalar = {
     .mm_decode = scalar_mm_decode,
     .mm_aggregate = aggregate,
     .topk = &psagg__topk_scalar_passes,
+    .thc_fold = psagg__thc_fold_scalar,
 };

@@ -28,6 +28,12 @@
  * delta to the workers' view encoded in the chunk's codec and added into the view; for fp32,
  * maxmin4 and topk2:0.02 (sparse) with N = 4 and 8, each worker's push its own pseudo-gradient.
  * It prints ms per outer step (one core) and the three parts.
+ *
+ *   psagg-bench-codec --thc [-n ELEMS] [--reps R]
+ * instead times the integer fold of kernels/thc.h (the server's op of integer aggregation: N
+ * index streams of b bits added into one sum stream, no decode) for b = 2 and 4 and N = 4 and 8
+ * on each ISA, against the memory roofline measured in the same run; bytes touched = N index
+ * streams read + the sum stream written.
  */
 #include <emmintrin.h>
 #include <sched.h>
@@ -39,6 +45,7 @@
 #include "base/error.h"
 #include "kernels/codec.h"
 #include "kernels/optim.h"
+#include "kernels/thc.h"
 
 /*
  * The timer is this thread's CPU time: the machine is shared, and a pinned thread that is
@@ -183,6 +190,48 @@ static void report(const char *cname, psagg__isa isa, const char *op, int n_in, 
     fflush(stdout);
 }
 
+/* --thc: the integer fold over n elements (see the top) */
+static void thc_bench(size_t n, int reps)
+{
+    static const int n_ins[] = {4, 8};
+    printf("%-18s %-7s %-10s %4s %9s %9s %9s %9s\n", "integer fold", "isa", "op", "", "Melem/s",
+           "GB/s", "link Gb/s", "of mem BW");
+    for (uint32_t bits = 2; bits <= 4; bits += 2)
+        for (size_t k = 0; k < sizeof n_ins / sizeof n_ins[0]; k++) {
+            int N = n_ins[k];
+            size_t len = psagg__thc_index_bytes(bits, n),
+                   out_len = psagg__thc_sum_bytes(bits, N, n);
+            uint8_t *in[8], *out = xalloc(out_len);
+            char name[32];
+            snprintf(name, sizeof name, "thc%u (%u-bit sums)", bits, psagg__thc_sum_width(bits, N));
+            for (int i = 0; i < N; i++) {
+                in[i] = xalloc(len);
+                for (size_t b = 0; b < len; b++)
+                    in[i][b] = (uint8_t)(b * 131 + (size_t)i * 17);
+            }
+            for (int isa = 0; isa < PSAGG_ISA_COUNT; isa++) {
+                double best = 1e30;
+                if (!psagg__isa_supported((psagg__isa)isa))
+                    continue;
+                check(psagg__codec_set_isa((psagg__isa)isa), "set isa");
+                for (int r = 0; r <= reps; r++) {
+                    double t0 = now(), t;
+                    check(psagg__thc_fold(bits, (const uint8_t *const *)in, (size_t)N, len, n, out,
+                                          out_len),
+                          "thc fold");
+                    t = now() - t0;
+                    if (r > 0 && t < best)
+                        best = t;
+                }
+                report(name, (psagg__isa)isa, "fold", N, n, best, (double)len * N + (double)out_len,
+                       (double)len * N);
+            }
+            for (int i = 0; i < N; i++)
+                free(in[i]);
+            free(out);
+        }
+}
+
 /* --outer-step: the server's parameter step over n elements (see the top) */
 static void outer_step(size_t n, int reps)
 {
@@ -279,7 +328,7 @@ static const result *find(const char *cname, psagg__isa isa, const char *op, int
 int main(int argc, char **argv)
 {
     size_t n = (size_t)16 << 20, stream_bytes = (size_t)1024 << 20;
-    int reps = 5, quick = 0, isa_only = -1, outer = 0, n_set = 0;
+    int reps = 5, quick = 0, isa_only = -1, outer = 0, thc = 0, n_set = 0;
     const char *codec_only = NULL;
     static const char *codec_names[] = {
         "fp32", "fp16", "bf16", "maxmin2/1024/sr", "maxmin4/1024/sr", "maxmin8/1024/sr"};
@@ -295,6 +344,8 @@ int main(int argc, char **argv)
             n_set = 1;
         } else if (!strcmp(argv[i], "--outer-step")) {
             outer = 1;
+        } else if (!strcmp(argv[i], "--thc")) {
+            thc = 1;
         } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
             reps = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
@@ -311,7 +362,7 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr,
                     "usage: %s [-n ELEMS] [--quick] [--reps R] [--isa scalar|avx2|avx512] "
-                    "[--codec NAME (e.g. maxmin4/1024/sr)] [--outer-step]\n",
+                    "[--codec NAME (e.g. maxmin4/1024/sr)] [--outer-step] [--thc]\n",
                     argv[0]);
             return 2;
         }
@@ -349,6 +400,12 @@ int main(int argc, char **argv)
         printf("memory roofline (one %zu MiB buffer): read %.2f GB/s, read+write in place %.2f "
                "GB/s; fractions below are of the larger, %.2f GB/s\n\n",
                stream_bytes >> 20, rd / 1e9, rmw / 1e9, bw_mem / 1e9);
+    }
+    if (thc) {
+        thc_bench(n, reps);
+        printf("timing: thread CPU time; this run got %.0f%% of its core (CPU time / wall time)\n",
+               100.0 * (now() - cpu0) / (wall() - wall0));
+        return 0;
     }
     printf("%-18s %-7s %-10s %4s %9s %9s %9s %9s\n", "codec", "isa", "op", "", "Melem/s", "GB/s",
            "link Gb/s", "of mem BW");
