@@ -309,9 +309,8 @@ void adapt_measure(psagg_ctx *ctx, const struct psagg_handle *h)
         const psagg__chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
         const float *v = h->in + ci->offset;
         if (res) { /* what the codec quantizes: the gradient plus the (decayed) residual */
-            float beta = ctx->tensors[h->key].ef_beta;
             for (uint64_t k = 0; k < ci->count; k++)
-                a->scratch[k] = v[k] + beta * res[ci->offset + k];
+                a->scratch[k] = v[k] + res[ci->offset + k];
             v = a->scratch;
         }
         psagg__adapt_range_sums(v, ci->count, sizes, nb, s, a->lo, a->hi);

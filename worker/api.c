@@ -205,9 +205,13 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
         rsize, sizeof(psagg__rxbuf));
 }
 
-psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, size_t n,
+/* psagg_tensor_desc's struct_size before error_feedback_beta (psagg.h) */
+#define TENSOR_DESC_V1 offsetof(psagg_tensor_desc, error_feedback_beta)
+
+psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *given, size_t n,
                            uint32_t *keys_out)
 {
+    psagg_tensor_desc *tensors = NULL; /* the caller's, each at this library's size */
     psagg__ctl_declare *d;
     psagg__ctl_tensor *wire;
     size_t bytes;
@@ -215,18 +219,39 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, siz
     uint32_t n_adaptive = 0, n_wire = (uint32_t)n;
 
     psagg__clear_error();
-    if (!ctx || !tensors || n == 0 || n > PSAGG_MAX_TENSORS)
+    if (!ctx || !given || n == 0 || n > PSAGG_MAX_TENSORS)
         return psagg__fail(PSAGG_EINVAL, "psagg_declare: %zu tensors", n);
     if (ctx->declared)
         return psagg__fail(PSAGG_EINVAL, "psagg_declare: tensors were already declared");
-    for (size_t t = 0; t < n; t++) /* tensors[0] first: its size is the array's stride */
-        if ((st = worker_struct_size("psagg_tensor_desc", tensors[t].struct_size, sizeof *tensors)))
-            return psagg__fail_context(st, "psagg_declare: tensor %zu: ", t);
+    {
+        /* given[0]'s size is the array's stride: this psagg.h's, or the one before
+           error_feedback_beta (whose fields are read, the rest zero: the config's) */
+        size_t stride = given[0].struct_size;
+        if (stride != TENSOR_DESC_V1 &&
+            (st = worker_struct_size("psagg_tensor_desc", stride, sizeof *tensors)))
+            return psagg__fail_context(st, "psagg_declare: tensor 0: ");
+        if (!(tensors = calloc(n, sizeof *tensors)))
+            return psagg__fail(PSAGG_ENOMEM, "psagg_declare");
+        for (size_t t = 0; t < n; t++) {
+            memcpy(&tensors[t], (const char *)given + t * stride, stride);
+            if (tensors[t].struct_size != stride) {
+                free(tensors);
+                return psagg__fail(PSAGG_EINVAL,
+                                   "psagg_declare: tensor %zu: struct_size %zu, tensor 0's %zu: "
+                                   "every element of the array says the array's stride",
+                                   t, tensors[t].struct_size, stride);
+            }
+            if (stride == TENSOR_DESC_V1)
+                tensors[t].reserved = 0, tensors[t].error_feedback_beta = 0;
+        }
+    }
     /* room for the adaptive statistics tensor, last (runtime/adaptive.h) */
     bytes = sizeof *d + (n + 1) * sizeof *wire;
     d = calloc(1, bytes);
-    if (!d)
+    if (!d) {
+        free(tensors);
         return psagg__fail(PSAGG_ENOMEM, "psagg_declare");
+    }
     wire = (psagg__ctl_tensor *)(d + 1);
     d->chunk_elems = psagg__chunk_elems(&ctx->cfg);
     for (size_t t = 0; t < n; t++) {
@@ -246,10 +271,16 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, siz
                              tensors[t].name, tensors[t].flags);
             goto out;
         }
-        if (!(tensors[t].error_feedback_beta >= 0 && tensors[t].error_feedback_beta <= 1)) {
+        if (tensors[t].reserved) {
+            st = psagg__fail(PSAGG_EINVAL, "psagg_declare: tensor %zu '%s': reserved is %u, not 0",
+                             t, tensors[t].name, tensors[t].reserved);
+            goto out;
+        }
+        if (!(tensors[t].error_feedback_beta == 0 ||
+              (tensors[t].error_feedback_beta >= 1e-6f && tensors[t].error_feedback_beta <= 1))) {
             st = psagg__fail(PSAGG_EINVAL,
                              "psagg_declare: tensor %zu '%s': error_feedback_beta %g is not 0 (the "
-                             "config's) or in (0, 1]",
+                             "config's) or in 1e-06..1",
                              t, tensors[t].name, (double)tensors[t].error_feedback_beta);
             goto out;
         }
@@ -314,6 +345,7 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *tensors, siz
              ctx->layout.n_chunks, ctx->cfg.n_servers);
 out:
     free(d);
+    free(tensors);
     if (st) {
         pthread_mutex_lock(&ctx->mu);
         ctx->failed = 1;

@@ -28,13 +28,9 @@ static psagg_status host_encode(psagg_ctx *ctx, struct psagg_handle *h)
         psagg__rng_key key = psagg__rng_chunk_key(ctx->cfg.seed, PSAGG_RNG_WORKER,
                                                   (uint32_t)ctx->rank, ci->key, ci->index, h->step);
         size_t bad = 0;
-        psagg_status st;
-
-        if (ts->residual && ts->ef_beta != 1.0f) /* SparseLoCo's decay: x + beta * e */
-            for (size_t i = 0; i < ci->count; i++)
-                ts->residual[ci->offset + i] *= ts->ef_beta;
-        st = psagg__encode(&h->codec, h->in + ci->offset, res ? res + ci->offset : NULL, ci->count,
-                           key, payload, psagg__encoded_size(&h->codec, ci->count), &bad);
+        psagg_status st =
+            psagg__encode(&h->codec, h->in + ci->offset, res ? res + ci->offset : NULL, ci->count,
+                          key, payload, psagg__encoded_size(&h->codec, ci->count), &bad);
         if (st) {
             if (res) /* part of it was updated: start error feedback afresh */
                 memset(res, 0, ti->count * sizeof(float));
@@ -42,6 +38,11 @@ static psagg_status host_encode(psagg_ctx *ctx, struct psagg_handle *h)
             return psagg__fail_context(st, "tensor '%.63s': element %llu: ", ti->name,
                                        (unsigned long long)(ci->offset + bad));
         }
+        /* SparseLoCo's decay: what was left out is kept as beta * (v - y), so the next push
+           sends x + beta * e; a push carried back later ([server] quorum) adds in whole */
+        if (ts->residual && ts->ef_beta != 1.0f)
+            for (size_t i = 0; i < ci->count; i++)
+                ts->residual[ci->offset + i] *= ts->ef_beta;
     }
     if (res && res == ts->carry) {
         memset(ts->carry, 0, ti->count * sizeof(float));

@@ -396,8 +396,8 @@ class Bench:
     def run_psagg(self, c, model, rate, placement, server_hosts, codec, tag):
         n = self.a.workers
         path = self.model_path(model)
+        # (a job id of letters, digits, '.', '-' and '_': topk2:0.02 has a colon)
         cfg = os.path.join(self.logdir, f"{tag}-psagg-{codec}.ini")
-        # (a job id and file names of letters, digits, '.', '-' and '_': topk2:0.02 has a colon)
         job = re.sub(r"[^A-Za-z0-9._-]", "_", f"bench-{self.run_id}-{tag}-{codec}")
         # a fresh port per run: a server's listening port may linger in TIME_WAIT
         self.psagg_seq = getattr(self, "psagg_seq", -1) + 1

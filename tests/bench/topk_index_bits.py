@@ -26,6 +26,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from train_digits import Net, load_digits  # noqa: E402
 
 
+SMALL = 256  # [codec] min_compress_elems of bench-diloco.sh: smaller tensors go in fp32
+
+
 def rice_bits(sorted_idx, r):
     """Bits of the gaps (the first index from -1) coded Golomb-Rice with parameter r."""
     bits, last = 0, -1
@@ -39,10 +42,10 @@ def rice_bits(sorted_idx, r):
 def measure(v, block, frac):
     fixed = rice = kept = 0
     ib = int(math.log2(block))
+    if v.numel() < SMALL:
+        return 0, 0, 0  # a small tensor goes in fp32
     for base in range(0, v.numel(), block):
         blk = v[base:base + block]
-        if blk.numel() < 256:
-            continue  # small tensors go in fp32 (min_compress_elems)
         k = min(max(1, round(frac * block)), blk.numel())
         idx = sorted(torch.topk(blk.abs(), k).indices.tolist())
         fixed += k * ib

@@ -3,9 +3,12 @@
  * optimizer), run by test_optim.sh. Usage:
  *   fn_optim STEPS [--checkpoint-at C] [--stop-after S] [--resume] [--lr-scale X]
  * with PSAGG_CONFIG, PSAGG_RANK, PSAGG_WORLD_SIZE set, and FN_OPTIM_CODEC (default fp32).
- * FN_OPTIM_EF_BETA=B: the parameters' pushes keep worker error feedback that decays by B before
- * each encode (psagg_tensor_desc.error_feedback_beta; the reference keeps every worker's
- * residual and decays it the same way); without it, no error feedback.
+ * FN_OPTIM_EF_BETA=B: the parameters' pushes keep worker error feedback that decays by B
+ * (psagg_tensor_desc.error_feedback_beta: the library keeps B * (v - y) after each encode; the
+ * reference keeps every worker's v - y and multiplies it by B before the next, the same
+ * floats); without it, no error feedback. FN_OPTIM_DESC_V1=1: declare with the psagg_tensor_desc
+ * of psagg.h before error_feedback_beta (struct_size 56, the array's stride), which the library
+ * must still take.
  *
  * Every worker declares four parameter tensors and one plain (summed) fp32 tensor, starts
  * its parameters from weights of its own rank (psagg_param_init must hand every worker
@@ -34,6 +37,7 @@
  * Prints "OPTIM-EXACT ...", "DRIFT ..." and "DIGEST <hex>" of the final weights.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -221,8 +225,21 @@ int main(int argc, char **argv)
         if (!wt[t] || !g[t])
             FAIL("memory");
     }
-    if (psagg_declare(ctx, desc, N_P + 1, NULL))
+    if (getenv("FN_OPTIM_DESC_V1")) { /* the older, shorter struct: a 56-byte stride */
+        const size_t v1 = offsetof(psagg_tensor_desc, error_feedback_beta);
+        char *old = calloc(N_P + 1, v1);
+        if (!old || ef_beta != 0)
+            FAIL("FN_OPTIM_DESC_V1: %s", old ? "has no error_feedback_beta" : "memory");
+        for (uint32_t t = 0; t <= N_P; t++) {
+            desc[t].struct_size = v1;
+            memcpy(old + t * v1, &desc[t], v1);
+        }
+        if (psagg_declare(ctx, (const psagg_tensor_desc *)(const void *)old, N_P + 1, NULL))
+            FAIL("psagg_declare (struct_size %zu): %s", v1, psagg_last_error());
+        free(old);
+    } else if (psagg_declare(ctx, desc, N_P + 1, NULL)) {
         FAIL("psagg_declare: %s", psagg_last_error());
+    }
     if (psagg__layout_build(wire, N_P + 1, psagg__chunk_elems(&cfg), (uint32_t)cfg.n_servers, 0,
                             &l))
         FAIL("layout: %s", psagg_last_error());

@@ -42,12 +42,13 @@ servers() { # servers NAME [ENV...]: start both servers of job NAME (the last jo
 }
 
 workers() { # workers NAME CODEC STEPS [ARGS...]: start three fn_optim workers (EF_BETA=B:
-    # with worker error feedback decaying by B)
+    # with worker error feedback decaying by B; DESC_V1=1: declared with the older desc)
     local name=$1 codec=$2 steps=$3 w
     shift 3
     for w in 0 1 2; do
         start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
-            FN_OPTIM_CODEC="$codec" ${EF_BETA:+FN_OPTIM_EF_BETA=$EF_BETA} "$fn" "$steps" "$@"
+            FN_OPTIM_CODEC="$codec" ${EF_BETA:+FN_OPTIM_EF_BETA=$EF_BETA} ${DESC_V1:+FN_OPTIM_DESC_V1=1} \
+            "$fn" "$steps" "$@"
     done
 }
 
@@ -84,7 +85,8 @@ finish adamw
 # (nesterov momentum), the updates the top 5 % of each block of 1024 in 2 bits: exact as well
 ini topk optimizer=sgd sync_interval=4
 servers topk
-workers topk topk2:0.05/1024 10
+# (declared with psagg.h's older psagg_tensor_desc, struct_size 56: the library still takes it)
+DESC_V1=1 workers topk topk2:0.05/1024 10
 finish topk
 ini topkn optimizer=sgd momentum=0.9 nesterov=on
 servers topkn
@@ -204,7 +206,7 @@ workers none fp32 2
 for w in 0 1 2; do wait_for "${wpid[$w]}" 60 && fail "none: worker $w succeeded"; done
 # the first worker to declare says why; the others may find the servers gone already
 grep -h "no optimizer" "$tmp"/none-worker*.log | head -1 | grep . >&2 || fail "none: no worker was told why"
-# 3d'. an error-feedback decay outside (0, 1]: refused at psagg_declare, naming it
+# 3d'. an error-feedback decay outside 1e-6..1: refused at psagg_declare, naming it
 ini badbeta optimizer=sgd
 servers badbeta
 EF_BETA=1.5 workers badbeta maxmin4 2

@@ -107,7 +107,8 @@ def main():
             (dict(error_feedback_beta=0), ["error_feedback_beta", "0"]),
             (dict(error_feedback_beta=1.5), ["error_feedback_beta", "1.5"]),
             (dict(error_feedback_beta=math.nan), ["error_feedback_beta", "nan"]),
-            (dict(error_feedback_beta=True), ["error_feedback_beta", "True"])]:
+            (dict(error_feedback_beta=True), ["error_feedback_beta", "True"]),
+            (dict(error_feedback_beta=1e-9), ["error_feedback_beta", "1e-09"])]:
         expect_refused("DiLoCo(%r)" % kw, diloco(**kw), *names)
     expect_accepted("DiLoCo(sync_every=4, codec='maxmin4/512/nearest')",
                     diloco(codec="maxmin4/512/nearest"))

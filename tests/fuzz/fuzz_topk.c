@@ -4,7 +4,8 @@
  *
  * Input: byte 0 picks the format (bits 2..8; block 256, 512 or 4096; rounding), byte 1 its k
  * (a fraction of the block, at least 1), bytes 2-3 the element count n (1..65535), byte 4 the
- * operation (bit 0: encode, else decode), then the buffer: an encoded buffer of n elements
+ * operation (bit 0: encode, else decode; with bit 1 an encode starts from a residual of the n
+ * floats after x, else from zero), then the buffer: an encoded buffer of n elements
  * (zero-padded or cut to its exact size), or the floats to encode (n of them, zero-padded).
  * Properties: no crash or out-of-bounds access; validate and every decode op agree on the
  * status; a valid buffer decodes with every entry not kept at -0 and at most k_m kept per
@@ -51,14 +52,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!n)
         return 0;
     len = psagg__topk_encoded_size(&f, n);
-    buf = calloc(len > 4 * n ? len : 4 * n, 1);
+    buf = calloc(len > 8 * n ? len : 8 * n, 1);
     a = malloc(n * sizeof *a);
     b = malloc(n * sizeof *b);
     CHECK(buf && a && b, "memory");
     memcpy(buf, data + 5,
-           size - 5 < (len > 4 * n ? len : 4 * n) ? size - 5 : (len > 4 * n ? len : 4 * n));
-    if (data[4] & 1) { /* encode the floats, with error feedback from zero */
-        float *x = malloc(n * sizeof *x), *r = calloc(n, sizeof *r), *r2 = malloc(n * sizeof *r2);
+           size - 5 < (len > 8 * n ? len : 8 * n) ? size - 5 : (len > 8 * n ? len : 8 * n));
+    if (data[4] & 1) { /* encode the floats, with error feedback (from zero, or from r0) */
+        float *x = malloc(n * sizeof *x), *r = calloc(n, sizeof *r), *r2 = malloc(n * sizeof *r2),
+              *r0 = calloc(n, sizeof *r0);
         uint8_t *out = malloc(len), *out2 = malloc(len);
         size_t bad = 0;
         psagg_status st;
@@ -68,15 +70,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                          .k = f.k,
                          .rounding = f.rounding};
         psagg__isa was = psagg__codec_isa();
-        CHECK(x && r && r2 && out && out2, "memory");
+        CHECK(x && r && r2 && r0 && out && out2, "memory");
         memcpy(x, buf, n * sizeof *x);
+        if (data[4] & 2)
+            memcpy(r0, buf + 4 * n, n * sizeof *r0);
+        memcpy(r, r0, n * sizeof *r);
         st = psagg__topk_encode(&f, x, r, n, psagg__rng_key_make(5, 6), out, len, &bad);
         for (int isa = PSAGG_ISA_SCALAR + 1; isa < PSAGG_ISA_COUNT; isa++) {
             size_t bad2 = (size_t)-1;
             psagg_status st2;
             if (!psagg__isa_supported((psagg__isa)isa))
                 continue;
-            memset(r2, 0, n * sizeof *r2);
+            memcpy(r2, r0, n * sizeof *r2);
             psagg__codec_set_isa((psagg__isa)isa);
             st2 = psagg__encode(&c, x, r2, n, psagg__rng_key_make(5, 6), out2, len, &bad2);
             psagg__codec_set_isa(was);
@@ -91,15 +96,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             CHECK(!psagg__topk_validate(&f, out, len, n), "an encode does not validate: %s",
                   psagg_last_error());
             CHECK(!psagg__topk_decode_into(&f, out, len, n, a, PSAGG_DECODE_SET, 1.0f), "decode");
-            for (size_t i = 0; i < n; i++)
-                CHECK(u32_of(r[i]) == u32_of((x[i] + 0.0f) - a[i]) ||
-                          (u32_of(a[i]) == 0x80000000u && u32_of(r[i]) == u32_of(x[i] + 0.0f)),
-                      "element %zu: residual %g of v %g and y %g", i, (double)r[i], (double)x[i],
+            for (size_t i = 0; i < n; i++) {
+                float v = x[i] + r0[i]; /* what was encoded */
+                CHECK(u32_of(r[i]) == u32_of(v - a[i]) ||
+                          (u32_of(a[i]) == 0x80000000u && u32_of(r[i]) == u32_of(v)),
+                      "element %zu: residual %g of v %g and y %g", i, (double)r[i], (double)v,
                       (double)a[i]);
+            }
         } else {
             CHECK(bad < n, "a refused encode names element %zu of %zu", bad, n);
         }
-        free(x), free(r), free(out);
+        free(x), free(r), free(r0), free(out);
     } else { /* a buffer from anyone */
         psagg_status v = psagg__topk_validate(&f, buf, len, n);
         static const psagg__decode_op ops[] = {PSAGG_DECODE_SET, PSAGG_DECODE_ADD,

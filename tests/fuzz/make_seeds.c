@@ -211,7 +211,7 @@ static void seed_topk(void)
         f.k = 1 + (uint32_t)((uint64_t)fmts[s][1] * (f.block - 1) / 255);
         size_t len = psagg__topk_encoded_size(&f, n);
         float *x = malloc(n * sizeof *x);
-        uint8_t *out = malloc(5 + (len > 4 * n ? len : 4 * n));
+        uint8_t *out = malloc(5 + (len > 8 * n ? len : 8 * n));
         char name[32];
         CHECK(x && out, "memory");
         for (uint32_t i = 0; i < n; i++)
@@ -231,6 +231,14 @@ static void seed_topk(void)
         memcpy(out + 5, x, 4 * (size_t)n);
         snprintf(name, sizeof name, "encode_%zu", s);
         put("topk", name, out, 5 + 4 * (size_t)n, NULL, 0);
+        /* the same, from a residual of the next n floats (x reversed, a quarter of it) */
+        out[4] = 3;
+        for (uint32_t i = 0; i < n; i++) {
+            float r = x[n - 1 - i] * 0.25f;
+            memcpy(out + 5 + 4 * ((size_t)n + i), &r, 4);
+        }
+        snprintf(name, sizeof name, "encode_residual_%zu", s);
+        put("topk", name, out, 5 + 8 * (size_t)n, NULL, 0);
         free(x), free(out);
     }
 }

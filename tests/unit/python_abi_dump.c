@@ -60,6 +60,7 @@ int main(void)
     FIELD(psagg_tensor_desc, codec);
     FIELD(psagg_tensor_desc, error_feedback);
     FIELD(psagg_tensor_desc, flags);
+    FIELD(psagg_tensor_desc, reserved);
     FIELD(psagg_tensor_desc, error_feedback_beta);
     STRUCT_END();
     STRUCT(psagg_timing);

@@ -161,11 +161,18 @@ static void check_format(const psagg__topk_format *f, const float *x, size_t n, 
     CHECK(buf && r && y && acc && want && xv, "memory");
     st = psagg__topk_encode(f, x, r, n, key, buf, len, NULL);
     CHECK(!st, "%s: encode: %s", what, psagg_last_error());
-    { /* every SIMD path: the same bytes and residual, from a zero residual */
-        float *r0 = calloc(n, sizeof *r0);
-        CHECK(r0, "memory");
+    { /* every SIMD path: the same bytes and residual, from a zero residual, then from this
+         encode's (nonzero) residual: the scalar encode again against each path's */
+        float *r0 = calloc(n, sizeof *r0), *r1 = malloc(n * sizeof *r1);
+        uint8_t *b1 = malloc(len ? len : 1);
+        CHECK(r0 && r1 && b1, "memory");
         check_isas(f, x, r0, n, PSAGG_OK, 0, buf, r, what);
-        free(r0);
+        memcpy(r0, r, n * sizeof *r0);
+        memcpy(r1, r, n * sizeof *r1);
+        CHECK(!psagg__topk_encode(f, x, r1, n, key, b1, len, NULL), "%s: again: %s", what,
+              psagg_last_error());
+        check_isas(f, x, r0, n, PSAGG_OK, 0, b1, r1, what);
+        free(r0), free(r1), free(b1);
     }
     CHECK(!psagg__topk_validate(f, buf, len, n), "%s: validate: %s", what, psagg_last_error());
     CHECK(!psagg__topk_decode_into(f, buf, len, n, y, PSAGG_DECODE_SET, 1.0f), "%s: decode: %s",
@@ -281,6 +288,20 @@ static void check_refusals(void)
     check_isas(&f, x, NULL, n, PSAGG_ERANGE, 300, NULL, NULL, "2^127 at 300");
     x[300] = -INFINITY;
     check_isas(&f, x, NULL, n, PSAGG_ENONFINITE, 300, NULL, NULL, "-Inf at 300");
+    { /* x finite, x + r at 2^126: in a vector (300) and in the tail (596 of 600) */
+        float r0[600], r1[600];
+        x[300] = 1.0f;
+        for (size_t e = 300; e <= 596; e += 296) {
+            for (size_t i = 0; i < n; i++)
+                r0[i] = (float)((int)(i % 9) - 4) * 0.25f;
+            x[e] = 0x1p125f, r0[e] = 0x1p125f;
+            memcpy(r1, r0, sizeof r1);
+            CHECK(psagg__topk_encode(&f, x, r1, n, key, buf, len, &at) == PSAGG_ERANGE && at == e,
+                  "x + r at 2^126 at %zu: %s (at %zu)", e, psagg_last_error(), at);
+            check_isas(&f, x, r0, n, PSAGG_ERANGE, e, NULL, NULL, "x + r = 2^126");
+            x[e] = 1.0f;
+        }
+    }
     x[300] = 1.0f;
     CHECK(!psagg__topk_encode(&f, x, NULL, n, key, buf, len, NULL), "encode: %s",
           psagg_last_error());

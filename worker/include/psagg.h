@@ -108,10 +108,12 @@ typedef struct psagg_tensor_desc {
     psagg_codec codec;  /* codec.id = PSAGG_CODEC_DEFAULT takes the config's */
     int error_feedback; /* -1: config default, 0: off, 1: keep a residual on this worker */
     uint32_t flags;     /* PSAGG_TENSOR_*; 0: a gradient the servers sum */
-    /* error feedback's decay (SparseLoCo, arXiv 2508.15706): before each encode the residual
-       e becomes beta * e, and the codec sends x + beta * e; 1 is classic error feedback. 0:
-       the config's ([codec] error_feedback_beta, default 1); else in (0, 1]. Host memory only
-       (psagg_push_pull_cuda refuses a beta other than 1) */
+    /* (the struct of psagg 0.1's first releases ended here: struct_size 56, still accepted) */
+    uint32_t reserved; /* 0 */
+    /* error feedback's decay (SparseLoCo, arXiv 2508.15706): what the codec left out is kept
+       as beta * (what it was asked to send - what it sent), so the next push sends x + beta *
+       e; 1 is classic error feedback. 0: the config's ([codec] error_feedback_beta, default 1);
+       else 1e-6..1. Host memory only (psagg_push_pull_cuda refuses a beta other than 1) */
     float error_feedback_beta;
 } psagg_tensor_desc;
 

@@ -17,6 +17,7 @@ jemalloc (only psagg-server does), so it loads into a process that has already i
 
 import ctypes
 import ctypes.util
+import numbers
 import os
 import threading
 
@@ -89,7 +90,8 @@ def _sized(cls):
 class _TensorDesc(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("name", ctypes.c_char_p),
                 ("count", ctypes.c_uint64), ("codec", _Codec), ("error_feedback", ctypes.c_int),
-                ("flags", ctypes.c_uint32), ("error_feedback_beta", ctypes.c_float)]
+                ("flags", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+                ("error_feedback_beta", ctypes.c_float)]
 
 
 TENSOR_PARAMETER = 1  # psagg_tensor_desc.flags: the servers optimize it ([server] optimizer)
@@ -345,13 +347,13 @@ class Context:
         (name, count, codec) or (name, count, codec, flags) with codec text or None (the
         config's default) and flags TENSOR_PARAMETER for a parameter the servers optimize.
         error_feedback: None (config), True or False. error_feedback_beta: None (config's
-        [codec] error_feedback_beta) or the residual's decay in (0, 1]. Returns the keys."""
+        [codec] error_feedback_beta) or the residual's decay in 1e-6..1. Returns the keys."""
         if error_feedback_beta is not None and (
                 isinstance(error_feedback_beta, bool) or
-                not isinstance(error_feedback_beta, (int, float)) or
-                not 0 < error_feedback_beta <= 1):
+                not isinstance(error_feedback_beta, numbers.Real) or
+                not 1e-6 <= error_feedback_beta <= 1):  # (False for NaN)
             raise ValueError("psagg.Context.declare: error_feedback_beta must be None or a "
-                             "number in (0, 1], not %r" % (error_feedback_beta,))
+                             "number in 1e-6..1, not %r" % (error_feedback_beta,))
         n = len(tensors)
         descs = (_TensorDesc * n)()
         names = []
