@@ -34,6 +34,7 @@
 #include <stdint.h>
 
 #include "psagg/types.h"
+#include "kernels/codec_common.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -62,6 +63,51 @@ psagg_status psagg__thc_fold(uint32_t bits, const uint8_t *const *in, size_t n_i
    the workers' decode). */
 uint32_t psagg__thc_index_at(uint32_t bits, const uint8_t *in, size_t e);
 uint32_t psagg__thc_sum_at(uint32_t bits, uint32_t width, const uint8_t *sum, size_t e);
+
+/*
+ * THE WORKERS' SIDE (scalar reference; not yet on the data path). A chunk of n floats is cut
+ * into blocks of D elements (D a power of two, 64..65536); block m has len_m elements (D, or
+ * fewer for the last) and is rotated at P_m = D, or for a shorter last block the least power of
+ * two >= max(64, len_m), its missing elements taken as +0. The rotated chunk has
+ * N' = sum P_m coordinates (psagg__thc_rotated_len), coordinate e of the chunk's sequence:
+ *   signs      s_e = +1 or -1: bit (e & 31) of hash32(rk.k0, rk.k1, e >> 5) set means -1
+ *              (rk: the rotation key, the same on every worker of a round's chunk)
+ *   rotate     y = f * H (s .* x) per block, H the P x P Walsh-Hadamard matrix in Sylvester
+ *              order, computed in place by the stages h = 1, 2, 4, .., P/2 of butterflies
+ *              (a, b) <- (a + b, a - b) over the pairs (i, i + h), i & h == 0; then each
+ *              coordinate times f = 1.0f / sqrtf((float)P) (binary32, in this order)
+ *   table      L = 2^b indices; block m's scale c_m (finite, > 0; the same on every worker);
+ *              step = c_m / (float)(L - 1); index q stands for t_q = (float)(2q - (L - 1)) * step
+ *              (uniform over [-c_m, c_m])
+ *   encode     v_e = y_e + r_e (r: the residual, in rotated coordinates, or 0);
+ *              u = (min(max(v_e, -c_m), c_m) + c_m) * ((float)(L - 1) / (2 * c_m));
+ *              q_e = min(L - 1, (uint32_t)(u + u_e)), u_e = psagg__rng_uniform(key, e) (the
+ *              encoding worker's key); r_e = v_e - t_q (what clipping and rounding left out)
+ *   decode     of a sum stream of W workers: z_e = ((float)(2 S_e - W (L - 1)) * step) *
+ *              factor (factor 1 for the sum, 1 / W for the average); then per block
+ *              w = H z (the same stages), x_i = s_e * (w_i * f) for the block's first len_m
+ *              coordinates (H H = P I and f^2 P = 1 up to rounding: the rotation's inverse)
+ * x_e must be finite (PSAGG_ENONFINITE naming it). v_e is clipped into the table's range, so
+ * what falls outside comes back through the residual.
+ */
+#define PSAGG_THC_MIN_BLOCK 64u
+#define PSAGG_THC_MAX_BLOCK 65536u
+
+/* N' of a chunk of n elements in blocks of D (0 for a D out of range). */
+size_t psagg__thc_rotated_len(size_t n, uint32_t block);
+/* The number of blocks (and scales) of a chunk of n elements. */
+size_t psagg__thc_blocks(size_t n, uint32_t block);
+
+/* Encode n floats x (and residual: N' floats or NULL) into an index stream of N' elements
+   (out_len = psagg__thc_index_bytes(bits, N')). scales: psagg__thc_blocks values. */
+psagg_status psagg__thc_encode(uint32_t bits, uint32_t block, psagg__rng_key rot,
+                               const float *scales, const float *x, float *residual, size_t n,
+                               psagg__rng_key key, uint8_t *out, size_t out_len, size_t *bad_index);
+/* Decode a sum stream of `inputs` index streams (psagg__thc_sum_bytes(bits, inputs, N')) into
+   n floats out (SET), times factor. */
+psagg_status psagg__thc_decode(uint32_t bits, uint32_t block, psagg__rng_key rot,
+                               const float *scales, const uint8_t *sum, size_t sum_len,
+                               size_t inputs, size_t n, float factor, float *out);
 
 /* The scalar fold over whole groups (kernels/cpu/ paths must equal it). */
 void psagg__thc_fold_scalar(uint32_t bits, uint32_t width, const uint8_t *const *in, size_t n_in,

@@ -11,6 +11,7 @@
 #include "kernels/codec.h"
 #include "kernels/thc.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,6 +61,146 @@ static uint8_t *fold_all(uint32_t bits, const uint8_t *const *in, size_t n_in, s
     psagg__codec_set_isa(was);
     free(got);
     return ref;
+}
+
+/* The workers' side: rotation, encode, fold, decode (thc.h, "THE WORKERS' SIDE"). */
+static double gauss(void)
+{
+    double u = ((double)(next_byte() << 16 | next_byte() << 8 | next_byte()) + 0.5) / 16777216.0;
+    double v = ((double)(next_byte() << 16 | next_byte() << 8 | next_byte()) + 0.5) / 16777216.0;
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+static void check_workers_side(void)
+{
+    const uint32_t block = 4096;
+    const size_t n = 5000, nb = psagg__thc_blocks(n, block), np = psagg__thc_rotated_len(n, block);
+    const psagg__rng_key rot = psagg__rng_key_make(7, 77);
+    float x[4][5000], scales[2], *dec = malloc(n * sizeof *dec), *acc = calloc(n, sizeof *acc),
+                                 *res = calloc(np, sizeof *res);
+    uint8_t *enc[4], *sum;
+    size_t len = psagg__thc_index_bytes(4, np), at = 0;
+    double mse = 0, ref = 0;
+    CHECK(dec && acc && res, "memory");
+    CHECK(psagg__thc_rotated_len(100, 4096) == 128 && psagg__thc_rotated_len(4096, 4096) == 4096 &&
+              psagg__thc_rotated_len(4097, 4096) == 4096 + 64 && np == 4096 + 1024 &&
+              psagg__thc_rotated_len(1, 64) == 64 && psagg__thc_rotated_len(10, 100) == 0 &&
+              nb == 2,
+          "rotated lengths");
+    for (int w = 0; w < 4; w++)
+        for (size_t i = 0; i < n; i++)
+            x[w][i] = (float)gauss();
+    for (size_t m = 0; m < nb; m++) { /* 4 sigma of the rotated coordinates: ||x|| / sqrt(P) */
+        double q = 0;
+        size_t len = n - m * block < block ? n - m * block : block, p = 64;
+        while (p < len)
+            p <<= 1;
+        for (int w = 0; w < 4; w++) {
+            double qw = 0;
+            for (size_t i = m * block; i < m * block + len; i++)
+                qw += (double)x[w][i] * x[w][i];
+            q = qw > q ? qw : q;
+        }
+        scales[m] = (float)(4 * sqrt(q / (double)p));
+    }
+    /* one worker, error feedback over 64 rounds of the same x: the mean of the decodes is x
+       (what is left out comes back), far closer than one round's */
+    enc[0] = malloc(len);
+    sum = malloc(psagg__thc_sum_bytes(4, 1, n > 0 ? np : 0));
+    CHECK(enc[0] && sum, "memory");
+    for (uint32_t t = 0; t < 64; t++) {
+        const uint8_t *in[1] = {enc[0]};
+        CHECK(!psagg__thc_encode(4, block, rot, scales, x[0], res, n, psagg__rng_key_make(1, t),
+                                 enc[0], len, NULL),
+              "encode: %s", psagg_last_error());
+        CHECK(!psagg__thc_fold(4, in, 1, len, np, sum, psagg__thc_sum_bytes(4, 1, np)), "fold");
+        CHECK(!psagg__thc_decode(4, block, rot, scales, sum, psagg__thc_sum_bytes(4, 1, np), 1, n,
+                                 1.0f, dec),
+              "decode: %s", psagg_last_error());
+        if (t == 0)
+            for (size_t i = 0; i < n; i++)
+                mse += ((double)dec[i] - x[0][i]) * ((double)dec[i] - x[0][i]) / (double)n;
+        for (size_t i = 0; i < n; i++)
+            acc[i] += dec[i];
+    }
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)acc[i] / 64 - x[0][i];
+        ref += d * d / (double)n;
+    }
+    printf("test_thc: one worker, thc4: one round's mean squared error %.4f, the mean of 64 rounds "
+           "with error feedback %.6f\n",
+           mse, ref);
+    CHECK(mse > 0 && mse < 0.1 && ref < mse / 100,
+          "error feedback: one round %.4f, 64 rounds' mean %.6f", mse, ref);
+    /* four workers: their index streams folded, decoded as the average, near the average of x */
+    for (int w = 1; w < 4; w++)
+        CHECK((enc[w] = malloc(len)), "memory");
+    free(sum);
+    sum = malloc(psagg__thc_sum_bytes(4, 4, np));
+    CHECK(sum, "memory");
+    for (int w = 0; w < 4; w++)
+        CHECK(!psagg__thc_encode(4, block, rot, scales, x[w], NULL, n,
+                                 psagg__rng_key_make(2, (uint64_t)w), enc[w], len, NULL),
+              "encode worker %d: %s", w, psagg_last_error());
+    CHECK(!psagg__thc_fold(4, (const uint8_t *const *)enc, 4, len, np, sum,
+                           psagg__thc_sum_bytes(4, 4, np)),
+          "fold of 4");
+    CHECK(!psagg__thc_decode(4, block, rot, scales, sum, psagg__thc_sum_bytes(4, 4, np), 4, n,
+                             0.25f, dec),
+          "decode of 4: %s", psagg_last_error());
+    mse = 0;
+    for (size_t i = 0; i < n; i++) {
+        double avg = ((double)x[0][i] + x[1][i] + x[2][i] + x[3][i]) / 4;
+        mse += (dec[i] - avg) * (dec[i] - avg) / (double)n;
+    }
+    printf("test_thc: four workers, thc4, the decoded average's mean squared error %.4f\n", mse);
+    CHECK(mse < 0.05, "four workers: mean squared error %.4f of the average", mse);
+    { /* golden: one encode's bytes of numbers without libm, pinned (a change is a format change) */
+        float g[5000], gs[2] = {4.0f, 3.0f};
+        for (size_t i = 0; i < n; i++)
+            g[i] = (float)((int)(i * 2654435761u % 2001) - 1000) / 256.0f;
+        CHECK(!psagg__thc_encode(4, block, rot, gs, g, NULL, n, psagg__rng_key_make(42, 4242),
+                                 enc[0], len, NULL),
+              "golden encode: %s", psagg_last_error());
+        printf("test_thc: golden encode (thc4, 5000 elements): %zu bytes, digest %016llx\n", len,
+               (unsigned long long)fnv(enc[0], len));
+        CHECK(fnv(enc[0], len) == 0x7adb7adc891165f3ull,
+              "the golden encode's bytes changed: %016llx", (unsigned long long)fnv(enc[0], len));
+    }
+    /* refusals */
+    {
+        float bad_scales[2] = {scales[0], 0.0f}, nan_scales[2] = {NAN, 1.0f};
+        CHECK(psagg__thc_encode(3, block, rot, scales, x[0], NULL, n, rot, enc[0], len, NULL) ==
+                      PSAGG_EINVAL &&
+                  strstr(psagg_last_error(), "bits 3"),
+              "bits 3: %s", psagg_last_error());
+        CHECK(psagg__thc_encode(4, 100, rot, scales, x[0], NULL, n, rot, enc[0], len, NULL) ==
+                      PSAGG_EINVAL &&
+                  strstr(psagg_last_error(), "block 100"),
+              "block 100: %s", psagg_last_error());
+        CHECK(psagg__thc_encode(4, block, rot, bad_scales, x[0], NULL, n, rot, enc[0], len, NULL) ==
+                      PSAGG_EINVAL &&
+                  strstr(psagg_last_error(), "block 1: scale 0"),
+              "scale 0: %s", psagg_last_error());
+        CHECK(psagg__thc_encode(4, block, rot, nan_scales, x[0], NULL, n, rot, enc[0], len, NULL) ==
+                      PSAGG_EINVAL &&
+                  strstr(psagg_last_error(), "block 0: scale nan"),
+              "scale NaN: %s", psagg_last_error());
+        CHECK(psagg__thc_encode(4, block, rot, scales, x[0], NULL, n, rot, enc[0], len - 64,
+                                NULL) == PSAGG_EINVAL,
+              "a short output was taken");
+        x[0][4321] = INFINITY;
+        CHECK(psagg__thc_encode(4, block, rot, scales, x[0], NULL, n, rot, enc[0], len, &at) ==
+                      PSAGG_ENONFINITE &&
+                  at == 4321,
+              "Inf at 4321: %s (at %zu)", psagg_last_error(), at);
+        CHECK(psagg__thc_decode(4, block, rot, scales, sum, psagg__thc_sum_bytes(4, 4, np) - 1, 4,
+                                n, 1.0f, dec) == PSAGG_EINVAL,
+              "a short sum was taken");
+    }
+    for (int w = 0; w < 4; w++)
+        free(enc[w]);
+    free(sum), free(dec), free(acc), free(res);
 }
 
 int main(void)
@@ -188,6 +329,7 @@ int main(void)
         }
         free(one), free(out);
     }
+    check_workers_side();
     printf("test_thc: %d folds against the reference on every ISA, the 1,024-worker bound, "
            "refusals named\n",
            cases);
