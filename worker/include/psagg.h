@@ -77,12 +77,12 @@ PSAGG_API const char *psagg_codec_name(const psagg_codec *codec, char *buf, size
  *
  * New fields are only ever appended, so a library reads or fills exactly the struct_size bytes
  * its caller has, and accepts every size an earlier psagg.h had (each struct's sizeof, and the
- * sizes before psagg_stats.left_out and psagg_tensor_desc.error_feedback_beta). A size it does not know (0, too small, or one of a newer psagg.h) fails
- * with PSAGG_EINVAL naming the struct. In an array of psagg_tensor_desc every element says
- * the same size, the array's stride. A struct inside another belongs to the container's
- * layout, which its struct_size covers: the library sets psagg_stats.time.struct_size itself.
- * psagg_codec, the small codec value every layer shares, keeps its layout: a new codec
- * parameter goes into the struct that carries the codec.
+ * sizes before psagg_stats.left_out and psagg_tensor_desc.error_feedback_beta). A size it does not
+ * know (0, too small, or one of a newer psagg.h) fails with PSAGG_EINVAL naming the struct. In an
+ * array of psagg_tensor_desc every element says the same size, the array's stride. A struct inside
+ * another belongs to the container's layout, which its struct_size covers: the library sets
+ * psagg_stats.time.struct_size itself. psagg_codec, the small codec value every layer shares, keeps
+ * its layout: a new codec parameter goes into the struct that carries the codec.
  */
 
 /* ---- worker API ---- */
