@@ -237,8 +237,9 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *given, size_
             if (tensors[t].struct_size != stride) {
                 free(tensors);
                 return psagg__fail(PSAGG_EINVAL,
-                                   "psagg_declare: tensor %zu: struct_size %zu, tensor 0's %zu: "
-                                   "every element of the array says the array's stride",
+                                   "psagg_declare: tensor %zu: psagg_tensor_desc.struct_size is "
+                                   "%zu, tensor 0's %zu: every element of the array says the "
+                                   "array's stride",
                                    t, tensors[t].struct_size, stride);
             }
             if (stride == TENSOR_DESC_V1)
