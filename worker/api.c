@@ -235,12 +235,13 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *given, size_
         for (size_t t = 0; t < n; t++) {
             memcpy(&tensors[t], (const char *)given + t * stride, stride);
             if (tensors[t].struct_size != stride) {
+                size_t got = tensors[t].struct_size;
                 free(tensors);
                 return psagg__fail(PSAGG_EINVAL,
                                    "psagg_declare: tensor %zu: psagg_tensor_desc.struct_size is "
                                    "%zu, tensor 0's %zu: every element of the array says the "
                                    "array's stride",
-                                   t, tensors[t].struct_size, stride);
+                                   t, got, stride);
             }
             if (stride == TENSOR_DESC_V1)
                 tensors[t].reserved = 0, tensors[t].error_feedback_beta = 0;
