@@ -8,9 +8,14 @@
 
 #include "base/error.h"
 
+static int bits_ok(uint32_t bits)
+{
+    return bits == 2 || bits == 4;
+}
+
 size_t psagg__thc_index_bytes(uint32_t bits, size_t n)
 {
-    if (bits != 2 && bits != 4)
+    if (!bits_ok(bits))
         return 0;
     return PSAGG_THC_GROUP_BYTES *
            ((n * bits + 8 * PSAGG_THC_GROUP_BYTES - 1) / (8 * PSAGG_THC_GROUP_BYTES));
@@ -19,7 +24,7 @@ size_t psagg__thc_index_bytes(uint32_t bits, size_t n)
 uint32_t psagg__thc_sum_width(uint32_t bits, size_t inputs)
 {
     uint64_t top;
-    if ((bits != 2 && bits != 4) || inputs == 0 || inputs > 65535)
+    if (!bits_ok(bits) || inputs == 0 || inputs > 65535)
         return 0;
     top = (uint64_t)inputs * ((1u << bits) - 1);
     return top <= 255 ? 8 : top <= 65535 ? 16 : 0;
@@ -98,10 +103,25 @@ size_t psagg__thc_rotated_len(size_t n, uint32_t block)
     return (nb - 1) * (size_t)block + block_pad(n - (nb - 1) * (size_t)block, block);
 }
 
-static float sign_of(psagg__rng_key rot, size_t e)
+/* Block m of a chunk of n elements: its first element and length; returns the length it is
+   rotated at. */
+static uint32_t block_of(size_t n, uint32_t block, size_t m, size_t *base, size_t *len)
 {
-    uint32_t h = psagg__rng_hash32(rot.k0, rot.k1, (uint32_t)(e >> 5));
-    return (h >> (e & 31)) & 1 ? -1.0f : 1.0f;
+    *base = m * (size_t)block;
+    *len = n - *base < block ? n - *base : block;
+    return block_pad(*len, block);
+}
+
+/* dst_i = s_(e0 + i) * src_i for i < len (thc.h's signs: one hash per 32 of them). */
+static void apply_signs(psagg__rng_key rot, size_t e0, const float *src, float *dst, size_t len)
+{
+    uint32_t h = 0;
+    for (size_t i = 0; i < len; i++) {
+        size_t e = e0 + i;
+        if (i == 0 || !(e & 31))
+            h = psagg__rng_hash32(rot.k0, rot.k1, (uint32_t)(e >> 5));
+        dst[i] = (h >> (e & 31)) & 1 ? -src[i] : src[i];
+    }
 }
 
 /* y <- H y in place (thc.h's stages). */
@@ -118,7 +138,7 @@ static void hadamard(float *y, uint32_t p)
 
 static psagg_status check_args(uint32_t bits, uint32_t block, const float *scales, size_t nb)
 {
-    if (bits != 2 && bits != 4)
+    if (!bits_ok(bits))
         return psagg__fail(PSAGG_EINVAL, "thc: bits %u (2 or 4)", bits);
     if (!block_ok(block))
         return psagg__fail(PSAGG_EINVAL, "thc: block %u is not a power of two in %u..%u", block,
@@ -147,22 +167,24 @@ psagg_status psagg__thc_encode(uint32_t bits, uint32_t block, psagg__rng_key rot
         return psagg__fail(PSAGG_EINVAL,
                            "thc encode: an output of %zu bytes; %zu elements take %zu", out_len, n,
                            psagg__thc_index_bytes(bits, np));
-    for (size_t i = 0; i < n; i++)
-        if (!isfinite(x[i])) {
-            if (bad_index)
-                *bad_index = i;
-            return psagg__fail(PSAGG_ENONFINITE, "thc: element %zu is %g", i, (double)x[i]);
-        }
     if (!(y = malloc(block * sizeof *y)))
         return psagg__fail(PSAGG_ENOMEM, "thc: a block of %u", block);
     memset(out, 0, out_len);
     for (size_t m = 0; m < nb; m++) {
-        size_t base = m * (size_t)block, len = n - base < block ? n - base : block;
-        uint32_t p = block_pad(len, block);
+        size_t base, len;
+        uint32_t p = block_of(n, block, m, &base, &len);
         const float f = 1.0f / sqrtf((float)p), c = scales[m], step = c / (float)(L - 1),
                     a = (float)(L - 1) / (2 * c);
-        for (uint32_t i = 0; i < p; i++)
-            y[i] = i < len ? sign_of(rot, e0 + i) * x[base + i] : 0.0f;
+        for (size_t i = 0; i < len; i++) /* (out and residual are unspecified after a refusal) */
+            if (!isfinite(x[base + i])) {
+                free(y);
+                if (bad_index)
+                    *bad_index = base + i;
+                return psagg__fail(PSAGG_ENONFINITE, "thc: element %zu is %g", base + i,
+                                   (double)x[base + i]);
+            }
+        apply_signs(rot, e0, x + base, y, len);
+        memset(y + len, 0, (p - len) * sizeof *y);
         hadamard(y, p);
         for (uint32_t i = 0; i < p; i++) {
             size_t e = e0 + i;
@@ -206,8 +228,8 @@ psagg_status psagg__thc_decode(uint32_t bits, uint32_t block, psagg__rng_key rot
     if (!(z = malloc(block * sizeof *z)))
         return psagg__fail(PSAGG_ENOMEM, "thc: a block of %u", block);
     for (size_t m = 0; m < nb; m++) {
-        size_t base = m * (size_t)block, len = n - base < block ? n - base : block;
-        uint32_t p = block_pad(len, block);
+        size_t base, len;
+        uint32_t p = block_of(n, block, m, &base, &len);
         const float f = 1.0f / sqrtf((float)p), step = scales[m] / (float)(L - 1);
         for (uint32_t i = 0; i < p; i++) {
             int64_t s2 =
@@ -216,7 +238,8 @@ psagg_status psagg__thc_decode(uint32_t bits, uint32_t block, psagg__rng_key rot
         }
         hadamard(z, p);
         for (uint32_t i = 0; i < len; i++)
-            out[base + i] = sign_of(rot, e0 + i) * (z[i] * f);
+            z[i] = z[i] * f;
+        apply_signs(rot, e0, z, out + base, len);
         e0 += p;
     }
     free(z);

@@ -16,9 +16,9 @@ static inline uint32_t mag(float x)
 
 #define TOPK_MAX_ABS 0x1p126f
 
-static uint32_t load_scalar(const float *x, const float *r, uint32_t n, float *v)
+static uint32_t load_scalar(const float *x, const float *r, uint32_t first, uint32_t n, float *v)
 {
-    for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t i = first; i < n; i++) {
         float vi = r ? x[i] + r[i] : x[i];
         if (!isfinite(vi) || fabsf(vi) >= TOPK_MAX_ABS)
             return i;
@@ -27,20 +27,21 @@ static uint32_t load_scalar(const float *x, const float *r, uint32_t n, float *v
     return n;
 }
 
-static uint32_t filter_scalar(const float *v, uint32_t n, uint32_t mask, uint32_t prefix,
-                              uint32_t *out)
+static uint32_t filter_scalar(const float *v, uint32_t first, uint32_t n, uint32_t mask,
+                              uint32_t prefix, uint32_t *out)
 {
     uint32_t m = 0;
-    for (uint32_t j = 0; j < n; j++)
+    for (uint32_t j = first; j < n; j++)
         if ((mag(v[j]) & mask) == prefix)
             out[m++] = j;
     return m;
 }
 
-static uint32_t keep_scalar(const float *v, uint32_t n, uint32_t want, uint32_t ties, uint32_t *idx)
+static uint32_t keep_scalar(const float *v, uint32_t first, uint32_t n, uint32_t want,
+                            uint32_t ties, uint32_t *idx)
 {
     uint32_t taken = 0;
-    for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t i = first; i < n; i++) {
         uint32_t u = mag(v[i]);
         if (u > want || (u == want && ties > 0)) {
             ties -= u == want;
@@ -85,7 +86,7 @@ static uint32_t select_with(const psagg__topk_passes *p, const float *v, uint32_
             break;
         /* the next pass looks at this bin's entries only (in place: m <= j) */
         if (d == 0) {
-            m = p->filter(v, n, mask, prefix, scratch);
+            m = p->filter(v, 0, n, mask, prefix, scratch);
         } else {
             for (uint32_t j = 0; j < cand; j++)
                 if ((mag(v[scratch[j]]) & mask) == prefix)
@@ -95,7 +96,7 @@ static uint32_t select_with(const psagg__topk_passes *p, const float *v, uint32_
     }
     /* prefix is the k-th largest magnitude: keep every larger one and, of those equal to it,
        the first k - (larger) by index */
-    p->keep(v, n, prefix, k - above, idx);
+    p->keep(v, 0, n, prefix, k - above, idx);
     return prefix;
 }
 
@@ -242,7 +243,7 @@ psagg_status psagg__topk_encode_with(const psagg__topk_passes *p, const psagg__t
         uint32_t len = (uint32_t)(n - base < f->block ? n - base : f->block);
         uint32_t km = len < f->k ? len : f->k;
         float lo = 0, hi = 0, scale = 0, inv = 0;
-        uint32_t i = p->load(x + base, residual ? residual + base : NULL, len, v);
+        uint32_t i = p->load(x + base, residual ? residual + base : NULL, 0, len, v);
         if (i < len) {
             float vi = residual ? x[base + i] + residual[base + i] : x[base + i];
             if (bad_index)

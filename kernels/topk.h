@@ -38,8 +38,10 @@ uint32_t psagg__topk_select(const float *v, uint32_t n, uint32_t k, uint32_t *id
                             uint32_t *scratch);
 
 /*
- * The encode's passes over a whole block, which a CPU path may vectorize (kernels/cpu/avx2.c,
- * avx512.c); each must return exactly what the scalar one (psagg__topk_scalar_passes) returns.
+ * The encode's passes over a block's entries first..n-1 (the whole block: first = 0), which a
+ * CPU path may vectorize (kernels/cpu/avx2.c, avx512.c) and hand its tail to the scalar pass
+ * (psagg__topk_scalar_passes) with first where it stopped; each returns exactly what the scalar
+ * one returns.
  *   load    v_i = x_i (+ r_i when r); returns n when every v_i is finite with |v_i| < 2^126,
  *           else the first i that is not (v is then partly written)
  *   filter  the j with (|v_j| as uint32 & mask) == prefix, ascending, into out; returns how many
@@ -47,9 +49,11 @@ uint32_t psagg__topk_select(const float *v, uint32_t n, uint32_t k, uint32_t *id
  *           idx; returns how many
  */
 typedef struct psagg__topk_passes {
-    uint32_t (*load)(const float *x, const float *r, uint32_t n, float *v);
-    uint32_t (*filter)(const float *v, uint32_t n, uint32_t mask, uint32_t prefix, uint32_t *out);
-    uint32_t (*keep)(const float *v, uint32_t n, uint32_t want, uint32_t ties, uint32_t *idx);
+    uint32_t (*load)(const float *x, const float *r, uint32_t first, uint32_t n, float *v);
+    uint32_t (*filter)(const float *v, uint32_t first, uint32_t n, uint32_t mask, uint32_t prefix,
+                       uint32_t *out);
+    uint32_t (*keep)(const float *v, uint32_t first, uint32_t n, uint32_t want, uint32_t ties,
+                     uint32_t *idx);
 } psagg__topk_passes;
 
 extern const psagg__topk_passes psagg__topk_scalar_passes;

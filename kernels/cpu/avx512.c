@@ -444,18 +444,10 @@ static psagg_status agg_mm(const psagg_codec *c, const uint8_t *const *in, size_
 
 /* ---------------- topk's block passes (kernels/topk.h: the same results as the scalar ones) */
 
-/* The scalar pass's m indices of a tail that starts at j: made the block's. Returns m. */
-static uint32_t tail_offset(uint32_t *idx, uint32_t m, uint32_t j)
-{
-    for (uint32_t i = 0; i < m; i++)
-        idx[i] += j;
-    return m;
-}
-
-static uint32_t topk_load(const float *x, const float *r, uint32_t n, float *v)
+static uint32_t topk_load(const float *x, const float *r, uint32_t first, uint32_t n, float *v)
 {
     const __m512 big = _mm512_set1_ps(0x1p126f);
-    uint32_t j = 0;
+    uint32_t j = first;
     for (; j + 16 <= n; j += 16) {
         __m512 a = _mm512_loadu_ps(x + j);
         if (r)
@@ -466,29 +458,28 @@ static uint32_t topk_load(const float *x, const float *r, uint32_t n, float *v)
         _mm512_storeu_ps(v + j, a);
     }
     /* the tail, or the vector with a bad lane: the scalar pass finds it */
-    return j + psagg__topk_scalar_passes.load(x + j, r ? r + j : NULL, n - j, v + j);
+    return psagg__topk_scalar_passes.load(x, r, j, n, v);
 }
 
-static uint32_t topk_filter(const float *v, uint32_t n, uint32_t mask, uint32_t prefix,
-                            uint32_t *out)
+static uint32_t topk_filter(const float *v, uint32_t first, uint32_t n, uint32_t mask,
+                            uint32_t prefix, uint32_t *out)
 {
     const __m512i vm = _mm512_set1_epi32((int)(mask & 0x7FFFFFFFu)),
                   vp = _mm512_set1_epi32((int)prefix);
-    uint32_t j = 0, m = 0;
+    uint32_t j = first, m = 0;
     for (; j + 16 <= n; j += 16) {
         unsigned b = _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_loadu_si512(v + j), vm), vp);
         for (; b; b &= b - 1)
             out[m++] = j + (uint32_t)__builtin_ctz(b);
     }
-    return m + tail_offset(out + m,
-                           psagg__topk_scalar_passes.filter(v + j, n - j, mask, prefix, out + m),
-                           j);
+    return m + psagg__topk_scalar_passes.filter(v, j, n, mask, prefix, out + m);
 }
 
-static uint32_t topk_keep(const float *v, uint32_t n, uint32_t want, uint32_t ties, uint32_t *idx)
+static uint32_t topk_keep(const float *v, uint32_t first, uint32_t n, uint32_t want, uint32_t ties,
+                          uint32_t *idx)
 {
     const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF), vw = _mm512_set1_epi32((int)want);
-    uint32_t j = 0, t = 0;
+    uint32_t j = first, t = 0;
     for (; j + 16 <= n; j += 16) { /* (magnitudes are below 2^31: a signed compare orders them) */
         __m512i u = _mm512_and_si512(_mm512_loadu_si512(v + j), absm);
         unsigned gt = _mm512_cmpgt_epi32_mask(u, vw), eq = _mm512_cmpeq_epi32_mask(u, vw);
@@ -497,8 +488,7 @@ static uint32_t topk_keep(const float *v, uint32_t n, uint32_t want, uint32_t ti
         for (; gt; gt &= gt - 1)
             idx[t++] = j + (uint32_t)__builtin_ctz(gt);
     }
-    return t + tail_offset(idx + t,
-                           psagg__topk_scalar_passes.keep(v + j, n - j, want, ties, idx + t), j);
+    return t + psagg__topk_scalar_passes.keep(v, j, n, want, ties, idx + t);
 }
 
 static const psagg__topk_passes topk_passes = {
@@ -543,18 +533,7 @@ static inline __attribute__((always_inline)) void thc_fold_as(const uint32_t bit
     }
 }
 
-static void thc_fold(uint32_t bits, uint32_t width, const uint8_t *const *in, size_t n_in,
-                     size_t groups, uint8_t *out)
-{
-    if (bits == 4 && width == 8)
-        thc_fold_as(4, 8, in, n_in, groups, out);
-    else if (bits == 4)
-        thc_fold_as(4, 16, in, n_in, groups, out);
-    else if (width == 8)
-        thc_fold_as(2, 8, in, n_in, groups, out);
-    else
-        thc_fold_as(2, 16, in, n_in, groups, out);
-}
+PSAGG_THC_FOLD_ENTRY_POINT
 
 const psagg__codec_impl psagg__impl_avx512 = {
     .name = "avx512",

@@ -87,6 +87,15 @@ def _sized(cls):
     return cls(struct_size=ctypes.sizeof(cls))
 
 
+def _check_error_feedback_beta(who, beta):
+    """ValueError naming `who` unless beta is None (the config's [codec] error_feedback_beta)
+    or a number in 1e-6..1 (psagg_tensor_desc.error_feedback_beta's range; not a bool)."""
+    if beta is not None and (isinstance(beta, bool) or not isinstance(beta, numbers.Real) or
+                             not 1e-6 <= beta <= 1):  # (False for NaN)
+        raise ValueError("%s: error_feedback_beta must be None (the config's) or a number in "
+                         "1e-6..1, not %r" % (who, beta))
+
+
 class _TensorDesc(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("name", ctypes.c_char_p),
                 ("count", ctypes.c_uint64), ("codec", _Codec), ("error_feedback", ctypes.c_int),
@@ -348,12 +357,7 @@ class Context:
         config's default) and flags TENSOR_PARAMETER for a parameter the servers optimize.
         error_feedback: None (config), True or False. error_feedback_beta: None (config's
         [codec] error_feedback_beta) or the residual's decay in 1e-6..1. Returns the keys."""
-        if error_feedback_beta is not None and (
-                isinstance(error_feedback_beta, bool) or
-                not isinstance(error_feedback_beta, numbers.Real) or
-                not 1e-6 <= error_feedback_beta <= 1):  # (False for NaN)
-            raise ValueError("psagg.Context.declare: error_feedback_beta must be None or a "
-                             "number in 1e-6..1, not %r" % (error_feedback_beta,))
+        _check_error_feedback_beta("psagg.Context.declare", error_feedback_beta)
         n = len(tensors)
         descs = (_TensorDesc * n)()
         names = []

@@ -110,10 +110,7 @@ class DiLoCo:
                              % (nesterov,))
         _check_codec("DiLoCo", codec)
         _check_error_feedback("DiLoCo", error_feedback)
-        if error_feedback_beta is not None and (not _is_real(error_feedback_beta) or
-                                                not 1e-6 <= error_feedback_beta <= 1):
-            raise ValueError("psagg.torch.DiLoCo: error_feedback_beta must be None (the "
-                             "config's) or a number in 1e-6..1, not %r" % (error_feedback_beta,))
+        _p._check_error_feedback_beta("psagg.torch.DiLoCo", error_feedback_beta)
         named = list(named_parameters if named_parameters is not None
                      else model.named_parameters())
         named = [(n, p) for n, p in named if p.requires_grad]
