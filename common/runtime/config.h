@@ -63,15 +63,15 @@ typedef struct psagg__config {
     char worker_hosts[1024]; /* `worker_hosts`, optional: "host:slots host ..." where cluster
                                 launchers start the workers (slots default 1; they sum to
                                 `workers`); the processes themselves do not use it */
-    int elastic;     /* `elastic`, default off: a worker that dies leaves the job, which goes on
-                        with the others (server/membership.c); off: any death ends the job */
-    int min_workers; /* `min_workers`, default 1 (elastic): fewer live workers end the job */
-    int max_workers; /* `max_workers`, default 0 = `workers` (elastic): the job's ranks are
-                        0..max_workers-1, of which 0..workers-1 start it and the others may
-                        join it while it runs; the loaded config holds the number */
-    int server_replicas;     /* `server_replicas`, default 0: a dead server ends the job; R >= 1:
-                                every chunk's state is kept on R + 1 servers and the job goes on
-                                without a dead one (docs/design.md, "Servers that fail and join") */
+    int elastic;         /* `elastic`, default off: a worker that dies leaves the job, which goes on
+                            with the others (server/membership.c); off: any death ends the job */
+    int min_workers;     /* `min_workers`, default 1 (elastic): fewer live workers end the job */
+    int max_workers;     /* `max_workers`, default 0 = `workers` (elastic): the job's ranks are
+                            0..max_workers-1, of which 0..workers-1 start it and the others may
+                            join it while it runs; the loaded config holds the number */
+    int server_replicas; /* `server_replicas`, default 0: a dead server ends the job; R >= 1:
+                            every chunk's state is kept on R + 1 servers and the job goes on
+                            without a dead one (docs/design.md, "Servers that fail and join") */
     char servers_where[300]; /* where `servers` was set ("path:line" or "env PSAGG_..."), for
                                 messages about the addresses */
 
@@ -90,16 +90,16 @@ typedef struct psagg__config {
     int quorum;   /* `quorum`, default 0 = off: every live worker's push, every round */
     int grace_ms; /* `grace_ms`, default 10: how long a round waits after its quorum */
     /* the server-side optimizer (kernels/optim.h), for tensors declared as parameters */
-    int optimizer; /* `optimizer` = none|sgd|adam|adamw (psagg__optim_kind), default none */
-    float lr;               /* `lr`, default 0.001: the workers' learning rate until they set one */
-    float weight_decay;     /* `weight_decay`, default 0: likewise */
-    float momentum;         /* `momentum`, default 0 (sgd) */
-    float dampening;        /* `dampening`, default 0 (sgd) */
-    int nesterov;           /* `nesterov`, default off (sgd; needs momentum) */
-    float beta1, beta2;     /* `beta1`, `beta2`, default 0.9, 0.999 (adam, adamw) */
-    float eps;              /* `eps`, default 1e-8 (adam, adamw) */
-    uint64_t sync_interval; /* `sync_interval`, default 0 = never: every sync_interval steps a
-                               parameter's update is its exact fp32 weights */
+    int optimizer;      /* `optimizer` = none|sgd|adam|adamw (psagg__optim_kind), default none */
+    float lr;           /* `lr`, default 0.001: the workers' learning rate until they set one */
+    float weight_decay; /* `weight_decay`, default 0: likewise */
+    float momentum;     /* `momentum`, default 0 (sgd) */
+    float dampening;    /* `dampening`, default 0 (sgd) */
+    int nesterov;       /* `nesterov`, default off (sgd; needs momentum) */
+    float beta1, beta2; /* `beta1`, `beta2`, default 0.9, 0.999 (adam, adamw) */
+    float eps;          /* `eps`, default 1e-8 (adam, adamw) */
+    uint64_t sync_interval;   /* `sync_interval`, default 0 = never: every sync_interval steps a
+                                 parameter's update is its exact fp32 weights */
     char checkpoint_dir[256]; /* `checkpoint_dir`, optional: where checkpoints are written */
     int resume;               /* `resume`, default off: start from checkpoint_dir's checkpoint */
 
