@@ -21,6 +21,7 @@
 
 #include "base/error.h"
 #include "kernels/cpu/impl.h"
+#include "kernels/thc.h"
 #include "kernels/topk.h"
 
 /* ---- RNG key ---- */
@@ -91,6 +92,20 @@ psagg_status psagg__codec_check(psagg_codec *codec)
             return psagg__fail_context(PSAGG_EINVAL, "codec ");
         break;
     }
+    case PSAGG_CODEC_THC:
+        if (codec->bits != 2 && codec->bits != 4)
+            return psagg__fail(PSAGG_EINVAL, "codec thc: bits %u (2 or 4)", codec->bits);
+        if (codec->bucket == 0)
+            codec->bucket = PSAGG_THC_DEFAULT_BLOCK;
+        if (codec->bucket < PSAGG_THC_MIN_BLOCK || codec->bucket > PSAGG_THC_MAX_BLOCK ||
+            (codec->bucket & (codec->bucket - 1)))
+            return psagg__fail(PSAGG_EINVAL, "codec thc: block %u must be a power of two in %u..%u",
+                               codec->bucket, PSAGG_THC_MIN_BLOCK, PSAGG_THC_MAX_BLOCK);
+        if (codec->rounding != PSAGG_ROUND_STOCHASTIC)
+            return psagg__fail(PSAGG_EINVAL,
+                               "codec thc: rounding must be stochastic (sr): a sum of nearest "
+                               "roundings is biased");
+        break;
     default:
         return psagg__fail(PSAGG_EINVAL, "codec: id %d unknown", (int)codec->id);
     }
@@ -106,7 +121,8 @@ static psagg__topk_format topk_of(const psagg_codec *c)
 int psagg__codec_equal(const psagg_codec *a, const psagg_codec *b)
 {
     return a->id == b->id &&
-           ((a->id != PSAGG_CODEC_MAXMIN && a->id != PSAGG_CODEC_TOPK) ||
+           ((a->id != PSAGG_CODEC_MAXMIN && a->id != PSAGG_CODEC_TOPK &&
+             a->id != PSAGG_CODEC_THC) ||
             (a->bits == b->bits && a->bucket == b->bucket && a->rounding == b->rounding &&
              (a->id != PSAGG_CODEC_TOPK || a->k == b->k)));
 }
@@ -140,6 +156,8 @@ static size_t encoded_size(const psagg_codec *c, size_t n)
         psagg__topk_format f = topk_of(c);
         return psagg__topk_encoded_size(&f, n);
     }
+    case PSAGG_CODEC_THC:
+        return psagg__thc_push_bytes(c->bits, c->bucket, n);
     default:
         return 0;
     }
@@ -156,14 +174,40 @@ size_t psagg__encoded_size(const psagg_codec *codec, size_t n)
     return encoded_size(&c, n);
 }
 
+size_t psagg__update_size(const psagg_codec *codec, size_t n, size_t summed)
+{
+    psagg_codec c;
+    if (!codec)
+        return 0;
+    c = *codec;
+    if (psagg__codec_check(&c) != PSAGG_OK)
+        return 0;
+    return c.id == PSAGG_CODEC_THC ? psagg__thc_update_bytes(c.bits, c.bucket, n, summed)
+                                   : encoded_size(&c, n);
+}
+
+size_t psagg__update_cap(const psagg_codec *codec, size_t n)
+{
+    psagg_codec c;
+    if (!codec)
+        return 0;
+    c = *codec;
+    if (psagg__codec_check(&c) != PSAGG_OK)
+        return 0;
+    return c.id == PSAGG_CODEC_THC ? psagg__thc_update_cap(c.bits, c.bucket, n)
+                                   : encoded_size(&c, n);
+}
+
 /* ---- chunking ---- */
 
 uint64_t psagg__codec_chunk_elems(const psagg_codec *codec, uint64_t chunk_elems)
 {
     uint64_t b = codec->bucket                   ? codec->bucket
                  : codec->id == PSAGG_CODEC_TOPK ? PSAGG_TOPK_DEFAULT_BLOCK
+                 : codec->id == PSAGG_CODEC_THC  ? PSAGG_THC_DEFAULT_BLOCK
                                                  : PSAGG_MAXMIN_DEFAULT_BUCKET;
-    if (codec->id != PSAGG_CODEC_MAXMIN && codec->id != PSAGG_CODEC_TOPK)
+    if (codec->id != PSAGG_CODEC_MAXMIN && codec->id != PSAGG_CODEC_TOPK &&
+        codec->id != PSAGG_CODEC_THC)
         return chunk_elems;
     return chunk_elems < b ? b : chunk_elems - chunk_elems % b; /* whole buckets (blocks) */
 }
@@ -174,7 +218,10 @@ uint64_t psagg__codec_chunk_elems(const psagg_codec *codec, uint64_t chunk_elems
  * b <= 8); with B > chunk_elems a chunk is one bucket of B elements, 8 + B bytes at b = 8.
  * topk keeps at most every element, at 16 + 8 bits each plus 8 bytes a block of C >= 256 (at
  * most 3.04 n bytes, rounded to 8); with C > chunk_elems a chunk is one block of C <= 65536
- * elements: 8 + 3 * 65536 + 16 bytes, below 8 + PSAGG_MAXMIN_MAX_BUCKET.
+ * elements: 8 + 3 * 65536 + 16 bytes, below 8 + PSAGG_MAXMIN_MAX_BUCKET. thc's largest message
+ * is an update at 16 bits: 2 N' + 12 bytes a block of D >= 64 for N' <= n + 63 rotated
+ * coordinates, within 4 * chunk_elems (>= 256); with D > chunk_elems one block of D <= 65536:
+ * 2 * 65536 + 12 bytes.
  */
 size_t psagg__codec_max_chunk_bytes(uint64_t chunk_elems)
 {
@@ -462,6 +509,10 @@ static psagg_status validate(const psagg_codec *c, const void *in, size_t in_len
         psagg_status st = psagg__topk_validate(&f, in, in_len, n);
         return st ? psagg__fail_context(st, "%s buffer: ", cname(c, nm, 48)) : PSAGG_OK;
     }
+    case PSAGG_CODEC_THC: { /* a push */
+        psagg_status st = psagg__thc_push_check(c->bits, c->bucket, in, in_len, n);
+        return st ? psagg__fail_context(st, "%s buffer: ", cname(c, nm, 48)) : PSAGG_OK;
+    }
     default: {
         size_t nb = psagg__mm_nbuckets(n, c->bucket);
         float L = (float)((1u << c->bits) - 1);
@@ -503,6 +554,19 @@ psagg_status psagg__validate(const psagg_codec *codec, const void *in, size_t in
 
 /* ---- encode / decode / aggregate ---- */
 
+/* thc's pushes need their chunk's scales and rotation, its updates are sums: kernels/thc.h's
+   functions take them; these generic ones refuse it by name. */
+static psagg_status not_thc(const psagg_codec *c, const char *what)
+{
+    if (c->id != PSAGG_CODEC_THC)
+        return PSAGG_OK;
+    return psagg__fail(PSAGG_EINVAL,
+                       "%s thc: its pushes take their chunk's scales and rotation, and its "
+                       "updates are integer sums (kernels/thc.h: psagg__thc_push_encode, "
+                       "psagg__thc_update_fold, psagg__thc_update_decode)",
+                       what);
+}
+
 psagg_status psagg__encode(const psagg_codec *codec, const float *x, float *residual, size_t n,
                            psagg__rng_key key, void *out, size_t out_len, size_t *bad_index)
 {
@@ -511,7 +575,7 @@ psagg_status psagg__encode(const psagg_codec *codec, const float *x, float *resi
     size_t need, bad = SIZE_MAX;
     psagg_status st = prep(codec, &c, n);
 
-    if (st != PSAGG_OK)
+    if (st != PSAGG_OK || (st = not_thc(&c, "encode")))
         return st;
     need = encoded_size(&c, n);
     if (out_len != need)
@@ -552,7 +616,7 @@ psagg_status psagg__decode_into(const psagg_codec *codec, const void *in, size_t
     psagg_codec c;
     char nm[48];
     psagg_status st = prep(codec, &c, n);
-    if (st != PSAGG_OK)
+    if (st != PSAGG_OK || (st = not_thc(&c, "decode")))
         return st;
     if ((unsigned)op > PSAGG_DECODE_SCALE)
         return psagg__fail(PSAGG_EINVAL, "decode: op %d unknown", (int)op);
@@ -625,7 +689,7 @@ psagg_status psagg__aggregate(const psagg_codec *codec, const void *const *in, s
     size_t need, bad = SIZE_MAX;
     psagg_status st = prep(codec, &c, n);
 
-    if (st != PSAGG_OK)
+    if (st != PSAGG_OK || (st = not_thc(&c, "aggregate")))
         return st;
     if (n_in > 0 && !in)
         return psagg__fail(PSAGG_EINVAL, "aggregate: NULL input list");

@@ -58,7 +58,12 @@
  *   lo + scale * (float)L finite; anything else is PSAGG_EBADMETA.
  *
  * topk (sparse: per block the k entries of largest magnitude, b bits each): specified in
- *   kernels/topk.h, beside its scalar reference, which every CPU path runs (no SIMD yet).
+ *   kernels/topk.h, beside its scalar reference; its block passes are vectorized.
+ *
+ * thc (integer aggregation: a seeded rotation, b-bit indices into a table every worker shares
+ *   at the round's scale, summed by the servers as integers): specified in kernels/thc.h.
+ *   Its update is not a push: a sum stream whose width depends on the pushes summed
+ *   (psagg__update_size), and the generic encode, decode and aggregate below refuse it.
  *
  * RNG (stochastic rounding): counter-based, keyed by (seed, stream), indexed by element.
  * One 32-bit hash serves a pair of elements (2m, 2m + 1), 16 bits each:
@@ -134,7 +139,8 @@ _Static_assert(sizeof(float) == 4, "binary32 floats required");
 
 /* ---- codec descriptions ---- */
 
-/* Parse "fp32" | "fp16" | "bf16" | "maxmin<b>" | "maxmin:<b>" | "topk<b>:<kept>" [/<bucket>]
+/* Parse "fp32" | "fp16" | "bf16" | "maxmin<b>" | "maxmin:<b>" | "topk<b>:<kept>" | "thc<b>"
+   [/<bucket>]
    [/sr | /nearest] (codec_name.c says what each field means). */
 psagg_status psagg_codec_parse(const char *text, psagg_codec *out);
 /* Format a codec as text ("maxmin4/1024/sr"); returns buf. */
@@ -146,8 +152,12 @@ psagg_status psagg__codec_check(psagg_codec *codec);
 /* Whether two checked codecs are the same format (maxmin: bits, bucket and rounding too). */
 int psagg__codec_equal(const psagg_codec *a, const psagg_codec *b);
 
-/* Exact encoded size in bytes of n elements; 0 for a codec psagg__codec_check refuses. */
+/* Exact encoded size in bytes of n elements (a push); 0 for a codec psagg__codec_check refuses. */
 size_t psagg__encoded_size(const psagg_codec *codec, size_t n);
+/* Exact size of an update of n elements that summed `summed` pushes (thc: its sum's width
+   depends on it; every other codec: psagg__encoded_size), and the largest any job gets. */
+size_t psagg__update_size(const psagg_codec *codec, size_t n, size_t summed);
+size_t psagg__update_cap(const psagg_codec *codec, size_t n);
 
 /* Layout of a maxmin buffer of n elements: buckets (one {scale, min} each), payload bytes. */
 static inline size_t psagg__mm_nbuckets(size_t n, uint32_t bucket)
@@ -176,6 +186,7 @@ psagg__rng_key psagg__rng_key_make(uint64_t seed, uint64_t stream);
 typedef enum psagg__rng_side {
     PSAGG_RNG_WORKER = 0x3030, /* a worker's push */
     PSAGG_RNG_SERVER = 0x5E5E, /* a server's update */
+    PSAGG_RNG_ROTATE = 0x7070, /* thc's rotation of a chunk (rank 0, round 0: kernels/thc.h) */
 } psagg__rng_side;
 
 /* The key of chunk `chunk` of tensor `key` in `round`, encoded by `side` number `rank`. */

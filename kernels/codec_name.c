@@ -1,5 +1,6 @@
 /* codec_name.c - codec descriptions to and from text ("maxmin4", "fp16", ...). Layer: kernels. */
 #include "kernels/codec.h"
+#include "kernels/thc.h"
 #include "kernels/topk.h"
 
 #include "base/error.h"
@@ -10,9 +11,10 @@
 #include <strings.h>
 
 /*
- * Accepts fp32 | fp16 | bf16 | maxmin<b> | maxmin:<b> | topk<b>:<kept>, optionally followed
- * by "/<bucket>" (topk: the block) and "/sr" or "/nearest" (any order), e.g.
- * "maxmin4/512/nearest", "topk2:0.02" (2 % of each block of 4096: k = 82), "topk2:82/4096".
+ * Accepts fp32 | fp16 | bf16 | maxmin<b> | maxmin:<b> | topk<b>:<kept> | thc<b>, optionally
+ * followed by "/<bucket>" (topk, thc: the block) and "/sr" or "/nearest" (any order), e.g.
+ * "maxmin4/512/nearest", "topk2:0.02" (2 % of each block of 4096: k = 82), "topk2:82/4096",
+ * "thc2/4096" (thc rounds stochastically: psagg__codec_check refuses /nearest).
  * <kept> is a fraction in (0, 1) of the block (k = max(1, round(fraction x block)), computed
  * once the block is known) or a whole k. Fields not given keep the defaults (bucket 0 = the
  * codec's default, stochastic rounding).
@@ -72,10 +74,19 @@ psagg_status psagg_codec_parse(const char *text, psagg_codec *out)
             fraction = kept;
         else
             c.k = (uint32_t)kept;
+    } else if (!strncasecmp(tok, "thc", 3)) {
+        const char *b = tok + 3;
+        char *end;
+        long bits = strtol(b, &end, 10);
+        if (end == b || *end || (bits != 2 && bits != 4))
+            return psagg__fail(PSAGG_EINVAL, "codec '%s': thc needs bits 2 or 4 (thc2, thc4)",
+                               text);
+        c.id = PSAGG_CODEC_THC;
+        c.bits = (uint32_t)bits;
     } else {
         return psagg__fail(PSAGG_EINVAL,
-                           "unknown codec '%s' (expected fp32, fp16, bf16, maxmin<bits> or "
-                           "topk<bits>:<kept>)",
+                           "unknown codec '%s' (expected fp32, fp16, bf16, maxmin<bits>, "
+                           "topk<bits>:<kept> or thc<bits>)",
                            text);
     }
     while ((tok = strtok_r(NULL, "/", &save))) {
@@ -124,6 +135,9 @@ const char *psagg_codec_name(const psagg_codec *c, char *buf, size_t len)
         snprintf(buf, len, "topk%u:%u/%u/%s", c->bits, c->k,
                  c->bucket ? c->bucket : PSAGG_TOPK_DEFAULT_BLOCK,
                  c->rounding == PSAGG_ROUND_NEAREST ? "nearest" : "sr");
+        break;
+    case PSAGG_CODEC_THC:
+        snprintf(buf, len, "thc%u/%u", c->bits, c->bucket ? c->bucket : PSAGG_THC_DEFAULT_BLOCK);
         break;
     default:
         snprintf(buf, len, "codec%d", (int)c->id);

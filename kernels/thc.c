@@ -128,12 +128,20 @@ static void apply_signs(psagg__rng_key rot, size_t e0, const float *src, float *
 static void hadamard(float *y, uint32_t p)
 {
     for (uint32_t h = 1; h < p; h <<= 1)
-        for (uint32_t i = 0; i < p; i++)
-            if (!(i & h)) {
+        for (uint32_t j = 0; j < p; j += 2 * h) /* (the pairs of i & h == 0, in runs of h) */
+            for (uint32_t i = j; i < j + h; i++) {
                 float a = y[i], b = y[i + h];
                 y[i] = a + b;
                 y[i + h] = a - b;
             }
+}
+
+/* A scale of the table: +0 (none yet), or in [PSAGG_THC_MIN_SCALE, PSAGG_THC_MAX_SCALE]. */
+static int scale_ok(float c)
+{
+    uint32_t u;
+    memcpy(&u, &c, 4);
+    return u == 0 || (c >= PSAGG_THC_MIN_SCALE && c <= PSAGG_THC_MAX_SCALE);
 }
 
 static psagg_status check_args(uint32_t bits, uint32_t block, const float *scales, size_t nb)
@@ -144,15 +152,17 @@ static psagg_status check_args(uint32_t bits, uint32_t block, const float *scale
         return psagg__fail(PSAGG_EINVAL, "thc: block %u is not a power of two in %u..%u", block,
                            PSAGG_THC_MIN_BLOCK, PSAGG_THC_MAX_BLOCK);
     for (size_t m = 0; m < nb; m++)
-        if (!(scales[m] > 0) || !isfinite(scales[m]))
-            return psagg__fail(PSAGG_EINVAL, "thc: block %zu: scale %g (finite and > 0)", m,
-                               (double)scales[m]);
+        if (!scale_ok(scales[m]))
+            return psagg__fail(PSAGG_EINVAL, "thc: block %zu: scale %g (0, or %g..%g)", m,
+                               (double)scales[m], (double)PSAGG_THC_MIN_SCALE,
+                               (double)PSAGG_THC_MAX_SCALE);
     return PSAGG_OK;
 }
 
 psagg_status psagg__thc_encode(uint32_t bits, uint32_t block, psagg__rng_key rot,
                                const float *scales, const float *x, float *residual, size_t n,
-                               psagg__rng_key key, uint8_t *out, size_t out_len, size_t *bad_index)
+                               psagg__rng_key key, uint8_t *out, size_t out_len, size_t *bad_index,
+                               float *peaks)
 {
     size_t nb = psagg__thc_blocks(n, block), np = psagg__thc_rotated_len(n, block), e0 = 0;
     const uint32_t L = 1u << bits;
@@ -174,14 +184,16 @@ psagg_status psagg__thc_encode(uint32_t bits, uint32_t block, psagg__rng_key rot
         size_t base, len;
         uint32_t p = block_of(n, block, m, &base, &len);
         const float f = 1.0f / sqrtf((float)p), c = scales[m], step = c / (float)(L - 1),
-                    a = (float)(L - 1) / (2 * c);
+                    a = c > 0 ? (float)(L - 1) / (2 * c) : 0;
+        float peak = 0;
         for (size_t i = 0; i < len; i++) /* (out and residual are unspecified after a refusal) */
-            if (!isfinite(x[base + i])) {
+            if (!(fabsf(x[base + i]) <= PSAGG_THC_MAX_ABS)) {
                 free(y);
                 if (bad_index)
                     *bad_index = base + i;
-                return psagg__fail(PSAGG_ENONFINITE, "thc: element %zu is %g", base + i,
-                                   (double)x[base + i]);
+                return psagg__fail(isfinite(x[base + i]) ? PSAGG_ERANGE : PSAGG_ENONFINITE,
+                                   "thc: element %zu is %g%s", base + i, (double)x[base + i],
+                                   isfinite(x[base + i]) ? ", beyond 2^100" : "");
             }
         apply_signs(rot, e0, x + base, y, len);
         memset(y + len, 0, (p - len) * sizeof *y);
@@ -192,15 +204,23 @@ psagg_status psagg__thc_encode(uint32_t bits, uint32_t block, psagg__rng_key rot
             uint32_t q;
             if (residual)
                 v = v + residual[e];
-            u = (fminf(fmaxf(v, -c), c) + c) * a;
-            q = (uint32_t)(u + psagg__rng_uniform(key, (uint32_t)e));
-            if (q > L - 1)
-                q = L - 1;
-            t = (float)(2 * (int32_t)q - (int32_t)(L - 1)) * step;
+            peak = fabsf(v) > peak ? fabsf(v) : peak;
+            if (c > 0) {
+                u = (fminf(fmaxf(v, -c), c) + c) * a;
+                q = (uint32_t)(u + psagg__rng_uniform(key, (uint32_t)e));
+                if (q > L - 1)
+                    q = L - 1;
+                t = (float)(2 * (int32_t)q - (int32_t)(L - 1)) * step;
+            } else { /* no scale yet: nothing sent, all of it kept */
+                q = 0;
+                t = 0;
+            }
             if (residual)
                 residual[e] = v - t;
             out[e * bits / 8] |= (uint8_t)(q << (e * bits % 8));
         }
+        if (peaks)
+            peaks[m] = peak;
         e0 += p;
     }
     free(y);
@@ -209,7 +229,8 @@ psagg_status psagg__thc_encode(uint32_t bits, uint32_t block, psagg__rng_key rot
 
 psagg_status psagg__thc_decode(uint32_t bits, uint32_t block, psagg__rng_key rot,
                                const float *scales, const uint8_t *sum, size_t sum_len,
-                               size_t inputs, size_t n, float factor, float *out)
+                               size_t inputs, const uint32_t *counts, size_t n, float factor,
+                               psagg__decode_op op, float *out)
 {
     size_t nb = psagg__thc_blocks(n, block), np = psagg__thc_rotated_len(n, block), e0 = 0;
     const uint32_t L = 1u << bits, w = psagg__thc_sum_width(bits, inputs);
@@ -230,18 +251,280 @@ psagg_status psagg__thc_decode(uint32_t bits, uint32_t block, psagg__rng_key rot
     for (size_t m = 0; m < nb; m++) {
         size_t base, len;
         uint32_t p = block_of(n, block, m, &base, &len);
-        const float f = 1.0f / sqrtf((float)p), step = scales[m] / (float)(L - 1);
+        const float f = 1.0f / sqrtf((float)p), step = scales[m] / (float)(L - 1),
+                    fz = op == PSAGG_DECODE_SCALE ? factor : 1.0f;
+        const int64_t off = (int64_t)(counts ? counts[m] : inputs) * (L - 1);
         for (uint32_t i = 0; i < p; i++) {
-            int64_t s2 =
-                2 * (int64_t)psagg__thc_sum_at(bits, w, sum, e0 + i) - (int64_t)inputs * (L - 1);
-            z[i] = ((float)s2 * step) * factor;
+            int64_t s2 = 2 * (int64_t)psagg__thc_sum_at(bits, w, sum, e0 + i) - off;
+            z[i] = ((float)s2 * step) * fz;
         }
         hadamard(z, p);
         for (uint32_t i = 0; i < len; i++)
             z[i] = z[i] * f;
-        apply_signs(rot, e0, z, out + base, len);
+        apply_signs(rot, e0, z, z, len);
+        for (uint32_t i = 0; i < len; i++) {
+            float *o = out + base + i;
+            switch (op) {
+            case PSAGG_DECODE_ADD:
+                *o = *o + z[i];
+                break;
+            case PSAGG_DECODE_FIRST:
+                *o = 0.0f + z[i];
+                break;
+            default: /* SET, and SCALE (factor in z) */
+                *o = z[i];
+            }
+        }
         e0 += p;
     }
     free(z);
     return PSAGG_OK;
+}
+
+/* ---- the wire format (thc.h, "THE WIRE FORMAT") ---- */
+
+size_t psagg__thc_push_bytes(uint32_t bits, uint32_t block, size_t n)
+{
+    size_t nb = psagg__thc_blocks(n, block);
+    if (!nb || !bits_ok(bits))
+        return 0;
+    return PSAGG_THC_PUSH_META * nb +
+           psagg__thc_index_bytes(bits, psagg__thc_rotated_len(n, block));
+}
+
+size_t psagg__thc_update_bytes(uint32_t bits, uint32_t block, size_t n, size_t summed)
+{
+    size_t nb = psagg__thc_blocks(n, block), sum;
+    if (!nb || !bits_ok(bits))
+        return 0;
+    sum = psagg__thc_sum_bytes(bits, summed, psagg__thc_rotated_len(n, block));
+    return sum ? PSAGG_THC_UPDATE_META * nb + sum : 0;
+}
+
+size_t psagg__thc_update_cap(uint32_t bits, uint32_t block, size_t n)
+{
+    /* the widest sum: 16 bits, which 256 inputs at b = 4 (and 86 at b = 2) already take */
+    return psagg__thc_update_bytes(bits, block, n, 65535 / ((1u << bits) - 1));
+}
+
+float psagg__thc_next_scale(uint32_t bits, float peak)
+{
+    float c = (bits == 2 ? 0.25f : 0.625f) * peak;
+    return c >= PSAGG_THC_MIN_SCALE && c <= PSAGG_THC_MAX_SCALE ? c
+           : c > 0                                              ? PSAGG_THC_MAX_SCALE
+                                                                : 0;
+}
+
+static float get_f32(const uint8_t *p)
+{
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+    uint32_t u;
+    memcpy(&u, p, 4);
+    return u;
+}
+
+float psagg__thc_push_scale(const uint8_t *push, size_t m)
+{
+    return get_f32(push + PSAGG_THC_PUSH_META * m);
+}
+
+psagg_status psagg__thc_push_encode(uint32_t bits, uint32_t block, psagg__rng_key rot,
+                                    const float *scales, const float *x, float *residual, size_t n,
+                                    psagg__rng_key key, uint8_t *out, size_t out_len,
+                                    size_t *bad_index)
+{
+    size_t nb = psagg__thc_blocks(n, block), meta = PSAGG_THC_PUSH_META * nb;
+    float *peaks;
+    psagg_status st;
+
+    if (!nb || !bits_ok(bits) || out_len != psagg__thc_push_bytes(bits, block, n))
+        return psagg__fail(PSAGG_EINVAL,
+                           "thc push: %zu bytes for %zu elements (thc%u/%u takes %zu)", out_len, n,
+                           bits, block, psagg__thc_push_bytes(bits, block, n));
+    if (!(peaks = malloc(nb * sizeof *peaks)))
+        return psagg__fail(PSAGG_ENOMEM, "thc: the peaks of %zu blocks", nb);
+    st = psagg__thc_encode(bits, block, rot, scales, x, residual, n, key, out + meta,
+                           out_len - meta, bad_index, peaks);
+    for (size_t m = 0; !st && m < nb; m++) {
+        memcpy(out + PSAGG_THC_PUSH_META * m, &scales[m], 4);
+        memcpy(out + PSAGG_THC_PUSH_META * m + 4, &peaks[m], 4);
+    }
+    free(peaks);
+    return st;
+}
+
+/* A peak: finite and >= +0 (its bit pattern below +Inf's: -0 and NaN are not). */
+static int peak_ok(float p)
+{
+    return get_u32((const uint8_t *)&p) < 0x7F800000u;
+}
+
+psagg_status psagg__thc_push_check(uint32_t bits, uint32_t block, const uint8_t *push, size_t len,
+                                   size_t n)
+{
+    size_t nb = psagg__thc_blocks(n, block), np = psagg__thc_rotated_len(n, block), e0 = 0;
+    size_t meta = PSAGG_THC_PUSH_META * nb, used;
+    const uint8_t *idx = push + meta;
+
+    if (!nb || !bits_ok(bits) || len != psagg__thc_push_bytes(bits, block, n))
+        return psagg__fail(PSAGG_EBADMETA, "thc push: %zu bytes; %zu elements take %zu", len, n,
+                           psagg__thc_push_bytes(bits, block, n));
+    for (size_t m = 0; m < nb; m++) {
+        size_t base, bl;
+        uint32_t p = block_of(n, block, m, &base, &bl);
+        float c = psagg__thc_push_scale(push, m), pk = get_f32(push + PSAGG_THC_PUSH_META * m + 4);
+        if (!scale_ok(c))
+            return psagg__fail(PSAGG_EBADMETA, "thc push: block %zu: scale %g (0, or %g..%g)", m,
+                               (double)c, (double)PSAGG_THC_MIN_SCALE, (double)PSAGG_THC_MAX_SCALE);
+        if (!peak_ok(pk))
+            return psagg__fail(PSAGG_EBADMETA, "thc push: block %zu: peak %g (finite, >= +0)", m,
+                               (double)pk);
+        if (c == 0) /* blocks start on bytes: P * b is a multiple of 8 */
+            for (size_t i = e0 * bits / 8; i < (e0 + p) * bits / 8; i++)
+                if (idx[i])
+                    return psagg__fail(PSAGG_EBADMETA,
+                                       "thc push: block %zu has scale 0 but indices other than 0",
+                                       m);
+        e0 += p;
+    }
+    used = np * bits / 8; /* (N' is a multiple of 64: whole bytes) */
+    for (size_t i = used; i < len - meta; i++)
+        if (idx[i])
+            return psagg__fail(PSAGG_EBADMETA, "thc push: padding byte %zu is not 0", i);
+    return PSAGG_OK;
+}
+
+psagg_status psagg__thc_push_values(uint32_t bits, uint32_t block, const uint8_t *push, size_t len,
+                                    size_t n, float *acc)
+{
+    size_t nb = psagg__thc_blocks(n, block), e0 = 0;
+    const uint32_t L = 1u << bits;
+    psagg_status st = psagg__thc_push_check(bits, block, push, len, n);
+    if (st)
+        return st;
+    for (size_t m = 0; m < nb; m++) {
+        size_t base, bl;
+        uint32_t p = block_of(n, block, m, &base, &bl);
+        float c = psagg__thc_push_scale(push, m), step = c / (float)(L - 1);
+        if (c > 0)
+            for (uint32_t i = 0; i < p; i++) {
+                uint32_t q = psagg__thc_index_at(bits, push + PSAGG_THC_PUSH_META * nb, e0 + i);
+                acc[e0 + i] = acc[e0 + i] + (float)(2 * (int32_t)q - (int32_t)(L - 1)) * step;
+            }
+        e0 += p;
+    }
+    return PSAGG_OK;
+}
+
+psagg_status psagg__thc_update_fold(uint32_t bits, uint32_t block, const uint8_t *const *pushes,
+                                    size_t n_in, size_t push_len, size_t n, uint8_t *out,
+                                    size_t out_len)
+{
+    size_t nb = psagg__thc_blocks(n, block), np = psagg__thc_rotated_len(n, block);
+    size_t pmeta = PSAGG_THC_PUSH_META * nb, umeta = PSAGG_THC_UPDATE_META * nb;
+    const uint8_t *idx[64];
+    const uint8_t **in = n_in <= 64 ? idx : malloc(n_in * sizeof *in);
+    psagg_status st;
+
+    if (!in)
+        return psagg__fail(PSAGG_ENOMEM, "thc: %zu inputs", n_in);
+    if (!n_in || push_len != psagg__thc_push_bytes(bits, block, n) ||
+        out_len != psagg__thc_update_bytes(bits, block, n, n_in)) {
+        st = psagg__fail(PSAGG_EINVAL, "thc fold: %zu pushes of %zu bytes into %zu", n_in, push_len,
+                         out_len);
+        goto out;
+    }
+    for (size_t m = 0; m < nb; m++) {
+        uint32_t scale = 0, peak = 0, count = 0;
+        for (size_t k = 0; k < n_in; k++) {
+            uint32_t c = get_u32(pushes[k] + PSAGG_THC_PUSH_META * m),
+                     pk = get_u32(pushes[k] + PSAGG_THC_PUSH_META * m + 4);
+            if (c) {
+                scale = c;
+                count++;
+            }
+            peak = pk > peak ? pk : peak; /* (finite, >= +0: the bit patterns order them) */
+        }
+        memcpy(out + PSAGG_THC_UPDATE_META * m, &scale, 4);
+        memcpy(out + PSAGG_THC_UPDATE_META * m + 4, &peak, 4);
+        memcpy(out + PSAGG_THC_UPDATE_META * m + 8, &count, 4);
+    }
+    for (size_t k = 0; k < n_in; k++)
+        in[k] = pushes[k] + pmeta;
+    st = psagg__thc_fold(bits, in, n_in, push_len - pmeta, np, out + umeta, out_len - umeta);
+out:
+    if (in != idx)
+        free(in);
+    return st;
+}
+
+psagg_status psagg__thc_update_decode(uint32_t bits, uint32_t block, psagg__rng_key rot,
+                                      const uint8_t *update, size_t len, size_t n, float factor,
+                                      psagg__decode_op op, float *out, float *next_scales)
+{
+    size_t nb = psagg__thc_blocks(n, block), e0 = 0;
+    size_t umeta = PSAGG_THC_UPDATE_META * nb, inputs = 0;
+    const uint32_t L = 1u << bits;
+    uint32_t width, *counts;
+    float *scales;
+    psagg_status st = PSAGG_OK;
+
+    if (!nb || !bits_ok(bits))
+        return psagg__fail(PSAGG_EINVAL, "thc update: thc%u/%u", bits, block);
+    /* the width from the length: the widest inputs of each */
+    if (len == psagg__thc_update_bytes(bits, block, n, 255 / (L - 1)))
+        inputs = 255 / (L - 1);
+    else if (len == psagg__thc_update_bytes(bits, block, n, 65535 / (L - 1)))
+        inputs = 65535 / (L - 1);
+    else
+        return psagg__fail(PSAGG_EBADMETA, "thc update: %zu bytes; %zu elements take %zu or %zu",
+                           len, n, psagg__thc_update_bytes(bits, block, n, 1),
+                           psagg__thc_update_bytes(bits, block, n, 65535 / (L - 1)));
+    width = psagg__thc_sum_width(bits, inputs);
+    scales = malloc(nb * sizeof *scales);
+    counts = malloc(nb * sizeof *counts);
+    if (!scales || !counts) {
+        st = psagg__fail(PSAGG_ENOMEM, "thc: the meta of %zu blocks", nb);
+        goto out;
+    }
+    for (size_t m = 0; m < nb; m++) {
+        size_t base, bl;
+        uint32_t p = block_of(n, block, m, &base, &bl);
+        const uint8_t *mt = update + PSAGG_THC_UPDATE_META * m;
+        float pk = get_f32(mt + 4);
+        scales[m] = get_f32(mt);
+        counts[m] = get_u32(mt + 8);
+        if (!scale_ok(scales[m]) || !peak_ok(pk) || counts[m] > inputs ||
+            (counts[m] == 0) != (scales[m] == 0)) {
+            st = psagg__fail(PSAGG_EBADMETA,
+                             "thc update: block %zu: scale %g, peak %g, count %u (a count up to "
+                             "%zu, 0 exactly when the scale is)",
+                             m, (double)scales[m], (double)pk, counts[m], inputs);
+            goto out;
+        }
+        for (uint32_t i = 0; i < p; i++)
+            if (psagg__thc_sum_at(bits, width, update + umeta, e0 + i) > counts[m] * (L - 1)) {
+                st = psagg__fail(
+                    PSAGG_EBADMETA, "thc update: element %zu's sum %u is more than %u pushes make",
+                    e0 + i, psagg__thc_sum_at(bits, width, update + umeta, e0 + i), counts[m]);
+                goto out;
+            }
+        e0 += p;
+    }
+    if (!(st = psagg__thc_decode(bits, block, rot, scales, update + umeta, len - umeta, inputs,
+                                 counts, n, factor, op, out)) &&
+        next_scales)
+        for (size_t m = 0; m < nb; m++)
+            next_scales[m] =
+                psagg__thc_next_scale(bits, get_f32(update + PSAGG_THC_UPDATE_META * m + 4));
+out:
+    free(scales);
+    free(counts);
+    return st;
 }

@@ -519,9 +519,9 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
 }
 
 /* sum_chunk_ops: the round's update is its sum, requantized (error feedback: c->residual). */
-static uint64_t sum_out_bytes(uint64_t count, uint64_t enc)
+static uint64_t sum_out_bytes(const psagg_codec *codec, uint64_t count, uint64_t enc)
 {
-    (void)count;
+    (void)codec, (void)count;
     return enc;
 }
 
@@ -596,6 +596,7 @@ static int sum_advances(const chunk_state *c)
 const chunk_ops sum_chunk_ops = {
     .name = "sum",
     .host_sum = 0,
+    .sum = NULL,
     .out_bytes = sum_out_bytes,
     .state_bytes = sum_state_bytes,
     .alloc = sum_alloc,
@@ -867,12 +868,14 @@ void agg_release(server *srv)
 }
 
 /*
- * The kind of a chunk of a tensor declared a parameter or not. With chunk_sum, the only places
- * that choose by kind: everything else asks the chunk's tables.
+ * The kind of a chunk of a tensor declared a parameter or not, in `codec`. With chunk_sum, the
+ * only places that choose by kind: everything else asks the chunk's tables.
  */
-static const chunk_ops *chunk_kind(int param)
+static const chunk_ops *chunk_kind(int param, psagg_codec_id codec)
 {
-    return param ? &param_chunk_ops : &sum_chunk_ops;
+    return param                      ? &param_chunk_ops
+           : codec == PSAGG_CODEC_THC ? &thc_chunk_ops /* (integers: no fp32 sum) */
+                                      : &sum_chunk_ops;
 }
 
 /*
@@ -882,6 +885,8 @@ static const chunk_ops *chunk_kind(int param)
  */
 static const chunk_sum_ops *chunk_sum(const server *srv, const agg_thread *t, const chunk_state *c)
 {
+    if (c->ops->sum) /* (the kind's own: thc's integers) */
+        return c->ops->sum;
     return t->cuda && !c->ops->host_sum && c->info->count >= srv->cfg.gpu_min_elems &&
                    srv->n_workers <= gpu_max_inputs() &&
                    srv->layout.tensors[c->info->key].codec.id != PSAGG_CODEC_TOPK /* (host) */
@@ -897,7 +902,8 @@ static psagg_status chunk_alloc(server *srv, chunk_state *c)
 {
     const psagg__chunk_info *ci = c->info;
     size_t enc = ci->cap_bytes, n = (size_t)srv->n_workers;
-    size_t out = c->out_cap = (size_t)c->ops->out_bytes(ci->count, enc);
+    size_t out = c->out_cap =
+        (size_t)c->ops->out_bytes(&srv->layout.tensors[ci->key].codec, ci->count, enc);
     psagg_status st;
 
     c->arrived = arena_alloc(n);
@@ -929,9 +935,10 @@ static psagg_status chunk_alloc(server *srv, chunk_state *c)
  * What one owned chunk of kind `ops`, `count` elements, `enc` bytes encoded, costs
  * (chunk_alloc; the accumulator counted whichever way it is summed).
  */
-static uint64_t chunk_bytes(const server *srv, uint64_t count, size_t enc, const chunk_ops *ops)
+static uint64_t chunk_bytes(const server *srv, const psagg_codec *codec, uint64_t count, size_t enc,
+                            const chunk_ops *ops)
 {
-    uint64_t n = (uint64_t)srv->n_workers, out = ops->out_bytes(count, enc);
+    uint64_t n = (uint64_t)srv->n_workers, out = ops->out_bytes(codec, count, enc);
     return sizeof(chunk_state) + 3 * n + 4 * n + n * sizeof(void *) + n * enc + 4 * count +
            ops->state_bytes(srv, count) +
            2 * (sizeof(psagg__msg_hdr) + out + srv->pool.bitmap_bytes + srv->tag_bytes);
@@ -964,20 +971,20 @@ psagg_status agg_check_budget(const server *srv, const psagg__ctl_tensor *decl, 
     for (uint32_t t = 0; t < n; t++) {
         psagg_codec c = psagg__tensor_codec(&decl[t]);
         uint64_t count = decl[t].count, ce, full, rem, bytes;
-        const chunk_ops *ops = chunk_kind((decl[t].flags & PSAGG_DECL_PARAM) != 0);
-        if (decl[t].codec > PSAGG_CODEC_TOPK || psagg__codec_check(&c) || !count)
+        const chunk_ops *ops = chunk_kind((decl[t].flags & PSAGG_DECL_PARAM) != 0, c.id);
+        if (decl[t].codec > PSAGG_CODEC_THC || psagg__codec_check(&c) || !count)
             continue; /* psagg__layout_build refuses it, with its own message */
         ce = psagg__codec_chunk_elems(&c, chunk_elems);
         if (adapt_interval && c.id == PSAGG_CODEC_MAXMIN) /* buffers hold the largest */
             c = psagg__adapt_largest(&c, ce);
         full = count / ce;
         rem = count % ce;
-        bytes = sat_add(sat_mul(full, chunk_bytes(srv, ce, psagg__encoded_size(&c, ce), ops)),
-                        rem ? chunk_bytes(srv, rem, psagg__encoded_size(&c, rem), ops) : 0);
+        bytes = sat_add(sat_mul(full, chunk_bytes(srv, &c, ce, psagg__encoded_size(&c, ce), ops)),
+                        rem ? chunk_bytes(srv, &c, rem, psagg__encoded_size(&c, rem), ops) : 0);
         chunks = sat_add(chunks, full + (rem != 0));
         total = sat_add(total, bytes);
-        if (chunk_bytes(srv, ce, psagg__encoded_size(&c, ce), ops) > biggest_chunk)
-            biggest_chunk = chunk_bytes(srv, ce, psagg__encoded_size(&c, ce), ops);
+        if (chunk_bytes(srv, &c, ce, psagg__encoded_size(&c, ce), ops) > biggest_chunk)
+            biggest_chunk = chunk_bytes(srv, &c, ce, psagg__encoded_size(&c, ce), ops);
         if (bytes > worst) {
             worst = bytes;
             worst_t = t;
@@ -1063,7 +1070,7 @@ psagg_status agg_setup(server *srv)
         c->codec = l->tensors[ci->key].codec;
         c->enc = ci->enc_bytes;
         c->thread = slot % (uint32_t)srv->pool.n_threads;
-        c->ops = chunk_kind(l->tensors[ci->key].param);
+        c->ops = chunk_kind(l->tensors[ci->key].param, l->tensors[ci->key].codec.id);
     }
     return PSAGG_OK;
 }

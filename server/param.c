@@ -112,8 +112,9 @@ static uint64_t param_state_bytes(const server *srv, uint64_t count)
 }
 
 /* An update is the delta in the tensor's codec or the fp32 weights, whichever is larger. */
-static uint64_t param_out_bytes(uint64_t count, uint64_t enc)
+static uint64_t param_out_bytes(const psagg_codec *codec, uint64_t count, uint64_t enc)
 {
+    (void)codec;
     return enc > 4 * count ? enc : 4 * count;
 }
 
@@ -407,6 +408,7 @@ static int param_advances(const chunk_state *c)
 const chunk_ops param_chunk_ops = {
     .name = "parameter",
     .host_sum = 1, /* the step reads the fp32 sum in acc */
+    .sum = NULL,
     .out_bytes = param_out_bytes,
     .state_bytes = param_state_bytes,
     .alloc = param_alloc,

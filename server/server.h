@@ -25,6 +25,7 @@
  *   quorum.c     round policies: when a round closes and whose pushes it sums (every
  *                member; [server] quorum and grace_ms)
  *   aggregate.c  per-chunk rounds and the aggregation thread pool
+ *   integer.c    chunks in the thc codec: their pushes added as integers (kernels/thc.h)
  *   param.c      parameter chunks ([server] optimizer): the optimizer's rounds, their state
  *   ckpt_file.c  the checkpoint file: its format, written from param.c's state, read back
  *   gpu.c        the optional GPU assist of the aggregation threads
@@ -178,8 +179,9 @@ typedef struct chunk_state {
     atomic_int deferred;     /* round complete, waiting for out[parity] to be free */
     atomic_int retry_queued; /* `retry` is in the thread's queue */
     agg_item retry;
-    const struct chunk_ops *ops;     /* its round's kind: sum_chunk_ops, param_chunk_ops */
-    const struct chunk_sum_ops *sum; /* how it sums: cpu_sum_ops, gpu_sum_ops */
+    const struct chunk_ops *ops;     /* its round's kind: sum_chunk_ops, param_chunk_ops,
+                                        thc_chunk_ops */
+    const struct chunk_sum_ops *sum; /* how it sums: cpu_sum_ops, gpu_sum_ops, thc_sum_ops */
     send_ctx sctx[2];
     param_state *param; /* param_chunk_ops' state (param.c), else NULL */
     size_t out_cap;     /* payload bytes out[] holds: cap_bytes, or a parameter's fp32 */
@@ -251,7 +253,10 @@ typedef struct chunk_sum_ops {
  * update. param_chunk_ops (param.c): an optimizer step on the sum, the weights' delta is the
  * update ([server] optimizer).
  *   host_sum    1: finish reads the fp32 sum in acc, so the chunk is summed by cpu_sum_ops
- *   out_bytes   payload bytes an update of a chunk of `count` elements (`enc` encoded) takes
+ *   sum         the kind's own sum (thc_sum_ops: integers, no fp32 sum), or NULL: the CPU's
+ *               or the GPU assist's (aggregate.c's chunk_sum chooses)
+ *   out_bytes   the most payload bytes an update of a chunk of `count` elements in `codec`
+ *               (`enc` encoded) takes
  *   state_bytes what the kind's own state costs a chunk of `count` elements (with out_bytes:
  *               agg_check_budget's count, before anything is allocated)
  *   alloc       the kind's state, after the common buffers and the sum's (c->param...); free
@@ -274,7 +279,8 @@ typedef struct chunk_sum_ops {
 typedef struct chunk_ops {
     const char *name; /* "sum", "parameter" */
     int host_sum;
-    uint64_t (*out_bytes)(uint64_t count, uint64_t enc);
+    const struct chunk_sum_ops *sum;
+    uint64_t (*out_bytes)(const psagg_codec *codec, uint64_t count, uint64_t enc);
     uint64_t (*state_bytes)(const struct server *srv, uint64_t count);
     psagg_status (*alloc)(struct server *srv, chunk_state *c);
     void (*free)(chunk_state *c);
@@ -636,6 +642,10 @@ void agg_settle(server *srv, chunk_state *c);
 /* The sum kind (its update is the sum) and the sum on the CPU. */
 extern const chunk_ops sum_chunk_ops;
 extern const chunk_sum_ops cpu_sum_ops;
+
+/* integer.c: the integer sum kind (the thc codec) and its sum */
+extern const chunk_ops thc_chunk_ops;
+extern const chunk_sum_ops thc_sum_ops;
 
 /* quorum.c: a round closes when every member pushed; or also, [server] quorum, without
    stragglers */

@@ -19,6 +19,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "kernels/optim.h"
+#include "kernels/thc.h"
 #include "runtime/adaptive.h"
 #include "runtime/channel.h"
 #include "worker.h"
@@ -151,9 +152,10 @@ err_config:
 static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tensors)
 {
     const psagg__layout *l = &ctx->layout;
+    size_t body = l->max_param_bytes > l->max_enc_bytes ? l->max_param_bytes : l->max_enc_bytes;
     size_t rsize = sizeof(psagg__msg_hdr) +
-                   (l->max_param_bytes > l->max_enc_bytes ? l->max_param_bytes : l->max_enc_bytes) +
-                   ctx->bitmap_bytes + ctx->tag_bytes;
+                   (l->max_update_bytes > body ? l->max_update_bytes : body) + ctx->bitmap_bytes +
+                   ctx->tag_bytes;
     psagg_status st;
 
     if (rsize > ctx->max_msg)
@@ -178,7 +180,15 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
                                       : ctx->cfg.error_feedback_beta;
         int ef =
             tensors[t].error_feedback < 0 ? ctx->cfg.error_feedback : tensors[t].error_feedback;
-        if (ef && ti->codec.id != PSAGG_CODEC_FP32) {
+        if (ti->codec.id == PSAGG_CODEC_THC) { /* (its first push keeps all in the residual) */
+            const psagg__chunk_info *last = &l->chunks[ti->first_chunk + ti->n_chunks - 1];
+            size_t rot = last->offset + psagg__thc_rotated_len(last->count, ti->codec.bucket);
+            ctx->tensors[t].residual = psagg__alloc(rot * sizeof(float), 1);
+            ctx->tensors[t].thc_scale =
+                psagg__alloc((rot / ti->codec.bucket + 1) * sizeof(float), 1);
+            if (!ctx->tensors[t].residual || !ctx->tensors[t].thc_scale)
+                return psagg__fail(PSAGG_ENOMEM, "residual of tensor '%s'", ti->name);
+        } else if (ef && ti->codec.id != PSAGG_CODEC_FP32) {
             ctx->tensors[t].residual = psagg__alloc(ti->count * sizeof(float), 1);
             if (!ctx->tensors[t].residual)
                 return psagg__fail(PSAGG_ENOMEM, "residual of tensor '%s'", ti->name);
@@ -790,6 +800,7 @@ psagg_status psagg_close(psagg_ctx *ctx)
         ctx->device_destroy(ctx);
     for (uint32_t t = 0; ctx->tensors && t < ctx->layout.n_tensors; t++) {
         psagg__free(ctx->tensors[t].residual);
+        psagg__free(ctx->tensors[t].thc_scale);
         psagg__free(ctx->tensors[t].carry);
     }
     for (uint32_t c = 0; ctx->chunks && c < ctx->layout.n_chunks; c++) {

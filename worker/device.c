@@ -346,6 +346,12 @@ psagg_status psagg_push_pull_cuda(psagg_ctx *ctx, uint32_t key, const float *d_i
     h = handle_new(ctx, key, d_in, d_out, op, priority, &device_ops, &st);
     if (!h)
         return st;
+    if (ctx->layout.tensors[key].codec.id == PSAGG_CODEC_THC) {
+        st = psagg__fail(PSAGG_EUNSUPPORTED,
+                         "its codec is thc, which has no CUDA kernels yet (its rotation and "
+                         "encode run on the host): push it from host memory (psagg_push_pull)");
+        goto err;
+    }
     if (ctx->layout.tensors[key].adaptive) {
         st = psagg__fail(PSAGG_EUNSUPPORTED,
                          "its codec is adaptive ([codec] adaptive = on), which the CUDA path "

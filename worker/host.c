@@ -10,7 +10,32 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "kernels/codec.h"
+#include "kernels/thc.h"
 #include "worker.h"
+
+/* thc's rotation of chunk ci: the same on every worker and round (kernels/thc.h) */
+static psagg__rng_key thc_rotation(const psagg_ctx *ctx, const psagg__chunk_info *ci)
+{
+    return psagg__rng_chunk_key(ctx->cfg.seed, PSAGG_RNG_ROTATE, 0, ci->key, ci->index, 0);
+}
+
+/* thc's push of chunk ci: at the scales the last update set, its residual in rotated
+   coordinates (decayed as below over all of them) */
+static psagg_status thc_encode(psagg_ctx *ctx, struct psagg_handle *h, const psagg__chunk_info *ci,
+                               psagg__rng_key key, uint8_t *payload, size_t *bad)
+{
+    tensor_state *ts = &ctx->tensors[h->key];
+    uint32_t block = h->codec.bucket;
+    float *res = ts->residual + ci->offset;
+    psagg_status st = psagg__thc_push_encode(h->codec.bits, block, thc_rotation(ctx, ci),
+                                             ts->thc_scale + ci->offset / block, h->in + ci->offset,
+                                             res, ci->count, key, payload,
+                                             psagg__encoded_size(&h->codec, ci->count), bad);
+    if (!st && ts->ef_beta != 1.0f)
+        for (size_t i = 0, np = psagg__thc_rotated_len(ci->count, block); i < np; i++)
+            res[i] *= ts->ef_beta;
+    return st;
+}
 
 static psagg_status host_encode(psagg_ctx *ctx, struct psagg_handle *h)
 {
@@ -28,9 +53,21 @@ static psagg_status host_encode(psagg_ctx *ctx, struct psagg_handle *h)
         psagg__rng_key key = psagg__rng_chunk_key(ctx->cfg.seed, PSAGG_RNG_WORKER,
                                                   (uint32_t)ctx->rank, ci->key, ci->index, h->step);
         size_t bad = 0;
-        psagg_status st =
-            psagg__encode(&h->codec, h->in + ci->offset, res ? res + ci->offset : NULL, ci->count,
-                          key, payload, psagg__encoded_size(&h->codec, ci->count), &bad);
+        psagg_status st;
+        if (h->codec.id == PSAGG_CODEC_THC) {
+            if ((st = thc_encode(ctx, h, ci, key, payload, &bad))) {
+                const psagg__chunk_info *last =
+                    &ctx->layout.chunks[ti->first_chunk + ti->n_chunks - 1];
+                memset(res, 0,
+                       (last->offset + psagg__thc_rotated_len(last->count, h->codec.bucket)) *
+                           sizeof(float));
+                return psagg__fail_context(st, "tensor '%.63s': element %llu: ", ti->name,
+                                           (unsigned long long)(ci->offset + bad));
+            }
+            continue;
+        }
+        st = psagg__encode(&h->codec, h->in + ci->offset, res ? res + ci->offset : NULL, ci->count,
+                           key, payload, psagg__encoded_size(&h->codec, ci->count), &bad);
         if (st) {
             if (res) /* part of it was updated: start error feedback afresh */
                 memset(res, 0, ti->count * sizeof(float));
@@ -73,8 +110,12 @@ static psagg_status host_carry(psagg_ctx *ctx, struct psagg_handle *h, const psa
         to = ts->carry;
         ts->carry_live = 1;
     }
-    st = psagg__decode_into(&h->codec, payload, psagg__encoded_size(&h->codec, ci->count),
-                            ci->count, to + ci->offset, PSAGG_DECODE_ADD, 1.0f);
+    st = h->codec.id == PSAGG_CODEC_THC /* (its table values, in rotated coordinates) */
+             ? psagg__thc_push_values(h->codec.bits, h->codec.bucket, payload,
+                                      psagg__encoded_size(&h->codec, ci->count), ci->count,
+                                      to + ci->offset)
+             : psagg__decode_into(&h->codec, payload, psagg__encoded_size(&h->codec, ci->count),
+                                  ci->count, to + ci->offset, PSAGG_DECODE_ADD, 1.0f);
     if (st)
         return psagg__fail_context(
             st, "tensor '%.63s' chunk %u: its own push, left out: ", ti->name, ci->index);
@@ -86,11 +127,17 @@ static psagg_status host_update(psagg_ctx *ctx, struct psagg_handle *h, const ps
                                 size_t payload_len)
 {
     const psagg__tensor_info *ti = &ctx->layout.tensors[h->key];
+    tensor_state *ts = &ctx->tensors[h->key];
     /* one pass: decode, validate and (SCALE: AVERAGE) scale by 1 / the workers summed, or
-       (ADD) apply a delta */
+       (ADD) apply a delta; thc's also sets the scales of the chunk's next push */
     psagg_status st =
-        psagg__decode_into(codec, payload, payload_len, ci->count, h->out + ci->offset,
-                           (psagg__decode_op)mode, h->chunk_scale[ci->index]);
+        codec->id == PSAGG_CODEC_THC
+            ? psagg__thc_update_decode(codec->bits, codec->bucket, thc_rotation(ctx, ci), payload,
+                                       payload_len, ci->count, h->chunk_scale[ci->index],
+                                       (psagg__decode_op)mode, h->out + ci->offset,
+                                       ts->thc_scale + ci->offset / codec->bucket)
+            : psagg__decode_into(codec, payload, payload_len, ci->count, h->out + ci->offset,
+                                 (psagg__decode_op)mode, h->chunk_scale[ci->index]);
 
     if (st)
         return psagg__fail_context(st,

@@ -181,8 +181,11 @@ _Static_assert(sizeof(chunk_buf) == 2 * sizeof(push_buf), "chunk_buf: push buffe
 static inline push_buf *chunk_push(psagg_ctx *ctx, uint32_t chunk, uint32_t round);
 
 typedef struct tensor_state {
-    float *residual; /* worker error feedback (host buffers), or NULL */
+    float *residual; /* worker error feedback (host buffers), or NULL; thc: always, in rotated
+                        coordinates (chunk c's at its offset, psagg__thc_rotated_len long) */
     float ef_beta;   /* the residual's decay before each encode (1: classic error feedback) */
+    float *thc_scale; /* thc: each block's scale for the next push (chunk c's from its offset /
+                         the block), set by the update applied last; else NULL */
     float *carry;    /* [server] quorum, no residual: pushes left out of their round, or NULL */
     int carry_live;  /* carry holds some: the next encode adds it, then clears it */
     uint32_t round;  /* round of the next push_pull */

@@ -477,14 +477,14 @@ static int parse_codec(const struct key *k, const char *val, int append, psagg__
     (void)append;
     if (strchr(val, '/') || psagg_codec_parse(val, &c) != PSAGG_OK) {
         snprintf(why, whylen,
-                 "a codec name: fp32, fp16, bf16 or maxmin1..maxmin8 (bucket and rounding "
-                 "are separate keys)");
+                 "a codec name: fp32, fp16, bf16, maxmin1..maxmin8, thc2 or thc4 (bucket and "
+                 "rounding are separate keys)");
         return -1;
     }
     if (c.id == PSAGG_CODEC_TOPK) {
         snprintf(why, whylen,
                  "topk is a tensor's codec (psagg_tensor_desc.codec, psagg.torch's codec=), not "
-                 "yet a job's default: fp32, fp16, bf16 or maxmin1..maxmin8 here");
+                 "yet a job's default: fp32, fp16, bf16, maxmin1..maxmin8, thc2 or thc4 here");
         return -1;
     }
     cfg->codec.id = c.id;

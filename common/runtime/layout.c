@@ -143,7 +143,7 @@ psagg_status psagg__layout_build(const psagg__ctl_tensor *decl, uint32_t n, uint
         }
         ti->count = decl[t].count;
         ti->codec = psagg__tensor_codec(&decl[t]);
-        if (decl[t].codec > PSAGG_CODEC_TOPK)
+        if (decl[t].codec > PSAGG_CODEC_THC)
             st = psagg__fail(PSAGG_EINVAL, "codec id %u unknown", decl[t].codec);
         else if (decl[t].rounding > PSAGG_ROUND_NEAREST)
             st = psagg__fail(PSAGG_EINVAL, "rounding %u unknown", decl[t].rounding);
@@ -160,6 +160,15 @@ psagg_status psagg__layout_build(const psagg__ctl_tensor *decl, uint32_t n, uint
         if (decl[t].flags & ~(PSAGG_DECL_PARAM | PSAGG_DECL_RARE)) {
             st = psagg__fail(PSAGG_EINVAL, "tensor %u '%s': unknown flags 0x%x", t, ti->name,
                              decl[t].flags & ~(PSAGG_DECL_PARAM | PSAGG_DECL_RARE));
+            goto err;
+        }
+        if (ti->param && ti->codec.id == PSAGG_CODEC_THC) {
+            st = psagg__fail(PSAGG_EINVAL,
+                             "tensor %u '%s': a parameter ([server] optimizer) cannot be thc yet: "
+                             "the servers step on an fp32 sum, and thc's is integers the workers "
+                             "decode (declare it maxmin, or push its gradient without the "
+                             "server optimizer)",
+                             t, ti->name);
             goto err;
         }
         if (decl[t].k && decl[t].codec != PSAGG_CODEC_TOPK) {
@@ -222,6 +231,8 @@ psagg_status psagg__layout_build(const psagg__ctl_tensor *decl, uint32_t n, uint
                 ci->cap_bytes = ci->enc_bytes;
             if (ci->cap_bytes > l.max_enc_bytes)
                 l.max_enc_bytes = ci->cap_bytes;
+            if (psagg__update_cap(&ti->codec, ci->count) > l.max_update_bytes)
+                l.max_update_bytes = psagg__update_cap(&ti->codec, ci->count);
             if (ti->param && 4 * ci->count > l.max_param_bytes)
                 l.max_param_bytes = 4 * ci->count;
             order[c] = c;

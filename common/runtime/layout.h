@@ -63,6 +63,7 @@ typedef struct psagg__layout {
     uint64_t *owned_bytes;   /* per server: encoded bytes of one round's inputs from one worker
                                 (of the tensors that are not rare) */
     size_t max_enc_bytes;    /* largest chunk payload (cap_bytes) */
+    size_t max_update_bytes; /* largest update payload (psagg__update_cap: thc's are wider) */
     size_t max_param_bytes;  /* largest fp32 chunk of a parameter tensor (INIT, WEIGHTS), or 0 */
     uint32_t adapt_interval; /* [codec] adaptive_interval; 0: every codec is fixed */
 } psagg__layout;

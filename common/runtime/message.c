@@ -11,10 +11,13 @@
 uint32_t psagg__msg_codec_word(const psagg_codec *codec, uint32_t generation)
 {
     uint32_t w = (uint32_t)codec->id & 7u;
-    if (codec->id == PSAGG_CODEC_MAXMIN || codec->id == PSAGG_CODEC_TOPK)
+    if (codec->id == PSAGG_CODEC_MAXMIN || codec->id == PSAGG_CODEC_TOPK ||
+        codec->id == PSAGG_CODEC_THC)
         w |= (codec->bits & 15u) << 3 | ((uint32_t)codec->rounding & 1u) << 7;
     if (codec->id == PSAGG_CODEC_MAXMIN)
         w |= ((codec->bucket / 64 - 1) & 0x3FFFu) << 8;
+    else if (codec->id == PSAGG_CODEC_THC)
+        w |= ((uint32_t)__builtin_ctz(codec->bucket ? codec->bucket : 1) - 6) << 8;
     else if (codec->id == PSAGG_CODEC_TOPK)
         w |= ((uint32_t)__builtin_ctz(codec->bucket ? codec->bucket : 1) - 8) << 8 |
              ((codec->k - 1) & 0x3FFu) << 12;
@@ -29,6 +32,10 @@ static psagg_codec word_codec(uint32_t w)
         c.bits = (w >> 3) & 15u;
         c.rounding = (psagg_rounding)((w >> 7) & 1u);
         c.bucket = (((w >> 8) & 0x3FFFu) + 1) * 64;
+    } else if (c.id == PSAGG_CODEC_THC) {
+        c.bits = (w >> 3) & 15u;
+        c.rounding = (psagg_rounding)((w >> 7) & 1u);
+        c.bucket = 64u << ((w >> 8) & 15u);
     }
     return c;
 }
@@ -93,8 +100,10 @@ const char *psagg__msg_check(const void *msg, size_t msg_len, size_t tag_bytes,
         return "codec";
     if (!ti->adaptive)
         codec = ti->codec;
-    len = psagg__encoded_size(&codec, c->count);
-    if (!len || len > c->cap_bytes)
+    len = type == PSAGG_MSG_UPDATE ? psagg__update_size(&codec, c->count, h->summed)
+                                   : psagg__encoded_size(&codec, c->count);
+    if (!len ||
+        len > (type == PSAGG_MSG_UPDATE ? psagg__update_cap(&codec, c->count) : c->cap_bytes))
         return "len";
     if (ti->param && type == PSAGG_MSG_PUSH) {
         psagg__msg_param prm;

@@ -15,10 +15,11 @@
 #include "runtime/wire.h"
 
 /*
- * Field codec of a data header (runtime/wire.h): bits 0-2 the codec id; for maxmin and topk
- * 3-6 the bits and 7 the rounding, then maxmin's bucket / 64 - 1 in 8-21, or topk's log2(block)
- * - 8 in 8-11 and (k - 1) modulo 1024 in 12-21 (the payload's exact length names k exactly);
- * 0 for the other codecs; 22-31 the assignment's generation modulo 1024.
+ * Field codec of a data header (runtime/wire.h): bits 0-2 the codec id; for maxmin, topk and
+ * thc 3-6 the bits and 7 the rounding, then maxmin's bucket / 64 - 1 in 8-21, or topk's
+ * log2(block) - 8 in 8-11 and (k - 1) modulo 1024 in 12-21 (the payload's exact length names k
+ * exactly), or thc's log2(block) - 6 in 8-11; 0 for the other codecs; 22-31 the assignment's
+ * generation modulo 1024.
  */
 uint32_t psagg__msg_codec_word(const psagg_codec *codec, uint32_t generation);
 #define PSAGG_MSG_GEN_MASK 1023u /* the generation a header carries: modulo 1024 */

@@ -189,8 +189,11 @@
  *     then to each of its copies (the other servers of the view that hold its state); every
  *     parameter operation (INIT, PULL too) counts a round; a view's live[] byte 2 (a server
  *     that came back without parameter state)
+ * 18: CHECKPOINT carries a sequence and a phase (checkpoints in two phases)
+ * 19: the thc codec (id 5, kernels/thc.h): an update's length depends on the workers it summed
+ *     (psagg__update_size), so an update is as long as its `summed` says
  */
-#define PSAGG_PROTO_VERSION 18
+#define PSAGG_PROTO_VERSION 19
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64

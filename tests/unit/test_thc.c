@@ -111,11 +111,11 @@ static void check_workers_side(void)
     for (uint32_t t = 0; t < 64; t++) {
         const uint8_t *in[1] = {enc[0]};
         CHECK(!psagg__thc_encode(4, block, rot, scales, x[0], res, n, psagg__rng_key_make(1, t),
-                                 enc[0], len, NULL),
+                                 enc[0], len, NULL, NULL),
               "encode: %s", psagg_last_error());
         CHECK(!psagg__thc_fold(4, in, 1, len, np, sum, psagg__thc_sum_bytes(4, 1, np)), "fold");
-        CHECK(!psagg__thc_decode(4, block, rot, scales, sum, psagg__thc_sum_bytes(4, 1, np), 1, n,
-                                 1.0f, dec),
+        CHECK(!psagg__thc_decode(4, block, rot, scales, sum, psagg__thc_sum_bytes(4, 1, np), 1,
+                                 NULL, n, 1.0f, PSAGG_DECODE_SET, dec),
               "decode: %s", psagg_last_error());
         if (t == 0)
             for (size_t i = 0; i < n; i++)
@@ -140,13 +140,13 @@ static void check_workers_side(void)
     CHECK(sum, "memory");
     for (int w = 0; w < 4; w++)
         CHECK(!psagg__thc_encode(4, block, rot, scales, x[w], NULL, n,
-                                 psagg__rng_key_make(2, (uint64_t)w), enc[w], len, NULL),
+                                 psagg__rng_key_make(2, (uint64_t)w), enc[w], len, NULL, NULL),
               "encode worker %d: %s", w, psagg_last_error());
     CHECK(!psagg__thc_fold(4, (const uint8_t *const *)enc, 4, len, np, sum,
                            psagg__thc_sum_bytes(4, 4, np)),
           "fold of 4");
-    CHECK(!psagg__thc_decode(4, block, rot, scales, sum, psagg__thc_sum_bytes(4, 4, np), 4, n,
-                             0.25f, dec),
+    CHECK(!psagg__thc_decode(4, block, rot, scales, sum, psagg__thc_sum_bytes(4, 4, np), 4, NULL, n,
+                             0.25f, PSAGG_DECODE_SCALE, dec),
           "decode of 4: %s", psagg_last_error());
     mse = 0;
     for (size_t i = 0; i < n; i++) {
@@ -160,7 +160,7 @@ static void check_workers_side(void)
         for (size_t i = 0; i < n; i++)
             g[i] = (float)((int)(i * 2654435761u % 2001) - 1000) / 256.0f;
         CHECK(!psagg__thc_encode(4, block, rot, gs, g, NULL, n, psagg__rng_key_make(42, 4242),
-                                 enc[0], len, NULL),
+                                 enc[0], len, NULL, NULL),
               "golden encode: %s", psagg_last_error());
         printf("test_thc: golden encode (thc4, 5000 elements): %zu bytes, digest %016llx\n", len,
                (unsigned long long)fnv(enc[0], len));
@@ -169,33 +169,33 @@ static void check_workers_side(void)
     }
     /* refusals */
     {
-        float bad_scales[2] = {scales[0], 0.0f}, nan_scales[2] = {NAN, 1.0f};
-        CHECK(psagg__thc_encode(3, block, rot, scales, x[0], NULL, n, rot, enc[0], len, NULL) ==
-                      PSAGG_EINVAL &&
+        float bad_scales[2] = {scales[0], 1e-31f}, nan_scales[2] = {NAN, 1.0f};
+        CHECK(psagg__thc_encode(3, block, rot, scales, x[0], NULL, n, rot, enc[0], len, NULL,
+                                NULL) == PSAGG_EINVAL &&
                   strstr(psagg_last_error(), "bits 3"),
               "bits 3: %s", psagg_last_error());
-        CHECK(psagg__thc_encode(4, 100, rot, scales, x[0], NULL, n, rot, enc[0], len, NULL) ==
+        CHECK(psagg__thc_encode(4, 100, rot, scales, x[0], NULL, n, rot, enc[0], len, NULL, NULL) ==
                       PSAGG_EINVAL &&
                   strstr(psagg_last_error(), "block 100"),
               "block 100: %s", psagg_last_error());
-        CHECK(psagg__thc_encode(4, block, rot, bad_scales, x[0], NULL, n, rot, enc[0], len, NULL) ==
-                      PSAGG_EINVAL &&
-                  strstr(psagg_last_error(), "block 1: scale 0"),
-              "scale 0: %s", psagg_last_error());
-        CHECK(psagg__thc_encode(4, block, rot, nan_scales, x[0], NULL, n, rot, enc[0], len, NULL) ==
-                      PSAGG_EINVAL &&
+        CHECK(psagg__thc_encode(4, block, rot, bad_scales, x[0], NULL, n, rot, enc[0], len, NULL,
+                                NULL) == PSAGG_EINVAL &&
+                  strstr(psagg_last_error(), "block 1: scale 1e-31"),
+              "scale 1e-31: %s", psagg_last_error());
+        CHECK(psagg__thc_encode(4, block, rot, nan_scales, x[0], NULL, n, rot, enc[0], len, NULL,
+                                NULL) == PSAGG_EINVAL &&
                   strstr(psagg_last_error(), "block 0: scale nan"),
               "scale NaN: %s", psagg_last_error());
-        CHECK(psagg__thc_encode(4, block, rot, scales, x[0], NULL, n, rot, enc[0], len - 64,
+        CHECK(psagg__thc_encode(4, block, rot, scales, x[0], NULL, n, rot, enc[0], len - 64, NULL,
                                 NULL) == PSAGG_EINVAL,
               "a short output was taken");
         x[0][4321] = INFINITY;
-        CHECK(psagg__thc_encode(4, block, rot, scales, x[0], NULL, n, rot, enc[0], len, &at) ==
-                      PSAGG_ENONFINITE &&
+        CHECK(psagg__thc_encode(4, block, rot, scales, x[0], NULL, n, rot, enc[0], len, &at,
+                                NULL) == PSAGG_ENONFINITE &&
                   at == 4321,
               "Inf at 4321: %s (at %zu)", psagg_last_error(), at);
         CHECK(psagg__thc_decode(4, block, rot, scales, sum, psagg__thc_sum_bytes(4, 4, np) - 1, 4,
-                                n, 1.0f, dec) == PSAGG_EINVAL,
+                                NULL, n, 1.0f, PSAGG_DECODE_SET, dec) == PSAGG_EINVAL,
               "a short sum was taken");
     }
     for (int w = 0; w < 4; w++)

@@ -67,6 +67,7 @@ typedef enum psagg_codec_id {
     PSAGG_CODEC_BF16 = 2,
     PSAGG_CODEC_MAXMIN = 3,
     PSAGG_CODEC_TOPK = 4, /* sparse: per block the k entries of largest magnitude, b bits each */
+    PSAGG_CODEC_THC = 5,  /* integer aggregation: rotated, b-bit indices the servers add */
 } psagg_codec_id;
 
 typedef enum psagg_rounding {
@@ -77,9 +78,10 @@ typedef enum psagg_rounding {
 typedef struct psagg_codec {
     psagg_codec_id id;
     uint32_t bits;           /* maxmin: 1..8 bits per element; topk: 2..8 per kept value;
-                                ignored otherwise */
+                                thc: 2 or 4; ignored otherwise */
     uint32_t bucket;         /* maxmin: elements per bucket, a multiple of 64; 0 = 1024;
-                                topk: elements per block, a power of two 256..65536; 0 = 4096 */
+                                topk: elements per block, a power of two 256..65536; 0 = 4096;
+                                thc: the rotation's block, a power of two 64..65536; 0 = 1024 */
     psagg_rounding rounding; /* maxmin, topk */
     uint32_t k;              /* topk: entries kept per block, 1..bucket; ignored otherwise */
 } psagg_codec;

@@ -1,0 +1,246 @@
+/*
+ * fn_thc.c - the worker program of the thc codec's functional tests (run_case.sh --worker-bin
+ * fn_thc): real servers add the workers' pushes as integers (server/integer.c), and each
+ * worker checks every update bit for bit against its own reference of the whole job.
+ *
+ * usage: fn_thc ROUNDS CODEC [--average]. Every worker declares tensors of 1, 100, 1023, 4096,
+ * 70001 and 300000 elements in CODEC (thc2, thc4, thc4/256, ...), pushes input_value(rank, t,
+ * r, i) each round and waits. The reference (kernels/thc.h) runs every worker's push of every
+ * chunk, with that worker's residual and the scales the last update set, folds them and
+ * decodes the fold; the output must be the same bits (SUM, or with --average the mean). Round 0
+ * must be all zeros (no scale is agreed yet: everything waits in the residuals) and every
+ * later round close to the inputs' sum plus what the residuals carried; at the end the sum of
+ * all updates must equal the sum of all inputs up to the residuals left (error feedback: the
+ * check prints the relative error of both). Prints "THC ..." figures and "DIGEST <hex>".
+ * FN_THC_SKEW_RANK=R: worker R multiplies its scales by 1.5 before round 2's pushes, so its
+ * pushes disagree with the others': the servers must refuse them, naming the scales (run with
+ * run_case.sh --expect-fail: the job fails on every worker).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fn_input.h"
+#include "kernels/codec.h"
+#include "kernels/thc.h"
+#include "psagg.h"
+#include "runtime/config.h"
+#include "runtime/layout.h"
+#include "../../worker/worker.h"
+
+#define FAIL(...)                                                                                  \
+    do {                                                                                           \
+        fprintf(stderr, "FAIL: " __VA_ARGS__);                                                     \
+        fprintf(stderr, "\n");                                                                     \
+        exit(1);                                                                                   \
+    } while (0)
+
+#define N_T 6
+static const uint64_t sizes[N_T] = {1, 100, 1023, 4096, 70001, 300000};
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001B3ull;
+    return h;
+}
+
+/* One tensor's reference: every worker's residual (rotated) and the scales they share. */
+typedef struct ref_tensor {
+    float **res;  /* per worker */
+    float *scale; /* per block */
+    size_t rot;   /* rotated elements of the tensor */
+} ref_tensor;
+
+int main(int argc, char **argv)
+{
+    uint32_t rounds = argc > 1 ? (uint32_t)atoi(argv[1]) : 0;
+    const char *codec_text = argc > 2 ? argv[2] : "";
+    int average = argc > 3 && !strcmp(argv[3], "--average");
+    int skew = getenv("FN_THC_SKEW_RANK") ? atoi(getenv("FN_THC_SKEW_RANK")) : -1;
+    psagg__config cfg;
+    psagg_ctx *ctx = NULL;
+    psagg_codec codec;
+    psagg_tensor_desc desc[N_T];
+    psagg__ctl_tensor wire[N_T];
+    psagg__layout l;
+    ref_tensor ref[N_T];
+    float *in[N_T], *out[N_T], *expect[N_T], *x;
+    double *sum_in[N_T], *sum_out[N_T];
+    uint8_t **push, *upd;
+    uint64_t digest = 0xcbf29ce484222325ull;
+    int rank, world;
+
+    if (rounds < 3 || psagg_codec_parse(codec_text, &codec) || psagg__codec_check(&codec) ||
+        codec.id != PSAGG_CODEC_THC)
+        FAIL("usage: fn_thc ROUNDS(>= 3) thc<2|4>[/<block>] [--average]");
+    if (psagg__config_load(getenv("PSAGG_CONFIG"), &cfg))
+        FAIL("config: %s", psagg_last_error());
+    if (psagg_init(NULL, -1, -1, &ctx))
+        FAIL("psagg_init: %s", psagg_last_error());
+    rank = psagg_rank(ctx);
+    world = psagg_world_size(ctx);
+    for (uint32_t t = 0; t < N_T; t++) {
+        static char names[N_T][8];
+        snprintf(names[t], sizeof names[t], "g%u", t);
+        desc[t] = (psagg_tensor_desc){.struct_size = sizeof(psagg_tensor_desc),
+                                      .name = names[t],
+                                      .count = sizes[t],
+                                      .codec = codec,
+                                      .error_feedback = -1};
+        if (psagg__tensor_to_wire(names[t], sizes[t], &codec, &wire[t]))
+            FAIL("wire");
+        in[t] = malloc(sizes[t] * sizeof(float));
+        out[t] = malloc(sizes[t] * sizeof(float));
+        expect[t] = malloc(sizes[t] * sizeof(float));
+        sum_in[t] = calloc(sizes[t], sizeof(double));
+        sum_out[t] = calloc(sizes[t], sizeof(double));
+        if (!in[t] || !out[t] || !expect[t] || !sum_in[t] || !sum_out[t])
+            FAIL("memory");
+    }
+    if (psagg_declare(ctx, desc, N_T, NULL))
+        FAIL("psagg_declare: %s", psagg_last_error());
+    if (psagg__layout_build(wire, N_T, psagg__chunk_elems(&cfg), (uint32_t)cfg.n_servers, 0, &l))
+        FAIL("layout: %s", psagg_last_error());
+    push = calloc((size_t)world, sizeof *push);
+    upd = malloc(l.max_update_bytes);
+    x = malloc(sizes[N_T - 1] * sizeof *x);
+    if (!push || !upd || !x)
+        FAIL("memory");
+    for (int w = 0; w < world; w++)
+        if (!(push[w] = malloc(l.max_enc_bytes)))
+            FAIL("memory");
+    for (uint32_t t = 0; t < N_T; t++) {
+        const psagg__tensor_info *ti = &l.tensors[t];
+        const psagg__chunk_info *last = &l.chunks[ti->first_chunk + ti->n_chunks - 1];
+        ref[t].rot = last->offset + psagg__thc_rotated_len(last->count, codec.bucket);
+        ref[t].scale = calloc(ref[t].rot / codec.bucket + 1, sizeof(float));
+        ref[t].res = calloc((size_t)world, sizeof(float *));
+        if (!ref[t].scale || !ref[t].res)
+            FAIL("memory");
+        for (int w = 0; w < world; w++)
+            if (!(ref[t].res[w] = calloc(ref[t].rot, sizeof(float))))
+                FAIL("memory");
+    }
+
+    for (uint32_t r = 0; r < rounds; r++) {
+        psagg_handle *h[N_T];
+        double err = 0, norm = 0;
+        if ((int)r == 2 && rank == skew) /* (FN_THC_SKEW_RANK: scales the others do not have) */
+            for (uint32_t t = 0; t < N_T; t++)
+                for (size_t m = 0; m <= ref[t].rot / codec.bucket; m++)
+                    ctx->tensors[t].thc_scale[m] *= 1.5f;
+        for (uint32_t t = 0; t < N_T; t++) {
+            for (uint64_t i = 0; i < sizes[t]; i++)
+                in[t][i] = input_value(rank, t, r, i);
+            if (psagg_push_pull(ctx, t, in[t], out[t], average ? PSAGG_AVERAGE : PSAGG_SUM, 0,
+                                &h[t]))
+                FAIL("push_pull round %u tensor %u: %s", r, t, psagg_last_error());
+        }
+        for (uint32_t t = 0; t < N_T; t++) {
+            psagg_status st = psagg_wait(h[t], -1);
+            psagg_release(h[t]);
+            if (st) {
+                printf("round %u tensor %u: %s: %s\n", r, t, psagg_strerror(st),
+                       psagg_last_error());
+                if (skew >= 0 && strstr(psagg_last_error(), "the scales disagree")) {
+                    printf("EXPECTED-ERROR-OK\n");
+                    psagg_close(ctx);
+                    return 0;
+                }
+                FAIL("push_pull round %u tensor %u: %s", r, t, psagg_last_error());
+            }
+        }
+        if (skew >= 0 && r >= 2)
+            FAIL("round %u: worker %d's pushes at other scales were summed", r, skew);
+        /* the reference: every worker's pushes of every chunk, folded and decoded */
+        for (uint32_t t = 0; t < N_T; t++) {
+            const psagg__tensor_info *ti = &l.tensors[t];
+            for (uint32_t c = 0; c < ti->n_chunks; c++) {
+                const psagg__chunk_info *ci = &l.chunks[ti->first_chunk + c];
+                psagg__rng_key rot =
+                    psagg__rng_chunk_key(cfg.seed, PSAGG_RNG_ROTATE, 0, t, ci->index, 0);
+                size_t plen = psagg__thc_push_bytes(codec.bits, codec.bucket, ci->count);
+                size_t ulen = psagg__update_size(&codec, ci->count, (size_t)world);
+                float *sc = ref[t].scale + ci->offset / codec.bucket;
+                for (int w = 0; w < world; w++) {
+                    for (uint64_t i = 0; i < ci->count; i++)
+                        x[i] = input_value(w, t, r, ci->offset + i);
+                    if (psagg__thc_push_encode(codec.bits, codec.bucket, rot, sc, x,
+                                               ref[t].res[w] + ci->offset, ci->count,
+                                               psagg__rng_chunk_key(cfg.seed, PSAGG_RNG_WORKER,
+                                                                    (uint32_t)w, t, ci->index, r),
+                                               push[w], plen, NULL))
+                        FAIL("reference encode: %s", psagg_last_error());
+                }
+                if (psagg__thc_update_fold(codec.bits, codec.bucket, (const uint8_t *const *)push,
+                                           (size_t)world, plen, ci->count, upd, ulen))
+                    FAIL("reference fold: %s", psagg_last_error());
+                if (psagg__thc_update_decode(codec.bits, codec.bucket, rot, upd, ulen, ci->count,
+                                             1.0f / (float)world,
+                                             average ? PSAGG_DECODE_SCALE : PSAGG_DECODE_SET,
+                                             expect[t] + ci->offset, sc))
+                    FAIL("reference decode: %s", psagg_last_error());
+            }
+            for (uint64_t i = 0; i < sizes[t]; i++) {
+                uint32_t a, b;
+                double s = 0;
+                memcpy(&a, &out[t][i], 4);
+                memcpy(&b, &expect[t][i], 4);
+                if (a != b)
+                    FAIL("worker %d round %u tensor %u element %llu: got %.9g, the reference "
+                         "%.9g",
+                         rank, r, t, (unsigned long long)i, (double)out[t][i],
+                         (double)expect[t][i]);
+                if (r == 0 && out[t][i] != 0)
+                    FAIL("round 0 tensor %u element %llu is %.9g: no scale was agreed yet, so "
+                         "nothing may be sent",
+                         t, (unsigned long long)i, (double)out[t][i]);
+                for (int w = 0; w < world; w++)
+                    s += input_value(w, t, r, i);
+                if (average)
+                    s /= world;
+                sum_in[t][i] += s;
+                sum_out[t][i] += out[t][i];
+                if (r > 0) {
+                    err += (out[t][i] - s) * (out[t][i] - s);
+                    norm += s * s;
+                }
+            }
+            digest = fnv(digest, out[t], sizes[t] * sizeof(float));
+        }
+        if (rank == 0 && r > 0)
+            printf("THC round %u: relative error of the update %.4f\n", r, sqrt(err / norm));
+    }
+    { /* error feedback: what the updates summed is what was pushed, less what the residuals
+         hold at the end (their bound: the last rounds' values) */
+        double err = 0, norm = 0;
+        for (uint32_t t = 0; t < N_T; t++)
+            for (uint64_t i = 0; i < sizes[t]; i++) {
+                err += (sum_out[t][i] - sum_in[t][i]) * (sum_out[t][i] - sum_in[t][i]);
+                norm += sum_in[t][i] * sum_in[t][i];
+            }
+        if (rank == 0)
+            printf("THC %u rounds: relative error of the summed updates %.4f\n", rounds,
+                   sqrt(err / norm));
+        if (!(sqrt(err / norm) < 2.0 / rounds + 0.05))
+            FAIL("the summed updates are %.4f off the summed inputs: error feedback lost some",
+                 sqrt(err / norm));
+    }
+    printf("DIGEST %016llx\n", (unsigned long long)digest);
+    if (psagg_close(ctx))
+        FAIL("psagg_close: %s", psagg_last_error());
+    for (uint32_t t = 0; t < N_T; t++) {
+        for (int w = 0; w < world; w++)
+            free(ref[t].res[w]);
+        free(ref[t].res), free(ref[t].scale);
+        free(in[t]), free(out[t]), free(expect[t]), free(sum_in[t]), free(sum_out[t]);
+    }
+    for (int w = 0; w < world; w++)
+        free(push[w]);
+    free(push), free(upd), free(x);
+    psagg__layout_free(&l);
+    return 0;
+}
