@@ -13,7 +13,9 @@
 # EXAMPLES (default "c torch lm") picks which run; ONLY=TEXT only the configs labelled with it.
 # Rows: fp32; uniform maxminB for B in BITS (default "2 3"); adaptive with the budget of
 # uniform maxminB (adaptive_budget = 1.0 with default maxminB), adaptive_interval = INTERVAL
-# (default 10); uniform maxminB with nearest rounding for B in NEAREST_BITS (default none).
+# (default 10); uniform maxminB with nearest rounding for B in NEAREST_BITS (default none);
+# uniform maxminB without its adaptive row for B in PLAIN_BITS, and thcB (integer aggregation,
+# kernels/thc.h) for B in THC_BITS (both default none).
 # Every compressed tensor has error feedback (the default).
 #
 # Output: one CSV row per run (example, config, seed, test accuracy, final loss, bytes sent
@@ -42,6 +44,8 @@ ini() { # ini CODEC ADAPTIVE [ROUNDING]: $tmp/job.ini
 variants=("fp32 off fp32")
 for b in $bits; do variants+=("maxmin$b off maxmin$b" "maxmin$b on adaptive@maxmin$b"); done
 for b in ${NEAREST_BITS:-}; do variants+=("maxmin$b off maxmin$b/nearest nearest"); done
+for b in ${PLAIN_BITS:-}; do variants+=("maxmin$b off maxmin$b"); done
+for b in ${THC_BITS:-}; do variants+=("thc$b off thc$b"); done
 if [[ -n ${ONLY:-} ]]; then # ONLY=adaptive: just the rows whose label contains it
     kept=()
     for c in "${variants[@]}"; do [[ $c == *"$ONLY"* ]] && kept+=("$c"); done
