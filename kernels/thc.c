@@ -310,9 +310,8 @@ size_t psagg__thc_update_cap(uint32_t bits, uint32_t block, size_t n)
 float psagg__thc_next_scale(uint32_t bits, float peak)
 {
     float c = (bits == 2 ? 0.25f : 0.625f) * peak;
-    return c >= PSAGG_THC_MIN_SCALE && c <= PSAGG_THC_MAX_SCALE ? c
-           : c > 0                                              ? PSAGG_THC_MAX_SCALE
-                                                                : 0;
+    /* (a peak near 0: no scale, the block's values wait in the residuals until they grow) */
+    return c > PSAGG_THC_MAX_SCALE ? PSAGG_THC_MAX_SCALE : c >= PSAGG_THC_MIN_SCALE ? c : 0;
 }
 
 static float get_f32(const uint8_t *p)

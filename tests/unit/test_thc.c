@@ -5,7 +5,11 @@
  * 4 bits, sizes on and off a group, 1 to 86 inputs (both sides of each width's limit), on every
  * ISA this CPU has, each path the same bytes as the scalar fold; the bound at a job's largest
  * worker count (1,024 streams of the largest index: every sum exact in 16 bits); a golden
- * digest; and every bad argument refused by name.
+ * digest; and every bad argument refused by name. The workers' side: rotation, encode and
+ * decode (error feedback, four workers' average, a golden encode). The wire format: push and
+ * update sizes, the next round's scale (a peak near 0 gives none, not the largest), a push and
+ * an update golden, the update's decode equal to the fold's sum decoded, every bad push and
+ * update refused naming the block or element, and the codec's name, checks and refusals.
  */
 #include "../testutil.h"
 #include "kernels/codec.h"
@@ -203,6 +207,206 @@ static void check_workers_side(void)
     free(sum), free(dec), free(acc), free(res);
 }
 
+/* A push's meta field (scale or peak of block m) overwritten. */
+static void set_meta(uint8_t *push, size_t m, int peak, float v)
+{
+    memcpy(push + PSAGG_THC_PUSH_META * m + 4 * (peak != 0), &v, 4);
+}
+
+static void check_wire(void)
+{
+    const uint32_t D = 1024;
+    const size_t n = 5000, W = 3, nb = 5, np = 4096 + 1024; /* the last block of 904 at 1024 */
+    psagg__rng_key rot = psagg__rng_key_make(7, 8);
+    size_t plen = psagg__thc_push_bytes(4, D, n), ulen = psagg__thc_update_bytes(4, D, n, W);
+    float scales[5] = {0, 0.5f, 0.5f, 0.25f, 1.0f}, next[5], *x = malloc(n * sizeof *x);
+    float *res[3], *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+    uint8_t *push[3], *upd = malloc(psagg__thc_update_cap(4, D, n)), *sum;
+    const uint8_t *idx[3];
+    psagg_codec c;
+    char name[32];
+
+    CHECK(x && a && b && upd, "memory");
+    /* sizes */
+    CHECK(plen == 8 * nb + psagg__thc_index_bytes(4, np) && plen == 40 + 2560, "push bytes %zu",
+          plen);
+    CHECK(ulen == 12 * nb + np && psagg__thc_update_bytes(4, D, n, 17) == ulen &&
+              psagg__thc_update_bytes(4, D, n, 18) == 12 * nb + 2 * np &&
+              psagg__thc_update_cap(4, D, n) == 12 * nb + 2 * np &&
+              psagg__thc_update_bytes(4, D, n, 0) == 0 && psagg__thc_update_bytes(3, D, n, 1) == 0,
+          "update bytes %zu", ulen);
+    /* the next scale: kappa x the peak; none for a peak near 0 (not the largest scale) */
+    CHECK(psagg__thc_next_scale(4, 1.0f) == 0.625f && psagg__thc_next_scale(2, 1.0f) == 0.25f &&
+              psagg__thc_next_scale(4, 0) == 0 && psagg__thc_next_scale(4, 3.5e-31f) == 0 &&
+              psagg__thc_next_scale(4, 1e35f) == PSAGG_THC_MAX_SCALE,
+          "next scales %g %g %g", (double)psagg__thc_next_scale(4, 3.5e-31f),
+          (double)psagg__thc_next_scale(4, 1e35f), (double)psagg__thc_next_scale(2, 1.0f));
+    /* three workers' pushes (block 0 at scale 0: sent as zeros, kept whole) */
+    for (size_t w = 0; w < W; w++) {
+        CHECK((push[w] = malloc(plen)) && (res[w] = calloc(np, sizeof(float))), "memory");
+        for (size_t i = 0; i < n; i++) /* (no libm: the goldens below are pinned) */
+            x[i] = (float)((int)((i + 7919 * w) * 2654435761u % 2001) - 1000) / 8192.0f *
+                   (float)(1 + i / 1024);
+        CHECK(!psagg__thc_push_encode(4, D, rot, scales, x, res[w], n, psagg__rng_key_make(9, w),
+                                      push[w], plen, NULL),
+              "push %zu: %s", w, psagg_last_error());
+        CHECK(!psagg__thc_push_check(4, D, push[w], plen, n), "push %zu check: %s", w,
+              psagg_last_error());
+        for (size_t i = 0; i < 1024 * 4 / 8; i++)
+            CHECK(push[w][40 + i] == 0, "block 0 (scale 0) sent index bytes");
+        idx[w] = push[w] + 40;
+    }
+    printf("test_thc: golden push (thc4/1024, 5000 elements, worker 0): %zu bytes, digest "
+           "%016llx\n",
+           plen, (unsigned long long)fnv(push[0], plen));
+    /* the update: the fold's sum decoded, its meta the round's scale, largest peak, count */
+    CHECK(!psagg__thc_update_fold(4, D, (const uint8_t *const *)push, W, plen, n, upd, ulen),
+          "update fold: %s", psagg_last_error());
+    printf("test_thc: golden update (3 pushes): %zu bytes, digest %016llx\n", ulen,
+           (unsigned long long)fnv(upd, ulen));
+    CHECK(fnv(push[0], plen) == 0x4ccf47e7c7161ce0ull && fnv(upd, ulen) == 0xff6fd2c50e16a340ull,
+          "the golden push's or update's bytes changed: %016llx %016llx",
+          (unsigned long long)fnv(push[0], plen), (unsigned long long)fnv(upd, ulen));
+    for (size_t m = 0; m < nb; m++) {
+        float sc, pk, pmax = 0;
+        uint32_t cnt;
+        memcpy(&sc, upd + 12 * m, 4), memcpy(&pk, upd + 12 * m + 4, 4);
+        memcpy(&cnt, upd + 12 * m + 8, 4);
+        for (size_t w = 0; w < W; w++) {
+            float p;
+            memcpy(&p, push[w] + 8 * m + 4, 4);
+            pmax = p > pmax ? p : pmax;
+        }
+        CHECK(sc == scales[m] && pk == pmax && pk > 0 && cnt == (m ? W : 0),
+              "update block %zu: scale %g peak %g count %u", m, (double)sc, (double)pk, cnt);
+    }
+    sum = malloc(psagg__thc_sum_bytes(4, W, np));
+    CHECK(sum && !psagg__thc_fold(4, idx, W, psagg__thc_index_bytes(4, np), np, sum,
+                                  psagg__thc_sum_bytes(4, W, np)),
+          "fold");
+    {
+        uint32_t counts[5] = {0, 3, 3, 3, 3};
+        CHECK(!psagg__thc_decode(4, D, rot, scales, sum, psagg__thc_sum_bytes(4, W, np), W, counts,
+                                 n, 1.0f / 3, PSAGG_DECODE_SCALE, a),
+              "decode: %s", psagg_last_error());
+    }
+    CHECK(!psagg__thc_update_decode(4, D, rot, upd, ulen, n, 1.0f / 3, PSAGG_DECODE_SCALE, b, next),
+          "update decode: %s", psagg_last_error());
+    CHECK(!memcmp(a, b, n * sizeof *a), "the update's decode differs from its sum's");
+    for (size_t i = 0; i < 1024; i++)
+        CHECK(b[i] == 0, "block 0 (scale 0) decoded %g at %zu", (double)b[i], i);
+    for (size_t m = 0; m < nb; m++) {
+        float pk;
+        memcpy(&pk, upd + 12 * m + 4, 4);
+        CHECK(next[m] == psagg__thc_next_scale(4, pk), "next scale of block %zu", m);
+    }
+    /* the residual holds what block 0 did not send: a push left out adds back its values */
+    {
+        float *acc = calloc(np, sizeof *acc);
+        CHECK(acc && !psagg__thc_push_values(4, D, push[1], plen, n, acc), "push values: %s",
+              psagg_last_error());
+        for (size_t i = 0; i < 1024; i++)
+            CHECK(acc[i] == 0, "block 0's values are not 0");
+        CHECK(acc[1024] != 0 && fabsf(acc[1024]) <= 0.5f, "block 1's first value %g",
+              (double)acc[1024]);
+        free(acc);
+    }
+    /* bad pushes, each refused naming what is wrong */
+    {
+        uint8_t *bad = malloc(plen);
+        static const struct {
+            size_t m;
+            int peak;
+            float v;
+            const char *text;
+        } cases[] = {{1, 0, NAN, "block 1: scale nan"},      {2, 0, -0.5f, "block 2: scale -0.5"},
+                     {3, 0, 1e-31f, "block 3: scale 1e-31"}, {4, 0, 1e31f, "block 4: scale 1e+31"},
+                     {1, 1, -0.0f, "block 1: peak -0"},      {2, 1, INFINITY, "block 2: peak inf"},
+                     {0, 1, NAN, "block 0: peak nan"}};
+        CHECK(bad, "memory");
+        for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+            memcpy(bad, push[0], plen);
+            set_meta(bad, cases[k].m, cases[k].peak, cases[k].v);
+            CHECK(psagg__thc_push_check(4, D, bad, plen, n) == PSAGG_EBADMETA &&
+                      strstr(psagg_last_error(), cases[k].text),
+                  "bad push '%s': %s", cases[k].text, psagg_last_error());
+        }
+        memcpy(bad, push[0], plen);
+        bad[40 + 17] = 0x10; /* in block 0, whose scale is 0 */
+        CHECK(psagg__thc_push_check(4, D, bad, plen, n) == PSAGG_EBADMETA &&
+                  strstr(psagg_last_error(), "block 0 has scale 0 but indices"),
+              "indices in a block of scale 0: %s", psagg_last_error());
+        CHECK(psagg__thc_push_check(4, D, push[0], plen - 1, n) == PSAGG_EBADMETA &&
+                  strstr(psagg_last_error(), "bytes"),
+              "a short push: %s", psagg_last_error());
+        free(bad);
+        /* padding: n = 100 rotates to 128 coordinates, 32 bytes at 2 bits of a group of 64 */
+        bad = calloc(1, psagg__thc_push_bytes(2, D, 100));
+        CHECK(bad && psagg__thc_push_bytes(2, D, 100) == 8 + 64, "push of 100");
+        CHECK(!psagg__thc_push_check(2, D, bad, 72, 100), "a push of zeros: %s",
+              psagg_last_error());
+        bad[8 + 40] = 1;
+        CHECK(psagg__thc_push_check(2, D, bad, 72, 100) == PSAGG_EBADMETA &&
+                  strstr(psagg_last_error(), "padding byte 40"),
+              "padding: %s", psagg_last_error());
+        free(bad);
+    }
+    /* bad updates */
+    {
+        uint8_t *bad = malloc(ulen);
+        uint32_t five = 5, zero = 0;
+        float big = 2.0f;
+        CHECK(bad, "memory");
+        memcpy(bad, upd, ulen);
+        memcpy(bad + 12 * 1 + 8, &zero, 4); /* count 0 with a scale */
+        CHECK(psagg__thc_update_decode(4, D, rot, bad, ulen, n, 1, PSAGG_DECODE_SET, b, NULL) ==
+                      PSAGG_EBADMETA &&
+                  strstr(psagg_last_error(), "block 1: scale 0.5, peak"),
+              "count 0: %s", psagg_last_error());
+        memcpy(bad, upd, ulen);
+        memcpy(bad + 12 * 0, &big, 4); /* a scale with count 0 */
+        CHECK(psagg__thc_update_decode(4, D, rot, bad, ulen, n, 1, PSAGG_DECODE_SET, b, NULL) ==
+                  PSAGG_EBADMETA,
+              "scale without count");
+        memcpy(bad, upd, ulen);
+        memcpy(bad + 12 * 2 + 8, &five, 4); /* fewer pushes than its sums make? more: fine */
+        CHECK(!psagg__thc_update_decode(4, D, rot, bad, ulen, n, 1, PSAGG_DECODE_SET, b, NULL),
+              "count 5 of 17 at 8 bits was refused: %s", psagg_last_error());
+        memcpy(bad, upd, ulen);
+        bad[12 * nb + 1024 + 5] = 46; /* block 1: 3 pushes make at most 45 */
+        CHECK(psagg__thc_update_decode(4, D, rot, bad, ulen, n, 1, PSAGG_DECODE_SET, b, NULL) ==
+                      PSAGG_EBADMETA &&
+                  strstr(psagg_last_error(), "sum 46 is more than 3 pushes make"),
+              "sum 46: %s", psagg_last_error());
+        CHECK(psagg__thc_update_decode(4, D, rot, upd, ulen + 1, n, 1, PSAGG_DECODE_SET, b, NULL) ==
+                  PSAGG_EBADMETA,
+              "an update one byte long was taken");
+        free(bad);
+    }
+    /* the codec: names, checks, sizes through codec.h, the generic calls refusing it */
+    CHECK(!psagg_codec_parse("thc4", &c) && c.id == PSAGG_CODEC_THC && c.bits == 4 &&
+              !psagg__codec_check(&c) && c.bucket == PSAGG_THC_DEFAULT_BLOCK &&
+              !strcmp(psagg_codec_name(&c, name, sizeof name), "thc4/1024") &&
+              psagg__encoded_size(&c, n) == plen && psagg__update_size(&c, n, W) == ulen &&
+              psagg__codec_chunk_elems(&c, 5000) == 4096,
+          "thc4: %s", psagg_last_error());
+    CHECK(psagg_codec_parse("thc3", &c) == PSAGG_EINVAL && strstr(psagg_last_error(), "thc2, thc4"),
+          "thc3: %s", psagg_last_error());
+    CHECK(!psagg_codec_parse("thc2/100", &c) && psagg__codec_check(&c) == PSAGG_EINVAL &&
+              strstr(psagg_last_error(), "block 100"),
+          "thc2/100: %s", psagg_last_error());
+    CHECK(!psagg_codec_parse("thc2/nearest", &c) && psagg__codec_check(&c) == PSAGG_EINVAL &&
+              strstr(psagg_last_error(), "stochastic"),
+          "thc2/nearest: %s", psagg_last_error());
+    c = (psagg_codec){.id = PSAGG_CODEC_THC, .bits = 4};
+    CHECK(psagg__encode(&c, x, NULL, n, rot, push[0], plen, NULL) == PSAGG_EINVAL &&
+              strstr(psagg_last_error(), "encode thc"),
+          "generic encode of thc: %s", psagg_last_error());
+    for (size_t w = 0; w < W; w++)
+        free(push[w]), free(res[w]);
+    free(x), free(a), free(b), free(upd), free(sum);
+}
+
 int main(void)
 {
     static const size_t ns[] = {1, 100, 128, 129, 255, 256, 257, 1000, 70000};
@@ -330,6 +534,7 @@ int main(void)
         free(one), free(out);
     }
     check_workers_side();
+    check_wire();
     printf("test_thc: %d folds against the reference on every ISA, the 1,024-worker bound, "
            "refusals named\n",
            cases);
