@@ -227,15 +227,70 @@ psagg_status psagg__thc_encode(uint32_t bits, uint32_t block, psagg__rng_key rot
     return PSAGG_OK;
 }
 
+/* The sums of a sum stream's groups in element order (thc.h's planes undone): S[e]. */
+static void unplane(uint32_t bits, uint32_t width, const uint8_t *sum, size_t groups, uint16_t *S)
+{
+    const uint32_t P = 8 / bits, G = 512 / bits;
+    for (size_t g = 0; g < groups; g++, S += G)
+        for (uint32_t j = 0; j < P; j++) {
+            const uint8_t *plane = sum + (g * G + j * 64) * (width / 8);
+            if (width == 8)
+                for (uint32_t i = 0; i < 64; i++)
+                    S[i * P + j] = plane[i];
+            else
+                for (uint32_t i = 0; i < 64; i++)
+                    S[i * P + j] = (uint16_t)(plane[2 * i] | plane[2 * i + 1] << 8);
+        }
+}
+
+/* psagg__thc_decode from the sums S (unplane's), checked. */
+static psagg_status decode_sums(uint32_t bits, uint32_t block, psagg__rng_key rot,
+                                const float *scales, const uint16_t *S, size_t inputs,
+                                const uint32_t *counts, size_t n, float factor, psagg__decode_op op,
+                                float *out)
+{
+    size_t nb = psagg__thc_blocks(n, block), e0 = 0;
+    const uint32_t L = 1u << bits;
+    float *z = malloc(block * sizeof *z);
+
+    if (!z)
+        return psagg__fail(PSAGG_ENOMEM, "thc: a block of %u", block);
+    for (size_t m = 0; m < nb; m++) {
+        size_t base, len;
+        uint32_t p = block_of(n, block, m, &base, &len);
+        const float f = 1.0f / sqrtf((float)p), step = scales[m] / (float)(L - 1),
+                    fz = op == PSAGG_DECODE_SCALE ? factor : 1.0f;
+        const int32_t off = (int32_t)((counts ? counts[m] : inputs) * (L - 1));
+        float *o = out + base;
+        for (uint32_t i = 0; i < p; i++) /* (2 S - off: within +-2^17, exact) */
+            z[i] = ((float)(2 * (int32_t)S[e0 + i] - off) * step) * fz;
+        hadamard(z, p);
+        for (uint32_t i = 0; i < len; i++)
+            z[i] = z[i] * f;
+        apply_signs(rot, e0, z, z, len);
+        if (op == PSAGG_DECODE_ADD)
+            for (uint32_t i = 0; i < len; i++)
+                o[i] = o[i] + z[i];
+        else if (op == PSAGG_DECODE_FIRST)
+            for (uint32_t i = 0; i < len; i++)
+                o[i] = 0.0f + z[i];
+        else /* SET, and SCALE (factor in z) */
+            memcpy(o, z, len * sizeof *z);
+        e0 += p;
+    }
+    free(z);
+    return PSAGG_OK;
+}
+
 psagg_status psagg__thc_decode(uint32_t bits, uint32_t block, psagg__rng_key rot,
                                const float *scales, const uint8_t *sum, size_t sum_len,
                                size_t inputs, const uint32_t *counts, size_t n, float factor,
                                psagg__decode_op op, float *out)
 {
-    size_t nb = psagg__thc_blocks(n, block), np = psagg__thc_rotated_len(n, block), e0 = 0;
-    const uint32_t L = 1u << bits, w = psagg__thc_sum_width(bits, inputs);
+    size_t nb = psagg__thc_blocks(n, block), np = psagg__thc_rotated_len(n, block);
+    const uint32_t w = psagg__thc_sum_width(bits, inputs);
     psagg_status st;
-    float *z;
+    uint16_t *S;
 
     if (!n || !sum || !out || !scales)
         return psagg__fail(PSAGG_EINVAL, "thc decode: %s", n ? "a NULL buffer" : "no elements");
@@ -246,39 +301,12 @@ psagg_status psagg__thc_decode(uint32_t bits, uint32_t block, psagg__rng_key rot
                            "thc decode: a sum of %zu bytes for %zu inputs; %zu "
                            "elements take %zu",
                            sum_len, inputs, n, psagg__thc_sum_bytes(bits, inputs, np));
-    if (!(z = malloc(block * sizeof *z)))
-        return psagg__fail(PSAGG_ENOMEM, "thc: a block of %u", block);
-    for (size_t m = 0; m < nb; m++) {
-        size_t base, len;
-        uint32_t p = block_of(n, block, m, &base, &len);
-        const float f = 1.0f / sqrtf((float)p), step = scales[m] / (float)(L - 1),
-                    fz = op == PSAGG_DECODE_SCALE ? factor : 1.0f;
-        const int64_t off = (int64_t)(counts ? counts[m] : inputs) * (L - 1);
-        for (uint32_t i = 0; i < p; i++) {
-            int64_t s2 = 2 * (int64_t)psagg__thc_sum_at(bits, w, sum, e0 + i) - off;
-            z[i] = ((float)s2 * step) * fz;
-        }
-        hadamard(z, p);
-        for (uint32_t i = 0; i < len; i++)
-            z[i] = z[i] * f;
-        apply_signs(rot, e0, z, z, len);
-        for (uint32_t i = 0; i < len; i++) {
-            float *o = out + base + i;
-            switch (op) {
-            case PSAGG_DECODE_ADD:
-                *o = *o + z[i];
-                break;
-            case PSAGG_DECODE_FIRST:
-                *o = 0.0f + z[i];
-                break;
-            default: /* SET, and SCALE (factor in z) */
-                *o = z[i];
-            }
-        }
-        e0 += p;
-    }
-    free(z);
-    return PSAGG_OK;
+    if (!(S = malloc(psagg__thc_index_bytes(bits, np) * 8 / bits * sizeof *S)))
+        return psagg__fail(PSAGG_ENOMEM, "thc: the sums of %zu elements", np);
+    unplane(bits, w, sum, psagg__thc_index_bytes(bits, np) / PSAGG_THC_GROUP_BYTES, S);
+    st = decode_sums(bits, block, rot, scales, S, inputs, counts, n, factor, op, out);
+    free(S);
+    return st;
 }
 
 /* ---- the wire format (thc.h, "THE WIRE FORMAT") ---- */
@@ -467,11 +495,12 @@ psagg_status psagg__thc_update_decode(uint32_t bits, uint32_t block, psagg__rng_
                                       const uint8_t *update, size_t len, size_t n, float factor,
                                       psagg__decode_op op, float *out, float *next_scales)
 {
-    size_t nb = psagg__thc_blocks(n, block), e0 = 0;
+    size_t nb = psagg__thc_blocks(n, block), np = psagg__thc_rotated_len(n, block), e0 = 0;
     size_t umeta = PSAGG_THC_UPDATE_META * nb, inputs = 0;
     const uint32_t L = 1u << bits;
-    uint32_t width, *counts;
-    float *scales;
+    uint32_t *counts = NULL;
+    float *scales = NULL;
+    uint16_t *S = NULL;
     psagg_status st = PSAGG_OK;
 
     if (!nb || !bits_ok(bits))
@@ -485,16 +514,18 @@ psagg_status psagg__thc_update_decode(uint32_t bits, uint32_t block, psagg__rng_
         return psagg__fail(PSAGG_EBADMETA, "thc update: %zu bytes; %zu elements take %zu or %zu",
                            len, n, psagg__thc_update_bytes(bits, block, n, 1),
                            psagg__thc_update_bytes(bits, block, n, 65535 / (L - 1)));
-    width = psagg__thc_sum_width(bits, inputs);
     scales = malloc(nb * sizeof *scales);
     counts = malloc(nb * sizeof *counts);
-    if (!scales || !counts) {
-        st = psagg__fail(PSAGG_ENOMEM, "thc: the meta of %zu blocks", nb);
+    S = malloc(psagg__thc_index_bytes(bits, np) * 8 / bits * sizeof *S);
+    if (!scales || !counts || !S) {
+        st = psagg__fail(PSAGG_ENOMEM, "thc: the update of %zu elements", n);
         goto out;
     }
+    unplane(bits, psagg__thc_sum_width(bits, inputs), update + umeta,
+            psagg__thc_index_bytes(bits, np) / PSAGG_THC_GROUP_BYTES, S);
     for (size_t m = 0; m < nb; m++) {
         size_t base, bl;
-        uint32_t p = block_of(n, block, m, &base, &bl);
+        uint32_t p = block_of(n, block, m, &base, &bl), top = 0;
         const uint8_t *mt = update + PSAGG_THC_UPDATE_META * m;
         float pk = get_f32(mt + 4);
         scales[m] = get_f32(mt);
@@ -508,16 +539,19 @@ psagg_status psagg__thc_update_decode(uint32_t bits, uint32_t block, psagg__rng_
             goto out;
         }
         for (uint32_t i = 0; i < p; i++)
-            if (psagg__thc_sum_at(bits, width, update + umeta, e0 + i) > counts[m] * (L - 1)) {
-                st = psagg__fail(
-                    PSAGG_EBADMETA, "thc update: element %zu's sum %u is more than %u pushes make",
-                    e0 + i, psagg__thc_sum_at(bits, width, update + umeta, e0 + i), counts[m]);
-                goto out;
-            }
+            top = S[e0 + i] > top ? S[e0 + i] : top;
+        if (top > counts[m] * (L - 1)) {
+            for (uint32_t i = 0;; i++)
+                if (S[e0 + i] == top) {
+                    st = psagg__fail(PSAGG_EBADMETA,
+                                     "thc update: element %zu's sum %u is more than %u pushes make",
+                                     e0 + i, top, counts[m]);
+                    goto out;
+                }
+        }
         e0 += p;
     }
-    if (!(st = psagg__thc_decode(bits, block, rot, scales, update + umeta, len - umeta, inputs,
-                                 counts, n, factor, op, out)) &&
+    if (!(st = decode_sums(bits, block, rot, scales, S, inputs, counts, n, factor, op, out)) &&
         next_scales)
         for (size_t m = 0; m < nb; m++)
             next_scales[m] =
@@ -525,5 +559,6 @@ psagg_status psagg__thc_update_decode(uint32_t bits, uint32_t block, psagg__rng_
 out:
     free(scales);
     free(counts);
+    free(S);
     return st;
 }

@@ -33,7 +33,9 @@
  * instead times the integer fold of kernels/thc.h (the server's op of integer aggregation: N
  * index streams of b bits added into one sum stream, no decode) for b = 2 and 4 and N = 4 and 8
  * on each ISA, against the memory roofline measured in the same run; bytes touched = N index
- * streams read + the sum stream written.
+ * streams read + the sum stream written. Then the workers' side of thc2 and thc4 (blocks of
+ * 1024): a push (rotation, encode at the scales with the residual; Melem/s of the gradient) and
+ * an update's decode (4 pushes summed; inverse rotation), on this CPU's one path.
  */
 #include <emmintrin.h>
 #include <sched.h>
@@ -230,6 +232,52 @@ static void thc_bench(size_t n, int reps)
                 free(in[i]);
             free(out);
         }
+    for (uint32_t bits = 2; bits <= 4; bits += 2) { /* the workers' side */
+        const uint32_t D = 1024;
+        size_t nb = psagg__thc_blocks(n, D), np = psagg__thc_rotated_len(n, D);
+        size_t plen = psagg__thc_push_bytes(bits, D, n),
+               ulen = psagg__thc_update_bytes(bits, D, n, 4);
+        float *x = xalloc(4 * n), *res = xalloc(4 * np), *sc = xalloc(4 * nb), *y = xalloc(4 * n);
+        uint8_t *push[4], *upd = xalloc(ulen);
+        double best_e = 1e30, best_d = 1e30;
+        psagg__rng_key rot = psagg__rng_key_make(1, 2);
+        for (size_t i = 0; i < n; i++)
+            x[i] = (float)((int)(i * 2654435761u % 2001) - 1000) / 1024.0f;
+        for (size_t m = 0; m < nb; m++)
+            sc[m] = 1.0f;
+        memset(res, 0, 4 * np);
+        for (int w = 0; w < 4; w++) {
+            push[w] = xalloc(plen);
+            check(psagg__thc_push_encode(bits, D, rot, sc, x, res, n, psagg__rng_key_make(3, w),
+                                         push[w], plen, NULL),
+                  "thc push");
+        }
+        check(psagg__thc_update_fold(bits, D, (const uint8_t *const *)push, 4, plen, n, upd, ulen),
+              "thc update");
+        for (int r = 0; r <= reps; r++) {
+            double t0 = now(), t;
+            check(psagg__thc_push_encode(bits, D, rot, sc, x, res, n, psagg__rng_key_make(4, r),
+                                         push[0], plen, NULL),
+                  "thc push");
+            t = now() - t0;
+            if (r > 0 && t < best_e)
+                best_e = t;
+            t0 = now();
+            check(psagg__thc_update_decode(bits, D, rot, upd, ulen, n, 0.25f, PSAGG_DECODE_SCALE, y,
+                                           NULL),
+                  "thc decode");
+            t = now() - t0;
+            if (r > 0 && t < best_d)
+                best_d = t;
+        }
+        printf("thc%u/1024 workers' side (%s): push %.1f Melem/s (%.2f ms), update decode (4 "
+               "summed) %.1f Melem/s (%.2f ms)\n",
+               bits, psagg__isa_name(psagg__codec_isa()), (double)n / best_e / 1e6, best_e * 1e3,
+               (double)n / best_d / 1e6, best_d * 1e3);
+        for (int w = 0; w < 4; w++)
+            free(push[w]);
+        free(x), free(res), free(sc), free(y), free(upd);
+    }
 }
 
 /* --outer-step: the server's parameter step over n elements (see the top) */
