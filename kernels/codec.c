@@ -426,6 +426,11 @@ static const psagg__codec_impl *impl(void)
     return impls[psagg__codec_isa()];
 }
 
+const psagg__codec_impl *psagg__impl_current(void)
+{
+    return impl();
+}
+
 /* ---- validation of encoded buffers ---- */
 
 /*

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "kernels/cpu/impl.h"
 
 static int bits_ok(uint32_t bits)
 {
@@ -112,30 +113,6 @@ static uint32_t block_of(size_t n, uint32_t block, size_t m, size_t *base, size_
     return block_pad(*len, block);
 }
 
-/* dst_i = s_(e0 + i) * src_i for i < len (thc.h's signs: one hash per 32 of them). */
-static void apply_signs(psagg__rng_key rot, size_t e0, const float *src, float *dst, size_t len)
-{
-    uint32_t h = 0;
-    for (size_t i = 0; i < len; i++) {
-        size_t e = e0 + i;
-        if (i == 0 || !(e & 31))
-            h = psagg__rng_hash32(rot.k0, rot.k1, (uint32_t)(e >> 5));
-        dst[i] = (h >> (e & 31)) & 1 ? -src[i] : src[i];
-    }
-}
-
-/* y <- H y in place (thc.h's stages). */
-static void hadamard(float *y, uint32_t p)
-{
-    for (uint32_t h = 1; h < p; h <<= 1)
-        for (uint32_t j = 0; j < p; j += 2 * h) /* (the pairs of i & h == 0, in runs of h) */
-            for (uint32_t i = j; i < j + h; i++) {
-                float a = y[i], b = y[i + h];
-                y[i] = a + b;
-                y[i + h] = a - b;
-            }
-}
-
 /* A scale of the table: +0 (none yet), or in [PSAGG_THC_MIN_SCALE, PSAGG_THC_MAX_SCALE]. */
 static int scale_ok(float c)
 {
@@ -165,9 +142,10 @@ psagg_status psagg__thc_encode(uint32_t bits, uint32_t block, psagg__rng_key rot
                                float *peaks)
 {
     size_t nb = psagg__thc_blocks(n, block), np = psagg__thc_rotated_len(n, block), e0 = 0;
-    const uint32_t L = 1u << bits;
+    const psagg__thc_worker *wk = psagg__impl_current()->thc_worker;
     psagg_status st;
     float *y;
+    uint8_t *q;
 
     if (!n || !x || !out || !scales)
         return psagg__fail(PSAGG_EINVAL, "thc encode: %s", n ? "a NULL buffer" : "no elements");
@@ -177,53 +155,33 @@ psagg_status psagg__thc_encode(uint32_t bits, uint32_t block, psagg__rng_key rot
         return psagg__fail(PSAGG_EINVAL,
                            "thc encode: an output of %zu bytes; %zu elements take %zu", out_len, n,
                            psagg__thc_index_bytes(bits, np));
-    if (!(y = malloc(block * sizeof *y)))
+    y = malloc(block * sizeof *y);
+    q = malloc(block);
+    if (!y || !q) {
+        free(y), free(q);
         return psagg__fail(PSAGG_ENOMEM, "thc: a block of %u", block);
-    memset(out, 0, out_len);
+    }
+    memset(out + np * bits / 8, 0, out_len - np * bits / 8); /* (the padding) */
     for (size_t m = 0; m < nb; m++) {
         size_t base, len;
         uint32_t p = block_of(n, block, m, &base, &len);
-        const float f = 1.0f / sqrtf((float)p), c = scales[m], step = c / (float)(L - 1),
-                    a = c > 0 ? (float)(L - 1) / (2 * c) : 0;
-        float peak = 0;
+        float peak;
         for (size_t i = 0; i < len; i++) /* (out and residual are unspecified after a refusal) */
             if (!(fabsf(x[base + i]) <= PSAGG_THC_MAX_ABS)) {
-                free(y);
+                free(y), free(q);
                 if (bad_index)
                     *bad_index = base + i;
                 return psagg__fail(isfinite(x[base + i]) ? PSAGG_ERANGE : PSAGG_ENONFINITE,
                                    "thc: element %zu is %g%s", base + i, (double)x[base + i],
                                    isfinite(x[base + i]) ? ", beyond 2^100" : "");
             }
-        apply_signs(rot, e0, x + base, y, len);
-        memset(y + len, 0, (p - len) * sizeof *y);
-        hadamard(y, p);
-        for (uint32_t i = 0; i < p; i++) {
-            size_t e = e0 + i;
-            float v = y[i] * f, u, t;
-            uint32_t q;
-            if (residual)
-                v = v + residual[e];
-            peak = fabsf(v) > peak ? fabsf(v) : peak;
-            if (c > 0) {
-                u = (fminf(fmaxf(v, -c), c) + c) * a;
-                q = (uint32_t)(u + psagg__rng_uniform(key, (uint32_t)e));
-                if (q > L - 1)
-                    q = L - 1;
-                t = (float)(2 * (int32_t)q - (int32_t)(L - 1)) * step;
-            } else { /* no scale yet: nothing sent, all of it kept */
-                q = 0;
-                t = 0;
-            }
-            if (residual)
-                residual[e] = v - t;
-            out[e * bits / 8] |= (uint8_t)(q << (e * bits % 8));
-        }
+        wk->encode_block(bits, p, (uint32_t)len, scales[m], rot, key, e0, x + base,
+                         residual ? residual + e0 : NULL, y, q, out + e0 * bits / 8, &peak);
         if (peaks)
             peaks[m] = peak;
         e0 += p;
     }
-    free(y);
+    free(y), free(q);
     return PSAGG_OK;
 }
 
@@ -251,6 +209,7 @@ static psagg_status decode_sums(uint32_t bits, uint32_t block, psagg__rng_key ro
 {
     size_t nb = psagg__thc_blocks(n, block), e0 = 0;
     const uint32_t L = 1u << bits;
+    const psagg__thc_worker *wk = psagg__impl_current()->thc_worker;
     float *z = malloc(block * sizeof *z);
 
     if (!z)
@@ -258,24 +217,9 @@ static psagg_status decode_sums(uint32_t bits, uint32_t block, psagg__rng_key ro
     for (size_t m = 0; m < nb; m++) {
         size_t base, len;
         uint32_t p = block_of(n, block, m, &base, &len);
-        const float f = 1.0f / sqrtf((float)p), step = scales[m] / (float)(L - 1),
-                    fz = op == PSAGG_DECODE_SCALE ? factor : 1.0f;
-        const int32_t off = (int32_t)((counts ? counts[m] : inputs) * (L - 1));
-        float *o = out + base;
-        for (uint32_t i = 0; i < p; i++) /* (2 S - off: within +-2^17, exact) */
-            z[i] = ((float)(2 * (int32_t)S[e0 + i] - off) * step) * fz;
-        hadamard(z, p);
-        for (uint32_t i = 0; i < len; i++)
-            z[i] = z[i] * f;
-        apply_signs(rot, e0, z, z, len);
-        if (op == PSAGG_DECODE_ADD)
-            for (uint32_t i = 0; i < len; i++)
-                o[i] = o[i] + z[i];
-        else if (op == PSAGG_DECODE_FIRST)
-            for (uint32_t i = 0; i < len; i++)
-                o[i] = 0.0f + z[i];
-        else /* SET, and SCALE (factor in z) */
-            memcpy(o, z, len * sizeof *z);
+        wk->decode_block(
+            p, (uint32_t)len, scales[m] / (float)(L - 1), op == PSAGG_DECODE_SCALE ? factor : 1.0f,
+            (int32_t)((counts ? counts[m] : inputs) * (L - 1)), rot, e0, S + e0, z, op, out + base);
         e0 += p;
     }
     free(z);

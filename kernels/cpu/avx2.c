@@ -622,6 +622,7 @@ const psagg__codec_impl psagg__impl_avx2 = {
     .mm_aggregate = agg_mm,
     .topk = &topk_passes,
     .thc_fold = thc_fold,
+    .thc_worker = &psagg__thc_worker_avx2,
 };
 
 #else /* not built for AVX2 */

@@ -545,6 +545,7 @@ const psagg__codec_impl psagg__impl_avx512 = {
     .mm_aggregate = agg_mm,
     .topk = &topk_passes,
     .thc_fold = thc_fold,
+    .thc_worker = &psagg__thc_worker_avx512,
 };
 
 #else /* not built for AVX-512 */

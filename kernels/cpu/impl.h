@@ -41,6 +41,25 @@ typedef struct psagg__scratch {
     void *tab;
 } psagg__scratch;
 
+/*
+ * thc's workers' side one block at a time (kernels/thc.h; cpu/thc_body.h, compiled for each
+ * ISA): encode x (len floats) rotated at p with the residual r (p floats, or NULL) at scale c
+ * into out (p * bits / 8 bytes; y: p floats and q: p bytes of scratch), *peak its max |v|;
+ * decode the sums S of a block (p) into out (len floats) as op says.
+ */
+typedef struct psagg__thc_worker {
+    void (*encode_block)(uint32_t bits, uint32_t p, uint32_t len, float c, psagg__rng_key rot,
+                         psagg__rng_key key, size_t e0, const float *x, float *r, float *y,
+                         uint8_t *q, uint8_t *out, float *peak);
+    void (*decode_block)(uint32_t p, uint32_t len, float step, float fz, int32_t off,
+                         psagg__rng_key rot, size_t e0, const uint16_t *S, float *z,
+                         psagg__decode_op op, float *out);
+} psagg__thc_worker;
+
+extern const psagg__thc_worker psagg__thc_worker_scalar;
+extern const psagg__thc_worker psagg__thc_worker_avx2;
+extern const psagg__thc_worker psagg__thc_worker_avx512;
+
 typedef struct psagg__codec_impl {
     const char *name;
     /* fp32, fp16, bf16. Encode x (+ residual); on a bad element return its status, set *bad. */
@@ -69,7 +88,12 @@ typedef struct psagg__codec_impl {
     /* thc: the integer fold over whole groups (kernels/thc.h; psagg__thc_fold_scalar's bytes) */
     void (*thc_fold)(uint32_t bits, uint32_t width, const uint8_t *const *in, size_t n_in,
                      size_t groups, uint8_t *out);
+    /* thc: the workers' side */
+    const psagg__thc_worker *thc_worker;
 } psagg__codec_impl;
+
+/* The implementation of the process's ISA (codec.c; psagg__codec_isa). */
+const psagg__codec_impl *psagg__impl_current(void);
 
 extern const psagg__codec_impl psagg__impl_scalar;
 extern const psagg__codec_impl psagg__impl_avx2;   /* all NULL when not built */

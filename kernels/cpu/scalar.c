@@ -372,4 +372,5 @@ const psagg__codec_impl psagg__impl_scalar = {
     .mm_aggregate = aggregate,
     .topk = &psagg__topk_scalar_passes,
     .thc_fold = psagg__thc_fold_scalar,
+    .thc_worker = &psagg__thc_worker_scalar,
 };

@@ -44,19 +44,21 @@
  * busiest_link_bytes: bytes per step, per direction, on the most loaded host link, computed
  * from the same layout the workers use (psagg__layout_build over the same declarations with
  * chunk_elems = psagg__chunk_elems(cfg) ([worker] chunk_bytes / 4 rounded down to a multiple of
- * 64), as psagg_declare does). A chunk's message is 32 header bytes + its encoded payload, for a
- * push and for the update alike. With P = one worker's pushes per step (sum over all chunks) and
- * P_s = the part of them that server s owns: servers on their own hosts:  worker link  up = down =
- * P server s link in = out = N x P_s
+ * 64), as psagg_declare does). A chunk's message is 32 header bytes + its payload: a push its
+ * encoded size, an update psagg__update_size of the N workers' sum (the same but for thc, whose
+ * integer sums are wider than a push). With P = one worker's pushes per step (sum over all
+ * chunks), U = the updates it receives, and P_s, U_s the parts of them that server s owns:
+ *   servers on their own hosts: worker link up = P, down = U; server s link in = N x P_s,
+ *   out = N x U_s
  *   --colocated (server i on worker i's host, S <= N): traffic between a worker and the
  *   server on its own host stays on that host, so host i (i < S) carries
  *       up   = worker i's pushes to other servers (P - P_i) + server i's updates to the
- *              other workers ((N-1) x P_i)
- *       down = updates from other servers (P - P_i) + pushes from the other workers
+ *              other workers ((N-1) x U_i)
+ *       down = updates from other servers (U - U_i) + pushes from the other workers
  *              ((N-1) x P_i)
- *       so up = down = P + (N-2) x P_i; a host without a server carries P.
- *   busiest_link_bytes is the maximum over links. wire_limit_ms = busiest x 8 / (R x 1e9)
- *   x 1000 with --link-gbit R (0 without it). The achieved rate is busiest bytes / median.
+ *       (with U = P: up = down = P + (N-2) x P_i); a host without a server carries P up, U down.
+ *   busiest_link_bytes is the maximum over links and directions. wire_limit_ms = busiest x 8 / (R x
+ * 1e9) x 1000 with --link-gbit R (0 without it). The achieved rate is busiest bytes / median.
  * bytes_sent_per_worker and compression come from rank 0's psagg_get_stats counters around
  * the model's push_pulls of the timed steps (payload + headers sent per step, barrier
  * excluded; fp32 bytes / bytes sent).
@@ -123,6 +125,8 @@ static void fill(float *x, uint64_t n, uint64_t seed, int rank, uint32_t key)
 typedef struct link_model {
     uint64_t push_total;  /* P: one worker's push bytes per step (headers included) */
     uint64_t *per_server; /* P_s */
+    uint64_t upd_total;   /* U: the update bytes it receives */
+    uint64_t *upd_server; /* U_s */
     uint64_t busiest;
     char busiest_name[48];
 } link_model;
@@ -143,7 +147,8 @@ static psagg_status model_links(const psagg__ctl_tensor *decl, uint32_t n_decl, 
     if ((st = psagg__layout_build(decl, n_decl, psagg__chunk_elems(cfg), (uint32_t)S, 0, &l)))
         return st;
     lm->per_server = calloc((size_t)S, sizeof *lm->per_server);
-    if (!lm->per_server) {
+    lm->upd_server = calloc((size_t)S, sizeof *lm->upd_server);
+    if (!lm->per_server || !lm->upd_server) {
         psagg__layout_free(&l);
         return PSAGG_ENOMEM;
     }
@@ -151,26 +156,39 @@ static psagg_status model_links(const psagg__ctl_tensor *decl, uint32_t n_decl, 
     for (uint32_t c = 0; c < l.n_chunks; c++) {
         const psagg__chunk_info *ci = &l.chunks[c];
         uint64_t msg = sizeof(psagg__msg_hdr) + ci->enc_bytes;
+        uint64_t upd = sizeof(psagg__msg_hdr) +
+                       psagg__update_size(&l.tensors[ci->key].codec, ci->count, (size_t)n);
         if (ci->key >= n_model)
             continue;
         lm->push_total += msg;
         lm->per_server[ci->owner] += msg;
+        lm->upd_total += upd;
+        lm->upd_server[ci->owner] += upd;
         (*n_chunks_out)++;
     }
     lm->busiest = 0;
     if (!colocated) {
-        lm->busiest = lm->push_total;
+        uint64_t w = lm->push_total > lm->upd_total ? lm->push_total : lm->upd_total;
+        lm->busiest = w;
         snprintf(lm->busiest_name, sizeof lm->busiest_name, "worker link");
-        for (int s = 0; s < S; s++)
-            if ((uint64_t)n * lm->per_server[s] > lm->busiest) {
-                lm->busiest = (uint64_t)n * lm->per_server[s];
+        for (int s = 0; s < S; s++) {
+            uint64_t b = (uint64_t)n * (lm->per_server[s] > lm->upd_server[s] ? lm->per_server[s]
+                                                                              : lm->upd_server[s]);
+            if (b > lm->busiest) {
+                lm->busiest = b;
                 snprintf(lm->busiest_name, sizeof lm->busiest_name, "server %d link", s);
             }
+        }
     } else {
         for (int h = 0; h < n; h++) {
-            uint64_t b = lm->push_total;
-            if (h < S)
-                b = lm->push_total + (uint64_t)(n - 2) * lm->per_server[h];
+            uint64_t b = lm->push_total > lm->upd_total ? lm->push_total : lm->upd_total;
+            if (h < S) {
+                uint64_t up = lm->push_total - lm->per_server[h] +
+                              (uint64_t)(n - 1) * lm->upd_server[h],
+                         down = lm->upd_total - lm->upd_server[h] +
+                                (uint64_t)(n - 1) * lm->per_server[h];
+                b = up > down ? up : down;
+            }
             if (n == 1 && h < S) /* alone: everything stays on the host */
                 b = 0;
             if (b > lm->busiest || h == 0) {
@@ -534,6 +552,7 @@ out:
     free(timing);
     free(timing_out);
     free(lm.per_server);
+    free(lm.upd_server);
     free(cfg);
     return rc;
 }

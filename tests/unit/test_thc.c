@@ -293,6 +293,11 @@ static void check_wire(void)
     CHECK(!psagg__thc_update_decode(4, D, rot, upd, ulen, n, 1.0f / 3, PSAGG_DECODE_SCALE, b, next),
           "update decode: %s", psagg_last_error());
     CHECK(!memcmp(a, b, n * sizeof *a), "the update's decode differs from its sum's");
+    printf("test_thc: golden decode of the update: digest %016llx\n",
+           (unsigned long long)fnv((const uint8_t *)b, n * sizeof *b));
+    CHECK(fnv((const uint8_t *)b, n * sizeof *b) == 0x72d5b885ba8d7301ull,
+          "the golden decode changed: %016llx",
+          (unsigned long long)fnv((const uint8_t *)b, n * sizeof *b));
     for (size_t i = 0; i < 1024; i++)
         CHECK(b[i] == 0, "block 0 (scale 0) decoded %g at %zu", (double)b[i], i);
     for (size_t m = 0; m < nb; m++) {
@@ -533,8 +538,15 @@ int main(void)
         }
         free(one), free(out);
     }
-    check_workers_side();
-    check_wire();
+    /* the workers' side on every ISA: the same pinned bytes (cpu/thc_body.h per ISA) */
+    for (int isa = 0; isa < PSAGG_ISA_COUNT; isa++) {
+        if (!psagg__isa_supported((psagg__isa)isa))
+            continue;
+        CHECK(!psagg__codec_set_isa((psagg__isa)isa), "set isa");
+        printf("test_thc: the workers' side on %s\n", psagg__isa_name((psagg__isa)isa));
+        check_workers_side();
+        check_wire();
+    }
     printf("test_thc: %d folds against the reference on every ISA, the 1,024-worker bound, "
            "refusals named\n",
            cases);
