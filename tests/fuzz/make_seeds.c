@@ -12,6 +12,7 @@
 #include "fuzz.h"
 #include "msg_layout.h"
 #include "kernels/codec.h"
+#include "kernels/thc.h"
 #include "kernels/topk.h"
 #include "runtime/layout.h"
 #include "runtime/message.h"
@@ -199,6 +200,59 @@ static void seed_codec(void)
     }
 }
 
+/* thc: a worker's push of each format and the update of three (the fuzzer mutates from
+   there), and numbers to encode, with scales and a residual */
+static void seed_thc(void)
+{
+    static const uint8_t fmts[] = {0, 1 | 2 << 1, 1 | 4 << 1 | 0x80};
+    for (size_t s = 0; s < sizeof fmts; s++) {
+        uint32_t bits = fmts[s] & 1 ? 4 : 2, D = (uint32_t[]){64, 256, 1024}[(fmts[s] >> 1) % 3];
+        uint32_t n = s == 2 ? 3000 : 700;
+        size_t nb = psagg__thc_blocks(n, D), np = psagg__thc_rotated_len(n, D);
+        size_t plen = psagg__thc_push_bytes(bits, D, n), ulen, big;
+        float *x = malloc(n * sizeof *x), *sc = malloc(nb * sizeof *sc), *r = calloc(np, 4);
+        uint8_t *push[3], *out;
+        char name[32];
+        ulen = psagg__thc_update_bytes(bits, D, n, fmts[s] & 0x80 ? 65535 / ((1u << bits) - 1) : 1);
+        big = 4 + 4 * (np + n + nb) + plen + ulen;
+        out = calloc(big, 1);
+        CHECK(x && sc && r && out, "memory");
+        for (uint32_t i = 0; i < n; i++)
+            x[i] = (float)((int)(i * 2654435761u % 2001) - 1000) / 64.0f;
+        for (size_t m = 0; m < nb; m++)
+            sc[m] = m ? 4.0f : 0.0f; /* (block 0: no scale yet) */
+        for (int w = 0; w < 3; w++) {
+            CHECK((push[w] = malloc(plen)), "memory");
+            CHECK(!psagg__thc_push_encode(bits, D, psagg__rng_key_make(1, 2), sc, x, r, n,
+                                          psagg__rng_key_make(3, (uint64_t)w), push[w], plen, NULL),
+                  "thc seed: %s", psagg_last_error());
+        }
+        out[0] = fmts[s], out[1] = (uint8_t)n, out[2] = (uint8_t)(n >> 8), out[3] = 0;
+        memcpy(out + 4, push[0], plen);
+        snprintf(name, sizeof name, "push_%zu", s);
+        put("thc", name, out, 4 + plen, NULL, 0);
+        { /* the update of the three pushes (at the width of 3 inputs: 8 bits) */
+            size_t l3 = psagg__thc_update_bytes(bits, D, n, 3);
+            out[0] = (uint8_t)(fmts[s] & 0x7F), out[3] = 1;
+            CHECK(!psagg__thc_update_fold(bits, D, (const uint8_t *const *)push, 3, plen, n,
+                                          out + 4, l3),
+                  "thc seed fold: %s", psagg_last_error());
+            snprintf(name, sizeof name, "update_%zu", s);
+            put("thc", name, out, 4 + l3, NULL, 0);
+            out[0] = fmts[s];
+        }
+        out[3] = 2 | (s & 1 ? 4 : 0);
+        memcpy(out + 4, x, 4 * (size_t)n);
+        memcpy(out + 4 + 4 * (size_t)n, sc, 4 * nb);
+        memcpy(out + 4 + 4 * ((size_t)n + nb), r, 4 * np);
+        snprintf(name, sizeof name, "encode_%zu", s);
+        put("thc", name, out, 4 + 4 * (n + nb + np), NULL, 0);
+        for (int w = 0; w < 3; w++)
+            free(push[w]);
+        free(x), free(sc), free(r), free(out);
+    }
+}
+
 /* topk: a valid encode of each kind (the fuzzer mutates from there), a corrupted one, numbers */
 static void seed_topk(void)
 {
@@ -257,6 +311,7 @@ int main(int argc, char **argv)
     seed_config();
     seed_declare();
     seed_topk();
+    seed_thc();
     seed_msg();
     seed_codec();
     printf("make_seeds: corpora written under %s\n", root);
