@@ -16,8 +16,15 @@
  * --straggler R MS ([server] quorum): worker R sleeps MS ms before its pushes of every round but
  * the first and the drain, so rounds close without it and its pushes are carried into later
  * ones (no reference then: which pushes a round summed is the servers' choice); with --drain
- * what is checked is that the sums agree all the same. Prints "THC ..." figures and
- * "DIGEST <hex>".
+ * what is checked is that the sums agree all the same. --grow ([cluster] elastic, workers = 3,
+ * max_workers = 4): worker 3 joins the running job; every worker calls psagg_sync_membership
+ * after each round, and a round counts worker 3's inputs from the barrier that admitted it (on
+ * the joiner from its first round). The joiner starts with no scales: its first pushes send
+ * nothing and the servers leave its blocks out of the sums (their counts say so) until its
+ * first update gives it the round's scales. With --drain the members' sums must agree within
+ * 1 % (everything the joiner sent included), the joiner's within 5 % (the members' residuals
+ * at its first round carry rounds it did not see). Prints "THC ..." figures and "DIGEST <hex>"
+ * of the last 8 rounds (the same on every worker).
  * FN_THC_SKEW_RANK=R: worker R multiplies its scales by 1.5 before round 2's pushes, so its
  * pushes disagree with the others': the servers must refuse them, naming the scales (run with
  * run_case.sh --expect-fail: the job fails on every worker).
@@ -71,7 +78,8 @@ int main(int argc, char **argv)
 {
     uint32_t rounds = argc > 1 ? (uint32_t)atoi(argv[1]) : 0;
     const char *codec_text = argc > 2 ? argv[2] : "";
-    int average = 0, drain = 0, straggler = -1, straggler_ms = 0;
+    int average = 0, drain = 0, straggler = -1, straggler_ms = 0, grow = 0, full_from = -1;
+    uint32_t first = 0;
     int skew = getenv("FN_THC_SKEW_RANK") ? atoi(getenv("FN_THC_SKEW_RANK")) : -1;
     psagg__config cfg;
     psagg_ctx *ctx = NULL;
@@ -91,11 +99,15 @@ int main(int argc, char **argv)
             average = 1;
         else if (!strcmp(argv[a], "--drain") && a + 1 < argc)
             drain = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--grow"))
+            grow = 1;
         else if (!strcmp(argv[a], "--straggler") && a + 2 < argc)
             straggler = atoi(argv[a + 1]), straggler_ms = atoi(argv[a + 2]), a += 2;
         else
             FAIL("fn_thc: unknown argument '%s'", argv[a]);
     }
+    if (grow && (straggler >= 0 || average))
+        FAIL("--grow is a sum without a straggler");
     if (rounds < 3 || drain < 0 || (uint32_t)drain >= rounds ||
         psagg_codec_parse(codec_text, &codec) || psagg__codec_check(&codec) ||
         codec.id != PSAGG_CODEC_THC)
@@ -106,7 +118,7 @@ int main(int argc, char **argv)
     if (psagg_init(NULL, -1, -1, &ctx))
         FAIL("psagg_init: %s", psagg_last_error());
     rank = psagg_rank(ctx);
-    world = psagg_world_size(ctx);
+    world = grow ? 4 : psagg_world_size(ctx); /* (--grow: the inputs of ranks 0..3) */
     for (uint32_t t = 0; t < N_T; t++) {
         static char names[N_T][8];
         snprintf(names[t], sizeof names[t], "g%u", t);
@@ -127,6 +139,15 @@ int main(int argc, char **argv)
     }
     if (psagg_declare(ctx, desc, N_T, NULL))
         FAIL("psagg_declare: %s", psagg_last_error());
+    if (grow) { /* a joiner starts at the members' round, with every worker in */
+        psagg_membership m = {.struct_size = sizeof m};
+        if (psagg_get_membership(ctx, &m) || psagg_get_tensor_round(ctx, 0, &first))
+            FAIL("membership: %s", psagg_last_error());
+        if (m.joiner) {
+            full_from = (int)first;
+            printf("THC worker %d joined at round %u, %d workers\n", rank, first, m.size);
+        }
+    }
     if (psagg__layout_build(wire, N_T, psagg__chunk_elems(&cfg), (uint32_t)cfg.n_servers, 0, &l))
         FAIL("layout: %s", psagg_last_error());
     push = calloc((size_t)world, sizeof *push);
@@ -150,7 +171,7 @@ int main(int argc, char **argv)
                 FAIL("memory");
     }
 
-    for (uint32_t r = 0; r < rounds; r++) {
+    for (uint32_t r = first; r < rounds; r++) {
         psagg_handle *h[N_T];
         double err = 0, norm = 0;
         if ((int)r == 2 && rank == skew) /* (FN_THC_SKEW_RANK: scales the others do not have) */
@@ -186,7 +207,7 @@ int main(int argc, char **argv)
            straggler: which pushes a round sums is then the servers' choice) */
         for (uint32_t t = 0; t < N_T; t++) {
             const psagg__tensor_info *ti = &l.tensors[t];
-            for (uint32_t c = 0; straggler < 0 && c < ti->n_chunks; c++) {
+            for (uint32_t c = 0; straggler < 0 && !grow && c < ti->n_chunks; c++) {
                 const psagg__chunk_info *ci = &l.chunks[ti->first_chunk + c];
                 psagg__rng_key rot =
                     psagg__rng_chunk_key(cfg.seed, PSAGG_RNG_ROTATE, 0, t, ci->index, 0);
@@ -217,7 +238,7 @@ int main(int argc, char **argv)
                 double s = 0;
                 memcpy(&a, &out[t][i], 4);
                 memcpy(&b, &expect[t][i], 4);
-                if (a != b && straggler < 0)
+                if (a != b && straggler < 0 && !grow)
                     FAIL("worker %d round %u tensor %u element %llu: got %.9g, the reference "
                          "%.9g",
                          rank, r, t, (unsigned long long)i, (double)out[t][i],
@@ -227,7 +248,8 @@ int main(int argc, char **argv)
                          "nothing may be sent",
                          t, (unsigned long long)i, (double)out[t][i]);
                 for (int w = 0; w < world; w++)
-                    s += in_value(w, t, r, i, rounds, drain);
+                    if (!grow || w < 3 || (full_from >= 0 && (int)r >= full_from))
+                        s += in_value(w, t, r, i, rounds, drain);
                 if (average)
                     s /= world;
                 sum_in[t][i] += s;
@@ -237,7 +259,19 @@ int main(int argc, char **argv)
                     norm += s * s;
                 }
             }
-            digest = fnv(digest, out[t], sizes[t] * sizeof(float));
+            if (!grow || r + 8 >= rounds) /* (--grow: the last rounds, every worker has them) */
+                digest = fnv(digest, out[t], sizes[t] * sizeof(float));
+        }
+        if (grow) {
+            psagg_membership m = {.struct_size = sizeof m};
+            usleep(20000);
+            if (psagg_sync_membership(ctx, &m))
+                FAIL("psagg_sync_membership: %s", psagg_last_error());
+            if (m.joined && m.size == 4 && full_from < 0) {
+                full_from = (int)r + 1;
+                printf("THC worker %d: worker 3 admitted, in the sums from round %d\n", rank,
+                       full_from);
+            }
         }
         if (rank == 0 && r > 0)
             printf("THC round %u: relative error of the update %.4f\n", r, sqrt(err / norm));
@@ -250,10 +284,11 @@ int main(int argc, char **argv)
                 err += (sum_out[t][i] - sum_in[t][i]) * (sum_out[t][i] - sum_in[t][i]);
                 norm += sum_in[t][i] * sum_in[t][i];
             }
-        if (rank == 0)
-            printf("THC %u rounds: relative error of the summed updates %.4f\n", rounds,
-                   sqrt(err / norm));
-        if (!(sqrt(err / norm) < (drain ? 0.01 : 2.0 / rounds + 0.05)))
+        printf("THC worker %d, %u rounds: relative error of the summed updates %.4f\n", rank,
+               rounds, sqrt(err / norm));
+        if (grow && full_from < 0)
+            FAIL("worker 3 never joined");
+        if (!(sqrt(err / norm) < (drain ? (grow && rank == 3 ? 0.05 : 0.01) : 2.0 / rounds + 0.05)))
             FAIL("the summed updates are %.4f off the summed inputs%s: error feedback lost some",
                  sqrt(err / norm), drain ? " after the drain" : "");
     }
