@@ -3,7 +3,8 @@
  * fn_thc): real servers add the workers' pushes as integers (server/integer.c), and each
  * worker checks every update bit for bit against its own reference of the whole job.
  *
- * usage: fn_thc ROUNDS CODEC [--average] [--drain K] [--straggler R MS]. Every worker declares
+ * usage: fn_thc ROUNDS CODEC [--average] [--drain K] [--straggler R MS] [--grow] [--progress]
+ * [--round-sleep-ms MS] (--progress prints "ROUND r" before each round). Every worker declares
  * tensors of 1, 100, 1023, 4096, 70001 and 300000 elements in CODEC (thc2, thc4, thc4/256, ...),
  * pushes input_value(rank, t, r, i) each round and waits. The reference (kernels/thc.h) runs every
  * worker's push of every chunk, with that worker's residual and the scales the last update set,
@@ -79,6 +80,7 @@ int main(int argc, char **argv)
     uint32_t rounds = argc > 1 ? (uint32_t)atoi(argv[1]) : 0;
     const char *codec_text = argc > 2 ? argv[2] : "";
     int average = 0, drain = 0, straggler = -1, straggler_ms = 0, grow = 0, full_from = -1;
+    int progress = 0, round_sleep_ms = 0;
     uint32_t first = 0;
     int skew = getenv("FN_THC_SKEW_RANK") ? atoi(getenv("FN_THC_SKEW_RANK")) : -1;
     psagg__config cfg;
@@ -101,6 +103,10 @@ int main(int argc, char **argv)
             drain = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--grow"))
             grow = 1;
+        else if (!strcmp(argv[a], "--progress"))
+            progress = 1;
+        else if (!strcmp(argv[a], "--round-sleep-ms") && a + 1 < argc)
+            round_sleep_ms = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--straggler") && a + 2 < argc)
             straggler = atoi(argv[a + 1]), straggler_ms = atoi(argv[a + 2]), a += 2;
         else
@@ -180,6 +186,12 @@ int main(int argc, char **argv)
                     ctx->tensors[t].thc_scale[m] *= 1.5f;
         if (rank == straggler && r > 0 && r + (uint32_t)drain < rounds)
             usleep((useconds_t)straggler_ms * 1000);
+        if (round_sleep_ms)
+            usleep((useconds_t)round_sleep_ms * 1000);
+        if (progress) { /* (a harness that acts at a round: test_server_failover.sh) */
+            printf("ROUND %u\n", r);
+            fflush(stdout);
+        }
         for (uint32_t t = 0; t < N_T; t++) {
             for (uint64_t i = 0; i < sizes[t]; i++)
                 in[t][i] = in_value(rank, t, r, i, rounds, drain);

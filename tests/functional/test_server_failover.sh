@@ -37,8 +37,11 @@
 # Adaptive codecs ([codec] adaptive = on; fn_adaptive: the codecs change every 2 rounds, every
 # output checked bit for bit against its own reference; adaptive-*): the statistics tensor is a
 # sum tensor like any other, its rounds pushed again to the new owner.
+# Integer aggregation (the thc codec; fn_thc: every update checked bit for bit against its own
+# reference of the job; thc-*): the integer sums hold no state between rounds, so a new owner
+# sums the rounds pushed again to it into the same bits.
 # PART: sum (the fn_worker cases), state (optim-* and residual-*: chunks with copies), adaptive,
-# or all (the default).
+# thc, or all (the default).
 set -u -o pipefail
 build=$1 part=${2:-all}
 # shellcheck source=tests/harness.sh
@@ -47,6 +50,7 @@ reserve_ports 3 "${3:-}"
 worker_bin=$build/tests/functional/fn_worker
 optim_bin=$build/tests/functional/fn_optim
 adaptive_bin=$build/tests/functional/fn_adaptive
+thc_bin=$build/tests/functional/fn_thc
 rounds=300
 mark=ROUND # (what a worker prints as it starts round n: fn_worker ROUND n, fn_optim STEP n)
 head -c 32 /dev/urandom | base64 >"$tmp/secret"
@@ -68,6 +72,9 @@ run() {
         if [ -n "${optim:-}" ]; then # parameter chunks: fn_optim (prints STEP n)
             start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
                 FN_OPTIM_CODEC="$codec" "$optim_bin" "$steps" --step-sleep-ms "${round_sleep:-3}"
+        elif [ -n "${thc:-}" ]; then # integer aggregation: fn_thc (its own tensors)
+            start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
+                "$thc_bin" $rounds "$codec" --progress ${slow[@]+"${slow[@]}"}
         elif [ -n "${adaptive:-}" ]; then # adaptive codecs: fn_adaptive (its own tensors)
             start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
                 "$adaptive_bin" $rounds --progress
@@ -607,5 +614,24 @@ if [[ $part == all || $part == adaptive ]]; then
         "$(grep -h "server view 2: .* to this server" "$tmp/adaptive-back1-server1b.log" | sed 's/^[0-9.]* //')"
     stop_all
     unset adaptive
+fi
+if [[ $part == all || $part == thc ]]; then
+    # Integer aggregation: a server killed or stopped while pushes of thc4 arrive; every update
+    # exact against fn_thc's reference and bit-identical to the uninterrupted run
+    thc=1 rounds=150
+    run thc-ref 2 thc4 1 -1 KILL 0 0 server.threads=2 worker.chunk_bytes=262144
+    for w in 0 1 2; do ((rc[w] == 0)) || fail "thc-ref: worker $w exited ${rc[w]} without a death"; done
+    ref[thc]=$(digest_of thc-ref)
+    stop_all
+    for v in "kill1 1 KILL 40 1" "kill0 0 KILL 61 2" "stop1 1 STOP 50 0"; do
+        set -- $v
+        run "thc-$1" 2 thc4 1 "$2" "$3" "$4" "$5" server.threads=2 worker.chunk_bytes=262144
+        went_on "thc-$1" 1 "${ref[thc]}"
+        echo "thc-$1: server $2 SIG$3 at round $4 + $5 ms: every update exact and bit-identical ($digest);" \
+            "$(grep -h "server view 1: .* to this server" "$tmp/thc-$1"-server*.log | grep -v " 0 of them" |
+                sed 's/^[0-9.]* //')"
+        stop_all
+    done
+    unset thc
 fi
 echo "test_server_failover: ok"
