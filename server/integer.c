@@ -6,12 +6,16 @@
  * scales are the round's) and kept in its slot; at the round's end the kept pushes are folded
  * into the sum stream (psagg__thc_update_fold: the process's SIMD path), whose width (8 or 16
  * bits) and length follow the pushes summed, which the update's header says (quorum rounds
- * and elastic epochs sum fewer). So the kind keeps no state between rounds: the scales live in
- * the workers, which take the next ones from the update.
+ * and elastic epochs sum fewer). The scales live in the workers, which take the next ones from
+ * the update; the kind keeps only what they must be (thc.h's NEXT SCALE of the update it sent),
+ * so that a push at another scale is refused whichever order the pushes come in. A chunk whose
+ * last update this server did not send (taken over, or back after a restart) has no such
+ * record for that round: its pushes must then agree with the round's first that has a scale.
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "arena.h"
 #include "base/error.h"
 #include "kernels/thc.h"
 #include "runtime/message.h"
@@ -23,19 +27,45 @@ static uint64_t thc_out_bytes(const psagg_codec *codec, uint64_t count, uint64_t
     return psagg__update_cap(codec, (size_t)count); /* (its sums at 16 bits) */
 }
 
+/* thc_chunk_ops' state: the scales the next round's pushes must have (each block's, as the
+   update this server sent last says), and that round. */
+typedef struct thc_state {
+    uint32_t round; /* the round `next` is for */
+    int known;      /* 0 until this server sent an update of the chunk (or at round 0) */
+    float next[];   /* per block */
+} thc_state;
+
 static uint64_t thc_state_bytes(const server *srv, uint64_t count)
 {
-    (void)srv, (void)count;
-    return 0;
+    (void)srv;
+    return sizeof(thc_state) + 4 * (count / PSAGG_THC_MIN_BLOCK + 1);
 }
 
+/* A chunk's first round has no scale yet: every push's are 0. */
 static psagg_status thc_alloc(server *srv, chunk_state *c)
+{
+    size_t nb = psagg__thc_blocks(c->info->count, srv->layout.tensors[c->info->key].codec.bucket);
+    if (!(c->thc = arena_alloc(sizeof *c->thc + nb * sizeof(float))))
+        return psagg__fail(PSAGG_ENOMEM, "buffers of tensor %u chunk %u", c->info->key,
+                           c->info->index);
+    memset(c->thc, 0, sizeof *c->thc + nb * sizeof(float));
+    c->thc->known = 1; /* round 0: zeros */
+    return PSAGG_OK;
+}
+
+static void thc_free(chunk_state *c)
+{
+    arena_free(c->thc);
+    c->thc = NULL;
+}
+
+static psagg_status no_alloc(server *srv, chunk_state *c)
 {
     (void)srv, (void)c;
     return PSAGG_OK;
 }
 
-static void thc_free(chunk_state *c)
+static void no_free(chunk_state *c)
 {
     (void)c;
 }
@@ -99,6 +129,7 @@ static int thc_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
     const psagg_codec *k = &c->codec;
     size_t nb = psagg__thc_blocks(c->info->count, k->bucket);
     const char *name = srv->layout.tensors[c->info->key].name;
+    int known = c->thc->known && c->thc->round == c->round;
 
     if (psagg__thc_push_check(k->bits, k->bucket, payload, c->enc, c->info->count)) {
         server_close_worker(srv, w, "push of tensor '%s' chunk %u round %u: payload: %s", name,
@@ -110,13 +141,33 @@ static int thc_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
         uint32_t u, ru;
         int by = -1;
         memcpy(&u, &s, 4);
-        if (!u || !(ru = round_scale(srv, c, m, &by)) || ru == u)
+        if (!u) /* (no scale: a joiner, or a chunk's first round; nothing of it summed) */
             continue;
-        memcpy(&r, &ru, 4);
-        server_close_worker(srv, w,
-                            "push of tensor '%s' chunk %u round %u: block %zu's scale is %.9g, "
-                            "but the round's is %.9g (worker %d's push): the scales disagree",
-                            name, h->chunk, h->round, m, (double)s, (double)r, by);
+        if (known) { /* what the update this server sent says */
+            r = c->thc->next[m];
+            memcpy(&ru, &r, 4);
+        } else if (!(ru = round_scale(srv, c, m, &by))) {
+            continue;
+        } else {
+            memcpy(&r, &ru, 4);
+        }
+        if (ru == u)
+            continue;
+        if (known && c->round == 0)
+            server_close_worker(srv, w,
+                                "push of tensor '%s' chunk %u round 0: the scales disagree: "
+                                "block %zu's is %.9g, but a chunk's first round has none",
+                                name, h->chunk, m, (double)s);
+        else if (known)
+            server_close_worker(srv, w,
+                                "push of tensor '%s' chunk %u round %u: the scales disagree: "
+                                "block %zu's is %.9g, but round %u's update set %.9g",
+                                name, h->chunk, h->round, m, (double)s, c->round - 1, (double)r);
+        else
+            server_close_worker(srv, w,
+                                "push of tensor '%s' chunk %u round %u: the scales disagree: "
+                                "block %zu's is %.9g, but the round's is %.9g (worker %d's push)",
+                                name, h->chunk, h->round, m, (double)s, (double)r, by);
         return 0;
     }
     memcpy(c->slots + (size_t)w * c->info->cap_bytes, payload, c->enc);
@@ -172,6 +223,17 @@ static long thc_finish(server *srv, chunk_state *c, uint8_t *out, psagg__rng_key
     }
     psagg__msg_init(h, PSAGG_MSG_UPDATE, (uint32_t)srv->rank, c->round, c->info, &c->codec, 0);
     h->len = (uint32_t)len;
+    { /* what the next round's pushes must have (thc.h's NEXT SCALE of this update) */
+        size_t nb = psagg__thc_blocks(c->info->count, c->codec.bucket);
+        const uint8_t *meta = out + sizeof *h;
+        for (size_t m = 0; m < nb; m++) {
+            float peak;
+            memcpy(&peak, meta + PSAGG_THC_UPDATE_META * m + 4, 4);
+            c->thc->next[m] = psagg__thc_next_scale(c->codec.bits, peak);
+        }
+        c->thc->round = c->round + 1;
+        c->thc->known = 1;
+    }
     return (long)len;
 }
 
@@ -184,8 +246,8 @@ static int thc_advances(const chunk_state *c)
 const chunk_sum_ops thc_sum_ops = {
     .name = "integer",
     .device = 0,
-    .alloc = thc_alloc,
-    .free = thc_free,
+    .alloc = no_alloc, /* (the pushes wait in the chunk's slots) */
+    .free = no_free,
     .collect = thc_collect,
     .settle = thc_settle,
     .encode = thc_encode,

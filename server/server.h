@@ -183,7 +183,8 @@ typedef struct chunk_state {
                                         thc_chunk_ops */
     const struct chunk_sum_ops *sum; /* how it sums: cpu_sum_ops, gpu_sum_ops, thc_sum_ops */
     send_ctx sctx[2];
-    param_state *param; /* param_chunk_ops' state (param.c), else NULL */
+    param_state *param;    /* param_chunk_ops' state (param.c), else NULL */
+    struct thc_state *thc; /* thc_chunk_ops' state (integer.c), else NULL */
     size_t out_cap;     /* payload bytes out[] holds: cap_bytes, or a parameter's fp32 */
     /* the round policy's (quorum.c; [server] quorum, straggler tolerance): */
     int64_t close_at_ms;   /* 0, or when the round closes without the workers still missing */
