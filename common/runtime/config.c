@@ -18,6 +18,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "kernels/codec.h"
 #include "kernels/optim.h"
 #include "runtime/config_keys.h"
 #include "runtime/features.h"
@@ -508,6 +509,20 @@ static psagg_status check_quorum(const struct load_state *st)
     return PSAGG_OK;
 }
 
+/* The default codec with its bucket and rounding (thc: a power-of-two block, stochastic). */
+static psagg_status check_codec(const struct load_state *st)
+{
+    psagg_codec c = st->cfg->codec;
+    char where[300];
+    if (!psagg__codec_check(&c))
+        return PSAGG_OK;
+    key_origin(st, "codec", c.rounding != PSAGG_ROUND_STOCHASTIC ? "rounding" : "bucket", where,
+               sizeof where);
+    return psagg__fail_context(PSAGG_ECONFIG, "%s: [codec] default = %s%u with this %s: ", where,
+                               c.id == PSAGG_CODEC_THC ? "thc" : "maxmin", c.bits,
+                               c.rounding != PSAGG_ROUND_STOCHASTIC ? "rounding" : "bucket");
+}
+
 /*
  * What composes (runtime/features.h): a pair of features the table refuses is an error at
  * the origin of its first key, naming both and why.
@@ -595,6 +610,8 @@ psagg_status psagg__config_load(const char *path, psagg__config *cfg)
         rc = check_quorum(st);
     if (!rc)
         rc = check_replicas(st);
+    if (!rc)
+        rc = check_codec(st);
     if (!rc)
         rc = check_features(st);
     key_origin(st, "cluster", "servers", cfg->servers_where, sizeof cfg->servers_where);

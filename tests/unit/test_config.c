@@ -394,6 +394,20 @@ static void test_errors(void)
     EXPECT_ERROR(MINIMAL "[codec]\ndefault = maxmin9\n", 6, "default", "maxmin9", "codec");
     EXPECT_ERROR(MINIMAL "[codec]\ndefault = zstd\n", 6, "default", "zstd");
     EXPECT_ERROR(MINIMAL "[codec]\ndefault = maxmin4/512\n", 6, "default", "separate keys");
+    /* thc: its block is [codec] bucket, a power of two; it rounds stochastically */
+    EXPECT_ERROR(MINIMAL "[codec]\ndefault = thc2\nbucket = 192\n", 7, "thc2", "block 192",
+                 "power of two");
+    EXPECT_ERROR(MINIMAL "[codec]\ndefault = thc4\nrounding = nearest\n", 7, "thc4",
+                 "rounding must be stochastic");
+    EXPECT_ERROR(MINIMAL "[codec]\ndefault = thc3\n", 6, "default", "thc3");
+    {
+        psagg__config cfg;
+        CHECK(!psagg__config_load(write_ini(MINIMAL "[codec]\ndefault = thc2\nbucket = 4096\n"),
+                                  &cfg) &&
+                  cfg.codec.id == PSAGG_CODEC_THC && cfg.codec.bits == 2 &&
+                  cfg.codec.bucket == 4096,
+              "thc2/4096: %s", psagg_last_error());
+    }
     EXPECT_ERROR(MINIMAL "[codec]\nbucket = 100\n", 6, "bucket", "multiple of 64");
     EXPECT_ERROR(MINIMAL "[codec]\nbucket = 0\n", 6, "bucket");
     EXPECT_ERROR(MINIMAL "[codec]\nadaptive_budget = 0.01\n", 6, "adaptive_budget", "0.05..4");
