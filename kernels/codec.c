@@ -163,24 +163,25 @@ static size_t encoded_size(const psagg_codec *c, size_t n)
     }
 }
 
+/* A caller's codec, checked (so that bucket 0 means the default): 1 when it is one. */
+static int checked(const psagg_codec *codec, psagg_codec *c)
+{
+    if (!codec)
+        return 0;
+    *c = *codec;
+    return psagg__codec_check(c) == PSAGG_OK;
+}
+
 size_t psagg__encoded_size(const psagg_codec *codec, size_t n)
 {
     psagg_codec c;
-    if (!codec)
-        return 0;
-    c = *codec;
-    if (psagg__codec_check(&c) != PSAGG_OK)
-        return 0;
-    return encoded_size(&c, n);
+    return checked(codec, &c) ? encoded_size(&c, n) : 0;
 }
 
 size_t psagg__update_size(const psagg_codec *codec, size_t n, size_t summed)
 {
     psagg_codec c;
-    if (!codec)
-        return 0;
-    c = *codec;
-    if (psagg__codec_check(&c) != PSAGG_OK)
+    if (!checked(codec, &c))
         return 0;
     return c.id == PSAGG_CODEC_THC ? psagg__thc_update_bytes(c.bits, c.bucket, n, summed)
                                    : encoded_size(&c, n);
@@ -189,10 +190,7 @@ size_t psagg__update_size(const psagg_codec *codec, size_t n, size_t summed)
 size_t psagg__update_cap(const psagg_codec *codec, size_t n)
 {
     psagg_codec c;
-    if (!codec)
-        return 0;
-    c = *codec;
-    if (psagg__codec_check(&c) != PSAGG_OK)
+    if (!checked(codec, &c))
         return 0;
     return c.id == PSAGG_CODEC_THC ? psagg__thc_update_cap(c.bits, c.bucket, n)
                                    : encoded_size(&c, n);
