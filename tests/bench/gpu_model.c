@@ -15,6 +15,7 @@
 typedef struct model_tensor {
     uint8_t *h_enc, *h_upd; /* the CUDA path's pinned staging: encoded chunks, updates */
     size_t *off;            /* each chunk's place in them */
+    size_t *off_upd;        /* ... in h_upd (thc's updates are wider than its pushes) */
     int64_t cost_ns;        /* one encode or decode on the modelled GPU */
     int encoded_once;       /* h_enc holds the codec's bytes (comm thread) */
     int decoding;           /* complete has started the modelled decode (comm thread) */
@@ -78,7 +79,7 @@ static psagg_status model_update(psagg_ctx *ctx, struct psagg_handle *h,
 {
     model_tensor *t = &model.t[h->key];
     (void)ctx, (void)codec, (void)mode;
-    memcpy(t->h_upd + t->off[ci->index], payload, payload_len);
+    memcpy(t->h_upd + t->off_upd[ci->index], payload, payload_len);
     return PSAGG_OK;
 }
 
@@ -113,21 +114,25 @@ psagg_status gpu_model_init(psagg_ctx *ctx, double gelem_s, double pcie_gbyte_s)
     for (uint32_t k = 0; k < model.n; k++) {
         const psagg__tensor_info *ti = &ctx->layout.tensors[k];
         model_tensor *t = &model.t[k];
-        size_t total = 0;
+        size_t total = 0, total_upd = 0;
         t->off = calloc(ti->n_chunks, sizeof *t->off);
-        if (!t->off)
+        t->off_upd = calloc(ti->n_chunks, sizeof *t->off_upd);
+        if (!t->off || !t->off_upd)
             return psagg__fail(PSAGG_ENOMEM, "gpu model: out of memory");
         for (uint32_t c = 0; c < ti->n_chunks; c++) {
+            const psagg__chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
             t->off[c] = total;
-            total += ctx->layout.chunks[ti->first_chunk + c].enc_bytes;
+            total += ci->enc_bytes;
+            t->off_upd[c] = total_upd;
+            total_upd += psagg__update_cap(&ti->codec, ci->count);
         }
         /* touched now: no page faults inside the timed steps */
         t->h_enc = calloc(1, total);
-        t->h_upd = calloc(1, total);
+        t->h_upd = calloc(1, total_upd);
         if (!t->h_enc || !t->h_upd)
             return psagg__fail(PSAGG_ENOMEM, "gpu model: out of memory");
         memset(t->h_enc, 0, total);
-        memset(t->h_upd, 0, total);
+        memset(t->h_upd, 0, total_upd);
         t->cost_ns = (int64_t)((gelem_s > 0 ? (double)ti->count / (gelem_s * 1e9) : 0) * 1e9 +
                                (pcie_gbyte_s > 0 ? (double)total / (pcie_gbyte_s * 1e9) : 0) * 1e9);
     }
@@ -154,6 +159,7 @@ void gpu_model_free(void)
         free(model.t[k].h_enc);
         free(model.t[k].h_upd);
         free(model.t[k].off);
+        free(model.t[k].off_upd);
     }
     free(model.t);
     model.t = NULL;
