@@ -9,6 +9,7 @@
 #              Gloo's and its test accuracy within 0.03
 #   optimizer  psagg.torch.DistributedOptimizer, no DDP and no process group: identical
 #              weights on every rank, loss and accuracy against the same Gloo DDP run
+#   thc        ddp with codec thc2 (integer aggregation): the same checks against Gloo
 #   server_down  server 0 SIGKILLed mid-training under the DDP hook, then server 1 SIGSTOPped
 #              under the optimizer wrapper: every rank raises (exit 3 with psagg's message
 #              naming the server) within op_timeout_ms (2000) of the fault
@@ -176,11 +177,13 @@ admit_check() { # admit_check NAME: torch_diloco_admit.py's checkpoint, resume a
 }
 
 case $case in
-ddp | optimizer)
+ddp | optimizer | thc)
     run gloo --comm gloo --unused --steps $steps
     read -r gl ga < <(check_ok gloo) || exit 1
     if [[ $case == ddp ]]; then
         run psagg --comm psagg --unused --steps $steps
+    elif [[ $case == thc ]]; then # integer aggregation through the DDP hook (kernels/thc.h)
+        run psagg --comm psagg --codec thc2 --unused --steps $steps
     else
         run psagg --comm psagg-opt --unused --steps $steps
     fi
