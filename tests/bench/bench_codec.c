@@ -36,8 +36,17 @@
  * streams read + the sum stream written. Then the workers' side of thc2 and thc4 (blocks of
  * 1024): a push (rotation, encode at the scales with the residual; Melem/s of the gradient) and
  * an update's decode (4 pushes summed; inverse rotation), on this CPU's one path.
+ *
+ *   psagg-bench-codec --thc-scale
+ * instead measures thc's choice of scale (kernels/thc.h, NEXT SCALE): W = 4 and 16 workers push
+ * 65,536 elements (uniform in [-0.5, 0.5], or with --thc-scale's second table the blocks' scales
+ * varying 1..8x and 1 % outliers 20x) for 30 rounds with error feedback, each round's scale
+ * kappa x the last update's largest peak, and prints the relative error of the update against
+ * the true sum (rounds 5..29: what one round's update is off by, the residual's carry included)
+ * for kappa from 0.2 to 0.9 at 2 and 4 bits.
  */
 #include <emmintrin.h>
+#include <math.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -280,6 +289,85 @@ static void thc_bench(size_t n, int reps)
     }
 }
 
+/* --thc-scale: one run of the scale's choice (see the top); the relative error per round */
+static double thc_scale_run(uint32_t bits, int W, float kappa, int varied)
+{
+    const uint32_t D = 1024;
+    const size_t n = 65536, nb = n / D;
+    size_t plen = psagg__thc_push_bytes(bits, D, n), ulen = psagg__thc_update_bytes(bits, D, n, W);
+    float *sc = xalloc(4 * nb), *x = xalloc(4 * n), *out = xalloc(4 * n), *res[16];
+    double *tru = xalloc(8 * n), e = 0, norm = 0;
+    uint8_t *push[16], *upd = xalloc(ulen);
+    psagg__rng_key rot = psagg__rng_key_make(1, 2);
+    uint64_t z = 0x9E3779B97F4A7C15ull;
+    memset(sc, 0, 4 * nb);
+    for (int w = 0; w < W; w++) {
+        res[w] = xalloc(4 * n);
+        memset(res[w], 0, 4 * n);
+        push[w] = xalloc(plen);
+    }
+    for (int r = 0; r < 30; r++) {
+        memset(tru, 0, 8 * n);
+        for (int w = 0; w < W; w++) {
+            for (size_t i = 0; i < n; i++) {
+                float u;
+                z = z * 6364136223846793005ull + 1442695040888963407ull;
+                u = (float)(z >> 40) * 0x1p-24f - 0.5f;
+                if (varied)
+                    u *= (float)(1 + (i / 4096) % 8) * ((z >> 20) % 100 == 0 ? 20.0f : 1.0f);
+                x[i] = u;
+                tru[i] += u;
+            }
+            check(psagg__thc_push_encode(bits, D, rot, sc, x, res[w], n,
+                                         psagg__rng_key_make((uint64_t)r, (uint64_t)w), push[w],
+                                         plen, NULL),
+                  "thc push");
+        }
+        check(psagg__thc_update_fold(bits, D, (const uint8_t *const *)push, (size_t)W, plen, n, upd,
+                                     ulen),
+              "thc fold");
+        check(
+            psagg__thc_update_decode(bits, D, rot, upd, ulen, n, 1.0f, PSAGG_DECODE_SET, out, NULL),
+            "thc decode");
+        for (size_t m = 0; m < nb; m++) {
+            float pk;
+            memcpy(&pk, upd + PSAGG_THC_UPDATE_META * m + 4, 4);
+            sc[m] = kappa * pk >= PSAGG_THC_MIN_SCALE ? kappa * pk : 0;
+        }
+        if (r >= 5)
+            for (size_t i = 0; i < n; i++) {
+                e += (out[i] - tru[i]) * (out[i] - tru[i]);
+                norm += tru[i] * tru[i];
+            }
+    }
+    for (int w = 0; w < W; w++)
+        free(res[w]), free(push[w]);
+    free(sc), free(x), free(out), free(tru), free(upd);
+    return sqrt(e / norm);
+}
+
+static void thc_scale(void)
+{
+    static const float kappas[] = {0.2f, 0.25f, 0.3f, 0.375f, 0.5f, 0.625f, 0.75f, 0.9f};
+    printf("thc's scale: kappa x the last update's largest peak; relative error of one round's "
+           "update (rounds 5..29, the residual's carry included)\n");
+    printf("%-6s %-26s", "codec", "workers, inputs");
+    for (size_t k = 0; k < sizeof kappas / sizeof *kappas; k++)
+        printf(" %7.3f", (double)kappas[k]);
+    printf("\n");
+    for (uint32_t bits = 2; bits <= 4; bits += 2)
+        for (int v = 0; v < 3; v++) {
+            int W = v == 1 ? 16 : 4;
+            printf("thc%-3u %-26s", bits,
+                   v == 0   ? "4, uniform"
+                   : v == 1 ? "16, uniform"
+                            : "4, varied blocks, outliers");
+            for (size_t k = 0; k < sizeof kappas / sizeof *kappas; k++)
+                printf(" %7.4f", thc_scale_run(bits, W, kappas[k], v == 2));
+            printf("\n");
+        }
+}
+
 /* --outer-step: the server's parameter step over n elements (see the top) */
 static void outer_step(size_t n, int reps)
 {
@@ -394,6 +482,8 @@ int main(int argc, char **argv)
             outer = 1;
         } else if (!strcmp(argv[i], "--thc")) {
             thc = 1;
+        } else if (!strcmp(argv[i], "--thc-scale")) {
+            thc = 2;
         } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
             reps = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
@@ -410,7 +500,7 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr,
                     "usage: %s [-n ELEMS] [--quick] [--reps R] [--isa scalar|avx2|avx512] "
-                    "[--codec NAME (e.g. maxmin4/1024/sr)] [--outer-step] [--thc]\n",
+                    "[--codec NAME (e.g. maxmin4/1024/sr)] [--outer-step] [--thc] [--thc-scale]\n",
                     argv[0]);
             return 2;
         }
@@ -448,6 +538,10 @@ int main(int argc, char **argv)
         printf("memory roofline (one %zu MiB buffer): read %.2f GB/s, read+write in place %.2f "
                "GB/s; fractions below are of the larger, %.2f GB/s\n\n",
                stream_bytes >> 20, rd / 1e9, rmw / 1e9, bw_mem / 1e9);
+    }
+    if (thc == 2) {
+        thc_scale();
+        return 0;
     }
     if (thc) {
         thc_bench(n, reps);
