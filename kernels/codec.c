@@ -1,20 +1,14 @@
 /*
  * codec.c - the codec library's front end: codec checks, sizes, chunking, RNG keys and
  * streams, argument and length checks, validation of encoded inputs, scratch memory, and the
- * one dispatch to a CPU implementation: the ISA (scalar, AVX2, AVX-512, chosen once from the
- * CPU's features or PSAGG_CODEC_ISA) and, within it, the function for the codec's format.
+ * dispatch to a CPU implementation: within the ISA's (kernels/isa.c chooses it once from the
+ * CPU's features or PSAGG_CODEC_ISA), the function for the codec's format.
  *
  * Layer: kernels.
  */
 #include "kernels/codec.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
-
 #include <math.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -308,125 +302,11 @@ static void scratch_release(const scratch_stack *stk, psagg__scratch *ws)
     }
 }
 
-/* ---- implementation choice ---- */
-
-static const psagg__codec_impl *const impls[PSAGG_ISA_COUNT] = {
-    &psagg__impl_scalar, &psagg__impl_avx2, &psagg__impl_avx512};
-
-static const char *const isa_names[PSAGG_ISA_COUNT] = {"scalar", "avx2", "avx512"};
-
-const char *psagg__isa_name(psagg__isa isa)
-{
-    if ((int)isa < 0 || isa >= PSAGG_ISA_COUNT)
-        return "unknown";
-    return isa_names[isa];
-}
-
-#if defined(__x86_64__) || defined(__i386__)
-/*
- * What this CPU and OS can run, from CPUID and XCR0 (the OS must save the AVX and AVX-512
- * registers). By hand rather than __builtin_cpu_supports, which clang does not know f16c for.
- */
-enum { CPU_AVX2 = 1, CPU_AVX512 = 2 };
-
-static int cpu_features(void)
-{
-    unsigned a, b, c, d, xcr0_lo, xcr0_hi;
-    int avx2, avx512;
-    if (!__get_cpuid(1, &a, &b, &c, &d))
-        return 0;
-    /* F16C (ecx 29), OSXSAVE (27), AVX (28) */
-    if ((c & (1u << 29 | 1u << 27 | 1u << 28)) != (1u << 29 | 1u << 27 | 1u << 28))
-        return 0;
-    __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-    (void)xcr0_hi;
-    if ((xcr0_lo & 0x6) != 0x6 || !__get_cpuid_count(7, 0, &a, &b, &c, &d))
-        return 0;
-    /* AVX2 (ebx 5), BMI2 (8); AVX-512 F (16), DQ (17), BW (30), VL (31) and its state */
-    avx2 = (b & (1u << 5 | 1u << 8)) == (1u << 5 | 1u << 8);
-    avx512 = avx2 &&
-             (b & (1u << 16 | 1u << 17 | 1u << 30 | 1u << 31)) ==
-                 (1u << 16 | 1u << 17 | 1u << 30 | 1u << 31) &&
-             (xcr0_lo & 0xE0) == 0xE0;
-    return (avx2 ? CPU_AVX2 : 0) | (avx512 ? CPU_AVX512 : 0);
-}
-#endif
-
-int psagg__isa_supported(psagg__isa isa)
-{
-    switch (isa) {
-    case PSAGG_ISA_SCALAR:
-        return 1;
-#if defined(__x86_64__) || defined(__i386__)
-    case PSAGG_ISA_AVX2:
-        return psagg__impl_avx2.fp_encode && (cpu_features() & CPU_AVX2);
-    case PSAGG_ISA_AVX512:
-        return psagg__impl_avx512.fp_encode && (cpu_features() & CPU_AVX512);
-#endif
-    default:
-        return 0;
-    }
-}
-
-static _Atomic int current_isa = -1;
-static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
-
-static void isa_init(void)
-{
-    psagg__isa best = PSAGG_ISA_SCALAR, want;
-    const char *env = getenv("PSAGG_CODEC_ISA");
-    int i;
-
-    if (psagg__isa_supported(PSAGG_ISA_AVX512))
-        best = PSAGG_ISA_AVX512;
-    else if (psagg__isa_supported(PSAGG_ISA_AVX2))
-        best = PSAGG_ISA_AVX2;
-    want = best;
-    if (env && *env) {
-        for (i = 0; i < PSAGG_ISA_COUNT; i++)
-            if (!strcmp(env, isa_names[i]))
-                break;
-        if (i == PSAGG_ISA_COUNT)
-            fprintf(stderr,
-                    "psagg: PSAGG_CODEC_ISA=%s is not one of scalar|avx2|avx512; using %s\n", env,
-                    isa_names[best]);
-        else if (!psagg__isa_supported((psagg__isa)i))
-            fprintf(stderr, "psagg: PSAGG_CODEC_ISA=%s is not supported on this CPU; using %s\n",
-                    env, isa_names[best]);
-        else
-            want = (psagg__isa)i;
-    }
-    /* psagg__codec_set_isa may have run first; it wins. */
-    int expected = -1;
-    atomic_compare_exchange_strong(&current_isa, &expected, (int)want);
-}
-
-psagg__isa psagg__codec_isa(void)
-{
-    pthread_once(&isa_once, isa_init);
-    return (psagg__isa)atomic_load(&current_isa);
-}
-
-psagg_status psagg__codec_set_isa(psagg__isa isa)
-{
-    if ((int)isa < 0 || isa >= PSAGG_ISA_COUNT)
-        return psagg__fail(PSAGG_EINVAL, "codec ISA %d unknown", (int)isa);
-    if (!psagg__isa_supported(isa))
-        return psagg__fail(PSAGG_EUNSUPPORTED, "codec ISA %s is not supported on this CPU",
-                           isa_names[isa]);
-    pthread_once(&isa_once, isa_init);
-    atomic_store(&current_isa, (int)isa);
-    return PSAGG_OK;
-}
+/* ---- implementation choice (kernels/isa.c) ---- */
 
 static const psagg__codec_impl *impl(void)
 {
-    return impls[psagg__codec_isa()];
-}
-
-const psagg__codec_impl *psagg__impl_current(void)
-{
-    return impl();
+    return psagg__impl_current();
 }
 
 /* ---- validation of encoded buffers ---- */
@@ -654,33 +534,6 @@ psagg_status psagg__decode_add(const psagg_codec *codec, const void *in, size_t 
                                float *acc)
 {
     return psagg__decode_into(codec, in, in_len, n, acc, PSAGG_DECODE_ADD, 1.0f);
-}
-
-psagg_status psagg__thc_fold(uint32_t bits, const uint8_t *const *in, size_t n_in, size_t in_len,
-                             size_t n, uint8_t *out, size_t out_len)
-{
-    uint32_t w = psagg__thc_sum_width(bits, n_in);
-    size_t need = psagg__thc_index_bytes(bits, n);
-
-    if (bits != 2 && bits != 4)
-        return psagg__fail(PSAGG_EINVAL, "thc fold: bits %u (2 or 4)", bits);
-    if (!in || !out || n_in == 0)
-        return psagg__fail(PSAGG_EINVAL, "thc fold: %s", !out ? "NULL output" : "no input");
-    if (!w)
-        return psagg__fail(PSAGG_EINVAL,
-                           "thc fold: %zu inputs of %u bits: their sum does not fit 16 bits", n_in,
-                           bits);
-    if (in_len != need || out_len != psagg__thc_sum_bytes(bits, n_in, n))
-        return psagg__fail(PSAGG_EINVAL, "thc fold of %zu elements: %s is %zu bytes, expected %zu",
-                           n, in_len != need ? "an input" : "the output",
-                           in_len != need ? in_len : out_len,
-                           in_len != need ? need : psagg__thc_sum_bytes(bits, n_in, n));
-    for (size_t k = 0; k < n_in; k++)
-        if (!in[k])
-            return psagg__fail(PSAGG_EINVAL, "thc fold: input %zu is NULL", k);
-    (impl()->thc_fold ? impl()->thc_fold : psagg__thc_fold_scalar)(
-        bits, w, in, n_in, need / PSAGG_THC_GROUP_BYTES, out);
-    return PSAGG_OK;
 }
 
 psagg_status psagg__aggregate(const psagg_codec *codec, const void *const *in, size_t n_in,

@@ -253,6 +253,33 @@ psagg_status psagg__thc_decode(uint32_t bits, uint32_t block, psagg__rng_key rot
     return st;
 }
 
+psagg_status psagg__thc_fold(uint32_t bits, const uint8_t *const *in, size_t n_in, size_t in_len,
+                             size_t n, uint8_t *out, size_t out_len)
+{
+    uint32_t w = psagg__thc_sum_width(bits, n_in);
+    size_t need = psagg__thc_index_bytes(bits, n);
+
+    if (bits != 2 && bits != 4)
+        return psagg__fail(PSAGG_EINVAL, "thc fold: bits %u (2 or 4)", bits);
+    if (!in || !out || n_in == 0)
+        return psagg__fail(PSAGG_EINVAL, "thc fold: %s", !out ? "NULL output" : "no input");
+    if (!w)
+        return psagg__fail(PSAGG_EINVAL,
+                           "thc fold: %zu inputs of %u bits: their sum does not fit 16 bits", n_in,
+                           bits);
+    if (in_len != need || out_len != psagg__thc_sum_bytes(bits, n_in, n))
+        return psagg__fail(PSAGG_EINVAL, "thc fold of %zu elements: %s is %zu bytes, expected %zu",
+                           n, in_len != need ? "an input" : "the output",
+                           in_len != need ? in_len : out_len,
+                           in_len != need ? need : psagg__thc_sum_bytes(bits, n_in, n));
+    for (size_t k = 0; k < n_in; k++)
+        if (!in[k])
+            return psagg__fail(PSAGG_EINVAL, "thc fold: input %zu is NULL", k);
+    (psagg__impl_current()->thc_fold ? psagg__impl_current()->thc_fold : psagg__thc_fold_scalar)(
+        bits, w, in, n_in, need / PSAGG_THC_GROUP_BYTES, out);
+    return PSAGG_OK;
+}
+
 /* ---- the wire format (thc.h, "THE WIRE FORMAT") ---- */
 
 size_t psagg__thc_push_bytes(uint32_t bits, uint32_t block, size_t n)

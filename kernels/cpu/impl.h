@@ -3,8 +3,8 @@
  * scratch memory and the choice of path) and the per-ISA CPU implementations (scalar.c,
  * avx2.c, avx512.c with avx512_bytes.c).
  *
- * Layer: kernels. codec.c is the one place that picks an ISA and, within it, the function
- * for the codec's format; an implementation only computes. codec.c calls these only with a
+ * Layer: kernels. isa.c picks the ISA and codec.c, within it, the function for the codec's
+ * format (thc.c its thc parts); an implementation only computes. codec.c calls these only with a
  * checked codec (psagg__codec_check passed, bucket != 0) of the function's format,
  * n <= PSAGG_CODEC_MAX_ELEMS, non-NULL buffers of the exact encoded size, inputs that
  * psagg__validate accepted (decode, aggregate), and a scratch area as described below. Every
@@ -92,7 +92,7 @@ typedef struct psagg__codec_impl {
     const psagg__thc_worker *thc_worker;
 } psagg__codec_impl;
 
-/* The implementation of the process's ISA (codec.c; psagg__codec_isa). */
+/* The implementation of the process's ISA (kernels/isa.c; psagg__codec_isa). */
 const psagg__codec_impl *psagg__impl_current(void);
 
 extern const psagg__codec_impl psagg__impl_scalar;
