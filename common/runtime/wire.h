@@ -545,7 +545,8 @@ typedef struct psagg__msg_hdr {
     uint32_t round;  /* per-key round */
     uint32_t key;    /* tensor index in the declaration */
     uint32_t chunk;  /* chunk index within the tensor */
-    uint32_t len;    /* payload bytes: exactly the encoded size of the chunk in that codec */
+    uint32_t len;    /* payload bytes: exactly the encoded size of the chunk in that codec (an
+                        UPDATE: psagg__update_size of `summed`, wider for thc) */
     uint32_t codec;  /* the payload's codec and the assignment's generation (above) */
 } psagg__msg_hdr;
 _Static_assert(sizeof(psagg__msg_hdr) == 32, "psagg__msg_hdr layout");
