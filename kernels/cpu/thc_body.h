@@ -33,6 +33,18 @@ thc_signs(psagg__rng_key rot, size_t e0, const float *src, float *dst, uint32_t 
     }
 }
 
+/* (a_i, b_i) <- (a_i + b_i, a_i - b_i) for i < h: a run of one stage, whose halves do not
+   overlap (restrict: the compiler vectorizes it without a check) */
+static inline __attribute__((always_inline)) void thc_butterflies(float *restrict a,
+                                                                  float *restrict b, uint32_t h)
+{
+    for (uint32_t i = 0; i < h; i++) {
+        float x = a[i], z = b[i];
+        a[i] = x + z;
+        b[i] = x - z;
+    }
+}
+
 /* y <- H y in place (thc.h's stages: pairs (i, i + h), i & h == 0, in runs of h). */
 static inline __attribute__((always_inline)) void thc_hadamard(float *y, uint32_t p)
 {
@@ -55,11 +67,7 @@ static inline __attribute__((always_inline)) void thc_hadamard(float *y, uint32_
         }
     for (uint32_t h = 8; h < p; h <<= 1)
         for (uint32_t j = 0; j < p; j += 2 * h)
-            for (uint32_t i = j; i < j + h; i++) {
-                float a = y[i], b = y[i + h];
-                y[i] = a + b;
-                y[i + h] = a - b;
-            }
+            thc_butterflies(y + j, y + j + h, h);
 }
 
 /*
