@@ -185,7 +185,7 @@ typedef struct chunk_state {
     send_ctx sctx[2];
     param_state *param;    /* param_chunk_ops' state (param.c), else NULL */
     struct thc_state *thc; /* thc_chunk_ops' state (integer.c), else NULL */
-    size_t out_cap;     /* payload bytes out[] holds: cap_bytes, or a parameter's fp32 */
+    size_t out_cap;        /* payload bytes out[] holds: cap_bytes, or a parameter's fp32 */
     /* the round policy's (quorum.c; [server] quorum, straggler tolerance): */
     int64_t close_at_ms;   /* 0, or when the round closes without the workers still missing */
     int closing;           /* it closes now: the missing members are passed over */
