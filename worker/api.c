@@ -19,7 +19,6 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "kernels/optim.h"
-#include "kernels/thc.h"
 #include "runtime/adaptive.h"
 #include "runtime/channel.h"
 #include "worker.h"
@@ -180,17 +179,14 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
                                       : ctx->cfg.error_feedback_beta;
         int ef =
             tensors[t].error_feedback < 0 ? ctx->cfg.error_feedback : tensors[t].error_feedback;
-        if (ti->codec.id == PSAGG_CODEC_THC) { /* (its first push keeps all in the residual) */
-            const psagg__chunk_info *last = &l->chunks[ti->first_chunk + ti->n_chunks - 1];
-            size_t rot = last->offset + psagg__thc_rotated_len(last->count, ti->codec.bucket);
-            ctx->tensors[t].residual = psagg__alloc(rot * sizeof(float), 1);
-            ctx->tensors[t].thc_scale =
-                psagg__alloc((rot / ti->codec.bucket + 1) * sizeof(float), 1);
-            if (!ctx->tensors[t].residual || !ctx->tensors[t].thc_scale)
-                return psagg__fail(PSAGG_ENOMEM, "residual of tensor '%s'", ti->name);
-        } else if (ef && ti->codec.id != PSAGG_CODEC_FP32) {
-            ctx->tensors[t].residual = psagg__alloc(ti->count * sizeof(float), 1);
-            if (!ctx->tensors[t].residual)
+        int thc = ti->codec.id == PSAGG_CODEC_THC; /* (its first push keeps all: always one) */
+        if (thc || (ef && ti->codec.id != PSAGG_CODEC_FP32)) {
+            size_t n = tensor_residual_elems(l, ti);
+            ctx->tensors[t].residual = psagg__alloc(n * sizeof(float), 1);
+            if (thc)
+                ctx->tensors[t].thc_scale =
+                    psagg__alloc((n / ti->codec.bucket + 1) * sizeof(float), 1);
+            if (!ctx->tensors[t].residual || (thc && !ctx->tensors[t].thc_scale))
                 return psagg__fail(PSAGG_ENOMEM, "residual of tensor '%s'", ti->name);
         }
     }

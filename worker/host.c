@@ -10,31 +10,12 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "kernels/codec.h"
-#include "kernels/thc.h"
 #include "worker.h"
 
 /* thc's rotation of chunk ci: the same on every worker and round (kernels/thc.h) */
 static psagg__rng_key thc_rotation(const psagg_ctx *ctx, const psagg__chunk_info *ci)
 {
     return psagg__rng_chunk_key(ctx->cfg.seed, PSAGG_RNG_ROTATE, 0, ci->key, ci->index, 0);
-}
-
-/* thc's push of chunk ci: at the scales the last update set, its residual in rotated
-   coordinates (decayed as below over all of them) */
-static psagg_status thc_encode(psagg_ctx *ctx, struct psagg_handle *h, const psagg__chunk_info *ci,
-                               psagg__rng_key key, uint8_t *payload, size_t *bad)
-{
-    tensor_state *ts = &ctx->tensors[h->key];
-    uint32_t block = h->codec.bucket;
-    float *res = ts->residual + ci->offset;
-    psagg_status st = psagg__thc_push_encode(h->codec.bits, block, thc_rotation(ctx, ci),
-                                             ts->thc_scale + ci->offset / block, h->in + ci->offset,
-                                             res, ci->count, key, payload,
-                                             psagg__encoded_size(&h->codec, ci->count), bad);
-    if (!st && ts->ef_beta != 1.0f)
-        for (size_t i = 0, np = psagg__thc_rotated_len(ci->count, block); i < np; i++)
-            res[i] *= ts->ef_beta;
-    return st;
 }
 
 static psagg_status host_encode(psagg_ctx *ctx, struct psagg_handle *h)
@@ -53,24 +34,18 @@ static psagg_status host_encode(psagg_ctx *ctx, struct psagg_handle *h)
         psagg__rng_key key = psagg__rng_chunk_key(ctx->cfg.seed, PSAGG_RNG_WORKER,
                                                   (uint32_t)ctx->rank, ci->key, ci->index, h->step);
         size_t bad = 0;
-        psagg_status st;
-        if (h->codec.id == PSAGG_CODEC_THC) {
-            if ((st = thc_encode(ctx, h, ci, key, payload, &bad))) {
-                const psagg__chunk_info *last =
-                    &ctx->layout.chunks[ti->first_chunk + ti->n_chunks - 1];
-                memset(res, 0,
-                       (last->offset + psagg__thc_rotated_len(last->count, h->codec.bucket)) *
-                           sizeof(float));
-                return psagg__fail_context(st, "tensor '%.63s': element %llu: ", ti->name,
-                                           (unsigned long long)(ci->offset + bad));
-            }
-            continue;
-        }
-        st = psagg__encode(&h->codec, h->in + ci->offset, res ? res + ci->offset : NULL, ci->count,
-                           key, payload, psagg__encoded_size(&h->codec, ci->count), &bad);
+        psagg_status st =
+            h->codec.id == PSAGG_CODEC_THC /* (at the scales the last update set) */
+                ? psagg__thc_push_encode(h->codec.bits, h->codec.bucket, thc_rotation(ctx, ci),
+                                         ts->thc_scale + ci->offset / h->codec.bucket,
+                                         h->in + ci->offset, res + ci->offset, ci->count, key,
+                                         payload, psagg__encoded_size(&h->codec, ci->count), &bad)
+                : psagg__encode(&h->codec, h->in + ci->offset, res ? res + ci->offset : NULL,
+                                ci->count, key, payload, psagg__encoded_size(&h->codec, ci->count),
+                                &bad);
         if (st) {
             if (res) /* part of it was updated: start error feedback afresh */
-                memset(res, 0, ti->count * sizeof(float));
+                memset(res, 0, tensor_residual_elems(&ctx->layout, ti) * sizeof(float));
             ts->carry_live = 0;
             return psagg__fail_context(st, "tensor '%.63s': element %llu: ", ti->name,
                                        (unsigned long long)(ci->offset + bad));
@@ -78,7 +53,7 @@ static psagg_status host_encode(psagg_ctx *ctx, struct psagg_handle *h)
         /* SparseLoCo's decay: what was left out is kept as beta * (v - y), so the next push
            sends x + beta * e; a push carried back later ([server] quorum) adds in whole */
         if (ts->residual && ts->ef_beta != 1.0f)
-            for (size_t i = 0; i < ci->count; i++)
+            for (size_t i = 0, n = chunk_residual_elems(ti, ci); i < n; i++)
                 ts->residual[ci->offset + i] *= ts->ef_beta;
     }
     if (res && res == ts->carry) {

@@ -42,6 +42,7 @@
 #include "base/log.h"
 #include "base/timeline.h"
 #include "kernels/codec.h"
+#include "kernels/thc.h"
 #include "psagg.h"
 #include "runtime/auth.h"
 #include "runtime/config.h"
@@ -181,16 +182,16 @@ _Static_assert(sizeof(chunk_buf) == 2 * sizeof(push_buf), "chunk_buf: push buffe
 static inline push_buf *chunk_push(psagg_ctx *ctx, uint32_t chunk, uint32_t round);
 
 typedef struct tensor_state {
-    float *residual; /* worker error feedback (host buffers), or NULL; thc: always, in rotated
-                        coordinates (chunk c's at its offset, psagg__thc_rotated_len long) */
-    float ef_beta;   /* the residual's decay before each encode (1: classic error feedback) */
+    float *residual;  /* worker error feedback (host buffers), or NULL; thc: always, in rotated
+                         coordinates (chunk c's at its offset, psagg__thc_rotated_len long) */
+    float ef_beta;    /* the residual's decay before each encode (1: classic error feedback) */
     float *thc_scale; /* thc: each block's scale for the next push (chunk c's from its offset /
                          the block), set by the update applied last; else NULL */
-    float *carry;    /* [server] quorum, no residual: pushes left out of their round, or NULL */
-    int carry_live;  /* carry holds some: the next encode adds it, then clears it */
-    uint32_t round;  /* round of the next push_pull */
-    uint32_t pulls;  /* a parameter's INIT and PULL, which count a round with server replicas
-                        (psagg_get_tensor_round says round - pulls: the optimizer's step) */
+    float *carry;     /* [server] quorum, no residual: pushes left out of their round, or NULL */
+    int carry_live;   /* carry holds some: the next encode adds it, then clears it */
+    uint32_t round;   /* round of the next push_pull */
+    uint32_t pulls;   /* a parameter's INIT and PULL, which count a round with server replicas
+                         (psagg_get_tensor_round says round - pulls: the optimizer's step) */
     struct psagg_handle *op; /* the push_pull in flight, or NULL */
     int inited;              /* a parameter's psagg_param_init completed */
     float lr, weight_decay;  /* psagg_set_lr (guarded by ctx->mu) */
@@ -301,6 +302,20 @@ struct psagg_ctx {
     void *device;
     void (*device_destroy)(psagg_ctx *ctx);
 };
+
+/* The residual elements of chunk ci of tensor ti, from ci->offset on: its count, or thc's
+   rotated coordinates; and of the whole tensor (the last chunk's end). */
+static inline size_t chunk_residual_elems(const psagg__tensor_info *ti, const psagg__chunk_info *ci)
+{
+    return ti->codec.id == PSAGG_CODEC_THC ? psagg__thc_rotated_len(ci->count, ti->codec.bucket)
+                                           : ci->count;
+}
+
+static inline size_t tensor_residual_elems(const psagg__layout *l, const psagg__tensor_info *ti)
+{
+    const psagg__chunk_info *last = &l->chunks[ti->first_chunk + ti->n_chunks - 1];
+    return last->offset + chunk_residual_elems(ti, last);
+}
 
 /* The server that owns chunk g now: its pushes go there, its updates come from there. */
 static inline uint32_t chunk_owner(const psagg_ctx *ctx, uint32_t g)
