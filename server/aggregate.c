@@ -545,29 +545,30 @@ static void sum_free(chunk_state *c)
     c->residual = NULL;
 }
 
-static int sum_admit(server *srv, chunk_state *c, const recv_buf *rb, uint32_t *round)
+/* The hooks of a round of gradients, which every sum kind shares (server.h). */
+int sum_round_admit(server *srv, chunk_state *c, const recv_buf *rb, uint32_t *round)
 {
     (void)srv, (void)c, (void)rb, (void)round;
     return 0;
 }
 
-static void sum_open(chunk_state *c, const psagg__msg_codec *mc)
+void sum_round_open(chunk_state *c, const psagg__msg_codec *mc)
 {
     (void)c, (void)mc;
 }
 
-static int sum_agree(server *srv, chunk_state *c, int w, const psagg__msg_codec *mc)
+int sum_round_agree(server *srv, chunk_state *c, int w, const psagg__msg_codec *mc)
 {
     (void)srv, (void)c, (void)w, (void)mc;
     return 0;
 }
 
-static int sum_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
+int sum_round_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
 {
     return c->sum->collect(srv, c, w, rb);
 }
 
-static int sum_settle(server *srv, chunk_state *c)
+int sum_round_settle(server *srv, chunk_state *c)
 {
     return c->sum->settle(srv, c);
 }
@@ -587,7 +588,7 @@ static long sum_finish(server *srv, chunk_state *c, uint8_t *out, psagg__rng_key
     return (long)c->enc;
 }
 
-static int sum_advances(const chunk_state *c)
+int sum_round_counts(const chunk_state *c)
 {
     (void)c;
     return 1;
@@ -601,14 +602,14 @@ const chunk_ops sum_chunk_ops = {
     .state_bytes = sum_state_bytes,
     .alloc = sum_alloc,
     .free = sum_free,
-    .admit = sum_admit,
-    .open = sum_open,
-    .agree = sum_agree,
-    .collect = sum_collect,
-    .settle = sum_settle,
+    .admit = sum_round_admit,
+    .open = sum_round_open,
+    .agree = sum_round_agree,
+    .collect = sum_round_collect,
+    .settle = sum_round_settle,
     .finish = sum_finish,
-    .advances = sum_advances,
-    .partial = sum_advances, /* (always 1 too) */
+    .advances = sum_round_counts,
+    .partial = sum_round_counts, /* (always 1 too) */
 };
 
 /*
