@@ -545,30 +545,29 @@ static void sum_free(chunk_state *c)
     c->residual = NULL;
 }
 
-/* The hooks of a round of gradients, which every sum kind shares (server.h). */
-int sum_round_admit(server *srv, chunk_state *c, const recv_buf *rb, uint32_t *round)
+static int sum_admit(server *srv, chunk_state *c, const recv_buf *rb, uint32_t *round)
 {
     (void)srv, (void)c, (void)rb, (void)round;
     return 0;
 }
 
-void sum_round_open(chunk_state *c, const psagg__msg_codec *mc)
+static void sum_open(chunk_state *c, const psagg__msg_codec *mc)
 {
     (void)c, (void)mc;
 }
 
-int sum_round_agree(server *srv, chunk_state *c, int w, const psagg__msg_codec *mc)
+static int sum_agree(server *srv, chunk_state *c, int w, const psagg__msg_codec *mc)
 {
     (void)srv, (void)c, (void)w, (void)mc;
     return 0;
 }
 
-int sum_round_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
+static int sum_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
 {
     return c->sum->collect(srv, c, w, rb);
 }
 
-int sum_round_settle(server *srv, chunk_state *c)
+static int sum_settle(server *srv, chunk_state *c)
 {
     return c->sum->settle(srv, c);
 }
@@ -588,7 +587,7 @@ static long sum_finish(server *srv, chunk_state *c, uint8_t *out, psagg__rng_key
     return (long)c->enc;
 }
 
-int sum_round_counts(const chunk_state *c)
+static int sum_advances(const chunk_state *c)
 {
     (void)c;
     return 1;
@@ -602,14 +601,14 @@ const chunk_ops sum_chunk_ops = {
     .state_bytes = sum_state_bytes,
     .alloc = sum_alloc,
     .free = sum_free,
-    .admit = sum_round_admit,
-    .open = sum_round_open,
-    .agree = sum_round_agree,
-    .collect = sum_round_collect,
-    .settle = sum_round_settle,
+    .admit = sum_admit,
+    .open = sum_open,
+    .agree = sum_agree,
+    .collect = sum_collect,
+    .settle = sum_settle,
     .finish = sum_finish,
-    .advances = sum_round_counts,
-    .partial = sum_round_counts, /* (always 1 too) */
+    .advances = sum_advances,
+    .partial = sum_advances, /* (always 1 too) */
 };
 
 /*

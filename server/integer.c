@@ -30,7 +30,8 @@ static uint64_t thc_out_bytes(const psagg_codec *codec, uint64_t count, uint64_t
 /* thc_chunk_ops' state: the scales the next round's pushes must have (each block's, as the
    update this server sent last says), and that round. */
 typedef struct thc_state {
-    uint32_t round; /* the round `next` is for (0 at first: a chunk's first round, no scales) */
+    uint32_t round; /* the round `next` is for */
+    int known;      /* 0 until this server sent an update of the chunk (or at round 0) */
     float next[];   /* per block */
 } thc_state;
 
@@ -48,6 +49,7 @@ static psagg_status thc_alloc(server *srv, chunk_state *c)
         return psagg__fail(PSAGG_ENOMEM, "buffers of tensor %u chunk %u", c->info->key,
                            c->info->index);
     memset(c->thc, 0, sizeof *c->thc + nb * sizeof(float));
+    c->thc->known = 1; /* round 0: zeros */
     return PSAGG_OK;
 }
 
@@ -66,6 +68,23 @@ static psagg_status no_alloc(server *srv, chunk_state *c)
 static void no_free(chunk_state *c)
 {
     (void)c;
+}
+
+static int thc_admit(server *srv, chunk_state *c, const recv_buf *rb, uint32_t *round)
+{
+    (void)srv, (void)c, (void)rb, (void)round;
+    return 0;
+}
+
+static void thc_open(chunk_state *c, const psagg__msg_codec *mc)
+{
+    (void)c, (void)mc;
+}
+
+static int thc_agree(server *srv, chunk_state *c, int w, const psagg__msg_codec *mc)
+{
+    (void)srv, (void)c, (void)w, (void)mc;
+    return 0;
 }
 
 /* thc_sum_ops' settle: the round is whole when every member's push is in (or it closes
@@ -110,7 +129,7 @@ static int thc_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
     const psagg_codec *k = &c->codec;
     size_t nb = psagg__thc_blocks(c->info->count, k->bucket);
     const char *name = srv->layout.tensors[c->info->key].name;
-    int known = c->thc->round == c->round; /* (else taken over, or back: not sent here) */
+    int known = c->thc->known && c->thc->round == c->round;
 
     if (psagg__thc_push_check(k->bits, k->bucket, payload, c->enc, c->info->count)) {
         server_close_worker(srv, w, "push of tensor '%s' chunk %u round %u: payload: %s", name,
@@ -179,6 +198,17 @@ static psagg_status thc_encode(server *srv, chunk_state *c, psagg__rng_key key, 
     return st;
 }
 
+/* thc_chunk_ops' collect and settle: its sum's (thc_sum_ops) */
+static int thc_kind_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
+{
+    return c->sum->collect(srv, c, w, rb);
+}
+
+static int thc_kind_settle(server *srv, chunk_state *c)
+{
+    return c->sum->settle(srv, c);
+}
+
 /* thc_chunk_ops' finish: the update is the sum stream, as long as the pushes summed make it. */
 static long thc_finish(server *srv, chunk_state *c, uint8_t *out, psagg__rng_key key)
 {
@@ -202,8 +232,15 @@ static long thc_finish(server *srv, chunk_state *c, uint8_t *out, psagg__rng_key
             c->thc->next[m] = psagg__thc_next_scale(c->codec.bits, peak);
         }
         c->thc->round = c->round + 1;
+        c->thc->known = 1;
     }
     return (long)len;
+}
+
+static int thc_advances(const chunk_state *c)
+{
+    (void)c;
+    return 1;
 }
 
 const chunk_sum_ops thc_sum_ops = {
@@ -224,12 +261,12 @@ const chunk_ops thc_chunk_ops = {
     .state_bytes = thc_state_bytes,
     .alloc = thc_alloc,
     .free = thc_free,
-    .admit = sum_round_admit, /* (a round of gradients, as the sum kind's) */
-    .open = sum_round_open,
-    .agree = sum_round_agree,
-    .collect = sum_round_collect,
-    .settle = sum_round_settle,
+    .admit = thc_admit,
+    .open = thc_open,
+    .agree = thc_agree,
+    .collect = thc_kind_collect,
+    .settle = thc_kind_settle,
     .finish = thc_finish,
-    .advances = sum_round_counts,
-    .partial = sum_round_counts,
+    .advances = thc_advances,
+    .partial = thc_advances, /* (a round of gradients: always 1) */
 };

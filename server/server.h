@@ -644,16 +644,6 @@ void agg_settle(server *srv, chunk_state *c);
 extern const chunk_ops sum_chunk_ops;
 extern const chunk_sum_ops cpu_sum_ops;
 
-/* A round of gradients' hooks of chunk_ops, which the sum kinds share (aggregate.c): every
-   push admitted, nothing to open or agree on, collect and settle by the chunk's sum, and
-   every round counts (and may close without a straggler: the partial hook too). */
-int sum_round_admit(server *srv, chunk_state *c, const recv_buf *rb, uint32_t *round);
-void sum_round_open(chunk_state *c, const psagg__msg_codec *mc);
-int sum_round_agree(server *srv, chunk_state *c, int w, const psagg__msg_codec *mc);
-int sum_round_collect(server *srv, chunk_state *c, int w, recv_buf *rb);
-int sum_round_settle(server *srv, chunk_state *c);
-int sum_round_counts(const chunk_state *c);
-
 /* integer.c: the integer sum kind (the thc codec) and its sum */
 extern const chunk_ops thc_chunk_ops;
 extern const chunk_sum_ops thc_sum_ops;
