@@ -30,8 +30,7 @@ static uint64_t thc_out_bytes(const psagg_codec *codec, uint64_t count, uint64_t
 /* thc_chunk_ops' state: the scales the next round's pushes must have (each block's, as the
    update this server sent last says), and that round. */
 typedef struct thc_state {
-    uint32_t round; /* the round `next` is for */
-    int known;      /* 0 until this server sent an update of the chunk (or at round 0) */
+    uint32_t round; /* the round `next` is for (0 at first: a chunk's first round, no scales) */
     float next[];   /* per block */
 } thc_state;
 
@@ -49,7 +48,6 @@ static psagg_status thc_alloc(server *srv, chunk_state *c)
         return psagg__fail(PSAGG_ENOMEM, "buffers of tensor %u chunk %u", c->info->key,
                            c->info->index);
     memset(c->thc, 0, sizeof *c->thc + nb * sizeof(float));
-    c->thc->known = 1; /* round 0: zeros */
     return PSAGG_OK;
 }
 
@@ -129,7 +127,7 @@ static int thc_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
     const psagg_codec *k = &c->codec;
     size_t nb = psagg__thc_blocks(c->info->count, k->bucket);
     const char *name = srv->layout.tensors[c->info->key].name;
-    int known = c->thc->known && c->thc->round == c->round;
+    int known = c->thc->round == c->round; /* (else taken over, or back: not sent here) */
 
     if (psagg__thc_push_check(k->bits, k->bucket, payload, c->enc, c->info->count)) {
         server_close_worker(srv, w, "push of tensor '%s' chunk %u round %u: payload: %s", name,
@@ -232,7 +230,6 @@ static long thc_finish(server *srv, chunk_state *c, uint8_t *out, psagg__rng_key
             c->thc->next[m] = psagg__thc_next_scale(c->codec.bits, peak);
         }
         c->thc->round = c->round + 1;
-        c->thc->known = 1;
     }
     return (long)len;
 }
