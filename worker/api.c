@@ -111,8 +111,10 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
         st = psagg__fail(PSAGG_ENOMEM, "psagg_init");
         goto err_config;
     }
-    for (int s = 0; s < ctx->cfg.n_servers; s++)
+    for (int s = 0; s < ctx->cfg.n_servers; s++) {
         ctx->servers[s].fd = -1;
+        ctx->servers[s].addr = PSAGG_PEER_UNKNOWN; /* (until its WELCOME: hello.c) */
+    }
 
     /* Control connections first: the one to server 0 tells which local address to use. */
     deadline = psagg__now_ms() + ctx->cfg.connect_timeout_ms;
@@ -120,14 +122,21 @@ psagg_status psagg_init(const char *ini_path, int rank, int world_size, psagg_ct
         goto err_connect;
     if (ctx->cfg.worker_fabric_node[0])
         snprintf(local, sizeof local, "%s", ctx->cfg.worker_fabric_node);
-    else if ((st = psagg__tcp_local_addr(ctx->servers[0].fd, local, sizeof local)))
+    else if ((st = psagg__tcp_local_addr(ctx->servers[handshake_first(ctx)].fd, local,
+                                         sizeof local)))
         goto err_connect;
     if ((st = psagg__node_open_fabric(&ctx->node, &ctx->cfg, local)))
         goto err_connect;
     if ((st = handshake_hello(ctx, deadline)))
         goto err_hello;
-    LOG_INFO(&ctx->log, "psagg %s (protocol version %d): worker %d of %d connected to %d servers",
-             psagg_version(), PSAGG_PROTO_VERSION, rank, ctx->world, ctx->cfg.n_servers);
+    {
+        int n = 0;
+        for (int s = 0; s < ctx->cfg.n_servers; s++)
+            n += ctx->servers[s].fd >= 0;
+        LOG_INFO(&ctx->log,
+                 "psagg %s (protocol version %d): worker %d of %d connected to %d of %d servers",
+                 psagg_version(), PSAGG_PROTO_VERSION, rank, ctx->world, n, ctx->cfg.n_servers);
+    }
     *out = ctx;
     return PSAGG_OK;
 
@@ -346,6 +355,11 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *given, size_
     st = handshake_declare(ctx, d, bytes);
     if (st)
         goto out;
+    if (handshake_report_lost(ctx)) { /* (servers given up during the start-up) */
+        st = ctx->failed_status ? ctx->failed_status : PSAGG_EPEER;
+        psagg__fail(st, "%s", ctx->failed_msg);
+        goto out;
+    }
     if ((st = comm_start(ctx)))
         goto out;
     ctx->declared = 1;

@@ -274,7 +274,9 @@ static int schedule(comm_state *cs)
                     h->t_sent = psagg__now_ns();
                 continue;
             }
-            if (failover_held(ctx, g)) { /* its server comes back: the next view says where */
+            /* its server comes back, or is lost here (given up during the start-up, or before
+               this push): the next view says where */
+            if (failover_held(ctx, g) || failover_lost(ctx, (int)owner)) {
                 waiting = waiting ? waiting : 1;
                 break;
             }

@@ -17,6 +17,7 @@
  * coordinator asks each to hold its pushes of that server's chunks (phase 1) and takes their
  * rounds; the view that admits it moves the chunks back, as a takeover does.
  */
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -483,10 +484,26 @@ static void rejoin_step(psagg_ctx *ctx, int s, int64_t now)
         fo->next[s] = now + REJOIN_EVERY_MS;
         return;
     }
+    /* the server speaks first: wait for its CHALLENGE here, not in hello_rejoin, whose wait
+       would keep this thread from everything else (a stopped server's kernel accepts) */
+    {
+        struct pollfd p = {.fd = fo->cfd[s], .events = POLLIN};
+        if (poll(&p, 1, 0) == 0) {
+            if (now < fo->next[s])
+                return;
+            LOG_DEBUG(&ctx->log, "server %d accepts but says nothing (stopped?)", s);
+            close(fo->cfd[s]);
+            fo->cfd[s] = -1;
+            fo->state[s] = S_OUT;
+            fo->next[s] = now + 4 * REJOIN_EVERY_MS;
+            return;
+        }
+    }
     close_server(ctx, s);
     sc->fd = fo->cfd[s];
     fo->cfd[s] = -1;
-    if (hello_rejoin(ctx, s, fo->decl, fo->decl_bytes, now + REJOIN_CONNECT_MS)) {
+    if (hello_rejoin(ctx, s, fo->decl, fo->decl_bytes,
+                     now + psagg__ping_interval_ms(ctx->cfg.op_timeout_ms))) {
         LOG_INFO(&ctx->log, "server %d answers, but not as a server that rejoins: %s", s,
                  psagg_last_error());
         close_server(ctx, s);

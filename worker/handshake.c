@@ -17,19 +17,58 @@
 #include "worker.h"
 
 /*
+ * [cluster] server_replicas >= 1: a server the start-up cannot reach, or that dies, stops or
+ * errs before its READY, is given up instead of failing the job (once the start-up deadline
+ * has passed without it, or at once when it says why it ends the start-up); once the job
+ * runs, that loss is reported as any other (failover.c), the job starts in the view without
+ * it, and a restarted server rejoins. Without replicas any of that fails the start-up.
+ */
+static int replicas(const psagg_ctx *ctx)
+{
+    return ctx->cfg.server_replicas > 0;
+}
+
+static void give_up(psagg_ctx *ctx, int s, const char *why)
+{
+    server_conn *sc = &ctx->servers[s];
+    snprintf(sc->lost_at_start, sizeof sc->lost_at_start, "%s", why);
+    if (sc->fd >= 0)
+        close(sc->fd);
+    sc->fd = -1;
+    LOG_WARN(&ctx->log,
+             "server %d given up during the start-up: %s; the job starts without it "
+             "([cluster] server_replicas = %d) and it may rejoin",
+             s, why, ctx->cfg.server_replicas);
+}
+
+/* Servers not given up; `first`: the lowest of them, or -1. */
+static int live_servers(const psagg_ctx *ctx, int *first)
+{
+    int n = 0;
+    *first = -1;
+    for (int s = 0; s < ctx->cfg.n_servers; s++)
+        if (!ctx->servers[s].lost_at_start[0]) {
+            if (*first < 0)
+                *first = s;
+            n++;
+        }
+    return n;
+}
+
+/*
  * HELLO server s and read its WELCOME. A server closes a connection it has no room for
  * (while it is flooded with others) without a word: then connect and say HELLO again, until
  * the start-up deadline; so does a joiner told EAGAIN (its rank is still leaving there).
  * Any other refusal (an ERROR frame) is final.
  */
-static psagg_status hello_server(psagg_ctx *ctx, int s, int64_t deadline)
+static psagg_status hello_server(psagg_ctx *ctx, int s, int64_t deadline, enum hello_kind kind)
 {
     char peer[96];
     psagg_status st;
     snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
              ctx->cfg.servers[s].port);
     for (;;) {
-        st = hello_exchange(ctx, s, deadline, peer, 0);
+        st = hello_exchange(ctx, s, deadline, peer, kind);
         if ((st != PSAGG_EPEER && st != PSAGG_EAGAIN) || psagg__now_ms() + 100 >= deadline)
             return st;
         /* EAGAIN: a joiner whose rank is still leaving at that server (its next epoch) */
@@ -44,9 +83,79 @@ static psagg_status hello_server(psagg_ctx *ctx, int s, int64_t deadline)
     }
 }
 
-/* Connect to every server by `deadline` (the first connection tells which local address to use). */
+/*
+ * With replicas: connect to the servers and HELLO them, without letting one that does not
+ * answer hold up the others (their start-up deadlines run from the first worker to reach
+ * them): pass after pass over those not welcomed yet, each attempt at most start_try_ms, until
+ * one pass has welcomed at least one (`first_only`: until one accepts a connection; its address
+ * is this worker's). The rest are tried again while psagg_declare waits (declare_again), and
+ * given up at its deadline. By `deadline` some server must have answered.
+ */
+static int64_t start_try_ms(const psagg_ctx *ctx) /* how long one attempt on a server may take */
+{
+    int ms = ctx->cfg.connect_timeout_ms / 8;
+    return ms < 250 ? 250 : ms > 2000 ? 2000 : ms;
+}
+
+static psagg_status connect_hello_each(psagg_ctx *ctx, int64_t deadline, int first_only)
+{
+    int n = ctx->cfg.n_servers, welcomed = 0;
+    char why[200] = "";
+    psagg_status st = PSAGG_OK;
+    for (;;) {
+        int64_t now = psagg__now_ms(),
+                until = now + start_try_ms(ctx) < deadline ? now + start_try_ms(ctx) : deadline;
+        for (int s = 0; s < n; s++) {
+            server_conn *sc = &ctx->servers[s];
+            char what[32];
+            if (sc->addr != PSAGG_PEER_UNKNOWN) /* (welcomed) */
+                continue;
+            snprintf(what, sizeof what, "server %d", s);
+            if (sc->fd < 0 &&
+                (st = psagg__tcp_connect(&ctx->cfg.servers[s], now, what, NULL, &sc->fd))) {
+                const char *e = strrchr(psagg_last_error(), ':');
+                if (st != PSAGG_ETIMEDOUT && st != PSAGG_EIO)
+                    return st;
+                if (!s)
+                    snprintf(why, sizeof why, "%s", e ? e + 2 : psagg_last_error());
+                continue;
+            }
+            if (first_only)
+                return PSAGG_OK;
+            if ((st = hello_server(ctx, s, until, HELLO_START))) {
+                if (st != PSAGG_EPEER && st != PSAGG_ETIMEDOUT && st != PSAGG_EAGAIN)
+                    return st; /* (a refusal, a WELCOME that does not check out: final) */
+                if (!s)
+                    snprintf(why, sizeof why, "%s", psagg_last_error());
+                LOG_INFO(&ctx->log, "server %d: %s: tried again while declaring", s,
+                         psagg_last_error());
+                if (sc->fd >= 0)
+                    close(sc->fd);
+                sc->fd = -1;
+                continue;
+            }
+            welcomed++;
+        }
+        if (welcomed || psagg__now_ms() >= deadline)
+            break;
+        usleep(50 * 1000);
+    }
+    if (!welcomed)
+        return psagg__fail(PSAGG_ETIMEDOUT,
+                           "worker %d reached no server within connect_timeout_ms=%d (server 0: "
+                           "%s)",
+                           ctx->rank, ctx->cfg.connect_timeout_ms, why);
+    return PSAGG_OK;
+}
+
+/*
+ * Connect to the servers by `deadline`: to every one (with replicas: to the first that
+ * answers, the others at handshake_hello); the first tells which local address to use.
+ */
 psagg_status handshake_connect(psagg_ctx *ctx, int64_t deadline)
 {
+    if (replicas(ctx))
+        return connect_hello_each(ctx, deadline, 1);
     for (int s = 0; s < ctx->cfg.n_servers; s++) {
         char what[32];
         psagg_status st;
@@ -58,12 +167,22 @@ psagg_status handshake_connect(psagg_ctx *ctx, int64_t deadline)
     return PSAGG_OK;
 }
 
+int handshake_first(const psagg_ctx *ctx)
+{
+    for (int s = 0; s < ctx->cfg.n_servers; s++)
+        if (ctx->servers[s].fd >= 0)
+            return s;
+    return 0;
+}
+
 /* HELLO every server in turn, by `deadline`. */
 psagg_status handshake_hello(psagg_ctx *ctx, int64_t deadline)
 {
     psagg_status st;
+    if (replicas(ctx))
+        return connect_hello_each(ctx, deadline, 0);
     for (int s = 0; s < ctx->cfg.n_servers; s++)
-        if ((st = hello_server(ctx, s, deadline)))
+        if ((st = hello_server(ctx, s, deadline, HELLO_START)))
             return st;
     return PSAGG_OK;
 }
@@ -191,11 +310,62 @@ static psagg_status relay_start(psagg_ctx *ctx, const psagg__ctl_hdr *h, const v
     return PSAGG_OK;
 }
 
+/* A server's part in handshake_declare: answered or given up, its READY awaited, or to be
+   connected again (with replicas). */
+enum { D_DONE, D_WAIT, D_AGAIN };
+
+/*
+ * With replicas, server s (lost before its READY: its connection closed or erred) is connected
+ * again, said HELLO to and declared to, now and then until the deadline: a server killed
+ * during the start-up and restarted at once starts the job with every worker. 0 once declared.
+ */
+static int declare_again(psagg_ctx *ctx, int s, psagg__ctl_declare *d, size_t bytes,
+                         int64_t deadline)
+{
+    char peer[96];
+    /* (bounded by a PING interval: the servers READY already count this worker's silence) */
+    int64_t now = psagg__now_ms(), try_ms = psagg__ping_interval_ms(ctx->cfg.op_timeout_ms);
+    int64_t until = now + try_ms < deadline ? now + try_ms : deadline;
+    int again;
+    snprintf(peer, sizeof peer, "server %d", s);
+    if (psagg__tcp_connect(&ctx->cfg.servers[s], now, peer, NULL, &ctx->servers[s].fd))
+        return -1;
+    snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
+             ctx->cfg.servers[s].port);
+    /* a server welcomed before is a new process now: no same-host copies with it */
+    again = ctx->servers[s].addr != PSAGG_PEER_UNKNOWN;
+    ctx->servers[s].local_reads = 0;
+    if (hello_exchange(ctx, s, until, peer, again ? HELLO_AGAIN : HELLO_START))
+        goto fail;
+    d->local_flags = ctx->servers[s].local_reads ? PSAGG_LOCAL_READS : 0;
+    if (psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_DECLARE, d,
+                        (uint32_t)bytes))
+        goto fail;
+    LOG_INFO(&ctx->log, "%s answers %sduring the start-up: declared to it", peer,
+             again ? "again " : "");
+    return 0;
+fail:
+    LOG_DEBUG(&ctx->log, "%s: %s", peer, psagg_last_error());
+    close(ctx->servers[s].fd);
+    ctx->servers[s].fd = -1;
+    return -1;
+}
+
+/* Whether a server's refusal at start-up ends only that server's part (with replicas). */
+static int refusal_loses_server(psagg_status refused)
+{
+    /* its start-up timed out (a worker that gave it up) or another worker died there */
+    return refused == PSAGG_ETIMEDOUT || refused == PSAGG_EPEER;
+}
+
 /*
  * Send the declaration to every server and wait for each answer. A server's own verdict (an
  * ERROR frame: mismatch, timeout) explains a failure better than a connection that another
  * server's verdict made the other workers drop, so the first ERROR frame wins; a send or
- * receive failure is reported only when no server said why.
+ * receive failure is reported only when no server said why. With replicas a server that is
+ * lost before its READY is connected again until the deadline (declare_again), then given up
+ * (give_up), and so is one whose start-up failed on a timeout; the servers READY meanwhile
+ * are PINGed (their silence limit runs from their READY).
  */
 psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t bytes)
 {
@@ -204,64 +374,187 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t byt
      * little longer than they do so that their verdict, not our own timeout, is reported.
      */
     int grace = ctx->cfg.connect_timeout_ms / 4 > 1000 ? ctx->cfg.connect_timeout_ms / 4 : 1000;
-    int64_t deadline = psagg__now_ms() + ctx->cfg.connect_timeout_ms + grace;
-    psagg_status verdict = PSAGG_OK, other = PSAGG_OK;
-    char verdict_msg[512] = "", other_msg[512] = "";
-    int *sent = calloc((size_t)ctx->cfg.n_servers, sizeof *sent);
+    int64_t deadline = psagg__now_ms() + ctx->cfg.connect_timeout_ms + grace, next_ping = 0;
+    int n = ctx->cfg.n_servers, R = replicas(ctx), waiting;
+    psagg_status verdict = PSAGG_OK, other = PSAGG_OK, lost = PSAGG_OK;
+    char verdict_msg[512] = "", other_msg[512] = "", lost_msg[512] = "";
+    int *sent = calloc((size_t)n, sizeof *sent);
+    uint8_t *state = calloc((size_t)n, 1), *ready = calloc((size_t)n, 1);
+    int64_t *until = calloc((size_t)n, sizeof *until);
+    struct pollfd *pfd = calloc((size_t)n, sizeof *pfd);
+    int *pfd_s = calloc((size_t)n, sizeof *pfd_s);
 
-    if (!sent)
+    if (!sent || !state || !ready || !until || !pfd || !pfd_s) {
+        free(sent), free(state), free(ready), free(until), free(pfd), free(pfd_s);
         return psagg__fail(PSAGG_ENOMEM, "psagg_declare");
-    for (int s = 0; s < ctx->cfg.n_servers; s++) {
+    }
+    for (int s = 0; s < n; s++) {
         psagg_status st;
+        if (ctx->servers[s].fd < 0) { /* (not welcomed in psagg_init: replicas) */
+            state[s] = D_AGAIN;
+            continue;
+        }
         d->local_flags = ctx->servers[s].local_reads ? PSAGG_LOCAL_READS : 0;
         st = psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_DECLARE, d,
                              (uint32_t)bytes);
         sent[s] = !st;
+        if (st && R) {
+            state[s] = D_AGAIN;
+            continue;
+        }
         if (st && !other) {
             other = st;
             snprintf(other_msg, sizeof other_msg, "declaring to server %d: %s", s,
                      psagg_last_error());
         }
-    }
-    for (int s = 0; s < ctx->cfg.n_servers; s++) {
-        psagg__ctl_hdr h;
-        void *body = NULL;
-        const char *text;
-        char peer[96];
-        psagg_status st, refused;
-        snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
-                 ctx->cfg.servers[s].port);
         /* a server we could not send to may still have sent its verdict: read it briefly */
-        {
-            int64_t until = sent[s] ? deadline : psagg__now_ms() + 500;
-            do /* (an injected frame is dropped: wait on for the server's) */
-                st = psagg__ctl_recv(ctx->servers[s].fd, &ctx->servers[s].auth, &h, &body, until,
-                                     peer);
-            while (st == PSAGG_EAGAIN && psagg__now_ms() < until);
-        }
-        if (!st && (refused = psagg__ctl_error_parse(&h, body, &text))) {
-            if (!verdict) {
-                verdict = refused;
-                snprintf(verdict_msg, sizeof verdict_msg, "%s: %s", peer, text);
-            }
-        } else if (!st && h.type != PSAGG_CTL_READY) {
-            st = psagg__fail(PSAGG_EPROTO, "%s answered DECLARE with frame type %u", peer, h.type);
-        } else if (!st && s == 0 && h.len && !ctx->joiner) {
-            st = relay_start(ctx, &h, body, sent);
-        } else if (st == PSAGG_ETIMEDOUT) {
-            psagg__fail(st, "%s: not all workers declared within connect_timeout_ms=%d", peer,
-                        ctx->cfg.connect_timeout_ms);
-        }
-        if (st && !other) {
-            other = st;
-            snprintf(other_msg, sizeof other_msg, "%s", psagg_last_error());
-        }
-        free(body);
+        state[s] = D_WAIT;
+        until[s] = sent[s] ? deadline : psagg__now_ms() + 500;
     }
-    free(sent);
+    for (;;) {
+        int64_t now = psagg__now_ms();
+        int np = 0;
+        waiting = 0;
+        if (R && now >= next_ping) { /* the servers READY already count our silence */
+            for (int s = 0; s < n; s++)
+                if (ready[s] && psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth,
+                                                PSAGG_CTL_PING, NULL, 0))
+                    LOG_DEBUG(&ctx->log, "server %d: PING: %s", s, psagg_last_error());
+            next_ping = now + psagg__ping_interval_ms(ctx->cfg.op_timeout_ms) / 2;
+        }
+        for (int s = 0; s < n; s++) {
+            char peer[96];
+            snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
+                     ctx->cfg.servers[s].port);
+            if (state[s] == D_AGAIN && now >= deadline) {
+                give_up(ctx, s,
+                        ctx->servers[s].addr == PSAGG_PEER_UNKNOWN
+                            ? "it did not answer within connect_timeout_ms"
+                            : "it closed the connection before its READY and did not "
+                              "answer again within connect_timeout_ms");
+                if (!lost) {
+                    lost = PSAGG_EPEER;
+                    snprintf(lost_msg, sizeof lost_msg, "%s: closed before its READY", peer);
+                }
+                state[s] = D_DONE;
+            } else if (state[s] == D_AGAIN && now >= until[s]) {
+                if (!declare_again(ctx, s, d, bytes, deadline)) {
+                    state[s] = D_WAIT;
+                    sent[s] = 1;
+                    until[s] = deadline;
+                } else {
+                    until[s] = psagg__now_ms() + 250;
+                }
+            } else if (state[s] == D_WAIT && now >= until[s]) {
+                char m[256];
+                if (R) {
+                    snprintf(m, sizeof m,
+                             "no READY within connect_timeout_ms=%d and %d ms (stopped, hung or "
+                             "cut off?)",
+                             ctx->cfg.connect_timeout_ms, grace);
+                    give_up(ctx, s, m);
+                    if (!lost) {
+                        lost = PSAGG_ETIMEDOUT;
+                        snprintf(lost_msg, sizeof lost_msg, "%s: %s", peer, m);
+                    }
+                } else if (!other) {
+                    snprintf(m, sizeof m,
+                             "%s: not all workers declared within connect_timeout_ms=%d", peer,
+                             ctx->cfg.connect_timeout_ms);
+                    other = psagg__fail(PSAGG_ETIMEDOUT, "%s", m);
+                    snprintf(other_msg, sizeof other_msg, "%s", m);
+                }
+                state[s] = D_DONE;
+            }
+            if (state[s] == D_WAIT) {
+                pfd[np] = (struct pollfd){.fd = ctx->servers[s].fd, .events = POLLIN};
+                pfd_s[np++] = s;
+            }
+            waiting += state[s] != D_DONE;
+        }
+        if (!waiting)
+            break;
+        if (poll(pfd, (nfds_t)np, 50) <= 0)
+            continue;
+        for (int i = 0; i < np; i++) {
+            int s = pfd_s[i];
+            psagg__ctl_hdr h;
+            void *body = NULL;
+            const char *text;
+            char peer[96];
+            psagg_status st, refused;
+            if (!pfd[i].revents)
+                continue;
+            snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
+                     ctx->cfg.servers[s].port);
+            st = psagg__ctl_recv(ctx->servers[s].fd, &ctx->servers[s].auth, &h, &body, until[s],
+                                 peer);
+            if (st == PSAGG_EAGAIN) /* (an injected frame, dropped: wait on for the server's) */
+                continue;
+            state[s] = D_DONE;
+            if (!st && (refused = psagg__ctl_error_parse(&h, body, &text))) {
+                if (R && refusal_loses_server(refused)) {
+                    char m[256];
+                    snprintf(m, sizeof m, "its start-up failed: %s", text);
+                    give_up(ctx, s, m);
+                    if (!lost) { /* (the reason, should every server be given up) */
+                        lost = refused;
+                        snprintf(lost_msg, sizeof lost_msg, "%s: %s", peer, text);
+                    }
+                } else if (!verdict) {
+                    verdict = refused;
+                    snprintf(verdict_msg, sizeof verdict_msg, "%s: %s", peer, text);
+                }
+            } else if (!st && h.type != PSAGG_CTL_READY) {
+                st = psagg__fail(PSAGG_EPROTO, "%s answered DECLARE with frame type %u", peer,
+                                 h.type);
+            } else if (!st) {
+                ready[s] = 1;
+                if (s == 0 && h.len && !ctx->joiner)
+                    st = relay_start(ctx, &h, body, sent);
+            } else if (R) { /* (closed or erred before its READY) */
+                LOG_INFO(&ctx->log, "%s: connecting again until the start-up's deadline",
+                         psagg_last_error());
+                close(ctx->servers[s].fd);
+                ctx->servers[s].fd = -1;
+                state[s] = D_AGAIN;
+                until[s] = psagg__now_ms() + 100;
+                st = PSAGG_OK;
+            }
+            if (st && !other) {
+                other = st;
+                snprintf(other_msg, sizeof other_msg, "%s", psagg_last_error());
+            }
+            free(body);
+        }
+    }
+    free(sent), free(state), free(ready), free(until), free(pfd), free(pfd_s);
     if (verdict)
         return psagg__fail(verdict, "%s", verdict_msg);
     if (other)
         return psagg__fail(other, "%s", other_msg);
+    {
+        int first;
+        if (R && !live_servers(ctx, &first)) /* (every server given up: the first reason) */
+            return psagg__fail(lost ? lost : PSAGG_EPEER, "%s", lost_msg);
+    }
     return ctx->joiner ? join_wait(ctx) : PSAGG_OK;
+}
+
+/*
+ * With replicas: report each server given up during the start-up (a loss, to the lowest server
+ * left: failover.c) before the job's first round. 0, or -1 when that failed the job.
+ */
+int handshake_report_lost(psagg_ctx *ctx)
+{
+    for (int s = 0; s < ctx->cfg.n_servers && !worker_failed(ctx); s++) {
+        server_conn *sc = &ctx->servers[s];
+        if (sc->lost_at_start[0]) {
+            char why[sizeof sc->lost_at_start + 40];
+            snprintf(why, sizeof why, "given up during the start-up: %s", sc->lost_at_start);
+            sc->lost_at_start[0] = '\0';
+            failover_server_lost(ctx, s, why);
+        }
+    }
+    return worker_failed(ctx) ? -1 : 0;
 }

@@ -58,14 +58,19 @@ static void session_keys(psagg_ctx *ctx, int s, const psagg__ctl_hello *hello,
 }
 
 /*
- * One HELLO on server s's connection and its answer (worker.h). `rejoin`: the job runs, and server
- * s comes back into it (failover.c): its WELCOME is checked as another server's is against server
- * 0's, and same-host copies stay off (the provider carries everything).
+ * One HELLO on server s's connection and its answer (worker.h). The first WELCOME taken says
+ * what the job runs (the optimizer, quorum, a server residual, whether it runs already); every
+ * other is checked against it. HELLO_REJOIN: the job runs, and server s comes back into it
+ * (failover.c); HELLO_AGAIN: server s, lost during the start-up, answers again (handshake.c).
+ * Same-host copies are set up only at a server's first HELLO (HELLO_START): on the others the
+ * provider carries everything.
  */
-psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char *peer, int rejoin)
+psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char *peer,
+                            enum hello_kind kind)
 {
     const uint32_t flags = ctx->cfg.data_auth ? PSAGG_HELLO_DATA_AUTH : 0;
-    const int other = s > 0 || rejoin; /* checked against what server 0 said */
+    const int other = ctx->welcomed > 0, ref = ctx->welcomed - 1; /* the first WELCOME's server */
+    const int rejoin = kind == HELLO_REJOIN, local = kind == HELLO_START && ctx->cfg.local_copy;
     psagg__ctl_hello hello = {.rank = (uint32_t)ctx->rank,
                               .world_size = (uint32_t)ctx->world,
                               .flags = flags | (rejoin ? PSAGG_HELLO_REJOIN : 0)};
@@ -98,7 +103,7 @@ psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char 
         return st;
     }
     hello.epname_len = (uint32_t)len;
-    if (ctx->cfg.local_copy && !rejoin) {
+    if (local) {
         uint32_t pid;
         psagg__fabric_local_self(ctx->fab, &pid, &hello.local_probe, hello.local_commit);
         hello.local_pid = pid;
@@ -134,20 +139,20 @@ psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char 
                              w->flags & PSAGG_HELLO_DATA_AUTH ? "on" : "off", flags ? "on" : "off");
         else if (other && !!(w->flags & PSAGG_WELCOME_JOINING) != ctx->joiner)
             st = psagg__fail(PSAGG_EPROTO,
-                             "%s says the job %s, server 0 that it %s: try again in a moment", peer,
-                             w->flags & PSAGG_WELCOME_JOINING ? "runs" : "is starting",
+                             "%s says the job %s, server %d that it %s: try again in a moment",
+                             peer, w->flags & PSAGG_WELCOME_JOINING ? "runs" : "is starting", ref,
                              ctx->joiner ? "runs" : "is starting");
         else if (other && !!(w->flags & PSAGG_WELCOME_QUORUM) != !!ctx->bitmap_bytes)
             st = psagg__fail(PSAGG_ECONFIG,
-                             "%s runs [server] quorum %s, server 0 %s: start every server with "
+                             "%s runs [server] quorum %s, server %d %s: start every server with "
                              "the same [server] quorum",
-                             peer, w->flags & PSAGG_WELCOME_QUORUM ? "on" : "off",
+                             peer, w->flags & PSAGG_WELCOME_QUORUM ? "on" : "off", ref,
                              ctx->bitmap_bytes ? "on" : "off");
         else if (other && !!(w->flags & PSAGG_WELCOME_RESIDUAL) != ctx->server_residual)
             st = psagg__fail(PSAGG_ECONFIG,
-                             "%s runs [server] error_feedback = %s, server 0 %s: start every "
+                             "%s runs [server] error_feedback = %s, server %d %s: start every "
                              "server with the same [server] error_feedback",
-                             peer, w->flags & PSAGG_WELCOME_RESIDUAL ? "on" : "off",
+                             peer, w->flags & PSAGG_WELCOME_RESIDUAL ? "on" : "off", ref,
                              ctx->server_residual ? "on" : "off");
         else if (strncmp(w->provider, hello.provider, PSAGG_PROVIDER_MAX - 1))
             st = psagg__fail(PSAGG_ECONFIG,
@@ -162,13 +167,13 @@ psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char 
             st = psagg__fail(
                 PSAGG_ECONFIG,
                 "%s runs [server] optimizer = %s (momentum %g, dampening %g, nesterov "
-                "%u, beta1 %g, beta2 %g, eps %g, sync_interval %u), server 0 runs %s "
+                "%u, beta1 %g, beta2 %g, eps %g, sync_interval %u), server %d runs %s "
                 "(%g, %g, %u, %g, %g, %g, %u): start every server with the same "
                 "[server] optimizer keys",
                 peer, psagg__optim_name((psagg__optim_kind)w->optim.kind),
                 (double)w->optim.momentum, (double)w->optim.dampening, w->optim.nesterov,
                 (double)w->optim.beta1, (double)w->optim.beta2, (double)w->optim.eps,
-                w->optim.sync_interval, psagg__optim_name((psagg__optim_kind)ctx->optim.kind),
+                w->optim.sync_interval, ref, psagg__optim_name((psagg__optim_kind)ctx->optim.kind),
                 (double)ctx->optim.momentum, (double)ctx->optim.dampening, ctx->optim.nesterov,
                 (double)ctx->optim.beta1, (double)ctx->optim.beta2, (double)ctx->optim.eps,
                 ctx->optim.sync_interval);
@@ -178,6 +183,7 @@ psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char 
         else
             session_keys(ctx, s, &hello, w);
         if (!st && !other) {
+            ctx->welcomed = s + 1;
             ctx->optim = w->optim;
             ctx->joiner = !!(w->flags & PSAGG_WELCOME_JOINING);
             ctx->bitmap_bytes = w->flags & PSAGG_WELCOME_QUORUM ? ((size_t)ctx->world + 7) / 8 : 0;
@@ -188,7 +194,7 @@ psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char 
                          "barrier)",
                          ctx->rank);
         }
-        if (!st && ctx->cfg.local_copy && !rejoin)
+        if (!st && local)
             local_copy_setup(ctx, s, w, peer);
     }
     free(body);
@@ -202,7 +208,7 @@ psagg_status hello_rejoin(psagg_ctx *ctx, int s, psagg__ctl_declare *d, size_t b
     psagg_status st;
     snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
              ctx->cfg.servers[s].port);
-    if ((st = hello_exchange(ctx, s, deadline, peer, 1)))
+    if ((st = hello_exchange(ctx, s, deadline, peer, HELLO_REJOIN)))
         return st;
     d->local_flags = 0;
     if ((st = psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_DECLARE, d,

@@ -135,6 +135,9 @@ typedef struct server_conn {
      */
     int inflight;
     int64_t heard_at; /* when its control connection last had something (comm thread) */
+    /* [cluster] server_replicas: why it was given up during the start-up (handshake.c), until
+       that loss is reported once the job runs; "" when it was not */
+    char lost_at_start[200];
 } server_conn;
 
 /* A push buffer (header + encoded payload), registered once. */
@@ -285,6 +288,7 @@ struct psagg_ctx {
        psagg_param_init pulls the servers' weights); psagg_sync_membership's barrier
        (control.c), the barriers passed and the workers the last one admitted (guarded by mu) */
     int joiner;
+    int welcomed; /* the server whose WELCOME said what the job runs, + 1 (0: none yet; hello.c) */
     ctl_request barrier;
     uint32_t sync_seq;
     uint32_t sync_joined;
@@ -373,25 +377,34 @@ psagg_status worker_struct_size(const char *type, size_t got, size_t known);
 
 /*
  * handshake.c, on the caller's thread before the communication thread starts (api.c):
- * handshake_connect opens the control connection to every server by `deadline`;
- * handshake_hello says HELLO to each in turn and checks its WELCOME (its rank, data_auth,
- * provider and optimizer; its fabric address, data key and same-host copies go into
- * ctx->servers), connecting again to a server that closed the connection unanswered;
- * handshake_declare sends the declaration `d` (`bytes` long) to every server and waits for
- * each READY (a server's ERROR frame wins over a lost connection as the reason).
+ * handshake_connect opens the control connection to every server by `deadline` (first the
+ * server handshake_first names, whose connection tells the local address); handshake_hello
+ * says HELLO to each in turn and checks its WELCOME (its rank, data_auth, provider and
+ * optimizer; its fabric address, data key and same-host copies go into ctx->servers),
+ * connecting again to a server that closed the connection unanswered; handshake_declare sends
+ * the declaration `d` (`bytes` long) to every server and waits for each READY (a server's ERROR
+ * frame wins over a lost connection as the reason). With [cluster] server_replicas >= 1 a
+ * server that cannot be reached or fails before its READY is tried again until the deadline
+ * and then given up (servers[s].lost_at_start) instead of failing the start-up;
+ * handshake_report_lost reports those losses once the job runs (-1: that failed the job).
  */
 psagg_status handshake_connect(psagg_ctx *ctx, int64_t deadline);
+int handshake_first(const psagg_ctx *ctx);
 psagg_status handshake_hello(psagg_ctx *ctx, int64_t deadline);
 psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t bytes);
+int handshake_report_lost(psagg_ctx *ctx);
 
 /*
- * hello.c: hello_exchange reads server s's CHALLENGE, says HELLO and checks its WELCOME
- * (`rejoin`: the job runs and server s comes back into it: checked against what server 0 said,
- * no same-host copies); hello_rejoin (the communication thread, failover.c) does it on a new
- * connection to a lost server and sends it the declaration; its READY comes on the control
- * connection.
+ * hello.c: hello_exchange reads server s's CHALLENGE, says HELLO and checks its WELCOME against
+ * the first one taken (`kind`: HELLO_START a server's first at start-up; HELLO_AGAIN a server
+ * lost during the start-up that answers again, no same-host copies; HELLO_REJOIN the job runs
+ * and server s comes back into it, no same-host copies); hello_rejoin (the communication
+ * thread, failover.c) does it on a new connection to a lost server and sends it the
+ * declaration; its READY comes on the control connection.
  */
-psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char *peer, int rejoin);
+enum hello_kind { HELLO_START, HELLO_AGAIN, HELLO_REJOIN };
+psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char *peer,
+                            enum hello_kind kind);
 psagg_status hello_rejoin(psagg_ctx *ctx, int s, psagg__ctl_declare *d, size_t bytes,
                           int64_t deadline);
 

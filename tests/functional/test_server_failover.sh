@@ -40,8 +40,25 @@
 # Integer aggregation (the thc codec; fn_thc: every update checked bit for bit against its own
 # reference of the job; thc-*): the integer sums hold no state between rounds, so a new owner
 # sums the rounds pushed again to it into the same bits.
+# Servers that die during the start-up (su-*: 2 servers, connect_timeout_ms = 3000; "during
+# the declaration": once worker 0 has said HELLO to both servers and declared, before workers
+# 1 and 2 start):
+#   su-absent1, su-absent0  server 1 (or 0, the coordinator) never starts: every worker gives it
+#                      up at connect_timeout_ms and the job starts in view 1 without it
+#   su-kill1           server 1 SIGKILLed during the declaration, never back: given up, view 1
+#   su-kill1-now       the same, started again at once: the workers connect and declare to it
+#                      again and the job starts with both servers (no view 1)
+#   su-kill0-back      server 0 SIGKILLed during the declaration, started again once every worker
+#                      took view 1: it rejoins (view 2)
+#   su-stop1           server 1 SIGSTOPped during the declaration: given up at the deadline
+#                      (view 1), then SIGKILLed and started again: it rejoins (view 2)
+#   su-optim-kill0     fn_optim (parameter chunks): server 0 SIGKILLed during the declaration:
+#                      its copies own its chunks from their INIT, exact
+#   su-r0              server_replicas = 0: the same death fails every worker's start-up naming
+#                      server 1, as it always did
+# Each ends bit-identical to its uninterrupted run.
 # PART: sum (the fn_worker cases), state (optim-* and residual-*: chunks with copies), adaptive,
-# thc, or all (the default).
+# thc, startup, or all (the default).
 set -u -o pipefail
 build=$1 part=${2:-all}
 # shellcheck source=tests/harness.sh
@@ -633,5 +650,114 @@ if [[ $part == all || $part == thc ]]; then
         stop_all
     done
     unset thc
+fi
+
+if [[ $part == all || $part == startup ]]; then
+    # su NAME VICTIM SIGNAL WHEN BACK [KEY=VALUE...]: one job of 2 servers whose server VICTIM
+    # dies during the start-up. WHEN: absent (never started) or declare (SIGNAL once worker 0 is
+    # connected to both and has declared, before workers 1 and 2 start). BACK: now (started again
+    # at once), view (once every worker took view 1; a stopped victim is SIGKILLed first) or -.
+    su() {
+        local name=$1 victim=$2 sig=$3 when=$4 back=$5 w s
+        local bin=("$worker_bin" --codec maxmin4 --sizes 1,1023,4096,50000,7000 --rounds 300
+            --progress --round-sleep-ms 5)
+        shift 5
+        [ -n "${optim:-}" ] && bin=(env FN_OPTIM_CODEC=maxmin4/512 "$optim_bin" 300 --step-sleep-ms 5)
+        job_ini "$tmp/$name.ini" 2 3 cluster.job_id="failover-$name-$port" cluster.server_replicas=1 \
+            cluster.op_timeout_ms=3000 cluster.connect_timeout_ms=3000 log.level=info "$@"
+        for s in 0 1; do
+            [[ $when == absent && $s == "$victim" ]] && continue
+            spawn "$tmp/$name-server$s.log" "$build/server/psagg-server" --config "$tmp/$name.ini" --rank $s
+            spid[s]=$h_pid
+        done
+        start_worker 0 "$tmp/$name-worker0.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 "${bin[@]}"
+        if [[ $when == declare ]]; then
+            wait_until 20 grep -qs "connected to 2 of 2 servers" "$tmp/$name-worker0.log" ||
+                fail "$name: worker 0 never connected to both servers"
+            sleep 0.1 # (its DECLARE follows at once)
+            kill -"$sig" "${spid[$victim]}"
+        fi
+        for w in 1 2; do
+            start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 "${bin[@]}"
+        done
+        if [[ $back == now ]]; then
+            spawn "$tmp/$name-server${victim}b.log" "$build/server/psagg-server" --config "$tmp/$name.ini" --rank "$victim"
+        elif [[ $back == view ]]; then
+            for w in 0 1 2; do
+                wait_until 30 grep -qs "server view 1:" "$tmp/$name-worker$w.log" ||
+                    fail "$name: worker $w never took view 1"
+            done
+            kill -KILL "${spid[$victim]}" 2>/dev/null
+            spawn "$tmp/$name-server${victim}b.log" "$build/server/psagg-server" --config "$tmp/$name.ini" --rank "$victim"
+        fi
+        for w in 0 1 2; do
+            wait_for "${wpid[$w]}" 90
+            rc[w]=$?
+        done
+    }
+    # su_ok NAME VIEW REF: every worker exited 0, took server view VIEW (0: none), and ended with REF
+    su_ok() {
+        local name=$1 view=$2 want=$3 w d
+        for w in 0 1 2; do
+            ((rc[w] == 0)) || fail "$name: worker $w exited ${rc[w]}: $(grep -h 'FAIL' "$tmp/$name-worker$w.log" | head -1)"
+            [ -z "${optim:-}" ] || grep -q '^OPTIM-EXACT' "$tmp/$name-worker$w.log" || fail "$name: worker $w not exact"
+            if ((view)); then
+                grep -q "server view $view:" "$tmp/$name-worker$w.log" || fail "$name: worker $w never took view $view"
+            else
+                ! grep -q "server view" "$tmp/$name-worker$w.log" || fail "$name: worker $w took a server view"
+            fi
+        done
+        d=$(digest_of "$name")
+        [ "$d" = "$want" ] || fail "$name: digest $d, the uninterrupted run's $want"
+        echo "$name: every worker bit-identical to the uninterrupted run ($d), server view $view;" \
+            "$(grep -h "given up during the start-up\|answers again during" "$tmp/$name-worker0.log" |
+                head -1 | sed 's/^[0-9.]* //' | cut -c1-150)"
+        stop_all
+    }
+    su su-ref 1 0 declare -
+    for w in 0 1 2; do ((rc[w] == 0)) || fail "su-ref: worker $w exited ${rc[w]} without a death"; done
+    ref[su]=$(digest_of su-ref)
+    stop_all
+    su su-absent1 1 KILL absent -
+    su_ok su-absent1 1 "${ref[su]}"
+    su su-absent0 0 KILL absent -
+    grep -q "reporting it to server 1" "$tmp/su-absent0-worker0.log" || fail "su-absent0: server 1 did not coordinate"
+    su_ok su-absent0 1 "${ref[su]}"
+    su su-kill1 1 KILL declare -
+    su_ok su-kill1 1 "${ref[su]}"
+    su su-kill1-now 1 KILL declare now
+    grep -q "answers again during the start-up" "$tmp/su-kill1-now-worker0.log" ||
+        fail "su-kill1-now: worker 0 did not declare to the restarted server"
+    su_ok su-kill1-now 0 "${ref[su]}"
+    su su-kill0-back 0 KILL declare view
+    grep -q "server 0 is back in view 2" "$tmp/su-kill0-back-worker1.log" || fail "su-kill0-back: server 0 did not rejoin"
+    su_ok su-kill0-back 2 "${ref[su]}"
+    su su-stop1 1 STOP declare view
+    grep -q "no READY within connect_timeout_ms" "$tmp/su-stop1-worker0.log" ||
+        fail "su-stop1: worker 0 did not give the stopped server up at its deadline"
+    su_ok su-stop1 2 "${ref[su]}"
+
+    optim=1
+    optim_keys=(server.optimizer=sgd server.momentum=0.9 server.nesterov=on server.sync_interval=3
+        server.threads=2 worker.chunk_bytes=16384)
+    su su-optim-ref 0 0 declare - "${optim_keys[@]}"
+    for w in 0 1 2; do ((rc[w] == 0)) || fail "su-optim-ref: worker $w exited ${rc[w]} without a death"; done
+    ref[su-optim]=$(digest_of su-optim-ref)
+    stop_all
+    su su-optim-kill0 0 KILL declare - "${optim_keys[@]}"
+    su_ok su-optim-kill0 1 "${ref[su-optim]}"
+    unset optim
+
+    su su-r0 1 KILL declare - cluster.server_replicas=0
+    for w in 0 1 2; do
+        ((rc[w] != 0)) || fail "su-r0: worker $w exited 0 with server 1 dead at start-up and no replicas"
+    done
+    # (worker 0, declared to both, reports server 0's verdict, which names the workers that never
+    # declared to it: a server's ERROR frame wins over a lost connection, as it always did)
+    for w in 1 2; do
+        grep -q "^FAIL.*server 1" "$tmp/su-r0-worker$w.log" || fail "su-r0: worker $w's failure does not name server 1"
+    done
+    echo "su-r0: every worker's start-up failed; workers 1 and 2 name server 1: $(grep -h '^FAIL' "$tmp/su-r0-worker1.log" | head -1)"
+    stop_all
 fi
 echo "test_server_failover: ok"
