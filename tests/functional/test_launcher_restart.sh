@@ -8,6 +8,9 @@
 #      round 30: the launcher says it restarted it (same command line, so the same rank and
 #      port), every worker takes it back ("server 1 is back in view N"), every worker exits 0
 #      with the reference DIGEST, and the summary names the restart
+#   3. server 1 SIGKILLed as soon as it runs, during the start-up: the launcher starts it again;
+#      the workers declare to it again (or give it up and it rejoins): every worker exits 0 with
+#      the reference DIGEST
 # The launcher's rules themselves (what is restarted, what is not) are test_launcher.sh's, with
 # fake servers; this is the launcher and psagg-server's rejoin together.
 set -u -o pipefail
@@ -73,3 +76,26 @@ back=$(awk '/^\[worker 0\] .* lost server 1 / {l = $3} /^\[worker 0\] .* server 
 echo "$h_name: server 1 SIGKILLed at round 30, restarted by psagg-local," \
     "$(grep -m1 -o 'server 1 is back in view [0-9]*' "$tmp/restart.out") (from worker 0's loss:" \
     "$back); every worker bit-identical to the uninterrupted run ($d)"
+
+# 3. server 1 killed during the start-up, restarted by the launcher
+launch "$tmp/startup.out" --restarts 1
+lp=$h_pid
+victim=
+for ((i = 0; i < 400; i++)); do
+    victim=$(pgrep -f -- "psagg-server --config $tmp/job.ini --rank 1$") && break
+    sleep 0.01
+done
+[ -n "$victim" ] || fail "startup: no psagg-server of rank 1"
+kill -KILL "$victim"
+wait_for "$lp" 150
+rc=$?
+((rc == 0)) || { cat "$tmp/startup.out" >&2; fail "startup: psagg-local exited $rc"; }
+grep -qxF -- "psagg-local: summary: ok, 1 restart(s) of --restarts 1" "$tmp/startup.out" ||
+    { cat "$tmp/startup.out" >&2; fail "startup: the summary does not name the restart"; }
+d=$(digest_of "$tmp/startup.out")
+[[ $d == "$ref" ]] || fail "startup: digest $d, the uninterrupted run's $ref"
+how="every worker declared to it again during the start-up"
+grep -q "server 1 given up during the start-up" "$tmp/startup.out" &&
+    how="the workers gave it up and it $(grep -m1 -o 'server 1 is back in view [0-9]*' "$tmp/startup.out")"
+echo "$h_name: server 1 SIGKILLed during the start-up, restarted by psagg-local: $how; every worker" \
+    "bit-identical to the uninterrupted run ($d)"

@@ -697,7 +697,7 @@ if [[ $part == all || $part == startup ]]; then
     }
     # su_ok NAME VIEW REF: every worker exited 0, took server view VIEW (0: none), and ended with REF
     su_ok() {
-        local name=$1 view=$2 want=$3 w d
+        local name=$1 view=$2 want=$3 w d took
         for w in 0 1 2; do
             ((rc[w] == 0)) || fail "$name: worker $w exited ${rc[w]}: $(grep -h 'FAIL' "$tmp/$name-worker$w.log" | head -1)"
             [ -z "${optim:-}" ] || grep -q '^OPTIM-EXACT' "$tmp/$name-worker$w.log" || fail "$name: worker $w not exact"
@@ -709,7 +709,12 @@ if [[ $part == all || $part == startup ]]; then
         done
         d=$(digest_of "$name")
         [ "$d" = "$want" ] || fail "$name: digest $d, the uninterrupted run's $want"
-        echo "$name: every worker bit-identical to the uninterrupted run ($d), server view $view;" \
+        # from the first worker's start to the first give-up, and to the last worker in view 1
+        took=$(grep -h "no \[cluster\] secret_file\|given up during the start-up\|server view 1:" \
+            "$tmp/$name"-worker[012].log | awk '/secret_file/ {if (!s || $1 < s) s = $1}
+                /given up/ {if (!g || $1 < g) g = $1} /server view 1:/ {if ($1 > v) v = $1}
+                END {if (g) printf "; first give-up %.2f s after the first worker started, every worker in view 1 %.0f ms later", g - s, (v - g) * 1000}')
+        echo "$name: every worker bit-identical to the uninterrupted run ($d), server view $view$took;" \
             "$(grep -h "given up during the start-up\|answers again during" "$tmp/$name-worker0.log" |
                 head -1 | sed 's/^[0-9.]* //' | cut -c1-150)"
         stop_all
