@@ -351,6 +351,19 @@ fail:
     return -1;
 }
 
+/* PING the servers READY already, when due (their silence limit runs from their READY). */
+static void ping_ready(psagg_ctx *ctx, const uint8_t *ready, int64_t *next_ping)
+{
+    int64_t now = psagg__now_ms();
+    if (now < *next_ping)
+        return;
+    for (int s = 0; s < ctx->cfg.n_servers; s++)
+        if (ready[s] &&
+            psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_PING, NULL, 0))
+            LOG_DEBUG(&ctx->log, "server %d: PING: %s", s, psagg_last_error());
+    *next_ping = now + psagg__ping_interval_ms(ctx->cfg.op_timeout_ms) / 2;
+}
+
 /* Whether a server's refusal at start-up ends only that server's part (with replicas). */
 static int refusal_loses_server(psagg_status refused)
 {
@@ -390,7 +403,7 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t byt
     }
     for (int s = 0; s < n; s++) {
         psagg_status st;
-        if (ctx->servers[s].fd < 0) { /* (not welcomed in psagg_init: replicas) */
+        if (ctx->servers[s].fd < 0 && R) { /* (not welcomed in psagg_init) */
             state[s] = D_AGAIN;
             continue;
         }
@@ -415,15 +428,10 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t byt
         int64_t now = psagg__now_ms();
         int np = 0;
         waiting = 0;
-        if (R && now >= next_ping) { /* the servers READY already count our silence */
-            for (int s = 0; s < n; s++)
-                if (ready[s] && psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth,
-                                                PSAGG_CTL_PING, NULL, 0))
-                    LOG_DEBUG(&ctx->log, "server %d: PING: %s", s, psagg_last_error());
-            next_ping = now + psagg__ping_interval_ms(ctx->cfg.op_timeout_ms) / 2;
-        }
         for (int s = 0; s < n; s++) {
             char peer[96];
+            if (R)
+                ping_ready(ctx, ready, &next_ping);
             snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
                      ctx->cfg.servers[s].port);
             if (state[s] == D_AGAIN && now >= deadline) {
