@@ -123,8 +123,12 @@ static psagg_status connect_hello_each(psagg_ctx *ctx, int64_t deadline, int fir
             if (first_only)
                 return PSAGG_OK;
             if ((st = hello_server(ctx, s, until, HELLO_START))) {
-                if (st != PSAGG_EPEER && st != PSAGG_ETIMEDOUT && st != PSAGG_EAGAIN)
-                    return st; /* (a refusal, a WELCOME that does not check out: final) */
+                /* a refusal or a configuration that differs is final; a WELCOME whose token
+                   does not check out (a process without the secret on its port) is not the
+                   server: tried again, and given up at the deadline if it stays */
+                if (st != PSAGG_EPEER && st != PSAGG_ETIMEDOUT && st != PSAGG_EAGAIN &&
+                    st != PSAGG_EPROTO)
+                    return st;
                 if (!s)
                     snprintf(why, sizeof why, "%s", psagg_last_error());
                 LOG_INFO(&ctx->log, "server %d: %s: tried again while declaring", s,
@@ -320,7 +324,7 @@ enum { D_DONE, D_WAIT, D_AGAIN };
  * during the start-up and restarted at once starts the job with every worker. 0 once declared.
  */
 static int declare_again(psagg_ctx *ctx, int s, psagg__ctl_declare *d, size_t bytes,
-                         int64_t deadline)
+                         int64_t deadline, char *why, size_t why_len)
 {
     char peer[96];
     /* (bounded by a PING interval: the servers READY already count this worker's silence) */
@@ -328,8 +332,11 @@ static int declare_again(psagg_ctx *ctx, int s, psagg__ctl_declare *d, size_t by
     int64_t until = now + try_ms < deadline ? now + try_ms : deadline;
     int again;
     snprintf(peer, sizeof peer, "server %d", s);
-    if (psagg__tcp_connect(&ctx->cfg.servers[s], now, peer, NULL, &ctx->servers[s].fd))
+    if (psagg__tcp_connect(&ctx->cfg.servers[s], now, peer, NULL, &ctx->servers[s].fd)) {
+        const char *e = strrchr(psagg_last_error(), ':');
+        snprintf(why, why_len, "%s", e ? e + 2 : psagg_last_error());
         return -1;
+    }
     snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
              ctx->cfg.servers[s].port);
     /* a server welcomed before is a new process now: no same-host copies with it */
@@ -345,6 +352,7 @@ static int declare_again(psagg_ctx *ctx, int s, psagg__ctl_declare *d, size_t by
              again ? "again " : "");
     return 0;
 fail:
+    snprintf(why, why_len, "%s", psagg_last_error());
     LOG_DEBUG(&ctx->log, "%s: %s", peer, psagg_last_error());
     close(ctx->servers[s].fd);
     ctx->servers[s].fd = -1;
@@ -396,9 +404,10 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t byt
     int64_t *until = calloc((size_t)n, sizeof *until);
     struct pollfd *pfd = calloc((size_t)n, sizeof *pfd);
     int *pfd_s = calloc((size_t)n, sizeof *pfd_s);
+    char(*why)[200] = calloc((size_t)n, sizeof *why); /* per server: its last attempt's failure */
 
-    if (!sent || !state || !ready || !until || !pfd || !pfd_s) {
-        free(sent), free(state), free(ready), free(until), free(pfd), free(pfd_s);
+    if (!sent || !state || !ready || !until || !pfd || !pfd_s || !why) {
+        free(sent), free(state), free(ready), free(until), free(pfd), free(pfd_s), free(why);
         return psagg__fail(PSAGG_ENOMEM, "psagg_declare");
     }
     for (int s = 0; s < n; s++) {
@@ -435,18 +444,21 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t byt
             snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
                      ctx->cfg.servers[s].port);
             if (state[s] == D_AGAIN && now >= deadline) {
-                give_up(ctx, s,
-                        ctx->servers[s].addr == PSAGG_PEER_UNKNOWN
-                            ? "it did not answer within connect_timeout_ms"
-                            : "it closed the connection before its READY and did not "
-                              "answer again within connect_timeout_ms");
+                char m[400];
+                snprintf(m, sizeof m, "%s within connect_timeout_ms (the last attempt: %s)",
+                         ctx->servers[s].addr == PSAGG_PEER_UNKNOWN
+                             ? "it did not answer"
+                             : "it closed the connection before its READY and did not answer "
+                               "again",
+                         why[s][0] ? why[s] : "none");
+                give_up(ctx, s, m);
                 if (!lost) {
                     lost = PSAGG_EPEER;
                     snprintf(lost_msg, sizeof lost_msg, "%s: closed before its READY", peer);
                 }
                 state[s] = D_DONE;
             } else if (state[s] == D_AGAIN && now >= until[s]) {
-                if (!declare_again(ctx, s, d, bytes, deadline)) {
+                if (!declare_again(ctx, s, d, bytes, deadline, why[s], sizeof why[s])) {
                     state[s] = D_WAIT;
                     sent[s] = 1;
                     until[s] = deadline;
@@ -536,7 +548,7 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t byt
             free(body);
         }
     }
-    free(sent), free(state), free(ready), free(until), free(pfd), free(pfd_s);
+    free(sent), free(state), free(ready), free(until), free(pfd), free(pfd_s), free(why);
     if (verdict)
         return psagg__fail(verdict, "%s", verdict_msg);
     if (other)

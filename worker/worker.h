@@ -137,7 +137,7 @@ typedef struct server_conn {
     int64_t heard_at; /* when its control connection last had something (comm thread) */
     /* [cluster] server_replicas: why it was given up during the start-up (handshake.c), until
        that loss is reported once the job runs; "" when it was not */
-    char lost_at_start[200];
+    char lost_at_start[320];
 } server_conn;
 
 /* A push buffer (header + encoded payload), registered once. */

@@ -45,6 +45,8 @@
 # 1 and 2 start):
 #   su-absent1, su-absent0  server 1 (or 0, the coordinator) never starts: every worker gives it
 #                      up at connect_timeout_ms and the job starts in view 1 without it
+#   su-impostor1       with a secret: a process without it (fake_server.py) on server 1's port
+#                      all along: every worker refuses its WELCOME and gives server 1 up
 #   su-kill1           server 1 SIGKILLed during the declaration, never back: given up, view 1
 #   su-kill1-now       the same, started again at once: the workers connect and declare to it
 #                      again and the job starts with both servers (no view 1)
@@ -666,7 +668,12 @@ if [[ $part == all || $part == startup ]]; then
         job_ini "$tmp/$name.ini" 2 3 cluster.job_id="failover-$name-$port" cluster.server_replicas=1 \
             cluster.op_timeout_ms=3000 cluster.connect_timeout_ms=3000 log.level=info "$@"
         for s in 0 1; do
-            [[ $when == absent && $s == "$victim" ]] && continue
+            if [[ $when == absent && $s == "$victim" ]]; then
+                # (fake: a process without the secret answers on its port all along)
+                [ -n "${fake:-}" ] && spawn "$tmp/$name-fake$s.log" python3 \
+                    "$(dirname -- "${BASH_SOURCE[0]}")/fake_server.py" $((port + s)) "$s" 2
+                continue
+            fi
             spawn "$tmp/$name-server$s.log" "$build/server/psagg-server" --config "$tmp/$name.ini" --rank $s
             spid[s]=$h_pid
         done
@@ -710,10 +717,11 @@ if [[ $part == all || $part == startup ]]; then
         d=$(digest_of "$name")
         [ "$d" = "$want" ] || fail "$name: digest $d, the uninterrupted run's $want"
         # from the first worker's start to the first give-up, and to the last worker in view 1
-        took=$(grep -h "no \[cluster\] secret_file\|given up during the start-up\|server view 1:" \
-            "$tmp/$name"-worker[012].log | awk '/secret_file/ {if (!s || $1 < s) s = $1}
+        took=$(grep -h -m1 "^[0-9.]* worker" "$tmp/$name"-worker[012].log | sed 's/$/ FIRST/'
+            grep -h "given up during the start-up\|server view 1:" "$tmp/$name"-worker[012].log)
+        took=$(awk '/ FIRST$/ {if (!s || $1 < s) s = $1}
                 /given up/ {if (!g || $1 < g) g = $1} /server view 1:/ {if ($1 > v) v = $1}
-                END {if (g) printf "; first give-up %.2f s after the first worker started, every worker in view 1 %.0f ms later", g - s, (v - g) * 1000}')
+                END {if (g) printf "; first give-up %.2f s after the first worker started, every worker in view 1 %.0f ms later", g - s, (v - g) * 1000}' <<<"$took")
         echo "$name: every worker bit-identical to the uninterrupted run ($d), server view $view$took;" \
             "$(grep -h "given up during the start-up\|answers again during" "$tmp/$name-worker0.log" |
                 head -1 | sed 's/^[0-9.]* //' | cut -c1-150)"
@@ -723,11 +731,21 @@ if [[ $part == all || $part == startup ]]; then
     for w in 0 1 2; do ((rc[w] == 0)) || fail "su-ref: worker $w exited ${rc[w]} without a death"; done
     ref[su]=$(digest_of su-ref)
     stop_all
+    su su-ref-auth 1 0 declare - cluster.secret_file="$tmp/secret" cluster.data_auth=on
+    for w in 0 1 2; do ((rc[w] == 0)) || fail "su-ref-auth: worker $w exited ${rc[w]} without a death"; done
+    stop_all
     su su-absent1 1 KILL absent -
     su_ok su-absent1 1 "${ref[su]}"
     su su-absent0 0 KILL absent -
     grep -q "reporting it to server 1" "$tmp/su-absent0-worker0.log" || fail "su-absent0: server 1 did not coordinate"
     su_ok su-absent0 1 "${ref[su]}"
+    # with a secret, a process without it on server 1's port during the whole start-up: every
+    # worker refuses its WELCOME, gives server 1 up at the deadline, and the job runs without it
+    fake=1 su su-impostor1 1 KILL absent - cluster.secret_file="$tmp/secret" cluster.data_auth=on
+    grep -q "server 1 given up during the start-up: .*WELCOME's token does not check out" \
+        "$tmp/su-impostor1-worker2.log" || fail "su-impostor1: worker 2 did not give the impostor up"
+    grep -q "HELLO from worker" "$tmp/su-impostor1-fake1.log" || fail "su-impostor1: nobody met the impostor"
+    su_ok su-impostor1 1 "$(digest_of su-ref-auth)"
     su su-kill1 1 KILL declare -
     su_ok su-kill1 1 "${ref[su]}"
     su su-kill1-now 1 KILL declare now
