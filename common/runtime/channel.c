@@ -67,22 +67,33 @@ psagg_status psagg__tcp_connect(const psagg__hostport *hp, int64_t deadline_ms, 
     if (st)
         return st;
     for (;;) {
-        int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        /* non-blocking, so that a host that drops our SYNs (cut off) costs the deadline, not
+           the kernel's minutes of SYN retries; blocking again once connected */
+        int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         int64_t now;
         if (fd < 0) {
             last_err = errno;
             break;
         }
-        if (connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
-            /* small frames, each answered: never wait for Nagle */
-            if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one)) {
-                last_err = errno;
-                close(fd);
-                break;
+        if (connect(fd, res->ai_addr, res->ai_addrlen) == 0 || errno == EINPROGRESS) {
+            int64_t left = deadline_ms - psagg__now_ms();
+            struct pollfd p = {.fd = fd, .events = POLLOUT};
+            int err = 0, r, flags;
+            socklen_t len = sizeof err;
+            r = poll(&p, 1, (int)(left < 100 ? 100 : left > 1000 ? 1000 : left));
+            if (r == 1 && !getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) && !err) {
+                /* small frames, each answered: never wait for Nagle */
+                if ((flags = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) ||
+                    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one)) {
+                    last_err = errno;
+                    close(fd);
+                    break;
+                }
+                freeaddrinfo(res);
+                *fd_out = fd;
+                return PSAGG_OK;
             }
-            freeaddrinfo(res);
-            *fd_out = fd;
-            return PSAGG_OK;
+            errno = r == 0 ? ETIMEDOUT : err ? err : errno;
         }
         last_err = errno;
         close(fd);

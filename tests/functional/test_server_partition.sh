@@ -17,6 +17,10 @@
 #                    counters, read inside its namespace until it is gone) and leaves the job
 #                    failed (exit status 1), naming the workers it gave up
 #   cut-coordinator  the same with server 0 (the coordinator): server 1 coordinates view 1
+#   cut-startup      server 1 cut off from every worker before they start (connect_timeout_ms =
+#                    4000): their connections to it time out (SYNs dropped, never minutes of the
+#                    kernel's retries), every worker gives it up during the start-up and the job
+#                    runs in view 1, bit-identical
 #   cut-one          server 1 cut off from worker 0 only: no view can be decided (workers 1 and
 #                    2 still reach server 1), server 1's round cannot close without worker 0's
 #                    push, and op_timeout_ms after the cut server 1 fails the job naming worker
@@ -94,8 +98,9 @@ scrape() {
         "http://$(addr "$1"):$((port + 2 + $1))/metrics" >"$2"
 }
 
-# run NAME VICTIM ROUND WORKER...: one job; once worker 0 starts round ROUND, server VICTIM is
-# cut off from the WORKERs (VICTIM -1: no cut). Workers' rcs in rc[], the servers' pids in spid[]
+# run NAME VICTIM ROUND WORKER...: one job; once worker 0 starts round ROUND (start: before the
+# workers start), server VICTIM is cut off from the WORKERs (VICTIM -1: no cut). Workers' rcs in
+# rc[], the servers' pids in spid[]; $keys (an array): more SECTION.KEY=VALUE for the job
 run() {
     local name=$1 victim=$2 round=$3 s w
     shift 3
@@ -104,18 +109,22 @@ run() {
     job_ini "$tmp/$name.ini" 2 3 cluster.job_id="partition-$name-$P" \
         cluster.servers="$(addr 0):$port $(addr 1):$((port + 1))" cluster.server_replicas=1 \
         cluster.op_timeout_ms=3000 cluster.local_copy=off server.metrics_port=$((port + 2)) \
-        log.level=info
+        log.level=info ${keys[@]+"${keys[@]}"}
     for s in 0 1; do
         spawn "$tmp/$name-server$s.log" "$NC" exec --prefix "$P" "$s" -- \
             "$server_bin" --config "$tmp/$name.ini" --rank "$s"
         spid[s]=$h_pid
     done
+    if ((victim >= 0)) && [[ $round == start ]]; then
+        sever "$victim" "$@"
+        t_cut=$(date +%s.%N)
+    fi
     for w in 0 1 2; do
         start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
             "$NC" exec --prefix "$P" "$(whost $w)" -- "$worker_bin" --codec fp32 --sizes $sizes \
             --rounds $rounds --round-sleep-ms $sleep_ms --progress ${wargs[@]+"${wargs[@]}"}
     done
-    if ((victim >= 0)); then
+    if ((victim >= 0)) && [[ $round != start ]]; then
         wait_until 60 grep -q "^ROUND $round\$" "$tmp/$name-worker0.log" ||
             fail "$name: worker 0 never reached round $round"
         sever "$victim" "$@"
@@ -209,6 +218,28 @@ cut_all() {
 
 cut_all cut-all 1 40
 cut_all cut-coordinator 0 60
+
+# ---- cut-startup: server 1 cut off from every worker before they start ----
+name=cut-startup t0=$SECONDS
+keys=(cluster.connect_timeout_ms=4000)
+run "$name" 1 start 0 1 2
+keys=()
+wait_workers 90
+for w in 0 1 2; do
+    ((rc[w] == 0)) || fail "$name: worker $w exited ${rc[w]} with server 1 cut off from the start"
+    grep -q "server 1 given up during the start-up" "$tmp/$name-worker$w.log" ||
+        fail "$name: worker $w did not give server 1 up during the start-up"
+    grep -q "server view 1:" "$tmp/$name-worker$w.log" || fail "$name: worker $w never took view 1"
+done
+d=$(digests "$name")
+[ "$d" = "$ref" ] || fail "$name: digests '$d', the uninterrupted run's '$ref'"
+n_drop=$(dropped 1)
+((n_drop > 0)) || fail "$name: the cut dropped no packet"
+echo "$name: server 1 cut off from every worker before they start: every worker gave it up" \
+    "($(grep -ho 'given up during the start-up: [^;]*' "$tmp/$name-worker0.log" | cut -c1-120)) and" \
+    "ran in view 1, bit-identical to the uninterrupted run; $n_drop packets dropped; $((SECONDS - t0)) s"
+stop_all
+heal 1
 
 # ---- cut-one: server 1 from worker 0 only (a minority) ----
 # The workers run with --expect: a failure is what they must see, and like a careful application
