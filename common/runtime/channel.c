@@ -61,42 +61,34 @@ err_socket:
 psagg_status psagg__tcp_connect(const psagg__hostport *hp, int64_t deadline_ms, const char *what,
                                 const psagg__logger *log, int *fd_out)
 {
-    struct addrinfo *res;
-    int one = 1, last_err = 0, st = resolve(hp, 0, &res);
+    psagg__tcp_addr addr = {0};
+    int last_err = 0;
     int64_t start = psagg__now_ms(), next_note = start + 3000;
-    if (st)
-        return st;
     for (;;) {
-        /* non-blocking, so that a host that drops our SYNs (cut off) costs the deadline, not
-           the kernel's minutes of SYN retries; blocking again once connected */
-        int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        int fd, r = -1;
         int64_t now;
-        if (fd < 0) {
+        /* non-blocking (connect_start, connect_done), each attempt bounded, so that a host
+           that drops our SYNs (cut off) costs the deadline, not the kernel's minutes of SYN
+           retries */
+        psagg_status st = psagg__tcp_connect_start(hp, &addr, &fd);
+        if (st && !addr.len)
+            return st; /* (cannot resolve) */
+        if (st) {
             last_err = errno;
-            break;
-        }
-        if (connect(fd, res->ai_addr, res->ai_addrlen) == 0 || errno == EINPROGRESS) {
+        } else {
             int64_t left = deadline_ms - psagg__now_ms();
             struct pollfd p = {.fd = fd, .events = POLLOUT};
-            int err = 0, r, flags;
-            socklen_t len = sizeof err;
-            r = poll(&p, 1, (int)(left < 100 ? 100 : left > 1000 ? 1000 : left));
-            if (r == 1 && !getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) && !err) {
-                /* small frames, each answered: never wait for Nagle */
-                if ((flags = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) ||
-                    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one)) {
-                    last_err = errno;
-                    close(fd);
-                    break;
-                }
-                freeaddrinfo(res);
+            if (poll(&p, 1,
+                     (int)(left < 100    ? 100
+                           : left > 1000 ? 1000
+                                         : left)) == 1 &&
+                (r = psagg__tcp_connect_done(fd)) == 1) {
                 *fd_out = fd;
                 return PSAGG_OK;
             }
-            errno = r == 0 ? ETIMEDOUT : err ? err : errno;
+            last_err = r < 0 ? errno : ETIMEDOUT;
+            close(fd);
         }
-        last_err = errno;
-        close(fd);
         /* the server may not be up yet: retry refused/unreachable until the deadline */
         now = psagg__now_ms();
         if (now >= deadline_ms)
@@ -109,7 +101,6 @@ psagg_status psagg__tcp_connect(const psagg__hostport *hp, int64_t deadline_ms, 
         }
         usleep(50 * 1000);
     }
-    freeaddrinfo(res);
     if (last_err == ECONNREFUSED || last_err == EHOSTUNREACH || last_err == ENETUNREACH ||
         last_err == ETIMEDOUT)
         return psagg__fail(PSAGG_ETIMEDOUT,
@@ -144,9 +135,12 @@ psagg_status psagg__tcp_connect_start(const psagg__hostport *hp, psagg__tcp_addr
         (connect(fd, (const struct sockaddr *)(const void *)addr->bytes, (socklen_t)addr->len) &&
          errno != EINPROGRESS)) {
         int e = errno;
+        psagg_status st;
         if (fd >= 0)
             close(fd);
-        return psagg__fail(PSAGG_EIO, "connect to %s:%u: %s", hp->host, hp->port, strerror(e));
+        st = psagg__fail(PSAGG_EIO, "connect to %s:%u: %s", hp->host, hp->port, strerror(e));
+        errno = e; /* (for a caller that retries on some) */
+        return st;
     }
     *fd_out = fd;
     return PSAGG_OK;
@@ -160,12 +154,17 @@ int psagg__tcp_connect_done(int fd)
     if (poll(&p, 1, 0) == 0)
         return 0;
     if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) || err) {
-        psagg__fail(PSAGG_EIO, "connect: %s", strerror(err ? err : errno));
+        err = err ? err : errno;
+        psagg__fail(PSAGG_EIO, "connect: %s", strerror(err));
+        errno = err; /* (for a caller that retries on some) */
         return -1;
     }
+    /* blocking again; small frames, each answered: never wait for Nagle */
     if ((flags = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) ||
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one)) {
-        psagg__fail(PSAGG_EIO, "a connected socket: %s", strerror(errno));
+        err = errno;
+        psagg__fail(PSAGG_EIO, "a connected socket: %s", strerror(err));
+        errno = err;
         return -1;
     }
     return 1;

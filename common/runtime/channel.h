@@ -23,8 +23,9 @@
 PSAGG_NODISCARD psagg_status psagg__tcp_listen(const psagg__hostport *hp, int *fd_out);
 /*
  * Connect to `what` ("server 0"), retrying refused connections until deadline_ms (psagg__now_ms
- * clock) and, with a logger, saying every few seconds what it is waiting for. The failure
- * names the address, the time waited and the last error.
+ * clock) and, with a logger, saying every few seconds what it is waiting for. Each attempt is
+ * a _start and _done below, at most a second (a host that drops SYNs costs the deadline). The
+ * failure names the address, the time waited and the last error.
  */
 PSAGG_NODISCARD psagg_status psagg__tcp_connect(const psagg__hostport *hp, int64_t deadline_ms,
                                                 const char *what, const psagg__logger *log,
@@ -35,7 +36,7 @@ PSAGG_NODISCARD psagg_status psagg__tcp_connect(const psagg__hostport *hp, int64
  * resolved into *addr the first time only: a name server that hangs holds the caller once);
  * _done says
  * 1 once it is connected (the socket is blocking again, with TCP_NODELAY), 0 while it is not
- * yet, -1 when it failed (the error says why; the caller closes the socket).
+ * yet, -1 when it failed (the error says why, and errno; the caller closes the socket).
  */
 typedef struct psagg__tcp_addr { /* hp resolved once (a sockaddr_storage), len 0: not yet */
     uint8_t bytes[128];
