@@ -484,7 +484,7 @@ static void rejoin_step(psagg_ctx *ctx, int s, int64_t now)
         fo->next[s] = now + REJOIN_EVERY_MS;
         return;
     }
-    /* the server speaks first: wait for its CHALLENGE here, not in hello_rejoin, whose wait
+    /* the server speaks first: wait for its CHALLENGE here, not in hello_declare, whose wait
        would keep this thread from everything else (a stopped server's kernel accepts) */
     {
         struct pollfd p = {.fd = fo->cfd[s], .events = POLLIN};
@@ -502,8 +502,8 @@ static void rejoin_step(psagg_ctx *ctx, int s, int64_t now)
     close_server(ctx, s);
     sc->fd = fo->cfd[s];
     fo->cfd[s] = -1;
-    if (hello_rejoin(ctx, s, fo->decl, fo->decl_bytes,
-                     now + psagg__ping_interval_ms(ctx->cfg.op_timeout_ms))) {
+    if (hello_declare(ctx, s, fo->decl, fo->decl_bytes,
+                      now + psagg__ping_interval_ms(ctx->cfg.op_timeout_ms), HELLO_REJOIN)) {
         LOG_INFO(&ctx->log, "server %d answers, but not as a server that rejoins: %s", s,
                  psagg_last_error());
         close_server(ctx, s);

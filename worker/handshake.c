@@ -41,18 +41,19 @@ static void give_up(psagg_ctx *ctx, int s, const char *why)
              s, why, ctx->cfg.server_replicas);
 }
 
-/* Servers not given up; `first`: the lowest of them, or -1. */
-static int live_servers(const psagg_ctx *ctx, int *first)
+/* Servers not given up. */
+static int live_servers(const psagg_ctx *ctx)
 {
     int n = 0;
-    *first = -1;
     for (int s = 0; s < ctx->cfg.n_servers; s++)
-        if (!ctx->servers[s].lost_at_start[0]) {
-            if (*first < 0)
-                *first = s;
-            n++;
-        }
+        n += !ctx->servers[s].lost_at_start[0];
     return n;
+}
+
+/* "server 1 (host:port)", as every message about server s names it */
+static void server_peer(const psagg_ctx *ctx, int s, char *buf, size_t len)
+{
+    snprintf(buf, len, "server %d (%s:%u)", s, ctx->cfg.servers[s].host, ctx->cfg.servers[s].port);
 }
 
 /*
@@ -65,8 +66,7 @@ static psagg_status hello_server(psagg_ctx *ctx, int s, int64_t deadline, enum h
 {
     char peer[96];
     psagg_status st;
-    snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
-             ctx->cfg.servers[s].port);
+    server_peer(ctx, s, peer, sizeof peer);
     for (;;) {
         st = hello_exchange(ctx, s, deadline, peer, kind);
         if ((st != PSAGG_EPEER && st != PSAGG_EAGAIN) || psagg__now_ms() + 100 >= deadline)
@@ -258,8 +258,7 @@ static psagg_status join_wait(psagg_ctx *ctx)
             char peer[96];
             if (poll(&p, 1, s == 0 ? 50 : 0) <= 0)
                 continue;
-            snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
-                     ctx->cfg.servers[s].port);
+            server_peer(ctx, s, peer, sizeof peer);
             st = psagg__ctl_recv(p.fd, &ctx->servers[s].auth, &h, &body, psagg__now_ms() + 2000,
                                  peer);
             if (st == PSAGG_EAGAIN) /* (an injected frame, dropped) */
@@ -314,9 +313,9 @@ static psagg_status relay_start(psagg_ctx *ctx, const psagg__ctl_hdr *h, const v
     return PSAGG_OK;
 }
 
-/* A server's part in handshake_declare: answered or given up, its READY awaited, or to be
-   connected again (with replicas). */
-enum { D_DONE, D_WAIT, D_AGAIN };
+/* A server's part in handshake_declare: refused or given up, its READY awaited, to be connected
+   again (with replicas), or READY. */
+enum { D_DONE, D_WAIT, D_AGAIN, D_READY };
 
 /*
  * With replicas, server s (lost before its READY: its connection closed or erred) is connected
@@ -330,43 +329,35 @@ static int declare_again(psagg_ctx *ctx, int s, psagg__ctl_declare *d, size_t by
     /* (bounded by a PING interval: the servers READY already count this worker's silence) */
     int64_t now = psagg__now_ms(), try_ms = psagg__ping_interval_ms(ctx->cfg.op_timeout_ms);
     int64_t until = now + try_ms < deadline ? now + try_ms : deadline;
-    int again;
+    /* welcomed before: a new process now, with no same-host copies */
+    int again = ctx->servers[s].addr != PSAGG_PEER_UNKNOWN;
     snprintf(peer, sizeof peer, "server %d", s);
     if (psagg__tcp_connect(&ctx->cfg.servers[s], now, peer, NULL, &ctx->servers[s].fd)) {
         const char *e = strrchr(psagg_last_error(), ':');
         snprintf(why, why_len, "%s", e ? e + 2 : psagg_last_error());
         return -1;
     }
-    snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
-             ctx->cfg.servers[s].port);
-    /* a server welcomed before is a new process now: no same-host copies with it */
-    again = ctx->servers[s].addr != PSAGG_PEER_UNKNOWN;
-    ctx->servers[s].local_reads = 0;
-    if (hello_exchange(ctx, s, until, peer, again ? HELLO_AGAIN : HELLO_START))
-        goto fail;
-    d->local_flags = ctx->servers[s].local_reads ? PSAGG_LOCAL_READS : 0;
-    if (psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_DECLARE, d,
-                        (uint32_t)bytes))
-        goto fail;
+    server_peer(ctx, s, peer, sizeof peer);
+    if (hello_declare(ctx, s, d, bytes, until, again ? HELLO_AGAIN : HELLO_START)) {
+        snprintf(why, why_len, "%s", psagg_last_error());
+        LOG_DEBUG(&ctx->log, "%s: %s", peer, psagg_last_error());
+        close(ctx->servers[s].fd);
+        ctx->servers[s].fd = -1;
+        return -1;
+    }
     LOG_INFO(&ctx->log, "%s answers %sduring the start-up: declared to it", peer,
              again ? "again " : "");
     return 0;
-fail:
-    snprintf(why, why_len, "%s", psagg_last_error());
-    LOG_DEBUG(&ctx->log, "%s: %s", peer, psagg_last_error());
-    close(ctx->servers[s].fd);
-    ctx->servers[s].fd = -1;
-    return -1;
 }
 
 /* PING the servers READY already, when due (their silence limit runs from their READY). */
-static void ping_ready(psagg_ctx *ctx, const uint8_t *ready, int64_t *next_ping)
+static void ping_ready(psagg_ctx *ctx, const uint8_t *state, int64_t *next_ping)
 {
     int64_t now = psagg__now_ms();
     if (now < *next_ping)
         return;
     for (int s = 0; s < ctx->cfg.n_servers; s++)
-        if (ready[s] &&
+        if (state[s] == D_READY &&
             psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_PING, NULL, 0))
             LOG_DEBUG(&ctx->log, "server %d: PING: %s", s, psagg_last_error());
     *next_ping = now + psagg__ping_interval_ms(ctx->cfg.op_timeout_ms) / 2;
@@ -400,14 +391,14 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t byt
     psagg_status verdict = PSAGG_OK, other = PSAGG_OK, lost = PSAGG_OK;
     char verdict_msg[512] = "", other_msg[512] = "", lost_msg[512] = "";
     int *sent = calloc((size_t)n, sizeof *sent);
-    uint8_t *state = calloc((size_t)n, 1), *ready = calloc((size_t)n, 1);
+    uint8_t *state = calloc((size_t)n, 1);
     int64_t *until = calloc((size_t)n, sizeof *until);
     struct pollfd *pfd = calloc((size_t)n, sizeof *pfd);
     int *pfd_s = calloc((size_t)n, sizeof *pfd_s);
     char(*why)[200] = calloc((size_t)n, sizeof *why); /* per server: its last attempt's failure */
 
-    if (!sent || !state || !ready || !until || !pfd || !pfd_s || !why) {
-        free(sent), free(state), free(ready), free(until), free(pfd), free(pfd_s), free(why);
+    if (!sent || !state || !until || !pfd || !pfd_s || !why) {
+        free(sent), free(state), free(until), free(pfd), free(pfd_s), free(why);
         return psagg__fail(PSAGG_ENOMEM, "psagg_declare");
     }
     for (int s = 0; s < n; s++) {
@@ -440,9 +431,10 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t byt
         for (int s = 0; s < n; s++) {
             char peer[96];
             if (R)
-                ping_ready(ctx, ready, &next_ping);
-            snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
-                     ctx->cfg.servers[s].port);
+                ping_ready(ctx, state, &next_ping);
+            if (state[s] == D_DONE || state[s] == D_READY)
+                continue;
+            server_peer(ctx, s, peer, sizeof peer);
             if (state[s] == D_AGAIN && now >= deadline) {
                 char m[400];
                 snprintf(m, sizeof m, "%s within connect_timeout_ms (the last attempt: %s)",
@@ -505,8 +497,7 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t byt
             psagg_status st, refused;
             if (!pfd[i].revents)
                 continue;
-            snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
-                     ctx->cfg.servers[s].port);
+            server_peer(ctx, s, peer, sizeof peer);
             st = psagg__ctl_recv(ctx->servers[s].fd, &ctx->servers[s].auth, &h, &body, until[s],
                                  peer);
             if (st == PSAGG_EAGAIN) /* (an injected frame, dropped: wait on for the server's) */
@@ -529,7 +520,7 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t byt
                 st = psagg__fail(PSAGG_EPROTO, "%s answered DECLARE with frame type %u", peer,
                                  h.type);
             } else if (!st) {
-                ready[s] = 1;
+                state[s] = D_READY;
                 if (s == 0 && h.len && !ctx->joiner)
                     st = relay_start(ctx, &h, body, sent);
             } else if (R) { /* (closed or erred before its READY) */
@@ -548,16 +539,13 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t byt
             free(body);
         }
     }
-    free(sent), free(state), free(ready), free(until), free(pfd), free(pfd_s), free(why);
+    free(sent), free(state), free(until), free(pfd), free(pfd_s), free(why);
     if (verdict)
         return psagg__fail(verdict, "%s", verdict_msg);
     if (other)
         return psagg__fail(other, "%s", other_msg);
-    {
-        int first;
-        if (R && !live_servers(ctx, &first)) /* (every server given up: the first reason) */
-            return psagg__fail(lost ? lost : PSAGG_EPEER, "%s", lost_msg);
-    }
+    if (R && !live_servers(ctx)) /* (every server given up: the first reason) */
+        return psagg__fail(lost ? lost : PSAGG_EPEER, "%s", lost_msg);
     return ctx->joiner ? join_wait(ctx) : PSAGG_OK;
 }
 

@@ -2,7 +2,8 @@
  * hello.c - one HELLO on a server's control connection and its WELCOME, checked (its token:
  * the server has the secret; its rank, data_auth, provider and optimizer; its fabric address
  * and data key; same-host copies), for the start-up (handshake.c, on the caller's thread) and
- * for a server that rejoins the running job (failover.c, on the communication thread).
+ * for a server that rejoins the running job (failover.c, on the communication thread), and the
+ * declaration sent after it to a server greeted late (handshake.c, failover.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,6 +104,7 @@ psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char 
         return st;
     }
     hello.epname_len = (uint32_t)len;
+    ctx->servers[s].local_reads = 0; /* (a new connection: set again below when taken) */
     if (local) {
         uint32_t pid;
         psagg__fabric_local_self(ctx->fab, &pid, &hello.local_probe, hello.local_commit);
@@ -201,16 +203,16 @@ psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char 
     return st;
 }
 
-psagg_status hello_rejoin(psagg_ctx *ctx, int s, psagg__ctl_declare *d, size_t bytes,
-                          int64_t deadline)
+psagg_status hello_declare(psagg_ctx *ctx, int s, psagg__ctl_declare *d, size_t bytes,
+                           int64_t deadline, enum hello_kind kind)
 {
     char peer[96];
     psagg_status st;
     snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
              ctx->cfg.servers[s].port);
-    if ((st = hello_exchange(ctx, s, deadline, peer, HELLO_REJOIN)))
+    if ((st = hello_exchange(ctx, s, deadline, peer, kind)))
         return st;
-    d->local_flags = 0;
+    d->local_flags = ctx->servers[s].local_reads ? PSAGG_LOCAL_READS : 0;
     if ((st = psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_DECLARE, d,
                               (uint32_t)bytes)))
         return psagg__fail_context(st, "declaring to %s: ", peer);

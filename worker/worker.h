@@ -398,15 +398,16 @@ int handshake_report_lost(psagg_ctx *ctx);
  * hello.c: hello_exchange reads server s's CHALLENGE, says HELLO and checks its WELCOME against
  * the first one taken (`kind`: HELLO_START a server's first at start-up; HELLO_AGAIN a server
  * lost during the start-up that answers again, no same-host copies; HELLO_REJOIN the job runs
- * and server s comes back into it, no same-host copies); hello_rejoin (the communication
- * thread, failover.c) does it on a new connection to a lost server and sends it the
- * declaration; its READY comes on the control connection.
+ * and server s comes back into it, no same-host copies); hello_declare does it on a new
+ * connection and sends the server the declaration (handshake.c: a server greeted late during
+ * the start-up; failover.c, on the communication thread: a lost server that rejoins); its
+ * READY comes on the control connection.
  */
 enum hello_kind { HELLO_START, HELLO_AGAIN, HELLO_REJOIN };
 psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char *peer,
                             enum hello_kind kind);
-psagg_status hello_rejoin(psagg_ctx *ctx, int s, psagg__ctl_declare *d, size_t bytes,
-                          int64_t deadline);
+psagg_status hello_declare(psagg_ctx *ctx, int s, psagg__ctl_declare *d, size_t bytes,
+                           int64_t deadline, enum hello_kind kind);
 
 /*
  * device.c: use executor ex (devexec.h) for ctx's device path instead of CUDA's; before the
