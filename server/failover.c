@@ -54,6 +54,7 @@ struct failover {
     int proposing;
     int64_t retry_at; /* 0, or when to propose again (an attempt lost) */
     psagg__proposer prop;
+    uint8_t *done; /* per worker: its DONE came (psagg_close), 2: answered */
 };
 
 static struct failover *fo_get(server *srv)
@@ -69,9 +70,10 @@ static struct failover *fo_get(server *srv)
     fo->start = malloc((size_t)(n ? n : 1) * sizeof *fo->start);
     fo->reported = calloc((size_t)srv->n_workers, 1);
     fo->suspect = calloc((size_t)srv->cfg.n_servers, 1);
-    if (!fo->live || !fo->owner || !fo->start || !fo->reported || !fo->suspect) {
+    fo->done = calloc((size_t)srv->n_workers, 1);
+    if (!fo->live || !fo->owner || !fo->start || !fo->reported || !fo->suspect || !fo->done) {
         free(fo->live), free(fo->owner), free(fo->start), free(fo->reported);
-        free(fo->suspect), free(fo);
+        free(fo->suspect), free(fo->done), free(fo);
         return NULL;
     }
     memset(fo->live, 1, (size_t)srv->cfg.n_servers);
@@ -92,7 +94,7 @@ void failover_fini(server *srv)
         return;
     psagg__proposer_free(&fo->prop);
     free(fo->live), free(fo->owner), free(fo->last), free(fo->start), free(fo->reported);
-    free(fo->suspect), free(fo);
+    free(fo->suspect), free(fo->done), free(fo);
     srv->failover = NULL;
 }
 
@@ -662,6 +664,40 @@ void failover_agree(server *srv, int w, const psagg__ctl_hdr *h, const void *bod
             server_fail_job(srv, (psagg_status)ev, "the agreement on view %u", fo->epoch + 1);
         break;
     }
+}
+
+/*
+ * DONE: worker w is closing (psagg_close) with every update of its rounds. Its last pushes may
+ * still be needed (a server that dies after sending some workers a round's update but not
+ * others: the new owner sums that round again), so it stays until every worker said DONE (or
+ * BYE) here; then each is answered DONE, and one that says it later at once.
+ */
+void failover_done(server *srv, int w, const psagg__ctl_hdr *h, const void *body)
+{
+    struct failover *fo = fo_get(srv);
+    int all = 1;
+    (void)h, (void)body;
+    if (!fo) {
+        server_fail_job(srv, PSAGG_ENOMEM, "no memory for a server view");
+        return;
+    }
+    if (!fo->done[w])
+        fo->done[w] = 1;
+    for (int k = 0; k < srv->n_workers; k++)
+        all &= fo->done[k] || srv->workers[k].state == W_BYE;
+    if (!all) {
+        LOG_INFO(&srv->log, "worker %d is done with its rounds (DONE): it waits for the others", w);
+        return;
+    }
+    for (int k = 0; k < srv->n_workers; k++) {
+        worker_conn *wc = &srv->workers[k];
+        if (fo->done[k] != 1 || !usable(srv, k))
+            continue;
+        fo->done[k] = 2;
+        if (psagg__ctl_send(wc->fd, &wc->auth, PSAGG_CTL_DONE, NULL, 0))
+            server_drop_worker(srv, k, PSAGG_EPEER, psagg_last_error());
+    }
+    LOG_INFO(&srv->log, "worker %d is done with its rounds (DONE): every worker is, each told", w);
 }
 
 void failover_view(server *srv, int w, const psagg__ctl_hdr *h, const void *body)

@@ -552,13 +552,15 @@ void admission_fini(server *srv);
  * order, duplicates compared).
  */
 /*
- * failover.c ([cluster] server_replicas; control thread): a worker's SERVER_LOST, AGREE and
- * VIEW frames; tick (retries, the reports' deadline) while the job runs; fini at the end.
+ * failover.c ([cluster] server_replicas; control thread): a worker's SERVER_LOST, AGREE,
+ * VIEW, SERVER_BACK and DONE frames; tick (retries, the reports' deadline) while the job runs; fini
+ * at the end.
  */
 void failover_lost(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
 void failover_agree(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
 void failover_view(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
 void failover_back(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
+void failover_done(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
 void failover_tick(server *srv, int64_t now);
 void failover_fini(server *srv);
 /* Whether the server view applied here names this server chunk g's owner (the layout's before

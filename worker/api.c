@@ -792,6 +792,8 @@ psagg_status psagg_close(psagg_ctx *ctx)
     int failed;
     if (!ctx)
         return PSAGG_OK;
+    if (atomic_load(&ctx->running))
+        failover_finish(ctx); /* ([cluster] server_replicas: every worker done first) */
     comm_stop(ctx);
     pthread_mutex_lock(&ctx->mu);
     failed = ctx->failed;

@@ -405,6 +405,10 @@ void control_check(psagg_ctx *ctx, int64_t now, int64_t *next_ping)
             free(body);
             continue;
         }
+        if (!st && h.type == PSAGG_CTL_DONE && h.len == 0 && failover_done(ctx, s)) {
+            free(body);
+            continue;
+        }
         if (!st && h.type == PSAGG_CTL_READY && h.len == 0 && failover_ready(ctx, s)) {
             free(body);
             continue;

@@ -58,6 +58,10 @@ struct psagg__failover {
     uint64_t dropped;         /* updates of rounds applied already, dropped */
     psagg__ctl_declare *decl; /* the declaration, for a server that rejoins */
     size_t decl_bytes;
+    /* psagg_close: this worker says DONE to every server of its view (done_sent, per server)
+       and waits for one's DONE: every worker is done (finishing and all_done: ctx->mu's) */
+    uint8_t *done_sent;
+    int finishing, all_done;
 };
 
 /* How often a server out of the view is connected again, and how long an attempt may take. */
@@ -84,8 +88,9 @@ psagg_status failover_setup(psagg_ctx *ctx, const psagg__ctl_declare *d, size_t 
     fo->fresh = calloc(n_s, 1);
     fo->copyq = calloc(2 * (size_t)n, sizeof *fo->copyq);
     fo->decl = malloc(bytes);
+    fo->done_sent = calloc(n_s, 1);
     if (!fo->state || !fo->next || !fo->cfd || !fo->addr || !fo->resend_from || !fo->prev_owner ||
-        !fo->held || !fo->fresh || !fo->copyq || !fo->decl) {
+        !fo->held || !fo->fresh || !fo->copyq || !fo->decl || !fo->done_sent) {
         failover_free(ctx);
         return psagg__fail(PSAGG_ENOMEM, "the server views");
     }
@@ -120,6 +125,7 @@ void failover_free(psagg_ctx *ctx)
     free(fo->fresh);
     free(fo->copyq);
     free(fo->decl);
+    free(fo->done_sent);
     free(fo);
     ctx->failover = NULL;
 }
@@ -519,8 +525,12 @@ static void rejoin_step(psagg_ctx *ctx, int s, int64_t now)
 void failover_tick(psagg_ctx *ctx, int64_t now)
 {
     struct psagg__failover *fo = ctx->failover;
+    int finishing;
     if (!fo || worker_failed(ctx))
         return;
+    pthread_mutex_lock(&ctx->mu);
+    finishing = fo->finishing && !fo->all_done;
+    pthread_mutex_unlock(&ctx->mu);
     for (int s = 0; s < ctx->cfg.n_servers; s++) {
         if ((fo->state[s] == S_OUT && now >= fo->next[s]) || fo->state[s] == S_CONNECTING)
             rejoin_step(ctx, s, now);
@@ -528,7 +538,51 @@ void failover_tick(psagg_ctx *ctx, int64_t now)
             fo->next[s] = now + ctx->cfg.op_timeout_ms / 2;
             report(ctx, PSAGG_CTL_SERVER_BACK, s, 0, 0);
         }
+        if (fo->state[s] != S_IN) /* (a server back in a later view is told again) */
+            fo->done_sent[s] = 0;
+        else if (finishing && !fo->done_sent[s] && ctx->servers[s].fd >= 0) {
+            fo->done_sent[s] = 1;
+            if (psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_DONE, NULL, 0))
+                failover_server_lost(ctx, s, psagg_last_error());
+        }
     }
+}
+
+int failover_done(psagg_ctx *ctx, int s)
+{
+    struct psagg__failover *fo = ctx->failover;
+    int took;
+    if (!fo)
+        return 0;
+    pthread_mutex_lock(&ctx->mu);
+    took = fo->finishing && fo->done_sent[s];
+    if (took && !fo->all_done) {
+        fo->all_done = 1;
+        LOG_INFO(&ctx->log, "server %d: every worker is done with its rounds", s);
+        pthread_cond_broadcast(&ctx->cv);
+    }
+    pthread_mutex_unlock(&ctx->mu);
+    return took;
+}
+
+void failover_finish(psagg_ctx *ctx)
+{
+    struct psagg__failover *fo = ctx->failover;
+    int64_t t0 = psagg__now_ms();
+    if (!fo)
+        return;
+    pthread_mutex_lock(&ctx->mu);
+    fo->finishing = 1;
+    if (!ctx->failed)
+        LOG_INFO(&ctx->log, "psagg_close: waiting for every worker to be done with its rounds "
+                            "([cluster] server_replicas: this worker's last pushes are summed "
+                            "again if a server dies before the others have its updates)");
+    while (!fo->all_done && !ctx->failed)
+        pthread_cond_wait(&ctx->cv, &ctx->mu);
+    if (fo->all_done)
+        LOG_INFO(&ctx->log, "psagg_close: every worker is done (waited %lld ms)",
+                 (long long)(psagg__now_ms() - t0));
+    pthread_mutex_unlock(&ctx->mu);
 }
 
 /*

@@ -465,6 +465,9 @@ psagg_status membership_take(psagg_ctx *ctx, const psagg__ctl_hdr *h, const void
  * (each sealed for its server): pushed records that pb (of chunk g) went to g's owner, copy
  * sends pb's next copy once its send before is done (push_sent), send_copies sends the copies
  * that waited for room (1 while some wait).
+ * The end: finish (psagg_close, before the communication thread stops) has tick send DONE to
+ * every server of the view and waits until one answers DONE (done takes it: 1) or the job
+ * fails; meanwhile this worker keeps its last pushes and takes part in views.
  */
 psagg_status failover_setup(psagg_ctx *ctx, const psagg__ctl_declare *d, size_t bytes);
 void failover_free(psagg_ctx *ctx);
@@ -483,6 +486,8 @@ int failover_lost(const psagg_ctx *ctx, int s);
 /* Whether a server lost here is still in the view: the next view is being decided. */
 int failover_deciding(const psagg_ctx *ctx);
 int failover_waits_ready(const psagg_ctx *ctx, int s);
+void failover_finish(psagg_ctx *ctx);
+int failover_done(psagg_ctx *ctx, int s);
 
 /*
  * adapt.c: adaptive codecs (runtime/adaptive.h has the schedule and the model). adapt_setup

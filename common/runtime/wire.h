@@ -192,8 +192,9 @@
  * 18: CHECKPOINT carries a sequence and a phase (checkpoints in two phases)
  * 19: the thc codec (id 5, kernels/thc.h): an update's length depends on the workers it summed
  *     (psagg__update_size), so an update is as long as its `summed` says
+ * 20: DONE: with server replicas, psagg_close waits until every worker has its last updates
  */
-#define PSAGG_PROTO_VERSION 19
+#define PSAGG_PROTO_VERSION 20
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64
@@ -227,6 +228,7 @@ enum psagg__ctl_type {
     PSAGG_CTL_AGREE = 18,       /* coordinator <-> worker: psagg__ctl_agree + a view */
     PSAGG_CTL_VIEW = 19,        /* worker -> the other servers: a decided view, relayed */
     PSAGG_CTL_SERVER_BACK = 20, /* worker <-> the coordinator: a server rejoins (below) */
+    PSAGG_CTL_DONE = 21,        /* worker <-> server (no body): the end of a job (below) */
 };
 
 typedef struct psagg__ctl_hdr {
@@ -418,6 +420,13 @@ _Static_assert(sizeof(psagg__ctl_membership) == 256, "psagg__ctl_membership layo
  * u16 owner[] (every chunk's owner in this epoch) padded to 4, then n_moves x
  * psagg__view_move: the chunks whose owner changed in this epoch, each with the round its new
  * owner starts at (the lowest next-update round any worker reported).
+ * The end of the job (psagg_close), since a worker's last pushes may be needed after it has
+ * its last updates (a server that dies after sending some workers a round's update but not
+ * others: the new owner sums that round again from every worker's kept push):
+ *   worker -> every live server of its view DONE (no body): this worker is closing; it keeps
+ *                         its pushes and answers views until ...
+ *   server -> worker DONE (no body): every worker of the job said DONE (or BYE) here. Then it
+ *                         says BYE. A server that joins the view meanwhile is sent DONE too.
  */
 typedef struct psagg__ctl_server_lost {
     uint32_t server;   /* the server lost */

@@ -36,7 +36,7 @@
  * --elastic-dead rank is one beyond [cluster] workers (up to max_workers), absent at the start:
  * it joins the running job, in epoch 1.
  * --lag-round R --lag-ms N: sleep N ms before round R's pushes (the others, while a dying
- * worker pushes that round first).
+ * worker pushes that round first); with --lag-rank W only worker W sleeps.
  * --progress prints "ROUND r" before each round's pushes (a harness that acts at a round),
  * and --round-sleep-ms without --sync sleeps that long before each round.
  * Stragglers in an elastic job: --straggler with --elastic-dead R --dead-round D: worker R was
@@ -323,6 +323,7 @@ int main(int argc, char **argv)
                                          {"grow", no_argument, NULL, 'G'},
                                          {"lag-round", required_argument, NULL, 'R'},
                                          {"lag-ms", required_argument, NULL, 'A'},
+                                         {"lag-rank", required_argument, NULL, 'k'},
                                          {"dead-round", required_argument, NULL, 'X'},
                                          {"progress", no_argument, NULL, 'P'},
                                          {NULL, 0, NULL, 0}};
@@ -336,6 +337,7 @@ int main(int argc, char **argv)
     int straggler = -1, straggler_ms = 50, calm_rounds = 5, error_feedback = 0, lenient = 0;
     int grow = 0; /* --grow: the --elastic-dead rank is beyond `workers`: it only joins */
     int lag_round = -1, lag_ms = 0; /* --lag-round, --lag-ms: sleep before that round */
+    int lag_rank = -1;              /* --lag-rank: only that worker sleeps (-1: every one) */
     int progress = 0;               /* --progress: "ROUND r" before each round's pushes */
     /* the membership when the leaving was first seen, and at the (latest) admission: later
        epochs are of workers that finished (a worker that is done leaves too) */
@@ -446,6 +448,9 @@ int main(int argc, char **argv)
             break;
         case 'A':
             lag_ms = atoi(optarg);
+            break;
+        case 'k':
+            lag_rank = atoi(optarg);
             break;
         case 'L':
             lenient = 1;
@@ -633,7 +638,7 @@ int main(int argc, char **argv)
         }
         if (rank == straggler && r < end - calm_rounds)
             usleep((useconds_t)straggler_ms * 1000); /* a slow worker: rounds go on without it */
-        if (r == lag_round)
+        if (r == lag_round && (lag_rank < 0 || rank == lag_rank))
             usleep((useconds_t)lag_ms * 1000); /* (behind a worker that pushes it and dies) */
         if (elastic_dead >= 0 && after_round < 0) {
             psagg_membership m = {.struct_size = sizeof m};

@@ -21,6 +21,10 @@
 #                    4000): their connections to it time out (SYNs dropped, never minutes of the
 #                    kernel's retries), every worker gives it up during the start-up and the job
 #                    runs in view 1, bit-identical
+#   end              server 1's frames to worker 2 dropped during the last round, SIGKILLed once
+#                    workers 0 and 1 have every update: they wait in psagg_close (DONE) and
+#                    push the last round again to server 0, which takes server 1's chunks
+#                    over; every worker exits 0, bit-identical
 #   cut-one          server 1 cut off from worker 0 only: no view can be decided (workers 1 and
 #                    2 still reach server 1), server 1's round cannot close without worker 0's
 #                    push, and op_timeout_ms after the cut server 1 fails the job naming worker
@@ -71,6 +75,14 @@ sever() {
 table inet psagg_cut {
     chain in { type filter hook input priority filter; policy accept; ip saddr { $set } counter drop; }
     chain out { type filter hook output priority filter; policy accept; ip daddr { $set } counter drop; }
+}
+EOF
+}
+# mute SERVER WORKER: drop only what SERVER sends to WORKER (what WORKER sends it still arrives)
+mute() {
+    ip netns exec "$(nc_ns_host "$P" "$1")" nft -f - <<EOF || fail "nft: could not mute server $1"
+table inet psagg_cut {
+    chain out { type filter hook output priority filter; policy accept; ip daddr $(addr "$(whost "$2")") counter drop; }
 }
 EOF
 }
@@ -238,6 +250,46 @@ n_drop=$(dropped 1)
 echo "$name: server 1 cut off from every worker before they start: every worker gave it up" \
     "($(grep -ho 'given up during the start-up: [^;]*' "$tmp/$name-worker0.log" | cut -c1-120)) and" \
     "ran in view 1, bit-identical to the uninterrupted run; $n_drop packets dropped; $((SECONDS - t0)) s"
+stop_all
+heal 1
+
+# ---- end: server 1 dies once workers 0 and 1 have their last updates, before worker 2 ----
+# Worker 2 sleeps 2 s before its last round's pushes; meanwhile server 1's frames to it are
+# dropped, so of that round's updates it gets server 0's only, while workers 0 and 1 get all
+# and close. Then server 1 is SIGKILLed: server 0 takes its chunks over from the round worker 2
+# still needs, which it can only sum again from every worker's kept push, so workers 0 and 1
+# must not have left (psagg_close waits until every worker is done: DONE).
+name=end t0=$SECONDS last=$((rounds - 1))
+wargs=(--lag-round $last --lag-ms 2000 --lag-rank 2)
+run "$name" -1 0
+wargs=()
+wait_until 60 grep -q "^ROUND $last\$" "$tmp/$name-worker2.log" ||
+    fail "$name: worker 2 never reached round $last"
+mute 1 2
+wait_until 30 eval "grep -q '^DIGEST' $tmp/$name-worker0.log && grep -q '^DIGEST' $tmp/$name-worker1.log" ||
+    fail "$name: workers 0 and 1 did not finish their rounds"
+! grep -q '^DIGEST' "$tmp/$name-worker2.log" ||
+    fail "$name: worker 2 had every update before server 1 died (the mute did not hold)"
+kill -KILL -- "-${spid[1]}"
+t_cut=$(date +%s.%N)
+wait_workers 60
+for w in 0 1 2; do
+    ((rc[w] == 0)) || fail "$name: worker $w exited ${rc[w]} (server 1 killed at the job's end)"
+    grep -q "server view 1:" "$tmp/$name-worker$w.log" || fail "$name: worker $w never took view 1"
+done
+end_at=$(took)
+for w in 0 1; do
+    grep -q "psagg_close: every worker is done (waited [0-9]* ms)" "$tmp/$name-worker$w.log" ||
+        fail "$name: worker $w did not wait in psagg_close for every worker to be done"
+done
+d=$(digests "$name")
+[ "$d" = "$ref" ] || fail "$name: digests '$d', the uninterrupted run's '$ref'"
+wait_for "${spid[0]}" 15 || fail "$name: server 0 exited $? after the job"
+echo "$name: server 1 killed after workers 0 and 1 finished and before worker 2 had its last" \
+    "updates: server 0 took its chunks over ($(grep -o 'from round [0-9]*' "$tmp/$name-server0.log"))," \
+    "workers 0 and 1 (waiting in psagg_close) pushed round $last again, every worker done" \
+    "${end_at} s after the kill, bit-identical; worker 0" \
+    "$(grep -o 'waited [0-9]* ms' "$tmp/$name-worker0.log"); $((SECONDS - t0)) s"
 stop_all
 heal 1
 

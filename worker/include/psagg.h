@@ -394,7 +394,9 @@ PSAGG_API psagg_status psagg_broadcast(psagg_ctx *ctx, uint32_t key, void *buf, 
  * fp32. Bindings that pick codecs per tensor apply the same rule. */
 PSAGG_API uint64_t psagg_min_compress_elems(const psagg_ctx *ctx);
 
-/* Tell the servers this worker is done and free everything. Pending handles fail. */
+/* Tell the servers this worker is done and free everything. Pending handles fail. With
+ * [cluster] server_replicas >= 1 it first waits until every worker of the job is done (or the
+ * job fails): until then a server's death may need this worker's last pushes again. */
 PSAGG_API psagg_status psagg_close(psagg_ctx *ctx);
 
 #ifdef __cplusplus
