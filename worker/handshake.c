@@ -103,11 +103,13 @@ static psagg_status connect_hello_each(psagg_ctx *ctx, int64_t deadline, int fir
     char why[200] = "";
     psagg_status st = PSAGG_OK;
     for (;;) {
-        int64_t now = psagg__now_ms(),
-                until = now + start_try_ms(ctx) < deadline ? now + start_try_ms(ctx) : deadline;
         for (int s = 0; s < n; s++) {
             server_conn *sc = &ctx->servers[s];
             char what[32];
+            /* each server's attempt its own time: one that accepts and says nothing (stopped)
+               must not use up the next one's */
+            int64_t now = psagg__now_ms(),
+                    until = now + start_try_ms(ctx) < deadline ? now + start_try_ms(ctx) : deadline;
             if (sc->addr != PSAGG_PEER_UNKNOWN) /* (welcomed) */
                 continue;
             snprintf(what, sizeof what, "server %d", s);
@@ -320,11 +322,15 @@ enum { D_DONE, D_WAIT, D_AGAIN, D_READY };
 /*
  * With replicas, server s (lost before its READY: its connection closed or erred) is connected
  * again, said HELLO to and declared to, now and then until the deadline: a server killed
- * during the start-up and restarted at once starts the job with every worker. 0 once declared.
+ * during the start-up and restarted at once starts the job with every worker. PSAGG_OK once
+ * declared, PSAGG_EAGAIN to try again later, another status when its answer is final (a
+ * refusal, another configuration: the start-up fails as it would in psagg_init). why: the
+ * attempt's failure.
  */
-static int declare_again(psagg_ctx *ctx, int s, psagg__ctl_declare *d, size_t bytes,
-                         int64_t deadline, char *why, size_t why_len)
+static psagg_status declare_again(psagg_ctx *ctx, int s, psagg__ctl_declare *d, size_t bytes,
+                                  int64_t deadline, char *why, size_t why_len)
 {
+    psagg_status st;
     char peer[96];
     /* (bounded by a PING interval: the servers READY already count this worker's silence) */
     int64_t now = psagg__now_ms(), try_ms = psagg__ping_interval_ms(ctx->cfg.op_timeout_ms);
@@ -332,22 +338,34 @@ static int declare_again(psagg_ctx *ctx, int s, psagg__ctl_declare *d, size_t by
     /* welcomed before: a new process now, with no same-host copies */
     int again = ctx->servers[s].addr != PSAGG_PEER_UNKNOWN;
     snprintf(peer, sizeof peer, "server %d", s);
-    if (psagg__tcp_connect(&ctx->cfg.servers[s], now, peer, NULL, &ctx->servers[s].fd)) {
+    if ((st = psagg__tcp_connect(&ctx->cfg.servers[s], now, peer, NULL, &ctx->servers[s].fd))) {
         const char *e = strrchr(psagg_last_error(), ':');
         snprintf(why, why_len, "%s", e ? e + 2 : psagg_last_error());
-        return -1;
+        return st == PSAGG_ETIMEDOUT || st == PSAGG_EIO ? PSAGG_EAGAIN : st;
     }
     server_peer(ctx, s, peer, sizeof peer);
-    if (hello_declare(ctx, s, d, bytes, until, again ? HELLO_AGAIN : HELLO_START)) {
+    if ((st = hello_declare(ctx, s, d, bytes, until, again ? HELLO_AGAIN : HELLO_START))) {
         snprintf(why, why_len, "%s", psagg_last_error());
         LOG_DEBUG(&ctx->log, "%s: %s", peer, psagg_last_error());
         close(ctx->servers[s].fd);
         ctx->servers[s].fd = -1;
-        return -1;
+        /* as in psagg_init: a refusal or another configuration is final, the rest is tried
+           again (a WELCOME whose token does not check out: not the server) */
+        return st == PSAGG_EPEER || st == PSAGG_ETIMEDOUT || st == PSAGG_EAGAIN ||
+                       st == PSAGG_EPROTO
+                   ? PSAGG_EAGAIN
+                   : st;
     }
     LOG_INFO(&ctx->log, "%s answers %sduring the start-up: declared to it", peer,
              again ? "again " : "");
-    return 0;
+    return PSAGG_OK;
+}
+
+/* Whether fd has bytes to read now. */
+static int readable(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return fd >= 0 && poll(&p, 1, 0) > 0;
 }
 
 /* PING the servers READY already, when due (their silence limit runs from their READY). */
@@ -388,6 +406,8 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t byt
     int grace = ctx->cfg.connect_timeout_ms / 4 > 1000 ? ctx->cfg.connect_timeout_ms / 4 : 1000;
     int64_t deadline = psagg__now_ms() + ctx->cfg.connect_timeout_ms + grace, next_ping = 0;
     int n = ctx->cfg.n_servers, R = replicas(ctx), waiting;
+    int64_t ready_at = 0; /* (with replicas) the first READY: the deadline counts from it */
+    int aligned = 0;
     psagg_status verdict = PSAGG_OK, other = PSAGG_OK, lost = PSAGG_OK;
     char verdict_msg[512] = "", other_msg[512] = "", lost_msg[512] = "";
     int *sent = calloc((size_t)n, sizeof *sent);
@@ -411,7 +431,10 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t byt
         st = psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_DECLARE, d,
                              (uint32_t)bytes);
         sent[s] = !st;
-        if (st && R) {
+        if (st && R) { /* (its connection is gone: a new one later) */
+            snprintf(why[s], sizeof why[s], "declaring to it: %s", psagg_last_error());
+            close(ctx->servers[s].fd);
+            ctx->servers[s].fd = -1;
             state[s] = D_AGAIN;
             continue;
         }
@@ -428,6 +451,21 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t byt
         int64_t now = psagg__now_ms();
         int np = 0;
         waiting = 0;
+        /*
+         * The servers that answer send READY to every worker at once (when the last worker
+         * declared), so counting the deadline for the others from the first READY gives them up
+         * on every worker at about the same time: all report them lost within the coordinator's
+         * op_timeout_ms and start their first round together, however far apart the workers
+         * called psagg_declare (a deadline of its own call would spread them by that much).
+         */
+        if (R && ready_at && !aligned) {
+            int64_t d2 = ready_at + ctx->cfg.connect_timeout_ms + grace;
+            aligned = 1;
+            for (int s = 0; s < n; s++)
+                if (state[s] == D_WAIT && until[s] == deadline)
+                    until[s] = d2;
+            deadline = d2 > deadline ? d2 : deadline;
+        }
         for (int s = 0; s < n; s++) {
             char peer[96];
             if (R)
@@ -437,11 +475,12 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t byt
             server_peer(ctx, s, peer, sizeof peer);
             if (state[s] == D_AGAIN && now >= deadline) {
                 char m[400];
-                snprintf(m, sizeof m, "%s within connect_timeout_ms (the last attempt: %s)",
+                snprintf(m, sizeof m, "%s within connect_timeout_ms%s (the last attempt: %s)",
                          ctx->servers[s].addr == PSAGG_PEER_UNKNOWN
                              ? "it did not answer"
                              : "it closed the connection before its READY and did not answer "
                                "again",
+                         aligned ? " of the first server's READY" : "",
                          why[s][0] ? why[s] : "none");
                 give_up(ctx, s, m);
                 if (!lost) {
@@ -450,20 +489,31 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t byt
                 }
                 state[s] = D_DONE;
             } else if (state[s] == D_AGAIN && now >= until[s]) {
-                if (!declare_again(ctx, s, d, bytes, deadline, why[s], sizeof why[s])) {
+                psagg_status st = declare_again(ctx, s, d, bytes, deadline, why[s], sizeof why[s]);
+                if (!st) {
                     state[s] = D_WAIT;
                     sent[s] = 1;
                     until[s] = deadline;
-                } else {
+                } else if (st == PSAGG_EAGAIN) {
                     until[s] = psagg__now_ms() + 250;
+                } else { /* (a server that answers late with another configuration) */
+                    if (!verdict) {
+                        verdict = st;
+                        snprintf(verdict_msg, sizeof verdict_msg, "%s: %s", peer, why[s]);
+                    }
+                    state[s] = D_DONE;
                 }
+            } else if (state[s] == D_WAIT && now >= until[s] && R && sent[s] &&
+                       now < deadline + 1000 && readable(ctx->servers[s].fd)) {
+                until[s] = now + 1000; /* (its READY came as the deadline passed: read it) */
             } else if (state[s] == D_WAIT && now >= until[s]) {
                 char m[256];
                 if (R) {
                     snprintf(m, sizeof m,
-                             "no READY within connect_timeout_ms=%d and %d ms (stopped, hung or "
+                             "no READY within connect_timeout_ms=%d and %d ms%s (stopped, hung or "
                              "cut off?)",
-                             ctx->cfg.connect_timeout_ms, grace);
+                             ctx->cfg.connect_timeout_ms, grace,
+                             aligned ? " of the first server's READY" : "");
                     give_up(ctx, s, m);
                     if (!lost) {
                         lost = PSAGG_ETIMEDOUT;
@@ -521,6 +571,8 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t byt
                                  h.type);
             } else if (!st) {
                 state[s] = D_READY;
+                if (!ready_at)
+                    ready_at = psagg__now_ms();
                 if (s == 0 && h.len && !ctx->joiner)
                     st = relay_start(ctx, &h, body, sent);
             } else if (R) { /* (closed or erred before its READY) */

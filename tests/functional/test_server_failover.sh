@@ -52,6 +52,9 @@
 #                      again and the job starts with both servers (no view 1)
 #   su-kill0-back      server 0 SIGKILLed during the declaration, started again once every worker
 #                      took view 1: it rejoins (view 2)
+#   su-stop0-first     server 0 SIGSTOPped before any worker starts (its kernel accepts, it says
+#                      nothing): the workers' attempts on it do not use up server 1's, and they
+#                      give server 0 up and start in view 1 with server 1 coordinating
 #   su-stop1           server 1 SIGSTOPped during the declaration: given up at the deadline
 #                      (view 1), then SIGKILLed and started again: it rejoins (view 2)
 #   su-optim-kill0     fn_optim (parameter chunks): server 0 SIGKILLed during the declaration:
@@ -677,6 +680,11 @@ if [[ $part == all || $part == startup ]]; then
             spawn "$tmp/$name-server$s.log" "$build/server/psagg-server" --config "$tmp/$name.ini" --rank $s
             spid[s]=$h_pid
         done
+        if [[ $when == first ]]; then # (listening, then stopped: its kernel still accepts)
+            wait_until 20 grep -qs "serving job" "$tmp/$name-server$victim.log" ||
+                fail "$name: server $victim never started"
+            kill -"$sig" "${spid[$victim]}"
+        fi
         start_worker 0 "$tmp/$name-worker0.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 "${bin[@]}"
         if [[ $when == declare ]]; then
             wait_until 20 grep -qs "connected to 2 of 2 servers" "$tmp/$name-worker0.log" ||
@@ -755,6 +763,10 @@ if [[ $part == all || $part == startup ]]; then
     su su-kill0-back 0 KILL declare view
     grep -q "server 0 is back in view 2" "$tmp/su-kill0-back-worker1.log" || fail "su-kill0-back: server 0 did not rejoin"
     su_ok su-kill0-back 2 "${ref[su]}"
+    su su-stop0-first 0 STOP first -
+    grep -q "reporting it to server 1" "$tmp/su-stop0-first-worker0.log" ||
+        fail "su-stop0-first: server 1 did not coordinate"
+    su_ok su-stop0-first 1 "${ref[su]}"
     su su-stop1 1 STOP declare view
     grep -q "no READY within connect_timeout_ms" "$tmp/su-stop1-worker0.log" ||
         fail "su-stop1: worker 0 did not give the stopped server up at its deadline"
