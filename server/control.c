@@ -138,6 +138,7 @@ static void worker_bye(server *srv, int w, const psagg__ctl_hdr *h, const void *
     psagg__ctl_reader_reset(&wc->rd);
     if (srv->mb.elastic && srv->ctl.job_running && !atomic_load(&srv->job.failed))
         membership_bye(srv, w);
+    failover_done_check(srv); /* (the others' DONE may wait for it) */
 }
 
 /* ABORT: it gave up (why, and on what kind of failure). */

@@ -667,37 +667,45 @@ void failover_agree(server *srv, int w, const psagg__ctl_hdr *h, const void *bod
 }
 
 /*
- * DONE: worker w is closing (psagg_close) with every update of its rounds. Its last pushes may
- * still be needed (a server that dies after sending some workers a round's update but not
- * others: the new owner sums that round again), so it stays until every worker said DONE (or
- * BYE) here; then each is answered DONE, and one that says it later at once.
+ * The end of a job (psagg_close): once every worker said DONE (or BYE) here, each that said DONE
+ * is answered DONE. Until then they stay: a worker's last pushes may still be needed (a server
+ * that dies after sending some workers a round's update but not others: the new owner sums
+ * that round again).
  */
-void failover_done(server *srv, int w, const psagg__ctl_hdr *h, const void *body)
+void failover_done_check(server *srv)
 {
-    struct failover *fo = fo_get(srv);
-    int all = 1;
-    (void)h, (void)body;
-    if (!fo) {
-        server_fail_job(srv, PSAGG_ENOMEM, "no memory for a server view");
+    struct failover *fo = srv->failover;
+    int n = 0;
+    if (!fo)
         return;
-    }
-    if (!fo->done[w])
-        fo->done[w] = 1;
     for (int k = 0; k < srv->n_workers; k++)
-        all &= fo->done[k] || srv->workers[k].state == W_BYE;
-    if (!all) {
-        LOG_INFO(&srv->log, "worker %d is done with its rounds (DONE): it waits for the others", w);
-        return;
-    }
+        if (!fo->done[k] && srv->workers[k].state != W_BYE)
+            return;
     for (int k = 0; k < srv->n_workers; k++) {
         worker_conn *wc = &srv->workers[k];
         if (fo->done[k] != 1 || !usable(srv, k))
             continue;
         fo->done[k] = 2;
+        n++;
         if (psagg__ctl_send(wc->fd, &wc->auth, PSAGG_CTL_DONE, NULL, 0))
             server_drop_worker(srv, k, PSAGG_EPEER, psagg_last_error());
     }
-    LOG_INFO(&srv->log, "worker %d is done with its rounds (DONE): every worker is, each told", w);
+    if (n)
+        LOG_INFO(&srv->log, "every worker is done with its rounds: %d told (DONE)", n);
+}
+
+/* DONE: worker w is closing with every update of its rounds (a second one: answered again). */
+void failover_done(server *srv, int w, const psagg__ctl_hdr *h, const void *body)
+{
+    struct failover *fo = fo_get(srv);
+    (void)h, (void)body;
+    if (!fo) {
+        server_fail_job(srv, PSAGG_ENOMEM, "no memory for a server view");
+        return;
+    }
+    LOG_INFO(&srv->log, "worker %d is done with its rounds (DONE)", w);
+    fo->done[w] = 1;
+    failover_done_check(srv);
 }
 
 void failover_view(server *srv, int w, const psagg__ctl_hdr *h, const void *body)

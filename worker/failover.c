@@ -17,10 +17,12 @@
  * coordinator asks each to hold its pushes of that server's chunks (phase 1) and takes their
  * rounds; the view that admits it moves the chunks back, as a takeover does.
  */
+#include <errno.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/clock.h"
@@ -467,6 +469,7 @@ static void rejoin_step(psagg_ctx *ctx, int s, int64_t now)
 {
     struct psagg__failover *fo = ctx->failover;
     server_conn *sc = &ctx->servers[s];
+    psagg_status st;
     int r;
     if (fo->state[s] == S_OUT) {
         fo->next[s] = now + REJOIN_EVERY_MS;
@@ -508,10 +511,15 @@ static void rejoin_step(psagg_ctx *ctx, int s, int64_t now)
     close_server(ctx, s);
     sc->fd = fo->cfd[s];
     fo->cfd[s] = -1;
-    if (hello_declare(ctx, s, fo->decl, fo->decl_bytes,
-                      now + psagg__ping_interval_ms(ctx->cfg.op_timeout_ms), HELLO_REJOIN)) {
-        LOG_INFO(&ctx->log, "server %d answers, but not as a server that rejoins: %s", s,
-                 psagg_last_error());
+    if ((st = hello_declare(ctx, s, fo->decl, fo->decl_bytes,
+                            now + psagg__ping_interval_ms(ctx->cfg.op_timeout_ms), HELLO_REJOIN))) {
+        /* (another configuration, a refusal: an operator's mistake, said louder) */
+        if (st == PSAGG_EPEER || st == PSAGG_ETIMEDOUT || st == PSAGG_EAGAIN || st == PSAGG_EPROTO)
+            LOG_INFO(&ctx->log, "server %d answers, but not as a server that rejoins: %s", s,
+                     psagg_last_error());
+        else
+            LOG_WARN(&ctx->log, "server %d answers, but cannot rejoin: %s (tried again later)", s,
+                     psagg_last_error());
         close_server(ctx, s);
         fo->state[s] = S_OUT;
         fo->next[s] = now + 4 * REJOIN_EVERY_MS;
@@ -577,8 +585,17 @@ void failover_finish(psagg_ctx *ctx)
         LOG_INFO(&ctx->log, "psagg_close: waiting for every worker to be done with its rounds "
                             "([cluster] server_replicas: this worker's last pushes are summed "
                             "again if a server dies before the others have its updates)");
-    while (!fo->all_done && !ctx->failed)
-        pthread_cond_wait(&ctx->cv, &ctx->mu);
+    while (!fo->all_done && !ctx->failed) {
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until); /* (ctx->cv's clock) */
+        until.tv_sec += 10;
+        if (pthread_cond_timedwait(&ctx->cv, &ctx->mu, &until) == ETIMEDOUT && !fo->all_done &&
+            !ctx->failed)
+            LOG_INFO(&ctx->log,
+                     "psagg_close: still waiting after %lld s for the other workers to "
+                     "be done (one that evaluates or saves first keeps the rest here)",
+                     (long long)(psagg__now_ms() - t0) / 1000);
+    }
     if (fo->all_done)
         LOG_INFO(&ctx->log, "psagg_close: every worker is done (waited %lld ms)",
                  (long long)(psagg__now_ms() - t0));
