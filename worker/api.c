@@ -787,6 +787,19 @@ static void say_bye(psagg_ctx *ctx, int failed)
     }
 }
 
+psagg_status psagg_abort(psagg_ctx *ctx, const char *why)
+{
+    if (!ctx)
+        return PSAGG_OK;
+    pthread_mutex_lock(&ctx->mu);
+    ctx->aborted = !ctx->failed; /* (a job failed already: nothing more to tell) */
+    pthread_mutex_unlock(&ctx->mu);
+    LOG_WARN(&ctx->log, "psagg_abort: %s", why ? why : "no reason given");
+    worker_fail_all(ctx, PSAGG_ECLOSED, "worker %d gave up (psagg_abort): %.300s", ctx->rank,
+                    why ? why : "no reason given");
+    return psagg_close(ctx);
+}
+
 psagg_status psagg_close(psagg_ctx *ctx)
 {
     int failed;

@@ -202,12 +202,14 @@ void worker_tell_servers(psagg_ctx *ctx)
 {
     char msg[sizeof ctx->failed_msg];
     psagg_status status;
+    int aborted;
     pthread_mutex_lock(&ctx->mu);
     status = ctx->failed_status;
+    aborted = ctx->aborted;
     snprintf(msg, sizeof msg, "%s", ctx->failed_msg);
     pthread_mutex_unlock(&ctx->mu);
-    if (status == PSAGG_ECLOSED || atomic_exchange(&ctx->told_servers, 1))
-        return; /* (told once) */
+    if ((status == PSAGG_ECLOSED && !aborted) || atomic_exchange(&ctx->told_servers, 1))
+        return; /* (told once; psagg_close tells nobody) */
     for (int s = 0; s < ctx->cfg.n_servers; s++)
         if (ctx->servers[s].fd >= 0 &&
             psagg__ctl_send_error(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_ABORT,

@@ -260,7 +260,8 @@ struct psagg_ctx {
     pthread_cond_t cv;          /* a handle completed or the queue changed */
     struct psagg_handle *queue; /* submitted, not yet taken by the comm thread */
     uint64_t next_seq;
-    int failed; /* the job failed: every later call returns failed_status */
+    int failed;  /* the job failed: every later call returns failed_status */
+    int aborted; /* psagg_abort: failed_status PSAGG_ECLOSED, and the servers are told why */
     psagg_status failed_status;
     char failed_msg[256];
 

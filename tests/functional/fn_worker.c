@@ -16,7 +16,8 @@
  * default), kill (SIGKILL before the round's pushes), midpush (SIGKILL once half the round's
  * tensors are pushed), afterpush (SIGKILL once all are pushed, before any update), stop
  * (SIGSTOP: hung; the harness kills it later), declare (SIGKILL after psagg_init, before its
- * declaration: during the job's start-up), close (psagg_close, then exit 0: it leaves early).
+ * declaration: during the job's start-up), close (psagg_close, then exit 0: it leaves early),
+ * abort (psagg_abort naming the rank and round, then exit 0: a training loop that failed).
  * Elastic jobs: with --elastic-dead R the others expect worker R to leave the job at some
  * point and go on: up to the first round they start knowing of the new epoch every element
  * is the sum with R or without it (each chunk summed one or the other: R's push of a round
@@ -104,6 +105,7 @@ static void free_all(void)
     free(mem.h);
     free(mem.round_digest);
     free(mem.round_full);
+    memset(&mem, 0, sizeof mem); /* (called again at exit: atexit) */
 }
 
 static double now_s(void)
@@ -624,6 +626,14 @@ int main(int argc, char **argv)
             printf("fn_worker %d: dying on purpose at round %d\nEXPECTED-ERROR-OK\n", rank, r);
             fflush(stdout);
             _exit(0);
+        } else if (rank == die_rank && r == die_round && !strcmp(die_mode, "abort")) {
+            char why[64];
+            snprintf(why, sizeof why, "fn_worker %d aborts at round %d", rank, r);
+            printf("fn_worker %d: psagg_abort at round %d\nEXPECTED-ERROR-OK\n", rank, r);
+            fflush(stdout);
+            st = psagg_abort(ctx, why); /* (a training loop that failed) */
+            free_all();
+            return st ? 1 : 0;
         } else if (rank == die_rank && r == die_round && !strcmp(die_mode, "close")) {
             st = psagg_close(ctx); /* leaves the job early, as a finished worker would */
             printf("fn_worker %d: psagg_close at round %d: %d\n", rank, r, st);

@@ -12,7 +12,9 @@ name the package uses is missing or private:
 3. the methods psagg.torch calls on torch's objects that no chain names (DDP's
    register_comm_hook, GradBucket's buffer and parameters, Future's set_result, ...) exist;
 4. every public entry point's argument checks run before anything needs a job: a bad argument
-   is refused with its own exception and a message naming it (no servers here).
+   is refused with its own exception and a message naming it (no servers here);
+5. loading libpsagg leaves the process's signal handlers as they were (SIGINT still raises
+   KeyboardInterrupt).
 
 Exit 77 (skipped) when the interpreter has no torch.
 """
@@ -158,6 +160,7 @@ checks = [
      lambda: pt.register_ddp_hook(None, codec=42)),
     ("register_ddp_hook(error_feedback='x')", (TypeError, ValueError), ["error_feedback"],
      lambda: pt.register_ddp_hook(None, error_feedback="x")),
+    ("shutdown(error=42)", TypeError, ["error"], lambda: pt.shutdown(error=42)),
 ]
 for what, exc, words, fn, *args in checks:
     refused(what, exc, words, fn, *args)
@@ -168,6 +171,23 @@ for name in pt.__all__:
         problem("psagg.torch.%s in __all__ is not callable" % name)
 print("%d argument checks refused their bad argument by name; psagg.torch.__all__: %d names" %
       (len(checks), len(pt.__all__)))
+
+# 5. loading libpsagg keeps the process's signal handlers (libfabric's libinfinipath installs
+# its own, which call exit(): Ctrl-C raised no KeyboardInterrupt, a SIGTERM during exit hung)
+import signal  # noqa: E402
+import time  # noqa: E402
+
+interrupted = False
+psagg.library()
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(1)
+except KeyboardInterrupt:
+    interrupted = True
+if not interrupted:
+    problem("SIGINT after loading libpsagg raised no KeyboardInterrupt (its handler was replaced)")
+else:
+    print("SIGINT after loading libpsagg: KeyboardInterrupt, as before")
 
 if problems:
     print("check_torch_api: %d problem(s)" % len(problems))

@@ -12,7 +12,8 @@
  * Names. Every public name starts with psagg_ (PSAGG_ for macros and constants); libpsagg's
  * internals are psagg__ (two underscores) and never exported. The calls follow one scheme:
  *   psagg_<verb>            an action on the context: psagg_init, psagg_declare, psagg_push_pull,
- *                           psagg_checkpoint, psagg_broadcast, psagg_sync_membership, psagg_close
+ *                           psagg_checkpoint, psagg_broadcast, psagg_sync_membership, psagg_close,
+ *                           psagg_abort
  *   psagg_<verb>(handle)    an action on an operation's handle: psagg_test, psagg_wait,
  *                           psagg_release (MPI's MPI_Test, MPI_Wait)
  *   psagg_get_<noun>        a read of the context into an out-parameter (a struct of psagg.h's,
@@ -398,6 +399,11 @@ PSAGG_API uint64_t psagg_min_compress_elems(const psagg_ctx *ctx);
  * [cluster] server_replicas >= 1 it first waits until every worker of the job is done (or the
  * job fails): until then a server's death may need this worker's last pushes again. */
 PSAGG_API psagg_status psagg_close(psagg_ctx *ctx);
+
+/* Give up: the training loop failed. Every server hears `why` (the job fails at once, every
+ * other worker naming this one and `why`), pending handles fail, and the context is freed as
+ * psagg_close frees it, without waiting for the others. NULL why: "no reason given". */
+PSAGG_API psagg_status psagg_abort(psagg_ctx *ctx, const char *why);
 
 #ifdef __cplusplus
 }

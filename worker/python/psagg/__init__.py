@@ -183,6 +183,7 @@ _SIGNATURES = {
     "psagg_world_size": (_I, [_P]),
     "psagg_min_compress_elems": (ctypes.c_uint64, [_P]),
     "psagg_close": (_I, [_P]),
+    "psagg_abort": (_I, [_P, ctypes.c_char_p]),
 }
 
 
@@ -209,6 +210,41 @@ def _candidates():
 _lib = None
 _lib_lock = threading.Lock()
 
+# Signals whose handlers loading libpsagg may change (below).
+_KEPT_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGSEGV", "SIGBUS", "SIGABRT",
+                 "SIGILL", "SIGFPE")
+
+
+class _Sigaction(ctypes.Structure):
+    """glibc's struct sigaction on Linux (x86-64, aarch64): handler, 1024-bit mask, flags,
+    restorer; only copied whole, never interpreted."""
+    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16),
+                ("flags", ctypes.c_int), ("restorer", ctypes.c_void_p)]
+
+
+def _load_keeping_signals(path):
+    """ctypes.CDLL(path), with the process's signal handlers as they were before it.
+    Debian's libfabric links libinfinipath (the psm provider), whose constructor installs
+    handlers of its own for SIGINT, SIGTERM, SIGSEGV, SIGBUS and SIGABRT that call exit() from
+    the handler: Python's KeyboardInterrupt and faulthandler were lost, and a SIGTERM that came
+    while the process was already exiting (a launcher stopping a failed job) ran exit() again
+    inside it and deadlocked in libtorch's destructors (a worker hung until SIGKILL; gdb).
+    psagg uses no PSM hardware, so the handlers are put back."""
+    import signal as _signal
+    libc = ctypes.CDLL(None, use_errno=True)
+    nums = [getattr(_signal, n) for n in _KEPT_SIGNALS if hasattr(_signal, n)]
+    saved = {}
+    for n in nums:
+        sa = _Sigaction()
+        if libc.sigaction(n, None, ctypes.byref(sa)) == 0:
+            saved[n] = sa
+    lib = ctypes.CDLL(path)
+    for n, sa in saved.items():
+        now = _Sigaction()
+        if libc.sigaction(n, None, ctypes.byref(now)) == 0 and now.handler != sa.handler:
+            libc.sigaction(n, ctypes.byref(sa), None)
+    return lib
+
 
 def library():
     """The loaded libpsagg (ctypes.CDLL: every call releases the GIL)."""
@@ -219,7 +255,7 @@ def library():
         tried = []
         for path in _candidates():
             try:
-                lib = ctypes.CDLL(path)
+                lib = _load_keeping_signals(path)
                 break
             except OSError as e:
                 tried.append("%s (%s)" % (path, e))
@@ -525,3 +561,16 @@ class Context:
             return
         raw, self._ctx = self._ctx, None
         _check(library().psagg_close(raw), "psagg_close")
+
+    def abort(self, why=None):
+        """Give up (psagg_abort): the training loop failed. The servers hear why and fail the job
+        at once, naming this worker; the context is closed without waiting for the others.
+        Idempotent; a no-op once closed."""
+        if why is not None and not isinstance(why, str):
+            raise TypeError("psagg.Context.abort: why must be a str or None, not %s"
+                            % type(why).__name__)
+        if self._ctx is None:
+            return
+        raw, self._ctx = self._ctx, None
+        _check(library().psagg_abort(raw, why.encode("utf-8", "replace") if why else None),
+               "psagg_abort")

@@ -6,6 +6,7 @@ of it (rank, world_size, local_rank, stats, assignment, checkpoint)."""
 import atexit
 import hashlib
 import queue
+import sys
 import threading
 import time
 
@@ -182,16 +183,29 @@ class _Session:
             else:
                 fut.set_result(value)
 
-    def close(self):
+    def close(self, why=None):
         if self._thread is not None:
             self._done.put(None)
             self._thread.join(timeout=60)
             self._thread = None
-        self.ctx.close()
+        if why is None:
+            self.ctx.close()
+        else:
+            self.ctx.abort(why)
 
 
 _current = None  # the process's _Session
 _lock = threading.Lock()
+_failure = None  # an exception that ends the process (its main thread's): shutdown aborts
+_prev_excepthook = None
+
+
+def _excepthook(etype, value, tb):
+    """sys.excepthook while a session is open: note why the process is ending, so that
+    shutdown (at exit) tells the servers instead of waiting for the other workers."""
+    global _failure
+    _failure = "%s: %s" % (etype.__name__, value)
+    (_prev_excepthook or sys.__excepthook__)(etype, value, tb)
 
 
 def init(config=None, rank=None, world_size=None):
@@ -211,7 +225,10 @@ def init(config=None, rank=None, world_size=None):
                              "PSAGG_RANK and PSAGG_WORLD_SIZE (deploy/psagg-local does) or "
                              "torchrun's RANK and WORLD_SIZE")
         _current = _Session(config, rank, world_size)
-        atexit.register(shutdown)
+        atexit.register(_at_exit)
+        global _prev_excepthook
+        if sys.excepthook is not _excepthook:
+            _prev_excepthook, sys.excepthook = sys.excepthook, _excepthook
         return _current
 
 
@@ -220,13 +237,23 @@ def session():
     return _current if _current is not None else init()
 
 
-def shutdown():
-    """Close the context: tell the servers this worker is done. Called at exit."""
+def shutdown(error=None):
+    """Close the context: tell the servers this worker is done. With error (a str: why the
+    training failed) give up instead (psagg_abort): the job fails at once naming this worker,
+    and the others do not wait for it. Called at exit, with the exception that ends the process
+    if one does."""
     global _current
+    if error is not None and not isinstance(error, str):
+        raise TypeError("psagg.torch.shutdown: error must be a str or None, not %s"
+                        % type(error).__name__)
     with _lock:
         s, _current = _current, None
     if s is not None:
-        s.close()
+        s.close(error)
+
+
+def _at_exit():
+    shutdown(_failure)
 
 
 def rank():
