@@ -18,12 +18,14 @@
  */
 #include "runtime/transport.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -522,6 +524,42 @@ static int fabric_cq_open(psagg__fabric *f)
  * Open the whole stack: fabric, domain, CQ, AV, endpoint (bound and enabled). On failure
  * everything opened so far is closed again in reverse order and *out is untouched.
  */
+/*
+ * Debian's libfabric links the psm provider's libinfinipath, whose constructor installs its own
+ * handlers for SIGINT, SIGTERM, SIGSEGV, SIGBUS, SIGABRT (and more) that call exit() from the
+ * handler, in every process that loads libfabric: a crash then exits 1 instead of dying by its
+ * signal (no core, a launcher reports "exit code 1"), and a SIGTERM during the exit that
+ * follows runs exit() again inside it (a psagg.torch worker hung that way; the Python package
+ * keeps the handlers it had when it loads libpsagg). psagg uses no PSM hardware: a handler that
+ * lives in such a library is put back to the default; a handler of the process's own stays.
+ */
+static void default_psm_signals(const psagg__logger *log)
+{
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGSEGV,
+                               SIGBUS, SIGABRT, SIGILL, SIGFPE};
+    char reset[64] = "";
+    size_t used = 0;
+    for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) {
+        struct sigaction sa;
+        Dl_info where;
+        void *fn;
+        if (sigaction(sigs[i], NULL, &sa))
+            continue;
+        fn = (sa.sa_flags & SA_SIGINFO) ? (void *)sa.sa_sigaction : (void *)sa.sa_handler;
+        if (fn == (void *)SIG_DFL || fn == (void *)SIG_IGN || !dladdr(fn, &where) ||
+            !where.dli_fname ||
+            (!strstr(where.dli_fname, "libinfinipath") && !strstr(where.dli_fname, "libpsm")))
+            continue;
+        signal(sigs[i], SIG_DFL);
+        if (used + 4 < sizeof reset)
+            used += (size_t)snprintf(reset + used, sizeof reset - used, "%s%d", used ? "," : "",
+                                     sigs[i]);
+    }
+    if (used)
+        LOG_DEBUG(log, "signals %s: the psm library's handlers (exit() inside) put back to default",
+                  reset);
+}
+
 psagg_status psagg__fabric_open(const psagg__fabric_opts *opts, psagg__fabric **out)
 {
     psagg__fabric *f;
@@ -547,6 +585,7 @@ psagg_status psagg__fabric_open(const psagg__fabric_opts *opts, psagg__fabric **
         psagg__logger_init(&f->log, "psagg", -1);
     pthread_mutex_init(&f->lock, NULL);
     pthread_mutex_init(&f->fab_lock, NULL);
+    default_psm_signals(&f->log);
 
     st = fabric_getinfo(opts, &f->info);
     if (st < 0)
