@@ -180,7 +180,10 @@ void agg_finish_round(server *srv, chunk_state *c)
     h->summed = (uint16_t)c->n_arrived;
     enc += srv->pool.policy->trailer(srv, c, c->out[p] + sizeof *h + enc); /* (quorum: bitmap) */
     now = psagg__now_ns();
-    if (c->fenced) { /* (taken over from a copy: sent once every worker took the view) */
+    if (c->fenced && c->round < c->fence_from) {
+        /* a lagging copy catching up on a round every worker has already (the view starts
+           the chunk after it): nothing is owed */
+    } else if (c->fenced) { /* (taken over from a copy: sent once every worker took the view) */
         if (c->owes_update) {
             server_fail_job(srv, PSAGG_EPROTO,
                             "tensor '%s' chunk %u: round %u finished while round %u's update "
@@ -686,6 +689,7 @@ static void take_over_copy(server *srv, chunk_state *c, uint32_t start, uint32_t
     c->taken_over = 1;
     c->fenced = 1;
     c->fence_epoch = (uint16_t)epoch;
+    c->fence_from = start;
     c->owes_update = c->round == start + 1;
     memset(c->repushed, 0, (size_t)srv->n_workers);
     LOG_INFO(&srv->log,

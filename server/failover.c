@@ -235,7 +235,7 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
     psagg__view_hdr vh;
     uint32_t taken = 0, given = 0, first = 0;
     uint32_t *start = NULL;
-    uint8_t *copy;
+    uint8_t *copy, *gave = NULL;
     if (bad) {
         server_fail_job(srv, PSAGG_EPROTO, "a decided view: %s", bad);
         return;
@@ -257,8 +257,9 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
         return;
     }
     if (!(copy = malloc(len)) ||
-        !(start = malloc((vh.n_chunks ? vh.n_chunks : 1) * sizeof *start))) {
-        free(copy);
+        !(start = malloc((vh.n_chunks ? vh.n_chunks : 1) * sizeof *start)) ||
+        !(gave = calloc(vh.n_chunks ? vh.n_chunks : 1, 1))) {
+        free(copy), free(start);
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for a view");
         return;
     }
@@ -288,10 +289,10 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
                 break;
             atomic_store(&srv->route[g], slot);
             first = taken++ ? first : start[g];
-        } else {
-            atomic_store(&srv->route[g], -1);
+        } else { /* (its route is cleared once the epoch moved: below) */
             if (agg_move(srv, &srv->chunks[slot], AGG_GIVE_UP, 0, vh.epoch))
                 break;
+            gave[g] = 1;
             given++;
         }
     }
@@ -310,6 +311,12 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
     memset(fo->reported, 0, (size_t)srv->n_workers);
     memset(fo->suspect, 0, (size_t)srv->cfg.n_servers); /* (reported again if still lost) */
     atomic_store(&srv->mb.epoch, vh.epoch);             /* the push headers' epoch in this job */
+    /* a chunk given up stops routing only now: a push of the view before that comes meanwhile
+       is dropped by its standby state (its new owner sums it), not taken for a stranger's */
+    for (uint32_t g = 0; g < vh.n_chunks; g++)
+        if (gave[g])
+            atomic_store(&srv->route[g], -1);
+    free(gave);
     psagg__fabric_wake(srv->fab);
     LOG_WARN(&srv->log,
              "server view %u: %u chunk(s) moved, %u of them to this server (from round %u), %u "
@@ -742,8 +749,8 @@ void failover_tick(server *srv, int64_t now)
         propose(srv, fo);
         return;
     }
-    if (fo->proposing || now - fo->since <= srv->cfg.op_timeout_ms)
-        return;
+    if (fo->proposing || fo->retry_at || now - fo->since <= srv->cfg.op_timeout_ms)
+        return; /* (every report came: a lost ballot waits for its retry, no timeout) */
     for (int w = 0; w < srv->n_workers && used + 8 < sizeof missing; w++)
         if (!fo->reported[w])
             used +=

@@ -205,6 +205,8 @@ typedef struct chunk_state {
        finished meanwhile is owed until then */
     int fenced;
     uint16_t fence_epoch;
+    uint32_t
+        fence_from; /* the view's start: a lagging copy's rounds before it are owed to no one */
     int owes_update;
     uint8_t *repushed; /* per worker ([cluster] server_replicas), else NULL */
     /* taken over (failover.c): a worker that had the last round's update from the dead owner

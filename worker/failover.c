@@ -331,11 +331,13 @@ static void take_view(psagg_ctx *ctx, int from, const uint8_t *v, uint32_t len)
             LOG_WARN(&ctx->log, "server %d is back in view %u", s, vh.epoch);
         } else if (live[s] && *st != S_IN && *st != S_LOST) { /* (its return failed here) */
             close_server(ctx, s);
+            if (fo->cfd[s] >= 0) /* (a connection under way: S_CONNECTING) */
+                close(fo->cfd[s]);
+            fo->cfd[s] = -1;
             *st = S_LOST;
         } else if (!live[s] && (*st == S_IN || *st == S_LOST)) {
             close_server(ctx, s);
-            if (*st == S_IN)
-                abandon_sends(ctx, s);
+            abandon_sends(ctx, s); /* (a lost one's too: pushes sent again since it was lost) */
             *st = S_OUT;
             fo->next[s] = now + REJOIN_EVERY_MS;
         } else if (!live[s] && *st == S_HOLDING) { /* that view was not this one */
@@ -628,6 +630,8 @@ int failover_resend(psagg_ctx *ctx)
             last = h->round - 1, has_last = h->round > 0;
         else
             last = ts->round - 1, has_last = ts->round > 0;
+        if (failover_lost(ctx, (int)chunk_owner(ctx, g)))
+            continue; /* (its new owner is lost here too: the next view moves it again) */
         while (has_last && from <= last) {
             server_conn *sc = &ctx->servers[chunk_owner(ctx, g)];
             push_buf *pb = chunk_push(ctx, g, from);
@@ -647,10 +651,10 @@ int failover_resend(psagg_ctx *ctx)
             }
             failover_pushed(ctx, pb, g);
             st = push_send(ctx, pb, chunk_owner(ctx, g));
-            if (st == PSAGG_EAGAIN)
-                return 1;
-            if (st) {
-                failover_server_lost(ctx, (int)pb->to, psagg_last_error());
+            if (st) { /* (the rounds sent so far are not sent again) */
+                fo->resend_from[g] = from;
+                if (st != PSAGG_EAGAIN)
+                    failover_server_lost(ctx, (int)pb->to, psagg_last_error());
                 return 1;
             }
             LOG_DEBUG(&ctx->log, "tensor '%s' chunk %u round %u pushed again to server %u",

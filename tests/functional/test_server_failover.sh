@@ -680,9 +680,15 @@ if [[ $part == all || $part == startup ]]; then
             spawn "$tmp/$name-server$s.log" "$build/server/psagg-server" --config "$tmp/$name.ini" --rank $s
             spid[s]=$h_pid
         done
+        # every server started listens before worker 0 starts: a case's "during the declaration"
+        # needs worker 0 connected to both (a server slow to start, under load, made worker 0
+        # start with one: the case waited for "connected to 2 of 2 servers" in vain)
+        for s in 0 1; do
+            [[ $when == absent && $s == "$victim" ]] && continue
+            wait_until 20 grep -qs "serving job" "$tmp/$name-server$s.log" ||
+                fail "$name: server $s never started"
+        done
         if [[ $when == first ]]; then # (listening, then stopped: its kernel still accepts)
-            wait_until 20 grep -qs "serving job" "$tmp/$name-server$victim.log" ||
-                fail "$name: server $victim never started"
             kill -"$sig" "${spid[$victim]}"
         fi
         start_worker 0 "$tmp/$name-worker0.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 "${bin[@]}"
