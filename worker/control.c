@@ -356,8 +356,7 @@ void control_check(psagg_ctx *ctx, int64_t now, int64_t *next_ping)
         psagg_status st;
         if (p.fd < 0)
             continue;
-        snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
-                 ctx->cfg.servers[s].port);
+        hello_peer(ctx, s, peer, sizeof peer);
         if (ping && psagg__ctl_send(p.fd, &ctx->servers[s].auth, PSAGG_CTL_PING, NULL, 0))
             LOG_DEBUG(&ctx->log, "%s: PING: %s", peer, psagg_last_error());
         if (poll(&p, 1, 0) <= 0) {

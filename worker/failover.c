@@ -516,7 +516,7 @@ static void rejoin_step(psagg_ctx *ctx, int s, int64_t now)
     if ((st = hello_declare(ctx, s, fo->decl, fo->decl_bytes,
                             now + psagg__ping_interval_ms(ctx->cfg.op_timeout_ms), HELLO_REJOIN))) {
         /* (another configuration, a refusal: an operator's mistake, said louder) */
-        if (st == PSAGG_EPEER || st == PSAGG_ETIMEDOUT || st == PSAGG_EAGAIN || st == PSAGG_EPROTO)
+        if (hello_transient(st))
             LOG_INFO(&ctx->log, "server %d answers, but not as a server that rejoins: %s", s,
                      psagg_last_error());
         else

@@ -50,12 +50,6 @@ static int live_servers(const psagg_ctx *ctx)
     return n;
 }
 
-/* "server 1 (host:port)", as every message about server s names it */
-static void server_peer(const psagg_ctx *ctx, int s, char *buf, size_t len)
-{
-    snprintf(buf, len, "server %d (%s:%u)", s, ctx->cfg.servers[s].host, ctx->cfg.servers[s].port);
-}
-
 /*
  * HELLO server s and read its WELCOME. A server closes a connection it has no room for
  * (while it is flooded with others) without a word: then connect and say HELLO again, until
@@ -66,7 +60,7 @@ static psagg_status hello_server(psagg_ctx *ctx, int s, int64_t deadline, enum h
 {
     char peer[96];
     psagg_status st;
-    server_peer(ctx, s, peer, sizeof peer);
+    hello_peer(ctx, s, peer, sizeof peer);
     for (;;) {
         st = hello_exchange(ctx, s, deadline, peer, kind);
         if ((st != PSAGG_EPEER && st != PSAGG_EAGAIN) || psagg__now_ms() + 100 >= deadline)
@@ -128,8 +122,7 @@ static psagg_status connect_hello_each(psagg_ctx *ctx, int64_t deadline, int fir
                 /* a refusal or a configuration that differs is final; a WELCOME whose token
                    does not check out (a process without the secret on its port) is not the
                    server: tried again, and given up at the deadline if it stays */
-                if (st != PSAGG_EPEER && st != PSAGG_ETIMEDOUT && st != PSAGG_EAGAIN &&
-                    st != PSAGG_EPROTO)
+                if (!hello_transient(st))
                     return st;
                 if (!s)
                     snprintf(why, sizeof why, "%s", psagg_last_error());
@@ -260,7 +253,7 @@ static psagg_status join_wait(psagg_ctx *ctx)
             char peer[96];
             if (poll(&p, 1, s == 0 ? 50 : 0) <= 0)
                 continue;
-            server_peer(ctx, s, peer, sizeof peer);
+            hello_peer(ctx, s, peer, sizeof peer);
             st = psagg__ctl_recv(p.fd, &ctx->servers[s].auth, &h, &body, psagg__now_ms() + 2000,
                                  peer);
             if (st == PSAGG_EAGAIN) /* (an injected frame, dropped) */
@@ -343,18 +336,13 @@ static psagg_status declare_again(psagg_ctx *ctx, int s, psagg__ctl_declare *d, 
         snprintf(why, why_len, "%s", e ? e + 2 : psagg_last_error());
         return st == PSAGG_ETIMEDOUT || st == PSAGG_EIO ? PSAGG_EAGAIN : st;
     }
-    server_peer(ctx, s, peer, sizeof peer);
+    hello_peer(ctx, s, peer, sizeof peer);
     if ((st = hello_declare(ctx, s, d, bytes, until, again ? HELLO_AGAIN : HELLO_START))) {
         snprintf(why, why_len, "%s", psagg_last_error());
         LOG_DEBUG(&ctx->log, "%s: %s", peer, psagg_last_error());
         close(ctx->servers[s].fd);
         ctx->servers[s].fd = -1;
-        /* as in psagg_init: a refusal or another configuration is final, the rest is tried
-           again (a WELCOME whose token does not check out: not the server) */
-        return st == PSAGG_EPEER || st == PSAGG_ETIMEDOUT || st == PSAGG_EAGAIN ||
-                       st == PSAGG_EPROTO
-                   ? PSAGG_EAGAIN
-                   : st;
+        return hello_transient(st) ? PSAGG_EAGAIN : st; /* (as in psagg_init) */
     }
     LOG_INFO(&ctx->log, "%s answers %sduring the start-up: declared to it", peer,
              again ? "again " : "");
@@ -406,8 +394,7 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t byt
     int grace = ctx->cfg.connect_timeout_ms / 4 > 1000 ? ctx->cfg.connect_timeout_ms / 4 : 1000;
     int64_t deadline = psagg__now_ms() + ctx->cfg.connect_timeout_ms + grace, next_ping = 0;
     int n = ctx->cfg.n_servers, R = replicas(ctx), waiting;
-    int64_t ready_at = 0; /* (with replicas) the first READY: the deadline counts from it */
-    int aligned = 0;
+    int aligned = 0; /* (with replicas) a READY came: the deadline counts from the first */
     psagg_status verdict = PSAGG_OK, other = PSAGG_OK, lost = PSAGG_OK;
     char verdict_msg[512] = "", other_msg[512] = "", lost_msg[512] = "";
     int *sent = calloc((size_t)n, sizeof *sent);
@@ -451,28 +438,13 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t byt
         int64_t now = psagg__now_ms();
         int np = 0;
         waiting = 0;
-        /*
-         * The servers that answer send READY to every worker at once (when the last worker
-         * declared), so counting the deadline for the others from the first READY gives them up
-         * on every worker at about the same time: all report them lost within the coordinator's
-         * op_timeout_ms and start their first round together, however far apart the workers
-         * called psagg_declare (a deadline of its own call would spread them by that much).
-         */
-        if (R && ready_at && !aligned) {
-            int64_t d2 = ready_at + ctx->cfg.connect_timeout_ms + grace;
-            aligned = 1;
-            for (int s = 0; s < n; s++)
-                if (state[s] == D_WAIT && until[s] == deadline)
-                    until[s] = d2;
-            deadline = d2 > deadline ? d2 : deadline;
-        }
         for (int s = 0; s < n; s++) {
             char peer[96];
             if (R)
                 ping_ready(ctx, state, &next_ping);
             if (state[s] == D_DONE || state[s] == D_READY)
                 continue;
-            server_peer(ctx, s, peer, sizeof peer);
+            hello_peer(ctx, s, peer, sizeof peer);
             if (state[s] == D_AGAIN && now >= deadline) {
                 char m[400];
                 snprintf(m, sizeof m, "%s within connect_timeout_ms%s (the last attempt: %s)",
@@ -547,7 +519,7 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t byt
             psagg_status st, refused;
             if (!pfd[i].revents)
                 continue;
-            server_peer(ctx, s, peer, sizeof peer);
+            hello_peer(ctx, s, peer, sizeof peer);
             st = psagg__ctl_recv(ctx->servers[s].fd, &ctx->servers[s].auth, &h, &body, until[s],
                                  peer);
             if (st == PSAGG_EAGAIN) /* (an injected frame, dropped: wait on for the server's) */
@@ -571,8 +543,21 @@ psagg_status handshake_declare(psagg_ctx *ctx, psagg__ctl_declare *d, size_t byt
                                  h.type);
             } else if (!st) {
                 state[s] = D_READY;
-                if (!ready_at)
-                    ready_at = psagg__now_ms();
+                /*
+                 * The servers that answer send READY to every worker at once (when the last
+                 * worker declared), so counting the deadline for the others from the first
+                 * READY gives them up on every worker at about the same time: all report them
+                 * lost within the coordinator's op_timeout_ms and start their first round
+                 * together, however far apart the workers called psagg_declare.
+                 */
+                if (R && !aligned) {
+                    int64_t d2 = psagg__now_ms() + ctx->cfg.connect_timeout_ms + grace;
+                    aligned = 1;
+                    for (int k = 0; k < n; k++)
+                        if (state[k] == D_WAIT && until[k] == deadline)
+                            until[k] = d2;
+                    deadline = d2; /* (never earlier: it counted from before the READY) */
+                }
                 if (s == 0 && h.len && !ctx->joiner)
                     st = relay_start(ctx, &h, body, sent);
             } else if (R) { /* (closed or erred before its READY) */

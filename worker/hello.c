@@ -203,13 +203,23 @@ psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char 
     return st;
 }
 
+int hello_transient(psagg_status st)
+{
+    /* EPROTO: a WELCOME whose token does not check out (a process without the secret) */
+    return st == PSAGG_EPEER || st == PSAGG_ETIMEDOUT || st == PSAGG_EAGAIN || st == PSAGG_EPROTO;
+}
+
+void hello_peer(const psagg_ctx *ctx, int s, char *buf, size_t len)
+{
+    snprintf(buf, len, "server %d (%s:%u)", s, ctx->cfg.servers[s].host, ctx->cfg.servers[s].port);
+}
+
 psagg_status hello_declare(psagg_ctx *ctx, int s, psagg__ctl_declare *d, size_t bytes,
                            int64_t deadline, enum hello_kind kind)
 {
     char peer[96];
     psagg_status st;
-    snprintf(peer, sizeof peer, "server %d (%s:%u)", s, ctx->cfg.servers[s].host,
-             ctx->cfg.servers[s].port);
+    hello_peer(ctx, s, peer, sizeof peer);
     if ((st = hello_exchange(ctx, s, deadline, peer, kind)))
         return st;
     d->local_flags = ctx->servers[s].local_reads ? PSAGG_LOCAL_READS : 0;

@@ -402,9 +402,14 @@ int handshake_report_lost(psagg_ctx *ctx);
  * and server s comes back into it, no same-host copies); hello_declare does it on a new
  * connection and sends the server the declaration (handshake.c: a server greeted late during
  * the start-up; failover.c, on the communication thread: a lost server that rejoins); its
- * READY comes on the control connection.
+ * READY comes on the control connection. hello_transient says whether a failure of either may
+ * go away (try again later: the server is not up or not answering yet, or the process on its
+ * port is not the server); any other (a refusal, another configuration) is final. hello_peer
+ * names server s as every message about it does: "server 1 (host:port)".
  */
 enum hello_kind { HELLO_START, HELLO_AGAIN, HELLO_REJOIN };
+int hello_transient(psagg_status st);
+void hello_peer(const psagg_ctx *ctx, int s, char *buf, size_t len);
 psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char *peer,
                             enum hello_kind kind);
 psagg_status hello_declare(psagg_ctx *ctx, int s, psagg__ctl_declare *d, size_t bytes,

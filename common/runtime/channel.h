@@ -117,7 +117,7 @@ typedef struct psagg__ctl_reader {
     uint8_t *body; /* hdr.len bytes, allocated once the header checked out */
     uint32_t max_len;
     psagg__ctl_auth *auth; /* the connection's (tags checked and stripped), or NULL */
-    int untagged;         /* the whole frame's tag checked out (hdr.len: the body's now) */
+    int untagged;          /* the whole frame's tag checked out (hdr.len: the body's now) */
 } psagg__ctl_reader;
 
 void psagg__ctl_reader_init(psagg__ctl_reader *r, uint32_t max_len, psagg__ctl_auth *auth);
