@@ -486,6 +486,13 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
     if (round < c->round || (round == c->round && c->closing)) {
         if (srv->pool.policy->late(srv, c, w, round))
             return 0; /* (the policy's: a straggler's, quorum.c) */
+        if (c->shadow) { /* (a copy that came back: a kept push of a round its state has) */
+            LOG_DEBUG(&srv->log,
+                      "push from worker %d: tensor %u chunk %u round %u, before this "
+                      "copy's round %u",
+                      w, h->key, h->chunk, h->round, c->round);
+            return 0;
+        }
         LOG_WARN(&srv->log,
                  "stale push from worker %d: tensor %u chunk %u round %u (collecting %u), dropped",
                  w, h->key, h->chunk, h->round, c->round);
@@ -596,6 +603,17 @@ static int sum_advances(const chunk_state *c)
     return 1;
 }
 
+/* sum_chunk_ops' state: the server residual, if any. */
+static uint32_t sum_state(const server *srv, chunk_state *c, float **arrays, uint64_t *step,
+                          uint32_t *flags)
+{
+    (void)srv;
+    *step = 0;
+    *flags = 0;
+    arrays[0] = c->residual;
+    return c->residual != NULL;
+}
+
 const chunk_ops sum_chunk_ops = {
     .name = "sum",
     .host_sum = 0,
@@ -612,6 +630,8 @@ const chunk_ops sum_chunk_ops = {
     .finish = sum_finish,
     .advances = sum_advances,
     .partial = sum_advances, /* (always 1 too) */
+    .state = sum_state,
+    .set_state = NULL,
 };
 
 /*
@@ -666,6 +686,80 @@ psagg_status agg_move(server *srv, chunk_state *c, int move, uint32_t round, uin
     return PSAGG_OK;
 }
 
+/* The last finished round's update in c->out (header and payload), or NULL. */
+static const psagg__msg_hdr *last_update(const chunk_state *c)
+{
+    const psagg__msg_hdr *h = c->round ? (const psagg__msg_hdr *)c->out[(c->round - 1) & 1] : NULL;
+    return h && h->magic == PSAGG_MSG_MAGIC && h->round == c->round - 1 ? h : NULL;
+}
+
+psagg_status agg_state_save(server *srv, chunk_state *c, psagg__ctl_state *sh, uint8_t **frame,
+                            size_t *len)
+{
+    float *arrays[4];
+    size_t bytes = c->info->count * sizeof(float);
+    const psagg__msg_hdr *h = last_update(c);
+    uint8_t *f;
+    sh->kind = PSAGG_STATE_CHUNK;
+    sh->round = c->round;
+    sh->arrays = c->ops->state(srv, c, arrays, &sh->step, &sh->flags);
+    sh->out_len = h ? (uint32_t)(sizeof *h + h->len) : 0;
+    *len = sizeof *sh + sh->arrays * bytes + sh->out_len;
+    if (*len > PSAGG_CTL_MAX_FRAME)
+        return psagg__fail(PSAGG_EINVAL,
+                           "tensor '%s' chunk %u: its state (%zu bytes) is larger than a control "
+                           "frame may be",
+                           srv->layout.tensors[c->info->key].name, c->info->index, *len);
+    if (!(f = *frame = malloc(*len)))
+        return psagg__fail(PSAGG_ENOMEM, "no memory for the state of tensor '%s' chunk %u",
+                           srv->layout.tensors[c->info->key].name, c->info->index);
+    memcpy(f, sh, sizeof *sh);
+    for (uint32_t i = 0; i < sh->arrays; i++)
+        memcpy(f + sizeof *sh + i * bytes, arrays[i], bytes);
+    if (h)
+        memcpy(f + sizeof *sh + sh->arrays * bytes, h, sh->out_len);
+    return PSAGG_OK;
+}
+
+psagg_status agg_state_load(server *srv, chunk_state *c, const psagg__ctl_state *sh,
+                            const uint8_t *data, size_t len)
+{
+    float *arrays[4];
+    uint64_t step;
+    uint32_t flags, n = c->ops->state(srv, c, arrays, &step, &flags);
+    size_t bytes = c->info->count * sizeof(float);
+    psagg__msg_hdr h;
+    if (sh->arrays != n || len != (size_t)n * bytes + sh->out_len ||
+        (sh->out_len &&
+         (sh->out_len < sizeof h || sh->out_len > sizeof h + c->out_cap + srv->pool.bitmap_bytes)))
+        return psagg__fail(PSAGG_EPROTO,
+                           "STATE of tensor '%s' chunk %u: fields arrays, out_len: %u, %u in %zu "
+                           "bytes (this server keeps %u arrays of %llu elements)",
+                           srv->layout.tensors[c->info->key].name, c->info->index, sh->arrays,
+                           sh->out_len, len, n, (unsigned long long)c->info->count);
+    if (sh->out_len) {
+        memcpy(&h, data + (size_t)n * bytes, sizeof h);
+        if (h.magic != PSAGG_MSG_MAGIC || h.key != c->info->key || h.chunk != c->info->index ||
+            h.round + 1 != sh->round || sizeof h + h.len != sh->out_len)
+            return psagg__fail(PSAGG_EPROTO,
+                               "STATE of tensor '%s' chunk %u: its last update's header is not "
+                               "this chunk's round %u",
+                               srv->layout.tensors[c->info->key].name, c->info->index,
+                               sh->round ? sh->round - 1 : 0);
+    }
+    for (uint32_t i = 0; i < n; i++)
+        memcpy(arrays[i], data + i * bytes, bytes);
+    if (c->ops->set_state)
+        c->ops->set_state(c, sh->step, sh->flags);
+    if (sh->out_len) { /* (sent as this server's own, should it owe it: take_over_copy) */
+        uint8_t *out = c->out[(sh->round - 1) & 1];
+        memcpy(out, data + (size_t)n * bytes, sh->out_len);
+        ((psagg__msg_hdr *)out)->sender = (uint16_t)srv->rank;
+    }
+    c->round = sh->round;
+    return PSAGG_OK;
+}
+
 /*
  * A copy (shadow) becomes the owner of its chunk from round `start` (the lowest round whose
  * update some worker still waits for) in view `epoch`, with the state it has: the same as the
@@ -705,6 +799,17 @@ static void take_over_copy(server *srv, chunk_state *c, uint32_t start, uint32_t
 static void do_move(server *srv, agg_item *it)
 {
     chunk_state *c = it->chunk;
+    if (it->move == AGG_COPY) { /* (its state came with a return, or it was owned here) */
+        c->shadow = 1;
+        c->standby = 1;
+        c->taken_over = 0;
+        c->fenced = 0;
+        c->owes_update = 0;
+        LOG_DEBUG(&srv->log, "tensor %u chunk %u: a copy here from round %u", c->info->key,
+                  c->info->index, c->round);
+        free(it);
+        return;
+    }
     if (c->shadow && it->move == AGG_OWN) {
         take_over_copy(srv, c, it->round, it->epoch);
         free(it);
@@ -787,9 +892,12 @@ static void *agg_main(void *arg)
         if (it == &t->barrier) { /* agg_barrier: everything before it is done; it waits here
                                        until agg_release, so the caller reads still state */
             pthread_mutex_lock(&srv->pool.barrier_mu);
+            uint64_t gen = srv->pool.barrier_gen;
             if (--srv->pool.barrier_left == 0)
                 pthread_cond_broadcast(&srv->pool.barrier_cv);
-            while (srv->pool.barrier_held)
+            /* (this barrier's release, even if the next barrier is held before this thread
+               wakes: it must go on to that one's marker) */
+            while (srv->pool.barrier_held && srv->pool.barrier_gen == gen)
                 pthread_cond_wait(&srv->pool.barrier_cv, &srv->pool.barrier_mu);
             pthread_mutex_unlock(&srv->pool.barrier_mu);
             continue;
@@ -867,6 +975,7 @@ void agg_release(server *srv)
 {
     pthread_mutex_lock(&srv->pool.barrier_mu);
     srv->pool.barrier_held = 0;
+    srv->pool.barrier_gen++;
     pthread_cond_broadcast(&srv->pool.barrier_cv);
     pthread_mutex_unlock(&srv->pool.barrier_mu);
 }

@@ -203,6 +203,7 @@ static const frame_route routes[] = {
     {PSAGG_CTL_VIEW, DECLARED | RUNS | REPLICAS, failover_view},
     {PSAGG_CTL_SERVER_BACK, DECLARED | RUNS | REPLICAS, failover_back},
     {PSAGG_CTL_DONE, EMPTY | DECLARED | RUNS | REPLICAS, failover_done}, /* (psagg_close) */
+    {PSAGG_CTL_STATE, DECLARED | RUNS | REPLICAS, failover_state},
 };
 
 static int route_holds(const server *srv, int w, const psagg__ctl_hdr *h, unsigned when)

@@ -55,6 +55,12 @@ struct failover {
     int64_t retry_at; /* 0, or when to propose again (an attempt lost) */
     psagg__proposer prop;
     uint8_t *done; /* per worker: its DONE came (psagg_close), 2: answered */
+    /* (back) the state of its chunks with copies, relayed to it (STATE frames): */
+    int state_wait;  /* the coordinator: ASK sent, its DONE awaited */
+    int with_state;  /* the coordinator: DONE came: the view admits it PSAGG_VIEW_LIVE */
+    uint8_t *loaded; /* the returning server: per chunk, its state came */
+    uint32_t n_loaded;
+    uint32_t load_epoch; /* the returning server: the view its states came after */
 };
 
 static struct failover *fo_get(server *srv)
@@ -71,9 +77,11 @@ static struct failover *fo_get(server *srv)
     fo->reported = calloc((size_t)srv->n_workers, 1);
     fo->suspect = calloc((size_t)srv->cfg.n_servers, 1);
     fo->done = calloc((size_t)srv->n_workers, 1);
-    if (!fo->live || !fo->owner || !fo->start || !fo->reported || !fo->suspect || !fo->done) {
+    fo->loaded = calloc(n ? n : 1, 1);
+    if (!fo->live || !fo->owner || !fo->start || !fo->reported || !fo->suspect || !fo->done ||
+        !fo->loaded) {
         free(fo->live), free(fo->owner), free(fo->start), free(fo->reported);
-        free(fo->suspect), free(fo->done), free(fo);
+        free(fo->suspect), free(fo->done), free(fo->loaded), free(fo);
         return NULL;
     }
     memset(fo->live, 1, (size_t)srv->cfg.n_servers);
@@ -94,7 +102,7 @@ void failover_fini(server *srv)
         return;
     psagg__proposer_free(&fo->prop);
     free(fo->live), free(fo->owner), free(fo->last), free(fo->start), free(fo->reported);
-    free(fo->suspect), free(fo->done), free(fo);
+    free(fo->suspect), free(fo->done), free(fo->loaded), free(fo);
     srv->failover = NULL;
 }
 
@@ -105,6 +113,20 @@ static int coordinator(const server *srv, const struct failover *fo, int but)
         if (fo->live[s] && s != but && !fo->suspect[s])
             return s;
     return -1;
+}
+
+/* Whether chunk g has copies (a parameter's; any with a server residual). */
+static int copied(const server *srv, uint32_t g)
+{
+    return srv->layout.tensors[srv->layout.chunks[g].key].param || srv->cfg.server_error_feedback;
+}
+
+/* Whether server s holds state of chunk g: g has copies, s is its layout owner or a copy. */
+static int holds_state(const server *srv, uint32_t g, int s)
+{
+    uint32_t n = (uint32_t)srv->cfg.n_servers;
+    return copied(srv, g) && ((uint32_t)s + n - srv->layout.chunks[g].owner) % n <=
+                                 (uint32_t)srv->cfg.server_replicas;
 }
 
 static int usable(const server *srv, int w)
@@ -270,6 +292,25 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
         psagg__view_move m = psagg__view_move_at(v, vh.n_servers, vh.n_chunks, i);
         start[m.chunk] = m.start;
     }
+    /* back with the state of its chunks with copies (STATE): each runs as a copy from the
+       round its state is at, and those the view gives it are taken over from there */
+    for (uint32_t g = 0; fo->rejoining && v[sizeof vh + (size_t)srv->rank] == PSAGG_VIEW_LIVE &&
+                         g < vh.n_chunks && !atomic_load(&srv->job.failed);
+         g++) {
+        int slot = holds_state(srv, g, srv->rank) ? held_slot(srv, g) : -1;
+        if (slot < 0)
+            continue;
+        if (!fo->loaded[g]) {
+            server_fail_job(srv, PSAGG_EPROTO,
+                            "view %u admits this server with the state of its chunks, but that "
+                            "of chunk %u did not come",
+                            vh.epoch, g);
+            break;
+        }
+        if (agg_move(srv, &srv->chunks[slot], AGG_COPY, 0, vh.epoch))
+            break;
+        atomic_store(&srv->route[g], slot);
+    }
     for (uint32_t g = 0; g < vh.n_chunks; g++) {
         uint32_t now = psagg__view_owner(v, vh.n_servers, g);
         int mine = now == (uint32_t)srv->rank;
@@ -289,6 +330,10 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
                 break;
             atomic_store(&srv->route[g], slot);
             first = taken++ ? first : start[g];
+        } else if (holds_state(srv, g, srv->rank)) { /* (moved back: this server copies it) */
+            if (agg_move(srv, &srv->chunks[slot], AGG_COPY, 0, vh.epoch))
+                break;
+            given++;
         } else { /* (its route is cleared once the epoch moved: below) */
             if (agg_move(srv, &srv->chunks[slot], AGG_GIVE_UP, 0, vh.epoch))
                 break;
@@ -308,6 +353,8 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
     fo->holding = 0;
     fo->proposing = 0;
     fo->retry_at = 0;
+    fo->state_wait = 0;
+    fo->with_state = 0;
     memset(fo->reported, 0, (size_t)srv->n_workers);
     memset(fo->suspect, 0, (size_t)srv->cfg.n_servers); /* (reported again if still lost) */
     atomic_store(&srv->mb.epoch, vh.epoch);             /* the push headers' epoch in this job */
@@ -341,18 +388,18 @@ static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *
     }
     for (uint32_t g = 0; g < n_c; g++) {
         const psagg__chunk_info *ci = &srv->layout.chunks[g];
-        /* a chunk with copies (a parameter's; any with a server residual) */
-        int copied = srv->layout.tensors[ci->key].param || srv->cfg.server_error_feedback;
+        int has_copies = copied(srv, g);
         to[g] = fo->owner[g];
-        if (fo->back >= 0 && ci->owner == (uint32_t)fo->back && !copied)
-            to[g] = (uint32_t)fo->back; /* (its state stays where it is) */
+        /* (a chunk with copies moves back only with its state: else it stays where it is) */
+        if (fo->back >= 0 && ci->owner == (uint32_t)fo->back && (!has_copies || fo->with_state))
+            to[g] = (uint32_t)fo->back;
         if (fo->lost >= 0 && fo->owner[g] == (uint32_t)fo->lost) {
             int found = -1;
             for (uint32_t d = 0; d <= (uint32_t)srv->cfg.server_replicas && found < 0; d++) {
                 uint32_t s = (ci->owner + d) % n_s;
                 /* a chunk with copies goes to a copy: a server live since the start */
                 if (s != (uint32_t)fo->lost && fo->live[s] && !fo->suspect[s] &&
-                    (!copied || fo->live[s] == PSAGG_VIEW_LIVE))
+                    (!has_copies || fo->live[s] == PSAGG_VIEW_LIVE))
                     found = (int)s;
             }
             if (found < 0) {
@@ -362,7 +409,7 @@ static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *
                                 "owner %u and its %d replica(s) are all gone (or lost too%s)",
                                 fo->lost, srv->layout.tensors[ci->key].name, ci->index, ci->owner,
                                 srv->cfg.server_replicas,
-                                copied ? ", or came back without the chunk's state" : "");
+                                has_copies ? ", or came back without the chunk's state" : "");
                 return -1;
             }
             to[g] = (uint32_t)found;
@@ -383,7 +430,7 @@ static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *
     if (fo->lost >= 0)
         live[fo->lost] = 0;
     if (fo->back >= 0)
-        live[fo->back] = PSAGG_VIEW_LIVE_NEW;
+        live[fo->back] = fo->with_state ? PSAGG_VIEW_LIVE : PSAGG_VIEW_LIVE_NEW;
     for (uint32_t g = 0; g < n_c; g++) {
         uint16_t o = (uint16_t)to[g];
         memcpy(v + psagg__view_owners_at(n_s) + (size_t)g * sizeof o, &o, sizeof o);
@@ -506,6 +553,14 @@ void failover_lost(server *srv, int w, const psagg__ctl_hdr *h, const void *body
                  w, sl.server, sl.epoch, fo->epoch);
         return;
     }
+    if (fo->state_wait) { /* (an owner of its chunks may be the one lost: no state to wait for) */
+        LOG_WARN(&srv->log,
+                 "worker %d lost server %u while server %d receives its chunks' state: it comes "
+                 "back without it",
+                 w, sl.server, fo->back);
+        fo->state_wait = 0;
+        propose(srv, fo);
+    }
     if (fo->back >= 0 && (fo->holding || fo->proposing)) { /* (sent again with that view) */
         LOG_WARN(&srv->log,
                  "worker %d lost server %u while server %d's return is decided: after it", w,
@@ -549,6 +604,38 @@ static void ask_hold(server *srv, struct failover *fo)
         if (usable(srv, w) && psagg__ctl_send(srv->workers[w].fd, &srv->workers[w].auth,
                                               PSAGG_CTL_SERVER_BACK, &sl, sizeof sl))
             server_close_worker(srv, w, "sending SERVER_BACK: %s", psagg_last_error());
+}
+
+/*
+ * Every worker holds the pushes of server fo->back's chunks: if it holds state of chunks with
+ * copies, ask one worker to have that state relayed to it (STATE ASK); the view waits for its
+ * DONE (failover_state), or for op_timeout_ms (failover_tick: the workers' held operations
+ * have 2 x op_timeout_ms in all), or until a loss is reported. 1 if asked, else 0.
+ */
+static int ask_state(server *srv, struct failover *fo)
+{
+    psagg__ctl_state sh = {
+        .kind = PSAGG_STATE_ASK, .server = (uint32_t)fo->back, .epoch = fo->epoch};
+    uint32_t n = 0;
+    int w = 0;
+    for (uint32_t g = 0; g < srv->layout.n_chunks; g++)
+        n += holds_state(srv, g, fo->back);
+    while (w < srv->n_workers && !usable(srv, w))
+        w++;
+    if (!n || w == srv->n_workers)
+        return 0;
+    if (psagg__ctl_send(srv->workers[w].fd, &srv->workers[w].auth, PSAGG_CTL_STATE, &sh,
+                        sizeof sh)) {
+        server_close_worker(srv, w, "sending STATE: %s", psagg_last_error());
+        return 0;
+    }
+    fo->state_wait = 1;
+    fo->since = psagg__now_ms();
+    LOG_WARN(&srv->log,
+             "server %d comes back holding state of %u chunk(s): worker %d relays it from their "
+             "owners",
+             fo->back, n, w);
+    return 1;
 }
 
 void failover_back(server *srv, int w, const psagg__ctl_hdr *h, const void *body)
@@ -596,7 +683,7 @@ void failover_back(server *srv, int w, const psagg__ctl_hdr *h, const void *body
         return; /* (an answer to a hold over) */
     fo->reported[w] = 1;
     take_rounds(srv, fo, (const uint8_t *)body + sizeof sl);
-    if (all_reported(srv, fo) && !fo->proposing)
+    if (all_reported(srv, fo) && !fo->proposing && !fo->state_wait && !ask_state(srv, fo))
         propose(srv, fo);
 }
 
@@ -715,6 +802,137 @@ void failover_done(server *srv, int w, const psagg__ctl_hdr *h, const void *body
     failover_done_check(srv);
 }
 
+/* STATE ASK, on every live server: the state of each chunk it owns that the returning server
+   holds, taken between two rounds (agg_barrier), sent to the worker that relays it. */
+static void send_states(server *srv, struct failover *fo, int w, const psagg__ctl_state *ask)
+{
+    uint32_t n = 0, sent = 0;
+    uint8_t **frames;
+    size_t *lens, bytes = 0;
+    psagg_status st = PSAGG_OK;
+    for (uint32_t g = 0; g < srv->layout.n_chunks; g++)
+        n += fo->owner[g] == (uint32_t)srv->rank && holds_state(srv, g, (int)ask->server);
+    if (!n)
+        return;
+    frames = calloc(n, sizeof *frames);
+    lens = calloc(n, sizeof *lens);
+    if (!frames || !lens) {
+        free(frames), free(lens);
+        server_fail_job(srv, PSAGG_ENOMEM, "no memory for the state of %u chunks", n);
+        return;
+    }
+    agg_barrier(srv); /* (the chunks stay between two rounds until agg_release) */
+    for (uint32_t g = 0, k = 0; g < srv->layout.n_chunks && !st; g++) {
+        int slot = fo->owner[g] == (uint32_t)srv->rank && holds_state(srv, g, (int)ask->server)
+                       ? held_slot(srv, g)
+                       : -1;
+        psagg__ctl_state sh = {.server = ask->server, .epoch = ask->epoch, .chunk = g};
+        if (slot >= 0 && !(st = agg_state_save(srv, &srv->chunks[slot], &sh, &frames[k], &lens[k])))
+            k++;
+    }
+    agg_release(srv);
+    for (uint32_t k = 0; k < n && !st && frames[k]; k++, sent++) {
+        if (psagg__ctl_send(srv->workers[w].fd, &srv->workers[w].auth, PSAGG_CTL_STATE, frames[k],
+                            (uint32_t)lens[k])) {
+            server_close_worker(srv, w, "sending STATE: %s", psagg_last_error());
+            break;
+        }
+        bytes += lens[k];
+    }
+    for (uint32_t k = 0; k < n; k++)
+        free(frames[k]);
+    free(frames), free(lens);
+    if (st)
+        LOG_WARN(&srv->log, "the state of server %u's chunks: %s (it comes back without it)",
+                 ask->server, psagg_last_error());
+    else
+        LOG_INFO(&srv->log, "the state of %u chunk(s) (%.1f MB) to server %u, through worker %d",
+                 sent, (double)bytes / 1e6, ask->server, w);
+}
+
+/* STATE CHUNK, on the returning server: its state of chunk sh->chunk; once every chunk it holds
+   state of came, DONE to the worker that relays them. */
+static void load_state(server *srv, struct failover *fo, int w, const psagg__ctl_state *sh,
+                       const uint8_t *data, size_t len)
+{
+    uint32_t n = 0;
+    int slot = sh->chunk < srv->layout.n_chunks && holds_state(srv, sh->chunk, srv->rank)
+                   ? held_slot(srv, sh->chunk)
+                   : -1;
+    psagg_status st;
+    if (slot < 0 || sh->server != (uint32_t)srv->rank) {
+        server_close_worker(srv, w,
+                            "STATE fields server, chunk: %u, %u: not a chunk of which "
+                            "this server holds state",
+                            sh->server, sh->chunk);
+        return;
+    }
+    if (sh->epoch != fo->load_epoch) { /* (a return tried again: its states come again) */
+        memset(fo->loaded, 0, srv->layout.n_chunks);
+        fo->n_loaded = 0;
+        fo->load_epoch = sh->epoch;
+    }
+    agg_barrier(srv);
+    st = agg_state_load(srv, &srv->chunks[slot], sh, data, len);
+    agg_release(srv);
+    if (st) {
+        server_close_worker(srv, w, "%s", psagg_last_error());
+        return;
+    }
+    fo->n_loaded += !fo->loaded[sh->chunk];
+    fo->loaded[sh->chunk] = 1;
+    for (uint32_t g = 0; g < srv->layout.n_chunks; g++)
+        n += holds_state(srv, g, srv->rank);
+    if (fo->n_loaded == n) {
+        psagg__ctl_state done = {.kind = PSAGG_STATE_DONE,
+                                 .server = (uint32_t)srv->rank,
+                                 .epoch = sh->epoch,
+                                 .chunk = n};
+        LOG_WARN(&srv->log, "the state of its %u chunk(s) with copies came: reporting it", n);
+        if (psagg__ctl_send(srv->workers[w].fd, &srv->workers[w].auth, PSAGG_CTL_STATE, &done,
+                            sizeof done))
+            server_close_worker(srv, w, "sending STATE: %s", psagg_last_error());
+    }
+}
+
+void failover_state(server *srv, int w, const psagg__ctl_hdr *h, const void *body)
+{
+    struct failover *fo = fo_get(srv);
+    psagg__ctl_state sh;
+    if (!fo) {
+        server_fail_job(srv, PSAGG_ENOMEM, "no memory for a server view");
+        return;
+    }
+    if (h->len < sizeof sh ||
+        (memcpy(&sh, body, sizeof sh), sh.server >= (uint32_t)srv->cfg.n_servers) ||
+        (sh.kind != PSAGG_STATE_CHUNK && h->len != sizeof sh)) {
+        server_close_worker(srv, w, "a STATE frame of %u bytes (field kind %u, server %u)", h->len,
+                            h->len >= sizeof sh ? sh.kind : 0, h->len >= sizeof sh ? sh.server : 0);
+        return;
+    }
+    switch (sh.kind) {
+    case PSAGG_STATE_ASK: /* (one of a view gone by, or about this server: nothing to send) */
+        if (!fo->rejoining && sh.epoch == fo->epoch && !fo->live[sh.server])
+            send_states(srv, fo, w, &sh);
+        break;
+    case PSAGG_STATE_CHUNK:
+        if (fo->rejoining)
+            load_state(srv, fo, w, &sh, (const uint8_t *)body + sizeof sh, h->len - sizeof sh);
+        break;
+    case PSAGG_STATE_DONE:
+        if (fo->state_wait && fo->back == (int)sh.server && sh.epoch == fo->epoch) {
+            LOG_WARN(&srv->log, "server %u holds the state of its %u chunk(s) with copies",
+                     sh.server, sh.chunk);
+            fo->state_wait = 0;
+            fo->with_state = 1;
+            propose(srv, fo);
+        }
+        break;
+    default:
+        server_close_worker(srv, w, "STATE field kind: %u", sh.kind);
+    }
+}
+
 void failover_view(server *srv, int w, const psagg__ctl_hdr *h, const void *body)
 {
     psagg__ctl_agree a;
@@ -747,6 +965,17 @@ void failover_tick(server *srv, int64_t now)
         return;
     if (!fo->proposing && fo->retry_at && now >= fo->retry_at) {
         propose(srv, fo);
+        return;
+    }
+    if (fo->state_wait) { /* (the workers hold its chunks meanwhile: not for ever) */
+        if (now - fo->since > srv->cfg.op_timeout_ms) {
+            LOG_WARN(&srv->log,
+                     "server %d did not say within op_timeout_ms=%d that the state of its "
+                     "chunks came: it comes back without it",
+                     fo->back, srv->cfg.op_timeout_ms);
+            fo->state_wait = 0;
+            propose(srv, fo);
+        }
         return;
     }
     if (fo->proposing || fo->retry_at || now - fo->since <= srv->cfg.op_timeout_ms)

@@ -250,6 +250,17 @@ const chunk_sum_ops thc_sum_ops = {
     .encode = thc_encode,
 };
 
+/* thc_chunk_ops' state: none besides the round (the scales live in the workers; a server that
+   did not send the last update takes the round's from its first push with one: above). */
+static uint32_t thc_kind_state(const server *srv, chunk_state *c, float **arrays, uint64_t *step,
+                               uint32_t *flags)
+{
+    (void)srv, (void)c, (void)arrays;
+    *step = 0;
+    *flags = 0;
+    return 0;
+}
+
 const chunk_ops thc_chunk_ops = {
     .name = "integer sum",
     .host_sum = 0,
@@ -266,4 +277,6 @@ const chunk_ops thc_chunk_ops = {
     .finish = thc_finish,
     .advances = thc_advances,
     .partial = thc_advances, /* (a round of gradients: always 1) */
+    .state = thc_kind_state,
+    .set_state = NULL,
 };

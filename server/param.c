@@ -405,6 +405,27 @@ static int param_advances(const chunk_state *c)
     return c->param->every_op_counts || param_partial(c);
 }
 
+/* param_chunk_ops' state: w, view and the optimizer's arrays, its step, whether INIT came. */
+static uint32_t param_state_get(const server *srv, chunk_state *c, float **arrays, uint64_t *step,
+                                uint32_t *flags)
+{
+    param_state *ps = c->param;
+    float *a[4] = {ps->w, ps->view, ps->m1, ps->m2};
+    int n = chunk_arrays(srv);
+    memcpy(arrays, a, (size_t)n * sizeof *a);
+    *step = ps->step;
+    *flags = (ps->awaiting_init ? PSAGG_STATE_AWAITING_INIT : 0) |
+             (ps->restored ? PSAGG_STATE_RESTORED : 0);
+    return (uint32_t)n;
+}
+
+static void param_state_set(chunk_state *c, uint64_t step, uint32_t flags)
+{
+    c->param->step = step;
+    c->param->awaiting_init = (flags & PSAGG_STATE_AWAITING_INIT) != 0;
+    c->param->restored = (flags & PSAGG_STATE_RESTORED) != 0;
+}
+
 const chunk_ops param_chunk_ops = {
     .name = "parameter",
     .host_sum = 1, /* the step reads the fp32 sum in acc */
@@ -421,6 +442,8 @@ const chunk_ops param_chunk_ops = {
     .finish = param_finish,
     .advances = param_advances,
     .partial = param_partial,
+    .state = param_state_get,
+    .set_state = param_state_set,
 };
 
 psagg_status optim_checkpoint(server *srv, const uint8_t *owned, uint64_t seq, char *path,

@@ -109,7 +109,7 @@ typedef struct agg_item {
     uint32_t round; /* AGG_OWN: the round it starts at here */
     uint32_t epoch; /* the view's */
 } agg_item;
-enum { AGG_OWN = 1, AGG_GIVE_UP = 2 };
+enum { AGG_OWN = 1, AGG_GIVE_UP = 2, AGG_COPY = 3 }; /* AGG_COPY: run its rounds as a copy */
 
 /* A posted receive buffer (an element of srv->rxpool): header + largest chunk payload. */
 typedef struct recv_buf {
@@ -278,6 +278,11 @@ typedef struct chunk_sum_ops {
  *   advances    after finish: 1 if the round counts (the chunk moves to its next round)
  *   partial     whether the round being collected may close without every member ([server]
  *               quorum): a sum of gradients may, a parameter's INIT or PULL may not
+ *   state       what a copy of the chunk must hold besides its round ([cluster] server_replicas:
+ *               a server that comes back receives it, failover.c): up to 4 binary32 arrays of
+ *               its count into arrays (a parameter's w, view and optimizer state; a server
+ *               residual), their number; *step and *flags (PSAGG_STATE_*: a parameter's)
+ *   set_state   the step and flags of a state whose arrays were just written, or NULL
  */
 typedef struct chunk_ops {
     const char *name; /* "sum", "parameter" */
@@ -295,6 +300,9 @@ typedef struct chunk_ops {
     long (*finish)(struct server *srv, chunk_state *c, uint8_t *out, psagg__rng_key key);
     int (*advances)(const chunk_state *c);
     int (*partial)(const chunk_state *c);
+    uint32_t (*state)(const struct server *srv, chunk_state *c, float **arrays, uint64_t *step,
+                      uint32_t *flags);
+    void (*set_state)(chunk_state *c, uint64_t step, uint32_t flags);
 } chunk_ops;
 
 /*
@@ -418,6 +426,7 @@ typedef struct agg_pool {
     pthread_cond_t barrier_cv;
     int barrier_left;
     int barrier_held;          /* they wait at it until agg_release */
+    uint64_t barrier_gen;      /* agg_release's count: a barrier's waiters leave at its own */
     psagg__timeline *timeline; /* [log] timeline, or NULL */
     /* resource usage: a snapshot when chunk slot 0 finishes its first round, and the rounds
        that chunk has finished; the job's end reports CPU and page faults per round after the
@@ -563,6 +572,7 @@ void failover_agree(server *srv, int w, const psagg__ctl_hdr *h, const void *bod
 void failover_view(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
 void failover_back(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
 void failover_done(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
+void failover_state(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
 void failover_done_check(server *srv); /* (a worker said BYE) */
 void failover_tick(server *srv, int64_t now);
 void failover_fini(server *srv);
@@ -628,6 +638,17 @@ void agg_spill_free(server *srv, recv_buf *rb);
  * a parameter chunk that takes it over (its state is the owner's). PSAGG_ENOMEM, or 0.
  */
 psagg_status agg_move(server *srv, chunk_state *c, int move, uint32_t round, uint32_t epoch);
+/*
+ * A chunk's state for a server that comes back (failover.c, the control thread, between
+ * agg_barrier and agg_release): save writes what a copy of c holds (its round, the kind's
+ * state, the last round's update) as a STATE CHUNK frame, *sh's server, epoch and chunk the
+ * caller's, into *frame (malloc'd, *len bytes); load checks such a frame's body against c and
+ * takes it (c stays on standby: AGG_COPY makes it a copy). PSAGG_OK, or what is wrong.
+ */
+psagg_status agg_state_save(server *srv, chunk_state *c, psagg__ctl_state *sh, uint8_t **frame,
+                            size_t *len);
+psagg_status agg_state_load(server *srv, chunk_state *c, const psagg__ctl_state *sh,
+                            const uint8_t *data, size_t len);
 /*
  * Wait until every aggregation thread has handled everything queued before this call (the
  * control thread, for a checkpoint): what they wrote before is then visible to the caller, and

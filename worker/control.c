@@ -343,7 +343,7 @@ psagg_status membership_take(psagg_ctx *ctx, const psagg__ctl_hdr *h, const void
 void control_check(psagg_ctx *ctx, int64_t now, int64_t *next_ping)
 {
     int op = ctx->cfg.op_timeout_ms;
-    int ping = now >= *next_ping;
+    int ping = now >= *next_ping, bulk = 0, reread = -1;
     if (ping)
         *next_ping = now + psagg__ping_interval_ms(op);
     failover_tick(ctx, now); /* (servers out of the view, connected again) */
@@ -357,7 +357,8 @@ void control_check(psagg_ctx *ctx, int64_t now, int64_t *next_ping)
         if (p.fd < 0)
             continue;
         hello_peer(ctx, s, peer, sizeof peer);
-        if (ping && psagg__ctl_send(p.fd, &ctx->servers[s].auth, PSAGG_CTL_PING, NULL, 0))
+        if (ping && s != reread &&
+            psagg__ctl_send(p.fd, &ctx->servers[s].auth, PSAGG_CTL_PING, NULL, 0))
             LOG_DEBUG(&ctx->log, "%s: PING: %s", peer, psagg_last_error());
         if (poll(&p, 1, 0) <= 0) {
             /* (a server that rejoins is silent until every worker declared to it) */
@@ -402,6 +403,13 @@ void control_check(psagg_ctx *ctx, int64_t now, int64_t *next_ping)
         if (!st && h.type == PSAGG_CTL_SERVER_BACK) {
             failover_back(ctx, s, &h, body);
             free(body);
+            continue;
+        }
+        if (!st && h.type == PSAGG_CTL_STATE) {
+            failover_state(ctx, s, &h, body);
+            free(body);
+            if (++bulk < 256) /* (a server's chunk states come in a burst: read on now) */
+                reread = s--;
             continue;
         }
         if (!st && h.type == PSAGG_CTL_DONE && h.len == 0 && failover_done(ctx, s)) {

@@ -257,6 +257,9 @@ int failover_server_lost(psagg_ctx *ctx, int s, const char *why)
     return 1;
 }
 
+static uint32_t ring_offset(const psagg_ctx *ctx, uint32_t g, uint32_t s);
+static void copy_kept(psagg_ctx *ctx, int s);
+
 /* Whether chunk g has copies: a parameter's, or any when the servers keep a residual. */
 static int has_copies(const psagg_ctx *ctx, uint32_t g)
 {
@@ -300,6 +303,7 @@ static void take_view(psagg_ctx *ctx, int from, const uint8_t *v, uint32_t len)
     psagg__ctl_agree a;
     uint8_t *frame;
     int64_t now = psagg__now_ms();
+    uint64_t with_state = 0;
 
     if (bad) {
         worker_fail_all(ctx, PSAGG_EPROTO, "server %d: a decided view: %s", from, bad);
@@ -329,6 +333,8 @@ static void take_view(psagg_ctx *ctx, int from, const uint8_t *v, uint32_t len)
             *st = S_IN;
             ctx->servers[s].heard_at = now;
             LOG_WARN(&ctx->log, "server %d is back in view %u", s, vh.epoch);
+            if (live[s] == PSAGG_VIEW_LIVE) /* (with its chunks' state) */
+                with_state |= UINT64_C(1) << s;
         } else if (live[s] && *st != S_IN && *st != S_LOST) { /* (its return failed here) */
             close_server(ctx, s);
             if (fo->cfd[s] >= 0) /* (a connection under way: S_CONNECTING) */
@@ -361,23 +367,35 @@ static void take_view(psagg_ctx *ctx, int from, const uint8_t *v, uint32_t len)
             LOG_WARN(&ctx->log, "relaying view %u to server %d: %s", vh.epoch, s,
                      psagg_last_error());
     free(frame);
+    for (int s = 0; s < ctx->cfg.n_servers; s++)
+        if (with_state >> s & 1)
+            copy_kept(ctx, s);
     /* what the coordinator decides one at a time: a loss not in this view, a return */
     for (int s = 0; s < ctx->cfg.n_servers && !worker_failed(ctx); s++)
         if (fo->state[s] == S_LOST)
             report(ctx, PSAGG_CTL_SERVER_LOST, s, 0, 1);
 }
 
+/* The state, for a frame (`name`) of server s of at least `need` bytes in a job with replicas;
+   else the job failed: NULL. */
+static struct psagg__failover *frame_of(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, size_t need,
+                                        const char *name)
+{
+    if (ctx->failover && h->len >= need)
+        return ctx->failover;
+    worker_fail_all(ctx, PSAGG_EPROTO, "server %d sent %s frame of %u bytes%s", s, name, h->len,
+                    ctx->failover ? "" : " in a job without server_replicas");
+    return NULL;
+}
+
 void failover_agree(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, const void *body)
 {
-    struct psagg__failover *fo = ctx->failover;
+    struct psagg__failover *fo = frame_of(ctx, s, h, sizeof(psagg__ctl_agree), "an AGREE");
     psagg__ctl_agree a;
     psagg__agree_msg in, out;
     int r;
-    if (!fo || h->len < sizeof a) {
-        worker_fail_all(ctx, PSAGG_EPROTO, "server %d sent an AGREE frame of %u bytes%s", s, h->len,
-                        fo ? "" : " in a job without server_replicas");
+    if (!fo)
         return;
-    }
     memcpy(&a, body, sizeof a);
     if (h->len != sizeof a + (size_t)a.value_len) {
         worker_fail_all(ctx, PSAGG_EPROTO,
@@ -440,10 +458,12 @@ void failover_back(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, const void *b
     }
     if (sl.epoch != ctx->epoch || coordinator(ctx, -1) != s)
         return; /* (an ask of a view gone by) */
-    /* from now until the next view, no push of its chunks goes to their owner of this one */
-    for (uint32_t g = 0; g < ctx->layout.n_chunks; g++) /* (one with copies stays: no move) */
-        if (ctx->layout.chunks[g].owner == sl.server && ctx->owner[g] != sl.server &&
-            !has_copies(ctx, g)) {
+    /* from now until the next view, no push of its chunks goes to their owner of this one, nor
+       of a chunk with copies whose state it holds (relayed to it meanwhile: STATE) */
+    for (uint32_t g = 0; g < ctx->layout.n_chunks; g++)
+        if (has_copies(ctx, g)
+                ? ring_offset(ctx, g, sl.server) <= (uint32_t)ctx->cfg.server_replicas
+                : ctx->layout.chunks[g].owner == sl.server && ctx->owner[g] != sl.server) {
             fo->held[g] = 1;
             n++;
         }
@@ -451,6 +471,49 @@ void failover_back(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, const void *b
         fo->state[sl.server] = S_HOLDING;
     LOG_INFO(&ctx->log, "server %u comes back: %u chunk(s) held until the next view", sl.server, n);
     report(ctx, PSAGG_CTL_SERVER_BACK, (int)sl.server, 1, 1);
+}
+
+/* Send a STATE frame on to server `to`; a send that fails loses it here. */
+static void relay_state(psagg_ctx *ctx, int to, const psagg__ctl_hdr *h, const void *body)
+{
+    if (ctx->servers[to].fd < 0)
+        return;
+    if (psagg__ctl_send(ctx->servers[to].fd, &ctx->servers[to].auth, PSAGG_CTL_STATE, body, h->len))
+        failover_server_lost(ctx, to, psagg_last_error());
+}
+
+void failover_state(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, const void *body)
+{
+    struct psagg__failover *fo = frame_of(ctx, s, h, sizeof(psagg__ctl_state), "a STATE");
+    psagg__ctl_state sh;
+    if (!fo)
+        return;
+    memcpy(&sh, body, sizeof sh);
+    if (sh.server >= (uint32_t)ctx->cfg.n_servers ||
+        (sh.kind == PSAGG_STATE_DONE && sh.server != (uint32_t)s)) {
+        worker_fail_all(ctx, PSAGG_EPROTO, "server %d: STATE fields kind, server: %u, %u", s,
+                        sh.kind, sh.server);
+        return;
+    }
+    switch (sh.kind) {
+    case PSAGG_STATE_ASK: /* the coordinator's: to every server of the view (it too) */
+        LOG_INFO(&ctx->log, "server %u comes back: relaying the state of its chunks to it",
+                 sh.server);
+        for (int k = 0; k < ctx->cfg.n_servers; k++)
+            if (fo->state[k] == S_IN)
+                relay_state(ctx, k, h, body);
+        break;
+    case PSAGG_STATE_CHUNK: /* an owner's: to the server that comes back */
+        if (fo->state[sh.server] == S_HOLDING)
+            relay_state(ctx, (int)sh.server, h, body);
+        break;
+    case PSAGG_STATE_DONE: /* the returning server's: to the coordinator */
+        if (coordinator(ctx, -1) >= 0)
+            relay_state(ctx, coordinator(ctx, -1), h, body);
+        break;
+    default:
+        worker_fail_all(ctx, PSAGG_EPROTO, "server %d: STATE field kind: %u", s, sh.kind);
+    }
 }
 
 int failover_ready(psagg_ctx *ctx, int s)
@@ -604,6 +667,49 @@ void failover_finish(psagg_ctx *ctx)
     pthread_mutex_unlock(&ctx->mu);
 }
 
+/* The last round of chunk g this worker pushed, in *last: 0 if none (a push not sent yet, or
+   held, is not one). */
+static int last_pushed(const psagg_ctx *ctx, uint32_t g, uint32_t *last)
+{
+    const psagg__chunk_info *ci = &ctx->layout.chunks[g];
+    const tensor_state *ts = &ctx->tensors[ci->key];
+    const struct psagg_handle *h = ts->op;
+    if (h && h->encoded && h->next_send > ci->index)
+        return *last = h->round, 1;
+    if (h)
+        return *last = h->round - 1, h->round > 0;
+    return *last = ts->round - 1, ts->round > 0;
+}
+
+/*
+ * Server s came back with the state of its chunks with copies (PSAGG_VIEW_LIVE): the pushes
+ * this worker keeps of those it copies go to it too (as copies: after their owner's send), since
+ * it runs their rounds from the round its state is at (the pushes of rounds before are dropped
+ * there); the pushes still to come go to it with the others.
+ */
+static void copy_kept(psagg_ctx *ctx, int s)
+{
+    uint32_t n = 0;
+    for (uint32_t g = 0; g < ctx->layout.n_chunks; g++) {
+        uint32_t d = ring_offset(ctx, g, (uint32_t)s), last;
+        if (!has_copies(ctx, g) || d > (uint32_t)ctx->cfg.server_replicas ||
+            chunk_owner(ctx, g) == (uint32_t)s || !last_pushed(ctx, g, &last))
+            continue;
+        for (uint32_t r = last > 0 ? last - 1 : 0; r <= last; r++) {
+            push_buf *pb = chunk_push(ctx, g, r);
+            if (((const psagg__msg_hdr *)pb->buf)->round != r ||
+                !(pb->sent_to & ~(UINT64_C(1) << d)))
+                continue; /* (not this round's, or never sent) */
+            pb->sent_to &= ~(UINT64_C(1) << d);
+            n++;
+            if (!pb->send_pending)
+                failover_copy(ctx, pb);
+        }
+    }
+    LOG_INFO(&ctx->log, "server %d is back with its chunks' state: %u kept push(es) sent to it", s,
+             n);
+}
+
 /*
  * Push again what the moved chunks' new owners need: for chunk g, each push this worker made
  * of a round from resend_from[g] on (at most the last two, which chunk_buf keeps). Returns 1
@@ -617,19 +723,11 @@ int failover_resend(psagg_ctx *ctx)
         return 0;
     for (uint32_t g = 0; g < ctx->layout.n_chunks; g++) {
         const psagg__chunk_info *ci = &ctx->layout.chunks[g];
-        const tensor_state *ts = &ctx->tensors[ci->key];
-        const struct psagg_handle *h = ts->op;
         uint32_t from = fo->resend_from[g], last;
         int has_last;
         if (from == UINT32_MAX)
             continue;
-        /* the last round of g this worker pushed (a push not sent yet goes to the new owner) */
-        if (h && h->encoded && h->next_send > ci->index)
-            last = h->round, has_last = 1;
-        else if (h)
-            last = h->round - 1, has_last = h->round > 0;
-        else
-            last = ts->round - 1, has_last = ts->round > 0;
+        has_last = last_pushed(ctx, g, &last);
         if (failover_lost(ctx, (int)chunk_owner(ctx, g)))
             continue; /* (its new owner is lost here too: the next view moves it again) */
         while (has_last && from <= last) {

@@ -460,8 +460,9 @@ psagg_status membership_take(psagg_ctx *ctx, const psagg__ctl_hdr *h, const void
  * failover.c ([cluster] server_replicas; the communication thread but setup and free):
  * setup keeps the declaration (for a server that rejoins); server_lost says server s is lost
  * (1: handled, the job goes on; 0: not such a job, the caller fails it); agree takes an AGREE
- * frame from server s, back a SERVER_BACK (the coordinator's hold), ready a server's READY (1:
- * one that rejoins, taken); tick connects again to the servers out of the view (control_check's
+ * frame from server s, back a SERVER_BACK (the coordinator's hold), state a STATE frame (relayed:
+ * chunk state for a server that comes back), ready a server's READY (1: one that rejoins,
+ * taken); tick connects again to the servers out of the view (control_check's
  * turn); resend pushes again what a moved chunk's new owner needs (1 while some wait);
  * stale_update says whether an update is one to drop (a round this worker applied already
  * after a view moved its chunk, or the old owner's); held whether chunk g's pushes wait for
@@ -480,6 +481,7 @@ void failover_free(psagg_ctx *ctx);
 int failover_server_lost(psagg_ctx *ctx, int s, const char *why);
 void failover_agree(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, const void *body);
 void failover_back(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, const void *body);
+void failover_state(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, const void *body);
 int failover_ready(psagg_ctx *ctx, int s);
 void failover_tick(psagg_ctx *ctx, int64_t now);
 int failover_resend(psagg_ctx *ctx);

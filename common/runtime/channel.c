@@ -309,7 +309,7 @@ psagg_status psagg__ctl_hdr_check(const psagg__ctl_hdr *hdr, uint32_t max_len, c
     if (hdr->version != PSAGG_PROTO_VERSION)
         return psagg__fail(PSAGG_EPROTO, "%s: protocol version %u, this build speaks %u", peer,
                            hdr->version, PSAGG_PROTO_VERSION);
-    if (hdr->type < PSAGG_CTL_HELLO || hdr->type > PSAGG_CTL_DONE)
+    if (hdr->type < PSAGG_CTL_HELLO || hdr->type > PSAGG_CTL_STATE)
         return psagg__fail(PSAGG_EPROTO, "%s: control frame field type %u unknown", peer,
                            hdr->type);
     if (hdr->len > max_len)

@@ -85,8 +85,8 @@ const psagg__combo psagg__combos[] = {
     {PSAGG_F_REPLICAS, PSAGG_F_OPTIMIZER, 0,
      "the workers push a parameter chunk to its owner and to its copies, which run the same "
      "rounds (the same weights, optimizer state and update bytes); a copy takes over a dead "
-     "owner's chunk; a server that comes back owns and copies no parameter chunk (its state "
-     "is not sent to it)"},
+     "owner's chunk; a server that comes back receives the state of the chunks it holds "
+     "(relayed by a worker, STATE frames) and owns and copies them again"},
     {PSAGG_F_REPLICAS, PSAGG_F_CHECKPOINT, 0,
      "each server writes the parameter chunks it owns in the current server view (a dead "
      "server's too, once taken over); a resumed server takes each chunk it holds from the "

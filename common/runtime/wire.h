@@ -193,8 +193,9 @@
  * 19: the thc codec (id 5, kernels/thc.h): an update's length depends on the workers it summed
  *     (psagg__update_size), so an update is as long as its `summed` says
  * 20: DONE: with server replicas, psagg_close waits until every worker has its last updates
+ * 21: STATE: a server that comes back receives its chunks' state
  */
-#define PSAGG_PROTO_VERSION 20
+#define PSAGG_PROTO_VERSION 21
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64
@@ -229,6 +230,7 @@ enum psagg__ctl_type {
     PSAGG_CTL_VIEW = 19,        /* worker -> the other servers: a decided view, relayed */
     PSAGG_CTL_SERVER_BACK = 20, /* worker <-> the coordinator: a server rejoins (below) */
     PSAGG_CTL_DONE = 21,        /* worker <-> server (no body): the end of a job (below) */
+    PSAGG_CTL_STATE = 22,       /* server -> worker -> server: chunk state for a return (below) */
 };
 
 typedef struct psagg__ctl_hdr {
@@ -420,6 +422,21 @@ _Static_assert(sizeof(psagg__ctl_membership) == 256, "psagg__ctl_membership layo
  * u16 owner[] (every chunk's owner in this epoch) padded to 4, then n_moves x
  * psagg__view_move: the chunks whose owner changed in this epoch, each with the round its new
  * owner starts at (the lowest next-update round any worker reported).
+ * A server that held state of a chunk with copies (a parameter's, or any with a server residual)
+ * receives it before the view admits it, relayed by one worker (the lowest the coordinator
+ * reaches), in STATE frames (psagg__ctl_state, field kind):
+ *   the coordinator -> worker ASK, once every worker said phase 1 (the hold covers those chunks
+ *                         too): relayed unchanged to every live server of the view
+ *   server -> worker CHUNK: for each chunk it owns of which the returning server holds state (its
+ *                         layout owner or one of the server_replicas after it), that state at
+ *                         the chunk's round there, taken between two rounds: `arrays` binary32
+ *                         arrays of the chunk's count (a parameter's w, view and optimizer state;
+ *                         a server residual), then out_len bytes of the last round's update
+ *                         (header, payload): relayed unchanged to the returning server
+ *   server -> worker DONE, from the returning server once it holds every such chunk (field
+ *                         chunk: how many): relayed to the coordinator, which proposes the view
+ *                         with it PSAGG_VIEW_LIVE (its chunks moved back, state and all). Without
+ *                         DONE within op_timeout_ms it is PSAGG_VIEW_LIVE_NEW instead.
  * The end of the job (psagg_close), since a worker's last pushes may be needed after it has
  * its last updates (a server that dies after sending some workers a round's update but not
  * others: the new owner sums that round again from every worker's kept push):
@@ -435,6 +452,22 @@ typedef struct psagg__ctl_server_lost {
     uint32_t phase;    /* SERVER_BACK's step (above); 0 in SERVER_LOST */
 } psagg__ctl_server_lost;
 _Static_assert(sizeof(psagg__ctl_server_lost) == 16, "psagg__ctl_server_lost layout");
+
+enum { PSAGG_STATE_ASK = 1, PSAGG_STATE_CHUNK = 2, PSAGG_STATE_DONE = 3 };
+#define PSAGG_STATE_AWAITING_INIT 1u /* a parameter chunk whose INIT round has not come */
+#define PSAGG_STATE_RESTORED      2u /* its state came from a checkpoint (INIT keeps it) */
+typedef struct psagg__ctl_state {
+    uint32_t kind;    /* PSAGG_STATE_* */
+    uint32_t server;  /* the server that comes back */
+    uint32_t epoch;   /* the view it comes back after */
+    uint32_t chunk;   /* CHUNK: index in the layout; DONE: chunks installed */
+    uint32_t round;   /* CHUNK: the chunk's round */
+    uint32_t flags;   /* CHUNK: PSAGG_STATE_* flags */
+    uint64_t step;    /* CHUNK: a parameter's optimizer steps */
+    uint32_t arrays;  /* CHUNK: binary32 arrays of the chunk's count that follow */
+    uint32_t out_len; /* CHUNK: bytes of the last round's update after them (0: none) */
+} psagg__ctl_state;
+_Static_assert(sizeof(psagg__ctl_state) == 40, "psagg__ctl_state layout");
 
 typedef struct psagg__ctl_agree {
     uint32_t kind;  /* runtime/agree.h: PSAGG_AGREE_PREPARE ... DECIDED */

@@ -17,7 +17,9 @@
 # from the launcher's restart (the restarted server's first log line) to every worker in the view
 # with it back.
 #   1. loopback, psagg-local --restarts 6: fp32, then maxmin4 (4-bit stochastic rounding: the
-#      new owner of a chunk must draw the dead owner's bits, the chunk's own random key)
+#      new owner of a chunk must draw the dead owner's bits, the chunk's own random key), then
+#      maxmin4 with [server] error_feedback (a residual per element: every chunk has copies, and
+#      each restarted server receives the state of the chunks it holds, relayed by a worker)
 #   2. two deaths at once with R = 1 (server 1 killed and left dead, then server 2, which holds
 #      server 1's chunks): the job must fail, every worker naming the chunk that is lost (EPEER)
 #   3. the emulated cluster (deploy/netcluster.sh: one network namespace per process, 1 Gbit/s
@@ -71,6 +73,7 @@ draw_plan() {
 draw_plan fp32 "$kills"
 draw_plan maxmin4 "$kills"
 draw_plan netcluster "$nc_kills"
+draw_plan maxmin4-ef "$kills" # (after the others: a seed replays them as before)
 
 # every server of this script's jobs gets SIGCONT when it exits (a stopped one would ignore the
 # launcher's SIGTERM until its SIGKILL)
@@ -233,40 +236,54 @@ stats() {
 # ---- 1. loopback, psagg-local ----
 
 job_ini "$tmp/job.ini" 3 3 cluster.server_replicas=1 cluster.op_timeout_ms=$op_ms log.level=info
+job_ini "$tmp/job-ef.ini" 3 3 cluster.server_replicas=1 cluster.op_timeout_ms=$op_ms log.level=info \
+    server.error_feedback=on
+ini=$tmp/job.ini # (the loopback jobs' configuration: job-ef.ini for maxmin4-ef)
 # (argv[0] first: not a wrapper whose command line holds the server's, as psagg-ssh's does)
-local_pid() { pgrep -f -- "^([^ ]*/)?psagg-server --config $tmp/job.ini --rank $1\$"; }
+local_pid() { pgrep -f -- "^([^ ]*/)?psagg-server --config $ini --rank $1\$"; }
 local_label() { echo "server $1 (127.0.0.1:$((port + $1)))"; }
 local_job() { # LOG CODEC [LAUNCHER ARGS...] -- [WORKER ARGS...]: spawned (h_pid)
     local log=$1 codec=$2 a=()
     shift 2
     while (($#)) && [[ $1 != -- ]]; do a+=("$1"); shift; done
     shift
-    spawn "$log" "$repo/deploy/psagg-local" --config "$tmp/job.ini" --server-bin "$server_bin" \
+    spawn "$log" "$repo/deploy/psagg-local" --config "$ini" --server-bin "$server_bin" \
         --timeout 150 --grace 1 ${a[@]+"${a[@]}"} -- "$worker_bin" --codec "$codec" --sizes $sizes \
         --rounds "$rounds" "$@"
 }
 declare -A ref
-for codec in fp32 maxmin4; do
+for plan in fp32 maxmin4 maxmin4-ef; do
+    codec=${plan%-ef} ini=$tmp/job.ini
+    [[ $plan == *-ef ]] && ini=$tmp/job-ef.ini
     t0=$SECONDS
-    local_job "$tmp/ref-$codec.log" "$codec" -- # (no sleep: the digest does not depend on it)
+    local_job "$tmp/ref-$plan.log" "$codec" -- # (no sleep: the digest does not depend on it)
     lp=$h_pid
-    wait_for "$lp" 150 || fail "ref-$codec: psagg-local exited $?"
-    ref[$codec]=$(grep -h '^\[worker [0-2]\] DIGEST' "$tmp/ref-$codec.log" | sed 's/.*DIGEST //' | sort -u)
-    (($(grep -c '^\[worker [0-2]\] DIGEST' "$tmp/ref-$codec.log") == 3 && $(wc -l <<<"${ref[$codec]}") == 1)) ||
-        fail "ref-$codec: the workers' digests differ or are missing: ${ref[$codec]}"
-    echo "ref-$codec: $rounds rounds without a death, $((SECONDS - t0)) s: ${ref[$codec]}"
+    wait_for "$lp" 150 || fail "ref-$plan: psagg-local exited $?"
+    ref[$plan]=$(grep -h '^\[worker [0-2]\] DIGEST' "$tmp/ref-$plan.log" | sed 's/.*DIGEST //' | sort -u)
+    (($(grep -c '^\[worker [0-2]\] DIGEST' "$tmp/ref-$plan.log") == 3 && $(wc -l <<<"${ref[$plan]}") == 1)) ||
+        fail "ref-$plan: the workers' digests differ or are missing: ${ref[$plan]}"
+    echo "ref-$plan: $rounds rounds without a death, $((SECONDS - t0)) s: ${ref[$plan]}"
 done
 
-for codec in fp32 maxmin4; do
+for plan in fp32 maxmin4 maxmin4-ef; do
+    codec=${plan%-ef} ini=$tmp/job.ini
+    [[ $plan == *-ef ]] && ini=$tmp/job-ef.ini
     t0=$SECONDS
-    local_job "$tmp/chaos-$codec.log" "$codec" --restarts "$kills" -- --round-sleep-ms 10 --progress
+    local_job "$tmp/chaos-$plan.log" "$codec" --restarts "$kills" -- --round-sleep-ms 10 --progress
     lp=$h_pid
-    chaos "$codec" "$tmp/chaos-$codec.log" "$kills" local_pid
-    check_job "$codec" "$tmp/chaos-$codec.log" "$lp" "$kills" psagg-local "${ref[$codec]}" local_label
-    stats "$codec" "$kills"
-    echo "$codec: $kills kills, every worker bit-identical to the uninterrupted run (${ref[$codec]})," \
+    chaos "$plan" "$tmp/chaos-$plan.log" "$kills" local_pid
+    check_job "$plan" "$tmp/chaos-$plan.log" "$lp" "$kills" psagg-local "${ref[$plan]}" local_label
+    stats "$plan" "$kills"
+    if [[ $plan == *-ef ]]; then # every return with the state of its chunks (none without it)
+        n=$(grep -c "the state of its [0-9]* chunk(s) with copies came" "$tmp/chaos-$plan.log")
+        ((n == kills)) || fail "$plan: $n of $kills returns received their chunks' state (seed $seed)"
+        ! grep -q "comes back without it" "$tmp/chaos-$plan.log" ||
+            fail "$plan: a return without its chunks' state: $(grep -m1 "comes back without it" "$tmp/chaos-$plan.log")"
+    fi
+    echo "$plan: $kills kills, every worker bit-identical to the uninterrupted run (${ref[$plan]})," \
         "$kills restarts in psagg-local's summary; $((SECONDS - t0)) s"
 done
+ini=$tmp/job.ini
 
 # ---- 2. two servers out at once with R = 1: the job fails naming the chunk ----
 t0=$SECONDS

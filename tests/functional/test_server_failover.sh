@@ -424,24 +424,46 @@ if [[ $part == all || $part == state ]]; then
     optim_survive optim-stop1 2 1 1 STOP 80 0
     optim_survive optim-two-0-1 3 2 0+1 KILL 70 3
 
-    # a server that comes back owns and copies no parameter chunk (its state is not sent to it):
-    # server 1 killed and back, the job goes on bit-identical; then server 0 killed: its parameter
-    # chunks have no copy left, and the job fails naming one
+    # a server that comes back receives the state of the chunks it holds (STATE, relayed by a
+    # worker) and owns and copies them again: server 1 killed and back, bit-identical, its
+    # parameter chunks moved back to it; then (back1-kill0) server 0 killed after the return:
+    # server 1 takes every chunk over with the state it received, bit-identical
     events="1 30 1 60" round_sleep=8 run optim-back1 2 maxmin4/512 1 -1 KILL 0 0 "${optim_keys[@]}"
     for w in 0 1 2; do ((rc[w] == 0)) || fail "optim-back1: worker $w exited ${rc[w]}"; done
     d=$(digest_of optim-back1)
     [ "$d" = "${ref[optim-2-r1]}" ] || fail "optim-back1: digest $d, the uninterrupted run's ${ref[optim-2-r1]}"
-    echo "optim-back1: server 1 killed and back: bit-identical ($d); its parameter chunks stay on server 0"
+    grep -q "the state of its [1-9][0-9]* chunk(s) with copies came" "$tmp/optim-back1-server1b.log" ||
+        fail "optim-back1: the server that came back did not receive its chunks' state"
+    grep -q "its copy here owns it" "$tmp/optim-back1-server1b.log" ||
+        fail "optim-back1: the server that came back took none of its parameter chunks back"
+    echo "optim-back1: server 1 killed and back: bit-identical ($d);" \
+        "$(grep -h "the state of [0-9]* chunk(s) (.*) to server 1" "$tmp/optim-back1-server0.log" | sed 's/^[0-9.]* //' | head -1);" \
+        "$(grep -h "server view 2:" "$tmp/optim-back1-server1b.log" | sed 's/^[0-9.]* //')"
     stop_all
-    events="1 30 1 60 0 120" last_fails=1 round_sleep=8 run optim-back1-kill0 2 maxmin4/512 1 -1 KILL 0 0 \
-        "${optim_keys[@]}"
+    events="1 30 1 60 0 120" round_sleep=8 run optim-back1-kill0 2 maxmin4/512 1 -1 KILL 0 0 "${optim_keys[@]}"
+    went_on optim-back1-kill0 3 "${ref[optim-2-r1]}"
     for w in 0 1 2; do
-        ((rc[w] != 0)) || fail "optim-back1-kill0: worker $w exited 0 without its parameter chunks' state"
-        grep -q "server 0 was lost, and with it tensor 'p[0-9]' chunk [0-9]*: .*came back without the chunk's state" \
-            "$tmp/optim-back1-kill0-worker$w.log" || fail "optim-back1-kill0: worker $w's failure does not name the parameter chunk"
+        grep -q '^OPTIM-EXACT' "$tmp/optim-back1-kill0-worker$w.log" || fail "optim-back1-kill0: worker $w not exact"
     done
-    echo "optim-back1-kill0: every worker failed naming the chunk: $(grep -ho "server 0 was lost, and with it[^;]*" \
-        "$tmp/optim-back1-kill0-worker0.log" | head -1)"
+    echo "optim-back1-kill0: server 1 back with its state, then server 0 SIGKILLed: server 1 owns every" \
+        "chunk, bit-identical ($digest); $(grep -h "server view 3:" "$tmp/optim-back1-kill0-server1b.log" | sed 's/^[0-9.]* //')"
+    stop_all
+    # server 1 killed and back twice: the second time server 0's copies (given back at the first
+    # return, then run as copies) take its chunks over again, and it receives their state again
+    events="1 30 1 60 1 110 1 160" round_sleep=8 run optim-back1-twice 2 maxmin4/512 1 -1 KILL 0 0 \
+        "${optim_keys[@]}"
+    went_on optim-back1-twice 4 "${ref[optim-2-r1]}"
+    echo "optim-back1-twice: server 1 killed and back twice: bit-identical ($digest)"
+    stop_all
+    # server 2, an owner of chunks whose state server 1 receives, SIGKILLed during server 1's
+    # return (3 servers, server_replicas = 2): server 1 has the state first, or comes back without
+    # it; either way the loss and the return are two views, and the job ends bit-identical
+    events="1 30 1 60 2 ready" round_sleep=8 run optim-back1-kill2 3 maxmin4/512 2 -1 KILL 0 0 \
+        "${optim_keys[@]}"
+    went_on optim-back1-kill2 3 "${ref[optim-3-r2]}"
+    echo "optim-back1-kill2: server 2 SIGKILLed during server 1's return: bit-identical ($digest);" \
+        "$(grep -h "came: reporting it\|receives its chunks' state\|did not say within" "$tmp"/optim-back1-kill2-server*.log |
+            sed 's/^[0-9.]* //' | head -2 | tr '\n' ' ')"
     stop_all
 
     # Checkpoints with copies ([server] checkpoint_dir, one folder for both servers, as
@@ -598,6 +620,15 @@ if [[ $part == all || $part == state ]]; then
                 wc -l) chunks taken over by their copies with their residuals"
         stop_all
     done
+    # server 1 killed and back with its residuals (STATE), then server 0 killed: server 1 owns
+    # every chunk with the residuals it received
+    events="1 40 1 80 0 160" round_sleep=8 run residual-back1-kill0 2 maxmin4 1 -1 KILL 0 0 \
+        server.error_feedback=on
+    went_on residual-back1-kill0 3 "${ref[residual-r1]}"
+    echo "residual-back1-kill0: server 1 back with its residuals, then server 0 SIGKILLed:" \
+        "bit-identical ($digest); $(grep -h "the state of [0-9]* chunk(s) (.*) to server 1" \
+            "$tmp/residual-back1-kill0-server0.log" | sed 's/^[0-9.]* //' | head -1)"
+    stop_all
 fi
 
 if [[ $part == all || $part == adaptive ]]; then

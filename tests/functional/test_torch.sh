@@ -293,6 +293,20 @@ diloco)
         "optimizer = sgd\nmomentum = 0.9\nnesterov = on" DILOCO-RESUME-HASH 8
     ;;
 server_failover)
+    kill_at() { # kill_at STEP SERVER OUT WHAT: SIGKILL the server once OUT says step STEP
+        wait_until 120 grep -q "step $1 loss" "$3" ||
+            { kill $launcher; cat "$3" >&2; fail "$4: training never reached step $1"; }
+        pid=$(pgrep -f -- "psagg-server --config $tmp/fo.ini --rank $2\$" | head -n 1)
+        [[ -n $pid ]] || { kill $launcher; fail "$4: server $2 not found"; }
+        kill -KILL "$pid"
+    }
+    ended_as() { # ended_as OUT REF WHAT: psagg-local exits 0, every rank's weights REF
+        wait_for $launcher 240
+        rc=$?
+        [[ $rc == 0 ]] || { tail -n 30 "$1" >&2; fail "$3: psagg-local exited $rc after the death"; }
+        got=$(grep -o 'PARAMS rank=[0-9] sha256=[0-9a-f]*' "$1" | sort)
+        [[ $got == "$2" ]] || { tail -n 30 "$1" >&2; fail "$3: after the death the weights are $got; without it $2"; }
+    }
     # [cluster] server_replicas = 1 (2 servers): server 1 (then server 0) SIGKILLed while
     # train_digits.py trains with the DDP hook (sum chunks: summed again by the other server),
     # ServerOptimizer and Streaming DiLoCo (parameter chunks: their copies take over with the
@@ -314,20 +328,30 @@ server_failover)
         spawn "$tmp/fo.out" "$repo/deploy/psagg-local" --config "$tmp/fo.ini" --timeout 240 -- "$py" "$script" \
             --comm "$comm" $args
         launcher=$h_pid
-        wait_until 120 grep -q "step 150 loss" "$tmp/fo.out" || { kill $launcher; cat "$tmp/fo.out" >&2; fail "$v: training never reached step 150"; }
-        pid=$(pgrep -f -- "psagg-server --config $tmp/fo.ini --rank $srv\$" | head -n 1)
-        [[ -n $pid ]] || { kill $launcher; fail "$v: server $srv not found"; }
-        kill -KILL "$pid"
-        wait_for $launcher 240
-        rc=$?
-        [[ $rc == 0 ]] || { tail -n 30 "$tmp/fo.out" >&2; fail "$v: psagg-local exited $rc after server $srv's death"; }
-        got=$(grep -o 'PARAMS rank=[0-9] sha256=[0-9a-f]*' "$tmp/fo.out" | sort)
-        [[ $got == "$ref" ]] ||
-            { tail -n 30 "$tmp/fo.out" >&2; fail "$v: after server $srv's death the weights are $got; without it $ref"; }
+        kill_at 150 "$srv" "$tmp/fo.out" "$v"
+        ended_as "$tmp/fo.out" "$ref" "$v"
         grep -q "server view 1:" "$tmp/fo.out" || fail "$v: no worker took server view 1"
         echo "test_torch: $v: server $srv SIGKILLed at step 150: every rank's weights bit-identical to its" \
             "own in the run without the death ($(head -c 40 <<<"$ref")...); $(grep -m1 -o 'server view 1: .*' "$tmp/fo.out")"
+        [[ $comm == psagg-server && $args == "--steps 400" ]] && opt_ref=$ref
     done
+    # ServerOptimizer under psagg-local --restarts 2: server 1 SIGKILLed at step 150 and started
+    # again (it comes back with the state of its parameter chunks, STATE frames relayed by a
+    # worker), then server 0 SIGKILLed at step 250: server 1 takes every chunk over with the state
+    # it received, and server 0 comes back in turn; every rank bit-identical to the run without
+    spawn "$tmp/fo-back.out" "$repo/deploy/psagg-local" --config "$tmp/fo.ini" --timeout 240 --restarts 2 -- \
+        "$py" "$script" --comm psagg-server --steps 400
+    launcher=$h_pid
+    for step_srv in "150 1" "250 0"; do
+        read -r step srv <<<"$step_srv"
+        kill_at "$step" "$srv" "$tmp/fo-back.out" back
+        [[ $srv == 1 ]] && { wait_until 60 grep -q "server 1 is back in view" "$tmp/fo-back.out" ||
+            { kill $launcher; tail -n 30 "$tmp/fo-back.out" >&2; fail "back: server 1 never came back"; }; }
+    done
+    ended_as "$tmp/fo-back.out" "$opt_ref" back
+    echo "test_torch: ServerOptimizer, server 1 SIGKILLed at step 150 and restarted (back with its" \
+        "chunks' state), server 0 SIGKILLed at step 250: every rank's weights bit-identical;" \
+        "$(grep -o 'summary: .*' "$tmp/fo-back.out" | head -1)"
     ;;
 diloco_resume_frag)
     mkdir -p "$tmp/local"
