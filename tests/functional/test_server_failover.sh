@@ -59,6 +59,8 @@
 #                      (view 1), then SIGKILLed and started again: it rejoins (view 2)
 #   su-optim-kill0     fn_optim (parameter chunks): server 0 SIGKILLed during the declaration:
 #                      its copies own its chunks from their INIT, exact
+#   su-optim-grow1     fn_optim: server 1 not started with the job, started once it runs in
+#                      view 1: the job grows to two servers, server 1 with its chunks' state
 #   su-r0              server_replicas = 0: the same death fails every worker's start-up naming
 #                      server 1, as it always did
 # Each ends bit-identical to its uninterrupted run.
@@ -692,7 +694,8 @@ if [[ $part == all || $part == startup ]]; then
     # su NAME VICTIM SIGNAL WHEN BACK [KEY=VALUE...]: one job of 2 servers whose server VICTIM
     # dies during the start-up. WHEN: absent (never started) or declare (SIGNAL once worker 0 is
     # connected to both and has declared, before workers 1 and 2 start). BACK: now (started again
-    # at once), view (once every worker took view 1; a stopped victim is SIGKILLed first) or -.
+    # at once), view (once every worker took view 1; a stopped victim is SIGKILLed first; an
+    # absent one starts then) or -.
     su() {
         local name=$1 victim=$2 sig=$3 when=$4 back=$5 w s
         local bin=("$worker_bin" --codec maxmin4 --sizes 1,1023,4096,50000,7000 --rounds 300
@@ -818,6 +821,13 @@ if [[ $part == all || $part == startup ]]; then
     stop_all
     su su-optim-kill0 0 KILL declare - "${optim_keys[@]}"
     su_ok su-optim-kill0 1 "${ref[su-optim]}"
+    # a job that grows: server 1 is not started with the job (given up during the start-up: the
+    # job runs on server 0 alone), then started once every worker took view 1; it joins with the
+    # state of the parameter chunks it holds, and owns its own from then on
+    su su-optim-grow1 1 KILL absent view "${optim_keys[@]}"
+    grep -q "the state of its [1-9][0-9]* chunk(s) with copies came" "$tmp/su-optim-grow1-server1b.log" ||
+        fail "su-optim-grow1: server 1 joined without its chunks' state"
+    su_ok su-optim-grow1 2 "${ref[su-optim]}"
     unset optim
 
     su su-r0 1 KILL declare - cluster.server_replicas=0
