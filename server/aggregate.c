@@ -486,7 +486,8 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
     if (round < c->round || (round == c->round && c->closing)) {
         if (srv->pool.policy->late(srv, c, w, round))
             return 0; /* (the policy's: a straggler's, quorum.c) */
-        if (c->shadow) { /* (a copy that came back: a kept push of a round its state has) */
+        if (c->shadow) {
+            /* (a copy that came back: a kept push of a round its state has) */
             LOG_DEBUG(&srv->log,
                       "push from worker %d: tensor %u chunk %u round %u, before this "
                       "copy's round %u",
