@@ -59,8 +59,8 @@ struct failover {
     int state_wait;  /* the coordinator: ASK sent, its DONE awaited */
     int with_state;  /* the coordinator: DONE came: the view admits it PSAGG_VIEW_LIVE */
     uint8_t *loaded; /* the returning server: per chunk, its state came */
-    uint32_t n_loaded;
-    uint32_t load_epoch; /* the returning server: the view its states came after */
+    uint32_t n_loaded, n_needed; /* (of the chunks it holds state of: count_state) */
+    uint32_t load_epoch;         /* the returning server: the view its states came after */
 };
 
 static struct failover *fo_get(server *srv)
@@ -127,6 +127,15 @@ static int holds_state(const server *srv, uint32_t g, int s)
     uint32_t n = (uint32_t)srv->cfg.n_servers;
     return copied(srv, g) && ((uint32_t)s + n - srv->layout.chunks[g].owner) % n <=
                                  (uint32_t)srv->cfg.server_replicas;
+}
+
+/* How many chunks server s holds state of. */
+static uint32_t count_state(const server *srv, int s)
+{
+    uint32_t n = 0;
+    for (uint32_t g = 0; g < srv->layout.n_chunks; g++)
+        n += holds_state(srv, g, s);
+    return n;
 }
 
 static int usable(const server *srv, int w)
@@ -616,10 +625,8 @@ static int ask_state(server *srv, struct failover *fo)
 {
     psagg__ctl_state sh = {
         .kind = PSAGG_STATE_ASK, .server = (uint32_t)fo->back, .epoch = fo->epoch};
-    uint32_t n = 0;
+    uint32_t n = count_state(srv, fo->back);
     int w = 0;
-    for (uint32_t g = 0; g < srv->layout.n_chunks; g++)
-        n += holds_state(srv, g, fo->back);
     while (w < srv->n_workers && !usable(srv, w))
         w++;
     if (!n || w == srv->n_workers)
@@ -802,6 +809,12 @@ void failover_done(server *srv, int w, const psagg__ctl_hdr *h, const void *body
     failover_done_check(srv);
 }
 
+/* Whether this server sends server s the state of chunk g: it owns g, s holds state of it. */
+static int sends_state(const server *srv, const struct failover *fo, uint32_t g, int s)
+{
+    return fo->owner[g] == (uint32_t)srv->rank && holds_state(srv, g, s);
+}
+
 /* STATE ASK, on every live server: the state of each chunk it owns that the returning server
    holds, taken between two rounds (agg_barrier), sent to the worker that relays it. */
 static void send_states(server *srv, struct failover *fo, int w, const psagg__ctl_state *ask)
@@ -811,7 +824,7 @@ static void send_states(server *srv, struct failover *fo, int w, const psagg__ct
     size_t *lens, bytes = 0;
     psagg_status st = PSAGG_OK;
     for (uint32_t g = 0; g < srv->layout.n_chunks; g++)
-        n += fo->owner[g] == (uint32_t)srv->rank && holds_state(srv, g, (int)ask->server);
+        n += sends_state(srv, fo, g, (int)ask->server);
     if (!n)
         return;
     frames = calloc(n, sizeof *frames);
@@ -823,9 +836,7 @@ static void send_states(server *srv, struct failover *fo, int w, const psagg__ct
     }
     agg_barrier(srv); /* (the chunks stay between two rounds until agg_release) */
     for (uint32_t g = 0, k = 0; g < srv->layout.n_chunks && !st; g++) {
-        int slot = fo->owner[g] == (uint32_t)srv->rank && holds_state(srv, g, (int)ask->server)
-                       ? held_slot(srv, g)
-                       : -1;
+        int slot = sends_state(srv, fo, g, (int)ask->server) ? held_slot(srv, g) : -1;
         psagg__ctl_state sh = {.server = ask->server, .epoch = ask->epoch, .chunk = g};
         if (slot >= 0 && !(st = agg_state_save(srv, &srv->chunks[slot], &sh, &frames[k], &lens[k])))
             k++;
@@ -855,7 +866,6 @@ static void send_states(server *srv, struct failover *fo, int w, const psagg__ct
 static void load_state(server *srv, struct failover *fo, int w, const psagg__ctl_state *sh,
                        const uint8_t *data, size_t len)
 {
-    uint32_t n = 0;
     int slot = sh->chunk < srv->layout.n_chunks && holds_state(srv, sh->chunk, srv->rank)
                    ? held_slot(srv, sh->chunk)
                    : -1;
@@ -870,6 +880,7 @@ static void load_state(server *srv, struct failover *fo, int w, const psagg__ctl
     if (sh->epoch != fo->load_epoch) { /* (a return tried again: its states come again) */
         memset(fo->loaded, 0, srv->layout.n_chunks);
         fo->n_loaded = 0;
+        fo->n_needed = count_state(srv, srv->rank);
         fo->load_epoch = sh->epoch;
     }
     agg_barrier(srv);
@@ -881,14 +892,13 @@ static void load_state(server *srv, struct failover *fo, int w, const psagg__ctl
     }
     fo->n_loaded += !fo->loaded[sh->chunk];
     fo->loaded[sh->chunk] = 1;
-    for (uint32_t g = 0; g < srv->layout.n_chunks; g++)
-        n += holds_state(srv, g, srv->rank);
-    if (fo->n_loaded == n) {
+    if (fo->n_loaded == fo->n_needed) {
         psagg__ctl_state done = {.kind = PSAGG_STATE_DONE,
                                  .server = (uint32_t)srv->rank,
                                  .epoch = sh->epoch,
-                                 .chunk = n};
-        LOG_WARN(&srv->log, "the state of its %u chunk(s) with copies came: reporting it", n);
+                                 .chunk = fo->n_needed};
+        LOG_WARN(&srv->log, "the state of its %u chunk(s) with copies came: reporting it",
+                 fo->n_needed);
         if (psagg__ctl_send(srv->workers[w].fd, &srv->workers[w].auth, PSAGG_CTL_STATE, &done,
                             sizeof done))
             server_close_worker(srv, w, "sending STATE: %s", psagg_last_error());
@@ -898,16 +908,17 @@ static void load_state(server *srv, struct failover *fo, int w, const psagg__ctl
 void failover_state(server *srv, int w, const psagg__ctl_hdr *h, const void *body)
 {
     struct failover *fo = fo_get(srv);
-    psagg__ctl_state sh;
+    psagg__ctl_state sh = {0};
     if (!fo) {
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for a server view");
         return;
     }
-    if (h->len < sizeof sh ||
-        (memcpy(&sh, body, sizeof sh), sh.server >= (uint32_t)srv->cfg.n_servers) ||
+    if (h->len >= sizeof sh)
+        memcpy(&sh, body, sizeof sh);
+    if (h->len < sizeof sh || sh.server >= (uint32_t)srv->cfg.n_servers ||
         (sh.kind != PSAGG_STATE_CHUNK && h->len != sizeof sh)) {
         server_close_worker(srv, w, "a STATE frame of %u bytes (field kind %u, server %u)", h->len,
-                            h->len >= sizeof sh ? sh.kind : 0, h->len >= sizeof sh ? sh.server : 0);
+                            sh.kind, sh.server);
         return;
     }
     switch (sh.kind) {
