@@ -39,14 +39,18 @@
 # Which packages a bundle holds: the Depends/Pre-Depends closure (first alternative of each "a |
 # b") of the roots below, minus what every Linux base image with a C compiler already has:
 # the closure of Debian's Essential and Priority: required packages (what debootstrap
-# --variant=minbase installs; Ubuntu's base images hold the same libraries) and of
-# build-essential (libc6-dev, libstdc++6, libatomic1, ...). A base package that a bundled one
-# depends on with an exact version (zlib1g for zlib1g-dev, libgnutls30 for libgnutls28-dev) is
-# bundled too, so dpkg -i never meets a version it cannot satisfy. Not bundled: CUDA, PyTorch,
-# compilers, cmake (the GPU machine has them). The manifest gives each package a role: run
-# (psagg's programs load it), build (headers, pkg-config files and what only they need) or
-# pinned (a base package bundled for an exact-version dependency), and glibc_min: the newest
-# GLIBC_x.y symbol version that run and pinned libraries need; prefix mode refuses an older glibc.
+# --variant=minbase installs) and of build-essential (libc6-dev, libstdc++6, libatomic1, ...).
+# Another distribution's base image holds most of those libraries but not always under the same
+# soname (Ubuntu 24.04: libunistring.so.5, not .so.2), so the base libraries psagg's run-time
+# libraries load (glibc and the compiler's runtime excepted) are bundled too, with role base:
+# prefix mode links one into the prefix only where the host lacks its soname. A base package
+# that a bundled one depends on with an exact version (zlib1g for zlib1g-dev, libgnutls30 for
+# libgnutls28-dev) is bundled too, so dpkg -i never meets a version it cannot satisfy. Not
+# bundled: CUDA, PyTorch, compilers, cmake (the GPU machine has them). The manifest gives each
+# package a role: run (psagg's programs load it), build (headers, pkg-config files and what only
+# they need), pinned (a base package bundled for an exact-version dependency) or base (above),
+# and glibc_min: the newest GLIBC_x.y symbol version that the libraries psagg loads need; prefix
+# mode refuses an older glibc.
 # Prefix-mode caveats: LD_LIBRARY_PATH puts the bundle's libraries (same sonames, so ABI
 # compatible) before the system's for programs run from that shell; libibverbs there looks for
 # its RDMA drivers at Debian's path, so on an RDMA host prefer the host's own rdma-core (or
@@ -165,18 +169,29 @@ do_bundle() {
         inb[$p]=1
         if [ -n "${run[$p]:-}" ]; then role[$p]=run; else role[$p]=build; fi
     done
+    # base libraries that psagg's run-time libraries load: a Debian base image has them, another
+    # distribution's may not under that soname (Ubuntu 24.04 has libunistring.so.5, not .so.2,
+    # which libmicrohttpd via libidn2 loads); role base: prefix mode uses each only where the host
+    # lacks its soname. libc6, libgcc-s1 and libstdc++6 never: glibc_min covers those.
+    for p in "${!run[@]}"; do
+        [ -n "${base[$p]:-}" ] && [ -z "${inb[$p]:-}" ] || continue
+        case $p in libc6 | libgcc-s1 | libstdc++6 | libcrypt1) continue ;; lib*) ;; *) continue ;; esac
+        inb[$p]=1
+        role[$p]=base
+    done
     # base packages pinned by an exact-version dependency of a bundled one, until none is new
     local added=1 a b
     while [ $added -eq 1 ]; do
         added=0
         while read -r a b; do
-            if [ -n "${inb[$a]:-}" ] && [ -z "${inb[$b]:-}" ]; then
-                inb[$b]=1; role[$b]=pinned; added=1
+            if [ -n "${inb[$a]:-}" ] && { [ -z "${inb[$b]:-}" ] || [ "${role[$b]}" = base ]; }; then
+                [ -z "${inb[$b]:-}" ] && added=1
+                inb[$b]=1; role[$b]=pinned
             fi
         done < <(exact_deps "${!inb[@]}")
     done
     mapfile -t list < <(printf '%s\n' "${!inb[@]}" | sort)
-    say "${#list[@]} packages (closure of ${#want[@]} minus base ${#base[@]}, pinned base added)"
+    say "${#list[@]} packages (closure of ${#want[@]} minus base ${#base[@]}; pinned base and base libraries added)"
     rm -f "$dir"/debs/*.deb
     (cd "$dir/debs" && apt-get download -q -o APT::Sandbox::User=root "${list[@]}" >/dev/null)
     # glibc_min: what the libraries psagg loads need (role run, and pinned ones it loads);
@@ -308,9 +323,16 @@ do_from_prefix() {
     ma=$(manifest_var "$dir" multiarch)
     mkdir -p "$prefix"
     prefix=$(cd "$prefix" && pwd)
-    while IFS=$'\t' read -r p _ _ _ _ file; do
+    local role fallback=$prefix/fallback
+    rm -rf "$fallback"
+    while IFS=$'\t' read -r p _ _ role _ file; do
         case $p in '#'* | '') continue ;; esac
-        unpack_deb "$dir/$file" "$prefix"
+        if [ "$role" = base ]; then # used only for the sonames this host lacks (below)
+            mkdir -p "$fallback"
+            unpack_deb "$dir/$file" "$fallback"
+        else
+            unpack_deb "$dir/$file" "$prefix"
+        fi
     done < "$dir/manifest.tsv"
     # pkg-config files: every /usr path (variables, -I, -L) moves under the prefix
     local pc
@@ -343,12 +365,26 @@ export LD_LIBRARY_PATH="$libs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 export PATH="$prefix/usr/bin:\$PATH"
 export PSAGG_DEPS_PREFIX="$prefix"
 EOF
-    # every library psagg loads must resolve (inside the prefix or on this system)
-    local missing
-    missing=$(for so in libfabric.so.1 libjemalloc.so.2 libinih.so.1 libsodium.so.23 libcrypto.so.3 libmicrohttpd.so.12; do
-        LD_LIBRARY_PATH=$libs ldd "$lib/$so" 2>&1 | sed -n "s|^\t*\(.*\) => not found|$so needs \1|p"
-    done)
+    # every library psagg loads must resolve (inside the prefix or on this system); a soname the
+    # host lacks comes from the bundle's base libraries (fallback/), linked into the prefix's
+    # library directory, until nothing more resolves that way
+    local missing used=() found again=1
+    while :; do
+        missing=$(for so in libfabric.so.1 libjemalloc.so.2 libinih.so.1 libsodium.so.23 libcrypto.so.3 libmicrohttpd.so.12; do
+            LD_LIBRARY_PATH=$libs ldd "$lib/$so" 2>&1 | sed -n "s|^\t*\(.*\) => not found|$so needs \1|p"
+        done)
+        [ -n "$missing" ] && [ $again -eq 1 ] || break
+        again=0
+        for so in $(awk '{ print $NF }' <<<"$missing" | sort -u); do
+            found=$(find "$fallback" -name "$so" \( -type f -o -type l \) 2>/dev/null | head -1)
+            [ -n "$found" ] || continue
+            ln -sfn "$(readlink -f "$found")" "$lib/$so"
+            used+=("$so")
+            again=1
+        done
+    done
     [ -z "$missing" ] || die "prefix $prefix is incomplete: $missing"
+    [ ${#used[@]} -eq 0 ] || say "this host lacks ${used[*]}: linked from the bundle's base libraries ($fallback)"
     say "prefix $prefix: $(grep -vc '^#' "$dir/manifest.tsv") packages unpacked, pkg-config files rewritten"
     say "use it with:  . $prefix/env.sh && cmake --preset default && cmake --build build"
 }

@@ -15,7 +15,8 @@
 #              (CMAKE_CUDA_ARCHITECTURES=$PSAGG_CUDA_ARCH, default native; 90 without a GPU),
 #              cmake --build -j$(nproc), in WORK/build
 #   ctest-gpu  ctest -L gpu: with a GPU every test must pass (a skip is a failure)
-#   memcheck   compute-sanitizer --tool memcheck over every gpu-labelled test's command
+#   memcheck   compute-sanitizer --tool memcheck over every gpu-labelled test's command, with
+#              PSAGG_GPU_SANITIZER=1 (a case that provokes a CUDA API error on purpose is left out)
 #   racecheck  the same with --tool racecheck (each capped with timeout: a cap reached with no
 #              error so far is reported as partial, not as a failure)
 #   bench      psagg-bench-gpu: every kernel against the copy bandwidth, ResNet-50 worker step
@@ -209,7 +210,7 @@ for tool in memcheck racecheck; do
     for line in "${cmds[@]}"; do
         IFS=$'\t' read -r -a argv <<<"$line"
         name=${argv[0]}
-        timed "$out/$tool-$name.log" "$each" "$sanitizer" --tool $tool --target-processes all \
+        timed "$out/$tool-$name.log" "$each" env PSAGG_GPU_SANITIZER=1 "$sanitizer" --tool $tool --target-processes all \
             --error-exitcode 99 "${argv[@]:1}"
         cat "$out/$tool-$name.log" >>"$out/$tool.log"
         errs=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$out/$tool-$name.log" | awk '{ s += $1 } END { print s + 0 }')

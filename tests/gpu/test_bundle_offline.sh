@@ -12,7 +12,11 @@
 #   5. the bundle's wheel (when it has one: --bundle from a checkout) installs with --from
 #      ... --python into a fresh venv, psagg-server --version runs and import psagg loads the
 #      package's libpsagg, its libfabric and libsodium from the prefix (env.sh); a wheel whose
-#      sha256 differs from wheels/SHA256SUMS is refused.
+#      sha256 differs from wheels/SHA256SUMS is refused;
+#   6. base libraries (role base): on this host, which has libunistring.so.2, the prefix does not
+#      link the bundle's; on a host that lacks it (hidden by an overlay whiteout in a private
+#      mount namespace, as on Ubuntu 24.04, which has only .so.5) the prefix links it from the
+#      bundle and libmicrohttpd resolves; skipped where unshare or overlayfs are refused.
 # BUNDLE: $PSAGG_TEST_BUNDLE. Exit 0 passed, 1 failed, 77 skipped (no bundle given: making one
 # needs the network, which CI may lack; `deploy/install-deps.sh --bundle /tmp/psagg-bundle`
 # then PSAGG_TEST_BUNDLE=/tmp/psagg-bundle ctest -R deploy.bundle_offline). About 20 s.
@@ -132,5 +136,44 @@ if ls "$bundle"/wheels/psagg-*.whl >/dev/null 2>&1; then
     [ ! -e "$tmp/badw-prefix" ] || fail "a bundle with a bad wheel was unpacked"
 else
     echo "bundle_offline: the bundle has no wheel (made outside a checkout): step 5 not run"
+fi
+# 6. a base library the host lacks comes from the bundle, one it has does not
+ma=$(sed -n 's/^# .*\bmultiarch=\([^ ]*\).*/\1/p' "$bundle/manifest.tsv" | head -1)
+sysdir=/usr/lib/$ma
+if ! grep -q "^libunistring2	.*	base	" "$bundle/manifest.tsv"; then
+    fail "the manifest does not bundle libunistring2 (libmicrohttpd's, through libidn2) with role base"
+fi
+[ ! -e "$prefix/usr/lib/$ma/libunistring.so.2" ] ||
+    fail "the prefix links libunistring.so.2 although this host has it"
+if [ ! -e "$sysdir/libunistring.so.2" ]; then
+    echo "bundle_offline: this host has no $sysdir/libunistring.so.2: step 6's hiding not run"
+elif ! unshare -m true 2>/dev/null; then
+    echo "bundle_offline: unshare -m refused: step 6's hiding not run"
+else
+    mkdir -p "$tmp/ovl/up" "$tmp/ovl/work"
+    for f in "$sysdir"/libunistring.so.2*; do
+        mknod "$tmp/ovl/up/$(basename "$f")" c 0 0 || fail "mknod (an overlay whiteout) failed"
+    done
+    unshare -m bash -c '
+        set -u
+        mount -t overlay overlay -o "lowerdir=$1,upperdir=$2/ovl/up,workdir=$2/ovl/work" "$1" || exit 77
+        ldd "$1/libmicrohttpd.so.12" | grep -q "libunistring.so.2 => not found" ||
+            { echo "bundle_offline: FAIL: the overlay did not hide libunistring.so.2" >&2; exit 1; }
+        "$3/deploy/install-deps.sh" --from "$4" --prefix "$2/prefix-lacking" >"$2/lacking.log" 2>&1 ||
+            { cat "$2/lacking.log" >&2; echo "bundle_offline: FAIL: --from on a host lacking libunistring.so.2 exited $?" >&2; exit 1; }
+        grep -q "lacks libunistring.so.2" "$2/lacking.log" ||
+            { echo "bundle_offline: FAIL: --from did not say it linked libunistring.so.2" >&2; exit 1; }
+        . "$2/prefix-lacking/env.sh"
+        ldd "$2/prefix-lacking/usr/lib/$5/libmicrohttpd.so.12" | grep "libunistring.so.2 => $2/prefix-lacking/" ||
+            { echo "bundle_offline: FAIL: libunistring.so.2 does not resolve into the prefix" >&2; exit 1; }
+    ' step6 "$sysdir" "$tmp" "$repo" "$bundle" "$ma"
+    rc=$?
+    if [ $rc -eq 77 ]; then
+        echo "bundle_offline: overlayfs refused: step 6's hiding not run"
+    elif [ $rc -ne 0 ]; then
+        exit 1
+    else
+        echo "bundle_offline: a host lacking libunistring.so.2 gets the bundle's (step 6)"
+    fi
 fi
 echo "bundle_offline: passed"

@@ -97,9 +97,11 @@ static void buckets(void)
                              .bucket = bs[bi],
                              .rounding = PSAGG_ROUND_STOCHASTIC};
             size_t n = bs[bi] < 4096 ? 3 * (size_t)bs[bi] + 37 : (size_t)bs[bi] + 4099;
-            float *x = tc_xmalloc(n * 4), *r = tc_xmalloc(n * 4);
+            float *x, *r;
             if (psagg__codec_check(&c)) /* bits that do not fit the bucket's groups */
                 continue;
+            x = tc_xmalloc(n * 4);
+            r = tc_xmalloc(n * 4);
             tc_fill_inputs(&c, n, (int)(bits % TC_KIND_COUNT), bs[bi] * 31 + bits, x, r, NULL);
             encode_case(&c, n, x, NULL, bits, 0, "bucket");
             encode_case(&c, n, x, r, bits + 100, 0, "bucket+residual");
@@ -262,8 +264,13 @@ int main(void)
     int ndev = psagg__cuda_device_count();
     if (ndev == 0)
         return gpu_absent_exit("gpu.more", "psagg__cuda_device_count() == 0");
+    setvbuf(stdout, NULL, _IOLBF, 0); /* what passed stays in the log if a case crashes */
     tc_set_isa(PSAGG_ISA_SCALAR);
-    pending_error();
+    /* the case provokes a failed cudaMalloc, which compute-sanitizer counts as an error */
+    if (getenv("PSAGG_GPU_SANITIZER"))
+        printf("pending error: not run under compute-sanitizer (it provokes an API error)\n");
+    else
+        pending_error();
     buckets();
     aggregate_inputs();
     scale();

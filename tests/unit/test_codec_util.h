@@ -189,7 +189,7 @@ static inline void tc_same_floats(const char *ctx, const char *what, const float
 /*
  * The inputs every implementation is compared on: x of the given kind, a residual of the next
  * kind scaled down (so x + r stays in range), and an accumulator for decode_add (with a -0 in
- * the zeros case).
+ * the zeros case; acc0 NULL: none).
  */
 static inline void tc_fill_inputs(const psagg_codec *c, size_t n, int kind, uint64_t seed, float *x,
                                   float *r0, float *acc0)
@@ -198,6 +198,8 @@ static inline void tc_fill_inputs(const psagg_codec *c, size_t n, int kind, uint
     tc_fill(r0, n, (kind + 1) % TC_KIND_COUNT, seed + 99, tc_max_exp(c) - 2);
     for (size_t i = 0; i < n; i++)
         r0[i] *= 0.25f;
+    if (!acc0)
+        return;
     tc_fill(acc0, n, TC_KIND_RANDOM, seed + 5, 0);
     if (n > 3 && kind == TC_KIND_ZEROS)
         acc0[n / 2] = -0.0f;
