@@ -562,24 +562,27 @@ void failover_lost(server *srv, int w, const psagg__ctl_hdr *h, const void *body
                  w, sl.server, sl.epoch, fo->epoch);
         return;
     }
-    if (fo->state_wait) { /* (an owner of its chunks may be the one lost: no state to wait for) */
-        LOG_WARN(&srv->log,
-                 "worker %d lost server %u while server %d receives its chunks' state: it comes "
-                 "back without it",
-                 w, sl.server, fo->back);
-        fo->state_wait = 0;
-        propose(srv, fo);
-    }
-    if (fo->back >= 0 && (fo->holding || fo->proposing)) { /* (sent again with that view) */
+    if (fo->back >= 0 && (fo->proposing || fo->retry_at)) { /* (sent again with that view) */
         LOG_WARN(&srv->log,
                  "worker %d lost server %u while server %d's return is decided: after it", w,
                  sl.server, fo->back);
         return;
     }
-    if (fo->back >= 0) { /* a loss goes first: the return is reported again after it */
-        LOG_WARN(&srv->log, "server %u was lost: server %d's return waits for the next view",
-                 sl.server, fo->back);
+    if (fo->back >= 0) { /* a loss goes first: the return is reported again after its view */
+        /* (no view of the return was proposed yet: the workers' hold of its chunks ends with the
+           loss's view, and state that came for it is sent again at its next attempt, whose
+           owners may differ: the lost server may have been one) */
+        LOG_WARN(&srv->log,
+                 "server %u was lost while server %d comes back (%s): the loss is decided first, "
+                 "the return after its view",
+                 sl.server, fo->back,
+                 fo->state_wait ? "its chunks' state on its way"
+                 : fo->holding  ? "its chunks held"
+                                : "reported back");
         fo->back = -1;
+        fo->holding = 0;
+        fo->state_wait = 0;
+        fo->with_state = 0;
     }
     if (fo->lost >= 0 && fo->lost != (int)sl.server) { /* one at a time: sent again after */
         LOG_WARN(&srv->log,
