@@ -6,8 +6,8 @@
  * Layer: kernels. The order is total and the same on every path: by |v| (compared as the
  * binary32 bit patterns of |v|, which for non-negative floats order as the values do; -0 and +0
  * are one magnitude), ties by the lower index. So which entries a block keeps depends on its
- * values alone, and every implementation (scalar, and the AVX2 and AVX-512 block passes of
- * kernels/cpu/; a CUDA one is not built) keeps the same ones.
+ * values alone, and every implementation (scalar, the AVX2 and AVX-512 block passes of
+ * kernels/cpu/, and the CUDA kernels of kernels/cuda/kernels.cu) keeps the same ones.
  *
  * The threshold is found by a radix select over those bit patterns, most significant digit
  * first (digits of 11, 11 and 9 bits): a pass counts the candidates' next digit, keeps the bin

@@ -20,13 +20,32 @@ using namespace psagg__cuda;
 namespace
 {
 
-/* One call's checked codec and sizes: the CPU library's rules, nothing re-derived here. */
+/* One call's checked codec and sizes: the CPU library's rules (topk's stream offsets, derived
+   here, are checked against its size). */
 struct Layout {
-    psagg_codec c;    /* checked: bucket filled in */
-    uint64_t n, nb;   /* elements, maxmin buckets */
-    uint64_t payload; /* maxmin payload bytes */
-    uint64_t size;    /* encoded bytes */
+    psagg_codec c;                            /* checked: bucket filled in */
+    uint64_t n, nb;                           /* elements, maxmin buckets (topk: blocks) */
+    uint64_t payload;                         /* maxmin payload bytes */
+    uint64_t size;                            /* encoded bytes */
+    uint64_t tk_kept, tk_idx_off, tk_val_off; /* topk: K, the streams' offsets (topk.h) */
 };
+
+/* topk's streams (kernels/topk.h, "THE SPARSE FORMAT"); their end must be the CPU's size. */
+psagg_status topk_layout(Layout *L)
+{
+    const uint64_t C = L->c.bucket, k = L->c.k, rest = L->n % C;
+    const uint32_t ib = (uint32_t)__builtin_ctz((unsigned)C);
+    L->nb = L->n / C + (rest != 0);
+    L->tk_kept = L->n / C * k + (rest < k ? rest : k);
+    L->tk_idx_off = 8 * L->nb;
+    L->tk_val_off = L->tk_idx_off + 8 * ((L->tk_kept * ib + 63) / 64);
+    if (L->tk_val_off + 8 * ((L->tk_kept * L->c.bits + 63) / 64) != L->size)
+        return psagg__fail(
+            PSAGG_EINVAL, "cuda codec: topk streams of %llu bytes, the CPU's %llu",
+            (unsigned long long)(L->tk_val_off + 8 * ((L->tk_kept * L->c.bits + 63) / 64)),
+            (unsigned long long)L->size);
+    return PSAGG_OK;
+}
 
 psagg_status layout_make(const psagg_codec *codec, size_t n, Layout *L)
 {
@@ -40,15 +59,13 @@ psagg_status layout_make(const psagg_codec *codec, size_t n, Layout *L)
     L->c = *codec;
     if ((st = psagg__codec_check(&L->c)))
         return psagg__fail_context(st, "cuda ");
-    if (L->c.id == PSAGG_CODEC_TOPK)
-        return psagg__fail(PSAGG_EUNSUPPORTED,
-                           "cuda codec: topk has no CUDA kernels yet (its scalar reference runs on "
-                           "the host: push host buffers)");
     L->n = n;
     L->size = psagg__encoded_size(&L->c, n);
     if (L->c.id == PSAGG_CODEC_MAXMIN) {
         L->nb = psagg__mm_nbuckets(n, L->c.bucket);
         L->payload = psagg__mm_payload_bytes(n, L->c.bits);
+    } else if (L->c.id == PSAGG_CODEC_TOPK) {
+        return topk_layout(L);
     }
     return PSAGG_OK;
 }
@@ -80,13 +97,25 @@ KArgs kargs_make(const Layout &L, psagg__rng_key key, bool vec)
     a.nb = L.nb;
     a.payload = L.payload;
     a.bucket = L.c.id == PSAGG_CODEC_MAXMIN ? L.c.bucket : 0;
-    a.bits = L.c.id == PSAGG_CODEC_MAXMIN ? L.c.bits : 0;
-    a.levels = a.bits ? (1u << a.bits) - 1u : 0u;
+    a.bits = L.c.id == PSAGG_CODEC_MAXMIN || L.c.id == PSAGG_CODEC_TOPK ? L.c.bits : 0;
+    a.levels = !a.bits                      ? 0u
+               : L.c.id == PSAGG_CODEC_TOPK ? (1u << (a.bits - 1)) - 1u /* the sign bit apart */
+                                            : (1u << a.bits) - 1u;
     a.levels_f = (float)a.levels;
     a.k0 = key.k0;
     a.k1 = key.k1;
-    a.sr = L.c.id == PSAGG_CODEC_MAXMIN && L.c.rounding == PSAGG_ROUND_STOCHASTIC;
+    a.sr = (L.c.id == PSAGG_CODEC_MAXMIN || L.c.id == PSAGG_CODEC_TOPK) &&
+           L.c.rounding == PSAGG_ROUND_STOCHASTIC;
     a.vec = vec;
+    if (L.c.id == PSAGG_CODEC_TOPK) {
+        a.tk_block = L.c.bucket;
+        a.tk_k = L.c.k;
+        a.tk_ib = (uint32_t)__builtin_ctz(L.c.bucket);
+        a.tk_kept = L.tk_kept;
+        a.tk_idx_off = L.tk_idx_off;
+        a.tk_val_off = L.tk_val_off;
+        a.tk_size = L.size;
+    }
     return a;
 }
 
@@ -263,6 +292,10 @@ extern "C" psagg_status psagg__cuda_aggregate(const psagg_codec *codec, const vo
     psagg_status st = layout_make(codec, n, &L);
     if (st)
         return st;
+    if (L.c.id == PSAGG_CODEC_TOPK)
+        return psagg__fail(PSAGG_EUNSUPPORTED,
+                           "cuda aggregate: topk has no CUDA sum (the server's sparse sum runs on "
+                           "the CPU)");
     if (n_in > PSAGG_CUDA_MAX_INPUTS || (n_in && !in))
         return psagg__fail(PSAGG_EINVAL, "cuda aggregate: n_in %zu not in 0..%d", n_in,
                            PSAGG_CUDA_MAX_INPUTS);
@@ -444,6 +477,10 @@ extern "C" psagg_status psagg__cuda_aggregate_host(psagg__cuda_ctx *c, const psa
         return psagg__fail(PSAGG_EINVAL, "cuda aggregate_host: ctx is NULL");
     if ((st = layout_make(codec, n, &L)))
         return st;
+    if (L.c.id == PSAGG_CODEC_TOPK) /* (before any staging is made) */
+        return psagg__fail(PSAGG_EUNSUPPORTED,
+                           "cuda aggregate: topk has no CUDA sum (the server's sparse sum runs on "
+                           "the CPU)");
     if (n_in > PSAGG_CUDA_MAX_INPUTS || (n_in && !in))
         return psagg__fail(PSAGG_EINVAL, "cuda aggregate: n_in %zu not in 0..%d", n_in,
                            PSAGG_CUDA_MAX_INPUTS);

@@ -96,7 +96,8 @@ psagg_status psagg__cuda_decode_add(const psagg_codec *codec, const void *in, si
  * The fused server operation: in is a HOST array of n_in (0..PSAGG_CUDA_MAX_INPUTS) DEVICE
  * pointers, each in_len bytes of n encoded elements. s_k = (((0 + y0_k) + y1_k) + ...) in the
  * order given (n_in = 0 encodes zeros, as the CPU does), then s (+ residual, updated, when residual
- * != NULL) is encoded into out. The pointer array is copied into the launch, so it may be reused as
+ * != NULL) is encoded into out. topk has no CUDA sum (PSAGG_EUNSUPPORTED; its encode and decode
+ * above have kernels). The pointer array is copied into the launch, so it may be reused as
  * soon as this returns. Invalid inputs report stage-0 errors whose index is the input's position.
  */
 psagg_status psagg__cuda_aggregate(const psagg_codec *codec, const void *const *in, size_t n_in,

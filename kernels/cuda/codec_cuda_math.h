@@ -148,6 +148,21 @@ PCM_FN int pcm_mm_meta_ok(float scale, float lo, uint32_t levels)
     return (PCM_BITS(pcm_mm_value(lo, scale, levels)) & 0x7FFFFFFFu) < PCM_ABS_INF;
 }
 
+/* ---- topk (kernels/topk.h): maxmin's level arithmetic over |v|, L = 2^(b-1) - 1 ---- */
+
+/* |v| as its binary32 bit pattern: the order topk selects by (-0 and +0 are one magnitude). */
+PCM_FN uint32_t pcm_mag(float v)
+{
+    return PCM_BITS(v) & 0x7FFFFFFFu;
+}
+
+/* A block's meta is valid iff scale and lo are finite with their sign bits clear and
+   lo + scale * L is finite. */
+PCM_FN int pcm_topk_meta_ok(float scale, float lo, uint32_t levels)
+{
+    return PCM_BITS(lo) < PCM_ABS_INF && pcm_mm_meta_ok(scale, lo, levels);
+}
+
 /* ---- fp16: round-to-nearest-even on the bit pattern, subnormals kept ---- */
 
 /* *err = 0, PCM_ERR_NONFINITE or PCM_ERR_RANGE (|x| >= 65520 rounds to Inf). */

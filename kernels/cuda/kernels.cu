@@ -16,6 +16,7 @@
  *    byte-aligned) and writes them with one aligned store for b = 1, 2, 4, 8. Buckets of up
  *    to 4 chunks (B <= 1024 with TS = 32) keep their values in registers between the two
  *    passes; larger buckets recompute them (deterministically) in the second pass.
+ *  - topk encode / decode: one thread block per block of C elements (the section below).
  *
  * Errors go to the caller's device error word (codec_cuda.h) with atomicMin; each thread
  * first reduces its own candidates so a clean run issues no atomics.
@@ -539,6 +540,257 @@ __global__ void scale_kernel(float *x, size_t n, float s)
         x[i] = __fmul_rn(x[i], s);
 }
 
+/* x_k = v for every k (topk's decode: every entry not kept is -0). */
+__global__ void fill_kernel(float *x, size_t n, float v)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] = v;
+}
+
+/* ---------------------------------------------------------------- topk (kernels/topk.h)
+ *
+ * One thread block per block of C elements, as the CPU encodes them one at a time:
+ *   pass 0     v_i = x_i (+ r_i) checked (stage-1 errors), the histogram of |v_i|'s first
+ *              digit (11 bits) in shared memory, the largest |v_i| (the kept entries' hi);
+ *   select     the radix select of topk.c: per digit, thread 0 walks the bins from the top to
+ *              the one where the k-th largest lies; digits 2 and 3 count only the entries
+ *              whose bits so far match (v is computed again from x and r: the same IEEE add);
+ *              the k-th largest magnitude is the kept entries' lo;
+ *   keep       tiles of kTopkThreads entries in index order: an entry above the threshold is
+ *              kept, and of those equal to it the first `ties` (a block-wide rank of the
+ *              equal ones: ballots and a count per warp); each kept entry's rank among the
+ *              kept ones is its place in the streams, its index and value or-ed into them
+ *              (atomicOr: neighbours share words), the residual written.
+ * The output is zeroed first (cudaMemsetAsync), so the padding bits stay zero.
+ */
+constexpr int kTopkThreads = 256;
+
+__device__ __forceinline__ float topk_v(const float *__restrict__ x, const float *r, uint32_t i)
+{
+    return r ? PCM_ADD(x[i], r[i]) : x[i];
+}
+
+/* The rank of this thread's flag among the block's set flags before it (thread order) and, in
+   total, how many are set. Every thread of the block calls it; sh: one word per warp. */
+__device__ __forceinline__ uint32_t block_rank(bool flag, uint32_t *sh, uint32_t &total)
+{
+    const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const unsigned ballot = __ballot_sync(kFull, flag);
+    uint32_t before = 0, sum = 0;
+    if (lane == 0)
+        sh[warp] = (uint32_t)__popc(ballot);
+    __syncthreads();
+    for (unsigned w = 0; w < kTopkThreads / 32; w++) {
+        before += w < warp ? sh[w] : 0u;
+        sum += sh[w];
+    }
+    __syncthreads(); /* (sh is the next call's) */
+    total = sum;
+    return before + (uint32_t)__popc(ballot & ((1u << lane) - 1u));
+}
+
+/* Or w <= 16 bits v into the LSB-first stream s (32-bit words) at bit pos. */
+__device__ __forceinline__ void topk_put(uint32_t *s, uint64_t pos, uint32_t w, uint32_t v)
+{
+    const uint32_t sh = (uint32_t)(pos & 31u);
+    atomicOr(s + (pos >> 5), v << sh);
+    if (sh + w > 32u)
+        atomicOr(s + (pos >> 5) + 1, v >> (32u - sh));
+}
+
+/* w <= 16 bits at bit pos of the LSB-first byte stream p. */
+__device__ __forceinline__ uint32_t topk_get(const uint8_t *__restrict__ p, uint64_t pos,
+                                             uint32_t w)
+{
+    const uint32_t bytes = ((uint32_t)(pos & 7u) + w + 7u) / 8u;
+    uint32_t x = 0;
+    for (uint32_t i = 0; i < bytes; i++)
+        x |= (uint32_t)p[(pos >> 3) + i] << (8u * i);
+    return (x >> (pos & 7u)) & ((1u << w) - 1u);
+}
+
+__global__ void __launch_bounds__(kTopkThreads)
+    topk_encode_kernel(const float *__restrict__ x, float *__restrict__ res,
+                       uint8_t *__restrict__ out, KArgs a, uint64_t *err)
+{
+    __shared__ uint32_t count[2048], wsum[kTopkThreads / 32];
+    __shared__ uint32_t s_bad, s_maxu, s_bin, s_acc;
+    const uint64_t m = blockIdx.x, base = m * a.tk_block;
+    const uint32_t len = (uint32_t)(a.n - base < a.tk_block ? a.n - base : a.tk_block);
+    const uint32_t km = len < a.tk_k ? len : a.tk_k;
+    const unsigned tid = threadIdx.x;
+    const float *xb = x + base;
+    float *rb = res ? res + base : nullptr;
+    uint64_t bad = kNoErr;
+    uint32_t maxu = 0, prefix = 0, mask = 0, above = 0;
+
+    for (uint32_t b = tid; b < 2048u; b += kTopkThreads)
+        count[b] = 0;
+    if (tid == 0)
+        s_bad = s_maxu = 0;
+    __syncthreads();
+    for (uint32_t i = tid; i < len; i += kTopkThreads) { /* pass 0 */
+        const uint32_t u = pcm_mag(topk_v(xb, rb, i));
+        if (u >= PCM_ABS_2_126) {
+            bad = min(bad,
+                      err_word(1, base + i, u >= PCM_ABS_INF ? PCM_ERR_NONFINITE : PCM_ERR_RANGE));
+            continue;
+        }
+        atomicAdd(&count[u >> 20], 1u);
+        maxu = u > maxu ? u : maxu;
+    }
+    if (bad != kNoErr) {
+        err_flush(err, bad);
+        atomicOr(&s_bad, 1u);
+    }
+    atomicMax(&s_maxu, maxu);
+    __syncthreads();
+    if (s_bad) /* (the same for every thread: its output is unspecified, as the CPU's) */
+        return;
+
+    /* the digits of |v|'s 31 bits, most significant first: 11 bits, 11, then 9 (topk.c) */
+    for (int d = 0; d < 3; d++) {
+        const int sh = d == 0 ? 20 : d == 1 ? 9 : 0;
+        const uint32_t bins = d == 2 ? 512u : 2048u;
+        if (d > 0) {
+            for (uint32_t b = tid; b < bins; b += kTopkThreads)
+                count[b] = 0;
+            __syncthreads();
+            for (uint32_t i = tid; i < len; i += kTopkThreads) {
+                const uint32_t u = pcm_mag(topk_v(xb, rb, i));
+                if ((u & mask) == prefix)
+                    atomicAdd(&count[(u >> sh) & (bins - 1u)], 1u);
+            }
+            __syncthreads();
+        }
+        if (tid == 0) { /* the bin where the count from the top reaches need */
+            uint32_t need = km - above, acc = 0, bin = 0;
+            for (uint32_t b = bins; b-- > 0;) {
+                if (acc + count[b] >= need) {
+                    bin = b;
+                    break;
+                }
+                acc += count[b];
+            }
+            s_bin = bin;
+            s_acc = acc;
+        }
+        __syncthreads();
+        above += s_acc; /* entries in the bins above: larger than any in this bin */
+        prefix |= s_bin << sh;
+        mask |= (bins - 1u) << sh;
+        __syncthreads(); /* (s_bin, s_acc and count are the next digit's) */
+    }
+
+    /* prefix is the k-th largest magnitude: the kept entries' lo; the largest is their hi */
+    const float lo = PCM_FLOAT(prefix);
+    const uint32_t ties = km - above;
+    float scale, inv;
+    pcm_mm_params(lo, PCM_FLOAT(s_maxu), a.levels, &scale, &inv);
+    if (tid == 0)
+        *reinterpret_cast<float2 *>(out + 8 * m) = make_float2(scale, lo);
+    uint32_t *idx = reinterpret_cast<uint32_t *>(out + a.tk_idx_off);
+    uint32_t *val = reinterpret_cast<uint32_t *>(out + a.tk_val_off);
+    const uint64_t pos0 = m * (uint64_t)a.tk_k; /* (every block before is whole: k_m = k) */
+    uint32_t eq_base = 0, keep_base = 0;
+    for (uint32_t t0 = 0; t0 < len; t0 += kTopkThreads) { /* (the same trips for every thread) */
+        const uint32_t i = t0 + tid;
+        const float v = i < len ? topk_v(xb, rb, i) : 0.0f;
+        const uint32_t u = pcm_mag(v);
+        uint32_t n_eq, n_keep;
+        const bool eq = i < len && u == prefix, gt = i < len && u > prefix;
+        const uint32_t eq_rank = eq_base + block_rank(eq, wsum, n_eq);
+        const bool keep = gt || (eq && eq_rank < ties);
+        const uint32_t j = keep_base + block_rank(keep, wsum, n_keep);
+        eq_base += n_eq;
+        keep_base += n_keep;
+        if (i >= len)
+            continue;
+        if (!keep) { /* an entry not kept keeps all of v_i */
+            if (rb)
+                rb[i] = v;
+            continue;
+        }
+        const uint32_t sign = PCM_BITS(v) >> 31, gi = (uint32_t)(base + i);
+        const float uniform =
+            a.sr ? psagg__rng_u(psagg__rng_hash32(a.k0, a.k1, gi >> 1), gi) : 0.5f;
+        const uint32_t q = pcm_mm_level(PCM_FLOAT(u), lo, scale, inv, a.levels_f, uniform);
+        topk_put(idx, (pos0 + j) * a.tk_ib, a.tk_ib, i);
+        topk_put(val, (pos0 + j) * a.bits, a.bits, sign | q << 1);
+        if (rb) {
+            const float y = pcm_mm_value(lo, scale, q);
+            rb[i] = PCM_SUB(v, sign ? -y : y);
+        }
+    }
+}
+
+/* 1 if the bits of the stream at s from bit `used` to its end (the next multiple of 64) are
+   zero. s is 8-byte aligned. */
+__device__ __forceinline__ bool topk_tail_ok(const uint8_t *__restrict__ s, uint64_t used)
+{
+    const uint32_t rem = (uint32_t)(used & 63u);
+    return !rem || !(*reinterpret_cast<const uint64_t *>(s + (used >> 6) * 8) >> rem);
+}
+
+/* Validate block m's meta and indices (stage-0 BADMETA, index m; the streams' padding: index
+   nb, checked by block 0) and write each kept entry's y into out (ADD: out + y). */
+template <bool ADD>
+__global__ void __launch_bounds__(kTopkThreads)
+    topk_decode_kernel(const uint8_t *__restrict__ in, float *__restrict__ out, KArgs a,
+                       uint64_t *err)
+{
+    const uint64_t m = blockIdx.x, base = m * a.tk_block, pos0 = m * (uint64_t)a.tk_k;
+    const uint32_t len = (uint32_t)(a.n - base < a.tk_block ? a.n - base : a.tk_block);
+    const uint32_t km = len < a.tk_k ? len : a.tk_k;
+    const float2 meta = get_meta(in, m); /* .x = scale, .y = lo */
+    const bool meta_ok = pcm_topk_meta_ok(meta.x, meta.y, a.levels);
+    const uint8_t *idx = in + a.tk_idx_off, *val = in + a.tk_val_off;
+    uint64_t bad = meta_ok ? kNoErr : err_word(0, m, PCM_ERR_BADMETA);
+    if (m == 0 && threadIdx.x == 0 &&
+        (!topk_tail_ok(idx, a.tk_kept * a.tk_ib) || !topk_tail_ok(val, a.tk_kept * a.bits)))
+        bad = min(bad, err_word(0, a.nb, PCM_ERR_BADMETA));
+    for (uint32_t j = threadIdx.x; j < km; j += kTopkThreads) {
+        const uint32_t i = topk_get(idx, (pos0 + j) * a.tk_ib, a.tk_ib);
+        if (i >= len || (j && i <= topk_get(idx, (pos0 + j - 1) * a.tk_ib, a.tk_ib))) {
+            bad = min(bad, err_word(0, m, PCM_ERR_BADMETA));
+            continue;
+        }
+        if (!meta_ok)
+            continue;
+        const uint32_t w = topk_get(val, (pos0 + j) * a.bits, a.bits);
+        float y = pcm_mm_value(meta.y, meta.x, w >> 1);
+        if (w & 1u)
+            y = -y;
+        float *o = out + base + i;
+        *o = ADD ? PCM_ADD(*o, y) : y;
+    }
+    err_flush(err, bad);
+}
+
+cudaError_t launch_topk_encode(const KArgs &a, const float *x, float *residual, uint8_t *out,
+                               uint64_t *err, cudaStream_t s)
+{
+    cudaError_t e = cudaMemsetAsync(out, 0, a.tk_size, s);
+    if (e != cudaSuccess)
+        return e;
+    return launch(topk_encode_kernel, (unsigned)a.nb, kTopkThreads, s, x, residual, out, a, err);
+}
+
+template <bool ADD>
+cudaError_t launch_topk_decode(const KArgs &a, const uint8_t *in, float *out, uint64_t *err,
+                               cudaStream_t s)
+{
+    if (!ADD) { /* every entry not kept decodes to -0 */
+        size_t blocks = (a.n + 255) / 256;
+        cudaError_t e = launch(fill_kernel, (unsigned)(blocks > 4096 ? 4096 : blocks), 256, s, out,
+                               (size_t)a.n, -0.0f);
+        if (e != cudaSuccess)
+            return e;
+    }
+    return launch(topk_decode_kernel<ADD>, (unsigned)a.nb, kTopkThreads, s, in, out, a, err);
+}
+
 } /* namespace */
 
 cudaError_t launch_encode(int id, const KArgs &a, const float *x, float *residual, uint8_t *out,
@@ -548,6 +800,8 @@ cudaError_t launch_encode(int id, const KArgs &a, const float *x, float *residua
     switch (id) {
     case PSAGG_CODEC_MAXMIN:
         return launch_mm(src, residual, out, a, err, s);
+    case PSAGG_CODEC_TOPK:
+        return launch_topk_encode(a, x, residual, out, err, s);
     case PSAGG_CODEC_FP32:
         return launch(fp_encode_kernel<PSAGG_CODEC_FP32, SrcX>, elementwise_blocks(a.n), kThreads,
                       s, src, residual, out, a, err);
@@ -566,6 +820,8 @@ static cudaError_t launch_decode_t(int id, const KArgs &a, const uint8_t *in, fl
 {
     const unsigned blocks = elementwise_blocks(a.n);
     switch (id) {
+    case PSAGG_CODEC_TOPK:
+        return launch_topk_decode<ADD>(a, in, out, err, s);
     case PSAGG_CODEC_MAXMIN:
         return launch(decode_kernel<PSAGG_CODEC_MAXMIN, ADD>, blocks, kThreads, s, in, out, a, err);
     case PSAGG_CODEC_FP32:

@@ -24,6 +24,10 @@ struct KArgs {
     uint32_t k0, k1;
     int sr;
     int vec; /* every float array and encoded buffer of the call is 16-byte aligned */
+    /* topk (kernels/topk.h; bits and levels above are b and 2^(b-1) - 1, nb the blocks): */
+    uint32_t tk_block, tk_k, tk_ib;           /* C, k, log2(C) */
+    uint64_t tk_kept;                         /* K: entries kept in all */
+    uint64_t tk_idx_off, tk_val_off, tk_size; /* where the streams start; the encoded size */
 };
 
 /* The aggregate's input pointers, passed by value in the launch. */

@@ -8,8 +8,11 @@
  *   - psagg__cuda_scale against one IEEE multiply per element;
  *   - n of 300 million elements (encode with residual, decode), when the device has the memory;
  *   - four threads, each with its own stream, encoding at once;
+ *   - topk (the sparse codec): encode with and without residual, decode, decode_add and
+ *     corrupted buffers' verdicts, bad inputs' status and index;
  *   - an error the caller left pending in the CUDA runtime is still there after psagg's calls.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,6 +114,117 @@ static void buckets(void)
             free(x), free(r);
         }
     printf("buckets 64..2^20, 1-8 bits: %d cases\n", cases);
+}
+
+/* topk's decode_add and a corrupted buffer's verdict, CPU against GPU (`enc` valid, len bytes). */
+static void topk_decodes(const psagg_codec *c, size_t n, const uint8_t *enc, size_t len,
+                         uint64_t seed)
+{
+    float *acc = tc_xmalloc(n * 4 + 4), *got = tc_xmalloc(n * 4 + 4), *d_acc = dmalloc(n * 4);
+    uint8_t *bad = tc_xmalloc(len), *d_in = dmalloc(len);
+    size_t nb = (n + c->bucket - 1) / c->bucket, ix = 0;
+    psagg_status a, b;
+    tc_fill(acc, n, TC_KIND_MIXED, seed, 0);
+    CU(cudaMemcpy(d_acc, acc, n * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(d_in, enc, len, cudaMemcpyHostToDevice));
+    a = psagg__decode_add(c, enc, len, n, acc);
+    b = psagg__cuda_decode_add_sync(c, d_in, len, n, d_acc, &ix, 0);
+    CHECK(a == PSAGG_OK && b == PSAGG_OK, "topk decode_add %s n=%zu: %d / %d", tc_name(c), n, a, b);
+    CU(cudaMemcpy(got, d_acc, n * 4, cudaMemcpyDeviceToHost));
+    CHECK(!memcmp(acc, got, n * 4), "topk decode_add %s n=%zu: differs at byte %zu", tc_name(c), n,
+          tc_first_diff(acc, got, n * 4));
+    /* corrupted: a negative scale, two indices out of order, a padding bit (when there is one) */
+    for (int kind = 0; kind < 3; kind++) {
+        size_t kept = n / c->bucket * c->k + (n % c->bucket < c->k ? n % c->bucket : c->k);
+        size_t idx_off = 8 * nb;
+        memcpy(bad, enc, len);
+        if (kind == 0) {
+            bad[8 * (nb - 1) + 3] |= 0x80; /* the last block's scale */
+        } else if (kind == 1) {
+            if (kept < 2 || c->k < 2)
+                continue;
+            bad[idx_off] ^= 0xFF, bad[idx_off + 1] ^= 0xFF; /* the first indices */
+        } else {
+            if ((kept * c->bits) % 64 == 0)
+                continue;
+            bad[len - 1] |= 0x80; /* past the last value */
+        }
+        CU(cudaMemcpy(d_in, bad, len, cudaMemcpyHostToDevice));
+        a = psagg__decode(c, bad, len, n, got);
+        b = psagg__cuda_decode_sync(c, d_in, len, n, d_acc, &ix, 0);
+        CHECK(a == b, "topk %s n=%zu corrupted (%d): CPU %d, GPU %d (%s)", tc_name(c), n, kind, a,
+              b, psagg_last_error());
+    }
+    cudaFree(d_acc), cudaFree(d_in);
+    free(acc), free(got), free(bad);
+}
+
+/* The sparse codec (kernels/topk.h) on the GPU against the CPU's scalar reference: blocks of 256
+ * to 65536, k from 1 to the whole block (and above the last block's length), 2 to 8 bits, both
+ * roundings, with and without a residual, on data with many equal magnitudes (ties), constant
+ * and zero blocks (scale 0) and wide ranges; then NaN, Inf and 2^126 at a chosen element. */
+static void topk(void)
+{
+    static const uint32_t blocks[] = {256, 1024, 4096, 65536};
+    static const uint32_t bits[] = {2, 3, 4, 8};
+    int cases = 0;
+    for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++) {
+        const uint32_t C = blocks[bi];
+        const uint32_t ks[] = {1, C / 50 ? C / 50 : 1, C / 3, C - 1, C};
+        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+            for (int kind = 0; kind < TC_KIND_COUNT; kind++) {
+                psagg_codec c = {.id = PSAGG_CODEC_TOPK,
+                                 .bits = bits[(ki + (size_t)kind) % 4],
+                                 .bucket = C,
+                                 .k = ks[ki],
+                                 .rounding =
+                                     kind & 1 ? PSAGG_ROUND_NEAREST : PSAGG_ROUND_STOCHASTIC};
+                size_t n = C >= 65536 ? (size_t)C + 4099 : 3 * (size_t)C + 37 + (size_t)kind;
+                float *x = tc_xmalloc(n * 4), *r = tc_xmalloc(n * 4);
+                size_t len = psagg__encoded_size(&c, n), bad = 0;
+                uint8_t *enc = tc_xmalloc(len);
+                float *rc = tc_xmalloc(n * 4);
+                CHECK(psagg__codec_check(&c) == PSAGG_OK, "topk codec: %s", psagg_last_error());
+                tc_fill_inputs(&c, n, kind, C * 131 + ks[ki] * 7 + (uint64_t)kind, x, r, NULL);
+                encode_case(&c, n, x, NULL, C + ki, 0, "topk");
+                encode_case(&c, n, x, r, C + ki + 100, 0, "topk+residual");
+                memcpy(rc, r, n * 4);
+                CHECK(psagg__encode(&c, x, rc, n, (psagg__rng_key){3, 4}, enc, len, &bad) ==
+                          PSAGG_OK,
+                      "topk cpu encode: %s", psagg_last_error());
+                topk_decodes(&c, n, enc, len, C + ki);
+                cases += 3;
+                free(x), free(r), free(enc), free(rc);
+            }
+    }
+    /* bad inputs: the first bad element of the buffer, by status and index */
+    for (int what = 0; what < 3; what++) {
+        psagg_codec c = {.id = PSAGG_CODEC_TOPK,
+                         .bits = 2,
+                         .bucket = 1024,
+                         .k = 20,
+                         .rounding = PSAGG_ROUND_STOCHASTIC};
+        const size_t n = 5000, at = 1024 * 2 + 17 + (size_t)what * 300;
+        float *x = tc_xmalloc(n * 4), *d_x = dmalloc(n * 4);
+        size_t len = psagg__encoded_size(&c, n), bad_c = 0, bad_g = 0;
+        uint8_t *cpu = tc_xmalloc(len), *d_out = dmalloc(len);
+        psagg_status a, b;
+        tc_fill(x, n, TC_KIND_RANDOM, 5 + (uint64_t)what, 0);
+        x[at] = what == 0 ? NAN : what == 1 ? -INFINITY : 0x1p126f;
+        x[at + 900] = NAN; /* a later one: not the one named */
+        CU(cudaMemcpy(d_x, x, n * 4, cudaMemcpyHostToDevice));
+        a = psagg__encode(&c, x, NULL, n, (psagg__rng_key){1, 2}, cpu, len, &bad_c);
+        b = psagg__cuda_encode_sync(&c, d_x, NULL, n, (psagg__rng_key){1, 2}, d_out, len, &bad_g,
+                                    0);
+        CHECK(a != PSAGG_OK && a == b && bad_c == at && bad_g == at,
+              "topk bad input %d: CPU %d at %zu, GPU %d at %zu (want %zu)", what, a, bad_c, b,
+              bad_g, at);
+        cudaFree(d_x), cudaFree(d_out);
+        free(x), free(cpu);
+        cases++;
+    }
+    printf("topk, blocks 256..65536, k 1..C, 2-8 bits, ties, bad inputs: %d cases bit-identical\n",
+           cases);
 }
 
 static void aggregate_inputs(void)
@@ -272,6 +386,7 @@ int main(void)
     else
         pending_error();
     buckets();
+    topk();
     aggregate_inputs();
     scale();
     threads();
