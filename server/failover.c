@@ -19,8 +19,9 @@
  * it is (phase 1), takes their rounds, and proposes the view with it live and those chunks
  * moved back, from the lowest round reported: the same steps as a takeover. The server that
  * rejoins takes the first decided view that names it live, whatever its epoch (a view carries
- * every chunk's owner). One change of the view is decided at a time: a loss first; reports of
- * another change are sent again by the workers with the next view.
+ * every chunk's owner). One change of the view is decided at a time: a loss first (a return
+ * whose view is not proposed yet is dropped for it, and reported again after the loss's view);
+ * reports of another change are sent again by the workers with the next view.
  *
  * Two losses at once are two views, one after the other (a server reported lost is no takeover
  * target meanwhile). What is not built yet: a worker that dies meanwhile.

@@ -11,7 +11,7 @@
 # step (grad-maxmin4); DiLoCo with H inner steps per outer step (outer SGD, Nesterov momentum
 # 0.9, outer lr 0.7 unless the label says olr) and fp32, maxmin4 or sparse topk2 (2 % of each
 # block, 2 bits; -nomom: plain outer SGD, SparseLoCo's; -b95: SparseLoCo's error feedback that
-# decays by beta = 0.95) outer gradients (dH-CODEC);
+# decays by beta = 0.95) outer gradients (dH-CODEC; d50-maxmin4-nomom: dense with plain outer SGD);
 # Streaming DiLoCo with 4 fragments and a sync delay of 1 or 2 steps (sH-p4-dTAU).
 # EXAMPLES (default "torch lm") picks which run; CONFIGS (default: all) which rows, e.g.
 # CONFIGS="gloo d50-maxmin4"; APPEND=1 adds to the CSV instead of starting it anew.
@@ -51,6 +51,9 @@ matrix() {
         --steps "$n" --seed @SEED@
     train_seeds "$ex" d50-fp32 "$outer" "$py" "$script" --diloco 50 --codec fp32 --steps "$n" --seed @SEED@
     train_seeds "$ex" d50-maxmin4 "$outer" "$py" "$script" --diloco 50 --codec maxmin4 --steps "$n" --seed @SEED@
+    # the same with plain outer SGD: the sparse rows' outer step, so that the two differ in the codec alone
+    train_seeds "$ex" d50-maxmin4-nomom "PSAGG_SERVER_OPTIMIZER=sgd" "$py" "$script" --diloco 50 --outer-momentum 0 \
+        --codec maxmin4 --steps "$n" --seed @SEED@
     # sparse outer gradients (SparseLoCo's shape): the top 2 % of each block of 4096 in 2 bits,
     # with DiLoCo's outer momentum and without (nomom: plain outer SGD, as SparseLoCo)
     for h in 15 50; do
@@ -63,7 +66,7 @@ matrix() {
             "$py" "$script" --diloco "$h" --outer-momentum 0 --codec topk2:0.02 --steps "$n" --seed @SEED@
     done
     # the trade-off curve at H=50 (plain outer SGD): denser and wider sparse outer gradients
-    for kb in 2:0.05 2:0.1 4:0.02 4:0.05 4:0.1; do
+    for kb in 2:0.05 2:0.1 4:0.02 4:0.05 4:0.1 4:0.2; do
         train_seeds "$ex" "d50-topk${kb%%:*}-${kb#*:}-nomom" "PSAGG_SERVER_OPTIMIZER=sgd" "$py" "$script" \
             --diloco 50 --outer-momentum 0 --codec "topk${kb%%:*}:${kb#*:}" --steps "$n" --seed @SEED@
     done
