@@ -140,8 +140,9 @@ run() {
 # its own (NAME-serverSb.log, -serverSc.log ...), once every worker took the view without it.
 # Each kill or return is one view more: every worker must reach it. ROUND `ready` kills SERVER
 # during the return just started (once worker 0 has its READY, before the view that admits it):
-# two views follow, the loss and the return, in either order; `stop-ready` SIGSTOPs it then
-# (it stays stopped: its silence is noticed op_timeout_ms later, during the return's state relay).
+# two views follow, the loss and the return, in either order. ROUND `stop-now` SIGSTOPs SERVER
+# at once, right after the event before (it stays stopped: its silence is noticed
+# op_timeout_ms later); a return just started before it is then decided with it.
 kill_and_return() {
     local name=$1 n_s=$2 view=0 s r w n back=-1 suffixes=(b c d e) sig
     local -A out=() starts=()
@@ -149,8 +150,10 @@ kill_and_return() {
     while (($#)); do
         s=$1 r=$2 sig=KILL
         shift 2
-        [[ $r == stop-ready ]] && r=ready sig=STOP
-        if [[ $r == ready ]]; then
+        [[ $r == stop-now ]] && r=now sig=STOP
+        if [[ $r == now ]]; then
+            :
+        elif [[ $r == ready ]]; then
             wait_until 60 grep -qs "server $back is back (READY)" "$tmp/$name-worker0.log" ||
                 fail "$name: server $back's READY never reached worker 0"
         else
@@ -193,7 +196,7 @@ kill_and_return() {
             out[$s]=1
         fi
         view=$((view + 1))
-        (($# >= 2)) && [[ $2 == *ready ]] && continue # (its view: with the next event's)
+        (($# >= 2)) && [[ $2 == ready || $2 == *now ]] && continue # (its view: with the next event's)
         (($# == 0)) && [ -n "${last_fails:-}" ] && break # (no view can follow the last kill)
         for w in 0 1 2; do
             wait_until 60 grep -q "server view $view:" "$tmp/$name-worker$w.log" ||
@@ -469,14 +472,15 @@ if [[ $part == all || $part == state ]]; then
         "$(grep -h "came: reporting it\|receives its chunks' state\|did not say within\|is decided first" \
             "$tmp"/optim-back1-kill2-server*.log | sed 's/^[0-9.]* //' | head -2 | tr '\n' ' ')"
     stop_all
-    # the same with server 2 SIGSTOPped at server 1's READY: its part of server 1's state never
-    # comes, and its loss is reported (op_timeout_ms of silence) while the state is relayed. The
-    # loss is decided first (view 2), server 1's return after it, with the state of every chunk
-    # from server 0 (view 3); then server 0 SIGKILLed: server 1 owns every chunk with that
-    # state, bit-identical (before, server 1 came back without the state, and server 0's death
-    # ended the job: its chunks had no holder left)
-    events="1 30 1 60 2 stop-ready 0 150" round_sleep=8 run optim-back1-stop2-kill0 3 maxmin4/512 2 \
-        -1 KILL 0 0 "${optim_keys[@]}"
+    # server 2 SIGSTOPped as server 1 is started again: its part of server 1's state never comes,
+    # and its loss is reported (op_timeout_ms = 6000 of silence, from before the stop) while the
+    # coordinator waits for that state (from server 1's READY, 0.5 to 2 s after its start, for
+    # op_timeout_ms): the loss is decided first (view 2), server 1's return after it, with the
+    # state of every chunk from server 0 (view 3); then server 0 SIGKILLed: server 1 owns every
+    # chunk with that state, bit-identical (before, server 1 came back without the state, and
+    # server 0's death ended the job: its chunks had no holder left)
+    events="1 30 1 60 2 stop-now 0 150" round_sleep=8 run optim-back1-stop2-kill0 3 maxmin4/512 2 \
+        -1 KILL 0 0 "${optim_keys[@]}" cluster.op_timeout_ms=6000
     went_on optim-back1-stop2-kill0 4 "${ref[optim-3-r2]}"
     grep -q "server 2 was lost while server 1 comes back (.*): the loss is decided first" \
         "$tmp/optim-back1-stop2-kill0-server0.log" ||
@@ -487,7 +491,7 @@ if [[ $part == all || $part == state ]]; then
         grep -q '^OPTIM-EXACT' "$tmp/optim-back1-stop2-kill0-worker$w.log" ||
             fail "optim-back1-stop2-kill0: worker $w not exact"
     done
-    echo "optim-back1-stop2-kill0: server 2 SIGSTOPped during server 1's return: its loss first, then" \
+    echo "optim-back1-stop2-kill0: server 2 SIGSTOPped as server 1 comes back: its loss first, then" \
         "the return with the state; server 0 SIGKILLed: bit-identical ($digest);" \
         "$(grep -h "is decided first" "$tmp/optim-back1-stop2-kill0-server0.log" | sed 's/^[0-9.]* //' | head -1)"
     stop_all
