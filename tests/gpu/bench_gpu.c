@@ -11,7 +11,9 @@
  * 2. Kernels on N elements (default 2^26): encode with error feedback (x and residual read,
  *    residual and the encoded buffer written), decode, decode-accumulate, and the fused
  *    aggregate for N = 2, 4, 8 inputs (no server residual), for maxmin 2/4/8 bits (B = 1024,
- *    stochastic rounding), fp16 and bf16. Timed with CUDA events over R repetitions.
+ *    stochastic rounding), fp16 and bf16, and topk2:0.02 and topk4:0.05 (blocks of 4096; no
+ *    aggregate: the server sums topk on the CPU; its encode reads x and r four times, so its
+ *    share of the copy is a floor). Timed with CUDA events over R repetitions.
  * 3. ResNet-50 worker step (tests/data/models/resnet50.sizes): per tensor encode + EF on the
  *    device into one packed arena, one D2H copy of all compressed bytes into pinned memory,
  *    one H2D copy of the update (same size), per tensor decode into the gradients. Reported
@@ -158,7 +160,7 @@ static void bench_codec(const psagg_codec *c, const char *name, size_t n, int re
     ms = timer_stop(reps);
     report("decode-accumulate", name, ms, 8.0 * n + len, n);
 
-    for (int ni = 2; ni <= 8; ni *= 2) {
+    for (int ni = 2; ni <= 8 && c->id != PSAGG_CODEC_TOPK; ni *= 2) { /* (no CUDA topk sum) */
         char what[32];
         PS(psagg__cuda_aggregate(c, in, (size_t)ni, len, n, NULL, key, out, len, err, stream));
         timer_start();
@@ -368,6 +370,9 @@ int main(int argc, char **argv)
             {"maxmin8", {PSAGG_CODEC_MAXMIN, 8, 1024, PSAGG_ROUND_STOCHASTIC, 0}},
             {"fp16", {PSAGG_CODEC_FP16, 0, 0, PSAGG_ROUND_NEAREST, 0}},
             {"bf16", {PSAGG_CODEC_BF16, 0, 0, PSAGG_ROUND_NEAREST, 0}},
+            /* sparse: 2 % of each block of 4096 in 2 bits, 5 % in 4 (k = ceil(share * 4096)) */
+            {"topk2:0.02", {PSAGG_CODEC_TOPK, 2, 4096, PSAGG_ROUND_STOCHASTIC, 82}},
+            {"topk4:0.05", {PSAGG_CODEC_TOPK, 4, 4096, PSAGG_ROUND_STOCHASTIC, 205}},
         };
         for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
             bench_codec(&cs[i].c, cs[i].name, n, reps);
