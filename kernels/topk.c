@@ -137,22 +137,14 @@ psagg_status psagg__topk_check(const psagg__topk_format *f)
     return PSAGG_OK;
 }
 
-/* The layout of a buffer of n elements. */
-typedef struct topk_layout {
-    size_t nb, kept;         /* blocks, entries kept in all */
-    size_t idx_off, val_off; /* where the streams start */
-    size_t idx_bytes, val_bytes;
-    uint32_t ib, levels; /* index bits, L */
-} topk_layout;
-
 static size_t stream_bytes(size_t count, uint32_t bits)
 {
     return 8 * ((count * bits + 63) / 64);
 }
 
-static topk_layout layout_of(const psagg__topk_format *f, size_t n)
+psagg__topk_layout psagg__topk_layout_of(const psagg__topk_format *f, size_t n)
 {
-    topk_layout l;
+    psagg__topk_layout l;
     size_t rest = n % f->block;
     l.nb = n / f->block + (rest != 0);
     l.kept = n / f->block * f->k + (rest < f->k ? rest : f->k);
@@ -169,7 +161,7 @@ size_t psagg__topk_encoded_size(const psagg__topk_format *f, size_t n)
 {
     if (!format_ok(f))
         return 0;
-    topk_layout l = layout_of(f, n);
+    psagg__topk_layout l = psagg__topk_layout_of(f, n);
     return l.val_off + l.val_bytes;
 }
 
@@ -216,13 +208,13 @@ psagg_status psagg__topk_encode_with(const psagg__topk_passes *p, const psagg__t
     uint32_t *idx, *scratch;
     float *v;
     size_t pos = 0;
-    topk_layout l;
+    psagg__topk_layout l;
 
     if (st)
         return st;
     if (n > PSAGG_CODEC_MAX_ELEMS)
         return psagg__fail(PSAGG_EINVAL, "topk: %zu elements, more than a buffer holds", n);
-    l = layout_of(f, n);
+    l = psagg__topk_layout_of(f, n);
     if (out_len != l.val_off + l.val_bytes)
         return psagg__fail(PSAGG_EINVAL, "topk: an output of %zu bytes; %zu elements take %zu",
                            out_len, n, l.val_off + l.val_bytes);
@@ -296,12 +288,12 @@ static psagg_status topk_walk(const psagg__topk_format *f, const uint8_t *in, si
                               size_t n, float *out, psagg__decode_op op, float factor)
 {
     psagg_status st = psagg__topk_check(f);
-    topk_layout l;
+    psagg__topk_layout l;
     size_t pos = 0;
 
     if (st)
         return st;
-    l = layout_of(f, n);
+    l = psagg__topk_layout_of(f, n);
     if (in_len != l.val_off + l.val_bytes)
         return psagg__fail(PSAGG_EINVAL, "topk: a buffer of %zu bytes; %zu elements take %zu",
                            in_len, n, l.val_off + l.val_bytes);

@@ -102,6 +102,14 @@ typedef struct psagg__topk_format {
 
 /* PSAGG_EINVAL naming the field that is out of range, or PSAGG_OK. */
 psagg_status psagg__topk_check(const psagg__topk_format *f);
+/* Where the parts of a buffer of n elements lie (the format above; f checked). */
+typedef struct psagg__topk_layout {
+    size_t nb, kept;         /* blocks, entries kept in all (K) */
+    size_t idx_off, val_off; /* where the streams start */
+    size_t idx_bytes, val_bytes;
+    uint32_t ib, levels; /* index bits (log2 C), L */
+} psagg__topk_layout;
+psagg__topk_layout psagg__topk_layout_of(const psagg__topk_format *f, size_t n);
 /* The exact encoded size of n elements (0 for a format the check refuses). */
 size_t psagg__topk_encoded_size(const psagg__topk_format *f, size_t n);
 /* Encode, validate and decode as psagg__encode, psagg__validate, psagg__decode_into (codec.h).

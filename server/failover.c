@@ -107,6 +107,15 @@ void failover_fini(server *srv)
     srv->failover = NULL;
 }
 
+/* No return is being decided any more (its view applied, or dropped for a loss). */
+static void return_over(struct failover *fo)
+{
+    fo->back = -1;
+    fo->holding = 0;
+    fo->state_wait = 0;
+    fo->with_state = 0;
+}
+
 /* The lowest live server of the view but `but` and those reported lost, or -1. */
 static int coordinator(const server *srv, const struct failover *fo, int but)
 {
@@ -359,12 +368,9 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
     fo->epoch = vh.epoch;
     fo->rejoining = 0;
     fo->lost = -1;
-    fo->back = -1;
-    fo->holding = 0;
+    return_over(fo);
     fo->proposing = 0;
     fo->retry_at = 0;
-    fo->state_wait = 0;
-    fo->with_state = 0;
     memset(fo->reported, 0, (size_t)srv->n_workers);
     memset(fo->suspect, 0, (size_t)srv->cfg.n_servers); /* (reported again if still lost) */
     atomic_store(&srv->mb.epoch, vh.epoch);             /* the push headers' epoch in this job */
@@ -580,10 +586,7 @@ void failover_lost(server *srv, int w, const psagg__ctl_hdr *h, const void *body
                  fo->state_wait ? "its chunks' state on its way"
                  : fo->holding  ? "its chunks held"
                                 : "reported back");
-        fo->back = -1;
-        fo->holding = 0;
-        fo->state_wait = 0;
-        fo->with_state = 0;
+        return_over(fo);
     }
     if (fo->lost >= 0 && fo->lost != (int)sl.server) { /* one at a time: sent again after */
         LOG_WARN(&srv->log,

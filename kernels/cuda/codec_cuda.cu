@@ -12,6 +12,7 @@
 #include "base/error.h"
 #include "codec_cuda_math.h"
 #include "kernels/codec.h"
+#include "kernels/topk.h"
 #include "kernels/cuda/codec_cuda.h"
 #include "launch.h"
 
@@ -20,32 +21,14 @@ using namespace psagg__cuda;
 namespace
 {
 
-/* One call's checked codec and sizes: the CPU library's rules (topk's stream offsets, derived
-   here, are checked against its size). */
+/* One call's checked codec and sizes: the CPU library's rules, nothing re-derived here. */
 struct Layout {
-    psagg_codec c;                            /* checked: bucket filled in */
-    uint64_t n, nb;                           /* elements, maxmin buckets (topk: blocks) */
-    uint64_t payload;                         /* maxmin payload bytes */
-    uint64_t size;                            /* encoded bytes */
-    uint64_t tk_kept, tk_idx_off, tk_val_off; /* topk: K, the streams' offsets (topk.h) */
+    psagg_codec c;         /* checked: bucket filled in */
+    uint64_t n, nb;        /* elements, maxmin buckets (topk: blocks) */
+    uint64_t payload;      /* maxmin payload bytes */
+    uint64_t size;         /* encoded bytes */
+    psagg__topk_layout tk; /* topk: its streams (kernels/topk.h) */
 };
-
-/* topk's streams (kernels/topk.h, "THE SPARSE FORMAT"); their end must be the CPU's size. */
-psagg_status topk_layout(Layout *L)
-{
-    const uint64_t C = L->c.bucket, k = L->c.k, rest = L->n % C;
-    const uint32_t ib = (uint32_t)__builtin_ctz((unsigned)C);
-    L->nb = L->n / C + (rest != 0);
-    L->tk_kept = L->n / C * k + (rest < k ? rest : k);
-    L->tk_idx_off = 8 * L->nb;
-    L->tk_val_off = L->tk_idx_off + 8 * ((L->tk_kept * ib + 63) / 64);
-    if (L->tk_val_off + 8 * ((L->tk_kept * L->c.bits + 63) / 64) != L->size)
-        return psagg__fail(
-            PSAGG_EINVAL, "cuda codec: topk streams of %llu bytes, the CPU's %llu",
-            (unsigned long long)(L->tk_val_off + 8 * ((L->tk_kept * L->c.bits + 63) / 64)),
-            (unsigned long long)L->size);
-    return PSAGG_OK;
-}
 
 psagg_status layout_make(const psagg_codec *codec, size_t n, Layout *L)
 {
@@ -65,9 +48,21 @@ psagg_status layout_make(const psagg_codec *codec, size_t n, Layout *L)
         L->nb = psagg__mm_nbuckets(n, L->c.bucket);
         L->payload = psagg__mm_payload_bytes(n, L->c.bits);
     } else if (L->c.id == PSAGG_CODEC_TOPK) {
-        return topk_layout(L);
+        const psagg__topk_format f = {L->c.bits, L->c.bucket, L->c.k, L->c.rounding};
+        L->tk = psagg__topk_layout_of(&f, n);
+        L->nb = L->tk.nb;
     }
     return PSAGG_OK;
+}
+
+/* The aggregate's refusal of topk (the server's sparse sum runs on the CPU), or PSAGG_OK. */
+psagg_status no_topk_sum(const Layout &L)
+{
+    if (L.c.id != PSAGG_CODEC_TOPK)
+        return PSAGG_OK;
+    return psagg__fail(PSAGG_EUNSUPPORTED,
+                       "cuda aggregate: topk has no CUDA sum (the server's sparse sum runs on the "
+                       "CPU)");
 }
 
 psagg_status cuda_status(cudaError_t e, const char *what)
@@ -99,7 +94,7 @@ KArgs kargs_make(const Layout &L, psagg__rng_key key, bool vec)
     a.bucket = L.c.id == PSAGG_CODEC_MAXMIN ? L.c.bucket : 0;
     a.bits = L.c.id == PSAGG_CODEC_MAXMIN || L.c.id == PSAGG_CODEC_TOPK ? L.c.bits : 0;
     a.levels = !a.bits                      ? 0u
-               : L.c.id == PSAGG_CODEC_TOPK ? (1u << (a.bits - 1)) - 1u /* the sign bit apart */
+               : L.c.id == PSAGG_CODEC_TOPK ? L.tk.levels /* 2^(b-1) - 1: the sign bit apart */
                                             : (1u << a.bits) - 1u;
     a.levels_f = (float)a.levels;
     a.k0 = key.k0;
@@ -110,10 +105,10 @@ KArgs kargs_make(const Layout &L, psagg__rng_key key, bool vec)
     if (L.c.id == PSAGG_CODEC_TOPK) {
         a.tk_block = L.c.bucket;
         a.tk_k = L.c.k;
-        a.tk_ib = (uint32_t)__builtin_ctz(L.c.bucket);
-        a.tk_kept = L.tk_kept;
-        a.tk_idx_off = L.tk_idx_off;
-        a.tk_val_off = L.tk_val_off;
+        a.tk_ib = L.tk.ib;
+        a.tk_kept = L.tk.kept;
+        a.tk_idx_off = L.tk.idx_off;
+        a.tk_val_off = L.tk.val_off;
         a.tk_size = L.size;
     }
     return a;
@@ -290,12 +285,8 @@ extern "C" psagg_status psagg__cuda_aggregate(const psagg_codec *codec, const vo
 {
     Layout L;
     psagg_status st = layout_make(codec, n, &L);
-    if (st)
+    if (st || (st = no_topk_sum(L)))
         return st;
-    if (L.c.id == PSAGG_CODEC_TOPK)
-        return psagg__fail(PSAGG_EUNSUPPORTED,
-                           "cuda aggregate: topk has no CUDA sum (the server's sparse sum runs on "
-                           "the CPU)");
     if (n_in > PSAGG_CUDA_MAX_INPUTS || (n_in && !in))
         return psagg__fail(PSAGG_EINVAL, "cuda aggregate: n_in %zu not in 0..%d", n_in,
                            PSAGG_CUDA_MAX_INPUTS);
@@ -475,12 +466,8 @@ extern "C" psagg_status psagg__cuda_aggregate_host(psagg__cuda_ctx *c, const psa
     const void *d_in[PSAGG_CUDA_MAX_INPUTS];
     if (!c)
         return psagg__fail(PSAGG_EINVAL, "cuda aggregate_host: ctx is NULL");
-    if ((st = layout_make(codec, n, &L)))
+    if ((st = layout_make(codec, n, &L)) || (st = no_topk_sum(L))) /* (before any staging) */
         return st;
-    if (L.c.id == PSAGG_CODEC_TOPK) /* (before any staging is made) */
-        return psagg__fail(PSAGG_EUNSUPPORTED,
-                           "cuda aggregate: topk has no CUDA sum (the server's sparse sum runs on "
-                           "the CPU)");
     if (n_in > PSAGG_CUDA_MAX_INPUTS || (n_in && !in))
         return psagg__fail(PSAGG_EINVAL, "cuda aggregate: n_in %zu not in 0..%d", n_in,
                            PSAGG_CUDA_MAX_INPUTS);

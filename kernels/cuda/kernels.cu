@@ -540,6 +540,13 @@ __global__ void scale_kernel(float *x, size_t n, float s)
         x[i] = __fmul_rn(x[i], s);
 }
 
+/* Blocks of 256 threads for a grid-stride loop over n elements (scale_kernel, fill_kernel). */
+unsigned grid_stride_blocks(uint64_t n)
+{
+    uint64_t blocks = (n + 255) / 256;
+    return (unsigned)(blocks > 4096 ? 4096 : blocks);
+}
+
 /* x_k = v for every k (topk's decode: every entry not kept is -0). */
 __global__ void fill_kernel(float *x, size_t n, float v)
 {
@@ -782,9 +789,8 @@ cudaError_t launch_topk_decode(const KArgs &a, const uint8_t *in, float *out, ui
                                cudaStream_t s)
 {
     if (!ADD) { /* every entry not kept decodes to -0 */
-        size_t blocks = (a.n + 255) / 256;
-        cudaError_t e = launch(fill_kernel, (unsigned)(blocks > 4096 ? 4096 : blocks), 256, s, out,
-                               (size_t)a.n, -0.0f);
+        cudaError_t e =
+            launch(fill_kernel, grid_stride_blocks(a.n), 256, s, out, (size_t)a.n, -0.0f);
         if (e != cudaSuccess)
             return e;
     }
@@ -863,8 +869,7 @@ cudaError_t launch_aggregate(int id, const KArgs &a, const InPtrs &in, uint32_t 
 
 cudaError_t launch_scale(float *x, size_t n, float factor, cudaStream_t s)
 {
-    size_t blocks = (n + 255) / 256;
-    return launch(scale_kernel, (unsigned)(blocks > 4096 ? 4096 : blocks), 256, s, x, n, factor);
+    return launch(scale_kernel, grid_stride_blocks(n), 256, s, x, n, factor);
 }
 
 } // namespace psagg__cuda

@@ -24,6 +24,7 @@
 #include "../unit/test_codec_util.h"
 #include "gpu_skip.h"
 #include "kernels/cuda/codec_cuda.h"
+#include "kernels/topk.h"
 
 #define CU(call)                                                                                   \
     do {                                                                                           \
@@ -122,7 +123,9 @@ static void topk_decodes(const psagg_codec *c, size_t n, const uint8_t *enc, siz
 {
     float *acc = tc_xmalloc(n * 4 + 4), *got = tc_xmalloc(n * 4 + 4), *d_acc = dmalloc(n * 4);
     uint8_t *bad = tc_xmalloc(len), *d_in = dmalloc(len);
-    size_t nb = (n + c->bucket - 1) / c->bucket, ix = 0;
+    const psagg__topk_format f = {c->bits, c->bucket, c->k, c->rounding};
+    const psagg__topk_layout l = psagg__topk_layout_of(&f, n);
+    size_t ix = 0;
     psagg_status a, b;
     tc_fill(acc, n, TC_KIND_MIXED, seed, 0);
     CU(cudaMemcpy(d_acc, acc, n * 4, cudaMemcpyHostToDevice));
@@ -135,17 +138,15 @@ static void topk_decodes(const psagg_codec *c, size_t n, const uint8_t *enc, siz
           tc_first_diff(acc, got, n * 4));
     /* corrupted: a negative scale, two indices out of order, a padding bit (when there is one) */
     for (int kind = 0; kind < 3; kind++) {
-        size_t kept = n / c->bucket * c->k + (n % c->bucket < c->k ? n % c->bucket : c->k);
-        size_t idx_off = 8 * nb;
         memcpy(bad, enc, len);
         if (kind == 0) {
-            bad[8 * (nb - 1) + 3] |= 0x80; /* the last block's scale */
+            bad[8 * (l.nb - 1) + 3] |= 0x80; /* the last block's scale */
         } else if (kind == 1) {
-            if (kept < 2 || c->k < 2)
+            if (l.kept < 2 || c->k < 2)
                 continue;
-            bad[idx_off] ^= 0xFF, bad[idx_off + 1] ^= 0xFF; /* the first indices */
+            bad[l.idx_off] ^= 0xFF, bad[l.idx_off + 1] ^= 0xFF; /* the first indices */
         } else {
-            if ((kept * c->bits) % 64 == 0)
+            if ((l.kept * c->bits) % 64 == 0)
                 continue;
             bad[len - 1] |= 0x80; /* past the last value */
         }
