@@ -63,7 +63,8 @@
  * thc (integer aggregation: a seeded rotation, b-bit indices into a table every worker shares
  *   at the round's scale, summed by the servers as integers): specified in kernels/thc.h.
  *   Its update is not a push: a sum stream whose width depends on the pushes summed
- *   (psagg__update_size), and the generic encode, decode and aggregate below refuse it.
+ *   (psagg__update_size), and the generic encode, decode and aggregate below refuse it (as do
+ *   the CUDA ones: psagg__cuda_thc_push_encode and psagg__cuda_thc_update_decode are its own).
  *
  * RNG (stochastic rounding): counter-based, keyed by (seed, stream), indexed by element.
  * One 32-bit hash serves a pair of elements (2m, 2m + 1), 16 bits each:

@@ -462,6 +462,49 @@ out:
     return st;
 }
 
+psagg_status psagg__thc_update_meta(uint32_t bits, uint32_t block, const uint8_t *update,
+                                    size_t len, size_t n, size_t *inputs, float *scales,
+                                    uint32_t *counts)
+{
+    size_t nb = psagg__thc_blocks(n, block);
+    const uint32_t L = 1u << bits;
+
+    if (!nb || !bits_ok(bits))
+        return psagg__fail(PSAGG_EINVAL, "thc update: thc%u/%u", bits, block);
+    /* the width from the length: the widest inputs of each */
+    if (len == psagg__thc_update_bytes(bits, block, n, 255 / (L - 1)))
+        *inputs = 255 / (L - 1);
+    else if (len == psagg__thc_update_bytes(bits, block, n, 65535 / (L - 1)))
+        *inputs = 65535 / (L - 1);
+    else
+        return psagg__fail(PSAGG_EBADMETA, "thc update: %zu bytes; %zu elements take %zu or %zu",
+                           len, n, psagg__thc_update_bytes(bits, block, n, 1),
+                           psagg__thc_update_bytes(bits, block, n, 65535 / (L - 1)));
+    for (size_t m = 0; m < nb; m++) {
+        const uint8_t *mt = update + PSAGG_THC_UPDATE_META * m;
+        float c = get_f32(mt), pk = get_f32(mt + 4);
+        uint32_t k = get_u32(mt + 8);
+        if (!scale_ok(c) || !peak_ok(pk) || k > *inputs || (k == 0) != (c == 0))
+            return psagg__fail(PSAGG_EBADMETA,
+                               "thc update: block %zu: scale %g, peak %g, count %u (a count up to "
+                               "%zu, 0 exactly when the scale is)",
+                               m, (double)c, (double)pk, k, *inputs);
+        if (scales)
+            scales[m] = c;
+        if (counts)
+            counts[m] = k;
+    }
+    return PSAGG_OK;
+}
+
+void psagg__thc_update_next_scales(uint32_t bits, uint32_t block, const uint8_t *update, size_t n,
+                                   float *next_scales)
+{
+    for (size_t m = 0, nb = psagg__thc_blocks(n, block); m < nb; m++)
+        next_scales[m] =
+            psagg__thc_next_scale(bits, get_f32(update + PSAGG_THC_UPDATE_META * m + 4));
+}
+
 psagg_status psagg__thc_update_decode(uint32_t bits, uint32_t block, psagg__rng_key rot,
                                       const uint8_t *update, size_t len, size_t n, float factor,
                                       psagg__decode_op op, float *out, float *next_scales)
@@ -472,19 +515,10 @@ psagg_status psagg__thc_update_decode(uint32_t bits, uint32_t block, psagg__rng_
     uint32_t *counts = NULL;
     float *scales = NULL;
     uint16_t *S = NULL;
-    psagg_status st = PSAGG_OK;
+    psagg_status st;
 
     if (!nb || !bits_ok(bits))
         return psagg__fail(PSAGG_EINVAL, "thc update: thc%u/%u", bits, block);
-    /* the width from the length: the widest inputs of each */
-    if (len == psagg__thc_update_bytes(bits, block, n, 255 / (L - 1)))
-        inputs = 255 / (L - 1);
-    else if (len == psagg__thc_update_bytes(bits, block, n, 65535 / (L - 1)))
-        inputs = 65535 / (L - 1);
-    else
-        return psagg__fail(PSAGG_EBADMETA, "thc update: %zu bytes; %zu elements take %zu or %zu",
-                           len, n, psagg__thc_update_bytes(bits, block, n, 1),
-                           psagg__thc_update_bytes(bits, block, n, 65535 / (L - 1)));
     scales = malloc(nb * sizeof *scales);
     counts = malloc(nb * sizeof *counts);
     S = malloc(psagg__thc_index_bytes(bits, np) * 8 / bits * sizeof *S);
@@ -492,41 +526,25 @@ psagg_status psagg__thc_update_decode(uint32_t bits, uint32_t block, psagg__rng_
         st = psagg__fail(PSAGG_ENOMEM, "thc: the update of %zu elements", n);
         goto out;
     }
+    if ((st = psagg__thc_update_meta(bits, block, update, len, n, &inputs, scales, counts)))
+        goto out;
     unplane(bits, psagg__thc_sum_width(bits, inputs), update + umeta,
             psagg__thc_index_bytes(bits, np) / PSAGG_THC_GROUP_BYTES, S);
-    for (size_t m = 0; m < nb; m++) {
+    for (size_t m = 0; m < nb; m++) { /* no sum above what the block's pushes can make */
         size_t base, bl;
-        uint32_t p = block_of(n, block, m, &base, &bl), top = 0;
-        const uint8_t *mt = update + PSAGG_THC_UPDATE_META * m;
-        float pk = get_f32(mt + 4);
-        scales[m] = get_f32(mt);
-        counts[m] = get_u32(mt + 8);
-        if (!scale_ok(scales[m]) || !peak_ok(pk) || counts[m] > inputs ||
-            (counts[m] == 0) != (scales[m] == 0)) {
-            st = psagg__fail(PSAGG_EBADMETA,
-                             "thc update: block %zu: scale %g, peak %g, count %u (a count up to "
-                             "%zu, 0 exactly when the scale is)",
-                             m, (double)scales[m], (double)pk, counts[m], inputs);
-            goto out;
-        }
+        uint32_t p = block_of(n, block, m, &base, &bl);
         for (uint32_t i = 0; i < p; i++)
-            top = S[e0 + i] > top ? S[e0 + i] : top;
-        if (top > counts[m] * (L - 1)) {
-            for (uint32_t i = 0;; i++)
-                if (S[e0 + i] == top) {
-                    st = psagg__fail(PSAGG_EBADMETA,
-                                     "thc update: element %zu's sum %u is more than %u pushes make",
-                                     e0 + i, top, counts[m]);
-                    goto out;
-                }
-        }
+            if (S[e0 + i] > counts[m] * (L - 1)) {
+                st = psagg__fail(PSAGG_EBADMETA,
+                                 "thc update: element %zu's sum %u is more than %u pushes make",
+                                 e0 + i, S[e0 + i], counts[m]);
+                goto out;
+            }
         e0 += p;
     }
     if (!(st = decode_sums(bits, block, rot, scales, S, inputs, counts, n, factor, op, out)) &&
         next_scales)
-        for (size_t m = 0; m < nb; m++)
-            next_scales[m] =
-                psagg__thc_next_scale(bits, get_f32(update + PSAGG_THC_UPDATE_META * m + 4));
+        psagg__thc_update_next_scales(bits, block, update, n, next_scales);
 out:
     free(scales);
     free(counts);

@@ -191,6 +191,16 @@ psagg_status psagg__thc_update_decode(uint32_t bits, uint32_t block, psagg__rng_
                                       const uint8_t *update, size_t len, size_t n, float factor,
                                       psagg__decode_op op, float *out, float *next_scales);
 
+/* Check an update's length and meta (THE WIRE FORMAT's UPDATE) without reading its sums:
+   *inputs the widest count its width holds, each block's scale and count (nb values, or NULL).
+   PSAGG_EBADMETA names the block. (A device decodes what this passed, and checks the sums.) */
+psagg_status psagg__thc_update_meta(uint32_t bits, uint32_t block, const uint8_t *update,
+                                    size_t len, size_t n, size_t *inputs, float *scales,
+                                    uint32_t *counts);
+/* NEXT SCALE: the scales (nb floats) of the chunk's next push from a checked update. */
+void psagg__thc_update_next_scales(uint32_t bits, uint32_t block, const uint8_t *update, size_t n,
+                                   float *next_scales);
+
 /* The scalar fold over whole groups (kernels/cpu/ paths must equal it). */
 void psagg__thc_fold_scalar(uint32_t bits, uint32_t width, const uint8_t *const *in, size_t n_in,
                             size_t groups, uint8_t *out);

@@ -142,6 +142,21 @@ static psagg_status cx_scale(float *x, size_t n, float f, void *s)
     return psagg__cuda_scale(x, n, f, s);
 }
 
+static psagg_status cx_thc_encode(const psagg_codec *codec, psagg__rng_key rot, const float *scales,
+                                  const float *x, float *residual, size_t n, psagg__rng_key key,
+                                  void *out, size_t out_len, uint64_t *d_err, void *s)
+{
+    return psagg__cuda_thc_push_encode(codec, rot, scales, x, residual, n, key, out, out_len, d_err,
+                                       s);
+}
+
+static psagg_status cx_thc_decode(const psagg_codec *codec, psagg__rng_key rot, const void *in,
+                                  size_t in_len, size_t n, float factor, psagg__decode_op op,
+                                  float *out, uint64_t *d_err, void *s)
+{
+    return psagg__cuda_thc_update_decode(codec, rot, in, in_len, n, factor, op, out, d_err, s);
+}
+
 static const psagg__devexec cuda_exec = {
     .name = "cuda",
     .get_device = cx_get_device,
@@ -164,6 +179,8 @@ static const psagg__devexec cuda_exec = {
     .encode = cx_encode,
     .decode = cx_decode,
     .scale = cx_scale,
+    .thc_encode = cx_thc_encode,
+    .thc_decode = cx_thc_decode,
     .err_status = psagg__cuda_err_status,
 };
 

@@ -58,6 +58,14 @@ typedef struct psagg__devexec {
     psagg_status (*decode)(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
                            float *out, uint64_t *d_err, void *stream);
     psagg_status (*scale)(float *x, size_t n, float s, void *stream);
+    /* thc (codec_cuda.h's psagg__cuda_thc_push_encode and psagg__cuda_thc_update_decode): a
+       push at the blocks' scales (device memory), an update's decode as op says */
+    psagg_status (*thc_encode)(const psagg_codec *codec, psagg__rng_key rot, const float *scales,
+                               const float *x, float *residual, size_t n, psagg__rng_key key,
+                               void *out, size_t out_len, uint64_t *d_err, void *stream);
+    psagg_status (*thc_decode)(const psagg_codec *codec, psagg__rng_key rot, const void *in,
+                               size_t in_len, size_t n, float factor, psagg__decode_op op,
+                               float *out, uint64_t *d_err, void *stream);
     /* an error word read back (all bytes 0xFF: none) as a status and the chunk-local index */
     psagg_status (*err_status)(uint64_t word, size_t *bad_index);
 } psagg__devexec;

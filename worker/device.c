@@ -44,9 +44,13 @@ typedef struct dev_tensor {
     int queued;         /* work of the operation in flight may be queued (see above) */
     int decoding;       /* complete() enqueued the decode of the operation in flight */
     int residual_stale; /* a reset could not be enqueued: zero it before the next encode */
-    size_t enc_total;
+    size_t enc_total, upd_total;
     size_t *enc_off;         /* per chunk: offset in the tensor's encoded bytes */
+    size_t *upd_off;         /* ... and in its updates' (thc's are wider than its pushes) */
+    size_t *upd_len;         /* per chunk: the update's length (thc: as the pushes summed) */
+    size_t res_elems;        /* the residual's floats (thc: rotated coordinates) */
     float *d_residual;       /* error feedback, or NULL */
+    float *d_scales, *h_scales; /* thc: the blocks' scales of the push (device, pinned) */
     uint8_t *d_enc, *h_enc;  /* encoded pushes: device, pinned host */
     uint8_t *d_upd, *h_upd;  /* updates: device, pinned host */
     uint64_t *d_err, *h_err; /* error words: n_chunks for the encode, then n_chunks decode */
@@ -153,6 +157,10 @@ static void tensor_free(const psagg__devexec *ex, dev_tensor *gt)
         ex->dev_free(gt->d_err);
     if (gt->d_residual)
         ex->dev_free(gt->d_residual);
+    if (gt->d_scales)
+        ex->dev_free(gt->d_scales);
+    if (gt->h_scales)
+        ex->host_free(gt->h_scales);
     if (gt->h_enc)
         ex->host_free(gt->h_enc);
     if (gt->h_upd)
@@ -166,6 +174,8 @@ static void tensor_free(const psagg__devexec *ex, dev_tensor *gt)
     if (gt->ev_dec)
         ex->event_destroy(gt->ev_dec);
     free(gt->enc_off);
+    free(gt->upd_off);
+    free(gt->upd_len);
     memset(gt, 0, sizeof *gt);
 }
 
@@ -185,25 +195,39 @@ static psagg_status tensor_setup(psagg_ctx *ctx, dev_state *g, uint32_t key)
     if (gt->ready)
         return PSAGG_OK;
     gt->enc_off = calloc(ti->n_chunks, sizeof *gt->enc_off);
-    if (!gt->enc_off)
+    gt->upd_off = calloc(ti->n_chunks, sizeof *gt->upd_off);
+    gt->upd_len = calloc(ti->n_chunks, sizeof *gt->upd_len);
+    if (!gt->enc_off || !gt->upd_off || !gt->upd_len) {
+        tensor_free(ex, gt);
         return psagg__fail(PSAGG_ENOMEM, "device path: chunk offsets");
+    }
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
+        const psagg__chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
         gt->enc_off[c] = gt->enc_total;
+        gt->upd_off[c] = gt->upd_total;
         /* 256-byte aligned pieces keep the kernels on their vector paths */
-        gt->enc_total += (ctx->layout.chunks[ti->first_chunk + c].enc_bytes + 255) & ~(size_t)255;
+        gt->enc_total += (ci->enc_bytes + 255) & ~(size_t)255;
+        gt->upd_total += (psagg__update_cap(&ti->codec, ci->count) + 255) & ~(size_t)255;
     }
     if ((st = ex->dev_alloc((void **)&gt->d_enc, gt->enc_total)) ||
-        (st = ex->dev_alloc((void **)&gt->d_upd, gt->enc_total)) ||
+        (st = ex->dev_alloc((void **)&gt->d_upd, gt->upd_total)) ||
         (st = ex->host_alloc((void **)&gt->h_enc, gt->enc_total)) ||
-        (st = ex->host_alloc((void **)&gt->h_upd, gt->enc_total)) ||
+        (st = ex->host_alloc((void **)&gt->h_upd, gt->upd_total)) ||
         (st = ex->dev_alloc((void **)&gt->d_err, words)) ||
         (st = ex->host_alloc((void **)&gt->h_err, words)) || (st = ex->event_create(&gt->ev_in)) ||
         (st = ex->event_create(&gt->ev_enc)) || (st = ex->event_create(&gt->ev_dec)))
         goto fail;
     if (ctx->tensors[key].residual) { /* error feedback: the residual lives on the device */
-        if ((st = ex->dev_alloc((void **)&gt->d_residual, ti->count * sizeof(float))))
+        gt->res_elems = tensor_residual_elems(&ctx->layout, ti);
+        if ((st = ex->dev_alloc((void **)&gt->d_residual, gt->res_elems * sizeof(float))))
             goto fail;
         gt->residual_stale = 1; /* zeroed, stream-ordered, before the first encode */
+    }
+    if (ti->codec.id == PSAGG_CODEC_THC) { /* the blocks' scales: the host's, copied each push */
+        size_t nb = psagg__thc_blocks(ti->count, ti->codec.bucket) * sizeof(float);
+        if ((st = ex->dev_alloc((void **)&gt->d_scales, nb)) ||
+            (st = ex->host_alloc((void **)&gt->h_scales, nb)))
+            goto fail;
     }
     gt->ready = 1;
     return PSAGG_OK;
@@ -232,8 +256,9 @@ static void residual_reset(dev_state *g, dev_tensor *gt, const psagg__tensor_inf
 {
     if (!gt->d_residual)
         return;
+    (void)ti;
     gt->residual_stale = 1;
-    if (!g->ex->fill(gt->d_residual, 0, ti->count * sizeof(float), g->stream)) {
+    if (!g->ex->fill(gt->d_residual, 0, gt->res_elems * sizeof(float), g->stream)) {
         gt->residual_stale = 0;
         gt->queued = 1;
     }
@@ -255,19 +280,31 @@ static psagg_status enqueue_encode(psagg_ctx *ctx, dev_state *g, struct psagg_ha
     if ((st = ex->stream_wait_event(g->stream, gt->ev_in)))
         goto fail;
     if (gt->residual_stale) {
-        if ((st = ex->fill(gt->d_residual, 0, ti->count * sizeof(float), g->stream)))
+        if ((st = ex->fill(gt->d_residual, 0, gt->res_elems * sizeof(float), g->stream)))
             goto fail;
         gt->residual_stale = 0;
     }
     if ((st = ex->fill(gt->d_err, 0xFF, words, g->stream)))
         goto fail;
+    if (gt->d_scales) { /* thc: at the scales the last update set (host.c's encode) */
+        size_t bytes = psagg__thc_blocks(ti->count, ti->codec.bucket) * sizeof(float);
+        memcpy(gt->h_scales, ctx->tensors[h->key].thc_scale, bytes);
+        if ((st = ex->copy(gt->d_scales, gt->h_scales, bytes, g->stream)))
+            goto fail;
+    }
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
         const psagg__chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
         psagg__rng_key key = psagg__rng_chunk_key(ctx->cfg.seed, PSAGG_RNG_WORKER,
                                                   (uint32_t)ctx->rank, ci->key, ci->index, h->step);
-        if ((st = ex->encode(&h->codec, h->in + ci->offset,
-                             gt->d_residual ? gt->d_residual + ci->offset : NULL, ci->count, key,
-                             gt->d_enc + gt->enc_off[c], ci->enc_bytes, &gt->d_err[c], g->stream)))
+        float *res = gt->d_residual ? gt->d_residual + ci->offset : NULL;
+        st = gt->d_scales
+                 ? ex->thc_encode(&h->codec, thc_rotation(ctx, ci),
+                                  gt->d_scales + ci->offset / h->codec.bucket, h->in + ci->offset,
+                                  res, ci->count, key, gt->d_enc + gt->enc_off[c], ci->enc_bytes,
+                                  &gt->d_err[c], g->stream)
+                 : ex->encode(&h->codec, h->in + ci->offset, res, ci->count, key,
+                              gt->d_enc + gt->enc_off[c], ci->enc_bytes, &gt->d_err[c], g->stream);
+        if (st)
             goto fail;
     }
     if ((st = ex->copy(gt->h_enc, gt->d_enc, gt->enc_total, g->stream)) ||
@@ -346,12 +383,6 @@ psagg_status psagg_push_pull_cuda(psagg_ctx *ctx, uint32_t key, const float *d_i
     h = handle_new(ctx, key, d_in, d_out, op, priority, &device_ops, &st);
     if (!h)
         return st;
-    if (ctx->layout.tensors[key].codec.id == PSAGG_CODEC_THC) {
-        st = psagg__fail(PSAGG_EUNSUPPORTED,
-                         "its codec is thc, which has no CUDA kernels yet (its rotation and "
-                         "encode run on the host): push it from host memory (psagg_push_pull)");
-        goto err;
-    }
     if (ctx->layout.tensors[key].adaptive) {
         st = psagg__fail(PSAGG_EUNSUPPORTED,
                          "its codec is adaptive ([codec] adaptive = on), which the CUDA path "
@@ -451,10 +482,30 @@ static psagg_status dev_update(psagg_ctx *ctx, struct psagg_handle *h, const psa
                                size_t payload_len)
 {
     dev_tensor *gt = &((dev_state *)ctx->device)->t[h->key];
+    const psagg__tensor_info *ti = &ctx->layout.tensors[h->key];
     /* the round's codec is h->codec (no parameters here: psagg_push_pull_cuda refuses them),
        and the decode on the device scales for AVERAGE itself */
     (void)codec, (void)mode;
-    memcpy(gt->h_upd + gt->enc_off[ci->index], payload, payload_len);
+    if (payload_len > psagg__update_cap(&h->codec, ci->count))
+        return psagg__fail(PSAGG_EBADLEN,
+                           "update of tensor '%.63s' chunk %u from server %u: %zu bytes, more "
+                           "than %zu",
+                           ti->name, ci->index, chunk_owner(ctx, ti->first_chunk + ci->index),
+                           payload_len, psagg__update_cap(&h->codec, ci->count));
+    if (h->codec.id == PSAGG_CODEC_THC) { /* its meta here (the device checks the sums), and
+                                             the scales of the chunk's next push */
+        size_t inputs;
+        float *next = ctx->tensors[h->key].thc_scale + ci->offset / h->codec.bucket;
+        psagg_status st = psagg__thc_update_meta(h->codec.bits, h->codec.bucket, payload,
+                                                 payload_len, ci->count, &inputs, NULL, NULL);
+        if (st)
+            return psagg__fail_context(
+                st, "update of tensor '%.63s' chunk %u from server %u: ", ti->name, ci->index,
+                chunk_owner(ctx, ti->first_chunk + ci->index));
+        psagg__thc_update_next_scales(h->codec.bits, h->codec.bucket, payload, ci->count, next);
+    }
+    memcpy(gt->h_upd + gt->upd_off[ci->index], payload, payload_len);
+    gt->upd_len[ci->index] = payload_len;
     return PSAGG_OK;
 }
 
@@ -471,15 +522,24 @@ static psagg_status enqueue_decode(psagg_ctx *ctx, dev_state *g, struct psagg_ha
 
     gt->queued = 1;
     if ((st = ex->fill(d_words, 0xFF, words, g->stream)) ||
-        (st = ex->copy(gt->d_upd, gt->h_upd, gt->enc_total, g->stream)))
+        (st = ex->copy(gt->d_upd, gt->h_upd, gt->upd_total, g->stream)))
         return st;
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
         const psagg__chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
-        if ((st = ex->decode(&h->codec, gt->d_upd + gt->enc_off[c], ci->enc_bytes, ci->count,
-                             h->out + ci->offset, &d_words[c], g->stream)))
+        const uint8_t *in = gt->d_upd + gt->upd_off[c];
+        /* thc scales each coordinate before its inverse rotation (host.c's decode) */
+        st = gt->d_scales
+                 ? ex->thc_decode(&h->codec, thc_rotation(ctx, ci), in, gt->upd_len[c], ci->count,
+                                  h->chunk_scale[c],
+                                  h->op == PSAGG_AVERAGE ? PSAGG_DECODE_SCALE : PSAGG_DECODE_SET,
+                                  h->out + ci->offset, &d_words[c], g->stream)
+                 : ex->decode(&h->codec, in, gt->upd_len[c], ci->count, h->out + ci->offset,
+                              &d_words[c], g->stream);
+        if (st)
             return st;
     }
-    if (h->op == PSAGG_AVERAGE) { /* one scale, unless the chunks summed different workers */
+    if (h->op == PSAGG_AVERAGE && !gt->d_scales) { /* one scale, unless the chunks summed
+                                                      different workers */
         uint32_t same = 1;
         for (uint32_t c = 1; c < ti->n_chunks && same; c++)
             same = h->chunk_scale[c] == h->chunk_scale[0];

@@ -12,12 +12,6 @@
 #include "kernels/codec.h"
 #include "worker.h"
 
-/* thc's rotation of chunk ci: the same on every worker and round (kernels/thc.h) */
-static psagg__rng_key thc_rotation(const psagg_ctx *ctx, const psagg__chunk_info *ci)
-{
-    return psagg__rng_chunk_key(ctx->cfg.seed, PSAGG_RNG_ROTATE, 0, ci->key, ci->index, 0);
-}
-
 static psagg_status host_encode(psagg_ctx *ctx, struct psagg_handle *h)
 {
     const psagg__tensor_info *ti = &ctx->layout.tensors[h->key];

@@ -322,6 +322,12 @@ static inline size_t tensor_residual_elems(const psagg__layout *l, const psagg__
     return last->offset + chunk_residual_elems(ti, last);
 }
 
+/* thc's rotation of chunk ci: the same on every worker and round (kernels/thc.h) */
+static inline psagg__rng_key thc_rotation(const psagg_ctx *ctx, const psagg__chunk_info *ci)
+{
+    return psagg__rng_chunk_key(ctx->cfg.seed, PSAGG_RNG_ROTATE, 0, ci->key, ci->index, 0);
+}
+
 /* The server that owns chunk g now: its pushes go there, its updates come from there. */
 static inline uint32_t chunk_owner(const psagg_ctx *ctx, uint32_t g)
 {

@@ -12,6 +12,7 @@
 #include "base/error.h"
 #include "codec_cuda_math.h"
 #include "kernels/codec.h"
+#include "kernels/thc.h"
 #include "kernels/topk.h"
 #include "kernels/cuda/codec_cuda.h"
 #include "launch.h"
@@ -63,6 +64,19 @@ psagg_status no_topk_sum(const Layout &L)
     return psagg__fail(PSAGG_EUNSUPPORTED,
                        "cuda aggregate: topk has no CUDA sum (the server's sparse sum runs on the "
                        "CPU)");
+}
+
+/* The generic functions' refusal of thc (its own functions below), or PSAGG_OK. */
+psagg_status not_thc(const Layout &L, const char *what)
+{
+    if (L.c.id != PSAGG_CODEC_THC)
+        return PSAGG_OK;
+    return psagg__fail(
+        PSAGG_EINVAL,
+        "%s: thc's pushes take their chunk's scales and rotation and its updates "
+        "are integer sums: psagg__cuda_thc_push_encode, psagg__cuda_thc_update_decode "
+        "(the server's fold runs on the CPU)",
+        what);
 }
 
 psagg_status cuda_status(cudaError_t e, const char *what)
@@ -222,7 +236,7 @@ extern "C" psagg_status psagg__cuda_encode(const psagg_codec *codec, const float
 {
     Layout L;
     psagg_status st = layout_make(codec, n, &L);
-    if (st)
+    if (st || (st = not_thc(L, "cuda encode")))
         return st;
     if (out_len != L.size)
         return psagg__fail(PSAGG_EBADLEN, "cuda encode: out_len %zu, codec needs %llu", out_len,
@@ -246,7 +260,7 @@ static psagg_status decode_common(const psagg_codec *codec, const void *in, size
 {
     Layout L;
     psagg_status st = layout_make(codec, n, &L);
-    if (st)
+    if (st || (st = not_thc(L, "cuda decode")))
         return st;
     if (in_len != L.size)
         return psagg__fail(PSAGG_EBADLEN, "cuda decode: in_len %zu, codec needs %llu", in_len,
@@ -285,7 +299,7 @@ extern "C" psagg_status psagg__cuda_aggregate(const psagg_codec *codec, const vo
 {
     Layout L;
     psagg_status st = layout_make(codec, n, &L);
-    if (st || (st = no_topk_sum(L)))
+    if (st || (st = no_topk_sum(L)) || (st = not_thc(L, "cuda aggregate")))
         return st;
     if (n_in > PSAGG_CUDA_MAX_INPUTS || (n_in && !in))
         return psagg__fail(PSAGG_EINVAL, "cuda aggregate: n_in %zu not in 0..%d", n_in,
@@ -318,6 +332,122 @@ extern "C" psagg_status psagg__cuda_aggregate(const psagg_codec *codec, const vo
 }
 
 /* ---- blocking wrappers ---- */
+
+/* ---- thc (kernels/thc.h) ---- */
+
+namespace
+{
+/* A thc call's checked codec and the arguments of its kernels (rotation, sizes). */
+psagg_status thc_args(const psagg_codec *codec, size_t n, psagg__rng_key rot, psagg__rng_key key,
+                      const char *what, Layout *L, KArgs *a)
+{
+    psagg_status st = layout_make(codec, n, L);
+    if (st)
+        return st;
+    if (L->c.id != PSAGG_CODEC_THC)
+        return psagg__fail(PSAGG_EINVAL, "%s: codec %u is not thc", what, (unsigned)L->c.id);
+    if (n == 0)
+        return psagg__fail(PSAGG_EINVAL, "%s: no elements", what);
+    memset(a, 0, sizeof *a);
+    a->n = n;
+    a->nb = psagg__thc_blocks(n, L->c.bucket);
+    a->bits = L->c.bits;
+    a->levels = (1u << a->bits) - 1u;
+    a->k0 = key.k0;
+    a->k1 = key.k1;
+    a->rk0 = rot.k0;
+    a->rk1 = rot.k1;
+    a->th_block = L->c.bucket;
+    a->th_np = psagg__thc_rotated_len(n, L->c.bucket);
+    return PSAGG_OK;
+}
+
+/* The scratch of blocks too large for shared memory (N' floats, stream-ordered), or none. */
+psagg_status thc_scratch(const KArgs &a, float **scratch, cudaStream_t s)
+{
+    *scratch = nullptr;
+    if (a.th_block <= thc_smem_max())
+        return PSAGG_OK;
+    return cuda_status(cudaMallocAsync((void **)scratch, a.th_np * sizeof(float), s),
+                       "cudaMallocAsync(thc scratch)");
+}
+
+psagg_status thc_launched(cudaError_t e, float *scratch, cudaStream_t s, const char *what)
+{
+    psagg_status st = cuda_status(e, what);
+    if (scratch)
+        (void)cudaFreeAsync(scratch, s); /* (after the kernel, in stream order) */
+    return st;
+}
+} /* namespace */
+
+extern "C" psagg_status psagg__cuda_thc_push_encode(const psagg_codec *codec, psagg__rng_key rot,
+                                                    const float *scales, const float *x,
+                                                    float *residual, size_t n, psagg__rng_key key,
+                                                    void *out, size_t out_len, uint64_t *d_err,
+                                                    cudaStream_t stream)
+{
+    Layout L;
+    KArgs a;
+    float *scratch;
+    psagg_status st = thc_args(codec, n, rot, key, "cuda thc push", &L, &a);
+    if (st)
+        return st;
+    if (out_len != L.size)
+        return psagg__fail(PSAGG_EBADLEN, "cuda thc push: out_len %zu, %zu elements take %llu",
+                           out_len, n, (unsigned long long)L.size);
+    if (!x || !out || !scales)
+        return psagg__fail(PSAGG_EINVAL, "cuda thc push: NULL buffer");
+    if ((st = check_ptr(x, 4, "x")) || (st = check_ptr(residual, 4, "residual")) ||
+        (st = check_ptr(scales, 4, "scales")) || (st = check_ptr(out, 8, "out")))
+        return st;
+    a.th_meta = PSAGG_THC_PUSH_META * a.nb;
+    a.th_size = L.size;
+    if ((st = thc_scratch(a, &scratch, stream)))
+        return st;
+    return thc_launched(launch_thc_encode(a, x, residual, scales, static_cast<uint8_t *>(out),
+                                          scratch, d_err, stream),
+                        scratch, stream, "cuda thc push launch");
+}
+
+extern "C" psagg_status psagg__cuda_thc_update_decode(const psagg_codec *codec, psagg__rng_key rot,
+                                                      const void *in, size_t in_len, size_t n,
+                                                      float factor, psagg__decode_op op, float *out,
+                                                      uint64_t *d_err, cudaStream_t stream)
+{
+    Layout L;
+    KArgs a;
+    float *scratch;
+    psagg_status st = thc_args(codec, n, rot, psagg__rng_key{0, 0}, "cuda thc update", &L, &a);
+    if (st)
+        return st;
+    for (uint32_t inputs : {255u / a.levels, 65535u / a.levels}) /* the width from the length */
+        if (in_len == psagg__thc_update_bytes(a.bits, a.th_block, n, inputs)) {
+            a.th_inputs = inputs;
+            a.th_width = psagg__thc_sum_width(a.bits, inputs);
+        }
+    if (!a.th_inputs)
+        return psagg__fail(PSAGG_EBADLEN,
+                           "cuda thc update: in_len %zu; %zu elements take %zu or %zu", in_len, n,
+                           psagg__thc_update_bytes(a.bits, a.th_block, n, 1),
+                           psagg__thc_update_bytes(a.bits, a.th_block, n, 65535u / a.levels));
+    if (op != PSAGG_DECODE_SET && op != PSAGG_DECODE_ADD && op != PSAGG_DECODE_FIRST &&
+        op != PSAGG_DECODE_SCALE)
+        return psagg__fail(PSAGG_EINVAL, "cuda thc update: op %d", (int)op);
+    if (!in || !out)
+        return psagg__fail(PSAGG_EINVAL, "cuda thc update: NULL buffer");
+    if ((st = check_ptr(in, 8, "in")) || (st = check_ptr(out, 4, "out")))
+        return st;
+    a.th_meta = PSAGG_THC_UPDATE_META * a.nb;
+    a.th_size = in_len;
+    a.th_factor = factor;
+    a.th_op = (int)op;
+    if ((st = thc_scratch(a, &scratch, stream)))
+        return st;
+    return thc_launched(
+        launch_thc_decode(a, static_cast<const uint8_t *>(in), out, scratch, d_err, stream),
+        scratch, stream, "cuda thc update launch");
+}
 
 extern "C" psagg_status psagg__cuda_encode_sync(const psagg_codec *codec, const float *x,
                                                 float *residual, size_t n, psagg__rng_key key,

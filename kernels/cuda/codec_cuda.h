@@ -97,12 +97,37 @@ psagg_status psagg__cuda_decode_add(const psagg_codec *codec, const void *in, si
  * pointers, each in_len bytes of n encoded elements. s_k = (((0 + y0_k) + y1_k) + ...) in the
  * order given (n_in = 0 encodes zeros, as the CPU does), then s (+ residual, updated, when residual
  * != NULL) is encoded into out. topk has no CUDA sum (PSAGG_EUNSUPPORTED; its encode and decode
- * above have kernels). The pointer array is copied into the launch, so it may be reused as
- * soon as this returns. Invalid inputs report stage-0 errors whose index is the input's position.
+ * above have kernels), nor thc (its integer fold is the CPU's, kernels/thc.h). The pointer array is
+ * copied into the launch, so it may be reused as soon as this returns. Invalid inputs report
+ * stage-0 errors whose index is the input's position.
  */
 psagg_status psagg__cuda_aggregate(const psagg_codec *codec, const void *const *in, size_t n_in,
                                    size_t in_len, size_t n, float *residual, psagg__rng_key key,
                                    void *out, size_t out_len, uint64_t *d_err, cudaStream_t stream);
+
+/*
+ * thc (kernels/thc.h): the generic functions above refuse it. A worker's push of n floats x at
+ * the blocks' scales (DEVICE, psagg__thc_blocks floats; each +0 or in the table's range: the
+ * NEXT SCALE of the update before, not checked here) with its residual (N' floats, rotated
+ * coordinates: psagg__thc_rotated_len) into out (psagg__thc_push_bytes), rotation key rot; the
+ * CPU's psagg__thc_push_encode byte for byte. Stage-1 errors: the first element not finite
+ * (PSAGG_ENONFINITE) or beyond 2^100 (PSAGG_ERANGE).
+ */
+psagg_status psagg__cuda_thc_push_encode(const psagg_codec *codec, psagg__rng_key rot,
+                                         const float *scales, const float *x, float *residual,
+                                         size_t n, psagg__rng_key key, void *out, size_t out_len,
+                                         uint64_t *d_err, cudaStream_t stream);
+/*
+ * An update's decode (in_len bytes: its width from its length) into n floats out as op says
+ * (SET, ADD, FIRST; SCALE: z times factor), the CPU's psagg__thc_update_decode byte for byte.
+ * PSAGG_EBADMETA: stage 0 a block's meta (index: the block), stage 1 a sum above what the
+ * block's pushes make (index: the coordinate). The next scales are the host's
+ * (psagg__thc_update_next_scales: the update came through host memory).
+ */
+psagg_status psagg__cuda_thc_update_decode(const psagg_codec *codec, psagg__rng_key rot,
+                                           const void *in, size_t in_len, size_t n, float factor,
+                                           psagg__decode_op op, float *out, uint64_t *d_err,
+                                           cudaStream_t stream);
 
 /*
  * Blocking wrappers (tests, tools): run the function above with a temporary error word,

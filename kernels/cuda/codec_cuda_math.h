@@ -17,6 +17,7 @@
 
 #include <stdint.h>
 #if !defined(__CUDA_ARCH__)
+#include <math.h>
 #include <string.h>
 #endif
 
@@ -33,7 +34,9 @@
 #define PCM_SUB(a, b) __fsub_rn((a), (b))
 #define PCM_MUL(a, b) __fmul_rn((a), (b))
 #define PCM_DIV(a, b) __fdiv_rn((a), (b))
+#define PCM_SQRT(a)   __fsqrt_rn(a)
 #define PCM_U2F(u)    __uint2float_rn(u)
+#define PCM_I2F(i)    __int2float_rn(i)
 #define PCM_F2U_RZ(f) __float2uint_rz(f)
 #define PCM_BITS(f)   __float_as_uint(f)
 #define PCM_FLOAT(u)  __uint_as_float(u)
@@ -42,7 +45,9 @@
 #define PCM_SUB(a, b) ((float)(a) - (float)(b))
 #define PCM_MUL(a, b) ((float)(a) * (float)(b))
 #define PCM_DIV(a, b) ((float)(a) / (float)(b))
+#define PCM_SQRT(a)   sqrtf(a)
 #define PCM_U2F(u)    ((float)(uint32_t)(u))
+#define PCM_I2F(i)    ((float)(int32_t)(i))
 #define PCM_F2U_RZ(f) ((uint32_t)(f)) /* only ever called on values in [0, 255] */
 PCM_FN uint32_t pcm_bits_host(float f)
 {
@@ -230,6 +235,145 @@ PCM_FN float pcm_bf16_to_f32(uint16_t hv, uint32_t *err)
     uint32_t u = (uint32_t)hv << 16;
     *err = (u & 0x7F800000u) == 0x7F800000u ? PCM_ERR_NONFINITE : 0u;
     return PCM_FLOAT(u);
+}
+
+/* ---- thc (kernels/thc.h, "THE WORKERS' SIDE"): one block of P coordinates at a time ----
+ *
+ * The kernels (one thread block per thc block) and test_cuda_math.c's emulation run the same
+ * phases over these functions, each a loop over its indices with a barrier between phases:
+ *   encode  load (i < P), the stages h = 1, 2, .., P/2 (butterflies k < P/2), rotated (i < P,
+ *           the peak), pack (byte o < P * b / 8: its 8 / b indices, their residuals);
+ *   decode  unplane (i < P, the sums' bound), the stages, store (i < len).
+ * e0 is the block's first coordinate (a multiple of 64; every block before it is whole, so it
+ * is also the block's first element).
+ */
+#define PCM_THC_MAX_ABS 0x71800000u /* bits of 2^100 (PSAGG_THC_MAX_ABS) */
+
+/* 0, or the error code of an input: finite, |x| <= 2^100 */
+PCM_FN uint32_t pcm_thc_check(float x)
+{
+    uint32_t a = PCM_BITS(x) & 0x7FFFFFFFu;
+    if (a >= PCM_ABS_INF)
+        return PCM_ERR_NONFINITE;
+    return a > PCM_THC_MAX_ABS ? PCM_ERR_RANGE : 0u;
+}
+
+/* s_e v: v's sign bit flipped where bit (e & 31) of hash32(rot, e >> 5) is set */
+PCM_FN float pcm_thc_sign(uint32_t rk0, uint32_t rk1, uint64_t e, float v)
+{
+    uint32_t h = psagg__rng_hash32(rk0, rk1, (uint32_t)(e >> 5));
+    return PCM_FLOAT(PCM_BITS(v) ^ (((h >> (e & 31u)) & 1u) << 31));
+}
+
+/* f = 1 / sqrt(P) */
+PCM_FN float pcm_thc_f(uint32_t p)
+{
+    return PCM_DIV(1.0f, PCM_SQRT(PCM_U2F(p)));
+}
+
+/* encode, load: y_i = s_(e0+i) x_i for i < len, +0 beyond; the error code of x_i */
+PCM_FN uint32_t pcm_thc_load(const float *xb, uint32_t len, uint32_t rk0, uint32_t rk1, uint64_t e0,
+                             uint32_t i, float *y)
+{
+    if (i >= len) {
+        y[i] = 0.0f;
+        return 0u;
+    }
+    y[i] = pcm_thc_sign(rk0, rk1, e0 + i, xb[i]);
+    return pcm_thc_check(xb[i]);
+}
+
+/* butterfly k (< P/2) of stage h: (y_i, y_(i+h)) <- (y_i + y_(i+h), y_i - y_(i+h)), i the k-th
+   index with i & h == 0 */
+PCM_FN void pcm_thc_butterfly(float *y, uint32_t k, uint32_t h)
+{
+    const uint32_t i = ((k & ~(h - 1u)) << 1) | (k & (h - 1u));
+    const float a = y[i], b = y[i + h];
+    y[i] = PCM_ADD(a, b);
+    y[i + h] = PCM_SUB(a, b);
+}
+
+/* encode, rotated: v_i = y_i f (+ r_i) into y_i; |v_i|'s bits (the peak is their max) */
+PCM_FN uint32_t pcm_thc_rotated(float *y, const float *r, uint32_t i, float f)
+{
+    float v = PCM_MUL(y[i], f);
+    if (r)
+        v = PCM_ADD(v, r[i]);
+    y[i] = v;
+    return PCM_BITS(v) & 0x7FFFFFFFu;
+}
+
+/* The table of a block at scale c (> 0): step = c / (L - 1), a = (L - 1) / (2 c). */
+PCM_FN void pcm_thc_table(float c, uint32_t levels, float *step, float *a)
+{
+    *step = PCM_DIV(c, PCM_U2F(levels));
+    *a = PCM_DIV(PCM_U2F(levels), PCM_MUL(2.0f, c));
+}
+
+/* encode, pack: byte o of the block's index stream from its 8 / b coordinates (scale c, 0: all
+   indices 0 and the residual keeps v), their residuals (r: NULL or the block's) written */
+PCM_FN uint32_t pcm_thc_pack(const float *y, float *r, uint32_t o, uint32_t bits, float c,
+                             float step, float a, uint32_t k0, uint32_t k1, uint64_t e0)
+{
+    const uint32_t per = 8u / bits, levels = (1u << bits) - 1u;
+    uint32_t byte = 0;
+    for (uint32_t j = 0; j < per; j++) {
+        const uint32_t i = o * per + j, e = (uint32_t)(e0 + i);
+        const float v = y[i];
+        uint32_t q;
+        if (!(c > 0)) {
+            if (r)
+                r[i] = v;
+            continue;
+        }
+        {
+            const float u = psagg__rng_u(psagg__rng_hash32(k0, k1, e >> 1), e);
+            const float cl = v < -c ? -c : v > c ? c : v;
+            q = PCM_F2U_RZ(PCM_ADD(PCM_MUL(PCM_ADD(cl, c), a), u));
+            q = q > levels ? levels : q;
+        }
+        if (r)
+            r[i] = PCM_SUB(v, PCM_MUL(PCM_I2F(2 * (int32_t)q - (int32_t)levels), step));
+        byte |= q << (j * bits);
+    }
+    return byte;
+}
+
+/* An update's block meta (thc.h's UPDATE): a scale of +0 or in [2^-100, 2^100], a peak finite
+   and >= +0, a count up to the width's inputs and 0 exactly when the scale is. */
+PCM_FN int pcm_thc_meta_ok(float c, float peak, uint32_t count, uint32_t inputs)
+{
+    const uint32_t cb = PCM_BITS(c);
+    const int scale_ok = cb == 0 || (c >= 0x1p-100f && c <= 0x1p100f);
+    return scale_ok && PCM_BITS(peak) < PCM_ABS_INF && count <= inputs && (count == 0) == (cb == 0);
+}
+
+/* Element e's sum in a sum stream of width w (8 or 16) at b bits (thc.h's planes). */
+PCM_FN uint32_t pcm_thc_sum_at(uint32_t bits, uint32_t width, const uint8_t *sum, uint64_t e)
+{
+    const uint64_t G = 512u / bits, P = 8u / bits, g = e / G, r = e % G;
+    const uint64_t at = g * G + (r % P) * 64u + r / P;
+    return width == 8 ? sum[at] : (uint32_t)sum[2 * at] | (uint32_t)sum[2 * at + 1] << 8;
+}
+
+/* decode, unplane: z_i = ((2 S - off) step) fz for coordinate e0 + i; 1 when S exceeds top
+   (more than the block's pushes can make: PCM_ERR_BADMETA at that coordinate) */
+PCM_FN uint32_t pcm_thc_unplane(uint32_t bits, uint32_t width, const uint8_t *sum, uint64_t e0,
+                                uint32_t i, uint32_t top, int32_t off, float step, float fz,
+                                float *z)
+{
+    const uint32_t S = pcm_thc_sum_at(bits, width, sum, e0 + i);
+    z[i] = PCM_MUL(PCM_MUL(PCM_I2F(2 * (int32_t)S - off), step), fz);
+    return S > top;
+}
+
+/* decode, store: x = s_(e0+i) (z_i f) into *out as op says (0 SET or SCALE, 1 ADD, 2 FIRST:
+   psagg__decode_op's) */
+PCM_FN void pcm_thc_store(const float *z, uint32_t i, float f, uint32_t rk0, uint32_t rk1,
+                          uint64_t e0, int op, float *out)
+{
+    const float x = pcm_thc_sign(rk0, rk1, e0 + i, PCM_MUL(z[i], f));
+    *out = op == 1 ? PCM_ADD(*out, x) : op == 2 ? PCM_ADD(0.0f, x) : x;
 }
 
 #endif /* PSAGG_CODEC_CUDA_MATH_H */

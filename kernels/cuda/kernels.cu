@@ -17,6 +17,7 @@
  *    to 4 chunks (B <= 1024 with TS = 32) keep their values in registers between the two
  *    passes; larger buckets recompute them (deterministically) in the second pass.
  *  - topk encode / decode: one thread block per block of C elements (the section below).
+ *  - thc push / update decode: one thread block per block of D elements (its section).
  *
  * Errors go to the caller's device error word (codec_cuda.h) with atomicMin; each thread
  * first reduces its own candidates so a clean run issues no atomics.
@@ -797,6 +798,168 @@ cudaError_t launch_topk_decode(const KArgs &a, const uint8_t *in, float *out, ui
     return launch(topk_decode_kernel<ADD>, (unsigned)a.nb, kTopkThreads, s, in, out, a, err);
 }
 
+/* ---------------------------------------------------------------- thc (kernels/thc.h)
+ *
+ * One thread block per thc block of P coordinates, as the CPU rotates them one at a time; the
+ * block's coordinates in shared memory (D <= kThcSmem) or in the caller's scratch (N' floats).
+ * Each phase of codec_cuda_math.h's thc section is a loop of the block's threads over its
+ * indices, with a barrier between phases (test_cuda_math.c runs the same phases on the host):
+ *   encode  load (stage-1 errors at the element), the stages, rotated (the peak: atomicMax of
+ *           |v|'s bits), the meta (the scale given, the peak), pack (byte by byte: its 8 / b
+ *           indices and their residuals);
+ *   decode  the block's meta (stage-0 BADMETA, index the block), unplane (a sum above what
+ *           the block's pushes make: stage-1 BADMETA at its coordinate), the stages, store.
+ * The index stream's padding is zeroed first (cudaMemsetAsync).
+ */
+constexpr int kThcThreads = 256;
+constexpr uint32_t kThcSmem = 8192; /* coordinates in shared memory: 32 KB */
+
+/* Block m's length and the length it rotates at (thc.c's block_of). */
+__device__ __forceinline__ uint32_t thc_block_of(const KArgs &a, uint64_t m, uint32_t &len)
+{
+    const uint64_t base = m * a.th_block;
+    uint32_t p = 64;
+    len = (uint32_t)(a.n - base < a.th_block ? a.n - base : a.th_block);
+    if (len == a.th_block)
+        return len;
+    while (p < len)
+        p <<= 1;
+    return p;
+}
+
+/* y <- H y: the stages h = 1, 2, .., P/2, a barrier after each. */
+__device__ __forceinline__ void thc_stages(float *y, uint32_t p)
+{
+    for (uint32_t h = 1; h < p; h <<= 1) {
+        for (uint32_t k = threadIdx.x; k < p / 2; k += kThcThreads)
+            pcm_thc_butterfly(y, k, h);
+        __syncthreads();
+    }
+}
+
+__global__ void __launch_bounds__(kThcThreads)
+    thc_encode_kernel(const float *__restrict__ x, float *res, const float *__restrict__ scales,
+                      uint8_t *__restrict__ out, float *scratch, KArgs a, uint64_t *err)
+{
+    extern __shared__ float sh_thc[];
+    __shared__ uint32_t s_peak;
+    const uint64_t m = blockIdx.x, e0 = m * a.th_block;
+    uint32_t len;
+    const uint32_t p = thc_block_of(a, m, len);
+    float *y = a.th_block <= kThcSmem ? sh_thc : scratch + e0;
+    float *rb = res ? res + e0 : nullptr;
+    uint64_t bad = kNoErr;
+    uint32_t top = 0;
+
+    if (threadIdx.x == 0)
+        s_peak = 0;
+    for (uint32_t i = threadIdx.x; i < p; i += kThcThreads) {
+        const uint32_t code = pcm_thc_load(x + e0, len, a.rk0, a.rk1, e0, i, y);
+        if (code)
+            bad = min(bad, err_word(1, e0 + i, code));
+    }
+    err_flush(err, bad);
+    __syncthreads();
+    thc_stages(y, p);
+    const float f = pcm_thc_f(p);
+    for (uint32_t i = threadIdx.x; i < p; i += kThcThreads) {
+        const uint32_t u = pcm_thc_rotated(y, rb, i, f);
+        top = u > top ? u : top;
+    }
+    atomicMax(&s_peak, top);
+    __syncthreads();
+    const float c = scales[m];
+    float step = 0.0f, slope = 0.0f;
+    if (c > 0)
+        pcm_thc_table(c, a.levels, &step, &slope);
+    if (threadIdx.x == 0)
+        *reinterpret_cast<float2 *>(out + 8 * m) = make_float2(c, PCM_FLOAT(s_peak));
+    uint8_t *idx = out + a.th_meta + e0 * a.bits / 8;
+    for (uint32_t o = threadIdx.x; o < p * a.bits / 8; o += kThcThreads)
+        idx[o] = (uint8_t)pcm_thc_pack(y, rb, o, a.bits, c, step, slope, a.k0, a.k1, e0);
+}
+
+__global__ void __launch_bounds__(kThcThreads)
+    thc_decode_kernel(const uint8_t *__restrict__ in, float *__restrict__ out, float *scratch,
+                      KArgs a, uint64_t *err)
+{
+    extern __shared__ float sh_thc[];
+    const uint64_t m = blockIdx.x, e0 = m * a.th_block;
+    uint32_t len;
+    const uint32_t p = thc_block_of(a, m, len);
+    float *z = a.th_block <= kThcSmem ? sh_thc : scratch + e0;
+    const uint8_t *mt = in + 12 * m;
+    const float c = *reinterpret_cast<const float *>(mt),
+                peak = *reinterpret_cast<const float *>(mt + 4);
+    const uint32_t count = *reinterpret_cast<const uint32_t *>(mt + 8);
+    uint64_t bad = kNoErr;
+
+    if (!pcm_thc_meta_ok(c, peak, count, a.th_inputs)) { /* (the same for every thread) */
+        if (threadIdx.x == 0)
+            err_flush(err, err_word(0, m, PCM_ERR_BADMETA));
+        return;
+    }
+    float step = 0.0f, slope;
+    if (c > 0)
+        pcm_thc_table(c, a.levels, &step, &slope);
+    const uint32_t top = count * a.levels;
+    const float fz = a.th_op == PSAGG_DECODE_SCALE ? a.th_factor : 1.0f;
+    for (uint32_t i = threadIdx.x; i < p; i += kThcThreads)
+        if (pcm_thc_unplane(a.bits, a.th_width, in + a.th_meta, e0, i, top, (int32_t)top, step, fz,
+                            z))
+            bad = min(bad, err_word(1, e0 + i, PCM_ERR_BADMETA));
+    err_flush(err, bad);
+    __syncthreads();
+    thc_stages(z, p);
+    const float f = pcm_thc_f(p);
+    for (uint32_t i = threadIdx.x; i < len; i += kThcThreads)
+        pcm_thc_store(z, i, f, a.rk0, a.rk1, e0, a.th_op, out + e0 + i);
+}
+
+/* Enqueue k with `shared` bytes of dynamic shared memory (launch's, otherwise). */
+template <class... P>
+cudaError_t launch_shared(void (*k)(P...), unsigned blocks, unsigned threads, size_t shared,
+                          cudaStream_t s, typename Same<P>::type... args)
+{
+    void *argv[] = {const_cast<void *>(static_cast<const void *>(&args))..., nullptr};
+    return cudaLaunchKernel(reinterpret_cast<const void *>(k), dim3(blocks), dim3(threads), argv,
+                            shared, s);
+}
+
+size_t thc_shared(const KArgs &a)
+{
+    return a.th_block <= kThcSmem ? a.th_block * sizeof(float) : 0;
+}
+
+} /* namespace */
+
+uint32_t thc_smem_max()
+{
+    return kThcSmem;
+}
+
+cudaError_t launch_thc_encode(const KArgs &a, const float *x, float *residual, const float *scales,
+                              uint8_t *out, float *scratch, uint64_t *err, cudaStream_t s)
+{
+    const uint64_t used = a.th_meta + a.th_np * a.bits / 8;
+    if (used < a.th_size) {
+        cudaError_t e = cudaMemsetAsync(out + used, 0, a.th_size - used, s);
+        if (e != cudaSuccess)
+            return e;
+    }
+    return launch_shared(thc_encode_kernel, (unsigned)a.nb, kThcThreads, thc_shared(a), s, x,
+                         residual, scales, out, scratch, a, err);
+}
+
+cudaError_t launch_thc_decode(const KArgs &a, const uint8_t *in, float *out, float *scratch,
+                              uint64_t *err, cudaStream_t s)
+{
+    return launch_shared(thc_decode_kernel, (unsigned)a.nb, kThcThreads, thc_shared(a), s, in, out,
+                         scratch, a, err);
+}
+
+namespace
+{
 } /* namespace */
 
 cudaError_t launch_encode(int id, const KArgs &a, const float *x, float *residual, uint8_t *out,

@@ -17,7 +17,17 @@
 #include "worker.h"
 
 enum { LIB_DEV, LIB_HOST, USER };
-enum { OP_COPY, OP_FILL, OP_ENCODE, OP_DECODE, OP_SCALE, OP_RECORD, OP_WAIT };
+enum {
+    OP_COPY,
+    OP_FILL,
+    OP_ENCODE,
+    OP_DECODE,
+    OP_SCALE,
+    OP_RECORD,
+    OP_WAIT,
+    OP_THC_ENCODE,
+    OP_THC_DECODE
+};
 
 typedef struct range {
     char *p;
@@ -38,8 +48,10 @@ typedef struct op {
     int byte;
     psagg_codec codec;
     size_t n, len;
-    psagg__rng_key key;
+    psagg__rng_key key, rot; /* rot: thc's rotation */
     float *residual, factor;
+    const float *scales; /* thc encode */
+    int decode_op;       /* thc decode */
     uint64_t *err;
     sim_event *ev;
     long ticket;
@@ -132,9 +144,10 @@ static int live(const op *o, const sim_stream *s)
         const void *p;
         size_t len;
         const char *what;
-    } b[4];
+    } b[5];
     int n = 0;
-    size_t enc = o->kind == OP_ENCODE || o->kind == OP_DECODE ? o->len : 0;
+    size_t enc = o->kind == OP_SCALE || o->kind == OP_FILL || o->kind == OP_COPY ? 0 : o->len;
+    size_t thc_nb = o->kind == OP_THC_ENCODE ? psagg__thc_blocks(o->n, o->codec.bucket) : 0;
     switch (o->kind) {
     case OP_COPY:
         b[n++] = (struct buf){o->dst, o->bytes, "copy destination"};
@@ -155,6 +168,18 @@ static int live(const op *o, const sim_stream *s)
         break;
     case OP_SCALE:
         b[n++] = (struct buf){o->dst, o->n * 4, "scale buffer"};
+        break;
+    case OP_THC_ENCODE:
+        b[n++] = (struct buf){o->src, o->n * 4, "thc encode input"};
+        b[n++] = (struct buf){o->dst, enc, "thc encode output"};
+        b[n++] = (struct buf){o->scales, thc_nb * 4, "thc encode scales"};
+        if (o->residual)
+            b[n++] = (struct buf){o->residual, psagg__thc_rotated_len(o->n, o->codec.bucket) * 4,
+                                  "thc encode residual"};
+        break;
+    case OP_THC_DECODE:
+        b[n++] = (struct buf){o->src, enc, "thc decode input"};
+        b[n++] = (struct buf){o->dst, o->n * 4, "thc decode output"};
         break;
     default:
         return 1;
@@ -211,6 +236,18 @@ static void run(op *o, sim_stream *s)
     case OP_SCALE:
         for (size_t i = 0; i < o->n; i++)
             ((float *)o->dst)[i] *= o->factor;
+        break;
+    case OP_THC_ENCODE:
+        st = psagg__thc_push_encode(o->codec.bits, o->codec.bucket, o->rot, o->scales, o->src,
+                                    o->residual, o->n, o->key, o->dst, o->len, &bad);
+        if (st && o->err)
+            err_min(o->err, st, bad);
+        break;
+    case OP_THC_DECODE:
+        st = psagg__thc_update_decode(o->codec.bits, o->codec.bucket, o->rot, o->src, o->len, o->n,
+                                      o->factor, (psagg__decode_op)o->decode_op, o->dst, NULL);
+        if (st && o->err)
+            err_min(o->err, st, 0);
         break;
     case OP_RECORD:
         if (o->ev->fired < o->ticket)
@@ -523,18 +560,22 @@ static psagg_status codec_args(const psagg_codec *c, size_t n, size_t len, const
     return PSAGG_OK;
 }
 
-static psagg_status x_encode(const psagg_codec *codec, const float *x, float *residual, size_t n,
-                             psagg__rng_key key, void *out, size_t out_len, uint64_t *d_err,
-                             void *stream)
+/* An encode (kind OP_ENCODE) or a thc push (OP_THC_ENCODE: rot and scales too). */
+static psagg_status encode_op(int kind, const char *what, const psagg_codec *codec,
+                              psagg__rng_key rot, const float *scales, const float *x,
+                              float *residual, size_t n, psagg__rng_key key, void *out,
+                              size_t out_len, uint64_t *d_err, void *stream)
 {
     sim_stream *s = resolve(stream);
-    psagg_status st = codec_args(codec, n, out_len, x, out, "encode");
+    psagg_status st = codec_args(codec, n, out_len, x, out, what);
     op *o;
-    if (st || (st = enqueue_check("encode", s)))
+    if (st || (st = enqueue_check(what, s)))
         return st;
-    check_device(x, s, "encode input");
-    o = new_op(OP_ENCODE);
+    check_device(x, s, kind == OP_ENCODE ? "encode input" : "thc encode input");
+    o = new_op(kind);
     o->codec = *codec;
+    o->rot = rot;
+    o->scales = scales;
     o->src = x;
     o->residual = residual;
     o->n = n;
@@ -544,6 +585,14 @@ static psagg_status x_encode(const psagg_codec *codec, const float *x, float *re
     o->err = d_err;
     push(s, o);
     return PSAGG_OK;
+}
+
+static psagg_status x_encode(const psagg_codec *codec, const float *x, float *residual, size_t n,
+                             psagg__rng_key key, void *out, size_t out_len, uint64_t *d_err,
+                             void *stream)
+{
+    return encode_op(OP_ENCODE, "encode", codec, key, NULL, x, residual, n, key, out, out_len,
+                     d_err, stream);
 }
 
 static psagg_status x_decode(const psagg_codec *codec, const void *in, size_t in_len, size_t n,
@@ -581,6 +630,41 @@ static psagg_status x_scale(float *x, size_t n, float f, void *stream)
     return PSAGG_OK;
 }
 
+static psagg_status x_thc_encode(const psagg_codec *codec, psagg__rng_key rot, const float *scales,
+                                 const float *x, float *residual, size_t n, psagg__rng_key key,
+                                 void *out, size_t out_len, uint64_t *d_err, void *stream)
+{
+    return encode_op(OP_THC_ENCODE, "thc encode", codec, rot, scales, x, residual, n, key, out,
+                     out_len, d_err, stream);
+}
+
+static psagg_status x_thc_decode(const psagg_codec *codec, psagg__rng_key rot, const void *in,
+                                 size_t in_len, size_t n, float factor, psagg__decode_op dop,
+                                 float *out, uint64_t *d_err, void *stream)
+{
+    sim_stream *s = resolve(stream);
+    psagg_status st = enqueue_check("thc decode", s);
+    op *o;
+    if (st)
+        return st;
+    if (!psagg__thc_update_bytes(codec->bits, codec->bucket, n, 1) || ((uintptr_t)in & 7) ||
+        ((uintptr_t)out & 3))
+        return psagg__fail(PSAGG_EINVAL, "devsim thc decode: codec or alignment");
+    check_device(out, s, "thc decode output");
+    o = new_op(OP_THC_DECODE);
+    o->codec = *codec;
+    o->rot = rot;
+    o->src = in;
+    o->len = in_len;
+    o->n = n;
+    o->factor = factor;
+    o->decode_op = (int)dop;
+    o->dst = out;
+    o->err = d_err;
+    push(s, o);
+    return PSAGG_OK;
+}
+
 static psagg_status x_err_status(uint64_t w, size_t *bad)
 {
     psagg_status st;
@@ -613,6 +697,8 @@ static const psagg__devexec devsim = {
     .encode = x_encode,
     .decode = x_decode,
     .scale = x_scale,
+    .thc_encode = x_thc_encode,
+    .thc_decode = x_thc_decode,
     .err_status = x_err_status,
 };
 

@@ -12,6 +12,8 @@
  *              fails (host: a NaN in chunk 2; device: chunk 2's encode cannot be enqueued),
  *              round 4 has NaNs in chunks 1 and 2. Prints DIGEST of every output and error
  *              (status, element): the host and device paths must print the same
+ *   thc        ef with grad in thc4/1024 (rotated residuals, the scales each update sets, the
+ *              updates wider than the pushes) and PSAGG_AVERAGE: the same DIGEST on both paths
  *   close      psagg_close while the encode is queued; a waiter frees the buffers when the
  *              handle completes
  *   window     the job fails while psagg_push_pull_cuda is still enqueueing
@@ -57,13 +59,15 @@ static int failures;
 static psagg_ctx *ctx;
 static uint32_t keys[3];
 
+static psagg_codec grad_codec = {PSAGG_CODEC_MAXMIN, 4, 512, PSAGG_ROUND_STOCHASTIC, 0};
+
 static void start(int error_feedback)
 {
     psagg_tensor_desc d[3] = {
         {.struct_size = sizeof d[0],
          .name = "grad",
          .count = N_GRAD,
-         .codec = {PSAGG_CODEC_MAXMIN, 4, 512, PSAGG_ROUND_STOCHASTIC, 0},
+         .codec = grad_codec,
          .error_feedback = error_feedback},
         {.struct_size = sizeof d[0],
          .name = "small",
@@ -112,12 +116,16 @@ static long long element_of(const char *msg)
     return e ? strtoll(e + 8, NULL, 10) : -1;
 }
 
-/* ---- ef: the host and device paths give the same bytes, errors and residuals ---- */
+/* ---- ef, thc: the host and device paths give the same bytes, errors and residuals ---- */
 
-static int case_ef(int device)
+/* thc: grad is thc4 (blocks of 1024: a short last block), averaged */
+static int case_ef(int device, int thc)
 {
     uint64_t digest = 0xcbf29ce484222325ull;
     float *host_in = malloc(N_GRAD * sizeof(float)), *host_out = malloc(N_GRAD * sizeof(float));
+    const psagg_reduce op = thc ? PSAGG_AVERAGE : PSAGG_SUM;
+    if (thc)
+        grad_codec = (psagg_codec){PSAGG_CODEC_THC, 4, 1024, PSAGG_ROUND_STOCHASTIC, 0};
     start(1);
     for (int round = 0; round < 6; round++) {
         psagg_handle *h = NULL;
@@ -127,17 +135,17 @@ static int case_ef(int device)
         if (!device)
             for (size_t i = 0; i < N_GRAD; i++)
                 in[i] = value(round, i);
-        if (round == 2 && device) /* event, wait, error words, chunks 0, 1, then 2 fails */
-            devsim_fail_enqueue(6);
+        if (round == 2 && device) /* event, wait, error words, (thc: the scales,) chunks 0, 1,
+                                     then 2 fails */
+            devsim_fail_enqueue(thc ? 7 : 6);
         if (round == 2 && !device)
             in[2 * 65536 + 17] = 0.0f / 0.0f;
         if (round == 4) { /* the first bad element of the tensor wins: chunk 1's */
             in[65536 + 100] = 0.0f / 0.0f;
             in[2 * 65536 + 5] = 1.0f / 0.0f;
         }
-        st = device ? psagg_push_pull_cuda(ctx, keys[0], in, out, PSAGG_SUM, 0,
-                                           devsim_user_stream(0), &h)
-                    : psagg_push_pull(ctx, keys[0], in, out, PSAGG_SUM, 0, &h);
+        st = device ? psagg_push_pull_cuda(ctx, keys[0], in, out, op, 0, devsim_user_stream(0), &h)
+                    : psagg_push_pull(ctx, keys[0], in, out, op, 0, &h);
         if (!st)
             st = psagg_wait(h, -1);
         psagg_release(h);
@@ -484,8 +492,8 @@ int main(int argc, char **argv)
     devsim_init(2, 0);
     devsim_user_stream(0); /* the caller's streams exist before the library's */
     devsim_user_stream(1);
-    if (!strcmp(name, "ef"))
-        case_ef(device);
+    if (!strcmp(name, "ef") || !strcmp(name, "thc"))
+        case_ef(device, !strcmp(name, "thc"));
     else if (!strcmp(name, "close"))
         case_close();
     else if (!strcmp(name, "window") || !strcmp(name, "inflight_encode") ||

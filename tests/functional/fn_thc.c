@@ -4,14 +4,14 @@
  * worker checks every update bit for bit against its own reference of the whole job.
  *
  * usage: fn_thc ROUNDS CODEC [--average] [--drain K] [--straggler R MS] [--grow] [--progress]
- * [--round-sleep-ms MS] (--progress prints "ROUND r" before each round). Every worker declares
- * tensors of 1, 100, 1023, 4096, 70001 and 300000 elements in CODEC (thc2, thc4, thc4/256, ...),
- * pushes input_value(rank, t, r, i) each round and waits. The reference (kernels/thc.h) runs every
- * worker's push of every chunk, with that worker's residual and the scales the last update set,
- * folds them and decodes the fold; the output must be the same bits (SUM, or with --average the
- * mean). Round 0 must be all zeros (no scale is agreed yet: everything waits in the residuals) and
- * every later round close to the inputs' sum plus what the residuals carried; at the end the sum of
- * all updates must equal the sum of all inputs up to the residuals left (error feedback: the
+ * [--round-sleep-ms MS] [--cuda] (--progress prints "ROUND r" before each round). Every worker
+ * declares tensors of 1, 100, 1023, 4096, 70001 and 300000 elements in CODEC (thc2, thc4, thc4/256,
+ * ...), pushes input_value(rank, t, r, i) each round and waits. The reference (kernels/thc.h) runs
+ * every worker's push of every chunk, with that worker's residual and the scales the last update
+ * set, folds them and decodes the fold; the output must be the same bits (SUM, or with --average
+ * the mean). Round 0 must be all zeros (no scale is agreed yet: everything waits in the residuals)
+ * and every later round close to the inputs' sum plus what the residuals carried; at the end the
+ * sum of all updates must equal the sum of all inputs up to the residuals left (error feedback: the
  * check prints the relative error of both). --drain K: the last K rounds push zeros, so the
  * residuals drain and the sums must agree within 1 %: nothing was lost or counted twice.
  * --straggler R MS ([server] quorum): worker R sleeps MS ms before its pushes of every round but
@@ -26,6 +26,8 @@
  * 1 % (everything the joiner sent included), the joiner's within 5 % (the members' residuals
  * at its first round carry rounds it did not see). Prints "THC ..." figures and "DIGEST <hex>"
  * of the last 8 rounds (the same on every worker).
+ * --cuda: every push from device buffers (psagg_push_pull_cuda: the CUDA kernels of thc's
+ * rotation, table and decode) against the same CPU reference; 77 without a GPU (gpu.e2e).
  * FN_THC_SKEW_RANK=R: worker R multiplies its scales by 1.5 before round 2's pushes, so its
  * pushes disagree with the update of round 1: the servers must refuse them, naming the scales,
  * whichever order the pushes come in (run with run_case.sh --expect-fail: every worker fails
@@ -44,6 +46,11 @@
 #include "runtime/config.h"
 #include "runtime/layout.h"
 #include "../../worker/worker.h"
+#ifdef FN_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "../gpu/gpu_skip.h"
+#endif
 
 #define FAIL(...)                                                                                  \
     do {                                                                                           \
@@ -76,12 +83,46 @@ typedef struct ref_tensor {
     size_t rot;   /* rotated elements of the tensor */
 } ref_tensor;
 
+/* --cuda: each tensor's device input and output */
+#ifdef FN_WITH_CUDA
+static float *d_in[N_T], *d_out[N_T];
+
+static psagg_status push_pull_cuda(psagg_ctx *ctx, uint32_t t, const float *in, size_t n,
+                                   int average, psagg_handle **h)
+{
+    if ((!d_in[t] && (cudaMalloc((void **)&d_in[t], n * sizeof(float)) != cudaSuccess ||
+                      cudaMalloc((void **)&d_out[t], n * sizeof(float)) != cudaSuccess)) ||
+        cudaMemcpy(d_in[t], in, n * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
+        FAIL("cudaMalloc or cudaMemcpy of tensor %u's input", t);
+    return psagg_push_pull_cuda(ctx, t, d_in[t], d_out[t], average ? PSAGG_AVERAGE : PSAGG_SUM, 0,
+                                NULL, h);
+}
+
+static void cuda_result(uint32_t t, float *out, size_t n)
+{
+    if (cudaMemcpy(out, d_out[t], n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess)
+        FAIL("cudaMemcpy of tensor %u's result", t);
+}
+#else
+static psagg_status push_pull_cuda(psagg_ctx *ctx, uint32_t t, const float *in, size_t n,
+                                   int average, psagg_handle **h)
+{
+    (void)ctx, (void)t, (void)in, (void)n, (void)average, (void)h;
+    return PSAGG_EUNSUPPORTED;
+}
+
+static void cuda_result(uint32_t t, float *out, size_t n)
+{
+    (void)t, (void)out, (void)n;
+}
+#endif
+
 int main(int argc, char **argv)
 {
     uint32_t rounds = argc > 1 ? (uint32_t)atoi(argv[1]) : 0;
     const char *codec_text = argc > 2 ? argv[2] : "";
     int average = 0, drain = 0, straggler = -1, straggler_ms = 0, grow = 0, full_from = -1;
-    int progress = 0, round_sleep_ms = 0, expected = 0;
+    int progress = 0, round_sleep_ms = 0, expected = 0, cuda = 0;
     uint32_t first = 0;
     int skew = getenv("FN_THC_SKEW_RANK") ? atoi(getenv("FN_THC_SKEW_RANK")) : -1;
     psagg__config cfg;
@@ -104,6 +145,8 @@ int main(int argc, char **argv)
             drain = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--grow"))
             grow = 1;
+        else if (!strcmp(argv[a], "--cuda"))
+            cuda = 1;
         else if (!strcmp(argv[a], "--progress"))
             progress = 1;
         else if (!strcmp(argv[a], "--round-sleep-ms") && a + 1 < argc)
@@ -120,6 +163,17 @@ int main(int argc, char **argv)
         codec.id != PSAGG_CODEC_THC)
         FAIL("usage: fn_thc ROUNDS(>= 3) thc<2|4>[/<block>] [--average] [--drain K < ROUNDS] "
              "[--straggler R MS]");
+    if (cuda) {
+#ifdef FN_WITH_CUDA
+        int devices = 0;
+        cudaError_t e = cudaGetDeviceCount(&devices);
+        if (e != cudaSuccess || devices == 0)
+            return gpu_absent_exit("fn_thc --cuda", cudaGetErrorString(e));
+#else
+        printf("SKIP: --cuda needs a build with CUDA\n");
+        return 77;
+#endif
+    }
     if (psagg__config_load(getenv("PSAGG_CONFIG"), &cfg))
         FAIL("config: %s", psagg_last_error());
     if (psagg_init(NULL, -1, -1, &ctx))
@@ -198,8 +252,9 @@ int main(int argc, char **argv)
         for (uint32_t t = 0; t < N_T; t++) {
             for (uint64_t i = 0; i < sizes[t]; i++)
                 in[t][i] = in_value(rank, t, r, i, rounds, drain);
-            st[t] = psagg_push_pull(ctx, t, in[t], out[t], average ? PSAGG_AVERAGE : PSAGG_SUM, 0,
-                                    &h[t]);
+            st[t] = cuda ? push_pull_cuda(ctx, t, in[t], sizes[t], average, &h[t])
+                         : psagg_push_pull(ctx, t, in[t], out[t],
+                                           average ? PSAGG_AVERAGE : PSAGG_SUM, 0, &h[t]);
             if (st[t])
                 snprintf(why[t], sizeof why[t], "%s", psagg_last_error());
         }
@@ -209,6 +264,8 @@ int main(int argc, char **argv)
                 if (st[t])
                     snprintf(why[t], sizeof why[t], "%s", psagg_last_error());
                 psagg_release(h[t]);
+                if (!st[t] && cuda)
+                    cuda_result(t, out[t], sizes[t]);
             }
             if (st[t] && !expected) {
                 char who[32]; /* the others learn that the skewed worker failed */

@@ -3,7 +3,7 @@
 # real psagg-server on this host; world size 1.
 #
 # usage: test_device.sh BUILD_DIR CASE [PORT]
-# Case "ef" runs twice, on the host path and on the device path, and checks that both print
+# Cases "ef" and "thc" run twice, on the host path and on the device path, and checks that both print
 # the same DIGEST (every output and error of 6 rounds with error feedback).
 set -u -o pipefail
 build=$1 case=$2
@@ -29,7 +29,7 @@ run() {
     fi
 }
 
-if [ "$case" = ef ]; then
+if [ "$case" = ef ] || [ "$case" = thc ]; then
     run host
     run device
     a=$(grep '^DIGEST ' "$tmp/host.out")

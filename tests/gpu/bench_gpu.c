@@ -13,7 +13,9 @@
  *    aggregate for N = 2, 4, 8 inputs (no server residual), for maxmin 2/4/8 bits (B = 1024,
  *    stochastic rounding), fp16 and bf16, and topk2:0.02 and topk4:0.05 (blocks of 4096; no
  *    aggregate: the server sums topk on the CPU; its encode reads x and r four times, so its
- *    share of the copy is a floor). Timed with CUDA events over R repetitions.
+ *    share of the copy is a floor), and thc2 and thc4 (blocks of 1024: a push with its rotated
+ *    residual, and the decode of 4 workers' 8-bit sums; the server's fold is the CPU's).
+ *    Timed with CUDA events over R repetitions.
  * 3. ResNet-50 worker step (tests/data/models/resnet50.sizes): per tensor encode + EF on the
  *    device into one packed arena, one D2H copy of all compressed bytes into pinned memory,
  *    one H2D copy of the update (same size), per tensor decode into the gradients. Reported
@@ -27,6 +29,7 @@
 #include "../bench/bench_util.h"
 #include "base/error.h"
 #include "kernels/cuda/codec_cuda.h"
+#include "kernels/thc.h"
 
 #ifndef PSAGG_TEST_DATA_DIR
 #define PSAGG_TEST_DATA_DIR "tests/data"
@@ -120,13 +123,87 @@ static void measure_copy(size_t bytes, int reps)
     CU(cudaFree(b));
 }
 
+/* Exit if the kernels of codec `name` found an error in the benchmark's data (error word err). */
+static void no_data_error(uint64_t *err, const char *name)
+{
+    uint64_t w;
+    CU(cudaMemcpy(&w, err, 8, cudaMemcpyDeviceToHost));
+    if (w != PSAGG_CUDA_ERR_NONE) {
+        size_t bad;
+        psagg_status st = psagg__cuda_err_status(w, &bad);
+        fprintf(stderr, "%s: unexpected data error %s at %zu\n", name, psagg_strerror(st), bad);
+        exit(1);
+    }
+}
+
+/* thc (kernels/thc.h): a worker's push (x and r read, r and the push written) and the decode
+   of the update 4 workers' pushes make (8-bit sums; the CPU folds them), at the scales one
+   round sets. */
+static void bench_thc(uint32_t bits, const char *name, size_t n, int reps)
+{
+    const psagg_codec c = {PSAGG_CODEC_THC, bits, 1024, PSAGG_ROUND_STOCHASTIC, 0};
+    const size_t nb = psagg__thc_blocks(n, 1024), np = psagg__thc_rotated_len(n, 1024);
+    const size_t plen = psagg__thc_push_bytes(bits, 1024, n);
+    const size_t ulen = psagg__thc_update_bytes(bits, 1024, n, 4);
+    float *x = dmalloc(n * 4), *r = dmalloc(np * 4), *y = dmalloc(n * 4), *sc = dmalloc(nb * 4);
+    uint8_t *push = dmalloc(plen), *upd = dmalloc(ulen), *h_p = malloc(4 * plen);
+    uint8_t *h_u = malloc(ulen);
+    const uint8_t *ins[4];
+    float *h_sc = calloc(nb, 4);
+    uint64_t *err = dmalloc(8);
+    psagg__rng_key rot = psagg__rng_key_make(42, 2), key = psagg__rng_key_make(42, 1);
+    double ms;
+
+    if (!h_p || !h_u || !h_sc) {
+        fprintf(stderr, "bench thc: out of memory\n");
+        exit(1);
+    }
+    fill_device(x, n, 1);
+    CU(cudaMemsetAsync(r, 0, np * 4, stream));
+    PS(psagg__cuda_err_reset(err, stream));
+    for (int round = 0; round < 2; round++) { /* round 0 sets the scales of round 1 */
+        CU(cudaMemcpyAsync(sc, h_sc, nb * 4, cudaMemcpyHostToDevice, stream));
+        for (int w = 0; w < 4; w++) {
+            PS(psagg__cuda_thc_push_encode(&c, rot, sc, x, r, n,
+                                           psagg__rng_key_make(7, (uint64_t)w), push, plen, err,
+                                           stream));
+            CU(cudaMemcpyAsync(h_p + w * plen, push, plen, cudaMemcpyDeviceToHost, stream));
+            ins[w] = h_p + w * plen;
+        }
+        CU(cudaStreamSynchronize(stream));
+        PS(psagg__thc_update_fold(bits, 1024, ins, 4, plen, n, h_u, ulen));
+        psagg__thc_update_next_scales(bits, 1024, h_u, n, h_sc);
+    }
+    CU(cudaMemcpy(upd, h_u, ulen, cudaMemcpyHostToDevice));
+    timer_start();
+    for (int i = 0; i < reps; i++)
+        PS(psagg__cuda_thc_push_encode(&c, rot, sc, x, r, n, key, push, plen, err, stream));
+    ms = timer_stop(reps);
+    report("push+EF", name, ms, 4.0 * n + 8.0 * np + plen, n);
+    timer_start();
+    for (int i = 0; i < reps; i++)
+        PS(psagg__cuda_thc_update_decode(&c, rot, upd, ulen, n, 0.25f, PSAGG_DECODE_SCALE, y, err,
+                                         stream));
+    ms = timer_stop(reps);
+    report("update decode (4)", name, ms, 4.0 * n + ulen, n);
+    no_data_error(err, name);
+    CU(cudaFree(x));
+    CU(cudaFree(r));
+    CU(cudaFree(y));
+    CU(cudaFree(sc));
+    CU(cudaFree(push));
+    CU(cudaFree(upd));
+    CU(cudaFree(err));
+    free(h_p), free(h_u), free(h_sc);
+}
+
 static void bench_codec(const psagg_codec *c, const char *name, size_t n, int reps)
 {
     size_t len = psagg__cuda_encoded_size(c, n);
     float *x = dmalloc(n * 4), *r = dmalloc(n * 4), *acc = dmalloc(n * 4);
     uint8_t *out = dmalloc(len), *ins[8];
     const void *in[8];
-    uint64_t *err = dmalloc(8), herr;
+    uint64_t *err = dmalloc(8);
     psagg__rng_key key = psagg__rng_key_make(42, 1);
     double ms;
 
@@ -170,13 +247,7 @@ static void bench_codec(const psagg_codec *c, const char *name, size_t n, int re
         snprintf(what, sizeof what, "aggregate N=%d", ni);
         report(what, name, ms, (double)len * (ni + 1), n);
     }
-    CU(cudaMemcpy(&herr, err, 8, cudaMemcpyDeviceToHost));
-    if (herr != PSAGG_CUDA_ERR_NONE) {
-        size_t bad;
-        psagg_status st = psagg__cuda_err_status(herr, &bad);
-        fprintf(stderr, "unexpected data error %s at %zu\n", psagg_strerror(st), bad);
-        exit(1);
-    }
+    no_data_error(err, name);
     for (int i = 0; i < 8; i++)
         CU(cudaFree(ins[i]));
     CU(cudaFree(x));
@@ -376,6 +447,8 @@ int main(int argc, char **argv)
         };
         for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
             bench_codec(&cs[i].c, cs[i].name, n, reps);
+        bench_thc(2, "thc2", n, reps);
+        bench_thc(4, "thc4", n, reps);
         printf("ResNet-50 worker step (%s): encode+EF, D2H compressed to pinned, H2D update, "
                "decode\n",
                sizes_path);

@@ -11,10 +11,16 @@
  *  - maxmin: a host emulation of the kernels' bucket algorithm built only from the pcm_*
  *    functions (range checks, -0 < +0 minimum, scale/inv, levels with the counter RNG,
  *    LSB-first groups of 8, residual) against psagg__encode / psagg__decode on the adversarial
- *    data of the CPU tests, B = 64/192/1024, b = 1..8, both roundings, +-residual.
+ *    data of the CPU tests, B = 64/192/1024, b = 1..8, both roundings, +-residual;
+ *  - thc: the kernels' phases (load, butterfly stages, rotated, pack; unplane, stages, store)
+ *    built only from the pcm_thc_* functions, against psagg__thc_push_encode and
+ *    psagg__thc_update_decode: 3 workers' pushes at scale 0 and at the scales their update set
+ *    (block 1 at 0), residuals, every decode op, a bad input and a sum above its bound at the
+ *    same element; b = 2, 4, D = 64..16384, n = 1..20000.
  */
 #include "../unit/test_codec_util.h"
 #include "kernels/cuda/codec_cuda_math.h"
+#include "kernels/thc.h"
 
 #define BATCH (1u << 20)
 
@@ -258,6 +264,231 @@ static void check_mm(const psagg_codec *c, size_t n, int kind, int with_res, uin
     free(e_got);
 }
 
+/* ---- thc: the kernels' phases (codec_cuda_math.h), one block at a time ---- */
+
+/* The padded length of block m of a chunk of n (kernels/thc.h), its length in *len. */
+static uint32_t thc_block(size_t n, uint32_t D, size_t m, uint32_t *len)
+{
+    uint32_t p = 64;
+    *len = (uint32_t)(n - m * D < D ? n - m * D : D);
+    if (*len == D)
+        return D;
+    while (p < *len)
+        p <<= 1;
+    return p;
+}
+
+static psagg_status emul_thc_push(uint32_t bits, uint32_t D, psagg__rng_key rot,
+                                  const float *scales, const float *x, float *res, size_t n,
+                                  psagg__rng_key key, uint8_t *out, size_t out_len, size_t *bad)
+{
+    const size_t nb = (n + D - 1) / D;
+    uint8_t *idx = out + 8 * nb;
+    float *y = tc_xmalloc(D * 4);
+    size_t first_bad = (size_t)-1, np = 0;
+    uint32_t bad_code = 0;
+
+    for (size_t m = 0; m < nb; m++) {
+        uint32_t len, p = thc_block(n, D, m, &len), top = 0;
+        const uint64_t e0 = m * D;
+        const float f = pcm_thc_f(p), c = scales[m];
+        float step = 0, a = 0;
+        for (uint32_t i = 0; i < p; i++) {
+            uint32_t code = pcm_thc_load(x + e0, len, rot.k0, rot.k1, e0, i, y);
+            if (code && e0 + i < first_bad) {
+                first_bad = e0 + i;
+                bad_code = code;
+            }
+        }
+        for (uint32_t h = 1; h < p; h <<= 1)
+            for (uint32_t k = 0; k < p / 2; k++)
+                pcm_thc_butterfly(y, k, h);
+        for (uint32_t i = 0; i < p; i++) {
+            uint32_t u = pcm_thc_rotated(y, res ? res + e0 : NULL, i, f);
+            top = u > top ? u : top;
+        }
+        if (c > 0)
+            pcm_thc_table(c, (1u << bits) - 1, &step, &a);
+        memcpy(out + 8 * m, &c, 4);
+        memcpy(out + 8 * m + 4, &top, 4);
+        for (uint32_t o = 0; o < p * bits / 8; o++)
+            idx[e0 * bits / 8 + o] = (uint8_t)pcm_thc_pack(y, res ? res + e0 : NULL, o, bits, c,
+                                                           step, a, key.k0, key.k1, e0);
+        np = e0 + p;
+    }
+    memset(idx + np * bits / 8, 0, out_len - 8 * nb - np * bits / 8);
+    free(y);
+    if (first_bad != (size_t)-1) {
+        *bad = first_bad;
+        return bad_code == PCM_ERR_NONFINITE ? PSAGG_ENONFINITE : PSAGG_ERANGE;
+    }
+    return PSAGG_OK;
+}
+
+/* The update's decode (meta as the CPU checked it), op a psagg__decode_op; the first coordinate
+   whose sum is above its bound in *bad. */
+static psagg_status emul_thc_update(uint32_t bits, uint32_t D, psagg__rng_key rot,
+                                    const uint8_t *upd, size_t len, size_t n, float factor, int op,
+                                    float *out, size_t *bad)
+{
+    const size_t nb = (n + D - 1) / D;
+    const uint32_t L1 = (1u << bits) - 1;
+    size_t inputs = 0;
+    float *z = tc_xmalloc(D * 4);
+    psagg_status st = psagg__thc_update_meta(bits, D, upd, len, n, &inputs, NULL, NULL);
+    const uint32_t width = psagg__thc_sum_width(bits, inputs);
+
+    for (size_t m = 0; !st && m < nb; m++) {
+        uint32_t blen, p = thc_block(n, D, m, &blen), count;
+        const uint64_t e0 = m * D;
+        float c, peak, step = 0, a;
+        memcpy(&c, upd + 12 * m, 4);
+        memcpy(&peak, upd + 12 * m + 4, 4);
+        memcpy(&count, upd + 12 * m + 8, 4);
+        CHECK(pcm_thc_meta_ok(c, peak, count, (uint32_t)inputs), "block %zu's meta refused", m);
+        if (c > 0)
+            pcm_thc_table(c, L1, &step, &a);
+        for (uint32_t i = 0; i < p; i++)
+            if (pcm_thc_unplane(bits, width, upd + 12 * nb, e0, i, count * L1,
+                                (int32_t)(count * L1), step, op == PSAGG_DECODE_SCALE ? factor : 1,
+                                z) &&
+                !st) {
+                *bad = e0 + i;
+                st = PSAGG_EBADMETA;
+            }
+        for (uint32_t h = 1; h < p; h <<= 1)
+            for (uint32_t k = 0; k < p / 2; k++)
+                pcm_thc_butterfly(z, k, h);
+        for (uint32_t i = 0; i < blen; i++)
+            pcm_thc_store(z, i, pcm_thc_f(p), rot.k0, rot.k1, e0, op, out + e0 + i);
+    }
+    free(z);
+    return st;
+}
+
+static long thc_cases;
+
+/* pcm_thc_meta_ok against the CPU's check of an update's meta, on every combination below. */
+static void check_thc_meta(void)
+{
+    static const float sc[] = {0.0f,     -0.0f,    0x1p-101f, 0x1p-100f, 1.0f,
+                               0x1p100f, 0x1p101f, INFINITY,  NAN,       -1.0f};
+    static const float pk[] = {0.0f, -0.0f, 1.0f, INFINITY, NAN};
+    const size_t len = psagg__thc_update_bytes(4, 64, 64, 3);
+    uint8_t *u = tc_xmalloc(len);
+    long n = 0;
+    memset(u, 0, len);
+    for (size_t i = 0; i < sizeof sc / sizeof sc[0]; i++)
+        for (size_t j = 0; j < sizeof pk / sizeof pk[0]; j++)
+            for (uint32_t count = 0; count <= 18; count += count == 1 ? 16 : 1, n++) {
+                size_t inputs = 0;
+                memcpy(u, &sc[i], 4);
+                memcpy(u + 4, &pk[j], 4);
+                memcpy(u + 8, &count, 4);
+                int cpu =
+                    psagg__thc_update_meta(4, 64, u, len, 64, &inputs, NULL, NULL) == PSAGG_OK;
+                CHECK(inputs == 17 || !cpu, "thc meta: inputs %zu", inputs);
+                CHECK(cpu == pcm_thc_meta_ok(sc[i], pk[j], count, 17),
+                      "thc meta: scale %a peak %a count %u: cpu %d, pcm %d", sc[i], pk[j], count,
+                      cpu, !cpu);
+            }
+    printf("thc meta: %ld combinations judged as the CPU does\n", n);
+    free(u);
+}
+
+/* W workers' pushes of round 0 (no scale yet) and round 1 (the scales it set; block 1's forced
+   to 0 when there is one), each against the CPU's bytes and residuals; the update of round 1
+   decoded as every op; then a bad input (inject) or a corrupt sum. */
+static void check_thc(uint32_t bits, uint32_t D, size_t n, int kind, uint64_t seed, int inject)
+{
+    enum { W = 3 };
+    const size_t nb = (n + D - 1) / D, np = psagg__thc_rotated_len(n, D);
+    const size_t plen = psagg__thc_push_bytes(bits, D, n),
+                 ulen = psagg__thc_update_bytes(bits, D, n, W);
+    psagg__rng_key rot = psagg__rng_key_make(seed, 3);
+    float *x = tc_xmalloc(n * 4), *scales = tc_xmalloc(nb * 4), *y_ref = tc_xmalloc(n * 4),
+          *y_got = tc_xmalloc(n * 4);
+    float *r_ref[W], *r_got[W];
+    uint8_t *p_ref[W], *p_got = tc_xmalloc(plen), *upd = tc_xmalloc(ulen);
+    char ctx[96];
+
+    snprintf(ctx, sizeof ctx, "thc%u/%u n=%zu %s", bits, D, n, tc_kind_name(kind));
+    memset(scales, 0, nb * 4);
+    for (int w = 0; w < W; w++) {
+        r_ref[w] = tc_xmalloc(np * 4), r_got[w] = tc_xmalloc(np * 4), p_ref[w] = tc_xmalloc(plen);
+        tc_fill(r_ref[w], np, TC_KIND_RANDOM, seed + 50 + (uint64_t)w, -3);
+        memcpy(r_got[w], r_ref[w], np * 4);
+    }
+    for (int round = 0; round < 2; round++) {
+        for (int w = 0; w < W; w++) {
+            psagg__rng_key key = psagg__rng_key_make(seed + (uint64_t)w, (uint64_t)round);
+            size_t b1 = 0, b2 = 0;
+            psagg_status s1, s2;
+            tc_fill(x, n, kind, seed + 10 * (uint64_t)round + (uint64_t)w, 20);
+            s1 = psagg__thc_push_encode(bits, D, rot, scales, x, r_ref[w], n, key, p_ref[w], plen,
+                                        &b1);
+            s2 = emul_thc_push(bits, D, rot, scales, x, r_got[w], n, key, p_got, plen, &b2);
+            CHECK(s1 == PSAGG_OK && s2 == PSAGG_OK, "%s round %d worker %d: %d / %d: %s", ctx,
+                  round, w, s1, s2, psagg_last_error());
+            CHECK(tc_first_diff(p_ref[w], p_got, plen) == (size_t)-1,
+                  "%s round %d worker %d: push byte %zu of %zu differs", ctx, round, w,
+                  tc_first_diff(p_ref[w], p_got, plen), plen);
+            CHECK(tc_first_diff(r_ref[w], r_got[w], np * 4) == (size_t)-1,
+                  "%s round %d worker %d: residual byte %zu differs", ctx, round, w,
+                  tc_first_diff(r_ref[w], r_got[w], np * 4));
+        }
+        CHECK(psagg__thc_update_fold(bits, D, (const uint8_t *const *)p_ref, W, plen, n, upd,
+                                     ulen) == PSAGG_OK,
+              "%s: fold: %s", ctx, psagg_last_error());
+        psagg__thc_update_next_scales(bits, D, upd, n, scales);
+        if (nb > 1)
+            scales[1] = 0;
+    }
+    for (int op = 0; op < 4; op++) {
+        size_t bad = 0;
+        float factor = op == PSAGG_DECODE_SCALE ? 1.0f / W : 1.0f;
+        tc_fill(y_ref, n, TC_KIND_RANDOM, seed + 77, 2);
+        memcpy(y_got, y_ref, n * 4);
+        CHECK(psagg__thc_update_decode(bits, D, rot, upd, ulen, n, factor, (psagg__decode_op)op,
+                                       y_ref, NULL) == PSAGG_OK,
+              "%s: decode: %s", ctx, psagg_last_error());
+        CHECK(emul_thc_update(bits, D, rot, upd, ulen, n, factor, op, y_got, &bad) == PSAGG_OK,
+              "%s: emulated decode refused it at %zu", ctx, bad);
+        tc_same_floats(ctx, op == 1 ? "decode ADD" : "decode", y_ref, y_got, n, "cpu ", "emul ");
+    }
+    if (inject) { /* a bad input: the same status and element; a sum above its bound */
+        size_t b1 = 0, b2 = 1, at = (seed * 7919) % n, bad = 0;
+        psagg__rng_key key = psagg__rng_key_make(seed, 9);
+        psagg_status s1, s2;
+        uint32_t width = psagg__thc_sum_width(bits, W);
+        size_t e = (seed * 104729) % np, G = 512 / bits, P = 8 / bits;
+        size_t pos = 12 * nb + ((e / G) * G + (e % G % P) * 64 + (e % G) / P) * (width / 8);
+        const char *msg;
+        tc_fill(x, n, kind, seed, 20);
+        x[at] = inject == 1 ? NAN : inject == 2 ? -INFINITY : 0x1.000002p100f;
+        s1 = psagg__thc_push_encode(bits, D, rot, scales, x, r_ref[0], n, key, p_ref[0], plen, &b1);
+        s2 = emul_thc_push(bits, D, rot, scales, x, r_got[0], n, key, p_got, plen, &b2);
+        CHECK(s1 == s2 && s1 == (inject == 3 ? PSAGG_ERANGE : PSAGG_ENONFINITE) && b1 == b2 &&
+                  b1 == at,
+              "%s inject %d: cpu %d at %zu, emulation %d at %zu (element %zu)", ctx, inject, s1, b1,
+              s2, b2, at);
+        upd[pos] = 0xFF; /* above any count * L1 of 3 pushes, or a 16-bit sum's low byte */
+        if (width == 16)
+            upd[pos + 1] = 0xFF;
+        s1 = psagg__thc_update_decode(bits, D, rot, upd, ulen, n, 1, PSAGG_DECODE_SET, y_ref, NULL);
+        msg = strstr(psagg_last_error(), "element ");
+        s2 = emul_thc_update(bits, D, rot, upd, ulen, n, 1, PSAGG_DECODE_SET, y_got, &bad);
+        CHECK(s1 == PSAGG_EBADMETA && s2 == PSAGG_EBADMETA && msg &&
+                  strtoull(msg + 8, NULL, 10) == bad && bad == e,
+              "%s: a sum of %u at coordinate %zu: cpu %d (%s), emulation %d at %zu", ctx,
+              width == 8 ? 255u : 65535u, e, s1, psagg_last_error(), s2, bad);
+    }
+    thc_cases++;
+    for (int w = 0; w < W; w++)
+        free(r_ref[w]), free(r_got[w]), free(p_ref[w]);
+    free(x), free(scales), free(y_ref), free(y_got), free(p_got), free(upd);
+}
+
 int main(int argc, char **argv)
 {
     psagg_codec cs[64];
@@ -282,6 +513,17 @@ int main(int argc, char **argv)
             check_mm(&cs[ci], 1000, TC_KIND_RANDOM, inject & 1, 5 + (uint64_t)inject + ci, inject);
     }
     printf("maxmin emulation: %ld cases bit-identical with the scalar reference\n", mm_cases);
+    check_thc_meta();
+    for (uint32_t bits = 2; bits <= 4; bits += 2) {
+        static const uint32_t Ds[] = {64, 256, 1024, 16384};
+        static const size_t tn[] = {1, 63, 64, 65, 200, 1000, 1024, 1025, 3000, 20000};
+        for (size_t di = 0; di < 4; di++)
+            for (size_t si = 0; si < sizeof tn / sizeof tn[0]; si++)
+                for (int kind = 0; kind < TC_KIND_COUNT; kind++)
+                    check_thc(bits, Ds[di], tn[si], kind, tn[si] * 13 + (uint64_t)kind + di,
+                              kind % 4);
+    }
+    printf("thc emulation: %ld cases bit-identical with the scalar reference\n", thc_cases);
     if (quick) {
         printf("--quick: exhaustive fp16/bf16 sweeps skipped\n");
         return 0;

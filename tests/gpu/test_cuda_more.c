@@ -10,6 +10,9 @@
  *   - four threads, each with its own stream, encoding at once;
  *   - topk (the sparse codec): encode with and without residual, decode, decode_add and
  *     corrupted buffers' verdicts, bad inputs' status and index;
+ *   - thc (integer aggregation): W workers' pushes (the rotation, the table, residuals, blocks of
+ *     scale 0) and the decode of their CPU fold with every op, 8- and 16-bit sums, blocks of 64
+ *     to 65536 (shared memory and scratch), bad inputs, a corrupt sum and a corrupt meta;
  *   - an error the caller left pending in the CUDA runtime is still there after psagg's calls.
  */
 #include <math.h>
@@ -24,6 +27,7 @@
 #include "../unit/test_codec_util.h"
 #include "gpu_skip.h"
 #include "kernels/cuda/codec_cuda.h"
+#include "kernels/thc.h"
 #include "kernels/topk.h"
 
 #define CU(call)                                                                                   \
@@ -228,6 +232,181 @@ static void topk(void)
            cases);
 }
 
+/* The GPU's error word after a thc call, as a status and index. */
+static psagg_status thc_word(uint64_t *d_err, size_t *bad)
+{
+    uint64_t w = 0;
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(&w, d_err, 8, cudaMemcpyDeviceToHost));
+    return psagg__cuda_err_status(w, bad);
+}
+
+/* One job of W workers on n elements in thc<bits>/<D>: two rounds of pushes, CPU against GPU
+   (bytes and residuals), then the decode of round 1's fold as every op; returns the cases. */
+static int thc_job(uint32_t bits, uint32_t D, size_t n, size_t W, int kind, uint64_t seed)
+{
+    psagg_codec c = {
+        .id = PSAGG_CODEC_THC, .bits = bits, .bucket = D, .rounding = PSAGG_ROUND_STOCHASTIC};
+    const size_t nb = psagg__thc_blocks(n, D), np = psagg__thc_rotated_len(n, D);
+    const size_t plen = psagg__thc_push_bytes(bits, D, n),
+                 ulen = psagg__thc_update_bytes(bits, D, n, W);
+    const psagg__rng_key rot = {(uint32_t)seed * 77u, 12345u};
+    float *x = tc_xmalloc(n * 4), *scales = tc_xmalloc(nb * 4), *r = tc_xmalloc(W * np * 4);
+    float *rg = tc_xmalloc(np * 4), *yc = tc_xmalloc(n * 4), *yg = tc_xmalloc(n * 4);
+    uint8_t *push = tc_xmalloc(W * plen), *got = tc_xmalloc(plen), *upd = tc_xmalloc(ulen);
+    const uint8_t **ins = tc_xmalloc(W * sizeof *ins);
+    float *d_x = dmalloc(n * 4), *d_r = dmalloc(np * 4), *d_s = dmalloc(nb * 4),
+          *d_y = dmalloc(n * 4);
+    uint8_t *d_p = dmalloc(plen), *d_u = dmalloc(ulen);
+    uint64_t *d_err = dmalloc(8);
+    int cases = 0;
+
+    CHECK(psagg__codec_check(&c) == PSAGG_OK, "thc codec: %s", psagg_last_error());
+    memset(scales, 0, nb * 4);
+    tc_fill(r, W * np, TC_KIND_RANDOM, seed + 1, 0);
+    for (int round = 0; round < 2; round++) {
+        CU(cudaMemcpy(d_s, scales, nb * 4, cudaMemcpyHostToDevice));
+        for (size_t w = 0; w < W; w++) {
+            psagg__rng_key key = {(uint32_t)(seed + w), (uint32_t)round};
+            size_t bad = 0;
+            uint8_t *p = push + w * plen;
+            tc_fill(x, n, kind, seed + 10 * w + (uint64_t)round, 20);
+            CU(cudaMemcpy(d_x, x, n * 4, cudaMemcpyHostToDevice));
+            CU(cudaMemcpy(d_r, r + w * np, np * 4, cudaMemcpyHostToDevice));
+            CHECK(psagg__thc_push_encode(bits, D, rot, scales, x, r + w * np, n, key, p, plen,
+                                         &bad) == PSAGG_OK,
+                  "thc cpu push: %s", psagg_last_error());
+            CHECK(psagg__cuda_err_reset(d_err, 0) == PSAGG_OK &&
+                      psagg__cuda_thc_push_encode(&c, rot, d_s, d_x, d_r, n, key, d_p, plen, d_err,
+                                                  0) == PSAGG_OK &&
+                      thc_word(d_err, &bad) == PSAGG_OK,
+                  "thc%u/%u n=%zu: gpu push: %s", bits, D, n, psagg_last_error());
+            CU(cudaMemcpy(got, d_p, plen, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(rg, d_r, np * 4, cudaMemcpyDeviceToHost));
+            CHECK(tc_first_diff(p, got, plen) == (size_t)-1,
+                  "thc%u/%u n=%zu %s round %d worker %zu: push byte %zu of %zu differs", bits, D, n,
+                  tc_kind_name(kind), round, w, tc_first_diff(p, got, plen), plen);
+            CHECK(tc_first_diff(r + w * np, rg, np * 4) == (size_t)-1,
+                  "thc%u/%u n=%zu: residual byte %zu differs", bits, D, n,
+                  tc_first_diff(r + w * np, rg, np * 4));
+            ins[w] = p;
+            cases++;
+        }
+        CHECK(psagg__thc_update_fold(bits, D, ins, W, plen, n, upd, ulen) == PSAGG_OK,
+              "thc fold: %s", psagg_last_error());
+        psagg__thc_update_next_scales(bits, D, upd, n, scales);
+        if (nb > 2)
+            scales[2] = 0; /* a block without a scale in round 1 */
+    }
+    CU(cudaMemcpy(d_u, upd, ulen, cudaMemcpyHostToDevice));
+    for (int op = 0; op < 4; op++) {
+        size_t bad = 0;
+        float factor = op == PSAGG_DECODE_SCALE ? 1.0f / (float)W : 1.0f;
+        tc_fill(yc, n, TC_KIND_RANDOM, seed + 3, 0);
+        CU(cudaMemcpy(d_y, yc, n * 4, cudaMemcpyHostToDevice));
+        CHECK(psagg__thc_update_decode(bits, D, rot, upd, ulen, n, factor, (psagg__decode_op)op, yc,
+                                       NULL) == PSAGG_OK,
+              "thc cpu decode: %s", psagg_last_error());
+        CHECK(psagg__cuda_err_reset(d_err, 0) == PSAGG_OK &&
+                  psagg__cuda_thc_update_decode(&c, rot, d_u, ulen, n, factor, (psagg__decode_op)op,
+                                                d_y, d_err, 0) == PSAGG_OK &&
+                  thc_word(d_err, &bad) == PSAGG_OK,
+              "thc%u/%u n=%zu: gpu decode op %d: %s", bits, D, n, op, psagg_last_error());
+        CU(cudaMemcpy(yg, d_y, n * 4, cudaMemcpyDeviceToHost));
+        tc_same_floats("thc decode", op == 1 ? "ADD" : "out", yc, yg, n, "cpu ", "gpu ");
+        cases++;
+    }
+    if (kind == TC_KIND_RANDOM) { /* a sum above its bound, then a block's meta */
+        const uint32_t width = psagg__thc_sum_width(bits, W);
+        const size_t e = (seed * 104729) % np, G = 512 / bits, P = 8 / bits;
+        const size_t at = 12 * nb + ((e / G) * G + (e % G % P) * 64 + (e % G) / P) * (width / 8);
+        const size_t m = (seed * 31) % nb;
+        size_t bad = 0;
+        uint8_t *u2 = tc_xmalloc(ulen);
+        memcpy(u2, upd, ulen);
+        u2[at] = 0xFF;
+        if (width == 16)
+            u2[at + 1] = 0xFF;
+        CU(cudaMemcpy(d_u, u2, ulen, cudaMemcpyHostToDevice));
+        CHECK(psagg__cuda_err_reset(d_err, 0) == PSAGG_OK &&
+                  psagg__cuda_thc_update_decode(&c, rot, d_u, ulen, n, 1, PSAGG_DECODE_SET, d_y,
+                                                d_err, 0) == PSAGG_OK &&
+                  thc_word(d_err, &bad) == PSAGG_EBADMETA && bad == e,
+              "thc: a sum above its bound at %zu: gpu %s at %zu", e, psagg_last_error(), bad);
+        memcpy(u2 + 12 * m + 8, &(uint32_t){(uint32_t)W + 100000u}, 4); /* a count beyond W */
+        CU(cudaMemcpy(d_u, u2, ulen, cudaMemcpyHostToDevice));
+        CHECK(psagg__cuda_err_reset(d_err, 0) == PSAGG_OK &&
+                  psagg__cuda_thc_update_decode(&c, rot, d_u, ulen, n, 1, PSAGG_DECODE_SET, d_y,
+                                                d_err, 0) == PSAGG_OK &&
+                  thc_word(d_err, &bad) == PSAGG_EBADMETA && bad == m,
+              "thc: block %zu's count: gpu %s at %zu", m, psagg_last_error(), bad);
+        free(u2);
+        cases += 2;
+    }
+    cudaFree(d_x), cudaFree(d_r), cudaFree(d_s), cudaFree(d_y), cudaFree(d_p), cudaFree(d_u);
+    cudaFree(d_err);
+    free(x), free(scales), free(r), free(rg), free(yc), free(yg), free(push), free(got), free(upd);
+    free(ins);
+    return cases;
+}
+
+/* thc (kernels/thc.h) on the GPU against the CPU's scalar reference; bad inputs by status and
+   index; the generic functions refuse it. */
+static void thc(void)
+{
+    static const uint32_t Ds[] = {64, 1024, 8192, 16384, 65536};
+    int cases = 0;
+    for (size_t di = 0; di < sizeof Ds / sizeof Ds[0]; di++)
+        for (int kind = 0; kind < TC_KIND_COUNT; kind++) {
+            const uint32_t D = Ds[di], bits = kind & 1 ? 2 : 4;
+            const size_t n = D >= 16384 ? 2 * (size_t)D + 999 : 5 * (size_t)D + 37 + (size_t)kind;
+            /* 8-bit sums, and (kind 2, thc4: 18 workers) 16-bit ones */
+            cases += thc_job(bits, D, n, kind == 2 ? 18 : 3, kind, D * 7 + (uint64_t)kind);
+        }
+    for (int what = 0; what < 3; what++) {
+        psagg_codec c = {
+            .id = PSAGG_CODEC_THC, .bits = 4, .bucket = 1024, .rounding = PSAGG_ROUND_STOCHASTIC};
+        const size_t n = 5000, at = 2 * 1024 + 17 + (size_t)what * 300;
+        const size_t nb = psagg__thc_blocks(n, 1024), np = psagg__thc_rotated_len(n, 1024);
+        const size_t plen = psagg__thc_push_bytes(4, 1024, n);
+        float *x = tc_xmalloc(n * 4), *sc = tc_xmalloc(nb * 4), *d_x = dmalloc(n * 4);
+        float *d_s = dmalloc(nb * 4), *d_r = dmalloc(np * 4);
+        uint8_t *cpu = tc_xmalloc(plen), *d_p = dmalloc(plen);
+        uint64_t *d_err = dmalloc(8);
+        size_t bad_c = 0, bad_g = 0;
+        psagg_status a, b;
+        tc_fill(x, n, TC_KIND_RANDOM, 5 + (uint64_t)what, 0);
+        x[at] = what == 0 ? NAN : what == 1 ? -INFINITY : 0x1.000002p100f;
+        x[at + 900] = NAN; /* a later one: not the one named */
+        for (size_t m = 0; m < nb; m++)
+            sc[m] = 0.5f;
+        CU(cudaMemcpy(d_x, x, n * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(d_s, sc, nb * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemset(d_r, 0, np * 4));
+        a = psagg__thc_push_encode(4, 1024, (psagg__rng_key){1, 2}, sc, x, NULL, n,
+                                   (psagg__rng_key){3, 4}, cpu, plen, &bad_c);
+        CHECK(psagg__cuda_err_reset(d_err, 0) == PSAGG_OK &&
+                  psagg__cuda_thc_push_encode(&c, (psagg__rng_key){1, 2}, d_s, d_x, d_r, n,
+                                              (psagg__rng_key){3, 4}, d_p, plen, d_err,
+                                              0) == PSAGG_OK,
+              "thc bad input: launch: %s", psagg_last_error());
+        b = thc_word(d_err, &bad_g);
+        CHECK(a != PSAGG_OK && a == b && bad_c == at && bad_g == at,
+              "thc bad input %d: CPU %d at %zu, GPU %d at %zu (want %zu)", what, a, bad_c, b, bad_g,
+              at);
+        if (what == 0) /* the generic encode is not thc's */
+            CHECK(psagg__cuda_encode(&c, d_x, NULL, n, (psagg__rng_key){1, 2}, d_p, plen, d_err,
+                                     0) == PSAGG_EINVAL,
+                  "psagg__cuda_encode took thc");
+        cudaFree(d_x), cudaFree(d_s), cudaFree(d_r), cudaFree(d_p), cudaFree(d_err);
+        free(x), free(sc), free(cpu);
+        cases++;
+    }
+    printf("thc, blocks 64..65536, 3 and 18 workers (8- and 16-bit sums), every decode op, bad "
+           "inputs, corrupt sums and meta: %d cases bit-identical\n",
+           cases);
+}
+
 static void aggregate_inputs(void)
 {
     psagg_codec codecs[] = {tc_codec(PSAGG_CODEC_MAXMIN, 4, 512, PSAGG_ROUND_STOCHASTIC),
@@ -388,6 +567,7 @@ int main(void)
         pending_error();
     buckets();
     topk();
+    thc();
     aggregate_inputs();
     scale();
     threads();

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_gpu_e2e.sh BUILD_DIR - end to end on a GPU host: workers that push_pull device buffers
 # (psagg_push_pull_cuda) and a server with [server] gpu = on must produce exactly the bytes
-# of the host path. Exit 77 (skipped) without a usable CUDA device.
+# of the host path (and thc's, fn_thc --cuda: its CPU reference). Exit 77 (skipped) without a
+# usable CUDA device.
 set -u -o pipefail
 build=$1
 here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
@@ -32,5 +33,17 @@ for extra in "--codec fp16" "--codec bf16" "--codec maxmin4 --average"; do
     d=$(digest --servers 1 --workers 2 -- --rounds 4 --sizes 1,1023,300007 $extra --cuda)
     echo "$extra: host path $h, device buffers $d"
     [ -n "$h" ] && [ "$h" = "$d" ] || ok=1
+done
+# thc on device buffers (the CUDA rotation, table and decode): fn_thc checks every update bit for
+# bit against its CPU reference of the job (blocks of 16384: the kernels' scratch in global memory)
+for extra in "--workers 3 -- 6 thc4 --average" "--workers 3 -- 6 thc2/256" "--workers 2 -- 5 thc4/16384"; do
+    # shellcheck disable=SC2086
+    if "$run_case" "$build" --servers 2 --worker-bin fn_thc $extra --cuda >"${TMPDIR:-/tmp}/gpu-e2e-thc.log" 2>&1; then
+        echo "thc ($extra --cuda): every update bit-identical to the CPU reference"
+    else
+        tail -20 "${TMPDIR:-/tmp}/gpu-e2e-thc.log"
+        echo "thc ($extra --cuda): FAILED"
+        ok=1
+    fi
 done
 exit $ok
