@@ -25,9 +25,11 @@
 #              entry points' argument checks)
 #   torch      worker/examples/train_digits.py --device cuda, 4 processes on the one GPU through
 #              deploy/psagg-local (2 servers): Gloo DDP (fp32), then DDP with psagg's hook, fp32
-#              and maxmin4; each run: 4 equal weight hashes, psagg's loss within 0.1 of Gloo's,
-#              accuracy within 0.03. Without a GPU the same runs go on the CPU (--device cpu)
-#              so the harness itself is checked here.
+#              and maxmin4, and (torch >= 2.6) FSDP2 with psagg as its replica all-reduce
+#              (register_fsdp_hook, fp32: the DDP hook's fp32 weights bit for bit); each run: 4
+#              equal weight hashes, psagg's loss within 0.1 of Gloo's, accuracy within 0.03.
+#              Without a GPU the same runs go on the CPU (--device cpu) so the harness itself
+#              is checked here.
 # WORK: $PSAGG_CHECK_WORK, else <checkout>/build-check-gpu. Python: $PSAGG_PYTHON, else the
 # first of python3, /usr/bin/python3 that imports torch. $PSAGG_CHECK_BUDGET (seconds, default
 # 540 with a GPU) caps the whole run: a step that would start past it is skipped. The torch
@@ -276,7 +278,15 @@ torch_step() {
     reserve_ports 2 "${PSAGG_CHECK_PORT:-}"
     job_ini "$job" 2 4 cluster.job_id=check-gpu-torch cluster.provider=tcp cluster.connect_timeout_ms=30000 \
         cluster.op_timeout_ms=10000 codec.default=fp32 codec.min_compress_elems=256 log.level=warn
-    for run in "gloo gloo" "fp32 psagg fp32" "maxmin4 psagg maxmin4"; do
+    local runs=("gloo gloo" "fp32 psagg fp32" "maxmin4 psagg maxmin4") fsdp_hash="" fp32_hash=""
+    # FSDP2 where this torch has its public all-reduce hook (torch >= 2.6): psagg as the
+    # replica all-reduce, fp32, must give the DDP hook's fp32 weights bit for bit
+    if PYTHONPATH="$build/python" "$py" -c 'import sys, psagg.torch.fsdp as f; sys.exit(f._fsdp_module_class() is None)' 2>/dev/null; then
+        runs+=("fsdp2 psagg-fsdp fp32")
+    else
+        figs+="fsdp2: skipped (no public FSDP2 all-reduce hook in torch $torch_v); "
+    fi
+    for run in "${runs[@]}"; do
         read -r name comm codec <<<"$run"
         local args=(--comm "$comm" --steps 200 --device "$device" --unused)
         [ -n "${codec:-}" ] && args+=(--codec "$codec")
@@ -298,7 +308,17 @@ torch_step() {
             rc_all=1
         else
             figs+="$name: loss ${loss[$name]} acc ${acc[$name]} $(grep -o 'ms_per_step=[0-9.]*' "$out/torch-$name.log" | tail -1 | sed 's/ms_per_step=//') ms/step"
-            if [ "$comm" = psagg ]; then
+            [ "$name" = fp32 ] && fp32_hash=$(awk '{ print $2 }' <<<"$hashes")
+            if [ "$name" = fsdp2 ]; then
+                fsdp_hash=$(awk '{ print $2 }' <<<"$hashes")
+                if [ -n "$fp32_hash" ] && [ "$fsdp_hash" = "$fp32_hash" ]; then
+                    figs+=" (weights bit-identical to the DDP hook's fp32 run)"
+                else
+                    figs+=" (weights NOT those of the DDP hook's fp32 run)"
+                    rc_all=1
+                fi
+            fi
+            if [ "$comm" = psagg ] || [ "$comm" = psagg-fsdp ]; then
                 if [ -n "${loss[gloo]:-}" ] && awk -v l="${loss[$name]}" -v a="${acc[$name]}" \
                     -v rl="${loss[gloo]}" -v ra="${acc[gloo]}" \
                     'BEGIN { d = l - rl; if (d < 0) d = -d; exit !(d <= 0.1 && a >= ra - 0.03) }'; then

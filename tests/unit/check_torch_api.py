@@ -82,7 +82,7 @@ for c, path in sorted(used):
     obj, name = torch, "torch"
     for part in c:
         name += "." + part
-        if part.startswith("_"):
+        if part.startswith("_") and not (part.startswith("__") and part.endswith("__")):
             problem("%s uses %s: a private torch name" % (path, name))
             break
         if not hasattr(obj, part):
@@ -108,6 +108,17 @@ DUCK = [
                              "add_param_group"]),
     (torch.nn.Module, ["named_parameters", "parameters", "named_buffers", "register_buffer"]),
 ]
+# FSDP2 (torch >= 2.6, public): what register_fsdp_hook calls, where this torch has it
+fsdp_cls = pt.fsdp._fsdp_module_class()  # (None where torch.distributed.fsdp fails to import)
+if fsdp_cls is not None and hasattr(fsdp_cls, "set_all_reduce_hook"):
+    DUCK.append((fsdp_cls, ["set_all_reduce_hook"]))
+    DUCK.append((importlib.import_module("torch.distributed.tensor").DTensor,
+                 ["device_mesh", "full_tensor"]))
+    DUCK.append((importlib.import_module("torch.distributed.device_mesh").DeviceMesh, ["size"]))
+    print("FSDP2 with set_all_reduce_hook: register_fsdp_hook's names checked")
+else:
+    print("no public FSDP2 all-reduce hook in torch %s: register_fsdp_hook refuses (checked "
+          "below)" % torch.__version__)
 n = 0
 for cls, names in DUCK:
     for name in names:
@@ -161,6 +172,12 @@ checks = [
     ("register_ddp_hook(error_feedback='x')", (TypeError, ValueError), ["error_feedback"],
      lambda: pt.register_ddp_hook(None, error_feedback="x")),
     ("shutdown(error=42)", TypeError, ["error"], lambda: pt.shutdown(error=42)),
+    ("register_fsdp_hook(codec=42)", (TypeError, ValueError), ["codec"],
+     lambda: pt.register_fsdp_hook(model, codec=42)),
+    # (no FSDP2 hook in this torch: refused naming it; else: a model without fully_shard)
+    ("register_fsdp_hook(a model without fully_shard)", (RuntimeError, TypeError),
+     ["register_fsdp_hook", "torch" if fsdp_cls is None else "fully_shard"],
+     lambda: pt.register_fsdp_hook(model)),
 ]
 for what, exc, words, fn, *args in checks:
     refused(what, exc, words, fn, *args)

@@ -12,6 +12,9 @@ variables), with Debian's /usr/bin/python3 (the one that has torch):
 --comm gloo       DDP with Gloo's all-reduce (fp32): the baseline
 --comm psagg      DDP with psagg's communication hook (the two-line change)
 --comm psagg-opt  no DDP and no process group: psagg.torch.DistributedOptimizer
+--comm psagg-fsdp FSDP2 (fully_shard, torch >= 2.6) over shard groups of one rank, psagg as
+                  the replica all-reduce (psagg.torch.register_fsdp_hook): the same averages as
+                  --comm psagg, so with --codec fp32 the same weights, bit for bit
 --comm psagg-server  the optimizer runs on the servers: psagg.torch.ServerOptimizer (no DDP;
                   start the servers with [server] optimizer = sgd, momentum = 0.9, e.g.
                   PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9 in the environment)
@@ -102,7 +105,10 @@ def load_digits():
 def params_sha256(model):
     h = hashlib.sha256()
     for p in model.parameters():
-        t = p.detach().cpu().contiguous()
+        t = p.detach()
+        if hasattr(t, "full_tensor"):  # FSDP2's sharded parameter (a DTensor)
+            t = t.full_tensor()
+        t = t.cpu().contiguous()
         try:
             h.update(t.numpy().tobytes())
         except RuntimeError:  # a PyTorch 2.x without numpy: the values' exact text instead
@@ -112,7 +118,8 @@ def params_sha256(model):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--comm", choices=["psagg", "gloo", "psagg-opt", "psagg-server"],
+    ap.add_argument("--comm", choices=["psagg", "gloo", "psagg-opt", "psagg-server",
+                                       "psagg-fsdp"],
                     default="psagg")
     ap.add_argument("--codec", default=None, help="psagg codec text (default: the config's)")
     ap.add_argument("--steps", type=int, default=300)
@@ -183,6 +190,28 @@ def main():
         if not pt.membership()["joiner"]:  # (a joiner took the members' state already)
             pt.broadcast_parameters(model, root=0)
         net = model
+    elif args.comm == "psagg-fsdp":
+        import importlib
+        import psagg.torch as pt
+        # (FSDP's collectives on CUDA tensors are NCCL's; its shard groups of one rank never
+        # need a second GPU)
+        dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo",
+                                rank=rank, world_size=world)
+        try:
+            fsdp = importlib.import_module("torch.distributed.fsdp")
+            fsdp.fully_shard
+        except Exception:  # noqa: BLE001 (torch 1.13 on Python 3.11 cannot import it at all)
+            raise RuntimeError("--comm psagg-fsdp needs FSDP2 (torch >= 2.6); this is torch %s"
+                               % torch.__version__) from None
+        mesh = importlib.import_module("torch.distributed.device_mesh").init_device_mesh(
+            device.type, (world, 1), mesh_dim_names=("replicate", "shard"))["shard"]
+        for layer in model.children():  # each layer an FSDP module, then the root
+            if any(True for _ in layer.parameters()):
+                fsdp.fully_shard(layer, mesh=mesh)
+        fsdp.fully_shard(model, mesh=mesh)
+        pt.register_fsdp_hook(model, codec=args.codec)
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        net = model
     elif args.comm == "psagg-server":
         import psagg.torch as pt
         pt.init()  # momentum etc. are the servers' config; the learning rate is ours
@@ -202,7 +231,8 @@ def main():
     g = torch.Generator().manual_seed(args.seed * 1000 + rank)
     losses, step_ms = [], []
     t0 = None
-    changes = pt.membership_changes() if args.comm not in ("gloo", "psagg") else None
+    changes = pt.membership_changes() if args.comm not in ("gloo", "psagg", "psagg-fsdp") \
+        else None
     start = 0  # a worker that joined the running job starts at the members' step
     if changes is not None and pt.membership()["joiner"]:
         start = diloco.start_step if diloco is not None else opt.start_step
@@ -286,7 +316,7 @@ def main():
               "test_acc=%.4f test_loss=%.4f grad_bytes=%d%s device=%s" %
               (args.comm, args.codec or "config", world, args.steps, ms, tail, acc, test_loss,
                grad_bytes, extra, device), flush=True)
-    if args.comm in ("gloo", "psagg"):
+    if args.comm in ("gloo", "psagg", "psagg-fsdp"):
         dist.destroy_process_group()
     return 0
 
