@@ -383,6 +383,13 @@ psagg_status psagg_push_pull_cuda(psagg_ctx *ctx, uint32_t key, const float *d_i
     h = handle_new(ctx, key, d_in, d_out, op, priority, &device_ops, &st);
     if (!h)
         return st;
+    if (ctx->layout.tensors[key].codec.id == PSAGG_CODEC_THC && !ex->thc_encode) {
+        st = psagg__fail(PSAGG_EUNSUPPORTED,
+                         "its codec is thc, which the device executor '%s' cannot run: push it "
+                         "from host memory (psagg_push_pull)",
+                         ex->name);
+        goto err;
+    }
     if (ctx->layout.tensors[key].adaptive) {
         st = psagg__fail(PSAGG_EUNSUPPORTED,
                          "its codec is adaptive ([codec] adaptive = on), which the CUDA path "
@@ -521,9 +528,13 @@ static psagg_status enqueue_decode(psagg_ctx *ctx, dev_state *g, struct psagg_ha
     psagg_status st;
 
     gt->queued = 1;
-    if ((st = ex->fill(d_words, 0xFF, words, g->stream)) ||
-        (st = ex->copy(gt->d_upd, gt->h_upd, gt->upd_total, g->stream)))
+    if ((st = ex->fill(d_words, 0xFF, words, g->stream)))
         return st;
+    /* (thc's staging holds the widest sums: each chunk's update as long as it came) */
+    for (uint32_t c = 0; c < (gt->d_scales ? ti->n_chunks : 1); c++)
+        if ((st = ex->copy(gt->d_upd + gt->upd_off[c], gt->h_upd + gt->upd_off[c],
+                           gt->d_scales ? gt->upd_len[c] : gt->upd_total, g->stream)))
+            return st;
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
         const psagg__chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
         const uint8_t *in = gt->d_upd + gt->upd_off[c];

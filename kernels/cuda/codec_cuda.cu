@@ -222,8 +222,9 @@ extern "C" psagg_status psagg__cuda_err_status(uint64_t w, size_t *bad_index)
                            stage ? "element" : "input", index);
     case PCM_ERR_RANGE:
         return psagg__fail(PSAGG_ERANGE, "cuda codec: element %zu out of the codec's range", index);
-    case PCM_ERR_BADMETA:
-        return psagg__fail(PSAGG_EBADMETA, "cuda codec: input %zu: invalid meta", index);
+    case PCM_ERR_BADMETA: /* (stage 1: a thc sum above what its block's pushes make) */
+        return psagg__fail(PSAGG_EBADMETA, "cuda codec: %s %zu: invalid %s",
+                           stage ? "coordinate" : "input", index, stage ? "sum" : "meta");
     default:
         return psagg__fail(PSAGG_ECUDA, "cuda codec: corrupt error word %#llx",
                            (unsigned long long)w);

@@ -111,7 +111,9 @@ psagg_status psagg__cuda_aggregate(const psagg_codec *codec, const void *const *
  * NEXT SCALE of the update before, not checked here) with its residual (N' floats, rotated
  * coordinates: psagg__thc_rotated_len) into out (psagg__thc_push_bytes), rotation key rot; the
  * CPU's psagg__thc_push_encode byte for byte. Stage-1 errors: the first element not finite
- * (PSAGG_ENONFINITE) or beyond 2^100 (PSAGG_ERANGE).
+ * (PSAGG_ENONFINITE) or beyond 2^100 (PSAGG_ERANGE). A block rotates in shared memory up to
+ * 8,192 elements; larger blocks (thc4/16384 ..) take a scratch of N' floats per call, from the
+ * stream-ordered allocator (cudaMallocAsync), as does the decode below.
  */
 psagg_status psagg__cuda_thc_push_encode(const psagg_codec *codec, psagg__rng_key rot,
                                          const float *scales, const float *x, float *residual,

@@ -108,13 +108,14 @@ DUCK = [
                              "add_param_group"]),
     (torch.nn.Module, ["named_parameters", "parameters", "named_buffers", "register_buffer"]),
 ]
-# FSDP2 (torch >= 2.6, public): what register_fsdp_hook calls, where this torch has it
+# FSDP2 (torch >= 2.7, public): what register_fsdp_hook calls, where this torch has it
 fsdp_cls = pt.fsdp._fsdp_module_class()  # (None where torch.distributed.fsdp fails to import)
 if fsdp_cls is not None and hasattr(fsdp_cls, "set_all_reduce_hook"):
     DUCK.append((fsdp_cls, ["set_all_reduce_hook"]))
     DUCK.append((importlib.import_module("torch.distributed.tensor").DTensor,
                  ["device_mesh", "full_tensor"]))
-    DUCK.append((importlib.import_module("torch.distributed.device_mesh").DeviceMesh, ["size"]))
+    DUCK.append((importlib.import_module("torch.distributed.device_mesh").DeviceMesh,
+                 ["size", "ndim"]))
     print("FSDP2 with set_all_reduce_hook: register_fsdp_hook's names checked")
 else:
     print("no public FSDP2 all-reduce hook in torch %s: register_fsdp_hook refuses (checked "

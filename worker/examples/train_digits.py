@@ -12,9 +12,13 @@ variables), with Debian's /usr/bin/python3 (the one that has torch):
 --comm gloo       DDP with Gloo's all-reduce (fp32): the baseline
 --comm psagg      DDP with psagg's communication hook (the two-line change)
 --comm psagg-opt  no DDP and no process group: psagg.torch.DistributedOptimizer
---comm psagg-fsdp FSDP2 (fully_shard, torch >= 2.6) over shard groups of one rank, psagg as
-                  the replica all-reduce (psagg.torch.register_fsdp_hook): the same averages as
-                  --comm psagg, so with --codec fp32 the same weights, bit for bit
+--comm psagg-fsdp FSDP2 (fully_shard, torch >= 2.7) over shard groups of one rank, psagg as
+                  the replica all-reduce (psagg.torch.register_fsdp_hook): with --codec fp32
+                  the averages of --comm psagg, so (with --deterministic) the same weights, bit
+                  for bit (other codecs differ: psagg compresses each FSDP module's flat shard,
+                  its biases included, where DDP's hook sends small tensors in fp32)
+--deterministic   deterministic kernels only (cuDNN, torch.use_deterministic_algorithms; on a
+                  GPU set CUBLAS_WORKSPACE_CONFIG=:4096:8): two runs give the same bits
 --comm psagg-server  the optimizer runs on the servers: psagg.torch.ServerOptimizer (no DDP;
                   start the servers with [server] optimizer = sgd, momentum = 0.9, e.g.
                   PSAGG_SERVER_OPTIMIZER=sgd PSAGG_SERVER_MOMENTUM=0.9 in the environment)
@@ -150,6 +154,8 @@ def main():
     ap.add_argument("--slow-rank", type=int, default=-1,
                     help="a straggler: this rank sleeps --slow-ms before each step's backward")
     ap.add_argument("--slow-ms", type=float, default=0.0)
+    ap.add_argument("--deterministic", action="store_true",
+                    help="deterministic kernels only: runs comparable bit for bit")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where the model and the gradients live (cuda: cuda:LOCAL_RANK modulo "
                     "the number of GPUs)")
@@ -159,6 +165,10 @@ def main():
     started = time.time()
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
+    if args.deterministic:
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        torch.use_deterministic_algorithms(True, warn_only=True)  # (an op without: a warning)
     xtr, ytr, xte, yte = load_digits()
     xs, ys = xtr[rank::world], ytr[rank::world]
     device = torch.device("cpu")
@@ -201,7 +211,7 @@ def main():
             fsdp = importlib.import_module("torch.distributed.fsdp")
             fsdp.fully_shard
         except Exception:  # noqa: BLE001 (torch 1.13 on Python 3.11 cannot import it at all)
-            raise RuntimeError("--comm psagg-fsdp needs FSDP2 (torch >= 2.6); this is torch %s"
+            raise RuntimeError("--comm psagg-fsdp needs FSDP2 (torch >= 2.7); this is torch %s"
                                % torch.__version__) from None
         mesh = importlib.import_module("torch.distributed.device_mesh").init_device_mesh(
             device.type, (world, 1), mesh_dim_names=("replicate", "shard"))["shard"]

@@ -5,7 +5,7 @@ With DDP (two lines; DDP still needs a process group for its start-up broadcast)
     model = DDP(model)
     psagg.torch.register_ddp_hook(model, codec="maxmin4")
 
-With FSDP2 (torch >= 2.6), psagg as hybrid sharding's replica all-reduce:
+With FSDP2 (torch >= 2.7), psagg as hybrid sharding's replica all-reduce:
 
     fully_shard(layer, mesh=shard_mesh) ...; fully_shard(model, mesh=shard_mesh)
     psagg.torch.register_fsdp_hook(model, codec="maxmin4")
@@ -35,7 +35,7 @@ The package, one module per concern (this file re-exports their public names):
     _session.py          the process's context, its declaration, one tensor's push_pull (_Op),
                          init / session / shutdown, rank, world_size, stats, checkpoint, ...
     ddp.py               register_ddp_hook, ddp_comm_hook
-    fsdp.py              register_fsdp_hook (FSDP2's replica all-reduce, torch >= 2.6)
+    fsdp.py              register_fsdp_hook (FSDP2's replica all-reduce, torch >= 2.7)
     optimizer.py         DistributedOptimizer (the optimizer on the workers)
     server_optimizer.py  ServerOptimizer (the optimizer on the servers)
     diloco.py            DiLoCo, diloco_fragments, diloco_ddp_hook

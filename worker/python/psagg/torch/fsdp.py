@@ -2,7 +2,7 @@
 of hybrid sharding (register_fsdp_hook).
 
 FSDP2 shards a model over the ranks of its mesh and reduce-scatters each FSDP module's
-gradients among them; its FSDPModule.set_all_reduce_hook (torch >= 2.6, public) lets a hook
+gradients among them; its FSDPModule.set_all_reduce_hook (torch >= 2.7, public) lets a hook
 take the reduce-scatter output, this rank's shard of the module's gradients, before the
 optimizer sees it. Hybrid sharding (HSDP) all-reduces that shard across the replicas of the
 model; register_fsdp_hook makes psagg that all-reduce: every FSDP module's shard is averaged
@@ -59,6 +59,11 @@ def _shard_numel(module, fsdp_cls):
             raise TypeError("psagg.torch.register_fsdp_hook: a parameter of shape %s is not "
                             "sharded (no device_mesh): call fully_shard before the hook"
                             % (tuple(p.shape),))
+        if mesh.ndim != 1:  # (a 2-D mesh is FSDP's own HSDP: it all-reduces the replicas itself)
+            raise TypeError("psagg.torch.register_fsdp_hook: a parameter of shape %s is sharded "
+                            "over a %d-D mesh: shard over the shard groups only (fully_shard(..., "
+                            "mesh=mesh['shard'])): psagg is the replica all-reduce"
+                            % (tuple(p.shape), mesh.ndim))
         ws = mesh.size()
         shape = tuple(p.shape)  # the global shape
         rows = -(-shape[0] // ws) * ws if shape else 1
@@ -78,15 +83,16 @@ def register_fsdp_hook(model, codec=None, error_feedback=None, config=None):
     codec: as register_ddp_hook's (a text, None for the config's, a dict keyed by the FSDP
     modules' names in model.named_modules(), "" for the root, or a callable (name, tensor)).
     Every parameter of an FSDP module must get a gradient in each backward that reaches it, and
-    be sharded on dim 0 (FSDP's default): else the module's shard is not what psagg declared,
-    and its backward fails naming both sizes."""
+    be sharded on dim 0 (FSDP's default) over a 1-D mesh: else the module's shard is not what
+    psagg declared, and its backward fails naming both sizes (that rank then pushes nothing, and
+    the others' push of the module fails after op_timeout_ms)."""
     _check_codec("register_fsdp_hook", codec)
     _check_error_feedback("register_fsdp_hook", error_feedback)
     fsdp_cls = _fsdp_module_class()
     if fsdp_cls is None:
         raise RuntimeError("psagg.torch.register_fsdp_hook: torch %s has no public FSDP2 "
                            "all-reduce hook (torch.distributed.fsdp.FSDPModule."
-                           "set_all_reduce_hook, torch >= 2.6): use register_ddp_hook, "
+                           "set_all_reduce_hook, torch >= 2.7): use register_ddp_hook, "
                            "DistributedOptimizer or DiLoCo" % torch.__version__)
     if not isinstance(model, torch.nn.Module):
         raise TypeError("psagg.torch.register_fsdp_hook: model must be a torch.nn.Module "
