@@ -252,11 +252,10 @@ static void stream_drain(dev_state *g, dev_tensor *gt)
 
 /* A failed encode (part of the residual was updated): zero the residual, as the CPU path
  * does; when that cannot be enqueued, before the next encode (g->mu held, device current). */
-static void residual_reset(dev_state *g, dev_tensor *gt, const psagg__tensor_info *ti)
+static void residual_reset(dev_state *g, dev_tensor *gt)
 {
     if (!gt->d_residual)
         return;
-    (void)ti;
     gt->residual_stale = 1;
     if (!g->ex->fill(gt->d_residual, 0, gt->res_elems * sizeof(float), g->stream)) {
         gt->residual_stale = 0;
@@ -316,7 +315,7 @@ fail:
     /* earlier chunks' encodes are queued and updated part of the residual for a push that
        is never sent: let them finish (they read the caller's input), then start afresh */
     stream_drain(g, gt);
-    residual_reset(g, gt, ti);
+    residual_reset(g, gt);
     stream_drain(g, gt);
     return psagg__fail_context(st, "enqueueing its encode: ");
 }
@@ -467,7 +466,7 @@ static psagg_status dev_encode(psagg_ctx *ctx, struct psagg_handle *h)
                 (unsigned long long)(ctx->layout.chunks[ti->first_chunk + c].offset + bad));
             pthread_mutex_lock(&g->mu);
             if (!scope_enter(g->ex, g->device, &sc)) {
-                residual_reset(g, gt, ti); /* drain (finish_op) waits for it */
+                residual_reset(g, gt); /* drain (finish_op) waits for it */
                 scope_leave(g->ex, &sc);
             }
             pthread_mutex_unlock(&g->mu);
