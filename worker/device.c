@@ -45,15 +45,15 @@ typedef struct dev_tensor {
     int decoding;       /* complete() enqueued the decode of the operation in flight */
     int residual_stale; /* a reset could not be enqueued: zero it before the next encode */
     size_t enc_total, upd_total;
-    size_t *enc_off;         /* per chunk: offset in the tensor's encoded bytes */
-    size_t *upd_off;         /* ... and in its updates' (thc's are wider than its pushes) */
-    size_t *upd_len;         /* per chunk: the update's length (thc: as the pushes summed) */
-    size_t res_elems;        /* the residual's floats (thc: rotated coordinates) */
-    float *d_residual;       /* error feedback, or NULL */
+    size_t *enc_off;            /* per chunk: offset in the tensor's encoded bytes */
+    size_t *upd_off;            /* ... and in its updates' (thc's are wider than its pushes) */
+    size_t *upd_len;            /* per chunk: the update's length (thc: as the pushes summed) */
+    size_t res_elems;           /* the residual's floats (thc: rotated coordinates) */
+    float *d_residual;          /* error feedback, or NULL */
     float *d_scales, *h_scales; /* thc: the blocks' scales of the push (device, pinned) */
-    uint8_t *d_enc, *h_enc;  /* encoded pushes: device, pinned host */
-    uint8_t *d_upd, *h_upd;  /* updates: device, pinned host */
-    uint64_t *d_err, *h_err; /* error words: n_chunks for the encode, then n_chunks decode */
+    uint8_t *d_enc, *h_enc;     /* encoded pushes: device, pinned host */
+    uint8_t *d_upd, *h_upd;     /* updates: device, pinned host */
+    uint64_t *d_err, *h_err;    /* error words: n_chunks for the encode, then n_chunks decode */
     void *ev_in, *ev_enc, *ev_dec;
 } dev_tensor;
 

@@ -249,6 +249,18 @@ PCM_FN float pcm_bf16_to_f32(uint16_t hv, uint32_t *err)
  */
 #define PCM_THC_MAX_ABS 0x71800000u /* bits of 2^100 (PSAGG_THC_MAX_ABS) */
 
+/* The length block m of len elements rotates at (thc.h): D, or for a shorter last block the
+   least power of two >= max(64, len). */
+PCM_FN uint32_t pcm_thc_pad(uint32_t len, uint32_t D)
+{
+    uint32_t p = 64;
+    if (len >= D)
+        return D;
+    while (p < len)
+        p <<= 1;
+    return p;
+}
+
 /* 0, or the error code of an input: finite, |x| <= 2^100 */
 PCM_FN uint32_t pcm_thc_check(float x)
 {

@@ -38,16 +38,25 @@ template <class T> struct Same {
 };
 
 /*
- * Enqueue kernel k on s with cudaLaunchKernel, which returns this launch's own error: the
- * runtime's last error (the caller's, perhaps) is neither read nor cleared.
+ * Enqueue kernel k on s with cudaLaunchKernel (and `shared` bytes of dynamic shared memory),
+ * which returns this launch's own error: the runtime's last error (the caller's, perhaps) is
+ * neither read nor cleared.
  */
+template <class... P>
+cudaError_t launch_shared(void (*k)(P...), unsigned blocks, unsigned threads, size_t shared,
+                          cudaStream_t s, typename Same<P>::type... args)
+{
+    void *argv[] = {const_cast<void *>(static_cast<const void *>(&args))..., nullptr};
+    return cudaLaunchKernel(reinterpret_cast<const void *>(k), dim3(blocks), dim3(threads), argv,
+                            shared, s);
+}
+
+/* (no dynamic shared memory) */
 template <class... P>
 cudaError_t launch(void (*k)(P...), unsigned blocks, unsigned threads, cudaStream_t s,
                    typename Same<P>::type... args)
 {
-    void *argv[] = {const_cast<void *>(static_cast<const void *>(&args))..., nullptr};
-    return cudaLaunchKernel(reinterpret_cast<const void *>(k), dim3(blocks), dim3(threads), argv, 0,
-                            s);
+    return launch_shared(k, blocks, threads, 0, s, args...);
 }
 } // namespace
 namespace
@@ -814,19 +823,6 @@ cudaError_t launch_topk_decode(const KArgs &a, const uint8_t *in, float *out, ui
 constexpr int kThcThreads = 256;
 constexpr uint32_t kThcSmem = 8192; /* coordinates in shared memory: 32 KB */
 
-/* Block m's length and the length it rotates at (thc.c's block_of). */
-__device__ __forceinline__ uint32_t thc_block_of(const KArgs &a, uint64_t m, uint32_t &len)
-{
-    const uint64_t base = m * a.th_block;
-    uint32_t p = 64;
-    len = (uint32_t)(a.n - base < a.th_block ? a.n - base : a.th_block);
-    if (len == a.th_block)
-        return len;
-    while (p < len)
-        p <<= 1;
-    return p;
-}
-
 /* y <- H y: the stages h = 1, 2, .., P/2, a barrier after each. */
 __device__ __forceinline__ void thc_stages(float *y, uint32_t p)
 {
@@ -844,8 +840,8 @@ __global__ void __launch_bounds__(kThcThreads)
     extern __shared__ float sh_thc[];
     __shared__ uint32_t s_peak;
     const uint64_t m = blockIdx.x, e0 = m * a.th_block;
-    uint32_t len;
-    const uint32_t p = thc_block_of(a, m, len);
+    const uint32_t len = (uint32_t)(a.n - e0 < a.th_block ? a.n - e0 : a.th_block);
+    const uint32_t p = pcm_thc_pad(len, a.th_block);
     float *y = a.th_block <= kThcSmem ? sh_thc : scratch + e0;
     float *rb = res ? res + e0 : nullptr;
     uint64_t bad = kNoErr;
@@ -885,8 +881,8 @@ __global__ void __launch_bounds__(kThcThreads)
 {
     extern __shared__ float sh_thc[];
     const uint64_t m = blockIdx.x, e0 = m * a.th_block;
-    uint32_t len;
-    const uint32_t p = thc_block_of(a, m, len);
+    const uint32_t len = (uint32_t)(a.n - e0 < a.th_block ? a.n - e0 : a.th_block);
+    const uint32_t p = pcm_thc_pad(len, a.th_block);
     float *z = a.th_block <= kThcSmem ? sh_thc : scratch + e0;
     const uint8_t *mt = in + 12 * m;
     const float c = *reinterpret_cast<const float *>(mt),
@@ -914,16 +910,6 @@ __global__ void __launch_bounds__(kThcThreads)
     const float f = pcm_thc_f(p);
     for (uint32_t i = threadIdx.x; i < len; i += kThcThreads)
         pcm_thc_store(z, i, f, a.rk0, a.rk1, e0, a.th_op, out + e0 + i);
-}
-
-/* Enqueue k with `shared` bytes of dynamic shared memory (launch's, otherwise). */
-template <class... P>
-cudaError_t launch_shared(void (*k)(P...), unsigned blocks, unsigned threads, size_t shared,
-                          cudaStream_t s, typename Same<P>::type... args)
-{
-    void *argv[] = {const_cast<void *>(static_cast<const void *>(&args))..., nullptr};
-    return cudaLaunchKernel(reinterpret_cast<const void *>(k), dim3(blocks), dim3(threads), argv,
-                            shared, s);
 }
 
 size_t thc_shared(const KArgs &a)

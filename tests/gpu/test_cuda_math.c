@@ -266,16 +266,11 @@ static void check_mm(const psagg_codec *c, size_t n, int kind, int with_res, uin
 
 /* ---- thc: the kernels' phases (codec_cuda_math.h), one block at a time ---- */
 
-/* The padded length of block m of a chunk of n (kernels/thc.h), its length in *len. */
+/* Block m of a chunk of n: its length in *len, the length it rotates at. */
 static uint32_t thc_block(size_t n, uint32_t D, size_t m, uint32_t *len)
 {
-    uint32_t p = 64;
     *len = (uint32_t)(n - m * D < D ? n - m * D : D);
-    if (*len == D)
-        return D;
-    while (p < *len)
-        p <<= 1;
-    return p;
+    return pcm_thc_pad(*len, D);
 }
 
 static psagg_status emul_thc_push(uint32_t bits, uint32_t D, psagg__rng_key rot,
