@@ -8,6 +8,7 @@
  * printing it (psagg__config_print, what --check-config shows) and loading the printout again
  * gives the same config.
  */
+#include <ini.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -45,8 +46,40 @@ static char *print_config(const psagg__config *cfg)
     return text;
 }
 
+/*
+ * One "key = value" line, or for servers (the one key that may span lines) as many as its
+ * addresses need: each line of an INI file holds at most INI_MAX_LINE - 2 characters. 0 if the
+ * value cannot be written so (one address, or another key's value, longer than a line).
+ */
+static int write_key(FILE *f, const char *key, size_t klen, const char *value, size_t vlen)
+{
+    const size_t max = INI_MAX_LINE - 2;
+    int lines = klen == 7 && !strncmp(key, "servers", 7), first = 1;
+    size_t used = (size_t)fprintf(f, "%.*s =", (int)klen, key);
+    while (vlen) {
+        size_t n = lines ? strcspn(value, " ") : vlen;
+        if (n > vlen)
+            n = vlen;
+        if (used + 1 + n > max) {
+            if (!lines || first || 2 + n > max)
+                return 0;
+            fputs("\n ", f);
+            used = 1;
+        }
+        used += (size_t)fprintf(f, " %.*s", (int)n, value);
+        first = 0;
+        value += n;
+        vlen -= n;
+        while (vlen && *value == ' ')
+            value++, vlen--;
+    }
+    fputc('\n', f);
+    return 1;
+}
+
 /* The printout as an INI file: "sec.key = value" lines under [sec] headers. 0 if it cannot
- * be one (a value that INI would read differently: comment characters, edge spaces). */
+ * be one (a value that INI would read differently: comment characters, edge spaces, a value
+ * longer than a line). */
 static int printout_to_ini(const char *text, const char *path)
 {
     FILE *f = fopen(path, "w");
@@ -71,8 +104,11 @@ static int printout_to_ini(const char *text, const char *path)
             snprintf(section, sizeof section, "%.*s", (int)(dot - line), line);
             fprintf(f, "[%s]\n", section);
         }
-        if (vlen) /* an empty value is the default: leave the key out */
-            fprintf(f, "%.*s = %.*s\n", (int)(eq - dot - 1), dot + 1, (int)vlen, value);
+        if (vlen && /* an empty value is the default: leave the key out */
+            !write_key(f, dot + 1, (size_t)(eq - dot - 1), value, vlen)) {
+            fclose(f);
+            return 0;
+        }
         line = end + 1;
     }
     fclose(f);
