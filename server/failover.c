@@ -767,6 +767,15 @@ void failover_agree(server *srv, int w, const psagg__ctl_hdr *h, const void *bod
         fo->retry_at = psagg__now_ms() + 10 + rand() % 90;
         fo->proposing = 0;
         break;
+    case PSAGG_AGREE_EV_BEHIND: /* (views this server missed come relayed: VIEW; until then
+                                   it tries again, as after a lost attempt) */
+        LOG_INFO(&srv->log,
+                 "worker %d is at view %u, past the view %u this server proposes: it waits for "
+                 "the views it missed",
+                 w, fo->prop.behind_epoch, fo->epoch + 1);
+        fo->retry_at = psagg__now_ms() + 10 + rand() % 90;
+        fo->proposing = 0;
+        break;
     default:
         if (ev < 0)
             server_fail_job(srv, (psagg_status)ev, "the agreement on view %u", fo->epoch + 1);

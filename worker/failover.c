@@ -83,6 +83,8 @@ psagg_status failover_setup(psagg_ctx *ctx, const psagg__ctl_declare *d, size_t 
     fo->state = calloc(n_s, 1);
     fo->next = calloc(n_s, sizeof *fo->next);
     fo->cfd = malloc(n_s * sizeof *fo->cfd);
+    for (size_t s = 0; fo->cfd && s < n_s; s++) /* (before any failure: failover_free closes) */
+        fo->cfd[s] = -1;
     fo->addr = calloc(n_s, sizeof *fo->addr);
     fo->resend_from = malloc(n * sizeof *fo->resend_from);
     fo->prev_owner = malloc(n * sizeof *fo->prev_owner);
@@ -97,8 +99,6 @@ psagg_status failover_setup(psagg_ctx *ctx, const psagg__ctl_declare *d, size_t 
         return psagg__fail(PSAGG_ENOMEM, "the server views");
     }
     memcpy(fo->decl, d, bytes);
-    for (size_t s = 0; s < n_s; s++)
-        fo->cfd[s] = -1;
     fo->decl_bytes = bytes;
     for (uint32_t g = 0; g < ctx->layout.n_chunks; g++) {
         fo->resend_from[g] = UINT32_MAX;
