@@ -150,6 +150,55 @@ static void send_update(server *srv, chunk_state *c, int p, size_t len)
     server_queue_update(srv, &c->sctx[p]);
 }
 
+/* c has no relayed rounds (any more): what came of them is freed. */
+static void relay_clear(chunk_state *c)
+{
+    for (int p = 0; p < 2; p++) {
+        free(c->relayed[p]);
+        c->relayed[p] = NULL;
+        c->relay_came[p] = 0;
+    }
+    c->relay_from = c->relay_end = 0;
+    c->relay_wait = 0;
+}
+
+/* Whether c's round is one whose update comes relayed. */
+static int relayed_round(const chunk_state *c)
+{
+    return c->round >= c->relay_from && c->round < c->relay_end;
+}
+
+/*
+ * Round p's own update in c->out[p] (header and enc bytes) gives way to the relayed one, which
+ * some workers applied already: every worker gets those bytes. Whether the two differ is said
+ * (a leaver's or a left-out push that the sum again cannot have would make them; the kind's
+ * state after the round, thc's next scales, follows its own sum: both wait for the quorum and
+ * elastic workers with replicas, refused today). Returns the relayed bytes after the header.
+ */
+static size_t relay_swap(server *srv, chunk_state *c, int p, size_t enc)
+{
+    psagg__msg_hdr *h = (psagg__msg_hdr *)c->out[p];
+    const psagg__msg_hdr *rh = (const psagg__msg_hdr *)c->relayed[p];
+    size_t len = c->relayed_len[p];
+    int same = sizeof *h + enc == len && h->summed == rh->summed &&
+               !memcmp(c->out[p] + sizeof *h, c->relayed[p] + sizeof *h, enc);
+    memcpy(c->out[p], c->relayed[p], len);
+    h->sender = (uint16_t)srv->rank;
+    h->epoch = (uint16_t)atomic_load(&srv->mb.epoch);
+    if (same)
+        LOG_INFO(&srv->log,
+                 "tensor %u chunk %u round %u: the update a worker relayed goes out (this "
+                 "server's sum of the round again: the same bytes)",
+                 c->info->key, c->info->index, c->round);
+    else
+        LOG_WARN(&srv->log,
+                 "tensor %u chunk %u round %u: the update a worker relayed goes out; this "
+                 "server's sum of the round again differs (%zu bytes, %u summed; relayed: %zu, %u)",
+                 c->info->key, c->info->index, c->round, sizeof *h + enc, c->n_arrived, len,
+                 rh->summed);
+    return len - sizeof *h;
+}
+
 /* Requantize the completed round and send the update to every worker. */
 void agg_finish_round(server *srv, chunk_state *c)
 {
@@ -173,12 +222,29 @@ void agg_finish_round(server *srv, chunk_state *c)
         return;
     }
     atomic_store(&c->deferred, 0);
+    if (relayed_round(c) && !c->relay_came[p]) { /* (relay_take finishes it) */
+        c->relay_wait = 1;
+        c->close_at_ms = 0;
+        return;
+    }
     if ((r = c->ops->finish(srv, c, c->out[p], round_key(srv, c))) < 0)
         return; /* the job failed */
     enc = (size_t)r;
     h->epoch = (uint16_t)atomic_load(&srv->mb.epoch);
     h->summed = (uint16_t)c->n_arrived;
     enc += srv->pool.policy->trailer(srv, c, c->out[p] + sizeof *h + enc); /* (quorum: bitmap) */
+    if (relayed_round(c)) {
+        if (c->relay_came[p] == 1)
+            enc = relay_swap(srv, c, p, enc);
+        else
+            LOG_INFO(&srv->log,
+                     "tensor %u chunk %u round %u: the worker that relays its update had it no "
+                     "more: this server's sum of it goes out",
+                     c->info->key, c->info->index, c->round);
+        free(c->relayed[p]);
+        c->relayed[p] = NULL;
+        c->relay_came[p] = 0;
+    }
     now = psagg__now_ns();
     if (c->fenced && c->round < c->fence_from) {
         /* a lagging copy catching up on a round every worker has already (the view starts
@@ -652,6 +718,15 @@ static void check_rounds(server *srv, agg_thread *t, int64_t now)
         if ((int)c->thread != self || !c->round_deadline || now < c->round_deadline ||
             c->shadow) /* (a copy's owner has the deadline) */
             continue;
+        if (c->relay_wait) {
+            server_fail_job(srv, PSAGG_ETIMEDOUT,
+                            "tensor '%s' chunk %u round %u: taken over from a lost server, its "
+                            "update, which a worker relays, did not come within 1.5 x "
+                            "op_timeout_ms=%d",
+                            srv->layout.tensors[c->info->key].name, c->info->index, c->round,
+                            srv->cfg.op_timeout_ms);
+            return;
+        }
         for (int w = 0; w < srv->n_workers && used + 8 < sizeof missing; w++)
             if (!c->arrived[w] && server_member(srv, w))
                 used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d",
@@ -677,14 +752,57 @@ static void queue_item(agg_thread *t, agg_item *it)
     pthread_mutex_unlock(&t->mu);
 }
 
-psagg_status agg_move(server *srv, chunk_state *c, int move, uint32_t round, uint32_t epoch)
+psagg_status agg_move(server *srv, chunk_state *c, int move, const psagg__view_move *m,
+                      uint32_t epoch)
 {
     agg_item *it = malloc(sizeof *it); /* (freed by the thread: views are rare) */
     if (!it)
         return psagg__fail(PSAGG_ENOMEM, "moving a chunk");
-    *it = (agg_item){.chunk = c, .move = move, .round = round, .epoch = epoch};
+    *it = (agg_item){.chunk = c,
+                     .move = move,
+                     .round = m ? m->start : 0,
+                     .relay_end = m ? m->relay_end : 0,
+                     .epoch = epoch};
     queue_item(&srv->pool.threads[c->thread], it);
     return PSAGG_OK;
+}
+
+psagg_status agg_relay(server *srv, chunk_state *c, uint32_t round, uint8_t *bytes, uint32_t len)
+{
+    agg_item *it = malloc(sizeof *it); /* (freed by the thread) */
+    if (!it) {
+        free(bytes);
+        return psagg__fail(PSAGG_ENOMEM, "a relayed update");
+    }
+    *it = (agg_item){.chunk = c, .move = AGG_RELAY, .round = round, .bytes = bytes, .len = len};
+    queue_item(&srv->pool.threads[c->thread], it);
+    return PSAGG_OK;
+}
+
+/*
+ * A relayed round's update came (agg_relay): kept until its round finishes (a round whole
+ * already, waiting for it, finishes now). One of a round that is not c's to relay (a later
+ * view moved c, or it came twice) is dropped.
+ */
+static void relay_take(server *srv, chunk_state *c, agg_item *it)
+{
+    int p = (int)(it->round & 1);
+    if (c->standby || it->round < c->round || it->round < c->relay_from ||
+        it->round >= c->relay_end || c->relay_came[p]) {
+        LOG_INFO(&srv->log,
+                 "tensor %u chunk %u: a relayed update of round %u, which is not one this server "
+                 "waits for (at round %u, relayed rounds %u..%u): dropped",
+                 c->info->key, c->info->index, it->round, c->round, c->relay_from, c->relay_end);
+        free(it->bytes);
+        return;
+    }
+    c->relayed[p] = it->bytes;
+    c->relayed_len[p] = it->len;
+    c->relay_came[p] = it->len ? 1 : 2;
+    if (c->relay_wait && it->round == c->round) {
+        c->relay_wait = 0;
+        agg_finish_round(srv, c);
+    }
 }
 
 /* The last finished round's update in c->out (header and payload), or NULL. */
@@ -800,6 +918,12 @@ static void take_over_copy(server *srv, chunk_state *c, uint32_t start, uint32_t
 static void do_move(server *srv, agg_item *it)
 {
     chunk_state *c = it->chunk;
+    if (it->move == AGG_RELAY) {
+        relay_take(srv, c, it);
+        free(it);
+        return;
+    }
+    relay_clear(c);
     if (it->move == AGG_COPY) { /* (its state came with a return, or it was owned here) */
         c->shadow = 1;
         c->standby = 1;
@@ -827,8 +951,11 @@ static void do_move(server *srv, agg_item *it)
     c->standby = it->move != AGG_OWN;
     c->shadow = 0; /* (a chunk given up keeps no copy: its state was reset) */
     c->taken_over = it->move == AGG_OWN;
-    if (it->move == AGG_OWN)
+    if (it->move == AGG_OWN) {
         c->round = it->round;
+        c->relay_from = it->round;
+        c->relay_end = it->relay_end;
+    }
     LOG_DEBUG(&srv->log, "tensor %u chunk %u: %s", c->info->key, c->info->index,
               it->move == AGG_OWN ? "owned from the view's round" : "given up (held on standby)");
     free(it);
@@ -1296,6 +1423,7 @@ void agg_teardown(server *srv)
         arena_free(c->seen);
         arena_free(c->held);
         arena_free(c->repushed);
+        relay_clear(c);
         arena_free(c->slots);
         arena_free(c->out[0]);
         arena_free(c->out[1]);

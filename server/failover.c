@@ -51,6 +51,7 @@ struct failover {
     uint8_t *reported; /* per worker: its report of this change came */
     uint8_t *suspect;  /* per server: a worker reported it lost (since the last view) */
     uint32_t *start;   /* per chunk: the lowest next-update round reported */
+    uint32_t *relay_end, *relayer; /* per chunk: the highest reported, and a worker that did */
     int64_t since;     /* the first report (of this step) */
     int proposing;
     int64_t retry_at; /* 0, or when to propose again (an attempt lost) */
@@ -75,13 +76,16 @@ static struct failover *fo_get(server *srv)
     fo->live = malloc((size_t)srv->cfg.n_servers);
     fo->owner = malloc((size_t)(n ? n : 1) * sizeof *fo->owner);
     fo->start = malloc((size_t)(n ? n : 1) * sizeof *fo->start);
+    fo->relay_end = malloc((size_t)(n ? n : 1) * sizeof *fo->relay_end);
+    fo->relayer = malloc((size_t)(n ? n : 1) * sizeof *fo->relayer);
     fo->reported = calloc((size_t)srv->n_workers, 1);
     fo->suspect = calloc((size_t)srv->cfg.n_servers, 1);
     fo->done = calloc((size_t)srv->n_workers, 1);
     fo->loaded = calloc(n ? n : 1, 1);
-    if (!fo->live || !fo->owner || !fo->start || !fo->reported || !fo->suspect || !fo->done ||
-        !fo->loaded) {
+    if (!fo->live || !fo->owner || !fo->start || !fo->relay_end || !fo->relayer || !fo->reported ||
+        !fo->suspect || !fo->done || !fo->loaded) {
         free(fo->live), free(fo->owner), free(fo->start), free(fo->reported);
+        free(fo->relay_end), free(fo->relayer);
         free(fo->suspect), free(fo->done), free(fo->loaded), free(fo);
         return NULL;
     }
@@ -103,6 +107,7 @@ void failover_fini(server *srv)
         return;
     psagg__proposer_free(&fo->prop);
     free(fo->live), free(fo->owner), free(fo->last), free(fo->start), free(fo->reported);
+    free(fo->relay_end), free(fo->relayer);
     free(fo->suspect), free(fo->done), free(fo->loaded), free(fo);
     srv->failover = NULL;
 }
@@ -237,6 +242,11 @@ static const char *view_check(const server *srv, const struct failover *fo, cons
             bad = "a move names a chunk that does not exist, or one moved twice";
         else if (m.owner != psagg__view_owner(v, vh.n_servers, m.chunk))
             bad = "a move's owner is not the chunk's owner in owner[]";
+        else if (m.relay_end < m.start || m.relay_end - m.start > 2 ||
+                 (m.relay_end > m.start &&
+                  (m.relayer >= (uint32_t)srv->n_workers || copied(srv, m.chunk))))
+            bad = "a move's relayed rounds are not 0..2 rounds from its start by a worker of "
+                  "the job (none for a chunk with copies)";
         else
             moved[m.chunk] = 1;
     }
@@ -274,8 +284,8 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
 {
     const char *bad = view_check(srv, fo, v, len);
     psagg__view_hdr vh;
-    uint32_t taken = 0, given = 0, first = 0;
-    uint32_t *start = NULL;
+    uint32_t taken = 0, given = 0, first = 0, relayed = 0;
+    psagg__view_move *move = NULL; /* per chunk: its move (start UINT32_MAX: none) */
     uint8_t *copy, *gave = NULL;
     if (bad) {
         server_fail_job(srv, PSAGG_EPROTO, "a decided view: %s", bad);
@@ -297,19 +307,18 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
                         vh.epoch);
         return;
     }
-    if (!(copy = malloc(len)) ||
-        !(start = malloc((vh.n_chunks ? vh.n_chunks : 1) * sizeof *start)) ||
+    if (!(copy = malloc(len)) || !(move = malloc((vh.n_chunks ? vh.n_chunks : 1) * sizeof *move)) ||
         !(gave = calloc(vh.n_chunks ? vh.n_chunks : 1, 1))) {
-        free(copy), free(start);
+        free(copy), free(move);
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for a view");
         return;
     }
     memcpy(copy, v, len);
     for (uint32_t g = 0; g < vh.n_chunks; g++)
-        start[g] = UINT32_MAX;
+        move[g].start = UINT32_MAX;
     for (uint32_t i = 0; i < vh.n_moves; i++) {
         psagg__view_move m = psagg__view_move_at(v, vh.n_servers, vh.n_chunks, i);
-        start[m.chunk] = m.start;
+        move[m.chunk] = m;
     }
     /* back with the state of its chunks with copies (STATE): each runs as a copy from the
        round its state is at, and those the view gives it are taken over from there */
@@ -326,7 +335,7 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
                             vh.epoch, g);
             break;
         }
-        if (agg_move(srv, &srv->chunks[slot], AGG_COPY, 0, vh.epoch))
+        if (agg_move(srv, &srv->chunks[slot], AGG_COPY, NULL, vh.epoch))
             break;
         atomic_store(&srv->route[g], slot);
     }
@@ -338,29 +347,30 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
         fo->owner[g] = now;
         if (mine == was)
             continue;
-        if (slot < 0 || (mine && start[g] == UINT32_MAX)) {
+        if (slot < 0 || (mine && move[g].start == UINT32_MAX)) {
             server_fail_job(srv, PSAGG_EPROTO,
                             "view %u makes this server own chunk %u, of which it %s", vh.epoch, g,
                             slot < 0 ? "holds no state" : "names no round to start at");
             break;
         }
         if (mine) { /* queued before the first push routed to it: it starts at its round */
-            if (agg_move(srv, &srv->chunks[slot], AGG_OWN, start[g], vh.epoch))
+            if (agg_move(srv, &srv->chunks[slot], AGG_OWN, &move[g], vh.epoch))
                 break;
             atomic_store(&srv->route[g], slot);
-            first = taken++ ? first : start[g];
+            first = taken++ ? first : move[g].start;
+            relayed += move[g].relay_end - move[g].start;
         } else if (holds_state(srv, g, srv->rank)) { /* (moved back: this server copies it) */
-            if (agg_move(srv, &srv->chunks[slot], AGG_COPY, 0, vh.epoch))
+            if (agg_move(srv, &srv->chunks[slot], AGG_COPY, NULL, vh.epoch))
                 break;
             given++;
         } else { /* (its route is cleared once the epoch moved: below) */
-            if (agg_move(srv, &srv->chunks[slot], AGG_GIVE_UP, 0, vh.epoch))
+            if (agg_move(srv, &srv->chunks[slot], AGG_GIVE_UP, NULL, vh.epoch))
                 break;
             gave[g] = 1;
             given++;
         }
     }
-    free(start);
+    free(move);
     memcpy(fo->live, v + sizeof vh, (size_t)vh.n_servers);
     free(fo->last);
     fo->last = copy;
@@ -382,9 +392,9 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
     free(gave);
     psagg__fabric_wake(srv->fab);
     LOG_WARN(&srv->log,
-             "server view %u: %u chunk(s) moved, %u of them to this server (from round %u), %u "
-             "given back",
-             vh.epoch, vh.n_moves, taken, first, given);
+             "server view %u: %u chunk(s) moved, %u of them to this server (from round %u; %u "
+             "round(s) of them with an update a worker relays), %u given back",
+             vh.epoch, vh.n_moves, taken, first, relayed, given);
 }
 
 /*
@@ -451,7 +461,13 @@ static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *
         uint16_t o = (uint16_t)to[g];
         memcpy(v + psagg__view_owners_at(n_s) + (size_t)g * sizeof o, &o, sizeof o);
         if (to[g] != fo->owner[g]) {
-            psagg__view_move m = {.chunk = g, .owner = to[g], .start = fo->start[g]};
+            /* (a chunk with copies: the copy's state has the round's sum as the owner's had) */
+            int relay = !copied(srv, g) && fo->relay_end[g] > fo->start[g];
+            psagg__view_move m = {.chunk = g,
+                                  .owner = to[g],
+                                  .start = fo->start[g],
+                                  .relay_end = relay ? fo->relay_end[g] : fo->start[g],
+                                  .relayer = relay ? fo->relayer[g] : 0};
             memcpy(v + psagg__view_moves_at(n_s, n_c) + (size_t)k++ * sizeof m, &m, sizeof m);
         }
     }
@@ -526,14 +542,19 @@ static struct failover *report_frame(server *srv, int w, const psagg__ctl_hdr *h
     return fo;
 }
 
-/* The lowest round of each chunk reported (rounds: one u32 per chunk) into fo->start. */
-static void take_rounds(server *srv, struct failover *fo, const void *rounds)
+/* Worker w's rounds (one u32 per chunk: the next update it takes): the lowest of each chunk
+   into fo->start, the highest into fo->relay_end, with the first worker that reported it. */
+static void take_rounds(server *srv, struct failover *fo, int w, const void *rounds)
 {
     for (uint32_t g = 0; g < srv->layout.n_chunks; g++) {
         uint32_t r;
         memcpy(&r, (const uint8_t *)rounds + (size_t)g * sizeof r, sizeof r);
         if (r < fo->start[g])
             fo->start[g] = r;
+        if (r > fo->relay_end[g] || fo->relayer[g] == UINT32_MAX) {
+            fo->relay_end[g] = r;
+            fo->relayer[g] = (uint32_t)w;
+        }
     }
 }
 
@@ -549,8 +570,11 @@ static void start_step(server *srv, struct failover *fo)
 {
     fo->since = psagg__now_ms();
     memset(fo->reported, 0, (size_t)srv->n_workers);
-    for (uint32_t g = 0; g < srv->layout.n_chunks; g++)
+    for (uint32_t g = 0; g < srv->layout.n_chunks; g++) {
         fo->start[g] = UINT32_MAX;
+        fo->relay_end[g] = 0;
+        fo->relayer[g] = UINT32_MAX;
+    }
 }
 
 void failover_lost(server *srv, int w, const psagg__ctl_hdr *h, const void *body)
@@ -602,7 +626,7 @@ void failover_lost(server *srv, int w, const psagg__ctl_hdr *h, const void *body
                  sl.server);
     }
     fo->reported[w] = 1;
-    take_rounds(srv, fo, (const uint8_t *)body + sizeof sl);
+    take_rounds(srv, fo, w, (const uint8_t *)body + sizeof sl);
     if (all_reported(srv, fo) && !fo->proposing)
         propose(srv, fo);
 }
@@ -696,7 +720,7 @@ void failover_back(server *srv, int w, const psagg__ctl_hdr *h, const void *body
     if (fo->back != (int)sl.server || !fo->holding)
         return; /* (an answer to a hold over) */
     fo->reported[w] = 1;
-    take_rounds(srv, fo, (const uint8_t *)body + sizeof sl);
+    take_rounds(srv, fo, w, (const uint8_t *)body + sizeof sl);
     if (all_reported(srv, fo) && !fo->proposing && !fo->state_wait && !ask_state(srv, fo))
         propose(srv, fo);
 }
@@ -921,6 +945,52 @@ static void load_state(server *srv, struct failover *fo, int w, const psagg__ctl
     }
 }
 
+/*
+ * STATE RELAY, on a chunk's new owner: the update of one of the move's relayed rounds, from the
+ * worker that relays it, for the chunk's aggregation thread (agg_relay). One of a view gone by
+ * (the chunk moved again since) is dropped.
+ */
+static void relay_frame(server *srv, struct failover *fo, int w, const psagg__ctl_state *sh,
+                        const uint8_t *data, size_t len)
+{
+    const psagg__layout *l = &srv->layout;
+    psagg__msg_hdr mh = {0};
+    uint8_t *bytes = NULL;
+    int slot;
+    if (len >= sizeof mh)
+        memcpy(&mh, data, sizeof mh);
+    if (sh->chunk >= l->n_chunks || sh->arrays || sh->out_len != len ||
+        sh->server != (uint32_t)srv->rank ||
+        (len && (len < sizeof mh || mh.magic != PSAGG_MSG_MAGIC || mh.type != PSAGG_MSG_UPDATE ||
+                 mh.key != l->chunks[sh->chunk].key || mh.chunk != l->chunks[sh->chunk].index ||
+                 mh.round != sh->round || mh.len > l->max_update_bytes ||
+                 len != sizeof mh + mh.len + srv->pool.bitmap_bytes))) {
+        server_close_worker(srv, w,
+                            "STATE RELAY fields chunk, round, server, out_len: %u, %u, %u, %u in "
+                            "%zu bytes: not an update of that chunk and round for this server",
+                            sh->chunk, sh->round, sh->server, sh->out_len, len);
+        return;
+    }
+    slot = fo->rejoining || sh->epoch != fo->epoch || fo->owner[sh->chunk] != (uint32_t)srv->rank
+               ? -1
+               : held_slot(srv, sh->chunk);
+    if (slot < 0) {
+        LOG_INFO(&srv->log,
+                 "worker %d relays chunk %u's update of round %u (view %u); this server is at "
+                 "view %u, where it does not own the chunk: dropped",
+                 w, sh->chunk, sh->round, sh->epoch, fo->epoch);
+        return;
+    }
+    if (len && !(bytes = malloc(len))) {
+        server_fail_job(srv, PSAGG_ENOMEM, "no memory for a relayed update");
+        return;
+    }
+    if (len)
+        memcpy(bytes, data, len);
+    if (agg_relay(srv, &srv->chunks[slot], sh->round, bytes, (uint32_t)len))
+        server_fail_job(srv, PSAGG_ENOMEM, "%s", psagg_last_error());
+}
+
 void failover_state(server *srv, int w, const psagg__ctl_hdr *h, const void *body)
 {
     struct failover *fo = fo_get(srv);
@@ -932,7 +1002,7 @@ void failover_state(server *srv, int w, const psagg__ctl_hdr *h, const void *bod
     if (h->len >= sizeof sh)
         memcpy(&sh, body, sizeof sh);
     if (h->len < sizeof sh || sh.server >= (uint32_t)srv->cfg.n_servers ||
-        (sh.kind != PSAGG_STATE_CHUNK && h->len != sizeof sh)) {
+        (sh.kind != PSAGG_STATE_CHUNK && sh.kind != PSAGG_STATE_RELAY && h->len != sizeof sh)) {
         server_close_worker(srv, w, "a STATE frame of %u bytes (field kind %u, server %u)", h->len,
                             sh.kind, sh.server);
         return;
@@ -945,6 +1015,9 @@ void failover_state(server *srv, int w, const psagg__ctl_hdr *h, const void *bod
     case PSAGG_STATE_CHUNK:
         if (fo->rejoining)
             load_state(srv, fo, w, &sh, (const uint8_t *)body + sizeof sh, h->len - sizeof sh);
+        break;
+    case PSAGG_STATE_RELAY:
+        relay_frame(srv, fo, w, &sh, (const uint8_t *)body + sizeof sh, h->len - sizeof sh);
         break;
     case PSAGG_STATE_DONE:
         if (fo->state_wait && fo->back == (int)sh.server && sh.epoch == fo->epoch) {

@@ -106,10 +106,14 @@ typedef struct agg_item {
     struct recv_buf *rb; /* a push to fold in, or NULL: retry a deferred chunk ... */
     struct chunk_state *chunk;
     int move;       /* ... or (failover.c: a server view) AGG_OWN or AGG_GIVE_UP the chunk */
-    uint32_t round; /* AGG_OWN: the round it starts at here */
+    uint32_t round; /* AGG_OWN: the round it starts at here; AGG_RELAY: the update's */
     uint32_t epoch; /* the view's */
+    uint32_t relay_end; /* AGG_OWN: its rounds before this one come relayed (view move) */
+    uint32_t len;       /* AGG_RELAY: bytes of the update in `bytes` (malloc'd), 0: none */
+    uint8_t *bytes;
 } agg_item;
-enum { AGG_OWN = 1, AGG_GIVE_UP = 2, AGG_COPY = 3 }; /* AGG_COPY: run its rounds as a copy */
+/* AGG_COPY: run its rounds as a copy; AGG_RELAY: a relayed round's update (STATE RELAY) */
+enum { AGG_OWN = 1, AGG_GIVE_UP = 2, AGG_COPY = 3, AGG_RELAY = 4 };
 
 /* A posted receive buffer (an element of srv->rxpool): header + largest chunk payload. */
 typedef struct recv_buf {
@@ -215,6 +219,16 @@ typedef struct chunk_state {
     int taken_over;
     struct recv_buf *ahead;
     uint32_t n_ahead;
+    /* taken over by a move with relayed rounds (relay_from .. relay_end - 1): each is summed
+       again from the pushes as any (every worker pushes it again: the fence), but the update
+       sent is the one a worker relayed (STATE RELAY), in relayed[parity] once it came
+       (relay_came: 1, or 2 when the worker had it no more: the own sum goes); a round whole
+       before it came waits for it (relay_wait) */
+    uint32_t relay_from, relay_end;
+    uint8_t *relayed[2];
+    uint32_t relayed_len[2];
+    uint8_t relay_came[2];
+    int relay_wait;
 } chunk_state;
 
 /* What a chunk's collect did with a push (flags; 0: nothing more to do, repost its buffer). */
@@ -632,12 +646,21 @@ void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb);
 /* Free rb, a heap copy of a push that waited ahead (rb->spilled; progress_repost). */
 void agg_spill_free(server *srv, recv_buf *rb);
 /*
- * Server view `epoch` moves chunk c (failover.c, the control thread): AGG_OWN it from `round`
- * on, or AGG_GIVE_UP. Its aggregation thread does it in queue order, before any push routed
- * after this call; what c held of an unfinished round is dropped either way, but by a copy of
- * a parameter chunk that takes it over (its state is the owner's). PSAGG_ENOMEM, or 0.
+ * Server view `epoch` moves chunk c (failover.c, the control thread): AGG_OWN it from move m's
+ * round on (with its relayed rounds), or AGG_GIVE_UP, or AGG_COPY (m NULL). Its aggregation
+ * thread does it in queue order, before any push routed after this call; what c held of an
+ * unfinished round is dropped either way, but by a copy of a parameter chunk that takes it
+ * over (its state is the owner's). PSAGG_ENOMEM, or 0.
  */
-psagg_status agg_move(server *srv, chunk_state *c, int move, uint32_t round, uint32_t epoch);
+psagg_status agg_move(server *srv, chunk_state *c, int move, const psagg__view_move *m,
+                      uint32_t epoch);
+/*
+ * The update of round `round` of chunk c that a worker relays (failover.c, STATE RELAY: its
+ * header checked against the chunk there), len bytes (0: the worker had it no more), for the
+ * chunk's aggregation thread: bytes (malloc'd) are its from now on, also on failure.
+ * PSAGG_ENOMEM, or 0.
+ */
+psagg_status agg_relay(server *srv, chunk_state *c, uint32_t round, uint8_t *bytes, uint32_t len);
 /*
  * A chunk's state for a server that comes back (failover.c, the control thread, between
  * agg_barrier and agg_release): save writes what a copy of c holds (its round, the kind's

@@ -9,7 +9,10 @@
  * as the acceptors of runtime/agree.c (AGREE frames). Once this worker learns the decided view
  * it relays it to every other live server (VIEW), points each moved chunk at its new owner and
  * sends it again the pushes it keeps of the rounds from the view's start (chunk_buf keeps two
- * by round parity); an update of a round it has already applied is then dropped.
+ * by round parity); an update of a round it has already applied is then dropped. The rounds
+ * whose update some workers had from the lost owner and others not come from one worker that
+ * has it (the view's relayer: it keeps its last two updates of each sum chunk), through the
+ * new owner, which sends them on instead of its own sum.
  *
  * A server out of the view is connected again every half second (it may have been restarted):
  * HELLO as to a server that rejoins, the declaration, and once its READY comes, this worker
@@ -31,6 +34,12 @@
 #include "runtime/agree.h"
 #include "runtime/channel.h"
 #include "worker.h"
+
+/* An update this worker applied, kept for a relay (failover_keep_update). */
+struct kept_update {
+    uint8_t *buf; /* header, payload, quorum bitmap (no MAC) */
+    uint32_t len, cap;
+};
 
 /* A server, as this worker sees it. */
 enum {
@@ -54,6 +63,7 @@ struct psagg__failover {
     uint32_t *prev_owner;  /* per chunk: its owner before the view that moved it last */
     uint8_t *held;         /* per chunk: its pushes wait for the next view (a hold) */
     uint8_t *fresh;   /* per server: it came back without parameter state (PSAGG_VIEW_LIVE_NEW) */
+    struct kept_update *kept; /* per chunk x 2 (round parity): a sum chunk's last two updates */
     push_buf **copyq; /* parameter pushes waiting for room to go to a copy (send_pending 2) */
     uint32_t n_copyq;
     int resends;              /* chunks with one */
@@ -91,10 +101,11 @@ psagg_status failover_setup(psagg_ctx *ctx, const psagg__ctl_declare *d, size_t 
     fo->held = calloc(n, 1);
     fo->fresh = calloc(n_s, 1);
     fo->copyq = calloc(2 * (size_t)n, sizeof *fo->copyq);
+    fo->kept = calloc(2 * (size_t)n, sizeof *fo->kept);
     fo->decl = malloc(bytes);
     fo->done_sent = calloc(n_s, 1);
     if (!fo->state || !fo->next || !fo->cfd || !fo->addr || !fo->resend_from || !fo->prev_owner ||
-        !fo->held || !fo->fresh || !fo->copyq || !fo->decl || !fo->done_sent) {
+        !fo->held || !fo->fresh || !fo->copyq || !fo->kept || !fo->decl || !fo->done_sent) {
         failover_free(ctx);
         return psagg__fail(PSAGG_ENOMEM, "the server views");
     }
@@ -126,6 +137,9 @@ void failover_free(psagg_ctx *ctx)
     free(fo->held);
     free(fo->fresh);
     free(fo->copyq);
+    for (uint32_t i = 0; fo->kept && i < 2 * ctx->layout.n_chunks; i++)
+        free(fo->kept[i].buf);
+    free(fo->kept);
     free(fo->decl);
     free(fo->done_sent);
     free(fo);
@@ -287,10 +301,81 @@ static const char *view_bad(const psagg_ctx *ctx, const uint8_t *v, uint32_t len
             return "a chunk's owner is not a live server (a chunk with copies: one live since "
                    "the start)";
     }
-    for (uint32_t i = 0; i < vh->n_moves; i++)
-        if (psagg__view_move_at(v, vh->n_servers, vh->n_chunks, i).chunk >= vh->n_chunks)
+    for (uint32_t i = 0; i < vh->n_moves; i++) {
+        psagg__view_move m = psagg__view_move_at(v, vh->n_servers, vh->n_chunks, i);
+        if (m.chunk >= vh->n_chunks)
             return "a move names a chunk that does not exist";
+        if (m.relay_end < m.start || m.relay_end - m.start > 2 ||
+            (m.relay_end > m.start &&
+             (m.relayer >= (uint32_t)ctx->world || has_copies(ctx, m.chunk))))
+            return "a move's relayed rounds are not 0..2 rounds from its start by a worker of the "
+                   "job (none for a chunk with copies)";
+    }
     return NULL;
+}
+
+/*
+ * This worker relays move m's rounds (view `epoch`): to the chunk's new owner, a STATE RELAY of
+ * each round's update it keeps (out_len 0 for one it has no more: the owner sends its own sum).
+ */
+static void relay_updates(psagg_ctx *ctx, const psagg__view_move *m, uint32_t epoch)
+{
+    const psagg__chunk_info *ci = &ctx->layout.chunks[m->chunk];
+    server_conn *sc = &ctx->servers[m->owner];
+    if (failover_lost(ctx, (int)m->owner) || sc->fd < 0)
+        return; /* (lost here too: the next view moves it again) */
+    for (uint32_t r = m->start; r < m->relay_end; r++) {
+        const struct kept_update *k = &ctx->failover->kept[2 * (size_t)m->chunk + (r & 1)];
+        const psagg__msg_hdr *mh = (const psagg__msg_hdr *)k->buf;
+        int has =
+            k->buf && mh->round == r && sizeof(psagg__ctl_state) + k->len <= PSAGG_CTL_MAX_FRAME;
+        psagg__ctl_state sh = {.kind = PSAGG_STATE_RELAY,
+                               .server = m->owner,
+                               .epoch = epoch,
+                               .chunk = m->chunk,
+                               .round = r,
+                               .out_len = has ? k->len : 0};
+        uint8_t *frame = malloc(sizeof sh + sh.out_len);
+        psagg_status st;
+        if (!frame) {
+            worker_fail_all(ctx, PSAGG_ENOMEM, "no memory to relay an update");
+            return;
+        }
+        memcpy(frame, &sh, sizeof sh);
+        if (has)
+            memcpy(frame + sizeof sh, k->buf, k->len);
+        st = psagg__ctl_send(sc->fd, &sc->auth, PSAGG_CTL_STATE, frame,
+                             (uint32_t)(sizeof sh + sh.out_len));
+        free(frame);
+        if (st) {
+            failover_server_lost(ctx, (int)m->owner, psagg_last_error());
+            return;
+        }
+        LOG_INFO(&ctx->log, "tensor '%s' chunk %u: round %u's update %s to server %u",
+                 ctx->layout.tensors[ci->key].name, ci->index, r,
+                 has ? "relayed" : "is no longer here (not relayed)", m->owner);
+    }
+}
+
+void failover_keep_update(psagg_ctx *ctx, uint32_t g, const uint8_t *msg, size_t len)
+{
+    struct psagg__failover *fo = ctx->failover;
+    struct kept_update *k;
+    if (!fo || has_copies(ctx, g))
+        return;
+    k = &fo->kept[2 * (size_t)g + (((const psagg__msg_hdr *)msg)->round & 1)];
+    if (k->cap < len) {
+        uint8_t *b = realloc(k->buf, len);
+        if (!b) { /* (not kept: relayed as "none", the new owner sends its own sum) */
+            free(k->buf);
+            *k = (struct kept_update){0};
+            return;
+        }
+        k->buf = b;
+        k->cap = (uint32_t)len;
+    }
+    memcpy(k->buf, msg, len);
+    k->len = (uint32_t)len;
 }
 
 /* Take the decided view v (of epoch acc.epoch - 1): owners, epoch, re-sends, relays, reports. */
@@ -367,6 +452,11 @@ static void take_view(psagg_ctx *ctx, int from, const uint8_t *v, uint32_t len)
             LOG_WARN(&ctx->log, "relaying view %u to server %d: %s", vh.epoch, s,
                      psagg_last_error());
     free(frame);
+    for (uint32_t i = 0; i < vh.n_moves && !worker_failed(ctx); i++) {
+        psagg__view_move m = psagg__view_move_at(v, vh.n_servers, vh.n_chunks, i);
+        if (m.relay_end > m.start && m.relayer == (uint32_t)ctx->rank)
+            relay_updates(ctx, &m, vh.epoch);
+    }
     for (int s = 0; s < ctx->cfg.n_servers; s++)
         if (with_state >> s & 1)
             copy_kept(ctx, s);

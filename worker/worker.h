@@ -478,6 +478,10 @@ psagg_status membership_take(psagg_ctx *ctx, const psagg__ctl_hdr *h, const void
  * (each sealed for its server): pushed records that pb (of chunk g) went to g's owner, copy
  * sends pb's next copy once its send before is done (push_sent), send_copies sends the copies
  * that waited for room (1 while some wait).
+ * keep_update keeps the update (msg, len bytes: header, payload, quorum bitmap) of a round of
+ * chunk g this worker applied, a sum chunk's (its last two, by round parity): should its owner
+ * be lost after sending it to some workers only, the view names a worker that has it to relay
+ * it to the chunk's new owner (STATE RELAY), which sends every worker those bytes.
  * The end: finish (psagg_close, before the communication thread stops) has tick send DONE to
  * every server of the view and waits until one answers DONE (done takes it: 1) or the job
  * fails; meanwhile this worker keeps its last pushes and takes part in views.
@@ -495,6 +499,7 @@ void failover_pushed(psagg_ctx *ctx, push_buf *pb, uint32_t g);
 void failover_copy(psagg_ctx *ctx, push_buf *pb);
 int failover_send_copies(psagg_ctx *ctx);
 int failover_stale_update(psagg_ctx *ctx, const psagg__msg_hdr *mh, int from);
+void failover_keep_update(psagg_ctx *ctx, uint32_t g, const uint8_t *msg, size_t len);
 int failover_held(const psagg_ctx *ctx, uint32_t g);
 int failover_lost(const psagg_ctx *ctx, int s);
 /* Whether a server lost here is still in the view: the next view is being decided. */

@@ -194,8 +194,10 @@
  *     (psagg__update_size), so an update is as long as its `summed` says
  * 20: DONE: with server replicas, psagg_close waits until every worker has its last updates
  * 21: STATE: a server that comes back receives its chunks' state
+ * 22: a view's move names the rounds whose update a worker already has (relay_end, relayer),
+ *     and STATE RELAY carries them to the chunk's new owner, which sends those bytes
  */
-#define PSAGG_PROTO_VERSION 21
+#define PSAGG_PROTO_VERSION 22
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64
@@ -421,7 +423,13 @@ _Static_assert(sizeof(psagg__ctl_membership) == 256, "psagg__ctl_membership layo
  * the state of the parameter chunks it held: it owns and copies none) padded to 4, n_chunks
  * u16 owner[] (every chunk's owner in this epoch) padded to 4, then n_moves x
  * psagg__view_move: the chunks whose owner changed in this epoch, each with the round its new
- * owner starts at (the lowest next-update round any worker reported).
+ * owner starts at (the lowest next-update round any worker reported), and the rounds from
+ * there up to relay_end (the highest next-update round reported) whose update some worker
+ * has already: the owner before sent it to some workers only. The new owner sums those rounds
+ * again from the pushes as any other (every worker pushes them again: its fence), but sends
+ * the update the worker `relayer` (one that reported relay_end) relays to it, byte for byte,
+ * so that every worker applies the same bytes whatever the new owner's own sum gives.
+ * A chunk with copies has relay_end = start (its copy's state is the owner's, sum and all).
  * A server that held state of a chunk with copies (a parameter's, or any with a server residual)
  * receives it before the view admits it, relayed by one worker (the lowest the coordinator
  * reaches), in STATE frames (psagg__ctl_state, field kind):
@@ -437,6 +445,12 @@ _Static_assert(sizeof(psagg__ctl_membership) == 256, "psagg__ctl_membership layo
  *                         chunk: how many): relayed to the coordinator, which proposes the view
  *                         with it PSAGG_VIEW_LIVE (its chunks moved back, state and all). Without
  *                         DONE within op_timeout_ms it is PSAGG_VIEW_LIVE_NEW instead.
+ * A view's relayed rounds (psagg__view_move relay_end > start), in STATE frames too:
+ *   worker -> server RELAY, from the move's relayer once it took the view, to the chunk's new
+ *                         owner: one per round from start to relay_end - 1 (field round; epoch:
+ *                         the view), out_len bytes of that round's update as it applied it
+ *                         (header, payload, the quorum bitmap; no MAC), or out_len 0: it has it
+ *                         no more (the new owner then sends its own sum).
  * The end of the job (psagg_close), since a worker's last pushes may be needed after it has
  * its last updates (a server that dies after sending some workers a round's update but not
  * others: the new owner sums that round again from every worker's kept push):
@@ -453,19 +467,20 @@ typedef struct psagg__ctl_server_lost {
 } psagg__ctl_server_lost;
 _Static_assert(sizeof(psagg__ctl_server_lost) == 16, "psagg__ctl_server_lost layout");
 
-enum { PSAGG_STATE_ASK = 1, PSAGG_STATE_CHUNK = 2, PSAGG_STATE_DONE = 3 };
+enum { PSAGG_STATE_ASK = 1, PSAGG_STATE_CHUNK = 2, PSAGG_STATE_DONE = 3, PSAGG_STATE_RELAY = 4 };
 #define PSAGG_STATE_AWAITING_INIT 1u /* a parameter chunk whose INIT round has not come */
 #define PSAGG_STATE_RESTORED      2u /* its state came from a checkpoint (INIT keeps it) */
 typedef struct psagg__ctl_state {
     uint32_t kind;    /* PSAGG_STATE_* */
-    uint32_t server;  /* the server that comes back */
-    uint32_t epoch;   /* the view it comes back after */
-    uint32_t chunk;   /* CHUNK: index in the layout; DONE: chunks installed */
-    uint32_t round;   /* CHUNK: the chunk's round */
+    uint32_t server;  /* the server that comes back (RELAY: the chunk's new owner) */
+    uint32_t epoch;   /* the view it comes back after (RELAY: the view that moved the chunk) */
+    uint32_t chunk;   /* CHUNK, RELAY: index in the layout; DONE: chunks installed */
+    uint32_t round;   /* CHUNK: the chunk's round; RELAY: the update's */
     uint32_t flags;   /* CHUNK: PSAGG_STATE_* flags */
     uint64_t step;    /* CHUNK: a parameter's optimizer steps */
     uint32_t arrays;  /* CHUNK: binary32 arrays of the chunk's count that follow */
-    uint32_t out_len; /* CHUNK: bytes of the last round's update after them (0: none) */
+    uint32_t out_len; /* CHUNK: bytes of the last round's update after them (0: none); RELAY:
+                         bytes of the update (0: the worker has it no more) */
 } psagg__ctl_state;
 _Static_assert(sizeof(psagg__ctl_state) == 40, "psagg__ctl_state layout");
 
@@ -490,11 +505,13 @@ typedef struct psagg__view_hdr {
 _Static_assert(sizeof(psagg__view_hdr) == 16, "psagg__view_hdr layout");
 
 typedef struct psagg__view_move {
-    uint32_t chunk; /* index in the layout */
-    uint32_t owner; /* its server from this epoch on */
-    uint32_t start; /* the round it starts at there */
+    uint32_t chunk;     /* index in the layout */
+    uint32_t owner;     /* its server from this epoch on */
+    uint32_t start;     /* the round it starts at there */
+    uint32_t relay_end; /* rounds start .. relay_end - 1: their update comes relayed (above) */
+    uint32_t relayer;   /* the worker that relays them (when relay_end > start) */
 } psagg__view_move;
-_Static_assert(sizeof(psagg__view_move) == 12, "psagg__view_move layout");
+_Static_assert(sizeof(psagg__view_move) == 20, "psagg__view_move layout");
 
 /* Where a view's owner[] and moves start, and its bytes (n_servers, n_chunks, n_moves). */
 static inline uint64_t psagg__view_owners_at(uint32_t n_servers)

@@ -24,7 +24,11 @@
 #   end              server 1's frames to worker 2 dropped during the last round, SIGKILLed once
 #                    workers 0 and 1 have every update: they wait in psagg_close (DONE) and
 #                    push the last round again to server 0, which takes server 1's chunks
-#                    over; every worker exits 0, bit-identical
+#                    over and sends the update worker 0 or 1 relays (the same bytes as its own
+#                    sum of the round again); every worker exits 0, bit-identical
+#   relay            the same in the middle of the job (round 40): server 1 SIGKILLed once
+#                    workers 0 and 1 started round 41, worker 2 still waiting for round 40's
+#                    updates of server 1's chunks; the job goes on 80 rounds, bit-identical
 #   cut-one          server 1 cut off from worker 0 only: no view can be decided (workers 1 and
 #                    2 still reach server 1), server 1's round cannot close without worker 0's
 #                    push, and op_timeout_ms after the cut server 1 fails the job naming worker
@@ -253,43 +257,78 @@ echo "$name: server 1 cut off from every worker before they start: every worker 
 stop_all
 heal 1
 
+# A takeover's relayed round (docs/server-failover.md): in job NAME, of round ROUND, a worker
+# relayed an update to server 0, which sent it on with the same bytes as its own sum, and no
+# server's sum of a relayed round differed from the relayed update.
+relayed() {
+    grep -q "round $2's update relayed to server 0" "$tmp/$1"-worker[01].log ||
+        fail "$1: neither worker 0 nor 1 relayed round $2's update to server 0"
+    grep -q "round $2: the update a worker relayed goes out (this server's sum of the round again: the same bytes)" \
+        "$tmp/$1-server0.log" || fail "$1: server 0 did not send round $2's relayed update"
+    ! grep -q "the update a worker relayed goes out; this server's sum of the round again differs" \
+        "$tmp/$1"-server[01].log || fail "$1: a relayed round's update differs from its sum again"
+}
+
+# partial NAME ROUND MARK: worker 2 sleeps 2 s before round ROUND's pushes; meanwhile server 1's
+# frames to it are dropped, so of that round's updates it gets server 0's only, while workers 0
+# and 1 get all and go on until their logs show MARK (a line's start), which worker 2's must
+# not. Then server 1 is SIGKILLed; every worker must exit 0, in view 1, bit-identical, and the
+# round's update of server 1's chunks must have been relayed (relayed).
+partial() {
+    local name=$1 round=$2 mark=$3 w
+    wargs=(--lag-round "$round" --lag-ms 2000 --lag-rank 2)
+    run "$name" -1 0
+    wargs=()
+    wait_until 60 grep -q "^ROUND $round\$" "$tmp/$name-worker2.log" ||
+        fail "$name: worker 2 never reached round $round"
+    mute 1 2
+    wait_until 30 eval "grep -q '^$mark' $tmp/$name-worker0.log && grep -q '^$mark' $tmp/$name-worker1.log" ||
+        fail "$name: workers 0 and 1 did not reach '$mark'"
+    ! grep -q "^$mark" "$tmp/$name-worker2.log" ||
+        fail "$name: worker 2 had round $round's updates before server 1 died (the mute did not hold)"
+    kill -KILL -- "-${spid[1]}"
+    t_cut=$(date +%s.%N)
+    wait_workers 60
+    for w in 0 1 2; do
+        ((rc[w] == 0)) || fail "$name: worker $w exited ${rc[w]} (server 1 killed in round $round)"
+        grep -q "server view 1:" "$tmp/$name-worker$w.log" || fail "$name: worker $w never took view 1"
+    done
+    end_at=$(took)
+    d=$(digests "$name")
+    [ "$d" = "$ref" ] || fail "$name: digests '$d', the uninterrupted run's '$ref'"
+    relayed "$name" "$round"
+    wait_for "${spid[0]}" 15 || fail "$name: server 0 exited $? after the job"
+}
+
 # ---- end: server 1 dies once workers 0 and 1 have their last updates, before worker 2 ----
-# Worker 2 sleeps 2 s before its last round's pushes; meanwhile server 1's frames to it are
-# dropped, so of that round's updates it gets server 0's only, while workers 0 and 1 get all
-# and close. Then server 1 is SIGKILLed: server 0 takes its chunks over from the round worker 2
-# still needs, which it can only sum again from every worker's kept push, so workers 0 and 1
-# must not have left (psagg_close waits until every worker is done: DONE).
+# Of the last round's updates worker 2 gets server 0's only, while workers 0 and 1 get all and
+# close. Server 0 takes server 1's chunks over from the round worker 2 still needs, sums it again
+# from every worker's kept push (so workers 0 and 1 must not have left: psagg_close waits until
+# every worker is done, DONE) and sends every worker the update that worker 0 or 1 relays.
 name=end t0=$SECONDS last=$((rounds - 1))
-wargs=(--lag-round $last --lag-ms 2000 --lag-rank 2)
-run "$name" -1 0
-wargs=()
-wait_until 60 grep -q "^ROUND $last\$" "$tmp/$name-worker2.log" ||
-    fail "$name: worker 2 never reached round $last"
-mute 1 2
-wait_until 30 eval "grep -q '^DIGEST' $tmp/$name-worker0.log && grep -q '^DIGEST' $tmp/$name-worker1.log" ||
-    fail "$name: workers 0 and 1 did not finish their rounds"
-! grep -q '^DIGEST' "$tmp/$name-worker2.log" ||
-    fail "$name: worker 2 had every update before server 1 died (the mute did not hold)"
-kill -KILL -- "-${spid[1]}"
-t_cut=$(date +%s.%N)
-wait_workers 60
-for w in 0 1 2; do
-    ((rc[w] == 0)) || fail "$name: worker $w exited ${rc[w]} (server 1 killed at the job's end)"
-    grep -q "server view 1:" "$tmp/$name-worker$w.log" || fail "$name: worker $w never took view 1"
-done
-end_at=$(took)
+partial "$name" $last DIGEST
 for w in 0 1; do
     grep -q "psagg_close: every worker is done (waited [0-9]* ms)" "$tmp/$name-worker$w.log" ||
         fail "$name: worker $w did not wait in psagg_close for every worker to be done"
 done
-d=$(digests "$name")
-[ "$d" = "$ref" ] || fail "$name: digests '$d', the uninterrupted run's '$ref'"
-wait_for "${spid[0]}" 15 || fail "$name: server 0 exited $? after the job"
 echo "$name: server 1 killed after workers 0 and 1 finished and before worker 2 had its last" \
     "updates: server 0 took its chunks over ($(grep -o 'from round [0-9]*' "$tmp/$name-server0.log"))," \
     "workers 0 and 1 (waiting in psagg_close) pushed round $last again, every worker done" \
     "${end_at} s after the kill, bit-identical; worker 0" \
     "$(grep -o 'waited [0-9]* ms' "$tmp/$name-worker0.log"); $((SECONDS - t0)) s"
+stop_all
+heal 1
+
+# ---- relay: the same in the middle of the job ----
+# Workers 0 and 1 have round 40's updates and start round 41 (whose rounds cannot close without
+# worker 2), while worker 2 waits for server 1's chunks of round 40; server 0 owns them from round
+# 40 and sends round 40 as worker 0 or 1 relays it.
+name=relay t0=$SECONDS mid=40
+partial "$name" $mid "ROUND $((mid + 1))\$"
+echo "$name: server 1 killed once workers 0 and 1 had round $mid's updates and worker 2 not:" \
+    "$(grep -h "round $mid's update relayed to server 0" "$tmp/$name"-worker[01].log | wc -l)" \
+    "chunk update(s) relayed through server 0, the job done ${end_at} s after the kill," \
+    "bit-identical; $((SECONDS - t0)) s"
 stop_all
 heal 1
 

@@ -539,36 +539,36 @@ static void quorum_joiner(void)
 }
 
 /*
- * ([cluster] server_replicas = 1) server 0 takes server 1's chunk over from round 5 in view 1
- * (a decided VIEW, as a worker relays it: failover.c applies it). Worker 0 had round 5's update
- * from server 1 before it died, so it pushes round 6 while the others push round 5 again: that
- * push waits for its turn instead of closing worker 0 ("push field round is 6 but ... is at
- * round 5", the failure a kill while updates go out met), and both rounds sum every worker.
+ * ([cluster] server_replicas = 1, 3 workers, 2 servers) View 1, decided and relayed by a worker
+ * (failover.c applies it), moves server 1's chunk to server 0 from round 5, its rounds before
+ * relay_end relayed by worker 0. Returns the chunk's slot here; *moved is the chunk.
  */
-static void takeover_ahead(void)
+static int take_over(harness *hz, const psagg__chunk_info **moved, uint32_t relay_end)
 {
-    harness hz;
     server *srv;
-    const psagg__chunk_info *moved = NULL;
     uint8_t frame[sizeof(psagg__ctl_agree) + 256];
     psagg__ctl_agree a;
     psagg__view_hdr vh = {.epoch = 1, .n_servers = 2, .n_moves = 1};
     psagg__view_move m;
     uint32_t len;
-    send_ctx *u;
     int slot;
 
-    harness_start(&hz, &(harness_opts){.workers = 3, .servers = 2, .replicas = 1});
-    srv = hz.srv;
+    harness_start(hz, &(harness_opts){.workers = 3, .servers = 2, .replicas = 1});
+    srv = hz->srv;
+    *moved = NULL;
     for (uint32_t i = 0; i < srv->layout.n_chunks; i++)
         if (srv->layout.chunks[i].owner == 1)
-            moved = &srv->layout.chunks[i];
-    CHECK(moved && srv->n_held == srv->n_owned + 1, "server 0 holds server 1's chunk on standby");
-    CHECK(atomic_load(&srv->route[moved - srv->layout.chunks]) < 0, "not routed before the view");
+            *moved = &srv->layout.chunks[i];
+    CHECK(*moved && srv->n_held == srv->n_owned + 1, "server 0 holds server 1's chunk on standby");
+    CHECK(atomic_load(&srv->route[*moved - srv->layout.chunks]) < 0, "not routed before the view");
     vh.n_chunks = srv->layout.n_chunks;
     len = (uint32_t)psagg__view_bytes(2, vh.n_chunks, 1);
     CHECK(sizeof(psagg__ctl_agree) + len <= sizeof frame, "a view of %u chunks fits", vh.n_chunks);
-    m = (psagg__view_move){.chunk = (uint32_t)(moved - srv->layout.chunks), .owner = 0, .start = 5};
+    m = (psagg__view_move){.chunk = (uint32_t)(*moved - srv->layout.chunks),
+                           .owner = 0,
+                           .start = 5,
+                           .relay_end = relay_end,
+                           .relayer = 0};
     a = (psagg__ctl_agree){.kind = PSAGG_AGREE_DECIDED, .epoch = 1, .value_len = len};
     memset(frame, 0, sizeof frame); /* every chunk's owner: server 0 (0) */
     memcpy(frame, &a, sizeof a);
@@ -579,6 +579,23 @@ static void takeover_ahead(void)
     CHECK(!atomic_load(&srv->job.failed), "view 1: %s", srv->job.error);
     slot = atomic_load(&srv->route[m.chunk]);
     CHECK(slot >= 0, "the chunk is routed here (from round 5: its aggregation thread's move)");
+    return slot;
+}
+
+/*
+ * Server 0 takes server 1's chunk over from round 5 (take_over). Worker 0 had round 5's update
+ * from server 1 before it died, so it pushes round 6 while the others push round 5 again: that
+ * push waits for its turn instead of closing worker 0 ("push field round is 6 but ... is at
+ * round 5", the failure a kill while updates go out met), and both rounds sum every worker.
+ */
+static void takeover_ahead(void)
+{
+    harness hz;
+    const psagg__chunk_info *moved;
+    int slot = take_over(&hz, &moved, 5);
+    server *srv = hz.srv;
+    send_ctx *u;
+
     push_to(&hz, slot, moved, 0, 6, 1, 10.0f);
     for (int w = 0; w < 3; w++)
         push_to(&hz, slot, moved, w, 5, 1, 1.0f);
@@ -598,6 +615,77 @@ static void takeover_ahead(void)
            "rounds sum all 3 workers\n");
 }
 
+/* Worker w's STATE RELAY of chunk ci's update of `round` (each element `value`, summing 3) to
+   server 0 in view 1; out_round: the round its update's header says. */
+static void relay_from(harness *hz, int w, const psagg__chunk_info *ci, uint32_t round,
+                       uint32_t out_round, float value)
+{
+    size_t len = sizeof(psagg__msg_hdr) + ci->enc_bytes;
+    psagg__ctl_state sh = {.kind = PSAGG_STATE_RELAY,
+                           .server = 0,
+                           .epoch = 1,
+                           .chunk = (uint32_t)(ci - hz->srv->layout.chunks),
+                           .round = round,
+                           .out_len = (uint32_t)len};
+    uint8_t *frame = calloc(1, sizeof sh + len);
+    psagg__msg_hdr *mh = (psagg__msg_hdr *)(frame + sizeof sh);
+    CHECK(frame, "out of memory");
+    memcpy(frame, &sh, sizeof sh);
+    psagg__msg_init(mh, PSAGG_MSG_UPDATE, 1, out_round, ci, &hz->srv->layout.tensors[ci->key].codec,
+                    0);
+    mh->summed = 3;
+    for (uint64_t i = 0; i < ci->count; i++)
+        ((float *)(mh + 1))[i] = value;
+    failover_state(hz->srv, w,
+                   &(psagg__ctl_hdr){.type = PSAGG_CTL_STATE, .len = (uint32_t)(sizeof sh + len)},
+                   frame);
+    free(frame);
+}
+
+/*
+ * Server 0 takes server 1's chunk over from round 5 with round 5 relayed (take_over): workers
+ * 0 and 1 had round 5's update from server 1 before it died, worker 2 not. Every worker pushes
+ * round 5 again; the round is whole, but its update waits for the relayed one, and what goes out
+ * is the relayed bytes (7 per element, where the sum again is 3: a difference the log names),
+ * with server 0 as its sender. A RELAY whose update is of another round closes its worker; one
+ * of a round not relayed is dropped. Round 6 is summed as any.
+ */
+static void takeover_relay(void)
+{
+    harness hz;
+    const psagg__chunk_info *moved;
+    int slot = take_over(&hz, &moved, 6);
+    server *srv = hz.srv;
+    send_ctx *u;
+
+    for (int w = 0; w < 3; w++)
+        push_to(&hz, slot, moved, w, 5, 1, 1.0f);
+    CHECK(!take_update(&hz, 300), "round 5's update went out before the relayed one came");
+    relay_from(&hz, 0, moved, 7, 7, 9.0f); /* (not a relayed round: dropped) */
+    CHECK(!take_update(&hz, 100) && !srv->workers[0].bad_reason[0],
+          "a relay of round 7 was taken, or closed worker 0: %s", srv->workers[0].bad_reason);
+    relay_from(&hz, 0, moved, 5, 5, 7.0f);
+    u = take_update(&hz, 2000);
+    expect_update(u, 5, 3, "round 5 relayed");
+    CHECK(((const float *)(update_hdr(u) + 1))[0] == 7.0f && update_hdr(u)->sender == 0,
+          "round 5's update is the relayed one (%g), from server 0 (%u)",
+          (double)((const float *)(update_hdr(u) + 1))[0], update_hdr(u)->sender);
+    sends_done(&hz, u);
+    for (int w = 0; w < 3; w++)
+        push_to(&hz, slot, moved, w, 6, 1, 10.0f);
+    u = take_update(&hz, 2000);
+    expect_update(u, 6, 3, "round 6, not relayed");
+    CHECK(((const float *)(update_hdr(u) + 1))[0] == 30.0f, "round 6's sum");
+    sends_done(&hz, u);
+    relay_from(&hz, 1, moved, 6, 5, 7.0f); /* (its header says round 5: a bad frame) */
+    CHECK(strstr(srv->workers[1].bad_reason, "STATE RELAY"), "worker 1 not closed: '%s'",
+          srv->workers[1].bad_reason);
+    harness_stop(&hz);
+    printf("takeover_relay: round 5, whole, waited for its relayed update and sent its bytes (7, "
+           "not the sum again 3); round 6 summed as any; a relay of another round dropped, a bad "
+           "one closed its worker\n");
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -606,7 +694,7 @@ int main(int argc, char **argv)
     } cases[] = {{"quorum_deferred", quorum_deferred}, {"quorum_rearm", quorum_rearm},
                  {"epoch_ahead", epoch_ahead},         {"parked_ahead", parked_ahead},
                  {"quorum_joiner", quorum_joiner},     {"checkpoint_decl", checkpoint_decl},
-                 {"takeover_ahead", takeover_ahead}};
+                 {"takeover_ahead", takeover_ahead},   {"takeover_relay", takeover_relay}};
     int ran = 0;
 
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
