@@ -159,7 +159,7 @@ static void relay_clear(chunk_state *c)
         c->relay_came[p] = 0;
     }
     c->relay_from = c->relay_end = 0;
-    c->relay_wait = 0;
+    c->relay_fenced = 0;
 }
 
 /* Whether c's round is one whose update comes relayed. */
@@ -168,34 +168,37 @@ static int relayed_round(const chunk_state *c)
     return c->round >= c->relay_from && c->round < c->relay_end;
 }
 
+/* Whether c's relayed round may go out: its update came and every member took the view. */
+static int relay_ready(const chunk_state *c)
+{
+    return c->relay_came[c->round & 1] && !c->relay_fenced;
+}
+
 /*
- * Round p's own update in c->out[p] (header and enc bytes) gives way to the relayed one, which
- * some workers applied already: every worker gets those bytes. Whether the two differ is said
- * (a leaver's or a left-out push that the sum again cannot have would make them; the kind's
- * state after the round, thc's next scales, follows its own sum: both wait for the quorum and
- * elastic workers with replicas, refused today). Returns the relayed bytes after the header.
+ * The relayed update of c's round into out[p], as this server's (its rank the sender, the
+ * epoch the view's): its bytes after the header, or 0 when the relayer had it no more (the job
+ * failed: nobody else has it to send).
  */
-static size_t relay_swap(server *srv, chunk_state *c, int p, size_t enc)
+static size_t relay_out(server *srv, chunk_state *c, int p)
 {
     psagg__msg_hdr *h = (psagg__msg_hdr *)c->out[p];
-    const psagg__msg_hdr *rh = (const psagg__msg_hdr *)c->relayed[p];
     size_t len = c->relayed_len[p];
-    int same = sizeof *h + enc == len && h->summed == rh->summed &&
-               !memcmp(c->out[p] + sizeof *h, c->relayed[p] + sizeof *h, enc);
+    if (c->relay_came[p] != 1) {
+        server_fail_job(srv, PSAGG_EPEER,
+                        "tensor '%s' chunk %u round %u: taken over from a lost server, whose "
+                        "update of the round some workers applied, but the worker that relays it "
+                        "has it no more",
+                        srv->layout.tensors[c->info->key].name, c->info->index, c->round);
+        return 0;
+    }
     memcpy(c->out[p], c->relayed[p], len);
     h->sender = (uint16_t)srv->rank;
     h->epoch = (uint16_t)atomic_load(&srv->mb.epoch);
-    if (same)
-        LOG_INFO(&srv->log,
-                 "tensor %u chunk %u round %u: the update a worker relayed goes out (this "
-                 "server's sum of the round again: the same bytes)",
-                 c->info->key, c->info->index, c->round);
-    else
-        LOG_WARN(&srv->log,
-                 "tensor %u chunk %u round %u: the update a worker relayed goes out; this "
-                 "server's sum of the round again differs (%zu bytes, %u summed; relayed: %zu, %u)",
-                 c->info->key, c->info->index, c->round, sizeof *h + enc, c->n_arrived, len,
-                 rh->summed);
+    free(c->relayed[p]);
+    c->relayed[p] = NULL;
+    c->relay_came[p] = 0;
+    LOG_INFO(&srv->log, "tensor %u chunk %u round %u: the update a worker relayed goes out",
+             c->info->key, c->info->index, c->round);
     return len - sizeof *h;
 }
 
@@ -208,6 +211,8 @@ void agg_finish_round(server *srv, chunk_state *c)
     long r;
     int64_t now;
 
+    if (relayed_round(c) && !relay_ready(c))
+        return; /* (relay_take or relay_pass finishes it) */
     /*
      * The update of round-2 may still be in flight from out[p]. Announce the wait before
      * looking: the progress thread decrements sends_pending and then reads deferred, so one
@@ -222,28 +227,16 @@ void agg_finish_round(server *srv, chunk_state *c)
         return;
     }
     atomic_store(&c->deferred, 0);
-    if (relayed_round(c) && !c->relay_came[p]) { /* (relay_take finishes it) */
-        c->relay_wait = 1;
-        c->close_at_ms = 0;
-        return;
-    }
-    if ((r = c->ops->finish(srv, c, c->out[p], round_key(srv, c))) < 0)
-        return; /* the job failed */
-    enc = (size_t)r;
-    h->epoch = (uint16_t)atomic_load(&srv->mb.epoch);
-    h->summed = (uint16_t)c->n_arrived;
-    enc += srv->pool.policy->trailer(srv, c, c->out[p] + sizeof *h + enc); /* (quorum: bitmap) */
-    if (relayed_round(c)) {
-        if (c->relay_came[p] == 1)
-            enc = relay_swap(srv, c, p, enc);
-        else
-            LOG_INFO(&srv->log,
-                     "tensor %u chunk %u round %u: the worker that relays its update had it no "
-                     "more: this server's sum of it goes out",
-                     c->info->key, c->info->index, c->round);
-        free(c->relayed[p]);
-        c->relayed[p] = NULL;
-        c->relay_came[p] = 0;
+    if (relayed_round(c)) { /* (the lost owner's bytes: nothing of the round was collected) */
+        if (!(enc = relay_out(srv, c, p)))
+            return;
+    } else {
+        if ((r = c->ops->finish(srv, c, c->out[p], round_key(srv, c))) < 0)
+            return; /* the job failed */
+        enc = (size_t)r;
+        h->epoch = (uint16_t)atomic_load(&srv->mb.epoch);
+        h->summed = (uint16_t)c->n_arrived;
+        enc += srv->pool.policy->trailer(srv, c, c->out[p] + sizeof *h + enc); /* (bitmap) */
     }
     now = psagg__now_ns();
     if (c->fenced && c->round < c->fence_from) {
@@ -279,6 +272,11 @@ void agg_finish_round(server *srv, chunk_state *c)
             atomic_store(&srv->pool.usage_marked, 1);
         }
         atomic_store(&srv->pool.rounds_done, c->round);
+    }
+    if (relayed_round(c)) { /* (the next relayed round: its own deadline, and it may be ready) */
+        c->round_deadline = psagg__now_ms() + PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms);
+        if (relay_ready(c))
+            agg_finish_round(srv, c);
     }
 }
 
@@ -499,6 +497,26 @@ static int wait_ahead(server *srv, chunk_state *c, recv_buf *rb)
 }
 
 /*
+ * Worker w pushed chunk c in the view that moved it here with relayed rounds: once every member
+ * has, the relayed rounds' updates may go out (a worker still in the view before would take
+ * one from this server for a stranger's).
+ */
+static void relay_pass(server *srv, chunk_state *c, int w)
+{
+    c->repushed[w] = 1;
+    for (int k = 0; k < srv->n_workers; k++)
+        if (!c->repushed[k] && server_member(srv, k))
+            return;
+    c->relay_fenced = 0;
+    LOG_INFO(&srv->log,
+             "tensor %u chunk %u: every worker pushed it in the view that moved it here: its "
+             "relayed rounds %u..%u go out as their updates come",
+             c->info->key, c->info->index, c->relay_from, c->relay_end - 1);
+    if (relayed_round(c) && relay_ready(c))
+        agg_finish_round(srv, c);
+}
+
+/*
  * Worker w pushed chunk c in the view that moved c here from its copy (take_over_copy): once
  * every member has, the fence is lifted and the update owed, if any, goes to them all.
  */
@@ -545,6 +563,15 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
     }
     if (c->fenced && (uint16_t)(h->epoch - c->fence_epoch) < 0x8000) /* (that view or later) */
         fence_pass(srv, c, w);
+    if (c->relay_fenced && (uint16_t)(h->epoch - c->relay_epoch) < 0x8000)
+        relay_pass(srv, c, w);
+    if (round >= c->relay_from && round < c->relay_end) {
+        /* a relayed round's push (pushed again: the sign above): its update is the lost
+           owner's; the worker is seen at it (the round policy's record: quorum.c) */
+        if (c->seen[w] < round + 1)
+            c->seen[w] = round + 1;
+        return 0;
+    }
     if (round > c->round && (c->shadow || c->taken_over) && (r = wait_ahead(srv, c, rb)))
         return r == 1;
     if (c->ops->admit(srv, c, rb, &round))
@@ -718,13 +745,19 @@ static void check_rounds(server *srv, agg_thread *t, int64_t now)
         if ((int)c->thread != self || !c->round_deadline || now < c->round_deadline ||
             c->shadow) /* (a copy's owner has the deadline) */
             continue;
-        if (c->relay_wait) {
+        if (relayed_round(c)) {
+            for (int w = 0; w < srv->n_workers && used + 8 < sizeof missing; w++)
+                if (c->relay_fenced && !c->repushed[w] && server_member(srv, w))
+                    used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d",
+                                             used ? "," : "", w);
             server_fail_job(srv, PSAGG_ETIMEDOUT,
                             "tensor '%s' chunk %u round %u: taken over from a lost server, its "
-                            "update, which a worker relays, did not come within 1.5 x "
-                            "op_timeout_ms=%d",
+                            "update (which a worker relays) %s within 1.5 x op_timeout_ms=%d%s%s",
                             srv->layout.tensors[c->info->key].name, c->info->index, c->round,
-                            srv->cfg.op_timeout_ms);
+                            c->relay_came[c->round & 1] ? "came, but not every worker's push "
+                                                          "in the view that moved it"
+                                                        : "did not come",
+                            srv->cfg.op_timeout_ms, used ? ": no push from workers " : "", missing);
             return;
         }
         for (int w = 0; w < srv->n_workers && used + 8 < sizeof missing; w++)
@@ -780,9 +813,9 @@ psagg_status agg_relay(server *srv, chunk_state *c, uint32_t round, uint8_t *byt
 }
 
 /*
- * A relayed round's update came (agg_relay): kept until its round finishes (a round whole
- * already, waiting for it, finishes now). One of a round that is not c's to relay (a later
- * view moved c, or it came twice) is dropped.
+ * A relayed round's update came (agg_relay): kept until its round goes out (now, if every
+ * member took the view). One of a round that is not c's to relay (a later view moved c, or it
+ * came twice) is dropped.
  */
 static void relay_take(server *srv, chunk_state *c, agg_item *it)
 {
@@ -799,10 +832,8 @@ static void relay_take(server *srv, chunk_state *c, agg_item *it)
     c->relayed[p] = it->bytes;
     c->relayed_len[p] = it->len;
     c->relay_came[p] = it->len ? 1 : 2;
-    if (c->relay_wait && it->round == c->round) {
-        c->relay_wait = 0;
-        agg_finish_round(srv, c);
-    }
+    if (it->round == c->round)
+        agg_finish_round(srv, c); /* (if every member took the view) */
 }
 
 /* The last finished round's update in c->out (header and payload), or NULL. */
@@ -955,6 +986,12 @@ static void do_move(server *srv, agg_item *it)
         c->round = it->round;
         c->relay_from = it->round;
         c->relay_end = it->relay_end;
+        if (relayed_round(c)) { /* (its update goes out once every member took the view) */
+            c->relay_fenced = 1;
+            c->relay_epoch = (uint16_t)it->epoch;
+            memset(c->repushed, 0, (size_t)srv->n_workers);
+            c->round_deadline = psagg__now_ms() + PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms);
+        }
     }
     LOG_DEBUG(&srv->log, "tensor %u chunk %u: %s", c->info->key, c->info->index,
               it->move == AGG_OWN ? "owned from the view's round" : "given up (held on standby)");

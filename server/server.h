@@ -219,16 +219,18 @@ typedef struct chunk_state {
     int taken_over;
     struct recv_buf *ahead;
     uint32_t n_ahead;
-    /* taken over by a move with relayed rounds (relay_from .. relay_end - 1): each is summed
-       again from the pushes as any (every worker pushes it again: the fence), but the update
-       sent is the one a worker relayed (STATE RELAY), in relayed[parity] once it came
-       (relay_came: 1, or 2 when the worker had it no more: the own sum goes); a round whole
-       before it came waits for it (relay_wait) */
+    /* taken over by a move with relayed rounds (relay_from .. relay_end - 1): their update is
+       the one the lost owner sent some workers, which a worker relays (STATE RELAY) into
+       relayed[parity] (relay_came: 1, or 2 when the worker had it no more); nothing of those
+       rounds is summed here (their pushes, sent again, are dropped), and each goes out once it
+       came and every member pushed c in that view (relay_fenced until then, `repushed` per
+       worker, relay_epoch the view's) */
     uint32_t relay_from, relay_end;
     uint8_t *relayed[2];
     uint32_t relayed_len[2];
     uint8_t relay_came[2];
-    int relay_wait;
+    int relay_fenced;
+    uint16_t relay_epoch;
 } chunk_state;
 
 /* What a chunk's collect did with a push (flags; 0: nothing more to do, repost its buffer). */

@@ -60,6 +60,7 @@ struct psagg__failover {
     int *cfd;              /* per server: S_CONNECTING's socket (servers[s].fd once connected) */
     psagg__tcp_addr *addr; /* per server: its address, resolved at the first attempt */
     uint32_t *resend_from; /* per chunk: the round from which to push again, UINT32_MAX: none */
+    uint32_t *relay_end;   /* per chunk: its last move's relayed rounds end (before: relayed) */
     uint32_t *prev_owner;  /* per chunk: its owner before the view that moved it last */
     uint8_t *held;         /* per chunk: its pushes wait for the next view (a hold) */
     uint8_t *fresh;   /* per server: it came back without parameter state (PSAGG_VIEW_LIVE_NEW) */
@@ -97,6 +98,7 @@ psagg_status failover_setup(psagg_ctx *ctx, const psagg__ctl_declare *d, size_t 
         fo->cfd[s] = -1;
     fo->addr = calloc(n_s, sizeof *fo->addr);
     fo->resend_from = malloc(n * sizeof *fo->resend_from);
+    fo->relay_end = calloc(n, sizeof *fo->relay_end);
     fo->prev_owner = malloc(n * sizeof *fo->prev_owner);
     fo->held = calloc(n, 1);
     fo->fresh = calloc(n_s, 1);
@@ -104,8 +106,9 @@ psagg_status failover_setup(psagg_ctx *ctx, const psagg__ctl_declare *d, size_t 
     fo->kept = calloc(2 * (size_t)n, sizeof *fo->kept);
     fo->decl = malloc(bytes);
     fo->done_sent = calloc(n_s, 1);
-    if (!fo->state || !fo->next || !fo->cfd || !fo->addr || !fo->resend_from || !fo->prev_owner ||
-        !fo->held || !fo->fresh || !fo->copyq || !fo->kept || !fo->decl || !fo->done_sent) {
+    if (!fo->state || !fo->next || !fo->cfd || !fo->addr || !fo->resend_from || !fo->relay_end ||
+        !fo->prev_owner || !fo->held || !fo->fresh || !fo->copyq || !fo->kept || !fo->decl ||
+        !fo->done_sent) {
         failover_free(ctx);
         return psagg__fail(PSAGG_ENOMEM, "the server views");
     }
@@ -133,6 +136,7 @@ void failover_free(psagg_ctx *ctx)
     free(fo->state);
     free(fo->next);
     free(fo->resend_from);
+    free(fo->relay_end);
     free(fo->prev_owner);
     free(fo->held);
     free(fo->fresh);
@@ -406,6 +410,7 @@ static void take_view(psagg_ctx *ctx, int from, const uint8_t *v, uint32_t len)
         if (fo->resend_from[m.chunk] == UINT32_MAX)
             fo->resends++;
         fo->resend_from[m.chunk] = m.start;
+        fo->relay_end[m.chunk] = m.relay_end;
     }
     memset(fo->held, 0, ctx->layout.n_chunks); /* a view ends every hold */
     pthread_mutex_lock(&ctx->mu);
@@ -825,6 +830,12 @@ int failover_resend(psagg_ctx *ctx)
             push_buf *pb = chunk_push(ctx, g, from);
             const psagg__msg_hdr *mh = (const psagg__msg_hdr *)pb->buf;
             psagg_status st;
+            if ((last - from > 1 || mh->round != from) && from < fo->relay_end[g]) {
+                from++; /* (a relayed round this worker no longer keeps, or never pushed (a
+                           quorum's): the others' pushes again are the sign that they took
+                           the view, and its update comes relayed) */
+                continue;
+            }
             if (last - from > 1 || mh->round != from) {
                 worker_fail_all(ctx, PSAGG_EPROTO,
                                 "tensor '%s' chunk %u moved to server %u from round %u; this "

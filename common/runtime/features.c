@@ -79,9 +79,11 @@ const psagg__combo psagg__combos[] = {
     {PSAGG_F_REPLICAS, PSAGG_F_ELASTIC, 1,
      "a server's death is decided with the member workers as witnesses, and elastic membership "
      "changes that set under it; one agreement for both is not built"},
-    {PSAGG_F_REPLICAS, PSAGG_F_QUORUM, 1,
-     "a round closed without a worker cannot be summed again from the pushes the workers keep "
-     "(the carried pushes differ)"},
+    {PSAGG_F_REPLICAS, PSAGG_F_QUORUM, 0,
+     "a round the lost owner closed without a straggler is not summed again: a worker that has "
+     "its update relays it to the new owner, which sends those bytes, bitmap and all; summed "
+     "gradients only (with [server] optimizer or error_feedback too it is refused: a chunk's "
+     "owner and its copies would each choose their stragglers)"},
     {PSAGG_F_REPLICAS, PSAGG_F_OPTIMIZER, 0,
      "the workers push a parameter chunk to its owner and to its copies, which run the same "
      "rounds (the same weights, optimizer state and update bytes); a copy takes over a dead "

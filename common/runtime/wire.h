@@ -425,11 +425,13 @@ _Static_assert(sizeof(psagg__ctl_membership) == 256, "psagg__ctl_membership layo
  * psagg__view_move: the chunks whose owner changed in this epoch, each with the round its new
  * owner starts at (the lowest next-update round any worker reported), and the rounds from
  * there up to relay_end (the highest next-update round reported) whose update some worker
- * has already: the owner before sent it to some workers only. The new owner sums those rounds
- * again from the pushes as any other (every worker pushes them again: its fence), but sends
+ * has already: the owner before sent it to some workers only. The new owner does not sum those
+ * rounds again (under a quorum no sum of the pushes could give the owner's bytes): it sends
  * the update the worker `relayer` (one that reported relay_end) relays to it, byte for byte,
- * so that every worker applies the same bytes whatever the new owner's own sum gives.
- * A chunk with copies has relay_end = start (its copy's state is the owner's, sum and all).
+ * once every worker has pushed the chunk in this view (a push with its epoch: the sign that
+ * the worker took the view, before which an update from this server would be a stranger's);
+ * the pushes of those rounds are dropped. A chunk with copies has relay_end = start (its
+ * copy's state is the owner's, sum and all).
  * A server that held state of a chunk with copies (a parameter's, or any with a server residual)
  * receives it before the view admits it, relayed by one worker (the lowest the coordinator
  * reaches), in STATE frames (psagg__ctl_state, field kind):

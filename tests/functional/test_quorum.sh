@@ -20,6 +20,11 @@
 #              the death; the three left finish with bit-identical digests, and nothing is
 #              lost: the updates are every input of the three and worker 2's up to its death,
 #              less what it still carried when it died (fn_worker --dead-round)
+#   failover   straggler with [cluster] server_replicas = 1: server 1 SIGKILLed once worker 0
+#              starts round 40 (rounds closing without worker 3 meanwhile); server 0 takes its
+#              chunks over, a round whose update some workers had is relayed to it by one of
+#              them (bitmap and all), and the job ends as straggler does: every worker exits
+#              0 with the same digest, every input summed once (server 0 exits 0)
 #   all        quorum = 4 = workers: no round closes without anyone (every left_out 0)
 #   bad        quorum = 5 with workers = 4, and quorum with [codec] adaptive: refused at
 #              file:line by the server and by a worker, nothing starts
@@ -40,6 +45,7 @@ case $case in
 straggler) ;;
 carry) calm=0 slow=20 ;;
 elastic) quorum=2 ;;
+failover) ;;
 ef) codec=maxmin4 extra=(--error-feedback) server_ef=on ;;
 all) quorum=4 ;;
 bad) ;;
@@ -74,6 +80,8 @@ fi
 
 if [ "$case" = elastic ]; then
     write_ini "$quorum" cluster.elastic=on cluster.min_workers=2
+elif [ "$case" = failover ]; then
+    write_ini "$quorum" cluster.server_replicas=1
 else
     write_ini "$quorum"
 fi
@@ -89,15 +97,21 @@ for r in 0 1 2 3; do
         ((r == 2)) && dead=(--die-rank 2 --die-round 30 --die-mode kill)
     fi
     start_worker $r "$tmp/worker$r.log" "$worker_bin" --codec "$codec" "${extra[@]}" --sizes 1,1023,4096,50000 \
-        --rounds 80 --straggler 3 --straggler-ms $slow --calm-rounds $calm "${dead[@]}"
+        --rounds 80 --straggler 3 --straggler-ms $slow --calm-rounds $calm --progress "${dead[@]}"
 done
+servers=(0 1)
+if [ "$case" = failover ]; then
+    wait_until 60 grep -q "^ROUND 40\$" "$tmp/worker0.log" || fail "worker 0 never reached round 40"
+    kill -KILL -- "-${spid[1]}"
+    servers=(0)
+fi
 for r in "${survivors[@]}"; do
     wait_for "${wpid[$r]}" 90
     rc=$?
     ((rc == 0)) || fail "worker $r exited $rc"
 done
 ms=$((($(date +%s%N) - t0) / 1000000))
-for s in 0 1; do
+for s in "${servers[@]}"; do
     wait_for "${spid[$s]}" 20
     rc=$?
     ((rc == 0)) || fail "server $s exited $rc"
@@ -124,8 +138,16 @@ if [ "$case" = all ]; then
     exit 0
 fi
 ((left > 0)) || fail "worker 3 was never left out (quorum $quorum, grace_ms 5)"
-((report == left)) || fail "worker 3 says it was left out of $left chunk rounds, the servers $report"
+if [ "$case" = failover ]; then # (server 1's report died with it)
+    for r in 0 1 2 3; do
+        grep -q "server view 1:" "$tmp/worker$r.log" || fail "worker $r never took view 1"
+    done
+    ((report <= left)) || fail "worker 3 says it was left out of $left chunk rounds, server 0 $report"
+    relayed=$(grep -c "the update a worker relayed goes out" "$tmp/server0.log")
+else
+    ((report == left)) || fail "worker 3 says it was left out of $left chunk rounds, the servers $report"
+fi
 grep -q "the updates over 80 rounds are every input" "$tmp/worker0.log" || fail "no conservation line"
 carried=$(sed -n 's/^QUORUM worker 0: \([0-9]*\) elements still carried.*/\1/p' "$tmp/worker0.log")
 tail_rounds=$(sed -n 's/^QUORUM worker 0: .*(up to \([0-9]*\) rounds).*/\1/p' "$tmp/worker0.log")
-say "passed: worker 3 left out of $left chunk rounds (the servers agree), $ms ms for 80 rounds; every input summed once (${carried:-0} elements still carried by workers left out of up to ${tail_rounds:-0} last rounds)"
+say "passed: worker 3 left out of $left chunk rounds (the servers agree), $ms ms for 80 rounds; every input summed once (${carried:-0} elements still carried by workers left out of up to ${tail_rounds:-0} last rounds)${relayed:+; server 1 killed at round 40: server 0 took over, $relayed chunk round(s) relayed}"

@@ -64,8 +64,8 @@
 #   su-r0              server_replicas = 0: the same death fails every worker's start-up naming
 #                      server 1, as it always did
 # Each ends bit-identical to its uninterrupted run. A round a kill leaves with its update at some
-# workers only is relayed to the new owner; its sum again must be the same bytes (checked at the
-# end, over every case; test_server_partition.sh's end and relay cases make one for sure).
+# workers only is relayed to the new owner (counted at the end, over every case;
+# test_server_partition.sh's end and relay cases make one for sure).
 # PART: sum (the fn_worker cases), state (optim-* and residual-*: chunks with copies), adaptive,
 # thc, startup, or all (the default).
 set -u -o pipefail
@@ -872,11 +872,7 @@ if [[ $part == all || $part == startup ]]; then
     echo "su-r0: every worker's start-up failed; workers 1 and 2 name server 1: $(grep -h '^FAIL' "$tmp/su-r0-worker1.log" | head -1)"
     stop_all
 fi
-# A round whose update the dead owner sent to some workers only (a kill that lands while its
-# updates go out) is relayed by a worker that has it: in these jobs (every worker in every
-# round) the new owner's sum of it again must be the same bytes.
-if grep -q "this server's sum of the round again differs" "$tmp"/*server*.log 2>/dev/null; then
-    fail "a relayed update differs from the new owner's sum of its round: $(grep -h "sum of the round again differs" "$tmp"/*server*.log | head -1)"
-fi
-echo "test_server_failover: $(cat "$tmp"/*server*.log 2>/dev/null | grep -c "the update a worker relayed goes out") chunk round(s) relayed at a takeover, each the same bytes as the new owner's sum again"
+# (a round whose update the dead owner sent to some workers only: a kill that lands while its
+# updates go out)
+echo "test_server_failover: $(cat "$tmp"/*server*.log 2>/dev/null | grep -c "the update a worker relayed goes out") chunk round(s) relayed at a takeover"
 echo "test_server_failover: ok"

@@ -24,11 +24,15 @@
 #   end              server 1's frames to worker 2 dropped during the last round, SIGKILLed once
 #                    workers 0 and 1 have every update: they wait in psagg_close (DONE) and
 #                    push the last round again to server 0, which takes server 1's chunks
-#                    over and sends the update worker 0 or 1 relays (the same bytes as its own
-#                    sum of the round again); every worker exits 0, bit-identical
+#                    over and sends the update worker 0 or 1 relays; every worker exits 0,
+#                    bit-identical
 #   relay            the same in the middle of the job (round 40): server 1 SIGKILLed once
 #                    workers 0 and 1 started round 41, worker 2 still waiting for round 40's
 #                    updates of server 1's chunks; the job goes on 80 rounds, bit-identical
+#   relay-quorum     [server] quorum = 2: server 1's frames to worker 2 dropped from round 40,
+#                    so workers 0 and 1 go two rounds past it (rounds closed without it); server
+#                    1 SIGKILLed: both rounds relayed (only the relay gives their bytes); every
+#                    input summed once (fn_worker --straggler), the workers bit-identical
 #   cut-one          server 1 cut off from worker 0 only: no view can be decided (workers 1 and
 #                    2 still reach server 1), server 1's round cannot close without worker 0's
 #                    push, and op_timeout_ms after the cut server 1 fails the job naming worker
@@ -258,24 +262,43 @@ stop_all
 heal 1
 
 # A takeover's relayed round (docs/server-failover.md): in job NAME, of round ROUND, a worker
-# relayed an update to server 0, which sent it on with the same bytes as its own sum, and no
-# server's sum of a relayed round differed from the relayed update.
+# relayed an update to server 0, which sent it on.
 relayed() {
     grep -q "round $2's update relayed to server 0" "$tmp/$1"-worker[01].log ||
         fail "$1: neither worker 0 nor 1 relayed round $2's update to server 0"
-    grep -q "round $2: the update a worker relayed goes out (this server's sum of the round again: the same bytes)" \
-        "$tmp/$1-server0.log" || fail "$1: server 0 did not send round $2's relayed update"
-    ! grep -q "the update a worker relayed goes out; this server's sum of the round again differs" \
-        "$tmp/$1"-server[01].log || fail "$1: a relayed round's update differs from its sum again"
+    grep -q "round $2: the update a worker relayed goes out" "$tmp/$1-server0.log" ||
+        fail "$1: server 0 did not send round $2's relayed update"
+}
+
+# killed NAME ROUND: server 1 was SIGKILLed once workers 0 and 1 had round ROUND's updates of
+# its chunks and worker 2 not: every worker must exit 0, in view 1, bit-identical (to the
+# uninterrupted run; with $keys, which change the result, to each other), and that round's
+# update must have been relayed (relayed).
+killed() {
+    local name=$1 round=$2 w
+    t_cut=$(date +%s.%N)
+    wait_workers 60
+    for w in 0 1 2; do
+        ((rc[w] == 0)) || fail "$name: worker $w exited ${rc[w]} (server 1 killed in round $round)"
+        grep -q "server view 1:" "$tmp/$name-worker$w.log" || fail "$name: worker $w never took view 1"
+    done
+    end_at=$(took)
+    d=$(digests "$name")
+    if ((${#keys[@]})); then
+        [ -n "$d" ] && (($(wc -l <<<"$d") == 1)) || fail "$name: the workers' digests differ: $d"
+    else
+        [ "$d" = "$ref" ] || fail "$name: digests '$d', the uninterrupted run's '$ref'"
+    fi
+    relayed "$name" "$round"
+    wait_for "${spid[0]}" 15 || fail "$name: server 0 exited $? after the job"
 }
 
 # partial NAME ROUND MARK: worker 2 sleeps 2 s before round ROUND's pushes; meanwhile server 1's
 # frames to it are dropped, so of that round's updates it gets server 0's only, while workers 0
 # and 1 get all and go on until their logs show MARK (a line's start), which worker 2's must
-# not. Then server 1 is SIGKILLed; every worker must exit 0, in view 1, bit-identical, and the
-# round's update of server 1's chunks must have been relayed (relayed).
+# not. Then server 1 is SIGKILLed (killed).
 partial() {
-    local name=$1 round=$2 mark=$3 w
+    local name=$1 round=$2 mark=$3
     wargs=(--lag-round "$round" --lag-ms 2000 --lag-rank 2)
     run "$name" -1 0
     wargs=()
@@ -287,17 +310,7 @@ partial() {
     ! grep -q "^$mark" "$tmp/$name-worker2.log" ||
         fail "$name: worker 2 had round $round's updates before server 1 died (the mute did not hold)"
     kill -KILL -- "-${spid[1]}"
-    t_cut=$(date +%s.%N)
-    wait_workers 60
-    for w in 0 1 2; do
-        ((rc[w] == 0)) || fail "$name: worker $w exited ${rc[w]} (server 1 killed in round $round)"
-        grep -q "server view 1:" "$tmp/$name-worker$w.log" || fail "$name: worker $w never took view 1"
-    done
-    end_at=$(took)
-    d=$(digests "$name")
-    [ "$d" = "$ref" ] || fail "$name: digests '$d', the uninterrupted run's '$ref'"
-    relayed "$name" "$round"
-    wait_for "${spid[0]}" 15 || fail "$name: server 0 exited $? after the job"
+    killed "$name" "$round"
 }
 
 # ---- end: server 1 dies once workers 0 and 1 have their last updates, before worker 2 ----
@@ -329,6 +342,47 @@ echo "$name: server 1 killed once workers 0 and 1 had round $mid's updates and w
     "$(grep -h "round $mid's update relayed to server 0" "$tmp/$name"-worker[01].log | wc -l)" \
     "chunk update(s) relayed through server 0, the job done ${end_at} s after the kill," \
     "bit-identical; $((SECONDS - t0)) s"
+stop_all
+heal 1
+
+# ---- relay-quorum: the same with [server] quorum = 2 ----
+# Server 1's frames to worker 2 are dropped from round 40 on: worker 2 waits for the first round
+# r whose update from server 1 it misses; round r + 1 closes without it (its push of r came),
+# round r + 2 cannot (its push of r + 1 never comes), so workers 0 and 1 wait at r + 2 with the
+# updates of r and r + 1 (worker 2 left out of r + 1 at least). Server 1 SIGKILLed then: both
+# rounds are relayed (a sum of the pushes again could not give round r + 1's bytes, which leave
+# worker 2 out). fn_worker --straggler 2 checks that every input is summed once (worker 2
+# carries its left-out push into a later one); the workers end bit-identical to each other.
+last_round() { sed -n 's/^ROUND \([0-9]*\)$/\1/p' "$tmp/$1" | tail -n 1; }
+name=relay-quorum t0=$SECONDS
+keys=(server.quorum=2 server.grace_ms=5)
+wargs=(--straggler 2 --straggler-ms 1)
+run "$name" -1 0
+wargs=()
+wait_until 60 grep -q "^ROUND $mid\$" "$tmp/$name-worker2.log" || fail "$name: worker 2 never reached round $mid"
+mute 1 2
+# (stuck: workers 0 and 1 two rounds past worker 2's last, for 0.5 s)
+stuck() {
+    local r0 r1 r2
+    r2=$(last_round "$name-worker2.log") r0=$(last_round "$name-worker0.log")
+    r1=$(last_round "$name-worker1.log")
+    ((r0 >= r2 + 2 && r1 >= r2 + 2)) || return 1
+    sleep 0.5
+    [ "$(last_round "$name-worker2.log")" = "$r2" ] && stuck_at=$r2
+}
+wait_until 20 stuck || fail "$name: worker 2 never fell two rounds behind with server 1's frames dropped"
+kill -KILL -- "-${spid[1]}"
+killed "$name" "$stuck_at"
+keys=()
+grep -q "the updates over $rounds rounds are every input" "$tmp/$name-worker0.log" ||
+    fail "$name: worker 0 has no conservation line"
+left=$(sed -n 's/^QUORUM worker 2 left_out \([0-9]*\);.*/\1/p' "$tmp/$name-worker2.log")
+((${left:-0} > 0)) || fail "$name: worker 2 was never left out"
+n_relayed=$(grep -h "update relayed to server 0" "$tmp/$name"-worker[01].log | wc -l)
+echo "$name: quorum 2 of 3, server 1's frames to worker 2 dropped from round $mid: worker 2" \
+    "stuck at round $stuck_at, workers 0 and 1 two rounds on; server 1 killed: $n_relayed chunk" \
+    "update(s) relayed (rounds $stuck_at and $((stuck_at + 1))), worker 2 left out of $left" \
+    "chunk rounds in all, every input summed once, the workers bit-identical; $((SECONDS - t0)) s"
 stop_all
 heal 1
 

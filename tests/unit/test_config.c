@@ -306,8 +306,14 @@ static void test_replicas(void)
                              &cfg) == PSAGG_OK,
           "server_replicas with [server] checkpoint_dir (each owner writes its chunks): %s",
           psagg_last_error());
-    EXPECT_ERROR(TWO_SERVERS "server_replicas = 1\n[server]\nquorum = 1\n", 5,
-                 "[cluster] server_replicas", "[server] quorum");
+    CHECK(psagg__config_load(write_ini(TWO_SERVERS "server_replicas = 1\n[server]\nquorum = 1\n"),
+                             &cfg) == PSAGG_OK,
+          "server_replicas with [server] quorum (a relayed round's update): %s",
+          psagg_last_error());
+    EXPECT_ERROR(TWO_SERVERS "server_replicas = 1\n[server]\nquorum = 1\noptimizer = sgd\n", 5,
+                 "[cluster] server_replicas", "[server] quorum", "[server] optimizer");
+    EXPECT_ERROR(TWO_SERVERS "server_replicas = 1\n[server]\nquorum = 1\nerror_feedback = on\n", 5,
+                 "[cluster] server_replicas", "[server] quorum", "[server] error_feedback");
 }
 
 /* data_auth = auto (the default): on with a secret_file, off without; on and off as said. */
