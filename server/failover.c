@@ -963,8 +963,7 @@ static void relay_frame(server *srv, struct failover *fo, int w, const psagg__ct
         sh->server != (uint32_t)srv->rank ||
         (len && (len < sizeof mh || mh.magic != PSAGG_MSG_MAGIC || mh.type != PSAGG_MSG_UPDATE ||
                  mh.key != l->chunks[sh->chunk].key || mh.chunk != l->chunks[sh->chunk].index ||
-                 mh.round != sh->round || mh.len > l->max_update_bytes ||
-                 len != sizeof mh + mh.len + srv->pool.bitmap_bytes))) {
+                 mh.round != sh->round || len != sizeof mh + mh.len + srv->pool.bitmap_bytes))) {
         server_close_worker(srv, w,
                             "STATE RELAY fields chunk, round, server, out_len: %u, %u, %u, %u in "
                             "%zu bytes: not an update of that chunk and round for this server",
@@ -979,6 +978,13 @@ static void relay_frame(server *srv, struct failover *fo, int w, const psagg__ct
                  "worker %d relays chunk %u's update of round %u (view %u); this server is at "
                  "view %u, where it does not own the chunk: dropped",
                  w, sh->chunk, sh->round, sh->epoch, fo->epoch);
+        return;
+    }
+    if (len && mh.len > srv->chunks[slot].out_cap) { /* (adaptive codecs: wider than declared) */
+        server_close_worker(srv, w,
+                            "STATE RELAY of chunk %u round %u: an update of %u bytes, more than "
+                            "the chunk's %zu",
+                            sh->chunk, sh->round, mh.len, srv->chunks[slot].out_cap);
         return;
     }
     if (len && !(bytes = malloc(len))) {
