@@ -159,7 +159,6 @@ static void relay_clear(chunk_state *c)
         c->relay_came[p] = 0;
     }
     c->relay_from = c->relay_end = 0;
-    c->relay_fenced = 0;
 }
 
 /* Whether c's round is one whose update comes relayed. */
@@ -171,7 +170,14 @@ static int relayed_round(const chunk_state *c)
 /* Whether c's relayed round may go out: its update came and every member took the view. */
 static int relay_ready(const chunk_state *c)
 {
-    return c->relay_came[c->round & 1] && !c->relay_fenced;
+    return c->relay_came[c->round & 1] && !c->fenced;
+}
+
+/* c's round is a relayed one: its own deadline (check_rounds), and out now if it may be. */
+static void relay_round_start(server *srv, chunk_state *c)
+{
+    c->round_deadline = psagg__now_ms() + PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms);
+    agg_finish_round(srv, c);
 }
 
 /*
@@ -212,7 +218,7 @@ void agg_finish_round(server *srv, chunk_state *c)
     int64_t now;
 
     if (relayed_round(c) && !relay_ready(c))
-        return; /* (relay_take or relay_pass finishes it) */
+        return; /* (relay_take or fence_pass finishes it) */
     /*
      * The update of round-2 may still be in flight from out[p]. Announce the wait before
      * looking: the progress thread decrements sends_pending and then reads deferred, so one
@@ -273,11 +279,8 @@ void agg_finish_round(server *srv, chunk_state *c)
         }
         atomic_store(&srv->pool.rounds_done, c->round);
     }
-    if (relayed_round(c)) { /* (the next relayed round: its own deadline, and it may be ready) */
-        c->round_deadline = psagg__now_ms() + PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms);
-        if (relay_ready(c))
-            agg_finish_round(srv, c);
-    }
+    if (relayed_round(c))
+        relay_round_start(srv, c);
 }
 
 /*
@@ -497,28 +500,21 @@ static int wait_ahead(server *srv, chunk_state *c, recv_buf *rb)
 }
 
 /*
- * Worker w pushed chunk c in the view that moved it here with relayed rounds: once every member
- * has, the relayed rounds' updates may go out (a worker still in the view before would take
- * one from this server for a stranger's).
+ * No update of chunk c goes out before every member took the view `epoch` that moved it here
+ * (a worker still in the view before would take one from this server for a stranger's): a copy
+ * that took it over (take_over_copy), or a new owner of relayed rounds. fence_pass lifts it.
  */
-static void relay_pass(server *srv, chunk_state *c, int w)
+static void fence_begin(server *srv, chunk_state *c, uint32_t epoch, uint32_t from)
 {
-    c->repushed[w] = 1;
-    for (int k = 0; k < srv->n_workers; k++)
-        if (!c->repushed[k] && server_member(srv, k))
-            return;
-    c->relay_fenced = 0;
-    LOG_INFO(&srv->log,
-             "tensor %u chunk %u: every worker pushed it in the view that moved it here: its "
-             "relayed rounds %u..%u go out as their updates come",
-             c->info->key, c->info->index, c->relay_from, c->relay_end - 1);
-    if (relayed_round(c) && relay_ready(c))
-        agg_finish_round(srv, c);
+    c->fenced = 1;
+    c->fence_epoch = (uint16_t)epoch;
+    c->fence_from = from;
+    memset(c->repushed, 0, (size_t)srv->n_workers);
 }
 
 /*
- * Worker w pushed chunk c in the view that moved c here from its copy (take_over_copy): once
- * every member has, the fence is lifted and the update owed, if any, goes to them all.
+ * Worker w pushed chunk c in the view that fenced it (fence_begin): once every member has, the
+ * fence is lifted and the update owed, if any, goes to them all (a relayed round: as it came).
  */
 static void fence_pass(server *srv, chunk_state *c, int w)
 {
@@ -529,6 +525,14 @@ static void fence_pass(server *srv, chunk_state *c, int w)
         if (!c->repushed[k] && server_member(srv, k))
             return;
     c->fenced = 0;
+    if (relayed_round(c)) {
+        LOG_INFO(&srv->log,
+                 "tensor %u chunk %u: every worker pushed it in the view that moved it here: its "
+                 "relayed rounds %u..%u go out as their updates come",
+                 c->info->key, c->info->index, c->relay_from, c->relay_end - 1);
+        agg_finish_round(srv, c); /* (if its update came) */
+        return;
+    }
     if (!c->owes_update)
         return;
     c->owes_update = 0;
@@ -563,8 +567,6 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
     }
     if (c->fenced && (uint16_t)(h->epoch - c->fence_epoch) < 0x8000) /* (that view or later) */
         fence_pass(srv, c, w);
-    if (c->relay_fenced && (uint16_t)(h->epoch - c->relay_epoch) < 0x8000)
-        relay_pass(srv, c, w);
     if (round >= c->relay_from && round < c->relay_end) {
         /* a relayed round's push (pushed again: the sign above): its update is the lost
            owner's; the worker is seen at it (the round policy's record: quorum.c) */
@@ -747,7 +749,7 @@ static void check_rounds(server *srv, agg_thread *t, int64_t now)
             continue;
         if (relayed_round(c)) {
             for (int w = 0; w < srv->n_workers && used + 8 < sizeof missing; w++)
-                if (c->relay_fenced && !c->repushed[w] && server_member(srv, w))
+                if (c->fenced && !c->repushed[w] && server_member(srv, w))
                     used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d",
                                              used ? "," : "", w);
             server_fail_job(srv, PSAGG_ETIMEDOUT,
@@ -931,11 +933,8 @@ static void take_over_copy(server *srv, chunk_state *c, uint32_t start, uint32_t
     c->shadow = 0;
     c->standby = 0;
     c->taken_over = 1;
-    c->fenced = 1;
-    c->fence_epoch = (uint16_t)epoch;
-    c->fence_from = start;
+    fence_begin(srv, c, epoch, start);
     c->owes_update = c->round == start + 1;
-    memset(c->repushed, 0, (size_t)srv->n_workers);
     LOG_INFO(&srv->log,
              "tensor %u chunk %u: its copy here owns it from round %u (the copy is at round %u)",
              c->info->key, c->info->index, start, c->round);
@@ -986,11 +985,9 @@ static void do_move(server *srv, agg_item *it)
         c->round = it->round;
         c->relay_from = it->round;
         c->relay_end = it->relay_end;
-        if (relayed_round(c)) { /* (its update goes out once every member took the view) */
-            c->relay_fenced = 1;
-            c->relay_epoch = (uint16_t)it->epoch;
-            memset(c->repushed, 0, (size_t)srv->n_workers);
-            c->round_deadline = psagg__now_ms() + PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms);
+        if (relayed_round(c)) {
+            fence_begin(srv, c, it->epoch, it->round);
+            relay_round_start(srv, c);
         }
     }
     LOG_DEBUG(&srv->log, "tensor %u chunk %u: %s", c->info->key, c->info->index,

@@ -51,8 +51,9 @@ struct failover {
     uint8_t *reported; /* per worker: its report of this change came */
     uint8_t *suspect;  /* per server: a worker reported it lost (since the last view) */
     uint32_t *start;   /* per chunk: the lowest next-update round reported */
-    uint32_t *relay_end, *relayer; /* per chunk: the highest reported, and a worker that did */
-    int64_t since;     /* the first report (of this step) */
+    /* per chunk: the highest next-update round reported, and the first worker that did */
+    uint32_t *relay_end, *relayer;
+    int64_t since; /* the first report (of this step) */
     int proposing;
     int64_t retry_at; /* 0, or when to propose again (an attempt lost) */
     psagg__proposer prop;
@@ -242,9 +243,7 @@ static const char *view_check(const server *srv, const struct failover *fo, cons
             bad = "a move names a chunk that does not exist, or one moved twice";
         else if (m.owner != psagg__view_owner(v, vh.n_servers, m.chunk))
             bad = "a move's owner is not the chunk's owner in owner[]";
-        else if (m.relay_end < m.start || m.relay_end - m.start > 2 ||
-                 (m.relay_end > m.start &&
-                  (m.relayer >= (uint32_t)srv->n_workers || copied(srv, m.chunk))))
+        else if (psagg__view_relay_bad(&m, (uint32_t)srv->n_workers, copied(srv, m.chunk)))
             bad = "a move's relayed rounds are not 0..2 rounds from its start by a worker of "
                   "the job (none for a chunk with copies)";
         else
@@ -954,20 +953,24 @@ static void relay_frame(server *srv, struct failover *fo, int w, const psagg__ct
                         const uint8_t *data, size_t len)
 {
     const psagg__layout *l = &srv->layout;
+    const psagg__chunk_info *ci = NULL;
     psagg__msg_hdr mh = {0};
     uint8_t *bytes = NULL;
+    const char *bad = NULL;
     int slot;
-    if (len >= sizeof mh)
-        memcpy(&mh, data, sizeof mh);
+    if (len) { /* (an update as a worker takes one: its quorum bitmap, no MAC) */
+        bad = psagg__msg_check(data, len, srv->pool.bitmap_bytes, PSAGG_MSG_UPDATE, l, &ci, NULL);
+        if (!bad)
+            memcpy(&mh, data, sizeof mh);
+    }
     if (sh->chunk >= l->n_chunks || sh->arrays || sh->out_len != len ||
-        sh->server != (uint32_t)srv->rank ||
-        (len && (len < sizeof mh || mh.magic != PSAGG_MSG_MAGIC || mh.type != PSAGG_MSG_UPDATE ||
-                 mh.key != l->chunks[sh->chunk].key || mh.chunk != l->chunks[sh->chunk].index ||
-                 mh.round != sh->round || len != sizeof mh + mh.len + srv->pool.bitmap_bytes))) {
+        sh->server != (uint32_t)srv->rank || bad ||
+        (len && (ci != &l->chunks[sh->chunk] || mh.round != sh->round))) {
         server_close_worker(srv, w,
                             "STATE RELAY fields chunk, round, server, out_len: %u, %u, %u, %u in "
-                            "%zu bytes: not an update of that chunk and round for this server",
-                            sh->chunk, sh->round, sh->server, sh->out_len, len);
+                            "%zu bytes: not an update of that chunk and round for this server%s%s",
+                            sh->chunk, sh->round, sh->server, sh->out_len, len,
+                            bad ? ": its field " : "", bad ? bad : "");
         return;
     }
     slot = fo->rejoining || sh->epoch != fo->epoch || fo->owner[sh->chunk] != (uint32_t)srv->rank

@@ -108,8 +108,9 @@ typedef struct agg_item {
     int move;       /* ... or (failover.c: a server view) AGG_OWN or AGG_GIVE_UP the chunk */
     uint32_t round; /* AGG_OWN: the round it starts at here; AGG_RELAY: the update's */
     uint32_t epoch; /* the view's */
-    uint32_t relay_end; /* AGG_OWN: its rounds before this one come relayed (view move) */
-    uint32_t len;       /* AGG_RELAY: bytes of the update in `bytes` (malloc'd), 0: none */
+    /* AGG_OWN: its rounds before relay_end come relayed (the view's move); AGG_RELAY: len
+       bytes of the update in `bytes` (malloc'd), 0: none */
+    uint32_t relay_end, len;
     uint8_t *bytes;
 } agg_item;
 /* AGG_COPY: run its rounds as a copy; AGG_RELAY: a relayed round's update (STATE RELAY) */
@@ -203,10 +204,10 @@ typedef struct chunk_state {
        same optimizer step: the same state, bit for bit) and sends no update. A push that
        comes before its round (a copy lags its owner) waits in `ahead` */
     int shadow;
-    /* a copy that took its chunk over sends no update before every member took the view
-       that moved it here (pushed it with that view's epoch: `repushed`, per worker), since
-       the workers' pushes to the copy came whatever their view; the update of a round that
-       finished meanwhile is owed until then */
+    /* a copy that took its chunk over, or a new owner of relayed rounds, sends no update
+       before every member took the view that moved it here (pushed it with that view's
+       epoch: `repushed`, per worker), since the workers' pushes to the copy came whatever
+       their view; the update of a copy's round that finished meanwhile is owed until then */
     int fenced;
     uint16_t fence_epoch;
     uint32_t
@@ -223,14 +224,11 @@ typedef struct chunk_state {
        the one the lost owner sent some workers, which a worker relays (STATE RELAY) into
        relayed[parity] (relay_came: 1, or 2 when the worker had it no more); nothing of those
        rounds is summed here (their pushes, sent again, are dropped), and each goes out once it
-       came and every member pushed c in that view (relay_fenced until then, `repushed` per
-       worker, relay_epoch the view's) */
+       came and every member pushed c in that view (`fenced` until then, as a copy's takeover) */
     uint32_t relay_from, relay_end;
     uint8_t *relayed[2];
     uint32_t relayed_len[2];
     uint8_t relay_came[2];
-    int relay_fenced;
-    uint16_t relay_epoch;
 } chunk_state;
 
 /* What a chunk's collect did with a push (flags; 0: nothing more to do, repost its buffer). */

@@ -60,11 +60,13 @@ struct psagg__failover {
     int *cfd;              /* per server: S_CONNECTING's socket (servers[s].fd once connected) */
     psagg__tcp_addr *addr; /* per server: its address, resolved at the first attempt */
     uint32_t *resend_from; /* per chunk: the round from which to push again, UINT32_MAX: none */
-    uint32_t *relay_end;   /* per chunk: its last move's relayed rounds end (before: relayed) */
-    uint32_t *prev_owner;  /* per chunk: its owner before the view that moved it last */
-    uint8_t *held;         /* per chunk: its pushes wait for the next view (a hold) */
-    uint8_t *fresh;   /* per server: it came back without parameter state (PSAGG_VIEW_LIVE_NEW) */
-    struct kept_update *kept; /* per chunk x 2 (round parity): a sum chunk's last two updates */
+    /* per chunk: where its last move's relayed rounds end (the rounds before: relayed) */
+    uint32_t *relay_end;
+    uint32_t *prev_owner; /* per chunk: its owner before the view that moved it last */
+    uint8_t *held;        /* per chunk: its pushes wait for the next view (a hold) */
+    uint8_t *fresh; /* per server: it came back without parameter state (PSAGG_VIEW_LIVE_NEW) */
+    /* per chunk x 2 (round parity): a sum chunk's last two updates applied */
+    struct kept_update *kept;
     push_buf **copyq; /* parameter pushes waiting for room to go to a copy (send_pending 2) */
     uint32_t n_copyq;
     int resends;              /* chunks with one */
@@ -309,9 +311,7 @@ static const char *view_bad(const psagg_ctx *ctx, const uint8_t *v, uint32_t len
         psagg__view_move m = psagg__view_move_at(v, vh->n_servers, vh->n_chunks, i);
         if (m.chunk >= vh->n_chunks)
             return "a move names a chunk that does not exist";
-        if (m.relay_end < m.start || m.relay_end - m.start > 2 ||
-            (m.relay_end > m.start &&
-             (m.relayer >= (uint32_t)ctx->world || has_copies(ctx, m.chunk))))
+        if (psagg__view_relay_bad(&m, (uint32_t)ctx->world, has_copies(ctx, m.chunk)))
             return "a move's relayed rounds are not 0..2 rounds from its start by a worker of the "
                    "job (none for a chunk with copies)";
     }

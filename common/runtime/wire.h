@@ -545,6 +545,15 @@ static inline psagg__view_move psagg__view_move_at(const uint8_t *v, uint32_t n_
     return m;
 }
 
+/* Whether move m's relayed rounds are not 0..2 rounds from its start by one of n_workers (or
+   are a chunk's with copies, which has none): a view every process refuses. */
+static inline int psagg__view_relay_bad(const psagg__view_move *m, uint32_t n_workers,
+                                        int has_copies)
+{
+    return m->relay_end < m->start || m->relay_end - m->start > 2 ||
+           (m->relay_end > m->start && (m->relayer >= n_workers || has_copies));
+}
+
 /* One tensor's state at a SYNC barrier: the round of its next operation, and flags. */
 #define PSAGG_TSTATE_INITED 1u /* a parameter whose psagg_param_init completed */
 typedef struct psagg__ctl_tensor_state {
