@@ -355,9 +355,15 @@ static void relay_updates(psagg_ctx *ctx, const psagg__view_move *m, uint32_t ep
             failover_server_lost(ctx, (int)m->owner, psagg_last_error());
             return;
         }
-        LOG_INFO(&ctx->log, "tensor '%s' chunk %u: round %u's update %s to server %u",
-                 ctx->layout.tensors[ci->key].name, ci->index, r,
-                 has ? "relayed" : "is no longer here (not relayed)", m->owner);
+        if (has)
+            LOG_INFO(&ctx->log,
+                     "tensor '%s' chunk %u: round %u's update relayed to server %u (%u bytes)",
+                     ctx->layout.tensors[ci->key].name, ci->index, r, m->owner, sh.out_len);
+        else
+            LOG_INFO(&ctx->log,
+                     "tensor '%s' chunk %u: round %u's update is no longer here (not relayed to "
+                     "server %u)",
+                     ctx->layout.tensors[ci->key].name, ci->index, r, m->owner);
     }
 }
 

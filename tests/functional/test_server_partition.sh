@@ -29,6 +29,9 @@
 #   relay            the same in the middle of the job (round 40): server 1 SIGKILLed once
 #                    workers 0 and 1 started round 41, worker 2 still waiting for round 40's
 #                    updates of server 1's chunks; the job goes on 80 rounds, bit-identical
+#   relay-adaptive   the same with adaptive codecs (fn_adaptive, every output checked bit for
+#                    bit): a relayed update of a tensor the assignment widened past the declared
+#                    codec (7 or 8 bits against maxmin4)
 #   relay-quorum     [server] quorum = 2: server 1's frames to worker 2 dropped from round 40,
 #                    so workers 0 and 1 go two rounds past it (rounds closed without it); server
 #                    1 SIGKILLed: both rounds relayed (only the relay gives their bytes); every
@@ -55,6 +58,7 @@ NC=$h_repo/deploy/netcluster.sh
 # shellcheck source=deploy/netcluster.sh
 . "$NC" # (its names only: nc_ns_host, nc_addr; the cluster itself through its CLI)
 worker_bin=$build/tests/functional/fn_worker
+adaptive_bin=$build/tests/functional/fn_adaptive adaptive=0
 server_bin=$build/server/psagg-server
 rounds=120 sleep_ms=20 sizes=1,1023,4096,50000,7000 wargs=()
 # (clusters of an earlier run of this test that was killed, its owner gone, are removed first)
@@ -122,7 +126,7 @@ scrape() {
 # workers start), server VICTIM is cut off from the WORKERs (VICTIM -1: no cut). Workers' rcs in
 # rc[], the servers' pids in spid[]; $keys (an array): more SECTION.KEY=VALUE for the job
 run() {
-    local name=$1 victim=$2 round=$3 s w
+    local name=$1 victim=$2 round=$3 s w cmd
     shift 3
     port=$base
     base=$((base + 10))
@@ -140,9 +144,15 @@ run() {
         t_cut=$(date +%s.%N)
     fi
     for w in 0 1 2; do
+        if ((adaptive)); then # fn_adaptive (its own tensors); w2args: worker 2's own arguments
+            cmd=("$adaptive_bin" $rounds --progress)
+            ((w == 2)) && cmd+=(${w2args[@]+"${w2args[@]}"})
+        else
+            cmd=("$worker_bin" --codec fp32 --sizes $sizes --rounds $rounds --round-sleep-ms
+                $sleep_ms --progress ${wargs[@]+"${wargs[@]}"})
+        fi
         start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
-            "$NC" exec --prefix "$P" "$(whost $w)" -- "$worker_bin" --codec fp32 --sizes $sizes \
-            --rounds $rounds --round-sleep-ms $sleep_ms --progress ${wargs[@]+"${wargs[@]}"}
+            "$NC" exec --prefix "$P" "$(whost $w)" -- "${cmd[@]}"
     done
     if ((victim >= 0)) && [[ $round != start ]]; then
         wait_until 60 grep -q "^ROUND $round\$" "$tmp/$name-worker0.log" ||
@@ -342,6 +352,51 @@ echo "$name: server 1 killed once workers 0 and 1 had round $mid's updates and w
     "$(grep -h "round $mid's update relayed to server 0" "$tmp/$name"-worker[01].log | wc -l)" \
     "chunk update(s) relayed through server 0, the job done ${end_at} s after the kill," \
     "bit-identical; $((SECONDS - t0)) s"
+stop_all
+heal 1
+
+# ---- relay-adaptive: the same with adaptive codecs, a relayed update wider than declared ----
+# fn_adaptive (maxmin4/512 declared; every output checked bit for bit against its own reference)
+# with a new codec assignment every 2 rounds: in rounds 6 to 61 tensors a3 and a4 are at 7 and 8
+# bits, so server 1's chunks of them have updates longer than the declared codec's (the bound
+# c699380 mended). Worker 2 holds before round 40's pushes until server 1's frames to it are
+# dropped; then workers 0 and 1 get round 40's updates and start round 41, and server 1 is
+# SIGKILLed. At least one relayed update must be of a tensor at more than 4 bits in round 40.
+name=relay-adaptive t0=$SECONDS
+keys=(server.threads=2 worker.chunk_bytes=262144 codec.adaptive=on codec.adaptive_interval=2
+    codec.adaptive_budget=1.0)
+adaptive=1 w2args=(--hold "$mid:$tmp/$name.go")
+run "$name" -1 0
+wait_until 60 grep -q "^HOLD before round $mid\$" "$tmp/$name-worker2.log" ||
+    fail "$name: worker 2 never held before round $mid"
+mute 1 2
+touch "$tmp/$name.go"
+wait_until 30 eval "grep -q '^ROUND $((mid + 1))\$' $tmp/$name-worker0.log && grep -q '^ROUND $((mid + 1))\$' $tmp/$name-worker1.log" ||
+    fail "$name: workers 0 and 1 did not start round $((mid + 1))"
+! grep -q "^ROUND $((mid + 1))\$" "$tmp/$name-worker2.log" ||
+    fail "$name: worker 2 had round $mid's updates before server 1 died (the mute did not hold)"
+kill -KILL -- "-${spid[1]}"
+killed "$name" "$mid"
+adaptive=0 keys=() w2args=()
+for w in 0 1 2; do
+    grep -q '^ADAPTIVE-EXACT' "$tmp/$name-worker$w.log" || fail "$name: worker $w not exact"
+done
+# each relayed update's tensor and bytes, and that tensor's codec in round $mid (the last switch
+# fn_adaptive printed at a round <= $mid: "round R tensor aT: OLD -> NEW (generation G)")
+wide=0 relays=""
+while read -r t b; do
+    c=$(awk -v t="$t:" -v m="$mid" '$1 == "round" && $2 <= m && $4 == t { c = $7 } END { print c }' \
+        "$tmp/$name-worker0.log")
+    relays+=" $t=$c/${b}B"
+    bits=$(sed -n 's/^maxmin\([0-9]*\)\/.*/\1/p' <<<"$c")
+    ((${bits:-0} > 4)) && wide=$((wide + 1))
+done < <(sed -n "s/.*tensor '\(a[0-9]*\)' chunk [0-9]*: round $mid's update relayed to server 0 (\([0-9]*\) bytes).*/\1 \2/p" \
+    "$tmp/$name"-worker[01].log)
+((wide > 0)) || fail "$name: no relayed update of round $mid was wider than maxmin4:$relays"
+echo "$name: server 1 killed once workers 0 and 1 had round $mid's updates and worker 2 not:" \
+    "relayed (tensor=codec/bytes):$relays; $wide wider than the declared maxmin4; every worker" \
+    "exact against its own reference and bit-identical, done ${end_at} s after the kill;" \
+    "$((SECONDS - t0)) s"
 stop_all
 heal 1
 
