@@ -572,6 +572,8 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
            owner's; the worker is seen at it (the round policy's record: quorum.c) */
         if (c->seen[w] < round + 1)
             c->seen[w] = round + 1;
+        if (!relayed_round(c)) /* (the round collected now may have waited for it: quorum.c) */
+            srv->pool.policy->changed(srv, c);
         return 0;
     }
     if (round > c->round && (c->shadow || c->taken_over) && (r = wait_ahead(srv, c, rb)))
@@ -978,6 +980,8 @@ static void do_move(server *srv, agg_item *it)
     atomic_store(&c->deferred, 0); /* (a whole round waiting for a send: summed again there) */
     round_reset(srv, c);
     c->broken = 0;
+    c->fenced = 0; /* (a fence of a move before: a relayed takeover below fences it again) */
+    c->owes_update = 0;
     c->standby = it->move != AGG_OWN;
     c->shadow = 0; /* (a chunk given up keeps no copy: its state was reset) */
     c->taken_over = it->move == AGG_OWN;

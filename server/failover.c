@@ -415,8 +415,12 @@ static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *
         const psagg__chunk_info *ci = &srv->layout.chunks[g];
         int has_copies = copied(srv, g);
         to[g] = fo->owner[g];
-        /* (a chunk with copies moves back only with its state: else it stays where it is) */
-        if (fo->back >= 0 && ci->owner == (uint32_t)fo->back && (!has_copies || fo->with_state))
+        /* (a chunk with copies moves back only with its state: else it stays where it is;
+           under [server] quorum none moves back: the owner it has may close a round without a
+           straggler after the workers reported their rounds, and a worker that applied that
+           update before the view and one that did not would then take different bytes) */
+        if (fo->back >= 0 && ci->owner == (uint32_t)fo->back && (!has_copies || fo->with_state) &&
+            !srv->cfg.quorum)
             to[g] = (uint32_t)fo->back;
         if (fo->lost >= 0 && fo->owner[g] == (uint32_t)fo->lost) {
             int found = -1;
@@ -973,7 +977,9 @@ static void relay_frame(server *srv, struct failover *fo, int w, const psagg__ct
                             bad ? ": its field " : "", bad ? bad : "");
         return;
     }
-    slot = fo->rejoining || sh->epoch != fo->epoch || fo->owner[sh->chunk] != (uint32_t)srv->rank
+    /* (of this view or one before: a later view may have come first on another worker's
+       connection; the chunk's thread keeps only a round of its relay window, relay_take) */
+    slot = fo->rejoining || sh->epoch > fo->epoch || fo->owner[sh->chunk] != (uint32_t)srv->rank
                ? -1
                : held_slot(srv, sh->chunk);
     if (slot < 0) {

@@ -267,6 +267,13 @@ int failover_server_lost(psagg_ctx *ctx, int s, const char *why)
     fo->state[s] = S_LOST;
     close_server(ctx, s);
     abandon_sends(ctx, s);
+    /* ([server] quorum) an update of s's kept until this worker's push is encoded: not applied
+       now, as the rounds this worker reports (next_update) say; the next owner sends its round */
+    for (uint32_t g = 0; ctx->early && g < ctx->layout.n_chunks; g++)
+        if (ctx->early[g] && ctx->owner[g] == (uint32_t)s) {
+            free(ctx->early[g]);
+            ctx->early[g] = NULL;
+        }
     LOG_WARN(&ctx->log, "lost server %d (%s): reporting it to server %d", s, why,
              coordinator(ctx, s));
     /* every server lost here and still in the view, s too: the coordinator may be new (s was
@@ -320,7 +327,7 @@ static const char *view_bad(const psagg_ctx *ctx, const uint8_t *v, uint32_t len
 
 /*
  * This worker relays move m's rounds (view `epoch`): to the chunk's new owner, a STATE RELAY of
- * each round's update it keeps (out_len 0 for one it has no more: the owner sends its own sum).
+ * each round's update it keeps (out_len 0 for one it has no more: the new owner fails the job).
  */
 static void relay_updates(psagg_ctx *ctx, const psagg__view_move *m, uint32_t epoch)
 {
@@ -376,7 +383,7 @@ void failover_keep_update(psagg_ctx *ctx, uint32_t g, const uint8_t *msg, size_t
     k = &fo->kept[2 * (size_t)g + (((const psagg__msg_hdr *)msg)->round & 1)];
     if (k->cap < len) {
         uint8_t *b = realloc(k->buf, len);
-        if (!b) { /* (not kept: relayed as "none", the new owner sends its own sum) */
+        if (!b) { /* (not kept: relayed as "none", which fails the job if it is needed) */
             free(k->buf);
             *k = (struct kept_update){0};
             return;
@@ -965,6 +972,14 @@ int failover_stale_update(psagg_ctx *ctx, const psagg__msg_hdr *mh, int from)
     struct psagg__failover *fo = ctx->failover;
     const tensor_state *ts;
     const struct psagg_handle *h;
+    if (fo && from >= 0 && from < ctx->cfg.n_servers && fo->state[from] != S_IN) {
+        /* a server this worker lost (or not admitted yet): once reported, the rounds of its
+           chunks are the next owner's to send (an update of it still on its way would make
+           this worker hold a round the others take from the next owner: under a quorum,
+           other bytes) */
+        fo->dropped++;
+        return 1;
+    }
     if (!fo || ctx->epoch == 0 || mh->key >= ctx->layout.n_tensors)
         return 0;
     ts = &ctx->tensors[mh->key];

@@ -280,8 +280,9 @@ struct psagg_handle *update_arrived(psagg_ctx *ctx, psagg__gate *gate, const psa
     }
     ti = &ctx->layout.tensors[mh->key];
     owner = chunk_owner(ctx, (uint32_t)(ci - ctx->layout.chunks));
-    /* a round summed again after a takeover, applied already, or the chunk's owner before
-       the view that moved it (its new owner sends the round): dropped */
+    /* a round summed again after a takeover, applied already, from a server this worker
+       lost, or from the chunk's owner before the view that moved it (its new owner sends the
+       round): dropped */
     if (failover_stale_update(ctx, mh, from)) {
         atomic_fetch_add(&ctx->bytes_received, rb->len);
         return NULL;

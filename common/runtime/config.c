@@ -22,6 +22,7 @@
 #include "kernels/optim.h"
 #include "runtime/config_keys.h"
 #include "runtime/features.h"
+#include "runtime/layout.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -499,6 +500,31 @@ static psagg_status check_replicas(const struct load_state *st)
                            "quorum with summed gradients only works)",
                            where, cfg->optimizer ? "optimizer" : "error_feedback",
                            cfg->optimizer ? "a parameter's" : "any, with a server residual");
+    /* a takeover relays a chunk's update, and a return its state (up to 4 arrays of a
+       parameter chunk, 1 of a residual), each in one control frame */
+    {
+        uint64_t arrays = cfg->optimizer ? 4 : cfg->server_error_feedback ? 1 : 0;
+        uint64_t fixed =
+            sizeof(psagg__ctl_state) + psagg__max_message(cfg) + ((uint64_t)cfg->n_workers + 7) / 8;
+        if (fixed + arrays * cfg->chunk_bytes > PSAGG_CTL_MAX_FRAME) {
+            /* (the update is about chunk_bytes and its headers: a value under this fits) */
+            uint64_t other = fixed - 4 * psagg__chunk_elems(cfg) + 8192;
+            char at[300];
+            key_origin(st, "worker", "chunk_bytes", at, sizeof at);
+            return psagg__fail(PSAGG_ECONFIG,
+                               "%s: [worker] chunk_bytes = %" PRIu64 " with [cluster] "
+                               "server_replicas (%s): a takeover relays a chunk's update%s in "
+                               "one control frame of at most %u bytes; set chunk_bytes to at "
+                               "most %" PRIu64,
+                               at, cfg->chunk_bytes, where,
+                               cfg->optimizer ? ", and a server that comes back receives its "
+                                                "weights and optimizer state (4 arrays),"
+                               : arrays ? ", and a server that comes back receives its residual,"
+                                        : "",
+                               PSAGG_CTL_MAX_FRAME,
+                               (PSAGG_CTL_MAX_FRAME - other) / (arrays + 1) / 4096 * 4096);
+        }
+    }
     return PSAGG_OK;
 }
 

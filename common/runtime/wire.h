@@ -452,7 +452,9 @@ _Static_assert(sizeof(psagg__ctl_membership) == 256, "psagg__ctl_membership layo
  *                         owner: one per round from start to relay_end - 1 (field round; epoch:
  *                         the view), out_len bytes of that round's update as it applied it
  *                         (header, payload, the quorum bitmap; no MAC), or out_len 0: it has it
- *                         no more (the new owner then sends its own sum).
+ *                         no more (no memory kept it): nobody else has it, and the new owner
+ *                         fails the job naming the chunk and round. ([worker] chunk_bytes is
+ *                         bounded with server_replicas so that an update fits in a frame.)
  * The end of the job (psagg_close), since a worker's last pushes may be needed after it has
  * its last updates (a server that dies after sending some workers a round's update but not
  * others: the new owner sums that round again from every worker's kept push):

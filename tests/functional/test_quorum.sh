@@ -25,6 +25,9 @@
 #              chunks over, a round whose update some workers had is relayed to it by one of
 #              them (bitmap and all), and the job ends as straggler does: every worker exits
 #              0 with the same digest, every input summed once (server 0 exits 0)
+#   failover_back  the same, and server 1 started again once every worker took view 1: it is
+#              admitted (view 2) and takes no chunk back (under a quorum its chunks stay with
+#              server 0, docs/server-failover.md); the job ends as failover does
 #   all        quorum = 4 = workers: no round closes without anyone (every left_out 0)
 #   bad        quorum = 5 with workers = 4, and quorum with [codec] adaptive: refused at
 #              file:line by the server and by a worker, nothing starts
@@ -40,12 +43,13 @@ reserve_ports 2 "${3:-}"
 
 say() { echo "test_quorum $case: $*"; }
 
-quorum=3 codec=fp32 extra=() server_ef="" calm=10 slow=40
+quorum=3 codec=fp32 extra=() server_ef="" calm=10 slow=40 rounds=80
 case $case in
 straggler) ;;
 carry) calm=0 slow=20 ;;
 elastic) quorum=2 ;;
 failover) ;;
+failover_back) rounds=240 ;; # (long enough for server 1's return under ASan too)
 ef) codec=maxmin4 extra=(--error-feedback) server_ef=on ;;
 all) quorum=4 ;;
 bad) ;;
@@ -80,7 +84,7 @@ fi
 
 if [ "$case" = elastic ]; then
     write_ini "$quorum" cluster.elastic=on cluster.min_workers=2
-elif [ "$case" = failover ]; then
+elif [[ $case == failover* ]]; then
     write_ini "$quorum" cluster.server_replicas=1
 else
     write_ini "$quorum"
@@ -97,13 +101,20 @@ for r in 0 1 2 3; do
         ((r == 2)) && dead=(--die-rank 2 --die-round 30 --die-mode kill)
     fi
     start_worker $r "$tmp/worker$r.log" "$worker_bin" --codec "$codec" "${extra[@]}" --sizes 1,1023,4096,50000 \
-        --rounds 80 --straggler 3 --straggler-ms $slow --calm-rounds $calm --progress "${dead[@]}"
+        --rounds $rounds --straggler 3 --straggler-ms $slow --calm-rounds $calm --progress "${dead[@]}"
 done
 servers=(0 1)
-if [ "$case" = failover ]; then
+if [[ $case == failover* ]]; then
     wait_until 60 grep -q "^ROUND 40\$" "$tmp/worker0.log" || fail "worker 0 never reached round 40"
     kill -KILL -- "-${spid[1]}"
     servers=(0)
+fi
+if [ "$case" = failover_back ]; then
+    wait_until 30 eval "[ \$(grep -l 'server view 1:' $tmp/worker[0-3].log | wc -l) -eq 4 ]" ||
+        fail "not every worker took view 1"
+    spawn "$tmp/server1b.log" "$server_bin" --config "$tmp/job.ini" --rank 1
+    spid[1]=$h_pid
+    servers=(0 1)
 fi
 for r in "${survivors[@]}"; do
     wait_for "${wpid[$r]}" 90
@@ -138,16 +149,23 @@ if [ "$case" = all ]; then
     exit 0
 fi
 ((left > 0)) || fail "worker 3 was never left out (quorum $quorum, grace_ms 5)"
-if [ "$case" = failover ]; then # (server 1's report died with it)
+if [[ $case == failover* ]]; then # (server 1's report died with it)
     for r in 0 1 2 3; do
         grep -q "server view 1:" "$tmp/worker$r.log" || fail "worker $r never took view 1"
+        [[ $case == failover ]] || grep -q "server 1 is back in view 2" "$tmp/worker$r.log" ||
+            fail "worker $r did not take server 1 back"
     done
+    if [[ $case == failover_back ]]; then
+        back=$(grep -h "server view 2:" "$tmp/server0.log" | head -n 1)
+        [[ $back == *"server view 2: 0 chunk(s) moved"* ]] ||
+            fail "view 2 (server 1 back) moved chunks back under a quorum: $back"
+    fi
     ((report <= left)) || fail "worker 3 says it was left out of $left chunk rounds, server 0 $report"
     relayed=$(grep -c "the update a worker relayed goes out" "$tmp/server0.log")
 else
     ((report == left)) || fail "worker 3 says it was left out of $left chunk rounds, the servers $report"
 fi
-grep -q "the updates over 80 rounds are every input" "$tmp/worker0.log" || fail "no conservation line"
+grep -q "the updates over $rounds rounds are every input" "$tmp/worker0.log" || fail "no conservation line"
 carried=$(sed -n 's/^QUORUM worker 0: \([0-9]*\) elements still carried.*/\1/p' "$tmp/worker0.log")
 tail_rounds=$(sed -n 's/^QUORUM worker 0: .*(up to \([0-9]*\) rounds).*/\1/p' "$tmp/worker0.log")
-say "passed: worker 3 left out of $left chunk rounds (the servers agree), $ms ms for 80 rounds; every input summed once (${carried:-0} elements still carried by workers left out of up to ${tail_rounds:-0} last rounds)${relayed:+; server 1 killed at round 40: server 0 took over, $relayed chunk round(s) relayed}"
+say "passed: worker 3 left out of $left chunk rounds (the servers agree), $ms ms for $rounds rounds; every input summed once (${carried:-0} elements still carried by workers left out of up to ${tail_rounds:-0} last rounds)${relayed:+; server 1 killed at round 40: server 0 took over, $relayed chunk round(s) relayed}${back:+; server 1 back, no chunk moved back: server view${back#*server view}}"

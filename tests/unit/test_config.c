@@ -314,6 +314,24 @@ static void test_replicas(void)
                  "[cluster] server_replicas", "[server] quorum", "[server] optimizer");
     EXPECT_ERROR(TWO_SERVERS "server_replicas = 1\n[server]\nquorum = 1\nerror_feedback = on\n", 5,
                  "[cluster] server_replicas", "[server] quorum", "[server] error_feedback");
+    /* a chunk's update, and with copies its state, must fit in one control frame (64 MiB) */
+    EXPECT_ERROR(TWO_SERVERS "server_replicas = 1\n[worker]\nchunk_bytes = 67108864\n", 7,
+                 "[worker] chunk_bytes = 67108864", "server_replicas (", ":5)", "at most 67096576");
+    CHECK(psagg__config_load(write_ini(TWO_SERVERS "server_replicas = 1\n[worker]\n"
+                                                   "chunk_bytes = 67096576\n"),
+                             &cfg) == PSAGG_OK,
+          "server_replicas with the largest chunk_bytes it allows: %s", psagg_last_error());
+    EXPECT_ERROR(TWO_SERVERS "server_replicas = 1\n[server]\noptimizer = adam\n[worker]\n"
+                             "chunk_bytes = 16777216\n",
+                 9, "chunk_bytes = 16777216", "optimizer state (4 arrays)", "at most 13418496");
+    CHECK(psagg__config_load(write_ini(TWO_SERVERS "server_replicas = 1\n[server]\noptimizer = "
+                                                   "adam\n[worker]\nchunk_bytes = 13418496\n"),
+                             &cfg) == PSAGG_OK,
+          "server_replicas and adam with the largest chunk_bytes they allow: %s",
+          psagg_last_error());
+    CHECK(psagg__config_load(write_ini(TWO_SERVERS "[worker]\nchunk_bytes = 1073741824\n"), &cfg) ==
+              PSAGG_OK,
+          "chunk_bytes = 2^30 without replicas: %s", psagg_last_error());
 }
 
 /* data_auth = auto (the default): on with a secret_file, off without; on and off as said. */
