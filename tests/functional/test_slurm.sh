@@ -9,6 +9,9 @@
 #      the prefixed lines and "all 4 worker(s) exited 0"
 #   2. a failing job (worker 1 declares other tensors) colocated on 2 nodes: the job ends
 #      FAILED, and its output names the failure in psagg-slurm's summary
+#   3. [cluster] server_replicas = 1 and --restarts 1: server 1 SIGKILLed at round 50 is
+#      started again by psagg-slurm (srun on its node) and rejoins; the job COMPLETED, every
+#      worker's sums exact and every worker took server 1 back
 # Every daemon started here is stopped, and no job, slurmstepd, psagg-server or fn_worker is
 # left. Exit 0 passed, 1 failed, 77 skipped (not root, or Slurm/munge not installed).
 set -u -o pipefail
@@ -102,17 +105,21 @@ op_timeout_ms = 5000
 [log]
 level = warn
 INI
-# submit NAME SBATCH-ARGS... -- PSAGG-SLURM-ARGS...: wait for the job; prints its id
+# submit NAME SBATCH-ARGS... -- PSAGG-SLURM-ARGS...: wait for the job; prints its id. With
+# $nowait set it prints the id at once (then: finish NAME ID); $template: another template
 submit() {
     local name=$1 jid
     shift
     local sb=() ; while [[ $1 != -- ]]; do sb+=("$1"); shift; done; shift
     jid=$(cd "$D" && PSAGG_HOME=$repo sbatch --parsable -o "$D/out/$name.out" "${sb[@]}" \
-        "$repo/deploy/psagg.sbatch" "$D/template.ini" --job-config "$D/$name.ini" \
+        "$repo/deploy/psagg.sbatch" "${template:-$D/template.ini}" --job-config "$D/$name.ini" \
         --server-bin "$build/server/psagg-server" "$@") || fail "$name: sbatch failed"
-    for _ in $(seq 600); do [[ -z $(squeue -h -j "$jid" 2>/dev/null) ]] && break; sleep 0.2; done
-    [[ -z $(squeue -h -j "$jid" 2>/dev/null) ]] || fail "$name: job $jid still queued/running after 120 s"
+    [[ -n ${nowait:-} ]] || finish "$name" "$jid"
     echo "$jid"
+}
+finish() { # finish NAME ID: wait (120 s at most) until job ID has ended
+    for _ in $(seq 600); do [[ -z $(squeue -h -j "$2" 2>/dev/null) ]] && break; sleep 0.2; done
+    [[ -z $(squeue -h -j "$2" 2>/dev/null) ]] || fail "$1: job $2 still queued/running after 120 s"
 }
 state() { scontrol show job "$1" | grep -o 'JobState=[A-Z]*' | cut -d= -f2; }
 check_clean() { # case: no job and nothing of ours left
@@ -147,4 +154,29 @@ st=$(state "$jid")
 grep -q "summary: FAILED: n[12] worker [0-3] failed" "$out" || { cat "$out" >&2; fail "bad: no failure summary in the job's output"; }
 echo "test_slurm: bad: job $jid FAILED: $(grep 'summary:' "$out")"
 check_clean bad
+# 3. a server killed mid-job, restarted by psagg-slurm (--restarts), rejoins
+# ([cluster] server_replicas = 1): the job completes, every worker's sums exact (fn_worker checks
+# each fp32 round against its own sum), every worker took server 1 back
+sed -e 's/^op_timeout_ms = .*/op_timeout_ms = 3000\nserver_replicas = 1/' -e 's/^level = warn/level = info/' \
+    -e 's/^servers = .*/servers = 127.0.0.1:1 127.0.0.1:2/' "$D/template.ini" >"$D/template-replicas.ini"
+t0=$(date +%s.%N)
+jid=$(template=$D/template-replicas.ini nowait=1 submit restart -N 4 --ntasks-per-node 2 -- \
+    --placement own --servers 2 --restarts 1 -- "$build/tests/functional/fn_worker" --codec fp32 \
+    --rounds 400 --random-tensors 10 --round-sleep-ms 10 --progress) || exit 1
+out=$D/out/restart.out
+wait_until 60 grep -qs "ROUND 50$" "$out" || { cat "$out" >&2; fail "restart: the workers never reached round 50"; }
+victim=$(pgrep -f "psagg-server --config $D/restart.ini --rank 1" | head -n 1)
+[[ -n $victim ]] || { ps -eo pid,args | grep psagg-server >&2; fail "restart: no server 1 process"; }
+kill -KILL "$victim"
+finish restart "$jid"
+[[ $(state "$jid") == COMPLETED ]] || { cat "$out" >&2; fail "restart: job $jid ended $(state "$jid")"; }
+grep -q "all 4 worker(s) exited 0" "$out" || { cat "$out" >&2; fail "restart: no success message"; }
+grep -q "server 1 (.*) died with status 137 (killed by SIGKILL): restarted (restart 1 of 1)" "$out" ||
+    { cat "$out" >&2; fail "restart: psagg-slurm did not restart server 1"; }
+n_back=$(grep -c "server 1 is back in view" "$out")
+((n_back == 4)) || { cat "$out" >&2; fail "restart: $n_back of 4 workers took server 1 back"; }
+echo "test_slurm: restart: job $jid COMPLETED in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}') s," \
+    "server 1 SIGKILLed at round 50, restarted by psagg-slurm and back in every worker's view;" \
+    "$(grep -o 'summary: .*' "$out" | head -n 1)"
+check_clean restart
 echo "test_slurm: passed"
