@@ -41,7 +41,10 @@ struct failover {
     uint32_t epoch;  /* the view applied here (0: the layout's) */
     uint8_t *live;   /* per server, in that view */
     uint32_t *owner; /* per chunk of the layout, in that view */
-    uint8_t *last;   /* the view decided for `epoch` (NULL at 0) */
+    /* per chunk this server took over with relayed rounds: the worker the view names to relay
+       them (UINT32_MAX: none) */
+    uint32_t *relay_by;
+    uint8_t *last; /* the view decided for `epoch` (NULL at 0) */
     uint32_t last_len;
     int rejoining; /* this server restarted into the running job: no view applied yet */
     /* the coordinator's: one change of the view decided at a time */
@@ -76,6 +79,7 @@ static struct failover *fo_get(server *srv)
         return NULL;
     fo->live = malloc((size_t)srv->cfg.n_servers);
     fo->owner = malloc((size_t)(n ? n : 1) * sizeof *fo->owner);
+    fo->relay_by = malloc((size_t)(n ? n : 1) * sizeof *fo->relay_by);
     fo->start = malloc((size_t)(n ? n : 1) * sizeof *fo->start);
     fo->relay_end = malloc((size_t)(n ? n : 1) * sizeof *fo->relay_end);
     fo->relayer = malloc((size_t)(n ? n : 1) * sizeof *fo->relayer);
@@ -83,16 +87,18 @@ static struct failover *fo_get(server *srv)
     fo->suspect = calloc((size_t)srv->cfg.n_servers, 1);
     fo->done = calloc((size_t)srv->n_workers, 1);
     fo->loaded = calloc(n ? n : 1, 1);
-    if (!fo->live || !fo->owner || !fo->start || !fo->relay_end || !fo->relayer || !fo->reported ||
-        !fo->suspect || !fo->done || !fo->loaded) {
+    if (!fo->live || !fo->owner || !fo->relay_by || !fo->start || !fo->relay_end || !fo->relayer ||
+        !fo->reported || !fo->suspect || !fo->done || !fo->loaded) {
         free(fo->live), free(fo->owner), free(fo->start), free(fo->reported);
-        free(fo->relay_end), free(fo->relayer);
+        free(fo->relay_end), free(fo->relayer), free(fo->relay_by);
         free(fo->suspect), free(fo->done), free(fo->loaded), free(fo);
         return NULL;
     }
     memset(fo->live, 1, (size_t)srv->cfg.n_servers);
-    for (uint32_t g = 0; g < n; g++)
+    for (uint32_t g = 0; g < n; g++) {
         fo->owner[g] = srv->layout.chunks[g].owner;
+        fo->relay_by[g] = UINT32_MAX;
+    }
     fo->rejoining = srv->ctl.rejoin;
     fo->lost = -1;
     fo->back = -1;
@@ -108,7 +114,7 @@ void failover_fini(server *srv)
         return;
     psagg__proposer_free(&fo->prop);
     free(fo->live), free(fo->owner), free(fo->last), free(fo->start), free(fo->reported);
-    free(fo->relay_end), free(fo->relayer);
+    free(fo->relay_end), free(fo->relayer), free(fo->relay_by);
     free(fo->suspect), free(fo->done), free(fo->loaded), free(fo);
     srv->failover = NULL;
 }
@@ -355,6 +361,7 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
         if (mine) { /* queued before the first push routed to it: it starts at its round */
             if (agg_move(srv, &srv->chunks[slot], AGG_OWN, &move[g], vh.epoch))
                 break;
+            fo->relay_by[g] = move[g].relay_end > move[g].start ? move[g].relayer : UINT32_MAX;
             atomic_store(&srv->route[g], slot);
             first = taken++ ? first : move[g].start;
             relayed += move[g].relay_end - move[g].start;
@@ -982,10 +989,17 @@ static void relay_frame(server *srv, struct failover *fo, int w, const psagg__ct
     slot = fo->rejoining || sh->epoch > fo->epoch || fo->owner[sh->chunk] != (uint32_t)srv->rank
                ? -1
                : held_slot(srv, sh->chunk);
-    if (slot < 0) {
+    if (slot < 0 || fo->relay_by[sh->chunk] != (uint32_t)w) {
+        if (slot >= 0 && sh->epoch == fo->epoch) { /* (the view this server applied) */
+            server_close_worker(srv, w,
+                                "STATE RELAY of chunk %u round %u: view %u names worker %d to "
+                                "relay that chunk's rounds, not this one",
+                                sh->chunk, sh->round, sh->epoch, (int)fo->relay_by[sh->chunk]);
+            return;
+        }
         LOG_INFO(&srv->log,
                  "worker %d relays chunk %u's update of round %u (view %u); this server is at "
-                 "view %u, where it does not own the chunk: dropped",
+                 "view %u, where it does not own the chunk or another worker relays it: dropped",
                  w, sh->chunk, sh->round, sh->epoch, fo->epoch);
         return;
     }

@@ -567,8 +567,9 @@ void failover_back(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, const void *b
     if (sl.epoch != ctx->epoch || coordinator(ctx, -1) != s)
         return; /* (an ask of a view gone by) */
     /* from now until the next view, no push of its chunks goes to their owner of this one, nor
-       of a chunk with copies whose state it holds (relayed to it meanwhile: STATE) */
-    for (uint32_t g = 0; g < ctx->layout.n_chunks; g++)
+       of a chunk with copies whose state it holds (relayed to it meanwhile: STATE); under
+       [server] quorum none, since none moves back (server/failover.c, make_view) */
+    for (uint32_t g = 0; g < ctx->layout.n_chunks && !ctx->bitmap_bytes; g++)
         if (has_copies(ctx, g)
                 ? ring_offset(ctx, g, sl.server) <= (uint32_t)ctx->cfg.server_replicas
                 : ctx->layout.chunks[g].owner == sl.server && ctx->owner[g] != sl.server) {

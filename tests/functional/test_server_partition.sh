@@ -155,7 +155,7 @@ run() {
             "$NC" exec --prefix "$P" "$(whost $w)" -- "${cmd[@]}"
     done
     if ((victim >= 0)) && [[ $round != start ]]; then
-        wait_until 60 grep -q "^ROUND $round\$" "$tmp/$name-worker0.log" ||
+        wait_until 60 grep -qs "^ROUND $round\$" "$tmp/$name-worker0.log" ||
             fail "$name: worker 0 never reached round $round"
         sever "$victim" "$@"
         t_cut=$(date +%s.%N)
@@ -312,7 +312,7 @@ partial() {
     wargs=(--lag-round "$round" --lag-ms 2000 --lag-rank 2)
     run "$name" -1 0
     wargs=()
-    wait_until 60 grep -q "^ROUND $round\$" "$tmp/$name-worker2.log" ||
+    wait_until 60 grep -qs "^ROUND $round\$" "$tmp/$name-worker2.log" ||
         fail "$name: worker 2 never reached round $round"
     mute 1 2
     wait_until 30 eval "grep -q '^$mark' $tmp/$name-worker0.log && grep -q '^$mark' $tmp/$name-worker1.log" ||
@@ -367,7 +367,7 @@ keys=(server.threads=2 worker.chunk_bytes=262144 codec.adaptive=on codec.adaptiv
     codec.adaptive_budget=1.0)
 adaptive=1 w2args=(--hold "$mid:$tmp/$name.go")
 run "$name" -1 0
-wait_until 60 grep -q "^HOLD before round $mid\$" "$tmp/$name-worker2.log" ||
+wait_until 60 grep -qs "^HOLD before round $mid\$" "$tmp/$name-worker2.log" ||
     fail "$name: worker 2 never held before round $mid"
 mute 1 2
 touch "$tmp/$name.go"
@@ -414,7 +414,7 @@ keys=(server.quorum=2 server.grace_ms=5)
 wargs=(--straggler 2 --straggler-ms 1)
 run "$name" -1 0
 wargs=()
-wait_until 60 grep -q "^ROUND $mid\$" "$tmp/$name-worker2.log" || fail "$name: worker 2 never reached round $mid"
+wait_until 60 grep -qs "^ROUND $mid\$" "$tmp/$name-worker2.log" || fail "$name: worker 2 never reached round $mid"
 mute 1 2
 # (stuck: workers 0 and 1 two rounds past worker 2's last, for 0.5 s)
 stuck() {
