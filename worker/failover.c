@@ -414,8 +414,13 @@ static void take_view(psagg_ctx *ctx, int from, const uint8_t *v, uint32_t len)
     live = v + sizeof vh;
     for (uint32_t g = 0; g < vh.n_chunks; g++) {
         uint32_t o = psagg__view_owner(v, vh.n_servers, g);
-        if (o != ctx->owner[g])
+        if (o != ctx->owner[g]) {
             fo->prev_owner[g] = ctx->owner[g];
+            if (ctx->early && ctx->early[g]) { /* (the owner before's: see failover_server_lost) */
+                free(ctx->early[g]);
+                ctx->early[g] = NULL;
+            }
+        }
         ctx->owner[g] = o;
     }
     for (uint32_t i = 0; i < vh.n_moves; i++) {
@@ -973,14 +978,6 @@ int failover_stale_update(psagg_ctx *ctx, const psagg__msg_hdr *mh, int from)
     struct psagg__failover *fo = ctx->failover;
     const tensor_state *ts;
     const struct psagg_handle *h;
-    if (fo && from >= 0 && from < ctx->cfg.n_servers && fo->state[from] != S_IN) {
-        /* a server this worker lost (or not admitted yet): once reported, the rounds of its
-           chunks are the next owner's to send (an update of it still on its way would make
-           this worker hold a round the others take from the next owner: under a quorum,
-           other bytes) */
-        fo->dropped++;
-        return 1;
-    }
     if (!fo || ctx->epoch == 0 || mh->key >= ctx->layout.n_tensors)
         return 0;
     ts = &ctx->tensors[mh->key];

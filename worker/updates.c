@@ -267,7 +267,9 @@ struct psagg_handle *update_arrived(psagg_ctx *ctx, psagg__gate *gate, const psa
 
     if ((from = psagg__gate_sender(gate, rb->buf, rb->len, src)) < 0)
         return NULL;
-    if (failover_lost(ctx, from)) /* what a lost server sent before: its chunks moved */
+    /* what a lost server sent before (its chunks move; once this worker reported its rounds,
+       the next owner sends them: under a quorum, maybe other bytes), or one out of the view */
+    if (failover_lost(ctx, from))
         return NULL;
     type = rb->len >= sizeof *mh && mh->type == PSAGG_MSG_WEIGHTS ? PSAGG_MSG_WEIGHTS
                                                                   : PSAGG_MSG_UPDATE;
@@ -280,9 +282,8 @@ struct psagg_handle *update_arrived(psagg_ctx *ctx, psagg__gate *gate, const psa
     }
     ti = &ctx->layout.tensors[mh->key];
     owner = chunk_owner(ctx, (uint32_t)(ci - ctx->layout.chunks));
-    /* a round summed again after a takeover, applied already, from a server this worker
-       lost, or from the chunk's owner before the view that moved it (its new owner sends the
-       round): dropped */
+    /* a round summed again after a takeover, applied already, or the chunk's owner before
+       the view that moved it (its new owner sends the round): dropped */
     if (failover_stale_update(ctx, mh, from)) {
         atomic_fetch_add(&ctx->bytes_received, rb->len);
         return NULL;

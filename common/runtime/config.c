@@ -500,10 +500,14 @@ static psagg_status check_replicas(const struct load_state *st)
                            "quorum with summed gradients only works)",
                            where, cfg->optimizer ? "optimizer" : "error_feedback",
                            cfg->optimizer ? "a parameter's" : "any, with a server residual");
-    /* a takeover relays a chunk's update, and a return its state (up to 4 arrays of a
-       parameter chunk, 1 of a residual), each in one control frame */
+    /* a takeover relays a chunk's update, and a return its state (a parameter chunk's
+       weights, its view and the optimizer's arrays; a residual), each in one control frame;
+       the update is bounded by the widest codec's */
     {
-        uint64_t arrays = cfg->optimizer ? 4 : cfg->server_error_feedback ? 1 : 0;
+        psagg__optim opt = {.kind = (psagg__optim_kind)cfg->optimizer, .momentum = cfg->momentum};
+        uint64_t arrays = cfg->optimizer ? 2 + (uint64_t)psagg__optim_state_arrays(&opt)
+                          : cfg->server_error_feedback ? 1
+                                                       : 0;
         uint64_t fixed =
             sizeof(psagg__ctl_state) + psagg__max_message(cfg) + ((uint64_t)cfg->n_workers + 7) / 8;
         if (fixed + arrays * cfg->chunk_bytes > PSAGG_CTL_MAX_FRAME) {
@@ -518,7 +522,7 @@ static psagg_status check_replicas(const struct load_state *st)
                                "most %" PRIu64,
                                at, cfg->chunk_bytes, where,
                                cfg->optimizer ? ", and a server that comes back receives its "
-                                                "weights and optimizer state (4 arrays),"
+                                                "weights and optimizer state,"
                                : arrays ? ", and a server that comes back receives its residual,"
                                         : "",
                                PSAGG_CTL_MAX_FRAME,

@@ -323,7 +323,12 @@ static void test_replicas(void)
           "server_replicas with the largest chunk_bytes it allows: %s", psagg_last_error());
     EXPECT_ERROR(TWO_SERVERS "server_replicas = 1\n[server]\noptimizer = adam\n[worker]\n"
                              "chunk_bytes = 16777216\n",
-                 9, "chunk_bytes = 16777216", "optimizer state (4 arrays)", "at most 13418496");
+                 9, "chunk_bytes = 16777216", "weights and optimizer state", "at most 13418496");
+    /* plain sgd keeps the weights and their view only */
+    CHECK(psagg__config_load(write_ini(TWO_SERVERS "server_replicas = 1\n[server]\noptimizer = "
+                                                   "sgd\n[worker]\nchunk_bytes = 16777216\n"),
+                             &cfg) == PSAGG_OK,
+          "server_replicas and plain sgd with chunk_bytes = 16 MiB: %s", psagg_last_error());
     CHECK(psagg__config_load(write_ini(TWO_SERVERS "server_replicas = 1\n[server]\noptimizer = "
                                                    "adam\n[worker]\nchunk_bytes = 13418496\n"),
                              &cfg) == PSAGG_OK,
