@@ -572,10 +572,10 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
            owner's; the worker is seen at it (the round policy's record: quorum.c) */
         if (c->seen[w] < round + 1)
             c->seen[w] = round + 1;
-        /* (the round collected now may have waited for it: quorum.c; not one whole and
-           waiting for its send, nor a broken one, as agg_settle) */
-        if (!relayed_round(c) && !c->broken && c->n_arrived && !atomic_load(&c->deferred))
-            srv->pool.policy->changed(srv, c);
+        /* (the round collected now may have waited for it, as for a membership change;
+           not one whole and waiting for its send: agg_main's retry) */
+        if (!relayed_round(c) && !atomic_load(&c->deferred))
+            agg_settle(srv, c);
         return 0;
     }
     if (round > c->round && (c->shadow || c->taken_over) && (r = wait_ahead(srv, c, rb)))

@@ -989,14 +989,14 @@ static void relay_frame(server *srv, struct failover *fo, int w, const psagg__ct
     slot = fo->rejoining || sh->epoch > fo->epoch || fo->owner[sh->chunk] != (uint32_t)srv->rank
                ? -1
                : held_slot(srv, sh->chunk);
-    if (slot < 0 || fo->relay_by[sh->chunk] != (uint32_t)w) {
-        if (slot >= 0 && sh->epoch == fo->epoch) { /* (the view this server applied) */
-            server_close_worker(srv, w,
-                                "STATE RELAY of chunk %u round %u: view %u names worker %d to "
-                                "relay that chunk's rounds, not this one",
-                                sh->chunk, sh->round, sh->epoch, (int)fo->relay_by[sh->chunk]);
-            return;
-        }
+    if (slot >= 0 && fo->relay_by[sh->chunk] != (uint32_t)w && sh->epoch == fo->epoch) {
+        server_close_worker(srv, w,
+                            "STATE RELAY of chunk %u round %u: view %u names worker %d to relay "
+                            "that chunk's rounds, not this one",
+                            sh->chunk, sh->round, sh->epoch, (int)fo->relay_by[sh->chunk]);
+        return;
+    }
+    if (slot < 0 || fo->relay_by[sh->chunk] != (uint32_t)w) { /* (a late one of a view before) */
         LOG_INFO(&srv->log,
                  "worker %d relays chunk %u's update of round %u (view %u); this server is at "
                  "view %u, where it does not own the chunk or another worker relays it: dropped",

@@ -244,6 +244,19 @@ static void abandon_sends(psagg_ctx *ctx, int s)
         LOG_INFO(&ctx->log, "%u push(es) still on their way to server %d: abandoned", n, s);
 }
 
+/*
+ * ([server] quorum) Chunk g's update kept until this worker's push is encoded (updates.c's
+ * keep_early), from an owner lost or moved away: never applied, as the rounds this worker
+ * reports (next_update) say; the next owner sends that round.
+ */
+static void forget_early(psagg_ctx *ctx, uint32_t g)
+{
+    if (ctx->early && ctx->early[g]) {
+        free(ctx->early[g]);
+        ctx->early[g] = NULL;
+    }
+}
+
 int failover_server_lost(psagg_ctx *ctx, int s, const char *why)
 {
     struct psagg__failover *fo = ctx->failover;
@@ -267,13 +280,9 @@ int failover_server_lost(psagg_ctx *ctx, int s, const char *why)
     fo->state[s] = S_LOST;
     close_server(ctx, s);
     abandon_sends(ctx, s);
-    /* ([server] quorum) an update of s's kept until this worker's push is encoded: not applied
-       now, as the rounds this worker reports (next_update) say; the next owner sends its round */
-    for (uint32_t g = 0; ctx->early && g < ctx->layout.n_chunks; g++)
-        if (ctx->early[g] && ctx->owner[g] == (uint32_t)s) {
-            free(ctx->early[g]);
-            ctx->early[g] = NULL;
-        }
+    for (uint32_t g = 0; g < ctx->layout.n_chunks; g++)
+        if (ctx->owner[g] == (uint32_t)s)
+            forget_early(ctx, g);
     LOG_WARN(&ctx->log, "lost server %d (%s): reporting it to server %d", s, why,
              coordinator(ctx, s));
     /* every server lost here and still in the view, s too: the coordinator may be new (s was
@@ -416,10 +425,7 @@ static void take_view(psagg_ctx *ctx, int from, const uint8_t *v, uint32_t len)
         uint32_t o = psagg__view_owner(v, vh.n_servers, g);
         if (o != ctx->owner[g]) {
             fo->prev_owner[g] = ctx->owner[g];
-            if (ctx->early && ctx->early[g]) { /* (the owner before's: see failover_server_lost) */
-                free(ctx->early[g]);
-                ctx->early[g] = NULL;
-            }
+            forget_early(ctx, g);
         }
         ctx->owner[g] = o;
     }
