@@ -10,14 +10,17 @@
  * every worker's push of every chunk, with that worker's residual and the scales the last update
  * set, folds them and decodes the fold; the output must be the same bits (SUM, or with --average
  * the mean). Round 0 must be all zeros (no scale is agreed yet: everything waits in the residuals)
- * and every later round close to the inputs' sum plus what the residuals carried; at the end the
- * sum of all updates must equal the sum of all inputs up to the residuals left (error feedback: the
- * check prints the relative error of both). --drain K: the last K rounds push zeros, so the
- * residuals drain and the sums must agree within 1 %: nothing was lost or counted twice.
- * --straggler R MS ([server] quorum): worker R sleeps MS ms before its pushes of every round but
- * the first and the drain, so rounds close without it and its pushes are carried into later
- * ones (no reference then: which pushes a round summed is the servers' choice); with --drain
- * what is checked is that the sums agree all the same. --grow ([cluster] elastic, workers = 3,
+ * and every later round close to the inputs' sum plus what the residuals carried. At the end
+ * (host buffers) the workers sum their residuals through a rare fp32 tensor (its rounds wait for
+ * every worker) and the sum of all updates plus what every residual still holds (rotated back)
+ * must equal the sum of all inputs to 1e-4: nothing was lost or counted twice; what the residuals
+ * hold has a bound (the last rounds' values). --drain K: the last K rounds push zeros, so the
+ * residuals drain (bound 1 %). --straggler R MS ([server] quorum): worker R sleeps MS ms before
+ * its pushes of every round but the first and the drain, so rounds close without it and its
+ * pushes are carried into later ones (no reference then: which pushes a round summed is the
+ * servers' choice; nor a bound on what the residuals hold: a worker late for the drain's rounds
+ * too, which under load any may be, still carries its last pushes). --grow ([cluster] elastic,
+ * workers = 3,
  * max_workers = 4): worker 3 joins the running job; every worker calls psagg_sync_membership
  * after each round, and a round counts worker 3's inputs from the barrier that admitted it (on
  * the joiner from its first round). The joiner starts with no scales: its first pushes send
@@ -77,6 +80,35 @@ static float in_value(int w, uint32_t t, uint32_t r, uint64_t i, uint32_t rounds
     return r + (uint32_t)drain >= rounds ? 0.0f : input_value(w, t, r, i);
 }
 
+/*
+ * The inverse of thc.h's rotation, in double: n elements of a chunk from its rotated
+ * coordinates r (per block of D: w = H r, x_i = s_e * w_i / sqrt(P) for its first len_m).
+ * Written from thc.h's description, not from the kernels' code.
+ */
+static void unrotate(psagg__rng_key rk, uint32_t D, const float *r, size_t n, double *x)
+{
+    double w[PSAGG_THC_MAX_BLOCK];
+    for (size_t base = 0, e0 = 0; base < n; base += D) {
+        size_t len = n - base < D ? n - base : D, P = D;
+        if (len < D)
+            for (P = 64; P < len; P *= 2)
+                ;
+        for (size_t i = 0; i < P; i++)
+            w[i] = r[e0 + i];
+        for (size_t h = 1; h < P; h *= 2)
+            for (size_t i = 0; i < P; i++)
+                if (!(i & h)) {
+                    double a = w[i], b = w[i + h];
+                    w[i] = a + b, w[i + h] = a - b;
+                }
+        for (size_t i = 0; i < len; i++) {
+            uint32_t e = (uint32_t)(e0 + i), h = psagg__rng_hash32(rk.k0, rk.k1, e >> 5);
+            x[base + i] = ((h >> (e & 31)) & 1 ? -w[i] : w[i]) / sqrt((double)P);
+        }
+        e0 += P;
+    }
+}
+
 typedef struct ref_tensor {
     float **res;  /* per worker */
     float *scale; /* per block */
@@ -128,7 +160,7 @@ int main(int argc, char **argv)
     psagg__config cfg;
     psagg_ctx *ctx = NULL;
     psagg_codec codec;
-    psagg_tensor_desc desc[N_T];
+    psagg_tensor_desc desc[N_T + 1];
     psagg__ctl_tensor wire[N_T];
     psagg__layout l;
     ref_tensor ref[N_T];
@@ -158,6 +190,8 @@ int main(int argc, char **argv)
     }
     if (grow && (straggler >= 0 || average))
         FAIL("--grow is a sum without a straggler");
+    if (average && straggler >= 0) /* (the mean of a round is of the workers it summed) */
+        FAIL("--average is without a straggler");
     if (rounds < 3 || drain < 0 || (uint32_t)drain >= rounds ||
         psagg_codec_parse(codec_text, &codec) || psagg__codec_check(&codec) ||
         codec.id != PSAGG_CODEC_THC)
@@ -198,7 +232,16 @@ int main(int argc, char **argv)
         if (!in[t] || !out[t] || !expect[t] || !sum_in[t] || !sum_out[t])
             FAIL("memory");
     }
-    if (psagg_declare(ctx, desc, N_T, NULL))
+    /* the residuals at the end, summed (fp32, rare: its rounds wait for every worker) */
+    desc[N_T] = (psagg_tensor_desc){.struct_size = sizeof(psagg_tensor_desc),
+                                    .name = "residuals",
+                                    .count = 0,
+                                    .codec = {.id = PSAGG_CODEC_FP32},
+                                    .error_feedback = 0,
+                                    .flags = PSAGG_TENSOR_RARE};
+    for (uint32_t t = 0; t < N_T; t++)
+        desc[N_T].count += psagg__thc_rotated_len(sizes[t], codec.bucket); /* (its chunks') */
+    if (psagg_declare(ctx, desc, N_T + 1, NULL))
         FAIL("psagg_declare: %s", psagg_last_error());
     if (grow) { /* a joiner starts at the members' round, with every worker in */
         psagg_membership m = {.struct_size = sizeof m};
@@ -223,6 +266,9 @@ int main(int argc, char **argv)
         const psagg__tensor_info *ti = &l.tensors[t];
         const psagg__chunk_info *last = &l.chunks[ti->first_chunk + ti->n_chunks - 1];
         ref[t].rot = last->offset + psagg__thc_rotated_len(last->count, codec.bucket);
+        if (ref[t].rot != psagg__thc_rotated_len(sizes[t], codec.bucket))
+            FAIL("tensor %u: its chunks rotate to %zu coordinates, not %zu", t, ref[t].rot,
+                 psagg__thc_rotated_len(sizes[t], codec.bucket));
         ref[t].scale = calloc(ref[t].rot / codec.bucket + 1, sizeof(float));
         ref[t].res = calloc((size_t)world, sizeof(float *));
         if (!ref[t].scale || !ref[t].res)
@@ -356,8 +402,12 @@ int main(int argc, char **argv)
             printf("THC round %u: relative error of the update %.4f\n", r, sqrt(err / norm));
     }
     { /* error feedback: what the updates summed is what was pushed, less what the residuals
-         hold at the end (their bound: the last rounds' values) */
-        double err = 0, norm = 0;
+         hold at the end. On the host every worker's residual is summed (a rare tensor: its
+         round waits for every worker) so that this holds exactly, a worker left out of the
+         last rounds ([server] quorum) included. How much the residuals still hold has a bound
+         without a quorum (the last rounds' values; after a drain 1 %); with one, a worker left
+         out of every round of the drain still carries its last pushes, so none. */
+        double err = 0, norm = 0, gap = 0, held = 0, bound;
         for (uint32_t t = 0; t < N_T; t++)
             for (uint64_t i = 0; i < sizes[t]; i++) {
                 err += (sum_out[t][i] - sum_in[t][i]) * (sum_out[t][i] - sum_in[t][i]);
@@ -367,9 +417,52 @@ int main(int argc, char **argv)
                rounds, sqrt(err / norm));
         if (grow && full_from < 0)
             FAIL("worker 3 never joined");
-        if (!(sqrt(err / norm) < (drain ? (grow && rank == 3 ? 0.05 : 0.01) : 2.0 / rounds + 0.05)))
+        bound = grow ? (rank == 3 ? 0.05 : 0.01) /* (the members' residuals of before) */
+                : drain && straggler < 0 ? 0.01
+                                         : 2.0 / rounds + 0.05;
+        if (!grow && !cuda) { /* (--cuda: the residuals are on the device) */
+            size_t total = (size_t)desc[N_T].count, at = 0;
+            float *mine = malloc(total * sizeof *mine), *all = malloc(total * sizeof *all);
+            double *left = malloc(sizes[N_T - 1] * sizeof *left);
+            psagg_handle *h;
+            if (!mine || !all || !left)
+                FAIL("memory");
+            for (uint32_t t = 0; t < N_T; at += ref[t].rot, t++)
+                memcpy(mine + at, ctx->tensors[t].residual, ref[t].rot * sizeof(float));
+            if (psagg_push_pull(ctx, N_T, mine, all, PSAGG_SUM, 0, &h) || psagg_wait(h, -1))
+                FAIL("the residuals' sum: %s", psagg_last_error());
+            psagg_release(h);
+            at = 0;
+            for (uint32_t t = 0; t < N_T; at += ref[t].rot, t++) {
+                const psagg__tensor_info *ti = &l.tensors[t];
+                for (uint32_t c = 0; c < ti->n_chunks; c++) {
+                    const psagg__chunk_info *ci = &l.chunks[ti->first_chunk + c];
+                    unrotate(psagg__rng_chunk_key(cfg.seed, PSAGG_RNG_ROTATE, 0, t, ci->index, 0),
+                             codec.bucket, all + at + ci->offset, ci->count, left);
+                    for (uint64_t i = 0; i < ci->count; i++) {
+                        double d = sum_in[t][ci->offset + i] - sum_out[t][ci->offset + i],
+                               r = average ? left[i] / world : left[i];
+                        gap += (d - r) * (d - r);
+                        held += r * r;
+                    }
+                }
+            }
+            free(mine), free(all), free(left);
+            printf("THC worker %d: the residuals hold %.4f of the summed inputs; the summed "
+                   "updates and residuals differ from them by %.2g\n",
+                   rank, sqrt(held / norm), sqrt(gap / norm));
+            if (!(sqrt(gap / norm) < 1e-4))
+                FAIL("the summed updates and what the residuals still hold are %.2g off the "
+                     "summed inputs: a push was lost or counted twice",
+                     sqrt(gap / norm));
+            if (straggler < 0 && !(sqrt(held / norm) < bound))
+                FAIL("the residuals still hold %.4f of the summed inputs (bound %.4f): error "
+                     "feedback does not send them",
+                     sqrt(held / norm), bound);
+        } else if (!(sqrt(err / norm) < bound)) {
             FAIL("the summed updates are %.4f off the summed inputs%s: error feedback lost some",
                  sqrt(err / norm), drain ? " after the drain" : "");
+        }
     }
     if (rank == straggler) { /* the rounds must have closed without it, or nothing was tested */
         psagg_stats st = {.struct_size = sizeof st};
