@@ -505,6 +505,12 @@ void psagg__thc_update_next_scales(uint32_t bits, uint32_t block, const uint8_t 
             psagg__thc_next_scale(bits, get_f32(update + PSAGG_THC_UPDATE_META * m + 4));
 }
 
+void psagg__thc_update_peaks(uint32_t block, const uint8_t *update, size_t n, float *peaks)
+{
+    for (size_t m = 0, nb = psagg__thc_blocks(n, block); m < nb; m++)
+        peaks[m] = get_f32(update + PSAGG_THC_UPDATE_META * m + 4);
+}
+
 psagg_status psagg__thc_update_decode(uint32_t bits, uint32_t block, psagg__rng_key rot,
                                       const uint8_t *update, size_t len, size_t n, float factor,
                                       psagg__decode_op op, float *out, float *next_scales)

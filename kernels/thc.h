@@ -200,6 +200,10 @@ psagg_status psagg__thc_update_meta(uint32_t bits, uint32_t block, const uint8_t
 /* NEXT SCALE: the scales (nb floats) of the chunk's next push from a checked update. */
 void psagg__thc_update_next_scales(uint32_t bits, uint32_t block, const uint8_t *update, size_t n,
                                    float *next_scales);
+/* The peaks P_m (nb floats) of a checked update: with [codec] adaptive the next push's bits
+   may differ from the update's, so a worker keeps these and takes its scales from them with
+   the bits of the push (psagg__thc_next_scale). */
+void psagg__thc_update_peaks(uint32_t block, const uint8_t *update, size_t n, float *peaks);
 
 /* The scalar fold over whole groups (kernels/cpu/ paths must equal it). */
 void psagg__thc_fold_scalar(uint32_t bits, uint32_t width, const uint8_t *const *in, size_t n_in,

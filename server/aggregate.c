@@ -59,14 +59,6 @@ static void trace_round(server *srv, const chunk_state *c, int64_t done)
     psagg__timeline_span(srv->pool.timeline, &sp);
 }
 
-/* The codec assignment's generation of c's round (runtime/adaptive.h; 0 if fixed). */
-static uint32_t round_generation(const server *srv, const chunk_state *c)
-{
-    return srv->layout.tensors[c->info->key].adaptive
-               ? psagg__adapt_generation(c->round, srv->layout.adapt_interval)
-               : 0;
-}
-
 /*
  * The codec of worker w's push for c's round: of the round's generation (else w runs on a
  * stale assignment: closed), and the same as the round's other pushes (else the workers'
@@ -1256,7 +1248,7 @@ psagg_status agg_check_budget(const server *srv, const psagg__ctl_tensor *decl, 
         if (decl[t].codec > PSAGG_CODEC_THC || psagg__codec_check(&c) || !count)
             continue; /* psagg__layout_build refuses it, with its own message */
         ce = psagg__codec_chunk_elems(&c, chunk_elems);
-        if (adapt_interval && c.id == PSAGG_CODEC_MAXMIN) /* buffers hold the largest */
+        if (adapt_interval && psagg__adapt_declarable(&c)) /* buffers hold the largest */
             c = psagg__adapt_largest(&c, ce);
         full = count / ce;
         rem = count % ce;

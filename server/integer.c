@@ -7,8 +7,10 @@
  * into the sum stream (psagg__thc_update_fold: the process's SIMD path), whose width (8 or 16
  * bits) and length follow the pushes summed, which the update's header says (quorum rounds
  * and elastic epochs sum fewer). The scales live in the workers, which take the next ones from
- * the update; the kind keeps only what they must be (thc.h's NEXT SCALE of the update it sent),
- * so that a push at another scale is refused whichever order the pushes come in. A chunk whose
+ * the update; the kind keeps only what they must be (the peaks of the update it sent: a push's
+ * scales are their NEXT SCALE at the bits of its round's codec, which [codec] adaptive may
+ * change), so that a push at another scale is refused whichever order the pushes come in. A
+ * chunk whose
  * last update this server did not send (taken over, or back after a restart) has no such
  * record for that round: its pushes must then agree with the round's first that has a scale.
  */
@@ -27,11 +29,11 @@ static uint64_t thc_out_bytes(const psagg_codec *codec, uint64_t count, uint64_t
     return psagg__update_cap(codec, (size_t)count); /* (its sums at 16 bits) */
 }
 
-/* thc_chunk_ops' state: the scales the next round's pushes must have (each block's, as the
-   update this server sent last says), and that round. */
+/* thc_chunk_ops' state: the peaks of the update this server sent last (each block's), whose
+   NEXT SCALE at the bits of the next round's codec its pushes must have, and that round. */
 typedef struct thc_state {
-    uint32_t round; /* the round `next` is for (0 at first: a chunk's first round, no scales) */
-    float next[];   /* per block */
+    uint32_t round; /* the round `peak` is for (0 at first: a chunk's first round, no scales) */
+    float peak[];   /* per block */
 } thc_state;
 
 static uint64_t thc_state_bytes(const server *srv, uint64_t count)
@@ -141,8 +143,8 @@ static int thc_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
         memcpy(&u, &s, 4);
         if (!u) /* (no scale: a joiner, or a chunk's first round; nothing of it summed) */
             continue;
-        if (known) { /* what the update this server sent says */
-            r = c->thc->next[m];
+        if (known) { /* what the update this server sent says, at this round's bits */
+            r = psagg__thc_next_scale(k->bits, c->thc->peak[m]);
             memcpy(&ru, &r, 4);
         } else if (!(ru = round_scale(srv, c, m, &by))) {
             continue;
@@ -219,18 +221,12 @@ static long thc_finish(server *srv, chunk_state *c, uint8_t *out, psagg__rng_key
                         psagg_last_error());
         return -1;
     }
-    psagg__msg_init(h, PSAGG_MSG_UPDATE, (uint32_t)srv->rank, c->round, c->info, &c->codec, 0);
+    psagg__msg_init(h, PSAGG_MSG_UPDATE, (uint32_t)srv->rank, c->round, c->info, &c->codec,
+                    round_generation(srv, c));
     h->len = (uint32_t)len;
-    { /* what the next round's pushes must have (thc.h's NEXT SCALE of this update) */
-        size_t nb = psagg__thc_blocks(c->info->count, c->codec.bucket);
-        const uint8_t *meta = out + sizeof *h;
-        for (size_t m = 0; m < nb; m++) {
-            float peak;
-            memcpy(&peak, meta + PSAGG_THC_UPDATE_META * m + 4, 4);
-            c->thc->next[m] = psagg__thc_next_scale(c->codec.bits, peak);
-        }
-        c->thc->round = c->round + 1;
-    }
+    /* what the next round's pushes must have (thc.h's NEXT SCALE of this update's peaks) */
+    psagg__thc_update_peaks(c->codec.bucket, out + sizeof *h, c->info->count, c->thc->peak);
+    c->thc->round = c->round + 1;
     return (long)len;
 }
 

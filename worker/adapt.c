@@ -9,8 +9,9 @@
  * psagg_get_assignment. The solver writes an assignment under ctx->mu and then publishes its
  * generation (newest); the communication thread only reads assignments up to newest.
  *
- * The statistics are S(B) for each candidate bucket B of each adaptive tensor, measured on
- * what the codec quantizes (the gradient plus the tensor's error-feedback residual), as fp32
+ * The statistics are S(B) for each candidate bucket B of each adaptive tensor (of a thc
+ * tensor the sum of squares), measured on what the codec quantizes (the gradient plus the
+ * tensor's error-feedback residual), as fp32
  * (saturated at FLT_MAX). They travel as the job's last tensor (PSAGG_ADAPT_STATS_NAME, fp32),
  * so the servers sum them like any gradient and every worker gets identical bytes back;
  * every worker then runs the same deterministic solver on them.
@@ -206,7 +207,7 @@ psagg_status adapt_setup(psagg_ctx *ctx)
         LOG_INFO(&ctx->log,
                  "adaptive codecs: %u tensors, a new choice every %u rounds within %s per push "
                  "(the declared codecs take %s); candidates: maxmin 2..8 bits, buckets /4..x4, "
-                 "stochastic rounding (and nearest with error feedback)",
+                 "stochastic rounding (and nearest with error feedback); thc 2 and 4 bits",
                  a->n_ad, a->interval, human(a->budget, h1, sizeof h1),
                  human(a->uniform_bytes, h2, sizeof h2));
     }
@@ -308,6 +309,14 @@ void adapt_measure(psagg_ctx *ctx, const struct psagg_handle *h)
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
         const psagg__chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
         const float *v = h->in + ci->offset;
+        if (ti->codec.id == PSAGG_CODEC_THC) { /* the sum of squares of the gradient and of the
+                                                  residual (rotated: the rotation keeps norms) */
+            for (uint64_t k = 0; k < ci->count; k++)
+                s[0] += (double)v[k] * v[k];
+            for (size_t k = 0, n = chunk_residual_elems(ti, ci); k < n; k++)
+                s[0] += (double)res[ci->offset + k] * res[ci->offset + k];
+            continue;
+        }
         if (res) { /* what the codec quantizes: the gradient plus the (decayed) residual */
             for (uint64_t k = 0; k < ci->count; k++)
                 a->scratch[k] = v[k] + res[ci->offset + k];
@@ -344,8 +353,7 @@ static uint32_t options_of(const psagg__adapt *a, uint32_t i, psagg__adapt_optio
     for (uint32_t k = 0; k < a->n_cand[i]; k++) {
         const psagg_codec *c = &a->cand[base + k];
         double s = a->stats_out[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS + a->cand_bucket[base + k]];
-        all[k] = (psagg__adapt_option){a->cand_bytes[base + k],
-                                       psagg__adapt_maxmin_error(s, c->bits, c->rounding)};
+        all[k] = (psagg__adapt_option){a->cand_bytes[base + k], psagg__adapt_error(c, s)};
     }
     for (uint32_t k = 0; k < a->n_cand[i]; k++) {
         int dominated = 0;
@@ -368,8 +376,7 @@ static double declared_error(const psagg_ctx *ctx, const psagg__adapt *a, uint32
     uint32_t sizes[PSAGG_ADAPT_MAX_BUCKETS], nb = psagg__adapt_buckets(d, ti->chunk_elems, sizes);
     for (uint32_t b = 0; b < nb; b++)
         if (sizes[b] == d->bucket)
-            return psagg__adapt_maxmin_error(a->stats_out[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS + b],
-                                             d->bits, d->rounding);
+            return psagg__adapt_error(d, a->stats_out[(size_t)i * PSAGG_ADAPT_MAX_BUCKETS + b]);
     return 0.0;
 }
 

@@ -192,10 +192,14 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
         if (thc || (ef && ti->codec.id != PSAGG_CODEC_FP32)) {
             size_t n = tensor_residual_elems(l, ti);
             ctx->tensors[t].residual = psagg__alloc(n * sizeof(float), 1);
-            if (thc)
+            if (thc) {
                 ctx->tensors[t].thc_scale =
                     psagg__alloc((n / ti->codec.bucket + 1) * sizeof(float), 1);
-            if (!ctx->tensors[t].residual || (thc && !ctx->tensors[t].thc_scale))
+                ctx->tensors[t].thc_peak =
+                    psagg__alloc((n / ti->codec.bucket + 1) * sizeof(float), 1);
+            }
+            if (!ctx->tensors[t].residual ||
+                (thc && (!ctx->tensors[t].thc_scale || !ctx->tensors[t].thc_peak)))
                 return psagg__fail(PSAGG_ENOMEM, "residual of tensor '%s'", ti->name);
         }
     }
@@ -315,11 +319,12 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *given, size_
             wire[t].flags |= PSAGG_DECL_RARE;
         if (keys_out)
             keys_out[t] = (uint32_t)t;
-        n_adaptive += c.id == PSAGG_CODEC_MAXMIN;
+        n_adaptive += psagg__adapt_declarable(&c);
     }
     if (ctx->cfg.adaptive && !n_adaptive)
-        LOG_WARN(&ctx->log, "[codec] adaptive is on, but no tensor is compressed with maxmin: "
-                            "every codec stays as declared");
+        LOG_WARN(&ctx->log,
+                 "[codec] adaptive is on, but no tensor is compressed with maxmin or thc: "
+                 "every codec stays as declared");
     if (ctx->cfg.adaptive && n_adaptive) {
         psagg_codec f = {.id = PSAGG_CODEC_FP32};
         d->adapt_interval = (uint32_t)ctx->cfg.adaptive_interval;
@@ -826,6 +831,7 @@ psagg_status psagg_close(psagg_ctx *ctx)
     for (uint32_t t = 0; ctx->tensors && t < ctx->layout.n_tensors; t++) {
         psagg__free(ctx->tensors[t].residual);
         psagg__free(ctx->tensors[t].thc_scale);
+        psagg__free(ctx->tensors[t].thc_peak);
         psagg__free(ctx->tensors[t].carry);
     }
     for (uint32_t c = 0; ctx->chunks && c < ctx->layout.n_chunks; c++) {

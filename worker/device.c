@@ -287,6 +287,7 @@ static psagg_status enqueue_encode(psagg_ctx *ctx, dev_state *g, struct psagg_ha
         goto fail;
     if (gt->d_scales) { /* thc: at the scales the last update set (host.c's encode) */
         size_t bytes = psagg__thc_blocks(ti->count, ti->codec.bucket) * sizeof(float);
+        thc_scales(&ctx->layout, ti, &ctx->tensors[h->key], h->codec.bits);
         memcpy(gt->h_scales, ctx->tensors[h->key].thc_scale, bytes);
         if ((st = ex->copy(gt->d_scales, gt->h_scales, bytes, g->stream)))
             goto fail;
@@ -501,14 +502,14 @@ static psagg_status dev_update(psagg_ctx *ctx, struct psagg_handle *h, const psa
     if (h->codec.id == PSAGG_CODEC_THC) { /* its meta here (the device checks the sums), and
                                              the scales of the chunk's next push */
         size_t inputs;
-        float *next = ctx->tensors[h->key].thc_scale + ci->offset / h->codec.bucket;
+        float *peaks = ctx->tensors[h->key].thc_peak + ci->offset / h->codec.bucket;
         psagg_status st = psagg__thc_update_meta(h->codec.bits, h->codec.bucket, payload,
                                                  payload_len, ci->count, &inputs, NULL, NULL);
         if (st)
             return psagg__fail_context(
                 st, "update of tensor '%.63s' chunk %u from server %u: ", ti->name, ci->index,
                 chunk_owner(ctx, ti->first_chunk + ci->index));
-        psagg__thc_update_next_scales(h->codec.bits, h->codec.bucket, payload, ci->count, next);
+        psagg__thc_update_peaks(h->codec.bucket, payload, ci->count, peaks);
     }
     memcpy(gt->h_upd + gt->upd_off[ci->index], payload, payload_len);
     gt->upd_len[ci->index] = payload_len;

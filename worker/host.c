@@ -21,6 +21,9 @@ static psagg_status host_encode(psagg_ctx *ctx, struct psagg_handle *h)
        residual would be, and then cleared: what it leaves is the codec's error, not kept */
     float *res = ts->residual ? ts->residual : ts->carry_live ? ts->carry : NULL;
 
+    if (h->codec.id == PSAGG_CODEC_THC)
+        thc_scales(&ctx->layout, ti, ts, h->codec.bits);
+
     for (uint32_t c = 0; c < ti->n_chunks; c++) {
         const psagg__chunk_info *ci = &ctx->layout.chunks[ti->first_chunk + c];
         uint8_t *payload =
@@ -98,15 +101,18 @@ static psagg_status host_update(psagg_ctx *ctx, struct psagg_handle *h, const ps
     const psagg__tensor_info *ti = &ctx->layout.tensors[h->key];
     tensor_state *ts = &ctx->tensors[h->key];
     /* one pass: decode, validate and (SCALE: AVERAGE) scale by 1 / the workers summed, or
-       (ADD) apply a delta; thc's also sets the scales of the chunk's next push */
+       (ADD) apply a delta; thc's peaks give the scales of the chunk's next push */
     psagg_status st =
         codec->id == PSAGG_CODEC_THC
             ? psagg__thc_update_decode(codec->bits, codec->bucket, thc_rotation(ctx, ci), payload,
                                        payload_len, ci->count, h->chunk_scale[ci->index],
-                                       (psagg__decode_op)mode, h->out + ci->offset,
-                                       ts->thc_scale + ci->offset / codec->bucket)
+                                       (psagg__decode_op)mode, h->out + ci->offset, NULL)
             : psagg__decode_into(codec, payload, payload_len, ci->count, h->out + ci->offset,
                                  (psagg__decode_op)mode, h->chunk_scale[ci->index]);
+
+    if (!st && codec->id == PSAGG_CODEC_THC)
+        psagg__thc_update_peaks(codec->bucket, payload, ci->count,
+                                ts->thc_peak + ci->offset / codec->bucket);
 
     if (st)
         return psagg__fail_context(st,

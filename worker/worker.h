@@ -188,8 +188,10 @@ typedef struct tensor_state {
     float *residual;  /* worker error feedback (host buffers), or NULL; thc: always, in rotated
                          coordinates (chunk c's at its offset, psagg__thc_rotated_len long) */
     float ef_beta;    /* the residual's decay before each encode (1: classic error feedback) */
-    float *thc_scale; /* thc: each block's scale for the next push (chunk c's from its offset /
-                         the block), set by the update applied last; else NULL */
+    float *thc_peak;  /* thc: each block's peak P_m in the update applied last (chunk c's from
+                         its offset / the block), whose NEXT SCALE the next push takes at its
+                         own bits (thc_scales); else NULL */
+    float *thc_scale; /* thc: the scales of the push being encoded, from thc_peak */
     float *carry;     /* [server] quorum, no residual: pushes left out of their round, or NULL */
     int carry_live;   /* carry holds some: the next encode adds it, then clears it */
     uint32_t round;   /* round of the next push_pull */
@@ -326,6 +328,20 @@ static inline size_t tensor_residual_elems(const psagg__layout *l, const psagg__
 static inline psagg__rng_key thc_rotation(const psagg_ctx *ctx, const psagg__chunk_info *ci)
 {
     return psagg__rng_chunk_key(ctx->cfg.seed, PSAGG_RNG_ROTATE, 0, ci->key, ci->index, 0);
+}
+
+/* thc: the scales of tensor ti's next push, of `bits` (the push's codec: with [codec]
+   adaptive it may differ from the last update's), from the peaks that update set: thc.h's
+   NEXT SCALE, every worker alike. */
+static inline void thc_scales(const psagg__layout *l, const psagg__tensor_info *ti,
+                              tensor_state *ts, uint32_t bits)
+{
+    for (uint32_t c = 0; c < ti->n_chunks; c++) {
+        const psagg__chunk_info *ci = &l->chunks[ti->first_chunk + c];
+        size_t m0 = ci->offset / ti->codec.bucket;
+        for (size_t m = 0, nb = psagg__thc_blocks(ci->count, ti->codec.bucket); m < nb; m++)
+            ts->thc_scale[m0 + m] = psagg__thc_next_scale(bits, ts->thc_peak[m0 + m]);
+    }
 }
 
 /* The server that owns chunk g now: its pushes go there, its updates come from there. */

@@ -179,6 +179,17 @@ double psagg__adapt_maxmin_error(double range_sum, uint32_t bits, psagg_rounding
     return range_sum / ((rounding == PSAGG_ROUND_NEAREST ? 12.0 : 4.0) * levels * levels);
 }
 
+double psagg__adapt_thc_error(double sum_sq, uint32_t bits)
+{
+    return sum_sq * (bits == 2 ? 0.1769 : 0.0200);
+}
+
+double psagg__adapt_error(const psagg_codec *c, double stat)
+{
+    return c->id == PSAGG_CODEC_THC ? psagg__adapt_thc_error(stat, c->bits)
+                                    : psagg__adapt_maxmin_error(stat, c->bits, c->rounding);
+}
+
 uint32_t psagg__adapt_generation(uint32_t round, uint32_t interval)
 {
     if (!interval || round < PSAGG_ADAPT_LAG)
@@ -190,6 +201,10 @@ uint32_t psagg__adapt_buckets(const psagg_codec *declared, uint64_t chunk_elems,
                               uint32_t out[PSAGG_ADAPT_MAX_BUCKETS])
 {
     uint32_t n = 0, b0 = declared->bucket ? declared->bucket : PSAGG_MAXMIN_DEFAULT_BUCKET;
+    if (declared->id == PSAGG_CODEC_THC) { /* (its block is its rotation: the residual's basis) */
+        out[0] = declared->bucket;
+        return 1;
+    }
     for (int s = -2; s <= 2; s++) {
         uint64_t b = s < 0 ? b0 >> -s : (uint64_t)b0 << s;
         if (s < 0 && (b << -s) != b0)
@@ -207,6 +222,16 @@ uint32_t psagg__adapt_candidates(const psagg_codec *declared, uint64_t chunk_ele
 {
     uint32_t buckets[PSAGG_ADAPT_MAX_BUCKETS],
         nb = psagg__adapt_buckets(declared, chunk_elems, buckets), n = 0;
+    if (declared->id == PSAGG_CODEC_THC) {
+        for (uint32_t bits = 2; bits <= 4; bits += 2) {
+            out[n] =
+                (psagg_codec){PSAGG_CODEC_THC, bits, declared->bucket, PSAGG_ROUND_STOCHASTIC, 0};
+            if (bucket_of)
+                bucket_of[n] = 0;
+            n++;
+        }
+        return n;
+    }
     for (uint32_t i = 0; i < nb; i++)
         for (uint32_t bits = PSAGG_ADAPT_MIN_BITS; bits <= PSAGG_ADAPT_MAX_BITS; bits++)
             for (int r = 0; r <= (nearest ? 1 : 0); r++) {
@@ -222,6 +247,8 @@ uint32_t psagg__adapt_candidates(const psagg_codec *declared, uint64_t chunk_ele
 psagg_codec psagg__adapt_largest(const psagg_codec *declared, uint64_t chunk_elems)
 {
     uint32_t buckets[PSAGG_ADAPT_MAX_BUCKETS];
+    if (declared->id == PSAGG_CODEC_THC)
+        return (psagg_codec){PSAGG_CODEC_THC, 4, declared->bucket, PSAGG_ROUND_STOCHASTIC, 0};
     psagg__adapt_buckets(declared, chunk_elems, buckets);
     return (psagg_codec){PSAGG_CODEC_MAXMIN, PSAGG_ADAPT_MAX_BITS, buckets[0],
                          PSAGG_ROUND_STOCHASTIC, 0};
@@ -233,6 +260,9 @@ int psagg__adapt_allowed(const psagg_codec *declared, uint64_t chunk_elems, cons
         nb = psagg__adapt_buckets(declared, chunk_elems, buckets);
     if (psagg__codec_equal(c, declared))
         return 1; /* generation 0 */
+    if (declared->id == PSAGG_CODEC_THC)
+        return c->id == PSAGG_CODEC_THC && (c->bits == 2 || c->bits == 4) &&
+               c->bucket == declared->bucket && c->rounding == PSAGG_ROUND_STOCHASTIC;
     if (c->id != PSAGG_CODEC_MAXMIN || c->bits < PSAGG_ADAPT_MIN_BITS ||
         c->bits > PSAGG_ADAPT_MAX_BITS ||
         (c->rounding != PSAGG_ROUND_STOCHASTIC && c->rounding != PSAGG_ROUND_NEAREST))

@@ -50,8 +50,13 @@
  * up). The servers requantize a round's sum in the round's codec, rounding included: with
  * stochastic updates where the pushes rounded to nearest, a tiny transformer trained worse
  * (docs/results.md, "Adaptive codecs"). Bytes are exact (meta included); errors as below.
+ * Of a tensor declared with thc, block D: thc2 and thc4 at D (the block is the rotation, the
+ * residual's basis, so it stays). Its statistic (bucket slot 0; the others 0) is the sum of
+ * squares of the gradient plus that of its residual (rotated: the rotation keeps norms); the
+ * workers take each push's scale from the peaks of the last update (thc.h's NEXT SCALE) with
+ * the push's own bits, so a round may change the bits and every worker still agrees.
  */
-#define PSAGG_ADAPT_LAG          2u
+#define PSAGG_ADAPT_LAG 2u
 /*
  * The assignments a worker keeps, the newest and those before it (the rounds in flight span
  * at most 3 generations): generation g in slot g % PSAGG_ADAPT_RING, PSAGG_ADAPT_NO_GEN in a
@@ -66,6 +71,12 @@
 #define PSAGG_ADAPT_MAX_CANDIDATES                                                                 \
     (PSAGG_ADAPT_MAX_BUCKETS * (PSAGG_ADAPT_MAX_BITS - PSAGG_ADAPT_MIN_BITS + 1) * 2)
 #define PSAGG_ADAPT_STATS_NAME "psagg.adaptive_stats"
+
+/* Whether a tensor declared with codec c is adaptive when [codec] adaptive is on (maxmin, thc). */
+static inline int psagg__adapt_declarable(const psagg_codec *c)
+{
+    return c->id == PSAGG_CODEC_MAXMIN || c->id == PSAGG_CODEC_THC;
+}
 
 /* The generation of the assignment that round `round` uses (0 when interval is 0). */
 uint32_t psagg__adapt_generation(uint32_t round, uint32_t interval);
@@ -142,5 +153,17 @@ void psagg__adapt_range_sums(const float *x, uint64_t n, const uint32_t *buckets
 
 /* The estimated squared error of maxmin with `bits` and `rounding`, from S(B). */
 double psagg__adapt_maxmin_error(double range_sum, uint32_t bits, psagg_rounding rounding);
+
+/*
+ * The estimated squared error of thc with `bits` (2 or 4) from the sum of squares of what it
+ * quantizes: the rotation keeps a block's norm and makes its coordinates near-Gaussian, and a
+ * unit Gaussian coordinate rounded stochastically in the uniform table at its best clip has
+ * error 0.1769 (2 bits) or 0.0200 (4 bits) per coordinate (tests/bench/thc_table.py,
+ * docs/results.md "The table").
+ */
+double psagg__adapt_thc_error(double sum_sq, uint32_t bits);
+
+/* A candidate's estimated error from its statistic (S(B) of maxmin, the sum of squares of thc). */
+double psagg__adapt_error(const psagg_codec *c, double stat);
 
 #endif

@@ -154,7 +154,7 @@ psagg_status psagg__layout_build(const psagg__ctl_tensor *decl, uint32_t n, uint
             goto err;
         }
         ti->chunk_elems = psagg__codec_chunk_elems(&ti->codec, cut);
-        ti->adaptive = adapt_interval && ti->codec.id == PSAGG_CODEC_MAXMIN;
+        ti->adaptive = adapt_interval && psagg__adapt_declarable(&ti->codec);
         ti->param = (decl[t].flags & PSAGG_DECL_PARAM) != 0;
         ti->rare = (decl[t].flags & PSAGG_DECL_RARE) != 0;
         if (decl[t].flags & ~(PSAGG_DECL_PARAM | PSAGG_DECL_RARE)) {

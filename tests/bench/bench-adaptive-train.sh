@@ -15,7 +15,8 @@
 # uniform maxminB (adaptive_budget = 1.0 with default maxminB), adaptive_interval = INTERVAL
 # (default 10); uniform maxminB with nearest rounding for B in NEAREST_BITS (default none);
 # uniform maxminB without its adaptive row for B in PLAIN_BITS, and thcB (integer aggregation,
-# kernels/thc.h) for B in THC_BITS (both default none).
+# kernels/thc.h) for B in THC_BITS (both default none); adaptive thc (declared thc4, each tensor
+# thc2 or thc4) at a budget of B bits an element for B in THC_ADAPTIVE_BITS (default none).
 # Every compressed tensor has error feedback (the default).
 #
 # Output: one CSV row per run (example, config, seed, test accuracy, final loss, bytes sent
@@ -34,10 +35,10 @@ export PSAGG_SERVER_BIN=$build/server/psagg-server
 unset PSAGG_CODEC_DEFAULT PSAGG_CODEC_ADAPTIVE PSAGG_CODEC_ADAPTIVE_BUDGET
 reserve_ports 2 "${PORT:-}"
 
-ini() { # ini CODEC ADAPTIVE [ROUNDING]: $tmp/job.ini
+ini() { # ini CODEC ADAPTIVE [ROUNDING [BUDGET]]: $tmp/job.ini
     job_ini "$tmp/job.ini" 2 4 cluster.job_id="bench-adaptive-$port" cluster.provider=tcp \
         cluster.connect_timeout_ms=30000 codec.default="$1" codec.rounding="${3:-stochastic}" \
-        codec.min_compress_elems=256 codec.adaptive="$2" codec.adaptive_budget=1.0 \
+        codec.min_compress_elems=256 codec.adaptive="$2" codec.adaptive_budget="${4:-1.0}" \
         codec.adaptive_interval="$interval" log.level=warn
 }
 
@@ -46,6 +47,7 @@ for b in $bits; do variants+=("maxmin$b off maxmin$b" "maxmin$b on adaptive@maxm
 for b in ${NEAREST_BITS:-}; do variants+=("maxmin$b off maxmin$b/nearest nearest"); done
 for b in ${PLAIN_BITS:-}; do variants+=("maxmin$b off maxmin$b"); done
 for b in ${THC_BITS:-}; do variants+=("thc$b off thc$b"); done
+for b in ${THC_ADAPTIVE_BITS:-}; do variants+=("thc4 on adaptive-thc@${b}bits stochastic ${b}bits"); done
 if [[ -n ${ONLY:-} ]]; then # ONLY=adaptive: just the rows whose label contains it
     kept=()
     for c in "${variants[@]}"; do [[ $c == *"$ONLY"* ]] && kept+=("$c"); done
@@ -54,12 +56,12 @@ fi
 
 # run_all EXAMPLE FIRST_SEED COMMAND...: every variant x SEEDS seeds (@SEED@ in COMMAND), a row each
 run_all() {
-    local ex=$1 c codec adaptive label rounding
+    local ex=$1 c codec adaptive label rounding budget
     seed0=$2
     shift 2
     for c in "${variants[@]}"; do
-        read -r codec adaptive label rounding <<<"$c"
-        ini "$codec" "$adaptive" "$rounding"
+        read -r codec adaptive label rounding budget <<<"$c"
+        ini "$codec" "$adaptive" "$rounding" "$budget"
         train_seeds "$ex" "$label" "" "$@"
         if [[ $ex == tinylm-* && $adaptive == on ]]; then # the choice at the end, first seed
             { echo "== $label, seed $seed0, after $lm_steps steps: tensor codec bytes generation"

@@ -29,6 +29,9 @@
  * 1 % (everything the joiner sent included), the joiner's within 5 % (the members' residuals
  * at its first round carry rounds it did not see). Prints "THC ..." figures and "DIGEST <hex>"
  * of the last 8 rounds (the same on every worker).
+ * [codec] adaptive: the reference takes each round's codec from its handle (thc2 or thc4), the
+ * scales from the last update's peaks at that round's bits; --expect-switch fails unless the
+ * codecs changed and both were used.
  * --cuda: every push from device buffers (psagg_push_pull_cuda: the CUDA kernels of thc's
  * rotation, table and decode) against the same CPU reference; 77 without a GPU (gpu.e2e).
  * FN_THC_SKEW_RANK=R: worker R multiplies its scales by 1.5 before round 2's pushes, so its
@@ -111,7 +114,8 @@ static void unrotate(psagg__rng_key rk, uint32_t D, const float *r, size_t n, do
 
 typedef struct ref_tensor {
     float **res;  /* per worker */
-    float *scale; /* per block */
+    float *peak;  /* per block: the last update's peaks */
+    float *scale; /* per block: the round's scales, from them at its bits */
     size_t rot;   /* rotated elements of the tensor */
 } ref_tensor;
 
@@ -154,7 +158,7 @@ int main(int argc, char **argv)
     uint32_t rounds = argc > 1 ? (uint32_t)atoi(argv[1]) : 0;
     const char *codec_text = argc > 2 ? argv[2] : "";
     int average = 0, drain = 0, straggler = -1, straggler_ms = 0, grow = 0, full_from = -1;
-    int progress = 0, round_sleep_ms = 0, expected = 0, cuda = 0;
+    int progress = 0, round_sleep_ms = 0, expected = 0, cuda = 0, expect_switch = 0;
     uint32_t first = 0;
     int skew = getenv("FN_THC_SKEW_RANK") ? atoi(getenv("FN_THC_SKEW_RANK")) : -1;
     psagg__config cfg;
@@ -168,6 +172,7 @@ int main(int argc, char **argv)
     double *sum_in[N_T], *sum_out[N_T];
     uint8_t **push, *upd;
     uint64_t digest = 0xcbf29ce484222325ull;
+    uint32_t last_bits[N_T] = {0}, switches = 0, rounds_at[2] = {0}; /* ([codec] adaptive) */
     int rank, world;
 
     for (int a = 3; a < argc; a++) {
@@ -177,6 +182,8 @@ int main(int argc, char **argv)
             drain = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--grow"))
             grow = 1;
+        else if (!strcmp(argv[a], "--expect-switch"))
+            expect_switch = 1;
         else if (!strcmp(argv[a], "--cuda"))
             cuda = 1;
         else if (!strcmp(argv[a], "--progress"))
@@ -252,7 +259,8 @@ int main(int argc, char **argv)
             printf("THC worker %d joined at round %u, %d workers\n", rank, first, m.size);
         }
     }
-    if (psagg__layout_build(wire, N_T, psagg__chunk_elems(&cfg), (uint32_t)cfg.n_servers, 0, &l))
+    if (psagg__layout_build(wire, N_T, psagg__chunk_elems(&cfg), (uint32_t)cfg.n_servers,
+                            cfg.adaptive ? (uint32_t)cfg.adaptive_interval : 0, &l))
         FAIL("layout: %s", psagg_last_error());
     push = calloc((size_t)world, sizeof *push);
     upd = malloc(l.max_update_bytes);
@@ -270,8 +278,9 @@ int main(int argc, char **argv)
             FAIL("tensor %u: its chunks rotate to %zu coordinates, not %zu", t, ref[t].rot,
                  psagg__thc_rotated_len(sizes[t], codec.bucket));
         ref[t].scale = calloc(ref[t].rot / codec.bucket + 1, sizeof(float));
+        ref[t].peak = calloc(ref[t].rot / codec.bucket + 1, sizeof(float));
         ref[t].res = calloc((size_t)world, sizeof(float *));
-        if (!ref[t].scale || !ref[t].res)
+        if (!ref[t].scale || !ref[t].peak || !ref[t].res)
             FAIL("memory");
         for (int w = 0; w < world; w++)
             if (!(ref[t].res[w] = calloc(ref[t].rot, sizeof(float))))
@@ -279,6 +288,7 @@ int main(int argc, char **argv)
     }
 
     for (uint32_t r = first; r < rounds; r++) {
+        psagg_codec round_codec[N_T];
         psagg_handle *h[N_T];
         psagg_status st[N_T];
         static char why[N_T][512];
@@ -286,7 +296,7 @@ int main(int argc, char **argv)
         if ((int)r == 2 && rank == skew) /* (FN_THC_SKEW_RANK: scales the others do not have) */
             for (uint32_t t = 0; t < N_T; t++)
                 for (size_t m = 0; m <= ref[t].rot / codec.bucket; m++)
-                    ctx->tensors[t].thc_scale[m] *= 1.5f;
+                    ctx->tensors[t].thc_peak[m] *= 1.5f;
         if (rank == straggler && r > 0 && r + (uint32_t)drain < rounds)
             usleep((useconds_t)straggler_ms * 1000);
         if (round_sleep_ms)
@@ -307,6 +317,11 @@ int main(int argc, char **argv)
         for (uint32_t t = 0; t < N_T; t++) {
             if (!st[t]) {
                 st[t] = psagg_wait(h[t], -1);
+                if (!st[t] && (st[t] = psagg_handle_codec(h[t], &round_codec[t], NULL)) == 0 &&
+                    r > 0 && round_codec[t].bits != last_bits[t])
+                    switches++;
+                if (!st[t])
+                    last_bits[t] = round_codec[t].bits, rounds_at[round_codec[t].bits / 4]++;
                 if (st[t])
                     snprintf(why[t], sizeof why[t], "%s", psagg_last_error());
                 psagg_release(h[t]);
@@ -336,27 +351,32 @@ int main(int argc, char **argv)
                 const psagg__chunk_info *ci = &l.chunks[ti->first_chunk + c];
                 psagg__rng_key rot =
                     psagg__rng_chunk_key(cfg.seed, PSAGG_RNG_ROTATE, 0, t, ci->index, 0);
-                size_t plen = psagg__thc_push_bytes(codec.bits, codec.bucket, ci->count);
-                size_t ulen = psagg__update_size(&codec, ci->count, (size_t)world);
-                float *sc = ref[t].scale + ci->offset / codec.bucket;
+                const psagg_codec *k = &round_codec[t]; /* ([codec] adaptive: the round's) */
+                size_t plen = psagg__thc_push_bytes(k->bits, k->bucket, ci->count);
+                size_t ulen = psagg__update_size(k, ci->count, (size_t)world);
+                float *sc = ref[t].scale + ci->offset / k->bucket,
+                      *pk = ref[t].peak + ci->offset / k->bucket;
+                for (size_t m = 0; m < psagg__thc_blocks(ci->count, k->bucket); m++)
+                    sc[m] = psagg__thc_next_scale(k->bits, pk[m]);
                 for (int w = 0; w < world; w++) {
                     for (uint64_t i = 0; i < ci->count; i++)
                         x[i] = in_value(w, t, r, ci->offset + i, rounds, drain);
-                    if (psagg__thc_push_encode(codec.bits, codec.bucket, rot, sc, x,
+                    if (psagg__thc_push_encode(k->bits, k->bucket, rot, sc, x,
                                                ref[t].res[w] + ci->offset, ci->count,
                                                psagg__rng_chunk_key(cfg.seed, PSAGG_RNG_WORKER,
                                                                     (uint32_t)w, t, ci->index, r),
                                                push[w], plen, NULL))
                         FAIL("reference encode: %s", psagg_last_error());
                 }
-                if (psagg__thc_update_fold(codec.bits, codec.bucket, (const uint8_t *const *)push,
+                if (psagg__thc_update_fold(k->bits, k->bucket, (const uint8_t *const *)push,
                                            (size_t)world, plen, ci->count, upd, ulen))
                     FAIL("reference fold: %s", psagg_last_error());
-                if (psagg__thc_update_decode(codec.bits, codec.bucket, rot, upd, ulen, ci->count,
+                if (psagg__thc_update_decode(k->bits, k->bucket, rot, upd, ulen, ci->count,
                                              1.0f / (float)world,
                                              average ? PSAGG_DECODE_SCALE : PSAGG_DECODE_SET,
-                                             expect[t] + ci->offset, sc))
+                                             expect[t] + ci->offset, NULL))
                     FAIL("reference decode: %s", psagg_last_error());
+                psagg__thc_update_peaks(k->bucket, upd, ci->count, pk);
             }
             for (uint64_t i = 0; i < sizes[t]; i++) {
                 uint32_t a, b;
@@ -474,6 +494,12 @@ int main(int argc, char **argv)
             FAIL("worker %d slept %d ms before each round, but no round closed without it", rank,
                  straggler_ms);
     }
+    if (cfg.adaptive) /* the codecs the assignments chose (tensor rounds in thc2, thc4) */
+        printf("THC adaptive: %u switches, %u tensor rounds in thc2, %u in thc4\n", switches,
+               rounds_at[0], rounds_at[1]);
+    if (expect_switch && (!switches || !rounds_at[0] || !rounds_at[1]))
+        FAIL("--expect-switch: the codecs changed %u times (%u tensor rounds in thc2, %u in thc4)",
+             switches, rounds_at[0], rounds_at[1]);
     printf("DIGEST %016llx\n", (unsigned long long)digest);
 done:
     if (psagg_close(ctx) && !expected)
@@ -481,7 +507,7 @@ done:
     for (uint32_t t = 0; t < N_T; t++) {
         for (int w = 0; w < world; w++)
             free(ref[t].res[w]);
-        free(ref[t].res), free(ref[t].scale);
+        free(ref[t].res), free(ref[t].scale), free(ref[t].peak);
         free(in[t]), free(out[t]), free(expect[t]), free(sum_in[t]), free(sum_out[t]);
     }
     for (int w = 0; w < world; w++)

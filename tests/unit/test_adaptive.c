@@ -247,6 +247,33 @@ static void test_schedule_and_candidates(void)
               "non-candidates allowed");
         CHECK(psagg__adapt_allowed(&one, 65536, &one), "the declared codec is always allowed");
     }
+    { /* thc: 2 and 4 bits at the declared block (the rotation), its error from the sum of squares
+       */
+        psagg_codec t4 = {PSAGG_CODEC_THC, 4, 256, PSAGG_ROUND_STOCHASTIC, 0}, big, t2 = t4,
+                    other = t4, mm = {PSAGG_CODEC_MAXMIN, 2, 256, PSAGG_ROUND_STOCHASTIC, 0};
+        t2.bits = 2;
+        other.bucket = 512;
+        CHECK(psagg__adapt_declarable(&t4) && psagg__adapt_declarable(&mm) &&
+                  !psagg__adapt_declarable(&(psagg_codec){.id = PSAGG_CODEC_FP16}),
+              "declarable");
+        n = psagg__adapt_buckets(&t4, 65536, b);
+        CHECK(n == 1 && b[0] == 256, "thc buckets: %u", n);
+        n = psagg__adapt_candidates(&t4, 65536, 1, c, of);
+        CHECK(n == 2 && psagg__codec_equal(&c[0], &t2) && psagg__codec_equal(&c[1], &t4) &&
+                  of[0] == 0 && of[1] == 0,
+              "thc candidates: %u", n);
+        big = psagg__adapt_largest(&t2, 65536);
+        CHECK(psagg__codec_equal(&big, &t4), "thc's largest is thc4 at the block");
+        CHECK(psagg__adapt_allowed(&t4, 65536, &t2) && psagg__adapt_allowed(&t2, 65536, &t4) &&
+                  !psagg__adapt_allowed(&t4, 65536, &other) &&
+                  !psagg__adapt_allowed(&t4, 65536, &mm) && !psagg__adapt_allowed(&mm, 65536, &t2),
+              "thc allowed");
+        CHECK(psagg__adapt_error(&t2, 100.0) == psagg__adapt_thc_error(100.0, 2) &&
+                  psagg__adapt_thc_error(100.0, 2) > 8 * psagg__adapt_thc_error(100.0, 4) &&
+                  psagg__adapt_error(&mm, 7.0) ==
+                      psagg__adapt_maxmin_error(7.0, 2, PSAGG_ROUND_STOCHASTIC),
+              "errors");
+    }
 }
 
 /* A push of chunk 0 of tensor `key` in `codec`: NULL if psagg__msg_check takes it. */
