@@ -10,9 +10,9 @@
  * the update; the kind keeps only what they must be (the peaks of the update it sent: a push's
  * scales are their NEXT SCALE at the bits of its round's codec, which [codec] adaptive may
  * change), so that a push at another scale is refused whichever order the pushes come in. A
- * chunk whose
- * last update this server did not send (taken over, or back after a restart) has no such
- * record for that round: its pushes must then agree with the round's first that has a scale.
+ * chunk whose last update this server did not send (taken over, or back after a restart) has no
+ * such record for that round: its pushes must then agree with the round's first that has a
+ * scale.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -11,10 +11,10 @@
  *
  * The statistics are S(B) for each candidate bucket B of each adaptive tensor (of a thc
  * tensor the sum of squares), measured on what the codec quantizes (the gradient plus the
- * tensor's error-feedback residual), as fp32
- * (saturated at FLT_MAX). They travel as the job's last tensor (PSAGG_ADAPT_STATS_NAME, fp32),
- * so the servers sum them like any gradient and every worker gets identical bytes back;
- * every worker then runs the same deterministic solver on them.
+ * tensor's error-feedback residual), as fp32 (saturated at FLT_MAX). They travel as the
+ * job's last tensor (PSAGG_ADAPT_STATS_NAME, fp32), so the servers sum them like any gradient
+ * and every worker gets identical bytes back; every worker then runs the same deterministic
+ * solver on them.
  *
  * Joins (elastic): a member sends its barrier's SYNC only once it is settled (adapt_settled:
  * its statistics pushes summed and solved), with the assignments it keeps (adapt_sync_write);
