@@ -69,7 +69,7 @@ static void trace_round(server *srv, const chunk_state *c, int64_t done)
 static int check_codec(server *srv, chunk_state *c, int w, const psagg__msg_codec *mc)
 {
     const char *name = srv->layout.tensors[c->info->key].name;
-    uint32_t gen = round_generation(srv, c);
+    uint32_t gen = psagg__layout_generation(&srv->layout, c->info->key, c->round);
     char a[40], b[40];
 
     if (mc->generation != (gen & PSAGG_MSG_GEN_MASK)) {
@@ -685,7 +685,7 @@ static long sum_finish(server *srv, chunk_state *c, uint8_t *out, psagg__rng_key
         return -1;
     }
     psagg__msg_init((psagg__msg_hdr *)out, PSAGG_MSG_UPDATE, (uint32_t)srv->rank, c->round, c->info,
-                    &c->codec, round_generation(srv, c));
+                    &c->codec, psagg__layout_generation(&srv->layout, c->info->key, c->round));
     return (long)c->enc;
 }
 

@@ -222,7 +222,7 @@ static long thc_finish(server *srv, chunk_state *c, uint8_t *out, psagg__rng_key
         return -1;
     }
     psagg__msg_init(h, PSAGG_MSG_UPDATE, (uint32_t)srv->rank, c->round, c->info, &c->codec,
-                    round_generation(srv, c));
+                    psagg__layout_generation(&srv->layout, c->info->key, c->round));
     h->len = (uint32_t)len;
     /* what the next round's pushes must have (thc.h's NEXT SCALE of this update's peaks) */
     psagg__thc_update_peaks(c->codec.bucket, out + sizeof *h, c->info->count, c->thc->peak);

@@ -52,7 +52,6 @@
 #include "base/timeline.h"
 #include "kernels/codec.h"
 #include "kernels/optim.h"
-#include "runtime/adaptive.h"
 #include "runtime/auth.h"
 #include "runtime/config.h"
 #include "runtime/channel.h"
@@ -689,14 +688,6 @@ void agg_send_done(server *srv, send_ctx *sc);
 void agg_finish_round(server *srv, chunk_state *c);
 /* c's aggregation thread, after a membership change: finish its round if it is now complete. */
 void agg_settle(server *srv, chunk_state *c);
-/* The codec assignment's generation of c's round (runtime/adaptive.h; 0 if fixed): its
-   update's header names it. */
-static inline uint32_t round_generation(const server *srv, const chunk_state *c)
-{
-    return srv->layout.tensors[c->info->key].adaptive
-               ? psagg__adapt_generation(c->round, srv->layout.adapt_interval)
-               : 0;
-}
 
 /* The sum kind (its update is the sum) and the sum on the CPU. */
 extern const chunk_ops sum_chunk_ops;

@@ -275,6 +275,11 @@ err:
     return st;
 }
 
+uint32_t psagg__layout_generation(const psagg__layout *l, uint32_t key, uint32_t round)
+{
+    return l->tensors[key].adaptive ? psagg__adapt_generation(round, l->adapt_interval) : 0;
+}
+
 void psagg__layout_free(psagg__layout *l)
 {
     free(l->tensors);

@@ -91,6 +91,9 @@ PSAGG_NODISCARD psagg_status psagg__layout_build(const psagg__ctl_tensor *decl, 
                                                  uint64_t chunk_elems, uint32_t n_servers,
                                                  uint32_t adapt_interval, psagg__layout *out);
 void psagg__layout_free(psagg__layout *l);
+/* The codec assignment's generation of round `round` of tensor `key` (runtime/adaptive.h; 0
+   if it is not adaptive): its pushes' and update's headers name it. */
+uint32_t psagg__layout_generation(const psagg__layout *l, uint32_t key, uint32_t round);
 
 /* The declaration record for one tensor description (name truncated check included). */
 PSAGG_NODISCARD psagg_status psagg__tensor_to_wire(const char *name, uint64_t count,
