@@ -19,16 +19,15 @@
  * its pushes of every round but the first and the drain, so rounds close without it and its
  * pushes are carried into later ones (no reference then: which pushes a round summed is the
  * servers' choice; nor a bound on what the residuals hold: a worker late for the drain's rounds
- * too, which under load any may be, still carries its last pushes). --grow ([cluster] elastic,
- * workers = 3,
- * max_workers = 4): worker 3 joins the running job; every worker calls psagg_sync_membership
- * after each round, and a round counts worker 3's inputs from the barrier that admitted it (on
- * the joiner from its first round). The joiner starts with no scales: its first pushes send
- * nothing and the servers leave its blocks out of the sums (their counts say so) until its
- * first update gives it the round's scales. With --drain the members' sums must agree within
- * 1 % (everything the joiner sent included), the joiner's within 5 % (the members' residuals
- * at its first round carry rounds it did not see). Prints "THC ..." figures and "DIGEST <hex>"
- * of the last 8 rounds (the same on every worker).
+ * too, which under load any may be, still carries its last pushes).
+ * --grow ([cluster] elastic, workers = 3, max_workers = 4): worker 3 joins the running job;
+ * every worker calls psagg_sync_membership after each round, and a round counts worker 3's
+ * inputs from the barrier that admitted it (on the joiner from its first round). The joiner
+ * starts with no scales: its first pushes send nothing and the servers leave its blocks out of
+ * the sums (their counts say so) until its first update gives it the round's scales. With
+ * --drain the members' sums must agree within 1 % (everything the joiner sent included), the
+ * joiner's within 5 % (the members' residuals at its first round carry rounds it did not see).
+ * Prints "THC ..." figures and "DIGEST <hex>" of the last 8 rounds (the same on every worker).
  * [codec] adaptive: the reference takes each round's codec from its handle (thc2 or thc4), the
  * scales from the last update's peaks at that round's bits; --expect-switch fails unless the
  * codecs changed and both were used.
@@ -90,7 +89,7 @@ static float in_value(int w, uint32_t t, uint32_t r, uint64_t i, uint32_t rounds
  */
 static void unrotate(psagg__rng_key rk, uint32_t D, const float *r, size_t n, double *x)
 {
-    double w[PSAGG_THC_MAX_BLOCK];
+    static double w[PSAGG_THC_MAX_BLOCK]; /* (a block of up to 512 KiB: not on the stack) */
     for (size_t base = 0, e0 = 0; base < n; base += D) {
         size_t len = n - base < D ? n - base : D, P = D;
         if (len < D)
