@@ -20,13 +20,14 @@
 #include "arena.h"
 #include "base/error.h"
 #include "kernels/thc.h"
+#include "runtime/adaptive.h"
 #include "runtime/message.h"
 #include "server.h"
 
 static uint64_t thc_out_bytes(const psagg_codec *codec, uint64_t count, uint64_t enc)
 {
-    (void)enc;
-    return psagg__update_cap(codec, (size_t)count); /* (its sums at 16 bits) */
+    (void)enc; /* (its sums at 16 bits; with [codec] adaptive in either candidate's width) */
+    return psagg__adapt_update_cap(codec, 0, (size_t)count);
 }
 
 /* thc_chunk_ops' state: the peaks of the update this server sent last (each block's), whose

@@ -254,6 +254,22 @@ psagg_codec psagg__adapt_largest(const psagg_codec *declared, uint64_t chunk_ele
                          PSAGG_ROUND_STOCHASTIC, 0};
 }
 
+size_t psagg__adapt_update_cap(const psagg_codec *declared, uint64_t chunk_elems, size_t n)
+{
+    psagg_codec c[PSAGG_ADAPT_MAX_CANDIDATES];
+    size_t cap = psagg__update_cap(declared, n);
+    /* (maxmin's updates are as long as their pushes: its largest candidate's) */
+    uint32_t k = declared->id == PSAGG_CODEC_THC
+                     ? psagg__adapt_candidates(declared, chunk_elems, 0, c, NULL)
+                     : 0;
+    if (declared->id == PSAGG_CODEC_MAXMIN)
+        c[k++] = psagg__adapt_largest(declared, chunk_elems);
+    for (uint32_t i = 0; i < k; i++)
+        if (psagg__update_cap(&c[i], n) > cap)
+            cap = psagg__update_cap(&c[i], n);
+    return cap;
+}
+
 int psagg__adapt_allowed(const psagg_codec *declared, uint64_t chunk_elems, const psagg_codec *c)
 {
     uint32_t buckets[PSAGG_ADAPT_MAX_BUCKETS],

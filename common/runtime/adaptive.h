@@ -105,6 +105,14 @@ uint32_t psagg__adapt_candidates(const psagg_codec *declared, uint64_t chunk_ele
 psagg_codec psagg__adapt_largest(const psagg_codec *declared, uint64_t chunk_elems);
 
 /*
+ * The largest update of a chunk of n elements of a tensor declared with `declared` that is
+ * adaptive: of its candidates (and the declared codec) the largest psagg__update_cap. Not always
+ * the largest candidate's: thc2's sum stream pads the rotated chunk to 256 coordinates where
+ * thc4's pads it to 128, so at 16-bit sums thc2's update may be 256 bytes longer than thc4's.
+ */
+size_t psagg__adapt_update_cap(const psagg_codec *declared, uint64_t chunk_elems, size_t n);
+
+/*
  * Whether c may be the codec of a round of a tensor declared with `declared`: the declared
  * codec itself (generation 0) or a candidate (nearest rounding allowed).
  */

@@ -231,8 +231,13 @@ psagg_status psagg__layout_build(const psagg__ctl_tensor *decl, uint32_t n, uint
                 ci->cap_bytes = ci->enc_bytes;
             if (ci->cap_bytes > l.max_enc_bytes)
                 l.max_enc_bytes = ci->cap_bytes;
-            if (psagg__update_cap(&ti->codec, ci->count) > l.max_update_bytes)
-                l.max_update_bytes = psagg__update_cap(&ti->codec, ci->count);
+            {
+                size_t up = ti->adaptive
+                                ? psagg__adapt_update_cap(&ti->codec, ti->chunk_elems, ci->count)
+                                : psagg__update_cap(&ti->codec, ci->count);
+                if (up > l.max_update_bytes)
+                    l.max_update_bytes = up;
+            }
             if (ti->param && 4 * ci->count > l.max_param_bytes)
                 l.max_param_bytes = 4 * ci->count;
             order[c] = c;

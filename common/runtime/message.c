@@ -95,7 +95,9 @@ const char *psagg__msg_check(const void *msg, size_t msg_len, size_t tag_bytes,
         return NULL;
     }
     codec = word_codec(h->codec);
-    if (ti->adaptive ? !psagg__adapt_allowed(&ti->codec, ti->chunk_elems, &codec)
+    if (ti->adaptive ? !psagg__adapt_allowed(&ti->codec, ti->chunk_elems, &codec) ||
+                           /* (the word as its codec writes it: no bit word_codec skips) */
+                           (h->codec & ((1u << 22) - 1)) != psagg__msg_codec_word(&codec, 0)
                      : h->codec != psagg__msg_codec_word(&ti->codec, 0)) /* generation 0 too */
         return "codec";
     if (!ti->adaptive)

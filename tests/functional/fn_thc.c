@@ -164,8 +164,7 @@ int main(int argc, char **argv)
     psagg_ctx *ctx = NULL;
     psagg_codec codec;
     psagg_tensor_desc desc[N_T + 1];
-    psagg__ctl_tensor wire[N_T];
-    psagg__layout l;
+    const psagg__layout *l; /* the job's, as the library built it (every tensor's chunks) */
     ref_tensor ref[N_T];
     float *in[N_T], *out[N_T], *expect[N_T], *x;
     double *sum_in[N_T], *sum_out[N_T];
@@ -228,8 +227,6 @@ int main(int argc, char **argv)
                                       .count = sizes[t],
                                       .codec = codec,
                                       .error_feedback = -1};
-        if (psagg__tensor_to_wire(names[t], sizes[t], &codec, &wire[t]))
-            FAIL("wire");
         in[t] = malloc(sizes[t] * sizeof(float));
         out[t] = malloc(sizes[t] * sizeof(float));
         expect[t] = malloc(sizes[t] * sizeof(float));
@@ -258,20 +255,18 @@ int main(int argc, char **argv)
             printf("THC worker %d joined at round %u, %d workers\n", rank, first, m.size);
         }
     }
-    if (psagg__layout_build(wire, N_T, psagg__chunk_elems(&cfg), (uint32_t)cfg.n_servers,
-                            cfg.adaptive ? (uint32_t)cfg.adaptive_interval : 0, &l))
-        FAIL("layout: %s", psagg_last_error());
+    l = &ctx->layout;
     push = calloc((size_t)world, sizeof *push);
-    upd = malloc(l.max_update_bytes);
+    upd = malloc(l->max_update_bytes);
     x = malloc(sizes[N_T - 1] * sizeof *x);
     if (!push || !upd || !x)
         FAIL("memory");
     for (int w = 0; w < world; w++)
-        if (!(push[w] = malloc(l.max_enc_bytes)))
+        if (!(push[w] = malloc(l->max_enc_bytes)))
             FAIL("memory");
     for (uint32_t t = 0; t < N_T; t++) {
-        const psagg__tensor_info *ti = &l.tensors[t];
-        const psagg__chunk_info *last = &l.chunks[ti->first_chunk + ti->n_chunks - 1];
+        const psagg__tensor_info *ti = &l->tensors[t];
+        const psagg__chunk_info *last = &l->chunks[ti->first_chunk + ti->n_chunks - 1];
         ref[t].rot = last->offset + psagg__thc_rotated_len(last->count, codec.bucket);
         if (ref[t].rot != psagg__thc_rotated_len(sizes[t], codec.bucket))
             FAIL("tensor %u: its chunks rotate to %zu coordinates, not %zu", t, ref[t].rot,
@@ -345,9 +340,9 @@ int main(int argc, char **argv)
         /* the reference: every worker's pushes of every chunk, folded and decoded (not with a
            straggler: which pushes a round sums is then the servers' choice) */
         for (uint32_t t = 0; t < N_T; t++) {
-            const psagg__tensor_info *ti = &l.tensors[t];
+            const psagg__tensor_info *ti = &l->tensors[t];
             for (uint32_t c = 0; straggler < 0 && !grow && c < ti->n_chunks; c++) {
-                const psagg__chunk_info *ci = &l.chunks[ti->first_chunk + c];
+                const psagg__chunk_info *ci = &l->chunks[ti->first_chunk + c];
                 psagg__rng_key rot =
                     psagg__rng_chunk_key(cfg.seed, PSAGG_RNG_ROTATE, 0, t, ci->index, 0);
                 const psagg_codec *k = &round_codec[t]; /* ([codec] adaptive: the round's) */
@@ -453,9 +448,9 @@ int main(int argc, char **argv)
             psagg_release(h);
             at = 0;
             for (uint32_t t = 0; t < N_T; at += ref[t].rot, t++) {
-                const psagg__tensor_info *ti = &l.tensors[t];
+                const psagg__tensor_info *ti = &l->tensors[t];
                 for (uint32_t c = 0; c < ti->n_chunks; c++) {
-                    const psagg__chunk_info *ci = &l.chunks[ti->first_chunk + c];
+                    const psagg__chunk_info *ci = &l->chunks[ti->first_chunk + c];
                     unrotate(psagg__rng_chunk_key(cfg.seed, PSAGG_RNG_ROTATE, 0, t, ci->index, 0),
                              codec.bucket, all + at + ci->offset, ci->count, left);
                     for (uint64_t i = 0; i < ci->count; i++) {
@@ -512,6 +507,5 @@ done:
     for (int w = 0; w < world; w++)
         free(push[w]);
     free(push), free(upd), free(x);
-    psagg__layout_free(&l);
     return 0;
 }

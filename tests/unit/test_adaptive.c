@@ -336,6 +336,37 @@ static void test_codec_word(void)
     CHECK(bad && !strcmp(bad, "codec"), "generation 1 for a fixed tensor");
     bad = check_push(&adaptive, 1, &m2, 0, &mc);
     CHECK(bad && !strcmp(bad, "codec"), "maxmin for the fp32 tensor of an adaptive job");
+    { /* thc: 2 or 4 bits at its block; the update buffers hold either's (thc2's sums pad the
+         rotated chunk to 256, thc4's to 128: at 16-bit sums thc2's update of 100 elements is
+         longer) and a word no codec writes is refused */
+        psagg_codec t4 = {PSAGG_CODEC_THC, 4, 1024, PSAGG_ROUND_STOCHASTIC, 0}, t2 = t4;
+        psagg__ctl_tensor td;
+        psagg__layout tl;
+        t2.bits = 2;
+        CHECK(psagg__update_cap(&t2, 100) > psagg__update_cap(&t4, 100) &&
+                  psagg__adapt_update_cap(&t4, 65536, 100) == psagg__update_cap(&t2, 100) &&
+                  psagg__adapt_update_cap(&t2, 65536, 100) == psagg__update_cap(&t2, 100) &&
+                  psagg__adapt_update_cap(&m4, 65536, 1024) ==
+                      psagg__update_cap(&(psagg_codec){PSAGG_CODEC_MAXMIN, 8, 256, 0, 0}, 1024),
+              "update caps");
+        CHECK(!psagg__tensor_to_wire("b", 100, &t4, &td) &&
+                  !psagg__layout_build(&td, 1, 65536, 1, 4, &tl) && tl.tensors[0].adaptive &&
+                  tl.max_update_bytes >= psagg__update_cap(&t2, 100),
+              "a thc layout: %s", psagg_last_error());
+        CHECK(!check_push(&tl, 0, &t2, 1, &mc) && mc.codec.bits == 2 && mc.generation == 1 &&
+                  !check_push(&tl, 0, &t4, 0, &mc),
+              "thc2 and thc4 pushes");
+        {
+            const psagg__chunk_info *got;
+            static uint8_t msg[4096];
+            psagg__msg_init((psagg__msg_hdr *)msg, PSAGG_MSG_PUSH, 0, 5, &tl.chunks[0], &t2, 1);
+            ((psagg__msg_hdr *)msg)->codec |= 1u << 15; /* (a bit thc's word leaves 0) */
+            bad = psagg__msg_check(msg, sizeof(psagg__msg_hdr) + tl.chunks[0].cap_bytes, 0,
+                                   PSAGG_MSG_PUSH, &tl, &got, &mc);
+            CHECK(bad && !strcmp(bad, "codec"), "a thc word with a stray bit taken");
+        }
+        psagg__layout_free(&tl);
+    }
     CHECK(!check_push(&fixed, 0, &m4, 0, &mc) && !check_push(&adaptive, 1, &fp, 0, &mc),
           "the declared codecs");
     {
