@@ -168,8 +168,8 @@ enum {
     BEFORE = 1 << 3,    /* the job has not started here */
     RUNS = 1 << 4,      /* the job runs */
     ELASTIC = 1 << 5,   /* [cluster] elastic */
-    SERVER0 = 1 << 6,   /* on server 0 */
-    OTHERS = 1 << 7,    /* on a server > 0 */
+    OWNER = 1 << 6,     /* on the membership's owner (membership_owner) */
+    OTHERS = 1 << 7,    /* on another server */
     MEMBER = 1 << 8,    /* the worker is a member */
     JOINING = 1 << 9,   /* the worker is a joiner (not admitted) */
     NO_JOIN = 1 << 10,  /* ... that has not asked to join yet */
@@ -193,10 +193,10 @@ static const frame_route routes[] = {
     {PSAGG_CTL_CHECKPOINT, POOL, checkpoint_asked},
     /* elastic membership: relayed epochs and starts, joins' barriers */
     {PSAGG_CTL_MEMBERSHIP, DECLARED | RUNS | MEMBER_OR_JOINING, membership_relayed},
-    {PSAGG_CTL_SYNC, DECLARED | RUNS | ELASTIC | SERVER0 | MEMBER, membership_sync},
+    {PSAGG_CTL_SYNC, DECLARED | RUNS | ELASTIC | OWNER | MEMBER, membership_sync},
     {PSAGG_CTL_START, DECLARED | BEFORE | ELASTIC | OTHERS, membership_start_relayed},
     {PSAGG_CTL_START, RUNS | ELASTIC | OTHERS, NULL}, /* (each worker relays it: one did) */
-    {PSAGG_CTL_JOIN, EMPTY | DECLARED | JOINING | NO_JOIN | SERVER0, membership_join},
+    {PSAGG_CTL_JOIN, EMPTY | DECLARED | JOINING | NO_JOIN | OWNER, membership_join},
     /* servers that fail: a worker's report, the agreement's answers, a decided view relayed */
     {PSAGG_CTL_SERVER_LOST, DECLARED | RUNS | REPLICAS, failover_lost},
     {PSAGG_CTL_AGREE, DECLARED | RUNS | REPLICAS, failover_agree},
@@ -212,9 +212,10 @@ static int route_holds(const server *srv, int w, const psagg__ctl_hdr *h, unsign
     unsigned now = (h->len == 0 ? EMPTY : 0) | (wc->state == W_HELLO ? HELLOED : 0) |
                    (wc->state == W_DECLARED ? DECLARED : 0) |
                    (srv->ctl.job_running ? RUNS : BEFORE) | (srv->mb.elastic ? ELASTIC : 0) |
-                   (srv->rank == 0 ? SERVER0 : OTHERS) | (server_member(srv, w) ? MEMBER : 0) |
-                   (wc->joining ? JOINING : 0) | (!wc->join_asked ? NO_JOIN : 0) |
-                   (srv->pool.started ? POOL : 0) | (srv->cfg.server_replicas ? REPLICAS : 0);
+                   (membership_owner(srv) == srv->rank ? OWNER : OTHERS) |
+                   (server_member(srv, w) ? MEMBER : 0) | (wc->joining ? JOINING : 0) |
+                   (!wc->join_asked ? NO_JOIN : 0) | (srv->pool.started ? POOL : 0) |
+                   (srv->cfg.server_replicas ? REPLICAS : 0);
     unsigned need = when & ~(unsigned)MEMBER_OR_JOINING;
     if ((now & need) != need)
         return 0;
@@ -412,8 +413,8 @@ static void every_worker_gone(server *srv, control_loop *l)
         server_tell_workers(srv, -1, PSAGG_CTL_ERROR, PSAGG_EPEER,
                             "the job ended before this worker could join it: every member is "
                             "gone");
-    /* (the workers that left an elastic job are no failure of it; one lost here that server 0
-       never removed is) */
+    /* (the workers that left an elastic job are no failure of it; one lost here that the
+       membership's owner never removed is) */
     l->rc = atomic_load(&srv->job.failed) || dead_members(srv) ? 1 : 0;
     LOG_INFO(&srv->log, "all workers gone, job %s", l->rc ? "failed" : "done");
     metrics_usage(srv);

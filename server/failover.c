@@ -262,6 +262,17 @@ static const char *view_check(const server *srv, const struct failover *fo, cons
     return bad;
 }
 
+int failover_coordinator(const server *srv)
+{
+    const struct failover *fo = srv->failover;
+    if (srv->ctl.rejoin && (!fo || fo->rejoining))
+        return -1; /* (a server that rejoins knows the view once one admits it) */
+    for (int s = 0; fo && s < srv->cfg.n_servers; s++)
+        if (fo->live[s])
+            return s;
+    return 0; /* the layout's view: every server live */
+}
+
 int failover_owns(const server *srv, uint32_t g)
 {
     const struct failover *fo = srv->failover;

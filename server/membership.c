@@ -1,14 +1,18 @@
 /*
  * membership.c - elastic membership ([cluster] elastic; the wire side is in runtime/wire.h).
  *
- * Who belongs to the job is decided in one place, server 0, so that the servers, which have no
- * channel between them, can never hold two different views: when server 0 loses a worker
- * (control.c's drop_worker: a closed connection, its ABORT, silence, a bad message) it starts
- * the next epoch without it and sends MEMBERSHIP to every live worker; each worker relays the
- * frame unchanged to the other servers, which apply epochs strictly in order and compare every
- * further copy of an applied epoch with the first (a difference fails the job, naming the two
- * relays). A server s > 0 that loses a worker itself only closes it and waits: the worker, cut
- * off from a server, gives up and so leaves server 0 as well.
+ * Who belongs to the job is decided in one place, the membership's owner (membership_owner:
+ * the coordinator of the server view applied, server 0 as long as it lives), so that the
+ * servers, which have no channel between them, can never hold two different views: when the
+ * owner loses a worker (control.c's drop_worker: a closed connection, its ABORT, silence, a bad
+ * message) it starts the next epoch without it and sends MEMBERSHIP to every live worker; each
+ * worker relays the frame unchanged to the other servers, which apply epochs strictly in order
+ * and compare every further copy of an applied epoch with the first (a difference fails the
+ * job, naming the two relays). Another server that loses a worker itself only closes it and
+ * waits: the worker, cut off from a server, gives up and so leaves the owner as well. (With
+ * [cluster] server_replicas the owner can change with the view: elastic jobs with replicas are
+ * refused until the owner's work moves with it; docs/design.md, "Elastic workers with
+ * replicas".)
  *
  * Applying an epoch (the control thread): the leavers' connections are closed, member[] is
  * cleared for them, and every owned chunk gets a retry in its aggregation thread, which
@@ -17,8 +21,8 @@
  *
  * Joins. A worker may take the rank of one that left: it connects to every server of the
  * running job (admission.c: authenticated as any worker; the rank must have left, a live
- * member's is refused), declares (the job's declaration exactly, control.c), and sends server
- * 0 a JOIN. Server 0 admits it at the members' next SYNC barrier (psagg_sync_membership, at a
+ * member's is refused), declares (the job's declaration exactly, control.c), and sends the
+ * owner a JOIN. The owner admits it at the members' next SYNC barrier (psagg_sync_membership, at a
  * point where no member has an operation in flight, so every chunk on every server is between
  * two rounds): the first member's SYNC of a barrier number decides whether it admits (a JOIN
  * is waiting) or lets everyone pass at once; an admitting barrier waits for every member,
@@ -65,7 +69,7 @@ struct membership {
     /* servers > 0: epochs a joiner relayed before the ones between came */
     ahead_frame ahead[MEMBERSHIP_AHEAD_MAX];
     int n_ahead;
-    /* joins (server 0): the admitting barrier (seq, since when; 0: none open), the highest
+    /* joins (the owner): the admitting barrier (seq, since when; 0: none open), the highest
        barrier let pass at once, and the members' SYNC at it after its header: the tensor
        states and the codec assignments (wire.h; sync_tail_len bytes) */
     uint32_t admit_seq;
@@ -181,8 +185,13 @@ static void keep_frame(server *srv, const void *frame, uint32_t len)
 
 static void admit_try(server *srv);
 
+int membership_owner(const server *srv)
+{
+    return failover_coordinator(srv);
+}
+
 /*
- * Worker w leaves the job (a member): server 0 starts the next epoch without it; the others
+ * Worker w leaves the job (a member): the owner starts the next epoch without it; the others
  * wait for that epoch. bye: it said BYE (psagg_close: it is done), which is no failure, so
  * fewer than min_workers left go on; a lost one below min_workers fails the job.
  */
@@ -194,18 +203,18 @@ static void leaves(server *srv, int w, const char *why, int bye)
 
     if (!atomic_load(&srv->mb.member[w]))
         return;
-    if (srv->rank != 0) {
-        /* server 0 decides; the worker, cut off from this server, leaves it too */
+    if (membership_owner(srv) != srv->rank) {
+        /* the owner decides; the worker, cut off from this server, leaves it too */
         if (bye)
             LOG_INFO(&srv->log,
-                     "worker %d said BYE while the job runs; its rounds wait for server 0's next "
-                     "membership epoch",
-                     w);
+                     "worker %d said BYE while the job runs; its rounds wait for server %d's "
+                     "next membership epoch",
+                     w, membership_owner(srv));
         else
             LOG_WARN(&srv->log,
-                     "worker %d lost here (%s); its rounds wait for server 0's next membership "
+                     "worker %d lost here (%s); its rounds wait for server %d's next membership "
                      "epoch",
-                     w, why);
+                     w, why, membership_owner(srv));
         return;
     }
     epoch = atomic_load(&srv->mb.epoch) + 1;
@@ -279,8 +288,8 @@ static void apply_relayed(server *srv, int from, const psagg__ctl_membership *m,
             if (!wc->joining || wc->state != W_DECLARED)
                 LOG_WARN(&srv->log,
                          "membership epoch %u admits worker %d, which has not joined this server "
-                         "(its rounds here wait for it until server 0 removes it)",
-                         m->epoch, k);
+                         "(its rounds here wait for it until server %d removes it)",
+                         m->epoch, k, membership_owner(srv));
             wc->joining = 0;
             wc->heard_at = psagg__now_ms();
             atomic_store(&srv->mb.member[k], 1);
@@ -292,13 +301,13 @@ static void apply_relayed(server *srv, int from, const psagg__ctl_membership *m,
     srv->mb.own->epoch_frame_from = from;
     if (m->left >= 0)
         psagg__log(&srv->log, m->flags & PSAGG_MEMBERSHIP_DONE ? PSAGG_LOG_INFO : PSAGG_LOG_WARN,
-                   "membership epoch %u (server 0's, relayed by worker %d): worker %d left "
+                   "membership epoch %u (server %d's, relayed by worker %d): worker %d left "
                    "(%s); %d workers go on",
-                   m->epoch, from, m->left, m->why, srv->mb.n);
+                   m->epoch, membership_owner(srv), from, m->left, m->why, srv->mb.n);
     else
         LOG_WARN(&srv->log,
-                 "membership epoch %u (server 0's, relayed by worker %d): %s; %d workers now",
-                 m->epoch, from, m->why, srv->mb.n);
+                 "membership epoch %u (server %d's, relayed by worker %d): %s; %d workers now",
+                 m->epoch, membership_owner(srv), from, m->why, srv->mb.n);
     metrics_membership(srv, m->epoch, srv->mb.n);
     settle_all(srv);
 }
@@ -314,7 +323,7 @@ static ahead_frame *ahead_of(server *srv, uint32_t e)
 
 /*
  * An epoch relayed ahead of this server's next one: kept until the epochs before it come.
- * Only a joiner here relays that way (server 0 announces an epoch that removes a worker and
+ * Only a joiner here relays that way (the owner announces an epoch that removes a worker and
  * at once one that admits the joiner; the joiner has and relays only the second, and every
  * later one in order, while the members relay every one in order, perhaps later): its frame
  * admitting it, or the next after one of its own kept here. Anything else ahead is a skipped
@@ -362,10 +371,10 @@ void membership_relayed(server *srv, int from, const psagg__ctl_hdr *h, const vo
     int n_live = 0;
     ahead_frame *a;
 
-    if (srv->rank == 0 || !srv->mb.elastic) {
+    if (membership_owner(srv) == srv->rank || !srv->mb.elastic) {
         server_close_worker(srv, from, "sent a MEMBERSHIP frame to server %d, which %s", srv->rank,
-                            srv->rank == 0 ? "decides the membership itself"
-                                           : "runs a job that is not elastic");
+                            srv->mb.elastic ? "decides the membership itself"
+                                            : "runs a job that is not elastic");
         return;
     }
     if (h->len != sizeof *m + (size_t)srv->n_workers || m->n_workers != (uint32_t)srv->n_workers) {
@@ -444,8 +453,9 @@ void membership_start_relayed(server *srv, int from, const psagg__ctl_hdr *h, co
     const uint8_t *live = (const uint8_t *)(m + 1);
     uint32_t n_live = 0;
 
-    if (srv->rank == 0 || !srv->mb.elastic || h->len != sizeof *m + (size_t)srv->n_workers ||
-        m->n_workers != (uint32_t)srv->n_workers || m->epoch || m->left != -1) {
+    if (membership_owner(srv) == srv->rank || !srv->mb.elastic ||
+        h->len != sizeof *m + (size_t)srv->n_workers || m->n_workers != (uint32_t)srv->n_workers ||
+        m->epoch || m->left != -1) {
         server_close_worker(srv, from,
                             "START field n_workers, epoch or left: a frame of %u bytes (this "
                             "elastic job has %d workers; server %d)",
@@ -492,7 +502,7 @@ void membership_start_relayed(server *srv, int from, const psagg__ctl_hdr *h, co
     }
 }
 
-/* ---- joins (server 0) ---- */
+/* ---- joins (the owner) ---- */
 
 /* The codec assignments a SYNC carries in this job (wire.h): PSAGG_ADAPT_RING of the adaptive
    tensors' choices when it has some, else none. */

@@ -14,7 +14,8 @@
  *                started, READY; a joiner's declaration checked (control thread)
  *   checkpoint.c checkpoints as workers ask for them (every member at once, with a round
  *                policy that asks so), written after a barrier of the pool (control thread)
- *   membership.c elastic jobs: who is a member, epochs decided by server 0 (control thread)
+ *   membership.c elastic jobs: who is a member, epochs decided by one server, the owner
+ *                (control thread)
  *   failover.c   servers that fail ([cluster] server_replicas): a lost server's chunks taken
  *                over in a view the workers decide (control thread)
  *   admission.c  connections that have not authenticated: HELLO checks, WELCOME, idle and
@@ -83,9 +84,9 @@ typedef struct worker_conn {
     int64_t heard_at; /* when its last bytes came (liveness, runtime/channel.h) */
     /* elastic joins (membership.c; the control thread's): */
     int joining;       /* connected to a running job, not yet a member (its JOIN admits it) */
-    int join_asked;    /* server 0: its JOIN came (it is declared on every server) */
-    uint32_t sync_seq; /* server 0: the last barrier it sent SYNC for */
-    int in_barrier;    /* server 0: waiting in the admitting barrier */
+    int join_asked;    /* the membership's owner: its JOIN came (declared on every server) */
+    uint32_t sync_seq; /* the owner: the last barrier it sent SYNC for */
+    int in_barrier;    /* the owner: waiting in the admitting barrier */
 } worker_conn;
 
 #define PENDING_MAX 64 /* unauthenticated connections kept at a time (admission.c) */
@@ -571,10 +572,10 @@ void admission_fini(server *srv);
 
 /*
  * membership.c ([cluster] elastic): init before the job (every worker a member), fini at the
- * end. lost: the control thread closed worker w of a running elastic job (why): server 0
- * starts the next epoch without it and tells the live workers; other servers wait for that.
- * relayed: a worker relayed server 0's MEMBERSHIP frame to this server (checked, applied in
- * order, duplicates compared).
+ * end. lost: the control thread closed worker w of a running elastic job (why): the owner
+ * (membership_owner) starts the next epoch without it and tells the live workers; other
+ * servers wait for that. relayed: a worker relayed the owner's MEMBERSHIP frame to this server
+ * (checked, applied in order, duplicates compared).
  */
 /*
  * failover.c ([cluster] server_replicas; control thread): a worker's SERVER_LOST, AGREE,
@@ -593,6 +594,9 @@ void failover_fini(server *srv);
 /* Whether the server view applied here names this server chunk g's owner (the layout's before
  * any view; none while a server that rejoins waits for the view that admits it). */
 int failover_owns(const server *srv, uint32_t g);
+/* The lowest live server of the view applied here (0 before any view; -1 while a server that
+ * rejoins waits for the view that admits it): who decides the membership (membership.c). */
+int failover_coordinator(const server *srv);
 
 psagg_status membership_init(server *srv);
 void membership_fini(server *srv);
@@ -608,11 +612,13 @@ void membership_lost(server *srv, int w, const char *why);
    no failure (fewer than min_workers go on). */
 void membership_bye(server *srv, int w);
 void membership_relayed(server *srv, int from, const psagg__ctl_hdr *h, const void *body);
-/* Joins (server 0): a member's SYNC, a joiner's JOIN. */
+/* Who decides the membership: the coordinator of the server view applied here (server 0 as
+   long as it lives; -1: not known yet). Joins (its): a member's SYNC, a joiner's JOIN. */
+int membership_owner(const server *srv);
 void membership_sync(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
 void membership_join(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
-/* The control loop, now and then: the deadlines of the admitting barrier (server 0) and of
-   epochs relayed ahead (servers > 0). */
+/* The control loop, now and then: the deadlines of the admitting barrier (the owner) and of
+   epochs relayed ahead (the other servers). */
 void membership_tick(server *srv, int64_t now);
 /* Refuse worker w's join (a joiner, not a member): tell it why, close it. */
 void membership_refuse(server *srv, int w, psagg_status status, const char *why);

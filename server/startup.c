@@ -226,6 +226,7 @@ psagg_status startup_start(server *srv, char *msg, size_t len)
     psagg_status st;
     uint32_t start_len = 0;
     void *start;
+    int owner;
 
     for (srv->ctl.decl_ref = 0; srv->workers[srv->ctl.decl_ref].state != W_DECLARED;)
         srv->ctl.decl_ref++;
@@ -245,9 +246,11 @@ psagg_status startup_start(server *srv, char *msg, size_t len)
         snprintf(msg, len, "server %d cannot start the job: %.220s", srv->rank, psagg_last_error());
         return st;
     }
-    /* an elastic job: server 0 names the starting workers, relayed to the others (START) */
-    start = srv->mb.elastic && srv->rank == 0 ? membership_start_frame(srv, &start_len) : NULL;
-    if (srv->mb.elastic && srv->rank == 0 && !start) {
+    /* an elastic job: the membership's owner (server 0: no view moved it yet) names the
+       starting workers, relayed to the others (START) */
+    owner = srv->mb.elastic && membership_owner(srv) == srv->rank;
+    start = owner ? membership_start_frame(srv, &start_len) : NULL;
+    if (owner && !start) {
         snprintf(msg, len, "no memory for READY");
         return PSAGG_ENOMEM;
     }

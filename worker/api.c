@@ -707,7 +707,7 @@ psagg_status psagg_sync_membership(psagg_ctx *ctx, psagg_membership *out)
         return psagg__fail_context(st, "psagg_sync_membership: ");
     if (!ctx->cfg.elastic)
         return out ? psagg_get_membership(ctx, out) : PSAGG_OK;
-    /* server 0 lets every member pass the barrier once all are in it (control.c) */
+    /* the membership's owner lets every member pass the barrier once all are in it (control.c) */
     st = control_request(ctx, &ctx->barrier, "psagg_sync_membership", 1, NULL, 0);
     if (st == PSAGG_ETIMEDOUT && !worker_failed(ctx)) { /* the barrier is lost: so is the job */
         char msg[200];
@@ -716,8 +716,8 @@ psagg_status psagg_sync_membership(psagg_ctx *ctx, psagg_membership *out)
         seq = ctx->sync_seq + 1;
         pthread_mutex_unlock(&ctx->mu);
         snprintf(msg, sizeof msg,
-                 "psagg_sync_membership: server 0 did not let this worker pass barrier %u "
-                 "within 2 x op_timeout_ms=%d",
+                 "psagg_sync_membership: the membership's owner did not let this worker pass "
+                 "barrier %u within 2 x op_timeout_ms=%d",
                  seq, ctx->cfg.op_timeout_ms);
         worker_fail_all(ctx, PSAGG_ETIMEDOUT, "%s", msg);
         return psagg__fail(PSAGG_ETIMEDOUT, "%s", msg);

@@ -454,7 +454,7 @@ static void *comm_main(void *arg)
         atomic_store(&ctx->comm_idle, 1);
         pthread_mutex_lock(&ctx->mu);
         n = ctx->queue != NULL;
-        syncing = ctx->barrier.state != 0; /* its answer comes on server 0's control channel */
+        syncing = ctx->barrier.state != 0; /* (its answer comes on the owner's control channel) */
         pthread_mutex_unlock(&ctx->mu);
         n = psagg__fabric_poll(ctx->fab, ev, 64,
                                n                                                ? 0

@@ -3,12 +3,13 @@
  * the requests a calling thread makes over them.
  *
  * Requests (ctl_request, worker.h): psagg_checkpoint asks every server for a checkpoint (one
- * answer each: CHECKPOINT_DONE, its file or why not), psagg_sync_membership asks server 0 to
- * pass a barrier (SYNC with every tensor's state and the codec assignments; one answer:
- * SYNC_DONE, the workers it admitted). One mechanism serves both: the caller (control_request)
- * checks that no operation is in flight, marks the request asked and waits; the communication
- * thread sends it (control_requests_send) and counts the answers (request_answer) until the last
- * one wakes the caller, or the deadline or the job's failure does.
+ * answer each: CHECKPOINT_DONE, its file or why not), psagg_sync_membership asks the
+ * membership's owner (server 0 unless a server view moved it) to pass a barrier (SYNC with every
+ * tensor's state and the codec assignments; one answer: SYNC_DONE, the workers it admitted). One
+ * mechanism serves both: the caller (control_request) checks that no operation is in flight, marks
+ * the request asked and waits; the communication thread sends it (control_requests_send) and counts
+ * the answers (request_answer) until the last one wakes the caller, or the deadline or the job's
+ * failure does.
  */
 #include <errno.h>
 #include <poll.h>
@@ -187,11 +188,13 @@ static void checkpoint_done(psagg_ctx *ctx, int s, psagg__ctl_error *e)
 
 /*
  * psagg_sync_membership's: a SYNC with every tensor's state and the codec assignments this
- * worker keeps ([codec] adaptive) to server 0; sent once adapt_settled (control_requests_send).
+ * worker keeps ([codec] adaptive) to the membership's owner; sent once adapt_settled
+ * (control_requests_send).
  */
 static psagg_status barrier_send(psagg_ctx *ctx)
 {
     uint32_t n = ctx->layout.n_tensors, seq, gens, adapt_tensors;
+    int o = failover_coordinator(ctx);
     size_t adapt_len = adapt_sync_size(ctx, &gens, &adapt_tensors);
     size_t len = sizeof(psagg__ctl_sync) + (size_t)n * sizeof(psagg__ctl_tensor_state) + adapt_len;
     psagg__ctl_sync *sy = calloc(1, len);
@@ -213,17 +216,19 @@ static psagg_status barrier_send(psagg_ctx *ctx)
                                       .flags = ctx->tensors[t].inited ? PSAGG_TSTATE_INITED : 0};
     adapt_sync_write(ctx, (uint8_t *)(ts + n));
     pthread_mutex_unlock(&ctx->mu);
-    st = ctx->servers[0].fd < 0 ? psagg__fail(PSAGG_EPEER, "not connected")
-                                : psagg__ctl_send(ctx->servers[0].fd, &ctx->servers[0].auth,
+    st = ctx->servers[o].fd < 0 ? psagg__fail(PSAGG_EPEER, "not connected")
+                                : psagg__ctl_send(ctx->servers[o].fd, &ctx->servers[o].auth,
                                                   PSAGG_CTL_SYNC, sy, (uint32_t)len);
     free(sy);
-    return st ? psagg__fail(PSAGG_EPEER, "sending server 0 the SYNC of barrier %u: %s", seq,
+    return st ? psagg__fail(PSAGG_EPEER, "sending server %d the SYNC of barrier %u: %s", o, seq,
                             psagg_last_error())
               : PSAGG_OK;
 }
 
-/* Server 0 let this worker pass barrier seq (having admitted `joined` workers). */
-static void barrier_done(psagg_ctx *ctx, const psagg__ctl_hdr *h, const psagg__ctl_sync_done *d)
+/* Server s, the membership's owner, let this worker pass barrier seq (having admitted `joined`
+   workers). */
+static void barrier_done(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h,
+                         const psagg__ctl_sync_done *d)
 {
     int state;
     pthread_mutex_lock(&ctx->mu);
@@ -238,8 +243,8 @@ static void barrier_done(psagg_ctx *ctx, const psagg__ctl_hdr *h, const psagg__c
     }
     pthread_mutex_unlock(&ctx->mu);
     worker_fail_all(ctx, PSAGG_EPROTO,
-                    "server 0 sent SYNC_DONE of barrier %u (%u bytes) while this worker %s", d->seq,
-                    h->len, state == 2 ? "waited in another barrier" : "was in none");
+                    "server %d sent SYNC_DONE of barrier %u (%u bytes) while this worker %s", s,
+                    d->seq, h->len, state == 2 ? "waited in another barrier" : "was in none");
 }
 
 /* Send rq if a caller asked for it and ready(ctx) holds (its state 1 becomes 2: sent, answers
@@ -279,11 +284,13 @@ void control_requests_send(psagg_ctx *ctx)
 /* ---- membership epochs ---- */
 
 /*
- * Server 0 started a membership epoch (elastic jobs; runtime/wire.h): check it, take it, and
+ * Server `from`, the membership's owner (failover_coordinator: server 0 unless a server view
+ * moved it), started a membership epoch (elastic jobs; runtime/wire.h): check it, take it, and
  * relay the frame unchanged to every other server, which applies it (server/membership.c).
  * A frame that does not check out, or one that leaves this worker out, fails it.
  */
-psagg_status membership_take(psagg_ctx *ctx, const psagg__ctl_hdr *h, const void *body, int joining)
+psagg_status membership_take(psagg_ctx *ctx, int from, const psagg__ctl_hdr *h, const void *body,
+                             int joining)
 {
     const psagg__ctl_membership *m = body;
     const uint8_t *live = (const uint8_t *)(m + 1);
@@ -292,9 +299,9 @@ psagg_status membership_take(psagg_ctx *ctx, const psagg__ctl_hdr *h, const void
 
     if (h->len != sizeof *m + (size_t)ctx->world || m->n_workers != (uint32_t)ctx->world)
         return psagg__fail(PSAGG_EPROTO,
-                           "server 0 sent a MEMBERSHIP frame of %u bytes (field n_workers): this "
-                           "job has %d workers",
-                           h->len, ctx->world);
+                           "server %d sent a MEMBERSHIP frame of %u bytes (field n_workers): "
+                           "this job has %d workers",
+                           from, h->len, ctx->world);
     for (int k = 0; k < ctx->world; k++) {
         n_live += live[k] == 1;
         rank += k < ctx->rank && live[k] == 1;
@@ -304,12 +311,13 @@ psagg_status membership_take(psagg_ctx *ctx, const psagg__ctl_hdr *h, const void
         m->left < -1 || m->left >= ctx->world || memchr(m->why, 0, sizeof m->why) == NULL ||
         (m->flags & ~PSAGG_MEMBERSHIP_DONE) || (m->flags && m->left < 0))
         return psagg__fail(PSAGG_EPROTO,
-                           "server 0 sent membership epoch %u (fields epoch, n_live, left) after "
-                           "epoch %u%s",
-                           m->epoch, ctx->epoch, joining ? ", to a worker waiting to join" : "");
+                           "server %d sent membership epoch %u (fields epoch, n_live, left) "
+                           "after epoch %u%s",
+                           from, m->epoch, ctx->epoch,
+                           joining ? ", to a worker waiting to join" : "");
     if (live[ctx->rank] != 1)
         return psagg__fail(joining ? PSAGG_EPROTO : PSAGG_EPEER,
-                           "server 0 %s this worker in membership epoch %u: %s",
+                           "server %d %s this worker in membership epoch %u: %s", from,
                            joining ? "did not admit" : "removed", m->epoch, m->why);
     pthread_mutex_lock(&ctx->mu);
     ctx->epoch = m->epoch;
@@ -324,8 +332,8 @@ psagg_status membership_take(psagg_ctx *ctx, const psagg__ctl_hdr *h, const void
     else if (!joining)
         LOG_WARN(&ctx->log, "membership epoch %u: %s; %d workers now, this one is rank %d",
                  m->epoch, m->why, n_live, rank);
-    for (int s = 1; s < ctx->cfg.n_servers; s++)
-        if (ctx->servers[s].fd >= 0 &&
+    for (int s = 0; s < ctx->cfg.n_servers; s++)
+        if (s != from && ctx->servers[s].fd >= 0 &&
             (st = psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_MEMBERSHIP,
                                   body, h->len)))
             return psagg__fail(PSAGG_EPEER, "relaying membership epoch %u to server %d: %s",
@@ -337,8 +345,8 @@ psagg_status membership_take(psagg_ctx *ctx, const psagg__ctl_hdr *h, const void
 
 /*
  * The control connections, every 20 ms: PINGs both ways (runtime/channel.h); the answers to
- * requests; server 0's membership epochs; an ABORT/ERROR frame, a closed socket or a server
- * silent for op_timeout_ms fails everything.
+ * requests; the membership's epochs (its owner's); an ABORT/ERROR frame, a closed socket or a
+ * server silent for op_timeout_ms fails everything.
  */
 void control_check(psagg_ctx *ctx, int64_t now, int64_t *next_ping)
 {
@@ -389,8 +397,9 @@ void control_check(psagg_ctx *ctx, int64_t now, int64_t *next_ping)
             free(body);
             continue;
         }
-        if (!st && h.type == PSAGG_CTL_MEMBERSHIP && s == 0 && ctx->cfg.elastic) {
-            if ((st = membership_take(ctx, &h, body, 0)))
+        if (!st && h.type == PSAGG_CTL_MEMBERSHIP && s == failover_coordinator(ctx) &&
+            ctx->cfg.elastic) {
+            if ((st = membership_take(ctx, s, &h, body, 0)))
                 worker_fail_all(ctx, st, "%s", psagg_last_error());
             free(body);
             continue;
@@ -422,9 +431,9 @@ void control_check(psagg_ctx *ctx, int64_t now, int64_t *next_ping)
         }
         if (st && failover_server_lost(ctx, s, psagg_last_error())) /* its connection is gone */
             continue;
-        if (!st && h.type == PSAGG_CTL_SYNC_DONE && s == 0 && ctx->cfg.elastic &&
-            h.len >= sizeof(psagg__ctl_sync_done)) {
-            barrier_done(ctx, &h, body);
+        if (!st && h.type == PSAGG_CTL_SYNC_DONE && s == failover_coordinator(ctx) &&
+            ctx->cfg.elastic && h.len >= sizeof(psagg__ctl_sync_done)) {
+            barrier_done(ctx, s, &h, body);
             free(body);
             continue;
         }

@@ -1019,6 +1019,14 @@ int failover_lost(const psagg_ctx *ctx, int s)
     return ctx->failover && ctx->failover->state[s] != S_IN;
 }
 
+int failover_coordinator(const psagg_ctx *ctx)
+{
+    for (int s = 0; ctx->failover && s < ctx->cfg.n_servers; s++)
+        if (ctx->failover->state[s] == S_IN || ctx->failover->state[s] == S_LOST)
+            return s;
+    return 0; /* (no views: every server is in the layout's) */
+}
+
 int failover_waits_ready(const psagg_ctx *ctx, int s)
 {
     return ctx->failover && ctx->failover->state[s] == S_DECLARED;

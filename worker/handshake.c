@@ -190,7 +190,7 @@ psagg_status handshake_hello(psagg_ctx *ctx, int64_t deadline)
  * A joiner's SYNC_DONE (after its MEMBERSHIP): the members' tensor states, where it starts,
  * and the codec assignments they keep ([codec] adaptive), which it takes (adapt.c).
  */
-static psagg_status join_states(psagg_ctx *ctx, const psagg__ctl_hdr *h, const void *body)
+static psagg_status join_states(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, const void *body)
 {
     const psagg__ctl_sync_done *d = body;
     const psagg__ctl_tensor_state *ts = (const psagg__ctl_tensor_state *)(d + 1);
@@ -200,10 +200,10 @@ static psagg_status join_states(psagg_ctx *ctx, const psagg__ctl_hdr *h, const v
         h->len != sizeof *d + psagg__ctl_sync_tail(n, d->adapt_gens, d->adapt_tensors) ||
         d->joined == 0 || d->epoch != ctx->epoch)
         return psagg__fail(PSAGG_EPROTO,
-                           "server 0 admitted this worker with a SYNC_DONE of %u bytes (fields "
-                           "n_tensors, adapt_gens, adapt_tensors, joined, epoch; %u tensors, "
-                           "membership epoch %u here)",
-                           h->len, n, ctx->epoch);
+                           "server %d admitted this worker with a SYNC_DONE of %u bytes "
+                           "(fields n_tensors, adapt_gens, adapt_tensors, joined, epoch; %u "
+                           "tensors, membership epoch %u here)",
+                           s, h->len, n, ctx->epoch);
     pthread_mutex_lock(&ctx->mu);
     for (uint32_t t = 0; t < n; t++) {
         ctx->tensors[t].round = ts[t].round;
@@ -216,19 +216,19 @@ static psagg_status join_states(psagg_ctx *ctx, const psagg__ctl_hdr *h, const v
 }
 
 /*
- * A joiner, declared on every server: ask server 0 to admit it and wait for the members' next
- * barrier, PINGing the servers meanwhile (they give up a silent worker); then its MEMBERSHIP
- * (relayed) and SYNC_DONE (the rounds where it starts). Up to 2 x op_timeout_ms: the members
- * call psagg_sync_membership between steps (psagg.torch's elastic wrappers do every step).
+ * A joiner, declared on every server: ask the membership's owner to admit it and wait for the
+ * members' next barrier, PINGing the servers meanwhile (they give up a silent worker); then its
+ * MEMBERSHIP (relayed) and SYNC_DONE (the rounds where it starts). Up to 2 x op_timeout_ms: the
+ * members call psagg_sync_membership between steps (psagg.torch's elastic wrappers do every step).
  */
 static psagg_status join_wait(psagg_ctx *ctx)
 {
-    int op = ctx->cfg.op_timeout_ms, admitted = 0;
+    int op = ctx->cfg.op_timeout_ms, admitted = 0, o = failover_coordinator(ctx);
     int64_t t0 = psagg__now_ms(), deadline = t0 + PSAGG_OP_DEADLINE_MS(op), next_ping = 0;
     psagg_status st;
 
-    if ((st = psagg__ctl_send(ctx->servers[0].fd, &ctx->servers[0].auth, PSAGG_CTL_JOIN, NULL, 0)))
-        return psagg__fail_context(st, "asking server 0 to join: ");
+    if ((st = psagg__ctl_send(ctx->servers[o].fd, &ctx->servers[o].auth, PSAGG_CTL_JOIN, NULL, 0)))
+        return psagg__fail_context(st, "asking server %d to join: ", o);
     while (!admitted) {
         int64_t now = psagg__now_ms();
         if (now > deadline)
@@ -251,7 +251,7 @@ static psagg_status join_wait(psagg_ctx *ctx)
             void *body = NULL;
             const char *text;
             char peer[96];
-            if (poll(&p, 1, s == 0 ? 50 : 0) <= 0)
+            if (poll(&p, 1, s == o ? 50 : 0) <= 0)
                 continue;
             hello_peer(ctx, s, peer, sizeof peer);
             st = psagg__ctl_recv(p.fd, &ctx->servers[s].auth, &h, &body, psagg__now_ms() + 2000,
@@ -262,10 +262,10 @@ static psagg_status join_wait(psagg_ctx *ctx)
                 return st;
             if (h.type == PSAGG_CTL_PING && h.len == 0)
                 st = PSAGG_OK;
-            else if (s == 0 && h.type == PSAGG_CTL_MEMBERSHIP)
-                st = membership_take(ctx, &h, body, 1);
-            else if (s == 0 && h.type == PSAGG_CTL_SYNC_DONE && ctx->epoch > 0) {
-                st = join_states(ctx, &h, body);
+            else if (s == o && h.type == PSAGG_CTL_MEMBERSHIP)
+                st = membership_take(ctx, s, &h, body, 1);
+            else if (s == o && h.type == PSAGG_CTL_SYNC_DONE && ctx->epoch > 0) {
+                st = join_states(ctx, s, &h, body);
                 admitted = !st;
             } else if ((st = psagg__ctl_error_parse(&h, body, &text)))
                 psagg__fail(st, "%s refused worker %d's join: %s", peer, ctx->rank, text);

@@ -17,8 +17,8 @@
  *   cuda.c       the CUDA runtime as that executor
  *   comm.c       the communication thread: scheduling, encodes, pushes, completion, deadlines
  *   updates.c    an update's arrival: source, MAC, fields, quorum bitmap, decode (comm thread)
- *   control.c    the control connections while the job runs (comm thread): PINGs, server 0's
- *                membership epochs relayed, ABORTs; and requests a caller waits for
+ *   control.c    the control connections while the job runs (comm thread): PINGs, the
+ *                membership's epochs relayed (its owner's), ABORTs; and requests a caller waits for
  *                (psagg_checkpoint, psagg_sync_membership), one mechanism for both
  *   adapt.c      [codec] adaptive: statistics, their push, the choice of codecs (comm thread)
  *   failover.c   [cluster] server_replicas: a lost server reported, the server views decided
@@ -282,7 +282,7 @@ struct psagg_ctx {
     psagg__ctl_optim optim;           /* the servers' [server] optimizer settings (WELCOME) */
     ctl_request ckpt;                 /* psagg_checkpoint's (control.c) */
     struct psagg__adapt *adapt;       /* [codec] adaptive (adapt.c), or NULL */
-    /* the membership (guarded by mu; changed by the comm thread on server 0's MEMBERSHIP):
+    /* the membership (guarded by mu; changed by the comm thread on the owner's MEMBERSHIP):
        every worker rank lives unless [cluster] elastic */
     uint32_t epoch;
     int n_live;
@@ -475,7 +475,7 @@ void control_requests_send(psagg_ctx *ctx);
 void control_check(psagg_ctx *ctx, int64_t now, int64_t *next_ping);
 /* Server 0's MEMBERSHIP frame: check it, take its epoch and relay it unchanged to the other
  * servers (a joiner: the epoch that admits it, whatever its number). */
-psagg_status membership_take(psagg_ctx *ctx, const psagg__ctl_hdr *h, const void *body,
+psagg_status membership_take(psagg_ctx *ctx, int from, const psagg__ctl_hdr *h, const void *body,
                              int joining);
 
 /*
@@ -521,6 +521,9 @@ int failover_lost(const psagg_ctx *ctx, int s);
 /* Whether a server lost here is still in the view: the next view is being decided. */
 int failover_deciding(const psagg_ctx *ctx);
 int failover_waits_ready(const psagg_ctx *ctx, int s);
+/* The lowest server of the view this worker applied (0 before any view): the coordinator,
+   which also decides the membership of an elastic job (server/membership.c). */
+int failover_coordinator(const psagg_ctx *ctx);
 void failover_finish(psagg_ctx *ctx);
 int failover_done(psagg_ctx *ctx, int s);
 
