@@ -66,10 +66,12 @@
 # Each ends bit-identical to its uninterrupted run. A round a kill leaves with its update at some
 # workers only is relayed to the new owner (counted at the end, over every case;
 # test_server_partition.sh's end and relay cases make one for sure).
-# PART: sum (the fn_worker cases), optim (optim-* up to optim-two-*: parameter chunks' copies
-# take over), back (optim-back*: a server that comes back receives the state), state (ck-* and
-# residual-*), adaptive, thc, startup, or all (the default). (One ctest entry each: state's
-# cases in one took 489 s under ASan on the 2-core VM, over its 480 s limit.)
+# PART: sum (the fn_worker cases but back*), sum_back (back*: servers that come back), optim
+# (optim-* up to optim-two-*: parameter chunks' copies take over), optim_back (optim-back*: a
+# server that comes back receives the state), state (ck-* and residual-*), adaptive, thc,
+# startup, or all (the default). (One ctest entry each: the state cases in one took 489 s under
+# ASan on the 2-core VM, over the 480 s limit, and sum with sum_back 315 s.) startup (su-ref
+# to su-kill1-now) and startup_back (su-kill0-back on, su-optim-*, su-r0) the same way.
 set -u -o pipefail
 build=$1 part=${2:-all}
 # shellcheck source=tests/harness.sh
@@ -229,16 +231,28 @@ went_on() {
 }
 
 declare -A ref
-if [[ $part == all || $part == sum ]]; then
-    for cfg in "2 fp32" "3 maxmin4" "3 fp32"; do
+# in_part P...: this run's PART is all or one of P
+in_part() {
+    local p
+    for p in all "$@"; do [[ $part == "$p" ]] && return 0; done
+    return 1
+}
+if in_part sum sum_back; then
+    # the uninterrupted runs each part compares with
+    cfgs=("2 fp32")
+    in_part sum && cfgs+=("3 maxmin4")
+    in_part sum_back && cfgs+=("3 fp32")
+    for cfg in "${cfgs[@]}"; do
         set -- $cfg
         run "ref-$1-$2" "$1" "$2" 1 -1 KILL 0 0
         for w in 0 1 2; do ((rc[w] == 0)) || fail "ref-$1-$2: worker $w exited ${rc[w]} without a death"; done
         ref[$1-$2]=$(digest_of "ref-$1-$2")
         stop_all
     done
-    echo "uninterrupted: 2 servers fp32 ${ref[2-fp32]}, 3 servers maxmin4 ${ref[3-maxmin4]}"
+    echo "uninterrupted: 2 servers fp32 ${ref[2-fp32]}, 3 servers ${ref[3-maxmin4]:-} ${ref[3-fp32]:-}"
+fi
 
+if in_part sum; then
     # survive NAME SERVERS CODEC VICTIM SIGNAL ROUND DELAY_MS [KEY=VALUE...]: the job goes on
     survive() {
         local name=$1 n_s=$2 codec=$3 victim=$4 w d took
@@ -297,7 +311,9 @@ if [[ $part == all || $part == sum ]]; then
                 grep -v " 0 of them" | sed 's/^[0-9.]* //')"
         stop_all
     done
+fi
 
+if in_part sum_back; then
     # back NAME SERVERS EVENTS...: servers killed and started again (kill_and_return); every
     # worker bit-identical to the uninterrupted run, and every return owns its chunks again
     back() {
@@ -348,7 +364,9 @@ if [[ $part == all || $part == sum ]]; then
         "WELCOME: $(grep -ho "its WELCOME's token does not check out[^:]*" "$tmp/back1-impostor-worker0.log" |
             head -1)); then the real server came back"
     back_keys=()
+fi
 
+if in_part sum; then
     # more deaths than replicas: 3 servers, server_replicas = 1, servers 1 and 2 at once: server 1's
     # chunks have no live holder left; the job fails naming a chunk and its servers
     run over 3 maxmin4 1 1+2 KILL 60 1
@@ -372,13 +390,7 @@ if [[ $part == all || $part == sum ]]; then
     echo "r0: every worker failed naming server 1: $(grep -h '^FAIL' "$tmp/r0-worker0.log" | head -1)"
 fi
 
-# in_part P...: this run's PART is all or one of P
-in_part() {
-    local p
-    for p in all "$@"; do [[ $part == "$p" ]] && return 0; done
-    return 1
-}
-if in_part optim back state; then
+if in_part optim optim_back state; then
     # Parameter chunks ([server] optimizer; fn_optim: four parameters and a plain tensor, checked
     # bit for bit against its own reference of the servers' arithmetic after every step, and the
     # master weights pulled at the end): a copy of each parameter chunk runs every round on the
@@ -388,7 +400,7 @@ if in_part optim back state; then
         server.threads=2 worker.chunk_bytes=16384)
     # the uninterrupted runs each part compares with (about 22 s each under ASan)
     cfgs=("2 1")
-    in_part optim back && cfgs+=("3 2")
+    in_part optim optim_back && cfgs+=("3 2")
     in_part optim && cfgs+=("2 0")
     for cfg in "${cfgs[@]}"; do
         set -- $cfg
@@ -448,7 +460,7 @@ if in_part optim; then
     optim_survive optim-two-0-1 3 2 0+1 KILL 70 3
 fi
 
-if in_part back; then
+if in_part optim_back; then
     # a server that comes back receives the state of the chunks it holds (STATE, relayed by a
     # worker) and owns and copies them again: server 1 killed and back, bit-identical, its
     # parameter chunks moved back to it; then (back1-kill0) server 0 killed after the return:
@@ -739,7 +751,7 @@ if [[ $part == all || $part == thc ]]; then
     unset thc
 fi
 
-if [[ $part == all || $part == startup ]]; then
+if in_part startup startup_back; then
     # su NAME VICTIM SIGNAL WHEN BACK [KEY=VALUE...]: one job of 2 servers whose server VICTIM
     # dies during the start-up. WHEN: absent (never started) or declare (SIGNAL once worker 0 is
     # connected to both and has declared, before workers 1 and 2 start). BACK: now (started again
@@ -828,68 +840,72 @@ if [[ $part == all || $part == startup ]]; then
     for w in 0 1 2; do ((rc[w] == 0)) || fail "su-ref: worker $w exited ${rc[w]} without a death"; done
     ref[su]=$(digest_of su-ref)
     stop_all
-    su su-ref-auth 1 0 declare - cluster.secret_file="$tmp/secret" cluster.data_auth=on
-    for w in 0 1 2; do ((rc[w] == 0)) || fail "su-ref-auth: worker $w exited ${rc[w]} without a death"; done
-    stop_all
-    su su-absent1 1 KILL absent -
-    su_ok su-absent1 1 "${ref[su]}"
-    su su-absent0 0 KILL absent -
-    grep -q "reporting it to server 1" "$tmp/su-absent0-worker0.log" || fail "su-absent0: server 1 did not coordinate"
-    su_ok su-absent0 1 "${ref[su]}"
-    # with a secret, a process without it on server 1's port during the whole start-up: every
-    # worker refuses its WELCOME, gives server 1 up at the deadline, and the job runs without it
-    fake=1 su su-impostor1 1 KILL absent - cluster.secret_file="$tmp/secret" cluster.data_auth=on
-    grep -q "server 1 given up during the start-up: .*WELCOME's token does not check out" \
-        "$tmp/su-impostor1-worker2.log" || fail "su-impostor1: worker 2 did not give the impostor up"
-    grep -q "HELLO from worker" "$tmp/su-impostor1-fake1.log" || fail "su-impostor1: nobody met the impostor"
-    su_ok su-impostor1 1 "$(digest_of su-ref-auth)"
-    su su-kill1 1 KILL declare -
-    su_ok su-kill1 1 "${ref[su]}"
-    su su-kill1-now 1 KILL declare now
-    grep -q "answers again during the start-up" "$tmp/su-kill1-now-worker0.log" ||
-        fail "su-kill1-now: worker 0 did not declare to the restarted server"
-    su_ok su-kill1-now 0 "${ref[su]}"
-    su su-kill0-back 0 KILL declare view
-    grep -q "server 0 is back in view 2" "$tmp/su-kill0-back-worker1.log" || fail "su-kill0-back: server 0 did not rejoin"
-    su_ok su-kill0-back 2 "${ref[su]}"
-    su su-stop0-first 0 STOP first -
-    grep -q "reporting it to server 1" "$tmp/su-stop0-first-worker0.log" ||
-        fail "su-stop0-first: server 1 did not coordinate"
-    su_ok su-stop0-first 1 "${ref[su]}"
-    su su-stop1 1 STOP declare view
-    grep -q "no READY within connect_timeout_ms" "$tmp/su-stop1-worker0.log" ||
-        fail "su-stop1: worker 0 did not give the stopped server up at its deadline"
-    su_ok su-stop1 2 "${ref[su]}"
+    if in_part startup; then
+        su su-ref-auth 1 0 declare - cluster.secret_file="$tmp/secret" cluster.data_auth=on
+        for w in 0 1 2; do ((rc[w] == 0)) || fail "su-ref-auth: worker $w exited ${rc[w]} without a death"; done
+        stop_all
+        su su-absent1 1 KILL absent -
+        su_ok su-absent1 1 "${ref[su]}"
+        su su-absent0 0 KILL absent -
+        grep -q "reporting it to server 1" "$tmp/su-absent0-worker0.log" || fail "su-absent0: server 1 did not coordinate"
+        su_ok su-absent0 1 "${ref[su]}"
+        # with a secret, a process without it on server 1's port during the whole start-up: every
+        # worker refuses its WELCOME, gives server 1 up at the deadline, and the job runs without it
+        fake=1 su su-impostor1 1 KILL absent - cluster.secret_file="$tmp/secret" cluster.data_auth=on
+        grep -q "server 1 given up during the start-up: .*WELCOME's token does not check out" \
+            "$tmp/su-impostor1-worker2.log" || fail "su-impostor1: worker 2 did not give the impostor up"
+        grep -q "HELLO from worker" "$tmp/su-impostor1-fake1.log" || fail "su-impostor1: nobody met the impostor"
+        su_ok su-impostor1 1 "$(digest_of su-ref-auth)"
+        su su-kill1 1 KILL declare -
+        su_ok su-kill1 1 "${ref[su]}"
+        su su-kill1-now 1 KILL declare now
+        grep -q "answers again during the start-up" "$tmp/su-kill1-now-worker0.log" ||
+            fail "su-kill1-now: worker 0 did not declare to the restarted server"
+        su_ok su-kill1-now 0 "${ref[su]}"
+    fi
+    if in_part startup_back; then
+        su su-kill0-back 0 KILL declare view
+        grep -q "server 0 is back in view 2" "$tmp/su-kill0-back-worker1.log" || fail "su-kill0-back: server 0 did not rejoin"
+        su_ok su-kill0-back 2 "${ref[su]}"
+        su su-stop0-first 0 STOP first -
+        grep -q "reporting it to server 1" "$tmp/su-stop0-first-worker0.log" ||
+            fail "su-stop0-first: server 1 did not coordinate"
+        su_ok su-stop0-first 1 "${ref[su]}"
+        su su-stop1 1 STOP declare view
+        grep -q "no READY within connect_timeout_ms" "$tmp/su-stop1-worker0.log" ||
+            fail "su-stop1: worker 0 did not give the stopped server up at its deadline"
+        su_ok su-stop1 2 "${ref[su]}"
 
-    optim=1
-    optim_keys=(server.optimizer=sgd server.momentum=0.9 server.nesterov=on server.sync_interval=3
-        server.threads=2 worker.chunk_bytes=16384)
-    su su-optim-ref 0 0 declare - "${optim_keys[@]}"
-    for w in 0 1 2; do ((rc[w] == 0)) || fail "su-optim-ref: worker $w exited ${rc[w]} without a death"; done
-    ref[su-optim]=$(digest_of su-optim-ref)
-    stop_all
-    su su-optim-kill0 0 KILL declare - "${optim_keys[@]}"
-    su_ok su-optim-kill0 1 "${ref[su-optim]}"
-    # a job that grows: server 1 is not started with the job (given up during the start-up: the
-    # job runs on server 0 alone), then started once every worker took view 1; it joins with the
-    # state of the parameter chunks it holds, and owns its own from then on
-    su su-optim-grow1 1 KILL absent view "${optim_keys[@]}"
-    grep -q "the state of its [1-9][0-9]* chunk(s) with copies came" "$tmp/su-optim-grow1-server1b.log" ||
-        fail "su-optim-grow1: server 1 joined without its chunks' state"
-    su_ok su-optim-grow1 2 "${ref[su-optim]}"
-    unset optim
+        optim=1
+        optim_keys=(server.optimizer=sgd server.momentum=0.9 server.nesterov=on server.sync_interval=3
+            server.threads=2 worker.chunk_bytes=16384)
+        su su-optim-ref 0 0 declare - "${optim_keys[@]}"
+        for w in 0 1 2; do ((rc[w] == 0)) || fail "su-optim-ref: worker $w exited ${rc[w]} without a death"; done
+        ref[su-optim]=$(digest_of su-optim-ref)
+        stop_all
+        su su-optim-kill0 0 KILL declare - "${optim_keys[@]}"
+        su_ok su-optim-kill0 1 "${ref[su-optim]}"
+        # a job that grows: server 1 is not started with the job (given up during the start-up: the
+        # job runs on server 0 alone), then started once every worker took view 1; it joins with the
+        # state of the parameter chunks it holds, and owns its own from then on
+        su su-optim-grow1 1 KILL absent view "${optim_keys[@]}"
+        grep -q "the state of its [1-9][0-9]* chunk(s) with copies came" "$tmp/su-optim-grow1-server1b.log" ||
+            fail "su-optim-grow1: server 1 joined without its chunks' state"
+        su_ok su-optim-grow1 2 "${ref[su-optim]}"
+        unset optim
 
-    su su-r0 1 KILL declare - cluster.server_replicas=0
-    for w in 0 1 2; do
-        ((rc[w] != 0)) || fail "su-r0: worker $w exited 0 with server 1 dead at start-up and no replicas"
-    done
-    # (worker 0, declared to both, reports server 0's verdict, which names the workers that never
-    # declared to it: a server's ERROR frame wins over a lost connection, as it always did)
-    for w in 1 2; do
-        grep -q "^FAIL.*server 1" "$tmp/su-r0-worker$w.log" || fail "su-r0: worker $w's failure does not name server 1"
-    done
-    echo "su-r0: every worker's start-up failed; workers 1 and 2 name server 1: $(grep -h '^FAIL' "$tmp/su-r0-worker1.log" | head -1)"
-    stop_all
+        su su-r0 1 KILL declare - cluster.server_replicas=0
+        for w in 0 1 2; do
+            ((rc[w] != 0)) || fail "su-r0: worker $w exited 0 with server 1 dead at start-up and no replicas"
+        done
+        # (worker 0, declared to both, reports server 0's verdict, which names the workers that never
+        # declared to it: a server's ERROR frame wins over a lost connection, as it always did)
+        for w in 1 2; do
+            grep -q "^FAIL.*server 1" "$tmp/su-r0-worker$w.log" || fail "su-r0: worker $w's failure does not name server 1"
+        done
+        echo "su-r0: every worker's start-up failed; workers 1 and 2 name server 1: $(grep -h '^FAIL' "$tmp/su-r0-worker1.log" | head -1)"
+        stop_all
+    fi
 fi
 # (a round whose update the dead owner sent to some workers only: a kill that lands while its
 # updates go out)
