@@ -53,9 +53,9 @@ struct failover {
     int holding;       /* (back) the workers were asked to hold its chunks' pushes */
     uint8_t *reported; /* per worker: its report of this change came */
     uint8_t *suspect;  /* per server: a worker reported it lost (since the last view) */
-    uint32_t *start;   /* per chunk: the lowest next-update round reported */
-    /* per chunk: the highest next-update round reported, and the first worker that did */
-    uint32_t *relay_end, *relayer;
+    /* per worker x chunk: the next-update round it reported (make_view takes each chunk's
+       lowest and highest over the members, and a member with the highest as its relayer) */
+    uint32_t *rounds;
     int64_t since; /* the first report (of this step) */
     int proposing;
     int64_t retry_at; /* 0, or when to propose again (an attempt lost) */
@@ -80,17 +80,14 @@ static struct failover *fo_get(server *srv)
     fo->live = malloc((size_t)srv->cfg.n_servers);
     fo->owner = malloc((size_t)(n ? n : 1) * sizeof *fo->owner);
     fo->relay_by = malloc((size_t)(n ? n : 1) * sizeof *fo->relay_by);
-    fo->start = malloc((size_t)(n ? n : 1) * sizeof *fo->start);
-    fo->relay_end = malloc((size_t)(n ? n : 1) * sizeof *fo->relay_end);
-    fo->relayer = malloc((size_t)(n ? n : 1) * sizeof *fo->relayer);
+    fo->rounds = malloc((size_t)(n ? n : 1) * (size_t)srv->n_workers * sizeof *fo->rounds);
     fo->reported = calloc((size_t)srv->n_workers, 1);
     fo->suspect = calloc((size_t)srv->cfg.n_servers, 1);
     fo->done = calloc((size_t)srv->n_workers, 1);
     fo->loaded = calloc(n ? n : 1, 1);
-    if (!fo->live || !fo->owner || !fo->relay_by || !fo->start || !fo->relay_end || !fo->relayer ||
-        !fo->reported || !fo->suspect || !fo->done || !fo->loaded) {
-        free(fo->live), free(fo->owner), free(fo->start), free(fo->reported);
-        free(fo->relay_end), free(fo->relayer), free(fo->relay_by);
+    if (!fo->live || !fo->owner || !fo->relay_by || !fo->rounds || !fo->reported || !fo->suspect ||
+        !fo->done || !fo->loaded) {
+        free(fo->live), free(fo->owner), free(fo->rounds), free(fo->reported), free(fo->relay_by);
         free(fo->suspect), free(fo->done), free(fo->loaded), free(fo);
         return NULL;
     }
@@ -113,8 +110,8 @@ void failover_fini(server *srv)
     if (!fo)
         return;
     psagg__proposer_free(&fo->prop);
-    free(fo->live), free(fo->owner), free(fo->last), free(fo->start), free(fo->reported);
-    free(fo->relay_end), free(fo->relayer), free(fo->relay_by);
+    free(fo->live), free(fo->owner), free(fo->last), free(fo->rounds), free(fo->reported);
+    free(fo->relay_by);
     free(fo->suspect), free(fo->done), free(fo->loaded), free(fo);
     srv->failover = NULL;
 }
@@ -414,10 +411,58 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
              vh.epoch, vh.n_moves, taken, first, relayed, given);
 }
 
+/* Worker w's rounds (one u32 per chunk: the next update it takes), kept for make_view. */
+static void take_rounds(server *srv, struct failover *fo, int w, const void *rounds)
+{
+    memcpy(fo->rounds + (size_t)w * srv->layout.n_chunks, rounds,
+           (size_t)srv->layout.n_chunks * sizeof *fo->rounds);
+}
+
+/*
+ * Chunk g's rounds over the members whose report came: the lowest next update (where a moved
+ * chunk starts), the highest, and the lowest member that reported the highest (its relayer:
+ * it has the updates of the rounds between). A worker that left since it reported counts no
+ * more (elastic jobs): a relayer must be there to relay.
+ */
+static void chunk_rounds(const server *srv, const struct failover *fo, uint32_t g,
+                         uint32_t *start, uint32_t *end, uint32_t *relayer)
+{
+    int first = 1;
+    *start = *end = *relayer = 0;
+    for (int w = 0; w < srv->n_workers; w++) {
+        uint32_t r = fo->rounds[(size_t)w * srv->layout.n_chunks + g];
+        if (!fo->reported[w] || !server_member(srv, w))
+            continue;
+        if (first || r < *start)
+            *start = r;
+        if (first || r > *end) {
+            *end = r;
+            *relayer = (uint32_t)w;
+        }
+        first = 0;
+    }
+}
+
+/* Whether every member reported this step (a worker that left need not: elastic jobs). */
+static int all_reported(const server *srv, const struct failover *fo)
+{
+    for (int w = 0; w < srv->n_workers; w++)
+        if (!fo->reported[w] && server_member(srv, w))
+            return 0;
+    return 1;
+}
+
+static void start_step(server *srv, struct failover *fo)
+{
+    fo->since = psagg__now_ms();
+    memset(fo->reported, 0, (size_t)srv->n_workers);
+}
+
 /*
  * The next view: without fo->lost (its chunks to the first live server from their layout owner
  * on that holds their state), or with fo->back (the chunks of its layout moved back to it),
- * each move from fo->start[]. Into *out (malloc'd); 0, or -1 (the job failed).
+ * each move from the lowest round the members reported (chunk_rounds). Into *out (malloc'd); 0,
+ * or -1 (the job failed).
  */
 static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *len)
 {
@@ -483,12 +528,15 @@ static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *
         memcpy(v + psagg__view_owners_at(n_s) + (size_t)g * sizeof o, &o, sizeof o);
         if (to[g] != fo->owner[g]) {
             /* (a chunk with copies: the copy's state has the round's sum as the owner's had) */
-            int relay = !copied(srv, g) && fo->relay_end[g] > fo->start[g];
+            uint32_t start, end, relayer;
+            int relay;
+            chunk_rounds(srv, fo, g, &start, &end, &relayer);
+            relay = !copied(srv, g) && end > start;
             psagg__view_move m = {.chunk = g,
                                   .owner = to[g],
-                                  .start = fo->start[g],
-                                  .relay_end = relay ? fo->relay_end[g] : fo->start[g],
-                                  .relayer = relay ? fo->relayer[g] : 0};
+                                  .start = start,
+                                  .relay_end = relay ? end : start,
+                                  .relayer = relay ? relayer : 0};
             memcpy(v + psagg__view_moves_at(n_s, n_c) + (size_t)k++ * sizeof m, &m, sizeof m);
         }
     }
@@ -561,41 +609,6 @@ static struct failover *report_frame(server *srv, int w, const psagg__ctl_hdr *h
         return NULL;
     }
     return fo;
-}
-
-/* Worker w's rounds (one u32 per chunk: the next update it takes): the lowest of each chunk
-   into fo->start, the highest into fo->relay_end, with the first worker that reported it. */
-static void take_rounds(server *srv, struct failover *fo, int w, const void *rounds)
-{
-    for (uint32_t g = 0; g < srv->layout.n_chunks; g++) {
-        uint32_t r;
-        memcpy(&r, (const uint8_t *)rounds + (size_t)g * sizeof r, sizeof r);
-        if (r < fo->start[g])
-            fo->start[g] = r;
-        if (r > fo->relay_end[g] || fo->relayer[g] == UINT32_MAX) {
-            fo->relay_end[g] = r;
-            fo->relayer[g] = (uint32_t)w;
-        }
-    }
-}
-
-static int all_reported(const server *srv, const struct failover *fo)
-{
-    for (int w = 0; w < srv->n_workers; w++)
-        if (!fo->reported[w])
-            return 0;
-    return 1;
-}
-
-static void start_step(server *srv, struct failover *fo)
-{
-    fo->since = psagg__now_ms();
-    memset(fo->reported, 0, (size_t)srv->n_workers);
-    for (uint32_t g = 0; g < srv->layout.n_chunks; g++) {
-        fo->start[g] = UINT32_MAX;
-        fo->relay_end[g] = 0;
-        fo->relayer[g] = UINT32_MAX;
-    }
 }
 
 void failover_lost(server *srv, int w, const psagg__ctl_hdr *h, const void *body)
@@ -743,6 +756,21 @@ void failover_back(server *srv, int w, const psagg__ctl_hdr *h, const void *body
     fo->reported[w] = 1;
     take_rounds(srv, fo, w, (const uint8_t *)body + sizeof sl);
     if (all_reported(srv, fo) && !fo->proposing && !fo->state_wait && !ask_state(srv, fo))
+        propose(srv, fo);
+}
+
+/* A member left (membership.c, on the owner, which is the coordinator): a step that waited
+   for its report only goes on without it. */
+void failover_member_left(server *srv)
+{
+    struct failover *fo = srv->failover;
+    if (!fo || (fo->lost < 0 && fo->back < 0) || !all_reported(srv, fo) || fo->proposing)
+        return;
+    if (fo->lost >= 0)
+        propose(srv, fo);
+    else if (!fo->holding)
+        ask_hold(srv, fo);
+    else if (!fo->state_wait && !ask_state(srv, fo))
         propose(srv, fo);
 }
 
@@ -1121,7 +1149,7 @@ void failover_tick(server *srv, int64_t now)
     if (fo->proposing || fo->retry_at || now - fo->since <= srv->cfg.op_timeout_ms)
         return; /* (every report came: a lost ballot waits for its retry, no timeout) */
     for (int w = 0; w < srv->n_workers && used + 8 < sizeof missing; w++)
-        if (!fo->reported[w])
+        if (!fo->reported[w] && server_member(srv, w))
             used +=
                 (size_t)snprintf(missing + used, sizeof missing - used, "%s%d", used ? "," : "", w);
     if (fo->lost >= 0) {

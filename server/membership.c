@@ -248,6 +248,7 @@ static void leaves(server *srv, int w, const char *why, int bye)
     announce(srv, m, len);
     free(m);
     settle_all(srv);
+    failover_member_left(srv); /* (a view may have waited only for the leaver's report) */
     if (srv->mb.own->admit_seq)
         admit_try(srv); /* the barrier may have waited only for the leaver */
 }

@@ -589,6 +589,7 @@ void failover_back(server *srv, int w, const psagg__ctl_hdr *h, const void *body
 void failover_done(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
 void failover_state(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
 void failover_done_check(server *srv); /* (a worker said BYE) */
+void failover_member_left(server *srv); /* (membership.c: a step need not wait for it) */
 void failover_tick(server *srv, int64_t now);
 void failover_fini(server *srv);
 /* Whether the server view applied here names this server chunk g's owner (the layout's before
