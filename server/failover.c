@@ -45,6 +45,13 @@ struct failover {
        them (UINT32_MAX: none) */
     uint32_t *relay_by;
     uint8_t *last; /* the view decided for `epoch` (NULL at 0) */
+    uint8_t *member; /* per worker: a member in that view (membership.c's, in an elastic job) */
+    /* the coordinator's, in an elastic job: members lost or done (a view removes them, 2:
+       done), and joiners a view is to admit */
+    uint8_t *gone, *admit;
+    int members_step;  /* a view that only changes the members is being decided */
+    int64_t *done_at;  /* per worker: when its DONE came */
+    int64_t prop_since; /* when the proposal of the next view began */
     uint32_t last_len;
     int rejoining; /* this server restarted into the running job: no view applied yet */
     /* the coordinator's: one change of the view decided at a time */
@@ -84,13 +91,20 @@ static struct failover *fo_get(server *srv)
     fo->reported = calloc((size_t)srv->n_workers, 1);
     fo->suspect = calloc((size_t)srv->cfg.n_servers, 1);
     fo->done = calloc((size_t)srv->n_workers, 1);
+    fo->member = calloc((size_t)srv->n_workers, 1);
+    fo->gone = calloc((size_t)srv->n_workers, 1);
+    fo->admit = calloc((size_t)srv->n_workers, 1);
+    fo->done_at = calloc((size_t)srv->n_workers, sizeof *fo->done_at);
     fo->loaded = calloc(n ? n : 1, 1);
     if (!fo->live || !fo->owner || !fo->relay_by || !fo->rounds || !fo->reported || !fo->suspect ||
-        !fo->done || !fo->loaded) {
+        !fo->done || !fo->loaded || !fo->member || !fo->gone || !fo->admit || !fo->done_at) {
         free(fo->live), free(fo->owner), free(fo->rounds), free(fo->reported), free(fo->relay_by);
-        free(fo->suspect), free(fo->done), free(fo->loaded), free(fo);
+        free(fo->suspect), free(fo->done), free(fo->loaded), free(fo->member), free(fo->gone);
+        free(fo->admit), free(fo->done_at), free(fo);
         return NULL;
     }
+    for (int w = 0; w < srv->n_workers; w++) /* (the view before any is the start's) */
+        fo->member[w] = (uint8_t)server_member(srv, w);
     memset(fo->live, 1, (size_t)srv->cfg.n_servers);
     for (uint32_t g = 0; g < n; g++) {
         fo->owner[g] = srv->layout.chunks[g].owner;
@@ -111,7 +125,7 @@ void failover_fini(server *srv)
         return;
     psagg__proposer_free(&fo->prop);
     free(fo->live), free(fo->owner), free(fo->last), free(fo->rounds), free(fo->reported);
-    free(fo->relay_by);
+    free(fo->relay_by), free(fo->member), free(fo->gone), free(fo->admit), free(fo->done_at);
     free(fo->suspect), free(fo->done), free(fo->loaded), free(fo);
     srv->failover = NULL;
 }
@@ -187,10 +201,13 @@ static void send_agree(server *srv, int w, const psagg__agree_msg *m)
     free(a);
 }
 
+/* To every member of the view applied here, and (a DECIDED) the joiners it admits. */
 static void send_all(server *srv, const psagg__agree_msg *m)
 {
+    const struct failover *fo = srv->failover;
     for (int w = 0; w < srv->n_workers; w++)
-        send_agree(srv, w, m);
+        if (fo->member[w] || (m->kind == PSAGG_AGREE_DECIDED && fo->admit[w]))
+            send_agree(srv, w, m);
 }
 
 /* The decided view of this server's epoch, to worker w (it missed it), if there is one. */
@@ -224,8 +241,22 @@ static const char *view_check(const server *srv, const struct failover *fo, cons
         return "field n_servers differs from the job's servers";
     if (vh.n_chunks != srv->layout.n_chunks)
         return "field n_chunks differs from the layout's chunks";
-    if (vh.n_moves > vh.n_chunks || len != psagg__view_bytes(vh.n_servers, vh.n_chunks, vh.n_moves))
+    if (vh.n_workers != (uint32_t)srv->n_workers)
+        return "field n_workers differs from the job's worker ranks";
+    if (vh.n_moves > vh.n_chunks ||
+        len != psagg__view_bytes(vh.n_servers, vh.n_chunks, vh.n_moves, vh.n_workers))
         return "field n_moves does not match its length";
+    {
+        const uint8_t *member = v + psagg__view_members_at(vh.n_servers, vh.n_chunks, vh.n_moves);
+        uint32_t n_members = 0;
+        for (uint32_t w = 0; w < vh.n_workers; w++) {
+            if (member[w] > 1 || (!member[w] && !srv->mb.elastic))
+                return "a member[] byte is not 0 or 1 (or 0 in a job without elastic workers)";
+            n_members += member[w];
+        }
+        if (!n_members || n_members != vh.n_members)
+            return "field n_members is 0 or not the count of member[]";
+    }
     for (uint32_t s = 0; s < vh.n_servers; s++) {
         if (live[s] > PSAGG_VIEW_LIVE_NEW)
             return "a live[] byte is none of 0, 1, 2";
@@ -286,6 +317,52 @@ static int held_slot(const server *srv, uint32_t g)
             return (int)i;
     return -1;
 }
+
+/*
+ * The members view v names (an elastic job's): a member out of it leaves, a worker new to it is
+ * admitted (it joined here, or it rejoins nothing and its rounds wait for it until a view
+ * removes it); the coordinator's changes it settled are over.
+ */
+static void apply_members(server *srv, struct failover *fo, const uint8_t *v,
+                          const psagg__view_hdr *vh)
+{
+    const uint8_t *member = v + psagg__view_members_at(vh->n_servers, vh->n_chunks, vh->n_moves);
+    char left[96] = "", joined[96] = "";
+    size_t nl = 0, nj = 0;
+    for (int w = 0; w < srv->n_workers; w++) {
+        if (server_member(srv, w) && !member[w]) {
+            server_member_leave(srv, w, vh->epoch,
+                                fo->gone[w] == 2 ? "it is done (psagg_close)"
+                                                 : "the coordinator of the server view lost it");
+            if (nl + 8 < sizeof left)
+                nl += (size_t)snprintf(left + nl, sizeof left - nl, "%s%d", nl ? "," : "", w);
+        } else if (!server_member(srv, w) && member[w]) {
+            if (!srv->workers[w].joining || srv->workers[w].state != W_DECLARED)
+                LOG_WARN(&srv->log,
+                         "view %u admits worker %d, which has not joined this server (its rounds "
+                         "here wait for it until a view removes it)",
+                         vh->epoch, w);
+            server_member_admit(srv, w);
+            if (nj + 8 < sizeof joined)
+                nj += (size_t)snprintf(joined + nj, sizeof joined - nj, "%s%d", nj ? "," : "", w);
+        }
+        fo->member[w] = member[w];
+        if (!member[w])
+            fo->gone[w] = 0;
+        else
+            fo->admit[w] = 0;
+    }
+    if (!nl && !nj)
+        return;
+    LOG_WARN(&srv->log, "membership in view %u:%s%s%s%s; %d workers now", vh->epoch,
+             nl ? " workers " : "", left, nj ? " joined: " : (nl ? " left" : ""), joined,
+             srv->mb.n);
+    metrics_membership(srv, vh->epoch, srv->mb.n);
+    server_settle(srv);
+}
+
+static void propose(server *srv, struct failover *fo);
+static int members_pending(const server *srv, const struct failover *fo);
 
 /*
  * Apply the decided view v: a chunk this server now owns starts at its move's round here, one
@@ -398,6 +475,8 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
     memset(fo->reported, 0, (size_t)srv->n_workers);
     memset(fo->suspect, 0, (size_t)srv->cfg.n_servers); /* (reported again if still lost) */
     atomic_store(&srv->mb.epoch, vh.epoch);             /* the push headers' epoch in this job */
+    apply_members(srv, fo, v, &vh);
+    fo->members_step = 0;
     /* a chunk given up stops routing only now: a push of the view before that comes meanwhile
        is dropped by its standby state (its new owner sums it), not taken for a stranger's */
     for (uint32_t g = 0; g < vh.n_chunks; g++)
@@ -409,6 +488,10 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
              "server view %u: %u chunk(s) moved, %u of them to this server (from round %u; %u "
              "round(s) of them with an update a worker relays), %u given back",
              vh.epoch, vh.n_moves, taken, first, relayed, given);
+    if (coordinator(srv, fo, -1) == srv->rank && members_pending(srv, fo)) {
+        fo->members_step = 1; /* (changes that came while this view was decided) */
+        propose(srv, fo);
+    }
 }
 
 /* Worker w's rounds (one u32 per chunk: the next update it takes), kept for make_view. */
@@ -431,7 +514,7 @@ static void chunk_rounds(const server *srv, const struct failover *fo, uint32_t 
     *start = *end = *relayer = 0;
     for (int w = 0; w < srv->n_workers; w++) {
         uint32_t r = fo->rounds[(size_t)w * srv->layout.n_chunks + g];
-        if (!fo->reported[w] || !server_member(srv, w))
+        if (!fo->reported[w] || !fo->member[w] || fo->gone[w])
             continue;
         if (first || r < *start)
             *start = r;
@@ -447,7 +530,7 @@ static void chunk_rounds(const server *srv, const struct failover *fo, uint32_t 
 static int all_reported(const server *srv, const struct failover *fo)
 {
     for (int w = 0; w < srv->n_workers; w++)
-        if (!fo->reported[w] && server_member(srv, w))
+        if (!fo->reported[w] && fo->member[w] && !fo->gone[w])
             return 0;
     return 1;
 }
@@ -468,7 +551,7 @@ static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *
 {
     uint32_t n_s = (uint32_t)srv->cfg.n_servers, n_c = srv->layout.n_chunks, n_moves = 0, k = 0;
     psagg__view_hdr vh;
-    uint8_t *v, *live;
+    uint8_t *v, *live, *member;
     uint32_t *to = malloc((n_c ? n_c : 1) * sizeof *to);
     if (!to) {
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for a view");
@@ -508,14 +591,22 @@ static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *
         }
         n_moves += to[g] != fo->owner[g];
     }
-    *len = (uint32_t)psagg__view_bytes(n_s, n_c, n_moves);
+    *len = (uint32_t)psagg__view_bytes(n_s, n_c, n_moves, (uint32_t)srv->n_workers);
     if (!(v = calloc(1, *len))) {
         free(to);
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for a view");
         return -1;
     }
-    vh = (psagg__view_hdr){
-        .epoch = fo->epoch + 1, .n_servers = n_s, .n_moves = n_moves, .n_chunks = n_c};
+    vh = (psagg__view_hdr){.epoch = fo->epoch + 1,
+                           .n_servers = n_s,
+                           .n_moves = n_moves,
+                           .n_chunks = n_c,
+                           .n_workers = (uint32_t)srv->n_workers};
+    member = v + psagg__view_members_at(n_s, n_c, n_moves);
+    for (int w = 0; w < srv->n_workers; w++) { /* (the lost and done out, the joiners in) */
+        member[w] = (uint8_t)((fo->member[w] && !fo->gone[w]) || (!fo->member[w] && fo->admit[w]));
+        vh.n_members += member[w];
+    }
     memcpy(v, &vh, sizeof vh);
     live = v + sizeof vh;
     memcpy(live, fo->live, n_s);
@@ -554,21 +645,27 @@ static void propose(server *srv, struct failover *fo)
     if (make_view(srv, fo, &v, &len))
         return;
     for (int w = 0; w < srv->n_workers; w++) /* the epoch before, for a worker that missed it */
-        send_last(srv, fo, w);
-    if (psagg__proposer_start(&fo->prop, fo->epoch + 1, (uint32_t)srv->n_workers, v, len, &out)) {
+        if (fo->member[w])
+            send_last(srv, fo, w);
+    if (psagg__proposer_start(&fo->prop, fo->epoch + 1, (uint32_t)srv->n_workers, fo->member, v,
+                              len, &out)) {
         free(v);
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for a proposal");
         return;
     }
     free(v);
     fo->proposing = 1;
+    if (!fo->retry_at)
+        fo->prop_since = psagg__now_ms();
     fo->retry_at = 0;
     if (fo->lost >= 0)
-        LOG_WARN(&srv->log, "every worker lost server %d: proposing view %u without it", fo->lost,
+        LOG_WARN(&srv->log, "every member lost server %d: proposing view %u without it", fo->lost,
                  fo->epoch + 1);
-    else
-        LOG_WARN(&srv->log, "server %d is back at every worker: proposing view %u with it",
+    else if (fo->back >= 0)
+        LOG_WARN(&srv->log, "server %d is back at every member: proposing view %u with it",
                  fo->back, fo->epoch + 1);
+    else
+        LOG_WARN(&srv->log, "proposing view %u: the members change", fo->epoch + 1);
     send_all(srv, &out);
 }
 
@@ -759,19 +856,56 @@ void failover_back(server *srv, int w, const psagg__ctl_hdr *h, const void *body
         propose(srv, fo);
 }
 
-/* A member left (membership.c, on the owner, which is the coordinator): a step that waited
-   for its report only goes on without it. */
-void failover_member_left(server *srv)
+/*
+ * Worker w, a member, is lost (why) or done (bye) here, on the coordinator of an elastic job
+ * (membership.c's owner): the next view removes it. A step that waited for its report goes on
+ * without it; with no step under way, a view that only removes it is proposed. A view being
+ * decided already is not changed: the change goes into the one after it (apply_view).
+ */
+void failover_member_left(server *srv, int w, const char *why, int bye)
 {
-    struct failover *fo = srv->failover;
-    if (!fo || (fo->lost < 0 && fo->back < 0) || !all_reported(srv, fo) || fo->proposing)
+    struct failover *fo = fo_get(srv);
+    int n = 0;
+    if (!fo) {
+        server_fail_job(srv, PSAGG_ENOMEM, "no memory for a server view");
         return;
-    if (fo->lost >= 0)
+    }
+    if (!fo->member[w] || fo->gone[w])
+        return;
+    fo->gone[w] = bye ? 2 : 1;
+    for (int k = 0; k < srv->n_workers; k++)
+        n += fo->member[k] && !fo->gone[k];
+    if (!bye && n < srv->cfg.min_workers) {
+        server_fail_job(srv, PSAGG_EPEER,
+                        "worker %d failed (%s): %d workers left, fewer than min_workers=%d", w, why,
+                        n, srv->cfg.min_workers);
+        return;
+    }
+    LOG_WARN(&srv->log, "worker %d %s (%s): the next view removes it; %d workers go on", w,
+             bye ? "is done" : "lost", why, n);
+    if (fo->proposing || fo->retry_at)
+        return;
+    if (fo->lost < 0 && fo->back < 0) {
+        fo->members_step = 1;
         propose(srv, fo);
-    else if (!fo->holding)
+    } else if (!all_reported(srv, fo)) {
+        return;
+    } else if (fo->lost >= 0) {
+        propose(srv, fo);
+    } else if (!fo->holding) {
         ask_hold(srv, fo);
-    else if (!fo->state_wait && !ask_state(srv, fo))
+    } else if (!fo->state_wait && !ask_state(srv, fo)) {
         propose(srv, fo);
+    }
+}
+
+/* Whether the coordinator has members to remove or joiners to admit that no view did yet. */
+static int members_pending(const server *srv, const struct failover *fo)
+{
+    for (int w = 0; w < srv->n_workers; w++)
+        if ((fo->gone[w] && fo->member[w]) || (fo->admit[w] && !fo->member[w]))
+            return 1;
+    return 0;
 }
 
 /*
@@ -860,7 +994,8 @@ void failover_agree(server *srv, int w, const psagg__ctl_hdr *h, const void *bod
  * The end of a job (psagg_close): once every worker said DONE (or BYE) here, each that said DONE
  * is answered DONE. Until then they stay: a worker's last pushes may still be needed (a server
  * that dies after sending some workers a round's update but not others: the new owner sums
- * that round again).
+ * that round again). An elastic job's workers that left are not waited for; one done while the
+ * others run on leaves op_timeout_ms later (failover_tick).
  */
 void failover_done_check(server *srv)
 {
@@ -869,7 +1004,7 @@ void failover_done_check(server *srv)
     if (!fo)
         return;
     for (int k = 0; k < srv->n_workers; k++)
-        if (!fo->done[k] && srv->workers[k].state != W_BYE)
+        if (!fo->done[k] && srv->workers[k].state != W_BYE && server_member(srv, k))
             return;
     for (int k = 0; k < srv->n_workers; k++) {
         worker_conn *wc = &srv->workers[k];
@@ -894,6 +1029,8 @@ void failover_done(server *srv, int w, const psagg__ctl_hdr *h, const void *body
         return;
     }
     LOG_INFO(&srv->log, "worker %d is done with its rounds (DONE)", w);
+    if (!fo->done[w])
+        fo->done_at[w] = psagg__now_ms();
     fo->done[w] = 1;
     failover_done_check(srv);
 }
@@ -1124,17 +1261,50 @@ void failover_view(server *srv, int w, const psagg__ctl_hdr *h, const void *body
     apply_view(srv, fo, v, a.value_len);
 }
 
+/*
+ * The coordinator of an elastic job: a member done (DONE) op_timeout_ms ago while others are
+ * not leaves, unless a step is under way (its last pushes may be needed till then). Workers
+ * that end a job together are done within far less: they stay members to the end.
+ */
+static void done_leave(server *srv, struct failover *fo, int64_t now)
+{
+    if (!srv->mb.elastic || coordinator(srv, fo, -1) != srv->rank || fo->lost >= 0 ||
+        fo->back >= 0 || fo->proposing || fo->retry_at)
+        return;
+    for (int w = 0; w < srv->n_workers; w++)
+        if (fo->done[w] == 1 && fo->member[w] && !fo->gone[w] &&
+            now - fo->done_at[w] > srv->cfg.op_timeout_ms)
+            failover_member_left(srv, w, "it is done while the others run on", 1);
+}
+
 void failover_tick(server *srv, int64_t now)
 {
     struct failover *fo = srv->failover;
     char missing[128] = "";
     size_t used = 0;
-    if (!fo || (fo->lost < 0 && fo->back < 0))
+    if (fo)
+        done_leave(srv, fo, now);
+    if (!fo || (fo->lost < 0 && fo->back < 0 && !fo->members_step))
         return;
     if (!fo->proposing && fo->retry_at && now >= fo->retry_at) {
         propose(srv, fo);
         return;
     }
+    /* (an elastic job's members may be gone: without a majority of them nothing is decided) */
+    if ((fo->proposing || fo->retry_at) && srv->mb.elastic &&
+        now - fo->prop_since > srv->cfg.op_timeout_ms) {
+        int n = 0;
+        for (int w = 0; w < srv->n_workers; w++)
+            n += fo->member[w];
+        server_fail_job(srv, PSAGG_ETIMEDOUT,
+                        "view %u was not decided within op_timeout_ms=%d: fewer than a "
+                        "majority of the %d members of view %u answer (an elastic job with "
+                        "server_replicas goes on while more than half of each view's members live)",
+                        fo->epoch + 1, srv->cfg.op_timeout_ms, n, fo->epoch);
+        return;
+    }
+    if (fo->members_step)
+        return;
     if (fo->state_wait) { /* (the workers hold its chunks meanwhile: not for ever) */
         if (now - fo->since > srv->cfg.op_timeout_ms) {
             LOG_WARN(&srv->log,
@@ -1146,10 +1316,14 @@ void failover_tick(server *srv, int64_t now)
         }
         return;
     }
-    if (fo->proposing || fo->retry_at || now - fo->since <= srv->cfg.op_timeout_ms)
-        return; /* (every report came: a lost ballot waits for its retry, no timeout) */
+    /* (every report came: a lost ballot waits for its retry, no timeout; an elastic job's
+       member that stopped is lost after op_timeout_ms of silence, and need not report) */
+    if (fo->proposing || fo->retry_at ||
+        now - fo->since <= (srv->mb.elastic ? PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms)
+                                            : srv->cfg.op_timeout_ms))
+        return;
     for (int w = 0; w < srv->n_workers && used + 8 < sizeof missing; w++)
-        if (!fo->reported[w] && server_member(srv, w))
+        if (!fo->reported[w] && fo->member[w] && !fo->gone[w])
             used +=
                 (size_t)snprintf(missing + used, sizeof missing - used, "%s%d", used ? "," : "", w);
     if (fo->lost >= 0) {

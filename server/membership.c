@@ -114,17 +114,6 @@ void membership_fini(server *srv)
     srv->mb.own = NULL;
 }
 
-/* Let every owned chunk look at its round again (the aggregation threads), and the progress
- * thread route the pushes that waited for this epoch. */
-static void settle_all(server *srv)
-{
-    if (!srv->pool.started)
-        return;
-    psagg__fabric_wake(srv->fab);
-    for (uint32_t i = 0; i < srv->n_owned; i++)
-        agg_enqueue(srv, &srv->chunks[i], NULL);
-}
-
 /* Server 0: send epoch frame m (len bytes) to every live worker, which relays it. */
 static void announce(server *srv, const psagg__ctl_membership *m, uint32_t len)
 {
@@ -148,24 +137,6 @@ void membership_refuse(server *srv, int w, psagg_status status, const char *why)
     psagg__ctl_reader_reset(&wc->rd);
     wc->state = W_DEAD;
     wc->joining = 0;
-}
-
-/* Close worker w (a leaver) here: it is no member from now on. */
-static void leave(server *srv, int w, uint32_t epoch, const char *why)
-{
-    worker_conn *wc = &srv->workers[w];
-    atomic_store(&srv->mb.member[w], 0);
-    srv->mb.n--;
-    if (wc->fd >= 0) {
-        char msg[320];
-        snprintf(msg, sizeof msg, "removed from the job in membership epoch %u: %s", epoch, why);
-        server_verdict(srv, wc->fd, &wc->auth, PSAGG_CTL_ERROR, PSAGG_EPEER, msg);
-        close(wc->fd);
-        wc->fd = -1;
-        psagg__ctl_reader_reset(&wc->rd);
-    }
-    if (wc->state != W_BYE)
-        wc->state = W_DEAD;
 }
 
 /* Keep the frame of the epoch applied last (a copy: later relays must equal it). */
@@ -217,8 +188,12 @@ static void leaves(server *srv, int w, const char *why, int bye)
                      w, why, membership_owner(srv));
         return;
     }
+    if (srv->cfg.server_replicas) { /* (the next server view removes it: failover.c) */
+        failover_member_left(srv, w, why, bye);
+        return;
+    }
     epoch = atomic_load(&srv->mb.epoch) + 1;
-    leave(srv, w, epoch, why);
+    server_member_leave(srv, w, epoch, why);
     if (!bye && srv->mb.n < srv->cfg.min_workers) {
         server_fail_job(srv, PSAGG_EPEER,
                         "worker %d failed (%s): %d workers left, fewer than min_workers=%d", w, why,
@@ -247,8 +222,7 @@ static void leaves(server *srv, int w, const char *why, int bye)
     metrics_membership(srv, epoch, srv->mb.n);
     announce(srv, m, len);
     free(m);
-    settle_all(srv);
-    failover_member_left(srv); /* (a view may have waited only for the leaver's report) */
+    server_settle(srv);
     if (srv->mb.own->admit_seq)
         admit_try(srv); /* the barrier may have waited only for the leaver */
 }
@@ -283,7 +257,7 @@ static void apply_relayed(server *srv, int from, const psagg__ctl_membership *m,
     }
     for (int k = 0; k < srv->n_workers; k++) {
         if (!live[k] && atomic_load(&srv->mb.member[k]))
-            leave(srv, k, m->epoch, m->why);
+            server_member_leave(srv, k, m->epoch, m->why);
         if (live[k] && !atomic_load(&srv->mb.member[k])) {
             worker_conn *wc = &srv->workers[k];
             if (!wc->joining || wc->state != W_DECLARED)
@@ -291,10 +265,7 @@ static void apply_relayed(server *srv, int from, const psagg__ctl_membership *m,
                          "membership epoch %u admits worker %d, which has not joined this server "
                          "(its rounds here wait for it until server %d removes it)",
                          m->epoch, k, membership_owner(srv));
-            wc->joining = 0;
-            wc->heard_at = psagg__now_ms();
-            atomic_store(&srv->mb.member[k], 1);
-            srv->mb.n++;
+            server_member_admit(srv, k);
         }
     }
     atomic_store(&srv->mb.epoch, m->epoch);
@@ -310,7 +281,7 @@ static void apply_relayed(server *srv, int from, const psagg__ctl_membership *m,
                  "membership epoch %u (server %d's, relayed by worker %d): %s; %d workers now",
                  m->epoch, membership_owner(srv), from, m->why, srv->mb.n);
     metrics_membership(srv, m->epoch, srv->mb.n);
-    settle_all(srv);
+    server_settle(srv);
 }
 
 /* The frame of epoch e kept ahead (membership_relayed), or NULL. */
@@ -603,12 +574,8 @@ static void admit_try(server *srv)
     for (int w = 0; w < srv->n_workers; w++) {
         worker_conn *wc = &srv->workers[w];
         if (wc->joining && wc->join_asked && wc->fd >= 0 && wc->state == W_DECLARED) {
-            wc->joining = 0;
-            wc->join_asked = 0;
             wc->sync_seq = srv->mb.own->admit_seq;
-            wc->heard_at = psagg__now_ms();
-            atomic_store(&srv->mb.member[w], 1);
-            srv->mb.n++;
+            server_member_admit(srv, w);
         }
         live[w] = atomic_load(&srv->mb.member[w]);
     }
@@ -631,6 +598,12 @@ void membership_join(server *srv, int w, const psagg__ctl_hdr *h, const void *bo
 {
     worker_conn *wc = &srv->workers[w];
     (void)h, (void)body;
+    if (srv->cfg.server_replicas) {
+        membership_refuse(srv, w, PSAGG_EINVAL,
+                          "joining an elastic job with [cluster] server_replicas is not built yet "
+                          "(its members may leave or die; none may join)");
+        return;
+    }
     wc->join_asked = 1;
     LOG_INFO(&srv->log,
              "worker %d asks to join (declared on every server); admitted at the members' next "

@@ -589,7 +589,8 @@ void failover_back(server *srv, int w, const psagg__ctl_hdr *h, const void *body
 void failover_done(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
 void failover_state(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
 void failover_done_check(server *srv); /* (a worker said BYE) */
-void failover_member_left(server *srv); /* (membership.c: a step need not wait for it) */
+/* (membership.c, the owner of an elastic job's membership: the next view removes worker w) */
+void failover_member_left(server *srv, int w, const char *why, int bye);
 void failover_tick(server *srv, int64_t now);
 void failover_fini(server *srv);
 /* Whether the server view applied here names this server chunk g's owner (the layout's before
@@ -795,5 +796,15 @@ void server_verdict(server *srv, int fd, psagg__ctl_auth *auth, uint16_t type, p
 void server_tell_workers(server *srv, int except, uint16_t type, psagg_status status,
                          const char *msg);
 void server_drop_worker(server *srv, int w, psagg_status status, const char *why);
+/*
+ * job.c, the control thread's, for the membership epochs (membership.c) and the views that
+ * carry them (failover.c): worker w leaves (it is no member from now on; its connection, if
+ * any, is closed with an ERROR saying it was removed in `epoch`, and why), or is admitted; then
+ * settle lets every owned chunk look at its round again (a round may now have every member's
+ * push) and the progress thread route the pushes that waited for the epoch.
+ */
+void server_member_leave(server *srv, int w, uint32_t epoch, const char *why);
+void server_member_admit(server *srv, int w);
+void server_settle(server *srv);
 
 #endif
