@@ -44,13 +44,13 @@ struct failover {
     /* per chunk this server took over with relayed rounds: the worker the view names to relay
        them (UINT32_MAX: none) */
     uint32_t *relay_by;
-    uint8_t *last; /* the view decided for `epoch` (NULL at 0) */
+    uint8_t *last;   /* the view decided for `epoch` (NULL at 0) */
     uint8_t *member; /* per worker: a member in that view (membership.c's, in an elastic job) */
     /* the coordinator's, in an elastic job: members lost or done (a view removes them, 2:
        done), and joiners a view is to admit */
     uint8_t *gone, *admit;
-    int members_step;  /* a view that only changes the members is being decided */
-    int64_t *done_at;  /* per worker: when its DONE came */
+    int members_step;   /* a view that only changes the members is being decided */
+    int64_t *done_at;   /* per worker: when its DONE came */
     int64_t prop_since; /* when the proposal of the next view began */
     uint32_t last_len;
     int rejoining; /* this server restarted into the running job: no view applied yet */
@@ -507,8 +507,8 @@ static void take_rounds(server *srv, struct failover *fo, int w, const void *rou
  * it has the updates of the rounds between). A worker that left since it reported counts no
  * more (elastic jobs): a relayer must be there to relay.
  */
-static void chunk_rounds(const server *srv, const struct failover *fo, uint32_t g,
-                         uint32_t *start, uint32_t *end, uint32_t *relayer)
+static void chunk_rounds(const server *srv, const struct failover *fo, uint32_t g, uint32_t *start,
+                         uint32_t *end, uint32_t *relayer)
 {
     int first = 1;
     *start = *end = *relayer = 0;
@@ -870,8 +870,8 @@ void failover_member_left(server *srv, int w, const char *why, int bye)
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for a server view");
         return;
     }
-    if (!fo->member[w] || fo->gone[w])
-        return;
+    if (!fo->member[w] || fo->gone[w] || (bye && fo->done[w] == 2))
+        return; /* (a BYE after every member was done: the job's end) */
     fo->gone[w] = bye ? 2 : 1;
     for (int k = 0; k < srv->n_workers; k++)
         n += fo->member[k] && !fo->gone[k];
@@ -897,6 +897,22 @@ void failover_member_left(server *srv, int w, const char *why, int bye)
     } else if (!fo->state_wait && !ask_state(srv, fo)) {
         propose(srv, fo);
     }
+}
+
+void failover_admit(server *srv, int w)
+{
+    struct failover *fo = fo_get(srv);
+    if (!fo) {
+        server_fail_job(srv, PSAGG_ENOMEM, "no memory for a server view");
+        return;
+    }
+    if (fo->member[w] || fo->admit[w])
+        return;
+    fo->admit[w] = 1;
+    if (fo->proposing || fo->retry_at || fo->lost >= 0 || fo->back >= 0)
+        return; /* (the view after the one under way: apply_view) */
+    fo->members_step = 1;
+    propose(srv, fo);
 }
 
 /* Whether the coordinator has members to remove or joiners to admit that no view did yet. */

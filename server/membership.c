@@ -521,6 +521,7 @@ static void barrier_release(server *srv, uint32_t joined)
         if (wc->in_barrier || (joined && wc->sync_seq == seq && server_member(srv, w)))
             sync_done(srv, w, seq, joined);
         wc->in_barrier = 0;
+        wc->view_admit = 0;
     }
     srv->mb.own->free_seq = seq;
     srv->mb.own->admit_seq = 0;
@@ -537,6 +538,44 @@ static void refuse_joiners(server *srv, const char *why)
     }
 }
 
+/*
+ * The admitting barrier of a job with server replicas: once every member is in it, the joiners
+ * go to the coordinator's next view (failover.c: every membership change is a view), and once
+ * that view admitted them (this server applied it), the barrier is released.
+ */
+static void admit_by_view(server *srv)
+{
+    int n_join = 0;
+    for (int w = 0; w < srv->n_workers; w++)
+        if (server_member(srv, w) && !srv->workers[w].in_barrier && !srv->workers[w].view_admit)
+            return; /* not all members are in it yet (the joiners it admitted are not) */
+    for (int w = 0; w < srv->n_workers; w++) {
+        worker_conn *wc = &srv->workers[w];
+        if (wc->view_admit && wc->joining && wc->fd >= 0)
+            return; /* (the view that admits it is not applied here yet) */
+        n_join += wc->view_admit;
+    }
+    if (n_join) {
+        for (int w = 0; w < srv->n_workers; w++)
+            srv->workers[w].view_admit = 0;
+        LOG_WARN(&srv->log, "%d worker(s) admitted at barrier %u (a server view)", n_join,
+                 srv->mb.own->admit_seq);
+        barrier_release(srv, (uint32_t)n_join);
+        return;
+    }
+    for (int w = 0; w < srv->n_workers; w++) {
+        worker_conn *wc = &srv->workers[w];
+        if (wc->joining && wc->join_asked && wc->fd >= 0 && wc->state == W_DECLARED) {
+            wc->sync_seq = srv->mb.own->admit_seq;
+            wc->view_admit = 1;
+            n_join++;
+            failover_admit(srv, w);
+        }
+    }
+    if (!n_join) /* the joiners left meanwhile: everyone passes */
+        barrier_release(srv, 0);
+}
+
 /* The admitting barrier: once every member is in it, admit the joiners in one epoch. */
 static void admit_try(server *srv)
 {
@@ -547,6 +586,10 @@ static void admit_try(server *srv)
     size_t used = 0;
     int n_join = 0;
 
+    if (srv->cfg.server_replicas) {
+        admit_by_view(srv);
+        return;
+    }
     for (int w = 0; w < srv->n_workers; w++)
         if (server_member(srv, w) && !srv->workers[w].in_barrier)
             return; /* not all members are in it yet */
@@ -598,12 +641,6 @@ void membership_join(server *srv, int w, const psagg__ctl_hdr *h, const void *bo
 {
     worker_conn *wc = &srv->workers[w];
     (void)h, (void)body;
-    if (srv->cfg.server_replicas) {
-        membership_refuse(srv, w, PSAGG_EINVAL,
-                          "joining an elastic job with [cluster] server_replicas is not built yet "
-                          "(its members may leave or die; none may join)");
-        return;
-    }
     wc->join_asked = 1;
     LOG_INFO(&srv->log,
              "worker %d asks to join (declared on every server); admitted at the members' next "
@@ -654,7 +691,10 @@ void membership_sync(server *srv, int w, const psagg__ctl_hdr *h, const void *bo
                             h->len, n, adapt_tensors, gens);
         return;
     }
-    if (sy->seq != wc->sync_seq + 1) {
+    /* (with server replicas this server may have become the owner since the worker's last
+       barrier, which another one passed) */
+    if (srv->cfg.server_replicas ? (int32_t)(sy->seq - wc->sync_seq) <= 0
+                                 : sy->seq != wc->sync_seq + 1) {
         server_close_worker(srv, w, "SYNC field seq is %u, after barrier %u", sy->seq,
                             wc->sync_seq);
         return;
@@ -743,6 +783,8 @@ void membership_tick(server *srv, int64_t now)
     char missing[128] = "", why[300];
     size_t used = 0;
     check_ahead(srv, now);
+    if (srv->cfg.server_replicas && srv->mb.own->admit_seq)
+        admit_try(srv); /* (the view that admits its joiners may have come) */
     if (!srv->mb.own->admit_seq ||
         now - srv->mb.own->admit_since <= PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms))
         return;

@@ -87,6 +87,7 @@ typedef struct worker_conn {
     int join_asked;    /* the membership's owner: its JOIN came (declared on every server) */
     uint32_t sync_seq; /* the owner: the last barrier it sent SYNC for */
     int in_barrier;    /* the owner: waiting in the admitting barrier */
+    int view_admit;    /* the owner, with server replicas: a view is to admit it at that barrier */
 } worker_conn;
 
 #define PENDING_MAX 64 /* unauthenticated connections kept at a time (admission.c) */
@@ -591,6 +592,8 @@ void failover_state(server *srv, int w, const psagg__ctl_hdr *h, const void *bod
 void failover_done_check(server *srv); /* (a worker said BYE) */
 /* (membership.c, the owner of an elastic job's membership: the next view removes worker w) */
 void failover_member_left(server *srv, int w, const char *why, int bye);
+/* (the same: the next view admits joiner w) */
+void failover_admit(server *srv, int w);
 void failover_tick(server *srv, int64_t now);
 void failover_fini(server *srv);
 /* Whether the server view applied here names this server chunk g's owner (the layout's before

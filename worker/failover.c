@@ -428,6 +428,10 @@ static int take_members(psagg_ctx *ctx, const uint8_t *v, const psagg__view_hdr 
     char left[96] = "", joined[96] = "";
     size_t nl = 0, nj = 0;
     int rank = 0;
+    if (!member[ctx->rank] && ctx->joiner && !ctx->declared) {
+        LOG_INFO(&ctx->log, "view %u does not admit this worker yet", vh->epoch);
+        return 1; /* (one decided while its admission was proposed) */
+    }
     if (!ctx->cfg.elastic) {
         pthread_mutex_lock(&ctx->mu);
         ctx->epoch = vh->epoch;

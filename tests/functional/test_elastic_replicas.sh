@@ -17,8 +17,8 @@
 # and, with no reference:
 #   two        2 workers: worker 1 SIGKILLed; the view that removes it needs a majority of its
 #              2 members, so worker 0 fails naming that, and so do the servers
-#   join       after ref's death, a worker 3 started again is refused by name (joins into such
-#              a job are not built), while the others go on
+#   join       (--sync) worker 3 killed at round 15 and started again: a view admits it
+#   join-s1    ... server 1 SIGKILLed as the joiner starts; join-s0 the same of server 0
 set -u -o pipefail
 build=$1
 # shellcheck source=tests/harness.sh
@@ -67,6 +67,7 @@ survivors() {
     digest=${d#DIGEST }
 }
 
+[ -n "${ONLY_JOIN:-}" ] || {
 job ref 4
 survivors ref 1
 grep -q "membership in view 1: workers 3 left" "$tmp/ref-server0.log" ||
@@ -92,6 +93,51 @@ survivors stop 1
 [ "$digest" = "$ref" ] || fail "stop: digest $digest, the reference's $ref"
 echo "stop: worker 3 SIGSTOPped at round 15, removed in view 1; bit-identical"
 stop_all
+
+}
+# joins: every worker passes a barrier (psagg_sync_membership) after each of 150 rounds, 20 ms
+# apart; worker 3 is SIGKILLed at round 15 and started again: the view that admits it (and, for
+# join-s1, server 1 SIGKILLed as the joiner starts; join-s0 the coordinator) - from then on
+# every element is the exact sum of all four, the last 10 rounds bit-identical on all four
+for c in "join -1" "join-s1 1" "join-s0 0"; do
+    set -- $c
+    name=$1
+    job_ini "$tmp/$name.ini" 3 4 cluster.job_id="er-$name-$port" cluster.elastic=on \
+        cluster.min_workers=1 cluster.server_replicas=1 cluster.op_timeout_ms=3000 \
+        cluster.connect_timeout_ms=4000 worker.chunk_bytes=16384 log.level=info
+    start_servers "$tmp/$name.ini" 3 "$name-"
+    args=(--codec fp32 --sizes 1,1023,4096,50000,7000 --rounds 150 --sync --round-sleep-ms 20)
+    for w in 0 1 2 3; do
+        if ((w == 3)); then
+            start_worker $w "$tmp/$name-first3.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=4 \
+                "$worker_bin" "${args[@]}" --die-rank 3 --die-round 15 --die-mode kill
+        else
+            start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=4 \
+                "$worker_bin" "${args[@]}" --elastic-dead 3 --rejoin --loose --left-epoch -1
+        fi
+    done
+    wait "${wpid[3]}" 2>/dev/null
+    wait_until 30 grep -qs "membership in view 1" "$tmp/$name-worker0.log" || fail "$name: worker 3 never left"
+    start_worker 3 "$tmp/$name-worker3.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=4 \
+        "$worker_bin" "${args[@]}" --elastic-dead 3 --rejoin --loose --left-epoch -1
+    (($2 >= 0)) && { sleep 0.3; kill -KILL "${spid[$2]}"; }
+    # a joiner whose join a server's death cut short fails it; a launcher starts it again
+    if ! wait_for "${wpid[3]}" 90; then
+        grep -h "FAIL" "$tmp/$name-worker3.log" | head -2
+        mv "$tmp/$name-worker3.log" "$tmp/$name-joiner-first.log"
+        start_worker 3 "$tmp/$name-worker3.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=4 \
+            "$worker_bin" "${args[@]}" --elastic-dead 3 --rejoin --loose --left-epoch -1
+    fi
+    for w in 0 1 2 3; do
+        wait_for "${wpid[$w]}" 90
+        rc[w]=$?
+        ((rc[w] == 0)) || { show_log "$tmp/$name-worker$w.log"; fail "$name: worker $w exited ${rc[w]}"; }
+    done
+    d=$(grep -h '^TAIL' "$tmp/$name"-worker[0123].log | sort -u)
+    (($(wc -l <<<"$d") == 1)) && [ -n "$d" ] || fail "$name: the last rounds' digests differ: $d"
+    echo "$name: $(grep -h 'joined the running job' "$tmp/$name-worker3.log" | sed 's/^.*INFO //;s/^.*WARN //')"
+    stop_all
+done
 
 expect=(--expect ETIMEDOUT --expect-text 'fewer than a majority')
 job two 2

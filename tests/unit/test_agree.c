@@ -91,8 +91,8 @@ static void start(sim *s, int p)
         for (int w = 0; w < s->n_w; w++)
             post(s, 1, p, w, &d);
     }
-    CHECK(psagg__proposer_start(&s->prop[p], (uint32_t)e, (uint32_t)s->n_w, NULL, (const uint8_t *)view,
-                                (uint32_t)strlen(view), &out) == PSAGG_OK,
+    CHECK(psagg__proposer_start(&s->prop[p], (uint32_t)e, (uint32_t)s->n_w, NULL,
+                                (const uint8_t *)view, (uint32_t)strlen(view), &out) == PSAGG_OK,
           "start");
     for (int w = 0; w < s->n_w; w++)
         post(s, 1, p, w, &out);
