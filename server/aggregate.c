@@ -1474,3 +1474,13 @@ void agg_teardown(server *srv)
     free(srv->pool.threads);
     srv->pool.threads = NULL;
 }
+
+void agg_settle_routed(server *srv)
+{
+    if (!srv->pool.started)
+        return;
+    psagg__fabric_wake(srv->fab);
+    for (uint32_t i = 0; i < srv->n_held; i++) /* (the chunks routed here: a takeover's too) */
+        if (atomic_load(&srv->route[srv->chunks[i].info - srv->layout.chunks]) == (int)i)
+            agg_enqueue(srv, &srv->chunks[i], NULL);
+}

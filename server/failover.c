@@ -358,7 +358,7 @@ static void apply_members(server *srv, struct failover *fo, const uint8_t *v,
              nl ? " workers " : "", left, nj ? " joined: " : (nl ? " left" : ""), joined,
              srv->mb.n);
     metrics_membership(srv, vh->epoch, srv->mb.n);
-    server_settle(srv);
+    agg_settle_routed(srv);
 }
 
 static void propose(server *srv, struct failover *fo);

@@ -183,13 +183,3 @@ void server_member_admit(server *srv, int w)
     atomic_store(&srv->mb.member[w], 1);
     srv->mb.n++;
 }
-
-void server_settle(server *srv)
-{
-    if (!srv->pool.started)
-        return;
-    psagg__fabric_wake(srv->fab);
-    for (uint32_t i = 0; i < srv->n_held; i++) /* (the chunks routed here: a takeover's too) */
-        if (atomic_load(&srv->route[srv->chunks[i].info - srv->layout.chunks]) == (int)i)
-            agg_enqueue(srv, &srv->chunks[i], NULL);
-}

@@ -222,7 +222,7 @@ static void leaves(server *srv, int w, const char *why, int bye)
     metrics_membership(srv, epoch, srv->mb.n);
     announce(srv, m, len);
     free(m);
-    server_settle(srv);
+    agg_settle_routed(srv);
     if (srv->mb.own->admit_seq)
         admit_try(srv); /* the barrier may have waited only for the leaver */
 }
@@ -281,7 +281,7 @@ static void apply_relayed(server *srv, int from, const psagg__ctl_membership *m,
                  "membership epoch %u (server %d's, relayed by worker %d): %s; %d workers now",
                  m->epoch, membership_owner(srv), from, m->why, srv->mb.n);
     metrics_membership(srv, m->epoch, srv->mb.n);
-    server_settle(srv);
+    agg_settle_routed(srv);
 }
 
 /* The frame of epoch e kept ahead (membership_relayed), or NULL. */

@@ -654,6 +654,10 @@ psagg_status agg_start(server *srv);
 void agg_stop(server *srv);
 void agg_teardown(server *srv);
 void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb);
+/* Every chunk routed here (owned, or taken over) looks at its round again (a membership
+   change: a round may now have every member's push), and the progress thread routes the pushes
+   that waited for the epoch (the control thread's). */
+void agg_settle_routed(server *srv);
 /* Free rb, a heap copy of a push that waited ahead (rb->spilled; progress_repost). */
 void agg_spill_free(server *srv, recv_buf *rb);
 /*
@@ -802,12 +806,10 @@ void server_drop_worker(server *srv, int w, psagg_status status, const char *why
 /*
  * job.c, the control thread's, for the membership epochs (membership.c) and the views that
  * carry them (failover.c): worker w leaves (it is no member from now on; its connection, if
- * any, is closed with an ERROR saying it was removed in `epoch`, and why), or is admitted; then
- * settle lets every owned chunk look at its round again (a round may now have every member's
- * push) and the progress thread route the pushes that waited for the epoch.
+ * any, is closed with an ERROR saying it was removed in `epoch`, and why), or is admitted
+ * (then aggregate.c's agg_settle_routed).
  */
 void server_member_leave(server *srv, int w, uint32_t epoch, const char *why);
 void server_member_admit(server *srv, int w);
-void server_settle(server *srv);
 
 #endif

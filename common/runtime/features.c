@@ -78,8 +78,8 @@ const psagg__combo psagg__combos[] = {
      "a checkpoint holds the weights and the optimizer's state"},
     {PSAGG_F_REPLICAS, PSAGG_F_ELASTIC, 0,
      "every membership change is a server view, decided by a majority of the members before it "
-     "(so a job goes on while fewer than half of its members die at once); members may leave "
-     "or die, none may join yet; summed gradients only (with [server] optimizer, "
+     "(so a job goes on while fewer than half of its members die at once); a joiner is "
+     "admitted by a view at the members' barrier; summed gradients only (with [server] optimizer, "
      "error_feedback or quorum it is refused: a chunk's copies would need the round's "
      "contributors named)"},
     {PSAGG_F_REPLICAS, PSAGG_F_QUORUM, 0,
