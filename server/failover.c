@@ -44,8 +44,7 @@ struct failover {
     /* per chunk this server took over with relayed rounds: the worker the view names to relay
        them (UINT32_MAX: none) */
     uint32_t *relay_by;
-    uint8_t *last;   /* the view decided for `epoch` (NULL at 0) */
-    uint8_t *member; /* per worker: a member in that view (membership.c's, in an elastic job) */
+    uint8_t *last; /* the view decided for `epoch` (NULL at 0) */
     /* the coordinator's, in an elastic job: members lost or done (a view removes them, 2:
        done), and joiners a view is to admit */
     uint8_t *gone, *admit;
@@ -91,20 +90,17 @@ static struct failover *fo_get(server *srv)
     fo->reported = calloc((size_t)srv->n_workers, 1);
     fo->suspect = calloc((size_t)srv->cfg.n_servers, 1);
     fo->done = calloc((size_t)srv->n_workers, 1);
-    fo->member = calloc((size_t)srv->n_workers, 1);
     fo->gone = calloc((size_t)srv->n_workers, 1);
     fo->admit = calloc((size_t)srv->n_workers, 1);
     fo->done_at = calloc((size_t)srv->n_workers, sizeof *fo->done_at);
     fo->loaded = calloc(n ? n : 1, 1);
     if (!fo->live || !fo->owner || !fo->relay_by || !fo->rounds || !fo->reported || !fo->suspect ||
-        !fo->done || !fo->loaded || !fo->member || !fo->gone || !fo->admit || !fo->done_at) {
+        !fo->done || !fo->loaded || !fo->gone || !fo->admit || !fo->done_at) {
         free(fo->live), free(fo->owner), free(fo->rounds), free(fo->reported), free(fo->relay_by);
-        free(fo->suspect), free(fo->done), free(fo->loaded), free(fo->member), free(fo->gone);
+        free(fo->suspect), free(fo->done), free(fo->loaded), free(fo->gone);
         free(fo->admit), free(fo->done_at), free(fo);
         return NULL;
     }
-    for (int w = 0; w < srv->n_workers; w++) /* (the view before any is the start's) */
-        fo->member[w] = (uint8_t)server_member(srv, w);
     memset(fo->live, 1, (size_t)srv->cfg.n_servers);
     for (uint32_t g = 0; g < n; g++) {
         fo->owner[g] = srv->layout.chunks[g].owner;
@@ -125,7 +121,7 @@ void failover_fini(server *srv)
         return;
     psagg__proposer_free(&fo->prop);
     free(fo->live), free(fo->owner), free(fo->last), free(fo->rounds), free(fo->reported);
-    free(fo->relay_by), free(fo->member), free(fo->gone), free(fo->admit), free(fo->done_at);
+    free(fo->relay_by), free(fo->gone), free(fo->admit), free(fo->done_at);
     free(fo->suspect), free(fo->done), free(fo->loaded), free(fo);
     srv->failover = NULL;
 }
@@ -206,7 +202,7 @@ static void send_all(server *srv, const psagg__agree_msg *m)
 {
     const struct failover *fo = srv->failover;
     for (int w = 0; w < srv->n_workers; w++)
-        if (fo->member[w] || (m->kind == PSAGG_AGREE_DECIDED && fo->admit[w]))
+        if (server_member(srv, w) || (m->kind == PSAGG_AGREE_DECIDED && fo->admit[w]))
             send_agree(srv, w, m);
 }
 
@@ -334,8 +330,7 @@ static void apply_members(server *srv, struct failover *fo, const uint8_t *v,
             server_member_leave(srv, w, vh->epoch,
                                 fo->gone[w] == 2 ? "it is done (psagg_close)"
                                                  : "the coordinator of the server view lost it");
-            if (nl + 8 < sizeof left)
-                nl += (size_t)snprintf(left + nl, sizeof left - nl, "%s%d", nl ? "," : "", w);
+            nl = psagg__list_int(left, sizeof left, nl, w);
         } else if (!server_member(srv, w) && member[w]) {
             if (!srv->workers[w].joining || srv->workers[w].state != W_DECLARED)
                 LOG_WARN(&srv->log,
@@ -343,10 +338,8 @@ static void apply_members(server *srv, struct failover *fo, const uint8_t *v,
                          "here wait for it until a view removes it)",
                          vh->epoch, w);
             server_member_admit(srv, w);
-            if (nj + 8 < sizeof joined)
-                nj += (size_t)snprintf(joined + nj, sizeof joined - nj, "%s%d", nj ? "," : "", w);
+            nj = psagg__list_int(joined, sizeof joined, nj, w);
         }
-        fo->member[w] = member[w];
         if (!member[w])
             fo->gone[w] = 0;
         else
@@ -514,7 +507,7 @@ static void chunk_rounds(const server *srv, const struct failover *fo, uint32_t 
     *start = *end = *relayer = 0;
     for (int w = 0; w < srv->n_workers; w++) {
         uint32_t r = fo->rounds[(size_t)w * srv->layout.n_chunks + g];
-        if (!fo->reported[w] || !fo->member[w] || fo->gone[w])
+        if (!fo->reported[w] || !server_member(srv, w) || fo->gone[w])
             continue;
         if (first || r < *start)
             *start = r;
@@ -530,7 +523,7 @@ static void chunk_rounds(const server *srv, const struct failover *fo, uint32_t 
 static int all_reported(const server *srv, const struct failover *fo)
 {
     for (int w = 0; w < srv->n_workers; w++)
-        if (!fo->reported[w] && fo->member[w] && !fo->gone[w])
+        if (!fo->reported[w] && server_member(srv, w) && !fo->gone[w])
             return 0;
     return 1;
 }
@@ -604,7 +597,8 @@ static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *
                            .n_workers = (uint32_t)srv->n_workers};
     member = v + psagg__view_members_at(n_s, n_c, n_moves);
     for (int w = 0; w < srv->n_workers; w++) { /* (the lost and done out, the joiners in) */
-        member[w] = (uint8_t)((fo->member[w] && !fo->gone[w]) || (!fo->member[w] && fo->admit[w]));
+        member[w] = (uint8_t)((server_member(srv, w) && !fo->gone[w]) ||
+                              (!server_member(srv, w) && fo->admit[w]));
         vh.n_members += member[w];
     }
     memcpy(v, &vh, sizeof vh);
@@ -640,15 +634,25 @@ static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *
 static void propose(server *srv, struct failover *fo)
 {
     psagg__agree_msg out;
-    uint8_t *v;
+    uint8_t *v, *member; /* (the acceptors: the members of the view applied here) */
     uint32_t len;
+    psagg_status st;
     if (make_view(srv, fo, &v, &len))
         return;
-    for (int w = 0; w < srv->n_workers; w++) /* the epoch before, for a worker that missed it */
-        if (fo->member[w])
+    if (!(member = malloc((size_t)srv->n_workers))) {
+        free(v);
+        server_fail_job(srv, PSAGG_ENOMEM, "no memory for a proposal");
+        return;
+    }
+    for (int w = 0; w < srv->n_workers; w++) { /* the epoch before, for a worker that missed it */
+        member[w] = (uint8_t)server_member(srv, w);
+        if (member[w])
             send_last(srv, fo, w);
-    if (psagg__proposer_start(&fo->prop, fo->epoch + 1, (uint32_t)srv->n_workers, fo->member, v,
-                              len, &out)) {
+    }
+    st = psagg__proposer_start(&fo->prop, fo->epoch + 1, (uint32_t)srv->n_workers, member, v, len,
+                               &out);
+    free(member);
+    if (st) {
         free(v);
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for a proposal");
         return;
@@ -870,11 +874,11 @@ void failover_member_left(server *srv, int w, const char *why, int bye)
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for a server view");
         return;
     }
-    if (!fo->member[w] || fo->gone[w] || (bye && fo->done[w] == 2))
+    if (!server_member(srv, w) || fo->gone[w] || (bye && fo->done[w] == 2))
         return; /* (a BYE after every member was done: the job's end) */
     fo->gone[w] = bye ? 2 : 1;
     for (int k = 0; k < srv->n_workers; k++)
-        n += fo->member[k] && !fo->gone[k];
+        n += server_member(srv, k) && !fo->gone[k];
     if (!bye && n < srv->cfg.min_workers) {
         server_fail_job(srv, PSAGG_EPEER,
                         "worker %d failed (%s): %d workers left, fewer than min_workers=%d", w, why,
@@ -906,7 +910,7 @@ void failover_admit(server *srv, int w)
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for a server view");
         return;
     }
-    if (fo->member[w] || fo->admit[w])
+    if (server_member(srv, w) || fo->admit[w])
         return;
     fo->admit[w] = 1;
     if (fo->proposing || fo->retry_at || fo->lost >= 0 || fo->back >= 0)
@@ -919,7 +923,7 @@ void failover_admit(server *srv, int w)
 static int members_pending(const server *srv, const struct failover *fo)
 {
     for (int w = 0; w < srv->n_workers; w++)
-        if ((fo->gone[w] && fo->member[w]) || (fo->admit[w] && !fo->member[w]))
+        if ((fo->gone[w] && server_member(srv, w)) || (fo->admit[w] && !server_member(srv, w)))
             return 1;
     return 0;
 }
@@ -1288,7 +1292,7 @@ static void done_leave(server *srv, struct failover *fo, int64_t now)
         fo->back >= 0 || fo->proposing || fo->retry_at)
         return;
     for (int w = 0; w < srv->n_workers; w++)
-        if (fo->done[w] == 1 && fo->member[w] && !fo->gone[w] &&
+        if (fo->done[w] == 1 && server_member(srv, w) && !fo->gone[w] &&
             now - fo->done_at[w] > srv->cfg.op_timeout_ms)
             failover_member_left(srv, w, "it is done while the others run on", 1);
 }
@@ -1311,7 +1315,7 @@ void failover_tick(server *srv, int64_t now)
         now - fo->prop_since > srv->cfg.op_timeout_ms) {
         int n = 0;
         for (int w = 0; w < srv->n_workers; w++)
-            n += fo->member[w];
+            n += server_member(srv, w);
         server_fail_job(srv, PSAGG_ETIMEDOUT,
                         "view %u was not decided within op_timeout_ms=%d: fewer than a "
                         "majority of the %d members of view %u answer (an elastic job with "
@@ -1338,10 +1342,9 @@ void failover_tick(server *srv, int64_t now)
         now - fo->since <= (srv->mb.elastic ? PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms)
                                             : srv->cfg.op_timeout_ms))
         return;
-    for (int w = 0; w < srv->n_workers && used + 8 < sizeof missing; w++)
-        if (!fo->reported[w] && fo->member[w] && !fo->gone[w])
-            used +=
-                (size_t)snprintf(missing + used, sizeof missing - used, "%s%d", used ? "," : "", w);
+    for (int w = 0; w < srv->n_workers; w++)
+        if (!fo->reported[w] && server_member(srv, w) && !fo->gone[w])
+            used = psagg__list_int(missing, sizeof missing, used, w);
     if (fo->lost >= 0) {
         server_fail_job(srv, PSAGG_ETIMEDOUT,
                         "server %d was lost, and workers %s did not report it within "

@@ -10,9 +10,10 @@
  * and compare every further copy of an applied epoch with the first (a difference fails the
  * job, naming the two relays). Another server that loses a worker itself only closes it and
  * waits: the worker, cut off from a server, gives up and so leaves the owner as well. (With
- * [cluster] server_replicas the owner can change with the view: elastic jobs with replicas are
- * refused until the owner's work moves with it; docs/design.md, "Elastic workers with
- * replicas".)
+ * [cluster] server_replicas no MEMBERSHIP frame is used: every membership change is a server
+ * view that the members of the view before it accept (failover.c: failover_member_left,
+ * failover_admit), so a coordinator that dies takes no decision with it; docs/design.md,
+ * "Elastic workers with replicas".)
  *
  * Applying an epoch (the control thread): the leavers' connections are closed, member[] is
  * cleared for them, and every owned chunk gets a retry in its aggregation thread, which
@@ -343,10 +344,13 @@ void membership_relayed(server *srv, int from, const psagg__ctl_hdr *h, const vo
     int n_live = 0;
     ahead_frame *a;
 
-    if (membership_owner(srv) == srv->rank || !srv->mb.elastic) {
+    if (membership_owner(srv) == srv->rank || !srv->mb.elastic || srv->cfg.server_replicas) {
         server_close_worker(srv, from, "sent a MEMBERSHIP frame to server %d, which %s", srv->rank,
-                            srv->mb.elastic ? "decides the membership itself"
-                                            : "runs a job that is not elastic");
+                            !srv->mb.elastic ? "runs a job that is not elastic"
+                            : srv->cfg.server_replicas
+                                ? "runs a job with server replicas (a server view changes the "
+                                  "membership)"
+                                : "decides the membership itself");
         return;
     }
     if (h->len != sizeof *m + (size_t)srv->n_workers || m->n_workers != (uint32_t)srv->n_workers) {
@@ -599,9 +603,7 @@ static void admit_try(server *srv)
         worker_conn *wc = &srv->workers[w];
         if (wc->joining && wc->join_asked && wc->fd >= 0 && wc->state == W_DECLARED) {
             n_join++;
-            used += (size_t)snprintf(who + used, sizeof who - used, "%s%d", used ? "," : "", w);
-            if (used >= sizeof who)
-                used = sizeof who - 1;
+            used = psagg__list_int(who, sizeof who, used, w);
         }
     }
     if (!n_join) { /* the joiners left meanwhile: everyone passes */
@@ -788,10 +790,9 @@ void membership_tick(server *srv, int64_t now)
     if (!srv->mb.own->admit_seq ||
         now - srv->mb.own->admit_since <= PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms))
         return;
-    for (int w = 0; w < srv->n_workers && used + 8 < sizeof missing; w++)
+    for (int w = 0; w < srv->n_workers; w++)
         if (server_member(srv, w) && !srv->workers[w].in_barrier)
-            used +=
-                (size_t)snprintf(missing + used, sizeof missing - used, "%s%d", used ? "," : "", w);
+            used = psagg__list_int(missing, sizeof missing, used, w);
     snprintf(why, sizeof why,
              "not admitted: members %s did not reach barrier %u (psagg_sync_membership) within "
              "1.5 x op_timeout_ms=%d",

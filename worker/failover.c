@@ -439,10 +439,10 @@ static int take_members(psagg_ctx *ctx, const uint8_t *v, const psagg__view_hdr 
         return 0;
     }
     for (int w = 0; w < ctx->world; w++) {
-        if (ctx->live[w] && !member[w] && nl + 8 < sizeof left)
-            nl += (size_t)snprintf(left + nl, sizeof left - nl, "%s%d", nl ? "," : "", w);
-        if (!ctx->live[w] && member[w] && nj + 8 < sizeof joined)
-            nj += (size_t)snprintf(joined + nj, sizeof joined - nj, "%s%d", nj ? "," : "", w);
+        if (ctx->live[w] && !member[w])
+            nl = psagg__list_int(left, sizeof left, nl, w);
+        if (!ctx->live[w] && member[w])
+            nj = psagg__list_int(joined, sizeof joined, nj, w);
         rank += w < ctx->rank && member[w];
     }
     pthread_mutex_lock(&ctx->mu);

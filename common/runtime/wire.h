@@ -118,6 +118,9 @@
  *   Every server applies the same epochs in the same order; only when each applies them
  *   differs, which is why a round in flight at a death may sum the dead worker on one chunk
  *   and not on another (each update says which it did).
+ *   With [cluster] server_replicas there are no MEMBERSHIP frames: the coordinator of the
+ *   server view decides, and each membership change is the next view (its member bytes, AGREE
+ *   frames below), accepted by a majority of the members of the view before it.
  *
  * PARAMETER TENSORS (declared with PSAGG_DECL_PARAM; the servers run [server] optimizer)
  *   Every push of a parameter tensor ends with a psagg__msg_param trailer (inside len, before
