@@ -744,10 +744,9 @@ static void check_rounds(server *srv, agg_thread *t, int64_t now)
             c->shadow) /* (a copy's owner has the deadline) */
             continue;
         if (relayed_round(c)) {
-            for (int w = 0; w < srv->n_workers && used + 8 < sizeof missing; w++)
+            for (int w = 0; w < srv->n_workers; w++)
                 if (c->fenced && !c->repushed[w] && server_member(srv, w))
-                    used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d",
-                                             used ? "," : "", w);
+                    used = psagg__list_int(missing, sizeof missing, used, w);
             server_fail_job(srv, PSAGG_ETIMEDOUT,
                             "tensor '%s' chunk %u round %u: taken over from a lost server, its "
                             "update (which a worker relays) %s within 1.5 x op_timeout_ms=%d%s%s",
@@ -758,10 +757,9 @@ static void check_rounds(server *srv, agg_thread *t, int64_t now)
                             srv->cfg.op_timeout_ms, used ? ": no push from workers " : "", missing);
             return;
         }
-        for (int w = 0; w < srv->n_workers && used + 8 < sizeof missing; w++)
+        for (int w = 0; w < srv->n_workers; w++)
             if (!c->arrived[w] && server_member(srv, w))
-                used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d",
-                                         used ? "," : "", w);
+                used = psagg__list_int(missing, sizeof missing, used, w);
         server_fail_job(srv, PSAGG_ETIMEDOUT,
                         "tensor '%s' chunk %u round %u: no push from workers %s within 1.5 x "
                         "op_timeout_ms=%d",
@@ -1473,4 +1471,14 @@ void agg_teardown(server *srv)
     }
     free(srv->pool.threads);
     srv->pool.threads = NULL;
+}
+
+void agg_settle_routed(server *srv)
+{
+    if (!srv->pool.started)
+        return;
+    psagg__fabric_wake(srv->fab);
+    for (uint32_t i = 0; i < srv->n_held; i++) /* (the chunks routed here: a takeover's too) */
+        if (atomic_load(&srv->route[srv->chunks[i].info - srv->layout.chunks]) == (int)i)
+            agg_enqueue(srv, &srv->chunks[i], NULL);
 }

@@ -199,9 +199,7 @@ void checkpoint_tick(server *srv, int64_t now)
     for (int w = 0; w < srv->n_workers; w++)
         if (server_member(srv, w) && !srv->ckpt->asked[w]) {
             all = 0;
-            if (used + 8 < sizeof missing)
-                used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d",
-                                         used ? "," : "", w);
+            used = psagg__list_int(missing, sizeof missing, used, w);
         }
     if (all) {
         checkpoint_write(srv);

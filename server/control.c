@@ -72,10 +72,10 @@ static void missing_workers(const server *srv, enum worker_state below, char *bu
 {
     size_t used = 0;
     buf[0] = '\0';
-    for (int w = 0; w < srv->n_workers && used + 8 < len; w++)
+    for (int w = 0; w < srv->n_workers; w++)
         if (srv->workers[w].state < below && (below != W_BYE || srv->workers[w].fd >= 0) &&
             (below != W_DECLARED || w < srv->start_workers)) /* (the rest join later) */
-            used += (size_t)snprintf(buf + used, len - used, "%s%d", used ? "," : "", w);
+            used = psagg__list_int(buf, len, used, w);
 }
 
 /* ---- losses ---- */

@@ -45,6 +45,12 @@ struct failover {
        them (UINT32_MAX: none) */
     uint32_t *relay_by;
     uint8_t *last; /* the view decided for `epoch` (NULL at 0) */
+    /* the coordinator's, in an elastic job: members lost or done (a view removes them, 2:
+       done), and joiners a view is to admit */
+    uint8_t *gone, *admit;
+    int members_step;   /* a view that only changes the members is being decided */
+    int64_t *done_at;   /* per worker: when its DONE came */
+    int64_t prop_since; /* when the proposal of the next view began */
     uint32_t last_len;
     int rejoining; /* this server restarted into the running job: no view applied yet */
     /* the coordinator's: one change of the view decided at a time */
@@ -53,9 +59,9 @@ struct failover {
     int holding;       /* (back) the workers were asked to hold its chunks' pushes */
     uint8_t *reported; /* per worker: its report of this change came */
     uint8_t *suspect;  /* per server: a worker reported it lost (since the last view) */
-    uint32_t *start;   /* per chunk: the lowest next-update round reported */
-    /* per chunk: the highest next-update round reported, and the first worker that did */
-    uint32_t *relay_end, *relayer;
+    /* per worker x chunk: the next-update round it reported (make_view takes each chunk's
+       lowest and highest over the members, and a member with the highest as its relayer) */
+    uint32_t *rounds;
     int64_t since; /* the first report (of this step) */
     int proposing;
     int64_t retry_at; /* 0, or when to propose again (an attempt lost) */
@@ -80,18 +86,19 @@ static struct failover *fo_get(server *srv)
     fo->live = malloc((size_t)srv->cfg.n_servers);
     fo->owner = malloc((size_t)(n ? n : 1) * sizeof *fo->owner);
     fo->relay_by = malloc((size_t)(n ? n : 1) * sizeof *fo->relay_by);
-    fo->start = malloc((size_t)(n ? n : 1) * sizeof *fo->start);
-    fo->relay_end = malloc((size_t)(n ? n : 1) * sizeof *fo->relay_end);
-    fo->relayer = malloc((size_t)(n ? n : 1) * sizeof *fo->relayer);
+    fo->rounds = malloc((size_t)(n ? n : 1) * (size_t)srv->n_workers * sizeof *fo->rounds);
     fo->reported = calloc((size_t)srv->n_workers, 1);
     fo->suspect = calloc((size_t)srv->cfg.n_servers, 1);
     fo->done = calloc((size_t)srv->n_workers, 1);
+    fo->gone = calloc((size_t)srv->n_workers, 1);
+    fo->admit = calloc((size_t)srv->n_workers, 1);
+    fo->done_at = calloc((size_t)srv->n_workers, sizeof *fo->done_at);
     fo->loaded = calloc(n ? n : 1, 1);
-    if (!fo->live || !fo->owner || !fo->relay_by || !fo->start || !fo->relay_end || !fo->relayer ||
-        !fo->reported || !fo->suspect || !fo->done || !fo->loaded) {
-        free(fo->live), free(fo->owner), free(fo->start), free(fo->reported);
-        free(fo->relay_end), free(fo->relayer), free(fo->relay_by);
-        free(fo->suspect), free(fo->done), free(fo->loaded), free(fo);
+    if (!fo->live || !fo->owner || !fo->relay_by || !fo->rounds || !fo->reported || !fo->suspect ||
+        !fo->done || !fo->loaded || !fo->gone || !fo->admit || !fo->done_at) {
+        free(fo->live), free(fo->owner), free(fo->rounds), free(fo->reported), free(fo->relay_by);
+        free(fo->suspect), free(fo->done), free(fo->loaded), free(fo->gone);
+        free(fo->admit), free(fo->done_at), free(fo);
         return NULL;
     }
     memset(fo->live, 1, (size_t)srv->cfg.n_servers);
@@ -113,8 +120,8 @@ void failover_fini(server *srv)
     if (!fo)
         return;
     psagg__proposer_free(&fo->prop);
-    free(fo->live), free(fo->owner), free(fo->last), free(fo->start), free(fo->reported);
-    free(fo->relay_end), free(fo->relayer), free(fo->relay_by);
+    free(fo->live), free(fo->owner), free(fo->last), free(fo->rounds), free(fo->reported);
+    free(fo->relay_by), free(fo->gone), free(fo->admit), free(fo->done_at);
     free(fo->suspect), free(fo->done), free(fo->loaded), free(fo);
     srv->failover = NULL;
 }
@@ -190,10 +197,13 @@ static void send_agree(server *srv, int w, const psagg__agree_msg *m)
     free(a);
 }
 
+/* To every member of the view applied here, and (a DECIDED) the joiners it admits. */
 static void send_all(server *srv, const psagg__agree_msg *m)
 {
+    const struct failover *fo = srv->failover;
     for (int w = 0; w < srv->n_workers; w++)
-        send_agree(srv, w, m);
+        if (server_member(srv, w) || (m->kind == PSAGG_AGREE_DECIDED && fo->admit[w]))
+            send_agree(srv, w, m);
 }
 
 /* The decided view of this server's epoch, to worker w (it missed it), if there is one. */
@@ -227,8 +237,22 @@ static const char *view_check(const server *srv, const struct failover *fo, cons
         return "field n_servers differs from the job's servers";
     if (vh.n_chunks != srv->layout.n_chunks)
         return "field n_chunks differs from the layout's chunks";
-    if (vh.n_moves > vh.n_chunks || len != psagg__view_bytes(vh.n_servers, vh.n_chunks, vh.n_moves))
+    if (vh.n_workers != (uint32_t)srv->n_workers)
+        return "field n_workers differs from the job's worker ranks";
+    if (vh.n_moves > vh.n_chunks ||
+        len != psagg__view_bytes(vh.n_servers, vh.n_chunks, vh.n_moves, vh.n_workers))
         return "field n_moves does not match its length";
+    {
+        const uint8_t *member = v + psagg__view_members_at(vh.n_servers, vh.n_chunks, vh.n_moves);
+        uint32_t n_members = 0;
+        for (uint32_t w = 0; w < vh.n_workers; w++) {
+            if (member[w] > 1 || (!member[w] && !srv->mb.elastic))
+                return "a member[] byte is not 0 or 1 (or 0 in a job without elastic workers)";
+            n_members += member[w];
+        }
+        if (!n_members || n_members != vh.n_members)
+            return "field n_members is 0 or not the count of member[]";
+    }
     for (uint32_t s = 0; s < vh.n_servers; s++) {
         if (live[s] > PSAGG_VIEW_LIVE_NEW)
             return "a live[] byte is none of 0, 1, 2";
@@ -289,6 +313,49 @@ static int held_slot(const server *srv, uint32_t g)
             return (int)i;
     return -1;
 }
+
+/*
+ * The members view v names (an elastic job's): a member out of it leaves, a worker new to it is
+ * admitted (it joined here, or it rejoins nothing and its rounds wait for it until a view
+ * removes it); the coordinator's changes it settled are over.
+ */
+static void apply_members(server *srv, struct failover *fo, const uint8_t *v,
+                          const psagg__view_hdr *vh)
+{
+    const uint8_t *member = v + psagg__view_members_at(vh->n_servers, vh->n_chunks, vh->n_moves);
+    char left[96] = "", joined[96] = "";
+    size_t nl = 0, nj = 0;
+    for (int w = 0; w < srv->n_workers; w++) {
+        if (server_member(srv, w) && !member[w]) {
+            server_member_leave(srv, w, vh->epoch,
+                                fo->gone[w] == 2 ? "it is done (psagg_close)"
+                                                 : "the coordinator of the server view lost it");
+            nl = psagg__list_int(left, sizeof left, nl, w);
+        } else if (!server_member(srv, w) && member[w]) {
+            if (!srv->workers[w].joining || srv->workers[w].state != W_DECLARED)
+                LOG_WARN(&srv->log,
+                         "view %u admits worker %d, which has not joined this server (its rounds "
+                         "here wait for it until a view removes it)",
+                         vh->epoch, w);
+            server_member_admit(srv, w);
+            nj = psagg__list_int(joined, sizeof joined, nj, w);
+        }
+        if (!member[w])
+            fo->gone[w] = 0;
+        else
+            fo->admit[w] = 0;
+    }
+    if (!nl && !nj)
+        return;
+    LOG_WARN(&srv->log, "membership in view %u:%s%s%s%s; %d workers now", vh->epoch,
+             nl ? " workers " : "", left, nj ? " joined: " : (nl ? " left" : ""), joined,
+             srv->mb.n);
+    metrics_membership(srv, vh->epoch, srv->mb.n);
+    agg_settle_routed(srv);
+}
+
+static void propose(server *srv, struct failover *fo);
+static int members_pending(const server *srv, const struct failover *fo);
 
 /*
  * Apply the decided view v: a chunk this server now owns starts at its move's round here, one
@@ -401,6 +468,8 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
     memset(fo->reported, 0, (size_t)srv->n_workers);
     memset(fo->suspect, 0, (size_t)srv->cfg.n_servers); /* (reported again if still lost) */
     atomic_store(&srv->mb.epoch, vh.epoch);             /* the push headers' epoch in this job */
+    apply_members(srv, fo, v, &vh);
+    fo->members_step = 0;
     /* a chunk given up stops routing only now: a push of the view before that comes meanwhile
        is dropped by its standby state (its new owner sums it), not taken for a stranger's */
     for (uint32_t g = 0; g < vh.n_chunks; g++)
@@ -412,18 +481,70 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
              "server view %u: %u chunk(s) moved, %u of them to this server (from round %u; %u "
              "round(s) of them with an update a worker relays), %u given back",
              vh.epoch, vh.n_moves, taken, first, relayed, given);
+    if (coordinator(srv, fo, -1) == srv->rank && members_pending(srv, fo)) {
+        fo->members_step = 1; /* (changes that came while this view was decided) */
+        propose(srv, fo);
+    }
+}
+
+/* Worker w's rounds (one u32 per chunk: the next update it takes), kept for make_view. */
+static void take_rounds(server *srv, struct failover *fo, int w, const void *rounds)
+{
+    memcpy(fo->rounds + (size_t)w * srv->layout.n_chunks, rounds,
+           (size_t)srv->layout.n_chunks * sizeof *fo->rounds);
+}
+
+/*
+ * Chunk g's rounds over the members whose report came: the lowest next update (where a moved
+ * chunk starts), the highest, and the lowest member that reported the highest (its relayer:
+ * it has the updates of the rounds between). A worker that left since it reported counts no
+ * more (elastic jobs): a relayer must be there to relay.
+ */
+static void chunk_rounds(const server *srv, const struct failover *fo, uint32_t g, uint32_t *start,
+                         uint32_t *end, uint32_t *relayer)
+{
+    int first = 1;
+    *start = *end = *relayer = 0;
+    for (int w = 0; w < srv->n_workers; w++) {
+        uint32_t r = fo->rounds[(size_t)w * srv->layout.n_chunks + g];
+        if (!fo->reported[w] || !server_member(srv, w) || fo->gone[w])
+            continue;
+        if (first || r < *start)
+            *start = r;
+        if (first || r > *end) {
+            *end = r;
+            *relayer = (uint32_t)w;
+        }
+        first = 0;
+    }
+}
+
+/* Whether every member reported this step (a worker that left need not: elastic jobs). */
+static int all_reported(const server *srv, const struct failover *fo)
+{
+    for (int w = 0; w < srv->n_workers; w++)
+        if (!fo->reported[w] && server_member(srv, w) && !fo->gone[w])
+            return 0;
+    return 1;
+}
+
+static void start_step(server *srv, struct failover *fo)
+{
+    fo->since = psagg__now_ms();
+    memset(fo->reported, 0, (size_t)srv->n_workers);
 }
 
 /*
  * The next view: without fo->lost (its chunks to the first live server from their layout owner
  * on that holds their state), or with fo->back (the chunks of its layout moved back to it),
- * each move from fo->start[]. Into *out (malloc'd); 0, or -1 (the job failed).
+ * each move from the lowest round the members reported (chunk_rounds). Into *out (malloc'd); 0,
+ * or -1 (the job failed).
  */
 static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *len)
 {
     uint32_t n_s = (uint32_t)srv->cfg.n_servers, n_c = srv->layout.n_chunks, n_moves = 0, k = 0;
     psagg__view_hdr vh;
-    uint8_t *v, *live;
+    uint8_t *v, *live, *member;
     uint32_t *to = malloc((n_c ? n_c : 1) * sizeof *to);
     if (!to) {
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for a view");
@@ -463,14 +584,23 @@ static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *
         }
         n_moves += to[g] != fo->owner[g];
     }
-    *len = (uint32_t)psagg__view_bytes(n_s, n_c, n_moves);
+    *len = (uint32_t)psagg__view_bytes(n_s, n_c, n_moves, (uint32_t)srv->n_workers);
     if (!(v = calloc(1, *len))) {
         free(to);
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for a view");
         return -1;
     }
-    vh = (psagg__view_hdr){
-        .epoch = fo->epoch + 1, .n_servers = n_s, .n_moves = n_moves, .n_chunks = n_c};
+    vh = (psagg__view_hdr){.epoch = fo->epoch + 1,
+                           .n_servers = n_s,
+                           .n_moves = n_moves,
+                           .n_chunks = n_c,
+                           .n_workers = (uint32_t)srv->n_workers};
+    member = v + psagg__view_members_at(n_s, n_c, n_moves);
+    for (int w = 0; w < srv->n_workers; w++) { /* (the lost and done out, the joiners in) */
+        member[w] = (uint8_t)((server_member(srv, w) && !fo->gone[w]) ||
+                              (!server_member(srv, w) && fo->admit[w]));
+        vh.n_members += member[w];
+    }
     memcpy(v, &vh, sizeof vh);
     live = v + sizeof vh;
     memcpy(live, fo->live, n_s);
@@ -483,12 +613,15 @@ static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *
         memcpy(v + psagg__view_owners_at(n_s) + (size_t)g * sizeof o, &o, sizeof o);
         if (to[g] != fo->owner[g]) {
             /* (a chunk with copies: the copy's state has the round's sum as the owner's had) */
-            int relay = !copied(srv, g) && fo->relay_end[g] > fo->start[g];
+            uint32_t start, end, relayer;
+            int relay;
+            chunk_rounds(srv, fo, g, &start, &end, &relayer);
+            relay = !copied(srv, g) && end > start;
             psagg__view_move m = {.chunk = g,
                                   .owner = to[g],
-                                  .start = fo->start[g],
-                                  .relay_end = relay ? fo->relay_end[g] : fo->start[g],
-                                  .relayer = relay ? fo->relayer[g] : 0};
+                                  .start = start,
+                                  .relay_end = relay ? end : start,
+                                  .relayer = relay ? relayer : 0};
             memcpy(v + psagg__view_moves_at(n_s, n_c) + (size_t)k++ * sizeof m, &m, sizeof m);
         }
     }
@@ -501,26 +634,42 @@ static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *
 static void propose(server *srv, struct failover *fo)
 {
     psagg__agree_msg out;
-    uint8_t *v;
+    uint8_t *v, *member; /* (the acceptors: the members of the view applied here) */
     uint32_t len;
+    psagg_status st;
     if (make_view(srv, fo, &v, &len))
         return;
-    for (int w = 0; w < srv->n_workers; w++) /* the epoch before, for a worker that missed it */
-        send_last(srv, fo, w);
-    if (psagg__proposer_start(&fo->prop, fo->epoch + 1, (uint32_t)srv->n_workers, v, len, &out)) {
+    if (!(member = malloc((size_t)srv->n_workers))) {
+        free(v);
+        server_fail_job(srv, PSAGG_ENOMEM, "no memory for a proposal");
+        return;
+    }
+    for (int w = 0; w < srv->n_workers; w++) { /* the epoch before, for a worker that missed it */
+        member[w] = (uint8_t)server_member(srv, w);
+        if (member[w])
+            send_last(srv, fo, w);
+    }
+    st = psagg__proposer_start(&fo->prop, fo->epoch + 1, (uint32_t)srv->n_workers, member, v, len,
+                               &out);
+    free(member);
+    if (st) {
         free(v);
         server_fail_job(srv, PSAGG_ENOMEM, "no memory for a proposal");
         return;
     }
     free(v);
     fo->proposing = 1;
+    if (!fo->retry_at)
+        fo->prop_since = psagg__now_ms();
     fo->retry_at = 0;
     if (fo->lost >= 0)
-        LOG_WARN(&srv->log, "every worker lost server %d: proposing view %u without it", fo->lost,
+        LOG_WARN(&srv->log, "every member lost server %d: proposing view %u without it", fo->lost,
                  fo->epoch + 1);
-    else
-        LOG_WARN(&srv->log, "server %d is back at every worker: proposing view %u with it",
+    else if (fo->back >= 0)
+        LOG_WARN(&srv->log, "server %d is back at every member: proposing view %u with it",
                  fo->back, fo->epoch + 1);
+    else
+        LOG_WARN(&srv->log, "proposing view %u: the members change", fo->epoch + 1);
     send_all(srv, &out);
 }
 
@@ -561,41 +710,6 @@ static struct failover *report_frame(server *srv, int w, const psagg__ctl_hdr *h
         return NULL;
     }
     return fo;
-}
-
-/* Worker w's rounds (one u32 per chunk: the next update it takes): the lowest of each chunk
-   into fo->start, the highest into fo->relay_end, with the first worker that reported it. */
-static void take_rounds(server *srv, struct failover *fo, int w, const void *rounds)
-{
-    for (uint32_t g = 0; g < srv->layout.n_chunks; g++) {
-        uint32_t r;
-        memcpy(&r, (const uint8_t *)rounds + (size_t)g * sizeof r, sizeof r);
-        if (r < fo->start[g])
-            fo->start[g] = r;
-        if (r > fo->relay_end[g] || fo->relayer[g] == UINT32_MAX) {
-            fo->relay_end[g] = r;
-            fo->relayer[g] = (uint32_t)w;
-        }
-    }
-}
-
-static int all_reported(const server *srv, const struct failover *fo)
-{
-    for (int w = 0; w < srv->n_workers; w++)
-        if (!fo->reported[w])
-            return 0;
-    return 1;
-}
-
-static void start_step(server *srv, struct failover *fo)
-{
-    fo->since = psagg__now_ms();
-    memset(fo->reported, 0, (size_t)srv->n_workers);
-    for (uint32_t g = 0; g < srv->layout.n_chunks; g++) {
-        fo->start[g] = UINT32_MAX;
-        fo->relay_end[g] = 0;
-        fo->relayer[g] = UINT32_MAX;
-    }
 }
 
 void failover_lost(server *srv, int w, const psagg__ctl_hdr *h, const void *body)
@@ -747,6 +861,74 @@ void failover_back(server *srv, int w, const psagg__ctl_hdr *h, const void *body
 }
 
 /*
+ * Worker w, a member, is lost (why) or done (bye) here, on the coordinator of an elastic job
+ * (membership.c's owner): the next view removes it. A step that waited for its report goes on
+ * without it; with no step under way, a view that only removes it is proposed. A view being
+ * decided already is not changed: the change goes into the one after it (apply_view).
+ */
+void failover_member_left(server *srv, int w, const char *why, int bye)
+{
+    struct failover *fo = fo_get(srv);
+    int n = 0;
+    if (!fo) {
+        server_fail_job(srv, PSAGG_ENOMEM, "no memory for a server view");
+        return;
+    }
+    if (!server_member(srv, w) || fo->gone[w] || (bye && fo->done[w] == 2))
+        return; /* (a BYE after every member was done: the job's end) */
+    fo->gone[w] = bye ? 2 : 1;
+    for (int k = 0; k < srv->n_workers; k++)
+        n += server_member(srv, k) && !fo->gone[k];
+    if (!bye && n < srv->cfg.min_workers) {
+        server_fail_job(srv, PSAGG_EPEER,
+                        "worker %d failed (%s): %d workers left, fewer than min_workers=%d", w, why,
+                        n, srv->cfg.min_workers);
+        return;
+    }
+    LOG_WARN(&srv->log, "worker %d %s (%s): the next view removes it; %d workers go on", w,
+             bye ? "is done" : "lost", why, n);
+    if (fo->proposing || fo->retry_at)
+        return;
+    if (fo->lost < 0 && fo->back < 0) {
+        fo->members_step = 1;
+        propose(srv, fo);
+    } else if (!all_reported(srv, fo)) {
+        return;
+    } else if (fo->lost >= 0) {
+        propose(srv, fo);
+    } else if (!fo->holding) {
+        ask_hold(srv, fo);
+    } else if (!fo->state_wait && !ask_state(srv, fo)) {
+        propose(srv, fo);
+    }
+}
+
+void failover_admit(server *srv, int w)
+{
+    struct failover *fo = fo_get(srv);
+    if (!fo) {
+        server_fail_job(srv, PSAGG_ENOMEM, "no memory for a server view");
+        return;
+    }
+    if (server_member(srv, w) || fo->admit[w])
+        return;
+    fo->admit[w] = 1;
+    if (fo->proposing || fo->retry_at || fo->lost >= 0 || fo->back >= 0)
+        return; /* (the view after the one under way: apply_view) */
+    fo->members_step = 1;
+    propose(srv, fo);
+}
+
+/* Whether the coordinator has members to remove or joiners to admit that no view did yet. */
+static int members_pending(const server *srv, const struct failover *fo)
+{
+    for (int w = 0; w < srv->n_workers; w++)
+        if ((fo->gone[w] && server_member(srv, w)) || (fo->admit[w] && !server_member(srv, w)))
+            return 1;
+    return 0;
+}
+
+/*
  * The state, with an AGREE or VIEW frame's header in *a (its view follows it in body): NULL
  * when there is no memory (the job failed) or the frame is malformed (worker w closed).
  */
@@ -832,7 +1014,8 @@ void failover_agree(server *srv, int w, const psagg__ctl_hdr *h, const void *bod
  * The end of a job (psagg_close): once every worker said DONE (or BYE) here, each that said DONE
  * is answered DONE. Until then they stay: a worker's last pushes may still be needed (a server
  * that dies after sending some workers a round's update but not others: the new owner sums
- * that round again).
+ * that round again). An elastic job's workers that left are not waited for; one done while the
+ * others run on leaves op_timeout_ms later (failover_tick).
  */
 void failover_done_check(server *srv)
 {
@@ -841,7 +1024,7 @@ void failover_done_check(server *srv)
     if (!fo)
         return;
     for (int k = 0; k < srv->n_workers; k++)
-        if (!fo->done[k] && srv->workers[k].state != W_BYE)
+        if (!fo->done[k] && srv->workers[k].state != W_BYE && server_member(srv, k))
             return;
     for (int k = 0; k < srv->n_workers; k++) {
         worker_conn *wc = &srv->workers[k];
@@ -866,6 +1049,8 @@ void failover_done(server *srv, int w, const psagg__ctl_hdr *h, const void *body
         return;
     }
     LOG_INFO(&srv->log, "worker %d is done with its rounds (DONE)", w);
+    if (!fo->done[w])
+        fo->done_at[w] = psagg__now_ms();
     fo->done[w] = 1;
     failover_done_check(srv);
 }
@@ -1096,17 +1281,50 @@ void failover_view(server *srv, int w, const psagg__ctl_hdr *h, const void *body
     apply_view(srv, fo, v, a.value_len);
 }
 
+/*
+ * The coordinator of an elastic job: a member done (DONE) op_timeout_ms ago while others are
+ * not leaves, unless a step is under way (its last pushes may be needed till then). Workers
+ * that end a job together are done within far less: they stay members to the end.
+ */
+static void done_leave(server *srv, struct failover *fo, int64_t now)
+{
+    if (!srv->mb.elastic || coordinator(srv, fo, -1) != srv->rank || fo->lost >= 0 ||
+        fo->back >= 0 || fo->proposing || fo->retry_at)
+        return;
+    for (int w = 0; w < srv->n_workers; w++)
+        if (fo->done[w] == 1 && server_member(srv, w) && !fo->gone[w] &&
+            now - fo->done_at[w] > srv->cfg.op_timeout_ms)
+            failover_member_left(srv, w, "it is done while the others run on", 1);
+}
+
 void failover_tick(server *srv, int64_t now)
 {
     struct failover *fo = srv->failover;
     char missing[128] = "";
     size_t used = 0;
-    if (!fo || (fo->lost < 0 && fo->back < 0))
+    if (fo)
+        done_leave(srv, fo, now);
+    if (!fo || (fo->lost < 0 && fo->back < 0 && !fo->members_step))
         return;
     if (!fo->proposing && fo->retry_at && now >= fo->retry_at) {
         propose(srv, fo);
         return;
     }
+    /* (an elastic job's members may be gone: without a majority of them nothing is decided) */
+    if ((fo->proposing || fo->retry_at) && srv->mb.elastic &&
+        now - fo->prop_since > srv->cfg.op_timeout_ms) {
+        int n = 0;
+        for (int w = 0; w < srv->n_workers; w++)
+            n += server_member(srv, w);
+        server_fail_job(srv, PSAGG_ETIMEDOUT,
+                        "view %u was not decided within op_timeout_ms=%d: fewer than a "
+                        "majority of the %d members of view %u answer (an elastic job with "
+                        "server_replicas goes on while more than half of each view's members live)",
+                        fo->epoch + 1, srv->cfg.op_timeout_ms, n, fo->epoch);
+        return;
+    }
+    if (fo->members_step)
+        return;
     if (fo->state_wait) { /* (the workers hold its chunks meanwhile: not for ever) */
         if (now - fo->since > srv->cfg.op_timeout_ms) {
             LOG_WARN(&srv->log,
@@ -1118,12 +1336,15 @@ void failover_tick(server *srv, int64_t now)
         }
         return;
     }
-    if (fo->proposing || fo->retry_at || now - fo->since <= srv->cfg.op_timeout_ms)
-        return; /* (every report came: a lost ballot waits for its retry, no timeout) */
-    for (int w = 0; w < srv->n_workers && used + 8 < sizeof missing; w++)
-        if (!fo->reported[w])
-            used +=
-                (size_t)snprintf(missing + used, sizeof missing - used, "%s%d", used ? "," : "", w);
+    /* (every report came: a lost ballot waits for its retry, no timeout; an elastic job's
+       member that stopped is lost after op_timeout_ms of silence, and need not report) */
+    if (fo->proposing || fo->retry_at ||
+        now - fo->since <= (srv->mb.elastic ? PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms)
+                                            : srv->cfg.op_timeout_ms))
+        return;
+    for (int w = 0; w < srv->n_workers; w++)
+        if (!fo->reported[w] && server_member(srv, w) && !fo->gone[w])
+            used = psagg__list_int(missing, sizeof missing, used, w);
     if (fo->lost >= 0) {
         server_fail_job(srv, PSAGG_ETIMEDOUT,
                         "server %d was lost, and workers %s did not report it within "

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "runtime/channel.h"
@@ -154,4 +155,31 @@ void server_drop_worker(server *srv, int w, psagg_status status, const char *why
     wc->state = W_DEAD;
     wc->lost = 1;
     wc->lost_status = status;
+}
+
+void server_member_leave(server *srv, int w, uint32_t epoch, const char *why)
+{
+    worker_conn *wc = &srv->workers[w];
+    atomic_store(&srv->mb.member[w], 0);
+    srv->mb.n--;
+    if (wc->fd >= 0) {
+        char msg[320];
+        snprintf(msg, sizeof msg, "removed from the job in membership epoch %u: %s", epoch, why);
+        server_verdict(srv, wc->fd, &wc->auth, PSAGG_CTL_ERROR, PSAGG_EPEER, msg);
+        close(wc->fd);
+        wc->fd = -1;
+        psagg__ctl_reader_reset(&wc->rd);
+    }
+    if (wc->state != W_BYE)
+        wc->state = W_DEAD;
+}
+
+void server_member_admit(server *srv, int w)
+{
+    worker_conn *wc = &srv->workers[w];
+    wc->joining = 0;
+    wc->join_asked = 0;
+    wc->heard_at = psagg__now_ms();
+    atomic_store(&srv->mb.member[w], 1);
+    srv->mb.n++;
 }

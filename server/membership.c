@@ -10,9 +10,10 @@
  * and compare every further copy of an applied epoch with the first (a difference fails the
  * job, naming the two relays). Another server that loses a worker itself only closes it and
  * waits: the worker, cut off from a server, gives up and so leaves the owner as well. (With
- * [cluster] server_replicas the owner can change with the view: elastic jobs with replicas are
- * refused until the owner's work moves with it; docs/design.md, "Elastic workers with
- * replicas".)
+ * [cluster] server_replicas no MEMBERSHIP frame is used: every membership change is a server
+ * view that the members of the view before it accept (failover.c: failover_member_left,
+ * failover_admit), so a coordinator that dies takes no decision with it; docs/design.md,
+ * "Elastic workers with replicas".)
  *
  * Applying an epoch (the control thread): the leavers' connections are closed, member[] is
  * cleared for them, and every owned chunk gets a retry in its aggregation thread, which
@@ -114,17 +115,6 @@ void membership_fini(server *srv)
     srv->mb.own = NULL;
 }
 
-/* Let every owned chunk look at its round again (the aggregation threads), and the progress
- * thread route the pushes that waited for this epoch. */
-static void settle_all(server *srv)
-{
-    if (!srv->pool.started)
-        return;
-    psagg__fabric_wake(srv->fab);
-    for (uint32_t i = 0; i < srv->n_owned; i++)
-        agg_enqueue(srv, &srv->chunks[i], NULL);
-}
-
 /* Server 0: send epoch frame m (len bytes) to every live worker, which relays it. */
 static void announce(server *srv, const psagg__ctl_membership *m, uint32_t len)
 {
@@ -148,24 +138,6 @@ void membership_refuse(server *srv, int w, psagg_status status, const char *why)
     psagg__ctl_reader_reset(&wc->rd);
     wc->state = W_DEAD;
     wc->joining = 0;
-}
-
-/* Close worker w (a leaver) here: it is no member from now on. */
-static void leave(server *srv, int w, uint32_t epoch, const char *why)
-{
-    worker_conn *wc = &srv->workers[w];
-    atomic_store(&srv->mb.member[w], 0);
-    srv->mb.n--;
-    if (wc->fd >= 0) {
-        char msg[320];
-        snprintf(msg, sizeof msg, "removed from the job in membership epoch %u: %s", epoch, why);
-        server_verdict(srv, wc->fd, &wc->auth, PSAGG_CTL_ERROR, PSAGG_EPEER, msg);
-        close(wc->fd);
-        wc->fd = -1;
-        psagg__ctl_reader_reset(&wc->rd);
-    }
-    if (wc->state != W_BYE)
-        wc->state = W_DEAD;
 }
 
 /* Keep the frame of the epoch applied last (a copy: later relays must equal it). */
@@ -217,8 +189,12 @@ static void leaves(server *srv, int w, const char *why, int bye)
                      w, why, membership_owner(srv));
         return;
     }
+    if (srv->cfg.server_replicas) { /* (the next server view removes it: failover.c) */
+        failover_member_left(srv, w, why, bye);
+        return;
+    }
     epoch = atomic_load(&srv->mb.epoch) + 1;
-    leave(srv, w, epoch, why);
+    server_member_leave(srv, w, epoch, why);
     if (!bye && srv->mb.n < srv->cfg.min_workers) {
         server_fail_job(srv, PSAGG_EPEER,
                         "worker %d failed (%s): %d workers left, fewer than min_workers=%d", w, why,
@@ -247,7 +223,7 @@ static void leaves(server *srv, int w, const char *why, int bye)
     metrics_membership(srv, epoch, srv->mb.n);
     announce(srv, m, len);
     free(m);
-    settle_all(srv);
+    agg_settle_routed(srv);
     if (srv->mb.own->admit_seq)
         admit_try(srv); /* the barrier may have waited only for the leaver */
 }
@@ -282,7 +258,7 @@ static void apply_relayed(server *srv, int from, const psagg__ctl_membership *m,
     }
     for (int k = 0; k < srv->n_workers; k++) {
         if (!live[k] && atomic_load(&srv->mb.member[k]))
-            leave(srv, k, m->epoch, m->why);
+            server_member_leave(srv, k, m->epoch, m->why);
         if (live[k] && !atomic_load(&srv->mb.member[k])) {
             worker_conn *wc = &srv->workers[k];
             if (!wc->joining || wc->state != W_DECLARED)
@@ -290,10 +266,7 @@ static void apply_relayed(server *srv, int from, const psagg__ctl_membership *m,
                          "membership epoch %u admits worker %d, which has not joined this server "
                          "(its rounds here wait for it until server %d removes it)",
                          m->epoch, k, membership_owner(srv));
-            wc->joining = 0;
-            wc->heard_at = psagg__now_ms();
-            atomic_store(&srv->mb.member[k], 1);
-            srv->mb.n++;
+            server_member_admit(srv, k);
         }
     }
     atomic_store(&srv->mb.epoch, m->epoch);
@@ -309,7 +282,7 @@ static void apply_relayed(server *srv, int from, const psagg__ctl_membership *m,
                  "membership epoch %u (server %d's, relayed by worker %d): %s; %d workers now",
                  m->epoch, membership_owner(srv), from, m->why, srv->mb.n);
     metrics_membership(srv, m->epoch, srv->mb.n);
-    settle_all(srv);
+    agg_settle_routed(srv);
 }
 
 /* The frame of epoch e kept ahead (membership_relayed), or NULL. */
@@ -371,10 +344,13 @@ void membership_relayed(server *srv, int from, const psagg__ctl_hdr *h, const vo
     int n_live = 0;
     ahead_frame *a;
 
-    if (membership_owner(srv) == srv->rank || !srv->mb.elastic) {
+    if (membership_owner(srv) == srv->rank || !srv->mb.elastic || srv->cfg.server_replicas) {
         server_close_worker(srv, from, "sent a MEMBERSHIP frame to server %d, which %s", srv->rank,
-                            srv->mb.elastic ? "decides the membership itself"
-                                            : "runs a job that is not elastic");
+                            !srv->mb.elastic ? "runs a job that is not elastic"
+                            : srv->cfg.server_replicas
+                                ? "runs a job with server replicas (a server view changes the "
+                                  "membership)"
+                                : "decides the membership itself");
         return;
     }
     if (h->len != sizeof *m + (size_t)srv->n_workers || m->n_workers != (uint32_t)srv->n_workers) {
@@ -549,6 +525,7 @@ static void barrier_release(server *srv, uint32_t joined)
         if (wc->in_barrier || (joined && wc->sync_seq == seq && server_member(srv, w)))
             sync_done(srv, w, seq, joined);
         wc->in_barrier = 0;
+        wc->view_admit = 0;
     }
     srv->mb.own->free_seq = seq;
     srv->mb.own->admit_seq = 0;
@@ -565,6 +542,44 @@ static void refuse_joiners(server *srv, const char *why)
     }
 }
 
+/*
+ * The admitting barrier of a job with server replicas: once every member is in it, the joiners
+ * go to the coordinator's next view (failover.c: every membership change is a view), and once
+ * that view admitted them (this server applied it), the barrier is released.
+ */
+static void admit_by_view(server *srv)
+{
+    int n_join = 0;
+    for (int w = 0; w < srv->n_workers; w++)
+        if (server_member(srv, w) && !srv->workers[w].in_barrier && !srv->workers[w].view_admit)
+            return; /* not all members are in it yet (the joiners it admitted are not) */
+    for (int w = 0; w < srv->n_workers; w++) {
+        worker_conn *wc = &srv->workers[w];
+        if (wc->view_admit && wc->joining && wc->fd >= 0)
+            return; /* (the view that admits it is not applied here yet) */
+        n_join += wc->view_admit;
+    }
+    if (n_join) {
+        for (int w = 0; w < srv->n_workers; w++)
+            srv->workers[w].view_admit = 0;
+        LOG_WARN(&srv->log, "%d worker(s) admitted at barrier %u (a server view)", n_join,
+                 srv->mb.own->admit_seq);
+        barrier_release(srv, (uint32_t)n_join);
+        return;
+    }
+    for (int w = 0; w < srv->n_workers; w++) {
+        worker_conn *wc = &srv->workers[w];
+        if (wc->joining && wc->join_asked && wc->fd >= 0 && wc->state == W_DECLARED) {
+            wc->sync_seq = srv->mb.own->admit_seq;
+            wc->view_admit = 1;
+            n_join++;
+            failover_admit(srv, w);
+        }
+    }
+    if (!n_join) /* the joiners left meanwhile: everyone passes */
+        barrier_release(srv, 0);
+}
+
 /* The admitting barrier: once every member is in it, admit the joiners in one epoch. */
 static void admit_try(server *srv)
 {
@@ -575,6 +590,10 @@ static void admit_try(server *srv)
     size_t used = 0;
     int n_join = 0;
 
+    if (srv->cfg.server_replicas) {
+        admit_by_view(srv);
+        return;
+    }
     for (int w = 0; w < srv->n_workers; w++)
         if (server_member(srv, w) && !srv->workers[w].in_barrier)
             return; /* not all members are in it yet */
@@ -584,9 +603,7 @@ static void admit_try(server *srv)
         worker_conn *wc = &srv->workers[w];
         if (wc->joining && wc->join_asked && wc->fd >= 0 && wc->state == W_DECLARED) {
             n_join++;
-            used += (size_t)snprintf(who + used, sizeof who - used, "%s%d", used ? "," : "", w);
-            if (used >= sizeof who)
-                used = sizeof who - 1;
+            used = psagg__list_int(who, sizeof who, used, w);
         }
     }
     if (!n_join) { /* the joiners left meanwhile: everyone passes */
@@ -602,12 +619,8 @@ static void admit_try(server *srv)
     for (int w = 0; w < srv->n_workers; w++) {
         worker_conn *wc = &srv->workers[w];
         if (wc->joining && wc->join_asked && wc->fd >= 0 && wc->state == W_DECLARED) {
-            wc->joining = 0;
-            wc->join_asked = 0;
             wc->sync_seq = srv->mb.own->admit_seq;
-            wc->heard_at = psagg__now_ms();
-            atomic_store(&srv->mb.member[w], 1);
-            srv->mb.n++;
+            server_member_admit(srv, w);
         }
         live[w] = atomic_load(&srv->mb.member[w]);
     }
@@ -680,7 +693,10 @@ void membership_sync(server *srv, int w, const psagg__ctl_hdr *h, const void *bo
                             h->len, n, adapt_tensors, gens);
         return;
     }
-    if (sy->seq != wc->sync_seq + 1) {
+    /* (with server replicas this server may have become the owner since the worker's last
+       barrier, which another one passed) */
+    if (srv->cfg.server_replicas ? (int32_t)(sy->seq - wc->sync_seq) <= 0
+                                 : sy->seq != wc->sync_seq + 1) {
         server_close_worker(srv, w, "SYNC field seq is %u, after barrier %u", sy->seq,
                             wc->sync_seq);
         return;
@@ -769,13 +785,14 @@ void membership_tick(server *srv, int64_t now)
     char missing[128] = "", why[300];
     size_t used = 0;
     check_ahead(srv, now);
+    if (srv->cfg.server_replicas && srv->mb.own->admit_seq)
+        admit_try(srv); /* (the view that admits its joiners may have come) */
     if (!srv->mb.own->admit_seq ||
         now - srv->mb.own->admit_since <= PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms))
         return;
-    for (int w = 0; w < srv->n_workers && used + 8 < sizeof missing; w++)
+    for (int w = 0; w < srv->n_workers; w++)
         if (server_member(srv, w) && !srv->workers[w].in_barrier)
-            used +=
-                (size_t)snprintf(missing + used, sizeof missing - used, "%s%d", used ? "," : "", w);
+            used = psagg__list_int(missing, sizeof missing, used, w);
     snprintf(why, sizeof why,
              "not admitted: members %s did not reach barrier %u (psagg_sync_membership) within "
              "1.5 x op_timeout_ms=%d",

@@ -87,6 +87,7 @@ typedef struct worker_conn {
     int join_asked;    /* the membership's owner: its JOIN came (declared on every server) */
     uint32_t sync_seq; /* the owner: the last barrier it sent SYNC for */
     int in_barrier;    /* the owner: waiting in the admitting barrier */
+    int view_admit;    /* the owner, with server replicas: a view is to admit it at that barrier */
 } worker_conn;
 
 #define PENDING_MAX 64 /* unauthenticated connections kept at a time (admission.c) */
@@ -589,6 +590,10 @@ void failover_back(server *srv, int w, const psagg__ctl_hdr *h, const void *body
 void failover_done(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
 void failover_state(server *srv, int w, const psagg__ctl_hdr *h, const void *body);
 void failover_done_check(server *srv); /* (a worker said BYE) */
+/* (membership.c, the owner of an elastic job's membership: the next view removes worker w) */
+void failover_member_left(server *srv, int w, const char *why, int bye);
+/* (the same: the next view admits joiner w) */
+void failover_admit(server *srv, int w);
 void failover_tick(server *srv, int64_t now);
 void failover_fini(server *srv);
 /* Whether the server view applied here names this server chunk g's owner (the layout's before
@@ -649,6 +654,10 @@ psagg_status agg_start(server *srv);
 void agg_stop(server *srv);
 void agg_teardown(server *srv);
 void agg_enqueue(server *srv, chunk_state *c, recv_buf *rb);
+/* Every chunk routed here (owned, or taken over) looks at its round again (a membership
+   change: a round may now have every member's push), and the progress thread routes the pushes
+   that waited for the epoch (the control thread's). */
+void agg_settle_routed(server *srv);
 /* Free rb, a heap copy of a push that waited ahead (rb->spilled; progress_repost). */
 void agg_spill_free(server *srv, recv_buf *rb);
 /*
@@ -794,5 +803,13 @@ void server_verdict(server *srv, int fd, psagg__ctl_auth *auth, uint16_t type, p
 void server_tell_workers(server *srv, int except, uint16_t type, psagg_status status,
                          const char *msg);
 void server_drop_worker(server *srv, int w, psagg_status status, const char *why);
+/*
+ * job.c, the control thread's, for the membership epochs (membership.c) and the views that
+ * carry them (failover.c): worker w leaves (it is no member from now on; its connection, if
+ * any, is closed with an ERROR saying it was removed in `epoch`, and why), or is admitted
+ * (then aggregate.c's agg_settle_routed).
+ */
+void server_member_leave(server *srv, int w, uint32_t epoch, const char *why);
+void server_member_admit(server *srv, int w);
 
 #endif

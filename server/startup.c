@@ -61,16 +61,16 @@ static int compare_declarations(server *srv, char *msg, size_t len)
     for (uint32_t t = 0; t < w0->decl_hdr.count; t++) {
         const psagg__ctl_tensor *a = &w0->decl[t];
         char differ[128] = "";
+        size_t used = 0;
         int first = -1;
         for (int w = r0 + 1; w < srv->start_workers; w++) {
             const psagg__ctl_tensor *b = &srv->workers[w].decl[t];
             if (srv->workers[w].state != W_DECLARED)
                 continue;
             if (memcmp(a, b, sizeof *a)) {
-                size_t used = strlen(differ);
                 if (first < 0)
                     first = w;
-                snprintf(differ + used, sizeof differ - used, "%s%d", used ? "," : "", w);
+                used = psagg__list_int(differ, sizeof differ, used, w);
             }
         }
         if (first >= 0) {

@@ -357,13 +357,12 @@ static void check_deadlines(comm_state *cs)
             worker_fail_all(ctx, PSAGG_ETIMEDOUT, "%s", cs->why);
             return;
         }
-        for (int s = 0; s < ctx->cfg.n_servers && used + 8 < sizeof waiting; s++) {
+        for (int s = 0; s < ctx->cfg.n_servers; s++) {
             int owes = 0; /* s owns a chunk of h whose update has not come */
             for (uint32_t c = 0; c < ti->n_chunks && !owes; c++)
                 owes = !h->chunk_done[c] && chunk_owner(ctx, ti->first_chunk + c) == (uint32_t)s;
             if (owes) {
-                used += (size_t)snprintf(waiting + used, sizeof waiting - used, "%s%d",
-                                         n ? "," : "", s);
+                used = psagg__list_int(waiting, sizeof waiting, used, s);
                 n++;
             }
         }

@@ -220,6 +220,14 @@ static psagg_status barrier_send(psagg_ctx *ctx)
                                 : psagg__ctl_send(ctx->servers[o].fd, &ctx->servers[o].auth,
                                                   PSAGG_CTL_SYNC, sy, (uint32_t)len);
     free(sy);
+    ctx->barrier_to = o;
+    if (st && failover_server_lost(ctx, o, psagg_last_error())) {
+        pthread_mutex_lock(&ctx->mu); /* (with replicas: sent again to the next owner) */
+        if (ctx->barrier.state == 2)
+            ctx->barrier.state = 1;
+        pthread_mutex_unlock(&ctx->mu);
+        return PSAGG_OK;
+    }
     return st ? psagg__fail(PSAGG_EPEER, "sending server %d the SYNC of barrier %u: %s", o, seq,
                             psagg_last_error())
               : PSAGG_OK;
@@ -271,6 +279,13 @@ static int checkpoint_ready(const psagg_ctx *ctx)
     return !failover_deciding(ctx);
 }
 
+/* A barrier's SYNC goes out once the statistics are settled (adapt.c) and, with server
+   replicas, no lost server waits for the view that removes it (it may be the owner). */
+static int barrier_ready(const psagg_ctx *ctx)
+{
+    return adapt_settled(ctx) && !failover_deciding(ctx);
+}
+
 void control_requests_send(psagg_ctx *ctx)
 {
     request_send(ctx, &ctx->ckpt, checkpoint_ready, checkpoint_send);
@@ -278,7 +293,15 @@ void control_requests_send(psagg_ctx *ctx)
         checkpoint_lost(ctx);
     /* a barrier right after a statistics round waits for their push and their solve: every
        member's SYNC then holds the same assignments, which a joiner takes (adapt.c) */
-    request_send(ctx, &ctx->barrier, adapt_settled, barrier_send);
+    /* with server replicas: a SYNC whose owner was lost since goes to the next one, once the
+       view that removes it came (its SYNC_DONE may never come) */
+    if (ctx->failover && !failover_deciding(ctx)) {
+        pthread_mutex_lock(&ctx->mu);
+        if (ctx->barrier.state == 2 && ctx->barrier_to != failover_coordinator(ctx))
+            ctx->barrier.state = 1;
+        pthread_mutex_unlock(&ctx->mu);
+    }
+    request_send(ctx, &ctx->barrier, barrier_ready, barrier_send);
 }
 
 /* ---- membership epochs ---- */

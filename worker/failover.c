@@ -311,9 +311,21 @@ static const char *view_bad(const psagg_ctx *ctx, const uint8_t *v, uint32_t len
         return "shorter than its header";
     memcpy(vh, v, sizeof *vh);
     if (vh->n_servers != (uint32_t)ctx->cfg.n_servers || vh->n_chunks != ctx->layout.n_chunks ||
-        vh->n_moves > vh->n_chunks ||
-        len != psagg__view_bytes(vh->n_servers, vh->n_chunks, vh->n_moves))
-        return "fields n_servers, n_chunks, n_moves do not match the job or its length";
+        vh->n_moves > vh->n_chunks || vh->n_workers != (uint32_t)ctx->world ||
+        len != psagg__view_bytes(vh->n_servers, vh->n_chunks, vh->n_moves, vh->n_workers))
+        return "fields n_servers, n_chunks, n_moves, n_workers do not match the job or its length";
+    {
+        const uint8_t *member =
+            v + psagg__view_members_at(vh->n_servers, vh->n_chunks, vh->n_moves);
+        uint32_t n = 0;
+        for (uint32_t w = 0; w < vh->n_workers; w++) {
+            if (member[w] > 1 || (!member[w] && !ctx->cfg.elastic))
+                return "a member[] byte is not 0 or 1 (or 0 in a job without elastic workers)";
+            n += member[w];
+        }
+        if (n != vh->n_members)
+            return "field n_members is not the count of member[]";
+    }
     for (uint32_t s = 0; s < vh->n_servers; s++)
         if (live[s] > PSAGG_VIEW_LIVE_NEW)
             return "a live[] byte is none of 0, 1, 2";
@@ -404,6 +416,64 @@ void failover_keep_update(psagg_ctx *ctx, uint32_t g, const uint8_t *msg, size_t
     k->len = (uint32_t)len;
 }
 
+/*
+ * The epoch of view v, and the members it names (elastic jobs: every membership change is a
+ * view), taken at once: the live ranks change, and a view without this worker ends it: a
+ * failure, or, once it is done (psagg_close), its leave. 1 when this worker is out.
+ */
+static int take_members(psagg_ctx *ctx, const uint8_t *v, const psagg__view_hdr *vh)
+{
+    struct psagg__failover *fo = ctx->failover;
+    const uint8_t *member = v + psagg__view_members_at(vh->n_servers, vh->n_chunks, vh->n_moves);
+    char left[96] = "", joined[96] = "";
+    size_t nl = 0, nj = 0;
+    int rank = 0;
+    if (!member[ctx->rank] && ctx->joiner && !ctx->declared) {
+        LOG_INFO(&ctx->log, "view %u does not admit this worker yet", vh->epoch);
+        return 1; /* (one decided while its admission was proposed) */
+    }
+    if (!ctx->cfg.elastic) {
+        pthread_mutex_lock(&ctx->mu);
+        ctx->epoch = vh->epoch;
+        pthread_mutex_unlock(&ctx->mu);
+        return 0;
+    }
+    for (int w = 0; w < ctx->world; w++) {
+        if (ctx->live[w] && !member[w])
+            nl = psagg__list_int(left, sizeof left, nl, w);
+        if (!ctx->live[w] && member[w])
+            nj = psagg__list_int(joined, sizeof joined, nj, w);
+        rank += w < ctx->rank && member[w];
+    }
+    pthread_mutex_lock(&ctx->mu);
+    ctx->epoch = vh->epoch;
+    memcpy(ctx->live, member, (size_t)ctx->world);
+    ctx->n_live = (int)vh->n_members;
+    if (!member[ctx->rank]) {
+        if (fo->finishing && !fo->all_done) {
+            fo->all_done = 1;
+            LOG_INFO(&ctx->log, "view %u: this worker, done while the others run on, leaves",
+                     vh->epoch);
+            pthread_cond_broadcast(&ctx->cv);
+            pthread_mutex_unlock(&ctx->mu);
+            return 1;
+        }
+        pthread_mutex_unlock(&ctx->mu);
+        worker_fail_all(ctx, PSAGG_EPEER,
+                        "view %u removed this worker from the job (the coordinator of the server "
+                        "view lost it)",
+                        vh->epoch);
+        return 1;
+    }
+    pthread_mutex_unlock(&ctx->mu);
+    if (!nl && !nj)
+        return 0;
+    LOG_WARN(&ctx->log, "membership in view %u:%s%s%s%s; %u workers now, this one is rank %d",
+             vh->epoch, nl ? " workers " : "", left, nj ? " joined: " : (nl ? " left" : ""), joined,
+             vh->n_members, rank);
+    return 0;
+}
+
 /* Take the decided view v (of epoch acc.epoch - 1): owners, epoch, re-sends, relays, reports. */
 static void take_view(psagg_ctx *ctx, int from, const uint8_t *v, uint32_t len)
 {
@@ -437,9 +507,8 @@ static void take_view(psagg_ctx *ctx, int from, const uint8_t *v, uint32_t len)
         fo->relay_end[m.chunk] = m.relay_end;
     }
     memset(fo->held, 0, ctx->layout.n_chunks); /* a view ends every hold */
-    pthread_mutex_lock(&ctx->mu);
-    ctx->epoch = vh.epoch;
-    pthread_mutex_unlock(&ctx->mu);
+    if (take_members(ctx, v, &vh))
+        return;
     for (int s = 0; s < ctx->cfg.n_servers; s++) {
         uint8_t *st = &fo->state[s];
         fo->fresh[s] = live[s] == PSAGG_VIEW_LIVE_NEW;

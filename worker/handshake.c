@@ -220,12 +220,19 @@ static psagg_status join_states(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, 
  * members' next barrier, PINGing the servers meanwhile (they give up a silent worker); then its
  * MEMBERSHIP (relayed) and SYNC_DONE (the rounds where it starts). Up to 2 x op_timeout_ms: the
  * members call psagg_sync_membership between steps (psagg.torch's elastic wrappers do every step).
+ * With server replicas the admission is a server view (AGREE DECIDED), which it takes whole.
  */
 static psagg_status join_wait(psagg_ctx *ctx)
 {
     int op = ctx->cfg.op_timeout_ms, admitted = 0, o = failover_coordinator(ctx);
     int64_t t0 = psagg__now_ms(), deadline = t0 + PSAGG_OP_DEADLINE_MS(op), next_ping = 0;
     psagg_status st;
+
+    /* (with server replicas: the lowest server it reached, which the view's owner is unless a
+       server died without its loss decided yet: then its join fails, to be tried again) */
+    for (int s = ctx->cfg.n_servers - 1; ctx->failover && s >= 0; s--)
+        if (ctx->servers[s].fd >= 0 && !failover_lost(ctx, s))
+            o = s;
 
     if ((st = psagg__ctl_send(ctx->servers[o].fd, &ctx->servers[o].auth, PSAGG_CTL_JOIN, NULL, 0)))
         return psagg__fail_context(st, "asking server %d to join: ", o);
@@ -239,8 +246,9 @@ static psagg_status join_wait(psagg_ctx *ctx)
                                "every step)",
                                ctx->rank, op);
         if (now >= next_ping) {
-            for (int s = 0; s < ctx->cfg.n_servers; s++)
-                if (psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_PING, NULL,
+            for (int s = 0; s < ctx->cfg.n_servers; s++) /* (not one given up: replicas) */
+                if (ctx->servers[s].fd >= 0 &&
+                    psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_PING, NULL,
                                     0))
                     return psagg__fail_context(PSAGG_EPEER, "server %d: ", s);
             next_ping = now + psagg__ping_interval_ms(op);
@@ -262,9 +270,14 @@ static psagg_status join_wait(psagg_ctx *ctx)
                 return st;
             if (h.type == PSAGG_CTL_PING && h.len == 0)
                 st = PSAGG_OK;
-            else if (s == o && h.type == PSAGG_CTL_MEMBERSHIP)
+            else if (s == o && h.type == PSAGG_CTL_MEMBERSHIP && !ctx->failover)
                 st = membership_take(ctx, s, &h, body, 1);
-            else if (s == o && h.type == PSAGG_CTL_SYNC_DONE && ctx->epoch > 0) {
+            else if (s == o && h.type == PSAGG_CTL_AGREE && ctx->failover) {
+                /* (with server replicas the view that admits it: failover.c takes it) */
+                failover_agree(ctx, s, &h, body);
+                st = worker_failed(ctx) ? psagg__fail(ctx->failed_status, "%s", ctx->failed_msg)
+                                        : PSAGG_OK;
+            } else if (s == o && h.type == PSAGG_CTL_SYNC_DONE && ctx->epoch > 0) {
                 st = join_states(ctx, s, &h, body);
                 admitted = !st;
             } else if ((st = psagg__ctl_error_parse(&h, body, &text)))

@@ -62,9 +62,10 @@ static void session_keys(psagg_ctx *ctx, int s, const psagg__ctl_hello *hello,
  * One HELLO on server s's connection and its answer (worker.h). The first WELCOME taken says
  * what the job runs (the optimizer, quorum, a server residual, whether it runs already); every
  * other is checked against it. HELLO_REJOIN: the job runs, and server s comes back into it
- * (failover.c); HELLO_AGAIN: server s, lost during the start-up, answers again (handshake.c).
- * Same-host copies are set up only at a server's first HELLO (HELLO_START): on the others the
- * provider carries everything.
+ * (failover.c), starting again (its WELCOME says so, also to a worker that joined the job);
+ * HELLO_AGAIN: server s, lost during the start-up, answers again (handshake.c). Same-host copies
+ * are set up only at a server's first HELLO (HELLO_START): on the others the provider carries
+ * everything.
  */
 psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char *peer,
                             enum hello_kind kind)
@@ -139,7 +140,12 @@ psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char 
                                PSAGG_WELCOME_RESIDUAL)) != flags)
             st = psagg__fail(PSAGG_ECONFIG, "%s has data_auth %s, this worker %s", peer,
                              w->flags & PSAGG_HELLO_DATA_AUTH ? "on" : "off", flags ? "on" : "off");
-        else if (other && !!(w->flags & PSAGG_WELCOME_JOINING) != ctx->joiner)
+        else if (rejoin && (w->flags & PSAGG_WELCOME_JOINING))
+            st = psagg__fail(PSAGG_EPROTO,
+                             "%s says the job runs there: not a server that starts again; try "
+                             "again in a moment",
+                             peer);
+        else if (other && !rejoin && !!(w->flags & PSAGG_WELCOME_JOINING) != ctx->joiner)
             st = psagg__fail(PSAGG_EPROTO,
                              "%s says the job %s, server %d that it %s: try again in a moment",
                              peer, w->flags & PSAGG_WELCOME_JOINING ? "runs" : "is starting", ref,

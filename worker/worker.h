@@ -293,6 +293,7 @@ struct psagg_ctx {
     int joiner;
     int welcomed; /* the server whose WELCOME said what the job runs, + 1 (0: none yet; hello.c) */
     ctl_request barrier;
+    int barrier_to; /* the server its SYNC went to (with replicas a later owner is sent it again) */
     uint32_t sync_seq;
     uint32_t sync_joined;
 

@@ -75,3 +75,21 @@ void psagg__lograte_flush(psagg__lograte *lr, const psagg__logger *lg)
     if (lr->count)
         lograte_report(lr, lg, psagg__now_ms());
 }
+
+size_t psagg__list_int(char *buf, size_t len, size_t used, int rank)
+{
+    char item[16];
+    int n = snprintf(item, sizeof item, "%s%d", used ? "," : "", rank);
+
+    if (used >= 3 && memcmp(buf + used - 3, "...", 3) == 0)
+        return used;                  /* (the list ended) */
+    if (used + (size_t)n + 3 < len) { /* (room for it and a later "...") */
+        memcpy(buf + used, item, (size_t)n + 1);
+        return used + (size_t)n;
+    }
+    if (used + 3 < len) {
+        memcpy(buf + used, "...", 4);
+        return used + 3;
+    }
+    return used;
+}

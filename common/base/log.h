@@ -9,6 +9,7 @@
 #ifndef PSAGG_BASE_LOG_H
 #define PSAGG_BASE_LOG_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 enum psagg__log_level { PSAGG_LOG_ERROR = 0, PSAGG_LOG_WARN, PSAGG_LOG_INFO, PSAGG_LOG_DEBUG };
@@ -43,6 +44,13 @@ typedef struct psagg__lograte {
 void psagg__lograte_note(psagg__lograte *lr, const psagg__logger *lg, int every_ms, const char *fmt,
                          ...) __attribute__((format(printf, 4, 5)));
 void psagg__lograte_flush(psagg__lograte *lr, const psagg__logger *lg);
+
+/*
+ * Append rank (or any int) to the comma list in buf (len bytes, `used` of them in use, NUL-ended)
+ * for a message ("workers 0,3,5"); returns the bytes in use after it. A rank that does not
+ * fit ends the list with "..." once; buf stays NUL-ended.
+ */
+size_t psagg__list_int(char *buf, size_t len, size_t used, int rank);
 
 #define LOG_ERROR(lg, ...) psagg__log((lg), PSAGG_LOG_ERROR, __VA_ARGS__)
 #define LOG_WARN(lg, ...)  psagg__log((lg), PSAGG_LOG_WARN, __VA_ARGS__)

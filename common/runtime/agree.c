@@ -107,16 +107,20 @@ static void phase(psagg__proposer *p, int ph)
 {
     p->phase = ph;
     p->votes = 0;
-    memset(p->answered, 0, p->n);
+    for (uint32_t i = 0; i < p->n; i++)
+        p->answered[i] &= 2; /* (bit 1: no voter in this attempt) */
 }
 
-psagg_status psagg__proposer_start(psagg__proposer *p, uint32_t epoch, uint32_t n, const uint8_t *v,
-                                   uint32_t len, psagg__agree_msg *out)
+psagg_status psagg__proposer_start(psagg__proposer *p, uint32_t epoch, uint32_t n,
+                                   const uint8_t *member, const uint8_t *v, uint32_t len,
+                                   psagg__agree_msg *out)
 {
     uint8_t *answered;
-    uint32_t attempt;
+    uint32_t attempt, voters = 0;
 
-    if (n == 0)
+    for (uint32_t i = 0; i < n; i++)
+        voters += !member || member[i];
+    if (voters == 0)
         return PSAGG_EINVAL;
     if (!(answered = realloc(p->answered, n)))
         return PSAGG_ENOMEM;
@@ -129,8 +133,10 @@ psagg_status psagg__proposer_start(psagg__proposer *p, uint32_t epoch, uint32_t 
     p->epoch = epoch;
     p->ballot = psagg__ballot_make(attempt + 1, p->rank);
     p->n = n;
-    p->majority = n / 2 + 1;
+    p->majority = voters / 2 + 1;
     p->best = 0;
+    for (uint32_t i = 0; i < n; i++) /* (the others' answers count for nothing) */
+        p->answered[i] = member && !member[i] ? 2 : 0;
     phase(p, 1);
     *out = (psagg__agree_msg){.kind = PSAGG_AGREE_PREPARE, .epoch = epoch, .ballot = p->ballot};
     return PSAGG_OK;

@@ -121,7 +121,7 @@ typedef struct psagg__proposer {
     psagg__ballot seen;   /* the highest ballot any answer named */
     int phase;            /* 0 idle, 1 preparing, 2 accepting, 3 decided */
     uint32_t n, majority; /* acceptors, and how many make a majority */
-    uint8_t *answered;    /* per acceptor, this phase */
+    uint8_t *answered;    /* per acceptor, this phase (bit 0; bit 1: not a voter) */
     uint32_t votes;
     psagg__ballot best; /* the highest accepted ballot among the promises */
     uint8_t *value;     /* the view this attempt proposes (then: the one decided) */
@@ -132,12 +132,15 @@ typedef struct psagg__proposer {
 void psagg__proposer_init(psagg__proposer *p, uint32_t rank);
 void psagg__proposer_free(psagg__proposer *p);
 /*
- * An attempt at epoch `epoch` with view v (len bytes) among n acceptors, its attempt number
- * above every ballot seen so far: *out is the PREPARE to send to each acceptor. PSAGG_EINVAL
- * when n is 0, PSAGG_ENOMEM.
+ * An attempt at epoch `epoch` with view v (len bytes) among acceptors 0..n-1 (those whose
+ * member[] byte is set, when member is not NULL: the members of epoch - 1, a majority of which
+ * decides; the others' answers count for nothing), its attempt number above every ballot seen
+ * so far: *out is the PREPARE to send to each acceptor. PSAGG_EINVAL when there is no
+ * acceptor, PSAGG_ENOMEM.
  */
-psagg_status psagg__proposer_start(psagg__proposer *p, uint32_t epoch, uint32_t n, const uint8_t *v,
-                                   uint32_t len, psagg__agree_msg *out);
+psagg_status psagg__proposer_start(psagg__proposer *p, uint32_t epoch, uint32_t n,
+                                   const uint8_t *member, const uint8_t *v, uint32_t len,
+                                   psagg__agree_msg *out);
 /* Acceptor `from` (0..n-1) answered: what happened (enum psagg__agree_event), *out set for
    EV_SEND and EV_DECIDED (the DECIDED to send to everyone); PSAGG_ENOMEM. */
 int psagg__proposer_on(psagg__proposer *p, uint32_t from, const psagg__agree_msg *in,

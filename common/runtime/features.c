@@ -76,9 +76,12 @@ const psagg__combo psagg__combos[] = {
      "a parameter's update is the weights' delta in its declared codec"},
     {PSAGG_F_CHECKPOINT, PSAGG_F_OPTIMIZER, 0,
      "a checkpoint holds the weights and the optimizer's state"},
-    {PSAGG_F_REPLICAS, PSAGG_F_ELASTIC, 1,
-     "a server's death is decided with the member workers as witnesses, and elastic membership "
-     "changes that set under it; one agreement for both is not built"},
+    {PSAGG_F_REPLICAS, PSAGG_F_ELASTIC, 0,
+     "every membership change is a server view, decided by a majority of the members before it "
+     "(so a job goes on while fewer than half of its members die at once); a joiner is "
+     "admitted by a view at the members' barrier; summed gradients only (with [server] optimizer, "
+     "error_feedback or quorum it is refused: a chunk's copies would need the round's "
+     "contributors named)"},
     {PSAGG_F_REPLICAS, PSAGG_F_QUORUM, 0,
      "a round the lost owner closed without a straggler is not summed again: a worker that has "
      "its update relays it to the new owner, which sends those bytes, bitmap and all; summed "

@@ -551,9 +551,7 @@ static void default_psm_signals(const psagg__logger *log)
             (!strstr(where.dli_fname, "libinfinipath") && !strstr(where.dli_fname, "libpsm")))
             continue;
         signal(sigs[i], SIG_DFL);
-        if (used + 4 < sizeof reset)
-            used += (size_t)snprintf(reset + used, sizeof reset - used, "%s%d", used ? "," : "",
-                                     sigs[i]);
+        used = psagg__list_int(reset, sizeof reset, used, sigs[i]);
     }
     if (used)
         LOG_DEBUG(log, "signals %s: the psm library's handlers (exit() inside) put back to default",

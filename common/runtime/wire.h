@@ -118,6 +118,9 @@
  *   Every server applies the same epochs in the same order; only when each applies them
  *   differs, which is why a round in flight at a death may sum the dead worker on one chunk
  *   and not on another (each update says which it did).
+ *   With [cluster] server_replicas there are no MEMBERSHIP frames: the coordinator of the
+ *   server view decides, and each membership change is the next view (its member bytes, AGREE
+ *   frames below), accepted by a majority of the members of the view before it.
  *
  * PARAMETER TENSORS (declared with PSAGG_DECL_PARAM; the servers run [server] optimizer)
  *   Every push of a parameter tensor ends with a psagg__msg_param trailer (inside len, before
@@ -196,8 +199,10 @@
  * 21: STATE: a server that comes back receives its chunks' state
  * 22: a view's move names the rounds whose update a worker already has (relay_end, relayer),
  *     and STATE RELAY carries them to the chunk's new owner, which sends those bytes
+ * 23: a view carries the member workers (elastic jobs with replicas decide their membership
+ *     epochs as views), and its header their count
  */
-#define PSAGG_PROTO_VERSION 22
+#define PSAGG_PROTO_VERSION 23
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64
@@ -431,7 +436,11 @@ _Static_assert(sizeof(psagg__ctl_membership) == 256, "psagg__ctl_membership layo
  * once every worker has pushed the chunk in this view (a push with its epoch: the sign that
  * the worker took the view, before which an update from this server would be a stranger's);
  * the pushes of those rounds are dropped. A chunk with copies has relay_end = start (its
- * copy's state is the owner's, sum and all).
+ * copy's state is the owner's, sum and all). Last, n_workers bytes member[]: 1 for the
+ * workers that are members in this epoch (all of them in a static job). In an elastic job with
+ * replicas every membership change is a view (MEMBERSHIP frames are not used): a member lost
+ * or done leaves, and joiners are admitted, by a view without moves; its acceptors are the
+ * members of the view before (a majority of them decides it).
  * A server that held state of a chunk with copies (a parameter's, or any with a server residual)
  * receives it before the view admits it, relayed by one worker (the lowest the coordinator
  * reaches), in STATE frames (psagg__ctl_state, field kind):
@@ -505,8 +514,10 @@ typedef struct psagg__view_hdr {
     uint32_t n_servers;
     uint32_t n_moves;
     uint32_t n_chunks;
+    uint32_t n_workers; /* member[] bytes at its end: the job's worker ranks */
+    uint32_t n_members; /* of them 1 */
 } psagg__view_hdr;
-_Static_assert(sizeof(psagg__view_hdr) == 16, "psagg__view_hdr layout");
+_Static_assert(sizeof(psagg__view_hdr) == 24, "psagg__view_hdr layout");
 
 typedef struct psagg__view_move {
     uint32_t chunk;     /* index in the layout */
@@ -526,9 +537,15 @@ static inline uint64_t psagg__view_moves_at(uint32_t n_servers, uint32_t n_chunk
 {
     return psagg__view_owners_at(n_servers) + ((uint64_t)n_chunks * 2 + 3) / 4 * 4;
 }
-static inline uint64_t psagg__view_bytes(uint32_t n_servers, uint32_t n_chunks, uint32_t n_moves)
+static inline uint64_t psagg__view_members_at(uint32_t n_servers, uint32_t n_chunks,
+                                              uint32_t n_moves)
 {
     return psagg__view_moves_at(n_servers, n_chunks) + (uint64_t)n_moves * sizeof(psagg__view_move);
+}
+static inline uint64_t psagg__view_bytes(uint32_t n_servers, uint32_t n_chunks, uint32_t n_moves,
+                                         uint32_t n_workers)
+{
+    return psagg__view_members_at(n_servers, n_chunks, n_moves) + n_workers;
 }
 
 /* Chunk g's owner and move i of view v (of n_servers servers and n_chunks chunks; its length

@@ -38,6 +38,8 @@
  * it joins the running job, in epoch 1.
  * --lag-round R --lag-ms N: sleep N ms before round R's pushes (the others, while a dying
  * worker pushes that round first); with --lag-rank W only worker W sleeps.
+ * --left-epoch E (jobs with server replicas, whose server views are epochs too): the leave is
+ * the first epoch with fewer members, and it is epoch E (-1: any).
  * --progress prints "ROUND r" before each round's pushes (a harness that acts at a round),
  * and --round-sleep-ms without --sync sleeps that long before each round.
  * Stragglers in an elastic job: --straggler with --elastic-dead R --dead-round D: worker R was
@@ -328,6 +330,7 @@ int main(int argc, char **argv)
                                          {"lag-rank", required_argument, NULL, 'k'},
                                          {"dead-round", required_argument, NULL, 'X'},
                                          {"progress", no_argument, NULL, 'P'},
+                                         {"left-epoch", required_argument, NULL, 'V'},
                                          {NULL, 0, NULL, 0}};
     char sizes_text[512] = "1,1023,4096";
     const char *codec_text = "fp32", *expect_text = NULL;
@@ -341,6 +344,9 @@ int main(int argc, char **argv)
     int lag_round = -1, lag_ms = 0; /* --lag-round, --lag-ms: sleep before that round */
     int lag_rank = -1;              /* --lag-rank: only that worker sleeps (-1: every one) */
     int progress = 0;               /* --progress: "ROUND r" before each round's pushes */
+    /* --left-epoch E: the leave is the first epoch with fewer members, epoch E (with server
+       replicas a server's loss or return is an epoch too) */
+    int left_epoch = 0;
     /* the membership when the leaving was first seen, and at the (latest) admission: later
        epochs are of workers that finished (a worker that is done leaves too) */
     psagg_membership left_m = {.struct_size = sizeof left_m}, adm_m = {.struct_size = sizeof adm_m};
@@ -459,6 +465,9 @@ int main(int argc, char **argv)
             break;
         case 'G':
             grow = 1;
+            break;
+        case 'V':
+            left_epoch = atoi(optarg);
             break;
         default:
             return 2;
@@ -654,7 +663,7 @@ int main(int argc, char **argv)
             psagg_membership m = {.struct_size = sizeof m};
             if ((st = psagg_get_membership(ctx, &m)))
                 goto failed;
-            if (m.epoch > 0) {
+            if (m.epoch > 0 && (!left_epoch || m.size < world)) {
                 after_round = r; /* this round starts after the worker left */
                 left_m = m;
             }
@@ -898,7 +907,9 @@ int main(int argc, char **argv)
         printf("ELASTIC worker %d epoch %u rank %d size %d first-round-after %d longest-round-ms "
                "%.0f final-epoch %u\n",
                rank, e->epoch, e->rank, e->size, after_round, longest_round * 1e3, m.epoch);
-        if (!rejoin && (left_m.epoch != 1 || left_m.size != world - 1 || after_round < 0)) {
+        if (!rejoin &&
+            ((left_epoch >= 0 && left_m.epoch != (left_epoch ? (uint32_t)left_epoch : 1u)) ||
+             left_m.size != world - 1 || after_round < 0)) {
             fprintf(stderr,
                     "FAIL worker %d: worker %d did not leave the job as expected (first epoch "
                     "seen %u, of %d workers)\n",

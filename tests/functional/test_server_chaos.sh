@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# test_server_chaos.sh BUILD_DIR [PORT] - chaos: servers killed and stopped at random times,
-# again and again, and restarted by the launcher ([cluster] server_replicas = 1;
-# docs/server-failover.md, "Chaos").
+# test_server_chaos.sh BUILD_DIR [PART [PORT]] - chaos: servers killed and stopped at random
+# times, again and again, and restarted by the launcher ([cluster] server_replicas = 1;
+# docs/server-failover.md, "Chaos"). PART: servers (1 to 3 below), elastic (4), or all (the
+# default); one ctest entry each.
 #
 # Each job is fn_worker (3 workers, 3 servers, five tensors checked every round: fp32 bit for bit
 # against its own sum, maxmin4 within its bound; --round-sleep-ms 10) under a launcher with
@@ -25,16 +26,23 @@
 #   3. the emulated cluster (deploy/netcluster.sh: one network namespace per process, 1 Gbit/s
 #      links, no same-host copies), psagg-ssh reaching the hosts through deploy/netns-rsh,
 #      --restarts 4, fp32: the same checks (root only; skipped with a message otherwise)
+#   4. elastic workers too ([cluster] elastic = on, 4 workers, fn_worker --sync --rejoin --loose),
+#      psagg-local --restarts 6: each kill SIGKILLs a random server or worker (at least one of
+#      each), and waits until every worker took a killed server back, or the killed worker's
+#      restart joined the running job; the job must end with every worker exiting 0 and the last
+#      10 rounds of all four, each the exact sum of all four, bit-identical (TAIL)
 # The chaos is drawn from one seed, printed first; PSAGG_CHAOS_SEED=N replays its choices (the
 # victims, signals and delays; the rounds they land at depend on the machine). PSAGG_KEEP_TMP=1
 # keeps the logs (one file per job, JOB.log: the launcher's output, every line prefixed by its
 # process; a failure shows each one's errors, warnings and last lines).
 set -u -o pipefail
-build=$(cd -- "${1:?usage: test_server_chaos.sh BUILD_DIR [PORT]}" && pwd) || exit 2
+build=$(cd -- "${1:?usage: test_server_chaos.sh BUILD_DIR [PART [PORT]]}" && pwd) || exit 2
+part=${2:-all}
 # shellcheck source=tests/harness.sh
 . "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
 repo=$h_repo
-reserve_ports 3 "${2:-}"
+case $part in all | servers | elastic) ;; *) fail "PART is all, servers or elastic, not '$part'" ;; esac
+reserve_ports 3 "${3:-}"
 server_bin=$build/server/psagg-server
 worker_bin=$build/tests/functional/fn_worker
 kills=${PSAGG_CHAOS_KILLS:-6}       # loopback: kills per job (and the launcher's --restarts)
@@ -74,6 +82,20 @@ draw_plan fp32 "$kills"
 draw_plan maxmin4 "$kills"
 draw_plan netcluster "$nc_kills"
 draw_plan maxmin4-ef "$kills" # (after the others: a seed replays them as before)
+# the elastic job's: victim 0..2 a server, 3..6 worker victim - 3; all SIGKILL, one of each at least
+declare -A el_v el_ms
+el_text=""
+for ((i = 1; i <= kills; i++)); do
+    el_v[$i]=$((RANDOM % 7)) el_ms[$i]=$((RANDOM % 1000))
+done
+el_v[$((RANDOM % kills + 1))]=$((RANDOM % 3))
+i=$((RANDOM % kills + 1))
+((el_v[$i] >= 3)) || el_v[$((i % kills + 1))]=$((3 + RANDOM % 4))
+for ((i = 1; i <= kills; i++)); do
+    if ((el_v[$i] < 3)); then el_text+=" server${el_v[$i]}"; else el_text+=" worker$((el_v[$i] - 3))"; fi
+    el_text+="+${el_ms[$i]}ms"
+done
+echo "$h_name: plan elastic:$el_text"
 
 # every server of this script's jobs gets SIGCONT when it exits (a stopped one would ignore the
 # launcher's SIGTERM until its SIGKILL)
@@ -233,14 +255,16 @@ stats() {
         "with it back $(mmm "$back")"
 }
 
+# (argv[0] first: not a wrapper whose command line holds the server's, as psagg-ssh's does)
+local_pid() { pgrep -f -- "^([^ ]*/)?psagg-server --config $ini --rank $1\$"; }
+
+if [[ $part != elastic ]]; then
 # ---- 1. loopback, psagg-local ----
 
 job_ini "$tmp/job.ini" 3 3 cluster.server_replicas=1 cluster.op_timeout_ms=$op_ms log.level=info
 job_ini "$tmp/job-ef.ini" 3 3 cluster.server_replicas=1 cluster.op_timeout_ms=$op_ms log.level=info \
     server.error_feedback=on
 ini=$tmp/job.ini # (the loopback jobs' configuration: job-ef.ini for maxmin4-ef)
-# (argv[0] first: not a wrapper whose command line holds the server's, as psagg-ssh's does)
-local_pid() { pgrep -f -- "^([^ ]*/)?psagg-server --config $ini --rank $1\$"; }
 local_label() { echo "server $1 (127.0.0.1:$((port + $1)))"; }
 local_job() { # LOG CODEC [LAUNCHER ARGS...] -- [WORKER ARGS...]: spawned (h_pid)
     local log=$1 codec=$2 a=()
@@ -343,5 +367,77 @@ if ((nc_ok)); then
     stats netcluster "$nc_kills"
     echo "netcluster: $nc_kills kills, every worker bit-identical to the uninterrupted run" \
         "(${ref[fp32]}), $nc_kills restarts in psagg-ssh's summary; $((SECONDS - t0)) s"
+fi
+fi
+
+# ---- 4. elastic workers with replicas: servers and workers killed, psagg-local restarts them ----
+# says_all OUT OFF ERE: every worker 0..3 has a line matching ERE after OFF
+says_all() {
+    tail -n +"$(($2 + 1))" "$1" | awk -v re="$3" "$awk_lib"'
+        { w = who($0) } w >= 0 && $0 ~ re { got[w] = 1 }
+        END { exit !(got[0] && got[1] && got[2] && got[3]) }'
+}
+# says OUT OFF W ERE: worker W has a line matching ERE after OFF
+says() { tail -n +"$(($2 + 1))" "$1" | grep -qE "^\[worker $3\] .*$4"; }
+# the fn_worker of rank W of this job (its environment names it)
+worker_pid() {
+    local p
+    for p in $(pgrep -f -- "^([^ ]*/)?fn_worker .*--rejoin"); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qxF "PSAGG_CONFIG=$ini" &&
+            tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qxF "PSAGG_RANK=$1" && echo "$p"
+    done
+}
+if [[ $part != servers ]]; then
+    t0=$SECONDS
+    ini=$tmp/job-elastic.ini
+    job_ini "$ini" 3 4 cluster.job_id="chaos-el-$port" cluster.elastic=on cluster.min_workers=1 \
+        cluster.server_replicas=1 cluster.op_timeout_ms=$op_ms cluster.connect_timeout_ms=4000 \
+        log.level=info
+    out=$tmp/chaos-elastic.log
+    el_rounds=$((rounds / 2))
+    spawn "$out" "$repo/deploy/psagg-local" --config "$ini" --server-bin "$server_bin" --timeout 240 \
+        --grace 1 --restarts "$kills" -- "$worker_bin" --codec fp32 --sizes $sizes --rounds $el_rounds \
+        --sync --round-sleep-ms 10 --progress --elastic-dead 3 --rejoin --loose --left-epoch -1
+    lp=$h_pid
+    wait_until 60 grep -q 'worker 0\] ROUND 20$' "$out" || fail "elastic: worker 0 never reached round 20"
+    for ((i = 1; i <= kills; i++)); do
+        v=${el_v[$i]} ms=${el_ms[$i]}
+        sleep "$(printf '%d.%03d' $((ms / 1000)) $((ms % 1000)))"
+        r=$(last_round "$out")
+        ((r <= el_rounds - margin)) || fail "elastic: worker 0 is at round $r of $el_rounds before" \
+            "kill $i of $kills: the job is too short for the chaos (PSAGG_CHAOS_ROUNDS)"
+        off=$(wc -l <"$out")
+        t1=$(now)
+        if ((v < 3)); then
+            pid=$(local_pid "$v")
+            [[ $pid =~ ^[0-9]+$ ]] || fail "elastic: kill $i: no single psagg-server of rank $v: '$pid'"
+            kill -KILL "$pid"
+            wait_until 60 says_all "$out" "$off" " server $v is back in view [0-9]+$" ||
+                fail "elastic: kill $i: server $v SIGKILLed at round $r (seed $seed): not every" \
+                    "worker took it back within 60 s"
+            what="server $v"
+        else
+            w=$((v - 3))
+            pid=$(worker_pid $w)
+            [[ $pid =~ ^[0-9]+$ ]] || fail "elastic: kill $i: no single fn_worker of rank $w: '$pid'"
+            kill -KILL "$pid"
+            wait_until 60 says "$out" "$off" $w "joined the running job" ||
+                fail "elastic: kill $i: worker $w SIGKILLed at round $r (seed $seed): its restart" \
+                    "did not join within 60 s"
+            what="worker $w"
+        fi
+        printf 'elastic: kill %d of %d: %s SIGKILLed at round %d: back in the job %.1f s later\n' \
+            "$i" "$kills" "$what" "$r" "$(awk -v a="$(now)" -v b="$t1" 'BEGIN { print a - b }')"
+    done
+    wait_for "$lp" 240
+    rc=$?
+    ((rc == 0)) || fail "elastic: psagg-local exited $rc (seed $seed)"
+    d=$(grep -h '^\[worker [0-3]\] TAIL' "$out" | awk '{ print $4 }' | sort -u)
+    (($(grep -c '^\[worker [0-3]\] TAIL' "$out") == 4 && $(wc -l <<<"$d") == 1)) ||
+        fail "elastic: the last rounds' digests of the 4 workers differ or are missing: $d"
+    grep -qxF "psagg-local: summary: ok, $kills restart(s) of --restarts $kills" "$out" ||
+        fail "elastic: no summary line 'psagg-local: summary: ok, $kills restart(s) of --restarts $kills'"
+    echo "elastic: $kills kills ($el_text ), every worker's last 10 rounds the exact sum of all four," \
+        "bit-identical (TAIL $d); $kills restarts in psagg-local's summary; $((SECONDS - t0)) s"
 fi
 echo "$h_name: ok (seed $seed, $((SECONDS - t_begin)) s)"

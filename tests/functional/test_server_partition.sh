@@ -212,7 +212,7 @@ cut_all() {
     d=$(digests "$name")
     [ "$d" = "$ref" ] || fail "$name: digests '$d', the uninterrupted run's '$ref' (two owners summed?)"
     # the survivor coordinated and took every chunk over; it ends as the job does
-    grep -q "every worker lost server $v: proposing view 1 without it" "$tmp/$name-server$o.log" ||
+    grep -q "every member lost server $v: proposing view 1 without it" "$tmp/$name-server$o.log" ||
         fail "$name: server $o did not propose view 1"
     grep -Eq "server view 1: ([1-9][0-9]*) chunk\(s\) moved, \1 of them to this server" \
         "$tmp/$name-server$o.log" || fail "$name: server $o did not take every chunk of server $v over"

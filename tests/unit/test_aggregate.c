@@ -562,7 +562,8 @@ static int take_over(harness *hz, const psagg__chunk_info **moved, uint32_t rela
     CHECK(*moved && srv->n_held == srv->n_owned + 1, "server 0 holds server 1's chunk on standby");
     CHECK(atomic_load(&srv->route[*moved - srv->layout.chunks]) < 0, "not routed before the view");
     vh.n_chunks = srv->layout.n_chunks;
-    len = (uint32_t)psagg__view_bytes(2, vh.n_chunks, 1);
+    vh.n_workers = vh.n_members = 3;
+    len = (uint32_t)psagg__view_bytes(2, vh.n_chunks, 1, 3);
     CHECK(sizeof(psagg__ctl_agree) + len <= sizeof frame, "a view of %u chunks fits", vh.n_chunks);
     m = (psagg__view_move){.chunk = (uint32_t)(*moved - srv->layout.chunks),
                            .owner = 0,
@@ -575,6 +576,7 @@ static int take_over(harness *hz, const psagg__chunk_info **moved, uint32_t rela
     memcpy(frame + sizeof a, &vh, sizeof vh);
     frame[sizeof a + sizeof vh] = 1; /* live: server 0 */
     memcpy(frame + sizeof a + psagg__view_moves_at(2, vh.n_chunks), &m, sizeof m);
+    memset(frame + sizeof a + psagg__view_members_at(2, vh.n_chunks, 1), 1, 3); /* members */
     failover_view(srv, 0, &(psagg__ctl_hdr){.type = PSAGG_CTL_VIEW, .len = sizeof a + len}, frame);
     CHECK(!atomic_load(&srv->job.failed), "view 1: %s", srv->job.error);
     slot = atomic_load(&srv->route[m.chunk]);

@@ -91,8 +91,8 @@ static void start(sim *s, int p)
         for (int w = 0; w < s->n_w; w++)
             post(s, 1, p, w, &d);
     }
-    CHECK(psagg__proposer_start(&s->prop[p], (uint32_t)e, (uint32_t)s->n_w, (const uint8_t *)view,
-                                (uint32_t)strlen(view), &out) == PSAGG_OK,
+    CHECK(psagg__proposer_start(&s->prop[p], (uint32_t)e, (uint32_t)s->n_w, NULL,
+                                (const uint8_t *)view, (uint32_t)strlen(view), &out) == PSAGG_OK,
           "start");
     for (int w = 0; w < s->n_w; w++)
         post(s, 1, p, w, &out);
@@ -236,7 +236,44 @@ int main(void)
     printf("split: nothing decided in 20000 steps of retries\n");
     sim_free(&S);
 
-    /* 3. randomized */
+    /* 3. the acceptors are the members of the epoch before: of 5 worker ranks, 0..2; the
+       answers of 3 and 4 (left, or joiners not admitted) count for nothing, 2 of 3 decide */
+    {
+        static const uint8_t member[5] = {1, 1, 1, 0, 0};
+        psagg__acceptor acc[5];
+        psagg__proposer pr;
+        psagg__agree_msg out, ans, fin;
+        const uint8_t v[] = "members 0,1,2";
+        int ev = 0;
+        psagg__proposer_init(&pr, 0);
+        CHECK(psagg__proposer_start(&pr, 1, 5, member, v, sizeof v, &out) == PSAGG_OK, "start");
+        for (int w = 0; w < 5; w++)
+            psagg__acceptor_init(&acc[w], 1);
+        for (int w = 4; w >= 1 && ev != PSAGG_AGREE_EV_SEND; w--) { /* PREPARE: 4, 3, 2, 1 */
+            CHECK(psagg__acceptor_on(&acc[w], &out, &ans) == 1, "promise %d", w);
+            ev = psagg__proposer_on(&pr, (uint32_t)w, &ans, &fin);
+            CHECK(ev == (w == 1 ? PSAGG_AGREE_EV_SEND : PSAGG_AGREE_EV_NONE),
+                  "members: promise of %d gave event %d", w, ev);
+        }
+        out = fin;
+        ev = 0;
+        for (int w = 4; w >= 0 && ev != PSAGG_AGREE_EV_DECIDED; w--) { /* ACCEPT: 4, 3, 2, 1 */
+            CHECK(psagg__acceptor_on(&acc[w], &out, &ans) == 1, "accepted %d", w);
+            ev = psagg__proposer_on(&pr, (uint32_t)w, &ans, &fin);
+            CHECK(ev == (w == 1 ? PSAGG_AGREE_EV_DECIDED : PSAGG_AGREE_EV_NONE),
+                  "members: acceptance of %d gave event %d", w, ev);
+        }
+        CHECK(ev == PSAGG_AGREE_EV_DECIDED && !memcmp(fin.value, v, sizeof v), "members: decided");
+        CHECK(psagg__proposer_start(&pr, 2, 5, (const uint8_t[5]){0}, v, sizeof v, &out) ==
+                  PSAGG_EINVAL,
+              "members: an attempt without a member");
+        for (int w = 0; w < 5; w++)
+            psagg__acceptor_free(&acc[w]);
+        psagg__proposer_free(&pr);
+        printf("members: of 5 ranks, members 0..2 decide (2 of 3); 3 and 4 count for nothing\n");
+    }
+
+    /* 4. randomized */
     int cases = 0, live = 0;
     for (uint64_t seed = 1; seed <= 3000; seed++) {
         int n_w = 1 + (int)(seed % MAX_W), n_p = 1 + (int)(seed / MAX_W % MAX_P), reaches;

@@ -290,8 +290,17 @@ static void test_replicas(void)
                              &cfg) == PSAGG_OK,
           "server_replicas with [server] error_feedback (copies of every chunk): %s",
           psagg_last_error());
-    EXPECT_ERROR(TWO_SERVERS "server_replicas = 1\nelastic = on\n", 5, "[cluster] server_replicas",
-                 "does not work with [cluster] elastic = on yet");
+    /* elastic workers with replicas: summed gradients only */
+    CHECK(psagg__config_load(write_ini(TWO_SERVERS "server_replicas = 1\nelastic = on\n"), &cfg) ==
+              PSAGG_OK,
+          "server_replicas with elastic: %s", psagg_last_error());
+    EXPECT_ERROR(TWO_SERVERS "server_replicas = 1\nelastic = on\n[server]\noptimizer = sgd\n", 5,
+                 "[cluster] server_replicas with [cluster] elastic and [server] optimizer",
+                 "summed gradients only");
+    EXPECT_ERROR(TWO_SERVERS "server_replicas = 1\nelastic = on\n[server]\nerror_feedback = on\n",
+                 5, "[cluster] elastic and [server] error_feedback");
+    EXPECT_ERROR(TWO_SERVERS "server_replicas = 1\nelastic = on\n[server]\nquorum = 1\n", 5,
+                 "[cluster] elastic and [server] quorum");
     CHECK(psagg__config_load(write_ini(TWO_SERVERS "server_replicas = 1\n[server]\noptimizer = "
                                                    "sgd\n"),
                              &cfg) == PSAGG_OK,

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# test_elastic_replicas.sh BUILD_DIR [PART [PORT]] - elastic workers with server replicas ([cluster]
+# elastic = on, server_replicas = 1; ctest labels `elastic` and `server_failover`): workers and
+# servers die in one job, and every membership change is a server view.
+#
+# 3 servers, 4 fn_worker processes (fp32, tensors of 1 to 50,000 elements), 200 rounds 3 ms
+# apart, op_timeout_ms = 3000. Worker 3 dies before its round-15 pushes, after its round 14 was
+# whole everywhere, so that every survivor's outputs are the same in every run: each round up
+# to 14 sums all four, each later round the three others (fn_worker --elastic-dead checks
+# that); the survivors' DIGEST must then equal the reference run's, where only the worker dies:
+#   ref        worker 3 SIGKILLed at round 15 (view 1 removes it)
+#   then-s1    ... and server 1 SIGKILLed once worker 0 is at round 40 (view 2 moves its chunks)
+#   then-s0    ... and server 0, the coordinator, at round 40 (server 1 decides view 2)
+#   s0-first   server 0 SIGKILLed at round 8, worker 3 at 15: server 1 decides both views
+#   together   worker 3 and server 1 at round 15 (one view, or two in a row)
+#   stop       worker 3 SIGSTOPped at round 15 (given up after op_timeout_ms of silence)
+# and, with no reference:
+#   two        2 workers: worker 1 SIGKILLed; the view that removes it needs a majority of its
+#              2 members, so worker 0 fails naming that, and so do the servers
+#   join       (--sync) worker 3 killed at round 15 and started again: a view admits it
+#   join-s1    ... server 1 SIGKILLed as the joiner starts; join-s0 the same of server 0
+# PART: leaves (ref up to two), joins (join*), or all (the default); one ctest entry each.
+set -u -o pipefail
+build=$1 part=${2:-all}
+# shellcheck source=tests/harness.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
+reserve_ports 3 "${3:-}"
+case $part in all | leaves | joins) ;; *) fail "PART is all, leaves or joins, not '$part'" ;; esac
+worker_bin=$build/tests/functional/fn_worker
+
+# job NAME WORKERS [KILL_SERVER ROUND] [WORKER3_MODE] : one job; leaves rc[] and logs in $tmp
+job() {
+    local name=$1 n_w=$2 victim=${3:--1} round=${4:-0} mode=${5:-kill} w dead=$(($2 - 1))
+    job_ini "$tmp/$name.ini" 3 "$n_w" cluster.job_id="er-$name-$port" cluster.elastic=on \
+        cluster.min_workers=1 cluster.server_replicas=1 cluster.op_timeout_ms=3000 \
+        worker.chunk_bytes=16384 log.level=info
+    start_servers "$tmp/$name.ini" 3 "$name-"
+    for ((w = 0; w < n_w; w++)); do
+        start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE="$n_w" \
+            "$worker_bin" --codec fp32 --sizes 1,1023,4096,50000,7000 --rounds 200 --round-sleep-ms 3 \
+            --progress --elastic-dead $dead --die-rank $dead --die-round 15 --die-mode "$mode" \
+            --left-epoch "${left_epoch:-1}" ${expect[@]+"${expect[@]}"}
+    done
+    if ((victim >= 0)); then
+        wait_until 60 grep -qs "^ROUND $round\$" "$tmp/$name-worker0.log" ||
+            fail "$name: worker 0 never reached round $round"
+        kill -KILL "${spid[$victim]}"
+    fi
+    for ((w = 0; w < n_w; w++)); do
+        if ((w == dead)); then
+            [ "$mode" = stop ] && { sleep 5; kill -KILL "${wpid[$w]}" 2>/dev/null; }
+            wait "${wpid[$w]}" 2>/dev/null
+            continue
+        fi
+        wait_for "${wpid[$w]}" 90
+        rc[w]=$?
+    done
+}
+
+# survivors NAME VIEW: workers 0..2 exited 0 and took view VIEW; their one digest, in $digest
+survivors() {
+    local name=$1 view=$2 w d
+    for w in 0 1 2; do
+        ((rc[w] == 0)) || { show_log "$tmp/$name-worker$w.log"; fail "$name: worker $w exited ${rc[w]}"; }
+        grep -q "server view $view:" "$tmp/$name-worker$w.log" || fail "$name: worker $w never took view $view"
+    done
+    d=$(grep -h '^DIGEST' "$tmp/$name"-worker[012].log | sort -u)
+    (($(wc -l <<<"$d") == 1)) && [ -n "$d" ] || fail "$name: the survivors' digests differ or are missing: $d"
+    digest=${d#DIGEST }
+}
+
+if [ "$part" != joins ]; then
+job ref 4
+survivors ref 1
+grep -q "membership in view 1: workers 3 left" "$tmp/ref-server0.log" ||
+    fail "ref: server 0 did not remove worker 3 in view 1"
+ref=$digest
+stop_all
+echo "ref: worker 3 left in view 1; digest $ref"
+
+for c in "then-s1 1 40" "then-s0 0 40" "s0-first 0 8" "together 1 15"; do
+    set -- $c
+    left_epoch=1 view=2
+    [ "$1" = s0-first ] && left_epoch=2
+    [ "$1" = together ] && left_epoch=-1 view=1 # (one view for both, or one after the other)
+    job "$1" 4 "$2" "$3"
+    survivors "$1" $view
+    [ "$digest" = "$ref" ] || fail "$1: digest $digest, the reference's $ref"
+    echo "$1: server $2 SIGKILLed at round $3, worker 3 at 15: $(grep -h 'membership in view' "$tmp/$1"-worker0.log | head -1 | sed 's/^.*membership/membership/'); bit-identical"
+    stop_all
+done
+
+job stop 4 -1 0 stop
+survivors stop 1
+[ "$digest" = "$ref" ] || fail "stop: digest $digest, the reference's $ref"
+echo "stop: worker 3 SIGSTOPped at round 15, removed in view 1; bit-identical"
+stop_all
+
+expect=(--expect ETIMEDOUT --expect-text 'fewer than a majority')
+job two 2
+unset expect
+grep -q "fewer than a majority" "$tmp/two-worker0.log" "$tmp/two-server0.log" ||
+    { show_log "$tmp/two-worker0.log"; fail "two: nothing names the lost majority"; }
+echo "two: $(grep -h 'fewer than a majority' "$tmp/two-server0.log" | head -1 | cut -c1-200)"
+stop_all
+fi
+# joins: every worker passes a barrier (psagg_sync_membership) after each of 150 rounds, 20 ms
+# apart; worker 3 is SIGKILLed at round 15 and started again: the view that admits it (and, for
+# join-s1, server 1 SIGKILLed as the joiner starts; join-s0 the coordinator) - from then on
+# every element is the exact sum of all four, the last 10 rounds bit-identical on all four
+[ "$part" = leaves ] || for c in "join -1" "join-s1 1" "join-s0 0"; do
+    set -- $c
+    name=$1
+    job_ini "$tmp/$name.ini" 3 4 cluster.job_id="er-$name-$port" cluster.elastic=on \
+        cluster.min_workers=1 cluster.server_replicas=1 cluster.op_timeout_ms=3000 \
+        cluster.connect_timeout_ms=4000 worker.chunk_bytes=16384 log.level=info
+    start_servers "$tmp/$name.ini" 3 "$name-"
+    args=(--codec fp32 --sizes 1,1023,4096,50000,7000 --rounds 150 --sync --round-sleep-ms 20)
+    for w in 0 1 2 3; do
+        if ((w == 3)); then
+            start_worker $w "$tmp/$name-first3.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=4 \
+                "$worker_bin" "${args[@]}" --die-rank 3 --die-round 15 --die-mode kill
+        else
+            start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=4 \
+                "$worker_bin" "${args[@]}" --elastic-dead 3 --rejoin --loose --left-epoch -1
+        fi
+    done
+    wait "${wpid[3]}" 2>/dev/null
+    wait_until 30 grep -qs "membership in view 1" "$tmp/$name-worker0.log" || fail "$name: worker 3 never left"
+    start_worker 3 "$tmp/$name-worker3.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=4 \
+        "$worker_bin" "${args[@]}" --elastic-dead 3 --rejoin --loose --left-epoch -1
+    (($2 >= 0)) && { sleep 0.3; kill -KILL "${spid[$2]}"; }
+    # a joiner whose join a server's death cut short fails it; a launcher starts it again
+    if ! wait_for "${wpid[3]}" 90; then
+        grep -h "FAIL" "$tmp/$name-worker3.log" | head -2
+        mv "$tmp/$name-worker3.log" "$tmp/$name-joiner-first.log"
+        start_worker 3 "$tmp/$name-worker3.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=4 \
+            "$worker_bin" "${args[@]}" --elastic-dead 3 --rejoin --loose --left-epoch -1
+    fi
+    for w in 0 1 2 3; do
+        wait_for "${wpid[$w]}" 90
+        rc[w]=$?
+        ((rc[w] == 0)) || { show_log "$tmp/$name-worker$w.log"; fail "$name: worker $w exited ${rc[w]}"; }
+    done
+    d=$(grep -h '^TAIL' "$tmp/$name"-worker[0123].log | sort -u)
+    (($(wc -l <<<"$d") == 1)) && [ -n "$d" ] || fail "$name: the last rounds' digests differ: $d"
+    echo "$name: $(grep -h 'joined the running job' "$tmp/$name-worker3.log" | sed 's/^.*INFO //;s/^.*WARN //')"
+    stop_all
+done
+echo "PASS"
