@@ -25,6 +25,11 @@
 #              chunks over, a round whose update some workers had is relayed to it by one of
 #              them (bitmap and all), and the job ends as straggler does: every worker exits
 #              0 with the same digest, every input summed once (server 0 exits 0)
+#   elastic_failover  elastic and failover in one job ([cluster] elastic = on, server_replicas
+#              = 1, quorum = 2): worker 2 killed before its round-30 pushes (a view removes it),
+#              then server 1 SIGKILLed at round 40 (a view moves its chunks); the survivors end
+#              as elastic does, every input of theirs and worker 2's summed once (less what it
+#              carried when it died)
 #   failover_back  the same, and server 1 started again once every worker took view 1: it is
 #              admitted (view 2) and takes no chunk back (under a quorum its chunks stay with
 #              server 0, docs/server-failover.md); the job ends as failover does
@@ -47,7 +52,7 @@ quorum=3 codec=fp32 extra=() server_ef="" calm=10 slow=40 rounds=80
 case $case in
 straggler) ;;
 carry) calm=0 slow=20 ;;
-elastic) quorum=2 ;;
+elastic | elastic_failover) quorum=2 ;;
 failover) ;;
 failover_back) rounds=240 ;; # (long enough for server 1's return under ASan too)
 ef) codec=maxmin4 extra=(--error-feedback) server_ef=on ;;
@@ -84,6 +89,8 @@ fi
 
 if [ "$case" = elastic ]; then
     write_ini "$quorum" cluster.elastic=on cluster.min_workers=2
+elif [ "$case" = elastic_failover ]; then
+    write_ini "$quorum" cluster.elastic=on cluster.min_workers=2 cluster.server_replicas=1
 elif [[ $case == failover* ]]; then
     write_ini "$quorum" cluster.server_replicas=1
 else
@@ -95,7 +102,7 @@ t0=$(date +%s%N)
 survivors=(0 1 2 3)
 for r in 0 1 2 3; do
     dead=()
-    if [ "$case" = elastic ]; then
+    if [[ $case == elastic* ]]; then
         survivors=(0 1 3)
         dead=(--elastic-dead 2 --dead-round 30)
         ((r == 2)) && dead=(--die-rank 2 --die-round 30 --die-mode kill)
@@ -104,7 +111,7 @@ for r in 0 1 2 3; do
         --rounds $rounds --straggler 3 --straggler-ms $slow --calm-rounds $calm --progress "${dead[@]}"
 done
 servers=(0 1)
-if [[ $case == failover* ]]; then
+if [[ $case == *failover* ]]; then
     wait_until 60 grep -q "^ROUND 40\$" "$tmp/worker0.log" || fail "worker 0 never reached round 40"
     kill -KILL -- "-${spid[1]}"
     servers=(0)
@@ -134,6 +141,14 @@ if [ "$case" = elastic ]; then
         grep -q "membership epoch 1" "$tmp/server$s.log" || fail "server $s did not log membership epoch 1"
     done
 fi
+if [ "$case" = elastic_failover ]; then # (a view removes worker 2, one moves server 1's chunks)
+    for r in "${survivors[@]}"; do
+        grep -q "membership in view [0-9]*: workers 2 left" "$tmp/worker$r.log" ||
+            fail "worker $r never took a view without worker 2"
+        grep -q "server view [0-9]*: [1-9][0-9]* chunk(s) moved" "$tmp/worker$r.log" ||
+            fail "worker $r never took a view that moved server 1's chunks"
+    done
+fi
 left=$(sed -n 's/^QUORUM worker 3 left_out \([0-9]*\);.*/\1/p' "$tmp/worker3.log")
 [[ -n $left ]] || fail "worker 3 printed no QUORUM line"
 report=$(grep -h "straggler report: worker 3: left out of" "$tmp"/server*.log |
@@ -149,10 +164,10 @@ if [ "$case" = all ]; then
     exit 0
 fi
 ((left > 0)) || fail "worker 3 was never left out (quorum $quorum, grace_ms 5)"
-if [[ $case == failover* ]]; then # (server 1's report died with it)
-    for r in 0 1 2 3; do
+if [[ $case == *failover* ]]; then # (server 1's report died with it)
+    for r in "${survivors[@]}"; do
         grep -q "server view 1:" "$tmp/worker$r.log" || fail "worker $r never took view 1"
-        [[ $case == failover ]] || grep -q "server 1 is back in view 2" "$tmp/worker$r.log" ||
+        [[ $case != failover_back ]] || grep -q "server 1 is back in view 2" "$tmp/worker$r.log" ||
             fail "worker $r did not take server 1 back"
     done
     if [[ $case == failover_back ]]; then
