@@ -242,17 +242,10 @@ static const char *view_check(const server *srv, const struct failover *fo, cons
     if (vh.n_moves > vh.n_chunks ||
         len != psagg__view_bytes(vh.n_servers, vh.n_chunks, vh.n_moves, vh.n_workers))
         return "field n_moves does not match its length";
-    {
-        const uint8_t *member = v + psagg__view_members_at(vh.n_servers, vh.n_chunks, vh.n_moves);
-        uint32_t n_members = 0;
-        for (uint32_t w = 0; w < vh.n_workers; w++) {
-            if (member[w] > 1 || (!member[w] && !srv->mb.elastic))
-                return "a member[] byte is not 0 or 1 (or 0 in a job without elastic workers)";
-            n_members += member[w];
-        }
-        if (!n_members || n_members != vh.n_members)
-            return "field n_members is 0 or not the count of member[]";
-    }
+    if (!vh.n_members)
+        return "field n_members is 0";
+    if ((bad = psagg__view_members_bad(v, &vh, srv->mb.elastic)))
+        return bad;
     for (uint32_t s = 0; s < vh.n_servers; s++) {
         if (live[s] > PSAGG_VIEW_LIVE_NEW)
             return "a live[] byte is none of 0, 1, 2";

@@ -307,6 +307,7 @@ static const char *view_bad(const psagg_ctx *ctx, const uint8_t *v, uint32_t len
                             psagg__view_hdr *vh)
 {
     const uint8_t *live = v + sizeof *vh;
+    const char *bad;
     if (len < sizeof *vh)
         return "shorter than its header";
     memcpy(vh, v, sizeof *vh);
@@ -314,18 +315,8 @@ static const char *view_bad(const psagg_ctx *ctx, const uint8_t *v, uint32_t len
         vh->n_moves > vh->n_chunks || vh->n_workers != (uint32_t)ctx->world ||
         len != psagg__view_bytes(vh->n_servers, vh->n_chunks, vh->n_moves, vh->n_workers))
         return "fields n_servers, n_chunks, n_moves, n_workers do not match the job or its length";
-    {
-        const uint8_t *member =
-            v + psagg__view_members_at(vh->n_servers, vh->n_chunks, vh->n_moves);
-        uint32_t n = 0;
-        for (uint32_t w = 0; w < vh->n_workers; w++) {
-            if (member[w] > 1 || (!member[w] && !ctx->cfg.elastic))
-                return "a member[] byte is not 0 or 1 (or 0 in a job without elastic workers)";
-            n += member[w];
-        }
-        if (n != vh->n_members)
-            return "field n_members is not the count of member[]";
-    }
+    if ((bad = psagg__view_members_bad(v, vh, ctx->cfg.elastic)))
+        return bad;
     for (uint32_t s = 0; s < vh->n_servers; s++)
         if (live[s] > PSAGG_VIEW_LIVE_NEW)
             return "a live[] byte is none of 0, 1, 2";

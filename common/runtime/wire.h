@@ -548,6 +548,22 @@ static inline uint64_t psagg__view_bytes(uint32_t n_servers, uint32_t n_chunks, 
     return psagg__view_members_at(n_servers, n_chunks, n_moves) + n_workers;
 }
 
+/* The member[] bytes of view v (its length checked against psagg__view_bytes first): NULL if
+   each is 0 or 1 (0 only in an elastic job) and n_members counts them, else what is wrong.
+   (Checked alike by a server and a worker that take the view.) */
+static inline const char *psagg__view_members_bad(const uint8_t *v, const psagg__view_hdr *vh,
+                                                  int elastic)
+{
+    const uint8_t *member = v + psagg__view_members_at(vh->n_servers, vh->n_chunks, vh->n_moves);
+    uint32_t n = 0;
+    for (uint32_t w = 0; w < vh->n_workers; w++) {
+        if (member[w] > 1 || (!member[w] && !elastic))
+            return "a member[] byte is not 0 or 1 (or 0 in a job without elastic workers)";
+        n += member[w];
+    }
+    return n == vh->n_members ? NULL : "field n_members is not the count of member[]";
+}
+
 /* Chunk g's owner and move i of view v (of n_servers servers and n_chunks chunks; its length
    checked against psagg__view_bytes first). */
 static inline uint32_t psagg__view_owner(const uint8_t *v, uint32_t n_servers, uint32_t g)
