@@ -125,6 +125,7 @@ static void round_reset(server *srv, chunk_state *c)
     c->n_arrived = 0;
     c->next = 0;
     c->folded = 0;
+    c->follow_has = 0;
     memset(c->arrived, 0, (size_t)srv->n_workers);
 }
 
@@ -200,6 +201,24 @@ static size_t relay_out(server *srv, chunk_state *c, int p)
     return len - sizeof *h;
 }
 
+/*
+ * (log level debug, [server] quorum with replicas) A digest (FNV-1a) of chunk c's state after
+ * its round: an owner's and its copies' are the same round by round, as test_quorum.sh's
+ * ef_replicas checks.
+ */
+static void log_state(server *srv, chunk_state *c)
+{
+    float *arrays[4];
+    uint64_t step, h = 14695981039346656037ull;
+    uint32_t flags, n = c->ops->state(srv, c, arrays, &step, &flags);
+    for (uint32_t a = 0; a < n; a++)
+        for (size_t i = 0; i < c->info->count * sizeof(float); i++)
+            h = (h ^ ((const uint8_t *)arrays[a])[i]) * 1099511628211ull;
+    if (n)
+        LOG_DEBUG(&srv->log, "tensor %u chunk %u round %u: state %016llx (%s)", c->info->key,
+                  c->info->index, c->round, (unsigned long long)h, c->shadow ? "copy" : "owner");
+}
+
 /* Requantize the completed round and send the update to every worker. */
 void agg_finish_round(server *srv, chunk_state *c)
 {
@@ -235,6 +254,8 @@ void agg_finish_round(server *srv, chunk_state *c)
         h->epoch = (uint16_t)atomic_load(&srv->mb.epoch);
         h->summed = (uint16_t)c->n_arrived;
         enc += srv->pool.policy->trailer(srv, c, c->out[p] + sizeof *h + enc); /* (bitmap) */
+        if (srv->pool.follow_bytes && srv->log.level >= PSAGG_LOG_DEBUG)
+            log_state(srv, c);
     }
     now = psagg__now_ns();
     if (c->fenced && c->round < c->fence_from) {
@@ -320,13 +341,13 @@ static void release_held(server *srv, chunk_state *c, int w)
 /*
  * cpu_sum_ops' settle: fold the early pushes the fixed order now reaches, passing over the
  * workers that are no members (elastic: they left; a push of theirs that came is folded), and
- * over every missing one when the round closes without them ([server] quorum).
+ * over every missing one when the round closes without them ([server] quorum); a round that
+ * follows its owner's bitmap folds nothing before it came (job.c's server_passes).
  */
 static int cpu_settle(server *srv, chunk_state *c)
 {
     size_t cap = c->info->cap_bytes;
-    while ((int)c->next < srv->n_workers &&
-           (c->arrived[c->next] || c->closing || !server_member(srv, (int)c->next))) {
+    while ((int)c->next < srv->n_workers && server_passes(srv, c, (int)c->next)) {
         int nx = (int)c->next, bad = 0;
         if (c->held[nx]) {
             bad = fold(srv, c, nx, c->held[nx]->rx.buf + sizeof(psagg__msg_hdr));
@@ -354,7 +375,7 @@ static int cpu_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
     const uint8_t *payload = rb->rx.buf + sizeof *h;
     size_t cap = c->info->cap_bytes;
 
-    if (w != (int)c->next) {
+    if (w != (int)c->next || (server_follows(srv, c) && !c->follow_has)) {
         int kept = 0;
         if (rx_hold(srv)) {
             c->held[w] = rb;
@@ -537,6 +558,55 @@ static void fence_pass(server *srv, chunk_state *c, int w)
 }
 
 /*
+ * Chunk c follows its owner (job.c's server_follows) and waits for the bitmap of its round:
+ * the trailer of a push of the next round carries it (wire.h), here worker w's rb. The pushes
+ * it names are folded in the fixed order; one the owner left out (a straggler's) is let go,
+ * late here too. A bitmap that names other workers than one that came before (or workers the
+ * job has not) closes w. Returns -1 when w was closed.
+ */
+static int follow_learn(server *srv, chunk_state *c, int w, const recv_buf *rb)
+{
+    const psagg__msg_hdr *h = (const psagg__msg_hdr *)rb->rx.buf;
+    const uint8_t *bits = rb->rx.buf + sizeof *h + h->len;
+    size_t nb = srv->pool.follow_bytes;
+    uint32_t named = 0, beyond = 0;
+    if (!server_follows(srv, c) || h->round != c->round + 1)
+        return 0;
+    for (size_t k = 0; k < 8 * nb; k++)
+        if (bits[k / 8] >> (k % 8) & 1)
+            *(k < (size_t)srv->n_workers ? &named : &beyond) += 1;
+    if (!named && !beyond)
+        return 0; /* (its worker has no update of the round: another's push brings it) */
+    if (beyond || (c->follow_has && memcmp(bits, c->follow_bits, nb))) {
+        server_close_worker(srv, w,
+                            "push of tensor %u chunk %u round %u: field trailer names other "
+                            "contributors of round %u than %s",
+                            h->key, h->chunk, h->round, c->round,
+                            beyond ? "the job's workers" : "another worker's push did");
+        return -1;
+    }
+    if (c->follow_has)
+        return 0;
+    memcpy(c->follow_bits, bits, nb);
+    c->follow_has = 1;
+    c->follow_by = (uint32_t)w;
+    for (int k = 0; k < srv->n_workers; k++)
+        if (c->arrived[k] && !(bits[k / 8] >> (k % 8) & 1)) {
+            if (c->held[k])
+                release_held(srv, c, k);
+            c->arrived[k] = 0;
+            c->n_arrived--;
+            LOG_DEBUG(&srv->log,
+                      "tensor %u chunk %u round %u: worker %d's push is not in its owner's sum "
+                      "(worker %d's push of the next round says): let go",
+                      c->info->key, c->info->index, c->round, k, w);
+        }
+    if (!atomic_load(&c->deferred))
+        agg_settle(srv, c);
+    return 0;
+}
+
+/*
  * One push for chunk c, already checked by the progress thread: its source (and MAC with
  * data_auth), then its fields against the layout. So a forged push never reaches this point
  * to count as its sender's (and make the real one a "duplicate"). What every kind of chunk
@@ -570,10 +640,17 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
             agg_settle(srv, c);
         return 0;
     }
+    if (srv->pool.follow_bytes && follow_learn(srv, c, w, rb))
+        return 0;
     if (round > c->round && (c->shadow || c->taken_over) && (r = wait_ahead(srv, c, rb)))
         return r == 1;
     if (c->ops->admit(srv, c, rb, &round))
         return 0;
+    if (round == c->round && server_follows(srv, c) && c->follow_has &&
+        !(c->follow_bits[w / 8] >> (w % 8) & 1)) {
+        srv->pool.policy->late(srv, c, w, round); /* (its owner closed the round without it) */
+        return 0;
+    }
     if (round < c->round || (round == c->round && c->closing)) {
         if (srv->pool.policy->late(srv, c, w, round))
             return 0; /* (the policy's: a straggler's, quorum.c) */
@@ -785,12 +862,15 @@ psagg_status agg_move(server *srv, chunk_state *c, int move, const psagg__view_m
                       uint32_t epoch)
 {
     agg_item *it = malloc(sizeof *it); /* (freed by the thread: views are rare) */
+    int follow = m && m->relayer == PSAGG_VIEW_FOLLOW; /* (its copy follows, nothing relayed) */
     if (!it)
         return psagg__fail(PSAGG_ENOMEM, "moving a chunk");
     *it = (agg_item){.chunk = c,
                      .move = move,
                      .round = m ? m->start : 0,
-                     .relay_end = m ? m->relay_end : 0,
+                     .relay_end = m && !follow ? m->relay_end : (m ? m->start : 0),
+                     /* (a lagging copy follows the rounds before the view's start too) */
+                     .follow_end = follow ? m->relay_end : (m ? m->start : 0),
                      .epoch = epoch};
     queue_item(&srv->pool.threads[c->thread], it);
     return PSAGG_OK;
@@ -914,7 +994,8 @@ psagg_status agg_state_load(server *srv, chunk_state *c, const psagg__ctl_state 
  * pushes on their way to it. Either way no update goes out before every member took the view
  * (fence_pass): a worker still in the view before would take it for a stranger's.
  */
-static void take_over_copy(server *srv, chunk_state *c, uint32_t start, uint32_t epoch)
+static void take_over_copy(server *srv, chunk_state *c, uint32_t start, uint32_t follow_end,
+                           uint32_t epoch)
 {
     if (c->round > start + 1) {
         server_fail_job(srv, PSAGG_EPROTO,
@@ -927,11 +1008,17 @@ static void take_over_copy(server *srv, chunk_state *c, uint32_t start, uint32_t
     c->shadow = 0;
     c->standby = 0;
     c->taken_over = 1;
+    c->follow_until = follow_end;
     fence_begin(srv, c, epoch, start);
     c->owes_update = c->round == start + 1;
     LOG_INFO(&srv->log,
-             "tensor %u chunk %u: its copy here owns it from round %u (the copy is at round %u)",
-             c->info->key, c->info->index, start, c->round);
+             "tensor %u chunk %u: its copy here owns it from round %u (the copy is at round %u%s), "
+             "deciding rounds from %u",
+             c->info->key, c->info->index, start, c->round,
+             server_follows(srv, c) ? ", stepped with the lost owner's contributors" : "",
+             follow_end > start ? follow_end : start);
+    if (srv->pool.follow_bytes && !server_follows(srv, c) && !atomic_load(&c->deferred))
+        agg_settle(srv, c); /* (it decides its round now: the pushes held for the bitmap) */
 }
 
 /*
@@ -952,6 +1039,7 @@ static void do_move(server *srv, agg_item *it)
         c->shadow = 1;
         c->standby = 1;
         c->taken_over = 0;
+        c->follow_until = 0; /* (a copy follows every round) */
         c->fenced = 0;
         c->owes_update = 0;
         LOG_DEBUG(&srv->log, "tensor %u chunk %u: a copy here from round %u", c->info->key,
@@ -960,7 +1048,7 @@ static void do_move(server *srv, agg_item *it)
         return;
     }
     if (c->shadow && it->move == AGG_OWN) {
-        take_over_copy(srv, c, it->round, it->epoch);
+        take_over_copy(srv, c, it->round, it->follow_end, it->epoch);
         free(it);
         return;
     }
@@ -977,6 +1065,7 @@ static void do_move(server *srv, agg_item *it)
     c->standby = it->move != AGG_OWN;
     c->shadow = 0; /* (a chunk given up keeps no copy: its state was reset) */
     c->taken_over = it->move == AGG_OWN;
+    c->follow_until = it->follow_end;
     if (it->move == AGG_OWN) {
         c->round = it->round;
         c->relay_from = it->round;
@@ -1180,7 +1269,8 @@ static psagg_status chunk_alloc(server *srv, chunk_state *c)
     c->arrived = arena_alloc(n);
     c->seen = arena_alloc(n * sizeof *c->seen);
     c->held = arena_alloc(n * sizeof *c->held);
-    if (srv->cfg.server_replicas && !(c->repushed = arena_alloc(n)))
+    if ((srv->cfg.server_replicas && !(c->repushed = arena_alloc(n))) ||
+        (srv->pool.follow_bytes && !(c->follow_bits = arena_alloc(srv->pool.follow_bytes))))
         return psagg__fail(PSAGG_ENOMEM, "buffers of tensor %u chunk %u", ci->key, ci->index);
     c->slots = arena_alloc(n * enc);
     c->sctx[0].to = arena_alloc(2 * n);
@@ -1211,7 +1301,7 @@ static uint64_t chunk_bytes(const server *srv, const psagg_codec *codec, uint64_
 {
     uint64_t n = (uint64_t)srv->n_workers, out = ops->out_bytes(codec, count, enc);
     return sizeof(chunk_state) + 3 * n + 4 * n + n * sizeof(void *) + n * enc + 4 * count +
-           ops->state_bytes(srv, count) +
+           ops->state_bytes(srv, count) + srv->pool.follow_bytes +
            2 * (sizeof(psagg__msg_hdr) + out + srv->pool.bitmap_bytes + srv->tag_bytes);
 }
 
@@ -1453,6 +1543,7 @@ void agg_teardown(server *srv)
         arena_free(c->seen);
         arena_free(c->held);
         arena_free(c->repushed);
+        arena_free(c->follow_bits);
         relay_clear(c);
         arena_free(c->slots);
         arena_free(c->out[0]);

@@ -266,9 +266,11 @@ static const char *view_check(const server *srv, const struct failover *fo, cons
             bad = "a move names a chunk that does not exist, or one moved twice";
         else if (m.owner != psagg__view_owner(v, vh.n_servers, m.chunk))
             bad = "a move's owner is not the chunk's owner in owner[]";
-        else if (psagg__view_relay_bad(&m, (uint32_t)srv->n_workers, copied(srv, m.chunk)))
+        else if (psagg__view_relay_bad(&m, (uint32_t)srv->n_workers, copied(srv, m.chunk),
+                                       srv->pool.follow_bytes != 0))
             bad = "a move's relayed rounds are not 0..2 rounds from its start by a worker of "
-                  "the job (none for a chunk with copies)";
+                  "the job (none for a chunk with copies, whose copy may follow them under a "
+                  "quorum)";
         else
             moved[m.chunk] = 1;
     }
@@ -435,7 +437,8 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
             fo->relay_by[g] = move[g].relay_end > move[g].start ? move[g].relayer : UINT32_MAX;
             atomic_store(&srv->route[g], slot);
             first = taken++ ? first : move[g].start;
-            relayed += move[g].relay_end - move[g].start;
+            if (move[g].relayer != PSAGG_VIEW_FOLLOW)
+                relayed += move[g].relay_end - move[g].start;
         } else if (holds_state(srv, g, srv->rank)) { /* (moved back: this server copies it) */
             if (agg_move(srv, &srv->chunks[slot], AGG_COPY, NULL, vh.epoch))
                 break;
@@ -605,16 +608,21 @@ static int make_view(server *srv, struct failover *fo, uint8_t **out, uint32_t *
         uint16_t o = (uint16_t)to[g];
         memcpy(v + psagg__view_owners_at(n_s) + (size_t)g * sizeof o, &o, sizeof o);
         if (to[g] != fo->owner[g]) {
-            /* (a chunk with copies: the copy's state has the round's sum as the owner's had) */
+            /* (a chunk with copies: the copy's state has the round's sum as the owner's had;
+               under a quorum, the rounds some worker has the update of it steps with the
+               owner's bitmap that the workers' pushes carry: wire.h) */
             uint32_t start, end, relayer;
-            int relay;
+            int relay, follow;
             chunk_rounds(srv, fo, g, &start, &end, &relayer);
             relay = !copied(srv, g) && end > start;
+            follow = copied(srv, g) && srv->pool.follow_bytes && end > start;
             psagg__view_move m = {.chunk = g,
                                   .owner = to[g],
                                   .start = start,
-                                  .relay_end = relay ? end : start,
-                                  .relayer = relay ? relayer : 0};
+                                  .relay_end = relay || follow ? end : start,
+                                  .relayer = relay    ? relayer
+                                             : follow ? PSAGG_VIEW_FOLLOW
+                                                      : 0};
             memcpy(v + psagg__view_moves_at(n_s, n_c) + (size_t)k++ * sizeof m, &m, sizeof m);
         }
     }
@@ -776,9 +784,10 @@ static void ask_hold(server *srv, struct failover *fo)
 
 /*
  * Every worker holds the pushes of server fo->back's chunks: if it holds state of chunks with
- * copies, ask one worker to have that state relayed to it (STATE ASK); the view waits for its
- * DONE (failover_state), or for op_timeout_ms (failover_tick: the workers' held operations
- * have 2 x op_timeout_ms in all), or until a loss is reported. 1 if asked, else 0.
+ * copies, ask one worker to have that state relayed to it (STATE ASK; not under a quorum, whose
+ * rounds go on meanwhile: it is admitted without state, PSAGG_VIEW_LIVE_NEW); the view waits for
+ * its DONE (failover_state), or for op_timeout_ms (failover_tick: the workers' held operations have
+ * 2 x op_timeout_ms in all), or until a loss is reported. 1 if asked, else 0.
  */
 static int ask_state(server *srv, struct failover *fo)
 {
@@ -790,6 +799,13 @@ static int ask_state(server *srv, struct failover *fo)
         w++;
     if (!n || w == srv->n_workers)
         return 0;
+    if (srv->pool.follow_bytes) { /* (its copies could not catch up: pushes are kept 2 rounds) */
+        LOG_WARN(&srv->log,
+                 "server %d comes back under [server] quorum: it stands by without the state of "
+                 "its %u chunk(s) with copies (the job does not pause for it: it copies none)",
+                 fo->back, n);
+        return 0;
+    }
     if (psagg__ctl_send(srv->workers[w].fd, &srv->workers[w].auth, PSAGG_CTL_STATE, &sh,
                         sizeof sh)) {
         server_close_worker(srv, w, "sending STATE: %s", psagg_last_error());

@@ -92,10 +92,7 @@ static int thc_agree(server *srv, chunk_state *c, int w, const psagg__msg_codec 
    without the missing ones: [server] quorum). */
 static int thc_settle(server *srv, chunk_state *c)
 {
-    for (int w = 0; w < srv->n_workers; w++)
-        if (!c->arrived[w] && !c->closing && server_member(srv, w))
-            return 0;
-    return c->n_arrived ? CHUNK_COMPLETE : 0;
+    return server_members_in(srv, c) ? CHUNK_COMPLETE : 0;
 }
 
 /*

@@ -103,14 +103,31 @@ int server_member(const server *srv, int w)
     return atomic_load_explicit(&srv->mb.member[w], memory_order_acquire);
 }
 
+/* Whether chunk c's round waits for its owner's bitmap ([server] quorum with replicas: a copy,
+   or a copy that took it over, up to follow_until; chunk_state's follow_*). */
+int server_follows(const server *srv, const chunk_state *c)
+{
+    return srv->pool.follow_bytes && (c->shadow || c->round < c->follow_until);
+}
+
+/*
+ * Whether chunk c's round does not wait for worker w: its push came, or the round closes
+ * without the missing ones, or w is no member; a round that follows its owner (server_follows)
+ * waits for the owner's bitmap, and then for exactly the pushes it names.
+ */
+int server_passes(const server *srv, const chunk_state *c, int w)
+{
+    if (server_follows(srv, c))
+        return c->follow_has && (c->arrived[w] || !(c->follow_bits[w / 8] >> (w % 8) & 1));
+    return c->arrived[w] || c->closing || !server_member(srv, w);
+}
+
 int server_members_in(const server *srv, const chunk_state *c)
 {
     if (!c->n_arrived)
         return 0;
-    if (c->closing)
-        return 1;
     for (int w = 0; w < srv->n_workers; w++)
-        if (!c->arrived[w] && server_member(srv, w))
+        if (!server_passes(srv, c, w))
             return 0;
     return 1;
 }

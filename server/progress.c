@@ -138,8 +138,8 @@ static void route_checked(server *srv, recv_buf *rb, int from)
         progress_repost(srv, rb);
         return;
     }
-    bad = psagg__msg_check(rb->rx.buf, rb->rx.len, srv->tag_bytes, PSAGG_MSG_PUSH, &srv->layout,
-                           &ci, &rb->mc);
+    bad = psagg__msg_check(rb->rx.buf, rb->rx.len, srv->pool.follow_bytes + srv->tag_bytes,
+                           PSAGG_MSG_PUSH, &srv->layout, &ci, &rb->mc);
     if (bad) {
         server_close_worker(srv, from,
                             "push field %s is invalid (key %u chunk %u len %u, message of %zu "

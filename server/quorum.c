@@ -11,6 +11,8 @@
  *                  live workers have pushed, without the workers still missing, provided each
  *                  of them is at most one round behind; every update then ends with its
  *                  contributor bitmap, and a late push of the round before counts as seen.
+ *                  A chunk's copy ([cluster] server_replicas) closes no round itself: it
+ *                  steps each with its owner's contributors (aggregate.c's follow_learn).
  *
  * A policy's calls run in the chunk's aggregation thread; its state is the chunk's (its
  * close_at_ms, closing and seen) and the thread's wake time (agg_thread.wake_ms).
@@ -71,6 +73,8 @@ static void quorum_arm(server *srv, chunk_state *c)
 {
     int live = 0;
     agg_thread *t = &srv->pool.threads[c->thread];
+    if (server_follows(srv, c))
+        return; /* (a copy: its owner's bitmap closes the round, job.c's server_passes) */
     if (c->close_at_ms < 0) { /* its grace passed: this push may be the one it waited for */
         quorum_close(srv, c, psagg__now_ms());
         return;
@@ -101,7 +105,7 @@ static void quorum_arm(server *srv, chunk_state *c)
 static void quorum_close(server *srv, chunk_state *c, int64_t now)
 {
     if (!c->close_at_ms || (c->close_at_ms > 0 && now < c->close_at_ms) || c->closing ||
-        c->broken || atomic_load(&c->deferred))
+        c->broken || atomic_load(&c->deferred) || server_follows(srv, c))
         return;
     for (int w = 0; w < srv->n_workers; w++)
         if (!c->arrived[w] && server_member(srv, w) && c->seen[w] < c->round) {

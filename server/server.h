@@ -110,9 +110,10 @@ typedef struct agg_item {
     int move;       /* ... or (failover.c: a server view) AGG_OWN or AGG_GIVE_UP the chunk */
     uint32_t round; /* AGG_OWN: the round it starts at here; AGG_RELAY: the update's */
     uint32_t epoch; /* the view's */
-    /* AGG_OWN: its rounds before relay_end come relayed (the view's move); AGG_RELAY: len
-       bytes of the update in `bytes` (malloc'd), 0: none */
-    uint32_t relay_end, len;
+    /* AGG_OWN: its rounds before relay_end come relayed (the view's move), or, a chunk with
+       copies under a quorum, its copy follows those before follow_end; AGG_RELAY: len bytes of
+       the update in `bytes` (malloc'd), 0: none */
+    uint32_t relay_end, follow_end, len;
     uint8_t *bytes;
 } agg_item;
 /* AGG_COPY: run its rounds as a copy; AGG_RELAY: a relayed round's update (STATE RELAY) */
@@ -231,6 +232,15 @@ typedef struct chunk_state {
     uint8_t *relayed[2];
     uint32_t relayed_len[2];
     uint8_t relay_came[2];
+    /* [server] quorum with server replicas: a copy (and, up to follow_until, a copy that took
+       its chunk over) steps a round with its owner's contributors, not its own (chunk_follows):
+       the bitmap of the round that the workers' next pushes carry (wire.h), follow_bits once
+       one came (follow_has; follow_by: the worker whose push it came in). job.c's
+       server_follows says whether c's round does */
+    uint32_t follow_until;
+    int follow_has;
+    uint32_t follow_by;
+    uint8_t *follow_bits;
 } chunk_state;
 
 /* What a chunk's collect did with a push (flags; 0: nothing more to do, repost its buffer). */
@@ -430,6 +440,7 @@ typedef struct agg_pool {
     agg_startup startup;
     const round_policy *policy;  /* when a round closes (quorum.c), chosen at start-up */
     size_t bitmap_bytes;         /* [server] quorum: an update's contributor bitmap, else 0 */
+    size_t follow_bytes; /* and server replicas: a push's bitmap of the round before, else 0 */
     psagg__data_key update_key;  /* of this server's updates (data_auth; runtime/auth.h) */
     _Atomic uint64_t update_seq; /* the number of the last update sealed */
     uint64_t budget;             /* bytes a job's chunks may take ([server] memory_budget_mb) */
@@ -783,6 +794,8 @@ int server_member(const server *srv, int w);
 /* Whether c's round has a push from every member (and at least one), or, closing ([server]
    quorum), from any worker: aggregation threads. */
 int server_members_in(const server *srv, const chunk_state *c);
+int server_passes(const server *srv, const chunk_state *c, int w);
+int server_follows(const server *srv, const chunk_state *c);
 /* The worker whose fabric address is addr, or -1. */
 int server_worker_at(const server *srv, psagg__peer addr);
 /*

@@ -185,7 +185,8 @@ static psagg_status start_job(server *srv)
         sizeof(psagg__msg_hdr) +
         (srv->layout.max_param_bytes > srv->layout.max_enc_bytes ? srv->layout.max_param_bytes
                                                                  : srv->layout.max_enc_bytes) +
-        (srv->layout.max_param_bytes ? sizeof(psagg__msg_param) : 0) + srv->tag_bytes;
+        (srv->layout.max_param_bytes ? sizeof(psagg__msg_param) : 0) + srv->pool.follow_bytes +
+        srv->tag_bytes;
     if (rbuf_size > srv->max_msg)
         return psagg__fail(PSAGG_EINVAL,
                            "chunks of %zu bytes exceed this server's largest message of %zu "

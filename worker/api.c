@@ -208,7 +208,8 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
         size_t body = l->tensors[ci->key].param && 4 * ci->count > ci->cap_bytes
                           ? 4 * ci->count /* worker 0's INIT */
                           : ci->cap_bytes;
-        size_t sz = sizeof(psagg__msg_hdr) + body + sizeof(psagg__msg_param) + ctx->tag_bytes;
+        size_t sz = sizeof(psagg__msg_hdr) + body + sizeof(psagg__msg_param) + ctx->follow_bytes +
+                    ctx->tag_bytes;
         for (int b = 0; b < 1 + ctx->keep_pushes; b++) {
             push_buf *pb = &ctx->chunks[c].p[b];
             if (!(pb->buf = psagg__alloc(sz, 1)))

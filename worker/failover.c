@@ -106,16 +106,20 @@ psagg_status failover_setup(psagg_ctx *ctx, const psagg__ctl_declare *d, size_t 
     fo->fresh = calloc(n_s, 1);
     fo->copyq = calloc(2 * (size_t)n, sizeof *fo->copyq);
     fo->kept = calloc(2 * (size_t)n, sizeof *fo->kept);
+    ctx->follow_round = malloc(2 * (size_t)n * sizeof *ctx->follow_round);
+    ctx->follow_bits = calloc(2 * (size_t)n, ctx->follow_bytes ? ctx->follow_bytes : 1);
     fo->decl = malloc(bytes);
     fo->done_sent = calloc(n_s, 1);
     if (!fo->state || !fo->next || !fo->cfd || !fo->addr || !fo->resend_from || !fo->relay_end ||
         !fo->prev_owner || !fo->held || !fo->fresh || !fo->copyq || !fo->kept || !fo->decl ||
-        !fo->done_sent) {
+        !fo->done_sent || !ctx->follow_round || !ctx->follow_bits) {
         failover_free(ctx);
         return psagg__fail(PSAGG_ENOMEM, "the server views");
     }
     memcpy(fo->decl, d, bytes);
     fo->decl_bytes = bytes;
+    for (size_t i = 0; i < 2 * (size_t)n; i++)
+        ctx->follow_round[i] = UINT32_MAX;
     for (uint32_t g = 0; g < ctx->layout.n_chunks; g++) {
         fo->resend_from[g] = UINT32_MAX;
         fo->prev_owner[g] = UINT32_MAX;
@@ -146,6 +150,10 @@ void failover_free(psagg_ctx *ctx)
     for (uint32_t i = 0; fo->kept && i < 2 * ctx->layout.n_chunks; i++)
         free(fo->kept[i].buf);
     free(fo->kept);
+    free(ctx->follow_round);
+    free(ctx->follow_bits);
+    ctx->follow_round = NULL;
+    ctx->follow_bits = NULL;
     free(fo->decl);
     free(fo->done_sent);
     free(fo);
@@ -330,9 +338,10 @@ static const char *view_bad(const psagg_ctx *ctx, const uint8_t *v, uint32_t len
         psagg__view_move m = psagg__view_move_at(v, vh->n_servers, vh->n_chunks, i);
         if (m.chunk >= vh->n_chunks)
             return "a move names a chunk that does not exist";
-        if (psagg__view_relay_bad(&m, (uint32_t)ctx->world, has_copies(ctx, m.chunk)))
+        if (psagg__view_relay_bad(&m, (uint32_t)ctx->world, has_copies(ctx, m.chunk),
+                                  ctx->follow_bytes != 0))
             return "a move's relayed rounds are not 0..2 rounds from its start by a worker of the "
-                   "job (none for a chunk with copies)";
+                   "job (none for a chunk with copies, whose copy may follow them under a quorum)";
     }
     return NULL;
 }
@@ -390,6 +399,13 @@ void failover_keep_update(psagg_ctx *ctx, uint32_t g, const uint8_t *msg, size_t
 {
     struct psagg__failover *fo = ctx->failover;
     struct kept_update *k;
+    uint32_t round = ((const psagg__msg_hdr *)msg)->round;
+    if (fo && has_copies(ctx, g) && ctx->follow_bytes) { /* its bitmap, for the trailers */
+        size_t i = 2 * (size_t)g + (round & 1);
+        ctx->follow_round[i] = round;
+        memcpy(ctx->follow_bits + i * ctx->follow_bytes, msg + len - ctx->follow_bytes,
+               ctx->follow_bytes);
+    }
     if (!fo || has_copies(ctx, g))
         return;
     k = &fo->kept[2 * (size_t)g + (((const psagg__msg_hdr *)msg)->round & 1)];

@@ -307,12 +307,33 @@ psagg_status worker_struct_size(const char *type, size_t got, size_t known)
                        type, got, type, known, type);
 }
 
+/*
+ * The trailer of push mh into out, in a job with a quorum and replicas (wire.h): the bitmap of
+ * its chunk's update of the round before as this worker applied it (a chunk with copies, which
+ * step that round with it: failover.c keeps it), else zeros. Returns its bytes (0 in another
+ * job).
+ */
+static size_t push_trailer(const psagg_ctx *ctx, const psagg__msg_hdr *mh, uint8_t *out)
+{
+    size_t nb = ctx->follow_bytes;
+    size_t i =
+        2 * ((size_t)ctx->layout.tensors[mh->key].first_chunk + mh->chunk) + ((mh->round - 1) & 1);
+    if (!nb)
+        return 0;
+    if (mh->round && ctx->follow_round[i] == mh->round - 1)
+        memcpy(out, ctx->follow_bits + i * nb, nb);
+    else
+        memset(out, 0, nb);
+    return nb;
+}
+
 psagg_status push_send(psagg_ctx *ctx, push_buf *pb, uint32_t s)
 {
     server_conn *sc = &ctx->servers[s];
     psagg__msg_hdr *mh = (psagg__msg_hdr *)pb->buf;
     size_t len = sizeof *mh + mh->len; /* (the header encode_op wrote has the payload's length) */
     psagg_status st;
+    len += push_trailer(ctx, mh, pb->buf + len);
     /* sealed for its server alone, under a number of its own, as it goes: a server view may
        have moved the chunk since the encode (and its epoch is the view's) */
     if (ctx->failover)

@@ -195,6 +195,7 @@ psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char 
             ctx->optim = w->optim;
             ctx->joiner = !!(w->flags & PSAGG_WELCOME_JOINING);
             ctx->bitmap_bytes = w->flags & PSAGG_WELCOME_QUORUM ? ((size_t)ctx->world + 7) / 8 : 0;
+            ctx->follow_bytes = ctx->cfg.server_replicas ? ctx->bitmap_bytes : 0;
             ctx->server_residual = !!(w->flags & PSAGG_WELCOME_RESIDUAL);
             if (ctx->joiner)
                 LOG_WARN(&ctx->log,

@@ -224,9 +224,9 @@ int update_apply(psagg_ctx *ctx, struct psagg_handle *h, const uint8_t *msg,
         return 0;
     }
     h->chunk_done[mh->chunk] = 1;
-    if (type == PSAGG_MSG_UPDATE) /* (a lost owner's next owner may need it relayed) */
-        failover_keep_update(ctx, (uint32_t)(ci - ctx->layout.chunks), msg,
-                             sizeof *mh + mh->len + ctx->bitmap_bytes);
+    /* (a lost owner's next owner may need it relayed; its bitmap goes to the copies) */
+    failover_keep_update(ctx, (uint32_t)(ci - ctx->layout.chunks), msg,
+                         sizeof *mh + mh->len + ctx->bitmap_bytes);
     if (++h->done_chunks < ti->n_chunks)
         return 0;
     if (ctx->cfg.elastic || ctx->bitmap_bytes) { /* say when chunks summed different workers */

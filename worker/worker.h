@@ -301,6 +301,13 @@ struct psagg_ctx {
        bitmap of bitmap_bytes; an update that comes before this worker's push of its round
        waits in early[chunk] (comm thread; wire.h) */
     size_t bitmap_bytes;
+    /* and [cluster] server_replicas: each push ends with the bitmap of its chunk's round
+       before, as this worker applied it (handle.c's push_send; wire.h), else 0. Per chunk with
+       copies x round parity: the round of the update whose bitmap (follow_bytes each) is kept
+       for it, or UINT32_MAX (failover.c keeps them) */
+    size_t follow_bytes;
+    uint32_t *follow_round;
+    uint8_t *follow_bits;
     struct early_update **early;
     atomic_uint_fast64_t left_out; /* chunk rounds that closed without this worker's push */
 

@@ -490,16 +490,6 @@ static psagg_status check_replicas(const struct load_state *st)
                            "%s: [cluster] server_replicas = %d: at most 63 (a worker records "
                            "which of a chunk's servers a push went to in 64 bits)",
                            where, cfg->server_replicas);
-    /* (a chunk's copies sum the same pushes as its owner, but each would close a quorum's
-       round on its own clock, without its own choice of stragglers) */
-    if (cfg->quorum && (cfg->optimizer || cfg->server_error_feedback))
-        return psagg__fail(PSAGG_ECONFIG,
-                           "%s: [cluster] server_replicas with [server] quorum and [server] %s: "
-                           "a chunk with copies (%s) would have its owner and its copies each "
-                           "close a round without stragglers of its own choosing; not built (a "
-                           "quorum with summed gradients only works)",
-                           where, cfg->optimizer ? "optimizer" : "error_feedback",
-                           cfg->optimizer ? "a parameter's" : "any, with a server residual");
     /* (a chunk's copy could miss a push of a worker that died before its push to the copy,
        which the owner summed: it would need the round's contributors named, docs/design.md
        "Copies that follow their owner") */

@@ -84,10 +84,11 @@ const psagg__combo psagg__combos[] = {
      "need the round's contributors named)"},
     {PSAGG_F_REPLICAS, PSAGG_F_QUORUM, 0,
      "a round the lost owner closed without a straggler is not summed again: a worker that has "
-     "its update relays it to the new owner, which sends those bytes, bitmap and all; summed "
-     "gradients only (with [server] optimizer or error_feedback too it is refused: a chunk's "
-     "owner and its copies would each choose their stragglers); a server that comes back takes "
-     "no chunk back (its owner may close a straggler's round while the return is decided)"},
+     "its update relays it to the new owner, which sends those bytes, bitmap and all; a chunk "
+     "with copies (a parameter's, or any with a server residual) is stepped by its copies with "
+     "the pushes its owner summed, whose bitmap each worker's next push carries; a server that "
+     "comes back takes no chunk back (its owner may close a straggler's round while the return "
+     "is decided), and with chunks with copies it copies none (the job does not pause for it)"},
     {PSAGG_F_REPLICAS, PSAGG_F_OPTIMIZER, 0,
      "the workers push a parameter chunk to its owner and to its copies, which run the same "
      "rounds (the same weights, optimizer state and update bytes); a copy takes over a dead "

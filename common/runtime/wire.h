@@ -103,6 +103,13 @@
  *   it; its push, when it comes, is stale and dropped. An update that comes before the
  *   worker's own push of that round (or before it even started it) waits at the worker; the
  *   push is then encoded as always (so the residual moves), added back, and not sent.
+ *   With server replicas too, every PUSH also ends with a bitmap of ceil(workers / 8) bytes
+ *   (after its payload, inside the MAC, not in len): the bitmap of the update of the chunk's
+ *   round before this push's, as this worker applied it, or zeros when it has none (round 0).
+ *   A chunk's copy steps round r with exactly the pushes the first such bitmap of r names, in
+ *   the fixed order (so its state stays its owner's, bit for bit), never closing a round on
+ *   its own clock; a push it leaves out is late there too; two pushes whose bitmaps of one
+ *   round differ close the second's sender (field trailer).
  *
  * ELASTIC MEMBERSHIP ([cluster] elastic; server/membership.c)
  *   Server 0 alone decides who is a member: when it loses a worker (closed connection, its
@@ -201,8 +208,11 @@
  *     and STATE RELAY carries them to the chunk's new owner, which sends those bytes
  * 23: a view carries the member workers (elastic jobs with replicas decide their membership
  *     epochs as views), and its header their count
+ * 24: with [server] quorum and server replicas every PUSH ends with the contributor bitmap of
+ *     the chunk's round before (a copy steps its rounds with its owner's contributors), and a
+ *     view's move of a chunk with copies names the rounds its copy follows (relayer FOLLOW)
  */
-#define PSAGG_PROTO_VERSION 23
+#define PSAGG_PROTO_VERSION 24
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64
@@ -436,7 +446,10 @@ _Static_assert(sizeof(psagg__ctl_membership) == 256, "psagg__ctl_membership layo
  * once every worker has pushed the chunk in this view (a push with its epoch: the sign that
  * the worker took the view, before which an update from this server would be a stranger's);
  * the pushes of those rounds are dropped. A chunk with copies has relay_end = start (its
- * copy's state is the owner's, sum and all). Last, n_workers bytes member[]: 1 for the
+ * copy's state is the owner's, sum and all), except under [server] quorum: there its rounds
+ * start .. relay_end - 1 are ones some worker has the update of, which its copy steps with the
+ * bitmap the workers' pushes of the next round carry (above), and relayer is
+ * PSAGG_VIEW_FOLLOW (nothing is relayed). Last, n_workers bytes member[]: 1 for the
  * workers that are members in this epoch (all of them in a static job). In an elastic job with
  * replicas every membership change is a view (MEMBERSHIP frames are not used): a member lost
  * or done leaves, and joiners are admitted, by a view without moves; its acceptors are the
@@ -580,13 +593,19 @@ static inline psagg__view_move psagg__view_move_at(const uint8_t *v, uint32_t n_
     return m;
 }
 
-/* Whether move m's relayed rounds are not 0..2 rounds from its start by one of n_workers (or
-   are a chunk's with copies, which has none): a view every process refuses. */
+/* psagg__view_move.relayer of a chunk with copies under [server] quorum: nothing is relayed,
+   its copy follows the rounds start .. relay_end - 1 (above) */
+#define PSAGG_VIEW_FOLLOW UINT32_MAX
+
+/* Whether move m's relayed rounds are not 0..2 rounds from its start by one of n_workers (a
+   chunk with copies has none: follows says whether its copy may follow some instead, above):
+   a view every process refuses. */
 static inline int psagg__view_relay_bad(const psagg__view_move *m, uint32_t n_workers,
-                                        int has_copies)
+                                        int has_copies, int follows)
 {
     return m->relay_end < m->start || m->relay_end - m->start > 2 ||
-           (m->relay_end > m->start && (m->relayer >= n_workers || has_copies));
+           (m->relay_end > m->start &&
+            (has_copies ? !follows || m->relayer != PSAGG_VIEW_FOLLOW : m->relayer >= n_workers));
 }
 
 /* One tensor's state at a SYNC barrier: the round of its next operation, and flags. */

@@ -30,9 +30,25 @@
 #              then server 1 SIGKILLed at round 40 (a view moves its chunks); the survivors end
 #              as elastic does, every input of theirs and worker 2's summed once (less what it
 #              carried when it died)
+#   ef_replicas  ef with [cluster] server_replicas = 1 (every chunk has a copy: the servers keep
+#              a residual), no death: each copy steps every round with the pushes its owner
+#              summed (the bitmap the workers' next pushes carry), so the servers' state digests
+#              (log level debug) of each chunk are the same on owner and copy after every round
+#   ef_failover  ef_replicas, and server 1 SIGKILLed at round 40 as in failover: the copies
+#              take the chunks over with their owner's residuals; the job ends as ef does
 #   failover_back  the same, and server 1 started again once every worker took view 1: it is
 #              admitted (view 2) and takes no chunk back (under a quorum its chunks stay with
 #              server 0, docs/server-failover.md); the job ends as failover does
+#   optim_replicas  fn_optim (parameter chunks: the servers' optimizer) with server_replicas = 1
+#              and worker 3 a straggler: the copies step each round with their owner's
+#              contributors (state digests as ef_replicas); every worker ends with the same
+#              master weights
+#   optim_failover  optim_replicas, and server 1 SIGKILLed at step 40: its chunks' copies take
+#              them over with the owner's state; the job ends as optim_replicas does
+#              17 ms after worker 0 printed it (PSAGG_TEST_KILL_DELAY_MS=MS, under 1000)
+#   optim_back  optim_failover, and server 1 started again once every worker took view 1: it
+#              receives the state of the chunks it copies and follows their owners again (its
+#              copies' digests checked too); the job ends as optim_replicas does
 #   all        quorum = 4 = workers: no round closes without anyone (every left_out 0)
 #   bad        quorum = 5 with workers = 4, and quorum with [codec] adaptive: refused at
 #              file:line by the server and by a worker, nothing starts
@@ -42,6 +58,7 @@ case=$1
 build=$2
 server_bin=$build/server/psagg-server
 worker_bin=$build/tests/functional/fn_worker
+optim_bin=$build/tests/functional/fn_optim
 # shellcheck source=tests/harness.sh
 . "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
 reserve_ports 2 "${3:-}"
@@ -55,9 +72,9 @@ carry) calm=0 slow=20 ;;
 elastic | elastic_failover) quorum=2 ;;
 failover) ;;
 failover_back) rounds=240 ;; # (long enough for server 1's return under ASan too)
-ef) codec=maxmin4 extra=(--error-feedback) server_ef=on ;;
+ef | ef_failover | ef_replicas) codec=maxmin4 extra=(--error-feedback) server_ef=on ;;
 all) quorum=4 ;;
-bad) ;;
+bad | optim_replicas | optim_failover | optim_back) ;;
 *) fail "unknown case '$case'" ;;
 esac
 
@@ -87,12 +104,95 @@ if [ "$case" = bad ]; then
     exit 0
 fi
 
+# check_states [SLACK]: every chunk's copy had its owner's state after each round both stepped
+# (the servers' debug lines "tensor T chunk C round R: state H (owner|copy)", every server log),
+# but a lost owner's rounds from the one its copy decides on (none of their updates reached a
+# worker: the copy's "deciding rounds from R"); at most SLACK (2) rounds of a chunk's copy lack
+# a pair (the copy lags its owner by one bitmap; a death cuts one more)
+check_states() {
+    sed -n 's/.* server \([0-9]*\) INFO tensor \([0-9]*\) chunk \([0-9]*\): its copy here owns it .*deciding rounds from \([0-9]*\)$/\2.\3 \1 \4/p' \
+        "$tmp"/server*.log >"$tmp/decided"
+    sed -n 's/.* server \([0-9]*\) DEBUG tensor \([0-9]*\) chunk \([0-9]*\) round \([0-9]*\): state \([0-9a-f]*\) (\(owner\|copy\))$/\2.\3 \4 \6 \5 \1/p' \
+        "$tmp"/server*.log | sort >"$tmp/states"
+    read -r pairs copy_lines chunks < <(awk 'FILENAME == ARGV[1] {taker[$1] = $2; from[$1] = $3; next}
+        $3 == "owner" && ($1 in taker) && $5 != taker[$1] && $2 + 0 >= from[$1] {next}
+        {k = $1 "." $2; n[k]++; if (!(k in h)) h[k] = $4; else if (h[k] != $4) {print "DIFF", k; bad = 1; exit}
+         if ($3 == "copy") {c++; ch[$1] = 1}}
+        END {if (bad) exit; for (k in n) if (n[k] >= 2) p++; for (k in ch) nc++; print p + 0, c + 0, nc + 0}' \
+        "$tmp/decided" "$tmp/states")
+    [[ $pairs != DIFF ]] || fail "a copy's state differs from its owner's: tensor.chunk.round $copy_lines"
+    ((chunks > 0 && pairs > 0 && pairs >= copy_lines - ${1:-2} * chunks)) ||
+        fail "only $pairs chunk rounds of $copy_lines stepped by both the owner and the copy ($chunks chunks)"
+    copies=" each chunk's copy had its owner's state after each of $pairs chunk rounds ($chunks chunks);"
+}
+
+if [[ $case == optim_* ]]; then
+    # fn_optim: four parameter tensors (the servers' sgd with momentum) and a plain one, worker 3
+    # a straggler (30 ms before each step's pushes): rounds close without it, each parameter
+    # chunk's copy steps them with its owner's contributors; optim_failover: server 1 SIGKILLed
+    # at step 40, the copies take over with their owner's state. Every worker ends with the
+    # same master weights (pulled with sync).
+    write_ini "$quorum" cluster.server_replicas=1 server.optimizer=sgd server.momentum=0.9 \
+        log.level=debug
+    export PSAGG_CONFIG=$tmp/job.ini PSAGG_WORLD_SIZE=4
+    start_servers "$tmp/job.ini" 2
+    for r in 0 1 2 3; do
+        start_worker $r "$tmp/worker$r.log" FN_OPTIM_CODEC=maxmin4/512 "$optim_bin" 80 --straggler 3 \
+            --straggler-ms 30 --step-sleep-ms 1
+    done
+    servers=(0 1)
+    if [[ $case == optim_failover || $case == optim_back ]]; then
+        wait_until 60 grep -q "^STEP 40\$" "$tmp/worker0.log" || fail "worker 0 never reached step 40"
+        sleep "$(printf '0.%03d' "${PSAGG_TEST_KILL_DELAY_MS:-17}")" # (a later point of the step)
+        kill -KILL -- "-${spid[1]}"
+        servers=(0)
+    fi
+    if [ "$case" = optim_back ]; then # (started again once every worker took view 1)
+        wait_until 30 eval "[ \$(grep -l 'server view 1:' $tmp/worker[0-3].log | wc -l) -eq 4 ]" ||
+            fail "not every worker took view 1"
+        spawn "$tmp/server1b.log" "$server_bin" --config "$tmp/job.ini" --rank 1
+        spid[1]=$h_pid
+        servers=(0 1)
+    fi
+    for r in 0 1 2 3; do
+        wait_for "${wpid[$r]}" 90
+        rc=$?
+        ((rc == 0)) || fail "worker $r exited $rc: $(grep -h ERROR "$tmp/worker$r.log" | head -n 1)"
+    done
+    for s in "${servers[@]}"; do
+        wait_for "${spid[$s]}" 20
+        rc=$?
+        ((rc == 0)) || fail "server $s exited $rc"
+    done
+    (($(grep -h '^DIGEST' "$tmp"/worker*.log | sort -u | wc -l) == 1)) ||
+        fail "the workers' master weights differ: $(grep -h '^DIGEST' "$tmp"/worker*.log | tr '\n' ' ')"
+    left=$(sed -n 's/^QUORUM worker 3 left_out \([0-9]*\)$/\1/p' "$tmp/worker3.log")
+    ((left > 0)) || fail "worker 3 was never left out (left_out '${left}')"
+    check_states $([ "$case" = optim_back ] && echo 3)
+    taken=
+    if [ "$case" = optim_back ]; then
+        for r in 0 1 2 3; do
+            grep -q "server 1 is back in view 2" "$tmp/worker$r.log" || fail "worker $r did not take server 1 back"
+        done
+    fi
+    if [[ $case == optim_failover || $case == optim_back ]]; then
+        taken=$(grep -c "its copy here owns it from round" "$tmp/server0.log")
+        ((taken > 0)) || fail "no copy on server 0 took a chunk over"
+        followed=$(grep -c "stepped with the lost owner's contributors" "$tmp/server0.log")
+        taken=" server 1 killed at step 40: $taken chunks taken over by their copies ($followed of them first stepping the lost owner's last round with its contributors)$([ "$case" = optim_back ] && echo "; server 1 back in view 2, standing by");"
+    fi
+    say "passed:$copies$taken worker 3 left out of $left chunk rounds; the same master weights on every worker ($(grep -h '^DIGEST' "$tmp/worker0.log"))"
+    exit 0
+fi
+
 if [ "$case" = elastic ]; then
     write_ini "$quorum" cluster.elastic=on cluster.min_workers=2
 elif [ "$case" = elastic_failover ]; then
     write_ini "$quorum" cluster.elastic=on cluster.min_workers=2 cluster.server_replicas=1
-elif [[ $case == failover* ]]; then
-    write_ini "$quorum" cluster.server_replicas=1
+elif [[ $case == *failover* ]]; then # (ef_failover: the state digests, as ef_replicas)
+    write_ini "$quorum" cluster.server_replicas=1 $([ "$case" = ef_failover ] && echo log.level=debug)
+elif [ "$case" = ef_replicas ]; then # (debug: the servers log each chunk's state digest)
+    write_ini "$quorum" cluster.server_replicas=1 log.level=debug
 else
     write_ini "$quorum"
 fi
@@ -181,6 +281,8 @@ else
     ((report == left)) || fail "worker 3 says it was left out of $left chunk rounds, the servers $report"
 fi
 grep -q "the updates over $rounds rounds are every input" "$tmp/worker0.log" || fail "no conservation line"
+[ "$case" = ef_replicas ] && check_states
+[ "$case" = ef_failover ] && check_states 3
 carried=$(sed -n 's/^QUORUM worker 0: \([0-9]*\) elements still carried.*/\1/p' "$tmp/worker0.log")
 tail_rounds=$(sed -n 's/^QUORUM worker 0: .*(up to \([0-9]*\) rounds).*/\1/p' "$tmp/worker0.log")
-say "passed: worker 3 left out of $left chunk rounds (the servers agree), $ms ms for $rounds rounds; every input summed once (${carried:-0} elements still carried by workers left out of up to ${tail_rounds:-0} last rounds)${relayed:+; server 1 killed at round 40: server 0 took over, $relayed chunk round(s) relayed}${back:+; server 1 back, no chunk moved back: server view${back#*server view}}"
+say "passed:${copies:-} worker 3 left out of $left chunk rounds (the servers agree), $ms ms for $rounds rounds; every input summed once (${carried:-0} elements still carried by workers left out of up to ${tail_rounds:-0} last rounds)${relayed:+; server 1 killed at round 40: server 0 took over, $relayed chunk round(s) relayed}${back:+; server 1 back, no chunk moved back: server view${back#*server view}}"
