@@ -572,9 +572,9 @@ static int follow_learn(server *srv, chunk_state *c, int w, const recv_buf *rb)
     uint32_t named = 0, beyond = 0;
     if (!server_follows(srv, c) || h->round != c->round + 1)
         return 0;
-    for (size_t k = 0; k < 8 * nb; k++)
-        if (bits[k / 8] >> (k % 8) & 1)
-            *(k < (size_t)srv->n_workers ? &named : &beyond) += 1;
+    for (uint32_t k = 0; k < 8 * nb; k++)
+        if (psagg__bitmap_has(bits, k))
+            *(k < (uint32_t)srv->n_workers ? &named : &beyond) += 1;
     if (!named && !beyond)
         return 0; /* (its worker has no update of the round: another's push brings it) */
     if (beyond || (c->follow_has && memcmp(bits, c->follow_bits, nb))) {
@@ -589,9 +589,8 @@ static int follow_learn(server *srv, chunk_state *c, int w, const recv_buf *rb)
         return 0;
     memcpy(c->follow_bits, bits, nb);
     c->follow_has = 1;
-    c->follow_by = (uint32_t)w;
     for (int k = 0; k < srv->n_workers; k++)
-        if (c->arrived[k] && !(bits[k / 8] >> (k % 8) & 1)) {
+        if (c->arrived[k] && !psagg__bitmap_has(bits, (uint32_t)k)) {
             if (c->held[k])
                 release_held(srv, c, k);
             c->arrived[k] = 0;
@@ -647,7 +646,7 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
     if (c->ops->admit(srv, c, rb, &round))
         return 0;
     if (round == c->round && server_follows(srv, c) && c->follow_has &&
-        !(c->follow_bits[w / 8] >> (w % 8) & 1)) {
+        !psagg__bitmap_has(c->follow_bits, (uint32_t)w)) {
         srv->pool.policy->late(srv, c, w, round); /* (its owner closed the round without it) */
         return 0;
     }
@@ -862,15 +861,17 @@ psagg_status agg_move(server *srv, chunk_state *c, int move, const psagg__view_m
                       uint32_t epoch)
 {
     agg_item *it = malloc(sizeof *it); /* (freed by the thread: views are rare) */
-    int follow = m && m->relayer == PSAGG_VIEW_FOLLOW; /* (its copy follows, nothing relayed) */
+    uint32_t start = m ? m->start : 0, end = m ? m->relay_end : 0;
+    /* relayer FOLLOW: its copy follows the rounds to end, nothing is relayed; a lagging copy
+       follows the rounds before the view's start in any case */
+    int follow = m && m->relayer == PSAGG_VIEW_FOLLOW;
     if (!it)
         return psagg__fail(PSAGG_ENOMEM, "moving a chunk");
     *it = (agg_item){.chunk = c,
                      .move = move,
-                     .round = m ? m->start : 0,
-                     .relay_end = m && !follow ? m->relay_end : (m ? m->start : 0),
-                     /* (a lagging copy follows the rounds before the view's start too) */
-                     .follow_end = follow ? m->relay_end : (m ? m->start : 0),
+                     .round = start,
+                     .relay_end = follow ? start : end,
+                     .follow_end = follow ? end : start,
                      .epoch = epoch};
     queue_item(&srv->pool.threads[c->thread], it);
     return PSAGG_OK;

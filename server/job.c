@@ -118,7 +118,7 @@ int server_follows(const server *srv, const chunk_state *c)
 int server_passes(const server *srv, const chunk_state *c, int w)
 {
     if (server_follows(srv, c))
-        return c->follow_has && (c->arrived[w] || !(c->follow_bits[w / 8] >> (w % 8) & 1));
+        return c->follow_has && (c->arrived[w] || !psagg__bitmap_has(c->follow_bits, (uint32_t)w));
     return c->arrived[w] || c->closing || !server_member(srv, w);
 }
 

@@ -233,13 +233,11 @@ typedef struct chunk_state {
     uint32_t relayed_len[2];
     uint8_t relay_came[2];
     /* [server] quorum with server replicas: a copy (and, up to follow_until, a copy that took
-       its chunk over) steps a round with its owner's contributors, not its own (chunk_follows):
-       the bitmap of the round that the workers' next pushes carry (wire.h), follow_bits once
-       one came (follow_has; follow_by: the worker whose push it came in). job.c's
-       server_follows says whether c's round does */
+       its chunk over) steps a round with its owner's contributors, not its own (job.c's
+       server_follows): the bitmap of the round that the workers' next pushes carry (wire.h),
+       follow_bits once one came (follow_has) */
     uint32_t follow_until;
     int follow_has;
-    uint32_t follow_by;
     uint8_t *follow_bits;
 } chunk_state;
 
@@ -440,7 +438,7 @@ typedef struct agg_pool {
     agg_startup startup;
     const round_policy *policy;  /* when a round closes (quorum.c), chosen at start-up */
     size_t bitmap_bytes;         /* [server] quorum: an update's contributor bitmap, else 0 */
-    size_t follow_bytes; /* and server replicas: a push's bitmap of the round before, else 0 */
+    size_t follow_bytes;         /* and replicas: a push's bitmap of the round before, else 0 */
     psagg__data_key update_key;  /* of this server's updates (data_auth; runtime/auth.h) */
     _Atomic uint64_t update_seq; /* the number of the last update sealed */
     uint64_t budget;             /* bytes a job's chunks may take ([server] memory_budget_mb) */

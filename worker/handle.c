@@ -315,11 +315,10 @@ psagg_status worker_struct_size(const char *type, size_t got, size_t known)
  */
 static size_t push_trailer(const psagg_ctx *ctx, const psagg__msg_hdr *mh, uint8_t *out)
 {
-    size_t nb = ctx->follow_bytes;
-    size_t i =
-        2 * ((size_t)ctx->layout.tensors[mh->key].first_chunk + mh->chunk) + ((mh->round - 1) & 1);
+    size_t nb = ctx->follow_bytes, i;
     if (!nb)
         return 0;
+    i = 2 * ((size_t)ctx->layout.tensors[mh->key].first_chunk + mh->chunk) + ((mh->round - 1) & 1);
     if (mh->round && ctx->follow_round[i] == mh->round - 1)
         memcpy(out, ctx->follow_bits + i * nb, nb);
     else

@@ -50,8 +50,7 @@ void updates_gate(psagg_ctx *ctx, psagg__gate *gate)
  * `rank` (0..world-1: the bitmap's bytes cover them). */
 static int bitmap_has(const psagg__msg_hdr *mh, int rank)
 {
-    const uint8_t *bits = (const uint8_t *)mh + sizeof *mh + mh->len;
-    return bits[rank / 8] >> (rank % 8) & 1;
+    return psagg__bitmap_has((const uint8_t *)mh + sizeof *mh + mh->len, (uint32_t)rank);
 }
 
 /*

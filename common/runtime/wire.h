@@ -653,6 +653,12 @@ typedef struct psagg__ctl_sync_done {
 } psagg__ctl_sync_done;
 _Static_assert(sizeof(psagg__ctl_sync_done) == 24, "psagg__ctl_sync_done layout");
 
+/* Whether a contributor bitmap (an update's, or a push's trailer: above) names worker w. */
+static inline int psagg__bitmap_has(const uint8_t *bits, uint32_t w)
+{
+    return bits[w / 8] >> (w % 8) & 1;
+}
+
 enum psagg__msg_type {
     PSAGG_MSG_PUSH = 1,
     PSAGG_MSG_UPDATE = 2,
