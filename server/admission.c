@@ -240,7 +240,16 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg__ctl_hel
                  srv->rank, rank, hello->provider, psagg__fabric_provider(srv->fab));
         return -1;
     }
-    if (!srv->ctl.job_running && rank >= srv->start_workers) {
+    if ((hello->flags & PSAGG_HELLO_REJOIN) && srv->mb.elastic) { /* (it waits for the members,
+                                                                     not the start's) */
+        if (!hello->members || hello->members > (uint32_t)srv->n_workers) {
+            snprintf(msg, len,
+                     "server %d: worker %d's HELLO names %u members; the job has %d ranks",
+                     srv->rank, rank, hello->members, srv->n_workers);
+            return -1;
+        }
+        srv->ctl.rejoin_members = (int)hello->members;
+    } else if (!srv->ctl.job_running && rank >= srv->start_workers) {
         snprintf(msg, len,
                  "server %d: worker rank %d is beyond workers = %d: it joins the job once it "
                  "runs: try again",
@@ -293,7 +302,8 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg__ctl_hel
             .n_servers = (uint32_t)srv->cfg.n_servers,
             .flags = flags | (srv->ctl.job_running ? PSAGG_WELCOME_JOINING : 0) |
                      (srv->cfg.quorum ? PSAGG_WELCOME_QUORUM : 0) |
-                     (srv->cfg.server_error_feedback ? PSAGG_WELCOME_RESIDUAL : 0)};
+                     (srv->cfg.server_error_feedback ? PSAGG_WELCOME_RESIDUAL : 0) |
+                     (srv->pool.follow_bytes ? PSAGG_WELCOME_FOLLOW : 0)};
         size_t elen = sizeof wel.epname;
         memcpy(wel.nonce, srv->nonce, sizeof wel.nonce);
         optim_welcome(srv, &wel.optim);

@@ -619,11 +619,17 @@ static int handle_push(server *srv, chunk_state *c, recv_buf *rb)
     int w = h->sender, r;
     uint32_t round = h->round;
 
-    if (c->broken)
+    if (c->broken || c->stale)
         return 0;
     if (c->standby && !c->shadow) { /* routed before a view gave it up: its owner sums it */
         LOG_DEBUG(&srv->log, "push from worker %d: tensor %u chunk %u round %u, given up here", w,
                   h->key, h->chunk, h->round);
+        return 0;
+    }
+    if (!server_follows(srv, c) && !server_member(srv, w)) { /* (progress.c's, where copies
+                                                                follow: its owner decides) */
+        LOG_DEBUG(&srv->log, "a push from worker %d, which is no member, dropped", w);
+        metrics_drop(srv);
         return 0;
     }
     if (c->fenced && (uint16_t)(h->epoch - c->fence_epoch) < 0x8000) /* (that view or later) */
@@ -998,6 +1004,16 @@ psagg_status agg_state_load(server *srv, chunk_state *c, const psagg__ctl_state 
 static void take_over_copy(server *srv, chunk_state *c, uint32_t start, uint32_t follow_end,
                            uint32_t epoch)
 {
+    if (c->stale) {
+        server_fail_job(srv, PSAGG_EPEER,
+                        "tensor '%s' chunk %u: taken over from round %u, but this server's copy "
+                        "is stale from round %u (a push its owner summed, of a worker that left, "
+                        "never came here): no live server has the chunk's state",
+                        srv->layout.tensors[c->info->key].name, c->info->index, start,
+                        c->stale - 1);
+        c->broken = 1;
+        return;
+    }
     if (c->round > start + 1) {
         server_fail_job(srv, PSAGG_EPROTO,
                         "tensor '%s' chunk %u: taken over from round %u, but this server's copy "
@@ -1041,6 +1057,7 @@ static void do_move(server *srv, agg_item *it)
         c->standby = 1;
         c->taken_over = 0;
         c->follow_until = 0; /* (a copy follows every round) */
+        c->stale = 0;        /* (its state came now) */
         c->fenced = 0;
         c->owes_update = 0;
         LOG_DEBUG(&srv->log, "tensor %u chunk %u: a copy here from round %u", c->info->key,
@@ -1061,6 +1078,7 @@ static void do_move(server *srv, agg_item *it)
     atomic_store(&c->deferred, 0); /* (a whole round waiting for a send: summed again there) */
     round_reset(srv, c);
     c->broken = 0;
+    c->stale = 0;
     c->fenced = 0; /* (a fence of a move before: a relayed takeover below fences it again) */
     c->owes_update = 0;
     c->standby = it->move != AGG_OWN;
@@ -1170,8 +1188,41 @@ static void *agg_main(void *arg)
     return NULL;
 }
 
+/*
+ * A copy that follows its owner, whose bitmap of its round names the push of a worker that left
+ * (elastic) and never came here, is stale (wire.h): it lets every push go from now on, and its
+ * server fails the job should a view hand it the chunk (take_over_copy). Returns 1 when c is.
+ */
+static int follow_stale(server *srv, chunk_state *c)
+{
+    int w = 0;
+    if (c->stale || !server_follows(srv, c) || !c->follow_has)
+        return c->stale != 0;
+    while (
+        w < srv->n_workers &&
+        (c->arrived[w] || !psagg__bitmap_has(c->follow_bits, (uint32_t)w) || server_member(srv, w)))
+        w++;
+    if (w == srv->n_workers)
+        return 0;
+    c->stale = c->round + 1;
+    LOG_WARN(&srv->log,
+             "tensor %u chunk %u: this copy is stale from round %u: its owner summed the push of "
+             "worker %d, which left before that push came here; the copy steps no more (a view "
+             "that hands it the chunk fails the job)",
+             c->info->key, c->info->index, c->round, w);
+    for (int k = 0; k < srv->n_workers; k++)
+        if (c->held && c->held[k])
+            release_held(srv, c, k);
+    for (recv_buf *rb; (rb = ahead_pop(srv, c));)
+        server_queue_repost(srv, rb);
+    round_reset(srv, c);
+    return 1;
+}
+
 void agg_settle(server *srv, chunk_state *c)
 {
+    if (follow_stale(srv, c))
+        return;
     if (!c->broken && c->n_arrived && (c->ops->settle(srv, c) & CHUNK_COMPLETE))
         agg_finish_round(srv, c);
     else if (!c->broken && c->n_arrived)

@@ -74,7 +74,7 @@ static void missing_workers(const server *srv, enum worker_state below, char *bu
     buf[0] = '\0';
     for (int w = 0; w < srv->n_workers; w++)
         if (srv->workers[w].state < below && (below != W_BYE || srv->workers[w].fd >= 0) &&
-            (below != W_DECLARED || w < srv->start_workers)) /* (the rest join later) */
+            (below != W_DECLARED || w < server_start_ranks(srv))) /* (the rest join later) */
             used = psagg__list_int(buf, len, used, w);
 }
 
@@ -287,7 +287,7 @@ static void starting(server *srv, control_loop *l, int64_t now)
         return;
     }
     /* (elastic: the workers that died start out of it, as joinable ranks) */
-    if (declared > 0 && declared + dead == srv->start_workers) {
+    if (declared > 0 && declared + dead >= server_start_count(srv)) {
         if ((st = startup_start(srv, msg, sizeof msg))) {
             startup_failed(srv, l, st, msg);
             return;

@@ -799,7 +799,9 @@ static int ask_state(server *srv, struct failover *fo)
         w++;
     if (!n || w == srv->n_workers)
         return 0;
-    if (srv->pool.follow_bytes) { /* (its copies could not catch up: pushes are kept 2 rounds) */
+    if (srv->cfg.quorum && srv->pool.follow_bytes) { /* (its copies could not catch up: a
+                                                          quorum's rounds do not wait for the
+                                                          hold, and pushes are kept 2 rounds) */
         LOG_WARN(&srv->log,
                  "server %d comes back under [server] quorum: it stands by without the state of "
                  "its %u chunk(s) with copies (the job does not pause for it: it copies none)",

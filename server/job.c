@@ -98,6 +98,17 @@ void server_queue_repost(server *srv, recv_buf *rb)
         psagg__fabric_wake(srv->fab);
 }
 
+int server_start_ranks(const server *srv)
+{
+    return srv->ctl.rejoin && srv->mb.elastic ? srv->n_workers : srv->start_workers;
+}
+
+int server_start_count(const server *srv)
+{
+    return srv->ctl.rejoin && srv->mb.elastic && srv->ctl.rejoin_members ? srv->ctl.rejoin_members
+                                                                         : srv->start_workers;
+}
+
 int server_member(const server *srv, int w)
 {
     return atomic_load_explicit(&srv->mb.member[w], memory_order_acquire);

@@ -126,7 +126,9 @@ static void route_checked(server *srv, recv_buf *rb, int from)
     const char *bad;
     int slot;
 
-    if (!server_member(srv, from)) { /* it left the job (elastic): nothing of it counts now */
+    /* it left the job (elastic): nothing of it counts now; but where copies follow, a copy
+       may need it (its owner's bitmap names it): aggregate.c's handle_push decides */
+    if (!srv->pool.follow_bytes && !server_member(srv, from)) {
         LOG_DEBUG(&srv->log, "a push from worker %d, which is no member, dropped", from);
         metrics_drop(srv);
         progress_repost(srv, rb);

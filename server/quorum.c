@@ -46,10 +46,15 @@ static int64_t every_timer(server *srv, agg_thread *t, int64_t now)
     return 0;
 }
 
-static size_t every_trailer(server *srv, chunk_state *c, uint8_t *out)
+/* Copies that follow their owner (srv->pool.bitmap_bytes without a quorum): the bitmap of the
+   pushes summed, after the update's payload (wire.h); else nothing. */
+static size_t every_trailer(server *srv, chunk_state *c, uint8_t *bits)
 {
-    (void)srv, (void)c, (void)out;
-    return 0;
+    memset(bits, 0, srv->pool.bitmap_bytes);
+    for (int w = 0; w < srv->n_workers && srv->pool.bitmap_bytes; w++)
+        if (c->arrived[w])
+            bits[w / 8] |= (uint8_t)(1u << (w % 8));
+    return srv->pool.bitmap_bytes;
 }
 
 const round_policy every_member_policy = {

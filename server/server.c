@@ -64,9 +64,13 @@ server *server_open(const psagg__config *cfg, int rank, const volatile sig_atomi
     /* [server] quorum: rounds may close without stragglers, and say whose pushes they sum in
        a bitmap of every rank (an elastic job's max_workers) */
     srv->pool.policy = cfg->quorum ? &quorum_policy : &every_member_policy;
-    srv->pool.bitmap_bytes = cfg->quorum ? ((size_t)srv->n_workers + 7) / 8 : 0;
-    /* with replicas a push ends with the bitmap of its chunk's round before: copies follow */
-    srv->pool.follow_bytes = cfg->server_replicas ? srv->pool.bitmap_bytes : 0;
+    /* with replicas and a quorum or elastic workers, a chunk's copies follow their owner: a
+       push ends with the bitmap of its chunk's round before (wire.h) */
+    srv->pool.follow_bytes = cfg->server_replicas && (cfg->quorum || cfg->elastic)
+                                 ? ((size_t)srv->n_workers + 7) / 8
+                                 : 0;
+    srv->pool.bitmap_bytes =
+        cfg->quorum ? ((size_t)srv->n_workers + 7) / 8 : srv->pool.follow_bytes;
     srv->workers = calloc((size_t)srv->n_workers, sizeof *srv->workers);
     srv->rank_at = calloc((size_t)srv->n_workers, sizeof *srv->rank_at);
     if (!srv->workers || !srv->rank_at || admission_init(srv) || metrics_init(srv) ||

@@ -232,13 +232,16 @@ typedef struct chunk_state {
     uint8_t *relayed[2];
     uint32_t relayed_len[2];
     uint8_t relay_came[2];
-    /* [server] quorum with server replicas: a copy (and, up to follow_until, a copy that took
-       its chunk over) steps a round with its owner's contributors, not its own (job.c's
-       server_follows): the bitmap of the round that the workers' next pushes carry (wire.h),
-       follow_bits once one came (follow_has) */
+    /* Copies that follow ([server] quorum or elastic workers, with server replicas): a copy
+       (and, up to follow_until, a copy that took its chunk over) steps a round with its
+       owner's contributors, not its own (job.c's server_follows): the bitmap of the round
+       that the workers' next pushes carry (wire.h), follow_bits once one came (follow_has).
+       stale: 1 + the round whose bitmap named a push that never came here from a worker that
+       left (elastic), or 0: the copy steps no more and cannot take the chunk over */
     uint32_t follow_until;
     int follow_has;
     uint8_t *follow_bits;
+    uint32_t stale;
 } chunk_state;
 
 /* What a chunk's collect did with a push (flags; 0: nothing more to do, repost its buffer). */
@@ -395,10 +398,11 @@ typedef struct job_outcome {
 /* The control loop's own (control.c, startup.c; the control thread only). */
 typedef struct control_state {
     int listen_fd;
-    int job_running;   /* READY was sent */
-    int rejoin;        /* the job ran before this server (re)started: it rejoins (failover.c) */
-    int decl_ref;      /* the first starting worker that declared: the job's declaration */
-    int64_t next_ping; /* when the workers get their next PING */
+    int job_running;    /* READY was sent */
+    int rejoin;         /* the job ran before this server (re)started: it rejoins (failover.c) */
+    int rejoin_members; /* an elastic job's: the members the last HELLO named (wire.h), or 0 */
+    int decl_ref;       /* the first starting worker that declared: the job's declaration */
+    int64_t next_ping;  /* when the workers get their next PING */
 } control_state;
 
 /* Who belongs to the job (membership.c writes it, on the control thread; any thread reads
@@ -436,9 +440,10 @@ typedef struct agg_pool {
     int n_threads;
     int started;
     agg_startup startup;
-    const round_policy *policy;  /* when a round closes (quorum.c), chosen at start-up */
-    size_t bitmap_bytes;         /* [server] quorum: an update's contributor bitmap, else 0 */
-    size_t follow_bytes;         /* and replicas: a push's bitmap of the round before, else 0 */
+    const round_policy *policy; /* when a round closes (quorum.c), chosen at start-up */
+    size_t bitmap_bytes; /* [server] quorum, or follow_bytes: an update's contributor bitmap */
+    size_t follow_bytes; /* replicas with a quorum or elastic workers: a push's bitmap of the
+                            round before (copies follow their owner), else 0 */
     psagg__data_key update_key;  /* of this server's updates (data_auth; runtime/auth.h) */
     _Atomic uint64_t update_seq; /* the number of the last update sealed */
     uint64_t budget;             /* bytes a job's chunks may take ([server] memory_budget_mb) */
@@ -794,6 +799,11 @@ int server_member(const server *srv, int w);
 int server_members_in(const server *srv, const chunk_state *c);
 int server_passes(const server *srv, const chunk_state *c, int w);
 int server_follows(const server *srv, const chunk_state *c);
+/* The start-up (startup.c, control.c): the ranks that may declare (0..start_ranks - 1: the
+   starting workers, or every rank when this server rejoins an elastic job) and how many of them
+   it waits for (the starting workers, or the members the rejoining workers name: wire.h). */
+int server_start_ranks(const server *srv);
+int server_start_count(const server *srv);
 /* The worker whose fabric address is addr, or -1. */
 int server_worker_at(const server *srv, psagg__peer addr);
 /*

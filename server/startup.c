@@ -29,7 +29,7 @@ static int compare_declarations(server *srv, char *msg, size_t len)
 {
     const int r0 = srv->ctl.decl_ref;
     const worker_conn *w0 = &srv->workers[r0];
-    for (int w = r0 + 1; w < srv->start_workers; w++) {
+    for (int w = r0 + 1; w < server_start_ranks(srv); w++) {
         const worker_conn *wc = &srv->workers[w];
         if (wc->state != W_DECLARED)
             continue;
@@ -63,7 +63,7 @@ static int compare_declarations(server *srv, char *msg, size_t len)
         char differ[128] = "";
         size_t used = 0;
         int first = -1;
-        for (int w = r0 + 1; w < srv->start_workers; w++) {
+        for (int w = r0 + 1; w < server_start_ranks(srv); w++) {
             const psagg__ctl_tensor *b = &srv->workers[w].decl[t];
             if (srv->workers[w].state != W_DECLARED)
                 continue;
@@ -255,7 +255,7 @@ psagg_status startup_start(server *srv, char *msg, size_t len)
         snprintf(msg, len, "no memory for READY");
         return PSAGG_ENOMEM;
     }
-    for (int w = 0; w < srv->start_workers; w++) /* (the ranks beyond join later) */
+    for (int w = 0; w < server_start_ranks(srv); w++) /* (the ranks beyond join later) */
         if (srv->workers[w].state == W_DECLARED &&
             psagg__ctl_send(srv->workers[w].fd, &srv->workers[w].auth, PSAGG_CTL_READY, start,
                             start_len))

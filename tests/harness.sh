@@ -36,6 +36,14 @@
 #   show_log FILE         its error and warning lines, then its last lines (before a sanitizer
 #                         report, and that report's summary)
 #   fail MESSAGE          say "NAME: FAIL: MESSAGE", show_log every $tmp/*.log, exit 1
+#   check_states SLACK LOG...
+#                         every chunk's copy had its owner's state after each round both stepped
+#                         (the servers' debug lines "tensor T chunk C round R: state H
+#                         (owner|copy)" in the server logs LOG), but a lost owner's rounds from
+#                         the one its copy decides on (none of their updates reached a worker:
+#                         the copy's "deciding rounds from R"); at most SLACK rounds of a chunk's
+#                         copy lack a pair (a copy lags its owner by one bitmap; a death cuts one
+#                         more); else fail. Sets $copies to a sentence that says so
 #
 # Ports and job files
 #   reserve_ports N [FIXED]
@@ -204,6 +212,31 @@ fail() {
     echo "$h_name: FAIL: $*" >&2
     for f in "$tmp"/*.log; do [[ -e $f ]] && show_log "$f"; done >&2
     exit 1
+}
+
+check_states() {
+    local slack=$1 pairs copy_lines chunks
+    shift
+    sed -n 's/.* server \([0-9]*\) INFO tensor \([0-9]*\) chunk \([0-9]*\): its copy here owns it .*deciding rounds from \([0-9]*\)$/\2.\3 \1 \4/p' \
+        "$@" >"$tmp/decided"
+    sed -n 's/.* server \([0-9]*\) DEBUG tensor \([0-9]*\) chunk \([0-9]*\) round \([0-9]*\): state \([0-9a-f]*\) (\(owner\|copy\))$/\2.\3 \4 \6 \5 \1/p' \
+        "$@" | sort >"$tmp/states"
+    # (a chunk's owner at round R: the taker whose "deciding rounds from" is the highest <= R;
+    # another server's owner lines of R are a lost owner's, or one's before it was given back)
+    read -r pairs copy_lines chunks < <(awk 'FILENAME == ARGV[1] {i = ++ne[$1]; et[$1, i] = $2; ef[$1, i] = $3 + 0; next}
+        $3 == "owner" && ($1 in ne) {
+            best = -1; who = ""
+            for (i = 1; i <= ne[$1]; i++) if (ef[$1, i] <= $2 + 0 && ef[$1, i] >= best) {best = ef[$1, i]; who = et[$1, i]}
+            if (best >= 0 && $5 != who) next
+        }
+        {k = $1 "." $2; n[k]++; if (!(k in h)) h[k] = $4; else if (h[k] != $4) {print "DIFF", k; bad = 1; exit}
+         if ($3 == "copy") {c++; ch[$1] = 1}}
+        END {if (bad) exit; for (k in n) if (n[k] >= 2) p++; for (k in ch) nc++; print p + 0, c + 0, nc + 0}' \
+        "$tmp/decided" "$tmp/states")
+    [[ $pairs != DIFF ]] || fail "a copy's state differs from its owner's: tensor.chunk.round $copy_lines"
+    ((chunks > 0 && pairs > 0 && pairs >= copy_lines - slack * chunks)) ||
+        fail "only $pairs chunk rounds of $copy_lines stepped by both the owner and the copy ($chunks chunks)"
+    copies=" each chunk's copy had its owner's state after each of $pairs chunk rounds ($chunks chunks);"
 }
 
 # ---- ports ----

@@ -172,9 +172,9 @@ static psagg_status setup_buffers(psagg_ctx *ctx, const psagg_tensor_desc *tenso
     ctx->tensors = calloc(l->n_tensors, sizeof *ctx->tensors);
     ctx->chunks = calloc(l->n_chunks, sizeof *ctx->chunks);
     ctx->owner = calloc(l->n_chunks ? l->n_chunks : 1, sizeof *ctx->owner);
-    if (ctx->bitmap_bytes) /* [server] quorum */
+    if (ctx->quorum)
         ctx->early = calloc(l->n_chunks, sizeof *ctx->early);
-    if (!ctx->tensors || !ctx->chunks || !ctx->owner || (ctx->bitmap_bytes && !ctx->early))
+    if (!ctx->tensors || !ctx->chunks || !ctx->owner || (ctx->quorum && !ctx->early))
         return psagg__fail(PSAGG_ENOMEM, "tensor tables");
     for (uint32_t c = 0; c < l->n_chunks; c++)
         ctx->owner[c] = l->chunks[c].owner;
@@ -820,7 +820,7 @@ psagg_status psagg_close(psagg_ctx *ctx)
     /* pending operations fail; the comm thread is gone, so nothing references them */
     worker_fail_all(ctx, PSAGG_ECLOSED, "psagg_close: the context was closed");
     say_bye(ctx, failed);
-    if (ctx->bitmap_bytes && atomic_load(&ctx->left_out))
+    if (ctx->quorum && atomic_load(&ctx->left_out))
         LOG_INFO(&ctx->log,
                  "[server] quorum: %llu chunk rounds closed without this worker's push (each "
                  "carried into its next push)",

@@ -245,7 +245,7 @@ psagg_status psagg_broadcast(psagg_ctx *ctx, uint32_t key, void *buf, size_t len
            caller sees the same counts, so all stop at this round and refuse alike. With
            [server] quorum the counts vary with stragglers: the bitmaps say who is in (the
            comm thread fails the job when root is not). */
-        if (!ctx->bitmap_bytes) {
+        if (!ctx->quorum) {
             first = at ? first : lo;
             if (lo != hi || lo != first) {
                 st = psagg__fail(PSAGG_EPEER,

@@ -267,8 +267,7 @@ static int schedule(comm_state *cs)
         while (h->next_send < ti->n_chunks) {
             uint32_t g = ti->first_chunk + h->next_send;
             const psagg__chunk_info *ci = &ctx->layout.chunks[g];
-            uint32_t owner = chunk_owner(ctx, g);
-            server_conn *sc = &ctx->servers[owner];
+            uint32_t owner = chunk_owner(ctx, g), to;
             if (h->chunk_done[h->next_send]) { /* its round closed without it ([server] quorum) */
                 if (++h->next_send == ti->n_chunks)
                     h->t_sent = psagg__now_ns();
@@ -282,18 +281,18 @@ static int schedule(comm_state *cs)
             }
             push_buf *pb = chunk_push(ctx, g, h->round);
             psagg_status st;
-            if (sc->inflight >= ctx->cfg.max_inflight) {
+            pb->sent_to = 0;
+            to = failover_first(ctx, pb, g); /* (its owner, or where copies follow its copy) */
+            if (ctx->servers[to].inflight >= ctx->cfg.max_inflight) {
                 waiting = waiting ? waiting : 1;
                 break;
             }
-            pb->sent_to = 0;
-            failover_pushed(ctx, pb, g);
-            st = push_send(ctx, pb, owner);
+            st = push_send(ctx, pb, to);
             if (st == PSAGG_EAGAIN) /* the provider's queue is full: after the next poll */
                 return waiting ? waiting : 1;
             if (st) {
                 worker_fail_all(ctx, PSAGG_EPEER, "pushing tensor '%s' chunk %u to server %u: %s",
-                                ti->name, ci->index, owner, psagg_last_error());
+                                ti->name, ci->index, to, psagg_last_error());
                 return 0;
             }
             if (++h->next_send == ti->n_chunks)

@@ -403,7 +403,7 @@ psagg_status psagg_push_pull_cuda(psagg_ctx *ctx, uint32_t key, const float *d_i
                          (double)ctx->tensors[key].ef_beta);
         goto err;
     }
-    if (ctx->bitmap_bytes) {
+    if (ctx->quorum) {
         st = psagg__fail(PSAGG_EUNSUPPORTED,
                          "the servers run [server] quorum, whose left-out pushes the CUDA path "
                          "cannot carry yet: push it from host memory (psagg_push_pull)");

@@ -656,7 +656,7 @@ void failover_back(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, const void *b
     /* from now until the next view, no push of its chunks goes to their owner of this one, nor
        of a chunk with copies whose state it holds (relayed to it meanwhile: STATE); under
        [server] quorum none, since none moves back (server/failover.c, make_view) */
-    for (uint32_t g = 0; g < ctx->layout.n_chunks && !ctx->bitmap_bytes; g++)
+    for (uint32_t g = 0; g < ctx->layout.n_chunks && !ctx->quorum; g++)
         if (has_copies(ctx, g)
                 ? ring_offset(ctx, g, sl.server) <= (uint32_t)ctx->cfg.server_replicas
                 : ctx->layout.chunks[g].owner == sl.server && ctx->owner[g] != sl.server) {
@@ -1011,15 +1011,42 @@ static uint32_t push_chunk(const psagg_ctx *ctx, const push_buf *pb)
 }
 
 /*
- * Send pb's push on to its next copies, until one send is under way (1) or must wait for room
- * (send_pending 2, in copyq: 2), or none is left (0). A copy a send fails to is lost here.
+ * Where copies follow their owner (ctx->follow_bytes), the owner's send comes after the copies'
+ * (wire.h): -1 while pb has gone to chunk g's owner or the owner is lost here (the next view
+ * moves the chunk, and the pushes go to its new owner again), else the owner.
+ */
+static int owner_last(const psagg_ctx *ctx, const push_buf *pb, uint32_t g)
+{
+    uint32_t o = chunk_owner(ctx, g);
+    if (!ctx->follow_bytes || (pb->sent_to & (UINT64_C(1) << ring_offset(ctx, g, o))) ||
+        ctx->failover->state[o] != S_IN)
+        return -1;
+    return (int)o;
+}
+
+uint32_t failover_first(psagg_ctx *ctx, push_buf *pb, uint32_t g)
+{
+    int s = ctx->failover && ctx->follow_bytes ? next_copy(ctx, pb, g) : -1;
+    uint32_t to = s >= 0 ? (uint32_t)s : chunk_owner(ctx, g);
+    if (ctx->failover)
+        pb->sent_to |= UINT64_C(1) << ring_offset(ctx, g, to);
+    return to;
+}
+
+/*
+ * Send pb's push on to its next copies (and then, where copies follow, to its owner), until
+ * one send is under way (1) or must wait for room or for the next view (send_pending 2, in
+ * copyq: 2), or none is left (0). A server a send fails to is lost here.
  */
 static int copy_step(psagg_ctx *ctx, push_buf *pb)
 {
     uint32_t g = push_chunk(ctx, pb);
     int s;
-    while (!worker_failed(ctx) && (s = next_copy(ctx, pb, g)) >= 0) {
-        psagg_status st = ctx->servers[s].inflight < ctx->cfg.max_inflight
+    while (!worker_failed(ctx) &&
+           ((s = next_copy(ctx, pb, g)) >= 0 || (s = owner_last(ctx, pb, g)) >= 0)) {
+        /* (a chunk held for a server that comes back goes to no owner until the next view) */
+        psagg_status st = ctx->servers[s].inflight < ctx->cfg.max_inflight &&
+                                  !(s == (int)chunk_owner(ctx, g) && failover_held(ctx, g))
                               ? push_send(ctx, pb, (uint32_t)s)
                               : PSAGG_EAGAIN;
         if (st == PSAGG_EAGAIN) {

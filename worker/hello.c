@@ -105,6 +105,11 @@ psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char 
         return st;
     }
     hello.epname_len = (uint32_t)len;
+    if (rejoin && ctx->cfg.elastic) { /* (the server that comes back waits for them) */
+        pthread_mutex_lock(&ctx->mu);
+        hello.members = (uint32_t)ctx->n_live;
+        pthread_mutex_unlock(&ctx->mu);
+    }
     ctx->servers[s].local_reads = 0; /* (a new connection: set again below when taken) */
     if (local) {
         uint32_t pid;
@@ -137,7 +142,7 @@ psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char 
                              "server %d of %d",
                              peer, w->server_rank, w->n_servers, s, ctx->cfg.n_servers);
         else if ((w->flags & ~(PSAGG_WELCOME_JOINING | PSAGG_WELCOME_QUORUM |
-                               PSAGG_WELCOME_RESIDUAL)) != flags)
+                               PSAGG_WELCOME_RESIDUAL | PSAGG_WELCOME_FOLLOW)) != flags)
             st = psagg__fail(PSAGG_ECONFIG, "%s has data_auth %s, this worker %s", peer,
                              w->flags & PSAGG_HELLO_DATA_AUTH ? "on" : "off", flags ? "on" : "off");
         else if (rejoin && (w->flags & PSAGG_WELCOME_JOINING))
@@ -150,12 +155,18 @@ psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char 
                              "%s says the job %s, server %d that it %s: try again in a moment",
                              peer, w->flags & PSAGG_WELCOME_JOINING ? "runs" : "is starting", ref,
                              ctx->joiner ? "runs" : "is starting");
-        else if (other && !!(w->flags & PSAGG_WELCOME_QUORUM) != !!ctx->bitmap_bytes)
+        else if (other && !!(w->flags & PSAGG_WELCOME_QUORUM) != ctx->quorum)
             st = psagg__fail(PSAGG_ECONFIG,
                              "%s runs [server] quorum %s, server %d %s: start every server with "
                              "the same [server] quorum",
                              peer, w->flags & PSAGG_WELCOME_QUORUM ? "on" : "off", ref,
-                             ctx->bitmap_bytes ? "on" : "off");
+                             ctx->quorum ? "on" : "off");
+        else if (other && !!(w->flags & PSAGG_WELCOME_FOLLOW) != !!ctx->follow_bytes)
+            st = psagg__fail(PSAGG_ECONFIG,
+                             "%s's chunk copies %s their owner, server %d's %s: start every "
+                             "server with the same [cluster] server_replicas and elastic",
+                             peer, w->flags & PSAGG_WELCOME_FOLLOW ? "follow" : "do not follow",
+                             ref, ctx->follow_bytes ? "do" : "do not");
         else if (other && !!(w->flags & PSAGG_WELCOME_RESIDUAL) != ctx->server_residual)
             st = psagg__fail(PSAGG_ECONFIG,
                              "%s runs [server] error_feedback = %s, server %d %s: start every "
@@ -194,8 +205,9 @@ psagg_status hello_exchange(psagg_ctx *ctx, int s, int64_t deadline, const char 
             ctx->welcomed = s + 1;
             ctx->optim = w->optim;
             ctx->joiner = !!(w->flags & PSAGG_WELCOME_JOINING);
-            ctx->bitmap_bytes = w->flags & PSAGG_WELCOME_QUORUM ? ((size_t)ctx->world + 7) / 8 : 0;
-            ctx->follow_bytes = ctx->cfg.server_replicas ? ctx->bitmap_bytes : 0;
+            ctx->quorum = !!(w->flags & PSAGG_WELCOME_QUORUM);
+            ctx->follow_bytes = w->flags & PSAGG_WELCOME_FOLLOW ? ((size_t)ctx->world + 7) / 8 : 0;
+            ctx->bitmap_bytes = ctx->quorum ? ((size_t)ctx->world + 7) / 8 : ctx->follow_bytes;
             ctx->server_residual = !!(w->flags & PSAGG_WELCOME_RESIDUAL);
             if (ctx->joiner)
                 LOG_WARN(&ctx->log,

@@ -183,7 +183,7 @@ int update_apply(psagg_ctx *ctx, struct psagg_handle *h, const uint8_t *msg,
     }
     if (ctx->bitmap_bytes && (in = bitmap_has_me(ctx, mh, ti->name)) < 0)
         return 0;
-    if (ctx->bitmap_bytes && h->need_rank >= 0 && (!in || !bitmap_has(mh, h->need_rank))) {
+    if (ctx->quorum && h->need_rank >= 0 && (!in || !bitmap_has(mh, h->need_rank))) {
         /* a broadcast's round without its root's push (the others would take zeros for its
            bytes) or without this worker's (carried, its header would land in the next
            round's bytes) */
@@ -295,7 +295,7 @@ struct psagg_handle *update_arrived(psagg_ctx *ctx, psagg__gate *gate, const psa
         return NULL;
     }
     atomic_fetch_add(&ctx->bytes_received, rb->len);
-    if (ctx->bitmap_bytes && keep_early(ctx, ctx->tensors[mh->key].op, rb, &mc))
+    if (ctx->quorum && keep_early(ctx, ctx->tensors[mh->key].op, rb, &mc))
         return NULL;
     return update_apply(ctx, ctx->tensors[mh->key].op, rb->buf, &mc) ? ctx->tensors[mh->key].op
                                                                      : NULL;

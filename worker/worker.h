@@ -297,14 +297,17 @@ struct psagg_ctx {
     uint32_t sync_seq;
     uint32_t sync_joined;
 
-    /* [server] quorum (the servers' WELCOMEs say so): each update ends with its contributor
-       bitmap of bitmap_bytes; an update that comes before this worker's push of its round
-       waits in early[chunk] (comm thread; wire.h) */
+    /* [server] quorum (the servers' WELCOMEs say so): an update that comes before this
+       worker's push of its round waits in early[chunk] (comm thread; wire.h). With a quorum
+       or copies that follow (below) each update ends with its contributor bitmap of
+       bitmap_bytes, else 0 */
+    int quorum;
     size_t bitmap_bytes;
-    /* and [cluster] server_replicas: each push ends with the bitmap of its chunk's round
-       before, as this worker applied it (handle.c's push_send; wire.h), else 0. Per chunk with
-       copies x round parity: the round of the update whose bitmap (follow_bytes each) is kept
-       for it, or UINT32_MAX (failover.c keeps them) */
+    /* copies that follow their owner (server replicas with a quorum or elastic workers:
+       WELCOME flag FOLLOW): each push ends with the bitmap of its chunk's round before, as
+       this worker applied it (handle.c's push_send; wire.h), else 0, and goes to the chunk's
+       copies before its owner. Per chunk with copies x round parity: the round of the update
+       whose bitmap (follow_bytes each) is kept for it, or UINT32_MAX (failover.c keeps them) */
     size_t follow_bytes;
     uint32_t *follow_round;
     uint8_t *follow_bits;
@@ -499,9 +502,10 @@ psagg_status membership_take(psagg_ctx *ctx, int from, const psagg__ctl_hdr *h, 
  * the next view; lost whether server s is lost or out of the view; waits_ready whether this
  * worker waits for server s's READY (its silence is then no loss).
  * A parameter chunk's push goes to its owner, then to its copies, one send after the other
- * (each sealed for its server): pushed records that pb (of chunk g) went to g's owner, copy
- * sends pb's next copy once its send before is done (push_sent), send_copies sends the copies
- * that waited for room (1 while some wait).
+ * (each sealed for its server); where copies follow their owner (wire.h), to its copies first
+ * and its owner last: first says where its first send goes, pushed records that pb (of chunk
+ * g) went to g's owner, copy sends pb on once its send before is done (push_sent),
+ * send_copies sends those that waited for room (1 while some wait).
  * keep_update keeps the update (msg, len bytes: header, payload, quorum bitmap) of a round of
  * chunk g this worker applied, a sum chunk's (its last two, by round parity): should its owner
  * be lost after sending it to some workers only, the view names a worker that has it to relay
@@ -520,6 +524,9 @@ int failover_ready(psagg_ctx *ctx, int s);
 void failover_tick(psagg_ctx *ctx, int64_t now);
 int failover_resend(psagg_ctx *ctx);
 void failover_pushed(psagg_ctx *ctx, push_buf *pb, uint32_t g);
+/* The server pb's push of chunk g goes to first (its first copy where copies follow, else its
+   owner), recorded as pushed: the other sends follow its completion (failover_copy). */
+uint32_t failover_first(psagg_ctx *ctx, push_buf *pb, uint32_t g);
 void failover_copy(psagg_ctx *ctx, push_buf *pb);
 int failover_send_copies(psagg_ctx *ctx);
 int failover_stale_update(psagg_ctx *ctx, const psagg__msg_hdr *mh, int from);

@@ -490,15 +490,6 @@ static psagg_status check_replicas(const struct load_state *st)
                            "%s: [cluster] server_replicas = %d: at most 63 (a worker records "
                            "which of a chunk's servers a push went to in 64 bits)",
                            where, cfg->server_replicas);
-    /* (a chunk's copy could miss a push of a worker that died before its push to the copy,
-       which the owner summed: it would need the round's contributors named, docs/design.md
-       "Copies that follow their owner") */
-    if (cfg->elastic && (cfg->optimizer || cfg->server_error_feedback))
-        return psagg__fail(PSAGG_ECONFIG,
-                           "%s: [cluster] server_replicas with [cluster] elastic and [server] %s: "
-                           "not built (elastic workers with replicas work with summed gradients "
-                           "only)",
-                           where, cfg->optimizer ? "optimizer" : "error_feedback");
     /* a takeover relays a chunk's update, and a return its state (a parameter chunk's
        weights, its view and the optimizer's arrays; a residual), each in one control frame;
        the update is bounded by the widest codec's */

@@ -79,9 +79,11 @@ const psagg__combo psagg__combos[] = {
     {PSAGG_F_REPLICAS, PSAGG_F_ELASTIC, 0,
      "every membership change is a server view, decided by a majority of the members before it "
      "(so a job goes on while fewer than half of its members die at once); a joiner is "
-     "admitted by a view at the members' barrier; with [server] quorum too; summed gradients "
-     "only (with [server] optimizer or error_feedback it is refused: a chunk's copies would "
-     "need the round's contributors named)"},
+     "admitted by a view at the members' barrier; with [server] quorum too; a chunk with "
+     "copies (a parameter's, or any with a server residual) goes to its copies before its "
+     "owner, and its copies step each round with the pushes its owner summed (whose bitmap "
+     "each worker's next push carries), so a worker that dies between two sends is in no sum "
+     "or left out by the copies too"},
     {PSAGG_F_REPLICAS, PSAGG_F_QUORUM, 0,
      "a round the lost owner closed without a straggler is not summed again: a worker that has "
      "its update relays it to the new owner, which sends those bytes, bitmap and all; a chunk "

@@ -110,6 +110,14 @@
  *   the fixed order (so its state stays its owner's, bit for bit), never closing a round on
  *   its own clock; a push it leaves out is late there too; two pushes whose bitmaps of one
  *   round differ close the second's sender (field trailer).
+ *   Elastic workers with server replicas (no quorum) do the same (WELCOME flag FOLLOW): every
+ *   UPDATE and WEIGHTS ends with the bitmap of the members whose pushes its owner summed, and
+ *   every PUSH with the trailer. A worker sends a chunk with copies to each copy first and to
+ *   its owner only once those sends are done, so a worker that dies between two sends leaves
+ *   its push on a copy and not on the owner (which sums the round without it, and its copies
+ *   let it go), not the other way round. A copy whose bitmap names the push of a worker that
+ *   left and never reached it is stale: it steps no more, and its server fails the job
+ *   naming the chunk should a view hand it the chunk.
  *
  * ELASTIC MEMBERSHIP ([cluster] elastic; server/membership.c)
  *   Server 0 alone decides who is a member: when it loses a worker (closed connection, its
@@ -211,8 +219,12 @@
  * 24: with [server] quorum and server replicas every PUSH ends with the contributor bitmap of
  *     the chunk's round before (a copy steps its rounds with its owner's contributors), and a
  *     view's move of a chunk with copies names the rounds its copy follows (relayer FOLLOW)
+ * 25: elastic workers with server replicas too (WELCOME flag FOLLOW): their updates carry the
+ *     contributor bitmap, their pushes the trailer, and a push goes to the copies first; a
+ *     HELLO_REJOIN names the members (a server that comes back waits for them, not for the
+ *     job's starting workers)
  */
-#define PSAGG_PROTO_VERSION 24
+#define PSAGG_PROTO_VERSION 25
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64
@@ -284,6 +296,11 @@ _Static_assert(sizeof(psagg__ctl_challenge) == 16, "psagg__ctl_challenge layout"
 /* WELCOME only: the servers keep a residual ([server] error_feedback): with server replicas a
    worker pushes every chunk to its copies too (below) */
 #define PSAGG_WELCOME_RESIDUAL 0x400u
+/* WELCOME only: the servers' copies follow their owner (server replicas with [server] quorum or
+   elastic workers): every UPDATE and WEIGHTS ends with the contributor bitmap, every PUSH with
+   the bitmap of its chunk's round before, and a chunk with copies goes to them before its
+   owner (DATA MESSAGES, below) */
+#define PSAGG_WELCOME_FOLLOW 0x800u
 
 typedef struct psagg__ctl_hello {
     char job_id[PSAGG_JOB_ID_MAX]; /* NUL-terminated */
@@ -297,7 +314,8 @@ typedef struct psagg__ctl_hello {
     uint8_t epname[PSAGG_EPNAME_MAX];
     uint64_t local_probe;     /* same-host copies (above): where the secret and epname lie */
     uint32_t local_pid;       /* the worker's pid, or 0 */
-    uint32_t reserved;        /* 0 */
+    uint32_t members;         /* HELLO_REJOIN in an elastic job: the members the worker knows (its
+                                 membership's), which the server waits for before its READY; else 0 */
     uint8_t local_commit[32]; /* the hash of that secret */
 } psagg__ctl_hello;
 _Static_assert(sizeof(psagg__ctl_hello) == 64 + 4 + 4 + 32 + 4 + 16 + 32 + 4 + 256 + 16 + 32,
@@ -446,7 +464,7 @@ _Static_assert(sizeof(psagg__ctl_membership) == 256, "psagg__ctl_membership layo
  * once every worker has pushed the chunk in this view (a push with its epoch: the sign that
  * the worker took the view, before which an update from this server would be a stranger's);
  * the pushes of those rounds are dropped. A chunk with copies has relay_end = start (its
- * copy's state is the owner's, sum and all), except under [server] quorum: there its rounds
+ * copy's state is the owner's, sum and all), except when copies follow (FOLLOW): there its rounds
  * start .. relay_end - 1 are ones some worker has the update of, which its copy steps with the
  * bitmap the workers' pushes of the next round carry (above), and relayer is
  * PSAGG_VIEW_FOLLOW (nothing is relayed). Last, n_workers bytes member[]: 1 for the

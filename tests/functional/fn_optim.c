@@ -38,10 +38,13 @@
  * with [server] quorum its pushes may then be left out of rounds (carried into later ones), which
  * the reference cannot know: the job's weights are then checked only in being the same on every
  * worker (the master weights pulled with sync at the end: DIGEST; no OPTIM-EXACT), and each
- * worker prints "QUORUM worker W left_out N" (psagg_stats.left_out).
+ * worker prints "QUORUM worker W left_out N" (psagg_stats.left_out). --die RANK STEP US: worker
+ * RANK SIGKILLs itself US microseconds after it started step STEP's push_pulls (among its sends:
+ * an elastic job goes on without it), checked as --straggler's are.
  * Prints "OPTIM-EXACT ...", "DRIFT ..." and "DIGEST <hex>" of the final weights.
  */
 #include <math.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -159,6 +162,7 @@ int main(int argc, char **argv)
 {
     uint32_t steps = argc > 1 ? (uint32_t)atoi(argv[1]) : 10, ckpt_at = 0, stop_after = 0, start;
     int ckpt_all = 0, step_sleep_ms = 0, ckpt_retry = 0, straggler = -1, straggler_ms = 0, exact;
+    int die_rank = -1, die_step = 0, die_us = 0;
     const char *ckpt_hold = NULL;
     int resume = 0, rank, world;
     float lr_scale = 1.0f;
@@ -195,10 +199,14 @@ int main(int argc, char **argv)
             straggler = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--straggler-ms") && a + 1 < argc)
             straggler_ms = atoi(argv[++a]);
-        else
+        else if (!strcmp(argv[a], "--die") && a + 3 < argc) {
+            die_rank = atoi(argv[++a]);
+            die_step = atoi(argv[++a]);
+            die_us = atoi(argv[++a]);
+        } else
             FAIL("usage: fn_optim STEPS [--checkpoint-at C] [--checkpoint-all] [--stop-after S] "
                  "[--resume] [--lr-scale X] [--step-sleep-ms MS] [--checkpoint-hold FILE] "
-                 "[--checkpoint-retry] [--straggler RANK --straggler-ms MS]");
+                 "[--checkpoint-retry] [--straggler RANK --straggler-ms MS] [--die RANK STEP US]");
     }
     if (psagg_codec_parse(codec_text, &codec) || psagg__codec_check(&codec))
         FAIL("FN_OPTIM_CODEC '%s'", codec_text);
@@ -212,7 +220,8 @@ int main(int argc, char **argv)
     }
     if (psagg__config_load(getenv("PSAGG_CONFIG"), &cfg))
         FAIL("config: %s", psagg_last_error());
-    exact = !(straggler >= 0 && cfg.quorum); /* (a round may close without the straggler) */
+    /* (a round may close without the straggler, or without a worker that died) */
+    exact = !(straggler >= 0 && cfg.quorum) && die_rank < 0;
     if (psagg_init(NULL, -1, -1, &ctx))
         FAIL("psagg_init: %s", psagg_last_error());
     rank = psagg_rank(ctx);
@@ -321,6 +330,12 @@ int main(int argc, char **argv)
             g[N_P][i] = input_value(rank, N_P, s - start, i);
         if (psagg_push_pull(ctx, N_P, g[N_P], wt[N_P], PSAGG_SUM, 0, &h[N_P]))
             FAIL("push_pull: %s", psagg_last_error());
+        if (rank == die_rank && s == (uint32_t)die_step) { /* (among its step's sends) */
+            printf("DYING at step %u after %d us\n", s, die_us);
+            fflush(stdout);
+            usleep((useconds_t)die_us);
+            raise(SIGKILL);
+        }
         for (uint32_t t = 0; t <= N_P; t++) {
             if (psagg_wait(h[t], -1))
                 FAIL("step %u tensor %u: %s", s, t, psagg_last_error());

@@ -19,14 +19,25 @@
 #              2 members, so worker 0 fails naming that, and so do the servers
 #   join       (--sync) worker 3 killed at round 15 and started again: a view admits it
 #   join-s1    ... server 1 SIGKILLed as the joiner starts; join-s0 the same of server 0
-# PART: leaves (ref up to two), joins (join*), or all (the default); one ctest entry each.
+# and, with a server optimizer (fn_optim: four parameter tensors, sgd with momentum, maxmin4; every
+# parameter chunk has a copy, which steps each round with the pushes its owner summed):
+#   optim-still   no death: every worker's weights are the reference's (OPTIM-EXACT)
+#   optim-die-D   worker 3 SIGKILLs itself D us into its step-20 push_pulls (D = 0, 400, 3000:
+#                 before, among and after its sends to the copies and the owners), a view removes it
+#   optim-s1-D    ... and server 1 SIGKILLed at step 40: its chunks' copies take them over
+#   ef-s1         a server residual instead ([server] error_feedback, fn_worker with maxmin4 and
+#                 error feedback: every chunk has a copy), worker 3 SIGKILLed once half of its
+#                 round-15 tensors are pushed (midpush), server 1 SIGKILLed at round 40
+# each with the servers' state digests of every chunk (log level debug) equal on owner and copy
+# after every round (check_states), no copy stale, and the survivors' master weights the same.
+# PART: leaves (ref up to two), joins (join*), optim, or all (the default); one ctest entry each.
 set -u -o pipefail
 build=$1 part=${2:-all}
 # shellcheck source=tests/harness.sh
 . "$(dirname -- "${BASH_SOURCE[0]}")/../harness.sh"
 reserve_ports 3 "${3:-}"
-case $part in all | leaves | joins) ;; *) fail "PART is all, leaves or joins, not '$part'" ;; esac
-worker_bin=$build/tests/functional/fn_worker
+case $part in all | leaves | joins | optim) ;; *) fail "PART is all, leaves, joins or optim, not '$part'" ;; esac
+worker_bin=$build/tests/functional/fn_worker optim_bin=$build/tests/functional/fn_optim
 
 # job NAME WORKERS [KILL_SERVER ROUND] [WORKER3_MODE] : one job; leaves rc[] and logs in $tmp
 job() {
@@ -57,6 +68,17 @@ job() {
     done
 }
 
+# wait_workers NAME RANK...: each of those workers exits 0 within 90 s, else fail showing its log
+wait_workers() {
+    local name=$1 w
+    shift
+    for w in "$@"; do
+        wait_for "${wpid[$w]}" 90
+        rc[w]=$?
+        ((rc[w] == 0)) || { show_log "$tmp/$name-worker$w.log"; fail "$name: worker $w exited ${rc[w]}"; }
+    done
+}
+
 # survivors NAME VIEW: workers 0..2 exited 0 and took view VIEW; their one digest, in $digest
 survivors() {
     local name=$1 view=$2 w d
@@ -69,7 +91,7 @@ survivors() {
     digest=${d#DIGEST }
 }
 
-if [ "$part" != joins ]; then
+if [ "$part" = all ] || [ "$part" = leaves ]; then
 job ref 4
 survivors ref 1
 grep -q "membership in view 1: workers 3 left" "$tmp/ref-server0.log" ||
@@ -108,7 +130,7 @@ fi
 # apart; worker 3 is SIGKILLed at round 15 and started again: the view that admits it (and, for
 # join-s1, server 1 SIGKILLed as the joiner starts; join-s0 the coordinator) - from then on
 # every element is the exact sum of all four, the last 10 rounds bit-identical on all four
-[ "$part" = leaves ] || for c in "join -1" "join-s1 1" "join-s0 0"; do
+[ "$part" = all ] || [ "$part" = joins ] && for c in "join -1" "join-s1 1" "join-s0 0"; do
     set -- $c
     name=$1
     job_ini "$tmp/$name.ini" 3 4 cluster.job_id="er-$name-$port" cluster.elastic=on \
@@ -137,14 +159,89 @@ fi
         start_worker 3 "$tmp/$name-worker3.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=4 \
             "$worker_bin" "${args[@]}" --elastic-dead 3 --rejoin --loose --left-epoch -1
     fi
-    for w in 0 1 2 3; do
-        wait_for "${wpid[$w]}" 90
-        rc[w]=$?
-        ((rc[w] == 0)) || { show_log "$tmp/$name-worker$w.log"; fail "$name: worker $w exited ${rc[w]}"; }
-    done
+    wait_workers "$name" 0 1 2 3
     d=$(grep -h '^TAIL' "$tmp/$name"-worker[0123].log | sort -u)
     (($(wc -l <<<"$d") == 1)) && [ -n "$d" ] || fail "$name: the last rounds' digests differ: $d"
     echo "$name: $(grep -h 'joined the running job' "$tmp/$name-worker3.log" | sed 's/^.*INFO //;s/^.*WARN //')"
     stop_all
 done
+
+# optim NAME [DIE_US [KILL_SERVER [back]]]: fn_optim, 80 steps (back: 200, and the server
+# started again once the survivors took the view without it), worker 3 dying DIE_US into step 20
+optim() {
+    local name=$1 die=${2:-} victim=${3:-} back=${4:-} w n=0 d stale steps=80
+    job_ini "$tmp/$name.ini" 3 4 cluster.job_id="er-$name-$port" cluster.elastic=on \
+        cluster.min_workers=1 cluster.server_replicas=1 cluster.op_timeout_ms=3000 \
+        server.optimizer=sgd server.momentum=0.9 worker.chunk_bytes=16384 log.level=debug
+    start_servers "$tmp/$name.ini" 3 "$name-"
+    for w in 0 1 2 3; do
+        start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=4 \
+            FN_OPTIM_CODEC=maxmin4/512 "$optim_bin" $([ -n "$back" ] && echo 600 || echo 80) \
+            --step-sleep-ms 2 ${die:+--die 3 20 "$die"}
+    done
+    if [ -n "$victim" ]; then
+        wait_until 60 grep -qs "^STEP 40\$" "$tmp/$name-worker0.log" || fail "$name: worker 0 never reached step 40"
+        kill -KILL -- "-${spid[$victim]}"
+    fi
+    if [ -n "$back" ]; then
+        wait_until 30 eval "[ \$(grep -l 'server view 2:' $tmp/$name-worker[0-2].log | wc -l) -eq 3 ]" ||
+            fail "$name: not every survivor took view 2"
+        spawn "$tmp/$name-server${victim}b.log" "$build/server/psagg-server" --config "$tmp/$name.ini" --rank "$victim"
+    fi
+    for w in 0 1 2 3; do
+        if [ -n "$die" ] && ((w == 3)); then
+            wait "${wpid[3]}" 2>/dev/null
+            grep -q "^DYING at step 20" "$tmp/$name-worker3.log" || fail "$name: worker 3 did not die at step 20"
+            continue
+        fi
+        wait_workers "$name" "$w"
+        n=$((n + 1))
+    done
+    d=$(grep -h '^DIGEST' "$tmp/$name"-worker[0-3].log | sort -u)
+    (($(wc -l <<<"$d") == 1)) && [ -n "$d" ] || fail "$name: the workers' master weights differ: $d"
+    [ -n "$die" ] || (($(grep -l '^OPTIM-EXACT' "$tmp/$name"-worker[0-3].log | wc -l) == 4)) ||
+        fail "$name: not every worker had the reference's weights"
+    stale=$(grep -h "this copy is stale" "$tmp/$name"-server*.log | head -n 1)
+    [ -z "$stale" ] || fail "$name: $stale"
+    for w in 0 1 2; do
+        [ -z "$back" ] || grep -q "server $victim is back in view" "$tmp/$name-worker$w.log" ||
+            fail "$name: worker $w did not take server $victim back"
+    done
+    check_states "$([ -n "$victim" ] && echo 3 || echo 2)" "$tmp/$name"-server*.log
+    echo "$name: $n workers ended with the same master weights;$copies$([ -n "$victim" ] && echo " server $victim killed at step 40: $(grep -c 'its copy here owns it from round' "$tmp/$name-server$(((victim + 1) % 3)).log") chunks taken over by their copies")$([ -n "$back" ] && echo "; server $victim back with their state: $(grep -c 'its copy here owns it from round' "$tmp/$name-server${victim}b.log") given back to it")"
+    stop_all
+}
+# ef NAME: fn_worker with server error feedback, worker 3 dying midpush at 15, server 1 at 40
+ef() {
+    local name=$1 w d stale
+    job_ini "$tmp/$name.ini" 3 4 cluster.job_id="er-$name-$port" cluster.elastic=on \
+        cluster.min_workers=1 cluster.server_replicas=1 cluster.op_timeout_ms=3000 \
+        server.error_feedback=on worker.chunk_bytes=16384 log.level=debug
+    start_servers "$tmp/$name.ini" 3 "$name-"
+    for w in 0 1 2 3; do
+        start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=4 \
+            "$worker_bin" --codec maxmin4 --error-feedback --sizes 1,1023,4096,50000,7000 \
+            --rounds 120 --round-sleep-ms 3 --progress --elastic-dead 3 --die-rank 3 \
+            --die-round 15 --die-mode midpush --left-epoch -1
+    done
+    wait_until 60 grep -qs "^ROUND 40\$" "$tmp/$name-worker0.log" || fail "$name: worker 0 never reached round 40"
+    kill -KILL -- "-${spid[1]}"
+    wait "${wpid[3]}" 2>/dev/null
+    wait_workers "$name" 0 1 2
+    survivors "$name" 2
+    stale=$(grep -h "this copy is stale" "$tmp/$name"-server*.log | head -n 1)
+    [ -z "$stale" ] || fail "$name: $stale"
+    check_states 3 "$tmp/$name"-server*.log
+    echo "$name: 3 workers ended with the same outputs;$copies server 1 killed at round 40"
+    stop_all
+}
+if [ "$part" = all ] || [ "$part" = optim ]; then
+    ef ef-s1
+    optim optim-still
+    for d in 0 400 3000; do
+        optim "optim-die-$d" "$d"
+        optim "optim-s1-$d" "$d" 1
+    done
+    optim optim-back 400 1 back
+fi
 echo "PASS"
