@@ -59,6 +59,9 @@
 #              restarted worker joins at a later step (JOINED), all four re-shard to 4 and end
 #              with bit-identical weights (psagg-local exits 0); the DDP hook refuses an
 #              elastic job on every rank
+#              (server_failover also runs ServerOptimizer with elastic workers and replicas: a
+#              rank killed, whose join is refused by name, a server killed and back; the
+#              survivors' weights the same)
 # Exit 0 passed, 1 failed, 77 skipped (Debian's /usr/bin/python3 lacks torch or sklearn).
 set -u -o pipefail
 
@@ -293,10 +296,10 @@ diloco)
         "optimizer = sgd\nmomentum = 0.9\nnesterov = on" DILOCO-RESUME-HASH 8
     ;;
 server_failover)
-    kill_at() { # kill_at STEP SERVER OUT WHAT: SIGKILL the server once OUT says step STEP
+    kill_at() { # kill_at STEP SERVER OUT WHAT: SIGKILL the server (of ${ini:-fo}.ini) once OUT says step STEP
         wait_until 120 grep -q "step $1 loss" "$3" ||
             { kill $launcher; cat "$3" >&2; fail "$4: training never reached step $1"; }
-        pid=$(pgrep -f -- "psagg-server --config $tmp/fo.ini --rank $2\$" | head -n 1)
+        pid=$(pgrep -f -- "psagg-server --config $tmp/${ini:-fo}.ini --rank $2\$" | head -n 1)
         [[ -n $pid ]] || { kill $launcher; fail "$4: server $2 not found"; }
         kill -KILL "$pid"
     }
@@ -352,6 +355,28 @@ server_failover)
     echo "test_torch: ServerOptimizer, server 1 SIGKILLed at step 150 and restarted (back with its" \
         "chunks' state), server 0 SIGKILLed at step 250: every rank's weights bit-identical;" \
         "$(grep -o 'summary: .*' "$tmp/fo-back.out" | head -1)"
+    # elastic workers too (elastic = on): ServerOptimizer under psagg-local --restarts 2, server
+    # 1 SIGKILLed at step 150 and started again (back with its chunks' state, which the copies
+    # kept in step with the owners' contributors), then rank 2 SIGKILLs itself at step 250 (its
+    # restart cannot join: a join with replicas and parameter tensors is refused by name, not
+    # built): the three others end with the same weights
+    { cat "$tmp/fo.ini"; printf '[cluster]\nelastic = on\nmin_workers = 2\n'; } >"$tmp/fe.ini"
+    spawn "$tmp/fe.out" "$repo/deploy/psagg-local" --config "$tmp/fe.ini" --timeout 240 --restarts 2 -- \
+        "$py" "$script" --comm psagg-server --steps 400 --die-at 250 --die-rank 2
+    launcher=$h_pid
+    ini=fe kill_at 150 1 "$tmp/fe.out" elastic
+    wait_until 60 grep -q "server 1 is back in view" "$tmp/fe.out" ||
+        { kill $launcher; tail -n 30 "$tmp/fe.out" >&2; fail "elastic: server 1 never came back"; }
+    wait_for $launcher 240
+    rc=$?
+    [[ $rc == 0 ]] || { tail -n 30 "$tmp/fe.out" >&2; fail "elastic: psagg-local exited $rc"; }
+    grep -q "worker rank 2 cannot join: joining a running job with \[cluster\] server_replicas" "$tmp/fe.out" ||
+        fail "elastic: the restarted rank 2's join was not refused by name"
+    n=$(grep -c '^\[worker [013]\] PARAMS' "$tmp/fe.out")
+    distinct=$(grep '^\[worker [013]\] PARAMS' "$tmp/fe.out" | sed 's/.*sha256=//' | sort -u | wc -l)
+    ((n == 3 && distinct == 1)) || { grep PARAMS "$tmp/fe.out" >&2; fail "elastic: the three ranks' weights differ"; }
+    echo "test_torch: elastic ServerOptimizer, server 1 SIGKILLed at step 150 and back, rank 2 killed at" \
+        "step 250 (its join refused by name): 3 identical weights; $(grep -o 'RESULT.*test_acc=[0-9.]*' "$tmp/fe.out" | head -1)"
     ;;
 diloco_resume_frag)
     mkdir -p "$tmp/local"
