@@ -219,6 +219,36 @@ static void log_state(server *srv, chunk_state *c)
                   c->info->index, c->round, (unsigned long long)h, c->shadow ? "copy" : "owner");
 }
 
+/* Whether every member pushed chunk c in the view that fenced it (fence_begin). */
+static int fence_whole(server *srv, const chunk_state *c)
+{
+    for (int k = 0; k < srv->n_workers; k++)
+        if (!c->repushed[k] && server_member(srv, k))
+            return 0;
+    return 1;
+}
+
+/*
+ * The fence is lifted: the update c owes (of the round before its own), if any, goes to every
+ * worker. Returns whether one did.
+ */
+static int send_owed(server *srv, chunk_state *c)
+{
+    int p = (int)((c->round - 1) & 1);
+    psagg__msg_hdr *h = (psagg__msg_hdr *)c->out[p];
+    c->fenced = 0;
+    if (!c->owes_update)
+        return 0;
+    c->owes_update = 0;
+    h->epoch = (uint16_t)atomic_load(&srv->mb.epoch);
+    send_update(srv, c, p, sizeof *h + h->len + srv->pool.bitmap_bytes);
+    LOG_INFO(&srv->log,
+             "tensor %u chunk %u: round %u's update (summed here as the copy) sent once every "
+             "worker took the view",
+             c->info->key, c->info->index, c->round - 1);
+    return 1;
+}
+
 /* Requantize the completed round and send the update to every worker. */
 void agg_finish_round(server *srv, chunk_state *c)
 {
@@ -230,6 +260,19 @@ void agg_finish_round(server *srv, chunk_state *c)
 
     if (relayed_round(c) && !relay_ready(c))
         return; /* (relay_take or fence_pass finishes it) */
+    if (c->fenced && c->owes_update) {
+        /* the round after the one whose update this copy owes is whole before every member
+           took the view ([server] quorum closed it without one, or one left): it waits for
+           the fence (fence_pass settles it), as only one update of a round fits in out[] */
+        if (!fence_whole(srv, c)) {
+            LOG_INFO(&srv->log,
+                     "tensor %u chunk %u round %u: whole before every worker took the view that "
+                     "moved it here: it waits for them",
+                     c->info->key, c->info->index, c->round);
+            return;
+        }
+        send_owed(srv, c);
+    }
     /*
      * The update of round-2 may still be in flight from out[p]. Announce the wait before
      * looking: the progress thread decrements sends_pending and then reads deferred, so one
@@ -262,14 +305,6 @@ void agg_finish_round(server *srv, chunk_state *c)
         /* a lagging copy catching up on a round every worker has already (the view starts
            the chunk after it): nothing is owed */
     } else if (c->fenced) { /* (taken over from a copy: sent once every worker took the view) */
-        if (c->owes_update) {
-            server_fail_job(srv, PSAGG_EPROTO,
-                            "tensor '%s' chunk %u: round %u finished while round %u's update "
-                            "waits for the workers to take the view",
-                            srv->layout.tensors[c->info->key].name, c->info->index, c->round,
-                            c->round - 1);
-            return;
-        }
         c->owes_update = 1;
     } else if (!c->shadow) { /* (a copy's update stays here) */
         send_update(srv, c, p, sizeof *h + enc);
@@ -527,18 +562,16 @@ static void fence_begin(server *srv, chunk_state *c, uint32_t epoch, uint32_t fr
 
 /*
  * Worker w pushed chunk c in the view that fenced it (fence_begin): once every member has, the
- * fence is lifted and the update owed, if any, goes to them all (a relayed round: as it came).
+ * fence is lifted and the update owed, if any, goes to them all (a relayed round: as it came),
+ * and then the round after it, which may be whole and waiting for that (agg_finish_round).
  */
 static void fence_pass(server *srv, chunk_state *c, int w)
 {
-    int p = (int)((c->round - 1) & 1);
-    psagg__msg_hdr *h = (psagg__msg_hdr *)c->out[p];
     c->repushed[w] = 1;
-    for (int k = 0; k < srv->n_workers; k++)
-        if (!c->repushed[k] && server_member(srv, k))
-            return;
-    c->fenced = 0;
+    if (!fence_whole(srv, c))
+        return;
     if (relayed_round(c)) {
+        c->fenced = 0;
         LOG_INFO(&srv->log,
                  "tensor %u chunk %u: every worker pushed it in the view that moved it here: its "
                  "relayed rounds %u..%u go out as their updates come",
@@ -546,15 +579,8 @@ static void fence_pass(server *srv, chunk_state *c, int w)
         agg_finish_round(srv, c); /* (if its update came) */
         return;
     }
-    if (!c->owes_update)
-        return;
-    c->owes_update = 0;
-    h->epoch = (uint16_t)atomic_load(&srv->mb.epoch);
-    send_update(srv, c, p, sizeof *h + h->len + srv->pool.bitmap_bytes);
-    LOG_INFO(&srv->log,
-             "tensor %u chunk %u: round %u's update (summed here as the copy) sent once every "
-             "worker took the view",
-             c->info->key, c->info->index, c->round - 1);
+    if (send_owed(srv, c) && c->n_arrived && !atomic_load(&c->deferred))
+        agg_settle(srv, c); /* (its round may be whole, waiting for the fence) */
 }
 
 /*

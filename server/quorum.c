@@ -166,7 +166,7 @@ static int64_t quorum_timer(server *srv, agg_thread *t, int64_t now)
 {
     int self = (int)(t - srv->pool.threads);
     int64_t next = 0;
-    for (uint32_t i = 0; i < srv->n_owned; i++) {
+    for (uint32_t i = 0; i < srv->n_held; i++) { /* (a chunk taken over in a view too) */
         chunk_state *c = &srv->chunks[i];
         if ((int)c->thread != self || c->close_at_ms <= 0)
             continue;

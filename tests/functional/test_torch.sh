@@ -359,10 +359,12 @@ server_failover)
     # 1 SIGKILLed at step 150 and started again (back with its chunks' state, which the copies
     # kept in step with the owners' contributors), then rank 2 SIGKILLs itself at step 250 (its
     # restart cannot join: a join with replicas and parameter tensors is refused by name, not
-    # built): the three others end with the same weights
+    # built): the three others end with the same weights. 1000 steps: the restart's HELLO (a
+    # Python start and torch's import, seconds) must come while the job runs, 750 steps after
+    # the death (with 400 the members could finish first: the joiner met closed ports)
     { cat "$tmp/fo.ini"; printf '[cluster]\nelastic = on\nmin_workers = 2\n'; } >"$tmp/fe.ini"
     spawn "$tmp/fe.out" "$repo/deploy/psagg-local" --config "$tmp/fe.ini" --timeout 240 --restarts 2 -- \
-        "$py" "$script" --comm psagg-server --steps 400 --die-at 250 --die-rank 2
+        "$py" "$script" --comm psagg-server --steps 1000 --die-at 250 --die-rank 2
     launcher=$h_pid
     ini=fe kill_at 150 1 "$tmp/fe.out" elastic
     wait_until 60 grep -q "server 1 is back in view" "$tmp/fe.out" ||

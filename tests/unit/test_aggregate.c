@@ -22,6 +22,9 @@
  *   takeover_ahead    ([cluster] server_replicas) a chunk taken over from round r: a worker
  *                     that had round r's update pushes r+1 before the others push r again;
  *                     it waits instead of closing that worker
+ *   takeover_quorum   (server_replicas, quorum) a copy that owns its chunk now and owes the
+ *                     update of the round before: the next round, closed by the quorum before
+ *                     every worker took the view, waits for the fence (the job failed)
  *   checkpoint_decl   ([server] optimizer, checkpoint_dir) a checkpoint is written from the
  *                     job's declaration, whoever of the workers is gone (worker 0's was read:
  *                     a job started without it, or a checkpoint while it rejoins, crashed)
@@ -63,6 +66,7 @@ typedef struct harness_opts {
     int workers, max_workers, servers, rank, quorum, grace_ms;
     int optimizer; /* sgd, parameters, a checkpoint_dir under the harness's folder */
     int replicas;  /* [cluster] server_replicas */
+    int server_ef; /* [server] error_feedback: a chunk's copy follows its owner (with a quorum) */
 } harness_opts;
 
 static volatile sig_atomic_t never_stop;
@@ -93,6 +97,8 @@ static void harness_start(harness *hz, const harness_opts *o)
     if (o->replicas)
         fprintf(f, "server_replicas = %d\n", o->replicas);
     fprintf(f, "[server]\nthreads = 1\n");
+    if (o->server_ef)
+        fprintf(f, "error_feedback = on\n");
     if (o->quorum)
         fprintf(f, "quorum = %d\ngrace_ms = %d\n", o->quorum, o->grace_ms);
     if (o->optimizer) {
@@ -150,7 +156,8 @@ static recv_buf *make_push_of(harness *hz, const psagg__chunk_info *ci, int w, u
                               uint16_t epoch, float value)
 {
     server *srv = hz->srv;
-    size_t len = sizeof(psagg__msg_hdr) + ci->enc_bytes;
+    size_t len = sizeof(psagg__msg_hdr) + ci->enc_bytes + srv->pool.follow_bytes; /* (a trailer
+                                                 where copies follow: no update of the round) */
     recv_buf *rb = calloc(1, sizeof *rb);
     float *payload;
 
@@ -184,8 +191,8 @@ static void push_to(harness *hz, int slot, const psagg__chunk_info *ci, int w, u
 {
     recv_buf *rb = make_push_of(hz, ci, w, round, epoch, value);
     const psagg__chunk_info *got;
-    const char *bad = psagg__msg_check(rb->rx.buf, rb->rx.len, 0, PSAGG_MSG_PUSH, &hz->srv->layout,
-                                       &got, &rb->mc);
+    const char *bad = psagg__msg_check(rb->rx.buf, rb->rx.len, hz->srv->pool.follow_bytes,
+                                       PSAGG_MSG_PUSH, &hz->srv->layout, &got, &rb->mc);
     CHECK(!bad && got == ci, "the test's push is bad: field %s", bad);
     rb->from = w;
     agg_enqueue(hz->srv, &hz->srv->chunks[slot], rb);
@@ -541,9 +548,12 @@ static void quorum_joiner(void)
 /*
  * ([cluster] server_replicas = 1, 3 workers, 2 servers) View 1, decided and relayed by a worker
  * (failover.c applies it), moves server 1's chunk to server 0 from round 5, its rounds before
- * relay_end relayed by worker 0. Returns the chunk's slot here; *moved is the chunk.
+ * relay_end relayed by worker 0; more: [server] quorum and grace_ms; before: what a case does
+ * to server 0's copy of the chunk before the view. Returns the chunk's slot here; *moved is
+ * the chunk.
  */
-static int take_over(harness *hz, const psagg__chunk_info **moved, uint32_t relay_end)
+static int take_over_at(harness *hz, const psagg__chunk_info **moved, uint32_t relay_end,
+                        const harness_opts *more, void (*before)(harness *, chunk_state *))
 {
     server *srv;
     uint8_t frame[sizeof(psagg__ctl_agree) + 256];
@@ -553,14 +563,23 @@ static int take_over(harness *hz, const psagg__chunk_info **moved, uint32_t rela
     uint32_t len;
     int slot;
 
-    harness_start(hz, &(harness_opts){.workers = 3, .servers = 2, .replicas = 1});
+    harness_start(hz, &(harness_opts){.workers = 3,
+                                      .servers = 2,
+                                      .replicas = 1,
+                                      .quorum = more->quorum,
+                                      .grace_ms = more->grace_ms,
+                                      .server_ef = more->server_ef});
     srv = hz->srv;
     *moved = NULL;
     for (uint32_t i = 0; i < srv->layout.n_chunks; i++)
         if (srv->layout.chunks[i].owner == 1)
             *moved = &srv->layout.chunks[i];
     CHECK(*moved && srv->n_held == srv->n_owned + 1, "server 0 holds server 1's chunk on standby");
-    CHECK(atomic_load(&srv->route[*moved - srv->layout.chunks]) < 0, "not routed before the view");
+    CHECK(atomic_load(&srv->route[*moved - srv->layout.chunks]) < 0 || more->server_ef,
+          "not routed before the view (a copy that follows its owner is)");
+    for (uint32_t i = 0; i < srv->n_held && before; i++)
+        if (srv->chunks[i].info == *moved)
+            before(hz, &srv->chunks[i]); /* (its aggregation thread has nothing to do yet) */
     vh.n_chunks = srv->layout.n_chunks;
     vh.n_workers = vh.n_members = 3;
     len = (uint32_t)psagg__view_bytes(2, vh.n_chunks, 1, 3);
@@ -582,6 +601,67 @@ static int take_over(harness *hz, const psagg__chunk_info **moved, uint32_t rela
     slot = atomic_load(&srv->route[m.chunk]);
     CHECK(slot >= 0, "the chunk is routed here (from round 5: its aggregation thread's move)");
     return slot;
+}
+
+static int take_over(harness *hz, const psagg__chunk_info **moved, uint32_t relay_end)
+{
+    return take_over_at(hz, moved, relay_end, &(harness_opts){0}, NULL);
+}
+
+/* The copy followed its owner through round 5 with every worker (so at round 6, each seen at
+   round 5): its update of round 5 (7 per element) is the one it owes once it owns the chunk. */
+static void copy_at_round_6(harness *hz, chunk_state *c)
+{
+    psagg__msg_hdr *h = (psagg__msg_hdr *)c->out[1];
+    CHECK(c->shadow, "server 0 holds a copy of server 1's chunk (it follows its owner)");
+    c->round = 6;
+    for (int w = 0; w < 3; w++)
+        c->seen[w] = 6;
+    psagg__msg_init(h, PSAGG_MSG_UPDATE, 1, 5, c->info,
+                    &hz->srv->layout.tensors[c->info->key].codec, 0);
+    h->summed = 3;
+    for (uint64_t i = 0; i < c->info->count; i++)
+        ((float *)(h + 1))[i] = 7.0f;
+}
+
+/*
+ * ([server] quorum 2, grace 20 ms, error_feedback: a stateful chunk) Server 0's copy of server 1's
+ * chunk had summed round 5 when server 1 died, before worker 0 had round 5's update: server 0 owns
+ * the chunk from round 5 and owes that update, sent once every worker pushed in view 1. Workers 1
+ * and 2 push round 6 there; the quorum closes it without worker 0, whose push of round 5 again is
+ * not in yet. Round 6 must wait (before the fix the job failed: "round 6 finished while round 5's
+ * update waits for the workers to take the view", as a loaded CI machine met); then worker 0's push
+ * sends round 5's update, and round 6's after it, without worker 0.
+ */
+static void takeover_quorum(void)
+{
+    harness hz;
+    const psagg__chunk_info *moved;
+    int slot =
+        take_over_at(&hz, &moved, 5, &(harness_opts){.quorum = 2, .grace_ms = 20, .server_ef = 1},
+                     copy_at_round_6);
+    send_ctx *u;
+
+    for (int w = 1; w < 3; w++)
+        push_to(&hz, slot, moved, w, 6, 1, 10.0f);
+    CHECK(!(u = take_update(&hz, 300)),
+          "an update of round %u went out before worker 0 took view 1",
+          u ? update_hdr(u)->round : 0);
+    CHECK(!atomic_load(&hz.srv->job.failed), "round 6 closed before the fence: %s", job_error(&hz));
+    push_to(&hz, slot, moved, 0, 5, 1, 1.0f);
+    u = take_update(&hz, 2000);
+    expect_update(u, 5, 3, "round 5's update, owed by the copy");
+    CHECK(((const float *)(update_hdr(u) + 1))[0] == 7.0f, "round 5's update is the copy's");
+    sends_done(&hz, u);
+    u = take_update(&hz, 2000);
+    expect_update(u, 6, 2, "round 6 without worker 0");
+    CHECK(((const float *)(update_hdr(u) + 1))[0] == 20.0f && !update_has(&hz, u, 0),
+          "round 6's sum and bitmap");
+    sends_done(&hz, u);
+    CHECK(!atomic_load(&hz.srv->job.failed), "%s", job_error(&hz));
+    harness_stop(&hz);
+    printf("takeover_quorum: round 6, closed by the quorum before worker 0 took the view, waited "
+           "for it; round 5's owed update went out, then round 6's without worker 0\n");
 }
 
 /*
@@ -697,7 +777,8 @@ int main(int argc, char **argv)
     } cases[] = {{"quorum_deferred", quorum_deferred}, {"quorum_rearm", quorum_rearm},
                  {"epoch_ahead", epoch_ahead},         {"parked_ahead", parked_ahead},
                  {"quorum_joiner", quorum_joiner},     {"checkpoint_decl", checkpoint_decl},
-                 {"takeover_ahead", takeover_ahead},   {"takeover_relay", takeover_relay}};
+                 {"takeover_ahead", takeover_ahead},   {"takeover_relay", takeover_relay},
+                 {"takeover_quorum", takeover_quorum}};
     int ran = 0;
 
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
