@@ -42,6 +42,11 @@
  * the first epoch with fewer members, and it is epoch E (-1: any).
  * --progress prints "ROUND r" before each round's pushes (a harness that acts at a round),
  * and --round-sleep-ms without --sync sleeps that long before each round.
+ * --end-file PATH: the harness ends the job while it runs (a job whose length is set by what
+ * happens to it, not by a guess of the machine's speed): it writes a round number N into PATH
+ * (written elsewhere, then renamed), every worker reads PATH before each round, and from then on
+ * the job ends as if started with --rounds N (--rounds is the cap until then). N below a worker's
+ * round (the harness wrote it too late) or above the cap fails that worker, naming both.
  * Stragglers in an elastic job: --straggler with --elastic-dead R --dead-round D: worker R was
  * killed before its pushes of round D; the check of stragglers below counts its inputs up to
  * round D - 1, less a tail it may have carried when it died (lost with it).
@@ -108,6 +113,19 @@ static void free_all(void)
     free(mem.round_digest);
     free(mem.round_full);
     memset(&mem, 0, sizeof mem); /* (called again at exit: atexit) */
+}
+
+/* --end-file: the round number in PATH, -1 while there is none yet */
+static int read_end_file(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    int n = -1;
+    if (!f)
+        return -1;
+    if (fscanf(f, "%d", &n) != 1)
+        n = -1;
+    fclose(f);
+    return n;
 }
 
 static double now_s(void)
@@ -331,9 +349,11 @@ int main(int argc, char **argv)
                                          {"dead-round", required_argument, NULL, 'X'},
                                          {"progress", no_argument, NULL, 'P'},
                                          {"left-epoch", required_argument, NULL, 'V'},
+                                         {"end-file", required_argument, NULL, 'f'},
                                          {NULL, 0, NULL, 0}};
     char sizes_text[512] = "1,1023,4096";
     const char *codec_text = "fp32", *expect_text = NULL;
+    const char *end_file = NULL; /* --end-file: where the harness writes the last round + 1 */
     int rounds = 10, n_random = 0, expect = 0, mismatch_rank = -1, die_rank = -1, die_round = -1;
     uint64_t random_max = 5000;
     int average = 0, cuda = 0, elastic_dead = -1, after_round = -1;
@@ -468,6 +488,9 @@ int main(int argc, char **argv)
             break;
         case 'V':
             left_epoch = atoi(optarg);
+            break;
+        case 'f':
+            end_file = optarg;
             break;
         default:
             return 2;
@@ -619,6 +642,26 @@ int main(int argc, char **argv)
         int all_full = 1;
         psagg_handle **h = mem.h;
         double worst = 0;
+        if (end_file) {
+            int n_end = read_end_file(end_file);
+            if (n_end >= 0) {
+                if (n_end < r || n_end > rounds) {
+                    fprintf(stderr,
+                            "FAIL worker %d: --end-file %s names round %d: this worker is at "
+                            "round %d, its cap (--rounds) %d\n",
+                            rank, end_file, n_end, r, rounds);
+                    return 1;
+                }
+                end_file = NULL;
+                rounds = n_end; /* as if started with --rounds N (a rejoin's rule stays) */
+                if (!rejoin)
+                    end = rounds;
+                else if (full_from >= 0)
+                    end = full_from + 20 > rounds ? full_from + 20 : rounds;
+                if (r >= end)
+                    break;
+            }
+        }
         if (progress) {
             printf("ROUND %d\n", r);
             fflush(stdout);

@@ -47,8 +47,12 @@ server_bin=$build/server/psagg-server
 worker_bin=$build/tests/functional/fn_worker
 kills=${PSAGG_CHAOS_KILLS:-6}       # loopback: kills per job (and the launcher's --restarts)
 nc_kills=${PSAGG_CHAOS_NC_KILLS:-4} # the emulated cluster's
-rounds=${PSAGG_CHAOS_ROUNDS:-1000}  # enough for the kills at 10 ms a round (about 17 ms here)
-margin=150                          # no kill in the last rounds: the victim must be back before the end
+# A chaos job's length is not guessed from the machine's speed (the kills' delays and returns are
+# in seconds, a round takes 10 ms to 25 ms): the job runs up to a cap, and once its last victim is
+# back the harness ends it `margin` rounds later (fn_worker --end-file, every worker at the same
+# round). An uninterrupted run of that many rounds is the reference the job's digest must equal.
+cap=${PSAGG_CHAOS_ROUNDS:-20000} # a chaos job's cap in rounds (the end comes long before it)
+margin=150                       # rounds after the last kill's victim is back (at least 10: TAIL)
 op_ms=2000                          # a stopped server is given up after this
 sizes=1,1023,4096,50000,7000
 t_begin=$SECONDS
@@ -169,6 +173,16 @@ figures() {
 
 # ---- the chaos ----
 
+# end_job OUT ENDF: ends the job that writes OUT `margin` rounds after worker 0's latest round
+# (its workers read ENDF before each round: fn_worker --end-file); the last round + 1 in end_n
+end_job() {
+    local r
+    r=$(last_round "$1")
+    [[ $r =~ ^[0-9]+$ ]] || fail "end_job: no ROUND line of worker 0 in $1"
+    end_n=$((r + margin))
+    echo "$end_n" >"$2.tmp" && mv -f "$2.tmp" "$2" || fail "end_job: cannot write $2"
+}
+
 # chaos PLAN OUT K PIDFN: the plan's K kills against the running job that writes OUT; PIDFN
 # SERVER prints that server's pid. Figures per kill in fig_out/fig_back[PLAN,i].
 declare -A fig_out fig_back fig_sig
@@ -180,8 +194,8 @@ chaos() {
         v=${plan_v[$plan,$i]} sig=${plan_sig[$plan,$i]} ms=${plan_ms[$plan,$i]}
         sleep "$(printf '%d.%03d' $((ms / 1000)) $((ms % 1000)))"
         r=$(last_round "$out")
-        ((r <= rounds - margin)) || fail "$plan: worker 0 is at round $r of $rounds before kill $i" \
-            "of $k: the job is too short for the chaos (PSAGG_CHAOS_ROUNDS)"
+        ((r <= cap - margin)) || fail "$plan: worker 0 is at round $r of the cap $cap before" \
+            "kill $i of $k: the chaos outlasts the cap (PSAGG_CHAOS_ROUNDS)"
         pid=$($pidfn "$v")
         [[ $pid =~ ^[0-9]+$ ]] || fail "$plan: kill $i: no single psagg-server of rank $v: '$pid'"
         off=$(wc -l <"$out")
@@ -211,15 +225,12 @@ chaos() {
     done
 }
 
-# check_job PLAN OUT LPID K L REF LABELFN: the launcher L ran the job to its end: exit 0, every
-# worker's DIGEST REF, K returns at every worker, K restarts in its summary; LABELFN SERVER is how
-# L names a server
+# check_job PLAN OUT LPID K L REF LABELFN: the launcher L (pid LPID, ended) ran the job to its
+# end: every worker's DIGEST REF, K returns at every worker, K restarts in its summary; LABELFN
+# SERVER is how L names a server
 check_job() {
-    local plan=$1 out=$2 lpid=$3 k=$4 l=$5 ref=$6 labelfn=$7 rc w s n d line deaths
+    local plan=$1 out=$2 lpid=$3 k=$4 l=$5 ref=$6 labelfn=$7 w s n d line deaths
     local -A per=()
-    wait_for "$lpid" 150
-    rc=$?
-    ((rc == 0)) || fail "$plan: $l exited $rc (seed $seed)"
     d=$(grep -h '^\[[^]]*worker [0-2]\] DIGEST' "$out" | sed 's/.*DIGEST //' | sort -u)
     (($(grep -c '^\[[^]]*worker [0-2]\] DIGEST' "$out") == 3 && $(wc -l <<<"$d") == 1)) ||
         fail "$plan: the workers' digests differ or are missing: $d"
@@ -273,29 +284,38 @@ local_job() { # LOG CODEC [LAUNCHER ARGS...] -- [WORKER ARGS...]: spawned (h_pid
     shift
     spawn "$log" "$repo/deploy/psagg-local" --config "$ini" --server-bin "$server_bin" \
         --timeout 150 --grace 1 ${a[@]+"${a[@]}"} -- "$worker_bin" --codec "$codec" --sizes $sizes \
-        --rounds "$rounds" "$@"
+        --rounds "$cap" "$@"
 }
+# job_done PLAN LPID L: the launcher L of the job (pid LPID) exits 0
+job_done() {
+    wait_for "$2" 150
+    local rc=$?
+    ((rc == 0)) || fail "$1: $3 exited $rc (seed $seed)"
+}
+# ref_run PLAN CODEC N: the job (configuration $ini) without a death for N rounds: its digest in
+# ref[PLAN] (no sleep: the digest does not depend on it)
 declare -A ref
-for plan in fp32 maxmin4 maxmin4-ef; do
-    codec=${plan%-ef} ini=$tmp/job.ini
-    [[ $plan == *-ef ]] && ini=$tmp/job-ef.ini
-    t0=$SECONDS
-    local_job "$tmp/ref-$plan.log" "$codec" -- # (no sleep: the digest does not depend on it)
-    lp=$h_pid
-    wait_for "$lp" 150 || fail "ref-$plan: psagg-local exited $?"
+ref_run() {
+    local plan=$1 t0=$SECONDS
+    local_job "$tmp/ref-$plan.log" "$2" -- --rounds "$3"
+    wait_for "$h_pid" 150 || fail "ref-$plan: psagg-local exited $?"
     ref[$plan]=$(grep -h '^\[worker [0-2]\] DIGEST' "$tmp/ref-$plan.log" | sed 's/.*DIGEST //' | sort -u)
     (($(grep -c '^\[worker [0-2]\] DIGEST' "$tmp/ref-$plan.log") == 3 && $(wc -l <<<"${ref[$plan]}") == 1)) ||
         fail "ref-$plan: the workers' digests differ or are missing: ${ref[$plan]}"
-    echo "ref-$plan: $rounds rounds without a death, $((SECONDS - t0)) s: ${ref[$plan]}"
-done
+    echo "ref-$plan: $3 rounds without a death, $((SECONDS - t0)) s: ${ref[$plan]}"
+}
 
 for plan in fp32 maxmin4 maxmin4-ef; do
     codec=${plan%-ef} ini=$tmp/job.ini
     [[ $plan == *-ef ]] && ini=$tmp/job-ef.ini
     t0=$SECONDS
-    local_job "$tmp/chaos-$plan.log" "$codec" --restarts "$kills" -- --round-sleep-ms 10 --progress
+    local_job "$tmp/chaos-$plan.log" "$codec" --restarts "$kills" -- --round-sleep-ms 10 --progress \
+        --end-file "$tmp/end-$plan"
     lp=$h_pid
     chaos "$plan" "$tmp/chaos-$plan.log" "$kills" local_pid
+    end_job "$tmp/chaos-$plan.log" "$tmp/end-$plan"
+    job_done "$plan" "$lp" psagg-local
+    ref_run "$plan" "$codec" "$end_n"
     check_job "$plan" "$tmp/chaos-$plan.log" "$lp" "$kills" psagg-local "${ref[$plan]}" local_label
     stats "$plan" "$kills"
     if [[ $plan == *-ef ]]; then # every return with the state of its chunks (none without it)
@@ -358,15 +378,18 @@ if ((nc_ok)); then
     nc_label() { echo "10.77.0.1$1 server $1 (10.77.0.1$1:19500)"; }
     spawn "$tmp/chaos-netcluster.log" NETCLUSTER_PREFIX="$P" "$repo/deploy/psagg-ssh" --config "$tmp/nc.ini" \
         --ssh "$repo/deploy/netns-rsh" --server-bin "$server_bin" --timeout 150 --grace 1 \
-        --restarts "$nc_kills" -- "$worker_bin" --codec fp32 --sizes $sizes --rounds "$rounds" \
-        --round-sleep-ms 10 --progress
+        --restarts "$nc_kills" -- "$worker_bin" --codec fp32 --sizes $sizes --rounds "$cap" \
+        --round-sleep-ms 10 --progress --end-file "$tmp/end-netcluster"
     lp=$h_pid
     chaos netcluster "$tmp/chaos-netcluster.log" "$nc_kills" nc_pid
+    end_job "$tmp/chaos-netcluster.log" "$tmp/end-netcluster"
+    job_done netcluster "$lp" psagg-ssh
     # (the digest of the same job on loopback: a sum does not depend on the transport)
-    check_job netcluster "$tmp/chaos-netcluster.log" "$lp" "$nc_kills" psagg-ssh "${ref[fp32]}" nc_label
+    ref_run netcluster fp32 "$end_n"
+    check_job netcluster "$tmp/chaos-netcluster.log" "$lp" "$nc_kills" psagg-ssh "${ref[netcluster]}" nc_label
     stats netcluster "$nc_kills"
     echo "netcluster: $nc_kills kills, every worker bit-identical to the uninterrupted run" \
-        "(${ref[fp32]}), $nc_kills restarts in psagg-ssh's summary; $((SECONDS - t0)) s"
+        "(${ref[netcluster]}), $nc_kills restarts in psagg-ssh's summary; $((SECONDS - t0)) s"
 fi
 fi
 
@@ -394,18 +417,18 @@ if [[ $part != servers ]]; then
         cluster.server_replicas=1 cluster.op_timeout_ms=$op_ms cluster.connect_timeout_ms=4000 \
         log.level=info
     out=$tmp/chaos-elastic.log
-    el_rounds=$((rounds / 2))
     spawn "$out" "$repo/deploy/psagg-local" --config "$ini" --server-bin "$server_bin" --timeout 240 \
-        --grace 1 --restarts "$kills" -- "$worker_bin" --codec fp32 --sizes $sizes --rounds $el_rounds \
-        --sync --round-sleep-ms 10 --progress --elastic-dead 3 --rejoin --loose --left-epoch -1
+        --grace 1 --restarts "$kills" -- "$worker_bin" --codec fp32 --sizes $sizes --rounds "$cap" \
+        --sync --round-sleep-ms 10 --progress --elastic-dead 3 --rejoin --loose --left-epoch -1 \
+        --end-file "$tmp/end-elastic"
     lp=$h_pid
     wait_until 60 grep -q 'worker 0\] ROUND 20$' "$out" || fail "elastic: worker 0 never reached round 20"
     for ((i = 1; i <= kills; i++)); do
         v=${el_v[$i]} ms=${el_ms[$i]}
         sleep "$(printf '%d.%03d' $((ms / 1000)) $((ms % 1000)))"
         r=$(last_round "$out")
-        ((r <= el_rounds - margin)) || fail "elastic: worker 0 is at round $r of $el_rounds before" \
-            "kill $i of $kills: the job is too short for the chaos (PSAGG_CHAOS_ROUNDS)"
+        ((r <= cap - margin)) || fail "elastic: worker 0 is at round $r of the cap $cap before" \
+            "kill $i of $kills: the chaos outlasts the cap (PSAGG_CHAOS_ROUNDS)"
         off=$(wc -l <"$out")
         t1=$(now)
         if ((v < 3)); then
@@ -429,6 +452,7 @@ if [[ $part != servers ]]; then
         printf 'elastic: kill %d of %d: %s SIGKILLed at round %d: back in the job %.1f s later\n' \
             "$i" "$kills" "$what" "$r" "$(awk -v a="$(now)" -v b="$t1" 'BEGIN { print a - b }')"
     done
+    end_job "$out" "$tmp/end-elastic"
     wait_for "$lp" 240
     rc=$?
     ((rc == 0)) || fail "elastic: psagg-local exited $rc (seed $seed)"
@@ -437,7 +461,7 @@ if [[ $part != servers ]]; then
         fail "elastic: the last rounds' digests of the 4 workers differ or are missing: $d"
     grep -qxF "psagg-local: summary: ok, $kills restart(s) of --restarts $kills" "$out" ||
         fail "elastic: no summary line 'psagg-local: summary: ok, $kills restart(s) of --restarts $kills'"
-    echo "elastic: $kills kills ($el_text ), every worker's last 10 rounds the exact sum of all four," \
-        "bit-identical (TAIL $d); $kills restarts in psagg-local's summary; $((SECONDS - t0)) s"
+    echo "elastic: $kills kills ($el_text ), ended at round $end_n; every worker's last 10 rounds the" \
+        "exact sum of all four, bit-identical (TAIL $d); $kills restarts in psagg-local's summary; $((SECONDS - t0)) s"
 fi
 echo "$h_name: ok (seed $seed, $((SECONDS - t_begin)) s)"
