@@ -256,15 +256,6 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg__ctl_hel
                  srv->rank, rank, srv->start_workers);
         return -2; /* (PSAGG_EAGAIN: the worker says HELLO again in a moment) */
     }
-    if (srv->ctl.job_running && srv->cfg.server_replicas && srv->layout.max_param_bytes) {
-        /* (found by test_torch.sh's elastic ServerOptimizer run: a joiner admitted by a view
-           started one step after the members' and its weights drifted from theirs) */
-        snprintf(msg, len,
-                 "server %d: worker rank %d cannot join: joining a running job with [cluster] "
-                 "server_replicas and parameter tensors ([server] optimizer) is not built yet",
-                 srv->rank, rank);
-        return -1;
-    }
     if (srv->ctl.job_running) { /* an elastic job (else nobody listens): a join (membership.c) */
         if (server_member(srv, rank) && wc->state == W_DEAD && wc->fd < 0) {
             snprintf(msg, len,

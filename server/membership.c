@@ -701,11 +701,17 @@ void membership_sync(server *srv, int w, const psagg__ctl_hdr *h, const void *bo
                             wc->sync_seq);
         return;
     }
-    for (uint32_t t = 0; t < n; t++)
+    for (uint32_t t = 0; t < n; t++) {
         if (ts[t].flags & ~PSAGG_TSTATE_INITED) {
             server_close_worker(srv, w, "SYNC field flags of tensor %u is 0x%x", t, ts[t].flags);
             return;
         }
+        if (ts[t].pulls > ts[t].round) {
+            server_close_worker(srv, w, "SYNC field pulls of tensor %u is %u, above its round %u",
+                                t, ts[t].pulls, ts[t].round);
+            return;
+        }
+    }
     wc->sync_seq = sy->seq;
     if (!srv->mb.own->admit_seq) {
         if ((int32_t)(sy->seq - srv->mb.own->free_seq) <= 0 || !joiner_waiting(srv)) {
@@ -742,9 +748,11 @@ void membership_sync(server *srv, int w, const psagg__ctl_hdr *h, const void *bo
             if (memcmp(&ts[t], &kept[t], sizeof *ts)) {
                 server_fail_job(srv, PSAGG_EPROTO,
                                 "at barrier %u the workers disagree on tensor '%s': worker %d "
-                                "is at round %u (flags %u), worker %d at round %u (flags %u)",
+                                "is at round %u (flags %u, pulls %u), worker %d at round %u "
+                                "(flags %u, pulls %u)",
                                 sy->seq, srv->layout.tensors[t].name, srv->mb.own->sync_state_from,
-                                kept[t].round, kept[t].flags, w, ts[t].round, ts[t].flags);
+                                kept[t].round, kept[t].flags, kept[t].pulls, w, ts[t].round,
+                                ts[t].flags, ts[t].pulls);
                 return;
             }
         if (memcmp(ts + n, kept + n, tail - (size_t)n * sizeof *ts)) {

@@ -211,9 +211,9 @@ static psagg_status barrier_send(psagg_ctx *ctx)
     sy->adapt_gens = gens;
     sy->adapt_tensors = adapt_tensors;
     for (uint32_t t = 0; t < n; t++)
-        ts[t] =
-            (psagg__ctl_tensor_state){.round = ctx->tensors[t].round,
-                                      .flags = ctx->tensors[t].inited ? PSAGG_TSTATE_INITED : 0};
+        ts[t] = (psagg__ctl_tensor_state){.round = ctx->tensors[t].round,
+                                          .flags = ctx->tensors[t].inited ? PSAGG_TSTATE_INITED : 0,
+                                          .pulls = ctx->tensors[t].pulls};
     adapt_sync_write(ctx, (uint8_t *)(ts + n));
     pthread_mutex_unlock(&ctx->mu);
     st = ctx->servers[o].fd < 0 ? psagg__fail(PSAGG_EPEER, "not connected")

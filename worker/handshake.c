@@ -207,6 +207,7 @@ static psagg_status join_states(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, 
     pthread_mutex_lock(&ctx->mu);
     for (uint32_t t = 0; t < n; t++) {
         ctx->tensors[t].round = ts[t].round;
+        ctx->tensors[t].pulls = ts[t].pulls; /* (the members' step is round - pulls) */
         ctx->tensors[t].inited = !!(ts[t].flags & PSAGG_TSTATE_INITED);
     }
     ctx->sync_seq = d->seq;

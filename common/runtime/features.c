@@ -79,8 +79,9 @@ const psagg__combo psagg__combos[] = {
     {PSAGG_F_REPLICAS, PSAGG_F_ELASTIC, 0,
      "every membership change is a server view, decided by a majority of the members before it "
      "(so a job goes on while fewer than half of its members die at once); a joiner is "
-     "admitted by a view at the members' barrier (not yet in a job with parameter tensors: "
-     "refused by name); with [server] quorum too; a chunk with "
+     "admitted by a view at the members' barrier and takes their tensors' rounds (a "
+     "parameter's INIT and PULL rounds too: the same optimizer step); with [server] quorum "
+     "too; a chunk with "
      "copies (a parameter's, or any with a server residual) goes to its copies before its "
      "owner, and its copies step each round with the pushes its owner summed (whose bitmap "
      "each worker's next push carries), so a worker that dies between two sends is in no sum "

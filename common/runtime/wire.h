@@ -223,8 +223,10 @@
  *     contributor bitmap, their pushes the trailer, and a push goes to the copies first; a
  *     HELLO_REJOIN names the members (a server that comes back waits for them, not for the
  *     job's starting workers)
+ * 26: a SYNC's tensor state carries the tensor's pulls (its parameter INIT and PULL rounds,
+ *     which count a round with server replicas): a joiner takes them with the rounds
  */
-#define PSAGG_PROTO_VERSION 25
+#define PSAGG_PROTO_VERSION 26
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64
@@ -626,13 +628,16 @@ static inline int psagg__view_relay_bad(const psagg__view_move *m, uint32_t n_wo
             (has_copies ? !follows || m->relayer != PSAGG_VIEW_FOLLOW : m->relayer >= n_workers));
 }
 
-/* One tensor's state at a SYNC barrier: the round of its next operation, and flags. */
+/* One tensor's state at a SYNC barrier: the round of its next operation, flags, and how many
+   of its rounds were a parameter's INIT or PULL (with server replicas they count a round; the
+   optimizer's step and the encode's RNG round are the round less them): never above round. */
 #define PSAGG_TSTATE_INITED 1u /* a parameter whose psagg_param_init completed */
 typedef struct psagg__ctl_tensor_state {
     uint32_t round;
     uint32_t flags; /* PSAGG_TSTATE_* */
+    uint32_t pulls;
 } psagg__ctl_tensor_state;
-_Static_assert(sizeof(psagg__ctl_tensor_state) == 8, "psagg__ctl_tensor_state layout");
+_Static_assert(sizeof(psagg__ctl_tensor_state) == 12, "psagg__ctl_tensor_state layout");
 
 /*
  * The codec assignments after a SYNC's or SYNC_DONE's tensor states ([codec] adaptive;

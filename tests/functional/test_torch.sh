@@ -357,11 +357,12 @@ server_failover)
         "$(grep -o 'summary: .*' "$tmp/fo-back.out" | head -1)"
     # elastic workers too (elastic = on): ServerOptimizer under psagg-local --restarts 2, server
     # 1 SIGKILLed at step 150 and started again (back with its chunks' state, which the copies
-    # kept in step with the owners' contributors), then rank 2 SIGKILLs itself at step 250 (its
-    # restart cannot join: a join with replicas and parameter tensors is refused by name, not
-    # built): the three others end with the same weights. 1000 steps: the restart's HELLO (a
-    # Python start and torch's import, seconds) must come while the job runs, 750 steps after
-    # the death (with 400 the members could finish first: the joiner met closed ports)
+    # kept in step with the owners' contributors), then rank 2 SIGKILLs itself at step 250 and
+    # its restart joins the running job: admitted by a view at the members' barrier, it takes
+    # their tensors' rounds and pulls (the INIT and PULL rounds: the same optimizer step) and
+    # must start at the step the members re-shard at; all four end with the same weights. 1000
+    # steps: the restart's HELLO (a Python start and torch's import, seconds) must come while
+    # the job runs, 750 steps after the death
     { cat "$tmp/fo.ini"; printf '[cluster]\nelastic = on\nmin_workers = 2\n'; } >"$tmp/fe.ini"
     spawn "$tmp/fe.out" "$repo/deploy/psagg-local" --config "$tmp/fe.ini" --timeout 240 --restarts 2 -- \
         "$py" "$script" --comm psagg-server --steps 1000 --die-at 250 --die-rank 2
@@ -372,13 +373,18 @@ server_failover)
     wait_for $launcher 240
     rc=$?
     [[ $rc == 0 ]] || { tail -n 30 "$tmp/fe.out" >&2; fail "elastic: psagg-local exited $rc"; }
-    grep -q "worker rank 2 cannot join: joining a running job with \[cluster\] server_replicas" "$tmp/fe.out" ||
-        fail "elastic: the restarted rank 2's join was not refused by name"
-    n=$(grep -c '^\[worker [013]\] PARAMS' "$tmp/fe.out")
-    distinct=$(grep '^\[worker [013]\] PARAMS' "$tmp/fe.out" | sed 's/.*sha256=//' | sort -u | wc -l)
-    ((n == 3 && distinct == 1)) || { grep PARAMS "$tmp/fe.out" >&2; fail "elastic: the three ranks' weights differ"; }
+    joined=$(grep -o 'JOINED rank 2 at step [0-9]*' "$tmp/fe.out") ||
+        { tail -n 30 "$tmp/fe.out" >&2; fail "elastic: the restarted rank 2 did not join"; }
+    # the members re-shard at the step the joiner starts at (rank 0's last membership change)
+    at=$(grep -o 'rank 0: membership epoch [0-9]* at step [0-9]*' "$tmp/fe.out" | tail -n 1 | awk '{ print $NF }')
+    [[ ${joined##* } == "$at" ]] ||
+        { grep -E 'JOINED|membership epoch' "$tmp/fe.out" >&2; fail "elastic: $joined, rank 0's last membership change at step $at"; }
+    n=$(grep -c '^\[worker [0-3]\] PARAMS' "$tmp/fe.out")
+    distinct=$(grep '^\[worker [0-3]\] PARAMS' "$tmp/fe.out" | sed 's/.*sha256=//' | sort -u | wc -l)
+    ((n == 4 && distinct == 1)) || { grep PARAMS "$tmp/fe.out" >&2; fail "elastic: the four ranks' weights differ"; }
     echo "test_torch: elastic ServerOptimizer, server 1 SIGKILLed at step 150 and back, rank 2 killed at" \
-        "step 250 (its join refused by name): 3 identical weights; $(grep -o 'RESULT.*test_acc=[0-9.]*' "$tmp/fe.out" | head -1)"
+        "step 250, $joined (rank 0 re-shards at step $at): 4 identical weights;" \
+        "$(grep -o 'RESULT.*test_acc=[0-9.]*' "$tmp/fe.out" | head -1)"
     ;;
 diloco_resume_frag)
     mkdir -p "$tmp/local"
