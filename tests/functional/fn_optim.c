@@ -27,7 +27,9 @@
  * --checkpoint-at C: worker 0 asks for a checkpoint after step C (with --checkpoint-all every
  * worker does: a job with [server] quorum). --step-sleep-ms MS: print STEP n after each step and
  * sleep MS (a job slow enough to kill a server in). --stop-after S: after step
- * S print STOPPED and wait to be killed. --checkpoint-hold FILE: before its checkpoint call,
+ * S print STOPPED and wait to be killed. --hold S:FILE: before step S's pushes, print "HOLD
+ * before step S" and wait (up to 120 s) until FILE exists (a harness whose kills and returns must
+ * all come before the job ends). --checkpoint-hold FILE: before its checkpoint call,
  * print CHECKPOINT-HOLD and wait (up to 120 s) until FILE exists (the harness kills a server
  * meanwhile). --checkpoint-retry: a checkpoint call that fails with PSAGG_EAGAIN or PSAGG_EPEER
  * (a server lost, or a chunk taken over that has not caught up) prints CHECKPOINT-RETRY and is
@@ -163,7 +165,8 @@ int main(int argc, char **argv)
     uint32_t steps = argc > 1 ? (uint32_t)atoi(argv[1]) : 10, ckpt_at = 0, stop_after = 0, start;
     int ckpt_all = 0, step_sleep_ms = 0, ckpt_retry = 0, straggler = -1, straggler_ms = 0, exact;
     int die_rank = -1, die_step = 0, die_us = 0;
-    const char *ckpt_hold = NULL;
+    const char *ckpt_hold = NULL, *hold_file = NULL;
+    uint32_t hold_step = UINT32_MAX;
     int resume = 0, rank, world;
     float lr_scale = 1.0f;
     const char *codec_text = getenv("FN_OPTIM_CODEC") ? getenv("FN_OPTIM_CODEC") : "fp32";
@@ -193,7 +196,10 @@ int main(int argc, char **argv)
             step_sleep_ms = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--checkpoint-hold") && a + 1 < argc)
             ckpt_hold = argv[++a];
-        else if (!strcmp(argv[a], "--checkpoint-retry"))
+        else if (!strcmp(argv[a], "--hold") && a + 1 < argc && strchr(argv[a + 1], ':')) {
+            hold_step = (uint32_t)atoi(argv[++a]);
+            hold_file = strchr(argv[a], ':') + 1;
+        } else if (!strcmp(argv[a], "--checkpoint-retry"))
             ckpt_retry = 1;
         else if (!strcmp(argv[a], "--straggler") && a + 1 < argc)
             straggler = atoi(argv[++a]);
@@ -205,7 +211,8 @@ int main(int argc, char **argv)
             die_us = atoi(argv[++a]);
         } else
             FAIL("usage: fn_optim STEPS [--checkpoint-at C] [--checkpoint-all] [--stop-after S] "
-                 "[--resume] [--lr-scale X] [--step-sleep-ms MS] [--checkpoint-hold FILE] "
+                 "[--resume] [--lr-scale X] [--step-sleep-ms MS] [--hold S:FILE] "
+                 "[--checkpoint-hold FILE] "
                  "[--checkpoint-retry] [--straggler RANK --straggler-ms MS] [--die RANK STEP US]");
     }
     if (psagg_codec_parse(codec_text, &codec) || psagg__codec_check(&codec))
@@ -316,6 +323,15 @@ int main(int argc, char **argv)
 
     for (uint32_t s = start; s < steps; s++) {
         psagg_handle *h[N_P + 1];
+        if (s == hold_step) {
+            printf("HOLD before step %u\n", s);
+            fflush(stdout);
+            for (int i = 0; access(hold_file, F_OK) != 0; i++) {
+                if (i > 12000)
+                    FAIL("--hold %u: %s did not appear within 120 s", s, hold_file);
+                usleep(10000);
+            }
+        }
         if (rank == straggler)
             usleep((useconds_t)straggler_ms * 1000);
         for (uint32_t t = 0; t < N_P; t++) {

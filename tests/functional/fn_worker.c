@@ -47,6 +47,9 @@
  * (written elsewhere, then renamed), every worker reads PATH before each round, and from then on
  * the job ends as if started with --rounds N (--rounds is the cap until then). N below a worker's
  * round (the harness wrote it too late) or above the cap fails that worker, naming both.
+ * --hold R:FILE: before round R's pushes, print "HOLD before round R" and wait (up to 120 s)
+ * until FILE exists: a harness whose events (kills, returns) must all come before the job ends
+ * holds it there until they are done (no hold at all when they were done before round R).
  * Stragglers in an elastic job: --straggler with --elastic-dead R --dead-round D: worker R was
  * killed before its pushes of round D; the check of stragglers below counts its inputs up to
  * round D - 1, less a tail it may have carried when it died (lost with it).
@@ -113,6 +116,21 @@ static void free_all(void)
     free(mem.round_digest);
     free(mem.round_full);
     memset(&mem, 0, sizeof mem); /* (called again at exit: atexit) */
+}
+
+/* --hold: wait (up to 120 s) until `path` exists; nonzero: it did not */
+static int hold(int r, const char *path)
+{
+    printf("HOLD before round %d\n", r);
+    fflush(stdout);
+    for (int i = 0; access(path, F_OK) != 0; i++) {
+        if (i > 12000) {
+            fprintf(stderr, "FAIL: --hold %d: %s did not appear within 120 s\n", r, path);
+            return 1;
+        }
+        usleep(10000);
+    }
+    return 0;
 }
 
 /* --end-file: the round number in PATH, -1 while there is none yet */
@@ -350,10 +368,13 @@ int main(int argc, char **argv)
                                          {"progress", no_argument, NULL, 'P'},
                                          {"left-epoch", required_argument, NULL, 'V'},
                                          {"end-file", required_argument, NULL, 'f'},
+                                         {"hold", required_argument, NULL, 'H'},
                                          {NULL, 0, NULL, 0}};
     char sizes_text[512] = "1,1023,4096";
     const char *codec_text = "fp32", *expect_text = NULL;
     const char *end_file = NULL; /* --end-file: where the harness writes the last round + 1 */
+    const char *hold_file = NULL; /* --hold R:FILE: before round R, wait until FILE exists */
+    int hold_round = -1;
     int rounds = 10, n_random = 0, expect = 0, mismatch_rank = -1, die_rank = -1, die_round = -1;
     uint64_t random_max = 5000;
     int average = 0, cuda = 0, elastic_dead = -1, after_round = -1;
@@ -491,6 +512,14 @@ int main(int argc, char **argv)
             break;
         case 'f':
             end_file = optarg;
+            break;
+        case 'H':
+            if (!strchr(optarg, ':')) {
+                fprintf(stderr, "FAIL: --hold takes ROUND:FILE, not '%s'\n", optarg);
+                return 2;
+            }
+            hold_round = atoi(optarg);
+            hold_file = strchr(optarg, ':') + 1;
             break;
         default:
             return 2;
@@ -662,6 +691,8 @@ int main(int argc, char **argv)
                     break;
             }
         }
+        if (r == hold_round && hold(r, hold_file))
+            return 1;
         if (progress) {
             printf("ROUND %d\n", r);
             fflush(stdout);

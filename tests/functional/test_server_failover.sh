@@ -89,29 +89,37 @@ chmod 600 "$tmp/secret"
 # run NAME SERVERS CODEC REPLICAS KILL_SERVER SIGNAL ROUND DELAY_MS [SECTION.KEY=VALUE...]: one
 # job; KILL_SERVER -1 runs it without a death. Leaves the workers' rcs in rc[] and logs in $tmp.
 # With $events set ("SERVER ROUND SERVER ROUND ..."), the job is run with those kills and
-# returns instead (back, below) and the workers sleep $round_sleep ms a round (10).
+# returns instead (back, below) and the workers sleep $round_sleep ms a round (10); they hold
+# 20 rounds before their end until the events are done (a return that takes long on a slow
+# machine, ASan's start-ups: the job must not end first), which the file NAME-events-done says.
 run() {
     local name=$1 n_s=$2 codec=$3 replicas=$4 victim=$5 sig=$6 round=$7 delay=$8 w
-    local slow=()
+    local slow=() hold=()
     shift 8
-    [ -n "${events:-}" ] && slow=(--round-sleep-ms "${round_sleep:-10}")
+    if [ -n "${events:-}" ]; then
+        slow=(--round-sleep-ms "${round_sleep:-10}")
+        local n=$rounds
+        [ -n "${optim:-}" ] && n=$steps
+        hold=(--hold "$((n - 20)):$tmp/$name-events-done")
+    fi
     job_ini "$tmp/$name.ini" "$n_s" 3 cluster.job_id="failover-$name-$port" \
         cluster.server_replicas="$replicas" cluster.op_timeout_ms=3000 log.level=info "$@"
     start_servers "$tmp/$name.ini" "$n_s" "$name-"
     for w in 0 1 2; do
         if [ -n "${optim:-}" ]; then # parameter chunks: fn_optim (prints STEP n)
             start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
-                FN_OPTIM_CODEC="$codec" "$optim_bin" "$steps" --step-sleep-ms "${round_sleep:-3}"
+                FN_OPTIM_CODEC="$codec" "$optim_bin" "$steps" --step-sleep-ms "${round_sleep:-3}" \
+                ${hold[@]+"${hold[@]}"}
         elif [ -n "${thc:-}" ]; then # integer aggregation: fn_thc (its own tensors)
             start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
                 "$thc_bin" $rounds "$codec" --progress ${slow[@]+"${slow[@]}"}
         elif [ -n "${adaptive:-}" ]; then # adaptive codecs: fn_adaptive (its own tensors)
             start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
-                "$adaptive_bin" $rounds --progress
+                "$adaptive_bin" $rounds --progress ${hold[@]+"${hold[@]}"}
         else
             start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
                 "$worker_bin" --codec "$codec" --sizes "${sizes:-1,1023,4096,50000,7000}" --rounds $rounds \
-                --progress ${slow[@]+"${slow[@]}"}
+                --progress ${slow[@]+"${slow[@]}"} ${hold[@]+"${hold[@]}"}
         fi
     done
     [ -n "${events:-}" ] && kill_and_return "$name" "$n_s" $events
@@ -209,6 +217,7 @@ kill_and_return() {
                 fail "$name: worker $w never took view $view"
         done
     done
+    touch "$tmp/$name-events-done" # (the workers' --hold)
 }
 
 digest_of() { # digest_of NAME: every worker's DIGEST, which must be one
