@@ -4,7 +4,9 @@
  * worker checks every update bit for bit against its own reference of the whole job.
  *
  * usage: fn_thc ROUNDS CODEC [--average] [--drain K] [--straggler R MS] [--grow] [--progress]
- * [--round-sleep-ms MS] [--cuda] (--progress prints "ROUND r" before each round). Every worker
+ * [--round-sleep-ms MS] [--hold R:FILE] [--cuda] (--progress prints "ROUND r" before each round;
+ * --hold: before round R's pushes print "HOLD before round R" and wait, up to 120 s, until FILE
+ * exists: a harness that makes something happen while the job runs). Every worker
  * declares tensors of 1, 100, 1023, 4096, 70001 and 300000 elements in CODEC (thc2, thc4, thc4/256,
  * ...), pushes input_value(rank, t, r, i) each round and waits. The reference (kernels/thc.h) runs
  * every worker's push of every chunk, with that worker's residual and the scales the last update
@@ -158,6 +160,8 @@ int main(int argc, char **argv)
     const char *codec_text = argc > 2 ? argv[2] : "";
     int average = 0, drain = 0, straggler = -1, straggler_ms = 0, grow = 0, full_from = -1;
     int progress = 0, round_sleep_ms = 0, expected = 0, cuda = 0, expect_switch = 0;
+    uint32_t hold_round = UINT32_MAX;
+    const char *hold_file = NULL;
     uint32_t first = 0;
     int skew = getenv("FN_THC_SKEW_RANK") ? atoi(getenv("FN_THC_SKEW_RANK")) : -1;
     psagg__config cfg;
@@ -188,7 +192,10 @@ int main(int argc, char **argv)
             progress = 1;
         else if (!strcmp(argv[a], "--round-sleep-ms") && a + 1 < argc)
             round_sleep_ms = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--straggler") && a + 2 < argc)
+        else if (!strcmp(argv[a], "--hold") && a + 1 < argc && strchr(argv[a + 1], ':')) {
+            hold_round = (uint32_t)atoi(argv[++a]);
+            hold_file = strchr(argv[a], ':') + 1;
+        } else if (!strcmp(argv[a], "--straggler") && a + 2 < argc)
             straggler = atoi(argv[a + 1]), straggler_ms = atoi(argv[a + 2]), a += 2;
         else
             FAIL("fn_thc: unknown argument '%s'", argv[a]);
@@ -295,6 +302,15 @@ int main(int argc, char **argv)
             usleep((useconds_t)straggler_ms * 1000);
         if (round_sleep_ms)
             usleep((useconds_t)round_sleep_ms * 1000);
+        if (r == hold_round) {
+            printf("HOLD before round %u\n", r);
+            fflush(stdout);
+            for (int i = 0; access(hold_file, F_OK) != 0; i++) {
+                if (i > 12000)
+                    FAIL("--hold %u: %s did not appear within 120 s", r, hold_file);
+                usleep(10000);
+            }
+        }
         if (progress) { /* (a harness that acts at a round: test_server_failover.sh) */
             printf("ROUND %u\n", r);
             fflush(stdout);

@@ -144,8 +144,16 @@ if [ "$case" = mitm ]; then
         via=()
         ((r == 1)) && via=("PSAGG_CLUSTER_SERVERS=127.0.0.1:$port 127.0.0.1:$((port + 2))")
         start_worker $r "$tmp/worker$r.log" "${via[@]}" "$worker_bin" --codec fp32 \
-            --sizes 1,1023,4096,50000,7000 --rounds 150
+            --sizes 1,1023,4096,50000,7000 --rounds 20000 --round-sleep-ms 2 --progress \
+            --end-file "$tmp/end"
     done
+    # the job runs until the rogue has injected its four frames (0.5 s after its READY: a job
+    # of a fixed 150 rounds could end first on a fast machine), then 50 rounds more
+    injected() { (($(grep -c 'ROGUE-MITM: injected\|ROGUE-MITM: replayed' "$tmp/rogue.log") >= 4)); }
+    wait_until 30 injected ||
+        fail "the man in the middle did not inject all four frames within 30 s"
+    r=$(grep -o '^ROUND [0-9]*' "$tmp/worker0.log" | tail -n 1 | awk '{ print $2 }')
+    echo $((r + 50)) >"$tmp/end.tmp" && mv "$tmp/end.tmp" "$tmp/end"
     wait_all 60 worker wpid
     for s in 0 1; do
         wait_for "${spid[$s]}" 20
@@ -209,8 +217,10 @@ joined_job() {
 }
 
 if [ "$case" = join_dies ]; then
-    args=(--codec fp32 --sizes 1,1023,4096,50000,7000 --rounds 150 --sync --round-sleep-ms 30
-        --elastic-dead 2 --rejoin --loose)
+    # (the job ends 40 rounds after the last joiner's admission, which the harness writes into
+    # $tmp/end: three joiners' start-ups, each 1.6 s under ASan, fit no fixed length; 3000 caps it)
+    args=(--codec fp32 --sizes 1,1023,4096,50000,7000 --rounds 3000 --sync --round-sleep-ms 30
+        --elastic-dead 2 --rejoin --loose --progress --end-file "$tmp/end")
     for r in 0 1 2 3; do
         if ((r == 2)); then
             start_worker $r "$tmp/worker$r.log" "$worker_bin" "${args[@]}" --die-rank 2 --die-round 15 \
@@ -235,6 +245,9 @@ if [ "$case" = join_dies ]; then
     kill -KILL "$b" 2>/dev/null
     wait_for "$b" 10
     start_worker 2 "$tmp/worker2.log" "$worker_bin" "${args[@]}"
+    wait_until 60 grep -q "joined at round" "$tmp/worker2.log" || fail "the last joiner did not join"
+    r=$(grep -o '^ROUND [0-9]*' "$tmp/worker0.log" | tail -n 1 | awk '{ print $2 }')
+    echo $((r + 40)) >"$tmp/end.tmp" && mv "$tmp/end.tmp" "$tmp/end"
     joined_job
     say "passed: epochs $(grep -c 'membership epoch' "$tmp/server0.log") on server 0 ($(grep -o 'membership epoch [0-9]*: [^;]*' "$tmp/server0.log" | tr '\n' ' ')); all four bit-identical at the end"
     exit 0

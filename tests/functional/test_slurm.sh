@@ -162,12 +162,17 @@ sed -e 's/^op_timeout_ms = .*/op_timeout_ms = 3000\nserver_replicas = 1/' -e 's/
 t0=$(date +%s.%N)
 jid=$(template=$D/template-replicas.ini nowait=1 submit restart -N 4 --ntasks-per-node 2 -- \
     --placement own --servers 2 --restarts 1 -- "$build/tests/functional/fn_worker" --codec fp32 \
-    --rounds 400 --random-tensors 10 --round-sleep-ms 10 --progress) || exit 1
+    --rounds 400 --random-tensors 10 --round-sleep-ms 10 --progress --hold "380:$D/restart-back") || exit 1
 out=$D/out/restart.out
 wait_until 60 grep -qs "ROUND 50$" "$out" || { cat "$out" >&2; fail "restart: the workers never reached round 50"; }
 victim=$(pgrep -f "psagg-server --config $D/restart.ini --rank 1" | head -n 1)
 [[ -n $victim ]] || { ps -eo pid,args | grep psagg-server >&2; fail "restart: no server 1 process"; }
 kill -KILL "$victim"
+# (the workers hold at round 380 until every one took server 1 back: its restart through srun,
+# under ASan too, must not find the job ended)
+all_back() { (($(grep -c "server 1 is back in view" "$out") == 4)); }
+wait_until 60 all_back || { cat "$out" >&2; touch "$D/restart-back"; fail "restart: not every worker took server 1 back within 60 s"; }
+touch "$D/restart-back"
 finish restart "$jid"
 [[ $(state "$jid") == COMPLETED ]] || { cat "$out" >&2; fail "restart: job $jid ended $(state "$jid")"; }
 grep -q "all 4 worker(s) exited 0" "$out" || { cat "$out" >&2; fail "restart: no success message"; }

@@ -22,12 +22,17 @@ job_ini "$tmp/job.ini" 2 3 cluster.job_id="thc-grow-$port" cluster.elastic=on cl
     server.threads=2 worker.chunk_bytes=65536 log.level=warn
 export PSAGG_CONFIG=$tmp/job.ini PSAGG_WORLD_SIZE=3
 start_servers "$tmp/job.ini" 2
+# Rank 3 joins once the members are at round 10 (a join at round 1 finds round 0's inputs all in
+# the members' residuals, which its bound does not allow for); they hold at round 30 until it
+# says it joins (started a fixed time after them, a slow start-up could find the job ended)
 args=(60 thc4 --drain 10 --grow)
 for r in 0 1 2; do
-    start_worker $r "$tmp/worker$r.log" "$worker_bin" "${args[@]}"
+    start_worker $r "$tmp/worker$r.log" "$worker_bin" "${args[@]}" --progress --hold "30:$tmp/go"
 done
-sleep 1 # (the job runs: rank 3 joins it)
+wait_until 60 grep -q "^ROUND 10$" "$tmp/worker0.log" || fail "worker 0 never reached round 10"
 start_worker 3 "$tmp/worker3.log" "$worker_bin" "${args[@]}"
+wait_until 60 grep -q "joins it" "$tmp/worker3.log" || fail "rank 3 never reached the running job"
+touch "$tmp/go"
 for r in 0 1 2 3; do
     wait_for "${wpid[$r]}" 120
     rc=$?
