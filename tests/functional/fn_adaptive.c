@@ -77,19 +77,6 @@ static void print_assign(psagg_ctx *ctx, uint32_t r)
     fflush(stdout);
 }
 
-/* --hold: wait (up to 120 s) until `path` exists. */
-static void hold(uint32_t r, const char *path)
-{
-    printf("HOLD before round %u\n", r);
-    fflush(stdout);
-    for (int i = 0; access(path, F_OK) != 0; i++) {
-        struct timespec ts = {0, 10 * 1000 * 1000};
-        if (i > 12000)
-            FAIL("--hold %u: %s did not appear within 120 s", r, path);
-        nanosleep(&ts, NULL);
-    }
-}
-
 int main(int argc, char **argv)
 {
     uint32_t rounds = argc > 1 ? (uint32_t)atoi(argv[1]) : 16, switches = 0, max_gen = 0;
@@ -199,7 +186,8 @@ int main(int argc, char **argv)
         size_t used = 0;
         for (int k = 0; k < n_holds; k++)
             if (hold_round[k] == r)
-                hold(r, hold_file[k]);
+                if (fn_hold("round", r, hold_file[k]))
+                    return 1;
         if (progress) {
             printf("ROUND %u\n", r);
             fflush(stdout);

@@ -323,15 +323,8 @@ int main(int argc, char **argv)
 
     for (uint32_t s = start; s < steps; s++) {
         psagg_handle *h[N_P + 1];
-        if (s == hold_step) {
-            printf("HOLD before step %u\n", s);
-            fflush(stdout);
-            for (int i = 0; access(hold_file, F_OK) != 0; i++) {
-                if (i > 12000)
-                    FAIL("--hold %u: %s did not appear within 120 s", s, hold_file);
-                usleep(10000);
-            }
-        }
+        if (s == hold_step && fn_hold("step", s, hold_file))
+            return 1;
         if (rank == straggler)
             usleep((useconds_t)straggler_ms * 1000);
         for (uint32_t t = 0; t < N_P; t++) {

@@ -302,15 +302,8 @@ int main(int argc, char **argv)
             usleep((useconds_t)straggler_ms * 1000);
         if (round_sleep_ms)
             usleep((useconds_t)round_sleep_ms * 1000);
-        if (r == hold_round) {
-            printf("HOLD before round %u\n", r);
-            fflush(stdout);
-            for (int i = 0; access(hold_file, F_OK) != 0; i++) {
-                if (i > 12000)
-                    FAIL("--hold %u: %s did not appear within 120 s", r, hold_file);
-                usleep(10000);
-            }
-        }
+        if (r == hold_round && fn_hold("round", r, hold_file))
+            return 1;
         if (progress) { /* (a harness that acts at a round: test_server_failover.sh) */
             printf("ROUND %u\n", r);
             fflush(stdout);

@@ -118,21 +118,6 @@ static void free_all(void)
     memset(&mem, 0, sizeof mem); /* (called again at exit: atexit) */
 }
 
-/* --hold: wait (up to 120 s) until `path` exists; nonzero: it did not */
-static int hold(int r, const char *path)
-{
-    printf("HOLD before round %d\n", r);
-    fflush(stdout);
-    for (int i = 0; access(path, F_OK) != 0; i++) {
-        if (i > 12000) {
-            fprintf(stderr, "FAIL: --hold %d: %s did not appear within 120 s\n", r, path);
-            return 1;
-        }
-        usleep(10000);
-    }
-    return 0;
-}
-
 /* --end-file: the round number in PATH, -1 while there is none yet */
 static int read_end_file(const char *path)
 {
@@ -691,7 +676,7 @@ int main(int argc, char **argv)
                     break;
             }
         }
-        if (r == hold_round && hold(r, hold_file))
+        if (r == hold_round && fn_hold("round", (uint32_t)r, hold_file))
             return 1;
         if (progress) {
             printf("ROUND %d\n", r);
