@@ -156,6 +156,42 @@ static void local_copy_offer(server *srv, int rank, const psagg__ctl_hello *hell
 }
 
 /*
+ * A restarted server of an elastic job whose first HELLOs said that the job starts, until
+ * worker `by` (authenticated) said that it runs and that this server ran it before: those were
+ * joiners, restarted with this server and quicker than the members (which say HELLO_REJOIN
+ * every REJOIN_EVERY_MS); taken for the job's start they would hold the members' HELLOs off
+ * until connect_timeout_ms failed this server. Each is forgotten (its connection closed with
+ * EAGAIN, its slot free again), and joins once this server runs the job with the members.
+ */
+static void forget_joiners(server *srv, int by)
+{
+    for (int w = 0; w < srv->n_workers; w++) {
+        worker_conn *wc = &srv->workers[w];
+        char why[200];
+        if (w == by || wc->state == W_NONE)
+            continue;
+        snprintf(why, sizeof why,
+                 "server %d: worker %d says the job runs and that this server comes back to it: "
+                 "worker %d joins it once it runs here: try again",
+                 srv->rank, by, w);
+        LOG_WARN(&srv->log, "%s", why);
+        if (wc->fd >= 0) {
+            server_verdict(srv, wc->fd, &wc->auth, PSAGG_CTL_ERROR, PSAGG_EAGAIN, why);
+            close(wc->fd);
+            wc->fd = -1;
+        }
+        psagg__ctl_reader_reset(&wc->rd);
+        if (wc->addr < (psagg__peer)srv->n_workers && srv->rank_at[wc->addr] == w)
+            srv->rank_at[wc->addr] = -1;
+        free(wc->decl);
+        wc->decl = NULL;
+        wc->state = W_NONE;
+        wc->lost = 0;
+        wc->joining = 0;
+    }
+}
+
+/*
  * Authenticate a HELLO and register its worker: 0, or -1 with the refusal in msg (-2: a
  * joiner that may try again in a moment). Until the token checks out the refusal says
  * nothing about this job (not its id, not its size).
@@ -220,6 +256,11 @@ static int accept_hello(server *srv, const pending_conn *p, const psagg__ctl_hel
     }
     if (srv->adm->startup_deadline < 0) { /* the first worker says whether the job runs */
         srv->ctl.rejoin = !!(hello->flags & PSAGG_HELLO_REJOIN);
+    } else if (!srv->ctl.job_running && !srv->ctl.rejoin && (hello->flags & PSAGG_HELLO_REJOIN) &&
+               srv->mb.elastic) {
+        forget_joiners(srv, rank); /* (the job runs: those before it were joiners) */
+        srv->ctl.rejoin = 1;
+        srv->adm->startup_deadline = -1; /* (its start-up runs from this worker, below) */
     } else if (!srv->ctl.job_running && srv->ctl.rejoin != !!(hello->flags & PSAGG_HELLO_REJOIN)) {
         snprintf(msg, len,
                  "server %d: worker %d says the job %s, the workers before it that it %s: try "

@@ -173,6 +173,13 @@ static int usable(const server *srv, int w)
     return wc->fd >= 0 && wc->state != W_BYE && wc->state != W_DEAD;
 }
 
+/* A usable member: one that holds pushes and state (a joiner not admitted yet has neither: it
+   takes the view that admits it whole, which names the servers as they are then). */
+static int holder(const server *srv, int w)
+{
+    return usable(srv, w) && server_member(srv, w);
+}
+
 /* Send an AGREE (with its view, when it carries one) to worker w; a failed send closes it. */
 static void send_agree(server *srv, int w, const psagg__agree_msg *m)
 {
@@ -777,7 +784,7 @@ static void ask_hold(server *srv, struct failover *fo)
     LOG_WARN(&srv->log, "server %d is back at every worker: asking them to hold its chunks",
              fo->back);
     for (int w = 0; w < srv->n_workers; w++)
-        if (usable(srv, w) && psagg__ctl_send(srv->workers[w].fd, &srv->workers[w].auth,
+        if (holder(srv, w) && psagg__ctl_send(srv->workers[w].fd, &srv->workers[w].auth,
                                               PSAGG_CTL_SERVER_BACK, &sl, sizeof sl))
             server_close_worker(srv, w, "sending SERVER_BACK: %s", psagg_last_error());
 }
@@ -795,7 +802,7 @@ static int ask_state(server *srv, struct failover *fo)
         .kind = PSAGG_STATE_ASK, .server = (uint32_t)fo->back, .epoch = fo->epoch};
     uint32_t n = count_state(srv, fo->back);
     int w = 0;
-    while (w < srv->n_workers && !usable(srv, w))
+    while (w < srv->n_workers && !holder(srv, w))
         w++;
     if (!n || w == srv->n_workers)
         return 0;

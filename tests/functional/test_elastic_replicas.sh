@@ -19,6 +19,7 @@
 #              2 members, so worker 0 fails naming that, and so do the servers
 #   join       (--sync) worker 3 killed at round 15 and started again: a view admits it
 #   join-s1    ... server 1 SIGKILLed as the joiner starts; join-s0 the same of server 0
+#   join-back1 ... server 1 SIGKILLed, then restarted with the joiner, whose HELLO it has first
 # and, with a server optimizer (fn_optim: four parameter tensors, sgd with momentum, maxmin4; every
 # parameter chunk has a copy, which steps each round with the pushes its owner summed):
 #   optim-still   no death: every worker's weights are the reference's (OPTIM-EXACT)
@@ -77,6 +78,12 @@ wait_workers() {
         rc[w]=$?
         ((rc[w] == 0)) || { show_log "$tmp/$name-worker$w.log"; fail "$name: worker $w exited ${rc[w]}"; }
     done
+}
+
+# all_back_1: workers 0..2 of job $name took server 1 back
+all_back_1() {
+    local w
+    for w in 0 1 2; do grep -qs "server 1 is back in view" "$tmp/$name-worker$w.log" || return 1; done
 }
 
 # survivors NAME VIEW: workers 0..2 exited 0 and took view VIEW; their one digest, in $digest
@@ -165,6 +172,65 @@ fi
     echo "$name: $(grep -h 'joined the running job' "$tmp/$name-worker3.log" | sed 's/^.*INFO //;s/^.*WARN //')"
     stop_all
 done
+
+# join-back1: worker 3 killed at round 15 (view 1), server 1 killed (view 2); then, with the
+# members SIGSTOPped (their HELLO_REJOIN to a restarted server comes every 500 ms), worker 3 is
+# started again and server 1 too, so that the joiner's HELLO reaches the restarted server 1
+# first (a joiner's HELLO says that the job starts); the members go on once server 1 has it.
+# Server 1 must take the members' HELLO_REJOIN (the job runs) over the joiner's, forget the
+# joiner and come back to the job; the joiner, told to try again, joins once server 1 runs it.
+# Before, server 1 took the job for starting and refused the members until connect_timeout_ms;
+# and the coordinator asked the joiner too to hold server 1's chunks (SERVER_BACK), which failed
+# it (a joiner holds nothing: only members are asked now).
+# op_timeout_ms = 6000: the members' silence while stopped (up to 2 s under ASan) stays below
+# what an elastic job gives a worker (3 PING intervals, 3 s).
+if [ "$part" = all ] || [ "$part" = joins ]; then
+    name=join-back1
+    job_ini "$tmp/$name.ini" 3 4 cluster.job_id="er-$name-$port" cluster.elastic=on \
+        cluster.min_workers=1 cluster.server_replicas=1 cluster.op_timeout_ms=6000 \
+        cluster.connect_timeout_ms=4000 worker.chunk_bytes=16384 log.level=info
+    start_servers "$tmp/$name.ini" 3 "$name-"
+    args=(--codec fp32 --sizes 1,1023,4096,50000,7000 --rounds 3000 --sync --round-sleep-ms 20
+        --progress --end-file "$tmp/$name.end")
+    for w in 0 1 2 3; do
+        if ((w == 3)); then
+            start_worker $w "$tmp/$name-first3.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=4 \
+                "$worker_bin" "${args[@]}" --die-rank 3 --die-round 15 --die-mode kill
+        else
+            start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=4 \
+                "$worker_bin" "${args[@]}" --elastic-dead 3 --rejoin --loose --left-epoch -1
+        fi
+    done
+    wait "${wpid[3]}" 2>/dev/null
+    wait_until 30 grep -qs "membership in view 1" "$tmp/$name-worker0.log" || fail "$name: worker 3 never left"
+    kill -KILL "${spid[1]}"
+    for w in 0 1 2; do
+        wait_until 30 grep -qs "server view 2:" "$tmp/$name-worker$w.log" || fail "$name: worker $w never took view 2"
+    done
+    members=("${wpid[0]}" "${wpid[1]}" "${wpid[2]}")
+    kill -STOP "${members[@]}"
+    start_worker 3 "$tmp/$name-worker3.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=4 \
+        "$worker_bin" "${args[@]}" --elastic-dead 3 --rejoin --loose --left-epoch -1
+    spawn "$tmp/$name-server1b.log" "$build/server/psagg-server" --config "$tmp/$name.ini" --rank 1
+    spid[1]=$h_pid
+    wait_until 5 grep -qs "worker 3 connected" "$tmp/$name-server1b.log"
+    first=$?
+    kill -CONT "${members[@]}"
+    ((first == 0)) || fail "$name: the joiner's HELLO did not reach the restarted server 1 first"
+    wait_until 30 all_back_1 || fail "$name: not every member took server 1 back"
+    wait_until 60 grep -qs "joined the running job" "$tmp/$name-worker3.log" ||
+        { show_log "$tmp/$name-worker3.log"; fail "$name: worker 3 never joined"; }
+    r=$(grep -o '^ROUND [0-9]*' "$tmp/$name-worker0.log" | tail -n 1 | awk '{ print $2 }')
+    echo $((r + 40)) >"$tmp/$name.end.tmp" && mv "$tmp/$name.end.tmp" "$tmp/$name.end"
+    wait_workers "$name" 0 1 2 3
+    d=$(grep -h '^TAIL' "$tmp/$name"-worker[0123].log | sort -u)
+    (($(wc -l <<<"$d") == 1)) && [ -n "$d" ] || fail "$name: the last rounds' digests differ: $d"
+    grep -q "worker 3 joins it once it runs here" "$tmp/$name-server1b.log" ||
+        fail "$name: server 1 did not forget the joiner that came first"
+    echo "$name: $(grep -h 'joins it once it runs here' "$tmp/$name-server1b.log" | head -1 | sed 's/^.*WARN //');" \
+        "every member took server 1 back; $(grep -h 'joined the running job' "$tmp/$name-worker3.log" | sed 's/^.*WARN //')"
+    stop_all
+fi
 
 # optim NAME [DIE_US [KILL_SERVER [back]]]: fn_optim, 80 steps (back: 200, and the server
 # started again once the survivors took the view without it), worker 3 dying DIE_US into step 20
