@@ -137,38 +137,50 @@ fi
 # apart; worker 3 is SIGKILLed at round 15 and started again: the view that admits it (and, for
 # join-s1, server 1 SIGKILLed as the joiner starts; join-s0 the coordinator) - from then on
 # every element is the exact sum of all four, the last 10 rounds bit-identical on all four
-[ "$part" = all ] || [ "$part" = joins ] && for c in "join -1" "join-s1 1" "join-s0 0"; do
-    set -- $c
-    name=$1
+# join_job NAME OP_TIMEOUT_MS: the job of a join case (3 servers, 4 workers, fn_worker $args),
+# once worker 3 died at round 15 and view 1 removed it; joiner NAME: worker 3 started again;
+# same_tails NAME: every worker exited 0 with the same last 10 rounds
+join_job() {
+    local name=$1 w
     job_ini "$tmp/$name.ini" 3 4 cluster.job_id="er-$name-$port" cluster.elastic=on \
-        cluster.min_workers=1 cluster.server_replicas=1 cluster.op_timeout_ms=3000 \
+        cluster.min_workers=1 cluster.server_replicas=1 cluster.op_timeout_ms="$2" \
         cluster.connect_timeout_ms=4000 worker.chunk_bytes=16384 log.level=info
     start_servers "$tmp/$name.ini" 3 "$name-"
-    args=(--codec fp32 --sizes 1,1023,4096,50000,7000 --rounds 150 --sync --round-sleep-ms 20)
     for w in 0 1 2 3; do
         if ((w == 3)); then
             start_worker $w "$tmp/$name-first3.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=4 \
                 "$worker_bin" "${args[@]}" --die-rank 3 --die-round 15 --die-mode kill
         else
-            start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=4 \
-                "$worker_bin" "${args[@]}" --elastic-dead 3 --rejoin --loose --left-epoch -1
+            joiner "$name" $w
         fi
     done
     wait "${wpid[3]}" 2>/dev/null
     wait_until 30 grep -qs "membership in view 1" "$tmp/$name-worker0.log" || fail "$name: worker 3 never left"
-    start_worker 3 "$tmp/$name-worker3.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=4 \
+}
+joiner() {
+    start_worker "${2:-3}" "$tmp/$1-worker${2:-3}.log" PSAGG_CONFIG="$tmp/$1.ini" PSAGG_WORLD_SIZE=4 \
         "$worker_bin" "${args[@]}" --elastic-dead 3 --rejoin --loose --left-epoch -1
+}
+same_tails() {
+    local d
+    wait_workers "$1" 0 1 2 3
+    d=$(grep -h '^TAIL' "$tmp/$1"-worker[0123].log | sort -u)
+    (($(wc -l <<<"$d") == 1)) && [ -n "$d" ] || fail "$1: the last rounds' digests differ: $d"
+}
+[ "$part" = all ] || [ "$part" = joins ] && for c in "join -1" "join-s1 1" "join-s0 0"; do
+    set -- $c
+    name=$1
+    args=(--codec fp32 --sizes 1,1023,4096,50000,7000 --rounds 150 --sync --round-sleep-ms 20)
+    join_job "$name" 3000
+    joiner "$name"
     (($2 >= 0)) && { sleep 0.3; kill -KILL "${spid[$2]}"; }
     # a joiner whose join a server's death cut short fails it; a launcher starts it again
     if ! wait_for "${wpid[3]}" 90; then
         grep -h "FAIL" "$tmp/$name-worker3.log" | head -2
         mv "$tmp/$name-worker3.log" "$tmp/$name-joiner-first.log"
-        start_worker 3 "$tmp/$name-worker3.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=4 \
-            "$worker_bin" "${args[@]}" --elastic-dead 3 --rejoin --loose --left-epoch -1
+        joiner "$name"
     fi
-    wait_workers "$name" 0 1 2 3
-    d=$(grep -h '^TAIL' "$tmp/$name"-worker[0123].log | sort -u)
-    (($(wc -l <<<"$d") == 1)) && [ -n "$d" ] || fail "$name: the last rounds' digests differ: $d"
+    same_tails "$name"
     echo "$name: $(grep -h 'joined the running job' "$tmp/$name-worker3.log" | sed 's/^.*INFO //;s/^.*WARN //')"
     stop_all
 done
@@ -186,31 +198,16 @@ done
 # what an elastic job gives a worker (3 PING intervals, 3 s).
 if [ "$part" = all ] || [ "$part" = joins ]; then
     name=join-back1
-    job_ini "$tmp/$name.ini" 3 4 cluster.job_id="er-$name-$port" cluster.elastic=on \
-        cluster.min_workers=1 cluster.server_replicas=1 cluster.op_timeout_ms=6000 \
-        cluster.connect_timeout_ms=4000 worker.chunk_bytes=16384 log.level=info
-    start_servers "$tmp/$name.ini" 3 "$name-"
     args=(--codec fp32 --sizes 1,1023,4096,50000,7000 --rounds 3000 --sync --round-sleep-ms 20
         --progress --end-file "$tmp/$name.end")
-    for w in 0 1 2 3; do
-        if ((w == 3)); then
-            start_worker $w "$tmp/$name-first3.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=4 \
-                "$worker_bin" "${args[@]}" --die-rank 3 --die-round 15 --die-mode kill
-        else
-            start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=4 \
-                "$worker_bin" "${args[@]}" --elastic-dead 3 --rejoin --loose --left-epoch -1
-        fi
-    done
-    wait "${wpid[3]}" 2>/dev/null
-    wait_until 30 grep -qs "membership in view 1" "$tmp/$name-worker0.log" || fail "$name: worker 3 never left"
+    join_job "$name" 6000
     kill -KILL "${spid[1]}"
     for w in 0 1 2; do
         wait_until 30 grep -qs "server view 2:" "$tmp/$name-worker$w.log" || fail "$name: worker $w never took view 2"
     done
     members=("${wpid[0]}" "${wpid[1]}" "${wpid[2]}")
     kill -STOP "${members[@]}"
-    start_worker 3 "$tmp/$name-worker3.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=4 \
-        "$worker_bin" "${args[@]}" --elastic-dead 3 --rejoin --loose --left-epoch -1
+    joiner "$name"
     spawn "$tmp/$name-server1b.log" "$build/server/psagg-server" --config "$tmp/$name.ini" --rank 1
     spid[1]=$h_pid
     wait_until 5 grep -qs "worker 3 connected" "$tmp/$name-server1b.log"
@@ -222,9 +219,7 @@ if [ "$part" = all ] || [ "$part" = joins ]; then
         { show_log "$tmp/$name-worker3.log"; fail "$name: worker 3 never joined"; }
     r=$(grep -o '^ROUND [0-9]*' "$tmp/$name-worker0.log" | tail -n 1 | awk '{ print $2 }')
     echo $((r + 40)) >"$tmp/$name.end.tmp" && mv "$tmp/$name.end.tmp" "$tmp/$name.end"
-    wait_workers "$name" 0 1 2 3
-    d=$(grep -h '^TAIL' "$tmp/$name"-worker[0123].log | sort -u)
-    (($(wc -l <<<"$d") == 1)) && [ -n "$d" ] || fail "$name: the last rounds' digests differ: $d"
+    same_tails "$name"
     grep -q "worker 3 joins it once it runs here" "$tmp/$name-server1b.log" ||
         fail "$name: server 1 did not forget the joiner that came first"
     echo "$name: $(grep -h 'joins it once it runs here' "$tmp/$name-server1b.log" | head -1 | sed 's/^.*WARN //');" \
