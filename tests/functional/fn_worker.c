@@ -357,7 +357,7 @@ int main(int argc, char **argv)
                                          {NULL, 0, NULL, 0}};
     char sizes_text[512] = "1,1023,4096";
     const char *codec_text = "fp32", *expect_text = NULL;
-    const char *end_file = NULL; /* --end-file: where the harness writes the last round + 1 */
+    const char *end_file = NULL;  /* --end-file: where the harness writes the last round + 1 */
     const char *hold_file = NULL; /* --hold R:FILE: before round R, wait until FILE exists */
     int hold_round = -1;
     int rounds = 10, n_random = 0, expect = 0, mismatch_rank = -1, die_rank = -1, die_round = -1;
