@@ -185,6 +185,28 @@ wait_until() {
     return 124
 }
 
+# latest_round LOG [RANK]: the latest "ROUND r" of a worker started with --progress, in its own
+# log, or with RANK in a launcher's output ("[worker RANK] ROUND r"); nothing when there is none
+latest_round() {
+    if [ $# -gt 1 ]; then
+        grep -o "worker $2\] ROUND [0-9]*\$" "$1" | tail -n 1 | awk '{ print $NF + 0 }'
+    else
+        grep -o '^ROUND [0-9]*' "$1" | tail -n 1 | awk '{ print $2 + 0 }'
+    fi
+}
+
+# end_after ENDF MARGIN LOG [RANK]: ends a job of fn_worker --end-file ENDF (every worker reads
+# ENDF before each round) MARGIN rounds after latest_round LOG [RANK]: it writes that round number
+# (the last round + 1, also left in end_n) elsewhere and renames it, so no worker reads half a file
+end_after() {
+    local endf=$1 margin=$2 r
+    shift 2
+    r=$(latest_round "$@")
+    [[ $r =~ ^[0-9]+$ ]] || fail "end_after: no ROUND line${2:+ of worker $2} in $1"
+    end_n=$((r + margin))
+    echo "$end_n" >"$endf.tmp" && mv -f "$endf.tmp" "$endf" || fail "end_after: cannot write $endf"
+}
+
 stop_all() {
     local p
     for p in ${pids[@]+"${pids[@]}"}; do kill -CONT -- "-$p" 2>/dev/null; kill -KILL -- "-$p" 2>/dev/null; done

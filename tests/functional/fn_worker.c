@@ -131,6 +131,20 @@ static int read_end_file(const char *path)
     return n;
 }
 
+/*
+ * The round a job ends at (exclusive) for --rounds N: N; with --rejoin at least 20 rounds past
+ * the latest admission (full_from: the first round with every rank back), and `waiting` while
+ * the rank has not come back yet.
+ */
+static int job_end(int rounds, int rejoin, int full_from, int waiting)
+{
+    if (!rejoin)
+        return rounds;
+    if (full_from < 0)
+        return waiting;
+    return full_from + 20 > rounds ? full_from + 20 : rounds;
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -623,11 +637,8 @@ int main(int argc, char **argv)
      * not come back; every round's digest and whether it was the exact sum of all workers
      * are kept for the last 10.
      */
-    end = rounds;
+    end = job_end(rounds, rejoin, full_from, 10 * rounds);
     if (rejoin) {
-        end = full_from >= 0 && full_from + 20 > rounds ? full_from + 20 : rounds;
-        if (full_from < 0)
-            end = 10 * rounds;
         round_digest = mem.round_digest = calloc((size_t)(10 * rounds + 20), sizeof *round_digest);
         round_full = mem.round_full = calloc((size_t)(10 * rounds + 20), 1);
         if (!round_digest || !round_full) {
@@ -668,10 +679,7 @@ int main(int argc, char **argv)
                 }
                 end_file = NULL;
                 rounds = n_end; /* as if started with --rounds N (a rejoin's rule stays) */
-                if (!rejoin)
-                    end = rounds;
-                else if (full_from >= 0)
-                    end = full_from + 20 > rounds ? full_from + 20 : rounds;
+                end = job_end(rounds, rejoin, full_from, end);
                 if (r >= end)
                     break;
             }
@@ -857,8 +865,7 @@ int main(int argc, char **argv)
                     full_from = r + 1; /* (loose: the latest admission) */
                     adm_m = m;
                 }
-                if (rejoin && full_from >= 0)
-                    end = full_from + 20 > rounds ? full_from + 20 : rounds;
+                end = job_end(rounds, rejoin, full_from, end);
             }
             continue;
         }

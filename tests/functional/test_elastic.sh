@@ -152,8 +152,7 @@ if [ "$case" = mitm ]; then
     injected() { (($(grep -c 'ROGUE-MITM: injected\|ROGUE-MITM: replayed' "$tmp/rogue.log") >= 4)); }
     wait_until 30 injected ||
         fail "the man in the middle did not inject all four frames within 30 s"
-    r=$(grep -o '^ROUND [0-9]*' "$tmp/worker0.log" | tail -n 1 | awk '{ print $2 }')
-    echo $((r + 50)) >"$tmp/end.tmp" && mv "$tmp/end.tmp" "$tmp/end"
+    end_after "$tmp/end" 50 "$tmp/worker0.log"
     wait_all 60 worker wpid
     for s in 0 1; do
         wait_for "${spid[$s]}" 20
@@ -246,8 +245,7 @@ if [ "$case" = join_dies ]; then
     wait_for "$b" 10
     start_worker 2 "$tmp/worker2.log" "$worker_bin" "${args[@]}"
     wait_until 60 grep -q "joined at round" "$tmp/worker2.log" || fail "the last joiner did not join"
-    r=$(grep -o '^ROUND [0-9]*' "$tmp/worker0.log" | tail -n 1 | awk '{ print $2 }')
-    echo $((r + 40)) >"$tmp/end.tmp" && mv "$tmp/end.tmp" "$tmp/end"
+    end_after "$tmp/end" 40 "$tmp/worker0.log"
     joined_job
     say "passed: epochs $(grep -c 'membership epoch' "$tmp/server0.log") on server 0 ($(grep -o 'membership epoch [0-9]*: [^;]*' "$tmp/server0.log" | tr '\n' ' ')); all four bit-identical at the end"
     exit 0

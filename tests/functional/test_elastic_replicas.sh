@@ -217,8 +217,7 @@ if [ "$part" = all ] || [ "$part" = joins ]; then
     wait_until 30 all_back_1 || fail "$name: not every member took server 1 back"
     wait_until 60 grep -qs "joined the running job" "$tmp/$name-worker3.log" ||
         { show_log "$tmp/$name-worker3.log"; fail "$name: worker 3 never joined"; }
-    r=$(grep -o '^ROUND [0-9]*' "$tmp/$name-worker0.log" | tail -n 1 | awk '{ print $2 }')
-    echo $((r + 40)) >"$tmp/$name.end.tmp" && mv "$tmp/$name.end.tmp" "$tmp/$name.end"
+    end_after "$tmp/$name.end" 40 "$tmp/$name-worker0.log"
     same_tails "$name"
     grep -q "worker 3 joins it once it runs here" "$tmp/$name-server1b.log" ||
         fail "$name: server 1 did not forget the joiner that came first"

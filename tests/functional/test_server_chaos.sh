@@ -126,10 +126,6 @@ function ts(line, a) { sub(/^\[[^]]*\] /, "", line); split(line, a, " "); return
 function dt(a, b, d) { d = a - b; if (d < -50000) d += 100000; if (d > 50000) d -= 100000; return d }
 '
 
-last_round() { # OUT: worker 0's last ROUND
-    grep -o 'worker 0\] ROUND [0-9]*$' "$1" | tail -n 1 | awk '{ print $NF + 0 }'
-}
-
 # views_after OUT OFF EPOCH: every worker took a view after EPOCH in OUT's lines after OFF
 views_after() {
     tail -n +"$(($2 + 1))" "$1" | awk -v pe="$3" "$awk_lib"'
@@ -173,16 +169,6 @@ figures() {
 
 # ---- the chaos ----
 
-# end_job OUT ENDF: ends the job that writes OUT `margin` rounds after worker 0's latest round
-# (its workers read ENDF before each round: fn_worker --end-file); the last round + 1 in end_n
-end_job() {
-    local r
-    r=$(last_round "$1")
-    [[ $r =~ ^[0-9]+$ ]] || fail "end_job: no ROUND line of worker 0 in $1"
-    end_n=$((r + margin))
-    echo "$end_n" >"$2.tmp" && mv -f "$2.tmp" "$2" || fail "end_job: cannot write $2"
-}
-
 # chaos PLAN OUT K PIDFN: the plan's K kills against the running job that writes OUT; PIDFN
 # SERVER prints that server's pid. Figures per kill in fig_out/fig_back[PLAN,i].
 declare -A fig_out fig_back fig_sig
@@ -193,7 +179,7 @@ chaos() {
     for ((i = 1; i <= k; i++)); do
         v=${plan_v[$plan,$i]} sig=${plan_sig[$plan,$i]} ms=${plan_ms[$plan,$i]}
         sleep "$(printf '%d.%03d' $((ms / 1000)) $((ms % 1000)))"
-        r=$(last_round "$out")
+        r=$(latest_round "$out" 0)
         ((r <= cap - margin)) || fail "$plan: worker 0 is at round $r of the cap $cap before" \
             "kill $i of $k: the chaos outlasts the cap (PSAGG_CHAOS_ROUNDS)"
         pid=$($pidfn "$v")
@@ -313,7 +299,7 @@ for plan in fp32 maxmin4 maxmin4-ef; do
         --end-file "$tmp/end-$plan"
     lp=$h_pid
     chaos "$plan" "$tmp/chaos-$plan.log" "$kills" local_pid
-    end_job "$tmp/chaos-$plan.log" "$tmp/end-$plan"
+    end_after "$tmp/end-$plan" "$margin" "$tmp/chaos-$plan.log" 0
     job_done "$plan" "$lp" psagg-local
     ref_run "$plan" "$codec" "$end_n"
     check_job "$plan" "$tmp/chaos-$plan.log" "$lp" "$kills" psagg-local "${ref[$plan]}" local_label
@@ -382,7 +368,7 @@ if ((nc_ok)); then
         --round-sleep-ms 10 --progress --end-file "$tmp/end-netcluster"
     lp=$h_pid
     chaos netcluster "$tmp/chaos-netcluster.log" "$nc_kills" nc_pid
-    end_job "$tmp/chaos-netcluster.log" "$tmp/end-netcluster"
+    end_after "$tmp/end-netcluster" "$margin" "$tmp/chaos-netcluster.log" 0
     job_done netcluster "$lp" psagg-ssh
     # (the digest of the same job on loopback: a sum does not depend on the transport)
     ref_run netcluster fp32 "$end_n"
@@ -426,7 +412,7 @@ if [[ $part != servers ]]; then
     for ((i = 1; i <= kills; i++)); do
         v=${el_v[$i]} ms=${el_ms[$i]}
         sleep "$(printf '%d.%03d' $((ms / 1000)) $((ms % 1000)))"
-        r=$(last_round "$out")
+        r=$(latest_round "$out" 0)
         ((r <= cap - margin)) || fail "elastic: worker 0 is at round $r of the cap $cap before" \
             "kill $i of $kills: the chaos outlasts the cap (PSAGG_CHAOS_ROUNDS)"
         off=$(wc -l <"$out")
@@ -452,7 +438,7 @@ if [[ $part != servers ]]; then
         printf 'elastic: kill %d of %d: %s SIGKILLed at round %d: back in the job %.1f s later\n' \
             "$i" "$kills" "$what" "$r" "$(awk -v a="$(now)" -v b="$t1" 'BEGIN { print a - b }')"
     done
-    end_job "$out" "$tmp/end-elastic"
+    end_after "$tmp/end-elastic" "$margin" "$out" 0
     wait_for "$lp" 240
     rc=$?
     ((rc == 0)) || fail "elastic: psagg-local exited $rc (seed $seed)"
