@@ -1064,6 +1064,14 @@ static void take_over_copy(server *srv, chunk_state *c, uint32_t start, uint32_t
         agg_settle(srv, c); /* (it decides its round now: the pushes held for the bitmap) */
 }
 
+/* A copy that was stale is no more (its state came again, or it was reset). */
+static void stale_clear(server *srv, chunk_state *c)
+{
+    if (c->stale)
+        atomic_fetch_sub(&srv->pool.n_stale, 1);
+    c->stale = 0;
+}
+
 /*
  * A move, in c's aggregation thread: forget the round being collected (its pushes go to the
  * owner of the view, which sums the round again), then own c from the item's round or hold it
@@ -1083,7 +1091,7 @@ static void do_move(server *srv, agg_item *it)
         c->standby = 1;
         c->taken_over = 0;
         c->follow_until = 0; /* (a copy follows every round) */
-        c->stale = 0;        /* (its state came now) */
+        stale_clear(srv, c); /* (its state came now) */
         c->fenced = 0;
         c->owes_update = 0;
         LOG_DEBUG(&srv->log, "tensor %u chunk %u: a copy here from round %u", c->info->key,
@@ -1104,7 +1112,7 @@ static void do_move(server *srv, agg_item *it)
     atomic_store(&c->deferred, 0); /* (a whole round waiting for a send: summed again there) */
     round_reset(srv, c);
     c->broken = 0;
-    c->stale = 0;
+    stale_clear(srv, c);
     c->fenced = 0; /* (a fence of a move before: a relayed takeover below fences it again) */
     c->owes_update = 0;
     c->standby = it->move != AGG_OWN;
@@ -1231,6 +1239,7 @@ static int follow_stale(server *srv, chunk_state *c)
     if (w == srv->n_workers)
         return 0;
     c->stale = c->round + 1;
+    atomic_fetch_add(&srv->pool.n_stale, 1);
     LOG_WARN(&srv->log,
              "tensor %u chunk %u: this copy is stale from round %u: its owner summed the push of "
              "worker %d, which left before that push came here; the copy steps no more (a view "

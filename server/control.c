@@ -379,9 +379,14 @@ static void running(server *srv, control_loop *l, int64_t now)
         return;
     }
     check_liveness(srv, now);
-    checkpoint_tick(srv, now); /* (a collective checkpoint's members, its deadline) */
-    failover_tick(srv, now);   /* (a lost server's reports, the agreement's retries) */
-    if (srv->mb.elastic) {     /* joins: admission stays open (admission.c, membership.c) */
+    checkpoint_tick(srv, now);            /* (a collective checkpoint's members, its deadline) */
+    failover_tick(srv, now);              /* (a lost server's reports, the agreement's retries) */
+    if (failover_restart_due(srv, now)) { /* (its stale copies: failover.c) */
+        l->rc = SERVER_RESTART;
+        l->done = 1;
+        return;
+    }
+    if (srv->mb.elastic) { /* joins: admission stays open (admission.c, membership.c) */
         membership_tick(srv, now);
         admission_expire(srv, now);
     }

@@ -73,6 +73,10 @@ struct failover {
     uint8_t *loaded; /* the returning server: per chunk, its state came */
     uint32_t n_loaded, n_needed; /* (of the chunks it holds state of: count_state) */
     uint32_t load_epoch;         /* the returning server: the view its states came after */
+    /* a stale copy here (failover_restart_due): when the last view was applied, when the
+       server first saw the stale copy with nothing under way, and whether it said why it waits */
+    int64_t applied_at, stale_at;
+    int restart_told;
 };
 
 static struct failover *fo_get(server *srv)
@@ -464,6 +468,7 @@ static void apply_view(server *srv, struct failover *fo, const uint8_t *v, uint3
     fo->last_len = len;
     fo->epoch = vh.epoch;
     fo->rejoining = 0;
+    fo->applied_at = psagg__now_ms();
     fo->lost = -1;
     return_over(fo);
     fo->proposing = 0;
@@ -1380,4 +1385,69 @@ void failover_tick(server *srv, int64_t now)
                         "chunks within op_timeout_ms=%d",
                         fo->back, missing, srv->cfg.op_timeout_ms);
     }
+}
+
+/* Whether another server live in the view holds chunk g's state, or -1 where g has none. */
+static int held_elsewhere(const server *srv, const struct failover *fo, uint32_t g)
+{
+    if (!copied(srv, g))
+        return -1;
+    for (int s = 0; s < srv->cfg.n_servers; s++)
+        if (s != srv->rank && fo->live[s] && !fo->suspect[s] &&
+            (holds_state(srv, g, s) || fo->owner[g] == (uint32_t)s))
+            return 1;
+    return 0;
+}
+
+/*
+ * A copy here that is stale (aggregate.c, follow_stale) takes its owner's state again the way
+ * a server that comes back does: this server leaves the job and starts anew (main.c executes
+ * it again with its command line), the view gives its chunks to their copies, and its return
+ * brings it the state of every chunk it holds ("Copies that follow their owner", design.md).
+ * Only when that loses nothing: no change of the view under way here, no worker done, and
+ * every chunk with state here held by another live server of the view; and only once the view
+ * stood still for (1 + rank) x op_timeout_ms / 2, so that two servers with stale copies (one
+ * worker's pushes lost to both) do not leave together: the first one's loss, which the workers
+ * see at once (its connections close), reaches the other's view well before its own time.
+ */
+int failover_restart_due(server *srv, int64_t now)
+{
+    struct failover *fo;
+    int64_t calm;
+    uint32_t g = 0;
+    if (!atomic_load(&srv->pool.n_stale) || !srv->cfg.server_replicas || !(fo = fo_get(srv)))
+        return 0;
+    if (fo->rejoining || fo->lost >= 0 || fo->back >= 0 || fo->members_step || fo->proposing ||
+        fo->retry_at || fo->state_wait) {
+        fo->stale_at = 0;
+        return 0;
+    }
+    for (int w = 0; w < srv->n_workers; w++)
+        if (fo->done[w]) /* (the job ends: its copies are needed no more) */
+            return 0;
+    if (!fo->stale_at)
+        fo->stale_at = now;
+    calm = fo->stale_at > fo->applied_at ? fo->stale_at : fo->applied_at;
+    if (now - calm < (int64_t)(1 + srv->rank) * srv->cfg.op_timeout_ms / 2)
+        return 0;
+    while (g < srv->layout.n_chunks &&
+           (!(holds_state(srv, g, srv->rank) || fo->owner[g] == (uint32_t)srv->rank) ||
+            held_elsewhere(srv, fo, g)))
+        g++;
+    if (g < srv->layout.n_chunks) {
+        if (!fo->restart_told)
+            LOG_WARN(
+                &srv->log,
+                "%d stale cop%s here: this server does not start anew to take their state "
+                "while no other live server holds tensor '%s' chunk %u (it waits for one)",
+                atomic_load(&srv->pool.n_stale), atomic_load(&srv->pool.n_stale) == 1 ? "y" : "ies",
+                srv->layout.tensors[srv->layout.chunks[g].key].name, srv->layout.chunks[g].index);
+        fo->restart_told = 1;
+        return 0;
+    }
+    LOG_WARN(&srv->log,
+             "%d stale cop%s here: this server leaves the job and starts anew, to take the state "
+             "of every chunk it holds from the live servers as a restarted server does",
+             atomic_load(&srv->pool.n_stale), atomic_load(&srv->pool.n_stale) == 1 ? "y" : "ies");
+    return 1;
 }

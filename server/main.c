@@ -6,11 +6,13 @@
  * whose limits differ, so a server that raised its own would shut out workers started
  * without the launcher. The launchers give the same lines to every process.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/error.h"
 #include "runtime/config.h"
@@ -144,5 +146,13 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     rc = server_run(cfg, (int)rank, &stop_requested);
     free(cfg);
+    if (rc == SERVER_RESTART) { /* (its stale copies: it rejoins the job as a restarted one) */
+        fflush(NULL);
+        close_range(3, ~0U, 0); /* (a descriptor the libraries left open stays no longer) */
+        execv("/proc/self/exe", argv);
+        fprintf(stderr, "psagg-server: cannot start again (execv /proc/self/exe): %s\n",
+                strerror(errno));
+        return 1;
+    }
     return rc;
 }

@@ -452,6 +452,9 @@ typedef struct agg_pool {
     pthread_mutex_t spill_mu;    /* the heap copies of pushes that wait ahead (spilled), */
     struct recv_buf *spills;     /* freed when done with, or by agg_teardown */
     atomic_ullong n_spilled;     /* how many there were (metrics.c) */
+    /* copies found stale (aggregate.c, follow_stale), less those whose state came again: the
+       control thread has the server start anew to take their state (failover_restart_due) */
+    atomic_int n_stale;
     pthread_mutex_t barrier_mu;  /* agg_barrier: threads that passed the marker */
     pthread_cond_t barrier_cv;
     int barrier_left;
@@ -536,6 +539,9 @@ void metrics_checkpoint(server *srv, int64_t ns, int ok);
 void metrics_membership(server *srv, uint32_t epoch, int n);
 
 /* server.c: the whole life of a server; returns the process exit code. */
+/* server_run's exit code when the server is to start anew (failover_restart_due): main.c
+   executes it again with the same command line */
+#define SERVER_RESTART 75
 int server_run(const psagg__config *cfg, int rank, const volatile sig_atomic_t *stop);
 /*
  * server.c: a server without its control port and job (server_run's first half, and what the
@@ -609,6 +615,9 @@ void failover_member_left(server *srv, int w, const char *why, int bye);
 /* (the same: the next view admits joiner w) */
 void failover_admit(server *srv, int w);
 void failover_tick(server *srv, int64_t now);
+/* Whether this server is to leave the job and start again now (its stale copies; control.c
+ * then ends its loop with SERVER_RESTART, main.c executes the server anew). */
+int failover_restart_due(server *srv, int64_t now);
 void failover_fini(server *srv);
 /* Whether the server view applied here names this server chunk g's owner (the layout's before
  * any view; none while a server that rejoins waits for the view that admits it). */

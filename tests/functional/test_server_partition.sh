@@ -41,6 +41,14 @@
 #                    push, and op_timeout_ms after the cut server 1 fails the job naming worker
 #                    0: every worker fails (ETIMEDOUT) with that cause, and no worker prints a
 #                    DIGEST (never two results)
+#   stale-copy       an elastic job with a server residual (every chunk has a copy): worker 2's
+#                    packets to server 1 dropped in its own namespace as it pushes round 40, then
+#                    it is SIGKILLed (its host gone with the bytes): server 0 summed its pushes,
+#                    server 1 never had them, so server 1's copies of server 0's chunks are stale;
+#                    server 1 starts anew by itself (execs) and comes back with the state of every
+#                    chunk it holds; server 0 is SIGKILLed then, and server 1 takes its chunks over:
+#                    workers 0 and 1 end with one digest, the servers' state digests of each chunk
+#                    equal on owner and copy after every round both stepped (log level debug)
 # Exit 77 (skipped) when not root or without ip, tc, unshare, nft or curl, or when the kernel
 # has no network namespaces or no nftables inside one.
 set -u -o pipefail
@@ -146,11 +154,11 @@ run() {
     for w in 0 1 2; do
         if ((adaptive)); then # fn_adaptive (its own tensors); w2args: worker 2's own arguments
             cmd=("$adaptive_bin" $rounds --progress)
-            ((w == 2)) && cmd+=(${w2args[@]+"${w2args[@]}"})
         else
             cmd=("$worker_bin" --codec fp32 --sizes $sizes --rounds $rounds --round-sleep-ms
                 $sleep_ms --progress ${wargs[@]+"${wargs[@]}"})
         fi
+        ((w == 2)) && cmd+=(${w2args[@]+"${w2args[@]}"})
         start_worker $w "$tmp/$name-worker$w.log" PSAGG_CONFIG="$tmp/$name.ini" PSAGG_WORLD_SIZE=3 \
             "$NC" exec --prefix "$P" "$(whost $w)" -- "${cmd[@]}"
     done
@@ -412,7 +420,6 @@ heal 1
 # which leave worker 2 out). fn_worker --straggler 2 checks that every input is summed once
 # (worker 2 carries its left-out push into a later one); the workers end bit-identical to each
 # other. (In CI the stall left workers 0 and 1 one round past worker 2: the test waited for two.)
-last_round() { sed -n 's/^ROUND \([0-9]*\)$/\1/p' "$tmp/$1" | tail -n 1; }
 name=relay-quorum t0=$SECONDS
 keys=(server.quorum=2 server.grace_ms=5)
 wargs=(--straggler 2 --straggler-ms 1)
@@ -423,12 +430,12 @@ mute 1 2
 # (stuck: workers 0 and 1 past worker 2's last round, and none of the three moving for 0.5 s)
 stuck() {
     local r0 r1 r2
-    r2=$(last_round "$name-worker2.log") r0=$(last_round "$name-worker0.log")
-    r1=$(last_round "$name-worker1.log")
+    r2=$(latest_round "$tmp/$name-worker2.log") r0=$(latest_round "$tmp/$name-worker0.log")
+    r1=$(latest_round "$tmp/$name-worker1.log")
     ((r0 > r2 && r1 > r2)) || return 1
     sleep 0.5
-    [ "$(last_round "$name-worker2.log")" = "$r2" ] && [ "$(last_round "$name-worker0.log")" = "$r0" ] &&
-        [ "$(last_round "$name-worker1.log")" = "$r1" ] && stuck_at=$r2 ahead=$r0
+    [ "$(latest_round "$tmp/$name-worker2.log")" = "$r2" ] && [ "$(latest_round "$tmp/$name-worker0.log")" = "$r0" ] &&
+        [ "$(latest_round "$tmp/$name-worker1.log")" = "$r1" ] && stuck_at=$r2 ahead=$r0
 }
 wait_until 20 stuck || fail "$name: worker 2 never fell behind workers 0 and 1 with server 1's frames dropped"
 kill -KILL -- "-${spid[1]}"
@@ -504,4 +511,62 @@ echo "$name: server 1 cut off from worker 0 at round 40: server 1 held pushes of
     "$n_drop packets dropped; $((SECONDS - t0)) s"
 stop_all
 heal 1
+# ---- stale-copy: a push lost with its worker's host on one server and summed on the other ----
+name=stale-copy t0=$SECONDS
+keys=(cluster.elastic=on cluster.min_workers=1 server.error_feedback=on log.level=debug)
+wargs=(--codec maxmin4 --error-feedback --rounds 20000 --round-sleep-ms 10 --elastic-dead 2
+    --left-epoch -1 --end-file "$tmp/$name.end")
+w2args=(--hold "40:$tmp/$name.go")
+run "$name" -1 0
+keys=() wargs=() w2args=()
+wait_until 60 grep -qs "^HOLD before round 40\$" "$tmp/$name-worker2.log" ||
+    fail "$name: worker 2 never held before round 40"
+ip netns exec "$(nc_ns_host "$P" "$(whost 2)")" nft -f - <<EOF || fail "nft: could not cut worker 2's sends to server 1"
+table inet psagg_cut {
+    chain out { type filter hook output priority filter; policy accept; ip daddr $(addr 1) counter drop; }
+}
+EOF
+touch "$tmp/$name.go"
+sleep 1 # (its pushes of round 40: to server 1 handed to the kernel and dropped, to server 0 summed)
+kill -KILL -- "-${wpid[2]}"
+wait "${wpid[2]}" 2>/dev/null
+ip netns exec "$(nc_ns_host "$P" "$(whost 2)")" nft delete table inet psagg_cut
+wait_until 30 grep -qs "this copy is stale" "$tmp/$name-server1.log" ||
+    { show_log "$tmp/$name-server1.log"; fail "$name: server 1 found no stale copy (worker 2's round 40 came there?)"; }
+wait_until 60 grep -qs "leaves the job and starts anew" "$tmp/$name-server1.log" ||
+    { show_log "$tmp/$name-server1.log"; fail "$name: server 1 did not start anew to repair its stale copies"; }
+back() { for w in 0 1; do grep -qs "server 1 is back in view" "$tmp/$name-worker$w.log" || return 1; done; }
+wait_until 60 back || { show_log "$tmp/$name-worker0.log"; fail "$name: workers 0 and 1 did not take server 1 back"; }
+r_back=$(latest_round "$tmp/$name-worker0.log")
+on_after() { (($(latest_round "$tmp/$name-worker0.log") >= r_back + 20)); }
+wait_until 30 on_after || fail "$name: the job did not go on after server 1 came back"
+v_back=$(grep -o 'server 1 is back in view [0-9]*' "$tmp/$name-worker0.log" | tail -n 1 | awk '{ print $NF }')
+kill -KILL -- "-${spid[0]}" # (the owner of the chunks whose copies were stale)
+taken() { for w in 0 1; do grep -qs "server view $((v_back + 1)):" "$tmp/$name-worker$w.log" || return 1; done; }
+wait_until 30 taken ||
+    { show_log "$tmp/$name-worker0.log"; fail "$name: workers 0 and 1 did not take view $((v_back + 1)) without server 0"; }
+end_after "$tmp/$name.end" 40 "$tmp/$name-worker0.log"
+for w in 0 1; do
+    wait_for "${wpid[$w]}" 60
+    rc[w]=$?
+    ((rc[w] == 0)) || { show_log "$tmp/$name-worker$w.log"; fail "$name: worker $w exited ${rc[w]}"; }
+done
+d=$(grep -h '^DIGEST' "$tmp/$name"-worker[01].log | sort -u)
+(($(wc -l <<<"$d") == 1)) && [ -n "$d" ] || fail "$name: workers 0 and 1 end with different digests or none: $d"
+n_stale=$(grep -c "this copy is stale" "$tmp/$name-server1.log")
+after=$(sed -n '/leaves the job and starts anew/,$p' "$tmp/$name-server1.log" | grep -c "this copy is stale")
+((after == 0)) || fail "$name: server 1's copies were stale again after it started anew"
+! grep -q "no live server has the chunk's state" "$tmp/$name-server1.log" ||
+    fail "$name: server 1 took a chunk over without its state"
+check_states 4 "$tmp/$name"-server*.log
+at() { grep -h -m 1 "$1" "$2" | awk '{ print $1 }'; } # at TEXT LOG: its first line's time
+t_stale=$(at "this copy is stale" "$tmp/$name-server1.log")
+t_anew=$(at "leaves the job and starts anew" "$tmp/$name-server1.log")
+t_back=$(at "server 1 is back in view" "$tmp/$name-worker0.log")
+echo "$name: worker 2's round-40 pushes summed by server 0, lost to server 1 with worker 2:" \
+    "$n_stale copies stale on server 1; $(awk -v a="$t_stale" -v b="$t_anew" 'BEGIN { printf "%.2f", b - a }') s" \
+    "later it started anew, $(awk -v a="$t_anew" -v b="$t_back" 'BEGIN { printf "%.2f", b - a }') s later" \
+    "it was back in view $v_back with their state; server 0 SIGKILLed then, server 1 took every" \
+    "chunk over; workers 0 and 1 ended at round $end_n with one digest;$copies $((SECONDS - t0)) s"
+stop_all
 echo "test_server_partition: ok"
