@@ -58,7 +58,9 @@
 #              psagg-local --restarts 1 starts it again: the three others re-shard to 3, the
 #              restarted worker joins at a later step (JOINED), all four re-shard to 4 and end
 #              with bit-identical weights (psagg-local exits 0); the DDP hook refuses an
-#              elastic job on every rank
+#              elastic job on every rank. The survivors hold 40 steps (DiLoCo 80) before the
+#              end until the restarted rank reached the running job (train_digits.py --hold):
+#              its restart, torch's import included, never races the job's length
 #              (server_failover also runs ServerOptimizer with elastic workers and replicas: a
 #              rank killed, whose join is refused by name, a server killed and back; the
 #              survivors' weights the same)
@@ -450,9 +452,15 @@ elastic)
     } >"$tmp/el.ini"
     # (a second [cluster] section adds to the first: inih calls back per key)
     for comm in "psagg-server" "psagg-opt" "diloco"; do
-        args=(--comm "$comm" --steps 500)
-        # (DiLoCo admits joiners at its outer steps only: give the restart more inner steps)
-        [ "$comm" = diloco ] && args=(--diloco 20 --outer-lr 0.5 --steps 1000)
+        # (the survivors hold 40 steps before the end until the restarted rank 2 reached the
+        # running job: its restart, torch's import included, must not race the job's length;
+        # DiLoCo admits joiners at its outer steps only: 80 steps before its end, every 20)
+        rm -f "$tmp/el-go"
+        : >"$tmp/el.out" # (the watcher below must not read the last job's output)
+        args=(--comm "$comm" --steps 500 --hold "460:$tmp/el-go")
+        [ "$comm" = diloco ] && args=(--diloco 20 --outer-lr 0.5 --steps 1000 --hold "920:$tmp/el-go")
+        (wait_until 120 grep -qs "worker 2 joins it" "$tmp/el.out" && touch "$tmp/el-go") &
+        go_pid=$!
         # (the servers checkpoint every 5 steps: the death comes while one is asked for)
         [ "$comm" = psagg-server ] && args+=(--checkpoint-every 5)
         mkdir -p "$tmp/ckpt"
@@ -461,6 +469,8 @@ elastic)
             "$repo/deploy/psagg-local" --config "$tmp/el.ini" --timeout 300 --restarts 1 -- \
             "$py" "$script" "${args[@]}" --die-at 20 --die-rank 2 >"$tmp/el.out" 2>&1 ||
             { tail -n 30 "$tmp/el.out" >&2; fail "elastic $comm: psagg-local exited $?"; }
+        kill "$go_pid" 2>/dev/null
+        wait "$go_pid" 2>/dev/null
         (($(grep -c 'membership epoch 1 at step' "$tmp/el.out") == 3)) || { cat "$tmp/el.out" >&2; fail "elastic $comm: not every survivor re-sharded"; }
         joined=$(grep -o 'JOINED rank 2 at step [0-9]*' "$tmp/el.out") || { cat "$tmp/el.out" >&2; fail "elastic $comm: the restarted worker 2 did not join"; }
         (($(grep -c 'membership epoch 2 at step' "$tmp/el.out") == 4)) || { cat "$tmp/el.out" >&2; fail "elastic $comm: not every worker re-sharded after the join"; }
@@ -516,9 +526,14 @@ grow)
         PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" \
         "$py" "$script" --comm psagg-server --steps 400
     p3=$h_pid
+    # (ranks 0..2 hold 40 steps before the end until rank 3 reached the running job)
+    (wait_until 120 grep -qs "worker 3 joins it" "$tmp/grow3.out" && touch "$tmp/grow-go") &
+    go_pid=$!
     "$repo/deploy/psagg-local" --config "$tmp/grow.ini" --timeout 300 -- \
-        "$py" "$script" --comm psagg-server --steps 400 >"$tmp/grow.out" 2>&1
+        "$py" "$script" --comm psagg-server --steps 400 --hold "360:$tmp/grow-go" >"$tmp/grow.out" 2>&1
     rc=$?
+    kill "$go_pid" 2>/dev/null
+    wait "$go_pid" 2>/dev/null
     wait $p3
     rc3=$?
     unset PSAGG_SERVER_OPTIMIZER PSAGG_SERVER_MOMENTUM

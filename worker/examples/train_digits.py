@@ -38,7 +38,8 @@ Elastic jobs ([cluster] elastic = on; not with DDP, whose process group cannot s
 --comm psagg-opt, psagg-server or --diloco, a worker that dies leaves the job and the others go
 on; each re-shards the training images by its rank among the live workers when the membership
 changes (psagg.torch.membership_changes). --die-at T --die-rank R: chaos, rank R SIGKILLs
-itself before step T; --chaos K kills K times, at steps and ranks drawn from --seed. Under
+itself before step T; --chaos K kills K times, at steps and ranks drawn from --seed; --hold
+S:FILE waits before step S until FILE exists (a harness's events done first). Under
 `psagg-local --restarts N` a killed worker is started again and joins the running job: the
 optimizer wrappers admit it at the end of a step (psagg_sync_membership), it starts from the
 state the job has (ServerOptimizer, DiLoCo: the servers' weights; DistributedOptimizer: the
@@ -145,6 +146,9 @@ def main():
     ap.add_argument("--die-at", type=int, default=-1, metavar="STEP",
                     help="chaos: rank --die-rank SIGKILLs itself before this step")
     ap.add_argument("--die-rank", type=int, default=-1)
+    ap.add_argument("--hold", default="", metavar="STEP:FILE",
+                    help="chaos: before STEP, wait (up to 120 s) until FILE exists; a harness "
+                    "holds the job there until its events (a restart, a join) are done")
     ap.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                     help="--comm psagg-server: the live rank 0 has the servers checkpoint after "
                     "every N-th step ([server] checkpoint_dir)")
@@ -262,7 +266,14 @@ def main():
             at = lo + i * width + int(torch.randint(0, max(1, width // 2), (1,), generator=cg))
             victim = (victim + 1 + int(torch.randint(0, world - 1, (1,), generator=cg))) % world
             kills.add((at, victim))
+    hold_at, _, hold_file = args.hold.partition(":")
+    hold_at = int(hold_at) if hold_file else -1
     for step in range(start, args.steps):
+        if step == hold_at and not os.path.exists(hold_file):
+            print("rank %d: HOLD before step %d" % (rank, step), flush=True)
+            until = time.time() + 120
+            while not os.path.exists(hold_file) and time.time() < until:
+                time.sleep(0.01)
         if len(step_ms) == 5:
             t0 = time.perf_counter()  # after warm-up (DDP rebuilds its buckets after step 1)
         if (step == args.die_at and rank == args.die_rank) or \
