@@ -1387,16 +1387,27 @@ void failover_tick(server *srv, int64_t now)
     }
 }
 
-/* Whether another server live in the view holds chunk g's state, or -1 where g has none. */
-static int held_elsewhere(const server *srv, const struct failover *fo, uint32_t g)
+/* Whether server s has chunk g's state in the view applied here (a copied chunk it holds on
+   the ring or owns now). */
+static int state_at(const server *srv, const struct failover *fo, uint32_t g, int s)
 {
-    if (!copied(srv, g))
-        return -1;
-    for (int s = 0; s < srv->cfg.n_servers; s++)
-        if (s != srv->rank && fo->live[s] && !fo->suspect[s] &&
-            (holds_state(srv, g, s) || fo->owner[g] == (uint32_t)s))
-            return 1;
-    return 0;
+    return copied(srv, g) && (holds_state(srv, g, s) || fo->owner[g] == (uint32_t)s);
+}
+
+/* The first chunk whose state no live server of the view has but this one, or n_chunks. */
+static uint32_t held_alone(const server *srv, const struct failover *fo)
+{
+    for (uint32_t g = 0; g < srv->layout.n_chunks; g++) {
+        int s = 0;
+        if (!state_at(srv, fo, g, srv->rank))
+            continue;
+        while (s < srv->cfg.n_servers &&
+               (s == srv->rank || !fo->live[s] || fo->suspect[s] || !state_at(srv, fo, g, s)))
+            s++;
+        if (s == srv->cfg.n_servers)
+            return g;
+    }
+    return srv->layout.n_chunks;
 }
 
 /*
@@ -1414,7 +1425,7 @@ int failover_restart_due(server *srv, int64_t now)
 {
     struct failover *fo;
     int64_t calm;
-    uint32_t g = 0;
+    uint32_t g;
     if (!atomic_load(&srv->pool.n_stale) || !srv->cfg.server_replicas || !(fo = fo_get(srv)))
         return 0;
     if (fo->rejoining || fo->lost >= 0 || fo->back >= 0 || fo->members_step || fo->proposing ||
@@ -1430,11 +1441,7 @@ int failover_restart_due(server *srv, int64_t now)
     calm = fo->stale_at > fo->applied_at ? fo->stale_at : fo->applied_at;
     if (now - calm < (int64_t)(1 + srv->rank) * srv->cfg.op_timeout_ms / 2)
         return 0;
-    while (g < srv->layout.n_chunks &&
-           (!(holds_state(srv, g, srv->rank) || fo->owner[g] == (uint32_t)srv->rank) ||
-            held_elsewhere(srv, fo, g)))
-        g++;
-    if (g < srv->layout.n_chunks) {
+    if ((g = held_alone(srv, fo)) < srv->layout.n_chunks) {
         if (!fo->restart_told)
             LOG_WARN(
                 &srv->log,

@@ -455,7 +455,7 @@ typedef struct agg_pool {
     /* copies found stale (aggregate.c, follow_stale), less those whose state came again: the
        control thread has the server start anew to take their state (failover_restart_due) */
     atomic_int n_stale;
-    pthread_mutex_t barrier_mu;  /* agg_barrier: threads that passed the marker */
+    pthread_mutex_t barrier_mu; /* agg_barrier: threads that passed the marker */
     pthread_cond_t barrier_cv;
     int barrier_left;
     int barrier_held;          /* they wait at it until agg_release */
@@ -538,10 +538,10 @@ void metrics_checkpoint(server *srv, int64_t ns, int ok);
 /* membership.c: epoch applied, with n workers in it. */
 void metrics_membership(server *srv, uint32_t epoch, int n);
 
-/* server.c: the whole life of a server; returns the process exit code. */
 /* server_run's exit code when the server is to start anew (failover_restart_due): main.c
    executes it again with the same command line */
 #define SERVER_RESTART 75
+/* server.c: the whole life of a server; returns the process exit code. */
 int server_run(const psagg__config *cfg, int rank, const volatile sig_atomic_t *stop);
 /*
  * server.c: a server without its control port and job (server_run's first half, and what the

@@ -84,6 +84,11 @@ unset PSAGG_CODEC_DEFAULT PSAGG_CODEC_MIN_COMPRESS_ELEMS PSAGG_CLUSTER_OP_TIMEOU
 export PSAGG_SERVER_BIN=$build/server/psagg-server
 
 # run NAME ARGS...: train; output in $tmp/NAME.out, exit status in $tmp/NAME.rc
+# release_on OUT TEXT GO: in the background, GO is touched once OUT shows TEXT (the release of
+# train_digits.py --hold STEP:GO); release_stop ends that watcher once the job is over
+release_on() { (wait_until 120 grep -qs "$2" "$1" && touch "$3") & go_pid=$!; }
+release_stop() { kill "$go_pid" 2>/dev/null; wait "$go_pid" 2>/dev/null; }
+
 run() {
     local name=$1
     shift
@@ -459,8 +464,7 @@ elastic)
         : >"$tmp/el.out" # (the watcher below must not read the last job's output)
         args=(--comm "$comm" --steps 500 --hold "460:$tmp/el-go")
         [ "$comm" = diloco ] && args=(--diloco 20 --outer-lr 0.5 --steps 1000 --hold "920:$tmp/el-go")
-        (wait_until 120 grep -qs "worker 2 joins it" "$tmp/el.out" && touch "$tmp/el-go") &
-        go_pid=$!
+        release_on "$tmp/el.out" "worker 2 joins it" "$tmp/el-go"
         # (the servers checkpoint every 5 steps: the death comes while one is asked for)
         [ "$comm" = psagg-server ] && args+=(--checkpoint-every 5)
         mkdir -p "$tmp/ckpt"
@@ -469,8 +473,7 @@ elastic)
             "$repo/deploy/psagg-local" --config "$tmp/el.ini" --timeout 300 --restarts 1 -- \
             "$py" "$script" "${args[@]}" --die-at 20 --die-rank 2 >"$tmp/el.out" 2>&1 ||
             { tail -n 30 "$tmp/el.out" >&2; fail "elastic $comm: psagg-local exited $?"; }
-        kill "$go_pid" 2>/dev/null
-        wait "$go_pid" 2>/dev/null
+        release_stop
         (($(grep -c 'membership epoch 1 at step' "$tmp/el.out") == 3)) || { cat "$tmp/el.out" >&2; fail "elastic $comm: not every survivor re-sharded"; }
         joined=$(grep -o 'JOINED rank 2 at step [0-9]*' "$tmp/el.out") || { cat "$tmp/el.out" >&2; fail "elastic $comm: the restarted worker 2 did not join"; }
         (($(grep -c 'membership epoch 2 at step' "$tmp/el.out") == 4)) || { cat "$tmp/el.out" >&2; fail "elastic $comm: not every worker re-sharded after the join"; }
@@ -527,13 +530,11 @@ grow)
         "$py" "$script" --comm psagg-server --steps 400
     p3=$h_pid
     # (ranks 0..2 hold 40 steps before the end until rank 3 reached the running job)
-    (wait_until 120 grep -qs "worker 3 joins it" "$tmp/grow3.out" && touch "$tmp/grow-go") &
-    go_pid=$!
+    release_on "$tmp/grow3.out" "worker 3 joins it" "$tmp/grow-go"
     "$repo/deploy/psagg-local" --config "$tmp/grow.ini" --timeout 300 -- \
         "$py" "$script" --comm psagg-server --steps 400 --hold "360:$tmp/grow-go" >"$tmp/grow.out" 2>&1
     rc=$?
-    kill "$go_pid" 2>/dev/null
-    wait "$go_pid" 2>/dev/null
+    release_stop
     wait $p3
     rc3=$?
     unset PSAGG_SERVER_OPTIMIZER PSAGG_SERVER_MOMENTUM
