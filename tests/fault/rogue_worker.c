@@ -478,10 +478,18 @@ static int await_updates(psagg__fabric *fab, int fd, int n, char *closed, size_t
                 DIE("fabric: %s", ev[i].msg);
             }
         if (poll(&p, 1, 0) > 0) {
+            /* one frame, whatever it is: a PING must not make this wait for the next frame
+               (recv_no_ping would), as the updates would then lie unread until the server
+               gave this worker up */
             psagg__ctl_hdr ch;
             psagg__ctl_error *e = NULL;
-            if (recv_no_ping(fd, &ch, (void **)&e) || !e ||
-                (ch.type != PSAGG_CTL_ERROR && ch.type != PSAGG_CTL_ABORT))
+            psagg_status st = psagg__ctl_recv(fd, AUTH(fd), &ch, (void **)&e,
+                                              psagg__now_ms() + 20000, "server 0");
+            if (st == PSAGG_EAGAIN || (!st && ch.type == PSAGG_CTL_PING)) {
+                free(e);
+                continue;
+            }
+            if (st || !e || (ch.type != PSAGG_CTL_ERROR && ch.type != PSAGG_CTL_ABORT))
                 DIE("expected an ERROR frame");
             snprintf(closed, len, "%s", e->msg);
             free(e);

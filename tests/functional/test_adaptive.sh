@@ -46,15 +46,20 @@ grep 'adaptive codecs: generation' "$tmp/exact-worker0.log" | head -3
 for s in 0 1; do wait_for "${spid[$s]}" 30 || fail "exact: server $s exited $?"; done
 pids=()
 
-# 2. a stale assignment is refused
+# 2. a stale assignment is refused. Worker 0 holds before round 0 for 2.5 s (more than two PING
+#    intervals of 1 s) once the rogue pushed it: the rogue's wait for round 0's updates sees the
+#    server's PINGs, as a slow machine's does
 job stale 1 2
 start_worker 0 "$tmp/stale-worker0.log" PSAGG_CONFIG="$tmp/stale.ini" PSAGG_WORLD_SIZE=2 \
     "$build/tests/functional/fn_worker" --codec maxmin4 --rounds 6 --expect EPEER \
-    --expect-text "stale assignment" --max-seconds 30
+    --expect-text "stale assignment" --max-seconds 40 --hold "0:$tmp/stale-go"
 w0=$h_pid
 start_worker 1 "$tmp/stale-rogue.log" PSAGG_CONFIG="$tmp/stale.ini" "$build/tests/fault/rogue_worker" \
     --mode stale --rounds 6
 rogue=$h_pid
+wait_until 60 grep -qs "pushed round 0" "$tmp/stale-rogue.log" || fail "stale: the rogue did not push round 0"
+sleep 2.5
+touch "$tmp/stale-go"
 wait_for $rogue 60 || fail "stale: the rogue exited $?"
 grep -q ROGUE-OK "$tmp/stale-rogue.log" || fail "stale: the rogue was not closed for its stale assignment"
 grep 'server closed' "$tmp/stale-rogue.log"
