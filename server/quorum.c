@@ -46,15 +46,21 @@ static int64_t every_timer(server *srv, agg_thread *t, int64_t now)
     return 0;
 }
 
-/* Copies that follow their owner (srv->pool.bitmap_bytes without a quorum): the bitmap of the
-   pushes summed, after the update's payload (wire.h); else nothing. */
-static size_t every_trailer(server *srv, chunk_state *c, uint8_t *bits)
+/* The update's contributor bitmap (wire.h), after its payload: the workers whose pushes the
+   round summed; nothing where the job has no bitmap (srv->pool.bitmap_bytes = 0). */
+static size_t contributors(const server *srv, const chunk_state *c, uint8_t *bits)
 {
     memset(bits, 0, srv->pool.bitmap_bytes);
     for (int w = 0; w < srv->n_workers && srv->pool.bitmap_bytes; w++)
         if (c->arrived[w])
             bits[w / 8] |= (uint8_t)(1u << (w % 8));
     return srv->pool.bitmap_bytes;
+}
+
+/* (a bitmap only for copies that follow their owner: srv->pool.bitmap_bytes without a quorum) */
+static size_t every_trailer(server *srv, chunk_state *c, uint8_t *bits)
+{
+    return contributors(srv, c, bits);
 }
 
 const round_policy every_member_policy = {
@@ -177,17 +183,13 @@ static int64_t quorum_timer(server *srv, agg_thread *t, int64_t now)
     return next;
 }
 
-/* The update's contributor bitmap (wire.h), after its payload; the workers left out counted. */
+/* The contributor bitmap; the members a closing round left out counted. */
 static size_t quorum_trailer(server *srv, chunk_state *c, uint8_t *bits)
 {
-    memset(bits, 0, srv->pool.bitmap_bytes);
-    for (int w = 0; w < srv->n_workers; w++) {
-        if (c->arrived[w])
-            bits[w / 8] |= (uint8_t)(1u << (w % 8));
-        else if (c->closing && server_member(srv, w))
+    for (int w = 0; w < srv->n_workers && c->closing; w++)
+        if (!c->arrived[w] && server_member(srv, w))
             metrics_left_out(srv, w);
-    }
-    return srv->pool.bitmap_bytes;
+    return contributors(srv, c, bits);
 }
 
 const round_policy quorum_policy = {
