@@ -216,12 +216,57 @@ static psagg_status join_states(psagg_ctx *ctx, int s, const psagg__ctl_hdr *h, 
     return adapt_join(ctx, (const uint8_t *)(ts + n), d->adapt_gens, d->adapt_tensors);
 }
 
+/* The lowest server this joiner still reaches and the view does not name lost, or -1. */
+static int lowest_reached(const psagg_ctx *ctx)
+{
+    for (int s = 0; s < ctx->cfg.n_servers; s++)
+        if (ctx->servers[s].fd >= 0 && !failover_lost(ctx, s))
+            return s;
+    return -1;
+}
+
+/*
+ * Ask server o to admit this joiner: the view's coordinator (with server replicas the lowest
+ * server it reached, which the coordinator is unless one died without its loss decided yet: a
+ * server keeps the JOIN of a worker until it coordinates).
+ */
+static psagg_status join_ask(psagg_ctx *ctx, int o)
+{
+    server_conn *sc = &ctx->servers[o];
+    psagg_status st = psagg__ctl_send(sc->fd, &sc->auth, PSAGG_CTL_JOIN, NULL, 0);
+    return st ? psagg__fail_context(st, "asking server %d to join: ", o) : PSAGG_OK;
+}
+
+/*
+ * (server replicas) Server s's connection ended while this worker waits for its admission: it
+ * is given up as in the start-up (the members report its loss; this worker, which has no rounds
+ * yet, reports it once admitted if no view removed it by then: handshake_report_lost). When s
+ * was the server *o it asked, the next one is *o, asked too unless a view admitted this worker
+ * already (the owner of the barrier sends its SYNC_DONE). 1 when the wait goes on, 0 when the
+ * loss fails it.
+ */
+static int join_loses(psagg_ctx *ctx, int s, int *o)
+{
+    char why[200];
+    if (!ctx->failover || live_servers(ctx) < 2)
+        return 0;
+    snprintf(why, sizeof why, "its connection ended while this worker waited to join: %s",
+             psagg_last_error());
+    give_up(ctx, s, why);
+    if (s != *o)
+        return 1;
+    if ((*o = lowest_reached(ctx)) < 0)
+        return 0;
+    return ctx->epoch > 0 || join_ask(ctx, *o) == PSAGG_OK;
+}
+
 /*
  * A joiner, declared on every server: ask the membership's owner to admit it and wait for the
  * members' next barrier, PINGing the servers meanwhile (they give up a silent worker); then its
  * MEMBERSHIP (relayed) and SYNC_DONE (the rounds where it starts). Up to 2 x op_timeout_ms: the
  * members call psagg_sync_membership between steps (psagg.torch's elastic wrappers do every step).
- * With server replicas the admission is a server view (AGREE DECIDED), which it takes whole.
+ * With server replicas the admission is a server view (AGREE DECIDED), which it takes whole, and
+ * a server that dies meanwhile is given up (join_loses).
  */
 static psagg_status join_wait(psagg_ctx *ctx)
 {
@@ -229,14 +274,11 @@ static psagg_status join_wait(psagg_ctx *ctx)
     int64_t t0 = psagg__now_ms(), deadline = t0 + PSAGG_OP_DEADLINE_MS(op), next_ping = 0;
     psagg_status st;
 
-    /* (with server replicas: the lowest server it reached, which the view's owner is unless a
-       server died without its loss decided yet: then its join fails, to be tried again) */
-    for (int s = ctx->cfg.n_servers - 1; ctx->failover && s >= 0; s--)
-        if (ctx->servers[s].fd >= 0 && !failover_lost(ctx, s))
-            o = s;
-
-    if ((st = psagg__ctl_send(ctx->servers[o].fd, &ctx->servers[o].auth, PSAGG_CTL_JOIN, NULL, 0)))
-        return psagg__fail_context(st, "asking server %d to join: ", o);
+    if (ctx->failover && (o = lowest_reached(ctx)) < 0)
+        return psagg__fail(PSAGG_EPEER, "worker %d reaches no server of the view to join",
+                           ctx->rank);
+    if ((st = join_ask(ctx, o)))
+        return st;
     while (!admitted) {
         int64_t now = psagg__now_ms();
         if (now > deadline)
@@ -250,7 +292,8 @@ static psagg_status join_wait(psagg_ctx *ctx)
             for (int s = 0; s < ctx->cfg.n_servers; s++) /* (not one given up: replicas) */
                 if (ctx->servers[s].fd >= 0 &&
                     psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_PING, NULL,
-                                    0))
+                                    0) &&
+                    !join_loses(ctx, s, &o))
                     return psagg__fail_context(PSAGG_EPEER, "server %d: ", s);
             next_ping = now + psagg__ping_interval_ms(op);
         }
@@ -267,14 +310,17 @@ static psagg_status join_wait(psagg_ctx *ctx)
                                  peer);
             if (st == PSAGG_EAGAIN) /* (an injected frame, dropped) */
                 continue;
+            if (st == PSAGG_EPEER && join_loses(ctx, s, &o))
+                continue;
             if (st)
                 return st;
             if (h.type == PSAGG_CTL_PING && h.len == 0)
                 st = PSAGG_OK;
             else if (s == o && h.type == PSAGG_CTL_MEMBERSHIP && !ctx->failover)
                 st = membership_take(ctx, s, &h, body, 1);
-            else if (s == o && h.type == PSAGG_CTL_AGREE && ctx->failover) {
-                /* (with server replicas the view that admits it: failover.c takes it) */
+            else if (h.type == PSAGG_CTL_AGREE && ctx->failover) {
+                /* (with server replicas the views, the one that admits it too, from whichever
+                   server coordinates them: failover.c takes them, as a member's) */
                 failover_agree(ctx, s, &h, body);
                 st = worker_failed(ctx) ? psagg__fail(ctx->failed_status, "%s", ctx->failed_msg)
                                         : PSAGG_OK;

@@ -19,6 +19,9 @@
 #              2 members, so worker 0 fails naming that, and so do the servers
 #   join       (--sync) worker 3 killed at round 15 and started again: a view admits it
 #   join-s1    ... server 1 SIGKILLed as the joiner starts; join-s0 the same of server 0
+#   wait-s1    ... the members hold before round 60 while the joiner waits for its admission, and
+#              server 1 is SIGKILLed then: the joiner gives it up and joins (no restart); wait-s0
+#              the same of server 0, the coordinator it asked (it asks server 1 next)
 #   join-back1 ... server 1 SIGKILLed, then restarted with the joiner, whose HELLO it has first
 # and, with a server optimizer (fn_optim: four parameter tensors, sgd with momentum, maxmin4; every
 # parameter chunk has a copy, which steps each round with the pushes its owner summed):
@@ -157,9 +160,11 @@ join_job() {
     wait "${wpid[3]}" 2>/dev/null
     wait_until 30 grep -qs "membership in view 1" "$tmp/$name-worker0.log" || fail "$name: worker 3 never left"
 }
-joiner() {
+joiner() { # (a member, W given, holds as $held says)
+    local extra=()
+    [ -n "${2:-}" ] && extra=("${held[@]}")
     start_worker "${2:-3}" "$tmp/$1-worker${2:-3}.log" PSAGG_CONFIG="$tmp/$1.ini" PSAGG_WORLD_SIZE=4 \
-        "$worker_bin" "${args[@]}" --elastic-dead 3 --rejoin --loose --left-epoch -1
+        "$worker_bin" "${args[@]}" "${extra[@]}" --elastic-dead 3 --rejoin --loose --left-epoch -1
 }
 same_tails() {
     local d
@@ -167,14 +172,33 @@ same_tails() {
     d=$(grep -h '^TAIL' "$tmp/$1"-worker[0123].log | sort -u)
     (($(wc -l <<<"$d") == 1)) && [ -n "$d" ] || fail "$1: the last rounds' digests differ: $d"
 }
-[ "$part" = all ] || [ "$part" = joins ] && for c in "join -1" "join-s1 1" "join-s0 0"; do
+# wait-s1 and wait-s0: the members hold before round 60 (after barrier 59), so the joiner waits
+# for its admission; server 1 (wait-s0: server 0, the coordinator it asked) is SIGKILLed then,
+# and the members go on: the joiner gives the dead server up and is admitted by the view after
+# the one that removes it, with no restart (a joiner whose join a server's death cut short
+# before its JOIN fails it, and a launcher starts it again)
+held=()
+[ "$part" = all ] || [ "$part" = joins ] && for c in "join -1" "join-s1 1" "join-s0 0" "wait-s1 1" "wait-s0 0"; do
     set -- $c
     name=$1
     args=(--codec fp32 --sizes 1,1023,4096,50000,7000 --rounds 150 --sync --round-sleep-ms 20)
+    held=()
+    [[ $name = wait-* ]] && held=(--hold "60:$tmp/$name-go")
     join_job "$name" 3000
     joiner "$name"
-    (($2 >= 0)) && { sleep 0.3; kill -KILL "${spid[$2]}"; }
-    # a joiner whose join a server's death cut short fails it; a launcher starts it again
+    if [[ $name = wait-* ]]; then
+        wait_until 30 grep -qs "worker 3 asks to join" "$tmp/$name-server0.log" ||
+            fail "$name: worker 3 did not ask server 0 to join"
+        kill -KILL "${spid[$2]}"
+        # (the view that moves its chunks away: the members take it while they hold)
+        wait_until 30 grep -Eqs "server view [0-9]+: [1-9][0-9]* chunk" "$tmp/$name-worker0.log" ||
+            fail "$name: no view removed server $2"
+        touch "$tmp/$name-go"
+        wait_for "${wpid[3]}" 90 || fail "$name: the joiner exited $? (its join must outlive server $2's death)"
+    elif (($2 >= 0)); then
+        sleep 0.3
+        kill -KILL "${spid[$2]}"
+    fi
     if ! wait_for "${wpid[3]}" 90; then
         grep -h "FAIL" "$tmp/$name-worker3.log" | head -2
         mv "$tmp/$name-worker3.log" "$tmp/$name-joiner-first.log"
