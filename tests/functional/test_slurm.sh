@@ -122,11 +122,15 @@ finish() { # finish NAME ID: wait (120 s at most) until job ID has ended
     [[ -z $(squeue -h -j "$2" 2>/dev/null) ]] || fail "$1: job $2 still queued/running after 120 s"
 }
 state() { scontrol show job "$1" | grep -o 'JobState=[A-Z]*' | cut -d= -f2; }
+# ours PID: a process of this test's Slurm (started by its slurmd's, whose environment has our
+# SLURM_CONF), not one of another test running beside this one (fn_worker, under ctest -j)
+ours() { tr '\0' '\n' <"/proc/$1/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$SLURM_CONF"; }
 check_clean() { # case: no job and nothing of ours left
     local left
     [[ -z $(squeue -h 2>/dev/null) ]] || fail "$1: jobs left: $(squeue -h)"
     for _ in $(seq 50); do
-        left=$(ps -eo pid=,stat=,args= | awk '$2 !~ /^Z/' | grep -E 'slurmstepd|fn_worker|psagg-server --config '"$D" | grep -v grep)
+        left=$(ps -eo pid=,stat=,args= | awk '$2 !~ /^Z/' | grep -E 'slurmstepd|fn_worker|psagg-server --config '"$D" |
+            grep -v grep | while read -r pid rest; do ours "$pid" && echo "$pid $rest"; done)
         [[ -z $left ]] && break
         sleep 0.1
     done
@@ -165,7 +169,10 @@ jid=$(template=$D/template-replicas.ini nowait=1 submit restart -N 4 --ntasks-pe
     --rounds 400 --random-tensors 10 --round-sleep-ms 10 --progress --hold "380:$D/restart-back") || exit 1
 out=$D/out/restart.out
 wait_until 60 grep -qs "ROUND 50$" "$out" || { cat "$out" >&2; fail "restart: the workers never reached round 50"; }
-victim=$(pgrep -f "psagg-server --config $D/restart.ini --rank 1" | head -n 1)
+# the server itself: srun's command line and the watchdog's (bash -c ... COMMAND) hold its
+# command line too, and which of them has the lowest pid changes once pids wrap around (killing
+# the watchdog left the server running, holding its port against its restart)
+victim=$(pgrep -f -- "^([^ ]*/)?psagg-server --config $D/restart.ini --rank 1\$")
 [[ -n $victim ]] || { ps -eo pid,args | grep psagg-server >&2; fail "restart: no server 1 process"; }
 kill -KILL "$victim"
 # (the workers hold at round 380 until every one took server 1 back: its restart through srun,
