@@ -197,7 +197,7 @@ static const frame_route routes[] = {
     {PSAGG_CTL_START, DECLARED | BEFORE | ELASTIC | OTHERS, membership_start_relayed},
     {PSAGG_CTL_START, RUNS | ELASTIC | OTHERS, NULL}, /* (each worker relays it: one did) */
     {PSAGG_CTL_JOIN, EMPTY | DECLARED | JOINING | NO_JOIN | OWNER, membership_join},
-    /* (server replicas: kept until this server coordinates, the last one having died) */
+    /* (server replicas: a joiner asks every server; kept until this one coordinates) */
     {PSAGG_CTL_JOIN, EMPTY | DECLARED | JOINING | NO_JOIN | OTHERS | REPLICAS, membership_join},
     /* servers that fail: a worker's report, the agreement's answers, a decided view relayed */
     {PSAGG_CTL_SERVER_LOST, DECLARED | RUNS | REPLICAS, failover_lost},

@@ -646,8 +646,8 @@ void membership_join(server *srv, int w, const psagg__ctl_hdr *h, const void *bo
     wc->join_asked = 1;
     if (membership_owner(srv) != srv->rank) { /* (server replicas: control.c's routes) */
         LOG_INFO(&srv->log,
-                 "worker %d asks to join, here: the coordinator it asked before is lost to it; "
-                 "admitted at the members' next SYNC barrier once this server coordinates",
+                 "worker %d asks to join (it asks every server); admitted at the members' next "
+                 "SYNC barrier if this server coordinates before then",
                  w);
         return;
     }

@@ -226,38 +226,44 @@ static int lowest_reached(const psagg_ctx *ctx)
 }
 
 /*
- * Ask server o to admit this joiner: the view's coordinator (with server replicas the lowest
- * server it reached, which the coordinator is unless one died without its loss decided yet: a
- * server keeps the JOIN of a worker until it coordinates).
+ * Ask to be admitted: server 0, the membership's owner; with server replicas every server this
+ * joiner reaches and the view does not name lost. Each keeps the JOIN until it coordinates (the
+ * lowest of them does now, unless one died with its loss not decided yet), so that when the
+ * coordinator dies, stops or is cut off the next one admits it (join_wait gives it up).
  */
-static psagg_status join_ask(psagg_ctx *ctx, int o)
+static psagg_status join_ask(psagg_ctx *ctx)
 {
-    server_conn *sc = &ctx->servers[o];
-    psagg_status st = psagg__ctl_send(sc->fd, &sc->auth, PSAGG_CTL_JOIN, NULL, 0);
-    return st ? psagg__fail_context(st, "asking server %d to join: ", o) : PSAGG_OK;
+    for (int s = 0; s < ctx->cfg.n_servers; s++) {
+        server_conn *sc = &ctx->servers[s];
+        psagg_status st;
+        if (ctx->failover ? sc->fd < 0 || failover_lost(ctx, s) : s != 0)
+            continue;
+        if ((st = psagg__ctl_send(sc->fd, &sc->auth, PSAGG_CTL_JOIN, NULL, 0)))
+            return psagg__fail_context(st, "asking server %d to join: ", s);
+    }
+    return PSAGG_OK;
 }
 
 /*
- * (server replicas) Server s's connection ended while this worker waits for its admission: it
- * is given up as in the start-up (the members report its loss; this worker, which has no rounds
- * yet, reports it once admitted if no view removed it by then: handshake_report_lost). When s
- * was the server *o it asked, the next one is *o, asked too unless a view admitted this worker
- * already (the owner of the barrier sends its SYNC_DONE). 1 when the wait goes on, 0 when the
- * loss fails it.
+ * (server replicas) Server s ended its connection or fell silent while this worker waits for
+ * its admission: it is given up as in the start-up (the members report its loss; this worker,
+ * which has no rounds yet, reports it once admitted if no view removed it by then:
+ * handshake_report_lost). The JOIN is with every other server already. 1 when the wait goes
+ * on, 0 when the loss fails it.
  */
-static int join_loses(psagg_ctx *ctx, int s, int *o)
+static int join_loses(psagg_ctx *ctx, int s, const char *why)
 {
-    char why[200];
     if (!ctx->failover || live_servers(ctx) < 2)
         return 0;
-    snprintf(why, sizeof why, "its connection ended while this worker waited to join: %s",
-             psagg_last_error());
     give_up(ctx, s, why);
-    if (s != *o)
-        return 1;
-    if ((*o = lowest_reached(ctx)) < 0)
-        return 0;
-    return ctx->epoch > 0 || join_ask(ctx, *o) == PSAGG_OK;
+    return lowest_reached(ctx) >= 0;
+}
+
+/* The server whose barrier admits this joiner: server 0; with server replicas the lowest it
+   reaches (join_ask), -1 when none is left. */
+static int join_owner(const psagg_ctx *ctx)
+{
+    return ctx->failover ? lowest_reached(ctx) : 0;
 }
 
 /*
@@ -265,22 +271,43 @@ static int join_loses(psagg_ctx *ctx, int s, int *o)
  * members' next barrier, PINGing the servers meanwhile (they give up a silent worker); then its
  * MEMBERSHIP (relayed) and SYNC_DONE (the rounds where it starts). Up to 2 x op_timeout_ms: the
  * members call psagg_sync_membership between steps (psagg.torch's elastic wrappers do every step).
- * With server replicas the admission is a server view (AGREE DECIDED), which it takes whole, and
- * a server that dies meanwhile is given up (join_loses).
+ * With server replicas the admission is a server view (AGREE DECIDED), which it takes whole; a
+ * server that dies or is silent for op_timeout_ms meanwhile is given up (join_loses), and when
+ * it was the one to admit it, the wait starts again with the next.
  */
 static psagg_status join_wait(psagg_ctx *ctx)
 {
-    int op = ctx->cfg.op_timeout_ms, admitted = 0, o = failover_coordinator(ctx);
+    int op = ctx->cfg.op_timeout_ms, admitted = 0, o = join_owner(ctx);
     int64_t t0 = psagg__now_ms(), deadline = t0 + PSAGG_OP_DEADLINE_MS(op), next_ping = 0;
+    char why[200];
     psagg_status st;
 
-    if (ctx->failover && (o = lowest_reached(ctx)) < 0)
+    if (o < 0)
         return psagg__fail(PSAGG_EPEER, "worker %d reaches no server of the view to join",
                            ctx->rank);
-    if ((st = join_ask(ctx, o)))
+    if ((st = join_ask(ctx)))
         return st;
+    for (int s = 0; s < ctx->cfg.n_servers; s++)
+        ctx->servers[s].heard_at = t0;
     while (!admitted) {
         int64_t now = psagg__now_ms();
+        for (int s = 0; ctx->failover && s < ctx->cfg.n_servers; s++) {
+            server_conn *sc = &ctx->servers[s];
+            if (sc->fd < 0 || failover_lost(ctx, s) || now - sc->heard_at <= op)
+                continue;
+            snprintf(why, sizeof why,
+                     "it sent nothing for %.1f s while this worker waited to join, more than "
+                     "op_timeout_ms=%d (stopped, hung or cut off)",
+                     (double)(now - sc->heard_at) / 1e3, op);
+            if (!join_loses(ctx, s, why))
+                return psagg__fail(PSAGG_ETIMEDOUT, "server %d: %s", s, why);
+        }
+        if (join_owner(ctx) != o) { /* (the one to admit it is lost: wait for the next) */
+            if ((o = join_owner(ctx)) < 0)
+                return psagg__fail(PSAGG_EPEER, "worker %d reaches no server of the view to join",
+                                   ctx->rank);
+            deadline = now + PSAGG_OP_DEADLINE_MS(op);
+        }
         if (now > deadline)
             return psagg__fail(PSAGG_ETIMEDOUT,
                                "worker %d was not admitted to the running job within 2 x "
@@ -289,12 +316,16 @@ static psagg_status join_wait(psagg_ctx *ctx)
                                "every step)",
                                ctx->rank, op);
         if (now >= next_ping) {
-            for (int s = 0; s < ctx->cfg.n_servers; s++) /* (not one given up: replicas) */
-                if (ctx->servers[s].fd >= 0 &&
-                    psagg__ctl_send(ctx->servers[s].fd, &ctx->servers[s].auth, PSAGG_CTL_PING, NULL,
-                                    0) &&
-                    !join_loses(ctx, s, &o))
+            for (int s = 0; s < ctx->cfg.n_servers; s++) { /* (not one given up: replicas) */
+                server_conn *sc = &ctx->servers[s];
+                if (sc->fd < 0 || !psagg__ctl_send(sc->fd, &sc->auth, PSAGG_CTL_PING, NULL, 0))
+                    continue;
+                snprintf(why, sizeof why,
+                         "its connection ended while this worker waited to join: %s",
+                         psagg_last_error());
+                if (!join_loses(ctx, s, why))
                     return psagg__fail_context(PSAGG_EPEER, "server %d: ", s);
+            }
             next_ping = now + psagg__ping_interval_ms(op);
         }
         for (int s = 0; s < ctx->cfg.n_servers && !admitted; s++) {
@@ -303,24 +334,31 @@ static psagg_status join_wait(psagg_ctx *ctx)
             void *body = NULL;
             const char *text;
             char peer[96];
-            if (poll(&p, 1, s == o ? 50 : 0) <= 0)
+            if (p.fd < 0 || poll(&p, 1, s == o ? 50 : 0) <= 0)
                 continue;
             hello_peer(ctx, s, peer, sizeof peer);
             st = psagg__ctl_recv(p.fd, &ctx->servers[s].auth, &h, &body, psagg__now_ms() + 2000,
                                  peer);
             if (st == PSAGG_EAGAIN) /* (an injected frame, dropped) */
                 continue;
-            if (st == PSAGG_EPEER && join_loses(ctx, s, &o))
-                continue;
+            if (st == PSAGG_EPEER) {
+                snprintf(why, sizeof why,
+                         "its connection ended while this worker waited to join: %s",
+                         psagg_last_error());
+                if (join_loses(ctx, s, why))
+                    continue;
+            }
             if (st)
                 return st;
+            ctx->servers[s].heard_at = psagg__now_ms();
             if (h.type == PSAGG_CTL_PING && h.len == 0)
                 st = PSAGG_OK;
             else if (s == o && h.type == PSAGG_CTL_MEMBERSHIP && !ctx->failover)
                 st = membership_take(ctx, s, &h, body, 1);
             else if (h.type == PSAGG_CTL_AGREE && ctx->failover) {
                 /* (with server replicas the views, the one that admits it too, from whichever
-                   server coordinates them: failover.c takes them, as a member's) */
+                   server coordinates them: failover.c takes them, as a member's; the view that
+                   admits it names the servers lost meanwhile, and so the one to admit it) */
                 failover_agree(ctx, s, &h, body);
                 st = worker_failed(ctx) ? psagg__fail(ctx->failed_status, "%s", ctx->failed_msg)
                                         : PSAGG_OK;

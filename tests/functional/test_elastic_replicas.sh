@@ -21,7 +21,9 @@
 #   join-s1    ... server 1 SIGKILLed as the joiner starts; join-s0 the same of server 0
 #   wait-s1    ... the members hold before round 60 while the joiner waits for its admission, and
 #              server 1 is SIGKILLed then: the joiner gives it up and joins (no restart); wait-s0
-#              the same of server 0, the coordinator it asked (it asks server 1 next)
+#              the same of server 0, the coordinator (server 1, which has its JOIN too, admits it)
+#   stop-s1    ... as wait-s1, SIGSTOPped instead (given up after op_timeout_ms of silence, by the
+#              members and by the joiner); stop-s0 the same of server 0
 #   join-back1 ... server 1 SIGKILLed, then restarted with the joiner, whose HELLO it has first
 # and, with a server optimizer (fn_optim: four parameter tensors, sgd with momentum, maxmin4; every
 # parameter chunk has a copy, which steps each round with the pushes its owner summed):
@@ -173,28 +175,36 @@ same_tails() {
     (($(wc -l <<<"$d") == 1)) && [ -n "$d" ] || fail "$1: the last rounds' digests differ: $d"
 }
 # wait-s1 and wait-s0: the members hold before round 60 (after barrier 59), so the joiner waits
-# for its admission; server 1 (wait-s0: server 0, the coordinator it asked) is SIGKILLed then,
-# and the members go on: the joiner gives the dead server up and is admitted by the view after
-# the one that removes it, with no restart (a joiner whose join a server's death cut short
-# before its JOIN fails it, and a launcher starts it again)
+# for its admission; server 1 (wait-s0: server 0, the coordinator) is SIGKILLed then (stop-*:
+# SIGSTOPped), and the members go on: the joiner gives that server up and is admitted by the
+# view after the one that removes it, with no restart (a joiner whose join a server's death cut
+# short before its JOIN fails it, and a launcher starts it again)
 held=()
-[ "$part" = all ] || [ "$part" = joins ] && for c in "join -1" "join-s1 1" "join-s0 0" "wait-s1 1" "wait-s0 0"; do
+[ "$part" = all ] || [ "$part" = joins ] && for c in "join -1" "join-s1 1" "join-s0 0" "wait-s1 1" \
+    "wait-s0 0" "stop-s1 1" "stop-s0 0"; do
     set -- $c
     name=$1
     args=(--codec fp32 --sizes 1,1023,4096,50000,7000 --rounds 150 --sync --round-sleep-ms 20)
     held=()
-    [[ $name = wait-* ]] && held=(--hold "60:$tmp/$name-go")
+    [[ $name = wait-* || $name = stop-* ]] && held=(--hold "60:$tmp/$name-go")
     join_job "$name" 3000
+    for w in 0 1 2; do # (the joiner starts once every member holds: no barrier admits it before)
+        ((${#held[@]})) || break
+        wait_until 30 grep -qs "^HOLD before round 60" "$tmp/$name-worker$w.log" ||
+            fail "$name: worker $w never held before round 60"
+    done
     joiner "$name"
-    if [[ $name = wait-* ]]; then
+    if [[ $name = wait-* || $name = stop-* ]]; then
         wait_until 30 grep -qs "worker 3 asks to join" "$tmp/$name-server0.log" ||
             fail "$name: worker 3 did not ask server 0 to join"
-        kill -KILL "${spid[$2]}"
+        kill "-$([[ $name = stop-* ]] && echo STOP || echo KILL)" "${spid[$2]}"
         # (the view that moves its chunks away: the members take it while they hold)
         wait_until 30 grep -Eqs "server view [0-9]+: [1-9][0-9]* chunk" "$tmp/$name-worker0.log" ||
             fail "$name: no view removed server $2"
         touch "$tmp/$name-go"
-        wait_for "${wpid[3]}" 90 || fail "$name: the joiner exited $? (its join must outlive server $2's death)"
+        wait_for "${wpid[3]}" 90 || fail "$name: the joiner exited $? (its join must outlive server $2's loss)"
+        r=$(grep -o 'joined at round [0-9]*' "$tmp/$name-worker3.log" | awk '{print $4}')
+        ((${r:-0} >= 60)) || fail "$name: the joiner joined at round '$r', not after the members' hold"
     elif (($2 >= 0)); then
         sleep 0.3
         kill -KILL "${spid[$2]}"
