@@ -259,6 +259,15 @@ static int join_loses(psagg_ctx *ctx, int s, const char *why)
     return lowest_reached(ctx) >= 0;
 }
 
+/* join_loses for a connection that ended (a failed send or read: psagg_last_error says how). */
+static int join_closed(psagg_ctx *ctx, int s)
+{
+    char why[200];
+    snprintf(why, sizeof why, "its connection ended while this worker waited to join: %s",
+             psagg_last_error());
+    return join_loses(ctx, s, why);
+}
+
 /* The server whose barrier admits this joiner: server 0; with server replicas the lowest it
    reaches (join_ask), -1 when none is left. */
 static int join_owner(const psagg_ctx *ctx)
@@ -282,10 +291,7 @@ static psagg_status join_wait(psagg_ctx *ctx)
     char why[200];
     psagg_status st;
 
-    if (o < 0)
-        return psagg__fail(PSAGG_EPEER, "worker %d reaches no server of the view to join",
-                           ctx->rank);
-    if ((st = join_ask(ctx)))
+    if ((st = join_ask(ctx))) /* (none reached: o < 0 fails it below) */
         return st;
     for (int s = 0; s < ctx->cfg.n_servers; s++)
         ctx->servers[s].heard_at = t0;
@@ -303,11 +309,12 @@ static psagg_status join_wait(psagg_ctx *ctx)
                 return psagg__fail(PSAGG_ETIMEDOUT, "server %d: %s", s, why);
         }
         if (join_owner(ctx) != o) { /* (the one to admit it is lost: wait for the next) */
-            if ((o = join_owner(ctx)) < 0)
-                return psagg__fail(PSAGG_EPEER, "worker %d reaches no server of the view to join",
-                                   ctx->rank);
+            o = join_owner(ctx);
             deadline = now + PSAGG_OP_DEADLINE_MS(op);
         }
+        if (o < 0)
+            return psagg__fail(PSAGG_EPEER, "worker %d reaches no server of the view to join",
+                               ctx->rank);
         if (now > deadline)
             return psagg__fail(PSAGG_ETIMEDOUT,
                                "worker %d was not admitted to the running job within 2 x "
@@ -318,12 +325,8 @@ static psagg_status join_wait(psagg_ctx *ctx)
         if (now >= next_ping) {
             for (int s = 0; s < ctx->cfg.n_servers; s++) { /* (not one given up: replicas) */
                 server_conn *sc = &ctx->servers[s];
-                if (sc->fd < 0 || !psagg__ctl_send(sc->fd, &sc->auth, PSAGG_CTL_PING, NULL, 0))
-                    continue;
-                snprintf(why, sizeof why,
-                         "its connection ended while this worker waited to join: %s",
-                         psagg_last_error());
-                if (!join_loses(ctx, s, why))
+                if (sc->fd >= 0 && psagg__ctl_send(sc->fd, &sc->auth, PSAGG_CTL_PING, NULL, 0) &&
+                    !join_closed(ctx, s))
                     return psagg__fail_context(PSAGG_EPEER, "server %d: ", s);
             }
             next_ping = now + psagg__ping_interval_ms(op);
@@ -341,13 +344,8 @@ static psagg_status join_wait(psagg_ctx *ctx)
                                  peer);
             if (st == PSAGG_EAGAIN) /* (an injected frame, dropped) */
                 continue;
-            if (st == PSAGG_EPEER) {
-                snprintf(why, sizeof why,
-                         "its connection ended while this worker waited to join: %s",
-                         psagg_last_error());
-                if (join_loses(ctx, s, why))
-                    continue;
-            }
+            if (st == PSAGG_EPEER && join_closed(ctx, s))
+                continue;
             if (st)
                 return st;
             ctx->servers[s].heard_at = psagg__now_ms();

@@ -185,19 +185,20 @@ held=()
     set -- $c
     name=$1
     args=(--codec fp32 --sizes 1,1023,4096,50000,7000 --rounds 150 --sync --round-sleep-ms 20)
+    case $name in wait-*) sig=KILL ;; stop-*) sig=STOP ;; *) sig="" ;; esac
     held=()
-    [[ $name = wait-* || $name = stop-* ]] && held=(--hold "60:$tmp/$name-go")
+    [ -n "$sig" ] && held=(--hold "60:$tmp/$name-go")
     join_job "$name" 3000
-    for w in 0 1 2; do # (the joiner starts once every member holds: no barrier admits it before)
-        ((${#held[@]})) || break
+    # (the joiner starts once every member holds: no barrier admits it before the signal)
+    for w in ${sig:+0 1 2}; do
         wait_until 30 grep -qs "^HOLD before round 60" "$tmp/$name-worker$w.log" ||
             fail "$name: worker $w never held before round 60"
     done
     joiner "$name"
-    if [[ $name = wait-* || $name = stop-* ]]; then
+    if [ -n "$sig" ]; then
         wait_until 30 grep -qs "worker 3 asks to join" "$tmp/$name-server0.log" ||
             fail "$name: worker 3 did not ask server 0 to join"
-        kill "-$([[ $name = stop-* ]] && echo STOP || echo KILL)" "${spid[$2]}"
+        kill "-$sig" "${spid[$2]}"
         # (the view that moves its chunks away: the members take it while they hold)
         wait_until 30 grep -Eqs "server view [0-9]+: [1-9][0-9]* chunk" "$tmp/$name-worker0.log" ||
             fail "$name: no view removed server $2"
