@@ -226,25 +226,6 @@ static int lowest_reached(const psagg_ctx *ctx)
 }
 
 /*
- * Ask to be admitted: server 0, the membership's owner; with server replicas every server this
- * joiner reaches and the view does not name lost. Each keeps the JOIN until it coordinates (the
- * lowest of them does now, unless one died with its loss not decided yet), so that when the
- * coordinator dies, stops or is cut off the next one admits it (join_wait gives it up).
- */
-static psagg_status join_ask(psagg_ctx *ctx)
-{
-    for (int s = 0; s < ctx->cfg.n_servers; s++) {
-        server_conn *sc = &ctx->servers[s];
-        psagg_status st;
-        if (ctx->failover ? sc->fd < 0 || failover_lost(ctx, s) : s != 0)
-            continue;
-        if ((st = psagg__ctl_send(sc->fd, &sc->auth, PSAGG_CTL_JOIN, NULL, 0)))
-            return psagg__fail_context(st, "asking server %d to join: ", s);
-    }
-    return PSAGG_OK;
-}
-
-/*
  * (server replicas) Server s ended its connection or fell silent while this worker waits for
  * its admission: it is given up as in the start-up (the members report its loss; this worker,
  * which has no rounds yet, reports it once admitted if no view removed it by then:
@@ -266,6 +247,27 @@ static int join_closed(psagg_ctx *ctx, int s)
     snprintf(why, sizeof why, "its connection ended while this worker waited to join: %s",
              psagg_last_error());
     return join_loses(ctx, s, why);
+}
+
+/*
+ * Ask to be admitted: server 0, the membership's owner; with server replicas every server this
+ * joiner reaches and the view does not name lost. Each keeps the JOIN until it coordinates (the
+ * lowest of them does now, unless one died with its loss not decided yet), so that when the
+ * coordinator dies, stops or is cut off the next one admits it (join_wait gives it up). One
+ * whose connection ended since the declaration is given up here (join_closed).
+ */
+static psagg_status join_ask(psagg_ctx *ctx)
+{
+    for (int s = 0; s < ctx->cfg.n_servers; s++) {
+        server_conn *sc = &ctx->servers[s];
+        psagg_status st;
+        if (ctx->failover ? sc->fd < 0 || failover_lost(ctx, s) : s != 0)
+            continue;
+        if ((st = psagg__ctl_send(sc->fd, &sc->auth, PSAGG_CTL_JOIN, NULL, 0)) &&
+            !join_closed(ctx, s))
+            return psagg__fail_context(st, "asking server %d to join: ", s);
+    }
+    return PSAGG_OK;
 }
 
 /* The server whose barrier admits this joiner: server 0; with server replicas the lowest it
