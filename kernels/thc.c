@@ -28,14 +28,14 @@ uint32_t psagg__thc_sum_width(uint32_t bits, size_t inputs)
     if (!bits_ok(bits) || inputs == 0 || inputs > 65535)
         return 0;
     top = (uint64_t)inputs * ((1u << bits) - 1);
-    return top <= 255 ? 8 : top <= 65535 ? 16 : 0;
+    return top <= 15 ? 4 : top <= 255 ? 8 : top <= 65535 ? 16 : 0;
 }
 
 size_t psagg__thc_sum_bytes(uint32_t bits, size_t inputs, size_t n)
 {
     uint32_t w = psagg__thc_sum_width(bits, inputs);
     /* groups x G elements x w / 8 bytes; G * b = 512 bits */
-    return w ? psagg__thc_index_bytes(bits, n) / PSAGG_THC_GROUP_BYTES * (512 / bits) * (w / 8) : 0;
+    return w ? psagg__thc_index_bytes(bits, n) / PSAGG_THC_GROUP_BYTES * (512 / bits) * w / 8 : 0;
 }
 
 uint32_t psagg__thc_index_at(uint32_t bits, const uint8_t *in, size_t e)
@@ -45,8 +45,10 @@ uint32_t psagg__thc_index_at(uint32_t bits, const uint8_t *in, size_t e)
 
 uint32_t psagg__thc_sum_at(uint32_t bits, uint32_t width, const uint8_t *sum, size_t e)
 {
-    size_t G = 512 / bits, P = 8 / bits, g = e / G, r = e % G;
-    size_t at = g * G + (r % P) * 64 + r / P; /* plane r % P, position r / P */
+    size_t G = 512 / bits, P = 8 / bits, g = e / G, r = e % G, j = r % P, i = r / P;
+    size_t at = g * G + j * 64 + i; /* plane j, position i */
+    if (width == 4)                 /* (planes j and j + P/2 share a run: low and high nibbles) */
+        return (uint32_t)(sum[g * G / 2 + (j % (P / 2)) * 64 + i] >> (j / (P / 2) * 4)) & 15;
     return width == 8 ? sum[at] : (uint32_t)sum[2 * at] | (uint32_t)sum[2 * at + 1] << 8;
 }
 
@@ -64,7 +66,10 @@ void psagg__thc_fold_scalar(uint32_t bits, uint32_t width, const uint8_t *const 
                     s[j * 64 + i] += (uint32_t)(p[i] >> (j * bits)) & mask;
         }
         for (uint32_t x = 0; x < 64 * P; x++) {
-            if (width == 8) {
+            if (width == 4) {
+                if (x < 32 * P)
+                    out[g * 32 * P + x] = (uint8_t)(s[x] | s[x + 32 * P] << 4);
+            } else if (width == 8) {
                 out[g * 64 * P + x] = (uint8_t)s[x];
             } else {
                 out[2 * (g * 64 * P + x)] = (uint8_t)s[x];
@@ -191,8 +196,13 @@ static void unplane(uint32_t bits, uint32_t width, const uint8_t *sum, size_t gr
     const uint32_t P = 8 / bits, G = 512 / bits;
     for (size_t g = 0; g < groups; g++, S += G)
         for (uint32_t j = 0; j < P; j++) {
-            const uint8_t *plane = sum + (g * G + j * 64) * (width / 8);
-            if (width == 8)
+            const uint8_t *plane = sum + (g * G + j * 64) * width / 8;
+            if (width == 4) /* (planes j and j + P/2 share a run of 64 bytes) */
+                for (uint32_t i = 0; i < 64; i++)
+                    S[i * P + j] =
+                        (uint16_t)((sum[g * G / 2 + (j % (P / 2)) * 64 + i] >> (j / (P / 2) * 4)) &
+                                   15);
+            else if (width == 8)
                 for (uint32_t i = 0; i < 64; i++)
                     S[i * P + j] = plane[i];
             else
@@ -472,7 +482,9 @@ psagg_status psagg__thc_update_meta(uint32_t bits, uint32_t block, const uint8_t
     if (!nb || !bits_ok(bits))
         return psagg__fail(PSAGG_EINVAL, "thc update: thc%u/%u", bits, block);
     /* the width from the length: the widest inputs of each */
-    if (len == psagg__thc_update_bytes(bits, block, n, 255 / (L - 1)))
+    if (len == psagg__thc_update_bytes(bits, block, n, 15 / (L - 1)))
+        *inputs = 15 / (L - 1);
+    else if (len == psagg__thc_update_bytes(bits, block, n, 255 / (L - 1)))
         *inputs = 255 / (L - 1);
     else if (len == psagg__thc_update_bytes(bits, block, n, 65535 / (L - 1)))
         *inputs = 65535 / (L - 1);

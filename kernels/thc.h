@@ -16,17 +16,23 @@
  * A group holds G = 512 / b elements (256 at 2 bits, 128 at 4).
  *
  * THE SUM STREAM (W index streams of the same N): per element the sum S_e = q_e(1) + ... +
- * q_e(W) as an unsigned integer of w bits, w = psagg__thc_sum_width(b, W): 8 when
- * W * (2^b - 1) <= 255, else 16 when W * (2^b - 1) <= 65535, else refused. So a sum cannot
- * overflow its width by construction: 2^b - 1 is the largest index, and W of them fit. At
- * b = 4 that is 8 bits up to 17 workers and 16 bits up to 4,369; at b = 2, 85 and 21,845 (a
- * job's 1,024 workers always fit 16 bits).
+ * q_e(W) as an unsigned integer of w bits, w = psagg__thc_sum_width(b, W): 4 when
+ * W * (2^b - 1) <= 15, else 8 when W * (2^b - 1) <= 255, else 16 when W * (2^b - 1) <= 65535,
+ * else refused. So a sum cannot overflow its width by construction: 2^b - 1 is the largest
+ * index, and W of them fit. At b = 2 that is 4 bits up to 5 workers, 8 up to 85 and 16 up to
+ * 21,845; at b = 4, 4 bits for 1, 8 up to 17 and 16 up to 4,369 (a job's 1,024 workers always
+ * fit 16 bits). The sums go down about b + log2(W) bits wide, as THC's do, rounded up to 4, 8
+ * or 16 so that a vector unit adds them in place.
  * Layout: group by group as the index stream's (group g covers elements g*G .. g*G + G - 1,
  * padding elements included: their sum is 0). Within a group, P = 8 / b planes of 64 sums each:
- * plane j holds the elements e = g*G + i*P + j for i = 0..63, in order of i; a sum of w = 16
- * bits is little-endian. So plane j of a group is the sums of "the j-th index of each of the
- * group's 64 input bytes", which a vector unit computes without shuffling. A group takes
- * G * w / 8 bytes: psagg__thc_sum_bytes(b, W, N) = (its groups) * G * w / 8.
+ * plane j holds the elements e = g*G + i*P + j for i = 0..63, in order of i. So plane j of a
+ * group is the sums of "the j-th index of each of the group's 64 input bytes", which a vector
+ * unit computes without shuffling. At w = 16 a plane is 64 little-endian sums, at w = 8 64
+ * bytes; at w = 4 the planes pair up, plane j and plane j + P/2 (j < P/2) in one run of 64
+ * bytes, plane j in the bytes' low nibbles and plane j + P/2 in their high ones (at b = 2 that
+ * run is the sum of each input byte's bits 0x33 after a shift right by 2j; at b = 4, one input,
+ * the input itself). A group takes G * w / 8 bytes: psagg__thc_sum_bytes(b, W, N) = (its
+ * groups) * G * w / 8.
  */
 #ifndef PSAGG_KERNELS_THC_H
 #define PSAGG_KERNELS_THC_H
@@ -45,7 +51,7 @@ extern "C" {
 
 /* Bytes of an index stream of n elements at b bits (0 for b other than 2 or 4). */
 size_t psagg__thc_index_bytes(uint32_t bits, size_t n);
-/* The sum's width in bits for `inputs` streams at b bits: 8, 16, or 0 when it would not fit. */
+/* The sum's width in bits for `inputs` streams at b bits: 4, 8, 16, or 0 when it would not fit. */
 uint32_t psagg__thc_sum_width(uint32_t bits, size_t inputs);
 /* Bytes of the sum stream of `inputs` index streams of n elements (0 when refused). */
 size_t psagg__thc_sum_bytes(uint32_t bits, size_t inputs, size_t n);

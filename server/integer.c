@@ -4,7 +4,7 @@
  * the round's scale, so the round's update is their sum as integers. Nothing is decoded or
  * requantized here and there is no float math: each push is checked (its meta, and that its
  * scales are the round's) and kept in its slot; at the round's end the kept pushes are folded
- * into the sum stream (psagg__thc_update_fold: the process's SIMD path), whose width (8 or 16
+ * into the sum stream (psagg__thc_update_fold: the process's SIMD path), whose width (4, 8 or 16
  * bits) and length follow the pushes summed, which the update's header says (quorum rounds
  * and elastic epochs sum fewer). The scales live in the workers, which take the next ones from
  * the update; the kind keeps only what they must be (the peaks of the update it sent: a push's

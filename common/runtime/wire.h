@@ -225,8 +225,10 @@
  *     job's starting workers)
  * 26: a SYNC's tensor state carries the tensor's pulls (its parameter INIT and PULL rounds,
  *     which count a round with server replicas): a joiner takes them with the rounds
+ * 27: thc's sums go down 4 bits wide when they fit (kernels/thc.h: W (2^b - 1) <= 15, thc2 up
+ *     to 5 workers), so such an update is half as long as before
  */
-#define PSAGG_PROTO_VERSION 26
+#define PSAGG_PROTO_VERSION 27
 #define PSAGG_CTL_MAGIC     0x43475350u /* "PSGC" */
 #define PSAGG_MSG_MAGIC     0x4D475350u /* "PSGM" */
 #define PSAGG_JOB_ID_MAX    64

@@ -578,6 +578,24 @@ static inline __attribute__((always_inline)) void thc_fold_as(const uint32_t bit
 {
     const uint32_t P = 8 / bits;
     const __m256i m = _mm256_set1_epi8((char)((1u << bits) - 1));
+    const __m256i m4 = _mm256_set1_epi8((char)(((1u << bits) - 1) * 17)); /* w = 4: two planes */
+    if (width == 4) { /* planes j and j + P/2 in one run: each byte's two nibbles, added whole */
+        for (size_t g = 0; g < groups; g++)
+            for (uint32_t h = 0; h < 2; h++) {
+                __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+                for (size_t k = 0; k < n_in; k++) {
+                    __m256i x = _mm256_loadu_si256((const __m256i *)(in[k] + g * 64 + 32 * h));
+                    for (uint32_t j = 0; j < P / 2; j++)
+                        acc[j] = _mm256_add_epi8(
+                            acc[j],
+                            _mm256_and_si256(
+                                _mm256_srl_epi16(x, _mm_cvtsi32_si128((int)(j * bits))), m4));
+                }
+                for (uint32_t j = 0; j < P / 2; j++)
+                    _mm256_storeu_si256((__m256i *)(out + g * 32 * P + j * 64 + 32 * h), acc[j]);
+            }
+        return;
+    }
     for (size_t g = 0; g < groups; g++)
         for (uint32_t h = 0; h < 2; h++) { /* each half of the group: 32 input bytes */
             __m256i acc[8];

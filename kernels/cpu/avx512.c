@@ -503,6 +503,22 @@ static inline __attribute__((always_inline)) void thc_fold_as(const uint32_t bit
 {
     const uint32_t P = 8 / bits;
     const __m512i m = _mm512_set1_epi8((char)((1u << bits) - 1));
+    const __m512i m4 = _mm512_set1_epi8((char)(((1u << bits) - 1) * 17)); /* w = 4: two planes */
+    if (width == 4) { /* planes j and j + P/2 in one run: each byte's two nibbles, added whole */
+        for (size_t g = 0; g < groups; g++) {
+            __m512i acc[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+            for (size_t k = 0; k < n_in; k++) {
+                __m512i x = _mm512_loadu_si512(in[k] + g * 64);
+                for (uint32_t j = 0; j < P / 2; j++)
+                    acc[j] = _mm512_add_epi8(
+                        acc[j], _mm512_and_si512(
+                                    _mm512_srl_epi16(x, _mm_cvtsi32_si128((int)(j * bits))), m4));
+            }
+            for (uint32_t j = 0; j < P / 2; j++)
+                _mm512_storeu_si512(out + g * 32 * P + j * 64, acc[j]);
+        }
+        return;
+    }
     for (size_t g = 0; g < groups; g++) {
         __m512i acc[8];
         for (uint32_t a = 0; a < 8; a++)

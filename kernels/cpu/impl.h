@@ -149,17 +149,21 @@ psagg_status psagg__codec_bad_value(const psagg_codec *c, size_t i, float v, siz
 
 /*
  * A SIMD file's thc_fold (psagg__codec_impl.thc_fold), from its always-inlined thc_fold_as(bits,
- * width, ...): each of the four (bits, width) pairs becomes a loop of its own, as
+ * width, ...): each of the six (bits, width) pairs becomes a loop of its own, as
  * PSAGG_FP_ENTRY_POINTS does for the fp formats.
  */
 #define PSAGG_THC_FOLD_ENTRY_POINT                                                                 \
     static void thc_fold(uint32_t bits, uint32_t width, const uint8_t *const *in, size_t n_in,     \
                          size_t groups, uint8_t *out)                                              \
     {                                                                                              \
-        if (bits == 4 && width == 8)                                                               \
+        if (bits == 4 && width == 4)                                                               \
+            thc_fold_as(4, 4, in, n_in, groups, out);                                              \
+        else if (bits == 4 && width == 8)                                                          \
             thc_fold_as(4, 8, in, n_in, groups, out);                                              \
         else if (bits == 4)                                                                        \
             thc_fold_as(4, 16, in, n_in, groups, out);                                             \
+        else if (width == 4)                                                                       \
+            thc_fold_as(2, 4, in, n_in, groups, out);                                              \
         else if (width == 8)                                                                       \
             thc_fold_as(2, 8, in, n_in, groups, out);                                              \
         else                                                                                       \

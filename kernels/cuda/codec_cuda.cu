@@ -422,7 +422,7 @@ extern "C" psagg_status psagg__cuda_thc_update_decode(const psagg_codec *codec, 
     psagg_status st = thc_args(codec, n, rot, psagg__rng_key{0, 0}, "cuda thc update", &L, &a);
     if (st)
         return st;
-    for (uint32_t inputs : {255u / a.levels, 65535u / a.levels}) /* the width from the length */
+    for (uint32_t inputs : {15u / a.levels, 255u / a.levels, 65535u / a.levels}) /* width: length */
         if (in_len == psagg__thc_update_bytes(a.bits, a.th_block, n, inputs)) {
             a.th_inputs = inputs;
             a.th_width = psagg__thc_sum_width(a.bits, inputs);

@@ -360,11 +360,14 @@ PCM_FN int pcm_thc_meta_ok(float c, float peak, uint32_t count, uint32_t inputs)
     return scale_ok && PCM_BITS(peak) < PCM_ABS_INF && count <= inputs && (count == 0) == (cb == 0);
 }
 
-/* Element e's sum in a sum stream of width w (8 or 16) at b bits (thc.h's planes). */
+/* Element e's sum in a sum stream of width w (4, 8 or 16) at b bits (thc.h's planes; at w = 4
+   planes j and j + P/2 share a run of 64 bytes, low and high nibbles). */
 PCM_FN uint32_t pcm_thc_sum_at(uint32_t bits, uint32_t width, const uint8_t *sum, uint64_t e)
 {
-    const uint64_t G = 512u / bits, P = 8u / bits, g = e / G, r = e % G;
-    const uint64_t at = g * G + (r % P) * 64u + r / P;
+    const uint64_t G = 512u / bits, P = 8u / bits, g = e / G, r = e % G, j = r % P, i = r / P;
+    const uint64_t at = g * G + j * 64u + i;
+    if (width == 4)
+        return (uint32_t)(sum[g * G / 2u + (j % (P / 2u)) * 64u + i] >> (j / (P / 2u) * 4u)) & 15u;
     return width == 8 ? sum[at] : (uint32_t)sum[2 * at] | (uint32_t)sum[2 * at + 1] << 8;
 }
 

@@ -2,11 +2,12 @@
  * fuzz_thc.c - integer aggregation's wire format (kernels/thc.h): pushes a server checks and
  * updates a worker decodes from anyone, and numbers from anyone (a worker's push).
  *
- * Input: byte 0 picks the format (bits 2 or 4; block 64, 256 or 1024), bytes 1-2 the element
+ * Input: byte 0 picks the format (bit 0: bits 2 or 4; bits 1-5: block 64, 256 or 1024, their
+ * value mod 3; bits 6-7: an update's width, below), bytes 1-2 the element
  * count n (1..65535), byte 3 the operation (0: a push from anyone, 1: an update from anyone, 2:
  * encode a push of the floats that follow, at scales taken from them too, from a residual of
  * the floats after those with byte 3's bit 2), then the buffer (zero-padded or cut to its size:
- * a push, or an update of the 8-bit width when byte 0's bit 7 is clear, else of 16 bits).
+ * a push, or an update of the width byte 0's top bits pick: 4 bits at 00, 8 at 01, else 16).
  * Properties: no crash or out-of-bounds access; a push that passes psagg__thc_push_check folds
  * into a valid update, whose decode succeeds, and its values add into a residual; an update the
  * decode takes gives finite values and next scales of 0 or in the table's range, on every ISA
@@ -59,6 +60,7 @@ static psagg_status decode_all(uint32_t bits, uint32_t D, const uint8_t *upd, si
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static const uint32_t blocks[] = {64, 256, 1024};
+    static const uint32_t tops[] = {15, 255, 65535, 65535}; /* a sum's widest: 4, 8, 16 bits */
     uint32_t bits, D;
     size_t n, nb, np, plen, ulen, cap;
     uint8_t *buf;
@@ -67,14 +69,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 4)
         return 0;
     bits = data[0] & 1 ? 4 : 2;
-    D = blocks[(data[0] >> 1) % 3];
+    D = blocks[(data[0] >> 1 & 0x1F) % 3];
     n = fuzz_u16(data + 1);
     if (!n)
         return 0;
     nb = psagg__thc_blocks(n, D);
     np = psagg__thc_rotated_len(n, D);
     plen = psagg__thc_push_bytes(bits, D, n);
-    ulen = psagg__thc_update_bytes(bits, D, n, data[0] & 0x80 ? 65535 / ((1u << bits) - 1) : 1);
+    ulen = psagg__thc_update_bytes(bits, D, n, tops[data[0] >> 6] / ((1u << bits) - 1));
     cap = 8 * np + 8 * nb + plen + ulen;
     buf = calloc(cap, 1);
     a = malloc(n * sizeof *a);

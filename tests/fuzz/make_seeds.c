@@ -204,16 +204,18 @@ static void seed_codec(void)
    there), and numbers to encode, with scales and a residual */
 static void seed_thc(void)
 {
-    static const uint8_t fmts[] = {0, 1 | 2 << 1, 1 | 4 << 1 | 0x80};
+    static const uint8_t fmts[] = {0, 1 | 2 << 1, 1 | 2 << 1 | 0x80}; /* (fuzz_thc.c's byte 0) */
     for (size_t s = 0; s < sizeof fmts; s++) {
-        uint32_t bits = fmts[s] & 1 ? 4 : 2, D = (uint32_t[]){64, 256, 1024}[(fmts[s] >> 1) % 3];
+        uint32_t bits = fmts[s] & 1 ? 4 : 2;
+        uint32_t D = (uint32_t[]){64, 256, 1024}[(fmts[s] >> 1 & 0x1F) % 3];
         uint32_t n = s == 2 ? 3000 : 700;
         size_t nb = psagg__thc_blocks(n, D), np = psagg__thc_rotated_len(n, D);
         size_t plen = psagg__thc_push_bytes(bits, D, n), ulen, big;
         float *x = malloc(n * sizeof *x), *sc = malloc(nb * sizeof *sc), *r = calloc(np, 4);
         uint8_t *push[3], *out;
         char name[32];
-        ulen = psagg__thc_update_bytes(bits, D, n, fmts[s] & 0x80 ? 65535 / ((1u << bits) - 1) : 1);
+        ulen =
+            psagg__thc_update_bytes(bits, D, n, (fmts[s] & 0x80 ? 65535 : 15) / ((1u << bits) - 1));
         big = 4 + 4 * (np + n + nb) + plen + ulen;
         out = calloc(big, 1);
         CHECK(x && sc && r && out, "memory");
@@ -231,9 +233,10 @@ static void seed_thc(void)
         memcpy(out + 4, push[0], plen);
         snprintf(name, sizeof name, "push_%zu", s);
         put("thc", name, out, 4 + plen, NULL, 0);
-        { /* the update of the three pushes (at the width of 3 inputs: 8 bits) */
+        { /* the update of the three pushes (at the width of 3 inputs: 4 bits at thc2, 8 at thc4) */
             size_t l3 = psagg__thc_update_bytes(bits, D, n, 3);
-            out[0] = (uint8_t)(fmts[s] & 0x7F), out[3] = 1;
+            out[0] = (uint8_t)((fmts[s] & 0x3F) | (psagg__thc_sum_width(bits, 3) == 4 ? 0 : 0x40));
+            out[3] = 1;
             CHECK(!psagg__thc_update_fold(bits, D, (const uint8_t *const *)push, 3, plen, n,
                                           out + 4, l3),
                   "thc seed fold: %s", psagg_last_error());

@@ -14,7 +14,8 @@
  *    stochastic rounding), fp16 and bf16, and topk2:0.02 and topk4:0.05 (blocks of 4096; no
  *    aggregate: the server sums topk on the CPU; its encode reads x and r four times, so its
  *    share of the copy is a floor), and thc2 and thc4 (blocks of 1024: a push with its rotated
- *    residual, and the decode of 4 workers' 8-bit sums; the server's fold is the CPU's).
+ *    residual, and the decode of 4 workers' sums (4-bit at thc2, 8-bit at thc4; the server's
+ *    fold is the CPU's).
  *    Timed with CUDA events over R repetitions.
  * 3. ResNet-50 worker step (tests/data/models/resnet50.sizes): per tensor encode + EF on the
  *    device into one packed arena, one D2H copy of all compressed bytes into pinned memory,
@@ -137,7 +138,7 @@ static void no_data_error(uint64_t *err, const char *name)
 }
 
 /* thc (kernels/thc.h): a worker's push (x and r read, r and the push written) and the decode
-   of the update 4 workers' pushes make (8-bit sums; the CPU folds them), at the scales one
+   of the update 4 workers' pushes make (4- or 8-bit sums; the CPU folds them), at the scales one
    round sets. */
 static void bench_thc(uint32_t bits, const char *name, size_t n, int reps)
 {

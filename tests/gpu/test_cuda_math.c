@@ -456,8 +456,7 @@ static void check_thc(uint32_t bits, uint32_t D, size_t n, int kind, uint64_t se
         psagg__rng_key key = psagg__rng_key_make(seed, 9);
         psagg_status s1, s2;
         uint32_t width = psagg__thc_sum_width(bits, W);
-        size_t e = (seed * 104729) % np, G = 512 / bits, P = 8 / bits;
-        size_t pos = 12 * nb + ((e / G) * G + (e % G % P) * 64 + (e % G) / P) * (width / 8);
+        size_t e = (seed * 104729) % np;
         const char *msg;
         tc_fill(x, n, kind, seed, 20);
         x[at] = inject == 1 ? NAN : inject == 2 ? -INFINITY : 0x1.000002p100f;
@@ -467,16 +466,14 @@ static void check_thc(uint32_t bits, uint32_t D, size_t n, int kind, uint64_t se
                   b1 == at,
               "%s inject %d: cpu %d at %zu, emulation %d at %zu (element %zu)", ctx, inject, s1, b1,
               s2, b2, at);
-        upd[pos] = 0xFF; /* above any count * L1 of 3 pushes, or a 16-bit sum's low byte */
-        if (width == 16)
-            upd[pos + 1] = 0xFF;
+        tc_thc_sum_max(bits, width, upd + 12 * nb, e); /* above any count * L1 of 3 pushes */
         s1 = psagg__thc_update_decode(bits, D, rot, upd, ulen, n, 1, PSAGG_DECODE_SET, y_ref, NULL);
         msg = strstr(psagg_last_error(), "element ");
         s2 = emul_thc_update(bits, D, rot, upd, ulen, n, 1, PSAGG_DECODE_SET, y_got, &bad);
         CHECK(s1 == PSAGG_EBADMETA && s2 == PSAGG_EBADMETA && msg &&
                   strtoull(msg + 8, NULL, 10) == bad && bad == e,
               "%s: a sum of %u at coordinate %zu: cpu %d (%s), emulation %d at %zu", ctx,
-              width == 8 ? 255u : 65535u, e, s1, psagg_last_error(), s2, bad);
+              (1u << width) - 1, e, s1, psagg_last_error(), s2, bad);
     }
     thc_cases++;
     for (int w = 0; w < W; w++)

@@ -11,7 +11,7 @@
  *   - topk (the sparse codec): encode with and without residual, decode, decode_add and
  *     corrupted buffers' verdicts, bad inputs' status and index;
  *   - thc (integer aggregation): W workers' pushes (the rotation, the table, residuals, blocks of
- *     scale 0) and the decode of their CPU fold with every op, 8- and 16-bit sums, blocks of 64
+ *     scale 0) and the decode of their CPU fold with every op, 4-, 8- and 16-bit sums, blocks of 64
  *     to 65536 (shared memory and scratch), bad inputs, a corrupt sum and a corrupt meta;
  *   - an error the caller left pending in the CUDA runtime is still there after psagg's calls.
  */
@@ -318,15 +318,12 @@ static int thc_job(uint32_t bits, uint32_t D, size_t n, size_t W, int kind, uint
     }
     if (kind == TC_KIND_RANDOM) { /* a sum above its bound, then a block's meta */
         const uint32_t width = psagg__thc_sum_width(bits, W);
-        const size_t e = (seed * 104729) % np, G = 512 / bits, P = 8 / bits;
-        const size_t at = 12 * nb + ((e / G) * G + (e % G % P) * 64 + (e % G) / P) * (width / 8);
+        const size_t e = (seed * 104729) % np;
         const size_t m = (seed * 31) % nb;
         size_t bad = 0;
         uint8_t *u2 = tc_xmalloc(ulen);
         memcpy(u2, upd, ulen);
-        u2[at] = 0xFF;
-        if (width == 16)
-            u2[at + 1] = 0xFF;
+        tc_thc_sum_max(bits, width, u2 + 12 * nb, e);
         CU(cudaMemcpy(d_u, u2, ulen, cudaMemcpyHostToDevice));
         CHECK(psagg__cuda_err_reset(d_err, 0) == PSAGG_OK &&
                   psagg__cuda_thc_update_decode(&c, rot, d_u, ulen, n, 1, PSAGG_DECODE_SET, d_y,
@@ -360,7 +357,7 @@ static void thc(void)
         for (int kind = 0; kind < TC_KIND_COUNT; kind++) {
             const uint32_t D = Ds[di], bits = kind & 1 ? 2 : 4;
             const size_t n = D >= 16384 ? 2 * (size_t)D + 999 : 5 * (size_t)D + 37 + (size_t)kind;
-            /* 8-bit sums, and (kind 2, thc4: 18 workers) 16-bit ones */
+            /* 3 workers: 4-bit sums (thc2), 8-bit (thc4); kind 2 (thc4, 18 workers) 16-bit ones */
             cases += thc_job(bits, D, n, kind == 2 ? 18 : 3, kind, D * 7 + (uint64_t)kind);
         }
     for (int what = 0; what < 3; what++) {
@@ -402,7 +399,7 @@ static void thc(void)
         free(x), free(sc), free(cpu);
         cases++;
     }
-    printf("thc, blocks 64..65536, 3 and 18 workers (8- and 16-bit sums), every decode op, bad "
+    printf("thc, blocks 64..65536, 3 and 18 workers (4-, 8- and 16-bit sums), every decode op, bad "
            "inputs, corrupt sums and meta: %d cases bit-identical\n",
            cases);
 }

@@ -187,6 +187,23 @@ static inline void tc_same_floats(const char *ctx, const char *what, const float
 }
 
 /*
+ * Raise coordinate e's sum in a thc sum stream of `width` bits (kernels/thc.h's layout: planes of
+ * 64, paired in nibbles at width 4) to its width's largest value, above what any count of pushes
+ * makes at b bits: for the tests of a refused update.
+ */
+static inline void tc_thc_sum_max(uint32_t bits, uint32_t width, uint8_t *sum, size_t e)
+{
+    const size_t G = 512 / bits, P = 8 / bits, j = e % G % P, i = e % G / P;
+    const size_t at = (e / G) * G + j * 64 + i;
+    if (width == 4)
+        sum[(e / G) * G / 2 + j % (P / 2) * 64 + i] |= (uint8_t)(15u << (j / (P / 2) * 4));
+    else if (width == 8)
+        sum[at] = 0xFF;
+    else
+        sum[2 * at] = sum[2 * at + 1] = 0xFF;
+}
+
+/*
  * The inputs every implementation is compared on: x of the given kind, a residual of the next
  * kind scaled down (so x + r stays in range), and an accumulator for decode_add (with a -0 in
  * the zeros case; acc0 NULL: none).

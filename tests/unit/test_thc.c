@@ -415,7 +415,7 @@ static void check_wire(void)
 int main(void)
 {
     static const size_t ns[] = {1, 100, 128, 129, 255, 256, 257, 1000, 70000};
-    static const size_t n_ins[] = {1, 2, 4, 8, 17, 18, 85, 86};
+    static const size_t n_ins[] = {1, 2, 4, 5, 6, 8, 17, 18, 85, 86};
     int cases = 0;
 
     /* sizes and widths: the spec's formulas and limits */
@@ -423,14 +423,17 @@ int main(void)
               psagg__thc_index_bytes(4, 129) == 128 && psagg__thc_index_bytes(2, 256) == 64 &&
               psagg__thc_index_bytes(2, 257) == 128 && psagg__thc_index_bytes(3, 10) == 0,
           "index stream sizes");
-    CHECK(psagg__thc_sum_width(4, 17) == 8 && psagg__thc_sum_width(4, 18) == 16 &&
+    CHECK(psagg__thc_sum_width(4, 1) == 4 && psagg__thc_sum_width(4, 2) == 8 &&
+              psagg__thc_sum_width(2, 5) == 4 && psagg__thc_sum_width(2, 6) == 8 &&
+              psagg__thc_sum_width(4, 17) == 8 && psagg__thc_sum_width(4, 18) == 16 &&
               psagg__thc_sum_width(4, 4369) == 16 && psagg__thc_sum_width(4, 4370) == 0 &&
               psagg__thc_sum_width(2, 85) == 8 && psagg__thc_sum_width(2, 86) == 16 &&
               psagg__thc_sum_width(2, 21845) == 16 && psagg__thc_sum_width(2, 21846) == 0 &&
               psagg__thc_sum_width(4, 0) == 0 && psagg__thc_sum_width(8, 2) == 0,
           "sum widths");
     CHECK(psagg__thc_sum_bytes(4, 4, 129) == 2 * 128 && psagg__thc_sum_bytes(4, 18, 129) == 512 &&
-              psagg__thc_sum_bytes(2, 4, 1) == 256,
+              psagg__thc_sum_bytes(2, 6, 1) == 256 && psagg__thc_sum_bytes(2, 5, 1) == 128 &&
+              psagg__thc_sum_bytes(2, 5, 257) == 256 && psagg__thc_sum_bytes(4, 1, 129) == 128,
           "sum stream sizes");
 
     /* the fold against the per-element reference, every ISA equal */
@@ -501,6 +504,25 @@ int main(void)
               "the golden fold's bytes changed: %016llx",
               (unsigned long long)fnv(sum, psagg__thc_sum_bytes(4, 5, n)));
         for (int k = 0; k < 5; k++)
+            free(in[k]);
+        free(sum);
+    }
+    { /* and one of 4-bit sums (2-bit indices, 4 inputs: planes paired in nibbles) */
+        size_t n = 3000, len = psagg__thc_index_bytes(2, n), out = psagg__thc_sum_bytes(2, 4, n);
+        uint8_t *in[4], *sum;
+        rng = 0x2545F4914F6CDD1Dull;
+        for (int k = 0; k < 4; k++) {
+            in[k] = malloc(len);
+            CHECK(in[k], "memory");
+            fill(in[k], 2, n, len);
+        }
+        sum = fold_all(2, (const uint8_t *const *)in, 4, n, "golden, 4-bit sums");
+        printf("test_thc: golden fold of 4 x 3000 2-bit indices: %zu bytes, digest %016llx\n", out,
+               (unsigned long long)fnv(sum, out));
+        CHECK(out == 3072 / 2 && fnv(sum, out) == 0x7d7a282a98b7d6c5ull,
+              "the golden fold's bytes (4-bit sums) changed: %zu bytes, %016llx", out,
+              (unsigned long long)fnv(sum, out));
+        for (int k = 0; k < 4; k++)
             free(in[k]);
         free(sum);
     }
