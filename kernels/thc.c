@@ -148,6 +148,8 @@ psagg_status psagg__thc_encode(uint32_t bits, uint32_t block, psagg__rng_key rot
 {
     size_t nb = psagg__thc_blocks(n, block), np = psagg__thc_rotated_len(n, block), e0 = 0;
     const psagg__thc_worker *wk = psagg__impl_current()->thc_worker;
+    const float max_abs = PSAGG_THC_MAX_ABS;
+    uint32_t lim; /* (|x| beyond it, or a NaN: bits above its bits) */
     psagg_status st;
     float *y;
     uint8_t *q;
@@ -166,12 +168,14 @@ psagg_status psagg__thc_encode(uint32_t bits, uint32_t block, psagg__rng_key rot
         free(y), free(q);
         return psagg__fail(PSAGG_ENOMEM, "thc: a block of %u", block);
     }
+    memcpy(&lim, &max_abs, 4);
     memset(out + np * bits / 8, 0, out_len - np * bits / 8); /* (the padding) */
     for (size_t m = 0; m < nb; m++) {
         size_t base, len;
         uint32_t p = block_of(n, block, m, &base, &len);
         float peak;
-        for (size_t i = 0; i < len; i++) /* (out and residual are unspecified after a refusal) */
+        uint32_t over = wk->abs_max_bits(x + base, len) > lim;
+        for (size_t i = 0; over && i < len; i++) /* (out, residual unspecified after a refusal) */
             if (!(fabsf(x[base + i]) <= PSAGG_THC_MAX_ABS)) {
                 free(y), free(q);
                 if (bad_index)
@@ -190,25 +194,11 @@ psagg_status psagg__thc_encode(uint32_t bits, uint32_t block, psagg__rng_key rot
     return PSAGG_OK;
 }
 
-/* The sums of a sum stream's groups in element order (thc.h's planes undone): S[e]. */
+/* The sums of a sum stream's groups in element order (thc.h's planes undone): S[e]; the
+   process's ISA (cpu/thc_body.h). */
 static void unplane(uint32_t bits, uint32_t width, const uint8_t *sum, size_t groups, uint16_t *S)
 {
-    const uint32_t P = 8 / bits, G = 512 / bits;
-    for (size_t g = 0; g < groups; g++, S += G)
-        for (uint32_t j = 0; j < P; j++) {
-            const uint8_t *plane = sum + (g * G + j * 64) * width / 8;
-            if (width == 4) /* (planes j and j + P/2 share a run of 64 bytes) */
-                for (uint32_t i = 0; i < 64; i++)
-                    S[i * P + j] =
-                        (uint16_t)((sum[g * G / 2 + (j % (P / 2)) * 64 + i] >> (j / (P / 2) * 4)) &
-                                   15);
-            else if (width == 8)
-                for (uint32_t i = 0; i < 64; i++)
-                    S[i * P + j] = plane[i];
-            else
-                for (uint32_t i = 0; i < 64; i++)
-                    S[i * P + j] = (uint16_t)(plane[2 * i] | plane[2 * i + 1] << 8);
-        }
+    psagg__impl_current()->thc_worker->unplane(bits, width, sum, groups, S);
 }
 
 /* psagg__thc_decode from the sums S (unplane's), checked. */
@@ -530,6 +520,7 @@ psagg_status psagg__thc_update_decode(uint32_t bits, uint32_t block, psagg__rng_
     size_t nb = psagg__thc_blocks(n, block), np = psagg__thc_rotated_len(n, block), e0 = 0;
     size_t umeta = PSAGG_THC_UPDATE_META * nb, inputs = 0;
     const uint32_t L = 1u << bits;
+    const psagg__thc_worker *wk = psagg__impl_current()->thc_worker;
     uint32_t *counts = NULL;
     float *scales = NULL;
     uint16_t *S = NULL;
@@ -550,9 +541,9 @@ psagg_status psagg__thc_update_decode(uint32_t bits, uint32_t block, psagg__rng_
             psagg__thc_index_bytes(bits, np) / PSAGG_THC_GROUP_BYTES, S);
     for (size_t m = 0; m < nb; m++) { /* no sum above what the block's pushes can make */
         size_t base, bl;
-        uint32_t p = block_of(n, block, m, &base, &bl);
-        for (uint32_t i = 0; i < p; i++)
-            if (S[e0 + i] > counts[m] * (L - 1)) {
+        uint32_t p = block_of(n, block, m, &base, &bl), top = counts[m] * (L - 1);
+        for (uint32_t i = 0, over = wk->sums_max(S + e0, p) > top; over && i < p; i++)
+            if (S[e0 + i] > top) { /* (the first that is: named) */
                 st = psagg__fail(PSAGG_EBADMETA,
                                  "thc update: element %zu's sum %u is more than %u pushes make",
                                  e0 + i, S[e0 + i], counts[m]);

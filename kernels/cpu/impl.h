@@ -45,7 +45,9 @@ typedef struct psagg__scratch {
  * thc's workers' side one block at a time (kernels/thc.h; cpu/thc_body.h, compiled for each
  * ISA): encode x (len floats) rotated at p with the residual r (p floats, or NULL) at scale c
  * into out (p * bits / 8 bytes; y: p floats and q: p bytes of scratch), *peak its max |v|;
- * decode the sums S of a block (p) into out (len floats) as op says.
+ * decode the sums S of a block (p) into out (len floats) as op says; unplane a sum stream's
+ * groups (thc.h's planes, sums `width` bits wide) into S in element order; the largest of p
+ * sums; the largest |x_i| of len floats as its bits (above 0x7F800000: a NaN).
  */
 typedef struct psagg__thc_worker {
     void (*encode_block)(uint32_t bits, uint32_t p, uint32_t len, float c, psagg__rng_key rot,
@@ -54,6 +56,9 @@ typedef struct psagg__thc_worker {
     void (*decode_block)(uint32_t p, uint32_t len, float step, float fz, int32_t off,
                          psagg__rng_key rot, size_t e0, const uint16_t *S, float *z,
                          psagg__decode_op op, float *out);
+    void (*unplane)(uint32_t bits, uint32_t width, const uint8_t *sum, size_t groups, uint16_t *S);
+    uint32_t (*sums_max)(const uint16_t *S, uint32_t p);
+    uint32_t (*abs_max_bits)(const float *x, size_t len);
 } psagg__thc_worker;
 
 extern const psagg__thc_worker psagg__thc_worker_scalar;

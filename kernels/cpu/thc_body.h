@@ -3,14 +3,20 @@
  * time, written for the compiler to vectorize: included by cpu/thc_scalar.c, thc_avx2.c and
  * thc_avx512.c, each compiled at -O3 for its ISA with -ffp-contract=off, so every path does the
  * same binary32 operations in the same order and writes the same bytes (unit.thc compares
- * them). Each file defines PSAGG_THC_WORKER (its psagg__thc_worker) before including this.
- * Layer: kernels.
+ * them). Two loops the compiler left scalar are written with the ISA's intrinsics: the
+ * Hadamard transform's first three stages (within 8 coordinates: in registers) and the signs
+ * (the hash's bits as lane masks); the same operations, so the same bytes. Each file defines
+ * PSAGG_THC_WORKER (its psagg__thc_worker) before including this. Layer: kernels.
  */
 #ifndef PSAGG_THC_WORKER
 #error "define PSAGG_THC_WORKER before including thc_body.h"
 #endif
 
 #include <string.h>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "impl.h"
 #include "kernels/rng.h"
@@ -24,6 +30,29 @@ thc_signs(psagg__rng_key rot, size_t e0, const float *src, float *dst, uint32_t 
     for (uint32_t w = 0; w < len; w += 32) {
         const uint32_t h = psagg__rng_hash32(rot.k0, rot.k1, (uint32_t)((e0 + w) >> 5));
         const uint32_t n = len - w < 32 ? len - w : 32;
+#if defined(__AVX512F__)
+        if (n == 32) { /* (the hash's bits as two lane masks: xor the sign where set) */
+            const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+            for (uint32_t q = 0; q < 2; q++) {
+                __m512i v = _mm512_loadu_si512(src + w + 16 * q);
+                v = _mm512_mask_xor_epi32(v, (__mmask16)(h >> (16 * q)), v, sign);
+                _mm512_storeu_si512(dst + w + 16 * q, v);
+            }
+            continue;
+        }
+#elif defined(__AVX2__)
+        if (n == 32) { /* (each lane's bit of the hash, shifted to the sign) */
+            const __m256i lane = _mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24);
+            for (uint32_t q = 0; q < 4; q++) {
+                const __m256i bits = _mm256_set1_epi32((int)(h >> (8 * q)));
+                __m256i v = _mm256_loadu_si256((const __m256i *)(src + w + 8 * q));
+                v = _mm256_xor_si256(v, _mm256_and_si256(_mm256_sllv_epi32(bits, lane),
+                                                         _mm256_set1_epi32((int)0x80000000u)));
+                _mm256_storeu_si256((__m256i *)(dst + w + 8 * q), v);
+            }
+            continue;
+        }
+#endif
         for (uint32_t i = 0; i < n; i++) {
             uint32_t u;
             memcpy(&u, &src[w + i], 4);
@@ -45,9 +74,34 @@ static inline __attribute__((always_inline)) void thc_butterflies(float *restric
     }
 }
 
-/* y <- H y in place (thc.h's stages: pairs (i, i + h), i & h == 0, in runs of h). */
+/* y <- H y in place (thc.h's stages: pairs (i, i + h), i & h == 0, in runs of h). The first
+   three stages (h = 1, 2, 4) act within each 8 coordinates: a vector unit does them in its
+   registers, each pair's a + b and a - b the same operations as the scalar loops' (p >= 64). */
 static inline __attribute__((always_inline)) void thc_hadamard(float *y, uint32_t p)
 {
+#if defined(__AVX512F__)
+    for (uint32_t j = 0; j < p; j += 16) {
+        __m512 v = _mm512_loadu_ps(y + j), w;
+        w = _mm512_permute_ps(v, 0xB1); /* h = 1: lane i + 1 <-> i */
+        v = _mm512_mask_blend_ps(0xAAAA, _mm512_add_ps(v, w), _mm512_sub_ps(w, v));
+        w = _mm512_permute_ps(v, 0x4E); /* h = 2 */
+        v = _mm512_mask_blend_ps(0xCCCC, _mm512_add_ps(v, w), _mm512_sub_ps(w, v));
+        w = _mm512_shuffle_f32x4(v, v, 0xB1); /* h = 4: 128-bit lanes swapped */
+        v = _mm512_mask_blend_ps(0xF0F0, _mm512_add_ps(v, w), _mm512_sub_ps(w, v));
+        _mm512_storeu_ps(y + j, v);
+    }
+#elif defined(__AVX2__)
+    for (uint32_t j = 0; j < p; j += 8) {
+        __m256 v = _mm256_loadu_ps(y + j), w;
+        w = _mm256_permute_ps(v, 0xB1); /* h = 1 */
+        v = _mm256_blend_ps(_mm256_add_ps(v, w), _mm256_sub_ps(w, v), 0xAA);
+        w = _mm256_permute_ps(v, 0x4E); /* h = 2 */
+        v = _mm256_blend_ps(_mm256_add_ps(v, w), _mm256_sub_ps(w, v), 0xCC);
+        w = _mm256_permute2f128_ps(v, v, 0x01); /* h = 4: halves swapped */
+        v = _mm256_blend_ps(_mm256_add_ps(v, w), _mm256_sub_ps(w, v), 0xF0);
+        _mm256_storeu_ps(y + j, v);
+    }
+#else
     for (uint32_t j = 0; j < p; j += 2) { /* h = 1 */
         float a = y[j], b = y[j + 1];
         y[j] = a + b;
@@ -65,6 +119,7 @@ static inline __attribute__((always_inline)) void thc_hadamard(float *y, uint32_
             y[i] = a + b;
             y[i + 4] = a - b;
         }
+#endif
     for (uint32_t h = 8; h < p; h <<= 1)
         for (uint32_t j = 0; j < p; j += 2 * h)
             thc_butterflies(y + j, y + j + h, h);
@@ -150,7 +205,71 @@ static void thc_decode_block(uint32_t p, uint32_t len, float step, float fz, int
         memcpy(out, z, len * sizeof *z);
 }
 
+/* The sums of a sum stream's groups in element order (thc.h's planes undone), for one (b, w):
+   within a group S[i P + j] = plane j's sum i (at w = 4 planes j and j + P/2 share a run). */
+static inline __attribute__((always_inline)) void thc_unplane_as(const uint32_t bits,
+                                                                 const uint32_t width,
+                                                                 const uint8_t *sum, size_t groups,
+                                                                 uint16_t *S)
+{
+    const uint32_t P = 8 / bits, G = 512 / bits;
+    for (size_t g = 0; g < groups; g++, S += G) {
+        const uint8_t *run = sum + g * G * width / 8;
+        for (uint32_t i = 0; i < 64; i++)
+            for (uint32_t j = 0; j < P; j++) {
+                if (width == 4)
+                    S[i * P + j] =
+                        (uint16_t)((run[(j % (P / 2)) * 64 + i] >> (j / (P / 2) * 4)) & 15);
+                else if (width == 8)
+                    S[i * P + j] = run[j * 64 + i];
+                else
+                    S[i * P + j] =
+                        (uint16_t)(run[2 * (j * 64 + i)] | run[2 * (j * 64 + i) + 1] << 8);
+            }
+    }
+}
+
+static void thc_unplane(uint32_t bits, uint32_t width, const uint8_t *sum, size_t groups,
+                        uint16_t *S)
+{
+    if (bits == 2 && width == 4)
+        thc_unplane_as(2, 4, sum, groups, S);
+    else if (bits == 2 && width == 8)
+        thc_unplane_as(2, 8, sum, groups, S);
+    else if (bits == 2)
+        thc_unplane_as(2, 16, sum, groups, S);
+    else if (width == 4)
+        thc_unplane_as(4, 4, sum, groups, S);
+    else if (width == 8)
+        thc_unplane_as(4, 8, sum, groups, S);
+    else
+        thc_unplane_as(4, 16, sum, groups, S);
+}
+
+static uint32_t thc_sums_max(const uint16_t *S, uint32_t p)
+{
+    uint16_t top = 0;
+    for (uint32_t i = 0; i < p; i++)
+        top = S[i] > top ? S[i] : top;
+    return top;
+}
+
+static uint32_t thc_abs_max_bits(const float *x, size_t len)
+{
+    uint32_t top = 0;
+    for (size_t i = 0; i < len; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        u &= 0x7FFFFFFFu;
+        top = u > top ? u : top;
+    }
+    return top;
+}
+
 const psagg__thc_worker PSAGG_THC_WORKER = {
     .encode_block = thc_encode_block,
     .decode_block = thc_decode_block,
+    .unplane = thc_unplane,
+    .sums_max = thc_sums_max,
+    .abs_max_bits = thc_abs_max_bits,
 };
