@@ -479,8 +479,11 @@ psagg_status psagg__thc_update_meta(uint32_t bits, uint32_t block, const uint8_t
     else if (len == psagg__thc_update_bytes(bits, block, n, 65535 / (L - 1)))
         *inputs = 65535 / (L - 1);
     else
-        return psagg__fail(PSAGG_EBADMETA, "thc update: %zu bytes; %zu elements take %zu or %zu",
-                           len, n, psagg__thc_update_bytes(bits, block, n, 1),
+        return psagg__fail(PSAGG_EBADMETA,
+                           "thc update: %zu bytes; %zu elements take %zu, %zu or %zu (4-, 8- or "
+                           "16-bit sums)",
+                           len, n, psagg__thc_update_bytes(bits, block, n, 15 / (L - 1)),
+                           psagg__thc_update_bytes(bits, block, n, 255 / (L - 1)),
                            psagg__thc_update_bytes(bits, block, n, 65535 / (L - 1)));
     for (size_t m = 0; m < nb; m++) {
         const uint8_t *mt = update + PSAGG_THC_UPDATE_META * m;

@@ -429,8 +429,11 @@ extern "C" psagg_status psagg__cuda_thc_update_decode(const psagg_codec *codec, 
         }
     if (!a.th_inputs)
         return psagg__fail(PSAGG_EBADLEN,
-                           "cuda thc update: in_len %zu; %zu elements take %zu or %zu", in_len, n,
-                           psagg__thc_update_bytes(a.bits, a.th_block, n, 1),
+                           "cuda thc update: in_len %zu; %zu elements take %zu, %zu or %zu (4-, "
+                           "8- or 16-bit sums)",
+                           in_len, n,
+                           psagg__thc_update_bytes(a.bits, a.th_block, n, 15u / a.levels),
+                           psagg__thc_update_bytes(a.bits, a.th_block, n, 255u / a.levels),
                            psagg__thc_update_bytes(a.bits, a.th_block, n, 65535u / a.levels));
     if (op != PSAGG_DECODE_SET && op != PSAGG_DECODE_ADD && op != PSAGG_DECODE_FIRST &&
         op != PSAGG_DECODE_SCALE)

@@ -3,11 +3,12 @@
  * updates a worker decodes from anyone, and numbers from anyone (a worker's push).
  *
  * Input: byte 0 picks the format (bit 0: bits 2 or 4; bits 1-5: block 64, 256 or 1024, their
- * value mod 3; bits 6-7: an update's width, below), bytes 1-2 the element
- * count n (1..65535), byte 3 the operation (0: a push from anyone, 1: an update from anyone, 2:
- * encode a push of the floats that follow, at scales taken from them too, from a residual of
- * the floats after those with byte 3's bit 2), then the buffer (zero-padded or cut to its size:
- * a push, or an update of the width byte 0's top bits pick: 4 bits at 00, 8 at 01, else 16).
+ * value mod 3; bits 6-7: an update's width, below), bytes 1-2 the element count n (1..65535),
+ * byte 3 the operation (0: a push from anyone, folded 1 + (byte 3 >> 3) % 32 times; 1: an
+ * update from anyone; 2: encode a push of the floats that follow, at scales taken from them
+ * too, from a residual of the floats after those with byte 3's bit 2), then the buffer
+ * (zero-padded or cut to its size: a push, or an update of the width byte 0's top bits pick: 4
+ * bits at 00, 8 at 01, else 16).
  * Properties: no crash or out-of-bounds access; a push that passes psagg__thc_push_check folds
  * into a valid update, whose decode succeeds, and its values add into a residual; an update the
  * decode takes gives finite values and next scales of 0 or in the table's range, on every ISA
@@ -83,16 +84,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     next = malloc(nb * sizeof *next);
     CHECK(buf && a && next, "memory");
     memcpy(buf, data + 4, size - 4 < cap ? size - 4 : cap);
-    if (data[3] % 3 == 0) { /* a push from anyone */
+    if (data[3] % 3 == 0) { /* a push from anyone, folded k times (4-, 8- and 16-bit sums) */
         if (psagg__thc_push_check(bits, D, buf, plen, n) == PSAGG_OK) {
-            const uint8_t *in[1] = {buf};
-            uint8_t *upd = malloc(psagg__thc_update_bytes(bits, D, n, 1));
+            const size_t k = 1 + (size_t)(data[3] >> 3) % 32;
+            const size_t ul = psagg__thc_update_bytes(bits, D, n, k);
+            const uint8_t *in[32];
+            uint8_t *upd = malloc(ul);
             float *acc = calloc(np, sizeof *acc);
             CHECK(upd && acc, "memory");
-            CHECK(!psagg__thc_update_fold(bits, D, in, 1, plen, n, upd,
-                                          psagg__thc_update_bytes(bits, D, n, 1)),
-                  "a checked push does not fold: %s", psagg_last_error());
-            CHECK(!decode_all(bits, D, upd, psagg__thc_update_bytes(bits, D, n, 1), n, a, next),
+            for (size_t i = 0; i < k; i++)
+                in[i] = buf;
+            CHECK(!psagg__thc_update_fold(bits, D, in, k, plen, n, upd, ul),
+                  "a checked push does not fold %zu times: %s", k, psagg_last_error());
+            CHECK(!decode_all(bits, D, upd, ul, n, a, next),
                   "the update of a checked push does not decode: %s", psagg_last_error());
             CHECK(!psagg__thc_push_values(bits, D, buf, plen, n, acc), "push values: %s",
                   psagg_last_error());

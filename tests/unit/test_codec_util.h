@@ -188,8 +188,9 @@ static inline void tc_same_floats(const char *ctx, const char *what, const float
 
 /*
  * Raise coordinate e's sum in a thc sum stream of `width` bits (kernels/thc.h's layout: planes of
- * 64, paired in nibbles at width 4) to its width's largest value, above what any count of pushes
- * makes at b bits: for the tests of a refused update.
+ * 64, paired in nibbles at width 4) to its width's largest value: for the tests of a refused
+ * update, above what the pushes make unless the width is full at b bits (4-bit sums of one
+ * thc4 push: 15 is a valid sum; the callers use 3 or 18 pushes).
  */
 static inline void tc_thc_sum_max(uint32_t bits, uint32_t width, uint8_t *sum, size_t e)
 {

@@ -213,6 +213,51 @@ static void set_meta(uint8_t *push, size_t m, int peak, float v)
     memcpy(push + PSAGG_THC_PUSH_META * m + 4 * (peak != 0), &v, 4);
 }
 
+/*
+ * The 4-bit sums against the 8-bit ones through the whole decode: thc2, 4 workers' pushes (a
+ * 4-bit sum stream) decode to exactly what the same pushes plus a stream of index 0 and one of
+ * index 3 (6 inputs: 8-bit sums) decode to, since each element's 2 S - n (L - 1) is the same
+ * integer. A plane or nibble in the wrong place would move values between coordinates.
+ */
+static void check_widths_agree(void)
+{
+    const uint32_t D = 1024;
+    const size_t n = 3000, nb = psagg__thc_blocks(n, D), np = psagg__thc_rotated_len(n, D);
+    const size_t len = psagg__thc_index_bytes(2, np), l4 = psagg__thc_sum_bytes(2, 4, np),
+                 l8 = psagg__thc_sum_bytes(2, 6, np);
+    const psagg__rng_key rot = psagg__rng_key_make(5, 55);
+    float *x = malloc(n * sizeof *x), *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+    float scales[3] = {3.0f, 2.5f, 2.0f};
+    uint8_t *in[6], *s4 = malloc(l4), *s8 = malloc(l8);
+    CHECK(x && a && b && s4 && s8 && nb == 3 && psagg__thc_sum_width(2, 4) == 4 &&
+              psagg__thc_sum_width(2, 6) == 8,
+          "memory, widths");
+    for (int w = 0; w < 6; w++) {
+        CHECK((in[w] = malloc(len)), "memory");
+        if (w < 4) {
+            for (size_t i = 0; i < n; i++)
+                x[i] = (float)gauss();
+            CHECK(!psagg__thc_encode(2, D, rot, scales, x, NULL, n,
+                                     psagg__rng_key_make(6, (uint64_t)w), in[w], len, NULL, NULL),
+                  "encode: %s", psagg_last_error());
+        } else {
+            memset(in[w], w == 4 ? 0x00 : 0xFF, len); /* every index 0, every index 3 */
+        }
+    }
+    CHECK(!psagg__thc_fold(2, (const uint8_t *const *)in, 4, len, np, s4, l4) &&
+              !psagg__thc_fold(2, (const uint8_t *const *)in, 6, len, np, s8, l8),
+          "folds: %s", psagg_last_error());
+    CHECK(
+        !psagg__thc_decode(2, D, rot, scales, s4, l4, 4, NULL, n, 0.25f, PSAGG_DECODE_SCALE, a) &&
+            !psagg__thc_decode(2, D, rot, scales, s8, l8, 6, NULL, n, 0.25f, PSAGG_DECODE_SCALE, b),
+        "decodes: %s", psagg_last_error());
+    CHECK(!memcmp(a, b, n * sizeof *a),
+          "thc2: 4 pushes decode otherwise at 4-bit than at 8-bit sums");
+    for (int w = 0; w < 6; w++)
+        free(in[w]);
+    free(x), free(a), free(b), free(s4), free(s8);
+}
+
 static void check_wire(void)
 {
     const uint32_t D = 1024;
@@ -567,6 +612,7 @@ int main(void)
         CHECK(!psagg__codec_set_isa((psagg__isa)isa), "set isa");
         printf("test_thc: the workers' side on %s\n", psagg__isa_name((psagg__isa)isa));
         check_workers_side();
+        check_widths_agree();
         check_wire();
     }
     printf("test_thc: %d folds against the reference on every ISA, the 1,024-worker bound, "
