@@ -457,6 +457,30 @@ static void check_wire(void)
     free(x), free(a), free(b), free(upd), free(sum);
 }
 
+/* The fold of n_in random streams of 3000 b-bit indices (from seed): its length and digest. */
+static void golden_fold(uint32_t bits, size_t n_in, uint64_t seed, size_t want_len, uint64_t want)
+{
+    size_t n = 3000, len = psagg__thc_index_bytes(bits, n);
+    size_t out = psagg__thc_sum_bytes(bits, n_in, n);
+    uint8_t *in[8], *sum;
+    rng = seed;
+    for (size_t k = 0; k < n_in; k++) {
+        in[k] = malloc(len);
+        CHECK(in[k], "memory");
+        fill(in[k], bits, n, len);
+    }
+    sum = fold_all(bits, (const uint8_t *const *)in, n_in, n, "golden");
+    printf("test_thc: golden fold of %zu x 3000 %u-bit indices: %zu bytes (%u-bit sums), digest "
+           "%016llx\n",
+           n_in, bits, out, psagg__thc_sum_width(bits, n_in), (unsigned long long)fnv(sum, out));
+    CHECK(out == want_len && fnv(sum, out) == want,
+          "the golden fold's bytes changed: %zu bytes, %016llx", out,
+          (unsigned long long)fnv(sum, out));
+    for (size_t k = 0; k < n_in; k++)
+        free(in[k]);
+    free(sum);
+}
+
 int main(void)
 {
     static const size_t ns[] = {1, 100, 128, 129, 255, 256, 257, 1000, 70000};
@@ -531,46 +555,10 @@ int main(void)
         free(one), free(in), free(sum);
     }
 
-    /* golden: one fold's bytes, pinned (a change is a wire format change) */
-    {
-        size_t n = 3000, len = psagg__thc_index_bytes(4, n);
-        uint8_t *in[5], *sum;
-        rng = 0x9E3779B97F4A7C15ull;
-        for (int k = 0; k < 5; k++) {
-            in[k] = malloc(len);
-            CHECK(in[k], "memory");
-            fill(in[k], 4, n, len);
-        }
-        sum = fold_all(4, (const uint8_t *const *)in, 5, n, "golden");
-        printf("test_thc: golden fold of 5 x 3000 4-bit indices: %zu bytes, digest %016llx\n",
-               psagg__thc_sum_bytes(4, 5, n),
-               (unsigned long long)fnv(sum, psagg__thc_sum_bytes(4, 5, n)));
-        CHECK(fnv(sum, psagg__thc_sum_bytes(4, 5, n)) == 0x442ab950e3a02b4aull,
-              "the golden fold's bytes changed: %016llx",
-              (unsigned long long)fnv(sum, psagg__thc_sum_bytes(4, 5, n)));
-        for (int k = 0; k < 5; k++)
-            free(in[k]);
-        free(sum);
-    }
-    { /* and one of 4-bit sums (2-bit indices, 4 inputs: planes paired in nibbles) */
-        size_t n = 3000, len = psagg__thc_index_bytes(2, n), out = psagg__thc_sum_bytes(2, 4, n);
-        uint8_t *in[4], *sum;
-        rng = 0x2545F4914F6CDD1Dull;
-        for (int k = 0; k < 4; k++) {
-            in[k] = malloc(len);
-            CHECK(in[k], "memory");
-            fill(in[k], 2, n, len);
-        }
-        sum = fold_all(2, (const uint8_t *const *)in, 4, n, "golden, 4-bit sums");
-        printf("test_thc: golden fold of 4 x 3000 2-bit indices: %zu bytes, digest %016llx\n", out,
-               (unsigned long long)fnv(sum, out));
-        CHECK(out == 3072 / 2 && fnv(sum, out) == 0x7d7a282a98b7d6c5ull,
-              "the golden fold's bytes (4-bit sums) changed: %zu bytes, %016llx", out,
-              (unsigned long long)fnv(sum, out));
-        for (int k = 0; k < 4; k++)
-            free(in[k]);
-        free(sum);
-    }
+    /* golden: folds' bytes, pinned (a change is a wire format change): 8-bit sums, and 4-bit
+       ones (2-bit indices, 4 inputs: planes paired in nibbles) */
+    golden_fold(4, 5, 0x9E3779B97F4A7C15ull, 3072, 0x442ab950e3a02b4aull);
+    golden_fold(2, 4, 0x2545F4914F6CDD1Dull, 1536, 0x7d7a282a98b7d6c5ull);
 
     /* refusals, each naming what */
     {
