@@ -14,7 +14,14 @@
 
 #include <string.h>
 
-#if defined(__AVX512F__) || defined(__AVX2__)
+/* The intrinsics' paths where this file is compiled for AVX-512 or AVX2; never in the plain C
+   reference (thc_scalar.c defines PSAGG_THC_PLAIN), even when built with -march=native. */
+#if !defined(PSAGG_THC_PLAIN) && defined(__AVX512F__)
+#define THC_AVX512 1
+#elif !defined(PSAGG_THC_PLAIN) && defined(__AVX2__)
+#define THC_AVX2 1
+#endif
+#if defined(THC_AVX512) || defined(THC_AVX2)
 #include <immintrin.h>
 #endif
 
@@ -30,7 +37,7 @@ thc_signs(psagg__rng_key rot, size_t e0, const float *src, float *dst, uint32_t 
     for (uint32_t w = 0; w < len; w += 32) {
         const uint32_t h = psagg__rng_hash32(rot.k0, rot.k1, (uint32_t)((e0 + w) >> 5));
         const uint32_t n = len - w < 32 ? len - w : 32;
-#if defined(__AVX512F__)
+#if defined(THC_AVX512)
         if (n == 32) { /* (the hash's bits as two lane masks: xor the sign where set) */
             const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
             for (uint32_t q = 0; q < 2; q++) {
@@ -40,7 +47,7 @@ thc_signs(psagg__rng_key rot, size_t e0, const float *src, float *dst, uint32_t 
             }
             continue;
         }
-#elif defined(__AVX2__)
+#elif defined(THC_AVX2)
         if (n == 32) { /* (each lane's bit of the hash, shifted to the sign) */
             const __m256i lane = _mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24);
             for (uint32_t q = 0; q < 4; q++) {
@@ -79,7 +86,7 @@ static inline __attribute__((always_inline)) void thc_butterflies(float *restric
    registers, each pair's a + b and a - b the same operations as the scalar loops' (p >= 64). */
 static inline __attribute__((always_inline)) void thc_hadamard(float *y, uint32_t p)
 {
-#if defined(__AVX512F__)
+#if defined(THC_AVX512)
     for (uint32_t j = 0; j < p; j += 16) {
         __m512 v = _mm512_loadu_ps(y + j), w;
         w = _mm512_permute_ps(v, 0xB1); /* h = 1: lane i + 1 <-> i */
@@ -90,7 +97,7 @@ static inline __attribute__((always_inline)) void thc_hadamard(float *y, uint32_
         v = _mm512_mask_blend_ps(0xF0F0, _mm512_add_ps(v, w), _mm512_sub_ps(w, v));
         _mm512_storeu_ps(y + j, v);
     }
-#elif defined(__AVX2__)
+#elif defined(THC_AVX2)
     for (uint32_t j = 0; j < p; j += 8) {
         __m256 v = _mm256_loadu_ps(y + j), w;
         w = _mm256_permute_ps(v, 0xB1); /* h = 1 */

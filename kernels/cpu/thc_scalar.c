@@ -2,4 +2,5 @@
 #include <math.h>
 
 #define PSAGG_THC_WORKER psagg__thc_worker_scalar
+#define PSAGG_THC_PLAIN  /* (the reference: no intrinsics, whatever the compiler's flags) */
 #include "thc_body.h"
