@@ -332,17 +332,26 @@ void agg_finish_round(server *srv, chunk_state *c)
 }
 
 /*
- * Fold worker w's payload into the accumulator (it is next in the fixed order). The decode
- * validates the payload in the same pass; the round's first fold writes the accumulator
- * (0 + y, codec.h's first term), so there is no memset before it. A bad payload leaves the
- * accumulator half-written: the chunk is then broken for the rest of the job, which the
- * closing of that worker fails (no later push may complete a round from it).
+ * Fold worker w's payload into the accumulator (it is next in the fixed order): 0, or 1 when
+ * the push was dropped (elastic, below), -1 when the chunk broke. The decode validates the
+ * payload in the same pass; the round's first fold writes the accumulator (0 + y, codec.h's
+ * first term), so there is no memset before it. A bad payload leaves the accumulator
+ * half-written (an fp32 NaN is added in): the chunk is then broken for the rest of the job,
+ * which the closing of that worker fails (no later push may complete a round from it). In an
+ * elastic job a worker's closing does not end the job, so the payload is checked first (one
+ * more read of it) and a bad one is dropped with its worker: the round goes on without it, as
+ * when a worker leaves before pushing.
  */
 static int fold(server *srv, chunk_state *c, int w, const void *payload)
 {
-    psagg_status st =
-        psagg__decode_into(&c->codec, payload, c->enc, c->info->count, c->acc,
-                           c->folded++ == 0 ? PSAGG_DECODE_FIRST : PSAGG_DECODE_ADD, 1.0f);
+    psagg_status st;
+    if (srv->mb.elastic && psagg__validate(&c->codec, payload, c->enc, c->info->count)) {
+        server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s",
+                            c->info->key, c->info->index, c->round, psagg_last_error());
+        return 1;
+    }
+    st = psagg__decode_into(&c->codec, payload, c->enc, c->info->count, c->acc,
+                            c->folded++ == 0 ? PSAGG_DECODE_FIRST : PSAGG_DECODE_ADD, 1.0f);
     if (st) {
         c->broken = 1;
         server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s",
@@ -390,6 +399,11 @@ static int cpu_settle(server *srv, chunk_state *c)
         } else if (c->arrived[nx]) {
             bad = fold(srv, c, nx, c->slots + (size_t)nx * cap);
         }
+        if (bad > 0) { /* dropped: the round waits for nx to be no member, as if it never came */
+            c->arrived[nx] = 0;
+            c->n_arrived--;
+            continue;
+        }
         if (bad)
             return 0;
         c->next++;
@@ -427,7 +441,7 @@ static int cpu_collect(server *srv, chunk_state *c, int w, recv_buf *rb)
         c->n_arrived++;
         return kept | cpu_settle(srv, c); /* the workers before it may be no members */
     }
-    if (fold(srv, c, w, payload))
+    if (fold(srv, c, w, payload)) /* (broken, or dropped: the round goes on without it) */
         return 0;
     c->arrived[w] = 1;
     c->n_arrived++;

@@ -56,13 +56,59 @@ static int park_early(server *srv, recv_buf *rb, int from)
     if (ahead > 16 && !(srv->ctl.rejoin && atomic_load(&srv->mb.epoch) == 0)) {
         server_close_worker(srv, from, "push field epoch is %u, %u epochs ahead of this server's",
                             h->epoch, ahead);
+        rb->parked_at = 0;
         progress_repost(srv, rb);
         return 1;
     }
     rb->from = from;
+    if (!rb->parked_at) /* (parked again: it keeps its first time, progress_route_parked) */
+        rb->parked_at = psagg__now_ms();
     rb->item.next = srv->dp.parked ? &srv->dp.parked->item : NULL;
     srv->dp.parked = rb;
     return 1;
+}
+
+static recv_buf *parked_next(recv_buf *rb)
+{
+    agg_item *next = rb->item.next;
+    return next ? (recv_buf *)((char *)next - offsetof(recv_buf, item)) : NULL;
+}
+
+/*
+ * Pushes that waited op_timeout_ms for an epoch that never came here: their senders are
+ * closed, naming the field, and the receive buffers let go. Epochs are relayed at once, so a
+ * member's push waits milliseconds; a worker that stamps its pushes with an epoch ahead (a
+ * broken or hostile one) would otherwise hold the pool's buffers, and with them every other
+ * worker's pushes, for good.
+ */
+static void expire_parked(server *srv)
+{
+    int64_t now = psagg__now_ms();
+    recv_buf *rb = srv->dp.parked, *kept = NULL, *last = NULL;
+    uint32_t epoch = (uint32_t)atomic_load(&srv->mb.epoch);
+    if (srv->ctl.rejoin && epoch == 0) /* (a server that rejoins waits for its first view) */
+        return;
+    while (rb) { /* (newest first, and kept so) */
+        recv_buf *next = parked_next(rb);
+        if (now - rb->parked_at >= srv->cfg.op_timeout_ms) {
+            const psagg__msg_hdr *h = (const psagg__msg_hdr *)rb->rx.buf;
+            server_close_worker(srv, rb->from,
+                                "push field epoch is %u; this server's stayed %u for "
+                                "op_timeout_ms=%d",
+                                h->epoch, epoch, srv->cfg.op_timeout_ms);
+            rb->parked_at = 0;
+            progress_repost(srv, rb);
+        } else {
+            rb->item.next = NULL;
+            if (last)
+                last->item.next = &rb->item;
+            else
+                kept = rb;
+            last = rb;
+        }
+        rb = next;
+    }
+    srv->dp.parked = kept;
 }
 
 static void route_checked(server *srv, recv_buf *rb, int from);
@@ -76,8 +122,12 @@ void progress_route_parked(server *srv)
 {
     recv_buf *rb = srv->dp.parked, *rev = NULL;
     uint32_t epoch = atomic_load(&srv->mb.epoch);
-    if (!rb || epoch == srv->dp.parked_epoch)
+    if (!rb)
         return;
+    if (epoch == srv->dp.parked_epoch) {
+        expire_parked(srv);
+        return;
+    }
     srv->dp.parked_epoch = epoch;
     srv->dp.parked = NULL;
     while (rb) { /* the list is newest first */
@@ -87,10 +137,12 @@ void progress_route_parked(server *srv)
         rb = next ? (recv_buf *)((char *)next - offsetof(recv_buf, item)) : NULL;
     }
     while (rev) {
-        agg_item *next = rev->item.next;
-        if (!park_early(srv, rev, rev->from))
+        recv_buf *next = parked_next(rev);
+        if (!park_early(srv, rev, rev->from)) {
+            rev->parked_at = 0;
             route_checked(srv, rev, rev->from);
-        rev = next ? (recv_buf *)((char *)next - offsetof(recv_buf, item)) : NULL;
+        }
+        rev = next;
     }
 }
 

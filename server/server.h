@@ -125,6 +125,7 @@ typedef struct recv_buf {
     agg_item item;
     psagg__msg_codec mc; /* the push's codec, as the progress thread checked it */
     int from;            /* its sender, while it waits for its epoch (progress.c) */
+    int64_t parked_at;   /* when it began to wait for its epoch, or 0 */
     int spilled;         /* 1: a heap copy of a push that waits ahead (wait_ahead), not one of
                             the pool's: freed, not posted again */
     struct recv_buf *spill_prev, *spill_next; /* (spilled: the pool's list of them) */

@@ -10,6 +10,11 @@
  *                                beside fn_worker --codec topk2:13/256); the server must close
  *                                this worker with a reason naming the field (checked here)
  *                                and stay up
+ *   --mode epoch-ahead           in an elastic job: authenticate, declare, send 200 copies of
+ *                                a push stamped with epoch 1 while the job is at epoch 0 (the
+ *                                server parks them for an epoch that never comes, holding its
+ *                                receive buffers) and keep PINGing: the server must close this
+ *                                worker naming the field epoch (op_timeout_ms later)
  *   --mode dup                   authenticate, send every push of round 0 and the first one
  *                                twice; the server must drop the duplicate, finish the round
  *   --mode spoof --fabric-port P [--seconds S] [--claim W] [--rounds R]
@@ -1153,6 +1158,48 @@ int main(int argc, char **argv)
                               psagg__rng_key_make(1, c), x, h->len, NULL))
                 DIE("encode: %s", psagg_last_error());
             free(v);
+        }
+    }
+    if (!strcmp(mode, "epoch-ahead")) { /* pushes of an epoch that never comes: parked, held */
+        psagg__msg_hdr *h = (psagg__msg_hdr *)push[0];
+        int64_t until = psagg__now_ms() + 30000, pinged = 0;
+        h->epoch = 1;
+        for (int i = 0; i < 200; i++)
+            if (psagg__fabric_send(fab, server, push[0], sizeof *h + layout.chunks[0].enc_bytes,
+                                   NULL, NULL))
+                DIE("send push %d of epoch 1", i);
+        printf("rogue: sent 200 pushes of epoch 1 (the job is at epoch 0)\n");
+        fflush(stdout);
+        for (;;) { /* alive (PINGs) until the server closes this worker */
+            psagg__fabric_event ev[8];
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            psagg__ctl_hdr ch;
+            psagg__ctl_error *e = NULL;
+            if (psagg__now_ms() > until)
+                DIE("the server did not close this worker within 30 s");
+            (void)psagg__fabric_poll(fab, ev, 8, 0); /* (the sends' progress) */
+            usleep(50 * 1000);
+            if (psagg__now_ms() - pinged >= 500) {
+                if (psagg__ctl_send(fd, AUTH(fd), PSAGG_CTL_PING, NULL, 0))
+                    DIE("the control connection closed without an ERROR");
+                pinged = psagg__now_ms();
+            }
+            if (poll(&p, 1, 0) <= 0)
+                continue;
+            if (psagg__ctl_recv(fd, AUTH(fd), &ch, (void **)&e, psagg__now_ms() + 1000,
+                                "server 0") == PSAGG_EAGAIN ||
+                ch.type == PSAGG_CTL_PING) { /* (one frame at a time: this one PINGs too) */
+                free(e);
+                continue;
+            }
+            if (ch.type != PSAGG_CTL_ERROR || !e)
+                DIE("expected an ERROR frame closing this worker");
+            printf("rogue: server closed this worker: %s\n", e->msg);
+            ok = strstr(e->msg, "epoch") != NULL;
+            if (!ok)
+                fprintf(stderr, "rogue: the reason does not name the field 'epoch'\n");
+            free(e);
+            goto out;
         }
     }
     if (strcmp(mode, "dup") && strcmp(mode, "local-pid") && strcmp(mode, "local-third")) {

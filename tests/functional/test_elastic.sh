@@ -42,6 +42,13 @@
 #   rogue_server0  3 workers, worker 2 a rogue (tests/fault/rogue_worker) that sends server 0
 #               a forged MEMBERSHIP frame: server 0 closes it ("decides the membership
 #               itself") and the two others finish without it
+#   rogue_nan   the rogue's push has a NaN in its payload: the server checks it before it
+#               folds it (elastic), closes the rogue naming the payload, and the two others
+#               finish without it (before, the chunk broke and the job failed 6 s later)
+#   rogue_epoch the rogue sends 200 pushes stamped with epoch 1 while the job is at epoch 0
+#               (parked for an epoch that never comes, they held every receive buffer): the
+#               server closes it op_timeout_ms later naming the field epoch, and the two others
+#               finish without it
 #   rogue_skip  the rogue relays a MEMBERSHIP frame of epoch 5 to server 1 (at epoch 0): the
 #               job fails naming the skipped epoch, on every worker
 #   rejoin      every worker calls psagg_sync_membership after each of 100 rounds (30 ms
@@ -88,7 +95,7 @@ bye) mode=close ;;
 average) extra=(--average) ;;
 maxmin4) codec=maxmin4 server_ef=on ;;
 below_min) min=4 ;;
-rogue_server0 | rogue_skip | rejoin | join_attacks | join_dies | grow | startup_gap | mitm) ;;
+rogue_server0 | rogue_skip | rogue_nan | rogue_epoch | rejoin | join_attacks | join_dies | grow | startup_gap | mitm) ;;
 *) fail "unknown case '$case'" ;;
 esac
 bound_ms=2000
@@ -103,9 +110,17 @@ export PSAGG_CONFIG=$tmp/job.ini PSAGG_WORLD_SIZE=4
 if [[ $case == rogue_* ]]; then
     sed -i 's/^workers = 4/workers = 3/' "$tmp/job.ini"
     export PSAGG_WORLD_SIZE=3
-    start_servers "$tmp/job.ini" 2
+    n_s=2
+    if [[ $case == rogue_nan || $case == rogue_epoch ]]; then # (its pushes: one server's)
+        n_s=1
+        sed -i "s/^servers = .*/servers = 127.0.0.1:$port/" "$tmp/job.ini"
+    fi
+    start_servers "$tmp/job.ini" $n_s
     if [ "$case" = rogue_server0 ]; then
         expect=(--elastic-dead 2) server_rc=0 mode=membership-server0
+    elif [ "$case" = rogue_nan ] || [ "$case" = rogue_epoch ]; then
+        expect=(--elastic-dead 2) server_rc=0 mode=nan
+        [ "$case" = rogue_epoch ] && mode=epoch-ahead
     else
         expect=(--expect EPROTO --expect-text "an epoch was skipped") server_rc=1 mode=membership-skip
     fi
@@ -124,7 +139,7 @@ if [[ $case == rogue_* ]]; then
         sed "s/^/[worker $r] /" "$tmp/worker$r.log"
         ((rc == 0)) || fail "worker $r exited $rc"
     done
-    for s in 0 1; do
+    for ((s = 0; s < n_s; s++)); do
         wait_for "${spid[$s]}" 20
         rc=$?
         sed "s/^/[server $s] /" "$tmp/server$s.log"
@@ -154,7 +169,7 @@ if [ "$case" = mitm ]; then
         fail "the man in the middle did not inject all four frames within 30 s"
     end_after "$tmp/end" 50 "$tmp/worker0.log"
     wait_all 60 worker wpid
-    for s in 0 1; do
+    for ((s = 0; s < n_s; s++)); do
         wait_for "${spid[$s]}" 20
         rc=$?
         ((rc == 0)) || fail "server $s exited $rc"
@@ -202,7 +217,7 @@ joined_job() {
         sed "s/^/[worker $r] /" "$tmp/worker$r.log"
         ((rc == 0)) || fail "worker $r exited $rc"
     done
-    for s in 0 1; do
+    for ((s = 0; s < n_s; s++)); do
         wait_for "${spid[$s]}" 20
         rc=$?
         sed "s/^/[server $s] /" "$tmp/server$s.log"
@@ -327,7 +342,7 @@ for r in 0 1 3; do
 done
 if [ "$case" = below_min ]; then
     for r in 0 1 3; do grep -q EXPECTED-ERROR-OK "$tmp/worker$r.log" || fail "worker $r did not fail naming min_workers"; done
-    for s in 0 1; do
+    for ((s = 0; s < n_s; s++)); do
         wait_for "${spid[$s]}" 20
         rc=$?
         sed "s/^/[server $s] /" "$tmp/server$s.log"
