@@ -62,10 +62,12 @@ static int hello_timeout_ms(const server *srv)
                                                           : HELLO_TIMEOUT_MS;
 }
 
-/* Accept every connection the listening socket has, each into a pending slot. */
+/* Accept the connections the listening socket has, each into a pending slot: at most
+   PENDING_MAX a turn, so that a flood of them cannot keep the control loop from the workers'
+   frames (the socket stays readable: the rest are accepted on the next turns). */
 static void accept_all(server *srv)
 {
-    for (;;) {
+    for (int turn = 0; turn < PENDING_MAX; turn++) {
         struct sockaddr_storage ss;
         socklen_t sl = sizeof ss;
         pending_conn *slot = NULL, *oldest = NULL;

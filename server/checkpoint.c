@@ -143,7 +143,9 @@ static void checkpoint_commit(server *srv, int w, uint64_t seq)
         st = psagg__fail(PSAGG_EINVAL,
                          "server %d: no checkpoint %llu was prepared here to commit (%s)",
                          srv->rank, (unsigned long long)seq,
-                         k->pending ? "another one was prepared since" : "none waits");
+                         k->pending ? "another one was prepared since: without [server] quorum "
+                                      "one worker asks for checkpoints, e.g. rank 0"
+                                    : "none waits");
     }
     snprintf(m, sizeof m, "%.290s", st ? psagg_last_error() : path);
     if (st)

@@ -62,7 +62,9 @@ typedef struct ckpt_head {
 } ckpt_head;
 _Static_assert(sizeof(ckpt_head) == 120, "ckpt_head layout");
 
-typedef struct ckpt_chunk {
+/* (4-byte aligned only: a record follows the binary32 arrays of the one before, whose count
+   may be odd, so the compiler must not assume its 64-bit fields 8-byte aligned) */
+typedef struct __attribute__((packed, aligned(4))) ckpt_chunk {
     uint32_t key, index;
     uint64_t count;
     uint64_t step;

@@ -190,7 +190,7 @@ static const frame_route routes[] = {
     {PSAGG_CTL_BYE, 0, worker_bye},
     {PSAGG_CTL_ABORT, 0, worker_abort},
     {PSAGG_CTL_DECLARE, HELLOED, startup_declare},
-    {PSAGG_CTL_CHECKPOINT, POOL, checkpoint_asked},
+    {PSAGG_CTL_CHECKPOINT, DECLARED | POOL | MEMBER, checkpoint_asked}, /* (a joiner's: no) */
     /* elastic membership: relayed epochs and starts, joins' barriers */
     {PSAGG_CTL_MEMBERSHIP, DECLARED | RUNS | MEMBER_OR_JOINING, membership_relayed},
     {PSAGG_CTL_SYNC, DECLARED | RUNS | ELASTIC | OWNER | MEMBER, membership_sync},
@@ -309,10 +309,21 @@ static void starting(server *srv, control_loop *l, int64_t now)
     }
     if (admission_deadline(srv) >= 0 && now > admission_deadline(srv)) {
         missing_workers(srv, W_DECLARED, missing, sizeof missing);
-        snprintf(msg, sizeof msg,
-                 "server %d: workers %s did not arrive and declare within connect_timeout_ms=%d "
-                 "of the first worker",
-                 srv->rank, missing, srv->cfg.connect_timeout_ms);
+        if (missing[0]) {
+            snprintf(msg, sizeof msg,
+                     "server %d: workers %s did not arrive and declare within "
+                     "connect_timeout_ms=%d of the first worker",
+                     srv->rank, missing, srv->cfg.connect_timeout_ms);
+        } else { /* every rank declared, but some said BYE before the job could start */
+            size_t used = 0;
+            for (int w = 0; w < srv->n_workers; w++)
+                if (srv->workers[w].state == W_BYE)
+                    used = psagg__list_int(missing, sizeof missing, used, w);
+            snprintf(msg, sizeof msg,
+                     "server %d: workers %s declared and then left (BYE) before the job started; "
+                     "the others waited connect_timeout_ms=%d of the first worker",
+                     srv->rank, missing[0] ? missing : "?", srv->cfg.connect_timeout_ms);
+        }
         startup_failed(srv, l, PSAGG_ETIMEDOUT, msg);
         return;
     }
