@@ -109,7 +109,11 @@ def bad_arguments(model, opt):
              (dict(sync_every=4, outer_momentum=1.0), "outer_momentum"),
              (dict(sync_every=4, fragment_sync_delay=4), "fragment_sync_delay"),
              (dict(sync_every=4, outer_momentum=0.5), "momentum = 0.5"),
-             (dict(sync_every=4, nesterov=False), "nesterov = off")]
+             (dict(sync_every=4, nesterov=False), "nesterov = off"),
+             # (nesterov defaults to off at momentum 0, so what the error asks the servers for
+             # is a setting they accept)
+             (dict(sync_every=4, outer_momentum=0), "momentum = 0, dampening = 0, nesterov = off"),
+             (dict(sync_every=4, outer_momentum=0, nesterov=True), "needs outer_momentum > 0")]
     for kw, name in cases:
         try:
             pt.DiLoCo(model, opt, **kw)

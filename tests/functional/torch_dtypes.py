@@ -6,7 +6,8 @@ Run under deploy/psagg-local (config: [codec] default = maxmin4, min_compress_el
   'lossy.weight' to the default maxmin4 (close to the average, but not exact);
 - fp16 and bf16 gradients go through an fp32 copy: values exact in both formats come back
   exact, in their own dtype; float64 is refused with a message that says what to do;
-- broadcast_parameters copies rank 0's fp32, fp16 and bf16 tensors exactly and leaves
+- broadcast_parameters copies rank 0's fp32, fp16 and bf16 tensors exactly (non-contiguous
+  ones too: channels_last, a transpose) and leaves
   integer tensors alone;
 - worker metrics: Handle.timing after the wait, and psagg.torch.stats() moving by exactly the
   handles' timings and bytes;
@@ -15,6 +16,8 @@ Run under deploy/psagg-local (config: [codec] default = maxmin4, min_compress_el
 - psagg.Context.broadcast (psagg_broadcast) on the session's broadcast key: root's bytes, 0
   bytes to several rounds of the key, from every rank, exact everywhere (the others' data is
   ignored); a compressed key is refused by name, on every rank alike.
+- DistributedOptimizer: the wrapped optimizer's defaults kept, synchronize() then step()
+  pushes once, add_param_group and a parameter unfrozen after it was built refused by name.
 Every rank prints "DTYPES ok"; any failure raises (exit 1).
 """
 import os
@@ -108,6 +111,15 @@ a0, b0, c0 = torch.randn(3000), torch.randn(70).half(), torch.randn(5, 7).bfloat
 pt.broadcast_parameters([a, b, ("c", c), n], root=0)
 assert torch.equal(a, a0) and torch.equal(b, b0) and torch.equal(c, c0), "broadcast differs"
 assert n.item() == rank, "an integer tensor was changed"
+# non-contiguous tensors (channels_last, a transpose): written in place, strides kept
+torch.manual_seed(200 + rank)
+d = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+e = torch.randn(6, 9).t()
+torch.manual_seed(200)
+d0, e0 = torch.randn(2, 3, 4, 5), torch.randn(6, 9).t()
+pt.broadcast_parameters([d, e], root=0)
+assert torch.equal(d, d0) and torch.equal(e, e0), "a non-contiguous broadcast differs"
+assert d.is_contiguous(memory_format=torch.channels_last) and not e.is_contiguous(), "strides"
 # bytes: root's on every rank, through psagg_broadcast (the hand-over's call)
 rounds = 3 * sess.bcast_elems  # about one round of the key, in bytes
 for i, size in enumerate((0, 1, 3, 5000, rounds - 1, 2 * rounds + 7)):
@@ -121,4 +133,39 @@ try:
     raise AssertionError("a compressed key was accepted")
 except psagg.Error as e:
     assert e.name == "PSAGG_EINVAL" and "fp32" in e.detail, str(e)
+
+# DistributedOptimizer: the wrapped optimizer's defaults kept; synchronize(), clip, step()
+# pushes each gradient once (Horovod's clipping pattern); add_param_group and a parameter
+# unfrozen after the optimizer was built are refused by name
+frozen = torch.nn.Parameter(torch.zeros(4), requires_grad=False)
+opt = pt.DistributedOptimizer(
+    torch.optim.SGD([{"params": list(model.parameters())}, {"params": [frozen]}], lr=0.25,
+                    momentum=0.5), list(model.named_parameters()) + [("frozen", frozen)])
+assert opt.defaults["lr"] == 0.25 and opt.defaults["momentum"] == 0.5, opt.defaults
+x = torch.randn(8, 64, generator=torch.Generator().manual_seed(rank))
+before = pt.stats()
+opt.zero_grad()
+(model.exact(x).sum() + model.lossy(x).sum()).backward()
+opt.synchronize()
+torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+clipped = model.exact.weight.grad.clone()
+w0 = model.exact.weight.detach().clone()
+opt.step()
+moved = pt.stats()["push_pulls"] - before["push_pulls"]
+assert moved == 2, "synchronize(), then step(): %d push_pulls of 2 parameters" % moved
+assert torch.equal(model.exact.weight.detach(), w0 - 0.25 * clipped), "step() did not apply " \
+    "the synchronized, clipped gradient"
+try:
+    opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
+    raise AssertionError("add_param_group was accepted")
+except ValueError as e:
+    assert "add_param_group" in str(e), str(e)
+frozen.requires_grad_(True)
+opt.zero_grad()
+(model.exact(x).sum() + (2 * frozen).sum()).backward()
+try:
+    opt.step()
+    raise AssertionError("a parameter unfrozen after the optimizer was built was accepted")
+except RuntimeError as e:
+    assert "param group 1" in str(e) and "unfrozen" in str(e), str(e)
 print("DTYPES ok rank=%d" % rank, flush=True)

@@ -201,8 +201,7 @@ def main():
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
         opt = pt.DistributedOptimizer(opt, model.named_parameters(), codec=args.codec,
                                       model=model)
-        if not pt.membership()["joiner"]:  # (a joiner took the members' state already)
-            pt.broadcast_parameters(model, root=0)
+        pt.broadcast_parameters(model, root=0)  # (a joiner's returns: it has their state)
         net = model
     elif args.comm == "psagg-fsdp":
         import importlib

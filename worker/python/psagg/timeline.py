@@ -365,7 +365,8 @@ def draw(workers, servers, rnd, png, max_rows):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="psagg-timeline", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="psagg-timeline",
+                                 description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     ap.add_argument("inputs", nargs="+", help="the timeline PREFIX, or trace files")
     ap.add_argument("--png", help="draw the step and the per-phase summary here")
     ap.add_argument("--merged", help="write one trace of every process, clocks aligned")

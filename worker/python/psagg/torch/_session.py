@@ -87,6 +87,7 @@ class _Session:
         self.declare_seconds = 0.0  # psagg_declare took (a joiner: connect to admitted)
         self.state_seconds = 0.0  # a joiner took the job's state (weights, optimizer state)
         self.params = False  # declared for the server-side optimizer
+        self.joiner_fresh = False  # a joiner before its first step (broadcast_parameters)
         self.server_opt = None  # the ServerOptimizer the DDP hook pushes for
         self.counts = {}  # key -> declared elements
         self._done = queue.Queue()
@@ -145,6 +146,7 @@ class _Session:
                 self.names[id(p)] = name
             self.bcast_key = keys[-1]
             self.params = params
+            self.joiner_fresh = self.ctx.membership()["joiner"]
 
     # ---- elastic joins (the hand-over itself: elastic.py) ----
     def elastic(self):
@@ -153,6 +155,7 @@ class _Session:
     def sync_membership(self):
         """The members' barrier between steps (psagg_sync_membership): the membership after
         it; "joined" > 0 when workers were admitted (then the caller hands them the state)."""
+        self.joiner_fresh = False  # (a joiner's broadcasts from here on are the members' too)
         return self.ctx.sync_membership()
 
     def key_of(self, p):

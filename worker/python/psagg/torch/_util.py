@@ -92,3 +92,27 @@ def _zero_grad(base, set_to_none):
     """base.zero_grad with torch's own default when set_to_none is None: PyTorch 1.13 zeroes
     the gradients, 2.x sets them to None (both work here: a missing gradient pushes zeros)."""
     return base.zero_grad() if set_to_none is None else base.zero_grad(set_to_none)
+
+
+def _check_tracked(opt, tracked, who):
+    """Every parameter of opt's groups that has a gradient is one psagg pushes (tracked: their
+    ids): a parameter frozen (requires_grad=False) when the optimizer was built and unfrozen
+    since would otherwise train on this worker's gradient alone, or not at all."""
+    for gi, g in enumerate(opt.param_groups):
+        for pi, p in enumerate(g["params"]):
+            if p.requires_grad and p.grad is not None and id(p) not in tracked:
+                raise RuntimeError(
+                    "psagg.torch.%s: parameter %d of param group %d (shape %s) has a gradient, "
+                    "but it did not require one when the optimizer was built (frozen, then "
+                    "unfrozen?): psagg declares the tensors it pushes once, at that point. "
+                    "Build the optimizer with it requiring a gradient (keep it still meanwhile "
+                    "in a param group of its own with lr=0 and weight_decay=0)"
+                    % (who, pi, gi, tuple(p.shape)))
+
+
+def _refuse_new_group(opt, param_group, who):
+    """add_param_group: while the optimizer is built, the base class's; after, refused."""
+    if getattr(opt, "_psagg_params", None) is not None:
+        raise ValueError("psagg.torch.%s.add_param_group: psagg declares the tensors it pushes "
+                         "once, when the optimizer is built; build it with every param group "
+                         "(one with lr=0 keeps parameters still until their turn)" % who)

@@ -12,7 +12,15 @@ from ._util import _FLOATS
 def broadcast_parameters(params, root=0):
     """Make every worker's tensors equal root's: a module (its parameters and floating-point
     buffers), a state_dict or a list of (name, tensor) / tensors. Exact for fp32, fp16 and
-    bf16 (root's values summed with zeros in fp32); integer tensors are left alone."""
+    bf16 (root's values summed with zeros in fp32); integer tensors are left alone. In a
+    worker that joined a running elastic job a call before its first step returns at once:
+    the members made theirs at the start, and the joiner takes their state from
+    DistributedOptimizer, ServerOptimizer or DiLoCo (docs/elastic.md)."""
+    return broadcast_tensors(params, root, joiner_skips=True)
+
+
+def broadcast_tensors(params, root, joiner_skips=False):
+    """broadcast_parameters' work (elastic.py's hand-over calls it as it is)."""
     sess = session()
     if isinstance(params, torch.nn.Module):
         if sess.bcast_key is None:
@@ -25,6 +33,11 @@ def broadcast_parameters(params, root=0):
     if sess.bcast_key is None:
         raise _p.Error(-1, "nothing declared yet: call register_ddp_hook or "
                        "DistributedOptimizer first, or pass the module", "broadcast_parameters")
+    if joiner_skips and sess.joiner_fresh:
+        # a joiner (elastic, admitted as its declaration returned) takes the members' state
+        # from the wrappers' hand-over; its script's broadcast at the start has no members in
+        # it (they made theirs steps ago): it returns at once
+        return
     tensors = [t for t in tensors if t.is_floating_point()]
     for t in tensors:
         if t.dtype not in _FLOATS:
@@ -32,10 +45,13 @@ def broadcast_parameters(params, root=0):
                             "fp32; convert it first" % t.dtype)
     mine = sess.ctx.rank == root
     cap = sess.bcast_elems
+    # a non-contiguous tensor (channels_last, a transpose) goes through a contiguous copy,
+    # written back at the end
+    staged = [(t, t if t.is_contiguous() else t.detach().contiguous()) for t in tensors]
     # pack the tensors into cap-element rounds of the broadcast key
     pieces, fill = [], 0  # (tensor, start, n, offset in the round)
     rounds = []
-    for t in tensors:
+    for _, t in staged:
         flat_n, start = t.numel(), 0
         while start < flat_n:
             n = min(flat_n - start, cap - fill)
@@ -57,3 +73,6 @@ def broadcast_parameters(params, root=0):
             op.finish()
             for t, start, n, at in pieces:
                 t.view(-1)[start:start + n].copy_(buf[at:at + n])
+        for t, s in staged:
+            if s is not t:
+                t.copy_(s)

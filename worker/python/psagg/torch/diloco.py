@@ -54,8 +54,9 @@ class DiLoCo:
     (outer_momentum=0, with the servers' momentum = 0).
 
     The servers must run `[server] optimizer = sgd` with `momentum` = outer_momentum and
-    `nesterov` = on|off as nesterov (the papers' 0.9 and on), which the constructor checks
-    (ValueError naming both); outer_lr goes with every push.
+    `nesterov` = on|off as nesterov (the papers' 0.9 and on; None: on with momentum, off at
+    outer_momentum=0), which the constructor checks (ValueError naming both); outer_lr goes
+    with every push.
 
     Heterogeneous workers: step(samples=n) makes each worker's pseudo-gradient count with the
     samples it trained on since the fragment's last sync (the weight travels in the push; the
@@ -89,7 +90,7 @@ class DiLoCo:
     """
 
     def __init__(self, model, inner_optimizer, sync_every, outer_lr=0.7, outer_momentum=0.9,
-                 nesterov=True, codec="maxmin4", error_feedback=None, fragments=1,
+                 nesterov=None, codec="maxmin4", error_feedback=None, fragments=1,
                  fragment_sync_delay=0, fragment_update_alpha=0.0, named_parameters=None,
                  error_feedback_beta=None):
         H, P, tau = sync_every, fragments, fragment_sync_delay
@@ -105,9 +106,14 @@ class DiLoCo:
         if not _is_real(fragment_update_alpha) or not 0 <= fragment_update_alpha <= 1:
             raise ValueError("psagg.torch.DiLoCo: fragment_update_alpha must be a number in "
                              "[0, 1], not %r" % (fragment_update_alpha,))
+        if nesterov is None:  # (Nesterov's step needs momentum: off without it)
+            nesterov = outer_momentum > 0
         if not isinstance(nesterov, bool):
-            raise ValueError("psagg.torch.DiLoCo: nesterov must be True or False, not %r"
+            raise ValueError("psagg.torch.DiLoCo: nesterov must be True, False or None, not %r"
                              % (nesterov,))
+        if nesterov and outer_momentum == 0:
+            raise ValueError("psagg.torch.DiLoCo: nesterov=True needs outer_momentum > 0 "
+                             "(leave nesterov=None: on with momentum, off without)")
         _check_codec("DiLoCo", codec)
         _check_error_feedback("DiLoCo", error_feedback)
         _p._check_error_feedback_beta("psagg.torch.DiLoCo", error_feedback_beta)

@@ -11,7 +11,7 @@ import psagg as _p
 
 from . import _session
 from ._session import _Op
-from .broadcast import broadcast_parameters
+from .broadcast import broadcast_tensors
 
 
 def membership():
@@ -59,10 +59,10 @@ def old_member_root(sess, joiner):
 def hand_over(sess, tensors, state_dict, load_state_dict, joiner):
     """After a barrier that admitted workers (every member, joiner=False) and in a joiner's
     constructor (joiner=True): every worker takes the lowest old member's `tensors`
-    (broadcast_parameters) and the state its state_dict() returns, serialized (torch.save) and
+    (broadcast_tensors) and the state its state_dict() returns, serialized (torch.save) and
     sent with psagg_broadcast on the session's broadcast key; the others load_state_dict() it."""
     root = old_member_root(sess, joiner)
-    broadcast_parameters(tensors, root)
+    broadcast_tensors(tensors, root)
     data = None
     if sess.ctx.rank == root:
         f = io.BytesIO()

@@ -2,6 +2,7 @@
 parameter's push_pull started from its gradient hook; in an elastic job it hands its state to
 the workers a barrier admits (elastic.hand_over)."""
 
+import contextlib
 import time
 
 import torch
@@ -10,21 +11,24 @@ import psagg as _p
 
 from . import elastic
 from ._session import _finish_all, _Op, session
-from ._util import (_check_codec, _check_error_feedback, _check_op, _hook_gradients, _is_int,
-                    _named_params, _zero_grad)
+from ._util import (_check_codec, _check_error_feedback, _check_op, _check_tracked,
+                    _hook_gradients, _is_int, _named_params, _refuse_new_group, _zero_grad)
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
-    def __init__(self, params, named_parameters, codec, error_feedback,
+    def __init__(self, params, defaults, named_parameters, codec, error_feedback,
                  backward_passes_per_step, op, model):
         super(self.__class__, self).__init__(params)
+        self.defaults.update(defaults)  # (the wrapped optimizer's, not its class's)
         self._psagg = session()
         self._psagg_elastic = self._psagg.elastic()
         named = _named_params(self, named_parameters, "DistributedOptimizer")
         self._psagg.declare(named, codec, error_feedback)
         self._psagg_params = [p for group in self.param_groups for p in group["params"]
                               if p.requires_grad]
+        self._psagg_ids = {id(p) for p in self._psagg_params}
         self._psagg_ops = {}
+        self._psagg_synced = False  # synchronize() ran and no gradient came since
         self._psagg_passes = {}
         self._psagg_every = int(backward_passes_per_step)
         self._psagg_op = op
@@ -61,6 +65,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return hook
 
     def _psagg_start(self, p):
+        self._psagg_synced = False
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         self._psagg_passes[id(p)] = 0
@@ -68,7 +73,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                      self._psagg_op, 0)
 
     def synchronize(self):
-        """Start what the hooks did not (unused parameters push zeros), then wait for all."""
+        """Start what the hooks did not (unused parameters push zeros), then wait for all.
+        A step() after it (Horovod's gradient clipping: synchronize(), clip, step()) applies
+        those gradients without pushing them again."""
         for p in self._psagg_params:
             if id(p) not in self._psagg_ops:
                 self._psagg_start(p)
@@ -76,9 +83,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         err = _finish_all(ops.values())
         if err is not None:
             raise err
+        _check_tracked(self, self._psagg_ids, "DistributedOptimizer")  # (nothing in flight)
+        self._psagg_synced = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Horovod's: a step() within it does not synchronize (after synchronize(), step()
+        does not anyway)."""
+        self._psagg_synced = True
+        yield
+
+    def add_param_group(self, param_group):
+        _refuse_new_group(self, param_group, "DistributedOptimizer")
+        return super(self.__class__, self).add_param_group(param_group)
 
     def step(self, closure=None):
-        self.synchronize()
+        if not self._psagg_synced or self._psagg_ops:
+            self.synchronize()
+        self._psagg_synced = False
         loss = super(self.__class__, self).step(closure)
         if self._psagg_elastic and self._psagg.sync_membership()["joined"]:
             self._psagg_take_state(joiner=False)
@@ -110,5 +132,5 @@ def DistributedOptimizer(optimizer, named_parameters=None, codec=None, error_fee
     _check_op("DistributedOptimizer", op)
     base = optimizer.__class__
     cls = type(base.__name__, (base,), dict(_DistributedOptimizer.__dict__))
-    return cls(optimizer.param_groups, named_parameters, codec, error_feedback,
-               backward_passes_per_step, op, model)
+    return cls(optimizer.param_groups, optimizer.defaults, named_parameters, codec,
+               error_feedback, backward_passes_per_step, op, model)

@@ -8,8 +8,8 @@ import torch
 import psagg as _p
 
 from ._session import _finish_all, session
-from ._util import (_check_codec, _check_error_feedback, _check_op, _hook_gradients, _is_real,
-                    _named_params, _zero_grad)
+from ._util import (_check_codec, _check_error_feedback, _check_op, _check_tracked,
+                    _hook_gradients, _is_real, _named_params, _refuse_new_group, _zero_grad)
 
 
 class _ParamOp:
@@ -68,9 +68,10 @@ class ServerOptimizer(torch.optim.Optimizer):
         for n, p in named:
             if p.requires_grad and (p.dtype != torch.float32 or p.is_cuda or
                                     not p.is_contiguous()):
-                raise TypeError("psagg.torch.ServerOptimizer: parameter '%s' is %s%s; the servers "
-                                "optimize contiguous float32 CPU parameters" %
-                                (n, p.dtype, " on " + str(p.device) if p.is_cuda else ""))
+                raise TypeError("psagg.torch.ServerOptimizer: parameter '%s' is %s%s%s; the "
+                                "servers optimize contiguous float32 CPU parameters" %
+                                (n, "" if p.is_contiguous() else "non-contiguous ", p.dtype,
+                                 " on " + str(p.device) if p.is_cuda else ""))
         self._psagg = session()
         self._psagg.declare(named, codec, error_feedback, params=True)
         self._psagg_op = op
@@ -78,6 +79,7 @@ class ServerOptimizer(torch.optim.Optimizer):
         self._psagg_ddp = False
         self._psagg_elastic = self._psagg.elastic()
         self._psagg_params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+        self._psagg_ids = {id(p) for p in self._psagg_params}
         ctx = self._psagg.ctx
         t0 = time.monotonic()
         with torch.no_grad():
@@ -128,9 +130,14 @@ class ServerOptimizer(torch.optim.Optimizer):
         err = _finish_all(ops.values())
         if err is not None:
             raise err
+        _check_tracked(self, self._psagg_ids, "ServerOptimizer")  # (nothing in flight)
         if self._psagg_elastic and self._psagg.sync_membership()["joined"]:
             self.pull_weights(sync=True)  # the joiners' psagg_param_init pulls with us
         return loss
+
+    def add_param_group(self, param_group):
+        _refuse_new_group(self, param_group, "ServerOptimizer")
+        return super().add_param_group(param_group)
 
     def zero_grad(self, set_to_none=None):
         if self._psagg_ops:
