@@ -237,6 +237,7 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *given, size_
     size_t bytes;
     psagg_status st = PSAGG_OK;
     uint32_t n_adaptive = 0, n_wire = (uint32_t)n;
+    size_t n_topk_sums = 0, first_topk = 0; /* (summed in topk without a server residual) */
 
     psagg__clear_error();
     if (!ctx || !given || n == 0 || n > PSAGG_MAX_TENSORS)
@@ -288,6 +289,19 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *given, size_
             psagg__fail_context(st, "psagg_declare: tensor %zu: ", t);
             goto out;
         }
+        /* 1-bit maxmin's error is as large as its bucket's range, so a residual that carries it
+           makes the next range up to twice as large: the residual grows every round */
+        if (c.id == PSAGG_CODEC_MAXMIN && c.bits == 1 &&
+            (tensors[t].error_feedback < 0 ? ctx->cfg.error_feedback : tensors[t].error_feedback)) {
+            st = psagg__fail(PSAGG_EINVAL,
+                             "psagg_declare: tensor %zu '%s': maxmin1 with error feedback "
+                             "diverges (its rounding error is as large as a bucket's range, "
+                             "which the residual then doubles every round): use maxmin2 or "
+                             "more bits, or turn error feedback off for it ([codec] "
+                             "error_feedback = off)",
+                             t, tensors[t].name);
+            goto out;
+        }
         if (tensors[t].flags & ~(PSAGG_TENSOR_PARAMETER | PSAGG_TENSOR_RARE)) {
             st = psagg__fail(PSAGG_EINVAL, "psagg_declare: tensor %zu '%s': unknown flags 0x%x", t,
                              tensors[t].name, tensors[t].flags);
@@ -321,7 +335,16 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *given, size_
         if (keys_out)
             keys_out[t] = (uint32_t)t;
         n_adaptive += psagg__adapt_declarable(&c);
+        if (c.id == PSAGG_CODEC_TOPK && !(tensors[t].flags & PSAGG_TENSOR_PARAMETER) &&
+            !ctx->server_residual && !n_topk_sums++)
+            first_topk = t;
     }
+    if (n_topk_sums && ctx->rank == 0) /* (a parameter's sparse delta keeps its own residual) */
+        LOG_WARN(&ctx->log,
+                 "%zu tensors ('%s' first) are summed in topk, but the servers keep no residual "
+                 "([server] error_feedback = off): what their top-k of each sum leaves out is "
+                 "lost, so the workers' average is biased; set [server] error_feedback = on",
+                 n_topk_sums, tensors[first_topk].name);
     if (ctx->cfg.adaptive && !n_adaptive)
         LOG_WARN(&ctx->log,
                  "[codec] adaptive is on, but no tensor is compressed with maxmin or thc: "

@@ -15,8 +15,8 @@
 # 3. Refusals: a truncated and a corrupted checkpoint stop the server at start-up, naming the
 #    file; a checkpoint of another declaration fails the job ("nothing loaded"); workers that
 #    send different learning rates fail the job ("the workers disagree"); a parameter declared
-#    to servers without an optimizer is refused at psagg_declare, and so is an error-feedback
-#    decay of 1.5; rogue_worker's malformed
+#    to servers without an optimizer is refused at psagg_declare, and so are an error-feedback
+#    decay of 1.5 and maxmin1 with error feedback (it diverges); rogue_worker's malformed
 #    parameter pushes (lr NaN, kind 3, a gradient before INIT) close it, naming the field.
 set -u -o pipefail
 build=$1
@@ -213,6 +213,13 @@ EF_BETA=1.5 workers badbeta maxmin4 2
 for w in 0 1 2; do wait_for "${wpid[$w]}" 60 && fail "badbeta: worker $w succeeded"; done
 grep -h "error_feedback_beta 1.5 is not" "$tmp"/badbeta-worker*.log | head -1 | grep . >&2 ||
     fail "badbeta: no worker was told why"
+# 3d''. maxmin1 with error feedback (its residual grows every round): refused at psagg_declare
+ini mm1 optimizer=sgd
+servers mm1
+EF_BETA=1 workers mm1 maxmin1 2
+for w in 0 1 2; do wait_for "${wpid[$w]}" 60 && fail "mm1: worker $w succeeded"; done
+grep -h "maxmin1 with error feedback diverges" "$tmp"/mm1-worker*.log | head -1 | grep . >&2 ||
+    fail "mm1: no worker was told why"
 # 3e. a worker whose parameter pushes are malformed: closed, naming the field
 job_ini "$tmp/rogue.ini" 1 1 cluster.job_id="optim-rogue-$port" cluster.connect_timeout_ms=20000 \
     cluster.op_timeout_ms=20000 server.optimizer=sgd worker.chunk_bytes=16384
