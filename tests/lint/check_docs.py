@@ -505,7 +505,9 @@ def code_files(repo):
         rel_dir = os.path.relpath(dirpath, repo)
         dirs[:] = sorted(d for d in dirs
                          if not any(os.path.normpath(os.path.join(rel_dir, d)).startswith(s)
-                                    for s in CODE_SKIP) and not d.startswith("build"))
+                                    for s in CODE_SKIP) and not d.startswith("build")
+                         and d != "dist"  # (pip wheel -w dist; a venv, below: not ours)
+                         and not os.path.exists(os.path.join(dirpath, d, "pyvenv.cfg")))
         for f in sorted(files):
             rel = os.path.normpath(os.path.join(rel_dir, f))
             script = rel.startswith("deploy" + os.sep) and "." not in f
