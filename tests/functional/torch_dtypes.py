@@ -35,6 +35,7 @@ class Two(torch.nn.Module):
         super().__init__()
         self.exact = torch.nn.Linear(64, 64, bias=False)
         self.lossy = torch.nn.Linear(64, 64, bias=False)
+        self.empty = torch.nn.Parameter(torch.zeros(0))  # (no elements: left out, as DDP may)
 
 
 model = Two()
@@ -46,7 +47,10 @@ mine = g * (rank + 1)
 want = g * (world + 1) / 2  # the average of g * 1 .. g * world
 before = pt.stats()
 timings = []
+assert id(model.empty) not in sess.keys, "a parameter of no elements was declared"
 for name, p in model.named_parameters():
+    if p.numel() == 0:
+        continue
     t = mine.clone()
     op = pt._Op(sess, sess.key_of(p), t, psagg.AVERAGE, 0)
     assert op.handle.timing is None, "a timing before the wait"
@@ -145,7 +149,7 @@ assert opt.defaults["lr"] == 0.25 and opt.defaults["momentum"] == 0.5, opt.defau
 x = torch.randn(8, 64, generator=torch.Generator().manual_seed(rank))
 before = pt.stats()
 opt.zero_grad()
-(model.exact(x).sum() + model.lossy(x).sum()).backward()
+(model.exact(x).sum() + model.lossy(x).sum() + model.empty.sum()).backward()
 opt.synchronize()
 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
 clipped = model.exact.weight.grad.clone()

@@ -100,7 +100,9 @@ class _Session:
         """params: declare them as parameters the servers optimize (ServerOptimizer, DiLoCo).
         all_tensors: every tensor given, not only those that require a gradient (DiLoCo's
         anchors)."""
-        named = [(n, p) for n, p in named_parameters if all_tensors or p.requires_grad]
+        # (a tensor of no elements has nothing to push: DDP takes it, psagg leaves it out)
+        named = [(n, p) for n, p in named_parameters
+                 if (all_tensors or p.requires_grad) and p.numel() > 0]
         if not named:
             raise ValueError("psagg.torch: no parameter requires a gradient")
         with self._lock:

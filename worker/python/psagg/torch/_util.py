@@ -100,7 +100,7 @@ def _check_tracked(opt, tracked, who):
     since would otherwise train on this worker's gradient alone, or not at all."""
     for gi, g in enumerate(opt.param_groups):
         for pi, p in enumerate(g["params"]):
-            if p.requires_grad and p.grad is not None and id(p) not in tracked:
+            if p.requires_grad and p.grad is not None and p.numel() and id(p) not in tracked:
                 raise RuntimeError(
                     "psagg.torch.%s: parameter %d of param group %d (shape %s) has a gradient, "
                     "but it did not require one when the optimizer was built (frozen, then "

@@ -26,6 +26,8 @@ def ddp_comm_hook(state, bucket):
                                % (buf.numel(), sum(sizes)))
         off = 0
         for p, n in zip(params, sizes):  # views of the bucket; _Op converts fp16/bf16 views
+            if n == 0:
+                continue  # (no elements: not declared)
             if state.server_opt is not None:  # the gradient in, the weights updated in place
                 ops.append(state.server_opt._psagg_push(p, buf[off:off + n]))
             else:

@@ -119,7 +119,7 @@ class DiLoCo:
         _p._check_error_feedback_beta("psagg.torch.DiLoCo", error_feedback_beta)
         named = list(named_parameters if named_parameters is not None
                      else model.named_parameters())
-        named = [(n, p) for n, p in named if p.requires_grad]
+        named = [(n, p) for n, p in named if p.requires_grad and p.numel() > 0]
         if not _is_int(P) or not 1 <= P <= len(named):
             raise ValueError("psagg.torch.DiLoCo: fragments must be an int in 1..%d (the "
                              "parameters that require a gradient), not %r" % (len(named), P))

@@ -25,7 +25,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         named = _named_params(self, named_parameters, "DistributedOptimizer")
         self._psagg.declare(named, codec, error_feedback)
         self._psagg_params = [p for group in self.param_groups for p in group["params"]
-                              if p.requires_grad]
+                              if p.requires_grad and p.numel() > 0]
         self._psagg_ids = {id(p) for p in self._psagg_params}
         self._psagg_ops = {}
         self._psagg_synced = False  # synchronize() ran and no gradient came since

@@ -78,7 +78,8 @@ class ServerOptimizer(torch.optim.Optimizer):
         self._psagg_ops = {}
         self._psagg_ddp = False
         self._psagg_elastic = self._psagg.elastic()
-        self._psagg_params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+        self._psagg_params = [p for g in self.param_groups for p in g["params"]
+                              if p.requires_grad and p.numel() > 0]
         self._psagg_ids = {id(p) for p in self._psagg_params}
         ctx = self._psagg.ctx
         t0 = time.monotonic()
