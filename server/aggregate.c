@@ -408,6 +408,13 @@ static int cpu_settle(server *srv, chunk_state *c)
             return 0;
         c->next++;
     }
+    if ((int)c->next == srv->n_workers && !c->n_arrived && c->closing) {
+        /* a quorum round closed with pushes that were all dropped (elastic, above): it sums
+           nothing, so it opens again for the live workers' pushes (acc unwritten: folded 0) */
+        c->closing = 0;
+        c->close_at_ms = 0;
+        c->next = 0;
+    }
     return (int)c->next == srv->n_workers && c->n_arrived ? CHUNK_COMPLETE : 0;
 }
 

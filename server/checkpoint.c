@@ -175,6 +175,12 @@ void checkpoint_asked(server *srv, int w, const psagg__ctl_hdr *h, const void *b
         server_drop_worker(srv, w, PSAGG_EPROTO, why);
         return;
     }
+    if (!server_member(srv, w)) { /* (a joiner, or one admitted by an epoch not applied here) */
+        checkpoint_answer(srv, w, PSAGG_EAGAIN,
+                          "a checkpoint asked by a worker that is no member here (yet): ask "
+                          "again after a step");
+        return;
+    }
     if (ck.phase == PSAGG_CKPT_COMMIT) {
         checkpoint_commit(srv, w, ck.sequence);
         return;

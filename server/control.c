@@ -190,7 +190,7 @@ static const frame_route routes[] = {
     {PSAGG_CTL_BYE, 0, worker_bye},
     {PSAGG_CTL_ABORT, 0, worker_abort},
     {PSAGG_CTL_DECLARE, HELLOED, startup_declare},
-    {PSAGG_CTL_CHECKPOINT, DECLARED | POOL | MEMBER, checkpoint_asked}, /* (a joiner's: no) */
+    {PSAGG_CTL_CHECKPOINT, DECLARED | POOL, checkpoint_asked}, /* (a joiner's: refused) */
     /* elastic membership: relayed epochs and starts, joins' barriers */
     {PSAGG_CTL_MEMBERSHIP, DECLARED | RUNS | MEMBER_OR_JOINING, membership_relayed},
     {PSAGG_CTL_SYNC, DECLARED | RUNS | ELASTIC | OWNER | MEMBER, membership_sync},

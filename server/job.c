@@ -109,6 +109,16 @@ int server_start_count(const server *srv)
                                                                          : srv->start_workers;
 }
 
+int server_closing(server *srv, int w)
+{
+    int closing;
+    pthread_mutex_lock(&srv->job.mu);
+    closing = srv->workers[w].bad_reason[0] != '\0';
+    pthread_mutex_unlock(&srv->job.mu);
+    /* (state is the control thread's: a stale read is a push parked or not once more) */
+    return closing || srv->workers[w].state >= W_BYE;
+}
+
 int server_member(const server *srv, int w)
 {
     return atomic_load_explicit(&srv->mb.member[w], memory_order_acquire);

@@ -60,9 +60,12 @@ static int park_early(server *srv, recv_buf *rb, int from)
         progress_repost(srv, rb);
         return 1;
     }
+    if (server_closing(srv, from)) { /* (closed, or to be: it may not hold buffers) */
+        progress_repost(srv, rb);
+        return 1;
+    }
     rb->from = from;
-    if (!rb->parked_at) /* (parked again: it keeps its first time, progress_route_parked) */
-        rb->parked_at = psagg__now_ms();
+    rb->parked_at = psagg__now_ms();
     rb->item.next = srv->dp.parked ? &srv->dp.parked->item : NULL;
     srv->dp.parked = rb;
     return 1;
@@ -75,7 +78,8 @@ static recv_buf *parked_next(recv_buf *rb)
 }
 
 /*
- * Pushes that waited op_timeout_ms for an epoch that never came here: their senders are
+ * Pushes that waited 1.5 x op_timeout_ms (the membership's own deadline for an epoch to be
+ * relayed, membership.c) for an epoch that never came here: their senders are
  * closed, naming the field, and the receive buffers let go. Epochs are relayed at once, so a
  * member's push waits milliseconds; a worker that stamps its pushes with an epoch ahead (a
  * broken or hostile one) would otherwise hold the pool's buffers, and with them every other
@@ -90,10 +94,10 @@ static void expire_parked(server *srv)
         return;
     while (rb) { /* (newest first, and kept so) */
         recv_buf *next = parked_next(rb);
-        if (now - rb->parked_at >= srv->cfg.op_timeout_ms) {
+        if (now - rb->parked_at > PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms)) {
             const psagg__msg_hdr *h = (const psagg__msg_hdr *)rb->rx.buf;
             server_close_worker(srv, rb->from,
-                                "push field epoch is %u; this server's stayed %u for "
+                                "push field epoch is %u; this server's stayed %u for 1.5 x "
                                 "op_timeout_ms=%d",
                                 h->epoch, epoch, srv->cfg.op_timeout_ms);
             rb->parked_at = 0;
@@ -138,10 +142,9 @@ void progress_route_parked(server *srv)
     }
     while (rev) {
         recv_buf *next = parked_next(rev);
-        if (!park_early(srv, rev, rev->from)) {
-            rev->parked_at = 0;
+        rev->parked_at = 0; /* (one that waits again for a later epoch waits from now) */
+        if (!park_early(srv, rev, rev->from))
             route_checked(srv, rev, rev->from);
-        }
         rev = next;
     }
 }

@@ -804,6 +804,8 @@ void server_fail_job(server *srv, psagg_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Whether worker w belongs to the job now (any thread; membership.c changes it). */
 int server_member(const server *srv, int w);
+/* Whether worker w is closed or asked to be (server_close_worker): its pushes count for nothing. */
+int server_closing(server *srv, int w);
 /* Whether c's round has a push from every member (and at least one), or, closing ([server]
    quorum), from any worker: aggregation threads. */
 int server_members_in(const server *srv, const chunk_state *c);

@@ -290,15 +290,18 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *given, size_
             goto out;
         }
         /* 1-bit maxmin's error is as large as its bucket's range, so a residual that carries it
-           makes the next range up to twice as large: the residual grows every round */
+           (times beta) makes the next range up to 1 + 2 beta times as large: it grows every
+           round unless beta < 0.5 */
         if (c.id == PSAGG_CODEC_MAXMIN && c.bits == 1 &&
-            (tensors[t].error_feedback < 0 ? ctx->cfg.error_feedback : tensors[t].error_feedback)) {
+            (tensors[t].error_feedback < 0 ? ctx->cfg.error_feedback : tensors[t].error_feedback) &&
+            (tensors[t].error_feedback_beta > 0 ? tensors[t].error_feedback_beta
+                                                : ctx->cfg.error_feedback_beta) >= 0.5f) {
             st = psagg__fail(PSAGG_EINVAL,
                              "psagg_declare: tensor %zu '%s': maxmin1 with error feedback "
                              "diverges (its rounding error is as large as a bucket's range, "
                              "which the residual then doubles every round): use maxmin2 or "
-                             "more bits, or turn error feedback off for it ([codec] "
-                             "error_feedback = off)",
+                             "more bits, turn error feedback off for it ([codec] "
+                             "error_feedback = off), or decay it (error_feedback_beta < 0.5)",
                              t, tensors[t].name);
             goto out;
         }

@@ -25,6 +25,10 @@
  *   takeover_quorum   (server_replicas, quorum) a copy that owns its chunk now and owes the
  *                     update of the round before: the next round, closed by the quorum before
  *                     every worker took the view, waits for the fence (the job failed)
+ *   quorum_drop_all   (elastic, [server] quorum = 1) the one push a round held is bad (a NaN):
+ *                     checked before the fold, it is dropped with its worker when the grace
+ *                     closes the round, which then sums nothing: it opens again and sums the
+ *                     live workers' pushes (it hung, every later push dropped as late)
  *   checkpoint_decl   ([server] optimizer, checkpoint_dir) a checkpoint is written from the
  *                     job's declaration, whoever of the workers is gone (worker 0's was read:
  *                     a job started without it, or a checkpoint while it rejoins, crashed)
@@ -769,6 +773,45 @@ static void takeover_relay(void)
            "round dropped, a bad one closed its worker\n");
 }
 
+static void quorum_drop_all(void)
+{
+    harness hz;
+    send_ctx *u;
+    server *srv;
+
+    harness_start(
+        &hz,
+        &(harness_opts){.workers = 3, .max_workers = 3, .servers = 1, .quorum = 1, .grace_ms = 20});
+    srv = hz.srv;
+    for (int w = 0; w < 3; w++)
+        push(&hz, w, 0, 1.0f);
+    u = take_update(&hz, 2000);
+    expect_update(u, 0, 3, "round 0");
+    sends_done(&hz, u);
+    srv->pool.rx_hold_max = 8;           /* (the pool's half: the harness has no pool) */
+    push(&hz, 1, 1, __builtin_nanf("")); /* held (worker 0 is next); checked as the grace ends */
+    CHECK(!take_update(&hz, 300), "round 1 went out with only a bad push");
+    CHECK(strstr(srv->workers[1].bad_reason, "payload"),
+          "worker 1 not closed naming the payload: '%s'", srv->workers[1].bad_reason);
+    atomic_store(&srv->mb.member[1], 0); /* (what the control loop does with the closing) */
+    srv->mb.n--;
+    atomic_store(&srv->mb.epoch, 1);
+    agg_settle_routed(srv);
+    push(&hz, 0, 1, 1.0f);
+    push(&hz, 2, 1, 2.0f);
+    u = take_update(&hz, 2000);
+    CHECK(u, "round 1 never closed after its dropped push (%s)", job_error(&hz));
+    expect_update(u, 1, 2, "round 1 without the dropped push");
+    CHECK(((const float *)(update_hdr(u) + 1))[0] == 3.0f && update_has(&hz, u, 0) &&
+              !update_has(&hz, u, 1) && update_has(&hz, u, 2),
+          "round 1 sums %g (not 3) or names the wrong workers",
+          (double)((const float *)(update_hdr(u) + 1))[0]);
+    sends_done(&hz, u);
+    harness_stop(&hz);
+    printf("quorum_drop_all: a round whose only push was bad (dropped at the close) opened again "
+           "and summed the two live workers\n");
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -778,7 +821,7 @@ int main(int argc, char **argv)
                  {"epoch_ahead", epoch_ahead},         {"parked_ahead", parked_ahead},
                  {"quorum_joiner", quorum_joiner},     {"checkpoint_decl", checkpoint_decl},
                  {"takeover_ahead", takeover_ahead},   {"takeover_relay", takeover_relay},
-                 {"takeover_quorum", takeover_quorum}};
+                 {"takeover_quorum", takeover_quorum}, {"quorum_drop_all", quorum_drop_all}};
     int ran = 0;
 
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)

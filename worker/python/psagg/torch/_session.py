@@ -41,6 +41,8 @@ class _Op:
         if tensor.numel() != sess.counts[key]:
             raise ValueError("psagg.torch: a tensor of %d elements for key %d, declared with %d"
                              % (tensor.numel(), key, sess.counts[key]))
+        if key != sess.bcast_key:
+            sess.joiner_fresh = False  # (its steps began: broadcasts are the members' too)
         if tensor.dtype == torch.float32 and tensor.is_contiguous():
             self.work, self.dest = tensor, None
         else:

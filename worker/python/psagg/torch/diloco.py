@@ -278,6 +278,7 @@ class DiLoCo:
         if samples is not None:
             for f in range(self.fragments):
                 self._samples[f] += float(samples)
+        self._psagg.joiner_fresh = False  # (a joiner's steps began: broadcast_parameters)
         self.step_count += 1
         t = self.step_count
         for f in range(self.fragments):
