@@ -206,20 +206,20 @@ workers none fp32 2
 for w in 0 1 2; do wait_for "${wpid[$w]}" 60 && fail "none: worker $w succeeded"; done
 # the first worker to declare says why; the others may find the servers gone already
 grep -h "no optimizer" "$tmp"/none-worker*.log | head -1 | grep . >&2 || fail "none: no worker was told why"
-# 3d'. an error-feedback decay outside 1e-6..1: refused at psagg_declare, naming it
-ini badbeta optimizer=sgd
-servers badbeta
-EF_BETA=1.5 workers badbeta maxmin4 2
-for w in 0 1 2; do wait_for "${wpid[$w]}" 60 && fail "badbeta: worker $w succeeded"; done
-grep -h "error_feedback_beta 1.5 is not" "$tmp"/badbeta-worker*.log | head -1 | grep . >&2 ||
-    fail "badbeta: no worker was told why"
-# 3d''. maxmin1 with error feedback (its residual grows every round): refused at psagg_declare
-ini mm1 optimizer=sgd
-servers mm1
-EF_BETA=1 workers mm1 maxmin1 2
-for w in 0 1 2; do wait_for "${wpid[$w]}" 60 && fail "mm1: worker $w succeeded"; done
-grep -h "maxmin1 with error feedback diverges" "$tmp"/mm1-worker*.log | head -1 | grep . >&2 ||
-    fail "mm1: no worker was told why"
+# refused NAME CODEC EF_BETA TEXT: every worker's psagg_declare fails; one says TEXT (the first
+# to declare says why; the others may find the servers gone already)
+refused() {
+    local name=$1 codec=$2 beta=$3 text=$4 w
+    ini "$name" optimizer=sgd
+    servers "$name"
+    EF_BETA=$beta workers "$name" "$codec" 2
+    for w in 0 1 2; do wait_for "${wpid[$w]}" 60 && fail "$name: worker $w succeeded"; done
+    grep -h "$text" "$tmp/$name"-worker*.log | head -1 | grep . >&2 || fail "$name: no worker was told why"
+}
+# 3d'. an error-feedback decay outside 1e-6..1, and maxmin1 with error feedback (its residual
+# grows every round): refused at psagg_declare, naming it
+refused badbeta maxmin4 1.5 "error_feedback_beta 1.5 is not"
+refused mm1 maxmin1 1 "maxmin1 with error feedback diverges"
 # 3e. a worker whose parameter pushes are malformed: closed, naming the field
 job_ini "$tmp/rogue.ini" 1 1 cluster.job_id="optim-rogue-$port" cluster.connect_timeout_ms=20000 \
     cluster.op_timeout_ms=20000 server.optimizer=sgd worker.chunk_bytes=16384
