@@ -14,6 +14,7 @@
 #include "kernels/codec.h"
 #include "kernels/thc.h"
 #include "kernels/topk.h"
+#include "runtime/auth.h"
 #include "runtime/layout.h"
 #include "runtime/message.h"
 #include "runtime/wire.h"
@@ -300,6 +301,50 @@ static void seed_topk(void)
     }
 }
 
+/* Append frame (type, body) to buf at *at, tagged as frame number seq (seq < 0: untagged). */
+static void ctl_frame(uint8_t *buf, size_t *at, uint16_t type, const void *body, uint32_t len,
+                      int seq)
+{
+    static const uint8_t key[32]; /* (fuzz_ctl's: zeros) */
+    psagg__ctl_hdr h = {.magic = PSAGG_CTL_MAGIC,
+                        .type = type,
+                        .version = PSAGG_PROTO_VERSION,
+                        .len = len + (seq >= 0 ? PSAGG_CTL_TAG_BYTES : 0)};
+    memcpy(buf + *at, &h, sizeof h);
+    if (len)
+        memcpy(buf + *at + sizeof h, body, len);
+    if (seq >= 0)
+        psagg__ctl_tag(key, (uint64_t)seq, &h, body, len, buf + *at + sizeof h + len);
+    *at += sizeof h + h.len;
+}
+
+/* fuzz_ctl: streams of frames as a server's control loop reads them */
+static void seed_ctl(void)
+{
+    static uint8_t buf[4096];
+    psagg__ctl_error e = {.status = PSAGG_ETIMEDOUT, .msg = "server 1: no push for tensor"};
+    psagg__ctl_error bad = e;
+    size_t at;
+    for (int tagged = 0; tagged < 2; tagged++) {
+        at = 2;
+        buf[0] = (uint8_t)tagged, buf[1] = 6; /* (7-byte pieces) */
+        ctl_frame(buf, &at, PSAGG_CTL_PING, NULL, 0, tagged ? 0 : -1);
+        ctl_frame(buf, &at, PSAGG_CTL_ERROR, &e, sizeof e, tagged ? 1 : -1);
+        if (tagged) /* a frame tagged with a number used before: dropped, the next read */
+            ctl_frame(buf, &at, PSAGG_CTL_PING, NULL, 0, 1);
+        ctl_frame(buf, &at, PSAGG_CTL_ABORT, &e, sizeof e, tagged ? 2 : -1);
+        ctl_frame(buf, &at, PSAGG_CTL_PING, NULL, 0, tagged ? 3 : -1);
+        put("ctl", tagged ? "tagged" : "plain", buf, at, NULL, 0);
+    }
+    /* the small bound (before authentication), whole frames at once; then a cut-off frame */
+    at = 2;
+    buf[0] = 2, buf[1] = 255;
+    ctl_frame(buf, &at, PSAGG_CTL_PING, NULL, 0, -1);
+    memset(bad.msg, 'x', sizeof bad.msg); /* (no NUL: the parse terminates it) */
+    ctl_frame(buf, &at, PSAGG_CTL_ERROR, &bad, sizeof bad, -1);
+    put("ctl", "small", buf, at - 100, NULL, 0);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -317,6 +362,7 @@ int main(int argc, char **argv)
     seed_thc();
     seed_msg();
     seed_codec();
+    seed_ctl();
     printf("make_seeds: corpora written under %s\n", root);
     return 0;
 }
