@@ -119,6 +119,7 @@ static recv_buf *ahead_pop(server *srv, chunk_state *c)
 static void round_reset(server *srv, chunk_state *c)
 {
     c->round_deadline = 0;
+    c->evicted = 0;
     c->close_at_ms = 0;
     c->closing = 0;
     c->codec_set = 0;
@@ -344,21 +345,16 @@ void agg_finish_round(server *srv, chunk_state *c)
  */
 static int fold(server *srv, chunk_state *c, int w, const void *payload)
 {
-    psagg_status st;
-    if (srv->mb.elastic && psagg__validate(&c->codec, payload, c->enc, c->info->count)) {
+    int bad = 0;
+    if (srv->mb.elastic && psagg__validate(&c->codec, payload, c->enc, c->info->count))
+        bad = 1;
+    else if (psagg__decode_into(&c->codec, payload, c->enc, c->info->count, c->acc,
+                                c->folded++ == 0 ? PSAGG_DECODE_FIRST : PSAGG_DECODE_ADD, 1.0f))
+        bad = -1, c->broken = 1;
+    if (bad)
         server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s",
                             c->info->key, c->info->index, c->round, psagg_last_error());
-        return 1;
-    }
-    st = psagg__decode_into(&c->codec, payload, c->enc, c->info->count, c->acc,
-                            c->folded++ == 0 ? PSAGG_DECODE_FIRST : PSAGG_DECODE_ADD, 1.0f);
-    if (st) {
-        c->broken = 1;
-        server_close_worker(srv, w, "push of tensor %u chunk %u round %u: payload: %s",
-                            c->info->key, c->info->index, c->round, psagg_last_error());
-        return -1;
-    }
-    return 0;
+    return bad;
 }
 
 /*
@@ -859,8 +855,10 @@ const chunk_ops sum_chunk_ops = {
  * The per-round deadline (runtime/channel.h): a round whose first push arrived more than
  * 1.5 x op_timeout_ms ago and still misses some fails the job, naming the workers whose
  * pushes are missing (alive, as their PINGs say, but not pushing; the workers' own deadline
- * is longer, so this verdict reaches them first). Each thread checks its own chunks, the only
- * thread that touches them.
+ * is longer, so this verdict reaches them first). An elastic job closes them instead and goes
+ * on without them, as without a worker that died; the round fails the job only if they are
+ * still members 1.5 x op_timeout_ms later. Each thread checks its own chunks, the only thread
+ * that touches them.
  */
 static void check_rounds(server *srv, agg_thread *t, int64_t now)
 {
@@ -889,11 +887,34 @@ static void check_rounds(server *srv, agg_thread *t, int64_t now)
         for (int w = 0; w < srv->n_workers; w++)
             if (!c->arrived[w] && server_member(srv, w))
                 used = psagg__list_int(missing, sizeof missing, used, w);
+        if (!used && server_members_in(srv, c)) {
+            /* a membership epoch removed the last one missing since, and its settle is queued
+               behind this check: the round is whole */
+            agg_settle(srv, c);
+            continue;
+        }
+        if (used && srv->mb.elastic && !c->evicted) {
+            /* an elastic job goes on without them: each is closed here, and its membership
+               removes it (elsewhere, cut off from this server, it gives up); the round has as
+               long again for that */
+            for (int w = 0; w < srv->n_workers; w++)
+                if (!c->arrived[w] && server_member(srv, w))
+                    server_evict_worker(srv, w,
+                                        "no push for tensor '%s' chunk %u round %u within 1.5 x "
+                                        "op_timeout_ms=%d of the first",
+                                        srv->layout.tensors[c->info->key].name, c->info->index,
+                                        c->round, srv->cfg.op_timeout_ms);
+            c->evicted = 1;
+            c->round_deadline = now + PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms);
+            continue;
+        }
         server_fail_job(srv, PSAGG_ETIMEDOUT,
                         "tensor '%s' chunk %u round %u: no push from workers %s within 1.5 x "
-                        "op_timeout_ms=%d",
+                        "op_timeout_ms=%d%s",
                         srv->layout.tensors[c->info->key].name, c->info->index, c->round, missing,
-                        srv->cfg.op_timeout_ms);
+                        srv->cfg.op_timeout_ms,
+                        c->evicted ? " (closed here then; no membership epoch removed them since)"
+                                   : "");
         return;
     }
 }

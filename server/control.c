@@ -85,12 +85,14 @@ static void close_named_workers(server *srv)
 {
     for (int w = 0; w < srv->n_workers; w++) {
         char reason[200];
+        psagg_status status;
         pthread_mutex_lock(&srv->job.mu);
         snprintf(reason, sizeof reason, "%s", srv->workers[w].bad_reason);
+        status = srv->workers[w].bad_status;
         srv->workers[w].bad_reason[0] = '\0';
         pthread_mutex_unlock(&srv->job.mu);
         if (reason[0])
-            server_drop_worker(srv, w, PSAGG_EPROTO, reason);
+            server_drop_worker(srv, w, status, reason);
     }
 }
 

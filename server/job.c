@@ -17,16 +17,30 @@
 #include "runtime/channel.h"
 #include "server.h"
 
+static void close_worker(server *srv, int w, psagg_status status, const char *fmt, va_list ap)
+{
+    pthread_mutex_lock(&srv->job.mu);
+    if (!srv->workers[w].bad_reason[0]) {
+        vsnprintf(srv->workers[w].bad_reason, sizeof srv->workers[w].bad_reason, fmt, ap);
+        srv->workers[w].bad_status = status;
+    }
+    pthread_mutex_unlock(&srv->job.mu);
+}
+
 void server_close_worker(server *srv, int w, const char *fmt, ...)
 {
     va_list ap;
-    pthread_mutex_lock(&srv->job.mu);
-    if (!srv->workers[w].bad_reason[0]) {
-        va_start(ap, fmt);
-        vsnprintf(srv->workers[w].bad_reason, sizeof srv->workers[w].bad_reason, fmt, ap);
-        va_end(ap);
-    }
-    pthread_mutex_unlock(&srv->job.mu);
+    va_start(ap, fmt);
+    close_worker(srv, w, PSAGG_EPROTO, fmt, ap);
+    va_end(ap);
+}
+
+void server_evict_worker(server *srv, int w, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    close_worker(srv, w, PSAGG_ETIMEDOUT, fmt, ap);
+    va_end(ap);
 }
 
 void server_fail_job(server *srv, psagg_status status, const char *fmt, ...)

@@ -56,7 +56,6 @@ static int park_early(server *srv, recv_buf *rb, int from)
     if (ahead > 16 && !(srv->ctl.rejoin && atomic_load(&srv->mb.epoch) == 0)) {
         server_close_worker(srv, from, "push field epoch is %u, %u epochs ahead of this server's",
                             h->epoch, ahead);
-        rb->parked_at = 0;
         progress_repost(srv, rb);
         return 1;
     }
@@ -100,7 +99,6 @@ static void expire_parked(server *srv)
                                 "push field epoch is %u; this server's stayed %u for 1.5 x "
                                 "op_timeout_ms=%d",
                                 h->epoch, epoch, srv->cfg.op_timeout_ms);
-            rb->parked_at = 0;
             progress_repost(srv, rb);
         } else {
             rb->item.next = NULL;
@@ -135,14 +133,13 @@ void progress_route_parked(server *srv)
     srv->dp.parked_epoch = epoch;
     srv->dp.parked = NULL;
     while (rb) { /* the list is newest first */
-        agg_item *next = rb->item.next;
+        recv_buf *next = parked_next(rb);
         rb->item.next = rev ? &rev->item : NULL;
         rev = rb;
-        rb = next ? (recv_buf *)((char *)next - offsetof(recv_buf, item)) : NULL;
+        rb = next;
     }
-    while (rev) {
+    while (rev) { /* (one parked again, for a later epoch, waits from now: park_early) */
         recv_buf *next = parked_next(rev);
-        rev->parked_at = 0; /* (one that waits again for a later epoch waits from now) */
         if (!park_early(srv, rev, rev->from))
             route_checked(srv, rev, rev->from);
         rev = next;

@@ -76,6 +76,7 @@ typedef struct worker_conn {
     psagg__ctl_declare decl_hdr;
     psagg__ctl_tensor *decl;
     char bad_reason[200]; /* set by data-path threads: close this peer (guarded by job.mu) */
+    psagg_status bad_status; /* what it is told then: EPROTO, or ETIMEDOUT (server_evict_worker) */
     /* closed (server_drop_worker): why, and whether the control loop has yet to settle what
        the loss means for the job (control.c) */
     char why_lost[256];
@@ -125,7 +126,7 @@ typedef struct recv_buf {
     agg_item item;
     psagg__msg_codec mc; /* the push's codec, as the progress thread checked it */
     int from;            /* its sender, while it waits for its epoch (progress.c) */
-    int64_t parked_at;   /* when it began to wait for its epoch, or 0 */
+    int64_t parked_at;   /* parked (progress.c): when it began to wait for its epoch */
     int spilled;         /* 1: a heap copy of a push that waits ahead (wait_ahead), not one of
                             the pool's: freed, not posted again */
     struct recv_buf *spill_prev, *spill_next; /* (spilled: the pool's list of them) */
@@ -173,6 +174,7 @@ typedef struct chunk_state {
     uint32_t thread;
     uint32_t round;         /* the round being collected */
     int64_t round_deadline; /* 0, or when its first push arrived + op_timeout_ms */
+    int evicted; /* its deadline passed once: the members missing were closed (elastic) */
     uint32_t n_arrived;     /* contributions received this round */
     uint32_t next;          /* next worker to fold into acc (fixed order 0..N-1) */
     uint32_t folded;        /* pushes folded into acc this round (the first writes it) */
@@ -798,6 +800,10 @@ int gpu_max_inputs(void);
 
 /* job.c: data-path threads report a misbehaving worker or a failed job through these */
 void server_close_worker(server *srv, int w, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* An elastic job's member that is alive but sends no push in a round's time: closed as above,
+   told PSAGG_ETIMEDOUT (the job goes on without it: its membership) */
+void server_evict_worker(server *srv, int w, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* The first failure wins; status is what the workers get (EPEER, ETIMEDOUT, ...). */
 void server_fail_job(server *srv, psagg_status status, const char *fmt, ...)

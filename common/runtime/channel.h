@@ -57,7 +57,8 @@ PSAGG_NODISCARD psagg_status psagg__tcp_local_addr(int fd, char *buf, size_t len
  *                     with nothing from it: a stopped or hung process (SIGSTOP, a frozen
  *                     host) is named by the peers that stop hearing it;
  *   round     1.5 op  a server fails a round whose first push is older and that still
- *                     misses some, naming those workers (alive, but not pushing);
+ *                     misses some, naming those workers (alive, but not pushing); an
+ *                     elastic job closes them instead and goes on without them;
  *   push_pull 2 op    a worker fails an operation with no update by then, naming the
  *                     servers that owe it one.
  *

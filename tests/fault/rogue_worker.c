@@ -14,7 +14,8 @@
  *                                a push stamped with epoch 1 while the job is at epoch 0 (the
  *                                server parks them for an epoch that never comes, holding its
  *                                receive buffers) and keep PINGing: the server must close this
- *                                worker naming the field epoch (op_timeout_ms later)
+ *                                worker naming the field epoch (1.5 x op_timeout_ms later), or
+ *                                its missing push when a round's deadline comes first
  *   --mode dup                   authenticate, send every push of round 0 and the first one
  *                                twice; the server must drop the duplicate, finish the round
  *   --mode spoof --fabric-port P [--seconds S] [--claim W] [--rounds R]
@@ -1195,9 +1196,11 @@ int main(int argc, char **argv)
             if (ch.type != PSAGG_CTL_ERROR || !e)
                 DIE("expected an ERROR frame closing this worker");
             printf("rogue: server closed this worker: %s\n", e->msg);
-            ok = strstr(e->msg, "epoch") != NULL;
+            /* (or, when a round's deadline came first, its missing push: the same closing) */
+            ok = strstr(e->msg, "epoch") != NULL || strstr(e->msg, "no push for") != NULL;
             if (!ok)
-                fprintf(stderr, "rogue: the reason does not name the field 'epoch'\n");
+                fprintf(stderr, "rogue: the reason names neither the field 'epoch' nor the "
+                                "missing push\n");
             free(e);
             goto out;
         }

@@ -20,6 +20,10 @@
 #   exit        _exit(0) at round 15 (no BYE: a crash of the process)
 #   stop        SIGSTOP (hung): the servers stop hearing it and give it up after 3 PING
 #               intervals (3 s here), long before op_timeout_ms' round deadline (6 s)
+#   stall       alive but not pushing (it sleeps 12 s at round 15; its library answers PINGs):
+#               at the round deadline (1.5 x op_timeout_ms, 6 s) each server closes it
+#               ("no push for ..."), the membership removes it and the three others go on
+#               (before, the deadline failed the job); worker 2 wakes to that error, ETIMEDOUT
 #   declare     SIGKILL during the job's start-up (connected, before its declaration): the
 #               three others start the job without it (epoch 1 leaves it out)
 #   mitm        a job with a secret; worker 1's control connection to server 1 goes through a
@@ -90,6 +94,7 @@ say() { echo "test_elastic $case: $*"; }
 min=2 mode=kill codec=fp32 extra=() lag=() server_ef=""
 case $case in
 kill | midpush | afterpush | exit | stop | declare) mode=$case ;;
+stall) mode=stall ;;
 ahead) mode=afterpush lag=(--lag-round 15 --lag-ms 500) ;;
 bye) mode=close ;;
 average) extra=(--average) ;;
@@ -100,6 +105,7 @@ rogue_server0 | rogue_skip | rogue_nan | rogue_epoch | rejoin | join_attacks | j
 esac
 bound_ms=2000
 [ "$mode" = stop ] && bound_ms=5000
+[ "$mode" = stall ] && bound_ms=8000 # (the round deadline, 6 s, + 2 s)
 
 job_ini "$tmp/job.ini" 2 4 cluster.job_id="elastic-$case-$port" cluster.elastic=on cluster.min_workers=$min \
     cluster.connect_timeout_ms=20000 cluster.op_timeout_ms=$OP server.threads=2 server.error_feedback=$server_ef \
@@ -323,6 +329,9 @@ args=(--codec "$codec" --sizes 1,1023,4096,50000,7000 --rounds 60 "${extra[@]}")
 for r in 0 1 2 3; do
     if ((r == 2)) && [ "$case" = startup_gap ]; then
         start_worker $r "$tmp/worker$r.log" "$build/tests/fault/rogue_worker" --mode hello-die --server 0
+    elif ((r == 2)) && [ "$case" = stall ]; then
+        start_worker $r "$tmp/worker$r.log" "$worker_bin" "${args[@]}" --die-rank 2 --die-round 15 \
+            --stall-seconds 12 --expect ETIMEDOUT --expect-text "no push for tensor"
     elif ((r == 2)); then
         start_worker $r "$tmp/worker$r.log" "$worker_bin" "${args[@]}" --die-rank 2 --die-round 15 \
             --die-mode "$mode"
@@ -353,6 +362,13 @@ if [ "$case" = below_min ]; then
 fi
 # worker 2 is gone (a stopped one is still there: it was given up, so kill it now)
 [ "$mode" = stop ] && kill -KILL "${wpid[2]}" 2>/dev/null
+if [ "$case" = stall ]; then # (it wakes to the error that closed it)
+    wait_for "${wpid[2]}" 30
+    rc=$?
+    sed "s/^/[worker 2] /" "$tmp/worker2.log"
+    ((rc == 0)) && grep -q EXPECTED-ERROR-OK "$tmp/worker2.log" ||
+        fail "worker 2 (stalled) exited $rc without the error that closed it (ETIMEDOUT, 'no push for')"
+fi
 for s in 0 1; do
     wait_for "${spid[$s]}" 20
     rc=$?
