@@ -857,8 +857,8 @@ const chunk_ops sum_chunk_ops = {
  * pushes are missing (alive, as their PINGs say, but not pushing; the workers' own deadline
  * is longer, so this verdict reaches them first). An elastic job closes them instead and goes
  * on without them, as without a worker that died; the round fails the job only if they are
- * still members 1.5 x op_timeout_ms later. Each thread checks its own chunks, the only thread
- * that touches them.
+ * still members op_timeout_ms / 4 later (still before the workers' deadline). Each thread
+ * checks its own chunks, the only thread that touches them.
  */
 static void check_rounds(server *srv, agg_thread *t, int64_t now)
 {
@@ -887,33 +887,43 @@ static void check_rounds(server *srv, agg_thread *t, int64_t now)
         for (int w = 0; w < srv->n_workers; w++)
             if (!c->arrived[w] && server_member(srv, w))
                 used = psagg__list_int(missing, sizeof missing, used, w);
-        if (!used && server_members_in(srv, c)) {
+        if (!used && srv->mb.elastic && !c->fenced && !c->broken && server_members_in(srv, c)) {
             /* a membership epoch removed the last one missing since, and its settle is queued
-               behind this check: the round is whole */
+               behind this check: the round is whole (failed below if it did not move on) */
+            uint32_t round = c->round;
             agg_settle(srv, c);
-            continue;
+            if (c->round != round || !c->round_deadline || atomic_load(&c->deferred))
+                continue;
         }
-        if (used && srv->mb.elastic && !c->evicted) {
-            /* an elastic job goes on without them: each is closed here, and its membership
-               removes it (elsewhere, cut off from this server, it gives up); the round has as
-               long again for that */
+        if (used && srv->mb.elastic && !c->evicted && !server_follows(srv, c)) {
+            /* an elastic job goes on without those it waits for (with [server] quorum: those
+               whose push of the round before did not come either; it leaves out the others):
+               each is closed here, and its membership removes it (elsewhere, cut off from this
+               server, it gives up). The round has op_timeout_ms / 4 more for that, so that
+               this verdict still comes before the workers' own (2 x op_timeout_ms) */
+            int quorum = srv->cfg.quorum > 0, evicted = 0;
             for (int w = 0; w < srv->n_workers; w++)
-                if (!c->arrived[w] && server_member(srv, w))
+                if (!server_passes(srv, c, w) && (!quorum || c->seen[w] < c->round)) {
                     server_evict_worker(srv, w,
                                         "no push for tensor '%s' chunk %u round %u within 1.5 x "
                                         "op_timeout_ms=%d of the first",
                                         srv->layout.tensors[c->info->key].name, c->info->index,
                                         c->round, srv->cfg.op_timeout_ms);
-            c->evicted = 1;
-            c->round_deadline = now + PSAGG_ROUND_DEADLINE_MS(srv->cfg.op_timeout_ms);
-            continue;
+                    evicted++;
+                }
+            if (evicted) {
+                c->evicted = 1;
+                c->round_deadline = now + srv->cfg.op_timeout_ms / 4;
+                continue;
+            }
         }
         server_fail_job(srv, PSAGG_ETIMEDOUT,
                         "tensor '%s' chunk %u round %u: no push from workers %s within 1.5 x "
                         "op_timeout_ms=%d%s",
                         srv->layout.tensors[c->info->key].name, c->info->index, c->round, missing,
                         srv->cfg.op_timeout_ms,
-                        c->evicted ? " (closed here then; no membership epoch removed them since)"
+                        c->evicted ? " (given up here then; no membership epoch removed them "
+                                     "within op_timeout_ms / 4 more)"
                                    : "");
         return;
     }

@@ -278,8 +278,17 @@ static void starting(server *srv, control_loop *l, int64_t now)
     char missing[128], msg[512];
     psagg_status st;
 
-    if (dead > 0 && !srv->mb.elastic) {
-        startup_failed(srv, l, PSAGG_EPEER, "another worker failed during start-up");
+    if (dead > 0 && !srv->mb.elastic) { /* (named, with the first one's reason) */
+        int first = -1;
+        size_t used = 0;
+        for (int w = 0; w < srv->n_workers; w++)
+            if (srv->workers[w].state == W_DEAD) {
+                used = psagg__list_int(missing, sizeof missing, used, w);
+                first = first < 0 ? w : first;
+            }
+        snprintf(msg, sizeof msg, "server %d: worker%s %s failed during start-up: %.300s",
+                 srv->rank, dead > 1 ? "s" : "", missing, srv->workers[first].why_lost);
+        startup_failed(srv, l, PSAGG_EPEER, msg);
         return;
     }
     if (dead > 0 && srv->start_workers - dead < srv->cfg.min_workers) {

@@ -174,7 +174,7 @@ typedef struct chunk_state {
     uint32_t thread;
     uint32_t round;         /* the round being collected */
     int64_t round_deadline; /* 0, or when its first push arrived + op_timeout_ms */
-    int evicted; /* its deadline passed once: the members missing were closed (elastic) */
+    int evicted; /* its deadline passed once: the members missing were given up (elastic) */
     uint32_t n_arrived;     /* contributions received this round */
     uint32_t next;          /* next worker to fold into acc (fixed order 0..N-1) */
     uint32_t folded;        /* pushes folded into acc this round (the first writes it) */

@@ -291,7 +291,19 @@ psagg_status psagg_declare(psagg_ctx *ctx, const psagg_tensor_desc *given, size_
         }
         /* 1-bit maxmin's error is as large as its bucket's range, so a residual that carries it
            (times beta) makes the next range up to 1 + 2 beta times as large: it grows every
-           round unless beta < 0.5 */
+           round unless beta < 0.5. The servers' residual (beta 1) on the sum does the same to
+           the updates (a parameter's update is no requantized sum) */
+        if (c.id == PSAGG_CODEC_MAXMIN && c.bits == 1 && ctx->server_residual &&
+            !(tensors[t].flags & PSAGG_TENSOR_PARAMETER)) {
+            st = psagg__fail(PSAGG_EINVAL,
+                             "psagg_declare: tensor %zu '%s': maxmin1 with the servers' error "
+                             "feedback ([server] error_feedback = on) diverges (the sum's "
+                             "rounding error is as large as a bucket's range, which the servers' "
+                             "residual then doubles every round): use maxmin2 or more bits for "
+                             "it, or turn [server] error_feedback off",
+                             t, tensors[t].name);
+            goto out;
+        }
         if (c.id == PSAGG_CODEC_MAXMIN && c.bits == 1 &&
             (tensors[t].error_feedback < 0 ? ctx->cfg.error_feedback : tensors[t].error_feedback) &&
             (tensors[t].error_feedback_beta > 0 ? tensors[t].error_feedback_beta

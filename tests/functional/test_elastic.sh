@@ -51,8 +51,9 @@
 #               finish without it (before, the chunk broke and the job failed 6 s later)
 #   rogue_epoch the rogue sends 200 pushes stamped with epoch 1 while the job is at epoch 0
 #               (parked for an epoch that never comes, they held every receive buffer): the
-#               server closes it 1.5 x op_timeout_ms later naming the field epoch; the others
-#               finish without it
+#               server closes it 1.5 x op_timeout_ms later naming the field epoch (or, when a
+#               round's deadline comes first, as in case stall, naming its missing push); the
+#               others finish without it
 #   rogue_skip  the rogue relays a MEMBERSHIP frame of epoch 5 to server 1 (at epoch 0): the
 #               job fails naming the skipped epoch, on every worker
 #   rejoin      every worker calls psagg_sync_membership after each of 100 rounds (30 ms

@@ -25,6 +25,12 @@
 #              chunks over, a round whose update some workers had is relayed to it by one of
 #              them (bitmap and all), and the job ends as straggler does: every worker exits
 #              0 with the same digest, every input summed once (server 0 exits 0)
+#   elastic_stall  elastic, but worker 2 stays alive and stops pushing at round 30 (it sleeps
+#              12 s; its library answers PINGs): round 30 closes without it, round 31 waits
+#              for it (its push of round 30 never came), and at that round's deadline (1.5 x
+#              op_timeout_ms) the servers give it up and the membership removes it (before,
+#              the deadline failed the job); the job ends as elastic does, and worker 2 wakes
+#              to the error that closed it (ETIMEDOUT)
 #   elastic_failover  elastic and failover in one job ([cluster] elastic = on, server_replicas
 #              = 1, quorum = 2): worker 2 killed before its round-30 pushes (a view removes it),
 #              then server 1 SIGKILLed at round 40 (a view moves its chunks); the survivors end
@@ -70,7 +76,7 @@ quorum=3 codec=fp32 extra=() server_ef="" calm=10 slow=40 rounds=80
 case $case in
 straggler) ;;
 carry) calm=0 slow=20 ;;
-elastic | elastic_failover) quorum=2 ;;
+elastic | elastic_stall | elastic_failover) quorum=2 ;;
 failover) ;;
 failover_back) rounds=240 ;; # (long enough for server 1's return under ASan too)
 ef | ef_failover | ef_replicas) codec=maxmin4 extra=(--error-feedback) server_ef=on ;;
@@ -165,7 +171,7 @@ if [[ $case == optim_* ]]; then
     exit 0
 fi
 
-if [ "$case" = elastic ]; then
+if [ "$case" = elastic ] || [ "$case" = elastic_stall ]; then
     write_ini "$quorum" cluster.elastic=on cluster.min_workers=2
 elif [ "$case" = elastic_failover ]; then
     write_ini "$quorum" cluster.elastic=on cluster.min_workers=2 cluster.server_replicas=1
@@ -186,6 +192,8 @@ for r in 0 1 2 3; do
         survivors=(0 1 3)
         dead=(--elastic-dead 2 --dead-round 30)
         ((r == 2)) && dead=(--die-rank 2 --die-round 30 --die-mode kill)
+        ((r == 2)) && [ "$case" = elastic_stall ] && dead=(--die-rank 2 --die-round 30
+            --stall-seconds 12 --expect ETIMEDOUT --expect-text "no push for tensor")
     fi
     start_worker $r "$tmp/worker$r.log" "$worker_bin" --codec "$codec" "${extra[@]}" --sizes 1,1023,4096,50000 \
         --rounds $rounds --straggler 3 --straggler-ms $slow --calm-rounds $calm --progress "${dead[@]}"
@@ -216,10 +224,17 @@ for s in "${servers[@]}"; do
 done
 (($(for r in "${survivors[@]}"; do grep -h '^DIGEST' "$tmp/worker$r.log"; done | sort -u | wc -l) == 1)) ||
     fail "the workers' digests differ: $(grep -h '^DIGEST' "$tmp"/worker*.log | tr '\n' ' ')"
-if [ "$case" = elastic ]; then
+if [ "$case" = elastic ] || [ "$case" = elastic_stall ]; then
     for s in 0 1; do
         grep -q "membership epoch 1" "$tmp/server$s.log" || fail "server $s did not log membership epoch 1"
     done
+fi
+if [ "$case" = elastic_stall ]; then # (it wakes to the error that closed it)
+    wait_for "${wpid[2]}" 30
+    rc=$?
+    ((rc == 0)) && grep -q EXPECTED-ERROR-OK "$tmp/worker2.log" ||
+        fail "worker 2 (stalled) exited $rc without the error that closed it: $(tail -2 "$tmp/worker2.log")"
+    say "worker 2: $(grep -m1 'failed as expected' "$tmp/worker2.log" | cut -c1-160)"
 fi
 if [ "$case" = elastic_failover ]; then # (a view removes worker 2, one moves server 1's chunks)
     for r in "${survivors[@]}"; do

@@ -55,9 +55,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         def hook(*_):
             if id(p) in self._psagg_ops:
                 raise RuntimeError("psagg.torch: the gradient of '%s' was computed again "
-                                   "before step(); call step() or synchronize() between "
-                                   "backward passes, or set backward_passes_per_step"
-                                   % self._psagg.names.get(id(p)))
+                                   "before step(): a second backward pass (call step() or "
+                                   "synchronize() between them, or set "
+                                   "backward_passes_per_step), or one backward that "
+                                   "accumulates it twice (reentrant activation checkpointing "
+                                   "of a parameter used outside the segment too: "
+                                   "use_reentrant=False)" % self._psagg.names.get(id(p)))
             n = self._psagg_passes.get(id(p), 0) + 1
             self._psagg_passes[id(p)] = n
             if n >= self._psagg_every:

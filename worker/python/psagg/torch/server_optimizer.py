@@ -110,7 +110,10 @@ class ServerOptimizer(torch.optim.Optimizer):
                 return  # the DDP hook pushes
             if id(p) in self._psagg_ops:
                 raise RuntimeError("psagg.torch.ServerOptimizer: the gradient of '%s' was "
-                                   "computed again before step()" % self._psagg.names.get(id(p)))
+                                   "computed again before step(): a second backward pass, or "
+                                   "one that accumulates it twice (reentrant activation "
+                                   "checkpointing of a parameter used outside the segment "
+                                   "too: use_reentrant=False)" % self._psagg.names.get(id(p)))
             self._psagg_ops[id(p)] = self._psagg_push(p, p.grad)
         return hook
 
