@@ -1068,6 +1068,9 @@ int main(int argc, char **argv)
 failed : {
     double took = now_s() - t0;
     const char *msg = psagg_last_error();
+    for (int t = 0; cum && t < n; t++) /* (--straggler's sums: a stalled worker fails) */
+        free(cum[t]);
+    free(cum);
     if (!expect) {
         fprintf(stderr, "FAIL: %s: %s\n", psagg_strerror(st), msg);
         return 1;

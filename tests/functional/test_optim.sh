@@ -220,16 +220,17 @@ refused() {
 # grows every round): refused at psagg_declare, naming it
 refused badbeta maxmin4 1.5 "error_feedback_beta 1.5 is not"
 refused mm1 maxmin1 1 "maxmin1 with error feedback diverges"
-# and maxmin1 sums with the servers' residual ([server] error_feedback, fn_worker's gradients)
+# and maxmin1 sums with the servers' residual ([server] error_feedback, fn_worker's gradients;
+# as in refused, the others may find the servers gone)
 ini mm1s error_feedback=on
 servers mm1s
 for w in 0 1 2; do
     start_worker $w "$tmp/mm1s-worker$w.log" PSAGG_CONFIG="$tmp/mm1s.ini" PSAGG_WORLD_SIZE=3 \
-        "$build/tests/functional/fn_worker" --codec maxmin1 --rounds 5 --expect EINVAL \
-        --expect-text "maxmin1 with the servers' error feedback"
+        "$build/tests/functional/fn_worker" --codec maxmin1 --rounds 5
 done
-for w in 0 1 2; do wait_for "${wpid[$w]}" 60 || fail "mm1s: worker $w was not refused: $(tail -2 "$tmp/mm1s-worker$w.log")"; done
-grep -h "maxmin1 with the servers" "$tmp"/mm1s-worker0.log | head -1 >&2
+for w in 0 1 2; do wait_for "${wpid[$w]}" 60 && fail "mm1s: worker $w succeeded"; done
+grep -h "maxmin1 with the servers' error feedback .*diverges" "$tmp"/mm1s-worker*.log | head -1 | grep . >&2 ||
+    fail "mm1s: no worker was told why"
 # 3e. a worker whose parameter pushes are malformed: closed, naming the field
 job_ini "$tmp/rogue.ini" 1 1 cluster.job_id="optim-rogue-$port" cluster.connect_timeout_ms=20000 \
     cluster.op_timeout_ms=20000 server.optimizer=sgd worker.chunk_bytes=16384
