@@ -71,9 +71,7 @@ if [ "$3" = --fabric-env ]; then # launchers before --check-config asked for thi
     echo FI_FAKE_LIMIT=4096
     exit 0
 fi
-echo $$ >"$T/pids/server.$PSAGG_SERVER_RANK.$$"
-echo "server up rank=$PSAGG_SERVER_RANK cfg=$PSAGG_CONFIG wrank=${PSAGG_RANK-unset} fi=${FI_FAKE_LIMIT-unset} args=$*"
-echo "server stderr rank=$PSAGG_SERVER_RANK" >&2
+# (its TERM trap first: its pid file says it is set, which FAKE_WAIT_SERVERS waits for)
 if [ -n "${FAKE_SERVER_IGNORE_TERM:-}" ]; then
     trap '' TERM
 else
@@ -82,6 +80,9 @@ fi
 if [ -n "${FAKE_SERVER_TERM_RC:-}" ]; then # dies (non-zero) when stopped
     trap 'echo "server $PSAGG_SERVER_RANK got TERM"; exit $FAKE_SERVER_TERM_RC' TERM
 fi
+echo "server up rank=$PSAGG_SERVER_RANK cfg=$PSAGG_CONFIG wrank=${PSAGG_RANK-unset} fi=${FI_FAKE_LIMIT-unset} args=$*"
+echo "server stderr rank=$PSAGG_SERVER_RANK" >&2
+echo $$ >"$T/pids/server.$PSAGG_SERVER_RANK.$$"
 # FAKE_SERVER_DIE_RANK dies 0.3 s (FAKE_SERVER_DIE_AFTER) after its start (exit 5, or
 # FAKE_SERVER_DIE_SIG), every time or with FAKE_SERVER_DIE_ONCE only the first time;
 # FAKE_SERVER_EXIT0_RANK exits 0 after 0.3 s
@@ -107,7 +108,15 @@ cat >"$T/fakeworker" <<'EOF'
 #!/bin/sh
 # Fake worker. FAKE_MODE: ok (print and exit 0), fail (rank 2 exits 3, the others hang),
 # hang (all hang). Hanging workers leave a background grandchild in their process group.
+# FAKE_WAIT_SERVERS=N: first wait (up to 10 s) until N fake servers are up, their TERM traps
+# set (a job that ends at once stopped a server still starting, before its trap: killed
+# without a word, 1 run in many under load)
 echo $$ >"$T/pids/worker.$PSAGG_RANK.$$"
+n=0
+while [ "$(ls "$T"/pids/server.* 2>/dev/null | wc -l)" -lt "${FAKE_WAIT_SERVERS:-0}" ] && [ $n -lt 200 ]; do
+    sleep 0.05
+    n=$((n + 1))
+done
 echo "worker rank=$PSAGG_RANK size=$PSAGG_WORLD_SIZE cfg=$PSAGG_CONFIG srank=${PSAGG_SERVER_RANK-unset} cw=${PSAGG_CLUSTER_WORKERS-unset} cs=${PSAGG_CLUSTER_SERVERS-unset} fi=${FI_FAKE_LIMIT-unset} args=$*"
 echo "worker stderr rank=$PSAGG_RANK" >&2
 case $FAKE_MODE in
@@ -202,7 +211,7 @@ wait_ready() { # n_workers n_servers
 }
 
 # ---- 1. success: every rank prints, ranks and config are right, servers are stopped ----
-FAKE_MODE=ok run --config "$repo/conf/local.ini" --server-bin "$T/fakeserver" -- "$T/fakeworker" a 'b c'
+FAKE_MODE=ok FAKE_WAIT_SERVERS=2 run --config "$repo/conf/local.ini" --server-bin "$T/fakeserver" -- "$T/fakeworker" a 'b c'
 if ((rc == 0)); then pass "success: exit 0"; else fail "success: exit $rc; stderr: $(cat "$T/err")"; fi
 for i in 0 1 2 3; do
     expect_line success "$T/out" "[worker $i] worker rank=$i size=4 cfg=$conf srank=unset cw=unset cs=unset fi=4096 args=a b c"
@@ -222,7 +231,8 @@ check_no_leftovers success
 # A plain `sh -c` program, and PSAGG_SERVER_BIN instead of --server-bin.
 # shellcheck disable=SC2016 # expanded by the worker's sh
 PSAGG_SERVER_BIN=$T/fakeserver timeout -k 5 30 "$launcher" --config "$repo/conf/local.ini" -- \
-    sh -c 'echo "sh rank $PSAGG_RANK of $PSAGG_WORLD_SIZE"' >"$T/out" 2>"$T/err"
+    sh -c 'while [ "$(ls "$T"/pids/server.* 2>/dev/null | wc -l)" -lt 2 ]; do sleep 0.05; done
+        echo "sh rank $PSAGG_RANK of $PSAGG_WORLD_SIZE"' >"$T/out" 2>"$T/err"
 rc=$?
 ((rc == 0)) || fail "sh -c: exit $rc; stderr: $(cat "$T/err")"
 for i in 0 1 2 3; do expect_line "sh -c" "$T/out" "[worker $i] sh rank $i of 4"; done
@@ -244,7 +254,7 @@ grep -q "worker 0 failed with exit code 3; the other workers go on" "$T/err" ||
 check_no_leftovers keep-going
 
 # ---- 2. --workers / --servers override the config and are passed on ----
-FAKE_MODE=ok run --config "$repo/conf/local.ini" --server-bin "$T/fakeserver" --workers 2 --servers 1 -- "$T/fakeworker"
+FAKE_MODE=ok FAKE_WAIT_SERVERS=1 run --config "$repo/conf/local.ini" --server-bin "$T/fakeserver" --workers 2 --servers 1 -- "$T/fakeworker"
 ((rc == 0)) || fail "overrides: exit $rc; stderr: $(cat "$T/err")"
 for i in 0 1; do
     expect_line overrides "$T/out" "[worker $i] worker rank=$i size=2 cfg=$conf srank=unset cw=2 cs=127.0.0.1:19500 fi=4096 args="
@@ -287,7 +297,7 @@ check_no_leftovers "server dies"
 
 # ---- 5. a server that ignores SIGTERM is killed after --grace ----
 t0=$SECONDS
-FAKE_MODE=ok FAKE_SERVER_IGNORE_TERM=1 run --config "$repo/conf/local.ini" --server-bin "$T/fakeserver" --grace 1 -- "$T/fakeworker"
+FAKE_MODE=ok FAKE_WAIT_SERVERS=2 FAKE_SERVER_IGNORE_TERM=1 run --config "$repo/conf/local.ini" --server-bin "$T/fakeserver" --grace 1 -- "$T/fakeworker"
 ((rc == 0)) || fail "SIGKILL escalation: exit $rc; stderr: $(cat "$T/err")"
 grep -q 'did not stop after SIGTERM; sending SIGKILL' "$T/err" ||
     fail "SIGKILL escalation: no SIGKILL message: $(cat "$T/err")"
@@ -488,7 +498,7 @@ done
 check_no_leftovers "job ending"
 
 # nor one that dies while the job is stopped (its workers are done)
-FAKE_MODE=ok FAKE_SERVER_TERM_RC=9 \
+FAKE_MODE=ok FAKE_WAIT_SERVERS=2 FAKE_SERVER_TERM_RC=9 \
     run --config "$rep_conf" --server-bin "$T/fakeserver" --restarts 2 -- "$T/fakeworker"
 ((rc == 0)) || fail "server dies when stopped: exit $rc; stderr: $(cat "$T/err")"
 grep -q 'restart' "$T/err" && fail "server dies when stopped: restarted: $(cat "$T/err")"
