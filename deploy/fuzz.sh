@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # fuzz.sh - run psagg's fuzz targets (tests/fuzz) longer than CI does.
 #
-#   deploy/fuzz.sh [SECONDS] [TARGET...]   (default: 600 s each; config declare msg codec)
+#   deploy/fuzz.sh [SECONDS] [TARGET...]   (default: 600 s each; every target)
 #
 # Builds the `fuzz` preset (clang, libFuzzer, ASan + UBSan) into build-fuzz/ and runs each
 # target for SECONDS from its seed corpus (tests/fuzz/corpus/<target>), adding what it finds
@@ -16,7 +16,7 @@ cd "$repo"
 seconds=${1:-600}
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(config declare msg codec)
+((${#targets[@]})) || targets=(config declare msg codec topk thc ctl)
 
 cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz -j "$(nproc 2>/dev/null || echo 2)"
