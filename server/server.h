@@ -75,7 +75,7 @@ typedef struct worker_conn {
     psagg__ctl_auth auth; /* its control frames' tags, both ways (with a secret) */
     psagg__ctl_declare decl_hdr;
     psagg__ctl_tensor *decl;
-    char bad_reason[200]; /* set by data-path threads: close this peer (guarded by job.mu) */
+    char bad_reason[200];    /* set by data-path threads: close this peer (guarded by job.mu) */
     psagg_status bad_status; /* what it is told then: EPROTO, or ETIMEDOUT (server_evict_worker) */
     /* closed (server_drop_worker): why, and whether the control loop has yet to settle what
        the loss means for the job (control.c) */
@@ -174,7 +174,7 @@ typedef struct chunk_state {
     uint32_t thread;
     uint32_t round;         /* the round being collected */
     int64_t round_deadline; /* 0, or when its first push arrived + op_timeout_ms */
-    int evicted; /* its deadline passed once: the members missing were given up (elastic) */
+    int evicted;            /* its deadline passed once: the missing given up (elastic) */
     uint32_t n_arrived;     /* contributions received this round */
     uint32_t next;          /* next worker to fold into acc (fixed order 0..N-1) */
     uint32_t folded;        /* pushes folded into acc this round (the first writes it) */
